@@ -1,0 +1,138 @@
+# vps: build, test, install.
+#
+#   make            libvps.a and the tools in bin/
+#   make check      the C unit tests and the Bats tests, warnings as errors
+#   make asan       the same under AddressSanitizer and UBSan (build-asan/)
+#   make demo       a real switch on this machine
+#   make install PREFIX=/usr/local
+#
+# Out-of-tree objects: BUILDDIR (default build). CUDA_HOME for the GPU parts.
+
+BUILDDIR ?= build
+BINDIR ?= bin
+PREFIX ?= /usr/local
+CUDA_HOME ?= /usr/local/cuda
+CC ?= cc
+
+WARN = -Wall -Wextra -Wshadow -Wvla -Wstrict-prototypes -Wmissing-prototypes -Werror
+CFLAGS ?= -O2 -g
+ALL_CFLAGS = -std=c11 -D_GNU_SOURCE -pthread $(WARN) $(CFLAGS) -Iinclude -Ilib -MMD -MP
+LDLIBS = -lyaml -lzstd -lpthread -lm
+
+ifneq ($(SANITIZE),)
+ALL_CFLAGS += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
+LDFLAGS += -fsanitize=$(SANITIZE)
+endif
+
+LIB_SRC = $(wildcard lib/*.c)
+LIB_OBJ = $(LIB_SRC:lib/%.c=$(BUILDDIR)/lib/%.o)
+LIB = $(BUILDDIR)/libvps.a
+CMD_COMMON = $(BUILDDIR)/cmd/common.o
+TOOLS = vps-layout vps-verify
+TOOL_BINS = $(TOOLS:%=$(BINDIR)/%)
+TEST_SRC = $(filter-out tests/unit/harness.c,$(wildcard tests/unit/test_*.c))
+TEST_BINS = $(TEST_SRC:tests/unit/%.c=$(BUILDDIR)/tests/%)
+HARNESS = $(BUILDDIR)/tests/harness.o
+
+DEPS_STAMP = $(BUILDDIR)/.deps-ok
+
+.PHONY: all check test unit bats asan demo install uninstall clean deps
+.DEFAULT_GOAL := all
+
+all: $(LIB) $(TOOL_BINS)
+
+# ---- what a fresh machine lacks ----
+# libyaml and libzstd headers, bats, groff (man page lint). Installed with
+# apt-get when we are root and it exists; otherwise the exact command is
+# printed.
+DEB_PKGS = libyaml-dev libzstd-dev bats groff-base
+deps: $(DEPS_STAMP)
+$(DEPS_STAMP):
+	@missing=""; \
+	echo '#include <yaml.h>' | $(CC) -E - >/dev/null 2>&1 || missing="$$missing libyaml-dev"; \
+	echo '#include <zstd.h>' | $(CC) -E - >/dev/null 2>&1 || missing="$$missing libzstd-dev"; \
+	command -v bats >/dev/null 2>&1 || missing="$$missing bats"; \
+	command -v groff >/dev/null 2>&1 || missing="$$missing groff-base"; \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing:$$missing"; \
+			(apt-get install -y $$missing >/dev/null 2>&1 || \
+			 (apt-get update >/dev/null 2>&1 && apt-get install -y $$missing >/dev/null)) || \
+			 { echo "apt-get install$$missing failed" >&2; exit 1; }; \
+		else \
+			echo "vps needs:$$missing" >&2; \
+			echo "install them with: sudo apt-get install$$missing" >&2; exit 1; \
+		fi; \
+	fi
+	@mkdir -p $(BUILDDIR) && touch $@
+
+$(BUILDDIR)/lib/%.o: lib/%.c | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+$(BUILDDIR)/cmd/%.o: cmd/%.c | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Icmd -c $< -o $@
+
+$(BUILDDIR)/tests/%.o: tests/unit/%.c | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Itests/unit -c $< -o $@
+
+$(LIB): $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BINDIR)/%: $(BUILDDIR)/cmd/%.o $(CMD_COMMON) $(LIB)
+	@mkdir -p $(BINDIR)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILDDIR)/tests/test_%: $(BUILDDIR)/tests/test_%.o $(HARNESS) $(LIB)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# ---- tests ----
+unit: $(TEST_BINS)
+	@set -e; for t in $(TEST_BINS); do $$t; done
+
+bats: all
+	VPS_BIN=$(abspath $(BINDIR)) bats tests/bats
+
+check: all unit bats
+
+test: check
+
+asan:
+	$(MAKE) BUILDDIR=build-asan BINDIR=build-asan/bin SANITIZE=address,undefined CFLAGS="-O1 -g" check
+
+demo: all
+	@scripts/demo.sh
+
+# ---- install ----
+MAN1 = $(wildcard man/*.1)
+MAN5 = $(wildcard man/*.5)
+MAN7 = $(wildcard man/*.7)
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include/vps \
+		$(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man5 \
+		$(DESTDIR)$(PREFIX)/share/man/man7 $(DESTDIR)$(PREFIX)/share/vps
+	install -m 755 $(TOOL_BINS) $(DESTDIR)$(PREFIX)/bin
+	install -m 644 $(LIB) $(DESTDIR)$(PREFIX)/lib
+	install -m 644 include/vps/*.h $(DESTDIR)$(PREFIX)/include/vps
+	$(if $(MAN1),install -m 644 $(MAN1) $(DESTDIR)$(PREFIX)/share/man/man1)
+	$(if $(MAN5),install -m 644 $(MAN5) $(DESTDIR)$(PREFIX)/share/man/man5)
+	$(if $(MAN7),install -m 644 $(MAN7) $(DESTDIR)$(PREFIX)/share/man/man7)
+	cp -R configs $(DESTDIR)$(PREFIX)/share/vps/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(shell sed -n 's/.*VPS_VERSION_STRING "\(.*\)"/\1/p' include/vps/vps.h)|' \
+		vps.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/vps.pc
+
+uninstall:
+	rm -f $(TOOLS:%=$(DESTDIR)$(PREFIX)/bin/%) $(DESTDIR)$(PREFIX)/lib/libvps.a \
+		$(DESTDIR)$(PREFIX)/lib/pkgconfig/vps.pc
+	rm -rf $(DESTDIR)$(PREFIX)/include/vps $(DESTDIR)$(PREFIX)/share/vps
+	rm -f $(notdir $(MAN1):%=$(DESTDIR)$(PREFIX)/share/man/man1/%)
+
+clean:
+	rm -rf $(BUILDDIR) build-asan $(BINDIR)
+
+-include $(LIB_OBJ:.o=.d) $(BUILDDIR)/cmd/*.d $(BUILDDIR)/tests/*.d
+.SECONDARY:

@@ -1,0 +1,113 @@
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common.h"
+
+int tool_fail(vps_result_t rc)
+{
+	const char *msg = vps_last_error();
+	fprintf(stderr, "%s: %s\n", tool_name, *msg ? msg : vps_strerror(rc));
+	return rc == VPS_EINPUT || rc == VPS_EFORMAT ? EXIT_USAGE : EXIT_CHECK;
+}
+
+int tool_usage_error(const char *fmt, ...)
+{
+	va_list ap;
+	fprintf(stderr, "%s: ", tool_name);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	return EXIT_USAGE;
+}
+
+int tool_finish(int status)
+{
+	if (fflush(stdout) != 0 || ferror(stdout)) {
+		fprintf(stderr, "%s: error writing standard output: %s\n", tool_name, strerror(errno));
+		return status ? status : EXIT_CHECK;
+	}
+	return status;
+}
+
+const char *tool_config_path(const char *sub)
+{
+	static char buf[3 * PATH_MAX + 64];
+	char exe[PATH_MAX] = "";
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	if (n > 0) {
+		exe[n] = '\0';
+		char *slash = strrchr(exe, '/');
+		if (slash)
+			*slash = '\0';
+	}
+	const char *env = getenv("VPS_CONFIG_PATH");
+	if (env && *env)
+		snprintf(buf, sizeof(buf), "%s/%s:%s/../configs/%s:%s/../share/vps/configs/%s", env, sub, exe, sub,
+			 exe, sub);
+	else
+		snprintf(buf, sizeof(buf), "%s/../configs/%s:%s/../share/vps/configs/%s", exe, sub, exe, sub);
+	return buf;
+}
+
+bool tool_parse_i64(const char *s, int64_t *v)
+{
+	char *end;
+	errno = 0;
+	long long x = strtoll(s, &end, 10);
+	if (!*s || *end || errno || x < 0)
+		return false;
+	*v = x;
+	return true;
+}
+
+static bool push(int64_t **list, size_t *n, size_t *cap, int64_t v)
+{
+	if (*n == *cap) {
+		size_t nc = *cap ? *cap * 2 : 16;
+		int64_t *p = realloc(*list, nc * sizeof(*p));
+		if (!p)
+			return false;
+		*list = p;
+		*cap = nc;
+	}
+	(*list)[(*n)++] = v;
+	return true;
+}
+
+bool tool_parse_ranks(const char *s, int64_t **list, size_t *n, size_t *cap, bool *all)
+{
+	if (!strcmp(s, "all")) {
+		*all = true;
+		return true;
+	}
+	while (*s) {
+		char *end;
+		errno = 0;
+		long long a = strtoll(s, &end, 10), b;
+		if (end == s || a < 0 || errno)
+			return false;
+		b = a;
+		s = end;
+		if (*s == '-') {
+			s++;
+			b = strtoll(s, &end, 10);
+			if (end == s || b < a || errno || b - a > (1 << 24))
+				return false;
+			s = end;
+		}
+		for (long long r = a; r <= b; r++)
+			if (!push(list, n, cap, r))
+				return false;
+		if (*s == ',')
+			s++;
+		else if (*s)
+			return false;
+	}
+	return true;
+}

@@ -1,0 +1,34 @@
+/* What every vps tool shares: messages, exit codes, config lookup, output. */
+#ifndef VPS_CMD_COMMON_H
+#define VPS_CMD_COMMON_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "vps/vps.h"
+
+/* Exit statuses (vps(7)). */
+enum { EXIT_OK = 0, EXIT_CHECK = 1, EXIT_USAGE = 2 };
+
+extern const char *tool_name;
+
+/* Print "tool: message" for a failed library call and return the exit
+ * status it maps to: 2 for bad input, 1 otherwise. */
+int tool_fail(vps_result_t rc);
+/* Print "tool: message" (printf-style) and return 2. */
+int tool_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Flush standard output and check it: a full disk is not success. */
+int tool_finish(int status);
+
+/* Colon-separated directories to look up configs/<sub>: $VPS_CONFIG_PATH,
+ * then configs/ beside the tool (a build tree), then share/vps/configs
+ * (an installation). Static storage. */
+const char *tool_config_path(const char *sub);
+
+/* Parse a non-negative integer flag value; returns false on junk. */
+bool tool_parse_i64(const char *s, int64_t *v);
+/* Parse "0,3,5-7" into a growing list (or "all" when world >= 0 is known
+ * later: sets *all). */
+bool tool_parse_ranks(const char *s, int64_t **list, size_t *n, size_t *cap, bool *all);
+
+#endif

@@ -1,0 +1,188 @@
+/* vps-layout: compute a model's layout under a parallel configuration. */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "vps/io.h"
+#include "vps/layout.h"
+
+const char *tool_name = "vps-layout";
+
+static const char usage[] =
+	"usage: vps-layout --model MODEL [--parallel SPEC] [--gpus-per-node N] [--first-node K]\n"
+	"                  [--devices FILE] [--rank R]... [--stats] [--yaml] [-o FILE]\n"
+	"       vps-layout -i LAYOUT [--rank R]... [--stats] [--yaml] [-o FILE]\n";
+
+static void print_stats(const struct vps_layout *l, const struct vps_layout_stats *s, const int64_t *ranks,
+			size_t nranks)
+{
+	const struct vps_model *m = vps_layout_model(l);
+	char par[256];
+	vps_parallel_format(vps_layout_parallel(l), par, sizeof(par));
+	printf("model: %s\n", m->name);
+	printf("parameters: %" PRId64 "\n", s->parameters);
+	printf("tensors: %u\n", s->tensors);
+	printf("parallel: \"%s\"\n", par);
+	printf("world: %" PRId64 "\n", s->world);
+	printf("expert_data_parallel: %" PRId64 "\n", s->edp);
+	printf("expert_buffer: %s\n", vps_layout_expert_buffer(l) ? "true" : "false");
+	printf("states: [");
+	for (int st = 0; st < vps_layout_nstates(l); st++)
+		printf("%s%s", st ? ", " : "", vps_state_name(st));
+	printf("]\n");
+	printf("logical_bytes: %" PRId64 "\n", s->logical_bytes);
+	printf("total_bytes: %" PRId64 "\n", s->total_bytes);
+	printf("copies: %.4f\n", s->logical_bytes ? (double)s->total_bytes / (double)s->logical_bytes : 0.0);
+	printf("rank_bytes_max: %" PRId64 "\n", s->max_rank_bytes);
+	printf("rank_bytes_min: %" PRId64 "\n", s->min_rank_bytes);
+	printf("buckets_per_rank_max: %" PRId64 "\n", s->buckets);
+	printf("hash: \"0x%016" PRIx64 "\"\n", vps_layout_hash(l));
+	if (!nranks)
+		return;
+	printf("ranks:\n");
+	for (size_t i = 0; i < nranks; i++) {
+		struct vps_rank_view v;
+		if (vps_layout_rank(l, ranks[i], &v))
+			continue;
+		int64_t bytes = 0;
+		for (size_t b = 0; b < v.nbuffers; b++)
+			bytes += v.buffers[b].elements * (int64_t)vps_dtype_size(v.buffers[b].dtype);
+		printf("  - rank: %" PRId64 "\n", v.rank);
+		printf("    device: [%d, %d]\n", v.device.node, v.device.gpu);
+		printf("    coords: {tp: %" PRId64 ", dp: %" PRId64 ", pp: %" PRId64 ", etp: %" PRId64 ", ep: %" PRId64
+		       ", edp: %" PRId64 "}\n",
+		       v.coords.tp, v.coords.dp, v.coords.pp, v.coords.etp, v.coords.ep, v.coords.edp);
+		printf("    buffers: %zu\n", v.nbuffers);
+		printf("    params: %zu\n", v.nparams);
+		printf("    regions: %zu\n", v.nregions);
+		printf("    bytes: %" PRId64 "\n", bytes);
+		vps_rank_view_release(&v);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"model", required_argument, NULL, 'm'},     {"parallel", required_argument, NULL, 'p'},
+		{"gpus-per-node", required_argument, NULL, 'g'}, {"first-node", required_argument, NULL, 'f'},
+		{"devices", required_argument, NULL, 'd'},   {"rank", required_argument, NULL, 'r'},
+		{"stats", no_argument, NULL, 's'},           {"yaml", no_argument, NULL, 'y'},
+		{"output", required_argument, NULL, 'o'},    {"help", no_argument, NULL, 'h'},
+		{"version", no_argument, NULL, 'V'},         {"input", required_argument, NULL, 'i'},
+		{0, 0, 0, 0}};
+	const char *input = NULL, *model_arg = NULL, *parallel_arg = NULL, *devices_arg = NULL, *out = NULL;
+	int64_t gpn = 8, first_node = 0;
+	int64_t *ranks = NULL;
+	size_t nranks = 0, cap = 0;
+	bool all = false, stats = false, yaml = false;
+	int c, status = EXIT_USAGE;
+	struct vps_model m;
+	struct vps_parallel p;
+	struct vps_devices d = {0};
+	struct vps_layout *l = NULL;
+	struct vps_bytes bytes = {0};
+	char hint[64] = "";
+	vps_result_t rc;
+
+	while ((c = getopt_long(argc, argv, "hi:o:", opts, NULL)) != -1) {
+		switch (c) {
+		case 'i': input = optarg; break;
+		case 'm': model_arg = optarg; break;
+		case 'p': parallel_arg = optarg; break;
+		case 'g':
+			if (!tool_parse_i64(optarg, &gpn) || gpn < 1)
+				return tool_usage_error("--gpus-per-node: '%s' is not a positive integer", optarg);
+			break;
+		case 'f':
+			if (!tool_parse_i64(optarg, &first_node))
+				return tool_usage_error("--first-node: '%s' is not a node number", optarg);
+			break;
+		case 'd': devices_arg = optarg; break;
+		case 'r':
+			if (!tool_parse_ranks(optarg, &ranks, &nranks, &cap, &all)) {
+				free(ranks);
+				return tool_usage_error("--rank: '%s' is not a rank list (0,3,5-7 or all)", optarg);
+			}
+			break;
+		case 's': stats = true; break;
+		case 'y': yaml = true; break;
+		case 'o': out = optarg; break;
+		case 'h': fputs(usage, stdout); free(ranks); return tool_finish(EXIT_OK);
+		case 'V': printf("vps-layout %s\n", VPS_VERSION_STRING); free(ranks); return tool_finish(EXIT_OK);
+		default: fputs(usage, stderr); free(ranks); return EXIT_USAGE;
+		}
+	}
+	if (optind != argc) {
+		free(ranks);
+		return tool_usage_error("unexpected argument '%s'\n%s", argv[optind], usage);
+	}
+	if (input) {
+		if (model_arg || parallel_arg || devices_arg) {
+			free(ranks);
+			return tool_usage_error("-i reads a layout: --model, --parallel and --devices do not apply");
+		}
+		if ((rc = vps_layout_load(&l, input)))
+			goto fail;
+		goto have_layout;
+	}
+	vps_parallel_init(&p);
+	if (parallel_arg && (rc = vps_parallel_load(&p, parallel_arg, tool_config_path("parallel"), hint,
+						    sizeof(hint))))
+		goto fail;
+	if (!model_arg && !hint[0]) {
+		free(ranks);
+		return tool_usage_error("--model is required\n%s", usage);
+	}
+	if ((rc = vps_model_load(&m, model_arg ? model_arg : hint, tool_config_path("models"))))
+		goto fail;
+	if (devices_arg) {
+		if ((rc = vps_devices_load(&d, devices_arg)))
+			goto fail;
+	} else {
+		vps_devices_packed(&d, gpn, first_node);
+	}
+	if ((rc = vps_layout_new(&l, &m, &p, &d, parallel_arg ? "--parallel" : "layout")))
+		goto fail;
+have_layout:
+	if (all) {
+		nranks = 0;
+		for (int64_t r = 0; r < vps_layout_world(l); r++)
+			if (!tool_parse_ranks("0", &ranks, &nranks, &cap, &all)) {
+				status = tool_usage_error("out of memory");
+				goto done;
+			} else {
+				ranks[nranks - 1] = r;
+			}
+	}
+	for (size_t i = 0; i < nranks; i++)
+		if (ranks[i] >= vps_layout_world(l)) {
+			status = tool_usage_error("--rank: %" PRId64 " is outside the world of %" PRId64 " ranks", ranks[i],
+						  vps_layout_world(l));
+			goto done;
+		}
+	if (stats) {
+		struct vps_layout_stats s;
+		if ((rc = vps_layout_stats(l, &s)))
+			goto fail;
+		print_stats(l, &s, ranks, nranks);
+		status = tool_finish(EXIT_OK);
+		goto done;
+	}
+	if ((rc = vps_layout_serialize(l, ranks, nranks, yaml, &bytes)))
+		goto fail;
+	if ((rc = vps_write_output(out, &bytes, !yaml)))
+		goto fail;
+	status = tool_finish(EXIT_OK);
+	goto done;
+fail:
+	status = tool_fail(rc);
+done:
+	vps_bytes_release(&bytes);
+	vps_layout_free(l);
+	vps_devices_release(&d);
+	free(ranks);
+	return status;
+}

@@ -1,0 +1,80 @@
+/* vps-verify: check a layout, a plan or a staged plan. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "vps/io.h"
+#include "vps/layout.h"
+#include "vps/verify.h"
+
+const char *tool_name = "vps-verify";
+
+static const char usage[] = "usage: vps-verify [-q] FILE\n";
+
+static int report(const char *name, const struct vps_verify_report *rep, bool quiet)
+{
+	for (size_t i = 0; i < rep->nmessages; i++)
+		printf("%s: %s\n", name, rep->messages[i]);
+	if (rep->violations > (int64_t)rep->nmessages)
+		printf("%s: ... and %lld more\n", name, (long long)(rep->violations - (int64_t)rep->nmessages));
+	if (rep->violations) {
+		printf("%s: FAILED: %lld violation%s; %s\n", name, (long long)rep->violations,
+		       rep->violations == 1 ? "" : "s", rep->summary);
+		return EXIT_CHECK;
+	}
+	if (!quiet)
+		printf("%s: ok: %s\n", name, rep->summary);
+	return EXIT_OK;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {{"quiet", no_argument, NULL, 'q'},
+					     {"help", no_argument, NULL, 'h'},
+					     {"version", no_argument, NULL, 'V'},
+					     {0, 0, 0, 0}};
+	bool quiet = false;
+	int c, status;
+	while ((c = getopt_long(argc, argv, "hq", opts, NULL)) != -1) {
+		switch (c) {
+		case 'q': quiet = true; break;
+		case 'h': fputs(usage, stdout); return tool_finish(EXIT_OK);
+		case 'V': printf("vps-verify %s\n", VPS_VERSION_STRING); return tool_finish(EXIT_OK);
+		default: fputs(usage, stderr); return EXIT_USAGE;
+		}
+	}
+	if (argc - optind != 1)
+		return tool_usage_error("expected one file\n%s", usage);
+	const char *path = argv[optind];
+	const char *name = strcmp(path, "-") ? path : "<stdin>";
+	struct vps_bytes b;
+	struct vps_verify_report rep = {0};
+	vps_result_t rc = vps_read_file(path, &b);
+	if (rc)
+		return tool_fail(rc);
+	enum vps_doc_kind kind = vps_doc_sniff(b.data, b.len);
+	switch (kind) {
+	case VPS_DOC_LAYOUT: {
+		struct vps_layout *l;
+		rc = vps_layout_parse(&l, name, b.data, b.len);
+		if (!rc) {
+			rc = vps_verify_layout(l, &rep);
+			vps_layout_free(l);
+		}
+		break;
+	}
+	default:
+		vps_bytes_release(&b);
+		if (kind)
+			return tool_usage_error("%s: cannot verify a %s document", name, vps_doc_kind_name(kind));
+		return tool_usage_error("%s: not a vps layout, plan or staged plan", name);
+	}
+	vps_bytes_release(&b);
+	if (rc)
+		return tool_fail(rc);
+	status = report(name, &rep, quiet);
+	vps_verify_report_release(&rep);
+	return tool_finish(status);
+}

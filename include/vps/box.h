@@ -1,0 +1,71 @@
+/* Boxes and regions of the Virtual Parameter Space.
+ *
+ * A box is a half-open axis-aligned range [lo, hi) in a tensor's logical
+ * coordinates. A region is a box of one (tensor, state) together with where
+ * it lives in one rank's buffer: element (i0..in) is at
+ * offset + sum_k (ik - lo[k]) * strides[k], counted in elements. */
+#ifndef VPS_BOX_H
+#define VPS_BOX_H
+
+#include "vps/vps.h"
+
+#define VPS_MAX_DIMS 4
+
+struct vps_box {
+	int ndim;
+	int64_t lo[VPS_MAX_DIMS];
+	int64_t hi[VPS_MAX_DIMS];
+};
+
+struct vps_region {
+	uint32_t tensor;   /* global tensor id in the model's VPS */
+	uint8_t state;     /* enum vps_state */
+	uint32_t buffer;   /* buffer index on the holding rank */
+	struct vps_box box;
+	int64_t offset;    /* element offset of box.lo in the buffer */
+	int64_t strides[VPS_MAX_DIMS];
+};
+
+/* @return the number of elements in the box (0 when empty). */
+int64_t vps_box_volume(const struct vps_box *b);
+
+/* @return true and the intersection in *out when a and b overlap. */
+bool vps_box_intersect(const struct vps_box *a, const struct vps_box *b, struct vps_box *out);
+
+/* @return true when the boxes are equal. */
+bool vps_box_equal(const struct vps_box *a, const struct vps_box *b);
+
+/* @return true when outer contains inner. */
+bool vps_box_contains(const struct vps_box *outer, const struct vps_box *inner);
+
+/* A box covering a whole tensor of the given shape. */
+void vps_box_full(struct vps_box *b, int ndim, const int64_t *shape);
+
+/* Decompose the row-major range [lo, hi) of a tensor with extents ext into at
+ * most 2*ndim-1 boxes, in increasing flat order (each box is contiguous).
+ * starts[i], when not NULL, receives the flat index where box i begins.
+ * @return the number of boxes written to out. */
+int vps_flat_range_boxes(int ndim, const int64_t *ext, int64_t lo, int64_t hi,
+			 struct vps_box *out, int64_t *starts);
+
+/* Write the parts of a not in b (at most 2*ndim boxes) to out.
+ * @return the number of boxes written. */
+int vps_box_subtract(const struct vps_box *a, const struct vps_box *b, struct vps_box *out);
+
+/* Row-major strides of a box's extents. */
+void vps_box_rowmajor_strides(const struct vps_box *b, int64_t *strides);
+
+/* @return the buffer offset of logical index idx in the region. */
+int64_t vps_region_offset_at(const struct vps_region *r, const int64_t *idx);
+
+/* Restrict a region to sub (a box inside r->box), keeping its addressing. */
+void vps_region_restrict(const struct vps_region *r, const struct vps_box *sub, struct vps_region *out);
+
+/* @return true when the region's elements occupy one contiguous buffer range
+ * [offset, offset + volume) in row-major order of its box. */
+bool vps_region_is_contiguous(const struct vps_region *r);
+
+/* Lowest and one-past-highest buffer offsets the region touches. */
+void vps_region_extent(const struct vps_region *r, int64_t *first, int64_t *end);
+
+#endif

@@ -1,0 +1,161 @@
+/* Layouts: a parallel configuration applied to a model on a set of devices.
+ *
+ * A layout answers two questions without ever enumerating all ranks:
+ *   - vps_layout_rank(): what does rank R hold (its buffers and regions)?
+ *   - vps_layout_holders(): which ranks hold a part of a box of a tensor?
+ * Both are computed from Megatron-LM's rules (rank order tp-cp-ep-dp-pp,
+ * tensor-parallel splits, pipeline and virtual pipeline placement, expert
+ * placement, the distributed optimizer's buffer order, padding and
+ * buckets). A layout file may also list ranks explicitly (a rank view read
+ * from a file, or registered by a trainer): those ranks hold exactly what
+ * is listed. */
+#ifndef VPS_LAYOUT_H
+#define VPS_LAYOUT_H
+
+#include "vps/parallel.h"
+
+enum vps_state {
+	VPS_STATE_PARAM = 0,  /* bf16 parameters */
+	VPS_STATE_MAIN_PARAM, /* fp32 master parameters */
+	VPS_STATE_EXP_AVG,    /* Adam first moment, fp32 */
+	VPS_STATE_EXP_AVG_SQ, /* Adam second moment, fp32 */
+	VPS_STATE_GRAD,       /* fp32 main gradients (optional) */
+	VPS_NSTATES
+};
+
+enum vps_dtype { VPS_DTYPE_BF16 = 0, VPS_DTYPE_FP32 = 1 };
+
+const char *vps_state_name(int state);
+/* @return VPS_EINPUT for an unknown name. */
+vps_result_t vps_state_parse(const char *name, int *state);
+const char *vps_dtype_name(int dtype);
+vps_result_t vps_dtype_parse(const char *name, int *dtype);
+size_t vps_dtype_size(int dtype);
+int vps_state_dtype(int state);
+
+struct vps_coords {
+	int64_t tp, dp, pp;      /* dense generator */
+	int64_t etp, ep, edp;    /* expert generator */
+};
+
+struct vps_buffer {
+	uint32_t id;
+	uint8_t state;
+	uint8_t dtype;
+	int32_t chunk;
+	bool expert;   /* the expert-parallel buffer (sharded over EDP) */
+	bool sharded;  /* a ZeRO-1 shard: this rank's part of every bucket */
+	int64_t elements;
+};
+
+/* One parameter (a torch.nn.Parameter) of one rank. */
+struct vps_param {
+	uint32_t tensor;       /* logical tensor (the word embeddings for a tied output copy) */
+	int32_t chunk;
+	int32_t local_layer;   /* layer index inside the chunk, or -1 */
+	int32_t local_expert;  /* expert index on the rank, or -1 */
+	bool output_copy;      /* output_layer.weight holding the tied embeddings */
+	bool expert;           /* lives in the expert buffer */
+	int64_t offset;        /* in the buffer of its (chunk, dense/expert) */
+	int64_t elements;      /* local elements, vocabulary padding included */
+	int32_t bucket;
+};
+
+/* A rank's sub-VPS. */
+struct vps_rank_view {
+	int64_t rank;
+	struct vps_device device;
+	struct vps_coords coords;
+	struct vps_buffer *buffers;
+	size_t nbuffers;
+	struct vps_param *params;
+	size_t nparams;
+	struct vps_region *regions;
+	size_t nregions;
+	uint32_t *region_param;  /* index into params per region */
+	char **region_names;     /* explicit views: the `param:` name as read */
+};
+
+void vps_rank_view_release(struct vps_rank_view *v);
+
+struct vps_layout;
+
+/* Build a layout. p is validated against m (and its etp default filled);
+ * where prefixes messages. The devices are copied. */
+vps_result_t vps_layout_new(struct vps_layout **out, const struct vps_model *m, const struct vps_parallel *p,
+			    const struct vps_devices *d, const char *where);
+void vps_layout_free(struct vps_layout *l);
+
+const struct vps_model *vps_layout_model(const struct vps_layout *l);
+const struct vps_parallel *vps_layout_parallel(const struct vps_layout *l);
+const struct vps_devices *vps_layout_devices(const struct vps_layout *l);
+int64_t vps_layout_world(const struct vps_layout *l);
+/* Whether experts sit in their own buffer (EP > 1 or ETP != TP). */
+bool vps_layout_expert_buffer(const struct vps_layout *l);
+struct vps_device vps_layout_device(const struct vps_layout *l, int64_t rank);
+/* Rank on a device, or -1 when the layout does not use it. */
+int64_t vps_layout_rank_on(const struct vps_layout *l, struct vps_device dev);
+void vps_layout_coords(const struct vps_layout *l, int64_t rank, struct vps_coords *c);
+/* Identity of the layout: model, configuration, devices and any explicit
+ * rank that differs from what the rules give. */
+uint64_t vps_layout_hash(const struct vps_layout *l);
+/* The states held under this layout (param, main_param, exp_avg, exp_avg_sq,
+ * and grad when configured). */
+int vps_layout_nstates(const struct vps_layout *l);
+/* Whether the state is stored as ZeRO shards. */
+bool vps_layout_state_sharded(const struct vps_layout *l, int state);
+
+/* Compute (or copy, for an explicit rank) rank's sub-VPS. */
+vps_result_t vps_layout_rank(const struct vps_layout *l, int64_t rank, struct vps_rank_view *out);
+
+/* Ranks base + i*stride for i < count hold `region` (same buffer, same
+ * addresses on each). */
+struct vps_holder {
+	struct vps_region region;
+	int64_t base, stride, count;
+};
+
+struct vps_holders {
+	struct vps_holder *v;
+	size_t n, cap;
+};
+void vps_holders_release(struct vps_holders *h);
+
+/* Append to h every region of (tensor, state) that intersects box, with the
+ * ranks holding it. Regions are whole (not clipped to box). */
+vps_result_t vps_layout_holders(const struct vps_layout *l, uint32_t tensor, int state, const struct vps_box *box,
+				struct vps_holders *h);
+
+/* Replace rank's view by an explicit one (ownership of v's arrays moves to
+ * the layout; *v is cleared). */
+vps_result_t vps_layout_set_explicit(struct vps_layout *l, struct vps_rank_view *v);
+size_t vps_layout_num_explicit(const struct vps_layout *l);
+int64_t vps_layout_explicit_rank(const struct vps_layout *l, size_t i);
+
+/* ---- statistics over the whole layout, computed per pipeline stage ---- */
+struct vps_layout_stats {
+	int64_t parameters;       /* logical elements of all parameter tensors */
+	uint32_t tensors;
+	int64_t world;
+	int64_t edp;
+	int64_t max_rank_bytes;   /* largest sum of buffer bytes on a rank */
+	int64_t min_rank_bytes;
+	int64_t total_bytes;      /* over all ranks */
+	int64_t logical_bytes;    /* every (tensor, state) once */
+	int64_t padding_elements; /* buffer elements no region covers, over all ranks */
+	int64_t max_rank_regions;
+	int64_t buckets;          /* per rank, largest count */
+};
+vps_result_t vps_layout_stats(const struct vps_layout *l, struct vps_layout_stats *s);
+
+/* ---- files ---- */
+/* Read a layout document (YAML or binary). */
+vps_result_t vps_layout_parse(struct vps_layout **out, const char *name, const void *data, size_t len);
+vps_result_t vps_layout_load(struct vps_layout **out, const char *path);
+/* Serialize; ranks lists the ranks to write as explicit views (in
+ * addition to those already explicit). */
+struct vps_bytes;
+vps_result_t vps_layout_serialize(const struct vps_layout *l, const int64_t *ranks, size_t nranks, bool yaml,
+				  struct vps_bytes *out);
+
+#endif

@@ -1,0 +1,132 @@
+/* Models and their global Virtual Parameter Space.
+ *
+ * A model is a transformer described by a few integers and switches. Its
+ * global VPS is the list of logical tensors in Megatron-Core's registration
+ * order, each named as Megatron names it (with the global layer and expert
+ * index), with a logical shape in which every parallel split is an
+ * axis-aligned box. The list is computed, not stored: tensor i of a model
+ * with a quarter of a million experts costs the same as tensor i of a small
+ * one. */
+#ifndef VPS_MODEL_H
+#define VPS_MODEL_H
+
+#include "vps/box.h"
+
+enum vps_norm { VPS_NORM_RMS = 0, VPS_NORM_LAYER = 1 };
+enum vps_activation { VPS_ACT_SWIGLU = 0, VPS_ACT_GELU = 1 };
+enum vps_position { VPS_POS_ROPE = 0, VPS_POS_LEARNED = 1 };
+
+struct vps_model {
+	char name[64];
+	int64_t hidden;
+	int64_t layers;
+	int64_t heads;
+	int64_t query_groups;   /* key/value heads; == heads without GQA */
+	int64_t head_dim;       /* kv_channels */
+	int64_t ffn;            /* dense MLP hidden size */
+	int64_t vocab;          /* logical, unpadded */
+	int64_t vocab_divisor;  /* make_vocab_size_divisible_by (128) */
+	enum vps_norm norm;
+	enum vps_activation activation;
+	enum vps_position position;
+	int64_t max_positions;  /* learned position embeddings only */
+	bool bias;              /* biases on every linear layer (GPT) */
+	bool qkv_bias;          /* a bias on linear_qkv only (Qwen2) */
+	bool tied_embeddings;
+	bool qk_norm;           /* q_layernorm / k_layernorm (Qwen3) */
+	int64_t experts;        /* 0: dense; otherwise every layer is MoE */
+	int64_t moe_ffn;        /* expert MLP hidden size */
+};
+
+/* What a tensor is, in registration order within a layer. */
+enum vps_tensor_kind {
+	VPS_T_WORD_EMB,
+	VPS_T_POS_EMB,
+	VPS_T_PROJ_W,
+	VPS_T_PROJ_B,
+	VPS_T_QKV_LN_W,
+	VPS_T_QKV_LN_B,
+	VPS_T_QKV_W,
+	VPS_T_QKV_B,
+	VPS_T_Q_NORM_W,
+	VPS_T_Q_NORM_B,
+	VPS_T_K_NORM_W,
+	VPS_T_K_NORM_B,
+	VPS_T_PRE_MLP_LN_W,
+	VPS_T_PRE_MLP_LN_B,
+	VPS_T_FC1_LN_W,
+	VPS_T_FC1_LN_B,
+	VPS_T_FC1_W,
+	VPS_T_FC1_B,
+	VPS_T_FC2_W,
+	VPS_T_FC2_B,
+	VPS_T_ROUTER_W,
+	VPS_T_EXP_FC1_W,
+	VPS_T_EXP_FC1_B,
+	VPS_T_EXP_FC2_W,
+	VPS_T_EXP_FC2_B,
+	VPS_T_FINAL_LN_W,
+	VPS_T_FINAL_LN_B,
+	VPS_T_OUTPUT_W,
+	VPS_T_NKINDS
+};
+
+/* How tensor parallelism cuts a tensor. */
+enum vps_split {
+	VPS_SPLIT_NONE,  /* replicated on every TP rank */
+	VPS_SPLIT_AXIS,  /* axis `axis` cut in TP equal parts (one box per rank) */
+	VPS_SPLIT_FLAT,  /* the row-major order cut in TP equal ranges: the
+			  * interleaved QKV rows of ColumnParallelLinear */
+	VPS_SPLIT_VOCAB, /* axis 0 padded to a multiple of divisor*TP, then cut */
+};
+
+struct vps_tensor {
+	uint32_t id;
+	enum vps_tensor_kind kind;
+	int32_t layer;   /* global layer, or -1 */
+	int32_t expert;  /* global expert, or -1 */
+	int ndim;
+	int64_t shape[VPS_MAX_DIMS];
+	enum vps_split split;
+	int axis;        /* for VPS_SPLIT_AXIS */
+	bool is_expert;  /* an expert weight (expert parallel, expert TP) */
+};
+
+/* Parse a model document (`vps: model`) or a Hugging Face config.json.
+ * name is used in messages. */
+vps_result_t vps_model_parse(struct vps_model *m, const char *name, const void *data, size_t len);
+
+/* Load a model by path (contains '/' or ends in .yaml/.yml/.json) or by name,
+ * looked up as NAME.yaml in each directory of the colon-separated
+ * search_path. */
+vps_result_t vps_model_load(struct vps_model *m, const char *spec, const char *search_path);
+
+/* Check the model's own consistency (positive sizes, heads divisible by
+ * query groups, ...). */
+vps_result_t vps_model_validate(const struct vps_model *m, const char *where);
+
+/* @return the number of logical tensors in the global VPS. */
+uint32_t vps_model_num_tensors(const struct vps_model *m);
+/* Describe tensor id. @return VPS_EINPUT when id is out of range. */
+vps_result_t vps_model_tensor(const struct vps_model *m, uint32_t id, struct vps_tensor *t);
+/* Write the tensor's Megatron-Core name (global layer and expert index).
+ * @return the length of the full name. */
+size_t vps_tensor_name(const struct vps_tensor *t, char *buf, size_t n);
+/* The name Megatron gives the tensor inside one model chunk, with the
+ * chunk-local layer and rank-local expert index. */
+size_t vps_tensor_local_name(const struct vps_tensor *t, int64_t layer, int64_t expert, char *buf, size_t n);
+/* Find a tensor by name. @return VPS_EINPUT when there is none. */
+vps_result_t vps_model_find_tensor(const struct vps_model *m, const char *name, uint32_t *id);
+/* Id of the first tensor of a layer, and the number of tensors per layer. */
+uint32_t vps_model_layer_first(const struct vps_model *m, int64_t layer);
+uint32_t vps_model_tensors_per_layer(const struct vps_model *m);
+/* Number of tensors before the first layer. */
+uint32_t vps_model_pre_tensors(const struct vps_model *m);
+
+/* Logical, unpadded element count of all parameter tensors. */
+int64_t vps_model_parameters(const struct vps_model *m);
+
+/* Hash of the model's definition (name excluded). */
+uint64_t vps_model_hash(const struct vps_model *m);
+
+#endif

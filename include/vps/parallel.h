@@ -1,0 +1,90 @@
+/* Parallel configurations and device maps. */
+#ifndef VPS_PARALLEL_H
+#define VPS_PARALLEL_H
+
+#include "vps/model.h"
+
+/* bucket: one bucket per buffer (Megatron's default, --overlap-grad-reduce off) */
+#define VPS_BUCKET_NONE 0
+/* bucket: Megatron's size with overlap on: max(40,000,000, 1,000,000 * dp) */
+#define VPS_BUCKET_AUTO (-1)
+
+struct vps_parallel {
+	int64_t tp, pp, dp;
+	int64_t ep;      /* expert parallel */
+	int64_t etp;     /* expert tensor parallel; 0 in a spec means "= tp" */
+	int64_t vpp;     /* virtual pipeline chunks per stage */
+	int64_t zero;    /* 0, or 1: distributed optimizer over DP */
+	int64_t first;   /* layers on the first stage, 0: not set */
+	int64_t last;    /* layers on the last stage, 0: not set */
+	int64_t bucket;  /* VPS_BUCKET_NONE, VPS_BUCKET_AUTO or elements */
+	bool grad;       /* fp32 gradients are part of the state */
+};
+
+/* Defaults: everything 1, zero 0, one bucket, no grads. */
+void vps_parallel_init(struct vps_parallel *p);
+
+/* Parse "tp=4,pp=2,dp=2,zero=1" on top of *p. where names the flag. */
+vps_result_t vps_parallel_parse(struct vps_parallel *p, const char *spec, const char *where);
+
+/* Load --parallel: a spec string (contains '='), a file path, or a name
+ * looked up as NAME.yaml in search_path (colon-separated directories). A
+ * configuration file may name the model it was written for (`model:`);
+ * that name is copied to model_hint ("" when none). */
+vps_result_t vps_parallel_load(struct vps_parallel *p, const char *arg, const char *search_path,
+			       char *model_hint, size_t hint_len);
+
+/* Check p against the model with Megatron's rules and fill etp's default.
+ * where prefixes messages ("--parallel", "a.yaml: line 3"). */
+vps_result_t vps_parallel_validate(struct vps_parallel *p, const struct vps_model *m, const char *where);
+
+static inline int64_t vps_parallel_world(const struct vps_parallel *p) { return p->tp * p->pp * p->dp; }
+/* Expert data-parallel size: world / (etp * ep * pp). */
+static inline int64_t vps_parallel_edp(const struct vps_parallel *p)
+{
+	return p->tp * p->dp / (p->etp * p->ep);
+}
+
+/* Format as "tp=4,pp=2,dp=2,ep=1,etp=4,vpp=1,zero=1" (only non-default
+ * extras after that). */
+void vps_parallel_format(const struct vps_parallel *p, char *buf, size_t n);
+
+/* Layers on pipeline stage p, and the first layer of chunk v on stage p. */
+int64_t vps_parallel_stage_layers(const struct vps_parallel *p, const struct vps_model *m, int64_t stage);
+int64_t vps_parallel_chunk_first_layer(const struct vps_parallel *p, const struct vps_model *m,
+				       int64_t stage, int64_t chunk);
+/* Stage and chunk holding a layer. */
+void vps_parallel_layer_place(const struct vps_parallel *p, const struct vps_model *m, int64_t layer,
+			      int64_t *stage, int64_t *chunk);
+
+/* ---- devices ---- */
+
+struct vps_device {
+	int32_t node;
+	int32_t gpu;
+};
+
+struct vps_devices {
+	/* packed: rank r on (first_node + r / gpus_per_node, r % gpus_per_node) */
+	bool packed;
+	int64_t gpus_per_node;
+	int64_t first_node;
+	/* explicit: one device per rank */
+	struct vps_device *list;
+	int64_t n;
+	/* explicit lists: sorted index for device -> rank (built on load) */
+	int64_t *order;
+};
+
+void vps_devices_packed(struct vps_devices *d, int64_t gpus_per_node, int64_t first_node);
+/* Read a devices document (`vps: devices`, `devices: [[node, gpu], ...]`). */
+vps_result_t vps_devices_load(struct vps_devices *d, const char *path);
+vps_result_t vps_devices_copy(struct vps_devices *dst, const struct vps_devices *src);
+void vps_devices_release(struct vps_devices *d);
+/* Check that the map covers world ranks with distinct devices. */
+vps_result_t vps_devices_validate(struct vps_devices *d, int64_t world, const char *where);
+struct vps_device vps_devices_get(const struct vps_devices *d, int64_t rank);
+/* Rank on a device, or -1. */
+int64_t vps_devices_find(const struct vps_devices *d, int64_t world, struct vps_device dev);
+
+#endif

@@ -1,0 +1,35 @@
+/* Static verification of layouts, plans and staged plans.
+ *
+ * A check collects violations instead of stopping at the first one: each is
+ * a line of text naming the rank, tensor, state and box concerned. */
+#ifndef VPS_VERIFY_H
+#define VPS_VERIFY_H
+
+#include "vps/layout.h"
+
+#define VPS_VERIFY_MAX_MESSAGES 200
+
+struct vps_verify_report {
+	int64_t violations;     /* all of them, even past the messages kept */
+	char **messages;        /* the first VPS_VERIFY_MAX_MESSAGES */
+	size_t nmessages;
+	char summary[512];      /* one line, filled on success and on failure */
+};
+
+void vps_verify_report_release(struct vps_verify_report *r);
+
+/* Check a layout: every element of every (tensor, state) is held by some
+ * rank, regions lie inside their buffers and match their buffer's state,
+ * and no two regions of a buffer overlap. Enumerates all ranks.
+ * @return VPS_OK (report filled; violations may be > 0) or an error. */
+vps_result_t vps_verify_layout(const struct vps_layout *l, struct vps_verify_report *rep);
+
+/* Append a violation message (printf-style) to the report. */
+void vps_verify_add(struct vps_verify_report *rep, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Union coverage of boxes inside target: writes up to max uncovered boxes to
+ * gaps, returns their number (0: fully covered). */
+size_t vps_boxes_gaps(const struct vps_box *boxes, size_t n, const struct vps_box *target, struct vps_box *gaps,
+		      size_t max);
+
+#endif

@@ -1,0 +1,1021 @@
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <yaml.h>
+#include <zstd.h>
+
+#include "doc.h"
+#include "internal.h"
+
+/* Largest decompressed document we accept: a guard against a corrupt size
+ * field asking for an absurd allocation. */
+#define VPS_DOC_MAX_BYTES ((uint64_t)64 << 30)
+
+static const struct {
+	enum vps_doc_kind kind;
+	const char *name;
+	int version;
+} doc_kinds[] = {
+	{VPS_DOC_LAYOUT, "layout", 1},   {VPS_DOC_PLAN, "plan", 1},
+	{VPS_DOC_STAGED, "staged", 1},   {VPS_DOC_REPORT, "report", 1},
+	{VPS_DOC_MODEL, "model", 1},     {VPS_DOC_DEVICES, "devices", 1},
+	{VPS_DOC_TOPOLOGY, "topology", 1}, {VPS_DOC_PARALLEL, "parallel", 1},
+	{VPS_DOC_BUDGETS, "budgets", 1},
+};
+
+const char *vps_doc_kind_name(enum vps_doc_kind kind)
+{
+	for (size_t i = 0; i < sizeof(doc_kinds) / sizeof(doc_kinds[0]); i++)
+		if (doc_kinds[i].kind == kind)
+			return doc_kinds[i].name;
+	return "unknown";
+}
+
+int vps_doc_version(enum vps_doc_kind kind)
+{
+	for (size_t i = 0; i < sizeof(doc_kinds) / sizeof(doc_kinds[0]); i++)
+		if (doc_kinds[i].kind == kind)
+			return doc_kinds[i].version;
+	return 0;
+}
+
+static enum vps_doc_kind kind_from_name(const char *s)
+{
+	for (size_t i = 0; i < sizeof(doc_kinds) / sizeof(doc_kinds[0]); i++)
+		if (strcmp(doc_kinds[i].name, s) == 0)
+			return doc_kinds[i].kind;
+	return 0;
+}
+
+vps_result_t vps_bytes_append(struct vps_bytes *b, const void *p, size_t n)
+{
+	if (b->len + n > b->cap) {
+		size_t ncap = b->cap ? b->cap : 4096;
+		while (ncap < b->len + n)
+			ncap *= 2;
+		unsigned char *d = realloc(b->data, ncap);
+		if (!d)
+			return VPS_NOMEM();
+		b->data = d;
+		b->cap = ncap;
+	}
+	if (n)
+		memcpy(b->data + b->len, p, n);
+	b->len += n;
+	return VPS_OK;
+}
+
+void vps_bytes_release(struct vps_bytes *b)
+{
+	free(b->data);
+	b->data = NULL;
+	b->len = b->cap = 0;
+}
+
+uint64_t vps_hash64(const void *data, size_t len, uint64_t seed)
+{
+	const unsigned char *p = data;
+	uint64_t h = vps_mix64(seed ^ (len * 0x9e3779b97f4a7c15ULL));
+	while (len >= 8) {
+		uint64_t w;
+		memcpy(&w, p, 8);
+		h = vps_mix64(h ^ w) + 0x9e3779b97f4a7c15ULL;
+		p += 8;
+		len -= 8;
+	}
+	uint64_t w = 0;
+	memcpy(&w, p, len);
+	return vps_mix64(h ^ w ^ ((uint64_t)len << 56));
+}
+
+/* ======================================================================
+ * Writer
+ * ==================================================================== */
+
+struct vps_writer {
+	bool yaml;
+	bool failed;
+	enum vps_doc_kind kind;
+	struct vps_bytes out;
+	yaml_emitter_t emitter;
+	bool emitter_ready;
+};
+
+static int yaml_out(void *ctx, unsigned char *buf, size_t n)
+{
+	return vps_bytes_append(ctx, buf, n) == VPS_OK;
+}
+
+static vps_result_t emit(struct vps_writer *w, yaml_event_t *ev)
+{
+	if (w->failed)
+		return VPS_EINPUT;
+	if (!yaml_emitter_emit(&w->emitter, ev)) {
+		w->failed = true;
+		return vps_fail(VPS_EINPUT, "yaml emitter: %s",
+				w->emitter.problem ? w->emitter.problem : "failed");
+	}
+	return VPS_OK;
+}
+
+static vps_result_t emit_scalar(struct vps_writer *w, const char *s, bool plain_only)
+{
+	yaml_event_t ev;
+	yaml_scalar_event_initialize(&ev, NULL, NULL, (yaml_char_t *)s, (int)strlen(s), 1, 1,
+				     plain_only ? YAML_PLAIN_SCALAR_STYLE : YAML_ANY_SCALAR_STYLE);
+	return emit(w, &ev);
+}
+
+static vps_result_t emit_key(struct vps_writer *w, const char *key)
+{
+	return key ? emit_scalar(w, key, false) : VPS_OK;
+}
+
+static vps_result_t bin_put(struct vps_writer *w, const void *p, size_t n)
+{
+	vps_result_t rc = vps_bytes_append(&w->out, p, n);
+	if (rc)
+		w->failed = true;
+	return rc;
+}
+
+static vps_result_t bin_u64(struct vps_writer *w, uint64_t v)
+{
+	unsigned char b[8];
+	for (int i = 0; i < 8; i++)
+		b[i] = (unsigned char)(v >> (8 * i));
+	return bin_put(w, b, 8);
+}
+
+vps_result_t vps_writer_new(struct vps_writer **wp, enum vps_doc_kind kind, bool yaml)
+{
+	struct vps_writer *w = vps_calloc(1, sizeof(*w));
+	if (!w)
+		return VPS_ENOMEM;
+	w->yaml = yaml;
+	w->kind = kind;
+	vps_result_t rc = VPS_OK;
+	if (yaml) {
+		yaml_event_t ev;
+		if (!yaml_emitter_initialize(&w->emitter)) {
+			free(w);
+			return VPS_NOMEM();
+		}
+		w->emitter_ready = true;
+		yaml_emitter_set_output(&w->emitter, yaml_out, &w->out);
+		yaml_emitter_set_width(&w->emitter, -1);
+		yaml_emitter_set_unicode(&w->emitter, 1);
+		yaml_stream_start_event_initialize(&ev, YAML_UTF8_ENCODING);
+		VPS_CHECK_GOTO(emit(w, &ev), rc, fail);
+		yaml_document_start_event_initialize(&ev, NULL, NULL, NULL, 1);
+		VPS_CHECK_GOTO(emit(w, &ev), rc, fail);
+		yaml_mapping_start_event_initialize(&ev, NULL, NULL, 1, YAML_BLOCK_MAPPING_STYLE);
+		VPS_CHECK_GOTO(emit(w, &ev), rc, fail);
+		VPS_CHECK_GOTO(vps_w_str(w, "vps", vps_doc_kind_name(kind)), rc, fail);
+		VPS_CHECK_GOTO(vps_w_int(w, "version", vps_doc_version(kind)), rc, fail);
+	} else {
+		unsigned char hdr[VPS_DOC_HEADER_SIZE] = {0};
+		memcpy(hdr, VPS_DOC_MAGIC, 4);
+		hdr[4] = (unsigned char)kind;
+		hdr[6] = (unsigned char)vps_doc_version(kind);
+		VPS_CHECK_GOTO(bin_put(w, hdr, sizeof(hdr)), rc, fail);
+	}
+	*wp = w;
+	return VPS_OK;
+fail:
+	vps_writer_free(w);
+	return rc;
+}
+
+void vps_writer_free(struct vps_writer *w)
+{
+	if (!w)
+		return;
+	if (w->emitter_ready)
+		yaml_emitter_delete(&w->emitter);
+	vps_bytes_release(&w->out);
+	free(w);
+}
+
+vps_result_t vps_writer_finish(struct vps_writer *w, struct vps_bytes *out)
+{
+	vps_result_t rc;
+	if (w->failed)
+		return vps_fail(VPS_EINPUT, "document writer failed earlier");
+	if (w->yaml) {
+		yaml_event_t ev;
+		yaml_mapping_end_event_initialize(&ev);
+		VPS_CHECK(emit(w, &ev));
+		yaml_document_end_event_initialize(&ev, 1);
+		VPS_CHECK(emit(w, &ev));
+		yaml_stream_end_event_initialize(&ev);
+		VPS_CHECK(emit(w, &ev));
+		if (!yaml_emitter_flush(&w->emitter))
+			return vps_fail(VPS_EINPUT, "yaml emitter: flush failed");
+		*out = w->out;
+		memset(&w->out, 0, sizeof(w->out));
+		return VPS_OK;
+	}
+	size_t payload = w->out.len - VPS_DOC_HEADER_SIZE;
+	size_t bound = ZSTD_compressBound(payload);
+	struct vps_bytes res = {0};
+	rc = vps_bytes_append(&res, w->out.data, VPS_DOC_HEADER_SIZE);
+	if (rc)
+		return rc;
+	unsigned char *dst = malloc(bound);
+	if (!dst) {
+		vps_bytes_release(&res);
+		return VPS_NOMEM();
+	}
+	ZSTD_CCtx *cctx = ZSTD_createCCtx();
+	size_t n = 0;
+	if (!cctx) {
+		rc = VPS_NOMEM();
+		goto done;
+	}
+	ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, 3);
+	ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, 1);
+	ZSTD_CCtx_setParameter(cctx, ZSTD_c_contentSizeFlag, 1);
+	n = ZSTD_compress2(cctx, dst, bound, w->out.data + VPS_DOC_HEADER_SIZE, payload);
+	if (ZSTD_isError(n)) {
+		rc = vps_fail(VPS_EINPUT, "zstd: %s", ZSTD_getErrorName(n));
+		goto done;
+	}
+	rc = vps_bytes_append(&res, dst, n);
+done:
+	ZSTD_freeCCtx(cctx);
+	free(dst);
+	if (rc) {
+		vps_bytes_release(&res);
+		return rc;
+	}
+	*out = res;
+	return VPS_OK;
+}
+
+vps_result_t vps_w_map_begin(struct vps_writer *w, const char *key)
+{
+	if (!w->yaml)
+		return w->failed ? VPS_EINPUT : VPS_OK;
+	yaml_event_t ev;
+	VPS_CHECK(emit_key(w, key));
+	yaml_mapping_start_event_initialize(&ev, NULL, NULL, 1, YAML_BLOCK_MAPPING_STYLE);
+	return emit(w, &ev);
+}
+
+vps_result_t vps_w_map_end(struct vps_writer *w)
+{
+	if (!w->yaml)
+		return w->failed ? VPS_EINPUT : VPS_OK;
+	yaml_event_t ev;
+	yaml_mapping_end_event_initialize(&ev);
+	return emit(w, &ev);
+}
+
+vps_result_t vps_w_seq_begin(struct vps_writer *w, const char *key, uint64_t n, bool flow)
+{
+	if (!w->yaml)
+		return bin_u64(w, n);
+	yaml_event_t ev;
+	VPS_CHECK(emit_key(w, key));
+	yaml_sequence_start_event_initialize(&ev, NULL, NULL, 1,
+					     flow ? YAML_FLOW_SEQUENCE_STYLE : YAML_BLOCK_SEQUENCE_STYLE);
+	return emit(w, &ev);
+}
+
+vps_result_t vps_w_seq_end(struct vps_writer *w)
+{
+	if (!w->yaml)
+		return w->failed ? VPS_EINPUT : VPS_OK;
+	yaml_event_t ev;
+	yaml_sequence_end_event_initialize(&ev);
+	return emit(w, &ev);
+}
+
+vps_result_t vps_w_int(struct vps_writer *w, const char *key, int64_t v)
+{
+	if (!w->yaml)
+		return bin_u64(w, (uint64_t)v);
+	char buf[32];
+	snprintf(buf, sizeof(buf), "%" PRId64, v);
+	VPS_CHECK(emit_key(w, key));
+	return emit_scalar(w, buf, true);
+}
+
+vps_result_t vps_w_u64hex(struct vps_writer *w, const char *key, uint64_t v)
+{
+	if (!w->yaml)
+		return bin_u64(w, v);
+	char buf[32];
+	snprintf(buf, sizeof(buf), "0x%016" PRIx64, v);
+	VPS_CHECK(emit_key(w, key));
+	return emit_scalar(w, buf, true);
+}
+
+vps_result_t vps_w_double(struct vps_writer *w, const char *key, double v)
+{
+	if (!w->yaml) {
+		uint64_t bits;
+		memcpy(&bits, &v, 8);
+		return bin_u64(w, bits);
+	}
+	char buf[40];
+	/* The shortest form that reads back as the same double, so that a
+	 * round trip through binary prints the same text. */
+	for (int prec = 1; prec <= 17; prec++) {
+		snprintf(buf, sizeof(buf), "%.*g", prec, v);
+		if (strtod(buf, NULL) == v)
+			break;
+	}
+	if (!strpbrk(buf, ".eEn"))
+		strcat(buf, ".0");
+	VPS_CHECK(emit_key(w, key));
+	return emit_scalar(w, buf, true);
+}
+
+vps_result_t vps_w_bool(struct vps_writer *w, const char *key, bool v)
+{
+	if (!w->yaml) {
+		unsigned char b = v;
+		return bin_put(w, &b, 1);
+	}
+	VPS_CHECK(emit_key(w, key));
+	return emit_scalar(w, v ? "true" : "false", true);
+}
+
+vps_result_t vps_w_str(struct vps_writer *w, const char *key, const char *s)
+{
+	if (!w->yaml) {
+		size_t n = strlen(s);
+		unsigned char b[4] = {(unsigned char)n, (unsigned char)(n >> 8),
+				      (unsigned char)(n >> 16), (unsigned char)(n >> 24)};
+		if (n > UINT32_MAX)
+			return vps_fail(VPS_EINPUT, "string too long");
+		VPS_CHECK(bin_put(w, b, 4));
+		return bin_put(w, s, n);
+	}
+	VPS_CHECK(emit_key(w, key));
+	return emit_scalar(w, s, false);
+}
+
+/* ======================================================================
+ * Reader
+ * ==================================================================== */
+
+struct frame {
+	int node;        /* YAML node id */
+	bool is_seq;
+	size_t next;     /* next sequence item */
+	bool *used;      /* per mapping pair: read by the caller */
+	size_t npairs;
+};
+
+struct vps_reader {
+	char *name;
+	bool binary;
+	/* binary */
+	unsigned char *payload;
+	size_t plen, pos;
+	/* yaml */
+	yaml_document_t doc;
+	bool doc_ready;
+	struct frame *frames;
+	size_t nframes, cap_frames;
+	char **strings; /* strings handed out in binary mode */
+	size_t nstrings, cap_strings;
+};
+
+bool vps_reader_is_binary(const struct vps_reader *r) { return r->binary; }
+const char *vps_reader_name(const struct vps_reader *r) { return r->name; }
+
+static yaml_node_t *node_at(struct vps_reader *r, int id) { return yaml_document_get_node(&r->doc, id); }
+
+static int node_line(struct vps_reader *r, int id)
+{
+	yaml_node_t *n = node_at(r, id);
+	return n ? (int)n->start_mark.line + 1 : 0;
+}
+
+static struct frame *top(struct vps_reader *r) { return r->nframes ? &r->frames[r->nframes - 1] : NULL; }
+
+static vps_result_t push_frame(struct vps_reader *r, int node)
+{
+	VPS_CHECK(VPS_GROW(r->frames, r->cap_frames, r->nframes + 1));
+	struct frame *f = &r->frames[r->nframes];
+	memset(f, 0, sizeof(*f));
+	f->node = node;
+	yaml_node_t *n = node_at(r, node);
+	if (n->type == YAML_SEQUENCE_NODE) {
+		f->is_seq = true;
+	} else {
+		f->npairs = (size_t)(n->data.mapping.pairs.top - n->data.mapping.pairs.start);
+		f->used = vps_calloc(f->npairs ? f->npairs : 1, sizeof(bool));
+		if (!f->used)
+			return VPS_ENOMEM;
+	}
+	r->nframes++;
+	return VPS_OK;
+}
+
+static void pop_frame(struct vps_reader *r)
+{
+	struct frame *f = top(r);
+	free(f->used);
+	r->nframes--;
+}
+
+/* Find the value node for key in the current mapping (or the next sequence
+ * item when key is NULL); 0 when absent. Marks the pair read. */
+static int lookup(struct vps_reader *r, const char *key, bool mark)
+{
+	struct frame *f = top(r);
+	yaml_node_t *n = node_at(r, f->node);
+	if (f->is_seq) {
+		yaml_node_item_t *items = n->data.sequence.items.start;
+		size_t count = (size_t)(n->data.sequence.items.top - items);
+		if (f->next >= count)
+			return 0;
+		return mark ? items[f->next++] : items[f->next];
+	}
+	if (!key)
+		return 0;
+	yaml_node_pair_t *pairs = n->data.mapping.pairs.start;
+	for (size_t i = 0; i < f->npairs; i++) {
+		yaml_node_t *k = node_at(r, pairs[i].key);
+		if (k && k->type == YAML_SCALAR_NODE && strlen(key) == k->data.scalar.length &&
+		    memcmp(k->data.scalar.value, key, k->data.scalar.length) == 0) {
+			if (mark)
+				f->used[i] = true;
+			return pairs[i].value;
+		}
+	}
+	return 0;
+}
+
+int vps_r_line(struct vps_reader *r, const char *key)
+{
+	if (r->binary || !r->nframes)
+		return 0;
+	int id = lookup(r, key, false);
+	return id ? node_line(r, id) : node_line(r, top(r)->node);
+}
+
+vps_result_t vps_r_error(struct vps_reader *r, const char *key, const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	if (r->binary)
+		return vps_fail(VPS_EINPUT, "%s: %s%s%s", r->name, key ? key : "", key ? ": " : "", msg);
+	return vps_fail(VPS_EINPUT, "%s: line %d: %s%s%s", r->name, vps_r_line(r, key), key ? key : "",
+			key ? ": " : "", msg);
+}
+
+static vps_result_t bin_need(struct vps_reader *r, size_t n)
+{
+	if (r->plen - r->pos < n)
+		return vps_fail(VPS_EFORMAT, "%s: truncated document (needs %zu bytes at offset %zu of %zu)",
+				r->name, n, r->pos, r->plen);
+	return VPS_OK;
+}
+
+static vps_result_t bin_u64_read(struct vps_reader *r, uint64_t *v)
+{
+	VPS_CHECK(bin_need(r, 8));
+	uint64_t x = 0;
+	for (int i = 0; i < 8; i++)
+		x |= (uint64_t)r->payload[r->pos + i] << (8 * i);
+	r->pos += 8;
+	*v = x;
+	return VPS_OK;
+}
+
+/* Value node for key, or an error naming the missing key. */
+static vps_result_t need_node(struct vps_reader *r, const char *key, int *id)
+{
+	*id = lookup(r, key, true);
+	if (!*id) {
+		if (key)
+			return vps_r_error(r, NULL, "missing key '%s'", key);
+		return vps_r_error(r, NULL, "sequence is shorter than expected");
+	}
+	return VPS_OK;
+}
+
+static vps_result_t scalar_of(struct vps_reader *r, const char *key, int id, const char **s)
+{
+	yaml_node_t *n = node_at(r, id);
+	if (n->type != YAML_SCALAR_NODE)
+		return vps_fail(VPS_EINPUT, "%s: line %d: %s%sexpected a scalar value", r->name,
+				node_line(r, id), key ? key : "", key ? ": " : "");
+	*s = (const char *)n->data.scalar.value;
+	return VPS_OK;
+}
+
+static vps_result_t check_header(struct vps_reader *r, enum vps_doc_kind kind)
+{
+	const char *s;
+	int64_t version;
+	if (!vps_r_has(r, "vps"))
+		return vps_r_error(r, NULL, "not a vps %s document (no 'vps:' key)", vps_doc_kind_name(kind));
+	VPS_CHECK(vps_r_str(r, "vps", &s));
+	if (kind_from_name(s) != kind)
+		return vps_r_error(r, "vps", "expected a %s document, found '%s'", vps_doc_kind_name(kind), s);
+	VPS_CHECK(vps_r_int(r, "version", &version, 1, INT32_MAX));
+	if (version > vps_doc_version(kind))
+		return vps_fail(VPS_EFORMAT, "%s: line %d: %s version %" PRId64
+				" is newer than this build reads (%d)",
+				r->name, vps_r_line(r, "version"), vps_doc_kind_name(kind), version,
+				vps_doc_version(kind));
+	return VPS_OK;
+}
+
+static vps_result_t open_binary(struct vps_reader *r, const unsigned char *d, size_t len,
+				enum vps_doc_kind kind)
+{
+	if (len < VPS_DOC_HEADER_SIZE)
+		return vps_fail(VPS_EFORMAT, "%s: truncated header", r->name);
+	unsigned dkind = d[4] | (unsigned)d[5] << 8, version = d[6] | (unsigned)d[7] << 8;
+	uint32_t flags = d[8] | (uint32_t)d[9] << 8 | (uint32_t)d[10] << 16 | (uint32_t)d[11] << 24;
+	if (kind && dkind != (unsigned)kind)
+		return vps_fail(VPS_EFORMAT, "%s: expected a binary %s document, found kind %u (%s)", r->name,
+				vps_doc_kind_name(kind), dkind, vps_doc_kind_name(dkind));
+	if (version == 0 || (int)version > vps_doc_version(dkind))
+		return vps_fail(VPS_EFORMAT, "%s: %s version %u is newer than this build reads (%d)", r->name,
+				vps_doc_kind_name(dkind), version, vps_doc_version(dkind));
+	if (flags != 0 || d[12] || d[13] || d[14] || d[15])
+		return vps_fail(VPS_EFORMAT, "%s: unknown header flags 0x%08x", r->name, flags);
+	const unsigned char *frame = d + VPS_DOC_HEADER_SIZE;
+	size_t flen = len - VPS_DOC_HEADER_SIZE;
+	/* Frame_Header_Descriptor (RFC 8878 3.1.1.1.1): bit 2 is the
+	 * content checksum flag */
+	if (flen < 5 || memcmp(frame, "\x28\xb5\x2f\xfd", 4) != 0)
+		return vps_fail(VPS_EFORMAT, "%s: truncated or corrupt zstd frame header", r->name);
+	if (!(frame[4] & 0x04))
+		return vps_fail(VPS_EFORMAT, "%s: zstd frame has no content checksum", r->name);
+	unsigned long long content = ZSTD_getFrameContentSize(frame, flen);
+	if (content == ZSTD_CONTENTSIZE_ERROR)
+		return vps_fail(VPS_EFORMAT, "%s: truncated or corrupt zstd frame header", r->name);
+	if (content == ZSTD_CONTENTSIZE_UNKNOWN || content > VPS_DOC_MAX_BYTES)
+		return vps_fail(VPS_EFORMAT, "%s: zstd frame content size missing or too large", r->name);
+	size_t csize = ZSTD_findFrameCompressedSize(frame, flen);
+	if (ZSTD_isError(csize))
+		return vps_fail(VPS_EFORMAT, "%s: truncated zstd frame", r->name);
+	if (csize != flen)
+		return vps_fail(VPS_EFORMAT, "%s: %zu unexpected bytes after the document", r->name, flen - csize);
+	r->plen = (size_t)content;
+	r->payload = vps_malloc(r->plen);
+	if (!r->payload)
+		return VPS_ENOMEM;
+	size_t got = ZSTD_decompress(r->payload, r->plen, frame, flen);
+	if (ZSTD_isError(got))
+		return vps_fail(VPS_EFORMAT, "%s: corrupt document: %s", r->name, ZSTD_getErrorName(got));
+	if (got != r->plen)
+		return vps_fail(VPS_EFORMAT, "%s: corrupt document: size mismatch", r->name);
+	return VPS_OK;
+}
+
+vps_result_t vps_reader_new(struct vps_reader **rp, const char *name, const void *data, size_t len,
+			    enum vps_doc_kind kind)
+{
+	vps_result_t rc;
+	struct vps_reader *r = vps_calloc(1, sizeof(*r));
+	if (!r)
+		return VPS_ENOMEM;
+	r->name = vps_strdup(name);
+	if (!r->name) {
+		free(r);
+		return VPS_ENOMEM;
+	}
+	if (len == 0) {
+		rc = vps_fail(VPS_EINPUT, "%s: empty input", name);
+		goto fail;
+	}
+	if (vps_is_binary(data, len)) {
+		r->binary = true;
+		VPS_CHECK_GOTO(open_binary(r, data, len, kind), rc, fail);
+		*rp = r;
+		return VPS_OK;
+	}
+	if (len >= 4 && memcmp(data, "\x89VP", 3) == 0) {
+		rc = vps_fail(VPS_EFORMAT, "%s: wrong magic: not a vps binary document", name);
+		goto fail;
+	}
+	if (memchr(data, '\0', len)) {
+		rc = vps_fail(VPS_EFORMAT, "%s: wrong magic: neither YAML nor a vps binary document", name);
+		goto fail;
+	}
+	yaml_parser_t parser;
+	if (!yaml_parser_initialize(&parser)) {
+		rc = VPS_NOMEM();
+		goto fail;
+	}
+	yaml_parser_set_input_string(&parser, data, len);
+	if (!yaml_parser_load(&parser, &r->doc)) {
+		rc = vps_fail(VPS_EINPUT, "%s: line %zu: %s %s", name,
+			      (parser.problem_mark.line ? parser.problem_mark.line : parser.context_mark.line) + 1,
+			      parser.problem ? parser.problem : "YAML error",
+			      parser.context ? parser.context : "");
+		yaml_parser_delete(&parser);
+		goto fail;
+	}
+	yaml_parser_delete(&parser);
+	r->doc_ready = true;
+	yaml_node_t *root = yaml_document_get_root_node(&r->doc);
+	if (!root || root->type != YAML_MAPPING_NODE) {
+		rc = vps_fail(VPS_EINPUT, "%s: line 1: expected a mapping at the top of the document", name);
+		goto fail;
+	}
+	VPS_CHECK_GOTO(push_frame(r, 1), rc, fail);
+	if (kind)
+		VPS_CHECK_GOTO(check_header(r, kind), rc, fail);
+	*rp = r;
+	return VPS_OK;
+fail:
+	vps_reader_free(r);
+	return rc;
+}
+
+void vps_reader_free(struct vps_reader *r)
+{
+	if (!r)
+		return;
+	while (r->nframes)
+		pop_frame(r);
+	free(r->frames);
+	if (r->doc_ready)
+		yaml_document_delete(&r->doc);
+	for (size_t i = 0; i < r->nstrings; i++)
+		free(r->strings[i]);
+	free(r->strings);
+	free(r->payload);
+	free(r->name);
+	free(r);
+}
+
+vps_result_t vps_reader_finish(struct vps_reader *r)
+{
+	if (r->binary) {
+		if (r->pos != r->plen)
+			return vps_fail(VPS_EFORMAT, "%s: %zu unread bytes at the end of the document", r->name,
+					r->plen - r->pos);
+		return VPS_OK;
+	}
+	return vps_r_map_end(r);
+}
+
+bool vps_r_has(struct vps_reader *r, const char *key)
+{
+	if (r->binary)
+		return false;
+	return lookup(r, key, false) != 0;
+}
+
+vps_result_t vps_r_map_begin(struct vps_reader *r, const char *key)
+{
+	if (r->binary)
+		return VPS_OK;
+	int id;
+	VPS_CHECK(need_node(r, key, &id));
+	if (node_at(r, id)->type != YAML_MAPPING_NODE)
+		return vps_fail(VPS_EINPUT, "%s: line %d: %s%sexpected a mapping", r->name, node_line(r, id),
+				key ? key : "", key ? ": " : "");
+	return push_frame(r, id);
+}
+
+static vps_result_t map_end(struct vps_reader *r, bool strict)
+{
+	if (r->binary)
+		return VPS_OK;
+	struct frame *f = top(r);
+	if (strict && !f->is_seq) {
+		yaml_node_pair_t *pairs = node_at(r, f->node)->data.mapping.pairs.start;
+		for (size_t i = 0; i < f->npairs; i++) {
+			if (!f->used[i]) {
+				yaml_node_t *k = node_at(r, pairs[i].key);
+				const char *ks = k->type == YAML_SCALAR_NODE ? (const char *)k->data.scalar.value : "?";
+				return vps_fail(VPS_EINPUT, "%s: line %d: unknown key '%s'", r->name,
+						(int)k->start_mark.line + 1, ks);
+			}
+		}
+	}
+	pop_frame(r);
+	return VPS_OK;
+}
+
+vps_result_t vps_r_map_end(struct vps_reader *r) { return map_end(r, true); }
+vps_result_t vps_r_map_end_lenient(struct vps_reader *r) { return map_end(r, false); }
+
+vps_result_t vps_r_seq_begin(struct vps_reader *r, const char *key, uint64_t *n)
+{
+	if (r->binary) {
+		VPS_CHECK(bin_u64_read(r, n));
+		/* every item takes at least one byte: a larger count is corruption */
+		if (*n > r->plen - r->pos)
+			return vps_fail(VPS_EFORMAT, "%s: corrupt sequence length %" PRIu64, r->name, *n);
+		return VPS_OK;
+	}
+	int id;
+	VPS_CHECK(need_node(r, key, &id));
+	yaml_node_t *node = node_at(r, id);
+	if (node->type != YAML_SEQUENCE_NODE)
+		return vps_fail(VPS_EINPUT, "%s: line %d: %s%sexpected a sequence", r->name, node_line(r, id),
+				key ? key : "", key ? ": " : "");
+	*n = (uint64_t)(node->data.sequence.items.top - node->data.sequence.items.start);
+	return push_frame(r, id);
+}
+
+vps_result_t vps_r_seq_end(struct vps_reader *r)
+{
+	if (r->binary)
+		return VPS_OK;
+	struct frame *f = top(r);
+	yaml_node_t *n = node_at(r, f->node);
+	size_t count = (size_t)(n->data.sequence.items.top - n->data.sequence.items.start);
+	if (f->next < count)
+		return vps_fail(VPS_EINPUT, "%s: line %d: unexpected extra item in sequence", r->name,
+				node_line(r, n->data.sequence.items.start[f->next]));
+	pop_frame(r);
+	return VPS_OK;
+}
+
+static vps_result_t yaml_scalar(struct vps_reader *r, const char *key, const char **s, int *id)
+{
+	VPS_CHECK(need_node(r, key, id));
+	return scalar_of(r, key, *id, s);
+}
+
+static vps_result_t bad_value(struct vps_reader *r, const char *key, int id, const char *what,
+			      const char *s)
+{
+	return vps_fail(VPS_EINPUT, "%s: line %d: %s%s'%s' is not %s", r->name, node_line(r, id),
+			key ? key : "", key ? ": " : "", s, what);
+}
+
+vps_result_t vps_r_int(struct vps_reader *r, const char *key, int64_t *v, int64_t min, int64_t max)
+{
+	int64_t x;
+	int id = 0;
+	if (r->binary) {
+		uint64_t u;
+		VPS_CHECK(bin_u64_read(r, &u));
+		x = (int64_t)u;
+	} else {
+		const char *s;
+		char *end;
+		VPS_CHECK(yaml_scalar(r, key, &s, &id));
+		errno = 0;
+		x = strtoll(s, &end, 10);
+		if (!*s || *end || errno)
+			return bad_value(r, key, id, "an integer", s);
+	}
+	if (x < min || x > max) {
+		if (r->binary)
+			return vps_fail(VPS_EFORMAT, "%s: %s: value %" PRId64 " out of range [%" PRId64 ", %" PRId64 "]",
+					r->name, key ? key : "item", x, min, max);
+		return vps_fail(VPS_EINPUT, "%s: line %d: %s%s%" PRId64 " is out of range [%" PRId64 ", %" PRId64 "]",
+				r->name, node_line(r, id), key ? key : "", key ? ": " : "", x, min, max);
+	}
+	*v = x;
+	return VPS_OK;
+}
+
+vps_result_t vps_r_u64hex(struct vps_reader *r, const char *key, uint64_t *v)
+{
+	if (r->binary)
+		return bin_u64_read(r, v);
+	const char *s;
+	char *end;
+	int id;
+	VPS_CHECK(yaml_scalar(r, key, &s, &id));
+	errno = 0;
+	*v = strtoull(s, &end, 0);
+	if (!*s || *end || errno)
+		return bad_value(r, key, id, "a hexadecimal number", s);
+	return VPS_OK;
+}
+
+vps_result_t vps_r_double(struct vps_reader *r, const char *key, double *v)
+{
+	if (r->binary) {
+		uint64_t bits;
+		VPS_CHECK(bin_u64_read(r, &bits));
+		memcpy(v, &bits, 8);
+		return VPS_OK;
+	}
+	const char *s;
+	char *end;
+	int id;
+	VPS_CHECK(yaml_scalar(r, key, &s, &id));
+	errno = 0;
+	*v = strtod(s, &end);
+	if (!*s || *end || errno || !isfinite(*v))
+		return bad_value(r, key, id, "a number", s);
+	return VPS_OK;
+}
+
+vps_result_t vps_r_bool(struct vps_reader *r, const char *key, bool *v)
+{
+	if (r->binary) {
+		VPS_CHECK(bin_need(r, 1));
+		unsigned char b = r->payload[r->pos++];
+		if (b > 1)
+			return vps_fail(VPS_EFORMAT, "%s: corrupt boolean", r->name);
+		*v = b;
+		return VPS_OK;
+	}
+	const char *s;
+	int id;
+	VPS_CHECK(yaml_scalar(r, key, &s, &id));
+	if (!strcmp(s, "true") || !strcmp(s, "True") || !strcmp(s, "yes") || !strcmp(s, "1"))
+		*v = true;
+	else if (!strcmp(s, "false") || !strcmp(s, "False") || !strcmp(s, "no") || !strcmp(s, "0"))
+		*v = false;
+	else
+		return bad_value(r, key, id, "a boolean (true or false)", s);
+	return VPS_OK;
+}
+
+vps_result_t vps_r_str(struct vps_reader *r, const char *key, const char **s)
+{
+	if (r->binary) {
+		VPS_CHECK(bin_need(r, 4));
+		const unsigned char *p = r->payload + r->pos;
+		size_t n = p[0] | (size_t)p[1] << 8 | (size_t)p[2] << 16 | (size_t)p[3] << 24;
+		r->pos += 4;
+		VPS_CHECK(bin_need(r, n));
+		char *c = vps_malloc(n + 1);
+		if (!c)
+			return VPS_ENOMEM;
+		memcpy(c, r->payload + r->pos, n);
+		c[n] = '\0';
+		r->pos += n;
+		if (VPS_GROW(r->strings, r->cap_strings, r->nstrings + 1)) {
+			free(c);
+			return VPS_ENOMEM;
+		}
+		r->strings[r->nstrings++] = c;
+		*s = c;
+		return VPS_OK;
+	}
+	int id;
+	return yaml_scalar(r, key, s, &id);
+}
+
+vps_result_t vps_r_int_opt(struct vps_reader *r, const char *key, int64_t *v, int64_t min,
+			   int64_t max, int64_t def)
+{
+	if (!r->binary && !vps_r_has(r, key)) {
+		*v = def;
+		return VPS_OK;
+	}
+	return vps_r_int(r, key, v, min, max);
+}
+
+vps_result_t vps_r_bool_opt(struct vps_reader *r, const char *key, bool *v, bool def)
+{
+	if (!r->binary && !vps_r_has(r, key)) {
+		*v = def;
+		return VPS_OK;
+	}
+	return vps_r_bool(r, key, v);
+}
+
+vps_result_t vps_r_str_opt(struct vps_reader *r, const char *key, const char **s, const char *def)
+{
+	if (!r->binary && !vps_r_has(r, key)) {
+		*s = def;
+		return VPS_OK;
+	}
+	return vps_r_str(r, key, s);
+}
+
+/* ======================================================================
+ * Files
+ * ==================================================================== */
+
+bool vps_is_binary(const void *data, size_t len)
+{
+	return len >= 4 && memcmp(data, VPS_DOC_MAGIC, 4) == 0;
+}
+
+enum vps_doc_kind vps_doc_sniff(const void *data, size_t len)
+{
+	const unsigned char *d = data;
+	if (vps_is_binary(data, len))
+		return len >= 6 ? (enum vps_doc_kind)(d[4] | d[5] << 8) : 0;
+	/* The writer puts `vps: KIND` first; people may not, so scan the first
+	 * lines for it. */
+	size_t lim = len < 4096 ? len : 4096;
+	for (size_t i = 0; i + 5 < lim; i++) {
+		if ((i == 0 || d[i - 1] == '\n') && memcmp(d + i, "vps:", 4) == 0) {
+			size_t j = i + 4;
+			while (j < lim && d[j] == ' ')
+				j++;
+			char name[32] = {0};
+			size_t k = 0;
+			while (j < lim && k < sizeof(name) - 1 && d[j] != '\n' && d[j] != ' ' && d[j] != '\r')
+				name[k++] = (char)d[j++];
+			return kind_from_name(name);
+		}
+	}
+	return 0;
+}
+
+vps_result_t vps_read_file(const char *path, struct vps_bytes *out)
+{
+	int fd = 0;
+	bool is_stdin = !path || strcmp(path, "-") == 0;
+	memset(out, 0, sizeof(*out));
+	if (!is_stdin) {
+		fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0)
+			return vps_fail(VPS_EINPUT, "%s: %s", path, strerror(errno));
+		struct stat st;
+		if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+			close(fd);
+			return vps_fail(VPS_EINPUT, "%s: is a directory", path);
+		}
+	}
+	for (;;) {
+		if (out->cap - out->len < 65536) {
+			vps_result_t rc = VPS_GROW(out->data, out->cap, out->cap + 65536);
+			if (rc) {
+				if (!is_stdin)
+					close(fd);
+				vps_bytes_release(out);
+				return rc;
+			}
+		}
+		ssize_t n = read(fd, out->data + out->len, out->cap - out->len);
+		if (n < 0 && (errno == EINTR || errno == EAGAIN))
+			continue;
+		if (n < 0) {
+			int e = errno;
+			if (!is_stdin)
+				close(fd);
+			vps_bytes_release(out);
+			return vps_fail(VPS_EINPUT, "%s: %s", is_stdin ? "<stdin>" : path, strerror(e));
+		}
+		if (n == 0)
+			break;
+		out->len += (size_t)n;
+	}
+	if (!is_stdin)
+		close(fd);
+	return VPS_OK;
+}
+
+static vps_result_t write_all(int fd, const unsigned char *p, size_t n, const char *what)
+{
+	while (n) {
+		ssize_t w = write(fd, p, n);
+		if (w < 0 && (errno == EINTR || errno == EAGAIN))
+			continue;
+		if (w < 0)
+			return vps_fail_errno("%s: write failed", what);
+		p += w;
+		n -= (size_t)w;
+	}
+	return VPS_OK;
+}
+
+vps_result_t vps_write_output(const char *path, const struct vps_bytes *b, bool binary)
+{
+	if (!path || strcmp(path, "-") == 0) {
+		if (binary && isatty(STDOUT_FILENO))
+			return vps_fail(VPS_EINPUT,
+					"refusing to write binary output to a terminal (use --yaml or -o FILE)");
+		return write_all(STDOUT_FILENO, b->data, b->len, "<stdout>");
+	}
+	size_t n = strlen(path);
+	char *tmp = vps_malloc(n + 16);
+	if (!tmp)
+		return VPS_ENOMEM;
+	snprintf(tmp, n + 16, "%s.tmpXXXXXX", path);
+	int fd = mkostemp(tmp, O_CLOEXEC);
+	if (fd < 0) {
+		vps_result_t rc = vps_fail_errno("%s: cannot create temporary file", path);
+		free(tmp);
+		return rc;
+	}
+	vps_result_t rc = write_all(fd, b->data, b->len, path);
+	if (!rc && fchmod(fd, 0644) != 0)
+		rc = vps_fail_errno("%s: chmod", tmp);
+	if (!rc && fsync(fd) != 0)
+		rc = vps_fail_errno("%s: fsync", path);
+	if (close(fd) != 0 && !rc)
+		rc = vps_fail_errno("%s: close", path);
+	if (!rc && rename(tmp, path) != 0)
+		rc = vps_fail_errno("%s: rename", path);
+	if (rc)
+		unlink(tmp);
+	free(tmp);
+	return rc;
+}

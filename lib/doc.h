@@ -1,0 +1,103 @@
+/* Documents: one serializer interface, two encodings.
+ *
+ * Each file kind (layout, plan, staged plan, ...) is written by one function
+ * that calls the writer below and read by one function that calls the reader.
+ * The YAML encoding looks values up by key (any key order, unknown keys are
+ * errors with their line); the binary encoding stores the same values in the
+ * writer's order, little-endian and fixed width, inside a zstd frame with a
+ * content checksum. A value written then read gives back the same value in
+ * either encoding, which makes YAML -> binary -> YAML byte-identical. */
+#ifndef VPS_DOC_H
+#define VPS_DOC_H
+
+#include <stdio.h>
+
+#include "vps/io.h"
+
+
+
+#define VPS_DOC_MAGIC "\x89VPS"
+#define VPS_DOC_HEADER_SIZE 16
+
+/* The highest version this build reads and the version it writes, per kind. */
+int vps_doc_version(enum vps_doc_kind kind);
+
+/* ---- writer ---- */
+struct vps_writer;
+
+/* Start a document of the given kind; yaml selects the encoding. The header
+ * (`vps: KIND`, `version: N` in YAML) is written here. */
+vps_result_t vps_writer_new(struct vps_writer **w, enum vps_doc_kind kind, bool yaml);
+/* Finish the document and hand its bytes to *out (caller releases). */
+vps_result_t vps_writer_finish(struct vps_writer *w, struct vps_bytes *out);
+void vps_writer_free(struct vps_writer *w);
+
+/* key is the mapping key, or NULL for an item of a sequence. flow asks YAML
+ * for the compact [a, b] style. */
+vps_result_t vps_w_map_begin(struct vps_writer *w, const char *key);
+vps_result_t vps_w_map_end(struct vps_writer *w);
+vps_result_t vps_w_seq_begin(struct vps_writer *w, const char *key, uint64_t n, bool flow);
+vps_result_t vps_w_seq_end(struct vps_writer *w);
+vps_result_t vps_w_int(struct vps_writer *w, const char *key, int64_t v);
+vps_result_t vps_w_u64hex(struct vps_writer *w, const char *key, uint64_t v);
+vps_result_t vps_w_double(struct vps_writer *w, const char *key, double v);
+vps_result_t vps_w_bool(struct vps_writer *w, const char *key, bool v);
+vps_result_t vps_w_str(struct vps_writer *w, const char *key, const char *s);
+
+/* ---- reader ---- */
+struct vps_reader;
+
+/* Parse bytes (YAML or binary, told apart by the magic) named `name` in
+ * messages. The document must be of `kind` (`vps:` key / header) and of a
+ * version this build reads; kind 0 accepts any and skips the header check,
+ * for foreign YAML/JSON such as a Hugging Face config.json. */
+vps_result_t vps_reader_new(struct vps_reader **r, const char *name, const void *data, size_t len,
+			    enum vps_doc_kind kind);
+void vps_reader_free(struct vps_reader *r);
+bool vps_reader_is_binary(const struct vps_reader *r);
+const char *vps_reader_name(const struct vps_reader *r);
+/* Finish: in binary, trailing bytes are an error. */
+vps_result_t vps_reader_finish(struct vps_reader *r);
+
+vps_result_t vps_r_map_begin(struct vps_reader *r, const char *key);
+/* Ends the mapping; in YAML a key that was never read is an error. */
+vps_result_t vps_r_map_end(struct vps_reader *r);
+/* Ends the mapping, ignoring keys never read (foreign documents). */
+vps_result_t vps_r_map_end_lenient(struct vps_reader *r);
+vps_result_t vps_r_seq_begin(struct vps_reader *r, const char *key, uint64_t *n);
+vps_result_t vps_r_seq_end(struct vps_reader *r);
+vps_result_t vps_r_int(struct vps_reader *r, const char *key, int64_t *v, int64_t min, int64_t max);
+vps_result_t vps_r_u64hex(struct vps_reader *r, const char *key, uint64_t *v);
+vps_result_t vps_r_double(struct vps_reader *r, const char *key, double *v);
+vps_result_t vps_r_bool(struct vps_reader *r, const char *key, bool *v);
+/* *s is owned by the reader and valid until vps_reader_free. */
+vps_result_t vps_r_str(struct vps_reader *r, const char *key, const char **s);
+
+/* YAML only: whether the current mapping has the key (always false in binary,
+ * where every key the writer wrote is present in order). */
+bool vps_r_has(struct vps_reader *r, const char *key);
+/* Read with a default when the YAML mapping lacks the key. */
+vps_result_t vps_r_int_opt(struct vps_reader *r, const char *key, int64_t *v, int64_t min,
+			   int64_t max, int64_t def);
+vps_result_t vps_r_bool_opt(struct vps_reader *r, const char *key, bool *v, bool def);
+vps_result_t vps_r_str_opt(struct vps_reader *r, const char *key, const char **s, const char *def);
+
+/* Fail with "NAME: line L: KEY: msg" pointing at the current or keyed node. */
+vps_result_t vps_r_error(struct vps_reader *r, const char *key, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+/* Line of the keyed value in the current mapping (YAML), or 0. */
+int vps_r_line(struct vps_reader *r, const char *key);
+
+/* 64-bit hash of bytes (not cryptographic; stable across builds and hosts). */
+uint64_t vps_hash64(const void *data, size_t len, uint64_t seed);
+static inline uint64_t vps_mix64(uint64_t x)
+{
+	x ^= x >> 30;
+	x *= 0xbf58476d1ce4e5b9ULL;
+	x ^= x >> 27;
+	x *= 0x94d049bb133111ebULL;
+	x ^= x >> 31;
+	return x;
+}
+
+#endif

@@ -1,0 +1,937 @@
+#include <inttypes.h>
+#include <stdio.h>
+
+#include "doc.h"
+#include "internal.h"
+#include "layout_int.h"
+
+static const char *state_names[VPS_NSTATES] = {"param", "main_param", "exp_avg", "exp_avg_sq", "grad"};
+static const char *dtype_names[] = {"bf16", "fp32"};
+
+const char *vps_state_name(int state)
+{
+	return state >= 0 && state < VPS_NSTATES ? state_names[state] : "?";
+}
+
+vps_result_t vps_state_parse(const char *name, int *state)
+{
+	for (int i = 0; i < VPS_NSTATES; i++)
+		if (!strcmp(name, state_names[i])) {
+			*state = i;
+			return VPS_OK;
+		}
+	return vps_fail(VPS_EINPUT, "unknown state '%s'", name);
+}
+
+const char *vps_dtype_name(int dtype) { return dtype == 0 || dtype == 1 ? dtype_names[dtype] : "?"; }
+
+vps_result_t vps_dtype_parse(const char *name, int *dtype)
+{
+	for (int i = 0; i < 2; i++)
+		if (!strcmp(name, dtype_names[i])) {
+			*dtype = i;
+			return VPS_OK;
+		}
+	return vps_fail(VPS_EINPUT, "unknown dtype '%s'", name);
+}
+
+size_t vps_dtype_size(int dtype) { return dtype == VPS_DTYPE_BF16 ? 2 : 4; }
+int vps_state_dtype(int state) { return state == VPS_STATE_PARAM ? VPS_DTYPE_BF16 : VPS_DTYPE_FP32; }
+
+void vps_rank_view_release(struct vps_rank_view *v)
+{
+	if (!v)
+		return;
+	if (v->region_names)
+		for (size_t i = 0; i < v->nregions; i++)
+			free(v->region_names[i]);
+	free(v->region_names);
+	free(v->buffers);
+	free(v->params);
+	free(v->regions);
+	free(v->region_param);
+	memset(v, 0, sizeof(*v));
+}
+
+void vps_holders_release(struct vps_holders *h)
+{
+	free(h->v);
+	memset(h, 0, sizeof(*h));
+}
+
+/* ---------------------------------------------------------------------- */
+
+const struct vps_model *vps_layout_model(const struct vps_layout *l) { return &l->m; }
+const struct vps_parallel *vps_layout_parallel(const struct vps_layout *l) { return &l->p; }
+const struct vps_devices *vps_layout_devices(const struct vps_layout *l) { return &l->d; }
+int64_t vps_layout_world(const struct vps_layout *l) { return l->world; }
+bool vps_layout_expert_buffer(const struct vps_layout *l) { return l->expert_buffer; }
+struct vps_device vps_layout_device(const struct vps_layout *l, int64_t rank) { return vps_devices_get(&l->d, rank); }
+int64_t vps_layout_rank_on(const struct vps_layout *l, struct vps_device dev)
+{
+	return vps_devices_find(&l->d, l->world, dev);
+}
+int vps_layout_nstates(const struct vps_layout *l) { return l->p.grad ? VPS_NSTATES : VPS_NSTATES - 1; }
+
+bool vps_layout_state_sharded(const struct vps_layout *l, int state)
+{
+	return l->p.zero && (state == VPS_STATE_MAIN_PARAM || state == VPS_STATE_EXP_AVG ||
+			     state == VPS_STATE_EXP_AVG_SQ);
+}
+
+void vps_layout_coords(const struct vps_layout *l, int64_t r, struct vps_coords *c)
+{
+	const struct vps_parallel *p = &l->p;
+	c->tp = r % p->tp;
+	c->dp = (r / p->tp) % p->dp;
+	c->pp = r / (p->tp * p->dp);
+	c->etp = r % p->etp;
+	c->ep = (r / p->etp) % p->ep;
+	c->edp = (r / (p->etp * p->ep)) % l->edp;
+}
+
+static struct tmpl *tmpl_at(const struct vps_layout *l, int64_t stage, int64_t chunk, int expert)
+{
+	return &l->tm[(stage * l->p.vpp + chunk) * 2 + expert];
+}
+
+/* ---- tensor-parallel pieces ---- */
+
+int64_t vps_layout_local_elements(const struct vps_layout *l, const struct vps_tensor *t)
+{
+	int64_t T = t->is_expert ? l->p.etp : l->p.tp;
+	struct vps_box b;
+	vps_box_full(&b, t->ndim, t->shape);
+	int64_t vol = vps_box_volume(&b);
+	switch (t->split) {
+	case VPS_SPLIT_NONE: return vol;
+	case VPS_SPLIT_AXIS:
+	case VPS_SPLIT_FLAT: return vol / T;
+	case VPS_SPLIT_VOCAB: {
+		int64_t padded = vps_round_up(t->shape[0], l->m.vocab_divisor * T);
+		return padded / T * t->shape[1];
+	}
+	}
+	return vol;
+}
+
+int vps_layout_pieces(const struct vps_layout *l, const struct vps_tensor *t, int64_t ti, struct piece *out)
+{
+	int64_t T = t->is_expert ? l->p.etp : l->p.tp;
+	struct vps_box full;
+	vps_box_full(&full, t->ndim, t->shape);
+	switch (t->split) {
+	case VPS_SPLIT_NONE:
+		out[0].box = full;
+		out[0].loc = 0;
+		return 1;
+	case VPS_SPLIT_AXIS: {
+		int64_t n = t->shape[t->axis] / T;
+		out[0].box = full;
+		out[0].box.lo[t->axis] = ti * n;
+		out[0].box.hi[t->axis] = (ti + 1) * n;
+		out[0].loc = 0;
+		return 1;
+	}
+	case VPS_SPLIT_VOCAB: {
+		int64_t rows = vps_round_up(t->shape[0], l->m.vocab_divisor * T) / T;
+		int64_t lo = ti * rows, hi = vps_min64((ti + 1) * rows, t->shape[0]);
+		if (lo >= hi)
+			return 0;
+		out[0].box = full;
+		out[0].box.lo[0] = lo;
+		out[0].box.hi[0] = hi;
+		out[0].loc = 0;
+		return 1;
+	}
+	case VPS_SPLIT_FLAT: {
+		int64_t vol = vps_box_volume(&full), per = vol / T;
+		struct vps_box boxes[2 * VPS_MAX_DIMS];
+		int64_t starts[2 * VPS_MAX_DIMS];
+		int n = vps_flat_range_boxes(t->ndim, t->shape, ti * per, (ti + 1) * per, boxes, starts);
+		for (int i = 0; i < n; i++) {
+			out[i].box = boxes[i];
+			out[i].loc = starts[i] - ti * per;
+		}
+		return n;
+	}
+	}
+	return 0;
+}
+
+/* ---- templates: one buffer layout per (stage, chunk, dense/expert) ---- */
+
+static vps_result_t tmpl_push(struct tmpl *tm, size_t *cap, const struct tparam *p)
+{
+	VPS_CHECK(VPS_GROW(tm->p, *cap, tm->n + 1));
+	tm->p[tm->n++] = *p;
+	return VPS_OK;
+}
+
+static vps_result_t tmpl_add(const struct vps_layout *l, struct tmpl *tm, size_t *cap, uint32_t tensor, int32_t layer,
+			     int32_t local_layer, int32_t slot, bool output_copy, bool want_expert)
+{
+	struct vps_tensor t;
+	VPS_CHECK(vps_model_tensor(&l->m, tensor, &t));
+	bool in_expert = t.is_expert && l->expert_buffer;
+	if (in_expert != want_expert)
+		return VPS_OK;
+	struct tparam p = {0};
+	p.tensor = tensor;
+	p.layer = layer;
+	p.local_layer = local_layer;
+	p.slot = slot;
+	p.output_copy = output_copy;
+	/* Megatron marks both copies of tied embeddings shared_embedding when
+	 * they live on different stages (language_module.py) */
+	p.shared = l->m.tied_embeddings && l->p.pp > 1 && t.kind == VPS_T_WORD_EMB;
+	p.elements = vps_layout_local_elements(l, &t);
+	return tmpl_push(tm, cap, &p);
+}
+
+static vps_result_t build_tmpl(struct vps_layout *l, int64_t s, int64_t v, int expert)
+{
+	struct tmpl *tm = tmpl_at(l, s, v, expert);
+	const struct vps_parallel *p = &l->p;
+	size_t cap = 0, bcap = 0;
+	uint32_t pre = vps_model_pre_tensors(&l->m), per_layer = vps_model_tensors_per_layer(&l->m);
+	uint32_t ntensors = vps_model_num_tensors(&l->m);
+	tm->output_copy_idx = -1;
+	if (s == 0 && v == 0)
+		for (uint32_t i = 0; i < pre; i++)
+			VPS_CHECK(tmpl_add(l, tm, &cap, i, -1, -1, -1, false, expert));
+	int64_t first = vps_parallel_chunk_first_layer(p, &l->m, s, v);
+	int64_t n = vps_parallel_stage_layers(p, &l->m, s) / p->vpp;
+	uint32_t dense_per_layer = per_layer - (uint32_t)(l->m.experts * l->nexpert_kinds);
+	for (int64_t ll = 0; ll < n; ll++) {
+		int64_t layer = first + ll;
+		uint32_t base = vps_model_layer_first(&l->m, layer);
+		for (uint32_t k = 0; k < dense_per_layer; k++)
+			VPS_CHECK(tmpl_add(l, tm, &cap, base + k, (int32_t)layer, (int32_t)ll, -1, false, expert));
+		for (int64_t slot = 0; slot < l->experts_per_rank; slot++)
+			for (uint32_t k = 0; k < l->nexpert_kinds; k++)
+				VPS_CHECK(tmpl_add(l, tm, &cap, base + dense_per_layer + (uint32_t)slot * l->nexpert_kinds + k,
+						   (int32_t)layer, (int32_t)ll, (int32_t)slot, false, expert));
+	}
+	if (s == p->pp - 1 && v == p->vpp - 1) {
+		uint32_t post_first = pre + (uint32_t)l->m.layers * per_layer;
+		for (uint32_t i = post_first; i < ntensors; i++)
+			VPS_CHECK(tmpl_add(l, tm, &cap, i, -1, -1, -1, false, expert));
+		if (l->m.tied_embeddings && p->pp > 1 && !expert) {
+			tm->output_copy_idx = (int64_t)tm->n;
+			VPS_CHECK(tmpl_add(l, tm, &cap, 0, -1, -1, -1, true, expert));
+		}
+	}
+	if (tm->n == 0)
+		return VPS_OK;
+
+	/* Buffer order, padding and buckets of Megatron's DDP buffers: params in
+	 * reverse registration order; with the distributed optimizer each param
+	 * starts on a multiple of 64, a shared embedding gets a bucket of its
+	 * own, and each bucket ends on a multiple of lcm(dp, 128). */
+	bool zero = p->zero != 0;
+	int64_t dpsize = expert ? l->edp : p->dp;
+	int64_t divisor = vps_lcm(dpsize, 128);
+	int64_t bsize = p->bucket == VPS_BUCKET_AUTO ? vps_max64(40000000, 1000000 * p->dp) : p->bucket;
+	if (s > 0 || v > 0)
+		bsize = 0;
+	tm->dpsize = dpsize;
+	int64_t off = 0, bstart = 0, end = 0;
+	size_t inb = 0;
+#define FINALIZE(e)                                                                  \
+	do {                                                                         \
+		int64_t hi_ = zero ? vps_round_up((e), divisor) : (e);               \
+		VPS_CHECK(VPS_GROW(tm->b, bcap, tm->nb + 1));                        \
+		tm->b[tm->nb].lo = bstart;                                           \
+		tm->b[tm->nb].hi = hi_;                                              \
+		tm->nb++;                                                            \
+		bstart = hi_;                                                        \
+		inb = 0;                                                             \
+	} while (0)
+	for (size_t k = tm->n; k-- > 0;) {
+		struct tparam *tp = &tm->p[k];
+		if (zero)
+			off = vps_round_up(off, 64);
+		if (zero && tp->shared && inb > 0) {
+			FINALIZE(off);
+			off = bstart;
+		}
+		tp->offset = off;
+		tp->bucket = (int32_t)tm->nb;
+		end = off + tp->elements;
+		inb++;
+		if ((bsize && end - bstart >= bsize) || (zero && tp->shared)) {
+			FINALIZE(end);
+			off = bstart;
+		} else {
+			off = end;
+		}
+	}
+	if (inb)
+		FINALIZE(end);
+#undef FINALIZE
+	tm->elements = tm->b[tm->nb - 1].hi;
+	int64_t sb = 0;
+	for (size_t b = 0; b < tm->nb; b++) {
+		tm->b[b].shard_base = sb;
+		sb += (tm->b[b].hi - tm->b[b].lo) / dpsize;
+	}
+	tm->shard_elements = sb;
+	return VPS_OK;
+}
+
+vps_result_t vps_layout_new(struct vps_layout **out, const struct vps_model *m, const struct vps_parallel *pin,
+			    const struct vps_devices *d, const char *where)
+{
+	vps_result_t rc;
+	struct vps_layout *l = vps_calloc(1, sizeof(*l));
+	if (!l)
+		return VPS_ENOMEM;
+	l->m = *m;
+	l->p = *pin;
+	VPS_CHECK_GOTO(vps_model_validate(&l->m, where), rc, fail);
+	VPS_CHECK_GOTO(vps_parallel_validate(&l->p, &l->m, where), rc, fail);
+	l->world = vps_parallel_world(&l->p);
+	l->edp = vps_parallel_edp(&l->p);
+	VPS_CHECK_GOTO(vps_devices_copy(&l->d, d), rc, fail);
+	VPS_CHECK_GOTO(vps_devices_validate(&l->d, l->world, where), rc, fail);
+	l->expert_buffer = m->experts > 0 && (l->p.ep > 1 || l->p.etp != l->p.tp);
+	l->experts_per_rank = m->experts ? m->experts / l->p.ep : 0;
+	l->nexpert_kinds = m->bias ? 4 : 2;
+	size_t ntm = (size_t)(l->p.pp * l->p.vpp * 2);
+	l->tm = vps_calloc(ntm, sizeof(*l->tm));
+	if (!l->tm) {
+		rc = VPS_ENOMEM;
+		goto fail;
+	}
+	for (int64_t s = 0; s < l->p.pp; s++)
+		for (int64_t v = 0; v < l->p.vpp; v++)
+			for (int e = 0; e < 2; e++)
+				VPS_CHECK_GOTO(build_tmpl(l, s, v, e), rc, fail);
+	*out = l;
+	return VPS_OK;
+fail:
+	vps_layout_free(l);
+	return rc;
+}
+
+void vps_layout_free(struct vps_layout *l)
+{
+	if (!l)
+		return;
+	if (l->tm) {
+		size_t ntm = (size_t)(l->p.pp * l->p.vpp * 2);
+		for (size_t i = 0; i < ntm; i++) {
+			free(l->tm[i].p);
+			free(l->tm[i].b);
+		}
+		free(l->tm);
+	}
+	for (size_t i = 0; i < l->nex; i++)
+		vps_rank_view_release(&l->ex[i]);
+	free(l->ex);
+	free(l->exidx);
+	vps_devices_release(&l->d);
+	free(l);
+}
+
+/* ---- regions of one parameter ---- */
+
+/* Tensor id of a template param on a rank of expert-parallel rank ep. */
+static uint32_t tparam_tensor(const struct vps_layout *l, const struct tparam *tp, int64_t ep)
+{
+	if (tp->slot < 0)
+		return tp->tensor;
+	return tp->tensor + (uint32_t)(ep * l->experts_per_rank * l->nexpert_kinds);
+}
+
+/* Emit the regions of one (param, state): whole pieces, or in a ZeRO shard
+ * buffer the parts of the pieces inside DP rank d's shard of the param's
+ * bucket, addressed in the shard buffer. */
+static vps_result_t param_regions(const struct tmpl *tm, const struct tparam *tp, uint32_t tensor, int ndim,
+				  const struct piece *pc, int npc, int state, bool sharded, int64_t d,
+				  uint32_t buffer, const struct vps_box *clip, struct vps_region **out, size_t *n,
+				  size_t *cap)
+{
+	int64_t a = tp->offset, e = tp->offset + tp->elements;
+	const struct tbucket *b = &tm->b[tp->bucket];
+	int64_t s_lo = 0;
+	if (sharded) {
+		int64_t sz = (b->hi - b->lo) / tm->dpsize;
+		s_lo = b->lo + d * sz;
+		a = vps_max64(a, s_lo);
+		e = vps_min64(e, s_lo + sz);
+		if (a >= e)
+			return VPS_OK;
+	}
+	for (int i = 0; i < npc; i++) {
+		int64_t vol = vps_box_volume(&pc[i].box);
+		int64_t plo = tp->offset + pc[i].loc, phi = plo + vol;
+		int64_t x = vps_max64(a, plo), y = vps_min64(e, phi);
+		if (x >= y)
+			continue;
+		if (clip && !vps_box_intersect(&pc[i].box, clip, NULL))
+			continue;
+		int64_t strides[VPS_MAX_DIMS];
+		vps_box_rowmajor_strides(&pc[i].box, strides);
+		struct vps_box sub[2 * VPS_MAX_DIMS];
+		int64_t starts[2 * VPS_MAX_DIMS], ext[VPS_MAX_DIMS];
+		int nsub;
+		if (x == plo && y == phi) {
+			nsub = 1;
+			sub[0] = pc[i].box;
+			starts[0] = 0;
+		} else {
+			for (int k = 0; k < ndim; k++)
+				ext[k] = pc[i].box.hi[k] - pc[i].box.lo[k];
+			nsub = vps_flat_range_boxes(ndim, ext, x - plo, y - plo, sub, starts);
+			for (int j = 0; j < nsub; j++)
+				for (int k = 0; k < ndim; k++) {
+					sub[j].lo[k] += pc[i].box.lo[k];
+					sub[j].hi[k] += pc[i].box.lo[k];
+				}
+		}
+		for (int j = 0; j < nsub; j++) {
+			if (clip && !vps_box_intersect(&sub[j], clip, NULL))
+				continue;
+			VPS_CHECK(vps_grow((void **)out, cap, *n + 1, sizeof(**out)));
+			struct vps_region *r = &(*out)[(*n)++];
+			memset(r, 0, sizeof(*r));
+			r->tensor = tensor;
+			r->state = (uint8_t)state;
+			r->buffer = buffer;
+			r->box = sub[j];
+			memcpy(r->strides, strides, sizeof(strides));
+			r->offset = sharded ? b->shard_base + (plo + starts[j] - s_lo) : plo + starts[j];
+		}
+	}
+	return VPS_OK;
+}
+
+static const struct vps_rank_view *find_explicit(const struct vps_layout *l, int64_t rank)
+{
+	size_t lo = 0, hi = l->nex;
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		if (l->ex[mid].rank == rank)
+			return &l->ex[mid];
+		if (l->ex[mid].rank < rank)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return NULL;
+}
+
+static vps_result_t copy_view(const struct vps_rank_view *src, struct vps_rank_view *dst)
+{
+	memset(dst, 0, sizeof(*dst));
+	dst->rank = src->rank;
+	dst->device = src->device;
+	dst->coords = src->coords;
+	dst->nbuffers = src->nbuffers;
+	dst->nparams = src->nparams;
+	dst->nregions = src->nregions;
+	dst->buffers = vps_malloc(src->nbuffers * sizeof(*src->buffers) + 1);
+	dst->params = vps_malloc(src->nparams * sizeof(*src->params) + 1);
+	dst->regions = vps_malloc(src->nregions * sizeof(*src->regions) + 1);
+	dst->region_param = vps_malloc(src->nregions * sizeof(*src->region_param) + 1);
+	if (src->region_names)
+		dst->region_names = vps_calloc(src->nregions + 1, sizeof(char *));
+	if (!dst->buffers || !dst->params || !dst->regions || !dst->region_param ||
+	    (src->region_names && !dst->region_names)) {
+		vps_rank_view_release(dst);
+		return VPS_ENOMEM;
+	}
+	memcpy(dst->buffers, src->buffers, src->nbuffers * sizeof(*src->buffers));
+	memcpy(dst->params, src->params, src->nparams * sizeof(*src->params));
+	memcpy(dst->regions, src->regions, src->nregions * sizeof(*src->regions));
+	memcpy(dst->region_param, src->region_param, src->nregions * sizeof(*src->region_param));
+	if (src->region_names)
+		for (size_t i = 0; i < src->nregions; i++) {
+			dst->region_names[i] = vps_strdup(src->region_names[i]);
+			if (!dst->region_names[i]) {
+				vps_rank_view_release(dst);
+				return VPS_ENOMEM;
+			}
+		}
+	return VPS_OK;
+}
+
+vps_result_t vps_layout_computed_rank(const struct vps_layout *l, int64_t rank, struct vps_rank_view *v)
+{
+	vps_result_t rc = VPS_OK;
+	size_t cap_b = 0, cap_p = 0, cap_r = 0, cap_rp = 0;
+	memset(v, 0, sizeof(*v));
+	if (rank < 0 || rank >= l->world)
+		return vps_fail(VPS_EINPUT, "rank %" PRId64 " is outside the world of %" PRId64, rank, l->world);
+	v->rank = rank;
+	v->device = vps_layout_device(l, rank);
+	vps_layout_coords(l, rank, &v->coords);
+	const struct vps_coords *c = &v->coords;
+	int nstates = vps_layout_nstates(l);
+	for (int64_t ch = 0; ch < l->p.vpp; ch++) {
+		for (int g = 0; g < 2; g++) {
+			const struct tmpl *tm = tmpl_at(l, c->pp, ch, g);
+			if (!tm->n)
+				continue;
+			uint32_t first_buffer = (uint32_t)v->nbuffers;
+			for (int st = 0; st < nstates; st++) {
+				VPS_CHECK_GOTO(VPS_GROW(v->buffers, cap_b, v->nbuffers + 1), rc, fail);
+				struct vps_buffer *b = &v->buffers[v->nbuffers];
+				b->id = (uint32_t)v->nbuffers;
+				b->state = (uint8_t)st;
+				b->dtype = (uint8_t)vps_state_dtype(st);
+				b->chunk = (int32_t)ch;
+				b->expert = g == 1;
+				b->sharded = vps_layout_state_sharded(l, st);
+				b->elements = b->sharded ? tm->shard_elements : tm->elements;
+				v->nbuffers++;
+			}
+			for (int st = 0; st < nstates; st++) {
+				for (size_t k = 0; k < tm->n; k++) {
+					const struct tparam *tp = &tm->p[k];
+					uint32_t tensor = tparam_tensor(l, tp, c->ep);
+					struct vps_tensor t;
+					VPS_CHECK_GOTO(vps_model_tensor(&l->m, tensor, &t), rc, fail);
+					if (st == 0) {
+						VPS_CHECK_GOTO(VPS_GROW(v->params, cap_p, v->nparams + 1), rc, fail);
+						struct vps_param *pm = &v->params[v->nparams++];
+						pm->tensor = tensor;
+						pm->chunk = (int32_t)ch;
+						pm->local_layer = tp->local_layer;
+						pm->local_expert = tp->slot;
+						pm->output_copy = tp->output_copy;
+						pm->expert = g == 1;
+						pm->offset = tp->offset;
+						pm->elements = tp->elements;
+						pm->bucket = tp->bucket;
+					}
+					struct piece pc[2 * VPS_MAX_DIMS];
+					int64_t ti = t.is_expert ? c->etp : c->tp;
+					int npc = vps_layout_pieces(l, &t, ti, pc);
+					size_t before = v->nregions;
+					bool sharded = vps_layout_state_sharded(l, st);
+					VPS_CHECK_GOTO(param_regions(tm, tp, tensor, t.ndim, pc, npc, st, sharded,
+								     t.is_expert ? c->edp : c->dp,
+								     first_buffer + (uint32_t)st, NULL, &v->regions,
+								     &v->nregions, &cap_r),
+						       rc, fail);
+					VPS_CHECK_GOTO(VPS_GROW(v->region_param, cap_rp, v->nregions), rc, fail);
+					/* params of this (chunk, group) start at nparams - tm->n + k */
+					for (size_t i = before; i < v->nregions; i++)
+						v->region_param[i] = (uint32_t)(v->nparams - (st == 0 ? 1 : tm->n - k));
+				}
+			}
+		}
+	}
+	return VPS_OK;
+fail:
+	vps_rank_view_release(v);
+	return rc;
+}
+
+vps_result_t vps_layout_rank(const struct vps_layout *l, int64_t rank, struct vps_rank_view *out)
+{
+	const struct vps_rank_view *ex = find_explicit(l, rank);
+	if (ex)
+		return copy_view(ex, out);
+	return vps_layout_computed_rank(l, rank, out);
+}
+
+/* ---- holders ---- */
+
+static int cmp_i64(const void *a, const void *b)
+{
+	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static vps_result_t push_holder(struct vps_holders *h, const struct vps_region *r, int64_t base, int64_t stride,
+				int64_t count)
+{
+	VPS_CHECK(VPS_GROW(h->v, h->cap, h->n + 1));
+	struct vps_holder *x = &h->v[h->n++];
+	x->region = *r;
+	x->base = base;
+	x->stride = stride;
+	x->count = count;
+	return VPS_OK;
+}
+
+/* Remove explicit ranks from the computed holder sets in h->v[from..]. */
+static vps_result_t drop_explicit(const struct vps_layout *l, struct vps_holders *h, size_t from)
+{
+	size_t end = h->n;
+	for (size_t i = from; i < end; i++) {
+		struct vps_holder hd = h->v[i];
+		int64_t last = hd.base + (hd.count - 1) * hd.stride;
+		/* explicit ranks inside [base, last] on the progression */
+		int64_t *hits = NULL;
+		size_t nh = 0, ch = 0;
+		for (size_t e = 0; e < l->nex; e++) {
+			int64_t r = l->ex[e].rank;
+			if (r < hd.base || r > last || (r - hd.base) % hd.stride)
+				continue;
+			if (VPS_GROW(hits, ch, nh + 1)) {
+				free(hits);
+				return VPS_ENOMEM;
+			}
+			hits[nh++] = (r - hd.base) / hd.stride;
+		}
+		if (!nh)
+			continue;
+		qsort(hits, nh, sizeof(*hits), cmp_i64);
+		/* keep the runs between hits */
+		h->v[i].count = 0;
+		int64_t start = 0;
+		for (size_t k = 0; k <= nh; k++) {
+			int64_t stop = k < nh ? hits[k] : hd.count;
+			if (stop > start) {
+				vps_result_t rc = push_holder(h, &hd.region, hd.base + start * hd.stride, hd.stride,
+							      stop - start);
+				if (rc) {
+					free(hits);
+					return rc;
+				}
+			}
+			start = stop + 1;
+		}
+		free(hits);
+	}
+	/* compact away emptied entries */
+	size_t w = from;
+	for (size_t i = from; i < h->n; i++)
+		if (h->v[i].count > 0)
+			h->v[w++] = h->v[i];
+	h->n = w;
+	return VPS_OK;
+}
+
+static int exidx_cmp(const struct explicit_entry *a, uint32_t tensor, int state)
+{
+	if (a->tensor != tensor)
+		return a->tensor < tensor ? -1 : 1;
+	return a->state < state ? -1 : a->state > state;
+}
+
+static vps_result_t explicit_holders(const struct vps_layout *l, uint32_t tensor, int state,
+				     const struct vps_box *box, struct vps_holders *h)
+{
+	size_t lo = 0, hi = l->nexidx;
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		if (exidx_cmp(&l->exidx[mid], tensor, state) < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	for (size_t i = lo; i < l->nexidx && !exidx_cmp(&l->exidx[i], tensor, state); i++) {
+		const struct vps_rank_view *v = &l->ex[l->exidx[i].view];
+		const struct vps_region *r = &v->regions[l->exidx[i].region];
+		if (box && !vps_box_intersect(&r->box, box, NULL))
+			continue;
+		VPS_CHECK(push_holder(h, r, v->rank, 1, 1));
+	}
+	return VPS_OK;
+}
+
+static int tparam_find(const struct tmpl *tm, uint32_t tensor)
+{
+	size_t lo = 0, hi = tm->n;
+	if (tm->output_copy_idx >= 0 && (size_t)tm->output_copy_idx == tm->n - 1)
+		hi--;
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		if (tm->p[mid].tensor == tensor)
+			return (int)mid;
+		if (tm->p[mid].tensor < tensor)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return -1;
+}
+
+/* Buffer index of (chunk, group, state) on every rank of a stage. */
+static uint32_t buffer_index(const struct vps_layout *l, int64_t stage, int64_t chunk, int group, int state)
+{
+	uint32_t idx = 0;
+	int nstates = vps_layout_nstates(l);
+	for (int64_t c = 0; c < l->p.vpp; c++)
+		for (int g = 0; g < 2; g++) {
+			if (!tmpl_at(l, stage, c, g)->n)
+				continue;
+			if (c == chunk && g == group)
+				return idx + (uint32_t)state;
+			idx += (uint32_t)nstates;
+		}
+	return UINT32_MAX;
+}
+
+vps_result_t vps_layout_holders(const struct vps_layout *l, uint32_t tensor, int state, const struct vps_box *box,
+				struct vps_holders *h)
+{
+	struct vps_tensor t;
+	VPS_CHECK(vps_model_tensor(&l->m, tensor, &t));
+	if (state < 0 || state >= vps_layout_nstates(l))
+		return VPS_OK;
+	size_t from = h->n;
+	if ((int64_t)l->nex < l->world) {
+		const struct vps_parallel *p = &l->p;
+		struct {
+			int64_t stage, chunk;
+			bool copy;
+		} locs[2];
+		int nloc = 0;
+		if (t.layer >= 0) {
+			vps_parallel_layer_place(p, &l->m, t.layer, &locs[0].stage, &locs[0].chunk);
+			locs[0].copy = false;
+			nloc = 1;
+		} else if (t.kind == VPS_T_WORD_EMB || t.kind == VPS_T_POS_EMB) {
+			locs[0].stage = 0;
+			locs[0].chunk = 0;
+			locs[0].copy = false;
+			nloc = 1;
+			if (t.kind == VPS_T_WORD_EMB && l->m.tied_embeddings && p->pp > 1) {
+				locs[1].stage = p->pp - 1;
+				locs[1].chunk = p->vpp - 1;
+				locs[1].copy = true;
+				nloc = 2;
+			}
+		} else {
+			locs[0].stage = p->pp - 1;
+			locs[0].chunk = p->vpp - 1;
+			locs[0].copy = false;
+			nloc = 1;
+		}
+		int group = t.is_expert && l->expert_buffer;
+		int64_t ep = t.expert >= 0 ? t.expert / l->experts_per_rank : 0;
+		uint32_t slot_tensor = t.expert >= 0 ? tensor - (uint32_t)(ep * l->experts_per_rank * l->nexpert_kinds)
+						     : tensor;
+		int64_t T = t.is_expert ? p->etp : p->tp;
+		bool sharded = vps_layout_state_sharded(l, state);
+		for (int li = 0; li < nloc; li++) {
+			const struct tmpl *tm = tmpl_at(l, locs[li].stage, locs[li].chunk, group);
+			int k = locs[li].copy ? (int)tm->output_copy_idx : tparam_find(tm, slot_tensor);
+			if (k < 0)
+				return vps_fail(VPS_EINPUT, "internal: tensor %u missing from its stage", tensor);
+			const struct tparam *tp = &tm->p[k];
+			uint32_t buffer = buffer_index(l, locs[li].stage, locs[li].chunk, group, state);
+			int64_t s = locs[li].stage;
+			for (int64_t ti = 0; ti < T; ti++) {
+				struct piece pc[2 * VPS_MAX_DIMS];
+				int npc = vps_layout_pieces(l, &t, ti, pc), any = 0;
+				for (int i = 0; i < npc; i++)
+					any |= !box || vps_box_intersect(&pc[i].box, box, NULL);
+				if (!any)
+					continue;
+				if (!sharded) {
+					size_t before = 0;
+					struct vps_region *rs = NULL;
+					size_t cap = 0;
+					vps_result_t rc = param_regions(tm, tp, tensor, t.ndim, pc, npc, state, false, 0, buffer,
+									box, &rs, &before, &cap);
+					for (size_t i = 0; !rc && i < before; i++) {
+						if (t.is_expert)
+							rc = push_holder(h, &rs[i], ti + p->etp * (ep + p->ep * l->edp * s),
+									 p->etp * p->ep, l->edp);
+						else
+							rc = push_holder(h, &rs[i], ti + p->tp * p->dp * s, p->tp, p->dp);
+					}
+					free(rs);
+					if (rc)
+						return rc;
+					continue;
+				}
+				const struct tbucket *b = &tm->b[tp->bucket];
+				int64_t sz = (b->hi - b->lo) / tm->dpsize;
+				int64_t d0 = (tp->offset - b->lo) / sz, d1 = (tp->offset + tp->elements - 1 - b->lo) / sz;
+				for (int64_t d = d0; d <= d1; d++) {
+					size_t nr = 0, cap = 0;
+					struct vps_region *rs = NULL;
+					vps_result_t rc = param_regions(tm, tp, tensor, t.ndim, pc, npc, state, true, d, buffer,
+									box, &rs, &nr, &cap);
+					for (size_t i = 0; !rc && i < nr; i++) {
+						int64_t rank = t.is_expert ? ti + p->etp * (ep + p->ep * (d + l->edp * s))
+									   : ti + p->tp * (d + p->dp * s);
+						rc = push_holder(h, &rs[i], rank, 1, 1);
+					}
+					free(rs);
+					if (rc)
+						return rc;
+				}
+			}
+		}
+		if (l->nex)
+			VPS_CHECK(drop_explicit(l, h, from));
+	}
+	return explicit_holders(l, tensor, state, box, h);
+}
+
+/* ---- explicit ranks ---- */
+
+static int exidx_sort(const void *a, const void *b)
+{
+	const struct explicit_entry *x = a, *y = b;
+	if (x->tensor != y->tensor)
+		return x->tensor < y->tensor ? -1 : 1;
+	if (x->state != y->state)
+		return x->state < y->state ? -1 : 1;
+	if (x->view != y->view)
+		return x->view < y->view ? -1 : 1;
+	return x->region < y->region ? -1 : x->region > y->region;
+}
+
+static int view_cmp(const void *a, const void *b)
+{
+	const struct vps_rank_view *x = a, *y = b;
+	return x->rank < y->rank ? -1 : x->rank > y->rank;
+}
+
+static vps_result_t rebuild_exidx(struct vps_layout *l)
+{
+	size_t n = 0;
+	for (size_t i = 0; i < l->nex; i++)
+		n += l->ex[i].nregions;
+	free(l->exidx);
+	l->exidx = vps_malloc(n * sizeof(*l->exidx) + 1);
+	if (!l->exidx)
+		return VPS_ENOMEM;
+	l->nexidx = 0;
+	for (size_t i = 0; i < l->nex; i++)
+		for (size_t j = 0; j < l->ex[i].nregions; j++) {
+			struct explicit_entry *e = &l->exidx[l->nexidx++];
+			e->tensor = l->ex[i].regions[j].tensor;
+			e->state = l->ex[i].regions[j].state;
+			e->view = (uint32_t)i;
+			e->region = (uint32_t)j;
+		}
+	qsort(l->exidx, l->nexidx, sizeof(*l->exidx), exidx_sort);
+	return VPS_OK;
+}
+
+vps_result_t vps_layout_set_explicit(struct vps_layout *l, struct vps_rank_view *v)
+{
+	if (v->rank < 0 || v->rank >= l->world)
+		return vps_fail(VPS_EINPUT, "rank %" PRId64 " is outside the world of %" PRId64, v->rank, l->world);
+	struct vps_rank_view *slot = (struct vps_rank_view *)find_explicit(l, v->rank);
+	if (slot) {
+		vps_rank_view_release(slot);
+		*slot = *v;
+	} else {
+		struct vps_rank_view *nv = vps_realloc_array(l->ex, l->nex + 1, sizeof(*l->ex));
+		if (!nv)
+			return VPS_ENOMEM;
+		l->ex = nv;
+		l->ex[l->nex++] = *v;
+		qsort(l->ex, l->nex, sizeof(*l->ex), view_cmp);
+	}
+	memset(v, 0, sizeof(*v));
+	l->hash_ready = false;
+	return rebuild_exidx(l);
+}
+
+size_t vps_layout_num_explicit(const struct vps_layout *l) { return l->nex; }
+int64_t vps_layout_explicit_rank(const struct vps_layout *l, size_t i) { return l->ex[i].rank; }
+
+/* ---- identity ---- */
+
+static uint64_t hash_view(const struct vps_rank_view *v)
+{
+	uint64_t h = vps_hash64(&v->rank, sizeof(v->rank), 1);
+	h = vps_hash64(&v->device, sizeof(v->device), h);
+	for (size_t i = 0; i < v->nbuffers; i++) {
+		const struct vps_buffer *b = &v->buffers[i];
+		int64_t f[] = {b->id, b->state, b->dtype, b->chunk, b->expert, b->sharded, b->elements};
+		h = vps_hash64(f, sizeof(f), h);
+	}
+	for (size_t i = 0; i < v->nregions; i++) {
+		const struct vps_region *r = &v->regions[i];
+		int64_t f[4 + 3 * VPS_MAX_DIMS] = {r->tensor, r->state, r->buffer, r->offset};
+		for (int k = 0; k < r->box.ndim; k++) {
+			f[4 + k] = r->box.lo[k];
+			f[4 + VPS_MAX_DIMS + k] = r->box.hi[k];
+			f[4 + 2 * VPS_MAX_DIMS + k] = r->strides[k];
+		}
+		h = vps_hash64(f, sizeof(f), h);
+	}
+	return h;
+}
+
+uint64_t vps_layout_hash(const struct vps_layout *l)
+{
+	if (l->hash_ready)
+		return l->hash;
+	const struct vps_parallel *p = &l->p;
+	int64_t f[] = {p->tp, p->pp, p->dp, p->ep, p->etp, p->vpp, p->zero, p->first, p->last, p->bucket, p->grad};
+	uint64_t h = vps_hash64(f, sizeof(f), vps_model_hash(&l->m));
+	/* devices: by value, so that a listed map equal to a packed one hashes
+	 * the same */
+	if (l->d.packed && l->d.first_node == 0 && l->d.gpus_per_node == 8) {
+		h = vps_hash64("packed8", 7, h);
+	} else {
+		uint64_t dh = 0;
+		for (int64_t r = 0; r < l->world; r++) {
+			struct vps_device dv = vps_devices_get(&l->d, r);
+			dh = vps_hash64(&dv, sizeof(dv), dh);
+		}
+		struct vps_devices def;
+		vps_devices_packed(&def, 8, 0);
+		uint64_t defh = 0;
+		for (int64_t r = 0; r < l->world && dh; r++) {
+			struct vps_device dv = vps_devices_get(&def, r);
+			defh = vps_hash64(&dv, sizeof(dv), defh);
+		}
+		h = dh == defh ? vps_hash64("packed8", 7, h) : vps_hash64(&dh, sizeof(dh), h);
+	}
+	for (size_t i = 0; i < l->nex; i++) {
+		struct vps_rank_view c;
+		uint64_t hx = hash_view(&l->ex[i]);
+		if (vps_layout_computed_rank(l, l->ex[i].rank, &c) == VPS_OK) {
+			bool same = hash_view(&c) == hx;
+			vps_rank_view_release(&c);
+			if (same)
+				continue;
+		}
+		h = vps_hash64(&hx, sizeof(hx), h);
+	}
+	((struct vps_layout *)l)->hash = h;
+	((struct vps_layout *)l)->hash_ready = true;
+	return h;
+}
+
+/* ---- statistics ---- */
+
+vps_result_t vps_layout_stats(const struct vps_layout *l, struct vps_layout_stats *s)
+{
+	memset(s, 0, sizeof(*s));
+	s->parameters = vps_model_parameters(&l->m);
+	s->tensors = vps_model_num_tensors(&l->m);
+	s->world = l->world;
+	s->edp = l->edp;
+	int nstates = vps_layout_nstates(l);
+	for (int st = 0; st < nstates; st++)
+		s->logical_bytes += s->parameters * (int64_t)vps_dtype_size(vps_state_dtype(st));
+	s->min_rank_bytes = INT64_MAX;
+	int64_t ranks_per_stage = l->p.tp * l->p.dp;
+	for (int64_t stage = 0; stage < l->p.pp; stage++) {
+		int64_t bytes = 0, buckets = 0;
+		for (int64_t c = 0; c < l->p.vpp; c++)
+			for (int g = 0; g < 2; g++) {
+				const struct tmpl *tm = tmpl_at(l, stage, c, g);
+				if (!tm->n)
+					continue;
+				buckets += (int64_t)tm->nb;
+				for (int st = 0; st < nstates; st++) {
+					int64_t el = vps_layout_state_sharded(l, st) ? tm->shard_elements : tm->elements;
+					bytes += el * (int64_t)vps_dtype_size(vps_state_dtype(st));
+				}
+			}
+		s->max_rank_bytes = vps_max64(s->max_rank_bytes, bytes);
+		s->min_rank_bytes = vps_min64(s->min_rank_bytes, bytes);
+		s->total_bytes += bytes * ranks_per_stage;
+		s->buckets = vps_max64(s->buckets, buckets);
+	}
+	return VPS_OK;
+}

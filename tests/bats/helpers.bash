@@ -1,0 +1,22 @@
+# Shared by the Bats tests: the tools under test first on PATH, a scratch
+# directory per test, the source tree's configs.
+VPS_BIN=${VPS_BIN:-$BATS_TEST_DIRNAME/../../bin}
+PATH=$VPS_BIN:$PATH
+TOP=$(cd "$BATS_TEST_DIRNAME/../.." && pwd)
+export VPS_CONFIG_PATH=$TOP/configs
+
+setup() {
+	cd "$BATS_TEST_TMPDIR" || exit 1
+}
+
+# run and check the exit status in one step
+expect_status() {
+	local want=$1
+	shift
+	run "$@"
+	if [ "$status" -ne "$want" ]; then
+		echo "expected exit $want, got $status from: $*" >&2
+		echo "$output" >&2
+		return 1
+	fi
+}

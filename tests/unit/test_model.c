@@ -1,0 +1,123 @@
+/* Models: the logical parameter counts, tensor names and Hugging Face
+ * configs. */
+#include <string.h>
+
+#include "harness.h"
+#include "vps/model.h"
+
+static void load(struct vps_model *m, const char *name)
+{
+	CHECK_OK(vps_model_load(m, name, CONFIGS "/models"));
+}
+
+/* The Hugging Face counts of each paper model (sum of numel over
+ * model.parameters()). */
+TEST(parameter_counts_match_hugging_face)
+{
+	static const struct {
+		const char *name;
+		int64_t params;
+	} want[] = {
+		{"llama2-7b", 6738415616LL},      {"llama2-13b", 13015864320LL},
+		{"llama2-70b", 68976648192LL},    {"qwen3-30b-a3b", 30532122624LL},
+		{"qwen3-235b-a22b", 235093634560LL},
+	};
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+		struct vps_model m;
+		load(&m, want[i].name);
+		CHECK_EQ(vps_model_parameters(&m), want[i].params);
+	}
+}
+
+TEST(every_tensor_name_finds_its_tensor)
+{
+	const char *models[] = {"tiny-llama", "tiny-gpt", "tiny-qwen3-moe", "qwen3-30b-a3b"};
+	for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++) {
+		struct vps_model m;
+		load(&m, models[i]);
+		uint32_t n = vps_model_num_tensors(&m);
+		for (uint32_t id = 0; id < n; id++) {
+			struct vps_tensor t;
+			char name[256];
+			uint32_t back = UINT32_MAX;
+			CHECK_OK(vps_model_tensor(&m, id, &t));
+			vps_tensor_name(&t, name, sizeof(name));
+			CHECK_OK(vps_model_find_tensor(&m, name, &back));
+			CHECK_EQ(back, id);
+		}
+	}
+}
+
+TEST(megatron_registration_order_of_a_llama_layer)
+{
+	struct vps_model m;
+	load(&m, "tiny-llama");
+	const char *want[] = {
+		"embedding.word_embeddings.weight",
+		"decoder.layers.0.self_attention.linear_proj.weight",
+		"decoder.layers.0.self_attention.linear_qkv.layer_norm_weight",
+		"decoder.layers.0.self_attention.linear_qkv.weight",
+		"decoder.layers.0.mlp.linear_fc1.layer_norm_weight",
+		"decoder.layers.0.mlp.linear_fc1.weight",
+		"decoder.layers.0.mlp.linear_fc2.weight",
+		"decoder.layers.1.self_attention.linear_proj.weight",
+	};
+	for (uint32_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+		struct vps_tensor t;
+		char name[256];
+		CHECK_OK(vps_model_tensor(&m, i, &t));
+		vps_tensor_name(&t, name, sizeof(name));
+		CHECK(strcmp(name, want[i]) == 0);
+	}
+	struct vps_tensor last;
+	CHECK_OK(vps_model_tensor(&m, vps_model_num_tensors(&m) - 1, &last));
+	CHECK(last.kind == VPS_T_OUTPUT_W);
+}
+
+TEST(qkv_and_swiglu_get_an_extra_axis)
+{
+	struct vps_model m;
+	load(&m, "tiny-llama");
+	struct vps_tensor t;
+	uint32_t id;
+	CHECK_OK(vps_model_find_tensor(&m, "decoder.layers.3.self_attention.linear_qkv.weight", &id));
+	CHECK_OK(vps_model_tensor(&m, id, &t));
+	CHECK_EQ(t.ndim, 4);
+	CHECK_EQ(t.shape[0], 4);      /* query groups */
+	CHECK_EQ(t.shape[1], 2 + 2);  /* 2 q heads per group, k, v */
+	CHECK_EQ(t.shape[2], 32);
+	CHECK_EQ(t.shape[3], 256);
+	CHECK_OK(vps_model_find_tensor(&m, "decoder.layers.3.mlp.linear_fc1.weight", &id));
+	CHECK_OK(vps_model_tensor(&m, id, &t));
+	CHECK_EQ(t.ndim, 3);
+	CHECK_EQ(t.shape[0], 2);
+	CHECK_EQ(t.shape[1], 688);
+}
+
+TEST(hugging_face_config_json)
+{
+	const char *json =
+		"{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"model_type\": \"qwen3_moe\",\n"
+		" \"hidden_size\": 2048, \"num_hidden_layers\": 48, \"num_attention_heads\": 32,\n"
+		" \"num_key_value_heads\": 4, \"head_dim\": 128, \"intermediate_size\": 6144,\n"
+		" \"moe_intermediate_size\": 768, \"num_experts\": 128, \"vocab_size\": 151936,\n"
+		" \"tie_word_embeddings\": false, \"decoder_sparse_step\": 1, \"mlp_only_layers\": [],\n"
+		" \"rope_scaling\": null, \"torch_dtype\": \"bfloat16\"}\n";
+	struct vps_model m;
+	CHECK_OK(vps_model_parse(&m, "Qwen3-30B-A3B/config.json", json, strlen(json)));
+	CHECK_EQ(vps_model_parameters(&m), 30532122624LL);
+	CHECK(strcmp(m.name, "Qwen3-30B-A3B") == 0);
+}
+
+TEST(bad_model_is_refused_with_its_line)
+{
+	const char *yaml = "vps: model\nversion: 1\nname: x\nhidden: 96\nlayers: 2\nheads: 6\n"
+			   "query_groups: 4\nffn: 128\nvocab: 100\n";
+	struct vps_model m;
+	CHECK(vps_model_parse(&m, "x.yaml", yaml, strlen(yaml)) == VPS_EINPUT);
+	CHECK(strstr(vps_last_error(), "x.yaml: line 7: query_groups=4 does not divide heads=6") != NULL);
+	const char *typo = "vps: model\nversion: 1\nname: x\nhidden: 64\nlayers: 2\nheads: 4\n"
+			   "ffn: 128\nvocab: 100\nexpert: 8\n";
+	CHECK(vps_model_parse(&m, "x.yaml", typo, strlen(typo)) == VPS_EINPUT);
+	CHECK(strstr(vps_last_error(), "x.yaml: line 9: unknown key 'expert'") != NULL);
+}
