@@ -1,0 +1,68 @@
+#!/usr/bin/env bats
+# The two encodings as a user meets them: pipes, conversion, refusals.
+
+load helpers
+
+@test "yaml -> binary -> yaml is byte-identical" {
+	vps-layout --model tiny-gpt --parallel tp=2,pp=2,dp=2,zero=1 --rank 0,7 --yaml > a.yaml
+	vps-layout -i a.yaml > a.bin
+	vps-layout -i - --yaml < a.bin > b.yaml
+	cmp a.yaml b.yaml
+	head -c 4 a.bin | od -An -tx1 | grep -q '89 56 50 53'
+}
+
+@test "a pipeline through - and -o writes files atomically" {
+	vps-layout --model tiny-llama --parallel tp=2,dp=2 | vps-layout -i - -o out.layout
+	[ -s out.layout ]
+	[ -z "$(ls | grep tmp)" ]
+	expect_status 0 vps-verify out.layout
+	[[ "$output" == "out.layout: ok: tiny-llama: 4 ranks,"* ]]
+}
+
+@test "binary output is refused on a terminal" {
+	command -v script >/dev/null || skip "script(1) is not installed"
+	run script -qec "$VPS_BIN/vps-layout --model tiny-llama" /dev/null
+	[ "$status" -eq 2 ]
+	[[ "$output" == *"refusing to write binary output to a terminal (use --yaml or -o FILE)"* ]]
+}
+
+@test "damaged binary files exit 2 with the reason" {
+	vps-layout --model tiny-llama --parallel tp=2 -o good.bin
+	head -c 100 good.bin > short.bin
+	expect_status 2 vps-verify short.bin
+	[[ "$output" == *"short.bin: truncated zstd frame"* ]]
+	size=$(stat -c %s good.bin)
+	cp good.bin flip.bin
+	printf '\x55' | dd of=flip.bin bs=1 seek=$((size - 6)) conv=notrunc 2>/dev/null
+	expect_status 2 vps-verify flip.bin
+	[[ "$output" == *"flip.bin: corrupt document"* ]]
+	cp good.bin future.bin
+	printf '\x09' | dd of=future.bin bs=1 seek=6 conv=notrunc 2>/dev/null
+	expect_status 2 vps-verify future.bin
+	[[ "$output" == *"future.bin: layout version 9 is newer than this build reads (1)"* ]]
+	printf 'garbage\0\1' > junk.bin
+	expect_status 2 vps-layout -i junk.bin
+	[[ "$output" == *"junk.bin: wrong magic"* ]]
+}
+
+@test "a hand-edited rank is checked as written" {
+	vps-layout --model tiny-llama --parallel tp=2 --rank 1 --yaml > edited.yaml
+	# move the first region of rank 1 onto the second
+	awk '/offset:/ && ++n == 2 { sub(/offset: [0-9]+/, "offset: 0") } { print }' edited.yaml > bad.yaml
+	expect_status 1 vps-verify bad.yaml
+	[[ "$output" == *"bad.yaml: rank 1: buffer 0: "*" overlaps "* ]]
+	[[ "${lines[-1]}" == "bad.yaml: FAILED: "* ]]
+}
+
+@test "bad YAML names the file and line" {
+	printf 'vps: layout\nversion: 1\nhash: 0x1\nmodel:\n  name: m\n  hidden: 64\n  layers: 2\n  heads: 4\n  ffn: 64\n  vocab: 99\n  colour: red\n' > m.yaml
+	expect_status 2 vps-layout -i m.yaml
+	[ "$output" = "vps-layout: m.yaml: line 11: unknown key 'colour'" ]
+}
+
+@test "every paper configuration verifies" {
+	for f in "$TOP"/configs/parallel/*.yaml; do
+		name=$(basename "$f" .yaml)
+		vps-layout --parallel "$name" | vps-verify -q - || { echo "FAILED: $name"; return 1; }
+	done
+}

@@ -1,0 +1,96 @@
+/* Documents: YAML and binary carry the same values; damaged files are
+ * refused with a reason. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "doc.h"
+#include "harness.h"
+#include "vps/layout.h"
+
+static struct vps_layout *make(const char *model, const char *spec)
+{
+	struct vps_model m;
+	struct vps_parallel p;
+	struct vps_devices d;
+	struct vps_layout *l = NULL;
+	CHECK_OK(vps_model_load(&m, model, CONFIGS "/models"));
+	vps_parallel_init(&p);
+	CHECK_OK(vps_parallel_parse(&p, spec, "test"));
+	vps_devices_packed(&d, 4, 2);
+	CHECK_OK(vps_layout_new(&l, &m, &p, &d, "test"));
+	return l;
+}
+
+TEST(yaml_binary_yaml_is_byte_identical)
+{
+	struct vps_layout *l = make("tiny-qwen3-moe", "tp=2,pp=2,dp=2,ep=2,etp=1,zero=1,grad=1");
+	int64_t ranks[] = {0, 5};
+	struct vps_bytes y1 = {0}, bin = {0}, y2 = {0};
+	CHECK_OK(vps_layout_serialize(l, ranks, 2, true, &y1));
+	struct vps_layout *a = NULL, *b = NULL;
+	CHECK_OK(vps_layout_parse(&a, "y1", y1.data, y1.len));
+	CHECK_OK(vps_layout_serialize(a, NULL, 0, false, &bin));
+	CHECK(vps_is_binary(bin.data, bin.len));
+	CHECK_OK(vps_layout_parse(&b, "bin", bin.data, bin.len));
+	CHECK_OK(vps_layout_serialize(b, NULL, 0, true, &y2));
+	CHECK_EQ(y1.len, y2.len);
+	CHECK(y1.len == y2.len && memcmp(y1.data, y2.data, y1.len) == 0);
+	CHECK(vps_layout_hash(l) == vps_layout_hash(b));
+	vps_bytes_release(&y1);
+	vps_bytes_release(&y2);
+	vps_bytes_release(&bin);
+	vps_layout_free(a);
+	vps_layout_free(b);
+	vps_layout_free(l);
+}
+
+static vps_result_t parse_bytes(const unsigned char *d, size_t n)
+{
+	struct vps_layout *x = NULL;
+	vps_result_t rc = vps_layout_parse(&x, "f", d, n);
+	vps_layout_free(x);
+	return rc;
+}
+
+TEST(damaged_binary_is_refused)
+{
+	struct vps_layout *l = make("tiny-llama", "tp=2,dp=2");
+	struct vps_bytes bin = {0};
+	CHECK_OK(vps_layout_serialize(l, NULL, 0, false, &bin));
+	unsigned char *d = malloc(bin.len + 1);
+	/* truncated anywhere */
+	for (size_t cut = 0; cut < bin.len; cut += 7)
+		CHECK(parse_bytes(bin.data, cut) != VPS_OK);
+	/* a flipped byte in the compressed payload */
+	for (size_t i = VPS_DOC_HEADER_SIZE + 6; i < bin.len; i += 13) {
+		memcpy(d, bin.data, bin.len);
+		d[i] ^= 0x40;
+		CHECK(parse_bytes(d, bin.len) != VPS_OK);
+	}
+	memcpy(d, bin.data, bin.len);
+	d[6] = 9; /* future version */
+	CHECK(parse_bytes(d, bin.len) == VPS_EFORMAT);
+	CHECK(strstr(vps_last_error(), "newer than this build reads") != NULL);
+	memcpy(d, bin.data, bin.len);
+	d[3] = 'X'; /* wrong magic */
+	CHECK(parse_bytes(d, bin.len) == VPS_EFORMAT);
+	memcpy(d, bin.data, bin.len);
+	d[bin.len] = 0; /* a trailing byte */
+	CHECK(parse_bytes(d, bin.len + 1) == VPS_EFORMAT);
+	free(d);
+	vps_bytes_release(&bin);
+	vps_layout_free(l);
+}
+
+TEST(yaml_errors_name_the_line)
+{
+	const char *doc = "vps: layout\nversion: 1\nhash: 0x0\nmodel:\n  name: m\n  hidden: 64\n  layers: 2\n"
+			  "  heads: 4\n  ffn: 128\n  vocab: 100\nparallel:\n  tp: 3\ndevices:\n  mode: packed\nranks: []\n";
+	CHECK(parse_bytes((const unsigned char *)doc, strlen(doc)) == VPS_EINPUT);
+	CHECK(strstr(vps_last_error(), "f: line 12: parallel: tp=3 does not divide heads=4") != NULL);
+	const char *future = "vps: layout\nversion: 7\n";
+	CHECK(parse_bytes((const unsigned char *)future, strlen(future)) == VPS_EFORMAT);
+	const char *other = "vps: model\nversion: 1\n";
+	CHECK(parse_bytes((const unsigned char *)other, strlen(other)) == VPS_EINPUT);
+	CHECK(strstr(vps_last_error(), "expected a layout document, found 'model'") != NULL);
+}
