@@ -427,6 +427,40 @@ int64_t vps_devices_find(const struct vps_devices *d, int64_t world, struct vps_
 	return -1;
 }
 
+size_t vps_devices_node_ranks(const struct vps_devices *d, int64_t world, int32_t node, int64_t *out, size_t max)
+{
+	size_t n = 0;
+	if (d->packed) {
+		int64_t lo = ((int64_t)node - d->first_node) * d->gpus_per_node;
+		int64_t hi = vps_min64(lo + d->gpus_per_node, world);
+		for (int64_t r = vps_max64(lo, 0); r < hi; r++, n++)
+			if (n < max)
+				out[n] = r;
+		return n;
+	}
+	/* the sorted order groups a node's devices together */
+	int64_t lo = 0, hi = d->n;
+	while (lo < hi) {
+		int64_t mid = (lo + hi) / 2;
+		if (d->list[d->order[mid]].node < node)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	for (int64_t i = lo; i < d->n && d->list[d->order[i]].node == node; i++, n++)
+		if (n < max)
+			out[n] = d->order[i];
+	/* callers want rank order */
+	size_t k = n < max ? n : max;
+	for (size_t i = 1; i < k; i++)
+		for (size_t j = i; j > 0 && out[j - 1] > out[j]; j--) {
+			int64_t t = out[j];
+			out[j] = out[j - 1];
+			out[j - 1] = t;
+		}
+	return n;
+}
+
 vps_result_t vps_devices_read(struct vps_reader *r, const char *key, struct vps_devices *d)
 {
 	memset(d, 0, sizeof(*d));

@@ -98,6 +98,65 @@ static size_t gaps_rec(const struct vps_box **boxes, size_t n, const struct vps_
 	return ng;
 }
 
+/* Same recursion, summing the volume no box covers. */
+static int64_t uncovered_rec(const struct vps_box **boxes, size_t n, const struct vps_box *target, int axis)
+{
+	if (!n)
+		return vps_box_volume(target);
+	int64_t *cuts = malloc((2 * n + 2) * sizeof(*cuts));
+	const struct vps_box **sub = malloc((n + 1) * sizeof(*sub));
+	if (!cuts || !sub) {
+		free(cuts);
+		free(sub);
+		return -1;
+	}
+	size_t nc = 0;
+	cuts[nc++] = target->lo[axis];
+	cuts[nc++] = target->hi[axis];
+	for (size_t i = 0; i < n; i++) {
+		if (boxes[i]->lo[axis] > target->lo[axis] && boxes[i]->lo[axis] < target->hi[axis])
+			cuts[nc++] = boxes[i]->lo[axis];
+		if (boxes[i]->hi[axis] > target->lo[axis] && boxes[i]->hi[axis] < target->hi[axis])
+			cuts[nc++] = boxes[i]->hi[axis];
+	}
+	qsort(cuts, nc, sizeof(*cuts), cmp_i64);
+	int64_t total = 0;
+	for (size_t c = 0; c + 1 < nc && total >= 0; c++) {
+		if (cuts[c] == cuts[c + 1])
+			continue;
+		struct vps_box slab = *target;
+		slab.lo[axis] = cuts[c];
+		slab.hi[axis] = cuts[c + 1];
+		size_t ns = 0;
+		for (size_t i = 0; i < n; i++)
+			if (boxes[i]->lo[axis] <= slab.lo[axis] && boxes[i]->hi[axis] >= slab.hi[axis])
+				sub[ns++] = boxes[i];
+		if (!ns)
+			total += vps_box_volume(&slab);
+		else if (axis + 1 < target->ndim) {
+			int64_t u = uncovered_rec(sub, ns, &slab, axis + 1);
+			total = u < 0 ? -1 : total + u;
+		}
+	}
+	free(cuts);
+	free(sub);
+	return total;
+}
+
+int64_t vps_boxes_uncovered(const struct vps_box *boxes, size_t n, const struct vps_box *target)
+{
+	const struct vps_box **ptr = malloc((n + 1) * sizeof(*ptr));
+	if (!ptr)
+		return -1;
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++)
+		if (vps_box_intersect(&boxes[i], target, NULL))
+			ptr[k++] = &boxes[i];
+	int64_t u = uncovered_rec(ptr, k, target, 0);
+	free(ptr);
+	return u;
+}
+
 size_t vps_boxes_gaps(const struct vps_box *boxes, size_t n, const struct vps_box *target, struct vps_box *gaps,
 		      size_t max)
 {

@@ -84,6 +84,9 @@ void vps_devices_release(struct vps_devices *d);
 /* Check that the map covers world ranks with distinct devices. */
 vps_result_t vps_devices_validate(struct vps_devices *d, int64_t world, const char *where);
 struct vps_device vps_devices_get(const struct vps_devices *d, int64_t rank);
+/* Ranks whose device is on node, in rank order; writes at most max.
+ * @return how many there are. */
+size_t vps_devices_node_ranks(const struct vps_devices *d, int64_t world, int32_t node, int64_t *out, size_t max);
 /* Rank on a device, or -1. */
 int64_t vps_devices_find(const struct vps_devices *d, int64_t world, struct vps_device dev);
 

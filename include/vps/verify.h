@@ -32,4 +32,7 @@ void vps_verify_add(struct vps_verify_report *rep, const char *fmt, ...) __attri
 size_t vps_boxes_gaps(const struct vps_box *boxes, size_t n, const struct vps_box *target, struct vps_box *gaps,
 		      size_t max);
 
+/* Elements of target that no box covers (-1 when out of memory). */
+int64_t vps_boxes_uncovered(const struct vps_box *boxes, size_t n, const struct vps_box *target);
+
 #endif

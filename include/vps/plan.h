@@ -1,0 +1,139 @@
+/* Plans: which bytes go from which device to which.
+ *
+ * The transition world is the union of the devices of layouts A and B,
+ * matched by (node, gpu). World rank w < |A| is A's rank w (a device that
+ * stays keeps its number, a device that leaves is an A rank missing from
+ * B); devices only in B (joins) follow, in B's rank order. For packed
+ * device maps this numbering is computed arithmetically, so one rank's plan
+ * never enumerates the world.
+ *
+ * A plan is a list of pieces: a box of one (tensor, state) copied from a
+ * source world rank's A buffer to a destination world rank's B buffer. A
+ * piece whose source and destination are the same device is a retain (a
+ * local copy); every other piece crosses devices. Every destination element
+ * is covered by exactly one piece; padding is never planned. */
+#ifndef VPS_PLAN_H
+#define VPS_PLAN_H
+
+#include "vps/layout.h"
+
+struct vps_world;
+
+vps_result_t vps_world_new(struct vps_world **out, const struct vps_layout *a, const struct vps_layout *b);
+void vps_world_free(struct vps_world *w);
+int64_t vps_world_size(const struct vps_world *w);
+/* A's rank on world rank w, or -1 for a joining device. */
+int64_t vps_world_a_rank(const struct vps_world *w, int64_t wr);
+/* B's rank on world rank w, or -1 for a leaving device. */
+int64_t vps_world_b_rank(const struct vps_world *w, int64_t wr);
+int64_t vps_world_of_b(const struct vps_world *w, int64_t rb);
+struct vps_device vps_world_device(const struct vps_world *w, int64_t wr);
+
+struct vps_piece {
+	uint32_t tensor;
+	uint8_t state;
+	struct vps_box box;
+	int64_t src, dst; /* world ranks */
+	uint32_t src_buffer, dst_buffer;
+	int64_t src_offset, dst_offset; /* elements, at box.lo */
+	int64_t src_strides[VPS_MAX_DIMS], dst_strides[VPS_MAX_DIMS];
+};
+
+/* Training state that travels with the switch. Values not known when the
+ * plan is made are taken from the source trainer at switch time. */
+struct vps_training {
+	bool known;              /* step and consumed_samples below are set */
+	int64_t step;            /* optimizer steps taken */
+	int64_t consumed_samples;
+	int64_t scheduler_step;  /* learning-rate scheduler position */
+	int64_t global_batch;    /* samples per step, unchanged by a switch */
+	int64_t micro_batch;     /* under B */
+	int64_t grad_accum;      /* micro-batches per step per B data-parallel rank */
+	int64_t dp;              /* B's data-parallel size */
+};
+
+/* Collective promotion of one (tensor, state), global plans only. */
+enum vps_collective_kind { VPS_COLL_BROADCAST, VPS_COLL_SCATTER, VPS_COLL_GATHER };
+struct vps_collective {
+	uint32_t tensor;
+	uint8_t state;
+	uint8_t kind;
+	int64_t root;    /* the one source (broadcast, scatter) or destination (gather) */
+	int64_t peers;   /* number of destinations (sources for gather) */
+	int64_t bytes;
+};
+
+struct vps_plan {
+	struct vps_layout *a, *b; /* owned */
+	struct vps_world *world;
+	int64_t scope;            /* -1: all ranks; otherwise the one world rank planned */
+	struct vps_piece *pieces; /* sorted by (dst, src, tensor, state, dst buffer, dst offset) */
+	size_t npieces;
+	struct vps_collective *colls;
+	size_t ncolls;
+	struct vps_training train;
+	uint64_t file_hash;       /* the hash a plan file states; 0 when computed */
+};
+
+/* VPS_EINPUT when a plan read from a file does not hash to what it states
+ * (edited by hand, or damaged): tools that act on plans refuse those. */
+vps_result_t vps_plan_check_hash(const struct vps_plan *p, const char *name);
+
+struct vps_plan_opts {
+	int64_t rank;  /* world rank to plan, or -1 for all */
+	/* training state (global_batch 0: unknown) */
+	struct vps_training train;
+	int64_t micro_batch_a; /* micro batch under A, the default for B */
+};
+
+/* Plan A -> B. On success the plan owns a and b. */
+vps_result_t vps_plan_compute(struct vps_plan **out, struct vps_layout *a, struct vps_layout *b,
+			      const struct vps_plan_opts *opts);
+void vps_plan_free(struct vps_plan *p);
+
+/* Bytes of one piece. */
+int64_t vps_piece_bytes(const struct vps_piece *p);
+
+/* ---- statistics ---- */
+struct vps_topology {
+	char name[64];
+	int64_t gpus_per_node;
+	double intra_node_bandwidth; /* bytes/s per GPU (NVLink) */
+	double inter_node_bandwidth; /* bytes/s per GPU (its share of the NICs) */
+	double memory_bandwidth;     /* bytes/s for a local copy */
+	double latency;              /* seconds per message */
+	int64_t gpu_memory;          /* bytes */
+};
+vps_result_t vps_topology_load(struct vps_topology *t, const char *arg, const char *search_path);
+
+struct vps_plan_stats {
+	int64_t world;
+	int64_t joining, leaving;
+	int64_t pieces, retains;
+	int64_t bytes_moved, bytes_retained, bytes_lower_bound;
+	int64_t bytes_intra_node, bytes_inter_node;
+	int64_t max_send_bytes, max_recv_bytes;
+	int64_t balanced_send_bound; /* the least possible busiest sender */
+	int64_t balanced_bound;      /* the least possible busiest device, send or receive */
+	int64_t peers_max;           /* most peers of one device */
+	bool have_estimate;
+	double estimate_seconds;
+	int64_t *send, *recv;        /* per world rank, when asked */
+};
+
+/* Statistics of a global plan. load: fill per-rank send/recv arrays. topo
+ * may be NULL. */
+vps_result_t vps_plan_stats(const struct vps_plan *p, const struct vps_topology *topo, bool load,
+			    struct vps_plan_stats *s);
+void vps_plan_stats_release(struct vps_plan_stats *s);
+
+/* ---- files ---- */
+struct vps_bytes;
+vps_result_t vps_plan_serialize(const struct vps_plan *p, bool yaml, struct vps_bytes *out);
+vps_result_t vps_plan_parse(struct vps_plan **out, const char *name, const void *data, size_t len);
+vps_result_t vps_plan_load(struct vps_plan **out, const char *path);
+uint64_t vps_plan_hash(const struct vps_plan *p);
+
+const char *vps_collective_name(int kind);
+
+#endif

@@ -1,0 +1,627 @@
+/* The state routing planner.
+ *
+ * For each destination region (a B region of a B rank) the planner asks A
+ * which ranks hold its (tensor, state) box (vps_layout_holders: analytic,
+ * no enumeration) and decides, deterministically from the region alone:
+ *   1. retain what the destination's own device holds under A;
+ *   2. take the rest group by group, a group being the A regions with one
+ *      box (its members are replicas): members on the destination's node
+ *      first, otherwise any member;
+ *   3. among the chosen members, rotate by the destination's index among the
+ *      B replicas of the region, and split large pieces over up to
+ *      SPLIT_MAX members, so that replicas share the sending evenly.
+ * A source finds its sends by inverting step 3: for each of its A regions it
+ * asks B who needs it and re-runs the decision only for the destinations
+ * that can pick it (those on its node, and those the rotation maps to it).
+ * Both sides run the same function, so a rank's plan is exactly the
+ * global plan restricted to that rank. */
+#include <inttypes.h>
+#include <stdio.h>
+
+#include "internal.h"
+#include "vps/plan.h"
+
+#define SPLIT_MAX 4
+#define SPLIT_MIN_BYTES ((int64_t)256 << 10)
+#define NODE_RANKS_MAX 256
+
+struct boxes {
+	struct vps_box *v;
+	size_t n, cap;
+};
+
+struct pieces {
+	struct vps_piece *v;
+	size_t n, cap;
+};
+
+struct ctx {
+	const struct vps_layout *a, *b;
+	const struct vps_world *w;
+	struct vps_holders ha, hb;
+	struct boxes rem, next;
+};
+
+static bool member(const struct vps_holder *h, int64_t r)
+{
+	if (r < h->base)
+		return false;
+	int64_t d = r - h->base;
+	if (h->stride == 0)
+		return d == 0;
+	return d % h->stride == 0 && d / h->stride < h->count;
+}
+
+static int box_cmp(const struct vps_box *x, const struct vps_box *y)
+{
+	for (int k = 0; k < x->ndim; k++) {
+		if (x->lo[k] != y->lo[k])
+			return x->lo[k] < y->lo[k] ? -1 : 1;
+		if (x->hi[k] != y->hi[k])
+			return x->hi[k] < y->hi[k] ? -1 : 1;
+	}
+	return 0;
+}
+
+static int holder_cmp(const void *p, const void *q)
+{
+	const struct vps_holder *x = p, *y = q;
+	int c = box_cmp(&x->region.box, &y->region.box);
+	if (c)
+		return c;
+	return x->base < y->base ? -1 : x->base > y->base;
+}
+
+static vps_result_t boxes_push(struct boxes *b, const struct vps_box *x)
+{
+	VPS_CHECK(VPS_GROW(b->v, b->cap, b->n + 1));
+	b->v[b->n++] = *x;
+	return VPS_OK;
+}
+
+/* rem := rem - cut */
+static vps_result_t subtract_all(struct ctx *c, const struct vps_box *cut)
+{
+	c->next.n = 0;
+	for (size_t i = 0; i < c->rem.n; i++) {
+		struct vps_box out[2 * VPS_MAX_DIMS];
+		int n = vps_box_subtract(&c->rem.v[i], cut, out);
+		for (int k = 0; k < n; k++)
+			VPS_CHECK(boxes_push(&c->next, &out[k]));
+	}
+	struct boxes t = c->rem;
+	c->rem = c->next;
+	c->next = t;
+	return VPS_OK;
+}
+
+static vps_result_t emit(struct pieces *out, int64_t only_src, int64_t src, int64_t dst, const struct vps_box *box,
+			 const struct vps_region *sr, const struct vps_region *dr)
+{
+	if (only_src >= 0 && src != only_src)
+		return VPS_OK;
+	VPS_CHECK(VPS_GROW(out->v, out->cap, out->n + 1));
+	struct vps_piece *p = &out->v[out->n++];
+	memset(p, 0, sizeof(*p));
+	p->tensor = dr->tensor;
+	p->state = dr->state;
+	p->box = *box;
+	p->src = src;
+	p->dst = dst;
+	p->src_buffer = sr->buffer;
+	p->dst_buffer = dr->buffer;
+	p->src_offset = vps_region_offset_at(sr, box->lo);
+	p->dst_offset = vps_region_offset_at(dr, box->lo);
+	memcpy(p->src_strides, sr->strides, sizeof(p->src_strides));
+	memcpy(p->dst_strides, dr->strides, sizeof(p->dst_strides));
+	return VPS_OK;
+}
+
+int64_t vps_piece_bytes(const struct vps_piece *p)
+{
+	return vps_box_volume(&p->box) * (int64_t)vps_dtype_size(vps_state_dtype(p->state));
+}
+
+/* A group: holders [first, first+n) of the sorted list, all with one box. */
+struct group {
+	size_t first, n;
+	int64_t count;
+	int64_t local[NODE_RANKS_MAX]; /* members on the destination's node */
+	size_t local_holder[NODE_RANKS_MAX];
+	size_t nlocal;
+};
+
+/* Member c of a group in holder order. */
+static void group_member(const struct vps_holders *h, const struct group *g, int64_t c, int64_t *rank,
+			 size_t *holder)
+{
+	for (size_t i = g->first; i < g->first + g->n; i++) {
+		if (c < h->v[i].count) {
+			*rank = h->v[i].base + c * h->v[i].stride;
+			*holder = i;
+			return;
+		}
+		c -= h->v[i].count;
+	}
+	*rank = -1;
+	*holder = g->first;
+}
+
+static int64_t split_parts(int64_t k, int64_t n)
+{
+	int64_t m = vps_ceil_div(k, n);
+	if (m < 1)
+		m = 1;
+	return vps_min64(vps_min64(m, k), SPLIT_MAX);
+}
+
+/* Index of B rank rb among the B replicas of region r: (i, n). */
+static vps_result_t replica_index(struct ctx *c, int64_t rb, const struct vps_region *r, int64_t *i, int64_t *n)
+{
+	c->hb.n = 0;
+	VPS_CHECK(vps_layout_holders(c->b, r->tensor, r->state, &r->box, &c->hb));
+	for (size_t k = 0; k < c->hb.n; k++) {
+		const struct vps_holder *h = &c->hb.v[k];
+		if (member(h, rb) && vps_box_equal(&h->region.box, &r->box) && h->region.buffer == r->buffer &&
+		    h->region.offset == r->offset) {
+			*i = (rb - h->base) / (h->stride ? h->stride : 1);
+			*n = h->count;
+			return VPS_OK;
+		}
+	}
+	*i = 0;
+	*n = 1;
+	return VPS_OK;
+}
+
+/* Build the groups of the (sorted) A holders in c->ha, marking members on
+ * `node`, local groups first. */
+static vps_result_t make_groups(struct ctx *c, int32_t node, int64_t exclude, struct group **gs, size_t *ng)
+{
+	int64_t nr[NODE_RANKS_MAX];
+	size_t nn = node >= 0 ? vps_devices_node_ranks(vps_layout_devices(c->a), vps_layout_world(c->a), node, nr,
+						       NODE_RANKS_MAX)
+			      : 0;
+	if (nn > NODE_RANKS_MAX)
+		nn = NODE_RANKS_MAX;
+	size_t cap = 0;
+	*gs = NULL;
+	*ng = 0;
+	for (size_t i = 0; i < c->ha.n;) {
+		size_t j = i + 1;
+		while (j < c->ha.n && vps_box_equal(&c->ha.v[j].region.box, &c->ha.v[i].region.box))
+			j++;
+		VPS_CHECK(vps_grow((void **)gs, &cap, *ng + 1, sizeof(**gs)));
+		struct group *g = &(*gs)[(*ng)++];
+		g->first = i;
+		g->n = j - i;
+		g->count = 0;
+		g->nlocal = 0;
+		for (size_t k = i; k < j; k++)
+			g->count += c->ha.v[k].count;
+		for (size_t q = 0; q < nn; q++) {
+			if (nr[q] == exclude)
+				continue;
+			for (size_t k = i; k < j; k++)
+				if (member(&c->ha.v[k], nr[q])) {
+					g->local[g->nlocal] = nr[q];
+					g->local_holder[g->nlocal] = k;
+					g->nlocal++;
+					break;
+				}
+		}
+		i = j;
+	}
+	/* local groups first, stable */
+	size_t w = 0;
+	struct group *sorted = vps_malloc((*ng + 1) * sizeof(*sorted));
+	if (!sorted) {
+		free(*gs);
+		return VPS_ENOMEM;
+	}
+	for (int pass = 0; pass < 2; pass++)
+		for (size_t i = 0; i < *ng; i++)
+			if ((pass == 0) == ((*gs)[i].nlocal > 0))
+				sorted[w++] = (*gs)[i];
+	free(*gs);
+	*gs = sorted;
+	return VPS_OK;
+}
+
+/* The decision for one destination region R of B rank rb on world rank d.
+ * Pieces with a source other than only_src (when >= 0) are dropped. */
+static vps_result_t plan_region(struct ctx *c, int64_t d, int64_t rb, const struct vps_region *R, int64_t only_src,
+				struct pieces *out)
+{
+	vps_result_t rc = VPS_OK;
+	c->ha.n = 0;
+	VPS_CHECK(vps_layout_holders(c->a, R->tensor, R->state, &R->box, &c->ha));
+	qsort(c->ha.v, c->ha.n, sizeof(*c->ha.v), holder_cmp);
+	c->rem.n = 0;
+	VPS_CHECK(boxes_push(&c->rem, &R->box));
+	int64_t self = vps_world_a_rank(c->w, d);
+	if (self >= 0) {
+		for (size_t k = 0; k < c->ha.n && c->rem.n; k++) {
+			const struct vps_holder *h = &c->ha.v[k];
+			if (!member(h, self))
+				continue;
+			for (size_t i = 0; i < c->rem.n; i++) {
+				struct vps_box y;
+				if (vps_box_intersect(&c->rem.v[i], &h->region.box, &y))
+					VPS_CHECK(emit(out, only_src, d, d, &y, &h->region, R));
+			}
+			VPS_CHECK(subtract_all(c, &h->region.box));
+		}
+	}
+	if (!c->rem.n)
+		return VPS_OK;
+	struct group *gs;
+	size_t ng;
+	VPS_CHECK(make_groups(c, vps_world_device(c->w, d).node, self, &gs, &ng));
+	int64_t ri, rn;
+	VPS_CHECK_GOTO(replica_index(c, rb, R, &ri, &rn), rc, done);
+	int64_t esize = (int64_t)vps_dtype_size(vps_state_dtype(R->state));
+	for (size_t gi = 0; gi < ng && c->rem.n; gi++) {
+		struct group *g = &gs[gi];
+		const struct vps_box *gbox = &c->ha.v[g->first].region.box;
+		int64_t k = g->nlocal ? (int64_t)g->nlocal : g->count;
+		for (size_t i = 0; i < c->rem.n; i++) {
+			struct vps_box y;
+			if (!vps_box_intersect(&c->rem.v[i], gbox, &y))
+				continue;
+			int64_t start = ri * k / rn, m = split_parts(k, rn);
+			int64_t vol = vps_box_volume(&y);
+			if (vol * esize < SPLIT_MIN_BYTES * m)
+				m = 1;
+			int64_t ext[VPS_MAX_DIMS];
+			for (int a = 0; a < y.ndim; a++)
+				ext[a] = y.hi[a] - y.lo[a];
+			for (int64_t p = 0; p < m; p++) {
+				int64_t cidx = (start + p) % k, src;
+				size_t hidx;
+				if (g->nlocal) {
+					src = g->local[cidx];
+					hidx = g->local_holder[cidx];
+				} else {
+					group_member(&c->ha, g, cidx, &src, &hidx);
+				}
+				const struct vps_region *sr = &c->ha.v[hidx].region;
+				if (m == 1) {
+					VPS_CHECK_GOTO(emit(out, only_src, src, d, &y, sr, R), rc, done);
+					continue;
+				}
+				struct vps_box part[2 * VPS_MAX_DIMS];
+				int np = vps_flat_range_boxes(y.ndim, ext, p * vol / m, (p + 1) * vol / m, part, NULL);
+				for (int q = 0; q < np; q++) {
+					for (int a = 0; a < y.ndim; a++) {
+						part[q].lo[a] += y.lo[a];
+						part[q].hi[a] += y.lo[a];
+					}
+					VPS_CHECK_GOTO(emit(out, only_src, src, d, &part[q], sr, R), rc, done);
+				}
+			}
+		}
+		VPS_CHECK_GOTO(subtract_all(c, gbox), rc, done);
+	}
+	if (c->rem.n) {
+		struct vps_tensor t;
+		char name[256];
+		vps_model_tensor(vps_layout_model(c->b), R->tensor, &t);
+		vps_tensor_name(&t, name, sizeof(name));
+		rc = vps_fail(VPS_ECHECK, "no rank holds %s %s [%" PRId64 ":%" PRId64 ", ...] under the source layout",
+			      name, vps_state_name(R->state), c->rem.v[0].lo[0], c->rem.v[0].hi[0]);
+	}
+done:
+	free(gs);
+	return rc;
+}
+
+/* Everything world rank d receives or retains. */
+static vps_result_t plan_receives(struct ctx *c, int64_t d, struct pieces *out)
+{
+	int64_t rb = vps_world_b_rank(c->w, d);
+	if (rb < 0)
+		return VPS_OK;
+	struct vps_rank_view v;
+	VPS_CHECK(vps_layout_rank(c->b, rb, &v));
+	vps_result_t rc = VPS_OK;
+	for (size_t i = 0; i < v.nregions && !rc; i++)
+		rc = plan_region(c, d, rb, &v.regions[i], -1, out);
+	vps_rank_view_release(&v);
+	return rc;
+}
+
+/* ---- sends of one source ---- */
+
+struct visit {
+	int64_t rb;
+	struct vps_region r;
+};
+
+static int visit_cmp(const void *p, const void *q)
+{
+	const struct visit *x = p, *y = q;
+	if (x->rb != y->rb)
+		return x->rb < y->rb ? -1 : 1;
+	if (x->r.tensor != y->r.tensor)
+		return x->r.tensor < y->r.tensor ? -1 : 1;
+	if (x->r.state != y->r.state)
+		return x->r.state < y->r.state ? -1 : 1;
+	if (x->r.buffer != y->r.buffer)
+		return x->r.buffer < y->r.buffer ? -1 : 1;
+	return x->r.offset < y->r.offset ? -1 : x->r.offset > y->r.offset;
+}
+
+struct visits {
+	struct visit *v;
+	size_t n, cap;
+};
+
+static vps_result_t want(struct visits *vs, int64_t rb, const struct vps_region *r)
+{
+	VPS_CHECK(VPS_GROW(vs->v, vs->cap, vs->n + 1));
+	vs->v[vs->n].rb = rb;
+	vs->v[vs->n].r = *r;
+	vs->n++;
+	return VPS_OK;
+}
+
+/* Destinations (B ranks in holder set H, region R_b) that can choose source
+ * s, whose A region is sa. */
+static vps_result_t candidates_for(struct ctx *c, int64_t s, const struct vps_region *sa, const struct vps_holder *H,
+				   struct visits *vs)
+{
+	int64_t rb_self = vps_world_b_rank(c->w, s);
+	/* on s's node: any of them may take s as a local replica */
+	int64_t nr[NODE_RANKS_MAX];
+	size_t nn = vps_devices_node_ranks(vps_layout_devices(c->b), vps_layout_world(c->b),
+					   vps_world_device(c->w, s).node, nr, NODE_RANKS_MAX);
+	for (size_t q = 0; q < nn && q < NODE_RANKS_MAX; q++)
+		if (nr[q] != rb_self && member(H, nr[q]))
+			VPS_CHECK(want(vs, nr[q], &H->region));
+	/* the rotation over all members of s's group */
+	c->ha.n = 0;
+	VPS_CHECK(vps_layout_holders(c->a, H->region.tensor, H->region.state, &H->region.box, &c->ha));
+	qsort(c->ha.v, c->ha.n, sizeof(*c->ha.v), holder_cmp);
+	int64_t k = 0, cidx = -1;
+	for (size_t i = 0; i < c->ha.n; i++) {
+		const struct vps_holder *h = &c->ha.v[i];
+		if (!vps_box_equal(&h->region.box, &sa->box))
+			continue;
+		if (cidx < 0 && member(h, s) && h->region.buffer == sa->buffer && h->region.offset == sa->offset)
+			cidx = k + (s - h->base) / (h->stride ? h->stride : 1);
+		k += h->count;
+	}
+	if (cidx < 0)
+		return VPS_OK;
+	int64_t n = H->count, m = split_parts(k, n);
+	for (int64_t o = 0; o < m; o++) {
+		int64_t x = ((cidx - o) % k + k) % k;
+		/* i with floor(i * k / n) == x */
+		int64_t lo = vps_ceil_div(x * n, k), hi = vps_min64(vps_ceil_div((x + 1) * n, k), n);
+		for (int64_t i = lo; i < hi; i++) {
+			int64_t rb = H->base + i * H->stride;
+			if (rb != rb_self)
+				VPS_CHECK(want(vs, rb, &H->region));
+		}
+	}
+	return VPS_OK;
+}
+
+static vps_result_t plan_sends(struct ctx *c, int64_t s, struct pieces *out)
+{
+	int64_t ra = vps_world_a_rank(c->w, s);
+	if (ra < 0)
+		return VPS_OK;
+	struct vps_rank_view v;
+	struct visits vs = {0};
+	struct vps_holders hb = {0};
+	VPS_CHECK(vps_layout_rank(c->a, ra, &v));
+	vps_result_t rc = VPS_OK;
+	for (size_t i = 0; i < v.nregions && !rc; i++) {
+		const struct vps_region *sa = &v.regions[i];
+		hb.n = 0;
+		rc = vps_layout_holders(c->b, sa->tensor, sa->state, &sa->box, &hb);
+		for (size_t k = 0; k < hb.n && !rc; k++)
+			rc = candidates_for(c, s, sa, &hb.v[k], &vs);
+	}
+	if (!rc) {
+		qsort(vs.v, vs.n, sizeof(*vs.v), visit_cmp);
+		for (size_t i = 0; i < vs.n && !rc; i++) {
+			if (i && !visit_cmp(&vs.v[i - 1], &vs.v[i]))
+				continue;
+			rc = plan_region(c, vps_world_of_b(c->w, vs.v[i].rb), vs.v[i].rb, &vs.v[i].r, s, out);
+		}
+	}
+	free(vs.v);
+	vps_holders_release(&hb);
+	vps_rank_view_release(&v);
+	return rc;
+}
+
+/* ---- the plan ---- */
+
+static int piece_cmp(const void *p, const void *q)
+{
+	const struct vps_piece *x = p, *y = q;
+	if (x->dst != y->dst)
+		return x->dst < y->dst ? -1 : 1;
+	if (x->src != y->src)
+		return x->src < y->src ? -1 : 1;
+	if (x->tensor != y->tensor)
+		return x->tensor < y->tensor ? -1 : 1;
+	if (x->state != y->state)
+		return x->state < y->state ? -1 : 1;
+	if (x->dst_buffer != y->dst_buffer)
+		return x->dst_buffer < y->dst_buffer ? -1 : 1;
+	return x->dst_offset < y->dst_offset ? -1 : x->dst_offset > y->dst_offset;
+}
+
+static vps_result_t plan_training(struct vps_plan *p, const struct vps_plan_opts *o)
+{
+	p->train = o->train;
+	p->train.dp = vps_layout_parallel(p->b)->dp;
+	if (!o->train.global_batch)
+		return VPS_OK;
+	int64_t gb = o->train.global_batch, dp = p->train.dp;
+	if (gb % dp)
+		return vps_fail(VPS_EINPUT, "--global-batch: %" PRId64 " samples do not split over dp=%" PRId64 " of the target",
+				gb, dp);
+	int64_t mbs = o->train.micro_batch ? o->train.micro_batch : o->micro_batch_a;
+	if (mbs <= 0)
+		mbs = 1;
+	/* Megatron needs global = micro x dp x accumulation: keep the micro
+	 * batch if it fits, else the largest one below it that does */
+	while (mbs > 1 && (gb / dp) % mbs)
+		mbs--;
+	p->train.micro_batch = mbs;
+	p->train.grad_accum = gb / dp / mbs;
+	return VPS_OK;
+}
+
+static int piece_tensor_cmp(const void *p, const void *q)
+{
+	const struct vps_piece *x = *(const struct vps_piece *const *)p, *y = *(const struct vps_piece *const *)q;
+	if (x->tensor != y->tensor)
+		return x->tensor < y->tensor ? -1 : 1;
+	if (x->state != y->state)
+		return x->state < y->state ? -1 : 1;
+	return piece_cmp(x, y);
+}
+
+/* Broadcast, scatter and gather, per (tensor, state), from the moved pieces. */
+static vps_result_t promote(struct vps_plan *p)
+{
+	const struct vps_piece **idx = vps_malloc((p->npieces + 1) * sizeof(*idx));
+	size_t n = 0, cap = 0;
+	if (!idx)
+		return VPS_ENOMEM;
+	for (size_t i = 0; i < p->npieces; i++)
+		if (p->pieces[i].src != p->pieces[i].dst)
+			idx[n++] = &p->pieces[i];
+	qsort(idx, n, sizeof(*idx), piece_tensor_cmp);
+	vps_result_t rc = VPS_OK;
+	for (size_t i = 0; i < n && !rc;) {
+		size_t j = i + 1;
+		while (j < n && idx[j]->tensor == idx[i]->tensor && idx[j]->state == idx[i]->state)
+			j++;
+		bool one_src = true, one_dst = true, identical = true, disjoint = true, one_per_dst = true;
+		int64_t bytes = 0, ndst = 1, nsrc = 1;
+		for (size_t k = i; k < j; k++) {
+			bytes += vps_piece_bytes(idx[k]);
+			one_src &= idx[k]->src == idx[i]->src;
+			one_dst &= idx[k]->dst == idx[i]->dst;
+			identical &= vps_box_equal(&idx[k]->box, &idx[i]->box);
+			if (k > i && idx[k]->dst != idx[k - 1]->dst)
+				ndst++;
+			if (k > i && idx[k]->dst == idx[k - 1]->dst)
+				one_per_dst = false;
+		}
+		for (size_t k = i; k < j && disjoint; k++)
+			for (size_t q = k + 1; q < j && q < k + 64 && disjoint; q++)
+				disjoint &= !vps_box_intersect(&idx[k]->box, &idx[q]->box, NULL);
+		int kind = -1;
+		if (one_src && ndst > 1 && identical && one_per_dst)
+			kind = VPS_COLL_BROADCAST;
+		else if (one_src && ndst > 1 && disjoint)
+			kind = VPS_COLL_SCATTER;
+		else if (!one_src && one_dst && disjoint) {
+			kind = VPS_COLL_GATHER;
+			for (size_t k = i + 1; k < j; k++)
+				nsrc += idx[k]->src != idx[k - 1]->src;
+		}
+		if (kind >= 0) {
+			rc = VPS_GROW(p->colls, cap, p->ncolls + 1);
+			if (!rc) {
+				struct vps_collective *cl = &p->colls[p->ncolls++];
+				cl->tensor = idx[i]->tensor;
+				cl->state = idx[i]->state;
+				cl->kind = (uint8_t)kind;
+				cl->root = kind == VPS_COLL_GATHER ? idx[i]->dst : idx[i]->src;
+				cl->peers = kind == VPS_COLL_GATHER ? nsrc : ndst;
+				cl->bytes = bytes;
+			}
+		}
+		i = j;
+	}
+	free(idx);
+	return rc;
+}
+
+const char *vps_collective_name(int kind)
+{
+	static const char *names[] = {"broadcast", "scatter", "gather"};
+	return kind >= 0 && kind < 3 ? names[kind] : "?";
+}
+
+vps_result_t vps_plan_compute(struct vps_plan **out, struct vps_layout *a, struct vps_layout *b,
+			      const struct vps_plan_opts *opts)
+{
+	vps_result_t rc;
+	const struct vps_model *ma = vps_layout_model(a), *mb = vps_layout_model(b);
+	if (vps_model_hash(ma) != vps_model_hash(mb))
+		return vps_fail(VPS_EINPUT, "the layouts are of different models (%s, %s)", ma->name, mb->name);
+	if (vps_layout_nstates(a) != vps_layout_nstates(b))
+		return vps_fail(VPS_EINPUT, "grad=1 must be set in both layouts or in neither");
+	struct vps_plan *p = vps_calloc(1, sizeof(*p));
+	if (!p)
+		return VPS_ENOMEM;
+	struct ctx c = {0};
+	struct pieces pcs = {0};
+	VPS_CHECK_GOTO(vps_world_new(&p->world, a, b), rc, fail);
+	p->scope = opts->rank;
+	p->a = a;
+	p->b = b;
+	c.a = a;
+	c.b = b;
+	c.w = p->world;
+	int64_t W = vps_world_size(p->world);
+	if (opts->rank >= W) {
+		rc = vps_fail(VPS_EINPUT, "--rank: %" PRId64 " is outside the transition world of %" PRId64 " ranks",
+			      opts->rank, W);
+		goto fail;
+	}
+	if (opts->rank >= 0) {
+		VPS_CHECK_GOTO(plan_receives(&c, opts->rank, &pcs), rc, fail);
+		VPS_CHECK_GOTO(plan_sends(&c, opts->rank, &pcs), rc, fail);
+	} else {
+		for (int64_t d = 0; d < W; d++)
+			VPS_CHECK_GOTO(plan_receives(&c, d, &pcs), rc, fail);
+	}
+	qsort(pcs.v, pcs.n, sizeof(*pcs.v), piece_cmp);
+	p->pieces = pcs.v;
+	p->npieces = pcs.n;
+	pcs.v = NULL;
+	VPS_CHECK_GOTO(plan_training(p, opts), rc, fail);
+	if (opts->rank < 0)
+		VPS_CHECK_GOTO(promote(p), rc, fail);
+	vps_holders_release(&c.ha);
+	vps_holders_release(&c.hb);
+	free(c.rem.v);
+	free(c.next.v);
+	*out = p;
+	return VPS_OK;
+fail:
+	vps_holders_release(&c.ha);
+	vps_holders_release(&c.hb);
+	free(c.rem.v);
+	free(c.next.v);
+	free(pcs.v);
+	vps_world_free(p->world);
+	free(p->pieces);
+	free(p->colls);
+	free(p);
+	return rc;
+}
+
+void vps_plan_free(struct vps_plan *p)
+{
+	if (!p)
+		return;
+	vps_world_free(p->world);
+	vps_layout_free(p->a);
+	vps_layout_free(p->b);
+	free(p->pieces);
+	free(p->colls);
+	free(p);
+}

@@ -1,0 +1,299 @@
+#include <inttypes.h>
+#include <stdio.h>
+
+#include "doc.h"
+#include "internal.h"
+#include "layout_io.h"
+#include "plan_io.h"
+
+static vps_result_t write_strides(struct vps_writer *w, const char *key, const int64_t *s, int n)
+{
+	return vps_ints_write(w, key, s, n);
+}
+
+vps_result_t vps_training_write(struct vps_writer *w, const char *key, const struct vps_training *t)
+{
+	VPS_CHECK(vps_w_map_begin(w, key));
+	VPS_CHECK(vps_w_bool(w, "known", t->known));
+	VPS_CHECK(vps_w_int(w, "step", t->step));
+	VPS_CHECK(vps_w_int(w, "consumed_samples", t->consumed_samples));
+	VPS_CHECK(vps_w_int(w, "scheduler_step", t->scheduler_step));
+	VPS_CHECK(vps_w_int(w, "global_batch", t->global_batch));
+	VPS_CHECK(vps_w_int(w, "micro_batch", t->micro_batch));
+	VPS_CHECK(vps_w_int(w, "grad_accum", t->grad_accum));
+	VPS_CHECK(vps_w_int(w, "dp", t->dp));
+	return vps_w_map_end(w);
+}
+
+vps_result_t vps_training_read(struct vps_reader *r, const char *key, struct vps_training *t)
+{
+	memset(t, 0, sizeof(*t));
+	VPS_CHECK(vps_r_map_begin(r, key));
+	VPS_CHECK(vps_r_bool(r, "known", &t->known));
+	VPS_CHECK(vps_r_int(r, "step", &t->step, 0, INT64_MAX));
+	VPS_CHECK(vps_r_int(r, "consumed_samples", &t->consumed_samples, 0, INT64_MAX));
+	VPS_CHECK(vps_r_int(r, "scheduler_step", &t->scheduler_step, 0, INT64_MAX));
+	VPS_CHECK(vps_r_int(r, "global_batch", &t->global_batch, 0, INT64_MAX));
+	VPS_CHECK(vps_r_int(r, "micro_batch", &t->micro_batch, 0, INT64_MAX));
+	VPS_CHECK(vps_r_int(r, "grad_accum", &t->grad_accum, 0, INT64_MAX));
+	VPS_CHECK(vps_r_int(r, "dp", &t->dp, 0, INT64_MAX));
+	return vps_r_map_end(r);
+}
+
+static vps_result_t write_piece(struct vps_writer *w, const struct vps_model *m, const struct vps_piece *p)
+{
+	struct vps_tensor t;
+	char name[256];
+	VPS_CHECK(vps_model_tensor(m, p->tensor, &t));
+	vps_tensor_name(&t, name, sizeof(name));
+	VPS_CHECK(vps_w_map_begin(w, NULL));
+	VPS_CHECK(vps_w_int(w, "src", p->src));
+	VPS_CHECK(vps_w_int(w, "dst", p->dst));
+	VPS_CHECK(vps_w_str(w, "tensor", name));
+	VPS_CHECK(vps_w_str(w, "state", vps_state_name(p->state)));
+	VPS_CHECK(vps_box_write(w, "box", &p->box));
+	VPS_CHECK(vps_w_int(w, "src_buffer", p->src_buffer));
+	VPS_CHECK(vps_w_int(w, "src_offset", p->src_offset));
+	VPS_CHECK(write_strides(w, "src_strides", p->src_strides, p->box.ndim));
+	VPS_CHECK(vps_w_int(w, "dst_buffer", p->dst_buffer));
+	VPS_CHECK(vps_w_int(w, "dst_offset", p->dst_offset));
+	VPS_CHECK(write_strides(w, "dst_strides", p->dst_strides, p->box.ndim));
+	return vps_w_map_end(w);
+}
+
+static vps_result_t read_strides(struct vps_reader *r, const char *key, int64_t *s, int n)
+{
+	uint64_t k;
+	VPS_CHECK(vps_r_seq_begin(r, key, &k));
+	if (k != (uint64_t)n)
+		return vps_r_error(r, key, "one stride per axis of the box");
+	for (int i = 0; i < n; i++)
+		VPS_CHECK(vps_r_int(r, NULL, &s[i], INT64_MIN / 8, INT64_MAX / 8));
+	return vps_r_seq_end(r);
+}
+
+vps_result_t vps_piece_read(struct vps_reader *r, const struct vps_model *m, int64_t world, struct vps_piece *p)
+{
+	const char *s;
+	int st;
+	int64_t x;
+	memset(p, 0, sizeof(*p));
+	VPS_CHECK(vps_r_map_begin(r, NULL));
+	VPS_CHECK(vps_r_int(r, "src", &p->src, 0, world - 1));
+	VPS_CHECK(vps_r_int(r, "dst", &p->dst, 0, world - 1));
+	VPS_CHECK(vps_r_str(r, "tensor", &s));
+	if (vps_model_find_tensor(m, s, &p->tensor))
+		return vps_r_error(r, "tensor", "no tensor '%s' in model %s", s, m->name);
+	VPS_CHECK(vps_r_str(r, "state", &s));
+	if (vps_state_parse(s, &st))
+		return vps_r_error(r, "state", "unknown state '%s'", s);
+	p->state = (uint8_t)st;
+	VPS_CHECK(vps_box_read(r, "box", &p->box));
+	struct vps_tensor t;
+	vps_model_tensor(m, p->tensor, &t);
+	if (p->box.ndim != t.ndim)
+		return vps_r_error(r, "box", "%d axes, but the tensor has %d", p->box.ndim, t.ndim);
+	VPS_CHECK(vps_r_int(r, "src_buffer", &x, 0, UINT32_MAX));
+	p->src_buffer = (uint32_t)x;
+	VPS_CHECK(vps_r_int(r, "src_offset", &p->src_offset, 0, INT64_MAX / 8));
+	VPS_CHECK(read_strides(r, "src_strides", p->src_strides, p->box.ndim));
+	VPS_CHECK(vps_r_int(r, "dst_buffer", &x, 0, UINT32_MAX));
+	p->dst_buffer = (uint32_t)x;
+	VPS_CHECK(vps_r_int(r, "dst_offset", &p->dst_offset, 0, INT64_MAX / 8));
+	VPS_CHECK(read_strides(r, "dst_strides", p->dst_strides, p->box.ndim));
+	return vps_r_map_end(r);
+}
+
+vps_result_t vps_piece_write(struct vps_writer *w, const struct vps_model *m, const struct vps_piece *p)
+{
+	return write_piece(w, m, p);
+}
+
+uint64_t vps_plan_hash(const struct vps_plan *p)
+{
+	uint64_t h = vps_layout_hash(p->a);
+	h = vps_hash64(&h, 8, vps_layout_hash(p->b));
+	h = vps_hash64(&p->scope, sizeof(p->scope), h);
+	for (size_t i = 0; i < p->npieces; i++) {
+		const struct vps_piece *x = &p->pieces[i];
+		int64_t f[8 + 4 * VPS_MAX_DIMS] = {x->tensor, x->state, x->src, x->dst, x->src_buffer, x->dst_buffer,
+						   x->src_offset, x->dst_offset};
+		for (int k = 0; k < x->box.ndim; k++) {
+			f[8 + k] = x->box.lo[k];
+			f[8 + VPS_MAX_DIMS + k] = x->box.hi[k];
+			f[8 + 2 * VPS_MAX_DIMS + k] = x->src_strides[k];
+			f[8 + 3 * VPS_MAX_DIMS + k] = x->dst_strides[k];
+		}
+		h = vps_hash64(f, sizeof(f), h);
+	}
+	const struct vps_training *t = &p->train;
+	int64_t tf[] = {t->known, t->step, t->consumed_samples, t->scheduler_step, t->global_batch, t->micro_batch,
+			t->grad_accum, t->dp};
+	return vps_hash64(tf, sizeof(tf), h);
+}
+
+vps_result_t vps_plan_write_body(struct vps_writer *w, const struct vps_plan *p)
+{
+	const struct vps_model *m = vps_layout_model(p->a);
+	VPS_CHECK(vps_w_u64hex(w, "hash", vps_plan_hash(p)));
+	VPS_CHECK(vps_w_int(w, "scope", p->scope));
+	VPS_CHECK(vps_w_int(w, "world", vps_world_size(p->world)));
+	VPS_CHECK(vps_w_map_begin(w, "source"));
+	VPS_CHECK(vps_layout_write(w, p->a, NULL, 0));
+	VPS_CHECK(vps_w_map_end(w));
+	VPS_CHECK(vps_w_map_begin(w, "target"));
+	VPS_CHECK(vps_layout_write(w, p->b, NULL, 0));
+	VPS_CHECK(vps_w_map_end(w));
+	VPS_CHECK(vps_training_write(w, "training", &p->train));
+	VPS_CHECK(vps_w_seq_begin(w, "pieces", p->npieces, false));
+	for (size_t i = 0; i < p->npieces; i++)
+		VPS_CHECK(write_piece(w, m, &p->pieces[i]));
+	VPS_CHECK(vps_w_seq_end(w));
+	VPS_CHECK(vps_w_seq_begin(w, "collectives", p->ncolls, false));
+	for (size_t i = 0; i < p->ncolls; i++) {
+		const struct vps_collective *c = &p->colls[i];
+		struct vps_tensor t;
+		char name[256];
+		VPS_CHECK(vps_model_tensor(m, c->tensor, &t));
+		vps_tensor_name(&t, name, sizeof(name));
+		VPS_CHECK(vps_w_map_begin(w, NULL));
+		VPS_CHECK(vps_w_str(w, "tensor", name));
+		VPS_CHECK(vps_w_str(w, "state", vps_state_name(c->state)));
+		VPS_CHECK(vps_w_str(w, "kind", vps_collective_name(c->kind)));
+		VPS_CHECK(vps_w_int(w, "root", c->root));
+		VPS_CHECK(vps_w_int(w, "peers", c->peers));
+		VPS_CHECK(vps_w_int(w, "bytes", c->bytes));
+		VPS_CHECK(vps_w_map_end(w));
+	}
+	return vps_w_seq_end(w);
+}
+
+vps_result_t vps_plan_serialize(const struct vps_plan *p, bool yaml, struct vps_bytes *out)
+{
+	struct vps_writer *w;
+	VPS_CHECK(vps_writer_new(&w, VPS_DOC_PLAN, yaml));
+	vps_result_t rc = vps_plan_write_body(w, p);
+	if (!rc)
+		rc = vps_writer_finish(w, out);
+	vps_writer_free(w);
+	return rc;
+}
+
+vps_result_t vps_plan_read_body(struct vps_reader *r, struct vps_plan **out, uint64_t *stored_hash)
+{
+	vps_result_t rc;
+	uint64_t n;
+	int64_t world;
+	struct vps_plan *p = vps_calloc(1, sizeof(*p));
+	if (!p)
+		return VPS_ENOMEM;
+	VPS_CHECK_GOTO(vps_r_u64hex(r, "hash", stored_hash), rc, fail);
+	VPS_CHECK_GOTO(vps_r_int(r, "scope", &p->scope, -1, INT64_MAX), rc, fail);
+	VPS_CHECK_GOTO(vps_r_int(r, "world", &world, 1, INT64_MAX), rc, fail);
+	VPS_CHECK_GOTO(vps_r_map_begin(r, "source"), rc, fail);
+	VPS_CHECK_GOTO(vps_layout_read(r, &p->a), rc, fail);
+	VPS_CHECK_GOTO(vps_r_map_end(r), rc, fail);
+	VPS_CHECK_GOTO(vps_r_map_begin(r, "target"), rc, fail);
+	VPS_CHECK_GOTO(vps_layout_read(r, &p->b), rc, fail);
+	VPS_CHECK_GOTO(vps_r_map_end(r), rc, fail);
+	VPS_CHECK_GOTO(vps_world_new(&p->world, p->a, p->b), rc, fail);
+	if (vps_world_size(p->world) != world || p->scope >= world) {
+		rc = vps_r_error(r, "world", "%" PRId64 " does not match the layouts' transition world of %" PRId64, world,
+				 vps_world_size(p->world));
+		goto fail;
+	}
+	VPS_CHECK_GOTO(vps_training_read(r, "training", &p->train), rc, fail);
+	VPS_CHECK_GOTO(vps_r_seq_begin(r, "pieces", &n), rc, fail);
+	p->pieces = vps_malloc((size_t)n * sizeof(*p->pieces) + 1);
+	if (!p->pieces) {
+		rc = VPS_ENOMEM;
+		goto fail;
+	}
+	for (uint64_t i = 0; i < n; i++) {
+		VPS_CHECK_GOTO(vps_piece_read(r, vps_layout_model(p->a), world, &p->pieces[i]), rc, fail);
+		p->npieces++;
+	}
+	VPS_CHECK_GOTO(vps_r_seq_end(r), rc, fail);
+	VPS_CHECK_GOTO(vps_r_seq_begin(r, "collectives", &n), rc, fail);
+	p->colls = vps_calloc((size_t)n + 1, sizeof(*p->colls));
+	if (!p->colls) {
+		rc = VPS_ENOMEM;
+		goto fail;
+	}
+	for (uint64_t i = 0; i < n; i++) {
+		struct vps_collective *c = &p->colls[i];
+		const char *s;
+		int st;
+		VPS_CHECK_GOTO(vps_r_map_begin(r, NULL), rc, fail);
+		VPS_CHECK_GOTO(vps_r_str(r, "tensor", &s), rc, fail);
+		if (vps_model_find_tensor(vps_layout_model(p->a), s, &c->tensor)) {
+			rc = vps_r_error(r, "tensor", "no tensor '%s'", s);
+			goto fail;
+		}
+		VPS_CHECK_GOTO(vps_r_str(r, "state", &s), rc, fail);
+		if (vps_state_parse(s, &st)) {
+			rc = vps_r_error(r, "state", "unknown state '%s'", s);
+			goto fail;
+		}
+		c->state = (uint8_t)st;
+		VPS_CHECK_GOTO(vps_r_str(r, "kind", &s), rc, fail);
+		c->kind = 255;
+		for (int k = 0; k < 3; k++)
+			if (!strcmp(s, vps_collective_name(k)))
+				c->kind = (uint8_t)k;
+		if (c->kind == 255) {
+			rc = vps_r_error(r, "kind", "expected broadcast, scatter or gather, not '%s'", s);
+			goto fail;
+		}
+		VPS_CHECK_GOTO(vps_r_int(r, "root", &c->root, 0, world - 1), rc, fail);
+		VPS_CHECK_GOTO(vps_r_int(r, "peers", &c->peers, 0, INT64_MAX), rc, fail);
+		VPS_CHECK_GOTO(vps_r_int(r, "bytes", &c->bytes, 0, INT64_MAX), rc, fail);
+		VPS_CHECK_GOTO(vps_r_map_end(r), rc, fail);
+		p->ncolls++;
+	}
+	VPS_CHECK_GOTO(vps_r_seq_end(r), rc, fail);
+	*out = p;
+	return VPS_OK;
+fail:
+	vps_plan_free(p);
+	return rc;
+}
+
+vps_result_t vps_plan_parse(struct vps_plan **out, const char *name, const void *data, size_t len)
+{
+	struct vps_reader *r;
+	uint64_t stored;
+	VPS_CHECK(vps_reader_new(&r, name, data, len, VPS_DOC_PLAN));
+	*out = NULL;
+	vps_result_t rc = vps_plan_read_body(r, out, &stored);
+	if (!rc)
+		rc = vps_reader_finish(r);
+	if (!rc)
+		(*out)->file_hash = stored;
+	if (rc && *out) {
+		vps_plan_free(*out);
+		*out = NULL;
+	}
+	vps_reader_free(r);
+	return rc;
+}
+
+vps_result_t vps_plan_load(struct vps_plan **out, const char *path)
+{
+	struct vps_bytes b;
+	*out = NULL;
+	VPS_CHECK(vps_read_file(path, &b));
+	vps_result_t rc = vps_plan_parse(out, path && strcmp(path, "-") ? path : "<stdin>", b.data, b.len);
+	vps_bytes_release(&b);
+	return rc;
+}
+
+vps_result_t vps_plan_check_hash(const struct vps_plan *p, const char *name)
+{
+	if (p->file_hash && p->file_hash != vps_plan_hash(p))
+		return vps_fail(VPS_EINPUT,
+				"%s: the plan states hash 0x%016" PRIx64 " but its content hashes to 0x%016" PRIx64
+				" (edited or damaged; vps-verify shows what is wrong)",
+				name, p->file_hash, vps_plan_hash(p));
+	return VPS_OK;
+}

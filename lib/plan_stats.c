@@ -1,0 +1,474 @@
+/* Statistics of a global plan: bytes, loads, the lower bound, the balanced
+ * bound and an estimate of the transfer time on a topology. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+
+#include "doc.h"
+#include "internal.h"
+#include "vps/plan.h"
+#include "vps/verify.h"
+
+/* ---- the lower bound, computed apart from the planner's choices ---- */
+
+static int region_ts_cmp(const void *p, const void *q)
+{
+	const struct vps_region *x = *(const struct vps_region *const *)p, *y = *(const struct vps_region *const *)q;
+	if (x->tensor != y->tensor)
+		return x->tensor < y->tensor ? -1 : 1;
+	return x->state < y->state ? -1 : x->state > y->state;
+}
+
+/* Bytes of B's regions on world rank d that d's own device does not hold
+ * under A: every destination element not already resident, once. */
+static vps_result_t lower_bound_of(const struct vps_plan *p, int64_t d, int64_t *bytes)
+{
+	int64_t rb = vps_world_b_rank(p->world, d), ra = vps_world_a_rank(p->world, d);
+	*bytes = 0;
+	if (rb < 0)
+		return VPS_OK;
+	struct vps_rank_view vb, va = {0};
+	VPS_CHECK(vps_layout_rank(p->b, rb, &vb));
+	vps_result_t rc = VPS_OK;
+	if (ra >= 0)
+		rc = vps_layout_rank(p->a, ra, &va);
+	const struct vps_region **idx = vps_malloc((va.nregions + 1) * sizeof(*idx));
+	struct vps_box *boxes = vps_malloc((va.nregions + 1) * sizeof(*boxes));
+	if (!idx || !boxes)
+		rc = VPS_ENOMEM;
+	for (size_t i = 0; !rc && i < va.nregions; i++)
+		idx[i] = &va.regions[i];
+	if (!rc)
+		qsort(idx, va.nregions, sizeof(*idx), region_ts_cmp);
+	for (size_t i = 0; !rc && i < vb.nregions; i++) {
+		const struct vps_region *R = &vb.regions[i];
+		size_t n = 0;
+		for (size_t k = 0; k < va.nregions; k++)
+			if (idx[k]->tensor == R->tensor && idx[k]->state == R->state)
+				boxes[n++] = idx[k]->box;
+		int64_t u = vps_boxes_uncovered(boxes, n, &R->box);
+		if (u < 0)
+			rc = VPS_NOMEM();
+		*bytes += u * (int64_t)vps_dtype_size(vps_state_dtype(R->state));
+	}
+	free(idx);
+	free(boxes);
+	vps_rank_view_release(&va);
+	vps_rank_view_release(&vb);
+	return rc;
+}
+
+/* ---- the balanced bound ---- */
+
+/* Dinic's max flow on a small graph. */
+struct edge {
+	int to;
+	int64_t cap;
+};
+struct graph {
+	struct edge *e;
+	size_t ne, cape;
+	int *head_first; /* adjacency as arrays of edge ids */
+	int **adj;
+	size_t *nadj, *capadj;
+	int n;
+	int *level, *it;
+};
+
+static vps_result_t g_init(struct graph *g, int n)
+{
+	memset(g, 0, sizeof(*g));
+	g->n = n;
+	g->adj = vps_calloc((size_t)n, sizeof(*g->adj));
+	g->nadj = vps_calloc((size_t)n, sizeof(*g->nadj));
+	g->capadj = vps_calloc((size_t)n, sizeof(*g->capadj));
+	g->level = vps_calloc((size_t)n, sizeof(*g->level));
+	g->it = vps_calloc((size_t)n, sizeof(*g->it));
+	return g->adj && g->nadj && g->capadj && g->level && g->it ? VPS_OK : VPS_ENOMEM;
+}
+
+static void g_free(struct graph *g)
+{
+	for (int i = 0; i < g->n && g->adj; i++)
+		free(g->adj[i]);
+	free(g->adj);
+	free(g->nadj);
+	free(g->capadj);
+	free(g->level);
+	free(g->it);
+	free(g->e);
+}
+
+static vps_result_t g_add(struct graph *g, int u, int v, int64_t cap)
+{
+	VPS_CHECK(VPS_GROW(g->e, g->cape, g->ne + 2));
+	VPS_CHECK(vps_grow((void **)&g->adj[u], &g->capadj[u], g->nadj[u] + 1, sizeof(int)));
+	VPS_CHECK(vps_grow((void **)&g->adj[v], &g->capadj[v], g->nadj[v] + 1, sizeof(int)));
+	g->adj[u][g->nadj[u]++] = (int)g->ne;
+	g->e[g->ne++] = (struct edge){v, cap};
+	g->adj[v][g->nadj[v]++] = (int)g->ne;
+	g->e[g->ne++] = (struct edge){u, 0};
+	return VPS_OK;
+}
+
+static bool g_bfs(struct graph *g, int s, int t, int *queue)
+{
+	for (int i = 0; i < g->n; i++)
+		g->level[i] = -1;
+	int qh = 0, qt = 0;
+	queue[qt++] = s;
+	g->level[s] = 0;
+	while (qh < qt) {
+		int u = queue[qh++];
+		for (size_t k = 0; k < g->nadj[u]; k++) {
+			struct edge *e = &g->e[g->adj[u][k]];
+			if (e->cap > 0 && g->level[e->to] < 0) {
+				g->level[e->to] = g->level[u] + 1;
+				queue[qt++] = e->to;
+			}
+		}
+	}
+	return g->level[t] >= 0;
+}
+
+static int64_t g_dfs(struct graph *g, int u, int t, int64_t f)
+{
+	if (u == t)
+		return f;
+	for (; g->it[u] < (int)g->nadj[u]; g->it[u]++) {
+		int id = g->adj[u][g->it[u]];
+		struct edge *e = &g->e[id];
+		if (e->cap > 0 && g->level[e->to] == g->level[u] + 1) {
+			int64_t got = g_dfs(g, e->to, t, f < e->cap ? f : e->cap);
+			if (got > 0) {
+				e->cap -= got;
+				g->e[id ^ 1].cap += got;
+				return got;
+			}
+		}
+	}
+	return 0;
+}
+
+struct demand {
+	uint64_t key;
+	int64_t bytes;
+	int64_t *ranks;
+	size_t nranks;
+};
+
+static int demand_cmp(const void *p, const void *q)
+{
+	const struct demand *x = p, *y = q;
+	return x->key < y->key ? -1 : x->key > y->key;
+}
+
+static int i64_cmp(const void *p, const void *q)
+{
+	int64_t x = *(const int64_t *)p, y = *(const int64_t *)q;
+	return x < y ? -1 : x > y;
+}
+
+/* Whether every class's bytes can be sent with no sender above cap. */
+static vps_result_t feasible(const struct demand *dm, size_t nd, const int64_t *senders, size_t ns, int64_t cap,
+			     int64_t total, bool *ok)
+{
+	struct graph g;
+	int S = (int)(nd + ns), T = S + 1;
+	vps_result_t rc = g_init(&g, T + 1);
+	int *queue = vps_malloc((size_t)(T + 1) * sizeof(int));
+	if (!queue)
+		rc = VPS_ENOMEM;
+	for (size_t i = 0; !rc && i < nd; i++) {
+		rc = g_add(&g, S, (int)i, dm[i].bytes);
+		for (size_t k = 0; !rc && k < dm[i].nranks; k++) {
+			int64_t *pos = bsearch(&dm[i].ranks[k], senders, ns, sizeof(*senders), i64_cmp);
+			rc = g_add(&g, (int)i, (int)(nd + (size_t)(pos - senders)), INT64_MAX / 4);
+		}
+	}
+	for (size_t j = 0; !rc && j < ns; j++)
+		rc = g_add(&g, (int)(nd + j), T, cap);
+	int64_t flow = 0;
+	while (!rc && g_bfs(&g, S, T, queue)) {
+		memset(g.it, 0, (size_t)g.n * sizeof(int));
+		int64_t f;
+		while ((f = g_dfs(&g, S, T, INT64_MAX)) > 0)
+			flow += f;
+	}
+	*ok = flow >= total;
+	free(queue);
+	g_free(&g);
+	return rc;
+}
+
+/* The A ranks holding the whole of a piece (its replicas). */
+static vps_result_t replicas_of(const struct vps_plan *p, const struct vps_piece *x, struct vps_holders *h,
+				int64_t **out, size_t *n, size_t *cap)
+{
+	h->n = 0;
+	*n = 0;
+	VPS_CHECK(vps_layout_holders(p->a, x->tensor, x->state, &x->box, h));
+	for (size_t i = 0; i < h->n; i++) {
+		if (!vps_box_contains(&h->v[i].region.box, &x->box))
+			continue;
+		for (int64_t k = 0; k < h->v[i].count; k++) {
+			VPS_CHECK(vps_grow((void **)out, cap, *n + 1, sizeof(**out)));
+			(*out)[(*n)++] = h->v[i].base + k * h->v[i].stride;
+		}
+	}
+	qsort(*out, *n, sizeof(**out), i64_cmp);
+	return VPS_OK;
+}
+
+static vps_result_t balanced_send_bound(const struct vps_plan *p, int64_t max_send, int64_t *bound)
+{
+	struct demand *dm = NULL;
+	size_t nd = 0, capd = 0, nr = 0, capr = 0;
+	int64_t *ranks = NULL, total = 0;
+	struct vps_holders h = {0};
+	vps_result_t rc = VPS_OK;
+	for (size_t i = 0; i < p->npieces && !rc; i++) {
+		const struct vps_piece *x = &p->pieces[i];
+		if (x->src == x->dst)
+			continue;
+		rc = replicas_of(p, x, &h, &ranks, &nr, &capr);
+		if (rc)
+			break;
+		if (!nr) {
+			ranks = realloc(ranks, sizeof(*ranks));
+			ranks[0] = x->src;
+			nr = 1;
+		}
+		uint64_t key = vps_hash64(ranks, nr * sizeof(*ranks), 7);
+		rc = VPS_GROW(dm, capd, nd + 1);
+		if (rc)
+			break;
+		dm[nd].key = key;
+		dm[nd].bytes = vps_piece_bytes(x);
+		dm[nd].ranks = vps_malloc(nr * sizeof(*ranks));
+		if (!dm[nd].ranks) {
+			rc = VPS_ENOMEM;
+			break;
+		}
+		memcpy(dm[nd].ranks, ranks, nr * sizeof(*ranks));
+		dm[nd].nranks = nr;
+		total += dm[nd].bytes;
+		nd++;
+	}
+	/* merge the classes with one replica set */
+	size_t m = 0;
+	if (!rc) {
+		qsort(dm, nd, sizeof(*dm), demand_cmp);
+		for (size_t i = 0; i < nd; i++) {
+			if (m && dm[m - 1].key == dm[i].key) {
+				dm[m - 1].bytes += dm[i].bytes;
+				free(dm[i].ranks);
+			} else {
+				dm[m++] = dm[i];
+			}
+		}
+	}
+	int64_t *senders = NULL;
+	size_t ns = 0, caps = 0;
+	for (size_t i = 0; !rc && i < m; i++)
+		for (size_t k = 0; !rc && k < dm[i].nranks; k++) {
+			rc = VPS_GROW(senders, caps, ns + 1);
+			if (!rc)
+				senders[ns++] = dm[i].ranks[k];
+		}
+	if (!rc) {
+		qsort(senders, ns, sizeof(*senders), i64_cmp);
+		size_t u = 0;
+		for (size_t i = 0; i < ns; i++)
+			if (!u || senders[u - 1] != senders[i])
+				senders[u++] = senders[i];
+		ns = u;
+		int64_t lo = ns ? (total + (int64_t)ns - 1) / (int64_t)ns : 0, hi = max_send;
+		/* least cap that lets every class through */
+		while (!rc && lo < hi) {
+			int64_t mid = lo + (hi - lo) / 2;
+			bool ok = false;
+			rc = feasible(dm, m, senders, ns, mid, total, &ok);
+			if (ok)
+				hi = mid;
+			else
+				lo = mid + 1;
+		}
+		*bound = lo;
+	}
+	for (size_t i = 0; i < (rc ? nd : m); i++)
+		if (i < m || rc)
+			free(dm[i].ranks);
+	free(dm);
+	free(senders);
+	free(ranks);
+	vps_holders_release(&h);
+	return rc;
+}
+
+/* ---- everything ---- */
+
+struct pair {
+	int64_t a, b;
+};
+
+static int pair_cmp(const void *p, const void *q)
+{
+	const struct pair *x = p, *y = q;
+	if (x->a != y->a)
+		return x->a < y->a ? -1 : 1;
+	return x->b < y->b ? -1 : x->b > y->b;
+}
+
+vps_result_t vps_plan_stats(const struct vps_plan *p, const struct vps_topology *topo, bool load,
+			    struct vps_plan_stats *s)
+{
+	vps_result_t rc = VPS_OK;
+	int64_t W = vps_world_size(p->world);
+	memset(s, 0, sizeof(*s));
+	if (p->scope >= 0)
+		return vps_fail(VPS_EINPUT, "statistics need a global plan (this one is rank %" PRId64 "'s)", p->scope);
+	s->world = W;
+	int64_t *send = vps_calloc((size_t)W, sizeof(*send)), *recv = vps_calloc((size_t)W, sizeof(*recv));
+	int64_t *isend = vps_calloc((size_t)W, sizeof(*isend)), *irecv = vps_calloc((size_t)W, sizeof(*irecv));
+	int64_t *keep = vps_calloc((size_t)W, sizeof(*keep)), *peers = vps_calloc((size_t)W, sizeof(*peers));
+	struct pair *pairs = vps_malloc((2 * p->npieces + 1) * sizeof(*pairs));
+	if (!send || !recv || !isend || !irecv || !keep || !peers || !pairs) {
+		rc = VPS_ENOMEM;
+		goto done;
+	}
+	size_t np = 0;
+	for (int64_t w = 0; w < W; w++) {
+		s->joining += vps_world_a_rank(p->world, w) < 0;
+		s->leaving += vps_world_b_rank(p->world, w) < 0;
+	}
+	for (size_t i = 0; i < p->npieces; i++) {
+		const struct vps_piece *x = &p->pieces[i];
+		int64_t bytes = vps_piece_bytes(x);
+		s->pieces++;
+		if (x->src == x->dst) {
+			s->retains++;
+			s->bytes_retained += bytes;
+			keep[x->dst] += bytes;
+			continue;
+		}
+		s->bytes_moved += bytes;
+		send[x->src] += bytes;
+		recv[x->dst] += bytes;
+		bool intra = vps_world_device(p->world, x->src).node == vps_world_device(p->world, x->dst).node;
+		if (intra) {
+			s->bytes_intra_node += bytes;
+		} else {
+			s->bytes_inter_node += bytes;
+			isend[x->src] += bytes;
+			irecv[x->dst] += bytes;
+		}
+		pairs[np++] = (struct pair){x->src, x->dst};
+		pairs[np++] = (struct pair){x->dst, x->src};
+	}
+	qsort(pairs, np, sizeof(*pairs), pair_cmp);
+	for (size_t i = 0; i < np; i++)
+		if (!i || pair_cmp(&pairs[i - 1], &pairs[i]))
+			peers[pairs[i].a]++;
+	for (int64_t w = 0; w < W; w++) {
+		s->max_send_bytes = vps_max64(s->max_send_bytes, send[w]);
+		s->max_recv_bytes = vps_max64(s->max_recv_bytes, recv[w]);
+		s->peers_max = vps_max64(s->peers_max, peers[w]);
+		int64_t lb;
+		VPS_CHECK_GOTO(lower_bound_of(p, w, &lb), rc, done);
+		s->bytes_lower_bound += lb;
+	}
+	VPS_CHECK_GOTO(balanced_send_bound(p, s->max_send_bytes, &s->balanced_send_bound), rc, done);
+	s->balanced_bound = vps_max64(s->balanced_send_bound, s->max_recv_bytes);
+	if (topo) {
+		/* Per device: NVLink and the NICs run at once, each direction at
+		 * full rate; local copies read and write memory. The busiest device
+		 * sets the time; each peer costs a message latency. */
+		double t = 0;
+		for (int64_t w = 0; w < W; w++) {
+			double intra = (double)vps_max64(send[w] - isend[w], recv[w] - irecv[w]) / topo->intra_node_bandwidth;
+			double inter = (double)vps_max64(isend[w], irecv[w]) / topo->inter_node_bandwidth;
+			double copy = 2.0 * (double)keep[w] / topo->memory_bandwidth;
+			double dev = fmax(fmax(intra, inter), copy) + topo->latency * (double)peers[w];
+			t = fmax(t, dev);
+		}
+		s->have_estimate = true;
+		s->estimate_seconds = t;
+	}
+	if (load) {
+		s->send = send;
+		s->recv = recv;
+		send = recv = NULL;
+	}
+done:
+	free(send);
+	free(recv);
+	free(isend);
+	free(irecv);
+	free(keep);
+	free(peers);
+	free(pairs);
+	return rc;
+}
+
+void vps_plan_stats_release(struct vps_plan_stats *s)
+{
+	free(s->send);
+	free(s->recv);
+	s->send = s->recv = NULL;
+}
+
+/* ---- topologies ---- */
+
+vps_result_t vps_topology_load(struct vps_topology *t, const char *arg, const char *search_path)
+{
+	char path[4096];
+	bool found = false;
+	memset(t, 0, sizeof(*t));
+	if (strchr(arg, '/') || strstr(arg, ".yaml")) {
+		snprintf(path, sizeof(path), "%s", arg);
+		found = true;
+	}
+	for (const char *s = search_path ? search_path : ""; *s && !found;) {
+		const char *colon = strchr(s, ':');
+		size_t dl = colon ? (size_t)(colon - s) : strlen(s);
+		snprintf(path, sizeof(path), "%.*s/%s.yaml", (int)dl, s, arg);
+		FILE *f = dl ? fopen(path, "r") : NULL;
+		if (f) {
+			fclose(f);
+			found = true;
+		}
+		s = colon ? colon + 1 : s + dl;
+	}
+	if (!found)
+		return vps_fail(VPS_EINPUT, "--topology: no topology named '%s'", arg);
+	struct vps_bytes b;
+	struct vps_reader *r = NULL;
+	VPS_CHECK(vps_read_file(path, &b));
+	vps_result_t rc = vps_reader_new(&r, path, b.data, b.len, VPS_DOC_TOPOLOGY);
+	const char *name = "";
+	if (!rc)
+		rc = vps_r_str(r, "name", &name);
+	if (!rc)
+		snprintf(t->name, sizeof(t->name), "%s", name);
+	if (!rc)
+		rc = vps_r_int(r, "gpus_per_node", &t->gpus_per_node, 1, 1 << 20);
+	if (!rc)
+		rc = vps_r_int(r, "gpu_memory", &t->gpu_memory, 1, INT64_MAX);
+	if (!rc)
+		rc = vps_r_double(r, "intra_node_bandwidth", &t->intra_node_bandwidth);
+	if (!rc)
+		rc = vps_r_double(r, "inter_node_bandwidth", &t->inter_node_bandwidth);
+	if (!rc)
+		rc = vps_r_double(r, "memory_bandwidth", &t->memory_bandwidth);
+	if (!rc)
+		rc = vps_r_double(r, "latency", &t->latency);
+	if (!rc && (t->intra_node_bandwidth <= 0 || t->inter_node_bandwidth <= 0 || t->memory_bandwidth <= 0 ||
+		    t->latency < 0))
+		rc = vps_r_error(r, NULL, "bandwidths must be positive and the latency not negative");
+	if (!rc)
+		rc = vps_reader_finish(r);
+	vps_reader_free(r);
+	vps_bytes_release(&b);
+	return rc;
+}

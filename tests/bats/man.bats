@@ -1,0 +1,151 @@
+#!/usr/bin/env bats
+# The man pages: they render without a warning, each tool has one, and it
+# documents exactly the options the tool has.
+
+load helpers
+
+# The text of a roff source with the escapes that can sit inside an option
+# name removed: \- is -, font changes and \& \% \| \^ go.
+plain() {
+	sed -e 's/\\-/-/g' -e 's/\\f\[[^]]*\]//g' -e 's/\\f(..//g' -e 's/\\f.//g' \
+		-e 's/\\[&%|^]//g'
+}
+
+# Lines of section $2 of page $1 (".SH NAME" or ".SH \"NAME\""), plain.
+section() {
+	awk -v want="$2" '
+		/^\.SH/ { s = $0; sub(/^\.SH[ \t]+/, "", s); gsub(/"/, "", s); on = (s == want); next }
+		on' "$1" | plain
+}
+
+# The tags of the entries of section OPTIONS (the line after each .TP),
+# one entry per line, plain.
+option_tags() {
+	awk '
+		/^\.SH/ { s = $0; sub(/^\.SH[ \t]+/, "", s); gsub(/"/, "", s); on = (s == "OPTIONS"); tag = 0; next }
+		on && tag { print; tag = 0; next }
+		on && /^\.TP/ { tag = 1 }' "$1" | plain
+}
+
+# The options named in standard input: -x or --word after the start of a
+# line, a blank, a bracket, a bar, a quote or a parenthesis. Not the - of
+# "vps-layout" or of "5-7".
+options_in() {
+	grep -oE '(^|[][[:space:]|"(])--?[A-Za-z][A-Za-z0-9-]*' | sed -E 's/^[^-]+//' | sort -u
+}
+
+# Every tool, by its source in cmd/.
+tools() {
+	local c
+	for c in "$TOP"/cmd/vps-*.c; do
+		[ -e "$c" ] || continue
+		c=${c##*/}
+		echo "${c%.c}"
+	done
+}
+
+@test "every man page renders with groff -ww without a warning" {
+	local f err n=0
+	for f in "$TOP"/man/*.[157]; do
+		[ -e "$f" ] || continue
+		n=$((n + 1))
+		if ! err=$(groff -ww -man -Tutf8 "$f" 2>&1 >/dev/null) || [ -n "$err" ]; then
+			echo "${f#"$TOP"/}: groff -ww -man -Tutf8 says:" >&2
+			echo "$err" >&2
+			return 1
+		fi
+	done
+	[ "$n" -ge 4 ] || { echo "only $n man pages in man/" >&2; return 1; }
+}
+
+@test "every tool in cmd/ has a man page in section 1" {
+	local t n=0
+	for t in $(tools); do
+		n=$((n + 1))
+		[ -f "$TOP/man/$t.1" ] || { echo "cmd/$t.c has no man/$t.1" >&2; return 1; }
+	done
+	[ "$n" -ge 2 ] || { echo "no tools found in cmd/" >&2; return 1; }
+}
+
+@test "every option of a tool's -h is in its page's SYNOPSIS and has an OPTIONS entry" {
+	local t page help synopsis tags opt bad=0
+	for t in $(tools); do
+		page=$TOP/man/$t.1
+		[ -f "$page" ] || continue
+		help=$("$t" -h) || { echo "$t -h failed" >&2; return 1; }
+		synopsis=$(section "$page" SYNOPSIS | options_in)
+		tags=$(option_tags "$page" | options_in)
+		[ -n "$(options_in <<<"$help")" ] || { echo "$t -h names no option" >&2; return 1; }
+		for opt in $(options_in <<<"$help"); do
+			if ! grep -qxF -- "$opt" <<<"$synopsis"; then
+				echo "man/$t.1: $opt (in $t -h) is missing from SYNOPSIS" >&2
+				bad=1
+			fi
+			if ! grep -qxF -- "$opt" <<<"$tags"; then
+				echo "man/$t.1: $opt (in $t -h) has no entry in OPTIONS" >&2
+				bad=1
+			fi
+		done
+	done
+	[ "$bad" -eq 0 ]
+}
+
+@test "every option a page documents exists in its tool's -h, and the tool accepts it" {
+	local t page help helpopts entry opts opt found out bad=0
+	for t in $(tools); do
+		page=$TOP/man/$t.1
+		[ -f "$page" ] || continue
+		help=$("$t" -h)
+		helpopts=$(options_in <<<"$help")
+		[ -n "$(option_tags "$page" | options_in)" ] || { echo "man/$t.1: OPTIONS documents no option" >&2; return 1; }
+		while IFS= read -r entry; do
+			opts=$(options_in <<<"$entry")
+			[ -n "$opts" ] || continue # a value such as tp=N inside an entry
+			found=0
+			for opt in $opts; do
+				grep -qxF -- "$opt" <<<"$helpopts" && found=1
+				# an option getopt does not know, even where -h names it
+				out=$("$t" "$opt" </dev/null 2>&1) || true
+				if grep -qE 'unrecognized option|invalid option|is ambiguous' <<<"$out"; then
+					echo "man/$t.1: $t does not accept $opt: $out" >&2
+					bad=1
+				fi
+			done
+			[ "$found" -eq 1 ] && continue
+			# -h and --version print the usage and the version rather than
+			# list themselves: check that they do
+			for opt in $opts; do
+				case $opt in
+				-h | --help)
+					out=$("$t" "$opt") && [ "$out" = "$help" ] && continue
+					echo "man/$t.1: $t $opt does not print the -h text" >&2 ;;
+				--version)
+					out=$("$t" "$opt") && [[ "$out" == "$t "[0-9]* ]] && continue
+					echo "man/$t.1: $t $opt does not print '$t VERSION'" >&2 ;;
+				*)
+					echo "man/$t.1: OPTIONS documents $opt, which $t -h does not name" >&2 ;;
+				esac
+				bad=1
+			done
+		done < <(option_tags "$page")
+	done
+	[ "$bad" -eq 0 ]
+}
+
+@test "every vps page a man page refers to exists" {
+	local f ref bad=0
+	for f in "$TOP"/man/*.[157]; do
+		[ -e "$f" ] || continue
+		# .BR vps\-layout (1) and vps\-layout(1) alike
+		for ref in $(plain <"$f" | sed -E 's/^\.[A-Z]+ +//; s/" *"//g; s/ +\(/(/g' |
+			grep -oE '\bvps(-[a-z]+)*\([1-9]\)' | sort -u); do
+			local name=${ref%%(*} sec=${ref##*(}
+			sec=${sec%)}
+			if [ ! -f "$TOP/man/$name.$sec" ]; then
+				echo "${f#"$TOP"/}: refers to $ref, which is not in man/" >&2
+				bad=1
+			fi
+		done
+	done
+	[ "$bad" -eq 0 ]
+}

@@ -1,0 +1,283 @@
+/* The planner: plans move the right bytes (simulated in memory, every
+ * element checked), a rank's own plan is the global plan restricted to it,
+ * and nothing already resident moves. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "vps/data.h"
+#include "vps/plan.h"
+
+static struct vps_layout *make(const char *model, const char *spec, int64_t gpn, int64_t first_node)
+{
+	struct vps_model m;
+	struct vps_parallel p;
+	struct vps_devices d;
+	struct vps_layout *l = NULL;
+	CHECK_OK(vps_model_load(&m, model, CONFIGS "/models"));
+	vps_parallel_init(&p);
+	CHECK_OK(vps_parallel_parse(&p, spec, "test"));
+	vps_devices_packed(&d, gpn, first_node);
+	CHECK_OK(vps_layout_new(&l, &m, &p, &d, "test"));
+	return l;
+}
+
+struct job {
+	const struct vps_layout *l;
+	struct vps_rank_view *views;
+	unsigned char ***bufs; /* [rank][buffer] */
+	int64_t n;
+};
+
+static void job_alloc(struct job *j, const struct vps_layout *l)
+{
+	j->l = l;
+	j->n = vps_layout_world(l);
+	j->views = calloc((size_t)j->n, sizeof(*j->views));
+	j->bufs = calloc((size_t)j->n, sizeof(*j->bufs));
+	for (int64_t r = 0; r < j->n; r++) {
+		CHECK_OK(vps_layout_rank(l, r, &j->views[r]));
+		j->bufs[r] = calloc(j->views[r].nbuffers + 1, sizeof(*j->bufs[r]));
+		for (size_t b = 0; b < j->views[r].nbuffers; b++)
+			j->bufs[r][b] = calloc((size_t)j->views[r].buffers[b].elements + 1,
+					       vps_dtype_size(j->views[r].buffers[b].dtype));
+	}
+}
+
+static void job_free(struct job *j)
+{
+	for (int64_t r = 0; r < j->n; r++) {
+		for (size_t b = 0; b < j->views[r].nbuffers; b++)
+			free(j->bufs[r][b]);
+		free(j->bufs[r]);
+		vps_rank_view_release(&j->views[r]);
+	}
+	free(j->views);
+	free(j->bufs);
+}
+
+static void job_fill(struct job *j)
+{
+	const struct vps_model *m = vps_layout_model(j->l);
+	for (int64_t r = 0; r < j->n; r++)
+		for (size_t i = 0; i < j->views[r].nregions; i++) {
+			const struct vps_region *g = &j->views[r].regions[i];
+			struct vps_tensor t;
+			vps_model_tensor(m, g->tensor, &t);
+			vps_fill_region(j->bufs[r][g->buffer], g, &t, 0);
+		}
+}
+
+/* Elements of B that are wrong, padding that is not zero. */
+static int64_t job_check(struct job *j)
+{
+	const struct vps_model *m = vps_layout_model(j->l);
+	int64_t bad = 0;
+	for (int64_t r = 0; r < j->n; r++) {
+		for (size_t i = 0; i < j->views[r].nregions; i++) {
+			const struct vps_region *g = &j->views[r].regions[i];
+			struct vps_tensor t;
+			vps_model_tensor(m, g->tensor, &t);
+			bad += vps_check_region(j->bufs[r][g->buffer], g, &t, 0);
+		}
+		/* padding: zero everywhere no region covers */
+		for (size_t b = 0; b < j->views[r].nbuffers; b++) {
+			int64_t el = j->views[r].buffers[b].elements;
+			size_t es = vps_dtype_size(j->views[r].buffers[b].dtype);
+			unsigned char *covered = calloc((size_t)el + 1, 1);
+			for (size_t i = 0; i < j->views[r].nregions; i++) {
+				const struct vps_region *g = &j->views[r].regions[i];
+				if (g->buffer != b)
+					continue;
+				int64_t first, end;
+				vps_region_extent(g, &first, &end);
+				memset(covered + first, 1, (size_t)(end - first));
+			}
+			for (int64_t e = 0; e < el; e++)
+				if (!covered[e])
+					for (size_t k = 0; k < es; k++)
+						bad += j->bufs[r][b][(size_t)e * es + k] != 0;
+			free(covered);
+		}
+	}
+	return bad;
+}
+
+static void apply(const struct vps_plan *p, struct job *a, struct job *b)
+{
+	for (size_t i = 0; i < p->npieces; i++) {
+		const struct vps_piece *x = &p->pieces[i];
+		int64_t ra = vps_world_a_rank(p->world, x->src), rb = vps_world_b_rank(p->world, x->dst);
+		CHECK(ra >= 0 && rb >= 0);
+		if (ra < 0 || rb < 0)
+			continue;
+		size_t es = vps_dtype_size(vps_state_dtype(x->state));
+		int64_t ext[VPS_MAX_DIMS];
+		for (int k = 0; k < x->box.ndim; k++)
+			ext[k] = x->box.hi[k] - x->box.lo[k];
+		vps_copy_strided(b->bufs[rb][x->dst_buffer] + (size_t)x->dst_offset * es, x->dst_strides,
+				 a->bufs[ra][x->src_buffer] + (size_t)x->src_offset * es, x->src_strides, ext, x->box.ndim,
+				 es);
+	}
+}
+
+static int piece_eq(const struct vps_piece *x, const struct vps_piece *y)
+{
+	return x->src == y->src && x->dst == y->dst && x->tensor == y->tensor && x->state == y->state &&
+	       vps_box_equal(&x->box, &y->box) && x->src_buffer == y->src_buffer && x->dst_buffer == y->dst_buffer &&
+	       x->src_offset == y->src_offset && x->dst_offset == y->dst_offset;
+}
+
+struct tcase {
+	const char *model, *from, *to;
+	int64_t gpn_a, first_a, gpn_b, first_b;
+};
+
+static void run_case(const struct tcase *c, bool per_rank)
+{
+	struct vps_layout *a = make(c->model, c->from, c->gpn_a, c->first_a);
+	struct vps_layout *b = make(c->model, c->to, c->gpn_b, c->first_b);
+	if (!a || !b)
+		return;
+	struct vps_plan_opts o = {.rank = -1};
+	struct vps_plan *p = NULL;
+	CHECK_OK(vps_plan_compute(&p, a, b, &o));
+	if (!p)
+		return;
+	struct job ja, jb;
+	job_alloc(&ja, p->a);
+	job_alloc(&jb, p->b);
+	job_fill(&ja);
+	apply(p, &ja, &jb);
+	int64_t bad = job_check(&jb);
+	if (bad)
+		harness_fail(__FILE__, __LINE__, "%s %s -> %s: %lld wrong elements", c->model, c->from, c->to,
+			     (long long)bad);
+	/* moved == the lower bound: nothing resident on its device moves */
+	struct vps_plan_stats s;
+	CHECK_OK(vps_plan_stats(p, NULL, false, &s));
+	if (s.bytes_moved != s.bytes_lower_bound)
+		harness_fail(__FILE__, __LINE__, "%s %s -> %s: moved %lld, lower bound %lld", c->model, c->from, c->to,
+			     (long long)s.bytes_moved, (long long)s.bytes_lower_bound);
+	vps_plan_stats_release(&s);
+	if (per_rank) {
+		int64_t W = vps_world_size(p->world);
+		for (int64_t r = 0; r < W; r++) {
+			struct vps_layout *a2 = make(c->model, c->from, c->gpn_a, c->first_a);
+			struct vps_layout *b2 = make(c->model, c->to, c->gpn_b, c->first_b);
+			struct vps_plan_opts ro = {.rank = r};
+			struct vps_plan *q = NULL;
+			CHECK_OK(vps_plan_compute(&q, a2, b2, &ro));
+			if (!q)
+				continue;
+			size_t k = 0, want = 0;
+			bool same = true;
+			for (size_t i = 0; i < p->npieces; i++) {
+				const struct vps_piece *x = &p->pieces[i];
+				if (x->src != r && x->dst != r)
+					continue;
+				want++;
+				if (k >= q->npieces || !piece_eq(x, &q->pieces[k]))
+					same = false;
+				k++;
+			}
+			if (!same || want != q->npieces)
+				harness_fail(__FILE__, __LINE__, "%s %s -> %s: rank %lld's plan (%zu pieces) differs from the "
+					     "global plan's (%zu)", c->model, c->from, c->to, (long long)r, q->npieces, want);
+			vps_plan_free(q);
+		}
+	}
+	job_free(&ja);
+	job_free(&jb);
+	vps_plan_free(p);
+}
+
+static const struct tcase cases[] = {
+	/* the paper's shapes, tiny */
+	{"tiny-llama", "tp=2,pp=2,dp=2,zero=1", "tp=4,pp=4,dp=1,zero=1", 8, 0, 8, 0},
+	{"tiny-llama", "tp=4,pp=4,dp=1,zero=1", "tp=2,pp=2,dp=2,zero=1", 8, 0, 8, 0},
+	{"tiny-llama", "tp=2,pp=2,dp=2,zero=1", "tp=4,pp=1,dp=2,zero=1", 8, 0, 8, 0},
+	{"tiny-llama", "tp=2,pp=4,dp=1,zero=1", "tp=2,pp=1,dp=4,zero=1", 8, 0, 8, 0},
+	{"tiny-llama", "tp=2,pp=2,dp=2,vpp=2,zero=1", "tp=1,pp=4,dp=2,vpp=2,zero=1", 8, 0, 8, 0},
+	{"tiny-llama", "tp=1,pp=2,dp=3,zero=1", "tp=2,pp=1,dp=3,zero=0,grad=0", 8, 0, 8, 0},
+	{"tiny-llama", "tp=2,pp=1,dp=3,zero=1,grad=1", "tp=1,pp=3,dp=2,first=2,last=2,zero=1,grad=1", 8, 0, 8, 0},
+	{"tiny-gpt", "tp=2,pp=2,dp=2,zero=1", "tp=4,pp=1,dp=2,zero=1", 8, 0, 8, 0},
+	{"tiny-gpt", "tp=4,pp=2,dp=1,zero=1", "tp=2,pp=4,dp=1,vpp=2,zero=1", 8, 0, 8, 0},
+	{"tiny-qwen3-moe", "tp=4,pp=2,dp=1,ep=4,etp=1,zero=1", "tp=2,pp=1,dp=4,ep=2,etp=1,zero=1", 8, 0, 8, 0},
+	{"tiny-qwen3-moe", "tp=2,pp=2,dp=2,ep=2,etp=2,zero=1", "tp=2,pp=2,dp=2,ep=4,etp=1,zero=1", 8, 0, 8, 0},
+	/* joins: 8 GPUs on node 0 -> 16 on nodes 0-1; leaves: the reverse */
+	{"tiny-llama", "tp=2,pp=2,dp=2,zero=1", "tp=4,pp=2,dp=2,zero=1", 8, 0, 8, 0},
+	{"tiny-qwen3-moe", "tp=2,pp=2,dp=4,ep=4,etp=1,zero=1", "tp=2,pp=2,dp=1,ep=2,etp=1,zero=1", 8, 0, 8, 0},
+	/* migration to other nodes, W = 12 */
+	{"tiny-gpt", "tp=2,pp=1,dp=3,zero=1", "tp=2,pp=1,dp=3,zero=1", 4, 0, 4, 1},
+	/* worlds that are not powers of two */
+	{"tiny-llama", "tp=1,pp=1,dp=5,zero=1", "tp=1,pp=1,dp=3,zero=1", 8, 0, 8, 0},
+	{"tiny-gpt", "tp=1,pp=2,dp=3,zero=1", "tp=2,pp=1,dp=5,zero=1", 3, 0, 3, 0},
+};
+
+TEST(plans_move_every_element_right)
+{
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		run_case(&cases[i], false);
+}
+
+TEST(a_ranks_plan_is_the_global_plan_restricted_to_it)
+{
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i += 3)
+		run_case(&cases[i], true);
+}
+
+TEST(joins_and_leaves_number_the_world)
+{
+	struct vps_layout *a = make("tiny-llama", "tp=2,pp=2,dp=2", 8, 0);
+	struct vps_layout *b = make("tiny-llama", "tp=2,pp=2,dp=4", 8, 1);
+	struct vps_world *w;
+	CHECK_OK(vps_world_new(&w, a, b));
+	/* A on node 0, B on nodes 1-2: nothing shared */
+	CHECK_EQ(vps_world_size(w), 24);
+	CHECK_EQ(vps_world_b_rank(w, 3), -1);
+	CHECK_EQ(vps_world_b_rank(w, 8), 0);
+	CHECK_EQ(vps_world_of_b(w, 15), 23);
+	CHECK_EQ(vps_world_device(w, 23).node, 2);
+	vps_world_free(w);
+	vps_layout_free(b);
+	b = make("tiny-llama", "tp=2,pp=2,dp=4", 8, 0);
+	CHECK_OK(vps_world_new(&w, a, b));
+	CHECK_EQ(vps_world_size(w), 16);
+	CHECK_EQ(vps_world_b_rank(w, 5), 5);
+	CHECK_EQ(vps_world_b_rank(w, 9), 9);
+	vps_world_free(w);
+	vps_layout_free(a);
+	vps_layout_free(b);
+}
+
+TEST(an_unchanged_layout_moves_nothing)
+{
+	struct vps_layout *a = make("tiny-qwen3-moe", "tp=2,pp=2,dp=2,ep=2,etp=1,zero=1", 8, 0);
+	struct vps_layout *b = make("tiny-qwen3-moe", "tp=2,pp=2,dp=2,ep=2,etp=1,zero=1", 8, 0);
+	struct vps_plan_opts o = {.rank = -1};
+	struct vps_plan *p;
+	CHECK_OK(vps_plan_compute(&p, a, b, &o));
+	for (size_t i = 0; i < p->npieces; i++)
+		CHECK_EQ(p->pieces[i].src, p->pieces[i].dst);
+	vps_plan_free(p);
+}
+
+TEST(training_state_splits_the_global_batch)
+{
+	struct vps_layout *a = make("tiny-llama", "tp=2,dp=4", 8, 0);
+	struct vps_layout *b = make("tiny-llama", "tp=2,dp=3", 8, 0);
+	struct vps_plan_opts o = {.rank = -1, .micro_batch_a = 4};
+	o.train.global_batch = 48;
+	struct vps_plan *p;
+	CHECK_OK(vps_plan_compute(&p, a, b, &o));
+	CHECK_EQ(p->train.dp, 3);
+	CHECK_EQ(p->train.micro_batch, 4);
+	CHECK_EQ(p->train.grad_accum, 4);
+	vps_plan_free(p);
+	a = make("tiny-llama", "tp=2,dp=4", 8, 0);
+	b = make("tiny-llama", "tp=1,dp=5", 8, 0);
+	CHECK(vps_plan_compute(&p, a, b, &o) == VPS_EINPUT);
+	vps_layout_free(a);
+	vps_layout_free(b);
+}
