@@ -28,7 +28,7 @@ LIB_SRC = $(wildcard lib/*.c)
 LIB_OBJ = $(LIB_SRC:lib/%.c=$(BUILDDIR)/lib/%.o)
 LIB = $(BUILDDIR)/libvps.a
 CMD_COMMON = $(BUILDDIR)/cmd/common.o
-TOOLS = vps-layout vps-verify
+TOOLS = vps-layout vps-plan vps-verify
 TOOL_BINS = $(TOOLS:%=$(BINDIR)/%)
 TEST_SRC = $(filter-out tests/unit/harness.c,$(wildcard tests/unit/test_*.c))
 TEST_BINS = $(TEST_SRC:tests/unit/%.c=$(BUILDDIR)/tests/%)
@@ -129,7 +129,9 @@ uninstall:
 	rm -f $(TOOLS:%=$(DESTDIR)$(PREFIX)/bin/%) $(DESTDIR)$(PREFIX)/lib/libvps.a \
 		$(DESTDIR)$(PREFIX)/lib/pkgconfig/vps.pc
 	rm -rf $(DESTDIR)$(PREFIX)/include/vps $(DESTDIR)$(PREFIX)/share/vps
-	rm -f $(notdir $(MAN1):%=$(DESTDIR)$(PREFIX)/share/man/man1/%)
+	rm -f $(addprefix $(DESTDIR)$(PREFIX)/share/man/man1/,$(notdir $(MAN1))) \
+		$(addprefix $(DESTDIR)$(PREFIX)/share/man/man5/,$(notdir $(MAN5))) \
+		$(addprefix $(DESTDIR)$(PREFIX)/share/man/man7/,$(notdir $(MAN7)))
 
 clean:
 	rm -rf $(BUILDDIR) build-asan $(BINDIR)

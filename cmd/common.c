@@ -17,12 +17,15 @@ int tool_fail(vps_result_t rc)
 
 int tool_usage_error(const char *fmt, ...)
 {
+	char msg[4096];
 	va_list ap;
-	fprintf(stderr, "%s: ", tool_name);
 	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	fputc('\n', stderr);
+	size_t n = strlen(msg);
+	while (n && msg[n - 1] == '\n')
+		msg[--n] = '\0';
+	fprintf(stderr, "%s: %s\n", tool_name, msg);
 	return EXIT_USAGE;
 }
 
@@ -37,7 +40,7 @@ int tool_finish(int status)
 
 const char *tool_config_path(const char *sub)
 {
-	static char buf[3 * PATH_MAX + 64];
+	static char buf[8 * PATH_MAX];
 	char exe[PATH_MAX] = "";
 	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
 	if (n > 0) {
@@ -46,12 +49,19 @@ const char *tool_config_path(const char *sub)
 		if (slash)
 			*slash = '\0';
 	}
+	size_t len = 0;
+	buf[0] = '\0';
+	/* each root of $VPS_CONFIG_PATH, then the build tree, then the install */
 	const char *env = getenv("VPS_CONFIG_PATH");
-	if (env && *env)
-		snprintf(buf, sizeof(buf), "%s/%s:%s/../configs/%s:%s/../share/vps/configs/%s", env, sub, exe, sub,
-			 exe, sub);
-	else
-		snprintf(buf, sizeof(buf), "%s/../configs/%s:%s/../share/vps/configs/%s", exe, sub, exe, sub);
+	for (const char *p = env ? env : ""; *p;) {
+		const char *colon = strchr(p, ':');
+		size_t dl = colon ? (size_t)(colon - p) : strlen(p);
+		if (dl && len < sizeof(buf))
+			len += (size_t)snprintf(buf + len, sizeof(buf) - len, "%.*s/%s:", (int)dl, p, sub);
+		p = colon ? colon + 1 : p + dl;
+	}
+	if (len < sizeof(buf))
+		snprintf(buf + len, sizeof(buf) - len, "%s/../configs/%s:%s/../share/vps/configs/%s", exe, sub, exe, sub);
 	return buf;
 }
 

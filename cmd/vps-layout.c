@@ -14,7 +14,22 @@ const char *tool_name = "vps-layout";
 static const char usage[] =
 	"usage: vps-layout --model MODEL [--parallel SPEC] [--gpus-per-node N] [--first-node K]\n"
 	"                  [--devices FILE] [--rank R]... [--stats] [--yaml] [-o FILE]\n"
-	"       vps-layout -i LAYOUT [--rank R]... [--stats] [--yaml] [-o FILE]\n";
+	"       vps-layout -i LAYOUT [--rank R]... [--stats] [--yaml] [-o FILE]\n"
+	"       vps-layout -h | --version\n"
+	"options:\n"
+	"  --model MODEL        model name (configs/models), vps model file or config.json\n"
+	"  --parallel SPEC      tp=,pp=,dp=,ep=,etp=,vpp=,zero=,first=,last=,bucket=,grad=\n"
+	"                       or a configuration name or file\n"
+	"  --gpus-per-node N    ranks packed N to a node (default 8)\n"
+	"  --first-node K       the first node of the packed ranks (default 0)\n"
+	"  --devices FILE       (node, gpu) of every rank\n"
+	"  -i, --input LAYOUT   read a layout instead of computing one\n"
+	"  --rank R             write rank R's sub-VPS (0,3,5-7 or all; repeatable)\n"
+	"  --stats              print statistics as YAML\n"
+	"  --yaml               write YAML instead of binary\n"
+	"  -o, --output FILE    write FILE (through a temporary and a rename)\n"
+	"  -h, --help           this text\n"
+	"  --version            the version\n";
 
 static void print_stats(const struct vps_layout *l, const struct vps_layout_stats *s, const int64_t *ranks,
 			size_t nranks)

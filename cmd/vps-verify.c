@@ -7,11 +7,18 @@
 #include "common.h"
 #include "vps/io.h"
 #include "vps/layout.h"
+#include "vps/plan.h"
 #include "vps/verify.h"
 
 const char *tool_name = "vps-verify";
 
-static const char usage[] = "usage: vps-verify [-q] FILE\n";
+static const char usage[] =
+	"usage: vps-verify [-q] FILE\n"
+	"       vps-verify -h | --version\n"
+	"options:\n"
+	"  -q, --quiet    print nothing when the check passes\n"
+	"  -h, --help     this text\n"
+	"  --version      the version\n";
 
 static int report(const char *name, const struct vps_verify_report *rep, bool quiet)
 {
@@ -62,6 +69,15 @@ int main(int argc, char **argv)
 		if (!rc) {
 			rc = vps_verify_layout(l, &rep);
 			vps_layout_free(l);
+		}
+		break;
+	}
+	case VPS_DOC_PLAN: {
+		struct vps_plan *p;
+		rc = vps_plan_parse(&p, name, b.data, b.len);
+		if (!rc) {
+			rc = vps_verify_plan(p, &rep);
+			vps_plan_free(p);
 		}
 		break;
 	}

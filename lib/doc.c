@@ -24,7 +24,7 @@ static const struct {
 	{VPS_DOC_STAGED, "staged", 1},   {VPS_DOC_REPORT, "report", 1},
 	{VPS_DOC_MODEL, "model", 1},     {VPS_DOC_DEVICES, "devices", 1},
 	{VPS_DOC_TOPOLOGY, "topology", 1}, {VPS_DOC_PARALLEL, "parallel", 1},
-	{VPS_DOC_BUDGETS, "budgets", 1},
+	{VPS_DOC_BUDGETS, "budgets", 1}, {VPS_DOC_TRANSITION, "transition", 1},
 };
 
 const char *vps_doc_kind_name(enum vps_doc_kind kind)
@@ -546,11 +546,15 @@ static vps_result_t open_binary(struct vps_reader *r, const unsigned char *d, si
 	if (kind && dkind != (unsigned)kind)
 		return vps_fail(VPS_EFORMAT, "%s: expected a binary %s document, found kind %u (%s)", r->name,
 				vps_doc_kind_name(kind), dkind, vps_doc_kind_name(dkind));
-	if (version == 0 || (int)version > vps_doc_version(dkind))
+	if (version == 0)
+		return vps_fail(VPS_EFORMAT, "%s: corrupt header: version 0", r->name);
+	if ((int)version > vps_doc_version(dkind))
 		return vps_fail(VPS_EFORMAT, "%s: %s version %u is newer than this build reads (%d)", r->name,
 				vps_doc_kind_name(dkind), version, vps_doc_version(dkind));
-	if (flags != 0 || d[12] || d[13] || d[14] || d[15])
+	if (flags != 0)
 		return vps_fail(VPS_EFORMAT, "%s: unknown header flags 0x%08x", r->name, flags);
+	if (d[12] || d[13] || d[14] || d[15])
+		return vps_fail(VPS_EFORMAT, "%s: corrupt header: reserved bytes are not zero", r->name);
 	const unsigned char *frame = d + VPS_DOC_HEADER_SIZE;
 	size_t flen = len - VPS_DOC_HEADER_SIZE;
 	/* Frame_Header_Descriptor (RFC 8878 3.1.1.1.1): bit 2 is the
@@ -911,8 +915,22 @@ enum vps_doc_kind vps_doc_sniff(const void *data, size_t len)
 	if (vps_is_binary(data, len))
 		return len >= 6 ? (enum vps_doc_kind)(d[4] | d[5] << 8) : 0;
 	/* The writer puts `vps: KIND` first; people may not, so scan the first
-	 * lines for it. */
+	 * lines for it (or for "vps": "KIND" in JSON). */
 	size_t lim = len < 4096 ? len : 4096;
+	for (size_t i = 0; i + 6 < lim; i++) {
+		if (memcmp(d + i, "\"vps\"", 5) != 0)
+			continue;
+		size_t j = i + 5;
+		while (j < lim && (d[j] == ' ' || d[j] == ':' || d[j] == '\t'))
+			j++;
+		if (j < lim && d[j] == '"') {
+			char name[32] = {0};
+			size_t k = 0;
+			for (j++; j < lim && k < sizeof(name) - 1 && d[j] != '"'; j++)
+				name[k++] = (char)d[j];
+			return kind_from_name(name);
+		}
+	}
 	for (size_t i = 0; i + 5 < lim; i++) {
 		if ((i == 0 || d[i - 1] == '\n') && memcmp(d + i, "vps:", 4) == 0) {
 			size_t j = i + 4;

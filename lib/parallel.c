@@ -22,8 +22,8 @@ struct pkey {
 #define PK(f, lo, hi) {#f, offsetof(struct vps_parallel, f), lo, hi}
 static const struct pkey pkeys[] = {
 	PK(tp, 1, 1 << 20), PK(pp, 1, 1 << 20), PK(dp, 1, 1 << 24), PK(ep, 1, 1 << 20),
-	PK(etp, 1, 1 << 20), PK(vpp, 1, 1 << 10), PK(zero, 0, 1), PK(first, 1, 1 << 20),
-	PK(last, 1, 1 << 20),
+	PK(etp, 0, 1 << 20), PK(vpp, 1, 1 << 10), PK(zero, 0, 1), PK(first, 0, 1 << 20),
+	PK(last, 0, 1 << 20),
 };
 
 static int64_t *pfield(struct vps_parallel *p, const struct pkey *k)
@@ -94,8 +94,7 @@ vps_result_t vps_parallel_read(struct vps_reader *r, const char *key, struct vps
 	for (size_t i = 0; i < sizeof(pkeys) / sizeof(pkeys[0]); i++) {
 		const struct pkey *k = &pkeys[i];
 		int64_t def = *pfield(p, k);
-		/* 0 means "not set" for etp, first and last */
-		VPS_CHECK(vps_r_int_opt(r, k->name, pfield(p, k), def == 0 ? 0 : k->min, k->max, def));
+		VPS_CHECK(vps_r_int_opt(r, k->name, pfield(p, k), k->min, k->max, def));
 	}
 	const char *b;
 	VPS_CHECK(vps_r_str_opt(r, "bucket", &b, "0"));
@@ -346,7 +345,11 @@ vps_result_t vps_devices_copy(struct vps_devices *dst, const struct vps_devices 
 		return VPS_ENOMEM;
 	}
 	memcpy(dst->list, src->list, (size_t)src->n * sizeof(*src->list));
-	memcpy(dst->order, src->order, (size_t)src->n * sizeof(*src->order));
+	if (src->order)
+		memcpy(dst->order, src->order, (size_t)src->n * sizeof(*src->order));
+	else
+		for (int64_t i = 0; i < src->n; i++)
+			dst->order[i] = i; /* vps_devices_validate sorts it */
 	return VPS_OK;
 }
 

@@ -21,7 +21,11 @@
 #include "internal.h"
 #include "vps/plan.h"
 
-#define SPLIT_MAX 4
+/* A piece with several replicas as sources is cut in up to this many parts,
+ * each from another replica: every replica then carries an equal share of
+ * every destination, whatever other duty it has. */
+#define SPLIT_MIN 4
+#define SPLIT_MAX 16
 #define SPLIT_MIN_BYTES ((int64_t)256 << 10)
 #define NODE_RANKS_MAX 256
 
@@ -147,11 +151,12 @@ static void group_member(const struct vps_holders *h, const struct group *g, int
 	*holder = g->first;
 }
 
+/* Parts of a piece with k candidate sources and n destinations needing it:
+ * at least SPLIT_MIN, and enough that the n destinations together reach
+ * all k sources. */
 static int64_t split_parts(int64_t k, int64_t n)
 {
-	int64_t m = vps_ceil_div(k, n);
-	if (m < 1)
-		m = 1;
+	int64_t m = vps_max64(SPLIT_MIN, vps_ceil_div(k, n));
 	return vps_min64(vps_min64(m, k), SPLIT_MAX);
 }
 

@@ -2,6 +2,7 @@
 #include <stdio.h>
 
 #include "internal.h"
+#include "vps/plan.h"
 #include "vps/verify.h"
 
 void vps_verify_report_release(struct vps_verify_report *r)
@@ -425,5 +426,216 @@ vps_result_t vps_verify_layout(const struct vps_layout *l, struct vps_verify_rep
 		 m->name, world, ntensors, nstates, nregions, logical ? (double)replicas / (double)logical : 0.0);
 done:
 	free(held);
+	return rc;
+}
+
+/* ---- plans ---- */
+
+struct view_index {
+	struct vps_rank_view v;
+	uint32_t *order; /* regions sorted by (tensor, state) */
+	bool ready;
+};
+
+static const struct vps_rank_view *idx_view;
+static int order_cmp(const void *p, const void *q)
+{
+	const struct vps_region *x = &idx_view->regions[*(const uint32_t *)p],
+				*y = &idx_view->regions[*(const uint32_t *)q];
+	if (x->tensor != y->tensor)
+		return x->tensor < y->tensor ? -1 : 1;
+	if (x->state != y->state)
+		return x->state < y->state ? -1 : 1;
+	return *(const uint32_t *)p < *(const uint32_t *)q ? -1 : 1;
+}
+
+static vps_result_t view_get(const struct vps_layout *l, struct view_index *cache, int64_t rank,
+			     struct view_index **out)
+{
+	struct view_index *vi = &cache[rank];
+	if (!vi->ready) {
+		VPS_CHECK(vps_layout_rank(l, rank, &vi->v));
+		vi->order = vps_malloc((vi->v.nregions + 1) * sizeof(*vi->order));
+		if (!vi->order)
+			return VPS_ENOMEM;
+		for (size_t i = 0; i < vi->v.nregions; i++)
+			vi->order[i] = (uint32_t)i;
+		idx_view = &vi->v;
+		qsort(vi->order, vi->v.nregions, sizeof(*vi->order), order_cmp);
+		vi->ready = true;
+	}
+	*out = vi;
+	return VPS_OK;
+}
+
+static void views_free(struct view_index *c, int64_t n)
+{
+	for (int64_t i = 0; c && i < n; i++) {
+		free(c[i].order);
+		vps_rank_view_release(&c[i].v);
+	}
+	free(c);
+}
+
+/* The region of (tensor, state) holding box at the given addressing, or -1. */
+static int64_t find_holding(const struct view_index *vi, uint32_t tensor, int state, const struct vps_box *box,
+			    uint32_t buffer, int64_t offset, const int64_t *strides)
+{
+	size_t lo = 0, hi = vi->v.nregions;
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		const struct vps_region *r = &vi->v.regions[vi->order[mid]];
+		if (r->tensor < tensor || (r->tensor == tensor && r->state < state))
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	for (size_t i = lo; i < vi->v.nregions; i++) {
+		const struct vps_region *r = &vi->v.regions[vi->order[i]];
+		if (r->tensor != tensor || r->state != state)
+			break;
+		if (r->buffer != buffer || !vps_box_contains(&r->box, box) ||
+		    vps_region_offset_at(r, box->lo) != offset)
+			continue;
+		bool same = true;
+		for (int k = 0; k < box->ndim; k++)
+			if (box->hi[k] - box->lo[k] > 1 && r->strides[k] != strides[k])
+				same = false;
+		if (same)
+			return vi->order[i];
+	}
+	return -1;
+}
+
+struct cover {
+	int64_t rb;
+	int64_t region;
+	size_t piece;
+};
+
+static int cover_cmp(const void *p, const void *q)
+{
+	const struct cover *x = p, *y = q;
+	if (x->rb != y->rb)
+		return x->rb < y->rb ? -1 : 1;
+	if (x->region != y->region)
+		return x->region < y->region ? -1 : 1;
+	return x->piece < y->piece ? -1 : x->piece > y->piece;
+}
+
+static void piece_str(const struct vps_model *m, const struct vps_piece *x, char *buf, size_t n)
+{
+	struct vps_tensor t;
+	char name[256], bs[160];
+	vps_model_tensor(m, x->tensor, &t);
+	vps_tensor_name(&t, name, sizeof(name));
+	box_str(&x->box, bs, sizeof(bs));
+	snprintf(buf, n, "%s %s %s", name, vps_state_name(x->state), bs);
+}
+
+vps_result_t vps_verify_plan(const struct vps_plan *p, struct vps_verify_report *rep)
+{
+	vps_result_t rc = VPS_OK;
+	const struct vps_model *m = vps_layout_model(p->a);
+	int64_t W = vps_world_size(p->world), wa = vps_layout_world(p->a), wb = vps_layout_world(p->b);
+	memset(rep, 0, sizeof(*rep));
+	if (p->file_hash && p->file_hash != vps_plan_hash(p))
+		vps_verify_add(rep, "the plan states hash 0x%016" PRIx64 " but its content hashes to 0x%016" PRIx64,
+			       p->file_hash, vps_plan_hash(p));
+	struct view_index *va = vps_calloc((size_t)wa, sizeof(*va)), *vb = vps_calloc((size_t)wb, sizeof(*vb));
+	struct cover *cov = vps_malloc((p->npieces + 1) * sizeof(*cov));
+	struct vps_box *boxes = NULL;
+	size_t ncov = 0, capb = 0;
+	int64_t moved = 0, retains = 0;
+	char ps[512];
+	if (!va || !vb || !cov) {
+		rc = VPS_ENOMEM;
+		goto done;
+	}
+	for (size_t i = 0; i < p->npieces; i++) {
+		const struct vps_piece *x = &p->pieces[i];
+		struct view_index *vi;
+		piece_str(m, x, ps, sizeof(ps));
+		if (x->src == x->dst)
+			retains++;
+		else
+			moved += vps_piece_bytes(x);
+		if (p->scope >= 0 && x->src != p->scope && x->dst != p->scope)
+			vps_verify_add(rep, "piece %zu (%s, %" PRId64 " -> %" PRId64 ") does not involve rank %" PRId64
+				       ", the plan's scope", i, ps, x->src, x->dst, p->scope);
+		int64_t ra = vps_world_a_rank(p->world, x->src), rb = vps_world_b_rank(p->world, x->dst);
+		if (ra < 0) {
+			vps_verify_add(rep, "piece %zu (%s): source %" PRId64 " is a joining device, it holds nothing", i, ps,
+				       x->src);
+		} else {
+			VPS_CHECK_GOTO(view_get(p->a, va, ra, &vi), rc, done);
+			if (find_holding(vi, x->tensor, x->state, &x->box, x->src_buffer, x->src_offset, x->src_strides) < 0)
+				vps_verify_add(rep,
+					       "piece %zu (%s): source %" PRId64 " does not hold it at buffer %u offset %" PRId64
+					       " under the source layout",
+					       i, ps, x->src, x->src_buffer, x->src_offset);
+		}
+		if (rb < 0) {
+			vps_verify_add(rep, "piece %zu (%s): destination %" PRId64 " is a leaving device", i, ps, x->dst);
+			continue;
+		}
+		VPS_CHECK_GOTO(view_get(p->b, vb, rb, &vi), rc, done);
+		int64_t reg = find_holding(vi, x->tensor, x->state, &x->box, x->dst_buffer, x->dst_offset, x->dst_strides);
+		if (reg < 0) {
+			vps_verify_add(rep,
+				       "piece %zu (%s): destination %" PRId64 " has no region for it at buffer %u offset %" PRId64
+				       " (padding or a wrong address)",
+				       i, ps, x->dst, x->dst_buffer, x->dst_offset);
+			continue;
+		}
+		cov[ncov++] = (struct cover){rb, reg, i};
+	}
+	qsort(cov, ncov, sizeof(*cov), cover_cmp);
+	/* every destination region in scope covered exactly once */
+	size_t c = 0;
+	for (int64_t d = 0; d < W; d++) {
+		if (p->scope >= 0 && d != p->scope)
+			continue;
+		int64_t rb = vps_world_b_rank(p->world, d);
+		if (rb < 0)
+			continue;
+		struct view_index *vi;
+		VPS_CHECK_GOTO(view_get(p->b, vb, rb, &vi), rc, done);
+		c = 0;
+		while (c < ncov && cov[c].rb < rb)
+			c++;
+		for (size_t r = 0; r < vi->v.nregions; r++) {
+			const struct vps_region *R = &vi->v.regions[r];
+			size_t n = 0;
+			int64_t sum = 0;
+			while (c < ncov && cov[c].rb == rb && cov[c].region < (int64_t)r)
+				c++;
+			while (c < ncov && cov[c].rb == rb && cov[c].region == (int64_t)r) {
+				VPS_CHECK_GOTO(VPS_GROW(boxes, capb, n + 1), rc, done);
+				boxes[n++] = p->pieces[cov[c].piece].box;
+				sum += vps_box_volume(&p->pieces[cov[c].piece].box);
+				c++;
+			}
+			int64_t vol = vps_box_volume(&R->box), gap = vps_boxes_uncovered(boxes, n, &R->box);
+			if (gap || sum != vol) {
+				struct vps_piece fake = {.tensor = R->tensor, .state = R->state, .box = R->box};
+				piece_str(m, &fake, ps, sizeof(ps));
+				if (gap)
+					vps_verify_add(rep, "rank %" PRId64 ": %s: %" PRId64 " elements are received from no one", d,
+						       ps, gap);
+				if (sum + gap != vol)
+					vps_verify_add(rep, "rank %" PRId64 ": %s: %" PRId64 " elements are received more than once",
+						       d, ps, sum + gap - vol);
+			}
+		}
+	}
+	snprintf(rep->summary, sizeof(rep->summary),
+		 "%s: %s plan over %" PRId64 " world ranks, %zu pieces (%" PRId64 " retains), %" PRId64 " bytes moved", m->name,
+		 p->scope < 0 ? "global" : "one rank's", W, p->npieces, retains, moved);
+done:
+	views_free(va, wa);
+	views_free(vb, wb);
+	free(cov);
+	free(boxes);
 	return rc;
 }

@@ -14,6 +14,7 @@ enum vps_doc_kind {
 	VPS_DOC_TOPOLOGY = 7,
 	VPS_DOC_PARALLEL = 8,
 	VPS_DOC_BUDGETS = 9,
+	VPS_DOC_TRANSITION = 10,
 };
 
 const char *vps_doc_kind_name(enum vps_doc_kind kind);

@@ -12,7 +12,7 @@
 struct vps_parallel {
 	int64_t tp, pp, dp;
 	int64_t ep;      /* expert parallel */
-	int64_t etp;     /* expert tensor parallel; 0 in a spec means "= tp" */
+	int64_t etp;     /* expert tensor parallel; 0 means "= tp" (Megatron's default) */
 	int64_t vpp;     /* virtual pipeline chunks per stage */
 	int64_t zero;    /* 0, or 1: distributed optimizer over DP */
 	int64_t first;   /* layers on the first stage, 0: not set */

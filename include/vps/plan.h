@@ -127,6 +127,19 @@ vps_result_t vps_plan_stats(const struct vps_plan *p, const struct vps_topology 
 			    struct vps_plan_stats *s);
 void vps_plan_stats_release(struct vps_plan_stats *s);
 
+/* ---- transitions: a model and two configurations (configs/transitions) ---- */
+struct vps_transition {
+	char name[128];
+	char description[256];
+	double paper_seconds; /* the paper's measured switch time, 0 if none */
+};
+/* Build layouts A and B from a transition document: name (looked up in
+ * trans_path) or path. Models and parallel configurations it names are
+ * looked up in model_path and parallel_path. */
+vps_result_t vps_transition_load(const char *arg, const char *trans_path, const char *model_path,
+				 const char *parallel_path, struct vps_transition *info, struct vps_layout **a,
+				 struct vps_layout **b);
+
 /* ---- files ---- */
 struct vps_bytes;
 vps_result_t vps_plan_serialize(const struct vps_plan *p, bool yaml, struct vps_bytes *out);

@@ -24,6 +24,13 @@ void vps_verify_report_release(struct vps_verify_report *r);
  * @return VPS_OK (report filled; violations may be > 0) or an error. */
 vps_result_t vps_verify_layout(const struct vps_layout *l, struct vps_verify_report *rep);
 
+struct vps_plan;
+/* Check a plan: its content matches its stated hash; every piece's source
+ * holds the box under A at the stated address and its destination has a B
+ * region for it at the stated address; every destination region in the
+ * plan's scope is covered exactly once. */
+vps_result_t vps_verify_plan(const struct vps_plan *p, struct vps_verify_report *rep);
+
 /* Append a violation message (printf-style) to the report. */
 void vps_verify_add(struct vps_verify_report *rep, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# One rank's plan for Qwen3-235B-A22B (4,8,4,16) -> (8,16,1,8) at the paper's
+# 128 ranks, next to the same transition with DP grown to 16,384 ranks
+# ((4,8,512,16) -> (8,16,128,8)). Whole-process time of vps-plan --rank.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+make -s all
+t=$(mktemp -d)
+trap 'rm -rf "$t"' EXIT
+M=qwen3-235b-a22b
+A=tp=4,pp=8,ep=16,etp=1,first=11,last=11,zero=1
+B=tp=8,pp=16,ep=8,etp=1,first=5,last=5,zero=1
+bin/vps-layout --model $M --parallel $A,dp=4 -o "$t/a128"
+bin/vps-layout --model $M --parallel $B,dp=1 -o "$t/b128"
+bin/vps-layout --model $M --parallel $A,dp=512 -o "$t/a16k"
+bin/vps-layout --model $M --parallel $B,dp=128 -o "$t/b16k"
+R128=${R128:-77} R16K=${R16K:-9877}
+hyperfine -N --warmup 3 --runs "${RUNS:-20}" --export-markdown "${OUT:-/dev/stdout}" \
+	"bin/vps-plan $t/a128 $t/b128 --rank $R128 -o /dev/null" \
+	"bin/vps-plan $t/a16k $t/b16k --rank $R16K -o /dev/null"

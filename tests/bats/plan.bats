@@ -1,0 +1,93 @@
+#!/usr/bin/env bats
+# vps-plan as a user runs it.
+
+load helpers
+
+stat() { # key from a --stats listing in $output
+	awk -v k="$1:" '$1 == k { print $2 }' <<<"$output"
+}
+
+@test "every paper transition moves exactly the lower bound, balanced within 1.10" {
+	for f in "$TOP"/configs/transitions/*.yaml; do
+		n=$(basename "$f" .yaml)
+		expect_status 0 vps-plan --transition "$n" --stats
+		[ "$(stat moved_over_lower_bound)" = "1.000" ] || { echo "$n: moved/lower $(stat moved_over_lower_bound)"; return 1; }
+		[ "$(stat bytes_moved)" = "$(stat bytes_lower_bound)" ]
+		# expert-parallel-only changes prefer an NVLink-local replica over an
+		# idle remote one (docs/BENCHMARKS.md); every other paper transition
+		# keeps its busiest device within 10% of the balanced bound
+		case "$n" in *-ep[0-9]*-ep[0-9]*) continue ;; esac
+		awk -v r="$(stat busiest_over_bound)" -v n="$n" 'BEGIN { if (r > 1.10) { print n ": busiest/bound " r; exit 1 } }'
+	done
+}
+
+@test "a plan verifies; a rank's plan verifies; the pipeline reads -" {
+	vps-layout --model tiny-qwen3-moe --parallel tp=2,pp=2,dp=2,ep=2,etp=1,zero=1 -o a.layout
+	vps-layout --model tiny-qwen3-moe --parallel tp=4,pp=1,dp=3,ep=4,etp=1,zero=1 -o b.layout
+	vps-plan a.layout b.layout -o ab.plan
+	expect_status 0 vps-verify ab.plan
+	[[ "$output" == "ab.plan: ok: tiny-qwen3-moe: global plan over 12 world ranks, "* ]]
+	vps-layout -i a.layout | vps-plan - b.layout --rank 9 | vps-verify -q -
+	vps-plan a.layout b.layout --rank 11 --stats > r11.txt
+	grep -q '^a_rank: -1$' r11.txt   # rank 11 joins
+}
+
+@test "a rank's plan is the global plan's pieces that involve it" {
+	vps-layout --model tiny-llama --parallel tp=2,pp=2,dp=2,zero=1 -o a.layout
+	vps-layout --model tiny-llama --parallel tp=4,pp=2,dp=1,zero=1 --gpus-per-node 4 -o b.layout
+	vps-plan a.layout b.layout --yaml -o all.yaml
+	for r in 0 5 9; do
+		vps-plan a.layout b.layout --rank $r --yaml -o r.yaml
+		n_global=$(awk -v r=$r '/^- src: / { s = $3 } /^  dst: / { if (s == r || $2 == r) n++ } END { print n + 0 }' all.yaml)
+		n_rank=$(grep -c '^- src: ' r.yaml)
+		[ "$n_global" = "$n_rank" ] || { echo "rank $r: $n_rank pieces, global has $n_global"; return 1; }
+	done
+}
+
+@test "an edited plan fails verification with the piece named" {
+	vps-layout --model tiny-llama --parallel tp=2,dp=2,zero=1 -o a.layout
+	vps-layout --model tiny-llama --parallel tp=1,dp=4,zero=1 -o b.layout
+	vps-plan a.layout b.layout --yaml -o p.yaml
+	# send the first moved piece from the wrong offset
+	awk '/^  src_offset:/ && !done { sub(/[0-9]+$/, $2 + 64); done = 1 } { print }' p.yaml > bad.yaml
+	expect_status 1 vps-verify bad.yaml
+	[[ "$output" == *"the plan states hash"* ]]
+	[[ "$output" == *"does not hold it at buffer"* ]]
+	[[ "${lines[-1]}" == "bad.yaml: FAILED: "* ]]
+	# drop one piece: its elements are received from no one
+	awk 'BEGIN { skip = 0 } /^- src:/ { n++; skip = (n == 3) } !skip { print }' p.yaml > gap.yaml
+	expect_status 1 vps-verify gap.yaml
+	[[ "$output" == *"elements are received from no one"* ]]
+}
+
+@test "the training state splits the global batch over the new data parallelism" {
+	vps-layout --model tiny-llama --parallel tp=2,dp=4 -o a.layout
+	vps-layout --model tiny-llama --parallel tp=2,dp=3 -o b.layout
+	vps-plan a.layout b.layout --global-batch 96 --micro-batch-before 8 --step 1000 --consumed-samples 96000 --yaml -o p.yaml
+	grep -A8 '^training:' p.yaml > t.txt
+	grep -q 'micro_batch: 8' t.txt
+	grep -q 'grad_accum: 4' t.txt
+	grep -q 'consumed_samples: 96000' t.txt
+	expect_status 2 vps-plan a.layout b.layout --global-batch 100
+	[[ "$output" == *"--global-batch: 100 samples do not split over dp=3 of the target"* ]]
+}
+
+@test "bad input exits 2 with a message" {
+	vps-layout --model tiny-llama -o a.layout
+	vps-layout --model tiny-gpt -o b.layout
+	expect_status 2 vps-plan a.layout b.layout
+	[ "$output" = "vps-plan: the layouts are of different models (tiny-llama, tiny-gpt)" ]
+	expect_status 2 vps-plan a.layout a.layout --rank 8
+	[[ "$output" == *"--rank: 8 is outside the transition world of 1 ranks"* ]]
+	expect_status 2 vps-plan --transition no-such-thing
+	[[ "$output" == *"no transition named 'no-such-thing'"* ]]
+	expect_status 2 vps-plan a.layout
+	[[ "${lines[0]}" == "vps-plan: expected two layouts or --transition NAME" ]]
+}
+
+@test "an estimate on a topology" {
+	expect_status 0 vps-plan --transition llama2-7b-s1-s2 --stats --topology a800-testbed
+	[ "$(stat topology)" = "a800-testbed" ]
+	[ "$(stat joining)" = "8" ]
+	awk -v e="$(stat estimate_seconds)" 'BEGIN { exit !(e > 0.1 && e < 2) }'
+}
