@@ -28,7 +28,7 @@ LIB_SRC = $(wildcard lib/*.c)
 LIB_OBJ = $(LIB_SRC:lib/%.c=$(BUILDDIR)/lib/%.o)
 LIB = $(BUILDDIR)/libvps.a
 CMD_COMMON = $(BUILDDIR)/cmd/common.o
-TOOLS = vps-layout vps-plan vps-verify
+TOOLS = vps-layout vps-plan vps-stage vps-verify
 TOOL_BINS = $(TOOLS:%=$(BINDIR)/%)
 TEST_SRC = $(filter-out tests/unit/harness.c,$(wildcard tests/unit/test_*.c))
 TEST_BINS = $(TEST_SRC:tests/unit/%.c=$(BUILDDIR)/tests/%)

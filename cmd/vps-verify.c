@@ -8,6 +8,7 @@
 #include "vps/io.h"
 #include "vps/layout.h"
 #include "vps/plan.h"
+#include "vps/stage.h"
 #include "vps/verify.h"
 
 const char *tool_name = "vps-verify";
@@ -78,6 +79,15 @@ int main(int argc, char **argv)
 		if (!rc) {
 			rc = vps_verify_plan(p, &rep);
 			vps_plan_free(p);
+		}
+		break;
+	}
+	case VPS_DOC_STAGED: {
+		struct vps_staged *st;
+		rc = vps_staged_parse(&st, name, b.data, b.len);
+		if (!rc) {
+			rc = vps_verify_staged(st, &rep);
+			vps_staged_free(st);
 		}
 		break;
 	}

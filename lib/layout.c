@@ -669,6 +669,29 @@ static uint32_t buffer_index(const struct vps_layout *l, int64_t stage, int64_t 
 	return UINT32_MAX;
 }
 
+int64_t vps_layout_buffer_elements(const struct vps_layout *l, int64_t rank, uint32_t buffer)
+{
+	const struct vps_rank_view *ex = find_explicit(l, rank);
+	if (ex)
+		return buffer < ex->nbuffers ? ex->buffers[buffer].elements : -1;
+	struct vps_coords c;
+	vps_layout_coords(l, rank, &c);
+	int nstates = vps_layout_nstates(l);
+	uint32_t idx = 0;
+	for (int64_t ch = 0; ch < l->p.vpp; ch++)
+		for (int g = 0; g < 2; g++) {
+			const struct tmpl *tm = tmpl_at(l, c.pp, ch, g);
+			if (!tm->n)
+				continue;
+			if (buffer < idx + (uint32_t)nstates) {
+				int st = (int)(buffer - idx);
+				return vps_layout_state_sharded(l, st) ? tm->shard_elements : tm->elements;
+			}
+			idx += (uint32_t)nstates;
+		}
+	return -1;
+}
+
 vps_result_t vps_layout_holders(const struct vps_layout *l, uint32_t tensor, int state, const struct vps_box *box,
 				struct vps_holders *h)
 {

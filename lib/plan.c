@@ -27,6 +27,11 @@
 #define SPLIT_MIN 4
 #define SPLIT_MAX 16
 #define SPLIT_MIN_BYTES ((int64_t)256 << 10)
+/* Up to this many B replicas of a region, a destination rotates by its index
+ * among the replicas that hold none of the region under A (the ones that
+ * really receive); above, by its index among all replicas (O(1), no
+ * enumeration, for worlds grown by data parallelism). */
+#define EXACT_REPLICAS 64
 #define NODE_RANKS_MAX 256
 
 struct boxes {
@@ -160,8 +165,42 @@ static int64_t split_parts(int64_t k, int64_t n)
 	return vps_min64(vps_min64(m, k), SPLIT_MAX);
 }
 
-/* Index of B rank rb among the B replicas of region r: (i, n). */
-static vps_result_t replica_index(struct ctx *c, int64_t rb, const struct vps_region *r, int64_t *i, int64_t *n)
+/* Tensor-parallel rank of A whose holders a destination prefers: the first
+ * A rank whose slice overlaps the destination's B slice. Tensors every TP
+ * rank holds (norms, row-parallel biases) are then taken from the same A
+ * rank as their split neighbours, so consecutive copies merge. */
+static int64_t preferred_tp(const struct ctx *c, uint32_t tensor, int64_t rb, int64_t *T)
+{
+	struct vps_tensor t;
+	struct vps_coords cb;
+	vps_model_tensor(vps_layout_model(c->a), tensor, &t);
+	vps_layout_coords(c->b, rb, &cb);
+	const struct vps_parallel *pa = vps_layout_parallel(c->a), *pb = vps_layout_parallel(c->b);
+	int64_t ta = t.is_expert ? pa->etp : pa->tp, tb = t.is_expert ? pb->etp : pb->tp;
+	*T = ta;
+	return (t.is_expert ? cb.etp : cb.tp) * ta / tb;
+}
+
+/* Stable partition of holders [0, n) putting those of A tensor-parallel rank
+ * want first. @return how many there are, or n when none is. */
+static size_t prefer(struct vps_holder *v, size_t n, int64_t T, int64_t want)
+{
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++)
+		if (v[i].base % T == want) {
+			struct vps_holder h = v[i];
+			memmove(&v[k + 1], &v[k], (i - k) * sizeof(*v));
+			v[k++] = h;
+		}
+	return k ? k : n;
+}
+
+/* Index of B rank rb among the B replicas of region r: (i, n), and the
+ * first replica's rank (base), which shifts the rotation so that
+ * destinations of different B sets (other TP or EP ranks) needing the same
+ * data do not all start at the same source. */
+static vps_result_t replica_index(struct ctx *c, int64_t rb, const struct vps_region *r, int64_t *i, int64_t *n,
+				  int64_t *base)
 {
 	c->hb.n = 0;
 	VPS_CHECK(vps_layout_holders(c->b, r->tensor, r->state, &r->box, &c->hb));
@@ -171,17 +210,36 @@ static vps_result_t replica_index(struct ctx *c, int64_t rb, const struct vps_re
 		    h->region.offset == r->offset) {
 			*i = (rb - h->base) / (h->stride ? h->stride : 1);
 			*n = h->count;
+			*base = h->base;
+			if (h->count <= EXACT_REPLICAS) {
+				int64_t ii = 0, nn = 0;
+				for (int64_t j = 0; j < h->count; j++) {
+					int64_t a = vps_world_a_rank(c->w, vps_world_of_b(c->w, h->base + j * h->stride));
+					bool holds = false;
+					for (size_t q = 0; q < c->ha.n && a >= 0 && !holds; q++)
+						holds = member(&c->ha.v[q], a);
+					if (!holds || j == *i) {
+						if (j < *i)
+							ii++;
+						nn++;
+					}
+				}
+				*i = ii;
+				*n = nn;
+			}
 			return VPS_OK;
 		}
 	}
 	*i = 0;
 	*n = 1;
+	*base = rb;
 	return VPS_OK;
 }
 
 /* Build the groups of the (sorted) A holders in c->ha, marking members on
  * `node`, local groups first. */
-static vps_result_t make_groups(struct ctx *c, int32_t node, int64_t exclude, struct group **gs, size_t *ng)
+static vps_result_t make_groups(struct ctx *c, int32_t node, int64_t exclude, int64_t T, int64_t pref_tp,
+			       struct group **gs, size_t *ng)
 {
 	int64_t nr[NODE_RANKS_MAX];
 	size_t nn = node >= 0 ? vps_devices_node_ranks(vps_layout_devices(c->a), vps_layout_world(c->a), node, nr,
@@ -199,15 +257,15 @@ static vps_result_t make_groups(struct ctx *c, int32_t node, int64_t exclude, st
 		VPS_CHECK(vps_grow((void **)gs, &cap, *ng + 1, sizeof(**gs)));
 		struct group *g = &(*gs)[(*ng)++];
 		g->first = i;
-		g->n = j - i;
+		g->n = prefer(&c->ha.v[i], j - i, T, pref_tp);
 		g->count = 0;
 		g->nlocal = 0;
-		for (size_t k = i; k < j; k++)
+		for (size_t k = i; k < i + g->n; k++)
 			g->count += c->ha.v[k].count;
 		for (size_t q = 0; q < nn; q++) {
 			if (nr[q] == exclude)
 				continue;
-			for (size_t k = i; k < j; k++)
+			for (size_t k = i; k < i + g->n; k++)
 				if (member(&c->ha.v[k], nr[q])) {
 					g->local[g->nlocal] = nr[q];
 					g->local_holder[g->nlocal] = k;
@@ -262,27 +320,47 @@ static vps_result_t plan_region(struct ctx *c, int64_t d, int64_t rb, const stru
 		return VPS_OK;
 	struct group *gs;
 	size_t ng;
-	VPS_CHECK(make_groups(c, vps_world_device(c->w, d).node, self, &gs, &ng));
-	int64_t ri, rn;
-	VPS_CHECK_GOTO(replica_index(c, rb, R, &ri, &rn), rc, done);
+	int64_t T, pref_tp = preferred_tp(c, R->tensor, rb, &T);
+	VPS_CHECK(make_groups(c, vps_world_device(c->w, d).node, self, T, pref_tp, &gs, &ng));
+	int64_t ri, rn, rbase;
+	VPS_CHECK_GOTO(replica_index(c, rb, R, &ri, &rn, &rbase), rc, done);
 	int64_t esize = (int64_t)vps_dtype_size(vps_state_dtype(R->state));
+	int64_t bufsize = vps_layout_buffer_elements(c->b, rb, R->buffer);
 	for (size_t gi = 0; gi < ng && c->rem.n; gi++) {
 		struct group *g = &gs[gi];
 		const struct vps_box *gbox = &c->ha.v[g->first].region.box;
 		int64_t k = g->nlocal ? (int64_t)g->nlocal : g->count;
+		int64_t start = (ri * k / rn + rbase) % k, m = split_parts(k, rn);
 		for (size_t i = 0; i < c->rem.n; i++) {
 			struct vps_box y;
 			if (!vps_box_intersect(&c->rem.v[i], gbox, &y))
 				continue;
-			int64_t start = ri * k / rn, m = split_parts(k, rn);
-			int64_t vol = vps_box_volume(&y);
-			if (vol * esize < SPLIT_MIN_BYTES * m)
-				m = 1;
-			int64_t ext[VPS_MAX_DIMS];
+			int64_t ext[VPS_MAX_DIMS], vol = vps_box_volume(&y);
 			for (int a = 0; a < y.ndim; a++)
 				ext[a] = y.hi[a] - y.lo[a];
-			for (int64_t p = 0; p < m; p++) {
-				int64_t cidx = (start + p) % k, src;
+			/* The destination buffer is cut in m equal ranges, range p
+			 * served by candidate (start + p) mod k: consecutive regions
+			 * come from one source (their copies merge) and every source
+			 * serves an equal share. A piece contiguous in the buffer is
+			 * cut at the range boundaries; another goes whole to the range
+			 * of its first element. */
+			int64_t first = vps_region_offset_at(R, y.lo);
+			bool contiguous = true;
+			for (int a = y.ndim - 1, s2 = 1; a >= 0; a--) {
+				if (ext[a] != 1 && R->strides[a] != s2)
+					contiguous = false;
+				s2 *= (int)ext[a];
+			}
+			int64_t lo = 0;
+			while (lo < vol) {
+				int64_t pos = first + lo;
+				int64_t part = bufsize > 0 ? vps_min64(pos * m / bufsize, m - 1) : 0;
+				int64_t hi = vol;
+				if (contiguous && bufsize > 0 && vol * esize >= SPLIT_MIN_BYTES) {
+					int64_t boundary = vps_ceil_div((part + 1) * bufsize, m);
+					hi = vps_min64(vol, vps_max64(boundary - first, lo + 1));
+				}
+				int64_t cidx = (start + part) % k, src;
 				size_t hidx;
 				if (g->nlocal) {
 					src = g->local[cidx];
@@ -291,19 +369,20 @@ static vps_result_t plan_region(struct ctx *c, int64_t d, int64_t rb, const stru
 					group_member(&c->ha, g, cidx, &src, &hidx);
 				}
 				const struct vps_region *sr = &c->ha.v[hidx].region;
-				if (m == 1) {
+				if (lo == 0 && hi == vol) {
 					VPS_CHECK_GOTO(emit(out, only_src, src, d, &y, sr, R), rc, done);
-					continue;
-				}
-				struct vps_box part[2 * VPS_MAX_DIMS];
-				int np = vps_flat_range_boxes(y.ndim, ext, p * vol / m, (p + 1) * vol / m, part, NULL);
-				for (int q = 0; q < np; q++) {
-					for (int a = 0; a < y.ndim; a++) {
-						part[q].lo[a] += y.lo[a];
-						part[q].hi[a] += y.lo[a];
+				} else {
+					struct vps_box part_boxes[2 * VPS_MAX_DIMS];
+					int np = vps_flat_range_boxes(y.ndim, ext, lo, hi, part_boxes, NULL);
+					for (int q = 0; q < np; q++) {
+						for (int a = 0; a < y.ndim; a++) {
+							part_boxes[q].lo[a] += y.lo[a];
+							part_boxes[q].hi[a] += y.lo[a];
+						}
+						VPS_CHECK_GOTO(emit(out, only_src, src, d, &part_boxes[q], sr, R), rc, done);
 					}
-					VPS_CHECK_GOTO(emit(out, only_src, src, d, &part[q], sr, R), rc, done);
 				}
+				lo = hi;
 			}
 		}
 		VPS_CHECK_GOTO(subtract_all(c, gbox), rc, done);
@@ -377,6 +456,13 @@ static vps_result_t candidates_for(struct ctx *c, int64_t s, const struct vps_re
 				   struct visits *vs)
 {
 	int64_t rb_self = vps_world_b_rank(c->w, s);
+	if (H->count <= EXACT_REPLICAS) {
+		/* few replicas: every one is a candidate, the decision is re-run */
+		for (int64_t j = 0; j < H->count; j++)
+			if (H->base + j * H->stride != rb_self)
+				VPS_CHECK(want(vs, H->base + j * H->stride, &H->region));
+		return VPS_OK;
+	}
 	/* on s's node: any of them may take s as a local replica */
 	int64_t nr[NODE_RANKS_MAX];
 	size_t nn = vps_devices_node_ranks(vps_layout_devices(c->b), vps_layout_world(c->b),
@@ -388,11 +474,20 @@ static vps_result_t candidates_for(struct ctx *c, int64_t s, const struct vps_re
 	c->ha.n = 0;
 	VPS_CHECK(vps_layout_holders(c->a, H->region.tensor, H->region.state, &H->region.box, &c->ha));
 	qsort(c->ha.v, c->ha.n, sizeof(*c->ha.v), holder_cmp);
+	/* s's group, with the destinations' preference (they share a B
+	 * tensor-parallel rank) */
+	size_t gfirst = 0, gn = 0;
+	for (size_t i = 0; i < c->ha.n; i++)
+		if (vps_box_equal(&c->ha.v[i].region.box, &sa->box)) {
+			if (!gn)
+				gfirst = i;
+			gn++;
+		}
+	int64_t T, pref_tp = preferred_tp(c, H->region.tensor, H->base, &T);
+	gn = gn ? prefer(&c->ha.v[gfirst], gn, T, pref_tp) : 0;
 	int64_t k = 0, cidx = -1;
-	for (size_t i = 0; i < c->ha.n; i++) {
+	for (size_t i = gfirst; i < gfirst + gn; i++) {
 		const struct vps_holder *h = &c->ha.v[i];
-		if (!vps_box_equal(&h->region.box, &sa->box))
-			continue;
 		if (cidx < 0 && member(h, s) && h->region.buffer == sa->buffer && h->region.offset == sa->offset)
 			cidx = k + (s - h->base) / (h->stride ? h->stride : 1);
 		k += h->count;
@@ -401,7 +496,8 @@ static vps_result_t candidates_for(struct ctx *c, int64_t s, const struct vps_re
 		return VPS_OK;
 	int64_t n = H->count, m = split_parts(k, n);
 	for (int64_t o = 0; o < m; o++) {
-		int64_t x = ((cidx - o) % k + k) % k;
+		/* start(i) = (floor(i k / n) + base) mod k must be cidx - o */
+		int64_t x = ((cidx - o - H->base) % k + k) % k;
 		/* i with floor(i * k / n) == x */
 		int64_t lo = vps_ceil_div(x * n, k), hi = vps_min64(vps_ceil_div((x + 1) * n, k), n);
 		for (int64_t i = lo; i < hi; i++) {

@@ -3,6 +3,7 @@
 
 #include "internal.h"
 #include "vps/plan.h"
+#include "vps/stage.h"
 #include "vps/verify.h"
 
 void vps_verify_report_release(struct vps_verify_report *r)
@@ -637,5 +638,248 @@ done:
 	views_free(vb, wb);
 	free(cov);
 	free(boxes);
+	return rc;
+}
+
+/* ---- staged plans ---- */
+
+/* A run of elements contiguous on both sides: the address map a copy
+ * realizes. Ops and plan pieces are both reduced to these, sorted and
+ * merged, so coverage is compared whatever the cuts and merges. */
+struct seg {
+	int64_t src, dst;
+	uint32_t src_buffer, dst_buffer;
+	int64_t src_off, dst_off, len;
+	uint8_t esize;
+};
+
+struct segs {
+	struct seg *v;
+	size_t n, cap;
+};
+
+static vps_result_t segs_of_view(struct segs *out, int64_t src, int64_t dst, uint32_t sb, uint32_t db, int64_t so,
+				 int64_t doff, const int64_t *ext, const int64_t *ss, const int64_t *ds, int ndim,
+				 uint8_t esize)
+{
+	int last = ndim - 1;
+	bool rows = ss[last] == 1 && ds[last] == 1;
+	int64_t len = rows ? ext[last] : 1, outer = 1;
+	for (int k = 0; k < ndim; k++)
+		outer *= k == last && rows ? 1 : ext[k];
+	int64_t idx[VPS_MAX_DIMS] = {0};
+	int top = rows ? last - 1 : last;
+	for (int64_t o = 0; o < outer; o++) {
+		int64_t a = so, b = doff;
+		for (int k = 0; k <= top; k++) {
+			a += idx[k] * ss[k];
+			b += idx[k] * ds[k];
+		}
+		VPS_CHECK(VPS_GROW(out->v, out->cap, out->n + 1));
+		out->v[out->n++] = (struct seg){src, dst, sb, db, a, b, len, esize};
+		for (int k = top; k >= 0; k--) {
+			if (++idx[k] < ext[k])
+				break;
+			idx[k] = 0;
+		}
+	}
+	return VPS_OK;
+}
+
+static int seg_cmp(const void *p, const void *q)
+{
+	const struct seg *x = p, *y = q;
+	if (x->dst != y->dst)
+		return x->dst < y->dst ? -1 : 1;
+	if (x->dst_buffer != y->dst_buffer)
+		return x->dst_buffer < y->dst_buffer ? -1 : 1;
+	if (x->dst_off != y->dst_off)
+		return x->dst_off < y->dst_off ? -1 : 1;
+	return x->len < y->len ? -1 : x->len > y->len;
+}
+
+static void segs_normalize(struct segs *s)
+{
+	qsort(s->v, s->n, sizeof(*s->v), seg_cmp);
+	size_t w = 0;
+	for (size_t i = 0; i < s->n; i++) {
+		struct seg *p = w ? &s->v[w - 1] : NULL, *q = &s->v[i];
+		if (p && p->src == q->src && p->dst == q->dst && p->src_buffer == q->src_buffer &&
+		    p->dst_buffer == q->dst_buffer && p->esize == q->esize && p->dst_off + p->len == q->dst_off &&
+		    p->src_off + p->len == q->src_off)
+			p->len += q->len;
+		else
+			s->v[w++] = *q;
+	}
+	s->n = w;
+}
+
+vps_result_t vps_verify_staged(const struct vps_staged *s, struct vps_verify_report *rep)
+{
+	vps_result_t rc = VPS_OK;
+	const struct vps_plan *p = s->plan;
+	int64_t W = vps_world_size(p->world), wa = vps_layout_world(p->a), wb = vps_layout_world(p->b);
+	memset(rep, 0, sizeof(*rep));
+	if (s->file_hash && s->file_hash != vps_staged_hash(s))
+		vps_verify_add(rep, "the staged plan states hash 0x%016" PRIx64 " but its content hashes to 0x%016" PRIx64,
+			       s->file_hash, vps_staged_hash(s));
+	if (p->file_hash && p->file_hash != vps_plan_hash(p))
+		vps_verify_add(rep, "its plan states hash 0x%016" PRIx64 " but hashes to 0x%016" PRIx64, p->file_hash,
+			       vps_plan_hash(p));
+	int64_t steps = 1;
+	while (steps < W)
+		steps <<= 1;
+	steps--;
+	if (s->steps != steps)
+		vps_verify_add(rep, "steps is %" PRId64 ", the world of %" PRId64 " needs 1 .. %" PRId64, s->steps, W, steps);
+	struct view_index *va = vps_calloc((size_t)wa, sizeof(*va)), *vb = vps_calloc((size_t)wb, sizeof(*vb));
+	int64_t *load = vps_calloc((size_t)W, sizeof(*load)), *peer_step = vps_malloc((size_t)W * 2 * sizeof(int64_t));
+	struct segs have = {0}, want = {0};
+	if (!va || !vb || !load || !peer_step) {
+		rc = VPS_ENOMEM;
+		goto done;
+	}
+	int64_t prev_stage = -1, prev_step = -1, prev_chunk = -1, prev_unit_stage = -1;
+	for (size_t i = 0; i < s->nxfers; i++) {
+		const struct vps_xfer *x = &s->xfers[i];
+		bool retain = x->src == x->dst;
+		if (x->stage != prev_stage) {
+			if (x->stage < prev_stage)
+				vps_verify_add(rep, "transfer %zu: stage %" PRId64 " after stage %" PRId64, i, x->stage, prev_stage);
+			/* close the previous stage's budget check */
+			memset(load, 0, (size_t)W * sizeof(*load));
+			for (int64_t r = 0; r < 2 * W; r++)
+				peer_step[r] = -1;
+			prev_stage = x->stage;
+		}
+		if (!retain) {
+			/* units (step, chunk) never go back, and one unit is in one
+			 * stage: the stage boundaries are the same on every rank */
+			if (x->step < prev_step || (x->step == prev_step && x->chunk < prev_chunk))
+				vps_verify_add(rep, "transfer %zu: unit (%" PRId64 ", %" PRId64 ") after (%" PRId64 ", %" PRId64 ")", i,
+					       x->step, x->chunk, prev_step, prev_chunk);
+			else if (x->step == prev_step && x->chunk == prev_chunk && x->stage != prev_unit_stage)
+				vps_verify_add(rep, "unit (%" PRId64 ", %" PRId64 ") spans stages %" PRId64 " and %" PRId64, x->step,
+					       x->chunk, prev_unit_stage, x->stage);
+			prev_step = x->step;
+			prev_chunk = x->chunk;
+			prev_unit_stage = x->stage;
+		}
+		if (x->step != (x->src ^ x->dst))
+			vps_verify_add(rep, "transfer %zu (%" PRId64 " -> %" PRId64 "): step %" PRId64 " is not %" PRId64 " ^ %" PRId64,
+				       i, x->src, x->dst, x->step, x->src, x->dst);
+		if (x->step > s->steps)
+			vps_verify_add(rep, "transfer %zu: step %" PRId64 " beyond the last step %" PRId64, i, x->step, s->steps);
+		if (retain && (x->stage != 0 || x->bytes))
+			vps_verify_add(rep, "transfer %zu: a retain outside stage 0 or with a staging buffer", i);
+		if (!retain) {
+			/* one transfer per direction per peer per stage, peers by step */
+			int64_t *ps = &peer_step[2 * x->src], *pr = &peer_step[2 * x->dst + 1];
+			if (*ps == x->step || *pr == x->step)
+				vps_verify_add(rep, "stage %" PRId64 ": %" PRId64 " -> %" PRId64 " has two transfers", x->stage, x->src,
+					       x->dst);
+			*ps = x->step;
+			*pr = x->step;
+			load[x->src] += x->bytes;
+			load[x->dst] += x->bytes;
+			if (load[x->src] > s->budget || load[x->dst] > s->budget)
+				vps_verify_add(rep, "stage %" PRId64 ": rank %" PRId64 " needs %" PRId64 " bytes, over the budget of %" PRId64,
+					       x->stage, load[x->src] > s->budget ? x->src : x->dst,
+					       vps_max64(load[x->src], load[x->dst]), s->budget);
+		}
+		if (s->scope >= 0 && x->src != s->scope && x->dst != s->scope)
+			vps_verify_add(rep, "transfer %zu does not involve rank %" PRId64 ", the file's scope", i, s->scope);
+		int64_t ra = vps_world_a_rank(p->world, x->src), rb = vps_world_b_rank(p->world, x->dst);
+		if (ra < 0 || rb < 0) {
+			vps_verify_add(rep, "transfer %zu: %" PRId64 " -> %" PRId64 " from a joining or to a leaving device", i,
+				       x->src, x->dst);
+			continue;
+		}
+		struct view_index *vs, *vd;
+		VPS_CHECK_GOTO(view_get(p->a, va, ra, &vs), rc, done);
+		VPS_CHECK_GOTO(view_get(p->b, vb, rb, &vd), rc, done);
+		int64_t end = 0;
+		for (size_t k = 0; k < x->nops; k++) {
+			const struct vps_op *o = &s->ops[x->first_op + k];
+			int64_t bytes = vps_op_bytes(o);
+			struct vps_region sr = {0}, dr = {0};
+			sr.box.ndim = dr.box.ndim = o->ndim;
+			for (int d = 0; d < o->ndim; d++)
+				sr.box.hi[d] = dr.box.hi[d] = o->ext[d];
+			sr.offset = o->src_offset;
+			dr.offset = o->dst_offset;
+			memcpy(sr.strides, o->src_strides, sizeof(sr.strides));
+			memcpy(dr.strides, o->dst_strides, sizeof(dr.strides));
+			int64_t f0, f1;
+			vps_region_extent(&sr, &f0, &f1);
+			if (o->src_buffer >= vs->v.nbuffers || f0 < 0 || f1 > vs->v.buffers[o->src_buffer].elements)
+				vps_verify_add(rep, "transfer %zu op %zu: source view outside buffer %u of rank %" PRId64, i, k,
+					       o->src_buffer, x->src);
+			vps_region_extent(&dr, &f0, &f1);
+			if (o->dst_buffer >= vd->v.nbuffers || f0 < 0 || f1 > vd->v.buffers[o->dst_buffer].elements)
+				vps_verify_add(rep, "transfer %zu op %zu: destination view outside buffer %u of rank %" PRId64, i,
+					       k, o->dst_buffer, x->dst);
+			if (retain) {
+				if (o->staging != -1)
+					vps_verify_add(rep, "transfer %zu op %zu: a retain with a staging offset", i, k);
+			} else {
+				if (o->staging % VPS_STAGE_ALIGN)
+					vps_verify_add(rep, "transfer %zu op %zu: staging offset %" PRId64 " is not %d-byte aligned",
+						       i, k, o->staging, VPS_STAGE_ALIGN);
+				if (o->staging < end || o->staging + bytes > x->bytes)
+					vps_verify_add(rep,
+						       "transfer %zu op %zu: staging bytes [%" PRId64 ", %" PRId64
+						       ") overlap another op or leave the buffer of %" PRId64,
+						       i, k, o->staging, o->staging + bytes, x->bytes);
+				end = o->staging + bytes;
+			}
+			VPS_CHECK_GOTO(segs_of_view(&have, x->src, x->dst, o->src_buffer, o->dst_buffer, o->src_offset,
+						    o->dst_offset, o->ext, o->src_strides, o->dst_strides, o->ndim, o->esize),
+				       rc, done);
+		}
+	}
+	for (size_t i = 0; i < p->npieces; i++) {
+		const struct vps_piece *x = &p->pieces[i];
+		if (s->scope >= 0 && x->src != s->scope && x->dst != s->scope)
+			continue;
+		int64_t ext[VPS_MAX_DIMS];
+		for (int d = 0; d < x->box.ndim; d++)
+			ext[d] = x->box.hi[d] - x->box.lo[d];
+		VPS_CHECK_GOTO(segs_of_view(&want, x->src, x->dst, x->src_buffer, x->dst_buffer, x->src_offset, x->dst_offset,
+					    ext, x->src_strides, x->dst_strides, x->box.ndim,
+					    (uint8_t)vps_dtype_size(vps_state_dtype(x->state))),
+			       rc, done);
+	}
+	segs_normalize(&have);
+	segs_normalize(&want);
+	size_t mism = 0;
+	for (size_t i = 0; i < have.n || i < want.n; i++) {
+		const struct seg *h = i < have.n ? &have.v[i] : NULL, *w = i < want.n ? &want.v[i] : NULL;
+		if (h && w && !memcmp(h, w, offsetof(struct seg, esize)) && h->esize == w->esize)
+			continue;
+		if (mism++ < 4) {
+			const struct seg *e = w ? w : h;
+			vps_verify_add(rep,
+				       "the copies do not cover the plan exactly: near %" PRId64 " -> %" PRId64 " buffer %u element %" PRId64
+				       " (%s)",
+				       e->src, e->dst, e->dst_buffer, e->dst_off, !h ? "a piece is not carried" :
+				       !w ? "a copy carries what the plan does not" : "the plan and the copies differ");
+		}
+	}
+	if (mism > 4)
+		vps_verify_add(rep, "... %zu differences between the copies and the plan in all", mism);
+	struct vps_stage_stats st;
+	vps_staged_stats(s, &st);
+	snprintf(rep->summary, sizeof(rep->summary),
+		 "%s: %" PRId64 " stages within %" PRId64 " bytes, %" PRId64 " transfers, %" PRId64 " copies for %" PRId64
+		 " pieces, peak %" PRId64 " bytes",
+		 vps_layout_model(p->a)->name, st.stages, s->budget, st.transfers, st.ops, st.pieces, st.peak_max);
+done:
+	views_free(va, wa);
+	views_free(vb, wb);
+	free(load);
+	free(peer_step);
+	free(have.v);
+	free(want.v);
 	return rc;
 }

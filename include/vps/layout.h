@@ -108,6 +108,9 @@ bool vps_layout_state_sharded(const struct vps_layout *l, int state);
 /* Compute (or copy, for an explicit rank) rank's sub-VPS. */
 vps_result_t vps_layout_rank(const struct vps_layout *l, int64_t rank, struct vps_rank_view *out);
 
+/* Elements of a rank's buffer, or -1 when there is no such buffer. */
+int64_t vps_layout_buffer_elements(const struct vps_layout *l, int64_t rank, uint32_t buffer);
+
 /* Ranks base + i*stride for i < count hold `region` (same buffer, same
  * addresses on each). */
 struct vps_holder {

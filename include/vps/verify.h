@@ -31,6 +31,13 @@ struct vps_plan;
  * plan's scope is covered exactly once. */
 vps_result_t vps_verify_plan(const struct vps_plan *p, struct vps_verify_report *rep);
 
+struct vps_staged;
+/* Check a staged plan: steps are i ^ j, one transfer per peer per stage,
+ * every stage within the budget on every rank, staging offsets aligned and
+ * inside their buffers, views inside their buffers, and the copies carry
+ * exactly the plan's pieces. */
+vps_result_t vps_verify_staged(const struct vps_staged *s, struct vps_verify_report *rep);
+
 /* Append a violation message (printf-style) to the report. */
 void vps_verify_add(struct vps_verify_report *rep, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -1,0 +1,109 @@
+/* Staged plans: the exact sequence every rank executes.
+ *
+ * Every transfer between world ranks i and j belongs to XOR step s = i ^ j
+ * (steps 1 .. 2^ceil(log2 W) - 1); retains (local copies) are step 0. A step
+ * whose transfers exceed the memory budget is cut in chunks. Stages group
+ * consecutive (step, chunk) units so that on every rank the stage's send
+ * plus receive buffers fit the budget; within a stage all transfers are in
+ * flight at once. A step pairs each rank with at most one peer, so a rank
+ * has one send and one receive buffer per peer per stage.
+ *
+ * A transfer is a list of copy operations. Each operation names the source
+ * view (an A buffer of the sender), the destination view (a B buffer of the
+ * receiver) and where its bytes sit in the transfer's staging buffer
+ * (256-byte aligned): the sender packs with the source views, the receiver
+ * unpacks with the destination views, both read the same list. Consecutive
+ * plan pieces contiguous in both source and destination are merged into one
+ * flat operation. */
+#ifndef VPS_STAGE_H
+#define VPS_STAGE_H
+
+#include "vps/plan.h"
+
+#define VPS_STAGE_ALIGN 256
+/* The smallest budget: each direction of a unit must hold one aligned
+ * element. */
+#define VPS_STAGE_BUDGET_FLOOR ((int64_t)4096)
+
+struct vps_op {
+	int64_t piece;        /* first plan piece carried */
+	int32_t npieces;      /* plan pieces carried (merged), the first and last possibly in part */
+	uint8_t esize;        /* bytes per element */
+	int ndim;
+	int64_t ext[VPS_MAX_DIMS];
+	uint32_t src_buffer, dst_buffer;
+	int64_t src_offset, dst_offset; /* elements */
+	int64_t src_strides[VPS_MAX_DIMS], dst_strides[VPS_MAX_DIMS];
+	int64_t staging;      /* byte offset in the transfer's buffer; -1 for a retain */
+};
+
+struct vps_xfer {
+	int64_t src, dst;     /* world ranks; equal for retains */
+	int64_t step, chunk;
+	int64_t stage;
+	int64_t bytes;        /* staging buffer size, alignment included (0 for retains) */
+	size_t first_op, nops;
+};
+
+struct vps_stage_info {
+	int64_t first_unit_step, first_unit_chunk;
+	int64_t last_unit_step, last_unit_chunk;
+	int64_t bytes;        /* moved in this stage */
+	int64_t peak;         /* largest send + receive buffers of one rank */
+};
+
+struct vps_staged {
+	struct vps_plan *plan;      /* owned; the pieces ops refer to */
+	int64_t budget;             /* bytes, the global minimum */
+	int64_t scope;              /* -1: all ranks; otherwise the rank written */
+	int64_t steps;              /* 2^ceil(log2 W) - 1 */
+	struct vps_stage_info *stages;
+	size_t nstages;
+	struct vps_xfer *xfers;     /* sorted by (stage, step, chunk, src, dst) */
+	size_t nxfers;
+	struct vps_op *ops;
+	size_t nops;
+	/* after which stage each A buffer of a world rank is read for the last
+	 * time: entries (rank, buffer, stage); stage -1 means never read */
+	struct vps_free { int64_t rank; uint32_t buffer; int64_t stage; } *frees;
+	size_t nfrees;
+	uint64_t file_hash;
+};
+
+/* Per-rank budgets: the smallest rules. */
+vps_result_t vps_budgets_load(const char *path, int64_t *min_budget);
+/* Parse "2GiB", "512MB", "4096". */
+vps_result_t vps_parse_bytes(const char *s, int64_t *out);
+
+/* Stage a global plan within budget bytes. rank >= 0 keeps only that
+ * rank's transfers (the stages are those of the whole world). Takes
+ * ownership of the plan on success. */
+vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t budget, int64_t rank);
+void vps_staged_free(struct vps_staged *s);
+
+struct vps_stage_stats {
+	int64_t stages, steps_used, units;
+	int64_t bytes_moved, bytes_retained;
+	int64_t peak_max;           /* largest transient memory of a rank over stages */
+	int64_t pieces;             /* copies before merging */
+	int64_t ops;                /* copies after merging */
+	int64_t transfers;
+};
+void vps_staged_stats(const struct vps_staged *s, struct vps_stage_stats *st);
+
+uint64_t vps_staged_hash(const struct vps_staged *s);
+struct vps_bytes;
+vps_result_t vps_staged_serialize(const struct vps_staged *s, bool yaml, struct vps_bytes *out);
+vps_result_t vps_staged_parse(struct vps_staged **out, const char *name, const void *data, size_t len);
+vps_result_t vps_staged_load(struct vps_staged **out, const char *path);
+
+/* Bytes of one op. */
+static inline int64_t vps_op_bytes(const struct vps_op *o)
+{
+	int64_t n = o->esize;
+	for (int k = 0; k < o->ndim; k++)
+		n *= o->ext[k];
+	return n;
+}
+
+#endif
