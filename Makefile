@@ -30,9 +30,9 @@ LIB = $(BUILDDIR)/libvps.a
 CMD_COMMON = $(BUILDDIR)/cmd/common.o
 TOOLS = vps-layout vps-plan vps-stage vps-verify
 TOOL_BINS = $(TOOLS:%=$(BINDIR)/%)
-TEST_SRC = $(filter-out tests/unit/harness.c,$(wildcard tests/unit/test_*.c))
+TEST_SRC = $(wildcard tests/unit/test_*.c)
 TEST_BINS = $(TEST_SRC:tests/unit/%.c=$(BUILDDIR)/tests/%)
-HARNESS = $(BUILDDIR)/tests/harness.o
+HARNESS = $(BUILDDIR)/tests/harness.o $(BUILDDIR)/tests/jobs.o
 
 DEPS_STAMP = $(BUILDDIR)/.deps-ok
 

@@ -1,0 +1,61 @@
+#!/usr/bin/env bats
+# vps-stage as a user runs it.
+
+load helpers
+
+setup_file() {
+	cd "$BATS_FILE_TMPDIR"
+	vps-plan --transition llama2-13b-ablation-s1-s2 -o ablation.plan
+}
+
+@test "a staged plan verifies and keeps every stage within the budget" {
+	cd "$BATS_FILE_TMPDIR"
+	vps-stage --budget 2GiB ablation.plan -o s.staged
+	expect_status 0 vps-verify s.staged
+	[[ "$output" == "s.staged: ok: llama2-13b: "*" stages within 2147483648 bytes, "* ]]
+	run vps-stage --budget 2GiB ablation.plan --stats
+	peak=$(awk '$1 == "peak_max:" { print $2 }' <<<"$output")
+	[ "$peak" -le 2147483648 ]
+	[ "$(awk '$1 == "steps:" { print $2 }' <<<"$output")" = 15 ]
+}
+
+@test "merging turns pieces into far fewer copies" {
+	cd "$BATS_FILE_TMPDIR"
+	run vps-stage --budget 8GiB ablation.plan --stats
+	before=$(awk '$1 == "copies_before_merging:" { print $2 }' <<<"$output")
+	after=$(awk '$1 == "copies_after_merging:" { print $2 }' <<<"$output")
+	[ "$after" -lt "$before" ]
+	[ $((before / after)) -ge 5 ]
+}
+
+@test "a budget below the floor exits 2 naming the floor; a smaller budget makes more stages" {
+	cd "$BATS_FILE_TMPDIR"
+	expect_status 2 vps-stage --budget 1000 ablation.plan
+	[[ "$output" == *"below the floor of 4096 bytes"* ]]
+	big=$(vps-stage --budget 16GiB ablation.plan --stats | awk '$1 == "stages:" { print $2 }')
+	small=$(vps-stage --budget 256MiB ablation.plan --stats | awk '$1 == "stages:" { print $2 }')
+	[ "$small" -gt "$big" ]
+	expect_status 2 vps-stage --budget 2XB ablation.plan
+	[[ "$output" == *"unknown unit 'XB'"* ]]
+}
+
+@test "per-rank budgets: the smallest rules" {
+	cd "$BATS_FILE_TMPDIR"
+	printf 'vps: budgets\nversion: 1\nbudgets: [8GiB, 512MiB, 16GiB]\n' > b.yaml
+	vps-stage --budgets b.yaml ablation.plan --stats > st.txt
+	grep -q '^budget: 536870912$' st.txt
+}
+
+@test "a rank's part, a pipeline, and a tampered staged plan" {
+	cd "$BATS_FILE_TMPDIR"
+	vps-plan --transition gpt3-1.3b-pp-up | vps-stage --budget 1GiB --rank 3 - | vps-verify -q -
+	vps-layout --model tiny-llama --parallel tp=2,dp=2,zero=1 -o a.layout
+	vps-layout --model tiny-llama --parallel tp=1,dp=3,zero=1 -o b.layout
+	vps-plan a.layout b.layout | vps-stage --budget 1MiB --yaml - -o s.yaml
+	awk '/^    staging:/ && !done && $2 > 0 { sub(/[0-9]+$/, $2 + 8); done = 1 } { print }' s.yaml > bad.yaml
+	expect_status 1 vps-verify bad.yaml
+	[[ "$output" == *"is not 256-byte aligned"* ]]
+	vps-plan a.layout b.layout --rank 1 -o r.plan
+	expect_status 2 vps-stage --budget 1MiB r.plan
+	[[ "$output" == *"staging needs the global plan"* ]]
+}

@@ -1,0 +1,102 @@
+/* In-memory jobs for tests: every rank's buffers of a layout on the host,
+ * filled with the pattern, checked element by element. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "jobs.h"
+#include "vps/data.h"
+
+
+void job_alloc(struct job *j, const struct vps_layout *l)
+{
+	j->l = l;
+	j->n = vps_layout_world(l);
+	j->views = calloc((size_t)j->n, sizeof(*j->views));
+	j->bufs = calloc((size_t)j->n, sizeof(*j->bufs));
+	for (int64_t r = 0; r < j->n; r++) {
+		CHECK_OK(vps_layout_rank(l, r, &j->views[r]));
+		j->bufs[r] = calloc(j->views[r].nbuffers + 1, sizeof(*j->bufs[r]));
+		for (size_t b = 0; b < j->views[r].nbuffers; b++)
+			j->bufs[r][b] = calloc((size_t)j->views[r].buffers[b].elements + 1,
+					       vps_dtype_size(j->views[r].buffers[b].dtype));
+	}
+}
+
+void job_free(struct job *j)
+{
+	for (int64_t r = 0; r < j->n; r++) {
+		for (size_t b = 0; b < j->views[r].nbuffers; b++)
+			free(j->bufs[r][b]);
+		free(j->bufs[r]);
+		vps_rank_view_release(&j->views[r]);
+	}
+	free(j->views);
+	free(j->bufs);
+}
+
+void job_fill(struct job *j)
+{
+	const struct vps_model *m = vps_layout_model(j->l);
+	for (int64_t r = 0; r < j->n; r++)
+		for (size_t i = 0; i < j->views[r].nregions; i++) {
+			const struct vps_region *g = &j->views[r].regions[i];
+			struct vps_tensor t;
+			vps_model_tensor(m, g->tensor, &t);
+			vps_fill_region(j->bufs[r][g->buffer], g, &t, 0);
+		}
+}
+
+/* Elements of B that are wrong, padding that is not zero. */
+int64_t job_check(struct job *j)
+{
+	const struct vps_model *m = vps_layout_model(j->l);
+	int64_t bad = 0;
+	for (int64_t r = 0; r < j->n; r++) {
+		for (size_t i = 0; i < j->views[r].nregions; i++) {
+			const struct vps_region *g = &j->views[r].regions[i];
+			struct vps_tensor t;
+			vps_model_tensor(m, g->tensor, &t);
+			bad += vps_check_region(j->bufs[r][g->buffer], g, &t, 0);
+		}
+		/* padding: zero everywhere no region covers */
+		for (size_t b = 0; b < j->views[r].nbuffers; b++) {
+			int64_t el = j->views[r].buffers[b].elements;
+			size_t es = vps_dtype_size(j->views[r].buffers[b].dtype);
+			unsigned char *covered = calloc((size_t)el + 1, 1);
+			for (size_t i = 0; i < j->views[r].nregions; i++) {
+				const struct vps_region *g = &j->views[r].regions[i];
+				if (g->buffer != b)
+					continue;
+				int64_t first, end;
+				vps_region_extent(g, &first, &end);
+				memset(covered + first, 1, (size_t)(end - first));
+			}
+			for (int64_t e = 0; e < el; e++)
+				if (!covered[e])
+					for (size_t k = 0; k < es; k++)
+						bad += j->bufs[r][b][(size_t)e * es + k] != 0;
+			free(covered);
+		}
+	}
+	return bad;
+}
+
+void job_apply_plan(const struct vps_plan *p, struct job *a, struct job *b)
+{
+	for (size_t i = 0; i < p->npieces; i++) {
+		const struct vps_piece *x = &p->pieces[i];
+		int64_t ra = vps_world_a_rank(p->world, x->src), rb = vps_world_b_rank(p->world, x->dst);
+		CHECK(ra >= 0 && rb >= 0);
+		if (ra < 0 || rb < 0)
+			continue;
+		size_t es = vps_dtype_size(vps_state_dtype(x->state));
+		int64_t ext[VPS_MAX_DIMS];
+		for (int k = 0; k < x->box.ndim; k++)
+			ext[k] = x->box.hi[k] - x->box.lo[k];
+		vps_copy_strided(b->bufs[rb][x->dst_buffer] + (size_t)x->dst_offset * es, x->dst_strides,
+				 a->bufs[ra][x->src_buffer] + (size_t)x->src_offset * es, x->src_strides, ext, x->box.ndim,
+				 es);
+	}
+}
+

@@ -1,0 +1,24 @@
+/* In-memory jobs for tests. */
+#ifndef VPS_TEST_JOBS_H
+#define VPS_TEST_JOBS_H
+
+#include "vps/plan.h"
+
+struct job {
+	const struct vps_layout *l;
+	struct vps_rank_view *views;
+	unsigned char ***bufs; /* [rank][buffer] */
+	int64_t n;
+};
+
+/* Allocate every rank's buffers, zeroed. */
+void job_alloc(struct job *j, const struct vps_layout *l);
+void job_free(struct job *j);
+/* Fill every region with the pattern (step 0). */
+void job_fill(struct job *j);
+/* Wrong elements plus non-zero padding bytes. */
+int64_t job_check(struct job *j);
+/* Apply a plan's pieces directly, A buffers to B buffers. */
+void job_apply_plan(const struct vps_plan *p, struct job *a, struct job *b);
+
+#endif

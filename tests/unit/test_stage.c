@@ -1,0 +1,232 @@
+/* Staging, as a property: random tiny models, random configurations on
+ * both sides (joins, leaves, worlds that are not powers of two), random
+ * budgets. Each staged plan must verify, and executing it stage by stage in
+ * memory (pack into a staging buffer, "send" it, unpack) must give the same
+ * bytes as applying the plan directly. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "jobs.h"
+#include "vps/data.h"
+#include "vps/stage.h"
+#include "vps/verify.h"
+
+static uint64_t rng = 0x9e3779b97f4a7c15ULL;
+
+static uint64_t next(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return rng;
+}
+
+static int64_t pick(const int64_t *v, size_t n) { return v[next() % n]; }
+
+/* A random valid layout of the model on at most 24 ranks. */
+static struct vps_layout *random_layout(const struct vps_model *m, bool grad, char *desc, size_t n)
+{
+	static const int64_t tps[] = {1, 2, 4}, pps[] = {1, 2, 4}, dps[] = {1, 2, 3}, eps[] = {1, 2, 4, 8},
+			     gpns[] = {2, 3, 4, 8}, firsts[] = {0, 0, 1};
+	for (int attempt = 0; attempt < 1000; attempt++) {
+		struct vps_parallel p;
+		struct vps_devices d;
+		vps_parallel_init(&p);
+		p.tp = pick(tps, 3);
+		p.pp = pick(pps, 3);
+		p.dp = pick(dps, 3);
+		p.zero = (int64_t)(next() % 2);
+		p.grad = grad;
+		if (p.pp > 1 && next() % 3 == 0)
+			p.vpp = 2;
+		if (m->experts) {
+			p.ep = pick(eps, 4);
+			p.etp = next() % 2 ? 1 : p.tp;
+		}
+		if (vps_parallel_world(&p) > 24)
+			continue;
+		vps_devices_packed(&d, pick(gpns, 4), pick(firsts, 3));
+		struct vps_layout *l = NULL;
+		if (vps_layout_new(&l, m, &p, &d, "random") == VPS_OK) {
+			vps_parallel_format(&p, desc, n);
+			size_t len = strlen(desc);
+			snprintf(desc + len, n - len, " gpn=%lld first=%lld", (long long)d.gpus_per_node,
+				 (long long)d.first_node);
+			return l;
+		}
+	}
+	return NULL;
+}
+
+/* Execute a staged plan on host buffers. */
+static void execute(const struct vps_staged *s, struct job *a, struct job *b)
+{
+	const struct vps_plan *p = s->plan;
+	for (size_t i = 0; i < s->nxfers; i++) {
+		const struct vps_xfer *x = &s->xfers[i];
+		int64_t ra = vps_world_a_rank(p->world, x->src), rb = vps_world_b_rank(p->world, x->dst);
+		unsigned char *send = malloc((size_t)x->bytes + 1), *recv = malloc((size_t)x->bytes + 1);
+		for (size_t k = 0; k < x->nops; k++) {
+			const struct vps_op *o = &s->ops[x->first_op + k];
+			int64_t flat[VPS_MAX_DIMS], st = 1;
+			for (int d = o->ndim - 1; d >= 0; d--) {
+				flat[d] = st;
+				st *= o->ext[d];
+			}
+			unsigned char *src = a->bufs[ra][o->src_buffer] + (size_t)o->src_offset * o->esize;
+			unsigned char *dst = b->bufs[rb][o->dst_buffer] + (size_t)o->dst_offset * o->esize;
+			if (o->staging < 0)
+				vps_copy_strided(dst, o->dst_strides, src, o->src_strides, o->ext, o->ndim, o->esize);
+			else
+				vps_copy_strided(send + o->staging, flat, src, o->src_strides, o->ext, o->ndim, o->esize);
+		}
+		memcpy(recv, send, (size_t)x->bytes);
+		for (size_t k = 0; k < x->nops; k++) {
+			const struct vps_op *o = &s->ops[x->first_op + k];
+			if (o->staging < 0)
+				continue;
+			int64_t flat[VPS_MAX_DIMS], st = 1;
+			for (int d = o->ndim - 1; d >= 0; d--) {
+				flat[d] = st;
+				st *= o->ext[d];
+			}
+			unsigned char *dst = b->bufs[rb][o->dst_buffer] + (size_t)o->dst_offset * o->esize;
+			vps_copy_strided(dst, o->dst_strides, recv + o->staging, flat, o->ext, o->ndim, o->esize);
+		}
+		free(send);
+		free(recv);
+	}
+}
+
+static bool same_bytes(const struct job *x, const struct job *y)
+{
+	for (int64_t r = 0; r < x->n; r++)
+		for (size_t b = 0; b < x->views[r].nbuffers; b++)
+			if (memcmp(x->bufs[r][b], y->bufs[r][b],
+				   (size_t)x->views[r].buffers[b].elements * vps_dtype_size(x->views[r].buffers[b].dtype)))
+				return false;
+	return true;
+}
+
+static void one_case(int iter)
+{
+	static const char *models[] = {"tiny-llama", "tiny-gpt", "tiny-qwen3-moe"};
+	struct vps_model m;
+	char da[160], db[160];
+	CHECK_OK(vps_model_load(&m, models[next() % 3], CONFIGS "/models"));
+	bool grad = next() % 4 == 0;
+	struct vps_layout *a = random_layout(&m, grad, da, sizeof(da)), *b = random_layout(&m, grad, db, sizeof(db));
+	if (!a || !b) {
+		harness_fail(__FILE__, __LINE__, "no random layout of %s", m.name);
+		return;
+	}
+	/* budgets from the floor to 64 MiB, log-uniform */
+	int64_t budget = VPS_STAGE_BUDGET_FLOOR << (next() % 15);
+	budget += (int64_t)(next() % (uint64_t)budget);
+	struct vps_plan_opts o = {.rank = -1};
+	struct vps_plan *p = NULL;
+	struct vps_staged *s = NULL;
+	CHECK_OK(vps_plan_compute(&p, a, b, &o));
+	if (!p)
+		return;
+	CHECK_OK(vps_stage(&s, p, budget, -1));
+	if (!s) {
+		vps_plan_free(p);
+		return;
+	}
+	struct vps_verify_report rep;
+	CHECK_OK(vps_verify_staged(s, &rep));
+	if (rep.violations)
+		harness_fail(__FILE__, __LINE__, "case %d %s: %s -> %s budget %lld: %lld violations, first: %s", iter, m.name, da,
+			     db, (long long)budget, (long long)rep.violations, rep.nmessages ? rep.messages[0] : "");
+	vps_verify_report_release(&rep);
+	struct job ja, staged, direct;
+	job_alloc(&ja, s->plan->a);
+	job_alloc(&staged, s->plan->b);
+	job_alloc(&direct, s->plan->b);
+	job_fill(&ja);
+	execute(s, &ja, &staged);
+	job_apply_plan(s->plan, &ja, &direct);
+	int64_t bad = job_check(&staged);
+	if (bad || !same_bytes(&staged, &direct))
+		harness_fail(__FILE__, __LINE__, "case %d %s: %s -> %s budget %lld: %lld wrong elements after staging", iter,
+			     m.name, da, db, (long long)budget, (long long)bad);
+	job_free(&ja);
+	job_free(&staged);
+	job_free(&direct);
+	vps_staged_free(s);
+}
+
+TEST(random_staged_plans_verify_and_move_the_same_bytes)
+{
+	for (int i = 0; i < 16; i++)
+		one_case(i);
+}
+
+TEST(the_budget_floor_is_refused_below_and_works_at)
+{
+	struct vps_model m;
+	struct vps_parallel pa, pb;
+	struct vps_devices d;
+	struct vps_layout *a, *b;
+	CHECK_OK(vps_model_load(&m, "tiny-llama", CONFIGS "/models"));
+	vps_parallel_init(&pa);
+	vps_parallel_init(&pb);
+	CHECK_OK(vps_parallel_parse(&pa, "tp=2,dp=3,zero=1", "t"));
+	CHECK_OK(vps_parallel_parse(&pb, "tp=1,pp=2,dp=2", "t"));
+	vps_devices_packed(&d, 8, 0);
+	CHECK_OK(vps_layout_new(&a, &m, &pa, &d, "t"));
+	CHECK_OK(vps_layout_new(&b, &m, &pb, &d, "t"));
+	struct vps_plan_opts o = {.rank = -1};
+	struct vps_plan *p;
+	struct vps_staged *s = NULL;
+	CHECK_OK(vps_plan_compute(&p, a, b, &o));
+	CHECK(vps_stage(&s, p, VPS_STAGE_BUDGET_FLOOR - 1, -1) == VPS_EINPUT);
+	CHECK(strstr(vps_last_error(), "below the floor of 4096 bytes") != NULL);
+	CHECK_OK(vps_stage(&s, p, VPS_STAGE_BUDGET_FLOOR, -1));
+	struct vps_verify_report rep;
+	CHECK_OK(vps_verify_staged(s, &rep));
+	CHECK_EQ(rep.violations, 0);
+	vps_verify_report_release(&rep);
+	/* steps run to 2^ceil(log2 6) - 1 = 7, not W - 1 = 5: pairs like
+	 * (1, 6) are step 7 */
+	CHECK_EQ(s->steps, 7);
+	vps_staged_free(s);
+}
+
+TEST(a_rank_file_holds_its_transfers_and_the_worlds_stages)
+{
+	struct vps_model m;
+	struct vps_parallel pa, pb;
+	struct vps_devices d;
+	struct vps_layout *a, *b, *a2, *b2;
+	CHECK_OK(vps_model_load(&m, "tiny-gpt", CONFIGS "/models"));
+	vps_parallel_init(&pa);
+	vps_parallel_init(&pb);
+	CHECK_OK(vps_parallel_parse(&pa, "tp=2,pp=2,dp=1,zero=1", "t"));
+	CHECK_OK(vps_parallel_parse(&pb, "tp=1,pp=2,dp=3,zero=1", "t"));
+	vps_devices_packed(&d, 8, 0);
+	CHECK_OK(vps_layout_new(&a, &m, &pa, &d, "t"));
+	CHECK_OK(vps_layout_new(&b, &m, &pb, &d, "t"));
+	CHECK_OK(vps_layout_new(&a2, &m, &pa, &d, "t"));
+	CHECK_OK(vps_layout_new(&b2, &m, &pb, &d, "t"));
+	struct vps_plan_opts o = {.rank = -1};
+	struct vps_plan *p, *p2;
+	struct vps_staged *all, *one;
+	CHECK_OK(vps_plan_compute(&p, a, b, &o));
+	CHECK_OK(vps_plan_compute(&p2, a2, b2, &o));
+	CHECK_OK(vps_stage(&all, p, 1 << 20, -1));
+	CHECK_OK(vps_stage(&one, p2, 1 << 20, 3));
+	CHECK_EQ(all->nstages, one->nstages);
+	size_t mine = 0;
+	for (size_t i = 0; i < all->nxfers; i++)
+		mine += all->xfers[i].src == 3 || all->xfers[i].dst == 3;
+	CHECK_EQ(one->nxfers, mine);
+	struct vps_verify_report rep;
+	CHECK_OK(vps_verify_staged(one, &rep));
+	CHECK_EQ(rep.violations, 0);
+	vps_verify_report_release(&rep);
+	vps_staged_free(all);
+	vps_staged_free(one);
+}
