@@ -17,7 +17,7 @@ CC ?= cc
 WARN = -Wall -Wextra -Wshadow -Wvla -Wstrict-prototypes -Wmissing-prototypes -Werror
 CFLAGS ?= -O2 -g
 ALL_CFLAGS = -std=c11 -D_GNU_SOURCE -pthread $(WARN) $(CFLAGS) -Iinclude -Ilib -MMD -MP
-LDLIBS = -lyaml -lzstd -lpthread -lm
+LDLIBS = -lyaml -lzstd -lpthread -lm -lrt
 
 ifneq ($(SANITIZE),)
 ALL_CFLAGS += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
@@ -27,8 +27,8 @@ endif
 LIB_SRC = $(wildcard lib/*.c)
 LIB_OBJ = $(LIB_SRC:lib/%.c=$(BUILDDIR)/lib/%.o)
 LIB = $(BUILDDIR)/libvps.a
-CMD_COMMON = $(BUILDDIR)/cmd/common.o
-TOOLS = vps-layout vps-plan vps-stage vps-verify
+CMD_COMMON = $(BUILDDIR)/cmd/common.o $(BUILDDIR)/cmd/launcher.o
+TOOLS = vps-layout vps-plan vps-stage vps-exec vps-trainer vps-verify
 TOOL_BINS = $(TOOLS:%=$(BINDIR)/%)
 TEST_SRC = $(wildcard tests/unit/test_*.c)
 TEST_BINS = $(TEST_SRC:tests/unit/%.c=$(BUILDDIR)/tests/%)
@@ -104,7 +104,7 @@ asan:
 	$(MAKE) BUILDDIR=build-asan BINDIR=build-asan/bin SANITIZE=address,undefined CFLAGS="-O1 -g" check
 
 demo: all
-	@scripts/demo.sh
+	@scripts/demo.sh --back
 
 # ---- install ----
 MAN1 = $(wildcard man/*.1)

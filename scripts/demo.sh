@@ -1,7 +1,97 @@
 #!/usr/bin/env bash
-# make demo: what vps computes for a paper model, until the executor lands.
+# Run a real switch on this machine: one reference trainer (vps-trainer) and
+# one executor (vps-exec) per device of the transition world, over TCP on
+# loopback, host memory in /dev/shm. Exits 0 only when every rank's digest
+# matches and every trainer found its state intact.
+#
+#   scripts/demo.sh [--model M] [--from SPEC] [--to SPEC] [--np N] [--back]
+#                   [--budget SIZE] [--global-batch G] [--keep DIR]
+#
+#   --model M        a model of configs/models (default tiny-llama)
+#   --from, --to     parallel configurations (default (2,2,2) -> (4,1,2), ZeRO-1)
+#   --np N           devices per node (default 8); a bigger world joins nodes
+#   --back           switch back afterwards, on the same connections (--serve)
+#   --budget SIZE    staging budget per rank (default 64MiB)
+#   --global-batch G samples per step, checked: each read exactly once (default 16)
+#   --keep DIR       keep the files (plans, reports, logs) in DIR
 set -euo pipefail
-cd "$(dirname "$0")/.."
-echo "== LLaMA-2 7B under (tp,pp,dp) = (2,2,2) with ZeRO-1 =="
-bin/vps-layout --model llama2-7b --parallel tp=2,pp=2,dp=2,zero=1 --stats --rank 0
-bin/vps-layout --model llama2-7b --parallel tp=2,pp=2,dp=2,zero=1 | bin/vps-verify -
+top=$(cd "$(dirname "$0")/.." && pwd)
+bin=$top/bin
+model=tiny-llama from=tp=2,pp=2,dp=2,zero=1 to=tp=4,pp=1,dp=2,zero=1
+np=8 back=0 budget=64MiB gb=16 keep=
+while [ $# -gt 0 ]; do
+	case $1 in
+	--model) model=$2; shift 2 ;;
+	--from) from=$2; shift 2 ;;
+	--to) to=$2; shift 2 ;;
+	--np) np=$2; shift 2 ;;
+	--back) back=1; shift ;;
+	--budget) budget=$2; shift 2 ;;
+	--global-batch) gb=$2; shift 2 ;;
+	--keep) keep=$2; shift 2 ;;
+	-h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	*) echo "demo.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+	esac
+done
+export VPS_CONFIG_PATH=$top/configs
+if [ -n "$keep" ]; then
+	mkdir -p "$keep"
+	dir=$(cd "$keep" && pwd)
+else
+	dir=$(mktemp -d)
+	trap 'rm -rf "$dir"' EXIT
+fi
+cd "$dir"
+tag=demo$$
+"$bin/vps-layout" --model "$model" --parallel "$from" --gpus-per-node "$np" -o a.layout
+"$bin/vps-layout" --model "$model" --parallel "$to" --gpus-per-node "$np" -o b.layout
+"$bin/vps-plan" a.layout b.layout --global-batch "$gb" -o ab.plan
+"$bin/vps-stage" --budget "$budget" ab.plan -o ab.staged
+plans=(ab.staged)
+if [ "$back" = 1 ]; then
+	"$bin/vps-plan" b.layout a.layout --global-batch "$gb" -o ba.plan
+	"$bin/vps-stage" --budget "$budget" ba.plan -o ba.staged
+	plans+=(ba.staged)
+fi
+"$bin/vps-verify" -q ab.staged
+world=$("$bin/vps-plan" a.layout b.layout --stats | awk '$1 == "world:" { print $2 }')
+echo "== $model: ($from) -> ($to)$([ "$back" = 1 ] && echo ' and back'), $world devices, $np per node"
+"$bin/vps-plan" a.layout b.layout --stats | grep -E '^(joining|leaving|bytes_moved|bytes_retained|bytes_lower_bound|max_send_bytes|balanced_bound):'
+port=$((20000 + RANDOM % 20000))
+pids=()
+for ((r = 0; r < world; r++)); do
+	"$bin/vps-trainer" --registry "$tag-$r" --rank "$r" --global-batch "$gb" --samples "samples.$r" \
+		--timeout 120 "${plans[@]}" > "trainer.$r.log" 2>&1 &
+	pids+=($!)
+done
+serve=()
+[ "$back" = 1 ] && serve=(--serve)
+for ((r = 0; r < world; r++)); do
+	"$bin/vps-exec" --registry "$tag-$r" --rank "$r" --world "$world" --master "127.0.0.1:$port" \
+		--wait --check --timeout 60 --report "report.$r.yaml" "${serve[@]}" "${plans[@]}" > "exec.$r.log" 2>&1 &
+	pids+=($!)
+done
+failed=0
+for p in "${pids[@]}"; do
+	wait "$p" || failed=1
+done
+cat trainer.*.log exec.*.log | grep -vE ': ok$|digest: match$' || true
+echo "== rank 0's report"
+cat report.0.yaml 2>/dev/null || true
+# every sample read exactly once, before and after the switches
+samples=$(cat samples.* 2>/dev/null | sort -n | uniq -c | awk '$1 != 1 { bad++ } END { print NR, bad + 0 }')
+read -r distinct dups <<<"$samples"
+steps_total=$(( 3 + 2 * ${#plans[@]} ))
+if [ "$dups" != 0 ] || [ "$distinct" != $((steps_total * gb)) ]; then
+	echo "samples: $distinct distinct, $dups read twice; expected $((steps_total * gb)) once each"
+	failed=1
+else
+	echo "samples: $distinct read, each exactly once"
+fi
+if [ "$failed" = 0 ] && [ "$(grep -c 'digest: match' exec.*.log | awk -F: '{ s += $2 } END { print s }')" = $((world * ${#plans[@]})) ]; then
+	echo "digest: match"
+	exit 0
+fi
+echo "digest: FAILED (logs in $dir)" >&2
+[ -n "$keep" ] || trap - EXIT
+exit 1

@@ -1,0 +1,185 @@
+/* vps-exec: execute a staged plan on one rank. */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "launcher.h"
+#include "vps/exec.h"
+#include "vps/io.h"
+
+const char *tool_name = "vps-exec";
+
+static const char usage[] =
+	"usage: vps-exec [--registry NAME] [--transport tcp] [--timeout S] [--rank R] [--world W]\n"
+	"                [--local-rank L] [--master HOST:PORT] [--token T] [--wait] [--check]\n"
+	"                [--report FILE] [-q] STAGED\n"
+	"       vps-exec --serve [options] STAGED STAGED...\n"
+	"       vps-exec -h | --version\n"
+	"options:\n"
+	"  --registry NAME     the trainer's registry (default vps-%r); %r world rank, %a source rank,\n"
+	"                      %b target rank, %l local rank\n"
+	"  --transport tcp     how bytes move (tcp: host memory over TCP)\n"
+	"  --timeout S         seconds without progress before giving up (default 60)\n"
+	"  --rank R            world rank (default: RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK)\n"
+	"  --world W           world size, checked against the plan\n"
+	"  --local-rank L      rank on this node (default: LOCAL_RANK, ...)\n"
+	"  --master HOST:PORT  rank 0's rendezvous (default: MASTER_ADDR, MASTER_PORT)\n"
+	"  --token T           job token; peers with another are refused (default: VPS_JOB_TOKEN)\n"
+	"  --wait              connect first, then wait for the trainer's request\n"
+	"  --serve             one switch per STAGED, in order, on the same connections\n"
+	"  --check             digest the state before and after; done only when they match\n"
+	"  --report FILE       write the report as YAML (- for standard output)\n"
+	"  -q, --quiet         no summary line\n"
+	"  -h, --help          this text\n"
+	"  --version           the version\n";
+
+static void progress(void *ctx, int64_t stage, int64_t nstages, int64_t bytes, double seconds)
+{
+	(void)ctx;
+	fprintf(stderr, "\rvps-exec: stage %" PRId64 "/%" PRId64 ": %.1f MB in %.3f s   ", stage + 1, nstages,
+		(double)bytes / 1e6, seconds);
+	if (stage + 1 == nstages)
+		fputc('\n', stderr);
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"registry", required_argument, NULL, 'R'}, {"transport", required_argument, NULL, 'T'},
+		{"timeout", required_argument, NULL, 't'},  {"rank", required_argument, NULL, 'r'},
+		{"world", required_argument, NULL, 'w'},    {"local-rank", required_argument, NULL, 'l'},
+		{"master", required_argument, NULL, 'm'},   {"token", required_argument, NULL, 'k'},
+		{"wait", no_argument, NULL, 'W'},           {"serve", no_argument, NULL, 'S'},
+		{"check", no_argument, NULL, 'c'},          {"report", required_argument, NULL, 'p'},
+		{"quiet", no_argument, NULL, 'q'},          {"help", no_argument, NULL, 'h'},
+		{"version", no_argument, NULL, 'V'},        {0, 0, 0, 0}};
+	struct launch l = {-1, -1, -1, "", 0, NULL};
+	struct vps_exec_opts o = {0};
+	const char *report = NULL;
+	bool serve = false, quiet = false;
+	double timeout = 60;
+	int c;
+	o.registry = "vps-%r";
+	o.token = 0x4a5f535056ULL;
+	const char *tok = getenv("VPS_JOB_TOKEN");
+	if (tok)
+		o.token = strtoull(tok, NULL, 0);
+	while ((c = getopt_long(argc, argv, "hq", opts, NULL)) != -1) {
+		switch (c) {
+		case 'R': o.registry = optarg; break;
+		case 'T':
+			if (strcmp(optarg, "tcp"))
+				return tool_usage_error("--transport %s: this build moves host memory over tcp only "
+							"(ipc and nccl come with the GPU transports)", optarg);
+			break;
+		case 't': {
+			char *end;
+			timeout = strtod(optarg, &end);
+			if (*end || timeout <= 0)
+				return tool_usage_error("--timeout: '%s' is not a positive number of seconds", optarg);
+			break;
+		}
+		case 'r':
+			if (!tool_parse_i64(optarg, &l.rank))
+				return tool_usage_error("--rank: '%s' is not a rank", optarg);
+			break;
+		case 'w':
+			if (!tool_parse_i64(optarg, &l.world) || !l.world)
+				return tool_usage_error("--world: '%s' is not a world size", optarg);
+			break;
+		case 'l':
+			if (!tool_parse_i64(optarg, &l.local_rank))
+				return tool_usage_error("--local-rank: '%s' is not a rank", optarg);
+			break;
+		case 'm': {
+			const char *colon = strrchr(optarg, ':');
+			int64_t port;
+			if (!colon || colon == optarg || !tool_parse_i64(colon + 1, &port) || port < 1 || port > 65535)
+				return tool_usage_error("--master: '%s' is not HOST:PORT", optarg);
+			snprintf(l.master_host, sizeof(l.master_host), "%.*s", (int)(colon - optarg), optarg);
+			l.master_port = (int)port;
+			break;
+		}
+		case 'k': o.token = strtoull(optarg, NULL, 0); break;
+		case 'W': o.wait = true; break;
+		case 'S': serve = true; break;
+		case 'c': o.check = true; break;
+		case 'p': report = optarg; break;
+		case 'q': quiet = true; break;
+		case 'h': fputs(usage, stdout); return tool_finish(EXIT_OK);
+		case 'V': printf("vps-exec %s\n", VPS_VERSION_STRING); return tool_finish(EXIT_OK);
+		default: fputs(usage, stderr); return EXIT_USAGE;
+		}
+	}
+	size_t nplans = (size_t)(argc - optind);
+	if (!nplans)
+		return tool_usage_error("expected a staged plan\n%s", usage);
+	if (nplans > 1 && !serve)
+		return tool_usage_error("several staged plans need --serve");
+	int st = launch_resolve(&l, true);
+	if (st)
+		return st;
+	o.rank = l.rank;
+	o.local_rank = l.local_rank;
+	o.master_host = l.master_host;
+	o.master_port = l.master_port;
+	o.timeout = timeout;
+	if (isatty(STDERR_FILENO) && !quiet) {
+		o.progress = progress;
+	}
+	struct vps_staged **plans = calloc(nplans, sizeof(*plans));
+	struct vps_exec_report *reps = calloc(nplans, sizeof(*reps));
+	vps_result_t rc = VPS_OK;
+	int status = EXIT_OK;
+	if (!plans || !reps) {
+		free(plans);
+		free(reps);
+		return tool_usage_error("out of memory");
+	}
+	for (size_t i = 0; i < nplans && !rc; i++)
+		rc = vps_staged_load(&plans[i], argv[optind + (int)i]);
+	if (!rc && l.world >= 0 && l.world != vps_world_size(plans[0]->plan->world)) {
+		status = tool_usage_error("the launcher's world is %" PRId64 ", the plan's transition world %" PRId64,
+					  l.world, vps_world_size(plans[0]->plan->world));
+		goto done;
+	}
+	if (!rc)
+		rc = vps_exec_run(plans, nplans, &o, reps);
+	if (rc) {
+		fprintf(stderr, "vps-exec: rank %" PRId64 ": %s\n", l.rank, *vps_last_error() ? vps_last_error() : vps_strerror(rc));
+		status = rc == VPS_EINPUT || rc == VPS_EFORMAT ? EXIT_USAGE : EXIT_CHECK;
+		goto done;
+	}
+	for (size_t i = 0; i < nplans && !quiet; i++) {
+		const struct vps_exec_report *r = &reps[i];
+		double moved = (double)(r->bytes_sent + r->bytes_received);
+		printf("vps-exec: rank %" PRId64 ": switch %" PRIu64 ": sent %.1f MB, received %.1f MB, copied %.1f MB in %.3f s"
+		       " (%.2f GB/s); pause %.3f s, setup %.3f s; digest: %s\n",
+		       r->rank, r->switch_seq, (double)r->bytes_sent / 1e6, (double)r->bytes_received / 1e6,
+		       (double)r->bytes_copied / 1e6, r->transfer_seconds,
+		       r->transfer_seconds > 0 ? moved / r->transfer_seconds / 1e9 : 0.0, r->pause_seconds, r->setup_seconds,
+		       !r->checked ? "not checked" : r->digest_match ? "match" : "mismatch");
+	}
+	if (report) {
+		struct vps_bytes b = {0};
+		rc = vps_exec_report_yaml(reps, nplans, &b);
+		if (!rc)
+			rc = vps_write_output(report, &b, false);
+		vps_bytes_release(&b);
+		if (rc)
+			status = tool_fail(rc);
+	}
+	status = tool_finish(status);
+done:
+	for (size_t i = 0; i < nplans; i++) {
+		vps_staged_free(plans[i]);
+		vps_exec_report_release(&reps[i]);
+	}
+	free(plans);
+	free(reps);
+	return status;
+}

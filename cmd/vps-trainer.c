@@ -1,0 +1,126 @@
+/* vps-trainer: the reference trainer, for tests and demos. */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "launcher.h"
+#include "vps/trainer.h"
+
+const char *tool_name = "vps-trainer";
+
+static const char usage[] =
+	"usage: vps-trainer [--registry NAME] [--rank R] [--steps N] [--steps-after M]\n"
+	"                   [--global-batch G] [--micro-batch B] [--samples FILE] [--timeout S]\n"
+	"                   STAGED...\n"
+	"       vps-trainer -h | --version\n"
+	"options:\n"
+	"  --registry NAME     registry to create (default vps-%r; %r world rank, %l local rank)\n"
+	"  --rank R            world rank (default: RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK)\n"
+	"  --steps N           optimizer steps before the first switch (default 3)\n"
+	"  --steps-after M     steps after each switch (default 2)\n"
+	"  --global-batch G    samples per step (default 0: no data loader)\n"
+	"  --micro-batch B     micro batch under the first layout (default 1)\n"
+	"  --samples FILE      append every sample id this rank reads\n"
+	"  --timeout S         seconds to wait for each switch (default 120)\n"
+	"  -h, --help          this text\n"
+	"  --version           the version\n";
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"registry", required_argument, NULL, 'R'},   {"rank", required_argument, NULL, 'r'},
+		{"steps", required_argument, NULL, 's'},      {"steps-after", required_argument, NULL, 'a'},
+		{"global-batch", required_argument, NULL, 'g'}, {"micro-batch", required_argument, NULL, 'b'},
+		{"samples", required_argument, NULL, 'L'},    {"timeout", required_argument, NULL, 't'},
+		{"help", no_argument, NULL, 'h'},             {"version", no_argument, NULL, 'V'},
+		{0, 0, 0, 0}};
+	struct launch l = {-1, -1, -1, "", 0, NULL};
+	struct vps_trainer_opts o = {0};
+	const char *pattern = "vps-%r";
+	int c;
+	o.steps_before = 3;
+	o.steps_after = 2;
+	o.micro_batch = 1;
+	o.timeout = 120;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		int64_t v;
+		switch (c) {
+		case 'R': pattern = optarg; break;
+		case 'r':
+			if (!tool_parse_i64(optarg, &l.rank))
+				return tool_usage_error("--rank: '%s' is not a rank", optarg);
+			break;
+		case 's':
+		case 'a':
+		case 'g':
+		case 'b':
+			if (!tool_parse_i64(optarg, &v))
+				return tool_usage_error("'%s' is not a non-negative integer", optarg);
+			if (c == 's')
+				o.steps_before = v;
+			else if (c == 'a')
+				o.steps_after = v;
+			else if (c == 'g')
+				o.global_batch = v;
+			else
+				o.micro_batch = v;
+			break;
+		case 'L': o.samples_log = optarg; break;
+		case 't': {
+			char *end;
+			o.timeout = strtod(optarg, &end);
+			if (*end || o.timeout <= 0)
+				return tool_usage_error("--timeout: '%s' is not a positive number of seconds", optarg);
+			break;
+		}
+		case 'h': fputs(usage, stdout); return tool_finish(EXIT_OK);
+		case 'V': printf("vps-trainer %s\n", VPS_VERSION_STRING); return tool_finish(EXIT_OK);
+		default: fputs(usage, stderr); return EXIT_USAGE;
+		}
+	}
+	size_t nplans = (size_t)(argc - optind);
+	if (!nplans)
+		return tool_usage_error("expected a staged plan\n%s", usage);
+	int st = launch_resolve(&l, false);
+	if (st)
+		return st;
+	o.rank = l.rank;
+	char name[128];
+	size_t len = 0;
+	for (const char *p = pattern; *p && len + 24 < sizeof(name); p++) {
+		if (p[0] == '%' && (p[1] == 'r' || p[1] == 'l')) {
+			len += (size_t)snprintf(name + len, sizeof(name) - len, "%" PRId64, p[1] == 'r' ? l.rank : l.local_rank);
+			p++;
+		} else {
+			name[len++] = *p;
+		}
+	}
+	name[len] = '\0';
+	o.registry = name;
+	struct vps_staged **plans = calloc(nplans, sizeof(*plans));
+	vps_result_t rc = plans ? VPS_OK : VPS_ENOMEM;
+	for (size_t i = 0; i < nplans && !rc; i++)
+		rc = vps_staged_load(&plans[i], argv[optind + (int)i]);
+	struct vps_trainer_result res;
+	if (!rc)
+		rc = vps_trainer_run(plans, nplans, &o, &res);
+	int status;
+	if (rc) {
+		fprintf(stderr, "vps-trainer: rank %" PRId64 ": %s\n", l.rank, *vps_last_error() ? vps_last_error() : vps_strerror(rc));
+		status = rc == VPS_EINPUT || rc == VPS_EFORMAT ? EXIT_USAGE : EXIT_CHECK;
+	} else {
+		bool ok = !res.wrong_elements && !res.dirty_padding && res.training_state_ok;
+		printf("vps-trainer: rank %" PRId64 ": %" PRId64 " switches, step %" PRId64 ", %" PRId64
+		       " samples; %" PRId64 " wrong elements, %" PRId64 " dirty padding, training state %s: %s\n",
+		       l.rank, res.switches, res.step, res.consumed_samples, res.wrong_elements, res.dirty_padding,
+		       res.training_state_ok ? "carried" : "LOST", ok ? "ok" : "FAILED");
+		status = tool_finish(ok ? EXIT_OK : EXIT_CHECK);
+	}
+	for (size_t i = 0; plans && i < nplans; i++)
+		vps_staged_free(plans[i]);
+	free(plans);
+	return status;
+}

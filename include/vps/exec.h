@@ -1,0 +1,60 @@
+/* Executing a staged plan on one rank: attach to the trainer's registry,
+ * rendezvous with the peers, then per stage allocate, pack, exchange,
+ * unpack and free. */
+#ifndef VPS_EXEC_H
+#define VPS_EXEC_H
+
+#include "vps/stage.h"
+
+struct vps_exec_opts {
+	const char *registry;   /* name; %r world rank, %a A rank, %b B rank, %l local rank */
+	int64_t rank;           /* world rank in the first plan */
+	int64_t local_rank;
+	const char *master_host;
+	int master_port;
+	double timeout;         /* seconds without progress */
+	uint64_t token;         /* job token */
+	bool wait;              /* connect first, then wait for the trainer's request */
+	bool check;             /* digest before and after; done only when they match */
+	/* progress callback after each stage (may be NULL) */
+	void (*progress)(void *ctx, int64_t stage, int64_t nstages, int64_t bytes, double seconds);
+	void *progress_ctx;
+};
+
+struct vps_exec_stage_report {
+	int64_t bytes_sent, bytes_received, bytes_copied;
+	double seconds;
+};
+
+struct vps_exec_report {
+	int64_t rank, world;
+	size_t nstages;
+	struct vps_exec_stage_report *stages;
+	int64_t bytes_sent, bytes_received, bytes_copied;
+	double setup_seconds;     /* open registry, bootstrap, connect: overlapped with training under --wait */
+	double waited_seconds;    /* waiting for the trainer's request */
+	double pause_seconds;     /* from the request claimed to destinations marked done */
+	double transfer_seconds;  /* the stages */
+	bool checked, digest_match;
+	uint64_t digest_before, digest_after;
+	uint64_t switch_seq;
+};
+
+void vps_exec_report_release(struct vps_exec_report *r);
+
+/* Run one switch per staged plan in order (more than one: a long-running
+ * executor that keeps its connections, --serve). All plans must be over the
+ * same devices. One report per switch is filled in reports[]. */
+vps_result_t vps_exec_run(struct vps_staged *const *plans, size_t nplans, const struct vps_exec_opts *o,
+			  struct vps_exec_report *reports);
+
+/* The layout-independent digest of this rank's part of a layout: the
+ * elements of its regions it is the lowest-numbered holder of, so that
+ * summing over ranks counts every replica once. buffers[i] is the rank's
+ * buffer i. */
+vps_result_t vps_exec_digest(const struct vps_layout *l, int64_t rank, void *const *buffers, uint64_t *digest);
+
+struct vps_bytes;
+vps_result_t vps_exec_report_yaml(const struct vps_exec_report *reps, size_t n, struct vps_bytes *out);
+
+#endif

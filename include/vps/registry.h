@@ -1,0 +1,127 @@
+/* The trainer registry: how a training process publishes its buffers to
+ * vps-exec and asks for a switch.
+ *
+ * A registry is a POSIX shared-memory object (/dev/shm/NAME, mode 0600)
+ * created by the trainer. It holds a versioned header, the hash and rank of
+ * the layout the trainer runs under (source) and of the layout it switches
+ * to (target), one entry per buffer (role, buffer id in the rank's layout,
+ * state, dtype, size, and where the bytes are: a shared-memory object and an
+ * offset for host memory, or a CUDA IPC handle and an offset), a control
+ * block (idle -> requested -> running -> done | failed, with a sequence
+ * number and the failure text) and the training scalars that travel with a
+ * switch. The owner's pid and start time are recorded: a registry whose
+ * owner is gone is stale and is refused, never silently reused.
+ *
+ * The API is small and uses only integers, strings and pointers so that a
+ * Python trainer can call it through ctypes. */
+#ifndef VPS_REGISTRY_H
+#define VPS_REGISTRY_H
+
+#include "vps/vps.h"
+
+#define VPS_REGISTRY_VERSION 1
+#define VPS_REGISTRY_NAME_MAX 64
+
+enum vps_registry_state {
+	VPS_REG_IDLE = 0,
+	VPS_REG_REQUESTED = 1,
+	VPS_REG_RUNNING = 2,
+	VPS_REG_DONE = 3,
+	VPS_REG_FAILED = 4,
+};
+
+enum vps_registry_role { VPS_ROLE_SOURCE = 0, VPS_ROLE_TARGET = 1 };
+enum vps_registry_where { VPS_WHERE_HOST = 0, VPS_WHERE_CUDA = 1 };
+
+/* Training scalars; the executor copies source rank 0's into every
+ * destination, with the target's micro batch and accumulation. */
+struct vps_registry_training {
+	int64_t step, consumed_samples, scheduler_step;
+	int64_t global_batch, micro_batch, grad_accum, dp;
+	int64_t valid; /* 1 when set */
+};
+
+struct vps_registry_entry_info {
+	int role;       /* enum vps_registry_role */
+	uint32_t buffer;
+	int state, dtype;
+	int64_t elements;
+	uint64_t bytes;
+	int where;      /* enum vps_registry_where */
+	char shm_name[VPS_REGISTRY_NAME_MAX + 8];
+	uint64_t offset;
+	int device;
+	unsigned char ipc_handle[64];
+	int released;   /* the executor no longer reads it */
+};
+
+struct vps_registry;
+
+/* Create a registry for a trainer running rank `rank` of the layout with
+ * hash layout_hash (rank -1 and hash 0 for a joining device that has no
+ * source). An existing registry of that name is refused when its owner is
+ * alive; a stale one (owner gone) is replaced only with replace_stale.
+ * @return VPS_EINPUT with the reason when the name is taken. */
+vps_result_t vps_registry_create(struct vps_registry **out, const char *name, uint64_t layout_hash, int64_t rank,
+				 uint32_t max_entries, int replace_stale);
+/* Open an existing registry (the executor). Fails when it is stale. */
+vps_result_t vps_registry_open(struct vps_registry **out, const char *name);
+/* Unmap. The trainer's close also removes the object and its buffers. */
+void vps_registry_close(struct vps_registry *r);
+/* Remove a registry and its host buffers by name (stale cleanup). */
+vps_result_t vps_registry_unlink(const char *name);
+
+const char *vps_registry_name(const struct vps_registry *r);
+uint64_t vps_registry_layout_hash(const struct vps_registry *r);
+int64_t vps_registry_rank(const struct vps_registry *r);
+uint64_t vps_registry_target_hash(const struct vps_registry *r);
+int64_t vps_registry_target_rank(const struct vps_registry *r);
+/* Declare the layout the trainer switches to and its rank there. */
+vps_result_t vps_registry_set_target(struct vps_registry *r, uint64_t target_hash, int64_t target_rank);
+
+/* Allocate a host buffer in a new shared-memory object owned by the
+ * registry and register it. *ptr receives the trainer's mapping. */
+vps_result_t vps_registry_alloc_host(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
+				     int64_t elements, void **ptr);
+/* Register bytes the trainer already has in a shared-memory object. */
+vps_result_t vps_registry_add_host(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
+				   int64_t elements, const char *shm_name, uint64_t offset);
+/* Register GPU memory by its CUDA IPC handle (cudaIpcMemHandle_t bytes). */
+vps_result_t vps_registry_add_cuda(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
+				   int64_t elements, int device, const void *ipc_handle, uint64_t offset);
+
+uint32_t vps_registry_num_entries(const struct vps_registry *r);
+vps_result_t vps_registry_entry(const struct vps_registry *r, uint32_t i, struct vps_registry_entry_info *out);
+/* Index of the entry of (role, buffer), or -1. */
+int64_t vps_registry_find(const struct vps_registry *r, int role, uint32_t buffer);
+/* Map a host entry into this process (the executor). Sources are mapped
+ * read-only: the executor cannot write a source buffer. */
+vps_result_t vps_registry_map(struct vps_registry *r, uint32_t i, bool writable, void **ptr);
+/* Trainer, between switches: forget every entry and the target, and
+ * declare the layout now run (its former targets are re-added as sources
+ * with vps_registry_add_host and their shared-memory names). */
+vps_result_t vps_registry_reset(struct vps_registry *r, uint64_t layout_hash, int64_t rank);
+/* Mark an entry no longer read (the trainer may free it). */
+void vps_registry_release(struct vps_registry *r, uint32_t i);
+
+/* ---- the switch protocol ---- */
+/* Trainer: request a switch; *seq receives its sequence number. */
+vps_result_t vps_registry_request(struct vps_registry *r, uint64_t *seq);
+/* Wait until the switch seq is done or failed (or timeout seconds pass).
+ * @return VPS_OK when done, VPS_EPEER with the executor's message when
+ * failed, VPS_ETIMEOUT. */
+vps_result_t vps_registry_wait(struct vps_registry *r, uint64_t seq, double timeout);
+/* Executor: wait for a request newer than after_seq; claim it (running). */
+vps_result_t vps_registry_claim(struct vps_registry *r, uint64_t after_seq, double timeout, uint64_t *seq);
+/* Executor: end the switch (ok: done; otherwise failed with message). */
+void vps_registry_finish(struct vps_registry *r, uint64_t seq, int ok, const char *message);
+/* Executor: it failed outside a switch (bootstrap, a peer); the trainer's
+ * wait and next request return the message at once. */
+void vps_registry_abort(struct vps_registry *r, const char *message);
+int vps_registry_state(const struct vps_registry *r, uint64_t *seq);
+const char *vps_registry_failure(const struct vps_registry *r);
+
+void vps_registry_get_training(const struct vps_registry *r, struct vps_registry_training *t);
+void vps_registry_set_training(struct vps_registry *r, const struct vps_registry_training *t);
+
+#endif

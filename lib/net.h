@@ -1,0 +1,48 @@
+/* The tcp transport: bootstrap through rank 0, a mesh of connections
+ * between the ranks that exchange data, non-blocking exchanges with every
+ * transfer of a stage in flight at once, and small collectives through
+ * rank 0. Every wait is bounded by a timeout that names the peer. */
+#ifndef VPS_NET_H
+#define VPS_NET_H
+
+#include "vps/vps.h"
+
+struct vps_net;
+
+struct vps_net_opts {
+	int64_t rank, world;
+	const char *master_host; /* rank 0 listens here */
+	int master_port;
+	double timeout;          /* seconds without progress before giving up */
+	uint64_t token;          /* job token: peers of another job are refused */
+	uint64_t plan_hash;      /* every rank must hold the same plan */
+	const int64_t *peers;    /* ranks this rank exchanges data with */
+	size_t npeers;
+};
+
+vps_result_t vps_net_start(struct vps_net **out, const struct vps_net_opts *o);
+void vps_net_free(struct vps_net *n);
+
+/* One message of an exchange: bytes to send to or receive from a peer. */
+struct vps_net_msg {
+	int64_t peer;
+	const void *send; /* NULL when nothing is sent */
+	size_t send_len;
+	void *recv;       /* NULL when nothing is received */
+	size_t recv_len;
+	uint64_t tag;     /* both sides must agree (stage, step, chunk) */
+};
+
+/* Send and receive every message at once; returns when all are done.
+ * what names the exchange in messages ("stage 3"). */
+vps_result_t vps_net_exchange(struct vps_net *n, struct vps_net_msg *msgs, size_t nmsgs, const char *what);
+
+/* Sum n values over all ranks (result on every rank). */
+vps_result_t vps_net_allreduce_sum(struct vps_net *n, uint64_t *v, size_t count, const char *what);
+/* Rank 0's bytes to every rank. */
+vps_result_t vps_net_broadcast(struct vps_net *n, void *buf, size_t len, const char *what);
+/* Everyone reports ok/failure; returns VPS_EPEER naming a failed rank if
+ * any failed. */
+vps_result_t vps_net_agree(struct vps_net *n, bool ok, const char *what);
+
+#endif

@@ -1,0 +1,591 @@
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "vps/registry.h"
+
+#define REG_MAGIC "VPSREG\0\1"
+
+struct reg_entry {
+	uint32_t role, buffer;
+	int32_t state, dtype;
+	int64_t elements;
+	uint64_t bytes;
+	uint32_t where;
+	int32_t device;
+	char shm_name[VPS_REGISTRY_NAME_MAX + 8];
+	uint64_t offset;
+	unsigned char ipc[64];
+	_Atomic uint32_t released;
+	uint32_t pad;
+};
+
+struct reg_header {
+	char magic[8];
+	uint32_t version, header_size, entry_size, max_entries;
+	_Atomic uint32_t nentries;
+	int32_t owner_pid;
+	uint64_t owner_start;
+	uint64_t layout_hash;
+	int64_t rank;
+	uint64_t target_hash;
+	int64_t target_rank;
+	_Atomic uint32_t state;
+	uint32_t pad;
+	_Atomic uint64_t seq;
+	int32_t executor_pid;
+	uint32_t pad2;
+	uint64_t next_object; /* serial of the next buffer object NAME.serial */
+	_Atomic uint32_t aborted; /* the executor failed outside a switch */
+	uint32_t pad3;
+	char abort_message[256];
+	char failure[256];
+	struct vps_registry_training training;
+	struct reg_entry entries[];
+};
+
+struct mapping {
+	void *base;
+	size_t len;
+};
+
+struct vps_registry {
+	char name[VPS_REGISTRY_NAME_MAX + 2];
+	struct reg_header *h;
+	size_t size;
+	bool owner;
+	struct mapping *maps; /* the owner's buffers, or the executor's mappings */
+	size_t nmaps, capmaps;
+};
+
+static vps_result_t check_name(const char *name)
+{
+	size_t n = strlen(name);
+	if (!n || n > VPS_REGISTRY_NAME_MAX || strchr(name, '/'))
+		return vps_fail(VPS_EINPUT, "registry name '%s': 1 to %d characters, no '/'", name, VPS_REGISTRY_NAME_MAX);
+	return VPS_OK;
+}
+
+/* Start time of a process in clock ticks since boot (/proc/PID/stat field
+ * 22), to tell a live owner from a new process that reused its pid. */
+static uint64_t proc_start(int pid)
+{
+	char path[64], buf[1024];
+	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 0;
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	char *p = strrchr(buf, ')');
+	if (!p)
+		return 0;
+	/* fields after the command: state is field 3, starttime field 22 */
+	int field = 2;
+	unsigned long long v = 0;
+	for (char *tok = strtok(p + 1, " "); tok; tok = strtok(NULL, " ")) {
+		if (++field == 22) {
+			v = strtoull(tok, NULL, 10);
+			break;
+		}
+	}
+	return v;
+}
+
+static bool owner_alive(const struct reg_header *h)
+{
+	if (h->owner_pid <= 0)
+		return false;
+	if (kill(h->owner_pid, 0) != 0 && errno == ESRCH)
+		return false;
+	uint64_t st = proc_start(h->owner_pid);
+	return st == 0 || st == h->owner_start;
+}
+
+static void shm_path(char *out, size_t n, const char *name) { snprintf(out, n, "/%s", name); }
+
+static void buffer_shm_name(char *out, size_t n, const char *reg, uint64_t serial)
+{
+	snprintf(out, n, "%s.%" PRIu64, reg, serial);
+}
+
+static vps_result_t map_object(const char *name, bool create, size_t size, void **base, size_t *len);
+static vps_result_t map_object_prot(const char *name, bool create, bool writable, size_t size, void **base,
+				    size_t *len);
+
+static vps_result_t map_object(const char *name, bool create, size_t size, void **base, size_t *len)
+{
+	return map_object_prot(name, create, true, size, base, len);
+}
+
+static vps_result_t map_object_prot(const char *name, bool create, bool writable, size_t size, void **base,
+				    size_t *len)
+{
+	char path[VPS_REGISTRY_NAME_MAX + 16];
+	shm_path(path, sizeof(path), name);
+	int fd = shm_open(path, create ? O_CREAT | O_EXCL | O_RDWR : writable ? O_RDWR : O_RDONLY, 0600);
+	if (fd < 0)
+		return vps_fail(errno == ENOENT ? VPS_EINPUT : VPS_ESYS, "shared memory /dev/shm/%s: %s", name,
+				strerror(errno));
+	if (create && ftruncate(fd, (off_t)size) != 0) {
+		vps_result_t rc = vps_fail_errno("shared memory /dev/shm/%s: resize to %zu bytes", name, size);
+		close(fd);
+		shm_unlink(path);
+		return rc;
+	}
+	if (!create) {
+		struct stat st;
+		if (fstat(fd, &st) != 0) {
+			close(fd);
+			return vps_fail_errno("shared memory /dev/shm/%s", name);
+		}
+		size = (size_t)st.st_size;
+	}
+	void *p = size ? mmap(NULL, size, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0) : NULL;
+	close(fd);
+	if (size && p == MAP_FAILED)
+		return vps_fail_errno("shared memory /dev/shm/%s: map %zu bytes", name, size);
+	*base = p;
+	*len = size;
+	return VPS_OK;
+}
+
+static vps_result_t remember(struct vps_registry *r, void *base, size_t len)
+{
+	VPS_CHECK(VPS_GROW(r->maps, r->capmaps, r->nmaps + 1));
+	r->maps[r->nmaps++] = (struct mapping){base, len};
+	return VPS_OK;
+}
+
+static vps_result_t attach(struct vps_registry **out, const char *name)
+{
+	void *base;
+	size_t len;
+	VPS_CHECK(map_object(name, false, 0, &base, &len));
+	struct reg_header *h = base;
+	static const char none[8];
+	if (len < sizeof(*h) || !memcmp(h->magic, none, 8)) {
+		/* the trainer is creating it: the magic is written last */
+		if (len)
+			munmap(base, len);
+		return vps_fail(VPS_EINPUT, "registry %s is not ready yet", name);
+	}
+	if (memcmp(h->magic, REG_MAGIC, 8) != 0) {
+		munmap(base, len);
+		return vps_fail(VPS_EFORMAT, "registry %s: not a vps registry", name);
+	}
+	if (h->version != VPS_REGISTRY_VERSION || h->entry_size != sizeof(struct reg_entry) ||
+	    len < sizeof(*h) + (size_t)h->max_entries * sizeof(struct reg_entry)) {
+		munmap(base, len);
+		return vps_fail(VPS_EFORMAT, "registry %s: version %u, this build reads %d", name, h->version,
+				VPS_REGISTRY_VERSION);
+	}
+	struct vps_registry *r = vps_calloc(1, sizeof(*r));
+	if (!r) {
+		munmap(base, len);
+		return VPS_ENOMEM;
+	}
+	snprintf(r->name, sizeof(r->name), "%s", name);
+	r->h = h;
+	r->size = len;
+	*out = r;
+	return VPS_OK;
+}
+
+vps_result_t vps_registry_unlink(const char *name)
+{
+	VPS_CHECK(check_name(name));
+	/* the registry and every buffer object NAME.N it made */
+	DIR *d = opendir("/dev/shm");
+	size_t n = strlen(name);
+	if (d) {
+		for (struct dirent *e; (e = readdir(d));) {
+			if (strncmp(e->d_name, name, n) || e->d_name[n] != '.')
+				continue;
+			bool digits = e->d_name[n + 1] != '\0';
+			for (const char *c = e->d_name + n + 1; *c; c++)
+				digits &= *c >= '0' && *c <= '9';
+			if (digits) {
+				char path[sizeof(e->d_name) + 2];
+				snprintf(path, sizeof(path), "/%s", e->d_name);
+				shm_unlink(path);
+			}
+		}
+		closedir(d);
+	}
+	char path[VPS_REGISTRY_NAME_MAX + 16];
+	shm_path(path, sizeof(path), name);
+	if (shm_unlink(path) != 0 && errno != ENOENT)
+		return vps_fail_errno("registry %s: remove", name);
+	return VPS_OK;
+}
+
+vps_result_t vps_registry_reset(struct vps_registry *r, uint64_t layout_hash, int64_t rank)
+{
+	uint32_t st = atomic_load(&r->h->state);
+	if (st == VPS_REG_REQUESTED || st == VPS_REG_RUNNING)
+		return vps_fail(VPS_EINPUT, "registry %s: a switch is under way", r->name);
+	atomic_store(&r->h->nentries, 0);
+	r->h->layout_hash = layout_hash;
+	r->h->rank = rank;
+	r->h->target_hash = 0;
+	r->h->target_rank = -1;
+	return VPS_OK;
+}
+
+vps_result_t vps_registry_create(struct vps_registry **out, const char *name, uint64_t layout_hash, int64_t rank,
+				 uint32_t max_entries, int replace_stale)
+{
+	VPS_CHECK(check_name(name));
+	if (!max_entries || max_entries > (1u << 20))
+		return vps_fail(VPS_EINPUT, "registry %s: max_entries must be 1 to %u", name, 1u << 20);
+	size_t size = sizeof(struct reg_header) + (size_t)max_entries * sizeof(struct reg_entry);
+	void *base;
+	size_t len;
+	vps_result_t rc = map_object(name, true, size, &base, &len);
+	if (rc && errno == EEXIST) {
+		struct vps_registry *old;
+		if (attach(&old, name) == VPS_OK) {
+			bool alive = owner_alive(old->h);
+			int pid = old->h->owner_pid;
+			munmap(old->h, old->size);
+			free(old);
+			if (alive)
+				return vps_fail(VPS_EINPUT, "registry %s is in use by pid %d", name, pid);
+			if (!replace_stale)
+				return vps_fail(VPS_EINPUT,
+						"registry %s is stale (its trainer, pid %d, is gone); remove /dev/shm/%s",
+						name, pid, name);
+		} else if (!replace_stale) {
+			return vps_fail(VPS_EINPUT, "/dev/shm/%s exists and is not a vps registry", name);
+		}
+		VPS_CHECK(vps_registry_unlink(name));
+		rc = map_object(name, true, size, &base, &len);
+	}
+	if (rc)
+		return rc;
+	struct reg_header *h = base;
+	memset(h, 0, size);
+	h->version = VPS_REGISTRY_VERSION;
+	h->header_size = sizeof(*h);
+	h->entry_size = sizeof(struct reg_entry);
+	h->max_entries = max_entries;
+	h->owner_pid = (int32_t)getpid();
+	h->owner_start = proc_start((int)getpid());
+	h->layout_hash = layout_hash;
+	h->rank = rank;
+	h->target_rank = -1;
+	atomic_store(&h->state, VPS_REG_IDLE);
+	/* the magic last: an executor never sees a half-made registry */
+	atomic_thread_fence(memory_order_release);
+	memcpy(h->magic, REG_MAGIC, 8);
+	struct vps_registry *r = vps_calloc(1, sizeof(*r));
+	if (!r) {
+		munmap(base, len);
+		return VPS_ENOMEM;
+	}
+	snprintf(r->name, sizeof(r->name), "%s", name);
+	r->h = h;
+	r->size = len;
+	r->owner = true;
+	*out = r;
+	return VPS_OK;
+}
+
+vps_result_t vps_registry_open(struct vps_registry **out, const char *name)
+{
+	VPS_CHECK(check_name(name));
+	VPS_CHECK(attach(out, name));
+	if (!owner_alive((*out)->h)) {
+		int pid = (*out)->h->owner_pid;
+		vps_registry_close(*out);
+		*out = NULL;
+		return vps_fail(VPS_EINPUT, "registry %s is stale (its trainer, pid %d, is gone)", name, pid);
+	}
+	return VPS_OK;
+}
+
+void vps_registry_close(struct vps_registry *r)
+{
+	if (!r)
+		return;
+	for (size_t i = 0; i < r->nmaps; i++)
+		if (r->maps[i].base)
+			munmap(r->maps[i].base, r->maps[i].len);
+	free(r->maps);
+	if (r->owner) {
+		char name[VPS_REGISTRY_NAME_MAX + 2];
+		snprintf(name, sizeof(name), "%s", r->name);
+		munmap(r->h, r->size);
+		vps_registry_unlink(name);
+	} else {
+		munmap(r->h, r->size);
+	}
+	free(r);
+}
+
+const char *vps_registry_name(const struct vps_registry *r) { return r->name; }
+uint64_t vps_registry_layout_hash(const struct vps_registry *r) { return r->h->layout_hash; }
+int64_t vps_registry_rank(const struct vps_registry *r) { return r->h->rank; }
+uint64_t vps_registry_target_hash(const struct vps_registry *r) { return r->h->target_hash; }
+int64_t vps_registry_target_rank(const struct vps_registry *r) { return r->h->target_rank; }
+
+vps_result_t vps_registry_set_target(struct vps_registry *r, uint64_t target_hash, int64_t target_rank)
+{
+	r->h->target_hash = target_hash;
+	r->h->target_rank = target_rank;
+	return VPS_OK;
+}
+
+static vps_result_t add_entry(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
+			      int64_t elements, struct reg_entry **out)
+{
+	if (role != VPS_ROLE_SOURCE && role != VPS_ROLE_TARGET)
+		return vps_fail(VPS_EINPUT, "registry %s: role must be source (0) or target (1)", r->name);
+	if (dtype != 0 && dtype != 1)
+		return vps_fail(VPS_EINPUT, "registry %s: dtype must be bf16 (0) or fp32 (1)", r->name);
+	if (vps_registry_find(r, role, buffer) >= 0)
+		return vps_fail(VPS_EINPUT, "registry %s: %s buffer %u is registered twice", r->name,
+				role == VPS_ROLE_SOURCE ? "source" : "target", buffer);
+	uint32_t n = atomic_load(&r->h->nentries);
+	if (n >= r->h->max_entries)
+		return vps_fail(VPS_EINPUT, "registry %s: full (%u entries)", r->name, r->h->max_entries);
+	struct reg_entry *e = &r->h->entries[n];
+	memset(e, 0, sizeof(*e));
+	e->role = (uint32_t)role;
+	e->buffer = buffer;
+	e->state = state;
+	e->dtype = dtype;
+	e->elements = elements;
+	e->bytes = (uint64_t)elements * (dtype == 0 ? 2 : 4);
+	*out = e;
+	return VPS_OK;
+}
+
+static void publish(struct vps_registry *r)
+{
+	atomic_fetch_add_explicit(&r->h->nentries, 1, memory_order_release);
+}
+
+vps_result_t vps_registry_alloc_host(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
+				     int64_t elements, void **ptr)
+{
+	struct reg_entry *e;
+	VPS_CHECK(add_entry(r, role, buffer, state, dtype, elements, &e));
+	buffer_shm_name(e->shm_name, sizeof(e->shm_name), r->name, r->h->next_object++);
+	void *base;
+	size_t len;
+	VPS_CHECK(map_object(e->shm_name, true, e->bytes ? e->bytes : 1, &base, &len));
+	if (remember(r, base, len)) {
+		munmap(base, len);
+		return VPS_ENOMEM;
+	}
+	e->where = VPS_WHERE_HOST;
+	publish(r);
+	*ptr = base;
+	return VPS_OK;
+}
+
+vps_result_t vps_registry_add_host(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
+				   int64_t elements, const char *shm_name, uint64_t offset)
+{
+	struct reg_entry *e;
+	if (strlen(shm_name) > VPS_REGISTRY_NAME_MAX)
+		return vps_fail(VPS_EINPUT, "shared memory name '%s' is too long", shm_name);
+	VPS_CHECK(add_entry(r, role, buffer, state, dtype, elements, &e));
+	snprintf(e->shm_name, sizeof(e->shm_name), "%s", shm_name);
+	e->offset = offset;
+	e->where = VPS_WHERE_HOST;
+	publish(r);
+	return VPS_OK;
+}
+
+vps_result_t vps_registry_add_cuda(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
+				   int64_t elements, int device, const void *ipc_handle, uint64_t offset)
+{
+	struct reg_entry *e;
+	VPS_CHECK(add_entry(r, role, buffer, state, dtype, elements, &e));
+	e->where = VPS_WHERE_CUDA;
+	e->device = device;
+	memcpy(e->ipc, ipc_handle, sizeof(e->ipc));
+	e->offset = offset;
+	publish(r);
+	return VPS_OK;
+}
+
+uint32_t vps_registry_num_entries(const struct vps_registry *r)
+{
+	return atomic_load_explicit(&r->h->nentries, memory_order_acquire);
+}
+
+vps_result_t vps_registry_entry(const struct vps_registry *r, uint32_t i, struct vps_registry_entry_info *out)
+{
+	if (i >= vps_registry_num_entries(r))
+		return vps_fail(VPS_EINPUT, "registry %s: no entry %u", r->name, i);
+	const struct reg_entry *e = &r->h->entries[i];
+	memset(out, 0, sizeof(*out));
+	out->role = (int)e->role;
+	out->buffer = e->buffer;
+	out->state = e->state;
+	out->dtype = e->dtype;
+	out->elements = e->elements;
+	out->bytes = e->bytes;
+	out->where = (int)e->where;
+	snprintf(out->shm_name, sizeof(out->shm_name), "%s", e->shm_name);
+	out->offset = e->offset;
+	out->device = e->device;
+	memcpy(out->ipc_handle, e->ipc, sizeof(out->ipc_handle));
+	out->released = (int)atomic_load(&((struct reg_entry *)e)->released);
+	return VPS_OK;
+}
+
+int64_t vps_registry_find(const struct vps_registry *r, int role, uint32_t buffer)
+{
+	uint32_t n = vps_registry_num_entries(r);
+	for (uint32_t i = 0; i < n; i++)
+		if ((int)r->h->entries[i].role == role && r->h->entries[i].buffer == buffer)
+			return i;
+	return -1;
+}
+
+vps_result_t vps_registry_map(struct vps_registry *r, uint32_t i, bool writable, void **ptr)
+{
+	struct vps_registry_entry_info e;
+	VPS_CHECK(vps_registry_entry(r, i, &e));
+	if (e.where != VPS_WHERE_HOST)
+		return vps_fail(VPS_EUNSUPPORTED, "registry %s: entry %u is GPU memory; the tcp transport moves host memory",
+				r->name, i);
+	void *base;
+	size_t len;
+	VPS_CHECK(map_object_prot(e.shm_name, false, writable, 0, &base, &len));
+	if (e.offset + e.bytes > len) {
+		munmap(base, len);
+		return vps_fail(VPS_EINPUT, "registry %s: entry %u needs %" PRIu64 " bytes at offset %" PRIu64
+				" of /dev/shm/%s, which has %zu", r->name, i, e.bytes, e.offset, e.shm_name, len);
+	}
+	if (remember(r, base, len)) {
+		munmap(base, len);
+		return VPS_ENOMEM;
+	}
+	*ptr = (unsigned char *)base + e.offset;
+	return VPS_OK;
+}
+
+void vps_registry_release(struct vps_registry *r, uint32_t i)
+{
+	if (i < vps_registry_num_entries(r))
+		atomic_store(&r->h->entries[i].released, 1);
+}
+
+/* ---- protocol ---- */
+
+static void nap(double *slept)
+{
+	struct timespec ts = {0, 200000};
+	nanosleep(&ts, NULL);
+	*slept += 0.0002;
+}
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+vps_result_t vps_registry_request(struct vps_registry *r, uint64_t *seq)
+{
+	uint32_t st = atomic_load(&r->h->state);
+	if (st == VPS_REG_REQUESTED || st == VPS_REG_RUNNING)
+		return vps_fail(VPS_EINPUT, "registry %s: a switch is already under way", r->name);
+	if (atomic_load(&r->h->aborted))
+		return vps_fail(VPS_EPEER, "registry %s: the executor stopped: %s", r->name, r->h->abort_message);
+	r->h->failure[0] = '\0';
+	uint64_t s = atomic_fetch_add(&r->h->seq, 1) + 1;
+	atomic_store(&r->h->state, VPS_REG_REQUESTED);
+	*seq = s;
+	return VPS_OK;
+}
+
+vps_result_t vps_registry_wait(struct vps_registry *r, uint64_t seq, double timeout)
+{
+	double start = now(), slept = 0;
+	for (;;) {
+		uint32_t st = atomic_load(&r->h->state);
+		uint64_t s = atomic_load(&r->h->seq);
+		if (s == seq && st == VPS_REG_DONE)
+			return VPS_OK;
+		if (s == seq && st == VPS_REG_FAILED)
+			return vps_fail(VPS_EPEER, "switch %" PRIu64 " failed: %s", seq, r->h->failure);
+		if (atomic_load(&r->h->aborted))
+			return vps_fail(VPS_EPEER, "switch %" PRIu64 " failed: the executor stopped: %s", seq,
+					r->h->abort_message);
+		if (timeout >= 0 && now() - start > timeout)
+			return vps_fail(VPS_ETIMEOUT, "registry %s: switch %" PRIu64 " not done after %.1f s (state %u)",
+					r->name, seq, timeout, st);
+		nap(&slept);
+	}
+}
+
+vps_result_t vps_registry_claim(struct vps_registry *r, uint64_t after_seq, double timeout, uint64_t *seq)
+{
+	double start = now(), slept = 0;
+	for (;;) {
+		uint32_t want = VPS_REG_REQUESTED;
+		uint64_t s = atomic_load(&r->h->seq);
+		if (s > after_seq && atomic_compare_exchange_strong(&r->h->state, &want, VPS_REG_RUNNING)) {
+			r->h->executor_pid = (int32_t)getpid();
+			*seq = s;
+			return VPS_OK;
+		}
+		if (!owner_alive(r->h))
+			return vps_fail(VPS_EPEER, "registry %s: the trainer (pid %d) is gone", r->name, r->h->owner_pid);
+		if (timeout >= 0 && now() - start > timeout)
+			return vps_fail(VPS_ETIMEOUT, "registry %s: no switch requested within %.1f s", r->name, timeout);
+		nap(&slept);
+	}
+}
+
+void vps_registry_finish(struct vps_registry *r, uint64_t seq, int ok, const char *message)
+{
+	if (atomic_load(&r->h->seq) != seq)
+		return;
+	if (!ok)
+		snprintf(r->h->failure, sizeof(r->h->failure), "%s", message ? message : "failed");
+	atomic_store(&r->h->state, ok ? VPS_REG_DONE : VPS_REG_FAILED);
+}
+
+void vps_registry_abort(struct vps_registry *r, const char *message)
+{
+	snprintf(r->h->abort_message, sizeof(r->h->abort_message), "%s", message ? message : "failed");
+	atomic_store(&r->h->aborted, 1);
+}
+
+int vps_registry_state(const struct vps_registry *r, uint64_t *seq)
+{
+	if (seq)
+		*seq = atomic_load(&r->h->seq);
+	return (int)atomic_load(&r->h->state);
+}
+
+const char *vps_registry_failure(const struct vps_registry *r) { return r->h->failure; }
+
+void vps_registry_get_training(const struct vps_registry *r, struct vps_registry_training *t)
+{
+	*t = r->h->training;
+}
+
+void vps_registry_set_training(struct vps_registry *r, const struct vps_registry_training *t)
+{
+	r->h->training = *t;
+}

@@ -1,0 +1,228 @@
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+
+#include "internal.h"
+#include "vps/data.h"
+#include "vps/registry.h"
+#include "vps/trainer.h"
+
+struct shard {
+	struct vps_rank_view v;
+	void **ptr;
+	char (*names)[VPS_REGISTRY_NAME_MAX + 8];
+};
+
+static void shard_release(struct shard *s)
+{
+	vps_rank_view_release(&s->v);
+	free(s->ptr);
+	free(s->names);
+	memset(s, 0, sizeof(*s));
+}
+
+static int64_t world_of_device(const struct vps_plan *p, struct vps_device dev)
+{
+	int64_t ra = vps_layout_rank_on(p->a, dev);
+	if (ra >= 0)
+		return ra;
+	int64_t rb = vps_layout_rank_on(p->b, dev);
+	return rb >= 0 ? vps_world_of_b(p->world, rb) : -1;
+}
+
+/* Allocate every buffer of a rank view in the registry. */
+static vps_result_t alloc_shard(struct vps_registry *reg, const struct vps_layout *l, int64_t rank, int role,
+				struct shard *s)
+{
+	VPS_CHECK(vps_layout_rank(l, rank, &s->v));
+	s->ptr = vps_calloc(s->v.nbuffers + 1, sizeof(void *));
+	s->names = vps_calloc(s->v.nbuffers + 1, sizeof(*s->names));
+	if (!s->ptr || !s->names)
+		return VPS_ENOMEM;
+	for (size_t b = 0; b < s->v.nbuffers; b++) {
+		const struct vps_buffer *buf = &s->v.buffers[b];
+		VPS_CHECK(vps_registry_alloc_host(reg, role, (uint32_t)b, buf->state, buf->dtype, buf->elements, &s->ptr[b]));
+		struct vps_registry_entry_info e;
+		VPS_CHECK(vps_registry_entry(reg, vps_registry_num_entries(reg) - 1, &e));
+		snprintf(s->names[b], sizeof(s->names[b]), "%s", e.shm_name);
+	}
+	return VPS_OK;
+}
+
+/* The fake optimizer step: every state of every region becomes the
+ * pattern of that step. */
+static void fill_shard(const struct vps_layout *l, struct shard *s, int64_t step)
+{
+	for (size_t i = 0; i < s->v.nregions; i++) {
+		const struct vps_region *r = &s->v.regions[i];
+		struct vps_tensor t;
+		vps_model_tensor(vps_layout_model(l), r->tensor, &t);
+		vps_fill_region(s->ptr[r->buffer], r, &t, step);
+	}
+}
+
+static void check_shard(const struct vps_layout *l, const struct shard *s, int64_t step, int64_t *wrong,
+			int64_t *dirty)
+{
+	for (size_t i = 0; i < s->v.nregions; i++) {
+		const struct vps_region *r = &s->v.regions[i];
+		struct vps_tensor t;
+		vps_model_tensor(vps_layout_model(l), r->tensor, &t);
+		*wrong += vps_check_region(s->ptr[r->buffer], r, &t, step);
+	}
+	/* padding (vocabulary rows, alignment, bucket ends) stays zero */
+	for (size_t b = 0; b < s->v.nbuffers; b++) {
+		size_t es = vps_dtype_size(s->v.buffers[b].dtype);
+		int64_t el = s->v.buffers[b].elements;
+		unsigned char *covered = calloc((size_t)el + 1, 1);
+		if (!covered)
+			continue;
+		for (size_t i = 0; i < s->v.nregions; i++) {
+			const struct vps_region *r = &s->v.regions[i];
+			if (r->buffer != b)
+				continue;
+			int64_t first, end;
+			vps_region_extent(r, &first, &end);
+			memset(covered + first, 1, (size_t)(end - first));
+		}
+		const unsigned char *p = s->ptr[b];
+		for (int64_t e = 0; e < el; e++)
+			if (!covered[e])
+				for (size_t k = 0; k < es; k++)
+					if (p[(size_t)e * es + k]) {
+						(*dirty)++;
+						break;
+					}
+		free(covered);
+	}
+}
+
+/* Megatron's pretraining sampler: in a step starting at `consumed`,
+ * data-parallel rank d reads, for each micro-batch m, samples
+ * consumed + m * (mbs * dp) + d * mbs + [0, mbs). Only the data-loading ranks
+ * (tp 0 of the first pipeline stage) log. */
+static vps_result_t take_step(const struct vps_trainer_opts *o, const struct vps_layout *l, int64_t rank,
+			      const struct vps_registry_training *t, FILE *log)
+{
+	if (!log || t->global_batch <= 0)
+		return VPS_OK;
+	struct vps_coords c;
+	vps_layout_coords(l, rank, &c);
+	if (c.tp != 0 || c.pp != 0)
+		return VPS_OK;
+	(void)o;
+	for (int64_t m = 0; m < t->grad_accum; m++)
+		for (int64_t i = 0; i < t->micro_batch; i++)
+			if (fprintf(log, "%" PRId64 "\n",
+				    t->consumed_samples + m * t->micro_batch * t->dp + c.dp * t->micro_batch + i) < 0)
+				return vps_fail_errno("samples log");
+	return VPS_OK;
+}
+
+vps_result_t vps_trainer_run(struct vps_staged *const *plans, size_t nplans, const struct vps_trainer_opts *o,
+			     struct vps_trainer_result *res)
+{
+	vps_result_t rc = VPS_OK;
+	struct vps_registry *reg = NULL;
+	struct shard src = {0}, dst = {0};
+	FILE *log = NULL;
+	memset(res, 0, sizeof(*res));
+	res->training_state_ok = true;
+	if (!nplans)
+		return vps_fail(VPS_EINPUT, "no staged plan");
+	const struct vps_plan *p0 = plans[0]->plan;
+	if (o->rank < 0 || o->rank >= vps_world_size(p0->world))
+		return vps_fail(VPS_EINPUT, "rank %" PRId64 " is outside the transition world of %" PRId64, o->rank,
+				vps_world_size(p0->world));
+	struct vps_device me = vps_world_device(p0->world, o->rank);
+	int64_t ra = vps_world_a_rank(p0->world, o->rank);
+	if (o->samples_log && !(log = fopen(o->samples_log, "a")))
+		return vps_fail(VPS_EINPUT, "%s: %s", o->samples_log, strerror(errno));
+	VPS_CHECK_GOTO(vps_registry_create(&reg, o->registry, ra >= 0 ? vps_layout_hash(p0->a) : 0, ra,
+					   (uint32_t)(4 * VPS_NSTATES * 64), 1),
+		       rc, done);
+	struct vps_registry_training t = {0};
+	t.global_batch = o->global_batch;
+	t.dp = vps_layout_parallel(p0->a)->dp;
+	t.micro_batch = o->micro_batch > 0 ? o->micro_batch : 1;
+	if (t.global_batch) {
+		if (t.global_batch % (t.micro_batch * t.dp)) {
+			rc = vps_fail(VPS_EINPUT, "--global-batch %" PRId64 " is not a multiple of micro batch %" PRId64
+				      " x dp %" PRId64, t.global_batch, t.micro_batch, t.dp);
+			goto done;
+		}
+		t.grad_accum = t.global_batch / (t.micro_batch * t.dp);
+	}
+	if (ra >= 0) {
+		VPS_CHECK_GOTO(alloc_shard(reg, p0->a, ra, VPS_ROLE_SOURCE, &src), rc, done);
+		fill_shard(p0->a, &src, 0);
+		for (int64_t s = 1; s <= o->steps_before; s++) {
+			VPS_CHECK_GOTO(take_step(o, p0->a, ra, &t, log), rc, done);
+			t.consumed_samples += t.global_batch;
+			t.step = t.scheduler_step = s;
+			fill_shard(p0->a, &src, s);
+		}
+	}
+	t.valid = 1;
+	vps_registry_set_training(reg, &t);
+	for (size_t k = 0; k < nplans; k++) {
+		const struct vps_plan *p = plans[k]->plan;
+		int64_t w = world_of_device(p, me);
+		int64_t a = w >= 0 ? vps_world_a_rank(p->world, w) : -1, b = w >= 0 ? vps_world_b_rank(p->world, w) : -1;
+		if (w < 0) {
+			rc = vps_fail(VPS_EINPUT, "staged plan %zu does not use this device", k + 1);
+			goto done;
+		}
+		if (k > 0) {
+			/* the last target is now the source */
+			VPS_CHECK_GOTO(vps_registry_reset(reg, vps_layout_hash(p->a), a), rc, done);
+			if (a >= 0) {
+				shard_release(&src);
+				src = dst;
+				memset(&dst, 0, sizeof(dst));
+				for (size_t i = 0; i < src.v.nbuffers; i++) {
+					const struct vps_buffer *buf = &src.v.buffers[i];
+					VPS_CHECK_GOTO(vps_registry_add_host(reg, VPS_ROLE_SOURCE, (uint32_t)i, buf->state, buf->dtype,
+									     buf->elements, src.names[i], 0),
+						       rc, done);
+				}
+			}
+		}
+		if (b >= 0)
+			VPS_CHECK_GOTO(alloc_shard(reg, p->b, b, VPS_ROLE_TARGET, &dst), rc, done);
+		VPS_CHECK_GOTO(vps_registry_set_target(reg, vps_layout_hash(p->b), b), rc, done);
+		uint64_t seq;
+		int64_t step_before = t.step, consumed_before = t.consumed_samples;
+		VPS_CHECK_GOTO(vps_registry_request(reg, &seq), rc, done);
+		VPS_CHECK_GOTO(vps_registry_wait(reg, seq, o->timeout), rc, done);
+		res->switches++;
+		if (b < 0) {
+			/* a leaving device holds nothing now; it may join a later switch */
+			shard_release(&src);
+			continue;
+		}
+		/* the switch carries rank 0's step and data position to everyone
+		 * (a joining device had none of its own) */
+		vps_registry_get_training(reg, &t);
+		if (!t.valid || (a >= 0 && (t.step != step_before || t.consumed_samples != consumed_before)))
+			res->training_state_ok = false;
+		check_shard(p->b, &dst, t.step, &res->wrong_elements, &res->dirty_padding);
+		for (int64_t s = 1; s <= o->steps_after; s++) {
+			VPS_CHECK_GOTO(take_step(o, p->b, b, &t, log), rc, done);
+			t.consumed_samples += t.global_batch;
+			t.step++;
+			t.scheduler_step++;
+			fill_shard(p->b, &dst, t.step);
+		}
+		vps_registry_set_training(reg, &t);
+	}
+	res->step = t.step;
+	res->consumed_samples = t.consumed_samples;
+done:
+	if (log && fclose(log) != 0 && !rc)
+		rc = vps_fail_errno("samples log");
+	shard_release(&src);
+	shard_release(&dst);
+	vps_registry_close(reg);
+	return rc;
+}
