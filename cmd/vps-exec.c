@@ -64,6 +64,18 @@ int main(int argc, char **argv)
 	double timeout = 60;
 	int c;
 	o.registry = "vps-%r";
+	o.fault_stage = -1;
+	/* VPS_FAULT=stall:STAGE or exit:STAGE: a silent or dead rank, for tests */
+	const char *fault = getenv("VPS_FAULT");
+	if (fault && *fault) {
+		int64_t st;
+		const char *colon = strchr(fault, ':');
+		if (!colon || !tool_parse_i64(colon + 1, &st) ||
+		    (strncmp(fault, "stall:", 6) && strncmp(fault, "exit:", 5)))
+			return tool_usage_error("VPS_FAULT=%s: expected stall:STAGE or exit:STAGE", fault);
+		o.fault_stage = st;
+		o.fault_exit = fault[0] == 'e';
+	}
 	o.token = 0x4a5f535056ULL;
 	const char *tok = getenv("VPS_JOB_TOKEN");
 	if (tok)

@@ -1,5 +1,6 @@
 /* One rank of a switch: registry, rendezvous, stages, digest, report. */
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <time.h>
 #include <unistd.h>
@@ -246,6 +247,11 @@ static vps_result_t run_stages(const struct vps_staged *s, const struct vps_plan
 	for (size_t st = 0; st < s->nstages; st++) {
 		double t0 = now();
 		struct vps_exec_stage_report *sr = &rep->stages[st];
+		if (o->fault_stage == (int64_t)st) {
+			if (o->fault_exit)
+				_exit(3);
+			raise(SIGSTOP);
+		}
 		while (i < s->nxfers && s->xfers[i].stage < (int64_t)st)
 			i++;
 		size_t j = i;
@@ -420,9 +426,13 @@ static vps_result_t one_switch(const struct vps_staged *s, const struct vps_plan
 		rc = vps_exec_digest(p->b, at.rb, at.dst, &dig[1]);
 	{
 		/* the verdict is global: done only when every rank moved its part
-		 * (and the digests match) */
+		 * (and the digests match); a rank keeps its own failure's words */
+		char mine[1024];
+		snprintf(mine, sizeof(mine), "%s", vps_last_error());
 		vps_result_t agreed = vps_net_agree(net, rc == VPS_OK, "end of transfer");
-		if (!rc)
+		if (rc)
+			vps_fail(rc, "%s", mine);
+		else
 			rc = agreed;
 	}
 	if (!rc && o->check) {

@@ -47,6 +47,8 @@ static double now(void)
 static void tune(int fd)
 {
 	int one = 1, buf = SOCKBUF;
+	/* every wait goes through poll with a deadline: nothing blocks */
+	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
 	setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
@@ -266,7 +268,19 @@ vps_result_t vps_net_start(struct vps_net **out, const struct vps_net_opts *o)
 			struct sockaddr_in from;
 			struct hello h;
 			snprintf(who, sizeof(who), "bootstrap: waiting for %" PRId64 " more ranks", o->world - k);
-			VPS_CHECK_GOTO(accept_one(lfd, deadline, &fd, &from, who), rc, fail);
+			rc = accept_one(lfd, deadline, &fd, &from, who);
+			if (rc == VPS_ETIMEOUT) {
+				char missing[160] = "";
+				size_t len = 0;
+				for (int64_t r = 1; r < o->world && len < sizeof(missing) - 24; r++)
+					if (n->ctl[r] < 0)
+						len += (size_t)snprintf(missing + len, sizeof(missing) - len, "%s%" PRId64,
+									len ? ", " : "", r);
+				rc = vps_fail(VPS_ETIMEOUT, "bootstrap: rank %s did not come within %.0f s", missing,
+					      o->timeout);
+			}
+			if (rc)
+				goto fail;
 			rc = recv_all(fd, &h, sizeof(h), o->timeout, "bootstrap: hello");
 			if (rc || h.magic != HELLO_MAGIC || h.token != o->token || (int64_t)h.rank <= 0 ||
 			    (int64_t)h.rank >= o->world || n->ctl[h.rank] >= 0) {
@@ -357,8 +371,6 @@ vps_result_t vps_net_start(struct vps_net **out, const struct vps_net_opts *o)
 		n->fds[k] = fd;
 		lower--;
 	}
-	for (size_t i = 0; i < n->npeers; i++)
-		fcntl(n->fds[i], F_SETFL, fcntl(n->fds[i], F_GETFL) | O_NONBLOCK);
 	close(dfd);
 	if (lfd >= 0)
 		close(lfd);
@@ -496,8 +508,10 @@ vps_result_t vps_net_exchange(struct vps_net *n, struct vps_net_msg *msgs, size_
 					if (left_b && g < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
 						break;
 					if (left_b && g <= 0) {
-						rc = vps_fail(VPS_EPEER, "%s: rank %" PRId64 " %s", what, f[i].peer,
-							      g == 0 ? "closed the connection" : strerror(errno));
+						rc = g == 0 ? vps_fail(VPS_EPEER, "%s: rank %" PRId64 " closed the connection", what,
+								       f[i].peer)
+							    : vps_fail(VPS_EPEER, "%s: rank %" PRId64 ": %s", what, f[i].peer,
+								       strerror(errno));
 						goto done;
 					}
 					bool had_header = f[i].in_done >= sizeof(f[i].hdr_in);
@@ -525,34 +539,101 @@ done:
 
 /* ---- collectives through rank 0 ---- */
 
+/* Rank 0 gathers len bytes from every rank at once (one deadline, reset by
+ * progress), combines them, and sends the result back. A rank that does not
+ * answer fails the collective, unless missing() turns it into part of the
+ * result (agree: the others learn which rank is gone). */
 static vps_result_t star(struct vps_net *n, void *buf, size_t len, const char *what,
-			 void (*combine)(void *acc, const void *in, size_t len))
+			 void (*combine)(void *acc, const void *in, size_t len),
+			 void (*missing)(void *acc, int64_t rank, const char *why))
 {
 	char who[160];
-	if (n->rank == 0) {
-		unsigned char *tmp = vps_malloc(len + 1);
-		if (!tmp)
-			return VPS_ENOMEM;
-		for (int64_t r = 1; r < n->world; r++) {
-			snprintf(who, sizeof(who), "%s: rank %" PRId64, what, r);
-			vps_result_t rc = recv_all(n->ctl[r], tmp, len, n->timeout, who);
-			if (rc) {
-				free(tmp);
-				return rc;
-			}
-			if (combine)
-				combine(buf, tmp, len);
-		}
-		free(tmp);
-		for (int64_t r = 1; r < n->world; r++) {
-			snprintf(who, sizeof(who), "%s: rank %" PRId64, what, r);
-			VPS_CHECK(send_all(n->ctl[r], buf, len, n->timeout, who));
-		}
-		return VPS_OK;
+	if (n->rank != 0) {
+		snprintf(who, sizeof(who), "%s: rank 0", what);
+		VPS_CHECK(send_all(n->ctl[0], buf, len, n->timeout, who));
+		/* rank 0 may first wait out a silent rank */
+		return recv_all(n->ctl[0], buf, len, 2 * n->timeout + 1, who);
 	}
-	snprintf(who, sizeof(who), "%s: rank 0", what);
-	VPS_CHECK(send_all(n->ctl[0], buf, len, n->timeout, who));
-	return recv_all(n->ctl[0], buf, len, n->timeout, who);
+	int64_t W = n->world;
+	unsigned char *in = vps_malloc((size_t)W * len + 1);
+	size_t *got = vps_calloc((size_t)W, sizeof(*got));
+	bool *gone = vps_calloc((size_t)W, sizeof(*gone));
+	struct pollfd *pfd = vps_malloc((size_t)W * sizeof(*pfd));
+	int64_t *who_of = vps_malloc((size_t)W * sizeof(*who_of));
+	vps_result_t rc = VPS_OK;
+	if (!in || !got || !gone || !pfd || !who_of) {
+		rc = VPS_ENOMEM;
+		goto done;
+	}
+	double last = now();
+	for (;;) {
+		size_t np = 0;
+		for (int64_t r = 1; r < W; r++)
+			if (!gone[r] && got[r] < len) {
+				pfd[np].fd = n->ctl[r];
+				pfd[np].events = POLLIN;
+				pfd[np].revents = 0;
+				who_of[np++] = r;
+			}
+		if (!np)
+			break;
+		double left = n->timeout - (now() - last);
+		int pr = left > 0 ? poll(pfd, np, (int)(left * 1000) + 1) : 0;
+		if (pr < 0 && errno == EINTR)
+			continue;
+		if (pr <= 0 && now() - last >= n->timeout) {
+			for (size_t i = 0; i < np; i++) {
+				gone[who_of[i]] = true;
+				if (!missing) {
+					rc = vps_fail(VPS_ETIMEOUT, "%s: rank %" PRId64 " did not answer within %.0f s", what,
+						      who_of[i], n->timeout);
+					goto done;
+				}
+				missing(buf, who_of[i], "did not answer in time");
+			}
+			continue;
+		}
+		for (size_t i = 0; i < np; i++) {
+			if (!pfd[i].revents)
+				continue;
+			int64_t r = who_of[i];
+			ssize_t g = recv(n->ctl[r], in + (size_t)r * len + got[r], len - got[r], 0);
+			if (g < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+				continue;
+			if (g <= 0) {
+				gone[r] = true;
+				if (!missing) {
+					rc = vps_fail(VPS_EPEER, "%s: rank %" PRId64 " %s", what, r,
+						      g == 0 ? "closed the connection" : strerror(errno));
+					goto done;
+				}
+				missing(buf, r, g == 0 ? "closed the connection" : strerror(errno));
+				continue;
+			}
+			got[r] += (size_t)g;
+			last = now();
+		}
+	}
+	for (int64_t r = 1; r < W; r++)
+		if (!gone[r] && combine)
+			combine(buf, in + (size_t)r * len, len);
+	for (int64_t r = 1; r < W; r++) {
+		if (gone[r])
+			continue;
+		snprintf(who, sizeof(who), "%s: rank %" PRId64, what, r);
+		vps_result_t e = send_all(n->ctl[r], buf, len, n->timeout, who);
+		if (e && !missing) {
+			rc = e;
+			goto done;
+		}
+	}
+done:
+	free(in);
+	free(got);
+	free(gone);
+	free(pfd);
+	free(who_of);
+	return rc;
 }
 
 static void add_u64(void *acc, const void *in, size_t len)
@@ -565,12 +646,12 @@ static void add_u64(void *acc, const void *in, size_t len)
 
 vps_result_t vps_net_allreduce_sum(struct vps_net *n, uint64_t *v, size_t count, const char *what)
 {
-	return star(n, v, count * sizeof(*v), what, add_u64);
+	return star(n, v, count * sizeof(*v), what, add_u64, NULL);
 }
 
 vps_result_t vps_net_broadcast(struct vps_net *n, void *buf, size_t len, const char *what)
 {
-	return star(n, buf, len, what, NULL);
+	return star(n, buf, len, what, NULL, NULL);
 }
 
 struct verdict {
@@ -587,13 +668,22 @@ static void first_failure(void *acc, const void *in, size_t len)
 		*a = *b;
 }
 
+static void verdict_missing(void *acc, int64_t rank, const char *why)
+{
+	struct verdict *a = acc;
+	if ((uint64_t)rank < a->failed_rank) {
+		a->failed_rank = (uint64_t)rank;
+		snprintf(a->message, sizeof(a->message), "%s", why);
+	}
+}
+
 vps_result_t vps_net_agree(struct vps_net *n, bool ok, const char *what)
 {
 	struct verdict v = {0};
 	v.failed_rank = ok ? (uint64_t)n->world : (uint64_t)n->rank;
 	if (!ok)
 		snprintf(v.message, sizeof(v.message), "%s", vps_last_error());
-	VPS_CHECK(star(n, &v, sizeof(v), what, first_failure));
+	VPS_CHECK(star(n, &v, sizeof(v), what, first_failure, verdict_missing));
 	if (v.failed_rank < (uint64_t)n->world)
 		return vps_fail(VPS_EPEER, "rank %" PRIu64 " failed: %s", v.failed_rank, v.message);
 	return VPS_OK;

@@ -520,7 +520,7 @@ vps_result_t vps_registry_request(struct vps_registry *r, uint64_t *seq)
 vps_result_t vps_registry_wait(struct vps_registry *r, uint64_t seq, double timeout)
 {
 	double start = now(), slept = 0;
-	for (;;) {
+	for (uint64_t iter = 0;; iter++) {
 		uint32_t st = atomic_load(&r->h->state);
 		uint64_t s = atomic_load(&r->h->seq);
 		if (s == seq && st == VPS_REG_DONE)
@@ -530,6 +530,11 @@ vps_result_t vps_registry_wait(struct vps_registry *r, uint64_t seq, double time
 		if (atomic_load(&r->h->aborted))
 			return vps_fail(VPS_EPEER, "switch %" PRIu64 " failed: the executor stopped: %s", seq,
 					r->h->abort_message);
+		/* an executor that died mid-switch cannot say so: look for it */
+		int32_t ex = r->h->executor_pid;
+		if (s == seq && st == VPS_REG_RUNNING && ex > 0 && iter % 256 == 0 &&
+		    kill(ex, 0) != 0 && errno == ESRCH)
+			return vps_fail(VPS_EPEER, "switch %" PRIu64 " failed: its executor (pid %d) is gone", seq, ex);
 		if (timeout >= 0 && now() - start > timeout)
 			return vps_fail(VPS_ETIMEOUT, "registry %s: switch %" PRIu64 " not done after %.1f s (state %u)",
 					r->name, seq, timeout, st);

@@ -193,8 +193,20 @@ vps_result_t vps_trainer_run(struct vps_staged *const *plans, size_t nplans, con
 		VPS_CHECK_GOTO(vps_registry_set_target(reg, vps_layout_hash(p->b), b), rc, done);
 		uint64_t seq;
 		int64_t step_before = t.step, consumed_before = t.consumed_samples;
-		VPS_CHECK_GOTO(vps_registry_request(reg, &seq), rc, done);
-		VPS_CHECK_GOTO(vps_registry_wait(reg, seq, o->timeout), rc, done);
+		rc = vps_registry_request(reg, &seq);
+		if (!rc)
+			rc = vps_registry_wait(reg, seq, o->timeout);
+		if (rc) {
+			/* a failed switch must leave the sources as they were */
+			int64_t wrong = 0, dirty = 0;
+			char msg[1024];
+			snprintf(msg, sizeof(msg), "%s", vps_last_error());
+			if (a >= 0)
+				check_shard(p->a, &src, t.step, &wrong, &dirty);
+			rc = vps_fail(rc, "%s; sources %s", msg,
+				      a < 0 ? "none (joining)" : wrong || dirty ? "DAMAGED" : "intact");
+			goto done;
+		}
 		res->switches++;
 		if (b < 0) {
 			/* a leaving device holds nothing now; it may join a later switch */

@@ -12,13 +12,13 @@
 #   --np N           devices per node (default 8); a bigger world joins nodes
 #   --back           switch back afterwards, on the same connections (--serve)
 #   --budget SIZE    staging budget per rank (default 64MiB)
-#   --global-batch G samples per step, checked: each read exactly once (default 16)
+#   --global-batch G samples per step, checked: each read exactly once (default 24)
 #   --keep DIR       keep the files (plans, reports, logs) in DIR
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 bin=$top/bin
 model=tiny-llama from=tp=2,pp=2,dp=2,zero=1 to=tp=4,pp=1,dp=2,zero=1
-np=8 back=0 budget=64MiB gb=16 keep=
+np=8 back=0 budget=64MiB gb=24 keep=
 while [ $# -gt 0 ]; do
 	case $1 in
 	--model) model=$2; shift 2 ;;

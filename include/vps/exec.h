@@ -16,6 +16,10 @@ struct vps_exec_opts {
 	uint64_t token;         /* job token */
 	bool wait;              /* connect first, then wait for the trainer's request */
 	bool check;             /* digest before and after; done only when they match */
+	/* fault injection for tests: at this stage (-1: never) the rank freezes
+	 * (SIGSTOP: a silent peer) or exits (a dead peer) */
+	int64_t fault_stage;
+	bool fault_exit;
 	/* progress callback after each stage (may be NULL) */
 	void (*progress)(void *ctx, int64_t stage, int64_t nstages, int64_t bytes, double seconds);
 	void *progress_ctx;
