@@ -230,6 +230,111 @@ static vps_result_t share_training(struct vps_net *net, const struct vps_staged 
 	return VPS_OK;
 }
 
+struct iovs {
+	struct iovec *v;
+	size_t n, cap;
+};
+
+static vps_result_t iov_push(struct iovs *v, void *base, size_t len)
+{
+	if (!len)
+		return VPS_OK;
+	if (v->n && (unsigned char *)v->v[v->n - 1].iov_base + v->v[v->n - 1].iov_len == base) {
+		v->v[v->n - 1].iov_len += len;
+		return VPS_OK;
+	}
+	VPS_CHECK(VPS_GROW(v->v, v->cap, v->n + 1));
+	v->v[v->n].iov_base = base;
+	v->v[v->n].iov_len = len;
+	v->n++;
+	return VPS_OK;
+}
+
+/* The op's elements in row-major order of its extents, as iovecs over a
+ * view (element offset, strides) of a buffer: one per row, merged when rows
+ * touch. Returns false when the innermost axis is strided. */
+static bool view_rows(unsigned char *buf, int64_t offset, const int64_t *strides, const struct vps_op *op,
+		      struct iovs *out, vps_result_t *rc)
+{
+	int last = op->ndim - 1;
+	if (strides[last] != 1 && op->ext[last] != 1)
+		return false;
+	int64_t rows = 1, idx[VPS_MAX_DIMS] = {0};
+	for (int k = 0; k < last; k++)
+		rows *= op->ext[k];
+	size_t len = (size_t)op->ext[last] * op->esize;
+	for (int64_t r = 0; r < rows; r++) {
+		int64_t off = offset;
+		for (int k = 0; k < last; k++)
+			off += idx[k] * strides[k];
+		if ((*rc = iov_push(out, buf + off * op->esize, len)))
+			return true;
+		for (int k = last - 1; k >= 0; k--) {
+			if (++idx[k] < op->ext[k])
+				break;
+			idx[k] = 0;
+		}
+	}
+	return true;
+}
+
+/* The wire stream of a transfer is its ops' bytes in order, each op's in
+ * row-major order of its extents. The sender gathers them straight from its
+ * source buffers and the receiver scatters them straight into its
+ * destination buffers; an op strided on its innermost axis goes through a
+ * bounce buffer (packed before, unpacked after). */
+static vps_result_t transfer_iovs(const struct vps_staged *s, const struct vps_xfer *x, bool sending, void **bufs,
+				  struct iovs *out, unsigned char **bounce, size_t *bounce_len)
+{
+	size_t need = 0;
+	for (size_t q = 0; q < x->nops; q++) {
+		const struct vps_op *op = &s->ops[x->first_op + q];
+		const int64_t *st = sending ? op->src_strides : op->dst_strides;
+		if (st[op->ndim - 1] != 1 && op->ext[op->ndim - 1] != 1)
+			need += (size_t)vps_op_bytes(op);
+	}
+	*bounce = NULL;
+	*bounce_len = need;
+	if (need && !(*bounce = malloc(need)))
+		return VPS_NOMEM();
+	size_t at = 0;
+	for (size_t q = 0; q < x->nops; q++) {
+		const struct vps_op *op = &s->ops[x->first_op + q];
+		vps_result_t rc = VPS_OK;
+		unsigned char *buf = bufs[sending ? op->src_buffer : op->dst_buffer];
+		if (view_rows(buf, sending ? op->src_offset : op->dst_offset, sending ? op->src_strides : op->dst_strides, op,
+			      out, &rc)) {
+			if (rc)
+				return rc;
+			continue;
+		}
+		int64_t flat[VPS_MAX_DIMS];
+		rowmajor(op, flat);
+		if (sending)
+			vps_copy_strided(*bounce + at, flat, buf + op->src_offset * op->esize, op->src_strides, op->ext,
+					 op->ndim, op->esize);
+		VPS_CHECK(iov_push(out, *bounce + at, (size_t)vps_op_bytes(op)));
+		at += (size_t)vps_op_bytes(op);
+	}
+	return VPS_OK;
+}
+
+/* After a receive: ops that came through the bounce buffer go in place. */
+static void unbounce(const struct vps_staged *s, const struct vps_xfer *x, void **bufs, unsigned char *bounce)
+{
+	size_t at = 0;
+	for (size_t q = 0; q < x->nops && bounce; q++) {
+		const struct vps_op *op = &s->ops[x->first_op + q];
+		if (op->dst_strides[op->ndim - 1] == 1 || op->ext[op->ndim - 1] == 1)
+			continue;
+		int64_t flat[VPS_MAX_DIMS];
+		rowmajor(op, flat);
+		vps_copy_strided((unsigned char *)bufs[op->dst_buffer] + op->dst_offset * op->esize, op->dst_strides,
+				 bounce + at, flat, op->ext, op->ndim, op->esize);
+		at += (size_t)vps_op_bytes(op);
+	}
+}
+
 static vps_result_t run_stages(const struct vps_staged *s, const struct vps_plan *p0, struct attach *at,
 			       struct vps_net *net, struct vps_registry *reg, const struct vps_exec_opts *o,
 			       struct vps_exec_report *rep)
@@ -237,7 +342,10 @@ static vps_result_t run_stages(const struct vps_staged *s, const struct vps_plan
 	vps_result_t rc = VPS_OK;
 	int64_t w = at->w;
 	struct vps_net_msg *msgs = NULL;
-	size_t capm = 0;
+	struct iovs *iov = NULL;
+	unsigned char **bounce = NULL;
+	const struct vps_xfer **mine = NULL;
+	size_t capm = 0, capi = 0, capx = 0;
 	rep->nstages = s->nstages;
 	rep->stages = vps_calloc(s->nstages + 1, sizeof(*rep->stages));
 	if (!rep->stages)
@@ -254,12 +362,11 @@ static vps_result_t run_stages(const struct vps_staged *s, const struct vps_plan
 		}
 		while (i < s->nxfers && s->xfers[i].stage < (int64_t)st)
 			i++;
-		size_t j = i;
+		size_t j = i, nx = 0, nm = 0;
 		while (j < s->nxfers && s->xfers[j].stage == (int64_t)st)
 			j++;
-		/* this rank's transfers of the stage: retains now, the rest packed */
-		size_t send_bytes = 0, recv_bytes = 0;
-		for (size_t k = i; k < j; k++) {
+		/* retains now; this rank's transfers of the stage gathered */
+		for (size_t k = i; k < j && !rc; k++) {
 			const struct vps_xfer *x = &s->xfers[k];
 			if (x->src == w && x->dst == w) {
 				for (size_t q = 0; q < x->nops; q++) {
@@ -270,59 +377,56 @@ static vps_result_t run_stages(const struct vps_staged *s, const struct vps_plan
 							 op->src_strides, op->ext, op->ndim, op->esize);
 					sr->bytes_copied += vps_op_bytes(op);
 				}
-			} else if (x->src == w) {
-				send_bytes += (size_t)x->bytes;
-			} else if (x->dst == w) {
-				recv_bytes += (size_t)x->bytes;
+			} else if (x->src == w || x->dst == w) {
+				rc = VPS_GROW(mine, capx, nx + 1);
+				if (!rc)
+					mine[nx++] = x;
 			}
 		}
-		unsigned char *sendbuf = send_bytes ? malloc(send_bytes) : NULL;
-		unsigned char *recvbuf = recv_bytes ? malloc(recv_bytes) : NULL;
-		if ((send_bytes && !sendbuf) || (recv_bytes && !recvbuf)) {
-			free(sendbuf);
-			free(recvbuf);
-			rc = vps_fail(VPS_ENOMEM, "stage %zu: cannot allocate %zu + %zu bytes of buffers", st, send_bytes,
-				      recv_bytes);
-			goto done;
+		if (!rc && nx) {
+			rc = VPS_GROW(msgs, capm, nx);
+			if (!rc)
+				rc = vps_grow((void **)&iov, &capi, nx, sizeof(*iov));
+			if (!rc) {
+				unsigned char **nb = vps_realloc_array(bounce, nx, sizeof(*bounce));
+				rc = nb ? VPS_OK : VPS_ENOMEM;
+				if (nb)
+					bounce = nb;
+			}
+			if (!rc) {
+				memset(iov, 0, nx * sizeof(*iov));
+				memset(bounce, 0, nx * sizeof(*bounce));
+			}
 		}
-		size_t nm = 0, so = 0, ro = 0;
-		for (size_t k = i; k < j; k++) {
-			const struct vps_xfer *x = &s->xfers[k];
-			if (x->src == x->dst || (x->src != w && x->dst != w))
-				continue;
+		for (size_t k = 0; k < nx && !rc; k++) {
+			const struct vps_xfer *x = mine[k];
+			bool sending = x->src == w;
+			size_t blen;
+			rc = transfer_iovs(s, x, sending, sending ? at->src : at->dst, &iov[k], &bounce[k], &blen);
 			/* connections are numbered by the first plan's world */
-			int64_t peer = world_of_device(p0, vps_world_device(s->plan->world, x->src == w ? x->dst : x->src));
+			int64_t peer = world_of_device(p0, vps_world_device(s->plan->world, sending ? x->dst : x->src));
 			size_t m = 0;
 			while (m < nm && msgs[m].peer != peer)
 				m++;
 			if (m == nm) {
-				rc = VPS_GROW(msgs, capm, nm + 1);
-				if (rc)
-					break;
 				memset(&msgs[nm], 0, sizeof(msgs[nm]));
 				msgs[nm].peer = peer;
 				msgs[nm].tag = xfer_tag(x);
 				nm++;
 			}
-			if (x->src == w) {
-				unsigned char *buf = sendbuf + so;
-				for (size_t q = 0; q < x->nops; q++) {
-					const struct vps_op *op = &s->ops[x->first_op + q];
-					int64_t flat[VPS_MAX_DIMS];
-					rowmajor(op, flat);
-					vps_copy_strided(buf + op->staging, flat,
-							 (const unsigned char *)at->src[op->src_buffer] + op->src_offset * op->esize,
-							 op->src_strides, op->ext, op->ndim, op->esize);
-				}
-				msgs[m].send = buf;
-				msgs[m].send_len = (size_t)x->bytes;
-				so += (size_t)x->bytes;
-				sr->bytes_sent += x->bytes;
+			int64_t bytes = 0;
+			for (size_t q = 0; q < x->nops; q++)
+				bytes += vps_op_bytes(&s->ops[x->first_op + q]);
+			if (sending) {
+				msgs[m].send = true;
+				msgs[m].send_iov = iov[k].v;
+				msgs[m].send_iovcnt = iov[k].n;
+				sr->bytes_sent += bytes;
 			} else {
-				msgs[m].recv = recvbuf + ro;
-				msgs[m].recv_len = (size_t)x->bytes;
-				ro += (size_t)x->bytes;
-				sr->bytes_received += x->bytes;
+				msgs[m].recv = true;
+				msgs[m].recv_iov = iov[k].v;
+				msgs[m].recv_iovcnt = iov[k].n;
+				sr->bytes_received += bytes;
 			}
 		}
 		if (!rc && nm) {
@@ -330,23 +434,12 @@ static vps_result_t run_stages(const struct vps_staged *s, const struct vps_plan
 			snprintf(what, sizeof(what), "stage %zu of %zu", st, s->nstages);
 			rc = vps_net_exchange(net, msgs, nm, what);
 		}
-		/* unpack in the order the transfers were laid out */
-		ro = 0;
-		for (size_t k = i; k < j && !rc; k++) {
-			const struct vps_xfer *x = &s->xfers[k];
-			if (x->dst != w || x->src == w)
-				continue;
-			for (size_t q = 0; q < x->nops; q++) {
-				const struct vps_op *op = &s->ops[x->first_op + q];
-				int64_t flat[VPS_MAX_DIMS];
-				rowmajor(op, flat);
-				vps_copy_strided((unsigned char *)at->dst[op->dst_buffer] + op->dst_offset * op->esize,
-						 op->dst_strides, recvbuf + ro + op->staging, flat, op->ext, op->ndim, op->esize);
-			}
-			ro += (size_t)x->bytes;
+		for (size_t k = 0; k < nx; k++) {
+			if (!rc && mine[k]->dst == w)
+				unbounce(s, mine[k], at->dst, bounce[k]);
+			free(bounce[k]);
+			free(iov[k].v);
 		}
-		free(sendbuf);
-		free(recvbuf);
 		if (rc)
 			goto done;
 		/* sources read for the last time: the trainer may free them */
@@ -366,6 +459,9 @@ static vps_result_t run_stages(const struct vps_staged *s, const struct vps_plan
 	rep->transfer_seconds = now() - t_all;
 done:
 	free(msgs);
+	free(iov);
+	free(bounce);
+	free(mine);
 	return rc;
 }
 

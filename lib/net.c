@@ -389,14 +389,74 @@ fail:
 
 /* ---- exchanges ---- */
 
+/* A position in an iovec list: the header first, then the payload. */
+struct cursor {
+	const struct iovec *iov;
+	size_t cnt, i, off;  /* next byte: iov[i] + off */
+	unsigned char *hdr;
+	size_t hdr_done;
+	size_t total, done;  /* payload bytes */
+};
+
+static size_t iov_total(const struct iovec *iov, size_t cnt)
+{
+	size_t t = 0;
+	for (size_t i = 0; i < cnt; i++)
+		t += iov[i].iov_len;
+	return t;
+}
+
+/* Fill a short iovec array from the cursor (at most max entries). */
+static int cursor_iov(const struct cursor *c, struct iovec *out, int max)
+{
+	int n = 0;
+	if (c->hdr_done < 16) {
+		out[n].iov_base = c->hdr + c->hdr_done;
+		out[n].iov_len = 16 - c->hdr_done;
+		n++;
+	}
+	for (size_t i = c->i; i < c->cnt && n < max; i++) {
+		size_t off = i == c->i ? c->off : 0;
+		if (c->iov[i].iov_len == off)
+			continue;
+		out[n].iov_base = (unsigned char *)c->iov[i].iov_base + off;
+		out[n].iov_len = c->iov[i].iov_len - off;
+		n++;
+	}
+	return n;
+}
+
+static void cursor_advance(struct cursor *c, size_t k)
+{
+	if (c->hdr_done < 16) {
+		size_t h = vps_min64((int64_t)k, (int64_t)(16 - c->hdr_done));
+		c->hdr_done += h;
+		k -= h;
+	}
+	c->done += k;
+	while (k && c->i < c->cnt) {
+		size_t left = c->iov[c->i].iov_len - c->off;
+		if (k < left) {
+			c->off += k;
+			return;
+		}
+		k -= left;
+		c->i++;
+		c->off = 0;
+	}
+	while (c->i < c->cnt && c->iov[c->i].iov_len == c->off) {
+		c->i++;
+		c->off = 0;
+	}
+}
+
+static bool cursor_finished(const struct cursor *c) { return c->hdr_done == 16 && c->done == c->total; }
+
 struct flow {
 	int fd;
 	int64_t peer;
 	uint64_t hdr_out[2], hdr_in[2];
-	size_t out_done, in_done; /* bytes of header + payload */
-	size_t out_len, in_len;
-	const unsigned char *out;
-	unsigned char *in;
+	struct cursor out, in;
 	bool sending, receiving;
 	uint64_t tag;
 };
@@ -421,14 +481,14 @@ vps_result_t vps_net_exchange(struct vps_net *n, struct vps_net_msg *msgs, size_
 		f[i].fd = n->fds[k];
 		f[i].peer = msgs[i].peer;
 		f[i].tag = msgs[i].tag;
-		f[i].sending = msgs[i].send != NULL;
-		f[i].receiving = msgs[i].recv != NULL;
-		f[i].out = msgs[i].send;
-		f[i].out_len = msgs[i].send_len;
-		f[i].in = msgs[i].recv;
-		f[i].in_len = msgs[i].recv_len;
+		f[i].sending = msgs[i].send;
+		f[i].receiving = msgs[i].recv;
+		f[i].out = (struct cursor){msgs[i].send_iov, msgs[i].send_iovcnt, 0, 0, (unsigned char *)f[i].hdr_out, 0,
+					   iov_total(msgs[i].send_iov, msgs[i].send_iovcnt), 0};
+		f[i].in = (struct cursor){msgs[i].recv_iov, msgs[i].recv_iovcnt, 0, 0, (unsigned char *)f[i].hdr_in, 0,
+					  iov_total(msgs[i].recv_iov, msgs[i].recv_iovcnt), 0};
 		f[i].hdr_out[0] = msgs[i].tag;
-		f[i].hdr_out[1] = msgs[i].send_len;
+		f[i].hdr_out[1] = f[i].out.total;
 	}
 	double last = now();
 	for (;;) {
@@ -467,19 +527,13 @@ vps_result_t vps_net_exchange(struct vps_net *n, struct vps_net_msg *msgs, size_
 			if (!f[i].sending && !f[i].receiving)
 				continue;
 			short re = pfd[q++].revents;
+			struct iovec v[64];
 			if (f[i].sending && (re & (POLLOUT | POLLERR | POLLHUP))) {
-				/* header then payload */
 				while (f[i].sending) {
-					const unsigned char *p;
-					size_t left_b;
-					if (f[i].out_done < sizeof(f[i].hdr_out)) {
-						p = (const unsigned char *)f[i].hdr_out + f[i].out_done;
-						left_b = sizeof(f[i].hdr_out) - f[i].out_done;
-					} else {
-						p = f[i].out + (f[i].out_done - sizeof(f[i].hdr_out));
-						left_b = f[i].out_len - (f[i].out_done - sizeof(f[i].hdr_out));
-					}
-					ssize_t w = send(f[i].fd, p, left_b, MSG_NOSIGNAL);
+					struct msghdr mh = {0};
+					mh.msg_iov = v;
+					mh.msg_iovlen = (size_t)cursor_iov(&f[i].out, v, 64);
+					ssize_t w = sendmsg(f[i].fd, &mh, MSG_NOSIGNAL);
 					if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
 						break;
 					if (w < 0) {
@@ -487,45 +541,45 @@ vps_result_t vps_net_exchange(struct vps_net *n, struct vps_net_msg *msgs, size_
 							      strerror(errno));
 						goto done;
 					}
-					f[i].out_done += (size_t)w;
+					cursor_advance(&f[i].out, (size_t)w);
 					last = now();
-					if (f[i].out_done == sizeof(f[i].hdr_out) + f[i].out_len)
+					if (cursor_finished(&f[i].out))
 						f[i].sending = false;
 				}
 			}
 			if (f[i].receiving && (re & (POLLIN | POLLERR | POLLHUP))) {
 				while (f[i].receiving) {
-					unsigned char *p;
-					size_t left_b;
-					if (f[i].in_done < sizeof(f[i].hdr_in)) {
-						p = (unsigned char *)f[i].hdr_in + f[i].in_done;
-						left_b = sizeof(f[i].hdr_in) - f[i].in_done;
-					} else {
-						p = f[i].in + (f[i].in_done - sizeof(f[i].hdr_in));
-						left_b = f[i].in_len - (f[i].in_done - sizeof(f[i].hdr_in));
+					bool had_header = f[i].in.hdr_done == 16;
+					struct msghdr mh = {0};
+					mh.msg_iov = v;
+					/* the header alone first: the payload's size is checked
+					 * before any byte lands in a destination */
+					mh.msg_iovlen = had_header ? (size_t)cursor_iov(&f[i].in, v, 64) : 1;
+					if (!had_header) {
+						v[0].iov_base = (unsigned char *)f[i].hdr_in + f[i].in.hdr_done;
+						v[0].iov_len = 16 - f[i].in.hdr_done;
 					}
-					ssize_t g = left_b ? recv(f[i].fd, p, left_b, 0) : 0;
-					if (left_b && g < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+					ssize_t g = mh.msg_iovlen ? recvmsg(f[i].fd, &mh, 0) : 0;
+					if (mh.msg_iovlen && g < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
 						break;
-					if (left_b && g <= 0) {
+					if (mh.msg_iovlen && g <= 0) {
 						rc = g == 0 ? vps_fail(VPS_EPEER, "%s: rank %" PRId64 " closed the connection", what,
 								       f[i].peer)
 							    : vps_fail(VPS_EPEER, "%s: rank %" PRId64 ": %s", what, f[i].peer,
 								       strerror(errno));
 						goto done;
 					}
-					bool had_header = f[i].in_done >= sizeof(f[i].hdr_in);
-					f[i].in_done += (size_t)g;
+					cursor_advance(&f[i].in, (size_t)(g > 0 ? g : 0));
 					last = now();
-					if (!had_header && f[i].in_done >= sizeof(f[i].hdr_in) &&
-					    (f[i].hdr_in[0] != f[i].tag || f[i].hdr_in[1] != f[i].in_len)) {
+					if (!had_header && f[i].in.hdr_done == 16 &&
+					    (f[i].hdr_in[0] != f[i].tag || f[i].hdr_in[1] != f[i].in.total)) {
 						rc = vps_fail(VPS_EPEER,
 							      "%s: rank %" PRId64 " sent message %016" PRIx64 " of %" PRIu64
 							      " bytes, expected %016" PRIx64 " of %zu (a different plan?)",
-							      what, f[i].peer, f[i].hdr_in[0], f[i].hdr_in[1], f[i].tag, f[i].in_len);
+							      what, f[i].peer, f[i].hdr_in[0], f[i].hdr_in[1], f[i].tag, f[i].in.total);
 						goto done;
 					}
-					if (f[i].in_done == sizeof(f[i].hdr_in) + f[i].in_len)
+					if (cursor_finished(&f[i].in))
 						f[i].receiving = false;
 				}
 			}

@@ -5,6 +5,8 @@
 #ifndef VPS_NET_H
 #define VPS_NET_H
 
+#include <sys/uio.h>
+
 #include "vps/vps.h"
 
 struct vps_net;
@@ -23,14 +25,17 @@ struct vps_net_opts {
 vps_result_t vps_net_start(struct vps_net **out, const struct vps_net_opts *o);
 void vps_net_free(struct vps_net *n);
 
-/* One message of an exchange: bytes to send to or receive from a peer. */
+/* One message of an exchange with a peer: bytes gathered from send_iov
+ * are sent, bytes received are scattered into recv_iov (zero copies beyond
+ * the kernel's own: the iovecs may point straight into the buffers). */
 struct vps_net_msg {
 	int64_t peer;
-	const void *send; /* NULL when nothing is sent */
-	size_t send_len;
-	void *recv;       /* NULL when nothing is received */
-	size_t recv_len;
-	uint64_t tag;     /* both sides must agree (stage, step, chunk) */
+	bool send, recv;              /* this side sends / receives (possibly 0 bytes) */
+	const struct iovec *send_iov;
+	size_t send_iovcnt;
+	const struct iovec *recv_iov;
+	size_t recv_iovcnt;
+	uint64_t tag;                 /* both sides must agree (stage, step, chunk) */
 };
 
 /* Send and receive every message at once; returns when all are done.

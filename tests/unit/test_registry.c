@@ -1,0 +1,121 @@
+/* The trainer registry: ownership, staleness, the switch protocol. */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "vps/registry.h"
+
+static void name_for(char *buf, size_t n, const char *what)
+{
+	snprintf(buf, n, "vps-test-%d-%s", (int)getpid(), what);
+}
+
+TEST(a_live_registry_is_not_taken_a_stale_one_is_refused_or_replaced)
+{
+	char name[64];
+	struct vps_registry *r = NULL, *o = NULL;
+	name_for(name, sizeof(name), "own");
+	CHECK_OK(vps_registry_create(&r, name, 42, 3, 16, 0));
+	CHECK(vps_registry_create(&o, name, 42, 3, 16, 1) == VPS_EINPUT);
+	CHECK(strstr(vps_last_error(), "in use by pid") != NULL);
+	CHECK_OK(vps_registry_open(&o, name));
+	CHECK_EQ(vps_registry_layout_hash(o), 42);
+	CHECK_EQ(vps_registry_rank(o), 3);
+	vps_registry_close(o);
+	vps_registry_close(r);
+	/* a trainer that dies without closing leaves a stale registry */
+	name_for(name, sizeof(name), "stale");
+	pid_t child = fork();
+	if (child == 0) {
+		struct vps_registry *c;
+		void *p;
+		if (vps_registry_create(&c, name, 7, 0, 4, 0) || vps_registry_alloc_host(c, 0, 0, 0, 1, 100, &p))
+			_exit(1);
+		_exit(0);
+	}
+	int st;
+	waitpid(child, &st, 0);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	CHECK(vps_registry_open(&o, name) == VPS_EINPUT);
+	CHECK(strstr(vps_last_error(), "is stale") != NULL);
+	CHECK(vps_registry_create(&r, name, 8, 0, 4, 0) == VPS_EINPUT);
+	CHECK(strstr(vps_last_error(), "stale (its trainer, pid") != NULL);
+	CHECK_OK(vps_registry_create(&r, name, 8, 0, 4, 1));
+	CHECK_EQ(vps_registry_layout_hash(r), 8);
+	CHECK_EQ(vps_registry_num_entries(r), 0);
+	vps_registry_close(r);
+	CHECK(access("/dev/shm/vps-test-x", F_OK) != 0);
+}
+
+TEST(buffers_are_shared_and_sources_map_read_only)
+{
+	char name[64];
+	struct vps_registry *r, *o;
+	float *t;
+	name_for(name, sizeof(name), "buf");
+	CHECK_OK(vps_registry_create(&r, name, 1, 0, 8, 0));
+	CHECK_OK(vps_registry_alloc_host(r, VPS_ROLE_SOURCE, 2, 1, 1, 1000, (void **)&t));
+	for (int i = 0; i < 1000; i++)
+		t[i] = (float)i;
+	CHECK(vps_registry_alloc_host(r, VPS_ROLE_SOURCE, 2, 1, 1, 10, (void **)&t) == VPS_EINPUT);
+	CHECK_OK(vps_registry_open(&o, name));
+	int64_t e = vps_registry_find(o, VPS_ROLE_SOURCE, 2);
+	CHECK_EQ(e, 0);
+	float *seen;
+	CHECK_OK(vps_registry_map(o, (uint32_t)e, false, (void **)&seen));
+	CHECK(seen[999] == 999.0f);
+	/* a write through the executor's read-only mapping faults */
+	pid_t child = fork();
+	if (child == 0) {
+		seen[0] = 1;
+		_exit(0);
+	}
+	int st;
+	waitpid(child, &st, 0);
+	CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV);
+	vps_registry_close(o);
+	vps_registry_close(r);
+}
+
+TEST(the_switch_protocol)
+{
+	char name[64];
+	struct vps_registry *trainer, *exec;
+	uint64_t seq, got;
+	name_for(name, sizeof(name), "proto");
+	CHECK_OK(vps_registry_create(&trainer, name, 1, 0, 8, 0));
+	CHECK_OK(vps_registry_open(&exec, name));
+	CHECK(vps_registry_claim(exec, 0, 0.01, &got) == VPS_ETIMEOUT);
+	CHECK_OK(vps_registry_request(trainer, &seq));
+	CHECK(vps_registry_request(trainer, &got) == VPS_EINPUT);
+	CHECK_OK(vps_registry_claim(exec, 0, 1, &got));
+	CHECK_EQ(got, seq);
+	CHECK_EQ(vps_registry_state(trainer, NULL), VPS_REG_RUNNING);
+	CHECK(vps_registry_wait(trainer, seq, 0.01) == VPS_ETIMEOUT);
+	struct vps_registry_training t = {.step = 10, .consumed_samples = 160, .valid = 1};
+	vps_registry_set_training(exec, &t);
+	vps_registry_finish(exec, seq, 1, NULL);
+	CHECK_OK(vps_registry_wait(trainer, seq, 1));
+	struct vps_registry_training back;
+	vps_registry_get_training(trainer, &back);
+	CHECK_EQ(back.consumed_samples, 160);
+	/* a failed switch carries the executor's words */
+	CHECK_OK(vps_registry_request(trainer, &seq));
+	CHECK_OK(vps_registry_claim(exec, got, 1, &got));
+	vps_registry_finish(exec, seq, 0, "stage 3: rank 5 closed the connection");
+	CHECK(vps_registry_wait(trainer, seq, 1) == VPS_EPEER);
+	CHECK(strstr(vps_last_error(), "rank 5 closed the connection") != NULL);
+	/* between switches the trainer describes its new layout */
+	CHECK_OK(vps_registry_reset(trainer, 99, 4));
+	CHECK_EQ(vps_registry_layout_hash(exec), 99);
+	CHECK_EQ(vps_registry_target_rank(exec), -1);
+	/* an executor that fails outside a switch stops the next request */
+	vps_registry_abort(exec, "bootstrap: rank 2 did not come");
+	CHECK(vps_registry_request(trainer, &seq) == VPS_EPEER);
+	CHECK(strstr(vps_last_error(), "rank 2 did not come") != NULL);
+	vps_registry_close(exec);
+	vps_registry_close(trainer);
+}
