@@ -89,8 +89,14 @@ $(BINDIR)/%: $(BUILDDIR)/cmd/%.o $(CMD_COMMON) $(LIB)
 $(BUILDDIR)/tests/test_%: $(BUILDDIR)/tests/test_%.o $(HARNESS) $(LIB)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
+# benchmark programs (scripts/bench/*.c), built by check so they do not rot
+BENCH_BINS = $(patsubst scripts/bench/%.c,$(BUILDDIR)/bench/%,$(wildcard scripts/bench/*.c))
+$(BUILDDIR)/bench/%: scripts/bench/%.c $(LIB) | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(LIB) $(LDFLAGS) $(LDLIBS)
+
 # ---- tests ----
-unit: $(TEST_BINS)
+unit: $(TEST_BINS) $(BENCH_BINS)
 	@set -e; for t in $(TEST_BINS); do $$t; done
 
 bats: all

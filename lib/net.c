@@ -15,7 +15,6 @@
 #include "net.h"
 
 #define HELLO_MAGIC 0x3154454e535056ULL /* "VPSNET1" */
-#define SOCKBUF (8 << 20)
 
 struct hello {
 	uint64_t magic, token, rank, world, plan_hash, port;
@@ -44,14 +43,14 @@ static double now(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* Socket buffers are left to the kernel's autotuning: a fixed size turns
+ * it off, and measured slower on loopback (docs/BENCHMARKS.md). */
 static void tune(int fd)
 {
-	int one = 1, buf = SOCKBUF;
+	int one = 1;
 	/* every wait goes through poll with a deadline: nothing blocks */
 	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-	setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
-	setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
 }
 
 /* Wait for fd to be readable or writable; VPS_ETIMEOUT after timeout. */

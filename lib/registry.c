@@ -151,7 +151,10 @@ static vps_result_t map_object_prot(const char *name, bool create, bool writable
 		}
 		size = (size_t)st.st_size;
 	}
-	void *p = size ? mmap(NULL, size, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0) : NULL;
+	/* the executor maps what the trainer filled: populate the page tables
+	 * now, not one fault per page in the middle of a transfer */
+	int flags = MAP_SHARED | (create ? 0 : MAP_POPULATE);
+	void *p = size ? mmap(NULL, size, writable ? PROT_READ | PROT_WRITE : PROT_READ, flags, fd, 0) : NULL;
 	close(fd);
 	if (size && p == MAP_FAILED)
 		return vps_fail_errno("shared memory /dev/shm/%s: map %zu bytes", name, size);

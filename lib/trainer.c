@@ -42,6 +42,8 @@ static vps_result_t alloc_shard(struct vps_registry *reg, const struct vps_layou
 	for (size_t b = 0; b < s->v.nbuffers; b++) {
 		const struct vps_buffer *buf = &s->v.buffers[b];
 		VPS_CHECK(vps_registry_alloc_host(reg, role, (uint32_t)b, buf->state, buf->dtype, buf->elements, &s->ptr[b]));
+		/* a trainer's memory is backed before a switch (GPU memory is) */
+		memset(s->ptr[b], 0, (size_t)buf->elements * vps_dtype_size(buf->dtype));
 		struct vps_registry_entry_info e;
 		VPS_CHECK(vps_registry_entry(reg, vps_registry_num_entries(reg) - 1, &e));
 		snprintf(s->names[b], sizeof(s->names[b]), "%s", e.shm_name);

@@ -149,3 +149,34 @@ tools() {
 	done
 	[ "$bad" -eq 0 ]
 }
+
+@test "every page in section 1 has NAME, SYNOPSIS, DESCRIPTION, OPTIONS, EXIT STATUS, EXAMPLES and SEE ALSO, in that order" {
+	local f have want bad=0
+	want="NAME SYNOPSIS DESCRIPTION OPTIONS EXIT_STATUS EXAMPLES SEE_ALSO"
+	for f in "$TOP"/man/*.1; do
+		[ -e "$f" ] || continue
+		# the required sections among those the page has, in its order
+		have=$(awk '/^\.SH/ { s = $0; sub(/^\.SH[ \t]+/, "", s); gsub(/"/, "", s); gsub(/ /, "_", s); print s }' "$f" |
+			grep -xE 'NAME|SYNOPSIS|DESCRIPTION|OPTIONS|EXIT_STATUS|EXAMPLES|SEE_ALSO' | tr '\n' ' ')
+		if [ "${have% }" != "$want" ]; then
+			echo "${f#"$TOP"/}: sections $have, expected $want" >&2
+			bad=1
+		fi
+	done
+	[ "$bad" -eq 0 ]
+}
+
+@test "vps(7) lists every other page in its SEE ALSO" {
+	local f name see bad=0
+	see=$(section "$TOP/man/vps.7" "SEE ALSO" | sed -E 's/^\.[A-Z]+ +//; s/" *"//g; s/ +\(/(/g')
+	for f in "$TOP"/man/*.[15]; do
+		[ -e "$f" ] || continue
+		name=${f##*/}
+		name="${name%.*}(${name##*.})"
+		if ! grep -qF -- "$name" <<<"$see"; then
+			echo "man/vps.7: SEE ALSO does not list $name" >&2
+			bad=1
+		fi
+	done
+	[ "$bad" -eq 0 ]
+}
