@@ -16,7 +16,8 @@ CC ?= cc
 
 WARN = -Wall -Wextra -Wshadow -Wvla -Wstrict-prototypes -Wmissing-prototypes -Werror
 CFLAGS ?= -O2 -g
-ALL_CFLAGS = -std=c11 -D_GNU_SOURCE -pthread $(WARN) $(CFLAGS) -Iinclude -Ilib -MMD -MP
+# -fPIC: the same objects make libvps.a and libvps.so (for ctypes trainers)
+ALL_CFLAGS = -std=c11 -D_GNU_SOURCE -pthread -fPIC $(WARN) $(CFLAGS) -Iinclude -Ilib -MMD -MP
 LDLIBS = -lyaml -lzstd -lpthread -lm -lrt
 
 ifneq ($(SANITIZE),)
@@ -27,6 +28,7 @@ endif
 LIB_SRC = $(wildcard lib/*.c)
 LIB_OBJ = $(LIB_SRC:lib/%.c=$(BUILDDIR)/lib/%.o)
 LIB = $(BUILDDIR)/libvps.a
+SHLIB = $(BUILDDIR)/libvps.so
 CMD_COMMON = $(BUILDDIR)/cmd/common.o $(BUILDDIR)/cmd/launcher.o
 TOOLS = vps-layout vps-plan vps-stage vps-exec vps-trainer vps-verify
 TOOL_BINS = $(TOOLS:%=$(BINDIR)/%)
@@ -36,10 +38,10 @@ HARNESS = $(BUILDDIR)/tests/harness.o $(BUILDDIR)/tests/jobs.o
 
 DEPS_STAMP = $(BUILDDIR)/.deps-ok
 
-.PHONY: all check test unit bats asan demo install uninstall clean deps
+.PHONY: all check test unit bats asan demo install uninstall clean deps FORCE
 .DEFAULT_GOAL := all
 
-all: $(LIB) $(TOOL_BINS)
+all: $(LIB) $(SHLIB) $(TOOL_BINS)
 
 # ---- what a fresh machine lacks ----
 # libyaml and libzstd headers, bats, groff (man page lint). Installed with
@@ -66,21 +68,30 @@ $(DEPS_STAMP):
 	fi
 	@mkdir -p $(BUILDDIR) && touch $@
 
-$(BUILDDIR)/lib/%.o: lib/%.c | $(DEPS_STAMP)
+# objects rebuild when the flags change (a sanitizer or -fPIC build)
+FLAGS_STAMP = $(BUILDDIR)/.flags
+$(FLAGS_STAMP): FORCE | $(DEPS_STAMP)
+	@echo '$(CC) $(ALL_CFLAGS) $(LDFLAGS)' | cmp -s - $@ || echo '$(CC) $(ALL_CFLAGS) $(LDFLAGS)' > $@
+FORCE:
+
+$(BUILDDIR)/lib/%.o: lib/%.c $(FLAGS_STAMP) | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
-$(BUILDDIR)/cmd/%.o: cmd/%.c | $(DEPS_STAMP)
+$(BUILDDIR)/cmd/%.o: cmd/%.c $(FLAGS_STAMP) | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Icmd -c $< -o $@
 
-$(BUILDDIR)/tests/%.o: tests/unit/%.c | $(DEPS_STAMP)
+$(BUILDDIR)/tests/%.o: tests/unit/%.c $(FLAGS_STAMP) | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests/unit -c $< -o $@
 
 $(LIB): $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
+
+$(SHLIB): $(LIB_OBJ)
+	$(CC) -shared $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BINDIR)/%: $(BUILDDIR)/cmd/%.o $(CMD_COMMON) $(LIB)
 	@mkdir -p $(BINDIR)
@@ -123,6 +134,7 @@ install: all
 		$(DESTDIR)$(PREFIX)/share/man/man7 $(DESTDIR)$(PREFIX)/share/vps
 	install -m 755 $(TOOL_BINS) $(DESTDIR)$(PREFIX)/bin
 	install -m 644 $(LIB) $(DESTDIR)$(PREFIX)/lib
+	install -m 755 $(SHLIB) $(DESTDIR)$(PREFIX)/lib
 	install -m 644 include/vps/*.h $(DESTDIR)$(PREFIX)/include/vps
 	$(if $(MAN1),install -m 644 $(MAN1) $(DESTDIR)$(PREFIX)/share/man/man1)
 	$(if $(MAN5),install -m 644 $(MAN5) $(DESTDIR)$(PREFIX)/share/man/man5)
@@ -132,7 +144,7 @@ install: all
 		vps.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/vps.pc
 
 uninstall:
-	rm -f $(TOOLS:%=$(DESTDIR)$(PREFIX)/bin/%) $(DESTDIR)$(PREFIX)/lib/libvps.a \
+	rm -f $(TOOLS:%=$(DESTDIR)$(PREFIX)/bin/%) $(DESTDIR)$(PREFIX)/lib/libvps.a $(DESTDIR)$(PREFIX)/lib/libvps.so \
 		$(DESTDIR)$(PREFIX)/lib/pkgconfig/vps.pc
 	rm -rf $(DESTDIR)$(PREFIX)/include/vps $(DESTDIR)$(PREFIX)/share/vps
 	rm -f $(addprefix $(DESTDIR)$(PREFIX)/share/man/man1/,$(notdir $(MAN1))) \

@@ -36,6 +36,9 @@ int launch_resolve(struct launch *l, bool need_master)
 		}
 	} else {
 		l->source = "flags";
+		for (size_t i = 0; i < sizeof(conv) / sizeof(conv[0]) && l->local_rank < 0; i++)
+			if (!env_i64(conv[i].local, &l->local_rank))
+				l->local_rank = -1;
 	}
 	if (l->rank < 0)
 		return tool_usage_error("no rank: give --rank, or run under torchrun (RANK), Slurm (SLURM_PROCID) or Open MPI "

@@ -14,19 +14,21 @@
 const char *tool_name = "vps-exec";
 
 static const char usage[] =
-	"usage: vps-exec [--registry NAME] [--transport tcp] [--timeout S] [--rank R] [--world W]\n"
+	"usage: vps-exec [--registry NAME] [--transport tcp] [--timeout S] [--request-timeout S]\n"
+	"                [--rank R] [--world W]\n"
 	"                [--local-rank L] [--master HOST:PORT] [--token T] [--wait] [--check]\n"
 	"                [--report FILE] [-q] STAGED\n"
 	"       vps-exec --serve [options] STAGED STAGED...\n"
 	"       vps-exec -h | --version\n"
 	"options:\n"
 	"  --registry NAME     the trainer's registry (default vps-%r); %r world rank, %a source rank,\n"
-	"                      %b target rank, %l local rank\n"
+	"                      %b target rank, %l local rank, %% a percent sign\n"
 	"  --transport tcp     how bytes move (tcp: host memory over TCP)\n"
 	"  --timeout S         seconds without progress before giving up (default 60)\n"
+	"  --request-timeout S seconds the ranks' trainers may request the switch apart (default 600)\n"
 	"  --rank R            world rank (default: RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK)\n"
-	"  --world W           world size, checked against the plan\n"
-	"  --local-rank L      rank on this node (default: LOCAL_RANK, ...)\n"
+	"  --world W           world size, checked against the plan (default: WORLD_SIZE, ...)\n"
+	"  --local-rank L      rank on this node (default: LOCAL_RANK, SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK)\n"
 	"  --master HOST:PORT  rank 0's rendezvous (default: MASTER_ADDR, MASTER_PORT)\n"
 	"  --token T           job token; peers with another are refused (default: VPS_JOB_TOKEN)\n"
 	"  --wait              connect first, then wait for the trainer's request\n"
@@ -50,7 +52,8 @@ int main(int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{"registry", required_argument, NULL, 'R'}, {"transport", required_argument, NULL, 'T'},
-		{"timeout", required_argument, NULL, 't'},  {"rank", required_argument, NULL, 'r'},
+		{"timeout", required_argument, NULL, 't'},  {"request-timeout", required_argument, NULL, 'Q'},
+		{"rank", required_argument, NULL, 'r'},
 		{"world", required_argument, NULL, 'w'},    {"local-rank", required_argument, NULL, 'l'},
 		{"master", required_argument, NULL, 'm'},   {"token", required_argument, NULL, 'k'},
 		{"wait", no_argument, NULL, 'W'},           {"serve", no_argument, NULL, 'S'},
@@ -65,6 +68,7 @@ int main(int argc, char **argv)
 	int c;
 	o.registry = "vps-%r";
 	o.fault_stage = -1;
+	o.request_timeout = 600;
 	/* VPS_FAULT=stall:STAGE or exit:STAGE: a silent or dead rank, for tests */
 	const char *fault = getenv("VPS_FAULT");
 	if (fault && *fault) {
@@ -78,8 +82,12 @@ int main(int argc, char **argv)
 	}
 	o.token = 0x4a5f535056ULL;
 	const char *tok = getenv("VPS_JOB_TOKEN");
-	if (tok)
-		o.token = strtoull(tok, NULL, 0);
+	if (tok && *tok) {
+		char *end;
+		o.token = strtoull(tok, &end, 0);
+		if (*end)
+			return tool_usage_error("VPS_JOB_TOKEN=%s: not a number", tok);
+	}
 	while ((c = getopt_long(argc, argv, "hq", opts, NULL)) != -1) {
 		switch (c) {
 		case 'R': o.registry = optarg; break;
@@ -88,11 +96,17 @@ int main(int argc, char **argv)
 				return tool_usage_error("--transport %s: this build moves host memory over tcp only "
 							"(ipc and nccl come with the GPU transports)", optarg);
 			break;
-		case 't': {
+		case 't':
+		case 'Q': {
 			char *end;
-			timeout = strtod(optarg, &end);
-			if (*end || timeout <= 0)
-				return tool_usage_error("--timeout: '%s' is not a positive number of seconds", optarg);
+			double v = strtod(optarg, &end);
+			if (*end || v <= 0)
+				return tool_usage_error("%s: '%s' is not a positive number of seconds",
+							c == 't' ? "--timeout" : "--request-timeout", optarg);
+			if (c == 't')
+				timeout = v;
+			else
+				o.request_timeout = v;
 			break;
 		}
 		case 'r':
@@ -116,7 +130,13 @@ int main(int argc, char **argv)
 			l.master_port = (int)port;
 			break;
 		}
-		case 'k': o.token = strtoull(optarg, NULL, 0); break;
+		case 'k': {
+			char *end;
+			o.token = strtoull(optarg, &end, 0);
+			if (!*optarg || *end)
+				return tool_usage_error("--token: '%s' is not a number", optarg);
+			break;
+		}
 		case 'W': o.wait = true; break;
 		case 'S': serve = true; break;
 		case 'c': o.check = true; break;

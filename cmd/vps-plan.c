@@ -128,6 +128,7 @@ int main(int argc, char **argv)
 	const char *out = NULL, *topo_arg = NULL, *transition = NULL;
 	bool stats = false, load = false, yaml = false;
 	struct vps_plan_opts po = {.rank = -1};
+	bool have_step = false, have_consumed = false, have_sched = false;
 	int c, status = EXIT_USAGE;
 	while ((c = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
 		switch (c) {
@@ -156,16 +157,17 @@ int main(int argc, char **argv)
 		case 'S':
 			if (!num("--step", optarg, &po.train.step))
 				return EXIT_USAGE;
-			po.train.known = true;
+			have_step = true;
 			break;
 		case 'C':
 			if (!num("--consumed-samples", optarg, &po.train.consumed_samples))
 				return EXIT_USAGE;
-			po.train.known = true;
+			have_consumed = true;
 			break;
 		case 'l':
 			if (!num("--scheduler-step", optarg, &po.train.scheduler_step))
 				return EXIT_USAGE;
+			have_sched = true;
 			break;
 		case 'h': fputs(usage, stdout); return tool_finish(EXIT_OK);
 		case 'V': printf("vps-plan %s\n", VPS_VERSION_STRING); return tool_finish(EXIT_OK);
@@ -176,8 +178,15 @@ int main(int argc, char **argv)
 		return tool_usage_error("expected two layouts or --transition NAME\n%s", usage);
 	if ((load || topo_arg) && !stats)
 		return tool_usage_error("--load and --topology go with --stats");
-	if (po.train.known && !po.train.scheduler_step)
+	if (have_step != have_consumed)
+		return tool_usage_error("--step and --consumed-samples go together (the data position is both)");
+	if (have_sched && !have_step)
+		return tool_usage_error("--scheduler-step needs --step and --consumed-samples");
+	po.train.known = have_step;
+	if (have_step && !have_sched)
 		po.train.scheduler_step = po.train.step;
+	if ((po.train.micro_batch || po.micro_batch_a) && !po.train.global_batch)
+		return tool_usage_error("--micro-batch and --micro-batch-before need --global-batch");
 	struct vps_layout *a = NULL, *b = NULL;
 	struct vps_plan *p = NULL;
 	struct vps_topology topo;

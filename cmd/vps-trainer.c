@@ -1,24 +1,28 @@
 /* vps-trainer: the reference trainer, for tests and demos. */
 #include <getopt.h>
 #include <inttypes.h>
+#include <signal.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common.h"
 #include "launcher.h"
+#include "vps/registry.h"
 #include "vps/trainer.h"
 
 const char *tool_name = "vps-trainer";
 
 static const char usage[] =
-	"usage: vps-trainer [--registry NAME] [--rank R] [--steps N] [--steps-after M]\n"
+	"usage: vps-trainer [--registry NAME] [--rank R] [--local-rank L] [--steps N] [--steps-after M]\n"
 	"                   [--global-batch G] [--micro-batch B] [--samples FILE] [--timeout S]\n"
 	"                   STAGED...\n"
 	"       vps-trainer -h | --version\n"
 	"options:\n"
 	"  --registry NAME     registry to create (default vps-%r; %r world rank, %l local rank)\n"
 	"  --rank R            world rank (default: RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK)\n"
+	"  --local-rank L      rank on this node (default: LOCAL_RANK, SLURM_LOCALID, ...)\n"
 	"  --steps N           optimizer steps before the first switch (default 3)\n"
 	"  --steps-after M     steps after each switch (default 2)\n"
 	"  --global-batch G    samples per step (default 0: no data loader)\n"
@@ -28,10 +32,19 @@ static const char usage[] =
 	"  -h, --help          this text\n"
 	"  --version           the version\n";
 
+static char registry_to_remove[128];
+
+static void on_signal(int sig)
+{
+	vps_registry_unlink(registry_to_remove);
+	_exit(128 + sig);
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{"registry", required_argument, NULL, 'R'},   {"rank", required_argument, NULL, 'r'},
+		{"local-rank", required_argument, NULL, 'l'},
 		{"steps", required_argument, NULL, 's'},      {"steps-after", required_argument, NULL, 'a'},
 		{"global-batch", required_argument, NULL, 'g'}, {"micro-batch", required_argument, NULL, 'b'},
 		{"samples", required_argument, NULL, 'L'},    {"timeout", required_argument, NULL, 't'},
@@ -53,12 +66,19 @@ int main(int argc, char **argv)
 			if (!tool_parse_i64(optarg, &l.rank))
 				return tool_usage_error("--rank: '%s' is not a rank", optarg);
 			break;
+		case 'l':
+			if (!tool_parse_i64(optarg, &l.local_rank))
+				return tool_usage_error("--local-rank: '%s' is not a rank", optarg);
+			break;
 		case 's':
 		case 'a':
 		case 'g':
 		case 'b':
 			if (!tool_parse_i64(optarg, &v))
-				return tool_usage_error("'%s' is not a non-negative integer", optarg);
+				return tool_usage_error("--%s: '%s' is not a non-negative integer",
+							c == 's' ? "steps" : c == 'a' ? "steps-after" : c == 'g' ? "global-batch"
+														   : "micro-batch",
+							optarg);
 			if (c == 's')
 				o.steps_before = v;
 			else if (c == 'a')
@@ -100,6 +120,11 @@ int main(int argc, char **argv)
 	}
 	name[len] = '\0';
 	o.registry = name;
+	/* killed while it holds shared memory: remove it */
+	snprintf(registry_to_remove, sizeof(registry_to_remove), "%s", name);
+	signal(SIGTERM, on_signal);
+	signal(SIGINT, on_signal);
+	signal(SIGHUP, on_signal);
 	struct vps_staged **plans = calloc(nplans, sizeof(*plans));
 	vps_result_t rc = plans ? VPS_OK : VPS_ENOMEM;
 	for (size_t i = 0; i < nplans && !rc; i++)
@@ -113,9 +138,9 @@ int main(int argc, char **argv)
 		status = rc == VPS_EINPUT || rc == VPS_EFORMAT ? EXIT_USAGE : EXIT_CHECK;
 	} else {
 		bool ok = !res.wrong_elements && !res.dirty_padding && res.training_state_ok;
-		printf("vps-trainer: rank %" PRId64 ": %" PRId64 " switches, step %" PRId64 ", %" PRId64
+		printf("vps-trainer: rank %" PRId64 ": %" PRId64 " switch%s, step %" PRId64 ", %" PRId64
 		       " samples; %" PRId64 " wrong elements, %" PRId64 " dirty padding, training state %s: %s\n",
-		       l.rank, res.switches, res.step, res.consumed_samples, res.wrong_elements, res.dirty_padding,
+		       l.rank, res.switches, res.switches == 1 ? "" : "es", res.step, res.consumed_samples, res.wrong_elements, res.dirty_padding,
 		       res.training_state_ok ? "carried" : "LOST", ok ? "ok" : "FAILED");
 		status = tool_finish(ok ? EXIT_OK : EXIT_CHECK);
 	}

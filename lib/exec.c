@@ -352,6 +352,10 @@ static vps_result_t run_stages(const struct vps_staged *s, const struct vps_plan
 		return VPS_ENOMEM;
 	size_t i = 0;
 	double t_all = now();
+	/* sources no stage reads are free from the start */
+	for (size_t f = 0; f < s->nfrees && at->src_entry; f++)
+		if (s->frees[f].rank == at->ra && s->frees[f].stage < 0 && s->frees[f].buffer < at->va.nbuffers)
+			vps_registry_release(reg, (uint32_t)at->src_entry[s->frees[f].buffer]);
 	for (size_t st = 0; st < s->nstages; st++) {
 		double t0 = now();
 		struct vps_exec_stage_report *sr = &rep->stages[st];
@@ -510,8 +514,14 @@ static vps_result_t one_switch(const struct vps_staged *s, const struct vps_plan
 		VPS_CHECK_GOTO(vps_layout_rank(p->b, at.rb, &at.vb), rc, fail);
 		VPS_CHECK_GOTO(map_side(reg, &at.vb, VPS_ROLE_TARGET, &at.dst, NULL), rc, fail);
 	}
+	/* the first rendezvous after the request: trainers reach their switch
+	 * points at different times */
 	struct vps_registry_training train;
-	VPS_CHECK_GOTO(share_training(net, s, w, reg, &train), rc, fail);
+	double normal = vps_net_set_timeout(net, vps_max64((int64_t)o->request_timeout, (int64_t)o->timeout));
+	rc = share_training(net, s, w, reg, &train);
+	vps_net_set_timeout(net, normal);
+	if (rc)
+		goto fail;
 	uint64_t dig[2] = {0, 0};
 	if (o->check && at.ra >= 0)
 		VPS_CHECK_GOTO(vps_exec_digest(p->a, at.ra, at.src, &dig[0]), rc, fail);
@@ -557,17 +567,23 @@ fail:
 	return rc;
 }
 
-static vps_result_t open_registry(const char *name, double timeout, struct vps_registry **out)
+/* Wait for the trainer's registry: absent or half made (the trainer has not
+ * started) or stale (a crashed run's, which the trainer replaces when it
+ * starts). A stale one is waited for at most `timeout` even under --wait. */
+static vps_result_t open_registry(const char *name, double wait, double timeout, struct vps_registry **out)
 {
 	double t0 = now();
 	for (;;) {
 		vps_result_t rc = vps_registry_open(out, name);
 		if (!rc)
 			return VPS_OK;
-		/* the trainer may not have made it yet */
-		if (timeout >= 0 && now() - t0 > timeout)
+		const char *e = vps_last_error();
+		bool absent = strstr(e, "No such file") || strstr(e, "not ready yet");
+		bool stale = strstr(e, "is stale") != NULL;
+		if (!absent && !stale)
 			return rc;
-		if (rc != VPS_EINPUT || strstr(vps_last_error(), "stale") || strstr(vps_last_error(), "in use"))
+		double waited = now() - t0;
+		if ((stale && waited > timeout) || (wait >= 0 && waited > wait))
 			return rc;
 		struct timespec ts = {0, 20000000};
 		nanosleep(&ts, NULL);
@@ -616,12 +632,12 @@ vps_result_t vps_exec_run(struct vps_staged *const *plans, size_t nplans, const 
 			VPS_CHECK_GOTO(VPS_GROW(peers, capp, npeers + 1), rc, done);
 			peers[npeers++] = q;
 		}
-		uint64_t hk = vps_staged_hash(s);
+		uint64_t hk = vps_staged_world_hash(s);
 		hash = vps_hash64(&hk, sizeof(hk), hash);
 	}
 	VPS_CHECK_GOTO(registry_name(o->registry, p0, o->rank, o->local_rank, name, sizeof(name)), rc, done);
 	double t_setup = now();
-	VPS_CHECK_GOTO(open_registry(name, o->wait ? -1 : o->timeout, &reg), rc, done);
+	VPS_CHECK_GOTO(open_registry(name, o->wait ? -1 : o->timeout, o->timeout, &reg), rc, done);
 	struct vps_net_opts no = {o->rank, W, o->master_host, o->master_port, o->timeout, o->token, hash, peers, npeers};
 	VPS_CHECK_GOTO(vps_net_start(&net, &no), rc, done);
 	double setup = now() - t_setup;

@@ -689,6 +689,13 @@ done:
 	return rc;
 }
 
+double vps_net_set_timeout(struct vps_net *n, double timeout)
+{
+	double old = n->timeout;
+	n->timeout = timeout;
+	return old;
+}
+
 static void add_u64(void *acc, const void *in, size_t len)
 {
 	uint64_t *a = acc;

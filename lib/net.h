@@ -42,6 +42,9 @@ struct vps_net_msg {
  * what names the exchange in messages ("stage 3"). */
 vps_result_t vps_net_exchange(struct vps_net *n, struct vps_net_msg *msgs, size_t nmsgs, const char *what);
 
+/* Set the timeout of later waits; returns the previous one. */
+double vps_net_set_timeout(struct vps_net *n, double timeout);
+
 /* Sum n values over all ranks (result on every rank). */
 vps_result_t vps_net_allreduce_sum(struct vps_net *n, uint64_t *v, size_t count, const char *what);
 /* Rank 0's bytes to every rank. */

@@ -372,11 +372,11 @@ static int dev_cmp(struct vps_device a, struct vps_device b)
 	return a.gpu < b.gpu ? -1 : a.gpu > b.gpu;
 }
 
-static const struct vps_device *sort_base;
-static int order_cmp(const void *a, const void *b)
+static int order_cmp(const void *a, const void *b, void *ctx)
 {
+	const struct vps_device *list = ctx;
 	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-	return dev_cmp(sort_base[x], sort_base[y]);
+	return dev_cmp(list[x], list[y]);
 }
 
 vps_result_t vps_devices_validate(struct vps_devices *d, int64_t world, const char *where)
@@ -397,8 +397,7 @@ vps_result_t vps_devices_validate(struct vps_devices *d, int64_t world, const ch
 		return VPS_ENOMEM;
 	for (int64_t i = 0; i < d->n; i++)
 		d->order[i] = i;
-	sort_base = d->list;
-	qsort(d->order, (size_t)d->n, sizeof(*d->order), order_cmp);
+	qsort_r(d->order, (size_t)d->n, sizeof(*d->order), order_cmp, d->list);
 	for (int64_t i = 1; i < d->n; i++) {
 		struct vps_device a = d->list[d->order[i - 1]], b = d->list[d->order[i]];
 		if (!dev_cmp(a, b))

@@ -5,16 +5,20 @@
  * no enumeration) and decides, deterministically from the region alone:
  *   1. retain what the destination's own device holds under A;
  *   2. take the rest group by group, a group being the A regions with one
- *      box (its members are replicas): members on the destination's node
- *      first, otherwise any member;
- *   3. among the chosen members, rotate by the destination's index among the
- *      B replicas of the region, and split large pieces over up to
- *      SPLIT_MAX members, so that replicas share the sending evenly.
- * A source finds its sends by inverting step 3: for each of its A regions it
- * asks B who needs it and re-runs the decision only for the destinations
- * that can pick it (those on its node, and those the rotation maps to it).
- * Both sides run the same function, so a rank's plan is exactly the
- * global plan restricted to that rank. */
+ *      box (its members are replicas), preferring the A tensor-parallel rank
+ *      whose slice the destination's slice overlaps first; members on the
+ *      destination's node first, otherwise any member;
+ *   3. cut the destination buffer in m equal ranges, range p served by
+ *      member (start + p) mod k, where start is the destination's index
+ *      among the B replicas that receive the region (among all replicas
+ *      past EXACT_REPLICAS), scaled to k and shifted by the replica set's
+ *      first rank. Consecutive regions then come from one source (their
+ *      copies merge) and replicas share the sending evenly.
+ * A source finds its sends by re-running the decision for the destinations
+ * that can choose it: all replicas of a small set; for a large one those on
+ * its node and those the rotation maps to it. Both sides run the same
+ * function, so a rank's plan is exactly the global plan restricted to it.
+ * docs/plan.md has the reasons. */
 #include <inttypes.h>
 #include <stdio.h>
 

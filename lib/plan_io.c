@@ -126,6 +126,11 @@ uint64_t vps_plan_hash(const struct vps_plan *p)
 		}
 		h = vps_hash64(f, sizeof(f), h);
 	}
+	for (size_t i = 0; i < p->ncolls; i++) {
+		const struct vps_collective *c = &p->colls[i];
+		int64_t f[] = {c->tensor, c->state, c->kind, c->root, c->peers, c->bytes};
+		h = vps_hash64(f, sizeof(f), h);
+	}
 	const struct vps_training *t = &p->train;
 	int64_t tf[] = {t->known, t->step, t->consumed_samples, t->scheduler_step, t->global_batch, t->micro_batch,
 			t->grad_accum, t->dp};

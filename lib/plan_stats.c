@@ -160,7 +160,11 @@ struct demand {
 static int demand_cmp(const void *p, const void *q)
 {
 	const struct demand *x = p, *y = q;
-	return x->key < y->key ? -1 : x->key > y->key;
+	if (x->key != y->key)
+		return x->key < y->key ? -1 : 1;
+	if (x->nranks != y->nranks)
+		return x->nranks < y->nranks ? -1 : 1;
+	return memcmp(x->ranks, y->ranks, x->nranks * sizeof(*x->ranks));
 }
 
 static int i64_cmp(const void *p, const void *q)
@@ -260,7 +264,7 @@ static vps_result_t balanced_send_bound(const struct vps_plan *p, int64_t max_se
 	if (!rc) {
 		qsort(dm, nd, sizeof(*dm), demand_cmp);
 		for (size_t i = 0; i < nd; i++) {
-			if (m && dm[m - 1].key == dm[i].key) {
+			if (m && !demand_cmp(&dm[m - 1], &dm[i])) {
 				dm[m - 1].bytes += dm[i].bytes;
 				free(dm[i].ranks);
 			} else {
@@ -451,10 +455,11 @@ vps_result_t vps_topology_load(struct vps_topology *t, const char *arg, const ch
 		rc = vps_r_str(r, "name", &name);
 	if (!rc)
 		snprintf(t->name, sizeof(t->name), "%s", name);
+	/* informational: the estimate needs bandwidths only */
 	if (!rc)
-		rc = vps_r_int(r, "gpus_per_node", &t->gpus_per_node, 1, 1 << 20);
+		rc = vps_r_int_opt(r, "gpus_per_node", &t->gpus_per_node, 1, 1 << 20, 8);
 	if (!rc)
-		rc = vps_r_int(r, "gpu_memory", &t->gpu_memory, 1, INT64_MAX);
+		rc = vps_r_int_opt(r, "gpu_memory", &t->gpu_memory, 0, INT64_MAX, 0);
 	if (!rc)
 		rc = vps_r_double(r, "intra_node_bandwidth", &t->intra_node_bandwidth);
 	if (!rc)

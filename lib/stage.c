@@ -176,10 +176,10 @@ static vps_result_t chunk_pair(struct builder *b, const struct run *runs, size_t
 	return VPS_OK;
 }
 
-static const struct vps_piece *sort_pieces;
-static int pair_order(const void *p, const void *q)
+static int pair_order(const void *p, const void *q, void *ctx)
 {
-	const struct vps_piece *x = &sort_pieces[*(const size_t *)p], *y = &sort_pieces[*(const size_t *)q];
+	const struct vps_piece *pieces = ctx;
+	const struct vps_piece *x = &pieces[*(const size_t *)p], *y = &pieces[*(const size_t *)q];
 	if (x->src != y->src)
 		return x->src < y->src ? -1 : 1;
 	if (x->dst != y->dst)
@@ -322,7 +322,7 @@ vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t b
 		return vps_fail(VPS_EINPUT, "staging needs the global plan: stage boundaries are the same on every rank "
 					    "(this plan is rank %" PRId64 "'s)", plan->scope);
 	if (budget < VPS_STAGE_BUDGET_FLOOR)
-		return vps_fail(VPS_EINPUT, "--budget: %" PRId64 " bytes is below the floor of %" PRId64
+		return vps_fail(VPS_EINPUT, "budget: %" PRId64 " bytes is below the floor of %" PRId64
 				" bytes (one aligned element each way)", budget, VPS_STAGE_BUDGET_FLOOR);
 	int64_t W = vps_world_size(plan->world);
 	if (rank >= W)
@@ -342,10 +342,24 @@ vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t b
 	s->steps = steps_for(W);
 	for (size_t i = 0; i < plan->npieces; i++)
 		idx[i] = i;
-	sort_pieces = plan->pieces;
-	qsort(idx, plan->npieces, sizeof(*idx), pair_order);
+	qsort_r(idx, plan->npieces, sizeof(*idx), pair_order, plan->pieces);
 	bool have_retains = false;
 	int64_t cap = (budget / 2) / VPS_STAGE_ALIGN * VPS_STAGE_ALIGN;
+	/* any budget above the floor works, but one that cuts the plan in
+	 * hundreds of millions of chunks is a mistake, not a schedule */
+	int64_t moved = 0;
+	for (size_t i = 0; i < plan->npieces; i++)
+		if (plan->pieces[i].src != plan->pieces[i].dst)
+			moved += vps_piece_bytes(&plan->pieces[i]);
+	if (moved / cap > VPS_STAGE_MAX_CHUNKS) {
+		free(s);
+		free(idx);
+		return vps_fail(VPS_EINPUT,
+				"budget: %" PRId64 " bytes cuts the %" PRId64 " bytes this plan moves in more than %lld chunks; "
+				"give at least %" PRId64 " bytes",
+				budget, moved, (long long)VPS_STAGE_MAX_CHUNKS,
+				vps_round_up(2 * (moved / VPS_STAGE_MAX_CHUNKS + 1), VPS_STAGE_ALIGN));
+	}
 	for (size_t i = 0; i < plan->npieces;) {
 		const struct vps_piece *p0 = &plan->pieces[idx[i]];
 		size_t j = i;

@@ -7,6 +7,20 @@
 #include "plan_io.h"
 #include "vps/stage.h"
 
+uint64_t vps_staged_world_hash(const struct vps_staged *s)
+{
+	uint64_t h = vps_plan_hash(s->plan);
+	int64_t head[] = {s->budget, s->steps, (int64_t)s->nstages};
+	h = vps_hash64(head, sizeof(head), h);
+	for (size_t i = 0; i < s->nstages; i++) {
+		const struct vps_stage_info *g = &s->stages[i];
+		int64_t f[] = {g->first_unit_step, g->first_unit_chunk, g->last_unit_step, g->last_unit_chunk, g->bytes,
+			       g->peak};
+		h = vps_hash64(f, sizeof(f), h);
+	}
+	return h;
+}
+
 uint64_t vps_staged_hash(const struct vps_staged *s)
 {
 	uint64_t h = vps_plan_hash(s->plan);

@@ -132,6 +132,13 @@ vps_result_t vps_trainer_run(struct vps_staged *const *plans, size_t nplans, con
 	res->training_state_ok = true;
 	if (!nplans)
 		return vps_fail(VPS_EINPUT, "no staged plan");
+	for (size_t k = 0; k < nplans; k++) {
+		if (plans[k]->file_hash && plans[k]->file_hash != vps_staged_hash(plans[k]))
+			return vps_fail(VPS_EINPUT, "staged plan %zu: its content does not hash to what it states", k + 1);
+		if (k && vps_layout_hash(plans[k]->plan->a) != vps_layout_hash(plans[k - 1]->plan->b))
+			return vps_fail(VPS_EINPUT, "staged plan %zu does not start from the layout plan %zu ends in", k + 1,
+					k);
+	}
 	const struct vps_plan *p0 = plans[0]->plan;
 	if (o->rank < 0 || o->rank >= vps_world_size(p0->world))
 		return vps_fail(VPS_EINPUT, "rank %" PRId64 " is outside the transition world of %" PRId64, o->rank,

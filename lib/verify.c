@@ -438,11 +438,10 @@ struct view_index {
 	bool ready;
 };
 
-static const struct vps_rank_view *idx_view;
-static int order_cmp(const void *p, const void *q)
+static int order_cmp(const void *p, const void *q, void *ctx)
 {
-	const struct vps_region *x = &idx_view->regions[*(const uint32_t *)p],
-				*y = &idx_view->regions[*(const uint32_t *)q];
+	const struct vps_rank_view *v = ctx;
+	const struct vps_region *x = &v->regions[*(const uint32_t *)p], *y = &v->regions[*(const uint32_t *)q];
 	if (x->tensor != y->tensor)
 		return x->tensor < y->tensor ? -1 : 1;
 	if (x->state != y->state)
@@ -461,8 +460,7 @@ static vps_result_t view_get(const struct vps_layout *l, struct view_index *cach
 			return VPS_ENOMEM;
 		for (size_t i = 0; i < vi->v.nregions; i++)
 			vi->order[i] = (uint32_t)i;
-		idx_view = &vi->v;
-		qsort(vi->order, vi->v.nregions, sizeof(*vi->order), order_cmp);
+		qsort_r(vi->order, vi->v.nregions, sizeof(*vi->order), order_cmp, &vi->v);
 		vi->ready = true;
 	}
 	*out = vi;

@@ -29,7 +29,7 @@ while [ $# -gt 0 ]; do
 	--budget) budget=$2; shift 2 ;;
 	--global-batch) gb=$2; shift 2 ;;
 	--keep) keep=$2; shift 2 ;;
-	-h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "demo.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 	esac
 done

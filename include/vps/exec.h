@@ -13,6 +13,7 @@ struct vps_exec_opts {
 	const char *master_host;
 	int master_port;
 	double timeout;         /* seconds without progress */
+	double request_timeout; /* seconds the ranks' trainers may request apart */
 	uint64_t token;         /* job token */
 	bool wait;              /* connect first, then wait for the trainer's request */
 	bool check;             /* digest before and after; done only when they match */

@@ -24,6 +24,9 @@
 /* The smallest budget: each direction of a unit must hold one aligned
  * element. */
 #define VPS_STAGE_BUDGET_FLOOR ((int64_t)4096)
+/* Above this many chunks a budget is refused as a mistake (it names the
+ * smallest budget that stays under). */
+#define VPS_STAGE_MAX_CHUNKS ((int64_t)10000000)
 
 struct vps_op {
 	int64_t piece;        /* first plan piece carried */
@@ -92,6 +95,10 @@ struct vps_stage_stats {
 void vps_staged_stats(const struct vps_staged *s, struct vps_stage_stats *st);
 
 uint64_t vps_staged_hash(const struct vps_staged *s);
+/* What every rank's file of one staging shares (the global plan, budget,
+ * steps, stages), whether it holds all transfers or one rank's: ranks
+ * compare it before a byte moves. */
+uint64_t vps_staged_world_hash(const struct vps_staged *s);
 struct vps_bytes;
 vps_result_t vps_staged_serialize(const struct vps_staged *s, bool yaml, struct vps_bytes *out);
 vps_result_t vps_staged_parse(struct vps_staged **out, const char *name, const void *data, size_t len);
