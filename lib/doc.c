@@ -1037,3 +1037,29 @@ vps_result_t vps_write_output(const char *path, const struct vps_bytes *b, bool 
 	free(tmp);
 	return rc;
 }
+
+static bool ends_with(const char *s, const char *suffix)
+{
+	size_t n = strlen(s), k = strlen(suffix);
+	return n > k && !strcmp(s + n - k, suffix);
+}
+
+vps_result_t vps_config_find(const char *arg, const char *search_path, const char *flag, const char *what,
+			     char *path, size_t n)
+{
+	if (strchr(arg, '/') || !strcmp(arg, "-") || ends_with(arg, ".yaml") || ends_with(arg, ".yml") ||
+	    ends_with(arg, ".json")) {
+		snprintf(path, n, "%s", arg);
+		return VPS_OK;
+	}
+	for (const char *s = search_path ? search_path : ""; *s;) {
+		const char *colon = strchr(s, ':');
+		size_t dl = colon ? (size_t)(colon - s) : strlen(s);
+		snprintf(path, n, "%.*s/%s.yaml", (int)dl, s, arg);
+		if (dl && access(path, R_OK) == 0)
+			return VPS_OK;
+		s = colon ? colon + 1 : s + dl;
+	}
+	return vps_fail(VPS_EINPUT, "%s: no %s named '%s' (looked for %s.yaml in %s)", flag, what, arg, arg,
+			search_path && *search_path ? search_path : "no directory");
+}

@@ -25,15 +25,6 @@ void vps_exec_report_release(struct vps_exec_report *r)
 	r->stages = NULL;
 }
 
-/* World rank of a device in a plan's transition world, or -1. */
-static int64_t world_of_device(const struct vps_plan *p, struct vps_device dev)
-{
-	int64_t ra = vps_layout_rank_on(p->a, dev);
-	if (ra >= 0)
-		return ra;
-	int64_t rb = vps_layout_rank_on(p->b, dev);
-	return rb >= 0 ? vps_world_of_b(p->world, rb) : -1;
-}
 
 static vps_result_t registry_name(const char *pattern, const struct vps_plan *p, int64_t w, int64_t local, char *out,
 				  size_t n)
@@ -88,6 +79,8 @@ vps_result_t vps_exec_digest(const struct vps_layout *l, int64_t rank, void *con
 			for (size_t j = 0; j < nrem; j++) {
 				struct vps_box out[2 * VPS_MAX_DIMS];
 				int m = vps_box_subtract(&rem[j], &h.v[k].region.box, out);
+				if (!m)
+					continue;
 				VPS_CHECK_GOTO(VPS_GROW(next, cap_n, nn + (size_t)m), rc, done);
 				memcpy(next + nn, out, (size_t)m * sizeof(*out));
 				nn += (size_t)m;
@@ -408,7 +401,7 @@ static vps_result_t run_stages(const struct vps_staged *s, const struct vps_plan
 			size_t blen;
 			rc = transfer_iovs(s, x, sending, sending ? at->src : at->dst, &iov[k], &bounce[k], &blen);
 			/* connections are numbered by the first plan's world */
-			int64_t peer = world_of_device(p0, vps_world_device(s->plan->world, sending ? x->dst : x->src));
+			int64_t peer = vps_world_of_device(p0->world, vps_world_device(s->plan->world, sending ? x->dst : x->src));
 			size_t m = 0;
 			while (m < nm && msgs[m].peer != peer)
 				m++;
@@ -613,20 +606,20 @@ vps_result_t vps_exec_run(struct vps_staged *const *plans, size_t nplans, const 
 		VPS_CHECK(vps_plan_check_hash(s->plan, "plan"));
 		if (s->file_hash && s->file_hash != vps_staged_hash(s))
 			return vps_fail(VPS_EINPUT, "staged plan %zu: its content does not hash to what it states", k + 1);
-		if (s->scope >= 0 && world_of_device(s->plan, me) != s->scope)
+		if (s->scope >= 0 && vps_world_of_device(s->plan->world, me) != s->scope)
 			return vps_fail(VPS_EINPUT, "staged plan %zu holds rank %" PRId64 "'s part, not this rank's", k + 1,
 					s->scope);
 		if (vps_world_size(s->plan->world) != W)
 			return vps_fail(VPS_EINPUT, "staged plan %zu has a world of %" PRId64 ", the first %" PRId64, k + 1,
 					vps_world_size(s->plan->world), W);
-		int64_t w = world_of_device(s->plan, me);
+		int64_t w = vps_world_of_device(s->plan->world, me);
 		if (w < 0)
 			return vps_fail(VPS_EINPUT, "staged plan %zu does not use node %d gpu %d", k + 1, me.node, me.gpu);
 		for (size_t i = 0; i < s->nxfers; i++) {
 			const struct vps_xfer *x = &s->xfers[i];
 			if (x->src == x->dst || (x->src != w && x->dst != w))
 				continue;
-			int64_t q = world_of_device(p0, vps_world_device(s->plan->world, x->src == w ? x->dst : x->src));
+			int64_t q = vps_world_of_device(p0->world, vps_world_device(s->plan->world, x->src == w ? x->dst : x->src));
 			if (q < 0)
 				return vps_fail(VPS_EINPUT, "staged plan %zu uses a device the first plan does not", k + 1);
 			VPS_CHECK_GOTO(VPS_GROW(peers, capp, npeers + 1), rc, done);
@@ -649,7 +642,7 @@ vps_result_t vps_exec_run(struct vps_staged *const *plans, size_t nplans, const 
 	for (size_t k = 0; k < nplans; k++) {
 		memset(&reports[k], 0, sizeof(reports[k]));
 		reports[k].setup_seconds = k ? 0 : setup;
-		int64_t w = world_of_device(plans[k]->plan, me);
+		int64_t w = vps_world_of_device(plans[k]->plan->world, me);
 		rc = one_switch(plans[k], p0, w, reg, net, o, &last_seq, &reports[k]);
 		if (rc)
 			goto done;

@@ -443,10 +443,15 @@ static vps_result_t copy_view(const struct vps_rank_view *src, struct vps_rank_v
 		vps_rank_view_release(dst);
 		return VPS_ENOMEM;
 	}
-	memcpy(dst->buffers, src->buffers, src->nbuffers * sizeof(*src->buffers));
-	memcpy(dst->params, src->params, src->nparams * sizeof(*src->params));
-	memcpy(dst->regions, src->regions, src->nregions * sizeof(*src->regions));
-	memcpy(dst->region_param, src->region_param, src->nregions * sizeof(*src->region_param));
+	/* an explicit view read from a file has no params */
+	if (src->nbuffers)
+		memcpy(dst->buffers, src->buffers, src->nbuffers * sizeof(*src->buffers));
+	if (src->nparams)
+		memcpy(dst->params, src->params, src->nparams * sizeof(*src->params));
+	if (src->nregions) {
+		memcpy(dst->regions, src->regions, src->nregions * sizeof(*src->regions));
+		memcpy(dst->region_param, src->region_param, src->nregions * sizeof(*src->region_param));
+	}
 	if (src->region_names)
 		for (size_t i = 0; i < src->nregions; i++) {
 			dst->region_names[i] = vps_strdup(src->region_names[i]);

@@ -651,31 +651,10 @@ done:
 vps_result_t vps_model_load(struct vps_model *m, const char *spec, const char *search_path)
 {
 	struct vps_bytes b = {0};
-	vps_result_t rc;
-	size_t n = strlen(spec);
-	bool is_path = strchr(spec, '/') || (n > 5 && !strcmp(spec + n - 5, ".yaml")) ||
-		       (n > 4 && !strcmp(spec + n - 4, ".yml")) || (n > 5 && !strcmp(spec + n - 5, ".json"));
-	if (is_path || !strcmp(spec, "-")) {
-		VPS_CHECK(vps_read_file(spec, &b));
-		rc = vps_model_parse(m, spec, b.data, b.len);
-		vps_bytes_release(&b);
-		return rc;
-	}
-	for (const char *p = search_path ? search_path : ""; *p;) {
-		const char *colon = strchr(p, ':');
-		size_t dl = colon ? (size_t)(colon - p) : strlen(p);
-		char path[4096];
-		snprintf(path, sizeof(path), "%.*s/%s.yaml", (int)dl, p, spec);
-		FILE *f = dl ? fopen(path, "r") : NULL;
-		if (f) {
-			fclose(f);
-			VPS_CHECK(vps_read_file(path, &b));
-			rc = vps_model_parse(m, path, b.data, b.len);
-			vps_bytes_release(&b);
-			return rc;
-		}
-		p = colon ? colon + 1 : p + dl;
-	}
-	return vps_fail(VPS_EINPUT, "--model: no model named '%s' (looked for %s.yaml in %s)", spec, spec,
-			search_path && *search_path ? search_path : "no directory");
+	char path[4096];
+	VPS_CHECK(vps_config_find(spec, search_path, "--model", "model", path, sizeof(path)));
+	VPS_CHECK(vps_read_file(path, &b));
+	vps_result_t rc = vps_model_parse(m, strcmp(path, "-") ? path : "<stdin>", b.data, b.len);
+	vps_bytes_release(&b);
+	return rc;
 }

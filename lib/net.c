@@ -243,7 +243,8 @@ vps_result_t vps_net_start(struct vps_net **out, const struct vps_net_opts *o)
 	}
 	for (int64_t i = 0; i < (o->rank == 0 ? o->world : 1); i++)
 		n->ctl[i] = -1;
-	memcpy(n->peers, o->peers, o->npeers * sizeof(*n->peers));
+	if (o->npeers)
+		memcpy(n->peers, o->peers, o->npeers * sizeof(*n->peers));
 	qsort(n->peers, o->npeers, sizeof(*n->peers), cmp_i64);
 	for (size_t i = 0; i < o->npeers; i++)
 		if (!i || n->peers[i] != n->peers[n->npeers - 1])

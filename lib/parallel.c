@@ -137,27 +137,9 @@ vps_result_t vps_parallel_load(struct vps_parallel *p, const char *arg, const ch
 	if (strchr(arg, '='))
 		return vps_parallel_parse(p, arg, "--parallel");
 	char path[4096];
-	bool found = false;
-	if (strchr(arg, '/') || strstr(arg, ".yaml") || strstr(arg, ".yml")) {
-		snprintf(path, sizeof(path), "%s", arg);
-		found = true;
-	} else {
-		for (const char *s = search_path ? search_path : ""; *s && !found;) {
-			const char *colon = strchr(s, ':');
-			size_t dl = colon ? (size_t)(colon - s) : strlen(s);
-			snprintf(path, sizeof(path), "%.*s/%s.yaml", (int)dl, s, arg);
-			FILE *f = dl ? fopen(path, "r") : NULL;
-			if (f) {
-				fclose(f);
-				found = true;
-			}
-			s = colon ? colon + 1 : s + dl;
-		}
-		if (!found)
-			return vps_fail(VPS_EINPUT,
-					"--parallel: '%s' is neither KEY=VALUE,... nor a known configuration (%s.yaml)",
-					arg, arg);
-	}
+	if (vps_config_find(arg, search_path, "--parallel", "configuration", path, sizeof(path)))
+		return vps_fail(VPS_EINPUT, "--parallel: '%s' is neither KEY=VALUE,... nor a known configuration (%s.yaml)",
+				arg, arg);
 	struct vps_bytes b;
 	struct vps_reader *r = NULL;
 	VPS_CHECK(vps_read_file(path, &b));

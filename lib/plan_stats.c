@@ -427,25 +427,8 @@ void vps_plan_stats_release(struct vps_plan_stats *s)
 vps_result_t vps_topology_load(struct vps_topology *t, const char *arg, const char *search_path)
 {
 	char path[4096];
-	bool found = false;
 	memset(t, 0, sizeof(*t));
-	if (strchr(arg, '/') || strstr(arg, ".yaml")) {
-		snprintf(path, sizeof(path), "%s", arg);
-		found = true;
-	}
-	for (const char *s = search_path ? search_path : ""; *s && !found;) {
-		const char *colon = strchr(s, ':');
-		size_t dl = colon ? (size_t)(colon - s) : strlen(s);
-		snprintf(path, sizeof(path), "%.*s/%s.yaml", (int)dl, s, arg);
-		FILE *f = dl ? fopen(path, "r") : NULL;
-		if (f) {
-			fclose(f);
-			found = true;
-		}
-		s = colon ? colon + 1 : s + dl;
-	}
-	if (!found)
-		return vps_fail(VPS_EINPUT, "--topology: no topology named '%s'", arg);
+	VPS_CHECK(vps_config_find(arg, search_path, "--topology", "topology", path, sizeof(path)));
 	struct vps_bytes b;
 	struct vps_reader *r = NULL;
 	VPS_CHECK(vps_read_file(path, &b));

@@ -170,6 +170,22 @@ static vps_result_t remember(struct vps_registry *r, void *base, size_t len)
 	return VPS_OK;
 }
 
+/* A handle on a mapped registry. */
+static vps_result_t wrap(const char *name, void *base, size_t len, bool owner, struct vps_registry **out)
+{
+	struct vps_registry *r = vps_calloc(1, sizeof(*r));
+	if (!r) {
+		munmap(base, len);
+		return VPS_ENOMEM;
+	}
+	snprintf(r->name, sizeof(r->name), "%s", name);
+	r->h = base;
+	r->size = len;
+	r->owner = owner;
+	*out = r;
+	return VPS_OK;
+}
+
 static vps_result_t attach(struct vps_registry **out, const char *name)
 {
 	void *base;
@@ -193,16 +209,7 @@ static vps_result_t attach(struct vps_registry **out, const char *name)
 		return vps_fail(VPS_EFORMAT, "registry %s: version %u, this build reads %d", name, h->version,
 				VPS_REGISTRY_VERSION);
 	}
-	struct vps_registry *r = vps_calloc(1, sizeof(*r));
-	if (!r) {
-		munmap(base, len);
-		return VPS_ENOMEM;
-	}
-	snprintf(r->name, sizeof(r->name), "%s", name);
-	r->h = h;
-	r->size = len;
-	*out = r;
-	return VPS_OK;
+	return wrap(name, base, len, false, out);
 }
 
 vps_result_t vps_registry_unlink(const char *name)
@@ -292,17 +299,7 @@ vps_result_t vps_registry_create(struct vps_registry **out, const char *name, ui
 	/* the magic last: an executor never sees a half-made registry */
 	atomic_thread_fence(memory_order_release);
 	memcpy(h->magic, REG_MAGIC, 8);
-	struct vps_registry *r = vps_calloc(1, sizeof(*r));
-	if (!r) {
-		munmap(base, len);
-		return VPS_ENOMEM;
-	}
-	snprintf(r->name, sizeof(r->name), "%s", name);
-	r->h = h;
-	r->size = len;
-	r->owner = true;
-	*out = r;
-	return VPS_OK;
+	return wrap(name, base, len, true, out);
 }
 
 vps_result_t vps_registry_open(struct vps_registry **out, const char *name)

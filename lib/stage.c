@@ -402,7 +402,8 @@ vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t b
 		s->stages[x.stage].bytes += x.src == x.dst ? 0 : bytes;
 		if (rank >= 0 && x.src != rank && x.dst != rank)
 			continue;
-		memcpy(&s->ops[s->nops], &b.o[x.first_op], x.nops * sizeof(*s->ops));
+		if (x.nops)
+			memcpy(&s->ops[s->nops], &b.o[x.first_op], x.nops * sizeof(*s->ops));
 		x.first_op = s->nops;
 		s->nops += x.nops;
 		s->xfers[s->nxfers++] = x;

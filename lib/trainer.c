@@ -21,14 +21,6 @@ static void shard_release(struct shard *s)
 	memset(s, 0, sizeof(*s));
 }
 
-static int64_t world_of_device(const struct vps_plan *p, struct vps_device dev)
-{
-	int64_t ra = vps_layout_rank_on(p->a, dev);
-	if (ra >= 0)
-		return ra;
-	int64_t rb = vps_layout_rank_on(p->b, dev);
-	return rb >= 0 ? vps_world_of_b(p->world, rb) : -1;
-}
 
 /* Allocate every buffer of a rank view in the registry. */
 static vps_result_t alloc_shard(struct vps_registry *reg, const struct vps_layout *l, int64_t rank, int role,
@@ -176,7 +168,7 @@ vps_result_t vps_trainer_run(struct vps_staged *const *plans, size_t nplans, con
 	vps_registry_set_training(reg, &t);
 	for (size_t k = 0; k < nplans; k++) {
 		const struct vps_plan *p = plans[k]->plan;
-		int64_t w = world_of_device(p, me);
+		int64_t w = vps_world_of_device(p->world, me);
 		int64_t a = w >= 0 ? vps_world_a_rank(p->world, w) : -1, b = w >= 0 ? vps_world_b_rank(p->world, w) : -1;
 		if (w < 0) {
 			rc = vps_fail(VPS_EINPUT, "staged plan %zu does not use this device", k + 1);

@@ -6,26 +6,6 @@
 #include "internal.h"
 #include "vps/plan.h"
 
-static vps_result_t find(const char *arg, const char *search, char *path, size_t n)
-{
-	if (strchr(arg, '/') || strstr(arg, ".yaml")) {
-		snprintf(path, n, "%s", arg);
-		return VPS_OK;
-	}
-	for (const char *s = search ? search : ""; *s;) {
-		const char *colon = strchr(s, ':');
-		size_t dl = colon ? (size_t)(colon - s) : strlen(s);
-		snprintf(path, n, "%.*s/%s.yaml", (int)dl, s, arg);
-		FILE *f = dl ? fopen(path, "r") : NULL;
-		if (f) {
-			fclose(f);
-			return VPS_OK;
-		}
-		s = colon ? colon + 1 : s + dl;
-	}
-	return vps_fail(VPS_EINPUT, "--transition: no transition named '%s'", arg);
-}
-
 /* One side: `parallel` (a spec or a configuration name), and where it runs. */
 static vps_result_t side(struct vps_reader *r, const char *key, const struct vps_model *m, const char *parallel_path,
 			 struct vps_layout **out)
@@ -61,7 +41,7 @@ vps_result_t vps_transition_load(const char *arg, const char *trans_path, const 
 	const char *s;
 	*a = *b = NULL;
 	memset(info, 0, sizeof(*info));
-	VPS_CHECK(find(arg, trans_path, path, sizeof(path)));
+	VPS_CHECK(vps_config_find(arg, trans_path, "--transition", "transition", path, sizeof(path)));
 	VPS_CHECK(vps_read_file(path, &bytes));
 	vps_result_t rc = vps_reader_new(&r, path, bytes.data, bytes.len, VPS_DOC_TRANSITION);
 	if (rc)

@@ -39,78 +39,22 @@ static int cmp_i64(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-/* Slab recursion: split target along `axis` at every box boundary; a slab no
- * box spans entirely is a gap, otherwise recurse on the next axis with the
- * boxes that span it. */
-static size_t gaps_rec(const struct vps_box **boxes, size_t n, const struct vps_box *target, int axis,
-		       struct vps_box *gaps, size_t ng, size_t max)
-{
-	if (ng >= max)
-		return ng;
-	int64_t *cuts = malloc((2 * n + 2) * sizeof(*cuts));
-	const struct vps_box **sub = malloc((n + 1) * sizeof(*sub));
-	if (!cuts || !sub) {
-		free(cuts);
-		free(sub);
-		/* out of memory: report the whole target as unproven */
-		gaps[ng] = *target;
-		return ng + 1;
-	}
-	size_t nc = 0;
-	cuts[nc++] = target->lo[axis];
-	cuts[nc++] = target->hi[axis];
-	for (size_t i = 0; i < n; i++) {
-		if (boxes[i]->lo[axis] > target->lo[axis] && boxes[i]->lo[axis] < target->hi[axis])
-			cuts[nc++] = boxes[i]->lo[axis];
-		if (boxes[i]->hi[axis] > target->lo[axis] && boxes[i]->hi[axis] < target->hi[axis])
-			cuts[nc++] = boxes[i]->hi[axis];
-	}
-	qsort(cuts, nc, sizeof(*cuts), cmp_i64);
-	size_t u = 0;
-	for (size_t i = 0; i < nc; i++)
-		if (!u || cuts[u - 1] != cuts[i])
-			cuts[u++] = cuts[i];
-	for (size_t c = 0; c + 1 < u && ng < max; c++) {
-		struct vps_box slab = *target;
-		slab.lo[axis] = cuts[c];
-		slab.hi[axis] = cuts[c + 1];
-		size_t ns = 0;
-		for (size_t i = 0; i < n; i++)
-			if (boxes[i]->lo[axis] <= slab.lo[axis] && boxes[i]->hi[axis] >= slab.hi[axis])
-				sub[ns++] = boxes[i];
-		if (!ns) {
-			/* extend the previous gap when it is the adjacent slab */
-			if (ng && gaps[ng - 1].hi[axis] == slab.lo[axis]) {
-				struct vps_box grown = gaps[ng - 1];
-				grown.hi[axis] = slab.hi[axis];
-				struct vps_box same = slab;
-				same.lo[axis] = grown.lo[axis];
-				if (vps_box_equal(&grown, &same)) {
-					gaps[ng - 1] = grown;
-					continue;
-				}
-			}
-			gaps[ng++] = slab;
-		} else if (axis + 1 < target->ndim) {
-			ng = gaps_rec(sub, ns, &slab, axis + 1, gaps, ng, max);
-		}
-	}
-	free(cuts);
-	free(sub);
-	return ng;
-}
-
-/* Same recursion, summing the volume no box covers. */
-static int64_t uncovered_rec(const struct vps_box **boxes, size_t n, const struct vps_box *target, int axis)
+/* Slab recursion: split target along `axis` at every box boundary; a slab
+ * no box spans entirely is uncovered and goes to visit() (which returns
+ * false to stop), otherwise recurse on the next axis with the boxes that
+ * span it. @return false when stopped or out of memory (*oom set). */
+static bool slabs(const struct vps_box **boxes, size_t n, const struct vps_box *target, int axis,
+		  bool (*visit)(void *ctx, const struct vps_box *gap), void *ctx, bool *oom)
 {
 	if (!n)
-		return vps_box_volume(target);
+		return visit(ctx, target);
 	int64_t *cuts = malloc((2 * n + 2) * sizeof(*cuts));
 	const struct vps_box **sub = malloc((n + 1) * sizeof(*sub));
 	if (!cuts || !sub) {
 		free(cuts);
 		free(sub);
-		return -1;
+		*oom = true;
+		return false;
 	}
 	size_t nc = 0;
 	cuts[nc++] = target->lo[axis];
@@ -122,8 +66,8 @@ static int64_t uncovered_rec(const struct vps_box **boxes, size_t n, const struc
 			cuts[nc++] = boxes[i]->hi[axis];
 	}
 	qsort(cuts, nc, sizeof(*cuts), cmp_i64);
-	int64_t total = 0;
-	for (size_t c = 0; c + 1 < nc && total >= 0; c++) {
+	bool go = true;
+	for (size_t c = 0; c + 1 < nc && go; c++) {
 		if (cuts[c] == cuts[c + 1])
 			continue;
 		struct vps_box slab = *target;
@@ -134,46 +78,82 @@ static int64_t uncovered_rec(const struct vps_box **boxes, size_t n, const struc
 			if (boxes[i]->lo[axis] <= slab.lo[axis] && boxes[i]->hi[axis] >= slab.hi[axis])
 				sub[ns++] = boxes[i];
 		if (!ns)
-			total += vps_box_volume(&slab);
-		else if (axis + 1 < target->ndim) {
-			int64_t u = uncovered_rec(sub, ns, &slab, axis + 1);
-			total = u < 0 ? -1 : total + u;
-		}
+			go = visit(ctx, &slab);
+		else if (axis + 1 < target->ndim)
+			go = slabs(sub, ns, &slab, axis + 1, visit, ctx, oom);
 	}
 	free(cuts);
 	free(sub);
-	return total;
+	return go;
+}
+
+static bool slabs_of(const struct vps_box *boxes, size_t n, const struct vps_box *target,
+		     bool (*visit)(void *ctx, const struct vps_box *gap), void *ctx)
+{
+	const struct vps_box **ptr = malloc((n + 1) * sizeof(*ptr));
+	bool oom = !ptr;
+	size_t k = 0;
+	for (size_t i = 0; ptr && i < n; i++)
+		if (vps_box_intersect(&boxes[i], target, NULL))
+			ptr[k++] = &boxes[i];
+	if (ptr)
+		slabs(ptr, k, target, 0, visit, ctx, &oom);
+	free(ptr);
+	return !oom;
+}
+
+struct gap_list {
+	struct vps_box *gaps;
+	size_t n, max;
+};
+
+/* Collect gaps, extending the previous one when the new one continues it
+ * along one axis. */
+static bool add_gap(void *ctx, const struct vps_box *g)
+{
+	struct gap_list *l = ctx;
+	if (l->n) {
+		struct vps_box *last = &l->gaps[l->n - 1];
+		for (int axis = 0; axis < g->ndim; axis++) {
+			if (last->hi[axis] != g->lo[axis])
+				continue;
+			struct vps_box grown = *last, same = *g;
+			grown.hi[axis] = g->hi[axis];
+			same.lo[axis] = last->lo[axis];
+			if (vps_box_equal(&grown, &same)) {
+				*last = grown;
+				return true;
+			}
+		}
+	}
+	l->gaps[l->n++] = *g;
+	return l->n < l->max;
+}
+
+static bool add_volume(void *ctx, const struct vps_box *g)
+{
+	*(int64_t *)ctx += vps_box_volume(g);
+	return true;
 }
 
 int64_t vps_boxes_uncovered(const struct vps_box *boxes, size_t n, const struct vps_box *target)
 {
-	const struct vps_box **ptr = malloc((n + 1) * sizeof(*ptr));
-	if (!ptr)
-		return -1;
-	size_t k = 0;
-	for (size_t i = 0; i < n; i++)
-		if (vps_box_intersect(&boxes[i], target, NULL))
-			ptr[k++] = &boxes[i];
-	int64_t u = uncovered_rec(ptr, k, target, 0);
-	free(ptr);
-	return u;
+	int64_t total = 0;
+	return slabs_of(boxes, n, target, add_volume, &total) ? total : -1;
 }
 
 size_t vps_boxes_gaps(const struct vps_box *boxes, size_t n, const struct vps_box *target, struct vps_box *gaps,
 		      size_t max)
 {
-	const struct vps_box **ptr = malloc((n + 1) * sizeof(*ptr));
-	if (!ptr) {
+	struct gap_list l = {gaps, 0, max};
+	if (!max)
+		return 0;
+	if (!slabs_of(boxes, n, target, add_gap, &l)) {
+		/* out of memory: the whole target is unproven */
 		gaps[0] = *target;
 		return 1;
 	}
-	size_t k = 0;
-	for (size_t i = 0; i < n; i++)
-		if (vps_box_intersect(&boxes[i], target, NULL))
-			ptr[k++] = &boxes[i];
-	size_t ng = gaps_rec(ptr, k, target, 0, gaps, 0, max);
-	free(ptr);
-	return ng;
+	return l.n;
 }
 
 /* ---- layouts ---- */

@@ -96,3 +96,12 @@ struct vps_device vps_world_device(const struct vps_world *w, int64_t wr)
 		return vps_layout_device(w->a, wr);
 	return vps_layout_device(w->b, vps_world_b_rank(w, wr));
 }
+
+int64_t vps_world_of_device(const struct vps_world *w, struct vps_device dev)
+{
+	int64_t ra = vps_layout_rank_on(w->a, dev);
+	if (ra >= 0)
+		return ra;
+	int64_t rb = vps_layout_rank_on(w->b, dev);
+	return rb >= 0 ? vps_world_of_b(w, rb) : -1;
+}

@@ -28,6 +28,8 @@ int64_t vps_world_a_rank(const struct vps_world *w, int64_t wr);
 int64_t vps_world_b_rank(const struct vps_world *w, int64_t wr);
 int64_t vps_world_of_b(const struct vps_world *w, int64_t rb);
 struct vps_device vps_world_device(const struct vps_world *w, int64_t wr);
+/* World rank of a device, or -1 when neither layout uses it. */
+int64_t vps_world_of_device(const struct vps_world *w, struct vps_device dev);
 
 struct vps_piece {
 	uint32_t tensor;

@@ -8,6 +8,20 @@
 #include "vps/data.h"
 
 
+struct vps_layout *test_layout(const char *model, const char *spec, int64_t gpus_per_node, int64_t first_node)
+{
+	struct vps_model m;
+	struct vps_parallel p;
+	struct vps_devices d;
+	struct vps_layout *l = NULL;
+	CHECK_OK(vps_model_load(&m, model, CONFIGS "/models"));
+	vps_parallel_init(&p);
+	CHECK_OK(vps_parallel_parse(&p, spec, "test"));
+	vps_devices_packed(&d, gpus_per_node, first_node);
+	CHECK_OK(vps_layout_new(&l, &m, &p, &d, "test"));
+	return l;
+}
+
 void job_alloc(struct job *j, const struct vps_layout *l)
 {
 	j->l = l;

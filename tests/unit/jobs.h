@@ -11,6 +11,10 @@ struct job {
 	int64_t n;
 };
 
+/* A layout of a model in configs/ under a parallel spec, ranks packed
+ * gpus_per_node to a node from first_node (failures are recorded). */
+struct vps_layout *test_layout(const char *model, const char *spec, int64_t gpus_per_node, int64_t first_node);
+
 /* Allocate every rank's buffers, zeroed. */
 void job_alloc(struct job *j, const struct vps_layout *l);
 void job_free(struct job *j);

@@ -5,25 +5,13 @@
 
 #include "doc.h"
 #include "harness.h"
+#include "jobs.h"
 #include "vps/layout.h"
 
-static struct vps_layout *make(const char *model, const char *spec)
-{
-	struct vps_model m;
-	struct vps_parallel p;
-	struct vps_devices d;
-	struct vps_layout *l = NULL;
-	CHECK_OK(vps_model_load(&m, model, CONFIGS "/models"));
-	vps_parallel_init(&p);
-	CHECK_OK(vps_parallel_parse(&p, spec, "test"));
-	vps_devices_packed(&d, 4, 2);
-	CHECK_OK(vps_layout_new(&l, &m, &p, &d, "test"));
-	return l;
-}
 
 TEST(yaml_binary_yaml_is_byte_identical)
 {
-	struct vps_layout *l = make("tiny-qwen3-moe", "tp=2,pp=2,dp=2,ep=2,etp=1,zero=1,grad=1");
+	struct vps_layout *l = test_layout("tiny-qwen3-moe", "tp=2,pp=2,dp=2,ep=2,etp=1,zero=1,grad=1", 4, 2);
 	int64_t ranks[] = {0, 5};
 	struct vps_bytes y1 = {0}, bin = {0}, y2 = {0};
 	CHECK_OK(vps_layout_serialize(l, ranks, 2, true, &y1));
@@ -54,7 +42,7 @@ static vps_result_t parse_bytes(const unsigned char *d, size_t n)
 
 TEST(damaged_binary_is_refused)
 {
-	struct vps_layout *l = make("tiny-llama", "tp=2,dp=2");
+	struct vps_layout *l = test_layout("tiny-llama", "tp=2,dp=2", 4, 2);
 	struct vps_bytes bin = {0};
 	CHECK_OK(vps_layout_serialize(l, NULL, 0, false, &bin));
 	unsigned char *d = malloc(bin.len + 1);

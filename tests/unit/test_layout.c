@@ -4,22 +4,10 @@
 #include <string.h>
 
 #include "harness.h"
+#include "jobs.h"
 #include "vps/layout.h"
 #include "vps/verify.h"
 
-static struct vps_layout *make(const char *model, const char *spec)
-{
-	struct vps_model m;
-	struct vps_parallel p;
-	struct vps_devices d;
-	struct vps_layout *l = NULL;
-	CHECK_OK(vps_model_load(&m, model, CONFIGS "/models"));
-	vps_parallel_init(&p);
-	CHECK_OK(vps_parallel_parse(&p, spec, "test"));
-	vps_devices_packed(&d, 8, 0);
-	CHECK_OK(vps_layout_new(&l, &m, &p, &d, "test"));
-	return l;
-}
 
 static uint32_t tensor_id(const struct vps_layout *l, const char *name)
 {
@@ -49,7 +37,7 @@ static const struct vps_param *param_of(const struct vps_rank_view *v, uint32_t 
 
 TEST(rank_order_is_tp_dp_pp)
 {
-	struct vps_layout *l = make("tiny-qwen3-moe", "tp=2,pp=2,dp=2,ep=2,etp=1");
+	struct vps_layout *l = test_layout("tiny-qwen3-moe", "tp=2,pp=2,dp=2,ep=2,etp=1", 8, 0);
 	struct vps_coords c;
 	vps_layout_coords(l, 5, &c); /* 5 = tp 1 + 2 * (dp 0 + 2 * pp 1) */
 	CHECK_EQ(c.tp, 1);
@@ -68,7 +56,7 @@ TEST(rank_order_is_tp_dp_pp)
 TEST(vocabulary_padding_is_rank_local)
 {
 	/* 1000 rows padded to ceil(1000 / (128 * 4)) * 512 = 1024: 256 per rank */
-	struct vps_layout *l = make("tiny-llama", "tp=4");
+	struct vps_layout *l = test_layout("tiny-llama", "tp=4", 8, 0);
 	struct vps_rank_view v;
 	CHECK_OK(vps_layout_rank(l, 3, &v));
 	uint32_t emb = tensor_id(l, "embedding.word_embeddings.weight");
@@ -90,7 +78,7 @@ TEST(qkv_rows_split_when_tp_exceeds_query_groups)
 	 * gives each rank 1152 rows of the interleaved tensor (attention.py
 	 * all-gathers them): rank 0 has slots 0-8 of group 0, rank 1 slots 9-17
 	 * (q heads 9-15, k, v). */
-	struct vps_layout *l = make("qwen3-235b-a22b", "tp=8,pp=16,dp=1,ep=8,etp=1,first=5,last=5");
+	struct vps_layout *l = test_layout("qwen3-235b-a22b", "tp=8,pp=16,dp=1,ep=8,etp=1,first=5,last=5", 8, 0);
 	uint32_t qkv = tensor_id(l, "decoder.layers.0.self_attention.linear_qkv.weight");
 	for (int64_t rank = 0; rank < 3; rank++) {
 		struct vps_rank_view v;
@@ -109,7 +97,7 @@ TEST(qkv_rows_split_when_tp_exceeds_query_groups)
 
 TEST(swiglu_tp_shard_is_gate_and_up_slices)
 {
-	struct vps_layout *l = make("tiny-llama", "tp=4");
+	struct vps_layout *l = test_layout("tiny-llama", "tp=4", 8, 0);
 	uint32_t fc1 = tensor_id(l, "decoder.layers.2.mlp.linear_fc1.weight");
 	struct vps_rank_view v;
 	CHECK_OK(vps_layout_rank(l, 1, &v));
@@ -131,7 +119,7 @@ TEST(pipeline_layers_with_virtual_and_uneven_stages)
 	static const struct {
 		int64_t stage, layer, chunk;
 	} want[] = {{0, 0, 0}, {1, 1, 0}, {1, 2, 0}, {2, 3, 0}, {0, 4, 1}, {1, 5, 1}, {1, 6, 1}, {2, 7, 1}};
-	struct vps_layout *l = make("tiny-llama", "pp=3,vpp=2,first=2,last=2");
+	struct vps_layout *l = test_layout("tiny-llama", "pp=3,vpp=2,first=2,last=2", 8, 0);
 	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
 		struct vps_rank_view v;
 		char name[128];
@@ -151,7 +139,7 @@ TEST(experts_are_contiguous_per_ep_rank)
 {
 	/* tp 2, dp 2, ep 2, etp 1: expert rank = etp + 1*(ep + 2*(edp + 2*pp)),
 	 * so rank 1 is ep 1 and holds experts 4..7 as local experts 0..3 */
-	struct vps_layout *l = make("tiny-qwen3-moe", "tp=2,pp=2,dp=2,ep=2,etp=1,zero=1");
+	struct vps_layout *l = test_layout("tiny-qwen3-moe", "tp=2,pp=2,dp=2,ep=2,etp=1,zero=1", 8, 0);
 	struct vps_rank_view v;
 	CHECK_OK(vps_layout_rank(l, 1, &v));
 	uint32_t e4 = tensor_id(l, "decoder.layers.0.mlp.experts.local_experts.4.linear_fc1.weight");
@@ -174,7 +162,7 @@ TEST(experts_are_contiguous_per_ep_rank)
  * last stage (layers 4-7, final norm, the tied output copy). */
 TEST(distributed_optimizer_buffer_order_padding_and_buckets)
 {
-	struct vps_layout *l = make("tiny-gpt", "tp=2,pp=2,dp=2,zero=1");
+	struct vps_layout *l = test_layout("tiny-gpt", "tp=2,pp=2,dp=2,zero=1", 8, 0);
 	struct vps_rank_view v;
 	CHECK_OK(vps_layout_rank(l, 7, &v));
 	uint32_t emb = tensor_id(l, "embedding.word_embeddings.weight");
@@ -219,7 +207,7 @@ TEST(distributed_optimizer_buffer_order_padding_and_buckets)
 
 TEST(no_padding_without_the_distributed_optimizer)
 {
-	struct vps_layout *l = make("tiny-gpt", "tp=2,pp=2,dp=2,zero=0");
+	struct vps_layout *l = test_layout("tiny-gpt", "tp=2,pp=2,dp=2,zero=0", 8, 0);
 	struct vps_rank_view v;
 	CHECK_OK(vps_layout_rank(l, 7, &v));
 	uint32_t fnb = tensor_id(l, "decoder.final_layernorm.bias");
@@ -235,7 +223,7 @@ TEST(no_padding_without_the_distributed_optimizer)
 
 TEST(buckets_split_at_the_bucket_size_on_stage_0_only)
 {
-	struct vps_layout *l = make("tiny-llama", "pp=2,dp=2,zero=1,bucket=300000");
+	struct vps_layout *l = test_layout("tiny-llama", "pp=2,dp=2,zero=1,bucket=300000", 8, 0);
 	struct vps_rank_view v0, v1;
 	CHECK_OK(vps_layout_rank(l, 0, &v0));
 	CHECK_OK(vps_layout_rank(l, 2, &v1));
@@ -277,7 +265,7 @@ static int flat_cmp(const void *a, const void *b)
 
 static void holders_match(const char *model, const char *spec)
 {
-	struct vps_layout *l = make(model, spec);
+	struct vps_layout *l = test_layout(model, spec, 8, 0);
 	if (!l)
 		return;
 	struct flat *a = NULL, *b = NULL;
@@ -344,7 +332,7 @@ TEST(holders_equal_enumeration_of_all_ranks)
 
 TEST(holders_of_a_box_are_those_that_intersect_it)
 {
-	struct vps_layout *l = make("tiny-llama", "tp=4,dp=2,zero=1");
+	struct vps_layout *l = test_layout("tiny-llama", "tp=4,dp=2,zero=1", 8, 0);
 	uint32_t fc1 = tensor_id(l, "decoder.layers.1.mlp.linear_fc1.weight");
 	struct vps_box box = {3, {1, 0, 0}, {2, 10, 256}}; /* up half, rows 0-9 */
 	struct vps_holders h = {0};
@@ -371,7 +359,7 @@ TEST(every_paper_configuration_verifies)
 		{"gpt3-1.3b", "tp=4,pp=2,dp=2,zero=1"},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		struct vps_layout *l = make(cases[i][0], cases[i][1]);
+		struct vps_layout *l = test_layout(cases[i][0], cases[i][1], 8, 0);
 		struct vps_verify_report rep;
 		CHECK_OK(vps_verify_layout(l, &rep));
 		CHECK_EQ(rep.violations, 0);
@@ -382,7 +370,7 @@ TEST(every_paper_configuration_verifies)
 
 TEST(verify_reports_a_hole_and_an_overlap)
 {
-	struct vps_layout *l = make("tiny-llama", "tp=2,dp=1");
+	struct vps_layout *l = test_layout("tiny-llama", "tp=2,dp=1", 8, 0);
 	struct vps_rank_view v;
 	CHECK_OK(vps_layout_rank(l, 1, &v));
 	/* shrink one region (a hole) and move another onto its neighbour */
@@ -405,7 +393,7 @@ TEST(verify_reports_a_hole_and_an_overlap)
 
 TEST(holders_follow_explicit_ranks)
 {
-	struct vps_layout *l = make("tiny-llama", "tp=1,dp=4");
+	struct vps_layout *l = test_layout("tiny-llama", "tp=1,dp=4", 8, 0);
 	uint32_t emb = tensor_id(l, "embedding.word_embeddings.weight");
 	struct vps_rank_view v;
 	CHECK_OK(vps_layout_rank(l, 2, &v));

@@ -9,19 +9,6 @@
 #include "vps/data.h"
 #include "vps/plan.h"
 
-static struct vps_layout *make(const char *model, const char *spec, int64_t gpn, int64_t first_node)
-{
-	struct vps_model m;
-	struct vps_parallel p;
-	struct vps_devices d;
-	struct vps_layout *l = NULL;
-	CHECK_OK(vps_model_load(&m, model, CONFIGS "/models"));
-	vps_parallel_init(&p);
-	CHECK_OK(vps_parallel_parse(&p, spec, "test"));
-	vps_devices_packed(&d, gpn, first_node);
-	CHECK_OK(vps_layout_new(&l, &m, &p, &d, "test"));
-	return l;
-}
 
 static int piece_eq(const struct vps_piece *x, const struct vps_piece *y)
 {
@@ -37,8 +24,8 @@ struct tcase {
 
 static void run_case(const struct tcase *c, bool per_rank)
 {
-	struct vps_layout *a = make(c->model, c->from, c->gpn_a, c->first_a);
-	struct vps_layout *b = make(c->model, c->to, c->gpn_b, c->first_b);
+	struct vps_layout *a = test_layout(c->model, c->from, c->gpn_a, c->first_a);
+	struct vps_layout *b = test_layout(c->model, c->to, c->gpn_b, c->first_b);
 	if (!a || !b)
 		return;
 	struct vps_plan_opts o = {.rank = -1};
@@ -65,8 +52,8 @@ static void run_case(const struct tcase *c, bool per_rank)
 	if (per_rank) {
 		int64_t W = vps_world_size(p->world);
 		for (int64_t r = 0; r < W; r++) {
-			struct vps_layout *a2 = make(c->model, c->from, c->gpn_a, c->first_a);
-			struct vps_layout *b2 = make(c->model, c->to, c->gpn_b, c->first_b);
+			struct vps_layout *a2 = test_layout(c->model, c->from, c->gpn_a, c->first_a);
+			struct vps_layout *b2 = test_layout(c->model, c->to, c->gpn_b, c->first_b);
 			struct vps_plan_opts ro = {.rank = r};
 			struct vps_plan *q = NULL;
 			CHECK_OK(vps_plan_compute(&q, a2, b2, &ro));
@@ -131,8 +118,8 @@ TEST(a_ranks_plan_is_the_global_plan_restricted_to_it)
 
 TEST(joins_and_leaves_number_the_world)
 {
-	struct vps_layout *a = make("tiny-llama", "tp=2,pp=2,dp=2", 8, 0);
-	struct vps_layout *b = make("tiny-llama", "tp=2,pp=2,dp=4", 8, 1);
+	struct vps_layout *a = test_layout("tiny-llama", "tp=2,pp=2,dp=2", 8, 0);
+	struct vps_layout *b = test_layout("tiny-llama", "tp=2,pp=2,dp=4", 8, 1);
 	struct vps_world *w;
 	CHECK_OK(vps_world_new(&w, a, b));
 	/* A on node 0, B on nodes 1-2: nothing shared */
@@ -143,7 +130,7 @@ TEST(joins_and_leaves_number_the_world)
 	CHECK_EQ(vps_world_device(w, 23).node, 2);
 	vps_world_free(w);
 	vps_layout_free(b);
-	b = make("tiny-llama", "tp=2,pp=2,dp=4", 8, 0);
+	b = test_layout("tiny-llama", "tp=2,pp=2,dp=4", 8, 0);
 	CHECK_OK(vps_world_new(&w, a, b));
 	CHECK_EQ(vps_world_size(w), 16);
 	CHECK_EQ(vps_world_b_rank(w, 5), 5);
@@ -155,8 +142,8 @@ TEST(joins_and_leaves_number_the_world)
 
 TEST(an_unchanged_layout_moves_nothing)
 {
-	struct vps_layout *a = make("tiny-qwen3-moe", "tp=2,pp=2,dp=2,ep=2,etp=1,zero=1", 8, 0);
-	struct vps_layout *b = make("tiny-qwen3-moe", "tp=2,pp=2,dp=2,ep=2,etp=1,zero=1", 8, 0);
+	struct vps_layout *a = test_layout("tiny-qwen3-moe", "tp=2,pp=2,dp=2,ep=2,etp=1,zero=1", 8, 0);
+	struct vps_layout *b = test_layout("tiny-qwen3-moe", "tp=2,pp=2,dp=2,ep=2,etp=1,zero=1", 8, 0);
 	struct vps_plan_opts o = {.rank = -1};
 	struct vps_plan *p;
 	CHECK_OK(vps_plan_compute(&p, a, b, &o));
@@ -167,8 +154,8 @@ TEST(an_unchanged_layout_moves_nothing)
 
 TEST(training_state_splits_the_global_batch)
 {
-	struct vps_layout *a = make("tiny-llama", "tp=2,dp=4", 8, 0);
-	struct vps_layout *b = make("tiny-llama", "tp=2,dp=3", 8, 0);
+	struct vps_layout *a = test_layout("tiny-llama", "tp=2,dp=4", 8, 0);
+	struct vps_layout *b = test_layout("tiny-llama", "tp=2,dp=3", 8, 0);
 	struct vps_plan_opts o = {.rank = -1, .micro_batch_a = 4};
 	o.train.global_batch = 48;
 	struct vps_plan *p;
@@ -177,8 +164,8 @@ TEST(training_state_splits_the_global_batch)
 	CHECK_EQ(p->train.micro_batch, 4);
 	CHECK_EQ(p->train.grad_accum, 4);
 	vps_plan_free(p);
-	a = make("tiny-llama", "tp=2,dp=4", 8, 0);
-	b = make("tiny-llama", "tp=1,dp=5", 8, 0);
+	a = test_layout("tiny-llama", "tp=2,dp=4", 8, 0);
+	b = test_layout("tiny-llama", "tp=1,dp=5", 8, 0);
 	CHECK(vps_plan_compute(&p, a, b, &o) == VPS_EINPUT);
 	vps_layout_free(a);
 	vps_layout_free(b);

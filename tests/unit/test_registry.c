@@ -67,15 +67,16 @@ TEST(buffers_are_shared_and_sources_map_read_only)
 	float *seen;
 	CHECK_OK(vps_registry_map(o, (uint32_t)e, false, (void **)&seen));
 	CHECK(seen[999] == 999.0f);
-	/* a write through the executor's read-only mapping faults */
-	pid_t child = fork();
-	if (child == 0) {
-		seen[0] = 1;
-		_exit(0);
-	}
-	int st;
-	waitpid(child, &st, 0);
-	CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV);
+	/* the executor's mapping of a source is read-only */
+	FILE *maps = fopen("/proc/self/maps", "r");
+	char line[512], perms[8] = "";
+	unsigned long lo, hi, at = (unsigned long)seen;
+	while (maps && fgets(line, sizeof(line), maps))
+		if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && at >= lo && at < hi)
+			break;
+	if (maps)
+		fclose(maps);
+	CHECK(perms[0] == 'r' && perms[1] == '-');
 	vps_registry_close(o);
 	vps_registry_close(r);
 }
