@@ -163,14 +163,16 @@ int main(int argc, char **argv)
 		goto fail;
 have_layout:
 	if (all) {
-		nranks = 0;
-		for (int64_t r = 0; r < vps_layout_world(l); r++)
-			if (!tool_parse_ranks("0", &ranks, &nranks, &cap, &all)) {
-				status = tool_usage_error("out of memory");
-				goto done;
-			} else {
-				ranks[nranks - 1] = r;
-			}
+		int64_t world = vps_layout_world(l);
+		int64_t *every = realloc(ranks, (size_t)world * sizeof(*ranks));
+		if (!every) {
+			status = tool_usage_error("out of memory for %" PRId64 " ranks", world);
+			goto done;
+		}
+		ranks = every;
+		for (int64_t r = 0; r < world; r++)
+			ranks[r] = r;
+		nranks = (size_t)world;
 	}
 	for (size_t i = 0; i < nranks; i++)
 		if (ranks[i] >= vps_layout_world(l)) {

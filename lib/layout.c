@@ -493,25 +493,28 @@ vps_result_t vps_layout_computed_rank(const struct vps_layout *l, int64_t rank, 
 				b->elements = b->sharded ? tm->shard_elements : tm->elements;
 				v->nbuffers++;
 			}
+			/* this (chunk, group)'s params, in registration order */
+			size_t first_param = v->nparams;
+			for (size_t k = 0; k < tm->n; k++) {
+				const struct tparam *tp = &tm->p[k];
+				VPS_CHECK_GOTO(VPS_GROW(v->params, cap_p, v->nparams + 1), rc, fail);
+				struct vps_param *pm = &v->params[v->nparams++];
+				pm->tensor = tparam_tensor(l, tp, c->ep);
+				pm->chunk = (int32_t)ch;
+				pm->local_layer = tp->local_layer;
+				pm->local_expert = tp->slot;
+				pm->output_copy = tp->output_copy;
+				pm->expert = g == 1;
+				pm->offset = tp->offset;
+				pm->elements = tp->elements;
+				pm->bucket = tp->bucket;
+			}
 			for (int st = 0; st < nstates; st++) {
 				for (size_t k = 0; k < tm->n; k++) {
 					const struct tparam *tp = &tm->p[k];
 					uint32_t tensor = tparam_tensor(l, tp, c->ep);
 					struct vps_tensor t;
 					VPS_CHECK_GOTO(vps_model_tensor(&l->m, tensor, &t), rc, fail);
-					if (st == 0) {
-						VPS_CHECK_GOTO(VPS_GROW(v->params, cap_p, v->nparams + 1), rc, fail);
-						struct vps_param *pm = &v->params[v->nparams++];
-						pm->tensor = tensor;
-						pm->chunk = (int32_t)ch;
-						pm->local_layer = tp->local_layer;
-						pm->local_expert = tp->slot;
-						pm->output_copy = tp->output_copy;
-						pm->expert = g == 1;
-						pm->offset = tp->offset;
-						pm->elements = tp->elements;
-						pm->bucket = tp->bucket;
-					}
 					struct piece pc[2 * VPS_MAX_DIMS];
 					int64_t ti = t.is_expert ? c->etp : c->tp;
 					int npc = vps_layout_pieces(l, &t, ti, pc);
@@ -523,9 +526,8 @@ vps_result_t vps_layout_computed_rank(const struct vps_layout *l, int64_t rank, 
 								     &v->nregions, &cap_r),
 						       rc, fail);
 					VPS_CHECK_GOTO(VPS_GROW(v->region_param, cap_rp, v->nregions), rc, fail);
-					/* params of this (chunk, group) start at nparams - tm->n + k */
 					for (size_t i = before; i < v->nregions; i++)
-						v->region_param[i] = (uint32_t)(v->nparams - (st == 0 ? 1 : tm->n - k));
+						v->region_param[i] = (uint32_t)(first_param + k);
 				}
 			}
 		}

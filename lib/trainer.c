@@ -95,8 +95,8 @@ static void check_shard(const struct vps_layout *l, const struct shard *s, int64
  * data-parallel rank d reads, for each micro-batch m, samples
  * consumed + m * (mbs * dp) + d * mbs + [0, mbs). Only the data-loading ranks
  * (tp 0 of the first pipeline stage) log. */
-static vps_result_t take_step(const struct vps_trainer_opts *o, const struct vps_layout *l, int64_t rank,
-			      const struct vps_registry_training *t, FILE *log)
+static vps_result_t take_step(const struct vps_layout *l, int64_t rank, const struct vps_registry_training *t,
+			      FILE *log)
 {
 	if (!log || t->global_batch <= 0)
 		return VPS_OK;
@@ -104,7 +104,6 @@ static vps_result_t take_step(const struct vps_trainer_opts *o, const struct vps
 	vps_layout_coords(l, rank, &c);
 	if (c.tp != 0 || c.pp != 0)
 		return VPS_OK;
-	(void)o;
 	for (int64_t m = 0; m < t->grad_accum; m++)
 		for (int64_t i = 0; i < t->micro_batch; i++)
 			if (fprintf(log, "%" PRId64 "\n",
@@ -158,7 +157,7 @@ vps_result_t vps_trainer_run(struct vps_staged *const *plans, size_t nplans, con
 		VPS_CHECK_GOTO(alloc_shard(reg, p0->a, ra, VPS_ROLE_SOURCE, &src), rc, done);
 		fill_shard(p0->a, &src, 0);
 		for (int64_t s = 1; s <= o->steps_before; s++) {
-			VPS_CHECK_GOTO(take_step(o, p0->a, ra, &t, log), rc, done);
+			VPS_CHECK_GOTO(take_step(p0->a, ra, &t, log), rc, done);
 			t.consumed_samples += t.global_batch;
 			t.step = t.scheduler_step = s;
 			fill_shard(p0->a, &src, s);
@@ -221,7 +220,7 @@ vps_result_t vps_trainer_run(struct vps_staged *const *plans, size_t nplans, con
 			res->training_state_ok = false;
 		check_shard(p->b, &dst, t.step, &res->wrong_elements, &res->dirty_padding);
 		for (int64_t s = 1; s <= o->steps_after; s++) {
-			VPS_CHECK_GOTO(take_step(o, p->b, b, &t, log), rc, done);
+			VPS_CHECK_GOTO(take_step(p->b, b, &t, log), rc, done);
 			t.consumed_samples += t.global_batch;
 			t.step++;
 			t.scheduler_step++;
