@@ -57,7 +57,7 @@ fi
 world=$("$bin/vps-plan" a.layout b.layout --stats | awk '$1 == "world:" { print $2 }')
 echo "== $model: ($from) -> ($to)$([ "$back" = 1 ] && echo ' and back'), $world devices, $np per node"
 "$bin/vps-plan" a.layout b.layout --stats | grep -E '^(joining|leaving|bytes_moved|bytes_retained|bytes_lower_bound|max_send_bytes|balanced_bound):'
-port=$((20000 + RANDOM % 20000))
+port=$("$top/scripts/free-port.sh")
 pids=()
 for ((r = 0; r < world; r++)); do
 	"$bin/vps-trainer" --registry "$tag-$r" --rank "$r" --global-batch "$gb" --samples "samples.$r" \

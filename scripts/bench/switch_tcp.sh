@@ -19,13 +19,13 @@ M=$top/scripts/bench/models/bench-170m.yaml
 "$bin/vps-layout" --model "$M" --devices b.dev -o b.layout
 "$bin/vps-plan" a.layout b.layout | "$bin/vps-stage" --budget "${BUDGET:-1GiB}" - -o s.staged
 bytes=$("$bin/vps-plan" a.layout b.layout --stats | awk '$1 == "bytes_moved:" { print $2 }')
-iport=$((20000 + RANDOM % 10000))
+iport=$("$top/scripts/free-port.sh")
 iperf3 -s -p "$iport" > iperf.log 2>&1 &
 server=$!
 sleep 0.5
 switch_gbps=() iperf_gbps=()
 for run in $(seq "${RUNS:-3}"); do
-	port=$((30000 + RANDOM % 10000))
+	port=$("$top/scripts/free-port.sh")
 	pids=()
 	for r in 0 1; do
 		"$bin/vps-trainer" --registry "bench$$-$r" --rank $r --steps 0 --steps-after 0 s.staged > t.$r 2>&1 &

@@ -57,7 +57,7 @@ setup_plan() {
 	vps-layout --model tiny-llama --parallel tp=2,dp=2,zero=1 --gpus-per-node 4 -o a.layout
 	vps-layout --model tiny-llama --parallel tp=1,dp=4,zero=1 --gpus-per-node 4 -o b.layout
 	vps-plan a.layout b.layout | vps-stage --budget 64KiB - -o s.staged
-	port=$((20000 + RANDOM % 20000))
+	port=$("$TOP/scripts/free-port.sh")
 	tag=bats$$
 }
 
@@ -144,7 +144,7 @@ run_with_fault() { # fault for rank 1, then wait for the others
 	vps-layout --model tiny-llama --parallel tp=1,pp=2 --gpus-per-node 2 -o c.layout
 	vps-plan a.layout b.layout | vps-stage --budget 1MiB - -o ab.staged
 	vps-plan a.layout c.layout | vps-stage --budget 1MiB - -o ac.staged
-	port=$((20000 + RANDOM % 20000))
+	port=$("$TOP/scripts/free-port.sh")
 	vps-trainer --registry "w$$-0" --rank 0 --timeout 20 ac.staged > t.0 2>&1 &
 	vps-trainer --registry "w$$-1" --rank 1 --timeout 20 ac.staged > t.1 2>&1 &
 	vps-exec --registry "w$$-%r" --rank 0 --master 127.0.0.1:$port --timeout 5 ab.staged > e.0 2>&1 &
@@ -157,7 +157,7 @@ run_with_fault() { # fault for rank 1, then wait for the others
 	vps-layout --model tiny-llama --parallel tp=2 --gpus-per-node 2 -o a.layout
 	vps-layout --model tiny-llama --parallel tp=1,dp=2 --gpus-per-node 2 -o b.layout
 	vps-plan a.layout b.layout | vps-stage --budget 1MiB - -o s.staged
-	port=$((20000 + RANDOM % 20000))
+	port=$("$TOP/scripts/free-port.sh")
 	for r in 0 1; do vps-trainer --registry "l$$-$r" --rank $r --timeout 20 s.staged > t.$r 2>&1 & done
 	RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
 		vps-exec --registry "l$$-%r" --check s.staged > e.0 2>&1 &
