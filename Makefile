@@ -18,7 +18,7 @@ WARN = -Wall -Wextra -Wshadow -Wvla -Wstrict-prototypes -Wmissing-prototypes -We
 CFLAGS ?= -O2 -g
 # -fPIC: the same objects make libvps.a and libvps.so (for ctypes trainers)
 ALL_CFLAGS = -std=c11 -D_GNU_SOURCE -pthread -fPIC $(WARN) $(CFLAGS) -Iinclude -Ilib -MMD -MP
-LDLIBS = -lyaml -lzstd -lpthread -lm -lrt
+LDLIBS = -lyaml -lzstd -lpthread -lm -lrt -ldl
 
 ifneq ($(SANITIZE),)
 ALL_CFLAGS += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
@@ -38,10 +38,22 @@ HARNESS = $(BUILDDIR)/tests/harness.o $(BUILDDIR)/tests/jobs.o
 
 DEPS_STAMP = $(BUILDDIR)/.deps-ok
 
+# ---- GPU support: libvps-cuda.so, loaded by libvps at run time ----
+# Built whenever nvcc is found (CUDA_HOME); nccl.h from CUDA_HOME or
+# NCCL_HOME. The tools never link it: they run where CUDA is absent.
+NVCC ?= $(CUDA_HOME)/bin/nvcc
+NCCL_HOME ?=
+CUDA_ARCHS ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]
+HAVE_NVCC := $(shell test -x $(NVCC) && echo 1)
+CUDA_LIB = $(BUILDDIR)/libvps-cuda.so
+ifeq ($(HAVE_NVCC),1)
+CUDA_ALL = $(CUDA_LIB)
+endif
+
 .PHONY: all check test unit bats asan demo install uninstall clean deps FORCE
 .DEFAULT_GOAL := all
 
-all: $(LIB) $(SHLIB) $(TOOL_BINS)
+all: $(LIB) $(SHLIB) $(TOOL_BINS) $(CUDA_ALL)
 
 # ---- what a fresh machine lacks ----
 # libyaml and libzstd headers, bats, groff (man page lint). Installed with
@@ -100,6 +112,11 @@ $(BINDIR)/%: $(BUILDDIR)/cmd/%.o $(CMD_COMMON) $(LIB)
 $(BUILDDIR)/tests/test_%: $(BUILDDIR)/tests/test_%.o $(HARNESS) $(LIB)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
+$(CUDA_LIB): lib/cuda/vps_cuda.cu lib/cuda/vps_cuda.h | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(NVCC) -O2 -std=c++17 -shared -Xcompiler -fPIC,-Wall,-Wextra,-Werror,-fvisibility=hidden --cudart static \
+		$(CUDA_ARCHS) $(if $(NCCL_HOME),-I$(NCCL_HOME)/include) -Ilib/cuda -o $@ $< -ldl -lrt -lpthread
+
 # benchmark programs (scripts/bench/*.c), built by check so they do not rot
 BENCH_BINS = $(patsubst scripts/bench/%.c,$(BUILDDIR)/bench/%,$(wildcard scripts/bench/*.c))
 $(BUILDDIR)/bench/%: scripts/bench/%.c $(LIB) | $(DEPS_STAMP)
@@ -135,6 +152,7 @@ install: all
 	install -m 755 $(TOOL_BINS) $(DESTDIR)$(PREFIX)/bin
 	install -m 644 $(LIB) $(DESTDIR)$(PREFIX)/lib
 	install -m 755 $(SHLIB) $(DESTDIR)$(PREFIX)/lib
+	$(if $(CUDA_ALL),install -m 755 $(CUDA_LIB) $(DESTDIR)$(PREFIX)/lib)
 	install -m 644 include/vps/*.h $(DESTDIR)$(PREFIX)/include/vps
 	$(if $(MAN1),install -m 644 $(MAN1) $(DESTDIR)$(PREFIX)/share/man/man1)
 	$(if $(MAN5),install -m 644 $(MAN5) $(DESTDIR)$(PREFIX)/share/man/man5)
@@ -145,6 +163,7 @@ install: all
 
 uninstall:
 	rm -f $(TOOLS:%=$(DESTDIR)$(PREFIX)/bin/%) $(DESTDIR)$(PREFIX)/lib/libvps.a $(DESTDIR)$(PREFIX)/lib/libvps.so \
+		$(DESTDIR)$(PREFIX)/lib/libvps-cuda.so \
 		$(DESTDIR)$(PREFIX)/lib/pkgconfig/vps.pc
 	rm -rf $(DESTDIR)$(PREFIX)/include/vps $(DESTDIR)$(PREFIX)/share/vps
 	rm -f $(addprefix $(DESTDIR)$(PREFIX)/share/man/man1/,$(notdir $(MAN1))) \

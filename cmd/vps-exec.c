@@ -14,7 +14,8 @@
 const char *tool_name = "vps-exec";
 
 static const char usage[] =
-	"usage: vps-exec [--registry NAME] [--transport tcp] [--timeout S] [--request-timeout S]\n"
+	"usage: vps-exec [--registry NAME] [--transport tcp|ipc|nccl|auto] [--device N]\n"
+	"                [--timeout S] [--request-timeout S]\n"
 	"                [--rank R] [--world W]\n"
 	"                [--local-rank L] [--master HOST:PORT] [--token T] [--wait] [--check]\n"
 	"                [--report FILE] [-q] STAGED\n"
@@ -23,7 +24,10 @@ static const char usage[] =
 	"options:\n"
 	"  --registry NAME     the trainer's registry (default vps-%r); %r world rank, %a source rank,\n"
 	"                      %b target rank, %l local rank, %% a percent sign\n"
-	"  --transport tcp     how bytes move (tcp: host memory over TCP)\n"
+	"  --transport T       how bytes move: tcp (host memory over TCP, the default), ipc (ranks of one\n"
+	"                      node map each other's host or GPU buffers), nccl (GPU memory), auto (ipc\n"
+	"                      within a node, nccl across)\n"
+	"  --device N          the GPU (default: the local rank modulo the visible GPUs)\n"
 	"  --timeout S         seconds without progress before giving up (default 60)\n"
 	"  --request-timeout S seconds the ranks' trainers may request the switch apart (default 600)\n"
 	"  --rank R            world rank (default: RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK)\n"
@@ -52,6 +56,7 @@ int main(int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{"registry", required_argument, NULL, 'R'}, {"transport", required_argument, NULL, 'T'},
+		{"device", required_argument, NULL, 'D'},
 		{"timeout", required_argument, NULL, 't'},  {"request-timeout", required_argument, NULL, 'Q'},
 		{"rank", required_argument, NULL, 'r'},
 		{"world", required_argument, NULL, 'w'},    {"local-rank", required_argument, NULL, 'l'},
@@ -67,6 +72,7 @@ int main(int argc, char **argv)
 	double timeout = 60;
 	int c;
 	o.registry = "vps-%r";
+	o.device = -1;
 	o.fault_stage = -1;
 	o.request_timeout = 600;
 	/* VPS_FAULT=stall:STAGE or exit:STAGE: a silent or dead rank, for tests */
@@ -92,10 +98,24 @@ int main(int argc, char **argv)
 		switch (c) {
 		case 'R': o.registry = optarg; break;
 		case 'T':
-			if (strcmp(optarg, "tcp"))
-				return tool_usage_error("--transport %s: this build moves host memory over tcp only "
-							"(ipc and nccl come with the GPU transports)", optarg);
+			if (!strcmp(optarg, "tcp"))
+				o.transport = VPS_EXEC_TCP;
+			else if (!strcmp(optarg, "ipc"))
+				o.transport = VPS_EXEC_IPC;
+			else if (!strcmp(optarg, "nccl"))
+				o.transport = VPS_EXEC_NCCL;
+			else if (!strcmp(optarg, "auto"))
+				o.transport = VPS_EXEC_AUTO;
+			else
+				return tool_usage_error("--transport %s: expected tcp, ipc, nccl or auto", optarg);
 			break;
+		case 'D': {
+			int64_t d;
+			if (!tool_parse_i64(optarg, &d) || d < 0 || d > 1023)
+				return tool_usage_error("--device: '%s' is not a GPU number", optarg);
+			o.device = (int)d;
+			break;
+		}
 		case 't':
 		case 'Q': {
 			char *end;
@@ -183,17 +203,18 @@ int main(int argc, char **argv)
 		rc = vps_exec_run(plans, nplans, &o, reps);
 	if (rc) {
 		fprintf(stderr, "vps-exec: rank %" PRId64 ": %s\n", l.rank, *vps_last_error() ? vps_last_error() : vps_strerror(rc));
-		status = rc == VPS_EINPUT || rc == VPS_EFORMAT ? EXIT_USAGE : EXIT_CHECK;
+		status = rc == VPS_EINPUT || rc == VPS_EFORMAT || rc == VPS_EUNSUPPORTED ? EXIT_USAGE : EXIT_CHECK;
 		goto done;
 	}
 	for (size_t i = 0; i < nplans && !quiet; i++) {
 		const struct vps_exec_report *r = &reps[i];
 		double moved = (double)(r->bytes_sent + r->bytes_received);
 		printf("vps-exec: rank %" PRId64 ": switch %" PRIu64 ": sent %.1f MB, received %.1f MB, copied %.1f MB in %.3f s"
-		       " (%.2f GB/s); pause %.3f s, setup %.3f s; digest: %s\n",
+		       " (%.2f GB/s) over %s; pause %.3f s, setup %.3f s; digest: %s\n",
 		       r->rank, r->switch_seq, (double)r->bytes_sent / 1e6, (double)r->bytes_received / 1e6,
 		       (double)r->bytes_copied / 1e6, r->transfer_seconds,
-		       r->transfer_seconds > 0 ? moved / r->transfer_seconds / 1e9 : 0.0, r->pause_seconds, r->setup_seconds,
+		       r->transfer_seconds > 0 ? moved / r->transfer_seconds / 1e9 : 0.0, r->transport, r->pause_seconds,
+		       r->setup_seconds,
 		       !r->checked ? "not checked" : r->digest_match ? "match" : "mismatch");
 	}
 	if (report) {

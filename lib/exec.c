@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include "doc.h"
+#include "gpu.h"
 #include "internal.h"
 #include "net.h"
+#include "transport.h"
 #include "vps/data.h"
 #include "vps/exec.h"
 #include "vps/registry.h"
@@ -111,65 +113,9 @@ done:
 
 /* ---- one switch ---- */
 
-struct attach {
-	int64_t w, ra, rb;
-	struct vps_rank_view va, vb;
-	void **src, **dst;
-	int64_t *src_entry;
-};
-
-static void attach_release(struct attach *a)
+int64_t vps_switch_peer(const struct vps_switch *sw, const struct vps_xfer *x)
 {
-	vps_rank_view_release(&a->va);
-	vps_rank_view_release(&a->vb);
-	free(a->src);
-	free(a->dst);
-	free(a->src_entry);
-	memset(a, 0, sizeof(*a));
-}
-
-static vps_result_t map_side(struct vps_registry *reg, const struct vps_rank_view *v, int role, void ***ptrs,
-			     int64_t **entries)
-{
-	*ptrs = vps_calloc(v->nbuffers + 1, sizeof(void *));
-	if (entries)
-		*entries = vps_calloc(v->nbuffers + 1, sizeof(int64_t));
-	if (!*ptrs || (entries && !*entries))
-		return VPS_ENOMEM;
-	const char *what = role == VPS_ROLE_SOURCE ? "source" : "target";
-	for (size_t b = 0; b < v->nbuffers; b++) {
-		int64_t e = vps_registry_find(reg, role, (uint32_t)b);
-		if (e < 0)
-			return vps_fail(VPS_EINPUT, "registry %s: the trainer registered no %s buffer %zu (%s, %s, %" PRId64
-					" elements)",
-					vps_registry_name(reg), what, b, vps_state_name(v->buffers[b].state),
-					vps_dtype_name(v->buffers[b].dtype), v->buffers[b].elements);
-		struct vps_registry_entry_info info;
-		VPS_CHECK(vps_registry_entry(reg, (uint32_t)e, &info));
-		if (info.elements != v->buffers[b].elements || info.dtype != v->buffers[b].dtype)
-			return vps_fail(VPS_EINPUT, "registry %s: %s buffer %zu has %" PRId64 " %s elements, the layout says %" PRId64
-					" %s",
-					vps_registry_name(reg), what, b, info.elements, vps_dtype_name(info.dtype),
-					v->buffers[b].elements, vps_dtype_name(v->buffers[b].dtype));
-		VPS_CHECK(vps_registry_map(reg, (uint32_t)e, role == VPS_ROLE_TARGET, &(*ptrs)[b]));
-		if (entries)
-			(*entries)[b] = e;
-	}
-	return VPS_OK;
-}
-
-static void rowmajor(const struct vps_op *o, int64_t *st)
-{
-	int64_t s = 1;
-	for (int k = o->ndim - 1; k >= 0; k--) {
-		st[k] = s;
-		s *= o->ext[k];
-	}
-}
-
-static uint64_t xfer_tag(const struct vps_xfer *x)
-{
-	return ((uint64_t)x->stage << 40) ^ ((uint64_t)x->step << 16) ^ (uint64_t)x->chunk;
+	return vps_world_of_device(sw->p0->world, vps_world_device(sw->s->plan->world, x->src == sw->w ? x->dst : x->src));
 }
 
 /* The training scalars of world rank 0's trainer, and the target's split. */
@@ -223,122 +169,208 @@ static vps_result_t share_training(struct vps_net *net, const struct vps_staged 
 	return VPS_OK;
 }
 
-struct iovs {
-	struct iovec *v;
-	size_t n, cap;
+/* The transports of an executor: which carries a transfer. */
+struct carriers {
+	struct vps_transport local, remote; /* peers on this rank's node, on others */
+	bool remote_is_local;               /* one transport for both */
+	const char *name;
 };
 
-static vps_result_t iov_push(struct iovs *v, void *base, size_t len)
+static void carriers_free(struct carriers *c)
 {
-	if (!len)
-		return VPS_OK;
-	if (v->n && (unsigned char *)v->v[v->n - 1].iov_base + v->v[v->n - 1].iov_len == base) {
-		v->v[v->n - 1].iov_len += len;
-		return VPS_OK;
+	if (c->local.ops)
+		c->local.ops->free(c->local.self);
+	if (c->remote.ops && !c->remote_is_local)
+		c->remote.ops->free(c->remote.self);
+	memset(c, 0, sizeof(*c));
+}
+
+static struct vps_transport *carrier_of(struct carriers *c, const struct vps_switch *sw, const struct vps_xfer *x)
+{
+	struct vps_device me = vps_world_device(sw->s->plan->world, sw->w);
+	struct vps_device other = vps_world_device(sw->s->plan->world, x->src == sw->w ? x->dst : x->src);
+	return me.node == other.node || c->remote_is_local ? &c->local : &c->remote;
+}
+
+static void switch_release(struct vps_switch *sw)
+{
+	vps_rank_view_release(&sw->va);
+	vps_rank_view_release(&sw->vb);
+	free(sw->src);
+	free(sw->dst);
+	free(sw->src_entry);
+	if (sw->maps)
+		vps_mapcache_end_switch(sw->maps, sw->gpu);
+}
+
+/* The GPU of this executor: --device, or the local rank over the visible
+ * GPUs (torchrun's convention). */
+static vps_result_t exec_gpu(const struct vps_exec_opts *o, const struct vps_cuda_api **gpu)
+{
+	int device = o->device;
+	if (device < 0) {
+		VPS_CHECK(vps_gpu_api(gpu));
+		int n = 0;
+		char err[VPS_CUDA_ERR] = "";
+		if ((*gpu)->device_count(&n, err) || n <= 0)
+			return vps_fail(VPS_EUNSUPPORTED, "GPU support is not available: %s", err[0] ? err : "no GPU is visible");
+		device = (int)((o->local_rank > 0 ? o->local_rank : 0) % n);
 	}
-	VPS_CHECK(VPS_GROW(v->v, v->cap, v->n + 1));
-	v->v[v->n].iov_base = base;
-	v->v[v->n].iov_len = len;
-	v->n++;
+	return vps_gpu_init(device, gpu);
+}
+
+/* Where every buffer of this switch lives: all host or all GPU. */
+static vps_result_t switch_where(struct vps_switch *sw, const struct vps_exec_opts *o)
+{
+	int where = -1;
+	uint32_t n = vps_registry_num_entries(sw->reg);
+	for (uint32_t i = 0; i < n; i++) {
+		struct vps_registry_entry_info e;
+		VPS_CHECK(vps_registry_entry(sw->reg, i, &e));
+		if (where >= 0 && e.where != where)
+			return vps_fail(VPS_EINPUT, "registry %s: the trainer registered host and GPU memory; a switch moves "
+					"one or the other", vps_registry_name(sw->reg));
+		where = e.where;
+	}
+	sw->where = where < 0 ? VPS_WHERE_HOST : where;
+	if (sw->where == VPS_WHERE_CUDA && !sw->gpu)
+		VPS_CHECK(exec_gpu(o, &sw->gpu));
 	return VPS_OK;
 }
 
-/* The op's elements in row-major order of its extents, as iovecs over a
- * view (element offset, strides) of a buffer: one per row, merged when rows
- * touch. Returns false when the innermost axis is strided. */
-static bool view_rows(unsigned char *buf, int64_t offset, const int64_t *strides, const struct vps_op *op,
-		      struct iovs *out, vps_result_t *rc)
+static vps_result_t map_side(struct vps_switch *sw, const struct vps_rank_view *v, int role, void ***ptrs,
+			     int64_t **entries)
 {
-	int last = op->ndim - 1;
-	if (strides[last] != 1 && op->ext[last] != 1)
-		return false;
-	int64_t rows = 1, idx[VPS_MAX_DIMS] = {0};
-	for (int k = 0; k < last; k++)
-		rows *= op->ext[k];
-	size_t len = (size_t)op->ext[last] * op->esize;
-	for (int64_t r = 0; r < rows; r++) {
-		int64_t off = offset;
-		for (int k = 0; k < last; k++)
-			off += idx[k] * strides[k];
-		if ((*rc = iov_push(out, buf + off * op->esize, len)))
-			return true;
-		for (int k = last - 1; k >= 0; k--) {
-			if (++idx[k] < op->ext[k])
-				break;
-			idx[k] = 0;
+	struct vps_registry *reg = sw->reg;
+	*ptrs = vps_calloc(v->nbuffers + 1, sizeof(void *));
+	if (entries)
+		*entries = vps_calloc(v->nbuffers + 1, sizeof(int64_t));
+	if (!*ptrs || (entries && !*entries))
+		return VPS_ENOMEM;
+	const char *what = role == VPS_ROLE_SOURCE ? "source" : "target";
+	for (size_t b = 0; b < v->nbuffers; b++) {
+		int64_t e = vps_registry_find(reg, role, (uint32_t)b);
+		if (e < 0)
+			return vps_fail(VPS_EINPUT, "registry %s: the trainer registered no %s buffer %zu (%s, %s, %" PRId64
+					" elements)",
+					vps_registry_name(reg), what, b, vps_state_name(v->buffers[b].state),
+					vps_dtype_name(v->buffers[b].dtype), v->buffers[b].elements);
+		struct vps_registry_entry_info info;
+		VPS_CHECK(vps_registry_entry(reg, (uint32_t)e, &info));
+		if (info.elements != v->buffers[b].elements || info.dtype != v->buffers[b].dtype)
+			return vps_fail(VPS_EINPUT, "registry %s: %s buffer %zu has %" PRId64 " %s elements, the layout says %" PRId64
+					" %s",
+					vps_registry_name(reg), what, b, info.elements, vps_dtype_name(info.dtype),
+					v->buffers[b].elements, vps_dtype_name(v->buffers[b].dtype));
+		struct vps_buffer_desc d = {0};
+		d.where = (uint32_t)info.where;
+		d.buffer = (uint32_t)b;
+		d.device = info.device;
+		d.offset = info.offset;
+		d.bytes = info.bytes;
+		snprintf(d.shm_name, sizeof(d.shm_name), "%s", info.shm_name);
+		memcpy(d.ipc, info.ipc_handle, sizeof(d.ipc));
+		/* a target is the next switch's source: it stays mapped */
+		vps_result_t rc = vps_mapcache_map(sw->maps, sw->gpu, &d, role == VPS_ROLE_TARGET, role == VPS_ROLE_TARGET,
+						   &(*ptrs)[b]);
+		if (rc) {
+			vps_error_prefix("registry %s: %s buffer %zu", vps_registry_name(reg), what, b);
+			return rc;
 		}
-	}
-	return true;
-}
-
-/* The wire stream of a transfer is its ops' bytes in order, each op's in
- * row-major order of its extents. The sender gathers them straight from its
- * source buffers and the receiver scatters them straight into its
- * destination buffers; an op strided on its innermost axis goes through a
- * bounce buffer (packed before, unpacked after). */
-static vps_result_t transfer_iovs(const struct vps_staged *s, const struct vps_xfer *x, bool sending, void **bufs,
-				  struct iovs *out, unsigned char **bounce, size_t *bounce_len)
-{
-	size_t need = 0;
-	for (size_t q = 0; q < x->nops; q++) {
-		const struct vps_op *op = &s->ops[x->first_op + q];
-		const int64_t *st = sending ? op->src_strides : op->dst_strides;
-		if (st[op->ndim - 1] != 1 && op->ext[op->ndim - 1] != 1)
-			need += (size_t)vps_op_bytes(op);
-	}
-	*bounce = NULL;
-	*bounce_len = need;
-	if (need && !(*bounce = malloc(need)))
-		return VPS_NOMEM();
-	size_t at = 0;
-	for (size_t q = 0; q < x->nops; q++) {
-		const struct vps_op *op = &s->ops[x->first_op + q];
-		vps_result_t rc = VPS_OK;
-		unsigned char *buf = bufs[sending ? op->src_buffer : op->dst_buffer];
-		if (view_rows(buf, sending ? op->src_offset : op->dst_offset, sending ? op->src_strides : op->dst_strides, op,
-			      out, &rc)) {
-			if (rc)
-				return rc;
-			continue;
-		}
-		int64_t flat[VPS_MAX_DIMS];
-		rowmajor(op, flat);
-		if (sending)
-			vps_copy_strided(*bounce + at, flat, buf + op->src_offset * op->esize, op->src_strides, op->ext,
-					 op->ndim, op->esize);
-		VPS_CHECK(iov_push(out, *bounce + at, (size_t)vps_op_bytes(op)));
-		at += (size_t)vps_op_bytes(op);
+		if (entries)
+			(*entries)[b] = e;
 	}
 	return VPS_OK;
 }
 
-/* After a receive: ops that came through the bounce buffer go in place. */
-static void unbounce(const struct vps_staged *s, const struct vps_xfer *x, void **bufs, unsigned char *bounce)
+static int64_t *view_bytes(const struct vps_rank_view *v)
 {
-	size_t at = 0;
-	for (size_t q = 0; q < x->nops && bounce; q++) {
-		const struct vps_op *op = &s->ops[x->first_op + q];
-		if (op->dst_strides[op->ndim - 1] == 1 || op->ext[op->ndim - 1] == 1)
-			continue;
-		int64_t flat[VPS_MAX_DIMS];
-		rowmajor(op, flat);
-		vps_copy_strided((unsigned char *)bufs[op->dst_buffer] + op->dst_offset * op->esize, op->dst_strides,
-				 bounce + at, flat, op->ext, op->ndim, op->esize);
-		at += (size_t)vps_op_bytes(op);
-	}
+	int64_t *b = vps_calloc(v->nbuffers + 1, sizeof(*b));
+	for (size_t i = 0; b && i < v->nbuffers; i++)
+		b[i] = v->buffers[i].elements * (int64_t)vps_dtype_size(v->buffers[i].dtype);
+	return b;
 }
 
-static vps_result_t run_stages(const struct vps_staged *s, const struct vps_plan *p0, struct attach *at,
-			       struct vps_net *net, struct vps_registry *reg, const struct vps_exec_opts *o,
+/* Before a byte moves: every view this rank touches lies in its buffers. */
+static vps_result_t check_views(const struct vps_switch *sw)
+{
+	const struct vps_staged *s = sw->s;
+	vps_result_t rc = VPS_OK;
+	int64_t *sb = view_bytes(&sw->va), *db = view_bytes(&sw->vb);
+	if (!sb || !db) {
+		rc = VPS_ENOMEM;
+		goto done;
+	}
+	for (size_t i = 0; i < s->nxfers && !rc; i++) {
+		const struct vps_xfer *x = &s->xfers[i];
+		bool sends = x->src == sw->w, receives = x->dst == sw->w;
+		if (!sends && !receives)
+			continue;
+		if (x->first_op > s->nops || x->nops > s->nops - x->first_op) {
+			rc = vps_fail(VPS_EINPUT, "transfer %zu: its copies lie outside the plan", i);
+			break;
+		}
+		if ((sends && sw->ra < 0) || (receives && sw->rb < 0)) {
+			rc = vps_fail(VPS_EINPUT, "transfer %zu: rank %" PRId64 " %s without a %s layout rank", i, sw->w,
+				      sends ? "sends" : "receives", sends ? "source" : "target");
+			break;
+		}
+		for (size_t q = 0; q < x->nops && !rc; q++)
+			rc = vps_check_op(&s->ops[x->first_op + q], sends ? sb : NULL, sw->va.nbuffers, receives ? db : NULL,
+					  sw->vb.nbuffers);
+	}
+done:
+	free(sb);
+	free(db);
+	return rc;
+}
+
+/* The digest of a side, read back to the host where it is GPU memory. */
+static vps_result_t side_digest(const struct vps_switch *sw, const struct vps_layout *l, int64_t rank,
+				const struct vps_rank_view *v, void **bufs, uint64_t *digest)
+{
+	if (sw->where == VPS_WHERE_HOST)
+		return vps_exec_digest(l, rank, bufs, digest);
+	vps_result_t rc = VPS_OK;
+	void **host = vps_calloc(v->nbuffers + 1, sizeof(*host));
+	if (!host)
+		return VPS_ENOMEM;
+	for (size_t b = 0; b < v->nbuffers && !rc; b++) {
+		size_t n = (size_t)v->buffers[b].elements * vps_dtype_size(v->buffers[b].dtype);
+		if (!(host[b] = malloc(n ? n : 1))) {
+			rc = VPS_NOMEM();
+			break;
+		}
+		char err[VPS_CUDA_ERR] = "";
+		int g = sw->gpu->to_host(host[b], bufs[b], n, err);
+		if (g)
+			rc = vps_gpu_result(g, err, "digest: read a buffer back");
+	}
+	if (!rc)
+		rc = vps_exec_digest(l, rank, host, digest);
+	for (size_t b = 0; b < v->nbuffers; b++)
+		free(host[b]);
+	free(host);
+	return rc;
+}
+
+static void release_read(const struct vps_switch *sw, int64_t stage)
+{
+	const struct vps_staged *s = sw->s;
+	for (size_t f = 0; f < s->nfrees && sw->src_entry; f++)
+		if (s->frees[f].rank == sw->ra && s->frees[f].stage == stage && s->frees[f].buffer < sw->va.nbuffers)
+			vps_registry_release(sw->reg, (uint32_t)sw->src_entry[s->frees[f].buffer]);
+}
+
+static vps_result_t run_stages(struct vps_switch *sw, struct carriers *car, const struct vps_exec_opts *o,
 			       struct vps_exec_report *rep)
 {
 	vps_result_t rc = VPS_OK;
-	int64_t w = at->w;
-	struct vps_net_msg *msgs = NULL;
-	struct iovs *iov = NULL;
-	unsigned char **bounce = NULL;
-	const struct vps_xfer **mine = NULL;
-	size_t capm = 0, capi = 0, capx = 0;
+	const struct vps_staged *s = sw->s;
+	int64_t w = sw->w;
+	const struct vps_xfer **local = NULL, **remote = NULL;
+	struct vps_local_copy *retain = NULL;
+	size_t capl = 0, capr = 0, capc = 0;
 	rep->nstages = s->nstages;
 	rep->stages = vps_calloc(s->nstages + 1, sizeof(*rep->stages));
 	if (!rep->stages)
@@ -346,9 +378,7 @@ static vps_result_t run_stages(const struct vps_staged *s, const struct vps_plan
 	size_t i = 0;
 	double t_all = now();
 	/* sources no stage reads are free from the start */
-	for (size_t f = 0; f < s->nfrees && at->src_entry; f++)
-		if (s->frees[f].rank == at->ra && s->frees[f].stage < 0 && s->frees[f].buffer < at->va.nbuffers)
-			vps_registry_release(reg, (uint32_t)at->src_entry[s->frees[f].buffer]);
+	release_read(sw, -1);
 	for (size_t st = 0; st < s->nstages; st++) {
 		double t0 = now();
 		struct vps_exec_stage_report *sr = &rep->stages[st];
@@ -359,91 +389,51 @@ static vps_result_t run_stages(const struct vps_staged *s, const struct vps_plan
 		}
 		while (i < s->nxfers && s->xfers[i].stage < (int64_t)st)
 			i++;
-		size_t j = i, nx = 0, nm = 0;
+		size_t j = i, nl = 0, nr = 0, nc = 0;
 		while (j < s->nxfers && s->xfers[j].stage == (int64_t)st)
 			j++;
-		/* retains now; this rank's transfers of the stage gathered */
 		for (size_t k = i; k < j && !rc; k++) {
 			const struct vps_xfer *x = &s->xfers[k];
 			if (x->src == w && x->dst == w) {
-				for (size_t q = 0; q < x->nops; q++) {
+				rc = VPS_GROW(retain, capc, nc + x->nops);
+				for (size_t q = 0; q < x->nops && !rc; q++) {
 					const struct vps_op *op = &s->ops[x->first_op + q];
-					vps_copy_strided((unsigned char *)at->dst[op->dst_buffer] + op->dst_offset * op->esize,
-							 op->dst_strides,
-							 (const unsigned char *)at->src[op->src_buffer] + op->src_offset * op->esize,
-							 op->src_strides, op->ext, op->ndim, op->esize);
+					retain[nc++] = (struct vps_local_copy){op, sw->src[op->src_buffer], sw->dst[op->dst_buffer]};
 					sr->bytes_copied += vps_op_bytes(op);
 				}
-			} else if (x->src == w || x->dst == w) {
-				rc = VPS_GROW(mine, capx, nx + 1);
-				if (!rc)
-					mine[nx++] = x;
+				continue;
 			}
-		}
-		if (!rc && nx) {
-			rc = VPS_GROW(msgs, capm, nx);
-			if (!rc)
-				rc = vps_grow((void **)&iov, &capi, nx, sizeof(*iov));
-			if (!rc) {
-				unsigned char **nb = vps_realloc_array(bounce, nx, sizeof(*bounce));
-				rc = nb ? VPS_OK : VPS_ENOMEM;
-				if (nb)
-					bounce = nb;
-			}
-			if (!rc) {
-				memset(iov, 0, nx * sizeof(*iov));
-				memset(bounce, 0, nx * sizeof(*bounce));
-			}
-		}
-		for (size_t k = 0; k < nx && !rc; k++) {
-			const struct vps_xfer *x = mine[k];
-			bool sending = x->src == w;
-			size_t blen;
-			rc = transfer_iovs(s, x, sending, sending ? at->src : at->dst, &iov[k], &bounce[k], &blen);
-			/* connections are numbered by the first plan's world */
-			int64_t peer = vps_world_of_device(p0->world, vps_world_device(s->plan->world, sending ? x->dst : x->src));
-			size_t m = 0;
-			while (m < nm && msgs[m].peer != peer)
-				m++;
-			if (m == nm) {
-				memset(&msgs[nm], 0, sizeof(msgs[nm]));
-				msgs[nm].peer = peer;
-				msgs[nm].tag = xfer_tag(x);
-				nm++;
-			}
+			if (x->src != w && x->dst != w)
+				continue;
 			int64_t bytes = 0;
 			for (size_t q = 0; q < x->nops; q++)
 				bytes += vps_op_bytes(&s->ops[x->first_op + q]);
-			if (sending) {
-				msgs[m].send = true;
-				msgs[m].send_iov = iov[k].v;
-				msgs[m].send_iovcnt = iov[k].n;
+			if (x->src == w)
 				sr->bytes_sent += bytes;
-			} else {
-				msgs[m].recv = true;
-				msgs[m].recv_iov = iov[k].v;
-				msgs[m].recv_iovcnt = iov[k].n;
+			else
 				sr->bytes_received += bytes;
+			if (carrier_of(car, sw, x) == &car->local) {
+				rc = VPS_GROW(local, capl, nl + 1);
+				if (!rc)
+					local[nl++] = x;
+			} else {
+				rc = VPS_GROW(remote, capr, nr + 1);
+				if (!rc)
+					remote[nr++] = x;
 			}
 		}
-		if (!rc && nm) {
-			char what[64];
-			snprintf(what, sizeof(what), "stage %zu of %zu", st, s->nstages);
-			rc = vps_net_exchange(net, msgs, nm, what);
-		}
-		for (size_t k = 0; k < nx; k++) {
-			if (!rc && mine[k]->dst == w)
-				unbounce(s, mine[k], at->dst, bounce[k]);
-			free(bounce[k]);
-			free(iov[k].v);
-		}
+		char what[64];
+		snprintf(what, sizeof(what), "stage %zu of %zu", st, s->nstages);
+		if (!rc)
+			rc = vps_copy_ops(sw, retain, nc);
+		if (!rc && nl)
+			rc = car->local.ops->stage(car->local.self, sw, local, nl, what);
+		if (!rc && nr)
+			rc = car->remote.ops->stage(car->remote.self, sw, remote, nr, what);
 		if (rc)
 			goto done;
 		/* sources read for the last time: the trainer may free them */
-		for (size_t f = 0; f < s->nfrees && at->src_entry; f++)
-			if (s->frees[f].rank == at->ra && s->frees[f].stage == (int64_t)st &&
-			    s->frees[f].buffer < at->va.nbuffers)
-				vps_registry_release(reg, (uint32_t)at->src_entry[s->frees[f].buffer]);
+		release_read(sw, (int64_t)st);
 		sr->seconds = now() - t0;
 		rep->bytes_sent += sr->bytes_sent;
 		rep->bytes_received += sr->bytes_received;
@@ -455,27 +445,53 @@ static vps_result_t run_stages(const struct vps_staged *s, const struct vps_plan
 	}
 	rep->transfer_seconds = now() - t_all;
 done:
-	free(msgs);
-	free(iov);
-	free(bounce);
-	free(mine);
+	free(local);
+	free(remote);
+	free(retain);
 	return rc;
 }
 
+/* Every transport's begin, in order (each may talk to its peers). */
+static vps_result_t begin_all(struct carriers *car, struct vps_switch *sw)
+{
+	if (car->local.ops && car->local.ops->begin)
+		VPS_CHECK(car->local.ops->begin(car->local.self, sw));
+	if (car->remote.ops && !car->remote_is_local && car->remote.ops->begin)
+		VPS_CHECK(car->remote.ops->begin(car->remote.self, sw));
+	return VPS_OK;
+}
+
+static void end_all(struct carriers *car, struct vps_switch *sw)
+{
+	if (car->local.ops && car->local.ops->end)
+		car->local.ops->end(car->local.self, sw);
+	if (car->remote.ops && !car->remote_is_local && car->remote.ops->end)
+		car->remote.ops->end(car->remote.self, sw);
+}
+
 static vps_result_t one_switch(const struct vps_staged *s, const struct vps_plan *p0, int64_t w,
-			       struct vps_registry *reg, struct vps_net *net, const struct vps_exec_opts *o,
+			       struct vps_registry *reg, struct vps_net *net, struct vps_mapcache *maps,
+			       struct carriers *car, const struct vps_cuda_api **gpu, const struct vps_exec_opts *o,
 			       uint64_t *last_seq, struct vps_exec_report *rep)
 {
 	vps_result_t rc;
-	struct attach at = {0};
+	struct vps_switch sw = {0};
 	const struct vps_plan *p = s->plan;
 	uint64_t seq = 0;
-	bool claimed = false;
-	at.w = w;
-	at.ra = vps_world_a_rank(p->world, w);
-	at.rb = vps_world_b_rank(p->world, w);
+	bool claimed = false, begun = false;
+	sw.s = s;
+	sw.p0 = p0;
+	sw.w = w;
+	sw.ra = vps_world_a_rank(p->world, w);
+	sw.rb = vps_world_b_rank(p->world, w);
+	sw.reg = reg;
+	sw.net = net;
+	sw.maps = maps;
+	sw.gpu = *gpu;
+	sw.timeout = o->timeout;
 	rep->rank = w;
 	rep->world = vps_world_size(p->world);
+	rep->transport = car->name;
 	double t0 = now();
 	VPS_CHECK_GOTO(vps_registry_claim(reg, *last_seq, o->wait ? -1 : o->timeout, &seq), rc, fail);
 	claimed = true;
@@ -485,50 +501,73 @@ static vps_result_t one_switch(const struct vps_staged *s, const struct vps_plan
 	double t_pause = now();
 	/* the trainer's registry must describe this plan's two layouts */
 	uint64_t ha = vps_layout_hash(p->a), hb = vps_layout_hash(p->b);
-	if (at.ra >= 0 && (vps_registry_layout_hash(reg) != ha || vps_registry_rank(reg) != at.ra)) {
+	if (sw.ra >= 0 && (vps_registry_layout_hash(reg) != ha || vps_registry_rank(reg) != sw.ra)) {
 		rc = vps_fail(VPS_EINPUT,
 			      "registry %s: the trainer runs layout 0x%016" PRIx64 " rank %" PRId64
 			      ", the plan's source is 0x%016" PRIx64 " rank %" PRId64,
-			      vps_registry_name(reg), vps_registry_layout_hash(reg), vps_registry_rank(reg), ha, at.ra);
+			      vps_registry_name(reg), vps_registry_layout_hash(reg), vps_registry_rank(reg), ha, sw.ra);
 		goto fail;
 	}
-	if (vps_registry_target_hash(reg) != hb || vps_registry_target_rank(reg) != at.rb) {
+	if (vps_registry_target_hash(reg) != hb || vps_registry_target_rank(reg) != sw.rb) {
 		rc = vps_fail(VPS_EINPUT,
 			      "registry %s: the trainer switches to layout 0x%016" PRIx64 " rank %" PRId64
 			      ", the plan's target is 0x%016" PRIx64 " rank %" PRId64,
-			      vps_registry_name(reg), vps_registry_target_hash(reg), vps_registry_target_rank(reg), hb, at.rb);
+			      vps_registry_name(reg), vps_registry_target_hash(reg), vps_registry_target_rank(reg), hb, sw.rb);
 		goto fail;
 	}
-	if (at.ra >= 0) {
-		VPS_CHECK_GOTO(vps_layout_rank(p->a, at.ra, &at.va), rc, fail);
-		VPS_CHECK_GOTO(map_side(reg, &at.va, VPS_ROLE_SOURCE, &at.src, &at.src_entry), rc, fail);
+	VPS_CHECK_GOTO(switch_where(&sw, o), rc, fail);
+	*gpu = sw.gpu;
+	if (sw.ra >= 0) {
+		VPS_CHECK_GOTO(vps_layout_rank(p->a, sw.ra, &sw.va), rc, fail);
+		VPS_CHECK_GOTO(map_side(&sw, &sw.va, VPS_ROLE_SOURCE, &sw.src, &sw.src_entry), rc, fail);
 	}
-	if (at.rb >= 0) {
-		VPS_CHECK_GOTO(vps_layout_rank(p->b, at.rb, &at.vb), rc, fail);
-		VPS_CHECK_GOTO(map_side(reg, &at.vb, VPS_ROLE_TARGET, &at.dst, NULL), rc, fail);
+	if (sw.rb >= 0) {
+		VPS_CHECK_GOTO(vps_layout_rank(p->b, sw.rb, &sw.vb), rc, fail);
+		VPS_CHECK_GOTO(map_side(&sw, &sw.vb, VPS_ROLE_TARGET, &sw.dst, NULL), rc, fail);
 	}
+	VPS_CHECK_GOTO(check_views(&sw), rc, fail);
+	rep->attach_seconds = now() - t_pause;
 	/* the first rendezvous after the request: trainers reach their switch
 	 * points at different times */
 	struct vps_registry_training train;
+	double t_agree = now();
 	double normal = vps_net_set_timeout(net, vps_max64((int64_t)o->request_timeout, (int64_t)o->timeout));
 	rc = share_training(net, s, w, reg, &train);
 	vps_net_set_timeout(net, normal);
+	rep->agree_seconds += now() - t_agree;
 	if (rc)
 		goto fail;
 	uint64_t dig[2] = {0, 0};
-	if (o->check && at.ra >= 0)
-		VPS_CHECK_GOTO(vps_exec_digest(p->a, at.ra, at.src, &dig[0]), rc, fail);
-	/* everyone attached: no byte moves before every rank is ready */
-	VPS_CHECK_GOTO(vps_net_agree(net, true, "start"), rc, fail);
-	rc = run_stages(s, p0, &at, net, reg, o, rep);
-	if (!rc && o->check && at.rb >= 0)
-		rc = vps_exec_digest(p->b, at.rb, at.dst, &dig[1]);
+	double t_begin = now();
+	begun = true;
+	rc = begin_all(car, &sw);
+	if (!rc && o->check && sw.ra >= 0)
+		rc = side_digest(&sw, p->a, sw.ra, &sw.va, sw.src, &dig[0]);
+	rep->attach_seconds += now() - t_begin;
+	{
+		/* no byte moves before every rank is ready; one that is not says why */
+		char mine[1024];
+		snprintf(mine, sizeof(mine), "%s", vps_last_error());
+		t_agree = now();
+		vps_result_t agreed = vps_net_agree(net, rc == VPS_OK, "start");
+		rep->agree_seconds += now() - t_agree;
+		if (rc) {
+			vps_fail(rc, "%s", mine);
+			goto fail;
+		}
+		VPS_CHECK_GOTO(agreed, rc, fail);
+	}
+	rc = run_stages(&sw, car, o, rep);
+	if (!rc && o->check && sw.rb >= 0)
+		rc = side_digest(&sw, p->b, sw.rb, &sw.vb, sw.dst, &dig[1]);
 	{
 		/* the verdict is global: done only when every rank moved its part
 		 * (and the digests match); a rank keeps its own failure's words */
 		char mine[1024];
 		snprintf(mine, sizeof(mine), "%s", vps_last_error());
+		t_agree = now();
 		vps_result_t agreed = vps_net_agree(net, rc == VPS_OK, "end of transfer");
+		rep->agree_seconds += now() - t_agree;
 		if (rc)
 			vps_fail(rc, "%s", mine);
 		else
@@ -548,16 +587,82 @@ static vps_result_t one_switch(const struct vps_staged *s, const struct vps_plan
 	}
 	if (rc)
 		goto fail;
+	end_all(car, &sw);
+	switch_release(&sw);
 	vps_registry_set_training(reg, &train);
 	vps_registry_finish(reg, seq, 1, NULL);
 	rep->pause_seconds = now() - t_pause;
-	attach_release(&at);
 	return VPS_OK;
 fail:
+	if (begun)
+		end_all(car, &sw);
+	switch_release(&sw);
 	if (claimed)
 		vps_registry_finish(reg, seq, 0, vps_last_error());
-	attach_release(&at);
 	return rc;
+}
+
+/* The transports, made once per executor (NCCL's communicator too). */
+static vps_result_t carriers_start(struct carriers *car, struct vps_staged *const *plans, size_t nplans,
+				   struct vps_net *net, const struct vps_exec_opts *o)
+{
+	switch (o->transport) {
+	case VPS_EXEC_TCP:
+		car->name = "tcp";
+		car->remote_is_local = true;
+		return vps_transport_tcp(&car->local);
+	case VPS_EXEC_IPC:
+		car->name = "ipc";
+		car->remote_is_local = true;
+		return vps_transport_ipc(&car->local, true);
+	case VPS_EXEC_NCCL:
+	case VPS_EXEC_AUTO:
+		break;
+	default:
+		return vps_fail(VPS_EINPUT, "unknown transport %d", o->transport);
+	}
+	/* nccl for every peer, or (auto) for the peers of other nodes: then a
+	 * communicator is made only when some rank has such a peer, which the
+	 * ranks learn together */
+	uint64_t off_node = o->transport == VPS_EXEC_NCCL;
+	const struct vps_plan *p0 = plans[0]->plan;
+	struct vps_device me = vps_world_device(p0->world, o->rank);
+	for (size_t k = 0; k < nplans && !off_node; k++) {
+		const struct vps_staged *s = plans[k]->plan ? plans[k] : NULL;
+		int64_t w = vps_world_of_device(s->plan->world, me);
+		for (size_t i = 0; i < s->nxfers && !off_node; i++) {
+			const struct vps_xfer *x = &s->xfers[i];
+			if (x->src == x->dst || (x->src != w && x->dst != w))
+				continue;
+			off_node = vps_world_device(s->plan->world, x->src == w ? x->dst : x->src).node != me.node;
+		}
+	}
+	if (o->transport == VPS_EXEC_AUTO)
+		VPS_CHECK(vps_net_allreduce_sum(net, &off_node, 1, "transports"));
+	if (o->transport == VPS_EXEC_AUTO) {
+		car->name = "ipc";
+		VPS_CHECK(vps_transport_ipc(&car->local, false));
+		if (!off_node) {
+			car->remote_is_local = true;
+			return VPS_OK;
+		}
+		car->name = "ipc+nccl";
+	} else {
+		car->name = "nccl";
+		car->remote_is_local = true;
+	}
+	int device = o->device;
+	if (device < 0) {
+		const struct vps_cuda_api *gpu;
+		int n = 0;
+		char err[VPS_CUDA_ERR] = "";
+		if (!vps_gpu_api(&gpu) && !gpu->device_count(&n, err) && n > 0)
+			device = (int)((o->local_rank > 0 ? o->local_rank : 0) % n);
+		else
+			device = 0;
+	}
+	return vps_transport_nccl(car->remote_is_local ? &car->local : &car->remote, net, o->rank,
+				  vps_world_size(p0->world), device, o->timeout);
 }
 
 /* Wait for the trainer's registry: absent or half made (the trainer has not
@@ -589,6 +694,9 @@ vps_result_t vps_exec_run(struct vps_staged *const *plans, size_t nplans, const 
 	vps_result_t rc = VPS_OK;
 	struct vps_registry *reg = NULL;
 	struct vps_net *net = NULL;
+	struct vps_mapcache *maps = NULL;
+	struct carriers car = {0};
+	const struct vps_cuda_api *gpu = NULL;
 	int64_t *peers = NULL;
 	size_t npeers = 0, capp = 0;
 	char name[VPS_REGISTRY_NAME_MAX + 32];
@@ -633,6 +741,8 @@ vps_result_t vps_exec_run(struct vps_staged *const *plans, size_t nplans, const 
 	VPS_CHECK_GOTO(open_registry(name, o->wait ? -1 : o->timeout, o->timeout, &reg), rc, done);
 	struct vps_net_opts no = {o->rank, W, o->master_host, o->master_port, o->timeout, o->token, hash, peers, npeers};
 	VPS_CHECK_GOTO(vps_net_start(&net, &no), rc, done);
+	VPS_CHECK_GOTO(vps_mapcache_new(&maps), rc, done);
+	VPS_CHECK_GOTO(carriers_start(&car, plans, nplans, net, o), rc, done);
 	double setup = now() - t_setup;
 	uint64_t last_seq = 0;
 	vps_registry_state(reg, &last_seq);
@@ -643,7 +753,7 @@ vps_result_t vps_exec_run(struct vps_staged *const *plans, size_t nplans, const 
 		memset(&reports[k], 0, sizeof(reports[k]));
 		reports[k].setup_seconds = k ? 0 : setup;
 		int64_t w = vps_world_of_device(plans[k]->plan->world, me);
-		rc = one_switch(plans[k], p0, w, reg, net, o, &last_seq, &reports[k]);
+		rc = one_switch(plans[k], p0, w, reg, net, maps, &car, &gpu, o, &last_seq, &reports[k]);
 		if (rc)
 			goto done;
 	}
@@ -653,6 +763,8 @@ done:
 		snprintf(msg, sizeof(msg), "rank %" PRId64 ": %s", o->rank, vps_last_error());
 		vps_registry_abort(reg, msg);
 	}
+	carriers_free(&car);
+	vps_mapcache_free(maps);
 	vps_net_free(net);
 	vps_registry_close(reg);
 	free(peers);
@@ -674,12 +786,15 @@ vps_result_t vps_exec_report_yaml(const struct vps_exec_report *reps, size_t n, 
 		VPS_CHECK_GOTO(vps_w_int(w, "rank", r->rank), rc, done);
 		VPS_CHECK_GOTO(vps_w_int(w, "world", r->world), rc, done);
 		VPS_CHECK_GOTO(vps_w_int(w, "switch", (int64_t)r->switch_seq), rc, done);
+		VPS_CHECK_GOTO(vps_w_str(w, "transport", r->transport ? r->transport : "tcp"), rc, done);
 		VPS_CHECK_GOTO(vps_w_int(w, "bytes_sent", r->bytes_sent), rc, done);
 		VPS_CHECK_GOTO(vps_w_int(w, "bytes_received", r->bytes_received), rc, done);
 		VPS_CHECK_GOTO(vps_w_int(w, "bytes_copied", r->bytes_copied), rc, done);
 		VPS_CHECK_GOTO(vps_w_double(w, "setup_seconds", r->setup_seconds), rc, done);
 		VPS_CHECK_GOTO(vps_w_double(w, "waited_seconds", r->waited_seconds), rc, done);
 		VPS_CHECK_GOTO(vps_w_double(w, "pause_seconds", r->pause_seconds), rc, done);
+		VPS_CHECK_GOTO(vps_w_double(w, "attach_seconds", r->attach_seconds), rc, done);
+		VPS_CHECK_GOTO(vps_w_double(w, "agree_seconds", r->agree_seconds), rc, done);
 		VPS_CHECK_GOTO(vps_w_double(w, "transfer_seconds", r->transfer_seconds), rc, done);
 		VPS_CHECK_GOTO(vps_w_double(w, "gb_per_second",
 					    r->transfer_seconds > 0 ? moved / r->transfer_seconds / 1e9 : 0.0),

@@ -5,7 +5,8 @@
 # matches and every trainer found its state intact.
 #
 #   scripts/demo.sh [--model M] [--from SPEC] [--to SPEC] [--np N] [--back]
-#                   [--budget SIZE] [--global-batch G] [--keep DIR]
+#                   [--budget SIZE] [--global-batch G] [--transport T] [--cuda]
+#                   [--keep DIR]
 #
 #   --model M        a model of configs/models (default tiny-llama)
 #   --from, --to     parallel configurations (default (2,2,2) -> (4,1,2), ZeRO-1)
@@ -13,12 +14,14 @@
 #   --back           switch back afterwards, on the same connections (--serve)
 #   --budget SIZE    staging budget per rank (default 64MiB)
 #   --global-batch G samples per step, checked: each read exactly once (default 24)
+#   --transport T    tcp (default), ipc, nccl or auto: vps-exec(1) TRANSPORTS
+#   --cuda           trainers hold their state in GPU memory (needs a GPU)
 #   --keep DIR       keep the files (plans, reports, logs) in DIR
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 bin=$top/bin
 model=tiny-llama from=tp=2,pp=2,dp=2,zero=1 to=tp=4,pp=1,dp=2,zero=1
-np=8 back=0 budget=64MiB gb=24 keep=
+np=8 back=0 budget=64MiB gb=24 keep= transport=tcp cuda=()
 while [ $# -gt 0 ]; do
 	case $1 in
 	--model) model=$2; shift 2 ;;
@@ -29,7 +32,9 @@ while [ $# -gt 0 ]; do
 	--budget) budget=$2; shift 2 ;;
 	--global-batch) gb=$2; shift 2 ;;
 	--keep) keep=$2; shift 2 ;;
-	-h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	--transport) transport=$2; shift 2 ;;
+	--cuda) cuda=(--cuda); shift ;;
+	-h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "demo.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 	esac
 done
@@ -55,20 +60,20 @@ if [ "$back" = 1 ]; then
 fi
 "$bin/vps-verify" -q ab.staged
 world=$("$bin/vps-plan" a.layout b.layout --stats | awk '$1 == "world:" { print $2 }')
-echo "== $model: ($from) -> ($to)$([ "$back" = 1 ] && echo ' and back'), $world devices, $np per node"
+echo "== $model: ($from) -> ($to)$([ "$back" = 1 ] && echo ' and back'), $world devices, $np per node, over $transport${cuda:+ (GPU memory)}"
 "$bin/vps-plan" a.layout b.layout --stats | grep -E '^(joining|leaving|bytes_moved|bytes_retained|bytes_lower_bound|max_send_bytes|balanced_bound):'
 port=$("$top/scripts/free-port.sh")
 pids=()
 for ((r = 0; r < world; r++)); do
 	"$bin/vps-trainer" --registry "$tag-$r" --rank "$r" --global-batch "$gb" --samples "samples.$r" \
-		--timeout 120 "${plans[@]}" > "trainer.$r.log" 2>&1 &
+		--timeout 120 "${cuda[@]}" "${plans[@]}" > "trainer.$r.log" 2>&1 &
 	pids+=($!)
 done
 serve=()
 [ "$back" = 1 ] && serve=(--serve)
 for ((r = 0; r < world; r++)); do
 	"$bin/vps-exec" --registry "$tag-$r" --rank "$r" --world "$world" --master "127.0.0.1:$port" \
-		--wait --check --timeout 60 --report "report.$r.yaml" "${serve[@]}" "${plans[@]}" > "exec.$r.log" 2>&1 &
+		--transport "$transport" --wait --check --timeout 60 --report "report.$r.yaml" "${serve[@]}" "${plans[@]}" > "exec.$r.log" 2>&1 &
 	pids+=($!)
 done
 failed=0

@@ -1,12 +1,23 @@
 /* Executing a staged plan on one rank: attach to the trainer's registry,
- * rendezvous with the peers, then per stage allocate, pack, exchange,
- * unpack and free. */
+ * rendezvous with the peers, then run the stages in order, each rank's
+ * transfers of a stage moved by a transport (tcp, ipc, nccl), its retains
+ * copied in place, sources released after their last stage. */
 #ifndef VPS_EXEC_H
 #define VPS_EXEC_H
 
 #include "vps/stage.h"
 
+/* How bytes travel between ranks (vps-exec(1), TRANSPORTS). */
+enum vps_exec_transport {
+	VPS_EXEC_TCP = 0,  /* host memory over TCP sockets */
+	VPS_EXEC_IPC = 1,  /* ranks of one node map each other's buffers (host or GPU) */
+	VPS_EXEC_NCCL = 2, /* GPU memory over NCCL */
+	VPS_EXEC_AUTO = 3, /* ipc within a node, nccl across nodes */
+};
+
 struct vps_exec_opts {
+	int transport;          /* enum vps_exec_transport */
+	int device;             /* GPU of GPU memory and NCCL; -1: local rank modulo the visible GPUs */
 	const char *registry;   /* name; %r world rank, %a A rank, %b B rank, %l local rank */
 	int64_t rank;           /* world rank in the first plan */
 	int64_t local_rank;
@@ -36,10 +47,13 @@ struct vps_exec_report {
 	size_t nstages;
 	struct vps_exec_stage_report *stages;
 	int64_t bytes_sent, bytes_received, bytes_copied;
-	double setup_seconds;     /* open registry, bootstrap, connect: overlapped with training under --wait */
+	double setup_seconds;     /* open registry, bootstrap, connect, communicators: overlapped with training under --wait */
+	double attach_seconds;    /* of the pause: mapping buffers, opening IPC handles, peers' descriptors */
+	double agree_seconds;     /* of the pause: the rendezvous (training state, start, verdict) */
 	double waited_seconds;    /* waiting for the trainer's request */
 	double pause_seconds;     /* from the request claimed to destinations marked done */
-	double transfer_seconds;  /* the stages */
+	double transfer_seconds;  /* of the pause: the stages */
+	const char *transport;    /* the transport's name (of the first peer's kind under auto) */
 	bool checked, digest_match;
 	uint64_t digest_before, digest_after;
 	uint64_t switch_seq;
