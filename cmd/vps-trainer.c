@@ -17,6 +17,7 @@ const char *tool_name = "vps-trainer";
 static const char usage[] =
 	"usage: vps-trainer [--registry NAME] [--rank R] [--local-rank L] [--steps N] [--steps-after M]\n"
 	"                   [--global-batch G] [--micro-batch B] [--samples FILE] [--timeout S]\n"
+	"                   [--cuda [--device N]]\n"
 	"                   STAGED...\n"
 	"       vps-trainer -h | --version\n"
 	"options:\n"
@@ -29,6 +30,8 @@ static const char usage[] =
 	"  --micro-batch B     micro batch under the first layout (default 1)\n"
 	"  --samples FILE      append every sample id this rank reads\n"
 	"  --timeout S         seconds to wait for each switch (default 120)\n"
+	"  --cuda              hold the state in GPU memory, registered by device pointer\n"
+	"  --device N          that GPU (default: the local rank modulo the visible GPUs)\n"
 	"  -h, --help          this text\n"
 	"  --version           the version\n";
 
@@ -48,6 +51,7 @@ int main(int argc, char **argv)
 		{"steps", required_argument, NULL, 's'},      {"steps-after", required_argument, NULL, 'a'},
 		{"global-batch", required_argument, NULL, 'g'}, {"micro-batch", required_argument, NULL, 'b'},
 		{"samples", required_argument, NULL, 'L'},    {"timeout", required_argument, NULL, 't'},
+		{"cuda", no_argument, NULL, 'C'},             {"device", required_argument, NULL, 'D'},
 		{"help", no_argument, NULL, 'h'},             {"version", no_argument, NULL, 'V'},
 		{0, 0, 0, 0}};
 	struct launch l = {-1, -1, -1, "", 0, NULL};
@@ -58,6 +62,7 @@ int main(int argc, char **argv)
 	o.steps_after = 2;
 	o.micro_batch = 1;
 	o.timeout = 120;
+	o.device = -1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		int64_t v;
 		switch (c) {
@@ -89,6 +94,12 @@ int main(int argc, char **argv)
 				o.micro_batch = v;
 			break;
 		case 'L': o.samples_log = optarg; break;
+		case 'C': o.cuda = true; break;
+		case 'D':
+			if (!tool_parse_i64(optarg, &v) || v < 0 || v > 1023)
+				return tool_usage_error("--device: '%s' is not a GPU number", optarg);
+			o.device = (int)v;
+			break;
 		case 't': {
 			char *end;
 			o.timeout = strtod(optarg, &end);
@@ -108,6 +119,7 @@ int main(int argc, char **argv)
 	if (st)
 		return st;
 	o.rank = l.rank;
+	o.local_rank = l.local_rank;
 	char name[128];
 	size_t len = 0;
 	for (const char *p = pattern; *p && len + 24 < sizeof(name); p++) {

@@ -203,22 +203,6 @@ static void switch_release(struct vps_switch *sw)
 		vps_mapcache_end_switch(sw->maps, sw->gpu);
 }
 
-/* The GPU of this executor: --device, or the local rank over the visible
- * GPUs (torchrun's convention). */
-static vps_result_t exec_gpu(const struct vps_exec_opts *o, const struct vps_cuda_api **gpu)
-{
-	int device = o->device;
-	if (device < 0) {
-		VPS_CHECK(vps_gpu_api(gpu));
-		int n = 0;
-		char err[VPS_CUDA_ERR] = "";
-		if ((*gpu)->device_count(&n, err) || n <= 0)
-			return vps_fail(VPS_EUNSUPPORTED, "GPU support is not available: %s", err[0] ? err : "no GPU is visible");
-		device = (int)((o->local_rank > 0 ? o->local_rank : 0) % n);
-	}
-	return vps_gpu_init(device, gpu);
-}
-
 /* Where every buffer of this switch lives: all host or all GPU. */
 static vps_result_t switch_where(struct vps_switch *sw, const struct vps_exec_opts *o)
 {
@@ -234,7 +218,7 @@ static vps_result_t switch_where(struct vps_switch *sw, const struct vps_exec_op
 	}
 	sw->where = where < 0 ? VPS_WHERE_HOST : where;
 	if (sw->where == VPS_WHERE_CUDA && !sw->gpu)
-		VPS_CHECK(exec_gpu(o, &sw->gpu));
+		VPS_CHECK(vps_gpu_init(o->device, o->local_rank, &sw->gpu));
 	return VPS_OK;
 }
 
@@ -651,18 +635,8 @@ static vps_result_t carriers_start(struct carriers *car, struct vps_staged *cons
 		car->name = "nccl";
 		car->remote_is_local = true;
 	}
-	int device = o->device;
-	if (device < 0) {
-		const struct vps_cuda_api *gpu;
-		int n = 0;
-		char err[VPS_CUDA_ERR] = "";
-		if (!vps_gpu_api(&gpu) && !gpu->device_count(&n, err) && n > 0)
-			device = (int)((o->local_rank > 0 ? o->local_rank : 0) % n);
-		else
-			device = 0;
-	}
 	return vps_transport_nccl(car->remote_is_local ? &car->local : &car->remote, net, o->rank,
-				  vps_world_size(p0->world), device, o->timeout);
+				  vps_world_size(p0->world), o->device, o->local_rank);
 }
 
 /* Wait for the trainer's registry: absent or half made (the trainer has not

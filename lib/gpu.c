@@ -86,13 +86,15 @@ vps_result_t vps_gpu_result(int code, const char *err, const char *what)
 	return vps_fail(rc, "%s: %s", what, err);
 }
 
-vps_result_t vps_gpu_init(int device, const struct vps_cuda_api **api)
+vps_result_t vps_gpu_init(int device, int64_t local_rank, const struct vps_cuda_api **api)
 {
 	VPS_CHECK(vps_gpu_api(api));
 	int n = 0;
 	char err[VPS_CUDA_ERR] = "";
 	if ((*api)->device_count(&n, err) || n == 0)
 		return vps_fail(VPS_EUNSUPPORTED, "GPU support is not available: %s", err[0] ? err : "no GPU is visible");
+	if (device < 0)
+		device = (int)((local_rank > 0 ? local_rank : 0) % n);
 	pthread_mutex_lock(&lock);
 	int rc = init_device == device ? 0 : (*api)->init(device, err);
 	if (!rc)

@@ -12,8 +12,9 @@
  * then beside libvps (its directory, ../lib, ../build), then the loader's
  * path. */
 vps_result_t vps_gpu_api(const struct vps_cuda_api **api);
-/* Load, check that a GPU exists, and make device the process's device. */
-vps_result_t vps_gpu_init(int device, const struct vps_cuda_api **api);
+/* Load, check that a GPU exists, and make device the process's device;
+ * device < 0: the local rank modulo the visible GPUs (torchrun's rule). */
+vps_result_t vps_gpu_init(int device, int64_t local_rank, const struct vps_cuda_api **api);
 /* A libvps-cuda.so result as a libvps one (the message recorded). */
 vps_result_t vps_gpu_result(int code, const char *err, const char *what);
 

@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "gpu.h"
 #include "internal.h"
 #include "vps/registry.h"
 
@@ -423,6 +424,25 @@ vps_result_t vps_registry_add_cuda(struct vps_registry *r, int role, uint32_t bu
 	return VPS_OK;
 }
 
+vps_result_t vps_registry_add_cuda_ptr(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
+				       int64_t elements, const void *ptr)
+{
+	const struct vps_cuda_api *gpu;
+	VPS_CHECK(vps_gpu_api(&gpu));
+	unsigned char handle[VPS_CUDA_IPC_HANDLE];
+	uint64_t offset = 0, alloc = 0;
+	int device = 0;
+	char err[VPS_CUDA_ERR] = "";
+	int rc = gpu->ipc_handle(ptr, handle, &offset, &alloc, &device, err);
+	if (rc)
+		return vps_gpu_result(rc, err, r->name);
+	uint64_t bytes = (uint64_t)(elements < 0 ? 0 : elements) * (dtype == 0 ? 2 : 4);
+	if (elements < 0 || offset > alloc || bytes > alloc - offset)
+		return vps_fail(VPS_EINPUT, "registry %s: buffer %u: %" PRId64 " elements at offset %" PRIu64
+				" overrun their GPU allocation of %" PRIu64 " bytes", r->name, buffer, elements, offset, alloc);
+	return vps_registry_add_cuda(r, role, buffer, state, dtype, elements, device, handle, offset);
+}
+
 uint32_t vps_registry_num_entries(const struct vps_registry *r)
 {
 	return atomic_load_explicit(&r->h->nentries, memory_order_acquire);
@@ -463,7 +483,7 @@ vps_result_t vps_registry_map(struct vps_registry *r, uint32_t i, bool writable,
 	struct vps_registry_entry_info e;
 	VPS_CHECK(vps_registry_entry(r, i, &e));
 	if (e.where != VPS_WHERE_HOST)
-		return vps_fail(VPS_EUNSUPPORTED, "registry %s: entry %u is GPU memory; the tcp transport moves host memory",
+		return vps_fail(VPS_EUNSUPPORTED, "registry %s: entry %u is GPU memory, which is not mapped into the host",
 				r->name, i);
 	void *base;
 	size_t len;

@@ -2,35 +2,115 @@
 #include <inttypes.h>
 #include <stdio.h>
 
+#include "gpu.h"
 #include "internal.h"
 #include "vps/data.h"
 #include "vps/registry.h"
 #include "vps/trainer.h"
 
+/* A rank's buffers. On the host they live in the registry's shared
+ * memory; on a GPU in one cudaMalloc per shard, each buffer at an interior,
+ * 256-byte aligned offset (as PyTorch's caching allocator hands them out),
+ * with a host shadow that the pattern is written to and read back into. */
 struct shard {
 	struct vps_rank_view v;
-	void **ptr;
+	void **ptr;     /* what the pattern functions touch: host memory */
+	void **dev;     /* GPU: the buffers' device addresses */
+	void *alloc;    /* GPU: the one allocation, ours */
+	void *borrowed; /* GPU: the one allocation, the caller's allocator's */
 	char (*names)[VPS_REGISTRY_NAME_MAX + 8];
+	const struct vps_cuda_api *gpu;
 };
 
 static void shard_release(struct shard *s)
 {
+	if (s->gpu) {
+		char err[VPS_CUDA_ERR];
+		for (size_t b = 0; b < s->v.nbuffers && s->ptr; b++)
+			free(s->ptr[b]);
+		if (s->alloc)
+			s->gpu->release(s->alloc, err);
+	}
 	vps_rank_view_release(&s->v);
 	free(s->ptr);
+	free(s->dev);
 	free(s->names);
 	memset(s, 0, sizeof(*s));
+}
+
+static size_t buffer_bytes(const struct vps_buffer *b) { return (size_t)b->elements * vps_dtype_size(b->dtype); }
+
+/* GPU: the shadow to the device, or back. */
+static vps_result_t shard_sync(struct shard *s, bool to_device)
+{
+	for (size_t b = 0; b < s->v.nbuffers && s->gpu; b++) {
+		size_t n = buffer_bytes(&s->v.buffers[b]);
+		if (to_device)
+			VPS_GPU(s->gpu->to_device(s->dev[b], s->ptr[b], n, gpu_err_), "trainer: write GPU state");
+		else
+			VPS_GPU(s->gpu->to_host(s->ptr[b], s->dev[b], n, gpu_err_), "trainer: read GPU state");
+	}
+	return VPS_OK;
+}
+
+/* Register a shard's buffers (again, after a reset, as sources). */
+static vps_result_t register_shard(struct vps_registry *reg, struct shard *s, int role)
+{
+	for (size_t b = 0; b < s->v.nbuffers; b++) {
+		const struct vps_buffer *buf = &s->v.buffers[b];
+		if (s->gpu)
+			VPS_CHECK(vps_registry_add_cuda_ptr(reg, role, (uint32_t)b, buf->state, buf->dtype, buf->elements,
+							    s->dev[b]));
+		else
+			VPS_CHECK(vps_registry_add_host(reg, role, (uint32_t)b, buf->state, buf->dtype, buf->elements,
+							s->names[b], 0));
+	}
+	return VPS_OK;
+}
+
+static vps_result_t alloc_gpu_shard(struct vps_registry *reg, const struct vps_cuda_api *gpu,
+				    void *(*alloc)(void *, size_t), void *alloc_ctx, int role, struct shard *s)
+{
+	s->gpu = gpu;
+	s->dev = vps_calloc(s->v.nbuffers + 1, sizeof(void *));
+	if (!s->dev)
+		return VPS_ENOMEM;
+	size_t total = VPS_STAGE_ALIGN;
+	for (size_t b = 0; b < s->v.nbuffers; b++)
+		total += (size_t)vps_round_up((int64_t)buffer_bytes(&s->v.buffers[b]), VPS_STAGE_ALIGN);
+	if (alloc) {
+		void *p = alloc(alloc_ctx, total);
+		if (!p)
+			return vps_fail(VPS_ENOMEM, "trainer: the GPU allocator gave no %zu bytes", total);
+		s->borrowed = p;
+	} else {
+		VPS_GPU(gpu->alloc(&s->alloc, total, gpu_err_), "trainer: allocate GPU state");
+	}
+	unsigned char *base = s->alloc ? s->alloc : s->borrowed;
+	VPS_GPU(gpu->fill(base, 0, total, gpu_err_), "trainer: clear GPU state");
+	size_t at = VPS_STAGE_ALIGN;
+	for (size_t b = 0; b < s->v.nbuffers; b++) {
+		size_t n = buffer_bytes(&s->v.buffers[b]);
+		s->dev[b] = base + at;
+		at += (size_t)vps_round_up((int64_t)n, VPS_STAGE_ALIGN);
+		if (!(s->ptr[b] = calloc(n ? n : 1, 1)))
+			return VPS_NOMEM();
+	}
+	return register_shard(reg, s, role);
 }
 
 
 /* Allocate every buffer of a rank view in the registry. */
 static vps_result_t alloc_shard(struct vps_registry *reg, const struct vps_layout *l, int64_t rank, int role,
-				struct shard *s)
+				const struct vps_cuda_api *gpu, const struct vps_trainer_opts *o, struct shard *s)
 {
 	VPS_CHECK(vps_layout_rank(l, rank, &s->v));
 	s->ptr = vps_calloc(s->v.nbuffers + 1, sizeof(void *));
 	s->names = vps_calloc(s->v.nbuffers + 1, sizeof(*s->names));
 	if (!s->ptr || !s->names)
 		return VPS_ENOMEM;
+	if (gpu)
+		return alloc_gpu_shard(reg, gpu, o->cuda_alloc, o->cuda_alloc_ctx, role, s);
 	for (size_t b = 0; b < s->v.nbuffers; b++) {
 		const struct vps_buffer *buf = &s->v.buffers[b];
 		VPS_CHECK(vps_registry_alloc_host(reg, role, (uint32_t)b, buf->state, buf->dtype, buf->elements, &s->ptr[b]));
@@ -45,7 +125,7 @@ static vps_result_t alloc_shard(struct vps_registry *reg, const struct vps_layou
 
 /* The fake optimizer step: every state of every region becomes the
  * pattern of that step. */
-static void fill_shard(const struct vps_layout *l, struct shard *s, int64_t step)
+static vps_result_t fill_shard(const struct vps_layout *l, struct shard *s, int64_t step)
 {
 	for (size_t i = 0; i < s->v.nregions; i++) {
 		const struct vps_region *r = &s->v.regions[i];
@@ -53,11 +133,13 @@ static void fill_shard(const struct vps_layout *l, struct shard *s, int64_t step
 		vps_model_tensor(vps_layout_model(l), r->tensor, &t);
 		vps_fill_region(s->ptr[r->buffer], r, &t, step);
 	}
+	return shard_sync(s, true);
 }
 
-static void check_shard(const struct vps_layout *l, const struct shard *s, int64_t step, int64_t *wrong,
-			int64_t *dirty)
+static vps_result_t check_shard(const struct vps_layout *l, struct shard *s, int64_t step, int64_t *wrong,
+				int64_t *dirty)
 {
+	VPS_CHECK(shard_sync(s, false));
 	for (size_t i = 0; i < s->v.nregions; i++) {
 		const struct vps_region *r = &s->v.regions[i];
 		struct vps_tensor t;
@@ -89,6 +171,7 @@ static void check_shard(const struct vps_layout *l, const struct shard *s, int64
 					}
 		free(covered);
 	}
+	return VPS_OK;
 }
 
 /* Megatron's pretraining sampler: in a step starting at `consumed`,
@@ -138,6 +221,9 @@ vps_result_t vps_trainer_run(struct vps_staged *const *plans, size_t nplans, con
 	int64_t ra = vps_world_a_rank(p0->world, o->rank);
 	if (o->samples_log && !(log = fopen(o->samples_log, "a")))
 		return vps_fail(VPS_EINPUT, "%s: %s", o->samples_log, strerror(errno));
+	const struct vps_cuda_api *gpu = NULL;
+	if (o->cuda)
+		VPS_CHECK_GOTO(vps_gpu_init(o->device, o->local_rank, &gpu), rc, done);
 	VPS_CHECK_GOTO(vps_registry_create(&reg, o->registry, ra >= 0 ? vps_layout_hash(p0->a) : 0, ra,
 					   (uint32_t)(4 * VPS_NSTATES * 64), 1),
 		       rc, done);
@@ -154,13 +240,13 @@ vps_result_t vps_trainer_run(struct vps_staged *const *plans, size_t nplans, con
 		t.grad_accum = t.global_batch / (t.micro_batch * t.dp);
 	}
 	if (ra >= 0) {
-		VPS_CHECK_GOTO(alloc_shard(reg, p0->a, ra, VPS_ROLE_SOURCE, &src), rc, done);
-		fill_shard(p0->a, &src, 0);
+		VPS_CHECK_GOTO(alloc_shard(reg, p0->a, ra, VPS_ROLE_SOURCE, gpu, o, &src), rc, done);
+		VPS_CHECK_GOTO(fill_shard(p0->a, &src, 0), rc, done);
 		for (int64_t s = 1; s <= o->steps_before; s++) {
 			VPS_CHECK_GOTO(take_step(p0->a, ra, &t, log), rc, done);
 			t.consumed_samples += t.global_batch;
 			t.step = t.scheduler_step = s;
-			fill_shard(p0->a, &src, s);
+			VPS_CHECK_GOTO(fill_shard(p0->a, &src, s), rc, done);
 		}
 	}
 	t.valid = 1;
@@ -180,16 +266,11 @@ vps_result_t vps_trainer_run(struct vps_staged *const *plans, size_t nplans, con
 				shard_release(&src);
 				src = dst;
 				memset(&dst, 0, sizeof(dst));
-				for (size_t i = 0; i < src.v.nbuffers; i++) {
-					const struct vps_buffer *buf = &src.v.buffers[i];
-					VPS_CHECK_GOTO(vps_registry_add_host(reg, VPS_ROLE_SOURCE, (uint32_t)i, buf->state, buf->dtype,
-									     buf->elements, src.names[i], 0),
-						       rc, done);
-				}
+				VPS_CHECK_GOTO(register_shard(reg, &src, VPS_ROLE_SOURCE), rc, done);
 			}
 		}
 		if (b >= 0)
-			VPS_CHECK_GOTO(alloc_shard(reg, p->b, b, VPS_ROLE_TARGET, &dst), rc, done);
+			VPS_CHECK_GOTO(alloc_shard(reg, p->b, b, VPS_ROLE_TARGET, gpu, o, &dst), rc, done);
 		VPS_CHECK_GOTO(vps_registry_set_target(reg, vps_layout_hash(p->b), b), rc, done);
 		uint64_t seq;
 		int64_t step_before = t.step, consumed_before = t.consumed_samples;
@@ -202,9 +283,10 @@ vps_result_t vps_trainer_run(struct vps_staged *const *plans, size_t nplans, con
 			char msg[1024];
 			snprintf(msg, sizeof(msg), "%s", vps_last_error());
 			if (a >= 0)
-				check_shard(p->a, &src, t.step, &wrong, &dirty);
+				if (check_shard(p->a, &src, t.step, &wrong, &dirty))
+					wrong = -1;
 			rc = vps_fail(rc, "%s; sources %s", msg,
-				      a < 0 ? "none (joining)" : wrong || dirty ? "DAMAGED" : "intact");
+				      a < 0 ? "none (joining)" : wrong < 0 ? "unreadable" : wrong || dirty ? "DAMAGED" : "intact");
 			goto done;
 		}
 		res->switches++;
@@ -218,13 +300,13 @@ vps_result_t vps_trainer_run(struct vps_staged *const *plans, size_t nplans, con
 		vps_registry_get_training(reg, &t);
 		if (!t.valid || (a >= 0 && (t.step != step_before || t.consumed_samples != consumed_before)))
 			res->training_state_ok = false;
-		check_shard(p->b, &dst, t.step, &res->wrong_elements, &res->dirty_padding);
+		VPS_CHECK_GOTO(check_shard(p->b, &dst, t.step, &res->wrong_elements, &res->dirty_padding), rc, done);
 		for (int64_t s = 1; s <= o->steps_after; s++) {
 			VPS_CHECK_GOTO(take_step(p->b, b, &t, log), rc, done);
 			t.consumed_samples += t.global_batch;
 			t.step++;
 			t.scheduler_step++;
-			fill_shard(p->b, &dst, t.step);
+			VPS_CHECK_GOTO(fill_shard(p->b, &dst, t.step), rc, done);
 		}
 		vps_registry_set_training(reg, &t);
 	}

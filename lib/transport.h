@@ -74,7 +74,7 @@ vps_result_t vps_transport_ipc(struct vps_transport *t, bool strict);
 /* The communicator is made here, once per executor, over the rendezvous:
  * before the trainer's request under --wait, reused by every switch. */
 vps_result_t vps_transport_nccl(struct vps_transport *t, struct vps_net *net, int64_t rank, int64_t world, int device,
-				double timeout);
+				int64_t local_rank);
 
 /* ---- buffers mapped into this process, kept across the switches of a
  * --serve (a fresh mapping faults every page in again) ---- */

@@ -161,36 +161,39 @@ static void nccl_free(void *self)
 static const struct vps_transport_ops nccl_ops = {"nccl", nccl_begin, nccl_stage, NULL, nccl_free};
 
 vps_result_t vps_transport_nccl(struct vps_transport *t, struct vps_net *net, int64_t rank, int64_t world, int device,
-				double timeout)
+				int64_t local_rank)
 {
-	(void)timeout;
-	const struct vps_cuda_api *gpu;
-	VPS_CHECK(vps_gpu_init(device, &gpu));
-	if (!gpu->has_nccl)
-		return vps_fail(VPS_EUNSUPPORTED, "libvps-cuda.so was built without NCCL (nccl.h was not found)");
-	if (world > INT32_MAX)
-		return vps_fail(VPS_EINPUT, "a world of %" PRId64 " ranks is beyond NCCL", world);
+	const struct vps_cuda_api *gpu = NULL;
 	unsigned char id[VPS_CUDA_NCCL_ID] = {0};
 	char err[VPS_CUDA_ERR] = "";
-	/* rank 0's id reaches everyone, also when rank 0 could not make one:
-	 * a zero id says so and every rank stops */
-	int rc = rank == 0 ? gpu->nccl_id(id, err) : 0;
+	vps_result_t rc = vps_gpu_init(device, local_rank, &gpu);
+	if (!rc && !gpu->has_nccl)
+		rc = vps_fail(VPS_EUNSUPPORTED, "libvps-cuda.so was built without NCCL (nccl.h was not found)");
+	if (!rc && world > INT32_MAX)
+		rc = vps_fail(VPS_EINPUT, "a world of %" PRId64 " ranks is beyond NCCL", world);
+	if (!rc && rank == 0) {
+		int g = gpu->nccl_id(id, err);
+		if (g)
+			rc = vps_gpu_result(g, err, "NCCL unique id");
+	}
+	/* rank 0's id reaches everyone, and every rank says whether it can go
+	 * on: a rank without a GPU or NCCL stops them all at once, by name */
+	char mine[1024];
+	snprintf(mine, sizeof(mine), "%s", vps_last_error());
 	vps_result_t brc = vps_net_broadcast(net, id, sizeof(id), "NCCL unique id");
+	vps_result_t agreed = brc ? brc : vps_net_agree(net, rc == VPS_OK, "NCCL setup");
 	if (rc)
-		return vps_gpu_result(rc, err, "NCCL unique id");
-	VPS_CHECK(brc);
-	static const unsigned char zero[VPS_CUDA_NCCL_ID];
-	if (!memcmp(id, zero, sizeof(id)))
-		return vps_fail(VPS_EPEER, "rank 0 could not make an NCCL unique id");
+		return vps_fail(rc, "%s", mine);
+	VPS_CHECK(agreed);
 	struct nccl *self = vps_calloc(1, sizeof(*self));
 	if (!self)
 		return VPS_ENOMEM;
 	self->gpu = gpu;
 	self->rank = rank;
-	rc = gpu->nccl_init(&self->comm, (int)world, (int)rank, id, err);
-	if (rc) {
+	int g = gpu->nccl_init(&self->comm, (int)world, (int)rank, id, err);
+	if (g) {
 		free(self);
-		return vps_gpu_result(rc, err, "NCCL communicator");
+		return vps_gpu_result(g, err, "NCCL communicator");
 	}
 	t->ops = &nccl_ops;
 	t->self = self;

@@ -6,7 +6,7 @@
 #
 #   scripts/demo.sh [--model M] [--from SPEC] [--to SPEC] [--np N] [--back]
 #                   [--budget SIZE] [--global-batch G] [--transport T] [--cuda]
-#                   [--keep DIR]
+#                   [--fault-rank R SPEC] [--exec-prefix CMD] [--keep DIR]
 #
 #   --model M        a model of configs/models (default tiny-llama)
 #   --from, --to     parallel configurations (default (2,2,2) -> (4,1,2), ZeRO-1)
@@ -16,12 +16,15 @@
 #   --global-batch G samples per step, checked: each read exactly once (default 24)
 #   --transport T    tcp (default), ipc, nccl or auto: vps-exec(1) TRANSPORTS
 #   --cuda           trainers hold their state in GPU memory (needs a GPU)
+#   --fault-rank R SPEC  rank R's executor fails (VPS_FAULT=SPEC: stall:STAGE or exit:STAGE)
+#   --exec-prefix CMD    run each executor under CMD (compute-sanitizer, say)
+#   --timeout S      the executors' --timeout (default 60)
 #   --keep DIR       keep the files (plans, reports, logs) in DIR
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 bin=$top/bin
 model=tiny-llama from=tp=2,pp=2,dp=2,zero=1 to=tp=4,pp=1,dp=2,zero=1
-np=8 back=0 budget=64MiB gb=24 keep= transport=tcp cuda=()
+np=8 back=0 budget=64MiB gb=24 keep= transport=tcp cuda=() fault_rank=-1 fault= prefix=() timeout=60
 while [ $# -gt 0 ]; do
 	case $1 in
 	--model) model=$2; shift 2 ;;
@@ -34,7 +37,10 @@ while [ $# -gt 0 ]; do
 	--keep) keep=$2; shift 2 ;;
 	--transport) transport=$2; shift 2 ;;
 	--cuda) cuda=(--cuda); shift ;;
-	-h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	--fault-rank) fault_rank=$2; fault=$3; shift 3 ;;
+	--exec-prefix) read -r -a prefix <<<"$2"; shift 2 ;;
+	--timeout) timeout=$2; shift 2 ;;
+	-h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "demo.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 	esac
 done
@@ -63,8 +69,9 @@ world=$("$bin/vps-plan" a.layout b.layout --stats | awk '$1 == "world:" { print 
 echo "== $model: ($from) -> ($to)$([ "$back" = 1 ] && echo ' and back'), $world devices, $np per node, over $transport${cuda:+ (GPU memory)}"
 "$bin/vps-plan" a.layout b.layout --stats | grep -E '^(joining|leaving|bytes_moved|bytes_retained|bytes_lower_bound|max_send_bytes|balanced_bound):'
 port=$("$top/scripts/free-port.sh")
-pids=()
+pids=() names=()
 for ((r = 0; r < world; r++)); do
+	names+=("trainer $r")
 	"$bin/vps-trainer" --registry "$tag-$r" --rank "$r" --global-batch "$gb" --samples "samples.$r" \
 		--timeout 120 "${cuda[@]}" "${plans[@]}" > "trainer.$r.log" 2>&1 &
 	pids+=($!)
@@ -72,13 +79,16 @@ done
 serve=()
 [ "$back" = 1 ] && serve=(--serve)
 for ((r = 0; r < world; r++)); do
-	"$bin/vps-exec" --registry "$tag-$r" --rank "$r" --world "$world" --master "127.0.0.1:$port" \
-		--transport "$transport" --wait --check --timeout 60 --report "report.$r.yaml" "${serve[@]}" "${plans[@]}" > "exec.$r.log" 2>&1 &
+	f=
+	[ "$r" = "$fault_rank" ] && f=$fault
+	names+=("executor $r")
+	VPS_FAULT=$f "${prefix[@]}" "$bin/vps-exec" --registry "$tag-$r" --rank "$r" --world "$world" --master "127.0.0.1:$port" \
+		--transport "$transport" --wait --check --timeout "$timeout" --report "report.$r.yaml" "${serve[@]}" "${plans[@]}" > "exec.$r.log" 2>&1 &
 	pids+=($!)
 done
 failed=0
-for p in "${pids[@]}"; do
-	wait "$p" || failed=1
+for i in "${!pids[@]}"; do
+	wait "${pids[$i]}" || { st=$?; echo "${names[$i]} exited with status $st"; failed=1; }
 done
 cat trainer.*.log exec.*.log | grep -vE ': ok$|digest: match$' || true
 echo "== rank 0's report"

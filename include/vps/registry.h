@@ -90,6 +90,15 @@ vps_result_t vps_registry_add_host(struct vps_registry *r, int role, uint32_t bu
 vps_result_t vps_registry_add_cuda(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
 				   int64_t elements, int device, const void *ipc_handle, uint64_t offset);
 
+/* Register GPU memory by device pointer, as a trainer holds it: the
+ * allocation's base is found (PyTorch's caching allocator hands out
+ * interior pointers) and its IPC handle and ptr's offset are stored. The
+ * allocation must be plain cudaMalloc memory on the calling process's
+ * current device. Loads GPU support (VPS_EUNSUPPORTED where it cannot be
+ * had) and checks that the buffer lies inside its allocation. */
+vps_result_t vps_registry_add_cuda_ptr(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
+				       int64_t elements, const void *ptr);
+
 uint32_t vps_registry_num_entries(const struct vps_registry *r);
 vps_result_t vps_registry_entry(const struct vps_registry *r, uint32_t i, struct vps_registry_entry_info *out);
 /* Index of the entry of (role, buffer), or -1. */

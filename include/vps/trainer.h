@@ -19,6 +19,14 @@ struct vps_trainer_opts {
 	int64_t micro_batch;
 	const char *samples_log;  /* append consumed sample ids, one per line (NULL: none) */
 	double timeout;           /* for each switch */
+	bool cuda;                /* hold the state in GPU memory (libvps-cuda.so) */
+	int device;               /* that GPU; -1: local_rank modulo the visible GPUs */
+	int64_t local_rank;
+	/* With cuda: where GPU memory comes from (NULL: cudaMalloc). A Python
+	 * trainer passes PyTorch's allocator here through ctypes; what it
+	 * returns stays the caller's to free. */
+	void *(*cuda_alloc)(void *ctx, size_t bytes);
+	void *cuda_alloc_ctx;
 };
 
 struct vps_trainer_result {

@@ -570,6 +570,12 @@ int api_nccl_free(void *comm, char *err)
 #endif
 }
 
+int api_memcpy_d2d(void *dst, const void *src, size_t bytes, char *err)
+{
+	CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g_stream));
+	return 0;
+}
+
 int api_mark(void **event, char *err)
 {
 	cudaEvent_t e;
@@ -598,7 +604,7 @@ const vps_cuda_api g_api = {
 	VPS_CUDA_ABI,     HAVE_NCCL,     api_init,   api_device_count, api_ipc_handle, api_ipc_open,
 	api_ipc_close,    api_alloc,     api_release, api_to_device,   api_to_host,    api_fill,
 	api_copy,         api_sync,      api_nccl_id, api_nccl_init,   api_nccl_exchange, api_nccl_free,
-	api_mark,         api_elapsed,   api_mark_free,
+	api_memcpy_d2d,   api_mark,      api_elapsed,   api_mark_free,
 };
 
 } // namespace

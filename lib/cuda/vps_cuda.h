@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define VPS_CUDA_ABI 3
+#define VPS_CUDA_ABI 4
 #define VPS_CUDA_ERR 256
 #define VPS_CUDA_IPC_HANDLE 64
 #define VPS_CUDA_NCCL_ID 128
@@ -75,6 +75,9 @@ struct vps_cuda_api {
 	/* Every transfer of the list in one NCCL group, queued on the stream. */
 	int (*nccl_exchange)(void *comm, const struct vps_cuda_p2p *p, size_t n, char *err);
 	int (*nccl_free)(void *comm, char *err);
+	/* cudaMemcpy device to device, queued on the stream (the benchmarks'
+	 * yardstick). */
+	int (*memcpy_d2d)(void *dst, const void *src, size_t bytes, char *err);
 	/* Timing on the stream, for benchmarks: seconds between two marks. */
 	int (*mark)(void **event, char *err);
 	int (*elapsed)(void *start, void *end, double *seconds, char *err);

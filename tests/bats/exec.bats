@@ -1,57 +1,182 @@
 #!/usr/bin/env bats
 # Real switches on this machine: a reference trainer and an executor per
-# device, bytes over TCP on loopback. scripts/demo.sh exits 0 only when every
+# device, bytes over TCP on loopback or over host ipc (the ranks of a node map
+# each other's shared-memory buffers). scripts/demo.sh exits 0 only when every
 # rank's digest matches, every destination element equals the pattern,
 # padding is zero, the training state was carried and every sample was read
 # exactly once.
+#
+# Every end-to-end case and every failure is a function of the transport;
+# each @test names its transport at the start of its title.
 
 load helpers
 
-demo() {
-	run "$TOP/scripts/demo.sh" --budget 1MiB "$@"
+demo() { # TRANSPORT demo.sh arguments... (switches over $over, default TRANSPORT)
+	local transport=$1 dir=$BATS_TEST_TMPDIR/demo
+	shift
+	run "$TOP/scripts/demo.sh" --budget 1MiB --transport "$transport" --keep "$dir" "$@"
 	if [ "$status" -ne 0 ] || [[ "${lines[-1]}" != "digest: match" ]]; then
 		echo "$output" | tail -30 >&2
 		return 1
 	fi
+	# every switch of every rank went over that transport, none over another
+	local want=${over:-$transport} all n
+	all=$(cat "$dir"/exec.*.log | grep -c 'digest: match$')
+	n=$(cat "$dir"/exec.*.log | grep -c " over $want; .*digest: match$")
+	if [ "$all" -eq 0 ] || [ "$all" -ne "$n" ]; then
+		echo "$n of $all switches over $want:" >&2
+		cat "$dir"/exec.*.log >&2
+		return 1
+	fi
 }
 
-@test "dense LLaMA: tp, pp, dp with ZeRO-1, and back on the same connections" {
-	demo --model tiny-llama --from tp=2,pp=2,dp=2,zero=1 --to tp=4,pp=1,dp=2,zero=1 --back
+# ---- the cases, each over the transport given ----
+
+dense_back() {
+	demo "$1" --model tiny-llama --from tp=2,pp=2,dp=2,zero=1 --to tp=4,pp=1,dp=2,zero=1 --back
+}
+dense_vpp() {
+	demo "$1" --model tiny-llama --from tp=1,pp=2,dp=2,vpp=2,zero=1 --to tp=2,pp=3,dp=1,first=2,last=2,zero=0
+}
+dense_grad() {
+	demo "$1" --model tiny-llama --from tp=2,dp=2,zero=1,grad=1 --to tp=1,pp=2,dp=2,zero=1,grad=1
+}
+gpt_tied() {
+	demo "$1" --model tiny-gpt --from tp=2,pp=2,dp=2,zero=1 --to tp=4,pp=1,dp=2,zero=1 --back
+}
+moe_ep() {
+	demo "$1" --model tiny-qwen3-moe --from tp=2,pp=2,dp=2,ep=2,etp=1,zero=1 --to tp=2,pp=1,dp=4,ep=4,etp=2,zero=1
+}
+moe_own() {
+	demo "$1" --model tiny-qwen3-moe --from tp=2,pp=1,dp=2,zero=1 --to tp=2,pp=1,dp=2,ep=2,etp=1,zero=1
+}
+# These three take devices per node: ipc reaches one node's ranks only, so
+# over ipc the same switch runs with every device on one node.
+join() { # TRANSPORT DEVICES_PER_NODE
+	demo "$1" --np "$2" --model tiny-llama --from tp=2,pp=1,dp=2,zero=1 --to tp=2,pp=2,dp=2,zero=1
+}
+leave() {
+	demo "$1" --np "$2" --model tiny-gpt --from tp=2,pp=2,dp=2,zero=1 --to tp=1,pp=1,dp=3,zero=1
+}
+world6() {
+	demo "$1" --np "$2" --model tiny-qwen3-moe --from tp=2,pp=1,dp=3,ep=2,etp=1,zero=1 --to tp=1,pp=2,dp=3,ep=1,etp=1,zero=0 --back
 }
 
-@test "dense LLaMA: virtual pipeline chunks, uneven stages, ZeRO on to off" {
-	demo --model tiny-llama --from tp=1,pp=2,dp=2,vpp=2,zero=1 --to tp=2,pp=3,dp=1,first=2,last=2,zero=0
+@test "tcp: dense LLaMA: tp, pp, dp with ZeRO-1, and back on the same connections" { dense_back tcp; }
+@test "ipc: dense LLaMA: tp, pp, dp with ZeRO-1, and back on the same connections" { dense_back ipc; }
+
+@test "tcp: dense LLaMA: virtual pipeline chunks, uneven stages, ZeRO on to off" { dense_vpp tcp; }
+@test "ipc: dense LLaMA: virtual pipeline chunks, uneven stages, ZeRO on to off" { dense_vpp ipc; }
+
+@test "tcp: dense LLaMA: fp32 gradients travel too" { dense_grad tcp; }
+@test "ipc: dense LLaMA: fp32 gradients travel too" { dense_grad ipc; }
+
+@test "tcp: GPT with tied embeddings across pipeline stages" { gpt_tied tcp; }
+@test "ipc: GPT with tied embeddings across pipeline stages" { gpt_tied ipc; }
+
+@test "tcp: MoE: expert parallelism and expert tensor parallelism" { moe_ep tcp; }
+@test "ipc: MoE: expert parallelism and expert tensor parallelism" { moe_ep ipc; }
+
+@test "tcp: MoE: experts move from the dense buffer to their own" { moe_own tcp; }
+@test "ipc: MoE: experts move from the dense buffer to their own" { moe_own ipc; }
+
+@test "tcp: devices join: 4 devices on one node become 8 on two" { join tcp 4; }
+@test "ipc: devices join: 4 devices become 8, all on one node" { join ipc 8; }
+
+@test "tcp: devices leave: 8 become 3, a world that is not a power of two" { leave tcp 4; }
+@test "ipc: devices leave: 8 become 3 on one node, a world that is not a power of two" { leave ipc 8; }
+
+@test "tcp: a world of 6 devices over two nodes, TP and DP both change" { world6 tcp 3; }
+@test "ipc: a world of 6 devices on one node, TP and DP both change" { world6 ipc 6; }
+
+@test "auto: within one node auto is ipc, and needs no GPU" { over=ipc join auto 8; }
+
+@test "ipc: a switch between nodes: every rank refuses, naming auto, sources intact" {
+	run "$TOP/scripts/demo.sh" --budget 1MiB --transport ipc --keep k --np 4 \
+		--model tiny-llama --from tp=2,pp=1,dp=2,zero=1 --to tp=2,pp=2,dp=2,zero=1
+	[ "$status" -ne 0 ]
+	for r in 0 1 2 3 4 5 6 7; do
+		grep -q "vps-exec: rank $r: --transport ipc: rank $r exchanges with a device on node [01], and ipc reaches only this node's ranks (use --transport auto)" k/exec.$r.log
+		! grep -q "switch 1: sent" k/exec.$r.log
+	done
+	# the first layout's devices keep their state; the joining ones had none
+	for r in 0 1 2 3; do grep -q "switch 1 failed: .*; sources intact" k/trainer.$r.log; done
+	for r in 4 5 6 7; do grep -q "switch 1 failed: .*; sources none (joining)" k/trainer.$r.log; done
 }
 
-@test "dense LLaMA: fp32 gradients travel too" {
-	demo --model tiny-llama --from tp=2,dp=2,zero=1,grad=1 --to tp=1,pp=2,dp=2,zero=1,grad=1
+# ---- transports this machine cannot use, or that do not exist ----
+
+small_world() { # two ranks, tp=2 -> dp=2, one node
+	vps-layout --model tiny-llama --parallel tp=2 --gpus-per-node 2 -o a.layout
+	vps-layout --model tiny-llama --parallel tp=1,dp=2 --gpus-per-node 2 -o b.layout
+	vps-plan a.layout b.layout | vps-stage --budget 1MiB - -o s.staged
+	port=$("$TOP/scripts/free-port.sh")
+	tag=g$$
 }
 
-@test "GPT with tied embeddings across pipeline stages" {
-	demo --model tiny-gpt --from tp=2,pp=2,dp=2,zero=1 --to tp=4,pp=1,dp=2,zero=1 --back
+@test "an unknown transport is refused, naming the accepted ones" {
+	small_world
+	expect_status 2 vps-exec --transport bogus --rank 0 --master 127.0.0.1:$port s.staged
+	[[ "$output" == *"--transport bogus: expected tcp, ipc, nccl or auto"* ]]
+	expect_status 2 vps-exec --transport TCP --rank 0 --master 127.0.0.1:$port s.staged
+	[[ "$output" == *"expected tcp, ipc, nccl or auto"* ]]
 }
 
-@test "MoE: expert parallelism and expert tensor parallelism" {
-	demo --model tiny-qwen3-moe --from tp=2,pp=2,dp=2,ep=2,etp=1,zero=1 --to tp=2,pp=1,dp=4,ep=4,etp=2,zero=1
+@test "nccl without GPU support: every rank stops with exit 2, naming it, sources intact" {
+	if ls /dev/nvidia0 >/dev/null 2>&1; then skip "this machine has a GPU"; fi
+	small_world
+	for r in 0 1; do
+		vps-trainer --registry "$tag-$r" --rank $r --timeout 20 s.staged > t.$r 2>&1 &
+		tp[$r]=$!
+	done
+	for r in 0 1; do
+		vps-exec --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --transport nccl --wait --timeout 5 s.staged > e.$r 2>&1 &
+		ep[$r]=$!
+	done
+	start=$SECONDS
+	for r in 0 1; do
+		st=0
+		wait ${ep[$r]} || st=$?
+		[ "$st" -eq 2 ]
+		wait ${tp[$r]} || true
+	done
+	[ $((SECONDS - start)) -lt 15 ]
+	for r in 0 1; do
+		grep -q "vps-exec: rank $r: GPU support is not available" e.$r
+		grep -q "the executor stopped: rank $r: GPU support is not available.*; sources intact" t.$r
+	done
 }
 
-@test "MoE: experts move from the dense buffer to their own" {
-	demo --model tiny-qwen3-moe --from tp=2,pp=1,dp=2,zero=1 --to tp=2,pp=1,dp=2,ep=2,etp=1,zero=1
-}
-
-@test "devices join: 4 devices on one node become 8 on two" {
-	demo --model tiny-llama --np 4 --from tp=2,pp=1,dp=2,zero=1 --to tp=2,pp=2,dp=2,zero=1
-}
-
-@test "devices leave: 8 become 3, a world that is not a power of two" {
-	demo --model tiny-gpt --np 4 --from tp=2,pp=2,dp=2,zero=1 --to tp=1,pp=1,dp=3,zero=1
-}
-
-@test "a world of 6 devices, TP and DP both change" {
-	demo --model tiny-qwen3-moe --np 3 --from tp=2,pp=1,dp=3,ep=2,etp=1,zero=1 --to tp=1,pp=2,dp=3,ep=1,etp=1,zero=0 --back
+@test "a trainer with --cuda and no GPU support exits 2, naming it; its executor stops" {
+	if ls /dev/nvidia0 >/dev/null 2>&1; then skip "this machine has a GPU"; fi
+	small_world
+	for r in 0 1; do
+		vps-trainer --registry "$tag-$r" --rank $r --timeout 20 --cuda s.staged > t.$r 2>&1 &
+		tp[$r]=$!
+	done
+	for r in 0 1; do
+		vps-exec --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --transport tcp --timeout 3 s.staged > e.$r 2>&1 &
+		ep[$r]=$!
+	done
+	start=$SECONDS
+	for r in 0 1; do
+		st=0
+		wait ${tp[$r]} || st=$?
+		cat t.$r
+		[ "$st" -eq 2 ]
+		grep -q "vps-trainer: rank $r: GPU support is not available" t.$r
+		st=0
+		wait ${ep[$r]} || st=$?
+		[ "$st" -ne 0 ]
+		# no registry was left behind for it to find
+		grep -q "vps-exec: rank $r: shared memory /dev/shm/$tag-$r: No such file" e.$r
+	done
+	[ $((SECONDS - start)) -lt 15 ]
+	[ ! -e "/dev/shm/$tag-0" ] && [ ! -e "/dev/shm/$tag-1" ]
 }
 
 # ---- failures: every rank stops within the timeout, sources intact ----
+# Each over the transport $transport, which the @test sets.
 
 setup_plan() {
 	vps-layout --model tiny-llama --parallel tp=2,dp=2,zero=1 --gpus-per-node 4 -o a.layout
@@ -61,14 +186,14 @@ setup_plan() {
 	tag=bats$$
 }
 
-@test "a rank that never comes: every rank stops, naming it, sources intact" {
+never_comes() {
 	setup_plan
 	for r in 0 1 2 3; do
 		vps-trainer --registry "$tag-$r" --rank $r --timeout 30 s.staged > t.$r 2>&1 &
 		tp[$r]=$!
 	done
 	for r in 0 1 3; do
-		vps-exec --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --wait --timeout 3 s.staged > e.$r 2>&1 &
+		vps-exec --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --transport $transport --wait --timeout 3 s.staged > e.$r 2>&1 &
 		ep[$r]=$!
 	done
 	start=$SECONDS
@@ -82,6 +207,9 @@ setup_plan() {
 	for r in 0 1 3; do grep -q "the executor stopped" t.$r; grep -q "sources intact" t.$r; done
 }
 
+@test "tcp: a rank that never comes: every rank stops, naming it, sources intact" { transport=tcp never_comes; }
+@test "ipc: a rank that never comes: every rank stops, naming it, sources intact" { transport=ipc never_comes; }
+
 run_with_fault() { # fault for rank 1, then wait for the others
 	setup_plan
 	for r in 0 1 2 3; do
@@ -90,9 +218,9 @@ run_with_fault() { # fault for rank 1, then wait for the others
 	done
 	for r in 0 1 2 3; do
 		if [ $r = 1 ]; then
-			VPS_FAULT=$1 vps-exec --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --timeout 3 s.staged > e.$r 2>&1 &
+			VPS_FAULT=$1 vps-exec --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --transport $transport --timeout 3 s.staged > e.$r 2>&1 &
 		else
-			vps-exec --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --timeout 3 s.staged > e.$r 2>&1 &
+			vps-exec --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --transport $transport --timeout 3 s.staged > e.$r 2>&1 &
 		fi
 		ep[$r]=$!
 	done
@@ -104,7 +232,7 @@ run_with_fault() { # fault for rank 1, then wait for the others
 	for r in 0 1 2 3; do wait ${ep[$r]} 2>/dev/null || true; wait ${tp[$r]} 2>/dev/null || true; done
 }
 
-@test "a peer that stops answering mid-transfer: every rank stops within the timeout, naming it and the stage" {
+stalled_peer() {
 	run_with_fault stall:5
 	[ "$took" -lt 15 ]
 	# rank 1's partners see the silence; the rest learn it through rank 0
@@ -113,16 +241,23 @@ run_with_fault() { # fault for rank 1, then wait for the others
 	for r in 0 2 3; do grep -q "sources intact" t.$r; done
 }
 
-@test "a peer that dies mid-transfer: every rank stops, naming it and the stage, sources intact" {
+@test "tcp: a peer that stops answering mid-transfer: every rank stops within the timeout, naming it and the stage" { transport=tcp stalled_peer; }
+@test "ipc: a peer that stops answering mid-transfer: every rank stops within the timeout, naming it and the stage" { transport=ipc stalled_peer; }
+
+dead_peer() {
 	run_with_fault exit:5
 	[ "$took" -lt 15 ]
 	grep -h "stage 5 of" e.0 e.2 e.3 | grep -qE "rank 1 closed the connection|rank 1: Connection reset"
+	for r in 0 2 3; do grep -q "vps-exec: rank $r: " e.$r; ! grep -q "switch 1: sent" e.$r; done
 	for r in 0 2 3; do grep -q "sources intact" t.$r; done
 	# rank 1's trainer sees its executor gone
 	grep -q "its executor (pid [0-9]*) is gone; sources intact" t.1
 }
 
-@test "a rank with another staged plan: every rank refuses before a byte moves" {
+@test "tcp: a peer that dies mid-transfer: every rank stops, naming it and the stage, sources intact" { transport=tcp dead_peer; }
+@test "ipc: a peer that dies mid-transfer: every rank stops, naming it and the stage, sources intact" { transport=ipc dead_peer; }
+
+other_plan() {
 	setup_plan
 	vps-plan a.layout b.layout | vps-stage --budget 128KiB - -o other.staged
 	for r in 0 1 2 3; do
@@ -131,14 +266,18 @@ run_with_fault() { # fault for rank 1, then wait for the others
 	for r in 0 1 2 3; do
 		plan=s.staged
 		[ $r = 2 ] && plan=other.staged
-		vps-exec --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --wait --timeout 5 $plan > e.$r 2>&1 &
+		vps-exec --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --transport $transport --wait --timeout 5 $plan > e.$r 2>&1 &
 	done
 	wait || true
 	grep -q "rank 2 holds another staged plan" e.0
+	for r in 0 1 2 3; do grep -q "vps-exec: rank $r: " e.$r; ! grep -q "switch 1: sent" e.$r; done
 	for r in 0 1 3; do grep -q "sources intact" t.$r; done
 }
 
-@test "a registry of another layout is refused by name" {
+@test "tcp: a rank with another staged plan: every rank refuses before a byte moves" { transport=tcp other_plan; }
+@test "ipc: a rank with another staged plan: every rank refuses before a byte moves" { transport=ipc other_plan; }
+
+other_layout() {
 	vps-layout --model tiny-llama --parallel tp=2 --gpus-per-node 2 -o a.layout
 	vps-layout --model tiny-llama --parallel tp=1,dp=2 --gpus-per-node 2 -o b.layout
 	vps-layout --model tiny-llama --parallel tp=1,pp=2 --gpus-per-node 2 -o c.layout
@@ -147,11 +286,14 @@ run_with_fault() { # fault for rank 1, then wait for the others
 	port=$("$TOP/scripts/free-port.sh")
 	vps-trainer --registry "w$$-0" --rank 0 --timeout 20 ac.staged > t.0 2>&1 &
 	vps-trainer --registry "w$$-1" --rank 1 --timeout 20 ac.staged > t.1 2>&1 &
-	vps-exec --registry "w$$-%r" --rank 0 --master 127.0.0.1:$port --timeout 5 ab.staged > e.0 2>&1 &
-	vps-exec --registry "w$$-%r" --rank 1 --master 127.0.0.1:$port --timeout 5 ab.staged > e.1 2>&1 &
+	vps-exec --registry "w$$-%r" --rank 0 --master 127.0.0.1:$port --transport $transport --timeout 5 ab.staged > e.0 2>&1 &
+	vps-exec --registry "w$$-%r" --rank 1 --master 127.0.0.1:$port --transport $transport --timeout 5 ab.staged > e.1 2>&1 &
 	wait || true
 	grep -q "the trainer switches to layout 0x.* the plan's target is 0x" e.0
 }
+
+@test "tcp: a registry of another layout is refused by name" { transport=tcp other_layout; }
+@test "ipc: a registry of another layout is refused by name" { transport=ipc other_layout; }
 
 @test "launcher variables: torchrun, Slurm and Open MPI give the rank" {
 	vps-layout --model tiny-llama --parallel tp=2 --gpus-per-node 2 -o a.layout

@@ -1,0 +1,208 @@
+/* GPU building blocks: the copy kernel against the host's strided copy,
+ * registration of interior pointers, NCCL's grouped send/receive at W = 1,
+ * and the clear refusal where there is no GPU. On a machine without one the
+ * GPU parts say they are skipped. */
+#include <stdlib.h>
+
+#include "gpu.h"
+#include "harness.h"
+#include "internal.h"
+#include "transport.h"
+#include "vps/data.h"
+#include "vps/registry.h"
+
+static const struct vps_cuda_api *gpu_or_skip(const char *test)
+{
+	const struct vps_cuda_api *api;
+	if (vps_gpu_init(-1, 0, &api)) {
+		printf("  %s: skipped, no GPU here (%s)\n", test, vps_last_error());
+		return NULL;
+	}
+	return api;
+}
+
+TEST(gpu_absence_is_a_clear_refusal)
+{
+	const struct vps_cuda_api *api;
+	vps_result_t rc = vps_gpu_init(-1, 0, &api);
+	if (rc == VPS_OK)
+		return; /* a GPU machine: the other tests run */
+	CHECK_EQ(rc, VPS_EUNSUPPORTED);
+	CHECK(strstr(vps_last_error(), "GPU support is not available") != NULL);
+}
+
+static uint64_t rng = 0x9e3779b97f4a7c15ULL;
+static uint64_t next(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return rng;
+}
+static int64_t pick(int64_t lo, int64_t hi) { return lo + (int64_t)(next() % (uint64_t)(hi - lo + 1)); }
+
+/* A view of ext inside a row-major parent at least as large: its strides
+ * and a random offset in the slack. Returns the parent's element count. */
+static int64_t random_view(const struct vps_op *op, int64_t *strides, int64_t *offset)
+{
+	int64_t shape[VPS_MAX_DIMS], s = 1;
+	for (int k = op->ndim - 1; k >= 0; k--) {
+		shape[k] = op->ext[k] + pick(0, 3);
+		strides[k] = s;
+		s *= shape[k];
+	}
+	*offset = 0;
+	for (int k = 0; k < op->ndim; k++)
+		*offset += pick(0, shape[k] - op->ext[k]) * strides[k];
+	return s;
+}
+
+TEST(copy_kernel_equals_the_host_copy)
+{
+	const struct vps_cuda_api *api = gpu_or_skip("copy_kernel_equals_the_host_copy");
+	if (!api)
+		return;
+	enum { N = 40 };
+	struct vps_op ops[N];
+	int64_t sn[N], dn[N];
+	memset(ops, 0, sizeof(ops));
+	int64_t stot = 0, dtot = 0;
+	for (int i = 0; i < N; i++) {
+		struct vps_op *op = &ops[i];
+		op->esize = (uint8_t)(next() & 1 ? 2 : 4);
+		op->ndim = (int)pick(1, 4);
+		for (int k = 0; k < op->ndim; k++)
+			op->ext[k] = pick(1, op->ndim == 1 ? 300000 : 40);
+		if (i == 0) { /* rows longer than a warp's 64 KiB chunk */
+			op->ndim = 2;
+			op->ext[0] = 3;
+			op->ext[1] = 70001;
+		}
+		sn[i] = random_view(op, op->src_strides, &op->src_offset);
+		dn[i] = random_view(op, op->dst_strides, &op->dst_offset);
+		stot += sn[i] * op->esize + 512;
+		dtot += dn[i] * op->esize + 512;
+	}
+	unsigned char *hs = malloc((size_t)stot), *hd = malloc((size_t)dtot), *back = malloc((size_t)dtot);
+	void *ds = NULL, *dd = NULL;
+	char err[VPS_CUDA_ERR] = "";
+	CHECK(hs && hd && back);
+	CHECK(!api->alloc(&ds, (size_t)stot, err) && !api->alloc(&dd, (size_t)dtot, err));
+	for (int64_t i = 0; i < stot; i++)
+		hs[i] = (unsigned char)next();
+	for (int64_t i = 0; i < dtot; i++)
+		hd[i] = (unsigned char)(i * 7);
+	CHECK(!api->to_device(ds, hs, (size_t)stot, err));
+	CHECK(!api->to_device(dd, hd, (size_t)dtot, err));
+	/* buffers at odd byte offsets too: misaligned by a few elements */
+	struct vps_local_copy c[N];
+	struct vps_switch sw = {0};
+	sw.where = VPS_WHERE_CUDA;
+	sw.gpu = api;
+	sw.timeout = 30;
+	int64_t sat = 0, dat = 0;
+	for (int i = 0; i < N; i++) {
+		int64_t sskew = pick(0, 7) * ops[i].esize, dskew = pick(0, 7) * ops[i].esize;
+		c[i] = (struct vps_local_copy){&ops[i], (unsigned char *)ds + sat + sskew, (unsigned char *)dd + dat + dskew};
+		vps_copy_strided(hd + dat + dskew + ops[i].dst_offset * ops[i].esize, ops[i].dst_strides,
+				 hs + sat + sskew + ops[i].src_offset * ops[i].esize, ops[i].src_strides, ops[i].ext,
+				 ops[i].ndim, ops[i].esize);
+		sat += sn[i] * ops[i].esize + 512;
+		dat += dn[i] * ops[i].esize + 512;
+	}
+	CHECK_OK(vps_copy_ops(&sw, c, N));
+	CHECK(!api->to_host(back, dd, (size_t)dtot, err));
+	int64_t wrong = 0;
+	for (int64_t i = 0; i < dtot; i++)
+		wrong += back[i] != hd[i];
+	CHECK_EQ(wrong, 0);
+	api->release(ds, err);
+	api->release(dd, err);
+	free(hs);
+	free(hd);
+	free(back);
+}
+
+TEST(interior_pointers_register_with_their_offset)
+{
+	const struct vps_cuda_api *api = gpu_or_skip("interior_pointers_register_with_their_offset");
+	if (!api)
+		return;
+	void *base = NULL;
+	char err[VPS_CUDA_ERR] = "";
+	CHECK(!api->alloc(&base, 1 << 20, err));
+	struct vps_registry *r;
+	CHECK_OK(vps_registry_create(&r, "vps-test-gpu-reg", 1, 0, 4, 1));
+	CHECK_OK(vps_registry_add_cuda_ptr(r, VPS_ROLE_SOURCE, 0, 0, 1, 1000, (unsigned char *)base + 4096));
+	struct vps_registry_entry_info e;
+	CHECK_OK(vps_registry_entry(r, 0, &e));
+	CHECK_EQ(e.where, VPS_WHERE_CUDA);
+	CHECK_EQ(e.offset, 4096);
+	CHECK_EQ(e.bytes, 4000);
+	/* past the allocation's end: refused */
+	CHECK_EQ(vps_registry_add_cuda_ptr(r, VPS_ROLE_SOURCE, 1, 0, 1, 1 << 18, (unsigned char *)base + 4096),
+		 VPS_EINPUT);
+	/* host memory is not device memory */
+	static float host[16];
+	CHECK(vps_registry_add_cuda_ptr(r, VPS_ROLE_SOURCE, 2, 0, 1, 16, host) != VPS_OK);
+	vps_registry_close(r);
+	api->release(base, err);
+}
+
+TEST(nccl_grouped_send_and_receive_to_itself)
+{
+	const struct vps_cuda_api *api = gpu_or_skip("nccl_grouped_send_and_receive_to_itself");
+	if (!api)
+		return;
+	unsigned char id[VPS_CUDA_NCCL_ID];
+	char err[VPS_CUDA_ERR] = "";
+	void *comm = NULL;
+	if (api->nccl_id(id, err)) {
+		printf("  nccl_grouped_send_and_receive_to_itself: skipped, %s\n", err);
+		return;
+	}
+	CHECK(!api->nccl_init(&comm, 1, 0, id, err));
+	enum { BYTES = 3 << 20 };
+	unsigned char *h = malloc(BYTES), *back = malloc(BYTES);
+	void *a = NULL, *b = NULL;
+	CHECK(!api->alloc(&a, BYTES, err) && !api->alloc(&b, BYTES, err));
+	for (int i = 0; i < BYTES; i++)
+		h[i] = (unsigned char)next();
+	CHECK(!api->to_device(a, h, BYTES, err));
+	CHECK(!api->fill(b, 0, BYTES, err));
+	struct vps_cuda_p2p p[2] = {{(uint64_t)(uintptr_t)a, BYTES, 0, 1}, {(uint64_t)(uintptr_t)b, BYTES, 0, 0}};
+	CHECK(!api->nccl_exchange(comm, p, 2, err));
+	CHECK(!api->sync(comm, 30, err));
+	CHECK(!api->to_host(back, b, BYTES, err));
+	CHECK(!memcmp(h, back, BYTES));
+	api->nccl_free(comm, err);
+	api->release(a, err);
+	api->release(b, err);
+	free(h);
+	free(back);
+}
+
+TEST(views_outside_their_buffers_are_refused)
+{
+	struct vps_op op = {0};
+	op.esize = 2;
+	op.ndim = 2;
+	op.ext[0] = 4;
+	op.ext[1] = 8;
+	op.src_strides[0] = 8;
+	op.src_strides[1] = 1;
+	op.dst_strides[0] = 16;
+	op.dst_strides[1] = 1;
+	int64_t src[1] = {64}, dst[1] = {2 * (3 * 16 + 8)};
+	CHECK_OK(vps_check_op(&op, src, 1, dst, 1));
+	op.dst_offset = 1; /* one element past the end */
+	CHECK_EQ(vps_check_op(&op, src, 1, dst, 1), VPS_EINPUT);
+	op.dst_offset = 0;
+	op.src_buffer = 1; /* no such buffer */
+	CHECK_EQ(vps_check_op(&op, src, 1, dst, 1), VPS_EINPUT);
+	op.src_buffer = 0;
+	op.src_strides[0] = 0; /* aliasing rows */
+	CHECK_EQ(vps_check_op(&op, src, 1, NULL, 0), VPS_EINPUT);
+	op.src_strides[0] = INT64_MAX / 2; /* overflow */
+	CHECK_EQ(vps_check_op(&op, src, 1, NULL, 0), VPS_EINPUT);
+}
