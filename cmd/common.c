@@ -8,11 +8,17 @@
 
 #include "common.h"
 
+int tool_status(vps_result_t rc)
+{
+	/* what the user asked for is wrong or cannot be had here: 2 */
+	return rc == VPS_EINPUT || rc == VPS_EFORMAT || rc == VPS_EUNSUPPORTED ? EXIT_USAGE : EXIT_CHECK;
+}
+
 int tool_fail(vps_result_t rc)
 {
 	const char *msg = vps_last_error();
 	fprintf(stderr, "%s: %s\n", tool_name, *msg ? msg : vps_strerror(rc));
-	return rc == VPS_EINPUT || rc == VPS_EFORMAT ? EXIT_USAGE : EXIT_CHECK;
+	return tool_status(rc);
 }
 
 int tool_usage_error(const char *fmt, ...)

@@ -14,6 +14,8 @@ extern const char *tool_name;
 
 /* Print "tool: message" for a failed library call and return the exit
  * status it maps to: 2 for bad input, 1 otherwise. */
+/* The exit status of a failed call: 2 for bad or unsupported input, else 1. */
+int tool_status(vps_result_t rc);
 int tool_fail(vps_result_t rc);
 /* Print "tool: message" (printf-style) and return 2. */
 int tool_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -203,7 +203,7 @@ int main(int argc, char **argv)
 		rc = vps_exec_run(plans, nplans, &o, reps);
 	if (rc) {
 		fprintf(stderr, "vps-exec: rank %" PRId64 ": %s\n", l.rank, *vps_last_error() ? vps_last_error() : vps_strerror(rc));
-		status = rc == VPS_EINPUT || rc == VPS_EFORMAT || rc == VPS_EUNSUPPORTED ? EXIT_USAGE : EXIT_CHECK;
+		status = tool_status(rc);
 		goto done;
 	}
 	for (size_t i = 0; i < nplans && !quiet; i++) {

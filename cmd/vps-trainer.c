@@ -147,7 +147,7 @@ int main(int argc, char **argv)
 	int status;
 	if (rc) {
 		fprintf(stderr, "vps-trainer: rank %" PRId64 ": %s\n", l.rank, *vps_last_error() ? vps_last_error() : vps_strerror(rc));
-		status = rc == VPS_EINPUT || rc == VPS_EFORMAT ? EXIT_USAGE : EXIT_CHECK;
+		status = tool_status(rc);
 	} else {
 		bool ok = !res.wrong_elements && !res.dirty_padding && res.training_state_ok;
 		printf("vps-trainer: rank %" PRId64 ": %" PRId64 " switch%s, step %" PRId64 ", %" PRId64

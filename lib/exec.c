@@ -717,6 +717,18 @@ vps_result_t vps_exec_run(struct vps_staged *const *plans, size_t nplans, const 
 	VPS_CHECK_GOTO(vps_net_start(&net, &no), rc, done);
 	VPS_CHECK_GOTO(vps_mapcache_new(&maps), rc, done);
 	VPS_CHECK_GOTO(carriers_start(&car, plans, nplans, net, o), rc, done);
+	/* ipc may move GPU memory: make the CUDA context now, while the
+	 * trainer trains, not in the pause (host memory needs none: a machine
+	 * without a GPU goes on) */
+	if (o->transport == VPS_EXEC_IPC || o->transport == VPS_EXEC_AUTO) {
+		const struct vps_cuda_api *api;
+		int n = 0;
+		char err[VPS_CUDA_ERR];
+		if (!vps_gpu_api(&api) && !api->device_count(&n, err) && n > 0 &&
+		    vps_gpu_init(o->device, o->local_rank, &api) == VPS_OK)
+			gpu = api;
+		vps_clear_error();
+	}
 	double setup = now() - t_setup;
 	uint64_t last_seq = 0;
 	vps_registry_state(reg, &last_seq);

@@ -2,6 +2,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <unistd.h>
 
 #include "gpu.h"
 #include "internal.h"
@@ -34,6 +35,12 @@ static void load(void)
 		char dir[PATH_MAX] = "";
 		if (dladdr((void *)&vps_gpu_api, &info) && info.dli_fname) {
 			snprintf(dir, sizeof(dir), "%s", info.dli_fname);
+			/* a tool linked with libvps.a and started through PATH is
+			 * named without a directory: ask the kernel where it is */
+			if (!strchr(dir, '/')) {
+				ssize_t n = readlink("/proc/self/exe", dir, sizeof(dir) - 1);
+				dir[n > 0 ? n : 0] = '\0';
+			}
 			char *slash = strrchr(dir, '/');
 			if (slash)
 				*slash = '\0';

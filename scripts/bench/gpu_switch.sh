@@ -39,11 +39,12 @@ if [ $failed != 0 ]; then cat trainer.*.log exec.*.log >&2; exit 1; fi
 grep -h "wrong" trainer.*.log | head -2
 memcpy=$("$top/build/bench/gpu_copy_bench" 1024 | awk '/^contiguous/ { for (i = 1; i <= NF; i++) if ($i ~ /cudaMemcpy/) { gsub(/[(]/, "", $(i+1)); print $(i+1) } }')
 awk -v memcpy="$memcpy" -v model="$model" -v from="$from" -v to="$to" '
-	$1 == "bytes_received:" { recv += $2 } $1 == "bytes_copied:" { copied += $2 }
-	$1 == "transfer_seconds:" { if ($2 > tmax) tmax = $2 }
-	$1 == "pause_seconds:" { if ($2 > pmax) pmax = $2 }
-	$1 == "attach_seconds:" { if ($2 > amax) amax = $2 }
-	$1 == "agree_seconds:" { if ($2 > gmax) gmax = $2 }
+	# a switch's own keys (two spaces in), not its stages'
+	/^  bytes_received:/ { recv += $2 } /^  bytes_copied:/ { copied += $2 }
+	/^  transfer_seconds:/ { if ($2 > tmax) tmax = $2 }
+	/^  pause_seconds:/ { if ($2 > pmax) pmax = $2 }
+	/^  attach_seconds:/ { if ($2 > amax) amax = $2 }
+	/^  agree_seconds:/ { if ($2 > gmax) gmax = $2 }
 	END {
 		moved = recv + copied
 		printf "switch %s (%s) -> (%s), 8 ranks on one GPU over ipc\n", model, from, to
