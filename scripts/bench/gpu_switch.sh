@@ -39,7 +39,7 @@ if [ $failed != 0 ]; then cat trainer.*.log exec.*.log >&2; exit 1; fi
 grep -h "wrong" trainer.*.log | head -2
 memcpy=$("$top/build/bench/gpu_copy_bench" 1024 | awk '/^contiguous/ { for (i = 1; i <= NF; i++) if ($i ~ /cudaMemcpy/) { gsub(/[(]/, "", $(i+1)); print $(i+1) } }')
 awk -v memcpy="$memcpy" -v model="$model" -v from="$from" -v to="$to" '
-	# a switch's own keys (two spaces in), not its stages'
+	# the keys of a switch (two spaces in), not of its stages
 	/^  bytes_received:/ { recv += $2 } /^  bytes_copied:/ { copied += $2 }
 	/^  transfer_seconds:/ { if ($2 > tmax) tmax = $2 }
 	/^  pause_seconds:/ { if ($2 > pmax) pmax = $2 }

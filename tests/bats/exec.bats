@@ -155,7 +155,7 @@ small_world() { # two ranks, tp=2 -> dp=2, one node
 		tp[$r]=$!
 	done
 	for r in 0 1; do
-		vps-exec --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --transport tcp --timeout 3 s.staged > e.$r 2>&1 &
+		vps-exec --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --transport tcp --timeout 1 s.staged > e.$r 2>&1 &
 		ep[$r]=$!
 	done
 	start=$SECONDS
@@ -176,18 +176,58 @@ small_world() { # two ranks, tp=2 -> dp=2, one node
 }
 
 # ---- failures: every rank stops within the timeout, sources intact ----
-# Each over the transport $transport, which the @test sets.
+# Each over tcp and over ipc. A failure's run mostly waits out timeouts, so
+# the first @test of a pair starts both transports' runs at once, each in its
+# own directory with its own port and registries, and each @test checks its
+# own run. The plans are made once, for every run.
 
-setup_plan() {
+setup_file() {
+	mkdir "$BATS_FILE_TMPDIR/plans" && cd "$BATS_FILE_TMPDIR/plans" || return 1
 	vps-layout --model tiny-llama --parallel tp=2,dp=2,zero=1 --gpus-per-node 4 -o a.layout
 	vps-layout --model tiny-llama --parallel tp=1,dp=4,zero=1 --gpus-per-node 4 -o b.layout
 	vps-plan a.layout b.layout | vps-stage --budget 64KiB - -o s.staged
-	port=$("$TOP/scripts/free-port.sh")
-	tag=bats$$
+	vps-plan a.layout b.layout | vps-stage --budget 128KiB - -o other.staged
+}
+
+teardown_file() { # a pair's other run, where a filter left its @test out
+	local n=0
+	while [ $n -lt 600 ] && [ -n "$(find "$BATS_FILE_TMPDIR" -name running -print -quit)" ]; do
+		sleep 0.1
+		n=$((n + 1))
+	done
+}
+
+# failure RUN TRANSPORT: RUN (a function, in its own directory, given
+# $transport, $port and $tag) over tcp and ipc, started once for both; then
+# in TRANSPORT's directory once its run has ended (its output in run.log)
+failure() {
+	local base=$BATS_FILE_TMPDIR/$1 t p used=
+	if mkdir "$base" 2>/dev/null; then
+		for t in tcp ipc; do
+			mkdir "$base/$t"
+			touch "$base/$t/running"
+			p=$("$TOP/scripts/free-port.sh")
+			while [ "$p" = "$used" ]; do p=$("$TOP/scripts/free-port.sh"); done
+			used=$p
+			(
+				cd "$base/$t" && cp "$BATS_FILE_TMPDIR"/plans/* . &&
+					transport=$t port=$p tag=f$$-$t "$1"
+				rm -f "$base/$t/running"
+			) > "$base/$t/run.log" 2>&1 3>&- &
+		done
+	fi
+	cd "$base/$2" || return 1
+	local n=0
+	while [ -e running ] && [ $n -lt 600 ]; do
+		sleep 0.1
+		n=$((n + 1))
+	done
+	[ ! -e running ]
+	# shown only when the @test fails
+	tail -n 5 run.log e.* t.* 2>/dev/null || true
 }
 
 never_comes() {
-	setup_plan
 	for r in 0 1 2 3; do
 		vps-trainer --registry "$tag-$r" --rank $r --timeout 30 s.staged > t.$r 2>&1 &
 		tp[$r]=$!
@@ -198,27 +238,31 @@ never_comes() {
 	done
 	start=$SECONDS
 	for r in 0 1 3; do wait ${ep[$r]} || true; wait ${tp[$r]} || true; done
-	[ $((SECONDS - start)) -lt 20 ]
+	echo $((SECONDS - start)) > took
 	# rank 2's trainer has no executor at all: it would wait for its timeout
 	kill ${tp[2]} 2>/dev/null || true
 	wait ${tp[2]} || true
+}
+
+check_never_comes() {
+	failure never_comes $1
+	[ "$(cat took)" -lt 20 ]
 	grep -q "bootstrap: rank 2 did not come within 3 s" e.0
 	for r in 1 3; do grep -q "vps-exec: rank $r: bootstrap" e.$r; done
 	for r in 0 1 3; do grep -q "the executor stopped" t.$r; grep -q "sources intact" t.$r; done
 }
 
-@test "tcp: a rank that never comes: every rank stops, naming it, sources intact" { transport=tcp never_comes; }
-@test "ipc: a rank that never comes: every rank stops, naming it, sources intact" { transport=ipc never_comes; }
+@test "tcp: a rank that never comes: every rank stops, naming it, sources intact" { check_never_comes tcp; }
+@test "ipc: a rank that never comes: every rank stops, naming it, sources intact" { check_never_comes ipc; }
 
-run_with_fault() { # fault for rank 1, then wait for the others
-	setup_plan
+with_fault() { # fault for rank 1, then wait for the others
 	for r in 0 1 2 3; do
 		vps-trainer --registry "$tag-$r" --rank $r --timeout 10 s.staged > t.$r 2>&1 &
 		tp[$r]=$!
 	done
 	for r in 0 1 2 3; do
 		if [ $r = 1 ]; then
-			VPS_FAULT=$1 vps-exec --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --transport $transport --timeout 3 s.staged > e.$r 2>&1 &
+			VPS_FAULT=$fault vps-exec --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --transport $transport --timeout 3 s.staged > e.$r 2>&1 &
 		else
 			vps-exec --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --transport $transport --timeout 3 s.staged > e.$r 2>&1 &
 		fi
@@ -226,27 +270,29 @@ run_with_fault() { # fault for rank 1, then wait for the others
 	done
 	start=$SECONDS
 	for r in 0 2 3; do wait ${ep[$r]} || true; done
-	took=$((SECONDS - start))
+	echo $((SECONDS - start)) > took
 	kill -CONT ${ep[1]} 2>/dev/null || true
 	kill ${ep[1]} 2>/dev/null || true
 	for r in 0 1 2 3; do wait ${ep[$r]} 2>/dev/null || true; wait ${tp[$r]} 2>/dev/null || true; done
 }
+stalled_peer() { fault=stall:5 with_fault; }
+dead_peer() { fault=exit:5 with_fault; }
 
-stalled_peer() {
-	run_with_fault stall:5
-	[ "$took" -lt 15 ]
+check_stalled_peer() {
+	failure stalled_peer $1
+	[ "$(cat took)" -lt 15 ]
 	# rank 1's partners see the silence; the rest learn it through rank 0
 	grep -h "stage 5 of" e.0 e.2 e.3 | grep -q "no progress for 3 s from rank 1"
 	for r in 0 2 3; do grep -q "vps-exec: rank $r: " e.$r; ! grep -q "switch 1: sent" e.$r; done
 	for r in 0 2 3; do grep -q "sources intact" t.$r; done
 }
 
-@test "tcp: a peer that stops answering mid-transfer: every rank stops within the timeout, naming it and the stage" { transport=tcp stalled_peer; }
-@test "ipc: a peer that stops answering mid-transfer: every rank stops within the timeout, naming it and the stage" { transport=ipc stalled_peer; }
+@test "tcp: a peer that stops answering mid-transfer: every rank stops within the timeout, naming it and the stage" { check_stalled_peer tcp; }
+@test "ipc: a peer that stops answering mid-transfer: every rank stops within the timeout, naming it and the stage" { check_stalled_peer ipc; }
 
-dead_peer() {
-	run_with_fault exit:5
-	[ "$took" -lt 15 ]
+check_dead_peer() {
+	failure dead_peer $1
+	[ "$(cat took)" -lt 15 ]
 	grep -h "stage 5 of" e.0 e.2 e.3 | grep -qE "rank 1 closed the connection|rank 1: Connection reset"
 	for r in 0 2 3; do grep -q "vps-exec: rank $r: " e.$r; ! grep -q "switch 1: sent" e.$r; done
 	for r in 0 2 3; do grep -q "sources intact" t.$r; done
@@ -254,12 +300,10 @@ dead_peer() {
 	grep -q "its executor (pid [0-9]*) is gone; sources intact" t.1
 }
 
-@test "tcp: a peer that dies mid-transfer: every rank stops, naming it and the stage, sources intact" { transport=tcp dead_peer; }
-@test "ipc: a peer that dies mid-transfer: every rank stops, naming it and the stage, sources intact" { transport=ipc dead_peer; }
+@test "tcp: a peer that dies mid-transfer: every rank stops, naming it and the stage, sources intact" { check_dead_peer tcp; }
+@test "ipc: a peer that dies mid-transfer: every rank stops, naming it and the stage, sources intact" { check_dead_peer ipc; }
 
 other_plan() {
-	setup_plan
-	vps-plan a.layout b.layout | vps-stage --budget 128KiB - -o other.staged
 	for r in 0 1 2 3; do
 		vps-trainer --registry "$tag-$r" --rank $r --timeout 20 s.staged > t.$r 2>&1 &
 	done
@@ -269,13 +313,17 @@ other_plan() {
 		vps-exec --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --transport $transport --wait --timeout 5 $plan > e.$r 2>&1 &
 	done
 	wait || true
+}
+
+check_other_plan() {
+	failure other_plan $1
 	grep -q "rank 2 holds another staged plan" e.0
 	for r in 0 1 2 3; do grep -q "vps-exec: rank $r: " e.$r; ! grep -q "switch 1: sent" e.$r; done
 	for r in 0 1 3; do grep -q "sources intact" t.$r; done
 }
 
-@test "tcp: a rank with another staged plan: every rank refuses before a byte moves" { transport=tcp other_plan; }
-@test "ipc: a rank with another staged plan: every rank refuses before a byte moves" { transport=ipc other_plan; }
+@test "tcp: a rank with another staged plan: every rank refuses before a byte moves" { check_other_plan tcp; }
+@test "ipc: a rank with another staged plan: every rank refuses before a byte moves" { check_other_plan ipc; }
 
 other_layout() {
 	vps-layout --model tiny-llama --parallel tp=2 --gpus-per-node 2 -o a.layout
@@ -283,17 +331,20 @@ other_layout() {
 	vps-layout --model tiny-llama --parallel tp=1,pp=2 --gpus-per-node 2 -o c.layout
 	vps-plan a.layout b.layout | vps-stage --budget 1MiB - -o ab.staged
 	vps-plan a.layout c.layout | vps-stage --budget 1MiB - -o ac.staged
-	port=$("$TOP/scripts/free-port.sh")
-	vps-trainer --registry "w$$-0" --rank 0 --timeout 20 ac.staged > t.0 2>&1 &
-	vps-trainer --registry "w$$-1" --rank 1 --timeout 20 ac.staged > t.1 2>&1 &
-	vps-exec --registry "w$$-%r" --rank 0 --master 127.0.0.1:$port --transport $transport --timeout 5 ab.staged > e.0 2>&1 &
-	vps-exec --registry "w$$-%r" --rank 1 --master 127.0.0.1:$port --transport $transport --timeout 5 ab.staged > e.1 2>&1 &
+	vps-trainer --registry "$tag-0" --rank 0 --timeout 20 ac.staged > t.0 2>&1 &
+	vps-trainer --registry "$tag-1" --rank 1 --timeout 20 ac.staged > t.1 2>&1 &
+	vps-exec --registry "$tag-%r" --rank 0 --master 127.0.0.1:$port --transport $transport --timeout 5 ab.staged > e.0 2>&1 &
+	vps-exec --registry "$tag-%r" --rank 1 --master 127.0.0.1:$port --transport $transport --timeout 5 ab.staged > e.1 2>&1 &
 	wait || true
+}
+
+check_other_layout() {
+	failure other_layout $1
 	grep -q "the trainer switches to layout 0x.* the plan's target is 0x" e.0
 }
 
-@test "tcp: a registry of another layout is refused by name" { transport=tcp other_layout; }
-@test "ipc: a registry of another layout is refused by name" { transport=ipc other_layout; }
+@test "tcp: a registry of another layout is refused by name" { check_other_layout tcp; }
+@test "ipc: a registry of another layout is refused by name" { check_other_layout ipc; }
 
 @test "launcher variables: torchrun, Slurm and Open MPI give the rank" {
 	vps-layout --model tiny-llama --parallel tp=2 --gpus-per-node 2 -o a.layout
