@@ -3,6 +3,7 @@
 #   make            libvps.a and the tools in bin/
 #   make check      the C unit tests and the Bats tests, warnings as errors
 #   make asan       the same under AddressSanitizer and UBSan (build-asan/)
+#   make check-gpu  every GPU test and benchmark (scripts/gpu-check.sh; needs a GPU)
 #   make demo       a real switch on this machine
 #   make install PREFIX=/usr/local
 #
@@ -50,7 +51,7 @@ ifeq ($(HAVE_NVCC),1)
 CUDA_ALL = $(CUDA_LIB)
 endif
 
-.PHONY: all check test unit bats asan demo install uninstall clean deps FORCE
+.PHONY: all check check-gpu test unit bats asan demo install uninstall clean deps FORCE
 .DEFAULT_GOAL := all
 
 all: $(LIB) $(SHLIB) $(TOOL_BINS) $(CUDA_ALL)
@@ -133,6 +134,11 @@ bats: all
 check: all unit bats
 
 test: check
+
+# every GPU test and GPU benchmark, on a machine with a GPU (results in
+# build/gpu-check.txt, or $$OUT/gpu-check.txt)
+check-gpu:
+	scripts/gpu-check.sh
 
 asan:
 	$(MAKE) BUILDDIR=build-asan BINDIR=build-asan/bin SANITIZE=address,undefined CFLAGS="-O1 -g" check
