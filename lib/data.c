@@ -2,6 +2,15 @@
 #include "doc.h"
 #include "vps/data.h"
 
+void vps_rowmajor_strides(const int64_t *ext, int ndim, int64_t *strides)
+{
+	int64_t s = 1;
+	for (int k = ndim - 1; k >= 0; k--) {
+		strides[k] = s;
+		s *= ext[k];
+	}
+}
+
 void vps_copy_strided(void *dst, const int64_t *dst_strides, const void *src, const int64_t *src_strides,
 		      const int64_t *ext, int ndim, size_t esize)
 {

@@ -15,6 +15,7 @@
 #include "gpu.h"
 #include "internal.h"
 #include "transport.h"
+#include "vps/data.h"
 
 struct nccl {
 	const struct vps_cuda_api *gpu;
@@ -27,15 +28,6 @@ struct nccl {
 	struct vps_cuda_p2p *p2p;
 	size_t capp;
 };
-
-static void rowmajor(const struct vps_op *o, int64_t *st)
-{
-	int64_t s = 1;
-	for (int k = o->ndim - 1; k >= 0; k--) {
-		st[k] = s;
-		s *= o->ext[k];
-	}
-}
 
 static vps_result_t nccl_begin(void *self, struct vps_switch *sw)
 {
@@ -113,7 +105,7 @@ static vps_result_t nccl_stage(void *self, struct vps_switch *sw, const struct v
 		for (size_t q = 0; q < x[k]->nops; q++) {
 			const struct vps_op *op = &s->ops[x[k]->first_op + q];
 			int64_t flat[VPS_MAX_DIMS];
-			rowmajor(op, flat);
+			vps_rowmajor_strides(op->ext, op->ndim, flat);
 			uint64_t staged = base + (uint64_t)op->staging;
 			if (sending)
 				VPS_CHECK(push_copy(&t->gather, &t->capg, ng++, op,

@@ -32,15 +32,6 @@ static vps_result_t iov_push(struct iovs *v, void *base, size_t len)
 	return VPS_OK;
 }
 
-static void rowmajor(const struct vps_op *o, int64_t *st)
-{
-	int64_t s = 1;
-	for (int k = o->ndim - 1; k >= 0; k--) {
-		st[k] = s;
-		s *= o->ext[k];
-	}
-}
-
 static bool strided_inner(const struct vps_op *op, const int64_t *strides)
 {
 	return strides[op->ndim - 1] != 1 && op->ext[op->ndim - 1] != 1;
@@ -92,7 +83,7 @@ static vps_result_t transfer_iovs(const struct vps_staged *s, const struct vps_x
 			continue;
 		}
 		int64_t flat[VPS_MAX_DIMS];
-		rowmajor(op, flat);
+		vps_rowmajor_strides(op->ext, op->ndim, flat);
 		if (sending)
 			vps_copy_strided(*bounce + at, flat, buf + off * op->esize, st, op->ext, op->ndim, op->esize);
 		VPS_CHECK(iov_push(out, *bounce + at, (size_t)vps_op_bytes(op)));
@@ -110,7 +101,7 @@ static void unbounce(const struct vps_staged *s, const struct vps_xfer *x, void 
 		if (!strided_inner(op, op->dst_strides))
 			continue;
 		int64_t flat[VPS_MAX_DIMS];
-		rowmajor(op, flat);
+		vps_rowmajor_strides(op->ext, op->ndim, flat);
 		vps_copy_strided((unsigned char *)bufs[op->dst_buffer] + op->dst_offset * op->esize, op->dst_strides,
 				 bounce + at, flat, op->ext, op->ndim, op->esize);
 		at += (size_t)vps_op_bytes(op);

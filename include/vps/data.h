@@ -8,6 +8,8 @@
 /* Copy a box of extents ext (ndim axes) of esize-byte elements between two
  * strided views (strides in elements). Runs along a contiguous innermost
  * axis are copied with memcpy. */
+/* Row-major element strides of an array of extents ext. */
+void vps_rowmajor_strides(const int64_t *ext, int ndim, int64_t *strides);
 void vps_copy_strided(void *dst, const int64_t *dst_strides, const void *src, const int64_t *src_strides,
 		      const int64_t *ext, int ndim, size_t esize);
 

@@ -6,6 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 make -s all
 P=tp=4,pp=8,ep=16,etp=1,first=11,last=11,zero=1
-small="bin/vps-layout --model qwen3-235b-a22b --parallel $P,dp=4 --rank 77 -o /dev/null"
-large="bin/vps-layout --model qwen3-235b-a22b --parallel $P,dp=512 --rank 9877 -o /dev/null"
+t=$(mktemp -d)
+trap 'rm -rf "$t"' EXIT
+small="bin/vps-layout --model qwen3-235b-a22b --parallel $P,dp=4 --rank 77 -o $t/out"
+large="bin/vps-layout --model qwen3-235b-a22b --parallel $P,dp=512 --rank 9877 -o $t/out"
 hyperfine -N --warmup 3 --runs "${RUNS:-30}" --export-markdown "${OUT:-/dev/stdout}" "$small" "$large"

@@ -45,15 +45,6 @@ static unsigned char **alloc_view(const struct vps_rank_view *v)
 	return b;
 }
 
-static void rowmajor(const struct vps_op *o, int64_t *st)
-{
-	int64_t s = 1;
-	for (int k = o->ndim - 1; k >= 0; k--) {
-		st[k] = s;
-		s *= o->ext[k];
-	}
-}
-
 /* One pass: pack (sending) or unpack (receiving) every transfer of rank. */
 static double pass(const struct vps_staged *s, int64_t rank, bool sending, unsigned char **bufs, unsigned char *stage,
 		   int64_t *bytes)
@@ -67,7 +58,7 @@ static double pass(const struct vps_staged *s, int64_t rank, bool sending, unsig
 		for (size_t k = 0; k < x->nops; k++) {
 			const struct vps_op *o = &s->ops[x->first_op + k];
 			int64_t flat[VPS_MAX_DIMS];
-			rowmajor(o, flat);
+			vps_rowmajor_strides(o->ext, o->ndim, flat);
 			if (sending)
 				vps_copy_strided(stage + o->staging, flat, bufs[o->src_buffer] + o->src_offset * o->esize,
 						 o->src_strides, o->ext, o->ndim, o->esize);

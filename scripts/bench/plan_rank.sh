@@ -16,5 +16,5 @@ bin/vps-layout --model $M --parallel $A,dp=512 -o "$t/a16k"
 bin/vps-layout --model $M --parallel $B,dp=128 -o "$t/b16k"
 R128=${R128:-77} R16K=${R16K:-9877}
 hyperfine -N --warmup 3 --runs "${RUNS:-20}" --export-markdown "${OUT:-/dev/stdout}" \
-	"bin/vps-plan $t/a128 $t/b128 --rank $R128 -o /dev/null" \
-	"bin/vps-plan $t/a16k $t/b16k --rank $R16K -o /dev/null"
+	"bin/vps-plan $t/a128 $t/b128 --rank $R128 -o $t/out" \
+	"bin/vps-plan $t/a16k $t/b16k --rank $R16K -o $t/out"

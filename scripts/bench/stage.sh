@@ -16,7 +16,7 @@ for n in ${TRANSITIONS:-qwen3-235b-s13-s14 qwen3-235b-s14-s13 llama2-70b-s5-s6 l
 		{ v[$1] = $2 }
 		END { printf "| %s | %s | %s | %s | %s | %s | %s | %.2f GB |\n", n, b, v["stages:"], v["transfers:"],
 			v["copies_before_merging:"], v["copies_after_merging:"], v["merge_ratio:"], v["peak_max:"] / 1e9 }'
-	cmds+=("bin/vps-stage --budget $budget $t/$n.plan -o /dev/null")
+	cmds+=("bin/vps-stage --budget $budget $t/$n.plan -o $t/out")
 done
 echo
 hyperfine -N --warmup 1 --runs "${RUNS:-5}" --export-markdown "${OUT:-/dev/stdout}" "${cmds[@]:0:3}" >/dev/null
