@@ -17,9 +17,11 @@ static const char usage[] =
 	"usage: vps-exec [--registry NAME] [--transport tcp|ipc|nccl|auto] [--device N]\n"
 	"                [--timeout S] [--request-timeout S]\n"
 	"                [--rank R] [--world W]\n"
-	"                [--local-rank L] [--master HOST:PORT] [--token T] [--wait] [--check]\n"
+	"                [--local-rank L] [--master HOST:PORT] [--bind ADDR] [--token-file FILE]\n"
+	"                [--wait] [--check]\n"
 	"                [--report FILE] [-q] STAGED\n"
 	"       vps-exec --serve [options] STAGED STAGED...\n"
+	"       vps-exec --new-token\n"
 	"       vps-exec -h | --version\n"
 	"options:\n"
 	"  --registry NAME     the trainer's registry (default vps-%r); %r world rank, %a source rank,\n"
@@ -34,7 +36,11 @@ static const char usage[] =
 	"  --world W           world size, checked against the plan (default: WORLD_SIZE, ...)\n"
 	"  --local-rank L      rank on this node (default: LOCAL_RANK, SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK)\n"
 	"  --master HOST:PORT  rank 0's rendezvous (default: MASTER_ADDR, MASTER_PORT)\n"
-	"  --token T           job token; peers with another are refused (default: VPS_JOB_TOKEN)\n"
+	"  --bind ADDR         listen on this address (default: the master's on rank 0, the one that\n"
+	"                      reaches the master on the others)\n"
+	"  --token-file FILE   the job token, in a file only this user can read (default: VPS_TOKEN);\n"
+	"                      peers that cannot prove it are dropped\n"
+	"  --new-token         print a fresh job token and exit\n"
 	"  --wait              connect first, then wait for the trainer's request\n"
 	"  --serve             one switch per STAGED, in order, on the same connections\n"
 	"  --check             digest the state before and after; done only when they match\n"
@@ -61,6 +67,8 @@ int main(int argc, char **argv)
 		{"rank", required_argument, NULL, 'r'},
 		{"world", required_argument, NULL, 'w'},    {"local-rank", required_argument, NULL, 'l'},
 		{"master", required_argument, NULL, 'm'},   {"token", required_argument, NULL, 'k'},
+		{"token-file", required_argument, NULL, 'K'}, {"bind", required_argument, NULL, 'B'},
+		{"new-token", no_argument, NULL, 'N'},
 		{"wait", no_argument, NULL, 'W'},           {"serve", no_argument, NULL, 'S'},
 		{"check", no_argument, NULL, 'c'},          {"report", required_argument, NULL, 'p'},
 		{"quiet", no_argument, NULL, 'q'},          {"help", no_argument, NULL, 'h'},
@@ -75,25 +83,26 @@ int main(int argc, char **argv)
 	o.device = -1;
 	o.fault_stage = -1;
 	o.request_timeout = 600;
-	/* VPS_FAULT=stall:STAGE or exit:STAGE: a silent or dead rank, for tests */
+	/* VPS_FAULT=KIND:STAGE, KIND stall, exit or kill-trainer, STAGE a number
+	 * or "claim": a silent rank, a dead rank, a dead trainer, for tests */
 	const char *fault = getenv("VPS_FAULT");
 	if (fault && *fault) {
-		int64_t st;
+		static const char *const kinds[] = {"stall:", "exit:", "kill-trainer:"};
 		const char *colon = strchr(fault, ':');
-		if (!colon || !tool_parse_i64(colon + 1, &st) ||
-		    (strncmp(fault, "stall:", 6) && strncmp(fault, "exit:", 5)))
-			return tool_usage_error("VPS_FAULT=%s: expected stall:STAGE or exit:STAGE", fault);
-		o.fault_stage = st;
-		o.fault_exit = fault[0] == 'e';
+		o.fault = -1;
+		for (int k = 0; k < 3; k++)
+			if (!strncmp(fault, kinds[k], strlen(kinds[k])))
+				o.fault = k;
+		if (colon && !strcmp(colon + 1, "claim"))
+			o.fault_stage = VPS_FAULT_AT_CLAIM;
+		else if (!colon || !tool_parse_i64(colon + 1, &o.fault_stage) || o.fault_stage < 0)
+			o.fault = -1;
+		if (o.fault < 0)
+			return tool_usage_error("VPS_FAULT=%s: expected stall, exit or kill-trainer, ':', then a stage or 'claim'",
+						fault);
 	}
-	o.token = 0x4a5f535056ULL;
-	const char *tok = getenv("VPS_JOB_TOKEN");
-	if (tok && *tok) {
-		char *end;
-		o.token = strtoull(tok, &end, 0);
-		if (*end)
-			return tool_usage_error("VPS_JOB_TOKEN=%s: not a number", tok);
-	}
+	const char *token_file = NULL;
+	char token[VPS_TOKEN_MAX + 3];
 	while ((c = getopt_long(argc, argv, "hq", opts, NULL)) != -1) {
 		switch (c) {
 		case 'R': o.registry = optarg; break;
@@ -150,12 +159,17 @@ int main(int argc, char **argv)
 			l.master_port = (int)port;
 			break;
 		}
-		case 'k': {
-			char *end;
-			o.token = strtoull(optarg, &end, 0);
-			if (!*optarg || *end)
-				return tool_usage_error("--token: '%s' is not a number", optarg);
-			break;
+		case 'k':
+			return tool_usage_error("--token: a secret on the command line shows in ps; export VPS_TOKEN or pass "
+						"--token-file (vps-exec(1) SECURITY)");
+		case 'K': token_file = optarg; break;
+		case 'B': o.bind = optarg; break;
+		case 'N': {
+			char fresh[VPS_TOKEN_NEW + 1];
+			if (vps_exec_new_token(fresh))
+				return tool_fail(VPS_ESYS);
+			printf("%s\n", fresh);
+			return tool_finish(EXIT_OK);
 		}
 		case 'W': o.wait = true; break;
 		case 'S': serve = true; break;
@@ -172,6 +186,9 @@ int main(int argc, char **argv)
 		return tool_usage_error("expected a staged plan\n%s", usage);
 	if (nplans > 1 && !serve)
 		return tool_usage_error("several staged plans need --serve");
+	if (vps_exec_token(token_file, token, sizeof(token)))
+		return tool_usage_error("%s", vps_last_error());
+	o.token = token;
 	int st = launch_resolve(&l, true);
 	if (st)
 		return st;

@@ -346,6 +346,68 @@ static void release_read(const struct vps_switch *sw, int64_t stage)
 			vps_registry_release(sw->reg, (uint32_t)sw->src_entry[s->frees[f].buffer]);
 }
 
+/* A trainer that dies mid-switch takes the state it was handed with it
+ * (its GPU memory, its place in training): the switch fails, on every
+ * rank, through the verdict. Looked at once the stages are done, so that
+ * the other ranks learn it at the verdict, not after a timeout in a stage
+ * this rank left. */
+static vps_result_t trainer_watch(const struct vps_switch *sw)
+{
+	if (vps_registry_owner_alive(sw->reg))
+		return VPS_OK;
+	return vps_fail(VPS_EPEER, "the trainer (pid %d) of registry %s died during the switch",
+			vps_registry_owner_pid(sw->reg), vps_registry_name(sw->reg));
+}
+
+/* Test faults (VPS_FAULT): a silent rank, a dead rank, a dead trainer. */
+static void inject_fault(const struct vps_switch *sw, const struct vps_exec_opts *o)
+{
+	if (o->fault == VPS_FAULT_EXIT)
+		_exit(3);
+	if (o->fault == VPS_FAULT_STALL) {
+		raise(SIGSTOP);
+		return;
+	}
+	int pid = vps_registry_owner_pid(sw->reg);
+	if (pid > 0 && pid != getpid())
+		kill(pid, SIGKILL);
+	/* gone means gone to the watch: wait for the kernel to say so */
+	for (int i = 0; i < 500 && vps_registry_owner_alive(sw->reg); i++) {
+		struct timespec ts = {0, 10000000};
+		nanosleep(&ts, NULL);
+	}
+}
+
+/* The trainer's request, polled between heartbeats (vps_net_arrive). */
+struct claim {
+	struct vps_registry *reg;
+	uint64_t after;
+	double start, limit; /* limit < 0: wait as long as it takes (--wait) */
+	uint64_t seq;
+	bool claimed;
+	const struct vps_exec_opts *o;
+};
+
+static int claim_ready(void *ctx)
+{
+	struct claim *c = ctx;
+	vps_result_t rc = vps_registry_claim(c->reg, c->after, 0, &c->seq);
+	if (!rc) {
+		c->claimed = true;
+		if (c->o->fault_stage == VPS_FAULT_AT_CLAIM && c->o->fault == VPS_FAULT_STALL)
+			raise(SIGSTOP);
+		return 1;
+	}
+	if (rc != VPS_ETIMEOUT)
+		return -1;
+	vps_clear_error();
+	if (c->limit >= 0 && now() - c->start > c->limit) {
+		vps_fail(VPS_ETIMEOUT, "registry %s: no switch requested within %.1f s", vps_registry_name(c->reg), c->limit);
+		return -1;
+	}
+	return 0;
+}
+
 static vps_result_t run_stages(struct vps_switch *sw, struct carriers *car, const struct vps_exec_opts *o,
 			       struct vps_exec_report *rep)
 {
@@ -366,11 +428,8 @@ static vps_result_t run_stages(struct vps_switch *sw, struct carriers *car, cons
 	for (size_t st = 0; st < s->nstages; st++) {
 		double t0 = now();
 		struct vps_exec_stage_report *sr = &rep->stages[st];
-		if (o->fault_stage == (int64_t)st) {
-			if (o->fault_exit)
-				_exit(3);
-			raise(SIGSTOP);
-		}
+		if (o->fault_stage == (int64_t)st)
+			inject_fault(sw, o);
 		while (i < s->nxfers && s->xfers[i].stage < (int64_t)st)
 			i++;
 		size_t j = i, nl = 0, nr = 0, nc = 0;
@@ -477,8 +536,12 @@ static vps_result_t one_switch(const struct vps_staged *s, const struct vps_plan
 	rep->world = vps_world_size(p->world);
 	rep->transport = car->name;
 	double t0 = now();
-	VPS_CHECK_GOTO(vps_registry_claim(reg, *last_seq, o->wait ? -1 : o->timeout, &seq), rc, fail);
-	claimed = true;
+	struct claim c = {reg, *last_seq, t0, o->wait ? -1 : o->timeout, 0, false, o};
+	rc = vps_net_arrive(net, claim_ready, &c, vps_max64((int64_t)o->request_timeout, (int64_t)o->timeout));
+	claimed = c.claimed;
+	seq = c.seq;
+	if (rc)
+		goto fail;
 	*last_seq = seq;
 	rep->switch_seq = seq;
 	rep->waited_seconds = now() - t0;
@@ -511,13 +574,11 @@ static vps_result_t one_switch(const struct vps_staged *s, const struct vps_plan
 	}
 	VPS_CHECK_GOTO(check_views(&sw), rc, fail);
 	rep->attach_seconds = now() - t_pause;
-	/* the first rendezvous after the request: trainers reach their switch
-	 * points at different times */
+	/* every rank has arrived (vps_net_arrive): from here on a silent rank
+	 * is found within the ordinary timeout */
 	struct vps_registry_training train;
 	double t_agree = now();
-	double normal = vps_net_set_timeout(net, vps_max64((int64_t)o->request_timeout, (int64_t)o->timeout));
 	rc = share_training(net, s, w, reg, &train);
-	vps_net_set_timeout(net, normal);
 	rep->agree_seconds += now() - t_agree;
 	if (rc)
 		goto fail;
@@ -542,6 +603,8 @@ static vps_result_t one_switch(const struct vps_staged *s, const struct vps_plan
 		VPS_CHECK_GOTO(agreed, rc, fail);
 	}
 	rc = run_stages(&sw, car, o, rep);
+	if (!rc)
+		rc = trainer_watch(&sw);
 	if (!rc && o->check && sw.rb >= 0)
 		rc = side_digest(&sw, p->b, sw.rb, &sw.vb, sw.dst, &dig[1]);
 	{
@@ -713,7 +776,7 @@ vps_result_t vps_exec_run(struct vps_staged *const *plans, size_t nplans, const 
 	VPS_CHECK_GOTO(registry_name(o->registry, p0, o->rank, o->local_rank, name, sizeof(name)), rc, done);
 	double t_setup = now();
 	VPS_CHECK_GOTO(open_registry(name, o->wait ? -1 : o->timeout, o->timeout, &reg), rc, done);
-	struct vps_net_opts no = {o->rank, W, o->master_host, o->master_port, o->timeout, o->token, hash, peers, npeers};
+	struct vps_net_opts no = {o->rank, W, o->master_host, o->master_port, o->timeout, o->token, o->bind, hash, peers, npeers};
 	VPS_CHECK_GOTO(vps_net_start(&net, &no), rc, done);
 	VPS_CHECK_GOTO(vps_mapcache_new(&maps), rc, done);
 	VPS_CHECK_GOTO(carriers_start(&car, plans, nplans, net, o), rc, done);

@@ -6,19 +6,18 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "internal.h"
 #include "net.h"
 
-#define HELLO_MAGIC 0x3154454e535056ULL /* "VPSNET1" */
-
-struct hello {
-	uint64_t magic, token, rank, world, plan_hash, port;
-};
+#define HELLO_MAGIC 0x3254454e535056ULL /* "VPSNET2" */
 
 struct peer_addr {
 	uint32_t ip; /* network order */
@@ -29,7 +28,6 @@ struct peer_addr {
 struct vps_net {
 	int64_t rank, world;
 	double timeout;
-	uint64_t token;
 	int *ctl;          /* rank 0: one per rank; others: ctl[0] */
 	int64_t *peers;    /* sorted */
 	int *fds;          /* data socket per peer */
@@ -153,40 +151,365 @@ static vps_result_t listen_on(const struct sockaddr_in *sa, int backlog, int *fd
 	return VPS_OK;
 }
 
-static vps_result_t accept_one(int lfd, double deadline, int *fd, struct sockaddr_in *from, const char *who)
+/* ---- proving membership: challenge, hello, proof ----
+ *
+ * The acceptor sends a fresh nonce; the connector answers with a hello
+ * (who it is, what it holds, its own nonce) authenticated by a MAC over
+ * both; the acceptor answers with a MAC over the connector's nonce. The
+ * token never travels, a recorded exchange cannot be replayed, and each
+ * side knows the other holds the job's token. Connections that have not
+ * proven themselves within AUTH_SECONDS of their accept are dropped; they
+ * cannot hold the job, whatever they send. */
+
+#define AUTH_SECONDS 5.0
+#define MAX_PENDING 64
+
+enum { HELLO_CTL = 1, HELLO_MESH = 2 };
+
+struct challenge {
+	uint64_t magic;
+	unsigned char nonce[VPS_AUTH_NONCE];
+};
+
+struct hello {
+	uint64_t magic, kind, from, to, world, plan_hash, port;
+	unsigned char nonce[VPS_AUTH_NONCE];
+	uint64_t mac;
+};
+
+static uint64_t hello_mac(const unsigned char *key, const unsigned char *server_nonce, const struct hello *h)
 {
-	VPS_CHECK(wait_fd(lfd, POLLIN, deadline, who));
-	socklen_t l = sizeof(*from);
-	*fd = accept4(lfd, (struct sockaddr *)from, &l, SOCK_CLOEXEC);
-	if (*fd < 0)
-		return vps_fail_errno("%s: accept", who);
-	tune(*fd);
+	unsigned char m[VPS_AUTH_NONCE + offsetof(struct hello, mac)];
+	memcpy(m, server_nonce, VPS_AUTH_NONCE);
+	memcpy(m + VPS_AUTH_NONCE, h, offsetof(struct hello, mac));
+	return vps_siphash(key, m, sizeof(m));
+}
+
+static uint64_t proof_mac(const unsigned char *key, const unsigned char *client_nonce, uint64_t acceptor)
+{
+	unsigned char m[VPS_AUTH_NONCE + 16];
+	uint64_t tail[2] = {0x464f4f5250535056ULL /* "VPSPROOF" */, acceptor};
+	memcpy(m, client_nonce, VPS_AUTH_NONCE);
+	memcpy(m + VPS_AUTH_NONCE, tail, sizeof(tail));
+	return vps_siphash(key, m, sizeof(m));
+}
+
+struct inbound {
+	int fd;
+	double deadline;
+	struct sockaddr_in from;
+	unsigned char nonce[VPS_AUTH_NONCE];
+	struct hello h;
+	size_t got;
+};
+
+enum { OUT_IDLE, OUT_CONNECTING, OUT_CHALLENGE, OUT_PROOF, OUT_DONE };
+
+struct outbound {
+	struct sockaddr_in sa;
+	int64_t rank;
+	int fd, state;
+	double retry_at;
+	bool turned_away; /* the acceptor closed after our hello */
+	struct challenge c;
+	struct hello h;
+	size_t got;
+	uint64_t proof;
+};
+
+struct handshake {
+	const unsigned char *key;
+	int64_t me, world;
+	uint64_t plan_hash, port, kind;
+	int lfd;          /* -1: nothing to accept */
+	size_t want_in;   /* connections still to admit */
+	/* an authenticated hello: 1 kept (fd now the callee's), -1 fatal */
+	int (*admit)(void *ctx, const struct hello *h, int fd, const struct sockaddr_in *from);
+	void *ctx;
+	struct outbound *out;
+	size_t nout;
+	double deadline;
+	size_t dropped;   /* connections that did not prove the token */
+	struct inbound pend[MAX_PENDING];
+	size_t npend;
+};
+
+static void drop_pending(struct handshake *hs, size_t i)
+{
+	close(hs->pend[i].fd);
+	hs->pend[i] = hs->pend[--hs->npend];
+}
+
+static void accept_new(struct handshake *hs)
+{
+	struct sockaddr_in from;
+	socklen_t l = sizeof(from);
+	int fd = accept4(hs->lfd, (struct sockaddr *)&from, &l, SOCK_CLOEXEC | SOCK_NONBLOCK);
+	if (fd < 0)
+		return;
+	tune(fd);
+	if (hs->npend == MAX_PENDING) {
+		/* a flood of idle connections: the oldest make room, a real
+		 * peer proves itself in a round trip */
+		size_t oldest = 0;
+		for (size_t i = 1; i < hs->npend; i++)
+			if (hs->pend[i].deadline < hs->pend[oldest].deadline)
+				oldest = i;
+		drop_pending(hs, oldest);
+		hs->dropped++;
+	}
+	struct inbound *p = &hs->pend[hs->npend];
+	memset(p, 0, sizeof(*p));
+	p->fd = fd;
+	p->from = from;
+	p->deadline = now() + AUTH_SECONDS;
+	struct challenge c = {HELLO_MAGIC, {0}};
+	if (vps_auth_random(c.nonce, sizeof(c.nonce)) != VPS_OK ||
+	    send(fd, &c, sizeof(c), MSG_NOSIGNAL) != (ssize_t)sizeof(c)) {
+		vps_clear_error();
+		close(fd);
+		return;
+	}
+	memcpy(p->nonce, c.nonce, sizeof(c.nonce));
+	hs->npend++;
+}
+
+/* Bytes of a pending connection: -1 drop it, 0 more to come, 1 admitted,
+ * -2 fatal. */
+static int read_pending(struct handshake *hs, struct inbound *p)
+{
+	ssize_t g = recv(p->fd, (unsigned char *)&p->h + p->got, sizeof(p->h) - p->got, 0);
+	if (g < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+		return 0;
+	if (g <= 0)
+		return -1;
+	p->got += (size_t)g;
+	if (p->got < sizeof(p->h))
+		return 0;
+	uint64_t mac = hello_mac(hs->key, p->nonce, &p->h);
+	if (p->h.magic != HELLO_MAGIC || !vps_auth_equal(&mac, &p->h.mac, sizeof(mac)))
+		return -1;
+	if (p->h.kind != hs->kind || (int64_t)p->h.to != hs->me) {
+		vps_fail(VPS_EPEER, "an executor of this job at %s sent a %s hello for rank %" PRIu64 " to rank %" PRId64,
+			 inet_ntoa(p->from.sin_addr), p->h.kind == HELLO_CTL ? "bootstrap" : "data", p->h.to, hs->me);
+		return -2;
+	}
+	uint64_t proof = proof_mac(hs->key, p->h.nonce, (uint64_t)hs->me);
+	if (send(p->fd, &proof, sizeof(proof), MSG_NOSIGNAL) != (ssize_t)sizeof(proof))
+		return -1;
+	return hs->admit(hs->ctx, &p->h, p->fd, &p->from) < 0 ? -2 : 1;
+}
+
+static vps_result_t out_connect(struct handshake *hs, struct outbound *o)
+{
+	o->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (o->fd < 0)
+		return vps_fail_errno("socket");
+	o->got = 0;
+	if (connect(o->fd, (const struct sockaddr *)&o->sa, sizeof(o->sa)) == 0) {
+		o->state = OUT_CHALLENGE;
+		return VPS_OK;
+	}
+	if (errno == EINPROGRESS) {
+		o->state = OUT_CONNECTING;
+		return VPS_OK;
+	}
+	int e = errno;
+	close(o->fd);
+	o->fd = -1;
+	if (e != ECONNREFUSED && e != EINTR && e != ETIMEDOUT && e != ENETUNREACH && e != EAGAIN)
+		return vps_fail(VPS_EPEER, "connect to rank %" PRId64 " at %s:%d: %s", o->rank, inet_ntoa(o->sa.sin_addr),
+				ntohs(o->sa.sin_port), strerror(e));
+	(void)hs;
+	o->state = OUT_IDLE;
+	o->retry_at = now() + 0.02;
 	return VPS_OK;
 }
 
-/* Connect, retrying while the other side is not listening yet. */
-static vps_result_t connect_retry(const struct sockaddr_in *sa, double deadline, int *out, const char *who)
+static void out_retry(struct outbound *o)
 {
-	for (;;) {
-		int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-		if (fd < 0)
-			return vps_fail_errno("socket");
-		if (connect(fd, (const struct sockaddr *)sa, sizeof(*sa)) == 0) {
-			tune(fd);
-			*out = fd;
+	close(o->fd);
+	o->fd = -1;
+	o->state = OUT_IDLE;
+	o->retry_at = now() + 0.02;
+}
+
+static vps_result_t out_progress(struct handshake *hs, struct outbound *o, short revents)
+{
+	if (o->state == OUT_CONNECTING) {
+		int err = 0;
+		socklen_t l = sizeof(err);
+		getsockopt(o->fd, SOL_SOCKET, SO_ERROR, &err, &l);
+		if (err == EINPROGRESS || !(revents & (POLLOUT | POLLERR | POLLHUP)))
+			return VPS_OK;
+		if (err) {
+			out_retry(o);
 			return VPS_OK;
 		}
-		int e = errno;
-		close(fd);
-		if (e != ECONNREFUSED && e != EINTR && e != ETIMEDOUT && e != ENETUNREACH && e != EAGAIN)
-			return vps_fail(VPS_EPEER, "%s: connect %s:%d: %s", who, inet_ntoa(sa->sin_addr), ntohs(sa->sin_port),
-					strerror(e));
-		if (now() > deadline)
-			return vps_fail(VPS_ETIMEOUT, "%s: nobody listens on %s:%d", who, inet_ntoa(sa->sin_addr),
-					ntohs(sa->sin_port));
-		struct timespec ts = {0, 20000000};
-		nanosleep(&ts, NULL);
+		tune(o->fd);
+		o->state = OUT_CHALLENGE;
+		return VPS_OK;
 	}
+	unsigned char *buf = o->state == OUT_CHALLENGE ? (unsigned char *)&o->c : (unsigned char *)&o->proof;
+	size_t want = o->state == OUT_CHALLENGE ? sizeof(o->c) : sizeof(o->proof);
+	ssize_t g = recv(o->fd, buf + o->got, want - o->got, 0);
+	if (g < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+		return VPS_OK;
+	if (g <= 0) {
+		o->turned_away = o->state == OUT_PROOF;
+		out_retry(o);
+		return VPS_OK;
+	}
+	o->got += (size_t)g;
+	if (o->got < want)
+		return VPS_OK;
+	if (o->state == OUT_CHALLENGE) {
+		if (o->c.magic != HELLO_MAGIC)
+			return vps_fail(VPS_EPEER, "%s:%d is not a vps-exec of this version (rank %" PRId64 " was expected there)",
+					inet_ntoa(o->sa.sin_addr), ntohs(o->sa.sin_port), o->rank);
+		o->h = (struct hello){HELLO_MAGIC, hs->kind, (uint64_t)hs->me, (uint64_t)o->rank, (uint64_t)hs->world,
+				      hs->plan_hash, hs->port, {0}, 0};
+		VPS_CHECK(vps_auth_random(o->h.nonce, sizeof(o->h.nonce)));
+		o->h.mac = hello_mac(hs->key, o->c.nonce, &o->h);
+		if (send(o->fd, &o->h, sizeof(o->h), MSG_NOSIGNAL) != (ssize_t)sizeof(o->h)) {
+			out_retry(o);
+			return VPS_OK;
+		}
+		o->state = OUT_PROOF;
+		o->got = 0;
+		return VPS_OK;
+	}
+	uint64_t want_mac = proof_mac(hs->key, o->h.nonce, (uint64_t)o->rank);
+	if (!vps_auth_equal(&want_mac, &o->proof, sizeof(want_mac)))
+		return vps_fail(VPS_EPEER,
+				"the process at %s:%d did not prove the job token: it is not rank %" PRId64 " of this job",
+				inet_ntoa(o->sa.sin_addr), ntohs(o->sa.sin_port), o->rank);
+	o->state = OUT_DONE;
+	return VPS_OK;
+}
+
+/* Accept want_in proven connections and make every outbound one, at once,
+ * by the deadline. */
+static vps_result_t handshake_run(struct handshake *hs)
+{
+	size_t cap = 1 + MAX_PENDING + hs->nout;
+	struct pollfd *pfd = vps_malloc(cap * sizeof(*pfd));
+	if (!pfd)
+		return VPS_ENOMEM;
+	vps_result_t rc = VPS_OK;
+	for (size_t i = 0; i < hs->nout; i++) {
+		hs->out[i].fd = -1;
+		hs->out[i].state = OUT_IDLE;
+		hs->out[i].retry_at = 0;
+	}
+	for (;;) {
+		double t = now(), wake = hs->deadline;
+		size_t left_out = 0;
+		for (size_t i = 0; i < hs->nout && !rc; i++) {
+			struct outbound *o = &hs->out[i];
+			if (o->state == OUT_IDLE && o->retry_at <= t)
+				rc = out_connect(hs, o);
+			if (o->state == OUT_IDLE && o->retry_at < wake)
+				wake = o->retry_at;
+			left_out += o->state != OUT_DONE;
+		}
+		if (rc)
+			break;
+		if (!hs->want_in && !left_out)
+			break;
+		if (t >= hs->deadline) {
+			rc = vps_fail(VPS_ETIMEOUT, "timed out");
+			break;
+		}
+		for (size_t i = 0; i < hs->npend;) {
+			if (hs->pend[i].deadline <= t) {
+				drop_pending(hs, i);
+				hs->dropped++;
+				continue;
+			}
+			if (hs->pend[i].deadline < wake)
+				wake = hs->pend[i].deadline;
+			i++;
+		}
+		size_t np = 0;
+		if (hs->want_in)
+			pfd[np++] = (struct pollfd){hs->lfd, POLLIN, 0};
+		for (size_t i = 0; i < hs->npend; i++)
+			pfd[np++] = (struct pollfd){hs->pend[i].fd, POLLIN, 0};
+		size_t first_out = np;
+		for (size_t i = 0; i < hs->nout; i++) {
+			const struct outbound *o = &hs->out[i];
+			if (o->state == OUT_CONNECTING || o->state == OUT_CHALLENGE || o->state == OUT_PROOF)
+				pfd[np++] = (struct pollfd){o->fd, o->state == OUT_CONNECTING ? POLLOUT : POLLIN, 0};
+			else
+				pfd[np++] = (struct pollfd){-1, 0, 0};
+		}
+		int pr = poll(pfd, np, (int)((wake - t) * 1000) + 1);
+		if (pr < 0 && errno != EINTR) {
+			rc = vps_fail_errno("poll");
+			break;
+		}
+		if (pr <= 0)
+			continue;
+		for (size_t i = 0; i < hs->nout && !rc; i++)
+			if (pfd[first_out + i].revents)
+				rc = out_progress(hs, &hs->out[i], pfd[first_out + i].revents);
+		if (rc)
+			break;
+		/* pending connections, newest first so that removal keeps indices */
+		size_t base = hs->want_in ? 1 : 0;
+		for (size_t k = hs->npend; k-- > 0;) {
+			if (!pfd[base + k].revents)
+				continue;
+			int r = read_pending(hs, &hs->pend[k]);
+			if (r == -2) {
+				rc = VPS_EPEER;
+				break;
+			}
+			if (r == -1) {
+				drop_pending(hs, k);
+				hs->dropped++;
+			} else if (r == 1) {
+				hs->pend[k] = hs->pend[--hs->npend];
+				hs->want_in--;
+			}
+		}
+		if (rc)
+			break;
+		if (hs->want_in && (pfd[0].revents & POLLIN))
+			accept_new(hs);
+	}
+	while (hs->npend)
+		drop_pending(hs, 0);
+	free(pfd);
+	return rc;
+}
+
+static vps_result_t listen_nb(const struct sockaddr_in *sa, int backlog, int *fd, int *port)
+{
+	VPS_CHECK(listen_on(sa, backlog, fd, port));
+	fcntl(*fd, F_SETFL, fcntl(*fd, F_GETFL) | O_NONBLOCK);
+	return VPS_OK;
+}
+
+/* The address of this host that reaches host:port (a UDP socket's route
+ * lookup: no packet is sent). */
+static vps_result_t route_to(const struct sockaddr_in *to, struct in_addr *local)
+{
+	int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return vps_fail_errno("socket");
+	struct sockaddr_in got;
+	socklen_t l = sizeof(got);
+	if (connect(fd, (const struct sockaddr *)to, sizeof(*to)) != 0 ||
+	    getsockname(fd, (struct sockaddr *)&got, &l) != 0) {
+		vps_result_t rc = vps_fail_errno("no route to the master %s", inet_ntoa(to->sin_addr));
+		close(fd);
+		return rc;
+	}
+	close(fd);
+	*local = got.sin_addr;
+	return VPS_OK;
 }
 
 void vps_net_free(struct vps_net *n)
@@ -218,31 +541,107 @@ static int peer_index(const struct vps_net *n, int64_t peer)
 	return p ? (int)(p - n->peers) : -1;
 }
 
+/* rank 0's bootstrap: every other rank's hello */
+struct gather {
+	struct vps_net *n;
+	struct peer_addr *table;
+	uint64_t plan_hash;
+	char bad[512];
+};
+
+static int admit_rank(void *ctx, const struct hello *h, int fd, const struct sockaddr_in *from)
+{
+	struct gather *g = ctx;
+	struct vps_net *n = g->n;
+	if ((int64_t)h->from <= 0 || (int64_t)h->from >= n->world) {
+		vps_fail(VPS_EPEER, "bootstrap: an executor of this job at %s says it is rank %" PRIu64 " of a world of %" PRId64,
+			 inet_ntoa(from->sin_addr), h->from, n->world);
+		return -1;
+	}
+	if (n->ctl[h->from] >= 0) {
+		vps_fail(VPS_EPEER, "bootstrap: two executors say they are rank %" PRIu64 " (%s and %s)", h->from,
+			 inet_ntoa(from->sin_addr), "an earlier one");
+		return -1;
+	}
+	n->ctl[h->from] = fd;
+	g->table[h->from].ip = from->sin_addr.s_addr;
+	g->table[h->from].port = (uint16_t)h->port;
+	if ((int64_t)h->world != n->world && !g->bad[0])
+		snprintf(g->bad, sizeof(g->bad), "rank %" PRIu64 " runs a world of %" PRIu64 ", rank 0 one of %" PRId64,
+			 h->from, h->world, n->world);
+	else if (h->plan_hash != g->plan_hash && !g->bad[0])
+		snprintf(g->bad, sizeof(g->bad),
+			 "rank %" PRIu64 " holds another staged plan (hash 0x%016" PRIx64 ", rank 0 has 0x%016" PRIx64 ")",
+			 h->from, h->plan_hash, g->plan_hash);
+	return 1;
+}
+
+/* the mesh: a lower rank that exchanges data with this one */
+static int admit_peer(void *ctx, const struct hello *h, int fd, const struct sockaddr_in *from)
+{
+	struct vps_net *n = ctx;
+	int k = peer_index(n, (int64_t)h->from);
+	if (k < 0 || (int64_t)h->from >= n->rank || n->fds[k] >= 0) {
+		vps_fail(VPS_EPEER, "rank %" PRIu64 " (%s) connected, but this rank expects no connection from it", h->from,
+			 inet_ntoa(from->sin_addr));
+		return -1;
+	}
+	n->fds[k] = fd;
+	return 1;
+}
+
+static void missing_ranks(const struct vps_net *n, char *out, size_t size)
+{
+	size_t len = 0;
+	out[0] = '\0';
+	for (int64_t r = 1; r < n->world && len + 24 < size; r++)
+		if (n->ctl[r] < 0)
+			len += (size_t)snprintf(out + len, size - len, "%s%" PRId64, len ? ", " : "", r);
+}
+
+static void dropped_note(const struct handshake *hs, char *out, size_t size)
+{
+	out[0] = '\0';
+	if (hs->dropped)
+		snprintf(out, size, " (%zu connections that did not prove the job token were dropped: does every rank hold the same VPS_TOKEN?)",
+			 hs->dropped);
+}
+
 vps_result_t vps_net_start(struct vps_net **out, const struct vps_net_opts *o)
 {
 	vps_result_t rc = VPS_OK;
 	struct vps_net *n = vps_calloc(1, sizeof(*n));
 	struct peer_addr *table = vps_calloc((size_t)o->world, sizeof(*table));
+	struct outbound *outs = NULL;
 	int lfd = -1, dfd = -1, dport = 0, mport = 0;
-	char who[128];
+	unsigned char key[VPS_AUTH_KEY];
+	char note[256];
 	if (!n || !table) {
 		free(n);
 		free(table);
 		return VPS_ENOMEM;
 	}
+	if (o->world > 1 && (!o->token || !*o->token)) {
+		free(n);
+		free(table);
+		return vps_fail(VPS_EINPUT, "no job token: set VPS_TOKEN or pass --token-file (vps-exec(1) SECURITY)");
+	}
+	vps_auth_key(o->token ? o->token : "", key);
 	n->rank = o->rank;
 	n->world = o->world;
 	n->timeout = o->timeout;
-	n->token = o->token;
 	n->ctl = vps_malloc((size_t)(o->rank == 0 ? o->world : 1) * sizeof(int));
 	n->peers = vps_malloc((o->npeers + 1) * sizeof(*n->peers));
 	n->fds = vps_malloc((o->npeers + 1) * sizeof(int));
-	if (!n->ctl || !n->peers || !n->fds) {
+	outs = vps_calloc(o->npeers + 1, sizeof(*outs));
+	if (!n->ctl || !n->peers || !n->fds || !outs) {
 		rc = VPS_ENOMEM;
 		goto fail;
 	}
 	for (int64_t i = 0; i < (o->rank == 0 ? o->world : 1); i++)
 		n->ctl[i] = -1;
+	for (size_t i = 0; i <= o->npeers; i++)
+		outs[i].fd = -1;
 	if (o->npeers)
 		memcpy(n->peers, o->peers, o->npeers * sizeof(*n->peers));
 	qsort(n->peers, o->npeers, sizeof(*n->peers), cmp_i64);
@@ -252,76 +651,79 @@ vps_result_t vps_net_start(struct vps_net **out, const struct vps_net_opts *o)
 	for (size_t i = 0; i < n->npeers; i++)
 		n->fds[i] = -1;
 	double deadline = now() + o->timeout;
-	struct sockaddr_in master, any = {0};
+	struct sockaddr_in master, here = {0};
 	VPS_CHECK_GOTO(resolve(o->master_host, o->master_port, &master), rc, fail);
-	any.sin_family = AF_INET;
-	any.sin_addr.s_addr = o->rank == 0 ? master.sin_addr.s_addr : htonl(INADDR_ANY);
-	VPS_CHECK_GOTO(listen_on(&any, (int)vps_min64(o->world + 16, 4096), &dfd, &dport), rc, fail);
-	if (o->rank == 0) {
-		/* collect every rank's hello; answer with the peer table */
-		VPS_CHECK_GOTO(listen_on(&master, (int)vps_min64(o->world + 16, 4096), &lfd, &mport), rc, fail);
+	/* listen only where the job's peers reach us: never on every interface */
+	here.sin_family = AF_INET;
+	if (o->bind && *o->bind) {
+		struct sockaddr_in b;
+		VPS_CHECK_GOTO(resolve(o->bind, 0, &b), rc, fail);
+		here.sin_addr = b.sin_addr;
+	} else if (o->rank == 0) {
+		here.sin_addr = master.sin_addr;
+	} else {
+		VPS_CHECK_GOTO(route_to(&master, &here.sin_addr), rc, fail);
+	}
+	int backlog = (int)vps_min64(o->world + 16, 4096);
+	VPS_CHECK_GOTO(listen_nb(&here, backlog, &dfd, &dport), rc, fail);
+	struct handshake hs = {0};
+	hs.key = key;
+	hs.me = o->rank;
+	hs.world = o->world;
+	hs.plan_hash = o->plan_hash;
+	hs.lfd = -1;
+	if (o->rank == 0 && o->world > 1) {
+		struct gather g = {n, table, o->plan_hash, ""};
+		VPS_CHECK_GOTO(listen_nb(&master, backlog, &lfd, &mport), rc, fail);
 		table[0].ip = master.sin_addr.s_addr;
 		table[0].port = (uint16_t)dport;
-		char bad[512] = "";
-		for (int64_t k = 1; k < o->world; k++) {
-			int fd;
-			struct sockaddr_in from;
-			struct hello h;
-			snprintf(who, sizeof(who), "bootstrap: waiting for %" PRId64 " more ranks", o->world - k);
-			rc = accept_one(lfd, deadline, &fd, &from, who);
-			if (rc == VPS_ETIMEOUT) {
-				char missing[160] = "";
-				size_t len = 0;
-				for (int64_t r = 1; r < o->world && len < sizeof(missing) - 24; r++)
-					if (n->ctl[r] < 0)
-						len += (size_t)snprintf(missing + len, sizeof(missing) - len, "%s%" PRId64,
-									len ? ", " : "", r);
-				rc = vps_fail(VPS_ETIMEOUT, "bootstrap: rank %s did not come within %.0f s", missing,
-					      o->timeout);
-			}
-			if (rc)
-				goto fail;
-			rc = recv_all(fd, &h, sizeof(h), o->timeout, "bootstrap: hello");
-			if (rc || h.magic != HELLO_MAGIC || h.token != o->token || (int64_t)h.rank <= 0 ||
-			    (int64_t)h.rank >= o->world || n->ctl[h.rank] >= 0) {
-				/* not one of ours (another job, a port scan): ignore it */
-				close(fd);
-				k--;
-				vps_clear_error();
-				rc = VPS_OK;
-				continue;
-			}
-			n->ctl[h.rank] = fd;
-			table[h.rank].ip = from.sin_addr.s_addr;
-			table[h.rank].port = (uint16_t)h.port;
-			if ((int64_t)h.world != o->world && !bad[0])
-				snprintf(bad, sizeof(bad), "rank %" PRIu64 " runs a world of %" PRIu64 ", rank 0 one of %" PRId64,
-					 h.rank, h.world, o->world);
-			else if (h.plan_hash != o->plan_hash && !bad[0])
-				snprintf(bad, sizeof(bad),
-					 "rank %" PRIu64 " holds another staged plan (hash 0x%016" PRIx64 ", rank 0 has 0x%016" PRIx64 ")",
-					 h.rank, h.plan_hash, o->plan_hash);
+		hs.kind = HELLO_CTL;
+		hs.lfd = lfd;
+		hs.want_in = (size_t)(o->world - 1);
+		hs.admit = admit_rank;
+		hs.ctx = &g;
+		hs.deadline = deadline;
+		rc = handshake_run(&hs);
+		if (rc == VPS_ETIMEOUT) {
+			char missing[160];
+			missing_ranks(n, missing, sizeof(missing));
+			dropped_note(&hs, note, sizeof(note));
+			rc = vps_fail(VPS_ETIMEOUT, "bootstrap: rank %s did not come within %.0f s%s", missing, o->timeout, note);
 		}
+		if (rc)
+			goto fail;
 		for (int64_t r = 1; r < o->world; r++) {
-			uint64_t status = bad[0] ? 1 : 0;
+			uint64_t status = g.bad[0] ? 1 : 0;
 			VPS_CHECK_GOTO(send_all(n->ctl[r], &status, sizeof(status), o->timeout, "bootstrap: answer"), rc, fail);
-			if (bad[0])
-				VPS_CHECK_GOTO(send_all(n->ctl[r], bad, sizeof(bad), o->timeout, "bootstrap: answer"), rc, fail);
+			if (g.bad[0])
+				VPS_CHECK_GOTO(send_all(n->ctl[r], g.bad, sizeof(g.bad), o->timeout, "bootstrap: answer"), rc, fail);
 			else
 				VPS_CHECK_GOTO(send_all(n->ctl[r], table, (size_t)o->world * sizeof(*table), o->timeout,
 							"bootstrap: answer"),
 					       rc, fail);
 		}
-		if (bad[0]) {
-			rc = vps_fail(VPS_EPEER, "bootstrap: %s", bad);
+		if (g.bad[0]) {
+			rc = vps_fail(VPS_EPEER, "bootstrap: %s", g.bad);
 			goto fail;
 		}
-	} else {
-		struct hello h = {HELLO_MAGIC, o->token, (uint64_t)o->rank, (uint64_t)o->world, o->plan_hash,
-				  (uint64_t)dport};
+	} else if (o->world > 1) {
 		uint64_t status;
-		VPS_CHECK_GOTO(connect_retry(&master, deadline, &n->ctl[0], "bootstrap: rank 0"), rc, fail);
-		VPS_CHECK_GOTO(send_all(n->ctl[0], &h, sizeof(h), o->timeout, "bootstrap: rank 0"), rc, fail);
+		outs[0] = (struct outbound){.sa = master, .rank = 0};
+		hs.kind = HELLO_CTL;
+		hs.port = (uint64_t)dport;
+		hs.out = outs;
+		hs.nout = 1;
+		hs.deadline = deadline;
+		rc = handshake_run(&hs);
+		if (rc == VPS_ETIMEOUT)
+			rc = vps_fail(VPS_ETIMEOUT, "bootstrap: %s %s:%d within %.0f s", 
+				      outs[0].turned_away ? "rank 0 turned this rank away (another job token?) at"
+							  : "nobody proved to be rank 0 at",
+				      o->master_host, o->master_port, o->timeout);
+		if (rc)
+			goto fail;
+		n->ctl[0] = outs[0].fd;
+		outs[0].fd = -1;
 		VPS_CHECK_GOTO(recv_all(n->ctl[0], &status, sizeof(status), o->timeout + (deadline - now()),
 					"bootstrap: waiting for the other ranks through rank 0"),
 			       rc, fail);
@@ -335,54 +737,75 @@ vps_result_t vps_net_start(struct vps_net **out, const struct vps_net_opts *o)
 		VPS_CHECK_GOTO(recv_all(n->ctl[0], table, (size_t)o->world * sizeof(*table), o->timeout, "bootstrap"), rc,
 			       fail);
 	}
-	/* the mesh: connect to higher peers, accept lower ones */
-	size_t lower = 0;
+	/* the mesh: connect to higher peers and accept lower ones, all at once */
+	size_t lower = 0, nout = 0;
 	for (size_t i = 0; i < n->npeers; i++) {
 		int64_t p = n->peers[i];
 		if (p < o->rank) {
 			lower++;
 			continue;
 		}
-		struct sockaddr_in sa = {0};
-		sa.sin_family = AF_INET;
-		sa.sin_addr.s_addr = table[p].ip;
-		sa.sin_port = htons(table[p].port);
-		snprintf(who, sizeof(who), "connecting to rank %" PRId64, p);
-		VPS_CHECK_GOTO(connect_retry(&sa, now() + o->timeout, &n->fds[i], who), rc, fail);
-		uint64_t id[2] = {o->token, (uint64_t)o->rank};
-		VPS_CHECK_GOTO(send_all(n->fds[i], id, sizeof(id), o->timeout, who), rc, fail);
+		outs[nout].sa.sin_family = AF_INET;
+		outs[nout].sa.sin_addr.s_addr = table[p].ip;
+		outs[nout].sa.sin_port = htons(table[p].port);
+		outs[nout].rank = p;
+		outs[nout].fd = -1;
+		nout++;
 	}
-	while (lower) {
-		int fd;
-		struct sockaddr_in from;
-		uint64_t id[2];
-		snprintf(who, sizeof(who), "waiting for %zu lower ranks to connect", lower);
-		VPS_CHECK_GOTO(accept_one(dfd, now() + o->timeout, &fd, &from, who), rc, fail);
-		if (recv_all(fd, id, sizeof(id), o->timeout, who) != VPS_OK || id[0] != o->token) {
-			close(fd);
-			vps_clear_error();
-			continue;
-		}
-		int k = peer_index(n, (int64_t)id[1]);
-		if (k < 0 || n->fds[k] >= 0 || (int64_t)id[1] >= o->rank) {
-			close(fd);
-			continue;
-		}
-		n->fds[k] = fd;
-		lower--;
+	hs = (struct handshake){0};
+	hs.key = key;
+	hs.me = o->rank;
+	hs.world = o->world;
+	hs.plan_hash = o->plan_hash;
+	hs.kind = HELLO_MESH;
+	hs.lfd = dfd;
+	hs.want_in = lower;
+	hs.admit = admit_peer;
+	hs.ctx = n;
+	hs.out = outs;
+	hs.nout = nout;
+	hs.deadline = now() + o->timeout;
+	rc = handshake_run(&hs);
+	if (rc == VPS_ETIMEOUT) {
+		char missing[160] = "";
+		size_t len = 0;
+		for (size_t i = 0; i < n->npeers && len + 24 < sizeof(missing); i++)
+			if (n->peers[i] < o->rank && n->fds[i] < 0)
+				len += (size_t)snprintf(missing + len, sizeof(missing) - len, "%s%" PRId64, len ? ", " : "",
+							n->peers[i]);
+		for (size_t i = 0; i < nout && len + 24 < sizeof(missing); i++)
+			if (outs[i].state != OUT_DONE)
+				len += (size_t)snprintf(missing + len, sizeof(missing) - len, "%s%" PRId64, len ? ", " : "",
+							outs[i].rank);
+		dropped_note(&hs, note, sizeof(note));
+		rc = vps_fail(VPS_ETIMEOUT, "connecting the ranks that exchange data: no connection with rank %s within %.0f s%s",
+			      missing, o->timeout, note);
+	}
+	if (rc)
+		goto fail;
+	for (size_t i = 0; i < nout; i++) {
+		n->fds[peer_index(n, outs[i].rank)] = outs[i].fd;
+		outs[i].fd = -1;
 	}
 	close(dfd);
 	if (lfd >= 0)
 		close(lfd);
 	free(table);
+	free(outs);
+	memset(key, 0, sizeof(key));
 	*out = n;
 	return VPS_OK;
 fail:
+	for (size_t i = 0; outs && i <= o->npeers; i++)
+		if (outs[i].fd >= 0)
+			close(outs[i].fd);
 	if (dfd >= 0)
 		close(dfd);
 	if (lfd >= 0)
 		close(lfd);
 	free(table);
+	free(outs);
+	memset(key, 0, sizeof(key));
 	vps_net_free(n);
 	return rc;
 }
@@ -748,4 +1171,196 @@ vps_result_t vps_net_agree(struct vps_net *n, bool ok, const char *what)
 	if (v.failed_rank < (uint64_t)n->world)
 		return vps_fail(VPS_EPEER, "rank %" PRIu64 " failed: %s", v.failed_rank, v.message);
 	return VPS_OK;
+}
+
+/* ---- the start of a switch ---- */
+
+enum { MSG_HEARTBEAT = 'h', MSG_ARRIVED = 'a', MSG_GO = 'g', MSG_ABORT = 'x' };
+#define ABORT_TEXT 248
+
+static double heartbeat_period(const struct vps_net *n) { return n->timeout / 4 < 1.0 ? n->timeout / 4 : 1.0; }
+
+/* A byte of news, without waiting: a peer that does not read (stopped)
+ * only fills its socket buffer. */
+static void tell(int fd, char what) { (void)!send(fd, &what, 1, MSG_NOSIGNAL | MSG_DONTWAIT); }
+
+static void tell_abort(int fd, const char *why)
+{
+	char msg[1 + ABORT_TEXT] = {MSG_ABORT};
+	snprintf(msg + 1, ABORT_TEXT, "%s", why);
+	(void)!send(fd, msg, sizeof(msg), MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+/* A short wait: the trainer's request is polled between waits. */
+static int wait_news(struct pollfd *p, size_t np, double seconds)
+{
+	if (seconds < 0)
+		seconds = 0;
+	struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+	int r = ppoll(p, np, &ts, NULL);
+	return r < 0 && errno == EINTR ? 0 : r;
+}
+
+/* the other side's reason after MSG_ABORT */
+static vps_result_t read_abort(int fd, int64_t rank, double timeout)
+{
+	char why[ABORT_TEXT];
+	if (recv_all(fd, why, sizeof(why), timeout, "abort") != VPS_OK)
+		snprintf(why, sizeof(why), "failed");
+	why[sizeof(why) - 1] = '\0';
+	return vps_fail(VPS_EPEER, "rank %" PRId64 ": %s", rank, why);
+}
+
+static vps_result_t arrive_rank0(struct vps_net *n, int (*ready)(void *), void *ctx, double window)
+{
+	int64_t W = n->world;
+	double *last = vps_malloc((size_t)W * sizeof(*last));
+	bool *arrived = vps_calloc((size_t)W, sizeof(*arrived));
+	struct pollfd *pfd = vps_malloc((size_t)W * sizeof(*pfd));
+	vps_result_t rc = VPS_OK;
+	if (!last || !arrived || !pfd) {
+		rc = VPS_ENOMEM;
+		goto done;
+	}
+	double t = now(), first = -1, next_beat = t, period = heartbeat_period(n);
+	for (int64_t r = 0; r < W; r++)
+		last[r] = t;
+	int64_t count = 0;
+	bool mine = false;
+	for (;;) {
+		if (!mine) {
+			int k = ready(ctx);
+			if (k < 0) {
+				rc = VPS_EPEER;
+				break;
+			}
+			if (k) {
+				mine = true;
+				if (first < 0)
+					first = now();
+			}
+		}
+		if (mine && count == W - 1) {
+			for (int64_t r = 1; r < W && !rc; r++) {
+				char go = MSG_GO;
+				rc = send_all(n->ctl[r], &go, 1, n->timeout, "start of the switch");
+			}
+			goto done;
+		}
+		t = now();
+		if (first >= 0 && t - first > window) {
+			char late[160] = "";
+			size_t len = 0;
+			if (!mine)
+				len += (size_t)snprintf(late, sizeof(late), "0");
+			for (int64_t r = 1; r < W && len + 24 < sizeof(late); r++)
+				if (!arrived[r])
+					len += (size_t)snprintf(late + len, sizeof(late) - len, "%s%" PRId64, len ? ", " : "", r);
+			rc = vps_fail(VPS_ETIMEOUT,
+				      "the trainer of rank %s did not request the switch within %.0f s of the first (--request-timeout)",
+				      late, window);
+			break;
+		}
+		for (int64_t r = 1; r < W && !rc; r++)
+			if (!arrived[r] && t - last[r] > n->timeout)
+				rc = vps_fail(VPS_ETIMEOUT,
+					      "rank %" PRId64 " gave no sign of life for %.0f s while the ranks waited for the switch"
+					      " (stopped, or cut off?)",
+					      r, n->timeout);
+		if (rc)
+			break;
+		if (t >= next_beat) {
+			/* to the ranks that arrived too: they wait on rank 0 */
+			for (int64_t r = 1; r < W; r++)
+				tell(n->ctl[r], MSG_HEARTBEAT);
+			next_beat = t + period;
+		}
+		for (int64_t r = 1; r < W; r++)
+			pfd[r - 1] = (struct pollfd){n->ctl[r], POLLIN, 0};
+		int pr = wait_news(pfd, (size_t)(W - 1), mine ? period / 4 : 0.0002);
+		for (int64_t r = 1; r < W && pr > 0 && !rc; r++) {
+			if (!pfd[r - 1].revents)
+				continue;
+			char m;
+			ssize_t g = recv(n->ctl[r], &m, 1, 0);
+			if (g < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+				continue;
+			if (g <= 0)
+				rc = vps_fail(VPS_EPEER, "rank %" PRId64 "'s executor closed its connection while the ranks waited for the switch", r);
+			else if (m == MSG_HEARTBEAT)
+				last[r] = now();
+			else if (m == MSG_ARRIVED && !arrived[r]) {
+				arrived[r] = true;
+				count++;
+				if (first < 0)
+					first = now();
+			} else if (m == MSG_ABORT)
+				rc = read_abort(n->ctl[r], r, n->timeout);
+			else
+				rc = vps_fail(VPS_EPEER, "rank %" PRId64 " sent 0x%02x while the ranks waited for the switch", r,
+					      (unsigned char)m);
+		}
+		if (rc)
+			break;
+	}
+	/* every rank learns why at once, not after its own timeout */
+	for (int64_t r = 1; r < W; r++)
+		tell_abort(n->ctl[r], vps_last_error());
+done:
+	free(last);
+	free(arrived);
+	free(pfd);
+	return rc;
+}
+
+static vps_result_t arrive_other(struct vps_net *n, int (*ready)(void *), void *ctx)
+{
+	double t = now(), last = t, next_beat = t, period = heartbeat_period(n);
+	bool mine = false;
+	int fd = n->ctl[0];
+	for (;;) {
+		if (!mine) {
+			int k = ready(ctx);
+			if (k < 0) {
+				tell_abort(fd, vps_last_error());
+				return VPS_EPEER;
+			}
+			if (k) {
+				char a = MSG_ARRIVED;
+				VPS_CHECK(send_all(fd, &a, 1, n->timeout, "start of the switch: rank 0"));
+				mine = true;
+			}
+		}
+		t = now();
+		if (t - last > n->timeout)
+			return vps_fail(VPS_ETIMEOUT,
+					"rank 0 gave no sign of life for %.0f s while the ranks waited for the switch (stopped, or cut off?)",
+					n->timeout);
+		if (!mine && t >= next_beat) {
+			tell(fd, MSG_HEARTBEAT);
+			next_beat = t + period;
+		}
+		struct pollfd p = {fd, POLLIN, 0};
+		if (wait_news(&p, 1, mine ? period / 4 : 0.0002) <= 0)
+			continue;
+		char m;
+		ssize_t g = recv(fd, &m, 1, 0);
+		if (g < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+			continue;
+		if (g <= 0)
+			return vps_fail(VPS_EPEER, "rank 0's executor closed its connection while the ranks waited for the switch");
+		if (m == MSG_HEARTBEAT)
+			last = now();
+		else if (m == MSG_GO && mine)
+			return VPS_OK;
+		else if (m == MSG_ABORT)
+			return read_abort(fd, 0, n->timeout);
+		else
+			return vps_fail(VPS_EPEER, "rank 0 sent 0x%02x while the ranks waited for the switch", (unsigned char)m);
+	}
+}
+
+vps_result_t vps_net_arrive(struct vps_net *n, int (*ready)(void *ctx), void *ctx, double window)
+{
+	return n->rank == 0 ? arrive_rank0(n, ready, ctx, window) : arrive_other(n, ready, ctx);
 }

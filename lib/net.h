@@ -16,7 +16,8 @@ struct vps_net_opts {
 	const char *master_host; /* rank 0 listens here */
 	int master_port;
 	double timeout;          /* seconds without progress before giving up */
-	uint64_t token;          /* job token: peers of another job are refused */
+	const char *token;       /* the job's secret: peers that cannot prove it are dropped */
+	const char *bind;        /* listen here (NULL: the master's address, or the one that reaches it) */
 	uint64_t plan_hash;      /* every rank must hold the same plan */
 	const int64_t *peers;    /* ranks this rank exchanges data with */
 	size_t npeers;
@@ -41,6 +42,15 @@ struct vps_net_msg {
 /* Send and receive every message at once; returns when all are done.
  * what names the exchange in messages ("stage 3"). */
 vps_result_t vps_net_exchange(struct vps_net *n, struct vps_net_msg *msgs, size_t nmsgs, const char *what);
+
+/* The start of a switch. Each rank's trainer requests it when it reaches
+ * its switch point, and the ranks' requests may lie up to `window` seconds
+ * apart. While they wait the ranks exchange heartbeats through rank 0, so
+ * that a rank that is stopped, cut off or gone is found within the timeout,
+ * not the window. ready() polls this rank's trainer: 1 when its request is
+ * claimed, 0 not yet, -1 failed (the error set). Returns when every rank
+ * has claimed its request; from then on the ordinary timeout applies. */
+vps_result_t vps_net_arrive(struct vps_net *n, int (*ready)(void *ctx), void *ctx, double window);
 
 /* Set the timeout of later waits; returns the previous one. */
 double vps_net_set_timeout(struct vps_net *n, double timeout);

@@ -77,10 +77,13 @@ static vps_result_t check_name(const char *name)
 }
 
 /* Start time of a process in clock ticks since boot (/proc/PID/stat field
- * 22), to tell a live owner from a new process that reused its pid. */
-static uint64_t proc_start(int pid)
+ * 22), to tell a live owner from a new process that reused its pid; 0 when
+ * it cannot be read. *zombie: the process has exited and awaits its parent
+ * (its memory is gone: for a trainer, as dead as a reaped one). */
+static uint64_t proc_start(int pid, bool *zombie)
 {
 	char path[64], buf[1024];
+	*zombie = false;
 	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
 	FILE *f = fopen(path, "r");
 	if (!f)
@@ -94,8 +97,11 @@ static uint64_t proc_start(int pid)
 	/* fields after the command: state is field 3, starttime field 22 */
 	int field = 2;
 	unsigned long long v = 0;
-	for (char *tok = strtok(p + 1, " "); tok; tok = strtok(NULL, " ")) {
-		if (++field == 22) {
+	char *save = NULL;
+	for (char *tok = strtok_r(p + 1, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
+		if (++field == 3)
+			*zombie = tok[0] == 'Z' || tok[0] == 'X';
+		if (field == 22) {
 			v = strtoull(tok, NULL, 10);
 			break;
 		}
@@ -109,9 +115,14 @@ static bool owner_alive(const struct reg_header *h)
 		return false;
 	if (kill(h->owner_pid, 0) != 0 && errno == ESRCH)
 		return false;
-	uint64_t st = proc_start(h->owner_pid);
-	return st == 0 || st == h->owner_start;
+	bool zombie;
+	uint64_t st = proc_start(h->owner_pid, &zombie);
+	return !zombie && (st == 0 || st == h->owner_start);
 }
+
+bool vps_registry_owner_alive(const struct vps_registry *r) { return owner_alive(r->h); }
+
+int vps_registry_owner_pid(const struct vps_registry *r) { return r->h->owner_pid; }
 
 static void shm_path(char *out, size_t n, const char *name) { snprintf(out, n, "/%s", name); }
 
@@ -292,7 +303,8 @@ vps_result_t vps_registry_create(struct vps_registry **out, const char *name, ui
 	h->entry_size = sizeof(struct reg_entry);
 	h->max_entries = max_entries;
 	h->owner_pid = (int32_t)getpid();
-	h->owner_start = proc_start((int)getpid());
+	bool zombie;
+	h->owner_start = proc_start((int)getpid(), &zombie);
 	h->layout_hash = layout_hash;
 	h->rank = rank;
 	h->target_rank = -1;

@@ -54,6 +54,9 @@ else
 fi
 cd "$dir"
 tag=demo$$
+# a fresh secret per job: only this job's executors can join its switch
+VPS_TOKEN=${VPS_TOKEN:-$("$bin/vps-exec" --new-token)}
+export VPS_TOKEN
 "$bin/vps-layout" --model "$model" --parallel "$from" --gpus-per-node "$np" -o a.layout
 "$bin/vps-layout" --model "$model" --parallel "$to" --gpus-per-node "$np" -o b.layout
 "$bin/vps-plan" a.layout b.layout --global-batch "$gb" -o ab.plan

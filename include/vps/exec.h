@@ -25,17 +25,37 @@ struct vps_exec_opts {
 	int master_port;
 	double timeout;         /* seconds without progress */
 	double request_timeout; /* seconds the ranks' trainers may request apart */
-	uint64_t token;         /* job token */
+	const char *token;      /* the job's secret (vps_exec_token); NULL only for a world of one */
+	const char *bind;       /* address this rank listens on; NULL: the master's (rank 0) or the
+				 * one that reaches the master (the others) */
 	bool wait;              /* connect first, then wait for the trainer's request */
 	bool check;             /* digest before and after; done only when they match */
-	/* fault injection for tests: at this stage (-1: never) the rank freezes
-	 * (SIGSTOP: a silent peer) or exits (a dead peer) */
+	/* fault injection for tests: at this stage (-1: never; VPS_FAULT_AT_CLAIM:
+	 * as soon as the request is claimed) the rank freezes (SIGSTOP: a silent
+	 * peer), exits (a dead peer) or kills its trainer */
 	int64_t fault_stage;
-	bool fault_exit;
+	int fault;              /* enum vps_exec_fault */
 	/* progress callback after each stage (may be NULL) */
 	void (*progress)(void *ctx, int64_t stage, int64_t nstages, int64_t bytes, double seconds);
 	void *progress_ctx;
 };
+
+enum vps_exec_fault { VPS_FAULT_STALL = 0, VPS_FAULT_EXIT = 1, VPS_FAULT_KILL_TRAINER = 2 };
+#define VPS_FAULT_AT_CLAIM (-2)
+
+/* A job token: VPS_TOKEN_MIN to VPS_TOKEN_MAX characters. */
+#define VPS_TOKEN_MIN 16
+#define VPS_TOKEN_MAX 256
+#define VPS_TOKEN_NEW 32
+
+/* The job token from file (which must be a regular file of this user,
+ * readable by nobody else), or from the environment's VPS_TOKEN when file
+ * is NULL. out (at least VPS_TOKEN_MAX + 3 bytes) receives it, or "" when
+ * neither names one. */
+vps_result_t vps_exec_token(const char *file, char *out, size_t size);
+/* A fresh token: VPS_TOKEN_NEW hexadecimal digits from the kernel's
+ * random source. */
+vps_result_t vps_exec_new_token(char out[VPS_TOKEN_NEW + 1]);
 
 struct vps_exec_stage_report {
 	int64_t bytes_sent, bytes_received, bytes_copied;

@@ -128,6 +128,10 @@ void vps_registry_finish(struct vps_registry *r, uint64_t seq, int ok, const cha
  * wait and next request return the message at once. */
 void vps_registry_abort(struct vps_registry *r, const char *message);
 int vps_registry_state(const struct vps_registry *r, uint64_t *seq);
+/* The trainer that made the registry still runs (the executor watches it:
+ * a trainer gone mid-switch takes its state with it). */
+bool vps_registry_owner_alive(const struct vps_registry *r);
+int vps_registry_owner_pid(const struct vps_registry *r);
 const char *vps_registry_failure(const struct vps_registry *r);
 
 void vps_registry_get_training(const struct vps_registry *r, struct vps_registry_training *t);

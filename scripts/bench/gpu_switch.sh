@@ -9,6 +9,7 @@
 #   scripts/bench/gpu_switch.sh [MODEL FROM TO]
 #   (default: gpt3-1.3b tp=4,pp=2,dp=1 -> tp=2,pp=4,dp=1)
 set -euo pipefail
+export VPS_TOKEN=${VPS_TOKEN:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 top=$(cd "$(dirname "$0")/../.." && pwd)
 bin=$top/bin
 model=${1:-gpt3-1.3b} from=${2:-tp=4,pp=2,dp=1} to=${3:-tp=2,pp=4,dp=1}

@@ -5,6 +5,7 @@
 # single stream. Runs alternate (switch, iperf3) RUNS times; the ratio of
 # medians is reported.
 set -euo pipefail
+export VPS_TOKEN=${VPS_TOKEN:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 top=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$top" && make -s all
 bin=$top/bin

@@ -3,6 +3,7 @@
 # and back, two PyTorch trainers (tests/gpu/torch_trainer.py) and two
 # executors. Needs a GPU and python3 with torch.
 set -euo pipefail
+export VPS_TOKEN=${VPS_TOKEN:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 top=$(cd "$(dirname "$0")/../.." && pwd)
 bin=$top/bin
 export VPS_CONFIG_PATH=$top/configs
