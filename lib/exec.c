@@ -743,6 +743,9 @@ vps_result_t vps_exec_run(struct vps_staged *const *plans, size_t nplans, const 
 	int64_t W = vps_world_size(p0->world);
 	if (o->rank < 0 || o->rank >= W)
 		return vps_fail(VPS_EINPUT, "rank %" PRId64 " is outside the transition world of %" PRId64, o->rank, W);
+	if (W > 1 && (!o->token || strlen(o->token) < VPS_TOKEN_MIN))
+		return vps_fail(VPS_EINPUT, "no job token: export VPS_TOKEN (vps-exec --new-token makes one) or pass --token-file;"
+				" vps-exec(1) SECURITY");
 	struct vps_device me = vps_world_device(p0->world, o->rank);
 	uint64_t hash = 0;
 	/* every plan over the same devices; peers in the first plan's numbering */

@@ -333,3 +333,30 @@ other_layout() {
 	[ "$status" -eq 2 ]
 	[[ "$output" == *"no rank: give --rank"* ]]
 }
+
+# ---- a rank stopped as the switch starts, a trainer killed mid-switch ----
+
+stopped_at_start() {
+	# the default --request-timeout (600 s) must not apply: every rank has
+	# heartbeats from rank 0, and rank 0 from every rank, while they wait
+	run_with_fault $1 stall:claim
+	[ "$took" -lt 15 ]
+	grep -q "rank 1 gave no sign of life for 3 s while the ranks waited for the switch" e.0
+	for r in 2 3; do grep -q "vps-exec: rank $r: rank 0: rank 1 gave no sign of life" e.$r; done
+	for r in 0 2 3; do ! grep -q "switch 1: sent" e.$r; grep -q "sources intact" t.$r; done
+}
+
+@test "tcp: a rank stopped as the switch starts: every rank stops within the timeout, not the request timeout" { stopped_at_start tcp; }
+@test "ipc: a rank stopped as the switch starts: every rank stops within the timeout, not the request timeout" { stopped_at_start ipc; }
+
+trainer_killed() {
+	run_with_fault $1 kill-trainer:2
+	[ "$took" -lt 15 ]
+	grep -q "vps-exec: rank 1: the trainer (pid [0-9]*) of registry $tag-1 died during the switch" e.1
+	for r in 0 2 3; do grep -q "vps-exec: rank $r: rank 1 failed: the trainer (pid [0-9]*) of registry $tag-1 died" e.$r; done
+	for r in 0 1 2 3; do ! grep -q "digest: match" e.$r; ! grep -q "switch 1: sent" e.$r; done
+	for r in 0 2 3; do grep -q "sources intact" t.$r; done
+}
+
+@test "tcp: a trainer killed mid-switch fails the switch on every rank" { trainer_killed tcp; }
+@test "ipc: a trainer killed mid-switch fails the switch on every rank" { trainer_killed ipc; }
