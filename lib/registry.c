@@ -475,10 +475,19 @@ vps_result_t vps_registry_alloc_host(struct vps_registry *r, int role, uint32_t 
 {
 	struct reg_entry *e;
 	VPS_CHECK(add_entry(r, role, buffer, state, dtype, elements, &e));
-	buffer_shm_name(e->shm_name, sizeof(e->shm_name), r->name, r->h->next_object++);
+	/* counted once made: the clean-up removes only serials below the count */
+	buffer_shm_name(e->shm_name, sizeof(e->shm_name), r->name, r->h->next_object);
 	void *base;
 	size_t len;
-	VPS_CHECK(map_object(e->shm_name, true, e->bytes ? e->bytes : 1, &base, &len));
+	vps_result_t rc = map_object(e->shm_name, true, e->bytes ? e->bytes : 1, &base, &len);
+	if (rc && errno == EEXIST)
+		return vps_fail(VPS_EINPUT,
+				"registry %s: /dev/shm/%s exists and is not this registry's (another program's, or "
+				"another user's stale trainer's): it is left alone; remove it or choose another registry name",
+				r->name, e->shm_name);
+	if (rc)
+		return rc;
+	r->h->next_object++;
 	if (remember(r, base, len)) {
 		munmap(base, len);
 		return VPS_ENOMEM;
