@@ -80,27 +80,37 @@ static vps_result_t check_name(const char *name)
  * 22), to tell a live owner from a new process that reused its pid. */
 static uint64_t proc_start(int pid)
 {
+	/* open and read, no stdio: vps-trainer's signal handler gets here */
 	char path[64], buf[1024];
 	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-	FILE *f = fopen(path, "r");
-	if (!f)
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
 		return 0;
-	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-	fclose(f);
+	ssize_t n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
 	buf[n] = '\0';
 	char *p = strrchr(buf, ')');
 	if (!p)
 		return 0;
 	/* fields after the command: state is field 3, starttime field 22 */
 	int field = 2;
-	unsigned long long v = 0;
-	for (char *tok = strtok(p + 1, " "); tok; tok = strtok(NULL, " ")) {
-		if (++field == 22) {
-			v = strtoull(tok, NULL, 10);
+	for (p++; *p;) {
+		while (*p == ' ')
+			p++;
+		if (!*p)
 			break;
+		if (++field == 22) {
+			unsigned long long v = 0;
+			for (; *p >= '0' && *p <= '9'; p++)
+				v = v * 10 + (unsigned long long)(*p - '0');
+			return v;
 		}
+		while (*p && *p != ' ')
+			p++;
 	}
-	return v;
+	return 0;
 }
 
 static bool owner_alive(const struct reg_header *h)

@@ -150,3 +150,14 @@ exec_one() {
 	echo "$output"
 	[ "$status" -eq 0 ]
 }
+
+@test "a trainer stopped by SIGTERM removes its own registry and objects, and no other" {
+	joiner
+	echo foreign > "/dev/shm/$reg.9"
+	start_trainer 3 20
+	kill -TERM "$trainer"
+	wait "$trainer" || true
+	trainer=
+	[ ! -e "/dev/shm/$reg" ] && [ ! -e "/dev/shm/$reg.0" ] && [ ! -e "/dev/shm/$reg.3" ]
+	[ "$(cat "/dev/shm/$reg.9")" = foreign ]
+}
