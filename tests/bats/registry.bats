@@ -27,7 +27,7 @@ start_trainer() {
 	vps-trainer --registry "$reg" --rank "${rank:-0}" --timeout "${2:-10}" s.staged > t.0 2>&1 &
 	trainer=$!
 	local i
-	for i in $(seq 200); do
+	for i in $(seq 600); do
 		[ -e "/dev/shm/$reg.$1" ] && return 0
 		sleep 0.05
 	done
@@ -48,7 +48,7 @@ teardown() {
 }
 
 exec_one() {
-	run vps-exec --registry "$reg" --rank 0 --master 127.0.0.1:$port --timeout 5 s.staged
+	run vps-exec --registry "$reg" --rank 0 --master 127.0.0.1:$port --timeout 30 s.staged
 }
 
 @test "a registry that others can write is refused by the executor, naming it and its mode" {
@@ -133,7 +133,7 @@ exec_one() {
 
 @test "a trainer killed before it made its registry leaves another's live registry alone" {
 	one_rank
-	start_trainer 0 20
+	start_trainer 7 60
 	# a second trainer of the same name is refused while the first lives
 	expect_status 2 vps-trainer --registry "$reg" --rank 0 --timeout 1 s.staged
 	[[ "$output" == *"registry $reg is in use by pid $trainer"* ]]
