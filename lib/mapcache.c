@@ -90,9 +90,12 @@ static vps_result_t map_host(const char *name, bool writable, void **base, size_
 		return vps_fail(errno == ENOENT ? VPS_EINPUT : VPS_ESYS, "shared memory /dev/shm/%s: %s", name,
 				strerror(errno));
 	struct stat st;
-	if (fstat(fd, &st) != 0) {
+	vps_result_t rc = vps_registry_check_object(fd, name);
+	if (!rc && fstat(fd, &st) != 0)
+		rc = vps_fail_errno("shared memory /dev/shm/%s", name);
+	if (rc) {
 		close(fd);
-		return vps_fail_errno("shared memory /dev/shm/%s", name);
+		return rc;
 	}
 	size_t size = (size_t)st.st_size;
 	void *p = size ? mmap(NULL, size, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0)

@@ -82,31 +82,40 @@ static vps_result_t check_name(const char *name)
  * (its memory is gone: for a trainer, as dead as a reaped one). */
 static uint64_t proc_start(int pid, bool *zombie)
 {
+	/* open and read, no stdio: vps-trainer's signal handler gets here */
 	char path[64], buf[1024];
 	*zombie = false;
 	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-	FILE *f = fopen(path, "r");
-	if (!f)
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
 		return 0;
-	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-	fclose(f);
+	ssize_t n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
 	buf[n] = '\0';
 	char *p = strrchr(buf, ')');
 	if (!p)
 		return 0;
 	/* fields after the command: state is field 3, starttime field 22 */
 	int field = 2;
-	unsigned long long v = 0;
-	char *save = NULL;
-	for (char *tok = strtok_r(p + 1, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
-		if (++field == 3)
-			*zombie = tok[0] == 'Z' || tok[0] == 'X';
-		if (field == 22) {
-			v = strtoull(tok, NULL, 10);
+	for (p++; *p;) {
+		while (*p == ' ')
+			p++;
+		if (!*p)
 			break;
+		if (++field == 3)
+			*zombie = *p == 'Z' || *p == 'X';
+		if (field == 22) {
+			unsigned long long v = 0;
+			for (; *p >= '0' && *p <= '9'; p++)
+				v = v * 10 + (unsigned long long)(*p - '0');
+			return v;
 		}
+		while (*p && *p != ' ')
+			p++;
 	}
-	return v;
+	return 0;
 }
 
 static bool owner_alive(const struct reg_header *h)
@@ -140,15 +149,43 @@ static vps_result_t map_object(const char *name, bool create, size_t size, void 
 	return map_object_prot(name, create, true, size, base, len);
 }
 
+vps_result_t vps_registry_check_object(int fd, const char *name)
+{
+	struct stat st;
+	if (fstat(fd, &st) != 0)
+		return vps_fail_errno("shared memory /dev/shm/%s", name);
+	uid_t me = geteuid();
+	/* another user's object, or one that others may open, can change under
+	 * a switch (or read a job's state out of it): only the executing user's
+	 * own, private objects are trusted */
+	if (!S_ISREG(st.st_mode))
+		return vps_fail(VPS_EINPUT, "shared memory /dev/shm/%s: not a regular file", name);
+	if (st.st_uid != me)
+		return vps_fail(VPS_EINPUT,
+				"shared memory /dev/shm/%s: owned by uid %u, not by this user (uid %u); vps uses only "
+				"its own user's objects, of mode 0600",
+				name, (unsigned)st.st_uid, (unsigned)me);
+	if (st.st_mode & 077)
+		return vps_fail(VPS_EINPUT,
+				"shared memory /dev/shm/%s: mode %04o lets other users open it; vps uses only objects of "
+				"mode 0600 (no group or other access)",
+				name, (unsigned)(st.st_mode & 07777));
+	return VPS_OK;
+}
+
 static vps_result_t map_object_prot(const char *name, bool create, bool writable, size_t size, void **base,
 				    size_t *len)
 {
 	char path[VPS_REGISTRY_NAME_MAX + 16];
 	shm_path(path, sizeof(path), name);
 	int fd = shm_open(path, create ? O_CREAT | O_EXCL | O_RDWR : writable ? O_RDWR : O_RDONLY, 0600);
-	if (fd < 0)
-		return vps_fail(errno == ENOENT ? VPS_EINPUT : VPS_ESYS, "shared memory /dev/shm/%s: %s", name,
-				strerror(errno));
+	if (fd < 0) {
+		int err = errno; /* create looks at EEXIST */
+		vps_result_t rc = vps_fail(err == ENOENT ? VPS_EINPUT : VPS_ESYS, "shared memory /dev/shm/%s: %s", name,
+					   strerror(err));
+		errno = err;
+		return rc;
+	}
 	if (create && ftruncate(fd, (off_t)size) != 0) {
 		vps_result_t rc = vps_fail_errno("shared memory /dev/shm/%s: resize to %zu bytes", name, size);
 		close(fd);
@@ -156,10 +193,13 @@ static vps_result_t map_object_prot(const char *name, bool create, bool writable
 		return rc;
 	}
 	if (!create) {
+		vps_result_t rc = vps_registry_check_object(fd, name);
 		struct stat st;
-		if (fstat(fd, &st) != 0) {
+		if (!rc && fstat(fd, &st) != 0)
+			rc = vps_fail_errno("shared memory /dev/shm/%s", name);
+		if (rc) {
 			close(fd);
-			return vps_fail_errno("shared memory /dev/shm/%s", name);
+			return rc;
 		}
 		size = (size_t)st.st_size;
 	}
@@ -224,32 +264,104 @@ static vps_result_t attach(struct vps_registry **out, const char *name)
 	return wrap(name, base, len, false, out);
 }
 
-vps_result_t vps_registry_unlink(const char *name)
+/* The header of an existing object NAME, read without mapping it, and
+ * whether it is a vps registry. *found is false when there is none. */
+static vps_result_t read_header(const char *name, bool *found, struct stat *st, struct reg_header *h, bool *is_reg)
 {
-	VPS_CHECK(check_name(name));
-	/* the registry and every buffer object NAME.N it made */
-	DIR *d = opendir("/dev/shm");
-	size_t n = strlen(name);
-	if (d) {
-		for (struct dirent *e; (e = readdir(d));) {
-			if (strncmp(e->d_name, name, n) || e->d_name[n] != '.')
-				continue;
-			bool digits = e->d_name[n + 1] != '\0';
-			for (const char *c = e->d_name + n + 1; *c; c++)
-				digits &= *c >= '0' && *c <= '9';
-			if (digits) {
-				char path[sizeof(e->d_name) + 2];
-				snprintf(path, sizeof(path), "/%s", e->d_name);
-				shm_unlink(path);
-			}
-		}
-		closedir(d);
+	char path[VPS_REGISTRY_NAME_MAX + 16];
+	shm_path(path, sizeof(path), name);
+	*found = *is_reg = false;
+	memset(h, 0, sizeof(*h));
+	int fd = shm_open(path, O_RDONLY, 0);
+	if (fd < 0) {
+		if (errno == ENOENT)
+			return VPS_OK;
+		return vps_fail_errno("/dev/shm/%s", name);
 	}
+	*found = true;
+	ssize_t n = fstat(fd, st) == 0 ? pread(fd, (void *)h, sizeof(*h), 0) : -1;
+	int err = errno;
+	close(fd);
+	if (n < 0) {
+		errno = err;
+		return vps_fail_errno("/dev/shm/%s", name);
+	}
+	*is_reg = S_ISREG(st->st_mode) && (size_t)n == sizeof(*h) && !memcmp(h->magic, REG_MAGIC, 8) &&
+		  h->version == VPS_REGISTRY_VERSION && h->entry_size == sizeof(struct reg_entry);
+	return VPS_OK;
+}
+
+/* Remove the buffer objects a registry made: NAME.N with N below its object
+ * counter, regular files of the registry's owner. Anything else whose name
+ * starts with NAME. is not the registry's and is left alone. */
+static void remove_buffers(const char *name, uint64_t next_object, uid_t uid)
+{
+	DIR *d = opendir("/dev/shm");
+	if (!d)
+		return;
+	size_t n = strlen(name);
+	for (struct dirent *e; (e = readdir(d));) {
+		if (strncmp(e->d_name, name, n) || e->d_name[n] != '.')
+			continue;
+		/* the serial as buffer_shm_name writes it: digits, no leading zero */
+		const char *s = e->d_name + n + 1;
+		bool ok = *s && (s[0] != '0' || !s[1]);
+		uint64_t v = 0;
+		for (const char *c = s; ok && *c; c++) {
+			ok = *c >= '0' && *c <= '9' && v <= (UINT64_MAX - 9) / 10;
+			v = v * 10 + (uint64_t)(*c - '0');
+		}
+		struct stat st;
+		if (!ok || v >= next_object || fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+		    !S_ISREG(st.st_mode) || st.st_uid != uid)
+			continue;
+		char path[sizeof(e->d_name) + 2];
+		snprintf(path, sizeof(path), "/%s", e->d_name);
+		shm_unlink(path);
+	}
+	closedir(d);
+}
+
+/* Remove the registry NAME and its buffer objects when they are this user's
+ * and their trainer is gone (or, with `mine`, is this process); refuse
+ * anything else. Without `replace` a stale one is refused too. */
+static vps_result_t remove_registry(const char *name, bool replace, bool mine)
+{
+	bool found, is_reg;
+	struct stat st;
+	struct reg_header h;
+	VPS_CHECK(read_header(name, &found, &st, &h, &is_reg));
+	if (!found)
+		return VPS_OK;
+	if (!is_reg)
+		return vps_fail(VPS_EINPUT,
+				"/dev/shm/%s exists and is not a vps registry (or its trainer is still creating it); "
+				"it is left alone: choose another registry name, or remove it",
+				name);
+	int pid = h.owner_pid;
+	if (owner_alive(&h) && !(mine && pid == (int)getpid()))
+		return vps_fail(VPS_EINPUT, "registry %s is in use by pid %d", name, pid);
+	uid_t me = geteuid();
+	if (st.st_uid != me)
+		return vps_fail(VPS_EINPUT,
+				"registry %s is stale (its trainer, pid %d, is gone) and owned by uid %u, not by this "
+				"user (uid %u): it is left alone; remove /dev/shm/%s",
+				name, pid, (unsigned)st.st_uid, (unsigned)me, name);
+	if (!replace)
+		return vps_fail(VPS_EINPUT, "registry %s is stale (its trainer, pid %d, is gone); remove /dev/shm/%s",
+				name, pid, name);
+	remove_buffers(name, h.next_object, me);
 	char path[VPS_REGISTRY_NAME_MAX + 16];
 	shm_path(path, sizeof(path), name);
 	if (shm_unlink(path) != 0 && errno != ENOENT)
 		return vps_fail_errno("registry %s: remove", name);
 	return VPS_OK;
+}
+
+vps_result_t vps_registry_unlink(const char *name)
+{
+	VPS_CHECK(check_name(name));
+	return remove_registry(name, true, true);
 }
 
 vps_result_t vps_registry_reset(struct vps_registry *r, uint64_t layout_hash, int64_t rank)
@@ -276,22 +388,7 @@ vps_result_t vps_registry_create(struct vps_registry **out, const char *name, ui
 	size_t len;
 	vps_result_t rc = map_object(name, true, size, &base, &len);
 	if (rc && errno == EEXIST) {
-		struct vps_registry *old;
-		if (attach(&old, name) == VPS_OK) {
-			bool alive = owner_alive(old->h);
-			int pid = old->h->owner_pid;
-			munmap(old->h, old->size);
-			free(old);
-			if (alive)
-				return vps_fail(VPS_EINPUT, "registry %s is in use by pid %d", name, pid);
-			if (!replace_stale)
-				return vps_fail(VPS_EINPUT,
-						"registry %s is stale (its trainer, pid %d, is gone); remove /dev/shm/%s",
-						name, pid, name);
-		} else if (!replace_stale) {
-			return vps_fail(VPS_EINPUT, "/dev/shm/%s exists and is not a vps registry", name);
-		}
-		VPS_CHECK(vps_registry_unlink(name));
+		VPS_CHECK(remove_registry(name, replace_stale, false));
 		rc = map_object(name, true, size, &base, &len);
 	}
 	if (rc)
@@ -340,7 +437,11 @@ void vps_registry_close(struct vps_registry *r)
 		char name[VPS_REGISTRY_NAME_MAX + 2];
 		snprintf(name, sizeof(name), "%s", r->name);
 		munmap(r->h, r->size);
-		vps_registry_unlink(name);
+		/* a failure to clean up must not hide why the trainer stopped */
+		char saved[1024];
+		snprintf(saved, sizeof(saved), "%s", vps_last_error());
+		if (remove_registry(name, true, true))
+			vps_fail(VPS_OK, "%s", saved);
 	} else {
 		munmap(r->h, r->size);
 	}
@@ -395,10 +496,19 @@ vps_result_t vps_registry_alloc_host(struct vps_registry *r, int role, uint32_t 
 {
 	struct reg_entry *e;
 	VPS_CHECK(add_entry(r, role, buffer, state, dtype, elements, &e));
-	buffer_shm_name(e->shm_name, sizeof(e->shm_name), r->name, r->h->next_object++);
+	/* counted once made: the clean-up removes only serials below the count */
+	buffer_shm_name(e->shm_name, sizeof(e->shm_name), r->name, r->h->next_object);
 	void *base;
 	size_t len;
-	VPS_CHECK(map_object(e->shm_name, true, e->bytes ? e->bytes : 1, &base, &len));
+	vps_result_t rc = map_object(e->shm_name, true, e->bytes ? e->bytes : 1, &base, &len);
+	if (rc && errno == EEXIST)
+		return vps_fail(VPS_EINPUT,
+				"registry %s: /dev/shm/%s exists and is not this registry's (another program's, or "
+				"another user's stale trainer's): it is left alone; remove it or choose another registry name",
+				r->name, e->shm_name);
+	if (rc)
+		return rc;
+	r->h->next_object++;
 	if (remember(r, base, len)) {
 		munmap(base, len);
 		return VPS_ENOMEM;

@@ -30,8 +30,11 @@ void vps_bytes_release(struct vps_bytes *b);
 /* ---- files ---- */
 /* Read a whole file, or standard input for "-". */
 vps_result_t vps_read_file(const char *path, struct vps_bytes *out);
-/* Write bytes to path through a temporary file and a rename; "-" or NULL is
- * standard output, where binary is refused on a terminal. */
+/* Write bytes to path: a regular file (or none) is replaced whole, through a
+ * temporary beside it and a rename, keeping its permissions (a new one is
+ * 0644); a character device or a FIFO is written to where it is; a symbolic
+ * link is followed and its target replaced, the link kept; anything else is
+ * refused. "-" or NULL is standard output. Binary is refused on a terminal. */
 vps_result_t vps_write_output(const char *path, const struct vps_bytes *b, bool binary);
 /* Whether bytes start with the binary magic. */
 bool vps_is_binary(const void *data, size_t len);

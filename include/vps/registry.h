@@ -60,15 +60,28 @@ struct vps_registry;
 /* Create a registry for a trainer running rank `rank` of the layout with
  * hash layout_hash (rank -1 and hash 0 for a joining device that has no
  * source). An existing registry of that name is refused when its owner is
- * alive; a stale one (owner gone) is replaced only with replace_stale.
+ * alive; a stale one (owner gone) of this user's is replaced only with
+ * replace_stale, with the buffer objects NAME.N it made. An object NAME that
+ * is not a vps registry, or is another user's, is never removed.
  * @return VPS_EINPUT with the reason when the name is taken. */
 vps_result_t vps_registry_create(struct vps_registry **out, const char *name, uint64_t layout_hash, int64_t rank,
 				 uint32_t max_entries, int replace_stale);
-/* Open an existing registry (the executor). Fails when it is stale. */
+/* Open an existing registry (the executor). Fails when it is stale, and
+ * when it is not the calling user's own, private object (as
+ * vps_registry_check_object). */
 vps_result_t vps_registry_open(struct vps_registry **out, const char *name);
+/* Whether an open shared-memory object (fd, named name in messages) may hold
+ * a job's state: a regular file owned by the calling process's effective
+ * user, with no group or other permission. Every object the executor maps
+ * is checked. @return VPS_EINPUT naming /dev/shm/NAME, its owner or its
+ * mode, and what is expected. */
+vps_result_t vps_registry_check_object(int fd, const char *name);
 /* Unmap. The trainer's close also removes the object and its buffers. */
 void vps_registry_close(struct vps_registry *r);
-/* Remove a registry and its host buffers by name (stale cleanup). */
+/* Remove a registry and the buffer objects NAME.N it made, by name: only a
+ * vps registry of this user's whose trainer is gone or is the calling
+ * process (stale cleanup, a trainer's signal handler); VPS_EINPUT, leaving
+ * everything, for anything else. An absent NAME is not an error. */
 vps_result_t vps_registry_unlink(const char *name);
 
 const char *vps_registry_name(const struct vps_registry *r);

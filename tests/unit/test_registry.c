@@ -1,7 +1,9 @@
 /* The trainer registry: ownership, staleness, the switch protocol. */
+#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -119,4 +121,180 @@ TEST(the_switch_protocol)
 	CHECK(strstr(vps_last_error(), "rank 2 did not come") != NULL);
 	vps_registry_close(exec);
 	vps_registry_close(trainer);
+}
+
+static bool shm_exists(const char *name)
+{
+	char path[128];
+	snprintf(path, sizeof(path), "/dev/shm/%s", name);
+	return access(path, F_OK) == 0;
+}
+
+/* An object of bytes that are not a registry, as another program leaves. */
+static void foreign_object(const char *name)
+{
+	char path[128];
+	unsigned char junk[4096];
+	for (size_t i = 0; i < sizeof(junk); i++)
+		junk[i] = (unsigned char)(i * 131 + 7);
+	snprintf(path, sizeof(path), "/dev/shm/%s", name);
+	int fd = open(path, O_CREAT | O_EXCL | O_WRONLY, 0600);
+	CHECK(fd >= 0);
+	if (fd >= 0) {
+		CHECK(write(fd, junk, sizeof(junk)) == (ssize_t)sizeof(junk));
+		close(fd);
+	}
+}
+
+static void remove_object(const char *name)
+{
+	char path[128];
+	snprintf(path, sizeof(path), "/dev/shm/%s", name);
+	unlink(path);
+}
+
+/* A registry made by a child that exits without closing it, with two host
+ * buffers: NAME, NAME.0 and NAME.1 stay behind, stale. */
+static void stale_registry(const char *name)
+{
+	pid_t child = fork();
+	if (child == 0) {
+		struct vps_registry *c;
+		void *p;
+		if (vps_registry_create(&c, name, 7, 0, 4, 0) || vps_registry_alloc_host(c, 0, 0, 0, 1, 100, &p) ||
+		    vps_registry_alloc_host(c, 0, 1, 0, 1, 100, &p))
+			_exit(1);
+		_exit(0);
+	}
+	int st;
+	waitpid(child, &st, 0);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+TEST(the_stale_cleanup_removes_only_a_registry_and_its_own_objects)
+{
+	char name[64], other[96];
+	struct vps_registry *r = NULL;
+	/* NAME that is not a registry: refused, by create and by unlink, and kept */
+	name_for(name, sizeof(name), "foreign");
+	foreign_object(name);
+	CHECK(vps_registry_create(&r, name, 1, 0, 4, 1) == VPS_EINPUT);
+	CHECK(strstr(vps_last_error(), "is not a vps registry") != NULL);
+	CHECK(strstr(vps_last_error(), "left alone") != NULL);
+	CHECK(vps_registry_unlink(name) == VPS_EINPUT);
+	CHECK(shm_exists(name));
+	remove_object(name);
+
+	/* a stale registry goes with the objects it made, not with a foreign
+	 * NAME.7 (above its object counter), NAME.01 or NAME.x */
+	name_for(name, sizeof(name), "sweep");
+	stale_registry(name);
+	const char *foreign[] = {"7", "01", "x", "1x"};
+	for (size_t i = 0; i < 4; i++) {
+		snprintf(other, sizeof(other), "%s.%s", name, foreign[i]);
+		foreign_object(other);
+	}
+	snprintf(other, sizeof(other), "%s.1", name);
+	CHECK(shm_exists(other));
+	CHECK_OK(vps_registry_create(&r, name, 8, 0, 4, 1));
+	CHECK(!shm_exists(other));
+	snprintf(other, sizeof(other), "%s.0", name);
+	CHECK(!shm_exists(other));
+	for (size_t i = 0; i < 4; i++) {
+		snprintf(other, sizeof(other), "%s.%s", name, foreign[i]);
+		CHECK(shm_exists(other));
+	}
+	/* the trainer's own close is the same sweep */
+	void *p;
+	CHECK_OK(vps_registry_alloc_host(r, 0, 0, 0, 1, 10, &p));
+	vps_registry_close(r);
+	CHECK(!shm_exists(name));
+	snprintf(other, sizeof(other), "%s.0", name);
+	CHECK(!shm_exists(other));
+	for (size_t i = 0; i < 4; i++) {
+		snprintf(other, sizeof(other), "%s.%s", name, foreign[i]);
+		CHECK(shm_exists(other));
+		remove_object(other);
+	}
+
+	/* unlink leaves a live registry of another process alone */
+	name_for(name, sizeof(name), "live");
+	int ready[2];
+	CHECK(pipe(ready) == 0);
+	pid_t child = fork();
+	if (child == 0) {
+		struct vps_registry *c;
+		char b = vps_registry_create(&c, name, 7, 0, 4, 0) ? 'n' : 'y';
+		if (write(ready[1], &b, 1) != 1)
+			_exit(1);
+		pause();
+		_exit(0);
+	}
+	char b = 0;
+	CHECK(read(ready[0], &b, 1) == 1 && b == 'y');
+	CHECK(vps_registry_unlink(name) == VPS_EINPUT);
+	CHECK(strstr(vps_last_error(), "in use by pid") != NULL);
+	CHECK(shm_exists(name));
+	kill(child, SIGKILL);
+	waitpid(child, NULL, 0);
+	close(ready[0]);
+	close(ready[1]);
+	/* now stale: unlink removes it */
+	CHECK_OK(vps_registry_unlink(name));
+	CHECK(!shm_exists(name));
+}
+
+TEST(objects_others_can_open_or_another_user_owns_are_refused)
+{
+	char name[64], path[128], obj[96];
+	struct vps_registry *r, *o = NULL;
+	void *p;
+	name_for(name, sizeof(name), "perm");
+	snprintf(path, sizeof(path), "/dev/shm/%s", name);
+	CHECK_OK(vps_registry_create(&r, name, 1, 0, 4, 0));
+	CHECK_OK(vps_registry_alloc_host(r, VPS_ROLE_SOURCE, 0, 0, 1, 100, &p));
+	/* the registry open to others */
+	CHECK(chmod(path, 0666) == 0);
+	CHECK(vps_registry_open(&o, name) == VPS_EINPUT);
+	CHECK(strstr(vps_last_error(), "mode 0666 lets other users open it") != NULL);
+	CHECK(strstr(vps_last_error(), name) != NULL);
+	CHECK(chmod(path, 0640) == 0);
+	CHECK(vps_registry_open(&o, name) == VPS_EINPUT);
+	CHECK(strstr(vps_last_error(), "mode 0640") != NULL);
+	CHECK(chmod(path, 0600) == 0);
+	/* a buffer object open to others */
+	CHECK_OK(vps_registry_open(&o, name));
+	struct vps_registry_entry_info e;
+	CHECK_OK(vps_registry_entry(o, 0, &e));
+	snprintf(obj, sizeof(obj), "/dev/shm/%s", e.shm_name);
+	CHECK(chmod(obj, 0604) == 0);
+	void *seen = NULL;
+	CHECK(vps_registry_map(o, 0, false, &seen) == VPS_EINPUT);
+	CHECK(strstr(vps_last_error(), "mode 0604") != NULL);
+	CHECK(strstr(vps_last_error(), e.shm_name) != NULL);
+	CHECK(chmod(obj, 0600) == 0);
+	CHECK_OK(vps_registry_map(o, 0, false, &seen));
+	vps_registry_close(o);
+	o = NULL;
+	/* another user's registry: only root can make one here */
+	if (geteuid() == 0) {
+		CHECK(chown(path, 65534, 65534) == 0);
+		CHECK(vps_registry_open(&o, name) == VPS_EINPUT);
+		CHECK(strstr(vps_last_error(), "owned by uid 65534, not by this user (uid 0)") != NULL);
+		CHECK(chown(path, 0, 0) == 0);
+		CHECK(chown(obj, 65534, 65534) == 0);
+		CHECK_OK(vps_registry_open(&o, name));
+		CHECK(vps_registry_map(o, 0, true, &seen) == VPS_EINPUT);
+		CHECK(strstr(vps_last_error(), "owned by uid 65534") != NULL);
+		vps_registry_close(o);
+		/* nor is another user's object removed with the registry */
+		vps_registry_close(r);
+		CHECK(!shm_exists(name));
+		CHECK(shm_exists(e.shm_name));
+		remove_object(e.shm_name);
+	} else {
+		printf("  objects_others_can_open_or_another_user_owns_are_refused: ownership part skipped, "
+		       "not root (cannot give an object to another user)\n");
+		vps_registry_close(r);
+	}
 }
