@@ -1,5 +1,6 @@
 /* vps-trainer: the reference trainer, for tests and demos. */
 #include <getopt.h>
+#include <pthread.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <unistd.h>
@@ -36,9 +37,19 @@ static const char usage[] =
 	"  --version           the version\n";
 
 static char registry_to_remove[128];
+static sigset_t termination;
 
-static void on_signal(int sig)
+/* SIGTERM, SIGINT, SIGHUP: remove the registry and exit. A thread that
+ * waits for them, not a handler: the clean-up scans /dev/shm and
+ * allocates, which a handler must not do (a handler that did deadlocked a
+ * trainer that was killed inside malloc, or inside the sanitizer's exit
+ * leak check). */
+static void *reaper(void *unused)
 {
+	(void)unused;
+	int sig;
+	if (sigwait(&termination, &sig) != 0)
+		return NULL;
 	vps_registry_unlink(registry_to_remove);
 	_exit(128 + sig);
 }
@@ -134,9 +145,15 @@ int main(int argc, char **argv)
 	o.registry = name;
 	/* killed while it holds shared memory: remove it */
 	snprintf(registry_to_remove, sizeof(registry_to_remove), "%s", name);
-	signal(SIGTERM, on_signal);
-	signal(SIGINT, on_signal);
-	signal(SIGHUP, on_signal);
+	sigemptyset(&termination);
+	sigaddset(&termination, SIGTERM);
+	sigaddset(&termination, SIGINT);
+	sigaddset(&termination, SIGHUP);
+	pthread_t reaper_thread;
+	if (pthread_sigmask(SIG_BLOCK, &termination, NULL) != 0 ||
+	    pthread_create(&reaper_thread, NULL, reaper, NULL) != 0)
+		return tool_usage_error("cannot start the signal thread");
+	pthread_detach(reaper_thread);
 	struct vps_staged **plans = calloc(nplans, sizeof(*plans));
 	vps_result_t rc = plans ? VPS_OK : VPS_ENOMEM;
 	for (size_t i = 0; i < nplans && !rc; i++)
