@@ -917,6 +917,30 @@ vps_result_t vps_r_bool(struct vps_reader *r, const char *key, bool *v)
 	return VPS_OK;
 }
 
+/* Whether n bytes are UTF-8 without NUL: what a YAML scalar can carry and
+ * a C string holds whole. */
+static bool utf8_text(const unsigned char *p, size_t n)
+{
+	for (size_t i = 0; i < n;) {
+		unsigned c = p[i];
+		size_t k = c < 0x80 ? 0 : (c & 0xe0) == 0xc0 ? 1 : (c & 0xf0) == 0xe0 ? 2 : (c & 0xf8) == 0xf0 ? 3 : 4;
+		if (c == 0 || k == 4 || (k && n - i - 1 < k))
+			return false;
+		uint32_t cp = k ? c & (0x3fu >> k) : c;
+		for (size_t j = 1; j <= k; j++) {
+			if ((p[i + j] & 0xc0) != 0x80)
+				return false;
+			cp = cp << 6 | (p[i + j] & 0x3fu);
+		}
+		/* overlong forms, surrogates, beyond U+10FFFF */
+		if ((k == 1 && cp < 0x80) || (k == 2 && cp < 0x800) || (k == 3 && cp < 0x10000) ||
+		    (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)
+			return false;
+		i += k + 1;
+	}
+	return true;
+}
+
 vps_result_t vps_r_str(struct vps_reader *r, const char *key, const char **s)
 {
 	if (r->binary) {
@@ -925,6 +949,10 @@ vps_result_t vps_r_str(struct vps_reader *r, const char *key, const char **s)
 		size_t n = p[0] | (size_t)p[1] << 8 | (size_t)p[2] << 16 | (size_t)p[3] << 24;
 		r->pos += 4;
 		VPS_CHECK(bin_need(r, n));
+		/* the YAML encoding could not carry it, nor a C string */
+		if (!utf8_text(r->payload + r->pos, n))
+			return vps_fail(VPS_EFORMAT, "%s: %s: corrupt string (not UTF-8 text)", r->name,
+					key ? key : "item");
 		char *c = vps_malloc(n + 1);
 		if (!c)
 			return VPS_ENOMEM;

@@ -146,3 +146,31 @@ TEST(yaml_anchors_and_aliases_are_refused)
 	CHECK(parse_bytes((const unsigned char *)bare, strlen(bare)) == VPS_EINPUT);
 	CHECK(strstr(vps_last_error(), "f: line 3: YAML aliases (*nowhere) are not supported") != NULL);
 }
+
+/* A binary string YAML cannot carry (found by fuzz_binary: a layout read
+ * from binary could not be written as YAML): refused on reading. */
+TEST(binary_strings_must_be_utf8_text)
+{
+	const char *bad[] = {"\x8dini-moe", "a\xc0\x80", "\xed\xa0\x80", "ok\xf4\x90\x80\x80"};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]) + 1; i++) {
+		const char *s = i < sizeof(bad) / sizeof(bad[0]) ? bad[i] : "gr\xc3\xbc\xc3\x9f \xe2\x82\xac";
+		struct vps_writer *w;
+		struct vps_bytes b = {0};
+		CHECK_OK(vps_writer_new(&w, VPS_DOC_MODEL, false));
+		CHECK_OK(vps_w_str(w, "name", s));
+		CHECK_OK(vps_writer_finish(w, &b));
+		vps_writer_free(w);
+		struct vps_reader *r;
+		const char *got = NULL;
+		CHECK_OK(vps_reader_new(&r, "f", b.data, b.len, VPS_DOC_MODEL));
+		vps_result_t rc = vps_r_str(r, "name", &got);
+		if (i < sizeof(bad) / sizeof(bad[0])) {
+			CHECK(rc == VPS_EFORMAT);
+			CHECK(strstr(vps_last_error(), "f: name: corrupt string (not UTF-8 text)") != NULL);
+		} else {
+			CHECK(rc == VPS_OK && got && strcmp(got, s) == 0);
+		}
+		vps_reader_free(r);
+		vps_bytes_release(&b);
+	}
+}
