@@ -493,7 +493,7 @@ vps_result_t vps_registry_map(struct vps_registry *r, uint32_t i, bool writable,
 	void *base;
 	size_t len;
 	VPS_CHECK(map_object_prot(e.shm_name, false, writable, 0, &base, &len));
-	if (e.offset + e.bytes > len) {
+	if (e.offset > len || e.bytes > len - e.offset) { /* no wrap-around */
 		munmap(base, len);
 		return vps_fail(VPS_EINPUT, "registry %s: entry %u needs %" PRIu64 " bytes at offset %" PRIu64
 				" of /dev/shm/%s, which has %zu", r->name, i, e.bytes, e.offset, e.shm_name, len);

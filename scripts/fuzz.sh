@@ -56,6 +56,10 @@ for name in "$@"; do
 		status=1
 	fi
 	echo "fuzz: $name: ${execs:-0} executions, $nfind findings"
+	# a harness that crashed left its registry object behind
+	for o in /dev/shm/vpsfuzz-[0-9]*; do
+		[ -e "$o" ] && ! kill -0 "${o##*-}" 2>/dev/null && rm -f "$o"
+	done
 done
 scripts/fuzz-report.sh "$summary" > "$dir/report.md"
 if [ "${FUZZ_REPORT:-0}" = 1 ]; then
