@@ -21,7 +21,7 @@ command -v zstd >/dev/null || { echo "fuzz-corpus: needs zstd (apt-get install z
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 Y="$OUT/corpus/yaml" B="$OUT/corpus/binary" M="$OUT/models"
-rm -rf "$Y" "$B" "$M"
+rm -rf "$Y" "$B" "$M" "$OUT/corpus/registry"
 mkdir -p "$Y" "$B" "$M" "$OUT/corpus/registry"
 
 # seed FILE DIR NAME SELECTOR: the selector byte (octal), then the file
