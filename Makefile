@@ -4,6 +4,8 @@
 #   make check      the C unit tests and the Bats tests, warnings as errors
 #   make asan       the same under AddressSanitizer and UBSan (build-asan/)
 #   make check-gpu  every GPU test and benchmark (scripts/gpu-check.sh; needs a GPU)
+#   make fuzz       each libFuzzer harness for FUZZ_SECONDS (clang; build/fuzz/)
+#   make fuzz-smoke the same for FUZZ_SMOKE_SECONDS each (CI)
 #   make demo       a real switch on this machine
 #   make install PREFIX=/usr/local
 #
@@ -51,7 +53,8 @@ ifeq ($(HAVE_NVCC),1)
 CUDA_ALL = $(CUDA_LIB)
 endif
 
-.PHONY: all check check-gpu test unit bats asan demo install uninstall clean deps FORCE
+.PHONY: all check check-gpu test unit bats asan demo install uninstall clean deps FORCE \
+	fuzz fuzz-smoke fuzz-build fuzz-corpus fuzz-deps
 .DEFAULT_GOAL := all
 
 all: $(LIB) $(SHLIB) $(TOOL_BINS) $(CUDA_ALL)
@@ -145,6 +148,62 @@ asan:
 
 demo: all
 	@scripts/demo.sh --back
+
+# ---- fuzzing: libFuzzer harnesses (tests/fuzz/), clang only here ----
+# libvps is rebuilt with clang's coverage and sanitizers in build/fuzz/obj;
+# scripts/fuzz-corpus.sh seeds build/fuzz/corpus/NAME from the tools'
+# outputs; scripts/fuzz.sh runs each harness in turn and writes
+# build/fuzz/summary.tsv and build/fuzz/report.md (FUZZ_REPORT=1: also the
+# table in docs/RELIABILITY.md).
+FUZZ_CC ?= clang
+FUZZ_SECONDS ?= 60
+FUZZ_SMOKE_SECONDS ?= 15
+FUZZ_DIR = $(BUILDDIR)/fuzz
+FUZZ_NAMES = $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_BINS = $(FUZZ_NAMES:%=$(FUZZ_DIR)/fuzz_%)
+FUZZ_LIB = $(FUZZ_DIR)/obj/libvps.a
+FUZZ_STAMP = $(FUZZ_DIR)/.deps-ok
+# Debian's packages for clang's libFuzzer runtime, and zstd for the corpus
+FUZZ_DEB_PKGS = clang libclang-rt-14-dev libfuzzer-14-dev zstd
+
+fuzz-deps: $(FUZZ_STAMP)
+$(FUZZ_STAMP):
+	@missing=""; \
+	echo 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n); int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { return d && n; }' | \
+		$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -x c - -o /dev/null >/dev/null 2>&1 || \
+		missing="$$missing clang libclang-rt-14-dev libfuzzer-14-dev"; \
+	command -v zstd >/dev/null 2>&1 || missing="$$missing zstd"; \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing:$$missing"; \
+			(apt-get install -y $$missing >/dev/null 2>&1 || \
+			 (apt-get update >/dev/null 2>&1 && apt-get install -y $$missing >/dev/null)) || \
+			 { echo "apt-get install$$missing failed" >&2; exit 1; }; \
+		else \
+			echo "make fuzz needs:$$missing" >&2; \
+			echo "install them with: sudo apt-get install$$missing" >&2; exit 1; \
+		fi; \
+	fi
+	@mkdir -p $(FUZZ_DIR) && touch $@
+
+$(FUZZ_LIB): FORCE | $(FUZZ_STAMP)
+	@$(MAKE) --no-print-directory BUILDDIR=$(FUZZ_DIR)/obj BINDIR=$(FUZZ_DIR)/obj/bin CC=$(FUZZ_CC) \
+		SANITIZE=address,undefined CFLAGS="-O1 -g -fsanitize=fuzzer-no-link" $(FUZZ_LIB)
+
+$(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h $(FUZZ_LIB)
+	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -pthread $(WARN) -O1 -g -fsanitize=fuzzer,address,undefined \
+		-fno-sanitize-recover=all -fno-omit-frame-pointer -Iinclude -Ilib -o $@ $< $(FUZZ_LIB) $(LDLIBS)
+
+fuzz-build: $(FUZZ_BINS)
+
+fuzz-corpus: all fuzz-build
+	scripts/fuzz-corpus.sh $(BINDIR) $(FUZZ_DIR)
+
+fuzz: fuzz-corpus
+	scripts/fuzz.sh $(FUZZ_DIR) $(FUZZ_SECONDS) $(FUZZ_NAMES)
+
+fuzz-smoke: fuzz-corpus
+	scripts/fuzz.sh $(FUZZ_DIR) $(FUZZ_SMOKE_SECONDS) $(FUZZ_NAMES)
 
 # ---- install ----
 MAN1 = $(wildcard man/*.1)

@@ -15,6 +15,12 @@
  * field asking for an absurd allocation. */
 #define VPS_DOC_MAX_BYTES ((uint64_t)64 << 30)
 
+/* Deepest YAML nesting we accept. The deepest document vps writes nests
+ * about 8 levels; libyaml's scanner walks its whole stack of open flow
+ * collections for every token, so unbounded nesting makes parsing quadratic
+ * (a 200 KB line of '[' took 37 s). */
+#define VPS_DOC_MAX_DEPTH 64
+
 static const struct {
 	enum vps_doc_kind kind;
 	const char *name;
@@ -585,6 +591,73 @@ static vps_result_t open_binary(struct vps_reader *r, const unsigned char *d, si
 	return VPS_OK;
 }
 
+static vps_result_t yaml_parse_error(const char *name, const yaml_parser_t *p)
+{
+	if (p->error == YAML_MEMORY_ERROR)
+		return VPS_NOMEM();
+	return vps_fail(VPS_EINPUT, "%s: line %zu: %s %s", name,
+			(p->problem_mark.line ? p->problem_mark.line : p->context_mark.line) + 1,
+			p->problem ? p->problem : "YAML error", p->context ? p->context : "");
+}
+
+/* One pass over the first document's events before libyaml builds its tree,
+ * stopping at the first violation so that the time spent is linear in the
+ * input: nesting is bounded (see VPS_DOC_MAX_DEPTH), and anchors and aliases
+ * are refused. vps never writes them, and an alias lets a few bytes stand
+ * for a subtree read again at every reference (a billion laughs); libyaml
+ * also looks anchors up by a linear scan, quadratic in their number. */
+static vps_result_t yaml_precheck(const char *name, const void *data, size_t len)
+{
+	yaml_parser_t p;
+	if (!yaml_parser_initialize(&p))
+		return VPS_NOMEM();
+	yaml_parser_set_input_string(&p, data, len);
+	vps_result_t rc = VPS_OK;
+	int depth = 0;
+	for (bool done = false; !done && !rc;) {
+		yaml_event_t ev;
+		if (!yaml_parser_parse(&p, &ev)) {
+			rc = yaml_parse_error(name, &p);
+			break;
+		}
+		size_t line = ev.start_mark.line + 1;
+		const yaml_char_t *anchor = NULL;
+		switch (ev.type) {
+		case YAML_SEQUENCE_START_EVENT:
+		case YAML_MAPPING_START_EVENT:
+			anchor = ev.type == YAML_SEQUENCE_START_EVENT ? ev.data.sequence_start.anchor
+								       : ev.data.mapping_start.anchor;
+			if (++depth > VPS_DOC_MAX_DEPTH)
+				rc = vps_fail(VPS_EINPUT, "%s: line %zu: nested deeper than %d levels", name, line,
+					      VPS_DOC_MAX_DEPTH);
+			break;
+		case YAML_SEQUENCE_END_EVENT:
+		case YAML_MAPPING_END_EVENT:
+			depth--;
+			break;
+		case YAML_SCALAR_EVENT:
+			anchor = ev.data.scalar.anchor;
+			break;
+		case YAML_ALIAS_EVENT:
+			rc = vps_fail(VPS_EINPUT, "%s: line %zu: YAML aliases (*%s) are not supported", name, line,
+				      (const char *)ev.data.alias.anchor);
+			break;
+		case YAML_DOCUMENT_END_EVENT: /* yaml_parser_load reads only the first */
+		case YAML_STREAM_END_EVENT:
+			done = true;
+			break;
+		default:
+			break;
+		}
+		if (anchor && !rc)
+			rc = vps_fail(VPS_EINPUT, "%s: line %zu: YAML anchors (&%s) are not supported", name, line,
+				      (const char *)anchor);
+		yaml_event_delete(&ev);
+	}
+	yaml_parser_delete(&p);
+	return rc;
+}
+
 vps_result_t vps_reader_new(struct vps_reader **rp, const char *name, const void *data, size_t len,
 			    enum vps_doc_kind kind)
 {
@@ -615,6 +688,7 @@ vps_result_t vps_reader_new(struct vps_reader **rp, const char *name, const void
 		rc = vps_fail(VPS_EFORMAT, "%s: wrong magic: neither YAML nor a vps binary document", name);
 		goto fail;
 	}
+	VPS_CHECK_GOTO(yaml_precheck(name, data, len), rc, fail);
 	yaml_parser_t parser;
 	if (!yaml_parser_initialize(&parser)) {
 		rc = VPS_NOMEM();
@@ -622,10 +696,7 @@ vps_result_t vps_reader_new(struct vps_reader **rp, const char *name, const void
 	}
 	yaml_parser_set_input_string(&parser, data, len);
 	if (!yaml_parser_load(&parser, &r->doc)) {
-		rc = vps_fail(VPS_EINPUT, "%s: line %zu: %s %s", name,
-			      (parser.problem_mark.line ? parser.problem_mark.line : parser.context_mark.line) + 1,
-			      parser.problem ? parser.problem : "YAML error",
-			      parser.context ? parser.context : "");
+		rc = yaml_parse_error(name, &parser);
 		yaml_parser_delete(&parser);
 		goto fail;
 	}
@@ -846,6 +917,30 @@ vps_result_t vps_r_bool(struct vps_reader *r, const char *key, bool *v)
 	return VPS_OK;
 }
 
+/* Whether n bytes are UTF-8 without NUL: what a YAML scalar can carry and
+ * a C string holds whole. */
+static bool utf8_text(const unsigned char *p, size_t n)
+{
+	for (size_t i = 0; i < n;) {
+		unsigned c = p[i];
+		size_t k = c < 0x80 ? 0 : (c & 0xe0) == 0xc0 ? 1 : (c & 0xf0) == 0xe0 ? 2 : (c & 0xf8) == 0xf0 ? 3 : 4;
+		if (c == 0 || k == 4 || (k && n - i - 1 < k))
+			return false;
+		uint32_t cp = k ? c & (0x3fu >> k) : c;
+		for (size_t j = 1; j <= k; j++) {
+			if ((p[i + j] & 0xc0) != 0x80)
+				return false;
+			cp = cp << 6 | (p[i + j] & 0x3fu);
+		}
+		/* overlong forms, surrogates, beyond U+10FFFF */
+		if ((k == 1 && cp < 0x80) || (k == 2 && cp < 0x800) || (k == 3 && cp < 0x10000) ||
+		    (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)
+			return false;
+		i += k + 1;
+	}
+	return true;
+}
+
 vps_result_t vps_r_str(struct vps_reader *r, const char *key, const char **s)
 {
 	if (r->binary) {
@@ -854,6 +949,10 @@ vps_result_t vps_r_str(struct vps_reader *r, const char *key, const char **s)
 		size_t n = p[0] | (size_t)p[1] << 8 | (size_t)p[2] << 16 | (size_t)p[3] << 24;
 		r->pos += 4;
 		VPS_CHECK(bin_need(r, n));
+		/* the YAML encoding could not carry it, nor a C string */
+		if (!utf8_text(r->payload + r->pos, n))
+			return vps_fail(VPS_EFORMAT, "%s: %s: corrupt string (not UTF-8 text)", r->name,
+					key ? key : "item");
 		char *c = vps_malloc(n + 1);
 		if (!c)
 			return VPS_ENOMEM;

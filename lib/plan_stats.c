@@ -239,7 +239,10 @@ static vps_result_t balanced_send_bound(const struct vps_plan *p, int64_t max_se
 		if (rc)
 			break;
 		if (!nr) {
-			ranks = realloc(ranks, sizeof(*ranks));
+			/* grown, never shrunk: capr stays true for replicas_of */
+			rc = vps_grow((void **)&ranks, &capr, 1, sizeof(*ranks));
+			if (rc)
+				break;
 			ranks[0] = x->src;
 			nr = 1;
 		}

@@ -255,11 +255,16 @@ static vps_result_t attach(struct vps_registry **out, const char *name)
 		munmap(base, len);
 		return vps_fail(VPS_EFORMAT, "registry %s: not a vps registry", name);
 	}
-	if (h->version != VPS_REGISTRY_VERSION || h->entry_size != sizeof(struct reg_entry) ||
-	    len < sizeof(*h) + (size_t)h->max_entries * sizeof(struct reg_entry)) {
+	/* read what the messages need before unmapping */
+	uint32_t version = h->version, max = h->max_entries, n = atomic_load(&h->nentries);
+	if (version != VPS_REGISTRY_VERSION || h->entry_size != sizeof(struct reg_entry)) {
 		munmap(base, len);
-		return vps_fail(VPS_EFORMAT, "registry %s: version %u, this build reads %d", name, h->version,
+		return vps_fail(VPS_EFORMAT, "registry %s: version %u, this build reads %d", name, version,
 				VPS_REGISTRY_VERSION);
+	}
+	if (len < sizeof(*h) + (size_t)max * sizeof(struct reg_entry) || n > max) {
+		munmap(base, len);
+		return vps_fail(VPS_EFORMAT, "registry %s: corrupt: %u of %u entries in %zu bytes", name, n, max, len);
 	}
 	return wrap(name, base, len, false, out);
 }
@@ -610,7 +615,7 @@ vps_result_t vps_registry_map(struct vps_registry *r, uint32_t i, bool writable,
 	void *base;
 	size_t len;
 	VPS_CHECK(map_object_prot(e.shm_name, false, writable, 0, &base, &len));
-	if (e.offset + e.bytes > len) {
+	if (e.offset > len || e.bytes > len - e.offset) { /* no wrap-around */
 		munmap(base, len);
 		return vps_fail(VPS_EINPUT, "registry %s: entry %u needs %" PRIu64 " bytes at offset %" PRIu64
 				" of /dev/shm/%s, which has %zu", r->name, i, e.bytes, e.offset, e.shm_name, len);

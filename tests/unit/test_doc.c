@@ -2,6 +2,7 @@
  * refused with a reason. */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "doc.h"
 #include "harness.h"
@@ -81,4 +82,95 @@ TEST(yaml_errors_name_the_line)
 	const char *other = "vps: model\nversion: 1\n";
 	CHECK(parse_bytes((const unsigned char *)other, strlen(other)) == VPS_EINPUT);
 	CHECK(strstr(vps_last_error(), "expected a layout document, found 'model'") != NULL);
+}
+
+/* A document of n bytes: `vps: layout`, then `ranks:` and open/close
+ * brackets of the given kind nested as deep as the size allows. */
+static char *nested_doc(size_t n, char open, char close)
+{
+	char *d = malloc(n + 1);
+	const char *head = "vps: layout\nversion: 1\nranks: ";
+	size_t h = strlen(head), depth = (n - h - 1) / 2;
+	memcpy(d, head, h);
+	memset(d + h, open, depth);
+	memset(d + h + depth, close, depth);
+	d[h + 2 * depth] = '\n';
+	d[h + 2 * depth + 1] = '\0';
+	return d;
+}
+
+static double now_s(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* 200 KB of nested flow collections took 37 s in libyaml (its scanner walks
+ * every open collection for every token): refused at the depth bound,
+ * naming the file and line, long before that. */
+TEST(deep_yaml_nesting_is_refused_fast)
+{
+	const char pairs[][2] = {{'[', ']'}, {'{', '}'}};
+	for (size_t k = 0; k < 2; k++) {
+		char *d = nested_doc(200 * 1024, pairs[k][0], pairs[k][1]);
+		double t0 = now_s();
+		CHECK(parse_bytes((const unsigned char *)d, strlen(d)) == VPS_EINPUT);
+		double dt = now_s() - t0;
+		CHECK(strstr(vps_last_error(), "f: line 3: nested deeper than 64 levels") != NULL);
+		/* generous: the refusal takes about a millisecond */
+		CHECK(dt < 5.0);
+		free(d);
+	}
+	/* block nesting is bounded too */
+	struct vps_bytes b = {0};
+	CHECK_OK(vps_bytes_append(&b, "vps: layout\nversion: 1\nranks:\n", 30));
+	for (int i = 0; i < 70; i++) {
+		char line[200];
+		int n = snprintf(line, sizeof(line), "%*sk%d:\n", i + 1, "", i);
+		CHECK_OK(vps_bytes_append(&b, line, (size_t)n));
+	}
+	CHECK(parse_bytes(b.data, b.len) == VPS_EINPUT);
+	CHECK(strstr(vps_last_error(), "nested deeper than 64 levels") != NULL);
+	vps_bytes_release(&b);
+}
+
+/* Aliases let a few bytes stand for a subtree read again at each reference
+ * (a billion laughs); vps never writes them and refuses them. */
+TEST(yaml_anchors_and_aliases_are_refused)
+{
+	const char *alias = "vps: layout\nversion: 1\nhash: 0x0\nx: &a [1, 2]\ny: [*a, *a]\n";
+	CHECK(parse_bytes((const unsigned char *)alias, strlen(alias)) == VPS_EINPUT);
+	CHECK(strstr(vps_last_error(), "f: line 4: YAML anchors (&a) are not supported") != NULL);
+	const char *bare = "vps: layout\nversion: 1\nhash: *nowhere\n";
+	CHECK(parse_bytes((const unsigned char *)bare, strlen(bare)) == VPS_EINPUT);
+	CHECK(strstr(vps_last_error(), "f: line 3: YAML aliases (*nowhere) are not supported") != NULL);
+}
+
+/* A binary string YAML cannot carry (found by fuzz_binary: a layout read
+ * from binary could not be written as YAML): refused on reading. */
+TEST(binary_strings_must_be_utf8_text)
+{
+	const char *bad[] = {"\x8dini-moe", "a\xc0\x80", "\xed\xa0\x80", "ok\xf4\x90\x80\x80"};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]) + 1; i++) {
+		const char *s = i < sizeof(bad) / sizeof(bad[0]) ? bad[i] : "gr\xc3\xbc\xc3\x9f \xe2\x82\xac";
+		struct vps_writer *w;
+		struct vps_bytes b = {0};
+		CHECK_OK(vps_writer_new(&w, VPS_DOC_MODEL, false));
+		CHECK_OK(vps_w_str(w, "name", s));
+		CHECK_OK(vps_writer_finish(w, &b));
+		vps_writer_free(w);
+		struct vps_reader *r;
+		const char *got = NULL;
+		CHECK_OK(vps_reader_new(&r, "f", b.data, b.len, VPS_DOC_MODEL));
+		vps_result_t rc = vps_r_str(r, "name", &got);
+		if (i < sizeof(bad) / sizeof(bad[0])) {
+			CHECK(rc == VPS_EFORMAT);
+			CHECK(strstr(vps_last_error(), "f: name: corrupt string (not UTF-8 text)") != NULL);
+		} else {
+			CHECK(rc == VPS_OK && got && strcmp(got, s) == 0);
+		}
+		vps_reader_free(r);
+		vps_bytes_release(&b);
+	}
 }

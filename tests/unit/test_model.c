@@ -121,3 +121,20 @@ TEST(bad_model_is_refused_with_its_line)
 	CHECK(vps_model_parse(&m, "x.yaml", typo, strlen(typo)) == VPS_EINPUT);
 	CHECK(strstr(vps_last_error(), "x.yaml: line 9: unknown key 'expert'") != NULL);
 }
+
+/* Found by fuzz_binary: 4096 layers of 1024 experts (about 17M tensors)
+ * were accepted and every tool spent seconds and hundreds of MB building
+ * their templates. The real models are far below the bound; refused. */
+TEST(models_beyond_a_million_tensors_are_refused)
+{
+	const char *fmt = "vps: model\nversion: 1\nname: big\nhidden: 64\nlayers: %d\nheads: 4\nquery_groups: 2\n"
+			  "head_dim: 16\nvocab: 100\nnorm: rmsnorm\nactivation: swiglu\nposition: rope\n"
+			  "experts: %d\nmoe_ffn: 16\n";
+	char doc[512];
+	struct vps_model m;
+	snprintf(doc, sizeof(doc), fmt, 4096, 1024);
+	CHECK(vps_model_parse(&m, "big.yaml", doc, strlen(doc)) == VPS_EINPUT);
+	CHECK(strstr(vps_last_error(), "big.yaml: line 3: too many tensors (layers x experts): at most 1048576") != NULL);
+	snprintf(doc, sizeof(doc), fmt, 512, 256); /* 512 x (24 + 4 x 256) */
+	CHECK_OK(vps_model_parse(&m, "ok.yaml", doc, strlen(doc)));
+}

@@ -1,0 +1,132 @@
+/* What the document harnesses share: read a document of one kind and,
+ * when it is accepted, check the promise of lib/doc.h that what vps reads
+ * it writes back and reads again, the same in YAML and in binary. A
+ * violation aborts, which libFuzzer reports as a crash with its input. */
+#ifndef VPS_FUZZ_COMMON_H
+#define VPS_FUZZ_COMMON_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vps/io.h"
+#include "vps/layout.h"
+#include "vps/model.h"
+#include "vps/plan.h"
+#include "vps/stage.h"
+
+enum fuzz_doc { FUZZ_LAYOUT, FUZZ_PLAN, FUZZ_STAGED, FUZZ_MODEL, FUZZ_NDOCS };
+
+static void fuzz_die(const char *what, enum fuzz_doc k)
+{
+	fprintf(stderr, "fuzz: document kind %d: %s (%s)\n", (int)k, what, vps_last_error());
+	abort();
+}
+
+static vps_result_t fuzz_parse(enum fuzz_doc k, const void *d, size_t n, void **out)
+{
+	switch (k) {
+	case FUZZ_LAYOUT:
+		return vps_layout_parse((struct vps_layout **)out, "fuzz", d, n);
+	case FUZZ_PLAN:
+		return vps_plan_parse((struct vps_plan **)out, "fuzz", d, n);
+	case FUZZ_STAGED:
+		return vps_staged_parse((struct vps_staged **)out, "fuzz", d, n);
+	default: {
+		struct vps_model *m = calloc(1, sizeof(*m));
+		if (!m)
+			return VPS_ENOMEM;
+		vps_result_t rc = vps_model_parse(m, "fuzz", d, n);
+		if (rc == VPS_OK)
+			rc = vps_model_validate(m, "fuzz");
+		if (rc)
+			free(m);
+		else
+			*out = m;
+		return rc;
+	}
+	}
+}
+
+static void fuzz_free(enum fuzz_doc k, void *x)
+{
+	switch (k) {
+	case FUZZ_LAYOUT:
+		vps_layout_free(x);
+		break;
+	case FUZZ_PLAN:
+		vps_plan_free(x);
+		break;
+	case FUZZ_STAGED:
+		vps_staged_free(x);
+		break;
+	default:
+		free(x);
+	}
+}
+
+/* Models have no serializer of their own (they travel inside layouts). */
+static vps_result_t fuzz_serialize(enum fuzz_doc k, const void *x, bool yaml, struct vps_bytes *out)
+{
+	switch (k) {
+	case FUZZ_LAYOUT:
+		return vps_layout_serialize(x, NULL, 0, yaml, out);
+	case FUZZ_PLAN:
+		return vps_plan_serialize(x, yaml, out);
+	case FUZZ_STAGED:
+		return vps_staged_serialize(x, yaml, out);
+	default:
+		return VPS_EUNSUPPORTED;
+	}
+}
+
+/* What the tools do with a document once read, beyond writing it. */
+static void fuzz_use(enum fuzz_doc k, const void *x)
+{
+	if (k == FUZZ_PLAN) {
+		struct vps_plan_stats s;
+		if (vps_plan_stats(x, NULL, true, &s) == VPS_OK)
+			vps_plan_stats_release(&s);
+	} else if (k == FUZZ_STAGED) {
+		struct vps_stage_stats st;
+		vps_staged_stats(x, &st);
+	} else if (k == FUZZ_LAYOUT) {
+		struct vps_layout_stats s;
+		vps_layout_stats(x, &s);
+	}
+}
+
+static void fuzz_document(enum fuzz_doc k, const uint8_t *d, size_t n)
+{
+	void *x = NULL;
+	if (fuzz_parse(k, d, n, &x) != VPS_OK)
+		return;
+	fuzz_use(k, x);
+	struct vps_bytes y1 = {0}, bin = {0}, y2 = {0};
+	if (fuzz_serialize(k, x, true, &y1) == VPS_EUNSUPPORTED) {
+		fuzz_free(k, x);
+		return;
+	}
+	if (y1.len == 0)
+		fuzz_die("an accepted document does not serialize to YAML", k);
+	if (fuzz_serialize(k, x, false, &bin) != VPS_OK)
+		fuzz_die("an accepted document does not serialize to binary", k);
+	void *a = NULL, *b = NULL;
+	if (fuzz_parse(k, y1.data, y1.len, &a) != VPS_OK)
+		fuzz_die("vps does not read the YAML it wrote", k);
+	if (fuzz_parse(k, bin.data, bin.len, &b) != VPS_OK)
+		fuzz_die("vps does not read the binary it wrote", k);
+	if (fuzz_serialize(k, b, true, &y2) != VPS_OK)
+		fuzz_die("a document read back does not serialize", k);
+	if (y1.len != y2.len || memcmp(y1.data, y2.data, y1.len) != 0)
+		fuzz_die("YAML -> binary -> YAML is not byte-identical", k);
+	vps_bytes_release(&y1);
+	vps_bytes_release(&y2);
+	vps_bytes_release(&bin);
+	fuzz_free(k, a);
+	fuzz_free(k, b);
+	fuzz_free(k, x);
+}
+
+#endif
