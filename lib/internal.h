@@ -68,6 +68,12 @@ int64_t vps_lcm(int64_t a, int64_t b);
 /* Checked int64 arithmetic: false on overflow (*out undefined then). */
 static inline bool vps_add_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_add_overflow(a, b, out); }
 static inline bool vps_mul_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_mul_overflow(a, b, out); }
+/* Totals over a file's items (bytes moved, loads) saturate rather than wrap. */
+static inline int64_t vps_sat_add(int64_t a, int64_t b)
+{
+	int64_t c;
+	return __builtin_add_overflow(a, b, &c) ? (b < 0 ? INT64_MIN : INT64_MAX) : c;
+}
 
 /* The elements [*first, *end) a strided view touches: offset plus, per
  * axis, (ext - 1) * stride. @return false when an extent is below 1, a

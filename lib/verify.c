@@ -551,7 +551,7 @@ vps_result_t vps_verify_plan(const struct vps_plan *p, struct vps_verify_report 
 		if (x->src == x->dst)
 			retains++;
 		else
-			moved += vps_piece_bytes(x);
+			moved = vps_sat_add(moved, vps_piece_bytes(x));
 		if (p->scope >= 0 && x->src != p->scope && x->dst != p->scope)
 			vps_verify_add(rep, "piece %zu (%s, %" PRId64 " -> %" PRId64 ") does not involve rank %" PRId64
 				       ", the plan's scope", i, ps, x->src, x->dst, p->scope);
@@ -769,12 +769,6 @@ static vps_result_t check_frees(const struct vps_staged *s, struct vps_verify_re
 	return VPS_OK;
 }
 
-static int64_t sat_add(int64_t a, int64_t b)
-{
-	int64_t c;
-	return vps_add_ok(a, b, &c) ? c : INT64_MAX;
-}
-
 vps_result_t vps_verify_staged(const struct vps_staged *s, struct vps_verify_report *rep)
 {
 	vps_result_t rc = VPS_OK;
@@ -841,8 +835,8 @@ vps_result_t vps_verify_staged(const struct vps_staged *s, struct vps_verify_rep
 					       x->dst);
 			*ps = x->step;
 			*pr = x->step;
-			load[x->src] = sat_add(load[x->src], x->bytes);
-			load[x->dst] = sat_add(load[x->dst], x->bytes);
+			load[x->src] = vps_sat_add(load[x->src], x->bytes);
+			load[x->dst] = vps_sat_add(load[x->dst], x->bytes);
 			if (load[x->src] > s->budget || load[x->dst] > s->budget)
 				vps_verify_add(rep, "stage %" PRId64 ": rank %" PRId64 " needs %" PRId64 " bytes, over the budget of %" PRId64,
 					       x->stage, load[x->src] > s->budget ? x->src : x->dst,
