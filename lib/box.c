@@ -7,9 +7,40 @@ int64_t vps_box_volume(const struct vps_box *b)
 	for (int k = 0; k < b->ndim; k++) {
 		if (b->hi[k] <= b->lo[k])
 			return 0;
-		v *= b->hi[k] - b->lo[k];
+	}
+	/* readers bound boxes by their tensors; a box built from anything
+	 * else saturates rather than wraps, so it fails every size check */
+	for (int k = 0; k < b->ndim; k++) {
+		int64_t e;
+		if (!vps_add_ok(b->hi[k], -b->lo[k], &e) || !vps_mul_ok(v, e, &v))
+			return INT64_MAX;
 	}
 	return v;
+}
+
+int64_t vps_ext_volume(int ndim, const int64_t *ext)
+{
+	int64_t v = 1;
+	for (int k = 0; k < ndim; k++)
+		if (ext[k] < 1 || !vps_mul_ok(v, ext[k], &v))
+			return -1;
+	return v;
+}
+
+bool vps_view_span(int ndim, const int64_t *ext, int64_t offset, const int64_t *strides, int64_t *first,
+		   int64_t *end)
+{
+	int64_t lo = offset, hi = offset, span;
+	for (int k = 0; k < ndim; k++) {
+		if (ext[k] < 1 || strides[k] == 0 || !vps_mul_ok(ext[k] - 1, strides[k], &span) ||
+		    !vps_add_ok(span < 0 ? lo : hi, span, span < 0 ? &lo : &hi))
+			return false;
+	}
+	if (!vps_add_ok(hi, 1, &hi))
+		return false;
+	*first = lo;
+	*end = hi;
+	return true;
 }
 
 bool vps_box_intersect(const struct vps_box *a, const struct vps_box *b, struct vps_box *out)
@@ -173,14 +204,13 @@ bool vps_region_is_contiguous(const struct vps_region *r)
 
 void vps_region_extent(const struct vps_region *r, int64_t *first, int64_t *end)
 {
-	int64_t lo = r->offset, hi = r->offset;
-	for (int k = 0; k < r->box.ndim; k++) {
-		int64_t span = (r->box.hi[k] - r->box.lo[k] - 1) * r->strides[k];
-		if (span < 0)
-			lo += span;
-		else
-			hi += span;
+	int64_t ext[VPS_MAX_DIMS];
+	for (int k = 0; k < r->box.ndim; k++)
+		ext[k] = r->box.hi[k] - r->box.lo[k];
+	/* a view that cannot be real (a zero stride, an overflow) reaches
+	 * everywhere, so that every bounds check refuses it */
+	if (!vps_view_span(r->box.ndim, ext, r->offset, r->strides, first, end)) {
+		*first = INT64_MIN;
+		*end = INT64_MAX;
 	}
-	*first = lo;
-	*end = hi + 1;
 }

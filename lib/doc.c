@@ -579,10 +579,16 @@ static vps_result_t open_binary(struct vps_reader *r, const unsigned char *d, si
 		return vps_fail(VPS_EFORMAT, "%s: truncated zstd frame", r->name);
 	if (csize != flen)
 		return vps_fail(VPS_EFORMAT, "%s: %zu unexpected bytes after the document", r->name, flen - csize);
+	/* a zstd block of at most 128 KiB takes at least 4 bytes (RFC 8878
+	 * 3.1.1.2): a claim beyond that ratio is a lie, refused before the
+	 * allocation it asks for */
+	if (content / (128 << 10) > csize / 4)
+		return vps_fail(VPS_EFORMAT, "%s: zstd frame claims %llu bytes, more than its %zu bytes can hold", r->name,
+				content, csize);
 	r->plen = (size_t)content;
-	r->payload = vps_malloc(r->plen);
+	r->payload = malloc(r->plen ? r->plen : 1);
 	if (!r->payload)
-		return VPS_ENOMEM;
+		return vps_fail(VPS_ENOMEM, "%s: out of memory for a document of %zu bytes", r->name, r->plen);
 	size_t got = ZSTD_decompress(r->payload, r->plen, frame, flen);
 	if (ZSTD_isError(got))
 		return vps_fail(VPS_EFORMAT, "%s: corrupt document: %s", r->name, ZSTD_getErrorName(got));

@@ -4,6 +4,8 @@
 #define VPS_INTERNAL_H
 
 #include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,5 +56,33 @@ static inline int64_t vps_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / 
 static inline int64_t vps_round_up(int64_t a, int64_t b) { return vps_ceil_div(a, b) * b; }
 int64_t vps_gcd(int64_t a, int64_t b);
 int64_t vps_lcm(int64_t a, int64_t b);
+
+/* Bounds on what a file may claim. No device or host holds a buffer of
+ * 2^48 elements (1 PiB of fp32), no model has a tensor that large, and no
+ * job a global batch of 2^24 samples: larger values are corrupt or hostile,
+ * and everything below stays far from int64 overflow (2^48 elements times
+ * an 8-byte element, or times a stride of the same bound, is checked). */
+#define VPS_MAX_ELEMENTS ((int64_t)1 << 48)
+#define VPS_MAX_BATCH ((int64_t)1 << 24)
+
+/* Checked int64 arithmetic: false on overflow (*out undefined then). */
+static inline bool vps_add_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_add_overflow(a, b, out); }
+static inline bool vps_mul_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_mul_overflow(a, b, out); }
+/* Totals over a file's items (bytes moved, loads) saturate rather than wrap. */
+static inline int64_t vps_sat_add(int64_t a, int64_t b)
+{
+	int64_t c;
+	return __builtin_add_overflow(a, b, &c) ? (b < 0 ? INT64_MIN : INT64_MAX) : c;
+}
+
+/* The elements [*first, *end) a strided view touches: offset plus, per
+ * axis, (ext - 1) * stride. @return false when an extent is below 1, a
+ * stride is 0 (rows that alias; no vps layout has one), or the arithmetic
+ * overflows. */
+bool vps_view_span(int ndim, const int64_t *ext, int64_t offset, const int64_t *strides, int64_t *first,
+		   int64_t *end);
+/* The product of the extents, or -1 when it overflows or an extent is
+ * below 1. */
+int64_t vps_ext_volume(int ndim, const int64_t *ext);
 
 #endif

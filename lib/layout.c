@@ -291,6 +291,14 @@ vps_result_t vps_layout_new(struct vps_layout **out, const struct vps_model *m, 
 	l->p = *pin;
 	VPS_CHECK_GOTO(vps_model_validate(&l->m, where), rc, fail);
 	VPS_CHECK_GOTO(vps_parallel_validate(&l->p, &l->m, where), rc, fail);
+	/* the padded vocabulary can outgrow the model by the divisor times TP */
+	int64_t padded;
+	if (!vps_mul_ok(vps_round_up(m->vocab, m->vocab_divisor * l->p.tp), m->hidden, &padded) ||
+	    padded > VPS_MAX_ELEMENTS) {
+		rc = vps_fail(VPS_EINPUT, "%s: the vocabulary padded to %" PRId64 " x tp=%" PRId64
+			      " makes an embedding of more than 2^48 elements", where, m->vocab_divisor, l->p.tp);
+		goto fail;
+	}
 	l->world = vps_parallel_world(&l->p);
 	l->edp = vps_parallel_edp(&l->p);
 	VPS_CHECK_GOTO(vps_devices_copy(&l->d, d), rc, fail);
@@ -306,8 +314,14 @@ vps_result_t vps_layout_new(struct vps_layout **out, const struct vps_model *m, 
 	}
 	for (int64_t s = 0; s < l->p.pp; s++)
 		for (int64_t v = 0; v < l->p.vpp; v++)
-			for (int e = 0; e < 2; e++)
+			for (int e = 0; e < 2; e++) {
 				VPS_CHECK_GOTO(build_tmpl(l, s, v, e), rc, fail);
+				if (tmpl_at(l, s, v, e)->elements > VPS_MAX_ELEMENTS) {
+					rc = vps_fail(VPS_EINPUT, "%s: a buffer of stage %" PRId64 " holds more than 2^48 elements",
+						      where, s);
+					goto fail;
+				}
+			}
 	*out = l;
 	return VPS_OK;
 fail:

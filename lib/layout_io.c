@@ -55,11 +55,42 @@ vps_result_t vps_box_read(struct vps_reader *r, const char *key, struct vps_box 
 		VPS_CHECK(vps_r_seq_begin(r, NULL, &two));
 		if (two != 2)
 			return vps_r_error(r, key, "each axis of a box is [lo, hi]");
-		VPS_CHECK(vps_r_int(r, NULL, &b->lo[k], 0, INT64_MAX / 2));
-		VPS_CHECK(vps_r_int(r, NULL, &b->hi[k], 0, INT64_MAX / 2));
+		VPS_CHECK(vps_r_int(r, NULL, &b->lo[k], 0, VPS_MAX_ELEMENTS));
+		VPS_CHECK(vps_r_int(r, NULL, &b->hi[k], 0, VPS_MAX_ELEMENTS));
 		VPS_CHECK(vps_r_seq_end(r));
 	}
 	return vps_r_seq_end(r);
+}
+
+vps_result_t vps_box_check(struct vps_reader *r, const char *key, const char *what, const struct vps_box *b,
+			   const struct vps_tensor *t)
+{
+	char tn[256];
+	if (b->ndim != t->ndim)
+		return vps_r_error(r, key, "%s: %d axes, but the tensor has %d", what, b->ndim, t->ndim);
+	for (int k = 0; k < b->ndim; k++)
+		if (b->lo[k] >= b->hi[k] || b->hi[k] > t->shape[k]) {
+			vps_tensor_name(t, tn, sizeof(tn));
+			return vps_r_error(r, key,
+					   "%s: axis %d [%" PRId64 ", %" PRId64 ") is empty or outside %s (%" PRId64 " long)",
+					   what, k, b->lo[k], b->hi[k], tn, t->shape[k]);
+		}
+	return VPS_OK;
+}
+
+vps_result_t vps_view_check(struct vps_reader *r, const char *key, const char *what, int ndim, const int64_t *ext,
+			    int64_t offset, const int64_t *strides, uint32_t buffer, int64_t elements)
+{
+	int64_t first, end;
+	for (int k = 0; k < ndim; k++)
+		if (strides[k] == 0)
+			return vps_r_error(r, key, "%s: stride %d is 0 (rows that alias each other)", what, k);
+	if (!vps_view_span(ndim, ext, offset, strides, &first, &end) || first < 0 || end > VPS_MAX_ELEMENTS)
+		return vps_r_error(r, key, "%s: the view reaches beyond 2^48 elements, more than any buffer holds", what);
+	if (elements >= 0 && end > elements)
+		return vps_r_error(r, key, "%s: elements [%" PRId64 ", %" PRId64 ") lie outside buffer %u of %" PRId64
+				   " elements", what, first, end, buffer, elements);
+	return VPS_OK;
 }
 
 vps_result_t vps_ints_write(struct vps_writer *w, const char *key, const int64_t *v, int n)
@@ -246,7 +277,7 @@ static vps_result_t read_view(struct vps_reader *r, const struct vps_layout *l, 
 		}
 		b->expert = s[0] == 'e';
 		VPS_CHECK_GOTO(vps_r_bool(r, "sharded", &b->sharded), rc, fail);
-		VPS_CHECK_GOTO(vps_r_int(r, "elements", &b->elements, 0, INT64_MAX / 8), rc, fail);
+		VPS_CHECK_GOTO(vps_r_int(r, "elements", &b->elements, 0, VPS_MAX_ELEMENTS), rc, fail);
 		VPS_CHECK_GOTO(vps_r_map_end(r), rc, fail);
 		v->nbuffers++;
 	}
@@ -289,12 +320,11 @@ static vps_result_t read_view(struct vps_reader *r, const struct vps_layout *l, 
 		g->buffer = (uint32_t)x;
 		VPS_CHECK_GOTO(vps_box_read(r, "box", &g->box), rc, fail);
 		struct vps_tensor t;
+		char what[64];
+		snprintf(what, sizeof(what), "rank %" PRId64 " region %" PRIu64, v->rank, i);
 		vps_model_tensor(&l->m, id, &t);
-		if (g->box.ndim != t.ndim) {
-			rc = vps_r_error(r, "box", "%d axes, but the tensor has %d", g->box.ndim, t.ndim);
-			goto fail;
-		}
-		VPS_CHECK_GOTO(vps_r_int(r, "offset", &g->offset, 0, INT64_MAX / 8), rc, fail);
+		VPS_CHECK_GOTO(vps_box_check(r, "box", what, &g->box, &t), rc, fail);
+		VPS_CHECK_GOTO(vps_r_int(r, "offset", &g->offset, 0, VPS_MAX_ELEMENTS), rc, fail);
 		uint64_t ns;
 		VPS_CHECK_GOTO(vps_r_seq_begin(r, "strides", &ns), rc, fail);
 		if (ns != (uint64_t)g->box.ndim) {
@@ -302,8 +332,14 @@ static vps_result_t read_view(struct vps_reader *r, const struct vps_layout *l, 
 			goto fail;
 		}
 		for (uint64_t k = 0; k < ns; k++)
-			VPS_CHECK_GOTO(vps_r_int(r, NULL, &g->strides[k], INT64_MIN / 8, INT64_MAX / 8), rc, fail);
+			VPS_CHECK_GOTO(vps_r_int(r, NULL, &g->strides[k], -VPS_MAX_ELEMENTS, VPS_MAX_ELEMENTS), rc, fail);
 		VPS_CHECK_GOTO(vps_r_seq_end(r), rc, fail);
+		int64_t ext[VPS_MAX_DIMS];
+		for (int k = 0; k < g->box.ndim; k++)
+			ext[k] = g->box.hi[k] - g->box.lo[k];
+		VPS_CHECK_GOTO(vps_view_check(r, "strides", what, g->box.ndim, ext, g->offset, g->strides, g->buffer,
+					      v->buffers[g->buffer].elements),
+			       rc, fail);
 		VPS_CHECK_GOTO(vps_r_map_end(r), rc, fail);
 	}
 	VPS_CHECK_GOTO(vps_r_seq_end(r), rc, fail);

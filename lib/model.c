@@ -499,6 +499,32 @@ vps_result_t vps_model_validate(const struct vps_model *m, const char *where)
 	uint64_t per_layer = 24 + (uint64_t)m->experts * 4;
 	if (per_layer * (uint64_t)m->layers > (uint64_t)1 << 20)
 		return vps_fail(VPS_EINPUT, "%s: too many tensors (layers x experts): at most %d", where, 1 << 20);
+	/* Every size computed from the model (tensors, buffers, offsets)
+	 * stays below 2^48 elements: counted in floating point, which does
+	 * not wrap, before any int64 product is formed. */
+	struct schema s;
+	build_schema(m, &s);
+	struct vps_tensor t;
+	double total = 0, layer = 0, expert = 0;
+	const struct {
+		const enum vps_tensor_kind *kinds;
+		uint32_t n;
+		double *sum;
+	} groups[] = {{s.pre, s.npre, &total}, {s.post, s.npost, &total}, {s.layer, s.nlayer, &layer},
+		      {s.expert, s.nexpert, &expert}};
+	for (size_t g = 0; g < sizeof(groups) / sizeof(groups[0]); g++)
+		for (uint32_t i = 0; i < groups[g].n; i++) {
+			memset(&t, 0, sizeof(t));
+			t.kind = groups[g].kinds[i];
+			fill_tensor(m, &t);
+			double v = 1;
+			for (int k = 0; k < t.ndim; k++)
+				v *= (double)t.shape[k];
+			*groups[g].sum += v;
+		}
+	total += (double)m->layers * (layer + (double)m->experts * expert);
+	if (total >= (double)VPS_MAX_ELEMENTS)
+		return vps_fail(VPS_EINPUT, "%s: %.3g parameters is more than any model has (2^48)", where, total);
 	return VPS_OK;
 }
 

@@ -569,12 +569,19 @@ static vps_result_t plan_training(struct vps_plan *p, const struct vps_plan_opts
 	if (!o->train.global_batch)
 		return VPS_OK;
 	int64_t gb = o->train.global_batch, dp = p->train.dp;
+	/* the split below walks down from the micro batch: bound both */
+	if (gb > VPS_MAX_BATCH || o->train.micro_batch > VPS_MAX_BATCH || o->micro_batch_a > VPS_MAX_BATCH)
+		return vps_fail(VPS_EINPUT, "%s: more than %" PRId64 " samples is not a batch",
+				gb > VPS_MAX_BATCH ? "--global-batch" : o->train.micro_batch > VPS_MAX_BATCH ? "--micro-batch"
+											   : "--micro-batch-before",
+				VPS_MAX_BATCH);
 	if (gb % dp)
 		return vps_fail(VPS_EINPUT, "--global-batch: %" PRId64 " samples do not split over dp=%" PRId64 " of the target",
 				gb, dp);
 	int64_t mbs = o->train.micro_batch ? o->train.micro_batch : o->micro_batch_a;
 	if (mbs <= 0)
 		mbs = 1;
+	mbs = vps_min64(mbs, gb / dp);
 	/* Megatron needs global = micro x dp x accumulation: keep the micro
 	 * batch if it fits, else the largest one below it that does */
 	while (mbs > 1 && (gb / dp) % mbs)

@@ -33,10 +33,11 @@ vps_result_t vps_training_read(struct vps_reader *r, const char *key, struct vps
 	VPS_CHECK(vps_r_int(r, "step", &t->step, 0, INT64_MAX));
 	VPS_CHECK(vps_r_int(r, "consumed_samples", &t->consumed_samples, 0, INT64_MAX));
 	VPS_CHECK(vps_r_int(r, "scheduler_step", &t->scheduler_step, 0, INT64_MAX));
-	VPS_CHECK(vps_r_int(r, "global_batch", &t->global_batch, 0, INT64_MAX));
-	VPS_CHECK(vps_r_int(r, "micro_batch", &t->micro_batch, 0, INT64_MAX));
-	VPS_CHECK(vps_r_int(r, "grad_accum", &t->grad_accum, 0, INT64_MAX));
-	VPS_CHECK(vps_r_int(r, "dp", &t->dp, 0, INT64_MAX));
+	/* batch sizes bound the loops that split them (vps-exec, the trainer) */
+	VPS_CHECK(vps_r_int(r, "global_batch", &t->global_batch, 0, VPS_MAX_BATCH));
+	VPS_CHECK(vps_r_int(r, "micro_batch", &t->micro_batch, 0, VPS_MAX_BATCH));
+	VPS_CHECK(vps_r_int(r, "grad_accum", &t->grad_accum, 0, VPS_MAX_BATCH));
+	VPS_CHECK(vps_r_int(r, "dp", &t->dp, 0, VPS_MAX_BATCH));
 	return vps_r_map_end(r);
 }
 
@@ -68,8 +69,43 @@ static vps_result_t read_strides(struct vps_reader *r, const char *key, int64_t 
 	if (k != (uint64_t)n)
 		return vps_r_error(r, key, "one stride per axis of the box");
 	for (int i = 0; i < n; i++)
-		VPS_CHECK(vps_r_int(r, NULL, &s[i], INT64_MIN / 8, INT64_MAX / 8));
+		VPS_CHECK(vps_r_int(r, NULL, &s[i], -VPS_MAX_ELEMENTS, VPS_MAX_ELEMENTS));
 	return vps_r_seq_end(r);
+}
+
+int64_t vps_plan_side_elements(const struct vps_plan *p, bool source, int64_t wr, uint32_t buffer)
+{
+	int64_t rank = source ? vps_world_a_rank(p->world, wr) : vps_world_b_rank(p->world, wr);
+	if (rank < 0)
+		return -1;
+	int64_t n = vps_layout_buffer_elements(source ? p->a : p->b, rank, buffer);
+	return n < 0 ? -2 : n;
+}
+
+vps_result_t vps_piece_view_check(struct vps_reader *r, const struct vps_plan *plan, size_t i,
+				  const struct vps_piece *p)
+{
+	int64_t ext[VPS_MAX_DIMS];
+	char what[64];
+	struct vps_tensor t;
+	snprintf(what, sizeof(what), "piece %zu", i);
+	VPS_CHECK(vps_model_tensor(vps_layout_model(plan->a), p->tensor, &t));
+	VPS_CHECK(vps_box_check(r, "box", what, &p->box, &t));
+	for (int k = 0; k < p->box.ndim; k++)
+		ext[k] = p->box.hi[k] - p->box.lo[k];
+	for (int side = 0; side < 2; side++) {
+		int64_t rank = side ? p->dst : p->src;
+		uint32_t buffer = side ? p->dst_buffer : p->src_buffer;
+		int64_t n = vps_plan_side_elements(plan, !side, rank, buffer);
+		snprintf(what, sizeof(what), "piece %zu: %s", i, side ? "destination" : "source");
+		if (n == -2)
+			return vps_r_error(r, side ? "dst_buffer" : "src_buffer", "%s: rank %" PRId64 " has no buffer %u", what,
+					   rank, buffer);
+		VPS_CHECK(vps_view_check(r, side ? "dst_strides" : "src_strides", what, p->box.ndim, ext,
+					 side ? p->dst_offset : p->src_offset, side ? p->dst_strides : p->src_strides, buffer,
+					 n));
+	}
+	return VPS_OK;
 }
 
 vps_result_t vps_piece_read(struct vps_reader *r, const struct vps_model *m, int64_t world, struct vps_piece *p)
@@ -95,13 +131,13 @@ vps_result_t vps_piece_read(struct vps_reader *r, const struct vps_model *m, int
 		return vps_r_error(r, "box", "%d axes, but the tensor has %d", p->box.ndim, t.ndim);
 	VPS_CHECK(vps_r_int(r, "src_buffer", &x, 0, UINT32_MAX));
 	p->src_buffer = (uint32_t)x;
-	VPS_CHECK(vps_r_int(r, "src_offset", &p->src_offset, 0, INT64_MAX / 8));
+	VPS_CHECK(vps_r_int(r, "src_offset", &p->src_offset, 0, VPS_MAX_ELEMENTS));
 	VPS_CHECK(read_strides(r, "src_strides", p->src_strides, p->box.ndim));
 	VPS_CHECK(vps_r_int(r, "dst_buffer", &x, 0, UINT32_MAX));
 	p->dst_buffer = (uint32_t)x;
-	VPS_CHECK(vps_r_int(r, "dst_offset", &p->dst_offset, 0, INT64_MAX / 8));
+	VPS_CHECK(vps_r_int(r, "dst_offset", &p->dst_offset, 0, VPS_MAX_ELEMENTS));
 	VPS_CHECK(read_strides(r, "dst_strides", p->dst_strides, p->box.ndim));
-	return vps_r_map_end(r);
+	return VPS_OK;
 }
 
 vps_result_t vps_piece_write(struct vps_writer *w, const struct vps_model *m, const struct vps_piece *p)
@@ -134,7 +170,9 @@ uint64_t vps_plan_hash(const struct vps_plan *p)
 	const struct vps_training *t = &p->train;
 	int64_t tf[] = {t->known, t->step, t->consumed_samples, t->scheduler_step, t->global_batch, t->micro_batch,
 			t->grad_accum, t->dp};
-	return vps_hash64(tf, sizeof(tf), h);
+	h = vps_hash64(tf, sizeof(tf), h);
+	/* 0 marks a plan computed here (file_hash): no file may state it */
+	return h ? h : 1;
 }
 
 vps_result_t vps_plan_write_body(struct vps_writer *w, const struct vps_plan *p)
@@ -193,6 +231,11 @@ vps_result_t vps_plan_read_body(struct vps_reader *r, struct vps_plan **out, uin
 	if (!p)
 		return VPS_ENOMEM;
 	VPS_CHECK_GOTO(vps_r_u64hex(r, "hash", stored_hash), rc, fail);
+	if (!*stored_hash) {
+		/* 0 would mean "computed here, nothing to check": no hash is 0 */
+		rc = vps_r_error(r, "hash", "0 is not the hash of any plan");
+		goto fail;
+	}
 	VPS_CHECK_GOTO(vps_r_int(r, "scope", &p->scope, -1, INT64_MAX), rc, fail);
 	VPS_CHECK_GOTO(vps_r_int(r, "world", &world, 1, INT64_MAX), rc, fail);
 	VPS_CHECK_GOTO(vps_r_map_begin(r, "source"), rc, fail);
@@ -216,6 +259,8 @@ vps_result_t vps_plan_read_body(struct vps_reader *r, struct vps_plan **out, uin
 	}
 	for (uint64_t i = 0; i < n; i++) {
 		VPS_CHECK_GOTO(vps_piece_read(r, vps_layout_model(p->a), world, &p->pieces[i]), rc, fail);
+		VPS_CHECK_GOTO(vps_piece_view_check(r, p, (size_t)i, &p->pieces[i]), rc, fail);
+		VPS_CHECK_GOTO(vps_r_map_end(r), rc, fail);
 		p->npieces++;
 	}
 	VPS_CHECK_GOTO(vps_r_seq_end(r), rc, fail);
@@ -251,8 +296,8 @@ vps_result_t vps_plan_read_body(struct vps_reader *r, struct vps_plan **out, uin
 			goto fail;
 		}
 		VPS_CHECK_GOTO(vps_r_int(r, "root", &c->root, 0, world - 1), rc, fail);
-		VPS_CHECK_GOTO(vps_r_int(r, "peers", &c->peers, 0, INT64_MAX), rc, fail);
-		VPS_CHECK_GOTO(vps_r_int(r, "bytes", &c->bytes, 0, INT64_MAX), rc, fail);
+		VPS_CHECK_GOTO(vps_r_int(r, "peers", &c->peers, 0, world), rc, fail);
+		VPS_CHECK_GOTO(vps_r_int(r, "bytes", &c->bytes, 0, VPS_MAX_ELEMENTS * 8), rc, fail);
 		VPS_CHECK_GOTO(vps_r_map_end(r), rc, fail);
 		p->ncolls++;
 	}

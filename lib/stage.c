@@ -350,7 +350,7 @@ vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t b
 	int64_t moved = 0;
 	for (size_t i = 0; i < plan->npieces; i++)
 		if (plan->pieces[i].src != plan->pieces[i].dst)
-			moved += vps_piece_bytes(&plan->pieces[i]);
+			moved = vps_sat_add(moved, vps_piece_bytes(&plan->pieces[i]));
 	if (moved / cap > VPS_STAGE_MAX_CHUNKS) {
 		free(s);
 		free(idx);
@@ -398,8 +398,8 @@ vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t b
 		struct vps_xfer x = b.x[i];
 		int64_t bytes = 0;
 		for (size_t k = 0; k < x.nops; k++)
-			bytes += vps_op_bytes(&b.o[x.first_op + k]);
-		s->stages[x.stage].bytes += x.src == x.dst ? 0 : bytes;
+			bytes = vps_sat_add(bytes, vps_op_bytes(&b.o[x.first_op + k]));
+		s->stages[x.stage].bytes = vps_sat_add(s->stages[x.stage].bytes, x.src == x.dst ? 0 : bytes);
 		if (rank >= 0 && x.src != rank && x.dst != rank)
 			continue;
 		if (x.nops)
@@ -478,11 +478,11 @@ void vps_staged_stats(const struct vps_staged *s, struct vps_stage_stats *st)
 		const struct vps_xfer *x = &s->xfers[i];
 		int64_t bytes = 0;
 		for (size_t k = 0; k < x->nops; k++)
-			bytes += vps_op_bytes(&s->ops[x->first_op + k]);
+			bytes = vps_sat_add(bytes, vps_op_bytes(&s->ops[x->first_op + k]));
 		if (x->src == x->dst) {
-			st->bytes_retained += bytes;
+			st->bytes_retained = vps_sat_add(st->bytes_retained, bytes);
 		} else {
-			st->bytes_moved += bytes;
+			st->bytes_moved = vps_sat_add(st->bytes_moved, bytes);
 			if (x->step != last_step || x->chunk != last_chunk)
 				st->units++;
 			if (x->step != last_step)

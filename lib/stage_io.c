@@ -53,7 +53,8 @@ uint64_t vps_staged_hash(const struct vps_staged *s)
 		int64_t f[] = {s->frees[i].rank, s->frees[i].buffer, s->frees[i].stage};
 		h = vps_hash64(f, sizeof(f), h);
 	}
-	return h;
+	/* 0 marks a staged plan computed here (file_hash): no file states it */
+	return h ? h : 1;
 }
 
 static vps_result_t write_pair(struct vps_writer *w, const char *key, int64_t a, int64_t b)
@@ -147,6 +148,8 @@ static vps_result_t read_body(struct vps_reader *r, struct vps_staged *s)
 	uint64_t n, plan_hash;
 	int64_t W;
 	VPS_CHECK(vps_r_u64hex(r, "hash", &s->file_hash));
+	if (!s->file_hash)
+		return vps_r_error(r, "hash", "0 is not the hash of any staged plan");
 	VPS_CHECK(vps_r_int(r, "budget", &s->budget, VPS_STAGE_BUDGET_FLOOR, INT64_MAX));
 	VPS_CHECK(vps_r_int(r, "scope", &s->scope, -1, INT64_MAX));
 	VPS_CHECK(vps_r_int(r, "steps", &s->steps, 0, INT64_MAX));
@@ -189,7 +192,7 @@ static vps_result_t read_body(struct vps_reader *r, struct vps_staged *s)
 		VPS_CHECK(vps_r_int(r, "chunk", &x->chunk, 0, INT64_MAX));
 		VPS_CHECK(vps_r_int(r, "src", &x->src, 0, W - 1));
 		VPS_CHECK(vps_r_int(r, "dst", &x->dst, 0, W - 1));
-		VPS_CHECK(vps_r_int(r, "bytes", &x->bytes, 0, INT64_MAX));
+		VPS_CHECK(vps_r_int(r, "bytes", &x->bytes, 0, VPS_MAX_ELEMENTS * 8));
 		VPS_CHECK(vps_r_seq_begin(r, "ops", &no));
 		x->first_op = s->nops;
 		for (uint64_t k = 0; k < no; k++) {
@@ -210,17 +213,40 @@ static vps_result_t read_body(struct vps_reader *r, struct vps_staged *s)
 			nd = (int64_t)ne;
 			o->ndim = (int)nd;
 			for (int d = 0; d < o->ndim; d++)
-				VPS_CHECK(vps_r_int(r, NULL, &o->ext[d], 1, INT64_MAX / 8));
+				VPS_CHECK(vps_r_int(r, NULL, &o->ext[d], 1, VPS_MAX_ELEMENTS));
 			VPS_CHECK(vps_r_seq_end(r));
+			char what[96];
+			snprintf(what, sizeof(what), "transfer %" PRIu64 " op %" PRIu64 " (piece %" PRId64 ")", i, k,
+				 o->piece);
+			if (o->npieces > (int64_t)s->plan->npieces)
+				return vps_r_error(r, "pieces", "%s: %d pieces, more than the plan's %zu", what, o->npieces,
+						   s->plan->npieces);
+			if (vps_ext_volume(o->ndim, o->ext) < 0 || vps_ext_volume(o->ndim, o->ext) > VPS_MAX_ELEMENTS)
+				return vps_r_error(r, "ext", "%s: more than 2^48 elements", what);
 			VPS_CHECK(vps_r_int(r, "src_buffer", &v, 0, UINT32_MAX));
 			o->src_buffer = (uint32_t)v;
-			VPS_CHECK(vps_r_int(r, "src_offset", &o->src_offset, 0, INT64_MAX / 8));
-			VPS_CHECK(read_ints(r, "src_strides", o->src_strides, o->ndim, INT64_MIN / 8, INT64_MAX / 8));
+			VPS_CHECK(vps_r_int(r, "src_offset", &o->src_offset, 0, VPS_MAX_ELEMENTS));
+			VPS_CHECK(read_ints(r, "src_strides", o->src_strides, o->ndim, -VPS_MAX_ELEMENTS, VPS_MAX_ELEMENTS));
 			VPS_CHECK(vps_r_int(r, "dst_buffer", &v, 0, UINT32_MAX));
 			o->dst_buffer = (uint32_t)v;
-			VPS_CHECK(vps_r_int(r, "dst_offset", &o->dst_offset, 0, INT64_MAX / 8));
-			VPS_CHECK(read_ints(r, "dst_strides", o->dst_strides, o->ndim, INT64_MIN / 8, INT64_MAX / 8));
-			VPS_CHECK(vps_r_int(r, "staging", &o->staging, -1, INT64_MAX / 2));
+			VPS_CHECK(vps_r_int(r, "dst_offset", &o->dst_offset, 0, VPS_MAX_ELEMENTS));
+			VPS_CHECK(read_ints(r, "dst_strides", o->dst_strides, o->ndim, -VPS_MAX_ELEMENTS, VPS_MAX_ELEMENTS));
+			VPS_CHECK(vps_r_int(r, "staging", &o->staging, -1, VPS_MAX_ELEMENTS * 8));
+			/* every view inside the buffer it names, before anything
+			 * (vps-verify, vps-exec) walks it */
+			for (int side = 0; side < 2; side++) {
+				int64_t rank = side ? x->dst : x->src;
+				uint32_t buffer = side ? o->dst_buffer : o->src_buffer;
+				int64_t nel = vps_plan_side_elements(s->plan, !side, rank, buffer);
+				char sw[128];
+				snprintf(sw, sizeof(sw), "%s: %s", what, side ? "destination" : "source");
+				if (nel == -2)
+					return vps_r_error(r, side ? "dst_buffer" : "src_buffer", "%s: rank %" PRId64
+							   " has no buffer %u", sw, rank, buffer);
+				VPS_CHECK(vps_view_check(r, side ? "dst_strides" : "src_strides", sw, o->ndim, o->ext,
+							 side ? o->dst_offset : o->src_offset,
+							 side ? o->dst_strides : o->src_strides, buffer, nel));
+			}
 			VPS_CHECK(vps_r_map_end(r));
 			s->nops++;
 		}
@@ -240,6 +266,9 @@ static vps_result_t read_body(struct vps_reader *r, struct vps_staged *s)
 		VPS_CHECK(vps_r_int(r, "rank", &s->frees[i].rank, 0, W - 1));
 		VPS_CHECK(vps_r_int(r, "buffer", &v, 0, UINT32_MAX));
 		s->frees[i].buffer = (uint32_t)v;
+		if (vps_plan_side_elements(s->plan, true, s->frees[i].rank, s->frees[i].buffer) < 0)
+			return vps_r_error(r, "buffer", "free %" PRIu64 ": rank %" PRId64 " has no buffer %u under the source layout",
+					   i, s->frees[i].rank, s->frees[i].buffer);
 		VPS_CHECK(vps_r_int(r, "after_stage", &s->frees[i].stage, -1, (int64_t)s->nstages - 1));
 		VPS_CHECK(vps_r_map_end(r));
 		s->nfrees++;

@@ -183,6 +183,7 @@ static int held_cmp(const void *a, const void *b)
 
 struct span {
 	int64_t lo, hi;
+	uint32_t buffer;
 	size_t region;
 	bool exact; /* contiguous: [lo, hi) is its footprint */
 };
@@ -190,6 +191,8 @@ struct span {
 static int span_cmp(const void *a, const void *b)
 {
 	const struct span *x = a, *y = b;
+	if (x->buffer != y->buffer)
+		return x->buffer < y->buffer ? -1 : 1;
 	if (x->lo != y->lo)
 		return x->lo < y->lo ? -1 : 1;
 	return x->hi < y->hi ? -1 : x->hi > y->hi;
@@ -218,9 +221,10 @@ static bool regions_share(const struct vps_region *a, const struct vps_region *b
 	int64_t first, end;
 	vps_region_extent(b, &first, &end);
 	int64_t idx[VPS_MAX_DIMS];
-	int64_t vol = vps_box_volume(&a->box);
-	if (vol > ((int64_t)1 << 24))
-		return true; /* too large to walk: report it */
+	int64_t vol = vps_box_volume(&a->box), pairs;
+	/* the walk below is quadratic: too large to walk, report it */
+	if (!vps_mul_ok(vol, vps_box_volume(&b->box), &pairs) || pairs > ((int64_t)1 << 30))
+		return true;
 	for (int64_t e = 0; e < vol; e++) {
 		int64_t rem = e;
 		for (int k = a->box.ndim - 1; k >= 0; k--) {
@@ -288,6 +292,14 @@ static void check_rank(const struct vps_layout *l, const struct vps_rank_view *v
 			vps_verify_add(rep, "rank %" PRId64 ": buffer %u holds %s as %s, expected %s", v->rank, r->buffer,
 				       vps_state_name(b->state), vps_dtype_name(b->dtype),
 				       vps_dtype_name(vps_state_dtype(b->state)));
+		bool aliased = false;
+		for (int k = 0; k < r->box.ndim; k++)
+			aliased |= r->strides[k] == 0;
+		if (aliased) {
+			vps_verify_add(rep, "rank %" PRId64 ": %s %s %s: a stride is 0 (rows that alias each other)", v->rank,
+				       name, vps_state_name(r->state), bs);
+			continue;
+		}
 		int64_t first, end;
 		vps_region_extent(r, &first, &end);
 		if (first < 0 || end > b->elements) {
@@ -300,6 +312,7 @@ static void check_rank(const struct vps_layout *l, const struct vps_rank_view *v
 		if (spans) {
 			spans[nspans].lo = first;
 			spans[nspans].hi = end;
+			spans[nspans].buffer = r->buffer;
 			spans[nspans].region = i;
 			spans[nspans].exact = vps_region_is_contiguous(r);
 			nspans++;
@@ -308,14 +321,14 @@ static void check_rank(const struct vps_layout *l, const struct vps_rank_view *v
 	if (!spans)
 		return;
 	/* overlaps: sort each buffer's footprints; compare with the furthest
-	 * reaching earlier one */
-	for (size_t i = 0; i < nspans; i++)
-		spans[i].lo += (int64_t)v->regions[spans[i].region].buffer << 48;
-	for (size_t i = 0; i < nspans; i++)
-		spans[i].hi += (int64_t)v->regions[spans[i].region].buffer << 48;
+	 * reaching earlier one of the same buffer */
 	qsort(spans, nspans, sizeof(*spans), span_cmp);
 	size_t reach = 0;
 	for (size_t i = 1; i < nspans; i++) {
+		if (spans[i].buffer != spans[reach].buffer) {
+			reach = i;
+			continue;
+		}
 		if (spans[i].lo < spans[reach].hi) {
 			const struct vps_region *a = &v->regions[spans[reach].region], *b = &v->regions[spans[i].region];
 			bool real = (spans[i].exact && spans[reach].exact) || regions_share(a, b);
@@ -330,7 +343,7 @@ static void check_rank(const struct vps_layout *l, const struct vps_rank_view *v
 				box_str(&b->box, bs, sizeof(bs));
 				vps_verify_add(rep, "rank %" PRId64 ": buffer %u: %s %s %s overlaps %s %s %s at element %" PRId64,
 					       v->rank, a->buffer, na, vps_state_name(a->state), ba, nb,
-					       vps_state_name(b->state), bs, spans[i].lo & (((int64_t)1 << 48) - 1));
+					       vps_state_name(b->state), bs, spans[i].lo);
 			}
 		}
 		if (spans[i].hi > spans[reach].hi)
@@ -538,7 +551,7 @@ vps_result_t vps_verify_plan(const struct vps_plan *p, struct vps_verify_report 
 		if (x->src == x->dst)
 			retains++;
 		else
-			moved += vps_piece_bytes(x);
+			moved = vps_sat_add(moved, vps_piece_bytes(x));
 		if (p->scope >= 0 && x->src != p->scope && x->dst != p->scope)
 			vps_verify_add(rep, "piece %zu (%s, %" PRId64 " -> %" PRId64 ") does not involve rank %" PRId64
 				       ", the plan's scope", i, ps, x->src, x->dst, p->scope);
@@ -692,6 +705,70 @@ static void segs_normalize(struct segs *s)
 	s->n = w;
 }
 
+/* A read of an A buffer: the last stage that reads it, by which transfer. */
+struct buffer_read {
+	int64_t rank;
+	uint32_t buffer;
+	int64_t stage;
+	size_t xfer;
+};
+
+static int read_cmp(const void *p, const void *q)
+{
+	const struct buffer_read *x = p, *y = q;
+	if (x->rank != y->rank)
+		return x->rank < y->rank ? -1 : 1;
+	if (x->buffer != y->buffer)
+		return x->buffer < y->buffer ? -1 : 1;
+	return x->stage > y->stage ? -1 : x->stage < y->stage; /* latest first */
+}
+
+/* A free lets the trainer release a source buffer after its stage: no
+ * later stage may read it (vps-exec would copy from released memory). */
+static vps_result_t check_frees(const struct vps_staged *s, struct vps_verify_report *rep)
+{
+	struct buffer_read *rd = vps_malloc((s->nops + 1) * sizeof(*rd));
+	size_t n = 0;
+	if (!rd)
+		return VPS_ENOMEM;
+	for (size_t i = 0; i < s->nxfers; i++) {
+		const struct vps_xfer *x = &s->xfers[i];
+		for (size_t k = 0; k < x->nops && x->first_op + k < s->nops; k++)
+			rd[n++] = (struct buffer_read){x->src, s->ops[x->first_op + k].src_buffer, x->stage, i};
+	}
+	qsort(rd, n, sizeof(*rd), read_cmp);
+	size_t u = 0;
+	for (size_t i = 0; i < n; i++)
+		if (!u || rd[u - 1].rank != rd[i].rank || rd[u - 1].buffer != rd[i].buffer)
+			rd[u++] = rd[i];
+	for (size_t f = 0; f < s->nfrees; f++) {
+		const struct vps_free *fr = &s->frees[f];
+		struct buffer_read key = {fr->rank, fr->buffer, INT64_MAX, 0};
+		size_t lo = 0, hi = u;
+		while (lo < hi) {
+			size_t mid = (lo + hi) / 2;
+			if (read_cmp(&rd[mid], &key) < 0)
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		if (lo < u && rd[lo].rank == fr->rank && rd[lo].buffer == fr->buffer && rd[lo].stage > fr->stage) {
+			if (fr->stage < 0)
+				vps_verify_add(rep,
+					       "free %zu: rank %" PRId64 " buffer %u is marked never read, but stage %" PRId64
+					       " reads it (transfer %zu)",
+					       f, fr->rank, fr->buffer, rd[lo].stage, rd[lo].xfer);
+			else
+				vps_verify_add(rep,
+					       "free %zu: rank %" PRId64 " buffer %u is freed after stage %" PRId64
+					       ", but stage %" PRId64 " still reads it (transfer %zu)",
+					       f, fr->rank, fr->buffer, fr->stage, rd[lo].stage, rd[lo].xfer);
+		}
+	}
+	free(rd);
+	return VPS_OK;
+}
+
 vps_result_t vps_verify_staged(const struct vps_staged *s, struct vps_verify_report *rep)
 {
 	vps_result_t rc = VPS_OK;
@@ -758,8 +835,8 @@ vps_result_t vps_verify_staged(const struct vps_staged *s, struct vps_verify_rep
 					       x->dst);
 			*ps = x->step;
 			*pr = x->step;
-			load[x->src] += x->bytes;
-			load[x->dst] += x->bytes;
+			load[x->src] = vps_sat_add(load[x->src], x->bytes);
+			load[x->dst] = vps_sat_add(load[x->dst], x->bytes);
 			if (load[x->src] > s->budget || load[x->dst] > s->budget)
 				vps_verify_add(rep, "stage %" PRId64 ": rank %" PRId64 " needs %" PRId64 " bytes, over the budget of %" PRId64,
 					       x->stage, load[x->src] > s->budget ? x->src : x->dst,
@@ -779,7 +856,9 @@ vps_result_t vps_verify_staged(const struct vps_staged *s, struct vps_verify_rep
 		int64_t end = 0;
 		for (size_t k = 0; k < x->nops; k++) {
 			const struct vps_op *o = &s->ops[x->first_op + k];
-			int64_t bytes = vps_op_bytes(o);
+			int64_t bytes = vps_ext_volume(o->ndim, o->ext);
+			if (bytes < 0 || !vps_mul_ok(bytes, o->esize, &bytes))
+				bytes = -1; /* reported below as a view outside its buffer */
 			struct vps_region sr = {0}, dr = {0};
 			sr.box.ndim = dr.box.ndim = o->ndim;
 			for (int d = 0; d < o->ndim; d++)
@@ -789,14 +868,26 @@ vps_result_t vps_verify_staged(const struct vps_staged *s, struct vps_verify_rep
 			memcpy(sr.strides, o->src_strides, sizeof(sr.strides));
 			memcpy(dr.strides, o->dst_strides, sizeof(dr.strides));
 			int64_t f0, f1;
+			bool walkable = bytes > 0;
+			for (int d = 0; d < o->ndim; d++)
+				if (o->src_strides[d] == 0 || o->dst_strides[d] == 0) {
+					vps_verify_add(rep, "transfer %zu op %zu: stride %d is 0 (rows that alias each other)", i,
+						       k, d);
+					walkable = false;
+					break;
+				}
 			vps_region_extent(&sr, &f0, &f1);
-			if (o->src_buffer >= vs->v.nbuffers || f0 < 0 || f1 > vs->v.buffers[o->src_buffer].elements)
+			if (o->src_buffer >= vs->v.nbuffers || f0 < 0 || f1 > vs->v.buffers[o->src_buffer].elements) {
 				vps_verify_add(rep, "transfer %zu op %zu: source view outside buffer %u of rank %" PRId64, i, k,
 					       o->src_buffer, x->src);
+				walkable = false;
+			}
 			vps_region_extent(&dr, &f0, &f1);
-			if (o->dst_buffer >= vd->v.nbuffers || f0 < 0 || f1 > vd->v.buffers[o->dst_buffer].elements)
+			if (o->dst_buffer >= vd->v.nbuffers || f0 < 0 || f1 > vd->v.buffers[o->dst_buffer].elements) {
 				vps_verify_add(rep, "transfer %zu op %zu: destination view outside buffer %u of rank %" PRId64, i,
 					       k, o->dst_buffer, x->dst);
+				walkable = false;
+			}
 			if (retain) {
 				if (o->staging != -1)
 					vps_verify_add(rep, "transfer %zu op %zu: a retain with a staging offset", i, k);
@@ -804,25 +895,37 @@ vps_result_t vps_verify_staged(const struct vps_staged *s, struct vps_verify_rep
 				if (o->staging % VPS_STAGE_ALIGN)
 					vps_verify_add(rep, "transfer %zu op %zu: staging offset %" PRId64 " is not %d-byte aligned",
 						       i, k, o->staging, VPS_STAGE_ALIGN);
-				if (o->staging < end || o->staging + bytes > x->bytes)
+				if (o->staging < end || !walkable || o->staging > x->bytes - bytes)
 					vps_verify_add(rep,
 						       "transfer %zu op %zu: staging bytes [%" PRId64 ", %" PRId64
 						       ") overlap another op or leave the buffer of %" PRId64,
 						       i, k, o->staging, o->staging + bytes, x->bytes);
-				end = o->staging + bytes;
+				if (walkable)
+					end = o->staging + bytes;
 			}
-			VPS_CHECK_GOTO(segs_of_view(&have, x->src, x->dst, o->src_buffer, o->dst_buffer, o->src_offset,
-						    o->dst_offset, o->ext, o->src_strides, o->dst_strides, o->ndim, o->esize),
-				       rc, done);
+			/* a view that cannot be real is reported, never walked:
+			 * its elements may number in the trillions */
+			if (walkable)
+				VPS_CHECK_GOTO(segs_of_view(&have, x->src, x->dst, o->src_buffer, o->dst_buffer, o->src_offset,
+							    o->dst_offset, o->ext, o->src_strides, o->dst_strides, o->ndim,
+							    o->esize),
+					       rc, done);
 		}
 	}
+	VPS_CHECK_GOTO(check_frees(s, rep), rc, done);
 	for (size_t i = 0; i < p->npieces; i++) {
 		const struct vps_piece *x = &p->pieces[i];
 		if (s->scope >= 0 && x->src != s->scope && x->dst != s->scope)
 			continue;
-		int64_t ext[VPS_MAX_DIMS];
+		int64_t ext[VPS_MAX_DIMS], f0, f1;
 		for (int d = 0; d < x->box.ndim; d++)
 			ext[d] = x->box.hi[d] - x->box.lo[d];
+		if (!vps_view_span(x->box.ndim, ext, x->src_offset, x->src_strides, &f0, &f1) ||
+		    !vps_view_span(x->box.ndim, ext, x->dst_offset, x->dst_strides, &f0, &f1) ||
+		    vps_box_volume(&x->box) > VPS_MAX_ELEMENTS) {
+			vps_verify_add(rep, "piece %zu: a zero stride or a view beyond any buffer", i);
+			continue;
+		}
 		VPS_CHECK_GOTO(segs_of_view(&want, x->src, x->dst, x->src_buffer, x->dst_buffer, x->src_offset, x->dst_offset,
 					    ext, x->src_strides, x->dst_strides, x->box.ndim,
 					    (uint8_t)vps_dtype_size(vps_state_dtype(x->state))),
