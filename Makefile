@@ -168,9 +168,9 @@ FUZZ_DEB_PKGS = clang libclang-rt-14-dev libfuzzer-14-dev zstd
 
 fuzz-deps: $(FUZZ_STAMP)
 $(FUZZ_STAMP):
-	@missing=""; \
+	@missing=""; mkdir -p $(FUZZ_DIR); \
 	echo 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n); int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { return d && n; }' | \
-		$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -x c - -o /dev/null >/dev/null 2>&1 || \
+		$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -x c - -o $(FUZZ_DIR)/probe >/dev/null 2>&1 || \
 		missing="$$missing clang libclang-rt-14-dev libfuzzer-14-dev"; \
 	command -v zstd >/dev/null 2>&1 || missing="$$missing zstd"; \
 	if [ -n "$$missing" ]; then \
