@@ -536,7 +536,10 @@ static vps_result_t one_switch(const struct vps_staged *s, const struct vps_plan
 	rep->world = vps_world_size(p->world);
 	rep->transport = car->name;
 	double t0 = now();
-	struct claim c = {reg, *last_seq, t0, o->wait ? -1 : o->timeout, 0, false, o};
+	/* a slow trainer is not a dead one (that one is seen at once): its
+	 * request may take as long as the ranks' may lie apart */
+	struct claim c = {reg, *last_seq, t0, o->wait ? -1 : vps_max64((int64_t)o->request_timeout, (int64_t)o->timeout),
+			  0, false, o};
 	rc = vps_net_arrive(net, claim_ready, &c, vps_max64((int64_t)o->request_timeout, (int64_t)o->timeout));
 	claimed = c.claimed;
 	seq = c.seq;

@@ -31,13 +31,15 @@ rehash() {
 	sed -i -f rehash.sed "$1"
 }
 
-# within: run a tool that must answer in well under a second
+# within: run a tool that must answer at once. It answers in milliseconds;
+# the bound is loose so that a loaded CI machine cannot fail it, and still
+# far below what the unbounded code took (minutes, or forever).
 within() {
 	local start end
 	start=$(date +%s%N)
-	run timeout 10 "$@"
+	run timeout 30 "$@"
 	end=$(date +%s%N)
-	if [ $(((end - start) / 1000000)) -gt 2000 ]; then
+	if [ $(((end - start) / 1000000)) -gt 8000 ]; then
 		echo "took $(((end - start) / 1000000)) ms: $*" >&2
 		return 1
 	fi
