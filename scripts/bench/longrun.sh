@@ -74,7 +74,8 @@ fi
 int --warmup "$warmup"
 [ $((switches - warmup)) -ge 6 ] || { echo "longrun.sh: --warmup: leaves fewer than 6 switches to measure" >&2; exit 2; }
 from=${from:-tp=$ranks} to=${to:-tp=1,dp=$ranks}
-# a model file, from where we were started
+# a model file, from where we were started (named as given)
+name=$model
 [ ! -f "$model" ] || model=$(cd "$(dirname "$model")" && pwd)/$(basename "$model")
 
 if [ -n "${VPS_BIN:-}" ]; then
@@ -118,7 +119,7 @@ plans=()
 for ((k = 0; k < switches; k++)); do
 	if ((k % 2 == 0)); then plans+=(ab.staged); else plans+=(ba.staged); fi
 done
-echo "== $model: ($from) <-> ($to), $ranks ranks over $transport, $switches switches ($((moved / 1000000)) MB moved each)"
+echo "== $name: ($from) <-> ($to), $ranks ranks over $transport, $switches switches ($((moved / 1000000)) MB moved each)"
 
 # One step after each switch, none before: every switch adds exactly gb
 # sample ids to the trainers' logs, which count the switches done.
