@@ -145,12 +145,6 @@ t0=$(date +%s.%N)
 alive=1
 while [ "$alive" = 1 ]; do
 	alive=0
-	done_lines=0
-	for f in ids.*; do
-		mapfile -t l < "$f"
-		done_lines=$((done_lines + ${#l[@]}))
-	done
-	sw=$((done_lines / gb))
 	now=$(date +%s.%N)
 	out=()
 	for i in "${!pids[@]}"; do
@@ -164,13 +158,21 @@ while [ "$alive" = 1 ]; do
 		# gone, or a zombie (no VmRSS) that waits to be reaped
 		[ -n "$rss" ] && [ "${#m[@]}" -gt 0 ] || continue
 		alive=1
-		out+=("$now $sw ${kinds[$i]} $rss ${#m[@]} ${#fd[@]}")
+		out+=("${kinds[$i]} $rss ${#m[@]} ${#fd[@]}")
 	done
 	objs=("/dev/shm/$tag-"*)
 	bytes=0
 	[ "${#objs[@]}" = 0 ] || bytes=$( (stat -c %s -- "${objs[@]}" 2>/dev/null || true) | awk '{ s += $1 } END { printf "%.0f", s }')
-	out+=("$now $sw shm - ${#objs[@]} $bytes")
-	printf '%s\n' "${out[@]}" >> samples.tsv
+	out+=("shm - ${#objs[@]} $bytes")
+	# the switches done, counted after the sample: a sample taken as the
+	# run ends counts as the end, not as the switch before it
+	done_lines=0
+	for f in ids.*; do
+		mapfile -t l < "$f"
+		done_lines=$((done_lines + ${#l[@]}))
+	done
+	sw=$((done_lines / gb))
+	printf "$now $sw %s\n" "${out[@]}" >> samples.tsv
 	sleep "$interval"
 done
 failed=0
