@@ -32,8 +32,9 @@
 # something for a moment (an fd while it maps an object, a trainer both
 # layouts' buffers until it frees the old): a sample may catch a peak or
 # miss a trough, but what leaks raises the floor and the peak alike.
-# Prints the table (each measure the largest over the trainers, over the
-# executors) and the verdict, `flat` (exit 0) or `NOT flat` (exit 1); a
+# (/dev/shm is measured per rank: its registry and buffers.) Prints the
+# table (each measure the largest over the trainers, over the executors,
+# and /dev/shm in all) and the verdict, `flat` (exit 0) or `NOT flat` (exit 1); a
 # switch that fails, a trainer's check that fails or a sample read twice
 # exits 1 too, and so does an object of the job left in /dev/shm at the end.
 set -euo pipefail
@@ -160,10 +161,13 @@ while [ "$alive" = 1 ]; do
 		alive=1
 		out+=("${kinds[$i]} $rss ${#m[@]} ${#fd[@]}")
 	done
+	# each rank's objects (its registry NAME, its buffers NAME.N), so that
+	# each follows its own trainer's cycle
 	objs=("/dev/shm/$tag-"*)
-	bytes=0
-	[ "${#objs[@]}" = 0 ] || bytes=$( (stat -c %s -- "${objs[@]}" 2>/dev/null || true) | awk '{ s += $1 } END { printf "%.0f", s }')
-	out+=("shm - ${#objs[@]} $bytes")
+	mapfile -t shm < <( ( [ "${#objs[@]}" = 0 ] || stat -c '%n %s' -- "${objs[@]}" 2>/dev/null || true) |
+		awk -v p="/dev/shm/$tag-" -v R="$ranks" '{ r = substr($1, length(p) + 1); sub(/\..*/, "", r); c[r]++; b[r] += $2 }
+			END { for (r = 0; r < R; r++) printf "shm %d %d %.0f\n", r, c[r], b[r] }')
+	out+=("${shm[@]}")
 	# the switches done, counted after the sample: a sample taken as the
 	# run ends counts as the end, not as the switch before it
 	done_lines=0
@@ -207,10 +211,10 @@ function range(m, w, k) {
 }
 {
 	t = $1 - t0; sw = $2; kind = $3
-	if (kind == "shm") { key = "shm"; v1 = $5; v2 = $6 }
+	if (kind == "shm") { key = "shm " $4; v1 = $5; v2 = $6 }
 	else { key = kind " " $4; v1 = $5; v2 = $6; v3 = $7 }
-	if (!($1 in seen)) { seen[$1] = 1; times[++nt] = t; swat[nt] = sw }
-	if (kind == "shm") { so[nt] = v1; sb[nt] = v2 }
+	if (!($1 in seen)) { seen[$1] = 1; times[++nt] = t; swat[nt] = sw; newsample = 1 } else newsample = 0
+	if (kind == "shm") { so[nt] += v1; sb[nt] += v2; procs[key] = 1 }
 	else {
 		procs[key] = 1
 		tr = kind == "trainer" ? "t" : "e"
@@ -223,7 +227,7 @@ function range(m, w, k) {
 	else if (sw >= N - span / 3 && sw < N - 1) win = 2 # not the last: the first trainers are leaving
 	else win = 0
 	if (win) {
-		n[win]++
+		n[win] += newsample
 		if (kind == "shm") { fl(win, key, "objects", v1); fl(win, key, "bytes", v2) }
 		else { fl(win, key, "rss", v1); fl(win, key, "maps", v2); fl(win, key, "fds", v3) }
 	}
@@ -243,15 +247,14 @@ END {
 		last = i
 		printf "%8.1f %8d | %s | %s | %7d %10.1f\n", times[i], swat[i], cols("t", i), cols("e", i), so[i], sb[i] / 1048576
 	}
-	if (!n[1] || !n[2]) { print "verdict: too few samples after the warm-up (raise --switches or lower --interval)"; exit 1 }
+	if (n[1] < 10 || n[2] < 10) { printf "verdict: %d and %d samples in the two windows, too few (raise --switches or lower --interval)\n", n[1], n[2]; exit 1 }
 	printf "after %d switches of warm-up: floor..peak over switches %d-%d -> over %d-%d\n", W, W, int(W + span / 3), int(N - span / 3), N
 	bad = 0
 	np = 0
 	for (k in procs) keys[++np] = k
-	keys[++np] = "shm"
 	for (j = 1; j <= np; j++) {
 		k = keys[j]
-		if (k == "shm") { m1 = "objects"; m2 = "bytes"; m3 = "" } else { m1 = "rss"; m2 = "maps"; m3 = "fds" }
+		if (k ~ /^shm/) { m1 = "objects"; m2 = "bytes"; m3 = "" } else { m1 = "rss"; m2 = "maps"; m3 = "fds" }
 		line = k ":"
 		for (q = 1; q <= 3; q++) {
 			m = q == 1 ? m1 : q == 2 ? m2 : m3
