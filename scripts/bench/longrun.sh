@@ -140,13 +140,15 @@ done
 # samples.tsv: one line per process and sample,
 #   seconds switches kind rank rss_kib maps fds
 # and one per sample for /dev/shm: seconds switches shm - objects bytes
+# no fork in the loop but stat's, so that samples keep up with short switches
 shopt -s nullglob
-t0=$(date +%s.%N)
+exec {nap}<> <(:)
+t0=$EPOCHREALTIME
 : > samples.tsv
 alive=1
 while [ "$alive" = 1 ]; do
 	alive=0
-	now=$(date +%s.%N)
+	now=$EPOCHREALTIME
 	out=()
 	for i in "${!pids[@]}"; do
 		p=${pids[$i]}
@@ -164,10 +166,15 @@ while [ "$alive" = 1 ]; do
 	# each rank's objects (its registry NAME, its buffers NAME.N), so that
 	# each follows its own trainer's cycle
 	objs=("/dev/shm/$tag-"*)
-	mapfile -t shm < <( ( [ "${#objs[@]}" = 0 ] || stat -c '%n %s' -- "${objs[@]}" 2>/dev/null || true) |
-		awk -v p="/dev/shm/$tag-" -v R="$ranks" '{ r = substr($1, length(p) + 1); sub(/\..*/, "", r); c[r]++; b[r] += $2 }
-			END { for (r = 0; r < R; r++) printf "shm %d %d %.0f\n", r, c[r], b[r] }')
-	out+=("${shm[@]}")
+	sizes=()
+	[ "${#objs[@]}" = 0 ] || mapfile -t sizes < <(stat -c '%n %s' -- "${objs[@]}" 2>/dev/null || true)
+	cnt=() sum=()
+	for ((r = 0; r < ranks; r++)); do cnt[r]=0 sum[r]=0; done
+	for l in "${sizes[@]}"; do
+		r=${l#"/dev/shm/$tag-"} r=${r%% *} r=${r%%.*}
+		cnt[r]=$((cnt[r] + 1)) sum[r]=$((sum[r] + ${l##* }))
+	done
+	for ((r = 0; r < ranks; r++)); do out+=("shm $r ${cnt[r]} ${sum[r]}"); done
 	# the switches done, counted after the sample: a sample taken as the
 	# run ends counts as the end, not as the switch before it
 	done_lines=0
@@ -177,7 +184,7 @@ while [ "$alive" = 1 ]; do
 	done
 	sw=$((done_lines / gb))
 	printf "$now $sw %s\n" "${out[@]}" >> samples.tsv
-	sleep "$interval"
+	read -rt "$interval" -u "$nap" || true
 done
 failed=0
 for i in "${!pids[@]}"; do
@@ -248,7 +255,7 @@ END {
 		printf "%8.1f %8d | %s | %s | %7d %10.1f\n", times[i], swat[i], cols("t", i), cols("e", i), so[i], sb[i] / 1048576
 	}
 	if (n[1] < 10 || n[2] < 10) { printf "verdict: %d and %d samples in the two windows, too few (raise --switches or lower --interval)\n", n[1], n[2]; exit 1 }
-	printf "after %d switches of warm-up: floor..peak over switches %d-%d -> over %d-%d\n", W, W, int(W + span / 3), int(N - span / 3), N
+	printf "after %d switches of warm-up: floor..peak over switches %d-%d -> over %d-%d (%d and %d samples)\n", W, W, int(W + span / 3), int(N - span / 3), N, n[1], n[2]
 	bad = 0
 	np = 0
 	for (k in procs) keys[++np] = k
