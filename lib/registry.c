@@ -57,6 +57,7 @@ struct reg_header {
 struct mapping {
 	void *base;
 	size_t len;
+	char object[VPS_REGISTRY_NAME_MAX + 8]; /* the owner's buffer: its object, removed with it */
 };
 
 struct vps_registry {
@@ -215,10 +216,15 @@ static vps_result_t map_object_prot(const char *name, bool create, bool writable
 	return VPS_OK;
 }
 
-static vps_result_t remember(struct vps_registry *r, void *base, size_t len)
+static vps_result_t remember(struct vps_registry *r, void *base, size_t len, const char *object)
 {
 	VPS_CHECK(VPS_GROW(r->maps, r->capmaps, r->nmaps + 1));
-	r->maps[r->nmaps++] = (struct mapping){base, len};
+	struct mapping *m = &r->maps[r->nmaps++];
+	memset(m, 0, sizeof(*m));
+	m->base = base;
+	m->len = len;
+	if (object)
+		snprintf(m->object, sizeof(m->object), "%s", object);
 	return VPS_OK;
 }
 
@@ -514,7 +520,7 @@ vps_result_t vps_registry_alloc_host(struct vps_registry *r, int role, uint32_t 
 	if (rc)
 		return rc;
 	r->h->next_object++;
-	if (remember(r, base, len)) {
+	if (remember(r, base, len, e->shm_name)) {
 		munmap(base, len);
 		return VPS_ENOMEM;
 	}
@@ -620,12 +626,34 @@ vps_result_t vps_registry_map(struct vps_registry *r, uint32_t i, bool writable,
 		return vps_fail(VPS_EINPUT, "registry %s: entry %u needs %" PRIu64 " bytes at offset %" PRIu64
 				" of /dev/shm/%s, which has %zu", r->name, i, e.bytes, e.offset, e.shm_name, len);
 	}
-	if (remember(r, base, len)) {
+	if (remember(r, base, len, NULL)) {
 		munmap(base, len);
 		return VPS_ENOMEM;
 	}
 	*ptr = (unsigned char *)base + e.offset;
 	return VPS_OK;
+}
+
+vps_result_t vps_registry_free_host(struct vps_registry *r, void *ptr)
+{
+	size_t i = 0;
+	while (i < r->nmaps && (r->maps[i].base != ptr || !r->maps[i].object[0]))
+		i++;
+	if (!r->owner || !ptr || i == r->nmaps)
+		return vps_fail(VPS_EINPUT, "registry %s: no host buffer of its own at %p", r->name, ptr);
+	uint32_t n = vps_registry_num_entries(r);
+	for (uint32_t k = 0; k < n; k++)
+		if (r->h->entries[k].where == VPS_WHERE_HOST && !strcmp(r->h->entries[k].shm_name, r->maps[i].object))
+			return vps_fail(VPS_EINPUT, "registry %s: /dev/shm/%s is still registered (entry %u)", r->name,
+					r->maps[i].object, k);
+	/* an executor that still maps it keeps its pages until it unmaps */
+	char path[VPS_REGISTRY_NAME_MAX + 16];
+	shm_path(path, sizeof(path), r->maps[i].object);
+	munmap(r->maps[i].base, r->maps[i].len);
+	int failed = shm_unlink(path) != 0 && errno != ENOENT;
+	vps_result_t rc = failed ? vps_fail_errno("registry %s: remove /dev/shm/%s", r->name, r->maps[i].object) : VPS_OK;
+	r->maps[i] = r->maps[--r->nmaps];
+	return rc;
 }
 
 void vps_registry_release(struct vps_registry *r, uint32_t i)

@@ -38,6 +38,19 @@ static void shard_release(struct shard *s)
 	memset(s, 0, sizeof(*s));
 }
 
+/* Free a shard for good: its host buffers' objects too (every registry
+ * entry naming them must be gone), so that a long run does not keep every
+ * switch's sources. */
+static vps_result_t shard_free(struct vps_registry *reg, struct shard *s)
+{
+	vps_result_t rc = VPS_OK;
+	for (size_t b = 0; !s->gpu && s->ptr && b < s->v.nbuffers && !rc; b++)
+		if (s->ptr[b])
+			rc = vps_registry_free_host(reg, s->ptr[b]);
+	shard_release(s);
+	return rc;
+}
+
 static size_t buffer_bytes(const struct vps_buffer *b) { return (size_t)b->elements * vps_dtype_size(b->dtype); }
 
 /* GPU: the shadow to the device, or back. */
@@ -192,6 +205,9 @@ static vps_result_t take_step(const struct vps_layout *l, int64_t rank, const st
 			if (fprintf(log, "%" PRId64 "\n",
 				    t->consumed_samples + m * t->micro_batch * t->dp + c.dp * t->micro_batch + i) < 0)
 				return vps_fail_errno("samples log");
+	/* a step is logged when it is taken: the log shows how far a run is */
+	if (fflush(log) != 0)
+		return vps_fail_errno("samples log");
 	return VPS_OK;
 }
 
@@ -262,8 +278,8 @@ vps_result_t vps_trainer_run(struct vps_staged *const *plans, size_t nplans, con
 		if (k > 0) {
 			/* the last target is now the source */
 			VPS_CHECK_GOTO(vps_registry_reset(reg, vps_layout_hash(p->a), a), rc, done);
+			VPS_CHECK_GOTO(shard_free(reg, &src), rc, done);
 			if (a >= 0) {
-				shard_release(&src);
 				src = dst;
 				memset(&dst, 0, sizeof(dst));
 				VPS_CHECK_GOTO(register_shard(reg, &src, VPS_ROLE_SOURCE), rc, done);
@@ -292,7 +308,8 @@ vps_result_t vps_trainer_run(struct vps_staged *const *plans, size_t nplans, con
 		res->switches++;
 		if (b < 0) {
 			/* a leaving device holds nothing now; it may join a later switch */
-			shard_release(&src);
+			VPS_CHECK_GOTO(vps_registry_reset(reg, 0, -1), rc, done);
+			VPS_CHECK_GOTO(shard_free(reg, &src), rc, done);
 			continue;
 		}
 		/* the switch carries rank 0's step and data position to everyone

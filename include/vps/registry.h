@@ -96,6 +96,13 @@ vps_result_t vps_registry_set_target(struct vps_registry *r, uint64_t target_has
  * registry and register it. *ptr receives the trainer's mapping. */
 vps_result_t vps_registry_alloc_host(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
 				     int64_t elements, void **ptr);
+/* Free a buffer that vps_registry_alloc_host allocated (ptr as it gave it),
+ * once no entry registers it: unmap it and remove its object. Executors
+ * that still map it keep their mapping until they unmap it. A trainer frees
+ * the sources of a switch once it is done, so that a long run does not
+ * grow. VPS_EINPUT for a pointer it did not give or a buffer still
+ * registered. */
+vps_result_t vps_registry_free_host(struct vps_registry *r, void *ptr);
 /* Register bytes the trainer already has in a shared-memory object. */
 vps_result_t vps_registry_add_host(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
 				   int64_t elements, const char *shm_name, uint64_t offset);

@@ -298,3 +298,56 @@ TEST(objects_others_can_open_or_another_user_owns_are_refused)
 		vps_registry_close(r);
 	}
 }
+
+static int count_maps(void)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	int n = 0;
+	char line[512];
+	while (f && fgets(line, sizeof(line), f))
+		n++;
+	if (f)
+		fclose(f);
+	return n;
+}
+
+/* A trainer switching many times frees each switch's sources: the object
+ * goes and so does its mapping, and nothing else. */
+TEST(a_trainer_frees_a_host_buffer_it_no_longer_registers)
+{
+	char name[64], obj[96];
+	struct vps_registry *r, *o;
+	void *p, *q;
+	name_for(name, sizeof(name), "free");
+	CHECK_OK(vps_registry_create(&r, name, 1, 0, 8, 0));
+	CHECK_OK(vps_registry_alloc_host(r, VPS_ROLE_SOURCE, 0, 0, 1, 1 << 16, &p));
+	struct vps_registry_entry_info e;
+	CHECK_OK(vps_registry_entry(r, 0, &e));
+	snprintf(obj, sizeof(obj), "/dev/shm/%s", e.shm_name);
+	CHECK(access(obj, F_OK) == 0);
+	/* registered still: refused, nothing freed */
+	CHECK(vps_registry_free_host(r, p) == VPS_EINPUT);
+	CHECK(strstr(vps_last_error(), "still registered") != NULL);
+	CHECK(access(obj, F_OK) == 0);
+	/* not one of its buffers */
+	CHECK(vps_registry_free_host(r, &q) == VPS_EINPUT);
+	/* an executor's handle frees nothing */
+	CHECK_OK(vps_registry_open(&o, name));
+	CHECK(vps_registry_free_host(o, p) == VPS_EINPUT);
+	vps_registry_close(o);
+	/* after a switch, many times over: flat */
+	CHECK_OK(vps_registry_reset(r, 2, 0));
+	CHECK_OK(vps_registry_free_host(r, p));
+	CHECK(access(obj, F_OK) != 0);
+	int before = count_maps();
+	for (int k = 0; k < 50; k++) {
+		CHECK_OK(vps_registry_alloc_host(r, VPS_ROLE_TARGET, 0, 0, 1, 1 << 16, &q));
+		memset(q, 1, 1 << 16);
+		CHECK_OK(vps_registry_reset(r, 2, 0));
+		CHECK_OK(vps_registry_free_host(r, q));
+	}
+	CHECK_EQ(count_maps(), before);
+	/* freed once: a second free is refused */
+	CHECK(vps_registry_free_host(r, q) == VPS_EINPUT);
+	vps_registry_close(r);
+}

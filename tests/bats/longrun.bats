@@ -1,0 +1,34 @@
+#!/usr/bin/env bats
+# Long runs: one `vps-exec --serve` per rank switches back and forth many
+# times, and nothing may grow after a warm-up: not the trainers' or the
+# executors' mappings, fds or RSS, not the job's objects in /dev/shm.
+# scripts/bench/longrun.sh measures it (docs/BENCHMARKS.md, "Long runs",
+# has the 1000-switch run); this is its short version.
+
+load helpers
+export VPS_BIN
+
+longrun() { # TRANSPORT
+	# under AddressSanitizer (make asan) freed memory waits in its
+	# quarantine, up to 256 MiB a process: RSS rises by design, so only
+	# mappings, fds and /dev/shm are judged there
+	local slack=16
+	! grep -qa __asan_init "$VPS_BIN/vps-exec" || slack=512
+	run "$TOP/scripts/bench/longrun.sh" --switches 200 --warmup 20 --interval 0.05 --rows 6 \
+		--model "$TOP/scripts/bench/models/micro-llama.yaml" --transport "$1" --rss-slack "$slack"
+	echo "$output" >&2
+	[ "$status" -eq 0 ]
+	[ "${lines[-1]}" = "verdict: flat" ]
+	# a leak could hide behind an executor or a trainer that was never sampled
+	[ "$(grep -c '^executor [01]: ' <<<"$output")" -eq 2 ]
+	[ "$(grep -c '^trainer [01]: ' <<<"$output")" -eq 2 ]
+}
+
+@test "tcp: 200 switches back and forth in one --serve: nothing grows" { longrun tcp; }
+@test "ipc: 200 switches back and forth in one --serve: nothing grows" { longrun ipc; }
+
+@test "longrun.sh: bad arguments exit 2" {
+	expect_status 2 "$TOP/scripts/bench/longrun.sh" --transport nccl
+	expect_status 2 "$TOP/scripts/bench/longrun.sh" --switches 3
+	expect_status 2 "$TOP/scripts/bench/longrun.sh" --switches x
+}
