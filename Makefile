@@ -71,17 +71,7 @@ $(DEPS_STAMP):
 	echo '#include <zstd.h>' | $(CC) -E - >/dev/null 2>&1 || missing="$$missing libzstd-dev"; \
 	command -v bats >/dev/null 2>&1 || missing="$$missing bats"; \
 	command -v groff >/dev/null 2>&1 || missing="$$missing groff-base"; \
-	if [ -n "$$missing" ]; then \
-		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-			echo "installing:$$missing"; \
-			(apt-get install -y $$missing >/dev/null 2>&1 || \
-			 (apt-get update >/dev/null 2>&1 && apt-get install -y $$missing >/dev/null)) || \
-			 { echo "apt-get install$$missing failed" >&2; exit 1; }; \
-		else \
-			echo "vps needs:$$missing" >&2; \
-			echo "install them with: sudo apt-get install$$missing" >&2; exit 1; \
-		fi; \
-	fi
+	scripts/install-deps.sh "vps" $$missing
 	@mkdir -p $(BUILDDIR) && touch $@
 
 # objects rebuild when the flags change (a sanitizer or -fPIC build)
@@ -173,17 +163,7 @@ $(FUZZ_STAMP):
 		$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -x c - -o $(FUZZ_DIR)/probe >/dev/null 2>&1 || \
 		missing="$$missing clang libclang-rt-14-dev libfuzzer-14-dev"; \
 	command -v zstd >/dev/null 2>&1 || missing="$$missing zstd"; \
-	if [ -n "$$missing" ]; then \
-		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-			echo "installing:$$missing"; \
-			(apt-get install -y $$missing >/dev/null 2>&1 || \
-			 (apt-get update >/dev/null 2>&1 && apt-get install -y $$missing >/dev/null)) || \
-			 { echo "apt-get install$$missing failed" >&2; exit 1; }; \
-		else \
-			echo "make fuzz needs:$$missing" >&2; \
-			echo "install them with: sudo apt-get install$$missing" >&2; exit 1; \
-		fi; \
-	fi
+	scripts/install-deps.sh "make fuzz" $$missing
 	@mkdir -p $(FUZZ_DIR) && touch $@
 
 $(FUZZ_LIB): FORCE | $(FUZZ_STAMP)
