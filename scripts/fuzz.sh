@@ -61,6 +61,8 @@ for name in "$@"; do
 		[ -e "$o" ] && ! kill -0 "${o##*-}" 2>/dev/null && rm -f "$o"
 	done
 done
+# the registry harness's shared buffer object, once no harness runs
+pgrep -f 'fuzz_registry' >/dev/null 2>&1 || rm -f /dev/shm/vpsfuzzbuf
 scripts/fuzz-report.sh "$summary" > "$dir/report.md"
 if [ "${FUZZ_REPORT:-0}" = 1 ]; then
 	scripts/fuzz-report.sh "$summary" --update docs/RELIABILITY.md
