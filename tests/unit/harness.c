@@ -48,3 +48,12 @@ int main(int argc, char **argv)
 	printf("%s: %d tests, %d failed\n", prog ? prog + 1 : argv[0], run, failed_tests);
 	return failures ? 1 : 0;
 }
+
+uint64_t harness_random(void)
+{
+	static uint64_t rng = 0x9e3779b97f4a7c15ULL;
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return rng;
+}

@@ -9,6 +9,8 @@
 #include "vps/vps.h"
 
 void harness_register(const char *name, void (*fn)(void));
+/* A xorshift64 sequence, the same in every run: random cases that repeat. */
+uint64_t harness_random(void);
 void harness_fail(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 #define TEST(name)                                                               \

@@ -31,14 +31,7 @@ TEST(gpu_absence_is_a_clear_refusal)
 	CHECK(strstr(vps_last_error(), "GPU support is not available") != NULL);
 }
 
-static uint64_t rng = 0x9e3779b97f4a7c15ULL;
-static uint64_t next(void)
-{
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
-}
+static uint64_t next(void) { return harness_random(); }
 static int64_t pick(int64_t lo, int64_t hi) { return lo + (int64_t)(next() % (uint64_t)(hi - lo + 1)); }
 
 /* A view of ext inside a row-major parent at least as large: its strides

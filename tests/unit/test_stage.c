@@ -12,15 +12,7 @@
 #include "vps/stage.h"
 #include "vps/verify.h"
 
-static uint64_t rng = 0x9e3779b97f4a7c15ULL;
-
-static uint64_t next(void)
-{
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
-}
+static uint64_t next(void) { return harness_random(); }
 
 static int64_t pick(const int64_t *v, size_t n) { return v[next() % n]; }
 
