@@ -705,6 +705,26 @@ static vps_result_t carriers_start(struct carriers *car, struct vps_staged *cons
 				  vps_world_size(p0->world), o->device, o->local_rank);
 }
 
+/* Every rank cuts the same stages from the world's demands: its own,
+ * all-reduced (O(steps) numbers, log2 W rounds). A plan staged from the
+ * global plan is already cut and must agree. Done before the trainers ask
+ * for the switch, so it costs the pause nothing. */
+static vps_result_t agree_stages(struct vps_net *net, struct vps_staged *const *plans, size_t nplans)
+{
+	for (size_t k = 0; k < nplans; k++) {
+		int64_t *d;
+		char what[64];
+		snprintf(what, sizeof(what), "stage boundaries of plan %zu", k + 1);
+		VPS_CHECK(vps_staged_demand(plans[k], &d));
+		vps_result_t rc = vps_net_allreduce_max(net, d, (size_t)plans[k]->steps + 1, what);
+		if (!rc && (rc = vps_staged_cut(plans[k], d)))
+			rc = vps_fail(rc, "staged plan %zu: %s", k + 1, vps_last_error());
+		free(d);
+		VPS_CHECK(rc);
+	}
+	return VPS_OK;
+}
+
 /* Wait for the trainer's registry: absent or half made (the trainer has not
  * started) or stale (a crashed run's, which the trainer replaces when it
  * starts). A stale one is waited for at most `timeout` even under --wait. */
@@ -779,11 +799,19 @@ vps_result_t vps_exec_run(struct vps_staged *const *plans, size_t nplans, const 
 		uint64_t hk = vps_staged_world_hash(s);
 		hash = vps_hash64(&hk, sizeof(hk), hash);
 	}
+	/* the stages' all-reduce runs between XOR partners (vps_net_allreduce_max) */
+	int64_t tree[64];
+	size_t ntree = vps_net_tree_peers(o->rank, W, tree);
+	for (size_t i = 0; i < ntree; i++) {
+		VPS_CHECK_GOTO(VPS_GROW(peers, capp, npeers + 1), rc, done);
+		peers[npeers++] = tree[i];
+	}
 	VPS_CHECK_GOTO(registry_name(o->registry, p0, o->rank, o->local_rank, name, sizeof(name)), rc, done);
 	double t_setup = now();
 	VPS_CHECK_GOTO(open_registry(name, o->wait ? -1 : o->timeout, o->timeout, &reg), rc, done);
 	struct vps_net_opts no = {o->rank, W, o->master_host, o->master_port, o->timeout, o->token, o->bind, hash, peers, npeers};
 	VPS_CHECK_GOTO(vps_net_start(&net, &no), rc, done);
+	VPS_CHECK_GOTO(agree_stages(net, plans, nplans), rc, done);
 	VPS_CHECK_GOTO(vps_mapcache_new(&maps), rc, done);
 	VPS_CHECK_GOTO(carriers_start(&car, plans, nplans, net, o), rc, done);
 	/* ipc may move GPU memory: make the CUDA context now, while the

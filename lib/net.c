@@ -1133,6 +1133,68 @@ vps_result_t vps_net_allreduce_sum(struct vps_net *n, uint64_t *v, size_t count,
 	return star(n, v, count * sizeof(*v), what, add_u64, NULL);
 }
 
+size_t vps_net_tree_peers(int64_t rank, int64_t world, int64_t *out)
+{
+	int64_t P = 1;
+	size_t n = 0;
+	while (P * 2 <= world)
+		P *= 2;
+	if (rank >= P) {
+		out[n++] = rank - P;
+		return n;
+	}
+	for (int64_t m = 1; m < P; m <<= 1)
+		out[n++] = rank ^ m;
+	if (rank + P < world)
+		out[n++] = rank + P;
+	return n;
+}
+
+static vps_result_t tree_step(struct vps_net *n, int64_t peer, bool send, bool recv, int64_t *v, int64_t *in,
+			      size_t count, uint64_t round, const char *what)
+{
+	struct iovec out_iov = {v, count * sizeof(*v)}, in_iov = {in, count * sizeof(*in)};
+	struct vps_net_msg m = {peer, send, recv, &out_iov, 1, &in_iov, 1, 0x5650535452454500ull | round};
+	VPS_CHECK(vps_net_exchange(n, &m, 1, what));
+	if (recv)
+		for (size_t i = 0; i < count; i++)
+			v[i] = v[i] > in[i] ? v[i] : in[i];
+	return VPS_OK;
+}
+
+/* Recursive doubling over the largest power of two P <= W: ranks past P
+ * hand their numbers to rank - P first and take the result back last, so
+ * every rank sends and receives at most log2(W) + 1 vectors, and rank 0
+ * no more than any other. */
+vps_result_t vps_net_allreduce_max(struct vps_net *n, int64_t *v, size_t count, const char *what)
+{
+	int64_t P = 1, r = n->rank, W = n->world;
+	while (P * 2 <= W)
+		P *= 2;
+	if (W < 2 || !count)
+		return VPS_OK;
+	int64_t *in = vps_malloc(count * sizeof(*in));
+	if (!in)
+		return VPS_ENOMEM;
+	vps_result_t rc = VPS_OK;
+	uint64_t round = 0;
+	if (r >= P) {
+		rc = tree_step(n, r - P, true, false, v, in, count, round, what);
+		if (!rc)
+			rc = tree_step(n, r - P, false, true, v, in, count, 63, what);
+		goto done;
+	}
+	if (r + P < W)
+		VPS_CHECK_GOTO(tree_step(n, r + P, false, true, v, in, count, round, what), rc, done);
+	for (int64_t m = 1; m < P; m <<= 1)
+		VPS_CHECK_GOTO(tree_step(n, r ^ m, true, true, v, in, count, ++round, what), rc, done);
+	if (r + P < W)
+		rc = tree_step(n, r + P, true, false, v, in, count, 63, what);
+done:
+	free(in);
+	return rc;
+}
+
 vps_result_t vps_net_broadcast(struct vps_net *n, void *buf, size_t len, const char *what)
 {
 	return star(n, buf, len, what, NULL, NULL);

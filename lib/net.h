@@ -57,6 +57,13 @@ double vps_net_set_timeout(struct vps_net *n, double timeout);
 
 /* Sum n values over all ranks (result on every rank). */
 vps_result_t vps_net_allreduce_sum(struct vps_net *n, uint64_t *v, size_t count, const char *what);
+/* Element-wise maximum of count numbers over all ranks (result on every
+ * rank), between mesh peers: the ranks vps_net_tree_peers names must be
+ * among each rank's peers. O(count log W) bytes per rank. */
+vps_result_t vps_net_allreduce_max(struct vps_net *n, int64_t *v, size_t count, const char *what);
+/* The peers rank exchanges with in vps_net_allreduce_max (at most 64,
+ * written to out); returns their number. */
+size_t vps_net_tree_peers(int64_t rank, int64_t world, int64_t *out);
 /* Rank 0's bytes to every rank. */
 vps_result_t vps_net_broadcast(struct vps_net *n, void *buf, size_t len, const char *what);
 /* Everyone reports ok/failure; returns VPS_EPEER naming a failed rank if

@@ -7,9 +7,13 @@
  *    each run starting on a 256-byte boundary; a run that does not fit is
  *    split at an element boundary.
  * 3. Step s = i ^ j; chunk c of every pair of step s forms unit (s, c).
- *    Units are taken in order and a stage is closed when a unit would push
- *    any rank over the budget (or when the next unit is another chunk of the
- *    same step, so that a rank has one buffer per peer per stage).
+ *    A step's demand is the most one rank sends plus receives in it (or its
+ *    chunk count, when some pair needs several). Stages are cut from the
+ *    demands alone: a single-chunk step joins the open stage while the
+ *    stage's demands sum to at most the budget, and each chunk of a cut
+ *    step is a stage of its own (a rank has one buffer per peer per
+ *    stage). So a rank needs only its own transfers and the maximum of
+ *    every rank's demands: O(steps) numbers, all-reduced by the executors.
  * Retains are stage 0 (step 0), copied directly between A and B buffers. */
 #include <inttypes.h>
 #include <stdio.h>
@@ -141,6 +145,7 @@ static vps_result_t new_xfer(struct builder *b, int64_t src, int64_t dst, int64_
 	x->dst = dst;
 	x->step = src ^ dst;
 	x->chunk = chunk;
+	x->stage = -1;
 	x->first_op = b->no;
 	return VPS_OK;
 }
@@ -189,11 +194,12 @@ static int pair_order(const void *p, const void *q, void *ctx)
 	return x->dst_offset < y->dst_offset ? -1 : x->dst_offset > y->dst_offset;
 }
 
+/* Transfers in the order a rank executes them: by unit (step, chunk), then
+ * pair. Retains are unit (0, 0) and come first; stages, cut later, are
+ * consecutive runs of units, so this is also the order by stage. */
 static int xfer_order(const void *p, const void *q)
 {
 	const struct vps_xfer *x = p, *y = q;
-	if (x->stage != y->stage)
-		return x->stage < y->stage ? -1 : 1;
 	if (x->step != y->step)
 		return x->step < y->step ? -1 : 1;
 	if (x->chunk != y->chunk)
@@ -203,19 +209,7 @@ static int xfer_order(const void *p, const void *q)
 	return x->dst < y->dst ? -1 : x->dst > y->dst;
 }
 
-static int unit_order(const void *p, const void *q)
-{
-	const struct vps_xfer *x = *(const struct vps_xfer *const *)p, *y = *(const struct vps_xfer *const *)q;
-	if (x->step != y->step)
-		return x->step < y->step ? -1 : 1;
-	if (x->chunk != y->chunk)
-		return x->chunk < y->chunk ? -1 : 1;
-	if (x->src != y->src)
-		return x->src < y->src ? -1 : 1;
-	return x->dst < y->dst ? -1 : x->dst > y->dst;
-}
-
-static int64_t steps_for(int64_t W)
+int64_t vps_stage_steps(int64_t W)
 {
 	int64_t p = 1;
 	while (p < W)
@@ -223,104 +217,257 @@ static int64_t steps_for(int64_t W)
 	return p - 1;
 }
 
-struct loads {
-	int64_t *v;       /* bytes per world rank in the open stage */
-	int64_t *touched; /* ranks with a non-zero entry */
-	size_t ntouched;
+static int64_t chunk_size(int64_t budget) { return (budget / 2) / VPS_STAGE_ALIGN * VPS_STAGE_ALIGN; }
+
+/* One side of a transfer: what it costs one rank in one unit. */
+struct side {
+	int64_t step, rank, chunk, bytes;
 };
 
-static void loads_add(struct loads *l, const struct vps_xfer *x, int sign)
+static int side_order(const void *p, const void *q)
 {
-	int64_t r[2] = {x->src, x->dst};
-	for (int i = 0; i < 2; i++) {
-		if (sign > 0 && !l->v[r[i]] && x->bytes)
-			l->touched[l->ntouched++] = r[i];
-		l->v[r[i]] += sign * x->bytes;
-	}
+	const struct side *x = p, *y = q;
+	if (x->step != y->step)
+		return x->step < y->step ? -1 : 1;
+	return x->rank < y->rank ? -1 : x->rank > y->rank;
 }
 
-/* Form stages over the units; fills x->stage and the stage table. */
-static vps_result_t form_stages(struct vps_staged *s, struct builder *b, int64_t W, bool have_retains)
+static int64_t xfer_payload(const struct vps_op *ops, const struct vps_xfer *x)
 {
-	vps_result_t rc = VPS_OK;
-	struct vps_xfer **u = vps_malloc((b->nx + 1) * sizeof(*u));
-	struct loads l = {vps_calloc((size_t)W, sizeof(int64_t)), vps_malloc((4 * b->nx + 1) * sizeof(int64_t)), 0};
-	size_t cap = 0, nu = 0;
-	if (!u || !l.v || !l.touched) {
-		rc = VPS_ENOMEM;
-		goto done;
+	int64_t bytes = 0;
+	for (size_t k = 0; k < x->nops; k++)
+		bytes = vps_sat_add(bytes, vps_op_bytes(&ops[x->first_op + k]));
+	return bytes;
+}
+
+/* The demands of the ranks in scope (-1: every rank) over xfers. */
+static vps_result_t demand_of(const struct vps_xfer *xs, size_t n, int64_t steps, int64_t budget, int64_t scope,
+			      int64_t *d)
+{
+	memset(d, 0, (size_t)(steps + 1) * sizeof(*d));
+	struct side *e = vps_malloc((2 * n + 1) * sizeof(*e));
+	if (!e)
+		return VPS_ENOMEM;
+	size_t ne = 0;
+	for (size_t i = 0; i < n; i++) {
+		const struct vps_xfer *x = &xs[i];
+		if (x->src == x->dst) {
+			if (scope < 0 || x->src == scope)
+				d[0] = 1;
+			continue;
+		}
+		if (x->step < 1 || x->step > steps || x->chunk < 0 || x->chunk >= VPS_STAGE_MAX_CHUNKS) {
+			free(e);
+			return vps_fail(VPS_EINPUT, "transfer %zu (%" PRId64 " -> %" PRId64 "): unit (%" PRId64 ", %" PRId64
+					") is outside steps 1..%" PRId64 " or past %lld chunks", i, x->src, x->dst, x->step,
+					x->chunk, steps, (long long)VPS_STAGE_MAX_CHUNKS);
+		}
+		int64_t r[2] = {x->src, x->dst};
+		for (int k = 0; k < 2; k++)
+			if (scope < 0 || r[k] == scope)
+				e[ne++] = (struct side){x->step, r[k], x->chunk, x->chunk ? 0 : x->bytes};
 	}
-	int64_t stage = -1, prev_step = -1;
-	if (have_retains) {
-		stage = 0;
-		VPS_CHECK_GOTO(VPS_GROW(s->stages, cap, 1), rc, done);
-		memset(&s->stages[0], 0, sizeof(s->stages[0]));
-		s->nstages = 1;
-	}
-	for (size_t i = 0; i < b->nx; i++) {
-		if (b->x[i].src == b->x[i].dst)
-			b->x[i].stage = 0;
-		else
-			u[nu++] = &b->x[i];
-	}
-	qsort(u, nu, sizeof(*u), unit_order);
-	bool open = false;
-	for (size_t i = 0; i < nu;) {
-		/* one unit: every transfer of (step, chunk) */
+	qsort(e, ne, sizeof(*e), side_order);
+	for (size_t i = 0; i < ne;) {
+		int64_t chunks = 0, load = 0;
 		size_t j = i;
-		while (j < nu && u[j]->step == u[i]->step && u[j]->chunk == u[i]->chunk)
-			j++;
-		bool fits = open && u[i]->step != prev_step;
-		if (fits) {
-			for (size_t k = i; k < j; k++)
-				loads_add(&l, u[k], +1);
-			for (size_t k = i; k < j && fits; k++)
-				fits = l.v[u[k]->src] <= s->budget && l.v[u[k]->dst] <= s->budget;
-			if (!fits)
-				for (size_t k = i; k < j; k++)
-					loads_add(&l, u[k], -1);
+		for (; j < ne && e[j].step == e[i].step && e[j].rank == e[i].rank; j++) {
+			chunks = vps_max64(chunks, e[j].chunk + 1);
+			load = vps_sat_add(load, e[j].bytes);
 		}
-		if (!fits) {
-			for (size_t k = 0; k < l.ntouched; k++)
-				l.v[l.touched[k]] = 0;
-			l.ntouched = 0;
-			stage++;
-			VPS_CHECK_GOTO(VPS_GROW(s->stages, cap, (size_t)stage + 1), rc, done);
-			memset(&s->stages[stage], 0, sizeof(s->stages[stage]));
-			s->stages[stage].first_unit_step = u[i]->step;
-			s->stages[stage].first_unit_chunk = u[i]->chunk;
-			s->nstages = (size_t)stage + 1;
-			open = true;
-			for (size_t k = i; k < j; k++)
-				loads_add(&l, u[k], +1);
+		if (chunks == 1 && load > budget) {
+			vps_result_t rc = vps_fail(VPS_EINPUT, "rank %" PRId64 " sends and receives %" PRId64
+						   " bytes in step %" PRId64 ", more than the budget of %" PRId64,
+						   e[i].rank, load, e[i].step, budget);
+			free(e);
+			return rc;
 		}
-		for (size_t k = i; k < j; k++) {
-			u[k]->stage = stage;
-			int64_t peak = vps_max64(l.v[u[k]->src], l.v[u[k]->dst]);
-			s->stages[stage].peak = vps_max64(s->stages[stage].peak, peak);
-			if (peak > s->budget) {
-				rc = vps_fail(VPS_EINPUT, "internal: a unit exceeds the budget");
-				goto done;
-			}
-		}
-		s->stages[stage].last_unit_step = u[i]->step;
-		s->stages[stage].last_unit_chunk = u[i]->chunk;
-		prev_step = u[i]->step;
+		int64_t v = chunks > 1 ? vps_sat_add(budget, chunks) : load;
+		d[e[i].step] = vps_max64(d[e[i].step], vps_max64(v, 1));
 		i = j;
 	}
+	free(e);
+	return VPS_OK;
+}
+
+vps_result_t vps_staged_demand(const struct vps_staged *s, int64_t **demand)
+{
+	*demand = vps_malloc((size_t)(s->steps + 1) * sizeof(**demand));
+	if (!*demand)
+		return VPS_ENOMEM;
+	vps_result_t rc = demand_of(s->xfers, s->nxfers, s->steps, s->budget, s->scope, *demand);
+	if (rc) {
+		free(*demand);
+		*demand = NULL;
+	}
+	return rc;
+}
+
+static int unit_cmp(int64_t s1, int64_t c1, int64_t s2, int64_t c2)
+{
+	if (s1 != s2)
+		return s1 < s2 ? -1 : 1;
+	return c1 < c2 ? -1 : c1 > c2;
+}
+
+/* The stage holding unit (step, chunk), or -1. */
+static int64_t stage_of(const struct vps_stage_info *st, size_t n, int64_t step, int64_t chunk)
+{
+	size_t lo = 0, hi = n;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (unit_cmp(st[mid].last_unit_step, st[mid].last_unit_chunk, step, chunk) < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo == n || unit_cmp(st[lo].first_unit_step, st[lo].first_unit_chunk, step, chunk) > 0)
+		return -1;
+	return (int64_t)lo;
+}
+
+int64_t vps_staged_stage_of(const struct vps_staged *s, int64_t step, int64_t chunk)
+{
+	return stage_of(s->stages, s->nstages, step, chunk);
+}
+
+vps_result_t vps_staged_cut(struct vps_staged *s, const int64_t *d)
+{
+	vps_result_t rc = VPS_OK;
+	struct vps_stage_info *st = NULL;
+	size_t n = 0, cap = 0;
+	int64_t *stage = vps_malloc((s->nxfers + 1) * sizeof(*stage));
+	int64_t limit = vps_sat_add(VPS_STAGE_MAX_CHUNKS, s->steps + 1), units = 0;
+	if (!stage)
+		return VPS_ENOMEM;
+	if (d[0]) {
+		VPS_CHECK_GOTO(VPS_GROW(st, cap, 1), rc, done);
+		st[n++] = (struct vps_stage_info){0, 0, 0, 0, 0, 0};
+	}
+	bool open = false;
+	for (int64_t step = 1; step <= s->steps; step++) {
+		int64_t v = d[step];
+		if (!v)
+			continue;
+		if (v < 0 || (v > s->budget && v - s->budget > VPS_STAGE_MAX_CHUNKS) ||
+		    (units += v > s->budget ? v - s->budget : 1) > limit) {
+			rc = vps_fail(VPS_EINPUT, "step %" PRId64 ": a demand of %" PRId64 " is not one a budget of %" PRId64
+				      " allows", step, v, s->budget);
+			goto done;
+		}
+		if (v > s->budget) {
+			/* one chunk per stage: a rank has one buffer per peer */
+			for (int64_t c = 0; c < v - s->budget; c++) {
+				VPS_CHECK_GOTO(VPS_GROW(st, cap, n + 1), rc, done);
+				st[n++] = (struct vps_stage_info){step, c, step, c, 0, 2 * chunk_size(s->budget)};
+			}
+			open = false;
+		} else if (open && st[n - 1].peak + v <= s->budget) {
+			st[n - 1].last_unit_step = step;
+			st[n - 1].peak += v;
+		} else {
+			VPS_CHECK_GOTO(VPS_GROW(st, cap, n + 1), rc, done);
+			st[n++] = (struct vps_stage_info){step, 0, step, 0, 0, v};
+			open = true;
+		}
+	}
+	for (size_t i = 0; i < s->nxfers; i++) {
+		const struct vps_xfer *x = &s->xfers[i];
+		stage[i] = stage_of(st, n, x->step, x->chunk);
+		if (stage[i] < 0) {
+			rc = vps_fail(VPS_EINPUT, "transfer %" PRId64 " -> %" PRId64 ", unit (%" PRId64 ", %" PRId64
+				      "), lies in no stage the ranks' demands cut: their staged plans disagree",
+				      x->src, x->dst, x->step, x->chunk);
+			goto done;
+		}
+		if (x->src != x->dst)
+			st[stage[i]].bytes = vps_sat_add(st[stage[i]].bytes, xfer_payload(s->ops, x));
+	}
+	if (s->cut) {
+		bool same = n == s->nstages;
+		for (size_t i = 0; same && i < n; i++)
+			same = !memcmp(&st[i], &s->stages[i], sizeof(st[i]));
+		for (size_t i = 0; same && i < s->nxfers; i++)
+			same = stage[i] == s->xfers[i].stage;
+		if (!same) {
+			rc = vps_fail(VPS_EINPUT, "its stages are not those the ranks' demands cut (%zu stages, the ranks' %zu): "
+						  "the ranks' staged plans disagree", s->nstages, n);
+			goto done;
+		}
+	}
+	for (size_t i = 0; i < s->nfrees; i++) {
+		const struct vps_free *f = &s->frees[i];
+		if (f->step >= 0 && stage_of(st, n, f->step, f->chunk) < 0) {
+			rc = vps_fail(VPS_EINPUT, "rank %" PRId64 " buffer %u: its last read, unit (%" PRId64 ", %" PRId64
+				      "), lies in no stage", f->rank, f->buffer, f->step, f->chunk);
+			goto done;
+		}
+	}
+	for (size_t i = 0; i < s->nxfers; i++)
+		s->xfers[i].stage = stage[i];
+	for (size_t i = 0; i < s->nfrees; i++) {
+		struct vps_free *f = &s->frees[i];
+		f->stage = f->step < 0 ? -1 : stage_of(st, n, f->step, f->chunk);
+	}
+	free(s->stages);
+	s->stages = st;
+	s->nstages = n;
+	s->cut = true;
+	st = NULL;
 done:
-	free(u);
-	free(l.v);
-	free(l.touched);
+	free(st);
+	free(stage);
+	return rc;
+}
+
+/* The last unit reading each A buffer of the ranks in scope. */
+static vps_result_t find_frees(struct vps_staged *s, const struct vps_plan *plan)
+{
+	int64_t wa = vps_layout_world(plan->a);
+	int64_t lo = s->scope < 0 ? 0 : s->scope, hi = s->scope < 0 ? wa : vps_min64(s->scope + 1, wa);
+	if (lo >= hi)
+		return VPS_OK;
+	size_t *base = vps_malloc((size_t)(hi - lo + 1) * sizeof(*base));
+	if (!base)
+		return VPS_ENOMEM;
+	size_t cap = 0;
+	vps_result_t rc = VPS_OK;
+	for (int64_t r = lo; r < hi; r++) {
+		struct vps_rank_view v;
+		VPS_CHECK_GOTO(vps_layout_rank(plan->a, r, &v), rc, done);
+		base[r - lo] = s->nfrees;
+		rc = VPS_GROW(s->frees, cap, s->nfrees + v.nbuffers + 1);
+		for (size_t k = 0; !rc && k < v.nbuffers; k++)
+			s->frees[s->nfrees++] = (struct vps_free){r, (uint32_t)k, -1, 0, -1};
+		vps_rank_view_release(&v);
+		if (rc)
+			goto done;
+	}
+	base[hi - lo] = s->nfrees;
+	for (size_t i = 0; i < s->nxfers; i++) {
+		const struct vps_xfer *x = &s->xfers[i];
+		if (x->src < lo || x->src >= hi)
+			continue;
+		size_t b0 = base[x->src - lo], n = base[x->src - lo + 1] - b0;
+		for (size_t k = 0; k < x->nops; k++) {
+			uint32_t buf = s->ops[x->first_op + k].src_buffer;
+			struct vps_free *f = &s->frees[b0 + buf];
+			if (buf < n && unit_cmp(f->step, f->chunk, x->step, x->chunk) < 0) {
+				f->step = x->step;
+				f->chunk = x->chunk;
+			}
+		}
+	}
+done:
+	free(base);
 	return rc;
 }
 
 vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t budget, int64_t rank)
 {
 	vps_result_t rc = VPS_OK;
-	if (plan->scope >= 0)
-		return vps_fail(VPS_EINPUT, "staging needs the global plan: stage boundaries are the same on every rank "
-					    "(this plan is rank %" PRId64 "'s)", plan->scope);
+	if (plan->scope >= 0 && rank >= 0 && rank != plan->scope)
+		return vps_fail(VPS_EINPUT, "--rank %" PRId64 ": this plan is rank %" PRId64 "'s", rank, plan->scope);
 	if (budget < VPS_STAGE_BUDGET_FLOOR)
 		return vps_fail(VPS_EINPUT, "budget: %" PRId64 " bytes is below the floor of %" PRId64
 				" bytes (one aligned element each way)", budget, VPS_STAGE_BUDGET_FLOOR);
@@ -329,6 +476,7 @@ vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t b
 		return vps_fail(VPS_EINPUT, "--rank: %" PRId64 " is outside the transition world of %" PRId64, rank, W);
 	struct vps_staged *s = vps_calloc(1, sizeof(*s));
 	size_t *idx = vps_malloc((plan->npieces + 1) * sizeof(*idx));
+	int64_t *demand = NULL;
 	struct run *runs = NULL;
 	size_t nruns = 0, capr = 0;
 	struct builder b = {0};
@@ -338,13 +486,12 @@ vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t b
 		return VPS_ENOMEM;
 	}
 	s->budget = budget;
-	s->scope = rank;
-	s->steps = steps_for(W);
+	s->scope = plan->scope >= 0 ? plan->scope : rank;
+	s->steps = vps_stage_steps(W);
 	for (size_t i = 0; i < plan->npieces; i++)
 		idx[i] = i;
 	qsort_r(idx, plan->npieces, sizeof(*idx), pair_order, plan->pieces);
-	bool have_retains = false;
-	int64_t cap = (budget / 2) / VPS_STAGE_ALIGN * VPS_STAGE_ALIGN;
+	int64_t cap = chunk_size(budget);
 	/* any budget above the floor works, but one that cuts the plan in
 	 * hundreds of millions of chunks is a mistake, not a schedule */
 	int64_t moved = 0;
@@ -374,7 +521,6 @@ vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t b
 			j++;
 		}
 		if (p0->src == p0->dst) {
-			have_retains = true;
 			VPS_CHECK_GOTO(new_xfer(&b, p0->src, p0->dst, 0), rc, fail);
 			for (size_t k = 0; k < nruns; k++)
 				VPS_CHECK_GOTO(emit_part(&b, &runs[k], 0, run_elements(&runs[k]), -1, NULL), rc, fail);
@@ -384,9 +530,16 @@ vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t b
 		}
 		i = j;
 	}
-	VPS_CHECK_GOTO(form_stages(s, &b, W, have_retains), rc, fail);
-	/* order transfers by stage and rebuild the op list in that order,
-	 * keeping only the rank's own when asked */
+	/* a global plan knows every rank's demands: cut its stages now */
+	if (plan->scope < 0) {
+		demand = vps_malloc((size_t)(s->steps + 1) * sizeof(*demand));
+		if (!demand) {
+			rc = VPS_ENOMEM;
+			goto fail;
+		}
+		VPS_CHECK_GOTO(demand_of(b.x, b.nx, s->steps, budget, -1, demand), rc, fail);
+	}
+	/* the execution order, keeping only the scope's transfers */
 	qsort(b.x, b.nx, sizeof(*b.x), xfer_order);
 	s->ops = vps_malloc((b.no + 1) * sizeof(*s->ops));
 	s->xfers = vps_malloc((b.nx + 1) * sizeof(*s->xfers));
@@ -396,11 +549,7 @@ vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t b
 	}
 	for (size_t i = 0; i < b.nx; i++) {
 		struct vps_xfer x = b.x[i];
-		int64_t bytes = 0;
-		for (size_t k = 0; k < x.nops; k++)
-			bytes = vps_sat_add(bytes, vps_op_bytes(&b.o[x.first_op + k]));
-		s->stages[x.stage].bytes = vps_sat_add(s->stages[x.stage].bytes, x.src == x.dst ? 0 : bytes);
-		if (rank >= 0 && x.src != rank && x.dst != rank)
+		if (s->scope >= 0 && x.src != s->scope && x.dst != s->scope)
 			continue;
 		if (x.nops)
 			memcpy(&s->ops[s->nops], &b.o[x.first_op], x.nops * sizeof(*s->ops));
@@ -408,42 +557,21 @@ vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t b
 		s->nops += x.nops;
 		s->xfers[s->nxfers++] = x;
 	}
-	/* the last stage reading each A buffer */
-	int64_t wa = vps_layout_world(plan->a);
-	for (int64_t r = 0; r < wa; r++) {
-		if (rank >= 0 && r != rank)
-			continue;
-		struct vps_rank_view v;
-		VPS_CHECK_GOTO(vps_layout_rank(plan->a, r, &v), rc, fail);
-		size_t base = s->nfrees;
-		struct vps_free *nf = vps_realloc_array(s->frees, s->nfrees + v.nbuffers + 1, sizeof(*s->frees));
-		if (!nf) {
-			vps_rank_view_release(&v);
-			rc = VPS_ENOMEM;
-			goto fail;
-		}
-		s->frees = nf;
-		for (size_t k = 0; k < v.nbuffers; k++)
-			s->frees[s->nfrees++] = (struct vps_free){r, (uint32_t)k, -1};
-		vps_rank_view_release(&v);
-		for (size_t i = 0; i < b.nx; i++) {
-			if (b.x[i].src != r)
-				continue;
-			for (size_t k = 0; k < b.x[i].nops; k++) {
-				uint32_t buf = b.o[b.x[i].first_op + k].src_buffer;
-				if (base + buf < s->nfrees)
-					s->frees[base + buf].stage = vps_max64(s->frees[base + buf].stage, b.x[i].stage);
-			}
-		}
+	VPS_CHECK_GOTO(find_frees(s, plan), rc, fail);
+	s->plan = plan;
+	if (demand && (rc = vps_staged_cut(s, demand))) {
+		s->plan = NULL;
+		goto fail;
 	}
+	free(demand);
 	free(b.x);
 	free(b.o);
 	free(idx);
 	free(runs);
-	s->plan = plan;
 	*out = s;
 	return VPS_OK;
 fail:
+	free(demand);
 	free(b.x);
 	free(b.o);
 	free(idx);

@@ -7,24 +7,24 @@
 #include "plan_io.h"
 #include "vps/stage.h"
 
+/* The inputs every rank's staged plan is made from: the two layouts, the
+ * training state, the budget and the planner's rules. The world's plan and
+ * its stages follow from them, so ranks holding their own parts compare
+ * this before a byte moves. */
 uint64_t vps_staged_world_hash(const struct vps_staged *s)
 {
-	uint64_t h = vps_plan_hash(s->plan);
-	int64_t head[] = {s->budget, s->steps, (int64_t)s->nstages};
-	h = vps_hash64(head, sizeof(head), h);
-	for (size_t i = 0; i < s->nstages; i++) {
-		const struct vps_stage_info *g = &s->stages[i];
-		int64_t f[] = {g->first_unit_step, g->first_unit_chunk, g->last_unit_step, g->last_unit_chunk, g->bytes,
-			       g->peak};
-		h = vps_hash64(f, sizeof(f), h);
-	}
-	return h;
+	const struct vps_plan *p = s->plan;
+	const struct vps_training *t = &p->train;
+	int64_t head[] = {VPS_PLANNER_RULES, (int64_t)vps_layout_hash(p->a), (int64_t)vps_layout_hash(p->b),
+			  vps_world_size(p->world), s->budget, s->steps, t->known, t->step, t->consumed_samples,
+			  t->scheduler_step, t->global_batch, t->micro_batch, t->grad_accum, t->dp};
+	return vps_hash64(head, sizeof(head), 0);
 }
 
 uint64_t vps_staged_hash(const struct vps_staged *s)
 {
 	uint64_t h = vps_plan_hash(s->plan);
-	int64_t head[] = {s->budget, s->scope, s->steps, (int64_t)s->nstages, (int64_t)s->nxfers, (int64_t)s->nops};
+	int64_t head[] = {s->budget, s->scope, s->steps, s->cut, (int64_t)s->nstages, (int64_t)s->nxfers, (int64_t)s->nops};
 	h = vps_hash64(head, sizeof(head), h);
 	for (size_t i = 0; i < s->nstages; i++) {
 		const struct vps_stage_info *g = &s->stages[i];
@@ -50,7 +50,7 @@ uint64_t vps_staged_hash(const struct vps_staged *s)
 		h = vps_hash64(&o->staging, sizeof(o->staging), h);
 	}
 	for (size_t i = 0; i < s->nfrees; i++) {
-		int64_t f[] = {s->frees[i].rank, s->frees[i].buffer, s->frees[i].stage};
+		int64_t f[] = {s->frees[i].rank, s->frees[i].buffer, s->frees[i].step, s->frees[i].chunk};
 		h = vps_hash64(f, sizeof(f), h);
 	}
 	/* 0 marks a staged plan computed here (file_hash): no file states it */
@@ -133,7 +133,7 @@ vps_result_t vps_staged_serialize(const struct vps_staged *s, bool yaml, struct 
 		VPS_CHECK_GOTO(vps_w_map_begin(w, NULL), rc, done);
 		VPS_CHECK_GOTO(vps_w_int(w, "rank", s->frees[i].rank), rc, done);
 		VPS_CHECK_GOTO(vps_w_int(w, "buffer", s->frees[i].buffer), rc, done);
-		VPS_CHECK_GOTO(vps_w_int(w, "after_stage", s->frees[i].stage), rc, done);
+		VPS_CHECK_GOTO(write_pair(w, "last_read", s->frees[i].step, s->frees[i].chunk), rc, done);
 		VPS_CHECK_GOTO(vps_w_map_end(w), rc, done);
 	}
 	VPS_CHECK_GOTO(vps_w_seq_end(w), rc, done);
@@ -158,7 +158,18 @@ static vps_result_t read_body(struct vps_reader *r, struct vps_staged *s)
 	s->plan->file_hash = plan_hash;
 	VPS_CHECK(vps_r_map_end(r));
 	W = vps_world_size(s->plan->world);
+	if (s->steps != vps_stage_steps(W))
+		return vps_r_error(r, "steps", "%" PRId64 " steps, a world of %" PRId64 " has %" PRId64, s->steps, W,
+				   vps_stage_steps(W));
+	/* a one-rank plan's stages are cut by its executors */
+	s->cut = s->plan->scope < 0;
+	if (s->scope >= W)
+		return vps_r_error(r, "scope", "rank %" PRId64 " is outside the world of %" PRId64, s->scope, W);
+	if (s->plan->scope >= 0 && s->scope != s->plan->scope)
+		return vps_r_error(r, "scope", "%" PRId64 ", its plan is rank %" PRId64 "'s", s->scope, s->plan->scope);
 	VPS_CHECK(vps_r_seq_begin(r, "stages", &n));
+	if (!s->cut && n)
+		return vps_r_error(r, "stages", "a one-rank plan's stages are cut by its executors, not listed");
 	s->stages = vps_calloc((size_t)n + 1, sizeof(*s->stages));
 	if (!s->stages)
 		return VPS_ENOMEM;
@@ -187,7 +198,7 @@ static vps_result_t read_body(struct vps_reader *r, struct vps_staged *s)
 		struct vps_xfer *x = &s->xfers[i];
 		uint64_t no;
 		VPS_CHECK(vps_r_map_begin(r, NULL));
-		VPS_CHECK(vps_r_int(r, "stage", &x->stage, 0, (int64_t)s->nstages - 1));
+		VPS_CHECK(vps_r_int(r, "stage", &x->stage, s->cut ? 0 : -1, s->cut ? (int64_t)s->nstages - 1 : -1));
 		VPS_CHECK(vps_r_int(r, "step", &x->step, 0, INT64_MAX));
 		VPS_CHECK(vps_r_int(r, "chunk", &x->chunk, 0, INT64_MAX));
 		VPS_CHECK(vps_r_int(r, "src", &x->src, 0, W - 1));
@@ -269,7 +280,17 @@ static vps_result_t read_body(struct vps_reader *r, struct vps_staged *s)
 		if (vps_plan_side_elements(s->plan, true, s->frees[i].rank, s->frees[i].buffer) < 0)
 			return vps_r_error(r, "buffer", "free %" PRIu64 ": rank %" PRId64 " has no buffer %u under the source layout",
 					   i, s->frees[i].rank, s->frees[i].buffer);
-		VPS_CHECK(vps_r_int(r, "after_stage", &s->frees[i].stage, -1, (int64_t)s->nstages - 1));
+		int64_t u[2];
+		VPS_CHECK(read_ints(r, "last_read", u, 2, -1, INT64_MAX));
+		if (u[0] > s->steps || u[1] < 0 || (u[0] < 0 && u[1]))
+			return vps_r_error(r, "last_read", "free %" PRIu64 ": (%" PRId64 ", %" PRId64 ") is no unit of steps 0..%" PRId64
+					   " (never read: [-1, 0])", i, u[0], u[1], s->steps);
+		s->frees[i].step = u[0];
+		s->frees[i].chunk = u[1];
+		s->frees[i].stage = u[0] < 0 ? -1 : vps_staged_stage_of(s, u[0], u[1]);
+		if (s->cut && u[0] >= 0 && s->frees[i].stage < 0)
+			return vps_r_error(r, "last_read", "free %" PRIu64 ": unit (%" PRId64 ", %" PRId64 ") lies in no stage",
+					   i, u[0], u[1]);
 		VPS_CHECK(vps_r_map_end(r));
 		s->nfrees++;
 	}

@@ -6,7 +6,7 @@
 #
 #   scripts/demo.sh [--model M] [--from SPEC] [--to SPEC] [--np N] [--back]
 #                   [--budget SIZE] [--global-batch G] [--transport T] [--cuda]
-#                   [--fault-rank R SPEC] [--exec-prefix CMD] [--keep DIR]
+#                   [--fault-rank R SPEC] [--exec-prefix CMD] [--keep DIR] [--per-rank]
 #
 #   --model M        a model of configs/models (default tiny-llama)
 #   --from, --to     parallel configurations (default (2,2,2) -> (4,1,2), ZeRO-1)
@@ -20,11 +20,13 @@
 #   --exec-prefix CMD    run each executor under CMD (compute-sanitizer, say)
 #   --timeout S      the executors' --timeout (default 60)
 #   --keep DIR       keep the files (plans, reports, logs) in DIR
+#   --per-rank       each rank plans and stages only its own part (vps-plan --rank);
+#                    the executors agree on the stages at the start
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 bin=$top/bin
 model=tiny-llama from=tp=2,pp=2,dp=2,zero=1 to=tp=4,pp=1,dp=2,zero=1
-np=8 back=0 budget=64MiB gb=24 keep= transport=tcp cuda=() fault_rank=-1 fault= prefix=() timeout=60
+per_rank=0 np=8 back=0 budget=64MiB gb=24 keep= transport=tcp cuda=() fault_rank=-1 fault= prefix=() timeout=60
 while [ $# -gt 0 ]; do
 	case $1 in
 	--model) model=$2; shift 2 ;;
@@ -40,7 +42,8 @@ while [ $# -gt 0 ]; do
 	--fault-rank) fault_rank=$2; fault=$3; shift 3 ;;
 	--exec-prefix) read -r -a prefix <<<"$2"; shift 2 ;;
 	--timeout) timeout=$2; shift 2 ;;
-	-h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	--per-rank) per_rank=1; shift ;;
+	-h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "demo.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 	esac
 done
@@ -69,14 +72,31 @@ if [ "$back" = 1 ]; then
 fi
 "$bin/vps-verify" -q ab.staged
 world=$("$bin/vps-plan" a.layout b.layout --stats | awk '$1 == "world:" { print $2 }')
-echo "== $model: ($from) -> ($to)$([ "$back" = 1 ] && echo ' and back'), $world devices, $np per node, over $transport${cuda:+ (GPU memory)}"
-"$bin/vps-plan" a.layout b.layout --stats | grep -E '^(joining|leaving|bytes_moved|bytes_retained|bytes_lower_bound|max_send_bytes|balanced_bound):'
+# rank_plans R: the staged plans rank R's trainer and executor read
+rank_plans() {
+	if [ "$per_rank" = 0 ]; then
+		echo "${plans[@]}"
+	elif [ "$back" = 1 ]; then
+		echo "ab.$1.staged ba.$1.staged"
+	else
+		echo "ab.$1.staged"
+	fi
+}
+if [ "$per_rank" = 1 ]; then
+	for ((r = 0; r < world; r++)); do
+		"$bin/vps-plan" a.layout b.layout --rank "$r" --global-batch "$gb" | "$bin/vps-stage" --budget "$budget" - -o "ab.$r.staged"
+		: "$bin/vps-verify" -q "ab.$r.staged" # TODO-verify
+		[ "$back" = 0 ] || "$bin/vps-plan" b.layout a.layout --rank "$r" --global-batch "$gb" |
+			"$bin/vps-stage" --budget "$budget" - -o "ba.$r.staged"
+	done
+fi
 port=$("$top/scripts/free-port.sh")
 pids=() names=()
 for ((r = 0; r < world; r++)); do
 	names+=("trainer $r")
+	read -r -a mine <<<"$(rank_plans "$r")"
 	"$bin/vps-trainer" --registry "$tag-$r" --rank "$r" --global-batch "$gb" --samples "samples.$r" \
-		--timeout 120 "${cuda[@]}" "${plans[@]}" > "trainer.$r.log" 2>&1 &
+		--timeout 120 "${cuda[@]}" "${mine[@]}" > "trainer.$r.log" 2>&1 &
 	pids+=($!)
 done
 serve=()
@@ -85,8 +105,9 @@ for ((r = 0; r < world; r++)); do
 	f=
 	[ "$r" = "$fault_rank" ] && f=$fault
 	names+=("executor $r")
+	read -r -a mine <<<"$(rank_plans "$r")"
 	VPS_FAULT=$f "${prefix[@]}" "$bin/vps-exec" --registry "$tag-$r" --rank "$r" --world "$world" --master "127.0.0.1:$port" \
-		--transport "$transport" --wait --check --timeout "$timeout" --report "report.$r.yaml" "${serve[@]}" "${plans[@]}" > "exec.$r.log" 2>&1 &
+		--transport "$transport" --wait --check --timeout "$timeout" --report "report.$r.yaml" "${serve[@]}" "${mine[@]}" > "exec.$r.log" 2>&1 &
 	pids+=($!)
 done
 failed=0

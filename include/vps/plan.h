@@ -65,6 +65,11 @@ struct vps_collective {
 	int64_t bytes;
 };
 
+/* The planner's rules (source choice, piece order), part of what ranks that
+ * plan their own parts compare: raise it when a change would make two
+ * versions' plans of one transition differ. */
+#define VPS_PLANNER_RULES 1
+
 struct vps_plan {
 	struct vps_layout *a, *b; /* owned */
 	struct vps_world *world;

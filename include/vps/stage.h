@@ -8,6 +8,16 @@
  * flight at once. A step pairs each rank with at most one peer, so a rank
  * has one send and one receive buffer per peer per stage.
  *
+ * Stage boundaries are a function of the budget and one number per step,
+ * the step's demand: the most any rank sends plus receives in it, or, for a
+ * step some rank needs several chunks for, that chunk count. Each rank
+ * computes its own demands from its own transfers; the maximum over the
+ * ranks (an all-reduce of O(steps) numbers at the start of a switch, or a
+ * maximum taken here for a global plan) cuts the stages. A rank's staged
+ * plan made from its own one-rank plan is therefore not cut (cut false, no
+ * stage table, every transfer's stage -1) until its executor has the
+ * world's demands.
+ *
  * A transfer is a list of copy operations. Each operation names the source
  * view (an A buffer of the sender), the destination view (a B buffer of the
  * receiver) and where its bytes sit in the transfer's staging buffer
@@ -51,8 +61,9 @@ struct vps_xfer {
 struct vps_stage_info {
 	int64_t first_unit_step, first_unit_chunk;
 	int64_t last_unit_step, last_unit_chunk;
-	int64_t bytes;        /* moved in this stage */
-	int64_t peak;         /* largest send + receive buffers of one rank */
+	int64_t bytes;        /* moved in this stage by the transfers the staged plan holds */
+	int64_t peak;         /* the most one rank's send + receive buffers may take: the sum
+			       * of the stage's demands (chunk c of a cut step: 2 chunk sizes) */
 };
 
 struct vps_staged {
@@ -60,29 +71,52 @@ struct vps_staged {
 	int64_t budget;             /* bytes, the global minimum */
 	int64_t scope;              /* -1: all ranks; otherwise the rank written */
 	int64_t steps;              /* 2^ceil(log2 W) - 1 */
+	bool cut;                   /* stages known (always, for a global plan's staging) */
 	struct vps_stage_info *stages;
 	size_t nstages;
 	struct vps_xfer *xfers;     /* sorted by (stage, step, chunk, src, dst) */
 	size_t nxfers;
 	struct vps_op *ops;
 	size_t nops;
-	/* after which stage each A buffer of a world rank is read for the last
-	 * time: entries (rank, buffer, stage); stage -1 means never read */
-	struct vps_free { int64_t rank; uint32_t buffer; int64_t stage; } *frees;
+	/* the last unit (step, chunk) that reads each A buffer of a world rank
+	 * (step -1: never read), and its stage once cut (-1: free at once) */
+	struct vps_free {
+		int64_t rank;
+		uint32_t buffer;
+		int64_t step, chunk;
+		int64_t stage;
+	} *frees;
 	size_t nfrees;
 	uint64_t file_hash;
 };
+
+/* 2^ceil(log2 W) - 1: the XOR steps of a world of W ranks. */
+int64_t vps_stage_steps(int64_t W);
 
 /* Per-rank budgets: the smallest rules. */
 vps_result_t vps_budgets_load(const char *path, int64_t *min_budget);
 /* Parse "2GiB", "512MB", "4096". */
 vps_result_t vps_parse_bytes(const char *s, int64_t *out);
 
-/* Stage a global plan within budget bytes. rank >= 0 keeps only that
- * rank's transfers (the stages are those of the whole world). Takes
- * ownership of the plan on success. */
+/* Stage a plan within budget bytes. For a global plan, rank >= 0 keeps only
+ * that rank's transfers (the stages are those of the whole world). A
+ * one-rank plan (rank -1 or its own) gives that rank's staged plan, not yet
+ * cut. Takes ownership of the plan on success. */
 vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t budget, int64_t rank);
 void vps_staged_free(struct vps_staged *s);
+
+/* The demand of every step 0 .. steps (steps + 1 numbers; 0: no transfer):
+ * step 0 is 1 when some rank retains. Step s > 0: the most a rank in the
+ * staged plan's scope sends plus receives in it, or budget + chunks when
+ * it needs more than one chunk. The world's demands are the element-wise
+ * maximum of every rank's. */
+vps_result_t vps_staged_demand(const struct vps_staged *s, int64_t **demand);
+/* Cut the stages from the world's demands: fills the stage table, every
+ * transfer's stage and the frees' stages. A staged plan already cut must
+ * come out the same (else VPS_EINPUT: its ranks' files disagree). */
+vps_result_t vps_staged_cut(struct vps_staged *s, const int64_t *demand);
+/* The stage of unit (step, chunk) in a cut staged plan, or -1. */
+int64_t vps_staged_stage_of(const struct vps_staged *s, int64_t step, int64_t chunk);
 
 struct vps_stage_stats {
 	int64_t stages, steps_used, units;

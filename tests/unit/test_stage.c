@@ -101,6 +101,92 @@ static bool same_bytes(const struct job *x, const struct job *y)
 	return true;
 }
 
+static vps_result_t layout_copy(const struct vps_layout *l, struct vps_layout **out)
+{
+	return vps_layout_new(out, vps_layout_model(l), vps_layout_parallel(l), vps_layout_devices(l), "copy");
+}
+
+static bool same_op(const struct vps_op *x, const struct vps_op *y)
+{
+	/* piece numbers index different plans; everything else is the copy */
+	struct vps_op a = *x, b = *y;
+	a.piece = b.piece = 0;
+	return !memcmp(&a, &b, sizeof(a));
+}
+
+/* Every rank stages its own one-rank plan; the maximum of their demands is
+ * the global staging's, and each rank's file, once cut with it, holds
+ * exactly the global staging's transfers of that rank, in its stages. */
+static void per_rank_case(const struct vps_staged *g, int iter)
+{
+	int64_t W = vps_world_size(g->plan->world), *want = NULL, *world = calloc((size_t)g->steps + 1, 8);
+	CHECK_OK(vps_staged_demand(g, &want));
+	for (int64_t r = 0; r < W && world && want; r++) {
+		struct vps_layout *a, *b;
+		struct vps_plan *p = NULL;
+		struct vps_staged *s = NULL;
+		CHECK_OK(layout_copy(g->plan->a, &a));
+		CHECK_OK(layout_copy(g->plan->b, &b));
+		struct vps_plan_opts o = {.rank = r};
+		CHECK_OK(vps_plan_compute(&p, a, b, &o));
+		CHECK_OK(vps_stage(&s, p, g->budget, -1));
+		if (!s)
+			break;
+		CHECK(!s->cut && s->scope == r && s->nstages == 0);
+		CHECK_EQ(vps_staged_world_hash(s), vps_staged_world_hash(g));
+		int64_t *d;
+		CHECK_OK(vps_staged_demand(s, &d));
+		for (int64_t k = 0; k <= g->steps; k++)
+			world[k] = d[k] > world[k] ? d[k] : world[k];
+		free(d);
+		vps_staged_free(s);
+	}
+	CHECK(!memcmp(world, want, (size_t)(g->steps + 1) * 8));
+	for (int64_t r = 0; r < W && world && want; r++) {
+		struct vps_layout *a, *b;
+		struct vps_plan *p = NULL;
+		struct vps_staged *s = NULL;
+		CHECK_OK(layout_copy(g->plan->a, &a));
+		CHECK_OK(layout_copy(g->plan->b, &b));
+		struct vps_plan_opts o = {.rank = r};
+		CHECK_OK(vps_plan_compute(&p, a, b, &o));
+		CHECK_OK(vps_stage(&s, p, g->budget, r));
+		if (!s)
+			break;
+		CHECK_OK(vps_staged_cut(s, world));
+		size_t k = 0;
+		for (size_t i = 0; i < g->nxfers; i++) {
+			const struct vps_xfer *x = &g->xfers[i];
+			if (x->src != r && x->dst != r)
+				continue;
+			if (k >= s->nxfers) {
+				harness_fail(__FILE__, __LINE__, "case %d rank %lld: fewer transfers than the global staging's",
+					     iter, (long long)r);
+				break;
+			}
+			const struct vps_xfer *y = &s->xfers[k++];
+			bool same = x->src == y->src && x->dst == y->dst && x->step == y->step && x->chunk == y->chunk &&
+				    x->stage == y->stage && x->bytes == y->bytes && x->nops == y->nops;
+			for (size_t j = 0; same && j < x->nops; j++)
+				same = same_op(&g->ops[x->first_op + j], &s->ops[y->first_op + j]);
+			if (!same)
+				harness_fail(__FILE__, __LINE__, "case %d rank %lld: transfer %zu differs from the global staging's",
+					     iter, (long long)r, k - 1);
+		}
+		CHECK_EQ(k, s->nxfers);
+		for (size_t i = 0, j = 0; i < g->nfrees; i++) {
+			if (g->frees[i].rank != r)
+				continue;
+			CHECK(j < s->nfrees && s->frees[j].buffer == g->frees[i].buffer &&
+			      s->frees[j].stage == g->frees[i].stage);
+			j++;
+		}
+		vps_staged_free(s);
+	}
+	free(world);
+	free(want);
+}
+
 static void one_case(int iter)
 {
 	static const char *models[] = {"tiny-llama", "tiny-gpt", "tiny-qwen3-moe"};
@@ -133,6 +219,7 @@ static void one_case(int iter)
 		harness_fail(__FILE__, __LINE__, "case %d %s: %s -> %s budget %lld: %lld violations, first: %s", iter, m.name, da,
 			     db, (long long)budget, (long long)rep.violations, rep.nmessages ? rep.messages[0] : "");
 	vps_verify_report_release(&rep);
+	per_rank_case(s, iter);
 	struct job ja, staged, direct;
 	job_alloc(&ja, s->plan->a);
 	job_alloc(&staged, s->plan->b);
