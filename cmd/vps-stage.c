@@ -17,24 +17,65 @@ static const char usage[] =
 	"options:\n"
 	"  --budget SIZE       transient memory per rank for send and receive buffers (4096, 512MiB, 2GiB)\n"
 	"  --budgets FILE      per-rank budgets (vps: budgets); the smallest rules\n"
-	"  --rank R            write only world rank R's transfers (the stages are the world's)\n"
+	"  --rank R            of a global plan: write only world rank R's transfers (the stages are\n"
+	"                      the world's); a one-rank plan (vps-plan --rank R) is staged as rank\n"
+	"                      R's part, its stages cut by the executors when the switch starts\n"
 	"  --stats             print statistics as YAML instead of the staged plan\n"
 	"  --yaml              write YAML instead of binary\n"
 	"  -o, --output FILE   write FILE (through a temporary and a rename)\n"
 	"  -h, --help          this text\n"
 	"  --version           the version\n";
 
+/* Largest send + receive buffers of each rank over the stages (of an
+ * uncut staged plan: over its units, the most it could need in a stage). */
+static void print_peaks(const struct vps_staged *s)
+{
+	int64_t W = vps_world_size(s->plan->world);
+	int64_t lo = s->scope < 0 ? 0 : s->scope, hi = s->scope < 0 ? W : s->scope + 1;
+	int64_t *peak = calloc((size_t)(hi - lo), sizeof(*peak)), *cur = calloc((size_t)(hi - lo), sizeof(*cur));
+	if (!peak || !cur) {
+		free(peak);
+		free(cur);
+		return;
+	}
+	int64_t stage = -1, step = -1, chunk = -1;
+	for (size_t i = 0; i < s->nxfers; i++) {
+		const struct vps_xfer *x = &s->xfers[i];
+		if (s->cut ? x->stage != stage : x->step != step || x->chunk != chunk) {
+			memset(cur, 0, (size_t)(hi - lo) * sizeof(*cur));
+			stage = x->stage;
+			step = x->step;
+			chunk = x->chunk;
+		}
+		int64_t r[2] = {x->src, x->dst};
+		for (int k = 0; k < 1 + (x->dst != x->src); k++) {
+			if (r[k] < lo || r[k] >= hi)
+				continue;
+			cur[r[k] - lo] += x->bytes;
+			if (cur[r[k] - lo] > peak[r[k] - lo])
+				peak[r[k] - lo] = cur[r[k] - lo];
+		}
+	}
+	printf("peak_per_rank: [");
+	for (int64_t r = lo; r < hi; r++)
+		printf("%s%" PRId64, r > lo ? ", " : "", peak[r - lo]);
+	printf("]\n");
+	free(peak);
+	free(cur);
+}
+
 static void print_stats(const struct vps_staged *s)
 {
 	struct vps_stage_stats st;
 	vps_staged_stats(s, &st);
-	int64_t W = vps_world_size(s->plan->world);
 	printf("model: %s\n", vps_layout_model(s->plan->a)->name);
-	printf("world: %" PRId64 "\n", W);
+	printf("world: %" PRId64 "\n", vps_world_size(s->plan->world));
+	printf("scope: %" PRId64 "\n", s->scope);
 	printf("budget: %" PRId64 "\n", s->budget);
 	printf("steps: %" PRId64 "\n", s->steps);
 	printf("steps_used: %" PRId64 "\n", st.steps_used);
 	printf("units: %" PRId64 "\n", st.units);
+	printf("cut: %s\n", s->cut ? "true" : "false");
 	printf("stages: %" PRId64 "\n", st.stages);
 	printf("transfers: %" PRId64 "\n", st.transfers);
 	printf("bytes_moved: %" PRId64 "\n", st.bytes_moved);
@@ -47,33 +88,7 @@ static void print_stats(const struct vps_staged *s)
 	for (size_t i = 0; i < s->nstages; i++)
 		printf("%s%" PRId64, i ? ", " : "", s->stages[i].bytes);
 	printf("]\n");
-	int64_t *peak = calloc((size_t)W, sizeof(*peak)), *cur = calloc((size_t)W, sizeof(*cur));
-	if (!peak || !cur) {
-		free(peak);
-		free(cur);
-		return;
-	}
-	int64_t stage = -1;
-	for (size_t i = 0; i < s->nxfers; i++) {
-		const struct vps_xfer *x = &s->xfers[i];
-		if (x->stage != stage) {
-			memset(cur, 0, (size_t)W * sizeof(*cur));
-			stage = x->stage;
-		}
-		cur[x->src] += x->bytes;
-		if (x->dst != x->src)
-			cur[x->dst] += x->bytes;
-		if (cur[x->src] > peak[x->src])
-			peak[x->src] = cur[x->src];
-		if (cur[x->dst] > peak[x->dst])
-			peak[x->dst] = cur[x->dst];
-	}
-	printf("peak_per_rank: [");
-	for (int64_t r = 0; r < W; r++)
-		printf("%s%" PRId64, r ? ", " : "", peak[r]);
-	printf("]\n");
-	free(peak);
-	free(cur);
+	print_peaks(s);
 }
 
 int main(int argc, char **argv)

@@ -56,6 +56,25 @@ setup_file() {
 	expect_status 1 vps-verify bad.yaml
 	[[ "$output" == *"is not 256-byte aligned"* ]]
 	vps-plan a.layout b.layout --rank 1 -o r.plan
-	expect_status 2 vps-stage --budget 1MiB r.plan
-	[[ "$output" == *"staging needs the global plan"* ]]
+	expect_status 2 vps-stage --budget 1MiB --rank 2 r.plan
+	[[ "$output" == *"--rank 2: this plan is rank 1's"* ]]
+}
+
+@test "a rank stages its own one-rank plan: the same transfers as the global staging's, stages left to the executors" {
+	cd "$BATS_FILE_TMPDIR"
+	vps-layout --model tiny-gpt --parallel tp=2,pp=2,dp=2,zero=1 -o ga.layout
+	vps-layout --model tiny-gpt --parallel tp=1,pp=1,dp=3,zero=1 -o gb.layout
+	vps-plan ga.layout gb.layout | vps-stage --budget 256KiB --rank 5 --yaml - -o g5.yaml
+	vps-plan ga.layout gb.layout --rank 5 | vps-stage --budget 256KiB --yaml - -o r5.yaml
+	vps-plan ga.layout gb.layout --rank 5 | vps-stage --budget 256KiB - --stats > r5.txt
+	grep -qx 'cut: false' r5.txt
+	grep -qx 'stages: 0' r5.txt
+	grep -qx 'scope: 5' r5.txt
+	# the transfers, unit for unit; only the stage numbers wait for the cut
+	t() { awk '/^transfers:/ { on = 1 } /^frees:/ { on = 0 }
+		   on { sub(/^- stage: -?[0-9]+$/, "-"); sub(/^  - piece: [0-9]+$/, "  -"); print }' "$1"; }
+	[ -n "$(t r5.yaml)" ]
+	diff <(t g5.yaml) <(t r5.yaml)
+	grep -q '^stages: \[\]$' r5.yaml
+	vps-verify -q r5.yaml
 }
