@@ -716,7 +716,7 @@ static vps_result_t agree_stages(struct vps_net *net, struct vps_staged *const *
 		char what[64];
 		snprintf(what, sizeof(what), "stage boundaries of plan %zu", k + 1);
 		VPS_CHECK(vps_staged_demand(plans[k], &d));
-		vps_result_t rc = vps_net_allreduce_max(net, d, (size_t)plans[k]->steps + 1, what);
+		vps_result_t rc = vps_net_allreduce(net, d, VPS_DEMAND_COUNT(plans[k]->steps), vps_stage_demand_combine, what);
 		if (!rc && (rc = vps_staged_cut(plans[k], d)))
 			rc = vps_fail(rc, "staged plan %zu: %s", k + 1, vps_last_error());
 		free(d);
@@ -799,7 +799,7 @@ vps_result_t vps_exec_run(struct vps_staged *const *plans, size_t nplans, const 
 		uint64_t hk = vps_staged_world_hash(s);
 		hash = vps_hash64(&hk, sizeof(hk), hash);
 	}
-	/* the stages' all-reduce runs between XOR partners (vps_net_allreduce_max) */
+	/* the stages' all-reduce runs between XOR partners (vps_net_allreduce) */
 	int64_t tree[64];
 	size_t ntree = vps_net_tree_peers(o->rank, W, tree);
 	for (size_t i = 0; i < ntree; i++) {

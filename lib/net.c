@@ -32,6 +32,7 @@ struct vps_net {
 	int64_t *peers;    /* sorted */
 	int *fds;          /* data socket per peer */
 	size_t npeers;
+	uint64_t sent, received; /* bytes of exchanges, headers included */
 };
 
 static double now(void)
@@ -965,6 +966,7 @@ vps_result_t vps_net_exchange(struct vps_net *n, struct vps_net_msg *msgs, size_
 						goto done;
 					}
 					cursor_advance(&f[i].out, (size_t)w);
+					n->sent += (uint64_t)w;
 					last = now();
 					if (cursor_finished(&f[i].out))
 						f[i].sending = false;
@@ -993,6 +995,7 @@ vps_result_t vps_net_exchange(struct vps_net *n, struct vps_net_msg *msgs, size_
 						goto done;
 					}
 					cursor_advance(&f[i].in, (size_t)(g > 0 ? g : 0));
+					n->received += (uint64_t)(g > 0 ? g : 0);
 					last = now();
 					if (!had_header && f[i].in.hdr_done == 16 &&
 					    (f[i].hdr_in[0] != f[i].tag || f[i].hdr_in[1] != f[i].in.total)) {
@@ -1113,6 +1116,12 @@ done:
 	return rc;
 }
 
+void vps_net_traffic(const struct vps_net *n, uint64_t *sent, uint64_t *received)
+{
+	*sent = n->sent;
+	*received = n->received;
+}
+
 double vps_net_set_timeout(struct vps_net *n, double timeout)
 {
 	double old = n->timeout;
@@ -1150,48 +1159,63 @@ size_t vps_net_tree_peers(int64_t rank, int64_t world, int64_t *out)
 	return n;
 }
 
-static vps_result_t tree_step(struct vps_net *n, int64_t peer, bool send, bool recv, int64_t *v, int64_t *in,
-			      size_t count, uint64_t round, const char *what)
+struct tree_op {
+	int64_t *v, *in;
+	size_t count;
+	void (*combine)(int64_t *acc, const int64_t *in, size_t count);
+	const char *what;
+};
+
+static vps_result_t tree_step(struct vps_net *n, const struct tree_op *t, int64_t peer, bool send, bool recv,
+			      uint64_t round)
 {
-	struct iovec out_iov = {v, count * sizeof(*v)}, in_iov = {in, count * sizeof(*in)};
+	struct iovec out_iov = {t->v, t->count * sizeof(*t->v)}, in_iov = {t->in, t->count * sizeof(*t->in)};
 	struct vps_net_msg m = {peer, send, recv, &out_iov, 1, &in_iov, 1, 0x5650535452454500ull | round};
-	VPS_CHECK(vps_net_exchange(n, &m, 1, what));
-	if (recv)
-		for (size_t i = 0; i < count; i++)
-			v[i] = v[i] > in[i] ? v[i] : in[i];
+	VPS_CHECK(vps_net_exchange(n, &m, 1, t->what));
+	if (recv && round == 63) /* the result, from the partner below P */
+		memcpy(t->v, t->in, t->count * sizeof(*t->v));
+	else if (recv)
+		t->combine(t->v, t->in, t->count);
 	return VPS_OK;
+}
+
+void vps_net_max(int64_t *acc, const int64_t *in, size_t count)
+{
+	for (size_t i = 0; i < count; i++)
+		acc[i] = acc[i] > in[i] ? acc[i] : in[i];
 }
 
 /* Recursive doubling over the largest power of two P <= W: ranks past P
  * hand their numbers to rank - P first and take the result back last, so
  * every rank sends and receives at most log2(W) + 1 vectors, and rank 0
  * no more than any other. */
-vps_result_t vps_net_allreduce_max(struct vps_net *n, int64_t *v, size_t count, const char *what)
+vps_result_t vps_net_allreduce(struct vps_net *n, int64_t *v, size_t count,
+			       void (*combine)(int64_t *acc, const int64_t *in, size_t count), const char *what)
 {
 	int64_t P = 1, r = n->rank, W = n->world;
 	while (P * 2 <= W)
 		P *= 2;
 	if (W < 2 || !count)
 		return VPS_OK;
-	int64_t *in = vps_malloc(count * sizeof(*in));
-	if (!in)
+	struct tree_op t = {v, vps_malloc(count * sizeof(int64_t)), count, combine, what};
+	if (!t.in)
 		return VPS_ENOMEM;
 	vps_result_t rc = VPS_OK;
 	uint64_t round = 0;
 	if (r >= P) {
-		rc = tree_step(n, r - P, true, false, v, in, count, round, what);
+		rc = tree_step(n, &t, r - P, true, false, round);
 		if (!rc)
-			rc = tree_step(n, r - P, false, true, v, in, count, 63, what);
+			rc = tree_step(n, &t, r - P, false, true, 63);
 		goto done;
 	}
 	if (r + P < W)
-		VPS_CHECK_GOTO(tree_step(n, r + P, false, true, v, in, count, round, what), rc, done);
+		VPS_CHECK_GOTO(tree_step(n, &t, r + P, false, true, round), rc, done);
 	for (int64_t m = 1; m < P; m <<= 1)
-		VPS_CHECK_GOTO(tree_step(n, r ^ m, true, true, v, in, count, ++round, what), rc, done);
+		VPS_CHECK_GOTO(tree_step(n, &t, r ^ m, true, true, ++round), rc, done);
 	if (r + P < W)
-		rc = tree_step(n, r + P, true, false, v, in, count, 63, what);
+		rc = tree_step(n, &t, r + P, true, false, 63);
 done:
-	free(in);
+	free(t.in);
 	return rc;
 }
 

@@ -52,17 +52,24 @@ vps_result_t vps_net_exchange(struct vps_net *n, struct vps_net_msg *msgs, size_
  * has claimed its request; from then on the ordinary timeout applies. */
 vps_result_t vps_net_arrive(struct vps_net *n, int (*ready)(void *ctx), void *ctx, double window);
 
+/* Bytes this rank's exchanges sent and received so far, headers included. */
+void vps_net_traffic(const struct vps_net *n, uint64_t *sent, uint64_t *received);
+
 /* Set the timeout of later waits; returns the previous one. */
 double vps_net_set_timeout(struct vps_net *n, double timeout);
 
 /* Sum n values over all ranks (result on every rank). */
 vps_result_t vps_net_allreduce_sum(struct vps_net *n, uint64_t *v, size_t count, const char *what);
-/* Element-wise maximum of count numbers over all ranks (result on every
- * rank), between mesh peers: the ranks vps_net_tree_peers names must be
- * among each rank's peers. O(count log W) bytes per rank. */
-vps_result_t vps_net_allreduce_max(struct vps_net *n, int64_t *v, size_t count, const char *what);
-/* The peers rank exchanges with in vps_net_allreduce_max (at most 64,
- * written to out); returns their number. */
+/* Combine count numbers over all ranks (result on every rank) with an
+ * associative, commutative combine(acc, in, count), between mesh peers: the
+ * ranks vps_net_tree_peers names must be among each rank's peers.
+ * O(count log W) bytes per rank, rank 0 no more than another. */
+vps_result_t vps_net_allreduce(struct vps_net *n, int64_t *v, size_t count,
+			       void (*combine)(int64_t *acc, const int64_t *in, size_t count), const char *what);
+/* Element-wise maximum: a combine for vps_net_allreduce. */
+void vps_net_max(int64_t *acc, const int64_t *in, size_t count);
+/* The peers rank exchanges with in vps_net_allreduce (at most 64, written
+ * to out); returns their number. */
 size_t vps_net_tree_peers(int64_t rank, int64_t world, int64_t *out);
 /* Rank 0's bytes to every rank. */
 vps_result_t vps_net_broadcast(struct vps_net *n, void *buf, size_t len, const char *what);

@@ -7,13 +7,13 @@
  *    each run starting on a 256-byte boundary; a run that does not fit is
  *    split at an element boundary.
  * 3. Step s = i ^ j; chunk c of every pair of step s forms unit (s, c).
- *    A step's demand is the most one rank sends plus receives in it (or its
- *    chunk count, when some pair needs several). Stages are cut from the
- *    demands alone: a single-chunk step joins the open stage while the
- *    stage's demands sum to at most the budget, and each chunk of a cut
- *    step is a stage of its own (a rank has one buffer per peer per
- *    stage). So a rank needs only its own transfers and the maximum of
- *    every rank's demands: O(steps) numbers, all-reduced by the executors.
+ *    A step's demand is three numbers: its chunk count, and what its first
+ *    and its last chunk cost the busiest rank (send plus receive). Stages
+ *    are cut from the demands alone: taking units in order, a unit joins
+ *    the open stage while the stage's demands sum to at most the budget,
+ *    and a stage never holds two chunks of one step (a rank has one buffer
+ *    per peer per stage). So a rank needs only its own transfers and the
+ *    world's demands: O(steps) numbers, all-reduced by the executors.
  * Retains are stage 0 (step 0), copied directly between A and B buffers. */
 #include <inttypes.h>
 #include <stdio.h>
@@ -240,11 +240,24 @@ static int64_t xfer_payload(const struct vps_op *ops, const struct vps_xfer *x)
 	return bytes;
 }
 
-/* The demands of the ranks in scope (-1: every rank) over xfers. */
-static vps_result_t demand_of(const struct vps_xfer *xs, size_t n, int64_t steps, int64_t budget, int64_t scope,
-			      int64_t *d)
+void vps_stage_demand_combine(int64_t *acc, const int64_t *in, size_t n)
 {
-	memset(d, 0, (size_t)(steps + 1) * sizeof(*d));
+	for (size_t i = 0; i + 3 <= n; i += 3) {
+		/* the world's chunk count, and the last chunk of the ranks that
+		 * have that many: a rank with fewer is idle in it */
+		if (in[i] > acc[i] || (in[i] == acc[i] && in[i + 1] > acc[i + 1])) {
+			acc[i] = in[i];
+			acc[i + 1] = in[i + 1];
+		}
+		acc[i + 2] = vps_max64(acc[i + 2], in[i + 2]);
+	}
+}
+
+/* The demands of the ranks in scope (-1: every rank) over xfers. */
+static vps_result_t demand_of(const struct vps_xfer *xs, size_t n, int64_t steps, int64_t scope, int64_t *d)
+{
+	size_t count = VPS_DEMAND_COUNT(steps);
+	memset(d, 0, count * sizeof(*d));
 	struct side *e = vps_malloc((2 * n + 1) * sizeof(*e));
 	if (!e)
 		return VPS_ENOMEM;
@@ -265,25 +278,21 @@ static vps_result_t demand_of(const struct vps_xfer *xs, size_t n, int64_t steps
 		int64_t r[2] = {x->src, x->dst};
 		for (int k = 0; k < 2; k++)
 			if (scope < 0 || r[k] == scope)
-				e[ne++] = (struct side){x->step, r[k], x->chunk, x->chunk ? 0 : x->bytes};
+				e[ne++] = (struct side){x->step, r[k], x->chunk, x->bytes};
 	}
 	qsort(e, ne, sizeof(*e), side_order);
 	for (size_t i = 0; i < ne;) {
-		int64_t chunks = 0, load = 0;
+		int64_t mine[3] = {0, 0, 0};
 		size_t j = i;
-		for (; j < ne && e[j].step == e[i].step && e[j].rank == e[i].rank; j++) {
-			chunks = vps_max64(chunks, e[j].chunk + 1);
-			load = vps_sat_add(load, e[j].bytes);
+		for (; j < ne && e[j].step == e[i].step && e[j].rank == e[i].rank; j++)
+			mine[0] = vps_max64(mine[0], e[j].chunk + 1);
+		for (size_t k = i; k < j; k++) {
+			if (e[k].chunk == mine[0] - 1)
+				mine[1] = vps_sat_add(mine[1], e[k].bytes);
+			if (e[k].chunk == 0)
+				mine[2] = vps_sat_add(mine[2], e[k].bytes);
 		}
-		if (chunks == 1 && load > budget) {
-			vps_result_t rc = vps_fail(VPS_EINPUT, "rank %" PRId64 " sends and receives %" PRId64
-						   " bytes in step %" PRId64 ", more than the budget of %" PRId64,
-						   e[i].rank, load, e[i].step, budget);
-			free(e);
-			return rc;
-		}
-		int64_t v = chunks > 1 ? vps_sat_add(budget, chunks) : load;
-		d[e[i].step] = vps_max64(d[e[i].step], vps_max64(v, 1));
+		vps_stage_demand_combine(&d[3 * e[i].step], mine, 3);
 		i = j;
 	}
 	free(e);
@@ -292,10 +301,10 @@ static vps_result_t demand_of(const struct vps_xfer *xs, size_t n, int64_t steps
 
 vps_result_t vps_staged_demand(const struct vps_staged *s, int64_t **demand)
 {
-	*demand = vps_malloc((size_t)(s->steps + 1) * sizeof(**demand));
+	*demand = vps_malloc(VPS_DEMAND_COUNT(s->steps) * sizeof(**demand));
 	if (!*demand)
 		return VPS_ENOMEM;
-	vps_result_t rc = demand_of(s->xfers, s->nxfers, s->steps, s->budget, s->scope, *demand);
+	vps_result_t rc = demand_of(s->xfers, s->nxfers, s->steps, s->scope, *demand);
 	if (rc) {
 		free(*demand);
 		*demand = NULL;
@@ -331,13 +340,31 @@ int64_t vps_staged_stage_of(const struct vps_staged *s, int64_t step, int64_t ch
 	return stage_of(s->stages, s->nstages, step, chunk);
 }
 
+/* Unit (step, chunk) of demand v joins the open stage if the stage's
+ * demands stay within the budget, else opens a stage. */
+static vps_result_t cut_join(struct vps_stage_info **st, size_t *n, size_t *cap, bool *open, int64_t budget,
+			     int64_t step, int64_t chunk, int64_t v)
+{
+	struct vps_stage_info *g = *n ? &(*st)[*n - 1] : NULL;
+	if (*open && g->peak + v <= budget) {
+		g->last_unit_step = step;
+		g->last_unit_chunk = chunk;
+		g->peak += v;
+		return VPS_OK;
+	}
+	VPS_CHECK(VPS_GROW(*st, *cap, *n + 1));
+	(*st)[(*n)++] = (struct vps_stage_info){step, chunk, step, chunk, 0, v};
+	*open = true;
+	return VPS_OK;
+}
+
 vps_result_t vps_staged_cut(struct vps_staged *s, const int64_t *d)
 {
 	vps_result_t rc = VPS_OK;
 	struct vps_stage_info *st = NULL;
 	size_t n = 0, cap = 0;
 	int64_t *stage = vps_malloc((s->nxfers + 1) * sizeof(*stage));
-	int64_t limit = vps_sat_add(VPS_STAGE_MAX_CHUNKS, s->steps + 1), units = 0;
+	int64_t limit = vps_sat_add(VPS_STAGE_MAX_CHUNKS, s->steps + 1), units = 0, half = chunk_size(s->budget);
 	if (!stage)
 		return VPS_ENOMEM;
 	if (d[0]) {
@@ -346,30 +373,27 @@ vps_result_t vps_staged_cut(struct vps_staged *s, const int64_t *d)
 	}
 	bool open = false;
 	for (int64_t step = 1; step <= s->steps; step++) {
-		int64_t v = d[step];
-		if (!v)
+		int64_t chunks = d[3 * step], last = d[3 * step + 1], first = d[3 * step + 2];
+		if (!chunks)
 			continue;
-		if (v < 0 || (v > s->budget && v - s->budget > VPS_STAGE_MAX_CHUNKS) ||
-		    (units += v > s->budget ? v - s->budget : 1) > limit) {
-			rc = vps_fail(VPS_EINPUT, "step %" PRId64 ": a demand of %" PRId64 " is not one a budget of %" PRId64
-				      " allows", step, v, s->budget);
+		/* what the budget allows, whoever sent the numbers */
+		if (chunks < 0 || chunks > VPS_STAGE_MAX_CHUNKS || (units += chunks) > limit || first < 0 || last < 0 ||
+		    first > s->budget || last > s->budget || (chunks == 1 && first != last)) {
+			rc = vps_fail(VPS_EINPUT, "step %" PRId64 ": a demand of %" PRId64 " chunks, %" PRId64 " bytes in the first, %"
+				      PRId64 " in the last, is not one a budget of %" PRId64 " allows", step, chunks, first, last,
+				      s->budget);
 			goto done;
 		}
-		if (v > s->budget) {
-			/* one chunk per stage: a rank has one buffer per peer */
-			for (int64_t c = 0; c < v - s->budget; c++) {
-				VPS_CHECK_GOTO(VPS_GROW(st, cap, n + 1), rc, done);
-				st[n++] = (struct vps_stage_info){step, c, step, c, 0, 2 * chunk_size(s->budget)};
-			}
-			open = false;
-		} else if (open && st[n - 1].peak + v <= s->budget) {
-			st[n - 1].last_unit_step = step;
-			st[n - 1].peak += v;
-		} else {
+		VPS_CHECK_GOTO(cut_join(&st, &n, &cap, &open, s->budget, step, 0, first), rc, done);
+		if (chunks == 1)
+			continue;
+		/* one chunk of a step per stage: a rank has one buffer per peer */
+		open = false;
+		for (int64_t c = 1; c < chunks - 1; c++) {
 			VPS_CHECK_GOTO(VPS_GROW(st, cap, n + 1), rc, done);
-			st[n++] = (struct vps_stage_info){step, 0, step, 0, 0, v};
-			open = true;
+			st[n++] = (struct vps_stage_info){step, c, step, c, 0, 2 * half};
 		}
+		VPS_CHECK_GOTO(cut_join(&st, &n, &cap, &open, s->budget, step, chunks - 1, last), rc, done);
 	}
 	for (size_t i = 0; i < s->nxfers; i++) {
 		const struct vps_xfer *x = &s->xfers[i];
@@ -532,12 +556,12 @@ vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t b
 	}
 	/* a global plan knows every rank's demands: cut its stages now */
 	if (plan->scope < 0) {
-		demand = vps_malloc((size_t)(s->steps + 1) * sizeof(*demand));
+		demand = vps_malloc(VPS_DEMAND_COUNT(s->steps) * sizeof(*demand));
 		if (!demand) {
 			rc = VPS_ENOMEM;
 			goto fail;
 		}
-		VPS_CHECK_GOTO(demand_of(b.x, b.nx, s->steps, budget, -1, demand), rc, fail);
+		VPS_CHECK_GOTO(demand_of(b.x, b.nx, s->steps, -1, demand), rc, fail);
 	}
 	/* the execution order, keeping only the scope's transfers */
 	qsort(b.x, b.nx, sizeof(*b.x), xfer_order);

@@ -85,7 +85,7 @@ rank_plans() {
 if [ "$per_rank" = 1 ]; then
 	for ((r = 0; r < world; r++)); do
 		"$bin/vps-plan" a.layout b.layout --rank "$r" --global-batch "$gb" | "$bin/vps-stage" --budget "$budget" - -o "ab.$r.staged"
-		: "$bin/vps-verify" -q "ab.$r.staged" # TODO-verify
+		"$bin/vps-verify" -q "ab.$r.staged"
 		[ "$back" = 0 ] || "$bin/vps-plan" b.layout a.layout --rank "$r" --global-batch "$gb" |
 			"$bin/vps-stage" --budget "$budget" - -o "ba.$r.staged"
 	done

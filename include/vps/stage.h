@@ -105,12 +105,17 @@ vps_result_t vps_parse_bytes(const char *s, int64_t *out);
 vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t budget, int64_t rank);
 void vps_staged_free(struct vps_staged *s);
 
-/* The demand of every step 0 .. steps (steps + 1 numbers; 0: no transfer):
- * step 0 is 1 when some rank retains. Step s > 0: the most a rank in the
- * staged plan's scope sends plus receives in it, or budget + chunks when
- * it needs more than one chunk. The world's demands are the element-wise
- * maximum of every rank's. */
+/* The demands of every step 0 .. steps, three numbers each (all 0: no
+ * transfer): the chunk count, what the last chunk costs and what the first
+ * chunk costs the busiest rank in the staged plan's scope (bytes sent plus
+ * received in that unit). Step 0 is [1, 0, 0] when some rank retains. The
+ * world's demands combine every rank's with vps_stage_demand_combine. */
+#define VPS_DEMAND_COUNT(steps) ((size_t)3 * (size_t)((steps) + 1))
 vps_result_t vps_staged_demand(const struct vps_staged *s, int64_t **demand);
+/* acc = acc combined with in (n numbers, VPS_DEMAND_COUNT): the largest
+ * chunk count with the costliest last chunk among the ranks that have that
+ * many, and the costliest first chunk. Associative and commutative. */
+void vps_stage_demand_combine(int64_t *acc, const int64_t *in, size_t n);
 /* Cut the stages from the world's demands: fills the stage table, every
  * transfer's stage and the frees' stages. A staged plan already cut must
  * come out the same (else VPS_EINPUT: its ranks' files disagree). */

@@ -89,6 +89,14 @@ world6() {
 @test "tcp: a world of 6 devices over two nodes, TP and DP both change" { world6 tcp 3; }
 @test "ipc: a world of 6 devices on one node, TP and DP both change" { world6 ipc 6; }
 
+# Each rank plans and stages only its own part; the executors all-reduce
+# their per-step demands and cut the same stages before the switch.
+per_rank() { # TRANSPORT DEVICES_PER_NODE
+	demo "$1" --per-rank --np "$2" --model tiny-qwen3-moe --from tp=2,pp=1,dp=3,ep=2,etp=1,zero=1 --to tp=1,pp=2,dp=3,ep=1,etp=1,zero=0 --back
+}
+@test "tcp: every rank plans and stages its own part, a world of 6 over two nodes, and back" { per_rank tcp 3; }
+@test "ipc: every rank plans and stages its own part, a world of 6, and back" { per_rank ipc 6; }
+
 @test "auto: within one node auto is ipc, and needs no GPU" {
 	over=ipc demo auto --np 2 --model tiny-llama --from tp=2,zero=1 --to tp=1,dp=2,zero=1
 }

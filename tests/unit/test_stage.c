@@ -119,7 +119,8 @@ static bool same_op(const struct vps_op *x, const struct vps_op *y)
  * exactly the global staging's transfers of that rank, in its stages. */
 static void per_rank_case(const struct vps_staged *g, int iter)
 {
-	int64_t W = vps_world_size(g->plan->world), *want = NULL, *world = calloc((size_t)g->steps + 1, 8);
+	size_t count = VPS_DEMAND_COUNT(g->steps);
+	int64_t W = vps_world_size(g->plan->world), *want = NULL, *world = calloc(count, 8);
 	CHECK_OK(vps_staged_demand(g, &want));
 	for (int64_t r = 0; r < W && world && want; r++) {
 		struct vps_layout *a, *b;
@@ -136,12 +137,11 @@ static void per_rank_case(const struct vps_staged *g, int iter)
 		CHECK_EQ(vps_staged_world_hash(s), vps_staged_world_hash(g));
 		int64_t *d;
 		CHECK_OK(vps_staged_demand(s, &d));
-		for (int64_t k = 0; k <= g->steps; k++)
-			world[k] = d[k] > world[k] ? d[k] : world[k];
+		vps_stage_demand_combine(world, d, count);
 		free(d);
 		vps_staged_free(s);
 	}
-	CHECK(!memcmp(world, want, (size_t)(g->steps + 1) * 8));
+	CHECK(!memcmp(world, want, count * 8));
 	for (int64_t r = 0; r < W && world && want; r++) {
 		struct vps_layout *a, *b;
 		struct vps_plan *p = NULL;
