@@ -608,23 +608,69 @@ static void dropped_note(const struct handshake *hs, char *out, size_t size)
 			 hs->dropped);
 }
 
+/* Rank 0: rank r names the higher peers it connects to (at most W - r - 1,
+ * each above r), and gets their addresses. */
+static vps_result_t serve_addresses(int fd, int64_t r, int64_t world, const struct peer_addr *table, double timeout)
+{
+	uint64_t k;
+	VPS_CHECK(recv_all(fd, &k, sizeof(k), timeout, "bootstrap: a rank's peers"));
+	if (k > (uint64_t)(world - r - 1))
+		return vps_fail(VPS_EPEER, "bootstrap: rank %" PRId64 " asks for %" PRIu64 " peers above it in a world of %" PRId64,
+				r, k, world);
+	int64_t *want = vps_malloc((size_t)k * sizeof(*want) + 1);
+	struct peer_addr *ans = vps_malloc((size_t)k * sizeof(*ans) + 1);
+	vps_result_t rc = want && ans ? VPS_OK : VPS_ENOMEM;
+	if (!rc)
+		rc = recv_all(fd, want, (size_t)k * sizeof(*want), timeout, "bootstrap: a rank's peers");
+	for (uint64_t i = 0; !rc && i < k; i++) {
+		if (want[i] <= r || want[i] >= world)
+			rc = vps_fail(VPS_EPEER, "bootstrap: rank %" PRId64 " asks for the address of rank %" PRId64, r, want[i]);
+		else
+			ans[i] = table[want[i]];
+	}
+	if (!rc)
+		rc = send_all(fd, ans, (size_t)k * sizeof(*ans), timeout, "bootstrap: answer");
+	free(want);
+	free(ans);
+	return rc;
+}
+
+/* The other ranks: the addresses of this rank's higher peers (the lower
+ * ones connect to it), into addrs by peer index. */
+static vps_result_t ask_addresses(struct vps_net *n, struct peer_addr *addrs, double timeout)
+{
+	size_t first = 0;
+	while (first < n->npeers && n->peers[first] <= n->rank)
+		first++;
+	uint64_t k = n->npeers - first;
+	VPS_CHECK(send_all(n->ctl[0], &k, sizeof(k), timeout, "bootstrap: asking for the peers' addresses"));
+	VPS_CHECK(send_all(n->ctl[0], n->peers + first, (size_t)k * sizeof(*n->peers), timeout,
+			   "bootstrap: asking for the peers' addresses"));
+	return recv_all(n->ctl[0], addrs + first, (size_t)k * sizeof(*addrs), timeout,
+			"bootstrap: the peers' addresses, through rank 0");
+}
+
 vps_result_t vps_net_start(struct vps_net **out, const struct vps_net_opts *o)
 {
 	vps_result_t rc = VPS_OK;
 	struct vps_net *n = vps_calloc(1, sizeof(*n));
-	struct peer_addr *table = vps_calloc((size_t)o->world, sizeof(*table));
+	/* rank 0 gathers every rank's address; the others hold their peers' */
+	struct peer_addr *table = vps_calloc(o->rank == 0 ? (size_t)o->world : 1, sizeof(*table));
+	struct peer_addr *addrs = vps_calloc(o->npeers + 1, sizeof(*addrs));
 	struct outbound *outs = NULL;
 	int lfd = -1, dfd = -1, dport = 0, mport = 0;
 	unsigned char key[VPS_AUTH_KEY];
 	char note[256];
-	if (!n || !table) {
+	if (!n || !table || !addrs) {
 		free(n);
 		free(table);
+		free(addrs);
 		return VPS_ENOMEM;
 	}
 	if (o->world > 1 && (!o->token || !*o->token)) {
 		free(n);
 		free(table);
+		free(addrs);
 		return vps_fail(VPS_EINPUT, "no job token: set VPS_TOKEN or pass --token-file (vps-exec(1) SECURITY)");
 	}
 	vps_auth_key(o->token ? o->token : "", key);
@@ -698,15 +744,17 @@ vps_result_t vps_net_start(struct vps_net **out, const struct vps_net_opts *o)
 			VPS_CHECK_GOTO(send_all(n->ctl[r], &status, sizeof(status), o->timeout, "bootstrap: answer"), rc, fail);
 			if (g.bad[0])
 				VPS_CHECK_GOTO(send_all(n->ctl[r], g.bad, sizeof(g.bad), o->timeout, "bootstrap: answer"), rc, fail);
-			else
-				VPS_CHECK_GOTO(send_all(n->ctl[r], table, (size_t)o->world * sizeof(*table), o->timeout,
-							"bootstrap: answer"),
-					       rc, fail);
 		}
 		if (g.bad[0]) {
 			rc = vps_fail(VPS_EPEER, "bootstrap: %s", g.bad);
 			goto fail;
 		}
+		/* each rank learns the addresses of the peers it connects to, not
+		 * the world's: rank 0 sends O(peers) per rank, not O(W) */
+		for (int64_t r = 1; r < o->world; r++)
+			VPS_CHECK_GOTO(serve_addresses(n->ctl[r], r, o->world, table, o->timeout), rc, fail);
+		for (size_t i = 0; i < n->npeers; i++)
+			addrs[i] = table[n->peers[i]];
 	} else if (o->world > 1) {
 		uint64_t status;
 		outs[0] = (struct outbound){.sa = master, .rank = 0};
@@ -735,8 +783,7 @@ vps_result_t vps_net_start(struct vps_net **out, const struct vps_net_opts *o)
 			rc = vps_fail(VPS_EPEER, "bootstrap: %s", bad);
 			goto fail;
 		}
-		VPS_CHECK_GOTO(recv_all(n->ctl[0], table, (size_t)o->world * sizeof(*table), o->timeout, "bootstrap"), rc,
-			       fail);
+		VPS_CHECK_GOTO(ask_addresses(n, addrs, o->timeout), rc, fail);
 	}
 	/* the mesh: connect to higher peers and accept lower ones, all at once */
 	size_t lower = 0, nout = 0;
@@ -747,8 +794,8 @@ vps_result_t vps_net_start(struct vps_net **out, const struct vps_net_opts *o)
 			continue;
 		}
 		outs[nout].sa.sin_family = AF_INET;
-		outs[nout].sa.sin_addr.s_addr = table[p].ip;
-		outs[nout].sa.sin_port = htons(table[p].port);
+		outs[nout].sa.sin_addr.s_addr = addrs[i].ip;
+		outs[nout].sa.sin_port = htons(addrs[i].port);
 		outs[nout].rank = p;
 		outs[nout].fd = -1;
 		nout++;
@@ -792,6 +839,7 @@ vps_result_t vps_net_start(struct vps_net **out, const struct vps_net_opts *o)
 	if (lfd >= 0)
 		close(lfd);
 	free(table);
+	free(addrs);
 	free(outs);
 	memset(key, 0, sizeof(key));
 	*out = n;
@@ -805,6 +853,7 @@ fail:
 	if (lfd >= 0)
 		close(lfd);
 	free(table);
+	free(addrs);
 	free(outs);
 	memset(key, 0, sizeof(key));
 	vps_net_free(n);
