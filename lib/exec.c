@@ -718,7 +718,7 @@ static vps_result_t agree_stages(struct vps_net *net, struct vps_staged *const *
 		VPS_CHECK(vps_staged_demand(plans[k], &d));
 		vps_result_t rc = vps_net_allreduce(net, d, VPS_DEMAND_COUNT(plans[k]->steps), vps_stage_demand_combine, what);
 		if (!rc && (rc = vps_staged_cut(plans[k], d)))
-			rc = vps_fail(rc, "staged plan %zu: %s", k + 1, vps_last_error());
+			vps_error_prefix("staged plan %zu", k + 1);
 		free(d);
 		VPS_CHECK(rc);
 	}

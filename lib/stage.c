@@ -563,15 +563,25 @@ vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t b
 		}
 		VPS_CHECK_GOTO(demand_of(b.x, b.nx, s->steps, -1, demand), rc, fail);
 	}
-	/* the execution order, keeping only the scope's transfers */
+	/* the execution order; a transfer's copies stay where they are made */
 	qsort(b.x, b.nx, sizeof(*b.x), xfer_order);
-	s->ops = vps_malloc((b.no + 1) * sizeof(*s->ops));
-	s->xfers = vps_malloc((b.nx + 1) * sizeof(*s->xfers));
-	if (!s->ops || !s->xfers) {
-		rc = VPS_ENOMEM;
-		goto fail;
+	if (s->scope < 0) {
+		s->xfers = b.x;
+		s->nxfers = b.nx;
+		s->ops = b.o;
+		s->nops = b.no;
+		b.x = NULL;
+		b.o = NULL;
+	} else {
+		/* only the scope's transfers, with their copies */
+		s->ops = vps_malloc((b.no + 1) * sizeof(*s->ops));
+		s->xfers = vps_malloc((b.nx + 1) * sizeof(*s->xfers));
+		if (!s->ops || !s->xfers) {
+			rc = VPS_ENOMEM;
+			goto fail;
+		}
 	}
-	for (size_t i = 0; i < b.nx; i++) {
+	for (size_t i = 0; s->scope >= 0 && i < b.nx; i++) {
 		struct vps_xfer x = b.x[i];
 		if (s->scope >= 0 && x.src != s->scope && x.dst != s->scope)
 			continue;

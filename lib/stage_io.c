@@ -32,22 +32,24 @@ uint64_t vps_staged_hash(const struct vps_staged *s)
 			       g->peak};
 		h = vps_hash64(f, sizeof(f), h);
 	}
+	/* each transfer with its copies, wherever they lie in memory (a file
+	 * read back holds them in transfer order, a fresh staging may not) */
 	for (size_t i = 0; i < s->nxfers; i++) {
 		const struct vps_xfer *x = &s->xfers[i];
-		int64_t f[] = {x->src, x->dst, x->step, x->chunk, x->stage, x->bytes, (int64_t)x->first_op, (int64_t)x->nops};
+		int64_t f[] = {x->src, x->dst, x->step, x->chunk, x->stage, x->bytes, (int64_t)x->nops};
 		h = vps_hash64(f, sizeof(f), h);
-	}
-	for (size_t i = 0; i < s->nops; i++) {
-		const struct vps_op *o = &s->ops[i];
-		int64_t f[8 + 3 * VPS_MAX_DIMS] = {o->piece, o->npieces, o->esize, o->ndim, o->src_buffer, o->dst_buffer,
-						   o->src_offset, o->dst_offset};
-		for (int k = 0; k < o->ndim; k++) {
-			f[8 + k] = o->ext[k];
-			f[8 + VPS_MAX_DIMS + k] = o->src_strides[k];
-			f[8 + 2 * VPS_MAX_DIMS + k] = o->dst_strides[k];
+		for (size_t k = 0; k < x->nops && x->first_op + k < s->nops; k++) {
+			const struct vps_op *o = &s->ops[x->first_op + k];
+			int64_t g[8 + 3 * VPS_MAX_DIMS] = {o->piece, o->npieces, o->esize, o->ndim, o->src_buffer, o->dst_buffer,
+							   o->src_offset, o->dst_offset};
+			for (int d = 0; d < o->ndim && d < VPS_MAX_DIMS; d++) {
+				g[8 + d] = o->ext[d];
+				g[8 + VPS_MAX_DIMS + d] = o->src_strides[d];
+				g[8 + 2 * VPS_MAX_DIMS + d] = o->dst_strides[d];
+			}
+			h = vps_hash64(g, sizeof(g), h);
+			h = vps_hash64(&o->staging, sizeof(o->staging), h);
 		}
-		h = vps_hash64(f, sizeof(f), h);
-		h = vps_hash64(&o->staging, sizeof(o->staging), h);
 	}
 	for (size_t i = 0; i < s->nfrees; i++) {
 		int64_t f[] = {s->frees[i].rank, s->frees[i].buffer, s->frees[i].step, s->frees[i].chunk};
