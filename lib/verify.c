@@ -33,6 +33,13 @@ void vps_verify_add(struct vps_verify_report *rep, const char *fmt, ...)
 		rep->nmessages++;
 }
 
+/* Out of memory, naming what did not fit (vps-verify adds the file). */
+static vps_result_t too_large(const char *what, size_t n, size_t size)
+{
+	return vps_fail(VPS_ENOMEM, "out of memory: %zu %s (%.1f MB) do not fit", n, what,
+			(double)n * (double)size / 1e6);
+}
+
 static int cmp_i64(const void *a, const void *b)
 {
 	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
@@ -251,8 +258,8 @@ static bool regions_share(const struct vps_region *a, const struct vps_region *b
 	return false;
 }
 
-static void check_rank(const struct vps_layout *l, const struct vps_rank_view *v, struct vps_verify_report *rep,
-		       int64_t *nregions)
+static vps_result_t check_rank(const struct vps_layout *l, const struct vps_rank_view *v,
+			       struct vps_verify_report *rep, int64_t *nregions)
 {
 	const struct vps_model *m = vps_layout_model(l);
 	char bs[160], name[256];
@@ -260,8 +267,11 @@ static void check_rank(const struct vps_layout *l, const struct vps_rank_view *v
 	for (size_t i = 0; i < v->nbuffers; i++)
 		if (v->buffers[i].id != i)
 			vps_verify_add(rep, "rank %" PRId64 ": buffer %zu has id %u", v->rank, i, v->buffers[i].id);
+	/* without room for the footprints the overlaps go unchecked: refuse */
 	struct span *spans = malloc((v->nregions + 1) * sizeof(*spans));
 	size_t nspans = 0;
+	if (!spans)
+		return too_large("region footprints of one rank", v->nregions + 1, sizeof(*spans));
 	for (size_t i = 0; i < v->nregions; i++) {
 		const struct vps_region *r = &v->regions[i];
 		struct vps_tensor t;
@@ -309,17 +319,13 @@ static void check_rank(const struct vps_layout *l, const struct vps_rank_view *v
 				       v->rank, name, vps_state_name(r->state), bs, first, end, r->buffer, b->elements);
 			continue;
 		}
-		if (spans) {
-			spans[nspans].lo = first;
-			spans[nspans].hi = end;
-			spans[nspans].buffer = r->buffer;
-			spans[nspans].region = i;
-			spans[nspans].exact = vps_region_is_contiguous(r);
-			nspans++;
-		}
+		spans[nspans].lo = first;
+		spans[nspans].hi = end;
+		spans[nspans].buffer = r->buffer;
+		spans[nspans].region = i;
+		spans[nspans].exact = vps_region_is_contiguous(r);
+		nspans++;
 	}
-	if (!spans)
-		return;
 	/* overlaps: sort each buffer's footprints; compare with the furthest
 	 * reaching earlier one of the same buffer */
 	qsort(spans, nspans, sizeof(*spans), span_cmp);
@@ -350,6 +356,7 @@ static void check_rank(const struct vps_layout *l, const struct vps_rank_view *v
 			reach = i;
 	}
 	free(spans);
+	return VPS_OK;
 }
 
 vps_result_t vps_verify_layout(const struct vps_layout *l, struct vps_verify_report *rep)
@@ -363,8 +370,9 @@ vps_result_t vps_verify_layout(const struct vps_layout *l, struct vps_verify_rep
 	for (int64_t r = 0; r < world; r++) {
 		struct vps_rank_view v;
 		VPS_CHECK_GOTO(vps_layout_rank(l, r, &v), rc, done);
-		check_rank(l, &v, rep, &nregions);
-		rc = VPS_GROW(held, cap, nheld + v.nregions);
+		rc = check_rank(l, &v, rep, &nregions);
+		if (!rc && VPS_GROW(held, cap, nheld + v.nregions))
+			rc = too_large("regions of the layout's ranks", nheld + v.nregions, sizeof(*held));
 		for (size_t i = 0; !rc && i < v.nregions; i++) {
 			held[nheld].tensor = v.regions[i].tensor;
 			held[nheld].state = v.regions[i].state;
@@ -384,7 +392,7 @@ vps_result_t vps_verify_layout(const struct vps_layout *l, struct vps_verify_rep
 	struct vps_box gaps[4];
 	struct vps_box *uniq = malloc((nheld + 1) * sizeof(*uniq));
 	if (!uniq) {
-		rc = VPS_NOMEM();
+		rc = too_large("distinct boxes of the layout", nheld + 1, sizeof(*uniq));
 		goto done;
 	}
 	for (uint32_t t = 0; t < ntensors; t++) {
@@ -420,17 +428,13 @@ vps_result_t vps_verify_layout(const struct vps_layout *l, struct vps_verify_rep
 		 m->name, world, ntensors, nstates, nregions, logical ? (double)replicas / (double)logical : 0.0);
 done:
 	free(held);
+	if (rc)
+		vps_verify_report_release(rep);
 	return rc;
 }
 
 /* ---- plans ---- */
 
-/* Out of memory, naming what did not fit (vps-verify adds the file). */
-static vps_result_t too_large(const char *what, size_t n, size_t size)
-{
-	return vps_fail(VPS_ENOMEM, "out of memory: %zu %s (%.1f MB) do not fit", n, what,
-			(double)n * (double)size / 1e6);
-}
 
 struct view_index {
 	struct vps_rank_view v;
