@@ -990,6 +990,13 @@ static void compare_segs(const struct seg *have, size_t nh, const struct seg *wa
 					       "the copies do not cover the plan exactly: %" PRId64 " -> %" PRId64 " buffer %u elements [%" PRId64
 					       ", %" PRId64 ") (piece %zu on) are carried by no copy",
 					       w->src, w->dst, w->dst_buffer, w->dst_off, w->dst_off + w->len, w->from);
+			else if (h->src_buffer == w->src_buffer && h->src_off == w->src_off && h->esize == w->esize)
+				vps_verify_add(rep,
+					       "the copies do not cover the plan exactly: %" PRId64 " -> %" PRId64 " buffer %u elements [%" PRId64
+					       ", %" PRId64 ") %s",
+					       w->src, w->dst, w->dst_buffer, w->dst_off + vps_min64(h->len, w->len),
+					       w->dst_off + vps_max64(h->len, w->len),
+					       h->len < w->len ? "are carried by no copy" : "are written, and no piece asks for them");
 			else
 				vps_verify_add(rep,
 					       "the copies do not cover the plan exactly: %" PRId64 " -> %" PRId64 " buffer %u from element %" PRId64
