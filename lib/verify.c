@@ -575,9 +575,11 @@ static vps_result_t plan_checks(const struct vps_plan *p, int64_t scope, struct 
 	vps_result_t rc = VPS_OK;
 	const struct vps_model *m = vps_layout_model(p->a);
 	int64_t W = vps_world_size(p->world);
-	if (p->file_hash && p->file_hash != vps_plan_hash(p))
+	/* hashing is a pass over the whole plan: once */
+	uint64_t hash = p->file_hash ? vps_plan_hash(p) : 0;
+	if (p->file_hash && p->file_hash != hash)
 		vps_verify_add(rep, "the plan states hash 0x%016" PRIx64 " but its content hashes to 0x%016" PRIx64,
-			       p->file_hash, vps_plan_hash(p));
+			       p->file_hash, hash);
 	struct cover *cov = malloc((p->npieces + 1) * sizeof(*cov));
 	struct vps_box *boxes = NULL;
 	size_t ncov = 0, capb = 0;
@@ -1169,9 +1171,10 @@ vps_result_t vps_verify_staged(const struct vps_staged *s, struct vps_verify_rep
 	size_t nh = 0, nw = 0, np = 0;
 	char ps[512];
 	memset(rep, 0, sizeof(*rep));
-	if (s->file_hash && s->file_hash != vps_staged_hash(s))
+	uint64_t hash = s->file_hash ? vps_staged_hash(s) : 0;
+	if (s->file_hash && s->file_hash != hash)
 		vps_verify_add(rep, "the staged plan states hash 0x%016" PRIx64 " but its content hashes to 0x%016" PRIx64,
-			       s->file_hash, vps_staged_hash(s));
+			       s->file_hash, hash);
 	int64_t steps = 1;
 	while (steps < W)
 		steps <<= 1;
