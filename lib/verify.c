@@ -49,16 +49,29 @@ static int cmp_i64(const void *a, const void *b)
 /* Slab recursion: split target along `axis` at every box boundary; a slab
  * no box spans entirely is uncovered and goes to visit() (which returns
  * false to stop), otherwise recurse on the next axis with the boxes that
- * span it. @return false when stopped or out of memory (*oom set). */
+ * span it. Every box boundary inside the target is a cut, so a box meets a
+ * slab only by spanning it: a sweep over the boxes sorted by their low end
+ * keeps exactly the boxes of the current slab, and a level costs
+ * O(n log n) plus the boxes it hands down, not slabs times boxes.
+ * @return false when stopped or out of memory (*oom set). */
+static _Thread_local int slab_axis;
+
+static int lo_cmp(const void *p, const void *q)
+{
+	const struct vps_box *x = *(const struct vps_box *const *)p, *y = *(const struct vps_box *const *)q;
+	return x->lo[slab_axis] < y->lo[slab_axis] ? -1 : x->lo[slab_axis] > y->lo[slab_axis];
+}
+
 static bool slabs(const struct vps_box **boxes, size_t n, const struct vps_box *target, int axis,
 		  bool (*visit)(void *ctx, const struct vps_box *gap), void *ctx, bool *oom)
 {
 	if (!n)
 		return visit(ctx, target);
 	int64_t *cuts = malloc((2 * n + 2) * sizeof(*cuts));
-	const struct vps_box **sub = malloc((n + 1) * sizeof(*sub));
-	if (!cuts || !sub) {
+	const struct vps_box **bylo = malloc((n + 1) * sizeof(*bylo)), **sub = malloc((n + 1) * sizeof(*sub));
+	if (!cuts || !bylo || !sub) {
 		free(cuts);
+		free(bylo);
 		free(sub);
 		*oom = true;
 		return false;
@@ -73,23 +86,36 @@ static bool slabs(const struct vps_box **boxes, size_t n, const struct vps_box *
 			cuts[nc++] = boxes[i]->hi[axis];
 	}
 	qsort(cuts, nc, sizeof(*cuts), cmp_i64);
+	memcpy(bylo, boxes, n * sizeof(*bylo));
+	slab_axis = axis;
+	qsort(bylo, n, sizeof(*bylo), lo_cmp);
 	bool go = true;
+	size_t next = 0, ns = 0;
 	for (size_t c = 0; c + 1 < nc && go; c++) {
 		if (cuts[c] == cuts[c + 1])
 			continue;
 		struct vps_box slab = *target;
 		slab.lo[axis] = cuts[c];
 		slab.hi[axis] = cuts[c + 1];
-		size_t ns = 0;
-		for (size_t i = 0; i < n; i++)
-			if (boxes[i]->lo[axis] <= slab.lo[axis] && boxes[i]->hi[axis] >= slab.hi[axis])
-				sub[ns++] = boxes[i];
+		/* the boxes of the previous slab that reach into this one, and
+		 * those that start by its beginning */
+		size_t keep = 0;
+		for (size_t i = 0; i < ns; i++)
+			if (sub[i]->hi[axis] > slab.lo[axis])
+				sub[keep++] = sub[i];
+		ns = keep;
+		while (next < n && bylo[next]->lo[axis] <= slab.lo[axis]) {
+			if (bylo[next]->hi[axis] > slab.lo[axis])
+				sub[ns++] = bylo[next];
+			next++;
+		}
 		if (!ns)
 			go = visit(ctx, &slab);
 		else if (axis + 1 < target->ndim)
 			go = slabs(sub, ns, &slab, axis + 1, visit, ctx, oom);
 	}
 	free(cuts);
+	free(bylo);
 	free(sub);
 	return go;
 }

@@ -340,3 +340,54 @@ TEST(a_plan_with_a_hole_fails_in_its_staged_plan)
 	vps_staged_free(s);
 	vps_staged_free(one);
 }
+
+/* Box coverage (the slab sweep under every coverage check) against a count
+ * of the elements themselves, on random boxes in a small 3-D target, some
+ * reaching outside it. */
+TEST(uncovered_elements_match_a_count_of_elements)
+{
+	for (int iter = 0; iter < 400; iter++) {
+		struct vps_box t = {.ndim = 3, .lo = {1, 0, 2}, .hi = {7, 5, 6}}, boxes[12];
+		size_t n = harness_random() % 12;
+		for (size_t i = 0; i < n; i++) {
+			boxes[i].ndim = 3;
+			for (int k = 0; k < 3; k++) {
+				int64_t a = (int64_t)(harness_random() % 9), b = (int64_t)(harness_random() % 9);
+				boxes[i].lo[k] = a < b ? a : b;
+				boxes[i].hi[k] = (a < b ? b : a) + 1;
+			}
+		}
+		int64_t want = 0;
+		for (int64_t x = t.lo[0]; x < t.hi[0]; x++)
+			for (int64_t y = t.lo[1]; y < t.hi[1]; y++)
+				for (int64_t z = t.lo[2]; z < t.hi[2]; z++) {
+					bool in = false;
+					for (size_t i = 0; i < n && !in; i++)
+						in = x >= boxes[i].lo[0] && x < boxes[i].hi[0] && y >= boxes[i].lo[1] &&
+						     y < boxes[i].hi[1] && z >= boxes[i].lo[2] && z < boxes[i].hi[2];
+					want += !in;
+				}
+		CHECK_EQ(vps_boxes_uncovered(boxes, n, &t), want);
+		struct vps_box gaps[64];
+		size_t ng = vps_boxes_gaps(boxes, n, &t, gaps, 64);
+		int64_t vol = 0;
+		for (size_t g = 0; g < ng; g++)
+			vol += vps_box_volume(&gaps[g]);
+		if (ng < 64)
+			CHECK_EQ(vol, want);
+	}
+}
+
+/* A region received in 20,000 column strips: the sweep hands each slab the
+ * one strip that spans it (slabs times boxes would be 4e8 steps). */
+TEST(many_strips_cover_a_region)
+{
+	enum { N = 20000 };
+	struct vps_box *strips = malloc(N * sizeof(*strips)), t = {.ndim = 2, .lo = {0, 0}, .hi = {4, N}};
+	for (int64_t i = 0; i < N; i++)
+		strips[i] = (struct vps_box){.ndim = 2, .lo = {0, N - 1 - i}, .hi = {4, N - i}};
+	CHECK_EQ(vps_boxes_uncovered(strips, N, &t), 0);
+	strips[N / 2].hi[0] = 3;
+	CHECK_EQ(vps_boxes_uncovered(strips, N, &t), 1);
+	free(strips);
+}
