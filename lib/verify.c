@@ -592,6 +592,13 @@ static void views_release(struct views *vw)
 	views_free(vw->b, vw->wb);
 }
 
+/* A piece's name for a message, made only when one is written. */
+#define NAME() \
+	do { \
+		if (!ps[0]) \
+			piece_str(m, x, ps, sizeof(ps)); \
+	} while (0)
+
 /* The plan's checks over the pieces that involve `scope` (-1: all). A plan
  * of one rank reports its pieces outside that rank; a global plan inside
  * the staged file of one rank has them, and they are not that file's. */
@@ -618,33 +625,40 @@ static vps_result_t plan_checks(const struct vps_plan *p, int64_t scope, struct 
 		bool mine = scope < 0 || x->src == scope || x->dst == scope;
 		if (!mine && p->scope < 0)
 			continue;
-		piece_str(m, x, ps, sizeof(ps));
+		ps[0] = '\0';
 		if (x->src == x->dst)
 			(*retains)++;
 		else
 			*moved = vps_sat_add(*moved, vps_piece_bytes(x));
-		if (!mine)
+		if (!mine) {
+			NAME();
 			vps_verify_add(rep, "piece %zu (%s, %" PRId64 " -> %" PRId64 ") does not involve rank %" PRId64
 				       ", the plan's scope", i, ps, x->src, x->dst, scope);
+		}
 		int64_t ra = vps_world_a_rank(p->world, x->src), rb = vps_world_b_rank(p->world, x->dst);
 		if (ra < 0) {
+			NAME();
 			vps_verify_add(rep, "piece %zu (%s): source %" PRId64 " is a joining device, it holds nothing", i, ps,
 				       x->src);
 		} else {
 			VPS_CHECK_GOTO(view_get(p->a, vw->a, ra, &vi), rc, done);
-			if (find_holding(vi, x->tensor, x->state, &x->box, x->src_buffer, x->src_offset, x->src_strides) < 0)
+			if (find_holding(vi, x->tensor, x->state, &x->box, x->src_buffer, x->src_offset, x->src_strides) < 0) {
+				NAME();
 				vps_verify_add(rep,
 					       "piece %zu (%s): source %" PRId64 " does not hold it at buffer %u offset %" PRId64
 					       " under the source layout",
 					       i, ps, x->src, x->src_buffer, x->src_offset);
+			}
 		}
 		if (rb < 0) {
+			NAME();
 			vps_verify_add(rep, "piece %zu (%s): destination %" PRId64 " is a leaving device", i, ps, x->dst);
 			continue;
 		}
 		VPS_CHECK_GOTO(view_get(p->b, vw->b, rb, &vi), rc, done);
 		int64_t reg = find_holding(vi, x->tensor, x->state, &x->box, x->dst_buffer, x->dst_offset, x->dst_strides);
 		if (reg < 0) {
+			NAME();
 			vps_verify_add(rep,
 				       "piece %zu (%s): destination %" PRId64 " has no region for it at buffer %u offset %" PRId64
 				       " (padding or a wrong address)",
@@ -703,6 +717,8 @@ done:
 	free(boxes);
 	return rc;
 }
+
+#undef NAME
 
 vps_result_t vps_verify_plan(const struct vps_plan *p, struct vps_verify_report *rep)
 {
