@@ -37,6 +37,22 @@ static int report(const char *name, const struct vps_verify_report *rep, bool qu
 	return EXIT_OK;
 }
 
+/* A document too large for this machine is a fact about the input: exit 2,
+ * naming the file and what did not fit (the library's message says what
+ * when it knows; a reader's says where it ran out). */
+static int out_of_memory(const char *name, const char *doing, size_t len)
+{
+	const char *msg = vps_last_error();
+	if (!strncmp(msg, "out of memory: ", 15))
+		fprintf(stderr, "%s: %s: out of memory %s: %s\n", tool_name, name, doing, msg + 15);
+	else if (len)
+		fprintf(stderr, "%s: %s: out of memory %s: what its %zu bytes describe does not fit\n", tool_name, name,
+			doing, len);
+	else
+		fprintf(stderr, "%s: %s: out of memory %s\n", tool_name, name, doing);
+	return EXIT_USAGE;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {{"quiet", no_argument, NULL, 'q'},
@@ -60,14 +76,18 @@ int main(int argc, char **argv)
 	struct vps_bytes b;
 	struct vps_verify_report rep = {0};
 	vps_result_t rc = vps_read_file(path, &b);
+	if (rc == VPS_ENOMEM)
+		return out_of_memory(name, "reading it", 0);
 	if (rc)
 		return tool_fail(rc);
 	enum vps_doc_kind kind = vps_doc_sniff(b.data, b.len);
+	bool checking = false;
 	switch (kind) {
 	case VPS_DOC_LAYOUT: {
 		struct vps_layout *l;
 		rc = vps_layout_parse(&l, name, b.data, b.len);
 		if (!rc) {
+			checking = true;
 			rc = vps_verify_layout(l, &rep);
 			vps_layout_free(l);
 		}
@@ -77,6 +97,7 @@ int main(int argc, char **argv)
 		struct vps_plan *p;
 		rc = vps_plan_parse(&p, name, b.data, b.len);
 		if (!rc) {
+			checking = true;
 			rc = vps_verify_plan(p, &rep);
 			vps_plan_free(p);
 		}
@@ -86,6 +107,7 @@ int main(int argc, char **argv)
 		struct vps_staged *st;
 		rc = vps_staged_parse(&st, name, b.data, b.len);
 		if (!rc) {
+			checking = true;
 			rc = vps_verify_staged(st, &rep);
 			vps_staged_free(st);
 		}
@@ -97,7 +119,10 @@ int main(int argc, char **argv)
 			return tool_usage_error("%s: cannot verify a %s document", name, vps_doc_kind_name(kind));
 		return tool_usage_error("%s: not a vps layout, plan or staged plan", name);
 	}
+	size_t len = b.len;
 	vps_bytes_release(&b);
+	if (rc == VPS_ENOMEM)
+		return out_of_memory(name, checking ? "checking it" : "reading it", checking ? 0 : len);
 	if (rc)
 		return tool_fail(rc);
 	status = report(name, &rep, quiet);

@@ -78,3 +78,15 @@ setup_file() {
 	grep -q '^stages: \[\]$' r5.yaml
 	vps-verify -q r5.yaml
 }
+
+@test "out of memory: vps-verify exits 2 naming the file and what did not fit" {
+	cd "$BATS_FILE_TMPDIR"
+	# AddressSanitizer reserves terabytes of address space: no limit fits it
+	! grep -qa __asan_init "$VPS_BIN/vps-verify" || skip "address space limits do not apply under ASan"
+	# Qwen3-30B's 92,254 pieces take some 60 MB to hold; with 24 MiB of
+	# address space the tool starts and the document does not fit
+	vps-plan --transition qwen3-30b-s11-s12 | vps-stage --budget 1GiB - -o oom.staged
+	run bash -c 'ulimit -v 24576; exec vps-verify oom.staged'
+	[ "$status" -eq 2 ]
+	[[ "$output" == "vps-verify: oom.staged: out of memory reading it: what its "*" bytes describe does not fit" ]]
+}
