@@ -13,11 +13,15 @@
  *      among the B replicas that receive the region (among all replicas
  *      past EXACT_REPLICAS), scaled to k and shifted by the replica set's
  *      first rank. Consecutive regions then come from one source (their
- *      copies merge) and replicas share the sending evenly.
+ *      copies merge) and replicas share the sending evenly;
+ *   4. when 2..SPLIT_MAX candidates span A pipeline stages (a tied
+ *      embedding), weigh them by their other duties instead (weights_of),
+ *      cutting large pieces by the shares.
  * A source finds its sends by re-running the decision for the destinations
  * that can choose it: all replicas of a small set; for a large one those on
- * its node and those the rotation maps to it. Both sides run the same
- * function, so a rank's plan is exactly the global plan restricted to it.
+ * its node and those the rotation maps to it (all, for a weighed group).
+ * Both sides run the same function, so a rank's plan is exactly the global
+ * plan restricted to it.
  * docs/plan.md has the reasons. */
 #include <inttypes.h>
 #include <stdio.h>
