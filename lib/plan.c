@@ -330,11 +330,13 @@ static vps_result_t duty_of(struct ctx *c, int64_t ra, struct duty *out)
 			struct vps_box x;
 			if (!vps_box_intersect(&c->hdb.v[q].region.box, &r->box, &x))
 				continue;
-			int64_t bytes = vps_box_volume(&x) * esize * receivers(c, &c->hdb.v[q], &x);
+			int64_t bytes;
+			if (!vps_mul_ok(vps_box_volume(&x) * esize, receivers(c, &c->hdb.v[q], &x), &bytes))
+				bytes = INT64_MAX;
 			if (replicas <= 1)
-				d.forced += bytes;
+				d.forced = vps_sat_add(d.forced, bytes);
 			else
-				d.shared += bytes / replicas;
+				d.shared = vps_sat_add(d.shared, bytes / replicas);
 		}
 	}
 	vps_rank_view_release(&v);
@@ -352,22 +354,22 @@ static vps_result_t duty_of(struct ctx *c, int64_t ra, struct duty *out)
  * ones, each candidate's share the water above it; the candidates with the
  * least forced duty serve until they reach the others. Integers only (the
  * duties scaled below 2^40), so every rank computes the same shares. */
-#define WEIGHT_UNIT ((int64_t)1 << 16)
+#define WEIGHT_UNIT ((int64_t)1 << 12) /* times VPS_MAX_ELEMENTS stays below 2^61 */
 static vps_result_t weights_of(struct ctx *c, const int64_t *cand, int64_t k, int64_t *w)
 {
 	int64_t f[SPLIT_MAX], sorted[SPLIT_MAX], pour = 0, top = 0;
 	struct duty d[SPLIT_MAX];
 	for (int64_t i = 0; i < k; i++) {
 		VPS_CHECK(duty_of(c, cand[i], &d[i]));
-		top = vps_max64(top, d[i].forced);
-		pour = vps_min64(pour + d[i].shared, INT64_MAX / 4);
+		top = vps_max64(top, vps_min64(d[i].forced, INT64_MAX / 4));
+		pour = vps_min64(vps_sat_add(pour, d[i].shared), INT64_MAX / 4);
 	}
 	int shift = 0;
 	while (shift < 62 && ((top >> shift) + (pour >> shift)) >= ((int64_t)1 << 40))
 		shift++;
 	pour >>= shift;
 	for (int64_t i = 0; i < k; i++)
-		f[i] = sorted[i] = d[i].forced >> shift;
+		f[i] = sorted[i] = vps_min64(d[i].forced, INT64_MAX / 4) >> shift;
 	for (int64_t i = 1; i < k; i++)
 		for (int64_t j = i; j > 0 && sorted[j - 1] > sorted[j]; j--) {
 			int64_t t = sorted[j];
