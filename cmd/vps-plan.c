@@ -96,6 +96,9 @@ static void print_stats(const struct vps_plan *p, const struct vps_plan_stats *s
 	if (topo) {
 		printf("topology: %s\n", topo->name);
 		printf("estimate_seconds: %.4f\n", s->estimate_seconds);
+		printf("time_bound_seconds: %.4f\n", s->time_bound_seconds);
+		printf("estimate_over_time_bound: %.3f\n",
+		       s->time_bound_seconds > 0 ? s->estimate_seconds / s->time_bound_seconds : 1.0);
 	}
 	if (tr && tr->paper_seconds > 0)
 		printf("paper_seconds: %.3f\n", tr->paper_seconds);

@@ -13,11 +13,15 @@
  *      among the B replicas that receive the region (among all replicas
  *      past EXACT_REPLICAS), scaled to k and shifted by the replica set's
  *      first rank. Consecutive regions then come from one source (their
- *      copies merge) and replicas share the sending evenly.
+ *      copies merge) and replicas share the sending evenly;
+ *   4. when 2..SPLIT_MAX candidates span A pipeline stages (a tied
+ *      embedding), weigh them by their other duties instead (weights_of),
+ *      cutting large pieces by the shares.
  * A source finds its sends by re-running the decision for the destinations
  * that can choose it: all replicas of a small set; for a large one those on
- * its node and those the rotation maps to it. Both sides run the same
- * function, so a rank's plan is exactly the global plan restricted to it.
+ * its node and those the rotation maps to it (all, for a weighed group).
+ * Both sides run the same function, so a rank's plan is exactly the global
+ * plan restricted to it.
  * docs/plan.md has the reasons. */
 #include <inttypes.h>
 #include <stdio.h>
@@ -48,11 +52,21 @@ struct pieces {
 	size_t n, cap;
 };
 
+/* What an A rank must send whatever the choices (bytes only it holds),
+ * and its equal share of what it could send with other replicas. */
+struct duty {
+	int64_t rank;
+	int64_t forced, shared;
+};
+
 struct ctx {
 	const struct vps_layout *a, *b;
 	const struct vps_world *w;
 	struct vps_holders ha, hb;
 	struct boxes rem, next;
+	struct vps_holders hda, hdb; /* for duty_of, beside ha and hb in use */
+	struct duty *duties;         /* sorted by rank */
+	size_t nduties, capduties;
 };
 
 static bool member(const struct vps_holder *h, int64_t r)
@@ -240,6 +254,150 @@ static vps_result_t replica_index(struct ctx *c, int64_t rb, const struct vps_re
 	return VPS_OK;
 }
 
+/* ---- weighing replicas whose other duties differ ---- */
+
+/* Replicas in different A pipeline stages (a tied embedding on the first
+ * and the last) carry different stages' duties; replicas within a stage
+ * (data- and tensor-parallel) carry the same by symmetry, and share
+ * equally. A group is weighed when it has 2..SPLIT_MAX candidates spanning
+ * more than one stage. */
+static bool weighed(const struct ctx *c, const int64_t *cand, int64_t k)
+{
+	if (k < 2 || k > SPLIT_MAX)
+		return false;
+	struct vps_coords c0, ci;
+	vps_layout_coords(c->a, cand[0], &c0);
+	for (int64_t i = 1; i < k; i++) {
+		vps_layout_coords(c->a, cand[i], &ci);
+		if (ci.pp != c0.pp)
+			return true;
+	}
+	return false;
+}
+
+/* Receivers among B holder set H of box x: members whose device holds
+ * none of x under A (the A holders in hda). Counted up to EXACT_REPLICAS
+ * members; past that, all members. */
+static int64_t receivers(const struct ctx *c, const struct vps_holder *H, const struct vps_box *x)
+{
+	if (H->count > EXACT_REPLICAS)
+		return H->count;
+	int64_t n = 0;
+	for (int64_t j = 0; j < H->count; j++) {
+		int64_t a = vps_world_a_rank(c->w, vps_world_of_b(c->w, H->base + j * H->stride));
+		bool holds = false;
+		for (size_t q = 0; q < c->hda.n && a >= 0 && !holds; q++)
+			holds = member(&c->hda.v[q], a) && vps_box_contains(&c->hda.v[q].region.box, x);
+		n += !holds;
+	}
+	return n;
+}
+
+/* The duty of A rank ra: for each of its regions, the bytes B ranks that
+ * do not hold them need; forced when ra is the region's only replica,
+ * else shared by its replicas equally. Computed from ra's own regions
+ * and holder arithmetic (no enumeration of the world), once per rank. */
+static vps_result_t duty_of(struct ctx *c, int64_t ra, struct duty *out)
+{
+	size_t lo = 0, hi = c->nduties;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (c->duties[mid].rank < ra)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo < c->nduties && c->duties[lo].rank == ra) {
+		*out = c->duties[lo];
+		return VPS_OK;
+	}
+	struct vps_rank_view v;
+	VPS_CHECK(vps_layout_rank(c->a, ra, &v));
+	struct duty d = {ra, 0, 0};
+	vps_result_t rc = VPS_OK;
+	for (size_t i = 0; i < v.nregions && !rc; i++) {
+		const struct vps_region *r = &v.regions[i];
+		int64_t esize = (int64_t)vps_dtype_size(vps_state_dtype(r->state)), replicas = 0;
+		c->hda.n = 0;
+		c->hdb.n = 0;
+		rc = vps_layout_holders(c->a, r->tensor, r->state, &r->box, &c->hda);
+		if (!rc)
+			rc = vps_layout_holders(c->b, r->tensor, r->state, &r->box, &c->hdb);
+		for (size_t q = 0; q < c->hda.n && !rc; q++)
+			if (vps_box_equal(&c->hda.v[q].region.box, &r->box))
+				replicas += c->hda.v[q].count;
+		for (size_t q = 0; q < c->hdb.n && !rc; q++) {
+			struct vps_box x;
+			if (!vps_box_intersect(&c->hdb.v[q].region.box, &r->box, &x))
+				continue;
+			int64_t bytes;
+			if (!vps_mul_ok(vps_box_volume(&x) * esize, receivers(c, &c->hdb.v[q], &x), &bytes))
+				bytes = INT64_MAX;
+			if (replicas <= 1)
+				d.forced = vps_sat_add(d.forced, bytes);
+			else
+				d.shared = vps_sat_add(d.shared, bytes / replicas);
+		}
+	}
+	vps_rank_view_release(&v);
+	VPS_CHECK(rc);
+	VPS_CHECK(VPS_GROW(c->duties, c->capduties, c->nduties + 1));
+	memmove(&c->duties[lo + 1], &c->duties[lo], (c->nduties - lo) * sizeof(*c->duties));
+	c->duties[lo] = d;
+	c->nduties++;
+	*out = d;
+	return VPS_OK;
+}
+
+/* Shares of k candidates (k <= SPLIT_MAX), summing to about WEIGHT_UNIT:
+ * water-filling, the candidates' shared duties poured over their forced
+ * ones, each candidate's share the water above it; the candidates with the
+ * least forced duty serve until they reach the others. Integers only (the
+ * duties scaled below 2^40), so every rank computes the same shares. */
+#define WEIGHT_UNIT ((int64_t)1 << 12) /* times VPS_MAX_ELEMENTS stays below 2^61 */
+static vps_result_t weights_of(struct ctx *c, const int64_t *cand, int64_t k, int64_t *w)
+{
+	int64_t f[SPLIT_MAX], sorted[SPLIT_MAX], pour = 0, top = 0;
+	struct duty d[SPLIT_MAX];
+	for (int64_t i = 0; i < k; i++) {
+		VPS_CHECK(duty_of(c, cand[i], &d[i]));
+		top = vps_max64(top, vps_min64(d[i].forced, INT64_MAX / 4));
+		pour = vps_min64(vps_sat_add(pour, d[i].shared), INT64_MAX / 4);
+	}
+	int shift = 0;
+	while (shift < 62 && ((top >> shift) + (pour >> shift)) >= ((int64_t)1 << 40))
+		shift++;
+	pour >>= shift;
+	for (int64_t i = 0; i < k; i++)
+		f[i] = sorted[i] = vps_min64(d[i].forced, INT64_MAX / 4) >> shift;
+	for (int64_t i = 1; i < k; i++)
+		for (int64_t j = i; j > 0 && sorted[j - 1] > sorted[j]; j--) {
+			int64_t t = sorted[j];
+			sorted[j] = sorted[j - 1];
+			sorted[j - 1] = t;
+		}
+	int64_t level = sorted[k - 1], sum = 0, total = 0;
+	for (int64_t i = 0; i < k; i++) {
+		sum += sorted[i];
+		int64_t l = (pour + sum) / (i + 1);
+		if (i == k - 1 || l <= sorted[i + 1]) {
+			level = l;
+			break;
+		}
+	}
+	for (int64_t i = 0; i < k; i++)
+		total += vps_max64(0, level - f[i]);
+	int64_t got = 0;
+	for (int64_t i = 0; i < k; i++) {
+		w[i] = total > 0 ? vps_max64(0, level - f[i]) * WEIGHT_UNIT / total : 1;
+		got += w[i];
+	}
+	if (!got)
+		for (int64_t i = 0; i < k; i++)
+			w[i] = 1;
+	return VPS_OK;
+}
+
 /* Build the groups of the (sorted) A holders in c->ha, marking members on
  * `node`, local groups first. */
 static vps_result_t make_groups(struct ctx *c, int32_t node, int64_t exclude, int64_t T, int64_t pref_tp,
@@ -335,6 +493,28 @@ static vps_result_t plan_region(struct ctx *c, int64_t d, int64_t rb, const stru
 		const struct vps_box *gbox = &c->ha.v[g->first].region.box;
 		int64_t k = g->nlocal ? (int64_t)g->nlocal : g->count;
 		int64_t start = (ri * k / rn + rbase) % k, m = split_parts(k, rn);
+		/* candidates in rotated order, with their shares when weighed */
+		int64_t cand[SPLIT_MAX], cum[SPLIT_MAX + 1], w[SPLIT_MAX];
+		size_t cand_holder[SPLIT_MAX];
+		bool weigh = false;
+		if (k <= SPLIT_MAX) {
+			for (int64_t j = 0; j < k; j++) {
+				int64_t cj = (start + j) % k;
+				if (g->nlocal) {
+					cand[j] = g->local[cj];
+					cand_holder[j] = g->local_holder[cj];
+				} else {
+					group_member(&c->ha, g, cj, &cand[j], &cand_holder[j]);
+				}
+			}
+			weigh = weighed(c, cand, k);
+		}
+		if (weigh) {
+			VPS_CHECK_GOTO(weights_of(c, cand, k, w), rc, done);
+			cum[0] = 0;
+			for (int64_t j = 0; j < k; j++)
+				cum[j + 1] = cum[j] + w[j];
+		}
 		for (size_t i = 0; i < c->rem.n; i++) {
 			struct vps_box y;
 			if (!vps_box_intersect(&c->rem.v[i], gbox, &y))
@@ -347,7 +527,10 @@ static vps_result_t plan_region(struct ctx *c, int64_t d, int64_t rb, const stru
 			 * come from one source (their copies merge) and every source
 			 * serves an equal share. A piece contiguous in the buffer is
 			 * cut at the range boundaries; another goes whole to the range
-			 * of its first element. */
+			 * of its first element. Weighed candidates (weighed()) serve
+			 * their shares of every large piece, cut in rotated order;
+			 * a small piece goes whole to the share its position in the
+			 * buffer falls in. */
 			int64_t first = vps_region_offset_at(R, y.lo);
 			bool contiguous = true;
 			for (int a = y.ndim - 1, s2 = 1; a >= 0; a--) {
@@ -355,22 +538,37 @@ static vps_result_t plan_region(struct ctx *c, int64_t d, int64_t rb, const stru
 					contiguous = false;
 				s2 *= (int)ext[a];
 			}
-			int64_t lo = 0;
+			bool large = vol * esize >= SPLIT_MIN_BYTES;
+			int64_t lo = 0, seg = 0;
 			while (lo < vol) {
-				int64_t pos = first + lo;
-				int64_t part = bufsize > 0 ? vps_min64(pos * m / bufsize, m - 1) : 0;
-				int64_t hi = vol;
-				if (contiguous && bufsize > 0 && vol * esize >= SPLIT_MIN_BYTES) {
-					int64_t boundary = vps_ceil_div((part + 1) * bufsize, m);
-					hi = vps_min64(vol, vps_max64(boundary - first, lo + 1));
-				}
-				int64_t cidx = (start + part) % k, src;
+				int64_t hi = vol, src;
 				size_t hidx;
-				if (g->nlocal) {
-					src = g->local[cidx];
-					hidx = g->local_holder[cidx];
+				if (weigh) {
+					if (large) {
+						while (seg < k && cum[seg + 1] * vol / cum[k] <= lo)
+							seg++;
+						hi = seg + 1 < k ? vps_max64(cum[seg + 1] * vol / cum[k], lo + 1) : vol;
+					} else {
+						int64_t x = bufsize > 0 ? vps_min64(first * cum[k] / bufsize, cum[k] - 1) : 0;
+						while (seg < k - 1 && (cum[seg + 1] <= x || w[seg] == 0))
+							seg++;
+					}
+					src = cand[seg];
+					hidx = cand_holder[seg];
 				} else {
-					group_member(&c->ha, g, cidx, &src, &hidx);
+					int64_t pos = first + lo;
+					int64_t part = bufsize > 0 ? vps_min64(pos * m / bufsize, m - 1) : 0;
+					if (contiguous && bufsize > 0 && large) {
+						int64_t boundary = vps_ceil_div((part + 1) * bufsize, m);
+						hi = vps_min64(vol, vps_max64(boundary - first, lo + 1));
+					}
+					int64_t cidx = (start + part) % k;
+					if (g->nlocal) {
+						src = g->local[cidx];
+						hidx = g->local_holder[cidx];
+					} else {
+						group_member(&c->ha, g, cidx, &src, &hidx);
+					}
 				}
 				const struct vps_region *sr = &c->ha.v[hidx].region;
 				if (lo == 0 && hi == vol) {
@@ -387,6 +585,7 @@ static vps_result_t plan_region(struct ctx *c, int64_t d, int64_t rb, const stru
 					}
 				}
 				lo = hi;
+				seg++;
 			}
 		}
 		VPS_CHECK_GOTO(subtract_all(c, gbox), rc, done);
@@ -499,6 +698,21 @@ static vps_result_t candidates_for(struct ctx *c, int64_t s, const struct vps_re
 	if (cidx < 0)
 		return VPS_OK;
 	int64_t n = H->count, m = split_parts(k, n);
+	if (k <= SPLIT_MAX) {
+		/* weighed candidates serve every destination's large pieces */
+		int64_t cand[SPLIT_MAX];
+		struct group g = {.first = gfirst, .n = gn};
+		for (int64_t j = 0; j < k; j++) {
+			size_t hidx;
+			group_member(&c->ha, &g, j, &cand[j], &hidx);
+		}
+		if (weighed(c, cand, k)) {
+			for (int64_t i = 0; i < n; i++)
+				if (H->base + i * H->stride != rb_self)
+					VPS_CHECK(want(vs, H->base + i * H->stride, &H->region));
+			return VPS_OK;
+		}
+	}
 	for (int64_t o = 0; o < m; o++) {
 		/* start(i) = (floor(i k / n) + base) mod k must be cidx - o */
 		int64_t x = ((cidx - o - H->base) % k + k) % k;
@@ -709,6 +923,9 @@ vps_result_t vps_plan_compute(struct vps_plan **out, struct vps_layout *a, struc
 		VPS_CHECK_GOTO(promote(p), rc, fail);
 	vps_holders_release(&c.ha);
 	vps_holders_release(&c.hb);
+	vps_holders_release(&c.hda);
+	vps_holders_release(&c.hdb);
+	free(c.duties);
 	free(c.rem.v);
 	free(c.next.v);
 	*out = p;
@@ -716,6 +933,9 @@ vps_result_t vps_plan_compute(struct vps_plan **out, struct vps_layout *a, struc
 fail:
 	vps_holders_release(&c.ha);
 	vps_holders_release(&c.hb);
+	vps_holders_release(&c.hda);
+	vps_holders_release(&c.hdb);
+	free(c.duties);
 	free(c.rem.v);
 	free(c.next.v);
 	free(pcs.v);

@@ -313,6 +313,194 @@ static vps_result_t balanced_send_bound(const struct vps_plan *p, int64_t max_se
 	return rc;
 }
 
+/* ---- the best time the topology allows ---- */
+
+/* Bytes that can be sent by one replica set to one node. */
+struct tclass {
+	uint64_t key;
+	int32_t node;
+	int64_t bytes;
+	int64_t *ranks;
+	size_t nranks;
+};
+
+static int tclass_cmp(const void *p, const void *q)
+{
+	const struct tclass *x = p, *y = q;
+	if (x->key != y->key)
+		return x->key < y->key ? -1 : 1;
+	if (x->node != y->node)
+		return x->node < y->node ? -1 : 1;
+	if (x->nranks != y->nranks)
+		return x->nranks < y->nranks ? -1 : 1;
+	return memcmp(x->ranks, y->ranks, x->nranks * sizeof(*x->ranks));
+}
+
+/* Whether every class can be sent within t seconds: each sender has an
+ * NVLink and a NIC capacity of t times its bandwidth, and a class reaches a
+ * replica's NVLink when the replica is on the class's node, its NIC when
+ * not. */
+static vps_result_t time_feasible(const struct vps_plan *p, const struct vps_topology *topo, const struct tclass *tc,
+				  size_t nc, const int64_t *senders, size_t ns, int64_t total, double t, bool *ok)
+{
+	struct graph g;
+	int S = (int)(nc + 2 * ns), T = S + 1;
+	vps_result_t rc = g_init(&g, T + 1);
+	int *queue = vps_malloc((size_t)(T + 1) * sizeof(int));
+	if (!queue)
+		rc = VPS_ENOMEM;
+	for (size_t i = 0; !rc && i < nc; i++) {
+		rc = g_add(&g, S, (int)i, tc[i].bytes);
+		for (size_t k = 0; !rc && k < tc[i].nranks; k++) {
+			int64_t *pos = bsearch(&tc[i].ranks[k], senders, ns, sizeof(*senders), i64_cmp);
+			size_t j = (size_t)(pos - senders);
+			bool intra = vps_world_device(p->world, tc[i].ranks[k]).node == tc[i].node;
+			rc = g_add(&g, (int)i, (int)(nc + 2 * j + !intra), INT64_MAX / 4);
+		}
+	}
+	double cap_intra = fmin(t * topo->intra_node_bandwidth, (double)(INT64_MAX / 4));
+	double cap_inter = fmin(t * topo->inter_node_bandwidth, (double)(INT64_MAX / 4));
+	for (size_t j = 0; !rc && j < ns; j++) {
+		rc = g_add(&g, (int)(nc + 2 * j), T, (int64_t)cap_intra);
+		if (!rc)
+			rc = g_add(&g, (int)(nc + 2 * j + 1), T, (int64_t)cap_inter);
+	}
+	int64_t flow = 0;
+	while (!rc && g_bfs(&g, S, T, queue)) {
+		memset(g.it, 0, (size_t)g.n * sizeof(int));
+		int64_t f;
+		while ((f = g_dfs(&g, S, T, INT64_MAX)) > 0)
+			flow += f;
+	}
+	*ok = flow >= total;
+	free(queue);
+	g_free(&g);
+	return rc;
+}
+
+/* A lower bound on the transfer time any plan can reach on topo, latency
+ * aside: the largest of
+ *  - the senders' side: the least t for which every moved byte can be sent
+ *    by one of its replicas with no device's NVLink or NIC busy beyond t
+ *    (max-flow with capacities scaled by bandwidth, binary search on t);
+ *  - each receiver alone: bytes only a replica on its node has go over
+ *    NVLink, those only remote replicas have over the NIC, the rest either
+ *    way: max(local / intra, remote / inter, all / (intra + inter));
+ *  - each device's retains, read and written at memory bandwidth.
+ * Senders and receivers are bounded apart, so the bound may be below what
+ * both together allow, never above. */
+static vps_result_t time_bound(const struct vps_plan *p, const struct vps_topology *topo, double *out)
+{
+	int64_t W = vps_world_size(p->world);
+	struct tclass *tc = NULL;
+	size_t nc = 0, capc = 0, nr = 0, capr = 0;
+	int64_t *ranks = NULL, total = 0;
+	double *loc = vps_calloc((size_t)W, sizeof(*loc)), *rem = vps_calloc((size_t)W, sizeof(*rem));
+	double *any = vps_calloc((size_t)W, sizeof(*any)), *keep = vps_calloc((size_t)W, sizeof(*keep));
+	struct vps_holders h = {0};
+	vps_result_t rc = loc && rem && any && keep ? VPS_OK : VPS_ENOMEM;
+	double bi = topo->intra_node_bandwidth, be = topo->inter_node_bandwidth, best = 0;
+	for (size_t i = 0; i < p->npieces && !rc; i++) {
+		const struct vps_piece *x = &p->pieces[i];
+		int64_t bytes = vps_piece_bytes(x);
+		if (x->src == x->dst) {
+			keep[x->dst] += (double)bytes;
+			continue;
+		}
+		rc = replicas_of(p, x, &h, &ranks, &nr, &capr);
+		if (!rc && !nr) {
+			rc = vps_grow((void **)&ranks, &capr, 1, sizeof(*ranks));
+			if (!rc) {
+				ranks[0] = x->src;
+				nr = 1;
+			}
+		}
+		if (rc)
+			break;
+		int32_t node = vps_world_device(p->world, x->dst).node;
+		bool l = false, r = false;
+		for (size_t k = 0; k < nr; k++) {
+			if (vps_world_device(p->world, ranks[k]).node == node)
+				l = true;
+			else
+				r = true;
+		}
+		(l && r ? any : l ? loc : rem)[x->dst] += (double)bytes;
+		rc = VPS_GROW(tc, capc, nc + 1);
+		if (rc)
+			break;
+		tc[nc] = (struct tclass){vps_hash64(ranks, nr * sizeof(*ranks), 7), node, bytes, NULL, nr};
+		tc[nc].ranks = vps_malloc(nr * sizeof(*ranks));
+		if (!tc[nc].ranks) {
+			rc = VPS_ENOMEM;
+			break;
+		}
+		memcpy(tc[nc].ranks, ranks, nr * sizeof(*ranks));
+		nc++;
+		total += bytes;
+	}
+	for (int64_t w = 0; !rc && w < W; w++) {
+		best = fmax(best, 2.0 * keep[w] / topo->memory_bandwidth);
+		best = fmax(best, fmax(loc[w] / bi, rem[w] / be));
+		best = fmax(best, (loc[w] + rem[w] + any[w]) / (bi + be));
+	}
+	size_t m = 0;
+	if (!rc) {
+		qsort(tc, nc, sizeof(*tc), tclass_cmp);
+		for (size_t i = 0; i < nc; i++) {
+			if (m && !tclass_cmp(&tc[m - 1], &tc[i])) {
+				tc[m - 1].bytes += tc[i].bytes;
+				free(tc[i].ranks);
+			} else {
+				tc[m++] = tc[i];
+			}
+		}
+		nc = m;
+	}
+	int64_t *senders = NULL;
+	size_t ns = 0, caps = 0;
+	for (size_t i = 0; !rc && i < nc; i++)
+		for (size_t k = 0; !rc && k < tc[i].nranks; k++) {
+			rc = VPS_GROW(senders, caps, ns + 1);
+			if (!rc)
+				senders[ns++] = tc[i].ranks[k];
+		}
+	if (!rc && total > 0) {
+		qsort(senders, ns, sizeof(*senders), i64_cmp);
+		size_t u = 0;
+		for (size_t i = 0; i < ns; i++)
+			if (!u || senders[u - 1] != senders[i])
+				senders[u++] = senders[i];
+		ns = u;
+		/* every class from its first replica over the slower link is
+		 * feasible; below the all-senders-at-full-rate time is not */
+		double lo = (double)total / ((double)ns * (bi + be)), hi = 2.0 * (double)total / fmin(bi, be);
+		while (!rc && hi - lo > 1e-6 * hi) {
+			double mid = 0.5 * (lo + hi);
+			bool ok = false;
+			rc = time_feasible(p, topo, tc, nc, senders, ns, total, mid, &ok);
+			if (ok)
+				hi = mid;
+			else
+				lo = mid;
+		}
+		/* lo is infeasible: the least feasible time lies above it */
+		best = fmax(best, lo);
+	}
+	*out = best;
+	for (size_t i = 0; i < nc; i++)
+		free(tc[i].ranks);
+	free(tc);
+	free(senders);
+	free(ranks);
+	free(loc);
+	free(rem);
+	free(any);
+	free(keep);
+	vps_holders_release(&h);
+	return rc;
+}
+
 /* ---- everything ---- */
 
 struct pair {
@@ -401,6 +589,7 @@ vps_result_t vps_plan_stats(const struct vps_plan *p, const struct vps_topology 
 		}
 		s->have_estimate = true;
 		s->estimate_seconds = t;
+		VPS_CHECK_GOTO(time_bound(p, topo, &s->time_bound_seconds), rc, done);
 	}
 	if (load) {
 		s->send = send;

@@ -125,6 +125,7 @@ struct vps_plan_stats {
 	int64_t peers_max;           /* most peers of one device */
 	bool have_estimate;
 	double estimate_seconds;
+	double time_bound_seconds;   /* the least time any plan can take on the topology, latency aside */
 	int64_t *send, *recv;        /* per world rank, when asked */
 };
 
