@@ -52,12 +52,12 @@ table() {
 		END {
 			n = split("plan stage verify", steps, " ")
 			for (i = 1; i <= n; i++) {
-				a = steps[i] ".128"; b = steps[i] ".16384"
-				ta = median(s[a]); tb = median(s[b]); ma = median(m[a]); mb = median(m[b])
+				ka = steps[i] ".128"; kb = steps[i] ".16384"
+				ta = median(s[ka]); tb = median(s[kb]); ma = median(m[ka]); mb = median(m[kb])
 				tsa += ta; tsb += tb; mxa = ma > mxa ? ma : mxa; mxb = mb > mxb ? mb : mxb
-				printf "| %s | %.0f ms, %.1f MB | %.0f ms, %.1f MB | %.2f |\n", steps[i], ta * 1000, ma / 1024, tb * 1000, mb / 1024, ta > 0 ? tb / ta : 0
+				printf "| %s | %.0f ms, %.1f MB | %.0f ms, %.1f MB | %.2f |\n", steps[i], ta * 1000, ma / 1024, tb * 1000, mb / 1024, (ta > 0 ? tb / ta : 0)
 			}
-			printf "| **whole path** (sum; most memory) | %.0f ms, %.1f MB | %.0f ms, %.1f MB | %.2f |\n", tsa * 1000, mxa / 1024, tsb * 1000, mxb / 1024, tsa > 0 ? tsb / tsa : 0
+			printf "| **whole path** (sum; most memory) | %.0f ms, %.1f MB | %.0f ms, %.1f MB | %.2f |\n", tsa * 1000, mxa / 1024, tsb * 1000, mxb / 1024, (tsa > 0 ? tsb / tsa : 0)
 		}' "$t/times"
 }
 table
