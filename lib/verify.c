@@ -479,10 +479,26 @@ static int order_cmp(const void *p, const void *q, void *ctx)
 	return *(const uint32_t *)p < *(const uint32_t *)q ? -1 : 1;
 }
 
-static vps_result_t view_get(const struct vps_layout *l, struct view_index *cache, int64_t rank,
-			     struct view_index **out)
+/* The views of the ranks a check touches, made on first use: a rank's
+ * staged plan touches its peers, not the world, and pays for them alone. */
+struct view_cache {
+	struct view_index **slot; /* per rank, NULL until used */
+	int64_t n;
+	int64_t *touched;
+	size_t ntouched, cap;
+};
+
+static vps_result_t view_get(const struct vps_layout *l, struct view_cache *c, int64_t rank, struct view_index **out)
 {
-	struct view_index *vi = &cache[rank];
+	if (!c->slot[rank]) {
+		if (vps_grow((void **)&c->touched, &c->cap, c->ntouched + 1, sizeof(*c->touched)))
+			return too_large("touched ranks", c->ntouched + 1, sizeof(*c->touched));
+		c->slot[rank] = calloc(1, sizeof(**c->slot));
+		if (!c->slot[rank])
+			return too_large("a rank's view", 1, sizeof(**c->slot));
+		c->touched[c->ntouched++] = rank;
+	}
+	struct view_index *vi = c->slot[rank];
 	if (!vi->ready) {
 		vps_result_t rc = vps_layout_rank(l, rank, &vi->v);
 		if (rc == VPS_ENOMEM)
@@ -501,16 +517,19 @@ static vps_result_t view_get(const struct vps_layout *l, struct view_index *cach
 	return VPS_OK;
 }
 
-static void views_free(struct view_index *c, int64_t n)
+static void views_free(struct view_cache *c)
 {
-	for (int64_t i = 0; c && i < n; i++) {
-		free(c[i].order);
-		vps_rank_view_release(&c[i].v);
+	for (size_t i = 0; c->slot && i < c->ntouched; i++) {
+		struct view_index *vi = c->slot[c->touched[i]];
+		free(vi->order);
+		vps_rank_view_release(&vi->v);
+		free(vi);
 	}
-	free(c);
+	free(c->slot);
+	free(c->touched);
+	memset(c, 0, sizeof(*c));
 }
 
-/* The region of (tensor, state) holding box at the given addressing, or -1. */
 static int64_t find_holding(const struct view_index *vi, uint32_t tensor, int state, const struct vps_box *box,
 			    uint32_t buffer, int64_t offset, const int64_t *strides)
 {
@@ -568,28 +587,26 @@ static void piece_str(const struct vps_model *m, const struct vps_piece *x, char
 
 /* The layout views of the ranks a plan names, each computed once. */
 struct views {
-	struct view_index *a, *b;
-	int64_t wa, wb;
+	struct view_cache a, b;
 };
 
 static vps_result_t views_new(struct views *vw, const struct vps_plan *p)
 {
-	vw->wa = vps_layout_world(p->a);
-	vw->wb = vps_layout_world(p->b);
-	vw->a = calloc((size_t)vw->wa + 1, sizeof(*vw->a));
-	vw->b = calloc((size_t)vw->wb + 1, sizeof(*vw->b));
-	if (!vw->a || !vw->b) {
-		views_free(vw->a, 0);
-		views_free(vw->b, 0);
-		return too_large("rank views", (size_t)(vw->wa + vw->wb), sizeof(*vw->a));
+	int64_t wa = vps_layout_world(p->a), wb = vps_layout_world(p->b);
+	vw->a = (struct view_cache){calloc((size_t)wa + 1, sizeof(*vw->a.slot)), wa, NULL, 0, 0};
+	vw->b = (struct view_cache){calloc((size_t)wb + 1, sizeof(*vw->b.slot)), wb, NULL, 0, 0};
+	if (!vw->a.slot || !vw->b.slot) {
+		views_free(&vw->a);
+		views_free(&vw->b);
+		return too_large("rank views", (size_t)(wa + wb), sizeof(*vw->a.slot));
 	}
 	return VPS_OK;
 }
 
 static void views_release(struct views *vw)
 {
-	views_free(vw->a, vw->wa);
-	views_free(vw->b, vw->wb);
+	views_free(&vw->a);
+	views_free(&vw->b);
 }
 
 /* A piece's name for a message, made only when one is written. */
@@ -641,7 +658,7 @@ static vps_result_t plan_checks(const struct vps_plan *p, int64_t scope, struct 
 			vps_verify_add(rep, "piece %zu (%s): source %" PRId64 " is a joining device, it holds nothing", i, ps,
 				       x->src);
 		} else {
-			VPS_CHECK_GOTO(view_get(p->a, vw->a, ra, &vi), rc, done);
+			VPS_CHECK_GOTO(view_get(p->a, &vw->a, ra, &vi), rc, done);
 			if (find_holding(vi, x->tensor, x->state, &x->box, x->src_buffer, x->src_offset, x->src_strides) < 0) {
 				NAME();
 				vps_verify_add(rep,
@@ -655,7 +672,7 @@ static vps_result_t plan_checks(const struct vps_plan *p, int64_t scope, struct 
 			vps_verify_add(rep, "piece %zu (%s): destination %" PRId64 " is a leaving device", i, ps, x->dst);
 			continue;
 		}
-		VPS_CHECK_GOTO(view_get(p->b, vw->b, rb, &vi), rc, done);
+		VPS_CHECK_GOTO(view_get(p->b, &vw->b, rb, &vi), rc, done);
 		int64_t reg = find_holding(vi, x->tensor, x->state, &x->box, x->dst_buffer, x->dst_offset, x->dst_strides);
 		if (reg < 0) {
 			NAME();
@@ -676,7 +693,7 @@ static vps_result_t plan_checks(const struct vps_plan *p, int64_t scope, struct 
 		if (rb < 0)
 			continue;
 		struct view_index *vi;
-		VPS_CHECK_GOTO(view_get(p->b, vw->b, rb, &vi), rc, done);
+		VPS_CHECK_GOTO(view_get(p->b, &vw->b, rb, &vi), rc, done);
 		c = 0;
 		while (c < ncov && cov[c].rb < rb)
 			c++;
@@ -1290,8 +1307,8 @@ vps_result_t vps_verify_staged(const struct vps_staged *s, struct vps_verify_rep
 			continue;
 		}
 		struct view_index *vs, *vd;
-		VPS_CHECK_GOTO(view_get(p->a, vw.a, ra, &vs), rc, done);
-		VPS_CHECK_GOTO(view_get(p->b, vw.b, rb, &vd), rc, done);
+		VPS_CHECK_GOTO(view_get(p->a, &vw.a, ra, &vs), rc, done);
+		VPS_CHECK_GOTO(view_get(p->b, &vw.b, rb, &vd), rc, done);
 		int64_t end = 0;
 		for (size_t k = 0; k < x->nops; k++) {
 			const struct vps_op *o = &s->ops[x->first_op + k];
