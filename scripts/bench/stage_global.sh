@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Staging the global plan of Qwen3-235B-A22B (4,8,dp,16) -> (8,16,dp/4,8),
+# ZeRO-1, at 128 to 16,384 ranks (DP scaled as scripts/bench/plan_rank.sh
+# does): wall time, CPU time and peak memory of
+# `vps-stage --budget 4GiB PLAN -o FILE` (best of RUNS, default 3), with the
+# size of the staged file; with --doc, the table replaces the stage-global
+# section of docs/BENCHMARKS.md. Target at 16,384 ranks: 5 s and 1 GB.
+#   scripts/bench/stage_global.sh [--doc] [WORLDS...]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+doc=0
+[ "${1:-}" = --doc ] && { doc=1; shift; }
+worlds=${*:-128 1024 4096 16384}
+make -s all
+t=$(mktemp -d)
+trap 'rm -rf "$t"' EXIT
+M=qwen3-235b-a22b
+A=tp=4,pp=8,ep=16,etp=1,first=11,last=11,zero=1
+B=tp=8,pp=16,ep=8,etp=1,first=5,last=5,zero=1
+rows=()
+for W in $worlds; do
+	dpa=$((W / 32)) dpb=$((W / 128))
+	bin/vps-layout --model $M --parallel $A,dp=$dpa -o "$t/a"
+	bin/vps-layout --model $M --parallel $B,dp=$dpb -o "$t/b"
+	bin/vps-plan "$t/a" "$t/b" -o "$t/plan"
+	best=
+	for ((i = 0; i < ${RUNS:-3}; i++)); do
+		/usr/bin/time -f '%e %U %S %M' -o "$t/time" bin/vps-stage --budget 4GiB "$t/plan" -o "$t/staged"
+		read -r wall user sys kb < "$t/time"
+		if [ -z "$best" ] || awk -v a="$wall" -v b="${best%% *}" 'BEGIN { exit !(a < b) }'; then
+			best="$wall $user $sys $kb"
+		fi
+	done
+	read -r wall user sys kb <<<"$best"
+	rows+=("$(awk -v W="$W" -v w="$wall" -v u="$user" -v s="$sys" -v k="$kb" -v p="$(stat -c %s "$t/plan")" \
+		-v f="$(stat -c %s "$t/staged")" 'BEGIN { printf "| %d | %.1f MB | %.2f s (%.2f s CPU) | %.0f MB | %.1f MB |", W, p / 1e6, w, u + s, k / 1024, f / 1e6 }')")
+	echo "${rows[-1]}"
+done
+table() {
+	echo "\`scripts/bench/stage_global.sh\` ($(nproc) CPUs, best of ${RUNS:-3}; load average $(cut -d' ' -f1-3 /proc/loadavg) at the end):"
+	echo
+	echo "| ranks | plan file | \`vps-stage --budget 4GiB\` | peak memory | staged file |"
+	echo "|---:|---:|---|---:|---:|"
+	printf '%s\n' "${rows[@]}"
+}
+[ "$doc" = 0 ] || table | scripts/bench/doc-section.sh stage-global docs/BENCHMARKS.md
