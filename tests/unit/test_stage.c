@@ -114,6 +114,24 @@ static bool same_op(const struct vps_op *x, const struct vps_op *y)
 	return !memcmp(&a, &b, sizeof(a));
 }
 
+/* Rank r's own plan (planned alone, as a rank does), staged with the
+ * budget of g; rank_arg is vps_stage's rank argument. */
+static struct vps_staged *rank_staging(const struct vps_staged *g, int64_t r, int64_t rank_arg)
+{
+	struct vps_layout *a, *b;
+	struct vps_plan *p = NULL;
+	struct vps_staged *s = NULL;
+	CHECK_OK(layout_copy(g->plan->a, &a));
+	CHECK_OK(layout_copy(g->plan->b, &b));
+	struct vps_plan_opts o = {.rank = r};
+	CHECK_OK(vps_plan_compute(&p, a, b, &o));
+	if (p)
+		CHECK_OK(vps_stage(&s, p, g->budget, rank_arg));
+	if (p && !s)
+		vps_plan_free(p); /* staging takes the plan only when it succeeds */
+	return s;
+}
+
 /* Every rank stages its own one-rank plan; the maximum of their demands is
  * the global staging's, and each rank's file, once cut with it, holds
  * exactly the global staging's transfers of that rank, in its stages. */
@@ -123,14 +141,7 @@ static void per_rank_case(const struct vps_staged *g, int iter)
 	int64_t W = vps_world_size(g->plan->world), *want = NULL, *world = calloc(count, 8);
 	CHECK_OK(vps_staged_demand(g, &want));
 	for (int64_t r = 0; r < W && world && want; r++) {
-		struct vps_layout *a, *b;
-		struct vps_plan *p = NULL;
-		struct vps_staged *s = NULL;
-		CHECK_OK(layout_copy(g->plan->a, &a));
-		CHECK_OK(layout_copy(g->plan->b, &b));
-		struct vps_plan_opts o = {.rank = r};
-		CHECK_OK(vps_plan_compute(&p, a, b, &o));
-		CHECK_OK(vps_stage(&s, p, g->budget, -1));
+		struct vps_staged *s = rank_staging(g, r, -1);
 		if (!s)
 			break;
 		CHECK(!s->cut && s->scope == r && s->nstages == 0);
@@ -143,14 +154,7 @@ static void per_rank_case(const struct vps_staged *g, int iter)
 	}
 	CHECK(!memcmp(world, want, count * 8));
 	for (int64_t r = 0; r < W && world && want; r++) {
-		struct vps_layout *a, *b;
-		struct vps_plan *p = NULL;
-		struct vps_staged *s = NULL;
-		CHECK_OK(layout_copy(g->plan->a, &a));
-		CHECK_OK(layout_copy(g->plan->b, &b));
-		struct vps_plan_opts o = {.rank = r};
-		CHECK_OK(vps_plan_compute(&p, a, b, &o));
-		CHECK_OK(vps_stage(&s, p, g->budget, r));
+		struct vps_staged *s = rank_staging(g, r, r);
 		if (!s)
 			break;
 		CHECK_OK(vps_staged_cut(s, world));
