@@ -15,13 +15,9 @@ doc=0
 make -s all
 t=$(mktemp -d)
 trap 'rm -rf "$t"' EXIT
-M=qwen3-235b-a22b
-A=tp=4,pp=8,ep=16,etp=1,first=11,last=11,zero=1
-B=tp=8,pp=16,ep=8,etp=1,first=5,last=5,zero=1
-bin/vps-layout --model $M --parallel $A,dp=4 -o "$t/a128"
-bin/vps-layout --model $M --parallel $B,dp=1 -o "$t/b128"
-bin/vps-layout --model $M --parallel $A,dp=512 -o "$t/a16384"
-bin/vps-layout --model $M --parallel $B,dp=128 -o "$t/b16384"
+for w in 128 16384; do
+	scripts/bench/qwen235b-layouts.sh $w "$t/a$w" "$t/b$w"
+done
 declare -A rank=([128]=${R128:-77} [16384]=${R16K:-9877})
 measure() { # NAME COMMAND...: appends "NAME seconds kilobytes" to $t/times
 	local name=$1 t0 t1

@@ -14,14 +14,9 @@ worlds=${*:-128 1024 4096 16384}
 make -s all
 t=$(mktemp -d)
 trap 'rm -rf "$t"' EXIT
-M=qwen3-235b-a22b
-A=tp=4,pp=8,ep=16,etp=1,first=11,last=11,zero=1
-B=tp=8,pp=16,ep=8,etp=1,first=5,last=5,zero=1
 rows=()
 for W in $worlds; do
-	dpa=$((W / 32)) dpb=$((W / 128))
-	bin/vps-layout --model $M --parallel $A,dp=$dpa -o "$t/a"
-	bin/vps-layout --model $M --parallel $B,dp=$dpb -o "$t/b"
+	scripts/bench/qwen235b-layouts.sh "$W" "$t/a" "$t/b"
 	bin/vps-plan "$t/a" "$t/b" -o "$t/plan"
 	best=
 	for ((i = 0; i < ${RUNS:-3}; i++)); do
