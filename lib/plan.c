@@ -20,7 +20,9 @@
  * function, so a rank's plan is exactly the global plan restricted to it.
  * docs/plan.md has the reasons. */
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <sys/sysinfo.h>
 
 #include "internal.h"
 #include "vps/plan.h"
@@ -562,6 +564,147 @@ static int piece_cmp(const void *p, const void *q)
 	return x->dst_offset < y->dst_offset ? -1 : x->dst_offset > y->dst_offset;
 }
 
+/* ---- the global plan, by blocks of destinations ---- */
+
+/* A block is this many destination ranks: small enough that threads share
+ * the world evenly, large enough that claiming one costs nothing. */
+#define BLOCK_RANKS 32
+/* Blocks computed ahead of the one being appended, per thread: bounds the
+ * pieces held outside the plan. */
+#define BLOCKS_AHEAD 4
+
+static void ctx_release(struct ctx *c)
+{
+	vps_holders_release(&c->ha);
+	vps_holders_release(&c->hb);
+	free(c->rem.v);
+	free(c->next.v);
+}
+
+/* The pieces of destinations [lo, hi), in plan order. dst leads the order,
+ * so sorting each destination's pieces alone sorts the block; it also keeps
+ * every sort small (a whole-plan sort of millions of pieces took most of
+ * the global planning time). */
+static vps_result_t plan_block(struct ctx *c, int64_t lo, int64_t hi, struct pieces *out)
+{
+	for (int64_t d = lo; d < hi; d++) {
+		size_t first = out->n;
+		VPS_CHECK(plan_receives(c, d, out));
+		qsort(out->v + first, out->n - first, sizeof(*out->v), piece_cmp);
+	}
+	return VPS_OK;
+}
+
+struct block {
+	struct pieces p;
+	vps_result_t rc;
+	bool ready;
+	char err[512]; /* the worker's message: errors are per thread */
+};
+
+struct job {
+	const struct vps_layout *a, *b;
+	const struct vps_world *w;
+	int64_t W, nblocks, next, appended, ahead;
+	bool stop;
+	struct block *blocks;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+};
+
+static void *plan_worker(void *arg)
+{
+	struct job *j = arg;
+	struct ctx c = {.a = j->a, .b = j->b, .w = j->w};
+	pthread_mutex_lock(&j->mu);
+	for (;;) {
+		while (!j->stop && j->next < j->nblocks && j->next >= j->appended + j->ahead)
+			pthread_cond_wait(&j->cv, &j->mu);
+		if (j->stop || j->next >= j->nblocks)
+			break;
+		struct block *bl = &j->blocks[j->next];
+		int64_t lo = j->next * BLOCK_RANKS, hi = vps_min64(j->W, lo + BLOCK_RANKS);
+		j->next++;
+		pthread_mutex_unlock(&j->mu);
+		vps_clear_error();
+		vps_result_t rc = plan_block(&c, lo, hi, &bl->p);
+		if (rc)
+			snprintf(bl->err, sizeof(bl->err), "%s", vps_last_error());
+		pthread_mutex_lock(&j->mu);
+		bl->rc = rc;
+		bl->ready = true;
+		pthread_cond_broadcast(&j->cv);
+	}
+	pthread_mutex_unlock(&j->mu);
+	ctx_release(&c);
+	return NULL;
+}
+
+static int plan_threads(int asked)
+{
+	if (asked > 0)
+		return asked;
+	int n = get_nprocs();
+	return n < 1 ? 1 : n > VPS_PLAN_MAX_THREADS ? VPS_PLAN_MAX_THREADS : n;
+}
+
+/* Every destination's pieces, in plan order. Threads take blocks as they
+ * come; the blocks are appended in rank order, so the plan (and the first
+ * error, the one of the lowest failing rank) is the same for any number of
+ * threads. */
+static vps_result_t plan_all(struct ctx *c, int64_t W, int asked, struct pieces *out)
+{
+	int64_t nblocks = vps_ceil_div(W, BLOCK_RANKS);
+	int threads = (int)vps_min64(plan_threads(asked), nblocks);
+	if (threads <= 1)
+		return plan_block(c, 0, W, out);
+	struct job j = {.a = c->a, .b = c->b, .w = c->w, .W = W, .nblocks = nblocks, .ahead = BLOCKS_AHEAD * threads};
+	pthread_t tid[VPS_PLAN_MAX_THREADS];
+	int started = 0;
+	j.blocks = vps_calloc((size_t)nblocks, sizeof(*j.blocks));
+	if (!j.blocks)
+		return VPS_ENOMEM;
+	pthread_mutex_init(&j.mu, NULL);
+	pthread_cond_init(&j.cv, NULL);
+	for (int t = 0; t < threads; t++)
+		if (!pthread_create(&tid[started], NULL, plan_worker, &j))
+			started++;
+	vps_result_t rc = VPS_OK;
+	if (!started)
+		rc = plan_block(c, 0, W, out); /* no thread to be had: plan here */
+	for (int64_t k = 0; started && k < nblocks && !rc; k++) {
+		struct block *bl = &j.blocks[k];
+		pthread_mutex_lock(&j.mu);
+		while (!bl->ready)
+			pthread_cond_wait(&j.cv, &j.mu);
+		pthread_mutex_unlock(&j.mu);
+		if (bl->rc)
+			rc = vps_fail(bl->rc, "%s", bl->err);
+		else
+			rc = VPS_GROW(out->v, out->cap, out->n + bl->p.n);
+		if (!rc) {
+			if (bl->p.n)
+				memcpy(out->v + out->n, bl->p.v, bl->p.n * sizeof(*out->v));
+			out->n += bl->p.n;
+		}
+		free(bl->p.v);
+		bl->p.v = NULL;
+		pthread_mutex_lock(&j.mu);
+		j.appended = k + 1;
+		j.stop = rc != VPS_OK;
+		pthread_cond_broadcast(&j.cv);
+		pthread_mutex_unlock(&j.mu);
+	}
+	for (int t = 0; t < started; t++)
+		pthread_join(tid[t], NULL);
+	for (int64_t k = 0; k < nblocks; k++)
+		free(j.blocks[k].p.v);
+	free(j.blocks);
+	pthread_mutex_destroy(&j.mu);
+	pthread_cond_destroy(&j.cv);
+	return rc;
+}
+
 static vps_result_t plan_training(struct vps_plan *p, const struct vps_plan_opts *o)
 {
 	p->train = o->train;
@@ -591,27 +734,36 @@ static vps_result_t plan_training(struct vps_plan *p, const struct vps_plan_opts
 	return VPS_OK;
 }
 
-static int piece_tensor_cmp(const void *p, const void *q)
-{
-	const struct vps_piece *x = *(const struct vps_piece *const *)p, *y = *(const struct vps_piece *const *)q;
-	if (x->tensor != y->tensor)
-		return x->tensor < y->tensor ? -1 : 1;
-	if (x->state != y->state)
-		return x->state < y->state ? -1 : 1;
-	return piece_cmp(x, y);
-}
-
 /* Broadcast, scatter and gather, per (tensor, state), from the moved pieces. */
 static vps_result_t promote(struct vps_plan *p)
 {
+	/* The pieces are in plan order: a stable bucket sort by (tensor, state)
+	 * orders them by (tensor, state, plan order), without a comparison sort of
+	 * millions of pieces. */
+	size_t nkeys = (size_t)vps_model_num_tensors(vps_layout_model(p->a)) * VPS_NSTATES;
 	const struct vps_piece **idx = vps_malloc((p->npieces + 1) * sizeof(*idx));
+	size_t *at = vps_calloc(nkeys + 1, sizeof(*at));
 	size_t n = 0, cap = 0;
-	if (!idx)
+	if (!idx || !at) {
+		free(idx);
+		free(at);
 		return VPS_ENOMEM;
-	for (size_t i = 0; i < p->npieces; i++)
-		if (p->pieces[i].src != p->pieces[i].dst)
-			idx[n++] = &p->pieces[i];
-	qsort(idx, n, sizeof(*idx), piece_tensor_cmp);
+	}
+	for (size_t i = 0; i < p->npieces; i++) {
+		const struct vps_piece *x = &p->pieces[i];
+		if (x->src != x->dst)
+			at[(size_t)x->tensor * VPS_NSTATES + x->state + 1]++;
+	}
+	for (size_t k = 0; k < nkeys; k++)
+		at[k + 1] += at[k];
+	for (size_t i = 0; i < p->npieces; i++) {
+		const struct vps_piece *x = &p->pieces[i];
+		if (x->src != x->dst) {
+			idx[at[(size_t)x->tensor * VPS_NSTATES + x->state]++] = x;
+			n++;
+		}
+	}
+	free(at);
 	vps_result_t rc = VPS_OK;
 	for (size_t i = 0; i < n && !rc;) {
 		size_t j = i + 1;
@@ -697,27 +849,31 @@ vps_result_t vps_plan_compute(struct vps_plan **out, struct vps_layout *a, struc
 		VPS_CHECK_GOTO(plan_receives(&c, opts->rank, &pcs), rc, fail);
 		VPS_CHECK_GOTO(plan_sends(&c, opts->rank, &pcs), rc, fail);
 	} else {
-		for (int64_t d = 0; d < W; d++)
-			VPS_CHECK_GOTO(plan_receives(&c, d, &pcs), rc, fail);
+		/* the plan's layouts hash lazily: not in threads */
+		(void)vps_layout_hash(a);
+		(void)vps_layout_hash(b);
+		VPS_CHECK_GOTO(plan_all(&c, W, opts->threads, &pcs), rc, fail);
 	}
-	qsort(pcs.v, pcs.n, sizeof(*pcs.v), piece_cmp);
+	if (opts->rank >= 0)
+		qsort(pcs.v, pcs.n, sizeof(*pcs.v), piece_cmp);
+	if (pcs.n && pcs.n < pcs.cap) {
+		/* give back the growth's slack: the global plan is the largest thing
+		 * a tool holds */
+		struct vps_piece *v = realloc(pcs.v, pcs.n * sizeof(*pcs.v));
+		if (v)
+			pcs.v = v;
+	}
 	p->pieces = pcs.v;
 	p->npieces = pcs.n;
 	pcs.v = NULL;
 	VPS_CHECK_GOTO(plan_training(p, opts), rc, fail);
 	if (opts->rank < 0)
 		VPS_CHECK_GOTO(promote(p), rc, fail);
-	vps_holders_release(&c.ha);
-	vps_holders_release(&c.hb);
-	free(c.rem.v);
-	free(c.next.v);
+	ctx_release(&c);
 	*out = p;
 	return VPS_OK;
 fail:
-	vps_holders_release(&c.ha);
-	vps_holders_release(&c.hb);
-	free(c.rem.v);
-	free(c.next.v);
+	ctx_release(&c);
 	free(pcs.v);
 	vps_world_free(p->world);
 	free(p->pieces);

@@ -86,7 +86,9 @@ struct vps_plan_opts {
 	/* training state (global_batch 0: unknown) */
 	struct vps_training train;
 	int64_t micro_batch_a; /* micro batch under A, the default for B */
+	int threads;           /* global plans: threads (0: the online CPUs); the plan is the same for any */
 };
+#define VPS_PLAN_MAX_THREADS 256
 
 /* Plan A -> B. On success the plan owns a and b. */
 vps_result_t vps_plan_compute(struct vps_plan **out, struct vps_layout *a, struct vps_layout *b,
