@@ -213,6 +213,8 @@ int main(int argc, char **argv)
 		if ((rc = vps_layout_load(&b, argv[optind + 1])))
 			goto fail;
 	}
+	/* the tool only hashes, writes or counts a global plan's pieces */
+	po.compact = true;
 	if ((rc = vps_plan_compute(&p, a, b, &po)))
 		goto fail;
 	a = b = NULL;

@@ -198,8 +198,10 @@ uint64_t vps_plan_hash(const struct vps_plan *p)
 	uint64_t h = vps_layout_hash(p->a);
 	h = vps_hash64(&h, 8, vps_layout_hash(p->b));
 	h = vps_hash64(&p->scope, sizeof(p->scope), h);
-	for (size_t i = 0; i < p->npieces; i++) {
-		const struct vps_piece *x = &p->pieces[i];
+	struct vps_piece_iter it;
+	const struct vps_piece *x;
+	vps_piece_iter_init(&it, p);
+	while ((x = vps_piece_iter_next(&it))) {
 		int64_t f[8 + 4 * VPS_MAX_DIMS] = {x->tensor, x->state, x->src, x->dst, x->src_buffer, x->dst_buffer,
 						   x->src_offset, x->dst_offset};
 		for (int k = 0; k < x->box.ndim; k++) {
@@ -239,11 +241,14 @@ static vps_result_t write_body(struct vps_writer *w, const struct vps_plan *p, u
 	VPS_CHECK(vps_w_map_end(w));
 	VPS_CHECK(vps_training_write(w, "training", &p->train));
 	VPS_CHECK(vps_w_seq_begin(w, "pieces", p->npieces, false));
-	for (size_t i = 0; i < p->npieces && !rc; i++) {
+	struct vps_piece_iter it;
+	const struct vps_piece *x;
+	vps_piece_iter_init(&it, p);
+	while (!rc && (x = vps_piece_iter_next(&it))) {
 		const char *name = "";
-		rc = tensor_name(&names, p->pieces[i].tensor, &name);
+		rc = tensor_name(&names, x->tensor, &name);
 		if (!rc)
-			rc = write_piece_named(w, name, &p->pieces[i]);
+			rc = write_piece_named(w, name, x);
 	}
 	names_release(&names);
 	VPS_CHECK(rc);

@@ -372,8 +372,10 @@ static vps_result_t balanced_send_bound(const struct vps_plan *p, int64_t max_se
 	struct vps_holders h = {0};
 	struct classes cl = {0};
 	vps_result_t rc = VPS_OK;
-	for (size_t i = 0; i < p->npieces && !rc; i++) {
-		const struct vps_piece *x = &p->pieces[i];
+	struct vps_piece_iter it;
+	const struct vps_piece *x;
+	vps_piece_iter_init(&it, p);
+	while (!rc && (x = vps_piece_iter_next(&it))) {
 		if (x->src == x->dst)
 			continue;
 		int64_t id = 0;
@@ -482,8 +484,9 @@ vps_result_t vps_plan_stats(const struct vps_plan *p, const struct vps_topology 
 	int64_t *send = vps_calloc((size_t)W, sizeof(*send)), *recv = vps_calloc((size_t)W, sizeof(*recv));
 	int64_t *isend = vps_calloc((size_t)W, sizeof(*isend)), *irecv = vps_calloc((size_t)W, sizeof(*irecv));
 	int64_t *keep = vps_calloc((size_t)W, sizeof(*keep)), *peers = vps_calloc((size_t)W, sizeof(*peers));
-	struct pair *pairs = vps_malloc((2 * p->npieces + 1) * sizeof(*pairs));
-	if (!send || !recv || !isend || !irecv || !keep || !peers || !pairs) {
+	struct pair *pairs = NULL;
+	size_t cappairs = 0;
+	if (!send || !recv || !isend || !irecv || !keep || !peers) {
 		rc = VPS_ENOMEM;
 		goto done;
 	}
@@ -492,8 +495,10 @@ vps_result_t vps_plan_stats(const struct vps_plan *p, const struct vps_topology 
 		s->joining += vps_world_a_rank(p->world, w) < 0;
 		s->leaving += vps_world_b_rank(p->world, w) < 0;
 	}
-	for (size_t i = 0; i < p->npieces; i++) {
-		const struct vps_piece *x = &p->pieces[i];
+	struct vps_piece_iter it;
+	const struct vps_piece *x;
+	vps_piece_iter_init(&it, p);
+	while ((x = vps_piece_iter_next(&it))) {
 		int64_t bytes = vps_piece_bytes(x);
 		s->pieces++;
 		if (x->src == x->dst) {
@@ -516,10 +521,12 @@ vps_result_t vps_plan_stats(const struct vps_plan *p, const struct vps_topology 
 		/* pieces come by (dst, src): a pair repeats in a run, kept once */
 		if (np && pairs[np - 2].a == x->src && pairs[np - 2].b == x->dst)
 			continue;
+		VPS_CHECK_GOTO(VPS_GROW(pairs, cappairs, np + 2), rc, done);
 		pairs[np++] = (struct pair){x->src, x->dst};
 		pairs[np++] = (struct pair){x->dst, x->src};
 	}
-	qsort(pairs, np, sizeof(*pairs), pair_cmp);
+	if (np)
+		qsort(pairs, np, sizeof(*pairs), pair_cmp);
 	for (size_t i = 0; i < np; i++)
 		if (!i || pair_cmp(&pairs[i - 1], &pairs[i]))
 			peers[pairs[i].a]++;
