@@ -631,6 +631,7 @@ static void *plan_worker(void *arg)
 	struct job *j = arg;
 	struct ctx c = {.a = j->a, .b = j->b, .w = j->w};
 	struct pieces scratch = {0};
+	struct vps_packed_block work = {0};
 	pthread_mutex_lock(&j->mu);
 	for (;;) {
 		while (!j->stop && j->next < j->nblocks && j->next >= j->collected + j->ahead)
@@ -642,7 +643,19 @@ static void *plan_worker(void *arg)
 		j->next++;
 		pthread_mutex_unlock(&j->mu);
 		vps_clear_error();
-		vps_result_t rc = plan_block(&c, lo, hi, &scratch, &bl->p);
+		/* packed into a buffer kept from block to block, then copied out
+		 * at its size: growing each block's own would copy it over and over */
+		work.len = work.npieces = 0;
+		vps_result_t rc = plan_block(&c, lo, hi, &scratch, &work);
+		if (!rc && work.len) {
+			bl->p.data = vps_malloc(work.len);
+			if (!bl->p.data)
+				rc = VPS_ENOMEM;
+			else
+				memcpy(bl->p.data, work.data, work.len);
+			bl->p.len = bl->p.cap = work.len;
+			bl->p.npieces = work.npieces;
+		}
 		if (rc)
 			snprintf(bl->err, sizeof(bl->err), "%s", vps_last_error());
 		pthread_mutex_lock(&j->mu);
@@ -652,6 +665,7 @@ static void *plan_worker(void *arg)
 	}
 	pthread_mutex_unlock(&j->mu);
 	free(scratch.v);
+	free(work.data);
 	ctx_release(&c);
 	return NULL;
 }

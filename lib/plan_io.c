@@ -225,11 +225,33 @@ uint64_t vps_plan_hash(const struct vps_plan *p)
 	return h ? h : 1;
 }
 
-static vps_result_t write_body(struct vps_writer *w, const struct vps_plan *p, uint64_t hash)
+/* Binary bytes of one piece of each (tensor, state): a piece's fields are
+ * fixed-width but for its names and its number of axes, which the tensor
+ * fixes. The streaming writer checks the total it is told. */
+struct sizes {
+	uint32_t *bytes; /* 0: not measured */
+	uint8_t *ndim;
+	size_t n;
+};
+
+/* Write the body; counted (a counting writer): measure one piece of each
+ * (tensor, state) and add the others' bytes to *counted instead. */
+static vps_result_t write_body(struct vps_writer *w, const struct vps_plan *p, uint64_t hash, uint64_t *counted)
 {
 	const struct vps_model *m = vps_layout_model(p->a);
 	struct names names = {.m = m};
+	struct sizes sz = {0};
 	vps_result_t rc = VPS_OK;
+	if (counted) {
+		sz.n = (size_t)vps_model_num_tensors(m) * VPS_NSTATES;
+		sz.bytes = vps_calloc(sz.n + 1, sizeof(*sz.bytes));
+		sz.ndim = vps_calloc(sz.n + 1, sizeof(*sz.ndim));
+		if (!sz.bytes || !sz.ndim) {
+			free(sz.bytes);
+			free(sz.ndim);
+			return VPS_ENOMEM;
+		}
+	}
 	VPS_CHECK(vps_w_u64hex(w, "hash", hash));
 	VPS_CHECK(vps_w_int(w, "scope", p->scope));
 	VPS_CHECK(vps_w_int(w, "world", vps_world_size(p->world)));
@@ -246,11 +268,23 @@ static vps_result_t write_body(struct vps_writer *w, const struct vps_plan *p, u
 	vps_piece_iter_init(&it, p);
 	while (!rc && (x = vps_piece_iter_next(&it))) {
 		const char *name = "";
+		size_t k = (size_t)x->tensor * VPS_NSTATES + x->state;
+		if (counted && k < sz.n && sz.bytes[k] && sz.ndim[k] == x->box.ndim) {
+			*counted += sz.bytes[k];
+			continue;
+		}
+		uint64_t before = vps_writer_count(w);
 		rc = tensor_name(&names, x->tensor, &name);
 		if (!rc)
 			rc = write_piece_named(w, name, x);
+		if (!rc && counted && k < sz.n && vps_writer_count(w) - before <= UINT32_MAX) {
+			sz.bytes[k] = (uint32_t)(vps_writer_count(w) - before);
+			sz.ndim[k] = (uint8_t)x->box.ndim;
+		}
 	}
 	names_release(&names);
+	free(sz.bytes);
+	free(sz.ndim);
 	VPS_CHECK(rc);
 	VPS_CHECK(vps_w_seq_end(w));
 	VPS_CHECK(vps_w_seq_begin(w, "collectives", p->ncolls, false));
@@ -274,7 +308,7 @@ static vps_result_t write_body(struct vps_writer *w, const struct vps_plan *p, u
 
 vps_result_t vps_plan_write_body(struct vps_writer *w, const struct vps_plan *p)
 {
-	return write_body(w, p, vps_plan_hash(p));
+	return write_body(w, p, vps_plan_hash(p), NULL);
 }
 
 /* Binary plans are measured, then compressed as they are written: a global
@@ -286,17 +320,18 @@ vps_result_t vps_plan_serialize(const struct vps_plan *p, bool yaml, struct vps_
 	vps_result_t rc;
 	if (yaml) {
 		VPS_CHECK(vps_writer_new(&w, VPS_DOC_PLAN, true));
-		rc = write_body(w, p, vps_plan_hash(p));
+		rc = write_body(w, p, vps_plan_hash(p), NULL);
 	} else {
+		uint64_t more = 0;
 		VPS_CHECK(vps_writer_new_counting(&w, VPS_DOC_PLAN));
-		rc = write_body(w, p, 0);
-		uint64_t n = vps_writer_count(w);
+		rc = write_body(w, p, 0, &more);
+		uint64_t n = vps_writer_count(w) + more;
 		vps_writer_free(w);
 		w = NULL;
 		if (!rc)
 			rc = vps_writer_new_streaming(&w, VPS_DOC_PLAN, n);
 		if (!rc)
-			rc = write_body(w, p, vps_plan_hash(p));
+			rc = write_body(w, p, vps_plan_hash(p), NULL);
 	}
 	if (!rc)
 		rc = vps_writer_finish(w, out);
