@@ -25,6 +25,7 @@
 #include <sys/sysinfo.h>
 
 #include "internal.h"
+#include "plan_io.h"
 #include "plan_pack.h"
 #include "vps/plan.h"
 
@@ -566,6 +567,158 @@ static int piece_cmp(const void *p, const void *q)
 	return x->dst_offset < y->dst_offset ? -1 : x->dst_offset > y->dst_offset;
 }
 
+/* Pieces of one (tensor, state) compared for disjointness: each with the
+ * ones this far before it. */
+#define DISJOINT_WINDOW 64
+
+/* What promotion needs of one (tensor, state)'s moved pieces, taken in plan
+ * order: the plan is read, never sorted by tensor or held whole. */
+struct coll_acc {
+	int64_t n, bytes, ndst, nsrc;
+	int64_t src0, dst0, last_src, last_dst;
+	struct vps_box box0;
+	bool one_src, one_dst, identical, one_per_dst, disjoint;
+	/* second reading, for the ones whose kind rests on disjointness: the
+	 * last boxes, held from the first piece to the last */
+	bool pending;
+	int64_t seen;
+	struct vps_box *win;
+	int nwin, at;
+};
+
+static void coll_add(struct coll_acc *c, const struct vps_piece *x)
+{
+	int64_t b = vps_piece_bytes(x);
+	if (!c->n++) {
+		c->src0 = c->last_src = x->src;
+		c->dst0 = c->last_dst = x->dst;
+		c->box0 = x->box;
+		c->one_src = c->one_dst = c->identical = c->one_per_dst = c->disjoint = true;
+		c->ndst = c->nsrc = 1;
+		c->bytes = b;
+		return;
+	}
+	c->bytes += b;
+	c->one_src &= x->src == c->src0;
+	c->one_dst &= x->dst == c->dst0;
+	c->identical &= vps_box_equal(&x->box, &c->box0);
+	if (x->dst != c->last_dst)
+		c->ndst++;
+	else
+		c->one_per_dst = false;
+	c->nsrc += x->src != c->last_src;
+	c->last_src = x->src;
+	c->last_dst = x->dst;
+}
+
+/* Whether the kind depends on the pieces' boxes being disjoint. */
+static bool coll_needs_disjoint(const struct coll_acc *c)
+{
+	if (c->n < 2)
+		return false;
+	if (c->one_src)
+		return c->ndst > 1 && !(c->identical && c->one_per_dst);
+	return c->one_dst;
+}
+
+static vps_result_t coll_disjoint(struct coll_acc *c, const struct vps_piece *x)
+{
+	if (!c->win) {
+		c->win = vps_malloc((size_t)vps_min64(c->n, DISJOINT_WINDOW - 1) * sizeof(*c->win));
+		if (!c->win)
+			return VPS_ENOMEM;
+	}
+	for (int k = 0; k < c->nwin && c->disjoint; k++)
+		c->disjoint = !vps_box_intersect(&c->win[k], &x->box, NULL);
+	int cap = (int)vps_min64(c->n, DISJOINT_WINDOW - 1);
+	c->win[c->at] = x->box;
+	c->at = (c->at + 1) % cap;
+	if (c->nwin < cap)
+		c->nwin++;
+	if (++c->seen == c->n || !c->disjoint) {
+		free(c->win);
+		c->win = NULL;
+		c->pending = false;
+	}
+	return VPS_OK;
+}
+
+/* Collective promotion, fed the moved pieces in plan order (as the planner
+ * collects them), finished with a second reading for the few whose kind
+ * rests on disjointness. */
+struct promotion {
+	struct coll_acc *acc;
+	size_t nkeys;
+};
+
+static vps_result_t promote_begin(struct promotion *pr, const struct vps_plan *p)
+{
+	pr->nkeys = (size_t)vps_model_num_tensors(vps_layout_model(p->a)) * VPS_NSTATES;
+	pr->acc = vps_calloc(pr->nkeys + 1, sizeof(*pr->acc));
+	return pr->acc ? VPS_OK : VPS_ENOMEM;
+}
+
+static void promote_add(struct promotion *pr, const struct vps_piece *x)
+{
+	if (x->src != x->dst)
+		coll_add(&pr->acc[(size_t)x->tensor * VPS_NSTATES + x->state], x);
+}
+
+static void promote_release(struct promotion *pr)
+{
+	for (size_t k = 0; pr->acc && k < pr->nkeys; k++)
+		free(pr->acc[k].win);
+	free(pr->acc);
+	pr->acc = NULL;
+}
+
+/* Broadcast, scatter and gather, per (tensor, state), from the moved pieces. */
+static vps_result_t promote_end(struct promotion *pr, struct vps_plan *p)
+{
+	struct coll_acc *acc = pr->acc;
+	size_t nkeys = pr->nkeys, cap = 0;
+	vps_result_t rc = VPS_OK;
+	struct vps_piece_iter it;
+	const struct vps_piece *x;
+	bool second = false;
+	for (size_t k = 0; k < nkeys; k++) {
+		acc[k].pending = coll_needs_disjoint(&acc[k]);
+		second |= acc[k].pending;
+	}
+	vps_piece_iter_init(&it, p);
+	while (second && !rc && (x = vps_piece_iter_next(&it))) {
+		struct coll_acc *c = &acc[(size_t)x->tensor * VPS_NSTATES + x->state];
+		if (x->src != x->dst && c->pending)
+			rc = coll_disjoint(c, x);
+	}
+	for (size_t k = 0; k < nkeys && !rc; k++) {
+		const struct coll_acc *c = &acc[k];
+		if (!c->n)
+			continue;
+		int kind = -1;
+		if (c->one_src && c->ndst > 1 && c->identical && c->one_per_dst)
+			kind = VPS_COLL_BROADCAST;
+		else if (c->one_src && c->ndst > 1 && c->disjoint)
+			kind = VPS_COLL_SCATTER;
+		else if (!c->one_src && c->one_dst && c->disjoint)
+			kind = VPS_COLL_GATHER;
+		if (kind < 0)
+			continue;
+		rc = VPS_GROW(p->colls, cap, p->ncolls + 1);
+		if (!rc) {
+			struct vps_collective *cl = &p->colls[p->ncolls++];
+			cl->tensor = (uint32_t)(k / VPS_NSTATES);
+			cl->state = (uint8_t)(k % VPS_NSTATES);
+			cl->kind = (uint8_t)kind;
+			cl->root = kind == VPS_COLL_GATHER ? c->dst0 : c->src0;
+			cl->peers = kind == VPS_COLL_GATHER ? c->nsrc : c->ndst;
+			cl->bytes = c->bytes;
+		}
+	}
+	promote_release(pr);
+	return rc;
+}
+
 /* ---- the global plan, by blocks of destinations ---- */
 
 /* A block is this many destination ranks: small enough that threads share
@@ -678,23 +831,30 @@ static int plan_threads(int asked)
 	return n < 1 ? 1 : n > VPS_PLAN_MAX_THREADS ? VPS_PLAN_MAX_THREADS : n;
 }
 
-/* Take block bl into the packed plan, or unpack it into the pieces. */
-static vps_result_t collect(struct vps_packed_block *bl, struct vps_packed *pk, struct pieces *out)
+/* Take block bl into the packed plan, or unpack it into the pieces; the
+ * collecting thread meanwhile feeds promotion and, packed, the hash. */
+static vps_result_t collect(struct vps_packed_block *bl, struct vps_packed *pk, struct pieces *out,
+			    struct promotion *pr)
 {
-	if (pk) {
-		VPS_CHECK(VPS_GROW(pk->v, pk->cap, pk->n + 1));
-		pk->v[pk->n++] = *bl;
-		memset(bl, 0, sizeof(*bl));
-		return VPS_OK;
-	}
 	struct vps_packed one = {.v = bl, .n = 1, .cap = 1};
 	struct vps_plan view = {.packed = &one};
 	struct vps_piece_iter it;
 	const struct vps_piece *x;
-	VPS_CHECK(VPS_GROW(out->v, out->cap, out->n + bl->npieces));
+	if (!pk)
+		VPS_CHECK(VPS_GROW(out->v, out->cap, out->n + bl->npieces));
 	vps_piece_iter_init(&it, &view);
-	while ((x = vps_piece_iter_next(&it)))
-		out->v[out->n++] = *x;
+	while ((x = vps_piece_iter_next(&it))) {
+		promote_add(pr, x);
+		if (pk)
+			pk->hash = vps_piece_hash(x, pk->hash);
+		else
+			out->v[out->n++] = *x;
+	}
+	if (pk) {
+		VPS_CHECK(VPS_GROW(pk->v, pk->cap, pk->n + 1));
+		pk->v[pk->n++] = *bl;
+		memset(bl, 0, sizeof(*bl));
+	}
 	return VPS_OK;
 }
 
@@ -702,7 +862,8 @@ static vps_result_t collect(struct vps_packed_block *bl, struct vps_packed *pk, 
  * structs into out. Threads take blocks as they come; the blocks are
  * collected in rank order, so the plan (and the first error, the one of the
  * lowest failing rank) is the same for any number of threads. */
-static vps_result_t plan_all(struct ctx *c, int64_t W, int asked, struct vps_packed *pk, struct pieces *out)
+static vps_result_t plan_all(struct ctx *c, int64_t W, int asked, struct vps_packed *pk, struct pieces *out,
+			     struct promotion *pr)
 {
 	int64_t nblocks = vps_ceil_div(W, BLOCK_RANKS);
 	int threads = (int)vps_min64(plan_threads(asked), nblocks);
@@ -732,7 +893,7 @@ static vps_result_t plan_all(struct ctx *c, int64_t W, int asked, struct vps_pac
 			if (bl->rc)
 				snprintf(bl->err, sizeof(bl->err), "%s", vps_last_error());
 		}
-		rc = bl->rc ? vps_fail(bl->rc, "%s", bl->err) : collect(&bl->p, pk, out);
+		rc = bl->rc ? vps_fail(bl->rc, "%s", bl->err) : collect(&bl->p, pk, out, pr);
 		free(bl->p.data);
 		bl->p.data = NULL;
 		pthread_mutex_lock(&j.mu);
@@ -781,137 +942,6 @@ static vps_result_t plan_training(struct vps_plan *p, const struct vps_plan_opts
 	return VPS_OK;
 }
 
-/* Pieces of one (tensor, state) compared for disjointness: each with the
- * ones this far before it. */
-#define DISJOINT_WINDOW 64
-
-/* What promotion needs of one (tensor, state)'s moved pieces, taken in plan
- * order: the plan is read, never sorted by tensor or held whole. */
-struct coll_acc {
-	int64_t n, bytes, ndst, nsrc;
-	int64_t src0, dst0, last_src, last_dst;
-	struct vps_box box0;
-	bool one_src, one_dst, identical, one_per_dst, disjoint;
-	/* second reading, for the ones whose kind rests on disjointness: the
-	 * last boxes, held from the first piece to the last */
-	bool pending;
-	int64_t seen;
-	struct vps_box *win;
-	int nwin, at;
-};
-
-static void coll_add(struct coll_acc *c, const struct vps_piece *x)
-{
-	int64_t b = vps_piece_bytes(x);
-	if (!c->n++) {
-		c->src0 = c->last_src = x->src;
-		c->dst0 = c->last_dst = x->dst;
-		c->box0 = x->box;
-		c->one_src = c->one_dst = c->identical = c->one_per_dst = c->disjoint = true;
-		c->ndst = c->nsrc = 1;
-		c->bytes = b;
-		return;
-	}
-	c->bytes += b;
-	c->one_src &= x->src == c->src0;
-	c->one_dst &= x->dst == c->dst0;
-	c->identical &= vps_box_equal(&x->box, &c->box0);
-	if (x->dst != c->last_dst)
-		c->ndst++;
-	else
-		c->one_per_dst = false;
-	c->nsrc += x->src != c->last_src;
-	c->last_src = x->src;
-	c->last_dst = x->dst;
-}
-
-/* Whether the kind depends on the pieces' boxes being disjoint. */
-static bool coll_needs_disjoint(const struct coll_acc *c)
-{
-	if (c->n < 2)
-		return false;
-	if (c->one_src)
-		return c->ndst > 1 && !(c->identical && c->one_per_dst);
-	return c->one_dst;
-}
-
-static vps_result_t coll_disjoint(struct coll_acc *c, const struct vps_piece *x)
-{
-	if (!c->win) {
-		c->win = vps_malloc((size_t)vps_min64(c->n, DISJOINT_WINDOW - 1) * sizeof(*c->win));
-		if (!c->win)
-			return VPS_ENOMEM;
-	}
-	for (int k = 0; k < c->nwin && c->disjoint; k++)
-		c->disjoint = !vps_box_intersect(&c->win[k], &x->box, NULL);
-	int cap = (int)vps_min64(c->n, DISJOINT_WINDOW - 1);
-	c->win[c->at] = x->box;
-	c->at = (c->at + 1) % cap;
-	if (c->nwin < cap)
-		c->nwin++;
-	if (++c->seen == c->n || !c->disjoint) {
-		free(c->win);
-		c->win = NULL;
-		c->pending = false;
-	}
-	return VPS_OK;
-}
-
-/* Broadcast, scatter and gather, per (tensor, state), from the moved pieces. */
-static vps_result_t promote(struct vps_plan *p)
-{
-	size_t nkeys = (size_t)vps_model_num_tensors(vps_layout_model(p->a)) * VPS_NSTATES, cap = 0;
-	struct coll_acc *acc = vps_calloc(nkeys + 1, sizeof(*acc));
-	if (!acc)
-		return VPS_ENOMEM;
-	vps_result_t rc = VPS_OK;
-	struct vps_piece_iter it;
-	const struct vps_piece *x;
-	vps_piece_iter_init(&it, p);
-	while ((x = vps_piece_iter_next(&it)))
-		if (x->src != x->dst)
-			coll_add(&acc[(size_t)x->tensor * VPS_NSTATES + x->state], x);
-	bool second = false;
-	for (size_t k = 0; k < nkeys; k++) {
-		acc[k].pending = coll_needs_disjoint(&acc[k]);
-		second |= acc[k].pending;
-	}
-	vps_piece_iter_init(&it, p);
-	while (second && !rc && (x = vps_piece_iter_next(&it))) {
-		struct coll_acc *c = &acc[(size_t)x->tensor * VPS_NSTATES + x->state];
-		if (x->src != x->dst && c->pending)
-			rc = coll_disjoint(c, x);
-	}
-	for (size_t k = 0; k < nkeys && !rc; k++) {
-		const struct coll_acc *c = &acc[k];
-		if (!c->n)
-			continue;
-		int kind = -1;
-		if (c->one_src && c->ndst > 1 && c->identical && c->one_per_dst)
-			kind = VPS_COLL_BROADCAST;
-		else if (c->one_src && c->ndst > 1 && c->disjoint)
-			kind = VPS_COLL_SCATTER;
-		else if (!c->one_src && c->one_dst && c->disjoint)
-			kind = VPS_COLL_GATHER;
-		if (kind < 0)
-			continue;
-		rc = VPS_GROW(p->colls, cap, p->ncolls + 1);
-		if (!rc) {
-			struct vps_collective *cl = &p->colls[p->ncolls++];
-			cl->tensor = (uint32_t)(k / VPS_NSTATES);
-			cl->state = (uint8_t)(k % VPS_NSTATES);
-			cl->kind = (uint8_t)kind;
-			cl->root = kind == VPS_COLL_GATHER ? c->dst0 : c->src0;
-			cl->peers = kind == VPS_COLL_GATHER ? c->nsrc : c->ndst;
-			cl->bytes = c->bytes;
-		}
-	}
-	for (size_t k = 0; k < nkeys; k++)
-		free(acc[k].win);
-	free(acc);
-	return rc;
-}
-
 const char *vps_collective_name(int kind)
 {
 	static const char *names[] = {"broadcast", "scatter", "gather"};
@@ -932,6 +962,7 @@ vps_result_t vps_plan_compute(struct vps_plan **out, struct vps_layout *a, struc
 		return VPS_ENOMEM;
 	struct ctx c = {0};
 	struct pieces pcs = {0};
+	struct promotion pr = {0};
 	VPS_CHECK_GOTO(vps_world_new(&p->world, a, b), rc, fail);
 	p->scope = opts->rank;
 	p->a = a;
@@ -959,7 +990,12 @@ vps_result_t vps_plan_compute(struct vps_plan **out, struct vps_layout *a, struc
 				goto fail;
 			}
 		}
-		VPS_CHECK_GOTO(plan_all(&c, W, opts->threads, p->packed, &pcs), rc, fail);
+		VPS_CHECK_GOTO(promote_begin(&pr, p), rc, fail);
+		if (p->packed)
+			p->packed->hash = vps_plan_hash_start(p);
+		VPS_CHECK_GOTO(plan_all(&c, W, opts->threads, p->packed, &pcs, &pr), rc, fail);
+		if (p->packed)
+			p->packed->hashed = true;
 	}
 	if (opts->rank >= 0)
 		qsort(pcs.v, pcs.n, sizeof(*pcs.v), piece_cmp);
@@ -977,12 +1013,13 @@ vps_result_t vps_plan_compute(struct vps_plan **out, struct vps_layout *a, struc
 		p->npieces += p->packed->v[k].npieces;
 	VPS_CHECK_GOTO(plan_training(p, opts), rc, fail);
 	if (opts->rank < 0)
-		VPS_CHECK_GOTO(promote(p), rc, fail);
+		VPS_CHECK_GOTO(promote_end(&pr, p), rc, fail);
 	ctx_release(&c);
 	*out = p;
 	return VPS_OK;
 fail:
 	ctx_release(&c);
+	promote_release(&pr);
 	free(pcs.v);
 	vps_world_free(p->world);
 	vps_packed_free(p->packed);

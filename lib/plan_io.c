@@ -5,6 +5,7 @@
 #include "internal.h"
 #include "layout_io.h"
 #include "plan_io.h"
+#include "plan_pack.h"
 
 static vps_result_t write_strides(struct vps_writer *w, const char *key, const int64_t *s, int n)
 {
@@ -193,24 +194,39 @@ vps_result_t vps_piece_write(struct vps_writer *w, const struct vps_model *m, co
 	return write_piece(w, m, p);
 }
 
-uint64_t vps_plan_hash(const struct vps_plan *p)
+uint64_t vps_plan_hash_start(const struct vps_plan *p)
 {
 	uint64_t h = vps_layout_hash(p->a);
 	h = vps_hash64(&h, 8, vps_layout_hash(p->b));
-	h = vps_hash64(&p->scope, sizeof(p->scope), h);
-	struct vps_piece_iter it;
-	const struct vps_piece *x;
-	vps_piece_iter_init(&it, p);
-	while ((x = vps_piece_iter_next(&it))) {
-		int64_t f[8 + 4 * VPS_MAX_DIMS] = {x->tensor, x->state, x->src, x->dst, x->src_buffer, x->dst_buffer,
-						   x->src_offset, x->dst_offset};
-		for (int k = 0; k < x->box.ndim; k++) {
-			f[8 + k] = x->box.lo[k];
-			f[8 + VPS_MAX_DIMS + k] = x->box.hi[k];
-			f[8 + 2 * VPS_MAX_DIMS + k] = x->src_strides[k];
-			f[8 + 3 * VPS_MAX_DIMS + k] = x->dst_strides[k];
-		}
-		h = vps_hash64(f, sizeof(f), h);
+	return vps_hash64(&p->scope, sizeof(p->scope), h);
+}
+
+uint64_t vps_piece_hash(const struct vps_piece *x, uint64_t h)
+{
+	int64_t f[8 + 4 * VPS_MAX_DIMS] = {x->tensor, x->state, x->src, x->dst, x->src_buffer, x->dst_buffer,
+					   x->src_offset, x->dst_offset};
+	for (int k = 0; k < x->box.ndim; k++) {
+		f[8 + k] = x->box.lo[k];
+		f[8 + VPS_MAX_DIMS + k] = x->box.hi[k];
+		f[8 + 2 * VPS_MAX_DIMS + k] = x->src_strides[k];
+		f[8 + 3 * VPS_MAX_DIMS + k] = x->dst_strides[k];
+	}
+	return vps_hash64(f, sizeof(f), h);
+}
+
+uint64_t vps_plan_hash(const struct vps_plan *p)
+{
+	uint64_t h;
+	if (p->packed && p->packed->hashed) {
+		/* hashed as the planner packed it; packed pieces do not change */
+		h = p->packed->hash;
+	} else {
+		struct vps_piece_iter it;
+		const struct vps_piece *x;
+		h = vps_plan_hash_start(p);
+		vps_piece_iter_init(&it, p);
+		while ((x = vps_piece_iter_next(&it)))
+			h = vps_piece_hash(x, h);
 	}
 	for (size_t i = 0; i < p->ncolls; i++) {
 		const struct vps_collective *c = &p->colls[i];

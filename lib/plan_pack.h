@@ -17,6 +17,8 @@ struct vps_packed_block {
 struct vps_packed {
 	struct vps_packed_block *v;
 	size_t n, cap;
+	bool hashed;
+	uint64_t hash; /* the plan hash after the pieces (vps_piece_hash), when hashed */
 };
 
 /* Append x to block b; prev is the piece appended before it in b (or a
