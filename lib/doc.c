@@ -261,6 +261,30 @@ vps_result_t vps_writer_new_counting(struct vps_writer **wp, enum vps_doc_kind k
 
 uint64_t vps_writer_count(const struct vps_writer *w) { return w->count; }
 
+vps_result_t vps_writer_new_part(struct vps_writer **wp)
+{
+	struct vps_writer *w = vps_calloc(1, sizeof(*w));
+	if (!w)
+		return VPS_ENOMEM;
+	*wp = w;
+	return VPS_OK;
+}
+
+bool vps_writer_is_yaml(const struct vps_writer *w) { return w->yaml; }
+
+void vps_writer_take(struct vps_writer *w, struct vps_bytes *out)
+{
+	*out = w->out;
+	memset(&w->out, 0, sizeof(w->out));
+}
+
+vps_result_t vps_w_raw(struct vps_writer *w, const void *p, size_t n)
+{
+	if (w->yaml)
+		return vps_fail(VPS_EINPUT, "document writer: raw bytes in YAML");
+	return bin_put(w, p, n);
+}
+
 vps_result_t vps_writer_new_streaming(struct vps_writer **wp, enum vps_doc_kind kind, uint64_t payload)
 {
 	if (payload > VPS_DOC_MAX_BYTES)

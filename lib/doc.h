@@ -42,6 +42,15 @@ vps_result_t vps_writer_new_counting(struct vps_writer **w, enum vps_doc_kind ki
 uint64_t vps_writer_count(const struct vps_writer *w);
 vps_result_t vps_writer_new_streaming(struct vps_writer **w, enum vps_doc_kind kind, uint64_t payload);
 
+/* A binary writer of a part of a payload, for threads writing parts of one
+ * document: no header, no compression. vps_writer_take hands over what it
+ * wrote (and empties it); vps_w_raw appends such a part to another binary
+ * writer. */
+vps_result_t vps_writer_new_part(struct vps_writer **w);
+bool vps_writer_is_yaml(const struct vps_writer *w);
+void vps_writer_take(struct vps_writer *w, struct vps_bytes *out);
+vps_result_t vps_w_raw(struct vps_writer *w, const void *p, size_t n);
+
 /* key is the mapping key, or NULL for an item of a sequence. flow asks YAML
  * for the compact [a, b] style. */
 vps_result_t vps_w_map_begin(struct vps_writer *w, const char *key);

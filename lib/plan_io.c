@@ -1,5 +1,7 @@
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <sys/sysinfo.h>
 
 #include "doc.h"
 #include "internal.h"
@@ -241,6 +243,123 @@ uint64_t vps_plan_hash(const struct vps_plan *p)
 	return h ? h : 1;
 }
 
+/* ---- a packed plan's pieces, written by threads ---- */
+
+/* Blocks written ahead of the one being compressed, per thread. */
+#define PARTS_AHEAD 4
+#define WRITE_THREADS_MAX 64
+
+struct wpart {
+	struct vps_bytes b;
+	vps_result_t rc;
+	bool ready;
+	char err[512];
+};
+
+struct wjob {
+	const struct vps_plan *p;
+	size_t n, next, taken, ahead;
+	bool stop;
+	struct wpart *parts;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+};
+
+static vps_result_t write_block(struct vps_writer *w, struct names *names, const struct vps_packed_block *bl)
+{
+	struct vps_packed one = {.v = (struct vps_packed_block *)bl, .n = 1, .cap = 1};
+	struct vps_plan view = {.packed = &one};
+	struct vps_piece_iter it;
+	const struct vps_piece *x;
+	vps_piece_iter_init(&it, &view);
+	while ((x = vps_piece_iter_next(&it))) {
+		const char *name = "";
+		VPS_CHECK(tensor_name(names, x->tensor, &name));
+		VPS_CHECK(write_piece_named(w, name, x));
+	}
+	return VPS_OK;
+}
+
+static void *write_worker(void *arg)
+{
+	struct wjob *j = arg;
+	struct names names = {.m = vps_layout_model(j->p->a)};
+	struct vps_writer *w = NULL;
+	vps_result_t wrc = vps_writer_new_part(&w);
+	pthread_mutex_lock(&j->mu);
+	for (;;) {
+		while (!j->stop && j->next < j->n && j->next >= j->taken + j->ahead)
+			pthread_cond_wait(&j->cv, &j->mu);
+		if (j->stop || j->next >= j->n)
+			break;
+		struct wpart *part = &j->parts[j->next];
+		const struct vps_packed_block *bl = &j->p->packed->v[j->next];
+		j->next++;
+		pthread_mutex_unlock(&j->mu);
+		vps_clear_error();
+		vps_result_t rc = wrc ? wrc : write_block(w, &names, bl);
+		if (!rc)
+			vps_writer_take(w, &part->b);
+		else
+			snprintf(part->err, sizeof(part->err), "%s", wrc ? "out of memory" : vps_last_error());
+		pthread_mutex_lock(&j->mu);
+		part->rc = rc;
+		part->ready = true;
+		pthread_cond_broadcast(&j->cv);
+	}
+	pthread_mutex_unlock(&j->mu);
+	vps_writer_free(w);
+	names_release(&names);
+	return NULL;
+}
+
+/* The pieces of a packed plan into w, in order: threads write blocks, this
+ * one appends them (and the streaming writer compresses them). false: no
+ * thread could be started, write them here. */
+static vps_result_t write_packed(struct vps_writer *w, const struct vps_plan *p, bool *done)
+{
+	int threads = get_nprocs();
+	threads = threads > WRITE_THREADS_MAX ? WRITE_THREADS_MAX : threads;
+	*done = false;
+	if (threads < 2 || p->packed->n < 2)
+		return VPS_OK;
+	struct wjob j = {.p = p, .n = p->packed->n, .ahead = (size_t)PARTS_AHEAD * (size_t)threads};
+	pthread_t tid[WRITE_THREADS_MAX];
+	int started = 0;
+	j.parts = vps_calloc(j.n, sizeof(*j.parts));
+	if (!j.parts)
+		return VPS_ENOMEM;
+	pthread_mutex_init(&j.mu, NULL);
+	pthread_cond_init(&j.cv, NULL);
+	for (int t = 0; t < threads; t++)
+		if (!pthread_create(&tid[started], NULL, write_worker, &j))
+			started++;
+	vps_result_t rc = VPS_OK;
+	for (size_t k = 0; started && k < j.n && !rc; k++) {
+		struct wpart *part = &j.parts[k];
+		pthread_mutex_lock(&j.mu);
+		while (!part->ready)
+			pthread_cond_wait(&j.cv, &j.mu);
+		pthread_mutex_unlock(&j.mu);
+		rc = part->rc ? vps_fail(part->rc, "%s", part->err) : vps_w_raw(w, part->b.data, part->b.len);
+		vps_bytes_release(&part->b);
+		pthread_mutex_lock(&j.mu);
+		j.taken = k + 1;
+		j.stop = rc != VPS_OK;
+		pthread_cond_broadcast(&j.cv);
+		pthread_mutex_unlock(&j.mu);
+	}
+	for (int t = 0; t < started; t++)
+		pthread_join(tid[t], NULL);
+	for (size_t k = 0; k < j.n; k++)
+		vps_bytes_release(&j.parts[k].b);
+	free(j.parts);
+	pthread_mutex_destroy(&j.mu);
+	pthread_cond_destroy(&j.cv);
+	*done = started > 0;
+	return rc;
+}
+
 /* Binary bytes of one piece of each (tensor, state): a piece's fields are
  * fixed-width but for its names and its number of axes, which the tensor
  * fixes. The streaming writer checks the total it is told. */
@@ -281,8 +400,11 @@ static vps_result_t write_body(struct vps_writer *w, const struct vps_plan *p, u
 	VPS_CHECK(vps_w_seq_begin(w, "pieces", p->npieces, false));
 	struct vps_piece_iter it;
 	const struct vps_piece *x;
+	bool written = false;
+	if (!counted && p->packed && !vps_writer_is_yaml(w))
+		rc = write_packed(w, p, &written);
 	vps_piece_iter_init(&it, p);
-	while (!rc && (x = vps_piece_iter_next(&it))) {
+	while (!rc && !written && (x = vps_piece_iter_next(&it))) {
 		const char *name = "";
 		size_t k = (size_t)x->tensor * VPS_NSTATES + x->state;
 		if (counted && k < sz.n && sz.bytes[k] && sz.ndim[k] == x->box.ndim) {
