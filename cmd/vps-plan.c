@@ -226,6 +226,7 @@ int main(int argc, char **argv)
 	}
 	/* the tool only hashes, writes or counts a global plan's pieces */
 	po.compact = true;
+	po.unhashed = stats;
 	if ((rc = vps_plan_compute(&p, a, b, &po)))
 		goto fail;
 	a = b = NULL;

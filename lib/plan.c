@@ -834,7 +834,7 @@ static int plan_threads(int asked)
 /* Take block bl into the packed plan, or unpack it into the pieces; the
  * collecting thread meanwhile feeds promotion and, packed, the hash. */
 static vps_result_t collect(struct vps_packed_block *bl, struct vps_packed *pk, struct pieces *out,
-			    struct promotion *pr)
+			    struct promotion *pr, bool hash)
 {
 	struct vps_packed one = {.v = bl, .n = 1, .cap = 1};
 	struct vps_plan view = {.packed = &one};
@@ -845,9 +845,9 @@ static vps_result_t collect(struct vps_packed_block *bl, struct vps_packed *pk, 
 	vps_piece_iter_init(&it, &view);
 	while ((x = vps_piece_iter_next(&it))) {
 		promote_add(pr, x);
-		if (pk)
+		if (hash)
 			pk->hash = vps_piece_hash(x, pk->hash);
-		else
+		if (!pk)
 			out->v[out->n++] = *x;
 	}
 	if (pk) {
@@ -863,7 +863,7 @@ static vps_result_t collect(struct vps_packed_block *bl, struct vps_packed *pk, 
  * collected in rank order, so the plan (and the first error, the one of the
  * lowest failing rank) is the same for any number of threads. */
 static vps_result_t plan_all(struct ctx *c, int64_t W, int asked, struct vps_packed *pk, struct pieces *out,
-			     struct promotion *pr)
+			     struct promotion *pr, bool hash)
 {
 	int64_t nblocks = vps_ceil_div(W, BLOCK_RANKS);
 	int threads = (int)vps_min64(plan_threads(asked), nblocks);
@@ -893,7 +893,7 @@ static vps_result_t plan_all(struct ctx *c, int64_t W, int asked, struct vps_pac
 			if (bl->rc)
 				snprintf(bl->err, sizeof(bl->err), "%s", vps_last_error());
 		}
-		rc = bl->rc ? vps_fail(bl->rc, "%s", bl->err) : collect(&bl->p, pk, out, pr);
+		rc = bl->rc ? vps_fail(bl->rc, "%s", bl->err) : collect(&bl->p, pk, out, pr, hash);
 		free(bl->p.data);
 		bl->p.data = NULL;
 		pthread_mutex_lock(&j.mu);
@@ -991,10 +991,11 @@ vps_result_t vps_plan_compute(struct vps_plan **out, struct vps_layout *a, struc
 			}
 		}
 		VPS_CHECK_GOTO(promote_begin(&pr, p), rc, fail);
-		if (p->packed)
+		bool hash = p->packed && !opts->unhashed;
+		if (hash)
 			p->packed->hash = vps_plan_hash_start(p);
-		VPS_CHECK_GOTO(plan_all(&c, W, opts->threads, p->packed, &pcs, &pr), rc, fail);
-		if (p->packed)
+		VPS_CHECK_GOTO(plan_all(&c, W, opts->threads, p->packed, &pcs, &pr, hash), rc, fail);
+		if (hash)
 			p->packed->hashed = true;
 	}
 	if (opts->rank >= 0)

@@ -40,7 +40,11 @@ static vps_result_t lower_bound_of(const struct vps_plan *p, int64_t d, int64_t 
 		rc = VPS_ENOMEM;
 	for (size_t i = 0; !rc && i < va.nregions; i++)
 		idx[i] = &va.regions[i];
-	if (!rc)
+	/* a view comes in (tensor, state) order as a rule: sort only if not */
+	bool sorted = true;
+	for (size_t i = 1; !rc && i < va.nregions && sorted; i++)
+		sorted = region_ts_cmp(&idx[i - 1], &idx[i]) <= 0;
+	if (!rc && !sorted)
 		qsort(idx, va.nregions, sizeof(*idx), region_ts_cmp);
 	for (size_t i = 0; !rc && i < vb.nregions; i++) {
 		const struct vps_region *R = &vb.regions[i];

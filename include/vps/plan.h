@@ -92,6 +92,8 @@ struct vps_plan_opts {
 	int threads;           /* global plans: threads (0: the online CPUs); the plan is the same for any */
 	bool compact;          /* global plans: keep the pieces packed (pieces NULL; about 25 bytes a
 				* piece instead of 184), for tools that only hash, write or count them */
+	bool unhashed;         /* compact plans: not hashed while planned (for statistics alone);
+				* vps_plan_hash then reads the pieces */
 };
 #define VPS_PLAN_MAX_THREADS 256
 

@@ -115,7 +115,8 @@ static struct vps_plan *plan_with(const char *model, const char *from, const cha
 				  bool compact)
 {
 	struct vps_layout *a = test_layout(model, from, gpn, 0), *b = test_layout(model, to, gpn, 0);
-	struct vps_plan_opts o = {.rank = -1, .threads = threads, .compact = compact};
+	/* packed with 3 threads: not hashed while planned, hashed when asked */
+	struct vps_plan_opts o = {.rank = -1, .threads = threads, .compact = compact, .unhashed = threads == 3};
 	struct vps_plan *p = NULL;
 	if (a && b)
 		CHECK_OK(vps_plan_compute(&p, a, b, &o));
