@@ -748,7 +748,8 @@ static vps_result_t plan_block(struct ctx *c, int64_t lo, int64_t hi, struct pie
 	for (int64_t d = lo; d < hi; d++) {
 		scratch->n = 0;
 		VPS_CHECK(plan_receives(c, d, scratch));
-		qsort(scratch->v, scratch->n, sizeof(*scratch->v), piece_cmp);
+		if (scratch->n > 1)
+			qsort(scratch->v, scratch->n, sizeof(*scratch->v), piece_cmp);
 		for (size_t i = 0; i < scratch->n; i++) {
 			VPS_CHECK(vps_pack_piece(out, prev, &scratch->v[i]));
 			prev = &scratch->v[i];
