@@ -12,7 +12,7 @@
 const char *tool_name = "vps-plan";
 
 static const char usage[] =
-	"usage: vps-plan [--rank R] [--stats [--load] [--topology T]] [--yaml] [-o FILE]\n"
+	"usage: vps-plan [--rank R] [--stats [--load] [--topology T]] [--threads N] [--yaml] [-o FILE]\n"
 	"                [--global-batch N [--micro-batch N] [--micro-batch-before N]]\n"
 	"                [--step N] [--consumed-samples N] [--scheduler-step N]\n"
 	"                (A B | --transition NAME)\n"
@@ -20,6 +20,7 @@ static const char usage[] =
 	"options:\n"
 	"  --transition NAME      plan a transition of configs/transitions (or a file)\n"
 	"  --rank R               only world rank R's part: its sends, receives and retains\n"
+	"  --threads N            threads for a global plan (default: the online CPUs)\n"
 	"  --stats                print statistics as YAML instead of the plan\n"
 	"  --load                 with --stats: bytes each rank sends and receives\n"
 	"  --topology T           with --stats: estimate the time on a topology\n"
@@ -127,7 +128,8 @@ int main(int argc, char **argv)
 		{"micro-batch", required_argument, NULL, 'M'},  {"micro-batch-before", required_argument, NULL, 'B'},
 		{"step", required_argument, NULL, 'S'},         {"consumed-samples", required_argument, NULL, 'C'},
 		{"scheduler-step", required_argument, NULL, 'l'}, {"help", no_argument, NULL, 'h'},
-		{"version", no_argument, NULL, 'V'},            {0, 0, 0, 0}};
+		{"version", no_argument, NULL, 'V'},            {"threads", required_argument, NULL, 'j'},
+		{0, 0, 0, 0}};
 	const char *out = NULL, *topo_arg = NULL, *transition = NULL;
 	bool stats = false, load = false, yaml = false;
 	struct vps_plan_opts po = {.rank = -1};
@@ -139,6 +141,15 @@ int main(int argc, char **argv)
 			if (!num("--rank", optarg, &po.rank))
 				return EXIT_USAGE;
 			break;
+		case 'j': {
+			int64_t n;
+			if (!num("--threads", optarg, &n))
+				return EXIT_USAGE;
+			if (n < 1 || n > VPS_PLAN_MAX_THREADS)
+				return tool_usage_error("--threads: %" PRId64 " is not from 1 to %d", n, VPS_PLAN_MAX_THREADS);
+			po.threads = (int)n;
+			break;
+		}
 		case 's': stats = true; break;
 		case 'L': load = true; break;
 		case 't': topo_arg = optarg; break;
@@ -216,6 +227,9 @@ int main(int argc, char **argv)
 		if ((rc = vps_layout_load(&b, argv[optind + 1])))
 			goto fail;
 	}
+	/* the tool only hashes, writes or counts a global plan's pieces */
+	po.compact = true;
+	po.unhashed = stats;
 	if ((rc = vps_plan_compute(&p, a, b, &po)))
 		goto fail;
 	a = b = NULL;

@@ -106,10 +106,18 @@ struct vps_writer {
 	bool yaml;
 	bool failed;
 	enum vps_doc_kind kind;
-	struct vps_bytes out;
+	struct vps_bytes out;  /* streaming: the payload not yet compressed */
 	yaml_emitter_t emitter;
 	bool emitter_ready;
+	bool counting;         /* keep nothing, count the payload */
+	uint64_t count;        /* payload bytes written */
+	ZSTD_CCtx *z;          /* streaming: compressing into zout */
+	struct vps_bytes zout;
+	uint64_t pledged;      /* streaming: the payload's size */
 };
+
+/* Payload a streaming writer holds before compressing it. */
+#define STREAM_CHUNK ((size_t)1 << 20)
 
 static int yaml_out(void *ctx, unsigned char *buf, size_t n)
 {
@@ -141,9 +149,52 @@ static vps_result_t emit_key(struct vps_writer *w, const char *key)
 	return key ? emit_scalar(w, key, false) : VPS_OK;
 }
 
+static ZSTD_CCtx *new_cctx(void)
+{
+	ZSTD_CCtx *c = ZSTD_createCCtx();
+	if (c) {
+		ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, 3);
+		ZSTD_CCtx_setParameter(c, ZSTD_c_checksumFlag, 1);
+		ZSTD_CCtx_setParameter(c, ZSTD_c_contentSizeFlag, 1);
+	}
+	return c;
+}
+
+/* Compress what the streaming writer holds; end: close the frame. */
+static vps_result_t stream_flush(struct vps_writer *w, bool end)
+{
+	ZSTD_inBuffer in = {w->out.data, w->out.len, 0};
+	ZSTD_EndDirective mode = end ? ZSTD_e_end : ZSTD_e_continue;
+	for (;;) {
+		size_t room = ZSTD_CStreamOutSize();
+		if (w->zout.cap - w->zout.len < room) {
+			size_t ncap = vps_max64((int64_t)w->zout.cap * 2, (int64_t)(w->zout.len + room));
+			unsigned char *d = realloc(w->zout.data, ncap);
+			if (!d)
+				return VPS_NOMEM();
+			w->zout.data = d;
+			w->zout.cap = ncap;
+		}
+		ZSTD_outBuffer o = {w->zout.data, w->zout.cap, w->zout.len};
+		size_t left = ZSTD_compressStream2(w->z, &o, &in, mode);
+		if (ZSTD_isError(left))
+			return vps_fail(VPS_EINPUT, "zstd: %s", ZSTD_getErrorName(left));
+		w->zout.len = o.pos;
+		if (in.pos == in.size && (!end || !left))
+			break;
+	}
+	w->out.len = 0;
+	return VPS_OK;
+}
+
 static vps_result_t bin_put(struct vps_writer *w, const void *p, size_t n)
 {
+	w->count += n;
+	if (w->counting)
+		return w->failed ? VPS_EINPUT : VPS_OK;
 	vps_result_t rc = vps_bytes_append(&w->out, p, n);
+	if (!rc && w->z && w->out.len >= STREAM_CHUNK)
+		rc = stream_flush(w, false);
 	if (rc)
 		w->failed = true;
 	return rc;
@@ -197,10 +248,79 @@ fail:
 	return rc;
 }
 
+vps_result_t vps_writer_new_counting(struct vps_writer **wp, enum vps_doc_kind kind)
+{
+	struct vps_writer *w = vps_calloc(1, sizeof(*w));
+	if (!w)
+		return VPS_ENOMEM;
+	w->kind = kind;
+	w->counting = true;
+	*wp = w;
+	return VPS_OK;
+}
+
+uint64_t vps_writer_count(const struct vps_writer *w) { return w->count; }
+
+vps_result_t vps_writer_new_part(struct vps_writer **wp)
+{
+	struct vps_writer *w = vps_calloc(1, sizeof(*w));
+	if (!w)
+		return VPS_ENOMEM;
+	*wp = w;
+	return VPS_OK;
+}
+
+bool vps_writer_is_yaml(const struct vps_writer *w) { return w->yaml; }
+
+void vps_writer_take(struct vps_writer *w, struct vps_bytes *out)
+{
+	*out = w->out;
+	memset(&w->out, 0, sizeof(w->out));
+}
+
+vps_result_t vps_w_raw(struct vps_writer *w, const void *p, size_t n)
+{
+	if (w->yaml)
+		return vps_fail(VPS_EINPUT, "document writer: raw bytes in YAML");
+	return bin_put(w, p, n);
+}
+
+vps_result_t vps_writer_new_streaming(struct vps_writer **wp, enum vps_doc_kind kind, uint64_t payload)
+{
+	if (payload > VPS_DOC_MAX_BYTES)
+		return vps_fail(VPS_EINPUT, "a %s document of %" PRIu64 " bytes is larger than any this build reads",
+				vps_doc_kind_name(kind), payload);
+	struct vps_writer *w = vps_calloc(1, sizeof(*w));
+	if (!w)
+		return VPS_ENOMEM;
+	w->kind = kind;
+	w->pledged = payload;
+	vps_result_t rc = VPS_OK;
+	unsigned char hdr[VPS_DOC_HEADER_SIZE] = {0};
+	memcpy(hdr, VPS_DOC_MAGIC, 4);
+	hdr[4] = (unsigned char)kind;
+	hdr[6] = (unsigned char)vps_doc_version(kind);
+	w->z = new_cctx();
+	if (!w->z)
+		rc = VPS_NOMEM();
+	if (!rc && ZSTD_isError(ZSTD_CCtx_setPledgedSrcSize(w->z, payload)))
+		rc = vps_fail(VPS_EINPUT, "zstd: cannot stream %" PRIu64 " bytes", payload);
+	if (!rc)
+		rc = vps_bytes_append(&w->zout, hdr, sizeof(hdr));
+	if (rc) {
+		vps_writer_free(w);
+		return rc;
+	}
+	*wp = w;
+	return VPS_OK;
+}
+
 void vps_writer_free(struct vps_writer *w)
 {
 	if (!w)
 		return;
+	ZSTD_freeCCtx(w->z);
+	vps_bytes_release(&w->zout);
 	if (w->emitter_ready)
 		yaml_emitter_delete(&w->emitter);
 	vps_bytes_release(&w->out);
@@ -212,6 +332,19 @@ vps_result_t vps_writer_finish(struct vps_writer *w, struct vps_bytes *out)
 	vps_result_t rc;
 	if (w->failed)
 		return vps_fail(VPS_EINPUT, "document writer failed earlier");
+	if (w->counting) {
+		memset(out, 0, sizeof(*out));
+		return VPS_OK;
+	}
+	if (w->z) {
+		if (w->count != w->pledged)
+			return vps_fail(VPS_EINPUT, "document writer: %" PRIu64 " bytes written where %" PRIu64 " were counted",
+					w->count, w->pledged);
+		VPS_CHECK(stream_flush(w, true));
+		*out = w->zout;
+		memset(&w->zout, 0, sizeof(w->zout));
+		return VPS_OK;
+	}
 	if (w->yaml) {
 		yaml_event_t ev;
 		yaml_mapping_end_event_initialize(&ev);
@@ -237,15 +370,12 @@ vps_result_t vps_writer_finish(struct vps_writer *w, struct vps_bytes *out)
 		vps_bytes_release(&res);
 		return VPS_NOMEM();
 	}
-	ZSTD_CCtx *cctx = ZSTD_createCCtx();
+	ZSTD_CCtx *cctx = new_cctx();
 	size_t n = 0;
 	if (!cctx) {
 		rc = VPS_NOMEM();
 		goto done;
 	}
-	ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, 3);
-	ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, 1);
-	ZSTD_CCtx_setParameter(cctx, ZSTD_c_contentSizeFlag, 1);
 	n = ZSTD_compress2(cctx, dst, bound, w->out.data + VPS_DOC_HEADER_SIZE, payload);
 	if (ZSTD_isError(n)) {
 		rc = vps_fail(VPS_EINPUT, "zstd: %s", ZSTD_getErrorName(n));

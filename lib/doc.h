@@ -32,6 +32,25 @@ vps_result_t vps_writer_new(struct vps_writer **w, enum vps_doc_kind kind, bool 
 vps_result_t vps_writer_finish(struct vps_writer *w, struct vps_bytes *out);
 void vps_writer_free(struct vps_writer *w);
 
+/* Binary documents too large to hold uncompressed (a global plan at 16,384
+ * ranks is 1.3 GB before compression) are written twice: once to a counting
+ * writer, which keeps nothing and measures the payload, then to a streaming
+ * writer told that size, which compresses as it goes (the zstd frame states
+ * its content size, as every document's does). Both are finished with
+ * vps_writer_finish; the counting one yields no bytes, only its count. */
+vps_result_t vps_writer_new_counting(struct vps_writer **w, enum vps_doc_kind kind);
+uint64_t vps_writer_count(const struct vps_writer *w);
+vps_result_t vps_writer_new_streaming(struct vps_writer **w, enum vps_doc_kind kind, uint64_t payload);
+
+/* A binary writer of a part of a payload, for threads writing parts of one
+ * document: no header, no compression. vps_writer_take hands over what it
+ * wrote (and empties it); vps_w_raw appends such a part to another binary
+ * writer. */
+vps_result_t vps_writer_new_part(struct vps_writer **w);
+bool vps_writer_is_yaml(const struct vps_writer *w);
+void vps_writer_take(struct vps_writer *w, struct vps_bytes *out);
+vps_result_t vps_w_raw(struct vps_writer *w, const void *p, size_t n);
+
 /* key is the mapping key, or NULL for an item of a sequence. flow asks YAML
  * for the compact [a, b] style. */
 vps_result_t vps_w_map_begin(struct vps_writer *w, const char *key);

@@ -24,9 +24,13 @@
  * plan restricted to it.
  * docs/plan.md has the reasons. */
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <sys/sysinfo.h>
 
 #include "internal.h"
+#include "plan_io.h"
+#include "plan_pack.h"
 #include "vps/plan.h"
 
 /* A piece with several replicas as sources is cut in up to this many parts,
@@ -67,6 +71,7 @@ struct ctx {
 	struct vps_holders hda, hdb; /* for duty_of, beside ha and hb in use */
 	struct duty *duties;         /* sorted by rank */
 	size_t nduties, capduties;
+	struct vps_piece last; /* global plans: the piece a block packs against */
 };
 
 static bool member(const struct vps_holder *h, int64_t r)
@@ -776,6 +781,356 @@ static int piece_cmp(const void *p, const void *q)
 	return x->dst_offset < y->dst_offset ? -1 : x->dst_offset > y->dst_offset;
 }
 
+/* Pieces of one (tensor, state) compared for disjointness: each with the
+ * ones this far before it. */
+#define DISJOINT_WINDOW 64
+
+/* What promotion needs of one (tensor, state)'s moved pieces, taken in plan
+ * order: the plan is read, never sorted by tensor or held whole. */
+struct coll_acc {
+	int64_t n, bytes, ndst, nsrc;
+	int64_t src0, dst0, last_src, last_dst;
+	struct vps_box box0;
+	bool one_src, one_dst, identical, one_per_dst, disjoint;
+	/* second reading, for the ones whose kind rests on disjointness: the
+	 * last boxes, held from the first piece to the last */
+	bool pending;
+	int64_t seen;
+	struct vps_box *win;
+	int nwin, at;
+};
+
+static void coll_add(struct coll_acc *c, const struct vps_piece *x)
+{
+	int64_t b = vps_piece_bytes(x);
+	if (!c->n++) {
+		c->src0 = c->last_src = x->src;
+		c->dst0 = c->last_dst = x->dst;
+		c->box0 = x->box;
+		c->one_src = c->one_dst = c->identical = c->one_per_dst = c->disjoint = true;
+		c->ndst = c->nsrc = 1;
+		c->bytes = b;
+		return;
+	}
+	c->bytes += b;
+	c->one_src &= x->src == c->src0;
+	c->one_dst &= x->dst == c->dst0;
+	c->identical &= vps_box_equal(&x->box, &c->box0);
+	if (x->dst != c->last_dst)
+		c->ndst++;
+	else
+		c->one_per_dst = false;
+	c->nsrc += x->src != c->last_src;
+	c->last_src = x->src;
+	c->last_dst = x->dst;
+}
+
+/* Whether the kind depends on the pieces' boxes being disjoint. */
+static bool coll_needs_disjoint(const struct coll_acc *c)
+{
+	if (c->n < 2)
+		return false;
+	if (c->one_src)
+		return c->ndst > 1 && !(c->identical && c->one_per_dst);
+	return c->one_dst;
+}
+
+static vps_result_t coll_disjoint(struct coll_acc *c, const struct vps_piece *x)
+{
+	if (!c->win) {
+		c->win = vps_malloc((size_t)vps_min64(c->n, DISJOINT_WINDOW - 1) * sizeof(*c->win));
+		if (!c->win)
+			return VPS_ENOMEM;
+	}
+	for (int k = 0; k < c->nwin && c->disjoint; k++)
+		c->disjoint = !vps_box_intersect(&c->win[k], &x->box, NULL);
+	int cap = (int)vps_min64(c->n, DISJOINT_WINDOW - 1);
+	c->win[c->at] = x->box;
+	c->at = (c->at + 1) % cap;
+	if (c->nwin < cap)
+		c->nwin++;
+	if (++c->seen == c->n || !c->disjoint) {
+		free(c->win);
+		c->win = NULL;
+		c->pending = false;
+	}
+	return VPS_OK;
+}
+
+/* Collective promotion, fed the moved pieces in plan order (as the planner
+ * collects them), finished with a second reading for the few whose kind
+ * rests on disjointness. */
+struct promotion {
+	struct coll_acc *acc;
+	size_t nkeys;
+};
+
+static vps_result_t promote_begin(struct promotion *pr, const struct vps_plan *p)
+{
+	pr->nkeys = (size_t)vps_model_num_tensors(vps_layout_model(p->a)) * VPS_NSTATES;
+	pr->acc = vps_calloc(pr->nkeys + 1, sizeof(*pr->acc));
+	return pr->acc ? VPS_OK : VPS_ENOMEM;
+}
+
+static void promote_add(struct promotion *pr, const struct vps_piece *x)
+{
+	if (x->src != x->dst)
+		coll_add(&pr->acc[(size_t)x->tensor * VPS_NSTATES + x->state], x);
+}
+
+static void promote_release(struct promotion *pr)
+{
+	for (size_t k = 0; pr->acc && k < pr->nkeys; k++)
+		free(pr->acc[k].win);
+	free(pr->acc);
+	pr->acc = NULL;
+}
+
+/* Broadcast, scatter and gather, per (tensor, state), from the moved pieces. */
+static vps_result_t promote_end(struct promotion *pr, struct vps_plan *p)
+{
+	struct coll_acc *acc = pr->acc;
+	size_t nkeys = pr->nkeys, cap = 0;
+	vps_result_t rc = VPS_OK;
+	struct vps_piece_iter it;
+	const struct vps_piece *x;
+	bool second = false;
+	for (size_t k = 0; k < nkeys; k++) {
+		acc[k].pending = coll_needs_disjoint(&acc[k]);
+		second |= acc[k].pending;
+	}
+	vps_piece_iter_init(&it, p);
+	while (second && !rc && (x = vps_piece_iter_next(&it))) {
+		struct coll_acc *c = &acc[(size_t)x->tensor * VPS_NSTATES + x->state];
+		if (x->src != x->dst && c->pending)
+			rc = coll_disjoint(c, x);
+	}
+	for (size_t k = 0; k < nkeys && !rc; k++) {
+		const struct coll_acc *c = &acc[k];
+		if (!c->n)
+			continue;
+		int kind = -1;
+		if (c->one_src && c->ndst > 1 && c->identical && c->one_per_dst)
+			kind = VPS_COLL_BROADCAST;
+		else if (c->one_src && c->ndst > 1 && c->disjoint)
+			kind = VPS_COLL_SCATTER;
+		else if (!c->one_src && c->one_dst && c->disjoint)
+			kind = VPS_COLL_GATHER;
+		if (kind < 0)
+			continue;
+		rc = VPS_GROW(p->colls, cap, p->ncolls + 1);
+		if (!rc) {
+			struct vps_collective *cl = &p->colls[p->ncolls++];
+			cl->tensor = (uint32_t)(k / VPS_NSTATES);
+			cl->state = (uint8_t)(k % VPS_NSTATES);
+			cl->kind = (uint8_t)kind;
+			cl->root = kind == VPS_COLL_GATHER ? c->dst0 : c->src0;
+			cl->peers = kind == VPS_COLL_GATHER ? c->nsrc : c->ndst;
+			cl->bytes = c->bytes;
+		}
+	}
+	promote_release(pr);
+	return rc;
+}
+
+/* ---- the global plan, by blocks of destinations ---- */
+
+/* A block is this many destination ranks: small enough that threads share
+ * the world evenly, large enough that claiming one costs nothing. */
+#define BLOCK_RANKS 32
+/* Blocks computed ahead of the one being collected, per thread: bounds what
+ * waits outside the plan. */
+#define BLOCKS_AHEAD 4
+
+static void ctx_release(struct ctx *c)
+{
+	vps_holders_release(&c->ha);
+	vps_holders_release(&c->hb);
+	vps_holders_release(&c->hda);
+	vps_holders_release(&c->hdb);
+	free(c->duties);
+	free(c->rem.v);
+	free(c->next.v);
+}
+
+/* The pieces of destinations [lo, hi), in plan order, packed. dst leads the
+ * order, so sorting each destination's pieces alone sorts the block (a
+ * whole-plan sort of millions of pieces took most of the global planning
+ * time); scratch holds one destination's at a time. */
+static vps_result_t plan_block(struct ctx *c, int64_t lo, int64_t hi, struct pieces *scratch,
+			       struct vps_packed_block *out)
+{
+	static const struct vps_piece zero;
+	const struct vps_piece *prev = &zero;
+	for (int64_t d = lo; d < hi; d++) {
+		scratch->n = 0;
+		VPS_CHECK(plan_receives(c, d, scratch));
+		if (scratch->n > 1)
+			qsort(scratch->v, scratch->n, sizeof(*scratch->v), piece_cmp);
+		for (size_t i = 0; i < scratch->n; i++) {
+			VPS_CHECK(vps_pack_piece(out, prev, &scratch->v[i]));
+			prev = &scratch->v[i];
+		}
+		if (scratch->n) {
+			/* the next destination packs against this one's last piece */
+			c->last = scratch->v[scratch->n - 1];
+			prev = &c->last;
+		}
+	}
+	return VPS_OK;
+}
+
+struct block {
+	struct vps_packed_block p;
+	vps_result_t rc;
+	bool ready;
+	char err[512]; /* the worker's message: errors are per thread */
+};
+
+struct job {
+	const struct vps_layout *a, *b;
+	const struct vps_world *w;
+	int64_t W, nblocks, next, collected, ahead;
+	bool stop;
+	struct block *blocks;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+};
+
+static void *plan_worker(void *arg)
+{
+	struct job *j = arg;
+	struct ctx c = {.a = j->a, .b = j->b, .w = j->w};
+	struct pieces scratch = {0};
+	struct vps_packed_block work = {0};
+	pthread_mutex_lock(&j->mu);
+	for (;;) {
+		while (!j->stop && j->next < j->nblocks && j->next >= j->collected + j->ahead)
+			pthread_cond_wait(&j->cv, &j->mu);
+		if (j->stop || j->next >= j->nblocks)
+			break;
+		struct block *bl = &j->blocks[j->next];
+		int64_t lo = j->next * BLOCK_RANKS, hi = vps_min64(j->W, lo + BLOCK_RANKS);
+		j->next++;
+		pthread_mutex_unlock(&j->mu);
+		vps_clear_error();
+		/* packed into a buffer kept from block to block, then copied out
+		 * at its size: growing each block's own would copy it over and over */
+		work.len = work.npieces = 0;
+		vps_result_t rc = plan_block(&c, lo, hi, &scratch, &work);
+		if (!rc && work.len) {
+			bl->p.data = vps_malloc(work.len);
+			if (!bl->p.data)
+				rc = VPS_ENOMEM;
+			else
+				memcpy(bl->p.data, work.data, work.len);
+			bl->p.len = bl->p.cap = work.len;
+			bl->p.npieces = work.npieces;
+		}
+		if (rc)
+			snprintf(bl->err, sizeof(bl->err), "%s", vps_last_error());
+		pthread_mutex_lock(&j->mu);
+		bl->rc = rc;
+		bl->ready = true;
+		pthread_cond_broadcast(&j->cv);
+	}
+	pthread_mutex_unlock(&j->mu);
+	free(scratch.v);
+	free(work.data);
+	ctx_release(&c);
+	return NULL;
+}
+
+static int plan_threads(int asked)
+{
+	if (asked > 0)
+		return asked > VPS_PLAN_MAX_THREADS ? VPS_PLAN_MAX_THREADS : asked;
+	int n = get_nprocs();
+	return n < 1 ? 1 : n > VPS_PLAN_MAX_THREADS ? VPS_PLAN_MAX_THREADS : n;
+}
+
+/* Take block bl into the packed plan, or unpack it into the pieces; the
+ * collecting thread meanwhile feeds promotion and, packed, the hash. */
+static vps_result_t collect(struct vps_packed_block *bl, struct vps_packed *pk, struct pieces *out,
+			    struct promotion *pr, bool hash)
+{
+	struct vps_packed one = {.v = bl, .n = 1, .cap = 1};
+	struct vps_plan view = {.packed = &one};
+	struct vps_piece_iter it;
+	const struct vps_piece *x;
+	if (!pk)
+		VPS_CHECK(VPS_GROW(out->v, out->cap, out->n + bl->npieces));
+	vps_piece_iter_init(&it, &view);
+	while ((x = vps_piece_iter_next(&it))) {
+		promote_add(pr, x);
+		if (hash)
+			pk->hash = vps_piece_hash(x, pk->hash);
+		if (!pk)
+			out->v[out->n++] = *x;
+	}
+	if (pk) {
+		VPS_CHECK(VPS_GROW(pk->v, pk->cap, pk->n + 1));
+		pk->v[pk->n++] = *bl;
+		memset(bl, 0, sizeof(*bl));
+	}
+	return VPS_OK;
+}
+
+/* Every destination's pieces, in plan order: packed into pk, or else as
+ * structs into out. Threads take blocks as they come; the blocks are
+ * collected in rank order, so the plan (and the first error, the one of the
+ * lowest failing rank) is the same for any number of threads. */
+static vps_result_t plan_all(struct ctx *c, int64_t W, int asked, struct vps_packed *pk, struct pieces *out,
+			     struct promotion *pr, bool hash)
+{
+	int64_t nblocks = vps_ceil_div(W, BLOCK_RANKS);
+	int threads = (int)vps_min64(plan_threads(asked), nblocks);
+	struct job j = {.a = c->a, .b = c->b, .w = c->w, .W = W, .nblocks = nblocks, .ahead = BLOCKS_AHEAD * threads};
+	pthread_t tid[VPS_PLAN_MAX_THREADS];
+	int started = 0;
+	struct pieces scratch = {0};
+	j.blocks = vps_calloc((size_t)nblocks, sizeof(*j.blocks));
+	if (!j.blocks)
+		return VPS_ENOMEM;
+	pthread_mutex_init(&j.mu, NULL);
+	pthread_cond_init(&j.cv, NULL);
+	for (int t = 0; threads > 1 && t < threads; t++)
+		if (!pthread_create(&tid[started], NULL, plan_worker, &j))
+			started++;
+	vps_result_t rc = VPS_OK;
+	for (int64_t k = 0; k < nblocks && !rc; k++) {
+		struct block *bl = &j.blocks[k];
+		if (started) {
+			pthread_mutex_lock(&j.mu);
+			while (!bl->ready)
+				pthread_cond_wait(&j.cv, &j.mu);
+			pthread_mutex_unlock(&j.mu);
+		} else {
+			/* one thread, or none to be had: plan here */
+			bl->rc = plan_block(c, k * BLOCK_RANKS, vps_min64(W, (k + 1) * BLOCK_RANKS), &scratch, &bl->p);
+			if (bl->rc)
+				snprintf(bl->err, sizeof(bl->err), "%s", vps_last_error());
+		}
+		rc = bl->rc ? vps_fail(bl->rc, "%s", bl->err) : collect(&bl->p, pk, out, pr, hash);
+		free(bl->p.data);
+		bl->p.data = NULL;
+		pthread_mutex_lock(&j.mu);
+		j.collected = k + 1;
+		j.stop = rc != VPS_OK;
+		pthread_cond_broadcast(&j.cv);
+		pthread_mutex_unlock(&j.mu);
+	}
+	for (int t = 0; t < started; t++)
+		pthread_join(tid[t], NULL);
+	for (int64_t k = 0; k < nblocks; k++)
+		free(j.blocks[k].p.data);
+	free(j.blocks);
+	free(scratch.v);
+	pthread_mutex_destroy(&j.mu);
+	pthread_cond_destroy(&j.cv);
+	return rc;
+}
+
 static vps_result_t plan_training(struct vps_plan *p, const struct vps_plan_opts *o)
 {
 	p->train = o->train;
@@ -805,75 +1160,6 @@ static vps_result_t plan_training(struct vps_plan *p, const struct vps_plan_opts
 	return VPS_OK;
 }
 
-static int piece_tensor_cmp(const void *p, const void *q)
-{
-	const struct vps_piece *x = *(const struct vps_piece *const *)p, *y = *(const struct vps_piece *const *)q;
-	if (x->tensor != y->tensor)
-		return x->tensor < y->tensor ? -1 : 1;
-	if (x->state != y->state)
-		return x->state < y->state ? -1 : 1;
-	return piece_cmp(x, y);
-}
-
-/* Broadcast, scatter and gather, per (tensor, state), from the moved pieces. */
-static vps_result_t promote(struct vps_plan *p)
-{
-	const struct vps_piece **idx = vps_malloc((p->npieces + 1) * sizeof(*idx));
-	size_t n = 0, cap = 0;
-	if (!idx)
-		return VPS_ENOMEM;
-	for (size_t i = 0; i < p->npieces; i++)
-		if (p->pieces[i].src != p->pieces[i].dst)
-			idx[n++] = &p->pieces[i];
-	qsort(idx, n, sizeof(*idx), piece_tensor_cmp);
-	vps_result_t rc = VPS_OK;
-	for (size_t i = 0; i < n && !rc;) {
-		size_t j = i + 1;
-		while (j < n && idx[j]->tensor == idx[i]->tensor && idx[j]->state == idx[i]->state)
-			j++;
-		bool one_src = true, one_dst = true, identical = true, disjoint = true, one_per_dst = true;
-		int64_t bytes = 0, ndst = 1, nsrc = 1;
-		for (size_t k = i; k < j; k++) {
-			bytes += vps_piece_bytes(idx[k]);
-			one_src &= idx[k]->src == idx[i]->src;
-			one_dst &= idx[k]->dst == idx[i]->dst;
-			identical &= vps_box_equal(&idx[k]->box, &idx[i]->box);
-			if (k > i && idx[k]->dst != idx[k - 1]->dst)
-				ndst++;
-			if (k > i && idx[k]->dst == idx[k - 1]->dst)
-				one_per_dst = false;
-		}
-		for (size_t k = i; k < j && disjoint; k++)
-			for (size_t q = k + 1; q < j && q < k + 64 && disjoint; q++)
-				disjoint &= !vps_box_intersect(&idx[k]->box, &idx[q]->box, NULL);
-		int kind = -1;
-		if (one_src && ndst > 1 && identical && one_per_dst)
-			kind = VPS_COLL_BROADCAST;
-		else if (one_src && ndst > 1 && disjoint)
-			kind = VPS_COLL_SCATTER;
-		else if (!one_src && one_dst && disjoint) {
-			kind = VPS_COLL_GATHER;
-			for (size_t k = i + 1; k < j; k++)
-				nsrc += idx[k]->src != idx[k - 1]->src;
-		}
-		if (kind >= 0) {
-			rc = VPS_GROW(p->colls, cap, p->ncolls + 1);
-			if (!rc) {
-				struct vps_collective *cl = &p->colls[p->ncolls++];
-				cl->tensor = idx[i]->tensor;
-				cl->state = idx[i]->state;
-				cl->kind = (uint8_t)kind;
-				cl->root = kind == VPS_COLL_GATHER ? idx[i]->dst : idx[i]->src;
-				cl->peers = kind == VPS_COLL_GATHER ? nsrc : ndst;
-				cl->bytes = bytes;
-			}
-		}
-		i = j;
-	}
-	free(idx);
-	return rc;
-}
-
 const char *vps_collective_name(int kind)
 {
 	static const char *names[] = {"broadcast", "scatter", "gather"};
@@ -894,6 +1180,7 @@ vps_result_t vps_plan_compute(struct vps_plan **out, struct vps_layout *a, struc
 		return VPS_ENOMEM;
 	struct ctx c = {0};
 	struct pieces pcs = {0};
+	struct promotion pr = {0};
 	VPS_CHECK_GOTO(vps_world_new(&p->world, a, b), rc, fail);
 	p->scope = opts->rank;
 	p->a = a;
@@ -911,35 +1198,50 @@ vps_result_t vps_plan_compute(struct vps_plan **out, struct vps_layout *a, struc
 		VPS_CHECK_GOTO(plan_receives(&c, opts->rank, &pcs), rc, fail);
 		VPS_CHECK_GOTO(plan_sends(&c, opts->rank, &pcs), rc, fail);
 	} else {
-		for (int64_t d = 0; d < W; d++)
-			VPS_CHECK_GOTO(plan_receives(&c, d, &pcs), rc, fail);
+		/* the plan's layouts hash lazily: not in threads */
+		(void)vps_layout_hash(a);
+		(void)vps_layout_hash(b);
+		if (opts->compact) {
+			p->packed = vps_calloc(1, sizeof(*p->packed));
+			if (!p->packed) {
+				rc = VPS_ENOMEM;
+				goto fail;
+			}
+		}
+		VPS_CHECK_GOTO(promote_begin(&pr, p), rc, fail);
+		bool hash = p->packed && !opts->unhashed;
+		if (hash)
+			p->packed->hash = vps_plan_hash_start(p);
+		VPS_CHECK_GOTO(plan_all(&c, W, opts->threads, p->packed, &pcs, &pr, hash), rc, fail);
+		if (hash)
+			p->packed->hashed = true;
 	}
-	qsort(pcs.v, pcs.n, sizeof(*pcs.v), piece_cmp);
+	if (opts->rank >= 0)
+		qsort(pcs.v, pcs.n, sizeof(*pcs.v), piece_cmp);
+	if (pcs.n && pcs.n < pcs.cap) {
+		/* give back the growth's slack: the global plan is the largest thing
+		 * a tool holds */
+		struct vps_piece *v = realloc(pcs.v, pcs.n * sizeof(*pcs.v));
+		if (v)
+			pcs.v = v;
+	}
 	p->pieces = pcs.v;
 	p->npieces = pcs.n;
 	pcs.v = NULL;
+	for (size_t k = 0; p->packed && k < p->packed->n; k++)
+		p->npieces += p->packed->v[k].npieces;
 	VPS_CHECK_GOTO(plan_training(p, opts), rc, fail);
 	if (opts->rank < 0)
-		VPS_CHECK_GOTO(promote(p), rc, fail);
-	vps_holders_release(&c.ha);
-	vps_holders_release(&c.hb);
-	vps_holders_release(&c.hda);
-	vps_holders_release(&c.hdb);
-	free(c.duties);
-	free(c.rem.v);
-	free(c.next.v);
+		VPS_CHECK_GOTO(promote_end(&pr, p), rc, fail);
+	ctx_release(&c);
 	*out = p;
 	return VPS_OK;
 fail:
-	vps_holders_release(&c.ha);
-	vps_holders_release(&c.hb);
-	vps_holders_release(&c.hda);
-	vps_holders_release(&c.hdb);
-	free(c.duties);
-	free(c.rem.v);
-	free(c.next.v);
+	ctx_release(&c);
+	promote_release(&pr);
 	free(pcs.v);
 	vps_world_free(p->world);
+	vps_packed_free(p->packed);
 	free(p->pieces);
 	free(p->colls);
 	free(p);
@@ -953,6 +1255,7 @@ void vps_plan_free(struct vps_plan *p)
 	vps_world_free(p->world);
 	vps_layout_free(p->a);
 	vps_layout_free(p->b);
+	vps_packed_free(p->packed);
 	free(p->pieces);
 	free(p->colls);
 	free(p);

@@ -1,10 +1,13 @@
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <sys/sysinfo.h>
 
 #include "doc.h"
 #include "internal.h"
 #include "layout_io.h"
 #include "plan_io.h"
+#include "plan_pack.h"
 
 static vps_result_t write_strides(struct vps_writer *w, const char *key, const int64_t *s, int n)
 {
@@ -41,12 +44,51 @@ vps_result_t vps_training_read(struct vps_reader *r, const char *key, struct vps
 	return vps_r_map_end(r);
 }
 
-static vps_result_t write_piece(struct vps_writer *w, const struct vps_model *m, const struct vps_piece *p)
+/* Tensor names, made once per tensor a document names: a global plan names
+ * one tensor in thousands of pieces. */
+struct names {
+	const struct vps_model *m;
+	uint32_t n;
+	int32_t *at; /* offset in buf, -1 until made */
+	char *buf;
+	size_t len, cap;
+};
+
+static void names_release(struct names *t)
 {
-	struct vps_tensor t;
+	free(t->at);
+	free(t->buf);
+}
+
+static vps_result_t tensor_name(struct names *t, uint32_t id, const char **out)
+{
+	struct vps_tensor ten;
 	char name[256];
-	VPS_CHECK(vps_model_tensor(m, p->tensor, &t));
-	vps_tensor_name(&t, name, sizeof(name));
+	if (!t->at) {
+		t->n = vps_model_num_tensors(t->m);
+		t->at = vps_malloc(((size_t)t->n + 1) * sizeof(*t->at));
+		if (!t->at)
+			return VPS_ENOMEM;
+		for (uint32_t i = 0; i < t->n; i++)
+			t->at[i] = -1;
+	}
+	if (id >= t->n || t->at[id] < 0) {
+		VPS_CHECK(vps_model_tensor(t->m, id, &ten));
+		size_t k = vps_tensor_name(&ten, name, sizeof(name));
+		k = k < sizeof(name) ? k : sizeof(name) - 1;
+		if (t->len + k + 1 > INT32_MAX)
+			return vps_fail(VPS_EINPUT, "model %s: tensor names too long", t->m->name);
+		VPS_CHECK(VPS_GROW(t->buf, t->cap, t->len + k + 1));
+		memcpy(t->buf + t->len, name, k + 1);
+		t->at[id] = (int32_t)t->len;
+		t->len += k + 1;
+	}
+	*out = t->buf + t->at[id];
+	return VPS_OK;
+}
+
+static vps_result_t write_piece_named(struct vps_writer *w, const char *name, const struct vps_piece *p)
+{
 	VPS_CHECK(vps_w_map_begin(w, NULL));
 	VPS_CHECK(vps_w_int(w, "src", p->src));
 	VPS_CHECK(vps_w_int(w, "dst", p->dst));
@@ -60,6 +102,15 @@ static vps_result_t write_piece(struct vps_writer *w, const struct vps_model *m,
 	VPS_CHECK(vps_w_int(w, "dst_offset", p->dst_offset));
 	VPS_CHECK(write_strides(w, "dst_strides", p->dst_strides, p->box.ndim));
 	return vps_w_map_end(w);
+}
+
+static vps_result_t write_piece(struct vps_writer *w, const struct vps_model *m, const struct vps_piece *p)
+{
+	struct vps_tensor t;
+	char name[256];
+	VPS_CHECK(vps_model_tensor(m, p->tensor, &t));
+	vps_tensor_name(&t, name, sizeof(name));
+	return write_piece_named(w, name, p);
 }
 
 static vps_result_t read_strides(struct vps_reader *r, const char *key, int64_t *s, int n)
@@ -145,22 +196,39 @@ vps_result_t vps_piece_write(struct vps_writer *w, const struct vps_model *m, co
 	return write_piece(w, m, p);
 }
 
-uint64_t vps_plan_hash(const struct vps_plan *p)
+uint64_t vps_plan_hash_start(const struct vps_plan *p)
 {
 	uint64_t h = vps_layout_hash(p->a);
 	h = vps_hash64(&h, 8, vps_layout_hash(p->b));
-	h = vps_hash64(&p->scope, sizeof(p->scope), h);
-	for (size_t i = 0; i < p->npieces; i++) {
-		const struct vps_piece *x = &p->pieces[i];
-		int64_t f[8 + 4 * VPS_MAX_DIMS] = {x->tensor, x->state, x->src, x->dst, x->src_buffer, x->dst_buffer,
-						   x->src_offset, x->dst_offset};
-		for (int k = 0; k < x->box.ndim; k++) {
-			f[8 + k] = x->box.lo[k];
-			f[8 + VPS_MAX_DIMS + k] = x->box.hi[k];
-			f[8 + 2 * VPS_MAX_DIMS + k] = x->src_strides[k];
-			f[8 + 3 * VPS_MAX_DIMS + k] = x->dst_strides[k];
-		}
-		h = vps_hash64(f, sizeof(f), h);
+	return vps_hash64(&p->scope, sizeof(p->scope), h);
+}
+
+uint64_t vps_piece_hash(const struct vps_piece *x, uint64_t h)
+{
+	int64_t f[8 + 4 * VPS_MAX_DIMS] = {x->tensor, x->state, x->src, x->dst, x->src_buffer, x->dst_buffer,
+					   x->src_offset, x->dst_offset};
+	for (int k = 0; k < x->box.ndim; k++) {
+		f[8 + k] = x->box.lo[k];
+		f[8 + VPS_MAX_DIMS + k] = x->box.hi[k];
+		f[8 + 2 * VPS_MAX_DIMS + k] = x->src_strides[k];
+		f[8 + 3 * VPS_MAX_DIMS + k] = x->dst_strides[k];
+	}
+	return vps_hash64(f, sizeof(f), h);
+}
+
+uint64_t vps_plan_hash(const struct vps_plan *p)
+{
+	uint64_t h;
+	if (p->packed && p->packed->hashed) {
+		/* hashed as the planner packed it; packed pieces do not change */
+		h = p->packed->hash;
+	} else {
+		struct vps_piece_iter it;
+		const struct vps_piece *x;
+		h = vps_plan_hash_start(p);
+		vps_piece_iter_init(&it, p);
+		while ((x = vps_piece_iter_next(&it)))
+			h = vps_piece_hash(x, h);
 	}
 	for (size_t i = 0; i < p->ncolls; i++) {
 		const struct vps_collective *c = &p->colls[i];
@@ -175,10 +243,151 @@ uint64_t vps_plan_hash(const struct vps_plan *p)
 	return h ? h : 1;
 }
 
-vps_result_t vps_plan_write_body(struct vps_writer *w, const struct vps_plan *p)
+/* ---- a packed plan's pieces, written by threads ---- */
+
+/* Blocks written ahead of the one being compressed, per thread. */
+#define PARTS_AHEAD 4
+#define WRITE_THREADS_MAX 64
+
+struct wpart {
+	struct vps_bytes b;
+	vps_result_t rc;
+	bool ready;
+	char err[512];
+};
+
+struct wjob {
+	const struct vps_plan *p;
+	size_t n, next, taken, ahead;
+	bool stop;
+	struct wpart *parts;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+};
+
+static vps_result_t write_block(struct vps_writer *w, struct names *names, const struct vps_packed_block *bl)
+{
+	struct vps_packed one = {.v = (struct vps_packed_block *)bl, .n = 1, .cap = 1};
+	struct vps_plan view = {.packed = &one};
+	struct vps_piece_iter it;
+	const struct vps_piece *x;
+	vps_piece_iter_init(&it, &view);
+	while ((x = vps_piece_iter_next(&it))) {
+		const char *name = "";
+		VPS_CHECK(tensor_name(names, x->tensor, &name));
+		VPS_CHECK(write_piece_named(w, name, x));
+	}
+	return VPS_OK;
+}
+
+static void *write_worker(void *arg)
+{
+	struct wjob *j = arg;
+	struct names names = {.m = vps_layout_model(j->p->a)};
+	struct vps_writer *w = NULL;
+	vps_result_t wrc = vps_writer_new_part(&w);
+	pthread_mutex_lock(&j->mu);
+	for (;;) {
+		while (!j->stop && j->next < j->n && j->next >= j->taken + j->ahead)
+			pthread_cond_wait(&j->cv, &j->mu);
+		if (j->stop || j->next >= j->n)
+			break;
+		struct wpart *part = &j->parts[j->next];
+		const struct vps_packed_block *bl = &j->p->packed->v[j->next];
+		j->next++;
+		pthread_mutex_unlock(&j->mu);
+		vps_clear_error();
+		vps_result_t rc = wrc ? wrc : write_block(w, &names, bl);
+		if (!rc)
+			vps_writer_take(w, &part->b);
+		else
+			snprintf(part->err, sizeof(part->err), "%s", wrc ? "out of memory" : vps_last_error());
+		pthread_mutex_lock(&j->mu);
+		part->rc = rc;
+		part->ready = true;
+		pthread_cond_broadcast(&j->cv);
+	}
+	pthread_mutex_unlock(&j->mu);
+	vps_writer_free(w);
+	names_release(&names);
+	return NULL;
+}
+
+/* The pieces of a packed plan into w, in order: threads write blocks, this
+ * one appends them (and the streaming writer compresses them). false: no
+ * thread could be started, write them here. */
+static vps_result_t write_packed(struct vps_writer *w, const struct vps_plan *p, bool *done)
+{
+	int threads = get_nprocs();
+	threads = threads > WRITE_THREADS_MAX ? WRITE_THREADS_MAX : threads;
+	*done = false;
+	if (threads < 2 || p->packed->n < 2)
+		return VPS_OK;
+	struct wjob j = {.p = p, .n = p->packed->n, .ahead = (size_t)PARTS_AHEAD * (size_t)threads};
+	pthread_t tid[WRITE_THREADS_MAX];
+	int started = 0;
+	j.parts = vps_calloc(j.n, sizeof(*j.parts));
+	if (!j.parts)
+		return VPS_ENOMEM;
+	pthread_mutex_init(&j.mu, NULL);
+	pthread_cond_init(&j.cv, NULL);
+	for (int t = 0; t < threads; t++)
+		if (!pthread_create(&tid[started], NULL, write_worker, &j))
+			started++;
+	vps_result_t rc = VPS_OK;
+	for (size_t k = 0; started && k < j.n && !rc; k++) {
+		struct wpart *part = &j.parts[k];
+		pthread_mutex_lock(&j.mu);
+		while (!part->ready)
+			pthread_cond_wait(&j.cv, &j.mu);
+		pthread_mutex_unlock(&j.mu);
+		rc = part->rc ? vps_fail(part->rc, "%s", part->err) : vps_w_raw(w, part->b.data, part->b.len);
+		vps_bytes_release(&part->b);
+		pthread_mutex_lock(&j.mu);
+		j.taken = k + 1;
+		j.stop = rc != VPS_OK;
+		pthread_cond_broadcast(&j.cv);
+		pthread_mutex_unlock(&j.mu);
+	}
+	for (int t = 0; t < started; t++)
+		pthread_join(tid[t], NULL);
+	for (size_t k = 0; k < j.n; k++)
+		vps_bytes_release(&j.parts[k].b);
+	free(j.parts);
+	pthread_mutex_destroy(&j.mu);
+	pthread_cond_destroy(&j.cv);
+	*done = started > 0;
+	return rc;
+}
+
+/* Binary bytes of one piece of each (tensor, state): a piece's fields are
+ * fixed-width but for its names and its number of axes, which the tensor
+ * fixes. The streaming writer checks the total it is told. */
+struct sizes {
+	uint32_t *bytes; /* 0: not measured */
+	uint8_t *ndim;
+	size_t n;
+};
+
+/* Write the body; counted (a counting writer): measure one piece of each
+ * (tensor, state) and add the others' bytes to *counted instead. */
+static vps_result_t write_body(struct vps_writer *w, const struct vps_plan *p, uint64_t hash, uint64_t *counted)
 {
 	const struct vps_model *m = vps_layout_model(p->a);
-	VPS_CHECK(vps_w_u64hex(w, "hash", vps_plan_hash(p)));
+	struct names names = {.m = m};
+	struct sizes sz = {0};
+	vps_result_t rc = VPS_OK;
+	if (counted) {
+		sz.n = (size_t)vps_model_num_tensors(m) * VPS_NSTATES;
+		sz.bytes = vps_calloc(sz.n + 1, sizeof(*sz.bytes));
+		sz.ndim = vps_calloc(sz.n + 1, sizeof(*sz.ndim));
+		if (!sz.bytes || !sz.ndim) {
+			free(sz.bytes);
+			free(sz.ndim);
+			return VPS_ENOMEM;
+		}
+	}
+	VPS_CHECK(vps_w_u64hex(w, "hash", hash));
 	VPS_CHECK(vps_w_int(w, "scope", p->scope));
 	VPS_CHECK(vps_w_int(w, "world", vps_world_size(p->world)));
 	VPS_CHECK(vps_w_map_begin(w, "source"));
@@ -189,8 +398,32 @@ vps_result_t vps_plan_write_body(struct vps_writer *w, const struct vps_plan *p)
 	VPS_CHECK(vps_w_map_end(w));
 	VPS_CHECK(vps_training_write(w, "training", &p->train));
 	VPS_CHECK(vps_w_seq_begin(w, "pieces", p->npieces, false));
-	for (size_t i = 0; i < p->npieces; i++)
-		VPS_CHECK(write_piece(w, m, &p->pieces[i]));
+	struct vps_piece_iter it;
+	const struct vps_piece *x;
+	bool written = false;
+	if (!counted && p->packed && !vps_writer_is_yaml(w))
+		rc = write_packed(w, p, &written);
+	vps_piece_iter_init(&it, p);
+	while (!rc && !written && (x = vps_piece_iter_next(&it))) {
+		const char *name = "";
+		size_t k = (size_t)x->tensor * VPS_NSTATES + x->state;
+		if (counted && k < sz.n && sz.bytes[k] && sz.ndim[k] == x->box.ndim) {
+			*counted += sz.bytes[k];
+			continue;
+		}
+		uint64_t before = vps_writer_count(w);
+		rc = tensor_name(&names, x->tensor, &name);
+		if (!rc)
+			rc = write_piece_named(w, name, x);
+		if (!rc && counted && k < sz.n && vps_writer_count(w) - before <= UINT32_MAX) {
+			sz.bytes[k] = (uint32_t)(vps_writer_count(w) - before);
+			sz.ndim[k] = (uint8_t)x->box.ndim;
+		}
+	}
+	names_release(&names);
+	free(sz.bytes);
+	free(sz.ndim);
+	VPS_CHECK(rc);
 	VPS_CHECK(vps_w_seq_end(w));
 	VPS_CHECK(vps_w_seq_begin(w, "collectives", p->ncolls, false));
 	for (size_t i = 0; i < p->ncolls; i++) {
@@ -211,11 +444,33 @@ vps_result_t vps_plan_write_body(struct vps_writer *w, const struct vps_plan *p)
 	return vps_w_seq_end(w);
 }
 
+vps_result_t vps_plan_write_body(struct vps_writer *w, const struct vps_plan *p)
+{
+	return write_body(w, p, vps_plan_hash(p), NULL);
+}
+
+/* Binary plans are measured, then compressed as they are written: a global
+ * plan's payload is about 300 bytes a piece (1.3 GB at 16,384 ranks), its
+ * file a tenth of that. */
 vps_result_t vps_plan_serialize(const struct vps_plan *p, bool yaml, struct vps_bytes *out)
 {
 	struct vps_writer *w;
-	VPS_CHECK(vps_writer_new(&w, VPS_DOC_PLAN, yaml));
-	vps_result_t rc = vps_plan_write_body(w, p);
+	vps_result_t rc;
+	if (yaml) {
+		VPS_CHECK(vps_writer_new(&w, VPS_DOC_PLAN, true));
+		rc = write_body(w, p, vps_plan_hash(p), NULL);
+	} else {
+		uint64_t more = 0;
+		VPS_CHECK(vps_writer_new_counting(&w, VPS_DOC_PLAN));
+		rc = write_body(w, p, 0, &more);
+		uint64_t n = vps_writer_count(w) + more;
+		vps_writer_free(w);
+		w = NULL;
+		if (!rc)
+			rc = vps_writer_new_streaming(&w, VPS_DOC_PLAN, n);
+		if (!rc)
+			rc = write_body(w, p, vps_plan_hash(p), NULL);
+	}
 	if (!rc)
 		rc = vps_writer_finish(w, out);
 	vps_writer_free(w);

@@ -2,7 +2,9 @@
  * bound and an estimate of the transfer time on a topology. */
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <sys/sysinfo.h>
 
 #include "doc.h"
 #include "internal.h"
@@ -38,14 +40,25 @@ static vps_result_t lower_bound_of(const struct vps_plan *p, int64_t d, int64_t 
 		rc = VPS_ENOMEM;
 	for (size_t i = 0; !rc && i < va.nregions; i++)
 		idx[i] = &va.regions[i];
-	if (!rc)
+	/* a view comes in (tensor, state) order as a rule: sort only if not */
+	bool sorted = true;
+	for (size_t i = 1; !rc && i < va.nregions && sorted; i++)
+		sorted = region_ts_cmp(&idx[i - 1], &idx[i]) <= 0;
+	if (!rc && !sorted)
 		qsort(idx, va.nregions, sizeof(*idx), region_ts_cmp);
 	for (size_t i = 0; !rc && i < vb.nregions; i++) {
 		const struct vps_region *R = &vb.regions[i];
-		size_t n = 0;
-		for (size_t k = 0; k < va.nregions; k++)
-			if (idx[k]->tensor == R->tensor && idx[k]->state == R->state)
-				boxes[n++] = idx[k]->box;
+		/* the regions of R's (tensor, state): a run of the sorted index */
+		size_t lo = 0, hi = va.nregions, n = 0;
+		while (lo < hi) {
+			size_t mid = lo + (hi - lo) / 2;
+			if (idx[mid]->tensor < R->tensor || (idx[mid]->tensor == R->tensor && idx[mid]->state < R->state))
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		for (size_t k = lo; k < va.nregions && idx[k]->tensor == R->tensor && idx[k]->state == R->state; k++)
+			boxes[n++] = idx[k]->box;
 		int64_t u = vps_boxes_uncovered(boxes, n, &R->box);
 		if (u < 0)
 			rc = VPS_NOMEM();
@@ -55,6 +68,71 @@ static vps_result_t lower_bound_of(const struct vps_plan *p, int64_t d, int64_t 
 	free(boxes);
 	vps_rank_view_release(&va);
 	vps_rank_view_release(&vb);
+	return rc;
+}
+
+/* The lower bound of ranks [lo, hi), in a thread of its own: it needs both
+ * layouts' views of every rank, independent of the pieces, so it runs
+ * beside the rest of the statistics. */
+struct lb_job {
+	const struct vps_plan *p;
+	int64_t lo, hi, bytes;
+	vps_result_t rc;
+	char err[512];
+};
+
+static void *lb_run(void *arg)
+{
+	struct lb_job *j = arg;
+	vps_clear_error();
+	for (int64_t w = j->lo; w < j->hi && !j->rc; w++) {
+		int64_t lb;
+		j->rc = lower_bound_of(j->p, w, &lb);
+		j->bytes += lb;
+	}
+	if (j->rc)
+		snprintf(j->err, sizeof(j->err), "%s", vps_last_error());
+	return NULL;
+}
+
+#define LB_THREADS_MAX 16
+
+struct lb {
+	struct lb_job job[LB_THREADS_MAX];
+	pthread_t tid[LB_THREADS_MAX];
+	bool started[LB_THREADS_MAX];
+	int n;
+};
+
+/* Start the lower bound on the CPUs but one (the caller's); where no thread
+ * can be had, lb_finish computes it. */
+static void lb_start(struct lb *l, const struct vps_plan *p)
+{
+	int64_t W = vps_world_size(p->world);
+	int n = get_nprocs() - 1;
+	n = n < 1 ? 1 : n > LB_THREADS_MAX ? LB_THREADS_MAX : n;
+	memset(l, 0, sizeof(*l));
+	l->n = n;
+	for (int i = 0; i < n; i++) {
+		l->job[i] = (struct lb_job){.p = p, .lo = W * i / n, .hi = W * (i + 1) / n};
+		l->started[i] = !pthread_create(&l->tid[i], NULL, lb_run, &l->job[i]);
+	}
+}
+
+/* The sum, and the error of the lowest failing rank. */
+static vps_result_t lb_finish(struct lb *l, int64_t *bytes)
+{
+	vps_result_t rc = VPS_OK;
+	*bytes = 0;
+	for (int i = 0; i < l->n; i++) {
+		if (l->started[i])
+			pthread_join(l->tid[i], NULL);
+		else
+			lb_run(&l->job[i]);
+		if (!rc && l->job[i].rc)
+			rc = vps_fail(l->job[i].rc, "%s", l->job[i].err);
+		*bytes += l->job[i].bytes;
+	}
 	return rc;
 }
 
@@ -205,63 +283,202 @@ static vps_result_t feasible(const struct demand *dm, size_t nd, const int64_t *
 	return rc;
 }
 
-/* The A ranks holding the whole of a piece (its replicas). */
-static vps_result_t replicas_of(const struct vps_plan *p, const struct vps_piece *x, struct vps_holders *h,
-				int64_t **out, size_t *n, size_t *cap)
+/* The replica classes of the moved pieces. A piece's class is the set of A
+ * ranks holding the whole of its box (or its source alone, when none does):
+ * every piece of one (tensor, state, box) has the same, so the holders are
+ * asked once per distinct box, and a class is kept as the holders' rank
+ * progressions, expanded once per class (a class at 16,384 ranks has
+ * hundreds of ranks and millions of pieces fall in a few thousand classes). */
+struct prog {
+	int64_t base, stride, count;
+};
+
+struct boxent {
+	uint64_t h;
+	uint32_t tensor;
+	uint8_t state;
+	struct vps_box box;
+	int64_t cls; /* -1: no A rank holds the whole box */
+};
+
+struct cls {
+	uint64_t h;
+	size_t first, n; /* progressions [first, first + n) */
+	int64_t bytes;
+};
+
+struct classes {
+	struct boxent *be;
+	size_t nbe, capbe;
+	uint32_t *beslot; /* id + 1, 0 empty */
+	size_t bemask;
+	struct cls *c;
+	size_t nc, capc;
+	uint32_t *cslot;
+	size_t cmask;
+	struct prog *pg;
+	size_t npg, cappg;
+};
+
+static void classes_release(struct classes *k)
 {
-	h->n = 0;
-	*n = 0;
-	VPS_CHECK(vps_layout_holders(p->a, x->tensor, x->state, &x->box, h));
-	for (size_t i = 0; i < h->n; i++) {
-		if (!vps_box_contains(&h->v[i].region.box, &x->box))
-			continue;
-		for (int64_t k = 0; k < h->v[i].count; k++) {
-			VPS_CHECK(vps_grow((void **)out, cap, *n + 1, sizeof(**out)));
-			(*out)[(*n)++] = h->v[i].base + k * h->v[i].stride;
+	free(k->be);
+	free(k->beslot);
+	free(k->c);
+	free(k->cslot);
+	free(k->pg);
+}
+
+/* Double an open-addressed table of ids (hashes in hs, stride esz). */
+static vps_result_t rehash(uint32_t **slot, size_t *mask, const void *entries, size_t esz, size_t n)
+{
+	size_t cap = *mask ? (*mask + 1) * 2 : 1024;
+	if (n > UINT32_MAX - 1)
+		return vps_fail(VPS_EINPUT, "more than %u replica classes", UINT32_MAX - 1);
+	uint32_t *s = vps_calloc(cap, sizeof(*s));
+	if (!s)
+		return VPS_ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		uint64_t h = *(const uint64_t *)((const char *)entries + i * esz);
+		size_t at = (size_t)h & (cap - 1);
+		while (s[at])
+			at = (at + 1) & (cap - 1);
+		s[at] = (uint32_t)i + 1;
+	}
+	free(*slot);
+	*slot = s;
+	*mask = cap - 1;
+	return VPS_OK;
+}
+
+static int prog_cmp(const void *p, const void *q)
+{
+	const struct prog *x = p, *y = q;
+	if (x->base != y->base)
+		return x->base < y->base ? -1 : 1;
+	if (x->stride != y->stride)
+		return x->stride < y->stride ? -1 : 1;
+	return x->count < y->count ? -1 : x->count > y->count;
+}
+
+/* The class of progressions pg[from, npg), which are dropped again if the
+ * class exists. */
+static vps_result_t class_of(struct classes *k, size_t from, int64_t *id)
+{
+	size_t n = k->npg - from;
+	qsort(&k->pg[from], n, sizeof(*k->pg), prog_cmp);
+	uint64_t h = vps_hash64(&k->pg[from], n * sizeof(*k->pg), 11);
+	if (2 * (k->nc + 1) > k->cmask)
+		VPS_CHECK(rehash(&k->cslot, &k->cmask, k->c, sizeof(*k->c), k->nc));
+	size_t at = (size_t)h & k->cmask;
+	for (; k->cslot[at]; at = (at + 1) & k->cmask) {
+		const struct cls *c = &k->c[k->cslot[at] - 1];
+		if (c->h == h && c->n == n && !memcmp(&k->pg[c->first], &k->pg[from], n * sizeof(*k->pg))) {
+			k->npg = from;
+			*id = k->cslot[at] - 1;
+			return VPS_OK;
 		}
 	}
-	qsort(*out, *n, sizeof(**out), i64_cmp);
+	VPS_CHECK(VPS_GROW(k->c, k->capc, k->nc + 1));
+	k->c[k->nc] = (struct cls){h, from, n, 0};
+	k->cslot[at] = (uint32_t)k->nc + 1;
+	*id = (int64_t)k->nc++;
 	return VPS_OK;
+}
+
+static vps_result_t piece_class(const struct vps_plan *p, struct classes *k, struct vps_holders *h,
+				const struct vps_piece *x, int64_t *id)
+{
+	int64_t f[3 + 2 * VPS_MAX_DIMS] = {x->tensor, x->state, x->box.ndim};
+	for (int a = 0; a < x->box.ndim; a++) {
+		f[3 + a] = x->box.lo[a];
+		f[3 + VPS_MAX_DIMS + a] = x->box.hi[a];
+	}
+	uint64_t hv = vps_hash64(f, sizeof(f), 5);
+	if (2 * (k->nbe + 1) > k->bemask)
+		VPS_CHECK(rehash(&k->beslot, &k->bemask, k->be, sizeof(*k->be), k->nbe));
+	size_t at = (size_t)hv & k->bemask;
+	struct boxent *e = NULL;
+	for (; k->beslot[at]; at = (at + 1) & k->bemask) {
+		struct boxent *c = &k->be[k->beslot[at] - 1];
+		if (c->h == hv && c->tensor == x->tensor && c->state == x->state && vps_box_equal(&c->box, &x->box)) {
+			e = c;
+			break;
+		}
+	}
+	if (!e) {
+		size_t from = k->npg;
+		h->n = 0;
+		VPS_CHECK(vps_layout_holders(p->a, x->tensor, x->state, &x->box, h));
+		for (size_t i = 0; i < h->n; i++) {
+			if (!vps_box_contains(&h->v[i].region.box, &x->box) || h->v[i].count <= 0)
+				continue;
+			VPS_CHECK(VPS_GROW(k->pg, k->cappg, k->npg + 1));
+			k->pg[k->npg++] = (struct prog){h->v[i].base, h->v[i].stride, h->v[i].count};
+		}
+		int64_t cls = -1;
+		if (k->npg > from)
+			VPS_CHECK(class_of(k, from, &cls));
+		VPS_CHECK(VPS_GROW(k->be, k->capbe, k->nbe + 1));
+		e = &k->be[k->nbe];
+		*e = (struct boxent){.h = hv, .tensor = x->tensor, .state = x->state, .box = x->box, .cls = cls};
+		k->beslot[at] = (uint32_t)k->nbe + 1;
+		k->nbe++;
+	}
+	if (e->cls >= 0) {
+		*id = e->cls;
+		return VPS_OK;
+	}
+	/* no replica holds it whole: its source alone */
+	VPS_CHECK(VPS_GROW(k->pg, k->cappg, k->npg + 1));
+	k->pg[k->npg++] = (struct prog){x->src, 0, 1};
+	return class_of(k, k->npg - 1, id);
 }
 
 static vps_result_t balanced_send_bound(const struct vps_plan *p, int64_t max_send, int64_t *bound)
 {
 	struct demand *dm = NULL;
-	size_t nd = 0, capd = 0, nr = 0, capr = 0;
-	int64_t *ranks = NULL, total = 0;
+	size_t nd = 0;
+	int64_t total = 0;
 	struct vps_holders h = {0};
+	struct classes cl = {0};
 	vps_result_t rc = VPS_OK;
-	for (size_t i = 0; i < p->npieces && !rc; i++) {
-		const struct vps_piece *x = &p->pieces[i];
+	struct vps_piece_iter it;
+	const struct vps_piece *x;
+	vps_piece_iter_init(&it, p);
+	while (!rc && (x = vps_piece_iter_next(&it))) {
 		if (x->src == x->dst)
 			continue;
-		rc = replicas_of(p, x, &h, &ranks, &nr, &capr);
-		if (rc)
-			break;
-		if (!nr) {
-			/* grown, never shrunk: capr stays true for replicas_of */
-			rc = vps_grow((void **)&ranks, &capr, 1, sizeof(*ranks));
-			if (rc)
-				break;
-			ranks[0] = x->src;
-			nr = 1;
+		int64_t id = 0;
+		rc = piece_class(p, &cl, &h, x, &id);
+		if (!rc) {
+			cl.c[id].bytes += vps_piece_bytes(x);
+			total += vps_piece_bytes(x);
 		}
-		uint64_t key = vps_hash64(ranks, nr * sizeof(*ranks), 7);
-		rc = VPS_GROW(dm, capd, nd + 1);
-		if (rc)
-			break;
-		dm[nd].key = key;
-		dm[nd].bytes = vps_piece_bytes(x);
-		dm[nd].ranks = vps_malloc(nr * sizeof(*ranks));
-		if (!dm[nd].ranks) {
+	}
+	if (!rc) {
+		dm = vps_calloc(cl.nc + 1, sizeof(*dm));
+		if (!dm)
+			rc = VPS_ENOMEM;
+	}
+	for (size_t i = 0; !rc && i < cl.nc; i++) {
+		const struct cls *c = &cl.c[i];
+		size_t nr = 0;
+		for (size_t q = c->first; q < c->first + c->n; q++)
+			nr += (size_t)cl.pg[q].count;
+		int64_t *ranks = vps_malloc(nr * sizeof(*ranks));
+		if (!ranks) {
 			rc = VPS_ENOMEM;
 			break;
 		}
-		memcpy(dm[nd].ranks, ranks, nr * sizeof(*ranks));
-		dm[nd].nranks = nr;
-		total += dm[nd].bytes;
-		nd++;
+		nr = 0;
+		for (size_t q = c->first; q < c->first + c->n; q++)
+			for (int64_t j = 0; j < cl.pg[q].count; j++)
+				ranks[nr++] = cl.pg[q].base + j * cl.pg[q].stride;
+		qsort(ranks, nr, sizeof(*ranks), i64_cmp);
+		dm[nd++] = (struct demand){vps_hash64(ranks, nr * sizeof(*ranks), 7), c->bytes, ranks, nr};
 	}
+	classes_release(&cl);
 	/* merge the classes with one replica set */
 	size_t m = 0;
 	if (!rc) {
@@ -303,12 +520,11 @@ static vps_result_t balanced_send_bound(const struct vps_plan *p, int64_t max_se
 		}
 		*bound = lo;
 	}
-	for (size_t i = 0; i < (rc ? nd : m); i++)
-		if (i < m || rc)
-			free(dm[i].ranks);
+	/* merged away ranks were freed above; a failure before the merge frees all */
+	for (size_t i = 0; i < (m ? m : nd); i++)
+		free(dm[i].ranks);
 	free(dm);
 	free(senders);
-	free(ranks);
 	vps_holders_release(&h);
 	return rc;
 }
@@ -389,6 +605,25 @@ static vps_result_t time_feasible(const struct vps_plan *p, const struct vps_top
  *  - each device's retains, read and written at memory bandwidth.
  * Senders and receivers are bounded apart, so the bound may be below what
  * both together allow, never above. */
+/* The A ranks holding the whole box of piece x (its replicas), sorted. */
+static vps_result_t replicas_of(const struct vps_plan *p, const struct vps_piece *x, struct vps_holders *h,
+				int64_t **out, size_t *n, size_t *cap)
+{
+	h->n = 0;
+	*n = 0;
+	VPS_CHECK(vps_layout_holders(p->a, x->tensor, x->state, &x->box, h));
+	for (size_t i = 0; i < h->n; i++) {
+		if (!vps_box_contains(&h->v[i].region.box, &x->box))
+			continue;
+		for (int64_t k = 0; k < h->v[i].count; k++) {
+			VPS_CHECK(vps_grow((void **)out, cap, *n + 1, sizeof(**out)));
+			(*out)[(*n)++] = h->v[i].base + k * h->v[i].stride;
+		}
+	}
+	qsort(*out, *n, sizeof(**out), i64_cmp);
+	return VPS_OK;
+}
+
 static vps_result_t time_bound(const struct vps_plan *p, const struct vps_topology *topo, double *out)
 {
 	int64_t W = vps_world_size(p->world);
@@ -400,8 +635,9 @@ static vps_result_t time_bound(const struct vps_plan *p, const struct vps_topolo
 	struct vps_holders h = {0};
 	vps_result_t rc = loc && rem && any && keep ? VPS_OK : VPS_ENOMEM;
 	double bi = topo->intra_node_bandwidth, be = topo->inter_node_bandwidth, best = 0;
-	for (size_t i = 0; i < p->npieces && !rc; i++) {
-		const struct vps_piece *x = &p->pieces[i];
+	struct vps_piece_iter it;
+	vps_piece_iter_init(&it, p);
+	for (const struct vps_piece *x; !rc && (x = vps_piece_iter_next(&it));) {
 		int64_t bytes = vps_piece_bytes(x);
 		if (x->src == x->dst) {
 			keep[x->dst] += (double)bytes;
@@ -524,21 +760,28 @@ vps_result_t vps_plan_stats(const struct vps_plan *p, const struct vps_topology 
 	if (p->scope >= 0)
 		return vps_fail(VPS_EINPUT, "statistics need a global plan (this one is rank %" PRId64 "'s)", p->scope);
 	s->world = W;
+	struct lb lb;
+	bool lb_started = false;
 	int64_t *send = vps_calloc((size_t)W, sizeof(*send)), *recv = vps_calloc((size_t)W, sizeof(*recv));
 	int64_t *isend = vps_calloc((size_t)W, sizeof(*isend)), *irecv = vps_calloc((size_t)W, sizeof(*irecv));
 	int64_t *keep = vps_calloc((size_t)W, sizeof(*keep)), *peers = vps_calloc((size_t)W, sizeof(*peers));
-	struct pair *pairs = vps_malloc((2 * p->npieces + 1) * sizeof(*pairs));
-	if (!send || !recv || !isend || !irecv || !keep || !peers || !pairs) {
+	struct pair *pairs = NULL;
+	size_t cappairs = 0;
+	if (!send || !recv || !isend || !irecv || !keep || !peers) {
 		rc = VPS_ENOMEM;
 		goto done;
 	}
 	size_t np = 0;
+	lb_start(&lb, p);
+	lb_started = true;
 	for (int64_t w = 0; w < W; w++) {
 		s->joining += vps_world_a_rank(p->world, w) < 0;
 		s->leaving += vps_world_b_rank(p->world, w) < 0;
 	}
-	for (size_t i = 0; i < p->npieces; i++) {
-		const struct vps_piece *x = &p->pieces[i];
+	struct vps_piece_iter it;
+	const struct vps_piece *x;
+	vps_piece_iter_init(&it, p);
+	while ((x = vps_piece_iter_next(&it))) {
 		int64_t bytes = vps_piece_bytes(x);
 		s->pieces++;
 		if (x->src == x->dst) {
@@ -558,10 +801,15 @@ vps_result_t vps_plan_stats(const struct vps_plan *p, const struct vps_topology 
 			isend[x->src] += bytes;
 			irecv[x->dst] += bytes;
 		}
+		/* pieces come by (dst, src): a pair repeats in a run, kept once */
+		if (np && pairs[np - 2].a == x->src && pairs[np - 2].b == x->dst)
+			continue;
+		VPS_CHECK_GOTO(VPS_GROW(pairs, cappairs, np + 2), rc, done);
 		pairs[np++] = (struct pair){x->src, x->dst};
 		pairs[np++] = (struct pair){x->dst, x->src};
 	}
-	qsort(pairs, np, sizeof(*pairs), pair_cmp);
+	if (np)
+		qsort(pairs, np, sizeof(*pairs), pair_cmp);
 	for (size_t i = 0; i < np; i++)
 		if (!i || pair_cmp(&pairs[i - 1], &pairs[i]))
 			peers[pairs[i].a]++;
@@ -569,11 +817,16 @@ vps_result_t vps_plan_stats(const struct vps_plan *p, const struct vps_topology 
 		s->max_send_bytes = vps_max64(s->max_send_bytes, send[w]);
 		s->max_recv_bytes = vps_max64(s->max_recv_bytes, recv[w]);
 		s->peers_max = vps_max64(s->peers_max, peers[w]);
-		int64_t lb;
-		VPS_CHECK_GOTO(lower_bound_of(p, w, &lb), rc, done);
-		s->bytes_lower_bound += lb;
 	}
-	VPS_CHECK_GOTO(balanced_send_bound(p, s->max_send_bytes, &s->balanced_send_bound), rc, done);
+	rc = balanced_send_bound(p, s->max_send_bytes, &s->balanced_send_bound);
+	{
+		/* the lower bound's error first, as when it ran before */
+		vps_result_t lrc = lb_finish(&lb, &s->bytes_lower_bound);
+		lb_started = false;
+		rc = lrc ? lrc : rc;
+	}
+	if (rc)
+		goto done;
 	s->balanced_bound = vps_max64(s->balanced_send_bound, s->max_recv_bytes);
 	if (topo) {
 		/* Per device: NVLink and the NICs run at once, each direction at
@@ -597,6 +850,10 @@ vps_result_t vps_plan_stats(const struct vps_plan *p, const struct vps_topology 
 		send = recv = NULL;
 	}
 done:
+	if (lb_started) {
+		int64_t ignored;
+		(void)lb_finish(&lb, &ignored);
+	}
 	free(send);
 	free(recv);
 	free(isend);

@@ -70,12 +70,15 @@ struct vps_collective {
  * versions' plans of one transition differ. */
 #define VPS_PLANNER_RULES 1
 
+struct vps_packed;
+
 struct vps_plan {
 	struct vps_layout *a, *b; /* owned */
 	struct vps_world *world;
 	int64_t scope;            /* -1: all ranks; otherwise the one world rank planned */
-	struct vps_piece *pieces; /* sorted by (dst, src, tensor, state, dst buffer, dst offset) */
+	struct vps_piece *pieces; /* sorted by (dst, src, tensor, state, dst buffer, dst offset); NULL when packed */
 	size_t npieces;
+	struct vps_packed *packed; /* a compact global plan's pieces: read them with vps_piece_iter */
 	struct vps_collective *colls;
 	size_t ncolls;
 	struct vps_training train;
@@ -91,12 +94,28 @@ struct vps_plan_opts {
 	/* training state (global_batch 0: unknown) */
 	struct vps_training train;
 	int64_t micro_batch_a; /* micro batch under A, the default for B */
+	int threads;           /* global plans: threads (0: the online CPUs); the plan is the same for any */
+	bool compact;          /* global plans: keep the pieces packed (pieces NULL; about 25 bytes a
+				* piece instead of 184), for tools that only hash, write or count them */
+	bool unhashed;         /* compact plans: not hashed while planned (for statistics alone);
+				* vps_plan_hash then reads the pieces */
 };
+#define VPS_PLAN_MAX_THREADS 256
 
 /* Plan A -> B. On success the plan owns a and b. */
 vps_result_t vps_plan_compute(struct vps_plan **out, struct vps_layout *a, struct vps_layout *b,
 			      const struct vps_plan_opts *opts);
 void vps_plan_free(struct vps_plan *p);
+
+/* The pieces of a plan in order, packed or not. The piece returned is valid
+ * until the next call. */
+struct vps_piece_iter {
+	const struct vps_plan *p;
+	size_t i, block, pos;
+	struct vps_piece cur;
+};
+void vps_piece_iter_init(struct vps_piece_iter *it, const struct vps_plan *p);
+const struct vps_piece *vps_piece_iter_next(struct vps_piece_iter *it);
 
 /* Bytes of one piece. */
 int64_t vps_piece_bytes(const struct vps_piece *p);

@@ -78,3 +78,19 @@ stat() { # key from a --stats listing in $output
 	[ "$(stat joining)" = "8" ]
 	awk -v e="$(stat estimate_seconds)" 'BEGIN { exit !(e > 0.1 && e < 2) }'
 }
+
+@test "--threads changes the time, never the plan: same file for 1 and 3 threads" {
+	vps-layout --model tiny-llama --parallel tp=1,pp=1,dp=200,zero=1 -o a.layout
+	vps-layout --model tiny-llama --parallel tp=2,pp=2,dp=50,zero=1 -o b.layout
+	vps-plan a.layout b.layout --threads 1 -o one.plan
+	vps-plan a.layout b.layout --threads 3 -o three.plan
+	vps-plan a.layout b.layout -o default.plan
+	cmp one.plan three.plan
+	cmp one.plan default.plan
+	vps-plan a.layout b.layout --threads 1 --stats --load > one.txt
+	vps-plan a.layout b.layout --threads 3 --stats --load > three.txt
+	cmp one.txt three.txt
+	expect_status 0 vps-verify three.plan
+	expect_status 2 vps-plan a.layout b.layout --threads 0
+	[[ "$output" == *"--threads: 0 is not from 1 to 256"* ]]
+}

@@ -7,6 +7,7 @@
 #include "harness.h"
 #include "jobs.h"
 #include "vps/data.h"
+#include "vps/io.h"
 #include "vps/plan.h"
 
 
@@ -103,6 +104,95 @@ static const struct tcase cases[] = {
 	{"tiny-llama", "tp=1,pp=1,dp=5,zero=1", "tp=1,pp=1,dp=3,zero=1", 8, 0, 8, 0},
 	{"tiny-gpt", "tp=1,pp=2,dp=3,zero=1", "tp=2,pp=1,dp=5,zero=1", 3, 0, 3, 0},
 };
+
+static bool piece_same(const struct vps_piece *x, const struct vps_piece *y)
+{
+	return piece_eq(x, y) && !memcmp(x->src_strides, y->src_strides, x->box.ndim * sizeof(int64_t)) &&
+	       !memcmp(x->dst_strides, y->dst_strides, x->box.ndim * sizeof(int64_t));
+}
+
+static struct vps_plan *plan_with(const char *model, const char *from, const char *to, int64_t gpn, int threads,
+				  bool compact)
+{
+	struct vps_layout *a = test_layout(model, from, gpn, 0), *b = test_layout(model, to, gpn, 0);
+	/* packed with 3 threads: not hashed while planned, hashed when asked */
+	struct vps_plan_opts o = {.rank = -1, .threads = threads, .compact = compact, .unhashed = threads == 3};
+	struct vps_plan *p = NULL;
+	if (a && b)
+		CHECK_OK(vps_plan_compute(&p, a, b, &o));
+	return p;
+}
+
+/* Threads take blocks of 32 destinations as they come and the plan may be
+ * packed: the pieces, collectives, hash and file are those of one thread. */
+TEST(a_global_plan_is_the_same_for_any_threads_packed_or_not)
+{
+	static const char *const shapes[][3] = {
+		{"tiny-llama", "tp=1,pp=1,dp=200,zero=1", "tp=2,pp=2,dp=50,zero=1"},
+		{"tiny-qwen3-moe", "tp=2,pp=2,dp=40,ep=4,etp=1,zero=1", "tp=2,pp=1,dp=40,ep=2,etp=2,zero=1"},
+		/* leaves: 160 ranks -> 80 */
+		{"tiny-gpt", "tp=2,pp=2,dp=40,zero=1", "tp=2,pp=2,dp=20,zero=1"},
+	};
+	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+		struct vps_plan *ref = plan_with(shapes[s][0], shapes[s][1], shapes[s][2], 8, 1, false);
+		if (!ref)
+			continue;
+		CHECK(vps_world_size(ref->world) > 3 * 32);
+		/* plan order: (dst, src, tensor, state, dst buffer, dst offset), strictly */
+		size_t unsorted = 0;
+		for (size_t i = 1; i < ref->npieces; i++) {
+			const struct vps_piece *x = &ref->pieces[i - 1], *y = &ref->pieces[i];
+			int64_t kx[] = {x->dst, x->src, x->tensor, x->state, x->dst_buffer, x->dst_offset};
+			int64_t ky[] = {y->dst, y->src, y->tensor, y->state, y->dst_buffer, y->dst_offset};
+			size_t k = 0;
+			while (k < 6 && kx[k] == ky[k])
+				k++;
+			unsorted += k == 6 || kx[k] > ky[k];
+		}
+		CHECK_EQ(unsorted, 0);
+		struct vps_bytes rb = {0};
+		CHECK_OK(vps_plan_serialize(ref, false, &rb));
+		static const int threads[] = {1, 2, 3, 7};
+		for (size_t t = 0; t < sizeof(threads) / sizeof(threads[0]); t++)
+			for (int compact = 0; compact < 2; compact++) {
+				struct vps_plan *p = plan_with(shapes[s][0], shapes[s][1], shapes[s][2], 8, threads[t], compact);
+				if (!p)
+					continue;
+				CHECK_EQ(p->npieces, ref->npieces);
+				CHECK(compact ? p->pieces == NULL && p->packed != NULL : p->packed == NULL);
+				struct vps_piece_iter it;
+				const struct vps_piece *x;
+				size_t i = 0, differ = 0;
+				vps_piece_iter_init(&it, p);
+				while ((x = vps_piece_iter_next(&it))) {
+					if (i >= ref->npieces || !piece_same(x, &ref->pieces[i]))
+						differ++;
+					i++;
+				}
+				if (differ || i != ref->npieces)
+					harness_fail(__FILE__, __LINE__, "%s, %d threads%s: %zu of %zu pieces differ", shapes[s][0],
+						     threads[t], compact ? ", packed" : "", differ, i);
+				CHECK_EQ(p->ncolls, ref->ncolls);
+				for (size_t k = 0; k < p->ncolls && k < ref->ncolls; k++) {
+					const struct vps_collective *c = &p->colls[k], *d = &ref->colls[k];
+					CHECK(c->tensor == d->tensor && c->state == d->state && c->kind == d->kind &&
+					      c->root == d->root && c->peers == d->peers && c->bytes == d->bytes);
+				}
+				CHECK(vps_plan_hash(p) == vps_plan_hash(ref));
+				struct vps_bytes pb = {0};
+				CHECK_OK(vps_plan_serialize(p, false, &pb));
+				CHECK(pb.len == rb.len && !memcmp(pb.data, rb.data, rb.len));
+				struct vps_plan_stats ps, rs;
+				CHECK_OK(vps_plan_stats(p, NULL, false, &ps));
+				CHECK_OK(vps_plan_stats(ref, NULL, false, &rs));
+				CHECK(!memcmp(&ps, &rs, sizeof(ps)));
+				vps_bytes_release(&pb);
+				vps_plan_free(p);
+			}
+		vps_bytes_release(&rb);
+		vps_plan_free(ref);
+	}
+}
 
 TEST(plans_move_every_element_right)
 {

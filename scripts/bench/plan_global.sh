@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The global plan of Qwen3-235B-A22B (4,8,dp,16) -> (8,16,dp/4,8), zero=1, at
+# 128, 1,024, 4,096 and 16,384 ranks (plan_rank.sh's transition, DP grown):
+# wall time, CPU time and peak resident memory (/usr/bin/time -v) of
+# `vps-plan --stats` and `vps-plan -o FILE`, the best of RUNS runs, and what
+# the global plan costs per rank. Writes its tables into docs/BENCHMARKS.md
+# and docs/plan.md between their plan-global markers (or prints them with
+# PRINT=1).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+make -s all
+t=$(mktemp -d)
+trap 'rm -rf "$t"' EXIT
+M=qwen3-235b-a22b
+A=tp=4,pp=8,ep=16,etp=1,first=11,last=11,zero=1
+B=tp=8,pp=16,ep=8,etp=1,first=5,last=5,zero=1
+RUNS=${RUNS:-3}
+SIZES=${SIZES:-"128:4:1 1024:32:8 4096:128:32 16384:512:128"}
+
+# measure NAME CMD...: best wall of RUNS runs -> "wall cpu rss_kb"
+measure() {
+	local best="" line
+	for ((i = 0; i < RUNS; i++)); do
+		/usr/bin/time -v -o "$t/time" "$@" > "$t/stdout"
+		line=$(awk -F': ' '
+			/Elapsed \(wall clock\)/ { n = split($2, p, ":"); w = 0; for (k = 1; k <= n; k++) w = w * 60 + p[k] }
+			/User time/ { u = $2 } /System time/ { s = $2 } /Maximum resident/ { m = $2 }
+			END { printf "%.2f %.2f %d\n", w, u + s, m }' "$t/time")
+		if [ -z "$best" ] || awk -v a="$line" -v b="$best" 'BEGIN { split(a, x, " "); split(b, y, " "); exit !(x[1] < y[1]) }'; then
+			best=$line
+		fi
+	done
+	echo "$best"
+}
+
+rows=() per=()
+for s in $SIZES; do
+	IFS=: read -r W da db <<<"$s"
+	bin/vps-layout --model $M --parallel $A,dp=$da -o "$t/a"
+	bin/vps-layout --model $M --parallel $B,dp=$db -o "$t/b"
+	read -r sw sc sm <<<"$(measure bin/vps-plan "$t/a" "$t/b" --stats)"
+	pieces=$(awk '$1 == "pieces:" { print $2 }' "$t/stdout")
+	world=$(awk '$1 == "world:" { print $2 }' "$t/stdout")
+	[ "$world" = "$W" ] || { echo "plan_global.sh: dp=$da gives $world ranks, not $W" >&2; exit 1; }
+	read -r ow oc om <<<"$(measure bin/vps-plan "$t/a" "$t/b" -o "$t/plan")"
+	bytes=$(stat -c %s "$t/plan")
+	rows+=("$(awk -v W="$W" -v sw="$sw" -v sc="$sc" -v sm="$sm" -v ow="$ow" -v oc="$oc" -v om="$om" -v n="$pieces" -v b="$bytes" 'BEGIN {
+		printf "| %d | %d | %.2f s (%.2f s CPU), %d MB | %.2f s (%.2f s CPU), %d MB | %.1f MB |", W, n, sw, sc, sm / 1024, ow, oc, om / 1024, b / 1e6 }')")
+	per+=("$(awk -v W="$W" -v oc="$oc" -v om="$om" -v n="$pieces" -v b="$bytes" 'BEGIN {
+		printf "| %d | %.0f | %.0f B | %.1f KB | %.2f ms |", W, n / W, b / W, om / W, oc / W * 1000 }')")
+done
+
+load=$(cut -d' ' -f1-3 /proc/loadavg)
+main=$(
+	echo "Measured by \`scripts/bench/plan_global.sh\` on $(nproc) CPUs (load average $load when it ended),"
+	echo "best wall time of $RUNS runs, with the CPU time (user + system) and the peak resident memory of that"
+	echo "run; \`vps-plan\` uses a thread per online CPU."
+	echo
+	echo "| ranks | pieces | \`vps-plan --stats\` | \`vps-plan -o FILE\` | plan file |"
+	echo "|---:|---:|---|---|---:|"
+	printf '%s\n' "${rows[@]}"
+)
+rank=$(
+	echo "Measured by \`scripts/bench/plan_global.sh\` (\`vps-plan -o FILE\`, $(nproc) CPUs): per rank of"
+	echo "the world, the pieces, the plan file's bytes, the peak resident memory and the CPU time."
+	echo
+	echo "| ranks | pieces per rank | file per rank | memory per rank | CPU per rank |"
+	echo "|---:|---:|---:|---:|---:|"
+	printf '%s\n' "${per[@]}"
+)
+
+# put FILE NAME TEXT: replace what lies between <!-- NAME:begin --> and <!-- NAME:end -->
+put() {
+	grep -q "<!-- $2:begin -->" "$1" && grep -q "<!-- $2:end -->" "$1" ||
+		{ echo "plan_global.sh: $1 has no <!-- $2:begin/end --> markers" >&2; exit 1; }
+	awk -v name="$2" -v text="$3" '
+		$0 == "<!-- " name ":begin -->" { print; print text; skip = 1; next }
+		$0 == "<!-- " name ":end -->" { skip = 0 }
+		!skip' "$1" > "$t/doc"
+	cat "$t/doc" > "$1"
+}
+if [ -n "${PRINT:-}" ]; then
+	printf '%s\n\n%s\n' "$main" "$rank"
+else
+	put docs/BENCHMARKS.md plan-global "$main"
+	put docs/plan.md plan-global-per-rank "$rank"
+fi
