@@ -4,7 +4,8 @@
 # does): wall time, CPU time and peak memory of
 # `vps-stage --budget 4GiB PLAN -o FILE` (best of RUNS, default 3), with the
 # size of the staged file; with --doc, the table replaces the stage-global
-# section of docs/BENCHMARKS.md. Target at 16,384 ranks: 5 s and 1 GB.
+# section of docs/BENCHMARKS.md and the cost per rank that of docs/plan.md.
+# Target at 16,384 ranks: 5 s and 1 GB.
 #   scripts/bench/stage_global.sh [--doc] [WORLDS...]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -14,7 +15,7 @@ worlds=${*:-128 1024 4096 16384}
 make -s all
 t=$(mktemp -d)
 trap 'rm -rf "$t"' EXIT
-rows=()
+rows=() per=()
 for W in $worlds; do
 	scripts/bench/qwen235b-layouts.sh "$W" "$t/a" "$t/b"
 	bin/vps-plan "$t/a" "$t/b" -o "$t/plan"
@@ -27,6 +28,8 @@ for W in $worlds; do
 		fi
 	done
 	read -r wall user sys kb <<<"$best"
+	per+=("$(awk -v W="$W" -v u="$user" -v s="$sys" -v k="$kb" -v f="$(stat -c %s "$t/staged")" \
+		'BEGIN { printf "| %d | %.1f KB | %.2f ms | %.0f B |", W, k / W, (u + s) * 1000 / W, f / W }')")
 	rows+=("$(awk -v W="$W" -v w="$wall" -v u="$user" -v s="$sys" -v k="$kb" -v p="$(stat -c %s "$t/plan")" \
 		-v f="$(stat -c %s "$t/staged")" 'BEGIN { printf "| %d | %.1f MB | %.2f s (%.2f s CPU) | %.0f MB | %.1f MB |", W, p / 1e6, w, u + s, k / 1024, f / 1e6 }')")
 	echo "${rows[-1]}"
@@ -38,4 +41,15 @@ table() {
 	echo "|---:|---:|---|---:|---:|"
 	printf '%s\n' "${rows[@]}"
 }
-[ "$doc" = 0 ] || table | scripts/bench/doc-section.sh stage-global docs/BENCHMARKS.md
+per_rank() {
+	echo "Measured by \`scripts/bench/stage_global.sh\` (\`vps-stage --budget 4GiB\` of the global plan,"
+	echo "$(nproc) CPUs): per rank of the world, the peak memory, the CPU time and the staged file."
+	echo
+	echo "| ranks | memory per rank | CPU per rank | staged file per rank |"
+	echo "|---:|---:|---:|---:|"
+	printf '%s\n' "${per[@]}"
+}
+if [ "$doc" = 1 ]; then
+	table | scripts/bench/doc-section.sh stage-global docs/BENCHMARKS.md
+	per_rank | scripts/bench/doc-section.sh stage-global-per-rank docs/plan.md
+fi
