@@ -138,7 +138,8 @@ int main(int argc, char **argv)
 	struct vps_bytes bytes = {0};
 	int status;
 	const char *name = strcmp(argv[optind], "-") ? argv[optind] : "<stdin>";
-	if ((rc = vps_plan_load(&p, argv[optind])) || (rc = vps_plan_check_hash(p, name)))
+	/* a global plan stays packed: staging reads its pieces once, in order */
+	if ((rc = vps_plan_load_as(&p, argv[optind], true)) || (rc = vps_plan_check_hash(p, name)))
 		goto fail;
 	if ((rc = vps_stage(&s, p, budget, rank)))
 		goto fail;

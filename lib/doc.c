@@ -510,19 +510,88 @@ struct frame {
 	size_t npairs;
 };
 
+/* The strings a binary reader hands out, interned: a plan names the
+ * tensor of each of its millions of pieces, from a few hundred names. */
+struct str_set {
+	char **v;          /* in the order first seen */
+	size_t n, cap;
+	uint32_t *slot;    /* open addressing: index + 1, 0 empty */
+	size_t mask;
+};
+
+static void str_set_free(struct str_set *t)
+{
+	for (size_t i = 0; i < t->n; i++)
+		free(t->v[i]);
+	free(t->v);
+	free(t->slot);
+	memset(t, 0, sizeof(*t));
+}
+
+/* The interned copy of the n bytes at p (NULL when out of memory). */
+static const char *str_set_add(struct str_set *t, const unsigned char *p, size_t n)
+{
+	uint64_t h = vps_hash64(p, n, 0x5354);
+	if (t->slot) {
+		for (size_t i = h & t->mask;; i = (i + 1) & t->mask) {
+			uint32_t k = t->slot[i];
+			if (!k)
+				break;
+			const char *c = t->v[k - 1];
+			if (!memcmp(c, p, n) && !c[n])
+				return c;
+		}
+	}
+	if (t->n + 1 > UINT32_MAX - 1)
+		return NULL;
+	if (!t->slot || (t->n + 1) * 2 > t->mask + 1) {
+		size_t size = t->slot ? (t->mask + 1) * 2 : 256;
+		uint32_t *ns = calloc(size, sizeof(*ns));
+		if (!ns)
+			return NULL;
+		for (size_t k = 0; k < t->n; k++) {
+			size_t i = vps_hash64(t->v[k], strlen(t->v[k]), 0x5354) & (size - 1);
+			while (ns[i])
+				i = (i + 1) & (size - 1);
+			ns[i] = (uint32_t)k + 1;
+		}
+		free(t->slot);
+		t->slot = ns;
+		t->mask = size - 1;
+	}
+	if (vps_grow((void **)&t->v, &t->cap, t->n + 1, sizeof(*t->v)))
+		return NULL;
+	char *c = malloc(n + 1);
+	if (!c)
+		return NULL;
+	memcpy(c, p, n);
+	c[n] = '\0';
+	size_t i = h & t->mask;
+	while (t->slot[i])
+		i = (i + 1) & t->mask;
+	t->slot[i] = (uint32_t)t->n + 1;
+	t->v[t->n++] = c;
+	return c;
+}
+
 struct vps_reader {
 	char *name;
 	bool binary;
-	/* binary */
+	/* binary: the payload is decompressed as it is read, into a window
+	 * holding bytes [wbase, wbase + wlen) of it (a plan of 16,384 ranks is
+	 * 1.3 GB uncompressed); positions count from the payload's start */
 	unsigned char *payload;
 	size_t plen, pos;
+	size_t wbase, wlen, wcap;
+	ZSTD_DCtx *dctx;
+	ZSTD_inBuffer zin;
+	bool zdone;
+	struct str_set strs; /* strings handed out, each once */
 	/* yaml */
 	yaml_document_t doc;
 	bool doc_ready;
 	struct frame *frames;
 	size_t nframes, cap_frames;
-	char **strings; /* strings handed out in binary mode */
-	size_t nstrings, cap_strings;
 };
 
 bool vps_reader_is_binary(const struct vps_reader *r) { return r->binary; }
@@ -613,12 +682,51 @@ vps_result_t vps_r_error(struct vps_reader *r, const char *key, const char *fmt,
 			key ? ": " : "", msg);
 }
 
+/* The window of at least this many bytes: large enough that shifting it
+ * costs little, small beside a 1.3 GB payload. */
+#define WINDOW_BYTES ((size_t)4 << 20)
+
+/* Make bytes [pos, pos + n) of the payload readable at AT(r). */
+static vps_result_t bin_fill(struct vps_reader *r, size_t n)
+{
+	if (r->pos - r->wbase + n <= r->wlen)
+		return VPS_OK;
+	/* what was read is done with: keep the rest, from pos on */
+	size_t drop = r->pos - r->wbase;
+	memmove(r->payload, r->payload + drop, r->wlen - drop);
+	r->wlen -= drop;
+	r->wbase = r->pos;
+	if (n > r->wcap) {
+		size_t cap = vps_min64((int64_t)r->plen, (int64_t)vps_max64((int64_t)n, (int64_t)(2 * r->wcap)));
+		unsigned char *d = realloc(r->payload, cap ? cap : 1);
+		if (!d)
+			return vps_fail(VPS_ENOMEM, "%s: out of memory for %zu bytes of the document", r->name, cap);
+		r->payload = d;
+		r->wcap = cap;
+	}
+	while (r->wlen < n) {
+		ZSTD_outBuffer out = {r->payload, r->wcap, r->wlen};
+		size_t ret = ZSTD_decompressStream(r->dctx, &out, &r->zin);
+		if (ZSTD_isError(ret))
+			return vps_fail(VPS_EFORMAT, "%s: corrupt document: %s", r->name, ZSTD_getErrorName(ret));
+		bool stuck = out.pos == r->wlen && r->zin.pos == r->zin.size;
+		r->wlen = out.pos;
+		if (!ret)
+			r->zdone = true;
+		if (r->wlen < n && (r->zdone || stuck))
+			return vps_fail(VPS_EFORMAT, "%s: corrupt document: size mismatch", r->name);
+	}
+	return VPS_OK;
+}
+
+#define AT(r) ((r)->payload + ((r)->pos - (r)->wbase))
+
 static vps_result_t bin_need(struct vps_reader *r, size_t n)
 {
 	if (r->plen - r->pos < n)
 		return vps_fail(VPS_EFORMAT, "%s: truncated document (needs %zu bytes at offset %zu of %zu)",
 				r->name, n, r->pos, r->plen);
-	return VPS_OK;
+	return bin_fill(r, n);
 }
 
 static vps_result_t bin_u64_read(struct vps_reader *r, uint64_t *v)
@@ -626,7 +734,7 @@ static vps_result_t bin_u64_read(struct vps_reader *r, uint64_t *v)
 	VPS_CHECK(bin_need(r, 8));
 	uint64_t x = 0;
 	for (int i = 0; i < 8; i++)
-		x |= (uint64_t)r->payload[r->pos + i] << (8 * i);
+		x |= (uint64_t)AT(r)[i] << (8 * i);
 	r->pos += 8;
 	*v = x;
 	return VPS_OK;
@@ -716,14 +824,13 @@ static vps_result_t open_binary(struct vps_reader *r, const unsigned char *d, si
 		return vps_fail(VPS_EFORMAT, "%s: zstd frame claims %llu bytes, more than its %zu bytes can hold", r->name,
 				content, csize);
 	r->plen = (size_t)content;
-	r->payload = malloc(r->plen ? r->plen : 1);
-	if (!r->payload)
-		return vps_fail(VPS_ENOMEM, "%s: out of memory for a document of %zu bytes", r->name, r->plen);
-	size_t got = ZSTD_decompress(r->payload, r->plen, frame, flen);
-	if (ZSTD_isError(got))
-		return vps_fail(VPS_EFORMAT, "%s: corrupt document: %s", r->name, ZSTD_getErrorName(got));
-	if (got != r->plen)
-		return vps_fail(VPS_EFORMAT, "%s: corrupt document: size mismatch", r->name);
+	r->wcap = vps_min64((int64_t)r->plen, (int64_t)WINDOW_BYTES);
+	r->payload = malloc(r->wcap ? r->wcap : 1);
+	r->dctx = ZSTD_createDCtx();
+	if (!r->payload || !r->dctx)
+		return vps_fail(VPS_ENOMEM, "%s: out of memory to read the document", r->name);
+	/* the frame stays where the caller keeps it (data outlives the reader) */
+	r->zin = (ZSTD_inBuffer){frame, flen, 0};
 	return VPS_OK;
 }
 
@@ -862,9 +969,8 @@ void vps_reader_free(struct vps_reader *r)
 	free(r->frames);
 	if (r->doc_ready)
 		yaml_document_delete(&r->doc);
-	for (size_t i = 0; i < r->nstrings; i++)
-		free(r->strings[i]);
-	free(r->strings);
+	str_set_free(&r->strs);
+	ZSTD_freeDCtx(r->dctx);
 	free(r->payload);
 	free(r->name);
 	free(r);
@@ -876,6 +982,20 @@ vps_result_t vps_reader_finish(struct vps_reader *r)
 		if (r->pos != r->plen)
 			return vps_fail(VPS_EFORMAT, "%s: %zu unread bytes at the end of the document", r->name,
 					r->plen - r->pos);
+		/* the frame's end: its checksum, and no byte past the size it states */
+		while (!r->zdone) {
+			unsigned char extra[64];
+			ZSTD_outBuffer out = {extra, sizeof(extra), 0};
+			size_t before = r->zin.pos, ret = ZSTD_decompressStream(r->dctx, &out, &r->zin);
+			if (ZSTD_isError(ret))
+				return vps_fail(VPS_EFORMAT, "%s: corrupt document: %s", r->name, ZSTD_getErrorName(ret));
+			if (out.pos)
+				return vps_fail(VPS_EFORMAT, "%s: corrupt document: size mismatch", r->name);
+			if (!ret)
+				r->zdone = true;
+			else if (r->zin.pos == before)
+				return vps_fail(VPS_EFORMAT, "%s: corrupt document: truncated frame", r->name);
+		}
 		return VPS_OK;
 	}
 	return vps_r_map_end(r);
@@ -1035,7 +1155,8 @@ vps_result_t vps_r_bool(struct vps_reader *r, const char *key, bool *v)
 {
 	if (r->binary) {
 		VPS_CHECK(bin_need(r, 1));
-		unsigned char b = r->payload[r->pos++];
+		unsigned char b = *AT(r);
+		r->pos++;
 		if (b > 1)
 			return vps_fail(VPS_EFORMAT, "%s: corrupt boolean", r->name);
 		*v = b;
@@ -1081,25 +1202,18 @@ vps_result_t vps_r_str(struct vps_reader *r, const char *key, const char **s)
 {
 	if (r->binary) {
 		VPS_CHECK(bin_need(r, 4));
-		const unsigned char *p = r->payload + r->pos;
+		const unsigned char *p = AT(r);
 		size_t n = p[0] | (size_t)p[1] << 8 | (size_t)p[2] << 16 | (size_t)p[3] << 24;
 		r->pos += 4;
 		VPS_CHECK(bin_need(r, n));
 		/* the YAML encoding could not carry it, nor a C string */
-		if (!utf8_text(r->payload + r->pos, n))
+		if (!utf8_text(AT(r), n))
 			return vps_fail(VPS_EFORMAT, "%s: %s: corrupt string (not UTF-8 text)", r->name,
 					key ? key : "item");
-		char *c = vps_malloc(n + 1);
+		const char *c = str_set_add(&r->strs, AT(r), n);
 		if (!c)
-			return VPS_ENOMEM;
-		memcpy(c, r->payload + r->pos, n);
-		c[n] = '\0';
+			return VPS_NOMEM();
 		r->pos += n;
-		if (VPS_GROW(r->strings, r->cap_strings, r->nstrings + 1)) {
-			free(c);
-			return VPS_ENOMEM;
-		}
-		r->strings[r->nstrings++] = c;
 		*s = c;
 		return VPS_OK;
 	}

@@ -477,7 +477,29 @@ vps_result_t vps_plan_serialize(const struct vps_plan *p, bool yaml, struct vps_
 	return rc;
 }
 
+/* Pieces read into packed blocks of this many: a block packs against the
+ * piece before it, so any size works; this keeps a block's growth cheap. */
+#define READ_BLOCK_PIECES 65536
+
+static vps_result_t read_piece_packed(struct vps_plan *p, const struct vps_piece *x, struct vps_piece *prev)
+{
+	struct vps_packed *pk = p->packed;
+	if (!pk->n || pk->v[pk->n - 1].npieces >= READ_BLOCK_PIECES) {
+		VPS_CHECK(vps_grow((void **)&pk->v, &pk->cap, pk->n + 1, sizeof(*pk->v)));
+		memset(&pk->v[pk->n++], 0, sizeof(*pk->v));
+		memset(prev, 0, sizeof(*prev));
+	}
+	VPS_CHECK(vps_pack_piece(&pk->v[pk->n - 1], prev, x));
+	*prev = *x;
+	return VPS_OK;
+}
+
 vps_result_t vps_plan_read_body(struct vps_reader *r, struct vps_plan **out, uint64_t *stored_hash)
+{
+	return vps_plan_read_body_as(r, out, stored_hash, false);
+}
+
+vps_result_t vps_plan_read_body_as(struct vps_reader *r, struct vps_plan **out, uint64_t *stored_hash, bool compact)
 {
 	vps_result_t rc;
 	uint64_t n;
@@ -507,15 +529,25 @@ vps_result_t vps_plan_read_body(struct vps_reader *r, struct vps_plan **out, uin
 	}
 	VPS_CHECK_GOTO(vps_training_read(r, "training", &p->train), rc, fail);
 	VPS_CHECK_GOTO(vps_r_seq_begin(r, "pieces", &n), rc, fail);
-	p->pieces = vps_malloc((size_t)n * sizeof(*p->pieces) + 1);
-	if (!p->pieces) {
+	/* a global plan read to be staged or counted stays packed: about 25
+	 * bytes a piece, not 184 (a one-rank plan is small either way) */
+	compact = compact && p->scope < 0;
+	if (compact)
+		p->packed = vps_calloc(1, sizeof(*p->packed));
+	else
+		p->pieces = vps_malloc((size_t)n * sizeof(*p->pieces) + 1);
+	if (compact ? !p->packed : !p->pieces) {
 		rc = VPS_ENOMEM;
 		goto fail;
 	}
+	struct vps_piece one, prev;
 	for (uint64_t i = 0; i < n; i++) {
-		VPS_CHECK_GOTO(vps_piece_read(r, vps_layout_model(p->a), world, &p->pieces[i]), rc, fail);
-		VPS_CHECK_GOTO(vps_piece_view_check(r, p, (size_t)i, &p->pieces[i]), rc, fail);
+		struct vps_piece *x = compact ? &one : &p->pieces[i];
+		VPS_CHECK_GOTO(vps_piece_read(r, vps_layout_model(p->a), world, x), rc, fail);
+		VPS_CHECK_GOTO(vps_piece_view_check(r, p, (size_t)i, x), rc, fail);
 		VPS_CHECK_GOTO(vps_r_map_end(r), rc, fail);
+		if (compact)
+			VPS_CHECK_GOTO(read_piece_packed(p, x, &prev), rc, fail);
 		p->npieces++;
 	}
 	VPS_CHECK_GOTO(vps_r_seq_end(r), rc, fail);
@@ -566,11 +598,16 @@ fail:
 
 vps_result_t vps_plan_parse(struct vps_plan **out, const char *name, const void *data, size_t len)
 {
+	return vps_plan_parse_as(out, name, data, len, false);
+}
+
+vps_result_t vps_plan_parse_as(struct vps_plan **out, const char *name, const void *data, size_t len, bool compact)
+{
 	struct vps_reader *r;
 	uint64_t stored;
 	VPS_CHECK(vps_reader_new(&r, name, data, len, VPS_DOC_PLAN));
 	*out = NULL;
-	vps_result_t rc = vps_plan_read_body(r, out, &stored);
+	vps_result_t rc = vps_plan_read_body_as(r, out, &stored, compact);
 	if (!rc)
 		rc = vps_reader_finish(r);
 	if (!rc)
@@ -585,10 +622,15 @@ vps_result_t vps_plan_parse(struct vps_plan **out, const char *name, const void 
 
 vps_result_t vps_plan_load(struct vps_plan **out, const char *path)
 {
+	return vps_plan_load_as(out, path, false);
+}
+
+vps_result_t vps_plan_load_as(struct vps_plan **out, const char *path, bool compact)
+{
 	struct vps_bytes b;
 	*out = NULL;
 	VPS_CHECK(vps_read_file(path, &b));
-	vps_result_t rc = vps_plan_parse(out, path && strcmp(path, "-") ? path : "<stdin>", b.data, b.len);
+	vps_result_t rc = vps_plan_parse_as(out, path && strcmp(path, "-") ? path : "<stdin>", b.data, b.len, compact);
 	vps_bytes_release(&b);
 	return rc;
 }

@@ -25,5 +25,8 @@ uint64_t vps_piece_hash(const struct vps_piece *x, uint64_t h);
 vps_result_t vps_plan_write_body(struct vps_writer *w, const struct vps_plan *p);
 /* Read a plan body; *stored_hash receives the hash the file states. */
 vps_result_t vps_plan_read_body(struct vps_reader *r, struct vps_plan **out, uint64_t *stored_hash);
+/* compact: a global plan's pieces stay packed (pieces NULL; read them with
+ * vps_piece_iter). */
+vps_result_t vps_plan_read_body_as(struct vps_reader *r, struct vps_plan **out, uint64_t *stored_hash, bool compact);
 
 #endif

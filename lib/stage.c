@@ -181,17 +181,45 @@ static vps_result_t chunk_pair(struct builder *b, const struct run *runs, size_t
 	return VPS_OK;
 }
 
-static int pair_order(const void *p, const void *q, void *ctx)
+/* A piece of the pair being staged, with its index in the plan. */
+struct pair_piece {
+	struct vps_piece x;
+	size_t index;
+};
+
+static int pair_piece_order(const void *p, const void *q)
 {
-	const struct vps_piece *pieces = ctx;
-	const struct vps_piece *x = &pieces[*(const size_t *)p], *y = &pieces[*(const size_t *)q];
-	if (x->src != y->src)
-		return x->src < y->src ? -1 : 1;
-	if (x->dst != y->dst)
-		return x->dst < y->dst ? -1 : 1;
-	if (x->dst_buffer != y->dst_buffer)
-		return x->dst_buffer < y->dst_buffer ? -1 : 1;
-	return x->dst_offset < y->dst_offset ? -1 : x->dst_offset > y->dst_offset;
+	const struct pair_piece *a = p, *b = q;
+	if (a->x.dst_buffer != b->x.dst_buffer)
+		return a->x.dst_buffer < b->x.dst_buffer ? -1 : 1;
+	if (a->x.dst_offset != b->x.dst_offset)
+		return a->x.dst_offset < b->x.dst_offset ? -1 : 1;
+	return a->index < b->index ? -1 : a->index > b->index;
+}
+
+/* One (source, destination) pair's pieces, in destination address order,
+ * merged into runs and laid out in chunks (a retain: direct copies). */
+static vps_result_t stage_pair(struct builder *b, struct pair_piece *grp, size_t n, struct run **runs, size_t *capr,
+			       int64_t cap)
+{
+	size_t nruns = 0;
+	qsort(grp, n, sizeof(*grp), pair_piece_order);
+	for (size_t j = 0; j < n; j++) {
+		struct run r;
+		run_of_piece(&grp[j].x, grp[j].index, &r);
+		if (!(nruns && run_merge(&(*runs)[nruns - 1], &r))) {
+			VPS_CHECK(vps_grow((void **)runs, capr, nruns + 1, sizeof(**runs)));
+			(*runs)[nruns++] = r;
+		}
+	}
+	int64_t src = grp[0].x.src, dst = grp[0].x.dst;
+	if (src != dst)
+		return chunk_pair(b, *runs, nruns, src, dst, cap);
+	VPS_CHECK(new_xfer(b, src, dst, 0));
+	for (size_t k = 0; k < nruns; k++)
+		VPS_CHECK(emit_part(b, &(*runs)[k], 0, run_elements(&(*runs)[k]), -1, NULL));
+	b->x[b->nx - 1].nops = b->no - b->x[b->nx - 1].first_op;
+	return VPS_OK;
 }
 
 /* Transfers in the order a rank executes them: by unit (step, chunk), then
@@ -499,60 +527,55 @@ vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t b
 	if (rank >= W)
 		return vps_fail(VPS_EINPUT, "--rank: %" PRId64 " is outside the transition world of %" PRId64, rank, W);
 	struct vps_staged *s = vps_calloc(1, sizeof(*s));
-	size_t *idx = vps_malloc((plan->npieces + 1) * sizeof(*idx));
 	int64_t *demand = NULL;
 	struct run *runs = NULL;
-	size_t nruns = 0, capr = 0;
+	struct pair_piece *grp = NULL;
+	size_t capr = 0, ng = 0, capg = 0;
 	struct builder b = {0};
-	if (!s || !idx) {
-		free(s);
-		free(idx);
+	if (!s)
 		return VPS_ENOMEM;
-	}
 	s->budget = budget;
 	s->scope = plan->scope >= 0 ? plan->scope : rank;
 	s->steps = vps_stage_steps(W);
-	for (size_t i = 0; i < plan->npieces; i++)
-		idx[i] = i;
-	qsort_r(idx, plan->npieces, sizeof(*idx), pair_order, plan->pieces);
 	int64_t cap = chunk_size(budget);
 	/* any budget above the floor works, but one that cuts the plan in
 	 * hundreds of millions of chunks is a mistake, not a schedule */
 	int64_t moved = 0;
-	for (size_t i = 0; i < plan->npieces; i++)
-		if (plan->pieces[i].src != plan->pieces[i].dst)
-			moved = vps_sat_add(moved, vps_piece_bytes(&plan->pieces[i]));
+	struct vps_piece_iter it;
+	vps_piece_iter_init(&it, plan);
+	for (const struct vps_piece *x; (x = vps_piece_iter_next(&it));)
+		if (x->src != x->dst)
+			moved = vps_sat_add(moved, vps_piece_bytes(x));
 	if (moved / cap > VPS_STAGE_MAX_CHUNKS) {
 		free(s);
-		free(idx);
 		return vps_fail(VPS_EINPUT,
 				"budget: %" PRId64 " bytes cuts the %" PRId64 " bytes this plan moves in more than %lld chunks; "
 				"give at least %" PRId64 " bytes",
 				budget, moved, (long long)VPS_STAGE_MAX_CHUNKS,
 				vps_round_up(2 * (moved / VPS_STAGE_MAX_CHUNKS + 1), VPS_STAGE_ALIGN));
 	}
-	for (size_t i = 0; i < plan->npieces;) {
-		const struct vps_piece *p0 = &plan->pieces[idx[i]];
-		size_t j = i;
-		nruns = 0;
-		while (j < plan->npieces && plan->pieces[idx[j]].src == p0->src && plan->pieces[idx[j]].dst == p0->dst) {
-			struct run r;
-			run_of_piece(&plan->pieces[idx[j]], idx[j], &r);
-			if (!(nruns && run_merge(&runs[nruns - 1], &r))) {
-				VPS_CHECK_GOTO(VPS_GROW(runs, capr, nruns + 1), rc, fail);
-				runs[nruns++] = r;
+	/* pieces come in plan order, by destination and then source: a pair's
+	 * pieces are consecutive, and the plan is read once, packed or not */
+	vps_piece_iter_init(&it, plan);
+	int64_t pdst = -1, psrc = -1;
+	for (size_t gi = 0;; gi++) {
+		const struct vps_piece *x = vps_piece_iter_next(&it);
+		if (!x || x->dst != pdst || x->src != psrc) {
+			if (ng)
+				VPS_CHECK_GOTO(stage_pair(&b, grp, ng, &runs, &capr, cap), rc, fail);
+			ng = 0;
+			if (!x)
+				break;
+			if (x->dst < pdst || (x->dst == pdst && x->src < psrc)) {
+				rc = vps_fail(VPS_EINPUT, "piece %zu (%" PRId64 " -> %" PRId64 ") is out of the plan's order "
+							  "(by destination, then source)", gi, x->src, x->dst);
+				goto fail;
 			}
-			j++;
+			pdst = x->dst;
+			psrc = x->src;
 		}
-		if (p0->src == p0->dst) {
-			VPS_CHECK_GOTO(new_xfer(&b, p0->src, p0->dst, 0), rc, fail);
-			for (size_t k = 0; k < nruns; k++)
-				VPS_CHECK_GOTO(emit_part(&b, &runs[k], 0, run_elements(&runs[k]), -1, NULL), rc, fail);
-			b.x[b.nx - 1].nops = b.no - b.x[b.nx - 1].first_op;
-		} else {
-			VPS_CHECK_GOTO(chunk_pair(&b, runs, nruns, p0->src, p0->dst, cap), rc, fail);
-		}
-		i = j;
+		VPS_CHECK_GOTO(VPS_GROW(grp, capg, ng + 1), rc, fail);
+		grp[ng++] = (struct pair_piece){*x, gi};
 	}
 	/* a global plan knows every rank's demands: cut its stages now */
 	if (plan->scope < 0) {
@@ -600,7 +623,7 @@ vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t b
 	free(demand);
 	free(b.x);
 	free(b.o);
-	free(idx);
+	free(grp);
 	free(runs);
 	*out = s;
 	return VPS_OK;
@@ -608,7 +631,7 @@ fail:
 	free(demand);
 	free(b.x);
 	free(b.o);
-	free(idx);
+	free(grp);
 	free(runs);
 	free(s->stages);
 	free(s->xfers);
@@ -656,11 +679,11 @@ void vps_staged_stats(const struct vps_staged *s, struct vps_stage_stats *st)
 	for (size_t i = 0; i < s->nstages; i++)
 		st->peak_max = vps_max64(st->peak_max, s->stages[i].peak);
 	st->ops = (int64_t)s->nops;
-	for (size_t i = 0; i < s->plan->npieces; i++) {
-		const struct vps_piece *p = &s->plan->pieces[i];
+	struct vps_piece_iter it;
+	vps_piece_iter_init(&it, s->plan);
+	for (const struct vps_piece *p; (p = vps_piece_iter_next(&it));)
 		if (s->scope < 0 || p->src == s->scope || p->dst == s->scope)
 			st->pieces++;
-	}
 }
 
 vps_result_t vps_parse_bytes(const char *s, int64_t *out)

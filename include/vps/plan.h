@@ -172,6 +172,10 @@ struct vps_bytes;
 vps_result_t vps_plan_serialize(const struct vps_plan *p, bool yaml, struct vps_bytes *out);
 vps_result_t vps_plan_parse(struct vps_plan **out, const char *name, const void *data, size_t len);
 vps_result_t vps_plan_load(struct vps_plan **out, const char *path);
+/* The same; compact: a global plan's pieces stay packed, for tools that read
+ * them in order (vps_piece_iter), as vps-stage does. */
+vps_result_t vps_plan_parse_as(struct vps_plan **out, const char *name, const void *data, size_t len, bool compact);
+vps_result_t vps_plan_load_as(struct vps_plan **out, const char *path, bool compact);
 uint64_t vps_plan_hash(const struct vps_plan *p);
 
 const char *vps_collective_name(int kind);
