@@ -76,12 +76,10 @@ static vps_result_t read_ints(struct vps_reader *r, const char *key, int64_t *v,
 	return vps_r_seq_end(r);
 }
 
-vps_result_t vps_staged_serialize(const struct vps_staged *s, bool yaml, struct vps_bytes *out)
+static vps_result_t write_staged(struct vps_writer *w, const struct vps_staged *s, uint64_t hash)
 {
-	struct vps_writer *w;
 	vps_result_t rc;
-	VPS_CHECK(vps_writer_new(&w, VPS_DOC_STAGED, yaml));
-	VPS_CHECK_GOTO(vps_w_u64hex(w, "hash", vps_staged_hash(s)), rc, done);
+	VPS_CHECK_GOTO(vps_w_u64hex(w, "hash", hash), rc, done);
 	VPS_CHECK_GOTO(vps_w_int(w, "budget", s->budget), rc, done);
 	VPS_CHECK_GOTO(vps_w_int(w, "scope", s->scope), rc, done);
 	VPS_CHECK_GOTO(vps_w_int(w, "steps", s->steps), rc, done);
@@ -139,8 +137,35 @@ vps_result_t vps_staged_serialize(const struct vps_staged *s, bool yaml, struct 
 		VPS_CHECK_GOTO(vps_w_map_end(w), rc, done);
 	}
 	VPS_CHECK_GOTO(vps_w_seq_end(w), rc, done);
-	rc = vps_writer_finish(w, out);
+	rc = VPS_OK;
 done:
+	return rc;
+}
+
+/* Binary: measured by a writer that keeps nothing, then compressed as it is
+ * written, so the payload is never held whole (a staged plan of 16,384 ranks
+ * is gigabytes uncompressed). */
+vps_result_t vps_staged_serialize(const struct vps_staged *s, bool yaml, struct vps_bytes *out)
+{
+	struct vps_writer *w = NULL;
+	uint64_t hash = vps_staged_hash(s);
+	vps_result_t rc;
+	if (yaml) {
+		VPS_CHECK(vps_writer_new(&w, VPS_DOC_STAGED, true));
+		rc = write_staged(w, s, hash);
+	} else {
+		VPS_CHECK(vps_writer_new_counting(&w, VPS_DOC_STAGED));
+		rc = write_staged(w, s, hash);
+		uint64_t n = vps_writer_count(w);
+		vps_writer_free(w);
+		w = NULL;
+		if (!rc)
+			rc = vps_writer_new_streaming(&w, VPS_DOC_STAGED, n);
+		if (!rc)
+			rc = write_staged(w, s, hash);
+	}
+	if (!rc)
+		rc = vps_writer_finish(w, out);
 	vps_writer_free(w);
 	return rc;
 }
