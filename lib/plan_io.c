@@ -449,6 +449,11 @@ vps_result_t vps_plan_write_body(struct vps_writer *w, const struct vps_plan *p)
 	return write_body(w, p, vps_plan_hash(p), NULL);
 }
 
+vps_result_t vps_plan_count_body(struct vps_writer *w, const struct vps_plan *p, uint64_t *more)
+{
+	return write_body(w, p, 0, more);
+}
+
 /* Binary plans are measured, then compressed as they are written: a global
  * plan's payload is about 300 bytes a piece (1.3 GB at 16,384 ranks), its
  * file a tenth of that. */
@@ -541,14 +546,22 @@ vps_result_t vps_plan_read_body_as(struct vps_reader *r, struct vps_plan **out, 
 		goto fail;
 	}
 	struct vps_piece one, prev;
+	uint64_t h = vps_plan_hash_start(p);
 	for (uint64_t i = 0; i < n; i++) {
 		struct vps_piece *x = compact ? &one : &p->pieces[i];
 		VPS_CHECK_GOTO(vps_piece_read(r, vps_layout_model(p->a), world, x), rc, fail);
 		VPS_CHECK_GOTO(vps_piece_view_check(r, p, (size_t)i, x), rc, fail);
 		VPS_CHECK_GOTO(vps_r_map_end(r), rc, fail);
-		if (compact)
+		if (compact) {
 			VPS_CHECK_GOTO(read_piece_packed(p, x, &prev), rc, fail);
+			h = vps_piece_hash(x, h);
+		}
 		p->npieces++;
+	}
+	if (compact) {
+		/* packed pieces never change: hashed once, as they are read */
+		p->packed->hashed = true;
+		p->packed->hash = h;
 	}
 	VPS_CHECK_GOTO(vps_r_seq_end(r), rc, fail);
 	VPS_CHECK_GOTO(vps_r_seq_begin(r, "collectives", &n), rc, fail);

@@ -23,6 +23,9 @@ vps_result_t vps_piece_view_check(struct vps_reader *r, const struct vps_plan *p
 uint64_t vps_plan_hash_start(const struct vps_plan *p);
 uint64_t vps_piece_hash(const struct vps_piece *x, uint64_t h);
 vps_result_t vps_plan_write_body(struct vps_writer *w, const struct vps_plan *p);
+/* Into a counting writer: what vps_plan_write_body writes, measured; pieces
+ * of a size already seen are added to *more instead of written. */
+vps_result_t vps_plan_count_body(struct vps_writer *w, const struct vps_plan *p, uint64_t *more);
 /* Read a plan body; *stored_hash receives the hash the file states. */
 vps_result_t vps_plan_read_body(struct vps_reader *r, struct vps_plan **out, uint64_t *stored_hash);
 /* compact: a global plan's pieces stay packed (pieces NULL; read them with

@@ -76,7 +76,8 @@ static vps_result_t read_ints(struct vps_reader *r, const char *key, int64_t *v,
 	return vps_r_seq_end(r);
 }
 
-static vps_result_t write_staged(struct vps_writer *w, const struct vps_staged *s, uint64_t hash)
+/* more: a counting pass (the plan's pieces measured, not all written) */
+static vps_result_t write_staged(struct vps_writer *w, const struct vps_staged *s, uint64_t hash, uint64_t *more)
 {
 	vps_result_t rc;
 	VPS_CHECK_GOTO(vps_w_u64hex(w, "hash", hash), rc, done);
@@ -84,7 +85,7 @@ static vps_result_t write_staged(struct vps_writer *w, const struct vps_staged *
 	VPS_CHECK_GOTO(vps_w_int(w, "scope", s->scope), rc, done);
 	VPS_CHECK_GOTO(vps_w_int(w, "steps", s->steps), rc, done);
 	VPS_CHECK_GOTO(vps_w_map_begin(w, "plan"), rc, done);
-	VPS_CHECK_GOTO(vps_plan_write_body(w, s->plan), rc, done);
+	VPS_CHECK_GOTO(more ? vps_plan_count_body(w, s->plan, more) : vps_plan_write_body(w, s->plan), rc, done);
 	VPS_CHECK_GOTO(vps_w_map_end(w), rc, done);
 	VPS_CHECK_GOTO(vps_w_seq_begin(w, "stages", s->nstages, false), rc, done);
 	for (size_t i = 0; i < s->nstages; i++) {
@@ -152,17 +153,18 @@ vps_result_t vps_staged_serialize(const struct vps_staged *s, bool yaml, struct 
 	vps_result_t rc;
 	if (yaml) {
 		VPS_CHECK(vps_writer_new(&w, VPS_DOC_STAGED, true));
-		rc = write_staged(w, s, hash);
+		rc = write_staged(w, s, hash, NULL);
 	} else {
+		uint64_t more = 0;
 		VPS_CHECK(vps_writer_new_counting(&w, VPS_DOC_STAGED));
-		rc = write_staged(w, s, hash);
-		uint64_t n = vps_writer_count(w);
+		rc = write_staged(w, s, hash, &more);
+		uint64_t n = vps_writer_count(w) + more;
 		vps_writer_free(w);
 		w = NULL;
 		if (!rc)
 			rc = vps_writer_new_streaming(&w, VPS_DOC_STAGED, n);
 		if (!rc)
-			rc = write_staged(w, s, hash);
+			rc = write_staged(w, s, hash, NULL);
 	}
 	if (!rc)
 		rc = vps_writer_finish(w, out);
