@@ -319,6 +319,29 @@ other_layout() {
 }
 
 @test "tcp: a registry of another layout is refused by name" { other_layout tcp; }
+# Ranks 0 and 1 hold their own parts, staged from their one-rank plans;
+# ranks 2 and 3 their parts cut from the global staging: the stages the
+# executors agree on are the global staging's, and the switch is whole.
+mixed_parts() {
+	setup_plan $1
+	for r in 0 1; do
+		vps-plan a.layout b.layout --rank $r | vps-stage --budget 64KiB - -o p.$r
+	done
+	for r in 2 3; do
+		vps-plan a.layout b.layout | vps-stage --budget 64KiB --rank $r - -o p.$r
+	done
+	for r in 0 1 2 3; do
+		vps-trainer --registry "$tag-$r" --rank $r --timeout 30 p.$r > t.$r 2>&1 &
+	done
+	for r in 0 1 2 3; do
+		vps-exec --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --transport $transport --wait --check --timeout 10 p.$r > e.$r 2>&1 &
+	done
+	wait || true
+	show_logs
+	for r in 0 1 2 3; do grep -q "digest: match" e.$r; grep -q "0 wrong elements.*: ok$" t.$r; done
+}
+@test "tcp: ranks holding their own staged parts and parts of the global staging switch together" { mixed_parts tcp; }
+
 @test "ipc: a registry of another layout is refused by name" { other_layout ipc; }
 
 @test "launcher variables: torchrun, Slurm and Open MPI give the rank" {
