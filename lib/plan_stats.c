@@ -251,6 +251,19 @@ static int i64_cmp(const void *p, const void *q)
 	return x < y ? -1 : x > y;
 }
 
+/* The most that can flow from S to T (Dinic). */
+static int64_t g_maxflow(struct graph *g, int S, int T, int *queue)
+{
+	int64_t flow = 0;
+	while (g_bfs(g, S, T, queue)) {
+		memset(g->it, 0, (size_t)g->n * sizeof(int));
+		int64_t f;
+		while ((f = g_dfs(g, S, T, INT64_MAX)) > 0)
+			flow += f;
+	}
+	return flow;
+}
+
 /* Whether every class's bytes can be sent with no sender above cap. */
 static vps_result_t feasible(const struct demand *dm, size_t nd, const int64_t *senders, size_t ns, int64_t cap,
 			     int64_t total, bool *ok)
@@ -270,14 +283,7 @@ static vps_result_t feasible(const struct demand *dm, size_t nd, const int64_t *
 	}
 	for (size_t j = 0; !rc && j < ns; j++)
 		rc = g_add(&g, (int)(nd + j), T, cap);
-	int64_t flow = 0;
-	while (!rc && g_bfs(&g, S, T, queue)) {
-		memset(g.it, 0, (size_t)g.n * sizeof(int));
-		int64_t f;
-		while ((f = g_dfs(&g, S, T, INT64_MAX)) > 0)
-			flow += f;
-	}
-	*ok = flow >= total;
+	*ok = !rc && g_maxflow(&g, S, T, queue) >= total;
 	free(queue);
 	g_free(&g);
 	return rc;
@@ -581,30 +587,12 @@ static vps_result_t time_feasible(const struct vps_plan *p, const struct vps_top
 		if (!rc)
 			rc = g_add(&g, (int)(nc + 2 * j + 1), T, (int64_t)cap_inter);
 	}
-	int64_t flow = 0;
-	while (!rc && g_bfs(&g, S, T, queue)) {
-		memset(g.it, 0, (size_t)g.n * sizeof(int));
-		int64_t f;
-		while ((f = g_dfs(&g, S, T, INT64_MAX)) > 0)
-			flow += f;
-	}
-	*ok = flow >= total;
+	*ok = !rc && g_maxflow(&g, S, T, queue) >= total;
 	free(queue);
 	g_free(&g);
 	return rc;
 }
 
-/* A lower bound on the transfer time any plan can reach on topo, latency
- * aside: the largest of
- *  - the senders' side: the least t for which every moved byte can be sent
- *    by one of its replicas with no device's NVLink or NIC busy beyond t
- *    (max-flow with capacities scaled by bandwidth, binary search on t);
- *  - each receiver alone: bytes only a replica on its node has go over
- *    NVLink, those only remote replicas have over the NIC, the rest either
- *    way: max(local / intra, remote / inter, all / (intra + inter));
- *  - each device's retains, read and written at memory bandwidth.
- * Senders and receivers are bounded apart, so the bound may be below what
- * both together allow, never above. */
 /* The A ranks holding the whole box of piece x (its replicas), sorted. */
 static vps_result_t replicas_of(const struct vps_plan *p, const struct vps_piece *x, struct vps_holders *h,
 				int64_t **out, size_t *n, size_t *cap)
@@ -624,6 +612,17 @@ static vps_result_t replicas_of(const struct vps_plan *p, const struct vps_piece
 	return VPS_OK;
 }
 
+/* A lower bound on the transfer time any plan can reach on topo, latency
+ * aside: the largest of
+ *  - the senders' side: the least t for which every moved byte can be sent
+ *    by one of its replicas with no device's NVLink or NIC busy beyond t
+ *    (max-flow with capacities scaled by bandwidth, binary search on t);
+ *  - each receiver alone: bytes only a replica on its node has go over
+ *    NVLink, those only remote replicas have over the NIC, the rest either
+ *    way: max(local / intra, remote / inter, all / (intra + inter));
+ *  - each device's retains, read and written at memory bandwidth.
+ * Senders and receivers are bounded apart, so the bound may be below what
+ * both together allow, never above. */
 static vps_result_t time_bound(const struct vps_plan *p, const struct vps_topology *topo, double *out)
 {
 	int64_t W = vps_world_size(p->world);
