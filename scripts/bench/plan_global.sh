@@ -11,11 +11,8 @@ cd "$(dirname "$0")/../.."
 make -s all
 t=$(mktemp -d)
 trap 'rm -rf "$t"' EXIT
-M=qwen3-235b-a22b
-A=tp=4,pp=8,ep=16,etp=1,first=11,last=11,zero=1
-B=tp=8,pp=16,ep=8,etp=1,first=5,last=5,zero=1
 RUNS=${RUNS:-3}
-SIZES=${SIZES:-"128:4:1 1024:32:8 4096:128:32 16384:512:128"}
+SIZES=${SIZES:-"128 1024 4096 16384"}
 
 # measure NAME CMD...: best wall of RUNS runs -> "wall cpu rss_kb"
 measure() {
@@ -35,9 +32,8 @@ measure() {
 
 rows=() per=()
 for s in $SIZES; do
-	IFS=: read -r W da db <<<"$s"
-	bin/vps-layout --model $M --parallel $A,dp=$da -o "$t/a"
-	bin/vps-layout --model $M --parallel $B,dp=$db -o "$t/b"
+	W=$s
+	scripts/bench/qwen235b-layouts.sh "$W" "$t/a" "$t/b"
 	read -r sw sc sm <<<"$(measure bin/vps-plan "$t/a" "$t/b" --stats)"
 	pieces=$(awk '$1 == "pieces:" { print $2 }' "$t/stdout")
 	world=$(awk '$1 == "world:" { print $2 }' "$t/stdout")

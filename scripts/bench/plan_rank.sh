@@ -7,13 +7,8 @@ cd "$(dirname "$0")/../.."
 make -s all
 t=$(mktemp -d)
 trap 'rm -rf "$t"' EXIT
-M=qwen3-235b-a22b
-A=tp=4,pp=8,ep=16,etp=1,first=11,last=11,zero=1
-B=tp=8,pp=16,ep=8,etp=1,first=5,last=5,zero=1
-bin/vps-layout --model $M --parallel $A,dp=4 -o "$t/a128"
-bin/vps-layout --model $M --parallel $B,dp=1 -o "$t/b128"
-bin/vps-layout --model $M --parallel $A,dp=512 -o "$t/a16k"
-bin/vps-layout --model $M --parallel $B,dp=128 -o "$t/b16k"
+scripts/bench/qwen235b-layouts.sh 128 "$t/a128" "$t/b128"
+scripts/bench/qwen235b-layouts.sh 16384 "$t/a16k" "$t/b16k"
 R128=${R128:-77} R16K=${R16K:-9877}
 hyperfine -N --warmup 3 --runs "${RUNS:-20}" --export-markdown "${OUT:-/dev/stdout}" \
 	"bin/vps-plan $t/a128 $t/b128 --rank $R128 -o $t/out" \
