@@ -69,7 +69,9 @@ struct vps_reader;
 /* Parse bytes (YAML or binary, told apart by the magic) named `name` in
  * messages. The document must be of `kind` (`vps:` key / header) and of a
  * version this build reads; kind 0 accepts any and skips the header check,
- * for foreign YAML/JSON such as a Hugging Face config.json. */
+ * for foreign YAML/JSON such as a Hugging Face config.json. A binary
+ * document is decompressed as it is read: data must stay valid until
+ * vps_reader_free, and its checksum is checked by vps_reader_finish. */
 vps_result_t vps_reader_new(struct vps_reader **r, const char *name, const void *data, size_t len,
 			    enum vps_doc_kind kind);
 void vps_reader_free(struct vps_reader *r);
