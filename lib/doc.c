@@ -538,7 +538,7 @@ static const char *str_set_add(struct str_set *t, const unsigned char *p, size_t
 			if (!k)
 				break;
 			const char *c = t->v[k - 1];
-			if (!memcmp(c, p, n) && !c[n])
+			if (!strncmp(c, (const char *)p, n) && !c[n]) /* p holds no NUL: c ends no earlier than n */
 				return c;
 		}
 	}
