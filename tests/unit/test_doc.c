@@ -174,3 +174,80 @@ TEST(binary_strings_must_be_utf8_text)
 		vps_bytes_release(&b);
 	}
 }
+
+/* A binary document far larger than the reader's window (it is read as it
+ * is decompressed): every value comes back, strings that repeat are handed
+ * out once (interned), strings of every length around a repeat are told
+ * apart, a damaged end is found by vps_reader_finish, and a string longer
+ * than the window is read whole. */
+TEST(binary_documents_larger_than_the_window_read_back)
+{
+	enum { N = 400000 };
+	static char big[9 << 20];
+	memset(big, 'x', sizeof(big) - 1);
+	struct vps_writer *w;
+	struct vps_bytes b = {0};
+	CHECK_OK(vps_writer_new(&w, VPS_DOC_MODEL, false));
+	CHECK_OK(vps_w_seq_begin(w, "items", N, false));
+	char name[32];
+	for (int i = 0; i < N; i++) {
+		snprintf(name, sizeof(name), "t%.*s", i % 7, "abcdefg"); /* t, ta, tab, ...: prefixes of each other */
+		CHECK_OK(vps_w_map_begin(w, NULL));
+		CHECK_OK(vps_w_str(w, "name", name));
+		CHECK_OK(vps_w_int(w, "v", (int64_t)i * 7919));
+		CHECK_OK(vps_w_map_end(w));
+	}
+	CHECK_OK(vps_w_seq_end(w));
+	CHECK_OK(vps_w_str(w, "big", big));
+	CHECK_OK(vps_writer_finish(w, &b));
+	vps_writer_free(w);
+	struct vps_reader *r;
+	uint64_t n = 0;
+	CHECK_OK(vps_reader_new(&r, "f", b.data, b.len, VPS_DOC_MODEL));
+	CHECK_OK(vps_r_seq_begin(r, "items", &n));
+	CHECK_EQ(n, N);
+	const char *first[7] = {0};
+	int bad = 0;
+	for (int i = 0; i < N && !bad; i++) {
+		const char *s;
+		int64_t v;
+		snprintf(name, sizeof(name), "t%.*s", i % 7, "abcdefg");
+		bad |= vps_r_map_begin(r, NULL) || vps_r_str(r, "name", &s) || vps_r_int(r, "v", &v, 0, INT64_MAX) ||
+		       vps_r_map_end(r) || strcmp(s, name) || v != (int64_t)i * 7919 ||
+		       (first[i % 7] && first[i % 7] != s);
+		first[i % 7] = s;
+	}
+	CHECK(!bad);
+	CHECK_OK(vps_r_seq_end(r));
+	const char *s = NULL;
+	CHECK_OK(vps_r_str(r, "big", &s));
+	CHECK(s && strlen(s) == sizeof(big) - 1);
+	CHECK_OK(vps_reader_finish(r));
+	vps_reader_free(r);
+	/* the last byte of the frame (its checksum) damaged: the values read
+	 * fine, the end does not */
+	b.data[b.len - 1] ^= 0x55;
+	CHECK_OK(vps_reader_new(&r, "f", b.data, b.len, VPS_DOC_MODEL));
+	CHECK_OK(vps_r_seq_begin(r, "items", &n));
+	vps_result_t rc = VPS_OK;
+	for (uint64_t i = 0; i < n && !rc; i++) {
+		int64_t v;
+		rc = vps_r_map_begin(r, NULL);
+		if (!rc)
+			rc = vps_r_str(r, "name", &s);
+		if (!rc)
+			rc = vps_r_int(r, "v", &v, 0, INT64_MAX);
+		if (!rc)
+			rc = vps_r_map_end(r);
+	}
+	if (!rc)
+		rc = vps_r_seq_end(r);
+	if (!rc)
+		rc = vps_r_str(r, "big", &s);
+	if (!rc)
+		rc = vps_reader_finish(r);
+	CHECK(rc == VPS_EFORMAT);
+	CHECK(strstr(vps_last_error(), "f: corrupt document") != NULL);
+	vps_reader_free(r);
+	vps_bytes_release(&b);
+}
