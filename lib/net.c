@@ -357,7 +357,9 @@ static vps_result_t out_progress(struct handshake *hs, struct outbound *o, short
 	if (g < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
 		return VPS_OK;
 	if (g <= 0) {
-		o->turned_away = o->state == OUT_PROOF;
+		/* once turned away, say so, whatever later attempts meet (rank 0
+		 * done with its bootstrap closes on them) */
+		o->turned_away |= o->state == OUT_PROOF;
 		out_retry(o);
 		return VPS_OK;
 	}
