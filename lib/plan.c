@@ -1216,7 +1216,7 @@ vps_result_t vps_plan_compute(struct vps_plan **out, struct vps_layout *a, struc
 		if (hash)
 			p->packed->hashed = true;
 	}
-	if (opts->rank >= 0)
+	if (opts->rank >= 0 && pcs.n) /* a rank with no piece has no array to sort */
 		qsort(pcs.v, pcs.n, sizeof(*pcs.v), piece_cmp);
 	if (pcs.n && pcs.n < pcs.cap) {
 		/* give back the growth's slack: the global plan is the largest thing

@@ -587,7 +587,8 @@ vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t b
 		VPS_CHECK_GOTO(demand_of(b.x, b.nx, s->steps, -1, demand), rc, fail);
 	}
 	/* the execution order; a transfer's copies stay where they are made */
-	qsort(b.x, b.nx, sizeof(*b.x), xfer_order);
+	if (b.nx) /* a rank with nothing to move has no transfer */
+		qsort(b.x, b.nx, sizeof(*b.x), xfer_order);
 	if (s->scope < 0) {
 		s->xfers = b.x;
 		s->nxfers = b.nx;
