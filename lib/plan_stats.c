@@ -228,8 +228,11 @@ static int64_t g_dfs(struct graph *g, int u, int t, int64_t f)
 	return 0;
 }
 
+/* Bytes that one replica set can send (to one node, for the time bound;
+ * node -1 for the balanced bound, which has no nodes). */
 struct demand {
 	uint64_t key;
+	int32_t node;
 	int64_t bytes;
 	int64_t *ranks;
 	size_t nranks;
@@ -240,6 +243,8 @@ static int demand_cmp(const void *p, const void *q)
 	const struct demand *x = p, *y = q;
 	if (x->key != y->key)
 		return x->key < y->key ? -1 : 1;
+	if (x->node != y->node)
+		return x->node < y->node ? -1 : 1;
 	if (x->nranks != y->nranks)
 		return x->nranks < y->nranks ? -1 : 1;
 	return memcmp(x->ranks, y->ranks, x->nranks * sizeof(*x->ranks));
@@ -249,6 +254,42 @@ static int i64_cmp(const void *p, const void *q)
 {
 	int64_t x = *(const int64_t *)p, y = *(const int64_t *)q;
 	return x < y ? -1 : x > y;
+}
+
+/* One demand per (replica set, node): returns how many remain (the merged
+ * away ranks freed). */
+static size_t demands_merge(struct demand *dm, size_t n)
+{
+	size_t m = 0;
+	qsort(dm, n, sizeof(*dm), demand_cmp);
+	for (size_t i = 0; i < n; i++) {
+		if (m && !demand_cmp(&dm[m - 1], &dm[i])) {
+			dm[m - 1].bytes += dm[i].bytes;
+			free(dm[i].ranks);
+		} else {
+			dm[m++] = dm[i];
+		}
+	}
+	return m;
+}
+
+/* The ranks that send any demand, sorted, each once. */
+static vps_result_t demand_senders(const struct demand *dm, size_t n, int64_t **out, size_t *ns)
+{
+	size_t cap = 0, u = 0;
+	*ns = 0;
+	for (size_t i = 0; i < n; i++)
+		for (size_t k = 0; k < dm[i].nranks; k++) {
+			VPS_CHECK(vps_grow((void **)out, &cap, *ns + 1, sizeof(**out)));
+			(*out)[(*ns)++] = dm[i].ranks[k];
+		}
+	if (*ns)
+		qsort(*out, *ns, sizeof(**out), i64_cmp);
+	for (size_t i = 0; i < *ns; i++)
+		if (!u || (*out)[u - 1] != (*out)[i])
+			(*out)[u++] = (*out)[i];
+	*ns = u;
+	return VPS_OK;
 }
 
 /* The most that can flow from S to T (Dinic). */
@@ -482,43 +523,23 @@ static vps_result_t balanced_send_bound(const struct vps_plan *p, int64_t max_se
 			for (int64_t j = 0; j < cl.pg[q].count; j++)
 				ranks[nr++] = cl.pg[q].base + j * cl.pg[q].stride;
 		qsort(ranks, nr, sizeof(*ranks), i64_cmp);
-		dm[nd++] = (struct demand){vps_hash64(ranks, nr * sizeof(*ranks), 7), c->bytes, ranks, nr};
+		dm[nd++] = (struct demand){vps_hash64(ranks, nr * sizeof(*ranks), 7), -1, c->bytes, ranks, nr};
 	}
 	classes_release(&cl);
 	/* merge the classes with one replica set */
-	size_t m = 0;
-	if (!rc) {
-		qsort(dm, nd, sizeof(*dm), demand_cmp);
-		for (size_t i = 0; i < nd; i++) {
-			if (m && !demand_cmp(&dm[m - 1], &dm[i])) {
-				dm[m - 1].bytes += dm[i].bytes;
-				free(dm[i].ranks);
-			} else {
-				dm[m++] = dm[i];
-			}
-		}
-	}
+	if (!rc)
+		nd = demands_merge(dm, nd);
 	int64_t *senders = NULL;
-	size_t ns = 0, caps = 0;
-	for (size_t i = 0; !rc && i < m; i++)
-		for (size_t k = 0; !rc && k < dm[i].nranks; k++) {
-			rc = VPS_GROW(senders, caps, ns + 1);
-			if (!rc)
-				senders[ns++] = dm[i].ranks[k];
-		}
+	size_t ns = 0;
+	if (!rc)
+		rc = demand_senders(dm, nd, &senders, &ns);
 	if (!rc) {
-		qsort(senders, ns, sizeof(*senders), i64_cmp);
-		size_t u = 0;
-		for (size_t i = 0; i < ns; i++)
-			if (!u || senders[u - 1] != senders[i])
-				senders[u++] = senders[i];
-		ns = u;
 		int64_t lo = ns ? (total + (int64_t)ns - 1) / (int64_t)ns : 0, hi = max_send;
 		/* least cap that lets every class through */
 		while (!rc && lo < hi) {
 			int64_t mid = lo + (hi - lo) / 2;
 			bool ok = false;
-			rc = feasible(dm, m, senders, ns, mid, total, &ok);
+			rc = feasible(dm, nd, senders, ns, mid, total, &ok);
 			if (ok)
 				hi = mid;
 			else
@@ -526,8 +547,7 @@ static vps_result_t balanced_send_bound(const struct vps_plan *p, int64_t max_se
 		}
 		*bound = lo;
 	}
-	/* merged away ranks were freed above; a failure before the merge frees all */
-	for (size_t i = 0; i < (m ? m : nd); i++)
+	for (size_t i = 0; i < nd; i++)
 		free(dm[i].ranks);
 	free(dm);
 	free(senders);
@@ -537,32 +557,11 @@ static vps_result_t balanced_send_bound(const struct vps_plan *p, int64_t max_se
 
 /* ---- the best time the topology allows ---- */
 
-/* Bytes that can be sent by one replica set to one node. */
-struct tclass {
-	uint64_t key;
-	int32_t node;
-	int64_t bytes;
-	int64_t *ranks;
-	size_t nranks;
-};
-
-static int tclass_cmp(const void *p, const void *q)
-{
-	const struct tclass *x = p, *y = q;
-	if (x->key != y->key)
-		return x->key < y->key ? -1 : 1;
-	if (x->node != y->node)
-		return x->node < y->node ? -1 : 1;
-	if (x->nranks != y->nranks)
-		return x->nranks < y->nranks ? -1 : 1;
-	return memcmp(x->ranks, y->ranks, x->nranks * sizeof(*x->ranks));
-}
-
 /* Whether every class can be sent within t seconds: each sender has an
  * NVLink and a NIC capacity of t times its bandwidth, and a class reaches a
  * replica's NVLink when the replica is on the class's node, its NIC when
  * not. */
-static vps_result_t time_feasible(const struct vps_plan *p, const struct vps_topology *topo, const struct tclass *tc,
+static vps_result_t time_feasible(const struct vps_plan *p, const struct vps_topology *topo, const struct demand *tc,
 				  size_t nc, const int64_t *senders, size_t ns, int64_t total, double t, bool *ok)
 {
 	struct graph g;
@@ -626,7 +625,7 @@ static vps_result_t replicas_of(const struct vps_plan *p, const struct vps_piece
 static vps_result_t time_bound(const struct vps_plan *p, const struct vps_topology *topo, double *out)
 {
 	int64_t W = vps_world_size(p->world);
-	struct tclass *tc = NULL;
+	struct demand *tc = NULL;
 	size_t nc = 0, capc = 0, nr = 0, capr = 0;
 	int64_t *ranks = NULL, total = 0;
 	double *loc = vps_calloc((size_t)W, sizeof(*loc)), *rem = vps_calloc((size_t)W, sizeof(*rem));
@@ -664,7 +663,7 @@ static vps_result_t time_bound(const struct vps_plan *p, const struct vps_topolo
 		rc = VPS_GROW(tc, capc, nc + 1);
 		if (rc)
 			break;
-		tc[nc] = (struct tclass){vps_hash64(ranks, nr * sizeof(*ranks), 7), node, bytes, NULL, nr};
+		tc[nc] = (struct demand){vps_hash64(ranks, nr * sizeof(*ranks), 7), node, bytes, NULL, nr};
 		tc[nc].ranks = vps_malloc(nr * sizeof(*ranks));
 		if (!tc[nc].ranks) {
 			rc = VPS_ENOMEM;
@@ -679,34 +678,13 @@ static vps_result_t time_bound(const struct vps_plan *p, const struct vps_topolo
 		best = fmax(best, fmax(loc[w] / bi, rem[w] / be));
 		best = fmax(best, (loc[w] + rem[w] + any[w]) / (bi + be));
 	}
-	size_t m = 0;
-	if (!rc) {
-		qsort(tc, nc, sizeof(*tc), tclass_cmp);
-		for (size_t i = 0; i < nc; i++) {
-			if (m && !tclass_cmp(&tc[m - 1], &tc[i])) {
-				tc[m - 1].bytes += tc[i].bytes;
-				free(tc[i].ranks);
-			} else {
-				tc[m++] = tc[i];
-			}
-		}
-		nc = m;
-	}
+	if (!rc)
+		nc = demands_merge(tc, nc);
 	int64_t *senders = NULL;
-	size_t ns = 0, caps = 0;
-	for (size_t i = 0; !rc && i < nc; i++)
-		for (size_t k = 0; !rc && k < tc[i].nranks; k++) {
-			rc = VPS_GROW(senders, caps, ns + 1);
-			if (!rc)
-				senders[ns++] = tc[i].ranks[k];
-		}
+	size_t ns = 0;
+	if (!rc)
+		rc = demand_senders(tc, nc, &senders, &ns);
 	if (!rc && total > 0) {
-		qsort(senders, ns, sizeof(*senders), i64_cmp);
-		size_t u = 0;
-		for (size_t i = 0; i < ns; i++)
-			if (!u || senders[u - 1] != senders[i])
-				senders[u++] = senders[i];
-		ns = u;
 		/* every class from its first replica over the slower link is
 		 * feasible; below the all-senders-at-full-rate time is not */
 		double lo = (double)total / ((double)ns * (bi + be)), hi = 2.0 * (double)total / fmin(bi, be);
