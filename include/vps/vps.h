@@ -36,4 +36,8 @@ const char *vps_last_error(void);
 /* Clear the last error message of this thread. */
 void vps_clear_error(void);
 
+/* sizeof(struct TYPE) for the structs a binding mirrors ("vps_region",
+ * "vps_rank_view", ...), or 0 for a name it does not know. */
+size_t vps_abi_size(const char *type);
+
 #endif

@@ -1,0 +1,117 @@
+"""The trainer's registry: how a training process publishes its buffers to
+vps-exec(1) and asks for a switch (vps-formats(5), THE TRAINER REGISTRY)."""
+import ctypes as C
+
+from ._lib import EntryInfo, Training as _Training, call, lib
+
+SOURCE, TARGET = 0, 1
+HOST, CUDA = 0, 1
+IDLE, REQUESTED, RUNNING, DONE, FAILED = range(5)
+
+
+class Training:
+    """The scalars that travel with a switch: the executor copies source rank
+    0's into every rank of the new layout."""
+    FIELDS = ("step", "consumed_samples", "scheduler_step", "global_batch", "micro_batch", "grad_accum", "dp")
+
+    def __init__(self, **kw):
+        for k in self.FIELDS:
+            setattr(self, k, int(kw.pop(k, 0)))
+        if kw:
+            raise TypeError("unknown training fields: %s" % ", ".join(kw))
+
+    def __repr__(self):
+        return "Training(%s)" % ", ".join("%s=%d" % (k, getattr(self, k)) for k in self.FIELDS)
+
+
+class Registry:
+    """Registry(name, layout, rank): the registry /dev/shm/NAME of a trainer
+    running rank `rank` of `layout` (None and -1 for a joining device). A stale
+    registry of a trainer that is gone is replaced; a live one is refused."""
+
+    def __init__(self, name, layout, rank, max_entries=4096):
+        self._h = C.c_void_p()
+        call("vps_registry_create", C.byref(self._h), name.encode(), layout.hash if layout else 0, rank,
+             max_entries, 1)
+        self.name = name
+
+    def close(self):
+        """Unmap and remove the registry and the buffers it allocated."""
+        if self._h:
+            lib.vps_registry_close(self._h)
+            self._h = C.c_void_p()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    @property
+    def layout_hash(self):
+        return lib.vps_registry_layout_hash(self._h)
+
+    @property
+    def rank(self):
+        return lib.vps_registry_rank(self._h)
+
+    def set_target(self, layout, rank):
+        call("vps_registry_set_target", self._h, layout.hash, rank)
+
+    def alloc_host(self, role, buffer, state, dtype, elements):
+        """A new shared-memory object for one buffer, registered; returns its address."""
+        p = C.c_void_p()
+        call("vps_registry_alloc_host", self._h, role, buffer, state, dtype, elements, C.byref(p))
+        return p.value
+
+    def free_host(self, address):
+        call("vps_registry_free_host", self._h, address)
+
+    def add_host(self, role, buffer, state, dtype, elements, shm_name, offset=0):
+        call("vps_registry_add_host", self._h, role, buffer, state, dtype, elements, shm_name.encode(), offset)
+
+    def add_cuda(self, role, buffer, state, dtype, elements, address):
+        """Register GPU memory by device pointer (an interior pointer of a
+        cudaMalloc block, as PyTorch's caching allocator hands out)."""
+        call("vps_registry_add_cuda_ptr", self._h, role, buffer, state, dtype, elements, address)
+
+    def entries(self):
+        out = []
+        for i in range(lib.vps_registry_num_entries(self._h)):
+            e = EntryInfo()
+            call("vps_registry_entry", self._h, i, C.byref(e))
+            out.append(e)
+        return out
+
+    def reset(self, layout, rank):
+        """Between switches: forget every entry, and run `layout` as `rank` now."""
+        call("vps_registry_reset", self._h, layout.hash if layout else 0, rank)
+
+    def request(self):
+        seq = C.c_uint64()
+        call("vps_registry_request", self._h, C.byref(seq))
+        return seq.value
+
+    def wait(self, seq, timeout):
+        """Wait for switch seq; raises vps.Error (VPS_EPEER with the executor's
+        message, VPS_ETIMEOUT) when it failed or did not end in time."""
+        call("vps_registry_wait", self._h, seq, float(timeout))
+
+    def state(self):
+        seq = C.c_uint64()
+        return lib.vps_registry_state(self._h, C.byref(seq)), seq.value
+
+    @property
+    def training(self):
+        t = _Training()
+        lib.vps_registry_get_training(self._h, C.byref(t))
+        return Training(**{k: getattr(t, k) for k in Training.FIELDS}) if t.valid else None
+
+    @training.setter
+    def training(self, tr):
+        t = _Training(**{k: getattr(tr, k) for k in Training.FIELDS})
+        t.valid = 1
+        lib.vps_registry_set_training(self._h, C.byref(t))

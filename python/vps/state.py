@@ -1,0 +1,196 @@
+"""A rank's training state under one layout, as torch tensors, and the switch.
+
+State.allocate() makes every flat buffer of the rank's view (host memory in
+shared-memory objects the registry owns, or CUDA memory from PyTorch's
+allocator) and registers it; param() gives each parameter as a view of its
+buffer in Megatron's local shape; switch() moves the whole state to another
+layout through vps-exec and returns the new State."""
+import ctypes as C
+
+import torch
+
+from ._lib import Error
+from .layout import BF16, FP32, PARAM
+from .registry import SOURCE, TARGET
+
+TORCH_DTYPE = {BF16: torch.bfloat16, FP32: torch.float32}
+
+
+class State:
+    """The buffers of `rank` under `layout`: buffers[i] is a 1-D tensor of
+    view.buffers[i]'s dtype and elements, on `device`."""
+
+    def __init__(self, layout, rank, device="cpu"):
+        self.layout = layout
+        self.rank = rank
+        self.view = layout.rank(rank)
+        self.device = torch.device(device)
+        self.buffers = []
+        self._host = []  # (address, shared-memory name) per buffer, host memory only
+        self._registry = None
+
+    @classmethod
+    def allocate(cls, registry, layout, rank, role=SOURCE, device="cpu"):
+        """Allocate and register (as `role`) every buffer of the rank, zeroed."""
+        s = cls(layout, rank, device)
+        s._registry = registry
+        try:
+            for b in s.view.buffers:
+                if s.device.type == "cpu":
+                    addr = registry.alloc_host(role, b.id, b.state, b.dtype, b.elements)
+                    s._host.append((addr, registry.entries()[-1].shm_name.decode()))
+                    nbytes = b.elements * torch.tensor([], dtype=TORCH_DTYPE[b.dtype]).element_size()
+                    raw = torch.frombuffer((C.c_uint8 * nbytes).from_address(addr), dtype=torch.uint8)
+                    t = raw.view(TORCH_DTYPE[b.dtype])
+                    t.zero_()
+                else:
+                    t = torch.zeros(b.elements, dtype=TORCH_DTYPE[b.dtype], device=s.device)
+                    registry.add_cuda(role, b.id, b.state, b.dtype, b.elements, t.data_ptr())
+                s.buffers.append(t)
+        except BaseException:
+            s.free()
+            raise
+        return s
+
+    def register(self, registry, role=SOURCE):
+        """Register the buffers again (after Registry.reset)."""
+        for b, t in zip(self.view.buffers, self.buffers):
+            if self._host:
+                registry.add_host(role, b.id, b.state, b.dtype, b.elements, self._host[b.id][1])
+            else:
+                registry.add_cuda(role, b.id, b.state, b.dtype, b.elements, t.data_ptr())
+
+    def free(self):
+        """Give the memory back. Views taken of the buffers must be dropped
+        first: host buffers are unmapped."""
+        self.buffers = []
+        for addr, _ in self._host:
+            self._registry.free_host(addr)
+        self._host = []
+
+    # ---- what the trainer reads and writes ----
+    def buffer(self, state, chunk=0, expert=False):
+        b = self.view.buffer(state, chunk, expert)
+        return None if b is None else self.buffers[b]
+
+    def param(self, p, state=PARAM):
+        """Parameter p (a Param or its global name) in Megatron's local shape,
+        a view of its unsharded buffer of `state`."""
+        if isinstance(p, str):
+            p = self.view.param(p)
+        b = self.view.buffer(state, p.chunk, p.expert)
+        if b is None or self.view.buffers[b].sharded:
+            raise Error(1, "%s: the rank holds no whole %s buffer for it" % (p.name, state))
+        return self.buffers[b][p.offset:p.offset + p.elements].view(p.shape)
+
+    def index(self, region):
+        """Buffer positions of a region's elements, shaped as its box."""
+        return region_index(region, self.device)
+
+    def pieces(self, states=None):
+        """(region, values) for every region of the given states (all by
+        default): what this rank holds, in logical coordinates."""
+        for r in self.view.regions:
+            if states is None or r.state in states:
+                yield r, self.buffers[r.buffer][self.index(r)]
+
+    def load(self, full):
+        """Write the rank's part of whole logical tensors: full(tensor, state)
+        returns tensor's logical value for that state."""
+        for r in self.view.regions:
+            box = tuple(slice(lo, hi) for lo, hi in zip(r.lo, r.hi))
+            v = full(r.tensor, r.state)[box]
+            self.buffers[r.buffer][self.index(r)] = v.to(self.buffers[r.buffer].dtype).to(self.device)
+
+
+def region_index(r, device="cpu"):
+    idx = torch.full([h - l for l, h in zip(r.lo, r.hi)], r.offset, dtype=torch.int64, device=device)
+    for k, (lo, hi, st) in enumerate(zip(r.lo, r.hi, r.strides)):
+        shape = [1] * len(r.lo)
+        shape[k] = hi - lo
+        idx += torch.arange(hi - lo, dtype=torch.int64, device=device).view(shape) * st
+    return idx
+
+
+def correspondence(src_view, src_buffer, dst_view, dst_buffer, device="cpu"):
+    """Where the same logical elements sit in two buffers (of one rank or of
+    two ranks, of one layout or two): (dst_positions, src_positions), 1-D,
+    for every element both hold."""
+    by_tensor = {}
+    for r in src_view.regions:
+        if r.buffer == src_buffer:
+            by_tensor.setdefault(r.tensor, []).append(r)
+    dsts, srcs = [], []
+    for d in dst_view.regions:
+        if d.buffer != dst_buffer:
+            continue
+        for s in by_tensor.get(d.tensor, ()):
+            lo = [max(a, b) for a, b in zip(d.lo, s.lo)]
+            hi = [min(a, b) for a, b in zip(d.hi, s.hi)]
+            if any(l >= h for l, h in zip(lo, hi)):
+                continue
+            dsts.append(_sub_index(d, lo, hi, device))
+            srcs.append(_sub_index(s, lo, hi, device))
+    if not dsts:
+        e = torch.zeros(0, dtype=torch.int64, device=device)
+        return e, e
+    return torch.cat(dsts), torch.cat(srcs)
+
+
+def _sub_index(r, lo, hi, device):
+    off = r.offset + sum((l - rl) * st for l, rl, st in zip(lo, r.lo, r.strides))
+    return region_index(r._replace(lo=tuple(lo), hi=tuple(hi), offset=off), device).reshape(-1)
+
+
+def assemble(model, pieces, dtype=None):
+    """Whole logical tensors from every rank's pieces: {(tensor, state):
+    tensor}. Every element a piece gives must agree with every other piece
+    that gives it (replicas are equal), else vps.Error(VPS_ECHECK)."""
+    full, seen = {}, {}
+    for r, v in pieces:
+        key = (r.tensor, r.state)
+        if key not in full:
+            shape = model.tensor_shape(r.tensor)
+            full[key] = torch.zeros(shape, dtype=dtype or v.dtype)
+            seen[key] = torch.zeros(shape, dtype=torch.bool)
+        box = tuple(slice(lo, hi) for lo, hi in zip(r.lo, r.hi))
+        v = v.to("cpu", full[key].dtype)
+        have = seen[key][box]
+        if not torch.equal(full[key][box][have], v[have]):
+            raise Error(2, "%s %d: replicas differ" % (model.tensor_name(r.tensor), r.state))
+        full[key][box] = v
+        seen[key][box] = True
+    for key, s in seen.items():
+        missing = (~s).sum().item()
+        if missing:
+            raise Error(2, "%s %d: %d elements held by no rank" % (model.tensor_name(key[0]), key[1], missing))
+    return full
+
+
+def switch(registry, state, layout, rank, training=None, timeout=600.0, device=None):
+    """Move the rank's state to `rank` of `layout` (-1: this device leaves):
+    allocate the new buffers, hand the training scalars over, request the
+    switch and wait for vps-exec. Returns (new State or None, Training carried
+    from source rank 0). On failure the registry runs the old state again,
+    whose buffers are untouched, and vps.Error is raised."""
+    if training is not None:
+        registry.training = training
+    dev = device or (state.device if state else "cpu")
+    new = State.allocate(registry, layout, rank, TARGET, dev) if rank >= 0 else None
+    try:
+        registry.set_target(layout, rank)
+        registry.wait(registry.request(), timeout)
+    except BaseException:
+        registry.reset(state.layout if state else None, state.rank if state else -1)
+        if state:
+            state.register(registry, SOURCE)
+        if new:
+            new.free()
+        raise
+    carried = registry.training
+    registry.reset(layout if new else None, rank)
+    if state:
+        state.free()
+    if new:
+        new.register(registry, SOURCE)
+    return new, carried
