@@ -134,6 +134,7 @@ _PROTOS = {
     "vps_layout_parallel": (P(Parallel), [VP]),
     "vps_layout_world": (C.c_int64, [VP]),
     "vps_layout_hash": (C.c_uint64, [VP]),
+    "vps_layout_coords": (None, [VP, C.c_int64, P(Coords)]),
     "vps_layout_rank": (RC, [VP, C.c_int64, P(RankView)]),
     "vps_rank_view_release": (None, [P(RankView)]),
     "vps_registry_create": (RC, [P(VP), C.c_char_p, C.c_uint64, C.c_int64, C.c_uint32, C.c_int]),

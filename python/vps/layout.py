@@ -8,7 +8,7 @@ import ctypes as C
 import os
 from collections import namedtuple
 
-from ._lib import Devices, Error, Model as _Model, Parallel as _Parallel, RankView as _RankView, Tensor, call, lib
+from ._lib import Coords as _Coords, Devices, Error, Model as _Model, Parallel as _Parallel, RankView as _RankView, Tensor, call, lib
 
 STATES = ("param", "main_param", "exp_avg", "exp_avg_sq", "grad")
 PARAM, MAIN_PARAM, EXP_AVG, EXP_AVG_SQ, GRAD = range(5)
@@ -154,6 +154,14 @@ class Layout:
         buf = C.create_string_buffer(256)
         lib.vps_parallel_format(lib.vps_layout_parallel(self._h), buf, len(buf))
         return buf.value.decode()
+
+    def coords(self, r):
+        """Rank r's coordinates (tp, dp, pp, etp, ep, edp), without its view."""
+        if not 0 <= r < self.world:
+            raise Error(1, "rank %d is outside the layout's world of %d" % (r, self.world))
+        c = _Coords()
+        lib.vps_layout_coords(self._h, r, C.byref(c))
+        return Coords(*(getattr(c, k) for k in Coords._fields))
 
     def rank(self, r):
         """What rank r holds: its RankView."""

@@ -112,29 +112,29 @@ def region_index(r, device="cpu"):
     return idx
 
 
-def correspondence(src_view, src_buffer, dst_view, dst_buffer, device="cpu"):
+def correspondence(a_view, a_buffer, b_view, b_buffer, device="cpu"):
     """Where the same logical elements sit in two buffers (of one rank or of
-    two ranks, of one layout or two): (dst_positions, src_positions), 1-D,
-    for every element both hold."""
+    two ranks, of one layout or two): (a_positions, b_positions), 1-D, for
+    every element both hold."""
     by_tensor = {}
-    for r in src_view.regions:
-        if r.buffer == src_buffer:
+    for r in b_view.regions:
+        if r.buffer == b_buffer:
             by_tensor.setdefault(r.tensor, []).append(r)
-    dsts, srcs = [], []
-    for d in dst_view.regions:
-        if d.buffer != dst_buffer:
+    a_pos, b_pos = [], []
+    for ra in a_view.regions:
+        if ra.buffer != a_buffer:
             continue
-        for s in by_tensor.get(d.tensor, ()):
-            lo = [max(a, b) for a, b in zip(d.lo, s.lo)]
-            hi = [min(a, b) for a, b in zip(d.hi, s.hi)]
-            if any(l >= h for l, h in zip(lo, hi)):
+        for rb in by_tensor.get(ra.tensor, ()):
+            lo = [max(x, y) for x, y in zip(ra.lo, rb.lo)]
+            hi = [min(x, y) for x, y in zip(ra.hi, rb.hi)]
+            if any(x >= y for x, y in zip(lo, hi)):
                 continue
-            dsts.append(_sub_index(d, lo, hi, device))
-            srcs.append(_sub_index(s, lo, hi, device))
-    if not dsts:
+            a_pos.append(_sub_index(ra, lo, hi, device))
+            b_pos.append(_sub_index(rb, lo, hi, device))
+    if not a_pos:
         e = torch.zeros(0, dtype=torch.int64, device=device)
         return e, e
-    return torch.cat(dsts), torch.cat(srcs)
+    return torch.cat(a_pos), torch.cat(b_pos)
 
 
 def _sub_index(r, lo, hi, device):
