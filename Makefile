@@ -40,6 +40,13 @@ TEST_BINS = $(TEST_SRC:tests/unit/%.c=$(BUILDDIR)/tests/%)
 HARNESS = $(BUILDDIR)/tests/harness.o $(BUILDDIR)/tests/jobs.o
 
 DEPS_STAMP = $(BUILDDIR)/.deps-ok
+PY_STAMP = $(BUILDDIR)/.python-ok
+
+# The Python module and the PyTorch example run under Debian's python3, which
+# sees Debian's python3-torch (a python3 earlier on PATH may not).
+PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo python3)
+# Debian's python3 looks in PREFIX/lib/python3.N/dist-packages for /usr/local
+PYTHON_SITE ?= $(PREFIX)/lib/python3.$(shell $(PYTHON) -c 'import sys; print(sys.version_info[1])')/dist-packages
 
 # ---- GPU support: libvps-cuda.so, loaded by libvps at run time ----
 # Built whenever nvcc is found (CUDA_HOME); nccl.h from CUDA_HOME or
@@ -53,7 +60,7 @@ ifeq ($(HAVE_NVCC),1)
 CUDA_ALL = $(CUDA_LIB)
 endif
 
-.PHONY: all check check-gpu test unit bats asan demo install uninstall clean deps FORCE \
+.PHONY: all check check-gpu test unit bats asan demo install uninstall clean deps python-deps FORCE \
 	fuzz fuzz-smoke fuzz-build fuzz-corpus fuzz-deps
 .DEFAULT_GOAL := all
 
@@ -73,6 +80,16 @@ $(DEPS_STAMP):
 	command -v groff >/dev/null 2>&1 || missing="$$missing groff-base"; \
 	scripts/install-deps.sh "vps" $$missing
 	@mkdir -p $(BUILDDIR) && touch $@
+
+# what the Python tests need (make check): PyTorch, numpy, PyYAML
+python-deps: $(PY_STAMP)
+$(PY_STAMP): | $(DEPS_STAMP)
+	@missing=""; \
+	$(PYTHON) -c 'import torch' >/dev/null 2>&1 || missing="$$missing python3-torch"; \
+	$(PYTHON) -c 'import numpy' >/dev/null 2>&1 || missing="$$missing python3-numpy"; \
+	$(PYTHON) -c 'import yaml' >/dev/null 2>&1 || missing="$$missing python3-yaml"; \
+	scripts/install-deps.sh "make check" $$missing
+	@touch $@
 
 # objects rebuild when the flags change (a sanitizer or -fPIC build)
 FLAGS_STAMP = $(BUILDDIR)/.flags
@@ -121,8 +138,8 @@ $(BUILDDIR)/bench/%: scripts/bench/%.c $(LIB) | $(DEPS_STAMP)
 unit: $(TEST_BINS) $(BENCH_BINS)
 	@set -e; for t in $(TEST_BINS); do $$t; done
 
-bats: all
-	VPS_BIN=$(abspath $(BINDIR)) bats tests/bats
+bats: all $(PY_STAMP)
+	VPS_BIN=$(abspath $(BINDIR)) VPS_PYTHON=$(PYTHON) bats tests/bats
 
 check: all unit bats
 
@@ -203,6 +220,10 @@ install: all
 	$(if $(MAN5),install -m 644 $(MAN5) $(DESTDIR)$(PREFIX)/share/man/man5)
 	$(if $(MAN7),install -m 644 $(MAN7) $(DESTDIR)$(PREFIX)/share/man/man7)
 	cp -R configs $(DESTDIR)$(PREFIX)/share/vps/
+	install -d $(DESTDIR)$(PYTHON_SITE)/vps
+	install -m 644 python/vps/*.py $(DESTDIR)$(PYTHON_SITE)/vps
+	printf '# written by make install: where libvps.so and the configs are\nLIBDIR = "%s"\nDATADIR = "%s"\n' \
+		'$(PREFIX)/lib' '$(PREFIX)/share/vps' > $(DESTDIR)$(PYTHON_SITE)/vps/_prefix.py
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(shell sed -n 's/.*VPS_VERSION_STRING "\(.*\)"/\1/p' include/vps/vps.h)|' \
 		vps.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/vps.pc
 
@@ -210,7 +231,7 @@ uninstall:
 	rm -f $(TOOLS:%=$(DESTDIR)$(PREFIX)/bin/%) $(DESTDIR)$(PREFIX)/lib/libvps.a $(DESTDIR)$(PREFIX)/lib/libvps.so \
 		$(DESTDIR)$(PREFIX)/lib/libvps-cuda.so \
 		$(DESTDIR)$(PREFIX)/lib/pkgconfig/vps.pc
-	rm -rf $(DESTDIR)$(PREFIX)/include/vps $(DESTDIR)$(PREFIX)/share/vps
+	rm -rf $(DESTDIR)$(PREFIX)/include/vps $(DESTDIR)$(PREFIX)/share/vps $(DESTDIR)$(PYTHON_SITE)/vps
 	rm -f $(addprefix $(DESTDIR)$(PREFIX)/share/man/man1/,$(notdir $(MAN1))) \
 		$(addprefix $(DESTDIR)$(PREFIX)/share/man/man5/,$(notdir $(MAN5))) \
 		$(addprefix $(DESTDIR)$(PREFIX)/share/man/man7/,$(notdir $(MAN7)))

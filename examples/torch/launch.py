@@ -24,7 +24,7 @@ TOP = os.path.normpath(os.path.join(HERE, "..", ".."))
 
 
 def tool(name):
-    built = os.path.join(TOP, "bin", name)
+    built = os.path.join(os.environ.get("VPS_BIN", os.path.join(TOP, "bin")), name)
     if os.path.exists(built):
         return built
     found = shutil.which(name)
@@ -81,6 +81,15 @@ def main():
     targs = train.parse_args(rest)
     for k in ("model", "gpus_per_node", "global_batch", "micro_batch"):
         setattr(args, k, getattr(targs, k))
+    sys.path.insert(0, os.path.join(TOP, "python"))
+    import vps
+    for c in targs.configs:
+        try:
+            w = vps.layout(targs.model, c, targs.gpus_per_node).world
+        except vps.Error as e:
+            a.error("--configs: %s: %s" % (c, e))
+        if w != args.nproc:
+            a.error("--configs: %s has a world of %d ranks, --nproc is %d" % (c, w, args.nproc))
     os.makedirs(args.dir, exist_ok=True)
     plans = plan_switches(args, targs.configs, targs.steps, targs.switch_every)
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(args.nproc),

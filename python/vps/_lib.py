@@ -166,12 +166,12 @@ def _candidates():
     env = os.environ.get("VPS_LIBRARY")
     if env:
         return [env]
-    out = [os.path.join(_HERE, "..", "..", "build", "libvps.so")]
+    out = []
     try:
-        from . import _prefix  # written by make install
+        from . import _prefix  # an installed module: written by make install
         out.append(os.path.join(_prefix.LIBDIR, "libvps.so"))
     except ImportError:
-        pass
+        out.append(os.path.join(_HERE, "..", "..", "build", "libvps.so"))  # the build tree
     out.append("libvps.so")
     return out
 

@@ -11,7 +11,7 @@ import torch
 
 from ._lib import Error
 from .layout import BF16, FP32, PARAM
-from .registry import SOURCE, TARGET
+from .registry import REQUESTED, RUNNING, SOURCE, TARGET
 
 TORCH_DTYPE = {BF16: torch.bfloat16, FP32: torch.float32}
 
@@ -171,16 +171,26 @@ def switch(registry, state, layout, rank, training=None, timeout=600.0, device=N
     """Move the rank's state to `rank` of `layout` (-1: this device leaves):
     allocate the new buffers, hand the training scalars over, request the
     switch and wait for vps-exec. Returns (new State or None, Training carried
-    from source rank 0). On failure the registry runs the old state again,
-    whose buffers are untouched, and vps.Error is raised."""
+    from source rank 0).
+
+    When the executors fail the switch (vps.Error VPS_EPEER with their
+    message), the registry runs the old state again, whose buffers they never
+    write, and the new buffers are freed. When the wait times out
+    (VPS_ETIMEOUT) the switch may still be under way: nothing is undone, and
+    the error carries seq, to wait on again with registry.wait(seq, timeout)."""
     if training is not None:
         registry.training = training
     dev = device or (state.device if state else "cpu")
     new = State.allocate(registry, layout, rank, TARGET, dev) if rank >= 0 else None
+    seq = None
     try:
         registry.set_target(layout, rank)
-        registry.wait(registry.request(), timeout)
-    except BaseException:
+        seq = registry.request()
+        registry.wait(seq, timeout)
+    except Error as e:
+        e.seq = seq
+        if registry.state()[0] in (REQUESTED, RUNNING):
+            raise
         registry.reset(state.layout if state else None, state.rank if state else -1)
         if state:
             state.register(registry, SOURCE)

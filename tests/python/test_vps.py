@@ -1,0 +1,250 @@
+"""The Python module against the library it wraps: layouts and rank views
+as the tools print them, errors with the C message and code, the registry
+and a rank's state, correspondences and assembly of whole tensors, and a
+failed switch that leaves the sources as they were.
+
+    /usr/bin/python3 -m unittest discover -s tests/python"""
+import ctypes as C
+import os
+import shutil
+import socket
+import tempfile
+import subprocess
+import sys
+import unittest
+
+TOP = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.join(TOP, "python"))
+os.environ.setdefault("VPS_CONFIG_PATH", os.path.join(TOP, "configs"))
+BIN = os.environ.get("VPS_BIN", os.path.join(TOP, "bin"))
+
+import torch  # noqa: E402
+
+import vps  # noqa: E402
+from vps import _lib  # noqa: E402
+
+
+def tool_layout(model, spec, rank, gpn=8):
+    """vps-layout's YAML for one rank, as a dict (the YAML is simple enough for json after a load)."""
+    import yaml  # python3-yaml comes with python3-torch's dependencies; skip if absent
+    out = subprocess.run([os.path.join(BIN, "vps-layout"), "--model", model, "--parallel", spec, "--gpus-per-node",
+                          str(gpn), "--rank", str(rank), "--yaml"], check=True, capture_output=True, text=True).stdout
+    return yaml.safe_load(out)
+
+
+class Names(unittest.TestCase):
+    def setUp(self):
+        self.reg = self.ex = self.tmp = None
+
+    def tearDown(self):
+        if self.reg:
+            self.reg.close()
+        if self.ex:
+            self.ex.kill()
+            self.ex.wait()
+        if self.tmp:
+            shutil.rmtree(self.tmp)
+
+    def test_abi_sizes_match(self):
+        for name, mirror in _lib._MIRRORS.items():
+            self.assertEqual(_lib.lib.vps_abi_size(name.encode()), C.sizeof(mirror), name)
+        self.assertEqual(_lib.lib.vps_abi_size(b"no_such_struct"), 0)
+
+    def test_layout_matches_the_tool(self):
+        lay = vps.layout("tiny-llama", "tp=2,pp=2,dp=2,zero=1")
+        v = lay.rank(5)
+        try:
+            doc = tool_layout("tiny-llama", "tp=2,pp=2,dp=2,zero=1", 5)
+        except ImportError:
+            self.skipTest("python3-yaml absent")
+        self.assertEqual(int(str(doc["hash"]), 0), lay.hash)
+        r = doc["ranks"][0]
+        self.assertEqual([b["elements"] for b in r["buffers"]], [b.elements for b in v.buffers])
+        self.assertEqual([vps.STATES[b.state] for b in v.buffers], [b["state"] for b in r["buffers"]])
+        self.assertEqual(len(r["regions"]), len(v.regions))
+        for mine, theirs in zip(v.regions, r["regions"]):
+            self.assertEqual(mine.offset, theirs["offset"])
+            self.assertEqual(list(zip(mine.lo, mine.hi)), [tuple(x) for x in theirs["box"]])
+            self.assertEqual(v.params[mine.param].local_name, theirs["param"])
+        self.assertEqual(tuple(v.coords[:3]), (r["coords"]["tp"], r["coords"]["dp"], r["coords"]["pp"]))
+
+    def test_param_shapes_are_megatrons(self):
+        lay = vps.layout("tiny-llama", "tp=2,pp=2,dp=1")
+        first, last = lay.rank(0), lay.rank(3)
+        # vocabulary padded to a multiple of 128 x tp, then cut
+        self.assertEqual(first.param("embedding.word_embeddings.weight").shape, (512, 256))
+        self.assertEqual(first.param("decoder.layers.0.self_attention.linear_qkv.weight").shape, (256, 256))
+        self.assertEqual(first.param("decoder.layers.0.self_attention.linear_proj.weight").shape, (256, 128))
+        self.assertEqual(first.param("decoder.layers.0.mlp.linear_fc1.weight").shape, (688, 256))
+        self.assertEqual(first.param("decoder.layers.0.mlp.linear_fc2.weight").shape, (256, 344))
+        p = last.param("decoder.layers.7.mlp.linear_fc1.layer_norm_weight")
+        self.assertEqual((p.shape, p.local_name), ((256,), "decoder.layers.3.mlp.linear_fc1.layer_norm_weight"))
+        self.assertEqual(last.param("output_layer.weight").shape, (512, 256))
+
+    def test_errors_carry_the_message_and_code(self):
+        with self.assertRaises(vps.Error) as e:
+            vps.layout("tiny-llama", "tp=3")
+        self.assertEqual((e.exception.code, e.exception.name), (1, "VPS_EINPUT"))
+        self.assertIn("tp=3 does not divide heads=8", str(e.exception))
+        with self.assertRaises(vps.Error) as e:
+            vps.Model("no-such-model")
+        self.assertIn("no-such-model", str(e.exception))
+        with self.assertRaises(vps.Error):
+            vps.layout("tiny-llama", "tp=2").rank(2)
+
+    def test_a_live_registry_is_not_taken(self):
+        lay = vps.layout("micro-llama", "tp=1")
+        name = "vps-pytest-%d" % os.getpid()
+        self.reg = vps.Registry(name, lay, 0)
+        with self.assertRaises(vps.Error) as e:
+            vps.Registry(name, lay, 0)
+        self.assertIn(name, str(e.exception))
+
+    def test_state_views_share_the_registered_memory(self):
+        lay = vps.layout("micro-llama", "tp=2,dp=2,zero=1", gpus_per_node=4)
+        self.reg = vps.Registry("vps-pytest-%d" % os.getpid(), lay, 1)
+        s = vps.State.allocate(self.reg, lay, 1)
+        entries = self.reg.entries()
+        self.assertEqual([e.elements for e in entries], [b.elements for b in s.view.buffers])
+        w = s.param("decoder.layers.0.mlp.linear_fc1.weight")
+        self.assertEqual(tuple(w.shape), (176, 64))  # SwiGLU: 2 x ffn / tp rows
+        w[3, 5] = 1.5
+        # the same bytes through the registry's own object
+        p = s.view.param("decoder.layers.0.mlp.linear_fc1.weight")
+        with open("/dev/shm/" + entries[0].shm_name.decode(), "rb") as f:
+            f.seek((p.offset + 3 * 64 + 5) * 2)
+            raw = f.read(2)
+        self.assertEqual(torch.frombuffer(bytearray(raw), dtype=torch.bfloat16).item(), 1.5)
+        with self.assertRaises(vps.Error):
+            s.param("decoder.layers.0.mlp.linear_fc1.weight", vps.MAIN_PARAM)  # a ZeRO shard, not whole
+
+    def test_load_pieces_assemble_round_trip_across_layouts(self):
+        model = vps.Model("micro-llama")
+        g = torch.Generator().manual_seed(7)
+        truth = {}
+
+        def full(tid, st):
+            if (tid, st) not in truth:
+                truth[(tid, st)] = torch.randn(model.tensor_shape(tid), generator=g)
+                if st == vps.PARAM:
+                    truth[(tid, st)] = truth[(tid, st)].to(torch.bfloat16).float()
+            return truth[(tid, st)]
+
+        for spec in ("tp=2,dp=2,zero=1", "pp=2,tp=2", "tp=4"):
+            lay = vps.layout(model, spec, gpus_per_node=4)
+            pieces = []
+            for r in range(lay.world):
+                s = vps.State(lay, r)
+                s.buffers = [torch.zeros(b.elements, dtype=vps.TORCH_DTYPE[b.dtype]) for b in s.view.buffers]
+                s.load(full)
+                pieces += list(s.pieces())
+            got = vps.assemble(model, pieces, dtype=torch.float32)
+            self.assertEqual(got.keys(), truth.keys(), spec)
+            for k, v in truth.items():
+                self.assertTrue(torch.equal(got[k], v), (spec, k))
+        # a replica that disagrees is found
+        lay = vps.layout(model, "dp=2", gpus_per_node=4)
+        pieces = []
+        for r in range(2):
+            s = vps.State(lay, r)
+            s.buffers = [torch.zeros(b.elements, dtype=vps.TORCH_DTYPE[b.dtype]) for b in s.view.buffers]
+            s.load(full)
+            if r == 1:
+                s.buffers[0][100] += 1
+            pieces += list(s.pieces())
+        with self.assertRaises(vps.Error) as e:
+            vps.assemble(model, pieces)
+        self.assertIn("replicas differ", str(e.exception))
+
+    def test_correspondence_of_a_shard(self):
+        lay = vps.layout("micro-llama", "tp=2,dp=2,zero=1", gpus_per_node=4)
+        v = lay.rank(2)
+        main, param = v.buffer(vps.MAIN_PARAM), v.buffer(vps.PARAM)
+        m_pos, p_pos = vps.correspondence(v, main, v, param)
+        # every element of the shard that a region covers, once, at the logical element's place
+        covered = sum(vps.region_index(r).numel() for r in v.regions_of(vps.MAIN_PARAM))
+        self.assertEqual(m_pos.numel(), covered)
+        self.assertEqual(m_pos.unique().numel(), covered)
+        s = vps.State(lay, 2)
+        s.buffers = [torch.arange(b.elements, dtype=torch.float32) for b in s.view.buffers]
+        for r in v.regions_of(vps.MAIN_PARAM):
+            rp = next(x for x in v.regions_of(vps.PARAM) if x.tensor == r.tensor)
+            lo = torch.tensor(r.lo) - torch.tensor(rp.lo)
+            first = rp.offset + int((lo * torch.tensor(rp.strides)).sum())
+            self.assertIn(first, p_pos[m_pos == r.offset].tolist())
+
+    def world_of_one(self, a_spec, b_spec):
+        """Layouts, a staged plan a -> b for one rank, and a vps-exec serving it."""
+        d = self.tmp = tempfile.mkdtemp()
+        for n, spec in (("a", a_spec), ("b", b_spec)):
+            subprocess.run([os.path.join(BIN, "vps-layout"), "--model", "micro-llama", "--parallel", spec,
+                            "-o", os.path.join(d, n + ".layout")], check=True)
+        subprocess.run([os.path.join(BIN, "vps-plan"), os.path.join(d, "a.layout"), os.path.join(d, "b.layout"),
+                        "--global-batch", "8", "-o", os.path.join(d, "ab.plan")], check=True)
+        subprocess.run([os.path.join(BIN, "vps-stage"), "--budget", "1MiB", os.path.join(d, "ab.plan"),
+                        "-o", os.path.join(d, "ab.staged")], check=True)
+        with socket.socket() as so:
+            so.bind(("127.0.0.1", 0))
+            port = so.getsockname()[1]
+        name = "vps-pytest-%d" % os.getpid()
+        with open(os.path.join(d, "exec.log"), "w") as log:
+            self.ex = subprocess.Popen([os.path.join(BIN, "vps-exec"), "--registry", name, "--rank", "0", "--world", "1",
+                                       "--master", "127.0.0.1:%d" % port, "--wait", "--check", "--timeout", "30",
+                                       os.path.join(d, "ab.staged")], stdout=log, stderr=subprocess.STDOUT,
+                                      env=dict(os.environ, VPS_TOKEN="0123456789abcdef0123456789abcdef"))
+        return name, self.ex
+
+    def exec_log(self):
+        with open(os.path.join(self.tmp, "exec.log")) as f:
+            return f.read()
+
+    def test_a_switch_moves_the_state_bit_for_bit(self):
+        name, ex = self.world_of_one("tp=1", "tp=1,zero=1")
+        a, b = vps.Layout.load(os.path.join(self.tmp, "a.layout")), vps.Layout.load(os.path.join(self.tmp, "b.layout"))
+        self.reg = vps.Registry(name, a, 0)
+        s = vps.State.allocate(self.reg, a, 0)
+        g = torch.Generator().manual_seed(3)
+        for t in s.buffers:
+            t.copy_(torch.randn(t.numel(), generator=g).to(t.dtype))
+        before = vps.assemble(a.model, list(s.pieces()))
+        new, carried = vps.switch(self.reg, s, b, 0, vps.Training(step=7, consumed_samples=56, global_batch=8),
+                                  timeout=60)
+        self.assertEqual(ex.wait(60), 0, self.exec_log())
+        self.assertIn("digest: match", self.exec_log())
+        after = vps.assemble(b.model, list(new.pieces()))
+        self.assertEqual(before.keys(), after.keys())
+        for k in before:
+            self.assertTrue(torch.equal(before[k], after[k]), k)
+        self.assertEqual((carried.step, carried.consumed_samples), (7, 56))
+        self.assertEqual((self.reg.layout_hash, self.reg.rank), (b.hash, 0))
+        self.assertEqual(len(self.reg.entries()), len(new.view.buffers))
+
+    def test_a_failed_switch_leaves_the_sources(self):
+        name, ex = self.world_of_one("tp=1", "tp=1,zero=1")
+        a = vps.Layout.load(os.path.join(self.tmp, "a.layout"))
+        wrong = vps.layout("micro-llama", "dp=1,zero=0,bucket=1000")  # not the plan's target
+        self.reg = vps.Registry(name, a, 0)
+        s = vps.State.allocate(self.reg, a, 0)
+        s.buffers[0].fill_(0.25)
+        n = len(self.reg.entries())
+        with self.assertRaises(vps.Error) as e:
+            vps.switch(self.reg, s, wrong, 0, vps.Training(step=3, global_batch=8), timeout=60)
+        self.assertEqual(e.exception.name, "VPS_EPEER")
+        self.assertIn("the plan's target is", str(e.exception))
+        ex.wait(60)
+        # the registry runs the old layout again, the sources registered and intact
+        self.assertEqual(self.reg.layout_hash, a.hash)
+        self.assertEqual(len(self.reg.entries()), n)
+        self.assertTrue(bool((s.buffers[0] == 0.25).all()))
+
+    def test_a_switch_nobody_serves_times_out_and_is_left_alone(self):
+        a, b = vps.layout("micro-llama", "tp=1"), vps.layout("micro-llama", "tp=1,zero=1")
+        self.reg = vps.Registry("vps-pytest-%d" % os.getpid(), a, 0)
+        s = vps.State.allocate(self.reg, a, 0)
+        with self.assertRaises(vps.Error) as e:
+            vps.switch(self.reg, s, b, 0, vps.Training(step=3, global_batch=8), timeout=0.2)
+        self.assertEqual(e.exception.name, "VPS_ETIMEOUT")
+        self.assertEqual(self.reg.state(), (vps.registry.REQUESTED, e.exception.seq))
+
+if __name__ == "__main__":
+    unittest.main()
