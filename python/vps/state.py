@@ -10,7 +10,7 @@ import ctypes as C
 import torch
 
 from ._lib import Error
-from .layout import BF16, FP32, PARAM
+from .layout import BF16, FP32, PARAM, STATES
 from .registry import REQUESTED, RUNNING, SOURCE, TARGET
 
 TORCH_DTYPE = {BF16: torch.bfloat16, FP32: torch.float32}
@@ -52,6 +52,44 @@ class State:
             raise
         return s
 
+    @classmethod
+    def adopt(cls, registry, layout, rank, tensors, role=SOURCE):
+        """Register GPU buffers a trainer already has (Megatron's DDP buffers,
+        say): tensors maps a buffer index of the rank's view, or its
+        (state, chunk, expert) with state a name or number, to a contiguous
+        CUDA tensor of the buffer's dtype and elements, registered by its
+        CUDA IPC handle and offset. Host memory cannot be adopted: vps-exec
+        maps host buffers through the shared-memory objects that allocate()
+        makes."""
+        s = cls(layout, rank, "cuda")
+        s._registry = registry
+        given = {}
+        for key, t in tensors.items():
+            if isinstance(key, tuple):
+                st, chunk, expert = key
+                b = s.view.buffer(_state_number(st), chunk, expert)
+                if b is None:
+                    raise Error(1, "rank %d holds no %s buffer of chunk %d%s" % (rank, st, chunk,
+                                                                                 " (experts)" if expert else ""))
+                key = b
+            given[key] = t
+        what = ["buffer %d (%s, chunk %d)" % (b.id, STATES[b.state], b.chunk) for b in s.view.buffers]
+        for b in s.view.buffers:
+            if b.id not in given:
+                raise Error(1, "%s: no tensor given" % what[b.id])
+        for b in s.view.buffers:
+            t = given[b.id]
+            if t.device.type != "cuda":
+                raise Error(1, "%s: a %s tensor; host buffers come from State.allocate (shared memory)"
+                            % (what[b.id], t.device.type))
+            if t.dtype != TORCH_DTYPE[b.dtype] or t.numel() != b.elements or not t.is_contiguous():
+                raise Error(1, "%s: the layout says %d %s elements, contiguous; the tensor is %s %s%s" % (
+                    what[b.id], b.elements, TORCH_DTYPE[b.dtype], list(t.shape), t.dtype,
+                    "" if t.is_contiguous() else ", not contiguous"))
+        s.buffers = [given[b.id].view(-1) for b in s.view.buffers]
+        s.register(registry, role)
+        return s
+
     def register(self, registry, role=SOURCE):
         """Register the buffers again (after Registry.reset)."""
         for b, t in zip(self.view.buffers, self.buffers):
@@ -75,12 +113,14 @@ class State:
 
     def param(self, p, state=PARAM):
         """Parameter p (a Param or its global name) in Megatron's local shape,
-        a view of its unsharded buffer of `state`."""
+        a view of its unsharded buffer of `state` (a number or a name:
+        "param", "main_param", "exp_avg", "exp_avg_sq", "grad")."""
+        state = _state_number(state)
         if isinstance(p, str):
             p = self.view.param(p)
         b = self.view.buffer(state, p.chunk, p.expert)
         if b is None or self.view.buffers[b].sharded:
-            raise Error(1, "%s: the rank holds no whole %s buffer for it" % (p.name, state))
+            raise Error(1, "%s: the rank holds no whole %s buffer for it" % (p.name, STATES[state]))
         return self.buffers[b][p.offset:p.offset + p.elements].view(p.shape)
 
     def index(self, region):
@@ -101,6 +141,14 @@ class State:
             box = tuple(slice(lo, hi) for lo, hi in zip(r.lo, r.hi))
             v = full(r.tensor, r.state)[box]
             self.buffers[r.buffer][self.index(r)] = v.to(self.buffers[r.buffer].dtype).to(self.device)
+
+
+def _state_number(state):
+    if isinstance(state, str):
+        if state not in STATES:
+            raise Error(1, "%s: not a state (%s)" % (state, ", ".join(STATES)))
+        return STATES.index(state)
+    return state
 
 
 def region_index(r, device="cpu"):

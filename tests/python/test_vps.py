@@ -115,8 +115,28 @@ class Names(unittest.TestCase):
             f.seek((p.offset + 3 * 64 + 5) * 2)
             raw = f.read(2)
         self.assertEqual(torch.frombuffer(bytearray(raw), dtype=torch.bfloat16).item(), 1.5)
+        self.assertTrue(torch.equal(s.param(p.name, "param"), w))
+        with self.assertRaises(vps.Error) as e:
+            s.param("decoder.layers.0.mlp.linear_fc1.weight", "main_param")  # a ZeRO shard, not whole
+        self.assertIn("no whole main_param buffer", str(e.exception))
         with self.assertRaises(vps.Error):
-            s.param("decoder.layers.0.mlp.linear_fc1.weight", vps.MAIN_PARAM)  # a ZeRO shard, not whole
+            s.param(p.name, "momentum")
+
+    def test_adopt_checks_what_it_is_given(self):
+        lay = vps.layout("micro-llama", "tp=2,dp=2,zero=1", gpus_per_node=4)
+        self.reg = vps.Registry("vps-pytest-%d" % os.getpid(), lay, 0)
+        v = lay.rank(0)
+        host = {b.id: torch.zeros(b.elements, dtype=vps.TORCH_DTYPE[b.dtype]) for b in v.buffers}
+        with self.assertRaises(vps.Error) as e:
+            vps.State.adopt(self.reg, lay, 0, host)
+        self.assertIn("a cpu tensor; host buffers come from State.allocate", str(e.exception))
+        with self.assertRaises(vps.Error) as e:
+            vps.State.adopt(self.reg, lay, 0, {("exp_avg", 1, False): host[0]})
+        self.assertIn("no exp_avg buffer of chunk 1", str(e.exception))
+        with self.assertRaises(vps.Error) as e:
+            vps.State.adopt(self.reg, lay, 0, {0: host[0]})
+        self.assertIn("buffer 1 (main_param, chunk 0): no tensor given", str(e.exception))
+        self.assertEqual(self.reg.entries(), [])
 
     def test_load_pieces_assemble_round_trip_across_layouts(self):
         model = vps.Model("micro-llama")
