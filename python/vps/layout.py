@@ -130,9 +130,9 @@ class Layout:
         return lay
 
     def close(self):
-        if self._h:
+        if getattr(self, "_h", None) and lib:
             lib.vps_layout_free(self._h)
-            self._h = None
+        self._h = None
 
     def __del__(self):
         self.close()
@@ -215,8 +215,11 @@ class RankView:
         self._by_name = {p.name: p for p in self.params}
 
     def param(self, name):
-        """The parameter of this global name (KeyError when the rank lacks it)."""
-        return self._by_name[name]
+        """The parameter of this global name."""
+        p = self._by_name.get(name)
+        if p is None:
+            raise Error(1, "rank %d holds no parameter %s under %s" % (self.rank, name, self.layout.describe()))
+        return p
 
     def buffer(self, state, chunk=0, expert=False):
         """Index of the buffer of (state, chunk, dense or expert), or None."""

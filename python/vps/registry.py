@@ -37,9 +37,9 @@ class Registry:
 
     def close(self):
         """Unmap and remove the registry and the buffers it allocated."""
-        if self._h:
+        if getattr(self, "_h", None) and lib:
             lib.vps_registry_close(self._h)
-            self._h = C.c_void_p()
+        self._h = C.c_void_p()
 
     def __enter__(self):
         return self

@@ -91,6 +91,9 @@ class Names(unittest.TestCase):
         self.assertIn("no-such-model", str(e.exception))
         with self.assertRaises(vps.Error):
             vps.layout("tiny-llama", "tp=2").rank(2)
+        with self.assertRaises(vps.Error) as e:
+            vps.layout("tiny-llama", "pp=2").rank(0).param("output_layer.weight")
+        self.assertIn("rank 0 holds no parameter output_layer.weight under tp=1,pp=2", str(e.exception))
 
     def test_a_live_registry_is_not_taken(self):
         lay = vps.layout("micro-llama", "tp=1")
