@@ -758,6 +758,9 @@ vps_result_t vps_query_document(const char *name, const void *data, size_t len, 
 		struct vps_staged *s;
 		VPS_CHECK(vps_staged_parse(&s, name, data, len));
 		rc = vps_query_staged(s, q, f, out);
+		/* a copy that does not lie in its pieces is the file's fault */
+		if (rc == VPS_EINPUT && strncmp(vps_last_error(), "--", 2))
+			vps_error_prefix("%s", name);
 		vps_staged_free(s);
 		return rc;
 	}
