@@ -582,11 +582,12 @@ static bool strided_part(const struct vps_op *o, const struct vps_xfer *x, const
 	}
 	if (delta)
 		return false;
-	int64_t so = pc->src_offset, dof = pc->dst_offset;
+	int64_t so = pc->src_offset, dof = pc->dst_offset, t;
 	for (int k = 0; k < nd; k++) {
-		/* every value here is bounded by the buffers the reader checked */
-		so += lo[k] * pc->src_strides[k];
-		dof += lo[k] * pc->dst_strides[k];
+		/* the reader keeps pieces inside their buffers; checked all the same */
+		if (!vps_mul_ok(lo[k], pc->src_strides[k], &t) || !vps_add_ok(so, t, &so) ||
+		    !vps_mul_ok(lo[k], pc->dst_strides[k], &t) || !vps_add_ok(dof, t, &dof))
+			return false;
 		if (o->ext[k] > 1 && (o->src_strides[k] != pc->src_strides[k] || o->dst_strides[k] != pc->dst_strides[k]))
 			return false;
 	}
