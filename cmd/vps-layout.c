@@ -8,6 +8,7 @@
 #include "common.h"
 #include "vps/io.h"
 #include "vps/layout.h"
+#include "vps/query.h"
 
 const char *tool_name = "vps-layout";
 
@@ -15,6 +16,8 @@ static const char usage[] =
 	"usage: vps-layout --model MODEL [--parallel SPEC] [--gpus-per-node N] [--first-node K]\n"
 	"                  [--devices FILE] [--rank R]... [--stats] [--yaml] [-o FILE]\n"
 	"       vps-layout -i LAYOUT [--rank R]... [--stats] [--yaml] [-o FILE]\n"
+	"       vps-layout (--model MODEL [--parallel SPEC] ... | -i LAYOUT) --tensor NAME|GLOB\n"
+	"                  [--state S] [--box LO:HI,...] [--format yaml|tsv|json] [-o FILE]\n"
 	"       vps-layout -h | --version\n"
 	"options:\n"
 	"  --model MODEL        model name (configs/models), vps model file or config.json\n"
@@ -27,6 +30,10 @@ static const char usage[] =
 	"  --rank R             write rank R's sub-VPS (0,3,5-7 or all; repeatable)\n"
 	"  --stats              print statistics as YAML\n"
 	"  --yaml               write YAML instead of binary\n"
+	"  --tensor NAME|GLOB   who holds the tensor(s): ranks, buffer, offset, strides\n"
+	"  --state S            with --tensor: only state S (param, main_param, exp_avg, ...)\n"
+	"  --box LO:HI,...      with --tensor: only what intersects the box, clipped to it\n"
+	"  --format F           with --tensor: yaml (default), tsv or json (one record a line)\n"
 	"  -o, --output FILE    write FILE (through a temporary and a rename)\n"
 	"  -h, --help           this text\n"
 	"  --version            the version\n";
@@ -87,6 +94,8 @@ int main(int argc, char **argv)
 		{"stats", no_argument, NULL, 's'},           {"yaml", no_argument, NULL, 'y'},
 		{"output", required_argument, NULL, 'o'},    {"help", no_argument, NULL, 'h'},
 		{"version", no_argument, NULL, 'V'},         {"input", required_argument, NULL, 'i'},
+		{"tensor", required_argument, NULL, 'T'},    {"state", required_argument, NULL, 'S'},
+		{"box", required_argument, NULL, 'b'},       {"format", required_argument, NULL, 'F'},
 		{0, 0, 0, 0}};
 	const char *input = NULL, *model_arg = NULL, *parallel_arg = NULL, *devices_arg = NULL, *out = NULL;
 	int64_t gpn = 8, first_node = 0;
@@ -101,6 +110,10 @@ int main(int argc, char **argv)
 	struct vps_bytes bytes = {0};
 	char hint[64] = "";
 	vps_result_t rc;
+	struct vps_query q;
+	enum vps_format format = VPS_FORMAT_YAML;
+	bool query_flags = false;
+	vps_query_init(&q);
 
 	while ((c = getopt_long(argc, argv, "hi:o:", opts, NULL)) != -1) {
 		switch (c) {
@@ -125,6 +138,20 @@ int main(int argc, char **argv)
 		case 's': stats = true; break;
 		case 'y': yaml = true; break;
 		case 'o': out = optarg; break;
+		case 'T': q.tensor = optarg; break;
+		case 'S':
+		case 'b':
+		case 'F':
+			query_flags = true;
+			if ((c == 'S' && vps_state_parse(optarg, &q.state)) || (c == 'b' && vps_box_parse(optarg, &q.box)) ||
+			    (c == 'F' && vps_format_parse(optarg, &format))) {
+				free(ranks);
+				return c == 'S' ? tool_usage_error("--state: %s (param, main_param, exp_avg, exp_avg_sq or grad)",
+								       vps_last_error())
+						 : tool_fail(VPS_EINPUT);
+			}
+			q.has_box |= c == 'b';
+			break;
 		case 'h': fputs(usage, stdout); free(ranks); return tool_finish(EXIT_OK);
 		case 'V': printf("vps-layout %s\n", VPS_VERSION_STRING); free(ranks); return tool_finish(EXIT_OK);
 		default: fputs(usage, stderr); free(ranks); return EXIT_USAGE;
@@ -133,6 +160,14 @@ int main(int argc, char **argv)
 	if (optind != argc) {
 		free(ranks);
 		return tool_usage_error("unexpected argument '%s'\n%s", argv[optind], usage);
+	}
+	if (query_flags && !q.tensor) {
+		free(ranks);
+		return tool_usage_error("--state, --box and --format go with --tensor");
+	}
+	if (q.tensor && (nranks || all || stats || yaml)) {
+		free(ranks);
+		return tool_usage_error("--tensor is a query: --rank, --stats and --yaml do not apply (--format yaml)");
 	}
 	if (input) {
 		if (model_arg || parallel_arg || devices_arg) {
@@ -180,6 +215,12 @@ have_layout:
 						  vps_layout_world(l));
 			goto done;
 		}
+	if (q.tensor) {
+		if ((rc = vps_query_holders(l, &q, format, &bytes)) || (rc = vps_write_output(out, &bytes, false)))
+			goto fail;
+		status = tool_finish(EXIT_OK);
+		goto done;
+	}
 	if (stats) {
 		struct vps_layout_stats s;
 		if ((rc = vps_layout_stats(l, &s)))

@@ -8,6 +8,7 @@
 #include "common.h"
 #include "vps/io.h"
 #include "vps/plan.h"
+#include "vps/query.h"
 
 const char *tool_name = "vps-plan";
 
@@ -16,6 +17,8 @@ static const char usage[] =
 	"                [--global-batch N [--micro-batch N] [--micro-batch-before N]]\n"
 	"                [--step N] [--consumed-samples N] [--scheduler-step N]\n"
 	"                (A B | --transition NAME)\n"
+	"       vps-plan --transfers [--rank R] [--peer P] [--tensor NAME|GLOB] [--state S]\n"
+	"                [--stage N] [--format yaml|tsv|json] [-o FILE] (A B | --transition NAME | PLAN)\n"
 	"       vps-plan -h | --version\n"
 	"options:\n"
 	"  --transition NAME      plan a transition of configs/transitions (or a file)\n"
@@ -31,6 +34,13 @@ static const char usage[] =
 	"  --consumed-samples N   samples consumed so far\n"
 	"  --scheduler-step N     learning-rate scheduler position (default: the step)\n"
 	"  --yaml                 write YAML instead of binary\n"
+	"  --transfers            what rank R sends, receives and retains, one record a line; from\n"
+	"                         A B (rank R's plan), or a plan or staged plan file PLAN\n"
+	"  --peer P               with --transfers: only those to or from world rank P\n"
+	"  --tensor NAME|GLOB     with --transfers: only those of the tensor(s)\n"
+	"  --state S              with --transfers: only those of state S\n"
+	"  --stage N              with --transfers of a staged plan: only stage N\n"
+	"  --format F             with --transfers: yaml (default), tsv or json\n"
 	"  -o, --output FILE      write FILE (through a temporary and a rename)\n"
 	"  -h, --help             this text\n"
 	"  --version              the version\n";
@@ -118,6 +128,20 @@ static bool num(const char *flag, const char *s, int64_t *v)
 	return false;
 }
 
+/* --transfers over a plan or staged plan file. */
+static int query_file(const char *path, const struct vps_query *q, enum vps_format format, const char *out)
+{
+	struct vps_bytes in = {0}, bytes = {0};
+	vps_result_t rc = vps_read_file(path, &in);
+	if (!rc)
+		rc = vps_query_document(strcmp(path, "-") ? path : "<stdin>", in.data, in.len, q, format, &bytes);
+	if (!rc)
+		rc = vps_write_output(out, &bytes, false);
+	vps_bytes_release(&in);
+	vps_bytes_release(&bytes);
+	return rc ? tool_fail(rc) : tool_finish(EXIT_OK);
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -129,12 +153,19 @@ int main(int argc, char **argv)
 		{"step", required_argument, NULL, 'S'},         {"consumed-samples", required_argument, NULL, 'C'},
 		{"scheduler-step", required_argument, NULL, 'l'}, {"help", no_argument, NULL, 'h'},
 		{"version", no_argument, NULL, 'V'},            {"threads", required_argument, NULL, 'j'},
+		{"transfers", no_argument, NULL, 'X'},          {"peer", required_argument, NULL, 'P'},
+		{"tensor", required_argument, NULL, 'N'},       {"state", required_argument, NULL, 'Q'},
+		{"stage", required_argument, NULL, 'g'},        {"format", required_argument, NULL, 'F'},
 		{0, 0, 0, 0}};
 	const char *out = NULL, *topo_arg = NULL, *transition = NULL;
 	bool stats = false, load = false, yaml = false;
 	struct vps_plan_opts po = {.rank = -1};
 	bool have_step = false, have_consumed = false, have_sched = false;
 	int c, status = EXIT_USAGE;
+	struct vps_query q;
+	enum vps_format format = VPS_FORMAT_YAML;
+	bool transfers = false, query_flags = false;
+	vps_query_init(&q);
 	while ((c = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
 		switch (c) {
 		case 'r':
@@ -183,11 +214,37 @@ int main(int argc, char **argv)
 				return EXIT_USAGE;
 			have_sched = true;
 			break;
+		case 'X': transfers = true; break;
+		case 'P':
+		case 'N':
+		case 'Q':
+		case 'g':
+		case 'F':
+			query_flags = true;
+			if ((c == 'P' && !num("--peer", optarg, &q.peer)) || (c == 'g' && !num("--stage", optarg, &q.stage)))
+				return EXIT_USAGE;
+			if (c == 'Q' && vps_state_parse(optarg, &q.state))
+				return tool_usage_error("--state: %s (param, main_param, exp_avg, exp_avg_sq or grad)",
+							vps_last_error());
+			if (c == 'F' && vps_format_parse(optarg, &format))
+				return tool_fail(VPS_EINPUT);
+			if (c == 'N')
+				q.tensor = optarg;
+			break;
 		case 'h': fputs(usage, stdout); return tool_finish(EXIT_OK);
 		case 'V': printf("vps-plan %s\n", VPS_VERSION_STRING); return tool_finish(EXIT_OK);
 		default: fputs(usage, stderr); return EXIT_USAGE;
 		}
 	}
+	if (query_flags && !transfers)
+		return tool_usage_error("--peer, --tensor, --state, --stage and --format go with --transfers");
+	if (transfers && (stats || yaml))
+		return tool_usage_error("--transfers is a query: --stats and --yaml do not apply (--format yaml)");
+	q.rank = po.rank;
+	if (transfers && !transition && argc - optind == 1)
+		return query_file(argv[optind], &q, format, out);
+	if (transfers && po.rank < 0)
+		return tool_usage_error("--transfers needs --rank R with two layouts or a transition");
 	if (transition ? argc != optind : argc - optind != 2)
 		return tool_usage_error("expected two layouts or --transition NAME\n%s", usage);
 	if ((load || topo_arg) && !stats)
@@ -233,6 +290,12 @@ int main(int argc, char **argv)
 	if ((rc = vps_plan_compute(&p, a, b, &po)))
 		goto fail;
 	a = b = NULL;
+	if (transfers) {
+		if ((rc = vps_query_transfers(p, &q, format, &bytes)) || (rc = vps_write_output(out, &bytes, false)))
+			goto fail;
+		status = tool_finish(EXIT_OK);
+		goto done;
+	}
 	if (stats) {
 		if (po.rank >= 0) {
 			print_rank_stats(p, po.rank);
