@@ -148,6 +148,9 @@ vps_result_t vps_plan_svg(const struct vps_plan *p, const char *caption, struct 
 		barmax = vps_max64(barmax, vps_max64(send[r], recv[r]));
 	}
 	struct scale sc = {vmin ? log((double)vmin) : 0, vmax ? log((double)vmax) : 0};
+	/* at least a decade: cells a few percent apart look alike, not opposite */
+	if (sc.hi - sc.lo < log(10.0))
+		sc.lo = sc.hi - log(10.0);
 	/* node changes between consecutive world ranks; g: the ranks of every
 	 * node when all nodes hold the same number in one run, else 0 */
 	int64_t nodes_lines = 0, g = 0, same = 1;
@@ -166,7 +169,8 @@ vps_result_t vps_plan_svg(const struct vps_plan *p, const char *caption, struct 
 	const int64_t L = 72, T = 104, BW = 120, BH = 120, GAP = 12;
 	const int64_t bx = L + M + GAP, by = T + M + GAP;  /* send bars, receive bars */
 	const int64_t lx = bx + BW + 56, LH = vps_max64(160, vps_min64(M, 320));
-	const int64_t width = lx + 20 + 96, height = vps_max64(by + BH + 44, T + LH + 60);
+	/* wide enough for the title lines whatever the world */
+	const int64_t width = vps_max64(lx + 20 + 96, 720), height = vps_max64(by + BH + 44, T + LH + 60);
 	char a[256], b[256], t1[VPS_UNITS_LEN];
 	vps_parallel_format(vps_layout_parallel(p->a), a, sizeof(a));
 	vps_parallel_format(vps_layout_parallel(p->b), b, sizeof(b));
@@ -195,7 +199,7 @@ vps_result_t vps_plan_svg(const struct vps_plan *p, const char *caption, struct 
 		put(&s, "; cells of %" PRId64 " x %" PRId64 " ranks", k, k);
 	put(&s, "</text>\n");
 	put(&s, "<text x=\"%" PRId64 "\" y=\"%" PRId64 "\" text-anchor=\"middle\">destination rank</text>\n", L + M / 2,
-	    T - 26);
+	    T - 20);
 	put(&s,
 	    "<text x=\"16\" y=\"%" PRId64 "\" text-anchor=\"middle\" transform=\"rotate(-90 16 %" PRId64
 	    ")\">source rank</text>\n",
@@ -322,13 +326,12 @@ vps_result_t vps_plan_svg(const struct vps_plan *p, const char *caption, struct 
 			    (double)LH / LEVELS + 0.5, col);
 		}
 		put(&s, "</g>\n");
-		for (int i = 0; i <= 4; i++) {
-			double f = i / 4.0;
+		const int nl = 4;
+		for (int i = 0; i <= nl; i++) {
+			double f = (double)i / nl;
 			double v = exp(sc.hi - f * (sc.hi - sc.lo));
 			put(&s, "<text x=\"%" PRId64 "\" y=\"%.1f\" dominant-baseline=\"middle\">%s</text>\n", lx + 22,
 			    (double)T + f * (double)LH, vps_format_bytes((int64_t)llround(v), t1, sizeof(t1)));
-			if (sc.hi <= sc.lo)
-				break;
 		}
 	} else {
 		put(&s, "<text x=\"%" PRId64 "\" y=\"%" PRId64 "\">nothing moves</text>\n", lx, T + 12);
