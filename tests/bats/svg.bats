@@ -102,3 +102,9 @@ sys.exit(0 if (0xfd, 0xe7, 0x25) in set(im.getdata()) else 1)'
 	expect_status 2 vps-plan a.layout b.layout --svg same -o same
 	[ ! -e same ]
 }
+
+@test "docs/traffic.svg is what scripts/traffic-svg.sh draws now" {
+	VPS_BIN=$VPS_BIN "$TOP/scripts/traffic-svg.sh" "$PWD/t.svg"
+	cmp t.svg "$TOP/docs/traffic.svg"
+	grep -q 'docs/traffic.svg' "$TOP/README.md"
+}
