@@ -22,7 +22,7 @@ struct svg {
 static void put(struct svg *s, const char *fmt, ...) VPS_PRINTF(2, 3);
 static void put(struct svg *s, const char *fmt, ...)
 {
-	char buf[512];
+	char buf[1024];
 	va_list ap;
 	if (s->rc)
 		return;

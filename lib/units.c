@@ -60,8 +60,11 @@ vps_result_t vps_parse_bytes(const char *s, int64_t *out)
 				scale *= 10;
 			}
 	}
+	const char *num_end = c;
 	while (*c == ' ')
 		c++;
+	if (c != num_end && !*c)
+		return vps_fail(VPS_EINPUT, "'%s': a blank must be followed by a unit", s);
 	bool bits;
 	uint64_t mult = unit_of(c, &bits);
 	if (bits)

@@ -19,6 +19,11 @@ render() { # SVG PNG
 		print(im.width, im.height, painted, len(set(px)))
 	EOF
 }
+# Whether a file is well-formed XML (a renderer may forgive what a browser
+# refuses).
+well_formed() { # SVG
+	/usr/bin/python3 -c 'import sys, xml.etree.ElementTree as E; E.parse(sys.argv[1])' "$1"
+}
 # The width or height attribute of the <svg> element.
 svg_attr() { # SVG NAME
 	grep -m1 -o "<svg [^>]*" "$1" | grep -o " $2=\"[0-9]*\"" | tr -dc 0-9
@@ -26,6 +31,7 @@ svg_attr() { # SVG NAME
 
 @test "a plan's traffic renders: the PNG has the SVG's size and is painted, viridis to the top colour" {
 	vps-plan --transition llama2-7b-s1-s2 --svg t.svg -q
+	well_formed t.svg
 	read -r w h painted colours < <(render t.svg t.png)
 	[ "$w" = "$(svg_attr t.svg width)" ] && [ "$h" = "$(svg_attr t.svg height)" ]
 	[ "$w" -ge 600 ] && [ "$h" -ge 400 ]
@@ -74,6 +80,7 @@ sys.exit(0 if (0xfd, 0xe7, 0x25) in set(im.getdata()) else 1)'
 		awk -F'"' '$2 < 72 || $4 < 104 || $2 + $6 > 72 + 454 || $4 + 2 > 104 + 454 { print; bad = 1 } END { exit bad }'
 	[ "$(stat -c %s big.svg)" -lt 2000000 ]
 	grep -q 'too close to draw' big.svg
+	well_formed big.svg
 	read -r w h painted colours < <(render big.svg big.png)
 	[ "$w" = "$(svg_attr big.svg width)" ] && [ "$painted" -gt 10000 ]
 }
@@ -107,4 +114,12 @@ sys.exit(0 if (0xfd, 0xe7, 0x25) in set(im.getdata()) else 1)'
 	VPS_BIN=$VPS_BIN "$TOP/scripts/traffic-svg.sh" "$PWD/t.svg"
 	cmp t.svg "$TOP/docs/traffic.svg"
 	grep -q 'docs/traffic.svg' "$TOP/README.md"
+}
+
+@test "a transition's name with XML's special characters stays text" {
+	grep -v '^name:' "$TOP/configs/transitions/gpt3-1.3b-tp-up.yaml" > odd.yaml
+	echo 'name: "tp <up> & \"back\""' >> odd.yaml
+	vps-plan --transition ./odd.yaml --svg t.svg -q
+	well_formed t.svg
+	grep -q 'tp &lt;up&gt; &amp; &quot;back&quot;; ' t.svg
 }
