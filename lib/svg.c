@@ -152,7 +152,7 @@ vps_result_t vps_plan_svg(const struct vps_plan *p, const char *caption, struct 
 	if (sc.hi - sc.lo < log(10.0))
 		sc.lo = sc.hi - log(10.0);
 	/* node changes between consecutive world ranks; g: the ranks of every
-	 * node when all nodes hold the same number in one run, else 0 */
+	 * node when all nodes hold the same number in one run, else -1 */
 	int64_t nodes_lines = 0, g = 0, same = 1;
 	for (int64_t r = 1; r <= W; r++) {
 		if (r < W && vps_world_device(p->world, r).node == vps_world_device(p->world, r - 1).node) {
