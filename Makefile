@@ -67,27 +67,31 @@ endif
 all: $(LIB) $(SHLIB) $(TOOL_BINS) $(CUDA_ALL)
 
 # ---- what a fresh machine lacks ----
-# libyaml and libzstd headers, bats, groff (man page lint). Installed with
-# apt-get when we are root and it exists; otherwise the exact command is
-# printed.
-DEB_PKGS = libyaml-dev libzstd-dev bats groff-base
+# libyaml and libzstd headers, bats, groff (man page lint), rsvg-convert
+# (the SVG test renders vps-plan --svg). Installed with apt-get when we are
+# root and it exists; otherwise the exact command is printed. Checked again
+# when this Makefile changes, so that a dependency added reaches old trees.
+DEB_PKGS = libyaml-dev libzstd-dev bats groff-base librsvg2-bin
 deps: $(DEPS_STAMP)
-$(DEPS_STAMP):
+$(DEPS_STAMP): Makefile
 	@missing=""; \
 	echo '#include <yaml.h>' | $(CC) -E - >/dev/null 2>&1 || missing="$$missing libyaml-dev"; \
 	echo '#include <zstd.h>' | $(CC) -E - >/dev/null 2>&1 || missing="$$missing libzstd-dev"; \
 	command -v bats >/dev/null 2>&1 || missing="$$missing bats"; \
 	command -v groff >/dev/null 2>&1 || missing="$$missing groff-base"; \
+	command -v rsvg-convert >/dev/null 2>&1 || missing="$$missing librsvg2-bin"; \
 	scripts/install-deps.sh "vps" $$missing
 	@mkdir -p $(BUILDDIR) && touch $@
 
-# what the Python tests need (make check): PyTorch, numpy, PyYAML
+# what the Python tests need (make check): PyTorch, numpy, PyYAML; Pillow
+# reads the PNG of the SVG test
 python-deps: $(PY_STAMP)
-$(PY_STAMP): | $(DEPS_STAMP)
+$(PY_STAMP): Makefile | $(DEPS_STAMP)
 	@missing=""; \
 	$(PYTHON) -c 'import torch' >/dev/null 2>&1 || missing="$$missing python3-torch"; \
 	$(PYTHON) -c 'import numpy' >/dev/null 2>&1 || missing="$$missing python3-numpy"; \
 	$(PYTHON) -c 'import yaml' >/dev/null 2>&1 || missing="$$missing python3-yaml"; \
+	$(PYTHON) -c 'import PIL' >/dev/null 2>&1 || missing="$$missing python3-pil"; \
 	scripts/install-deps.sh "make check" $$missing
 	@touch $@
 

@@ -1,4 +1,5 @@
 #include <errno.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -7,6 +8,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "vps/units.h"
 
 int tool_status(vps_result_t rc)
 {
@@ -126,4 +128,34 @@ bool tool_parse_ranks(const char *s, int64_t **list, size_t *n, size_t *cap, boo
 			return false;
 	}
 	return true;
+}
+
+bool tool_human(bool flag)
+{
+	return flag || isatty(STDOUT_FILENO);
+}
+
+bool tool_summary_wanted(bool quiet, const char *out)
+{
+	if (quiet)
+		return false;
+	if (out && strcmp(out, "-"))
+		return true;
+	return !isatty(STDOUT_FILENO);
+}
+
+const char *tool_bytes(int64_t v, bool human, char *buf, size_t n)
+{
+	if (human)
+		return vps_format_bytes(v, buf, n);
+	snprintf(buf, n, "%" PRId64, v);
+	return buf;
+}
+
+const char *tool_seconds(double v, const char *fmt, bool human, char *buf, size_t n)
+{
+	if (human)
+		return vps_format_seconds(v, buf, n);
+	snprintf(buf, n, fmt, v);
+	return buf;
 }

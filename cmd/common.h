@@ -3,6 +3,7 @@
 #define VPS_CMD_COMMON_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "vps/vps.h"
@@ -32,5 +33,18 @@ bool tool_parse_i64(const char *s, int64_t *v);
 /* Parse "0,3,5-7" into a growing list (or "all" when world >= 0 is known
  * later: sets *all). */
 bool tool_parse_ranks(const char *s, int64_t **list, size_t *n, size_t *cap, bool *all);
+
+/* ---- numbers for people (vps(7) UNITS) ---- */
+/* Whether --stats prints human units: -H, or standard output a terminal
+ * (a pipe or a file keeps the exact numbers scripts read). */
+bool tool_human(bool flag);
+/* Whether to print the one-line summary on standard error: not -q, and
+ * the document goes to a file or a pipe, not to the terminal. */
+bool tool_summary_wanted(bool quiet, const char *out);
+/* v as an exact integer, or in binary units when human. @return buf */
+const char *tool_bytes(int64_t v, bool human, char *buf, size_t n);
+/* seconds with the precision of fmt ("%.4f"), or in s, ms or us when human. */
+const char *tool_seconds(double v, const char *fmt, bool human, char *buf, size_t n);
+#define TOOL_NUM 48
 
 #endif

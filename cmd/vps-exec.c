@@ -10,6 +10,7 @@
 #include "launcher.h"
 #include "vps/exec.h"
 #include "vps/io.h"
+#include "vps/units.h"
 
 const char *tool_name = "vps-exec";
 
@@ -52,9 +53,10 @@ static const char usage[] =
 
 static void progress(void *ctx, int64_t stage, int64_t nstages, int64_t bytes, double seconds)
 {
+	char b[VPS_UNITS_LEN], t[VPS_UNITS_LEN];
 	(void)ctx;
-	fprintf(stderr, "\rvps-exec: stage %" PRId64 "/%" PRId64 ": %.1f MB in %.3f s   ", stage + 1, nstages,
-		(double)bytes / 1e6, seconds);
+	fprintf(stderr, "\rvps-exec: stage %" PRId64 "/%" PRId64 ": %s in %s   ", stage + 1, nstages,
+		vps_format_bytes(bytes, b, sizeof(b)), vps_format_seconds(seconds, t, sizeof(t)));
 	if (stage + 1 == nstages)
 		fputc('\n', stderr);
 }
@@ -227,12 +229,18 @@ int main(int argc, char **argv)
 	for (size_t i = 0; i < nplans && !quiet; i++) {
 		const struct vps_exec_report *r = &reps[i];
 		double moved = (double)(r->bytes_sent + r->bytes_received);
-		printf("vps-exec: rank %" PRId64 ": switch %" PRIu64 ": sent %.1f MB, received %.1f MB, copied %.1f MB in %.3f s"
-		       " (%.2f GB/s) over %s; pause %.3f s, setup %.3f s; digest: %s\n",
-		       r->rank, r->switch_seq, (double)r->bytes_sent / 1e6, (double)r->bytes_received / 1e6,
-		       (double)r->bytes_copied / 1e6, r->transfer_seconds,
-		       r->transfer_seconds > 0 ? moved / r->transfer_seconds / 1e9 : 0.0, r->transport, r->pause_seconds,
-		       r->setup_seconds,
+		/* the units of the budgets (vps(7) UNITS); --report keeps the exact numbers */
+		char sent[VPS_UNITS_LEN], recv[VPS_UNITS_LEN], copied[VPS_UNITS_LEN], took[VPS_UNITS_LEN],
+			rate[VPS_UNITS_LEN], pause[VPS_UNITS_LEN], setup[VPS_UNITS_LEN];
+		printf("vps-exec: rank %" PRId64 ": switch %" PRIu64 ": sent %s, received %s, copied %s in %s"
+		       " (%s) over %s; pause %s, setup %s; digest: %s\n",
+		       r->rank, r->switch_seq, vps_format_bytes(r->bytes_sent, sent, sizeof(sent)),
+		       vps_format_bytes(r->bytes_received, recv, sizeof(recv)),
+		       vps_format_bytes(r->bytes_copied, copied, sizeof(copied)),
+		       vps_format_seconds(r->transfer_seconds, took, sizeof(took)),
+		       vps_format_rate(r->transfer_seconds > 0 ? moved / r->transfer_seconds : 0.0, rate, sizeof(rate)),
+		       r->transport, vps_format_seconds(r->pause_seconds, pause, sizeof(pause)),
+		       vps_format_seconds(r->setup_seconds, setup, sizeof(setup)),
 		       !r->checked ? "not checked" : r->digest_match ? "match" : "mismatch");
 	}
 	if (report) {

@@ -9,13 +9,14 @@
 #include "vps/io.h"
 #include "vps/layout.h"
 #include "vps/query.h"
+#include "vps/units.h"
 
 const char *tool_name = "vps-layout";
 
 static const char usage[] =
 	"usage: vps-layout --model MODEL [--parallel SPEC] [--gpus-per-node N] [--first-node K]\n"
-	"                  [--devices FILE] [--rank R]... [--stats] [--yaml] [-o FILE]\n"
-	"       vps-layout -i LAYOUT [--rank R]... [--stats] [--yaml] [-o FILE]\n"
+	"                  [--devices FILE] [--rank R]... [--stats] [--yaml] [-o FILE] [-H] [-q]\n"
+	"       vps-layout -i LAYOUT [--rank R]... [--stats] [--yaml] [-o FILE] [-H] [-q]\n"
 	"       vps-layout (--model MODEL [--parallel SPEC] ... | -i LAYOUT) --tensor NAME|GLOB\n"
 	"                  [--state S] [--box LO:HI,...] [--format yaml|tsv|json] [-o FILE]\n"
 	"       vps-layout -h | --version\n"
@@ -35,12 +36,15 @@ static const char usage[] =
 	"  --box LO:HI,...      with --tensor: only what intersects the box, clipped to it\n"
 	"  --format F           with --tensor: yaml (default), tsv or json (one record a line)\n"
 	"  -o, --output FILE    write FILE (through a temporary and a rename)\n"
+	"  -H, --human          --stats in KiB, MiB, GiB even when not on a terminal\n"
+	"  -q, --quiet          no summary line on standard error\n"
 	"  -h, --help           this text\n"
 	"  --version            the version\n";
 
 static void print_stats(const struct vps_layout *l, const struct vps_layout_stats *s, const int64_t *ranks,
-			size_t nranks)
+			size_t nranks, bool h)
 {
+	char n[TOOL_NUM];
 	const struct vps_model *m = vps_layout_model(l);
 	char par[256];
 	vps_parallel_format(vps_layout_parallel(l), par, sizeof(par));
@@ -55,11 +59,11 @@ static void print_stats(const struct vps_layout *l, const struct vps_layout_stat
 	for (int st = 0; st < vps_layout_nstates(l); st++)
 		printf("%s%s", st ? ", " : "", vps_state_name(st));
 	printf("]\n");
-	printf("logical_bytes: %" PRId64 "\n", s->logical_bytes);
-	printf("total_bytes: %" PRId64 "\n", s->total_bytes);
+	printf("logical_bytes: %s\n", tool_bytes(s->logical_bytes, h, n, sizeof(n)));
+	printf("total_bytes: %s\n", tool_bytes(s->total_bytes, h, n, sizeof(n)));
 	printf("copies: %.4f\n", s->logical_bytes ? (double)s->total_bytes / (double)s->logical_bytes : 0.0);
-	printf("rank_bytes_max: %" PRId64 "\n", s->max_rank_bytes);
-	printf("rank_bytes_min: %" PRId64 "\n", s->min_rank_bytes);
+	printf("rank_bytes_max: %s\n", tool_bytes(s->max_rank_bytes, h, n, sizeof(n)));
+	printf("rank_bytes_min: %s\n", tool_bytes(s->min_rank_bytes, h, n, sizeof(n)));
 	printf("buckets_per_rank_max: %" PRId64 "\n", s->buckets);
 	printf("hash: \"0x%016" PRIx64 "\"\n", vps_layout_hash(l));
 	if (!nranks)
@@ -80,9 +84,29 @@ static void print_stats(const struct vps_layout *l, const struct vps_layout_stat
 		printf("    buffers: %zu\n", v.nbuffers);
 		printf("    params: %zu\n", v.nparams);
 		printf("    regions: %zu\n", v.nregions);
-		printf("    bytes: %" PRId64 "\n", bytes);
+		printf("    bytes: %s\n", tool_bytes(bytes, h, n, sizeof(n)));
 		vps_rank_view_release(&v);
 	}
+}
+
+/* The summary line (stderr): the ranks and what each holds. */
+static void print_summary(const struct vps_layout *l, const struct vps_layout_stats *s, size_t nranks)
+{
+	char par[256], a[VPS_UNITS_LEN], b[VPS_UNITS_LEN], t[VPS_UNITS_LEN];
+	vps_parallel_format(vps_layout_parallel(l), par, sizeof(par));
+	fprintf(stderr, "layout: %s on %" PRId64 " ranks (%s); ", vps_layout_model(l)->name, s->world, par);
+	vps_format_bytes(s->min_rank_bytes, a, sizeof(a));
+	vps_format_bytes(s->max_rank_bytes, b, sizeof(b));
+	/* a range only where the printed ends differ */
+	if (!strcmp(a, b))
+		fprintf(stderr, "%s a rank", b);
+	else
+		fprintf(stderr, "%s to %s a rank", a, b);
+	fprintf(stderr, ", %s in all (%.2fx the state)", vps_format_bytes(s->total_bytes, t, sizeof(t)),
+		s->logical_bytes ? (double)s->total_bytes / (double)s->logical_bytes : 0.0);
+	if (nranks)
+		fprintf(stderr, "; %zu rank%s written in full", nranks, nranks == 1 ? "" : "s");
+	fputc('\n', stderr);
 }
 
 int main(int argc, char **argv)
@@ -96,12 +120,13 @@ int main(int argc, char **argv)
 		{"version", no_argument, NULL, 'V'},         {"input", required_argument, NULL, 'i'},
 		{"tensor", required_argument, NULL, 'T'},    {"state", required_argument, NULL, 'S'},
 		{"box", required_argument, NULL, 'b'},       {"format", required_argument, NULL, 'F'},
+		{"human", no_argument, NULL, 'H'},           {"quiet", no_argument, NULL, 'q'},
 		{0, 0, 0, 0}};
 	const char *input = NULL, *model_arg = NULL, *parallel_arg = NULL, *devices_arg = NULL, *out = NULL;
 	int64_t gpn = 8, first_node = 0;
 	int64_t *ranks = NULL;
 	size_t nranks = 0, cap = 0;
-	bool all = false, stats = false, yaml = false;
+	bool all = false, stats = false, yaml = false, human = false, quiet = false;
 	int c, status = EXIT_USAGE;
 	struct vps_model m;
 	struct vps_parallel p;
@@ -115,7 +140,7 @@ int main(int argc, char **argv)
 	bool query_flags = false;
 	vps_query_init(&q);
 
-	while ((c = getopt_long(argc, argv, "hi:o:", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "hHqi:o:", opts, NULL)) != -1) {
 		switch (c) {
 		case 'i': input = optarg; break;
 		case 'm': model_arg = optarg; break;
@@ -137,6 +162,8 @@ int main(int argc, char **argv)
 			break;
 		case 's': stats = true; break;
 		case 'y': yaml = true; break;
+		case 'H': human = true; break;
+		case 'q': quiet = true; break;
 		case 'o': out = optarg; break;
 		case 'T': q.tensor = optarg; break;
 		case 'S':
@@ -221,11 +248,12 @@ have_layout:
 		status = tool_finish(EXIT_OK);
 		goto done;
 	}
+	struct vps_layout_stats s;
+	bool summary = !stats && tool_summary_wanted(quiet, out);
+	if ((stats || summary) && (rc = vps_layout_stats(l, &s)))
+		goto fail;
 	if (stats) {
-		struct vps_layout_stats s;
-		if ((rc = vps_layout_stats(l, &s)))
-			goto fail;
-		print_stats(l, &s, ranks, nranks);
+		print_stats(l, &s, ranks, nranks, tool_human(human));
 		status = tool_finish(EXIT_OK);
 		goto done;
 	}
@@ -234,6 +262,8 @@ have_layout:
 	if ((rc = vps_write_output(out, &bytes, !yaml)))
 		goto fail;
 	status = tool_finish(EXIT_OK);
+	if (summary && !status)
+		print_summary(l, &s, nranks);
 	goto done;
 fail:
 	status = tool_fail(rc);

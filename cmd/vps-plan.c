@@ -9,11 +9,14 @@
 #include "vps/io.h"
 #include "vps/plan.h"
 #include "vps/query.h"
+#include "vps/svg.h"
+#include "vps/units.h"
 
 const char *tool_name = "vps-plan";
 
 static const char usage[] =
-	"usage: vps-plan [--rank R] [--stats [--load] [--topology T]] [--threads N] [--yaml] [-o FILE]\n"
+	"usage: vps-plan [--rank R] [--stats [--load]] [--topology T] [--threads N] [--yaml] [-o FILE]\n"
+	"                [--svg FILE] [-H] [-q]\n"
 	"                [--global-batch N [--micro-batch N] [--micro-batch-before N]]\n"
 	"                [--step N] [--consumed-samples N] [--scheduler-step N]\n"
 	"                (A B | --transition NAME)\n"
@@ -26,7 +29,11 @@ static const char usage[] =
 	"  --threads N            threads for a global plan (default: the online CPUs)\n"
 	"  --stats                print statistics as YAML instead of the plan\n"
 	"  --load                 with --stats: bytes each rank sends and receives\n"
-	"  --topology T           with --stats: estimate the time on a topology\n"
+	"  --topology T           estimate the time on a topology (--stats and the summary)\n"
+	"  --svg FILE             draw the traffic (heatmap and per-rank bars) as SVG in FILE;\n"
+	"                         the plan is written too only with -o\n"
+	"  -H, --human            --stats in GiB, s, ms even when not on a terminal\n"
+	"  -q, --quiet            no summary line on standard error\n"
 	"  --global-batch N       samples per step (the split over the new data parallelism)\n"
 	"  --micro-batch N        the micro batch after the switch (default: as before)\n"
 	"  --micro-batch-before N the micro batch before the switch\n"
@@ -45,34 +52,45 @@ static const char usage[] =
 	"  -h, --help             this text\n"
 	"  --version              the version\n";
 
-static void print_rank_stats(const struct vps_plan *p, int64_t r)
+struct rank_totals {
+	int64_t send, recv, keep, pieces;
+};
+
+static struct rank_totals rank_totals(const struct vps_plan *p, int64_t r)
 {
-	int64_t send = 0, recv = 0, keep = 0, pieces = 0;
+	struct rank_totals t = {0};
 	for (size_t i = 0; i < p->npieces; i++) {
 		const struct vps_piece *x = &p->pieces[i];
 		int64_t b = vps_piece_bytes(x);
-		pieces++;
+		t.pieces++;
 		if (x->src == x->dst)
-			keep += b;
+			t.keep += b;
 		else if (x->src == r)
-			send += b;
+			t.send += b;
 		else
-			recv += b;
+			t.recv += b;
 	}
+	return t;
+}
+
+static void print_rank_stats(const struct vps_plan *p, int64_t r, bool h)
+{
+	struct rank_totals t = rank_totals(p, r);
+	char n[TOOL_NUM];
 	printf("rank: %" PRId64 "\n", r);
 	printf("world: %" PRId64 "\n", vps_world_size(p->world));
 	printf("a_rank: %" PRId64 "\n", vps_world_a_rank(p->world, r));
 	printf("b_rank: %" PRId64 "\n", vps_world_b_rank(p->world, r));
-	printf("pieces: %" PRId64 "\n", pieces);
-	printf("send_bytes: %" PRId64 "\n", send);
-	printf("recv_bytes: %" PRId64 "\n", recv);
-	printf("retained_bytes: %" PRId64 "\n", keep);
+	printf("pieces: %" PRId64 "\n", t.pieces);
+	printf("send_bytes: %s\n", tool_bytes(t.send, h, n, sizeof(n)));
+	printf("recv_bytes: %s\n", tool_bytes(t.recv, h, n, sizeof(n)));
+	printf("retained_bytes: %s\n", tool_bytes(t.keep, h, n, sizeof(n)));
 }
 
 static void print_stats(const struct vps_plan *p, const struct vps_plan_stats *s, const struct vps_topology *topo,
-			const struct vps_transition *tr)
+			const struct vps_transition *tr, bool h)
 {
-	char a[256], b[256];
+	char a[256], b[256], n[TOOL_NUM];
 	vps_parallel_format(vps_layout_parallel(p->a), a, sizeof(a));
 	vps_parallel_format(vps_layout_parallel(p->b), b, sizeof(b));
 	if (tr && tr->name[0])
@@ -85,17 +103,17 @@ static void print_stats(const struct vps_plan *p, const struct vps_plan_stats *s
 	printf("leaving: %" PRId64 "\n", s->leaving);
 	printf("pieces: %" PRId64 "\n", s->pieces);
 	printf("retains: %" PRId64 "\n", s->retains);
-	printf("bytes_moved: %" PRId64 "\n", s->bytes_moved);
-	printf("bytes_retained: %" PRId64 "\n", s->bytes_retained);
-	printf("bytes_lower_bound: %" PRId64 "\n", s->bytes_lower_bound);
+	printf("bytes_moved: %s\n", tool_bytes(s->bytes_moved, h, n, sizeof(n)));
+	printf("bytes_retained: %s\n", tool_bytes(s->bytes_retained, h, n, sizeof(n)));
+	printf("bytes_lower_bound: %s\n", tool_bytes(s->bytes_lower_bound, h, n, sizeof(n)));
 	printf("moved_over_lower_bound: %.3f\n",
 	       s->bytes_lower_bound ? (double)s->bytes_moved / (double)s->bytes_lower_bound : 1.0);
-	printf("bytes_intra_node: %" PRId64 "\n", s->bytes_intra_node);
-	printf("bytes_inter_node: %" PRId64 "\n", s->bytes_inter_node);
-	printf("max_send_bytes: %" PRId64 "\n", s->max_send_bytes);
-	printf("max_recv_bytes: %" PRId64 "\n", s->max_recv_bytes);
-	printf("balanced_send_bound: %" PRId64 "\n", s->balanced_send_bound);
-	printf("balanced_bound: %" PRId64 "\n", s->balanced_bound);
+	printf("bytes_intra_node: %s\n", tool_bytes(s->bytes_intra_node, h, n, sizeof(n)));
+	printf("bytes_inter_node: %s\n", tool_bytes(s->bytes_inter_node, h, n, sizeof(n)));
+	printf("max_send_bytes: %s\n", tool_bytes(s->max_send_bytes, h, n, sizeof(n)));
+	printf("max_recv_bytes: %s\n", tool_bytes(s->max_recv_bytes, h, n, sizeof(n)));
+	printf("balanced_send_bound: %s\n", tool_bytes(s->balanced_send_bound, h, n, sizeof(n)));
+	printf("balanced_bound: %s\n", tool_bytes(s->balanced_bound, h, n, sizeof(n)));
 	printf("send_over_bound: %.3f\n",
 	       s->balanced_send_bound ? (double)s->max_send_bytes / (double)s->balanced_send_bound : 1.0);
 	printf("busiest_over_bound: %.3f\n",
@@ -106,18 +124,50 @@ static void print_stats(const struct vps_plan *p, const struct vps_plan_stats *s
 	printf("collectives: %zu\n", p->ncolls);
 	if (topo) {
 		printf("topology: %s\n", topo->name);
-		printf("estimate_seconds: %.4f\n", s->estimate_seconds);
-		printf("time_bound_seconds: %.4f\n", s->time_bound_seconds);
+		printf("estimate_seconds: %s\n", tool_seconds(s->estimate_seconds, "%.4f", h, n, sizeof(n)));
+		printf("time_bound_seconds: %s\n", tool_seconds(s->time_bound_seconds, "%.4f", h, n, sizeof(n)));
 		printf("estimate_over_time_bound: %.3f\n",
 		       s->time_bound_seconds > 0 ? s->estimate_seconds / s->time_bound_seconds : 1.0);
 	}
 	if (tr && tr->paper_seconds > 0)
-		printf("paper_seconds: %.3f\n", tr->paper_seconds);
+		printf("paper_seconds: %s\n", tool_seconds(tr->paper_seconds, "%.3f", h, n, sizeof(n)));
 	if (s->send) {
 		printf("load:\n");
-		for (int64_t w = 0; w < s->world; w++)
-			printf("  - {rank: %" PRId64 ", send: %" PRId64 ", recv: %" PRId64 "}\n", w, s->send[w], s->recv[w]);
+		for (int64_t w = 0; w < s->world; w++) {
+			char r[TOOL_NUM];
+			printf("  - {rank: %" PRId64 ", send: %s, recv: %s}\n", w, tool_bytes(s->send[w], h, n, sizeof(n)),
+			       tool_bytes(s->recv[w], h, r, sizeof(r)));
+		}
 	}
+}
+
+/* The summary line (stderr): what a plan moves against its bounds. */
+static void print_summary(const struct vps_plan *p, const struct vps_plan_stats *s, const struct vps_topology *topo)
+{
+	char a[VPS_UNITS_LEN], b[VPS_UNITS_LEN], c[VPS_UNITS_LEN];
+	if (p->scope >= 0) {
+		struct rank_totals t = rank_totals(p, p->scope);
+		fprintf(stderr, "plan: rank %" PRId64 " sends %s, receives %s, keeps %s in place (%" PRId64 " pieces)\n",
+			p->scope, vps_format_bytes(t.send, a, sizeof(a)), vps_format_bytes(t.recv, b, sizeof(b)),
+			vps_format_bytes(t.keep, c, sizeof(c)), t.pieces);
+		return;
+	}
+	if (!s->bytes_moved) {
+		fprintf(stderr, "plan: nothing moves; %s stays in place\n", vps_format_bytes(s->bytes_retained, a, sizeof(a)));
+		return;
+	}
+	int64_t busiest = s->max_send_bytes > s->max_recv_bytes ? s->max_send_bytes : s->max_recv_bytes;
+	fprintf(stderr, "plan: %s moved, ", vps_format_bytes(s->bytes_moved, a, sizeof(a)));
+	if (s->bytes_moved == s->bytes_lower_bound)
+		fprintf(stderr, "the lower bound");
+	else
+		fprintf(stderr, "%.2fx the lower bound",
+			s->bytes_lower_bound ? (double)s->bytes_moved / (double)s->bytes_lower_bound : 1.0);
+	fprintf(stderr, "; busiest device %s (%.2fx balanced)", vps_format_bytes(busiest, b, sizeof(b)),
+		s->balanced_bound ? (double)busiest / (double)s->balanced_bound : 1.0);
+	if (topo)
+		fprintf(stderr, "; %s on %s", vps_format_seconds(s->estimate_seconds, c, sizeof(c)), topo->name);
+	fputc('\n', stderr);
 }
 
 static bool num(const char *flag, const char *s, int64_t *v)
@@ -156,9 +206,10 @@ int main(int argc, char **argv)
 		{"transfers", no_argument, NULL, 'X'},          {"peer", required_argument, NULL, 'P'},
 		{"tensor", required_argument, NULL, 'N'},       {"state", required_argument, NULL, 'Q'},
 		{"stage", required_argument, NULL, 'g'},        {"format", required_argument, NULL, 'F'},
-		{0, 0, 0, 0}};
-	const char *out = NULL, *topo_arg = NULL, *transition = NULL;
-	bool stats = false, load = false, yaml = false;
+		{"svg", required_argument, NULL, 'W'},          {"human", no_argument, NULL, 'H'},
+		{"quiet", no_argument, NULL, 'q'},              {0, 0, 0, 0}};
+	const char *out = NULL, *topo_arg = NULL, *transition = NULL, *svg = NULL;
+	bool stats = false, load = false, yaml = false, human = false, quiet = false;
 	struct vps_plan_opts po = {.rank = -1};
 	bool have_step = false, have_consumed = false, have_sched = false;
 	int c, status = EXIT_USAGE;
@@ -166,7 +217,7 @@ int main(int argc, char **argv)
 	enum vps_format format = VPS_FORMAT_YAML;
 	bool transfers = false, query_flags = false;
 	vps_query_init(&q);
-	while ((c = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "hHqo:", opts, NULL)) != -1) {
 		switch (c) {
 		case 'r':
 			if (!num("--rank", optarg, &po.rank))
@@ -187,6 +238,9 @@ int main(int argc, char **argv)
 		case 'y': yaml = true; break;
 		case 'o': out = optarg; break;
 		case 'T': transition = optarg; break;
+		case 'P': svg = optarg; break;
+		case 'H': human = true; break;
+		case 'q': quiet = true; break;
 		case 'G':
 			if (!num("--global-batch", optarg, &po.train.global_batch))
 				return EXIT_USAGE;
@@ -238,8 +292,8 @@ int main(int argc, char **argv)
 	}
 	if (query_flags && !transfers)
 		return tool_usage_error("--peer, --tensor, --state, --stage and --format go with --transfers");
-	if (transfers && (stats || yaml))
-		return tool_usage_error("--transfers is a query: --stats and --yaml do not apply (--format yaml)");
+	if (transfers && (stats || yaml || svg))
+		return tool_usage_error("--transfers is a query: --stats, --yaml and --svg do not apply (--format yaml)");
 	q.rank = po.rank;
 	if (transfers && !transition && argc - optind == 1)
 		return query_file(argv[optind], &q, format, out);
@@ -247,8 +301,15 @@ int main(int argc, char **argv)
 		return tool_usage_error("--transfers needs --rank R with two layouts or a transition");
 	if (transition ? argc != optind : argc - optind != 2)
 		return tool_usage_error("expected two layouts or --transition NAME\n%s", usage);
-	if ((load || topo_arg) && !stats)
-		return tool_usage_error("--load and --topology go with --stats");
+	if (load && !stats)
+		return tool_usage_error("--load goes with --stats");
+	if (svg && po.rank >= 0)
+		return tool_usage_error("--svg draws a global plan's traffic: it does not go with --rank");
+	if (svg && out && !strcmp(svg, out))
+		return tool_usage_error("--svg and -o name the same file '%s'", svg);
+	/* the plan is written unless only statistics or a picture are asked for */
+	bool write_plan = !stats && (!svg || out);
+	bool summary = !stats && tool_summary_wanted(quiet, write_plan ? out : svg);
 	if (have_step != have_consumed)
 		return tool_usage_error("--step and --consumed-samples go together (the data position is both)");
 	if (have_sched && !have_step)
@@ -262,7 +323,7 @@ int main(int argc, char **argv)
 	struct vps_plan *p = NULL;
 	struct vps_topology topo;
 	struct vps_transition tr = {0};
-	struct vps_bytes bytes = {0};
+	struct vps_bytes bytes = {0}, pic = {0};
 	struct vps_plan_stats s = {0};
 	vps_result_t rc;
 	if (topo_arg && (rc = vps_topology_load(&topo, topo_arg, tool_config_path("topologies"))))
@@ -286,7 +347,7 @@ int main(int argc, char **argv)
 	}
 	/* the tool only hashes, writes or counts a global plan's pieces */
 	po.compact = true;
-	po.unhashed = stats;
+	po.unhashed = !write_plan;
 	if ((rc = vps_plan_compute(&p, a, b, &po)))
 		goto fail;
 	a = b = NULL;
@@ -296,26 +357,33 @@ int main(int argc, char **argv)
 		status = tool_finish(EXIT_OK);
 		goto done;
 	}
+	/* all computed before a file is written: bad input writes nothing */
+	if ((stats || summary) && po.rank < 0 && (rc = vps_plan_stats(p, topo_arg ? &topo : NULL, load, &s)))
+		goto fail;
+	if (svg && (rc = vps_plan_svg(p, tr.name[0] ? tr.name : NULL, &pic)))
+		goto fail;
+	if (write_plan && (rc = vps_plan_serialize(p, yaml, &bytes)))
+		goto fail;
+	if ((write_plan && (rc = vps_write_output(out, &bytes, !yaml))) || (svg && (rc = vps_write_output(svg, &pic, false))))
+		goto fail;
 	if (stats) {
-		if (po.rank >= 0) {
-			print_rank_stats(p, po.rank);
-		} else {
-			if ((rc = vps_plan_stats(p, topo_arg ? &topo : NULL, load, &s)))
-				goto fail;
-			print_stats(p, &s, topo_arg ? &topo : NULL, &tr);
-		}
+		if (po.rank >= 0)
+			print_rank_stats(p, po.rank, tool_human(human));
+		else
+			print_stats(p, &s, topo_arg ? &topo : NULL, &tr, tool_human(human));
 		status = tool_finish(EXIT_OK);
 		goto done;
 	}
-	if ((rc = vps_plan_serialize(p, yaml, &bytes)) || (rc = vps_write_output(out, &bytes, !yaml)))
-		goto fail;
 	status = tool_finish(EXIT_OK);
+	if (summary && !status)
+		print_summary(p, &s, topo_arg ? &topo : NULL);
 	goto done;
 fail:
 	status = tool_fail(rc);
 done:
 	vps_plan_stats_release(&s);
 	vps_bytes_release(&bytes);
+	vps_bytes_release(&pic);
 	vps_plan_free(p);
 	vps_layout_free(a);
 	vps_layout_free(b);

@@ -8,14 +8,17 @@
 #include "common.h"
 #include "vps/io.h"
 #include "vps/stage.h"
+#include "vps/units.h"
 
 const char *tool_name = "vps-stage";
 
 static const char usage[] =
-	"usage: vps-stage (--budget SIZE | --budgets FILE) [--rank R] [--stats] [--yaml] [-o FILE] PLAN\n"
+	"usage: vps-stage (--budget SIZE | --budgets FILE) [--rank R] [--stats] [--yaml] [-o FILE]\n"
+	"                 [-H] [-q] PLAN\n"
 	"       vps-stage -h | --version\n"
 	"options:\n"
-	"  --budget SIZE       transient memory per rank for send and receive buffers (4096, 512MiB, 2GiB)\n"
+	"  --budget SIZE       transient memory per rank for send and receive buffers (4096, 512M,\n"
+	"                      2G = 2GiB, 2GB = 2*10^9 bytes: vps(7) UNITS)\n"
 	"  --budgets FILE      per-rank budgets (vps: budgets); the smallest rules\n"
 	"  --rank R            of a global plan: write only world rank R's transfers (the stages are\n"
 	"                      the world's); a one-rank plan (vps-plan --rank R) is staged as rank\n"
@@ -23,20 +26,25 @@ static const char usage[] =
 	"  --stats             print statistics as YAML instead of the staged plan\n"
 	"  --yaml              write YAML instead of binary\n"
 	"  -o, --output FILE   write FILE (through a temporary and a rename)\n"
+	"  -H, --human         --stats in KiB, MiB, GiB even when not on a terminal\n"
+	"  -q, --quiet         no summary line on standard error\n"
 	"  -h, --help          this text\n"
 	"  --version           the version\n";
 
 /* Largest send + receive buffers of each rank over the stages (of an
- * uncut staged plan: over its units, the most it could need in a stage). */
-static void print_peaks(const struct vps_staged *s)
+ * uncut staged plan: over its units, the most it could need in a stage),
+ * ranks [*lo, *hi): all, or the one written. NULL when out of memory. */
+static int64_t *peaks(const struct vps_staged *s, int64_t *lo_out, int64_t *hi_out)
 {
 	int64_t W = vps_world_size(s->plan->world);
 	int64_t lo = s->scope < 0 ? 0 : s->scope, hi = s->scope < 0 ? W : s->scope + 1;
 	int64_t *peak = calloc((size_t)(hi - lo), sizeof(*peak)), *cur = calloc((size_t)(hi - lo), sizeof(*cur));
+	*lo_out = lo;
+	*hi_out = hi;
 	if (!peak || !cur) {
 		free(peak);
 		free(cur);
-		return;
+		return NULL;
 	}
 	int64_t stage = -1, step = -1, chunk = -1;
 	for (size_t i = 0; i < s->nxfers; i++) {
@@ -56,39 +64,78 @@ static void print_peaks(const struct vps_staged *s)
 				peak[r[k] - lo] = cur[r[k] - lo];
 		}
 	}
-	printf("peak_per_rank: [");
-	for (int64_t r = lo; r < hi; r++)
-		printf("%s%" PRId64, r > lo ? ", " : "", peak[r - lo]);
-	printf("]\n");
-	free(peak);
 	free(cur);
+	return peak;
 }
 
-static void print_stats(const struct vps_staged *s)
+static void print_peaks(const struct vps_staged *s, bool h)
+{
+	int64_t lo, hi;
+	int64_t *peak = peaks(s, &lo, &hi);
+	if (!peak)
+		return;
+	char n[TOOL_NUM];
+	printf("peak_per_rank: [");
+	for (int64_t r = lo; r < hi; r++)
+		printf("%s%s", r > lo ? ", " : "", tool_bytes(peak[r - lo], h, n, sizeof(n)));
+	printf("]\n");
+	free(peak);
+}
+
+static void print_stats(const struct vps_staged *s, bool h)
 {
 	struct vps_stage_stats st;
+	char n[TOOL_NUM];
 	vps_staged_stats(s, &st);
 	printf("model: %s\n", vps_layout_model(s->plan->a)->name);
 	printf("world: %" PRId64 "\n", vps_world_size(s->plan->world));
 	printf("scope: %" PRId64 "\n", s->scope);
-	printf("budget: %" PRId64 "\n", s->budget);
+	printf("budget: %s\n", tool_bytes(s->budget, h, n, sizeof(n)));
 	printf("steps: %" PRId64 "\n", s->steps);
 	printf("steps_used: %" PRId64 "\n", st.steps_used);
 	printf("units: %" PRId64 "\n", st.units);
 	printf("cut: %s\n", s->cut ? "true" : "false");
 	printf("stages: %" PRId64 "\n", st.stages);
 	printf("transfers: %" PRId64 "\n", st.transfers);
-	printf("bytes_moved: %" PRId64 "\n", st.bytes_moved);
-	printf("bytes_retained: %" PRId64 "\n", st.bytes_retained);
+	printf("bytes_moved: %s\n", tool_bytes(st.bytes_moved, h, n, sizeof(n)));
+	printf("bytes_retained: %s\n", tool_bytes(st.bytes_retained, h, n, sizeof(n)));
 	printf("copies_before_merging: %" PRId64 "\n", st.pieces);
 	printf("copies_after_merging: %" PRId64 "\n", st.ops);
 	printf("merge_ratio: %.2f\n", st.ops ? (double)st.pieces / (double)st.ops : 0.0);
-	printf("peak_max: %" PRId64 "\n", st.peak_max);
+	printf("peak_max: %s\n", tool_bytes(st.peak_max, h, n, sizeof(n)));
 	printf("stage_bytes: [");
 	for (size_t i = 0; i < s->nstages; i++)
-		printf("%s%" PRId64, i ? ", " : "", s->stages[i].bytes);
+		printf("%s%s", i ? ", " : "", tool_bytes(s->stages[i].bytes, h, n, sizeof(n)));
 	printf("]\n");
-	print_peaks(s);
+	print_peaks(s, h);
+}
+
+/* The summary line (stderr): stages, budget, peak. */
+static void print_summary(const struct vps_staged *s)
+{
+	struct vps_stage_stats st;
+	char bud[VPS_UNITS_LEN], pk[VPS_UNITS_LEN], mv[VPS_UNITS_LEN];
+	vps_staged_stats(s, &st);
+	vps_format_bytes(s->budget, bud, sizeof(bud));
+	vps_format_bytes(st.bytes_moved, mv, sizeof(mv));
+	int64_t lo, hi, peak = st.peak_max;
+	int64_t *per = s->scope >= 0 ? peaks(s, &lo, &hi) : NULL;
+	if (per)
+		peak = per[0];
+	free(per);
+	vps_format_bytes(peak, pk, sizeof(pk));
+	if (s->scope < 0)
+		fprintf(stderr, "staged: %" PRId64 " stages within a %s budget, peak %s a rank; %s moved in %" PRId64
+			" transfers\n",
+			st.stages, bud, pk, mv, st.transfers);
+	else if (s->cut)
+		fprintf(stderr, "staged: rank %" PRId64 " in %" PRId64 " stages within a %s budget, its peak %s; %s sent and"
+			" received in %" PRId64 " transfers\n",
+			s->scope, st.stages, bud, pk, mv, st.transfers);
+	else
+		fprintf(stderr, "staged: rank %" PRId64 " in %" PRId64 " units, cut into stages when the switch starts; a %s"
+			" budget, largest unit %s; %s sent and received in %" PRId64 " transfers\n",
+			s->scope, st.units, bud, pk, mv, st.transfers);
 }
 
 int main(int argc, char **argv)
@@ -98,13 +145,14 @@ int main(int argc, char **argv)
 		{"rank", required_argument, NULL, 'r'},   {"stats", no_argument, NULL, 's'},
 		{"yaml", no_argument, NULL, 'y'},         {"output", required_argument, NULL, 'o'},
 		{"help", no_argument, NULL, 'h'},         {"version", no_argument, NULL, 'V'},
+		{"human", no_argument, NULL, 'H'},        {"quiet", no_argument, NULL, 'q'},
 		{0, 0, 0, 0}};
 	const char *out = NULL, *budgets = NULL;
 	int64_t budget = -1, rank = -1;
-	bool stats = false, yaml = false;
+	bool stats = false, yaml = false, human = false, quiet = false;
 	int c;
 	vps_result_t rc;
-	while ((c = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "hHqo:", opts, NULL)) != -1) {
 		switch (c) {
 		case 'b':
 			if (vps_parse_bytes(optarg, &budget))
@@ -117,6 +165,8 @@ int main(int argc, char **argv)
 			break;
 		case 's': stats = true; break;
 		case 'y': yaml = true; break;
+		case 'H': human = true; break;
+		case 'q': quiet = true; break;
 		case 'o': out = optarg; break;
 		case 'h': fputs(usage, stdout); return tool_finish(EXIT_OK);
 		case 'V': printf("vps-stage %s\n", VPS_VERSION_STRING); return tool_finish(EXIT_OK);
@@ -145,13 +195,15 @@ int main(int argc, char **argv)
 		goto fail;
 	p = NULL;
 	if (stats) {
-		print_stats(s);
+		print_stats(s, tool_human(human));
 		status = tool_finish(EXIT_OK);
 		goto done;
 	}
 	if ((rc = vps_staged_serialize(s, yaml, &bytes)) || (rc = vps_write_output(out, &bytes, !yaml)))
 		goto fail;
 	status = tool_finish(EXIT_OK);
+	if (!status && tool_summary_wanted(quiet, out))
+		print_summary(s);
 	goto done;
 fail:
 	status = tool_fail(rc);

@@ -686,34 +686,3 @@ void vps_staged_stats(const struct vps_staged *s, struct vps_stage_stats *st)
 		if (s->scope < 0 || p->src == s->scope || p->dst == s->scope)
 			st->pieces++;
 }
-
-vps_result_t vps_parse_bytes(const char *s, int64_t *out)
-{
-	char *end;
-	double v = strtod(s, &end);
-	if (end == s || v < 0)
-		return vps_fail(VPS_EINPUT, "'%s' is not a size (bytes, or a number with KiB, MiB, GiB, TiB, KB, MB, GB, TB)",
-				s);
-	static const struct {
-		const char *unit;
-		double mult;
-	} units[] = {{"", 1},
-		     {"B", 1},
-		     {"KiB", 1024.0},
-		     {"MiB", 1024.0 * 1024},
-		     {"GiB", 1024.0 * 1024 * 1024},
-		     {"TiB", 1024.0 * 1024 * 1024 * 1024},
-		     {"KB", 1e3},
-		     {"MB", 1e6},
-		     {"GB", 1e9},
-		     {"TB", 1e12}};
-	for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
-		if (!strcmp(end, units[i].unit)) {
-			double b = v * units[i].mult;
-			if (b > 9.0e18)
-				return vps_fail(VPS_EINPUT, "'%s' is too large", s);
-			*out = (int64_t)b;
-			return VPS_OK;
-		}
-	return vps_fail(VPS_EINPUT, "'%s': unknown unit '%s' (KiB, MiB, GiB, TiB, KB, MB, GB, TB)", s, end);
-}

@@ -29,6 +29,7 @@
 #define VPS_STAGE_H
 
 #include "vps/plan.h"
+#include "vps/units.h" /* vps_parse_bytes, for budgets */
 
 #define VPS_STAGE_ALIGN 256
 /* The smallest budget: each direction of a unit must hold one aligned
@@ -95,8 +96,6 @@ int64_t vps_stage_steps(int64_t W);
 
 /* Per-rank budgets: the smallest rules. */
 vps_result_t vps_budgets_load(const char *path, int64_t *min_budget);
-/* Parse "2GiB", "512MB", "4096". */
-vps_result_t vps_parse_bytes(const char *s, int64_t *out);
 
 /* Stage a plan within budget bytes. For a global plan, rank >= 0 keeps only
  * that rank's transfers (the stages are those of the whole world). A
