@@ -238,7 +238,7 @@ int main(int argc, char **argv)
 		case 'y': yaml = true; break;
 		case 'o': out = optarg; break;
 		case 'T': transition = optarg; break;
-		case 'P': svg = optarg; break;
+		case 'W': svg = optarg; break;
 		case 'H': human = true; break;
 		case 'q': quiet = true; break;
 		case 'G':
