@@ -1,6 +1,6 @@
 # vps: build, test, install.
 #
-#   make            libvps.a and the tools in bin/
+#   make            libvps.a, libvps.so and the tools in bin/ (and how to put bin/ on PATH)
 #   make check      the C unit tests and the Bats tests, warnings as errors
 #   make asan       the same under AddressSanitizer and UBSan (build-asan/)
 #   make check-gpu  every GPU test and benchmark (scripts/gpu-check.sh; needs a GPU)

@@ -144,7 +144,6 @@ run_lines() {
 	[[ "${lines[0]}" == "== tiny-llama: (tp=2,pp=2,dp=2,zero=1) -> (tp=4,pp=1,dp=2,zero=1) and back, 8 devices (0 joining, 0 leaving), 8 per node, over tcp" ]]
 	# each switch over every rank: what the plans move, sent and received,
 	# against vps-plan's own count, and every digest matched
-	VPS_CONFIG_PATH=$TOP/configs
 	vps-layout --model tiny-llama --parallel tp=2,pp=2,dp=2,zero=1 -o a.layout
 	vps-layout --model tiny-llama --parallel tp=4,pp=1,dp=2,zero=1 -o b.layout
 	local s ab ba
