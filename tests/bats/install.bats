@@ -68,9 +68,8 @@ EOF
 }
 
 @test "make install: libvps.so.VERSION with its SONAME; pkg-config --libs vps builds a program that runs; make uninstall" {
-	# the plain build (under make asan the sanitized one is in MAKEFLAGS, and
-	# a program not built with the sanitizer cannot load it)
-	env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s -C "$TOP" install PREFIX="$PWD/inst" >/dev/null
+	# the plain build, even under make asan (helpers.bash)
+	plain_make -s install PREFIX="$PWD/inst" >/dev/null
 	local version major fns
 	version=$(sed -n 's/.*VPS_VERSION_STRING "\(.*\)"/\1/p' "$TOP/include/vps/base.h")
 	major=${version%%.*}
@@ -101,7 +100,7 @@ EOF
 
 	# and make uninstall takes the three names away
 	cd "$BATS_TEST_TMPDIR"
-	env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s -C "$TOP" uninstall PREFIX="$PWD/inst" >/dev/null
+	plain_make -s uninstall PREFIX="$PWD/inst" >/dev/null
 	run ls inst/lib
 	[[ "$output" != *libvps* ]]
 	[ ! -e inst/lib/pkgconfig/vps.pc ]

@@ -84,7 +84,7 @@ run_lines() {
 	local export_line
 	export_line=$(sed -n 2p block.1)
 	# make says it (when bin/ is not yet on PATH), with the directory filled in
-	run env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL PATH=/usr/bin:/bin make -C "$TOP"
+	PATH=/usr/bin:/bin run plain_make
 	[ "$status" -eq 0 ]
 	[[ "$output" == *"export PATH=\"$TOP/bin:\$PATH\""* ]]
 	[ "${export_line//\$PWD/$TOP}" = "export PATH=\"$TOP/bin:\$PATH\"" ]
@@ -134,7 +134,7 @@ run_lines() {
 }
 
 @test "make demo ends with the human lines, no raw report" {
-	run env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s -C "$TOP" demo
+	run plain_make -s demo
 	echo "$output"
 	[ "$status" -eq 0 ]
 	[[ "$output" != *"vps: report"* ]]
