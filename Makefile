@@ -1,6 +1,6 @@
 # vps: build, test, install.
 #
-#   make            libvps.a and the tools in bin/
+#   make            libvps.a, libvps.so and the tools in bin/ (and how to put bin/ on PATH)
 #   make check      the C unit tests and the Bats tests, warnings as errors
 #   make asan       the same under AddressSanitizer and UBSan (build-asan/)
 #   make check-gpu  every GPU test and benchmark (scripts/gpu-check.sh; needs a GPU)
@@ -31,7 +31,15 @@ endif
 LIB_SRC = $(wildcard lib/*.c)
 LIB_OBJ = $(LIB_SRC:lib/%.c=$(BUILDDIR)/lib/%.o)
 LIB = $(BUILDDIR)/libvps.a
+# libvps.so.VERSION, its SONAME libvps.so.MAJOR (a link to it) and the
+# name the linker and ctypes look for, libvps.so (a link to the SONAME);
+# the version is the one of include/vps/base.h
+VERSION := $(shell sed -n 's/.*VPS_VERSION_STRING "\(.*\)"/\1/p' include/vps/base.h)
+SOMAJOR := $(firstword $(subst ., ,$(VERSION)))
+SONAME = libvps.so.$(SOMAJOR)
+SHLIB_REAL = libvps.so.$(VERSION)
 SHLIB = $(BUILDDIR)/libvps.so
+SHLIB_FILES = $(BUILDDIR)/$(SHLIB_REAL) $(BUILDDIR)/$(SONAME) $(SHLIB)
 CMD_COMMON = $(BUILDDIR)/cmd/common.o $(BUILDDIR)/cmd/launcher.o
 TOOLS = vps-layout vps-plan vps-stage vps-exec vps-trainer vps-verify
 TOOL_BINS = $(TOOLS:%=$(BINDIR)/%)
@@ -64,14 +72,20 @@ endif
 	fuzz fuzz-smoke fuzz-build fuzz-corpus fuzz-deps
 .DEFAULT_GOAL := all
 
-all: $(LIB) $(SHLIB) $(TOOL_BINS) $(CUDA_ALL)
+all: $(LIB) $(SHLIB_FILES) $(TOOL_BINS) $(CUDA_ALL)
+# a plain make says how to run the tools by name, unless they already are
+ifeq ($(filter-out all,$(MAKECMDGOALS)),)
+	@case ":$$PATH:" in *":$(abspath $(BINDIR)):"*) ;; \
+	*) echo "vps: built; to run the tools by name: export PATH=\"$(abspath $(BINDIR)):\$$PATH\"" ;; esac
+endif
 
 # ---- what a fresh machine lacks ----
 # libyaml and libzstd headers, bats, groff (man page lint), rsvg-convert
-# (the SVG test renders vps-plan --svg). Installed with apt-get when we are
-# root and it exists; otherwise the exact command is printed. Checked again
-# when this Makefile changes, so that a dependency added reaches old trees.
-DEB_PKGS = libyaml-dev libzstd-dev bats groff-base librsvg2-bin
+# (the SVG test renders vps-plan --svg), pkg-config (the install test).
+# Installed with apt-get when we are root and it exists; otherwise the exact
+# command is printed. Checked again when this Makefile changes, so that a
+# dependency added reaches old trees.
+DEB_PKGS = libyaml-dev libzstd-dev bats groff-base librsvg2-bin pkgconf
 deps: $(DEPS_STAMP)
 $(DEPS_STAMP): Makefile
 	@missing=""; \
@@ -80,6 +94,7 @@ $(DEPS_STAMP): Makefile
 	command -v bats >/dev/null 2>&1 || missing="$$missing bats"; \
 	command -v groff >/dev/null 2>&1 || missing="$$missing groff-base"; \
 	command -v rsvg-convert >/dev/null 2>&1 || missing="$$missing librsvg2-bin"; \
+	command -v pkg-config >/dev/null 2>&1 || missing="$$missing pkgconf"; \
 	scripts/install-deps.sh "vps" $$missing
 	@mkdir -p $(BUILDDIR) && touch $@
 
@@ -117,8 +132,16 @@ $(LIB): $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(SHLIB): $(LIB_OBJ)
-	$(CC) -shared $(LDFLAGS) -o $@ $^ $(LDLIBS)
+$(BUILDDIR)/$(SHLIB_REAL): $(LIB_OBJ)
+	$(CC) -shared $(LDFLAGS) -Wl,-soname,$(SONAME) -o $@ $^ $(LDLIBS)
+
+# the links are checked on every make: a build tree from before the
+# versioned name has a plain libvps.so that its time alone would keep
+$(BUILDDIR)/$(SONAME): $(BUILDDIR)/$(SHLIB_REAL) FORCE
+	@[ "$$(readlink $@)" = $(SHLIB_REAL) ] || { echo "ln -sf $(SHLIB_REAL) $@"; ln -sf $(SHLIB_REAL) $@; }
+
+$(SHLIB): $(BUILDDIR)/$(SONAME) FORCE
+	@[ "$$(readlink $@)" = $(SONAME) ] || { echo "ln -sf $(SONAME) $@"; ln -sf $(SONAME) $@; }
 
 $(BINDIR)/%: $(BUILDDIR)/cmd/%.o $(CMD_COMMON) $(LIB)
 	@mkdir -p $(BINDIR)
@@ -207,6 +230,10 @@ fuzz-smoke: fuzz-corpus
 	scripts/fuzz.sh $(FUZZ_DIR) $(FUZZ_SMOKE_SECONDS) $(FUZZ_NAMES)
 
 # ---- install ----
+# vps.pc gives programs linked with `pkg-config --libs vps` a run path to
+# PREFIX/lib, so that they run from any prefix without ldconfig; a package
+# built with DESTDIR, whose PREFIX/lib the loader searches, sets PC_RPATH=
+PC_RPATH ?= -Wl,-rpath,$${libdir}
 MAN1 = $(wildcard man/*.1)
 MAN5 = $(wildcard man/*.5)
 MAN7 = $(wildcard man/*.7)
@@ -217,7 +244,9 @@ install: all
 		$(DESTDIR)$(PREFIX)/share/man/man7 $(DESTDIR)$(PREFIX)/share/vps
 	install -m 755 $(TOOL_BINS) $(DESTDIR)$(PREFIX)/bin
 	install -m 644 $(LIB) $(DESTDIR)$(PREFIX)/lib
-	install -m 755 $(SHLIB) $(DESTDIR)$(PREFIX)/lib
+	install -m 755 $(BUILDDIR)/$(SHLIB_REAL) $(DESTDIR)$(PREFIX)/lib
+	ln -sf $(SHLIB_REAL) $(DESTDIR)$(PREFIX)/lib/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(PREFIX)/lib/libvps.so
 	$(if $(CUDA_ALL),install -m 755 $(CUDA_LIB) $(DESTDIR)$(PREFIX)/lib)
 	install -m 644 include/vps/*.h $(DESTDIR)$(PREFIX)/include/vps
 	$(if $(MAN1),install -m 644 $(MAN1) $(DESTDIR)$(PREFIX)/share/man/man1)
@@ -228,11 +257,12 @@ install: all
 	install -m 644 python/vps/*.py $(DESTDIR)$(PYTHON_SITE)/vps
 	printf '# written by make install: where libvps.so and the configs are\nLIBDIR = "%s"\nDATADIR = "%s"\n' \
 		'$(PREFIX)/lib' '$(PREFIX)/share/vps' > $(DESTDIR)$(PYTHON_SITE)/vps/_prefix.py
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(shell sed -n 's/.*VPS_VERSION_STRING "\(.*\)"/\1/p' include/vps/vps.h)|' \
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' -e 's|@RPATH@|$(PC_RPATH)|' \
 		vps.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/vps.pc
 
 uninstall:
 	rm -f $(TOOLS:%=$(DESTDIR)$(PREFIX)/bin/%) $(DESTDIR)$(PREFIX)/lib/libvps.a $(DESTDIR)$(PREFIX)/lib/libvps.so \
+		$(DESTDIR)$(PREFIX)/lib/$(SONAME) $(DESTDIR)$(PREFIX)/lib/$(SHLIB_REAL) \
 		$(DESTDIR)$(PREFIX)/lib/libvps-cuda.so \
 		$(DESTDIR)$(PREFIX)/lib/pkgconfig/vps.pc
 	rm -rf $(DESTDIR)$(PREFIX)/include/vps $(DESTDIR)$(PREFIX)/share/vps $(DESTDIR)$(PYTHON_SITE)/vps

@@ -1,3 +1,4 @@
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -1505,6 +1506,67 @@ static bool ends_with(const char *s, const char *suffix)
 	return n > k && !strcmp(s + n - k, suffix);
 }
 
+static int cmp_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* The NAMEs of the NAME.yaml files in the directories of search_path,
+ * sorted, each once, as "a, b, c" in out ("" when there are none): what a
+ * user who mistyped a name can give instead. At most KNOWN_MAX are read;
+ * a list that does not fit in out ends with "...". */
+#define KNOWN_MAX 512
+static void known_names(const char *search_path, char *out, size_t n)
+{
+	char *names[KNOWN_MAX];
+	size_t count = 0;
+	bool more = false;
+	out[0] = '\0';
+	for (const char *s = search_path ? search_path : ""; *s;) {
+		const char *colon = strchr(s, ':');
+		size_t dl = colon ? (size_t)(colon - s) : strlen(s);
+		char dir[4096];
+		DIR *d = NULL;
+		if (dl && dl < sizeof(dir)) {
+			memcpy(dir, s, dl);
+			dir[dl] = '\0';
+			d = opendir(dir);
+		}
+		for (struct dirent *e; d && (e = readdir(d));) {
+			size_t len = strlen(e->d_name);
+			if (e->d_name[0] == '.' || !ends_with(e->d_name, ".yaml"))
+				continue;
+			if (count == KNOWN_MAX) {
+				more = true;
+				break;
+			}
+			char *name = strndup(e->d_name, len - strlen(".yaml"));
+			if (!name) {
+				more = true;
+				break;
+			}
+			names[count++] = name;
+		}
+		if (d)
+			closedir(d);
+		s = colon ? colon + 1 : s + dl;
+	}
+	qsort(names, count, sizeof(*names), cmp_name);
+	size_t used = 0;
+	for (size_t i = 0; i < count; i++) {
+		if (i && !strcmp(names[i], names[i - 1]))
+			continue;
+		/* room for this name, its separator and a closing "..." */
+		size_t need = strlen(names[i]) + 2;
+		if (used + need + 4 >= n) {
+			more = true;
+			break;
+		}
+		used += (size_t)snprintf(out + used, n - used, "%s%s", used ? ", " : "", names[i]);
+	}
+	if (more && used + 4 < n)
+		snprintf(out + used, n - used, "%s...", used ? ", " : "");
+	for (size_t i = 0; i < count; i++)
+		free(names[i]);
+}
+
 vps_result_t vps_config_find(const char *arg, const char *search_path, const char *flag, const char *what,
 			     char *path, size_t n)
 {
@@ -1521,6 +1583,13 @@ vps_result_t vps_config_find(const char *arg, const char *search_path, const cha
 			return VPS_OK;
 		s = colon ? colon + 1 : s + dl;
 	}
-	return vps_fail(VPS_EINPUT, "%s: no %s named '%s' (looked for %s.yaml in %s)", flag, what, arg, arg,
-			search_path && *search_path ? search_path : "no directory");
+	char known[1024];
+	known_names(search_path, known, sizeof(known));
+	/* vps_model_load takes Hugging Face directories too */
+	const char *also = !strcmp(what, "model") ? "; or a model file, a Hugging Face config.json or its directory" : "";
+	if (known[0])
+		return vps_fail(VPS_EINPUT, "%s: no %s named '%s'; known: %s%s (looked for %s.yaml in %s)", flag, what,
+				arg, known, also, arg, search_path);
+	return vps_fail(VPS_EINPUT, "%s: no %s named '%s'%s (looked for %s.yaml in %s; none there)", flag, what, arg,
+			also, arg, search_path && *search_path ? search_path : "no directory");
 }

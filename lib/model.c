@@ -1,5 +1,8 @@
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "doc.h"
 #include "internal.h"
@@ -676,13 +679,55 @@ done:
 	return rc;
 }
 
+static bool is_dir(const char *path)
+{
+	struct stat st;
+	return strcmp(path, "-") && stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* A Hugging Face model directory: its config.json, the model named by the
+ * directory (its real name, so that "." and "dir/" name it too). */
+static vps_result_t load_hf_dir(struct vps_model *m, const char *dir)
+{
+	char path[4096], real[PATH_MAX];
+	size_t len = strlen(dir);
+	while (len > 1 && dir[len - 1] == '/')
+		len--;
+	if (len + sizeof("/config.json") > sizeof(path))
+		return vps_fail(VPS_EINPUT, "--model: %.64s...: path too long", dir);
+	snprintf(path, sizeof(path), "%.*s/config.json", (int)len, dir);
+	if (access(path, F_OK) != 0)
+		return vps_fail(VPS_EINPUT, "--model: %s: a directory without config.json (a Hugging Face model "
+					    "directory has one)", dir);
+	struct vps_bytes b = {0};
+	VPS_CHECK(vps_read_file(path, &b));
+	vps_result_t rc = vps_model_parse(m, path, b.data, b.len);
+	vps_bytes_release(&b);
+	if (!rc && realpath(dir, real)) {
+		const char *base = strrchr(real, '/');
+		base = base && base[1] ? base + 1 : real;
+		snprintf(m->name, sizeof(m->name), "%.*s", (int)sizeof(m->name) - 1, base);
+	}
+	return rc;
+}
+
 vps_result_t vps_model_load(struct vps_model *m, const char *spec, const char *search_path)
 {
 	struct vps_bytes b = {0};
 	char path[4096];
-	VPS_CHECK(vps_config_find(spec, search_path, "--model", "model", path, sizeof(path)));
+	/* a path to a directory, or a bare name that is no known model but a
+	 * directory here (./NAME for the directory when both exist) */
+	if (strchr(spec, '/') && is_dir(spec))
+		return load_hf_dir(m, spec);
+	vps_result_t rc = vps_config_find(spec, search_path, "--model", "model", path, sizeof(path));
+	if (rc && is_dir(spec)) {
+		vps_clear_error();
+		return load_hf_dir(m, spec);
+	}
+	if (rc)
+		return rc;
 	VPS_CHECK(vps_read_file(path, &b));
-	vps_result_t rc = vps_model_parse(m, strcmp(path, "-") ? path : "<stdin>", b.data, b.len);
+	rc = vps_model_parse(m, strcmp(path, "-") ? path : "<stdin>", b.data, b.len);
 	vps_bytes_release(&b);
 	return rc;
 }

@@ -56,6 +56,9 @@ else
 	trap 'rm -rf "$dir"' EXIT
 fi
 cd "$dir"
+# the trainers append to their sample logs: a kept directory run again
+# must not count the last run's samples
+rm -f samples.*
 tag=demo$$
 # a fresh secret per job: only this job's executors can join its switch
 VPS_TOKEN=${VPS_TOKEN:-$("$bin/vps-exec" --new-token)}
@@ -71,7 +74,13 @@ if [ "$back" = 1 ]; then
 	plans+=(ba.staged)
 fi
 "$bin/vps-verify" -q ab.staged
-world=$("$bin/vps-plan" a.layout b.layout --stats | awk '$1 == "world:" { print $2 }')
+read -r world joining leaving moved lower < <("$bin/vps-plan" a.layout b.layout --stats |
+	awk '{ v[$1] = $2 } END { print v["world:"], v["joining:"], v["leaving:"], v["bytes_moved:"], v["bytes_lower_bound:"] }')
+there=" and back"
+[ "$back" = 1 ] || there=
+echo "== $model: ($from) -> ($to)$there, $world devices ($joining joining, $leaving leaving), $np per node, over $transport"
+awk -v m="$moved" -v l="$lower" 'BEGIN { printf "plan: %.1f MB to move, %s\n", m / 1e6,
+	m == l ? "the least any plan moves" : sprintf("%.3fx the least any plan moves", m / l) }'
 # rank_plans R: the staged plans rank R's trainer and executor read
 rank_plans() {
 	if [ "$per_rank" = 0 ]; then
@@ -115,8 +124,24 @@ for i in "${!pids[@]}"; do
 	wait "${pids[$i]}" || { st=$?; echo "${names[$i]} exited with status $st"; failed=1; }
 done
 cat trainer.*.log exec.*.log | grep -vE ': ok$|digest: match$' || true
-echo "== rank 0's report"
-cat report.0.yaml 2>/dev/null || true
+# rank 0's own lines, then each switch over all ranks, from their reports
+# (the numbers at full precision stay in report.R.yaml: --keep DIR)
+grep -h 'digest: match$' exec.0.log 2>/dev/null || true
+grep -h ': ok$' trainer.0.log 2>/dev/null || true
+cat report.*.yaml 2>/dev/null | awk '
+	/^- rank: / || /^  switch: / { if ($1 == "switch:") sw = $2; next }
+	/^  bytes_sent: / { sent[sw] += $2; n = sw > n ? sw : n }
+	/^  bytes_received: / { recv[sw] += $2 }
+	/^  transfer_seconds: / { if ($2 > t[sw]) t[sw] = $2 }
+	/^  pause_seconds: / { if ($2 > p[sw]) p[sw] = $2 }
+	/^  digest: / { ranks[sw]++; if ($2 == "match") ok[sw]++ }
+	END {
+		for (s = 1; s <= n; s++)
+			printf "switch %d, all %d ranks: sent %.1f MB, received %.1f MB in %.3f s (%.2f GB/s); paused at most %.3f s; digest: %s\n",
+				s, ranks[s], sent[s] / 1e6, recv[s] / 1e6, t[s], (t[s] > 0 ? sent[s] / t[s] / 1e9 : 0), p[s],
+				(ok[s] == ranks[s] ? "match on every rank" : sprintf("%d ranks differ", ranks[s] - ok[s]))
+	}'
+[ -z "$keep" ] || echo "files: $dir (each rank's report in report.R.yaml, its logs in exec.R.log and trainer.R.log)"
 # every sample read exactly once, before and after the switches
 samples=$(cat samples.* 2>/dev/null | sort -n | uniq -c | awk '$1 != 1 { bad++ } END { print NR, bad + 0 }')
 read -r distinct dups <<<"$samples"

@@ -7,7 +7,7 @@
 #ifndef VPS_BOX_H
 #define VPS_BOX_H
 
-#include "vps/vps.h"
+#include "vps/base.h"
 
 #define VPS_MAX_DIMS 4
 

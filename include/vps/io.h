@@ -2,7 +2,7 @@
 #ifndef VPS_IO_H
 #define VPS_IO_H
 
-#include "vps/vps.h"
+#include "vps/base.h"
 
 enum vps_doc_kind {
 	VPS_DOC_LAYOUT = 1,

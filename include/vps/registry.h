@@ -17,7 +17,7 @@
 #ifndef VPS_REGISTRY_H
 #define VPS_REGISTRY_H
 
-#include "vps/vps.h"
+#include "vps/base.h"
 
 #define VPS_REGISTRY_VERSION 1
 #define VPS_REGISTRY_NAME_MAX 64

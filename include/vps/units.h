@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "vps/vps.h"
+#include "vps/base.h"
 
 /* Parse a size: digits, an optional fraction, optional blanks, an optional
  * unit. B or none: bytes; K, M, G, T, P, E, KiB ... EiB (and Ki ... Ei):

@@ -1,43 +1,28 @@
 /* vps: switch a running training job between parallel configurations.
  *
- * Every libvps function returns a vps_result_t. The library never prints and
- * never exits: on failure it records a detailed message (with the input file
- * and line where there is one) that vps_last_error() returns until the next
- * failing call on the same thread. */
+ * This header is the whole public API: every header of include/vps/. Each
+ * of them also stands alone (vps/layout.h, vps/registry.h, ...) for a
+ * program that wants less; vps/base.h holds what they all share (result
+ * codes, vps_last_error, the version). Link with
+ * `pkg-config --cflags --libs vps` (vps(7) FILES). */
 #ifndef VPS_VPS_H
 #define VPS_VPS_H
 
-#include <stdbool.h>
-#include <stddef.h>
-#include <stdint.h>
-
-#define VPS_VERSION_STRING "0.1.0"
-
-typedef enum vps_result {
-	VPS_OK = 0,
-	VPS_EINPUT,   /* malformed or invalid input: a file, a flag, a config */
-	VPS_ECHECK,   /* a verification found a violation */
-	VPS_ESYS,     /* an operating-system call failed (errno in the message) */
-	VPS_ENOMEM,   /* allocation failed */
-	VPS_EFORMAT,  /* a file is truncated, corrupt or of another version */
-	VPS_ECUDA,    /* a CUDA runtime call failed */
-	VPS_ENCCL,    /* an NCCL call failed */
-	VPS_ETIMEOUT, /* a peer or the trainer did not answer in time */
-	VPS_EPEER,    /* a peer failed or disagreed */
-	VPS_EUNSUPPORTED, /* built without the feature asked for */
-} vps_result_t;
-
-/* @return a short constant description of a result code. */
-const char *vps_strerror(vps_result_t rc);
-
-/* @return the detailed message of the last failure on this thread, or "" */
-const char *vps_last_error(void);
-
-/* Clear the last error message of this thread. */
-void vps_clear_error(void);
-
-/* sizeof(struct TYPE) for the structs a binding mirrors ("vps_region",
- * "vps_rank_view", ...), or 0 for a name it does not know. */
-size_t vps_abi_size(const char *type);
+#include "vps/base.h"
+#include "vps/box.h"
+#include "vps/data.h"
+#include "vps/exec.h"
+#include "vps/io.h"
+#include "vps/layout.h"
+#include "vps/model.h"
+#include "vps/parallel.h"
+#include "vps/plan.h"
+#include "vps/query.h"
+#include "vps/registry.h"
+#include "vps/stage.h"
+#include "vps/svg.h"
+#include "vps/trainer.h"
+#include "vps/units.h"
+#include "vps/verify.h"
 
 #endif

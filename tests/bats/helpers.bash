@@ -22,3 +22,12 @@ expect_status() {
 		return 1
 	fi
 }
+
+# make in the source tree, of the plain build: under make asan the sanitized
+# build's settings reach the tests in MAKEFLAGS and, as the command line's
+# variables, in the environment; a program or a Python process not built
+# with the sanitizer cannot load that build's libvps.so
+plain_make() {
+	env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u MAKEOVERRIDES -u BUILDDIR -u BINDIR -u SANITIZE \
+		-u CFLAGS -u LDFLAGS make -C "$TOP" "$@"
+}

@@ -21,3 +21,46 @@ load helpers
 	expect_status 2 vps-layout --model tiny-llama --parallel tp=2,pp=2,dp=2 --devices /nonexistent
 	[[ "$output" == "vps-layout: /nonexistent: No such file or directory" ]]
 }
+
+# A model as downloaded from the Hugging Face hub: a directory with a
+# config.json (and weights vps never reads).
+hf_dir() {
+	mkdir -p "$1"
+	cat > "$1/config.json" <<'JSON'
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+ "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32,
+ "num_key_value_heads": 8, "vocab_size": 128256, "rms_norm_eps": 1e-05,
+ "rope_theta": 500000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16"}
+JSON
+}
+
+@test "--model takes a Hugging Face model directory, named by the directory" {
+	hf_dir hub/Meta-Llama-3-8B
+	for m in hub/Meta-Llama-3-8B hub/Meta-Llama-3-8B/ "$PWD/hub/Meta-Llama-3-8B" hub/Meta-Llama-3-8B/config.json; do
+		expect_status 0 vps-layout --model "$m" --parallel tp=2,pp=2,dp=2,zero=1 --stats
+		[[ "$output" == *"model: Meta-Llama-3-8B"* ]]
+		[[ "$output" == *"parameters: 8030261248"* ]]
+	done
+	# a bare name: a known model first, else a directory here
+	cd hub
+	expect_status 0 vps-layout --model Meta-Llama-3-8B --stats
+	[[ "$output" == *"parameters: 8030261248"* ]]
+	cd Meta-Llama-3-8B
+	expect_status 0 vps-layout --model . --parallel tp=8 -o l
+	expect_status 0 vps-verify l
+	[[ "$output" == "l: ok: Meta-Llama-3-8B: 8 ranks, "* ]]
+	mkdir -p ../llama2-7b
+	expect_status 0 vps-layout --model llama2-7b --stats
+	[[ "$output" == *"parameters: 6738415616"* ]]
+}
+
+@test "a directory without config.json, and an unknown model name, say what --model takes" {
+	mkdir empty
+	expect_status 2 vps-layout --model empty/ --parallel tp=2
+	[ "$output" = "vps-layout: --model: empty/: a directory without config.json (a Hugging Face model directory has one)" ]
+	expect_status 2 vps-layout --model llama3-8b --parallel tp=2
+	# the known ones are the models on the search path
+	local known
+	known=$(cd "$TOP/configs/models" && ls -- *.yaml | sed 's/\.yaml$//' | LC_ALL=C sort | paste -sd, | sed 's/,/, /g')
+	[[ "$output" == "vps-layout: --model: no model named 'llama3-8b'; known: $known; or a model file, a Hugging Face config.json or its directory (looked for llama3-8b.yaml in "* ]]
+}

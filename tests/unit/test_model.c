@@ -1,6 +1,10 @@
 /* Models: the logical parameter counts, tensor names and Hugging Face
  * configs. */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "vps/model.h"
@@ -137,4 +141,52 @@ TEST(models_beyond_a_million_tensors_are_refused)
 	CHECK(strstr(vps_last_error(), "big.yaml: line 3: too many tensors (layers x experts): at most 1048576") != NULL);
 	snprintf(doc, sizeof(doc), fmt, 512, 256); /* 512 x (24 + 4 x 256) */
 	CHECK_OK(vps_model_parse(&m, "ok.yaml", doc, strlen(doc)));
+}
+
+/* A Hugging Face model directory, as downloaded: --model takes it and reads
+ * its config.json; the model is named by the directory. */
+TEST(hugging_face_model_directory)
+{
+	char dir[] = "/tmp/vps-test-hf-XXXXXX", sub[64], path[96];
+	CHECK(mkdtemp(dir) != NULL);
+	snprintf(sub, sizeof(sub), "%s/Llama-3-8B", dir);
+	CHECK(mkdir(sub, 0700) == 0);
+	struct vps_model m;
+	/* no config.json yet: named as what it is not */
+	CHECK(vps_model_load(&m, sub, CONFIGS "/models") == VPS_EINPUT);
+	CHECK(strstr(vps_last_error(), "Llama-3-8B: a directory without config.json") != NULL);
+	snprintf(path, sizeof(path), "%s/config.json", sub);
+	FILE *f = fopen(path, "w");
+	CHECK(f != NULL);
+	fputs("{\"model_type\": \"llama\", \"hidden_size\": 4096, \"intermediate_size\": 14336,\n"
+	      " \"num_attention_heads\": 32, \"num_hidden_layers\": 32, \"num_key_value_heads\": 8,\n"
+	      " \"vocab_size\": 128256, \"tie_word_embeddings\": false}\n", f);
+	CHECK(fclose(f) == 0);
+	CHECK_OK(vps_model_load(&m, sub, CONFIGS "/models"));
+	CHECK(strcmp(m.name, "Llama-3-8B") == 0);
+	CHECK_EQ(vps_model_parameters(&m), 8030261248LL);
+	/* a trailing slash names the same directory and model */
+	char slash[96];
+	snprintf(slash, sizeof(slash), "%s/", sub);
+	CHECK_OK(vps_model_load(&m, slash, CONFIGS "/models"));
+	CHECK(strcmp(m.name, "Llama-3-8B") == 0);
+	CHECK(unlink(path) == 0);
+	CHECK(rmdir(sub) == 0);
+	CHECK(rmdir(dir) == 0);
+}
+
+/* A name that is no model says which names are: the .yaml files on the
+ * search path, sorted, each once. */
+TEST(unknown_model_lists_the_known_ones)
+{
+	struct vps_model m;
+	CHECK(vps_model_load(&m, "llama3-8b", CONFIGS "/models:" CONFIGS "/models") == VPS_EINPUT);
+	const char *e = vps_last_error();
+	CHECK(strstr(e, "--model: no model named 'llama3-8b'; known: gpt3-1.3b, gpt3-2.7b, ") != NULL);
+	CHECK(strstr(e, ", llama2-7b, micro-llama, ") != NULL);
+	CHECK(strstr(e, ", tiny-qwen3-moe; or a model file, a Hugging Face config.json or its directory") != NULL);
+	/* each once though the directory is on the path twice */
+	CHECK(strstr(strstr(e, "tiny-llama") + 1, "tiny-llama") == NULL);
+	CHECK(vps_model_load(&m, "llama3-8b", "/nonexistent") == VPS_EINPUT);
+	CHECK(strstr(vps_last_error(), "(looked for llama3-8b.yaml in /nonexistent; none there)") != NULL);
 }

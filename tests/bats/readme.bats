@@ -1,0 +1,195 @@
+#!/usr/bin/env bats
+# The first run, as the README and vps(7) give it: their commands are taken
+# from the documents, run as written, and what the text says they do is
+# checked against what they did.
+
+load helpers
+
+# The code blocks (lines indented 4 spaces) of README.md's section $1, each
+# into block.N (N from 1), the indentation removed; prints how many.
+readme_blocks() {
+	awk -v want="## $1" '
+		/^## / { on = ($0 == want); next }
+		!on { next }
+		/^    / { if (!inblock) { n++; inblock = 1 } print substr($0, 5) > ("block." n); next }
+		{ inblock = 0 }
+		END { print n + 0 }' "$TOP/README.md"
+}
+
+# The examples (.EX to .EE) of section $1 (.SH) of vps(7), each into
+# man.N.cmd, or man.N.out when the text before it is "prints": what the
+# one before printed. Roff's escapes in them are undone (\- \e \(aq \&);
+# any other escape fails, since the test could not know what it means.
+man_blocks() {
+	local page=$TOP/man/vps.7
+	if sed -n '/^\.EX/,/^\.EE/p' "$page" | grep -P '\\(?!-|e|&|\(aq)' >&2; then
+		echo "an escape readme.bats does not undo, in an example of vps(7)" >&2
+		return 1
+	fi
+	awk -v want="$1" '
+		/^\.SH/ { s = $0; sub(/^\.SH[ \t]+/, "", s); gsub(/"/, "", s); on = (s == want); next }
+		!on { next }
+		/^\.EX/ { n++; f = "man." n (last == "prints" ? ".out" : ".cmd"); inex = 1; next }
+		/^\.EE/ { inex = 0; next }
+		inex { print > f; next }
+		/^[^.]/ { last = $0 }' "$page"
+	local f
+	for f in man.*.cmd man.*.out; do
+		[ -e "$f" ] || continue
+		perl -pi -e 's/\\(-|e|&|\(aq)/$1 eq "-" ? "-" : $1 eq "e" ? "\\" : $1 eq "&" ? "" : "\x27"/ge' "$f"
+	done
+}
+
+# Does the output in file $2 show the lines of file $1, in order? A line
+# "..." in $1 stands for any lines; every other line must be equal.
+shows() {
+	local want=$1 got=$2
+	awk -v gotfile="$got" '
+		BEGIN { while ((getline l < gotfile) > 0) g[++ng] = l; pos = 1 }
+		$0 == "..." { skip = 1; next }
+		{
+			if (skip) { while (pos <= ng && g[pos] != $0) pos++ }
+			if (pos > ng || g[pos] != $0) { printf "expected line %d: %s\n", NR, $0 > "/dev/stderr"; bad = 1; exit }
+			pos++; skip = 0
+		}
+		END { if (!bad && !skip && pos <= ng) { printf "more output than shown: %s\n", g[pos] > "/dev/stderr"; bad = 1 }
+		      exit bad }' "$want" || { echo "--- shown:" >&2; cat "$want" >&2; echo "--- printed:" >&2; cat "$got" >&2; return 1; }
+}
+
+# Run each command of file $1 (one a line, \ continuing a line) in bash
+# with pipefail, as a user would at a prompt; the output of each into
+# out.N; any that fails fails the test, naming it.
+run_lines() {
+	local cmd n=0 line
+	cmd=
+	while IFS= read -r line || [ -n "$line" ]; do
+		if [[ "$line" == *\\ ]]; then cmd+="${line%\\}"; continue; fi
+		cmd+=$line
+		[ -n "${cmd//[[:space:]]/}" ] || { cmd=; continue; }
+		n=$((n + 1))
+		if ! bash -o pipefail -c "$cmd" > "out.$n" 2>&1; then
+			echo "failed: $cmd" >&2
+			cat "out.$n" >&2
+			return 1
+		fi
+		cmd=
+	done < "$1"
+}
+
+@test "README's set-up commands: make, and the PATH line make prints" {
+	[ "$(readme_blocks "A pipeline")" -ge 2 ]
+	# the first block is the set-up: make, then the line make prints
+	[ "$(sed -n 1p block.1)" = "make" ]
+	[ "$(wc -l < block.1)" -eq 2 ]
+	local export_line
+	export_line=$(sed -n 2p block.1)
+	# make says it (when bin/ is not yet on PATH), with the directory filled in
+	PATH=/usr/bin:/bin run plain_make
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"export PATH=\"$TOP/bin:\$PATH\""* ]]
+	[ "${export_line//\$PWD/$TOP}" = "export PATH=\"$TOP/bin:\$PATH\"" ]
+	# and after it, in the source tree, the tools are found by name
+	run bash -c "cd '$TOP' && PATH=/usr/bin:/bin && $export_line && command -v vps-layout"
+	[ "$output" = "$TOP/bin/vps-layout" ]
+}
+
+@test "README's pipeline runs as written, and is the join README says" {
+	[ "$(readme_blocks "A pipeline")" -ge 2 ]
+	# the text says what kind of switch it is, before the commands
+	awk '/^## A pipeline/ { on = 1; next } /^## / { on = 0 } on' "$TOP/README.md" > section
+	grep -q 'a \*\*join\*\*: LLaMA-2 7B on the 8 GPUs of node 0' section
+	grep -q 'is a \*\*leave\*\*: the 8$' section
+	run_lines block.2
+	# the layouts: 8 devices, then 16
+	vps-verify a.layout
+	vps-verify b.layout
+	[ "$(vps-layout -i a.layout --stats | awk '$1 == "world:" { print $2 }')" = 8 ]
+	[ "$(vps-layout -i b.layout --stats | awk '$1 == "world:" { print $2 }')" = 16 ]
+	# the statistics line: a join of 8 devices (README: "the 8 of node 1
+	# join"), with bytes, balance and a time on the topology
+	local stats
+	stats=$(grep -l '^joining:' out.* | head -1)
+	[ -n "$stats" ]
+	grep -qx 'world: 16' "$stats"
+	grep -qx 'joining: 8' "$stats"
+	grep -qx 'leaving: 0' "$stats"
+	grep -q '^bytes_moved: [1-9]' "$stats"
+	grep -q '^busiest_over_bound: ' "$stats"
+	grep -q '^estimate_seconds: ' "$stats"
+	# the joining devices are node 1's, ranks 8 to 15 of b, which hold
+	# nothing under a: they only receive
+	for r in 8 15; do
+		[[ "$(vps-layout -i b.layout --rank $r --stats)" == *"device: [1, $((r - 8))]"* ]]
+	done
+	vps-plan a.layout b.layout --stats --load | grep -q '{rank: 8, send: 0, recv: [1-9]'
+	# the staged plan and rank 3's own part are checked
+	run vps-verify ab.staged
+	[ "$status" -eq 0 ]
+	[[ "$output" == "ab.staged: ok: llama2-7b: "* ]]
+	[ -s ab.3.staged ]
+	vps-verify ab.3.staged
+	# "the other way round is a leave: the 8 devices of node 1"
+	run vps-plan b.layout a.layout --stats
+	[[ "$output" == *$'\njoining: 0\nleaving: 8\n'* ]]
+}
+
+@test "make demo ends with the human lines, no raw report" {
+	run plain_make -s demo
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" != *"vps: report"* ]]
+	[[ "$output" != *"bytes_sent:"* ]]
+	[ "${lines[-1]}" = "digest: match" ]
+	[ "${lines[-2]}" = "samples: 168 read, each exactly once" ]
+	[[ "${lines[0]}" == "== tiny-llama: (tp=2,pp=2,dp=2,zero=1) -> (tp=4,pp=1,dp=2,zero=1) and back, 8 devices (0 joining, 0 leaving), 8 per node, over tcp" ]]
+	# each switch over every rank: what the plans move, sent and received,
+	# against vps-plan's own count, and every digest matched
+	vps-layout --model tiny-llama --parallel tp=2,pp=2,dp=2,zero=1 -o a.layout
+	vps-layout --model tiny-llama --parallel tp=4,pp=1,dp=2,zero=1 -o b.layout
+	local s ab ba
+	ab=$(vps-plan a.layout b.layout --stats | awk '$1 == "bytes_moved:" { printf "%.1f", $2 / 1e6 }')
+	ba=$(vps-plan b.layout a.layout --stats | awk '$1 == "bytes_moved:" { printf "%.1f", $2 / 1e6 }')
+	for s in 1 2; do
+		local mb=$ab
+		[ $s = 1 ] || mb=$ba
+		printf '%s\n' "${lines[@]}" | grep -qE "^switch $s, all 8 ranks: sent $mb MB, received $mb MB in [0-9.]+ s \([0-9.]+ GB/s\); paused at most [0-9.]+ s; digest: match on every rank$"
+		printf '%s\n' "${lines[@]}" | grep -qE "^vps-exec: rank 0: switch $s: sent [0-9.]+ MB, received [0-9.]+ MB, .* \([0-9.]+ GB/s\) over tcp; .*digest: match$"
+	done
+}
+
+@test "vps(7) DEVICES LEAVE: its commands run as written and print what it shows" {
+	man_blocks "DEVICES LEAVE"
+	local n=0 f
+	for f in man.*.cmd; do
+		n=$((n + 1))
+		run_lines "$f"
+		# the block after this one, when it is what this one printed
+		local i=${f#man.}
+		i=${i%.cmd}
+		if [ -e "man.$((i + 1)).out" ]; then
+			cat out.* > printed
+			shows "man.$((i + 1)).out" printed
+		fi
+		rm -f out.*
+	done
+	[ "$n" -ge 2 ]
+}
+
+@test "vps(7) A MIGRATION SCRIPT runs as written: a leave on this machine, every digest matched" {
+	man_blocks "A MIGRATION SCRIPT"
+	[ -e man.1.cmd ] && [ -e man.2.out ]
+	[ "$(head -1 man.1.cmd)" = "#!/bin/bash" ]
+	cp man.1.cmd migrate.sh
+	# its one setting this shared machine needs: a free port
+	run env MASTER="127.0.0.1:$("$TOP/scripts/free-port.sh")" bash migrate.sh
+	echo "$output"
+	[ "$status" -eq 0 ]
+	printf '%s\n' "${lines[@]}" > printed
+	shows man.2.out printed
+	# what it says happened: 8 ranks, 4 of them left, each digest matched,
+	# and the trainers that stay found their state intact
+	[ "$(grep -c 'digest: match$' exec.*.log | awk -F: '{ n += $2 } END { print n }')" = 8 ]
+	for r in 0 1 2 3 4 5 6 7; do grep -q ': ok$' "trainer.$r.log"; done
+	run vps-plan a.layout b.layout --stats
+	[[ "$output" == *$'\nleaving: 4\n'* ]]
+}
