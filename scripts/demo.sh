@@ -63,23 +63,23 @@ tag=demo$$
 # a fresh secret per job: only this job's executors can join its switch
 VPS_TOKEN=${VPS_TOKEN:-$("$bin/vps-exec" --new-token)}
 export VPS_TOKEN
-"$bin/vps-layout" --model "$model" --parallel "$from" --gpus-per-node "$np" -o a.layout
-"$bin/vps-layout" --model "$model" --parallel "$to" --gpus-per-node "$np" -o b.layout
-"$bin/vps-plan" a.layout b.layout --global-batch "$gb" -o ab.plan
-"$bin/vps-stage" --budget "$budget" ab.plan -o ab.staged
+"$bin/vps-layout" -q --model "$model" --parallel "$from" --gpus-per-node "$np" -o a.layout
+"$bin/vps-layout" -q --model "$model" --parallel "$to" --gpus-per-node "$np" -o b.layout
+"$bin/vps-plan" -q a.layout b.layout --global-batch "$gb" -o ab.plan
+"$bin/vps-stage" -q --budget "$budget" ab.plan -o ab.staged
 plans=(ab.staged)
 if [ "$back" = 1 ]; then
-	"$bin/vps-plan" b.layout a.layout --global-batch "$gb" -o ba.plan
-	"$bin/vps-stage" --budget "$budget" ba.plan -o ba.staged
+	"$bin/vps-plan" -q b.layout a.layout --global-batch "$gb" -o ba.plan
+	"$bin/vps-stage" -q --budget "$budget" ba.plan -o ba.staged
 	plans+=(ba.staged)
 fi
 "$bin/vps-verify" -q ab.staged
-read -r world joining leaving moved lower < <("$bin/vps-plan" a.layout b.layout --stats |
+read -r world joining leaving moved lower < <("$bin/vps-plan" -q a.layout b.layout --stats |
 	awk '{ v[$1] = $2 } END { print v["world:"], v["joining:"], v["leaving:"], v["bytes_moved:"], v["bytes_lower_bound:"] }')
 there=" and back"
 [ "$back" = 1 ] || there=
 echo "== $model: ($from) -> ($to)$there, $world devices ($joining joining, $leaving leaving), $np per node, over $transport"
-awk -v m="$moved" -v l="$lower" 'BEGIN { printf "plan: %.1f MB to move, %s\n", m / 1e6,
+awk -v m="$moved" -v l="$lower" 'BEGIN { printf "plan: %.1f MiB to move, %s\n", m / 1048576,
 	m == l ? "the least any plan moves" : sprintf("%.3fx the least any plan moves", m / l) }'
 # rank_plans R: the staged plans rank R's trainer and executor read
 rank_plans() {
@@ -93,10 +93,10 @@ rank_plans() {
 }
 if [ "$per_rank" = 1 ]; then
 	for ((r = 0; r < world; r++)); do
-		"$bin/vps-plan" a.layout b.layout --rank "$r" --global-batch "$gb" | "$bin/vps-stage" --budget "$budget" - -o "ab.$r.staged"
+		"$bin/vps-plan" -q a.layout b.layout --rank "$r" --global-batch "$gb" | "$bin/vps-stage" -q --budget "$budget" - -o "ab.$r.staged"
 		"$bin/vps-verify" -q "ab.$r.staged"
-		[ "$back" = 0 ] || "$bin/vps-plan" b.layout a.layout --rank "$r" --global-batch "$gb" |
-			"$bin/vps-stage" --budget "$budget" - -o "ba.$r.staged"
+		[ "$back" = 0 ] || "$bin/vps-plan" -q b.layout a.layout --rank "$r" --global-batch "$gb" |
+			"$bin/vps-stage" -q --budget "$budget" - -o "ba.$r.staged"
 	done
 fi
 port=$("$top/scripts/free-port.sh")
@@ -137,8 +137,8 @@ cat report.*.yaml 2>/dev/null | awk '
 	/^  digest: / { ranks[sw]++; if ($2 == "match") ok[sw]++ }
 	END {
 		for (s = 1; s <= n; s++)
-			printf "switch %d, all %d ranks: sent %.1f MB, received %.1f MB in %.3f s (%.2f GB/s); paused at most %.3f s; digest: %s\n",
-				s, ranks[s], sent[s] / 1e6, recv[s] / 1e6, t[s], (t[s] > 0 ? sent[s] / t[s] / 1e9 : 0), p[s],
+			printf "switch %d, all %d ranks: sent %.1f MiB, received %.1f MiB in %.3f s (%.2f GB/s); paused at most %.3f s; digest: %s\n",
+				s, ranks[s], sent[s] / 1048576, recv[s] / 1048576, t[s], (t[s] > 0 ? sent[s] / t[s] / 1e9 : 0), p[s],
 				(ok[s] == ranks[s] ? "match on every rank" : sprintf("%d ranks differ", ranks[s] - ok[s]))
 	}'
 [ -z "$keep" ] || echo "files: $dir (each rank's report in report.R.yaml, its logs in exec.R.log and trainer.R.log)"

@@ -147,13 +147,13 @@ run_lines() {
 	vps-layout --model tiny-llama --parallel tp=2,pp=2,dp=2,zero=1 -o a.layout
 	vps-layout --model tiny-llama --parallel tp=4,pp=1,dp=2,zero=1 -o b.layout
 	local s ab ba
-	ab=$(vps-plan a.layout b.layout --stats | awk '$1 == "bytes_moved:" { printf "%.1f", $2 / 1e6 }')
-	ba=$(vps-plan b.layout a.layout --stats | awk '$1 == "bytes_moved:" { printf "%.1f", $2 / 1e6 }')
+	ab=$(vps-plan a.layout b.layout --stats | awk '$1 == "bytes_moved:" { printf "%.1f", $2 / 1048576 }')
+	ba=$(vps-plan b.layout a.layout --stats | awk '$1 == "bytes_moved:" { printf "%.1f", $2 / 1048576 }')
 	for s in 1 2; do
 		local mb=$ab
 		[ $s = 1 ] || mb=$ba
-		printf '%s\n' "${lines[@]}" | grep -qE "^switch $s, all 8 ranks: sent $mb MB, received $mb MB in [0-9.]+ s \([0-9.]+ GB/s\); paused at most [0-9.]+ s; digest: match on every rank$"
-		printf '%s\n' "${lines[@]}" | grep -qE "^vps-exec: rank 0: switch $s: sent [0-9.]+ MB, received [0-9.]+ MB, .* \([0-9.]+ GB/s\) over tcp; .*digest: match$"
+		printf '%s\n' "${lines[@]}" | grep -qE "^switch $s, all 8 ranks: sent $mb MiB, received $mb MiB in [0-9.]+ s \([0-9.]+ GB/s\); paused at most [0-9.]+ s; digest: match on every rank$"
+		printf '%s\n' "${lines[@]}" | grep -qE "^vps-exec: rank 0: switch $s: sent [0-9.]+ MiB, received [0-9.]+ MiB, .* \([0-9.]+ [MG]B/s\) over tcp; .*digest: match$"
 	done
 }
 
