@@ -33,7 +33,7 @@ LIB_OBJ = $(LIB_SRC:lib/%.c=$(BUILDDIR)/lib/%.o)
 LIB = $(BUILDDIR)/libvps.a
 SHLIB = $(BUILDDIR)/libvps.so
 CMD_COMMON = $(BUILDDIR)/cmd/common.o $(BUILDDIR)/cmd/launcher.o
-TOOLS = vps-layout vps-plan vps-stage vps-exec vps-trainer vps-verify
+TOOLS = vps-layout vps-plan vps-stage vps-exec vps-trainer vps-verify vps-show
 TOOL_BINS = $(TOOLS:%=$(BINDIR)/%)
 TEST_SRC = $(wildcard tests/unit/test_*.c)
 TEST_BINS = $(TEST_SRC:tests/unit/%.c=$(BUILDDIR)/tests/%)
