@@ -52,7 +52,7 @@ static int type_files(char **paths, int n)
 			if (!strncmp(e, name, nl) && !strncmp(e + nl, ": ", 2))
 				e += nl + 2;
 			if (info.kind)
-				printf("%s: damaged vps %s (%s)\n", name,
+				printf("%s: vps %s, unreadable (%s)\n", name,
 				       info.kind == VPS_DOC_STAGED ? "staged plan" : vps_doc_kind_name(info.kind), e);
 			else
 				printf("%s: %s\n", name, *e ? e : vps_strerror(rc));
