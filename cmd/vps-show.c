@@ -11,11 +11,12 @@
 const char *tool_name = "vps-show";
 
 static const char usage[] =
-	"usage: vps-show [--yaml | --binary] [-o FILE] FILE\n"
+	"usage: vps-show [--yaml | --json | --binary] [-o FILE] FILE\n"
 	"       vps-show -t FILE...\n"
 	"       vps-show -h | --version\n"
 	"options:\n"
 	"  --yaml             write YAML (the default)\n"
+	"  --json             write JSON, on one line\n"
 	"  --binary           write the binary encoding (not to a terminal)\n"
 	"  -o, --output FILE  write FILE (through a temporary and a rename)\n"
 	"  -t, --type         one line per FILE: its kind, model, worlds, hash and encoding\n"
@@ -69,6 +70,7 @@ int main(int argc, char **argv)
 {
 	static const struct option opts[] = {{"yaml", no_argument, NULL, 'y'},
 					     {"binary", no_argument, NULL, 'b'},
+					     {"json", no_argument, NULL, 'j'},
 					     {"output", required_argument, NULL, 'o'},
 					     {"type", no_argument, NULL, 't'},
 					     {"help", no_argument, NULL, 'h'},
@@ -82,6 +84,7 @@ int main(int argc, char **argv)
 		switch (c) {
 		case 'y': to = VPS_SHOW_YAML; chose = true; break;
 		case 'b': to = VPS_SHOW_BINARY; chose = true; break;
+		case 'j': to = VPS_SHOW_JSON; chose = true; break;
 		case 'o': out = optarg; break;
 		case 't': type = true; break;
 		case 'h': fputs(usage, stdout); return tool_finish(EXIT_OK);
@@ -91,7 +94,7 @@ int main(int argc, char **argv)
 	}
 	if (type) {
 		if (chose || out)
-			return tool_usage_error("-t prints one line per file: no --yaml, --binary or -o with it\n%s", usage);
+			return tool_usage_error("-t prints one line per file: no --yaml, --json, --binary or -o with it\n%s", usage);
 		if (optind == argc)
 			return tool_usage_error("-t: expected one or more files\n%s", usage);
 		return type_files(argv + optind, argc - optind);

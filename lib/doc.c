@@ -116,7 +116,74 @@ struct vps_writer {
 	uint64_t pledged;      /* streaming: the payload's size */
 	bool pending;          /* YAML: a sequence begun by vps_w_seq_begin_auto, its start not yet
 				* emitted: its style waits for its first item */
+	bool json;             /* text written here, not by libyaml (yaml is set too) */
+	int depth;             /* json: open objects and arrays */
+	bool started[VPS_DOC_MAX_DEPTH + 1]; /* json: the one at each depth has an item */
 };
+
+/* ---- JSON: one line, keys in the writer's order, hashes as strings ---- */
+
+static vps_result_t json_put(struct vps_writer *w, const char *s)
+{
+	if (w->failed)
+		return VPS_EINPUT;
+	vps_result_t rc = vps_bytes_append(&w->out, s, strlen(s));
+	if (rc)
+		w->failed = true;
+	return rc;
+}
+
+static vps_result_t json_string(struct vps_writer *w, const char *s)
+{
+	char esc[8];
+	VPS_CHECK(json_put(w, "\""));
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+		if (*p == '"' || *p == '\\')
+			snprintf(esc, sizeof(esc), "\\%c", *p);
+		else if (*p < 0x20)
+			snprintf(esc, sizeof(esc), "\\u%04x", *p);
+		else
+			snprintf(esc, sizeof(esc), "%c", *p);
+		VPS_CHECK(json_put(w, esc));
+	}
+	return json_put(w, "\"");
+}
+
+/* The separator before an item, and its key. */
+static vps_result_t json_key(struct vps_writer *w, const char *key)
+{
+	if (w->depth > 0 && w->started[w->depth])
+		VPS_CHECK(json_put(w, ", "));
+	w->started[w->depth] = true;
+	if (!key)
+		return VPS_OK;
+	VPS_CHECK(json_string(w, key));
+	return json_put(w, ": ");
+}
+
+static vps_result_t json_open(struct vps_writer *w, const char *key, const char *bracket)
+{
+	if (w->depth >= VPS_DOC_MAX_DEPTH) {
+		w->failed = true;
+		return vps_fail(VPS_EINPUT, "json writer: nested deeper than %d levels", VPS_DOC_MAX_DEPTH);
+	}
+	VPS_CHECK(json_key(w, key));
+	VPS_CHECK(json_put(w, bracket));
+	w->started[++w->depth] = false;
+	return VPS_OK;
+}
+
+static vps_result_t json_close(struct vps_writer *w, const char *bracket)
+{
+	w->depth--;
+	return json_put(w, bracket);
+}
+
+static vps_result_t json_scalar(struct vps_writer *w, const char *key, const char *text)
+{
+	VPS_CHECK(json_key(w, key));
+	return json_put(w, text);
+}
 
 /* Payload a streaming writer holds before compressing it. */
 #define STREAM_CHUNK ((size_t)1 << 20)
@@ -274,6 +341,24 @@ fail:
 	return rc;
 }
 
+vps_result_t vps_writer_new_json(struct vps_writer **wp, enum vps_doc_kind kind)
+{
+	struct vps_writer *w = vps_calloc(1, sizeof(*w));
+	if (!w)
+		return VPS_ENOMEM;
+	w->yaml = w->json = true;
+	w->kind = kind;
+	vps_result_t rc;
+	VPS_CHECK_GOTO(json_open(w, NULL, "{"), rc, fail);
+	VPS_CHECK_GOTO(vps_w_str(w, "vps", vps_doc_kind_name(kind)), rc, fail);
+	VPS_CHECK_GOTO(vps_w_int(w, "version", vps_doc_version(kind)), rc, fail);
+	*wp = w;
+	return VPS_OK;
+fail:
+	vps_writer_free(w);
+	return rc;
+}
+
 vps_result_t vps_writer_new_counting(struct vps_writer **wp, enum vps_doc_kind kind)
 {
 	struct vps_writer *w = vps_calloc(1, sizeof(*w));
@@ -371,6 +456,12 @@ vps_result_t vps_writer_finish(struct vps_writer *w, struct vps_bytes *out)
 		memset(&w->zout, 0, sizeof(w->zout));
 		return VPS_OK;
 	}
+	if (w->json) {
+		VPS_CHECK(json_close(w, "}\n"));
+		*out = w->out;
+		memset(&w->out, 0, sizeof(w->out));
+		return VPS_OK;
+	}
 	if (w->yaml) {
 		yaml_event_t ev;
 		yaml_mapping_end_event_initialize(&ev);
@@ -423,6 +514,8 @@ vps_result_t vps_w_map_begin(struct vps_writer *w, const char *key)
 {
 	if (!w->yaml)
 		return w->failed ? VPS_EINPUT : VPS_OK;
+	if (w->json)
+		return json_open(w, key, "{");
 	yaml_event_t ev;
 	VPS_CHECK(emit_key(w, key));
 	yaml_mapping_start_event_initialize(&ev, NULL, NULL, 1, YAML_BLOCK_MAPPING_STYLE);
@@ -433,6 +526,8 @@ vps_result_t vps_w_map_end(struct vps_writer *w)
 {
 	if (!w->yaml)
 		return w->failed ? VPS_EINPUT : VPS_OK;
+	if (w->json)
+		return json_close(w, "}");
 	yaml_event_t ev;
 	yaml_mapping_end_event_initialize(&ev);
 	return emit(w, &ev);
@@ -442,6 +537,8 @@ vps_result_t vps_w_seq_begin(struct vps_writer *w, const char *key, uint64_t n, 
 {
 	if (!w->yaml)
 		return bin_u64(w, n);
+	if (w->json)
+		return json_open(w, key, "[");
 	yaml_event_t ev;
 	VPS_CHECK(emit_key(w, key));
 	yaml_sequence_start_event_initialize(&ev, NULL, NULL, 1,
@@ -453,6 +550,8 @@ vps_result_t vps_w_seq_begin_auto(struct vps_writer *w, const char *key, uint64_
 {
 	if (!w->yaml)
 		return bin_u64(w, n);
+	if (w->json)
+		return json_open(w, key, "[");
 	VPS_CHECK(emit_key(w, key));
 	/* a sequence whose first item is this one is a sequence of sequences */
 	VPS_CHECK(resolve_pending(w, YAML_SEQUENCE_START_EVENT));
@@ -464,6 +563,8 @@ vps_result_t vps_w_seq_end(struct vps_writer *w)
 {
 	if (!w->yaml)
 		return w->failed ? VPS_EINPUT : VPS_OK;
+	if (w->json)
+		return json_close(w, "]");
 	yaml_event_t ev;
 	yaml_sequence_end_event_initialize(&ev);
 	return emit(w, &ev);
@@ -475,6 +576,8 @@ vps_result_t vps_w_int(struct vps_writer *w, const char *key, int64_t v)
 		return bin_u64(w, (uint64_t)v);
 	char buf[32];
 	snprintf(buf, sizeof(buf), "%" PRId64, v);
+	if (w->json)
+		return json_scalar(w, key, buf);
 	VPS_CHECK(emit_key(w, key));
 	return emit_scalar(w, buf, true);
 }
@@ -485,6 +588,11 @@ vps_result_t vps_w_u64hex(struct vps_writer *w, const char *key, uint64_t v)
 		return bin_u64(w, v);
 	char buf[32];
 	snprintf(buf, sizeof(buf), "0x%016" PRIx64, v);
+	/* a string: JSON's numbers are doubles to most of its readers */
+	if (w->json) {
+		VPS_CHECK(json_key(w, key));
+		return json_string(w, buf);
+	}
 	VPS_CHECK(emit_key(w, key));
 	return emit_scalar(w, buf, true);
 }
@@ -506,6 +614,8 @@ vps_result_t vps_w_double(struct vps_writer *w, const char *key, double v)
 	}
 	if (!strpbrk(buf, ".eEn"))
 		strcat(buf, ".0");
+	if (w->json)
+		return json_scalar(w, key, buf);
 	VPS_CHECK(emit_key(w, key));
 	return emit_scalar(w, buf, true);
 }
@@ -516,6 +626,8 @@ vps_result_t vps_w_bool(struct vps_writer *w, const char *key, bool v)
 		unsigned char b = v;
 		return bin_put(w, &b, 1);
 	}
+	if (w->json)
+		return json_scalar(w, key, v ? "true" : "false");
 	VPS_CHECK(emit_key(w, key));
 	return emit_scalar(w, v ? "true" : "false", true);
 }
@@ -530,6 +642,10 @@ vps_result_t vps_w_str(struct vps_writer *w, const char *key, const char *s)
 			return vps_fail(VPS_EINPUT, "string too long");
 		VPS_CHECK(bin_put(w, b, 4));
 		return bin_put(w, s, n);
+	}
+	if (w->json) {
+		VPS_CHECK(json_key(w, key));
+		return json_string(w, s);
 	}
 	VPS_CHECK(emit_key(w, key));
 	return emit_scalar(w, s, false);

@@ -28,6 +28,10 @@ struct vps_writer;
 /* Start a document of the given kind; yaml selects the encoding. The header
  * (`vps: KIND`, `version: N` in YAML) is written here. */
 vps_result_t vps_writer_new(struct vps_writer **w, enum vps_doc_kind kind, bool yaml);
+/* A YAML writer that writes JSON instead: one object on one line, in the
+ * same order, hashes as "0x..." strings (JSON is YAML: the YAML reader
+ * reads it back). */
+vps_result_t vps_writer_new_json(struct vps_writer **w, enum vps_doc_kind kind);
 /* Finish the document and hand its bytes to *out (caller releases). */
 vps_result_t vps_writer_finish(struct vps_writer *w, struct vps_bytes *out);
 void vps_writer_free(struct vps_writer *w);

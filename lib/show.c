@@ -198,7 +198,8 @@ vps_result_t vps_show_convert(const char *name, const void *data, size_t len, en
 	struct vps_reader *r = NULL;
 	struct vps_writer *w = NULL;
 	VPS_CHECK(vps_reader_new(&r, name, data, len, kind));
-	vps_result_t rc = vps_writer_new(&w, kind, to == VPS_SHOW_YAML);
+	vps_result_t rc = to == VPS_SHOW_JSON ? vps_writer_new_json(&w, kind)
+					      : vps_writer_new(&w, kind, to == VPS_SHOW_YAML);
 	if (!rc) {
 		vps_reader_echo(r, w);
 		rc = read_kind(r, kind);

@@ -5,7 +5,9 @@
 
 #include "vps/io.h"
 
-enum vps_show_encoding { VPS_SHOW_YAML, VPS_SHOW_BINARY };
+/* JSON: one object on one line, the YAML's keys in its order, hashes as
+ * "0x..." strings; the tools read it as YAML. */
+enum vps_show_encoding { VPS_SHOW_YAML, VPS_SHOW_BINARY, VPS_SHOW_JSON };
 
 /* Read the document in data (name in messages) with its kind's reader,
  * which checks it as the tools that read it do, and write it in `to`: the
