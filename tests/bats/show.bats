@@ -70,6 +70,13 @@ round_trip() {
 	vps-show hand.yaml > d.yaml
 	round_trip d.yaml
 	grep -qx 'mode: list' d.yaml
+	# a name JSON must escape: a quote, a backslash, a tab, and UTF-8
+	printf 'vps: model\nversion: 1\nname: "q\\"b\\\\s\\tt\\u00e9"\nhidden: 64\nlayers: 2\nheads: 4\nffn: 64\nvocab: 99\n' > odd.yaml
+	vps-show odd.yaml > odd2.yaml
+	round_trip odd2.yaml
+	[ "$(vps-show --json odd.yaml | jq -r .name)" = "$(printf 'q"b\\s\tt\303\251')" ]
+	vps-show --binary -o odd.bin <(vps-show --json odd.yaml)
+	vps-show odd.bin | cmp - odd2.yaml
 	# a model in binary is one a layout can be made of
 	vps-layout --model ./m.yaml.bin --parallel tp=2 --yaml | grep -q 'name: tiny-qwen3-moe'
 }
