@@ -175,6 +175,10 @@ static vps_result_t json_open(struct vps_writer *w, const char *key, const char 
 
 static vps_result_t json_close(struct vps_writer *w, const char *bracket)
 {
+	if (w->depth <= 0) {
+		w->failed = true;
+		return vps_fail(VPS_EINPUT, "json writer: more ends than begins");
+	}
 	w->depth--;
 	return json_put(w, bracket);
 }
