@@ -41,7 +41,7 @@ SHLIB_REAL = libvps.so.$(VERSION)
 SHLIB = $(BUILDDIR)/libvps.so
 SHLIB_FILES = $(BUILDDIR)/$(SHLIB_REAL) $(BUILDDIR)/$(SONAME) $(SHLIB)
 CMD_COMMON = $(BUILDDIR)/cmd/common.o $(BUILDDIR)/cmd/launcher.o
-TOOLS = vps-layout vps-plan vps-stage vps-exec vps-trainer vps-verify
+TOOLS = vps-layout vps-plan vps-stage vps-exec vps-trainer vps-verify vps-show
 TOOL_BINS = $(TOOLS:%=$(BINDIR)/%)
 TEST_SRC = $(wildcard tests/unit/test_*.c)
 TEST_BINS = $(TEST_SRC:tests/unit/%.c=$(BUILDDIR)/tests/%)

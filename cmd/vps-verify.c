@@ -1,4 +1,4 @@
-/* vps-verify: check a layout, a plan or a staged plan. */
+/* vps-verify: check layouts, plans and staged plans. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,10 +14,10 @@
 const char *tool_name = "vps-verify";
 
 static const char usage[] =
-	"usage: vps-verify [-q] FILE\n"
+	"usage: vps-verify [-q] FILE...\n"
 	"       vps-verify -h | --version\n"
 	"options:\n"
-	"  -q, --quiet    print nothing when the check passes\n"
+	"  -q, --quiet    print nothing for a file that passes\n"
 	"  -h, --help     this text\n"
 	"  --version      the version\n";
 
@@ -53,26 +53,11 @@ static int out_of_memory(const char *name, const char *doing, size_t len)
 	return EXIT_USAGE;
 }
 
-int main(int argc, char **argv)
+/* Check one file: its exit status. */
+static int verify_one(const char *path, bool quiet)
 {
-	static const struct option opts[] = {{"quiet", no_argument, NULL, 'q'},
-					     {"help", no_argument, NULL, 'h'},
-					     {"version", no_argument, NULL, 'V'},
-					     {0, 0, 0, 0}};
-	bool quiet = false;
-	int c, status;
-	while ((c = getopt_long(argc, argv, "hq", opts, NULL)) != -1) {
-		switch (c) {
-		case 'q': quiet = true; break;
-		case 'h': fputs(usage, stdout); return tool_finish(EXIT_OK);
-		case 'V': printf("vps-verify %s\n", VPS_VERSION_STRING); return tool_finish(EXIT_OK);
-		default: fputs(usage, stderr); return EXIT_USAGE;
-		}
-	}
-	if (argc - optind != 1)
-		return tool_usage_error("expected one file\n%s", usage);
-	const char *path = argv[optind];
 	const char *name = strcmp(path, "-") ? path : "<stdin>";
+	int status;
 	struct vps_bytes b;
 	struct vps_verify_report rep = {0};
 	vps_result_t rc = vps_read_file(path, &b);
@@ -127,5 +112,34 @@ int main(int argc, char **argv)
 		return tool_fail(rc);
 	status = report(name, &rep, quiet);
 	vps_verify_report_release(&rep);
+	return status;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {{"quiet", no_argument, NULL, 'q'},
+					     {"help", no_argument, NULL, 'h'},
+					     {"version", no_argument, NULL, 'V'},
+					     {0, 0, 0, 0}};
+	bool quiet = false;
+	int c, status = EXIT_OK;
+	while ((c = getopt_long(argc, argv, "hq", opts, NULL)) != -1) {
+		switch (c) {
+		case 'q': quiet = true; break;
+		case 'h': fputs(usage, stdout); return tool_finish(EXIT_OK);
+		case 'V': printf("vps-verify %s\n", VPS_VERSION_STRING); return tool_finish(EXIT_OK);
+		default: fputs(usage, stderr); return EXIT_USAGE;
+		}
+	}
+	if (optind == argc)
+		return tool_usage_error("expected one or more files\n%s", usage);
+	/* like gzip -t: every file checked, the exit status the worst (2, bad
+	 * input, over 1, a violation); each line on time, in file order */
+	for (int i = optind; i < argc; i++) {
+		int s = verify_one(argv[i], quiet);
+		fflush(stdout);
+		if (s > status)
+			status = s;
+	}
 	return tool_finish(status);
 }

@@ -115,7 +115,80 @@ struct vps_writer {
 	ZSTD_CCtx *z;          /* streaming: compressing into zout */
 	struct vps_bytes zout;
 	uint64_t pledged;      /* streaming: the payload's size */
+	bool pending;          /* YAML: a sequence begun by vps_w_seq_begin_auto, its start not yet
+				* emitted: its style waits for its first item */
+	bool json;             /* text written here, not by libyaml (yaml is set too) */
+	int depth;             /* json: open objects and arrays */
+	bool started[VPS_DOC_MAX_DEPTH + 1]; /* json: the one at each depth has an item */
 };
+
+/* ---- JSON: one line, keys in the writer's order, hashes as strings ---- */
+
+static vps_result_t json_put(struct vps_writer *w, const char *s)
+{
+	if (w->failed)
+		return VPS_EINPUT;
+	vps_result_t rc = vps_bytes_append(&w->out, s, strlen(s));
+	if (rc)
+		w->failed = true;
+	return rc;
+}
+
+static vps_result_t json_string(struct vps_writer *w, const char *s)
+{
+	char esc[8];
+	VPS_CHECK(json_put(w, "\""));
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+		if (*p == '"' || *p == '\\')
+			snprintf(esc, sizeof(esc), "\\%c", *p);
+		else if (*p < 0x20)
+			snprintf(esc, sizeof(esc), "\\u%04x", *p);
+		else
+			snprintf(esc, sizeof(esc), "%c", *p);
+		VPS_CHECK(json_put(w, esc));
+	}
+	return json_put(w, "\"");
+}
+
+/* The separator before an item, and its key. */
+static vps_result_t json_key(struct vps_writer *w, const char *key)
+{
+	if (w->depth > 0 && w->started[w->depth])
+		VPS_CHECK(json_put(w, ", "));
+	w->started[w->depth] = true;
+	if (!key)
+		return VPS_OK;
+	VPS_CHECK(json_string(w, key));
+	return json_put(w, ": ");
+}
+
+static vps_result_t json_open(struct vps_writer *w, const char *key, const char *bracket)
+{
+	if (w->depth >= VPS_DOC_MAX_DEPTH) {
+		w->failed = true;
+		return vps_fail(VPS_EINPUT, "json writer: nested deeper than %d levels", VPS_DOC_MAX_DEPTH);
+	}
+	VPS_CHECK(json_key(w, key));
+	VPS_CHECK(json_put(w, bracket));
+	w->started[++w->depth] = false;
+	return VPS_OK;
+}
+
+static vps_result_t json_close(struct vps_writer *w, const char *bracket)
+{
+	if (w->depth <= 0) {
+		w->failed = true;
+		return vps_fail(VPS_EINPUT, "json writer: more ends than begins");
+	}
+	w->depth--;
+	return json_put(w, bracket);
+}
+
+static vps_result_t json_scalar(struct vps_writer *w, const char *key, const char *text)
+{
+	VPS_CHECK(json_key(w, key));
+	return json_put(w, text);
+}
 
 /* Payload a streaming writer holds before compressing it. */
 #define STREAM_CHUNK ((size_t)1 << 20)
@@ -125,10 +198,34 @@ static int yaml_out(void *ctx, unsigned char *buf, size_t n)
 	return vps_bytes_append(ctx, buf, n) == VPS_OK;
 }
 
+static vps_result_t emit(struct vps_writer *w, yaml_event_t *ev);
+
+/* The start of a pending sequence, now that the next event is known: flow
+ * when its items are scalars or sequences (numbers, pairs, boxes), block
+ * when they are mappings, as the kinds' writers choose. */
+static vps_result_t resolve_pending(struct vps_writer *w, yaml_event_type_t next)
+{
+	if (!w->pending)
+		return VPS_OK;
+	w->pending = false;
+	yaml_event_t ev;
+	yaml_sequence_start_event_initialize(&ev, NULL, NULL, 1,
+					     next == YAML_MAPPING_START_EVENT ? YAML_BLOCK_SEQUENCE_STYLE
+									      : YAML_FLOW_SEQUENCE_STYLE);
+	return emit(w, &ev);
+}
+
 static vps_result_t emit(struct vps_writer *w, yaml_event_t *ev)
 {
 	if (w->failed)
 		return VPS_EINPUT;
+	if (w->pending) {
+		vps_result_t rc = resolve_pending(w, ev->type);
+		if (rc) {
+			yaml_event_delete(ev);
+			return rc;
+		}
+	}
 	if (!yaml_emitter_emit(&w->emitter, ev)) {
 		w->failed = true;
 		return vps_fail(VPS_EINPUT, "yaml emitter: %s",
@@ -249,6 +346,24 @@ fail:
 	return rc;
 }
 
+vps_result_t vps_writer_new_json(struct vps_writer **wp, enum vps_doc_kind kind)
+{
+	struct vps_writer *w = vps_calloc(1, sizeof(*w));
+	if (!w)
+		return VPS_ENOMEM;
+	w->yaml = w->json = true;
+	w->kind = kind;
+	vps_result_t rc;
+	VPS_CHECK_GOTO(json_open(w, NULL, "{"), rc, fail);
+	VPS_CHECK_GOTO(vps_w_str(w, "vps", vps_doc_kind_name(kind)), rc, fail);
+	VPS_CHECK_GOTO(vps_w_int(w, "version", vps_doc_version(kind)), rc, fail);
+	*wp = w;
+	return VPS_OK;
+fail:
+	vps_writer_free(w);
+	return rc;
+}
+
 vps_result_t vps_writer_new_counting(struct vps_writer **wp, enum vps_doc_kind kind)
 {
 	struct vps_writer *w = vps_calloc(1, sizeof(*w));
@@ -346,6 +461,12 @@ vps_result_t vps_writer_finish(struct vps_writer *w, struct vps_bytes *out)
 		memset(&w->zout, 0, sizeof(w->zout));
 		return VPS_OK;
 	}
+	if (w->json) {
+		VPS_CHECK(json_close(w, "}\n"));
+		*out = w->out;
+		memset(&w->out, 0, sizeof(w->out));
+		return VPS_OK;
+	}
 	if (w->yaml) {
 		yaml_event_t ev;
 		yaml_mapping_end_event_initialize(&ev);
@@ -398,6 +519,8 @@ vps_result_t vps_w_map_begin(struct vps_writer *w, const char *key)
 {
 	if (!w->yaml)
 		return w->failed ? VPS_EINPUT : VPS_OK;
+	if (w->json)
+		return json_open(w, key, "{");
 	yaml_event_t ev;
 	VPS_CHECK(emit_key(w, key));
 	yaml_mapping_start_event_initialize(&ev, NULL, NULL, 1, YAML_BLOCK_MAPPING_STYLE);
@@ -408,6 +531,8 @@ vps_result_t vps_w_map_end(struct vps_writer *w)
 {
 	if (!w->yaml)
 		return w->failed ? VPS_EINPUT : VPS_OK;
+	if (w->json)
+		return json_close(w, "}");
 	yaml_event_t ev;
 	yaml_mapping_end_event_initialize(&ev);
 	return emit(w, &ev);
@@ -417,6 +542,8 @@ vps_result_t vps_w_seq_begin(struct vps_writer *w, const char *key, uint64_t n, 
 {
 	if (!w->yaml)
 		return bin_u64(w, n);
+	if (w->json)
+		return json_open(w, key, "[");
 	yaml_event_t ev;
 	VPS_CHECK(emit_key(w, key));
 	yaml_sequence_start_event_initialize(&ev, NULL, NULL, 1,
@@ -424,10 +551,25 @@ vps_result_t vps_w_seq_begin(struct vps_writer *w, const char *key, uint64_t n, 
 	return emit(w, &ev);
 }
 
+vps_result_t vps_w_seq_begin_auto(struct vps_writer *w, const char *key, uint64_t n)
+{
+	if (!w->yaml)
+		return bin_u64(w, n);
+	if (w->json)
+		return json_open(w, key, "[");
+	VPS_CHECK(emit_key(w, key));
+	/* a sequence whose first item is this one is a sequence of sequences */
+	VPS_CHECK(resolve_pending(w, YAML_SEQUENCE_START_EVENT));
+	w->pending = true;
+	return VPS_OK;
+}
+
 vps_result_t vps_w_seq_end(struct vps_writer *w)
 {
 	if (!w->yaml)
 		return w->failed ? VPS_EINPUT : VPS_OK;
+	if (w->json)
+		return json_close(w, "]");
 	yaml_event_t ev;
 	yaml_sequence_end_event_initialize(&ev);
 	return emit(w, &ev);
@@ -439,6 +581,8 @@ vps_result_t vps_w_int(struct vps_writer *w, const char *key, int64_t v)
 		return bin_u64(w, (uint64_t)v);
 	char buf[32];
 	snprintf(buf, sizeof(buf), "%" PRId64, v);
+	if (w->json)
+		return json_scalar(w, key, buf);
 	VPS_CHECK(emit_key(w, key));
 	return emit_scalar(w, buf, true);
 }
@@ -449,6 +593,11 @@ vps_result_t vps_w_u64hex(struct vps_writer *w, const char *key, uint64_t v)
 		return bin_u64(w, v);
 	char buf[32];
 	snprintf(buf, sizeof(buf), "0x%016" PRIx64, v);
+	/* a string: JSON's numbers are doubles to most of its readers */
+	if (w->json) {
+		VPS_CHECK(json_key(w, key));
+		return json_string(w, buf);
+	}
 	VPS_CHECK(emit_key(w, key));
 	return emit_scalar(w, buf, true);
 }
@@ -470,6 +619,8 @@ vps_result_t vps_w_double(struct vps_writer *w, const char *key, double v)
 	}
 	if (!strpbrk(buf, ".eEn"))
 		strcat(buf, ".0");
+	if (w->json)
+		return json_scalar(w, key, buf);
 	VPS_CHECK(emit_key(w, key));
 	return emit_scalar(w, buf, true);
 }
@@ -480,6 +631,8 @@ vps_result_t vps_w_bool(struct vps_writer *w, const char *key, bool v)
 		unsigned char b = v;
 		return bin_put(w, &b, 1);
 	}
+	if (w->json)
+		return json_scalar(w, key, v ? "true" : "false");
 	VPS_CHECK(emit_key(w, key));
 	return emit_scalar(w, v ? "true" : "false", true);
 }
@@ -494,6 +647,10 @@ vps_result_t vps_w_str(struct vps_writer *w, const char *key, const char *s)
 			return vps_fail(VPS_EINPUT, "string too long");
 		VPS_CHECK(bin_put(w, b, 4));
 		return bin_put(w, s, n);
+	}
+	if (w->json) {
+		VPS_CHECK(json_key(w, key));
+		return json_string(w, s);
 	}
 	VPS_CHECK(emit_key(w, key));
 	return emit_scalar(w, s, false);
@@ -593,7 +750,10 @@ struct vps_reader {
 	bool doc_ready;
 	struct frame *frames;
 	size_t nframes, cap_frames;
+	struct vps_writer *echo; /* vps_reader_echo: every value read is written here too */
 };
+
+void vps_reader_echo(struct vps_reader *r, struct vps_writer *w) { r->echo = w; }
 
 bool vps_reader_is_binary(const struct vps_reader *r) { return r->binary; }
 const char *vps_reader_name(const struct vps_reader *r) { return r->name; }
@@ -977,6 +1137,8 @@ void vps_reader_free(struct vps_reader *r)
 	free(r);
 }
 
+static vps_result_t map_end(struct vps_reader *r, bool strict);
+
 vps_result_t vps_reader_finish(struct vps_reader *r)
 {
 	if (r->binary) {
@@ -999,7 +1161,8 @@ vps_result_t vps_reader_finish(struct vps_reader *r)
 		}
 		return VPS_OK;
 	}
-	return vps_r_map_end(r);
+	/* the top mapping: the echo's writer ends its own in vps_writer_finish */
+	return map_end(r, true);
 }
 
 bool vps_r_has(struct vps_reader *r, const char *key)
@@ -1011,14 +1174,15 @@ bool vps_r_has(struct vps_reader *r, const char *key)
 
 vps_result_t vps_r_map_begin(struct vps_reader *r, const char *key)
 {
-	if (r->binary)
-		return VPS_OK;
-	int id;
-	VPS_CHECK(need_node(r, key, &id));
-	if (node_at(r, id)->type != YAML_MAPPING_NODE)
-		return vps_fail(VPS_EINPUT, "%s: line %d: %s%sexpected a mapping", r->name, node_line(r, id),
-				key ? key : "", key ? ": " : "");
-	return push_frame(r, id);
+	if (!r->binary) {
+		int id;
+		VPS_CHECK(need_node(r, key, &id));
+		if (node_at(r, id)->type != YAML_MAPPING_NODE)
+			return vps_fail(VPS_EINPUT, "%s: line %d: %s%sexpected a mapping", r->name, node_line(r, id),
+					key ? key : "", key ? ": " : "");
+		VPS_CHECK(push_frame(r, id));
+	}
+	return r->echo ? vps_w_map_begin(r->echo, key) : VPS_OK;
 }
 
 static vps_result_t map_end(struct vps_reader *r, bool strict)
@@ -1041,40 +1205,60 @@ static vps_result_t map_end(struct vps_reader *r, bool strict)
 	return VPS_OK;
 }
 
-vps_result_t vps_r_map_end(struct vps_reader *r) { return map_end(r, true); }
-vps_result_t vps_r_map_end_lenient(struct vps_reader *r) { return map_end(r, false); }
+vps_result_t vps_r_map_end(struct vps_reader *r)
+{
+	VPS_CHECK(map_end(r, true));
+	return r->echo ? vps_w_map_end(r->echo) : VPS_OK;
+}
 
-vps_result_t vps_r_seq_begin(struct vps_reader *r, const char *key, uint64_t *n)
+vps_result_t vps_r_map_end_lenient(struct vps_reader *r)
+{
+	VPS_CHECK(map_end(r, false));
+	return r->echo ? vps_w_map_end(r->echo) : VPS_OK;
+}
+
+/* style: -1 as its items make it (vps_w_seq_begin_auto), else flow or not */
+static vps_result_t seq_begin(struct vps_reader *r, const char *key, uint64_t *n, int style)
 {
 	if (r->binary) {
 		VPS_CHECK(bin_u64_read(r, n));
 		/* every item takes at least one byte: a larger count is corruption */
 		if (*n > r->plen - r->pos)
 			return vps_fail(VPS_EFORMAT, "%s: corrupt sequence length %" PRIu64, r->name, *n);
-		return VPS_OK;
+	} else {
+		int id;
+		VPS_CHECK(need_node(r, key, &id));
+		yaml_node_t *node = node_at(r, id);
+		if (node->type != YAML_SEQUENCE_NODE)
+			return vps_fail(VPS_EINPUT, "%s: line %d: %s%sexpected a sequence", r->name, node_line(r, id),
+					key ? key : "", key ? ": " : "");
+		*n = (uint64_t)(node->data.sequence.items.top - node->data.sequence.items.start);
+		VPS_CHECK(push_frame(r, id));
 	}
-	int id;
-	VPS_CHECK(need_node(r, key, &id));
-	yaml_node_t *node = node_at(r, id);
-	if (node->type != YAML_SEQUENCE_NODE)
-		return vps_fail(VPS_EINPUT, "%s: line %d: %s%sexpected a sequence", r->name, node_line(r, id),
-				key ? key : "", key ? ": " : "");
-	*n = (uint64_t)(node->data.sequence.items.top - node->data.sequence.items.start);
-	return push_frame(r, id);
+	if (!r->echo)
+		return VPS_OK;
+	return style < 0 ? vps_w_seq_begin_auto(r->echo, key, *n) : vps_w_seq_begin(r->echo, key, *n, style);
+}
+
+vps_result_t vps_r_seq_begin(struct vps_reader *r, const char *key, uint64_t *n) { return seq_begin(r, key, n, -1); }
+
+vps_result_t vps_r_seq_begin_flow(struct vps_reader *r, const char *key, uint64_t *n, bool flow)
+{
+	return seq_begin(r, key, n, flow);
 }
 
 vps_result_t vps_r_seq_end(struct vps_reader *r)
 {
-	if (r->binary)
-		return VPS_OK;
-	struct frame *f = top(r);
-	yaml_node_t *n = node_at(r, f->node);
-	size_t count = (size_t)(n->data.sequence.items.top - n->data.sequence.items.start);
-	if (f->next < count)
-		return vps_fail(VPS_EINPUT, "%s: line %d: unexpected extra item in sequence", r->name,
-				node_line(r, n->data.sequence.items.start[f->next]));
-	pop_frame(r);
-	return VPS_OK;
+	if (!r->binary) {
+		struct frame *f = top(r);
+		yaml_node_t *n = node_at(r, f->node);
+		size_t count = (size_t)(n->data.sequence.items.top - n->data.sequence.items.start);
+		if (f->next < count)
+			return vps_fail(VPS_EINPUT, "%s: line %d: unexpected extra item in sequence", r->name,
+					node_line(r, n->data.sequence.items.start[f->next]));
+		pop_frame(r);
+	}
+	return r->echo ? vps_w_seq_end(r->echo) : VPS_OK;
 }
 
 static vps_result_t yaml_scalar(struct vps_reader *r, const char *key, const char **s, int *id)
@@ -1115,22 +1299,24 @@ vps_result_t vps_r_int(struct vps_reader *r, const char *key, int64_t *v, int64_
 				r->name, node_line(r, id), key ? key : "", key ? ": " : "", x, min, max);
 	}
 	*v = x;
-	return VPS_OK;
+	return r->echo ? vps_w_int(r->echo, key, x) : VPS_OK;
 }
 
 vps_result_t vps_r_u64hex(struct vps_reader *r, const char *key, uint64_t *v)
 {
-	if (r->binary)
-		return bin_u64_read(r, v);
-	const char *s;
-	char *end;
-	int id;
-	VPS_CHECK(yaml_scalar(r, key, &s, &id));
-	errno = 0;
-	*v = strtoull(s, &end, 0);
-	if (!*s || *end || errno)
-		return bad_value(r, key, id, "a hexadecimal number", s);
-	return VPS_OK;
+	if (r->binary) {
+		VPS_CHECK(bin_u64_read(r, v));
+	} else {
+		const char *s;
+		char *end;
+		int id;
+		VPS_CHECK(yaml_scalar(r, key, &s, &id));
+		errno = 0;
+		*v = strtoull(s, &end, 0);
+		if (!*s || *end || errno)
+			return bad_value(r, key, id, "a hexadecimal number", s);
+	}
+	return r->echo ? vps_w_u64hex(r->echo, key, *v) : VPS_OK;
 }
 
 vps_result_t vps_r_double(struct vps_reader *r, const char *key, double *v)
@@ -1139,17 +1325,20 @@ vps_result_t vps_r_double(struct vps_reader *r, const char *key, double *v)
 		uint64_t bits;
 		VPS_CHECK(bin_u64_read(r, &bits));
 		memcpy(v, &bits, 8);
-		return VPS_OK;
+		/* what the YAML encoding cannot carry, nor a reader of it take */
+		if (!isfinite(*v))
+			return vps_fail(VPS_EFORMAT, "%s: %s: corrupt number (not finite)", r->name, key ? key : "item");
+	} else {
+		const char *s;
+		char *end;
+		int id;
+		VPS_CHECK(yaml_scalar(r, key, &s, &id));
+		errno = 0;
+		*v = strtod(s, &end);
+		if (!*s || *end || errno || !isfinite(*v))
+			return bad_value(r, key, id, "a number", s);
 	}
-	const char *s;
-	char *end;
-	int id;
-	VPS_CHECK(yaml_scalar(r, key, &s, &id));
-	errno = 0;
-	*v = strtod(s, &end);
-	if (!*s || *end || errno || !isfinite(*v))
-		return bad_value(r, key, id, "a number", s);
-	return VPS_OK;
+	return r->echo ? vps_w_double(r->echo, key, *v) : VPS_OK;
 }
 
 vps_result_t vps_r_bool(struct vps_reader *r, const char *key, bool *v)
@@ -1161,18 +1350,18 @@ vps_result_t vps_r_bool(struct vps_reader *r, const char *key, bool *v)
 		if (b > 1)
 			return vps_fail(VPS_EFORMAT, "%s: corrupt boolean", r->name);
 		*v = b;
-		return VPS_OK;
+	} else {
+		const char *s;
+		int id;
+		VPS_CHECK(yaml_scalar(r, key, &s, &id));
+		if (!strcmp(s, "true") || !strcmp(s, "True") || !strcmp(s, "yes") || !strcmp(s, "1"))
+			*v = true;
+		else if (!strcmp(s, "false") || !strcmp(s, "False") || !strcmp(s, "no") || !strcmp(s, "0"))
+			*v = false;
+		else
+			return bad_value(r, key, id, "a boolean (true or false)", s);
 	}
-	const char *s;
-	int id;
-	VPS_CHECK(yaml_scalar(r, key, &s, &id));
-	if (!strcmp(s, "true") || !strcmp(s, "True") || !strcmp(s, "yes") || !strcmp(s, "1"))
-		*v = true;
-	else if (!strcmp(s, "false") || !strcmp(s, "False") || !strcmp(s, "no") || !strcmp(s, "0"))
-		*v = false;
-	else
-		return bad_value(r, key, id, "a boolean (true or false)", s);
-	return VPS_OK;
+	return r->echo ? vps_w_bool(r->echo, key, *v) : VPS_OK;
 }
 
 /* Whether n bytes are UTF-8 without NUL: what a YAML scalar can carry and
@@ -1216,10 +1405,11 @@ vps_result_t vps_r_str(struct vps_reader *r, const char *key, const char **s)
 			return VPS_NOMEM();
 		r->pos += n;
 		*s = c;
-		return VPS_OK;
+	} else {
+		int id;
+		VPS_CHECK(yaml_scalar(r, key, s, &id));
 	}
-	int id;
-	return yaml_scalar(r, key, s, &id);
+	return r->echo ? vps_w_str(r->echo, key, *s) : VPS_OK;
 }
 
 vps_result_t vps_r_int_opt(struct vps_reader *r, const char *key, int64_t *v, int64_t min,
@@ -1227,7 +1417,8 @@ vps_result_t vps_r_int_opt(struct vps_reader *r, const char *key, int64_t *v, in
 {
 	if (!r->binary && !vps_r_has(r, key)) {
 		*v = def;
-		return VPS_OK;
+		/* the binary encoding has every field: the default is written */
+		return r->echo ? vps_w_int(r->echo, key, def) : VPS_OK;
 	}
 	return vps_r_int(r, key, v, min, max);
 }
@@ -1236,7 +1427,7 @@ vps_result_t vps_r_bool_opt(struct vps_reader *r, const char *key, bool *v, bool
 {
 	if (!r->binary && !vps_r_has(r, key)) {
 		*v = def;
-		return VPS_OK;
+		return r->echo ? vps_w_bool(r->echo, key, def) : VPS_OK;
 	}
 	return vps_r_bool(r, key, v);
 }
@@ -1245,7 +1436,7 @@ vps_result_t vps_r_str_opt(struct vps_reader *r, const char *key, const char **s
 {
 	if (!r->binary && !vps_r_has(r, key)) {
 		*s = def;
-		return VPS_OK;
+		return r->echo ? vps_w_str(r->echo, key, def) : VPS_OK;
 	}
 	return vps_r_str(r, key, s);
 }

@@ -28,6 +28,10 @@ struct vps_writer;
 /* Start a document of the given kind; yaml selects the encoding. The header
  * (`vps: KIND`, `version: N` in YAML) is written here. */
 vps_result_t vps_writer_new(struct vps_writer **w, enum vps_doc_kind kind, bool yaml);
+/* A YAML writer that writes JSON instead: one object on one line, in the
+ * same order, hashes as "0x..." strings (JSON is YAML: the YAML reader
+ * reads it back). */
+vps_result_t vps_writer_new_json(struct vps_writer **w, enum vps_doc_kind kind);
 /* Finish the document and hand its bytes to *out (caller releases). */
 vps_result_t vps_writer_finish(struct vps_writer *w, struct vps_bytes *out);
 void vps_writer_free(struct vps_writer *w);
@@ -56,6 +60,10 @@ vps_result_t vps_w_raw(struct vps_writer *w, const void *p, size_t n);
 vps_result_t vps_w_map_begin(struct vps_writer *w, const char *key);
 vps_result_t vps_w_map_end(struct vps_writer *w);
 vps_result_t vps_w_seq_begin(struct vps_writer *w, const char *key, uint64_t n, bool flow);
+/* A sequence whose YAML style its first item chooses: flow for scalars and
+ * sequences, block for mappings (the choice every kind's writer makes, but
+ * for the block list of [node, gpu] pairs of a devices map). */
+vps_result_t vps_w_seq_begin_auto(struct vps_writer *w, const char *key, uint64_t n);
 vps_result_t vps_w_seq_end(struct vps_writer *w);
 vps_result_t vps_w_int(struct vps_writer *w, const char *key, int64_t v);
 vps_result_t vps_w_u64hex(struct vps_writer *w, const char *key, uint64_t v);
@@ -79,6 +87,16 @@ bool vps_reader_is_binary(const struct vps_reader *r);
 const char *vps_reader_name(const struct vps_reader *r);
 /* Finish: in binary, trailing bytes are an error. */
 vps_result_t vps_reader_finish(struct vps_reader *r);
+/* From now on every value read (and every mapping and sequence entered and
+ * left) is also written to w, with its key: the document read in the
+ * other encoding, the values as they were read, hashes included. A kind's
+ * reader reads its fields in its writer's order (the binary encoding is
+ * that order), so reading a document through its reader converts it;
+ * YAML defaults are written out, as the binary encoding has every field.
+ * Sequences take their style from their items (vps_w_seq_begin_auto)
+ * unless begun with vps_r_seq_begin_flow. Attach after vps_reader_new:
+ * the header is the writer's own. */
+void vps_reader_echo(struct vps_reader *r, struct vps_writer *w);
 
 vps_result_t vps_r_map_begin(struct vps_reader *r, const char *key);
 /* Ends the mapping; in YAML a key that was never read is an error. */
@@ -86,6 +104,8 @@ vps_result_t vps_r_map_end(struct vps_reader *r);
 /* Ends the mapping, ignoring keys never read (foreign documents). */
 vps_result_t vps_r_map_end_lenient(struct vps_reader *r);
 vps_result_t vps_r_seq_begin(struct vps_reader *r, const char *key, uint64_t *n);
+/* The same, with the YAML style an echo writes it in (vps_reader_echo). */
+vps_result_t vps_r_seq_begin_flow(struct vps_reader *r, const char *key, uint64_t *n, bool flow);
 vps_result_t vps_r_seq_end(struct vps_reader *r);
 vps_result_t vps_r_int(struct vps_reader *r, const char *key, int64_t *v, int64_t min, int64_t max);
 vps_result_t vps_r_u64hex(struct vps_reader *r, const char *key, uint64_t *v);

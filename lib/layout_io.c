@@ -352,6 +352,12 @@ fail:
 
 vps_result_t vps_layout_read(struct vps_reader *r, struct vps_layout **out)
 {
+	uint64_t stated;
+	return vps_layout_read_stated(r, out, &stated);
+}
+
+vps_result_t vps_layout_read_stated(struct vps_reader *r, struct vps_layout **out, uint64_t *stated)
+{
 	struct vps_model m;
 	struct vps_parallel p;
 	struct vps_devices d = {0};
@@ -360,6 +366,7 @@ vps_result_t vps_layout_read(struct vps_reader *r, struct vps_layout **out)
 	uint64_t hash, n;
 	char where[512];
 	VPS_CHECK(vps_r_u64hex(r, "hash", &hash));
+	*stated = hash;
 	VPS_CHECK(vps_model_read(r, "model", &m));
 	snprintf(where, sizeof(where), "%s: line %d: parallel", vps_reader_name(r), vps_r_line(r, "parallel"));
 	if (vps_reader_is_binary(r))

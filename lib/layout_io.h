@@ -20,5 +20,8 @@ vps_result_t vps_ints_write(struct vps_writer *w, const char *key, const int64_t
 /* The body of a layout document (after the header), also embedded in plans. */
 vps_result_t vps_layout_write(struct vps_writer *w, const struct vps_layout *l, const int64_t *ranks, size_t nranks);
 vps_result_t vps_layout_read(struct vps_reader *r, struct vps_layout **out);
+/* The same, with the hash the document states (not compared: a layout's
+ * hash names it, vps_layout_hash computes it). */
+vps_result_t vps_layout_read_stated(struct vps_reader *r, struct vps_layout **out, uint64_t *stated);
 
 #endif

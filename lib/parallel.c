@@ -458,7 +458,8 @@ vps_result_t vps_devices_read(struct vps_reader *r, const char *key, struct vps_
 		VPS_CHECK(vps_r_int_opt(r, "first_node", &d->first_node, 0, INT32_MAX, 0));
 	} else if (!strcmp(mode, "list")) {
 		uint64_t n;
-		VPS_CHECK(vps_r_seq_begin(r, "devices", &n));
+		/* a block list of flow pairs, which its items cannot tell */
+		VPS_CHECK(vps_r_seq_begin_flow(r, "devices", &n, false));
 		d->list = vps_malloc((size_t)n * sizeof(*d->list) + 1);
 		if (!d->list)
 			return VPS_ENOMEM;

@@ -5,6 +5,7 @@
 #include "internal.h"
 #include "layout_io.h"
 #include "plan_io.h"
+#include "stage_io.h"
 #include "vps/stage.h"
 
 /* The inputs every rank's staged plan is made from: the two layouts, the
@@ -172,7 +173,7 @@ vps_result_t vps_staged_serialize(const struct vps_staged *s, bool yaml, struct 
 	return rc;
 }
 
-static vps_result_t read_body(struct vps_reader *r, struct vps_staged *s)
+vps_result_t vps_staged_read_body(struct vps_reader *r, struct vps_staged *s)
 {
 	uint64_t n, plan_hash;
 	int64_t W;
@@ -332,7 +333,7 @@ vps_result_t vps_staged_parse(struct vps_staged **out, const char *name, const v
 	*out = NULL;
 	VPS_CHECK(vps_reader_new(&r, name, data, len, VPS_DOC_STAGED));
 	struct vps_staged *s = vps_calloc(1, sizeof(*s));
-	vps_result_t rc = s ? read_body(r, s) : VPS_ENOMEM;
+	vps_result_t rc = s ? vps_staged_read_body(r, s) : VPS_ENOMEM;
 	if (!rc)
 		rc = vps_reader_finish(r);
 	vps_reader_free(r);

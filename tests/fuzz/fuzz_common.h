@@ -14,6 +14,7 @@
 #include "vps/layout.h"
 #include "vps/model.h"
 #include "vps/plan.h"
+#include "vps/show.h"
 #include "vps/stage.h"
 
 enum fuzz_doc { FUZZ_LAYOUT, FUZZ_PLAN, FUZZ_STAGED, FUZZ_MODEL, FUZZ_NDOCS };
@@ -97,11 +98,42 @@ static void fuzz_use(enum fuzz_doc k, const void *x)
 	}
 }
 
+/* vps-show reads with the kinds' own readers: it accepts what they accept,
+ * and what vps wrote (y1, NULL when d was refused) comes back from binary
+ * byte for byte. -t reads any input without harm. */
+static void fuzz_show(enum fuzz_doc k, const uint8_t *d, size_t n, bool accepted, const struct vps_bytes *y1)
+{
+	static const enum vps_doc_kind kinds[] = {VPS_DOC_LAYOUT, VPS_DOC_PLAN, VPS_DOC_STAGED};
+	struct vps_show_info info;
+	char line[512];
+	if (vps_show_identify("fuzz", d, n, &info) == VPS_OK)
+		vps_show_describe(&info, line, sizeof(line));
+	if (k == FUZZ_MODEL || vps_doc_sniff(d, n) != kinds[k])
+		return;
+	struct vps_bytes b = {0}, y = {0};
+	vps_result_t rc = vps_show_convert("fuzz", d, n, VPS_SHOW_BINARY, &b);
+	if (rc != VPS_ENOMEM && (rc == VPS_OK) != accepted)
+		fuzz_die(accepted ? "vps-show refuses a document its reader accepts"
+				  : "vps-show accepts a document its reader refuses", k);
+	vps_bytes_release(&b);
+	if (!y1)
+		return;
+	if (vps_show_convert("fuzz", y1->data, y1->len, VPS_SHOW_BINARY, &b) != VPS_OK ||
+	    vps_show_convert("fuzz", b.data, b.len, VPS_SHOW_YAML, &y) != VPS_OK)
+		fuzz_die("vps-show does not convert what vps wrote", k);
+	if (y.len != y1->len || memcmp(y.data, y1->data, y.len) != 0)
+		fuzz_die("vps-show: YAML -> binary -> YAML is not byte-identical", k);
+	vps_bytes_release(&b);
+	vps_bytes_release(&y);
+}
+
 static void fuzz_document(enum fuzz_doc k, const uint8_t *d, size_t n)
 {
 	void *x = NULL;
-	if (fuzz_parse(k, d, n, &x) != VPS_OK)
+	if (fuzz_parse(k, d, n, &x) != VPS_OK) {
+		fuzz_show(k, d, n, false, NULL);
 		return;
+	}
 	fuzz_use(k, x);
 	struct vps_bytes y1 = {0}, bin = {0}, y2 = {0};
 	if (fuzz_serialize(k, x, true, &y1) == VPS_EUNSUPPORTED) {
@@ -121,6 +153,7 @@ static void fuzz_document(enum fuzz_doc k, const uint8_t *d, size_t n)
 		fuzz_die("a document read back does not serialize", k);
 	if (y1.len != y2.len || memcmp(y1.data, y2.data, y1.len) != 0)
 		fuzz_die("YAML -> binary -> YAML is not byte-identical", k);
+	fuzz_show(k, d, n, true, &y1);
 	vps_bytes_release(&y1);
 	vps_bytes_release(&y2);
 	vps_bytes_release(&bin);
