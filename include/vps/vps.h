@@ -19,6 +19,7 @@
 #include "vps/plan.h"
 #include "vps/query.h"
 #include "vps/registry.h"
+#include "vps/show.h"
 #include "vps/stage.h"
 #include "vps/svg.h"
 #include "vps/trainer.h"
