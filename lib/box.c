@@ -190,16 +190,24 @@ void vps_region_restrict(const struct vps_region *r, const struct vps_box *sub, 
 	*out = t;
 }
 
-bool vps_region_is_contiguous(const struct vps_region *r)
+bool vps_strides_rowmajor(int ndim, const int64_t *ext, const int64_t *strides)
 {
 	int64_t s = 1;
-	for (int k = r->box.ndim - 1; k >= 0; k--) {
-		int64_t ext = r->box.hi[k] - r->box.lo[k];
-		if (ext != 1 && r->strides[k] != s)
+	for (int k = ndim - 1; k >= 0; k--) {
+		if (ext[k] != 1 && strides[k] != s)
 			return false;
-		s *= ext;
+		if (__builtin_mul_overflow(s, ext[k], &s))
+			return false;
 	}
 	return true;
+}
+
+bool vps_region_is_contiguous(const struct vps_region *r)
+{
+	int64_t ext[VPS_MAX_DIMS];
+	for (int k = 0; k < r->box.ndim; k++)
+		ext[k] = r->box.hi[k] - r->box.lo[k];
+	return vps_strides_rowmajor(r->box.ndim, ext, r->strides);
 }
 
 void vps_region_extent(const struct vps_region *r, int64_t *first, int64_t *end)

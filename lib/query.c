@@ -526,23 +526,6 @@ static int flat_cmp(const void *a, const void *b)
 	return x->dst_offset < y->dst_offset ? -1 : x->dst_offset > y->dst_offset;
 }
 
-static bool strides_rowmajor(const struct vps_box *b, const int64_t *strides)
-{
-	int64_t s = 1;
-	for (int k = b->ndim - 1; k >= 0; k--) {
-		int64_t e = b->hi[k] - b->lo[k];
-		if (e != 1 && strides[k] != s)
-			return false;
-		s *= e;
-	}
-	return true;
-}
-
-static bool piece_flat(const struct vps_piece *x)
-{
-	return strides_rowmajor(&x->box, x->src_strides) && strides_rowmajor(&x->box, x->dst_strides);
-}
-
 static vps_result_t op_mismatch(size_t xi, size_t k, const struct vps_op *o, const char *why)
 {
 	return vps_fail(VPS_EINPUT, "transfer %zu copy %zu (piece %" PRId64 "): %s (vps-verify(1) says more)", xi, k,
@@ -684,7 +667,7 @@ static vps_result_t staged_op(struct staged_ctx *c, size_t xi, size_t k)
 	if (o->piece < 0 || (size_t)o->piece >= p->npieces)
 		return op_mismatch(xi, k, o, "no such piece");
 	const struct vps_piece *pc = &p->pieces[o->piece];
-	if (piece_flat(pc))
+	if (vps_piece_flat(pc))
 		return flat_op(c, xi, k);
 	struct vps_box sub;
 	if (o->npieces != 1 || o->esize != vps_dtype_size(vps_state_dtype(pc->state)) || !strided_part(o, x, pc, &sub))
@@ -720,7 +703,7 @@ vps_result_t vps_query_staged(const struct vps_staged *s, const struct vps_query
 	size_t cap = 0;
 	for (size_t i = 0; i < p->npieces; i++) {
 		const struct vps_piece *x = &p->pieces[i];
-		if ((x->src != c.rank && x->dst != c.rank) || !piece_flat(x))
+		if ((x->src != c.rank && x->dst != c.rank) || !vps_piece_flat(x))
 			continue;
 		VPS_CHECK_GOTO(VPS_GROW(c.ix, cap, c.nix + 1), rc, done);
 		c.ix[c.nix++] = (struct flat){x->src, x->dst, x->dst_buffer, x->dst_offset, vps_box_volume(&x->box), i};

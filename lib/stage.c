@@ -33,17 +33,6 @@ struct run {
 	int64_t src_strides[VPS_MAX_DIMS], dst_strides[VPS_MAX_DIMS];
 };
 
-static bool view_contiguous(const int64_t *ext, const int64_t *strides, int ndim)
-{
-	int64_t s = 1;
-	for (int k = ndim - 1; k >= 0; k--) {
-		if (ext[k] != 1 && strides[k] != s)
-			return false;
-		s *= ext[k];
-	}
-	return true;
-}
-
 static int64_t run_elements(const struct run *r)
 {
 	int64_t n = 1;
@@ -67,7 +56,7 @@ static void run_of_piece(const struct vps_piece *p, size_t idx, struct run *r)
 	r->dst_offset = p->dst_offset;
 	memcpy(r->src_strides, p->src_strides, sizeof(r->src_strides));
 	memcpy(r->dst_strides, p->dst_strides, sizeof(r->dst_strides));
-	if (view_contiguous(r->ext, r->src_strides, r->ndim) && view_contiguous(r->ext, r->dst_strides, r->ndim)) {
+	if (vps_strides_rowmajor(r->ndim, r->ext, r->src_strides) && vps_strides_rowmajor(r->ndim, r->ext, r->dst_strides)) {
 		r->flat = true;
 		int64_t n = run_elements(r);
 		r->ndim = 1;

@@ -773,30 +773,18 @@ vps_result_t vps_verify_plan(const struct vps_plan *p, struct vps_verify_report 
  *     sorted; boxes and slab arithmetic when a cut is not such a range).
  * Checks that depend on the stage table are apart, in check_schedule(). */
 
-/* Whether a view is the row-major order of its extents from its offset. */
-static bool view_flat(int ndim, const int64_t *ext, const int64_t *strides)
-{
-	int64_t s = 1;
-	for (int k = ndim - 1; k >= 0; k--) {
-		if (ext[k] != 1 && strides[k] != s)
-			return false;
-		if (!vps_mul_ok(s, ext[k], &s))
-			return false;
-	}
-	return true;
-}
-
 static void piece_ext(const struct vps_piece *x, int64_t *ext)
 {
 	for (int k = 0; k < x->box.ndim; k++)
 		ext[k] = x->box.hi[k] - x->box.lo[k];
 }
 
-static bool piece_flat(const struct vps_piece *x)
+bool vps_piece_flat(const struct vps_piece *x)
 {
 	int64_t ext[VPS_MAX_DIMS];
 	piece_ext(x, ext);
-	return view_flat(x->box.ndim, ext, x->src_strides) && view_flat(x->box.ndim, ext, x->dst_strides);
+	return vps_strides_rowmajor(x->box.ndim, ext, x->src_strides) &&
+	       vps_strides_rowmajor(x->box.ndim, ext, x->dst_strides);
 }
 
 /* Elements contiguous on both sides: what a flat piece, or a flat copy,
@@ -1360,8 +1348,8 @@ vps_result_t vps_verify_staged(const struct vps_staged *s, struct vps_verify_rep
 				continue;
 			}
 			const struct vps_piece *pc = &p->pieces[o->piece];
-			if (piece_flat(pc)) {
-				if (view_flat(o->ndim, o->ext, o->src_strides) && view_flat(o->ndim, o->ext, o->dst_strides)) {
+			if (vps_piece_flat(pc)) {
+				if (vps_strides_rowmajor(o->ndim, o->ext, o->src_strides) && vps_strides_rowmajor(o->ndim, o->ext, o->dst_strides)) {
 					have[nh++] = (struct seg){x->src, x->dst, o->src_buffer, o->dst_buffer, o->src_offset,
 								  o->dst_offset, bytes / o->esize, o->esize, i};
 					continue;
@@ -1394,7 +1382,7 @@ vps_result_t vps_verify_staged(const struct vps_staged *s, struct vps_verify_rep
 	size_t nflat = 0;
 	for (size_t i = 0; i < p->npieces; i++) {
 		const struct vps_piece *x = &p->pieces[i];
-		if ((scope < 0 || x->src == scope || x->dst == scope) && piece_flat(x))
+		if ((scope < 0 || x->src == scope || x->dst == scope) && vps_piece_flat(x))
 			nflat++;
 	}
 	want = malloc((nflat + 1) * sizeof(*want));
@@ -1415,7 +1403,7 @@ vps_result_t vps_verify_staged(const struct vps_staged *s, struct vps_verify_rep
 			vps_verify_add(rep, "piece %zu: more than 2^48 elements", i);
 			continue;
 		}
-		if (piece_flat(x))
+		if (vps_piece_flat(x))
 			want[nw++] = (struct seg){x->src,	 x->dst, x->src_buffer, x->dst_buffer, x->src_offset,
 						  x->dst_offset, vps_box_volume(&x->box),
 						  (uint8_t)vps_dtype_size(vps_state_dtype(x->state)), i};

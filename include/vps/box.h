@@ -52,6 +52,11 @@ int vps_flat_range_boxes(int ndim, const int64_t *ext, int64_t lo, int64_t hi,
  * @return the number of boxes written. */
 int vps_box_subtract(const struct vps_box *a, const struct vps_box *b, struct vps_box *out);
 
+/* Whether elements of extents ext[0..ndim) at these strides are the
+ * row-major order of the extents: one contiguous range (extents of 1 may
+ * have any stride). */
+bool vps_strides_rowmajor(int ndim, const int64_t *ext, const int64_t *strides);
+
 /* Row-major strides of a box's extents. */
 void vps_box_rowmajor_strides(const struct vps_box *b, int64_t *strides);
 
