@@ -130,6 +130,12 @@ def main():
                 p.wait()
             procs = []
         time.sleep(0.05)
+    # a rank killed before its registry closed leaves it: remove what is stale
+    for r in range(args.nproc):
+        try:
+            vps.Registry.unlink("%s-%d" % (tag, r))
+        except vps.Error as e:
+            print("launch.py: %s" % e, file=sys.stderr)
     for f in failed:
         print("launch.py: " + f, file=sys.stderr)
     if failed:

@@ -7,6 +7,7 @@ beside it when the run switches.
 What vps adds to the training loop is marked "vps:"."""
 import argparse
 import os
+import signal
 import sys
 import time
 
@@ -220,6 +221,8 @@ def train_step(stage, opt, groups, corpus, tr, args, lr):
 
 def main():
     args = parse_args()
+    # a launcher stops the job with SIGTERM: leave through the registry's close
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -35,6 +35,14 @@ class Registry:
              max_entries, 1)
         self.name = name
 
+    @staticmethod
+    def unlink(name):
+        """Remove the registry NAME and the buffers it made when its trainer is
+        gone (a launcher cleaning up after a killed rank); a live trainer's, or
+        anything not a registry of this user's, is refused with vps.Error. An
+        absent NAME is not an error."""
+        call("vps_registry_unlink", name.encode())
+
     def close(self):
         """Unmap and remove the registry and the buffers it allocated."""
         if getattr(self, "_h", None) and lib:

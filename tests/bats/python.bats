@@ -64,3 +64,16 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	expect_status 2 "$PY" "$TOP/examples/torch/launch.py" --nproc 2 --dir r --model micro-llama --configs tp=3
 	[[ "$output" == *"tp=3 does not divide heads=8 of micro-llama"* ]]
 }
+
+@test "an executor that dies stops the job, and the job leaves nothing in /dev/shm" {
+	# the launcher's registries are vps-torch-PID-RANK (other tests' objects come and go)
+	ls /dev/shm | grep '^vps-torch-' > before || true
+	VPS_FAULT=exit:1 expect_status 1 "$PY" "$TOP/examples/torch/launch.py" --nproc 4 --dir r --model micro-llama \
+		--gpus-per-node 4 --steps 4 --switch-every 2 --global-batch 8 --micro-batch 2 \
+		--configs tp=2:dp=2:zero=1,pp=2:dp=2
+	[[ "$output" == *"executor "*" exited with status"* ]]
+	ls /dev/shm | grep '^vps-torch-' > after || true
+	run comm -13 before after
+	echo "left: $output"
+	[ -z "$output" ]
+}
