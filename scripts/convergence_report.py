@@ -52,18 +52,23 @@ def read_loss(path, steps):
     return out
 
 
+def log_matches(path, pat):
+    """The groups of every line of path that pat matches, numbers as ints."""
+    out = []
+    try:
+        for line in open(path):
+            m = pat.match(line)
+            if m:
+                out.append(tuple(int(g) if g.isdigit() else g for g in m.groups()))
+    except OSError as e:
+        bad_input("%s: %s" % (path, e.strerror))
+    return out
+
+
 def switch_lines(train_log, switches, every, configs):
     """(how many of the expected switches rank 0 logged as "switch K at step S
     to CFG: ... equal bit for bit", problems)."""
-    pat = re.compile(r"^train\.py: switch (\d+) at step (\d+) to (\S+): .*equal bit for bit")
-    seen = []
-    try:
-        for line in open(train_log):
-            m = pat.match(line)
-            if m:
-                seen.append((int(m.group(1)), int(m.group(2)), m.group(3)))
-    except OSError as e:
-        bad_input("%s: %s" % (train_log, e.strerror))
+    seen = log_matches(train_log, re.compile(r"^train\.py: switch (\d+) at step (\d+) to (\S+): .*equal bit for bit"))
     want = [(k, k * every, configs[k % len(configs)]) for k in range(1, switches + 1)]
     ok = len(set(seen) & set(want))
     if seen != want:
@@ -77,14 +82,7 @@ def digests(run_dir, ranks, switches):
     matches, problems = 0, []
     for r in range(ranks):
         path = os.path.join(run_dir, "exec.%d.log" % r)
-        got = []
-        try:
-            for line in open(path):
-                m = pat.match(line)
-                if m:
-                    got.append((int(m.group(1)), int(m.group(2)), m.group(3)))
-        except OSError as e:
-            bad_input("%s: %s" % (path, e.strerror))
+        got = log_matches(path, pat)
         want = [(r, k, "match") for k in range(1, switches + 1)]
         if got != want:
             problems.append("%s: digests %s; expected %s" % (path, got, want))
