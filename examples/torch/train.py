@@ -118,14 +118,16 @@ class Adam:
                 gather.append((groups.dp_ranks.index(r), their, mine))
             self.sets.append(dict(param=b.id, ids=ids, m_pos=m_pos, p_pos=p_pos, decay=decay[p_pos], gather=gather,
                                   grad=torch.zeros(b.elements, dtype=torch.float32)))
+        # each parameter's fp32 gradient buffer (that of its chunk's param buffer)
+        grads = {s["param"]: s["grad"] for s in self.sets}
+        self.grad_of = [grads[v.buffer(vps.PARAM, p.chunk, p.expert)] for p in v.params]
 
     def step(self, stage, lr, t):
         bufs = self.state.buffers
         for s in self.sets:
             s["grad"].zero_()
         for p, g in stage.grads():
-            s = next(s for s in self.sets if s["param"] == self.state.view.buffer(vps.PARAM, p.chunk, p.expert))
-            s["grad"][p.offset:p.offset + p.elements] = g.reshape(-1)
+            self.grad_of[p.index][p.offset:p.offset + p.elements] = g.reshape(-1)
         for s in self.sets:
             if self.groups.dp is not None:
                 dist.all_reduce(s["grad"], group=self.groups.dp)
