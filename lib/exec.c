@@ -256,7 +256,7 @@ static vps_result_t map_side(struct vps_switch *sw, const struct vps_rank_view *
 		memcpy(d.ipc, info.ipc_handle, sizeof(d.ipc));
 		/* a target is the next switch's source: it stays mapped */
 		vps_result_t rc = vps_mapcache_map(sw->maps, sw->gpu, &d, role == VPS_ROLE_TARGET, role == VPS_ROLE_TARGET,
-						   &(*ptrs)[b]);
+						   true, &(*ptrs)[b]);
 		if (rc) {
 			vps_error_prefix("registry %s: %s buffer %zu", vps_registry_name(reg), what, b);
 			return rc;
@@ -386,7 +386,49 @@ struct claim {
 	uint64_t seq;
 	bool claimed;
 	const struct vps_exec_opts *o;
+	struct vps_mapcache *maps;
+	double next_scan;
+	bool warming;
 };
+
+/* While the trainer trains: map the host buffers it has registered and
+ * read their pages once, a slice a poll, so that the first pass through
+ * each mapping (slow on VMs, docs/exec.md) is not paid in the pause. Best
+ * effort: what fails here is found and reported when the switch maps it. */
+static void prefetch(struct claim *c)
+{
+	double t = now();
+	if (t >= c->next_scan) {
+		c->next_scan = t + 0.05;
+		uint32_t n = vps_registry_num_entries(c->reg);
+		char(*names)[VPS_REGISTRY_NAME_MAX + 8] = vps_calloc((size_t)n + 1, sizeof(*names));
+		const char **list = vps_calloc((size_t)n + 1, sizeof(*list));
+		size_t k = 0;
+		for (uint32_t i = 0; names && list && i < n; i++) {
+			struct vps_registry_entry_info info;
+			if (vps_registry_entry(c->reg, i, &info) || info.where != VPS_WHERE_HOST)
+				continue;
+			struct vps_buffer_desc d = {0};
+			d.where = VPS_WHERE_HOST;
+			d.buffer = info.buffer;
+			snprintf(d.shm_name, sizeof(d.shm_name), "%s", info.shm_name);
+			snprintf(names[k], sizeof(names[k]), "%s", info.shm_name);
+			list[k] = names[k];
+			k++;
+			vps_mapcache_prefetch(c->maps, &d, info.role == VPS_ROLE_TARGET);
+		}
+		if (names && list)
+			vps_mapcache_prune(c->maps, list, k);
+		free(names);
+		free(list);
+		c->warming = true;
+		vps_clear_error();
+	}
+	/* 16 MiB a poll: tens of milliseconds even where a first pass is slow,
+	 * so heartbeats and the request are not held up */
+	if (c->warming)
+		c->warming = vps_mapcache_warm(c->maps, (size_t)16 << 20);
+}
 
 static int claim_ready(void *ctx)
 {
@@ -401,6 +443,8 @@ static int claim_ready(void *ctx)
 	if (rc != VPS_ETIMEOUT)
 		return -1;
 	vps_clear_error();
+	if (c->maps)
+		prefetch(c);
 	if (c->limit >= 0 && now() - c->start > c->limit) {
 		vps_fail(VPS_ETIMEOUT, "registry %s: no switch requested within %.1f s", vps_registry_name(c->reg), c->limit);
 		return -1;
@@ -539,7 +583,7 @@ static vps_result_t one_switch(const struct vps_staged *s, const struct vps_plan
 	/* a slow trainer is not a dead one (that one is seen at once): its
 	 * request may take as long as the ranks' may lie apart */
 	struct claim c = {reg, *last_seq, t0, o->wait ? -1 : vps_max64((int64_t)o->request_timeout, (int64_t)o->timeout),
-			  0, false, o};
+			  0, false, o, maps, 0, false};
 	rc = vps_net_arrive(net, claim_ready, &c, vps_max64((int64_t)o->request_timeout, (int64_t)o->timeout));
 	claimed = c.claimed;
 	seq = c.seq;
@@ -549,6 +593,8 @@ static vps_result_t one_switch(const struct vps_staged *s, const struct vps_plan
 	rep->switch_seq = seq;
 	rep->waited_seconds = now() - t0;
 	double t_pause = now();
+	uint64_t stale[2];
+	vps_mapcache_take_stats(maps, &stale[0], &stale[1]);
 	/* the trainer's registry must describe this plan's two layouts */
 	uint64_t ha = vps_layout_hash(p->a), hb = vps_layout_hash(p->b);
 	if (sw.ra >= 0 && (vps_registry_layout_hash(reg) != ha || vps_registry_rank(reg) != sw.ra)) {
@@ -576,6 +622,7 @@ static vps_result_t one_switch(const struct vps_staged *s, const struct vps_plan
 		VPS_CHECK_GOTO(map_side(&sw, &sw.vb, VPS_ROLE_TARGET, &sw.dst, NULL), rc, fail);
 	}
 	VPS_CHECK_GOTO(check_views(&sw), rc, fail);
+	vps_mapcache_take_stats(maps, &rep->premapped_bytes, &rep->mapped_in_pause_bytes);
 	rep->attach_seconds = now() - t_pause;
 	/* every rank has arrived (vps_net_arrive): from here on a silent rank
 	 * is found within the ordinary timeout */
@@ -882,6 +929,8 @@ vps_result_t vps_exec_report_yaml(const struct vps_exec_report *reps, size_t n, 
 		VPS_CHECK_GOTO(vps_w_double(w, "gb_per_second",
 					    r->transfer_seconds > 0 ? moved / r->transfer_seconds / 1e9 : 0.0),
 			       rc, done);
+		VPS_CHECK_GOTO(vps_w_int(w, "premapped_bytes", (int64_t)r->premapped_bytes), rc, done);
+		VPS_CHECK_GOTO(vps_w_int(w, "mapped_in_pause_bytes", (int64_t)r->mapped_in_pause_bytes), rc, done);
 		VPS_CHECK_GOTO(vps_w_str(w, "digest", !r->checked ? "not checked" : r->digest_match ? "match" : "mismatch"),
 			       rc, done);
 		VPS_CHECK_GOTO(vps_w_u64hex(w, "digest_value", r->digest_after), rc, done);

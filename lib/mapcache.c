@@ -1,10 +1,16 @@
 /* Registered buffers mapped into the executor, kept across switches.
  *
  * A switch's targets are the next switch's sources, so under --serve they
- * stay mapped: a fresh mapping of host memory faults every page in again
- * (slow on virtual machines), and opening a CUDA IPC handle costs
+ * stay mapped: the first pass over a fresh mapping of host memory is slow
+ * on virtual machines (docs/exec.md), and opening a CUDA IPC handle costs
  * milliseconds. Everything else is unmapped when its switch ends, so the
- * trainer's freed sources are not pinned by the executor. */
+ * trainer's freed sources are not pinned by the executor.
+ *
+ * While the executor waits for a request it maps what the trainer has
+ * registered and reads one byte of every page (vps_mapcache_prefetch,
+ * vps_mapcache_warm), so that first pass falls before the pause, not in
+ * it; what it could not reach in time is touched when the switch maps it,
+ * in the attach, so a transfer's time is the transport's. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -27,12 +33,31 @@ struct map_entry {
 	bool writable;  /* host: mapped with PROT_WRITE now */
 	bool keep;      /* outlives this switch */
 	bool used;      /* used in this switch */
+	size_t touched; /* host: bytes from the start read once through this mapping */
 };
 
 struct vps_mapcache {
 	struct map_entry *v;
 	size_t n, cap;
+	uint64_t warm_bytes, cold_bytes;
 };
+
+/* One read a page: the first pass through a mapping, whatever it costs,
+ * done here rather than inside a transfer. */
+static size_t touch(struct map_entry *e, size_t budget)
+{
+	if (e->where != VPS_WHERE_HOST || !e->base)
+		return 0;
+	const size_t page = 4096;
+	size_t end = e->len - e->touched > budget ? e->touched + budget : e->len, done = e->touched;
+	volatile const unsigned char *q = e->base;
+	unsigned sink = 0;
+	for (size_t at = e->touched; at < end; at += page)
+		sink += q[at];
+	(void)sink;
+	e->touched = end;
+	return end - done;
+}
 
 vps_result_t vps_mapcache_new(struct vps_mapcache **out)
 {
@@ -117,8 +142,7 @@ static bool same_object(const struct map_entry *e, const struct vps_buffer_desc 
 	return !memcmp(e->ipc, d->ipc, sizeof(e->ipc));
 }
 
-vps_result_t vps_mapcache_map(struct vps_mapcache *c, const struct vps_cuda_api *gpu, const struct vps_buffer_desc *d,
-			      bool writable, bool keep, void **ptr)
+static vps_result_t check_desc(const struct vps_buffer_desc *d, const struct vps_cuda_api *gpu)
 {
 	if (d->where != VPS_WHERE_HOST && d->where != VPS_WHERE_CUDA)
 		return vps_fail(VPS_EINPUT, "buffer %u: unknown memory kind %u", d->buffer, d->where);
@@ -127,6 +151,13 @@ vps_result_t vps_mapcache_map(struct vps_mapcache *c, const struct vps_cuda_api 
 		return vps_fail(VPS_EINPUT, "buffer %u: not a shared-memory object name", d->buffer);
 	if (d->where == VPS_WHERE_CUDA && !gpu)
 		return vps_fail(VPS_EUNSUPPORTED, "buffer %u is GPU memory and GPU support is not loaded", d->buffer);
+	return VPS_OK;
+}
+
+/* The entry that maps d's object as asked, or NULL. A source may use the
+ * cached writable mapping of a target not in use (made read-only). */
+static vps_result_t find(struct vps_mapcache *c, const struct vps_buffer_desc *d, bool writable, struct map_entry **out)
+{
 	struct map_entry *e = NULL;
 	/* host memory: a source and a target are separate mappings (a source
 	 * is read-only); a kept target becomes a source by mprotect, which
@@ -144,25 +175,48 @@ vps_result_t vps_mapcache_map(struct vps_mapcache *c, const struct vps_cuda_api 
 			e = x;
 		}
 	}
-	if (!e) {
-		VPS_CHECK(VPS_GROW(c->v, c->cap, c->n + 1));
-		struct map_entry n = {0};
-		n.where = d->where;
-		if (d->where == VPS_WHERE_HOST) {
-			snprintf(n.shm_name, sizeof(n.shm_name), "%s", d->shm_name);
-			VPS_CHECK(map_host(d->shm_name, writable, &n.base, &n.len));
-			n.writable = writable;
-		} else {
-			memcpy(n.ipc, d->ipc, sizeof(n.ipc));
-			uint64_t bytes = 0;
-			char err[VPS_CUDA_ERR] = "";
-			int rc = gpu->ipc_open(d->ipc, &n.base, &bytes, err);
-			if (rc)
-				return vps_gpu_result(rc, err, "open a CUDA IPC handle");
-			n.len = (size_t)bytes;
-		}
-		c->v[c->n++] = n;
-		e = &c->v[c->n - 1];
+	*out = e;
+	return VPS_OK;
+}
+
+static vps_result_t add(struct vps_mapcache *c, const struct vps_cuda_api *gpu, const struct vps_buffer_desc *d,
+			bool writable, struct map_entry **out)
+{
+	VPS_CHECK(VPS_GROW(c->v, c->cap, c->n + 1));
+	struct map_entry n = {0};
+	n.where = d->where;
+	if (d->where == VPS_WHERE_HOST) {
+		snprintf(n.shm_name, sizeof(n.shm_name), "%s", d->shm_name);
+		VPS_CHECK(map_host(d->shm_name, writable, &n.base, &n.len));
+		n.writable = writable;
+	} else {
+		memcpy(n.ipc, d->ipc, sizeof(n.ipc));
+		uint64_t bytes = 0;
+		char err[VPS_CUDA_ERR] = "";
+		int rc = gpu->ipc_open(d->ipc, &n.base, &bytes, err);
+		if (rc)
+			return vps_gpu_result(rc, err, "open a CUDA IPC handle");
+		n.len = (size_t)bytes;
+	}
+	c->v[c->n++] = n;
+	*out = &c->v[c->n - 1];
+	return VPS_OK;
+}
+
+vps_result_t vps_mapcache_map(struct vps_mapcache *c, const struct vps_cuda_api *gpu, const struct vps_buffer_desc *d,
+			      bool writable, bool keep, bool warm, void **ptr)
+{
+	VPS_CHECK(check_desc(d, gpu));
+	struct map_entry *e;
+	VPS_CHECK(find(c, d, writable, &e));
+	if (!e)
+		VPS_CHECK(add(c, gpu, d, writable, &e));
+	if (warm && e->where == VPS_WHERE_HOST) {
+		if (e->touched >= e->len)
+			c->warm_bytes += d->bytes;
+		else
+			c->cold_bytes += d->bytes;
+		touch(e, SIZE_MAX);
 	}
 	e->used = true;
 	e->keep |= keep;
@@ -176,6 +230,52 @@ vps_result_t vps_mapcache_map(struct vps_mapcache *c, const struct vps_cuda_api 
 	}
 	*ptr = (unsigned char *)e->base + d->offset;
 	return VPS_OK;
+}
+
+vps_result_t vps_mapcache_prefetch(struct vps_mapcache *c, const struct vps_buffer_desc *d, bool writable)
+{
+	if (d->where != VPS_WHERE_HOST)
+		return VPS_OK;
+	VPS_CHECK(check_desc(d, NULL));
+	struct map_entry *e;
+	VPS_CHECK(find(c, d, writable, &e));
+	if (!e)
+		VPS_CHECK(add(c, NULL, d, writable, &e));
+	return VPS_OK;
+}
+
+bool vps_mapcache_warm(struct vps_mapcache *c, size_t budget)
+{
+	for (size_t i = 0; i < c->n && budget; i++)
+		budget -= touch(&c->v[i], budget);
+	for (size_t i = 0; i < c->n; i++)
+		if (c->v[i].where == VPS_WHERE_HOST && c->v[i].touched < c->v[i].len)
+			return true;
+	return false;
+}
+
+void vps_mapcache_prune(struct vps_mapcache *c, const char *const *names, size_t nnames)
+{
+	size_t w = 0;
+	for (size_t i = 0; i < c->n; i++) {
+		struct map_entry *e = &c->v[i];
+		bool registered = e->where != VPS_WHERE_HOST || e->used;
+		for (size_t k = 0; k < nnames && !registered; k++)
+			registered = !strcmp(e->shm_name, names[k]);
+		if (!registered) {
+			unmap(e, NULL);
+			continue;
+		}
+		c->v[w++] = *e;
+	}
+	c->n = w;
+}
+
+void vps_mapcache_take_stats(struct vps_mapcache *c, uint64_t *warm_bytes, uint64_t *cold_bytes)
+{
+	*warm_bytes = c->warm_bytes;
+	*cold_bytes = c->cold_bytes;
+	c->warm_bytes = c->cold_bytes = 0;
 }
 
 /* The last byte a view touches, +1, or -1 when it cannot be real. */

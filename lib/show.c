@@ -74,6 +74,8 @@ static vps_result_t read_report(struct vps_reader *r)
 		VPS_CHECK(read_bytes3(r));
 		for (size_t i = 0; i < sizeof(times) / sizeof(times[0]); i++)
 			VPS_CHECK(read_seconds(r, times[i]));
+		VPS_CHECK(vps_r_int(r, "premapped_bytes", &v, 0, INT64_MAX));
+		VPS_CHECK(vps_r_int(r, "mapped_in_pause_bytes", &v, 0, INT64_MAX));
 		VPS_CHECK(read_one_of(r, "digest", digests, sizeof(digests) / sizeof(digests[0])));
 		uint64_t digest;
 		VPS_CHECK(vps_r_u64hex(r, "digest_value", &digest));

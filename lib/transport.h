@@ -85,7 +85,9 @@ void vps_mapcache_free(struct vps_mapcache *c);
  * unless writable) or GPU memory (a CUDA IPC handle, opened once per
  * allocation). bytes is what the caller will touch from the buffer's start,
  * checked against the object. keep: the mapping outlives this switch (a
- * target, which is the next switch's source). */
+ * target, which is the next switch's source). warm: read every page of a
+ * host mapping now, if that was not done before (this rank's own buffers:
+ * their first pass belongs in the attach, not in a transfer). */
 struct vps_buffer_desc {
 	uint32_t where, buffer;
 	int32_t device, pad;
@@ -94,7 +96,19 @@ struct vps_buffer_desc {
 	unsigned char ipc[64];
 };
 vps_result_t vps_mapcache_map(struct vps_mapcache *c, const struct vps_cuda_api *gpu, const struct vps_buffer_desc *d,
-			      bool writable, bool keep, void **ptr);
+			      bool writable, bool keep, bool warm, void **ptr);
+/* Between switches, while waiting for the trainer's request: map a host
+ * buffer the trainer registered (not GPU memory) without using it yet;
+ * vps_mapcache_warm then reads up to budget bytes' worth of pages of what
+ * is mapped, and says whether pages are left. vps_mapcache_prune unmaps
+ * what is not in use and whose object is none of names (the trainer's
+ * registered objects), so a buffer it freed is not pinned. */
+vps_result_t vps_mapcache_prefetch(struct vps_mapcache *c, const struct vps_buffer_desc *d, bool writable);
+bool vps_mapcache_warm(struct vps_mapcache *c, size_t budget);
+void vps_mapcache_prune(struct vps_mapcache *c, const char *const *names, size_t nnames);
+/* Bytes of this rank's buffers found warm (mapped and read before) and cold
+ * by vps_mapcache_map(warm) since the last call; resets them. */
+void vps_mapcache_take_stats(struct vps_mapcache *c, uint64_t *warm_bytes, uint64_t *cold_bytes);
 /* End of a switch: unmap what was not kept. */
 void vps_mapcache_end_switch(struct vps_mapcache *c, const struct vps_cuda_api *gpu);
 

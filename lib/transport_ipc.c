@@ -182,7 +182,7 @@ static vps_result_t ipc_begin(void *self, struct vps_switch *sw)
 				goto done;
 			}
 			p->bytes[b] = (int64_t)d->bytes;
-			rc = vps_mapcache_map(sw->maps, sw->gpu, d, false, false, &p->ptr[b]);
+			rc = vps_mapcache_map(sw->maps, sw->gpu, d, false, false, false, &p->ptr[b]);
 			if (rc) {
 				vps_error_prefix("ipc: rank %" PRId64 "'s source buffer %" PRIu64, p->peer, b);
 				goto done;

@@ -73,6 +73,10 @@ struct vps_exec_report {
 	double waited_seconds;    /* waiting for the trainer's request */
 	double pause_seconds;     /* from the request claimed to destinations marked done */
 	double transfer_seconds;  /* of the pause: the stages */
+	/* this rank's host buffers: bytes mapped and read once before the
+	 * request (or kept from the switch before), and bytes whose first pass
+	 * fell in the pause's attach (slow on VMs: docs/exec.md) */
+	uint64_t premapped_bytes, mapped_in_pause_bytes;
 	const char *transport;    /* the transport's name (of the first peer's kind under auto) */
 	bool checked, digest_match;
 	uint64_t digest_before, digest_after;

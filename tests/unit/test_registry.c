@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "transport.h"
 #include "vps/registry.h"
 
 static void name_for(char *buf, size_t n, const char *what)
@@ -349,5 +350,69 @@ TEST(a_trainer_frees_a_host_buffer_it_no_longer_registers)
 	CHECK_EQ(count_maps(), before);
 	/* freed once: a second free is refused */
 	CHECK(vps_registry_free_host(r, q) == VPS_EINPUT);
+	vps_registry_close(r);
+}
+
+static struct vps_buffer_desc host_desc(const struct vps_registry *r, uint32_t entry)
+{
+	struct vps_registry_entry_info info;
+	struct vps_buffer_desc d = {0};
+	if (vps_registry_entry(r, entry, &info) == VPS_OK) {
+		d.where = VPS_WHERE_HOST;
+		d.buffer = info.buffer;
+		d.bytes = info.bytes;
+		snprintf(d.shm_name, sizeof(d.shm_name), "%s", info.shm_name);
+	}
+	return d;
+}
+
+/* What the executor maps and reads while it waits counts as premapped when
+ * the switch maps it; a buffer the trainer no longer registers is unmapped
+ * by the prune and costs its first pass again. */
+TEST(buffers_mapped_ahead_of_the_request_are_warm_in_the_switch)
+{
+	char name[64];
+	struct vps_registry *r;
+	struct vps_mapcache *c;
+	void *p, *q;
+	name_for(name, sizeof(name), "warm");
+	CHECK_OK(vps_registry_create(&r, name, 5, 0, 8, 0));
+	CHECK_OK(vps_registry_alloc_host(r, VPS_ROLE_SOURCE, 0, 0, 1, 300000, &p));
+	CHECK_OK(vps_registry_alloc_host(r, VPS_ROLE_TARGET, 0, 0, 1, 200000, &q));
+	struct vps_buffer_desc src = host_desc(r, 0), dst = host_desc(r, 1);
+	CHECK_EQ(src.bytes, 1200000);
+	CHECK_OK(vps_mapcache_new(&c));
+	CHECK_OK(vps_mapcache_prefetch(c, &src, false));
+	int polls = 0;
+	while (vps_mapcache_warm(c, 64 << 10))
+		polls++;
+	/* 64 KiB a poll over 1.2 MB: the work is sliced */
+	CHECK(polls >= 15);
+	uint64_t warm, cold;
+	void *ps, *pd;
+	CHECK_OK(vps_mapcache_map(c, NULL, &src, false, false, true, &ps));
+	CHECK_OK(vps_mapcache_map(c, NULL, &dst, true, true, true, &pd));
+	vps_mapcache_take_stats(c, &warm, &cold);
+	CHECK_EQ(warm, 1200000);
+	CHECK_EQ(cold, 800000);
+	vps_mapcache_take_stats(c, &warm, &cold);
+	CHECK_EQ(warm + cold, 0);
+	/* the executor's view is the trainer's memory */
+	((float *)p)[7] = 3.5f;
+	CHECK(((const float *)ps)[7] == 3.5f);
+	vps_mapcache_end_switch(c, NULL);
+	/* the kept target stays warm; a source the trainer dropped is pruned */
+	const char *names[] = {dst.shm_name};
+	vps_mapcache_prune(c, names, 1);
+	CHECK_OK(vps_mapcache_map(c, NULL, &dst, false, false, true, &pd));
+	CHECK_OK(vps_mapcache_map(c, NULL, &src, false, false, true, &ps));
+	vps_mapcache_take_stats(c, &warm, &cold);
+	CHECK_EQ(warm, 800000);
+	CHECK_EQ(cold, 1200000);
+	/* a name that is not a shared-memory object's is refused, not mapped */
+	struct vps_buffer_desc bad = src;
+	snprintf(bad.shm_name, sizeof(bad.shm_name), "a/b");
+	CHECK(vps_mapcache_prefetch(c, &bad, false) == VPS_EINPUT);
+	vps_mapcache_free(c);
 	vps_registry_close(r);
 }
