@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# vps's switch against checkpoint-and-restart of the same state, side by
+# side: 8 ranks go from layout A to layout B (FROM, TO) of models of
+# growing size. vps: the pause of vps-trainer + vps-exec (the trainers'
+# request to their resume, slowest rank; every element checked) over tcp
+# and over host ipc. The baseline (build/bench/ckpt_bench): every rank of A
+# saves its state to its own file and fsyncs it, then every rank of B reads
+# back exactly the byte ranges its state needs and checks every element.
+# Runs alternate (vps, baseline) RUNS times; medians. Where the page cache
+# can be dropped, a second load after dropping it gives the cold-cache
+# figure.
+#
+#   scripts/bench/ckpt_restart.sh [--doc]
+#   env: RUNS (default 1), MODELS (default three sizes; LARGE=1 adds a
+#        fourth, 5.4 GB), FROM, TO,
+#        BUDGET (staging, default 512MiB), CKPT_DIR (where the files go:
+#        a disk, not tmpfs; default a temporary under /var/tmp)
+# --doc writes the table into docs/BENCHMARKS.md (section ckpt) and the
+# figures into docs/bench/switch-vs-size.tsv.
+set -euo pipefail
+export VPS_TOKEN=${VPS_TOKEN:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
+doc=0
+case ${1:-} in
+--doc) doc=1 ;;
+'') ;;
+*) echo "usage: scripts/bench/ckpt_restart.sh [--doc]" >&2; exit 2 ;;
+esac
+top=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$top" && make -s all build/bench/ckpt_bench
+bin=$top/bin ckpt=$top/build/bench/ckpt_bench
+runs=${RUNS:-1}
+from=${FROM:-tp=2,pp=2,dp=2,zero=1} to=${TO:-tp=4,pp=1,dp=2,zero=1}
+mdir=$top/scripts/bench/models
+models=${MODELS:-"$mdir/ckpt-42m.yaml $mdir/ckpt-84m.yaml $mdir/bench-170m.yaml"}
+# 5.4 GB of state fits this machine (A and B at once, plus the page cache)
+# but takes as long as the three smaller sizes together
+[ "${LARGE:-0}" = 0 ] || models="$models $mdir/ckpt-337m.yaml"
+t=$(mktemp -d)
+files=$(mktemp -d "${CKPT_DIR:-/var/tmp}/vps-ckpt.XXXXXX")
+tag=ck$$
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	rm -rf "$t" "$files"
+	rm -f /dev/shm/"$tag"-* 2>/dev/null || true
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM HUP
+
+# one vps switch over $1; prints the slowest rank's pause
+vps_switch() {
+	local transport=$1 port r failed=0
+	port=$("$top/scripts/free-port.sh")
+	pids=()
+	rm -f "$t"/report.*
+	for ((r = 0; r < world; r++)); do
+		"$bin/vps-trainer" --registry "$tag-$r" --rank "$r" --steps 0 --steps-after 0 --timeout 600 "$t/s.staged" \
+			> "$t/trainer.$r.log" 2>&1 &
+		pids+=($!)
+	done
+	for ((r = 0; r < world; r++)); do
+		"$bin/vps-exec" --registry "$tag-$r" --rank "$r" --world "$world" --master "127.0.0.1:$port" \
+			--transport "$transport" --wait --timeout 300 --report "$t/report.$r.yaml" -q "$t/s.staged" \
+			> "$t/exec.$r.log" 2>&1 &
+		pids+=($!)
+	done
+	for p in "${pids[@]}"; do wait "$p" || failed=1; done
+	pids=()
+	if [ $failed != 0 ]; then
+		cat "$t"/trainer.*.log "$t"/exec.*.log >&2
+		echo "ckpt_restart.sh: the vps switch over $transport failed" >&2
+		exit 1
+	fi
+	# every trainer checked every element it received
+	[ "$(grep -l ': ok$' "$t"/trainer.*.log | wc -l)" = "$world" ] || { cat "$t"/trainer.*.log >&2; exit 1; }
+	awk '/^  pause_seconds:/ { if ($2 > m) m = $2 } END { printf "%.4f\n", m }' "$t"/report.*.yaml
+}
+
+# drop the page cache (root, and a kernel that lets us); 0 when it did
+drop_cache() { sync && { echo 3 > /proc/sys/vm/drop_caches; } 2>/dev/null; }
+cold=0
+if drop_cache; then cold=1; fi
+
+began=$SECONDS
+res=$t/results
+: > "$res"
+for m in $models; do
+	"$bin/vps-layout" --model "$m" --parallel "$from" -o "$t/a.layout" -q
+	"$bin/vps-layout" --model "$m" --parallel "$to" -o "$t/b.layout" -q
+	"$bin/vps-plan" "$t/a.layout" "$t/b.layout" -o "$t/ab.plan"
+	"$bin/vps-stage" --budget "${BUDGET:-512MiB}" "$t/ab.plan" -o "$t/s.staged"
+	bytes=$("$bin/vps-layout" -i "$t/a.layout" --stats | awk '$1 == "total_bytes:" { print $2 }')
+	world=$("$bin/vps-plan" "$t/a.layout" "$t/b.layout" --stats | awk '$1 == "world:" { print $2 }')
+	name=$(awk '$1 == "name:" { print $2 }' "$m")
+	for ((run = 1; run <= runs; run++)); do
+		echo "$bytes vps-tcp $(vps_switch tcp)" >> "$res"
+		echo "$bytes vps-ipc $(vps_switch ipc)" >> "$res"
+		rm -f "$files"/*
+		"$ckpt" save "$t/s.staged" "$files" > "$t/save.out"
+		"$ckpt" load "$t/s.staged" "$files" > "$t/load.out"
+		save=$(awk '$1 == "seconds:" { print $2 }' "$t/save.out")
+		load=$(awk '$1 == "seconds:" { print $2 }' "$t/load.out")
+		echo "$bytes ckpt-save $save" >> "$res"
+		echo "$bytes ckpt-load $load" >> "$res"
+		echo "$bytes ckpt-total $(awk -v a="$save" -v b="$load" 'BEGIN { printf "%.4f", a + b }')" >> "$res"
+		if [ $cold = 1 ] && drop_cache; then
+			"$ckpt" load "$t/s.staged" "$files" > "$t/cold.out"
+			lc=$(awk '$1 == "seconds:" { print $2 }' "$t/cold.out")
+			echo "$bytes ckpt-load-cold $lc" >> "$res"
+			echo "$bytes ckpt-total-cold $(awk -v a="$save" -v b="$lc" 'BEGIN { printf "%.4f", a + b }')" >> "$res"
+		fi
+		written=$(awk '$1 == "bytes_written:" { print $2 }' "$t/save.out")
+		read -r readb preads < <(awk '$1 == "rank" { b += $3; n += $4 } END { printf "%.0f %.0f\n", b, n }' "$t/load.out")
+		echo "$name run $run: $bytes bytes of state; wrote $written, read $readb in $preads preads;" \
+			"$((SECONDS - began)) s so far" >&2
+	done
+	rm -f "$files"/*
+done
+
+# medians per (bytes, method), in the order measured
+awk '
+	{ k = $1 SUBSEP $2; if (!(k in n)) order[++K] = k; v[k, ++n[k]] = $3 }
+	END {
+		for (i = 1; i <= K; i++) {
+			k = order[i]; c = n[k]
+			for (a = 1; a <= c; a++) x[a] = v[k, a]
+			for (a = 1; a <= c; a++) for (b = a + 1; b <= c; b++) if (x[b] < x[a]) { y = x[a]; x[a] = x[b]; x[b] = y }
+			split(k, p, SUBSEP)
+			printf "%s\t%s\t%s\n", p[1], p[2], x[int((c + 1) / 2)]
+		}
+	}' "$res" > "$t/medians.tsv"
+
+table() {
+	printf '| state (GB) | vps tcp (s) | vps ipc (s) | save (s) | load (s) | save + load (s) | ckpt / vps tcp | ckpt / vps ipc |'
+	[ $cold = 1 ] && printf ' load, cold cache (s) | cold ckpt / vps ipc |'
+	printf '\n|---:|---:|---:|---:|---:|---:|---:|---:|'
+	[ $cold = 1 ] && printf -- '---:|---:|'
+	printf '\n'
+	awk -F'\t' -v cold=$cold '
+		{ if (!($1 in seen)) { seen[$1] = 1; order[++N] = $1 } s[$1, $2] = $3 }
+		END {
+			for (i = 1; i <= N; i++) {
+				b = order[i]; tot = s[b, "ckpt-total"]
+				printf "| %.2f | %.3f | %.3f | %.3f | %.3f | %.3f | %.1fx | %.1fx |", b / 1e9, s[b, "vps-tcp"], s[b, "vps-ipc"],
+					s[b, "ckpt-save"], s[b, "ckpt-load"], tot, tot / s[b, "vps-tcp"], tot / s[b, "vps-ipc"]
+				if (cold) printf " %.3f | %.1fx |", s[b, "ckpt-load-cold"], s[b, "ckpt-total-cold"] / s[b, "vps-ipc"]
+				printf "\n"
+			}
+		}' "$t/medians.tsv"
+}
+machine="$(nproc) cores, $(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo), load average $(cut -d' ' -f1-3 /proc/loadavg)"
+{
+	printf '`RUNS=%s scripts/bench/ckpt_restart.sh --doc` (%s to %s, %s ranks, medians of %s), %s, on %s.\n' \
+		"$runs" "$from" "$to" "$world" "$runs" "$(date -u +%Y-%m-%d)" "$machine"
+	[ $cold = 1 ] || printf 'The page cache could not be dropped here: every load read files the save had just written, from memory.\n'
+	printf '\n'
+	table
+} > "$t/section.md"
+cat "$t/section.md"
+if [ $doc = 1 ]; then
+	"$top/scripts/bench/doc-section.sh" ckpt "$top/docs/BENCHMARKS.md" < "$t/section.md"
+	mkdir -p "$top/docs/bench"
+	{ printf 'state_bytes\tmethod\tseconds\n'; cat "$t/medians.tsv"; } > "$top/docs/bench/switch-vs-size.tsv"
+fi

@@ -1,0 +1,77 @@
+#!/usr/bin/env bats
+# The checkpoint-and-restart baseline (scripts/bench/ckpt_bench.c,
+# scripts/bench/ckpt_restart.sh): it saves and reloads the right bytes, reads
+# no more than the new layout needs, and fails on a checkpoint that is
+# missing, short, foreign or damaged, so it never times wrong work.
+load helpers
+
+ckpt=$TOP/build/bench/ckpt_bench
+
+# tiny-llama, 8 ranks: (tp, pp, dp) = (2, 2, 2) -> (4, 1, 2), ZeRO-1
+plan() {
+	plain_make -s build/bench/ckpt_bench >/dev/null
+	vps-layout --model tiny-llama --parallel tp=2,pp=2,dp=2,zero=1 -o a.layout -q
+	vps-layout --model tiny-llama --parallel tp=4,pp=1,dp=2,zero=1 -o b.layout -q
+	vps-plan a.layout b.layout 2>/dev/null | vps-stage --budget 64MiB - -o s.staged -q
+	mkdir ck
+}
+
+@test "ckpt: every rank of B loads its state, checked, reading exactly what it needs" {
+	plan
+	expect_status 0 "$ckpt" save s.staged ck
+	[ "$(ls ck | wc -l)" = 8 ]
+	written=$(echo "$output" | awk '$1 == "bytes_written:" { print $2 }')
+	# replicas write once: less than all of A's state, more than one copy of the model
+	total=$(vps-layout -i a.layout --stats | awk '$1 == "total_bytes:" { print $2 }')
+	logical=$(vps-layout -i a.layout --stats | awk '$1 == "logical_bytes:" { print $2 }')
+	[ "$written" -lt "$total" ] && [ "$written" -ge "$logical" ]
+	expect_status 0 "$ckpt" load s.staged ck
+	# one line per rank of B, each after its check passed
+	[ "$(echo "$output" | grep -c '^rank ')" = 8 ]
+	read_bytes=$(echo "$output" | awk '$1 == "rank" { b += $3 } END { print b }')
+	need=$(vps-plan a.layout b.layout --stats | awk '$1 == "bytes_moved:" || $1 == "bytes_retained:" { b += $2 } END { print b }')
+	[ "$read_bytes" = "$need" ]
+}
+
+@test "ckpt: a damaged checkpoint fails the load with the wrong elements counted" {
+	plan
+	expect_status 0 "$ckpt" save s.staged ck
+	printf '\xa5\x5a\xa5\x5a' | dd of=ck/rank-3.ckpt bs=1 seek=8192 conv=notrunc status=none
+	expect_status 1 "$ckpt" load s.staged ck
+	[[ "$output" == *"wrong elements"* ]]
+}
+
+@test "ckpt: a missing, short or foreign checkpoint file fails the load and names the file" {
+	plan
+	expect_status 0 "$ckpt" save s.staged ck
+	cp ck/rank-5.ckpt r5
+	rm ck/rank-5.ckpt
+	expect_status 1 "$ckpt" load s.staged ck
+	[[ "$output" == *"ck/rank-5.ckpt: No such file or directory"* ]]
+	head -c 100000 r5 > ck/rank-5.ckpt
+	expect_status 1 "$ckpt" load s.staged ck
+	[[ "$output" == *"ck/rank-5.ckpt: truncated"* ]]
+	cp ck/rank-4.ckpt ck/rank-5.ckpt
+	expect_status 1 "$ckpt" load s.staged ck
+	[[ "$output" == *"ck/rank-5.ckpt: not rank 5's checkpoint of layout A"* ]]
+}
+
+@test "ckpt: bad arguments are a usage error" {
+	plain_make -s build/bench/ckpt_bench >/dev/null
+	expect_status 2 "$ckpt" restore x y
+	[[ "$output" == *usage:* ]]
+	expect_status 2 "$ckpt" load nothing.staged ck
+	[[ "$output" == *"nothing.staged"* ]]
+}
+
+@test "ckpt_restart.sh: vps and the baseline side by side on a tiny model, a row of figures" {
+	CKPT_DIR=$BATS_TEST_TMPDIR MODELS=$TOP/configs/models/tiny-llama.yaml RUNS=1 \
+		run env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u BUILDDIR -u BINDIR -u SANITIZE -u CFLAGS -u LDFLAGS \
+		"$TOP/scripts/bench/ckpt_restart.sh"
+	[ "$status" -eq 0 ] || { echo "$output"; false; }
+	row=$(echo "$output" | grep '^| 0\.10 |')
+	# state, two vps pauses, save, load, total, two ratios: all figures
+	[ "$(echo "$row" | awk -F'|' '{ n = 0; for (i = 2; i <= 9; i++) if ($i ~ /^ [0-9.]+x? $/) n++; print n }')" = 8 ]
+	# the temporary checkpoint directory is gone
+	[ -z "$(ls "$BATS_TEST_TMPDIR" | grep vps-ckpt)" ]
+}
