@@ -134,6 +134,12 @@ static void print_stats(const struct vps_plan *p, const struct vps_plan_stats *s
 	}
 	if (tr && tr->paper_seconds > 0)
 		printf("paper_seconds: %s\n", tool_seconds(tr->paper_seconds, "%.3f", h, n, sizeof(n)));
+	if (tr && tr->paper_mcp_save_seconds > 0) {
+		printf("paper_mcp_save_seconds: %s\n", tool_seconds(tr->paper_mcp_save_seconds, "%.3f", h, n, sizeof(n)));
+		printf("paper_mcp_load_seconds: %s\n", tool_seconds(tr->paper_mcp_load_seconds, "%.3f", h, n, sizeof(n)));
+	}
+	if (tr && tr->paper_hotspa_seconds > 0)
+		printf("paper_hotspa_seconds: %s\n", tool_seconds(tr->paper_hotspa_seconds, "%.3f", h, n, sizeof(n)));
 	if (s->send) {
 		printf("load:\n");
 		for (int64_t w = 0; w < s->world; w++) {

@@ -183,6 +183,10 @@ struct vps_transition {
 	char name[128];
 	char description[256];
 	double paper_seconds; /* the paper's measured switch time, 0 if none */
+	/* the paper's baselines for it (table hybrid_merged), 0 if none:
+	 * MCP's checkpoint save and load, HotSpa's switch */
+	double paper_mcp_save_seconds, paper_mcp_load_seconds;
+	double paper_hotspa_seconds;
 };
 /* Build layouts A and B from a transition document: name (looked up in
  * trans_path) or path. Models and parallel configurations it names are
