@@ -1,8 +1,9 @@
 #!/usr/bin/env bats
 # The paper transitions (configs/transitions): every plan moves exactly the
-# lower bound and meets the balance target, and docs/BENCHMARKS.md's table
-# of them is what scripts/bench/paper_transitions.sh writes. One run of the
-# script (global plans and statistics, no timings) serves both tests.
+# lower bound, meets the balance target and no plan's estimate is below the
+# floor its layouts set, and docs/BENCHMARKS.md's tables of them are what
+# scripts/bench/paper_transitions.sh writes. One run of the script (global
+# plans and statistics, no timings) serves every test.
 
 load helpers
 
@@ -26,6 +27,28 @@ setup_file() {
 		$4 + 0 > 1.10 && $9 + 0 > 1.02 { print $1 ": busiest/bound " $4 ", estimate/time bound " $9; bad = 1 }
 		END { exit bad }' "$ROWS"
 	[ "$status" -eq 0 ] || { echo "$output"; return 1; }
+}
+
+@test "no plan's estimate falls below the time floor computed from its layouts alone" {
+	[ -s "$ROWS" ] || { cat "$BATS_FILE_TMPDIR/out"; return 1; }
+	# columns 7, 13, 14: estimate, floor, estimate / floor. The floor never
+	# reads the plan: a planner that lost or misrouted bytes would show here
+	run awk -F'\t' '
+		$13 == "" || $14 == "" { print $1 ": no floor"; bad = 1 }
+		$11 + 0 > 0 && !($13 + 0 > 0) { print $1 ": moves " $11 " bytes in no time"; bad = 1 }
+		$14 + 0 < 1 { print $1 ": estimate " $7 " s below the floor " $13 " s"; bad = 1 }
+		END { exit bad }' "$ROWS"
+	[ "$status" -eq 0 ] || { echo "$output"; return 1; }
+}
+
+@test "every paper time in the transition files reaches the paper table" {
+	[ -s "$ROWS" ] || { cat "$BATS_FILE_TMPDIR/out"; return 1; }
+	# as many rows with MCP's and HotSpa's times as files that give them
+	[ "$(awk -F'\t' '$16 != "" && $17 != ""' "$ROWS" | wc -l)" = \
+		"$(grep -l '^paper_mcp_save_seconds:' "$TOP"/configs/transitions/*.yaml | wc -l)" ]
+	[ "$(awk -F'\t' '$18 != ""' "$ROWS" | wc -l)" = "$(grep -l '^paper_hotspa_seconds:' "$TOP"/configs/transitions/*.yaml | wc -l)" ]
+	grep -q '^| llama2-7b-s1-s2 | (2,2,2) -> (4,4,1) | .* | 0.818 | .* | 14.63 + 15.78 |  |$' "$TOP/docs/BENCHMARKS.md"
+	grep -q '^| llama-32b-s10-s9 | (1,16,2) -> (2,8,2) | .* | 0.299 | .* |  | 0.253 |$' "$TOP/docs/BENCHMARKS.md"
 }
 
 @test "docs/BENCHMARKS.md's transitions table is what scripts/bench/paper_transitions.sh writes" {
