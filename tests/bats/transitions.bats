@@ -54,3 +54,25 @@ setup_file() {
 @test "docs/BENCHMARKS.md's transitions table is what scripts/bench/paper_transitions.sh writes" {
 	[ "$(cat "$BATS_FILE_TMPDIR/status")" = 0 ] || { cat "$BATS_FILE_TMPDIR/out"; return 1; }
 }
+
+@test "a transition's paper times: positive seconds, MCP's save and load together, no other key" {
+	local src=$TOP/configs/transitions/llama2-7b-s1-s2.yaml
+	grep -v '^paper_mcp_load_seconds:' "$src" > alone.yaml
+	expect_status 2 vps-plan --transition ./alone.yaml --stats
+	[[ "$output" == "vps-plan: ./alone.yaml: line "*"paper_mcp_save_seconds and paper_mcp_load_seconds go together"* ]]
+	sed 's/^paper_mcp_save_seconds: .*/paper_mcp_save_seconds: -14.63/' "$src" > negative.yaml
+	expect_status 2 vps-plan --transition ./negative.yaml --stats
+	[[ "$output" == *"paper_mcp_save_seconds"*"a positive number of seconds"* ]]
+	sed 's/^paper_mcp_load_seconds: .*/paper_mcp_load_seconds: soon/' "$src" > word.yaml
+	expect_status 2 vps-plan --transition ./word.yaml --stats
+	[[ "$output" == *"paper_mcp_load_seconds"*"soon"* ]]
+	{ cat "$src"; echo 'paper_tenplex_seconds: 9'; } > unknown.yaml
+	expect_status 2 vps-plan --transition ./unknown.yaml --stats
+	[[ "$output" == *"paper_tenplex_seconds"* ]]
+	{ grep -v '^paper_mcp' "$src"; echo 'paper_hotspa_seconds: 0'; } > zero.yaml
+	expect_status 2 vps-plan --transition ./zero.yaml --stats
+	[[ "$output" == *"paper_hotspa_seconds"*"a positive number of seconds"* ]]
+	# the file as given: both times printed
+	expect_status 0 vps-plan --transition "$src" --stats
+	[[ "$output" == *$'paper_mcp_save_seconds: 14.630\npaper_mcp_load_seconds: 15.780'* ]]
+}
