@@ -49,8 +49,10 @@ static vps_result_t floor_boxes_reserve(struct floor_boxes *f, size_t n)
 static vps_result_t covered(const struct vps_box *a, size_t na, const struct vps_box *b, size_t nb,
 			    struct vps_box *scratch, const struct vps_box *target, int64_t *out)
 {
-	memcpy(scratch, a, na * sizeof(*a));
-	memcpy(scratch + na, b, nb * sizeof(*b));
+	if (na)
+		memcpy(scratch, a, na * sizeof(*a));
+	if (nb)
+		memcpy(scratch + na, b, nb * sizeof(*b));
 	int64_t u = vps_boxes_uncovered(scratch, na + nb, target);
 	if (u < 0)
 		return VPS_NOMEM();
