@@ -128,9 +128,18 @@ static void print_stats(const struct vps_plan *p, const struct vps_plan_stats *s
 		printf("time_bound_seconds: %s\n", tool_seconds(s->time_bound_seconds, "%.4f", h, n, sizeof(n)));
 		printf("estimate_over_time_bound: %.3f\n",
 		       s->time_bound_seconds > 0 ? s->estimate_seconds / s->time_bound_seconds : 1.0);
+		printf("time_floor_seconds: %s\n", tool_seconds(s->time_floor_seconds, "%.4f", h, n, sizeof(n)));
+		printf("estimate_over_time_floor: %.3f\n",
+		       s->time_floor_seconds > 0 ? s->estimate_seconds / s->time_floor_seconds : 1.0);
 	}
 	if (tr && tr->paper_seconds > 0)
 		printf("paper_seconds: %s\n", tool_seconds(tr->paper_seconds, "%.3f", h, n, sizeof(n)));
+	if (tr && tr->paper_mcp_save_seconds > 0) {
+		printf("paper_mcp_save_seconds: %s\n", tool_seconds(tr->paper_mcp_save_seconds, "%.3f", h, n, sizeof(n)));
+		printf("paper_mcp_load_seconds: %s\n", tool_seconds(tr->paper_mcp_load_seconds, "%.3f", h, n, sizeof(n)));
+	}
+	if (tr && tr->paper_hotspa_seconds > 0)
+		printf("paper_hotspa_seconds: %s\n", tool_seconds(tr->paper_hotspa_seconds, "%.3f", h, n, sizeof(n)));
 	if (s->send) {
 		printf("load:\n");
 		for (int64_t w = 0; w < s->world; w++) {

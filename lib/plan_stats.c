@@ -820,6 +820,9 @@ vps_result_t vps_plan_stats(const struct vps_plan *p, const struct vps_topology 
 		s->have_estimate = true;
 		s->estimate_seconds = t;
 		VPS_CHECK_GOTO(time_bound(p, topo, &s->time_bound_seconds), rc, done);
+		struct vps_time_floor f;
+		VPS_CHECK_GOTO(vps_time_floor(p->a, p->b, topo, &f), rc, done);
+		s->time_floor_seconds = f.seconds;
 	}
 	if (load) {
 		s->send = send;

@@ -30,6 +30,33 @@ static vps_result_t side(struct vps_reader *r, const char *key, const struct vps
 	return vps_layout_new(out, m, &p, &d, where);
 }
 
+/* One of the paper's times for a system: a positive number of seconds, or
+ * absent (0). */
+static vps_result_t paper_time(struct vps_reader *r, const char *key, double *v)
+{
+	*v = 0;
+	if (!vps_r_has(r, key) && !vps_reader_is_binary(r))
+		return VPS_OK;
+	VPS_CHECK(vps_r_double(r, key, v));
+	/* the binary encoding writes every field: 0 there means none */
+	if (*v < 0 || (*v == 0 && !vps_reader_is_binary(r)) || *v > 1e9)
+		return vps_r_error(r, key, "a time of the paper is a positive number of seconds up to 1e9");
+	return VPS_OK;
+}
+
+/* The baselines' times of the paper's table: MCP's save and load go
+ * together. */
+static vps_result_t paper_times(struct vps_reader *r, struct vps_transition *info)
+{
+	bool save = vps_r_has(r, "paper_mcp_save_seconds"), load = vps_r_has(r, "paper_mcp_load_seconds");
+	if (save != load && !vps_reader_is_binary(r))
+		return vps_r_error(r, save ? "paper_mcp_save_seconds" : "paper_mcp_load_seconds",
+				   "paper_mcp_save_seconds and paper_mcp_load_seconds go together");
+	VPS_CHECK(paper_time(r, "paper_mcp_save_seconds", &info->paper_mcp_save_seconds));
+	VPS_CHECK(paper_time(r, "paper_mcp_load_seconds", &info->paper_mcp_load_seconds));
+	return paper_time(r, "paper_hotspa_seconds", &info->paper_hotspa_seconds);
+}
+
 vps_result_t vps_transition_load(const char *arg, const char *trans_path, const char *model_path,
 				 const char *parallel_path, struct vps_transition *info, struct vps_layout **a,
 				 struct vps_layout **b)
@@ -56,6 +83,7 @@ vps_result_t vps_transition_load(const char *arg, const char *trans_path, const 
 	VPS_CHECK_GOTO(side(r, "to", &m, parallel_path, b), rc, done);
 	if (vps_r_has(r, "paper_seconds") || vps_reader_is_binary(r))
 		VPS_CHECK_GOTO(vps_r_double(r, "paper_seconds", &info->paper_seconds), rc, done);
+	VPS_CHECK_GOTO(paper_times(r, info), rc, done);
 	rc = vps_reader_finish(r);
 done:
 	if (rc) {

@@ -145,6 +145,7 @@ struct vps_plan_stats {
 	bool have_estimate;
 	double estimate_seconds;
 	double time_bound_seconds;   /* the least time any plan can take on the topology, latency aside */
+	double time_floor_seconds;   /* vps_time_floor's, from the layouts alone */
 	int64_t *send, *recv;        /* per world rank, when asked */
 };
 
@@ -154,11 +155,38 @@ vps_result_t vps_plan_stats(const struct vps_plan *p, const struct vps_topology 
 			    struct vps_plan_stats *s);
 void vps_plan_stats_release(struct vps_plan_stats *s);
 
+/* The least time any direct plan of A -> B can take on topo, from the two
+ * layouts alone (never from a plan, so a planner's bug cannot move it and
+ * the estimate together), latency aside. Each device that needs an element
+ * under B and does not hold it under A receives it straight from a device
+ * that holds it: bytes only same-node holders have cross its NVLink, those
+ * only other nodes' holders have cross its NIC, the rest either. On the
+ * sending side, the devices of a replica set (the ranks holding one region
+ * alike) send between them every element only they hold to each device
+ * that needs it, and the busiest sends at least the average. The floor is
+ * the largest, over receivers and replica sets, of max(local / intra,
+ * remote / inter, all / (intra + inter)), per device; out says which. */
+struct vps_time_floor {
+	double seconds;
+	struct vps_device device;  /* the device that sets it */
+	bool receives;             /* its bytes to receive set it; else those a set of senders shares */
+	int64_t senders;           /* sending: the devices that share the bytes below (it is one) */
+	int64_t local_bytes;       /* bytes over NVLink only */
+	int64_t remote_bytes;      /* over a NIC only */
+	int64_t either_bytes;      /* over either */
+};
+vps_result_t vps_time_floor(const struct vps_layout *a, const struct vps_layout *b, const struct vps_topology *topo,
+			    struct vps_time_floor *out);
+
 /* ---- transitions: a model and two configurations (configs/transitions) ---- */
 struct vps_transition {
 	char name[128];
 	char description[256];
 	double paper_seconds; /* the paper's measured switch time, 0 if none */
+	/* the paper's baselines for it (table hybrid_merged), 0 if none:
+	 * MCP's checkpoint save and load, HotSpa's switch */
+	double paper_mcp_save_seconds, paper_mcp_load_seconds;
+	double paper_hotspa_seconds;
 };
 /* Build layouts A and B from a transition document: name (looked up in
  * trans_path) or path. Models and parallel configurations it names are

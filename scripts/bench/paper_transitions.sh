@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
 # Every transition of configs/transitions: bytes moved against the lower
 # bound, the busiest device against the balanced bound, and the estimated
-# time on the paper's testbed against the least time the topology allows,
-# next to the paper's measured time. The section of docs/BENCHMARKS.md
-# between <!-- transitions:begin --> and <!-- transitions:end --> is this
-# script's output, never typed by hand:
+# time on the paper's testbed against the least time the topology allows
+# (from the plan's pieces) and against the time floor (from the two layouts
+# alone, never the plan); then the transitions the paper timed, next to the
+# paper's times for DynaTrain and its baselines (MCP's checkpoint save and
+# load, HotSpa). The section of docs/BENCHMARKS.md between
+# <!-- transitions:begin --> and <!-- transitions:end --> is this script's
+# output, never typed by hand:
 #
 #   scripts/bench/paper_transitions.sh           rewrite that section (and print it)
 #   scripts/bench/paper_transitions.sh --print   print it only
 #   scripts/bench/paper_transitions.sh --check   exit 1 when the section differs from a rerun
 #
-# Nothing here is a timing: every figure follows from the plans, so a rerun
-# reproduces the section byte for byte. VPS_BIN picks the tools (default:
-# bin/, built first); ROWS=FILE also writes the figures as tab-separated
-# lines (name, world, the table's columns, bytes moved, the lower bound).
+# Nothing here is a timing: every figure follows from the plans, the layouts
+# and the paper's numbers in the transition files, so a rerun reproduces the
+# section byte for byte. VPS_BIN picks the tools (default: bin/, built
+# first); ROWS=FILE also writes the figures as tab-separated lines: name,
+# world, the first table's columns, bytes moved, the lower bound, the floor,
+# estimate / floor, the busiest device's bytes, MCP's save and load, HotSpa's
+# time, the two configurations.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mode=${1:-write}
@@ -38,22 +44,69 @@ for f in configs/transitions/*.yaml; do
 		{ echo "paper_transitions: $n: vps-plan failed" >&2; exit 1; }
 	awk -v n="$n" '
 		{ v[$1] = $2 }
-		END { printf "%s\t%s\t%s\t%s\t%s\t%.1f\t%.3f\t%.3f\t%s\t%s\t%s\t%s\n", n, v["world:"],
-			v["moved_over_lower_bound:"], v["busiest_over_bound:"], v["send_over_bound:"],
+		$1 == "from:" || $1 == "to:" { gsub(/"/, "", $2); v[$1] = $2 }
+		function opt(k) { return (k in v) ? v[k] : "" }
+		END { printf "%s\t%s\t%s\t%s\t%s\t%.1f\t%.3f\t%.3f\t%s\t%s\t%s\t%s\t%.4f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+			n, v["world:"], v["moved_over_lower_bound:"], v["busiest_over_bound:"], v["send_over_bound:"],
 			v["bytes_moved:"] / 1e9, v["estimate_seconds:"], v["time_bound_seconds:"],
-			v["estimate_over_time_bound:"], ("paper_seconds:" in v) ? v["paper_seconds:"] : "",
-			v["bytes_moved:"], v["bytes_lower_bound:"] }' "$t/stats"
+			v["estimate_over_time_bound:"], opt("paper_seconds:"), v["bytes_moved:"], v["bytes_lower_bound:"],
+			v["time_floor_seconds:"], v["estimate_over_time_floor:"],
+			(v["max_send_bytes:"] + 0 > v["max_recv_bytes:"] + 0 ? v["max_send_bytes:"] : v["max_recv_bytes:"]),
+			opt("paper_mcp_save_seconds:"), opt("paper_mcp_load_seconds:"), opt("paper_hotspa_seconds:"),
+			v["from:"], v["to:"] }' "$t/stats"
 done > "$t/rows"
 # the figures, one transition a line, for tests/bats/transitions.bats
 [ -z "${ROWS:-}" ] || cp "$t/rows" "$ROWS"
 
+# The paper's rows in its order: its configurations s1, s2, ... of table
+# hybrid_merged first, by the number of the source, then the others (the
+# ablation's own s1 and s2, the migrations) by name.
+paper_rows() {
+	awk -F'\t' '$10 != "" {
+		k = "~" $1
+		if ($1 !~ /ablation/ && match($1, /-s[0-9]+-s[0-9]+$/)) k = sprintf("%04d", substr($1, RSTART + 2) + 0)
+		print k "\t" $0 }' "$t/rows" | sort -t$'\t' -k1,1 | cut -f2-
+}
+
 section() {
 	echo "\`scripts/bench/paper_transitions.sh\` (topology \`$topo\`) wrote this section from"
-	echo "the global plans of all $(wc -l < "$t/rows") transitions in \`configs/transitions/\`."
+	echo "the global plans of all $(wc -l < "$t/rows") transitions in \`configs/transitions/\`,"
+	echo "their layouts, and the paper's times that the transition files carry."
 	echo
-	echo "| transition | world | moved / lower bound | busiest / balanced bound | busiest sender / send bound | GB moved | estimate (s) | time bound (s) | estimate / time bound | paper (s) |"
-	echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-	awk -F'\t' '{ printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 }' "$t/rows"
+	echo "### The paper's transitions"
+	echo
+	echo "| transition | configurations | GB moved | GB lower bound | busiest device (GB) | estimate (s) | floor (s) | estimate / floor | DynaTrain (s) | estimate / DynaTrain | MCP save + load (s) | HotSpa (s) |"
+	echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+	paper_rows > "$t/paper"
+	awk -F'\t' '
+		# (TP,PP,DP) as the paper writes a configuration, EP after them when above 1
+		function conf(s,   n, i, kv, p, c) {
+			n = split(s, kv, ",")
+			for (i = 1; i <= n; i++) { split(kv[i], p, "="); c[p[1]] = p[2] }
+			return "(" c["tp"] "," c["pp"] "," c["dp"] (c["ep"] > 1 ? "," c["ep"] : "") ")"
+		}
+		{ printf "| %s | %s -> %s | %.1f | %.1f | %.2f | %s | %.3f | %s | %s | %.2f | %s | %s |\n", $1, conf($19), conf($20),
+			$11 / 1e9, $12 / 1e9, $15 / 1e9, $7, $13, $14, $10, $7 / $10,
+			($16 != "" ? sprintf("%.2f + %.2f", $16, $17) : ""), $18 }' "$t/paper"
+	echo
+	awk -F'\t' '
+		function lo_hi(x, k) { if (!(k in lo) || x < lo[k]) lo[k] = x; if (!(k in hi) || x > hi[k]) hi[k] = x }
+		{ lo_hi($14 + 0, "f"); lo_hi($7 / $10, "d")
+		  if ($16 != "") { lo_hi(($16 + $17) / $10, "m"); lo_hi(($16 + $17) / $7, "e") }
+		  if ($18 != "") lo_hi($18 / $10, "h") }
+		END {
+			printf "- estimate / floor: %.3f to %.3f.\n", lo["f"], hi["f"]
+			printf "- estimate / DynaTrain: %.2f to %.2f (the estimate is the transfer alone).\n", lo["d"], hi["d"]
+			printf "- MCP (save + load) / DynaTrain, the paper'"'"'s speedups: %.1f to %.1f.\n", lo["m"], hi["m"]
+			printf "- MCP (save + load) / estimate: %.0f to %.0f.\n", lo["e"], hi["e"]
+			printf "- HotSpa / DynaTrain: %.2f to %.2f.\n", lo["h"], hi["h"]
+		}' "$t/paper"
+	echo
+	echo "### Every transition"
+	echo
+	echo "| transition | world | moved / lower bound | busiest / balanced bound | busiest sender / send bound | GB moved | estimate (s) | time bound (s) | estimate / time bound | floor (s) | estimate / floor | paper (s) |"
+	echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+	awk -F'\t' '{ printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %.3f | %s | %s |\n", $1, $2, $3, $4, $5, $6, $7, $8, $9, $13, $14, $10 }' "$t/rows"
 	echo
 	awk -F'\t' '
 		$3 != "1.000" { moved = moved " " $1 }
@@ -62,6 +115,7 @@ section() {
 		$4 + 0 > 1.10 { over = over (over ? ", " : "") "`" $1 "` (" $4 ", estimate / time bound " $9 ")" }
 		$4 + 0 > 1.10 && $9 + 0 > 1.02 { fail = fail " " $1 }
 		$9 + 0 > tworst { tworst = $9 + 0; tname = $1 }
+		$14 + 0 > fworst { fworst = $14 + 0; fname = $1 }
 		END {
 			printf "- moved / lower bound: %s.\n", moved ? "above 1.000 for" moved : "1.000 on every transition"
 			printf "- busiest / balanced bound: at most %.3f within the 1.10 target (`%s`)", worst_in, iname
@@ -70,6 +124,7 @@ section() {
 			else
 				printf ".\n"
 			printf "- estimate / time bound: at most %.3f (`%s`).\n", tworst, tname
+			printf "- estimate / floor: at most %.3f (`%s`).\n", fworst, fname
 			if (fail)
 				printf "- **over both targets:**%s.\n", fail
 		}' "$t/rows"

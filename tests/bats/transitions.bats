@@ -1,8 +1,9 @@
 #!/usr/bin/env bats
 # The paper transitions (configs/transitions): every plan moves exactly the
-# lower bound and meets the balance target, and docs/BENCHMARKS.md's table
-# of them is what scripts/bench/paper_transitions.sh writes. One run of the
-# script (global plans and statistics, no timings) serves both tests.
+# lower bound, meets the balance target and no plan's estimate is below the
+# floor its layouts set, and docs/BENCHMARKS.md's tables of them are what
+# scripts/bench/paper_transitions.sh writes. One run of the script (global
+# plans and statistics, no timings) serves every test.
 
 load helpers
 
@@ -28,6 +29,50 @@ setup_file() {
 	[ "$status" -eq 0 ] || { echo "$output"; return 1; }
 }
 
+@test "no plan's estimate falls below the time floor computed from its layouts alone" {
+	[ -s "$ROWS" ] || { cat "$BATS_FILE_TMPDIR/out"; return 1; }
+	# columns 7, 13, 14: estimate, floor, estimate / floor. The floor never
+	# reads the plan: a planner that lost or misrouted bytes would show here
+	run awk -F'\t' '
+		$13 == "" || $14 == "" { print $1 ": no floor"; bad = 1 }
+		$11 + 0 > 0 && !($13 + 0 > 0) { print $1 ": moves " $11 " bytes in no time"; bad = 1 }
+		$14 + 0 < 1 { print $1 ": estimate " $7 " s below the floor " $13 " s"; bad = 1 }
+		END { exit bad }' "$ROWS"
+	[ "$status" -eq 0 ] || { echo "$output"; return 1; }
+}
+
+@test "every paper time in the transition files reaches the paper table" {
+	[ -s "$ROWS" ] || { cat "$BATS_FILE_TMPDIR/out"; return 1; }
+	# as many rows with MCP's and HotSpa's times as files that give them
+	[ "$(awk -F'\t' '$16 != "" && $17 != ""' "$ROWS" | wc -l)" = \
+		"$(grep -l '^paper_mcp_save_seconds:' "$TOP"/configs/transitions/*.yaml | wc -l)" ]
+	[ "$(awk -F'\t' '$18 != ""' "$ROWS" | wc -l)" = "$(grep -l '^paper_hotspa_seconds:' "$TOP"/configs/transitions/*.yaml | wc -l)" ]
+	grep -q '^| llama2-7b-s1-s2 | (2,2,2) -> (4,4,1) | .* | 0.818 | .* | 14.63 + 15.78 |  |$' "$TOP/docs/BENCHMARKS.md"
+	grep -q '^| llama-32b-s10-s9 | (1,16,2) -> (2,8,2) | .* | 0.299 | .* |  | 0.253 |$' "$TOP/docs/BENCHMARKS.md"
+}
+
 @test "docs/BENCHMARKS.md's transitions table is what scripts/bench/paper_transitions.sh writes" {
 	[ "$(cat "$BATS_FILE_TMPDIR/status")" = 0 ] || { cat "$BATS_FILE_TMPDIR/out"; return 1; }
+}
+
+@test "a transition's paper times: positive seconds, MCP's save and load together, no other key" {
+	local src=$TOP/configs/transitions/llama2-7b-s1-s2.yaml
+	grep -v '^paper_mcp_load_seconds:' "$src" > alone.yaml
+	expect_status 2 vps-plan --transition ./alone.yaml --stats
+	[[ "$output" == "vps-plan: ./alone.yaml: line "*"paper_mcp_save_seconds and paper_mcp_load_seconds go together"* ]]
+	sed 's/^paper_mcp_save_seconds: .*/paper_mcp_save_seconds: -14.63/' "$src" > negative.yaml
+	expect_status 2 vps-plan --transition ./negative.yaml --stats
+	[[ "$output" == *"paper_mcp_save_seconds"*"a positive number of seconds"* ]]
+	sed 's/^paper_mcp_load_seconds: .*/paper_mcp_load_seconds: soon/' "$src" > word.yaml
+	expect_status 2 vps-plan --transition ./word.yaml --stats
+	[[ "$output" == *"paper_mcp_load_seconds"*"soon"* ]]
+	{ cat "$src"; echo 'paper_tenplex_seconds: 9'; } > unknown.yaml
+	expect_status 2 vps-plan --transition ./unknown.yaml --stats
+	[[ "$output" == *"paper_tenplex_seconds"* ]]
+	{ grep -v '^paper_mcp' "$src"; echo 'paper_hotspa_seconds: 0'; } > zero.yaml
+	expect_status 2 vps-plan --transition ./zero.yaml --stats
+	[[ "$output" == *"paper_hotspa_seconds"*"a positive number of seconds"* ]]
+	# the file as given: both times printed
+	expect_status 0 vps-plan --transition "$src" --stats
+	[[ "$output" == *$'paper_mcp_save_seconds: 14.630\npaper_mcp_load_seconds: 15.780'* ]]
 }

@@ -1,0 +1,120 @@
+/* The time floor (vps_time_floor) from two layouts, on cases worked out by
+ * hand: without ZeRO and with tp = pp = 1 every rank holds the whole state,
+ * F = P * (2 + 4 + 4 + 4) bytes (bf16 parameters, fp32 master parameters
+ * and two Adam moments), so what each device must receive or send follows
+ * from where the devices sit. NVLink 8 bytes/s, the NIC 1: the floor is a
+ * multiple of F / 8. */
+#include <math.h>
+
+#include "harness.h"
+#include "jobs.h"
+#include "vps/plan.h"
+
+static const struct vps_topology topo = {
+	.name = "hand", .gpus_per_node = 8, .intra_node_bandwidth = 8, .inter_node_bandwidth = 1,
+	.memory_bandwidth = 64, .latency = 0,
+};
+
+struct fcase {
+	const char *what, *from, *to;
+	int64_t gpn_a, gpn_b;
+	double floor_in_f;    /* seconds, in units of F bytes */
+	bool receives;        /* the floor is a receiver's */
+	struct vps_device dev; /* the device that sets it */
+	int64_t loc_f, rem_f, any_f; /* its bytes, in units of F */
+};
+
+static double floor_of(const struct fcase *c, int64_t *state_bytes, struct vps_time_floor *f)
+{
+	struct vps_layout *a = test_layout("tiny-llama", c->from, c->gpn_a, 0);
+	struct vps_layout *b = test_layout("tiny-llama", c->to, c->gpn_b, 0);
+	double s = -1;
+	*state_bytes = 0;
+	if (a && b) {
+		*state_bytes = vps_model_parameters(vps_layout_model(a)) * 14;
+		CHECK_OK(vps_time_floor(a, b, &topo, f));
+		s = f->seconds;
+	}
+	vps_layout_free(a);
+	vps_layout_free(b);
+	return s;
+}
+
+TEST(the_floor_is_the_busiest_devices_bytes_over_its_links)
+{
+	static const struct fcase cases[] = {
+		/* two replicas on node 0; devices 2 and 3 join on node 1 and
+		 * can only be reached over their NICs: F / 1 */
+		{"remote only", "tp=1,pp=1,dp=2,zero=0", "tp=1,pp=1,dp=4,zero=0", 2, 2, 1.0, true, {1, 0}, 0, 1, 0},
+		/* replicas on nodes 0 and 1; (0,1) and (1,1) join and have one
+		 * replica on their node and one elsewhere: F / (8 + 1) */
+		{"either", "tp=1,pp=1,dp=2,zero=0", "tp=1,pp=1,dp=4,zero=0", 1, 2, 1.0 / 9, true, {0, 1}, 0, 0, 1},
+		/* one holder, three devices join on its node: it sends F to each
+		 * over NVLink (3F / 8), while each receives F (F / 8) */
+		{"sole sender, NVLink", "tp=1,pp=1,dp=1,zero=0", "tp=1,pp=1,dp=4,zero=0", 4, 4, 3.0 / 8, false, {0, 0}, 3,
+		 0, 0},
+		/* one holder at (0,0); (0,1) joins beside it, (1,0) and (1,1) on
+		 * node 1: it sends F over NVLink and 2F over its NIC, 2F / 1 */
+		{"sole sender, NIC", "tp=1,pp=1,dp=1,zero=0", "tp=1,pp=1,dp=4,zero=0", 2, 2, 2.0, false, {0, 0}, 1, 2, 0},
+		/* nothing to move */
+		{"unchanged", "tp=1,pp=1,dp=2,zero=0", "tp=1,pp=1,dp=2,zero=0", 2, 2, 0, false, {0, 0}, 0, 0, 0},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		const struct fcase *c = &cases[i];
+		int64_t F;
+		struct vps_time_floor f = {0};
+		double s = floor_of(c, &F, &f);
+		double want = c->floor_in_f * (double)F;
+		if (fabs(s - want) > 1e-9 * (want + 1))
+			harness_fail(__FILE__, __LINE__, "%s: floor %.6g s, want %.6g s (F = %lld bytes)", c->what, s, want,
+				     (long long)F);
+		if (!c->floor_in_f)
+			continue;
+		if (f.receives != c->receives || f.device.node != c->dev.node || f.device.gpu != c->dev.gpu)
+			harness_fail(__FILE__, __LINE__, "%s: set by (%d, %d) %s, want (%d, %d) %s", c->what, f.device.node,
+				     f.device.gpu, f.receives ? "receiving" : "sending", c->dev.node, c->dev.gpu,
+				     c->receives ? "receiving" : "sending");
+		CHECK_EQ(f.local_bytes, c->loc_f * F);
+		CHECK_EQ(f.remote_bytes, c->rem_f * F);
+		CHECK_EQ(f.either_bytes, c->any_f * F);
+	}
+}
+
+/* The plans' estimate counts every byte a plan moves over the links of its
+ * ends: it can never fall below a floor computed from the layouts alone. */
+TEST(no_plan_beats_the_floor)
+{
+	static const char *pairs[][2] = {
+		{"tp=2,pp=2,dp=2,zero=1", "tp=4,pp=4,dp=1,zero=1"},
+		{"tp=4,pp=4,dp=1,zero=1", "tp=2,pp=2,dp=2,zero=1"},
+		{"tp=2,pp=4,dp=1,zero=1", "tp=2,pp=1,dp=4,zero=1"},
+		{"tp=1,pp=2,dp=3,zero=1", "tp=2,pp=1,dp=3,zero=0,grad=0"},
+	};
+	for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) {
+		struct vps_layout *a = test_layout("tiny-llama", pairs[i][0], 4, 0);
+		struct vps_layout *b = test_layout("tiny-llama", pairs[i][1], 4, 0);
+		struct vps_plan_opts o = {.rank = -1};
+		struct vps_plan *p = NULL;
+		struct vps_plan_stats s;
+		CHECK_OK(vps_plan_compute(&p, a, b, &o));
+		if (!p)
+			continue;
+		CHECK_OK(vps_plan_stats(p, &topo, false, &s));
+		if (!(s.time_floor_seconds > 0) || s.time_floor_seconds > s.estimate_seconds * (1 + 1e-9))
+			harness_fail(__FILE__, __LINE__, "%s -> %s: floor %.6g s, estimate %.6g s", pairs[i][0], pairs[i][1],
+				     s.time_floor_seconds, s.estimate_seconds);
+		vps_plan_stats_release(&s);
+		vps_plan_free(p);
+	}
+}
+
+TEST(layouts_of_two_models_have_no_floor)
+{
+	struct vps_layout *a = test_layout("tiny-llama", "tp=1,pp=1,dp=2", 8, 0);
+	struct vps_layout *b = test_layout("tiny-gpt", "tp=1,pp=1,dp=2", 8, 0);
+	struct vps_time_floor f;
+	if (a && b)
+		CHECK(vps_time_floor(a, b, &topo, &f) == VPS_EINPUT);
+	vps_layout_free(a);
+	vps_layout_free(b);
+}
