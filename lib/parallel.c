@@ -242,12 +242,12 @@ vps_result_t vps_parallel_validate(struct vps_parallel *p, const struct vps_mode
 	/* every size is at least 1 (pkeys) but a struct may come from a caller;
 	 * the product is bounded before anything uses it */
 	int64_t world = 1;
-	int64_t dims[] = {p->tp, p->cp, p->dp, p->pp, p->ep, p->etp, p->vpp};
-	for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++)
-		if (dims[i] < 1)
+	int64_t sizes[] = {p->ep, p->etp, p->vpp}, world_sizes[] = {p->tp, p->cp, p->dp, p->pp};
+	for (size_t i = 0; i < 4; i++)
+		if (world_sizes[i] < 1 || (i < 3 && sizes[i] < 1))
 			return vps_fail(VPS_EINPUT, "%s: tp, cp, dp, pp, ep, etp and vpp must be at least 1", where);
 	for (size_t i = 0; i < 4; i++)
-		if (!vps_mul_ok(world, dims[i], &world) || world > ((int64_t)1 << 24))
+		if (!vps_mul_ok(world, world_sizes[i], &world) || world > ((int64_t)1 << 24))
 			return vps_fail(VPS_EINPUT, "%s: a world of tp x cp x dp x pp = %" PRId64 " x %" PRId64 " x %" PRId64
 					" x %" PRId64 " ranks is too large (at most 2^24)",
 					where, p->tp, p->cp, p->dp, p->pp);
