@@ -78,9 +78,9 @@ static void print_stats(const struct vps_layout *l, const struct vps_layout_stat
 			bytes += v.buffers[b].elements * (int64_t)vps_dtype_size(v.buffers[b].dtype);
 		printf("  - rank: %" PRId64 "\n", v.rank);
 		printf("    device: [%d, %d]\n", v.device.node, v.device.gpu);
-		printf("    coords: {tp: %" PRId64 ", dp: %" PRId64 ", pp: %" PRId64 ", etp: %" PRId64 ", ep: %" PRId64
-		       ", edp: %" PRId64 "}\n",
-		       v.coords.tp, v.coords.dp, v.coords.pp, v.coords.etp, v.coords.ep, v.coords.edp);
+		printf("    coords: {tp: %" PRId64 ", cp: %" PRId64 ", dp: %" PRId64 ", pp: %" PRId64 ", etp: %" PRId64
+		       ", ep: %" PRId64 ", edp: %" PRId64 "}\n",
+		       v.coords.tp, v.coords.cp, v.coords.dp, v.coords.pp, v.coords.etp, v.coords.ep, v.coords.edp);
 		printf("    buffers: %zu\n", v.nbuffers);
 		printf("    params: %zu\n", v.nparams);
 		printf("    regions: %zu\n", v.nregions);

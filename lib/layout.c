@@ -79,12 +79,17 @@ bool vps_layout_state_sharded(const struct vps_layout *l, int state)
 			     state == VPS_STATE_EXP_AVG_SQ);
 }
 
+/* Megatron's two generators over one world (parallel_state.py,
+ * initialize_model_parallel): the dense one in the order tp-cp-ep-dp-pp with
+ * ep = 1, the expert one in the same order with cp = 1, so expert data
+ * parallelism spans what is CP and DP in the dense one. */
 void vps_layout_coords(const struct vps_layout *l, int64_t r, struct vps_coords *c)
 {
 	const struct vps_parallel *p = &l->p;
 	c->tp = r % p->tp;
-	c->dp = (r / p->tp) % p->dp;
-	c->pp = r / (p->tp * p->dp);
+	c->cp = (r / p->tp) % p->cp;
+	c->dp = (r / (p->tp * p->cp)) % p->dp;
+	c->pp = r / (p->tp * p->cp * p->dp);
 	c->etp = r % p->etp;
 	c->ep = (r / p->etp) % p->ep;
 	c->edp = (r / (p->etp * p->ep)) % l->edp;
@@ -230,7 +235,11 @@ static vps_result_t build_tmpl(struct vps_layout *l, int64_t s, int64_t v, int e
 	 * starts on a multiple of 64, a shared embedding gets a bucket of its
 	 * own, and each bucket ends on a multiple of lcm(dp, 128). */
 	bool zero = p->zero != 0;
-	int64_t dpsize = expert ? l->edp : p->dp;
+	/* dense buffers are sharded over the dp_cp group, expert ones over
+	 * expert DP (distributed_data_parallel.py: intra_dp_cp_group and
+	 * intra_expt_dp_group); the bucket size with overlap stays Megatron's
+	 * 1,000,000 x dp without CP (get_data_parallel_world_size()) */
+	int64_t dpsize = expert ? l->edp : vps_parallel_dpcp(p);
 	int64_t divisor = vps_lcm(dpsize, 128);
 	int64_t bsize = p->bucket == VPS_BUCKET_AUTO ? vps_max64(40000000, 1000000 * p->dp) : p->bucket;
 	if (s > 0 || v > 0)
@@ -534,8 +543,10 @@ vps_result_t vps_layout_computed_rank(const struct vps_layout *l, int64_t rank, 
 					int npc = vps_layout_pieces(l, &t, ti, pc);
 					size_t before = v->nregions;
 					bool sharded = vps_layout_state_sharded(l, st);
+					/* the shard is the rank's place in its dp_cp group, whose
+					 * ranks Megatron lists CP first (generate_masked_orthogonal_rank_groups) */
 					VPS_CHECK_GOTO(param_regions(tm, tp, tensor, t.ndim, pc, npc, st, sharded,
-								     t.is_expert ? c->edp : c->dp,
+								     t.is_expert ? c->edp : c->cp + l->p.cp * c->dp,
 								     first_buffer + (uint32_t)st, NULL, &v->regions,
 								     &v->nregions, &cap_r),
 						       rc, fail);
@@ -754,6 +765,9 @@ vps_result_t vps_layout_holders(const struct vps_layout *l, uint32_t tensor, int
 		uint32_t slot_tensor = t.expert >= 0 ? tensor - (uint32_t)(ep * l->experts_per_rank * l->nexpert_kinds)
 						     : tensor;
 		int64_t T = t.is_expert ? p->etp : p->tp;
+		/* a dense TP slice's replicas: every (cp, dp) of its stage, which in
+		 * the order tp-cp-ep-dp-pp are the ranks ti + tp * j, j < cp * dp */
+		int64_t dpcp = vps_parallel_dpcp(p);
 		bool sharded = vps_layout_state_sharded(l, state);
 		for (int li = 0; li < nloc; li++) {
 			const struct tmpl *tm = tmpl_at(l, locs[li].stage, locs[li].chunk, group);
@@ -781,7 +795,7 @@ vps_result_t vps_layout_holders(const struct vps_layout *l, uint32_t tensor, int
 							rc = push_holder(h, &rs[i], ti + p->etp * (ep + p->ep * l->edp * s),
 									 p->etp * p->ep, l->edp);
 						else
-							rc = push_holder(h, &rs[i], ti + p->tp * p->dp * s, p->tp, p->dp);
+							rc = push_holder(h, &rs[i], ti + p->tp * dpcp * s, p->tp, dpcp);
 					}
 					free(rs);
 					if (rc)
@@ -798,7 +812,7 @@ vps_result_t vps_layout_holders(const struct vps_layout *l, uint32_t tensor, int
 									box, &rs, &nr, &cap);
 					for (size_t i = 0; !rc && i < nr; i++) {
 						int64_t rank = t.is_expert ? ti + p->etp * (ep + p->ep * (d + l->edp * s))
-									   : ti + p->tp * (d + p->dp * s);
+									   : ti + p->tp * (d + dpcp * s);
 						rc = push_holder(h, &rs[i], rank, 1, 1);
 					}
 					free(rs);
@@ -910,6 +924,10 @@ uint64_t vps_layout_hash(const struct vps_layout *l)
 	const struct vps_parallel *p = &l->p;
 	int64_t f[] = {p->tp, p->pp, p->dp, p->ep, p->etp, p->vpp, p->zero, p->first, p->last, p->bucket, p->grad};
 	uint64_t h = vps_hash64(f, sizeof(f), vps_model_hash(&l->m));
+	/* only when set, so that every layout without CP keeps the hash it had
+	 * before cp= existed (registries and staged plans name layouts by it) */
+	if (p->cp != 1)
+		h = vps_hash64(&p->cp, sizeof(p->cp), h);
 	/* devices: by value, so that a listed map equal to a packed one hashes
 	 * the same */
 	if (l->d.packed && l->d.first_node == 0 && l->d.gpus_per_node == 8) {
@@ -958,7 +976,7 @@ vps_result_t vps_layout_stats(const struct vps_layout *l, struct vps_layout_stat
 	for (int st = 0; st < nstates; st++)
 		s->logical_bytes += s->parameters * (int64_t)vps_dtype_size(vps_state_dtype(st));
 	s->min_rank_bytes = INT64_MAX;
-	int64_t ranks_per_stage = l->p.tp * l->p.dp;
+	int64_t ranks_per_stage = l->p.tp * l->p.cp * l->p.dp;
 	for (int64_t stage = 0; stage < l->p.pp; stage++) {
 		int64_t bytes = 0, buckets = 0;
 		for (int64_t c = 0; c < l->p.vpp; c++)

@@ -110,6 +110,7 @@ static vps_result_t write_view(const struct vps_layout *l, struct vps_writer *w,
 	VPS_CHECK(vps_ints_write(w, "device", dev, 2));
 	VPS_CHECK(vps_w_map_begin(w, "coords"));
 	VPS_CHECK(vps_w_int(w, "tp", v->coords.tp));
+	VPS_CHECK(vps_w_int(w, "cp", v->coords.cp));
 	VPS_CHECK(vps_w_int(w, "dp", v->coords.dp));
 	VPS_CHECK(vps_w_int(w, "pp", v->coords.pp));
 	VPS_CHECK(vps_w_int(w, "etp", v->coords.etp));
@@ -237,6 +238,8 @@ static vps_result_t read_view(struct vps_reader *r, const struct vps_layout *l, 
 	}
 	VPS_CHECK_GOTO(vps_r_map_begin(r, "coords"), rc, fail);
 	VPS_CHECK_GOTO(vps_r_int(r, "tp", &v->coords.tp, 0, INT32_MAX), rc, fail);
+	/* views written before cp= existed have none: context parallel rank 0 */
+	VPS_CHECK_GOTO(vps_r_int_opt(r, "cp", &v->coords.cp, 0, INT32_MAX, 0), rc, fail);
 	VPS_CHECK_GOTO(vps_r_int(r, "dp", &v->coords.dp, 0, INT32_MAX), rc, fail);
 	VPS_CHECK_GOTO(vps_r_int(r, "pp", &v->coords.pp, 0, INT32_MAX), rc, fail);
 	VPS_CHECK_GOTO(vps_r_int(r, "etp", &v->coords.etp, 0, INT32_MAX), rc, fail);

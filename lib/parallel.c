@@ -8,7 +8,7 @@
 void vps_parallel_init(struct vps_parallel *p)
 {
 	memset(p, 0, sizeof(*p));
-	p->tp = p->pp = p->dp = p->ep = p->vpp = 1;
+	p->tp = p->pp = p->dp = p->cp = p->ep = p->vpp = 1;
 	p->etp = 0;
 	p->bucket = VPS_BUCKET_NONE;
 }
@@ -21,7 +21,7 @@ struct pkey {
 
 #define PK(f, lo, hi) {#f, offsetof(struct vps_parallel, f), lo, hi}
 static const struct pkey pkeys[] = {
-	PK(tp, 1, 1 << 20), PK(pp, 1, 1 << 20), PK(dp, 1, 1 << 24), PK(ep, 1, 1 << 20),
+	PK(tp, 1, 1 << 20), PK(pp, 1, 1 << 20), PK(dp, 1, 1 << 24), PK(cp, 1, 1 << 20), PK(ep, 1, 1 << 20),
 	PK(etp, 0, 1 << 20), PK(vpp, 1, 1 << 10), PK(zero, 0, 1), PK(first, 0, 1 << 20),
 	PK(last, 0, 1 << 20),
 };
@@ -71,7 +71,7 @@ vps_result_t vps_parallel_parse(struct vps_parallel *p, const char *spec, const 
 					k = &pkeys[i];
 			if (!k)
 				return vps_fail(VPS_EINPUT,
-						"%s: unknown key '%s' (tp, pp, dp, ep, etp, vpp, zero, first, last, bucket, grad)",
+						"%s: unknown key '%s' (tp, pp, dp, cp, ep, etp, vpp, zero, first, last, bucket, grad)",
 						where, item);
 			long long v = strtoll(val, &end, 10);
 			if (!*val || *end || v < k->min || v > k->max)
@@ -160,9 +160,13 @@ vps_result_t vps_parallel_load(struct vps_parallel *p, const char *arg, const ch
 
 void vps_parallel_format(const struct vps_parallel *p, char *buf, size_t n)
 {
-	int len = snprintf(buf, n, "tp=%" PRId64 ",pp=%" PRId64 ",dp=%" PRId64 ",ep=%" PRId64 ",etp=%" PRId64
+	/* cp only when set: the text of every configuration without CP stays */
+	char cp[32] = "";
+	if (p->cp != 1)
+		snprintf(cp, sizeof(cp), ",cp=%" PRId64, p->cp);
+	int len = snprintf(buf, n, "tp=%" PRId64 ",pp=%" PRId64 ",dp=%" PRId64 "%s,ep=%" PRId64 ",etp=%" PRId64
 			   ",vpp=%" PRId64 ",zero=%" PRId64,
-			   p->tp, p->pp, p->dp, p->ep, p->etp ? p->etp : p->tp, p->vpp, p->zero);
+			   p->tp, p->pp, p->dp, cp, p->ep, p->etp ? p->etp : p->tp, p->vpp, p->zero);
 	if (len < 0 || (size_t)len >= n)
 		return;
 	if (p->first)
@@ -235,6 +239,18 @@ vps_result_t vps_parallel_validate(struct vps_parallel *p, const struct vps_mode
 	int64_t g = m->query_groups;
 	if (!p->etp)
 		p->etp = p->tp;
+	/* every size is at least 1 (pkeys) but a struct may come from a caller;
+	 * the product is bounded before anything uses it */
+	int64_t world = 1;
+	int64_t sizes[] = {p->ep, p->etp, p->vpp}, world_sizes[] = {p->tp, p->cp, p->dp, p->pp};
+	for (size_t i = 0; i < 4; i++)
+		if (world_sizes[i] < 1 || (i < 3 && sizes[i] < 1))
+			return vps_fail(VPS_EINPUT, "%s: tp, cp, dp, pp, ep, etp and vpp must be at least 1", where);
+	for (size_t i = 0; i < 4; i++)
+		if (!vps_mul_ok(world, world_sizes[i], &world) || world > ((int64_t)1 << 24))
+			return vps_fail(VPS_EINPUT, "%s: a world of tp x cp x dp x pp = %" PRId64 " x %" PRId64 " x %" PRId64
+					" x %" PRId64 " ranks is too large (at most 2^24)",
+					where, p->tp, p->cp, p->dp, p->pp);
 	if (m->heads % p->tp)
 		return vps_fail(VPS_EINPUT, "%s: tp=%" PRId64 " does not divide heads=%" PRId64 " of %s", where,
 				p->tp, m->heads, m->name);
@@ -257,11 +273,12 @@ vps_result_t vps_parallel_validate(struct vps_parallel *p, const struct vps_mode
 		if (m->moe_ffn % p->etp)
 			return vps_fail(VPS_EINPUT, "%s: etp=%" PRId64 " does not divide moe_ffn=%" PRId64, where,
 					p->etp, m->moe_ffn);
-		if ((p->tp * p->dp) % (p->etp * p->ep))
+		/* etp and ep are bounded by moe_ffn and experts, tp*cp*dp by the world */
+		if ((p->tp * p->cp * p->dp) % (p->etp * p->ep))
 			return vps_fail(VPS_EINPUT,
-					"%s: etp=%" PRId64 " x ep=%" PRId64 " does not divide tp x dp = %" PRId64
+					"%s: etp=%" PRId64 " x ep=%" PRId64 " does not divide tp x cp x dp = %" PRId64
 					" (expert data parallel = world / (etp*ep*pp)); etp defaults to tp, try etp=1",
-					where, p->etp, p->ep, p->tp * p->dp);
+					where, p->etp, p->ep, p->tp * p->cp * p->dp);
 	}
 	if (p->vpp > 1 && p->pp == 1)
 		return vps_fail(VPS_EINPUT, "%s: vpp=%" PRId64 " needs pp > 1", where, p->vpp);
@@ -291,8 +308,6 @@ vps_result_t vps_parallel_validate(struct vps_parallel *p, const struct vps_mode
 					" layers of pipeline stage %" PRId64,
 					where, p->vpp, n, stage);
 	}
-	if (vps_parallel_world(p) > ((int64_t)1 << 24))
-		return vps_fail(VPS_EINPUT, "%s: world of %" PRId64 " ranks is too large", where, vps_parallel_world(p));
 	return VPS_OK;
 }
 

@@ -190,7 +190,8 @@ static vps_result_t check_shard(const struct vps_layout *l, struct shard *s, int
 /* Megatron's pretraining sampler: in a step starting at `consumed`,
  * data-parallel rank d reads, for each micro-batch m, samples
  * consumed + m * (mbs * dp) + d * mbs + [0, mbs). Only the data-loading ranks
- * (tp 0 of the first pipeline stage) log. */
+ * (tp 0 of the first pipeline stage) log, and of those only cp 0: the CP
+ * ranks of a DP rank read the same samples, each a part of their sequence. */
 static vps_result_t take_step(const struct vps_layout *l, int64_t rank, const struct vps_registry_training *t,
 			      FILE *log)
 {
@@ -198,7 +199,7 @@ static vps_result_t take_step(const struct vps_layout *l, int64_t rank, const st
 		return VPS_OK;
 	struct vps_coords c;
 	vps_layout_coords(l, rank, &c);
-	if (c.tp != 0 || c.pp != 0)
+	if (c.tp != 0 || c.cp != 0 || c.pp != 0)
 		return VPS_OK;
 	for (int64_t m = 0; m < t->grad_accum; m++)
 		for (int64_t i = 0; i < t->micro_batch; i++)

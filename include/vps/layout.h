@@ -34,7 +34,7 @@ size_t vps_dtype_size(int dtype);
 int vps_state_dtype(int state);
 
 struct vps_coords {
-	int64_t tp, dp, pp;      /* dense generator */
+	int64_t tp, cp, dp, pp;  /* dense generator, order tp-cp-dp-pp */
 	int64_t etp, ep, edp;    /* expert generator */
 };
 

@@ -11,6 +11,7 @@
 
 struct vps_parallel {
 	int64_t tp, pp, dp;
+	int64_t cp;      /* context parallel: splits the sequence, every CP rank holds the same parameters */
 	int64_t ep;      /* expert parallel */
 	int64_t etp;     /* expert tensor parallel; 0 means "= tp" (Megatron's default) */
 	int64_t vpp;     /* virtual pipeline chunks per stage */
@@ -38,15 +39,19 @@ vps_result_t vps_parallel_load(struct vps_parallel *p, const char *arg, const ch
  * where prefixes messages ("--parallel", "a.yaml: line 3"). */
 vps_result_t vps_parallel_validate(struct vps_parallel *p, const struct vps_model *m, const char *where);
 
-static inline int64_t vps_parallel_world(const struct vps_parallel *p) { return p->tp * p->pp * p->dp; }
-/* Expert data-parallel size: world / (etp * ep * pp). */
+/* tp * cp * dp * pp; vps_parallel_validate bounds it. */
+static inline int64_t vps_parallel_world(const struct vps_parallel *p) { return p->tp * p->cp * p->dp * p->pp; }
+/* Ranks that hold the same dense parameters and share its ZeRO shards: the
+ * dp_cp group (Megatron's data-parallel group with context parallelism). */
+static inline int64_t vps_parallel_dpcp(const struct vps_parallel *p) { return p->cp * p->dp; }
+/* Expert data-parallel size: world / (etp * ep * pp); CP folds into it. */
 static inline int64_t vps_parallel_edp(const struct vps_parallel *p)
 {
-	return p->tp * p->dp / (p->etp * p->ep);
+	return p->tp * p->cp * p->dp / (p->etp * p->ep);
 }
 
-/* Format as "tp=4,pp=2,dp=2,ep=1,etp=4,vpp=1,zero=1" (only non-default
- * extras after that). */
+/* Format as "tp=4,pp=2,dp=2,ep=1,etp=4,vpp=1,zero=1", with ",cp=N" after dp
+ * when cp is not 1 and only non-default extras at the end. */
 void vps_parallel_format(const struct vps_parallel *p, char *buf, size_t n);
 
 /* Layers on pipeline stage p, and the first layer of chunk v on stage p. */

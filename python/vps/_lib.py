@@ -37,7 +37,8 @@ class Model(C.Structure):
 
 
 class Parallel(C.Structure):
-    _fields_ = [(k, C.c_int64) for k in ("tp", "pp", "dp", "ep", "etp", "vpp", "zero", "first", "last", "bucket")] + \
+    _fields_ = [(k, C.c_int64) for k in ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "zero", "first", "last",
+                                         "bucket")] + \
         [("grad", C.c_bool)]
 
 
@@ -66,7 +67,7 @@ class Region(C.Structure):
 
 
 class Coords(C.Structure):
-    _fields_ = [(k, C.c_int64) for k in ("tp", "dp", "pp", "etp", "ep", "edp")]
+    _fields_ = [(k, C.c_int64) for k in ("tp", "cp", "dp", "pp", "etp", "ep", "edp")]
 
 
 class Buffer(C.Structure):

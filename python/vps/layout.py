@@ -42,7 +42,8 @@ Param.__doc__ = ("A parameter as Megatron's model chunk holds it: name is the gl
 Region = namedtuple("Region", "tensor state buffer lo hi offset strides param")
 Region.__doc__ = ("A box [lo, hi) of a logical tensor in a buffer: element i is at "
                   "offset + sum((i - lo) * strides). param indexes RankView.params.")
-Coords = namedtuple("Coords", "tp dp pp etp ep edp")
+# cp last: code that unpacks the first three as (tp, dp, pp) keeps working
+Coords = namedtuple("Coords", "tp dp pp etp ep edp cp")
 
 
 class Model:
@@ -156,7 +157,7 @@ class Layout:
         return buf.value.decode()
 
     def coords(self, r):
-        """Rank r's coordinates (tp, dp, pp, etp, ep, edp), without its view."""
+        """Rank r's coordinates (tp, dp, pp, etp, ep, edp, cp), without its view."""
         if not 0 <= r < self.world:
             raise Error(1, "rank %d is outside the layout's world of %d" % (r, self.world))
         c = _Coords()

@@ -50,6 +50,14 @@ moe_ep() {
 moe_own() {
 	demo "$1" --model tiny-qwen3-moe --from tp=2,pp=1,dp=2,zero=1 --to tp=2,pp=1,dp=2,ep=2,etp=1,zero=1
 }
+# Context parallelism changes together with TP, PP and DP; and CP with
+# experts, whose data parallelism absorbs it.
+cp_change() {
+	demo "$1" --model tiny-llama --from tp=2,cp=2,pp=1,dp=2,zero=1 --to tp=4,cp=1,pp=2,dp=1,zero=1 --back
+}
+cp_moe() {
+	demo "$1" --model tiny-qwen3-moe --from tp=2,cp=2,pp=1,dp=2,ep=4,etp=1,zero=1 --to tp=2,cp=1,pp=2,dp=2,ep=2,etp=1,zero=1
+}
 # These three take devices per node: ipc reaches one node's ranks only, so
 # over ipc the same switch runs with every device on one node.
 join() { # TRANSPORT DEVICES_PER_NODE
@@ -79,6 +87,12 @@ world6() {
 
 @test "tcp: MoE: experts move from the dense buffer to their own" { moe_own tcp; }
 @test "ipc: MoE: experts move from the dense buffer to their own" { moe_own ipc; }
+
+@test "tcp: context parallelism: cp, tp, pp and dp change at once, and back" { cp_change tcp; }
+@test "ipc: context parallelism: cp, tp, pp and dp change at once, and back" { cp_change ipc; }
+
+@test "tcp: context parallelism with experts: expert DP spans CP, then CP goes" { cp_moe tcp; }
+@test "ipc: context parallelism with experts: expert DP spans CP, then CP goes" { cp_moe ipc; }
 
 @test "tcp: devices join: 4 devices on one node become 8 on two" { join tcp 4; }
 @test "ipc: devices join: 4 devices become 8, all on one node" { join ipc 8; }

@@ -103,6 +103,17 @@ static const struct tcase cases[] = {
 	/* worlds that are not powers of two */
 	{"tiny-llama", "tp=1,pp=1,dp=5,zero=1", "tp=1,pp=1,dp=3,zero=1", 8, 0, 8, 0},
 	{"tiny-gpt", "tp=1,pp=2,dp=3,zero=1", "tp=2,pp=1,dp=5,zero=1", 3, 0, 3, 0},
+	/* context parallelism: to and from DP, and with every other dimension */
+	{"tiny-llama", "tp=2,cp=2,pp=1,dp=2,zero=1", "tp=2,pp=1,dp=4,zero=1", 8, 0, 8, 0},
+	{"tiny-llama", "tp=1,cp=2,pp=2,dp=2,zero=1", "tp=2,cp=1,pp=2,dp=2,zero=1", 8, 0, 8, 0},
+	{"tiny-llama", "tp=2,cp=2,pp=2,dp=1,zero=1", "tp=2,cp=1,pp=4,dp=1,vpp=2,zero=1", 8, 0, 8, 0},
+	{"tiny-llama", "tp=2,cp=1,pp=1,dp=4,zero=1,grad=1", "tp=1,cp=4,pp=1,dp=2,zero=1,grad=1", 8, 0, 8, 0},
+	{"tiny-gpt", "tp=2,cp=2,pp=2,dp=1,zero=1", "tp=2,cp=1,pp=2,dp=2,zero=0", 8, 0, 8, 0},
+	{"tiny-qwen3-moe", "tp=2,cp=2,pp=1,dp=2,ep=4,etp=1,zero=1", "tp=2,cp=1,pp=1,dp=4,ep=2,etp=1,zero=1", 8, 0, 8, 0},
+	{"tiny-qwen3-moe", "tp=2,cp=2,pp=2,dp=1,zero=1", "tp=2,cp=2,pp=2,dp=1,ep=2,etp=1,zero=1", 8, 0, 8, 0},
+	/* a join and a leave by CP: 8 ranks to 12 and back */
+	{"tiny-llama", "tp=2,cp=2,pp=1,dp=2,zero=1", "tp=2,cp=3,pp=1,dp=2,zero=1", 8, 0, 8, 0},
+	{"tiny-llama", "tp=2,cp=3,pp=1,dp=2,zero=1", "tp=2,cp=2,pp=1,dp=2,zero=1", 8, 0, 8, 0},
 };
 
 static bool piece_same(const struct vps_piece *x, const struct vps_piece *y)
