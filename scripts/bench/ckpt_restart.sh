@@ -161,4 +161,10 @@ if [ $doc = 1 ]; then
 	"$top/scripts/bench/doc-section.sh" ckpt "$top/docs/BENCHMARKS.md" < "$t/section.md"
 	mkdir -p "$top/docs/bench"
 	{ printf 'state_bytes\tmethod\tseconds\n'; cat "$t/medians.tsv"; } > "$top/docs/bench/switch-vs-size.tsv"
+	# the figure (docs/bench/switch-vs-size.svg) needs python3-matplotlib
+	if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
+		/usr/bin/python3 "$top/scripts/bench/plot_switch_size.py"
+	else
+		echo "ckpt_restart: python3-matplotlib is missing: docs/bench/switch-vs-size.svg not redrawn" >&2
+	fi
 fi
