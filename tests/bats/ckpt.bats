@@ -75,3 +75,13 @@ plan() {
 	# the temporary checkpoint directory is gone
 	[ -z "$(ls "$BATS_TEST_TMPDIR" | grep vps-ckpt)" ]
 }
+
+@test "plot_switch_size.py: a table that is not the baseline's is refused before anything is drawn" {
+	printf 'size\tmethod\n' > bad.tsv
+	expect_status 2 /usr/bin/python3 "$TOP/scripts/bench/plot_switch_size.py" bad.tsv out.svg
+	[[ "$output" == *"bad.tsv: not a switch-vs-size table"* ]]
+	printf 'state_bytes\tmethod\tseconds\n100\tvps-tcp\t-1\n' > neg.tsv
+	expect_status 2 /usr/bin/python3 "$TOP/scripts/bench/plot_switch_size.py" neg.tsv out.svg
+	[[ "$output" == *"neg.tsv:2: sizes and times must be positive"* ]]
+	[ ! -e out.svg ]
+}
