@@ -166,6 +166,12 @@ TEST(lost_tp2_dp1_rank1_loses_its_tp_half)
 		CHECK_EQ(p->lost.nranges, 136);
 		for (size_t i = 0; i < p->npieces; i++)
 			CHECK(p->pieces[i].src != 1);
+		/* rank 0 keeps its half; the other half no plan can move */
+		struct vps_plan_stats st;
+		CHECK_OK(vps_plan_stats(p, NULL, false, &st));
+		CHECK_EQ(st.bytes_moved, 0);
+		CHECK_EQ(st.bytes_lower_bound, 0);
+		vps_plan_stats_release(&st);
 		job_free(&ja);
 		job_free(&jb);
 		vps_plan_free(p);
