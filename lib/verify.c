@@ -681,6 +681,16 @@ static vps_result_t lost_checks(const struct vps_plan *p, struct vps_verify_repo
 	return rc;
 }
 
+/* What a plan around lost devices leaves, said in the summary. */
+static void lost_summary(const struct vps_plan *p, struct vps_verify_report *rep)
+{
+	size_t k = strlen(rep->summary);
+	if (p->lost.nranks && k < sizeof(rep->summary))
+		snprintf(rep->summary + k, sizeof(rep->summary) - k,
+			 "; %zu lost ranks, %zu lost ranges (%" PRId64 " bytes) left for the trainer to reload", p->lost.nranks,
+			 p->lost.nranges, vps_lost_bytes(&p->lost));
+}
+
 /* The plan's checks over the pieces that involve `scope` (-1: all). A plan
  * of one rank reports its pieces outside that rank; a global plan inside
  * the staged file of one rank has them, and they are not that file's. */
@@ -839,12 +849,7 @@ vps_result_t vps_verify_plan(const struct vps_plan *p, struct vps_verify_report 
 		 "%s: %s plan over %" PRId64 " world ranks, %zu pieces (%" PRId64 " retains), %" PRId64 " bytes moved",
 		 vps_layout_model(p->a)->name, p->scope < 0 ? "global" : "one rank's", vps_world_size(p->world),
 		 p->npieces, retains, moved);
-	if (p->lost.nranks) {
-		size_t k = strlen(rep->summary);
-		snprintf(rep->summary + k, sizeof(rep->summary) - k,
-			 "; %zu lost ranks, %zu lost ranges (%" PRId64 " bytes) left for the trainer to reload", p->lost.nranks,
-			 p->lost.nranges, vps_lost_bytes(&p->lost));
-	}
+	lost_summary(p, rep);
 	return VPS_OK;
 }
 
@@ -1509,6 +1514,7 @@ vps_result_t vps_verify_staged(const struct vps_staged *s, struct vps_verify_rep
 		 "%s: %" PRId64 " stages within %" PRId64 " bytes, %" PRId64 " transfers, %" PRId64 " copies for %" PRId64
 		 " pieces, peak %" PRId64 " bytes",
 		 m->name, st.stages, s->budget, st.transfers, st.ops, st.pieces, st.peak_max);
+	lost_summary(p, rep);
 done:
 	views_release(&vw);
 	free(have);
