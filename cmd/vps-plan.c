@@ -14,11 +14,16 @@
 
 const char *tool_name = "vps-plan";
 
+/* Refused: ranges of the source that no surviving device holds (--lost
+ * without --allow-loss). Neither bad input (2) nor a failed check (1). */
+enum { EXIT_LOST = 3 };
+
 static const char usage[] =
 	"usage: vps-plan [--rank R] [--stats [--load]] [--topology T] [--threads N] [--yaml] [-o FILE]\n"
 	"                [--svg FILE] [-H] [-q]\n"
 	"                [--global-batch N [--micro-batch N] [--micro-batch-before N]]\n"
 	"                [--step N] [--consumed-samples N] [--scheduler-step N]\n"
+	"                [--lost RANKS|DEVICES [--allow-loss] [--format yaml|tsv|json]]\n"
 	"                (A B | --transition NAME)\n"
 	"       vps-plan --transfers [--rank R] [--peer P] [--tensor NAME|GLOB] [--state S]\n"
 	"                [--stage N] [--format yaml|tsv|json] [-o FILE] (A B | --transition NAME | PLAN)\n"
@@ -41,13 +46,18 @@ static const char usage[] =
 	"  --consumed-samples N   samples consumed so far\n"
 	"  --scheduler-step N     learning-rate scheduler position (default: the step)\n"
 	"  --yaml                 write YAML instead of binary\n"
+	"  --lost RANKS|DEVICES   these ranks of A (0,3,5-7), or the devices of a devices file,\n"
+	"                         are gone: plan only from the survivors; what none holds is\n"
+	"                         listed on standard output and the plan refused (exit 3)\n"
+	"  --allow-loss           with --lost: plan around what no survivor holds (recorded in\n"
+	"                         the plan as lost ranges, for the trainer to reload)\n"
 	"  --transfers            what rank R sends, receives and retains, one record a line; from\n"
 	"                         A B (rank R's plan), or a plan or staged plan file PLAN\n"
 	"  --peer P               with --transfers: only those to or from world rank P\n"
 	"  --tensor NAME|GLOB     with --transfers: only those of the tensor(s)\n"
 	"  --state S              with --transfers: only those of state S\n"
 	"  --stage N              with --transfers of a staged plan: only stage N\n"
-	"  --format F             with --transfers: yaml (default), tsv or json\n"
+	"  --format F             with --transfers or --lost: yaml (default), tsv or json\n"
 	"  -o, --output FILE      write FILE (through a temporary and a rename)\n"
 	"  -h, --help             this text\n"
 	"  --version              the version\n";
@@ -121,6 +131,14 @@ static void print_stats(const struct vps_plan *p, const struct vps_plan_stats *s
 					   (double)s->balanced_bound
 				 : 1.0);
 	printf("peers_max: %" PRId64 "\n", s->peers_max);
+	if (p->lost.nranks) {
+		printf("lost_ranks: [");
+		for (size_t i = 0; i < p->lost.nranks; i++)
+			printf("%s%" PRId64, i ? ", " : "", p->lost.ranks[i]);
+		printf("]\n");
+		printf("lost_ranges: %zu\n", p->lost.nranges);
+		printf("lost_bytes: %s\n", tool_bytes(vps_lost_bytes(&p->lost), h, n, sizeof(n)));
+	}
 	printf("collectives: %zu\n", p->ncolls);
 	if (topo) {
 		printf("topology: %s\n", topo->name);
@@ -154,6 +172,10 @@ static void print_stats(const struct vps_plan *p, const struct vps_plan_stats *s
 static void print_summary(const struct vps_plan *p, const struct vps_plan_stats *s, const struct vps_topology *topo)
 {
 	char a[VPS_UNITS_LEN], b[VPS_UNITS_LEN], c[VPS_UNITS_LEN];
+	if (p->lost.nranks)
+		fprintf(stderr, "plan: %zu lost rank%s; %zu ranges (%s) no survivor holds are left for the trainer to reload\n",
+			p->lost.nranks, p->lost.nranks == 1 ? "" : "s", p->lost.nranges,
+			vps_format_bytes(vps_lost_bytes(&p->lost), a, sizeof(a)));
 	if (p->scope >= 0) {
 		struct rank_totals t = rank_totals(p, p->scope);
 		fprintf(stderr, "plan: rank %" PRId64 " sends %s, receives %s, keeps %s in place (%" PRId64 " pieces)\n",
@@ -187,6 +209,39 @@ static bool num(const char *flag, const char *s, int64_t *v)
 	return false;
 }
 
+/* --lost: ranks of A as a list (0,3,5-7), or the devices of a devices
+ * document. 0, or the exit status of bad input. */
+static int lost_ranks(const char *arg, const struct vps_layout *a, int64_t **ranks, size_t *n)
+{
+	size_t cap = 0;
+	bool all = false;
+	if (*arg && strspn(arg, "0123456789,-") == strlen(arg)) {
+		if (!tool_parse_ranks(arg, ranks, n, &cap, &all) || all)
+			return tool_usage_error("--lost: '%s' is not a list of ranks (0,3,5-7)", arg);
+		return 0;
+	}
+	vps_result_t rc = vps_lost_devices(a, arg, ranks, n);
+	return rc ? tool_fail(rc) : 0;
+}
+
+/* What no survivor holds, as records on standard output, and the refusal. */
+static int refuse_lost(const struct vps_lost *l, const struct vps_layout *a, enum vps_format format)
+{
+	struct vps_bytes list = {0};
+	char b[VPS_UNITS_LEN];
+	vps_result_t rc = vps_lost_format(l, a, format, &list);
+	if (!rc)
+		rc = vps_write_output(NULL, &list, false);
+	vps_bytes_release(&list);
+	if (rc)
+		return tool_fail(rc);
+	fprintf(stderr,
+		"%s: %zu ranges (%s) of the source are held by no surviving rank (listed): refused; --allow-loss plans "
+		"around them and the trainer reloads them\n",
+		tool_name, l->nranges, vps_format_bytes(vps_lost_bytes(l), b, sizeof(b)));
+	return tool_finish(EXIT_LOST);
+}
+
 /* --transfers over a plan or staged plan file. */
 static int query_file(const char *path, const struct vps_query *q, enum vps_format format, const char *out)
 {
@@ -216,7 +271,8 @@ int main(int argc, char **argv)
 		{"tensor", required_argument, NULL, 'N'},       {"state", required_argument, NULL, 'Q'},
 		{"stage", required_argument, NULL, 'g'},        {"format", required_argument, NULL, 'F'},
 		{"svg", required_argument, NULL, 'W'},          {"human", no_argument, NULL, 'H'},
-		{"quiet", no_argument, NULL, 'q'},              {0, 0, 0, 0}};
+		{"quiet", no_argument, NULL, 'q'},              {"lost", required_argument, NULL, 'x'},
+		{"allow-loss", no_argument, NULL, 'A'},         {0, 0, 0, 0}};
 	const char *out = NULL, *topo_arg = NULL, *transition = NULL, *svg = NULL;
 	bool stats = false, load = false, yaml = false, human = false, quiet = false;
 	struct vps_plan_opts po = {.rank = -1};
@@ -224,7 +280,8 @@ int main(int argc, char **argv)
 	int c, status = EXIT_USAGE;
 	struct vps_query q;
 	enum vps_format format = VPS_FORMAT_YAML;
-	bool transfers = false, query_flags = false;
+	bool transfers = false, query_flags = false, allow_loss = false, have_format = false;
+	const char *lost_arg = NULL;
 	vps_query_init(&q);
 	while ((c = getopt_long(argc, argv, "hHqo:", opts, NULL)) != -1) {
 		switch (c) {
@@ -278,12 +335,15 @@ int main(int argc, char **argv)
 			have_sched = true;
 			break;
 		case 'X': transfers = true; break;
+		case 'x': lost_arg = optarg; break;
+		case 'A': allow_loss = true; break;
 		case 'P':
 		case 'N':
 		case 'Q':
 		case 'g':
 		case 'F':
-			query_flags = true;
+			query_flags |= c != 'F';
+			have_format |= c == 'F';
 			if ((c == 'P' && !num("--peer", optarg, &q.peer)) || (c == 'g' && !num("--stage", optarg, &q.stage)))
 				return EXIT_USAGE;
 			if (c == 'Q' && vps_state_parse(optarg, &q.state))
@@ -299,8 +359,12 @@ int main(int argc, char **argv)
 		default: fputs(usage, stderr); return EXIT_USAGE;
 		}
 	}
-	if (query_flags && !transfers)
+	if ((query_flags || (have_format && !lost_arg)) && !transfers)
 		return tool_usage_error("--peer, --tensor, --state, --stage and --format go with --transfers");
+	if (allow_loss && !lost_arg)
+		return tool_usage_error("--allow-loss goes with --lost");
+	if (lost_arg && transfers && argc - optind == 1)
+		return tool_usage_error("--lost plans: it goes with two layouts or a transition, not a plan file");
 	if (transfers && (stats || yaml || svg))
 		return tool_usage_error("--transfers is a query: --stats, --yaml and --svg do not apply (--format yaml)");
 	q.rank = po.rank;
@@ -334,6 +398,7 @@ int main(int argc, char **argv)
 	struct vps_transition tr = {0};
 	struct vps_bytes bytes = {0}, pic = {0};
 	struct vps_plan_stats s = {0};
+	int64_t *lost = NULL;
 	vps_result_t rc;
 	if (topo_arg && (rc = vps_topology_load(&topo, topo_arg, tool_config_path("topologies"))))
 		goto fail;
@@ -353,6 +418,27 @@ int main(int argc, char **argv)
 		}
 		if ((rc = vps_layout_load(&b, argv[optind + 1])))
 			goto fail;
+	}
+	if (lost_arg) {
+		struct vps_lost l;
+		size_t nlost = 0;
+		if ((status = lost_ranks(lost_arg, a, &lost, &nlost)))
+			goto done;
+		if ((rc = vps_lost_compute(&l, a, lost, nlost)))
+			goto fail;
+		if ((rc = vps_lost_check_target(&l, a, b))) {
+			vps_lost_release(&l);
+			goto fail;
+		}
+		if (l.nranges && !allow_loss) {
+			status = refuse_lost(&l, a, format);
+			vps_lost_release(&l);
+			goto done;
+		}
+		vps_lost_release(&l);
+		po.lost = lost;
+		po.nlost = nlost;
+		po.allow_loss = true;
 	}
 	/* the tool only hashes, writes or counts a global plan's pieces */
 	po.compact = true;
@@ -390,6 +476,7 @@ int main(int argc, char **argv)
 fail:
 	status = tool_fail(rc);
 done:
+	free(lost);
 	vps_plan_stats_release(&s);
 	vps_bytes_release(&bytes);
 	vps_bytes_release(&pic);

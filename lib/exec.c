@@ -55,7 +55,12 @@ static vps_result_t registry_name(const char *pattern, const struct vps_plan *p,
 
 /* ---- digest ---- */
 
-vps_result_t vps_exec_digest(const struct vps_layout *l, int64_t rank, void *const *buffers, uint64_t *digest)
+/* The digest of a rank's part; with lost devices (vps-plan --lost), the
+ * source side skips them as lower holders (they digest nothing) and the
+ * target side leaves out the lost ranges (holes for the trainer to reload),
+ * so both sides digest exactly what survived. */
+static vps_result_t digest_part(const struct vps_layout *l, int64_t rank, void *const *buffers,
+				const struct vps_lost *lost, bool source, uint64_t *digest)
 {
 	struct vps_rank_view v;
 	struct vps_holders h = {0};
@@ -70,17 +75,28 @@ vps_result_t vps_exec_digest(const struct vps_layout *l, int64_t rank, void *con
 		VPS_CHECK_GOTO(vps_model_tensor(vps_layout_model(l), R->tensor, &t), rc, done);
 		h.n = 0;
 		VPS_CHECK_GOTO(vps_layout_holders(l, R->tensor, R->state, &R->box, &h), rc, done);
+		if (lost && source)
+			VPS_CHECK_GOTO(vps_lost_drop_holders(lost, &h), rc, done);
 		/* count only what no lower-numbered rank holds */
-		size_t nrem = 1;
+		size_t nrem = 1, nholes = lost && !source ? lost->nranges : 0;
 		VPS_CHECK_GOTO(VPS_GROW(rem, cap_r, 1), rc, done);
 		rem[0] = R->box;
-		for (size_t k = 0; k < h.n && nrem; k++) {
-			if (h.v[k].base >= rank)
-				continue;
+		for (size_t k = 0; k < h.n + nholes && nrem; k++) {
+			const struct vps_box *cut;
+			if (k < h.n) {
+				if (h.v[k].base >= rank)
+					continue;
+				cut = &h.v[k].region.box;
+			} else {
+				const struct vps_lost_range *x = &lost->ranges[k - h.n];
+				if (x->tensor != R->tensor || x->state != R->state)
+					continue;
+				cut = &x->box;
+			}
 			size_t nn = 0;
 			for (size_t j = 0; j < nrem; j++) {
 				struct vps_box out[2 * VPS_MAX_DIMS];
-				int m = vps_box_subtract(&rem[j], &h.v[k].region.box, out);
+				int m = vps_box_subtract(&rem[j], cut, out);
 				if (!m)
 					continue;
 				VPS_CHECK_GOTO(VPS_GROW(next, cap_n, nn + (size_t)m), rc, done);
@@ -111,14 +127,32 @@ done:
 	return rc;
 }
 
+vps_result_t vps_exec_digest(const struct vps_layout *l, int64_t rank, void *const *buffers, uint64_t *digest)
+{
+	return digest_part(l, rank, buffers, NULL, true, digest);
+}
+
+/* Executors of a plan with lost devices form their network without them:
+ * net ranks number the surviving world ranks in order (every rank of such
+ * a plan lost under A is outside B, so it has no work and no executor). */
+static int64_t net_rank(const struct vps_plan *p0, int64_t w)
+{
+	int64_t below = 0;
+	for (size_t i = 0; i < p0->lost.nranks && p0->lost.ranks[i] < w; i++)
+		below++;
+	return w - below;
+}
+
 /* ---- one switch ---- */
 
 int64_t vps_switch_peer(const struct vps_switch *sw, const struct vps_xfer *x)
 {
-	return vps_world_of_device(sw->p0->world, vps_world_device(sw->s->plan->world, x->src == sw->w ? x->dst : x->src));
+	return net_rank(sw->p0, vps_world_of_device(sw->p0->world,
+						    vps_world_device(sw->s->plan->world, x->src == sw->w ? x->dst : x->src)));
 }
 
-/* The training scalars of world rank 0's trainer, and the target's split. */
+/* The training scalars of the first surviving rank's trainer (world rank 0
+ * unless it was lost), and the target's split. */
 static vps_result_t share_training(struct vps_net *net, const struct vps_staged *s, int64_t w,
 				   struct vps_registry *reg, struct vps_registry_training *t)
 {
@@ -126,7 +160,7 @@ static vps_result_t share_training(struct vps_net *net, const struct vps_staged 
 	memset(t, 0, sizeof(*t));
 	vps_registry_get_training(reg, &mine);
 	uint64_t v[8] = {0};
-	if (w == 0 && mine.valid) {
+	if (w == 0 && mine.valid) { /* w: this rank's net rank */
 		v[0] = (uint64_t)mine.step;
 		v[1] = (uint64_t)mine.consumed_samples;
 		v[2] = (uint64_t)mine.scheduler_step;
@@ -313,8 +347,10 @@ done:
 static vps_result_t side_digest(const struct vps_switch *sw, const struct vps_layout *l, int64_t rank,
 				const struct vps_rank_view *v, void **bufs, uint64_t *digest)
 {
+	const struct vps_lost *lost = sw->s->plan->lost.nranks ? &sw->s->plan->lost : NULL;
+	bool source = l == sw->s->plan->a;
 	if (sw->where == VPS_WHERE_HOST)
-		return vps_exec_digest(l, rank, bufs, digest);
+		return digest_part(l, rank, bufs, lost, source, digest);
 	vps_result_t rc = VPS_OK;
 	void **host = vps_calloc(v->nbuffers + 1, sizeof(*host));
 	if (!host)
@@ -331,7 +367,7 @@ static vps_result_t side_digest(const struct vps_switch *sw, const struct vps_la
 			rc = vps_gpu_result(g, err, "digest: read a buffer back");
 	}
 	if (!rc)
-		rc = vps_exec_digest(l, rank, host, digest);
+		rc = digest_part(l, rank, host, lost, source, digest);
 	for (size_t b = 0; b < v->nbuffers; b++)
 		free(host[b]);
 	free(host);
@@ -628,7 +664,8 @@ static vps_result_t one_switch(const struct vps_staged *s, const struct vps_plan
 	 * is found within the ordinary timeout */
 	struct vps_registry_training train;
 	double t_agree = now();
-	rc = share_training(net, s, w, reg, &train);
+	rc = share_training(net, s, net_rank(p0, vps_world_of_device(p0->world, vps_world_device(p->world, w))), reg,
+			    &train);
 	rep->agree_seconds += now() - t_agree;
 	if (rc)
 		goto fail;
@@ -748,8 +785,8 @@ static vps_result_t carriers_start(struct carriers *car, struct vps_staged *cons
 		car->name = "nccl";
 		car->remote_is_local = true;
 	}
-	return vps_transport_nccl(car->remote_is_local ? &car->local : &car->remote, net, o->rank,
-				  vps_world_size(p0->world), o->device, o->local_rank);
+	return vps_transport_nccl(car->remote_is_local ? &car->local : &car->remote, net, net_rank(p0, o->rank),
+				  vps_world_size(p0->world) - (int64_t)p0->lost.nranks, o->device, o->local_rank);
 }
 
 /* Every rank cuts the same stages from the world's demands: its own,
@@ -816,6 +853,9 @@ vps_result_t vps_exec_run(struct vps_staged *const *plans, size_t nplans, const 
 	if (W > 1 && (!o->token || strlen(o->token) < VPS_TOKEN_MIN))
 		return vps_fail(VPS_EINPUT, "no job token: export VPS_TOKEN (vps-exec --new-token makes one) or pass --token-file;"
 				" vps-exec(1) SECURITY");
+	if (vps_lost_has_rank(&p0->lost, o->rank))
+		return vps_fail(VPS_EINPUT, "rank %" PRId64 " is a lost device of the plan: it has no part in the switch",
+				o->rank);
 	struct vps_device me = vps_world_device(p0->world, o->rank);
 	uint64_t hash = 0;
 	/* every plan over the same devices; peers in the first plan's numbering */
@@ -840,15 +880,17 @@ vps_result_t vps_exec_run(struct vps_staged *const *plans, size_t nplans, const 
 			int64_t q = vps_world_of_device(p0->world, vps_world_device(s->plan->world, x->src == w ? x->dst : x->src));
 			if (q < 0)
 				return vps_fail(VPS_EINPUT, "staged plan %zu uses a device the first plan does not", k + 1);
+			if (vps_lost_has_rank(&p0->lost, q))
+				return vps_fail(VPS_EINPUT, "staged plan %zu uses a device the first plan lost", k + 1);
 			VPS_CHECK_GOTO(VPS_GROW(peers, capp, npeers + 1), rc, done);
-			peers[npeers++] = q;
+			peers[npeers++] = net_rank(p0, q);
 		}
 		uint64_t hk = vps_staged_world_hash(s);
 		hash = vps_hash64(&hk, sizeof(hk), hash);
 	}
 	/* the stages' all-reduce runs between XOR partners (vps_net_allreduce) */
-	int64_t tree[64];
-	size_t ntree = vps_net_tree_peers(o->rank, W, tree);
+	int64_t tree[64], nr = net_rank(p0, o->rank), nw = W - (int64_t)p0->lost.nranks;
+	size_t ntree = vps_net_tree_peers(nr, nw, tree);
 	for (size_t i = 0; i < ntree; i++) {
 		VPS_CHECK_GOTO(VPS_GROW(peers, capp, npeers + 1), rc, done);
 		peers[npeers++] = tree[i];
@@ -856,7 +898,7 @@ vps_result_t vps_exec_run(struct vps_staged *const *plans, size_t nplans, const 
 	VPS_CHECK_GOTO(registry_name(o->registry, p0, o->rank, o->local_rank, name, sizeof(name)), rc, done);
 	double t_setup = now();
 	VPS_CHECK_GOTO(open_registry(name, o->wait ? -1 : o->timeout, o->timeout, &reg), rc, done);
-	struct vps_net_opts no = {o->rank, W, o->master_host, o->master_port, o->timeout, o->token, o->bind, hash, peers, npeers};
+	struct vps_net_opts no = {nr, nw, o->master_host, o->master_port, o->timeout, o->token, o->bind, hash, peers, npeers};
 	VPS_CHECK_GOTO(vps_net_start(&net, &no), rc, done);
 	VPS_CHECK_GOTO(agree_stages(net, plans, nplans), rc, done);
 	VPS_CHECK_GOTO(vps_mapcache_new(&maps), rc, done);

@@ -72,7 +72,17 @@ struct ctx {
 	struct duty *duties;         /* sorted by rank */
 	size_t nduties, capduties;
 	struct vps_piece last; /* global plans: the piece a block packs against */
+	const struct vps_lost *lost; /* A ranks no piece may come from */
 };
+
+/* Holders under A, less the lost ranks: every choice of a source reads
+ * these, so no plan path can pick a lost device. */
+static vps_result_t a_holders(const struct ctx *c, uint32_t tensor, int state, const struct vps_box *box,
+			      struct vps_holders *h)
+{
+	VPS_CHECK(vps_layout_holders(c->a, tensor, state, box, h));
+	return vps_lost_drop_holders(c->lost, h);
+}
 
 static bool member(const struct vps_holder *h, int64_t r)
 {
@@ -325,7 +335,7 @@ static vps_result_t duty_of(struct ctx *c, int64_t ra, struct duty *out)
 		int64_t esize = (int64_t)vps_dtype_size(vps_state_dtype(r->state)), replicas = 0;
 		c->hda.n = 0;
 		c->hdb.n = 0;
-		rc = vps_layout_holders(c->a, r->tensor, r->state, &r->box, &c->hda);
+		rc = a_holders(c, r->tensor, r->state, &r->box, &c->hda);
 		if (!rc)
 			rc = vps_layout_holders(c->b, r->tensor, r->state, &r->box, &c->hdb);
 		for (size_t q = 0; q < c->hda.n && !rc; q++)
@@ -465,7 +475,7 @@ static vps_result_t plan_region(struct ctx *c, int64_t d, int64_t rb, const stru
 {
 	vps_result_t rc = VPS_OK;
 	c->ha.n = 0;
-	VPS_CHECK(vps_layout_holders(c->a, R->tensor, R->state, &R->box, &c->ha));
+	VPS_CHECK(a_holders(c, R->tensor, R->state, &R->box, &c->ha));
 	qsort(c->ha.v, c->ha.n, sizeof(*c->ha.v), holder_cmp);
 	c->rem.n = 0;
 	VPS_CHECK(boxes_push(&c->rem, &R->box));
@@ -595,7 +605,9 @@ static vps_result_t plan_region(struct ctx *c, int64_t d, int64_t rb, const stru
 		}
 		VPS_CHECK_GOTO(subtract_all(c, gbox), rc, done);
 	}
-	if (c->rem.n) {
+	/* what no survivor holds is a lost range (vps_plan_compute refused it
+	 * unless allowed): a hole the trainer reloads */
+	if (c->rem.n && !(c->lost && c->lost->nranges)) {
 		struct vps_tensor t;
 		char name[256];
 		vps_model_tensor(vps_layout_model(c->b), R->tensor, &t);
@@ -680,7 +692,7 @@ static vps_result_t candidates_for(struct ctx *c, int64_t s, const struct vps_re
 			VPS_CHECK(want(vs, nr[q], &H->region));
 	/* the rotation over all members of s's group */
 	c->ha.n = 0;
-	VPS_CHECK(vps_layout_holders(c->a, H->region.tensor, H->region.state, &H->region.box, &c->ha));
+	VPS_CHECK(a_holders(c, H->region.tensor, H->region.state, &H->region.box, &c->ha));
 	qsort(c->ha.v, c->ha.n, sizeof(*c->ha.v), holder_cmp);
 	/* s's group, with the destinations' preference (they share a B
 	 * tensor-parallel rank) */
@@ -990,6 +1002,7 @@ struct block {
 struct job {
 	const struct vps_layout *a, *b;
 	const struct vps_world *w;
+	const struct vps_lost *lost;
 	int64_t W, nblocks, next, collected, ahead;
 	bool stop;
 	struct block *blocks;
@@ -1000,7 +1013,7 @@ struct job {
 static void *plan_worker(void *arg)
 {
 	struct job *j = arg;
-	struct ctx c = {.a = j->a, .b = j->b, .w = j->w};
+	struct ctx c = {.a = j->a, .b = j->b, .w = j->w, .lost = j->lost};
 	struct pieces scratch = {0};
 	struct vps_packed_block work = {0};
 	pthread_mutex_lock(&j->mu);
@@ -1085,7 +1098,7 @@ static vps_result_t plan_all(struct ctx *c, int64_t W, int asked, struct vps_pac
 {
 	int64_t nblocks = vps_ceil_div(W, BLOCK_RANKS);
 	int threads = (int)vps_min64(plan_threads(asked), nblocks);
-	struct job j = {.a = c->a, .b = c->b, .w = c->w, .W = W, .nblocks = nblocks, .ahead = BLOCKS_AHEAD * threads};
+	struct job j = {.a = c->a, .b = c->b, .w = c->w, .lost = c->lost, .W = W, .nblocks = nblocks, .ahead = BLOCKS_AHEAD * threads};
 	pthread_t tid[VPS_PLAN_MAX_THREADS];
 	int started = 0;
 	struct pieces scratch = {0};
@@ -1166,6 +1179,27 @@ const char *vps_collective_name(int kind)
 	return kind >= 0 && kind < 3 ? names[kind] : "?";
 }
 
+/* The lost ranks of opts, checked against the target, and what no
+ * survivor holds, refused unless allowed. */
+static vps_result_t plan_lost(struct vps_plan *p, const struct vps_plan_opts *o)
+{
+	if (!o->nlost)
+		return VPS_OK;
+	VPS_CHECK(vps_lost_compute(&p->lost, p->a, o->lost, o->nlost));
+	VPS_CHECK(vps_lost_check_target(&p->lost, p->a, p->b));
+	if (o->rank >= 0 && vps_lost_has_rank(&p->lost, vps_world_a_rank(p->world, o->rank)))
+		return vps_fail(VPS_EINPUT, "--rank: world rank %" PRId64 " is a lost device: it has no part to plan",
+				o->rank);
+	if (p->lost.nranges && !o->allow_loss) {
+		char bytes[VPS_UNITS_LEN];
+		return vps_fail(VPS_ECHECK,
+				"%zu ranges (%s) are held by no surviving rank of the source: refused (--allow-loss plans "
+				"around them, for the trainer to reload)",
+				p->lost.nranges, vps_format_bytes(vps_lost_bytes(&p->lost), bytes, sizeof(bytes)));
+	}
+	return VPS_OK;
+}
+
 vps_result_t vps_plan_compute(struct vps_plan **out, struct vps_layout *a, struct vps_layout *b,
 			      const struct vps_plan_opts *opts)
 {
@@ -1194,6 +1228,8 @@ vps_result_t vps_plan_compute(struct vps_plan **out, struct vps_layout *a, struc
 			      opts->rank, W);
 		goto fail;
 	}
+	VPS_CHECK_GOTO(plan_lost(p, opts), rc, fail);
+	c.lost = &p->lost;
 	if (opts->rank >= 0) {
 		VPS_CHECK_GOTO(plan_receives(&c, opts->rank, &pcs), rc, fail);
 		VPS_CHECK_GOTO(plan_sends(&c, opts->rank, &pcs), rc, fail);
@@ -1244,6 +1280,7 @@ fail:
 	vps_packed_free(p->packed);
 	free(p->pieces);
 	free(p->colls);
+	vps_lost_release(&p->lost);
 	free(p);
 	return rc;
 }
@@ -1258,5 +1295,6 @@ void vps_plan_free(struct vps_plan *p)
 	vps_packed_free(p->packed);
 	free(p->pieces);
 	free(p->colls);
+	vps_lost_release(&p->lost);
 	free(p);
 }

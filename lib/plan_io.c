@@ -239,6 +239,19 @@ uint64_t vps_plan_hash(const struct vps_plan *p)
 	int64_t tf[] = {t->known, t->step, t->consumed_samples, t->scheduler_step, t->global_batch, t->micro_batch,
 			t->grad_accum, t->dp};
 	h = vps_hash64(tf, sizeof(tf), h);
+	/* a plan with no lost rank hashes as before there were any */
+	if (p->lost.nranks) {
+		h = vps_hash64(p->lost.ranks, p->lost.nranks * sizeof(*p->lost.ranks), h);
+		for (size_t i = 0; i < p->lost.nranges; i++) {
+			const struct vps_lost_range *x = &p->lost.ranges[i];
+			int64_t f[2 + 2 * VPS_MAX_DIMS] = {x->tensor, x->state};
+			for (int k = 0; k < x->box.ndim; k++) {
+				f[2 + k] = x->box.lo[k];
+				f[2 + VPS_MAX_DIMS + k] = x->box.hi[k];
+			}
+			h = vps_hash64(f, sizeof(f), h);
+		}
+	}
 	/* 0 marks a plan computed here (file_hash): no file may state it */
 	return h ? h : 1;
 }
@@ -369,6 +382,84 @@ struct sizes {
 	size_t n;
 };
 
+/* The lost A ranks and the ranges no piece fills (vps-plan --lost). */
+static vps_result_t write_lost(struct vps_writer *w, const struct vps_model *m, const struct vps_lost *l)
+{
+	VPS_CHECK(vps_w_map_begin(w, "lost"));
+	VPS_CHECK(vps_w_seq_begin(w, "ranks", l->nranks, true));
+	for (size_t i = 0; i < l->nranks; i++)
+		VPS_CHECK(vps_w_int(w, NULL, l->ranks[i]));
+	VPS_CHECK(vps_w_seq_end(w));
+	VPS_CHECK(vps_w_seq_begin(w, "ranges", l->nranges, false));
+	for (size_t i = 0; i < l->nranges; i++) {
+		const struct vps_lost_range *x = &l->ranges[i];
+		struct vps_tensor t;
+		char name[256];
+		VPS_CHECK(vps_model_tensor(m, x->tensor, &t));
+		vps_tensor_name(&t, name, sizeof(name));
+		VPS_CHECK(vps_w_map_begin(w, NULL));
+		VPS_CHECK(vps_w_str(w, "tensor", name));
+		VPS_CHECK(vps_w_str(w, "state", vps_state_name(x->state)));
+		VPS_CHECK(vps_box_write(w, "box", &x->box));
+		VPS_CHECK(vps_w_map_end(w));
+	}
+	VPS_CHECK(vps_w_seq_end(w));
+	return vps_w_map_end(w);
+}
+
+static vps_result_t read_lost(struct vps_reader *r, const struct vps_plan *p, struct vps_lost *l)
+{
+	const struct vps_model *m = vps_layout_model(p->a);
+	int64_t wa = vps_layout_world(p->a);
+	size_t cap = 0;
+	uint64_t n;
+	VPS_CHECK(vps_r_map_begin(r, "lost"));
+	VPS_CHECK(vps_r_seq_begin(r, "ranks", &n));
+	if (n >= (uint64_t)wa)
+		return vps_r_error(r, "ranks", "%" PRIu64 " lost ranks, but the source has %" PRId64 ": none would survive",
+				   n, wa);
+	l->ranks = vps_malloc((size_t)n * sizeof(*l->ranks) + 1);
+	if (!l->ranks)
+		return VPS_ENOMEM;
+	for (uint64_t i = 0; i < n; i++) {
+		int64_t x;
+		VPS_CHECK(vps_r_int(r, NULL, &x, 0, wa - 1));
+		if (l->nranks && x <= l->ranks[l->nranks - 1])
+			return vps_r_error(r, "ranks", "not ascending and distinct at %" PRId64, x);
+		if (vps_world_b_rank(p->world, x) >= 0)
+			return vps_r_error(r, "ranks", "rank %" PRId64 " is lost but the target places a rank on its device", x);
+		l->ranks[l->nranks++] = x;
+	}
+	VPS_CHECK(vps_r_seq_end(r));
+	VPS_CHECK(vps_r_seq_begin(r, "ranges", &n));
+	if (n && !l->nranks)
+		return vps_r_error(r, "ranges", "lost ranges with no lost rank");
+	for (uint64_t i = 0; i < n; i++) {
+		struct vps_lost_range x;
+		struct vps_tensor t;
+		const char *s;
+		int st;
+		char what[48];
+		VPS_CHECK(vps_r_map_begin(r, NULL));
+		VPS_CHECK(vps_r_str(r, "tensor", &s));
+		if (vps_model_find_tensor(m, s, &x.tensor))
+			return vps_r_error(r, "tensor", "no tensor '%s' in model %s", s, m->name);
+		VPS_CHECK(vps_r_str(r, "state", &s));
+		if (vps_state_parse(s, &st) || st >= vps_layout_nstates(p->a))
+			return vps_r_error(r, "state", "'%s' is not a state of the source", s);
+		x.state = (uint8_t)st;
+		VPS_CHECK(vps_box_read(r, "box", &x.box));
+		VPS_CHECK(vps_model_tensor(m, x.tensor, &t));
+		snprintf(what, sizeof(what), "lost range %" PRIu64, i);
+		VPS_CHECK(vps_box_check(r, "box", what, &x.box, &t));
+		VPS_CHECK(vps_r_map_end(r));
+		VPS_CHECK(VPS_GROW(l->ranges, cap, l->nranges + 1));
+		l->ranges[l->nranges++] = x;
+	}
+	VPS_CHECK(vps_r_seq_end(r));
+	return vps_r_map_end(r);
+}
+
 /* Write the body; counted (a counting writer): measure one piece of each
  * (tensor, state) and add the others' bytes to *counted instead. */
 static vps_result_t write_body(struct vps_writer *w, const struct vps_plan *p, uint64_t hash, uint64_t *counted)
@@ -441,7 +532,8 @@ static vps_result_t write_body(struct vps_writer *w, const struct vps_plan *p, u
 		VPS_CHECK(vps_w_int(w, "bytes", c->bytes));
 		VPS_CHECK(vps_w_map_end(w));
 	}
-	return vps_w_seq_end(w);
+	VPS_CHECK(vps_w_seq_end(w));
+	return write_lost(w, m, &p->lost);
 }
 
 vps_result_t vps_plan_write_body(struct vps_writer *w, const struct vps_plan *p)
@@ -602,6 +694,7 @@ vps_result_t vps_plan_read_body_as(struct vps_reader *r, struct vps_plan **out, 
 		p->ncolls++;
 	}
 	VPS_CHECK_GOTO(vps_r_seq_end(r), rc, fail);
+	VPS_CHECK_GOTO(read_lost(r, p, &p->lost), rc, fail);
 	*out = p;
 	return VPS_OK;
 fail:

@@ -22,7 +22,8 @@ static int region_ts_cmp(const void *p, const void *q)
 }
 
 /* Bytes of B's regions on world rank d that d's own device does not hold
- * under A: every destination element not already resident, once. */
+ * under A: every destination element not already resident, once (a lost
+ * range, which no plan can fill, aside). */
 static vps_result_t lower_bound_of(const struct vps_plan *p, int64_t d, int64_t *bytes)
 {
 	int64_t rb = vps_world_b_rank(p->world, d), ra = vps_world_a_rank(p->world, d);
@@ -35,7 +36,7 @@ static vps_result_t lower_bound_of(const struct vps_plan *p, int64_t d, int64_t 
 	if (ra >= 0)
 		rc = vps_layout_rank(p->a, ra, &va);
 	const struct vps_region **idx = vps_malloc((va.nregions + 1) * sizeof(*idx));
-	struct vps_box *boxes = vps_malloc((va.nregions + 1) * sizeof(*boxes));
+	struct vps_box *boxes = vps_malloc((va.nregions + p->lost.nranges + 1) * sizeof(*boxes));
 	if (!idx || !boxes)
 		rc = VPS_ENOMEM;
 	for (size_t i = 0; !rc && i < va.nregions; i++)
@@ -59,6 +60,9 @@ static vps_result_t lower_bound_of(const struct vps_plan *p, int64_t d, int64_t 
 		}
 		for (size_t k = lo; k < va.nregions && idx[k]->tensor == R->tensor && idx[k]->state == R->state; k++)
 			boxes[n++] = idx[k]->box;
+		for (size_t k = 0; k < p->lost.nranges; k++)
+			if (p->lost.ranges[k].tensor == R->tensor && p->lost.ranges[k].state == R->state)
+				boxes[n++] = p->lost.ranges[k].box;
 		int64_t u = vps_boxes_uncovered(boxes, n, &R->box);
 		if (u < 0)
 			rc = VPS_NOMEM();
@@ -457,6 +461,7 @@ static vps_result_t piece_class(const struct vps_plan *p, struct classes *k, str
 		size_t from = k->npg;
 		h->n = 0;
 		VPS_CHECK(vps_layout_holders(p->a, x->tensor, x->state, &x->box, h));
+		VPS_CHECK(vps_lost_drop_holders(&p->lost, h)); /* lost devices send nothing */
 		for (size_t i = 0; i < h->n; i++) {
 			if (!vps_box_contains(&h->v[i].region.box, &x->box) || h->v[i].count <= 0)
 				continue;
@@ -599,6 +604,7 @@ static vps_result_t replicas_of(const struct vps_plan *p, const struct vps_piece
 	h->n = 0;
 	*n = 0;
 	VPS_CHECK(vps_layout_holders(p->a, x->tensor, x->state, &x->box, h));
+	VPS_CHECK(vps_lost_drop_holders(&p->lost, h));
 	for (size_t i = 0; i < h->n; i++) {
 		if (!vps_box_contains(&h->v[i].region.box, &x->box))
 			continue;

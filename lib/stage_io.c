@@ -19,7 +19,9 @@ uint64_t vps_staged_world_hash(const struct vps_staged *s)
 	int64_t head[] = {VPS_PLANNER_RULES, (int64_t)vps_layout_hash(p->a), (int64_t)vps_layout_hash(p->b),
 			  vps_world_size(p->world), s->budget, s->steps, t->known, t->step, t->consumed_samples,
 			  t->scheduler_step, t->global_batch, t->micro_batch, t->grad_accum, t->dp};
-	return vps_hash64(head, sizeof(head), 0);
+	uint64_t h = vps_hash64(head, sizeof(head), 0);
+	/* ranks planning around different lost devices must not agree */
+	return p->lost.nranks ? vps_hash64(p->lost.ranks, p->lost.nranks * sizeof(*p->lost.ranks), h) : h;
 }
 
 uint64_t vps_staged_hash(const struct vps_staged *s)

@@ -149,15 +149,61 @@ static vps_result_t fill_shard(const struct vps_layout *l, struct shard *s, int6
 	return shard_sync(s, true);
 }
 
+/* Elements of region r outside the lost ranges (holes a plan around lost
+ * devices leaves for the trainer to reload), checked against the pattern. */
+static vps_result_t check_survived(void *buf, const struct vps_region *r, const struct vps_tensor *t, int64_t step,
+				   const struct vps_lost *holes, int64_t *wrong)
+{
+	struct vps_box *rem = vps_malloc(sizeof(*rem)), *next = NULL;
+	size_t nrem = 1, capr = 1, capn = 0;
+	vps_result_t rc = VPS_OK;
+	if (!rem)
+		return VPS_ENOMEM;
+	rem[0] = r->box;
+	for (size_t k = 0; holes && k < holes->nranges && nrem && !rc; k++) {
+		const struct vps_lost_range *x = &holes->ranges[k];
+		if (x->tensor != r->tensor || x->state != r->state)
+			continue;
+		size_t nn = 0;
+		for (size_t j = 0; j < nrem && !rc; j++) {
+			struct vps_box out[2 * VPS_MAX_DIMS];
+			int m = vps_box_subtract(&rem[j], &x->box, out);
+			rc = VPS_GROW(next, capn, nn + (size_t)m + 1);
+			if (!rc) {
+				memcpy(next + nn, out, (size_t)m * sizeof(*out));
+				nn += (size_t)m;
+			}
+		}
+		struct vps_box *t2 = rem;
+		size_t c2 = capr;
+		rem = next;
+		capr = capn;
+		next = t2;
+		capn = c2;
+		nrem = nn;
+	}
+	for (size_t j = 0; j < nrem && !rc; j++) {
+		struct vps_region part;
+		vps_region_restrict(r, &rem[j], &part);
+		*wrong += vps_check_region(buf, &part, t, step);
+	}
+	free(rem);
+	free(next);
+	return rc;
+}
+
 static vps_result_t check_shard(const struct vps_layout *l, struct shard *s, int64_t step, int64_t *wrong,
-				int64_t *dirty)
+				int64_t *dirty, const struct vps_lost *holes)
 {
 	VPS_CHECK(shard_sync(s, false));
 	for (size_t i = 0; i < s->v.nregions; i++) {
 		const struct vps_region *r = &s->v.regions[i];
 		struct vps_tensor t;
 		vps_model_tensor(vps_layout_model(l), r->tensor, &t);
-		*wrong += vps_check_region(s->ptr[r->buffer], r, &t, step);
+		if (holes && holes->nranges)
+			VPS_CHECK(check_survived(s->ptr[r->buffer], r, &t, step, holes, wrong));
+		else
+			*wrong += vps_check_region(s->ptr[r->buffer], r, &t, step);
 	}
 	/* padding (vocabulary rows, alignment, bucket ends) stays zero */
 	for (size_t b = 0; b < s->v.nbuffers; b++) {
@@ -300,7 +346,7 @@ vps_result_t vps_trainer_run(struct vps_staged *const *plans, size_t nplans, con
 			char msg[1024];
 			snprintf(msg, sizeof(msg), "%s", vps_last_error());
 			if (a >= 0)
-				if (check_shard(p->a, &src, t.step, &wrong, &dirty))
+				if (check_shard(p->a, &src, t.step, &wrong, &dirty, NULL))
 					wrong = -1;
 			rc = vps_fail(rc, "%s; sources %s", msg,
 				      a < 0 ? "none (joining)" : wrong < 0 ? "unreadable" : wrong || dirty ? "DAMAGED" : "intact");
@@ -318,7 +364,8 @@ vps_result_t vps_trainer_run(struct vps_staged *const *plans, size_t nplans, con
 		vps_registry_get_training(reg, &t);
 		if (!t.valid || (a >= 0 && (t.step != step_before || t.consumed_samples != consumed_before)))
 			res->training_state_ok = false;
-		VPS_CHECK_GOTO(check_shard(p->b, &dst, t.step, &res->wrong_elements, &res->dirty_padding), rc, done);
+		VPS_CHECK_GOTO(check_shard(p->b, &dst, t.step, &res->wrong_elements, &res->dirty_padding, &p->lost), rc,
+			       done);
 		for (int64_t s = 1; s <= o->steps_after; s++) {
 			VPS_CHECK_GOTO(take_step(p->b, b, &t, log), rc, done);
 			t.consumed_samples += t.global_batch;

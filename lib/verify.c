@@ -616,6 +616,81 @@ static void views_release(struct views *vw)
 			piece_str(m, x, ps, sizeof(ps)); \
 	} while (0)
 
+/* First lost range of (tensor, state) in the plan's sorted list. */
+static size_t lost_first(const struct vps_lost *l, uint32_t tensor, int state)
+{
+	size_t lo = 0, hi = l->nranges;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		const struct vps_lost_range *r = &l->ranges[mid];
+		if (r->tensor < tensor || (r->tensor == tensor && r->state < state))
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+static bool lost_rank(const struct vps_lost *l, int64_t ra)
+{
+	for (size_t i = 0; i < l->nranks; i++)
+		if (l->ranks[i] == ra)
+			return true;
+	return false;
+}
+
+/* The lost ranges a plan records: in (tensor, state) order, disjoint, and
+ * held under A by lost ranks only (what a survivor holds must be planned
+ * from it); a plan may leave exactly these unfilled and nothing more. */
+static vps_result_t lost_checks(const struct vps_plan *p, struct vps_verify_report *rep)
+{
+	const struct vps_lost *l = &p->lost;
+	const struct vps_model *m = vps_layout_model(p->a);
+	struct vps_holders h = {0};
+	char ps[512];
+	vps_result_t rc = VPS_OK;
+	for (size_t i = 0; i < l->nranges && !rc; i++) {
+		const struct vps_lost_range *r = &l->ranges[i];
+		struct vps_piece fake = {.tensor = r->tensor, .state = r->state, .box = r->box};
+		piece_str(m, &fake, ps, sizeof(ps));
+		if (i && (l->ranges[i - 1].tensor > r->tensor ||
+			  (l->ranges[i - 1].tensor == r->tensor && l->ranges[i - 1].state > r->state)))
+			vps_verify_add(rep, "lost range %zu (%s) is out of (tensor, state) order", i, ps);
+		for (size_t j = lost_first(l, r->tensor, r->state); j < i; j++)
+			if (l->ranges[j].tensor == r->tensor && l->ranges[j].state == r->state &&
+			    vps_box_intersect(&l->ranges[j].box, &r->box, NULL))
+				vps_verify_add(rep, "lost ranges %zu and %zu (%s) overlap", j, i, ps);
+		h.n = 0;
+		rc = vps_layout_holders(p->a, r->tensor, r->state, &r->box, &h);
+		for (size_t k = 0; k < h.n && !rc; k++) {
+			const struct vps_holder *x = &h.v[k];
+			if (!vps_box_intersect(&x->region.box, &r->box, NULL))
+				continue;
+			for (int64_t j = 0; j < x->count; j++) {
+				int64_t ra = x->base + j * x->stride;
+				if (!lost_rank(l, ra)) {
+					vps_verify_add(rep, "lost range %zu (%s) is held by rank %" PRId64
+						       " of the source, which is not lost: it must be planned from there",
+						       i, ps, ra);
+					break;
+				}
+			}
+		}
+	}
+	vps_holders_release(&h);
+	return rc;
+}
+
+/* What a plan around lost devices leaves, said in the summary. */
+static void lost_summary(const struct vps_plan *p, struct vps_verify_report *rep)
+{
+	size_t k = strlen(rep->summary);
+	if (p->lost.nranks && k < sizeof(rep->summary))
+		snprintf(rep->summary + k, sizeof(rep->summary) - k,
+			 "; %zu lost ranks, %zu lost ranges (%" PRId64 " bytes) left for the trainer to reload", p->lost.nranks,
+			 p->lost.nranges, vps_lost_bytes(&p->lost));
+}
+
 /* The plan's checks over the pieces that involve `scope` (-1: all). A plan
  * of one rank reports its pieces outside that rank; a global plan inside
  * the staged file of one rank has them, and they are not that file's. */
@@ -636,6 +711,7 @@ static vps_result_t plan_checks(const struct vps_plan *p, int64_t scope, struct 
 	char ps[512];
 	if (!cov)
 		return too_large("pieces to match with their destinations", p->npieces + 1, sizeof(*cov));
+	VPS_CHECK_GOTO(lost_checks(p, rep), rc, done);
 	for (size_t i = 0; i < p->npieces; i++) {
 		const struct vps_piece *x = &p->pieces[i];
 		struct view_index *vi;
@@ -657,6 +733,9 @@ static vps_result_t plan_checks(const struct vps_plan *p, int64_t scope, struct 
 			NAME();
 			vps_verify_add(rep, "piece %zu (%s): source %" PRId64 " is a joining device, it holds nothing", i, ps,
 				       x->src);
+		} else if (lost_rank(&p->lost, ra)) {
+			NAME();
+			vps_verify_add(rep, "piece %zu (%s): source %" PRId64 " is a lost device", i, ps, x->src);
 		} else {
 			VPS_CHECK_GOTO(view_get(p->a, &vw->a, ra, &vi), rc, done);
 			if (find_holding(vi, x->tensor, x->state, &x->box, x->src_buffer, x->src_offset, x->src_strides) < 0) {
@@ -712,6 +791,21 @@ static vps_result_t plan_checks(const struct vps_plan *p, int64_t scope, struct 
 				sum += vps_box_volume(&p->pieces[cov[c].piece].box);
 				c++;
 			}
+			/* the recorded lost ranges count as covered, once: a piece
+			 * into one of them is then received "more than once" */
+			for (size_t k = lost_first(&p->lost, R->tensor, R->state);
+			     k < p->lost.nranges && p->lost.ranges[k].tensor == R->tensor && p->lost.ranges[k].state == R->state;
+			     k++) {
+				struct vps_box y;
+				if (!vps_box_intersect(&p->lost.ranges[k].box, &R->box, &y))
+					continue;
+				if (VPS_GROW(boxes, capb, n + 1)) {
+					rc = too_large("lost ranges of one destination region", n + 1, sizeof(*boxes));
+					goto done;
+				}
+				boxes[n++] = y;
+				sum += vps_box_volume(&y);
+			}
 			int64_t vol = vps_box_volume(&R->box), gap = vps_boxes_uncovered(boxes, n, &R->box);
 			if (gap < 0) {
 				rc = too_large("pieces of one destination region, cut in slabs", n, sizeof(*boxes));
@@ -755,6 +849,7 @@ vps_result_t vps_verify_plan(const struct vps_plan *p, struct vps_verify_report 
 		 "%s: %s plan over %" PRId64 " world ranks, %zu pieces (%" PRId64 " retains), %" PRId64 " bytes moved",
 		 vps_layout_model(p->a)->name, p->scope < 0 ? "global" : "one rank's", vps_world_size(p->world),
 		 p->npieces, retains, moved);
+	lost_summary(p, rep);
 	return VPS_OK;
 }
 
@@ -1419,6 +1514,7 @@ vps_result_t vps_verify_staged(const struct vps_staged *s, struct vps_verify_rep
 		 "%s: %" PRId64 " stages within %" PRId64 " bytes, %" PRId64 " transfers, %" PRId64 " copies for %" PRId64
 		 " pieces, peak %" PRId64 " bytes",
 		 m->name, st.stages, s->budget, st.transfers, st.ops, st.pieces, st.peak_max);
+	lost_summary(p, rep);
 done:
 	views_release(&vw);
 	free(have);

@@ -18,6 +18,7 @@
 #include "vps/layout.h"
 
 struct vps_world;
+struct vps_bytes;
 
 vps_result_t vps_world_new(struct vps_world **out, const struct vps_layout *a, const struct vps_layout *b);
 void vps_world_free(struct vps_world *w);
@@ -70,6 +71,39 @@ struct vps_collective {
  * versions' plans of one transition differ. */
 #define VPS_PLANNER_RULES 1
 
+/* Lost devices: A ranks gone before the switch (vps-plan --lost). What a
+ * survivor holds is planned from a survivor; what none holds is a lost
+ * range, one (tensor, state, box), left for the trainer to reload. */
+struct vps_lost_range {
+	uint32_t tensor;
+	uint8_t state;
+	struct vps_box box;
+};
+
+struct vps_lost {
+	int64_t *ranks;                /* A ranks, ascending, distinct */
+	size_t nranks;
+	struct vps_lost_range *ranges; /* by (tensor, state, box), disjoint */
+	size_t nranges;
+};
+
+/* The ranges no rank of A outside ranks[0..n) holds. Only the listed
+ * ranks' views are computed (O(their work), never the world). VPS_EINPUT
+ * for a rank outside A. */
+vps_result_t vps_lost_compute(struct vps_lost *out, const struct vps_layout *a, const int64_t *ranks, size_t n);
+void vps_lost_release(struct vps_lost *l);
+/* The A ranks on the devices of a devices document (an explicit list). */
+vps_result_t vps_lost_devices(const struct vps_layout *a, const char *path, int64_t **ranks, size_t *n);
+/* VPS_EINPUT when B places a rank on a lost device (it cannot receive). */
+vps_result_t vps_lost_check_target(const struct vps_lost *l, const struct vps_layout *a, const struct vps_layout *b);
+bool vps_lost_has_rank(const struct vps_lost *l, int64_t ra);
+int64_t vps_lost_range_bytes(const struct vps_lost_range *r);
+int64_t vps_lost_bytes(const struct vps_lost *l);
+/* Remove the lost ranks from holder sets (progressions are split). */
+vps_result_t vps_lost_drop_holders(const struct vps_lost *l, struct vps_holders *h);
+/* The lost ranges as a document: yaml, tsv or json (enum vps_format). */
+vps_result_t vps_lost_format(const struct vps_lost *l, const struct vps_layout *a, int format, struct vps_bytes *out);
+
 struct vps_packed;
 
 struct vps_plan {
@@ -83,6 +117,7 @@ struct vps_plan {
 	size_t ncolls;
 	struct vps_training train;
 	uint64_t file_hash;       /* the hash a plan file states; 0 when computed */
+	struct vps_lost lost;     /* lost A ranks and the ranges no piece fills (holes) */
 };
 
 /* VPS_EINPUT when a plan read from a file does not hash to what it states
@@ -99,6 +134,9 @@ struct vps_plan_opts {
 				* piece instead of 184), for tools that only hash, write or count them */
 	bool unhashed;         /* compact plans: not hashed while planned (for statistics alone);
 				* vps_plan_hash then reads the pieces */
+	const int64_t *lost;   /* A ranks whose devices are gone: nothing is planned from them */
+	size_t nlost;
+	bool allow_loss;       /* plan around ranges no survivor holds (else VPS_ECHECK) */
 };
 #define VPS_PLAN_MAX_THREADS 256
 

@@ -193,3 +193,20 @@ run_lines() {
 	run vps-plan a.layout b.layout --stats
 	[[ "$output" == *$'\nleaving: 4\n'* ]]
 }
+
+@test "vps(7) A DEVICE IS LOST: its commands run as written and print what it shows" {
+	man_blocks "A DEVICE IS LOST"
+	local n=0 f
+	for f in man.*.cmd; do
+		n=$((n + 1))
+		run_lines "$f"
+		local i=${f#man.}
+		i=${i%.cmd}
+		if [ -e "man.$((i + 1)).out" ]; then
+			cat out.* > printed
+			shows "man.$((i + 1)).out" printed
+		fi
+		rm -f out.*
+	done
+	[ "$n" -eq 2 ]
+}
