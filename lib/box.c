@@ -222,3 +222,14 @@ void vps_region_extent(const struct vps_region *r, int64_t *first, int64_t *end)
 		*end = INT64_MAX;
 	}
 }
+
+int vps_box_order(const struct vps_box *a, const struct vps_box *b)
+{
+	for (int k = 0; k < a->ndim; k++) {
+		if (a->lo[k] != b->lo[k])
+			return a->lo[k] < b->lo[k] ? -1 : 1;
+		if (a->hi[k] != b->hi[k])
+			return a->hi[k] < b->hi[k] ? -1 : 1;
+	}
+	return 0;
+}

@@ -28,13 +28,7 @@ static int range_cmp(const void *p, const void *q)
 		return x->tensor < y->tensor ? -1 : 1;
 	if (x->state != y->state)
 		return x->state < y->state ? -1 : 1;
-	for (int k = 0; k < x->box.ndim; k++) {
-		if (x->box.lo[k] != y->box.lo[k])
-			return x->box.lo[k] < y->box.lo[k] ? -1 : 1;
-		if (x->box.hi[k] != y->box.hi[k])
-			return x->box.hi[k] < y->box.hi[k] ? -1 : 1;
-	}
-	return 0;
+	return vps_box_order(&x->box, &y->box);
 }
 
 void vps_lost_release(struct vps_lost *l)

@@ -34,6 +34,9 @@ bool vps_box_intersect(const struct vps_box *a, const struct vps_box *b, struct 
 
 /* @return true when the boxes are equal. */
 bool vps_box_equal(const struct vps_box *a, const struct vps_box *b);
+/* Order boxes of one ndim by their corners, lo before hi, axis by axis
+ * (for sorting lists of them). */
+int vps_box_order(const struct vps_box *a, const struct vps_box *b);
 
 /* @return true when outer contains inner. */
 bool vps_box_contains(const struct vps_box *outer, const struct vps_box *inner);
