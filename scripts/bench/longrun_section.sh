@@ -18,7 +18,7 @@ done
 	for tr in tcp ipc; do
 		echo
 		echo '```'
-		cat "$t/$tr"
+		grep -v "^vps: built" "$t/$tr"
 		echo '```'
 	done
 } | scripts/bench/doc-section.sh longrun docs/BENCHMARKS.md
