@@ -30,8 +30,9 @@ if [ "$doc" = 0 ]; then
 		cmds+=("bin/vps-stage --budget $budget $t/$n.plan -o $t/out")
 	done
 	echo
-	hyperfine -N --warmup 1 --runs "${RUNS:-5}" --export-markdown "${OUT:-/dev/stdout}" "${cmds[@]:0:3}" >/dev/null
-	cat "${OUT:-/dev/stdout}" 2>/dev/null || true
+	# the markdown goes to a file first: reading back /dev/stdout hangs on a pipe
+	hyperfine -N --warmup 1 --runs "${RUNS:-5}" --export-markdown "${OUT:-$t/times.md}" "${cmds[@]:0:3}" > "$t/log"
+	cat "${OUT:-$t/times.md}"
 	exit 0
 fi
 table > "$t/table"
