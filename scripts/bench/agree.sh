@@ -27,5 +27,6 @@ if echo "$out" | grep -q '^FAIL'; then
 	exit 1
 fi
 table
-[ "$doc" = 1 ] && table | scripts/bench/doc-section.sh agree docs/BENCHMARKS.md
+[ "$doc" = 1 ] && { scripts/bench/doc-stamp.sh "scripts/bench/agree.sh --doc $worlds"; echo; table; } |
+	scripts/bench/doc-section.sh agree docs/BENCHMARKS.md
 exit 0
