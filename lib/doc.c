@@ -22,16 +22,20 @@
  * (a 200 KB line of '[' took 37 s). */
 #define VPS_DOC_MAX_DEPTH 64
 
+/* The YAML version counts changes a YAML reader cannot absorb (keys are
+ * optional, so new keys with defaults do not count). The binary encoding
+ * writes every field in order, so any new field changes it: 2 for the
+ * fields of November 2026 (cp, grouped_gemm, the DeepSeek-V3 model keys). */
 static const struct {
 	enum vps_doc_kind kind;
 	const char *name;
-	int version;
+	int version, binary_version;
 } doc_kinds[] = {
-	{VPS_DOC_LAYOUT, "layout", 1},   {VPS_DOC_PLAN, "plan", 1},
-	{VPS_DOC_STAGED, "staged", 1},   {VPS_DOC_REPORT, "report", 1},
-	{VPS_DOC_MODEL, "model", 1},     {VPS_DOC_DEVICES, "devices", 1},
-	{VPS_DOC_TOPOLOGY, "topology", 1}, {VPS_DOC_PARALLEL, "parallel", 1},
-	{VPS_DOC_BUDGETS, "budgets", 1}, {VPS_DOC_TRANSITION, "transition", 1},
+	{VPS_DOC_LAYOUT, "layout", 1, 2},     {VPS_DOC_PLAN, "plan", 1, 2},
+	{VPS_DOC_STAGED, "staged", 1, 2},     {VPS_DOC_REPORT, "report", 1, 1},
+	{VPS_DOC_MODEL, "model", 1, 2},       {VPS_DOC_DEVICES, "devices", 1, 1},
+	{VPS_DOC_TOPOLOGY, "topology", 1, 1}, {VPS_DOC_PARALLEL, "parallel", 1, 2},
+	{VPS_DOC_BUDGETS, "budgets", 1, 1},   {VPS_DOC_TRANSITION, "transition", 1, 2},
 };
 
 const char *vps_doc_kind_name(enum vps_doc_kind kind)
@@ -47,6 +51,14 @@ int vps_doc_version(enum vps_doc_kind kind)
 	for (size_t i = 0; i < sizeof(doc_kinds) / sizeof(doc_kinds[0]); i++)
 		if (doc_kinds[i].kind == kind)
 			return doc_kinds[i].version;
+	return 0;
+}
+
+static int binary_version(enum vps_doc_kind kind)
+{
+	for (size_t i = 0; i < sizeof(doc_kinds) / sizeof(doc_kinds[0]); i++)
+		if (doc_kinds[i].kind == kind)
+			return doc_kinds[i].binary_version;
 	return 0;
 }
 
@@ -336,7 +348,7 @@ vps_result_t vps_writer_new(struct vps_writer **wp, enum vps_doc_kind kind, bool
 		unsigned char hdr[VPS_DOC_HEADER_SIZE] = {0};
 		memcpy(hdr, VPS_DOC_MAGIC, 4);
 		hdr[4] = (unsigned char)kind;
-		hdr[6] = (unsigned char)vps_doc_version(kind);
+		hdr[6] = (unsigned char)binary_version(kind);
 		VPS_CHECK_GOTO(bin_put(w, hdr, sizeof(hdr)), rc, fail);
 	}
 	*wp = w;
@@ -415,7 +427,7 @@ vps_result_t vps_writer_new_streaming(struct vps_writer **wp, enum vps_doc_kind 
 	unsigned char hdr[VPS_DOC_HEADER_SIZE] = {0};
 	memcpy(hdr, VPS_DOC_MAGIC, 4);
 	hdr[4] = (unsigned char)kind;
-	hdr[6] = (unsigned char)vps_doc_version(kind);
+	hdr[6] = (unsigned char)binary_version(kind);
 	w->z = new_cctx();
 	if (!w->z)
 		rc = VPS_NOMEM();
@@ -953,9 +965,14 @@ static vps_result_t open_binary(struct vps_reader *r, const unsigned char *d, si
 				vps_doc_kind_name(kind), dkind, vps_doc_kind_name(dkind));
 	if (version == 0)
 		return vps_fail(VPS_EFORMAT, "%s: corrupt header: version 0", r->name);
-	if ((int)version > vps_doc_version(dkind))
-		return vps_fail(VPS_EFORMAT, "%s: %s version %u is newer than this build reads (%d)", r->name,
-				vps_doc_kind_name(dkind), version, vps_doc_version(dkind));
+	if ((int)version > binary_version(dkind))
+		return vps_fail(VPS_EFORMAT, "%s: binary %s version %u is newer than this build reads (%d)", r->name,
+				vps_doc_kind_name(dkind), version, binary_version(dkind));
+	if ((int)version < binary_version(dkind))
+		return vps_fail(VPS_EFORMAT,
+				"%s: binary %s version %u was written by an older vps (this build reads version %d): "
+				"have that vps write it as YAML (--yaml), which this one reads",
+				r->name, vps_doc_kind_name(dkind), version, binary_version(dkind));
 	if (flags != 0)
 		return vps_fail(VPS_EFORMAT, "%s: unknown header flags 0x%08x", r->name, flags);
 	if (d[12] || d[13] || d[14] || d[15])
@@ -1430,6 +1447,35 @@ vps_result_t vps_r_bool_opt(struct vps_reader *r, const char *key, bool *v, bool
 		return r->echo ? vps_w_bool(r->echo, key, def) : VPS_OK;
 	}
 	return vps_r_bool(r, key, v);
+}
+
+vps_result_t vps_w_int_sparse(struct vps_writer *w, const char *key, int64_t v, int64_t def)
+{
+	return v != def || !vps_writer_is_yaml(w) ? vps_w_int(w, key, v) : VPS_OK;
+}
+
+vps_result_t vps_w_bool_sparse(struct vps_writer *w, const char *key, bool v, bool def)
+{
+	return v != def || !vps_writer_is_yaml(w) ? vps_w_bool(w, key, v) : VPS_OK;
+}
+
+vps_result_t vps_r_int_sparse(struct vps_reader *r, const char *key, int64_t *v, int64_t min, int64_t max,
+			      int64_t def)
+{
+	struct vps_writer *echo = r->echo;
+	r->echo = NULL;
+	vps_result_t rc = vps_r_int_opt(r, key, v, min, max, def);
+	r->echo = echo;
+	return !rc && echo ? vps_w_int_sparse(echo, key, *v, def) : rc;
+}
+
+vps_result_t vps_r_bool_sparse(struct vps_reader *r, const char *key, bool *v, bool def)
+{
+	struct vps_writer *echo = r->echo;
+	r->echo = NULL;
+	vps_result_t rc = vps_r_bool_opt(r, key, v, def);
+	r->echo = echo;
+	return !rc && echo ? vps_w_bool_sparse(echo, key, *v, def) : rc;
 }
 
 vps_result_t vps_r_str_opt(struct vps_reader *r, const char *key, const char **s, const char *def)

@@ -70,6 +70,11 @@ vps_result_t vps_w_u64hex(struct vps_writer *w, const char *key, uint64_t v);
 vps_result_t vps_w_double(struct vps_writer *w, const char *key, double v);
 vps_result_t vps_w_bool(struct vps_writer *w, const char *key, bool v);
 vps_result_t vps_w_str(struct vps_writer *w, const char *key, const char *s);
+/* Keys added after a kind's first version: binary has every field, YAML the
+ * key only when it is not the default, so documents that do not use the
+ * feature read and print as they did before it existed. */
+vps_result_t vps_w_int_sparse(struct vps_writer *w, const char *key, int64_t v, int64_t def);
+vps_result_t vps_w_bool_sparse(struct vps_writer *w, const char *key, bool v, bool def);
 
 /* ---- reader ---- */
 struct vps_reader;
@@ -122,6 +127,10 @@ vps_result_t vps_r_int_opt(struct vps_reader *r, const char *key, int64_t *v, in
 			   int64_t max, int64_t def);
 vps_result_t vps_r_bool_opt(struct vps_reader *r, const char *key, bool *v, bool def);
 vps_result_t vps_r_str_opt(struct vps_reader *r, const char *key, const char **s, const char *def);
+/* The readers of vps_w_*_sparse keys: an echo writes them sparsely too. */
+vps_result_t vps_r_int_sparse(struct vps_reader *r, const char *key, int64_t *v, int64_t min, int64_t max,
+			      int64_t def);
+vps_result_t vps_r_bool_sparse(struct vps_reader *r, const char *key, bool *v, bool def);
 
 /* Fail with "NAME: line L: KEY: msg" pointing at the current or keyed node. */
 vps_result_t vps_r_error(struct vps_reader *r, const char *key, const char *fmt, ...)

@@ -194,6 +194,24 @@ static vps_result_t tmpl_add(const struct vps_layout *l, struct tmpl *tm, size_t
 	return tmpl_push(tm, cap, &p);
 }
 
+static int tparam_ref_cmp(const void *a, const void *b)
+{
+	const struct tparam_ref *x = a, *y = b;
+	return x->tensor < y->tensor ? -1 : x->tensor > y->tensor;
+}
+
+static vps_result_t index_by_tensor(struct tmpl *tm)
+{
+	tm->by_tensor = vps_calloc(tm->n, sizeof(*tm->by_tensor));
+	if (!tm->by_tensor)
+		return VPS_ENOMEM;
+	for (size_t k = 0; k < tm->n; k++)
+		if (!tm->p[k].output_copy)
+			tm->by_tensor[tm->nby_tensor++] = (struct tparam_ref){tm->p[k].tensor, (uint32_t)k};
+	qsort(tm->by_tensor, tm->nby_tensor, sizeof(*tm->by_tensor), tparam_ref_cmp);
+	return VPS_OK;
+}
+
 static vps_result_t build_tmpl(struct vps_layout *l, int64_t s, int64_t v, int expert)
 {
 	struct tmpl *tm = tmpl_at(l, s, v, expert);
@@ -213,10 +231,18 @@ static vps_result_t build_tmpl(struct vps_layout *l, int64_t s, int64_t v, int e
 		uint32_t base = vps_model_layer_first(&l->m, layer);
 		for (uint32_t k = 0; k < dense_per_layer; k++)
 			VPS_CHECK(tmpl_add(l, tm, &cap, base + k, (int32_t)layer, (int32_t)ll, -1, false, expert));
-		for (int64_t slot = 0; slot < l->experts_per_rank; slot++)
-			for (uint32_t k = 0; k < l->nexpert_kinds; k++)
-				VPS_CHECK(tmpl_add(l, tm, &cap, base + dense_per_layer + (uint32_t)slot * l->nexpert_kinds + k,
-						   (int32_t)layer, (int32_t)ll, (int32_t)slot, false, expert));
+		/* SequentialMLP registers expert by expert (local_experts.i.linear_fc1,
+		 * .linear_fc2); TEGroupedMLP registers linear_fc1 then linear_fc2, each a
+		 * GroupedLinear holding weight{i} (and bias{i}) gemm by gemm
+		 * (experts.py TEGroupedMLP.__init__, TE grouped_linear.py
+		 * GroupedLinear.__init__) */
+		uint32_t per_linear = p->grouped_gemm ? l->nexpert_kinds / 2 : l->nexpert_kinds;
+		for (uint32_t lin = 0; lin < l->nexpert_kinds / per_linear; lin++)
+			for (int64_t slot = 0; slot < l->experts_per_rank; slot++)
+				for (uint32_t k = lin * per_linear; k < (lin + 1) * per_linear; k++)
+					VPS_CHECK(tmpl_add(l, tm, &cap,
+							   base + dense_per_layer + (uint32_t)slot * l->nexpert_kinds + k,
+							   (int32_t)layer, (int32_t)ll, (int32_t)slot, false, expert));
 	}
 	if (s == p->pp - 1 && v == p->vpp - 1) {
 		uint32_t post_first = pre + (uint32_t)l->m.layers * per_layer;
@@ -229,6 +255,7 @@ static vps_result_t build_tmpl(struct vps_layout *l, int64_t s, int64_t v, int e
 	}
 	if (tm->n == 0)
 		return VPS_OK;
+	VPS_CHECK(index_by_tensor(tm));
 
 	/* Buffer order, padding and buckets of Megatron's DDP buffers: params in
 	 * reverse registration order; with the distributed optimizer each param
@@ -347,6 +374,7 @@ void vps_layout_free(struct vps_layout *l)
 		for (size_t i = 0; i < ntm; i++) {
 			free(l->tm[i].p);
 			free(l->tm[i].b);
+			free(l->tm[i].by_tensor);
 		}
 		free(l->tm);
 	}
@@ -670,14 +698,12 @@ static vps_result_t explicit_holders(const struct vps_layout *l, uint32_t tensor
 
 static int tparam_find(const struct tmpl *tm, uint32_t tensor)
 {
-	size_t lo = 0, hi = tm->n;
-	if (tm->output_copy_idx >= 0 && (size_t)tm->output_copy_idx == tm->n - 1)
-		hi--;
+	size_t lo = 0, hi = tm->nby_tensor;
 	while (lo < hi) {
 		size_t mid = (lo + hi) / 2;
-		if (tm->p[mid].tensor == tensor)
-			return (int)mid;
-		if (tm->p[mid].tensor < tensor)
+		if (tm->by_tensor[mid].tensor == tensor)
+			return (int)tm->by_tensor[mid].idx;
+		if (tm->by_tensor[mid].tensor < tensor)
 			lo = mid + 1;
 		else
 			hi = mid;
@@ -928,6 +954,8 @@ uint64_t vps_layout_hash(const struct vps_layout *l)
 	 * before cp= existed (registries and staged plans name layouts by it) */
 	if (p->cp != 1)
 		h = vps_hash64(&p->cp, sizeof(p->cp), h);
+	if (p->grouped_gemm)
+		h = vps_hash64("grouped_gemm", 12, h);
 	/* devices: by value, so that a listed map equal to a packed one hashes
 	 * the same */
 	if (l->d.packed && l->d.first_node == 0 && l->d.gpus_per_node == 8) {

@@ -22,9 +22,17 @@ struct tbucket {
 
 /* The buffer layout shared by every rank of a pipeline stage: parameter
  * shapes do not depend on the TP, EP or DP rank. */
+struct tparam_ref {
+	uint32_t tensor, idx;
+};
+
 struct tmpl {
 	struct tparam *p; /* registration order */
 	size_t n;
+	/* p's indices by tensor (the output copy left out): registration order
+	 * is tensor order except for grouped-GEMM experts */
+	struct tparam_ref *by_tensor;
+	size_t nby_tensor;
 	struct tbucket *b;
 	size_t nb;
 	int64_t elements;       /* buffer size with padding */

@@ -60,10 +60,11 @@ vps_result_t vps_parallel_parse(struct vps_parallel *p, const char *spec, const 
 							where, val);
 				p->bucket = v;
 			}
-		} else if (!strcmp(item, "grad")) {
+		} else if (!strcmp(item, "grad") || !strcmp(item, "grouped_gemm")) {
 			if (strcmp(val, "0") && strcmp(val, "1"))
-				return vps_fail(VPS_EINPUT, "%s: grad=%s: expected 0 or 1", where, val);
-			p->grad = val[0] == '1';
+				return vps_fail(VPS_EINPUT, "%s: %s=%s: expected 0 or 1", where, item, val);
+			bool *flag = !strcmp(item, "grad") ? &p->grad : &p->grouped_gemm;
+			*flag = val[0] == '1';
 		} else {
 			const struct pkey *k = NULL;
 			for (size_t i = 0; i < sizeof(pkeys) / sizeof(pkeys[0]); i++)
@@ -71,7 +72,7 @@ vps_result_t vps_parallel_parse(struct vps_parallel *p, const char *spec, const 
 					k = &pkeys[i];
 			if (!k)
 				return vps_fail(VPS_EINPUT,
-						"%s: unknown key '%s' (tp, pp, dp, cp, ep, etp, vpp, zero, first, last, bucket, grad)",
+						"%s: unknown key '%s' (tp, pp, dp, cp, ep, etp, vpp, zero, first, last, bucket, grad, grouped_gemm)",
 						where, item);
 			long long v = strtoll(val, &end, 10);
 			if (!*val || *end || v < k->min || v > k->max)
@@ -108,6 +109,7 @@ vps_result_t vps_parallel_read(struct vps_reader *r, const char *key, struct vps
 		p->bucket = v;
 	}
 	VPS_CHECK(vps_r_bool_opt(r, "grad", &p->grad, false));
+	VPS_CHECK(vps_r_bool_sparse(r, "grouped_gemm", &p->grouped_gemm, false));
 	if (key)
 		VPS_CHECK(vps_r_map_end(r));
 	return VPS_OK;
@@ -125,6 +127,7 @@ vps_result_t vps_parallel_write(struct vps_writer *w, const char *key, const str
 		snprintf(b, sizeof(b), "%" PRId64, p->bucket);
 	VPS_CHECK(vps_w_str(w, "bucket", b));
 	VPS_CHECK(vps_w_bool(w, "grad", p->grad));
+	VPS_CHECK(vps_w_bool_sparse(w, "grouped_gemm", p->grouped_gemm, false));
 	return vps_w_map_end(w);
 }
 
@@ -180,7 +183,9 @@ void vps_parallel_format(const struct vps_parallel *p, char *buf, size_t n)
 			len += snprintf(buf + len, n - (size_t)len, ",bucket=%" PRId64, p->bucket);
 	}
 	if (p->grad && (size_t)len < n)
-		snprintf(buf + len, n - (size_t)len, ",grad=1");
+		len += snprintf(buf + len, n - (size_t)len, ",grad=1");
+	if (p->grouped_gemm && len >= 0 && (size_t)len < n)
+		snprintf(buf + len, n - (size_t)len, ",grouped_gemm=1");
 }
 
 /* Layers per stage under Megatron's rules: first/last stages take their
@@ -264,6 +269,8 @@ vps_result_t vps_parallel_validate(struct vps_parallel *p, const struct vps_mode
 				where, p->tp, qkv_rows);
 	if (m->experts == 0 && m->ffn % p->tp)
 		return vps_fail(VPS_EINPUT, "%s: tp=%" PRId64 " does not divide ffn=%" PRId64, where, p->tp, m->ffn);
+	if (m->experts == 0 && p->grouped_gemm)
+		return vps_fail(VPS_EINPUT, "%s: grouped_gemm applies to MoE models only (%s is dense)", where, m->name);
 	if (m->experts == 0 && (p->ep != 1 || p->etp != p->tp))
 		return vps_fail(VPS_EINPUT, "%s: ep and etp apply to MoE models only (%s is dense)", where, m->name);
 	if (m->experts > 0) {

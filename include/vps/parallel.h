@@ -20,9 +20,10 @@ struct vps_parallel {
 	int64_t last;    /* layers on the last stage, 0: not set */
 	int64_t bucket;  /* VPS_BUCKET_NONE, VPS_BUCKET_AUTO or elements */
 	bool grad;       /* fp32 gradients are part of the state */
+	bool grouped_gemm; /* experts as TEGroupedMLP (--moe-grouped-gemm): linear_fc1.weight0..N-1 */
 };
 
-/* Defaults: everything 1, zero 0, one bucket, no grads. */
+/* Defaults: everything 1, zero 0, one bucket, no grads, sequential experts. */
 void vps_parallel_init(struct vps_parallel *p);
 
 /* Parse "tp=4,pp=2,dp=2,zero=1" on top of *p. where names the flag. */

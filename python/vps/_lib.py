@@ -39,7 +39,7 @@ class Model(C.Structure):
 class Parallel(C.Structure):
     _fields_ = [(k, C.c_int64) for k in ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "zero", "first", "last",
                                          "bucket")] + \
-        [("grad", C.c_bool)]
+        [("grad", C.c_bool), ("grouped_gemm", C.c_bool)]
 
 
 class Device(C.Structure):

@@ -58,6 +58,11 @@ cp_change() {
 cp_moe() {
 	demo "$1" --model tiny-qwen3-moe --from tp=2,cp=2,pp=1,dp=2,ep=4,etp=1,zero=1 --to tp=2,cp=1,pp=2,dp=2,ep=2,etp=1,zero=1
 }
+# Sequential experts to grouped-GEMM ones (another registration order, so
+# other offsets and ZeRO shards) while EP and PP change, and back.
+moe_grouped() {
+	demo "$1" --model tiny-qwen3-moe --from tp=2,pp=2,dp=2,ep=2,etp=1,zero=1 --to tp=2,pp=1,dp=4,ep=4,etp=1,zero=1,grouped_gemm=1 --back
+}
 # These three take devices per node: ipc reaches one node's ranks only, so
 # over ipc the same switch runs with every device on one node.
 join() { # TRANSPORT DEVICES_PER_NODE
@@ -93,6 +98,8 @@ world6() {
 
 @test "tcp: context parallelism with experts: expert DP spans CP, then CP goes" { cp_moe tcp; }
 @test "ipc: context parallelism with experts: expert DP spans CP, then CP goes" { cp_moe ipc; }
+@test "tcp: MoE: sequential experts become grouped-GEMM ones, and back" { moe_grouped tcp; }
+@test "ipc: MoE: sequential experts become grouped-GEMM ones, and back" { moe_grouped ipc; }
 
 @test "tcp: devices join: 4 devices on one node become 8 on two" { join tcp 4; }
 @test "ipc: devices join: 4 devices become 8, all on one node" { join ipc 8; }

@@ -98,10 +98,10 @@ within() {
 }
 
 @test "a frame that claims 63 GiB is refused before it is allocated, naming the file" {
-	# header: magic, kind 1 (layout), version 1, no flags; then a zstd frame
+	# header: magic, kind 1 (layout), binary version 2, no flags; then a zstd frame
 	# with a checksum and an 8-byte content size of 63 GiB, holding one
 	# 16-byte RLE block
-	printf '\x89VPS\x01\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00' > big.bin
+	printf '\x89VPS\x01\x00\x02\x00\x00\x00\x00\x00\x00\x00\x00\x00' > big.bin
 	printf '\x28\xb5\x2f\xfd\xc4\x00\x00\x00\x00\xc0\x0f\x00\x00\x00\x83\x00\x00\x61\x00\x00\x00\x00' >> big.bin
 	for tool in "vps-verify big.bin" "vps-layout -i big.bin" "vps-plan big.bin big.bin"; do
 		within $tool

@@ -64,3 +64,19 @@ JSON
 	known=$(cd "$TOP/configs/models" && ls -- *.yaml | sed 's/\.yaml$//' | LC_ALL=C sort | paste -sd, | sed 's/,/, /g')
 	[[ "$output" == "vps-layout: --model: no model named 'llama3-8b'; known: $known; or a model file, a Hugging Face config.json or its directory (looked for llama3-8b.yaml in "* ]]
 }
+
+@test "grouped_gemm=1 names experts as TEGroupedMLP does, and a dense model refuses it" {
+	expect_status 0 vps-layout --model tiny-qwen3-moe --parallel tp=2,dp=3,ep=2,etp=1,zero=1,grouped_gemm=1 \
+		--rank 2 --yaml -o grouped.yaml
+	# rank 2 is EP rank 0: local experts 0..3 are global experts 0..3
+	grep -q 'tensor: decoder.layers.5.mlp.experts.local_experts.1.linear_fc1.weight$' grouped.yaml
+	grep -q 'param: decoder.layers.5.mlp.experts.linear_fc1.weight1$' grouped.yaml
+	grep -q 'param: decoder.layers.0.mlp.experts.linear_fc2.weight3$' grouped.yaml
+	! grep -q 'param: .*local_experts' grouped.yaml
+	grep -q 'grouped_gemm: true' grouped.yaml
+	# the layout reads back as it was written
+	expect_status 0 vps-layout -i grouped.yaml --stats --yaml
+	[[ "$output" == *'parallel: "tp=2,pp=1,dp=3,ep=2,etp=1,vpp=1,zero=1,grouped_gemm=1"'* ]]
+	expect_status 2 vps-layout --model tiny-llama --parallel tp=2,grouped_gemm=1
+	[ "$output" = "vps-layout: --parallel: grouped_gemm applies to MoE models only (tiny-llama is dense)" ]
+}

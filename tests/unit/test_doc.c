@@ -61,6 +61,10 @@ TEST(damaged_binary_is_refused)
 	CHECK(parse_bytes(d, bin.len) == VPS_EFORMAT);
 	CHECK(strstr(vps_last_error(), "newer than this build reads") != NULL);
 	memcpy(d, bin.data, bin.len);
+	d[6] = 1; /* a binary encoding from before cp and grouped_gemm */
+	CHECK(parse_bytes(d, bin.len) == VPS_EFORMAT);
+	CHECK(strstr(vps_last_error(), "written by an older vps") != NULL);
+	memcpy(d, bin.data, bin.len);
 	d[3] = 'X'; /* wrong magic */
 	CHECK(parse_bytes(d, bin.len) == VPS_EFORMAT);
 	memcpy(d, bin.data, bin.len);

@@ -111,6 +111,11 @@ static const struct tcase cases[] = {
 	{"tiny-gpt", "tp=2,cp=2,pp=2,dp=1,zero=1", "tp=2,cp=1,pp=2,dp=2,zero=0", 8, 0, 8, 0},
 	{"tiny-qwen3-moe", "tp=2,cp=2,pp=1,dp=2,ep=4,etp=1,zero=1", "tp=2,cp=1,pp=1,dp=4,ep=2,etp=1,zero=1", 8, 0, 8, 0},
 	{"tiny-qwen3-moe", "tp=2,cp=2,pp=2,dp=1,zero=1", "tp=2,cp=2,pp=2,dp=1,ep=2,etp=1,zero=1", 8, 0, 8, 0},
+	/* grouped-GEMM experts: the same logical tensors in another registration
+	 * order; with EDP 3 the shard boundaries cut experts differently */
+	{"tiny-qwen3-moe", "tp=2,pp=1,dp=3,ep=2,etp=1,zero=1", "tp=2,pp=1,dp=3,ep=2,etp=1,zero=1,grouped_gemm=1", 8, 0, 8, 0},
+	{"tiny-qwen3-moe", "tp=2,pp=2,dp=2,ep=2,etp=1,zero=1,grouped_gemm=1", "tp=1,pp=1,dp=4,ep=4,etp=1,zero=1", 8, 0, 8, 0},
+	{"tiny-qwen3-moe", "tp=2,pp=1,dp=2,zero=1,grouped_gemm=1", "tp=2,pp=2,dp=2,ep=2,etp=2,zero=1,grouped_gemm=1", 8, 0, 8, 0},
 	/* a join and a leave by CP: 8 ranks to 12 and back */
 	{"tiny-llama", "tp=2,cp=2,pp=1,dp=2,zero=1", "tp=2,cp=3,pp=1,dp=2,zero=1", 8, 0, 8, 0},
 	{"tiny-llama", "tp=2,cp=3,pp=1,dp=2,zero=1", "tp=2,cp=2,pp=1,dp=2,zero=1", 8, 0, 8, 0},
