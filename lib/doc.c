@@ -766,6 +766,7 @@ struct vps_reader {
 };
 
 void vps_reader_echo(struct vps_reader *r, struct vps_writer *w) { r->echo = w; }
+struct vps_writer *vps_reader_echo_writer(const struct vps_reader *r) { return r->echo; }
 
 bool vps_reader_is_binary(const struct vps_reader *r) { return r->binary; }
 const char *vps_reader_name(const struct vps_reader *r) { return r->name; }

@@ -102,6 +102,8 @@ vps_result_t vps_reader_finish(struct vps_reader *r);
  * unless begun with vps_r_seq_begin_flow. Attach after vps_reader_new:
  * the header is the writer's own. */
 void vps_reader_echo(struct vps_reader *r, struct vps_writer *w);
+/* The echo's writer, or NULL: a reader of a sparse map writes it itself. */
+struct vps_writer *vps_reader_echo_writer(const struct vps_reader *r);
 
 vps_result_t vps_r_map_begin(struct vps_reader *r, const char *key);
 /* Ends the mapping; in YAML a key that was never read is an error. */

@@ -385,6 +385,10 @@ struct sizes {
 /* The lost A ranks and the ranges no piece fills (vps-plan --lost). */
 static vps_result_t write_lost(struct vps_writer *w, const struct vps_model *m, const struct vps_lost *l)
 {
+	/* YAML only when something was lost: plans from before --lost, and
+	 * hand-written ones, have no such key */
+	if (!l->nranks && vps_writer_is_yaml(w))
+		return VPS_OK;
 	VPS_CHECK(vps_w_map_begin(w, "lost"));
 	VPS_CHECK(vps_w_seq_begin(w, "ranks", l->nranks, true));
 	for (size_t i = 0; i < l->nranks; i++)
@@ -407,7 +411,22 @@ static vps_result_t write_lost(struct vps_writer *w, const struct vps_model *m, 
 	return vps_w_map_end(w);
 }
 
+static vps_result_t read_lost_map(struct vps_reader *r, const struct vps_plan *p, struct vps_lost *l);
+
 static vps_result_t read_lost(struct vps_reader *r, const struct vps_plan *p, struct vps_lost *l)
+{
+	/* the echo (vps-show) gets the map as write_lost words it, sparse in YAML */
+	struct vps_writer *echo = vps_reader_echo_writer(r);
+	vps_result_t rc = VPS_OK;
+	if (vps_reader_is_binary(r) || vps_r_has(r, "lost")) {
+		vps_reader_echo(r, NULL);
+		rc = read_lost_map(r, p, l);
+		vps_reader_echo(r, echo);
+	}
+	return !rc && echo ? write_lost(echo, vps_layout_model(p->a), l) : rc;
+}
+
+static vps_result_t read_lost_map(struct vps_reader *r, const struct vps_plan *p, struct vps_lost *l)
 {
 	const struct vps_model *m = vps_layout_model(p->a);
 	int64_t wa = vps_layout_world(p->a);

@@ -149,3 +149,19 @@ tp2() {
 	cmp only1 lost
 	! grep -qv -e main_param -e exp_avg lost
 }
+
+@test "a YAML plan says lost only when something was: plans without the key read, and round-trip through binary" {
+	tp2
+	vps-plan -q --yaml a.layout b.layout -o p.yaml
+	! grep -q '^lost:' p.yaml
+	vps-verify -q p.yaml
+	vps-stage -q --budget 1MiB p.yaml -o p.staged
+	vps-plan -q a.layout b.layout -o p.bin
+	vps-show p.bin > back.yaml
+	cmp back.yaml p.yaml
+	# with a loss the key is there, and survives the same round trip
+	vps-plan -q --lost 1 --allow-loss a.layout b.layout -o l.bin
+	vps-show l.bin > l.yaml
+	grep -q '^lost:' l.yaml
+	vps-verify -q l.yaml
+}
