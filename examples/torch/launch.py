@@ -85,9 +85,13 @@ def main():
     import vps
     for c in targs.configs:
         try:
-            w = vps.layout(targs.model, c, targs.gpus_per_node).world
+            lay = vps.layout(targs.model, c, targs.gpus_per_node)
         except vps.Error as e:
             a.error("--configs: %s: %s" % (c, e))
+        w = lay.world
+        if lay.parallel["cp"] != 1:
+            a.error("--configs: %s: context parallelism is not implemented by this example (cp=%d)"
+                    % (c, lay.parallel["cp"]))
         if w != args.nproc:
             a.error("--configs: %s has a world of %d ranks, --nproc is %d" % (c, w, args.nproc))
     os.makedirs(args.dir, exist_ok=True)

@@ -96,6 +96,9 @@ class Stage:
         par = view.layout.parallel
         if par["vpp"] != 1:
             raise SystemExit("model.py: virtual pipeline chunks are not implemented (vpp=%d)" % par["vpp"])
+        if par["cp"] != 1:
+            # its groups are tp/dp/pp; CP ranks would each read whole sequences
+            raise SystemExit("model.py: context parallelism is not implemented (cp=%d)" % par["cp"])
         self.tp, self.pp = par["tp"], par["pp"]
         self.c = view.coords
         self.first, self.last = self.c.pp == 0, self.c.pp == self.pp - 1

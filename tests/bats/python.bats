@@ -63,6 +63,9 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	[ ! -e r ]
 	expect_status 2 "$PY" "$TOP/examples/torch/launch.py" --nproc 2 --dir r --model micro-llama --configs tp=3
 	[[ "$output" == *"tp=3 does not divide heads=8 of micro-llama"* ]]
+	expect_status 2 "$PY" "$TOP/examples/torch/launch.py" --nproc 2 --dir r --model micro-llama --configs cp=2
+	[[ "$output" == *"--configs: cp=2: context parallelism is not implemented by this example (cp=2)"* ]]
+	[ ! -e r ]
 }
 
 @test "an executor that dies stops the job, and the job leaves nothing in /dev/shm" {
