@@ -233,3 +233,40 @@ int vps_box_order(const struct vps_box *a, const struct vps_box *b)
 	}
 	return 0;
 }
+
+void vps_boxes_release(struct vps_boxes *b)
+{
+	free(b->v);
+	memset(b, 0, sizeof(*b));
+}
+
+vps_result_t vps_boxes_push(struct vps_boxes *b, const struct vps_box *x)
+{
+	VPS_CHECK(VPS_GROW(b->v, b->cap, b->n + 1));
+	b->v[b->n++] = *x;
+	return VPS_OK;
+}
+
+vps_result_t vps_boxes_reset(struct vps_boxes *b, const struct vps_box *x)
+{
+	b->n = 0;
+	return vps_boxes_push(b, x);
+}
+
+vps_result_t vps_boxes_subtract(struct vps_boxes *b, struct vps_boxes *scratch, const struct vps_box *cut)
+{
+	scratch->n = 0;
+	for (size_t i = 0; i < b->n; i++) {
+		struct vps_box out[2 * VPS_MAX_DIMS];
+		int m = vps_box_subtract(&b->v[i], cut, out);
+		if (!m)
+			continue;
+		VPS_CHECK(VPS_GROW(scratch->v, scratch->cap, scratch->n + (size_t)m));
+		memcpy(scratch->v + scratch->n, out, (size_t)m * sizeof(*out));
+		scratch->n += (size_t)m;
+	}
+	struct vps_boxes t = *b;
+	*b = *scratch;
+	*scratch = t;
+	return VPS_OK;
+}

@@ -64,8 +64,7 @@ static vps_result_t digest_part(const struct vps_layout *l, int64_t rank, void *
 {
 	struct vps_rank_view v;
 	struct vps_holders h = {0};
-	struct vps_box *rem = NULL, *next = NULL;
-	size_t cap_r = 0, cap_n = 0;
+	struct vps_boxes rem = {0}, scratch = {0};
 	uint64_t sum = 0;
 	vps_result_t rc;
 	VPS_CHECK(vps_layout_rank(l, rank, &v));
@@ -78,10 +77,9 @@ static vps_result_t digest_part(const struct vps_layout *l, int64_t rank, void *
 		if (lost && source)
 			VPS_CHECK_GOTO(vps_lost_drop_holders(lost, &h), rc, done);
 		/* count only what no lower-numbered rank holds */
-		size_t nrem = 1, nholes = lost && !source ? lost->nranges : 0;
-		VPS_CHECK_GOTO(VPS_GROW(rem, cap_r, 1), rc, done);
-		rem[0] = R->box;
-		for (size_t k = 0; k < h.n + nholes && nrem; k++) {
+		size_t nholes = lost && !source ? lost->nranges : 0;
+		VPS_CHECK_GOTO(vps_boxes_reset(&rem, &R->box), rc, done);
+		for (size_t k = 0; k < h.n + nholes && rem.n; k++) {
 			const struct vps_box *cut;
 			if (k < h.n) {
 				if (h.v[k].base >= rank)
@@ -93,35 +91,19 @@ static vps_result_t digest_part(const struct vps_layout *l, int64_t rank, void *
 					continue;
 				cut = &x->box;
 			}
-			size_t nn = 0;
-			for (size_t j = 0; j < nrem; j++) {
-				struct vps_box out[2 * VPS_MAX_DIMS];
-				int m = vps_box_subtract(&rem[j], cut, out);
-				if (!m)
-					continue;
-				VPS_CHECK_GOTO(VPS_GROW(next, cap_n, nn + (size_t)m), rc, done);
-				memcpy(next + nn, out, (size_t)m * sizeof(*out));
-				nn += (size_t)m;
-			}
-			struct vps_box *t2 = rem;
-			size_t c2 = cap_r;
-			rem = next;
-			cap_r = cap_n;
-			next = t2;
-			cap_n = c2;
-			nrem = nn;
+			VPS_CHECK_GOTO(vps_boxes_subtract(&rem, &scratch, cut), rc, done);
 		}
-		for (size_t j = 0; j < nrem; j++) {
+		for (size_t j = 0; j < rem.n; j++) {
 			struct vps_region part;
-			vps_region_restrict(R, &rem[j], &part);
+			vps_region_restrict(R, &rem.v[j], &part);
 			sum += vps_digest_region(buffers[R->buffer], &part, &t);
 		}
 	}
 	*digest = sum;
 	rc = VPS_OK;
 done:
-	free(rem);
-	free(next);
+	vps_boxes_release(&rem);
+	vps_boxes_release(&scratch);
 	vps_holders_release(&h);
 	vps_rank_view_release(&v);
 	return rc;

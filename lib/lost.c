@@ -102,28 +102,6 @@ vps_result_t vps_lost_drop_holders(const struct vps_lost *l, struct vps_holders 
 	return VPS_OK;
 }
 
-struct boxes {
-	struct vps_box *v;
-	size_t n, cap;
-};
-
-/* b := b - cut, through the scratch list t */
-static vps_result_t cut_all(struct boxes *b, struct boxes *t, const struct vps_box *cut)
-{
-	t->n = 0;
-	for (size_t i = 0; i < b->n; i++) {
-		struct vps_box out[2 * VPS_MAX_DIMS];
-		int m = vps_box_subtract(&b->v[i], cut, out);
-		VPS_CHECK(VPS_GROW(t->v, t->cap, t->n + (size_t)m + 1));
-		memcpy(t->v + t->n, out, (size_t)m * sizeof(*out));
-		t->n += (size_t)m;
-	}
-	struct boxes s = *b;
-	*b = *t;
-	*t = s;
-	return VPS_OK;
-}
-
 static vps_result_t push_range(struct vps_lost *l, size_t *cap, uint32_t tensor, uint8_t state,
 			       const struct vps_box *b)
 {
@@ -136,7 +114,7 @@ vps_result_t vps_lost_compute(struct vps_lost *out, const struct vps_layout *a, 
 {
 	struct vps_lost l = {0};
 	struct vps_holders h = {0};
-	struct boxes rem = {0}, tmp = {0};
+	struct vps_boxes rem = {0}, tmp = {0};
 	struct vps_rank_view v = {0};
 	size_t cap = 0;
 	vps_result_t rc = VPS_OK;
@@ -172,15 +150,13 @@ vps_result_t vps_lost_compute(struct vps_lost *out, const struct vps_layout *a, 
 			h.n = 0;
 			VPS_CHECK_GOTO(vps_layout_holders(a, R->tensor, R->state, &R->box, &h), rc, fail);
 			VPS_CHECK_GOTO(vps_lost_drop_holders(&l, &h), rc, fail);
-			rem.n = 0;
-			VPS_CHECK_GOTO(VPS_GROW(rem.v, rem.cap, 1), rc, fail);
-			rem.v[rem.n++] = R->box;
+			VPS_CHECK_GOTO(vps_boxes_reset(&rem, &R->box), rc, fail);
 			for (size_t q = 0; q < h.n && rem.n; q++)
-				VPS_CHECK_GOTO(cut_all(&rem, &tmp, &h.v[q].region.box), rc, fail);
+				VPS_CHECK_GOTO(vps_boxes_subtract(&rem, &tmp, &h.v[q].region.box), rc, fail);
 			/* what another lost rank also held is listed once */
 			for (size_t q = 0; q < l.nranges && rem.n; q++)
 				if (l.ranges[q].tensor == R->tensor && l.ranges[q].state == R->state)
-					VPS_CHECK_GOTO(cut_all(&rem, &tmp, &l.ranges[q].box), rc, fail);
+					VPS_CHECK_GOTO(vps_boxes_subtract(&rem, &tmp, &l.ranges[q].box), rc, fail);
 			for (size_t q = 0; q < rem.n; q++)
 				VPS_CHECK_GOTO(push_range(&l, &cap, R->tensor, R->state, &rem.v[q]), rc, fail);
 		}
@@ -195,8 +171,8 @@ fail:
 	vps_lost_release(&l);
 done:
 	vps_holders_release(&h);
-	free(rem.v);
-	free(tmp.v);
+	vps_boxes_release(&rem);
+	vps_boxes_release(&tmp);
 	return rc;
 }
 

@@ -46,11 +46,6 @@
 #define EXACT_REPLICAS 64
 #define NODE_RANKS_MAX 256
 
-struct boxes {
-	struct vps_box *v;
-	size_t n, cap;
-};
-
 struct pieces {
 	struct vps_piece *v;
 	size_t n, cap;
@@ -67,7 +62,7 @@ struct ctx {
 	const struct vps_layout *a, *b;
 	const struct vps_world *w;
 	struct vps_holders ha, hb;
-	struct boxes rem, next;
+	struct vps_boxes rem, next;
 	struct vps_holders hda, hdb; /* for duty_of, beside ha and hb in use */
 	struct duty *duties;         /* sorted by rank */
 	size_t nduties, capduties;
@@ -112,29 +107,6 @@ static int holder_cmp(const void *p, const void *q)
 	if (c)
 		return c;
 	return x->base < y->base ? -1 : x->base > y->base;
-}
-
-static vps_result_t boxes_push(struct boxes *b, const struct vps_box *x)
-{
-	VPS_CHECK(VPS_GROW(b->v, b->cap, b->n + 1));
-	b->v[b->n++] = *x;
-	return VPS_OK;
-}
-
-/* rem := rem - cut */
-static vps_result_t subtract_all(struct ctx *c, const struct vps_box *cut)
-{
-	c->next.n = 0;
-	for (size_t i = 0; i < c->rem.n; i++) {
-		struct vps_box out[2 * VPS_MAX_DIMS];
-		int n = vps_box_subtract(&c->rem.v[i], cut, out);
-		for (int k = 0; k < n; k++)
-			VPS_CHECK(boxes_push(&c->next, &out[k]));
-	}
-	struct boxes t = c->rem;
-	c->rem = c->next;
-	c->next = t;
-	return VPS_OK;
 }
 
 static vps_result_t emit(struct pieces *out, int64_t only_src, int64_t src, int64_t dst, const struct vps_box *box,
@@ -477,8 +449,7 @@ static vps_result_t plan_region(struct ctx *c, int64_t d, int64_t rb, const stru
 	c->ha.n = 0;
 	VPS_CHECK(a_holders(c, R->tensor, R->state, &R->box, &c->ha));
 	qsort(c->ha.v, c->ha.n, sizeof(*c->ha.v), holder_cmp);
-	c->rem.n = 0;
-	VPS_CHECK(boxes_push(&c->rem, &R->box));
+	VPS_CHECK(vps_boxes_reset(&c->rem, &R->box));
 	int64_t self = vps_world_a_rank(c->w, d);
 	if (self >= 0) {
 		for (size_t k = 0; k < c->ha.n && c->rem.n; k++) {
@@ -490,7 +461,7 @@ static vps_result_t plan_region(struct ctx *c, int64_t d, int64_t rb, const stru
 				if (vps_box_intersect(&c->rem.v[i], &h->region.box, &y))
 					VPS_CHECK(emit(out, only_src, d, d, &y, &h->region, R));
 			}
-			VPS_CHECK(subtract_all(c, &h->region.box));
+			VPS_CHECK(vps_boxes_subtract(&c->rem, &c->next, &h->region.box));
 		}
 	}
 	if (!c->rem.n)
@@ -603,7 +574,7 @@ static vps_result_t plan_region(struct ctx *c, int64_t d, int64_t rb, const stru
 				seg++;
 			}
 		}
-		VPS_CHECK_GOTO(subtract_all(c, gbox), rc, done);
+		VPS_CHECK_GOTO(vps_boxes_subtract(&c->rem, &c->next, gbox), rc, done);
 	}
 	/* what no survivor holds is a lost range (vps_plan_compute refused it
 	 * unless allowed): a hole the trainer reloads */
@@ -961,8 +932,8 @@ static void ctx_release(struct ctx *c)
 	vps_holders_release(&c->hda);
 	vps_holders_release(&c->hdb);
 	free(c->duties);
-	free(c->rem.v);
-	free(c->next.v);
+	vps_boxes_release(&c->rem);
+	vps_boxes_release(&c->next);
 }
 
 /* The pieces of destinations [lo, hi), in plan order, packed. dst leads the

@@ -154,41 +154,20 @@ static vps_result_t fill_shard(const struct vps_layout *l, struct shard *s, int6
 static vps_result_t check_survived(void *buf, const struct vps_region *r, const struct vps_tensor *t, int64_t step,
 				   const struct vps_lost *holes, int64_t *wrong)
 {
-	struct vps_box *rem = vps_malloc(sizeof(*rem)), *next = NULL;
-	size_t nrem = 1, capr = 1, capn = 0;
-	vps_result_t rc = VPS_OK;
-	if (!rem)
-		return VPS_ENOMEM;
-	rem[0] = r->box;
-	for (size_t k = 0; holes && k < holes->nranges && nrem && !rc; k++) {
+	struct vps_boxes rem = {0}, scratch = {0};
+	vps_result_t rc = vps_boxes_reset(&rem, &r->box);
+	for (size_t k = 0; holes && k < holes->nranges && rem.n && !rc; k++) {
 		const struct vps_lost_range *x = &holes->ranges[k];
-		if (x->tensor != r->tensor || x->state != r->state)
-			continue;
-		size_t nn = 0;
-		for (size_t j = 0; j < nrem && !rc; j++) {
-			struct vps_box out[2 * VPS_MAX_DIMS];
-			int m = vps_box_subtract(&rem[j], &x->box, out);
-			rc = VPS_GROW(next, capn, nn + (size_t)m + 1);
-			if (!rc) {
-				memcpy(next + nn, out, (size_t)m * sizeof(*out));
-				nn += (size_t)m;
-			}
-		}
-		struct vps_box *t2 = rem;
-		size_t c2 = capr;
-		rem = next;
-		capr = capn;
-		next = t2;
-		capn = c2;
-		nrem = nn;
+		if (x->tensor == r->tensor && x->state == r->state)
+			rc = vps_boxes_subtract(&rem, &scratch, &x->box);
 	}
-	for (size_t j = 0; j < nrem && !rc; j++) {
+	for (size_t j = 0; j < rem.n && !rc; j++) {
 		struct vps_region part;
-		vps_region_restrict(r, &rem[j], &part);
+		vps_region_restrict(r, &rem.v[j], &part);
 		*wrong += vps_check_region(buf, &part, t, step);
 	}
-	free(rem);
-	free(next);
+	vps_boxes_release(&rem);
+	vps_boxes_release(&scratch);
 	return rc;
 }
 

@@ -55,6 +55,19 @@ int vps_flat_range_boxes(int ndim, const int64_t *ext, int64_t lo, int64_t hi,
  * @return the number of boxes written. */
 int vps_box_subtract(const struct vps_box *a, const struct vps_box *b, struct vps_box *out);
 
+/* A growable list of boxes: what is left of a box after cuts. */
+struct vps_boxes {
+	struct vps_box *v;
+	size_t n, cap;
+};
+void vps_boxes_release(struct vps_boxes *b);
+/* Make b the one box x. */
+vps_result_t vps_boxes_reset(struct vps_boxes *b, const struct vps_box *x);
+vps_result_t vps_boxes_push(struct vps_boxes *b, const struct vps_box *x);
+/* b := b - cut; scratch is working space the caller keeps between calls
+ * (its contents are lost; the two lists trade their arrays). */
+vps_result_t vps_boxes_subtract(struct vps_boxes *b, struct vps_boxes *scratch, const struct vps_box *cut);
+
 /* Whether elements of extents ext[0..ndim) at these strides are the
  * row-major order of the extents: one contiguous range (extents of 1 may
  * have any stride). */

@@ -75,3 +75,36 @@ TEST(gaps_of_a_union)
 	parts[1].hi[1] = 6;
 	CHECK_EQ(vps_boxes_gaps(parts, 3, &t, gaps, 4), 0);
 }
+
+/* Cut a 10x10 box by three boxes in turn: what is left is exactly the cells
+ * none of them covers, each cell once. */
+TEST(a_box_list_after_cuts)
+{
+	struct vps_box whole = {2, {0, 0}, {10, 10}};
+	struct vps_box cuts[3] = {{2, {0, 0}, {5, 10}}, {2, {5, 0}, {10, 4}}, {2, {7, 7}, {20, 20}}};
+	struct vps_boxes rem = {0}, scratch = {0};
+	CHECK_OK(vps_boxes_reset(&rem, &whole));
+	for (int c = 0; c < 3; c++)
+		CHECK_OK(vps_boxes_subtract(&rem, &scratch, &cuts[c]));
+	int64_t left = 0;
+	for (int64_t i = 0; i < 10; i++)
+		for (int64_t j = 0; j < 10; j++) {
+			int covered = 0, hits = 0;
+			for (int c = 0; c < 3; c++)
+				covered |= i >= cuts[c].lo[0] && i < cuts[c].hi[0] && j >= cuts[c].lo[1] && j < cuts[c].hi[1];
+			for (size_t k = 0; k < rem.n; k++)
+				hits += i >= rem.v[k].lo[0] && i < rem.v[k].hi[0] && j >= rem.v[k].lo[1] && j < rem.v[k].hi[1];
+			CHECK_EQ(hits, covered ? 0 : 1);
+			left += !covered;
+		}
+	int64_t vol = 0;
+	for (size_t k = 0; k < rem.n; k++)
+		vol += vps_box_volume(&rem.v[k]);
+	CHECK_EQ(vol, left);
+	CHECK_EQ(left, 5 * 6 - 3 * 3);
+	/* a cut that covers everything leaves nothing */
+	CHECK_OK(vps_boxes_subtract(&rem, &scratch, &whole));
+	CHECK_EQ(rem.n, 0);
+	vps_boxes_release(&rem);
+	vps_boxes_release(&scratch);
+}
