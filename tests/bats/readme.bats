@@ -157,14 +157,16 @@ run_lines() {
 	done
 }
 
-@test "vps(7) DEVICES LEAVE: its commands run as written and print what it shows" {
-	man_blocks "DEVICES LEAVE"
-	local n=0 f
+# Run a vps(7) section's command blocks in order, each block after one that
+# is what it printed compared with what it printed. Sets n, the blocks run.
+run_section() { # SECTION
+	man_blocks "$1"
+	n=0
+	local f i
 	for f in man.*.cmd; do
 		n=$((n + 1))
 		run_lines "$f"
-		# the block after this one, when it is what this one printed
-		local i=${f#man.}
+		i=${f#man.}
 		i=${i%.cmd}
 		if [ -e "man.$((i + 1)).out" ]; then
 			cat out.* > printed
@@ -172,6 +174,11 @@ run_lines() {
 		fi
 		rm -f out.*
 	done
+}
+
+@test "vps(7) DEVICES LEAVE: its commands run as written and print what it shows" {
+	local n
+	run_section "DEVICES LEAVE"
 	[ "$n" -ge 2 ]
 }
 
@@ -195,18 +202,7 @@ run_lines() {
 }
 
 @test "vps(7) A DEVICE IS LOST: its commands run as written and print what it shows" {
-	man_blocks "A DEVICE IS LOST"
-	local n=0 f
-	for f in man.*.cmd; do
-		n=$((n + 1))
-		run_lines "$f"
-		local i=${f#man.}
-		i=${i%.cmd}
-		if [ -e "man.$((i + 1)).out" ]; then
-			cat out.* > printed
-			shows "man.$((i + 1)).out" printed
-		fi
-		rm -f out.*
-	done
+	local n
+	run_section "A DEVICE IS LOST"
 	[ "$n" -eq 2 ]
 }
