@@ -727,6 +727,25 @@ static uint32_t buffer_index(const struct vps_layout *l, int64_t stage, int64_t 
 	return UINT32_MAX;
 }
 
+size_t vps_layout_param_name(const struct vps_layout *l, const struct vps_param *p, char *buf, size_t n)
+{
+	struct vps_tensor t;
+	if (p->output_copy || vps_model_tensor(&l->m, p->tensor, &t))
+		return (size_t)snprintf(buf, n, "%s", p->output_copy ? "output_layer.weight" : "?");
+	if (p->local_expert < 0 || !l->p.grouped_gemm)
+		return vps_tensor_local_name(&t, p->local_layer, p->local_expert, buf, n);
+	/* TEGroupedMLP names gemm i's weight experts.linear_fc1.weight{i}
+	 * where SequentialMLP has experts.local_experts.{i}.linear_fc1.weight */
+	char seq[256], dense[256];
+	vps_tensor_local_name(&t, p->local_layer, p->local_expert, seq, sizeof(seq));
+	int cut = snprintf(dense, sizeof(dense), "decoder.layers.%" PRId32 ".mlp.experts.local_experts.%" PRId32 ".",
+			   p->local_layer, p->local_expert);
+	const char *linear = cut > 0 && strncmp(seq, dense, (size_t)cut) == 0 ? seq + cut : seq;
+	int len = snprintf(buf, n, "decoder.layers.%" PRId32 ".mlp.experts.%s%" PRId32, p->local_layer, linear,
+			   p->local_expert);
+	return len < 0 ? 0 : (size_t)len;
+}
+
 int64_t vps_layout_buffer_elements(const struct vps_layout *l, int64_t rank, uint32_t buffer)
 {
 	const struct vps_rank_view *ex = find_explicit(l, rank);

@@ -15,25 +15,7 @@ static void param_name(const struct vps_layout *l, const struct vps_rank_view *v
 		snprintf(buf, n, "%s", v->region_names[region]);
 		return;
 	}
-	const struct vps_param *p = &v->params[v->region_param[region]];
-	struct vps_tensor t;
-	if (p->output_copy) {
-		snprintf(buf, n, "output_layer.weight");
-		return;
-	}
-	vps_model_tensor(&l->m, p->tensor, &t);
-	vps_tensor_local_name(&t, p->local_layer, p->local_expert, buf, n);
-	/* TEGroupedMLP names gemm i's weight `experts.linear_fc1.weight{i}`
-	 * where SequentialMLP has `experts.local_experts.{i}.linear_fc1.weight` */
-	char *at = p->local_expert >= 0 && l->p.grouped_gemm ? strstr(buf, "local_experts.") : NULL;
-	if (at) {
-		const char *linear = strchr(at + sizeof("local_experts.") - 1, '.');
-		if (linear) {
-			char tail[64];
-			snprintf(tail, sizeof(tail), "%s%" PRId32, linear + 1, p->local_expert);
-			snprintf(at, n - (size_t)(at - buf), "%s", tail);
-		}
-	}
+	vps_layout_param_name(l, &v->params[v->region_param[region]], buf, n);
 }
 
 static vps_result_t write_box(struct vps_writer *w, const char *key, const int64_t *lo, const int64_t *hi, int ndim)

@@ -108,6 +108,12 @@ bool vps_layout_state_sharded(const struct vps_layout *l, int state);
 /* Compute (or copy, for an explicit rank) rank's sub-VPS. */
 vps_result_t vps_layout_rank(const struct vps_layout *l, int64_t rank, struct vps_rank_view *out);
 
+/* The name of one of a rank's parameters inside its model chunk, as
+ * named_parameters() gives it: chunk-local layer, rank-local expert, the
+ * tied output copy as output_layer.weight, grouped-GEMM experts as
+ * mlp.experts.linear_fc1.weight{i}. @return the length of the full name. */
+size_t vps_layout_param_name(const struct vps_layout *l, const struct vps_param *p, char *buf, size_t n);
+
 /* Elements of a rank's buffer, or -1 when there is no such buffer. */
 int64_t vps_layout_buffer_elements(const struct vps_layout *l, int64_t rank, uint32_t buffer);
 

@@ -122,6 +122,7 @@ _PROTOS = {
     "vps_model_parameters": (C.c_int64, [P(Model)]),
     "vps_tensor_name": (C.c_size_t, [P(Tensor), C.c_char_p, C.c_size_t]),
     "vps_tensor_local_name": (C.c_size_t, [P(Tensor), C.c_int64, C.c_int64, C.c_char_p, C.c_size_t]),
+    "vps_layout_param_name": (C.c_size_t, [VP, P(Param), C.c_char_p, C.c_size_t]),
     "vps_parallel_init": (None, [P(Parallel)]),
     "vps_parallel_load": (RC, [P(Parallel), C.c_char_p, C.c_char_p, C.c_char_p, C.c_size_t]),
     "vps_parallel_validate": (RC, [P(Parallel), P(Model), C.c_char_p]),

@@ -200,11 +200,10 @@ class RankView:
             t = m.tensor(p.tensor)
             lib.vps_tensor_name(C.byref(t), name, len(name))
             gname = name.value.decode()
+            lib.vps_layout_param_name(self.layout._h, C.byref(p), name, len(name))
+            lname = name.value.decode()
             if p.output_copy:
-                gname = lname = "output_layer.weight"
-            else:
-                lib.vps_tensor_local_name(C.byref(t), p.local_layer, p.local_expert, name, len(name))
-                lname = name.value.decode()
+                gname = lname
             self.params.append(Param(i, gname, lname, p.tensor, p.chunk, p.local_layer, p.local_expert, p.expert,
                                      p.output_copy, p.offset, p.elements, p.bucket,
                                      _local_shape(t, p.elements, par["etp"] if p.expert else par["tp"])))

@@ -81,6 +81,18 @@ class Names(unittest.TestCase):
         self.assertEqual((p.shape, p.local_name), ((256,), "decoder.layers.3.mlp.linear_fc1.layer_norm_weight"))
         self.assertEqual(last.param("output_layer.weight").shape, (512, 256))
 
+    def test_grouped_gemm_experts_are_named_as_te_names_them(self):
+        seq = vps.layout("tiny-qwen3-moe", "tp=2,dp=2,ep=2,etp=1,zero=1").rank(1)
+        grp = vps.layout("tiny-qwen3-moe", "tp=2,dp=2,ep=2,etp=1,zero=1,grouped_gemm=1").rank(1)
+        self.assertTrue(grp.layout.parallel["grouped_gemm"])
+        self.assertFalse(seq.layout.parallel["grouped_gemm"])
+        # rank 1 is EP rank 1: global expert 6 is its local expert 2
+        name = "decoder.layers.3.mlp.experts.local_experts.6.linear_fc2.weight"
+        self.assertEqual(seq.param(name).local_name, "decoder.layers.3.mlp.experts.local_experts.2.linear_fc2.weight")
+        self.assertEqual(grp.param(name).local_name, "decoder.layers.3.mlp.experts.linear_fc2.weight2")
+        self.assertEqual(grp.param(name).shape, seq.param(name).shape)
+        self.assertNotEqual(grp.param(name).offset, seq.param(name).offset)
+
     def test_errors_carry_the_message_and_code(self):
         with self.assertRaises(vps.Error) as e:
             vps.layout("tiny-llama", "tp=3")
