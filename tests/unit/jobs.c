@@ -22,6 +22,40 @@ struct vps_layout *test_layout(const char *model, const char *spec, int64_t gpus
 	return l;
 }
 
+uint32_t test_tensor_id(const struct vps_layout *l, const char *name)
+{
+	uint32_t id = UINT32_MAX;
+	CHECK_OK(vps_model_find_tensor(vps_layout_model(l), name, &id));
+	return id;
+}
+
+int64_t test_view_held(const struct vps_rank_view *v, uint32_t tensor, int state, int64_t *first)
+{
+	int64_t n = 0;
+	*first = -1;
+	for (size_t i = 0; i < v->nregions; i++) {
+		const struct vps_region *r = &v->regions[i];
+		if (r->tensor != tensor || r->state != state)
+			continue;
+		n += vps_box_volume(&r->box);
+		if (*first < 0 || r->offset < *first)
+			*first = r->offset;
+	}
+	return n;
+}
+
+uint64_t test_holder_set(const struct vps_layout *l, uint32_t tensor, int state)
+{
+	struct vps_holders h = {0};
+	uint64_t set = 0;
+	CHECK_OK(vps_layout_holders(l, tensor, state, NULL, &h));
+	for (size_t i = 0; i < h.n; i++)
+		for (int64_t k = 0; k < h.v[i].count; k++)
+			set |= (uint64_t)1 << (h.v[i].base + k * h.v[i].stride);
+	vps_holders_release(&h);
+	return set;
+}
+
 void job_alloc(struct job *j, const struct vps_layout *l)
 {
 	j->l = l;

@@ -15,6 +15,15 @@ struct job {
  * gpus_per_node to a node from first_node (failures are recorded). */
 struct vps_layout *test_layout(const char *model, const char *spec, int64_t gpus_per_node, int64_t first_node);
 
+/* A tensor's id by its global name (failures are recorded). */
+uint32_t test_tensor_id(const struct vps_layout *l, const char *name);
+/* Elements of (tensor, state) in a rank view, and the smallest offset among
+ * them in *first (-1 when none). */
+int64_t test_view_held(const struct vps_rank_view *v, uint32_t tensor, int state, int64_t *first);
+/* The ranks vps_layout_holders names for (tensor, state), as a bit set
+ * (ranks below 64). */
+uint64_t test_holder_set(const struct vps_layout *l, uint32_t tensor, int state);
+
 /* Allocate every rank's buffers, zeroed. */
 void job_alloc(struct job *j, const struct vps_layout *l);
 void job_free(struct job *j);

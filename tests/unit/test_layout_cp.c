@@ -11,42 +11,6 @@
 #include "vps/io.h"
 #include "vps/layout.h"
 
-static uint32_t tensor_id(const struct vps_layout *l, const char *name)
-{
-	uint32_t id = UINT32_MAX;
-	CHECK_OK(vps_model_find_tensor(vps_layout_model(l), name, &id));
-	return id;
-}
-
-/* Elements of (tensor, state) on a rank, and the smallest offset among them. */
-static int64_t held(const struct vps_rank_view *v, uint32_t tensor, int state, int64_t *first)
-{
-	int64_t n = 0;
-	*first = -1;
-	for (size_t i = 0; i < v->nregions; i++) {
-		const struct vps_region *r = &v->regions[i];
-		if (r->tensor != tensor || r->state != state)
-			continue;
-		n += vps_box_volume(&r->box);
-		if (*first < 0 || r->offset < *first)
-			*first = r->offset;
-	}
-	return n;
-}
-
-/* The ranks vps_layout_holders names for (tensor, state), as a bit set. */
-static uint64_t holder_ranks(const struct vps_layout *l, uint32_t tensor, int state)
-{
-	struct vps_holders h = {0};
-	uint64_t set = 0;
-	CHECK_OK(vps_layout_holders(l, tensor, state, NULL, &h));
-	for (size_t i = 0; i < h.n; i++)
-		for (int64_t k = 0; k < h.v[i].count; k++)
-			set |= (uint64_t)1 << (h.v[i].base + k * h.v[i].stride);
-	vps_holders_release(&h);
-	return set;
-}
-
 /* Order tp-cp-ep-dp-pp, first fastest: rank = tp + TP*(cp + CP*(dp + DP*pp)).
  * The expert generator is the same order with cp = 1 over the same world:
  * rank = etp + ETP*(ep + EP*(edp + EDP*pp)), EDP = world / (ETP*EP*PP). */
@@ -114,7 +78,7 @@ TEST(zero1_shards_dense_buffers_over_the_dp_cp_group_in_megatrons_order)
 	struct vps_layout *l = test_layout("tiny-llama", "tp=2,cp=2,dp=2,zero=1", 8, 0);
 	if (!l)
 		return;
-	uint32_t qkv = tensor_id(l, "decoder.layers.6.self_attention.linear_qkv.weight");
+	uint32_t qkv = test_tensor_id(l, "decoder.layers.6.self_attention.linear_qkv.weight");
 	int64_t want[8] = {32832, 32832, 32704, 32704, 0, 0, 0, 0};
 	int64_t want_at[8] = {758784, 758784, 0, 0, -1, -1, -1, -1};
 	for (int64_t r = 0; r < 8; r++) {
@@ -124,18 +88,18 @@ TEST(zero1_shards_dense_buffers_over_the_dp_cp_group_in_megatrons_order)
 		CHECK_EQ(v.buffers[1].elements, 791616);
 		CHECK(v.buffers[1].sharded);
 		int64_t first;
-		CHECK_EQ(held(&v, qkv, VPS_STATE_MAIN_PARAM, &first), want[r]);
+		CHECK_EQ(test_view_held(&v, qkv, VPS_STATE_MAIN_PARAM, &first), want[r]);
 		CHECK_EQ(first, want_at[r]);
-		CHECK_EQ(held(&v, qkv, VPS_STATE_EXP_AVG_SQ, &first), want[r]);
+		CHECK_EQ(test_view_held(&v, qkv, VPS_STATE_EXP_AVG_SQ, &first), want[r]);
 		/* the bf16 parameter is whole on every CP and DP replica */
-		CHECK_EQ(held(&v, qkv, VPS_STATE_PARAM, &first), 65536);
+		CHECK_EQ(test_view_held(&v, qkv, VPS_STATE_PARAM, &first), 65536);
 		CHECK_EQ(first, 758784);
 		vps_rank_view_release(&v);
 	}
 	/* the holders say the same without enumerating: the param of TP rank 0
 	 * on ranks 0, 2, 4, 6; the master shard on ranks 0 and 2 */
-	CHECK_EQ(holder_ranks(l, qkv, VPS_STATE_PARAM), 0xffu);
-	CHECK_EQ(holder_ranks(l, qkv, VPS_STATE_MAIN_PARAM), 0x0fu);
+	CHECK_EQ(test_holder_set(l, qkv, VPS_STATE_PARAM), 0xffu);
+	CHECK_EQ(test_holder_set(l, qkv, VPS_STATE_MAIN_PARAM), 0x0fu);
 	struct vps_holders h = {0};
 	CHECK_OK(vps_layout_holders(l, qkv, VPS_STATE_PARAM, NULL, &h));
 	CHECK_EQ(h.n, 2);
@@ -175,9 +139,9 @@ TEST(expert_buffers_are_sharded_over_expert_dp_which_absorbs_cp)
 	struct vps_layout *l = test_layout("tiny-qwen3-moe", "tp=2,cp=2,dp=2,ep=4,etp=1,zero=1", 8, 0);
 	if (!l)
 		return;
-	uint32_t e2 = tensor_id(l, "decoder.layers.0.mlp.experts.local_experts.2.linear_fc1.weight");
-	CHECK_EQ(holder_ranks(l, e2, VPS_STATE_PARAM), (1u << 1) | (1u << 5));
-	uint64_t shards = holder_ranks(l, e2, VPS_STATE_MAIN_PARAM);
+	uint32_t e2 = test_tensor_id(l, "decoder.layers.0.mlp.experts.local_experts.2.linear_fc1.weight");
+	CHECK_EQ(test_holder_set(l, e2, VPS_STATE_PARAM), (1u << 1) | (1u << 5));
+	uint64_t shards = test_holder_set(l, e2, VPS_STATE_MAIN_PARAM);
 	CHECK(shards != 0 && (shards & ~(uint64_t)((1u << 1) | (1u << 5))) == 0);
 	struct vps_rank_view v;
 	CHECK_OK(vps_layout_rank(l, 1, &v));

@@ -14,42 +14,14 @@
 #include "vps/io.h"
 #include "vps/layout.h"
 
-static uint32_t tensor_id(const struct vps_layout *l, const char *name)
-{
-	uint32_t id = UINT32_MAX;
-	CHECK_OK(vps_model_find_tensor(vps_layout_model(l), name, &id));
-	return id;
-}
-
 /* Elements of (tensor, state) on a rank, and the smallest offset among them. */
 static int64_t held(const struct vps_layout *l, int64_t rank, uint32_t tensor, int state, int64_t *first)
 {
 	struct vps_rank_view v;
-	int64_t n = 0;
-	*first = -1;
 	CHECK_OK(vps_layout_rank(l, rank, &v));
-	for (size_t i = 0; i < v.nregions; i++) {
-		const struct vps_region *r = &v.regions[i];
-		if (r->tensor != tensor || r->state != state)
-			continue;
-		n += vps_box_volume(&r->box);
-		if (*first < 0 || r->offset < *first)
-			*first = r->offset;
-	}
+	int64_t n = test_view_held(&v, tensor, state, first);
 	vps_rank_view_release(&v);
 	return n;
-}
-
-static uint64_t holder_ranks(const struct vps_layout *l, uint32_t tensor, int state)
-{
-	struct vps_holders h = {0};
-	uint64_t set = 0;
-	CHECK_OK(vps_layout_holders(l, tensor, state, NULL, &h));
-	for (size_t i = 0; i < h.n; i++)
-		for (int64_t k = 0; k < h.v[i].count; k++)
-			set |= (uint64_t)1 << (h.v[i].base + k * h.v[i].stride);
-	vps_holders_release(&h);
-	return set;
 }
 
 /* tiny-qwen3-moe (hidden 128, 8 layers, 8 experts of moe_ffn 128, SwiGLU)
@@ -67,7 +39,7 @@ TEST(grouped_experts_follow_te_registration_order)
 	struct vps_layout *grp = test_layout("tiny-qwen3-moe", "tp=2,dp=3,ep=2,etp=1,zero=1,grouped_gemm=1", 8, 0);
 	if (!seq || !grp)
 		goto out;
-	uint32_t t = tensor_id(seq, name);
+	uint32_t t = test_tensor_id(seq, name);
 	int64_t off;
 
 	/* Grouped, within layer 5 from its start: fc2 of slots 3..0 at 0,
@@ -79,7 +51,7 @@ TEST(grouped_experts_follow_te_registration_order)
 	CHECK_EQ(held(grp, 2, t, VPS_STATE_MAIN_PARAM, &off), 32768);
 	CHECK_EQ(off, 0);
 	CHECK_EQ(held(grp, 0, t, VPS_STATE_MAIN_PARAM, &off), 0);
-	CHECK_EQ(holder_ranks(grp, t, VPS_STATE_EXP_AVG), (uint64_t)1 << 2);
+	CHECK_EQ(test_holder_set(grp, t, VPS_STATE_EXP_AVG), (uint64_t)1 << 2);
 
 	/* Sequential, within layer 5: slot 3 (fc2 at 0, fc1 at 16384), slot 2
 	 * (49152, 65536), slot 1 (98304, 114688): fc1 at 393216 + 114688 =
@@ -91,13 +63,13 @@ TEST(grouped_experts_follow_te_registration_order)
 	CHECK_EQ(off, 507904);
 	CHECK_EQ(held(seq, 2, t, VPS_STATE_MAIN_PARAM, &off), 16384);
 	CHECK_EQ(off, 0);
-	CHECK_EQ(holder_ranks(seq, t, VPS_STATE_EXP_AVG), ((uint64_t)1 << 0) | ((uint64_t)1 << 2));
+	CHECK_EQ(test_holder_set(seq, t, VPS_STATE_EXP_AVG), ((uint64_t)1 << 0) | ((uint64_t)1 << 2));
 
 	/* expert 5 is slot 1 of EP rank 1: the same place on world rank 1 */
-	uint32_t t5 = tensor_id(grp, "decoder.layers.5.mlp.experts.local_experts.5.linear_fc1.weight");
+	uint32_t t5 = test_tensor_id(grp, "decoder.layers.5.mlp.experts.local_experts.5.linear_fc1.weight");
 	CHECK_EQ(held(grp, 1, t5, VPS_STATE_PARAM, &off), 32768);
 	CHECK_EQ(off, 524288);
-	CHECK_EQ(holder_ranks(grp, t5, VPS_STATE_MAIN_PARAM), (uint64_t)1 << 3);
+	CHECK_EQ(test_holder_set(grp, t5, VPS_STATE_MAIN_PARAM), (uint64_t)1 << 3);
 out:
 	vps_layout_free(seq);
 	vps_layout_free(grp);
@@ -116,13 +88,13 @@ TEST(grouped_experts_in_the_dense_buffer)
 		return;
 	CHECK(!vps_layout_expert_buffer(l));
 	int64_t off;
-	uint32_t t = tensor_id(l, "decoder.layers.7.mlp.experts.local_experts.0.linear_fc1.weight");
+	uint32_t t = test_tensor_id(l, "decoder.layers.7.mlp.experts.local_experts.0.linear_fc1.weight");
 	CHECK_EQ(held(l, 0, t, VPS_STATE_PARAM, &off), 32768);
 	CHECK_EQ(off, 491648);
-	t = tensor_id(l, "decoder.layers.7.mlp.experts.local_experts.7.linear_fc2.weight");
+	t = test_tensor_id(l, "decoder.layers.7.mlp.experts.local_experts.7.linear_fc2.weight");
 	CHECK_EQ(held(l, 0, t, VPS_STATE_PARAM, &off), 16384);
 	CHECK_EQ(off, 131200);
-	CHECK_EQ(holder_ranks(l, t, VPS_STATE_PARAM), 1);
+	CHECK_EQ(test_holder_set(l, t, VPS_STATE_PARAM), 1);
 	vps_layout_free(l);
 }
 
