@@ -272,6 +272,9 @@ run_with_fault() { # TRANSPORT FAULT: the fault for rank 1, then wait for the ot
 	start=$SECONDS
 	for r in 0 2 3; do wait ${ep[$r]} || true; done
 	took=$((SECONDS - start))
+	# rank 1 stops on its own unless its fault stopped it: on a loaded
+	# machine it may print its reason after its peers have
+	case $2 in stall:*) ;; *) for _ in $(seq 50); do kill -0 ${ep[1]} 2>/dev/null || break; sleep 0.1; done ;; esac
 	kill -CONT ${ep[1]} 2>/dev/null || true
 	kill ${ep[1]} 2>/dev/null || true
 	for r in 0 1 2 3; do wait ${ep[$r]} 2>/dev/null || true; wait ${tp[$r]} 2>/dev/null || true; done
