@@ -698,6 +698,10 @@ vps_result_t vps_model_validate(const struct vps_model *m, const char *where)
 		if (m->qk_head_dim <= 0 || m->v_head_dim <= 0 || m->qk_pos_dim < 0 || m->q_lora_rank < 0)
 			return vps_fail(VPS_EINPUT, "%s: multi-latent attention (kv_lora_rank) needs qk_head_dim > 0 and "
 					"v_head_dim > 0", where);
+		/* Megatron's q_head_dim, the k_channels of core attention */
+		if (m->head_dim != m->qk_head_dim + m->qk_pos_dim)
+			return vps_fail(VPS_EINPUT, "%s: multi-latent attention needs head_dim = qk_head_dim + qk_pos_dim = %" PRId64,
+					where, m->qk_head_dim + m->qk_pos_dim);
 		if (m->norm != VPS_NORM_RMS || m->bias || m->qkv_bias || m->query_groups != m->heads)
 			return vps_fail(VPS_EINPUT, "%s: multi-latent attention is supported with rmsnorm, no biases and "
 					"query_groups = heads", where);
