@@ -51,7 +51,7 @@ within() {
 	rehash far.yaml
 	within vps-stage --budget 1MiB far.yaml -o far.staged
 	[ "$status" -eq 2 ]
-	[[ "$output" == "vps-stage: far.yaml: line 100: 2305843009213693952 is out of range [0, 281474976710656]" ]]
+	[[ "$output" == "vps-stage: far.yaml: line 116: 2305843009213693952 is out of range [0, 281474976710656]" ]]
 	[ ! -e far.staged ]
 	within vps-verify far.yaml
 	[ "$status" -eq 2 ]
@@ -60,7 +60,7 @@ within() {
 	rehash past.yaml
 	within vps-stage --budget 1MiB past.yaml
 	[ "$status" -eq 2 ]
-	[[ "$output" == *"past.yaml: line 106: dst_strides: piece 0: destination: elements ["*") lie outside buffer 0 of "*" elements" ]]
+	[[ "$output" == *"past.yaml: line 122: dst_strides: piece 0: destination: elements ["*") lie outside buffer 0 of "*" elements" ]]
 }
 
 @test "a stride of 0 (rows that alias) is refused in layouts and plans" {
@@ -73,7 +73,7 @@ within() {
 	rehash alias.plan.yaml
 	within vps-verify alias.plan.yaml
 	[ "$status" -eq 2 ]
-	[[ "$output" == *"alias.plan.yaml: line 106: dst_strides: piece 0: destination: stride 0 is 0"* ]]
+	[[ "$output" == *"alias.plan.yaml: line 122: dst_strides: piece 0: destination: stride 0 is 0"* ]]
 }
 
 @test "a hash of 0 does not turn the hash check off" {
