@@ -217,7 +217,7 @@ static vps_result_t build_tmpl(struct vps_layout *l, int64_t s, int64_t v, int e
 	struct tmpl *tm = tmpl_at(l, s, v, expert);
 	const struct vps_parallel *p = &l->p;
 	size_t cap = 0, bcap = 0;
-	uint32_t pre = vps_model_pre_tensors(&l->m), per_layer = vps_model_tensors_per_layer(&l->m);
+	uint32_t pre = vps_model_pre_tensors(&l->m);
 	uint32_t ntensors = vps_model_num_tensors(&l->m);
 	tm->output_copy_idx = -1;
 	if (s == 0 && v == 0)
@@ -225,11 +225,14 @@ static vps_result_t build_tmpl(struct vps_layout *l, int64_t s, int64_t v, int e
 			VPS_CHECK(tmpl_add(l, tm, &cap, i, -1, -1, -1, false, expert));
 	int64_t first = vps_parallel_chunk_first_layer(p, &l->m, s, v);
 	int64_t n = vps_parallel_stage_layers(p, &l->m, s) / p->vpp;
-	uint32_t dense_per_layer = per_layer - (uint32_t)(l->m.experts * l->nexpert_kinds);
 	for (int64_t ll = 0; ll < n; ll++) {
+		/* layers differ (dense first layers): each says where its
+		 * routed experts sit; shared experts follow them */
 		int64_t layer = first + ll;
-		uint32_t base = vps_model_layer_first(&l->m, layer);
-		for (uint32_t k = 0; k < dense_per_layer; k++)
+		struct vps_layer_span sp;
+		vps_model_layer_span(&l->m, layer, &sp);
+		uint32_t base = sp.first, after = sp.expert_first + sp.experts * sp.per_expert;
+		for (uint32_t k = 0; k < sp.expert_first; k++)
 			VPS_CHECK(tmpl_add(l, tm, &cap, base + k, (int32_t)layer, (int32_t)ll, -1, false, expert));
 		/* SequentialMLP registers expert by expert (local_experts.i.linear_fc1,
 		 * .linear_fc2); TEGroupedMLP registers linear_fc1 then linear_fc2, each a
@@ -237,15 +240,17 @@ static vps_result_t build_tmpl(struct vps_layout *l, int64_t s, int64_t v, int e
 		 * (experts.py TEGroupedMLP.__init__, TE grouped_linear.py
 		 * GroupedLinear.__init__) */
 		uint32_t per_linear = p->grouped_gemm ? l->nexpert_kinds / 2 : l->nexpert_kinds;
-		for (uint32_t lin = 0; lin < l->nexpert_kinds / per_linear; lin++)
+		for (uint32_t lin = 0; sp.experts && lin < l->nexpert_kinds / per_linear; lin++)
 			for (int64_t slot = 0; slot < l->experts_per_rank; slot++)
 				for (uint32_t k = lin * per_linear; k < (lin + 1) * per_linear; k++)
 					VPS_CHECK(tmpl_add(l, tm, &cap,
-							   base + dense_per_layer + (uint32_t)slot * l->nexpert_kinds + k,
+							   base + sp.expert_first + (uint32_t)slot * l->nexpert_kinds + k,
 							   (int32_t)layer, (int32_t)ll, (int32_t)slot, false, expert));
+		for (uint32_t k = after; k < sp.count; k++)
+			VPS_CHECK(tmpl_add(l, tm, &cap, base + k, (int32_t)layer, (int32_t)ll, -1, false, expert));
 	}
 	if (s == p->pp - 1 && v == p->vpp - 1) {
-		uint32_t post_first = pre + (uint32_t)l->m.layers * per_layer;
+		uint32_t post_first = vps_model_layer_first(&l->m, l->m.layers);
 		for (uint32_t i = post_first; i < ntensors; i++)
 			VPS_CHECK(tmpl_add(l, tm, &cap, i, -1, -1, -1, false, expert));
 		if (l->m.tied_embeddings && p->pp > 1 && !expert) {

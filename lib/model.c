@@ -11,12 +11,61 @@
 /* The per-layer registration order of a model, derived from its switches.
  * Megatron registers linear_proj before linear_qkv (Attention builds its
  * output projection first), fuses the input norm into linear_qkv and, in
- * dense layers, the pre-MLP norm into linear_fc1. */
+ * dense layers, the pre-MLP norm into linear_fc1. An MoE model may start
+ * with dense layers (first_dense): two layer kinds, dense layers first. An
+ * MoE layer is head, then the routed experts, then tail (shared experts). */
 struct schema {
-	enum vps_tensor_kind pre[2], layer[24], expert[4], post[3];
-	uint32_t npre, nlayer, nexpert, npost;
-	uint32_t per_layer;
+	enum vps_tensor_kind pre[2], dense[24], head[24], expert[4], tail[2], post[3];
+	uint32_t npre, ndense, nhead, nexpert, ntail, npost;
+	uint32_t per_dense, per_moe;
+	int64_t first_moe; /* layers before it are dense */
 };
+
+static uint32_t add_attention(const struct vps_model *m, enum vps_tensor_kind *k)
+{
+	bool ln = m->norm == VPS_NORM_LAYER;
+	uint32_t n = 0;
+	if (m->kv_lora_rank > 0) {
+		/* MLA (MLASelfAttention, TE spec without down-projection fusion):
+		 * a separate input_layernorm, then linear_proj (built by
+		 * MultiLatentAttention before MLASelfAttention adds the rest),
+		 * then the projections in the order __init__ builds them; with
+		 * qk_layernorm the q/kv norms are fused into the up projections. */
+		k[n++] = VPS_T_INPUT_LN_W;
+		k[n++] = VPS_T_PROJ_W;
+		if (m->q_lora_rank > 0) {
+			k[n++] = VPS_T_Q_DOWN_W;
+			if (m->qk_norm)
+				k[n++] = VPS_T_Q_UP_LN_W;
+			k[n++] = VPS_T_Q_UP_W;
+		} else {
+			k[n++] = VPS_T_Q_PROJ_W;
+		}
+		k[n++] = VPS_T_KV_DOWN_W;
+		if (m->qk_norm)
+			k[n++] = VPS_T_KV_UP_LN_W;
+		k[n++] = VPS_T_KV_UP_W;
+		return n;
+	}
+	k[n++] = VPS_T_PROJ_W;
+	if (m->bias)
+		k[n++] = VPS_T_PROJ_B;
+	k[n++] = VPS_T_QKV_LN_W;
+	if (ln)
+		k[n++] = VPS_T_QKV_LN_B;
+	k[n++] = VPS_T_QKV_W;
+	if (m->bias || m->qkv_bias)
+		k[n++] = VPS_T_QKV_B;
+	if (m->qk_norm) {
+		k[n++] = VPS_T_Q_NORM_W;
+		if (ln)
+			k[n++] = VPS_T_Q_NORM_B;
+		k[n++] = VPS_T_K_NORM_W;
+		if (ln)
+			k[n++] = VPS_T_K_NORM_B;
+	}
+	return n;
+}
 
 static void build_schema(const struct vps_model *m, struct schema *s)
 {
@@ -25,65 +74,54 @@ static void build_schema(const struct vps_model *m, struct schema *s)
 	s->pre[s->npre++] = VPS_T_WORD_EMB;
 	if (m->position == VPS_POS_LEARNED)
 		s->pre[s->npre++] = VPS_T_POS_EMB;
-	s->layer[s->nlayer++] = VPS_T_PROJ_W;
-	if (m->bias)
-		s->layer[s->nlayer++] = VPS_T_PROJ_B;
-	s->layer[s->nlayer++] = VPS_T_QKV_LN_W;
+	s->ndense = add_attention(m, s->dense);
+	s->nhead = add_attention(m, s->head);
+	s->dense[s->ndense++] = VPS_T_FC1_LN_W;
 	if (ln)
-		s->layer[s->nlayer++] = VPS_T_QKV_LN_B;
-	s->layer[s->nlayer++] = VPS_T_QKV_W;
-	if (m->bias || m->qkv_bias)
-		s->layer[s->nlayer++] = VPS_T_QKV_B;
-	if (m->qk_norm) {
-		s->layer[s->nlayer++] = VPS_T_Q_NORM_W;
-		if (ln)
-			s->layer[s->nlayer++] = VPS_T_Q_NORM_B;
-		s->layer[s->nlayer++] = VPS_T_K_NORM_W;
-		if (ln)
-			s->layer[s->nlayer++] = VPS_T_K_NORM_B;
-	}
-	if (m->experts > 0) {
-		s->layer[s->nlayer++] = VPS_T_PRE_MLP_LN_W;
-		if (ln)
-			s->layer[s->nlayer++] = VPS_T_PRE_MLP_LN_B;
-		s->layer[s->nlayer++] = VPS_T_ROUTER_W;
-		s->expert[s->nexpert++] = VPS_T_EXP_FC1_W;
-		if (m->bias)
-			s->expert[s->nexpert++] = VPS_T_EXP_FC1_B;
-		s->expert[s->nexpert++] = VPS_T_EXP_FC2_W;
-		if (m->bias)
-			s->expert[s->nexpert++] = VPS_T_EXP_FC2_B;
-	} else {
-		s->layer[s->nlayer++] = VPS_T_FC1_LN_W;
-		if (ln)
-			s->layer[s->nlayer++] = VPS_T_FC1_LN_B;
-		s->layer[s->nlayer++] = VPS_T_FC1_W;
-		if (m->bias)
-			s->layer[s->nlayer++] = VPS_T_FC1_B;
-		s->layer[s->nlayer++] = VPS_T_FC2_W;
-		if (m->bias)
-			s->layer[s->nlayer++] = VPS_T_FC2_B;
+		s->dense[s->ndense++] = VPS_T_FC1_LN_B;
+	s->dense[s->ndense++] = VPS_T_FC1_W;
+	if (m->bias)
+		s->dense[s->ndense++] = VPS_T_FC1_B;
+	s->dense[s->ndense++] = VPS_T_FC2_W;
+	if (m->bias)
+		s->dense[s->ndense++] = VPS_T_FC2_B;
+	/* MoELayer.__init__ builds the router, the experts, then the shared
+	 * experts */
+	s->head[s->nhead++] = VPS_T_PRE_MLP_LN_W;
+	if (ln)
+		s->head[s->nhead++] = VPS_T_PRE_MLP_LN_B;
+	s->head[s->nhead++] = VPS_T_ROUTER_W;
+	s->expert[s->nexpert++] = VPS_T_EXP_FC1_W;
+	if (m->bias)
+		s->expert[s->nexpert++] = VPS_T_EXP_FC1_B;
+	s->expert[s->nexpert++] = VPS_T_EXP_FC2_W;
+	if (m->bias)
+		s->expert[s->nexpert++] = VPS_T_EXP_FC2_B;
+	if (m->shared_ffn > 0) {
+		s->tail[s->ntail++] = VPS_T_SHARED_FC1_W;
+		s->tail[s->ntail++] = VPS_T_SHARED_FC2_W;
 	}
 	s->post[s->npost++] = VPS_T_FINAL_LN_W;
 	if (ln)
 		s->post[s->npost++] = VPS_T_FINAL_LN_B;
 	if (!m->tied_embeddings)
 		s->post[s->npost++] = VPS_T_OUTPUT_W;
-	s->per_layer = s->nlayer + (uint32_t)m->experts * s->nexpert;
+	s->per_dense = s->ndense;
+	s->per_moe = s->nhead + (uint32_t)m->experts * s->nexpert + s->ntail;
+	s->first_moe = m->experts > 0 ? m->first_dense : m->layers;
+}
+
+static uint32_t layers_tensors(const struct schema *s, int64_t layers)
+{
+	int64_t dense = layers < s->first_moe ? layers : s->first_moe;
+	return (uint32_t)dense * s->per_dense + (uint32_t)(layers - dense) * s->per_moe;
 }
 
 uint32_t vps_model_num_tensors(const struct vps_model *m)
 {
 	struct schema s;
 	build_schema(m, &s);
-	return s.npre + (uint32_t)m->layers * s.per_layer + s.npost;
-}
-
-uint32_t vps_model_tensors_per_layer(const struct vps_model *m)
-{
-	struct schema s;
-	build_schema(m, &s);
-	return s.per_layer;
+	return s.npre + layers_tensors(&s, m->layers) + s.npost;
 }
 
 uint32_t vps_model_pre_tensors(const struct vps_model *m)
@@ -97,7 +135,30 @@ uint32_t vps_model_layer_first(const struct vps_model *m, int64_t layer)
 {
 	struct schema s;
 	build_schema(m, &s);
-	return s.npre + (uint32_t)layer * s.per_layer;
+	return s.npre + layers_tensors(&s, layer);
+}
+
+bool vps_model_layer_moe(const struct vps_model *m, int64_t layer)
+{
+	return m->experts > 0 && layer >= m->first_dense;
+}
+
+void vps_model_layer_span(const struct vps_model *m, int64_t layer, struct vps_layer_span *out)
+{
+	struct schema s;
+	build_schema(m, &s);
+	out->first = s.npre + layers_tensors(&s, layer);
+	if (layer < s.first_moe) {
+		out->count = s.per_dense;
+		out->expert_first = s.per_dense;
+		out->experts = 0;
+		out->per_expert = s.nexpert;
+	} else {
+		out->count = s.per_moe;
+		out->expert_first = s.nhead;
+		out->experts = (uint32_t)m->experts;
+		out->per_expert = s.nexpert;
+	}
 }
 
 static void set_shape(struct vps_tensor *t, int ndim, int64_t a, int64_t b, int64_t c, int64_t d)
@@ -129,9 +190,39 @@ static void fill_tensor(const struct vps_model *m, struct vps_tensor *t)
 		set_shape(t, 2, m->max_positions, h, 1, 1);
 		break;
 	case VPS_T_PROJ_W:
-		set_shape(t, 2, h, m->heads * d, 1, 1);
+		/* MLA: linear_proj's input is heads x v_head_dim
+		 * (query_projection_size in MultiLatentAttention) */
+		set_shape(t, 2, h, m->heads * (m->kv_lora_rank > 0 ? m->v_head_dim : d), 1, 1);
 		t->split = VPS_SPLIT_AXIS;
 		t->axis = 1;
+		break;
+	/* MLA up projections are column parallel and viewed per head
+	 * ([..., heads_per_partition, head dim]): a head axis makes each TP
+	 * rank's rows one box. The down projections are TELinear
+	 * parallel_mode='duplicated': whole on every TP rank. */
+	case VPS_T_Q_PROJ_W:
+		set_shape(t, 3, m->heads, m->qk_head_dim + m->qk_pos_dim, h, 1);
+		t->split = VPS_SPLIT_AXIS;
+		break;
+	case VPS_T_Q_DOWN_W:
+		set_shape(t, 2, m->q_lora_rank, h, 1, 1);
+		break;
+	case VPS_T_Q_UP_LN_W:
+		set_shape(t, 1, m->q_lora_rank, 1, 1, 1);
+		break;
+	case VPS_T_Q_UP_W:
+		set_shape(t, 3, m->heads, m->qk_head_dim + m->qk_pos_dim, m->q_lora_rank, 1);
+		t->split = VPS_SPLIT_AXIS;
+		break;
+	case VPS_T_KV_DOWN_W:
+		set_shape(t, 2, m->kv_lora_rank + m->qk_pos_dim, h, 1, 1);
+		break;
+	case VPS_T_KV_UP_LN_W:
+		set_shape(t, 1, m->kv_lora_rank, 1, 1, 1);
+		break;
+	case VPS_T_KV_UP_W:
+		set_shape(t, 3, m->heads, m->qk_head_dim + m->v_head_dim, m->kv_lora_rank, 1);
+		t->split = VPS_SPLIT_AXIS;
 		break;
 	case VPS_T_QKV_W:
 		set_shape(t, 4, g, slots, d, h);
@@ -148,8 +239,10 @@ static void fill_tensor(const struct vps_model *m, struct vps_tensor *t)
 		set_shape(t, 1, d, 1, 1, 1);
 		break;
 	case VPS_T_FC1_W:
+	case VPS_T_SHARED_FC1_W:
 	case VPS_T_EXP_FC1_W: {
-		int64_t f = t->kind == VPS_T_FC1_W ? m->ffn : m->moe_ffn;
+		/* SharedExpertMLP is an MLP of ffn_hidden_size = shared_ffn */
+		int64_t f = t->kind == VPS_T_FC1_W ? m->ffn : t->kind == VPS_T_SHARED_FC1_W ? m->shared_ffn : m->moe_ffn;
 		if (gated)
 			set_shape(t, 3, 2, f, h, 1);
 		else
@@ -170,8 +263,11 @@ static void fill_tensor(const struct vps_model *m, struct vps_tensor *t)
 		break;
 	}
 	case VPS_T_FC2_W:
+	case VPS_T_SHARED_FC2_W:
 	case VPS_T_EXP_FC2_W:
-		set_shape(t, 2, h, t->kind == VPS_T_FC2_W ? m->ffn : m->moe_ffn, 1, 1);
+		set_shape(t, 2, h,
+			  t->kind == VPS_T_FC2_W ? m->ffn : t->kind == VPS_T_SHARED_FC2_W ? m->shared_ffn : m->moe_ffn, 1,
+			  1);
 		t->split = VPS_SPLIT_AXIS;
 		t->axis = 1;
 		break;
@@ -190,23 +286,30 @@ vps_result_t vps_model_tensor(const struct vps_model *m, uint32_t id, struct vps
 {
 	struct schema s;
 	build_schema(m, &s);
-	uint32_t nlay = (uint32_t)m->layers * s.per_layer;
+	uint32_t ndense = layers_tensors(&s, s.first_moe < m->layers ? s.first_moe : m->layers);
+	uint32_t nlay = layers_tensors(&s, m->layers);
 	memset(t, 0, sizeof(*t));
 	t->id = id;
 	t->layer = -1;
 	t->expert = -1;
 	if (id < s.npre) {
 		t->kind = s.pre[id];
-	} else if (id < s.npre + nlay) {
+	} else if (id < s.npre + ndense) {
 		uint32_t rel = id - s.npre;
-		uint32_t pos = rel % s.per_layer;
-		t->layer = (int32_t)(rel / s.per_layer);
-		if (pos < s.nlayer) {
-			t->kind = s.layer[pos];
-		} else {
-			pos -= s.nlayer;
+		t->layer = (int32_t)(rel / s.per_dense);
+		t->kind = s.dense[rel % s.per_dense];
+	} else if (id < s.npre + nlay) {
+		uint32_t rel = id - s.npre - ndense;
+		uint32_t pos = rel % s.per_moe, nexp = (uint32_t)m->experts * s.nexpert;
+		t->layer = (int32_t)(s.first_moe + rel / s.per_moe);
+		if (pos < s.nhead) {
+			t->kind = s.head[pos];
+		} else if (pos < s.nhead + nexp) {
+			pos -= s.nhead;
 			t->expert = (int32_t)(pos / s.nexpert);
 			t->kind = s.expert[pos % s.nexpert];
+		} else {
+			t->kind = s.tail[pos - s.nhead - nexp];
 		}
 	} else if (id < s.npre + nlay + s.npost) {
 		t->kind = s.post[id - s.npre - nlay];
@@ -249,6 +352,16 @@ static const char *kind_suffix(enum vps_tensor_kind k)
 	case VPS_T_FINAL_LN_W: return "decoder.final_layernorm.weight";
 	case VPS_T_FINAL_LN_B: return "decoder.final_layernorm.bias";
 	case VPS_T_OUTPUT_W: return "output_layer.weight";
+	case VPS_T_INPUT_LN_W: return "input_layernorm.weight";
+	case VPS_T_Q_PROJ_W: return "self_attention.linear_q_proj.weight";
+	case VPS_T_Q_DOWN_W: return "self_attention.linear_q_down_proj.weight";
+	case VPS_T_Q_UP_LN_W: return "self_attention.linear_q_up_proj.layer_norm_weight";
+	case VPS_T_Q_UP_W: return "self_attention.linear_q_up_proj.weight";
+	case VPS_T_KV_DOWN_W: return "self_attention.linear_kv_down_proj.weight";
+	case VPS_T_KV_UP_LN_W: return "self_attention.linear_kv_up_proj.layer_norm_weight";
+	case VPS_T_KV_UP_W: return "self_attention.linear_kv_up_proj.weight";
+	case VPS_T_SHARED_FC1_W: return "mlp.shared_experts.linear_fc1.weight";
+	case VPS_T_SHARED_FC2_W: return "mlp.shared_experts.linear_fc2.weight";
 	case VPS_T_NKINDS: break;
 	}
 	return "?";
@@ -291,21 +404,29 @@ static bool parse_index(const char **p, int64_t *v)
 	return true;
 }
 
+static bool find_kind(const enum vps_tensor_kind *k, uint32_t n, const char *name, uint32_t *pos)
+{
+	for (uint32_t i = 0; i < n; i++)
+		if (!strcmp(name, kind_suffix(k[i]))) {
+			*pos = i;
+			return true;
+		}
+	return false;
+}
+
 vps_result_t vps_model_find_tensor(const struct vps_model *m, const char *name, uint32_t *id)
 {
 	struct schema s;
 	build_schema(m, &s);
-	uint32_t nlay = (uint32_t)m->layers * s.per_layer;
-	for (uint32_t i = 0; i < s.npre; i++)
-		if (!strcmp(name, kind_suffix(s.pre[i]))) {
-			*id = i;
-			return VPS_OK;
-		}
-	for (uint32_t i = 0; i < s.npost; i++)
-		if (!strcmp(name, kind_suffix(s.post[i]))) {
-			*id = s.npre + nlay + i;
-			return VPS_OK;
-		}
+	uint32_t nlay = layers_tensors(&s, m->layers), pos;
+	if (find_kind(s.pre, s.npre, name, &pos)) {
+		*id = pos;
+		return VPS_OK;
+	}
+	if (find_kind(s.post, s.npost, name, &pos)) {
+		*id = s.npre + nlay + pos;
+		return VPS_OK;
+	}
 	static const char lp[] = "decoder.layers.", ep[] = "mlp.experts.local_experts.";
 	const char *p = name;
 	int64_t layer, expert;
@@ -314,54 +435,86 @@ vps_result_t vps_model_find_tensor(const struct vps_model *m, const char *name, 
 	p += sizeof(lp) - 1;
 	if (!parse_index(&p, &layer) || layer >= m->layers)
 		goto unknown;
-	uint32_t base = s.npre + (uint32_t)layer * s.per_layer;
+	uint32_t base = s.npre + layers_tensors(&s, layer);
+	if (layer < s.first_moe) {
+		if (find_kind(s.dense, s.ndense, p, &pos)) {
+			*id = base + pos;
+			return VPS_OK;
+		}
+		goto unknown;
+	}
 	if (strncmp(p, ep, sizeof(ep) - 1) == 0) {
 		p += sizeof(ep) - 1;
 		if (!parse_index(&p, &expert) || expert >= m->experts)
 			goto unknown;
-		for (uint32_t i = 0; i < s.nexpert; i++)
-			if (!strcmp(p, kind_suffix(s.expert[i]))) {
-				*id = base + s.nlayer + (uint32_t)expert * s.nexpert + i;
-				return VPS_OK;
-			}
-		goto unknown;
-	}
-	for (uint32_t i = 0; i < s.nlayer; i++)
-		if (!strcmp(p, kind_suffix(s.layer[i]))) {
-			*id = base + i;
+		if (find_kind(s.expert, s.nexpert, p, &pos)) {
+			*id = base + s.nhead + (uint32_t)expert * s.nexpert + pos;
 			return VPS_OK;
 		}
+		goto unknown;
+	}
+	if (find_kind(s.head, s.nhead, p, &pos)) {
+		*id = base + pos;
+		return VPS_OK;
+	}
+	if (find_kind(s.tail, s.ntail, p, &pos)) {
+		*id = base + s.nhead + (uint32_t)m->experts * s.nexpert + pos;
+		return VPS_OK;
+	}
 unknown:
 	return vps_fail(VPS_EINPUT, "no tensor '%s' in model %s", name, m->name);
 }
 
+/* Elements of the tensors of the given kinds, in floating point (no wrap:
+ * validate bounds the model with it before any int64 count is formed). */
+static double kinds_volume(const struct vps_model *m, const enum vps_tensor_kind *k, uint32_t n)
+{
+	double sum = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		struct vps_tensor t;
+		memset(&t, 0, sizeof(t));
+		t.kind = k[i];
+		fill_tensor(m, &t);
+		double v = 1;
+		for (int d = 0; d < t.ndim; d++)
+			v *= (double)t.shape[d];
+		sum += v;
+	}
+	return sum;
+}
+
+static int64_t kinds_elements(const struct vps_model *m, const enum vps_tensor_kind *k, uint32_t n)
+{
+	int64_t sum = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		struct vps_tensor t;
+		struct vps_box b;
+		memset(&t, 0, sizeof(t));
+		t.kind = k[i];
+		fill_tensor(m, &t);
+		vps_box_full(&b, t.ndim, t.shape);
+		sum += vps_box_volume(&b);
+	}
+	return sum;
+}
+
 int64_t vps_model_parameters(const struct vps_model *m)
 {
-	uint32_t n = vps_model_num_tensors(m);
 	struct schema s;
 	build_schema(m, &s);
-	int64_t total = 0;
-	struct vps_tensor t;
-	/* Layers are identical: count one and multiply. */
-	for (uint32_t i = 0; i < n; i++) {
-		if (i == s.npre && m->layers > 0) {
-			int64_t layer = 0;
-			for (uint32_t j = 0; j < s.per_layer; j++) {
-				struct vps_box b;
-				vps_model_tensor(m, i + j, &t);
-				vps_box_full(&b, t.ndim, t.shape);
-				layer += vps_box_volume(&b);
-			}
-			total += layer * m->layers;
-			i += (uint32_t)m->layers * s.per_layer - 1;
-			continue;
-		}
-		struct vps_box b;
-		vps_model_tensor(m, i, &t);
-		vps_box_full(&b, t.ndim, t.shape);
-		total += vps_box_volume(&b);
-	}
-	return total;
+	/* layers of a kind are identical: count one of each and multiply */
+	int64_t dense = s.first_moe < m->layers ? s.first_moe : m->layers;
+	int64_t moe = kinds_elements(m, s.head, s.nhead) + m->experts * kinds_elements(m, s.expert, s.nexpert) +
+		      kinds_elements(m, s.tail, s.ntail);
+	return kinds_elements(m, s.pre, s.npre) + kinds_elements(m, s.post, s.npost) +
+	       dense * kinds_elements(m, s.dense, s.ndense) + (m->layers - dense) * moe;
+}
+
+int64_t vps_model_module_buffers(const struct vps_model *m)
+{
+	if (!m->router_bias || m->experts == 0)
+		return 0;
+	return (m->layers - m->first_dense) * m->experts;
 }
 
 uint64_t vps_model_hash(const struct vps_model *m)
@@ -370,7 +523,14 @@ uint64_t vps_model_hash(const struct vps_model *m)
 		       m->vocab, m->vocab_divisor, m->norm, m->activation, m->position,
 		       m->max_positions, m->bias, m->qkv_bias, m->tied_embeddings, m->qk_norm,
 		       m->experts, m->moe_ffn};
-	return vps_hash64(f, sizeof(f), 0x6d6f64656cULL);
+	uint64_t h = vps_hash64(f, sizeof(f), 0x6d6f64656cULL);
+	/* the DeepSeek fields only when set: an older model keeps its hash */
+	int64_t ds[] = {m->first_dense, m->shared_ffn, m->router_bias, m->kv_lora_rank, m->q_lora_rank,
+			m->qk_head_dim, m->qk_pos_dim, m->v_head_dim};
+	for (size_t i = 0; i < sizeof(ds) / sizeof(ds[0]); i++)
+		if (ds[i])
+			return vps_hash64(ds, sizeof(ds), h);
+	return h;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -432,6 +592,14 @@ vps_result_t vps_model_read(struct vps_reader *r, const char *key, struct vps_mo
 	VPS_CHECK(vps_r_bool_opt(r, "qk_norm", &m->qk_norm, false));
 	VPS_CHECK(vps_r_int_opt(r, "experts", &m->experts, 0, 1 << 20, 0));
 	VPS_CHECK(vps_r_int_opt(r, "moe_ffn", &m->moe_ffn, 0, DIM_MAX, 0));
+	VPS_CHECK(vps_r_int_sparse(r, "first_dense", &m->first_dense, 0, 1 << 20, 0));
+	VPS_CHECK(vps_r_int_sparse(r, "shared_ffn", &m->shared_ffn, 0, DIM_MAX, 0));
+	VPS_CHECK(vps_r_bool_sparse(r, "router_bias", &m->router_bias, false));
+	VPS_CHECK(vps_r_int_sparse(r, "kv_lora_rank", &m->kv_lora_rank, 0, DIM_MAX, 0));
+	VPS_CHECK(vps_r_int_sparse(r, "q_lora_rank", &m->q_lora_rank, 0, DIM_MAX, 0));
+	VPS_CHECK(vps_r_int_sparse(r, "qk_head_dim", &m->qk_head_dim, 0, DIM_MAX, 0));
+	VPS_CHECK(vps_r_int_sparse(r, "qk_pos_dim", &m->qk_pos_dim, 0, DIM_MAX, 0));
+	VPS_CHECK(vps_r_int_sparse(r, "v_head_dim", &m->v_head_dim, 0, DIM_MAX, 0));
 	/* point at the key at fault; vps_model_validate words the rule */
 	const char *key_at_fault = NULL;
 	if (m->heads % m->query_groups)
@@ -442,6 +610,17 @@ vps_result_t vps_model_read(struct vps_reader *r, const char *key, struct vps_mo
 		key_at_fault = "experts";
 	else if (m->position == VPS_POS_LEARNED ? m->max_positions <= 0 : m->max_positions != 0)
 		key_at_fault = "max_positions";
+	else if (m->first_dense > 0 && (m->experts == 0 || m->first_dense >= m->layers || m->ffn <= 0))
+		key_at_fault = "first_dense";
+	else if (m->shared_ffn > 0 && (m->experts == 0 || m->bias))
+		key_at_fault = "shared_ffn";
+	else if (m->router_bias && m->experts == 0)
+		key_at_fault = "router_bias";
+	else if (m->kv_lora_rank == 0 && (m->q_lora_rank || m->qk_head_dim || m->qk_pos_dim || m->v_head_dim))
+		key_at_fault = m->q_lora_rank ? "q_lora_rank" : m->qk_head_dim ? "qk_head_dim"
+			       : m->qk_pos_dim ? "qk_pos_dim" : "v_head_dim";
+	else if (m->kv_lora_rank > 0)
+		key_at_fault = "kv_lora_rank";
 	char where[300];
 	if (vps_reader_is_binary(r))
 		snprintf(where, sizeof(where), "%s: model", vps_reader_name(r));
@@ -478,6 +657,16 @@ vps_result_t vps_model_write(struct vps_writer *w, const char *key, const struct
 	VPS_CHECK(vps_w_bool(w, "qk_norm", m->qk_norm));
 	VPS_CHECK(vps_w_int(w, "experts", m->experts));
 	VPS_CHECK(vps_w_int(w, "moe_ffn", m->moe_ffn));
+	/* the binary encoding has every field in the reader's order; YAML only
+	 * those set, so a model without them reads and prints as it did */
+	VPS_CHECK(vps_w_int_sparse(w, "first_dense", m->first_dense, 0));
+	VPS_CHECK(vps_w_int_sparse(w, "shared_ffn", m->shared_ffn, 0));
+	VPS_CHECK(vps_w_bool_sparse(w, "router_bias", m->router_bias, false));
+	VPS_CHECK(vps_w_int_sparse(w, "kv_lora_rank", m->kv_lora_rank, 0));
+	VPS_CHECK(vps_w_int_sparse(w, "q_lora_rank", m->q_lora_rank, 0));
+	VPS_CHECK(vps_w_int_sparse(w, "qk_head_dim", m->qk_head_dim, 0));
+	VPS_CHECK(vps_w_int_sparse(w, "qk_pos_dim", m->qk_pos_dim, 0));
+	VPS_CHECK(vps_w_int_sparse(w, "v_head_dim", m->v_head_dim, 0));
 	return vps_w_map_end(w);
 }
 
@@ -496,36 +685,46 @@ vps_result_t vps_model_validate(const struct vps_model *m, const char *where)
 		return vps_fail(VPS_EINPUT, "%s: learned positions need max_positions > 0", where);
 	if (m->position == VPS_POS_ROPE && m->max_positions != 0)
 		return vps_fail(VPS_EINPUT, "%s: max_positions is only for learned positions", where);
+	if (m->first_dense < 0 || (m->first_dense > 0 && (m->experts == 0 || m->first_dense >= m->layers)))
+		return vps_fail(VPS_EINPUT, "%s: first_dense=%" PRId64 " needs an MoE model with more layers (%" PRId64 ")",
+				where, m->first_dense, m->layers);
+	if (m->first_dense > 0 && m->ffn <= 0)
+		return vps_fail(VPS_EINPUT, "%s: first_dense=%" PRId64 " dense layers need ffn > 0", where, m->first_dense);
+	if (m->shared_ffn < 0 || (m->shared_ffn > 0 && (m->experts == 0 || m->bias)))
+		return vps_fail(VPS_EINPUT, "%s: shared_ffn needs an MoE model without biases (SharedExpertMLP)", where);
+	if (m->router_bias && m->experts == 0)
+		return vps_fail(VPS_EINPUT, "%s: router_bias needs an MoE model", where);
+	if (m->kv_lora_rank > 0) {
+		if (m->qk_head_dim <= 0 || m->v_head_dim <= 0 || m->qk_pos_dim < 0 || m->q_lora_rank < 0)
+			return vps_fail(VPS_EINPUT, "%s: multi-latent attention (kv_lora_rank) needs qk_head_dim > 0 and "
+					"v_head_dim > 0", where);
+		/* Megatron's q_head_dim, the k_channels of core attention */
+		if (m->head_dim != m->qk_head_dim + m->qk_pos_dim)
+			return vps_fail(VPS_EINPUT, "%s: multi-latent attention needs head_dim = qk_head_dim + qk_pos_dim = %" PRId64,
+					where, m->qk_head_dim + m->qk_pos_dim);
+		if (m->norm != VPS_NORM_RMS || m->bias || m->qkv_bias || m->query_groups != m->heads)
+			return vps_fail(VPS_EINPUT, "%s: multi-latent attention is supported with rmsnorm, no biases and "
+					"query_groups = heads", where);
+	} else if (m->q_lora_rank || m->qk_head_dim || m->qk_pos_dim || m->v_head_dim) {
+		return vps_fail(VPS_EINPUT, "%s: q_lora_rank, qk_head_dim, qk_pos_dim and v_head_dim are for "
+				"multi-latent attention: set kv_lora_rank", where);
+	}
 	/* Tensor ids are 32-bit, and every tool builds a template per tensor:
 	 * 2^20 is over ten times the largest real model (DeepSeek-V3, 61 x 256
 	 * experts: about 63k) and still a layout in well under a second. */
-	uint64_t per_layer = 24 + (uint64_t)m->experts * 4;
+	struct schema s;
+	build_schema(m, &s);
+	uint64_t per_layer = s.nhead + s.ntail + s.ndense + (uint64_t)m->experts * s.nexpert;
 	if (per_layer * (uint64_t)m->layers > (uint64_t)1 << 20)
 		return vps_fail(VPS_EINPUT, "%s: too many tensors (layers x experts): at most %d", where, 1 << 20);
 	/* Every size computed from the model (tensors, buffers, offsets)
 	 * stays below 2^48 elements: counted in floating point, which does
 	 * not wrap, before any int64 product is formed. */
-	struct schema s;
-	build_schema(m, &s);
-	struct vps_tensor t;
-	double total = 0, layer = 0, expert = 0;
-	const struct {
-		const enum vps_tensor_kind *kinds;
-		uint32_t n;
-		double *sum;
-	} groups[] = {{s.pre, s.npre, &total}, {s.post, s.npost, &total}, {s.layer, s.nlayer, &layer},
-		      {s.expert, s.nexpert, &expert}};
-	for (size_t g = 0; g < sizeof(groups) / sizeof(groups[0]); g++)
-		for (uint32_t i = 0; i < groups[g].n; i++) {
-			memset(&t, 0, sizeof(t));
-			t.kind = groups[g].kinds[i];
-			fill_tensor(m, &t);
-			double v = 1;
-			for (int k = 0; k < t.ndim; k++)
-				v *= (double)t.shape[k];
-			*groups[g].sum += v;
-		}
-	total += (double)m->layers * (layer + (double)m->experts * expert);
+	double dense = (double)(s.first_moe < m->layers ? s.first_moe : m->layers);
+	double total = kinds_volume(m, s.pre, s.npre) + kinds_volume(m, s.post, s.npost) +
+		       dense * kinds_volume(m, s.dense, s.ndense) +
+		       ((double)m->layers - dense) * (kinds_volume(m, s.head, s.nhead) + kinds_volume(m, s.tail, s.ntail) +
+						      (double)m->experts * kinds_volume(m, s.expert, s.nexpert));
 	if (total >= (double)VPS_MAX_ELEMENTS)
 		return vps_fail(VPS_EINPUT, "%s: %.3g parameters is more than any model has (2^48)", where, total);
 	return VPS_OK;
@@ -563,6 +762,64 @@ static vps_result_t hf_bool(struct vps_reader *r, const char *key, bool *v, bool
 		return VPS_OK;
 	}
 	return vps_r_bool(r, key, v);
+}
+
+/* DeepSeek-V2/V3 (configuration_deepseek.py). MLA with the q/kv norms
+ * (q_a_layernorm, kv_a_layernorm: Megatron's qk_layernorm), dense layers
+ * [0, first_k_dense_replace), then MoE layers with n_shared_experts shared
+ * experts of moe_intermediate_size each. */
+static vps_result_t parse_hf_deepseek(struct vps_reader *r, struct vps_model *m, bool v3)
+{
+	int64_t shared, freq, mtp;
+	VPS_CHECK(hf_int(r, "hidden_size", &m->hidden, 0, true));
+	VPS_CHECK(hf_int(r, "num_hidden_layers", &m->layers, 0, true));
+	VPS_CHECK(hf_int(r, "num_attention_heads", &m->heads, 0, true));
+	VPS_CHECK(hf_int(r, "num_key_value_heads", &m->query_groups, m->heads, false));
+	if (m->query_groups != m->heads)
+		return vps_r_error(r, "num_key_value_heads", "multi-latent attention has one key/value head per head");
+	VPS_CHECK(hf_int(r, "q_lora_rank", &m->q_lora_rank, 0, false));
+	VPS_CHECK(hf_int(r, "kv_lora_rank", &m->kv_lora_rank, 0, true));
+	if (m->kv_lora_rank == 0)
+		return vps_r_error(r, "kv_lora_rank", "must be positive (multi-latent attention)");
+	VPS_CHECK(hf_int(r, "qk_nope_head_dim", &m->qk_head_dim, 0, true));
+	VPS_CHECK(hf_int(r, "qk_rope_head_dim", &m->qk_pos_dim, 0, true));
+	VPS_CHECK(hf_int(r, "v_head_dim", &m->v_head_dim, 0, true));
+	VPS_CHECK(hf_int(r, "intermediate_size", &m->ffn, 0, true));
+	VPS_CHECK(hf_int(r, "moe_intermediate_size", &m->moe_ffn, 0, false));
+	VPS_CHECK(hf_int(r, "n_routed_experts", &m->experts, 0, false));
+	VPS_CHECK(hf_int(r, "n_shared_experts", &shared, 0, false));
+	VPS_CHECK(hf_int(r, "first_k_dense_replace", &m->first_dense, 0, false));
+	VPS_CHECK(hf_int(r, "moe_layer_freq", &freq, 1, false));
+	/* Hugging Face's DeepseekV3ForCausalLM builds no MTP layer: the
+	 * checkpoint's layer num_hidden_layers is dropped on load, and so here */
+	VPS_CHECK(hf_int(r, "num_nextn_predict_layers", &mtp, 0, false));
+	VPS_CHECK(hf_int(r, "vocab_size", &m->vocab, 0, true));
+	VPS_CHECK(hf_bool(r, "tie_word_embeddings", &m->tied_embeddings, false));
+	if (m->experts > 0 && freq != 1)
+		return vps_r_error(r, "moe_layer_freq", "only 1 (every layer from first_k_dense_replace on is MoE) is "
+				   "supported");
+	if (m->experts > 0 && m->moe_ffn == 0)
+		return vps_r_error(r, "moe_intermediate_size", "must be positive with n_routed_experts");
+	if (m->heads == 0)
+		return vps_r_error(r, "num_attention_heads", "must be positive");
+	if (m->experts == 0) {
+		m->moe_ffn = m->first_dense = shared = 0;
+	} else if (m->first_dense >= m->layers) {
+		return vps_r_error(r, "first_k_dense_replace", "leaves no MoE layer of %" PRId64, m->layers);
+	}
+	if (!vps_mul_ok(shared, m->moe_ffn, &m->shared_ffn) || m->shared_ffn > DIM_MAX)
+		return vps_r_error(r, "n_shared_experts", "too large");
+	/* noaux_tc routing keeps e_score_correction_bias (V3's default) */
+	const char *topk = v3 ? "noaux_tc" : "greedy";
+	if (vps_r_has(r, "topk_method"))
+		VPS_CHECK(vps_r_str(r, "topk_method", &topk));
+	m->router_bias = m->experts > 0 && !strcmp(topk, "noaux_tc");
+	m->head_dim = m->qk_head_dim + m->qk_pos_dim;
+	m->norm = VPS_NORM_RMS;
+	m->activation = VPS_ACT_SWIGLU;
+	m->position = VPS_POS_ROPE;
+	m->qk_norm = true;
+	return VPS_OK;
 }
 
 static vps_result_t parse_hf(struct vps_reader *r, struct vps_model *m, const char *stem)
@@ -631,6 +888,8 @@ static vps_result_t parse_hf(struct vps_reader *r, struct vps_model *m, const ch
 			m->moe_ffn = m->ffn;
 			m->ffn = 0;
 		}
+	} else if (!strcmp(type, "deepseek_v3") || !strcmp(type, "deepseek_v2")) {
+		VPS_CHECK(parse_hf_deepseek(r, m, !strcmp(type, "deepseek_v3")));
 	} else {
 		return vps_r_error(r, "model_type", "unsupported model type '%s'", type);
 	}

@@ -267,10 +267,13 @@ vps_result_t vps_parallel_validate(struct vps_parallel *p, const struct vps_mode
 	if (qkv_rows % p->tp)
 		return vps_fail(VPS_EINPUT, "%s: tp=%" PRId64 " does not divide the %" PRId64 " rows of linear_qkv",
 				where, p->tp, qkv_rows);
-	if (m->experts == 0 && m->ffn % p->tp)
+	if ((m->experts == 0 || m->first_dense > 0) && m->ffn % p->tp)
 		return vps_fail(VPS_EINPUT, "%s: tp=%" PRId64 " does not divide ffn=%" PRId64, where, p->tp, m->ffn);
 	if (m->experts == 0 && p->grouped_gemm)
 		return vps_fail(VPS_EINPUT, "%s: grouped_gemm applies to MoE models only (%s is dense)", where, m->name);
+	if (m->shared_ffn % p->tp)
+		return vps_fail(VPS_EINPUT, "%s: tp=%" PRId64 " does not divide shared_ffn=%" PRId64, where, p->tp,
+				m->shared_ffn);
 	if (m->experts == 0 && (p->ep != 1 || p->etp != p->tp))
 		return vps_fail(VPS_EINPUT, "%s: ep and etp apply to MoE models only (%s is dense)", where, m->name);
 	if (m->experts > 0) {

@@ -34,8 +34,17 @@ struct vps_model {
 	bool qkv_bias;          /* a bias on linear_qkv only (Qwen2) */
 	bool tied_embeddings;
 	bool qk_norm;           /* q_layernorm / k_layernorm (Qwen3) */
-	int64_t experts;        /* 0: dense; otherwise every layer is MoE */
+	int64_t experts;        /* 0: dense; otherwise layers [first_dense, layers) are MoE */
 	int64_t moe_ffn;        /* expert MLP hidden size */
+	/* DeepSeek-V2/V3. 0 leaves each off, and an older model unchanged. */
+	int64_t first_dense;    /* first_k_dense_replace: layers [0, k) dense with ffn */
+	int64_t shared_ffn;     /* moe_shared_expert_intermediate_size (all shared experts) */
+	bool router_bias;       /* moe_router_enable_expert_bias: a module buffer, not a parameter */
+	int64_t kv_lora_rank;   /* > 0: multi-latent attention (MLA) in place of linear_qkv */
+	int64_t q_lora_rank;    /* MLA query compression; 0: linear_q_proj */
+	int64_t qk_head_dim;    /* MLA qk_nope_head_dim */
+	int64_t qk_pos_dim;     /* MLA qk_rope_head_dim */
+	int64_t v_head_dim;     /* MLA */
 };
 
 /* What a tensor is, in registration order within a layer. */
@@ -68,6 +77,16 @@ enum vps_tensor_kind {
 	VPS_T_FINAL_LN_W,
 	VPS_T_FINAL_LN_B,
 	VPS_T_OUTPUT_W,
+	VPS_T_INPUT_LN_W,   /* input_layernorm: a norm of its own before MLA */
+	VPS_T_Q_PROJ_W,     /* MLA without query compression */
+	VPS_T_Q_DOWN_W,
+	VPS_T_Q_UP_LN_W,
+	VPS_T_Q_UP_W,
+	VPS_T_KV_DOWN_W,
+	VPS_T_KV_UP_LN_W,
+	VPS_T_KV_UP_W,
+	VPS_T_SHARED_FC1_W, /* shared experts: dense, TP-split, after the routed ones */
+	VPS_T_SHARED_FC2_W,
 	VPS_T_NKINDS
 };
 
@@ -117,14 +136,32 @@ size_t vps_tensor_name(const struct vps_tensor *t, char *buf, size_t n);
 size_t vps_tensor_local_name(const struct vps_tensor *t, int64_t layer, int64_t expert, char *buf, size_t n);
 /* Find a tensor by name. @return VPS_EINPUT when there is none. */
 vps_result_t vps_model_find_tensor(const struct vps_model *m, const char *name, uint32_t *id);
-/* Id of the first tensor of a layer, and the number of tensors per layer. */
+/* The tensors of one layer, in registration order: ids [first, first +
+ * count). Layers differ (dense first layers of an MoE model), so each is
+ * asked for; every answer is O(1), whatever the number of layers. In an MoE
+ * layer the routed experts are a run inside it: expert e's tensors are ids
+ * first + expert_first + e * per_expert + k, k < per_expert; after the run
+ * come the shared experts. A dense layer has experts = 0. */
+struct vps_layer_span {
+	uint32_t first, count;
+	uint32_t expert_first, experts, per_expert;
+};
+void vps_model_layer_span(const struct vps_model *m, int64_t layer, struct vps_layer_span *s);
+/* Id of the first tensor of a layer. */
 uint32_t vps_model_layer_first(const struct vps_model *m, int64_t layer);
-uint32_t vps_model_tensors_per_layer(const struct vps_model *m);
+/* Whether a layer is an MoE layer. */
+bool vps_model_layer_moe(const struct vps_model *m, int64_t layer);
 /* Number of tensors before the first layer. */
 uint32_t vps_model_pre_tensors(const struct vps_model *m);
 
 /* Logical, unpadded element count of all parameter tensors. */
 int64_t vps_model_parameters(const struct vps_model *m);
+/* Elements of module buffers that are state but not parameters: the
+ * router's expert_bias (fp32 [experts] per MoE layer, register_buffer in
+ * Megatron's TopKRouter). They are in no DDP buffer and no optimizer, and
+ * vps does not move them; Hugging Face counts them as parameters
+ * (e_score_correction_bias). */
+int64_t vps_model_module_buffers(const struct vps_model *m);
 
 /* Hash of the model's definition (name excluded). */
 uint64_t vps_model_hash(const struct vps_model *m);

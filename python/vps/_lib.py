@@ -33,7 +33,10 @@ class Model(C.Structure):
                 ("query_groups", C.c_int64), ("head_dim", C.c_int64), ("ffn", C.c_int64), ("vocab", C.c_int64),
                 ("vocab_divisor", C.c_int64), ("norm", C.c_int), ("activation", C.c_int), ("position", C.c_int),
                 ("max_positions", C.c_int64), ("bias", C.c_bool), ("qkv_bias", C.c_bool),
-                ("tied_embeddings", C.c_bool), ("qk_norm", C.c_bool), ("experts", C.c_int64), ("moe_ffn", C.c_int64)]
+                ("tied_embeddings", C.c_bool), ("qk_norm", C.c_bool), ("experts", C.c_int64), ("moe_ffn", C.c_int64),
+                ("first_dense", C.c_int64), ("shared_ffn", C.c_int64), ("router_bias", C.c_bool),
+                ("kv_lora_rank", C.c_int64), ("q_lora_rank", C.c_int64), ("qk_head_dim", C.c_int64),
+                ("qk_pos_dim", C.c_int64), ("v_head_dim", C.c_int64)]
 
 
 class Parallel(C.Structure):

@@ -63,6 +63,12 @@ cp_moe() {
 moe_grouped() {
 	demo "$1" --model tiny-qwen3-moe --from tp=2,pp=2,dp=2,ep=2,etp=1,zero=1 --to tp=2,pp=1,dp=4,ep=4,etp=1,zero=1,grouped_gemm=1 --back
 }
+# DeepSeek-V3-shaped: MLA's per-head up projections and whole down
+# projections, shared experts in the dense buffer, dense first layers that
+# a pipeline stage holds alone; TP, PP and EP change at once.
+deepseek() {
+	demo "$1" --model tiny-deepseek --from tp=2,pp=2,dp=2,ep=2,etp=1,zero=1 --to tp=4,pp=1,dp=2,ep=8,etp=1,zero=1 --back
+}
 # These three take devices per node: ipc reaches one node's ranks only, so
 # over ipc the same switch runs with every device on one node.
 join() { # TRANSPORT DEVICES_PER_NODE
@@ -100,6 +106,9 @@ world6() {
 @test "ipc: context parallelism with experts: expert DP spans CP, then CP goes" { cp_moe ipc; }
 @test "tcp: MoE: sequential experts become grouped-GEMM ones, and back" { moe_grouped tcp; }
 @test "ipc: MoE: sequential experts become grouped-GEMM ones, and back" { moe_grouped ipc; }
+
+@test "tcp: DeepSeek-V3-style: MLA, shared experts, dense first layers; tp, pp, ep change, and back" { deepseek tcp; }
+@test "ipc: DeepSeek-V3-style: MLA, shared experts, dense first layers; tp, pp, ep change, and back" { deepseek ipc; }
 
 @test "tcp: devices join: 4 devices on one node become 8 on two" { join tcp 4; }
 @test "ipc: devices join: 4 devices become 8, all on one node" { join ipc 8; }

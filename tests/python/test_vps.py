@@ -93,6 +93,25 @@ class Names(unittest.TestCase):
         self.assertEqual(grp.param(name).shape, seq.param(name).shape)
         self.assertNotEqual(grp.param(name).offset, seq.param(name).offset)
 
+    def test_mla_and_shared_expert_shapes_are_megatrons(self):
+        # tiny-deepseek at tp 2: the up projections keep 2 of 4 heads' rows
+        # (q: 24 rows a head, kv: 16 + 16), the down projections are whole
+        lay = vps.layout("tiny-deepseek", "tp=2,pp=2,dp=2,ep=2,etp=1")
+        first, last = lay.rank(0), lay.rank(7)
+        att = "decoder.layers.0.self_attention."
+        self.assertEqual(first.param("decoder.layers.0.input_layernorm.weight").shape, (64,))
+        self.assertEqual(first.param(att + "linear_q_down_proj.weight").shape, (48, 64))
+        self.assertEqual(first.param(att + "linear_q_up_proj.layer_norm_weight").shape, (48,))
+        self.assertEqual(first.param(att + "linear_q_up_proj.weight").shape, (48, 48))
+        self.assertEqual(first.param(att + "linear_kv_down_proj.weight").shape, (40, 64))
+        self.assertEqual(first.param(att + "linear_kv_up_proj.weight").shape, (64, 32))
+        self.assertEqual(first.param(att + "linear_proj.weight").shape, (64, 32))
+        # shared experts: a dense MLP of 64 cut by tp, the gated fc1 [gate; up]
+        p = last.param("decoder.layers.3.mlp.shared_experts.linear_fc1.weight")
+        self.assertEqual((p.shape, p.expert, p.local_name),
+                         ((64, 64), False, "decoder.layers.1.mlp.shared_experts.linear_fc1.weight"))
+        self.assertEqual(last.param("decoder.layers.3.mlp.shared_experts.linear_fc2.weight").shape, (64, 32))
+
     def test_errors_carry_the_message_and_code(self):
         with self.assertRaises(vps.Error) as e:
             vps.layout("tiny-llama", "tp=3")

@@ -325,6 +325,10 @@ TEST(holders_equal_enumeration_of_all_ranks)
 		{"tiny-qwen3-moe", "tp=2,pp=1,dp=3,zero=1"},
 		{"tiny-qwen3-moe", "tp=2,pp=4,dp=3,ep=2,etp=1,zero=1,vpp=2"},
 		{"tiny-qwen3-moe", "tp=8,pp=1,dp=1,ep=8,etp=1,zero=1"},
+		/* MLA, shared experts, dense first layers on their own stage */
+		{"tiny-deepseek", "tp=2,pp=2,dp=2,ep=2,etp=1,zero=1"},
+		{"tiny-deepseek", "tp=2,pp=3,dp=2,ep=4,etp=1,first=1,last=1,vpp=1,zero=1,grad=1"},
+		{"tiny-deepseek", "tp=4,cp=2,pp=1,dp=1,ep=8,etp=1,zero=1"},
 		/* context parallelism: replicas over cp x dp, shards over dp_cp */
 		{"tiny-llama", "tp=2,cp=2,pp=2,dp=2,zero=1"},
 		{"tiny-llama", "tp=1,cp=3,pp=2,dp=2,vpp=2,zero=1,grad=1,bucket=100000"},

@@ -182,9 +182,9 @@ TEST(unknown_model_lists_the_known_ones)
 	struct vps_model m;
 	CHECK(vps_model_load(&m, "llama3-8b", CONFIGS "/models:" CONFIGS "/models") == VPS_EINPUT);
 	const char *e = vps_last_error();
-	CHECK(strstr(e, "--model: no model named 'llama3-8b'; known: gpt3-1.3b, gpt3-2.7b, ") != NULL);
+	CHECK(strstr(e, "--model: no model named 'llama3-8b'; known: deepseek-v3, gpt3-1.3b, gpt3-2.7b, ") != NULL);
 	CHECK(strstr(e, ", llama2-7b, micro-llama, ") != NULL);
-	CHECK(strstr(e, ", tiny-qwen3-moe; or a model file, a Hugging Face config.json or its directory") != NULL);
+	CHECK(strstr(e, ", tiny-deepseek, tiny-gpt, tiny-llama, tiny-qwen3-moe; or a model file, a Hugging Face config.json or its directory") != NULL);
 	/* each once though the directory is on the path twice */
 	CHECK(strstr(strstr(e, "tiny-llama") + 1, "tiny-llama") == NULL);
 	CHECK(vps_model_load(&m, "llama3-8b", "/nonexistent") == VPS_EINPUT);

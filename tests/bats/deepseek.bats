@@ -1,0 +1,57 @@
+#!/usr/bin/env bats
+# DeepSeek-V3-style models as a user meets them: a Hugging Face model
+# directory, its parameter count, the layouts and plans of a large job.
+# The end-to-end switch is in exec.bats (tiny-deepseek, tcp and ipc).
+
+load helpers
+
+v3_dir() { # DIR [moe_layer_freq]
+	mkdir -p "$1"
+	cat > "$1/config.json" <<JSON
+{"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+ "first_k_dense_replace": 3, "hidden_act": "silu", "hidden_size": 7168,
+ "intermediate_size": 18432, "kv_lora_rank": 512, "max_position_embeddings": 163840,
+ "moe_intermediate_size": 2048, "moe_layer_freq": ${2:-1}, "n_group": 8,
+ "n_routed_experts": 256, "n_shared_experts": 1, "norm_topk_prob": true,
+ "num_attention_heads": 128, "num_experts_per_tok": 8, "num_hidden_layers": 61,
+ "num_key_value_heads": 128, "num_nextn_predict_layers": 1, "q_lora_rank": 1536,
+ "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+ "rope_scaling": {"factor": 40, "type": "yarn"}, "rope_theta": 10000,
+ "scoring_func": "sigmoid", "tie_word_embeddings": false, "topk_method": "noaux_tc",
+ "torch_dtype": "bfloat16", "v_head_dim": 128, "vocab_size": 129280}
+JSON
+}
+
+# Hugging Face counts 671,026,419,200, of which 58 x 256 are the routers'
+# e_score_correction_bias: a module buffer in Megatron, not a parameter.
+@test "DeepSeek-V3 from its Hugging Face directory: the model file's parameters, 671B less the router bias" {
+	v3_dir hub/DeepSeek-V3
+	expect_status 0 vps-layout --model hub/DeepSeek-V3 --parallel tp=8,pp=16,dp=2,ep=16,etp=1,first=3,last=2,zero=1 --stats
+	[[ "$output" == *"model: DeepSeek-V3"* ]]
+	[[ "$output" == *"parameters: $((671026419200 - 58 * 256))"* ]]
+	expect_status 0 vps-layout --model deepseek-v3 --stats
+	[[ "$output" == *"parameters: $((671026419200 - 58 * 256))"* ]]
+}
+
+@test "DeepSeek-V3: a switch of tp, pp and ep plans and verifies" {
+	expect_status 0 vps-layout --model deepseek-v3 --parallel tp=8,pp=16,dp=2,ep=16,etp=1,first=3,last=2,zero=1 -o a
+	expect_status 0 vps-layout --model deepseek-v3 --parallel tp=4,pp=8,dp=8,ep=32,etp=1,first=5,last=8,zero=1 -o b
+	expect_status 0 vps-verify a
+	expect_status 0 vps-verify b
+	expect_status 0 vps-plan a b -o p
+	expect_status 0 vps-verify p
+}
+
+@test "a Hugging Face DeepSeek config with MoE every other layer is refused, naming the key" {
+	v3_dir hub/odd 2
+	expect_status 2 vps-layout --model hub/odd --parallel tp=8
+	[[ "$output" == *"moe_layer_freq"*"only 1"* ]]
+}
+
+@test "multi-latent attention: tp must divide the heads; the dense layers' ffn too" {
+	expect_status 2 vps-layout --model tiny-deepseek --parallel tp=3
+	[[ "$output" == *"tp=3 does not divide heads=4 of tiny-deepseek"* ]]
+	sed 's/^ffn: 128/ffn: 126/' "$TOP/configs/models/tiny-deepseek.yaml" > m.yaml
+	expect_status 2 vps-layout --model ./m.yaml --parallel tp=4
+	[[ "$output" == *"tp=4 does not divide ffn=126"* ]]
+}
