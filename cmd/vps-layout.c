@@ -51,6 +51,8 @@ static void print_stats(const struct vps_layout *l, const struct vps_layout_stat
 	vps_parallel_format(vps_layout_parallel(l), par, sizeof(par));
 	printf("model: %s\n", m->name);
 	printf("parameters: %" PRId64 "\n", s->parameters);
+	if (vps_model_module_buffers(m))
+		printf("module_buffers: %" PRId64 "\n", vps_model_module_buffers(m));
 	printf("tensors: %u\n", s->tensors);
 	printf("parallel: \"%s\"\n", par);
 	printf("world: %" PRId64 "\n", s->world);

@@ -173,6 +173,14 @@ static vps_result_t tmpl_push(struct tmpl *tm, size_t *cap, const struct tparam 
 	return VPS_OK;
 }
 
+/* Whether the last stage holds a copy of the word embeddings: the tied
+ * output layer's weight, or the embedding the MTP block needs (GPTModel
+ * builds one where mtp_process) */
+static bool embedding_copied(const struct vps_layout *l)
+{
+	return (l->m.tied_embeddings || l->m.mtp_layers > 0) && l->p.pp > 1;
+}
+
 static vps_result_t tmpl_add(const struct vps_layout *l, struct tmpl *tm, size_t *cap, uint32_t tensor, int32_t layer,
 			     int32_t local_layer, int32_t slot, bool output_copy, bool want_expert)
 {
@@ -187,9 +195,10 @@ static vps_result_t tmpl_add(const struct vps_layout *l, struct tmpl *tm, size_t
 	p.local_layer = local_layer;
 	p.slot = slot;
 	p.output_copy = output_copy;
-	/* Megatron marks both copies of tied embeddings shared_embedding when
-	 * they live on different stages (language_module.py) */
-	p.shared = l->m.tied_embeddings && l->p.pp > 1 && t.kind == VPS_T_WORD_EMB;
+	/* Megatron marks both copies of the word embeddings shared_embedding
+	 * when tied embeddings or MTP put one on the last stage too
+	 * (language_module.py setup_embeddings_and_output_layer) */
+	p.shared = embedding_copied(l) && t.kind == VPS_T_WORD_EMB;
 	p.elements = vps_layout_local_elements(l, &t);
 	return tmpl_push(tm, cap, &p);
 }
@@ -212,6 +221,31 @@ static vps_result_t index_by_tensor(struct tmpl *tm)
 	return VPS_OK;
 }
 
+/* One layer's tensors in registration order; shared experts follow the
+ * routed ones (MoELayer.__init__). layer and local_layer are -1 in an MTP
+ * layer. */
+static vps_result_t tmpl_add_layer(const struct vps_layout *l, struct tmpl *tm, size_t *cap,
+				   const struct vps_layer_span *sp, int32_t layer, int32_t local_layer, int expert)
+{
+	uint32_t base = sp->first, after = sp->expert_first + sp->experts * sp->per_expert;
+	for (uint32_t k = 0; k < sp->expert_first; k++)
+		VPS_CHECK(tmpl_add(l, tm, cap, base + k, layer, local_layer, -1, false, expert));
+	/* SequentialMLP registers expert by expert (local_experts.i.linear_fc1,
+	 * .linear_fc2); TEGroupedMLP registers linear_fc1 then linear_fc2, each a
+	 * GroupedLinear holding weight{i} (and bias{i}) gemm by gemm
+	 * (experts.py TEGroupedMLP.__init__, TE grouped_linear.py
+	 * GroupedLinear.__init__) */
+	uint32_t per_linear = l->p.grouped_gemm ? l->nexpert_kinds / 2 : l->nexpert_kinds;
+	for (uint32_t lin = 0; sp->experts && lin < l->nexpert_kinds / per_linear; lin++)
+		for (int64_t slot = 0; slot < l->experts_per_rank; slot++)
+			for (uint32_t k = lin * per_linear; k < (lin + 1) * per_linear; k++)
+				VPS_CHECK(tmpl_add(l, tm, cap, base + sp->expert_first + (uint32_t)slot * l->nexpert_kinds + k,
+						   layer, local_layer, (int32_t)slot, false, expert));
+	for (uint32_t k = after; k < sp->count; k++)
+		VPS_CHECK(tmpl_add(l, tm, cap, base + k, layer, local_layer, -1, false, expert));
+	return VPS_OK;
+}
+
 static vps_result_t build_tmpl(struct vps_layout *l, int64_t s, int64_t v, int expert)
 {
 	struct tmpl *tm = tmpl_at(l, s, v, expert);
@@ -223,37 +257,51 @@ static vps_result_t build_tmpl(struct vps_layout *l, int64_t s, int64_t v, int e
 	if (s == 0 && v == 0)
 		for (uint32_t i = 0; i < pre; i++)
 			VPS_CHECK(tmpl_add(l, tm, &cap, i, -1, -1, -1, false, expert));
+	bool last = s == p->pp - 1 && v == p->vpp - 1;
+	/* GPTModel registers the MTP stage's embedding before the decoder */
+	if (last && embedding_copied(l) && !l->m.tied_embeddings && !expert) {
+		tm->output_copy_idx = (int64_t)tm->n;
+		VPS_CHECK(tmpl_add(l, tm, &cap, 0, -1, -1, -1, true, expert));
+	}
 	int64_t first = vps_parallel_chunk_first_layer(p, &l->m, s, v);
 	int64_t n = vps_parallel_stage_layers(p, &l->m, s) / p->vpp;
 	for (int64_t ll = 0; ll < n; ll++) {
 		/* layers differ (dense first layers): each says where its
-		 * routed experts sit; shared experts follow them */
-		int64_t layer = first + ll;
+		 * routed experts sit */
 		struct vps_layer_span sp;
-		vps_model_layer_span(&l->m, layer, &sp);
-		uint32_t base = sp.first, after = sp.expert_first + sp.experts * sp.per_expert;
-		for (uint32_t k = 0; k < sp.expert_first; k++)
-			VPS_CHECK(tmpl_add(l, tm, &cap, base + k, (int32_t)layer, (int32_t)ll, -1, false, expert));
-		/* SequentialMLP registers expert by expert (local_experts.i.linear_fc1,
-		 * .linear_fc2); TEGroupedMLP registers linear_fc1 then linear_fc2, each a
-		 * GroupedLinear holding weight{i} (and bias{i}) gemm by gemm
-		 * (experts.py TEGroupedMLP.__init__, TE grouped_linear.py
-		 * GroupedLinear.__init__) */
-		uint32_t per_linear = p->grouped_gemm ? l->nexpert_kinds / 2 : l->nexpert_kinds;
-		for (uint32_t lin = 0; sp.experts && lin < l->nexpert_kinds / per_linear; lin++)
-			for (int64_t slot = 0; slot < l->experts_per_rank; slot++)
-				for (uint32_t k = lin * per_linear; k < (lin + 1) * per_linear; k++)
-					VPS_CHECK(tmpl_add(l, tm, &cap,
-							   base + sp.expert_first + (uint32_t)slot * l->nexpert_kinds + k,
-							   (int32_t)layer, (int32_t)ll, (int32_t)slot, false, expert));
-		for (uint32_t k = after; k < sp.count; k++)
-			VPS_CHECK(tmpl_add(l, tm, &cap, base + k, (int32_t)layer, (int32_t)ll, -1, false, expert));
+		vps_model_layer_span(&l->m, first + ll, &sp);
+		VPS_CHECK(tmpl_add_layer(l, tm, &cap, &sp, (int32_t)(first + ll), (int32_t)ll, expert));
 	}
-	if (s == p->pp - 1 && v == p->vpp - 1) {
+	if (last) {
+		/* decoder.final_layernorm, the MTP block, output_layer */
 		uint32_t post_first = vps_model_layer_first(&l->m, l->m.layers);
-		for (uint32_t i = post_first; i < ntensors; i++)
-			VPS_CHECK(tmpl_add(l, tm, &cap, i, -1, -1, -1, false, expert));
-		if (l->m.tied_embeddings && p->pp > 1 && !expert) {
+		uint32_t mtp_first = ntensors;
+		if (l->m.mtp_layers > 0) {
+			struct vps_mtp_span ms;
+			vps_model_mtp_span(&l->m, 0, &ms);
+			mtp_first = ms.first;
+		}
+		for (uint32_t i = post_first; i < mtp_first; i++) {
+			struct vps_tensor t;
+			VPS_CHECK(vps_model_tensor(&l->m, i, &t));
+			if (t.kind != VPS_T_OUTPUT_W)
+				VPS_CHECK(tmpl_add(l, tm, &cap, i, -1, -1, -1, false, expert));
+		}
+		for (int64_t k = 0; k < l->m.mtp_layers; k++) {
+			struct vps_mtp_span ms;
+			vps_model_mtp_span(&l->m, k, &ms);
+			for (uint32_t i = 0; i < ms.pre; i++)
+				VPS_CHECK(tmpl_add(l, tm, &cap, ms.first + i, -1, -1, -1, false, expert));
+			VPS_CHECK(tmpl_add_layer(l, tm, &cap, &ms.layer, -1, -1, expert));
+			for (uint32_t i = ms.layer.first + ms.layer.count; i < ms.first + ms.count; i++)
+				VPS_CHECK(tmpl_add(l, tm, &cap, i, -1, -1, -1, false, expert));
+		}
+		if (!l->m.tied_embeddings) {
+			struct vps_tensor t;
+			VPS_CHECK(vps_model_tensor(&l->m, mtp_first - 1, &t));
+			if (t.kind == VPS_T_OUTPUT_W)
+				VPS_CHECK(tmpl_add(l, tm, &cap, mtp_first - 1, -1, -1, -1, false, expert));
+		} else if (p->pp > 1 && !expert) {
 			tm->output_copy_idx = (int64_t)tm->n;
 			VPS_CHECK(tmpl_add(l, tm, &cap, 0, -1, -1, -1, true, expert));
 		}
@@ -736,18 +784,21 @@ size_t vps_layout_param_name(const struct vps_layout *l, const struct vps_param 
 {
 	struct vps_tensor t;
 	if (p->output_copy || vps_model_tensor(&l->m, p->tensor, &t))
-		return (size_t)snprintf(buf, n, "%s", p->output_copy ? "output_layer.weight" : "?");
+		return (size_t)snprintf(buf, n, "%s",
+					!p->output_copy		  ? "?"
+					: l->m.tied_embeddings ? "output_layer.weight"
+							       : "embedding.word_embeddings.weight");
 	if (p->local_expert < 0 || !l->p.grouped_gemm)
 		return vps_tensor_local_name(&t, p->local_layer, p->local_expert, buf, n);
 	/* TEGroupedMLP names gemm i's weight experts.linear_fc1.weight{i}
 	 * where SequentialMLP has experts.local_experts.{i}.linear_fc1.weight */
-	char seq[256], dense[256];
+	static const char seq_experts[] = "mlp.experts.local_experts.";
+	char seq[256];
 	vps_tensor_local_name(&t, p->local_layer, p->local_expert, seq, sizeof(seq));
-	int cut = snprintf(dense, sizeof(dense), "decoder.layers.%" PRId32 ".mlp.experts.local_experts.%" PRId32 ".",
-			   p->local_layer, p->local_expert);
-	const char *linear = cut > 0 && strncmp(seq, dense, (size_t)cut) == 0 ? seq + cut : seq;
-	int len = snprintf(buf, n, "decoder.layers.%" PRId32 ".mlp.experts.%s%" PRId32, p->local_layer, linear,
-			   p->local_expert);
+	char *at = strstr(seq, seq_experts), *linear = at ? strchr(at + sizeof(seq_experts) - 1, '.') : NULL;
+	if (!linear)
+		return (size_t)snprintf(buf, n, "%s", seq);
+	int len = snprintf(buf, n, "%.*smlp.experts.%s%" PRId32, (int)(at - seq), seq, linear + 1, p->local_expert);
 	return len < 0 ? 0 : (size_t)len;
 }
 
@@ -798,7 +849,7 @@ vps_result_t vps_layout_holders(const struct vps_layout *l, uint32_t tensor, int
 			locs[0].chunk = 0;
 			locs[0].copy = false;
 			nloc = 1;
-			if (t.kind == VPS_T_WORD_EMB && l->m.tied_embeddings && p->pp > 1) {
+			if (t.kind == VPS_T_WORD_EMB && embedding_copied(l)) {
 				locs[1].stage = p->pp - 1;
 				locs[1].chunk = p->vpp - 1;
 				locs[1].copy = true;

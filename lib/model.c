@@ -15,10 +15,11 @@
  * with dense layers (first_dense): two layer kinds, dense layers first. An
  * MoE layer is head, then the routed experts, then tail (shared experts). */
 struct schema {
-	enum vps_tensor_kind pre[2], dense[24], head[24], expert[4], tail[2], post[3];
-	uint32_t npre, ndense, nhead, nexpert, ntail, npost;
-	uint32_t per_dense, per_moe;
+	enum vps_tensor_kind pre[2], dense[24], head[24], expert[4], tail[2], post[3], mtp_pre[5], mtp_post[2];
+	uint32_t npre, ndense, nhead, nexpert, ntail, npost, nmtp_pre, nmtp_post;
+	uint32_t per_dense, per_moe, per_mtp;
 	int64_t first_moe; /* layers before it are dense */
+	bool mtp_moe;      /* MTP layers repeat the last decoder layer's kind */
 };
 
 static uint32_t add_attention(const struct vps_model *m, enum vps_tensor_kind *k)
@@ -109,6 +110,21 @@ static void build_schema(const struct vps_model *m, struct schema *s)
 	s->per_dense = s->ndense;
 	s->per_moe = s->nhead + (uint32_t)m->experts * s->nexpert + s->ntail;
 	s->first_moe = m->experts > 0 ? m->first_dense : m->layers;
+	/* MultiTokenPredictionLayer.__init__: enorm, hnorm, eh_proj, the
+	 * layer (the decoder's last layer spec: get_gpt_mtp_block_spec),
+	 * final_layernorm */
+	s->mtp_pre[s->nmtp_pre++] = VPS_T_MTP_ENORM_W;
+	if (ln)
+		s->mtp_pre[s->nmtp_pre++] = VPS_T_MTP_ENORM_B;
+	s->mtp_pre[s->nmtp_pre++] = VPS_T_MTP_HNORM_W;
+	if (ln)
+		s->mtp_pre[s->nmtp_pre++] = VPS_T_MTP_HNORM_B;
+	s->mtp_pre[s->nmtp_pre++] = VPS_T_MTP_EH_PROJ_W;
+	s->mtp_post[s->nmtp_post++] = VPS_T_MTP_FINAL_LN_W;
+	if (ln)
+		s->mtp_post[s->nmtp_post++] = VPS_T_MTP_FINAL_LN_B;
+	s->mtp_moe = m->layers - 1 >= s->first_moe;
+	s->per_mtp = s->nmtp_pre + (s->mtp_moe ? s->per_moe : s->per_dense) + s->nmtp_post;
 }
 
 static uint32_t layers_tensors(const struct schema *s, int64_t layers)
@@ -117,11 +133,18 @@ static uint32_t layers_tensors(const struct schema *s, int64_t layers)
 	return (uint32_t)dense * s->per_dense + (uint32_t)(layers - dense) * s->per_moe;
 }
 
+/* Ids: the pre-decoder tensors, the decoder layers, the post-decoder ones,
+ * then the MTP layers (appended, so a model without them keeps its ids) */
+static uint32_t mtp_first(const struct vps_model *m, const struct schema *s, int64_t k)
+{
+	return s->npre + layers_tensors(s, m->layers) + s->npost + (uint32_t)k * s->per_mtp;
+}
+
 uint32_t vps_model_num_tensors(const struct vps_model *m)
 {
 	struct schema s;
 	build_schema(m, &s);
-	return s.npre + layers_tensors(&s, m->layers) + s.npost;
+	return mtp_first(m, &s, m->mtp_layers);
 }
 
 uint32_t vps_model_pre_tensors(const struct vps_model *m)
@@ -143,12 +166,12 @@ bool vps_model_layer_moe(const struct vps_model *m, int64_t layer)
 	return m->experts > 0 && layer >= m->first_dense;
 }
 
-void vps_model_layer_span(const struct vps_model *m, int64_t layer, struct vps_layer_span *out)
+static void layer_span(const struct vps_model *m, const struct schema *sp, uint32_t first, bool moe,
+		       struct vps_layer_span *out)
 {
-	struct schema s;
-	build_schema(m, &s);
-	out->first = s.npre + layers_tensors(&s, layer);
-	if (layer < s.first_moe) {
+	const struct schema s = *sp;
+	out->first = first;
+	if (!moe) {
 		out->count = s.per_dense;
 		out->expert_first = s.per_dense;
 		out->experts = 0;
@@ -159,6 +182,23 @@ void vps_model_layer_span(const struct vps_model *m, int64_t layer, struct vps_l
 		out->experts = (uint32_t)m->experts;
 		out->per_expert = s.nexpert;
 	}
+}
+
+void vps_model_layer_span(const struct vps_model *m, int64_t layer, struct vps_layer_span *out)
+{
+	struct schema s;
+	build_schema(m, &s);
+	layer_span(m, &s, s.npre + layers_tensors(&s, layer), layer >= s.first_moe, out);
+}
+
+void vps_model_mtp_span(const struct vps_model *m, int64_t k, struct vps_mtp_span *out)
+{
+	struct schema s;
+	build_schema(m, &s);
+	out->first = mtp_first(m, &s, k);
+	out->count = s.per_mtp;
+	out->pre = s.nmtp_pre;
+	layer_span(m, &s, out->first + s.nmtp_pre, s.mtp_moe, &out->layer);
 }
 
 static void set_shape(struct vps_tensor *t, int ndim, int64_t a, int64_t b, int64_t c, int64_t d)
@@ -274,12 +314,32 @@ static void fill_tensor(const struct vps_model *m, struct vps_tensor *t)
 	case VPS_T_ROUTER_W:
 		set_shape(t, 2, m->experts, h, 1, 1);
 		break;
+	case VPS_T_MTP_EH_PROJ_W:
+		/* eh_proj: column parallel [h, 2h] (MultiTokenPredictionLayer) */
+		set_shape(t, 2, h, 2 * h, 1, 1);
+		t->split = VPS_SPLIT_AXIS;
+		break;
 	default: /* norms and the biases of row-parallel layers: [h], replicated */
 		set_shape(t, 1, h, 1, 1, 1);
 		break;
 	}
 	if (t->kind >= VPS_T_EXP_FC1_W && t->kind <= VPS_T_EXP_FC2_B)
 		t->is_expert = true;
+}
+
+/* Tensor pos of an MoE layer: head, the routed experts, tail. */
+static void moe_tensor(const struct vps_model *m, const struct schema *s, uint32_t pos, struct vps_tensor *t)
+{
+	uint32_t nexp = (uint32_t)m->experts * s->nexpert;
+	if (pos < s->nhead) {
+		t->kind = s->head[pos];
+	} else if (pos < s->nhead + nexp) {
+		pos -= s->nhead;
+		t->expert = (int32_t)(pos / s->nexpert);
+		t->kind = s->expert[pos % s->nexpert];
+	} else {
+		t->kind = s->tail[pos - s->nhead - nexp];
+	}
 }
 
 vps_result_t vps_model_tensor(const struct vps_model *m, uint32_t id, struct vps_tensor *t)
@@ -292,6 +352,7 @@ vps_result_t vps_model_tensor(const struct vps_model *m, uint32_t id, struct vps
 	t->id = id;
 	t->layer = -1;
 	t->expert = -1;
+	t->mtp = -1;
 	if (id < s.npre) {
 		t->kind = s.pre[id];
 	} else if (id < s.npre + ndense) {
@@ -300,22 +361,24 @@ vps_result_t vps_model_tensor(const struct vps_model *m, uint32_t id, struct vps
 		t->kind = s.dense[rel % s.per_dense];
 	} else if (id < s.npre + nlay) {
 		uint32_t rel = id - s.npre - ndense;
-		uint32_t pos = rel % s.per_moe, nexp = (uint32_t)m->experts * s.nexpert;
 		t->layer = (int32_t)(s.first_moe + rel / s.per_moe);
-		if (pos < s.nhead) {
-			t->kind = s.head[pos];
-		} else if (pos < s.nhead + nexp) {
-			pos -= s.nhead;
-			t->expert = (int32_t)(pos / s.nexpert);
-			t->kind = s.expert[pos % s.nexpert];
-		} else {
-			t->kind = s.tail[pos - s.nhead - nexp];
-		}
+		moe_tensor(m, &s, rel % s.per_moe, t);
 	} else if (id < s.npre + nlay + s.npost) {
 		t->kind = s.post[id - s.npre - nlay];
+	} else if (id < mtp_first(m, &s, m->mtp_layers)) {
+		uint32_t rel = id - mtp_first(m, &s, 0), pos = rel % s.per_mtp;
+		uint32_t inner = s.per_mtp - s.nmtp_pre - s.nmtp_post;
+		t->mtp = (int32_t)(rel / s.per_mtp);
+		if (pos < s.nmtp_pre)
+			t->kind = s.mtp_pre[pos];
+		else if (pos >= s.nmtp_pre + inner)
+			t->kind = s.mtp_post[pos - s.nmtp_pre - inner];
+		else if (s.mtp_moe)
+			moe_tensor(m, &s, pos - s.nmtp_pre, t);
+		else
+			t->kind = s.dense[pos - s.nmtp_pre];
 	} else {
-		return vps_fail(VPS_EINPUT, "tensor id %u out of range (model has %u)", id,
-				s.npre + nlay + s.npost);
+		return vps_fail(VPS_EINPUT, "tensor id %u out of range (model has %u)", id, mtp_first(m, &s, m->mtp_layers));
 	}
 	fill_tensor(m, t);
 	return VPS_OK;
@@ -362,15 +425,35 @@ static const char *kind_suffix(enum vps_tensor_kind k)
 	case VPS_T_KV_UP_W: return "self_attention.linear_kv_up_proj.weight";
 	case VPS_T_SHARED_FC1_W: return "mlp.shared_experts.linear_fc1.weight";
 	case VPS_T_SHARED_FC2_W: return "mlp.shared_experts.linear_fc2.weight";
+	case VPS_T_MTP_ENORM_W: return "enorm.weight";
+	case VPS_T_MTP_ENORM_B: return "enorm.bias";
+	case VPS_T_MTP_HNORM_W: return "hnorm.weight";
+	case VPS_T_MTP_HNORM_B: return "hnorm.bias";
+	case VPS_T_MTP_EH_PROJ_W: return "eh_proj.weight";
+	case VPS_T_MTP_FINAL_LN_W: return "final_layernorm.weight";
+	case VPS_T_MTP_FINAL_LN_B: return "final_layernorm.bias";
 	case VPS_T_NKINDS: break;
 	}
 	return "?";
 }
 
+static bool mtp_own_kind(enum vps_tensor_kind k)
+{
+	return k >= VPS_T_MTP_ENORM_W && k <= VPS_T_MTP_FINAL_LN_B;
+}
+
 size_t vps_tensor_local_name(const struct vps_tensor *t, int64_t layer, int64_t expert, char *buf, size_t n)
 {
 	int len;
-	if (t->layer < 0)
+	/* the MTP block is whole on one chunk: its local index is its global one */
+	if (t->mtp >= 0 && mtp_own_kind(t->kind))
+		len = snprintf(buf, n, "mtp.layers.%" PRId32 ".%s", t->mtp, kind_suffix(t->kind));
+	else if (t->mtp >= 0 && t->expert < 0)
+		len = snprintf(buf, n, "mtp.layers.%" PRId32 ".mtp_model_layer.%s", t->mtp, kind_suffix(t->kind));
+	else if (t->mtp >= 0)
+		len = snprintf(buf, n, "mtp.layers.%" PRId32 ".mtp_model_layer.mlp.experts.local_experts.%" PRId64 ".%s",
+			       t->mtp, expert, kind_suffix(t->kind));
+	else if (t->layer < 0)
 		len = snprintf(buf, n, "%s", kind_suffix(t->kind));
 	else if (t->expert < 0)
 		len = snprintf(buf, n, "decoder.layers.%" PRId64 ".%s", layer, kind_suffix(t->kind));
@@ -414,6 +497,37 @@ static bool find_kind(const enum vps_tensor_kind *k, uint32_t n, const char *nam
 	return false;
 }
 
+/* p: a tensor's name after its layer's prefix; base: the layer's first id */
+static bool find_in_layer(const struct vps_model *m, const struct schema *s, uint32_t base, bool moe, const char *p,
+			  uint32_t *id)
+{
+	static const char ep[] = "mlp.experts.local_experts.";
+	uint32_t pos;
+	int64_t expert;
+	if (!moe) {
+		if (!find_kind(s->dense, s->ndense, p, &pos))
+			return false;
+		*id = base + pos;
+		return true;
+	}
+	if (strncmp(p, ep, sizeof(ep) - 1) == 0) {
+		p += sizeof(ep) - 1;
+		if (!parse_index(&p, &expert) || expert >= m->experts || !find_kind(s->expert, s->nexpert, p, &pos))
+			return false;
+		*id = base + s->nhead + (uint32_t)expert * s->nexpert + pos;
+		return true;
+	}
+	if (find_kind(s->head, s->nhead, p, &pos)) {
+		*id = base + pos;
+		return true;
+	}
+	if (find_kind(s->tail, s->ntail, p, &pos)) {
+		*id = base + s->nhead + (uint32_t)m->experts * s->nexpert + pos;
+		return true;
+	}
+	return false;
+}
+
 vps_result_t vps_model_find_tensor(const struct vps_model *m, const char *name, uint32_t *id)
 {
 	struct schema s;
@@ -427,41 +541,31 @@ vps_result_t vps_model_find_tensor(const struct vps_model *m, const char *name, 
 		*id = s.npre + nlay + pos;
 		return VPS_OK;
 	}
-	static const char lp[] = "decoder.layers.", ep[] = "mlp.experts.local_experts.";
+	static const char lp[] = "decoder.layers.", mp[] = "mtp.layers.", inner[] = "mtp_model_layer.";
 	const char *p = name;
-	int64_t layer, expert;
-	if (strncmp(p, lp, sizeof(lp) - 1) != 0)
-		goto unknown;
-	p += sizeof(lp) - 1;
-	if (!parse_index(&p, &layer) || layer >= m->layers)
-		goto unknown;
-	uint32_t base = s.npre + layers_tensors(&s, layer);
-	if (layer < s.first_moe) {
-		if (find_kind(s.dense, s.ndense, p, &pos)) {
-			*id = base + pos;
+	int64_t layer;
+	if (strncmp(p, lp, sizeof(lp) - 1) == 0) {
+		p += sizeof(lp) - 1;
+		if (parse_index(&p, &layer) && layer < m->layers &&
+		    find_in_layer(m, &s, s.npre + layers_tensors(&s, layer), layer >= s.first_moe, p, id))
 			return VPS_OK;
+	} else if (strncmp(p, mp, sizeof(mp) - 1) == 0) {
+		p += sizeof(mp) - 1;
+		if (parse_index(&p, &layer) && layer < m->mtp_layers) {
+			uint32_t base = mtp_first(m, &s, layer);
+			if (find_kind(s.mtp_pre, s.nmtp_pre, p, &pos)) {
+				*id = base + pos;
+				return VPS_OK;
+			}
+			if (find_kind(s.mtp_post, s.nmtp_post, p, &pos)) {
+				*id = base + s.per_mtp - s.nmtp_post + pos;
+				return VPS_OK;
+			}
+			if (strncmp(p, inner, sizeof(inner) - 1) == 0 &&
+			    find_in_layer(m, &s, base + s.nmtp_pre, s.mtp_moe, p + sizeof(inner) - 1, id))
+				return VPS_OK;
 		}
-		goto unknown;
 	}
-	if (strncmp(p, ep, sizeof(ep) - 1) == 0) {
-		p += sizeof(ep) - 1;
-		if (!parse_index(&p, &expert) || expert >= m->experts)
-			goto unknown;
-		if (find_kind(s.expert, s.nexpert, p, &pos)) {
-			*id = base + s.nhead + (uint32_t)expert * s.nexpert + pos;
-			return VPS_OK;
-		}
-		goto unknown;
-	}
-	if (find_kind(s.head, s.nhead, p, &pos)) {
-		*id = base + pos;
-		return VPS_OK;
-	}
-	if (find_kind(s.tail, s.ntail, p, &pos)) {
-		*id = base + s.nhead + (uint32_t)m->experts * s.nexpert + pos;
-		return VPS_OK;
-	}
-unknown:
 	return vps_fail(VPS_EINPUT, "no tensor '%s' in model %s", name, m->name);
 }
 
@@ -506,15 +610,19 @@ int64_t vps_model_parameters(const struct vps_model *m)
 	int64_t dense = s.first_moe < m->layers ? s.first_moe : m->layers;
 	int64_t moe = kinds_elements(m, s.head, s.nhead) + m->experts * kinds_elements(m, s.expert, s.nexpert) +
 		      kinds_elements(m, s.tail, s.ntail);
-	return kinds_elements(m, s.pre, s.npre) + kinds_elements(m, s.post, s.npost) +
-	       dense * kinds_elements(m, s.dense, s.ndense) + (m->layers - dense) * moe;
+	int64_t dense_layer = kinds_elements(m, s.dense, s.ndense);
+	int64_t mtp = kinds_elements(m, s.mtp_pre, s.nmtp_pre) + kinds_elements(m, s.mtp_post, s.nmtp_post) +
+		      (s.mtp_moe ? moe : dense_layer);
+	return kinds_elements(m, s.pre, s.npre) + kinds_elements(m, s.post, s.npost) + dense * dense_layer +
+	       (m->layers - dense) * moe + m->mtp_layers * mtp;
 }
 
 int64_t vps_model_module_buffers(const struct vps_model *m)
 {
 	if (!m->router_bias || m->experts == 0)
 		return 0;
-	return (m->layers - m->first_dense) * m->experts;
+	/* every MoE layer's router, the MTP layers' included */
+	return (m->layers - m->first_dense + m->mtp_layers) * m->experts;
 }
 
 uint64_t vps_model_hash(const struct vps_model *m)
@@ -529,7 +637,9 @@ uint64_t vps_model_hash(const struct vps_model *m)
 			m->qk_head_dim, m->qk_pos_dim, m->v_head_dim};
 	for (size_t i = 0; i < sizeof(ds) / sizeof(ds[0]); i++)
 		if (ds[i])
-			return vps_hash64(ds, sizeof(ds), h);
+			h = vps_hash64(ds, sizeof(ds), h);
+	if (m->mtp_layers)
+		h = vps_hash64(&m->mtp_layers, sizeof(m->mtp_layers), h);
 	return h;
 }
 
@@ -555,6 +665,8 @@ static vps_result_t read_enum(struct vps_reader *r, const char *key, const char 
 }
 
 #define DIM_MAX ((int64_t)1 << 31)
+/* Megatron's MTP depth is a handful (DeepSeek-V3: 1); the bound keeps ids small */
+#define MTP_MAX 64
 
 vps_result_t vps_model_read(struct vps_reader *r, const char *key, struct vps_model *m)
 {
@@ -600,6 +712,7 @@ vps_result_t vps_model_read(struct vps_reader *r, const char *key, struct vps_mo
 	VPS_CHECK(vps_r_int_sparse(r, "qk_head_dim", &m->qk_head_dim, 0, DIM_MAX, 0));
 	VPS_CHECK(vps_r_int_sparse(r, "qk_pos_dim", &m->qk_pos_dim, 0, DIM_MAX, 0));
 	VPS_CHECK(vps_r_int_sparse(r, "v_head_dim", &m->v_head_dim, 0, DIM_MAX, 0));
+	VPS_CHECK(vps_r_int_sparse(r, "mtp_layers", &m->mtp_layers, 0, MTP_MAX, 0));
 	/* point at the key at fault; vps_model_validate words the rule */
 	const char *key_at_fault = NULL;
 	if (m->heads % m->query_groups)
@@ -621,6 +734,8 @@ vps_result_t vps_model_read(struct vps_reader *r, const char *key, struct vps_mo
 			       : m->qk_pos_dim ? "qk_pos_dim" : "v_head_dim";
 	else if (m->kv_lora_rank > 0)
 		key_at_fault = "kv_lora_rank";
+	else if (m->mtp_layers > 0)
+		key_at_fault = "mtp_layers";
 	char where[300];
 	if (vps_reader_is_binary(r))
 		snprintf(where, sizeof(where), "%s: model", vps_reader_name(r));
@@ -667,6 +782,7 @@ vps_result_t vps_model_write(struct vps_writer *w, const char *key, const struct
 	VPS_CHECK(vps_w_int_sparse(w, "qk_head_dim", m->qk_head_dim, 0));
 	VPS_CHECK(vps_w_int_sparse(w, "qk_pos_dim", m->qk_pos_dim, 0));
 	VPS_CHECK(vps_w_int_sparse(w, "v_head_dim", m->v_head_dim, 0));
+	VPS_CHECK(vps_w_int_sparse(w, "mtp_layers", m->mtp_layers, 0));
 	return vps_w_map_end(w);
 }
 
@@ -709,13 +825,15 @@ vps_result_t vps_model_validate(const struct vps_model *m, const char *where)
 		return vps_fail(VPS_EINPUT, "%s: q_lora_rank, qk_head_dim, qk_pos_dim and v_head_dim are for "
 				"multi-latent attention: set kv_lora_rank", where);
 	}
+	if (m->mtp_layers < 0 || m->mtp_layers > MTP_MAX)
+		return vps_fail(VPS_EINPUT, "%s: mtp_layers=%" PRId64 " is not 0 to %d", where, m->mtp_layers, MTP_MAX);
 	/* Tensor ids are 32-bit, and every tool builds a template per tensor:
 	 * 2^20 is over ten times the largest real model (DeepSeek-V3, 61 x 256
 	 * experts: about 63k) and still a layout in well under a second. */
 	struct schema s;
 	build_schema(m, &s);
-	uint64_t per_layer = s.nhead + s.ntail + s.ndense + (uint64_t)m->experts * s.nexpert;
-	if (per_layer * (uint64_t)m->layers > (uint64_t)1 << 20)
+	uint64_t per_layer = s.nhead + s.ntail + s.ndense + s.nmtp_pre + s.nmtp_post + (uint64_t)m->experts * s.nexpert;
+	if (per_layer * (uint64_t)(m->layers + m->mtp_layers) > (uint64_t)1 << 20)
 		return vps_fail(VPS_EINPUT, "%s: too many tensors (layers x experts): at most %d", where, 1 << 20);
 	/* Every size computed from the model (tensors, buffers, offsets)
 	 * stays below 2^48 elements: counted in floating point, which does
@@ -725,6 +843,11 @@ vps_result_t vps_model_validate(const struct vps_model *m, const char *where)
 		       dense * kinds_volume(m, s.dense, s.ndense) +
 		       ((double)m->layers - dense) * (kinds_volume(m, s.head, s.nhead) + kinds_volume(m, s.tail, s.ntail) +
 						      (double)m->experts * kinds_volume(m, s.expert, s.nexpert));
+	/* an MTP layer is at most a layer of either kind and its own tensors */
+	total += (double)m->mtp_layers *
+		 (kinds_volume(m, s.head, s.nhead) + kinds_volume(m, s.tail, s.ntail) + kinds_volume(m, s.dense, s.ndense) +
+		  (double)m->experts * kinds_volume(m, s.expert, s.nexpert) + kinds_volume(m, s.mtp_pre, s.nmtp_pre) +
+		  kinds_volume(m, s.mtp_post, s.nmtp_post));
 	if (total >= (double)VPS_MAX_ELEMENTS)
 		return vps_fail(VPS_EINPUT, "%s: %.3g parameters is more than any model has (2^48)", where, total);
 	return VPS_OK;
@@ -770,7 +893,7 @@ static vps_result_t hf_bool(struct vps_reader *r, const char *key, bool *v, bool
  * experts of moe_intermediate_size each. */
 static vps_result_t parse_hf_deepseek(struct vps_reader *r, struct vps_model *m, bool v3)
 {
-	int64_t shared, freq, mtp;
+	int64_t shared, freq;
 	VPS_CHECK(hf_int(r, "hidden_size", &m->hidden, 0, true));
 	VPS_CHECK(hf_int(r, "num_hidden_layers", &m->layers, 0, true));
 	VPS_CHECK(hf_int(r, "num_attention_heads", &m->heads, 0, true));
@@ -790,9 +913,12 @@ static vps_result_t parse_hf_deepseek(struct vps_reader *r, struct vps_model *m,
 	VPS_CHECK(hf_int(r, "n_shared_experts", &shared, 0, false));
 	VPS_CHECK(hf_int(r, "first_k_dense_replace", &m->first_dense, 0, false));
 	VPS_CHECK(hf_int(r, "moe_layer_freq", &freq, 1, false));
-	/* Hugging Face's DeepseekV3ForCausalLM builds no MTP layer: the
-	 * checkpoint's layer num_hidden_layers is dropped on load, and so here */
-	VPS_CHECK(hf_int(r, "num_nextn_predict_layers", &mtp, 0, false));
+	/* the checkpoint's layers [num_hidden_layers, + num_nextn_predict_layers)
+	 * are MTP layers: a Megatron job trains them (--mtp-num-layers), though
+	 * Hugging Face's DeepseekV3ForCausalLM drops them on load */
+	VPS_CHECK(hf_int(r, "num_nextn_predict_layers", &m->mtp_layers, 0, false));
+	if (m->mtp_layers > MTP_MAX)
+		return vps_r_error(r, "num_nextn_predict_layers", "is more than %d", MTP_MAX);
 	VPS_CHECK(hf_int(r, "vocab_size", &m->vocab, 0, true));
 	VPS_CHECK(hf_bool(r, "tie_word_embeddings", &m->tied_embeddings, false));
 	if (m->experts > 0 && freq != 1)

@@ -292,6 +292,11 @@ vps_result_t vps_parallel_validate(struct vps_parallel *p, const struct vps_mode
 	}
 	if (p->vpp > 1 && p->pp == 1)
 		return vps_fail(VPS_EINPUT, "%s: vpp=%" PRId64 " needs pp > 1", where, p->vpp);
+	/* the MTP stage would hold the embedding copy and an output_layer.weight
+	 * of its own (GPTModel allocates it where not pre_process) */
+	if (m->mtp_layers > 0 && m->tied_embeddings && p->pp > 1)
+		return vps_fail(VPS_EINPUT, "%s: mtp_layers with tied embeddings is modelled for pp=1 only (pp=%" PRId64 ")",
+				where, p->pp);
 	if ((p->first || p->last) && p->pp == 1)
 		return vps_fail(VPS_EINPUT, "%s: first/last need pp > 1", where);
 	if (p->first || p->last) {

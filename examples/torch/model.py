@@ -89,9 +89,9 @@ class Stage:
 
     def __init__(self, model, view, state, groups):
         if model.norm != 0 or model.activation != 0 or model.position != 0 or model.bias or model.qkv_bias \
-                or model.tied_embeddings or model.qk_norm or model.experts:
+                or model.tied_embeddings or model.qk_norm or model.experts or model.mtp_layers:
             raise SystemExit("model.py: %s: only LLaMA-shaped models (RMSNorm, SwiGLU, RoPE, no biases, untied "
-                             "embeddings, dense) are implemented" % model.name)
+                             "embeddings, dense, no MTP) are implemented" % model.name)
         self.m, self.view, self.state, self.g = model, view, state, groups
         par = view.layout.parallel
         if par["vpp"] != 1:

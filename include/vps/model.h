@@ -45,6 +45,7 @@ struct vps_model {
 	int64_t qk_head_dim;    /* MLA qk_nope_head_dim */
 	int64_t qk_pos_dim;     /* MLA qk_rope_head_dim */
 	int64_t v_head_dim;     /* MLA */
+	int64_t mtp_layers;     /* multi-token prediction depth (--mtp-num-layers), on the last stage */
 };
 
 /* What a tensor is, in registration order within a layer. */
@@ -87,6 +88,13 @@ enum vps_tensor_kind {
 	VPS_T_KV_UP_W,
 	VPS_T_SHARED_FC1_W, /* shared experts: dense, TP-split, after the routed ones */
 	VPS_T_SHARED_FC2_W,
+	VPS_T_MTP_ENORM_W,  /* multi-token prediction: mtp.layers.K.enorm */
+	VPS_T_MTP_ENORM_B,
+	VPS_T_MTP_HNORM_W,
+	VPS_T_MTP_HNORM_B,
+	VPS_T_MTP_EH_PROJ_W, /* [h, 2h], column parallel */
+	VPS_T_MTP_FINAL_LN_W,
+	VPS_T_MTP_FINAL_LN_B,
 	VPS_T_NKINDS
 };
 
@@ -109,6 +117,7 @@ struct vps_tensor {
 	enum vps_split split;
 	int axis;        /* for VPS_SPLIT_AXIS */
 	bool is_expert;  /* an expert weight (expert parallel, expert TP) */
+	int32_t mtp;     /* multi-token prediction layer (layer is then -1), or -1 */
 };
 
 /* Parse a model document (`vps: model`) or a Hugging Face config.json.
@@ -147,6 +156,15 @@ struct vps_layer_span {
 	uint32_t expert_first, experts, per_expert;
 };
 void vps_model_layer_span(const struct vps_model *m, int64_t layer, struct vps_layer_span *s);
+/* Multi-token prediction layer k < mtp_layers: ids [first, first + count)
+ * are its enorm, hnorm and eh_proj (`pre` tensors), then a decoder layer of
+ * the last decoder layer's kind (`layer`, ids absolute), then its
+ * final_layernorm. All of them sit on the last stage's last chunk. */
+struct vps_mtp_span {
+	uint32_t first, count, pre;
+	struct vps_layer_span layer;
+};
+void vps_model_mtp_span(const struct vps_model *m, int64_t k, struct vps_mtp_span *s);
 /* Id of the first tensor of a layer. */
 uint32_t vps_model_layer_first(const struct vps_model *m, int64_t layer);
 /* Whether a layer is an MoE layer. */

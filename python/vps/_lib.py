@@ -36,7 +36,7 @@ class Model(C.Structure):
                 ("tied_embeddings", C.c_bool), ("qk_norm", C.c_bool), ("experts", C.c_int64), ("moe_ffn", C.c_int64),
                 ("first_dense", C.c_int64), ("shared_ffn", C.c_int64), ("router_bias", C.c_bool),
                 ("kv_lora_rank", C.c_int64), ("q_lora_rank", C.c_int64), ("qk_head_dim", C.c_int64),
-                ("qk_pos_dim", C.c_int64), ("v_head_dim", C.c_int64)]
+                ("qk_pos_dim", C.c_int64), ("v_head_dim", C.c_int64), ("mtp_layers", C.c_int64)]
 
 
 class Parallel(C.Structure):
@@ -57,7 +57,7 @@ class Devices(C.Structure):
 class Tensor(C.Structure):
     _fields_ = [("id", C.c_uint32), ("kind", C.c_int), ("layer", C.c_int32), ("expert", C.c_int32),
                 ("ndim", C.c_int), ("shape", C.c_int64 * MAX_DIMS), ("split", C.c_int), ("axis", C.c_int),
-                ("is_expert", C.c_bool)]
+                ("is_expert", C.c_bool), ("mtp", C.c_int32)]
 
 
 class Box(C.Structure):

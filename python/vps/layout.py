@@ -18,7 +18,8 @@ DTYPE_SIZE = {BF16: 2, FP32: 4}
 # Tensor kinds (enum vps_tensor_kind) that Megatron holds as 2-D weights;
 # every other kind (norms, biases) is 1-D.
 _MATRIX_KINDS = {0, 1, 2, 6, 16, 18, 20, 21, 23, 27,
-                 29, 30, 32, 33, 35, 36, 37}  # MLA projections, shared experts
+                 29, 30, 32, 33, 35, 36, 37,  # MLA projections, shared experts
+                 42}  # MTP eh_proj
 _SPLIT_AXIS = 1
 
 

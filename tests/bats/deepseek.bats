@@ -22,15 +22,21 @@ v3_dir() { # DIR [moe_layer_freq]
 JSON
 }
 
-# Hugging Face counts 671,026,419,200, of which 58 x 256 are the routers'
-# e_score_correction_bias: a module buffer in Megatron, not a parameter.
-@test "DeepSeek-V3 from its Hugging Face directory: the model file's parameters, 671B less the router bias" {
+# Hugging Face's checkpoint holds 684,489,845,504 ("685B"): 671,026,419,200
+# for the main model and layer 61, the MTP layer (num_nextn_predict_layers).
+# Megatron's MTP layer shares the embedding and output layer that layer 61
+# stores again (2 x 129280 x 7168), and the routers' e_score_correction_bias
+# (59 x 256 with the MTP layer's) is a module buffer, not a parameter.
+@test "DeepSeek-V3 from its Hugging Face directory: the model file's parameters, 685B less the router bias and layer 61's copies" {
 	v3_dir hub/DeepSeek-V3
 	expect_status 0 vps-layout --model hub/DeepSeek-V3 --parallel tp=8,pp=16,dp=2,ep=16,etp=1,first=3,last=2,zero=1 --stats
 	[[ "$output" == *"model: DeepSeek-V3"* ]]
-	[[ "$output" == *"parameters: $((671026419200 - 58 * 256))"* ]]
+	[[ "$output" == *"parameters: $((684489845504 - 59 * 256 - 2 * 129280 * 7168))"* ]]
 	expect_status 0 vps-layout --model deepseek-v3 --stats
-	[[ "$output" == *"parameters: $((671026419200 - 58 * 256))"* ]]
+	[[ "$output" == *"parameters: $((684489845504 - 59 * 256 - 2 * 129280 * 7168))"* ]]
+	[[ "$output" == *"module_buffers: $((59 * 256))"* ]]
+	expect_status 0 vps-layout --model tiny-llama --stats
+	[[ "$output" != *module_buffers* ]]
 }
 
 @test "DeepSeek-V3: a switch of tp, pp and ep plans and verifies" {

@@ -111,6 +111,14 @@ class Names(unittest.TestCase):
         self.assertEqual((p.shape, p.expert, p.local_name),
                          ((64, 64), False, "decoder.layers.1.mlp.shared_experts.linear_fc1.weight"))
         self.assertEqual(last.param("decoder.layers.3.mlp.shared_experts.linear_fc2.weight").shape, (64, 32))
+        # the MTP layer on the last stage, after an embedding copy of its own
+        self.assertEqual(last.param("mtp.layers.0.eh_proj.weight").shape, (32, 128))
+        emb = last.param("embedding.word_embeddings.weight")
+        self.assertEqual((emb.index, emb.output_copy, emb.shape), (0, True, (256, 64)))
+        self.assertEqual([p.name for p in last.params if not p.expert][-1], "output_layer.weight")
+        gg = vps.layout("tiny-deepseek", "tp=2,pp=2,dp=2,ep=2,etp=1,grouped_gemm=1").rank(7)
+        self.assertEqual(gg.param("mtp.layers.0.mtp_model_layer.mlp.experts.local_experts.5.linear_fc1.weight")
+                         .local_name, "mtp.layers.0.mtp_model_layer.mlp.experts.linear_fc1.weight1")
 
     def test_errors_carry_the_message_and_code(self):
         with self.assertRaises(vps.Error) as e:

@@ -94,7 +94,12 @@ static uint32_t tensor_id(const struct vps_model *m, const char *name)
  * kv_a_with_mqa 576x7168, kv_a_layernorm 512, kv_b 32768x512, o 7168x16384)
  * and two norms of 7168; 3 dense MLPs of 3 x 7168 x 18432; 58 MoE layers
  * of 257 experts of 3 x 7168 x 2048 (256 routed + the shared one) and a
- * gate of 256 x 7168; embeddings and head 2 x 129280 x 7168; final norm. */
+ * gate of 256 x 7168; embeddings and head 2 x 129280 x 7168; final norm.
+ * Layer 61, the MTP layer, is an MoE layer with enorm, hnorm, eh_proj
+ * 7168 x 14336 and shared_head.norm (Megatron's final_layernorm), plus its
+ * own embed_tokens and shared_head.head, which in Megatron are the
+ * embedding (a copy on the last stage) and output_layer: 684,489,845,504
+ * in all, the "685B" of the model card. */
 TEST(deepseek_v3_counts_hugging_faces_671b)
 {
 	struct vps_model hf, yaml;
@@ -102,13 +107,20 @@ TEST(deepseek_v3_counts_hugging_faces_671b)
 	load(&yaml, "deepseek-v3");
 	int64_t attention = 187107328, norms = 2 * 7168, dense = 3LL * 7168 * 18432, expert = 3LL * 7168 * 2048;
 	int64_t gate = 256 * 7168, emb = 2LL * 129280 * 7168;
+	int64_t moe_layer = attention + norms + 257 * expert + gate;
 	int64_t want = 61 * (attention + norms) + 3 * dense + 58 * (257 * expert + gate) + emb + 7168;
-	CHECK_EQ(vps_model_parameters(&hf), want);
-	CHECK_EQ(vps_model_module_buffers(&hf), 58 * 256);
-	CHECK_EQ(vps_model_parameters(&hf) + vps_model_module_buffers(&hf), 671026419200LL);
+	int64_t mtp = 3 * 7168 + 7168LL * 14336 + moe_layer;
+	CHECK_EQ(hf.mtp_layers, 1);
+	CHECK_EQ(vps_model_parameters(&hf), want + mtp);
+	CHECK_EQ(vps_model_module_buffers(&hf), 59 * 256);
+	CHECK_EQ(vps_model_parameters(&hf) + vps_model_module_buffers(&hf) + emb, 684489845504LL);
 	CHECK_EQ(vps_model_hash(&hf), vps_model_hash(&yaml));
-	CHECK_EQ(vps_model_parameters(&yaml), want);
+	CHECK_EQ(vps_model_parameters(&yaml), want + mtp);
 	CHECK(strcmp(hf.name, "DeepSeek-V3") == 0);
+	/* the main model alone is Hugging Face's DeepseekV3ForCausalLM */
+	hf.mtp_layers = 0;
+	CHECK_EQ(vps_model_parameters(&hf), want);
+	CHECK_EQ(vps_model_parameters(&hf) + vps_model_module_buffers(&hf), 671026419200LL);
 }
 
 /* tiny-deepseek by hand. Attention: input_layernorm 64, linear_proj
@@ -116,15 +128,17 @@ TEST(deepseek_v3_counts_hugging_faces_671b)
  * x 64, kv_up norm 32, kv_up 4*(16+16) x 32 = 18,576. Dense MLP: norm 64,
  * fc1 2*128 x 64, fc2 64 x 128 = 24,640. MoE: pre-MLP norm 64, router
  * 8 x 64, 8 experts of 2*32 x 64 + 64 x 32, shared fc1 2*64 x 64 and fc2
- * 64 x 64 = 62,016. Embedding, head 500 x 64 each, final norm 64. */
+ * 64 x 64 = 62,016. Embedding, head 500 x 64 each, final norm 64. The MTP
+ * layer: enorm, hnorm, final_layernorm 64 each, eh_proj 64 x 128, and an
+ * MoE layer (18,576 + 62,016) = 88,976. */
 TEST(tiny_deepseek_counts_by_hand)
 {
 	struct vps_model m, hf;
 	load(&m, "tiny-deepseek");
-	CHECK_EQ(vps_model_parameters(&m), 4 * 18576 + 2 * 24640 + 2 * 62016 + 2 * 32000 + 64);
-	CHECK_EQ(vps_model_parameters(&m), 311680);
-	/* the router's expert_bias: fp32 [8] in each of the 2 MoE layers */
-	CHECK_EQ(vps_model_module_buffers(&m), 16);
+	CHECK_EQ(vps_model_parameters(&m), 4 * 18576 + 2 * 24640 + 2 * 62016 + 2 * 32000 + 64 + 88976);
+	CHECK_EQ(vps_model_parameters(&m), 400656);
+	/* the router's expert_bias: fp32 [8] in each of the 3 MoE layers (MTP's included) */
+	CHECK_EQ(vps_model_module_buffers(&m), 24);
 	CHECK_OK(vps_model_parse(&hf, "tiny/config.json", tiny_config, sizeof(tiny_config) - 1));
 	CHECK_EQ(vps_model_hash(&hf), vps_model_hash(&m));
 }
@@ -202,10 +216,42 @@ TEST(registration_order_of_dense_and_moe_layers)
 		}
 		CHECK_EQ(id, sp.first + sp.count);
 	}
-	CHECK_EQ(vps_model_num_tensors(&m), 1 + 2 * 11 + 2 * 28 + 2);
+	/* then the MTP layer (MultiTokenPredictionLayer.__init__): enorm, hnorm,
+	 * eh_proj, an MoE layer like the last decoder layer, final_layernorm */
+	static const char *mtp_names[] = {"mtp.layers.0.enorm.weight", "mtp.layers.0.hnorm.weight",
+					  "mtp.layers.0.eh_proj.weight",
+					  "mtp.layers.0.mtp_model_layer.input_layernorm.weight",
+					  "mtp.layers.0.mtp_model_layer.self_attention.linear_proj.weight"};
+	struct vps_mtp_span ms;
+	vps_model_mtp_span(&m, 0, &ms);
+	CHECK_EQ(ms.first, 1 + 2 * 11 + 2 * 28 + 2);
+	CHECK_EQ(ms.count, 3 + 28 + 1);
+	CHECK_EQ(ms.layer.first, ms.first + 3);
+	CHECK_EQ(ms.layer.experts, 8);
+	for (uint32_t i = 0; i < 5; i++) {
+		struct vps_tensor t;
+		CHECK_OK(vps_model_tensor(&m, ms.first + i, &t));
+		vps_tensor_name(&t, name, sizeof(name));
+		CHECK(strcmp(name, mtp_names[i]) == 0);
+		CHECK_EQ(t.mtp, 0);
+		CHECK_EQ(t.layer, -1);
+	}
+	struct vps_tensor t;
+	CHECK_OK(vps_model_tensor(&m, ms.layer.first + ms.layer.expert_first + 7 * 2 + 1, &t));
+	vps_tensor_name(&t, name, sizeof(name));
+	CHECK(strcmp(name, "mtp.layers.0.mtp_model_layer.mlp.experts.local_experts.7.linear_fc2.weight") == 0);
+	CHECK(t.is_expert);
+	CHECK_EQ(t.expert, 7);
+	CHECK_OK(vps_model_tensor(&m, ms.first + 2, &t));
+	CHECK_EQ(t.shape[0], 64);
+	CHECK_EQ(t.shape[1], 128);
+	CHECK(t.split == VPS_SPLIT_AXIS && t.axis == 0);
+	CHECK_OK(vps_model_tensor(&m, ms.first + ms.count - 1, &t));
+	vps_tensor_name(&t, name, sizeof(name));
+	CHECK(strcmp(name, "mtp.layers.0.final_layernorm.weight") == 0);
+	CHECK_EQ(vps_model_num_tensors(&m), 1 + 2 * 11 + 2 * 28 + 2 + (3 + 28 + 1));
 	/* every name finds its tensor, and a dense layer has no router */
 	for (uint32_t id = 0; id < vps_model_num_tensors(&m); id++) {
-		struct vps_tensor t;
 		uint32_t back = UINT32_MAX;
 		CHECK_OK(vps_model_tensor(&m, id, &t));
 		vps_tensor_name(&t, name, sizeof(name));
@@ -215,6 +261,9 @@ TEST(registration_order_of_dense_and_moe_layers)
 	uint32_t none;
 	CHECK(vps_model_find_tensor(&m, "decoder.layers.1.mlp.router.weight", &none) == VPS_EINPUT);
 	CHECK(vps_model_find_tensor(&m, "decoder.layers.3.mlp.linear_fc1.weight", &none) == VPS_EINPUT);
+	CHECK(vps_model_find_tensor(&m, "mtp.layers.1.enorm.weight", &none) == VPS_EINPUT);
+	CHECK(vps_model_find_tensor(&m, "mtp.layers.0.mtp_model_layer.eh_proj.weight", &none) == VPS_EINPUT);
+	CHECK(vps_model_find_tensor(&m, "mtp.layers.0.mlp.router.weight", &none) == VPS_EINPUT);
 }
 
 /* Layer queries are O(1): DeepSeek-V3's last layer and tensor without a
@@ -227,8 +276,16 @@ TEST(deepseek_v3_layer_spans)
 	load(&m, "deepseek-v3");
 	CHECK_EQ(vps_model_layer_first(&m, 3), 1 + 3 * 11);
 	CHECK_EQ(vps_model_layer_first(&m, 61), 1 + 3 * 11 + 58 * 524);
-	CHECK_EQ(vps_model_num_tensors(&m), 1 + 3 * 11 + 58 * 524 + 2);
+	CHECK_EQ(vps_model_num_tensors(&m), 1 + 3 * 11 + 58 * 524 + 2 + (3 + 524 + 1));
+	struct vps_mtp_span ms;
+	vps_model_mtp_span(&m, 0, &ms);
+	CHECK_EQ(ms.first, 1 + 3 * 11 + 58 * 524 + 2);
+	CHECK_EQ(ms.layer.experts, 256);
 	struct vps_tensor t;
+	CHECK_OK(vps_model_tensor(&m, ms.first + 2, &t));
+	CHECK(t.kind == VPS_T_MTP_EH_PROJ_W);
+	CHECK_EQ(t.shape[0], 7168);
+	CHECK_EQ(t.shape[1], 14336);
 	CHECK_OK(vps_model_tensor(&m, 1 + 3 * 11 + 57 * 524 + 10 + 255 * 2 + 1, &t));
 	CHECK_EQ(t.layer, 60);
 	CHECK_EQ(t.expert, 255);
@@ -324,6 +381,92 @@ TEST(mla_tp_split_by_hand)
 	vps_layout_free(l);
 }
 
+/* MTP at tp 2, pp 2, ep 2, etp 1, with the distributed optimizer.
+ * GPTModel builds an embedding on the MTP stage (mtp_process) before the
+ * decoder; language_module.py marks it and stage 0's embedding
+ * shared_embedding, so each is a bucket of its own; the MTP block follows
+ * decoder.final_layernorm and precedes output_layer (gpt_model.py).
+ * Rank 2 (stage 1, tp 0): the embedding copy holds padded vocabulary rows
+ * [0, 256) of 512 (500 rounded up to 128 x tp), 256 x 64 elements;
+ * eh_proj [64, 128] is column parallel, rows [0, 32): 4,096 elements; the
+ * MTP layer's experts 0-3 are its EP rank's, in the expert buffer. */
+TEST(mtp_on_the_last_stage_by_hand)
+{
+	struct vps_layout *l = test_layout("tiny-deepseek", "tp=2,pp=2,dp=1,ep=2,etp=1,zero=1", 8, 0);
+	if (!l)
+		return;
+	const struct vps_model *m = vps_layout_model(l);
+	uint32_t eh = tensor_id(m, "mtp.layers.0.eh_proj.weight");
+	uint32_t fin = tensor_id(m, "mtp.layers.0.final_layernorm.weight");
+	uint32_t out = tensor_id(m, "output_layer.weight");
+	uint32_t dfin = tensor_id(m, "decoder.final_layernorm.weight");
+	struct vps_rank_view v;
+	char name[256];
+	CHECK_OK(vps_layout_rank(l, 2, &v));
+	CHECK(v.nparams > 4);
+	const struct vps_param *p = &v.params[0];
+	CHECK(p->output_copy && p->tensor == 0);
+	CHECK_EQ(p->elements, 256 * 64);
+	vps_layout_param_name(l, p, name, sizeof(name));
+	CHECK(strcmp(name, "embedding.word_embeddings.weight") == 0);
+	/* the copy is alone in its bucket */
+	for (size_t i = 1; i < v.nparams; i++)
+		if (!v.params[i].expert)
+			CHECK(v.params[i].bucket != p->bucket);
+	/* registration order: decoder.final_layernorm, MTP, output_layer last */
+	size_t last_dense = 0, at_dfin = 0, at_eh = 0, at_fin = 0;
+	for (size_t i = 0; i < v.nparams; i++) {
+		if (v.params[i].expert)
+			continue;
+		last_dense = i;
+		if (v.params[i].tensor == dfin)
+			at_dfin = i;
+		if (v.params[i].tensor == eh)
+			at_eh = i;
+		if (v.params[i].tensor == fin)
+			at_fin = i;
+	}
+	CHECK_EQ(v.params[last_dense].tensor, out);
+	CHECK(at_dfin > 0 && at_dfin < at_eh && at_eh < at_fin && at_fin < last_dense);
+	CHECK_EQ(v.params[at_eh].elements, 32 * 128);
+	const struct vps_region *r = region_of(&v, eh, VPS_STATE_PARAM);
+	CHECK(r != NULL);
+	if (r) {
+		CHECK_EQ(r->box.lo[0], 0);
+		CHECK_EQ(r->box.hi[0], 32);
+		CHECK_EQ(r->box.hi[1], 128);
+	}
+	r = region_of(&v, 0, VPS_STATE_PARAM);
+	CHECK(r != NULL);
+	if (r) {
+		CHECK_EQ(r->box.lo[0], 0);
+		CHECK_EQ(r->box.hi[0], 256);
+	}
+	/* the MTP layer's routed experts: local 0-3 are global 0-3 on ep rank 0 */
+	int mtp_experts = 0;
+	for (size_t i = 0; i < v.nparams; i++) {
+		if (!v.params[i].expert)
+			continue;
+		struct vps_tensor t;
+		CHECK_OK(vps_model_tensor(m, v.params[i].tensor, &t));
+		if (t.mtp != 0)
+			continue;
+		mtp_experts++;
+		CHECK(t.expert >= 0 && t.expert < 4);
+		CHECK_EQ(v.params[i].local_expert, t.expert);
+	}
+	CHECK_EQ(mtp_experts, 4 * 2);
+	vps_rank_view_release(&v);
+	/* stage 0's embedding is shared_embedding too: a bucket of its own */
+	CHECK_OK(vps_layout_rank(l, 0, &v));
+	CHECK(v.params[0].tensor == 0 && !v.params[0].output_copy);
+	for (size_t i = 1; i < v.nparams; i++)
+		if (!v.params[i].expert)
+			CHECK(v.params[i].bucket != v.params[0].bucket);
+	vps_rank_view_release(&v);
+	vps_layout_free(l);
+}
+
 /* Shared experts at tp 2, ep 2, etp 1: SharedExpertMLP is a dense MLP
  * (is_expert false), split over TP with the gated [gate; up] layout of
  * fc1, in the dense buffer; the routed experts are whole (etp 1) in the
@@ -384,6 +527,7 @@ TEST(deepseek_layouts_verify)
 {
 	static const char *cases[][2] = {
 		{"tiny-deepseek", "tp=2,pp=2,dp=2,ep=2,etp=1,zero=1"},
+		{"tiny-deepseek", "tp=2,pp=2,dp=1,ep=2,etp=1,zero=1"},
 		{"tiny-deepseek", "tp=4,pp=1,dp=2,ep=8,etp=1,zero=1"},
 		{"tiny-deepseek", "tp=2,pp=3,dp=1,first=1,last=1,zero=1"},
 		{"tiny-deepseek", "tp=1,pp=2,dp=4,vpp=2,ep=4,zero=1"},
@@ -486,6 +630,25 @@ TEST(bad_deepseek_models_are_refused)
 		f[strlen("\"moe_layer_freq\": ")] = '2';
 	CHECK(vps_model_parse(&m, "c/config.json", cfg, strlen(cfg)) == VPS_EINPUT);
 	CHECK(strstr(vps_last_error(), "moe_layer_freq") != NULL);
+	/* MTP: a handful of layers; a dense model's repeat its dense layer */
+	CHECK(parse_yaml(&m, BASE "ffn: 128\nmtp_layers: 65\n") == VPS_EINPUT);
+	CHECK(strstr(vps_last_error(), "mtp_layers") != NULL);
+	CHECK_OK(parse_yaml(&m, BASE "ffn: 128\nmtp_layers: 2\n"));
+	id = tensor_id(&m, "mtp.layers.1.mtp_model_layer.mlp.linear_fc1.weight");
+	CHECK_OK(vps_model_tensor(&m, id, &t));
+	CHECK_EQ(t.mtp, 1);
+	CHECK(t.kind == VPS_T_FC1_W);
+	CHECK_EQ(id, vps_model_num_tensors(&m) - 3);
+	/* tied embeddings and MTP on another stage: two copies Megatron does
+	 * not tie; refused rather than guessed */
+	CHECK_OK(parse_yaml(&m, BASE "ffn: 128\nmtp_layers: 1\ntied_embeddings: true\n"));
+	struct vps_parallel par;
+	vps_parallel_init(&par);
+	CHECK_OK(vps_parallel_parse(&par, "tp=1,pp=2,dp=1", "p"));
+	CHECK(vps_parallel_validate(&par, &m, "p") == VPS_EINPUT);
+	CHECK(strstr(vps_last_error(), "tied") != NULL);
+	par.pp = 1;
+	CHECK_OK(vps_parallel_validate(&par, &m, "p"));
 }
 
 /* TP must divide the dense first layers' and the shared experts' MLPs
