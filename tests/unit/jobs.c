@@ -148,3 +148,22 @@ void job_apply_plan(const struct vps_plan *p, struct job *a, struct job *b)
 	}
 }
 
+void job_plan_exact(const struct vps_plan *p, const char *what)
+{
+	struct job ja, jb;
+	job_alloc(&ja, p->a);
+	job_alloc(&jb, p->b);
+	job_fill(&ja);
+	job_apply_plan(p, &ja, &jb);
+	int64_t bad = job_check(&jb);
+	if (bad)
+		harness_fail(__FILE__, __LINE__, "%s: %lld wrong elements", what, (long long)bad);
+	struct vps_plan_stats s;
+	CHECK_OK(vps_plan_stats(p, NULL, false, &s));
+	if (s.bytes_moved != s.bytes_lower_bound)
+		harness_fail(__FILE__, __LINE__, "%s: moved %lld, lower bound %lld", what, (long long)s.bytes_moved,
+			     (long long)s.bytes_lower_bound);
+	vps_plan_stats_release(&s);
+	job_free(&ja);
+	job_free(&jb);
+}

@@ -33,5 +33,9 @@ void job_fill(struct job *j);
 int64_t job_check(struct job *j);
 /* Apply a plan's pieces directly, A buffers to B buffers. */
 void job_apply_plan(const struct vps_plan *p, struct job *a, struct job *b);
+/* Apply a plan in memory from a filled A and record a failure, naming
+ * `what`, for every wrong element of B or a byte moved beyond the lower
+ * bound (something resident on its device moved). */
+void job_plan_exact(const struct vps_plan *p, const char *what);
 
 #endif
