@@ -46,6 +46,8 @@ JSON
 	expect_status 0 vps-verify b
 	expect_status 0 vps-plan a b -o p
 	expect_status 0 vps-verify p
+	expect_status 0 vps-plan a b --stats
+	[[ "$output" == *"module_buffers_not_moved: $((59 * 256))"* ]]
 }
 
 @test "a Hugging Face DeepSeek config with MoE every other layer is refused, naming the key" {
