@@ -618,6 +618,18 @@ TEST(bad_deepseek_models_are_refused)
 		f[strlen("\"moe_layer_freq\": ")] = '2';
 	CHECK(vps_model_parse(&m, "c/config.json", cfg, strlen(cfg)) == VPS_EINPUT);
 	CHECK(strstr(vps_last_error(), "moe_layer_freq") != NULL);
+	/* and an MTP depth beyond any model's, named by its Hugging Face key */
+	snprintf(cfg, sizeof(cfg), "%s", tiny_config);
+	f = strstr(cfg, "\"num_nextn_predict_layers\": 1");
+	CHECK(f != NULL);
+	if (f)
+		memcpy(f + strlen("\"num_nextn_predict_layers\": "), "9", 1);
+	CHECK(vps_model_parse(&m, "c/config.json", cfg, strlen(cfg)) == VPS_OK);
+	CHECK_EQ(m.mtp_layers, 9);
+	if (f)
+		memcpy(f + strlen("\"num_nextn_predict_layers\": "), "0", 1);
+	CHECK(vps_model_parse(&m, "c/config.json", cfg, strlen(cfg)) == VPS_OK);
+	CHECK_EQ(m.mtp_layers, 0);
 	/* MTP: a handful of layers; a dense model's repeat its dense layer */
 	CHECK(parse_yaml(&m, BASE "ffn: 128\nmtp_layers: 65\n") == VPS_EINPUT);
 	CHECK(strstr(vps_last_error(), "mtp_layers") != NULL);
