@@ -265,6 +265,8 @@ static int i64_cmp(const void *p, const void *q)
 static size_t demands_merge(struct demand *dm, size_t n)
 {
 	size_t m = 0;
+	if (!n) /* a plan that moves nothing has no demand array at all */
+		return 0;
 	qsort(dm, n, sizeof(*dm), demand_cmp);
 	for (size_t i = 0; i < n; i++) {
 		if (m && !demand_cmp(&dm[m - 1], &dm[i])) {
