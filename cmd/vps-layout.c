@@ -59,8 +59,9 @@ static void print_stats(const struct vps_layout *l, const struct vps_layout_stat
 	printf("expert_data_parallel: %" PRId64 "\n", s->edp);
 	printf("expert_buffer: %s\n", vps_layout_expert_buffer(l) ? "true" : "false");
 	printf("states: [");
-	for (int st = 0; st < vps_layout_nstates(l); st++)
-		printf("%s%s", st ? ", " : "", vps_state_name(st));
+	for (int st = 0, any = 0; st < VPS_NSTATES; st++)
+		if (vps_layout_has_state(l, st))
+			printf("%s%s", any++ ? ", " : "", vps_state_name(st));
 	printf("]\n");
 	printf("logical_bytes: %s\n", tool_bytes(s->logical_bytes, h, n, sizeof(n)));
 	printf("total_bytes: %s\n", tool_bytes(s->total_bytes, h, n, sizeof(n)));

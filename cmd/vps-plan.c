@@ -108,10 +108,6 @@ static void print_stats(const struct vps_plan *p, const struct vps_plan_stats *s
 	printf("model: %s\n", vps_layout_model(p->a)->name);
 	printf("from: \"%s\"\n", a);
 	printf("to: \"%s\"\n", b);
-	/* say what the plan leaves to the trainer rather than let it go unseen */
-	int64_t mb = vps_model_module_buffers(vps_layout_model(p->a));
-	if (mb)
-		printf("module_buffers_not_moved: %" PRId64 "\n", mb);
 	printf("world: %" PRId64 "\n", s->world);
 	printf("joining: %" PRId64 "\n", s->joining);
 	printf("leaving: %" PRId64 "\n", s->leaving);

@@ -5,7 +5,7 @@
 #include "internal.h"
 #include "layout_int.h"
 
-static const char *state_names[VPS_NSTATES] = {"param", "main_param", "exp_avg", "exp_avg_sq", "grad"};
+static const char *state_names[VPS_NSTATES] = {"param", "main_param", "exp_avg", "exp_avg_sq", "grad", "module_buffer"};
 static const char *dtype_names[] = {"bf16", "fp32"};
 
 const char *vps_state_name(int state)
@@ -71,7 +71,34 @@ int64_t vps_layout_rank_on(const struct vps_layout *l, struct vps_device dev)
 {
 	return vps_devices_find(&l->d, l->world, dev);
 }
-int vps_layout_nstates(const struct vps_layout *l) { return l->p.grad ? VPS_NSTATES : VPS_NSTATES - 1; }
+int vps_layout_nstates(const struct vps_layout *l) { return l->p.grad ? VPS_STATE_GRAD + 1 : VPS_STATE_GRAD; }
+
+bool vps_layout_has_state(const struct vps_layout *l, int state)
+{
+	if (state == VPS_STATE_MODULE)
+		return vps_model_module_first(&l->m) < vps_model_num_tensors(&l->m);
+	return state >= 0 && state < vps_layout_nstates(l);
+}
+
+bool vps_layout_tensor_has_state(const struct vps_layout *l, const struct vps_tensor *t, int state)
+{
+	if (t->module_buffer)
+		return state == VPS_STATE_MODULE;
+	return state >= 0 && state < vps_layout_nstates(l);
+}
+
+/* A chunk's buffers come in groups: dense and expert parameters, each with
+ * a buffer per parameter state, then its module buffers, with one. */
+enum { GROUP_DENSE, GROUP_EXPERT, GROUP_MODULE, NGROUPS };
+
+static int group_nstates(const struct vps_layout *l, int group)
+{
+	return group == GROUP_MODULE ? 1 : vps_layout_nstates(l);
+}
+
+/* The state of a group's k-th buffer, and the inverse. */
+static int group_state(int group, int k) { return group == GROUP_MODULE ? VPS_STATE_MODULE : k; }
+static int group_slot(int group, int state) { return group == GROUP_MODULE ? 0 : state; }
 
 bool vps_layout_state_sharded(const struct vps_layout *l, int state)
 {
@@ -95,9 +122,9 @@ void vps_layout_coords(const struct vps_layout *l, int64_t r, struct vps_coords 
 	c->edp = (r / (p->etp * p->ep)) % l->edp;
 }
 
-static struct tmpl *tmpl_at(const struct vps_layout *l, int64_t stage, int64_t chunk, int expert)
+static struct tmpl *tmpl_at(const struct vps_layout *l, int64_t stage, int64_t chunk, int group)
 {
-	return &l->tm[(stage * l->p.vpp + chunk) * 2 + expert];
+	return &l->tm[(stage * l->p.vpp + chunk) * NGROUPS + group];
 }
 
 /* ---- tensor-parallel pieces ---- */
@@ -246,13 +273,57 @@ static vps_result_t tmpl_add_layer(const struct vps_layout *l, struct tmpl *tm, 
 	return VPS_OK;
 }
 
+static vps_result_t module_add(const struct vps_layout *l, struct tmpl *tm, size_t *cap, int64_t layer,
+			       int64_t local_layer, int64_t mtp)
+{
+	struct tparam p = {0};
+	if (!vps_model_router_bias(&l->m, layer, mtp, &p.tensor))
+		return VPS_OK;
+	p.layer = (int32_t)layer;
+	p.local_layer = (int32_t)local_layer;
+	p.slot = -1;
+	p.offset = tm->n ? tm->p[tm->n - 1].offset + tm->p[tm->n - 1].elements : 0;
+	p.elements = l->m.experts;
+	return tmpl_push(tm, cap, &p);
+}
+
+/* A chunk's module buffers: its layers' routers' expert_bias, then the MTP
+ * layers', packed in that order. They are module state, not in Megatron's
+ * DDP buffers, so no padding, no buckets and no ZeRO shards apply: one
+ * bucket spans the buffer. */
+static vps_result_t build_module_tmpl(struct vps_layout *l, int64_t s, int64_t v)
+{
+	struct tmpl *tm = tmpl_at(l, s, v, GROUP_MODULE);
+	size_t cap = 0;
+	tm->output_copy_idx = -1;
+	int64_t first = vps_parallel_chunk_first_layer(&l->p, &l->m, s, v);
+	int64_t n = vps_parallel_stage_layers(&l->p, &l->m, s) / l->p.vpp;
+	for (int64_t ll = 0; ll < n; ll++)
+		VPS_CHECK(module_add(l, tm, &cap, first + ll, ll, -1));
+	if (s == l->p.pp - 1 && v == l->p.vpp - 1)
+		for (int64_t k = 0; k < l->m.mtp_layers; k++)
+			VPS_CHECK(module_add(l, tm, &cap, -1, -1, k));
+	if (!tm->n)
+		return VPS_OK;
+	VPS_CHECK(index_by_tensor(tm));
+	tm->b = vps_calloc(1, sizeof(*tm->b));
+	if (!tm->b)
+		return VPS_ENOMEM;
+	tm->nb = 1;
+	tm->elements = tm->shard_elements = tm->b[0].hi = tm->p[tm->n - 1].offset + tm->p[tm->n - 1].elements;
+	tm->dpsize = 1;
+	return VPS_OK;
+}
+
 static vps_result_t build_tmpl(struct vps_layout *l, int64_t s, int64_t v, int expert)
 {
+	if (expert == GROUP_MODULE)
+		return build_module_tmpl(l, s, v);
 	struct tmpl *tm = tmpl_at(l, s, v, expert);
 	const struct vps_parallel *p = &l->p;
 	size_t cap = 0, bcap = 0;
 	uint32_t pre = vps_model_pre_tensors(&l->m);
-	uint32_t ntensors = vps_model_num_tensors(&l->m);
+	uint32_t ntensors = vps_model_module_first(&l->m);
 	tm->output_copy_idx = -1;
 	if (s == 0 && v == 0)
 		for (uint32_t i = 0; i < pre; i++)
@@ -395,7 +466,7 @@ vps_result_t vps_layout_new(struct vps_layout **out, const struct vps_model *m, 
 	l->expert_buffer = m->experts > 0 && (l->p.ep > 1 || l->p.etp != l->p.tp);
 	l->experts_per_rank = m->experts ? m->experts / l->p.ep : 0;
 	l->nexpert_kinds = m->bias ? 4 : 2;
-	size_t ntm = (size_t)(l->p.pp * l->p.vpp * 2);
+	size_t ntm = (size_t)(l->p.pp * l->p.vpp * NGROUPS);
 	l->tm = vps_calloc(ntm, sizeof(*l->tm));
 	if (!l->tm) {
 		rc = VPS_ENOMEM;
@@ -403,7 +474,7 @@ vps_result_t vps_layout_new(struct vps_layout **out, const struct vps_model *m, 
 	}
 	for (int64_t s = 0; s < l->p.pp; s++)
 		for (int64_t v = 0; v < l->p.vpp; v++)
-			for (int e = 0; e < 2; e++) {
+			for (int e = 0; e < NGROUPS; e++) {
 				VPS_CHECK_GOTO(build_tmpl(l, s, v, e), rc, fail);
 				if (tmpl_at(l, s, v, e)->elements > VPS_MAX_ELEMENTS) {
 					rc = vps_fail(VPS_EINPUT, "%s: a buffer of stage %" PRId64 " holds more than 2^48 elements",
@@ -423,7 +494,7 @@ void vps_layout_free(struct vps_layout *l)
 	if (!l)
 		return;
 	if (l->tm) {
-		size_t ntm = (size_t)(l->p.pp * l->p.vpp * 2);
+		size_t ntm = (size_t)(l->p.pp * l->p.vpp * NGROUPS);
 		for (size_t i = 0; i < ntm; i++) {
 			free(l->tm[i].p);
 			free(l->tm[i].b);
@@ -578,21 +649,22 @@ vps_result_t vps_layout_computed_rank(const struct vps_layout *l, int64_t rank, 
 	v->device = vps_layout_device(l, rank);
 	vps_layout_coords(l, rank, &v->coords);
 	const struct vps_coords *c = &v->coords;
-	int nstates = vps_layout_nstates(l);
 	for (int64_t ch = 0; ch < l->p.vpp; ch++) {
-		for (int g = 0; g < 2; g++) {
+		for (int g = 0; g < NGROUPS; g++) {
 			const struct tmpl *tm = tmpl_at(l, c->pp, ch, g);
 			if (!tm->n)
 				continue;
 			uint32_t first_buffer = (uint32_t)v->nbuffers;
-			for (int st = 0; st < nstates; st++) {
+			int nstates = group_nstates(l, g);
+			for (int k = 0; k < nstates; k++) {
+				int st = group_state(g, k);
 				VPS_CHECK_GOTO(VPS_GROW(v->buffers, cap_b, v->nbuffers + 1), rc, fail);
 				struct vps_buffer *b = &v->buffers[v->nbuffers];
 				b->id = (uint32_t)v->nbuffers;
 				b->state = (uint8_t)st;
 				b->dtype = (uint8_t)vps_state_dtype(st);
 				b->chunk = (int32_t)ch;
-				b->expert = g == 1;
+				b->expert = g == GROUP_EXPERT;
 				b->sharded = vps_layout_state_sharded(l, st);
 				b->elements = b->sharded ? tm->shard_elements : tm->elements;
 				v->nbuffers++;
@@ -608,12 +680,13 @@ vps_result_t vps_layout_computed_rank(const struct vps_layout *l, int64_t rank, 
 				pm->local_layer = tp->local_layer;
 				pm->local_expert = tp->slot;
 				pm->output_copy = tp->output_copy;
-				pm->expert = g == 1;
+				pm->expert = g == GROUP_EXPERT;
 				pm->offset = tp->offset;
 				pm->elements = tp->elements;
 				pm->bucket = tp->bucket;
 			}
-			for (int st = 0; st < nstates; st++) {
+			for (int ks = 0; ks < nstates; ks++) {
+				int st = group_state(g, ks);
 				for (size_t k = 0; k < tm->n; k++) {
 					const struct tparam *tp = &tm->p[k];
 					uint32_t tensor = tparam_tensor(l, tp, c->ep);
@@ -628,7 +701,7 @@ vps_result_t vps_layout_computed_rank(const struct vps_layout *l, int64_t rank, 
 					 * ranks Megatron lists CP first (generate_masked_orthogonal_rank_groups) */
 					VPS_CHECK_GOTO(param_regions(tm, tp, tensor, t.ndim, pc, npc, st, sharded,
 								     t.is_expert ? c->edp : c->cp + l->p.cp * c->dp,
-								     first_buffer + (uint32_t)st, NULL, &v->regions,
+								     first_buffer + (uint32_t)ks, NULL, &v->regions,
 								     &v->nregions, &cap_r),
 						       rc, fail);
 					VPS_CHECK_GOTO(VPS_GROW(v->region_param, cap_rp, v->nregions), rc, fail);
@@ -768,14 +841,13 @@ static int tparam_find(const struct tmpl *tm, uint32_t tensor)
 static uint32_t buffer_index(const struct vps_layout *l, int64_t stage, int64_t chunk, int group, int state)
 {
 	uint32_t idx = 0;
-	int nstates = vps_layout_nstates(l);
 	for (int64_t c = 0; c < l->p.vpp; c++)
-		for (int g = 0; g < 2; g++) {
+		for (int g = 0; g < NGROUPS; g++) {
 			if (!tmpl_at(l, stage, c, g)->n)
 				continue;
 			if (c == chunk && g == group)
-				return idx + (uint32_t)state;
-			idx += (uint32_t)nstates;
+				return idx + (uint32_t)group_slot(g, state);
+			idx += (uint32_t)group_nstates(l, g);
 		}
 	return UINT32_MAX;
 }
@@ -809,18 +881,18 @@ int64_t vps_layout_buffer_elements(const struct vps_layout *l, int64_t rank, uin
 		return buffer < ex->nbuffers ? ex->buffers[buffer].elements : -1;
 	struct vps_coords c;
 	vps_layout_coords(l, rank, &c);
-	int nstates = vps_layout_nstates(l);
 	uint32_t idx = 0;
 	for (int64_t ch = 0; ch < l->p.vpp; ch++)
-		for (int g = 0; g < 2; g++) {
+		for (int g = 0; g < NGROUPS; g++) {
 			const struct tmpl *tm = tmpl_at(l, c.pp, ch, g);
 			if (!tm->n)
 				continue;
-			if (buffer < idx + (uint32_t)nstates) {
-				int st = (int)(buffer - idx);
+			uint32_t n = (uint32_t)group_nstates(l, g);
+			if (buffer < idx + n) {
+				int st = group_state(g, (int)(buffer - idx));
 				return vps_layout_state_sharded(l, st) ? tm->shard_elements : tm->elements;
 			}
-			idx += (uint32_t)nstates;
+			idx += n;
 		}
 	return -1;
 }
@@ -830,7 +902,7 @@ vps_result_t vps_layout_holders(const struct vps_layout *l, uint32_t tensor, int
 {
 	struct vps_tensor t;
 	VPS_CHECK(vps_model_tensor(&l->m, tensor, &t));
-	if (state < 0 || state >= vps_layout_nstates(l))
+	if (!vps_layout_tensor_has_state(l, &t, state))
 		return VPS_OK;
 	size_t from = h->n;
 	if ((int64_t)l->nex < l->world) {
@@ -861,7 +933,7 @@ vps_result_t vps_layout_holders(const struct vps_layout *l, uint32_t tensor, int
 			locs[0].copy = false;
 			nloc = 1;
 		}
-		int group = t.is_expert && l->expert_buffer;
+		int group = t.module_buffer ? GROUP_MODULE : t.is_expert && l->expert_buffer ? GROUP_EXPERT : GROUP_DENSE;
 		int64_t ep = t.expert >= 0 ? t.expert / l->experts_per_rank : 0;
 		uint32_t slot_tensor = t.expert >= 0 ? tensor - (uint32_t)(ep * l->experts_per_rank * l->nexpert_kinds)
 						     : tensor;
@@ -1075,20 +1147,22 @@ vps_result_t vps_layout_stats(const struct vps_layout *l, struct vps_layout_stat
 	s->tensors = vps_model_num_tensors(&l->m);
 	s->world = l->world;
 	s->edp = l->edp;
-	int nstates = vps_layout_nstates(l);
-	for (int st = 0; st < nstates; st++)
+	for (int st = 0; st < vps_layout_nstates(l); st++)
 		s->logical_bytes += s->parameters * (int64_t)vps_dtype_size(vps_state_dtype(st));
+	s->logical_bytes += vps_model_module_buffers(&l->m) * (int64_t)vps_dtype_size(vps_state_dtype(VPS_STATE_MODULE));
 	s->min_rank_bytes = INT64_MAX;
 	int64_t ranks_per_stage = l->p.tp * l->p.cp * l->p.dp;
 	for (int64_t stage = 0; stage < l->p.pp; stage++) {
 		int64_t bytes = 0, buckets = 0;
 		for (int64_t c = 0; c < l->p.vpp; c++)
-			for (int g = 0; g < 2; g++) {
+			for (int g = 0; g < NGROUPS; g++) {
 				const struct tmpl *tm = tmpl_at(l, stage, c, g);
 				if (!tm->n)
 					continue;
-				buckets += (int64_t)tm->nb;
-				for (int st = 0; st < nstates; st++) {
+				if (g != GROUP_MODULE)
+					buckets += (int64_t)tm->nb;
+				for (int k = 0; k < group_nstates(l, g); k++) {
+					int st = group_state(g, k);
 					int64_t el = vps_layout_state_sharded(l, st) ? tm->shard_elements : tm->elements;
 					bytes += el * (int64_t)vps_dtype_size(vps_state_dtype(st));
 				}

@@ -118,7 +118,7 @@ static vps_result_t write_view(const struct vps_layout *l, struct vps_writer *w,
 		VPS_CHECK(vps_w_str(w, "state", vps_state_name(b->state)));
 		VPS_CHECK(vps_w_str(w, "dtype", vps_dtype_name(b->dtype)));
 		VPS_CHECK(vps_w_int(w, "chunk", b->chunk));
-		VPS_CHECK(vps_w_str(w, "group", b->expert ? "expert" : "dense"));
+		VPS_CHECK(vps_w_str(w, "group", b->expert ? "expert" : b->state == VPS_STATE_MODULE ? "module" : "dense"));
 		VPS_CHECK(vps_w_bool(w, "sharded", b->sharded));
 		VPS_CHECK(vps_w_int(w, "elements", b->elements));
 		VPS_CHECK(vps_w_map_end(w));
@@ -267,8 +267,11 @@ static vps_result_t read_view(struct vps_reader *r, const struct vps_layout *l, 
 		VPS_CHECK_GOTO(vps_r_int(r, "chunk", &x, 0, l->p.vpp - 1), rc, fail);
 		b->chunk = (int32_t)x;
 		VPS_CHECK_GOTO(vps_r_str(r, "group", &s), rc, fail);
-		if (strcmp(s, "dense") && strcmp(s, "expert")) {
-			rc = vps_r_error(r, "group", "expected dense or expert, not '%s'", s);
+		/* module buffers are a group of their own, with the one state */
+		bool module = !strcmp(s, "module");
+		if ((strcmp(s, "dense") && strcmp(s, "expert") && !module) || module != (b->state == VPS_STATE_MODULE)) {
+			rc = vps_r_error(r, "group", "'%s' with state %s: expected dense or expert, or module with "
+				       "module_buffer", s, vps_state_name(b->state));
 			goto fail;
 		}
 		b->expert = s[0] == 'e';
@@ -319,6 +322,11 @@ static vps_result_t read_view(struct vps_reader *r, const struct vps_layout *l, 
 		char what[64];
 		snprintf(what, sizeof(what), "rank %" PRId64 " region %" PRIu64, v->rank, i);
 		vps_model_tensor(&l->m, id, &t);
+		if (!vps_layout_tensor_has_state(l, &t, g->state)) {
+			rc = vps_r_error(r, "state", "%s is %s, which has no state %s", what,
+					 t.module_buffer ? "a module buffer" : "a parameter", vps_state_name(g->state));
+			goto fail;
+		}
 		VPS_CHECK_GOTO(vps_box_check(r, "box", what, &g->box, &t), rc, fail);
 		VPS_CHECK_GOTO(vps_r_int(r, "offset", &g->offset, 0, VPS_MAX_ELEMENTS), rc, fail);
 		uint64_t ns;

@@ -20,6 +20,9 @@ struct schema {
 	uint32_t per_dense, per_moe, per_mtp;
 	int64_t first_moe; /* layers before it are dense */
 	bool mtp_moe;      /* MTP layers repeat the last decoder layer's kind */
+	/* module buffers (the routers' expert_bias), after every parameter:
+	 * the MoE decoder layers', then the MTP layers' */
+	uint32_t routers, mtp_routers;
 };
 
 static uint32_t add_attention(const struct vps_model *m, enum vps_tensor_kind *k)
@@ -125,6 +128,10 @@ static void build_schema(const struct vps_model *m, struct schema *s)
 		s->mtp_post[s->nmtp_post++] = VPS_T_MTP_FINAL_LN_B;
 	s->mtp_moe = m->layers - 1 >= s->first_moe;
 	s->per_mtp = s->nmtp_pre + (s->mtp_moe ? s->per_moe : s->per_dense) + s->nmtp_post;
+	if (m->router_bias && m->experts > 0) {
+		s->routers = (uint32_t)(m->layers - s->first_moe);
+		s->mtp_routers = s->mtp_moe ? (uint32_t)m->mtp_layers : 0;
+	}
 }
 
 static uint32_t layers_tensors(const struct schema *s, int64_t layers)
@@ -144,7 +151,30 @@ uint32_t vps_model_num_tensors(const struct vps_model *m)
 {
 	struct schema s;
 	build_schema(m, &s);
+	return mtp_first(m, &s, m->mtp_layers) + s.routers + s.mtp_routers;
+}
+
+uint32_t vps_model_module_first(const struct vps_model *m)
+{
+	struct schema s;
+	build_schema(m, &s);
 	return mtp_first(m, &s, m->mtp_layers);
+}
+
+bool vps_model_router_bias(const struct vps_model *m, int64_t layer, int64_t mtp, uint32_t *id)
+{
+	struct schema s;
+	build_schema(m, &s);
+	uint32_t first = mtp_first(m, &s, m->mtp_layers);
+	if (layer >= 0 && layer >= s.first_moe && layer - s.first_moe < (int64_t)s.routers) {
+		*id = first + (uint32_t)(layer - s.first_moe);
+		return true;
+	}
+	if (layer < 0 && mtp >= 0 && mtp < (int64_t)s.mtp_routers) {
+		*id = first + s.routers + (uint32_t)mtp;
+		return true;
+	}
+	return false;
 }
 
 uint32_t vps_model_pre_tensors(const struct vps_model *m)
@@ -319,12 +349,18 @@ static void fill_tensor(const struct vps_model *m, struct vps_tensor *t)
 		set_shape(t, 2, h, 2 * h, 1, 1);
 		t->split = VPS_SPLIT_AXIS;
 		break;
+	case VPS_T_ROUTER_BIAS:
+		/* TopKRouter: register_buffer('expert_bias', zeros(num_experts,
+		 * dtype=float32)), whole on every rank of the layer's stage */
+		set_shape(t, 1, m->experts, 1, 1, 1);
+		break;
 	default: /* norms and the biases of row-parallel layers: [h], replicated */
 		set_shape(t, 1, h, 1, 1, 1);
 		break;
 	}
 	if (t->kind >= VPS_T_EXP_FC1_W && t->kind <= VPS_T_EXP_FC2_B)
 		t->is_expert = true;
+	t->module_buffer = t->kind == VPS_T_ROUTER_BIAS;
 }
 
 /* Tensor pos of an MoE layer: head, the routed experts, tail. */
@@ -365,6 +401,14 @@ vps_result_t vps_model_tensor(const struct vps_model *m, uint32_t id, struct vps
 		moe_tensor(m, &s, rel % s.per_moe, t);
 	} else if (id < s.npre + nlay + s.npost) {
 		t->kind = s.post[id - s.npre - nlay];
+	} else if (id >= mtp_first(m, &s, m->mtp_layers) &&
+		   id - mtp_first(m, &s, m->mtp_layers) < s.routers + s.mtp_routers) {
+		uint32_t rel = id - mtp_first(m, &s, m->mtp_layers);
+		t->kind = VPS_T_ROUTER_BIAS;
+		if (rel < s.routers)
+			t->layer = (int32_t)(s.first_moe + rel);
+		else
+			t->mtp = (int32_t)(rel - s.routers);
 	} else if (id < mtp_first(m, &s, m->mtp_layers)) {
 		uint32_t rel = id - mtp_first(m, &s, 0), pos = rel % s.per_mtp;
 		uint32_t inner = s.per_mtp - s.nmtp_pre - s.nmtp_post;
@@ -378,7 +422,8 @@ vps_result_t vps_model_tensor(const struct vps_model *m, uint32_t id, struct vps
 		else
 			t->kind = s.dense[pos - s.nmtp_pre];
 	} else {
-		return vps_fail(VPS_EINPUT, "tensor id %u out of range (model has %u)", id, mtp_first(m, &s, m->mtp_layers));
+		return vps_fail(VPS_EINPUT, "tensor id %u out of range (model has %u)", id,
+				mtp_first(m, &s, m->mtp_layers) + s.routers + s.mtp_routers);
 	}
 	fill_tensor(m, t);
 	return VPS_OK;
@@ -432,6 +477,7 @@ static const char *kind_suffix(enum vps_tensor_kind k)
 	case VPS_T_MTP_EH_PROJ_W: return "eh_proj.weight";
 	case VPS_T_MTP_FINAL_LN_W: return "final_layernorm.weight";
 	case VPS_T_MTP_FINAL_LN_B: return "final_layernorm.bias";
+	case VPS_T_ROUTER_BIAS: return "mlp.router.expert_bias";
 	case VPS_T_NKINDS: break;
 	}
 	return "?";
@@ -542,16 +588,20 @@ vps_result_t vps_model_find_tensor(const struct vps_model *m, const char *name, 
 		return VPS_OK;
 	}
 	static const char lp[] = "decoder.layers.", mp[] = "mtp.layers.", inner[] = "mtp_model_layer.";
-	const char *p = name;
+	const char *p = name, *bias = kind_suffix(VPS_T_ROUTER_BIAS);
 	int64_t layer;
 	if (strncmp(p, lp, sizeof(lp) - 1) == 0) {
 		p += sizeof(lp) - 1;
 		if (parse_index(&p, &layer) && layer < m->layers &&
-		    find_in_layer(m, &s, s.npre + layers_tensors(&s, layer), layer >= s.first_moe, p, id))
+		    (find_in_layer(m, &s, s.npre + layers_tensors(&s, layer), layer >= s.first_moe, p, id) ||
+		     (!strcmp(p, bias) && vps_model_router_bias(m, layer, -1, id))))
 			return VPS_OK;
 	} else if (strncmp(p, mp, sizeof(mp) - 1) == 0) {
 		p += sizeof(mp) - 1;
 		if (parse_index(&p, &layer) && layer < m->mtp_layers) {
+			if (!strncmp(p, inner, sizeof(inner) - 1) && !strcmp(p + sizeof(inner) - 1, bias) &&
+			    vps_model_router_bias(m, -1, layer, id))
+				return VPS_OK;
 			uint32_t base = mtp_first(m, &s, layer);
 			if (find_kind(s.mtp_pre, s.nmtp_pre, p, &pos)) {
 				*id = base + pos;
@@ -619,10 +669,10 @@ int64_t vps_model_parameters(const struct vps_model *m)
 
 int64_t vps_model_module_buffers(const struct vps_model *m)
 {
-	if (!m->router_bias || m->experts == 0)
-		return 0;
+	struct schema s;
+	build_schema(m, &s);
 	/* every MoE layer's router, the MTP layers' included */
-	return (m->layers - m->first_dense + m->mtp_layers) * m->experts;
+	return (int64_t)(s.routers + s.mtp_routers) * m->experts;
 }
 
 uint64_t vps_model_hash(const struct vps_model *m)
@@ -848,6 +898,7 @@ vps_result_t vps_model_validate(const struct vps_model *m, const char *where)
 		 (kinds_volume(m, s.head, s.nhead) + kinds_volume(m, s.tail, s.ntail) + kinds_volume(m, s.dense, s.ndense) +
 		  (double)m->experts * kinds_volume(m, s.expert, s.nexpert) + kinds_volume(m, s.mtp_pre, s.nmtp_pre) +
 		  kinds_volume(m, s.mtp_post, s.nmtp_post));
+	total += (double)(s.routers + s.mtp_routers) * (double)m->experts;
 	if (total >= (double)VPS_MAX_ELEMENTS)
 		return vps_fail(VPS_EINPUT, "%s: %.3g parameters is more than any model has (2^48)", where, total);
 	return VPS_OK;

@@ -464,11 +464,11 @@ static vps_result_t read_lost_map(struct vps_reader *r, const struct vps_plan *p
 		if (vps_model_find_tensor(m, s, &x.tensor))
 			return vps_r_error(r, "tensor", "no tensor '%s' in model %s", s, m->name);
 		VPS_CHECK(vps_r_str(r, "state", &s));
-		if (vps_state_parse(s, &st) || st >= vps_layout_nstates(p->a))
-			return vps_r_error(r, "state", "'%s' is not a state of the source", s);
+		VPS_CHECK(vps_model_tensor(m, x.tensor, &t));
+		if (vps_state_parse(s, &st) || !vps_layout_tensor_has_state(p->a, &t, st))
+			return vps_r_error(r, "state", "'%s' is not a state of this tensor in the source", s);
 		x.state = (uint8_t)st;
 		VPS_CHECK(vps_box_read(r, "box", &x.box));
-		VPS_CHECK(vps_model_tensor(m, x.tensor, &t));
 		snprintf(what, sizeof(what), "lost range %" PRIu64, i);
 		VPS_CHECK(vps_box_check(r, "box", what, &x.box, &t));
 		VPS_CHECK(vps_r_map_end(r));

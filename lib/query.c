@@ -327,6 +327,12 @@ static vps_result_t tensor_name(const struct vps_model *m, uint32_t id, struct n
 
 /* ---- holders ---- */
 
+static vps_result_t no_state(const char *what, int state)
+{
+	return vps_fail(VPS_EINPUT, "--state: %s no %s (%s)", what, vps_state_name(state),
+			state == VPS_STATE_MODULE ? "the model has no module buffers" : "grad=1 adds it");
+}
+
 vps_result_t vps_query_holders(const struct vps_layout *l, const struct vps_query *q, enum vps_format f,
 			       struct vps_bytes *out)
 {
@@ -335,8 +341,8 @@ vps_result_t vps_query_holders(const struct vps_layout *l, const struct vps_quer
 	struct vps_holders h = {0};
 	struct vps_records rec;
 	vps_result_t rc;
-	if (q->state >= vps_layout_nstates(l))
-		return vps_fail(VPS_EINPUT, "--state: this layout holds no %s (grad=1 adds it)", vps_state_name(q->state));
+	if (q->state >= 0 && !vps_layout_has_state(l, q->state))
+		return no_state("this layout holds", q->state);
 	VPS_CHECK(tensor_set_init(&ts, m, q->tensor, q->has_box ? q->box.ndim : 0));
 	VPS_CHECK_GOTO(vps_records_begin(&rec, out, f, vps_holder_fields, vps_holder_nfields), rc, done);
 	uint32_t n = vps_model_num_tensors(m);
@@ -360,8 +366,9 @@ vps_result_t vps_query_holders(const struct vps_layout *l, const struct vps_quer
 					goto done;
 				}
 		}
-		for (int st = q->state < 0 ? 0 : q->state; st < (q->state < 0 ? vps_layout_nstates(l) : q->state + 1);
-		     st++) {
+		for (int st = q->state < 0 ? 0 : q->state; st < (q->state < 0 ? VPS_NSTATES : q->state + 1); st++) {
+			if (!vps_layout_tensor_has_state(l, &t, st))
+				continue;
 			h.n = 0;
 			VPS_CHECK_GOTO(vps_layout_holders(l, id, st, q->has_box ? &q->box : NULL, &h), rc, done);
 			for (size_t i = 0; i < h.n; i++) {
@@ -477,8 +484,8 @@ vps_result_t vps_query_transfers(const struct vps_plan *p, const struct vps_quer
 	vps_result_t rc;
 	if (q->stage >= 0)
 		return vps_fail(VPS_EINPUT, "--stage: a plan has no stages (vps-stage(1) stages it)");
-	if (q->state >= vps_layout_nstates(p->a))
-		return vps_fail(VPS_EINPUT, "--state: this plan moves no %s (grad=1 adds it)", vps_state_name(q->state));
+	if (q->state >= 0 && !vps_layout_has_state(p->a, q->state))
+		return no_state("this plan moves", q->state);
 	VPS_CHECK(query_rank(q, p->scope, vps_world_size(p->world), "plan", &rank));
 	VPS_CHECK(tensor_set_init(&ts, m, q->tensor, 0));
 	VPS_CHECK_GOTO(vps_records_begin(&rec, out, f, vps_transfer_fields, vps_transfer_nfields), rc, done);
@@ -694,8 +701,8 @@ vps_result_t vps_query_staged(const struct vps_staged *s, const struct vps_query
 	if (q->stage >= 0 && (size_t)q->stage >= s->nstages)
 		return vps_fail(VPS_EINPUT, "--stage: %" PRId64 ", the staged plan has %zu stages (from 0)", q->stage,
 				s->nstages);
-	if (q->state >= vps_layout_nstates(p->a))
-		return vps_fail(VPS_EINPUT, "--state: this plan moves no %s (grad=1 adds it)", vps_state_name(q->state));
+	if (q->state >= 0 && !vps_layout_has_state(p->a, q->state))
+		return no_state("this plan moves", q->state);
 	if (!p->pieces && p->npieces)
 		return vps_fail(VPS_EINPUT, "internal: a staged plan's pieces are packed");
 	VPS_CHECK(query_rank(q, s->scope, vps_world_size(p->world), "staged plan", &c.rank));

@@ -422,8 +422,10 @@ vps_result_t vps_verify_layout(const struct vps_layout *l, struct vps_verify_rep
 		struct vps_box full;
 		vps_box_full(&full, td.ndim, td.shape);
 		int64_t vol = vps_box_volume(&full);
-		for (int st = 0; st < nstates; st++) {
+		for (int st = 0; st < VPS_NSTATES; st++) {
 			size_t nu = 0;
+			if (!vps_layout_tensor_has_state(l, &td, st))
+				continue;
 			logical += vol;
 			while (g < nheld && (held[g].tensor < t || (held[g].tensor == t && held[g].state < st)))
 				g++;
@@ -443,9 +445,14 @@ vps_result_t vps_verify_layout(const struct vps_layout *l, struct vps_verify_rep
 		}
 	}
 	free(uniq);
+	uint32_t params = vps_model_module_first(m);
+	char modules[48] = "";
+	if (params < ntensors)
+		snprintf(modules, sizeof(modules), " + %u module buffers", ntensors - params);
 	snprintf(rep->summary, sizeof(rep->summary),
-		 "%s: %" PRId64 " ranks, %u tensors x %d states, %" PRId64 " regions, %.3f copies per element",
-		 m->name, world, ntensors, nstates, nregions, logical ? (double)replicas / (double)logical : 0.0);
+		 "%s: %" PRId64 " ranks, %u tensors x %d states%s, %" PRId64 " regions, %.3f copies per element",
+		 m->name, world, params, nstates, modules, nregions,
+		 logical ? (double)replicas / (double)logical : 0.0);
 done:
 	free(held);
 	if (rc)

@@ -20,6 +20,8 @@ enum vps_state {
 	VPS_STATE_EXP_AVG,    /* Adam first moment, fp32 */
 	VPS_STATE_EXP_AVG_SQ, /* Adam second moment, fp32 */
 	VPS_STATE_GRAD,       /* fp32 main gradients (optional) */
+	VPS_STATE_MODULE,     /* fp32 module buffers (the routers' expert_bias): the
+			       * one state of a module-buffer tensor */
 	VPS_NSTATES
 };
 
@@ -43,12 +45,15 @@ struct vps_buffer {
 	uint8_t state;
 	uint8_t dtype;
 	int32_t chunk;
-	bool expert;   /* the expert-parallel buffer (sharded over EDP) */
+	bool expert;   /* the expert-parallel buffer (sharded over EDP); a buffer
+			* of state module_buffer is the chunk's module buffers */
 	bool sharded;  /* a ZeRO-1 shard: this rank's part of every bucket */
 	int64_t elements;
 };
 
-/* One parameter (a torch.nn.Parameter) of one rank. */
+/* One parameter (a torch.nn.Parameter) of one rank, or one module buffer
+ * (its tensor is a module_buffer one; it lives in the chunk's buffer of
+ * state module_buffer). */
 struct vps_param {
 	uint32_t tensor;       /* logical tensor (the word embeddings for a tied output copy) */
 	int32_t chunk;
@@ -99,9 +104,15 @@ void vps_layout_coords(const struct vps_layout *l, int64_t rank, struct vps_coor
 /* Identity of the layout: model, configuration, devices and any explicit
  * rank that differs from what the rules give. */
 uint64_t vps_layout_hash(const struct vps_layout *l);
-/* The states held under this layout (param, main_param, exp_avg, exp_avg_sq,
- * and grad when configured). */
+/* The states held for every parameter under this layout: states [0, n) of
+ * param, main_param, exp_avg, exp_avg_sq, and grad when configured. */
 int vps_layout_nstates(const struct vps_layout *l);
+/* Whether the layout holds the state at all: a parameter state above, or
+ * module_buffer in a model with module buffers. */
+bool vps_layout_has_state(const struct vps_layout *l, int state);
+/* Whether tensor t is held in the state: a parameter in the parameter
+ * states, a module buffer in module_buffer only. */
+bool vps_layout_tensor_has_state(const struct vps_layout *l, const struct vps_tensor *t, int state);
 /* Whether the state is stored as ZeRO shards. */
 bool vps_layout_state_sharded(const struct vps_layout *l, int state);
 

@@ -39,7 +39,7 @@ struct vps_model {
 	/* DeepSeek-V2/V3. 0 leaves each off, and an older model unchanged. */
 	int64_t first_dense;    /* first_k_dense_replace: layers [0, k) dense with ffn */
 	int64_t shared_ffn;     /* moe_shared_expert_intermediate_size (all shared experts) */
-	bool router_bias;       /* moe_router_enable_expert_bias: a module buffer, not a parameter */
+	bool router_bias;       /* moe_router_enable_expert_bias: a module buffer per MoE layer */
 	int64_t kv_lora_rank;   /* > 0: multi-latent attention (MLA) in place of linear_qkv */
 	int64_t q_lora_rank;    /* MLA query compression; 0: linear_q_proj */
 	int64_t qk_head_dim;    /* MLA qk_nope_head_dim */
@@ -95,6 +95,7 @@ enum vps_tensor_kind {
 	VPS_T_MTP_EH_PROJ_W, /* [h, 2h], column parallel */
 	VPS_T_MTP_FINAL_LN_W,
 	VPS_T_MTP_FINAL_LN_B,
+	VPS_T_ROUTER_BIAS,   /* the router's expert_bias: a module buffer, fp32 [experts] */
 	VPS_T_NKINDS
 };
 
@@ -118,6 +119,8 @@ struct vps_tensor {
 	int axis;        /* for VPS_SPLIT_AXIS */
 	bool is_expert;  /* an expert weight (expert parallel, expert TP) */
 	int32_t mtp;     /* multi-token prediction layer (layer is then -1), or -1 */
+	bool module_buffer; /* a module's register_buffer, not a Parameter: in no
+			     * DDP buffer and no optimizer, one fp32 state */
 };
 
 /* Parse a model document (`vps: model`) or a Hugging Face config.json.
@@ -176,10 +179,16 @@ uint32_t vps_model_pre_tensors(const struct vps_model *m);
 int64_t vps_model_parameters(const struct vps_model *m);
 /* Elements of module buffers that are state but not parameters: the
  * router's expert_bias (fp32 [experts] per MoE layer, register_buffer in
- * Megatron's TopKRouter). They are in no DDP buffer and no optimizer, and
- * vps does not move them; Hugging Face counts them as parameters
- * (e_score_correction_bias). */
+ * Megatron's TopKRouter). They are in no DDP buffer and no optimizer;
+ * Hugging Face counts them as parameters (e_score_correction_bias). */
 int64_t vps_model_module_buffers(const struct vps_model *m);
+/* Module buffers are tensors too, with ids after every parameter's (so a
+ * model without them keeps its ids): ids [vps_model_module_first(m),
+ * vps_model_num_tensors(m)). */
+uint32_t vps_model_module_first(const struct vps_model *m);
+/* The module buffer tensor of a decoder layer (layer >= 0) or of MTP layer
+ * mtp (layer < 0). @return false when that layer has none. */
+bool vps_model_router_bias(const struct vps_model *m, int64_t layer, int64_t mtp, uint32_t *id);
 
 /* Hash of the model's definition (name excluded). */
 uint64_t vps_model_hash(const struct vps_model *m);

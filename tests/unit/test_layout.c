@@ -283,7 +283,7 @@ static void holders_match(const char *model, const char *spec)
 	}
 	const struct vps_model *m = vps_layout_model(l);
 	for (uint32_t t = 0; t < vps_model_num_tensors(m); t++)
-		for (int st = 0; st < vps_layout_nstates(l); st++) {
+		for (int st = 0; st < VPS_NSTATES; st++) {
 			struct vps_holders h = {0};
 			CHECK_OK(vps_layout_holders(l, t, st, NULL, &h));
 			for (size_t i = 0; i < h.n; i++)

@@ -249,7 +249,19 @@ TEST(registration_order_of_dense_and_moe_layers)
 	CHECK_OK(vps_model_tensor(&m, ms.first + ms.count - 1, &t));
 	vps_tensor_name(&t, name, sizeof(name));
 	CHECK(strcmp(name, "mtp.layers.0.final_layernorm.weight") == 0);
-	CHECK_EQ(vps_model_num_tensors(&m), 1 + 2 * 11 + 2 * 28 + 2 + (3 + 28 + 1));
+	/* after them the module buffers: layers 2-3's and the MTP layer's router bias */
+	CHECK_EQ(vps_model_module_first(&m), 1 + 2 * 11 + 2 * 28 + 2 + (3 + 28 + 1));
+	CHECK_EQ(vps_model_num_tensors(&m), 1 + 2 * 11 + 2 * 28 + 2 + (3 + 28 + 1) + 3);
+	CHECK_OK(vps_model_tensor(&m, vps_model_module_first(&m) + 2, &t));
+	vps_tensor_name(&t, name, sizeof(name));
+	CHECK(strcmp(name, "mtp.layers.0.mtp_model_layer.mlp.router.expert_bias") == 0);
+	CHECK(t.module_buffer && !t.is_expert && t.mtp == 0 && t.layer == -1);
+	CHECK_EQ(t.ndim, 1);
+	CHECK_EQ(t.shape[0], 8);
+	CHECK_OK(vps_model_tensor(&m, vps_model_module_first(&m), &t));
+	vps_tensor_name(&t, name, sizeof(name));
+	CHECK(strcmp(name, "decoder.layers.2.mlp.router.expert_bias") == 0);
+	CHECK(t.module_buffer && t.layer == 2 && t.split == VPS_SPLIT_NONE);
 	/* every name finds its tensor, and a dense layer has no router */
 	for (uint32_t id = 0; id < vps_model_num_tensors(&m); id++) {
 		uint32_t back = UINT32_MAX;
@@ -264,6 +276,10 @@ TEST(registration_order_of_dense_and_moe_layers)
 	CHECK(vps_model_find_tensor(&m, "mtp.layers.1.enorm.weight", &none) == VPS_EINPUT);
 	CHECK(vps_model_find_tensor(&m, "mtp.layers.0.mtp_model_layer.eh_proj.weight", &none) == VPS_EINPUT);
 	CHECK(vps_model_find_tensor(&m, "mtp.layers.0.mlp.router.weight", &none) == VPS_EINPUT);
+	CHECK(vps_model_find_tensor(&m, "decoder.layers.1.mlp.router.expert_bias", &none) == VPS_EINPUT);
+	CHECK(vps_model_find_tensor(&m, "mtp.layers.0.mlp.router.expert_bias", &none) == VPS_EINPUT);
+	CHECK(!vps_model_router_bias(&m, 1, -1, &none));
+	CHECK(!vps_model_router_bias(&m, -1, 1, &none));
 }
 
 /* Layer queries are O(1): DeepSeek-V3's last layer and tensor without a
@@ -276,7 +292,7 @@ TEST(deepseek_v3_layer_spans)
 	load(&m, "deepseek-v3");
 	CHECK_EQ(vps_model_layer_first(&m, 3), 1 + 3 * 11);
 	CHECK_EQ(vps_model_layer_first(&m, 61), 1 + 3 * 11 + 58 * 524);
-	CHECK_EQ(vps_model_num_tensors(&m), 1 + 3 * 11 + 58 * 524 + 2 + (3 + 524 + 1));
+	CHECK_EQ(vps_model_num_tensors(&m), 1 + 3 * 11 + 58 * 524 + 2 + (3 + 524 + 1) + 59);
 	struct vps_mtp_span ms;
 	vps_model_mtp_span(&m, 0, &ms);
 	CHECK_EQ(ms.first, 1 + 3 * 11 + 58 * 524 + 2);
@@ -416,7 +432,9 @@ TEST(mtp_on_the_last_stage_by_hand)
 	/* registration order: decoder.final_layernorm, MTP, output_layer last */
 	size_t last_dense = 0, at_dfin = 0, at_eh = 0, at_fin = 0;
 	for (size_t i = 0; i < v.nparams; i++) {
-		if (v.params[i].expert)
+		struct vps_tensor t;
+		CHECK_OK(vps_model_tensor(m, v.params[i].tensor, &t));
+		if (v.params[i].expert || t.module_buffer)
 			continue;
 		last_dense = i;
 		if (v.params[i].tensor == dfin)
