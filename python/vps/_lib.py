@@ -57,7 +57,7 @@ class Devices(C.Structure):
 class Tensor(C.Structure):
     _fields_ = [("id", C.c_uint32), ("kind", C.c_int), ("layer", C.c_int32), ("expert", C.c_int32),
                 ("ndim", C.c_int), ("shape", C.c_int64 * MAX_DIMS), ("split", C.c_int), ("axis", C.c_int),
-                ("is_expert", C.c_bool), ("mtp", C.c_int32)]
+                ("is_expert", C.c_bool), ("mtp", C.c_int32), ("module_buffer", C.c_bool)]
 
 
 class Box(C.Structure):

@@ -10,8 +10,8 @@ from collections import namedtuple
 
 from ._lib import Coords as _Coords, Devices, Error, Model as _Model, Parallel as _Parallel, RankView as _RankView, Tensor, call, lib
 
-STATES = ("param", "main_param", "exp_avg", "exp_avg_sq", "grad")
-PARAM, MAIN_PARAM, EXP_AVG, EXP_AVG_SQ, GRAD = range(5)
+STATES = ("param", "main_param", "exp_avg", "exp_avg_sq", "grad", "module_buffer")
+PARAM, MAIN_PARAM, EXP_AVG, EXP_AVG_SQ, GRAD, MODULE_BUFFER = range(6)
 BF16, FP32 = 0, 1
 DTYPE_SIZE = {BF16: 2, FP32: 4}
 
@@ -35,12 +35,15 @@ def _config_path(sub):
 
 
 Buffer = namedtuple("Buffer", "id state dtype chunk expert sharded elements")
-Buffer.__doc__ = "One flat buffer of a rank: a state of one model chunk, dense or expert."
+Buffer.__doc__ = ("One flat buffer of a rank: a state of one model chunk, dense or expert, or the chunk's "
+                  "module buffers (state module_buffer).")
 Param = namedtuple("Param", "index name local_name tensor chunk local_layer local_expert expert output_copy "
-                   "offset elements bucket shape")
+                   "offset elements bucket shape module_buffer")
 Param.__doc__ = ("A parameter as Megatron's model chunk holds it: name is the global name, local_name the name "
                  "inside its chunk (what named_parameters() gives), shape the local torch shape, offset and "
-                 "elements where it sits in its chunk's unsharded buffers (vocabulary padding included).")
+                 "elements where it sits in its chunk's unsharded buffers (vocabulary padding included). "
+                 "With module_buffer it is a module's register_buffer (the router's expert_bias), held in "
+                 "the chunk's module_buffer buffer only.")
 Region = namedtuple("Region", "tensor state buffer lo hi offset strides param")
 Region.__doc__ = ("A box [lo, hi) of a logical tensor in a buffer: element i is at "
                   "offset + sum((i - lo) * strides). param indexes RankView.params.")
@@ -208,7 +211,8 @@ class RankView:
                 gname = lname
             self.params.append(Param(i, gname, lname, p.tensor, p.chunk, p.local_layer, p.local_expert, p.expert,
                                      p.output_copy, p.offset, p.elements, p.bucket,
-                                     _local_shape(t, p.elements, par["etp"] if p.expert else par["tp"])))
+                                     _local_shape(t, p.elements, par["etp"] if p.expert else par["tp"]),
+                                     t.module_buffer))
         self.regions = []
         for i, r in enumerate(v.regions[:v.nregions]):
             nd = r.box.ndim

@@ -10,7 +10,7 @@ import ctypes as C
 import torch
 
 from ._lib import Error
-from .layout import BF16, FP32, PARAM, STATES
+from .layout import BF16, FP32, MODULE_BUFFER, PARAM, STATES
 from .registry import REQUESTED, RUNNING, SOURCE, TARGET
 
 TORCH_DTYPE = {BF16: torch.bfloat16, FP32: torch.float32}
@@ -111,15 +111,16 @@ class State:
         b = self.view.buffer(state, chunk, expert)
         return None if b is None else self.buffers[b]
 
-    def param(self, p, state=PARAM):
+    def param(self, p, state=None):
         """Parameter p (a Param or its global name) in Megatron's local shape,
         a view of its unsharded buffer of `state` (a number or a name:
-        "param", "main_param", "exp_avg", "exp_avg_sq", "grad")."""
-        state = _state_number(state)
+        "param", "main_param", "exp_avg", "exp_avg_sq", "grad"; by default
+        "param", or "module_buffer" for a module buffer)."""
         if isinstance(p, str):
             p = self.view.param(p)
+        state = _state_number((MODULE_BUFFER if p.module_buffer else PARAM) if state is None else state)
         b = self.view.buffer(state, p.chunk, p.expert)
-        if b is None or self.view.buffers[b].sharded:
+        if b is None or self.view.buffers[b].sharded or p.module_buffer != (state == MODULE_BUFFER):
             raise Error(1, "%s: the rank holds no whole %s buffer for it" % (p.name, STATES[state]))
         return self.buffers[b][p.offset:p.offset + p.elements].view(p.shape)
 

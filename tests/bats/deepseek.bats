@@ -26,7 +26,8 @@ JSON
 # for the main model and layer 61, the MTP layer (num_nextn_predict_layers).
 # Megatron's MTP layer shares the embedding and output layer that layer 61
 # stores again (2 x 129280 x 7168), and the routers' e_score_correction_bias
-# (59 x 256 with the MTP layer's) is a module buffer, not a parameter.
+# (59 x 256 with the MTP layer's) is a module buffer, not a parameter:
+# vps holds and moves it as the module_buffer state.
 @test "DeepSeek-V3 from its Hugging Face directory: the model file's parameters, 685B less the router bias and layer 61's copies" {
 	v3_dir hub/DeepSeek-V3
 	expect_status 0 vps-layout --model hub/DeepSeek-V3 --parallel tp=8,pp=16,dp=2,ep=16,etp=1,first=3,last=2,zero=1 --stats
@@ -46,8 +47,14 @@ JSON
 	expect_status 0 vps-verify b
 	expect_status 0 vps-plan a b -o p
 	expect_status 0 vps-verify p
-	expect_status 0 vps-plan a b --stats
-	[[ "$output" == *"module_buffers_not_moved: $((59 * 256))"* ]]
+	# the routers' expert_bias moves with the layers: b's stage 0 gains
+	# layers 3-4, whose bias (fp32 x 256) a's stage 1 holds on each rank
+	expect_status 0 vps-plan --transfers p --rank 0 --state module_buffer --format tsv
+	[[ "$output" == *$'\trecv\t'*$'\tdecoder.layers.3.mlp.router.expert_bias\tmodule_buffer\t0:256\t1024\t'* ]]
+	[[ "$output" == *$'\tdecoder.layers.4.mlp.router.expert_bias\tmodule_buffer\t'* ]]
+	[[ "$output" != *"decoder.layers.5.mlp"* ]]
+	expect_status 0 vps-layout -i b --tensor decoder.layers.60.mlp.router.expert_bias --format tsv
+	[[ "$output" == *$'\tmodule_buffer\t'* ]]
 }
 
 @test "a Hugging Face DeepSeek config with MoE every other layer is refused, naming the key" {

@@ -115,10 +115,32 @@ class Names(unittest.TestCase):
         self.assertEqual(last.param("mtp.layers.0.eh_proj.weight").shape, (32, 128))
         emb = last.param("embedding.word_embeddings.weight")
         self.assertEqual((emb.index, emb.output_copy, emb.shape), (0, True, (256, 64)))
-        self.assertEqual([p.name for p in last.params if not p.expert][-1], "output_layer.weight")
+        self.assertEqual([p.name for p in last.params if not p.expert and not p.module_buffer][-1],
+                         "output_layer.weight")
         gg = vps.layout("tiny-deepseek", "tp=2,pp=2,dp=2,ep=2,etp=1,grouped_gemm=1").rank(7)
         self.assertEqual(gg.param("mtp.layers.0.mtp_model_layer.mlp.experts.local_experts.5.linear_fc1.weight")
                          .local_name, "mtp.layers.0.mtp_model_layer.mlp.experts.linear_fc1.weight1")
+
+    def test_router_bias_is_a_module_buffer(self):
+        # TopKRouter's expert_bias: fp32 [experts], whole on every rank of its
+        # stage, in the chunk's module_buffer buffer (no optimizer state)
+        lay = vps.layout("tiny-deepseek", "tp=2,pp=2,dp=2,ep=2,etp=1")
+        v = lay.rank(7)
+        p = v.param("decoder.layers.3.mlp.router.expert_bias")
+        self.assertEqual((p.module_buffer, p.shape, p.local_name, p.offset),
+                         (True, (8,), "decoder.layers.1.mlp.router.expert_bias", 8))
+        b = v.buffers[v.buffer(vps.MODULE_BUFFER, 0)]
+        self.assertEqual((b.dtype, b.sharded, b.elements), (vps.FP32, False, 24))  # layers 2, 3 and MTP's
+        self.assertIsNone(lay.rank(0).buffer(vps.MODULE_BUFFER, 0))  # stage 0's layers are dense
+        self.reg = vps.Registry("vps-pytest-%d" % os.getpid(), lay, 7)
+        s = vps.State.allocate(self.reg, lay, 7)
+        bias = s.param(p)
+        self.assertEqual((bias.dtype, tuple(bias.shape)), (torch.float32, (8,)))
+        bias[2] = 0.25
+        self.assertEqual(s.buffer(vps.MODULE_BUFFER)[8 + 2].item(), 0.25)
+        with self.assertRaises(vps.Error) as e:
+            s.param(p, "exp_avg")
+        self.assertIn("no whole exp_avg buffer", str(e.exception))
 
     def test_errors_carry_the_message_and_code(self):
         with self.assertRaises(vps.Error) as e:
