@@ -539,6 +539,71 @@ TEST(shared_experts_are_dense_and_tp_split)
 	vps_layout_free(l);
 }
 
+/* The router's expert_bias (TopKRouter: register_buffer, fp32 [experts])
+ * at tp 2, pp 2, dp 2, ep 2 with the distributed optimizer. Stage 1
+ * (ranks 4-7) holds MoE layers 2-3 and the MTP layer; every one of its
+ * ranks updates the bias from counts all-reduced over TP x CP x DP
+ * (_update_router_expert_bias), so each holds it whole: one fp32 buffer of
+ * group module after the chunk's dense and expert buffers (4 states each),
+ * buffer 8, 3 x 8 elements, layers 2, 3, then MTP; no ZeRO shard, no
+ * optimizer state. Stage 0's layers are dense: no module buffer. */
+TEST(router_bias_is_a_module_buffer_by_hand)
+{
+	struct vps_layout *l = test_layout("tiny-deepseek", "tp=2,pp=2,dp=2,ep=2,zero=1", 8, 0);
+	if (!l)
+		return;
+	const struct vps_model *m = vps_layout_model(l);
+	uint32_t b2 = tensor_id(m, "decoder.layers.2.mlp.router.expert_bias");
+	uint32_t b3 = tensor_id(m, "decoder.layers.3.mlp.router.expert_bias");
+	uint32_t bm = tensor_id(m, "mtp.layers.0.mtp_model_layer.mlp.router.expert_bias");
+	CHECK(vps_layout_has_state(l, VPS_STATE_MODULE));
+	CHECK(!vps_layout_has_state(l, VPS_STATE_GRAD));
+	for (int64_t rank = 4; rank < 8; rank++) {
+		struct vps_rank_view v;
+		CHECK_OK(vps_layout_rank(l, rank, &v));
+		CHECK_EQ(v.nbuffers, 9);
+		const struct vps_buffer *b = &v.buffers[8];
+		CHECK(b->state == VPS_STATE_MODULE && b->dtype == VPS_DTYPE_FP32 && !b->sharded && !b->expert);
+		CHECK_EQ(b->elements, 24);
+		CHECK_EQ(vps_layout_buffer_elements(l, rank, 8), 24);
+		uint32_t ids[] = {b2, b3, bm};
+		for (int k = 0; k < 3; k++) {
+			const struct vps_region *r = region_of(&v, ids[k], VPS_STATE_MODULE);
+			CHECK(r != NULL);
+			if (r) {
+				CHECK_EQ(r->buffer, 8);
+				CHECK_EQ(r->offset, 8 * k);
+				CHECK_EQ(r->box.lo[0], 0);
+				CHECK_EQ(r->box.hi[0], 8);
+			}
+			CHECK(region_of(&v, ids[k], VPS_STATE_PARAM) == NULL);
+			CHECK(region_of(&v, ids[k], VPS_STATE_EXP_AVG) == NULL);
+		}
+		char name[256];
+		vps_layout_param_name(l, param_of(&v, b3), name, sizeof(name));
+		CHECK(strcmp(name, "decoder.layers.1.mlp.router.expert_bias") == 0);
+		vps_rank_view_release(&v);
+	}
+	struct vps_rank_view v0;
+	CHECK_OK(vps_layout_rank(l, 0, &v0));
+	for (size_t i = 0; i < v0.nbuffers; i++)
+		CHECK(v0.buffers[i].state != VPS_STATE_MODULE);
+	vps_rank_view_release(&v0);
+	CHECK_EQ(test_holder_set(l, b3, VPS_STATE_MODULE), 0xf0);
+	CHECK_EQ(test_holder_set(l, b3, VPS_STATE_PARAM), 0);
+	CHECK_EQ(test_holder_set(l, tensor_id(m, "decoder.layers.3.mlp.router.weight"), VPS_STATE_MODULE), 0);
+	struct vps_layout_stats st;
+	CHECK_OK(vps_layout_stats(l, &st));
+	CHECK_EQ(st.logical_bytes, 400656 * (2 + 3 * 4) + 24 * 4);
+	vps_layout_free(l);
+	/* a model without router_bias holds no such state */
+	l = test_layout("qwen3-30b-a3b", "tp=4,ep=8,etp=1,dp=2", 8, 0);
+	if (l) {
+		CHECK(!vps_layout_has_state(l, VPS_STATE_MODULE));
+		vps_layout_free(l);
+	}
+}
+
 /* Every element of every state in exactly one place per replica, for
  * layouts that cut dense and MoE layers differently. */
 TEST(deepseek_layouts_verify)
