@@ -107,8 +107,8 @@ world6() {
 @test "tcp: MoE: sequential experts become grouped-GEMM ones, and back" { moe_grouped tcp; }
 @test "ipc: MoE: sequential experts become grouped-GEMM ones, and back" { moe_grouped ipc; }
 
-@test "tcp: DeepSeek-V3-style: MLA, shared experts, dense first layers, an MTP layer; tp, pp, ep change, and back" { deepseek tcp; }
-@test "ipc: DeepSeek-V3-style: MLA, shared experts, dense first layers, an MTP layer; tp, pp, ep change, and back" { deepseek ipc; }
+@test "tcp: DeepSeek-V3-style: MLA, shared experts, dense first layers, router bias, an MTP layer; tp, pp, ep change, and back" { deepseek tcp; }
+@test "ipc: DeepSeek-V3-style: MLA, shared experts, dense first layers, router bias, an MTP layer; tp, pp, ep change, and back" { deepseek ipc; }
 
 @test "tcp: devices join: 4 devices on one node become 8 on two" { join tcp 4; }
 @test "ipc: devices join: 4 devices become 8, all on one node" { join ipc 8; }
