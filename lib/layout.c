@@ -76,7 +76,7 @@ int vps_layout_nstates(const struct vps_layout *l) { return l->p.grad ? VPS_STAT
 bool vps_layout_has_state(const struct vps_layout *l, int state)
 {
 	if (state == VPS_STATE_MODULE)
-		return vps_model_module_first(&l->m) < vps_model_num_tensors(&l->m);
+		return vps_model_module_buffers(&l->m) > 0;
 	return state >= 0 && state < vps_layout_nstates(l);
 }
 
@@ -317,13 +317,11 @@ static vps_result_t build_module_tmpl(struct vps_layout *l, int64_t s, int64_t v
 
 static vps_result_t build_tmpl(struct vps_layout *l, int64_t s, int64_t v, int expert)
 {
-	if (expert == GROUP_MODULE)
-		return build_module_tmpl(l, s, v);
 	struct tmpl *tm = tmpl_at(l, s, v, expert);
 	const struct vps_parallel *p = &l->p;
 	size_t cap = 0, bcap = 0;
 	uint32_t pre = vps_model_pre_tensors(&l->m);
-	uint32_t ntensors = vps_model_module_first(&l->m);
+	uint32_t param_tensors = vps_model_module_first(&l->m);
 	tm->output_copy_idx = -1;
 	if (s == 0 && v == 0)
 		for (uint32_t i = 0; i < pre; i++)
@@ -346,7 +344,7 @@ static vps_result_t build_tmpl(struct vps_layout *l, int64_t s, int64_t v, int e
 	if (last) {
 		/* decoder.final_layernorm, the MTP block, output_layer */
 		uint32_t post_first = vps_model_layer_first(&l->m, l->m.layers);
-		uint32_t mtp_first = ntensors;
+		uint32_t mtp_first = param_tensors;
 		if (l->m.mtp_layers > 0) {
 			struct vps_mtp_span ms;
 			vps_model_mtp_span(&l->m, 0, &ms);
@@ -475,7 +473,7 @@ vps_result_t vps_layout_new(struct vps_layout **out, const struct vps_model *m, 
 	for (int64_t s = 0; s < l->p.pp; s++)
 		for (int64_t v = 0; v < l->p.vpp; v++)
 			for (int e = 0; e < NGROUPS; e++) {
-				VPS_CHECK_GOTO(build_tmpl(l, s, v, e), rc, fail);
+				VPS_CHECK_GOTO(e == GROUP_MODULE ? build_module_tmpl(l, s, v) : build_tmpl(l, s, v, e), rc, fail);
 				if (tmpl_at(l, s, v, e)->elements > VPS_MAX_ELEMENTS) {
 					rc = vps_fail(VPS_EINPUT, "%s: a buffer of stage %" PRId64 " holds more than 2^48 elements",
 						      where, s);
