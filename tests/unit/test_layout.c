@@ -9,13 +9,6 @@
 #include "vps/verify.h"
 
 
-static uint32_t tensor_id(const struct vps_layout *l, const char *name)
-{
-	uint32_t id = UINT32_MAX;
-	CHECK_OK(vps_model_find_tensor(vps_layout_model(l), name, &id));
-	return id;
-}
-
 /* The regions of (tensor, state) on a rank. */
 static size_t regions_of(const struct vps_rank_view *v, uint32_t tensor, int state, const struct vps_region **out,
 			 size_t max)
@@ -59,7 +52,7 @@ TEST(vocabulary_padding_is_rank_local)
 	struct vps_layout *l = test_layout("tiny-llama", "tp=4", 8, 0);
 	struct vps_rank_view v;
 	CHECK_OK(vps_layout_rank(l, 3, &v));
-	uint32_t emb = tensor_id(l, "embedding.word_embeddings.weight");
+	uint32_t emb = test_tensor_id(l, "embedding.word_embeddings.weight");
 	const struct vps_param *p = param_of(&v, emb, false);
 	CHECK(p != NULL);
 	if (p)
@@ -79,7 +72,7 @@ TEST(qkv_rows_split_when_tp_exceeds_query_groups)
 	 * all-gathers them): rank 0 has slots 0-8 of group 0, rank 1 slots 9-17
 	 * (q heads 9-15, k, v). */
 	struct vps_layout *l = test_layout("qwen3-235b-a22b", "tp=8,pp=16,dp=1,ep=8,etp=1,first=5,last=5", 8, 0);
-	uint32_t qkv = tensor_id(l, "decoder.layers.0.self_attention.linear_qkv.weight");
+	uint32_t qkv = test_tensor_id(l, "decoder.layers.0.self_attention.linear_qkv.weight");
 	for (int64_t rank = 0; rank < 3; rank++) {
 		struct vps_rank_view v;
 		CHECK_OK(vps_layout_rank(l, rank, &v));
@@ -98,7 +91,7 @@ TEST(qkv_rows_split_when_tp_exceeds_query_groups)
 TEST(swiglu_tp_shard_is_gate_and_up_slices)
 {
 	struct vps_layout *l = test_layout("tiny-llama", "tp=4", 8, 0);
-	uint32_t fc1 = tensor_id(l, "decoder.layers.2.mlp.linear_fc1.weight");
+	uint32_t fc1 = test_tensor_id(l, "decoder.layers.2.mlp.linear_fc1.weight");
 	struct vps_rank_view v;
 	CHECK_OK(vps_layout_rank(l, 1, &v));
 	const struct vps_region *r[4];
@@ -124,7 +117,7 @@ TEST(pipeline_layers_with_virtual_and_uneven_stages)
 		struct vps_rank_view v;
 		char name[128];
 		snprintf(name, sizeof(name), "decoder.layers.%lld.mlp.linear_fc2.weight", (long long)want[i].layer);
-		uint32_t id = tensor_id(l, name);
+		uint32_t id = test_tensor_id(l, name);
 		CHECK_OK(vps_layout_rank(l, want[i].stage, &v));
 		const struct vps_param *p = param_of(&v, id, false);
 		CHECK(p != NULL);
@@ -142,8 +135,8 @@ TEST(experts_are_contiguous_per_ep_rank)
 	struct vps_layout *l = test_layout("tiny-qwen3-moe", "tp=2,pp=2,dp=2,ep=2,etp=1,zero=1", 8, 0);
 	struct vps_rank_view v;
 	CHECK_OK(vps_layout_rank(l, 1, &v));
-	uint32_t e4 = tensor_id(l, "decoder.layers.0.mlp.experts.local_experts.4.linear_fc1.weight");
-	uint32_t e3 = tensor_id(l, "decoder.layers.0.mlp.experts.local_experts.3.linear_fc1.weight");
+	uint32_t e4 = test_tensor_id(l, "decoder.layers.0.mlp.experts.local_experts.4.linear_fc1.weight");
+	uint32_t e3 = test_tensor_id(l, "decoder.layers.0.mlp.experts.local_experts.3.linear_fc1.weight");
 	const struct vps_param *p = param_of(&v, e4, false);
 	CHECK(p != NULL);
 	CHECK(param_of(&v, e3, false) == NULL);
@@ -165,12 +158,12 @@ TEST(distributed_optimizer_buffer_order_padding_and_buckets)
 	struct vps_layout *l = test_layout("tiny-gpt", "tp=2,pp=2,dp=2,zero=1", 8, 0);
 	struct vps_rank_view v;
 	CHECK_OK(vps_layout_rank(l, 7, &v));
-	uint32_t emb = tensor_id(l, "embedding.word_embeddings.weight");
-	uint32_t fnb = tensor_id(l, "decoder.final_layernorm.bias");
-	uint32_t fnw = tensor_id(l, "decoder.final_layernorm.weight");
-	uint32_t fc2b = tensor_id(l, "decoder.layers.7.mlp.linear_fc2.bias");
-	uint32_t fc2w = tensor_id(l, "decoder.layers.7.mlp.linear_fc2.weight");
-	uint32_t proj4 = tensor_id(l, "decoder.layers.4.self_attention.linear_proj.weight");
+	uint32_t emb = test_tensor_id(l, "embedding.word_embeddings.weight");
+	uint32_t fnb = test_tensor_id(l, "decoder.final_layernorm.bias");
+	uint32_t fnw = test_tensor_id(l, "decoder.final_layernorm.weight");
+	uint32_t fc2b = test_tensor_id(l, "decoder.layers.7.mlp.linear_fc2.bias");
+	uint32_t fc2w = test_tensor_id(l, "decoder.layers.7.mlp.linear_fc2.weight");
+	uint32_t proj4 = test_tensor_id(l, "decoder.layers.4.self_attention.linear_proj.weight");
 	const struct vps_param *out = param_of(&v, emb, true);
 	CHECK(out != NULL);
 	if (!out)
@@ -210,7 +203,7 @@ TEST(no_padding_without_the_distributed_optimizer)
 	struct vps_layout *l = test_layout("tiny-gpt", "tp=2,pp=2,dp=2,zero=0", 8, 0);
 	struct vps_rank_view v;
 	CHECK_OK(vps_layout_rank(l, 7, &v));
-	uint32_t fnb = tensor_id(l, "decoder.final_layernorm.bias");
+	uint32_t fnb = test_tensor_id(l, "decoder.final_layernorm.bias");
 	const struct vps_param *b = param_of(&v, fnb, false);
 	CHECK_EQ(b->offset, 131072);
 	int64_t sum = 0;
@@ -344,7 +337,7 @@ TEST(holders_equal_enumeration_of_all_ranks)
 TEST(holders_of_a_box_are_those_that_intersect_it)
 {
 	struct vps_layout *l = test_layout("tiny-llama", "tp=4,dp=2,zero=1", 8, 0);
-	uint32_t fc1 = tensor_id(l, "decoder.layers.1.mlp.linear_fc1.weight");
+	uint32_t fc1 = test_tensor_id(l, "decoder.layers.1.mlp.linear_fc1.weight");
 	struct vps_box box = {3, {1, 0, 0}, {2, 10, 256}}; /* up half, rows 0-9 */
 	struct vps_holders h = {0};
 	CHECK_OK(vps_layout_holders(l, fc1, VPS_STATE_PARAM, &box, &h));
@@ -405,7 +398,7 @@ TEST(verify_reports_a_hole_and_an_overlap)
 TEST(holders_follow_explicit_ranks)
 {
 	struct vps_layout *l = test_layout("tiny-llama", "tp=1,dp=4", 8, 0);
-	uint32_t emb = tensor_id(l, "embedding.word_embeddings.weight");
+	uint32_t emb = test_tensor_id(l, "embedding.word_embeddings.weight");
 	struct vps_rank_view v;
 	CHECK_OK(vps_layout_rank(l, 2, &v));
 	for (size_t i = 0; i < v.nregions; i++)
