@@ -384,6 +384,7 @@ vps_result_t vps_model_tensor(const struct vps_model *m, uint32_t id, struct vps
 	build_schema(m, &s);
 	uint32_t ndense = layers_tensors(&s, s.first_moe < m->layers ? s.first_moe : m->layers);
 	uint32_t nlay = layers_tensors(&s, m->layers);
+	uint32_t params = mtp_first(m, &s, m->mtp_layers); /* module buffers follow */
 	memset(t, 0, sizeof(*t));
 	t->id = id;
 	t->layer = -1;
@@ -401,15 +402,7 @@ vps_result_t vps_model_tensor(const struct vps_model *m, uint32_t id, struct vps
 		moe_tensor(m, &s, rel % s.per_moe, t);
 	} else if (id < s.npre + nlay + s.npost) {
 		t->kind = s.post[id - s.npre - nlay];
-	} else if (id >= mtp_first(m, &s, m->mtp_layers) &&
-		   id - mtp_first(m, &s, m->mtp_layers) < s.routers + s.mtp_routers) {
-		uint32_t rel = id - mtp_first(m, &s, m->mtp_layers);
-		t->kind = VPS_T_ROUTER_BIAS;
-		if (rel < s.routers)
-			t->layer = (int32_t)(s.first_moe + rel);
-		else
-			t->mtp = (int32_t)(rel - s.routers);
-	} else if (id < mtp_first(m, &s, m->mtp_layers)) {
+	} else if (id < params) {
 		uint32_t rel = id - mtp_first(m, &s, 0), pos = rel % s.per_mtp;
 		uint32_t inner = s.per_mtp - s.nmtp_pre - s.nmtp_post;
 		t->mtp = (int32_t)(rel / s.per_mtp);
@@ -421,9 +414,16 @@ vps_result_t vps_model_tensor(const struct vps_model *m, uint32_t id, struct vps
 			moe_tensor(m, &s, pos - s.nmtp_pre, t);
 		else
 			t->kind = s.dense[pos - s.nmtp_pre];
+	} else if (id - params < s.routers + s.mtp_routers) {
+		uint32_t rel = id - params;
+		t->kind = VPS_T_ROUTER_BIAS;
+		if (rel < s.routers)
+			t->layer = (int32_t)(s.first_moe + rel);
+		else
+			t->mtp = (int32_t)(rel - s.routers);
 	} else {
 		return vps_fail(VPS_EINPUT, "tensor id %u out of range (model has %u)", id,
-				mtp_first(m, &s, m->mtp_layers) + s.routers + s.mtp_routers);
+				params + s.routers + s.mtp_routers);
 	}
 	fill_tensor(m, t);
 	return VPS_OK;
