@@ -28,7 +28,7 @@ ALL_CFLAGS += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recov
 LDFLAGS += -fsanitize=$(SANITIZE)
 endif
 
-LIB_SRC = $(wildcard lib/*.c)
+LIB_SRC = $(sort $(shell find lib -name '*.c'))
 LIB_OBJ = $(LIB_SRC:lib/%.c=$(BUILDDIR)/lib/%.o)
 LIB = $(BUILDDIR)/libvps.a
 # libvps.so.VERSION, its SONAME libvps.so.MAJOR (a link to it) and the
@@ -150,10 +150,10 @@ $(BINDIR)/%: $(BUILDDIR)/cmd/%.o $(CMD_COMMON) $(LIB)
 $(BUILDDIR)/tests/test_%: $(BUILDDIR)/tests/test_%.o $(HARNESS) $(LIB)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(CUDA_LIB): lib/cuda/vps_cuda.cu lib/cuda/vps_cuda.h | $(DEPS_STAMP)
+$(CUDA_LIB): lib/gpu/cuda/vps_cuda.cu lib/gpu/cuda/vps_cuda.h | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) -O2 -std=c++17 -shared -Xcompiler -fPIC,-Wall,-Wextra,-Werror,-fvisibility=hidden --cudart static \
-		$(CUDA_ARCHS) $(if $(NCCL_HOME),-I$(NCCL_HOME)/include) -Ilib/cuda -o $@ $< -ldl -lrt -lpthread
+		$(CUDA_ARCHS) $(if $(NCCL_HOME),-I$(NCCL_HOME)/include) -Ilib/gpu/cuda -o $@ $< -ldl -lrt -lpthread
 
 # benchmark programs (scripts/bench/*.c), built by check so they do not rot
 BENCH_BINS = $(patsubst scripts/bench/%.c,$(BUILDDIR)/bench/%,$(wildcard scripts/bench/*.c))

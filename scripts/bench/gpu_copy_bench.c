@@ -12,9 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "gpu.h"
-#include "internal.h"
-#include "transport.h"
+#include "gpu/gpu.h"
+#include "util/internal.h"
+#include "exec/transport/transport.h"
 
 enum { RUNS = 9 };
 

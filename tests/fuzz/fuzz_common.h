@@ -1,5 +1,5 @@
 /* What the document harnesses share: read a document of one kind and,
- * when it is accepted, check the promise of lib/doc.h that what vps reads
+ * when it is accepted, check the promise of lib/io/doc.h that what vps reads
  * it writes back and reads again, the same in YAML and in binary. A
  * violation aborts, which libFuzzer reports as a crash with its input. */
 #ifndef VPS_FUZZ_COMMON_H

@@ -23,7 +23,7 @@
 
 #include "vps/registry.h"
 
-/* struct reg_header in lib/registry.c: magic[8], then five uint32 (version,
+/* struct reg_header in lib/registry/registry.c: magic[8], then five uint32 (version,
  * header_size, entry_size, max_entries, nentries), the owner's int32 pid at
  * 28 and uint64 start time at 32. Checked against a real registry below. */
 #define OWNER_PID_AT 28

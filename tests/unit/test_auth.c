@@ -6,7 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "auth.h"
+#include "util/auth.h"
 #include "harness.h"
 #include "vps/exec.h"
 

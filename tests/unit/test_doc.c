@@ -4,7 +4,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "doc.h"
+#include "io/doc.h"
 #include "harness.h"
 #include "jobs.h"
 #include "vps/layout.h"

@@ -4,10 +4,10 @@
  * GPU parts say they are skipped. */
 #include <stdlib.h>
 
-#include "gpu.h"
+#include "gpu/gpu.h"
 #include "harness.h"
-#include "internal.h"
-#include "transport.h"
+#include "util/internal.h"
+#include "exec/transport/transport.h"
 #include "vps/data.h"
 #include "vps/registry.h"
 

@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "harness.h"
-#include "doc.h"
-#include "internal.h"
+#include "io/doc.h"
+#include "util/internal.h"
 #include "jobs.h"
 #include "vps/layout.h"
 #include "vps/model.h"

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "net.h"
+#include "exec/net/net.h"
 #include "vps/stage.h"
 
 struct rank_run {

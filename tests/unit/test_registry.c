@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "transport.h"
+#include "exec/transport/transport.h"
 #include "vps/registry.h"
 
 static void name_for(char *buf, size_t n, const char *what)

@@ -1,0 +1,290 @@
+/* The ipc transport: ranks of one node map each other's registered buffers.
+ *
+ * Pull: before the start, every rank sends the descriptors of its source
+ * buffers (a shared-memory object name, or a CUDA IPC handle, with offset
+ * and size) to the ranks it sends to, over the rendezvous sockets. The
+ * receiver maps them (read-only for host memory) and, per stage, copies
+ * source rows straight into destination rows: one copy per byte, no staging
+ * buffer, one kernel per stage on a GPU. A zero-byte handshake with each of
+ * the stage's peers then tells a sender that its receivers are done with
+ * what it sends (so it may release a source early) and names a peer that
+ * died. Sources are never written: host sources are mapped read-only. */
+#include <inttypes.h>
+#include <stdio.h>
+
+#include "util/internal.h"
+#include "exec/transport/transport.h"
+
+#define IPC_MAX_BUFFERS 4096
+
+struct ipc_peer {
+	int64_t peer;           /* first plan's numbering */
+	uint64_t count;         /* its source buffers */
+	struct vps_buffer_desc *desc;
+	int64_t *bytes;
+	void **ptr;
+};
+
+struct ipc {
+	bool strict;            /* every peer must be on this node (not auto) */
+	struct ipc_peer *peers;
+	size_t npeers, cap;
+	struct vps_local_copy *copies;
+	size_t capc;
+};
+
+static bool carried(const struct vps_switch *sw, const struct vps_xfer *x)
+{
+	struct vps_device me = vps_world_device(sw->s->plan->world, sw->w);
+	struct vps_device other = vps_world_device(sw->s->plan->world, x->src == sw->w ? x->dst : x->src);
+	return me.node == other.node;
+}
+
+static struct ipc_peer *find(struct ipc *t, int64_t peer)
+{
+	for (size_t i = 0; i < t->npeers; i++)
+		if (t->peers[i].peer == peer)
+			return &t->peers[i];
+	return NULL;
+}
+
+static void forget_peers(struct ipc *t)
+{
+	for (size_t i = 0; i < t->npeers; i++) {
+		free(t->peers[i].desc);
+		free(t->peers[i].bytes);
+		free(t->peers[i].ptr);
+	}
+	t->npeers = 0;
+}
+
+/* This rank's source buffers as descriptors. */
+static vps_result_t my_sources(const struct vps_switch *sw, struct vps_buffer_desc **out, uint64_t *n)
+{
+	*n = sw->ra >= 0 ? sw->va.nbuffers : 0;
+	*out = vps_calloc(*n + 1, sizeof(**out));
+	if (!*out)
+		return VPS_ENOMEM;
+	for (uint64_t b = 0; b < *n; b++) {
+		struct vps_registry_entry_info e;
+		VPS_CHECK(vps_registry_entry(sw->reg, (uint32_t)sw->src_entry[b], &e));
+		struct vps_buffer_desc *d = &(*out)[b];
+		d->where = (uint32_t)e.where;
+		d->buffer = (uint32_t)b;
+		d->device = e.device;
+		d->offset = e.offset;
+		d->bytes = e.bytes;
+		snprintf(d->shm_name, sizeof(d->shm_name), "%s", e.shm_name);
+		memcpy(d->ipc, e.ipc_handle, sizeof(d->ipc));
+	}
+	return VPS_OK;
+}
+
+static vps_result_t ipc_begin(void *self, struct vps_switch *sw)
+{
+	struct ipc *t = self;
+	const struct vps_staged *s = sw->s;
+	vps_result_t rc = VPS_OK;
+	struct vps_net_msg *msgs = NULL;
+	struct iovec *iov = NULL;
+	struct vps_buffer_desc *mine = NULL;
+	uint64_t nmine = 0;
+	size_t nm = 0, capm = 0;
+	forget_peers(t);
+	/* the peers of the whole switch: which this rank sends to, which it
+	 * receives from */
+	for (size_t i = 0; i < s->nxfers; i++) {
+		const struct vps_xfer *x = &s->xfers[i];
+		if (x->src == x->dst || (x->src != sw->w && x->dst != sw->w))
+			continue;
+		if (!carried(sw, x)) {
+			if (!t->strict)
+				continue;
+			struct vps_device d = vps_world_device(s->plan->world, x->src == sw->w ? x->dst : x->src);
+			return vps_fail(VPS_EINPUT, "--transport ipc: rank %" PRId64 " exchanges with a device on node %d, "
+					"and ipc reaches only this node's ranks (use --transport auto)",
+					sw->w, d.node);
+		}
+		int64_t peer = vps_switch_peer(sw, x);
+		size_t m = 0;
+		while (m < nm && msgs[m].peer != peer)
+			m++;
+		if (m == nm) {
+			VPS_CHECK_GOTO(VPS_GROW(msgs, capm, nm + 1), rc, done);
+			memset(&msgs[nm], 0, sizeof(*msgs));
+			msgs[nm].peer = peer;
+			msgs[nm].tag = 0x1bc0;
+			nm++;
+		}
+		if (x->src == sw->w)
+			msgs[m].send = true;
+		else
+			msgs[m].recv = true;
+	}
+	if (!nm)
+		goto done;
+	VPS_CHECK_GOTO(my_sources(sw, &mine, &nmine), rc, done);
+	VPS_CHECK_GOTO(VPS_GROW(t->peers, t->cap, nm), rc, done);
+	for (size_t m = 0; m < nm; m++) {
+		if (!msgs[m].recv)
+			continue;
+		struct ipc_peer *p = &t->peers[t->npeers++];
+		memset(p, 0, sizeof(*p));
+		p->peer = msgs[m].peer;
+	}
+	/* how many descriptors, then the descriptors */
+	iov = vps_calloc(2 * nm + 1, sizeof(*iov));
+	if (!iov) {
+		rc = VPS_ENOMEM;
+		goto done;
+	}
+	for (size_t m = 0; m < nm; m++) {
+		struct ipc_peer *p = msgs[m].recv ? find(t, msgs[m].peer) : NULL;
+		iov[2 * m] = (struct iovec){&nmine, sizeof(nmine)};
+		iov[2 * m + 1] = (struct iovec){p ? (void *)&p->count : NULL, p ? sizeof(p->count) : 0};
+		msgs[m].send_iov = &iov[2 * m];
+		msgs[m].send_iovcnt = msgs[m].send ? 1 : 0;
+		msgs[m].recv_iov = &iov[2 * m + 1];
+		msgs[m].recv_iovcnt = p ? 1 : 0;
+	}
+	VPS_CHECK_GOTO(vps_net_exchange(sw->net, msgs, nm, "ipc: buffer counts"), rc, done);
+	for (size_t i = 0; i < t->npeers; i++) {
+		struct ipc_peer *p = &t->peers[i];
+		if (p->count > IPC_MAX_BUFFERS) {
+			rc = vps_fail(VPS_EPEER, "ipc: rank %" PRId64 " announces %" PRIu64 " source buffers", p->peer, p->count);
+			goto done;
+		}
+		p->desc = vps_calloc(p->count + 1, sizeof(*p->desc));
+		p->bytes = vps_calloc(p->count + 1, sizeof(*p->bytes));
+		p->ptr = vps_calloc(p->count + 1, sizeof(*p->ptr));
+		if (!p->desc || !p->bytes || !p->ptr) {
+			rc = VPS_ENOMEM;
+			goto done;
+		}
+	}
+	for (size_t m = 0; m < nm; m++) {
+		struct ipc_peer *p = msgs[m].recv ? find(t, msgs[m].peer) : NULL;
+		iov[2 * m] = (struct iovec){mine, nmine * sizeof(*mine)};
+		iov[2 * m + 1] = (struct iovec){p ? (void *)p->desc : NULL, p ? p->count * sizeof(*p->desc) : 0};
+		msgs[m].tag = 0x1bc1;
+	}
+	VPS_CHECK_GOTO(vps_net_exchange(sw->net, msgs, nm, "ipc: buffer descriptors"), rc, done);
+	/* map what each peer sends from; its views must fit */
+	for (size_t i = 0; i < t->npeers; i++) {
+		struct ipc_peer *p = &t->peers[i];
+		for (uint64_t b = 0; b < p->count; b++) {
+			struct vps_buffer_desc *d = &p->desc[b];
+			d->shm_name[sizeof(d->shm_name) - 1] = '\0';
+			if (d->where != (uint32_t)sw->where || d->buffer != b || d->bytes > INT64_MAX) {
+				rc = vps_fail(VPS_EPEER, "ipc: rank %" PRId64 "'s source buffer %" PRIu64 " is %s memory, this "
+					      "rank's buffers are %s", p->peer, b, d->where == VPS_WHERE_CUDA ? "GPU" : "host",
+					      sw->where == VPS_WHERE_CUDA ? "GPU" : "host");
+				goto done;
+			}
+			p->bytes[b] = (int64_t)d->bytes;
+			rc = vps_mapcache_map(sw->maps, sw->gpu, d, false, false, false, &p->ptr[b]);
+			if (rc) {
+				vps_error_prefix("ipc: rank %" PRId64 "'s source buffer %" PRIu64, p->peer, b);
+				goto done;
+			}
+		}
+	}
+	for (size_t i = 0; i < s->nxfers; i++) {
+		const struct vps_xfer *x = &s->xfers[i];
+		if (x->dst != sw->w || x->src == x->dst || !carried(sw, x))
+			continue;
+		struct ipc_peer *p = find(t, vps_switch_peer(sw, x));
+		for (size_t q = 0; q < x->nops && p; q++)
+			VPS_CHECK_GOTO(vps_check_op(&s->ops[x->first_op + q], p->bytes, p->count, NULL, 0), rc, done);
+	}
+done:
+	free(mine);
+	free(msgs);
+	free(iov);
+	return rc;
+}
+
+static vps_result_t ipc_stage(void *self, struct vps_switch *sw, const struct vps_xfer *const *x, size_t n,
+			      const char *what)
+{
+	struct ipc *t = self;
+	const struct vps_staged *s = sw->s;
+	size_t nc = 0;
+	struct vps_net_msg *msgs = vps_calloc(n + 1, sizeof(*msgs));
+	if (!msgs)
+		return VPS_ENOMEM;
+	vps_result_t rc = VPS_OK;
+	for (size_t k = 0; k < n && !rc; k++) {
+		int64_t peer = vps_switch_peer(sw, x[k]);
+		msgs[k].peer = peer;
+		msgs[k].tag = 0x1bc2 ^ ((uint64_t)x[k]->stage << 16);
+		if (x[k]->src == sw->w) {
+			msgs[k].recv = true; /* the receiver's "done" */
+			continue;
+		}
+		msgs[k].send = true;
+		struct ipc_peer *p = find(t, peer);
+		if (!p) {
+			rc = vps_fail(VPS_EINPUT, "%s: rank %" PRId64 " sends to this rank but did not say so", what, peer);
+			break;
+		}
+		rc = vps_grow((void **)&t->copies, &t->capc, nc + x[k]->nops, sizeof(*t->copies));
+		for (size_t q = 0; q < x[k]->nops && !rc; q++) {
+			const struct vps_op *op = &s->ops[x[k]->first_op + q];
+			t->copies[nc++] = (struct vps_local_copy){op, p->ptr[op->src_buffer], sw->dst[op->dst_buffer]};
+		}
+	}
+	/* merge the messages of one peer: a stage pairs it with one peer, in
+	 * one or both directions */
+	size_t nm = 0;
+	for (size_t k = 0; k < n && !rc; k++) {
+		size_t m = 0;
+		while (m < nm && msgs[m].peer != msgs[k].peer)
+			m++;
+		if (m == nm)
+			msgs[nm++] = msgs[k];
+		else {
+			msgs[m].send |= msgs[k].send;
+			msgs[m].recv |= msgs[k].recv;
+		}
+	}
+	if (!rc)
+		rc = vps_copy_ops(sw, t->copies, nc);
+	if (!rc) {
+		char w[96];
+		snprintf(w, sizeof(w), "%s (ipc handshake)", what);
+		rc = vps_net_exchange(sw->net, msgs, nm, w);
+	}
+	free(msgs);
+	return rc;
+}
+
+static void ipc_end(void *self, struct vps_switch *sw)
+{
+	(void)sw;
+	forget_peers(self);
+}
+
+static void ipc_free(void *self)
+{
+	struct ipc *t = self;
+	if (!t)
+		return;
+	forget_peers(t);
+	free(t->peers);
+	free(t->copies);
+	free(t);
+}
+
+static const struct vps_transport_ops ipc_ops = {"ipc", ipc_begin, ipc_stage, ipc_end, ipc_free};
+
+vps_result_t vps_transport_ipc(struct vps_transport *t, bool strict)
+{
+	struct ipc *self = vps_calloc(1, sizeof(*self));
+	if (!self)
+		return VPS_ENOMEM;
+	self->strict = strict;
+	t->ops = &ipc_ops;
+	t->self = self;
+	return VPS_OK;
+}

@@ -1,0 +1,193 @@
+/* The nccl transport: GPU memory between GPUs of any nodes.
+ *
+ * Per stage, one gather kernel packs this rank's outgoing transfers into
+ * the staging buffer (each op at the 256-byte offset the staged plan gives
+ * it), one NCCL group sends and receives every transfer of the stage, and
+ * one scatter kernel unpacks the incoming ones into the destination views;
+ * all three are queued on one stream and waited for under the timeout (a
+ * peer that stops makes the communicator abort). The staging buffer is
+ * allocated once, at the largest stage of this rank, which the budget
+ * bounds. The communicator is made once per executor, with the unique id
+ * sent over the rendezvous, before the trainer asks for a switch. */
+#include <inttypes.h>
+#include <stdio.h>
+
+#include "gpu/gpu.h"
+#include "util/internal.h"
+#include "exec/transport/transport.h"
+#include "vps/data.h"
+
+struct nccl {
+	const struct vps_cuda_api *gpu;
+	void *comm;
+	int64_t rank;
+	void *staging;
+	size_t cap;
+	struct vps_cuda_copy *gather, *scatter;
+	size_t capg, caps;
+	struct vps_cuda_p2p *p2p;
+	size_t capp;
+};
+
+static vps_result_t nccl_begin(void *self, struct vps_switch *sw)
+{
+	struct nccl *t = self;
+	if (sw->where != VPS_WHERE_CUDA)
+		return vps_fail(VPS_EINPUT, "the nccl transport moves GPU memory; the trainer registered host memory "
+					    "(use --transport tcp or ipc)");
+	/* the largest stage of this rank */
+	const struct vps_staged *s = sw->s;
+	size_t need = 0, cur = 0;
+	int64_t stage = -1;
+	for (size_t i = 0; i < s->nxfers; i++) {
+		const struct vps_xfer *x = &s->xfers[i];
+		if (x->src == x->dst || (x->src != sw->w && x->dst != sw->w))
+			continue;
+		if (x->stage != stage)
+			cur = 0;
+		stage = x->stage;
+		if (x->bytes < 0 || (uint64_t)x->bytes > SIZE_MAX / 2)
+			return vps_fail(VPS_EINPUT, "transfer of stage %" PRId64 " claims %" PRId64 " bytes", x->stage, x->bytes);
+		cur += (size_t)vps_round_up(x->bytes, VPS_STAGE_ALIGN);
+		if (cur > need)
+			need = cur;
+		for (size_t q = 0; q < x->nops; q++) {
+			const struct vps_op *op = &s->ops[x->first_op + q];
+			if (op->staging < 0 || op->staging > x->bytes || vps_op_bytes(op) > x->bytes - op->staging)
+				return vps_fail(VPS_EINPUT, "piece %" PRId64 ": its staging offset lies outside its transfer",
+						op->piece);
+		}
+	}
+	if (need > t->cap) {
+		char err[VPS_CUDA_ERR];
+		if (t->staging)
+			t->gpu->release(t->staging, err);
+		t->staging = NULL;
+		t->cap = 0;
+		VPS_GPU(t->gpu->alloc(&t->staging, need, err), "allocate the staging buffer");
+		t->cap = need;
+	}
+	return VPS_OK;
+}
+
+static vps_result_t push_copy(struct vps_cuda_copy **v, size_t *cap, size_t n, const struct vps_op *op, uint64_t src,
+			      const int64_t *sst, uint64_t dst, const int64_t *dst_st)
+{
+	VPS_CHECK(vps_grow((void **)v, cap, n + 1, sizeof(**v)));
+	struct vps_cuda_copy *c = &(*v)[n];
+	memset(c, 0, sizeof(*c));
+	c->src = src;
+	c->dst = dst;
+	c->ndim = op->ndim;
+	c->esize = op->esize;
+	for (int k = 0; k < op->ndim; k++) {
+		c->ext[k] = op->ext[k];
+		c->src_strides[k] = sst[k];
+		c->dst_strides[k] = dst_st[k];
+	}
+	return VPS_OK;
+}
+
+static vps_result_t nccl_stage(void *self, struct vps_switch *sw, const struct vps_xfer *const *x, size_t n,
+			       const char *what)
+{
+	struct nccl *t = self;
+	const struct vps_staged *s = sw->s;
+	size_t ng = 0, ns = 0, at = 0;
+	VPS_CHECK(vps_grow((void **)&t->p2p, &t->capp, n + 1, sizeof(*t->p2p)));
+	for (size_t k = 0; k < n; k++) {
+		bool sending = x[k]->src == sw->w;
+		uint64_t base = (uint64_t)(uintptr_t)t->staging + at;
+		if (at + (size_t)x[k]->bytes > t->cap)
+			return vps_fail(VPS_EINPUT, "%s: this rank's transfers outgrow its staging buffer", what);
+		t->p2p[k] = (struct vps_cuda_p2p){base, (uint64_t)x[k]->bytes, (int32_t)vps_switch_peer(sw, x[k]),
+						  sending ? 1 : 0};
+		for (size_t q = 0; q < x[k]->nops; q++) {
+			const struct vps_op *op = &s->ops[x[k]->first_op + q];
+			int64_t flat[VPS_MAX_DIMS];
+			vps_rowmajor_strides(op->ext, op->ndim, flat);
+			uint64_t staged = base + (uint64_t)op->staging;
+			if (sending)
+				VPS_CHECK(push_copy(&t->gather, &t->capg, ng++, op,
+						    (uint64_t)(uintptr_t)sw->src[op->src_buffer] + (uint64_t)op->src_offset * op->esize,
+						    op->src_strides, staged, flat));
+			else
+				VPS_CHECK(push_copy(&t->scatter, &t->caps, ns++, op, staged, flat,
+						    (uint64_t)(uintptr_t)sw->dst[op->dst_buffer] + (uint64_t)op->dst_offset * op->esize,
+						    op->dst_strides));
+		}
+		at += (size_t)vps_round_up(x[k]->bytes, VPS_STAGE_ALIGN);
+	}
+	char err[VPS_CUDA_ERR] = "";
+	int rc = t->gpu->copy(t->gather, ng, err);
+	if (!rc)
+		rc = t->gpu->nccl_exchange(t->comm, t->p2p, n, err);
+	if (!rc)
+		rc = t->gpu->copy(t->scatter, ns, err);
+	if (!rc)
+		rc = t->gpu->sync(t->comm, sw->timeout, err);
+	if (rc) {
+		if (rc == VPS_CUDA_ETIMEOUT)
+			t->comm = NULL; /* aborted */
+		return vps_gpu_result(rc, err, what);
+	}
+	return VPS_OK;
+}
+
+static void nccl_free(void *self)
+{
+	struct nccl *t = self;
+	if (!t)
+		return;
+	char err[VPS_CUDA_ERR];
+	if (t->staging)
+		t->gpu->release(t->staging, err);
+	if (t->comm)
+		t->gpu->nccl_free(t->comm, err);
+	free(t->gather);
+	free(t->scatter);
+	free(t->p2p);
+	free(t);
+}
+
+static const struct vps_transport_ops nccl_ops = {"nccl", nccl_begin, nccl_stage, NULL, nccl_free};
+
+vps_result_t vps_transport_nccl(struct vps_transport *t, struct vps_net *net, int64_t rank, int64_t world, int device,
+				int64_t local_rank)
+{
+	const struct vps_cuda_api *gpu = NULL;
+	unsigned char id[VPS_CUDA_NCCL_ID] = {0};
+	char err[VPS_CUDA_ERR] = "";
+	vps_result_t rc = vps_gpu_init(device, local_rank, &gpu);
+	if (!rc && !gpu->has_nccl)
+		rc = vps_fail(VPS_EUNSUPPORTED, "libvps-cuda.so was built without NCCL (nccl.h was not found)");
+	if (!rc && world > INT32_MAX)
+		rc = vps_fail(VPS_EINPUT, "a world of %" PRId64 " ranks is beyond NCCL", world);
+	if (!rc && rank == 0) {
+		int g = gpu->nccl_id(id, err);
+		if (g)
+			rc = vps_gpu_result(g, err, "NCCL unique id");
+	}
+	/* rank 0's id reaches everyone, and every rank says whether it can go
+	 * on: a rank without a GPU or NCCL stops them all at once, by name */
+	char mine[1024];
+	snprintf(mine, sizeof(mine), "%s", vps_last_error());
+	vps_result_t brc = vps_net_broadcast(net, id, sizeof(id), "NCCL unique id");
+	vps_result_t agreed = brc ? brc : vps_net_agree(net, rc == VPS_OK, "NCCL setup");
+	if (rc)
+		return vps_fail(rc, "%s", mine);
+	VPS_CHECK(agreed);
+	struct nccl *self = vps_calloc(1, sizeof(*self));
+	if (!self)
+		return VPS_ENOMEM;
+	self->gpu = gpu;
+	self->rank = rank;
+	int g = gpu->nccl_init(&self->comm, (int)world, (int)rank, id, err);
+	if (g) {
+		free(self);
+		return vps_gpu_result(g, err, "NCCL communicator");
+	}
+	t->ops = &nccl_ops;
+	t->self = self;
+	return VPS_OK;
+}

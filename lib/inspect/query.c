@@ -1,0 +1,761 @@
+/* Queries over layouts and plans, and the records they answer in. */
+#include <fnmatch.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <strings.h>
+
+#include "util/internal.h"
+#include "vps/query.h"
+
+vps_result_t vps_format_parse(const char *s, enum vps_format *f)
+{
+	static const char *const names[] = {"yaml", "tsv", "json"};
+	for (int i = 0; i < 3; i++)
+		if (!strcmp(s, names[i])) {
+			*f = (enum vps_format)i;
+			return VPS_OK;
+		}
+	return vps_fail(VPS_EINPUT, "--format: '%s' is not yaml, tsv or json", s);
+}
+
+/* ---- records ---- */
+
+static vps_result_t put(struct vps_bytes *b, const char *s) { return vps_bytes_append(b, s, strlen(s)); }
+
+static vps_result_t putf(struct vps_bytes *b, const char *fmt, ...) VPS_PRINTF(2, 3);
+static vps_result_t putf(struct vps_bytes *b, const char *fmt, ...)
+{
+	char buf[128];
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	if (n < 0 || (size_t)n >= sizeof(buf))
+		return vps_fail(VPS_EINPUT, "internal: a record value longer than %zu bytes", sizeof(buf));
+	return vps_bytes_append(b, buf, (size_t)n);
+}
+
+static vps_result_t put_json_string(struct vps_bytes *b, const char *s)
+{
+	VPS_CHECK(put(b, "\""));
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+		if (*p == '"' || *p == '\\') {
+			char e[2] = {'\\', (char)*p};
+			VPS_CHECK(vps_bytes_append(b, e, 2));
+		} else if (*p < 0x20 || *p == 0x7f) {
+			VPS_CHECK(putf(b, "\\u%04x", *p));
+		} else {
+			VPS_CHECK(vps_bytes_append(b, p, 1));
+		}
+	}
+	return put(b, "\"");
+}
+
+/* A YAML plain scalar that reads back as the same string: a letter first,
+ * then letters, digits, '.', '_' or '-', and no word YAML 1.1 reads as a
+ * boolean or null. Anything else is written double-quoted (JSON escaping,
+ * which YAML reads). */
+static bool yaml_plain(const char *s)
+{
+	static const char *const words[] = {"y", "n", "yes", "no", "on", "off", "true", "false", "null"};
+	if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z')))
+		return false;
+	for (const char *p = s; *p; p++)
+		if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '.' ||
+		      *p == '_' || *p == '-'))
+			return false;
+	for (size_t i = 0; i < sizeof(words) / sizeof(*words); i++)
+		if (!strcasecmp(s, words[i]))
+			return false;
+	return true;
+}
+
+/* TSV text: a tab, a newline or a backslash would break the columns. */
+static vps_result_t put_tsv_string(struct vps_bytes *b, const char *s)
+{
+	for (const char *p = s; *p; p++) {
+		const char *e = *p == '\t' ? "\\t" : *p == '\n' ? "\\n" : *p == '\r' ? "\\r" : *p == '\\' ? "\\\\" : NULL;
+		VPS_CHECK(e ? put(b, e) : vps_bytes_append(b, p, 1));
+	}
+	return VPS_OK;
+}
+
+static vps_result_t put_value(struct vps_bytes *b, enum vps_format f, enum vps_field_type t, const struct vps_value *v)
+{
+	const char *sep = f == VPS_FORMAT_JSON ? "," : ", ";
+	switch (t) {
+	case VPS_FIELD_INT: return putf(b, "%" PRId64, v->i);
+	case VPS_FIELD_STR:
+		if (f == VPS_FORMAT_TSV)
+			return put_tsv_string(b, v->s);
+		if (f == VPS_FORMAT_YAML && yaml_plain(v->s))
+			return put(b, v->s);
+		return put_json_string(b, v->s);
+	case VPS_FIELD_BOX:
+		if (f != VPS_FORMAT_TSV)
+			VPS_CHECK(put(b, "["));
+		for (int k = 0; k < v->box->ndim; k++) {
+			if (f == VPS_FORMAT_TSV)
+				VPS_CHECK(putf(b, "%s%" PRId64 ":%" PRId64, k ? "," : "", v->box->lo[k], v->box->hi[k]));
+			else
+				VPS_CHECK(putf(b, "%s[%" PRId64 "%s%" PRId64 "]", k ? sep : "", v->box->lo[k], sep,
+					       v->box->hi[k]));
+		}
+		return f == VPS_FORMAT_TSV ? VPS_OK : put(b, "]");
+	case VPS_FIELD_INTS:
+		if (f != VPS_FORMAT_TSV)
+			VPS_CHECK(put(b, "["));
+		for (int k = 0; k < v->nints; k++)
+			VPS_CHECK(putf(b, "%s%" PRId64, k ? (f == VPS_FORMAT_TSV ? "," : sep) : "", v->ints[k]));
+		return f == VPS_FORMAT_TSV ? VPS_OK : put(b, "]");
+	}
+	return vps_fail(VPS_EINPUT, "internal: field type %d", (int)t);
+}
+
+vps_result_t vps_records_begin(struct vps_records *r, struct vps_bytes *out, enum vps_format format,
+			       const struct vps_field *fields, size_t nfields)
+{
+	*r = (struct vps_records){out, format, fields, nfields, 0};
+	if (format != VPS_FORMAT_TSV)
+		return VPS_OK;
+	for (size_t i = 0; i < nfields; i++) {
+		VPS_CHECK(put(out, i ? "\t" : ""));
+		VPS_CHECK(put(out, fields[i].name));
+	}
+	return put(out, "\n");
+}
+
+vps_result_t vps_records_put(struct vps_records *r, const struct vps_value *v)
+{
+	struct vps_bytes *b = r->out;
+	enum vps_format f = r->format;
+	VPS_CHECK(put(b, f == VPS_FORMAT_YAML ? "- {" : f == VPS_FORMAT_JSON ? "{" : ""));
+	for (size_t i = 0; i < r->nfields; i++) {
+		if (f == VPS_FORMAT_TSV) {
+			VPS_CHECK(put(b, i ? "\t" : ""));
+		} else if (f == VPS_FORMAT_JSON) {
+			VPS_CHECK(put(b, i ? "," : ""));
+			VPS_CHECK(put_json_string(b, r->fields[i].name));
+			VPS_CHECK(put(b, ":"));
+		} else {
+			VPS_CHECK(putf(b, "%s%s: ", i ? ", " : "", r->fields[i].name));
+		}
+		VPS_CHECK(put_value(b, f, r->fields[i].type, &v[i]));
+	}
+	VPS_CHECK(put(b, f == VPS_FORMAT_TSV ? "\n" : "}\n"));
+	r->n++;
+	return VPS_OK;
+}
+
+vps_result_t vps_records_end(struct vps_records *r)
+{
+	if (r->format == VPS_FORMAT_YAML && !r->n)
+		return put(r->out, "[]\n");
+	return VPS_OK;
+}
+
+const struct vps_field vps_holder_fields[] = {
+	{"tensor", VPS_FIELD_STR}, {"state", VPS_FIELD_STR},  {"ranks", VPS_FIELD_STR},   {"base", VPS_FIELD_INT},
+	{"stride", VPS_FIELD_INT}, {"count", VPS_FIELD_INT},  {"buffer", VPS_FIELD_INT},  {"box", VPS_FIELD_BOX},
+	{"offset", VPS_FIELD_INT}, {"strides", VPS_FIELD_INTS}, {"bytes", VPS_FIELD_INT},
+};
+const size_t vps_holder_nfields = sizeof(vps_holder_fields) / sizeof(*vps_holder_fields);
+
+const struct vps_field vps_transfer_fields[] = {
+	{"rank", VPS_FIELD_INT},       {"direction", VPS_FIELD_STR},  {"peer", VPS_FIELD_INT},
+	{"tensor", VPS_FIELD_STR},     {"state", VPS_FIELD_STR},      {"box", VPS_FIELD_BOX},
+	{"bytes", VPS_FIELD_INT},      {"src_buffer", VPS_FIELD_INT}, {"src_offset", VPS_FIELD_INT},
+	{"dst_buffer", VPS_FIELD_INT}, {"dst_offset", VPS_FIELD_INT}, {"stage", VPS_FIELD_INT},
+	{"chunk", VPS_FIELD_INT},
+};
+const size_t vps_transfer_nfields = sizeof(vps_transfer_fields) / sizeof(*vps_transfer_fields);
+
+/* ---- arguments ---- */
+
+/* A decimal in [0, 2^48]; *end past it. */
+static bool parse_coord(const char *s, const char **end, int64_t *v)
+{
+	int64_t x = 0;
+	const char *p = s;
+	if (*p < '0' || *p > '9')
+		return false;
+	for (; *p >= '0' && *p <= '9'; p++) {
+		x = x * 10 + (*p - '0');
+		if (x > VPS_MAX_ELEMENTS)
+			return false;
+	}
+	*end = p;
+	*v = x;
+	return true;
+}
+
+vps_result_t vps_box_parse(const char *s, struct vps_box *b)
+{
+	memset(b, 0, sizeof(*b));
+	const char *p = s;
+	for (;;) {
+		if (b->ndim == VPS_MAX_DIMS)
+			return vps_fail(VPS_EINPUT, "--box: '%s' has more than %d axes", s, VPS_MAX_DIMS);
+		int k = b->ndim;
+		if (!parse_coord(p, &p, &b->lo[k]) || *p++ != ':' || !parse_coord(p, &p, &b->hi[k]) ||
+		    (*p && *p != ','))
+			return vps_fail(VPS_EINPUT, "--box: '%s' is not LO:HI,LO:HI,... (axis %d; numbers up to 2^48)", s,
+					k);
+		if (b->lo[k] >= b->hi[k])
+			return vps_fail(VPS_EINPUT, "--box: axis %d: %" PRId64 ":%" PRId64 " is empty (LO < HI)", k,
+					b->lo[k], b->hi[k]);
+		b->ndim++;
+		if (!*p)
+			return VPS_OK;
+		p++;
+	}
+}
+
+void vps_ranks_format(int64_t base, int64_t stride, int64_t count, char *buf, size_t n)
+{
+	if (count <= 1)
+		snprintf(buf, n, "%" PRId64, base);
+	else if (stride == 1)
+		snprintf(buf, n, "%" PRId64 "-%" PRId64, base, base + count - 1);
+	else
+		snprintf(buf, n, "%" PRId64 "-%" PRId64 ":%" PRId64, base, base + (count - 1) * stride, stride);
+}
+
+void vps_query_init(struct vps_query *q)
+{
+	memset(q, 0, sizeof(*q));
+	q->state = -1;
+	q->rank = q->peer = q->stage = -1;
+}
+
+/* ---- which tensors ---- */
+
+/* The tensors a query names: all, one, or those a glob matches (a bitmap
+ * over the ids, made by one pass over the names). */
+struct tensor_set {
+	uint32_t one;    /* UINT32_MAX: not a single tensor */
+	uint8_t *bits;   /* a glob: matched ids */
+	bool all;
+	size_t count;
+};
+
+static bool is_glob(const char *s) { return strpbrk(s, "*?[") != NULL; }
+
+static bool tensor_in(const struct tensor_set *ts, uint32_t id)
+{
+	if (ts->all)
+		return true;
+	if (ts->bits)
+		return ts->bits[id / 8] >> (id % 8) & 1;
+	return id == ts->one;
+}
+
+/* want_ndim > 0: a glob keeps only tensors of that many axes (a --box). */
+static vps_result_t tensor_set_init(struct tensor_set *ts, const struct vps_model *m, const char *pattern,
+				    int want_ndim)
+{
+	memset(ts, 0, sizeof(*ts));
+	ts->one = UINT32_MAX;
+	if (!pattern) {
+		ts->all = true;
+		ts->count = vps_model_num_tensors(m);
+		return VPS_OK;
+	}
+	if (!is_glob(pattern)) {
+		if (vps_model_find_tensor(m, pattern, &ts->one))
+			return vps_fail(VPS_EINPUT, "--tensor: %s has no tensor named '%s' (a glob such as "
+					"'decoder.layers.0.*' lists names)", m->name, pattern);
+		ts->count = 1;
+		return VPS_OK;
+	}
+	uint32_t n = vps_model_num_tensors(m);
+	ts->bits = vps_calloc((size_t)n / 8 + 1, 1);
+	if (!ts->bits)
+		return VPS_ENOMEM;
+	size_t any = 0;
+	for (uint32_t id = 0; id < n; id++) {
+		struct vps_tensor t;
+		char name[512];
+		VPS_CHECK(vps_model_tensor(m, id, &t));
+		vps_tensor_name(&t, name, sizeof(name));
+		if (fnmatch(pattern, name, 0))
+			continue;
+		any++;
+		if (want_ndim > 0 && t.ndim != want_ndim)
+			continue;
+		ts->bits[id / 8] |= (uint8_t)(1u << (id % 8));
+		ts->count++;
+	}
+	if (!any) {
+		free(ts->bits);
+		ts->bits = NULL;
+		return vps_fail(VPS_EINPUT, "--tensor: '%s' matches no tensor of %s", pattern, m->name);
+	}
+	if (!ts->count) {
+		free(ts->bits);
+		ts->bits = NULL;
+		return vps_fail(VPS_EINPUT, "--box: %d axes, and none of the %zu tensors '%s' matches has that many",
+				want_ndim, any, pattern);
+	}
+	return VPS_OK;
+}
+
+static void tensor_set_release(struct tensor_set *ts)
+{
+	free(ts->bits);
+	ts->bits = NULL;
+}
+
+/* A tensor's name, remembered for the next record of the same tensor. */
+struct name_cache {
+	uint32_t id;
+	bool valid;
+	char name[512];
+};
+
+static vps_result_t tensor_name(const struct vps_model *m, uint32_t id, struct name_cache *c)
+{
+	if (c->valid && c->id == id)
+		return VPS_OK;
+	struct vps_tensor t;
+	VPS_CHECK(vps_model_tensor(m, id, &t));
+	vps_tensor_name(&t, c->name, sizeof(c->name));
+	c->id = id;
+	c->valid = true;
+	return VPS_OK;
+}
+
+/* ---- holders ---- */
+
+static vps_result_t no_state(const char *what, int state)
+{
+	return vps_fail(VPS_EINPUT, "--state: %s no %s (%s)", what, vps_state_name(state),
+			state == VPS_STATE_MODULE ? "the model has no module buffers" : "grad=1 adds it");
+}
+
+vps_result_t vps_query_holders(const struct vps_layout *l, const struct vps_query *q, enum vps_format f,
+			       struct vps_bytes *out)
+{
+	const struct vps_model *m = vps_layout_model(l);
+	struct tensor_set ts;
+	struct vps_holders h = {0};
+	struct vps_records rec;
+	vps_result_t rc;
+	if (q->state >= 0 && !vps_layout_has_state(l, q->state))
+		return no_state("this layout holds", q->state);
+	VPS_CHECK(tensor_set_init(&ts, m, q->tensor, q->has_box ? q->box.ndim : 0));
+	VPS_CHECK_GOTO(vps_records_begin(&rec, out, f, vps_holder_fields, vps_holder_nfields), rc, done);
+	uint32_t n = vps_model_num_tensors(m);
+	for (uint32_t id = ts.one != UINT32_MAX ? ts.one : 0; id < n; id++) {
+		if (!tensor_in(&ts, id))
+			continue;
+		struct vps_tensor t;
+		char name[512];
+		VPS_CHECK_GOTO(vps_model_tensor(m, id, &t), rc, done);
+		vps_tensor_name(&t, name, sizeof(name));
+		if (q->has_box && ts.one != UINT32_MAX) {
+			if (t.ndim != q->box.ndim) {
+				rc = vps_fail(VPS_EINPUT, "--box: %d axes, %s has %d", q->box.ndim, name, t.ndim);
+				goto done;
+			}
+			for (int k = 0; k < t.ndim; k++)
+				if (q->box.hi[k] > t.shape[k]) {
+					rc = vps_fail(VPS_EINPUT, "--box: axis %d: %" PRId64 ":%" PRId64
+						      " is outside %s, 0:%" PRId64, k, q->box.lo[k], q->box.hi[k], name,
+						      t.shape[k]);
+					goto done;
+				}
+		}
+		for (int st = q->state < 0 ? 0 : q->state; st < (q->state < 0 ? VPS_NSTATES : q->state + 1); st++) {
+			if (!vps_layout_tensor_has_state(l, &t, st))
+				continue;
+			h.n = 0;
+			VPS_CHECK_GOTO(vps_layout_holders(l, id, st, q->has_box ? &q->box : NULL, &h), rc, done);
+			for (size_t i = 0; i < h.n; i++) {
+				const struct vps_holder *x = &h.v[i];
+				struct vps_region part = x->region;
+				if (q->has_box) {
+					struct vps_box b;
+					if (!vps_box_intersect(&x->region.box, &q->box, &b))
+						continue;
+					vps_region_restrict(&x->region, &b, &part);
+				}
+				char ranks[96];
+				vps_ranks_format(x->base, x->stride, x->count, ranks, sizeof(ranks));
+				struct vps_value v[] = {
+					{.s = name},
+					{.s = vps_state_name(st)},
+					{.s = ranks},
+					{.i = x->base},
+					{.i = x->stride},
+					{.i = x->count},
+					{.i = part.buffer},
+					{.box = &part.box},
+					{.i = part.offset},
+					{.ints = part.strides, .nints = part.box.ndim},
+					{.i = vps_box_volume(&part.box) * (int64_t)vps_dtype_size(vps_state_dtype(st))},
+				};
+				VPS_CHECK_GOTO(vps_records_put(&rec, v), rc, done);
+			}
+		}
+		if (ts.one != UINT32_MAX)
+			break;
+	}
+	rc = vps_records_end(&rec);
+done:
+	vps_holders_release(&h);
+	tensor_set_release(&ts);
+	return rc;
+}
+
+/* ---- transfers ---- */
+
+/* The world rank asked about, checked against the plan's scope. */
+static vps_result_t query_rank(const struct vps_query *q, int64_t scope, int64_t world, const char *what,
+			       int64_t *rank)
+{
+	*rank = q->rank;
+	if (scope >= 0) {
+		if (q->rank >= 0 && q->rank != scope)
+			return vps_fail(VPS_EINPUT, "--rank: %" PRId64 ", but the %s holds world rank %" PRId64
+				       "'s part only", q->rank, what, scope);
+		*rank = scope;
+	}
+	if (*rank < 0)
+		return vps_fail(VPS_EINPUT, "--rank: a global %s needs --rank R (whose transfers)", what);
+	if (*rank >= world)
+		return vps_fail(VPS_EINPUT, "--rank: %" PRId64 " is outside the world of %" PRId64 " ranks", *rank,
+				world);
+	if (q->peer >= world)
+		return vps_fail(VPS_EINPUT, "--peer: %" PRId64 " is outside the world of %" PRId64 " ranks", q->peer,
+				world);
+	return VPS_OK;
+}
+
+/* What one record of a transfer says. */
+struct xrec {
+	int64_t rank, src, dst;
+	uint32_t tensor;
+	int state;
+	struct vps_box box;
+	int64_t src_buffer, src_offset, dst_buffer, dst_offset;
+	int64_t stage, chunk;
+};
+
+static vps_result_t put_transfer(struct vps_records *rec, const struct vps_model *m, struct name_cache *nc,
+				 const struct xrec *x)
+{
+	VPS_CHECK(tensor_name(m, x->tensor, nc));
+	const char *dir = x->src == x->dst ? "retain" : x->src == x->rank ? "send" : "recv";
+	int64_t peer = x->src == x->rank ? x->dst : x->src;
+	struct vps_value v[] = {
+		{.i = x->rank},
+		{.s = dir},
+		{.i = peer},
+		{.s = nc->name},
+		{.s = vps_state_name(x->state)},
+		{.box = &x->box},
+		{.i = vps_box_volume(&x->box) * (int64_t)vps_dtype_size(vps_state_dtype(x->state))},
+		{.i = x->src_buffer},
+		{.i = x->src_offset},
+		{.i = x->dst_buffer},
+		{.i = x->dst_offset},
+		{.i = x->stage},
+		{.i = x->chunk},
+	};
+	return vps_records_put(rec, v);
+}
+
+static bool pair_wanted(const struct vps_query *q, int64_t rank, int64_t src, int64_t dst)
+{
+	if (src != rank && dst != rank)
+		return false;
+	return q->peer < 0 || q->peer == (src == rank ? dst : src);
+}
+
+vps_result_t vps_query_transfers(const struct vps_plan *p, const struct vps_query *q, enum vps_format f,
+				 struct vps_bytes *out)
+{
+	const struct vps_model *m = vps_layout_model(p->a);
+	int64_t rank;
+	struct tensor_set ts;
+	struct vps_records rec;
+	struct name_cache nc = {0};
+	vps_result_t rc;
+	if (q->stage >= 0)
+		return vps_fail(VPS_EINPUT, "--stage: a plan has no stages (vps-stage(1) stages it)");
+	if (q->state >= 0 && !vps_layout_has_state(p->a, q->state))
+		return no_state("this plan moves", q->state);
+	VPS_CHECK(query_rank(q, p->scope, vps_world_size(p->world), "plan", &rank));
+	VPS_CHECK(tensor_set_init(&ts, m, q->tensor, 0));
+	VPS_CHECK_GOTO(vps_records_begin(&rec, out, f, vps_transfer_fields, vps_transfer_nfields), rc, done);
+	struct vps_piece_iter it;
+	vps_piece_iter_init(&it, p);
+	for (const struct vps_piece *x; (x = vps_piece_iter_next(&it));) {
+		if (!pair_wanted(q, rank, x->src, x->dst) || !tensor_in(&ts, x->tensor) ||
+		    (q->state >= 0 && x->state != q->state))
+			continue;
+		struct xrec r = {rank, x->src, x->dst, x->tensor, x->state, x->box, x->src_buffer, x->src_offset,
+				 x->dst_buffer, x->dst_offset, -1, -1};
+		VPS_CHECK_GOTO(put_transfer(&rec, m, &nc, &r), rc, done);
+	}
+	rc = vps_records_end(&rec);
+done:
+	tensor_set_release(&ts);
+	return rc;
+}
+
+/* ---- staged transfers: which parts of which pieces each copy carries ----
+ *
+ * A copy (op) of a staged plan names the first plan piece it carries. A
+ * strided piece is never merged: its copies are sub-boxes of it, with its
+ * addressing. Flat pieces (contiguous on both sides) of one pair are merged
+ * in destination address order, which need not be the plan's order, so a
+ * flat copy is matched by address: the pieces of its pair whose destination
+ * ranges it overlaps, found in an index sorted by address. */
+
+struct flat {
+	int64_t src, dst;
+	uint32_t dst_buffer;
+	int64_t dst_offset, len;
+	size_t piece;
+};
+
+static int flat_cmp(const void *a, const void *b)
+{
+	const struct flat *x = a, *y = b;
+	if (x->src != y->src)
+		return x->src < y->src ? -1 : 1;
+	if (x->dst != y->dst)
+		return x->dst < y->dst ? -1 : 1;
+	if (x->dst_buffer != y->dst_buffer)
+		return x->dst_buffer < y->dst_buffer ? -1 : 1;
+	return x->dst_offset < y->dst_offset ? -1 : x->dst_offset > y->dst_offset;
+}
+
+static vps_result_t op_mismatch(size_t xi, size_t k, const struct vps_op *o, const char *why)
+{
+	return vps_fail(VPS_EINPUT, "transfer %zu copy %zu (piece %" PRId64 "): %s (vps-verify(1) says more)", xi, k,
+			o->piece, why);
+}
+
+/* The sub-box (from the piece's lo) that strided copy o of transfer x
+ * carries: solved from the destination offset, largest stride first (exact
+ * when strides nest, as every layout's do), then checked on both sides. */
+static bool strided_part(const struct vps_op *o, const struct vps_xfer *x, const struct vps_piece *pc,
+			 struct vps_box *sub)
+{
+	int nd = pc->box.ndim;
+	int64_t E[VPS_MAX_DIMS], lo[VPS_MAX_DIMS] = {0};
+	bool used[VPS_MAX_DIMS] = {false};
+	if (o->ndim != nd || x->src != pc->src || x->dst != pc->dst || o->src_buffer != pc->src_buffer ||
+	    o->dst_buffer != pc->dst_buffer)
+		return false;
+	for (int k = 0; k < nd; k++) {
+		E[k] = pc->box.hi[k] - pc->box.lo[k];
+		if (o->ext[k] < 1 || o->ext[k] > E[k])
+			return false;
+	}
+	int64_t delta = o->dst_offset - pc->dst_offset;
+	for (int n = 0; n < nd; n++) {
+		int best = -1;
+		for (int k = 0; k < nd; k++)
+			if (!used[k] && E[k] > o->ext[k] && (best < 0 || pc->dst_strides[k] > pc->dst_strides[best]))
+				best = k;
+		if (best < 0)
+			break;
+		used[best] = true;
+		if (pc->dst_strides[best] <= 0 || delta < 0)
+			return false;
+		lo[best] = vps_min64(delta / pc->dst_strides[best], E[best] - o->ext[best]);
+		delta -= lo[best] * pc->dst_strides[best];
+	}
+	if (delta)
+		return false;
+	int64_t so = pc->src_offset, dof = pc->dst_offset, t;
+	for (int k = 0; k < nd; k++) {
+		/* the reader keeps pieces inside their buffers; checked all the same */
+		if (!vps_mul_ok(lo[k], pc->src_strides[k], &t) || !vps_add_ok(so, t, &so) ||
+		    !vps_mul_ok(lo[k], pc->dst_strides[k], &t) || !vps_add_ok(dof, t, &dof))
+			return false;
+		if (o->ext[k] > 1 && (o->src_strides[k] != pc->src_strides[k] || o->dst_strides[k] != pc->dst_strides[k]))
+			return false;
+	}
+	if (so != o->src_offset || dof != o->dst_offset)
+		return false;
+	sub->ndim = nd;
+	for (int k = 0; k < nd; k++) {
+		sub->lo[k] = pc->box.lo[k] + lo[k];
+		sub->hi[k] = sub->lo[k] + o->ext[k];
+	}
+	return true;
+}
+
+struct staged_ctx {
+	const struct vps_staged *s;
+	const struct vps_query *q;
+	const struct tensor_set *ts;
+	struct vps_records *rec;
+	struct name_cache nc;
+	int64_t rank;
+	struct flat *ix;
+	size_t nix;
+};
+
+static bool piece_wanted(const struct staged_ctx *c, const struct vps_piece *pc)
+{
+	return tensor_in(c->ts, pc->tensor) && (c->q->state < 0 || pc->state == c->q->state);
+}
+
+static vps_result_t flat_op(struct staged_ctx *c, size_t xi, size_t k)
+{
+	const struct vps_xfer *x = &c->s->xfers[xi];
+	const struct vps_op *o = &c->s->ops[x->first_op + k];
+	const struct vps_plan *p = c->s->plan;
+	if (o->ndim != 1)
+		return op_mismatch(xi, k, o, "a copy of flat pieces with more than one axis");
+	int64_t a0 = o->dst_offset, a1 = a0 + o->ext[0], covered = 0;
+	/* the first indexed piece past a0, then back one: the last piece of the
+	 * pair that starts at or before a0 may reach into the copy */
+	struct flat key = {x->src, x->dst, o->dst_buffer, a0, 0, 0};
+	size_t lo = 0, hi = c->nix;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (flat_cmp(&c->ix[mid], &key) <= 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	size_t i = lo;
+	if (i && c->ix[i - 1].src == x->src && c->ix[i - 1].dst == x->dst && c->ix[i - 1].dst_buffer == o->dst_buffer)
+		i--;
+	for (; i < c->nix; i++) {
+		const struct flat *e = &c->ix[i];
+		if (e->src != x->src || e->dst != x->dst || e->dst_buffer != o->dst_buffer || e->dst_offset >= a1)
+			break;
+		int64_t from = vps_max64(a0, e->dst_offset), to = vps_min64(a1, e->dst_offset + e->len);
+		if (from >= to)
+			continue;
+		const struct vps_piece *pc = &p->pieces[e->piece];
+		if (pc->src_buffer != o->src_buffer ||
+		    o->src_offset + (from - a0) != pc->src_offset + (from - e->dst_offset) ||
+		    o->esize != vps_dtype_size(vps_state_dtype(pc->state)))
+			return op_mismatch(xi, k, o, "its source is not that of the pieces at its destination");
+		covered += to - from;
+		if (!piece_wanted(c, pc))
+			continue;
+		int64_t ext[VPS_MAX_DIMS], starts[2 * VPS_MAX_DIMS];
+		struct vps_box parts[2 * VPS_MAX_DIMS];
+		for (int d = 0; d < pc->box.ndim; d++)
+			ext[d] = pc->box.hi[d] - pc->box.lo[d];
+		int np = vps_flat_range_boxes(pc->box.ndim, ext, from - e->dst_offset, to - e->dst_offset, parts,
+					      starts);
+		for (int j = 0; j < np; j++) {
+			struct xrec r = {c->rank,	x->src, x->dst, pc->tensor, pc->state, parts[j], pc->src_buffer,
+					 pc->src_offset + starts[j], pc->dst_buffer, pc->dst_offset + starts[j],
+					 x->stage,	x->chunk};
+			for (int d = 0; d < r.box.ndim; d++) {
+				r.box.lo[d] += pc->box.lo[d];
+				r.box.hi[d] += pc->box.lo[d];
+			}
+			VPS_CHECK(put_transfer(c->rec, vps_layout_model(p->a), &c->nc, &r));
+		}
+	}
+	if (covered != o->ext[0])
+		return op_mismatch(xi, k, o, "its destination is not covered by flat pieces of its pair");
+	return VPS_OK;
+}
+
+static vps_result_t staged_op(struct staged_ctx *c, size_t xi, size_t k)
+{
+	const struct vps_xfer *x = &c->s->xfers[xi];
+	const struct vps_op *o = &c->s->ops[x->first_op + k];
+	const struct vps_plan *p = c->s->plan;
+	if (o->piece < 0 || (size_t)o->piece >= p->npieces)
+		return op_mismatch(xi, k, o, "no such piece");
+	const struct vps_piece *pc = &p->pieces[o->piece];
+	if (vps_piece_flat(pc))
+		return flat_op(c, xi, k);
+	struct vps_box sub;
+	if (o->npieces != 1 || o->esize != vps_dtype_size(vps_state_dtype(pc->state)) || !strided_part(o, x, pc, &sub))
+		return op_mismatch(xi, k, o, "not a part of the strided piece it names");
+	if (!piece_wanted(c, pc))
+		return VPS_OK;
+	struct xrec r = {c->rank,      x->src,	      x->dst,	     pc->tensor, pc->state, sub,
+			 o->src_buffer, o->src_offset, o->dst_buffer, o->dst_offset, x->stage, x->chunk};
+	return put_transfer(c->rec, vps_layout_model(p->a), &c->nc, &r);
+}
+
+vps_result_t vps_query_staged(const struct vps_staged *s, const struct vps_query *q, enum vps_format f,
+			      struct vps_bytes *out)
+{
+	const struct vps_plan *p = s->plan;
+	const struct vps_model *m = vps_layout_model(p->a);
+	struct tensor_set ts;
+	struct vps_records rec;
+	struct staged_ctx c = {.s = s, .q = q, .ts = &ts, .rec = &rec};
+	vps_result_t rc;
+	if (q->stage >= 0 && !s->cut)
+		return vps_fail(VPS_EINPUT, "--stage: this staged plan is not cut into stages yet (one rank's: its "
+				"executors cut it when the switch starts)");
+	if (q->stage >= 0 && (size_t)q->stage >= s->nstages)
+		return vps_fail(VPS_EINPUT, "--stage: %" PRId64 ", the staged plan has %zu stages (from 0)", q->stage,
+				s->nstages);
+	if (q->state >= 0 && !vps_layout_has_state(p->a, q->state))
+		return no_state("this plan moves", q->state);
+	if (!p->pieces && p->npieces)
+		return vps_fail(VPS_EINPUT, "internal: a staged plan's pieces are packed");
+	VPS_CHECK(query_rank(q, s->scope, vps_world_size(p->world), "staged plan", &c.rank));
+	VPS_CHECK(tensor_set_init(&ts, m, q->tensor, 0));
+	size_t cap = 0;
+	for (size_t i = 0; i < p->npieces; i++) {
+		const struct vps_piece *x = &p->pieces[i];
+		if ((x->src != c.rank && x->dst != c.rank) || !vps_piece_flat(x))
+			continue;
+		VPS_CHECK_GOTO(VPS_GROW(c.ix, cap, c.nix + 1), rc, done);
+		c.ix[c.nix++] = (struct flat){x->src, x->dst, x->dst_buffer, x->dst_offset, vps_box_volume(&x->box), i};
+	}
+	if (c.nix)
+		qsort(c.ix, c.nix, sizeof(*c.ix), flat_cmp);
+	VPS_CHECK_GOTO(vps_records_begin(&rec, out, f, vps_transfer_fields, vps_transfer_nfields), rc, done);
+	for (size_t i = 0; i < s->nxfers; i++) {
+		const struct vps_xfer *x = &s->xfers[i];
+		if (!pair_wanted(q, c.rank, x->src, x->dst) || (q->stage >= 0 && x->stage != q->stage))
+			continue;
+		for (size_t k = 0; k < x->nops; k++)
+			VPS_CHECK_GOTO(staged_op(&c, i, k), rc, done);
+	}
+	rc = vps_records_end(&rec);
+done:
+	free(c.ix);
+	tensor_set_release(&ts);
+	return rc;
+}
+
+vps_result_t vps_query_document(const char *name, const void *data, size_t len, const struct vps_query *q,
+				enum vps_format f, struct vps_bytes *out)
+{
+	enum vps_doc_kind kind = vps_doc_sniff(data, len);
+	vps_result_t rc;
+	if (kind == VPS_DOC_PLAN) {
+		struct vps_plan *p;
+		/* read in order once: a global plan's pieces may stay packed */
+		VPS_CHECK(vps_plan_parse_as(&p, name, data, len, true));
+		rc = vps_query_transfers(p, q, f, out);
+		vps_plan_free(p);
+		return rc;
+	}
+	if (kind == VPS_DOC_STAGED) {
+		struct vps_staged *s;
+		VPS_CHECK(vps_staged_parse(&s, name, data, len));
+		rc = vps_query_staged(s, q, f, out);
+		/* a copy that does not lie in its pieces is the file's fault */
+		if (rc == VPS_EINPUT && strncmp(vps_last_error(), "--", 2))
+			vps_error_prefix("%s", name);
+		vps_staged_free(s);
+		return rc;
+	}
+	if (kind)
+		return vps_fail(VPS_EINPUT, "%s: a %s, not a plan or a staged plan", name, vps_doc_kind_name(kind));
+	return vps_fail(VPS_EINPUT, "%s: not a vps plan or staged plan", name);
+}

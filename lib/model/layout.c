@@ -1,0 +1,1174 @@
+#include <inttypes.h>
+#include <stdio.h>
+
+#include "io/doc.h"
+#include "util/internal.h"
+#include "model/layout_int.h"
+
+static const char *state_names[VPS_NSTATES] = {"param", "main_param", "exp_avg", "exp_avg_sq", "grad", "module_buffer"};
+static const char *dtype_names[] = {"bf16", "fp32"};
+
+const char *vps_state_name(int state)
+{
+	return state >= 0 && state < VPS_NSTATES ? state_names[state] : "?";
+}
+
+vps_result_t vps_state_parse(const char *name, int *state)
+{
+	for (int i = 0; i < VPS_NSTATES; i++)
+		if (!strcmp(name, state_names[i])) {
+			*state = i;
+			return VPS_OK;
+		}
+	return vps_fail(VPS_EINPUT, "unknown state '%s'", name);
+}
+
+const char *vps_dtype_name(int dtype) { return dtype == 0 || dtype == 1 ? dtype_names[dtype] : "?"; }
+
+vps_result_t vps_dtype_parse(const char *name, int *dtype)
+{
+	for (int i = 0; i < 2; i++)
+		if (!strcmp(name, dtype_names[i])) {
+			*dtype = i;
+			return VPS_OK;
+		}
+	return vps_fail(VPS_EINPUT, "unknown dtype '%s'", name);
+}
+
+size_t vps_dtype_size(int dtype) { return dtype == VPS_DTYPE_BF16 ? 2 : 4; }
+int vps_state_dtype(int state) { return state == VPS_STATE_PARAM ? VPS_DTYPE_BF16 : VPS_DTYPE_FP32; }
+
+void vps_rank_view_release(struct vps_rank_view *v)
+{
+	if (!v)
+		return;
+	if (v->region_names)
+		for (size_t i = 0; i < v->nregions; i++)
+			free(v->region_names[i]);
+	free(v->region_names);
+	free(v->buffers);
+	free(v->params);
+	free(v->regions);
+	free(v->region_param);
+	memset(v, 0, sizeof(*v));
+}
+
+void vps_holders_release(struct vps_holders *h)
+{
+	free(h->v);
+	memset(h, 0, sizeof(*h));
+}
+
+/* ---------------------------------------------------------------------- */
+
+const struct vps_model *vps_layout_model(const struct vps_layout *l) { return &l->m; }
+const struct vps_parallel *vps_layout_parallel(const struct vps_layout *l) { return &l->p; }
+const struct vps_devices *vps_layout_devices(const struct vps_layout *l) { return &l->d; }
+int64_t vps_layout_world(const struct vps_layout *l) { return l->world; }
+bool vps_layout_expert_buffer(const struct vps_layout *l) { return l->expert_buffer; }
+struct vps_device vps_layout_device(const struct vps_layout *l, int64_t rank) { return vps_devices_get(&l->d, rank); }
+int64_t vps_layout_rank_on(const struct vps_layout *l, struct vps_device dev)
+{
+	return vps_devices_find(&l->d, l->world, dev);
+}
+int vps_layout_nstates(const struct vps_layout *l) { return l->p.grad ? VPS_STATE_GRAD + 1 : VPS_STATE_GRAD; }
+
+bool vps_layout_has_state(const struct vps_layout *l, int state)
+{
+	if (state == VPS_STATE_MODULE)
+		return vps_model_module_buffers(&l->m) > 0;
+	return state >= 0 && state < vps_layout_nstates(l);
+}
+
+bool vps_layout_tensor_has_state(const struct vps_layout *l, const struct vps_tensor *t, int state)
+{
+	if (t->module_buffer)
+		return state == VPS_STATE_MODULE;
+	return state >= 0 && state < vps_layout_nstates(l);
+}
+
+/* A chunk's buffers come in groups: dense and expert parameters, each with
+ * a buffer per parameter state, then its module buffers, with one. */
+enum { GROUP_DENSE, GROUP_EXPERT, GROUP_MODULE, NGROUPS };
+
+static int group_nstates(const struct vps_layout *l, int group)
+{
+	return group == GROUP_MODULE ? 1 : vps_layout_nstates(l);
+}
+
+/* The state of a group's k-th buffer, and the inverse. */
+static int group_state(int group, int k) { return group == GROUP_MODULE ? VPS_STATE_MODULE : k; }
+static int group_slot(int group, int state) { return group == GROUP_MODULE ? 0 : state; }
+
+bool vps_layout_state_sharded(const struct vps_layout *l, int state)
+{
+	return l->p.zero && (state == VPS_STATE_MAIN_PARAM || state == VPS_STATE_EXP_AVG ||
+			     state == VPS_STATE_EXP_AVG_SQ);
+}
+
+/* Megatron's two generators over one world (parallel_state.py,
+ * initialize_model_parallel): the dense one in the order tp-cp-ep-dp-pp with
+ * ep = 1, the expert one in the same order with cp = 1, so expert data
+ * parallelism spans what is CP and DP in the dense one. */
+void vps_layout_coords(const struct vps_layout *l, int64_t r, struct vps_coords *c)
+{
+	const struct vps_parallel *p = &l->p;
+	c->tp = r % p->tp;
+	c->cp = (r / p->tp) % p->cp;
+	c->dp = (r / (p->tp * p->cp)) % p->dp;
+	c->pp = r / (p->tp * p->cp * p->dp);
+	c->etp = r % p->etp;
+	c->ep = (r / p->etp) % p->ep;
+	c->edp = (r / (p->etp * p->ep)) % l->edp;
+}
+
+static struct tmpl *tmpl_at(const struct vps_layout *l, int64_t stage, int64_t chunk, int group)
+{
+	return &l->tm[(stage * l->p.vpp + chunk) * NGROUPS + group];
+}
+
+/* ---- tensor-parallel pieces ---- */
+
+int64_t vps_layout_local_elements(const struct vps_layout *l, const struct vps_tensor *t)
+{
+	int64_t T = t->is_expert ? l->p.etp : l->p.tp;
+	struct vps_box b;
+	vps_box_full(&b, t->ndim, t->shape);
+	int64_t vol = vps_box_volume(&b);
+	switch (t->split) {
+	case VPS_SPLIT_NONE: return vol;
+	case VPS_SPLIT_AXIS:
+	case VPS_SPLIT_FLAT: return vol / T;
+	case VPS_SPLIT_VOCAB: {
+		int64_t padded = vps_round_up(t->shape[0], l->m.vocab_divisor * T);
+		return padded / T * t->shape[1];
+	}
+	}
+	return vol;
+}
+
+int vps_layout_pieces(const struct vps_layout *l, const struct vps_tensor *t, int64_t ti, struct piece *out)
+{
+	int64_t T = t->is_expert ? l->p.etp : l->p.tp;
+	struct vps_box full;
+	vps_box_full(&full, t->ndim, t->shape);
+	switch (t->split) {
+	case VPS_SPLIT_NONE:
+		out[0].box = full;
+		out[0].loc = 0;
+		return 1;
+	case VPS_SPLIT_AXIS: {
+		int64_t n = t->shape[t->axis] / T;
+		out[0].box = full;
+		out[0].box.lo[t->axis] = ti * n;
+		out[0].box.hi[t->axis] = (ti + 1) * n;
+		out[0].loc = 0;
+		return 1;
+	}
+	case VPS_SPLIT_VOCAB: {
+		int64_t rows = vps_round_up(t->shape[0], l->m.vocab_divisor * T) / T;
+		int64_t lo = ti * rows, hi = vps_min64((ti + 1) * rows, t->shape[0]);
+		if (lo >= hi)
+			return 0;
+		out[0].box = full;
+		out[0].box.lo[0] = lo;
+		out[0].box.hi[0] = hi;
+		out[0].loc = 0;
+		return 1;
+	}
+	case VPS_SPLIT_FLAT: {
+		int64_t vol = vps_box_volume(&full), per = vol / T;
+		struct vps_box boxes[2 * VPS_MAX_DIMS];
+		int64_t starts[2 * VPS_MAX_DIMS];
+		int n = vps_flat_range_boxes(t->ndim, t->shape, ti * per, (ti + 1) * per, boxes, starts);
+		for (int i = 0; i < n; i++) {
+			out[i].box = boxes[i];
+			out[i].loc = starts[i] - ti * per;
+		}
+		return n;
+	}
+	}
+	return 0;
+}
+
+/* ---- templates: one buffer layout per (stage, chunk, dense/expert) ---- */
+
+static vps_result_t tmpl_push(struct tmpl *tm, size_t *cap, const struct tparam *p)
+{
+	VPS_CHECK(VPS_GROW(tm->p, *cap, tm->n + 1));
+	tm->p[tm->n++] = *p;
+	return VPS_OK;
+}
+
+/* Whether the last stage holds a copy of the word embeddings: the tied
+ * output layer's weight, or the embedding the MTP block needs (GPTModel
+ * builds one where mtp_process) */
+static bool embedding_copied(const struct vps_layout *l)
+{
+	return (l->m.tied_embeddings || l->m.mtp_layers > 0) && l->p.pp > 1;
+}
+
+static vps_result_t tmpl_add(const struct vps_layout *l, struct tmpl *tm, size_t *cap, uint32_t tensor, int32_t layer,
+			     int32_t local_layer, int32_t slot, bool output_copy, bool want_expert)
+{
+	struct vps_tensor t;
+	VPS_CHECK(vps_model_tensor(&l->m, tensor, &t));
+	bool in_expert = t.is_expert && l->expert_buffer;
+	if (in_expert != want_expert)
+		return VPS_OK;
+	struct tparam p = {0};
+	p.tensor = tensor;
+	p.layer = layer;
+	p.local_layer = local_layer;
+	p.slot = slot;
+	p.output_copy = output_copy;
+	/* Megatron marks both copies of the word embeddings shared_embedding
+	 * when tied embeddings or MTP put one on the last stage too
+	 * (language_module.py setup_embeddings_and_output_layer) */
+	p.shared = embedding_copied(l) && t.kind == VPS_T_WORD_EMB;
+	p.elements = vps_layout_local_elements(l, &t);
+	return tmpl_push(tm, cap, &p);
+}
+
+static int tparam_ref_cmp(const void *a, const void *b)
+{
+	const struct tparam_ref *x = a, *y = b;
+	return x->tensor < y->tensor ? -1 : x->tensor > y->tensor;
+}
+
+static vps_result_t index_by_tensor(struct tmpl *tm)
+{
+	tm->by_tensor = vps_calloc(tm->n, sizeof(*tm->by_tensor));
+	if (!tm->by_tensor)
+		return VPS_ENOMEM;
+	for (size_t k = 0; k < tm->n; k++)
+		if (!tm->p[k].output_copy)
+			tm->by_tensor[tm->nby_tensor++] = (struct tparam_ref){tm->p[k].tensor, (uint32_t)k};
+	qsort(tm->by_tensor, tm->nby_tensor, sizeof(*tm->by_tensor), tparam_ref_cmp);
+	return VPS_OK;
+}
+
+/* One layer's tensors in registration order; shared experts follow the
+ * routed ones (MoELayer.__init__). layer and local_layer are -1 in an MTP
+ * layer. */
+static vps_result_t tmpl_add_layer(const struct vps_layout *l, struct tmpl *tm, size_t *cap,
+				   const struct vps_layer_span *sp, int32_t layer, int32_t local_layer, int expert)
+{
+	uint32_t base = sp->first, after = sp->expert_first + sp->experts * sp->per_expert;
+	for (uint32_t k = 0; k < sp->expert_first; k++)
+		VPS_CHECK(tmpl_add(l, tm, cap, base + k, layer, local_layer, -1, false, expert));
+	/* SequentialMLP registers expert by expert (local_experts.i.linear_fc1,
+	 * .linear_fc2); TEGroupedMLP registers linear_fc1 then linear_fc2, each a
+	 * GroupedLinear holding weight{i} (and bias{i}) gemm by gemm
+	 * (experts.py TEGroupedMLP.__init__, TE grouped_linear.py
+	 * GroupedLinear.__init__) */
+	uint32_t per_linear = l->p.grouped_gemm ? l->nexpert_kinds / 2 : l->nexpert_kinds;
+	for (uint32_t lin = 0; sp->experts && lin < l->nexpert_kinds / per_linear; lin++)
+		for (int64_t slot = 0; slot < l->experts_per_rank; slot++)
+			for (uint32_t k = lin * per_linear; k < (lin + 1) * per_linear; k++)
+				VPS_CHECK(tmpl_add(l, tm, cap, base + sp->expert_first + (uint32_t)slot * l->nexpert_kinds + k,
+						   layer, local_layer, (int32_t)slot, false, expert));
+	for (uint32_t k = after; k < sp->count; k++)
+		VPS_CHECK(tmpl_add(l, tm, cap, base + k, layer, local_layer, -1, false, expert));
+	return VPS_OK;
+}
+
+static vps_result_t module_add(const struct vps_layout *l, struct tmpl *tm, size_t *cap, int64_t layer,
+			       int64_t local_layer, int64_t mtp)
+{
+	struct tparam p = {0};
+	if (!vps_model_router_bias(&l->m, layer, mtp, &p.tensor))
+		return VPS_OK;
+	p.layer = (int32_t)layer;
+	p.local_layer = (int32_t)local_layer;
+	p.slot = -1;
+	p.offset = tm->n ? tm->p[tm->n - 1].offset + tm->p[tm->n - 1].elements : 0;
+	p.elements = l->m.experts;
+	return tmpl_push(tm, cap, &p);
+}
+
+/* A chunk's module buffers: its layers' routers' expert_bias, then the MTP
+ * layers', packed in that order. They are module state, not in Megatron's
+ * DDP buffers, so no padding, no buckets and no ZeRO shards apply: one
+ * bucket spans the buffer. */
+static vps_result_t build_module_tmpl(struct vps_layout *l, int64_t s, int64_t v)
+{
+	struct tmpl *tm = tmpl_at(l, s, v, GROUP_MODULE);
+	size_t cap = 0;
+	tm->output_copy_idx = -1;
+	int64_t first = vps_parallel_chunk_first_layer(&l->p, &l->m, s, v);
+	int64_t n = vps_parallel_stage_layers(&l->p, &l->m, s) / l->p.vpp;
+	for (int64_t ll = 0; ll < n; ll++)
+		VPS_CHECK(module_add(l, tm, &cap, first + ll, ll, -1));
+	if (s == l->p.pp - 1 && v == l->p.vpp - 1)
+		for (int64_t k = 0; k < l->m.mtp_layers; k++)
+			VPS_CHECK(module_add(l, tm, &cap, -1, -1, k));
+	if (!tm->n)
+		return VPS_OK;
+	VPS_CHECK(index_by_tensor(tm));
+	tm->b = vps_calloc(1, sizeof(*tm->b));
+	if (!tm->b)
+		return VPS_ENOMEM;
+	tm->nb = 1;
+	tm->elements = tm->shard_elements = tm->b[0].hi = tm->p[tm->n - 1].offset + tm->p[tm->n - 1].elements;
+	tm->dpsize = 1;
+	return VPS_OK;
+}
+
+static vps_result_t build_tmpl(struct vps_layout *l, int64_t s, int64_t v, int expert)
+{
+	struct tmpl *tm = tmpl_at(l, s, v, expert);
+	const struct vps_parallel *p = &l->p;
+	size_t cap = 0, bcap = 0;
+	uint32_t pre = vps_model_pre_tensors(&l->m);
+	uint32_t param_tensors = vps_model_module_first(&l->m);
+	tm->output_copy_idx = -1;
+	if (s == 0 && v == 0)
+		for (uint32_t i = 0; i < pre; i++)
+			VPS_CHECK(tmpl_add(l, tm, &cap, i, -1, -1, -1, false, expert));
+	bool last = s == p->pp - 1 && v == p->vpp - 1;
+	/* GPTModel registers the MTP stage's embedding before the decoder */
+	if (last && embedding_copied(l) && !l->m.tied_embeddings && !expert) {
+		tm->output_copy_idx = (int64_t)tm->n;
+		VPS_CHECK(tmpl_add(l, tm, &cap, 0, -1, -1, -1, true, expert));
+	}
+	int64_t first = vps_parallel_chunk_first_layer(p, &l->m, s, v);
+	int64_t n = vps_parallel_stage_layers(p, &l->m, s) / p->vpp;
+	for (int64_t ll = 0; ll < n; ll++) {
+		/* layers differ (dense first layers): each says where its
+		 * routed experts sit */
+		struct vps_layer_span sp;
+		vps_model_layer_span(&l->m, first + ll, &sp);
+		VPS_CHECK(tmpl_add_layer(l, tm, &cap, &sp, (int32_t)(first + ll), (int32_t)ll, expert));
+	}
+	if (last) {
+		/* decoder.final_layernorm, the MTP block, output_layer */
+		uint32_t post_first = vps_model_layer_first(&l->m, l->m.layers);
+		uint32_t mtp_first = param_tensors;
+		if (l->m.mtp_layers > 0) {
+			struct vps_mtp_span ms;
+			vps_model_mtp_span(&l->m, 0, &ms);
+			mtp_first = ms.first;
+		}
+		for (uint32_t i = post_first; i < mtp_first; i++) {
+			struct vps_tensor t;
+			VPS_CHECK(vps_model_tensor(&l->m, i, &t));
+			if (t.kind != VPS_T_OUTPUT_W)
+				VPS_CHECK(tmpl_add(l, tm, &cap, i, -1, -1, -1, false, expert));
+		}
+		for (int64_t k = 0; k < l->m.mtp_layers; k++) {
+			struct vps_mtp_span ms;
+			vps_model_mtp_span(&l->m, k, &ms);
+			for (uint32_t i = 0; i < ms.pre; i++)
+				VPS_CHECK(tmpl_add(l, tm, &cap, ms.first + i, -1, -1, -1, false, expert));
+			VPS_CHECK(tmpl_add_layer(l, tm, &cap, &ms.layer, -1, -1, expert));
+			for (uint32_t i = ms.layer.first + ms.layer.count; i < ms.first + ms.count; i++)
+				VPS_CHECK(tmpl_add(l, tm, &cap, i, -1, -1, -1, false, expert));
+		}
+		if (!l->m.tied_embeddings) {
+			struct vps_tensor t;
+			VPS_CHECK(vps_model_tensor(&l->m, mtp_first - 1, &t));
+			if (t.kind == VPS_T_OUTPUT_W)
+				VPS_CHECK(tmpl_add(l, tm, &cap, mtp_first - 1, -1, -1, -1, false, expert));
+		} else if (p->pp > 1 && !expert) {
+			tm->output_copy_idx = (int64_t)tm->n;
+			VPS_CHECK(tmpl_add(l, tm, &cap, 0, -1, -1, -1, true, expert));
+		}
+	}
+	if (tm->n == 0)
+		return VPS_OK;
+	VPS_CHECK(index_by_tensor(tm));
+
+	/* Buffer order, padding and buckets of Megatron's DDP buffers: params in
+	 * reverse registration order; with the distributed optimizer each param
+	 * starts on a multiple of 64, a shared embedding gets a bucket of its
+	 * own, and each bucket ends on a multiple of lcm(dp, 128). */
+	bool zero = p->zero != 0;
+	/* dense buffers are sharded over the dp_cp group, expert ones over
+	 * expert DP (distributed_data_parallel.py: intra_dp_cp_group and
+	 * intra_expt_dp_group); the bucket size with overlap stays Megatron's
+	 * 1,000,000 x dp without CP (get_data_parallel_world_size()) */
+	int64_t dpsize = expert ? l->edp : vps_parallel_dpcp(p);
+	int64_t divisor = vps_lcm(dpsize, 128);
+	int64_t bsize = p->bucket == VPS_BUCKET_AUTO ? vps_max64(40000000, 1000000 * p->dp) : p->bucket;
+	if (s > 0 || v > 0)
+		bsize = 0;
+	tm->dpsize = dpsize;
+	int64_t off = 0, bstart = 0, end = 0;
+	size_t inb = 0;
+#define FINALIZE(e)                                                                  \
+	do {                                                                         \
+		int64_t hi_ = zero ? vps_round_up((e), divisor) : (e);               \
+		VPS_CHECK(VPS_GROW(tm->b, bcap, tm->nb + 1));                        \
+		tm->b[tm->nb].lo = bstart;                                           \
+		tm->b[tm->nb].hi = hi_;                                              \
+		tm->nb++;                                                            \
+		bstart = hi_;                                                        \
+		inb = 0;                                                             \
+	} while (0)
+	for (size_t k = tm->n; k-- > 0;) {
+		struct tparam *tp = &tm->p[k];
+		if (zero)
+			off = vps_round_up(off, 64);
+		if (zero && tp->shared && inb > 0) {
+			FINALIZE(off);
+			off = bstart;
+		}
+		tp->offset = off;
+		tp->bucket = (int32_t)tm->nb;
+		end = off + tp->elements;
+		inb++;
+		if ((bsize && end - bstart >= bsize) || (zero && tp->shared)) {
+			FINALIZE(end);
+			off = bstart;
+		} else {
+			off = end;
+		}
+	}
+	if (inb)
+		FINALIZE(end);
+#undef FINALIZE
+	tm->elements = tm->b[tm->nb - 1].hi;
+	int64_t sb = 0;
+	for (size_t b = 0; b < tm->nb; b++) {
+		tm->b[b].shard_base = sb;
+		sb += (tm->b[b].hi - tm->b[b].lo) / dpsize;
+	}
+	tm->shard_elements = sb;
+	return VPS_OK;
+}
+
+vps_result_t vps_layout_new(struct vps_layout **out, const struct vps_model *m, const struct vps_parallel *pin,
+			    const struct vps_devices *d, const char *where)
+{
+	vps_result_t rc;
+	struct vps_layout *l = vps_calloc(1, sizeof(*l));
+	if (!l)
+		return VPS_ENOMEM;
+	l->m = *m;
+	l->p = *pin;
+	VPS_CHECK_GOTO(vps_model_validate(&l->m, where), rc, fail);
+	VPS_CHECK_GOTO(vps_parallel_validate(&l->p, &l->m, where), rc, fail);
+	/* the padded vocabulary can outgrow the model by the divisor times TP */
+	int64_t padded;
+	if (!vps_mul_ok(vps_round_up(m->vocab, m->vocab_divisor * l->p.tp), m->hidden, &padded) ||
+	    padded > VPS_MAX_ELEMENTS) {
+		rc = vps_fail(VPS_EINPUT, "%s: the vocabulary padded to %" PRId64 " x tp=%" PRId64
+			      " makes an embedding of more than 2^48 elements", where, m->vocab_divisor, l->p.tp);
+		goto fail;
+	}
+	l->world = vps_parallel_world(&l->p);
+	l->edp = vps_parallel_edp(&l->p);
+	VPS_CHECK_GOTO(vps_devices_copy(&l->d, d), rc, fail);
+	VPS_CHECK_GOTO(vps_devices_validate(&l->d, l->world, where), rc, fail);
+	l->expert_buffer = m->experts > 0 && (l->p.ep > 1 || l->p.etp != l->p.tp);
+	l->experts_per_rank = m->experts ? m->experts / l->p.ep : 0;
+	l->nexpert_kinds = m->bias ? 4 : 2;
+	size_t ntm = (size_t)(l->p.pp * l->p.vpp * NGROUPS);
+	l->tm = vps_calloc(ntm, sizeof(*l->tm));
+	if (!l->tm) {
+		rc = VPS_ENOMEM;
+		goto fail;
+	}
+	for (int64_t s = 0; s < l->p.pp; s++)
+		for (int64_t v = 0; v < l->p.vpp; v++)
+			for (int e = 0; e < NGROUPS; e++) {
+				VPS_CHECK_GOTO(e == GROUP_MODULE ? build_module_tmpl(l, s, v) : build_tmpl(l, s, v, e), rc, fail);
+				if (tmpl_at(l, s, v, e)->elements > VPS_MAX_ELEMENTS) {
+					rc = vps_fail(VPS_EINPUT, "%s: a buffer of stage %" PRId64 " holds more than 2^48 elements",
+						      where, s);
+					goto fail;
+				}
+			}
+	*out = l;
+	return VPS_OK;
+fail:
+	vps_layout_free(l);
+	return rc;
+}
+
+void vps_layout_free(struct vps_layout *l)
+{
+	if (!l)
+		return;
+	if (l->tm) {
+		size_t ntm = (size_t)(l->p.pp * l->p.vpp * NGROUPS);
+		for (size_t i = 0; i < ntm; i++) {
+			free(l->tm[i].p);
+			free(l->tm[i].b);
+			free(l->tm[i].by_tensor);
+		}
+		free(l->tm);
+	}
+	for (size_t i = 0; i < l->nex; i++)
+		vps_rank_view_release(&l->ex[i]);
+	free(l->ex);
+	free(l->exidx);
+	vps_devices_release(&l->d);
+	free(l);
+}
+
+/* ---- regions of one parameter ---- */
+
+/* Tensor id of a template param on a rank of expert-parallel rank ep. */
+static uint32_t tparam_tensor(const struct vps_layout *l, const struct tparam *tp, int64_t ep)
+{
+	if (tp->slot < 0)
+		return tp->tensor;
+	return tp->tensor + (uint32_t)(ep * l->experts_per_rank * l->nexpert_kinds);
+}
+
+/* Emit the regions of one (param, state): whole pieces, or in a ZeRO shard
+ * buffer the parts of the pieces inside DP rank d's shard of the param's
+ * bucket, addressed in the shard buffer. */
+static vps_result_t param_regions(const struct tmpl *tm, const struct tparam *tp, uint32_t tensor, int ndim,
+				  const struct piece *pc, int npc, int state, bool sharded, int64_t d,
+				  uint32_t buffer, const struct vps_box *clip, struct vps_region **out, size_t *n,
+				  size_t *cap)
+{
+	int64_t a = tp->offset, e = tp->offset + tp->elements;
+	const struct tbucket *b = &tm->b[tp->bucket];
+	int64_t s_lo = 0;
+	if (sharded) {
+		int64_t sz = (b->hi - b->lo) / tm->dpsize;
+		s_lo = b->lo + d * sz;
+		a = vps_max64(a, s_lo);
+		e = vps_min64(e, s_lo + sz);
+		if (a >= e)
+			return VPS_OK;
+	}
+	for (int i = 0; i < npc; i++) {
+		int64_t vol = vps_box_volume(&pc[i].box);
+		int64_t plo = tp->offset + pc[i].loc, phi = plo + vol;
+		int64_t x = vps_max64(a, plo), y = vps_min64(e, phi);
+		if (x >= y)
+			continue;
+		if (clip && !vps_box_intersect(&pc[i].box, clip, NULL))
+			continue;
+		int64_t strides[VPS_MAX_DIMS];
+		vps_box_rowmajor_strides(&pc[i].box, strides);
+		struct vps_box sub[2 * VPS_MAX_DIMS];
+		int64_t starts[2 * VPS_MAX_DIMS], ext[VPS_MAX_DIMS];
+		int nsub;
+		if (x == plo && y == phi) {
+			nsub = 1;
+			sub[0] = pc[i].box;
+			starts[0] = 0;
+		} else {
+			for (int k = 0; k < ndim; k++)
+				ext[k] = pc[i].box.hi[k] - pc[i].box.lo[k];
+			nsub = vps_flat_range_boxes(ndim, ext, x - plo, y - plo, sub, starts);
+			for (int j = 0; j < nsub; j++)
+				for (int k = 0; k < ndim; k++) {
+					sub[j].lo[k] += pc[i].box.lo[k];
+					sub[j].hi[k] += pc[i].box.lo[k];
+				}
+		}
+		for (int j = 0; j < nsub; j++) {
+			if (clip && !vps_box_intersect(&sub[j], clip, NULL))
+				continue;
+			VPS_CHECK(vps_grow((void **)out, cap, *n + 1, sizeof(**out)));
+			struct vps_region *r = &(*out)[(*n)++];
+			memset(r, 0, sizeof(*r));
+			r->tensor = tensor;
+			r->state = (uint8_t)state;
+			r->buffer = buffer;
+			r->box = sub[j];
+			memcpy(r->strides, strides, sizeof(strides));
+			r->offset = sharded ? b->shard_base + (plo + starts[j] - s_lo) : plo + starts[j];
+		}
+	}
+	return VPS_OK;
+}
+
+static const struct vps_rank_view *find_explicit(const struct vps_layout *l, int64_t rank)
+{
+	size_t lo = 0, hi = l->nex;
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		if (l->ex[mid].rank == rank)
+			return &l->ex[mid];
+		if (l->ex[mid].rank < rank)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return NULL;
+}
+
+static vps_result_t copy_view(const struct vps_rank_view *src, struct vps_rank_view *dst)
+{
+	memset(dst, 0, sizeof(*dst));
+	dst->rank = src->rank;
+	dst->device = src->device;
+	dst->coords = src->coords;
+	dst->nbuffers = src->nbuffers;
+	dst->nparams = src->nparams;
+	dst->nregions = src->nregions;
+	dst->buffers = vps_malloc(src->nbuffers * sizeof(*src->buffers) + 1);
+	dst->params = vps_malloc(src->nparams * sizeof(*src->params) + 1);
+	dst->regions = vps_malloc(src->nregions * sizeof(*src->regions) + 1);
+	dst->region_param = vps_malloc(src->nregions * sizeof(*src->region_param) + 1);
+	if (src->region_names)
+		dst->region_names = vps_calloc(src->nregions + 1, sizeof(char *));
+	if (!dst->buffers || !dst->params || !dst->regions || !dst->region_param ||
+	    (src->region_names && !dst->region_names)) {
+		vps_rank_view_release(dst);
+		return VPS_ENOMEM;
+	}
+	/* an explicit view read from a file has no params */
+	if (src->nbuffers)
+		memcpy(dst->buffers, src->buffers, src->nbuffers * sizeof(*src->buffers));
+	if (src->nparams)
+		memcpy(dst->params, src->params, src->nparams * sizeof(*src->params));
+	if (src->nregions) {
+		memcpy(dst->regions, src->regions, src->nregions * sizeof(*src->regions));
+		memcpy(dst->region_param, src->region_param, src->nregions * sizeof(*src->region_param));
+	}
+	if (src->region_names)
+		for (size_t i = 0; i < src->nregions; i++) {
+			dst->region_names[i] = vps_strdup(src->region_names[i]);
+			if (!dst->region_names[i]) {
+				vps_rank_view_release(dst);
+				return VPS_ENOMEM;
+			}
+		}
+	return VPS_OK;
+}
+
+vps_result_t vps_layout_computed_rank(const struct vps_layout *l, int64_t rank, struct vps_rank_view *v)
+{
+	vps_result_t rc = VPS_OK;
+	size_t cap_b = 0, cap_p = 0, cap_r = 0, cap_rp = 0;
+	memset(v, 0, sizeof(*v));
+	if (rank < 0 || rank >= l->world)
+		return vps_fail(VPS_EINPUT, "rank %" PRId64 " is outside the world of %" PRId64, rank, l->world);
+	v->rank = rank;
+	v->device = vps_layout_device(l, rank);
+	vps_layout_coords(l, rank, &v->coords);
+	const struct vps_coords *c = &v->coords;
+	for (int64_t ch = 0; ch < l->p.vpp; ch++) {
+		for (int g = 0; g < NGROUPS; g++) {
+			const struct tmpl *tm = tmpl_at(l, c->pp, ch, g);
+			if (!tm->n)
+				continue;
+			uint32_t first_buffer = (uint32_t)v->nbuffers;
+			int nstates = group_nstates(l, g);
+			for (int k = 0; k < nstates; k++) {
+				int st = group_state(g, k);
+				VPS_CHECK_GOTO(VPS_GROW(v->buffers, cap_b, v->nbuffers + 1), rc, fail);
+				struct vps_buffer *b = &v->buffers[v->nbuffers];
+				b->id = (uint32_t)v->nbuffers;
+				b->state = (uint8_t)st;
+				b->dtype = (uint8_t)vps_state_dtype(st);
+				b->chunk = (int32_t)ch;
+				b->expert = g == GROUP_EXPERT;
+				b->sharded = vps_layout_state_sharded(l, st);
+				b->elements = b->sharded ? tm->shard_elements : tm->elements;
+				v->nbuffers++;
+			}
+			/* this (chunk, group)'s params, in registration order */
+			size_t first_param = v->nparams;
+			for (size_t k = 0; k < tm->n; k++) {
+				const struct tparam *tp = &tm->p[k];
+				VPS_CHECK_GOTO(VPS_GROW(v->params, cap_p, v->nparams + 1), rc, fail);
+				struct vps_param *pm = &v->params[v->nparams++];
+				pm->tensor = tparam_tensor(l, tp, c->ep);
+				pm->chunk = (int32_t)ch;
+				pm->local_layer = tp->local_layer;
+				pm->local_expert = tp->slot;
+				pm->output_copy = tp->output_copy;
+				pm->expert = g == GROUP_EXPERT;
+				pm->offset = tp->offset;
+				pm->elements = tp->elements;
+				pm->bucket = tp->bucket;
+			}
+			for (int ks = 0; ks < nstates; ks++) {
+				int st = group_state(g, ks);
+				for (size_t k = 0; k < tm->n; k++) {
+					const struct tparam *tp = &tm->p[k];
+					uint32_t tensor = tparam_tensor(l, tp, c->ep);
+					struct vps_tensor t;
+					VPS_CHECK_GOTO(vps_model_tensor(&l->m, tensor, &t), rc, fail);
+					struct piece pc[2 * VPS_MAX_DIMS];
+					int64_t ti = t.is_expert ? c->etp : c->tp;
+					int npc = vps_layout_pieces(l, &t, ti, pc);
+					size_t before = v->nregions;
+					bool sharded = vps_layout_state_sharded(l, st);
+					/* the shard is the rank's place in its dp_cp group, whose
+					 * ranks Megatron lists CP first (generate_masked_orthogonal_rank_groups) */
+					VPS_CHECK_GOTO(param_regions(tm, tp, tensor, t.ndim, pc, npc, st, sharded,
+								     t.is_expert ? c->edp : c->cp + l->p.cp * c->dp,
+								     first_buffer + (uint32_t)ks, NULL, &v->regions,
+								     &v->nregions, &cap_r),
+						       rc, fail);
+					VPS_CHECK_GOTO(VPS_GROW(v->region_param, cap_rp, v->nregions), rc, fail);
+					for (size_t i = before; i < v->nregions; i++)
+						v->region_param[i] = (uint32_t)(first_param + k);
+				}
+			}
+		}
+	}
+	return VPS_OK;
+fail:
+	vps_rank_view_release(v);
+	return rc;
+}
+
+vps_result_t vps_layout_rank(const struct vps_layout *l, int64_t rank, struct vps_rank_view *out)
+{
+	const struct vps_rank_view *ex = find_explicit(l, rank);
+	if (ex)
+		return copy_view(ex, out);
+	return vps_layout_computed_rank(l, rank, out);
+}
+
+/* ---- holders ---- */
+
+static int cmp_i64(const void *a, const void *b)
+{
+	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static vps_result_t push_holder(struct vps_holders *h, const struct vps_region *r, int64_t base, int64_t stride,
+				int64_t count)
+{
+	VPS_CHECK(VPS_GROW(h->v, h->cap, h->n + 1));
+	struct vps_holder *x = &h->v[h->n++];
+	x->region = *r;
+	x->base = base;
+	x->stride = stride;
+	x->count = count;
+	return VPS_OK;
+}
+
+/* Remove explicit ranks from the computed holder sets in h->v[from..]. */
+static vps_result_t drop_explicit(const struct vps_layout *l, struct vps_holders *h, size_t from)
+{
+	size_t end = h->n;
+	for (size_t i = from; i < end; i++) {
+		struct vps_holder hd = h->v[i];
+		int64_t last = hd.base + (hd.count - 1) * hd.stride;
+		/* explicit ranks inside [base, last] on the progression */
+		int64_t *hits = NULL;
+		size_t nh = 0, ch = 0;
+		for (size_t e = 0; e < l->nex; e++) {
+			int64_t r = l->ex[e].rank;
+			if (r < hd.base || r > last || (r - hd.base) % hd.stride)
+				continue;
+			if (VPS_GROW(hits, ch, nh + 1)) {
+				free(hits);
+				return VPS_ENOMEM;
+			}
+			hits[nh++] = (r - hd.base) / hd.stride;
+		}
+		if (!nh)
+			continue;
+		qsort(hits, nh, sizeof(*hits), cmp_i64);
+		/* keep the runs between hits */
+		h->v[i].count = 0;
+		int64_t start = 0;
+		for (size_t k = 0; k <= nh; k++) {
+			int64_t stop = k < nh ? hits[k] : hd.count;
+			if (stop > start) {
+				vps_result_t rc = push_holder(h, &hd.region, hd.base + start * hd.stride, hd.stride,
+							      stop - start);
+				if (rc) {
+					free(hits);
+					return rc;
+				}
+			}
+			start = stop + 1;
+		}
+		free(hits);
+	}
+	/* compact away emptied entries */
+	size_t w = from;
+	for (size_t i = from; i < h->n; i++)
+		if (h->v[i].count > 0)
+			h->v[w++] = h->v[i];
+	h->n = w;
+	return VPS_OK;
+}
+
+static int exidx_cmp(const struct explicit_entry *a, uint32_t tensor, int state)
+{
+	if (a->tensor != tensor)
+		return a->tensor < tensor ? -1 : 1;
+	return a->state < state ? -1 : a->state > state;
+}
+
+static vps_result_t explicit_holders(const struct vps_layout *l, uint32_t tensor, int state,
+				     const struct vps_box *box, struct vps_holders *h)
+{
+	size_t lo = 0, hi = l->nexidx;
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		if (exidx_cmp(&l->exidx[mid], tensor, state) < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	for (size_t i = lo; i < l->nexidx && !exidx_cmp(&l->exidx[i], tensor, state); i++) {
+		const struct vps_rank_view *v = &l->ex[l->exidx[i].view];
+		const struct vps_region *r = &v->regions[l->exidx[i].region];
+		if (box && !vps_box_intersect(&r->box, box, NULL))
+			continue;
+		VPS_CHECK(push_holder(h, r, v->rank, 1, 1));
+	}
+	return VPS_OK;
+}
+
+static int tparam_find(const struct tmpl *tm, uint32_t tensor)
+{
+	size_t lo = 0, hi = tm->nby_tensor;
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		if (tm->by_tensor[mid].tensor == tensor)
+			return (int)tm->by_tensor[mid].idx;
+		if (tm->by_tensor[mid].tensor < tensor)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return -1;
+}
+
+/* Buffer index of (chunk, group, state) on every rank of a stage. */
+static uint32_t buffer_index(const struct vps_layout *l, int64_t stage, int64_t chunk, int group, int state)
+{
+	uint32_t idx = 0;
+	for (int64_t c = 0; c < l->p.vpp; c++)
+		for (int g = 0; g < NGROUPS; g++) {
+			if (!tmpl_at(l, stage, c, g)->n)
+				continue;
+			if (c == chunk && g == group)
+				return idx + (uint32_t)group_slot(g, state);
+			idx += (uint32_t)group_nstates(l, g);
+		}
+	return UINT32_MAX;
+}
+
+size_t vps_layout_param_name(const struct vps_layout *l, const struct vps_param *p, char *buf, size_t n)
+{
+	struct vps_tensor t;
+	if (p->output_copy || vps_model_tensor(&l->m, p->tensor, &t))
+		return (size_t)snprintf(buf, n, "%s",
+					!p->output_copy		  ? "?"
+					: l->m.tied_embeddings ? "output_layer.weight"
+							       : "embedding.word_embeddings.weight");
+	if (p->local_expert < 0 || !l->p.grouped_gemm)
+		return vps_tensor_local_name(&t, p->local_layer, p->local_expert, buf, n);
+	/* TEGroupedMLP names gemm i's weight experts.linear_fc1.weight{i}
+	 * where SequentialMLP has experts.local_experts.{i}.linear_fc1.weight */
+	static const char seq_experts[] = "mlp.experts.local_experts.";
+	char seq[256];
+	vps_tensor_local_name(&t, p->local_layer, p->local_expert, seq, sizeof(seq));
+	char *at = strstr(seq, seq_experts), *linear = at ? strchr(at + sizeof(seq_experts) - 1, '.') : NULL;
+	if (!linear)
+		return (size_t)snprintf(buf, n, "%s", seq);
+	int len = snprintf(buf, n, "%.*smlp.experts.%s%" PRId32, (int)(at - seq), seq, linear + 1, p->local_expert);
+	return len < 0 ? 0 : (size_t)len;
+}
+
+int64_t vps_layout_buffer_elements(const struct vps_layout *l, int64_t rank, uint32_t buffer)
+{
+	const struct vps_rank_view *ex = find_explicit(l, rank);
+	if (ex)
+		return buffer < ex->nbuffers ? ex->buffers[buffer].elements : -1;
+	struct vps_coords c;
+	vps_layout_coords(l, rank, &c);
+	uint32_t idx = 0;
+	for (int64_t ch = 0; ch < l->p.vpp; ch++)
+		for (int g = 0; g < NGROUPS; g++) {
+			const struct tmpl *tm = tmpl_at(l, c.pp, ch, g);
+			if (!tm->n)
+				continue;
+			uint32_t n = (uint32_t)group_nstates(l, g);
+			if (buffer < idx + n) {
+				int st = group_state(g, (int)(buffer - idx));
+				return vps_layout_state_sharded(l, st) ? tm->shard_elements : tm->elements;
+			}
+			idx += n;
+		}
+	return -1;
+}
+
+vps_result_t vps_layout_holders(const struct vps_layout *l, uint32_t tensor, int state, const struct vps_box *box,
+				struct vps_holders *h)
+{
+	struct vps_tensor t;
+	VPS_CHECK(vps_model_tensor(&l->m, tensor, &t));
+	if (!vps_layout_tensor_has_state(l, &t, state))
+		return VPS_OK;
+	size_t from = h->n;
+	if ((int64_t)l->nex < l->world) {
+		const struct vps_parallel *p = &l->p;
+		struct {
+			int64_t stage, chunk;
+			bool copy;
+		} locs[2];
+		int nloc = 0;
+		if (t.layer >= 0) {
+			vps_parallel_layer_place(p, &l->m, t.layer, &locs[0].stage, &locs[0].chunk);
+			locs[0].copy = false;
+			nloc = 1;
+		} else if (t.kind == VPS_T_WORD_EMB || t.kind == VPS_T_POS_EMB) {
+			locs[0].stage = 0;
+			locs[0].chunk = 0;
+			locs[0].copy = false;
+			nloc = 1;
+			if (t.kind == VPS_T_WORD_EMB && embedding_copied(l)) {
+				locs[1].stage = p->pp - 1;
+				locs[1].chunk = p->vpp - 1;
+				locs[1].copy = true;
+				nloc = 2;
+			}
+		} else {
+			locs[0].stage = p->pp - 1;
+			locs[0].chunk = p->vpp - 1;
+			locs[0].copy = false;
+			nloc = 1;
+		}
+		int group = t.module_buffer ? GROUP_MODULE : t.is_expert && l->expert_buffer ? GROUP_EXPERT : GROUP_DENSE;
+		int64_t ep = t.expert >= 0 ? t.expert / l->experts_per_rank : 0;
+		uint32_t slot_tensor = t.expert >= 0 ? tensor - (uint32_t)(ep * l->experts_per_rank * l->nexpert_kinds)
+						     : tensor;
+		int64_t T = t.is_expert ? p->etp : p->tp;
+		/* a dense TP slice's replicas: every (cp, dp) of its stage, which in
+		 * the order tp-cp-ep-dp-pp are the ranks ti + tp * j, j < cp * dp */
+		int64_t dpcp = vps_parallel_dpcp(p);
+		bool sharded = vps_layout_state_sharded(l, state);
+		for (int li = 0; li < nloc; li++) {
+			const struct tmpl *tm = tmpl_at(l, locs[li].stage, locs[li].chunk, group);
+			int k = locs[li].copy ? (int)tm->output_copy_idx : tparam_find(tm, slot_tensor);
+			if (k < 0)
+				return vps_fail(VPS_EINPUT, "internal: tensor %u missing from its stage", tensor);
+			const struct tparam *tp = &tm->p[k];
+			uint32_t buffer = buffer_index(l, locs[li].stage, locs[li].chunk, group, state);
+			int64_t s = locs[li].stage;
+			for (int64_t ti = 0; ti < T; ti++) {
+				struct piece pc[2 * VPS_MAX_DIMS];
+				int npc = vps_layout_pieces(l, &t, ti, pc), any = 0;
+				for (int i = 0; i < npc; i++)
+					any |= !box || vps_box_intersect(&pc[i].box, box, NULL);
+				if (!any)
+					continue;
+				if (!sharded) {
+					size_t before = 0;
+					struct vps_region *rs = NULL;
+					size_t cap = 0;
+					vps_result_t rc = param_regions(tm, tp, tensor, t.ndim, pc, npc, state, false, 0, buffer,
+									box, &rs, &before, &cap);
+					for (size_t i = 0; !rc && i < before; i++) {
+						if (t.is_expert)
+							rc = push_holder(h, &rs[i], ti + p->etp * (ep + p->ep * l->edp * s),
+									 p->etp * p->ep, l->edp);
+						else
+							rc = push_holder(h, &rs[i], ti + p->tp * dpcp * s, p->tp, dpcp);
+					}
+					free(rs);
+					if (rc)
+						return rc;
+					continue;
+				}
+				const struct tbucket *b = &tm->b[tp->bucket];
+				int64_t sz = (b->hi - b->lo) / tm->dpsize;
+				int64_t d0 = (tp->offset - b->lo) / sz, d1 = (tp->offset + tp->elements - 1 - b->lo) / sz;
+				for (int64_t d = d0; d <= d1; d++) {
+					size_t nr = 0, cap = 0;
+					struct vps_region *rs = NULL;
+					vps_result_t rc = param_regions(tm, tp, tensor, t.ndim, pc, npc, state, true, d, buffer,
+									box, &rs, &nr, &cap);
+					for (size_t i = 0; !rc && i < nr; i++) {
+						int64_t rank = t.is_expert ? ti + p->etp * (ep + p->ep * (d + l->edp * s))
+									   : ti + p->tp * (d + dpcp * s);
+						rc = push_holder(h, &rs[i], rank, 1, 1);
+					}
+					free(rs);
+					if (rc)
+						return rc;
+				}
+			}
+		}
+		if (l->nex)
+			VPS_CHECK(drop_explicit(l, h, from));
+	}
+	return explicit_holders(l, tensor, state, box, h);
+}
+
+/* ---- explicit ranks ---- */
+
+static int exidx_sort(const void *a, const void *b)
+{
+	const struct explicit_entry *x = a, *y = b;
+	if (x->tensor != y->tensor)
+		return x->tensor < y->tensor ? -1 : 1;
+	if (x->state != y->state)
+		return x->state < y->state ? -1 : 1;
+	if (x->view != y->view)
+		return x->view < y->view ? -1 : 1;
+	return x->region < y->region ? -1 : x->region > y->region;
+}
+
+static int view_cmp(const void *a, const void *b)
+{
+	const struct vps_rank_view *x = a, *y = b;
+	return x->rank < y->rank ? -1 : x->rank > y->rank;
+}
+
+static vps_result_t rebuild_exidx(struct vps_layout *l)
+{
+	size_t n = 0;
+	for (size_t i = 0; i < l->nex; i++)
+		n += l->ex[i].nregions;
+	free(l->exidx);
+	l->exidx = vps_malloc(n * sizeof(*l->exidx) + 1);
+	if (!l->exidx)
+		return VPS_ENOMEM;
+	l->nexidx = 0;
+	for (size_t i = 0; i < l->nex; i++)
+		for (size_t j = 0; j < l->ex[i].nregions; j++) {
+			struct explicit_entry *e = &l->exidx[l->nexidx++];
+			e->tensor = l->ex[i].regions[j].tensor;
+			e->state = l->ex[i].regions[j].state;
+			e->view = (uint32_t)i;
+			e->region = (uint32_t)j;
+		}
+	qsort(l->exidx, l->nexidx, sizeof(*l->exidx), exidx_sort);
+	return VPS_OK;
+}
+
+vps_result_t vps_layout_set_explicit(struct vps_layout *l, struct vps_rank_view *v)
+{
+	if (v->rank < 0 || v->rank >= l->world)
+		return vps_fail(VPS_EINPUT, "rank %" PRId64 " is outside the world of %" PRId64, v->rank, l->world);
+	struct vps_rank_view *slot = (struct vps_rank_view *)find_explicit(l, v->rank);
+	if (slot) {
+		vps_rank_view_release(slot);
+		*slot = *v;
+	} else {
+		struct vps_rank_view *nv = vps_realloc_array(l->ex, l->nex + 1, sizeof(*l->ex));
+		if (!nv)
+			return VPS_ENOMEM;
+		l->ex = nv;
+		l->ex[l->nex++] = *v;
+		qsort(l->ex, l->nex, sizeof(*l->ex), view_cmp);
+	}
+	memset(v, 0, sizeof(*v));
+	l->hash_ready = false;
+	return rebuild_exidx(l);
+}
+
+size_t vps_layout_num_explicit(const struct vps_layout *l) { return l->nex; }
+int64_t vps_layout_explicit_rank(const struct vps_layout *l, size_t i) { return l->ex[i].rank; }
+
+/* ---- identity ---- */
+
+static uint64_t hash_view(const struct vps_rank_view *v)
+{
+	uint64_t h = vps_hash64(&v->rank, sizeof(v->rank), 1);
+	h = vps_hash64(&v->device, sizeof(v->device), h);
+	for (size_t i = 0; i < v->nbuffers; i++) {
+		const struct vps_buffer *b = &v->buffers[i];
+		int64_t f[] = {b->id, b->state, b->dtype, b->chunk, b->expert, b->sharded, b->elements};
+		h = vps_hash64(f, sizeof(f), h);
+	}
+	for (size_t i = 0; i < v->nregions; i++) {
+		const struct vps_region *r = &v->regions[i];
+		int64_t f[4 + 3 * VPS_MAX_DIMS] = {r->tensor, r->state, r->buffer, r->offset};
+		for (int k = 0; k < r->box.ndim; k++) {
+			f[4 + k] = r->box.lo[k];
+			f[4 + VPS_MAX_DIMS + k] = r->box.hi[k];
+			f[4 + 2 * VPS_MAX_DIMS + k] = r->strides[k];
+		}
+		h = vps_hash64(f, sizeof(f), h);
+	}
+	return h;
+}
+
+uint64_t vps_layout_hash(const struct vps_layout *l)
+{
+	if (l->hash_ready)
+		return l->hash;
+	const struct vps_parallel *p = &l->p;
+	int64_t f[] = {p->tp, p->pp, p->dp, p->ep, p->etp, p->vpp, p->zero, p->first, p->last, p->bucket, p->grad};
+	uint64_t h = vps_hash64(f, sizeof(f), vps_model_hash(&l->m));
+	/* only when set, so that every layout without CP keeps the hash it had
+	 * before cp= existed (registries and staged plans name layouts by it) */
+	if (p->cp != 1)
+		h = vps_hash64(&p->cp, sizeof(p->cp), h);
+	if (p->grouped_gemm)
+		h = vps_hash64("grouped_gemm", 12, h);
+	/* devices: by value, so that a listed map equal to a packed one hashes
+	 * the same */
+	if (l->d.packed && l->d.first_node == 0 && l->d.gpus_per_node == 8) {
+		h = vps_hash64("packed8", 7, h);
+	} else {
+		uint64_t dh = 0;
+		for (int64_t r = 0; r < l->world; r++) {
+			struct vps_device dv = vps_devices_get(&l->d, r);
+			dh = vps_hash64(&dv, sizeof(dv), dh);
+		}
+		struct vps_devices def;
+		vps_devices_packed(&def, 8, 0);
+		uint64_t defh = 0;
+		for (int64_t r = 0; r < l->world && dh; r++) {
+			struct vps_device dv = vps_devices_get(&def, r);
+			defh = vps_hash64(&dv, sizeof(dv), defh);
+		}
+		h = dh == defh ? vps_hash64("packed8", 7, h) : vps_hash64(&dh, sizeof(dh), h);
+	}
+	for (size_t i = 0; i < l->nex; i++) {
+		struct vps_rank_view c;
+		uint64_t hx = hash_view(&l->ex[i]);
+		if (vps_layout_computed_rank(l, l->ex[i].rank, &c) == VPS_OK) {
+			bool same = hash_view(&c) == hx;
+			vps_rank_view_release(&c);
+			if (same)
+				continue;
+		}
+		h = vps_hash64(&hx, sizeof(hx), h);
+	}
+	((struct vps_layout *)l)->hash = h;
+	((struct vps_layout *)l)->hash_ready = true;
+	return h;
+}
+
+/* ---- statistics ---- */
+
+vps_result_t vps_layout_stats(const struct vps_layout *l, struct vps_layout_stats *s)
+{
+	memset(s, 0, sizeof(*s));
+	s->parameters = vps_model_parameters(&l->m);
+	s->tensors = vps_model_num_tensors(&l->m);
+	s->world = l->world;
+	s->edp = l->edp;
+	for (int st = 0; st < vps_layout_nstates(l); st++)
+		s->logical_bytes += s->parameters * (int64_t)vps_dtype_size(vps_state_dtype(st));
+	s->logical_bytes += vps_model_module_buffers(&l->m) * (int64_t)vps_dtype_size(vps_state_dtype(VPS_STATE_MODULE));
+	s->min_rank_bytes = INT64_MAX;
+	int64_t ranks_per_stage = l->p.tp * l->p.cp * l->p.dp;
+	for (int64_t stage = 0; stage < l->p.pp; stage++) {
+		int64_t bytes = 0, buckets = 0;
+		for (int64_t c = 0; c < l->p.vpp; c++)
+			for (int g = 0; g < NGROUPS; g++) {
+				const struct tmpl *tm = tmpl_at(l, stage, c, g);
+				if (!tm->n)
+					continue;
+				if (g != GROUP_MODULE)
+					buckets += (int64_t)tm->nb;
+				for (int k = 0; k < group_nstates(l, g); k++) {
+					int st = group_state(g, k);
+					int64_t el = vps_layout_state_sharded(l, st) ? tm->shard_elements : tm->elements;
+					bytes += el * (int64_t)vps_dtype_size(vps_state_dtype(st));
+				}
+			}
+		s->max_rank_bytes = vps_max64(s->max_rank_bytes, bytes);
+		s->min_rank_bytes = vps_min64(s->min_rank_bytes, bytes);
+		s->total_bytes += bytes * ranks_per_stage;
+		s->buckets = vps_max64(s->buckets, buckets);
+	}
+	return VPS_OK;
+}

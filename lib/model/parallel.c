@@ -1,0 +1,554 @@
+#include <inttypes.h>
+#include <stdio.h>
+
+#include "io/doc.h"
+#include "util/internal.h"
+#include "model/parallel_io.h"
+
+void vps_parallel_init(struct vps_parallel *p)
+{
+	memset(p, 0, sizeof(*p));
+	p->tp = p->pp = p->dp = p->cp = p->ep = p->vpp = 1;
+	p->etp = 0;
+	p->bucket = VPS_BUCKET_NONE;
+}
+
+struct pkey {
+	const char *name;
+	size_t off;
+	int64_t min, max;
+};
+
+#define PK(f, lo, hi) {#f, offsetof(struct vps_parallel, f), lo, hi}
+static const struct pkey pkeys[] = {
+	PK(tp, 1, 1 << 20), PK(pp, 1, 1 << 20), PK(dp, 1, 1 << 24), PK(cp, 1, 1 << 20), PK(ep, 1, 1 << 20),
+	PK(etp, 0, 1 << 20), PK(vpp, 1, 1 << 10), PK(zero, 0, 1), PK(first, 0, 1 << 20),
+	PK(last, 0, 1 << 20),
+};
+
+static int64_t *pfield(struct vps_parallel *p, const struct pkey *k)
+{
+	return (int64_t *)((char *)p + k->off);
+}
+
+vps_result_t vps_parallel_parse(struct vps_parallel *p, const char *spec, const char *where)
+{
+	const char *s = spec;
+	if (!*s)
+		return vps_fail(VPS_EINPUT, "%s: empty parallel configuration", where);
+	while (*s) {
+		const char *comma = strchr(s, ',');
+		size_t len = comma ? (size_t)(comma - s) : strlen(s);
+		char item[128];
+		if (len >= sizeof(item) || len == 0)
+			return vps_fail(VPS_EINPUT, "%s: bad item in '%s'", where, spec);
+		memcpy(item, s, len);
+		item[len] = '\0';
+		char *eq = strchr(item, '=');
+		if (!eq)
+			return vps_fail(VPS_EINPUT, "%s: '%s' is not KEY=VALUE", where, item);
+		*eq = '\0';
+		const char *val = eq + 1;
+		char *end;
+		if (!strcmp(item, "bucket")) {
+			if (!strcmp(val, "auto")) {
+				p->bucket = VPS_BUCKET_AUTO;
+			} else {
+				long long v = strtoll(val, &end, 10);
+				if (!*val || *end || v < 0)
+					return vps_fail(VPS_EINPUT, "%s: bucket=%s: expected 'auto' or a number of elements",
+							where, val);
+				p->bucket = v;
+			}
+		} else if (!strcmp(item, "grad") || !strcmp(item, "grouped_gemm")) {
+			if (strcmp(val, "0") && strcmp(val, "1"))
+				return vps_fail(VPS_EINPUT, "%s: %s=%s: expected 0 or 1", where, item, val);
+			bool *flag = !strcmp(item, "grad") ? &p->grad : &p->grouped_gemm;
+			*flag = val[0] == '1';
+		} else {
+			const struct pkey *k = NULL;
+			for (size_t i = 0; i < sizeof(pkeys) / sizeof(pkeys[0]); i++)
+				if (!strcmp(pkeys[i].name, item))
+					k = &pkeys[i];
+			if (!k)
+				return vps_fail(VPS_EINPUT,
+						"%s: unknown key '%s' (tp, pp, dp, cp, ep, etp, vpp, zero, first, last, bucket, grad, grouped_gemm)",
+						where, item);
+			long long v = strtoll(val, &end, 10);
+			if (!*val || *end || v < k->min || v > k->max)
+				return vps_fail(VPS_EINPUT, "%s: %s=%s: expected an integer in [%" PRId64 ", %" PRId64 "]",
+						where, item, val, k->min, k->max);
+			*pfield(p, k) = v;
+		}
+		s += len;
+		if (*s == ',')
+			s++;
+	}
+	return VPS_OK;
+}
+
+vps_result_t vps_parallel_read(struct vps_reader *r, const char *key, struct vps_parallel *p)
+{
+	vps_parallel_init(p);
+	if (key)
+		VPS_CHECK(vps_r_map_begin(r, key));
+	for (size_t i = 0; i < sizeof(pkeys) / sizeof(pkeys[0]); i++) {
+		const struct pkey *k = &pkeys[i];
+		int64_t def = *pfield(p, k);
+		VPS_CHECK(vps_r_int_opt(r, k->name, pfield(p, k), k->min, k->max, def));
+	}
+	const char *b;
+	VPS_CHECK(vps_r_str_opt(r, "bucket", &b, "0"));
+	if (!strcmp(b, "auto")) {
+		p->bucket = VPS_BUCKET_AUTO;
+	} else {
+		char *end;
+		long long v = strtoll(b, &end, 10);
+		if (!*b || *end || v < 0)
+			return vps_r_error(r, "bucket", "expected 'auto' or a number of elements, not '%s'", b);
+		p->bucket = v;
+	}
+	VPS_CHECK(vps_r_bool_opt(r, "grad", &p->grad, false));
+	VPS_CHECK(vps_r_bool_sparse(r, "grouped_gemm", &p->grouped_gemm, false));
+	if (key)
+		VPS_CHECK(vps_r_map_end(r));
+	return VPS_OK;
+}
+
+vps_result_t vps_parallel_write(struct vps_writer *w, const char *key, const struct vps_parallel *p)
+{
+	VPS_CHECK(vps_w_map_begin(w, key));
+	for (size_t i = 0; i < sizeof(pkeys) / sizeof(pkeys[0]); i++)
+		VPS_CHECK(vps_w_int(w, pkeys[i].name, *pfield((struct vps_parallel *)p, &pkeys[i])));
+	char b[32];
+	if (p->bucket == VPS_BUCKET_AUTO)
+		snprintf(b, sizeof(b), "auto");
+	else
+		snprintf(b, sizeof(b), "%" PRId64, p->bucket);
+	VPS_CHECK(vps_w_str(w, "bucket", b));
+	VPS_CHECK(vps_w_bool(w, "grad", p->grad));
+	VPS_CHECK(vps_w_bool_sparse(w, "grouped_gemm", p->grouped_gemm, false));
+	return vps_w_map_end(w);
+}
+
+vps_result_t vps_parallel_load(struct vps_parallel *p, const char *arg, const char *search_path,
+			       char *model_hint, size_t hint_len)
+{
+	vps_parallel_init(p);
+	if (hint_len)
+		model_hint[0] = '\0';
+	if (strchr(arg, '='))
+		return vps_parallel_parse(p, arg, "--parallel");
+	char path[4096];
+	if (vps_config_find(arg, search_path, "--parallel", "configuration", path, sizeof(path)))
+		return vps_fail(VPS_EINPUT, "--parallel: '%s' is neither KEY=VALUE,... nor a known configuration (%s.yaml)",
+				arg, arg);
+	struct vps_bytes b;
+	struct vps_reader *r = NULL;
+	VPS_CHECK(vps_read_file(path, &b));
+	vps_result_t rc = vps_reader_new(&r, path, b.data, b.len, VPS_DOC_PARALLEL);
+	const char *hint = "";
+	if (!rc)
+		rc = vps_r_str_opt(r, "model", &hint, "");
+	if (!rc && hint_len)
+		snprintf(model_hint, hint_len, "%s", hint);
+	if (!rc)
+		rc = vps_parallel_read(r, NULL, p);
+	if (!rc)
+		rc = vps_reader_finish(r);
+	vps_reader_free(r);
+	vps_bytes_release(&b);
+	return rc;
+}
+
+void vps_parallel_format(const struct vps_parallel *p, char *buf, size_t n)
+{
+	/* cp only when set: the text of every configuration without CP stays */
+	char cp[32] = "";
+	if (p->cp != 1)
+		snprintf(cp, sizeof(cp), ",cp=%" PRId64, p->cp);
+	int len = snprintf(buf, n, "tp=%" PRId64 ",pp=%" PRId64 ",dp=%" PRId64 "%s,ep=%" PRId64 ",etp=%" PRId64
+			   ",vpp=%" PRId64 ",zero=%" PRId64,
+			   p->tp, p->pp, p->dp, cp, p->ep, p->etp ? p->etp : p->tp, p->vpp, p->zero);
+	if (len < 0 || (size_t)len >= n)
+		return;
+	if (p->first)
+		len += snprintf(buf + len, n - (size_t)len, ",first=%" PRId64, p->first);
+	if (p->last && (size_t)len < n)
+		len += snprintf(buf + len, n - (size_t)len, ",last=%" PRId64, p->last);
+	if (p->bucket && (size_t)len < n) {
+		if (p->bucket == VPS_BUCKET_AUTO)
+			len += snprintf(buf + len, n - (size_t)len, ",bucket=auto");
+		else
+			len += snprintf(buf + len, n - (size_t)len, ",bucket=%" PRId64, p->bucket);
+	}
+	if (p->grad && (size_t)len < n)
+		len += snprintf(buf + len, n - (size_t)len, ",grad=1");
+	if (p->grouped_gemm && len >= 0 && (size_t)len < n)
+		snprintf(buf + len, n - (size_t)len, ",grouped_gemm=1");
+}
+
+/* Layers per stage under Megatron's rules: first/last stages take their
+ * given counts, the middle stages share the rest evenly. */
+int64_t vps_parallel_stage_layers(const struct vps_parallel *p, const struct vps_model *m, int64_t stage)
+{
+	if (p->first && stage == 0)
+		return p->first;
+	if (p->last && stage == p->pp - 1)
+		return p->last;
+	int64_t middle = p->pp - (p->first ? 1 : 0) - (p->last ? 1 : 0);
+	int64_t rest = m->layers - p->first - p->last;
+	return middle > 0 ? rest / middle : 0;
+}
+
+int64_t vps_parallel_chunk_first_layer(const struct vps_parallel *p, const struct vps_model *m,
+				       int64_t stage, int64_t chunk)
+{
+	/* chunk v of every stage comes after chunks 0..v-1 of all stages
+	 * (get_transformer_layer_offset) */
+	int64_t before = 0;
+	if (stage > 0) {
+		int64_t mid = vps_parallel_stage_layers(p, m, p->first ? 1 : 0);
+		int64_t first = vps_parallel_stage_layers(p, m, 0);
+		before = first / p->vpp + (stage - 1) * (mid / p->vpp);
+		if (!p->first)
+			before = stage * (mid / p->vpp);
+	}
+	return chunk * (m->layers / p->vpp) + before;
+}
+
+void vps_parallel_layer_place(const struct vps_parallel *p, const struct vps_model *m, int64_t layer,
+			      int64_t *stage, int64_t *chunk)
+{
+	int64_t per_chunk_total = m->layers / p->vpp;
+	int64_t v = layer / per_chunk_total, rel = layer % per_chunk_total;
+	int64_t first = vps_parallel_stage_layers(p, m, 0) / p->vpp;
+	int64_t s;
+	if (rel < first) {
+		s = 0;
+	} else {
+		int64_t mid = vps_parallel_stage_layers(p, m, p->first ? 1 : 0) / p->vpp;
+		if (!p->first)
+			s = mid ? rel / mid : 0;
+		else
+			s = mid ? 1 + (rel - first) / mid : 1;
+		if (s > p->pp - 1)
+			s = p->pp - 1;
+	}
+	*stage = s;
+	*chunk = v;
+}
+
+vps_result_t vps_parallel_validate(struct vps_parallel *p, const struct vps_model *m, const char *where)
+{
+	int64_t g = m->query_groups;
+	if (!p->etp)
+		p->etp = p->tp;
+	/* every size is at least 1 (pkeys) but a struct may come from a caller;
+	 * the product is bounded before anything uses it */
+	int64_t world = 1;
+	int64_t sizes[] = {p->ep, p->etp, p->vpp}, world_sizes[] = {p->tp, p->cp, p->dp, p->pp};
+	for (size_t i = 0; i < 4; i++)
+		if (world_sizes[i] < 1 || (i < 3 && sizes[i] < 1))
+			return vps_fail(VPS_EINPUT, "%s: tp, cp, dp, pp, ep, etp and vpp must be at least 1", where);
+	for (size_t i = 0; i < 4; i++)
+		if (!vps_mul_ok(world, world_sizes[i], &world) || world > ((int64_t)1 << 24))
+			return vps_fail(VPS_EINPUT, "%s: a world of tp x cp x dp x pp = %" PRId64 " x %" PRId64 " x %" PRId64
+					" x %" PRId64 " ranks is too large (at most 2^24)",
+					where, p->tp, p->cp, p->dp, p->pp);
+	if (m->heads % p->tp)
+		return vps_fail(VPS_EINPUT, "%s: tp=%" PRId64 " does not divide heads=%" PRId64 " of %s", where,
+				p->tp, m->heads, m->name);
+	if (g % p->tp && p->tp % g)
+		return vps_fail(VPS_EINPUT,
+				"%s: tp=%" PRId64 " neither divides nor is a multiple of num_query_groups=%" PRId64 " of %s",
+				where, p->tp, g, m->name);
+	int64_t qkv_rows = g * (m->heads / g + 2) * m->head_dim;
+	if (qkv_rows % p->tp)
+		return vps_fail(VPS_EINPUT, "%s: tp=%" PRId64 " does not divide the %" PRId64 " rows of linear_qkv",
+				where, p->tp, qkv_rows);
+	if ((m->experts == 0 || m->first_dense > 0) && m->ffn % p->tp)
+		return vps_fail(VPS_EINPUT, "%s: tp=%" PRId64 " does not divide ffn=%" PRId64, where, p->tp, m->ffn);
+	if (m->experts == 0 && p->grouped_gemm)
+		return vps_fail(VPS_EINPUT, "%s: grouped_gemm applies to MoE models only (%s is dense)", where, m->name);
+	if (m->shared_ffn % p->tp)
+		return vps_fail(VPS_EINPUT, "%s: tp=%" PRId64 " does not divide shared_ffn=%" PRId64, where, p->tp,
+				m->shared_ffn);
+	if (m->experts == 0 && (p->ep != 1 || p->etp != p->tp))
+		return vps_fail(VPS_EINPUT, "%s: ep and etp apply to MoE models only (%s is dense)", where, m->name);
+	if (m->experts > 0) {
+		if (m->experts % p->ep)
+			return vps_fail(VPS_EINPUT, "%s: ep=%" PRId64 " does not divide experts=%" PRId64, where, p->ep,
+					m->experts);
+		if (m->moe_ffn % p->etp)
+			return vps_fail(VPS_EINPUT, "%s: etp=%" PRId64 " does not divide moe_ffn=%" PRId64, where,
+					p->etp, m->moe_ffn);
+		/* etp and ep are bounded by moe_ffn and experts, tp*cp*dp by the world */
+		if ((p->tp * p->cp * p->dp) % (p->etp * p->ep))
+			return vps_fail(VPS_EINPUT,
+					"%s: etp=%" PRId64 " x ep=%" PRId64 " does not divide tp x cp x dp = %" PRId64
+					" (expert data parallel = world / (etp*ep*pp)); etp defaults to tp, try etp=1",
+					where, p->etp, p->ep, p->tp * p->cp * p->dp);
+	}
+	if (p->vpp > 1 && p->pp == 1)
+		return vps_fail(VPS_EINPUT, "%s: vpp=%" PRId64 " needs pp > 1", where, p->vpp);
+	/* the MTP stage would hold the embedding copy and an output_layer.weight
+	 * of its own (GPTModel allocates it where not pre_process) */
+	if (m->mtp_layers > 0 && m->tied_embeddings && p->pp > 1)
+		return vps_fail(VPS_EINPUT, "%s: mtp_layers with tied embeddings is modelled for pp=1 only (pp=%" PRId64 ")",
+				where, p->pp);
+	if ((p->first || p->last) && p->pp == 1)
+		return vps_fail(VPS_EINPUT, "%s: first/last need pp > 1", where);
+	if (p->first || p->last) {
+		int64_t middle = p->pp - (p->first ? 1 : 0) - (p->last ? 1 : 0);
+		int64_t rest = m->layers - p->first - p->last;
+		if (rest < 0 || (middle == 0 && rest != 0))
+			return vps_fail(VPS_EINPUT, "%s: first=%" PRId64 " + last=%" PRId64 " do not add up to layers=%" PRId64,
+					where, p->first, p->last, m->layers);
+		if (middle > 0 && (rest % middle || rest == 0))
+			return vps_fail(VPS_EINPUT,
+					"%s: the %" PRId64 " layers left after first/last do not split evenly over %" PRId64
+					" middle stages",
+					where, rest, middle);
+	} else if (m->layers % p->pp) {
+		return vps_fail(VPS_EINPUT,
+				"%s: pp=%" PRId64 " does not divide layers=%" PRId64 " of %s (give first= and last=)", where,
+				p->pp, m->layers, m->name);
+	}
+	for (int64_t s = 0; s < p->pp && s < 3; s++) {
+		int64_t stage = s == 2 ? p->pp - 1 : s;
+		int64_t n = vps_parallel_stage_layers(p, m, stage);
+		if (n % p->vpp)
+			return vps_fail(VPS_EINPUT, "%s: vpp=%" PRId64 " does not divide the %" PRId64
+					" layers of pipeline stage %" PRId64,
+					where, p->vpp, n, stage);
+	}
+	return VPS_OK;
+}
+
+/* ---- devices ---- */
+
+void vps_devices_packed(struct vps_devices *d, int64_t gpus_per_node, int64_t first_node)
+{
+	memset(d, 0, sizeof(*d));
+	d->packed = true;
+	d->gpus_per_node = gpus_per_node;
+	d->first_node = first_node;
+}
+
+void vps_devices_release(struct vps_devices *d)
+{
+	free(d->list);
+	free(d->order);
+	memset(d, 0, sizeof(*d));
+}
+
+vps_result_t vps_devices_copy(struct vps_devices *dst, const struct vps_devices *src)
+{
+	*dst = *src;
+	dst->list = NULL;
+	dst->order = NULL;
+	if (src->packed)
+		return VPS_OK;
+	dst->list = vps_malloc((size_t)src->n * sizeof(*src->list));
+	dst->order = vps_malloc((size_t)src->n * sizeof(*src->order));
+	if (!dst->list || !dst->order) {
+		vps_devices_release(dst);
+		return VPS_ENOMEM;
+	}
+	memcpy(dst->list, src->list, (size_t)src->n * sizeof(*src->list));
+	if (src->order)
+		memcpy(dst->order, src->order, (size_t)src->n * sizeof(*src->order));
+	else
+		for (int64_t i = 0; i < src->n; i++)
+			dst->order[i] = i; /* vps_devices_validate sorts it */
+	return VPS_OK;
+}
+
+struct vps_device vps_devices_get(const struct vps_devices *d, int64_t rank)
+{
+	struct vps_device dev;
+	if (d->packed) {
+		dev.node = (int32_t)(d->first_node + rank / d->gpus_per_node);
+		dev.gpu = (int32_t)(rank % d->gpus_per_node);
+	} else {
+		dev = d->list[rank];
+	}
+	return dev;
+}
+
+static int dev_cmp(struct vps_device a, struct vps_device b)
+{
+	if (a.node != b.node)
+		return a.node < b.node ? -1 : 1;
+	return a.gpu < b.gpu ? -1 : a.gpu > b.gpu;
+}
+
+static int order_cmp(const void *a, const void *b, void *ctx)
+{
+	const struct vps_device *list = ctx;
+	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+	return dev_cmp(list[x], list[y]);
+}
+
+vps_result_t vps_devices_validate(struct vps_devices *d, int64_t world, const char *where)
+{
+	if (d->packed) {
+		if (d->gpus_per_node < 1 || d->first_node < 0)
+			return vps_fail(VPS_EINPUT, "%s: gpus per node must be positive", where);
+		if (d->first_node + (world - 1) / d->gpus_per_node > INT32_MAX)
+			return vps_fail(VPS_EINPUT, "%s: node numbers overflow", where);
+		return VPS_OK;
+	}
+	if (d->n != world)
+		return vps_fail(VPS_EINPUT, "%s: the device map lists %" PRId64 " devices but the world has %" PRId64
+				" ranks", where, d->n, world);
+	free(d->order);
+	d->order = vps_malloc((size_t)d->n * sizeof(*d->order));
+	if (!d->order)
+		return VPS_ENOMEM;
+	for (int64_t i = 0; i < d->n; i++)
+		d->order[i] = i;
+	qsort_r(d->order, (size_t)d->n, sizeof(*d->order), order_cmp, d->list);
+	for (int64_t i = 1; i < d->n; i++) {
+		struct vps_device a = d->list[d->order[i - 1]], b = d->list[d->order[i]];
+		if (!dev_cmp(a, b))
+			return vps_fail(VPS_EINPUT, "%s: ranks %" PRId64 " and %" PRId64 " are both on node %d gpu %d", where,
+					d->order[i - 1], d->order[i], a.node, a.gpu);
+	}
+	return VPS_OK;
+}
+
+int64_t vps_devices_find(const struct vps_devices *d, int64_t world, struct vps_device dev)
+{
+	if (d->packed) {
+		if (dev.gpu < 0 || dev.gpu >= d->gpus_per_node || dev.node < d->first_node)
+			return -1;
+		int64_t r = (dev.node - d->first_node) * d->gpus_per_node + dev.gpu;
+		return r < world ? r : -1;
+	}
+	int64_t lo = 0, hi = d->n;
+	while (lo < hi) {
+		int64_t mid = (lo + hi) / 2;
+		int c = dev_cmp(d->list[d->order[mid]], dev);
+		if (c == 0)
+			return d->order[mid];
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return -1;
+}
+
+size_t vps_devices_node_ranks(const struct vps_devices *d, int64_t world, int32_t node, int64_t *out, size_t max)
+{
+	size_t n = 0;
+	if (d->packed) {
+		int64_t lo = ((int64_t)node - d->first_node) * d->gpus_per_node;
+		int64_t hi = vps_min64(lo + d->gpus_per_node, world);
+		for (int64_t r = vps_max64(lo, 0); r < hi; r++, n++)
+			if (n < max)
+				out[n] = r;
+		return n;
+	}
+	/* the sorted order groups a node's devices together */
+	int64_t lo = 0, hi = d->n;
+	while (lo < hi) {
+		int64_t mid = (lo + hi) / 2;
+		if (d->list[d->order[mid]].node < node)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	for (int64_t i = lo; i < d->n && d->list[d->order[i]].node == node; i++, n++)
+		if (n < max)
+			out[n] = d->order[i];
+	/* callers want rank order */
+	size_t k = n < max ? n : max;
+	for (size_t i = 1; i < k; i++)
+		for (size_t j = i; j > 0 && out[j - 1] > out[j]; j--) {
+			int64_t t = out[j];
+			out[j] = out[j - 1];
+			out[j - 1] = t;
+		}
+	return n;
+}
+
+vps_result_t vps_devices_read(struct vps_reader *r, const char *key, struct vps_devices *d)
+{
+	memset(d, 0, sizeof(*d));
+	if (key)
+		VPS_CHECK(vps_r_map_begin(r, key));
+	const char *mode;
+	VPS_CHECK(vps_r_str_opt(r, "mode", &mode, vps_r_has(r, "devices") ? "list" : "packed"));
+	if (!strcmp(mode, "packed")) {
+		d->packed = true;
+		VPS_CHECK(vps_r_int_opt(r, "gpus_per_node", &d->gpus_per_node, 1, 1 << 20, 8));
+		VPS_CHECK(vps_r_int_opt(r, "first_node", &d->first_node, 0, INT32_MAX, 0));
+	} else if (!strcmp(mode, "list")) {
+		uint64_t n;
+		/* a block list of flow pairs, which its items cannot tell */
+		VPS_CHECK(vps_r_seq_begin_flow(r, "devices", &n, false));
+		d->list = vps_malloc((size_t)n * sizeof(*d->list) + 1);
+		if (!d->list)
+			return VPS_ENOMEM;
+		d->n = (int64_t)n;
+		for (uint64_t i = 0; i < n; i++) {
+			uint64_t two;
+			int64_t node, gpu;
+			VPS_CHECK(vps_r_seq_begin(r, NULL, &two));
+			if (two != 2)
+				return vps_r_error(r, NULL, "a device is [node, gpu]");
+			VPS_CHECK(vps_r_int(r, NULL, &node, 0, INT32_MAX));
+			VPS_CHECK(vps_r_int(r, NULL, &gpu, 0, INT32_MAX));
+			VPS_CHECK(vps_r_seq_end(r));
+			d->list[i].node = (int32_t)node;
+			d->list[i].gpu = (int32_t)gpu;
+		}
+		VPS_CHECK(vps_r_seq_end(r));
+	} else {
+		return vps_r_error(r, "mode", "expected packed or list, not '%s'", mode);
+	}
+	if (key)
+		VPS_CHECK(vps_r_map_end(r));
+	return VPS_OK;
+}
+
+vps_result_t vps_devices_write(struct vps_writer *w, const char *key, const struct vps_devices *d)
+{
+	VPS_CHECK(vps_w_map_begin(w, key));
+	VPS_CHECK(vps_w_str(w, "mode", d->packed ? "packed" : "list"));
+	if (d->packed) {
+		VPS_CHECK(vps_w_int(w, "gpus_per_node", d->gpus_per_node));
+		VPS_CHECK(vps_w_int(w, "first_node", d->first_node));
+	} else {
+		VPS_CHECK(vps_w_seq_begin(w, "devices", (uint64_t)d->n, false));
+		for (int64_t i = 0; i < d->n; i++) {
+			VPS_CHECK(vps_w_seq_begin(w, NULL, 2, true));
+			VPS_CHECK(vps_w_int(w, NULL, d->list[i].node));
+			VPS_CHECK(vps_w_int(w, NULL, d->list[i].gpu));
+			VPS_CHECK(vps_w_seq_end(w));
+		}
+		VPS_CHECK(vps_w_seq_end(w));
+	}
+	return vps_w_map_end(w);
+}
+
+vps_result_t vps_devices_load(struct vps_devices *d, const char *path)
+{
+	struct vps_bytes b;
+	struct vps_reader *r = NULL;
+	memset(d, 0, sizeof(*d));
+	VPS_CHECK(vps_read_file(path, &b));
+	vps_result_t rc = vps_reader_new(&r, path, b.data, b.len, VPS_DOC_DEVICES);
+	if (!rc)
+		rc = vps_devices_read(r, NULL, d);
+	if (!rc)
+		rc = vps_reader_finish(r);
+	if (rc)
+		vps_devices_release(d);
+	vps_reader_free(r);
+	vps_bytes_release(&b);
+	return rc;
+}

@@ -1,0 +1,317 @@
+/* The time floor of a transition, from its two layouts and a topology
+ * alone. It reads no plan on purpose: the statistics compare the planner's
+ * estimate with it, and a bug in the planner must not be able to move both.
+ * It assumes what vps's plans do, that each element goes straight from a
+ * device that holds it under A to each device that needs it under B (no
+ * device relays what it received), each device's links at full rate in
+ * each direction at once, latency aside. */
+#include <inttypes.h>
+#include <math.h>
+
+#include "io/doc.h"
+#include "util/internal.h"
+#include "vps/plan.h"
+#include "vps/verify.h"
+
+/* Boxes of the holders of one B region, by the holders' kind. */
+struct floor_boxes {
+	struct vps_box *own, *loc, *rem, *all;
+	size_t nown, nloc, nrem, nall, cap;
+};
+
+static void floor_boxes_release(struct floor_boxes *f)
+{
+	free(f->own);
+	free(f->loc);
+	free(f->rem);
+	free(f->all);
+}
+
+static vps_result_t floor_boxes_reserve(struct floor_boxes *f, size_t n)
+{
+	if (n <= f->cap)
+		return VPS_OK;
+	size_t cap = f->cap ? f->cap : 16;
+	while (cap < n)
+		cap *= 2;
+	struct vps_box **arrs[] = {&f->own, &f->loc, &f->rem, &f->all};
+	for (size_t i = 0; i < sizeof(arrs) / sizeof(arrs[0]); i++) {
+		struct vps_box *p = vps_realloc_array(*arrs[i], cap, sizeof(**arrs[i]));
+		if (!p)
+			return VPS_NOMEM();
+		*arrs[i] = p;
+	}
+	f->cap = cap;
+	return VPS_OK;
+}
+
+/* Elements of target that the union of boxes a[0..na) and b[0..nb) covers. */
+static vps_result_t covered(const struct vps_box *a, size_t na, const struct vps_box *b, size_t nb,
+			    struct vps_box *scratch, const struct vps_box *target, int64_t *out)
+{
+	if (na)
+		memcpy(scratch, a, na * sizeof(*a));
+	if (nb)
+		memcpy(scratch + na, b, nb * sizeof(*b));
+	int64_t u = vps_boxes_uncovered(scratch, na + nb, target);
+	if (u < 0)
+		return VPS_NOMEM();
+	*out = vps_box_volume(target) - u;
+	return VPS_OK;
+}
+
+/* Whether the progression holds rank r. */
+static bool prog_has(const struct vps_holder *h, int64_t r)
+{
+	if (h->count <= 0)
+		return false;
+	if (h->stride == 0 || h->count == 1)
+		return r == h->base;
+	int64_t d = r - h->base;
+	return d % h->stride == 0 && d / h->stride >= 0 && d / h->stride < h->count;
+}
+
+/* Whether a rank of the progression sits on node, and whether one sits
+ * elsewhere; stops as soon as both are known, so a progression is walked
+ * at most past the ranks of one node. */
+static void prog_nodes(const struct vps_layout *a, const struct vps_holder *h, int32_t node, bool *on, bool *off)
+{
+	*on = *off = false;
+	for (int64_t k = 0; k < h->count && !(*on && *off); k++) {
+		if (vps_layout_device(a, h->base + k * h->stride).node == node)
+			*on = true;
+		else
+			*off = true;
+	}
+}
+
+/* A replica set: the A ranks base + k * stride, k < count, that hold one
+ * region alike. Its bytes: those of elements no rank outside it holds, for
+ * each device that needs them, by the links that can carry them. */
+struct rset {
+	int64_t base, stride, count;
+	int64_t loc, rem, any; /* NVLink only, NIC only, either */
+};
+
+struct floor_acc {
+	struct rset *set;
+	size_t nset, capset;
+	uint32_t *slot; /* id + 1, 0 empty */
+	size_t mask;
+	struct vps_time_floor best;
+	double bi, be;
+};
+
+static uint64_t rset_hash(int64_t base, int64_t stride, int64_t count)
+{
+	int64_t k[3] = {base, stride, count};
+	return vps_hash64(k, sizeof(k), 13);
+}
+
+static vps_result_t rset_rehash(struct floor_acc *f)
+{
+	size_t cap = f->mask ? (f->mask + 1) * 2 : 256;
+	if (f->nset >= UINT32_MAX - 1)
+		return vps_fail(VPS_EINPUT, "more than %u replica sets", UINT32_MAX - 1);
+	uint32_t *slot = vps_calloc(cap, sizeof(*slot));
+	if (!slot)
+		return VPS_NOMEM();
+	for (size_t i = 0; i < f->nset; i++) {
+		size_t at = (size_t)rset_hash(f->set[i].base, f->set[i].stride, f->set[i].count) & (cap - 1);
+		while (slot[at])
+			at = (at + 1) & (cap - 1);
+		slot[at] = (uint32_t)i + 1;
+	}
+	free(f->slot);
+	f->slot = slot;
+	f->mask = cap - 1;
+	return VPS_OK;
+}
+
+/* The set of these ranks (one rank: stride 0), made when new. */
+static vps_result_t rset_get(struct floor_acc *f, int64_t base, int64_t stride, int64_t count, struct rset **out)
+{
+	if (count == 1)
+		stride = 0;
+	if (2 * (f->nset + 1) > f->mask)
+		VPS_CHECK(rset_rehash(f));
+	size_t at = (size_t)rset_hash(base, stride, count) & f->mask;
+	for (; f->slot[at]; at = (at + 1) & f->mask) {
+		struct rset *x = &f->set[f->slot[at] - 1];
+		if (x->base == base && x->stride == stride && x->count == count) {
+			*out = x;
+			return VPS_OK;
+		}
+	}
+	VPS_CHECK(VPS_GROW(f->set, f->capset, f->nset + 1));
+	f->set[f->nset] = (struct rset){base, stride, count, 0, 0, 0};
+	f->slot[at] = (uint32_t)f->nset + 1;
+	*out = &f->set[f->nset++];
+	return VPS_OK;
+}
+
+/* One B rank: what it must receive, and what each sole holder must send it. */
+static vps_result_t floor_rank(const struct vps_layout *a, const struct vps_layout *b, int64_t rb,
+			       struct floor_acc *acc, struct vps_holders *h, struct floor_boxes *fb)
+{
+	struct vps_device dev = vps_layout_device(b, rb);
+	int64_t ra = vps_layout_rank_on(a, dev);
+	struct vps_rank_view v;
+	VPS_CHECK(vps_layout_rank(b, rb, &v));
+	vps_result_t rc = VPS_OK;
+	int64_t loc = 0, rem = 0, any = 0;
+	struct vps_box *scratch = NULL;
+	size_t capscratch = 0;
+	for (size_t i = 0; !rc && i < v.nregions; i++) {
+		const struct vps_region *R = &v.regions[i];
+		int64_t esz = (int64_t)vps_dtype_size(vps_state_dtype(R->state));
+		h->n = 0;
+		rc = vps_layout_holders(a, R->tensor, R->state, &R->box, h);
+		if (!rc)
+			rc = floor_boxes_reserve(fb, h->n + 1);
+		if (!rc)
+			rc = vps_grow((void **)&scratch, &capscratch, 2 * h->n + 1, sizeof(*scratch));
+		if (rc)
+			break;
+		fb->nown = fb->nloc = fb->nrem = fb->nall = 0;
+		for (size_t k = 0; k < h->n; k++) {
+			const struct vps_holder *x = &h->v[k];
+			if (x->count <= 0)
+				continue;
+			fb->all[fb->nall++] = x->region.box;
+			if (ra >= 0 && prog_has(x, ra)) {
+				fb->own[fb->nown++] = x->region.box;
+				continue;
+			}
+			bool on, off;
+			prog_nodes(a, x, dev.node, &on, &off);
+			if (on)
+				fb->loc[fb->nloc++] = x->region.box;
+			if (off)
+				fb->rem[fb->nrem++] = x->region.box;
+		}
+		/* by inclusion and exclusion over the region, own elements aside */
+		int64_t own, cl, cr, call;
+		rc = covered(fb->own, fb->nown, NULL, 0, scratch, &R->box, &own);
+		if (!rc)
+			rc = covered(fb->own, fb->nown, fb->loc, fb->nloc, scratch, &R->box, &cl);
+		if (!rc)
+			rc = covered(fb->own, fb->nown, fb->rem, fb->nrem, scratch, &R->box, &cr);
+		if (!rc)
+			rc = covered(fb->all, fb->nall, NULL, 0, scratch, &R->box, &call);
+		if (rc)
+			break;
+		int64_t nl = cl - own, nr = cr - own, nall = call - own, both = nl + nr - nall;
+		loc += (nl - both) * esz;
+		rem += (nr - both) * esz;
+		any += both * esz;
+		/* elements that only one holder's ranks have: those ranks must
+		 * send them, over NVLink where they all sit on this node, over
+		 * their NICs where none does */
+		for (size_t k = 0; !rc && k < h->n; k++) {
+			const struct vps_holder *x = &h->v[k];
+			if (x->count <= 0 || (ra >= 0 && prog_has(x, ra)))
+				continue;
+			size_t n = 0;
+			for (size_t j = 0; j < h->n; j++)
+				if (j != k && h->v[j].count > 0)
+					scratch[n++] = h->v[j].region.box;
+			int64_t u = vps_boxes_uncovered(scratch, n, &R->box);
+			if (u < 0) {
+				rc = VPS_NOMEM();
+				break;
+			}
+			int64_t only = (call - (vps_box_volume(&R->box) - u)) * esz;
+			if (!only)
+				continue;
+			int64_t last = x->base + (x->count - 1) * x->stride;
+			if (x->base < 0 || x->base >= vps_layout_world(a) || last < 0 || last >= vps_layout_world(a)) {
+				rc = vps_fail(VPS_EINPUT, "layout A names ranks outside its world");
+				break;
+			}
+			struct rset *set;
+			rc = rset_get(acc, x->base, x->stride, x->count, &set);
+			if (rc)
+				break;
+			bool on, off;
+			prog_nodes(a, x, dev.node, &on, &off);
+			if (!off)
+				set->loc += only;
+			else if (!on)
+				set->rem += only;
+			else
+				set->any += only;
+		}
+	}
+	free(scratch);
+	vps_rank_view_release(&v);
+	if (rc)
+		return rc;
+	double t = fmax(fmax((double)loc / acc->bi, (double)rem / acc->be), (double)(loc + rem + any) / (acc->bi + acc->be));
+	if (t > acc->best.seconds)
+		acc->best = (struct vps_time_floor){.seconds = t,
+						    .device = dev,
+						    .senders = 0,
+						    .receives = true,
+						    .local_bytes = loc,
+						    .remote_bytes = rem,
+						    .either_bytes = any};
+	return VPS_OK;
+}
+
+/* The members of a set together send its bytes and each member's own:
+ * the busiest member sends at least the average. */
+static vps_result_t rset_bound(struct floor_acc *f, const struct vps_layout *a, size_t i)
+{
+	struct rset x = f->set[i];
+	if (x.count > 1) {
+		for (int64_t k = 0; k < x.count; k++) {
+			struct rset *one;
+			VPS_CHECK(rset_get(f, x.base + k * x.stride, 0, 1, &one));
+			x.loc += one->loc;
+			x.rem += one->rem;
+			x.any += one->any;
+		}
+	}
+	double c = (double)x.count;
+	double t = fmax(fmax((double)x.loc / (c * f->bi), (double)x.rem / (c * f->be)),
+			(double)(x.loc + x.rem + x.any) / (c * (f->bi + f->be)));
+	if (t > f->best.seconds)
+		f->best = (struct vps_time_floor){.seconds = t,
+						  .device = vps_layout_device(a, x.base),
+						  .receives = false,
+						  .senders = x.count,
+						  .local_bytes = x.loc,
+						  .remote_bytes = x.rem,
+						  .either_bytes = x.any};
+	return VPS_OK;
+}
+
+vps_result_t vps_time_floor(const struct vps_layout *a, const struct vps_layout *b, const struct vps_topology *topo,
+			    struct vps_time_floor *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (vps_model_hash(vps_layout_model(a)) != vps_model_hash(vps_layout_model(b)))
+		return vps_fail(VPS_EINPUT, "the layouts are of different models (%s, %s)", vps_layout_model(a)->name,
+				vps_layout_model(b)->name);
+	if (!(topo->intra_node_bandwidth > 0) || !(topo->inter_node_bandwidth > 0))
+		return vps_fail(VPS_EINPUT, "topology %s: bandwidths must be positive", topo->name);
+	int64_t wb = vps_layout_world(b);
+	struct floor_acc acc = {.bi = topo->intra_node_bandwidth, .be = topo->inter_node_bandwidth};
+	struct vps_holders h = {0};
+	struct floor_boxes fb = {0};
+	vps_result_t rc = VPS_OK;
+	for (int64_t rb = 0; !rc && rb < wb; rb++)
+		rc = floor_rank(a, b, rb, &acc, &h, &fb);
+	/* sets of one rank are added while the larger ones are bounded */
+	size_t n = acc.nset;
+	for (size_t i = 0; !rc && i < n; i++)
+		rc = rset_bound(&acc, a, i);
+	if (!rc)
+		*out = acc.best;
+	free(acc.set);
+	free(acc.slot);
+	vps_holders_release(&h);
+	floor_boxes_release(&fb);
+	return rc;
+}

@@ -1,0 +1,1271 @@
+/* The state routing planner.
+ *
+ * For each destination region (a B region of a B rank) the planner asks A
+ * which ranks hold its (tensor, state) box (vps_layout_holders: analytic,
+ * no enumeration) and decides, deterministically from the region alone:
+ *   1. retain what the destination's own device holds under A;
+ *   2. take the rest group by group, a group being the A regions with one
+ *      box (its members are replicas), preferring the A tensor-parallel rank
+ *      whose slice the destination's slice overlaps first; members on the
+ *      destination's node first, otherwise any member;
+ *   3. cut the destination buffer in m equal ranges, range p served by
+ *      member (start + p) mod k, where start is the destination's index
+ *      among the B replicas that receive the region (among all replicas
+ *      past EXACT_REPLICAS), scaled to k and shifted by the replica set's
+ *      first rank. Consecutive regions then come from one source (their
+ *      copies merge) and replicas share the sending evenly;
+ *   4. when 2..SPLIT_MAX candidates span A pipeline stages (a tied
+ *      embedding), weigh them by their other duties instead (weights_of),
+ *      cutting large pieces by the shares.
+ * A source finds its sends by re-running the decision for the destinations
+ * that can choose it: all replicas of a small set; for a large one those on
+ * its node and those the rotation maps to it (all, for a weighed group).
+ * Both sides run the same function, so a rank's plan is exactly the global
+ * plan restricted to it.
+ * docs/plan.md has the reasons. */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <sys/sysinfo.h>
+
+#include "util/internal.h"
+#include "plan/plan_io.h"
+#include "plan/plan_pack.h"
+#include "vps/plan.h"
+
+/* A piece with several replicas as sources is cut in up to this many parts,
+ * each from another replica: every replica then carries an equal share of
+ * every destination, whatever other duty it has. */
+#define SPLIT_MIN 4
+#define SPLIT_MAX 16
+#define SPLIT_MIN_BYTES ((int64_t)256 << 10)
+/* Up to this many B replicas of a region, a destination rotates by its index
+ * among the replicas that hold none of the region under A (the ones that
+ * really receive); above, by its index among all replicas (O(1), no
+ * enumeration, for worlds grown by data parallelism). */
+#define EXACT_REPLICAS 64
+#define NODE_RANKS_MAX 256
+
+struct pieces {
+	struct vps_piece *v;
+	size_t n, cap;
+};
+
+/* What an A rank must send whatever the choices (bytes only it holds),
+ * and its equal share of what it could send with other replicas. */
+struct duty {
+	int64_t rank;
+	int64_t forced, shared;
+};
+
+struct ctx {
+	const struct vps_layout *a, *b;
+	const struct vps_world *w;
+	struct vps_holders ha, hb;
+	struct vps_boxes rem, next;
+	struct vps_holders hda, hdb; /* for duty_of, beside ha and hb in use */
+	struct duty *duties;         /* sorted by rank */
+	size_t nduties, capduties;
+	struct vps_piece last; /* global plans: the piece a block packs against */
+	const struct vps_lost *lost; /* A ranks no piece may come from */
+};
+
+/* Holders under A, less the lost ranks: every choice of a source reads
+ * these, so no plan path can pick a lost device. */
+static vps_result_t a_holders(const struct ctx *c, uint32_t tensor, int state, const struct vps_box *box,
+			      struct vps_holders *h)
+{
+	VPS_CHECK(vps_layout_holders(c->a, tensor, state, box, h));
+	return vps_lost_drop_holders(c->lost, h);
+}
+
+static bool member(const struct vps_holder *h, int64_t r)
+{
+	if (r < h->base)
+		return false;
+	int64_t d = r - h->base;
+	if (h->stride == 0)
+		return d == 0;
+	return d % h->stride == 0 && d / h->stride < h->count;
+}
+
+static int box_cmp(const struct vps_box *x, const struct vps_box *y)
+{
+	for (int k = 0; k < x->ndim; k++) {
+		if (x->lo[k] != y->lo[k])
+			return x->lo[k] < y->lo[k] ? -1 : 1;
+		if (x->hi[k] != y->hi[k])
+			return x->hi[k] < y->hi[k] ? -1 : 1;
+	}
+	return 0;
+}
+
+static int holder_cmp(const void *p, const void *q)
+{
+	const struct vps_holder *x = p, *y = q;
+	int c = box_cmp(&x->region.box, &y->region.box);
+	if (c)
+		return c;
+	return x->base < y->base ? -1 : x->base > y->base;
+}
+
+static vps_result_t emit(struct pieces *out, int64_t only_src, int64_t src, int64_t dst, const struct vps_box *box,
+			 const struct vps_region *sr, const struct vps_region *dr)
+{
+	if (only_src >= 0 && src != only_src)
+		return VPS_OK;
+	VPS_CHECK(VPS_GROW(out->v, out->cap, out->n + 1));
+	struct vps_piece *p = &out->v[out->n++];
+	memset(p, 0, sizeof(*p));
+	p->tensor = dr->tensor;
+	p->state = dr->state;
+	p->box = *box;
+	p->src = src;
+	p->dst = dst;
+	p->src_buffer = sr->buffer;
+	p->dst_buffer = dr->buffer;
+	p->src_offset = vps_region_offset_at(sr, box->lo);
+	p->dst_offset = vps_region_offset_at(dr, box->lo);
+	memcpy(p->src_strides, sr->strides, sizeof(p->src_strides));
+	memcpy(p->dst_strides, dr->strides, sizeof(p->dst_strides));
+	return VPS_OK;
+}
+
+int64_t vps_piece_bytes(const struct vps_piece *p)
+{
+	return vps_box_volume(&p->box) * (int64_t)vps_dtype_size(vps_state_dtype(p->state));
+}
+
+/* A group: holders [first, first+n) of the sorted list, all with one box. */
+struct group {
+	size_t first, n;
+	int64_t count;
+	int64_t local[NODE_RANKS_MAX]; /* members on the destination's node */
+	size_t local_holder[NODE_RANKS_MAX];
+	size_t nlocal;
+};
+
+/* Member c of a group in holder order. */
+static void group_member(const struct vps_holders *h, const struct group *g, int64_t c, int64_t *rank,
+			 size_t *holder)
+{
+	for (size_t i = g->first; i < g->first + g->n; i++) {
+		if (c < h->v[i].count) {
+			*rank = h->v[i].base + c * h->v[i].stride;
+			*holder = i;
+			return;
+		}
+		c -= h->v[i].count;
+	}
+	*rank = -1;
+	*holder = g->first;
+}
+
+/* Parts of a piece with k candidate sources and n destinations needing it:
+ * at least SPLIT_MIN, and enough that the n destinations together reach
+ * all k sources. */
+static int64_t split_parts(int64_t k, int64_t n)
+{
+	int64_t m = vps_max64(SPLIT_MIN, vps_ceil_div(k, n));
+	return vps_min64(vps_min64(m, k), SPLIT_MAX);
+}
+
+/* Tensor-parallel rank of A whose holders a destination prefers: the first
+ * A rank whose slice overlaps the destination's B slice. Tensors every TP
+ * rank holds (norms, row-parallel biases) are then taken from the same A
+ * rank as their split neighbours, so consecutive copies merge. */
+static int64_t preferred_tp(const struct ctx *c, uint32_t tensor, int64_t rb, int64_t *T)
+{
+	struct vps_tensor t;
+	struct vps_coords cb;
+	vps_model_tensor(vps_layout_model(c->a), tensor, &t);
+	vps_layout_coords(c->b, rb, &cb);
+	const struct vps_parallel *pa = vps_layout_parallel(c->a), *pb = vps_layout_parallel(c->b);
+	int64_t ta = t.is_expert ? pa->etp : pa->tp, tb = t.is_expert ? pb->etp : pb->tp;
+	*T = ta;
+	return (t.is_expert ? cb.etp : cb.tp) * ta / tb;
+}
+
+/* Stable partition of holders [0, n) putting those of A tensor-parallel rank
+ * want first. @return how many there are, or n when none is. */
+static size_t prefer(struct vps_holder *v, size_t n, int64_t T, int64_t want)
+{
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++)
+		if (v[i].base % T == want) {
+			struct vps_holder h = v[i];
+			memmove(&v[k + 1], &v[k], (i - k) * sizeof(*v));
+			v[k++] = h;
+		}
+	return k ? k : n;
+}
+
+/* Index of B rank rb among the B replicas of region r: (i, n), and the
+ * first replica's rank (base), which shifts the rotation so that
+ * destinations of different B sets (other TP or EP ranks) needing the same
+ * data do not all start at the same source. */
+static vps_result_t replica_index(struct ctx *c, int64_t rb, const struct vps_region *r, int64_t *i, int64_t *n,
+				  int64_t *base)
+{
+	c->hb.n = 0;
+	VPS_CHECK(vps_layout_holders(c->b, r->tensor, r->state, &r->box, &c->hb));
+	for (size_t k = 0; k < c->hb.n; k++) {
+		const struct vps_holder *h = &c->hb.v[k];
+		if (member(h, rb) && vps_box_equal(&h->region.box, &r->box) && h->region.buffer == r->buffer &&
+		    h->region.offset == r->offset) {
+			*i = (rb - h->base) / (h->stride ? h->stride : 1);
+			*n = h->count;
+			*base = h->base;
+			if (h->count <= EXACT_REPLICAS) {
+				int64_t ii = 0, nn = 0;
+				for (int64_t j = 0; j < h->count; j++) {
+					int64_t a = vps_world_a_rank(c->w, vps_world_of_b(c->w, h->base + j * h->stride));
+					bool holds = false;
+					for (size_t q = 0; q < c->ha.n && a >= 0 && !holds; q++)
+						holds = member(&c->ha.v[q], a);
+					if (!holds || j == *i) {
+						if (j < *i)
+							ii++;
+						nn++;
+					}
+				}
+				*i = ii;
+				*n = nn;
+			}
+			return VPS_OK;
+		}
+	}
+	*i = 0;
+	*n = 1;
+	*base = rb;
+	return VPS_OK;
+}
+
+/* ---- weighing replicas whose other duties differ ---- */
+
+/* Replicas in different A pipeline stages (a tied embedding on the first
+ * and the last) carry different stages' duties; replicas within a stage
+ * (data- and tensor-parallel) carry the same by symmetry, and share
+ * equally. A group is weighed when it has 2..SPLIT_MAX candidates spanning
+ * more than one stage. */
+static bool weighed(const struct ctx *c, const int64_t *cand, int64_t k)
+{
+	if (k < 2 || k > SPLIT_MAX)
+		return false;
+	struct vps_coords c0, ci;
+	vps_layout_coords(c->a, cand[0], &c0);
+	for (int64_t i = 1; i < k; i++) {
+		vps_layout_coords(c->a, cand[i], &ci);
+		if (ci.pp != c0.pp)
+			return true;
+	}
+	return false;
+}
+
+/* Receivers among B holder set H of box x: members whose device holds
+ * none of x under A (the A holders in hda). Counted up to EXACT_REPLICAS
+ * members; past that, all members. */
+static int64_t receivers(const struct ctx *c, const struct vps_holder *H, const struct vps_box *x)
+{
+	if (H->count > EXACT_REPLICAS)
+		return H->count;
+	int64_t n = 0;
+	for (int64_t j = 0; j < H->count; j++) {
+		int64_t a = vps_world_a_rank(c->w, vps_world_of_b(c->w, H->base + j * H->stride));
+		bool holds = false;
+		for (size_t q = 0; q < c->hda.n && a >= 0 && !holds; q++)
+			holds = member(&c->hda.v[q], a) && vps_box_contains(&c->hda.v[q].region.box, x);
+		n += !holds;
+	}
+	return n;
+}
+
+/* The duty of A rank ra: for each of its regions, the bytes B ranks that
+ * do not hold them need; forced when ra is the region's only replica,
+ * else shared by its replicas equally. Computed from ra's own regions
+ * and holder arithmetic (no enumeration of the world), once per rank. */
+static vps_result_t duty_of(struct ctx *c, int64_t ra, struct duty *out)
+{
+	size_t lo = 0, hi = c->nduties;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (c->duties[mid].rank < ra)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo < c->nduties && c->duties[lo].rank == ra) {
+		*out = c->duties[lo];
+		return VPS_OK;
+	}
+	struct vps_rank_view v;
+	VPS_CHECK(vps_layout_rank(c->a, ra, &v));
+	struct duty d = {ra, 0, 0};
+	vps_result_t rc = VPS_OK;
+	for (size_t i = 0; i < v.nregions && !rc; i++) {
+		const struct vps_region *r = &v.regions[i];
+		int64_t esize = (int64_t)vps_dtype_size(vps_state_dtype(r->state)), replicas = 0;
+		c->hda.n = 0;
+		c->hdb.n = 0;
+		rc = a_holders(c, r->tensor, r->state, &r->box, &c->hda);
+		if (!rc)
+			rc = vps_layout_holders(c->b, r->tensor, r->state, &r->box, &c->hdb);
+		for (size_t q = 0; q < c->hda.n && !rc; q++)
+			if (vps_box_equal(&c->hda.v[q].region.box, &r->box))
+				replicas += c->hda.v[q].count;
+		for (size_t q = 0; q < c->hdb.n && !rc; q++) {
+			struct vps_box x;
+			if (!vps_box_intersect(&c->hdb.v[q].region.box, &r->box, &x))
+				continue;
+			int64_t bytes;
+			if (!vps_mul_ok(vps_box_volume(&x) * esize, receivers(c, &c->hdb.v[q], &x), &bytes))
+				bytes = INT64_MAX;
+			if (replicas <= 1)
+				d.forced = vps_sat_add(d.forced, bytes);
+			else
+				d.shared = vps_sat_add(d.shared, bytes / replicas);
+		}
+	}
+	vps_rank_view_release(&v);
+	VPS_CHECK(rc);
+	VPS_CHECK(VPS_GROW(c->duties, c->capduties, c->nduties + 1));
+	memmove(&c->duties[lo + 1], &c->duties[lo], (c->nduties - lo) * sizeof(*c->duties));
+	c->duties[lo] = d;
+	c->nduties++;
+	*out = d;
+	return VPS_OK;
+}
+
+/* Shares of k candidates (k <= SPLIT_MAX), summing to about WEIGHT_UNIT:
+ * water-filling, the candidates' shared duties poured over their forced
+ * ones, each candidate's share the water above it; the candidates with the
+ * least forced duty serve until they reach the others. Integers only (the
+ * duties scaled below 2^40), so every rank computes the same shares. */
+#define WEIGHT_UNIT ((int64_t)1 << 12) /* times VPS_MAX_ELEMENTS stays below 2^61 */
+static vps_result_t weights_of(struct ctx *c, const int64_t *cand, int64_t k, int64_t *w)
+{
+	int64_t f[SPLIT_MAX], sorted[SPLIT_MAX], pour = 0, top = 0;
+	struct duty d[SPLIT_MAX];
+	for (int64_t i = 0; i < k; i++) {
+		VPS_CHECK(duty_of(c, cand[i], &d[i]));
+		top = vps_max64(top, vps_min64(d[i].forced, INT64_MAX / 4));
+		pour = vps_min64(vps_sat_add(pour, d[i].shared), INT64_MAX / 4);
+	}
+	int shift = 0;
+	while (shift < 62 && ((top >> shift) + (pour >> shift)) >= ((int64_t)1 << 40))
+		shift++;
+	pour >>= shift;
+	for (int64_t i = 0; i < k; i++)
+		f[i] = sorted[i] = vps_min64(d[i].forced, INT64_MAX / 4) >> shift;
+	for (int64_t i = 1; i < k; i++)
+		for (int64_t j = i; j > 0 && sorted[j - 1] > sorted[j]; j--) {
+			int64_t t = sorted[j];
+			sorted[j] = sorted[j - 1];
+			sorted[j - 1] = t;
+		}
+	int64_t level = sorted[k - 1], sum = 0, total = 0;
+	for (int64_t i = 0; i < k; i++) {
+		sum += sorted[i];
+		int64_t l = (pour + sum) / (i + 1);
+		if (i == k - 1 || l <= sorted[i + 1]) {
+			level = l;
+			break;
+		}
+	}
+	for (int64_t i = 0; i < k; i++)
+		total += vps_max64(0, level - f[i]);
+	int64_t got = 0;
+	for (int64_t i = 0; i < k; i++) {
+		w[i] = total > 0 ? vps_max64(0, level - f[i]) * WEIGHT_UNIT / total : 1;
+		got += w[i];
+	}
+	if (!got)
+		for (int64_t i = 0; i < k; i++)
+			w[i] = 1;
+	return VPS_OK;
+}
+
+/* Build the groups of the (sorted) A holders in c->ha, marking members on
+ * `node`, local groups first. */
+static vps_result_t make_groups(struct ctx *c, int32_t node, int64_t exclude, int64_t T, int64_t pref_tp,
+			       struct group **gs, size_t *ng)
+{
+	int64_t nr[NODE_RANKS_MAX];
+	size_t nn = node >= 0 ? vps_devices_node_ranks(vps_layout_devices(c->a), vps_layout_world(c->a), node, nr,
+						       NODE_RANKS_MAX)
+			      : 0;
+	if (nn > NODE_RANKS_MAX)
+		nn = NODE_RANKS_MAX;
+	size_t cap = 0;
+	*gs = NULL;
+	*ng = 0;
+	for (size_t i = 0; i < c->ha.n;) {
+		size_t j = i + 1;
+		while (j < c->ha.n && vps_box_equal(&c->ha.v[j].region.box, &c->ha.v[i].region.box))
+			j++;
+		VPS_CHECK(vps_grow((void **)gs, &cap, *ng + 1, sizeof(**gs)));
+		struct group *g = &(*gs)[(*ng)++];
+		g->first = i;
+		g->n = prefer(&c->ha.v[i], j - i, T, pref_tp);
+		g->count = 0;
+		g->nlocal = 0;
+		for (size_t k = i; k < i + g->n; k++)
+			g->count += c->ha.v[k].count;
+		for (size_t q = 0; q < nn; q++) {
+			if (nr[q] == exclude)
+				continue;
+			for (size_t k = i; k < i + g->n; k++)
+				if (member(&c->ha.v[k], nr[q])) {
+					g->local[g->nlocal] = nr[q];
+					g->local_holder[g->nlocal] = k;
+					g->nlocal++;
+					break;
+				}
+		}
+		i = j;
+	}
+	/* local groups first, stable */
+	size_t w = 0;
+	struct group *sorted = vps_malloc((*ng + 1) * sizeof(*sorted));
+	if (!sorted) {
+		free(*gs);
+		return VPS_ENOMEM;
+	}
+	for (int pass = 0; pass < 2; pass++)
+		for (size_t i = 0; i < *ng; i++)
+			if ((pass == 0) == ((*gs)[i].nlocal > 0))
+				sorted[w++] = (*gs)[i];
+	free(*gs);
+	*gs = sorted;
+	return VPS_OK;
+}
+
+/* The decision for one destination region R of B rank rb on world rank d.
+ * Pieces with a source other than only_src (when >= 0) are dropped. */
+static vps_result_t plan_region(struct ctx *c, int64_t d, int64_t rb, const struct vps_region *R, int64_t only_src,
+				struct pieces *out)
+{
+	vps_result_t rc = VPS_OK;
+	c->ha.n = 0;
+	VPS_CHECK(a_holders(c, R->tensor, R->state, &R->box, &c->ha));
+	qsort(c->ha.v, c->ha.n, sizeof(*c->ha.v), holder_cmp);
+	VPS_CHECK(vps_boxes_reset(&c->rem, &R->box));
+	int64_t self = vps_world_a_rank(c->w, d);
+	if (self >= 0) {
+		for (size_t k = 0; k < c->ha.n && c->rem.n; k++) {
+			const struct vps_holder *h = &c->ha.v[k];
+			if (!member(h, self))
+				continue;
+			for (size_t i = 0; i < c->rem.n; i++) {
+				struct vps_box y;
+				if (vps_box_intersect(&c->rem.v[i], &h->region.box, &y))
+					VPS_CHECK(emit(out, only_src, d, d, &y, &h->region, R));
+			}
+			VPS_CHECK(vps_boxes_subtract(&c->rem, &c->next, &h->region.box));
+		}
+	}
+	if (!c->rem.n)
+		return VPS_OK;
+	struct group *gs;
+	size_t ng;
+	int64_t T, pref_tp = preferred_tp(c, R->tensor, rb, &T);
+	VPS_CHECK(make_groups(c, vps_world_device(c->w, d).node, self, T, pref_tp, &gs, &ng));
+	int64_t ri, rn, rbase;
+	VPS_CHECK_GOTO(replica_index(c, rb, R, &ri, &rn, &rbase), rc, done);
+	int64_t esize = (int64_t)vps_dtype_size(vps_state_dtype(R->state));
+	int64_t bufsize = vps_layout_buffer_elements(c->b, rb, R->buffer);
+	for (size_t gi = 0; gi < ng && c->rem.n; gi++) {
+		struct group *g = &gs[gi];
+		const struct vps_box *gbox = &c->ha.v[g->first].region.box;
+		int64_t k = g->nlocal ? (int64_t)g->nlocal : g->count;
+		int64_t start = (ri * k / rn + rbase) % k, m = split_parts(k, rn);
+		/* candidates in rotated order, with their shares when weighed */
+		int64_t cand[SPLIT_MAX], cum[SPLIT_MAX + 1], w[SPLIT_MAX];
+		size_t cand_holder[SPLIT_MAX];
+		bool weigh = false;
+		if (k <= SPLIT_MAX) {
+			for (int64_t j = 0; j < k; j++) {
+				int64_t cj = (start + j) % k;
+				if (g->nlocal) {
+					cand[j] = g->local[cj];
+					cand_holder[j] = g->local_holder[cj];
+				} else {
+					group_member(&c->ha, g, cj, &cand[j], &cand_holder[j]);
+				}
+			}
+			weigh = weighed(c, cand, k);
+		}
+		if (weigh) {
+			VPS_CHECK_GOTO(weights_of(c, cand, k, w), rc, done);
+			cum[0] = 0;
+			for (int64_t j = 0; j < k; j++)
+				cum[j + 1] = cum[j] + w[j];
+		}
+		for (size_t i = 0; i < c->rem.n; i++) {
+			struct vps_box y;
+			if (!vps_box_intersect(&c->rem.v[i], gbox, &y))
+				continue;
+			int64_t ext[VPS_MAX_DIMS], vol = vps_box_volume(&y);
+			for (int a = 0; a < y.ndim; a++)
+				ext[a] = y.hi[a] - y.lo[a];
+			/* The destination buffer is cut in m equal ranges, range p
+			 * served by candidate (start + p) mod k: consecutive regions
+			 * come from one source (their copies merge) and every source
+			 * serves an equal share. A piece contiguous in the buffer is
+			 * cut at the range boundaries; another goes whole to the range
+			 * of its first element. Weighed candidates (weighed()) serve
+			 * their shares of every large piece, cut in rotated order;
+			 * a small piece goes whole to the share its position in the
+			 * buffer falls in. */
+			int64_t first = vps_region_offset_at(R, y.lo);
+			bool contiguous = true;
+			for (int a = y.ndim - 1, s2 = 1; a >= 0; a--) {
+				if (ext[a] != 1 && R->strides[a] != s2)
+					contiguous = false;
+				s2 *= (int)ext[a];
+			}
+			bool large = vol * esize >= SPLIT_MIN_BYTES;
+			int64_t lo = 0, seg = 0;
+			while (lo < vol) {
+				int64_t hi = vol, src;
+				size_t hidx;
+				if (weigh) {
+					if (large) {
+						while (seg < k && cum[seg + 1] * vol / cum[k] <= lo)
+							seg++;
+						hi = seg + 1 < k ? vps_max64(cum[seg + 1] * vol / cum[k], lo + 1) : vol;
+					} else {
+						int64_t x = bufsize > 0 ? vps_min64(first * cum[k] / bufsize, cum[k] - 1) : 0;
+						while (seg < k - 1 && (cum[seg + 1] <= x || w[seg] == 0))
+							seg++;
+					}
+					src = cand[seg];
+					hidx = cand_holder[seg];
+				} else {
+					int64_t pos = first + lo;
+					int64_t part = bufsize > 0 ? vps_min64(pos * m / bufsize, m - 1) : 0;
+					if (contiguous && bufsize > 0 && large) {
+						int64_t boundary = vps_ceil_div((part + 1) * bufsize, m);
+						hi = vps_min64(vol, vps_max64(boundary - first, lo + 1));
+					}
+					int64_t cidx = (start + part) % k;
+					if (g->nlocal) {
+						src = g->local[cidx];
+						hidx = g->local_holder[cidx];
+					} else {
+						group_member(&c->ha, g, cidx, &src, &hidx);
+					}
+				}
+				const struct vps_region *sr = &c->ha.v[hidx].region;
+				if (lo == 0 && hi == vol) {
+					VPS_CHECK_GOTO(emit(out, only_src, src, d, &y, sr, R), rc, done);
+				} else {
+					struct vps_box part_boxes[2 * VPS_MAX_DIMS];
+					int np = vps_flat_range_boxes(y.ndim, ext, lo, hi, part_boxes, NULL);
+					for (int q = 0; q < np; q++) {
+						for (int a = 0; a < y.ndim; a++) {
+							part_boxes[q].lo[a] += y.lo[a];
+							part_boxes[q].hi[a] += y.lo[a];
+						}
+						VPS_CHECK_GOTO(emit(out, only_src, src, d, &part_boxes[q], sr, R), rc, done);
+					}
+				}
+				lo = hi;
+				seg++;
+			}
+		}
+		VPS_CHECK_GOTO(vps_boxes_subtract(&c->rem, &c->next, gbox), rc, done);
+	}
+	/* what no survivor holds is a lost range (vps_plan_compute refused it
+	 * unless allowed): a hole the trainer reloads */
+	if (c->rem.n && !(c->lost && c->lost->nranges)) {
+		struct vps_tensor t;
+		char name[256];
+		vps_model_tensor(vps_layout_model(c->b), R->tensor, &t);
+		vps_tensor_name(&t, name, sizeof(name));
+		rc = vps_fail(VPS_ECHECK, "no rank holds %s %s [%" PRId64 ":%" PRId64 ", ...] under the source layout",
+			      name, vps_state_name(R->state), c->rem.v[0].lo[0], c->rem.v[0].hi[0]);
+	}
+done:
+	free(gs);
+	return rc;
+}
+
+/* Everything world rank d receives or retains. */
+static vps_result_t plan_receives(struct ctx *c, int64_t d, struct pieces *out)
+{
+	int64_t rb = vps_world_b_rank(c->w, d);
+	if (rb < 0)
+		return VPS_OK;
+	struct vps_rank_view v;
+	VPS_CHECK(vps_layout_rank(c->b, rb, &v));
+	vps_result_t rc = VPS_OK;
+	for (size_t i = 0; i < v.nregions && !rc; i++)
+		rc = plan_region(c, d, rb, &v.regions[i], -1, out);
+	vps_rank_view_release(&v);
+	return rc;
+}
+
+/* ---- sends of one source ---- */
+
+struct visit {
+	int64_t rb;
+	struct vps_region r;
+};
+
+static int visit_cmp(const void *p, const void *q)
+{
+	const struct visit *x = p, *y = q;
+	if (x->rb != y->rb)
+		return x->rb < y->rb ? -1 : 1;
+	if (x->r.tensor != y->r.tensor)
+		return x->r.tensor < y->r.tensor ? -1 : 1;
+	if (x->r.state != y->r.state)
+		return x->r.state < y->r.state ? -1 : 1;
+	if (x->r.buffer != y->r.buffer)
+		return x->r.buffer < y->r.buffer ? -1 : 1;
+	return x->r.offset < y->r.offset ? -1 : x->r.offset > y->r.offset;
+}
+
+struct visits {
+	struct visit *v;
+	size_t n, cap;
+};
+
+static vps_result_t want(struct visits *vs, int64_t rb, const struct vps_region *r)
+{
+	VPS_CHECK(VPS_GROW(vs->v, vs->cap, vs->n + 1));
+	vs->v[vs->n].rb = rb;
+	vs->v[vs->n].r = *r;
+	vs->n++;
+	return VPS_OK;
+}
+
+/* Destinations (B ranks in holder set H, region R_b) that can choose source
+ * s, whose A region is sa. */
+static vps_result_t candidates_for(struct ctx *c, int64_t s, const struct vps_region *sa, const struct vps_holder *H,
+				   struct visits *vs)
+{
+	int64_t rb_self = vps_world_b_rank(c->w, s);
+	if (H->count <= EXACT_REPLICAS) {
+		/* few replicas: every one is a candidate, the decision is re-run */
+		for (int64_t j = 0; j < H->count; j++)
+			if (H->base + j * H->stride != rb_self)
+				VPS_CHECK(want(vs, H->base + j * H->stride, &H->region));
+		return VPS_OK;
+	}
+	/* on s's node: any of them may take s as a local replica */
+	int64_t nr[NODE_RANKS_MAX];
+	size_t nn = vps_devices_node_ranks(vps_layout_devices(c->b), vps_layout_world(c->b),
+					   vps_world_device(c->w, s).node, nr, NODE_RANKS_MAX);
+	for (size_t q = 0; q < nn && q < NODE_RANKS_MAX; q++)
+		if (nr[q] != rb_self && member(H, nr[q]))
+			VPS_CHECK(want(vs, nr[q], &H->region));
+	/* the rotation over all members of s's group */
+	c->ha.n = 0;
+	VPS_CHECK(a_holders(c, H->region.tensor, H->region.state, &H->region.box, &c->ha));
+	qsort(c->ha.v, c->ha.n, sizeof(*c->ha.v), holder_cmp);
+	/* s's group, with the destinations' preference (they share a B
+	 * tensor-parallel rank) */
+	size_t gfirst = 0, gn = 0;
+	for (size_t i = 0; i < c->ha.n; i++)
+		if (vps_box_equal(&c->ha.v[i].region.box, &sa->box)) {
+			if (!gn)
+				gfirst = i;
+			gn++;
+		}
+	int64_t T, pref_tp = preferred_tp(c, H->region.tensor, H->base, &T);
+	gn = gn ? prefer(&c->ha.v[gfirst], gn, T, pref_tp) : 0;
+	int64_t k = 0, cidx = -1;
+	for (size_t i = gfirst; i < gfirst + gn; i++) {
+		const struct vps_holder *h = &c->ha.v[i];
+		if (cidx < 0 && member(h, s) && h->region.buffer == sa->buffer && h->region.offset == sa->offset)
+			cidx = k + (s - h->base) / (h->stride ? h->stride : 1);
+		k += h->count;
+	}
+	if (cidx < 0)
+		return VPS_OK;
+	int64_t n = H->count, m = split_parts(k, n);
+	if (k <= SPLIT_MAX) {
+		/* weighed candidates serve every destination's large pieces */
+		int64_t cand[SPLIT_MAX];
+		struct group g = {.first = gfirst, .n = gn};
+		for (int64_t j = 0; j < k; j++) {
+			size_t hidx;
+			group_member(&c->ha, &g, j, &cand[j], &hidx);
+		}
+		if (weighed(c, cand, k)) {
+			for (int64_t i = 0; i < n; i++)
+				if (H->base + i * H->stride != rb_self)
+					VPS_CHECK(want(vs, H->base + i * H->stride, &H->region));
+			return VPS_OK;
+		}
+	}
+	for (int64_t o = 0; o < m; o++) {
+		/* start(i) = (floor(i k / n) + base) mod k must be cidx - o */
+		int64_t x = ((cidx - o - H->base) % k + k) % k;
+		/* i with floor(i * k / n) == x */
+		int64_t lo = vps_ceil_div(x * n, k), hi = vps_min64(vps_ceil_div((x + 1) * n, k), n);
+		for (int64_t i = lo; i < hi; i++) {
+			int64_t rb = H->base + i * H->stride;
+			if (rb != rb_self)
+				VPS_CHECK(want(vs, rb, &H->region));
+		}
+	}
+	return VPS_OK;
+}
+
+static vps_result_t plan_sends(struct ctx *c, int64_t s, struct pieces *out)
+{
+	int64_t ra = vps_world_a_rank(c->w, s);
+	if (ra < 0)
+		return VPS_OK;
+	struct vps_rank_view v;
+	struct visits vs = {0};
+	struct vps_holders hb = {0};
+	VPS_CHECK(vps_layout_rank(c->a, ra, &v));
+	vps_result_t rc = VPS_OK;
+	for (size_t i = 0; i < v.nregions && !rc; i++) {
+		const struct vps_region *sa = &v.regions[i];
+		hb.n = 0;
+		rc = vps_layout_holders(c->b, sa->tensor, sa->state, &sa->box, &hb);
+		for (size_t k = 0; k < hb.n && !rc; k++)
+			rc = candidates_for(c, s, sa, &hb.v[k], &vs);
+	}
+	if (!rc) {
+		qsort(vs.v, vs.n, sizeof(*vs.v), visit_cmp);
+		for (size_t i = 0; i < vs.n && !rc; i++) {
+			if (i && !visit_cmp(&vs.v[i - 1], &vs.v[i]))
+				continue;
+			rc = plan_region(c, vps_world_of_b(c->w, vs.v[i].rb), vs.v[i].rb, &vs.v[i].r, s, out);
+		}
+	}
+	free(vs.v);
+	vps_holders_release(&hb);
+	vps_rank_view_release(&v);
+	return rc;
+}
+
+/* ---- the plan ---- */
+
+static int piece_cmp(const void *p, const void *q)
+{
+	const struct vps_piece *x = p, *y = q;
+	if (x->dst != y->dst)
+		return x->dst < y->dst ? -1 : 1;
+	if (x->src != y->src)
+		return x->src < y->src ? -1 : 1;
+	if (x->tensor != y->tensor)
+		return x->tensor < y->tensor ? -1 : 1;
+	if (x->state != y->state)
+		return x->state < y->state ? -1 : 1;
+	if (x->dst_buffer != y->dst_buffer)
+		return x->dst_buffer < y->dst_buffer ? -1 : 1;
+	return x->dst_offset < y->dst_offset ? -1 : x->dst_offset > y->dst_offset;
+}
+
+/* Pieces of one (tensor, state) compared for disjointness: each with the
+ * ones this far before it. */
+#define DISJOINT_WINDOW 64
+
+/* What promotion needs of one (tensor, state)'s moved pieces, taken in plan
+ * order: the plan is read, never sorted by tensor or held whole. */
+struct coll_acc {
+	int64_t n, bytes, ndst, nsrc;
+	int64_t src0, dst0, last_src, last_dst;
+	struct vps_box box0;
+	bool one_src, one_dst, identical, one_per_dst, disjoint;
+	/* second reading, for the ones whose kind rests on disjointness: the
+	 * last boxes, held from the first piece to the last */
+	bool pending;
+	int64_t seen;
+	struct vps_box *win;
+	int nwin, at;
+};
+
+static void coll_add(struct coll_acc *c, const struct vps_piece *x)
+{
+	int64_t b = vps_piece_bytes(x);
+	if (!c->n++) {
+		c->src0 = c->last_src = x->src;
+		c->dst0 = c->last_dst = x->dst;
+		c->box0 = x->box;
+		c->one_src = c->one_dst = c->identical = c->one_per_dst = c->disjoint = true;
+		c->ndst = c->nsrc = 1;
+		c->bytes = b;
+		return;
+	}
+	c->bytes += b;
+	c->one_src &= x->src == c->src0;
+	c->one_dst &= x->dst == c->dst0;
+	c->identical &= vps_box_equal(&x->box, &c->box0);
+	if (x->dst != c->last_dst)
+		c->ndst++;
+	else
+		c->one_per_dst = false;
+	c->nsrc += x->src != c->last_src;
+	c->last_src = x->src;
+	c->last_dst = x->dst;
+}
+
+/* Whether the kind depends on the pieces' boxes being disjoint. */
+static bool coll_needs_disjoint(const struct coll_acc *c)
+{
+	if (c->n < 2)
+		return false;
+	if (c->one_src)
+		return c->ndst > 1 && !(c->identical && c->one_per_dst);
+	return c->one_dst;
+}
+
+static vps_result_t coll_disjoint(struct coll_acc *c, const struct vps_piece *x)
+{
+	if (!c->win) {
+		c->win = vps_malloc((size_t)vps_min64(c->n, DISJOINT_WINDOW - 1) * sizeof(*c->win));
+		if (!c->win)
+			return VPS_ENOMEM;
+	}
+	for (int k = 0; k < c->nwin && c->disjoint; k++)
+		c->disjoint = !vps_box_intersect(&c->win[k], &x->box, NULL);
+	int cap = (int)vps_min64(c->n, DISJOINT_WINDOW - 1);
+	c->win[c->at] = x->box;
+	c->at = (c->at + 1) % cap;
+	if (c->nwin < cap)
+		c->nwin++;
+	if (++c->seen == c->n || !c->disjoint) {
+		free(c->win);
+		c->win = NULL;
+		c->pending = false;
+	}
+	return VPS_OK;
+}
+
+/* Collective promotion, fed the moved pieces in plan order (as the planner
+ * collects them), finished with a second reading for the few whose kind
+ * rests on disjointness. */
+struct promotion {
+	struct coll_acc *acc;
+	size_t nkeys;
+};
+
+static vps_result_t promote_begin(struct promotion *pr, const struct vps_plan *p)
+{
+	pr->nkeys = (size_t)vps_model_num_tensors(vps_layout_model(p->a)) * VPS_NSTATES;
+	pr->acc = vps_calloc(pr->nkeys + 1, sizeof(*pr->acc));
+	return pr->acc ? VPS_OK : VPS_ENOMEM;
+}
+
+static void promote_add(struct promotion *pr, const struct vps_piece *x)
+{
+	if (x->src != x->dst)
+		coll_add(&pr->acc[(size_t)x->tensor * VPS_NSTATES + x->state], x);
+}
+
+static void promote_release(struct promotion *pr)
+{
+	for (size_t k = 0; pr->acc && k < pr->nkeys; k++)
+		free(pr->acc[k].win);
+	free(pr->acc);
+	pr->acc = NULL;
+}
+
+/* Broadcast, scatter and gather, per (tensor, state), from the moved pieces. */
+static vps_result_t promote_end(struct promotion *pr, struct vps_plan *p)
+{
+	struct coll_acc *acc = pr->acc;
+	size_t nkeys = pr->nkeys, cap = 0;
+	vps_result_t rc = VPS_OK;
+	struct vps_piece_iter it;
+	const struct vps_piece *x;
+	bool second = false;
+	for (size_t k = 0; k < nkeys; k++) {
+		acc[k].pending = coll_needs_disjoint(&acc[k]);
+		second |= acc[k].pending;
+	}
+	vps_piece_iter_init(&it, p);
+	while (second && !rc && (x = vps_piece_iter_next(&it))) {
+		struct coll_acc *c = &acc[(size_t)x->tensor * VPS_NSTATES + x->state];
+		if (x->src != x->dst && c->pending)
+			rc = coll_disjoint(c, x);
+	}
+	for (size_t k = 0; k < nkeys && !rc; k++) {
+		const struct coll_acc *c = &acc[k];
+		if (!c->n)
+			continue;
+		int kind = -1;
+		if (c->one_src && c->ndst > 1 && c->identical && c->one_per_dst)
+			kind = VPS_COLL_BROADCAST;
+		else if (c->one_src && c->ndst > 1 && c->disjoint)
+			kind = VPS_COLL_SCATTER;
+		else if (!c->one_src && c->one_dst && c->disjoint)
+			kind = VPS_COLL_GATHER;
+		if (kind < 0)
+			continue;
+		rc = VPS_GROW(p->colls, cap, p->ncolls + 1);
+		if (!rc) {
+			struct vps_collective *cl = &p->colls[p->ncolls++];
+			cl->tensor = (uint32_t)(k / VPS_NSTATES);
+			cl->state = (uint8_t)(k % VPS_NSTATES);
+			cl->kind = (uint8_t)kind;
+			cl->root = kind == VPS_COLL_GATHER ? c->dst0 : c->src0;
+			cl->peers = kind == VPS_COLL_GATHER ? c->nsrc : c->ndst;
+			cl->bytes = c->bytes;
+		}
+	}
+	promote_release(pr);
+	return rc;
+}
+
+/* ---- the global plan, by blocks of destinations ---- */
+
+/* A block is this many destination ranks: small enough that threads share
+ * the world evenly, large enough that claiming one costs nothing. */
+#define BLOCK_RANKS 32
+/* Blocks computed ahead of the one being collected, per thread: bounds what
+ * waits outside the plan. */
+#define BLOCKS_AHEAD 4
+
+static void ctx_release(struct ctx *c)
+{
+	vps_holders_release(&c->ha);
+	vps_holders_release(&c->hb);
+	vps_holders_release(&c->hda);
+	vps_holders_release(&c->hdb);
+	free(c->duties);
+	vps_boxes_release(&c->rem);
+	vps_boxes_release(&c->next);
+}
+
+/* The pieces of destinations [lo, hi), in plan order, packed. dst leads the
+ * order, so sorting each destination's pieces alone sorts the block (a
+ * whole-plan sort of millions of pieces took most of the global planning
+ * time); scratch holds one destination's at a time. */
+static vps_result_t plan_block(struct ctx *c, int64_t lo, int64_t hi, struct pieces *scratch,
+			       struct vps_packed_block *out)
+{
+	static const struct vps_piece zero;
+	const struct vps_piece *prev = &zero;
+	for (int64_t d = lo; d < hi; d++) {
+		scratch->n = 0;
+		VPS_CHECK(plan_receives(c, d, scratch));
+		if (scratch->n > 1)
+			qsort(scratch->v, scratch->n, sizeof(*scratch->v), piece_cmp);
+		for (size_t i = 0; i < scratch->n; i++) {
+			VPS_CHECK(vps_pack_piece(out, prev, &scratch->v[i]));
+			prev = &scratch->v[i];
+		}
+		if (scratch->n) {
+			/* the next destination packs against this one's last piece */
+			c->last = scratch->v[scratch->n - 1];
+			prev = &c->last;
+		}
+	}
+	return VPS_OK;
+}
+
+struct block {
+	struct vps_packed_block p;
+	vps_result_t rc;
+	bool ready;
+	char err[512]; /* the worker's message: errors are per thread */
+};
+
+struct job {
+	const struct vps_layout *a, *b;
+	const struct vps_world *w;
+	const struct vps_lost *lost;
+	int64_t W, nblocks, next, collected, ahead;
+	bool stop;
+	struct block *blocks;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+};
+
+static void *plan_worker(void *arg)
+{
+	struct job *j = arg;
+	struct ctx c = {.a = j->a, .b = j->b, .w = j->w, .lost = j->lost};
+	struct pieces scratch = {0};
+	struct vps_packed_block work = {0};
+	pthread_mutex_lock(&j->mu);
+	for (;;) {
+		while (!j->stop && j->next < j->nblocks && j->next >= j->collected + j->ahead)
+			pthread_cond_wait(&j->cv, &j->mu);
+		if (j->stop || j->next >= j->nblocks)
+			break;
+		struct block *bl = &j->blocks[j->next];
+		int64_t lo = j->next * BLOCK_RANKS, hi = vps_min64(j->W, lo + BLOCK_RANKS);
+		j->next++;
+		pthread_mutex_unlock(&j->mu);
+		vps_clear_error();
+		/* packed into a buffer kept from block to block, then copied out
+		 * at its size: growing each block's own would copy it over and over */
+		work.len = work.npieces = 0;
+		vps_result_t rc = plan_block(&c, lo, hi, &scratch, &work);
+		if (!rc && work.len) {
+			bl->p.data = vps_malloc(work.len);
+			if (!bl->p.data)
+				rc = VPS_ENOMEM;
+			else
+				memcpy(bl->p.data, work.data, work.len);
+			bl->p.len = bl->p.cap = work.len;
+			bl->p.npieces = work.npieces;
+		}
+		if (rc)
+			snprintf(bl->err, sizeof(bl->err), "%s", vps_last_error());
+		pthread_mutex_lock(&j->mu);
+		bl->rc = rc;
+		bl->ready = true;
+		pthread_cond_broadcast(&j->cv);
+	}
+	pthread_mutex_unlock(&j->mu);
+	free(scratch.v);
+	free(work.data);
+	ctx_release(&c);
+	return NULL;
+}
+
+static int plan_threads(int asked)
+{
+	if (asked > 0)
+		return asked > VPS_PLAN_MAX_THREADS ? VPS_PLAN_MAX_THREADS : asked;
+	int n = get_nprocs();
+	return n < 1 ? 1 : n > VPS_PLAN_MAX_THREADS ? VPS_PLAN_MAX_THREADS : n;
+}
+
+/* Take block bl into the packed plan, or unpack it into the pieces; the
+ * collecting thread meanwhile feeds promotion and, packed, the hash. */
+static vps_result_t collect(struct vps_packed_block *bl, struct vps_packed *pk, struct pieces *out,
+			    struct promotion *pr, bool hash)
+{
+	struct vps_packed one = {.v = bl, .n = 1, .cap = 1};
+	struct vps_plan view = {.packed = &one};
+	struct vps_piece_iter it;
+	const struct vps_piece *x;
+	if (!pk)
+		VPS_CHECK(VPS_GROW(out->v, out->cap, out->n + bl->npieces));
+	vps_piece_iter_init(&it, &view);
+	while ((x = vps_piece_iter_next(&it))) {
+		promote_add(pr, x);
+		if (hash)
+			pk->hash = vps_piece_hash(x, pk->hash);
+		if (!pk)
+			out->v[out->n++] = *x;
+	}
+	if (pk) {
+		VPS_CHECK(VPS_GROW(pk->v, pk->cap, pk->n + 1));
+		pk->v[pk->n++] = *bl;
+		memset(bl, 0, sizeof(*bl));
+	}
+	return VPS_OK;
+}
+
+/* Every destination's pieces, in plan order: packed into pk, or else as
+ * structs into out. Threads take blocks as they come; the blocks are
+ * collected in rank order, so the plan (and the first error, the one of the
+ * lowest failing rank) is the same for any number of threads. */
+static vps_result_t plan_all(struct ctx *c, int64_t W, int asked, struct vps_packed *pk, struct pieces *out,
+			     struct promotion *pr, bool hash)
+{
+	int64_t nblocks = vps_ceil_div(W, BLOCK_RANKS);
+	int threads = (int)vps_min64(plan_threads(asked), nblocks);
+	struct job j = {.a = c->a, .b = c->b, .w = c->w, .lost = c->lost, .W = W, .nblocks = nblocks, .ahead = BLOCKS_AHEAD * threads};
+	pthread_t tid[VPS_PLAN_MAX_THREADS];
+	int started = 0;
+	struct pieces scratch = {0};
+	j.blocks = vps_calloc((size_t)nblocks, sizeof(*j.blocks));
+	if (!j.blocks)
+		return VPS_ENOMEM;
+	pthread_mutex_init(&j.mu, NULL);
+	pthread_cond_init(&j.cv, NULL);
+	for (int t = 0; threads > 1 && t < threads; t++)
+		if (!pthread_create(&tid[started], NULL, plan_worker, &j))
+			started++;
+	vps_result_t rc = VPS_OK;
+	for (int64_t k = 0; k < nblocks && !rc; k++) {
+		struct block *bl = &j.blocks[k];
+		if (started) {
+			pthread_mutex_lock(&j.mu);
+			while (!bl->ready)
+				pthread_cond_wait(&j.cv, &j.mu);
+			pthread_mutex_unlock(&j.mu);
+		} else {
+			/* one thread, or none to be had: plan here */
+			bl->rc = plan_block(c, k * BLOCK_RANKS, vps_min64(W, (k + 1) * BLOCK_RANKS), &scratch, &bl->p);
+			if (bl->rc)
+				snprintf(bl->err, sizeof(bl->err), "%s", vps_last_error());
+		}
+		rc = bl->rc ? vps_fail(bl->rc, "%s", bl->err) : collect(&bl->p, pk, out, pr, hash);
+		free(bl->p.data);
+		bl->p.data = NULL;
+		pthread_mutex_lock(&j.mu);
+		j.collected = k + 1;
+		j.stop = rc != VPS_OK;
+		pthread_cond_broadcast(&j.cv);
+		pthread_mutex_unlock(&j.mu);
+	}
+	for (int t = 0; t < started; t++)
+		pthread_join(tid[t], NULL);
+	for (int64_t k = 0; k < nblocks; k++)
+		free(j.blocks[k].p.data);
+	free(j.blocks);
+	free(scratch.v);
+	pthread_mutex_destroy(&j.mu);
+	pthread_cond_destroy(&j.cv);
+	return rc;
+}
+
+static vps_result_t plan_training(struct vps_plan *p, const struct vps_plan_opts *o)
+{
+	p->train = o->train;
+	p->train.dp = vps_layout_parallel(p->b)->dp;
+	if (!o->train.global_batch)
+		return VPS_OK;
+	int64_t gb = o->train.global_batch, dp = p->train.dp;
+	/* the split below walks down from the micro batch: bound both */
+	if (gb > VPS_MAX_BATCH || o->train.micro_batch > VPS_MAX_BATCH || o->micro_batch_a > VPS_MAX_BATCH)
+		return vps_fail(VPS_EINPUT, "%s: more than %" PRId64 " samples is not a batch",
+				gb > VPS_MAX_BATCH ? "--global-batch" : o->train.micro_batch > VPS_MAX_BATCH ? "--micro-batch"
+											   : "--micro-batch-before",
+				VPS_MAX_BATCH);
+	if (gb % dp)
+		return vps_fail(VPS_EINPUT, "--global-batch: %" PRId64 " samples do not split over dp=%" PRId64 " of the target",
+				gb, dp);
+	int64_t mbs = o->train.micro_batch ? o->train.micro_batch : o->micro_batch_a;
+	if (mbs <= 0)
+		mbs = 1;
+	mbs = vps_min64(mbs, gb / dp);
+	/* Megatron needs global = micro x dp x accumulation: keep the micro
+	 * batch if it fits, else the largest one below it that does */
+	while (mbs > 1 && (gb / dp) % mbs)
+		mbs--;
+	p->train.micro_batch = mbs;
+	p->train.grad_accum = gb / dp / mbs;
+	return VPS_OK;
+}
+
+const char *vps_collective_name(int kind)
+{
+	static const char *names[] = {"broadcast", "scatter", "gather"};
+	return kind >= 0 && kind < 3 ? names[kind] : "?";
+}
+
+/* The lost ranks of opts, checked against the target, and what no
+ * survivor holds, refused unless allowed. */
+static vps_result_t plan_lost(struct vps_plan *p, const struct vps_plan_opts *o)
+{
+	if (!o->nlost)
+		return VPS_OK;
+	VPS_CHECK(vps_lost_compute(&p->lost, p->a, o->lost, o->nlost));
+	VPS_CHECK(vps_lost_check_target(&p->lost, p->a, p->b));
+	if (o->rank >= 0 && vps_lost_has_rank(&p->lost, vps_world_a_rank(p->world, o->rank)))
+		return vps_fail(VPS_EINPUT, "--rank: world rank %" PRId64 " is a lost device: it has no part to plan",
+				o->rank);
+	if (p->lost.nranges && !o->allow_loss) {
+		char bytes[VPS_UNITS_LEN];
+		return vps_fail(VPS_ECHECK,
+				"%zu ranges (%s) are held by no surviving rank of the source: refused (--allow-loss plans "
+				"around them, for the trainer to reload)",
+				p->lost.nranges, vps_format_bytes(vps_lost_bytes(&p->lost), bytes, sizeof(bytes)));
+	}
+	return VPS_OK;
+}
+
+vps_result_t vps_plan_compute(struct vps_plan **out, struct vps_layout *a, struct vps_layout *b,
+			      const struct vps_plan_opts *opts)
+{
+	vps_result_t rc;
+	const struct vps_model *ma = vps_layout_model(a), *mb = vps_layout_model(b);
+	if (vps_model_hash(ma) != vps_model_hash(mb))
+		return vps_fail(VPS_EINPUT, "the layouts are of different models (%s, %s)", ma->name, mb->name);
+	if (vps_layout_nstates(a) != vps_layout_nstates(b))
+		return vps_fail(VPS_EINPUT, "grad=1 must be set in both layouts or in neither");
+	struct vps_plan *p = vps_calloc(1, sizeof(*p));
+	if (!p)
+		return VPS_ENOMEM;
+	struct ctx c = {0};
+	struct pieces pcs = {0};
+	struct promotion pr = {0};
+	VPS_CHECK_GOTO(vps_world_new(&p->world, a, b), rc, fail);
+	p->scope = opts->rank;
+	p->a = a;
+	p->b = b;
+	c.a = a;
+	c.b = b;
+	c.w = p->world;
+	int64_t W = vps_world_size(p->world);
+	if (opts->rank >= W) {
+		rc = vps_fail(VPS_EINPUT, "--rank: %" PRId64 " is outside the transition world of %" PRId64 " ranks",
+			      opts->rank, W);
+		goto fail;
+	}
+	VPS_CHECK_GOTO(plan_lost(p, opts), rc, fail);
+	c.lost = &p->lost;
+	if (opts->rank >= 0) {
+		VPS_CHECK_GOTO(plan_receives(&c, opts->rank, &pcs), rc, fail);
+		VPS_CHECK_GOTO(plan_sends(&c, opts->rank, &pcs), rc, fail);
+	} else {
+		/* the plan's layouts hash lazily: not in threads */
+		(void)vps_layout_hash(a);
+		(void)vps_layout_hash(b);
+		if (opts->compact) {
+			p->packed = vps_calloc(1, sizeof(*p->packed));
+			if (!p->packed) {
+				rc = VPS_ENOMEM;
+				goto fail;
+			}
+		}
+		VPS_CHECK_GOTO(promote_begin(&pr, p), rc, fail);
+		bool hash = p->packed && !opts->unhashed;
+		if (hash)
+			p->packed->hash = vps_plan_hash_start(p);
+		VPS_CHECK_GOTO(plan_all(&c, W, opts->threads, p->packed, &pcs, &pr, hash), rc, fail);
+		if (hash)
+			p->packed->hashed = true;
+	}
+	if (opts->rank >= 0 && pcs.n) /* a rank with no piece has no array to sort */
+		qsort(pcs.v, pcs.n, sizeof(*pcs.v), piece_cmp);
+	if (pcs.n && pcs.n < pcs.cap) {
+		/* give back the growth's slack: the global plan is the largest thing
+		 * a tool holds */
+		struct vps_piece *v = realloc(pcs.v, pcs.n * sizeof(*pcs.v));
+		if (v)
+			pcs.v = v;
+	}
+	p->pieces = pcs.v;
+	p->npieces = pcs.n;
+	pcs.v = NULL;
+	for (size_t k = 0; p->packed && k < p->packed->n; k++)
+		p->npieces += p->packed->v[k].npieces;
+	VPS_CHECK_GOTO(plan_training(p, opts), rc, fail);
+	if (opts->rank < 0)
+		VPS_CHECK_GOTO(promote_end(&pr, p), rc, fail);
+	ctx_release(&c);
+	*out = p;
+	return VPS_OK;
+fail:
+	ctx_release(&c);
+	promote_release(&pr);
+	free(pcs.v);
+	vps_world_free(p->world);
+	vps_packed_free(p->packed);
+	free(p->pieces);
+	free(p->colls);
+	vps_lost_release(&p->lost);
+	free(p);
+	return rc;
+}
+
+void vps_plan_free(struct vps_plan *p)
+{
+	if (!p)
+		return;
+	vps_world_free(p->world);
+	vps_layout_free(p->a);
+	vps_layout_free(p->b);
+	vps_packed_free(p->packed);
+	free(p->pieces);
+	free(p->colls);
+	vps_lost_release(&p->lost);
+	free(p);
+}

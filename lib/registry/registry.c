@@ -1,0 +1,775 @@
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gpu/gpu.h"
+#include "util/internal.h"
+#include "vps/registry.h"
+
+#define REG_MAGIC "VPSREG\0\1"
+
+struct reg_entry {
+	uint32_t role, buffer;
+	int32_t state, dtype;
+	int64_t elements;
+	uint64_t bytes;
+	uint32_t where;
+	int32_t device;
+	char shm_name[VPS_REGISTRY_NAME_MAX + 8];
+	uint64_t offset;
+	unsigned char ipc[64];
+	_Atomic uint32_t released;
+	uint32_t pad;
+};
+
+struct reg_header {
+	char magic[8];
+	uint32_t version, header_size, entry_size, max_entries;
+	_Atomic uint32_t nentries;
+	int32_t owner_pid;
+	uint64_t owner_start;
+	uint64_t layout_hash;
+	int64_t rank;
+	uint64_t target_hash;
+	int64_t target_rank;
+	_Atomic uint32_t state;
+	uint32_t pad;
+	_Atomic uint64_t seq;
+	int32_t executor_pid;
+	uint32_t pad2;
+	uint64_t next_object; /* serial of the next buffer object NAME.serial */
+	_Atomic uint32_t aborted; /* the executor failed outside a switch */
+	uint32_t pad3;
+	char abort_message[256];
+	char failure[256];
+	struct vps_registry_training training;
+	struct reg_entry entries[];
+};
+
+struct mapping {
+	void *base;
+	size_t len;
+	char object[VPS_REGISTRY_NAME_MAX + 8]; /* the owner's buffer: its object, removed with it */
+};
+
+struct vps_registry {
+	char name[VPS_REGISTRY_NAME_MAX + 2];
+	struct reg_header *h;
+	size_t size;
+	bool owner;
+	struct mapping *maps; /* the owner's buffers, or the executor's mappings */
+	size_t nmaps, capmaps;
+};
+
+static vps_result_t check_name(const char *name)
+{
+	size_t n = strlen(name);
+	if (!n || n > VPS_REGISTRY_NAME_MAX || strchr(name, '/'))
+		return vps_fail(VPS_EINPUT, "registry name '%s': 1 to %d characters, no '/'", name, VPS_REGISTRY_NAME_MAX);
+	return VPS_OK;
+}
+
+/* Start time of a process in clock ticks since boot (/proc/PID/stat field
+ * 22), to tell a live owner from a new process that reused its pid; 0 when
+ * it cannot be read. *zombie: the process has exited and awaits its parent
+ * (its memory is gone: for a trainer, as dead as a reaped one). */
+static uint64_t proc_start(int pid, bool *zombie)
+{
+	/* open and read, no stdio: vps-trainer's signal handler gets here */
+	char path[64], buf[1024];
+	*zombie = false;
+	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	ssize_t n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	char *p = strrchr(buf, ')');
+	if (!p)
+		return 0;
+	/* fields after the command: state is field 3, starttime field 22 */
+	int field = 2;
+	for (p++; *p;) {
+		while (*p == ' ')
+			p++;
+		if (!*p)
+			break;
+		if (++field == 3)
+			*zombie = *p == 'Z' || *p == 'X';
+		if (field == 22) {
+			unsigned long long v = 0;
+			for (; *p >= '0' && *p <= '9'; p++)
+				v = v * 10 + (unsigned long long)(*p - '0');
+			return v;
+		}
+		while (*p && *p != ' ')
+			p++;
+	}
+	return 0;
+}
+
+static bool owner_alive(const struct reg_header *h)
+{
+	if (h->owner_pid <= 0)
+		return false;
+	if (kill(h->owner_pid, 0) != 0 && errno == ESRCH)
+		return false;
+	bool zombie;
+	uint64_t st = proc_start(h->owner_pid, &zombie);
+	return !zombie && (st == 0 || st == h->owner_start);
+}
+
+bool vps_registry_owner_alive(const struct vps_registry *r) { return owner_alive(r->h); }
+
+int vps_registry_owner_pid(const struct vps_registry *r) { return r->h->owner_pid; }
+
+static void shm_path(char *out, size_t n, const char *name) { snprintf(out, n, "/%s", name); }
+
+static void buffer_shm_name(char *out, size_t n, const char *reg, uint64_t serial)
+{
+	snprintf(out, n, "%s.%" PRIu64, reg, serial);
+}
+
+static vps_result_t map_object(const char *name, bool create, size_t size, void **base, size_t *len);
+static vps_result_t map_object_prot(const char *name, bool create, bool writable, size_t size, void **base,
+				    size_t *len);
+
+static vps_result_t map_object(const char *name, bool create, size_t size, void **base, size_t *len)
+{
+	return map_object_prot(name, create, true, size, base, len);
+}
+
+vps_result_t vps_registry_check_object(int fd, const char *name)
+{
+	struct stat st;
+	if (fstat(fd, &st) != 0)
+		return vps_fail_errno("shared memory /dev/shm/%s", name);
+	uid_t me = geteuid();
+	/* another user's object, or one that others may open, can change under
+	 * a switch (or read a job's state out of it): only the executing user's
+	 * own, private objects are trusted */
+	if (!S_ISREG(st.st_mode))
+		return vps_fail(VPS_EINPUT, "shared memory /dev/shm/%s: not a regular file", name);
+	if (st.st_uid != me)
+		return vps_fail(VPS_EINPUT,
+				"shared memory /dev/shm/%s: owned by uid %u, not by this user (uid %u); vps uses only "
+				"its own user's objects, of mode 0600",
+				name, (unsigned)st.st_uid, (unsigned)me);
+	if (st.st_mode & 077)
+		return vps_fail(VPS_EINPUT,
+				"shared memory /dev/shm/%s: mode %04o lets other users open it; vps uses only objects of "
+				"mode 0600 (no group or other access)",
+				name, (unsigned)(st.st_mode & 07777));
+	return VPS_OK;
+}
+
+static vps_result_t map_object_prot(const char *name, bool create, bool writable, size_t size, void **base,
+				    size_t *len)
+{
+	char path[VPS_REGISTRY_NAME_MAX + 16];
+	shm_path(path, sizeof(path), name);
+	int fd = shm_open(path, create ? O_CREAT | O_EXCL | O_RDWR : writable ? O_RDWR : O_RDONLY, 0600);
+	if (fd < 0) {
+		int err = errno; /* create looks at EEXIST */
+		vps_result_t rc = vps_fail(err == ENOENT ? VPS_EINPUT : VPS_ESYS, "shared memory /dev/shm/%s: %s", name,
+					   strerror(err));
+		errno = err;
+		return rc;
+	}
+	if (create && ftruncate(fd, (off_t)size) != 0) {
+		vps_result_t rc = vps_fail_errno("shared memory /dev/shm/%s: resize to %zu bytes", name, size);
+		close(fd);
+		shm_unlink(path);
+		return rc;
+	}
+	if (!create) {
+		vps_result_t rc = vps_registry_check_object(fd, name);
+		struct stat st;
+		if (!rc && fstat(fd, &st) != 0)
+			rc = vps_fail_errno("shared memory /dev/shm/%s", name);
+		if (rc) {
+			close(fd);
+			return rc;
+		}
+		size = (size_t)st.st_size;
+	}
+	/* the executor maps what the trainer filled: populate the page tables
+	 * now, not one fault per page in the middle of a transfer */
+	int flags = MAP_SHARED | (create ? 0 : MAP_POPULATE);
+	void *p = size ? mmap(NULL, size, writable ? PROT_READ | PROT_WRITE : PROT_READ, flags, fd, 0) : NULL;
+	close(fd);
+	if (size && p == MAP_FAILED)
+		return vps_fail_errno("shared memory /dev/shm/%s: map %zu bytes", name, size);
+	*base = p;
+	*len = size;
+	return VPS_OK;
+}
+
+static vps_result_t remember(struct vps_registry *r, void *base, size_t len, const char *object)
+{
+	VPS_CHECK(VPS_GROW(r->maps, r->capmaps, r->nmaps + 1));
+	struct mapping *m = &r->maps[r->nmaps++];
+	memset(m, 0, sizeof(*m));
+	m->base = base;
+	m->len = len;
+	if (object)
+		snprintf(m->object, sizeof(m->object), "%s", object);
+	return VPS_OK;
+}
+
+/* A handle on a mapped registry. */
+static vps_result_t wrap(const char *name, void *base, size_t len, bool owner, struct vps_registry **out)
+{
+	struct vps_registry *r = vps_calloc(1, sizeof(*r));
+	if (!r) {
+		munmap(base, len);
+		return VPS_ENOMEM;
+	}
+	snprintf(r->name, sizeof(r->name), "%s", name);
+	r->h = base;
+	r->size = len;
+	r->owner = owner;
+	*out = r;
+	return VPS_OK;
+}
+
+static vps_result_t attach(struct vps_registry **out, const char *name)
+{
+	void *base;
+	size_t len;
+	VPS_CHECK(map_object(name, false, 0, &base, &len));
+	struct reg_header *h = base;
+	static const char none[8];
+	if (len < sizeof(*h) || !memcmp(h->magic, none, 8)) {
+		/* the trainer is creating it: the magic is written last */
+		if (len)
+			munmap(base, len);
+		return vps_fail(VPS_EINPUT, "registry %s is not ready yet", name);
+	}
+	if (memcmp(h->magic, REG_MAGIC, 8) != 0) {
+		munmap(base, len);
+		return vps_fail(VPS_EFORMAT, "registry %s: not a vps registry", name);
+	}
+	/* read what the messages need before unmapping */
+	uint32_t version = h->version, max = h->max_entries, n = atomic_load(&h->nentries);
+	if (version != VPS_REGISTRY_VERSION || h->entry_size != sizeof(struct reg_entry)) {
+		munmap(base, len);
+		return vps_fail(VPS_EFORMAT, "registry %s: version %u, this build reads %d", name, version,
+				VPS_REGISTRY_VERSION);
+	}
+	if (len < sizeof(*h) + (size_t)max * sizeof(struct reg_entry) || n > max) {
+		munmap(base, len);
+		return vps_fail(VPS_EFORMAT, "registry %s: corrupt: %u of %u entries in %zu bytes", name, n, max, len);
+	}
+	return wrap(name, base, len, false, out);
+}
+
+/* The header of an existing object NAME, read without mapping it, and
+ * whether it is a vps registry. *found is false when there is none. */
+static vps_result_t read_header(const char *name, bool *found, struct stat *st, struct reg_header *h, bool *is_reg)
+{
+	char path[VPS_REGISTRY_NAME_MAX + 16];
+	shm_path(path, sizeof(path), name);
+	*found = *is_reg = false;
+	memset(h, 0, sizeof(*h));
+	int fd = shm_open(path, O_RDONLY, 0);
+	if (fd < 0) {
+		if (errno == ENOENT)
+			return VPS_OK;
+		return vps_fail_errno("/dev/shm/%s", name);
+	}
+	*found = true;
+	ssize_t n = fstat(fd, st) == 0 ? pread(fd, (void *)h, sizeof(*h), 0) : -1;
+	int err = errno;
+	close(fd);
+	if (n < 0) {
+		errno = err;
+		return vps_fail_errno("/dev/shm/%s", name);
+	}
+	*is_reg = S_ISREG(st->st_mode) && (size_t)n == sizeof(*h) && !memcmp(h->magic, REG_MAGIC, 8) &&
+		  h->version == VPS_REGISTRY_VERSION && h->entry_size == sizeof(struct reg_entry);
+	return VPS_OK;
+}
+
+/* Remove the buffer objects a registry made: NAME.N with N below its object
+ * counter, regular files of the registry's owner. Anything else whose name
+ * starts with NAME. is not the registry's and is left alone. */
+static void remove_buffers(const char *name, uint64_t next_object, uid_t uid)
+{
+	DIR *d = opendir("/dev/shm");
+	if (!d)
+		return;
+	size_t n = strlen(name);
+	for (struct dirent *e; (e = readdir(d));) {
+		if (strncmp(e->d_name, name, n) || e->d_name[n] != '.')
+			continue;
+		/* the serial as buffer_shm_name writes it: digits, no leading zero */
+		const char *s = e->d_name + n + 1;
+		bool ok = *s && (s[0] != '0' || !s[1]);
+		uint64_t v = 0;
+		for (const char *c = s; ok && *c; c++) {
+			ok = *c >= '0' && *c <= '9' && v <= (UINT64_MAX - 9) / 10;
+			v = v * 10 + (uint64_t)(*c - '0');
+		}
+		struct stat st;
+		if (!ok || v >= next_object || fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+		    !S_ISREG(st.st_mode) || st.st_uid != uid)
+			continue;
+		char path[sizeof(e->d_name) + 2];
+		snprintf(path, sizeof(path), "/%s", e->d_name);
+		shm_unlink(path);
+	}
+	closedir(d);
+}
+
+/* Remove the registry NAME and its buffer objects when they are this user's
+ * and their trainer is gone (or, with `mine`, is this process); refuse
+ * anything else. Without `replace` a stale one is refused too. */
+static vps_result_t remove_registry(const char *name, bool replace, bool mine)
+{
+	bool found, is_reg;
+	struct stat st;
+	struct reg_header h;
+	VPS_CHECK(read_header(name, &found, &st, &h, &is_reg));
+	if (!found)
+		return VPS_OK;
+	if (!is_reg)
+		return vps_fail(VPS_EINPUT,
+				"/dev/shm/%s exists and is not a vps registry (or its trainer is still creating it); "
+				"it is left alone: choose another registry name, or remove it",
+				name);
+	int pid = h.owner_pid;
+	if (owner_alive(&h) && !(mine && pid == (int)getpid()))
+		return vps_fail(VPS_EINPUT, "registry %s is in use by pid %d", name, pid);
+	uid_t me = geteuid();
+	if (st.st_uid != me)
+		return vps_fail(VPS_EINPUT,
+				"registry %s is stale (its trainer, pid %d, is gone) and owned by uid %u, not by this "
+				"user (uid %u): it is left alone; remove /dev/shm/%s",
+				name, pid, (unsigned)st.st_uid, (unsigned)me, name);
+	if (!replace)
+		return vps_fail(VPS_EINPUT, "registry %s is stale (its trainer, pid %d, is gone); remove /dev/shm/%s",
+				name, pid, name);
+	remove_buffers(name, h.next_object, me);
+	char path[VPS_REGISTRY_NAME_MAX + 16];
+	shm_path(path, sizeof(path), name);
+	if (shm_unlink(path) != 0 && errno != ENOENT)
+		return vps_fail_errno("registry %s: remove", name);
+	return VPS_OK;
+}
+
+vps_result_t vps_registry_unlink(const char *name)
+{
+	VPS_CHECK(check_name(name));
+	return remove_registry(name, true, true);
+}
+
+vps_result_t vps_registry_reset(struct vps_registry *r, uint64_t layout_hash, int64_t rank)
+{
+	uint32_t st = atomic_load(&r->h->state);
+	if (st == VPS_REG_REQUESTED || st == VPS_REG_RUNNING)
+		return vps_fail(VPS_EINPUT, "registry %s: a switch is under way", r->name);
+	atomic_store(&r->h->nentries, 0);
+	r->h->layout_hash = layout_hash;
+	r->h->rank = rank;
+	r->h->target_hash = 0;
+	r->h->target_rank = -1;
+	return VPS_OK;
+}
+
+vps_result_t vps_registry_create(struct vps_registry **out, const char *name, uint64_t layout_hash, int64_t rank,
+				 uint32_t max_entries, int replace_stale)
+{
+	VPS_CHECK(check_name(name));
+	if (!max_entries || max_entries > (1u << 20))
+		return vps_fail(VPS_EINPUT, "registry %s: max_entries must be 1 to %u", name, 1u << 20);
+	size_t size = sizeof(struct reg_header) + (size_t)max_entries * sizeof(struct reg_entry);
+	void *base;
+	size_t len;
+	vps_result_t rc = map_object(name, true, size, &base, &len);
+	if (rc && errno == EEXIST) {
+		VPS_CHECK(remove_registry(name, replace_stale, false));
+		rc = map_object(name, true, size, &base, &len);
+	}
+	if (rc)
+		return rc;
+	struct reg_header *h = base;
+	memset(h, 0, size);
+	h->version = VPS_REGISTRY_VERSION;
+	h->header_size = sizeof(*h);
+	h->entry_size = sizeof(struct reg_entry);
+	h->max_entries = max_entries;
+	h->owner_pid = (int32_t)getpid();
+	bool zombie;
+	h->owner_start = proc_start((int)getpid(), &zombie);
+	h->layout_hash = layout_hash;
+	h->rank = rank;
+	h->target_rank = -1;
+	atomic_store(&h->state, VPS_REG_IDLE);
+	/* the magic last: an executor never sees a half-made registry */
+	atomic_thread_fence(memory_order_release);
+	memcpy(h->magic, REG_MAGIC, 8);
+	return wrap(name, base, len, true, out);
+}
+
+vps_result_t vps_registry_open(struct vps_registry **out, const char *name)
+{
+	VPS_CHECK(check_name(name));
+	VPS_CHECK(attach(out, name));
+	if (!owner_alive((*out)->h)) {
+		int pid = (*out)->h->owner_pid;
+		vps_registry_close(*out);
+		*out = NULL;
+		return vps_fail(VPS_EINPUT, "registry %s is stale (its trainer, pid %d, is gone)", name, pid);
+	}
+	return VPS_OK;
+}
+
+void vps_registry_close(struct vps_registry *r)
+{
+	if (!r)
+		return;
+	for (size_t i = 0; i < r->nmaps; i++)
+		if (r->maps[i].base)
+			munmap(r->maps[i].base, r->maps[i].len);
+	free(r->maps);
+	if (r->owner) {
+		char name[VPS_REGISTRY_NAME_MAX + 2];
+		snprintf(name, sizeof(name), "%s", r->name);
+		munmap(r->h, r->size);
+		/* a failure to clean up must not hide why the trainer stopped */
+		char saved[1024];
+		snprintf(saved, sizeof(saved), "%s", vps_last_error());
+		if (remove_registry(name, true, true))
+			vps_fail(VPS_OK, "%s", saved);
+	} else {
+		munmap(r->h, r->size);
+	}
+	free(r);
+}
+
+const char *vps_registry_name(const struct vps_registry *r) { return r->name; }
+uint64_t vps_registry_layout_hash(const struct vps_registry *r) { return r->h->layout_hash; }
+int64_t vps_registry_rank(const struct vps_registry *r) { return r->h->rank; }
+uint64_t vps_registry_target_hash(const struct vps_registry *r) { return r->h->target_hash; }
+int64_t vps_registry_target_rank(const struct vps_registry *r) { return r->h->target_rank; }
+
+vps_result_t vps_registry_set_target(struct vps_registry *r, uint64_t target_hash, int64_t target_rank)
+{
+	r->h->target_hash = target_hash;
+	r->h->target_rank = target_rank;
+	return VPS_OK;
+}
+
+static vps_result_t add_entry(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
+			      int64_t elements, struct reg_entry **out)
+{
+	if (role != VPS_ROLE_SOURCE && role != VPS_ROLE_TARGET)
+		return vps_fail(VPS_EINPUT, "registry %s: role must be source (0) or target (1)", r->name);
+	if (dtype != 0 && dtype != 1)
+		return vps_fail(VPS_EINPUT, "registry %s: dtype must be bf16 (0) or fp32 (1)", r->name);
+	if (vps_registry_find(r, role, buffer) >= 0)
+		return vps_fail(VPS_EINPUT, "registry %s: %s buffer %u is registered twice", r->name,
+				role == VPS_ROLE_SOURCE ? "source" : "target", buffer);
+	uint32_t n = atomic_load(&r->h->nentries);
+	if (n >= r->h->max_entries)
+		return vps_fail(VPS_EINPUT, "registry %s: full (%u entries)", r->name, r->h->max_entries);
+	struct reg_entry *e = &r->h->entries[n];
+	memset(e, 0, sizeof(*e));
+	e->role = (uint32_t)role;
+	e->buffer = buffer;
+	e->state = state;
+	e->dtype = dtype;
+	e->elements = elements;
+	e->bytes = (uint64_t)elements * (dtype == 0 ? 2 : 4);
+	*out = e;
+	return VPS_OK;
+}
+
+static void publish(struct vps_registry *r)
+{
+	atomic_fetch_add_explicit(&r->h->nentries, 1, memory_order_release);
+}
+
+vps_result_t vps_registry_alloc_host(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
+				     int64_t elements, void **ptr)
+{
+	struct reg_entry *e;
+	VPS_CHECK(add_entry(r, role, buffer, state, dtype, elements, &e));
+	/* counted once made: the clean-up removes only serials below the count */
+	buffer_shm_name(e->shm_name, sizeof(e->shm_name), r->name, r->h->next_object);
+	void *base;
+	size_t len;
+	vps_result_t rc = map_object(e->shm_name, true, e->bytes ? e->bytes : 1, &base, &len);
+	if (rc && errno == EEXIST)
+		return vps_fail(VPS_EINPUT,
+				"registry %s: /dev/shm/%s exists and is not this registry's (another program's, or "
+				"another user's stale trainer's): it is left alone; remove it or choose another registry name",
+				r->name, e->shm_name);
+	if (rc)
+		return rc;
+	r->h->next_object++;
+	if (remember(r, base, len, e->shm_name)) {
+		munmap(base, len);
+		return VPS_ENOMEM;
+	}
+	e->where = VPS_WHERE_HOST;
+	publish(r);
+	*ptr = base;
+	return VPS_OK;
+}
+
+vps_result_t vps_registry_add_host(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
+				   int64_t elements, const char *shm_name, uint64_t offset)
+{
+	struct reg_entry *e;
+	if (strlen(shm_name) > VPS_REGISTRY_NAME_MAX)
+		return vps_fail(VPS_EINPUT, "shared memory name '%s' is too long", shm_name);
+	VPS_CHECK(add_entry(r, role, buffer, state, dtype, elements, &e));
+	snprintf(e->shm_name, sizeof(e->shm_name), "%s", shm_name);
+	e->offset = offset;
+	e->where = VPS_WHERE_HOST;
+	publish(r);
+	return VPS_OK;
+}
+
+vps_result_t vps_registry_add_cuda(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
+				   int64_t elements, int device, const void *ipc_handle, uint64_t offset)
+{
+	struct reg_entry *e;
+	VPS_CHECK(add_entry(r, role, buffer, state, dtype, elements, &e));
+	e->where = VPS_WHERE_CUDA;
+	e->device = device;
+	memcpy(e->ipc, ipc_handle, sizeof(e->ipc));
+	e->offset = offset;
+	publish(r);
+	return VPS_OK;
+}
+
+vps_result_t vps_registry_add_cuda_ptr(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
+				       int64_t elements, const void *ptr)
+{
+	const struct vps_cuda_api *gpu;
+	VPS_CHECK(vps_gpu_api(&gpu));
+	unsigned char handle[VPS_CUDA_IPC_HANDLE];
+	uint64_t offset = 0, alloc = 0;
+	int device = 0;
+	char err[VPS_CUDA_ERR] = "";
+	int rc = gpu->ipc_handle(ptr, handle, &offset, &alloc, &device, err);
+	if (rc)
+		return vps_gpu_result(rc, err, r->name);
+	uint64_t bytes = (uint64_t)(elements < 0 ? 0 : elements) * (dtype == 0 ? 2 : 4);
+	if (elements < 0 || offset > alloc || bytes > alloc - offset)
+		return vps_fail(VPS_EINPUT, "registry %s: buffer %u: %" PRId64 " elements at offset %" PRIu64
+				" overrun their GPU allocation of %" PRIu64 " bytes", r->name, buffer, elements, offset, alloc);
+	return vps_registry_add_cuda(r, role, buffer, state, dtype, elements, device, handle, offset);
+}
+
+uint32_t vps_registry_num_entries(const struct vps_registry *r)
+{
+	return atomic_load_explicit(&r->h->nentries, memory_order_acquire);
+}
+
+vps_result_t vps_registry_entry(const struct vps_registry *r, uint32_t i, struct vps_registry_entry_info *out)
+{
+	if (i >= vps_registry_num_entries(r))
+		return vps_fail(VPS_EINPUT, "registry %s: no entry %u", r->name, i);
+	const struct reg_entry *e = &r->h->entries[i];
+	memset(out, 0, sizeof(*out));
+	out->role = (int)e->role;
+	out->buffer = e->buffer;
+	out->state = e->state;
+	out->dtype = e->dtype;
+	out->elements = e->elements;
+	out->bytes = e->bytes;
+	out->where = (int)e->where;
+	snprintf(out->shm_name, sizeof(out->shm_name), "%s", e->shm_name);
+	out->offset = e->offset;
+	out->device = e->device;
+	memcpy(out->ipc_handle, e->ipc, sizeof(out->ipc_handle));
+	out->released = (int)atomic_load(&((struct reg_entry *)e)->released);
+	return VPS_OK;
+}
+
+int64_t vps_registry_find(const struct vps_registry *r, int role, uint32_t buffer)
+{
+	uint32_t n = vps_registry_num_entries(r);
+	for (uint32_t i = 0; i < n; i++)
+		if ((int)r->h->entries[i].role == role && r->h->entries[i].buffer == buffer)
+			return i;
+	return -1;
+}
+
+vps_result_t vps_registry_map(struct vps_registry *r, uint32_t i, bool writable, void **ptr)
+{
+	struct vps_registry_entry_info e;
+	VPS_CHECK(vps_registry_entry(r, i, &e));
+	if (e.where != VPS_WHERE_HOST)
+		return vps_fail(VPS_EUNSUPPORTED, "registry %s: entry %u is GPU memory, which is not mapped into the host",
+				r->name, i);
+	void *base;
+	size_t len;
+	VPS_CHECK(map_object_prot(e.shm_name, false, writable, 0, &base, &len));
+	if (e.offset > len || e.bytes > len - e.offset) { /* no wrap-around */
+		munmap(base, len);
+		return vps_fail(VPS_EINPUT, "registry %s: entry %u needs %" PRIu64 " bytes at offset %" PRIu64
+				" of /dev/shm/%s, which has %zu", r->name, i, e.bytes, e.offset, e.shm_name, len);
+	}
+	if (remember(r, base, len, NULL)) {
+		munmap(base, len);
+		return VPS_ENOMEM;
+	}
+	*ptr = (unsigned char *)base + e.offset;
+	return VPS_OK;
+}
+
+vps_result_t vps_registry_free_host(struct vps_registry *r, void *ptr)
+{
+	size_t i = 0;
+	while (i < r->nmaps && (r->maps[i].base != ptr || !r->maps[i].object[0]))
+		i++;
+	if (!r->owner || !ptr || i == r->nmaps)
+		return vps_fail(VPS_EINPUT, "registry %s: no host buffer of its own at %p", r->name, ptr);
+	uint32_t n = vps_registry_num_entries(r);
+	for (uint32_t k = 0; k < n; k++)
+		if (r->h->entries[k].where == VPS_WHERE_HOST && !strcmp(r->h->entries[k].shm_name, r->maps[i].object))
+			return vps_fail(VPS_EINPUT, "registry %s: /dev/shm/%s is still registered (entry %u)", r->name,
+					r->maps[i].object, k);
+	/* an executor that still maps it keeps its pages until it unmaps */
+	char path[VPS_REGISTRY_NAME_MAX + 16];
+	shm_path(path, sizeof(path), r->maps[i].object);
+	munmap(r->maps[i].base, r->maps[i].len);
+	int failed = shm_unlink(path) != 0 && errno != ENOENT;
+	vps_result_t rc = failed ? vps_fail_errno("registry %s: remove /dev/shm/%s", r->name, r->maps[i].object) : VPS_OK;
+	r->maps[i] = r->maps[--r->nmaps];
+	return rc;
+}
+
+void vps_registry_release(struct vps_registry *r, uint32_t i)
+{
+	if (i < vps_registry_num_entries(r))
+		atomic_store(&r->h->entries[i].released, 1);
+}
+
+/* ---- protocol ---- */
+
+/* Sleep about a sixteenth of the time waited so far, 200 us to 2 ms: a
+ * quick switch is seen at once, and a long one does not wake every waiting
+ * trainer 5,000 times a second on cores its executor needs. */
+static void nap(double *slept)
+{
+	double d = *slept / 16 < 0.0002 ? 0.0002 : *slept / 16 > 0.002 ? 0.002 : *slept / 16;
+	struct timespec ts = {0, (long)(d * 1e9)};
+	nanosleep(&ts, NULL);
+	*slept += d;
+}
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+vps_result_t vps_registry_request(struct vps_registry *r, uint64_t *seq)
+{
+	uint32_t st = atomic_load(&r->h->state);
+	if (st == VPS_REG_REQUESTED || st == VPS_REG_RUNNING)
+		return vps_fail(VPS_EINPUT, "registry %s: a switch is already under way", r->name);
+	if (atomic_load(&r->h->aborted))
+		return vps_fail(VPS_EPEER, "registry %s: the executor stopped: %s", r->name, r->h->abort_message);
+	r->h->failure[0] = '\0';
+	uint64_t s = atomic_fetch_add(&r->h->seq, 1) + 1;
+	atomic_store(&r->h->state, VPS_REG_REQUESTED);
+	*seq = s;
+	return VPS_OK;
+}
+
+vps_result_t vps_registry_wait(struct vps_registry *r, uint64_t seq, double timeout)
+{
+	double start = now(), slept = 0;
+	for (uint64_t iter = 0;; iter++) {
+		uint32_t st = atomic_load(&r->h->state);
+		uint64_t s = atomic_load(&r->h->seq);
+		if (s == seq && st == VPS_REG_DONE)
+			return VPS_OK;
+		if (s == seq && st == VPS_REG_FAILED)
+			return vps_fail(VPS_EPEER, "switch %" PRIu64 " failed: %s", seq, r->h->failure);
+		if (atomic_load(&r->h->aborted))
+			return vps_fail(VPS_EPEER, "switch %" PRIu64 " failed: the executor stopped: %s", seq,
+					r->h->abort_message);
+		/* an executor that died mid-switch cannot say so: look for it */
+		int32_t ex = r->h->executor_pid;
+		if (s == seq && st == VPS_REG_RUNNING && ex > 0 && iter % 256 == 0 &&
+		    kill(ex, 0) != 0 && errno == ESRCH)
+			return vps_fail(VPS_EPEER, "switch %" PRIu64 " failed: its executor (pid %d) is gone", seq, ex);
+		if (timeout >= 0 && now() - start > timeout)
+			return vps_fail(VPS_ETIMEOUT, "registry %s: switch %" PRIu64 " not done after %.1f s (state %u)",
+					r->name, seq, timeout, st);
+		nap(&slept);
+	}
+}
+
+vps_result_t vps_registry_claim(struct vps_registry *r, uint64_t after_seq, double timeout, uint64_t *seq)
+{
+	double start = now(), slept = 0;
+	for (;;) {
+		uint32_t want = VPS_REG_REQUESTED;
+		uint64_t s = atomic_load(&r->h->seq);
+		if (s > after_seq && atomic_compare_exchange_strong(&r->h->state, &want, VPS_REG_RUNNING)) {
+			r->h->executor_pid = (int32_t)getpid();
+			*seq = s;
+			return VPS_OK;
+		}
+		if (!owner_alive(r->h))
+			return vps_fail(VPS_EPEER, "registry %s: the trainer (pid %d) is gone", r->name, r->h->owner_pid);
+		if (timeout >= 0 && now() - start > timeout)
+			return vps_fail(VPS_ETIMEOUT, "registry %s: no switch requested within %.1f s", r->name, timeout);
+		nap(&slept);
+	}
+}
+
+void vps_registry_finish(struct vps_registry *r, uint64_t seq, int ok, const char *message)
+{
+	if (atomic_load(&r->h->seq) != seq)
+		return;
+	if (!ok)
+		snprintf(r->h->failure, sizeof(r->h->failure), "%s", message ? message : "failed");
+	atomic_store(&r->h->state, ok ? VPS_REG_DONE : VPS_REG_FAILED);
+}
+
+void vps_registry_abort(struct vps_registry *r, const char *message)
+{
+	snprintf(r->h->abort_message, sizeof(r->h->abort_message), "%s", message ? message : "failed");
+	atomic_store(&r->h->aborted, 1);
+}
+
+int vps_registry_state(const struct vps_registry *r, uint64_t *seq)
+{
+	if (seq)
+		*seq = atomic_load(&r->h->seq);
+	return (int)atomic_load(&r->h->state);
+}
+
+const char *vps_registry_failure(const struct vps_registry *r) { return r->h->failure; }
+
+void vps_registry_get_training(const struct vps_registry *r, struct vps_registry_training *t)
+{
+	*t = r->h->training;
+}
+
+void vps_registry_set_training(struct vps_registry *r, const struct vps_registry_training *t)
+{
+	r->h->training = *t;
+}
