@@ -26,6 +26,10 @@ typedef enum vps_result {
 	VPS_ETIMEOUT, /* a peer or the trainer did not answer in time */
 	VPS_EPEER,    /* a peer failed or disagreed */
 	VPS_EUNSUPPORTED, /* built without the feature asked for */
+	VPS_ENOTFOUND, /* what a name names does not exist (yet): a registry, a config, a tensor */
+	VPS_ESTALE,    /* it exists, but its owner is gone (a crashed trainer's registry) */
+	VPS_EBUSY,     /* another live process owns it (a registry with its executor) */
+	VPS_EINTERNAL, /* a bug in vps: an invariant that input cannot break did not hold */
 } vps_result_t;
 
 /* @return a short constant description of a result code. */

@@ -19,6 +19,10 @@ const char *vps_strerror(vps_result_t rc)
 	case VPS_ETIMEOUT: return "timed out";
 	case VPS_EPEER: return "peer failed";
 	case VPS_EUNSUPPORTED: return "not supported by this build";
+	case VPS_ENOTFOUND: return "not found";
+	case VPS_ESTALE: return "stale: its owner is gone";
+	case VPS_EBUSY: return "in use by another process";
+	case VPS_EINTERNAL: return "internal error (a bug in vps)";
 	}
 	return "unknown error";
 }

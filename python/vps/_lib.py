@@ -11,6 +11,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 CODES = {
     0: "VPS_OK", 1: "VPS_EINPUT", 2: "VPS_ECHECK", 3: "VPS_ESYS", 4: "VPS_ENOMEM", 5: "VPS_EFORMAT",
     6: "VPS_ECUDA", 7: "VPS_ENCCL", 8: "VPS_ETIMEOUT", 9: "VPS_EPEER", 10: "VPS_EUNSUPPORTED",
+    11: "VPS_ENOTFOUND", 12: "VPS_ESTALE", 13: "VPS_EBUSY", 14: "VPS_EINTERNAL",
 }
 
 
