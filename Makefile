@@ -2,6 +2,7 @@
 #
 #   make            libvps.a, libvps.so and the tools in bin/ (and how to put bin/ on PATH)
 #   make check      the C unit tests and the Bats tests, warnings as errors
+#   make layers     libvps's rooms keep their layers, no cycles, only the API exported
 #   make asan       the same under AddressSanitizer and UBSan (build-asan/)
 #   make check-gpu  every GPU test and benchmark (scripts/gpu-check.sh; needs a GPU)
 #   make fuzz       each libFuzzer harness for FUZZ_SECONDS (clang; build/fuzz/)
@@ -68,7 +69,7 @@ ifeq ($(HAVE_NVCC),1)
 CUDA_ALL = $(CUDA_LIB)
 endif
 
-.PHONY: all check check-gpu test unit bats asan demo install uninstall clean deps python-deps FORCE \
+.PHONY: all check check-gpu test unit bats layers asan demo install uninstall clean deps python-deps FORCE \
 	fuzz fuzz-smoke fuzz-build fuzz-corpus fuzz-deps
 .DEFAULT_GOAL := all
 
@@ -169,6 +170,11 @@ bats: all $(PY_STAMP)
 	VPS_BIN=$(abspath $(BINDIR)) VPS_PYTHON=$(PYTHON) bats tests/bats
 
 check: all unit bats
+
+# libvps's rooms keep their layers, with no cycles, and libvps.so exports
+# only what include/vps/ declares (scripts/layers.py, docs/architecture.md)
+layers: $(LIB_OBJ) $(BUILDDIR)/$(SHLIB_REAL)
+	@python3 scripts/layers.py $(BUILDDIR)/lib $(BUILDDIR)/$(SHLIB_REAL)
 
 test: check
 
