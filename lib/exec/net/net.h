@@ -1,7 +1,10 @@
-/* The tcp transport: bootstrap through rank 0, a mesh of connections
- * between the ranks that exchange data, non-blocking exchanges with every
- * transfer of a stage in flight at once, and small collectives through
- * rank 0. Every wait is bounded by a timeout that names the peer. */
+/* The network between the executors of a job (lib/exec/net/README.md):
+ * bootstrap through rank 0, a mesh of connections between the ranks that
+ * exchange data, non-blocking exchanges with every message of a stage in
+ * flight at once, small collectives through rank 0, and the start of a
+ * switch. Every connection proves the job token; every wait is bounded by
+ * a timeout that names the peer. The transports (lib/exec/transport) carry
+ * their bytes over it; it knows nothing of plans or transfers. */
 #ifndef VPS_NET_H
 #define VPS_NET_H
 
