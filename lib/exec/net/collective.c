@@ -236,3 +236,13 @@ vps_result_t vps_net_agree(struct vps_net *n, bool ok, const char *what)
 		return vps_fail(VPS_EPEER, "rank %" PRIu64 " failed: %s", v.failed_rank, v.message);
 	return VPS_OK;
 }
+
+vps_result_t vps_net_agree_result(struct vps_net *n, vps_result_t mine, const char *what)
+{
+	/* the agree leaves the first failure's words as the last error */
+	char saved[1024] = "";
+	if (mine)
+		snprintf(saved, sizeof(saved), "%s", vps_last_error());
+	vps_result_t agreed = vps_net_agree(n, mine == VPS_OK, what);
+	return mine ? vps_fail(mine, "%s", saved) : agreed;
+}

@@ -79,5 +79,9 @@ vps_result_t vps_net_broadcast(struct vps_net *n, void *buf, size_t len, const c
 /* Everyone reports ok/failure; returns VPS_EPEER naming a failed rank if
  * any failed. */
 vps_result_t vps_net_agree(struct vps_net *n, bool ok, const char *what);
+/* The same for a result: a rank whose own result failed (mine) keeps its
+ * code and its own words, the others learn the first failure's
+ * (VPS_EPEER); VPS_OK when every rank succeeded. */
+vps_result_t vps_net_agree_result(struct vps_net *n, vps_result_t mine, const char *what);
 
 #endif
