@@ -938,15 +938,10 @@ static vps_result_t open_registry(const char *name, double wait, double timeout,
 	double t0 = now();
 	for (;;) {
 		vps_result_t rc = vps_registry_open(out, name);
-		if (!rc)
-			return VPS_OK;
-		const char *e = vps_last_error();
-		bool absent = strstr(e, "No such file") || strstr(e, "not ready yet");
-		bool stale = strstr(e, "is stale") != NULL;
-		if (!absent && !stale)
+		if (rc != VPS_ENOTFOUND && rc != VPS_ESTALE)
 			return rc;
 		double waited = now() - t0;
-		if ((stale && waited > timeout) || (wait >= 0 && waited > wait))
+		if ((rc == VPS_ESTALE && waited > timeout) || (wait >= 0 && waited > wait))
 			return rc;
 		struct timespec ts = {0, 20000000};
 		nanosleep(&ts, NULL);

@@ -82,14 +82,16 @@ struct flow {
 	uint64_t tag;
 };
 
-/* The flows of msgs: each its peer's socket, its header ready to go. */
+/* The flows of msgs: each its peer's socket, its header ready to go. A
+ * peer outside the mesh is a bug of the caller's: the mesh holds every
+ * rank a plan exchanges with. */
 static vps_result_t flows_init(const struct vps_net *n, const struct vps_net_msg *msgs, size_t nmsgs, struct flow *f,
 			       const char *what)
 {
 	for (size_t i = 0; i < nmsgs; i++) {
 		int k = vps_net_peer_index(n, msgs[i].peer);
 		if (k < 0)
-			return vps_fail(VPS_EINPUT, "%s: rank %" PRId64 " is not a peer of rank %" PRId64, what, msgs[i].peer,
+			return vps_fail(VPS_EINTERNAL, "%s: rank %" PRId64 " is not a peer of rank %" PRId64, what, msgs[i].peer,
 					n->rank);
 		f[i].fd = n->fds[k];
 		f[i].peer = msgs[i].peer;

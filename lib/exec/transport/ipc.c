@@ -241,8 +241,8 @@ static vps_result_t ipc_stage(void *self, struct vps_switch *sw, const struct vp
 		}
 		msgs[k].send = true;
 		struct ipc_peer *p = find(t, peer);
-		if (!p) {
-			rc = vps_fail(VPS_EINPUT, "%s: rank %" PRId64 " sends to this rank but did not say so", what, peer);
+		if (!p) { /* ipc_begin found the peers of the same transfers */
+			rc = vps_fail(VPS_EINTERNAL, "%s: rank %" PRId64 " sends to this rank but did not say so", what, peer);
 			break;
 		}
 		rc = vps_grow((void **)&t->copies, &t->capc, nc + x[k]->nops, sizeof(*t->copies));

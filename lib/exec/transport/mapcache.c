@@ -111,7 +111,7 @@ static vps_result_t map_host(const char *name, bool writable, void **base, size_
 	snprintf(path, sizeof(path), "/%s", name);
 	int fd = shm_open(path, writable ? O_RDWR : O_RDONLY, 0);
 	if (fd < 0)
-		return vps_fail(errno == ENOENT ? VPS_EINPUT : VPS_ESYS, "shared memory /dev/shm/%s: %s", name,
+		return vps_fail(errno == ENOENT ? VPS_ENOTFOUND : VPS_ESYS, "shared memory /dev/shm/%s: %s", name,
 				strerror(errno));
 	struct stat st;
 	vps_result_t rc = vps_registry_check_object(fd, name);

@@ -102,8 +102,9 @@ static vps_result_t nccl_stage(void *self, struct vps_switch *sw, const struct v
 	for (size_t k = 0; k < n; k++) {
 		bool sending = x[k]->src == sw->w;
 		uint64_t base = (uint64_t)(uintptr_t)t->staging + at;
+		/* nccl_begin sized the buffer for these transfers */
 		if (at + (size_t)x[k]->bytes > t->cap)
-			return vps_fail(VPS_EINPUT, "%s: this rank's transfers outgrow its staging buffer", what);
+			return vps_fail(VPS_EINTERNAL, "%s: this rank's transfers outgrow its staging buffer", what);
 		t->p2p[k] = (struct vps_cuda_p2p){base, (uint64_t)x[k]->bytes, (int32_t)vps_switch_peer(sw, x[k])->rank,
 						  sending ? 1 : 0};
 		for (size_t q = 0; q < x[k]->nops; q++) {
