@@ -1,4 +1,7 @@
-/* One rank of a switch: registry, rendezvous, stages, digest, report. */
+/* The executor: one rank's part of a job's switches (vps_exec_run). What
+ * lasts across the switches of a --serve is one struct executor; each
+ * switch is a sequence of named steps, from claiming the trainer's request
+ * to reporting to it (one_switch). lib/exec/README.md, docs/exec.md. */
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -20,13 +23,6 @@ static double now(void)
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
-
-void vps_exec_report_release(struct vps_exec_report *r)
-{
-	free(r->stages);
-	r->stages = NULL;
-}
-
 
 static vps_result_t registry_name(const char *pattern, const struct vps_plan *p, int64_t w, int64_t local, char *out,
 				  size_t n)
@@ -114,6 +110,8 @@ vps_result_t vps_exec_digest(const struct vps_layout *l, int64_t rank, void *con
 	return digest_part(l, rank, buffers, NULL, true, digest);
 }
 
+/* ---- peers ---- */
+
 /* Executors of a plan with lost devices form their network without them:
  * net ranks number the surviving world ranks in order (every rank of such
  * a plan lost under A is outside B, so it has no work and no executor). */
@@ -157,59 +155,7 @@ static vps_result_t peer_map(const struct vps_staged *s, size_t k, const struct 
 	return VPS_OK;
 }
 
-/* ---- one switch ---- */
-
-/* The training scalars of the first surviving rank's trainer (world rank 0
- * unless it was lost), and the target's split. */
-static vps_result_t share_training(struct vps_net *net, const struct vps_staged *s, int64_t w,
-				   struct vps_registry *reg, struct vps_registry_training *t)
-{
-	struct vps_registry_training mine;
-	memset(t, 0, sizeof(*t));
-	vps_registry_get_training(reg, &mine);
-	uint64_t v[8] = {0};
-	if (w == 0 && mine.valid) { /* w: this rank's net rank */
-		v[0] = (uint64_t)mine.step;
-		v[1] = (uint64_t)mine.consumed_samples;
-		v[2] = (uint64_t)mine.scheduler_step;
-		v[3] = (uint64_t)mine.global_batch;
-		v[4] = (uint64_t)mine.micro_batch;
-		v[7] = 1;
-	}
-	VPS_CHECK(vps_net_allreduce_sum(net, v, 8, "training state"));
-	const struct vps_training *pt = &s->plan->train;
-	t->valid = 1;
-	t->dp = vps_layout_parallel(s->plan->b)->dp;
-	if (v[7]) {
-		t->step = (int64_t)v[0];
-		t->consumed_samples = (int64_t)v[1];
-		t->scheduler_step = (int64_t)v[2];
-		t->global_batch = (int64_t)v[3];
-		t->micro_batch = (int64_t)v[4];
-	} else if (pt->known) {
-		t->step = pt->step;
-		t->consumed_samples = pt->consumed_samples;
-		t->scheduler_step = pt->scheduler_step;
-	} else {
-		t->valid = 0;
-	}
-	if (pt->global_batch) {
-		t->global_batch = pt->global_batch;
-		t->micro_batch = pt->micro_batch;
-	}
-	/* the target's split (as vps-plan computes it) */
-	if (t->global_batch) {
-		if (t->global_batch % t->dp)
-			return vps_fail(VPS_EINPUT, "the global batch of %" PRId64 " does not split over dp=%" PRId64,
-					t->global_batch, t->dp);
-		int64_t mbs = t->micro_batch > 0 ? t->micro_batch : 1;
-		while (mbs > 1 && (t->global_batch / t->dp) % mbs)
-			mbs--;
-		t->micro_batch = mbs;
-		t->grad_accum = t->global_batch / t->dp / mbs;
-	}
-	return VPS_OK;
-}
+/* ---- the transports of an executor ---- */
 
 /* The transports of an executor, as --transport lists them: each peer's
  * transfers go by the first that can reach it. */
@@ -267,6 +213,32 @@ static vps_result_t carry(struct carriers *c, const struct vps_switch *sw, const
 	return VPS_OK;
 }
 
+/* Which transport carries each of this rank's transfers of the switch,
+ * then every transport's begin with its transfers, in order (each may talk
+ * to its peers). */
+static vps_result_t begin_all(struct carriers *car, struct vps_switch *sw)
+{
+	const struct vps_staged *s = sw->s;
+	for (size_t c = 0; c < car->n; c++)
+		car->v[c].n = 0;
+	for (size_t i = 0; i < s->nxfers; i++)
+		if (sw->peers[i].rank >= 0)
+			VPS_CHECK(carry(car, sw, &s->xfers[i]));
+	for (size_t c = 0; c < car->n; c++)
+		if (car->v[c].t && car->v[c].t->begin)
+			VPS_CHECK(car->v[c].t->begin(car->v[c].self, sw, car->v[c].x, car->v[c].n));
+	return VPS_OK;
+}
+
+static void end_all(struct carriers *car, struct vps_switch *sw)
+{
+	for (size_t c = 0; c < car->n; c++)
+		if (car->v[c].t && car->v[c].t->end)
+			car->v[c].t->end(car->v[c].self, sw);
+}
+
+/* ---- the executor, and the parts of a switch ---- */
+
 /* One executor: what lasts across the switches of a --serve. */
 struct executor {
 	const struct vps_exec_opts *o;
@@ -296,6 +268,58 @@ struct pass {
 	struct vps_registry_training train;
 	uint64_t digest[2];            /* this rank's part before and after (--check) */
 };
+
+/* The training scalars of the first surviving rank's trainer (world rank 0
+ * unless it was lost), and the target's split. */
+static vps_result_t share_training(struct vps_net *net, const struct vps_staged *s, int64_t w,
+				   struct vps_registry *reg, struct vps_registry_training *t)
+{
+	struct vps_registry_training mine;
+	memset(t, 0, sizeof(*t));
+	vps_registry_get_training(reg, &mine);
+	uint64_t v[8] = {0};
+	if (w == 0 && mine.valid) { /* w: this rank's net rank */
+		v[0] = (uint64_t)mine.step;
+		v[1] = (uint64_t)mine.consumed_samples;
+		v[2] = (uint64_t)mine.scheduler_step;
+		v[3] = (uint64_t)mine.global_batch;
+		v[4] = (uint64_t)mine.micro_batch;
+		v[7] = 1;
+	}
+	VPS_CHECK(vps_net_allreduce_sum(net, v, 8, "training state"));
+	const struct vps_training *pt = &s->plan->train;
+	t->valid = 1;
+	t->dp = vps_layout_parallel(s->plan->b)->dp;
+	if (v[7]) {
+		t->step = (int64_t)v[0];
+		t->consumed_samples = (int64_t)v[1];
+		t->scheduler_step = (int64_t)v[2];
+		t->global_batch = (int64_t)v[3];
+		t->micro_batch = (int64_t)v[4];
+	} else if (pt->known) {
+		t->step = pt->step;
+		t->consumed_samples = pt->consumed_samples;
+		t->scheduler_step = pt->scheduler_step;
+	} else {
+		t->valid = 0;
+	}
+	if (pt->global_batch) {
+		t->global_batch = pt->global_batch;
+		t->micro_batch = pt->micro_batch;
+	}
+	/* the target's split (as vps-plan computes it) */
+	if (t->global_batch) {
+		if (t->global_batch % t->dp)
+			return vps_fail(VPS_EINPUT, "the global batch of %" PRId64 " does not split over dp=%" PRId64,
+					t->global_batch, t->dp);
+		int64_t mbs = t->micro_batch > 0 ? t->micro_batch : 1;
+		while (mbs > 1 && (t->global_batch / t->dp) % mbs)
+			mbs--;
+		t->micro_batch = mbs;
+		t->grad_accum = t->global_batch / t->dp / mbs;
+	}
+	return VPS_OK;
+}
 
 static void switch_release(struct vps_switch *sw)
 {
@@ -644,29 +668,7 @@ static vps_result_t run_stages(struct vps_switch *sw, struct carriers *car, cons
 	return rc;
 }
 
-/* Which transport carries each of this rank's transfers of the switch,
- * then every transport's begin with its transfers, in order (each may talk
- * to its peers). */
-static vps_result_t begin_all(struct carriers *car, struct vps_switch *sw)
-{
-	const struct vps_staged *s = sw->s;
-	for (size_t c = 0; c < car->n; c++)
-		car->v[c].n = 0;
-	for (size_t i = 0; i < s->nxfers; i++)
-		if (sw->peers[i].rank >= 0)
-			VPS_CHECK(carry(car, sw, &s->xfers[i]));
-	for (size_t c = 0; c < car->n; c++)
-		if (car->v[c].t && car->v[c].t->begin)
-			VPS_CHECK(car->v[c].t->begin(car->v[c].self, sw, car->v[c].x, car->v[c].n));
-	return VPS_OK;
-}
-
-static void end_all(struct carriers *car, struct vps_switch *sw)
-{
-	for (size_t c = 0; c < car->n; c++)
-		if (car->v[c].t && car->v[c].t->end)
-			car->v[c].t->end(car->v[c].self, sw);
-}
+/* ---- the steps of a switch ---- */
 
 /* A timed vps_net_agree_result: the ranks' time in the rendezvous. */
 static vps_result_t agree(struct executor *ex, vps_result_t mine, const char *what, struct vps_exec_report *rep)
@@ -853,6 +855,8 @@ static vps_result_t one_switch(struct executor *ex, size_t k, struct vps_exec_re
 		rc = digest(ex, &ps, rep);
 	return report(ex, &ps, rc, rep);
 }
+
+/* ---- set-up and teardown ---- */
 
 /* The transports of --transport, made once per executor (NCCL's
  * communicator too). The first is always made; a later one only when some
@@ -1068,62 +1072,5 @@ vps_result_t vps_exec_run(struct vps_staged *const *plans, size_t nplans, const 
 		rc = one_switch(&ex, k, &reports[k]);
 	}
 	executor_release(&ex, rc);
-	return rc;
-}
-
-/* ---- report ---- */
-
-vps_result_t vps_exec_report_yaml(const struct vps_exec_report *reps, size_t n, struct vps_bytes *out)
-{
-	struct vps_writer *w;
-	vps_result_t rc;
-	VPS_CHECK(vps_writer_new(&w, VPS_DOC_REPORT, true));
-	VPS_CHECK_GOTO(vps_w_seq_begin(w, "switches", n, false), rc, done);
-	for (size_t k = 0; k < n; k++) {
-		const struct vps_exec_report *r = &reps[k];
-		double moved = (double)(r->bytes_sent + r->bytes_received);
-		VPS_CHECK_GOTO(vps_w_map_begin(w, NULL), rc, done);
-		VPS_CHECK_GOTO(vps_w_int(w, "rank", r->rank), rc, done);
-		VPS_CHECK_GOTO(vps_w_int(w, "world", r->world), rc, done);
-		VPS_CHECK_GOTO(vps_w_int(w, "switch", (int64_t)r->switch_seq), rc, done);
-		VPS_CHECK_GOTO(vps_w_str(w, "transport", r->transport ? r->transport : "tcp"), rc, done);
-		VPS_CHECK_GOTO(vps_w_int(w, "bytes_sent", r->bytes_sent), rc, done);
-		VPS_CHECK_GOTO(vps_w_int(w, "bytes_received", r->bytes_received), rc, done);
-		VPS_CHECK_GOTO(vps_w_int(w, "bytes_copied", r->bytes_copied), rc, done);
-		VPS_CHECK_GOTO(vps_w_double(w, "setup_seconds", r->setup_seconds), rc, done);
-		VPS_CHECK_GOTO(vps_w_double(w, "waited_seconds", r->waited_seconds), rc, done);
-		VPS_CHECK_GOTO(vps_w_double(w, "pause_seconds", r->pause_seconds), rc, done);
-		VPS_CHECK_GOTO(vps_w_double(w, "attach_seconds", r->attach_seconds), rc, done);
-		VPS_CHECK_GOTO(vps_w_double(w, "agree_seconds", r->agree_seconds), rc, done);
-		VPS_CHECK_GOTO(vps_w_double(w, "transfer_seconds", r->transfer_seconds), rc, done);
-		VPS_CHECK_GOTO(vps_w_double(w, "gb_per_second",
-					    r->transfer_seconds > 0 ? moved / r->transfer_seconds / 1e9 : 0.0),
-			       rc, done);
-		VPS_CHECK_GOTO(vps_w_int(w, "premapped_bytes", (int64_t)r->premapped_bytes), rc, done);
-		VPS_CHECK_GOTO(vps_w_int(w, "mapped_in_pause_bytes", (int64_t)r->mapped_in_pause_bytes), rc, done);
-		VPS_CHECK_GOTO(vps_w_str(w, "digest", !r->checked ? "not checked" : r->digest_match ? "match" : "mismatch"),
-			       rc, done);
-		VPS_CHECK_GOTO(vps_w_u64hex(w, "digest_value", r->digest_after), rc, done);
-		VPS_CHECK_GOTO(vps_w_seq_begin(w, "stages", r->nstages, false), rc, done);
-		for (size_t i = 0; i < r->nstages; i++) {
-			const struct vps_exec_stage_report *st = &r->stages[i];
-			double b = (double)(st->bytes_sent + st->bytes_received);
-			VPS_CHECK_GOTO(vps_w_map_begin(w, NULL), rc, done);
-			VPS_CHECK_GOTO(vps_w_int(w, "stage", (int64_t)i), rc, done);
-			VPS_CHECK_GOTO(vps_w_int(w, "bytes_sent", st->bytes_sent), rc, done);
-			VPS_CHECK_GOTO(vps_w_int(w, "bytes_received", st->bytes_received), rc, done);
-			VPS_CHECK_GOTO(vps_w_int(w, "bytes_copied", st->bytes_copied), rc, done);
-			VPS_CHECK_GOTO(vps_w_double(w, "seconds", st->seconds), rc, done);
-			VPS_CHECK_GOTO(vps_w_double(w, "gb_per_second", st->seconds > 0 ? b / st->seconds / 1e9 : 0.0), rc,
-				       done);
-			VPS_CHECK_GOTO(vps_w_map_end(w), rc, done);
-		}
-		VPS_CHECK_GOTO(vps_w_seq_end(w), rc, done);
-		VPS_CHECK_GOTO(vps_w_map_end(w), rc, done);
-	}
-	VPS_CHECK_GOTO(vps_w_seq_end(w), rc, done);
-	rc = vps_writer_finish(w, out);
-done:
-	vps_writer_free(w);
 	return rc;
 }
