@@ -869,27 +869,30 @@ static vps_result_t carriers_start(struct executor *ex)
 	const struct vps_transport_choice *choice = vps_transport_choice(ex->o->transport);
 	if (!choice)
 		return vps_fail(VPS_EINPUT, "unknown transport %d", ex->o->transport);
-	for (car->n = 0; choice->carriers[car->n]; car->n++)
-		car->v[car->n].t = choice->carriers[car->n];
+	const struct vps_transport *const *list = choice->carriers;
+	size_t n = 0;
+	while (list[n])
+		n++;
 	uint64_t needed[VPS_TRANSPORT_MAX] = {1};
 	for (size_t k = 0; k < ex->nplans; k++)
 		for (size_t i = 0; i < ex->plans[k]->nxfers; i++) {
 			const struct vps_peer_info *peer = &ex->peers[k][i];
-			int j = peer->rank < 0 ? -1 : carrier_of(car, peer);
-			if (j > 0)
+			size_t j = 0;
+			while (peer->rank >= 0 && j < n && !list[j]->can_connect(peer))
+				j++;
+			if (peer->rank >= 0 && j < n)
 				needed[j] = 1;
 		}
-	if (car->n > 1)
-		VPS_CHECK(vps_net_allreduce_sum(ex->net, needed + 1, car->n - 1, "transports"));
+	if (n > 1)
+		VPS_CHECK(vps_net_allreduce_sum(ex->net, needed + 1, n - 1, "transports"));
 	struct vps_transport_env env = {ex->net, ex->net_rank, ex->net_world, ex->o->device, ex->o->local_rank};
 	size_t made = 0;
-	for (size_t j = 0; j < car->n; j++) {
-		const struct vps_transport *t = car->v[j].t;
-		car->v[j].t = NULL;
-		if (!needed[j])
+	for (car->n = 0; car->n < n; car->n++) {
+		const struct vps_transport *t = list[car->n];
+		if (!needed[car->n])
 			continue;
-		VPS_CHECK(t->setup(&car->v[j].self, &env));
-		car->v[j].t = t;
+		VPS_CHECK(t->setup(&car->v[car->n].self, &env));
+		car->v[car->n].t = t;
 		car->name = made++ ? choice->label : t->name;
 	}
 	return VPS_OK;
