@@ -147,12 +147,13 @@ run_lines() {
 	vps-layout --model tiny-llama --parallel tp=2,pp=2,dp=2,zero=1 -o a.layout
 	vps-layout --model tiny-llama --parallel tp=4,pp=1,dp=2,zero=1 -o b.layout
 	local s ab ba
-	ab=$(vps-plan a.layout b.layout --stats | awk '$1 == "bytes_moved:" { printf "%.1f", $2 / 1048576 }')
-	ba=$(vps-plan b.layout a.layout --stats | awk '$1 == "bytes_moved:" { printf "%.1f", $2 / 1048576 }')
+	# in the tools' units (vps(7) UNITS), as vps-plan -H prints the bytes
+	ab=$(vps-plan a.layout b.layout --stats -H | awk '$1 == "bytes_moved:" { print $2, $3 }')
+	ba=$(vps-plan b.layout a.layout --stats -H | awk '$1 == "bytes_moved:" { print $2, $3 }')
 	for s in 1 2; do
 		local mb=$ab
 		[ $s = 1 ] || mb=$ba
-		printf '%s\n' "${lines[@]}" | grep -qE "^switch $s, all 8 ranks: sent $mb MiB, received $mb MiB in [0-9.]+ s \([0-9.]+ GB/s\); paused at most [0-9.]+ s; digest: match on every rank$"
+		printf '%s\n' "${lines[@]}" | grep -qE "^switch $s, all 8 ranks: sent $mb, received $mb in [0-9.]+ (us|ms|s) \([0-9.]+ [kMGT]?B/s\); paused at most [0-9.]+ (us|ms|s); digest: match on every rank$"
 		printf '%s\n' "${lines[@]}" | grep -qE "^vps-exec: rank 0: switch $s: sent [0-9.]+ MiB, received [0-9.]+ MiB, .* \([0-9.]+ [MG]B/s\) over tcp; .*digest: match$"
 	done
 }
