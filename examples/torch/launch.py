@@ -13,7 +13,9 @@ each rank's logs, the loss of every step and vps-exec's reports. At the end
 it says what the run proved: the switches and every executor's digest, the
 bit-for-bit checks (--check-switch), the loss, and with --compare-static the
 loss against a static run of the same data. Exits 0 when every process did
-and every check held.
+and every check held. Before anything starts it checks that /dev/shm has
+room for the state (every rank's, under two layouts during a switch) and
+that the open-file limit allows a connection to every peer (exit 2).
 
 It needs PyTorch and numpy: run under a Python without them it runs itself
 under one that has them (VPS_PYTHON, build/venv/bin/python, then
@@ -78,6 +80,50 @@ def python_with_torch():
           % (sys.executable, sys.version_info[0], sys.version_info[1], " and ".join(missing),
              ", nor can %s" % ", ".join(tried) if tried else ""), file=sys.stderr)
     sys.exit(2)
+
+
+def check_room(layouts, nproc, switches):
+    """Before anything starts: the state of every rank lives in /dev/shm
+    (vps.State.allocate), under two layouts at once during a switch, and
+    each executor holds a connection to every peer. Exit 2 saying what is
+    needed and what there is."""
+    import resource
+
+    def total(lay):
+        return sum(b.elements * (2 if b.dtype == 0 else 4) for r in range(lay.world) for b in lay.rank(r).buffers)
+    sizes = [total(lay) for lay in layouts]
+    need = max(sizes[k % len(sizes)] + sizes[(k + 1) % len(sizes)] for k in range(switches)) if switches else sizes[0]
+    need += nproc * (1 << 20)  # each rank's registry, under 1 MiB
+    st = os.statvfs("/dev/shm")
+    free = st.f_bavail * st.f_frsize
+    if need > free:
+        refuse("the job needs %s in /dev/shm (every rank's state%s); %s is free there: a smaller --model or fewer "
+               "ranks, or a bigger /dev/shm (mount -o remount,size=SIZE /dev/shm)"
+               % (size(need), ", under two layouts during a switch" if switches else "", size(free)))
+    files = nproc + 64
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < files:
+        if hard != resource.RLIM_INFINITY and hard < files:
+            refuse("each executor needs %d open files for %d ranks (a connection to every peer); the limit is %d "
+                   "and its hard limit %d: raise it (ulimit -n)" % (files, nproc, soft, hard))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (files, hard))
+
+
+def refuse(what):
+    print("launch.py: " + what, file=sys.stderr)
+    sys.exit(2)
+
+
+def size(n):
+    """Bytes as the tools print them (vps(7) UNITS): three significant digits, binary units."""
+    if n < 1000:
+        return "%d B" % n
+    v, units = float(n), ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"]
+    k = 0
+    while v >= 999.5 and k + 1 < len(units):
+        v /= 1024
+        k += 1
+    return ("%.0f %s" if v >= 99.95 else "%.1f %s" if v >= 9.995 else "%.2f %s") % (v, units[k])
 
 
 def free_port():
@@ -249,17 +295,21 @@ def main():
     python_with_torch()
     sys.path.insert(0, os.path.join(TOP, "python"))
     import vps
+    layouts = []
     for c in targs.configs:
         try:
             lay = vps.layout(targs.model, c, targs.gpus_per_node)
         except vps.Error as e:
             a.error("--configs: %s: %s" % (c, e))
+        layouts.append(lay)
         w = lay.world
         if lay.parallel["cp"] != 1:
             a.error("--configs: %s: context parallelism is not implemented by this example (cp=%d)"
                     % (c, lay.parallel["cp"]))
         if w != args.nproc:
             a.error("--configs: %s has a world of %d ranks, --nproc is %d" % (c, w, args.nproc))
+    every = targs.switch_every
+    check_room(layouts, args.nproc, (targs.steps - 1) // every if every and len(layouts) > 1 else 0)
     if args.dir:
         d = args.dir
     else:

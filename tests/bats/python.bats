@@ -145,3 +145,20 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	[ "${lines[-1]}" = "figure: none (no matplotlib)" ]
 	[[ "$output" != *"No module named"* ]]
 }
+
+@test "launch.py checks the room in /dev/shm and the open-file limit before anything starts" {
+	unshare -m true 2>/dev/null || skip "needs a mount namespace of its own (unshare -m, as root)"
+	# a /dev/shm of 8 MiB: micro-llama's 4 ranks hold more, under two layouts
+	run unshare -m bash -c 'mount -t tmpfs -o size=8m tmpfs /dev/shm && exec "$@"' - "$PY" \
+		"$TOP/examples/torch/launch.py" --nproc 4 --dir r --model micro-llama --gpus-per-node 4 --steps 4 \
+		--switch-every 2 --global-batch 8 --micro-batch 2 --configs tp=2:dp=2:zero=1,pp=2:dp=2
+	echo "$output"
+	[ "$status" -eq 2 ]
+	[[ "$output" == *"launch.py: the job needs 13.1 MiB in /dev/shm (every rank's state, under two layouts during a switch); 8.00 MiB is free there"* ]]
+	[ ! -e r ]
+	run bash -c 'ulimit -n 20 && exec "$@"' - "$PY" "$TOP/examples/torch/launch.py" --nproc 4 --dir r \
+		--model micro-llama --gpus-per-node 4 --configs tp=4
+	[ "$status" -eq 2 ]
+	[[ "$output" == *"launch.py: each executor needs 68 open files for 4 ranks (a connection to every peer); the limit is 20 and its hard limit 20"* ]]
+	[ ! -e r ]
+}
