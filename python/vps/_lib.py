@@ -82,8 +82,6 @@ class Region(C.Structure):
 
 
 class Holder(C.Structure):
-    # struct vps_holder: a Region (its size checked below) and three int64s,
-    # so its layout follows from Region's
     _fields_ = [("region", Region), ("base", C.c_int64), ("stride", C.c_int64), ("count", C.c_int64)]
 
 
@@ -128,7 +126,8 @@ class EntryInfo(C.Structure):
 
 _MIRRORS = {"vps_model": Model, "vps_parallel": Parallel, "vps_devices": Devices, "vps_tensor": Tensor,
             "vps_box": Box, "vps_region": Region, "vps_coords": Coords, "vps_buffer": Buffer, "vps_param": Param,
-            "vps_rank_view": RankView, "vps_registry_training": Training, "vps_registry_entry_info": EntryInfo}
+            "vps_rank_view": RankView, "vps_holder": Holder, "vps_holders": Holders,
+            "vps_registry_training": Training, "vps_registry_entry_info": EntryInfo}
 
 P = C.POINTER
 VP = C.c_void_p
