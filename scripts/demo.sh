@@ -15,18 +15,24 @@
 #   --budget SIZE    staging budget per rank (default 64MiB)
 #   --global-batch G samples per step, checked: each read exactly once (default 24)
 #   --transport T    tcp (default), ipc, nccl or auto: vps-exec(1) TRANSPORTS
-#   --cuda           trainers hold their state in GPU memory (needs a GPU)
+#   --cuda           trainers hold their state in GPU memory (needs a GPU, or --standin)
+#   --standin        no GPU needed: build the host stand-ins of libvps-cuda.so and NCCL
+#                    (make standin) and point VPS_CUDA_LIBRARY and VPS_NCCL_LIBRARY at
+#                    them (docs/exec.md, "The stand-ins")
 #   --fault-rank R SPEC  rank R's executor fails (VPS_FAULT=SPEC: stall:STAGE or exit:STAGE)
 #   --exec-prefix CMD    run each executor under CMD (compute-sanitizer, say)
 #   --timeout S      the executors' --timeout (default 60)
 #   --keep DIR       keep the files (plans, reports, logs) in DIR
 #   --per-rank       each rank plans and stages only its own part (vps-plan --rank);
 #                    the executors agree on the stages at the start
+#
+#   scripts/demo.sh --standin --cuda --transport nccl   a GPU-shaped switch on a laptop
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 bin=$top/bin
 model=tiny-llama from=tp=2,pp=2,dp=2,zero=1 to=tp=4,pp=1,dp=2,zero=1
 per_rank=0 np=8 back=0 budget=64MiB gb=24 keep= transport=tcp cuda=() fault_rank=-1 fault= prefix=() timeout=60
+standin=0
 while [ $# -gt 0 ]; do
 	case $1 in
 	--model) model=$2; shift 2 ;;
@@ -39,15 +45,24 @@ while [ $# -gt 0 ]; do
 	--keep) keep=$2; shift 2 ;;
 	--transport) transport=$2; shift 2 ;;
 	--cuda) cuda=(--cuda); shift ;;
+	--standin) standin=1; shift ;;
 	--fault-rank) fault_rank=$2; fault=$3; shift 3 ;;
 	--exec-prefix) read -r -a prefix <<<"$2"; shift 2 ;;
 	--timeout) timeout=$2; shift 2 ;;
 	--per-rank) per_rank=1; shift ;;
-	-h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "demo.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 	esac
 done
 export VPS_CONFIG_PATH=$top/configs
+if [ "$standin" = 1 ]; then
+	# the plain build's, as bin/ is: a make that started this one (make
+	# check, make asan) must not pass its settings on
+	env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u MAKEOVERRIDES -u BUILDDIR -u BINDIR -u SANITIZE -u CFLAGS -u LDFLAGS \
+		make -s --no-print-directory -C "$top" standin >&2
+	export VPS_CUDA_LIBRARY=$top/build/standin/libvps-cuda-standin.so
+	export VPS_NCCL_LIBRARY=$top/build/standin/libnccl-standin.so
+fi
 if [ -n "$keep" ]; then
 	mkdir -p "$keep"
 	dir=$(cd "$keep" && pwd)
@@ -78,7 +93,10 @@ read -r world joining leaving moved lower < <("$bin/vps-plan" -q a.layout b.layo
 	awk '{ v[$1] = $2 } END { print v["world:"], v["joining:"], v["leaving:"], v["bytes_moved:"], v["bytes_lower_bound:"] }')
 there=" and back"
 [ "$back" = 1 ] || there=
-echo "== $model: ($from) -> ($to)$there, $world devices ($joining joining, $leaving leaving), $np per node, over $transport"
+gpu=
+[ "${#cuda[@]}" = 0 ] || gpu=", GPU memory"
+[ "$standin" = 0 ] || gpu="$gpu (the host stand-ins of CUDA and NCCL)"
+echo "== $model: ($from) -> ($to)$there, $world devices ($joining joining, $leaving leaving), $np per node, over $transport$gpu"
 awk -v m="$moved" -v l="$lower" 'BEGIN { printf "plan: %.1f MiB to move, %s\n", m / 1048576,
 	m == l ? "the least any plan moves" : sprintf("%.3fx the least any plan moves", m / l) }'
 # rank_plans R: the staged plans rank R's trainer and executor read

@@ -39,6 +39,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/random.h>
 #include <time.h>
@@ -65,6 +66,27 @@ struct handle {
 	char name[HANDLE_NAME];
 };
 _Static_assert(sizeof(struct handle) == VPS_CUDA_IPC_HANDLE, "handle size");
+
+/* After an allocation's bytes, in its object: who has it open through a
+ * handle. CUDA leaves a cudaFree of memory another process still has open
+ * undefined; the exporter looks here and says so (see api_release). */
+#define IMPORTERS 62
+struct trailer {
+	char magic[8];
+	uint32_t pad[2];
+	_Atomic int32_t pid[IMPORTERS];
+};
+#define TRAILER_MAGIC "VPSSGPUT"
+
+static size_t object_bytes(uint64_t bytes)
+{
+	return (size_t)((bytes + 63) / 64 * 64) + sizeof(struct trailer);
+}
+
+static struct trailer *trailer_of(unsigned char *host, uint64_t bytes)
+{
+	return (struct trailer *)(void *)(host + (bytes + 63) / 64 * 64);
+}
 
 /* An allocation of this process, or another's opened through its handle. */
 struct alloc {
@@ -387,9 +409,9 @@ static int api_alloc(void **ptr, size_t bytes, char *err)
 	if (fd < 0)
 		return fail(err, VPS_CUDA_ECUDA, "cudaMalloc(ptr, %zu): out of memory (stand-in: /dev/shm%s: %s)", bytes,
 			    path, strerror(errno));
-	a.maplen = (size_t)a.bytes;
+	a.maplen = object_bytes(a.bytes);
 	void *host = MAP_FAILED;
-	if (ftruncate(fd, (off_t)a.bytes) == 0)
+	if (ftruncate(fd, (off_t)a.maplen) == 0)
 		host = mmap(NULL, a.maplen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	int e = errno;
 	close(fd);
@@ -399,7 +421,8 @@ static int api_alloc(void **ptr, size_t bytes, char *err)
 	}
 	a.host = host;
 	/* cudaMalloc's memory is not cleared: nothing may count on zeros */
-	memset(a.host, 0xa5, a.maplen);
+	memset(a.host, 0xa5, (size_t)a.bytes);
+	memcpy(trailer_of(a.host, a.bytes)->magic, TRAILER_MAGIC, 8);
 	if ((rc = reserve(&a, err))) {
 		munmap(a.host, a.maplen);
 		shm_unlink(path);
@@ -438,7 +461,21 @@ static int api_release(void *ptr, char *err)
 	char path[HANDLE_NAME + 1];
 	snprintf(path, sizeof(path), "/%s", gone.name);
 	shm_unlink(path);
+	/* undefined in CUDA: freeing what another process has open */
+	struct trailer *t = trailer_of(gone.host, gone.bytes);
+	int32_t holder = 0;
+	for (int k = 0; k < IMPORTERS && !holder; k++) {
+		int32_t pid = atomic_load(&t->pid[k]);
+		if (pid > 0 && standin_start_time(pid))
+			holder = pid;
+	}
 	unmap_alloc(&gone);
+	if (holder) {
+		fprintf(stderr, "cuda stand-in: cudaFree(%p) while process %d still has the allocation open through "
+			"cudaIpcOpenMemHandle: undefined in CUDA\n", ptr, (int)holder);
+		return fail(err, VPS_CUDA_ECUDA, "cudaFree(ptr): process %d still has this allocation open through "
+			    "cudaIpcOpenMemHandle (stand-in: undefined in CUDA)", (int)holder);
+	}
 	return 0;
 }
 
@@ -544,7 +581,7 @@ static int api_ipc_open(const unsigned char raw[VPS_CUDA_IPC_HANDLE], void **bas
 		why = "owned by another user";
 	else if (st.st_mode & 077)
 		why = "others may open it (mode is not 0600)";
-	else if ((uint64_t)st.st_size != h.bytes)
+	else if ((uint64_t)st.st_size != object_bytes(h.bytes))
 		why = "its size is not the handle's";
 	if (why) {
 		close(fd);
@@ -558,7 +595,7 @@ static int api_ipc_open(const unsigned char raw[VPS_CUDA_IPC_HANDLE], void **bas
 	a.owner = h.pid;
 	a.device = g_device < 0 ? 0 : g_device;
 	memcpy(a.name, h.name, sizeof(a.name));
-	a.maplen = (size_t)a.bytes;
+	a.maplen = object_bytes(a.bytes);
 	void *host = mmap(NULL, a.maplen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	int e = errno;
 	close(fd);
@@ -566,6 +603,18 @@ static int api_ipc_open(const unsigned char raw[VPS_CUDA_IPC_HANDLE], void **bas
 		return fail(err, VPS_CUDA_ECUDA, "cudaIpcOpenMemHandle: out of memory (stand-in: map %zu bytes: %s)",
 			    a.maplen, strerror(e));
 	a.host = host;
+	struct trailer *t = trailer_of(a.host, a.bytes);
+	if (memcmp(t->magic, TRAILER_MAGIC, 8)) {
+		munmap(a.host, a.maplen);
+		return fail(err, VPS_CUDA_ECUDA, "cudaIpcOpenMemHandle: invalid resource handle (stand-in: /dev/shm%s is "
+			    "not an allocation of this stand-in)", path);
+	}
+	/* a slot for this process: the exporter's cudaFree looks there */
+	for (int k = 0; k < IMPORTERS; k++) {
+		int32_t none = 0;
+		if (atomic_compare_exchange_strong(&t->pid[k], &none, (int32_t)g_pid))
+			break;
+	}
 	if ((rc = reserve(&a, err))) {
 		munmap(a.host, a.maplen);
 		return rc;
@@ -602,6 +651,12 @@ static int api_ipc_close(void *base, char *err)
 	struct alloc gone = *a;
 	remove_locked(a);
 	pthread_mutex_unlock(&g_lock);
+	struct trailer *t = trailer_of(gone.host, gone.bytes);
+	for (int k = 0; k < IMPORTERS; k++) {
+		int32_t me = (int32_t)g_pid;
+		if (atomic_compare_exchange_strong(&t->pid[k], &me, 0))
+			break;
+	}
 	unmap_alloc(&gone);
 	return 0;
 }
