@@ -164,3 +164,87 @@ standin_demo() { # TRANSPORT
 	unset VPS_CUDA_LIBRARY VPS_NCCL_LIBRARY
 	standin_demo auto
 }
+
+# ---- faults over nccl: every rank stops within --timeout, naming the
+# rank, sources intact (exec.bats's, with GPU memory) ----
+
+setup_plan() {
+	vps-layout --model tiny-llama --parallel tp=2,dp=2,zero=1 --gpus-per-node 4 -o a.layout
+	vps-layout --model tiny-llama --parallel tp=1,dp=4,zero=1 --gpus-per-node 4 -o b.layout
+	vps-plan a.layout b.layout | vps-stage --budget 64KiB - -o s.staged
+	port=$("$TOP/scripts/free-port.sh")
+	tag=sbats$$
+	export VPS_CUDA_LIBRARY=$STANDIN/libvps-cuda-standin.so VPS_NCCL_LIBRARY=$STANDIN/libnccl-standin.so
+}
+
+show_logs() {
+	tail -n 5 e.* t.* 2>/dev/null || true
+}
+
+# rank 1's executor gets VPS_FAULT=$1; the others' exit statuses in st[]
+nccl_fault() { # FAULT
+	setup_plan
+	for r in 0 1 2 3; do
+		vps-trainer --cuda --registry "$tag-$r" --rank $r --timeout 10 s.staged > t.$r 2>&1 &
+		tp[$r]=$!
+	done
+	for r in 0 1 2 3; do
+		f=
+		[ $r = 1 ] && f=$1
+		VPS_FAULT=$f vps-exec --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --transport nccl --timeout 3 \
+			s.staged > e.$r 2>&1 &
+		ep[$r]=$!
+	done
+	start=$SECONDS
+	for r in 0 2 3; do
+		st[$r]=0
+		wait ${ep[$r]} || st[$r]=$?
+	done
+	took=$((SECONDS - start))
+	case $1 in stall:*) ;; *) for _ in $(seq 50); do kill -0 ${ep[1]} 2>/dev/null || break; sleep 0.1; done ;; esac
+	kill -CONT ${ep[1]} 2>/dev/null || true
+	kill ${ep[1]} 2>/dev/null || true
+	for r in 0 1 2 3; do wait ${ep[$r]} 2>/dev/null || true; wait ${tp[$r]} 2>/dev/null || true; done
+	show_logs
+	# each stopped by its own error, none by a crash
+	for r in 0 2 3; do
+		[ "${st[$r]}" -eq 1 ] || [ "${st[$r]}" -eq 2 ]
+		grep -q "vps-exec: rank $r: " e.$r
+		! grep -q "switch 1: sent" e.$r
+		grep -q "sources intact" t.$r
+	done
+}
+
+@test "nccl: a peer that stops answering mid-transfer: every rank stops within the timeout, naming it, sources intact" {
+	nccl_fault stall:5
+	[ "$took" -lt 15 ]
+}
+
+@test "nccl: a peer that dies mid-transfer: every rank stops, naming it, sources intact" {
+	nccl_fault exit:5
+	[ "$took" -lt 15 ]
+	grep -h "stage 5 of" e.0 e.2 e.3 | grep -q "rank 1 (pid [0-9]*) exited"
+	grep -q "its executor (pid [0-9]*) is gone; sources intact" t.1
+}
+
+@test "nccl: a rank stopped as the switch starts: every rank stops within the timeout, naming it" {
+	nccl_fault stall:claim
+	[ "$took" -lt 15 ]
+	grep -q "rank 1 gave no sign of life for 3 s while the ranks waited for the switch" e.0
+	for r in 2 3; do grep -q "vps-exec: rank $r: rank 0: rank 1 gave no sign of life" e.$r; done
+}
+
+# a trainer killed by SIGKILL leaves its registry (stale, for the next
+# trainer of that name to replace): this test's goes
+teardown() {
+	[ -z "${tag:-}" ] || rm -f "/dev/shm/$tag-1" "/dev/shm/$tag-1".*
+}
+
+@test "nccl: a trainer killed mid-switch fails the switch on every rank" {
+	nccl_fault kill-trainer:2
+	[ "$took" -lt 15 ]
+	grep -q "vps-exec: rank 1: the trainer (pid [0-9]*) of registry $tag-1 died during the switch" e.1
+	for r in 0 2 3; do grep -q "vps-exec: rank $r: rank 1 failed: the trainer (pid [0-9]*) of registry $tag-1 died" e.$r; done
+	for r in 0 1 2 3; do ! grep -q "digest: match" e.$r; ! grep -q "switch 1: sent" e.$r; done
+	for r in 0 2 3; do grep -q "sources intact" t.$r; done
+}

@@ -124,11 +124,14 @@ static vps_result_t nccl_stage(void *self, struct vps_switch *sw, const struct v
 		rc = t->gpu->nccl_exchange(t->comm, t->p2p, n, err);
 	if (!rc)
 		rc = t->gpu->copy(t->scatter, ns, err);
-	if (!rc)
-		rc = t->gpu->sync(t->comm, sw->timeout, err);
+	if (rc)
+		return vps_gpu_result(rc, err, what);
+	rc = t->gpu->sync(t->comm, sw->timeout, err);
 	if (rc) {
-		if (rc == VPS_CUDA_ETIMEOUT)
-			t->comm = NULL; /* aborted */
+		/* the wait aborted the communicator, which frees it, on a timeout
+		 * and on NCCL's asynchronous error alike */
+		if (rc == VPS_CUDA_ETIMEOUT || rc == VPS_CUDA_ENCCL)
+			t->comm = NULL;
 		return vps_gpu_result(rc, err, what);
 	}
 	return VPS_OK;
