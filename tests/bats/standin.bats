@@ -218,6 +218,9 @@ nccl_fault() { # FAULT
 @test "nccl: a peer that stops answering mid-transfer: every rank stops within the timeout, naming it, sources intact" {
 	nccl_fault stall:5
 	[ "$took" -lt 15 ]
+	# rank 1's partners name it: NCCL does not say whom it waits for, the
+	# executor names the peers of the stage's group
+	grep -h "stage 5 of" e.0 e.2 e.3 | grep -q "(NCCL group with rank 1): the GPU made no progress for 3.0 s"
 }
 
 @test "nccl: a peer that dies mid-transfer: every rank stops, naming it, sources intact" {
