@@ -251,3 +251,34 @@ teardown() {
 	for r in 0 1 2 3; do ! grep -q "digest: match" e.$r; ! grep -q "switch 1: sent" e.$r; done
 	for r in 0 2 3; do grep -q "sources intact" t.$r; done
 }
+
+# ---- the Python module: device buffers registered by pointer ----
+
+python_device_buffers() { # TRANSPORT
+	PY=${VPS_PYTHON:-/usr/bin/python3}
+	"$PY" -c 'import torch' 2>/dev/null || skip "$PY has no torch (make check installs python3-torch)"
+	vps-layout --model tiny-llama --parallel tp=2,zero=1 --gpus-per-node 2 -o a.layout
+	vps-layout --model tiny-llama --parallel tp=1,dp=2,zero=1 --gpus-per-node 2 -o b.layout
+	vps-plan a.layout b.layout | vps-stage --budget 256KiB - -o s.staged
+	port=$("$TOP/scripts/free-port.sh")
+	# the plain build's libvps.so (the module's), so the plain stand-in
+	export VPS_CUDA_LIBRARY=$TOP/build/standin/libvps-cuda-standin.so VPS_NCCL_LIBRARY=$TOP/build/standin/libnccl-standin.so
+	timeout 120 "$PY" "$TOP/tests/python/standin_trainer.py" "py$$" a.layout b.layout > t.log 2>&1 &
+	pt=$!
+	for r in 0 1; do
+		VPS_CUDA_LIBRARY=$STANDIN/libvps-cuda-standin.so VPS_NCCL_LIBRARY=$STANDIN/libnccl-standin.so \
+			timeout 120 vps-exec --registry "py$$-%r" --rank $r --master 127.0.0.1:$port --transport "$1" --wait \
+			--check --timeout 30 s.staged > e.$r 2>&1 &
+		pe[$r]=$!
+	done
+	st=0
+	wait $pt || st=$?
+	for r in 0 1; do wait ${pe[$r]} || st=$?; done
+	cat t.log e.0 e.1
+	[ "$st" -eq 0 ]
+	grep -q "standin_trainer: 2 ranks, .* logical tensors switched in device memory registered by pointer; 0 wrong elements" t.log
+	for r in 0 1; do grep -q "over $1; .*digest: match" e.$r; done
+}
+
+@test "python: device buffers registered by pointer through the module switch over ipc" { python_device_buffers ipc; }
+@test "python: device buffers registered by pointer through the module switch over nccl" { python_device_buffers nccl; }
