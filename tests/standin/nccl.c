@@ -82,7 +82,7 @@ struct chan {
 	_Atomic uint64_t tail; /* bytes the receiver has taken */
 	char pad1[56];
 	_Atomic int32_t error; /* the receiver refused a message: the sender fails too */
-	char msg[252];
+	char msg[444];
 	unsigned char ring[RING];
 };
 
@@ -517,30 +517,65 @@ struct group {
 	struct op ops[];
 };
 
-static _Thread_local int t_depth;
-static _Thread_local struct op *t_ops;
-static _Thread_local size_t t_nops, t_cap;
-static _Thread_local ncclResult_t t_error;
+/* A thread's group, as NCCL keeps it: per thread. In a pthread key, not
+ * _Thread_local: LeakSanitizer cannot scan the dynamic TLS of a library
+ * loaded with dlopen on this glibc, and make asan loads this one so. */
+struct thread_group {
+	int depth;
+	struct op *ops;
+	size_t nops, cap;
+	ncclResult_t error;
+};
+
+static pthread_key_t g_group_key;
+static pthread_once_t g_group_once = PTHREAD_ONCE_INIT;
+
+static void group_free(void *p)
+{
+	struct thread_group *t = p;
+	free(t->ops);
+	free(t);
+}
+
+static void group_key(void)
+{
+	pthread_key_create(&g_group_key, group_free);
+}
+
+static struct thread_group *thread_group(void)
+{
+	pthread_once(&g_group_once, group_key);
+	struct thread_group *t = pthread_getspecific(g_group_key);
+	if (!t) {
+		if (!(t = calloc(1, sizeof(*t)))) {
+			fprintf(stderr, "nccl stand-in: out of memory\n");
+			abort();
+		}
+		pthread_setspecific(g_group_key, t);
+	}
+	return t;
+}
 
 /* Operations posted in this thread's group and not launched: a group never
  * ended. The CUDA stand-in asks before it waits for its stream. */
 EXPORT int vps_standin_nccl_pending(void);
 EXPORT int vps_standin_nccl_pending(void)
 {
-	return (int)t_nops;
+	return (int)thread_group()->nops;
 }
 
 static size_t pending_on(ncclComm_t comm)
 {
+	struct thread_group *t = thread_group();
 	size_t k = 0;
-	for (size_t i = 0; i < t_nops; i++)
-		k += t_ops[i].comm == comm;
+	for (size_t i = 0; i < t->nops; i++)
+		k += t->ops[i].comm == comm;
 	return k;
 }
 
 EXPORT ncclResult_t ncclGroupStart(void)
 {
-	t_depth++;
+	thread_group()->depth++;
 	return ncclSuccess;
 }
 
@@ -549,6 +584,7 @@ static ncclResult_t launch(struct op *ops, size_t n);
 static ncclResult_t post(const char *call, bool send, void *buf, size_t count, ncclDataType_t type, int peer,
 			 ncclComm_t comm, cudaStream_t stream)
 {
+	struct thread_group *t = thread_group();
 	ncclResult_t r = live(comm, call);
 	size_t es = type_size(type);
 	uint64_t bytes = 0;
@@ -564,31 +600,31 @@ static ncclResult_t post(const char *call, bool send, void *buf, size_t count, n
 	if (!r && atomic_load(&comm->async) != ncclSuccess)
 		r = nfail(comm, (ncclResult_t)atomic_load(&comm->async), "%s: the communicator failed before: %s", call,
 			  comm->last);
-	if (!r && t_nops == t_cap) {
-		size_t cap = t_cap ? 2 * t_cap : 64;
-		struct op *v = realloc(t_ops, cap * sizeof(*v));
+	if (!r && t->nops == t->cap) {
+		size_t cap = t->cap ? 2 * t->cap : 64;
+		struct op *v = realloc(t->ops, cap * sizeof(*v));
 		if (!v)
 			r = nfail(comm, ncclSystemError, "%s: out of memory", call);
 		else {
-			t_ops = v;
-			t_cap = cap;
+			t->ops = v;
+			t->cap = cap;
 		}
 	}
 	if (r) {
 		/* the group fails at its end, as NCCL's does */
-		if (t_depth)
-			t_error = r;
+		if (t->depth)
+			t->error = r;
 		return r;
 	}
-	struct op *o = &t_ops[t_nops++];
+	struct op *o = &t->ops[t->nops++];
 	memset(o, 0, sizeof(*o));
 	*o = (struct op){.comm = comm, .send = send, .peer = peer, .buf = buf, .count = count, .type = type,
 			 .bytes = bytes, .stream = stream, .prev = -1};
-	if (t_depth)
+	if (t->depth)
 		return ncclSuccess;
 	/* outside a group: a group of one */
 	struct op one = *o;
-	t_nops = 0;
+	t->nops = 0;
 	return launch(&one, 1);
 }
 
@@ -862,24 +898,25 @@ static ncclResult_t launch(struct op *ops, size_t n)
 
 EXPORT ncclResult_t ncclGroupEnd(void)
 {
-	if (t_depth == 0)
+	struct thread_group *t = thread_group();
+	if (t->depth == 0)
 		return nfail(NULL, ncclInvalidUsage, "ncclGroupEnd: no ncclGroupStart before it");
-	if (--t_depth > 0)
+	if (--t->depth > 0)
 		return ncclSuccess;
-	ncclResult_t r = t_error;
-	size_t n = t_nops;
-	t_error = ncclSuccess;
-	t_nops = 0;
+	ncclResult_t r = t->error;
+	size_t n = t->nops;
+	t->error = ncclSuccess;
+	t->nops = 0;
 	if (r) {
 		char why[512];
 		pthread_mutex_lock(&g_errlock);
 		snprintf(why, sizeof(why), "%s", g_last);
 		pthread_mutex_unlock(&g_errlock);
-		return nfail(n ? t_ops[0].comm : NULL, r, "ncclGroupEnd: an operation of the group failed: %s", why);
+		return nfail(n ? t->ops[0].comm : NULL, r, "ncclGroupEnd: an operation of the group failed: %s", why);
 	}
 	if (!n)
 		return ncclSuccess;
-	return launch(t_ops, n);
+	return launch(t->ops, n);
 }
 
 EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *result)
@@ -924,7 +961,7 @@ EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm)
 	if (r)
 		return r;
 	size_t k = pending_on(comm);
-	if (k || t_depth) {
+	if (k || thread_group()->depth) {
 		/* NCCL refuses it; the peers would wait for this rank forever,
 		 * so they learn why */
 		struct slot *me = &comm->seg->slots[comm->rank];
