@@ -307,9 +307,9 @@ TEST(a_peer_out_of_range_fails_named)
 	CHECK_EQ(st[1], 0);
 }
 
-/* rank 1 posts nothing. Rank 0's send blocks; an abort from another
- * thread unblocks it; rank 2, blocked in a receive from rank 0, learns
- * that rank 0 aborted. */
+/* rank 1 posts nothing for rank 0. Rank 0's send blocks; an abort from
+ * another thread unblocks it; rank 2, blocked in a receive from rank 0,
+ * learns that rank 0 aborted. */
 struct aborter {
 	ncclComm_t c;
 };
@@ -330,8 +330,10 @@ static int abort_rank(int rank, void *ctx)
 		return 1;
 	static unsigned char buf[1 << 20];
 	if (rank == 1) {
-		/* silent until its peers are done, then gone */
-		sleep(1);
+		/* it posts nothing for rank 0: it waits for rank 2, which leaves
+		 * once rank 0 has aborted */
+		CHILD_CHECK(N.recv(buf, 64, ncclUint8, 2, c, NULL) == ncclRemoteError);
+		CHILD_CHECK(says("ncclRecv 64 bytes from rank 2: rank 2 "));
 		return 0;
 	}
 	if (rank == 2) {
