@@ -552,7 +552,7 @@ static int api_ipc_open(const unsigned char raw[VPS_CUDA_IPC_HANDLE], void **bas
 	pthread_mutex_lock(&g_lock);
 	for (size_t i = 0; i < g_nallocs; i++) {
 		struct alloc *a = &g_allocs[i];
-		if (a->imported && !strcmp(a->name, h.name)) {
+		if (a->imported && !strcmp(a->name, h.name) && a->bytes == h.bytes) {
 			/* opened before: the same address, one reference more */
 			a->refs++;
 			*base = (void *)(uintptr_t)a->dev;

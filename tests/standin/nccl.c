@@ -688,7 +688,7 @@ static uint64_t ring_put(struct chan *c, const unsigned char *src, uint64_t n)
 {
 	uint64_t head = atomic_load_explicit(&c->head, memory_order_relaxed);
 	uint64_t tail = atomic_load_explicit(&c->tail, memory_order_acquire);
-	uint64_t room = RING - (head - tail);
+	uint64_t room = head - tail <= RING ? RING - (head - tail) : 0; /* a peer's counters are not trusted */
 	if (n > room)
 		n = room;
 	uint64_t at = head % RING, first = RING - at < n ? RING - at : n;
@@ -704,6 +704,8 @@ static uint64_t ring_take(struct chan *c, unsigned char *dst, uint64_t n)
 	uint64_t head = atomic_load_explicit(&c->head, memory_order_acquire);
 	if (n > head - tail)
 		n = head - tail;
+	if (n > RING)
+		n = RING;
 	uint64_t at = tail % RING, first = RING - at < n ? RING - at : n;
 	memcpy(dst, c->ring + at, first);
 	memcpy(dst + first, c->ring, n - first);
