@@ -1,7 +1,9 @@
 # vps: build, test, install.
 #
 #   make            libvps.a, libvps.so and the tools in bin/ (and how to put bin/ on PATH)
-#   make check      the C unit tests and the Bats tests, warnings as errors
+#   make check      the C unit tests and the Bats tests, warnings as errors; the GPU
+#                   paths on the stand-ins of CUDA and NCCL (tests/standin/)
+#   make standin    only those stand-ins (build/standin/)
 #   make layers     libvps's rooms keep their layers, no cycles, only the API exported
 #   make asan       the same under AddressSanitizer and UBSan (build-asan/)
 #   make check-gpu  every GPU test and benchmark (scripts/gpu-check.sh; needs a GPU)
@@ -69,7 +71,7 @@ ifeq ($(HAVE_NVCC),1)
 CUDA_ALL = $(CUDA_LIB)
 endif
 
-.PHONY: all check check-gpu test unit bats layers asan demo install uninstall clean deps python-deps FORCE \
+.PHONY: all check check-gpu test unit bats layers asan demo install uninstall clean deps python-deps FORCE standin \
 	fuzz fuzz-smoke fuzz-build fuzz-corpus fuzz-deps
 .DEFAULT_GOAL := all
 
@@ -161,6 +163,30 @@ $(CUDA_LIB): lib/gpu/cuda/vps_cuda.cu lib/gpu/cuda/vps_cuda.h | $(DEPS_STAMP)
 	$(NVCC) -O2 -std=c++17 -shared -Xcompiler -fPIC,-Wall,-Wextra,-Werror,-fvisibility=hidden --cudart static \
 		$(CUDA_ARCHS) $(if $(NCCL_HOME),-I$(NCCL_HOME)/include) -Ilib/gpu/cuda -o $@ $< -ldl -lrt -lpthread
 
+# ---- the stand-ins for libvps-cuda.so and NCCL (tests/standin/) ----
+# Test instruments over host memory, so that make check runs every GPU path
+# on a machine without a GPU (docs/exec.md, "The stand-ins"): never built
+# into libvps, never installed, chosen only by VPS_CUDA_LIBRARY and
+# VPS_NCCL_LIBRARY. nccl.h (CUDA_HOME or NCCL_HOME) gives NCCL's ABI.
+STANDIN_DIR = $(BUILDDIR)/standin
+STANDIN_CUDA = $(STANDIN_DIR)/libvps-cuda-standin.so
+STANDIN_NCCL = $(STANDIN_DIR)/libnccl-standin.so
+STANDIN_INC = $(if $(NCCL_HOME),-isystem $(NCCL_HOME)/include) -isystem $(CUDA_HOME)/include
+STANDIN_ENV = VPS_CUDA_LIBRARY=$(abspath $(STANDIN_CUDA)) VPS_NCCL_LIBRARY=$(abspath $(STANDIN_NCCL))
+standin: $(STANDIN_CUDA) $(STANDIN_NCCL)
+# their tests speak NCCL's ABI too
+$(BUILDDIR)/tests/test_standin_%.o: tests/unit/test_standin_%.c $(FLAGS_STAMP) | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(STANDIN_INC) -Itests/unit -c $< -o $@
+
+$(STANDIN_CUDA): tests/standin/cuda.c
+$(STANDIN_NCCL): tests/standin/nccl.c
+$(STANDIN_CUDA) $(STANDIN_NCCL): tests/standin/standin.h lib/gpu/cuda/vps_cuda.h $(FLAGS_STAMP) | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	@echo '#include <nccl.h>' | $(CC) $(STANDIN_INC) -E - >/dev/null 2>&1 || { \
+		echo "the stand-ins need nccl.h: set CUDA_HOME or NCCL_HOME (see docs/exec.md)" >&2; exit 1; }
+	$(CC) $(ALL_CFLAGS) $(STANDIN_INC) -fvisibility=hidden -shared -o $@ $(filter %.c,$^) $(LDFLAGS) -ldl -lrt -lpthread
+
 # benchmark programs (scripts/bench/*.c), built by check so they do not rot
 BENCH_BINS = $(patsubst scripts/bench/%.c,$(BUILDDIR)/bench/%,$(wildcard scripts/bench/*.c))
 $(BUILDDIR)/bench/%: scripts/bench/%.c $(LIB) | $(DEPS_STAMP)
@@ -168,11 +194,14 @@ $(BUILDDIR)/bench/%: scripts/bench/%.c $(LIB) | $(DEPS_STAMP)
 	$(CC) $(ALL_CFLAGS) -o $@ $< $(LIB) $(LDFLAGS) $(LDLIBS)
 
 # ---- tests ----
-unit: $(TEST_BINS) $(BENCH_BINS)
+# test_gpu runs twice: as on this machine (its GPU parts skip without a
+# GPU) and on the stand-ins
+unit: $(TEST_BINS) $(BENCH_BINS) standin
 	@set -e; for t in $(TEST_BINS); do $$t; done
+	$(STANDIN_ENV) $(BUILDDIR)/tests/test_gpu
 
-bats: all $(PY_STAMP)
-	VPS_BIN=$(abspath $(BINDIR)) VPS_PYTHON=$(PYTHON) bats tests/bats
+bats: all standin $(PY_STAMP)
+	VPS_BIN=$(abspath $(BINDIR)) VPS_PYTHON=$(PYTHON) VPS_STANDIN=$(abspath $(STANDIN_DIR)) bats tests/bats
 
 check: all unit bats
 
@@ -284,5 +313,5 @@ uninstall:
 clean:
 	rm -rf $(BUILDDIR) build-asan $(BINDIR)
 
--include $(LIB_OBJ:.o=.d) $(BUILDDIR)/cmd/*.d $(BUILDDIR)/tests/*.d
+-include $(LIB_OBJ:.o=.d) $(BUILDDIR)/cmd/*.d $(BUILDDIR)/tests/*.d $(STANDIN_DIR)/*.d
 .SECONDARY:
