@@ -1,8 +1,10 @@
 # vps: build, test, install.
 #
 #   make            libvps.a, libvps.so and the tools in bin/ (and how to put bin/ on PATH)
-#   make check      the C unit tests, the Bats tests and the framework checks
-#                   (check-megatron, check-hf), warnings as errors
+#   make check      the C unit tests, the Bats tests and the framework checks,
+#                   warnings as errors
+#   make check-megatron  vps's layouts against Megatron-Core's own buffers
+#   make check-hf   vps's Hugging Face imports against transformers' models
 #   make venv       the test environment build/venv (torch, megatron-core,
 #                   transformers: python/requirements-test.txt)
 #   make layers     libvps's rooms keep their layers, no cycles, only the API exported
@@ -89,7 +91,8 @@ ifeq ($(HAVE_NVCC),1)
 CUDA_ALL = $(CUDA_LIB)
 endif
 
-.PHONY: all check check-gpu test unit bats layers asan demo install uninstall clean deps python-deps venv FORCE \
+.PHONY: all check check-gpu check-megatron check-hf test unit bats layers asan demo install uninstall clean deps \
+	python-deps venv FORCE \
 	fuzz fuzz-smoke fuzz-build fuzz-corpus fuzz-deps
 .DEFAULT_GOAL := all
 
@@ -189,7 +192,19 @@ unit: $(TEST_BINS) $(BENCH_BINS)
 bats: all $(PY_STAMP)
 	VPS_BIN=$(abspath $(BINDIR)) VPS_PYTHON=$(PYTHON_ABS) bats tests/bats
 
+# the Python frameworks' own code against vps's rules (tests/megatron,
+# tests/hf), after the Bats tests, not beside them: both load the two cores.
+# Not under a sanitizer: a Python process cannot load that build's libvps.so.
 check: all unit bats
+ifeq ($(SANITIZE),)
+	@$(MAKE) --no-print-directory check-megatron
+endif
+
+# Megatron-Core builds a matrix of configurations on the CPU, a process per
+# rank under gloo, and every rank's buffers, buckets and ZeRO-1 shards must
+# be vps's (tests/megatron/README.md)
+check-megatron: $(SHLIB_FILES) $(PY_STAMP)
+	VPS_LIBRARY=$(abspath $(SHLIB)) $(PYTHON_ABS) tests/megatron/check_megatron.py
 
 # libvps's rooms keep their layers, with no cycles, and libvps.so exports
 # only what include/vps/ declares (scripts/layers.py, docs/architecture.md)
