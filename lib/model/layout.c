@@ -386,11 +386,12 @@ static vps_result_t build_tmpl(struct vps_layout *l, int64_t s, int64_t v, int e
 	bool zero = p->zero != 0;
 	/* dense buffers are sharded over the dp_cp group, expert ones over
 	 * expert DP (distributed_data_parallel.py: intra_dp_cp_group and
-	 * intra_expt_dp_group); the bucket size with overlap stays Megatron's
-	 * 1,000,000 x dp without CP (get_data_parallel_world_size()) */
+	 * intra_expt_dp_group); the bucket size with overlap is the training
+	 * path's, 1,000,000 x the dp_cp group's size for every buffer
+	 * (training.py resolve_ddp_bucket_size) */
 	int64_t dpsize = expert ? l->edp : vps_parallel_dpcp(p);
 	int64_t divisor = vps_lcm(dpsize, 128);
-	int64_t bsize = p->bucket == VPS_BUCKET_AUTO ? vps_max64(40000000, 1000000 * p->dp) : p->bucket;
+	int64_t bsize = p->bucket == VPS_BUCKET_AUTO ? vps_max64(40000000, 1000000 * vps_parallel_dpcp(p)) : p->bucket;
 	if (s > 0 || v > 0)
 		bsize = 0;
 	tm->dpsize = dpsize;
