@@ -1102,6 +1102,11 @@ uint64_t vps_layout_hash(const struct vps_layout *l)
 		h = vps_hash64(&p->cp, sizeof(p->cp), h);
 	if (p->grouped_gemm)
 		h = vps_hash64("grouped_gemm", 12, h);
+	/* bucket=auto with CP cuts dp x cp sized buckets since the training
+	 * path's rule replaced dp alone: plans and registries of the older
+	 * layout are refused, not misread */
+	if (p->bucket == VPS_BUCKET_AUTO && p->cp != 1)
+		h = vps_hash64("auto_dpcp", 9, h);
 	/* devices: by value, so that a listed map equal to a packed one hashes
 	 * the same */
 	if (l->d.packed && l->d.first_node == 0 && l->d.gpus_per_node == 8) {

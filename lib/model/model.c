@@ -34,7 +34,10 @@ static uint32_t add_attention(const struct vps_model *m, enum vps_tensor_kind *k
 		 * a separate input_layernorm, then linear_proj (built by
 		 * MultiLatentAttention before MLASelfAttention adds the rest),
 		 * then the projections in the order __init__ builds them; with
-		 * qk_layernorm the q/kv norms are fused into the up projections. */
+		 * qk_layernorm the q/kv norms are fused into the up projections,
+		 * and without query compression into linear_q_proj, which then
+		 * normalises the hidden state (core 0.19 mla_qk_norm_config.py:
+		 * _resolve_mla_qk_layernorm). */
 		k[n++] = VPS_T_INPUT_LN_W;
 		k[n++] = VPS_T_PROJ_W;
 		if (m->q_lora_rank > 0) {
@@ -43,6 +46,8 @@ static uint32_t add_attention(const struct vps_model *m, enum vps_tensor_kind *k
 				k[n++] = VPS_T_Q_UP_LN_W;
 			k[n++] = VPS_T_Q_UP_W;
 		} else {
+			if (m->qk_norm)
+				k[n++] = VPS_T_Q_PROJ_LN_W;
 			k[n++] = VPS_T_Q_PROJ_W;
 		}
 		k[n++] = VPS_T_KV_DOWN_W;
@@ -274,6 +279,9 @@ static void fill_tensor(const struct vps_model *m, struct vps_tensor *t)
 		set_shape(t, 3, m->heads, m->qk_head_dim + m->qk_pos_dim, h, 1);
 		t->split = VPS_SPLIT_AXIS;
 		break;
+	case VPS_T_Q_PROJ_LN_W:
+		set_shape(t, 1, h, 1, 1, 1);
+		break;
 	case VPS_T_Q_DOWN_W:
 		set_shape(t, 2, m->q_lora_rank, h, 1, 1);
 		break;
@@ -461,6 +469,7 @@ static const char *kind_suffix(enum vps_tensor_kind k)
 	case VPS_T_FINAL_LN_B: return "decoder.final_layernorm.bias";
 	case VPS_T_OUTPUT_W: return "output_layer.weight";
 	case VPS_T_INPUT_LN_W: return "input_layernorm.weight";
+	case VPS_T_Q_PROJ_LN_W: return "self_attention.linear_q_proj.layer_norm_weight";
 	case VPS_T_Q_PROJ_W: return "self_attention.linear_q_proj.weight";
 	case VPS_T_Q_DOWN_W: return "self_attention.linear_q_down_proj.weight";
 	case VPS_T_Q_UP_LN_W: return "self_attention.linear_q_up_proj.layer_norm_weight";
@@ -690,6 +699,11 @@ uint64_t vps_model_hash(const struct vps_model *m)
 			h = vps_hash64(ds, sizeof(ds), h);
 	if (m->mtp_layers)
 		h = vps_hash64(&m->mtp_layers, sizeof(m->mtp_layers), h);
+	/* linear_q_proj.layer_norm_weight joined these models' tensors (vps
+	 * 0.1 laid them out without it): documents written by the older rule
+	 * name another model, and are refused rather than misread */
+	if (m->kv_lora_rank && !m->q_lora_rank && m->qk_norm)
+		h = vps_hash64("q_proj_norm", 11, h);
 	return h;
 }
 

@@ -97,6 +97,9 @@ MATRIX = [
     # the same over two stages: the MTP layer and its copy of the word
     # embeddings on the last
     ("tiny-deepseek", "pp=2,ep=2,dp=2,zero=1"),
+    # DeepSeek-V2-Lite shape: MLA without query compression, with qk norm:
+    # linear_q_proj carries the norm's layer_norm_weight
+    ("models/tiny-deepseek-v2-lite.yaml", "tp=2,ep=2,dp=2,zero=1"),
 ]
 
 
