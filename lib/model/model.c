@@ -891,6 +891,11 @@ vps_result_t vps_model_validate(const struct vps_model *m, const char *where)
 	}
 	if (m->mtp_layers < 0 || m->mtp_layers > MTP_MAX)
 		return vps_fail(VPS_EINPUT, "%s: mtp_layers=%" PRId64 " is not 0 to %d", where, m->mtp_layers, MTP_MAX);
+	/* megatron/training/arguments.py validate_args (core_v0.19.0, "MTP
+	 * validation") asserts rope or no position embedding with MTP */
+	if (m->mtp_layers > 0 && m->position == VPS_POS_LEARNED)
+		return vps_fail(VPS_EINPUT, "%s: multi-token prediction (mtp_layers=%" PRId64 ") needs rope positions: "
+				"Megatron-LM refuses it with learned absolute position embeddings", where, m->mtp_layers);
 	/* Tensor ids are 32-bit, and every tool builds a template per tensor:
 	 * 2^20 is over ten times the largest real model (DeepSeek-V3, 61 x 256
 	 * experts: about 63k) and still a layout in well under a second. */

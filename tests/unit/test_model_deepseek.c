@@ -781,6 +781,10 @@ TEST(bad_deepseek_models_are_refused)
 	CHECK(strstr(vps_last_error(), "tied") != NULL);
 	par.pp = 1;
 	CHECK_OK(vps_parallel_validate(&par, &m, "p"));
+	/* Megatron-LM's validate_args: MTP needs rope (or no) positions */
+	CHECK(parse_yaml(&m, BASE "ffn: 128\nposition: learned\nmax_positions: 64\nmtp_layers: 1\n") == VPS_EINPUT);
+	CHECK(strstr(vps_last_error(), "multi-token prediction (mtp_layers=1) needs rope positions") != NULL);
+	CHECK_OK(parse_yaml(&m, BASE "ffn: 128\nposition: learned\nmax_positions: 64\n"));
 }
 
 /* TP must divide the dense first layers' and the shared experts' MLPs
