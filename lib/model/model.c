@@ -1045,7 +1045,7 @@ static vps_result_t parse_hf(struct vps_reader *r, struct vps_model *m, const ch
 		m->bias = true;
 	} else if (!strcmp(type, "llama") || !strcmp(type, "mistral") || !strcmp(type, "qwen2") ||
 		   !strcmp(type, "qwen3") || !strcmp(type, "qwen3_moe") || !strcmp(type, "mixtral")) {
-		bool attention_bias = false;
+		bool attention_bias = false, mlp_bias = false;
 		VPS_CHECK(hf_int(r, "hidden_size", &m->hidden, 0, true));
 		VPS_CHECK(hf_int(r, "num_hidden_layers", &m->layers, 0, true));
 		VPS_CHECK(hf_int(r, "num_attention_heads", &m->heads, 0, true));
@@ -1059,6 +1059,9 @@ static vps_result_t parse_hf(struct vps_reader *r, struct vps_model *m, const ch
 		VPS_CHECK(hf_bool(r, "attention_bias", &attention_bias, false));
 		if (attention_bias)
 			return vps_r_error(r, "attention_bias", "biases on q/k/v/o are not supported");
+		VPS_CHECK(hf_bool(r, "mlp_bias", &mlp_bias, false));
+		if (mlp_bias)
+			return vps_r_error(r, "mlp_bias", "biases on the MLP are not supported");
 		m->norm = VPS_NORM_RMS;
 		m->activation = VPS_ACT_SWIGLU;
 		m->position = VPS_POS_ROPE;
