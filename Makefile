@@ -197,7 +197,7 @@ bats: all $(PY_STAMP)
 # Not under a sanitizer: a Python process cannot load that build's libvps.so.
 check: all unit bats
 ifeq ($(SANITIZE),)
-	@$(MAKE) --no-print-directory check-megatron
+	@$(MAKE) --no-print-directory check-megatron check-hf
 endif
 
 # Megatron-Core builds a matrix of configurations on the CPU, a process per
@@ -205,6 +205,12 @@ endif
 # be vps's (tests/megatron/README.md)
 check-megatron: $(SHLIB_FILES) $(PY_STAMP)
 	VPS_LIBRARY=$(abspath $(SHLIB)) $(PYTHON_ABS) tests/megatron/check_megatron.py
+
+# every Hugging Face family vps imports, read by vps and built by
+# transformers on the meta device: the same tensors through vps's name map
+# (python/vps/hf.py, tests/hf/check_hf.py)
+check-hf: $(SHLIB_FILES) $(PY_STAMP)
+	VPS_LIBRARY=$(abspath $(SHLIB)) $(PYTHON_ABS) tests/hf/check_hf.py
 
 # libvps's rooms keep their layers, with no cycles, and libvps.so exports
 # only what include/vps/ declares (scripts/layers.py, docs/architecture.md)
