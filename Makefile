@@ -14,6 +14,7 @@
 #   make fuzz-smoke the same for FUZZ_SMOKE_SECONDS each (CI)
 #   make demo       a real switch on this machine
 #   make install PREFIX=/usr/local
+#   make clean      the build outputs (the test environment stays); distclean: it too
 #
 # Out-of-tree objects: BUILDDIR (default build). CUDA_HOME for the GPU parts.
 # PYTHON: the interpreter of everything in Python (default build/venv's).
@@ -92,7 +93,7 @@ CUDA_ALL = $(CUDA_LIB)
 endif
 
 .PHONY: all check check-gpu check-megatron check-hf test unit bats layers asan demo install uninstall clean deps \
-	python-deps venv FORCE \
+	python-deps venv distclean FORCE \
 	fuzz fuzz-smoke fuzz-build fuzz-corpus fuzz-deps
 .DEFAULT_GOAL := all
 
@@ -317,8 +318,15 @@ uninstall:
 		$(addprefix $(DESTDIR)$(PREFIX)/share/man/man5/,$(notdir $(MAN5))) \
 		$(addprefix $(DESTDIR)$(PREFIX)/share/man/man7/,$(notdir $(MAN7)))
 
+# the test environment outlives make clean (it is minutes and gigabytes
+# from PyPI, and no build output): make distclean removes it too
 clean:
-	rm -rf $(BUILDDIR) build-asan $(BINDIR)
+	@if [ -d $(BUILDDIR) ]; then find $(BUILDDIR) -mindepth 1 -maxdepth 1 ! -name venv ! -name venv.lock \
+		-exec rm -rf {} +; fi
+	rm -rf build-asan $(BINDIR)
+
+distclean: clean
+	rm -rf $(VENV) $(VENV).lock
 
 -include $(LIB_OBJ:.o=.d) $(BUILDDIR)/cmd/*.d $(BUILDDIR)/tests/*.d
 .SECONDARY:
