@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "io/doc.h"
+#include "exec/digest.h"
 #include "gpu/gpu.h"
 #include "util/internal.h"
 #include "exec/net/net.h"
@@ -51,63 +52,9 @@ static vps_result_t registry_name(const char *pattern, const struct vps_plan *p,
 
 /* ---- digest ---- */
 
-/* The digest of a rank's part; with lost devices (vps-plan --lost), the
- * source side skips them as lower holders (they digest nothing) and the
- * target side leaves out the lost ranges (holes for the trainer to reload),
- * so both sides digest exactly what survived. */
-static vps_result_t digest_part(const struct vps_layout *l, int64_t rank, void *const *buffers,
-				const struct vps_lost *lost, bool source, uint64_t *digest)
-{
-	struct vps_rank_view v;
-	struct vps_holders h = {0};
-	struct vps_boxes rem = {0}, scratch = {0};
-	uint64_t sum = 0;
-	vps_result_t rc;
-	VPS_CHECK(vps_layout_rank(l, rank, &v));
-	for (size_t i = 0; i < v.nregions; i++) {
-		const struct vps_region *R = &v.regions[i];
-		struct vps_tensor t;
-		VPS_CHECK_GOTO(vps_model_tensor(vps_layout_model(l), R->tensor, &t), rc, done);
-		h.n = 0;
-		VPS_CHECK_GOTO(vps_layout_holders(l, R->tensor, R->state, &R->box, &h), rc, done);
-		if (lost && source)
-			VPS_CHECK_GOTO(vps_lost_drop_holders(lost, &h), rc, done);
-		/* count only what no lower-numbered rank holds */
-		size_t nholes = lost && !source ? lost->nranges : 0;
-		VPS_CHECK_GOTO(vps_boxes_reset(&rem, &R->box), rc, done);
-		for (size_t k = 0; k < h.n + nholes && rem.n; k++) {
-			const struct vps_box *cut;
-			if (k < h.n) {
-				if (h.v[k].base >= rank)
-					continue;
-				cut = &h.v[k].region.box;
-			} else {
-				const struct vps_lost_range *x = &lost->ranges[k - h.n];
-				if (x->tensor != R->tensor || x->state != R->state)
-					continue;
-				cut = &x->box;
-			}
-			VPS_CHECK_GOTO(vps_boxes_subtract(&rem, &scratch, cut), rc, done);
-		}
-		for (size_t j = 0; j < rem.n; j++) {
-			struct vps_region part;
-			vps_region_restrict(R, &rem.v[j], &part);
-			sum += vps_digest_region(buffers[R->buffer], &part, &t);
-		}
-	}
-	*digest = sum;
-	rc = VPS_OK;
-done:
-	vps_boxes_release(&rem);
-	vps_boxes_release(&scratch);
-	vps_holders_release(&h);
-	vps_rank_view_release(&v);
-	return rc;
-}
-
 vps_result_t vps_exec_digest(const struct vps_layout *l, int64_t rank, void *const *buffers, uint64_t *digest)
 {
-	return digest_part(l, rank, buffers, NULL, true, digest);
+	return vps_exec_digest_part(l, rank, buffers, NULL, true, NULL, digest);
 }
 
 /* ---- peers ---- */
@@ -438,35 +385,14 @@ done:
 	return rc;
 }
 
-/* The digest of a side, read back to the host where it is GPU memory. */
-static vps_result_t side_digest(const struct vps_switch *sw, const struct vps_layout *l, int64_t rank,
-				const struct vps_rank_view *v, void **bufs, uint64_t *digest)
+/* The digest of a side, computed where its buffers are (on a GPU by a
+ * kernel over them: nothing is read back). */
+static vps_result_t side_digest(const struct vps_switch *sw, const struct vps_layout *l, int64_t rank, void **bufs,
+				uint64_t *digest)
 {
 	const struct vps_lost *lost = sw->s->plan->lost.nranks ? &sw->s->plan->lost : NULL;
-	bool source = l == sw->s->plan->a;
-	if (sw->where == VPS_WHERE_HOST)
-		return digest_part(l, rank, bufs, lost, source, digest);
-	vps_result_t rc = VPS_OK;
-	void **host = vps_calloc(v->nbuffers + 1, sizeof(*host));
-	if (!host)
-		return VPS_ENOMEM;
-	for (size_t b = 0; b < v->nbuffers && !rc; b++) {
-		size_t n = (size_t)v->buffers[b].elements * vps_dtype_size(v->buffers[b].dtype);
-		if (!(host[b] = malloc(n ? n : 1))) {
-			rc = VPS_NOMEM();
-			break;
-		}
-		char err[VPS_CUDA_ERR] = "";
-		int g = sw->gpu->to_host(host[b], bufs[b], n, err);
-		if (g)
-			rc = vps_gpu_result(g, err, "digest: read a buffer back");
-	}
-	if (!rc)
-		rc = digest_part(l, rank, host, lost, source, digest);
-	for (size_t b = 0; b < v->nbuffers; b++)
-		free(host[b]);
-	free(host);
-	return rc;
+	return vps_exec_digest_part(l, rank, bufs, lost, l == sw->s->plan->a,
+				    sw->where == VPS_WHERE_CUDA ? sw->gpu : NULL, digest);
 }
 
 static void release_read(const struct vps_switch *sw, int64_t stage)
@@ -764,7 +690,7 @@ static vps_result_t start(struct executor *ex, struct pass *ps, struct vps_exec_
 	ps->begun = true;
 	vps_result_t rc = begin_all(&ex->car, sw);
 	if (!rc && ex->o->check && sw->ra >= 0)
-		rc = side_digest(sw, sw->s->plan->a, sw->ra, &sw->va, sw->src, &ps->digest[0]);
+		rc = side_digest(sw, sw->s->plan->a, sw->ra, sw->src, &ps->digest[0]);
 	rep->attach_seconds += now() - t;
 	return agree(ex, rc, "start", rep);
 }
@@ -777,7 +703,7 @@ static vps_result_t stages(struct executor *ex, struct pass *ps, struct vps_exec
 	VPS_CHECK(run_stages(sw, &ex->car, ex->o, rep));
 	VPS_CHECK(trainer_watch(sw));
 	if (ex->o->check && sw->rb >= 0)
-		VPS_CHECK(side_digest(sw, sw->s->plan->b, sw->rb, &sw->vb, sw->dst, &ps->digest[1]));
+		VPS_CHECK(side_digest(sw, sw->s->plan->b, sw->rb, sw->dst, &ps->digest[1]));
 	return VPS_OK;
 }
 

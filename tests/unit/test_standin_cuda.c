@@ -288,6 +288,50 @@ TEST(the_copy_kernel_refuses_what_the_real_one_refuses_or_gets_wrong)
 	CHECK_EQ(st[0], 0);
 }
 
+/* ---- the digest kernel ---- */
+
+static int digest_rank(int rank, void *ctx)
+{
+	(void)rank, (void)ctx;
+	char err[VPS_CUDA_ERR] = "";
+	void *a = NULL;
+	CHILD_CHECK(!api->alloc(&a, 4096, err) && !api->fill(a, 7, 4096, err));
+	struct vps_cuda_digest v;
+	memset(&v, 0, sizeof(v));
+	v.addr = (uint64_t)(uintptr_t)a;
+	v.ndim = 2;
+	v.esize = 4;
+	v.ext[0] = 8;
+	v.ext[1] = 128;
+	v.strides[0] = 128;
+	v.strides[1] = 1;
+	v.flat_strides[0] = 128;
+	v.flat_strides[1] = 1;
+	uint64_t sum = 0;
+	CHILD_CHECK(!api->digest(&v, 1, &sum, err) && sum != 0);
+	/* an extent that overflows is refused before anything runs */
+	struct vps_cuda_digest d = v;
+	d.ext[0] = INT64_MAX / 2;
+	CHILD_CHECK(api->digest(&d, 1, &sum, err) == VPS_CUDA_EINPUT && said(err, "overflow"));
+	/* one row past the allocation: an illegal address, and every later
+	 * call fails, as in a CUDA context that faulted */
+	d = v;
+	d.ext[0] = 9;
+	CHILD_CHECK(api->digest(&d, 1, &sum, err) == VPS_CUDA_ECUDA &&
+		    said(err, "illegal memory access was encountered (stand-in: digest view 0 of 1 reads"));
+	CHILD_CHECK(api->digest(&v, 1, &sum, err) == VPS_CUDA_ECUDA && said(err, "illegal memory access"));
+	return 0;
+}
+
+TEST(the_digest_kernel_reads_only_inside_allocations)
+{
+	if (!load())
+		return;
+	int st[1];
+	run_ranks(1, digest_rank, NULL, 30, st);
+	CHECK_EQ(st[0], 0);
+}
+
 /* ---- a forked child ---- */
 
 static int fork_rank(int rank, void *ctx)
