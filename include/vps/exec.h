@@ -69,10 +69,18 @@ struct vps_exec_report {
 	int64_t bytes_sent, bytes_received, bytes_copied;
 	double setup_seconds;     /* open registry, bootstrap, connect, communicators: overlapped with training under --wait */
 	double attach_seconds;    /* of the pause: mapping buffers, opening IPC handles, peers' descriptors */
-	double agree_seconds;     /* of the pause: the rendezvous (training state, start, verdict) */
-	double waited_seconds;    /* waiting for the trainer's request */
-	double pause_seconds;     /* from the request claimed to destinations marked done */
+	double agree_seconds;     /* of the pause: the rendezvous (training state, start, verdict, digest sums) */
+	double waited_seconds;    /* waiting for the trainer's request (and every rank's) */
+	double pause_seconds;     /* from every rank's request claimed to destinations marked done */
 	double transfer_seconds;  /* of the pause: the stages */
+	double digest_seconds;    /* of the pause: this rank's digests, before and after (--check) */
+	/* wall clock (seconds since the epoch): this rank's request claimed,
+	 * and its switch marked done; the pause of a synchronous job is from
+	 * the last rank's request_at to each rank's done_at */
+	double requested_at, done_at;
+	/* objects mapped and CUDA IPC handles opened in the pause, this rank's
+	 * own and its peers': 0 when everything was opened while it waited */
+	uint64_t opened_in_pause;
 	/* this rank's host buffers: bytes mapped and read once before the
 	 * request (or kept from the switch before), and bytes whose first pass
 	 * fell in the pause's attach (slow on VMs: docs/exec.md) */

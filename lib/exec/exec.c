@@ -160,10 +160,8 @@ static vps_result_t carry(struct carriers *c, const struct vps_switch *sw, const
 	return VPS_OK;
 }
 
-/* Which transport carries each of this rank's transfers of the switch,
- * then every transport's begin with its transfers, in order (each may talk
- * to its peers). */
-static vps_result_t begin_all(struct carriers *car, struct vps_switch *sw)
+/* Which transport carries each of this rank's transfers of the switch. */
+static vps_result_t sort_switch(struct carriers *car, struct vps_switch *sw)
 {
 	const struct vps_staged *s = sw->s;
 	for (size_t c = 0; c < car->n; c++)
@@ -171,9 +169,35 @@ static vps_result_t begin_all(struct carriers *car, struct vps_switch *sw)
 	for (size_t i = 0; i < s->nxfers; i++)
 		if (sw->peers[i].rank >= 0)
 			VPS_CHECK(carry(car, sw, &s->xfers[i]));
+	return VPS_OK;
+}
+
+/* Every transport's begin with its transfers, in order (each may talk to
+ * its peers). */
+static vps_result_t begin_all(struct carriers *car, struct vps_switch *sw)
+{
+	VPS_CHECK(sort_switch(car, sw));
 	for (size_t c = 0; c < car->n; c++)
 		if (car->v[c].t && car->v[c].t->begin)
 			VPS_CHECK(car->v[c].t->begin(car->v[c].self, sw, car->v[c].x, car->v[c].n));
+	return VPS_OK;
+}
+
+/* Whether a transport of the list readies anything before the request. */
+static bool any_prepare(const struct carriers *car)
+{
+	for (size_t c = 0; c < car->n; c++)
+		if (car->v[c].t && car->v[c].t->prepare)
+			return true;
+	return false;
+}
+
+static vps_result_t prepare_all(struct carriers *car, struct vps_switch *sw)
+{
+	VPS_CHECK(sort_switch(car, sw));
+	for (size_t c = 0; c < car->n; c++)
+		if (car->v[c].t && car->v[c].t->prepare)
+			VPS_CHECK(car->v[c].t->prepare(car->v[c].self, sw, car->v[c].x, car->v[c].n));
 	return VPS_OK;
 }
 
@@ -211,6 +235,9 @@ struct pass {
 	struct vps_switch sw;
 	uint64_t seq;
 	bool claimed, begun;
+	double t_wait;                 /* waiting began (for the sources, or the request) */
+	double asked_at;               /* wall clock: the trainer had asked before the transports
+					* were readied (0: it had not), so their work was in the pause */
 	double t_pause;
 	struct vps_registry_training train;
 	uint64_t digest[2];            /* this rank's part before and after (--check) */
@@ -442,42 +469,72 @@ struct claim {
 	double start, limit; /* limit < 0: wait as long as it takes (--wait) */
 	uint64_t seq;
 	bool claimed;
+	double claimed_at;   /* wall clock */
 	const struct vps_exec_opts *o;
 	struct vps_mapcache *maps;
+	const struct vps_cuda_api *gpu; /* GPU memory is opened ahead only with it */
+	/* the switch's layouts: what the trainer registers for them is opened
+	 * ahead, nothing it registered for another (which it may free) */
+	uint64_t a_hash, b_hash;
+	int64_t ra, rb;
+	size_t nsources;     /* of this rank under A */
 	double next_scan;
 	bool warming;
 };
 
+static double wall_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* An entry the trainer registered for this switch: a source under its
+ * source layout, a target under its target layout. */
+static bool for_this_switch(const struct claim *c, const struct vps_registry_entry_info *e)
+{
+	if (e->role == VPS_ROLE_SOURCE)
+		return c->ra >= 0 && vps_registry_layout_hash(c->reg) == c->a_hash && vps_registry_rank(c->reg) == c->ra;
+	return c->rb >= 0 && vps_registry_target_hash(c->reg) == c->b_hash && vps_registry_target_rank(c->reg) == c->rb;
+}
+
 /* While the trainer trains: map the host buffers it has registered and
  * read their pages once, a slice a poll, so that the first pass through
- * each mapping (slow on VMs, docs/exec.md) is not paid in the pause. Best
- * effort: what fails here is found and reported when the switch maps it. */
+ * each mapping (slow on VMs, docs/exec.md) is not paid in the pause; open
+ * the CUDA IPC handles of its GPU buffers for this switch, which costs
+ * milliseconds each. What it no longer registers is unmapped (closed), so
+ * that nothing it frees stays open here; GPU memory registered for another
+ * switch is not opened at all (a trainer frees its old sources once the
+ * switch before is done). Best effort: what fails here is found and
+ * reported when the switch maps it. */
 static void prefetch(struct claim *c)
 {
 	double t = now();
 	if (t >= c->next_scan) {
 		c->next_scan = t + 0.05;
 		uint32_t n = vps_registry_num_entries(c->reg);
-		char(*names)[VPS_REGISTRY_NAME_MAX + 8] = vps_calloc((size_t)n + 1, sizeof(*names));
-		const char **list = vps_calloc((size_t)n + 1, sizeof(*list));
+		struct vps_buffer_desc *reg = vps_calloc((size_t)n + 1, sizeof(*reg));
 		size_t k = 0;
-		for (uint32_t i = 0; names && list && i < n; i++) {
+		for (uint32_t i = 0; reg && i < n; i++) {
 			struct vps_registry_entry_info info;
-			if (vps_registry_entry(c->reg, i, &info) || info.where != VPS_WHERE_HOST)
+			if (vps_registry_entry(c->reg, i, &info))
 				continue;
-			struct vps_buffer_desc d = {0};
-			d.where = VPS_WHERE_HOST;
-			d.buffer = info.buffer;
-			snprintf(d.shm_name, sizeof(d.shm_name), "%s", info.shm_name);
-			snprintf(names[k], sizeof(names[k]), "%s", info.shm_name);
-			list[k] = names[k];
-			k++;
-			vps_mapcache_prefetch(c->maps, &d, info.role == VPS_ROLE_TARGET);
+			struct vps_buffer_desc *d = &reg[k++];
+			d->where = (uint32_t)info.where;
+			d->buffer = info.buffer;
+			d->device = info.device;
+			d->offset = info.offset;
+			d->bytes = info.bytes;
+			snprintf(d->shm_name, sizeof(d->shm_name), "%s", info.shm_name);
+			memcpy(d->ipc, info.ipc_handle, sizeof(d->ipc));
+			if (info.where == VPS_WHERE_HOST)
+				vps_mapcache_prefetch(c->maps, NULL, d, info.role == VPS_ROLE_TARGET, false);
+			else if (info.where == VPS_WHERE_CUDA && c->gpu && for_this_switch(c, &info))
+				vps_mapcache_prefetch(c->maps, c->gpu, d, false, false);
 		}
-		if (names && list)
-			vps_mapcache_prune(c->maps, list, k);
-		free(names);
-		free(list);
+		if (reg)
+			vps_mapcache_prune(c->maps, c->gpu, reg, k);
+		free(reg);
 		c->warming = true;
 		vps_clear_error();
 	}
@@ -493,6 +550,7 @@ static int claim_ready(void *ctx)
 	vps_result_t rc = vps_registry_claim(c->reg, c->after, 0, &c->seq);
 	if (!rc) {
 		c->claimed = true;
+		c->claimed_at = wall_now();
 		if (c->o->fault_stage == VPS_FAULT_AT_CLAIM && c->o->fault == VPS_FAULT_STALL)
 			raise(SIGSTOP);
 		return 1;
@@ -502,6 +560,34 @@ static int claim_ready(void *ctx)
 	vps_clear_error();
 	if (c->maps)
 		prefetch(c);
+	if (c->limit >= 0 && now() - c->start > c->limit) {
+		vps_fail(VPS_ETIMEOUT, "registry %s: no switch requested within %.1f s", vps_registry_name(c->reg), c->limit);
+		return -1;
+	}
+	return 0;
+}
+
+/* Before the request: the trainer has registered every source of this
+ * switch (or asked for it already: then the attach says what is missing). */
+static int registered_ready(void *ctx)
+{
+	struct claim *c = ctx;
+	if (!vps_registry_owner_alive(c->reg)) {
+		vps_fail(VPS_EPEER, "registry %s: the trainer (pid %d) is gone", vps_registry_name(c->reg),
+			 vps_registry_owner_pid(c->reg));
+		return -1;
+	}
+	uint64_t seq;
+	if (vps_registry_state(c->reg, &seq) == VPS_REG_REQUESTED && seq > c->after)
+		return 1;
+	if (c->ra < 0)
+		return 1;
+	bool all = vps_registry_layout_hash(c->reg) == c->a_hash && vps_registry_rank(c->reg) == c->ra;
+	for (size_t b = 0; b < c->nsources && all; b++)
+		all = vps_registry_find(c->reg, VPS_ROLE_SOURCE, (uint32_t)b) >= 0;
+	if (all)
+		return 1;
+	prefetch(c);
 	if (c->limit >= 0 && now() - c->start > c->limit) {
 		vps_fail(VPS_ETIMEOUT, "registry %s: no switch requested within %.1f s", vps_registry_name(c->reg), c->limit);
 		return -1;
@@ -605,15 +691,78 @@ static vps_result_t agree(struct executor *ex, vps_result_t mine, const char *wh
 	return rc;
 }
 
+/* What waiting for this rank's trainer polls: its registry, and what it
+ * registered for this switch. */
+static struct claim claim_of(const struct executor *ex, const struct pass *ps)
+{
+	const struct vps_exec_opts *o = ex->o;
+	const struct vps_switch *sw = &ps->sw;
+	const struct vps_plan *p = sw->s->plan;
+	double window = (double)vps_max64((int64_t)o->request_timeout, (int64_t)o->timeout);
+	return (struct claim){.reg = ex->reg,
+			      .after = ex->last_seq,
+			      .start = ps->t_wait,
+			      .limit = o->wait ? -1 : window,
+			      .o = o,
+			      .maps = ex->maps,
+			      .gpu = ex->gpu,
+			      .a_hash = vps_layout_hash(p->a),
+			      .b_hash = vps_layout_hash(p->b),
+			      .ra = sw->ra,
+			      .rb = sw->rb};
+}
+
+/* Ready: what the transports can do before the request, while the
+ * trainers train (ipc: map and open the peers' sources). The ranks first
+ * wait, together, until every trainer has registered its sources (or
+ * asked for the switch), as they wait for the request: heartbeats, and no
+ * limit on how far apart the registrations come. */
+static vps_result_t ready(struct executor *ex, struct pass *ps)
+{
+	struct vps_switch *sw = &ps->sw;
+	if (!any_prepare(&ex->car) || ex->net_world < 2)
+		return VPS_OK;
+	const struct vps_plan *p = sw->s->plan;
+	struct vps_rank_view va = {0};
+	int64_t *entries = NULL;
+	if (sw->ra >= 0)
+		VPS_CHECK(vps_layout_rank(p->a, sw->ra, &va));
+	struct claim c = claim_of(ex, ps);
+	c.nsources = va.nbuffers;
+	vps_result_t rc = vps_net_arrive(ex->net, registered_ready, &c, 1e30);
+	if (!rc && !(entries = vps_calloc(va.nbuffers + 1, sizeof(*entries))))
+		rc = VPS_ENOMEM;
+	if (!rc) {
+		bool mine = vps_registry_layout_hash(ex->reg) == c.a_hash && vps_registry_rank(ex->reg) == sw->ra;
+		for (size_t b = 0; b < va.nbuffers; b++)
+			entries[b] = mine ? vps_registry_find(ex->reg, VPS_ROLE_SOURCE, (uint32_t)b) : -1;
+		struct vps_switch pre = *sw;
+		pre.va = va;
+		pre.src_entry = entries;
+		pre.where = -1;
+		double t = wall_now();
+		vps_mapcache_take_opened(ex->maps);
+		rc = prepare_all(&ex->car, &pre);
+		/* a trainer that asked before this was done waited for it: the
+		 * pause is counted from before it, and what it opened is the
+		 * pause's (an overcount when the request came midway) */
+		uint64_t seq;
+		if (vps_registry_state(ex->reg, &seq) == VPS_REG_REQUESTED && seq > ex->last_seq)
+			ps->asked_at = t;
+	}
+	free(entries);
+	vps_rank_view_release(&va);
+	return rc;
+}
+
 /* Claim: every rank's trainer has requested the switch. */
 static vps_result_t claim(struct executor *ex, struct pass *ps, struct vps_exec_report *rep)
 {
 	const struct vps_exec_opts *o = ex->o;
-	double t0 = now();
 	/* a slow trainer is not a dead one (that one is seen at once): its
 	 * request may take as long as the ranks' may lie apart */
 	double window = (double)vps_max64((int64_t)o->request_timeout, (int64_t)o->timeout);
-	struct claim c = {ex->reg, ex->last_seq, t0, o->wait ? -1 : window, 0, false, o, ex->maps, 0, false};
+	struct claim c = claim_of(ex, ps);
 	vps_result_t rc = vps_net_arrive(ex->net, claim_ready, &c, window);
 	ps->claimed = c.claimed;
 	ps->seq = c.seq;
@@ -621,11 +770,14 @@ static vps_result_t claim(struct executor *ex, struct pass *ps, struct vps_exec_
 		return rc;
 	ex->last_seq = c.seq;
 	rep->switch_seq = c.seq;
-	rep->waited_seconds = now() - t0;
+	rep->requested_at = ps->asked_at ? ps->asked_at : c.claimed_at;
+	rep->waited_seconds = now() - ps->t_wait;
 	ps->t_pause = now();
-	/* what the waiting mapped is not the pause's */
+	/* what the waiting mapped and opened is not the pause's */
 	uint64_t before[2];
 	vps_mapcache_take_stats(ex->maps, &before[0], &before[1]);
+	if (!ps->asked_at)
+		vps_mapcache_take_opened(ex->maps);
 	return VPS_OK;
 }
 
@@ -689,9 +841,12 @@ static vps_result_t start(struct executor *ex, struct pass *ps, struct vps_exec_
 	double t = now();
 	ps->begun = true;
 	vps_result_t rc = begin_all(&ex->car, sw);
-	if (!rc && ex->o->check && sw->ra >= 0)
-		rc = side_digest(sw, sw->s->plan->a, sw->ra, sw->src, &ps->digest[0]);
 	rep->attach_seconds += now() - t;
+	if (!rc && ex->o->check && sw->ra >= 0) {
+		t = now();
+		rc = side_digest(sw, sw->s->plan->a, sw->ra, sw->src, &ps->digest[0]);
+		rep->digest_seconds += now() - t;
+	}
 	return agree(ex, rc, "start", rep);
 }
 
@@ -702,8 +857,11 @@ static vps_result_t stages(struct executor *ex, struct pass *ps, struct vps_exec
 	struct vps_switch *sw = &ps->sw;
 	VPS_CHECK(run_stages(sw, &ex->car, ex->o, rep));
 	VPS_CHECK(trainer_watch(sw));
-	if (ex->o->check && sw->rb >= 0)
+	if (ex->o->check && sw->rb >= 0) {
+		double t = now();
 		VPS_CHECK(side_digest(sw, sw->s->plan->b, sw->rb, sw->dst, &ps->digest[1]));
+		rep->digest_seconds += now() - t;
+	}
 	return VPS_OK;
 }
 
@@ -737,6 +895,8 @@ static vps_result_t report(struct executor *ex, struct pass *ps, vps_result_t rc
 {
 	if (ps->begun)
 		end_all(&ex->car, &ps->sw);
+	if (ps->claimed)
+		rep->opened_in_pause = vps_mapcache_take_opened(ex->maps);
 	switch_release(&ps->sw);
 	if (rc) {
 		if (ps->claimed)
@@ -746,6 +906,7 @@ static vps_result_t report(struct executor *ex, struct pass *ps, vps_result_t rc
 	vps_registry_set_training(ex->reg, &ps->train);
 	vps_registry_finish(ex->reg, ps->seq, 1, NULL);
 	rep->pause_seconds = now() - ps->t_pause;
+	rep->done_at = wall_now();
 	return VPS_OK;
 }
 
@@ -768,7 +929,10 @@ static vps_result_t one_switch(struct executor *ex, size_t k, struct vps_exec_re
 	rep->rank = sw->w;
 	rep->world = vps_world_size(p->world);
 	rep->transport = ex->car.name;
-	vps_result_t rc = claim(ex, &ps, rep);
+	ps.t_wait = now();
+	vps_result_t rc = ready(ex, &ps);
+	if (!rc)
+		rc = claim(ex, &ps, rep);
 	if (!rc)
 		rc = attach(ex, &ps, rep);
 	if (!rc)

@@ -269,8 +269,32 @@ static vps_result_t check_plans(struct vps_staged *const *plans, size_t nplans, 
 	return VPS_OK;
 }
 
-/* The registry, the first training state, and the source shard trained
- * for steps_before steps. */
+/* Before switch k (plan p) is asked for, and before the steps that lead
+ * to it: the state held becomes the sources (after the first switch: the
+ * last targets), and the targets are allocated and registered, so that the
+ * executor opens them while this trainer trains, not in the pause. */
+static vps_result_t ready_switch(struct trainer *tr, const struct vps_plan *p, size_t k)
+{
+	int64_t w = vps_world_of_device(p->world, tr->me);
+	if (w < 0)
+		return vps_fail(VPS_EINPUT, "staged plan %zu does not use this device", k + 1);
+	int64_t a = vps_world_a_rank(p->world, w), b = vps_world_b_rank(p->world, w);
+	if (k > 0) {
+		VPS_CHECK(vps_registry_reset(tr->reg, vps_layout_hash(p->a), a));
+		VPS_CHECK(shard_free(tr->reg, &tr->src));
+		if (a >= 0) {
+			tr->src = tr->dst;
+			memset(&tr->dst, 0, sizeof(tr->dst));
+			VPS_CHECK(register_shard(tr->reg, &tr->src, VPS_ROLE_SOURCE));
+		}
+	}
+	if (b >= 0)
+		VPS_CHECK(alloc_shard(tr->reg, p->b, b, VPS_ROLE_TARGET, tr->gpu, tr->o, &tr->dst));
+	return vps_registry_set_target(tr->reg, vps_layout_hash(p->b), b);
+}
+
+/* The registry, the first training state, the first switch's targets, and
+ * the source shard trained for steps_before steps. */
 static vps_result_t trainer_start(struct trainer *tr, const struct vps_plan *p0)
 {
 	const struct vps_trainer_opts *o = tr->o;
@@ -292,6 +316,9 @@ static vps_result_t trainer_start(struct trainer *tr, const struct vps_plan *p0)
 	if (ra >= 0) {
 		VPS_CHECK(alloc_shard(tr->reg, p0->a, ra, VPS_ROLE_SOURCE, tr->gpu, o, &tr->src));
 		VPS_CHECK(fill_shard(p0->a, &tr->src, 0));
+	}
+	VPS_CHECK(ready_switch(tr, p0, 0));
+	if (ra >= 0) {
 		for (int64_t s = 1; s <= o->steps_before; s++) {
 			VPS_CHECK(take_step(p0->a, ra, t, tr->log));
 			t->consumed_samples += t->global_batch;
@@ -317,11 +344,12 @@ static vps_result_t switch_failed(struct trainer *tr, const struct vps_plan *p, 
 			a < 0 ? "none (joining)" : wrong < 0 ? "unreadable" : wrong || dirty ? "DAMAGED" : "intact");
 }
 
-/* After a switch to target rank b: the state received is checked, and
- * training goes on from the step and data position the switch carried
- * (rank 0's: a joining device had none of its own). */
+/* After a switch to target rank b: the state received is checked, the
+ * next switch (plan `next`, number k, NULL: none) readied, and training
+ * goes on from the step and data position the switch carried (rank 0's: a
+ * joining device had none of its own). */
 static vps_result_t train_on(struct trainer *tr, const struct vps_plan *p, int64_t a, int64_t b,
-			     struct vps_trainer_result *res)
+			     const struct vps_plan *next, size_t k, struct vps_trainer_result *res)
 {
 	struct vps_registry_training *t = &tr->t;
 	int64_t step_before = t->step, consumed_before = t->consumed_samples;
@@ -329,39 +357,29 @@ static vps_result_t train_on(struct trainer *tr, const struct vps_plan *p, int64
 	if (!t->valid || (a >= 0 && (t->step != step_before || t->consumed_samples != consumed_before)))
 		res->training_state_ok = false;
 	VPS_CHECK(check_shard(p->b, &tr->dst, t->step, &res->wrong_elements, &res->dirty_padding, &p->lost));
+	if (next)
+		VPS_CHECK(ready_switch(tr, next, k));
+	/* the state: the next switch's sources once it is readied */
+	struct shard *state = next && tr->src.ptr ? &tr->src : &tr->dst;
 	for (int64_t s = 1; s <= tr->o->steps_after; s++) {
 		VPS_CHECK(take_step(p->b, b, t, tr->log));
 		t->consumed_samples += t->global_batch;
 		t->step++;
 		t->scheduler_step++;
-		VPS_CHECK(fill_shard(p->b, &tr->dst, t->step));
+		VPS_CHECK(fill_shard(p->b, state, t->step));
 	}
 	vps_registry_set_training(tr->reg, t);
 	return VPS_OK;
 }
 
-/* Switch k: the last target becomes the source, a target is allocated,
- * the switch requested and waited for, and training goes on. */
-static vps_result_t one_switch(struct trainer *tr, const struct vps_staged *s, size_t k,
+/* Switch k, readied: asked for and waited for, then training goes on
+ * toward the next (plan `next`, NULL: none). */
+static vps_result_t one_switch(struct trainer *tr, const struct vps_staged *s, size_t k, const struct vps_plan *next,
 			       struct vps_trainer_result *res)
 {
 	const struct vps_plan *p = s->plan;
 	int64_t w = vps_world_of_device(p->world, tr->me);
-	if (w < 0)
-		return vps_fail(VPS_EINPUT, "staged plan %zu does not use this device", k + 1);
 	int64_t a = vps_world_a_rank(p->world, w), b = vps_world_b_rank(p->world, w);
-	if (k > 0) {
-		VPS_CHECK(vps_registry_reset(tr->reg, vps_layout_hash(p->a), a));
-		VPS_CHECK(shard_free(tr->reg, &tr->src));
-		if (a >= 0) {
-			tr->src = tr->dst;
-			memset(&tr->dst, 0, sizeof(tr->dst));
-			VPS_CHECK(register_shard(tr->reg, &tr->src, VPS_ROLE_SOURCE));
-		}
-	}
-	if (b >= 0)
-		VPS_CHECK(alloc_shard(tr->reg, p->b, b, VPS_ROLE_TARGET, tr->gpu, tr->o, &tr->dst));
-	VPS_CHECK(vps_registry_set_target(tr->reg, vps_layout_hash(p->b), b));
 	uint64_t seq;
 	vps_result_t rc = vps_registry_request(tr->reg, &seq);
 	if (!rc)
@@ -370,10 +388,11 @@ static vps_result_t one_switch(struct trainer *tr, const struct vps_staged *s, s
 		return switch_failed(tr, p, a, rc);
 	res->switches++;
 	if (b >= 0)
-		return train_on(tr, p, a, b, res);
+		return train_on(tr, p, a, b, next, k + 1, res);
 	/* a leaving device holds nothing now; it may join a later switch */
 	VPS_CHECK(vps_registry_reset(tr->reg, 0, -1));
-	return shard_free(tr->reg, &tr->src);
+	VPS_CHECK(shard_free(tr->reg, &tr->src));
+	return next ? ready_switch(tr, next, k + 1) : VPS_OK;
 }
 
 vps_result_t vps_trainer_run(struct vps_staged *const *plans, size_t nplans, const struct vps_trainer_opts *o,
@@ -389,7 +408,7 @@ vps_result_t vps_trainer_run(struct vps_staged *const *plans, size_t nplans, con
 		return vps_fail(VPS_EINPUT, "%s: %s", o->samples_log, strerror(errno));
 	vps_result_t rc = trainer_start(&tr, p0);
 	for (size_t k = 0; k < nplans && !rc; k++)
-		rc = one_switch(&tr, plans[k], k, res);
+		rc = one_switch(&tr, plans[k], k, k + 1 < nplans ? plans[k + 1]->plan : NULL, res);
 	if (!rc) {
 		res->step = tr.t.step;
 		res->consumed_samples = tr.t.consumed_samples;

@@ -1113,28 +1113,33 @@ static int run_digest(void *arg, bool cancelled, char *err)
 	} else if (!cancelled) {
 		for (size_t i = 0; i < k->n; i++) {
 			const struct vps_cuda_digest *v = &k->d[i].v;
-			int64_t idx[VPS_CUDA_MAX_DIMS] = {0}, total = 1;
-			for (int a = 0; a < v->ndim; a++)
-				total *= v->ext[a];
-			for (int64_t e = 0; e < total; e++) {
+			/* row by row along the last axis, as the kernel's warps go */
+			int last = v->ndim - 1;
+			int64_t idx[VPS_CUDA_MAX_DIMS] = {0}, rows = 1;
+			for (int a = 0; a < last; a++)
+				rows *= v->ext[a];
+			for (int64_t row = 0; row < rows; row++) {
 				int64_t off = 0, flat = v->flat;
-				for (int a = 0; a < v->ndim; a++) {
+				for (int a = 0; a < last; a++) {
 					off += idx[a] * v->strides[a];
 					flat += idx[a] * v->flat_strides[a];
 				}
 				const unsigned char *p = k->d[i].host + off * v->esize;
-				uint64_t bits;
-				if (v->esize == 2) {
-					uint16_t b;
-					memcpy(&b, p, 2);
-					bits = b;
-				} else {
-					uint32_t b;
-					memcpy(&b, p, 4);
-					bits = b;
+				int64_t step = v->strides[last] * v->esize, fstep = v->flat_strides[last];
+				for (int64_t j = 0; j < v->ext[last]; j++, p += step, flat += fstep) {
+					uint64_t bits;
+					if (v->esize == 2) {
+						uint16_t b;
+						memcpy(&b, p, 2);
+						bits = b;
+					} else {
+						uint32_t b;
+						memcpy(&b, p, 4);
+						bits = b;
+					}
+					sum += mix64(mix64(v->key ^ (uint64_t)flat) ^ bits);
 				}
-				sum += mix64(mix64(v->key ^ (uint64_t)flat) ^ bits);
-				for (int a = v->ndim - 1; a >= 0; a--) {
+				for (int a = last - 1; a >= 0; a--) {
 					if (++idx[a] < v->ext[a])
 						break;
 					idx[a] = 0;

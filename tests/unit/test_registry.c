@@ -405,7 +405,7 @@ TEST(buffers_mapped_ahead_of_the_request_are_warm_in_the_switch)
 	struct vps_buffer_desc src = host_desc(r, 0), dst = host_desc(r, 1);
 	CHECK_EQ(src.bytes, 1200000);
 	CHECK_OK(vps_mapcache_new(&c));
-	CHECK_OK(vps_mapcache_prefetch(c, &src, false));
+	CHECK_OK(vps_mapcache_prefetch(c, NULL, &src, false, false));
 	int polls = 0;
 	while (vps_mapcache_warm(c, 64 << 10))
 		polls++;
@@ -425,8 +425,7 @@ TEST(buffers_mapped_ahead_of_the_request_are_warm_in_the_switch)
 	CHECK(((const float *)ps)[7] == 3.5f);
 	vps_mapcache_end_switch(c, NULL);
 	/* the kept target stays warm; a source the trainer dropped is pruned */
-	const char *names[] = {dst.shm_name};
-	vps_mapcache_prune(c, names, 1);
+	vps_mapcache_prune(c, NULL, &dst, 1);
 	CHECK_OK(vps_mapcache_map(c, NULL, &dst, false, false, true, &pd));
 	CHECK_OK(vps_mapcache_map(c, NULL, &src, false, false, true, &ps));
 	vps_mapcache_take_stats(c, &warm, &cold);
@@ -435,7 +434,7 @@ TEST(buffers_mapped_ahead_of_the_request_are_warm_in_the_switch)
 	/* a name that is not a shared-memory object's is refused, not mapped */
 	struct vps_buffer_desc bad = src;
 	snprintf(bad.shm_name, sizeof(bad.shm_name), "a/b");
-	CHECK(vps_mapcache_prefetch(c, &bad, false) == VPS_EINPUT);
+	CHECK(vps_mapcache_prefetch(c, NULL, &bad, false, false) == VPS_EINPUT);
 	vps_mapcache_free(c);
 	vps_registry_close(r);
 }
