@@ -281,6 +281,43 @@ python_device_buffers() { # TRANSPORT
 }
 
 @test "python: device buffers registered by pointer through the module switch over ipc" { python_device_buffers ipc; }
+
+# The pause is the transfer: what the executors read (their rank's buffers,
+# the peers' sources) is open before the trainers ask, so the pause opens
+# nothing. The trainers ask only once the executors hold every allocation
+# (tests/python/standin_trainer.py --opened-by): a run that opened them in
+# the pause could not get there.
+@test "ipc: GPU memory is opened while the trainers train: the pause opens no IPC handle" {
+	PY=${VPS_PYTHON:-/usr/bin/python3}
+	"$PY" -c 'import torch' 2>/dev/null || skip "$PY has no torch (make check installs python3-torch)"
+	vps-layout --model tiny-llama --parallel tp=2,zero=1 --gpus-per-node 2 -o a.layout
+	vps-layout --model tiny-llama --parallel tp=1,dp=2,zero=1 --gpus-per-node 2 -o b.layout
+	vps-plan a.layout b.layout | vps-stage --budget 256KiB - -o s.staged
+	port=$("$TOP/scripts/free-port.sh")
+	export VPS_CUDA_LIBRARY=$TOP/build/standin/libvps-cuda-standin.so VPS_NCCL_LIBRARY=$TOP/build/standin/libnccl-standin.so
+	timeout 120 "$PY" "$TOP/tests/python/standin_trainer.py" --opened-by pids "py$$" a.layout b.layout > t.log 2>&1 &
+	pt=$!
+	for r in 0 1; do
+		VPS_CUDA_LIBRARY=$STANDIN/libvps-cuda-standin.so VPS_NCCL_LIBRARY=$STANDIN/libnccl-standin.so \
+			timeout 120 vps-exec --registry "py$$-%r" --rank $r --master 127.0.0.1:$port --transport ipc --wait \
+			--check --timeout 30 --report report.$r.yaml s.staged > e.$r 2>&1 &
+		pe[$r]=$!
+	done
+	echo "${pe[0]} ${pe[1]}" > pids.tmp && mv pids.tmp pids
+	st=0
+	wait $pt || st=$?
+	for r in 0 1; do wait ${pe[$r]} || st=$?; done
+	cat t.log e.0 e.1
+	[ "$st" -eq 0 ]
+	grep -q "0 wrong elements" t.log
+	for r in 0 1; do
+		grep -q "over ipc; .*digest: match" e.$r
+		grep -qx "  opened_in_pause: 0" report.$r.yaml
+		grep -qx "  mapped_in_pause_bytes: 0" report.$r.yaml
+		# the peer's source was read, and it was opened ahead too
+		[ "$(awk '$1 == "bytes_received:" { print $2; exit }' report.$r.yaml)" -gt 0 ]
+	done
+}
 @test "python: device buffers registered by pointer through the module switch over nccl" { python_device_buffers nccl; }
 
 # ---- a long --serve: every switch opens and closes IPC handles ----
