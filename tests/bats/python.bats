@@ -109,10 +109,22 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	echo "$output"
 	[ "$status" -eq 0 ]
 	local opt
-	for opt in --nproc --dir --compare-static --model --configs --steps --switch-every --global-batch --micro-batch \
-		--seq --lr --warmup --seed --loss-log --check-switch --save-master; do
+	for opt in --nproc --dir --compare-static --compare-cpu --model --configs --steps --switch-every --global-batch \
+		--micro-batch --seq --lr --warmup --seed --loss-log --check-switch --save-master --device; do
 		[[ "$output" == *" $opt "* ]] || { echo "launch.py -h does not list $opt" >&2; return 1; }
 	done
+}
+
+@test "launch.py --device cuda refuses without a GPU, and --compare-cpu without --device cuda, before starting anything" {
+	"$PY" -c 'import torch; assert not torch.cuda.is_available()' 2>/dev/null || skip "a GPU here: scripts/gpu-check.sh runs --device cuda"
+	expect_status 2 "$PY" "$TOP/examples/torch/launch.py" --nproc 2 --dir r --model micro-llama --gpus-per-node 2 \
+		--configs tp=2,dp=2 --switch-every 2 --steps 4 --global-batch 4 --device cuda --transport ipc
+	[[ "$output" == *"launch.py: --device cuda: no GPU (torch.cuda.is_available() is false under "* ]]
+	[ ! -e r ]
+	expect_status 2 "$PY" "$TOP/examples/torch/launch.py" --nproc 2 --dir r --model micro-llama --gpus-per-node 2 \
+		--configs tp=2,dp=2 --switch-every 2 --steps 4 --global-batch 4 --compare-cpu
+	[[ "$output" == *"--compare-cpu compares a --device cuda run with the CPU's"* ]]
+	[ ! -e r ]
 }
 
 @test "launch.py writes into a temporary directory it names, and --compare-static checks the loss against a static run" {
