@@ -23,7 +23,8 @@
 # request; "opened in the pause" counts what they could not. On a world of
 # one rank every byte is copied in place: the copy kernel with the GPU to
 # itself. Runs on the stand-ins too (VPS_CUDA_LIBRARY), where its figures
-# mean nothing: tests/bats/bench.bats checks its arithmetic there.
+# mean nothing: tests/bats/standin.bats runs it there, for its plumbing and
+# its arithmetic.
 set -euo pipefail
 export VPS_TOKEN=${VPS_TOKEN:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 top=$(cd "$(dirname "$0")/../.." && pwd)

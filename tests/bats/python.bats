@@ -172,3 +172,29 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	[[ "$output" == *"launch.py: each executor needs 68 open files for 4 ranks (a connection to every peer); the limit is 20 and its hard limit 20"* ]]
 	[ ! -e r ]
 }
+
+# scripts/bench/gpu_dcp.py, the GPU benchmark's PyTorch DCP side, as it runs
+# here: on the CPU (--device cpu), every element checked after the resharded
+# load; replicas of A save each box once, replicas of B load it each.
+@test "gpu_dcp.py: DCP saves A and loads it resharded into B, every element checked; without a GPU it refuses" {
+	"$PY" -c 'import torch.distributed.checkpoint' 2>/dev/null || skip "$PY has no torch.distributed.checkpoint"
+	vps-layout -q --model micro-llama --parallel tp=1,dp=2,zero=1 --gpus-per-node 2 -o a.layout
+	vps-layout -q --model micro-llama --parallel tp=2,zero=1 --gpus-per-node 2 -o b.layout
+	mkdir ck
+	run "$PY" "$TOP/scripts/bench/gpu_dcp.py" --device cpu a.layout b.layout ck
+	echo "$output"
+	[ "$status" -eq 0 ]
+	grep -qE '^save_seconds: [0-9.]+$' <<< "$output"
+	grep -qE '^load_seconds: [0-9.]+$' <<< "$output"
+	[ "$(awk '$1 == "state_bytes:" { print $2 }' <<< "$output")" = "$(vps-layout -i a.layout --stats | awk '$1 == "total_bytes:" { print $2 }')" ]
+	grep -qx 'wrong_elements: 0' <<< "$output"
+	grep -qx 'dirty_padding: 0' <<< "$output"
+	ls ck | grep -q '\.metadata$'
+	# where torch sees no GPU, the GPU run refuses at once, saying so
+	if ! "$PY" -c 'import torch, sys; sys.exit(torch.cuda.is_available())'; then
+		expect_status 2 "$PY" "$TOP/scripts/bench/gpu_dcp.py" a.layout b.layout ck
+		[[ "$output" == *"gpu_dcp.py: no GPU: torch.cuda.is_available() is false in "*" (--device cpu runs the same on the CPU)"* ]]
+	fi
+	expect_status 2 "$PY" "$TOP/scripts/bench/gpu_dcp.py" --device cpu a.layout nothing.layout ck
+	[[ "$output" == *"gpu_dcp.py: nothing.layout: no such layout file"* ]]
+}

@@ -332,7 +332,7 @@ python_device_buffers() { # TRANSPORT
 	# its quarantine, and a --cuda trainer frees its host copies of each
 	# switch's buffers: a small quarantine, so that mappings settle
 	! grep -qa __asan_init "$VPS_BIN/vps-trainer" || export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=4
-	VPS_BIN=$VPS_BIN run timeout 300 "$TOP/scripts/bench/longrun.sh" --switches 200 --warmup 20 --interval 0.02 \
+	VPS_BIN=$VPS_BIN run timeout 300 "$TOP/scripts/bench/longrun.sh" --switches 200 --warmup 20 \
 		--rows 6 --model "$TOP/scripts/bench/models/micro-llama.yaml" --from tp=2 --to pp=2 --transport ipc --cuda \
 		--keep lr
 	echo "$output"
@@ -403,4 +403,42 @@ python_device_buffers() { # TRANSPORT
 		grep -q "over nccl; .*digest: match$" e.$r
 		grep -q "0 wrong elements, 0 dirty padding, training state carried: ok" t.$r
 	done
+}
+
+# ---- the GPU benchmarks' scripts, on the stand-ins: their plumbing and
+# arithmetic (their figures say nothing of a GPU) ----
+
+@test "scripts/bench/gpu_switch.sh on the stand-ins: the pause from the last request, its parts, the digest's share" {
+	export VPS_CUDA_LIBRARY=$STANDIN/libvps-cuda-standin.so VPS_NCCL_LIBRARY=$STANDIN/libnccl-standin.so
+	run timeout 300 "$TOP/scripts/bench/gpu_switch.sh" --check --memcpy 4 --budget 1MiB tiny-llama tp=2,pp=2,dp=2 \
+		tp=4,pp=1,dp=2
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"switch tiny-llama (tp=2,pp=2,dp=2) -> (tp=4,pp=1,dp=2), 8 ranks on one GPU over ipc, digests on the GPU (--check)"* ]]
+	[[ "$output" == *"state: "*" MiB, then "*" MiB a rank"* ]]
+	grep -qE '^pause \(last request to resume, slowest rank [0-7]\): [0-9.]+ s: attach [0-9.]+ s, agree [0-9.]+ s, transfer [0-9.]+ s, digest [0-9.]+ s, other -?[0-9.]+ s; opened in the pause: [0-9]+;' <<< "$output"
+	grep -qE '^digest on the GPU: [0-9.]+ s \(slowest rank [0-7]\), [0-9.]+% of its transfer; digest: match$' <<< "$output"
+	# the bytes moved are the plan's: every byte once, received or kept
+	moved=$(sed -n 's/^bytes moved (received + copied in place): \([0-9.]*\) GB in .*/\1/p' <<< "$output")
+	vps-layout -q --model tiny-llama --parallel tp=2,pp=2,dp=2 -o a.layout
+	vps-layout -q --model tiny-llama --parallel tp=4,pp=1,dp=2 -o b.layout
+	bytes=$(vps-plan a.layout b.layout --stats | awk '$1 == "bytes_moved:" { m = $2 } $1 == "bytes_retained:" { r = $2 } END { printf "%.3f", (m + r) / 1e9 }')
+	[ "$moved" = "$bytes" ]
+}
+
+@test "gpu_copy_bench --replay on the stand-ins: every rank's copies of a switch, one rank at a time" {
+	export VPS_CUDA_LIBRARY=$STANDIN/libvps-cuda-standin.so VPS_NCCL_LIBRARY=$STANDIN/libnccl-standin.so
+	vps-layout -q --model tiny-llama --parallel tp=2,dp=2,zero=1 --gpus-per-node 4 -o a.layout
+	vps-layout -q --model tiny-llama --parallel tp=1,pp=2,dp=2,zero=1 --gpus-per-node 4 -o b.layout
+	vps-plan -q a.layout b.layout | vps-stage -q --budget 1MiB - -o s.staged
+	run "$TOP/build/bench/gpu_copy_bench" --replay s.staged 4
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "${lines[0]}" == "replay s.staged: 4 ranks, "*" stages; each rank alone on the GPU, cudaMemcpy "*" GB/s" ]]
+	[ "$(grep -cE '^rank [0-3]: [0-9]+ bytes ' <<< "$output")" -eq 4 ]
+	# what the ranks receive or keep, together: the state of B
+	sum=$(awk '/^rank / { s += $3 } END { print s }' <<< "$output")
+	moved=$(vps-plan a.layout b.layout --stats | awk '$1 == "bytes_moved:" { m = $2 } $1 == "bytes_retained:" { r = $2 } END { print m + r }')
+	[ "$sum" -eq "$moved" ]
+	[[ "${lines[-1]}" == "slowest rank alone: "* ]]
 }
