@@ -295,7 +295,7 @@ python_device_buffers() { # TRANSPORT
 	# its quarantine, and a --cuda trainer frees its host copies of each
 	# switch's buffers: a small quarantine, so that mappings settle
 	! grep -qa __asan_init "$VPS_BIN/vps-trainer" || export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=4
-	VPS_BIN=$VPS_BIN run timeout 300 "$TOP/scripts/bench/longrun.sh" --switches 200 --warmup 20 --interval 0.02 \
+	VPS_BIN=$VPS_BIN run timeout 300 "$TOP/scripts/bench/longrun.sh" --switches 200 --warmup 20 \
 		--rows 6 --model "$TOP/scripts/bench/models/micro-llama.yaml" --from tp=2 --to pp=2 --transport ipc --cuda \
 		--keep lr
 	echo "$output"
