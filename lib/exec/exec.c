@@ -985,7 +985,7 @@ static vps_result_t open_registry(const struct vps_exec_opts *o, const char *nam
 		if (!told && waited > NOTICE_AFTER) {
 			told = true;
 			if (rc == VPS_ESTALE)
-				notice(o, "waiting for a trainer to replace registry %s: %s", name, vps_last_error());
+				notice(o, "%s; waiting for a trainer to replace it", vps_last_error());
 			else
 				notice(o, "waiting for a trainer to create registry %s (/dev/shm/%s)", name, name);
 		}

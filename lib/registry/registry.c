@@ -873,7 +873,8 @@ void vps_registry_describe(const struct vps_registry *r, char *out, size_t size)
 		snprintf(out, size, "requested; its executor (pid %d) has not claimed it yet: it meets the other ranks first",
 			 ex);
 	else if (st == VPS_REG_RUNNING && ex)
-		snprintf(out, size, "running in its executor (pid %d)", ex);
+		snprintf(out, size, "running in its executor (pid %d), which waits for the other ranks or moves the state",
+			 ex);
 	else if (st == VPS_REG_RUNNING)
 		snprintf(out, size, "running, and its executor is gone");
 	else if (st == VPS_REG_FAILED)
