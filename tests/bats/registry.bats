@@ -285,6 +285,20 @@ job_switches() {
 	[[ "$output" =~ ^"vps-exec: rank 0: no trainer has created registry vps-"[0-9a-f]{8}"-0 within 1 s" ]]
 }
 
+@test "an executor facing a stale registry says so, waits for a trainer to replace it, and gives up naming it" {
+	one_rank
+	start_trainer 3
+	kill -9 "$trainer"
+	wait "$trainer" || true
+	local dead=$trainer
+	trainer=
+	run vps-exec --registry "$reg" --rank 0 --master 127.0.0.1:$port --timeout 4 s.staged
+	echo "$output"
+	[ "$status" -eq 2 ]
+	[ "${lines[0]}" = "vps-exec: rank 0: registry $reg is stale (its trainer, pid $dead, is gone); waiting for a trainer to replace it" ]
+	[ "${lines[1]}" = "vps-exec: rank 0: registry $reg is stale (its trainer, pid $dead, is gone), and no trainer replaced it within 4 s" ]
+}
+
 @test "an executor under --wait says, once, that it waits for its trainer's request, and under which name" {
 	one_rank
 	# a trainer that takes its time: it holds its registry, and asks for no
