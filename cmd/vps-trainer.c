@@ -162,8 +162,7 @@ int main(int argc, char **argv)
 	sigaddset(&termination, SIGHUP);
 	pthread_t reaper_thread;
 	if (pthread_sigmask(SIG_BLOCK, &termination, NULL) != 0 ||
-	    pthread_create(&reaper_thread, NULL, reaper, NULL) != 0)
-	{
+	    pthread_create(&reaper_thread, NULL, reaper, NULL) != 0) {
 		status = tool_usage_error("cannot start the signal thread");
 		goto done;
 	}

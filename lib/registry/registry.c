@@ -792,13 +792,15 @@ vps_result_t vps_registry_wait(struct vps_registry *r, uint64_t seq, double time
 		 * end its switch, so that the trainer may ask again */
 		uint64_t ex = atomic_load(&r->h->executor);
 		if (s == seq && st == VPS_REG_RUNNING && iter % 256 == 0 && (!ex || !executor_alive(ex))) {
-			snprintf(r->h->failure, sizeof(r->h->failure), "its executor (pid %d) is gone",
-				 executor_pid_of(ex));
+			char gone[64] = "its executor is gone";
+			if (ex)
+				snprintf(gone, sizeof(gone), "its executor (pid %d) is gone", executor_pid_of(ex));
 			uint32_t running = VPS_REG_RUNNING;
-			if (r->owner)
+			if (r->owner) {
+				snprintf(r->h->failure, sizeof(r->h->failure), "%s", gone);
 				atomic_compare_exchange_strong(&r->h->state, &running, VPS_REG_FAILED);
-			return vps_fail(VPS_EPEER, "switch %" PRIu64 " failed: its executor (pid %d) is gone", seq,
-					executor_pid_of(ex));
+			}
+			return vps_fail(VPS_EPEER, "switch %" PRIu64 " failed: %s", seq, gone);
 		}
 		if (timeout >= 0 && now() - start > timeout) {
 			char what[256];
