@@ -24,6 +24,7 @@ missing in one line."""
 import argparse
 import importlib.util
 import os
+import random
 import re
 import shutil
 import signal
@@ -128,9 +129,25 @@ def size(n):
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for a rendezvous on this machine that nobody listens on, below
+    the kernel's ephemeral range: a port the kernel hands out (bind to 0)
+    is handed out again to the next outgoing connection, and on a busy
+    machine one took it before rank 0 listened (EADDRINUSE), as
+    scripts/free-port.sh explains."""
+    try:
+        high = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        high = 32768
+    rng = random.SystemRandom()
+    for _ in range(100):
+        port = rng.randrange(10000, high)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    sys.exit("launch.py: no free port found below %d" % high)
 
 
 def run(cmd, **kw):
@@ -198,11 +215,19 @@ def run_job(args, targs, d, vps):
             if rc:
                 failed.append("%s exited with status %d" % (name, rc))
         if failed and procs:
-            # one rank gone takes the job with it: stop the rest rather than hang
+            # one rank gone takes the job with it: stop the rest rather than
+            # hang. A rank blocked inside torch (a rendezvous retrying for
+            # half an hour) runs no Python signal handler: kill what is left
+            # after a grace period.
             for _, p in procs:
                 p.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 10
             for _, p in procs:
-                p.wait()
+                try:
+                    p.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
             procs = []
         time.sleep(0.05)
     # a rank killed before its registry closed leaves it: remove what is stale

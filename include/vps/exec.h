@@ -18,7 +18,7 @@ enum vps_exec_transport {
 struct vps_exec_opts {
 	int transport;          /* enum vps_exec_transport */
 	int device;             /* GPU of GPU memory and NCCL; -1: local rank modulo the visible GPUs */
-	const char *registry;   /* name; %r world rank, %a A rank, %b B rank, %l local rank */
+	const char *registry;   /* name (vps_registry_expand); NULL: VPS_REGISTRY_DEFAULT */
 	int64_t rank;           /* world rank in the first plan */
 	int64_t local_rank;
 	const char *master_host;
@@ -38,6 +38,12 @@ struct vps_exec_opts {
 	/* progress callback after each stage (may be NULL) */
 	void (*progress)(void *ctx, int64_t stage, int64_t nstages, int64_t bytes, double seconds);
 	void *progress_ctx;
+	/* said once by a wait that has lasted a few seconds: what it waits for,
+	 * under which name (may be NULL) */
+	void (*notice)(void *ctx, const char *message);
+	void *notice_ctx;
+	/* the staged plans' files, named in messages (NULL: "staged plan N") */
+	const char *const *plan_names;
 };
 
 enum vps_exec_fault { VPS_FAULT_STALL = 0, VPS_FAULT_EXIT = 1, VPS_FAULT_KILL_TRAINER = 2 };

@@ -4,6 +4,7 @@
  * to reporting to it (one_switch). lib/exec/README.md, docs/exec.md. */
 #include <inttypes.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <time.h>
 #include <unistd.h>
@@ -25,29 +26,28 @@ static double now(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static vps_result_t registry_name(const char *pattern, const struct vps_plan *p, int64_t w, int64_t local, char *out,
-				  size_t n)
+/* After this many seconds a wait says, once, what it waits for. */
+#define NOTICE_AFTER 3.0
+
+static void notice(const struct vps_exec_opts *o, const char *fmt, ...)
 {
-	size_t len = 0;
-	for (const char *c = pattern; *c && len + 24 < n; c++) {
-		if (*c != '%' || !c[1]) {
-			out[len++] = *c;
-			continue;
-		}
-		int64_t v;
-		switch (*++c) {
-		case 'r': v = w; break;
-		case 'a': v = vps_world_a_rank(p->world, w); break;
-		case 'b': v = vps_world_b_rank(p->world, w); break;
-		case 'l': v = local; break;
-		case '%': out[len++] = '%'; continue;
-		default:
-			return vps_fail(VPS_EINPUT, "--registry: unknown '%%%c' in '%s' (%%r, %%a, %%b, %%l)", *c, pattern);
-		}
-		len += (size_t)snprintf(out + len, n - len, "%" PRId64, v);
-	}
-	out[len] = '\0';
-	return VPS_OK;
+	if (!o->notice)
+		return;
+	char msg[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	o->notice(o->notice_ctx, msg);
+}
+
+/* Plan k as messages name it: its file, where the caller gave the names. */
+static const char *plan_name(const struct vps_exec_opts *o, size_t k, char *buf, size_t n)
+{
+	if (o->plan_names && o->plan_names[k])
+		return o->plan_names[k];
+	snprintf(buf, n, "staged plan %zu", k + 1);
+	return buf;
 }
 
 /* ---- digest ---- */
@@ -74,9 +74,10 @@ static int64_t net_rank(const struct vps_plan *p0, int64_t w)
  * world rank w (the device me) with another rank, that rank's net rank
  * and node. The first plan numbers the network: a later plan's device
  * must be one of its, and not one it lost. */
-static vps_result_t peer_map(const struct vps_staged *s, size_t k, const struct vps_plan *p0, struct vps_device me,
-			     int64_t w, struct vps_peer_info **out)
+static vps_result_t peer_map(const struct vps_exec_opts *o, const struct vps_staged *s, size_t k,
+			     const struct vps_plan *p0, struct vps_device me, int64_t w, struct vps_peer_info **out)
 {
+	char buf[32], first[32];
 	struct vps_peer_info *m = vps_calloc(s->nxfers + 1, sizeof(*m));
 	if (!m)
 		return VPS_ENOMEM;
@@ -89,9 +90,11 @@ static vps_result_t peer_map(const struct vps_staged *s, size_t k, const struct 
 		int64_t q = vps_world_of_device(p0->world, d);
 		vps_result_t rc = VPS_OK;
 		if (q < 0)
-			rc = vps_fail(VPS_EINPUT, "staged plan %zu uses a device the first plan does not", k + 1);
+			rc = vps_fail(VPS_EINPUT, "%s uses a device that %s does not", plan_name(o, k, buf, sizeof(buf)),
+				      plan_name(o, 0, first, sizeof(first)));
 		else if (vps_lost_has_rank(&p0->lost, q))
-			rc = vps_fail(VPS_EINPUT, "staged plan %zu uses a device the first plan lost", k + 1);
+			rc = vps_fail(VPS_EINPUT, "%s uses a device that %s lost", plan_name(o, k, buf, sizeof(buf)),
+				      plan_name(o, 0, first, sizeof(first)));
 		if (rc) {
 			free(m);
 			return rc;
@@ -480,6 +483,7 @@ struct claim {
 	size_t nsources;     /* of this rank under A */
 	double next_scan;
 	bool warming;
+	bool told;           /* the wait has said what it waits for */
 };
 
 static double wall_now(void)
@@ -560,6 +564,11 @@ static int claim_ready(void *ctx)
 	vps_clear_error();
 	if (c->maps)
 		prefetch(c);
+	if (!c->told && now() - c->start > NOTICE_AFTER) {
+		c->told = true;
+		notice(c->o, "waiting for the trainer (pid %d) of registry %s to request a switch",
+		       vps_registry_owner_pid(c->reg), vps_registry_name(c->reg));
+	}
 	if (c->limit >= 0 && now() - c->start > c->limit) {
 		vps_fail(VPS_ETIMEOUT, "registry %s: no switch requested within %.1f s", vps_registry_name(c->reg), c->limit);
 		return -1;
@@ -1011,35 +1020,65 @@ static void gpu_context(struct executor *ex)
  * all-reduced (O(steps) numbers, log2 W rounds). A plan staged from the
  * global plan is already cut and must agree. Done before the trainers ask
  * for the switch, so it costs the pause nothing. */
-static vps_result_t agree_stages(struct vps_net *net, struct vps_staged *const *plans, size_t nplans)
+static vps_result_t agree_stages(const struct executor *ex)
 {
-	for (size_t k = 0; k < nplans; k++) {
+	struct vps_staged *const *plans = ex->plans;
+	for (size_t k = 0; k < ex->nplans; k++) {
 		int64_t *d;
-		char what[64];
+		char what[64], buf[32];
 		snprintf(what, sizeof(what), "stage boundaries of plan %zu", k + 1);
 		VPS_CHECK(vps_staged_demand(plans[k], &d));
-		vps_result_t rc = vps_net_allreduce(net, d, VPS_DEMAND_COUNT(plans[k]->steps), vps_stage_demand_combine, what);
+		vps_result_t rc =
+			vps_net_allreduce(ex->net, d, VPS_DEMAND_COUNT(plans[k]->steps), vps_stage_demand_combine, what);
 		if (!rc && (rc = vps_staged_cut(plans[k], d)))
-			vps_error_prefix("staged plan %zu", k + 1);
+			vps_error_prefix("%s", plan_name(ex->o, k, buf, sizeof(buf)));
 		free(d);
 		VPS_CHECK(rc);
 	}
 	return VPS_OK;
 }
 
+/* This rank's registry name: --registry, its job tag that of the first
+ * plan's staging, as vps-trainer computes it. */
+static vps_result_t registry_name(const struct executor *ex, char *out, size_t n)
+{
+	const struct vps_exec_opts *o = ex->o;
+	struct vps_registry_name_parts parts = {vps_staged_world_hash(ex->plans[0]), o->rank,
+						vps_world_a_rank(ex->p0->world, o->rank),
+						vps_world_b_rank(ex->p0->world, o->rank), o->local_rank};
+	return vps_registry_expand(o->registry ? o->registry : VPS_REGISTRY_DEFAULT, &parts, out, n);
+}
+
 /* Wait for the trainer's registry: absent or half made (the trainer has not
  * started) or stale (a crashed run's, which the trainer replaces when it
- * starts). A stale one is waited for at most `timeout` even under --wait. */
-static vps_result_t open_registry(const char *name, double wait, double timeout, struct vps_registry **out)
+ * starts); at most --timeout, or as long as it takes under --wait, but a
+ * stale one at most --timeout. One that another executor holds is refused
+ * at once. */
+static vps_result_t open_registry(const struct vps_exec_opts *o, const char *name, struct vps_registry **out)
 {
-	double t0 = now();
+	double t0 = now(), wait = o->wait ? -1 : o->timeout;
+	bool told = false;
 	for (;;) {
 		vps_result_t rc = vps_registry_open(out, name);
 		if (rc != VPS_ENOTFOUND && rc != VPS_ESTALE)
 			return rc;
 		double waited = now() - t0;
-		if ((rc == VPS_ESTALE && waited > timeout) || (wait >= 0 && waited > wait))
-			return rc;
+		if ((rc == VPS_ESTALE && waited > o->timeout) || (wait >= 0 && waited > wait)) {
+			if (rc == VPS_ESTALE) {
+				char stale[1024];
+				snprintf(stale, sizeof(stale), "%s", vps_last_error());
+				return vps_fail(rc, "%s, and no trainer replaced it within %.0f s", stale, waited);
+			}
+			return vps_fail(rc, "no trainer has created registry %s within %.0f s: is --registry the same for the "
+					"trainer and vps-exec?", name, waited);
+		}
+		if (!told && waited > NOTICE_AFTER) {
+			told = true;
+			if (rc == VPS_ESTALE)
+				notice(o, "%s; waiting for a trainer to replace it", vps_last_error());
+			else
+				notice(o, "waiting for a trainer to create registry %s (/dev/shm/%s)", name, name);
+		}
 		struct timespec ts = {0, 20000000};
 		nanosleep(&ts, NULL);
 	}
@@ -1051,19 +1090,21 @@ static vps_result_t check_plan(struct executor *ex, size_t k)
 {
 	const struct vps_staged *s = ex->plans[k];
 	int64_t W = vps_world_size(ex->p0->world);
-	VPS_CHECK(vps_plan_check_hash(s->plan, "plan"));
+	char buf[32], first[32];
+	const char *name = plan_name(ex->o, k, buf, sizeof(buf));
+	VPS_CHECK(vps_plan_check_hash(s->plan, name));
 	if (s->file_hash && s->file_hash != vps_staged_hash(s))
-		return vps_fail(VPS_EINPUT, "staged plan %zu: its content does not hash to what it states", k + 1);
+		return vps_fail(VPS_EINPUT, "%s: its content does not hash to what it states (edited or damaged; vps-verify "
+				"shows what is wrong)", name);
 	int64_t w = vps_world_of_device(s->plan->world, ex->me);
 	if (s->scope >= 0 && w != s->scope)
-		return vps_fail(VPS_EINPUT, "staged plan %zu holds rank %" PRId64 "'s part, not this rank's", k + 1,
-				s->scope);
+		return vps_fail(VPS_EINPUT, "%s holds rank %" PRId64 "'s part, not this rank's", name, s->scope);
 	if (vps_world_size(s->plan->world) != W)
-		return vps_fail(VPS_EINPUT, "staged plan %zu has a world of %" PRId64 ", the first %" PRId64, k + 1,
-				vps_world_size(s->plan->world), W);
+		return vps_fail(VPS_EINPUT, "%s has a world of %" PRId64 ", %s one of %" PRId64, name,
+				vps_world_size(s->plan->world), plan_name(ex->o, 0, first, sizeof(first)), W);
 	if (w < 0)
-		return vps_fail(VPS_EINPUT, "staged plan %zu does not use node %d gpu %d", k + 1, ex->me.node, ex->me.gpu);
-	VPS_CHECK(peer_map(s, k, ex->p0, ex->me, w, &ex->peers[k]));
+		return vps_fail(VPS_EINPUT, "%s does not use node %d gpu %d", name, ex->me.node, ex->me.gpu);
+	VPS_CHECK(peer_map(ex->o, s, k, ex->p0, ex->me, w, &ex->peers[k]));
 	for (size_t i = 0; i < s->nxfers; i++) {
 		if (ex->peers[k][i].rank < 0)
 			continue;
@@ -1115,13 +1156,13 @@ static vps_result_t executor_check(struct executor *ex)
 static vps_result_t executor_start(struct executor *ex)
 {
 	const struct vps_exec_opts *o = ex->o;
-	char name[VPS_REGISTRY_NAME_MAX + 32];
-	VPS_CHECK(registry_name(o->registry, ex->p0, o->rank, o->local_rank, name, sizeof(name)));
-	VPS_CHECK(open_registry(name, o->wait ? -1 : o->timeout, o->timeout, &ex->reg));
+	char name[VPS_REGISTRY_NAME_MAX + 1];
+	VPS_CHECK(registry_name(ex, name, sizeof(name)));
+	VPS_CHECK(open_registry(o, name, &ex->reg));
 	struct vps_net_opts no = {ex->net_rank, ex->net_world, o->master_host, o->master_port, o->timeout, o->token,
 				  o->bind,      ex->hash,      ex->mesh,       ex->nmesh};
 	VPS_CHECK(vps_net_start(&ex->net, &no));
-	VPS_CHECK(agree_stages(ex->net, ex->plans, ex->nplans));
+	VPS_CHECK(agree_stages(ex));
 	VPS_CHECK(vps_mapcache_new(&ex->maps));
 	VPS_CHECK(carriers_start(ex));
 	gpu_context(ex);

@@ -249,18 +249,32 @@ struct trainer {
 	struct vps_device me;
 };
 
+/* Plan k as messages name it: its file, where the caller gave the names. */
+static const char *plan_name(const struct vps_trainer_opts *o, size_t k, char *buf, size_t n)
+{
+	if (o->plan_names && o->plan_names[k])
+		return o->plan_names[k];
+	snprintf(buf, n, "staged plan %zu", k + 1);
+	return buf;
+}
+
 /* The plans chain (each starts where the one before ends) and hold this
  * rank. */
-static vps_result_t check_plans(struct vps_staged *const *plans, size_t nplans, int64_t rank)
+static vps_result_t check_plans(struct vps_staged *const *plans, size_t nplans, const struct vps_trainer_opts *o)
 {
+	int64_t rank = o->rank;
 	if (!nplans)
 		return vps_fail(VPS_EINPUT, "no staged plan");
 	for (size_t k = 0; k < nplans; k++) {
+		char buf[32], before[32];
+		const char *name = plan_name(o, k, buf, sizeof(buf));
+		VPS_CHECK(vps_plan_check_hash(plans[k]->plan, name));
 		if (plans[k]->file_hash && plans[k]->file_hash != vps_staged_hash(plans[k]))
-			return vps_fail(VPS_EINPUT, "staged plan %zu: its content does not hash to what it states", k + 1);
+			return vps_fail(VPS_EINPUT, "%s: its content does not hash to what it states (edited or damaged; "
+					"vps-verify shows what is wrong)", name);
 		if (k && vps_layout_hash(plans[k]->plan->a) != vps_layout_hash(plans[k - 1]->plan->b))
-			return vps_fail(VPS_EINPUT, "staged plan %zu does not start from the layout plan %zu ends in", k + 1,
-					k);
+			return vps_fail(VPS_EINPUT, "%s does not start from the layout %s ends in", name,
+					plan_name(o, k - 1, before, sizeof(before)));
 	}
 	const struct vps_plan *p0 = plans[0]->plan;
 	if (rank < 0 || rank >= vps_world_size(p0->world))
@@ -276,8 +290,9 @@ static vps_result_t check_plans(struct vps_staged *const *plans, size_t nplans, 
 static vps_result_t ready_switch(struct trainer *tr, const struct vps_plan *p, size_t k)
 {
 	int64_t w = vps_world_of_device(p->world, tr->me);
+	char buf[32];
 	if (w < 0)
-		return vps_fail(VPS_EINPUT, "staged plan %zu does not use this device", k + 1);
+		return vps_fail(VPS_EINPUT, "%s does not use this device", plan_name(tr->o, k, buf, sizeof(buf)));
 	int64_t a = vps_world_a_rank(p->world, w), b = vps_world_b_rank(p->world, w);
 	if (k > 0) {
 		VPS_CHECK(vps_registry_reset(tr->reg, vps_layout_hash(p->a), a));
@@ -329,6 +344,37 @@ static vps_result_t trainer_start(struct trainer *tr, const struct vps_plan *p0)
 	t->valid = 1;
 	vps_registry_set_training(tr->reg, t);
 	return VPS_OK;
+}
+
+/* After this many seconds the wait for the executor says, once, what it
+ * waits for. */
+#define NOTICE_AFTER 3.0
+
+/* Wait for switch seq, saying early what it waits for: a trainer whose
+ * executor never comes (another --registry, no vps-exec) would otherwise
+ * be silent for the whole timeout. */
+static vps_result_t wait_switch(struct trainer *tr, uint64_t seq)
+{
+	const struct vps_trainer_opts *o = tr->o;
+	double timeout = o->timeout;
+	if (!o->notice || (timeout >= 0 && timeout <= NOTICE_AFTER))
+		return vps_registry_wait(tr->reg, seq, timeout);
+	vps_result_t rc = vps_registry_wait(tr->reg, seq, NOTICE_AFTER);
+	if (rc != VPS_ETIMEOUT)
+		return rc;
+	char what[256], msg[512];
+	vps_registry_describe(tr->reg, what, sizeof(what));
+	snprintf(msg, sizeof(msg), "waiting for switch %" PRIu64 " in registry %s: %s", seq, vps_registry_name(tr->reg),
+		 what);
+	o->notice(o->notice_ctx, msg);
+	vps_clear_error();
+	rc = vps_registry_wait(tr->reg, seq, timeout < 0 ? -1 : timeout - NOTICE_AFTER);
+	if (rc == VPS_ETIMEOUT) {
+		vps_registry_describe(tr->reg, what, sizeof(what));
+		return vps_fail(rc, "registry %s: switch %" PRIu64 " not done after %.1f s: %s", vps_registry_name(tr->reg),
+				seq, timeout, what);
+	}
+	return rc;
 }
 
 /* A failed switch must leave the sources as they were: say whether it did. */
@@ -383,7 +429,7 @@ static vps_result_t one_switch(struct trainer *tr, const struct vps_staged *s, s
 	uint64_t seq;
 	vps_result_t rc = vps_registry_request(tr->reg, &seq);
 	if (!rc)
-		rc = vps_registry_wait(tr->reg, seq, tr->o->timeout);
+		rc = wait_switch(tr, seq);
 	if (rc)
 		return switch_failed(tr, p, a, rc);
 	res->switches++;
@@ -401,7 +447,7 @@ vps_result_t vps_trainer_run(struct vps_staged *const *plans, size_t nplans, con
 	struct trainer tr = {.o = o};
 	memset(res, 0, sizeof(*res));
 	res->training_state_ok = true;
-	VPS_CHECK(check_plans(plans, nplans, o->rank));
+	VPS_CHECK(check_plans(plans, nplans, o));
 	const struct vps_plan *p0 = plans[0]->plan;
 	tr.me = vps_world_device(p0->world, o->rank);
 	if (o->samples_log && !(tr.log = fopen(o->samples_log, "a")))
