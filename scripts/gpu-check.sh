@@ -76,8 +76,13 @@ bench() {
 }
 t=${VPS_CHECK_TIMEOUT:-150}
 
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo none)
-[ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] || commit="$commit (with uncommitted changes)"
+# a copy of the tree without .git (the GPU machine's) names its commit in VPS_COMMIT
+if [ -n "${VPS_COMMIT:-}" ]; then
+	commit=$VPS_COMMIT
+else
+	commit=$(git rev-parse --short HEAD 2>/dev/null || echo none)
+	[ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] || commit="$commit (with uncommitted changes)"
+fi
 say "# vps GPU check, $(date -u +%Y-%m-%dT%H:%MZ), commit $commit"
 say "gpu: $gpu"
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
