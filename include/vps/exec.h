@@ -81,9 +81,13 @@ struct vps_exec_report {
 	double transfer_seconds;  /* of the pause: the stages */
 	double digest_seconds;    /* of the pause: this rank's digests, before and after (--check) */
 	/* wall clock (seconds since the epoch): this rank's request claimed,
+	 * every rank's request known here (the pause's start on this rank),
 	 * and its switch marked done; the pause of a synchronous job is from
-	 * the last rank's request_at to each rank's done_at */
-	double requested_at, done_at;
+	 * the last rank's requested_at to each rank's done_at */
+	double requested_at, started_at, done_at;
+	/* after the pause, the trainer already on its way: letting go of the
+	 * switch's mappings (closing CUDA IPC handles is slow) */
+	double release_seconds;
 	/* objects mapped and CUDA IPC handles opened in the pause, this rank's
 	 * own and its peers': 0 when everything was opened while it waited */
 	uint64_t opened_in_pause;

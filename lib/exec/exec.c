@@ -782,6 +782,7 @@ static vps_result_t claim(struct executor *ex, struct pass *ps, struct vps_exec_
 	rep->requested_at = ps->asked_at ? ps->asked_at : c.claimed_at;
 	rep->waited_seconds = now() - ps->t_wait;
 	ps->t_pause = now();
+	rep->started_at = wall_now();
 	/* what the waiting mapped and opened is not the pause's */
 	uint64_t before[2];
 	vps_mapcache_take_stats(ex->maps, &before[0], &before[1]);
@@ -898,24 +899,35 @@ static vps_result_t digest(struct executor *ex, struct pass *ps, struct vps_exec
 	return VPS_OK;
 }
 
+static void release(struct executor *ex, struct pass *ps)
+{
+	if (ps->begun)
+		end_all(&ex->car, &ps->sw);
+	switch_release(&ps->sw);
+}
+
 /* Report to the trainer: done, with the training state to go on from, or
  * failed, and why. */
 static vps_result_t report(struct executor *ex, struct pass *ps, vps_result_t rc, struct vps_exec_report *rep)
 {
-	if (ps->begun)
-		end_all(&ex->car, &ps->sw);
 	if (ps->claimed)
 		rep->opened_in_pause = vps_mapcache_take_opened(ex->maps);
-	switch_release(&ps->sw);
 	if (rc) {
+		release(ex, ps);
 		if (ps->claimed)
 			vps_registry_finish(ex->reg, ps->seq, 0, vps_last_error());
 		return rc;
 	}
+	/* every rank's verdict is in: no peer reads or writes through this
+	 * rank's mappings any more, so the trainer goes on before they are
+	 * let go (closing a CUDA IPC handle can take tens of milliseconds) */
 	vps_registry_set_training(ex->reg, &ps->train);
 	vps_registry_finish(ex->reg, ps->seq, 1, NULL);
 	rep->pause_seconds = now() - ps->t_pause;
 	rep->done_at = wall_now();
+	double t = now();
+	release(ex, ps);
+	rep->release_seconds = now() - t;
 	return VPS_OK;
 }
 

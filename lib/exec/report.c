@@ -34,7 +34,9 @@ vps_result_t vps_exec_report_yaml(const struct vps_exec_report *reps, size_t n, 
 		VPS_CHECK_GOTO(vps_w_double(w, "transfer_seconds", r->transfer_seconds), rc, done);
 		VPS_CHECK_GOTO(vps_w_double(w, "digest_seconds", r->digest_seconds), rc, done);
 		VPS_CHECK_GOTO(vps_w_double(w, "requested_at", r->requested_at), rc, done);
+		VPS_CHECK_GOTO(vps_w_double(w, "started_at", r->started_at), rc, done);
 		VPS_CHECK_GOTO(vps_w_double(w, "done_at", r->done_at), rc, done);
+		VPS_CHECK_GOTO(vps_w_double(w, "release_seconds", r->release_seconds), rc, done);
 		VPS_CHECK_GOTO(vps_w_double(w, "gb_per_second",
 					    r->transfer_seconds > 0 ? moved / r->transfer_seconds / 1e9 : 0.0),
 			       rc, done);

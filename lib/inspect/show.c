@@ -77,7 +77,7 @@ static vps_result_t read_report(struct vps_reader *r)
 	static const char *const times[] = {"setup_seconds", "waited_seconds", "pause_seconds",
 					    "attach_seconds", "agree_seconds", "transfer_seconds"};
 	/* since binary version 2 (the digest's time, the pause's wall clock) */
-	static const char *const later[] = {"digest_seconds", "requested_at", "done_at"};
+	static const char *const later[] = {"digest_seconds", "requested_at", "started_at", "done_at", "release_seconds"};
 	VPS_CHECK(vps_r_seq_begin(r, "switches", &n));
 	for (uint64_t k = 0; k < n; k++) {
 		VPS_CHECK(vps_r_map_begin(r, NULL));

@@ -77,6 +77,7 @@ awk -v memcpy="$memcpy" -v model="$model" -v from="$from" -v to="$to" -v world="
 	/^  transfer_seconds:/ { t[r] = $2; if ($2 > tmax) tmax = $2 }
 	/^  attach_seconds:/ { a[r] = $2 } /^  agree_seconds:/ { g[r] = $2 } /^  digest_seconds:/ { d[r] = $2 }
 	/^  requested_at:/ { q[r] = $2; if ($2 > last) last = $2 } /^  done_at:/ { e[r] = $2 }
+	/^  started_at:/ { b[r] = $2 } /^  release_seconds:/ { rel[r] = $2 }
 	/^  opened_in_pause:/ { opened += $2 } /^  premapped_bytes:/ { pre += $2 } /^  mapped_in_pause_bytes:/ { cold += $2 }
 	/^  digest:/ { dig[$2]++ }
 	END {
@@ -84,12 +85,15 @@ awk -v memcpy="$memcpy" -v model="$model" -v from="$from" -v to="$to" -v world="
 		slow = 0
 		for (i = 0; i < nr; i++) if (e[i] - last > e[slow] - last) slow = i
 		p = e[slow] - last
-		other = p - a[slow] - g[slow] - t[slow] - d[slow]
+		# from the last request to this rank knowing every request
+		arrive = b[slow] > last ? b[slow] - last : 0
+		other = p - arrive - a[slow] - g[slow] - t[slow] - d[slow]
 		printf "switch %s (%s) -> (%s), %d rank%s on one GPU over ipc%s\n", model, from, to, world, (world > 1 ? "s" : ""),
 			checked ? ", digests on the GPU (--check)" : ""
 		printf "bytes moved (received + copied in place): %.3f GB in %.4f s (slowest rank) = %.1f GB/s\n", moved / 1e9, tmax, moved / tmax / 1e9
 		printf "cudaMemcpy D2D, same run: %.1f GB/s; ratio %.3f\n", memcpy, moved / tmax / 1e9 / memcpy
-		printf "pause (last request to resume, slowest rank %d): %.4f s: attach %.4f s, agree %.4f s, transfer %.4f s, digest %.4f s, other %.4f s; opened in the pause: %d; premapped %.2f GB, first mapped in the pause %.2f GB\n", slow, p, a[slow], g[slow], t[slow], d[slow], other, opened, pre / 1e9, cold / 1e9
+		printf "pause (last request to resume, slowest rank %d): %.4f s: arrive %.4f s, attach %.4f s, agree %.4f s, transfer %.4f s, digest %.4f s, other %.4f s; opened in the pause: %d; premapped %.2f GB, first mapped in the pause %.2f GB\n", slow, p, arrive, a[slow], g[slow], t[slow], d[slow], other, opened, pre / 1e9, cold / 1e9
+		printf "after the pause (the trainers going on): mappings let go in %.4f s (slowest rank %d)\n", rel[slow], slow
 		if (checked)
 			printf "digest on the GPU: %.4f s (slowest rank %d), %.1f%% of its transfer; digest: %s\n", d[slow], slow, (t[slow] > 0 ? 100 * d[slow] / t[slow] : 0), (dig["match"] == nr ? "match" : "MISMATCH")
 		else

@@ -416,7 +416,8 @@ python_device_buffers() { # TRANSPORT
 	[ "$status" -eq 0 ]
 	[[ "$output" == *"switch tiny-llama (tp=2,pp=2,dp=2) -> (tp=4,pp=1,dp=2), 8 ranks on one GPU over ipc, digests on the GPU (--check)"* ]]
 	[[ "$output" == *"state: "*" MiB, then "*" MiB a rank"* ]]
-	grep -qE '^pause \(last request to resume, slowest rank [0-7]\): [0-9.]+ s: attach [0-9.]+ s, agree [0-9.]+ s, transfer [0-9.]+ s, digest [0-9.]+ s, other -?[0-9.]+ s; opened in the pause: [0-9]+;' <<< "$output"
+	grep -qE '^pause \(last request to resume, slowest rank [0-7]\): [0-9.]+ s: arrive [0-9.]+ s, attach [0-9.]+ s, agree [0-9.]+ s, transfer [0-9.]+ s, digest [0-9.]+ s, other -?[0-9.]+ s; opened in the pause: [0-9]+;' <<< "$output"
+	grep -qE '^after the pause \(the trainers going on\): mappings let go in [0-9.]+ s \(slowest rank [0-7]\)$' <<< "$output"
 	grep -qE '^digest on the GPU: [0-9.]+ s \(slowest rank [0-7]\), [0-9.]+% of its transfer; digest: match$' <<< "$output"
 	# the bytes moved are the plan's: every byte once, received or kept
 	moved=$(sed -n 's/^bytes moved (received + copied in place): \([0-9.]*\) GB in .*/\1/p' <<< "$output")

@@ -176,7 +176,7 @@ TEST(digest_kernel_equals_vps_digest_region)
 	int64_t n[N], total = 0;
 	for (int i = 0; i < N; i++) {
 		random_region(&r[i], &t[i], &n[i]);
-		total += n[i] * 4 + 256;
+		total += n[i] * 4 + 256; /* the slack holds the view moved one byte on */
 	}
 	unsigned char *h = malloc((size_t)total);
 	void *d = NULL;
@@ -195,6 +195,11 @@ TEST(digest_kernel_equals_vps_digest_region)
 		/* each view alone, then all of them in one launch */
 		CHECK(!api->digest(&v[i], 1, &one, err));
 		CHECK(one == mine);
+		/* one byte further on: off its elements' alignment, read byte
+		 * by byte (a misaligned load would fault and end the context) */
+		struct vps_cuda_digest odd = kernel_view(&r[i], &t[i], (unsigned char *)d + at + 1);
+		CHECK(!api->digest(&odd, 1, &one, err));
+		CHECK(one == vps_digest_region(h + at + 1, &r[i], &t[i]));
 		want += mine;
 		at += n[i] * (int64_t)es + 256;
 	}

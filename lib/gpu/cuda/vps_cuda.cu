@@ -220,6 +220,10 @@ struct DigestDesc {
 	int64_t step;        // the row's stride in the buffer, bytes
 	int64_t fstep;       // the row's stride in the logical tensor
 	int32_t nouter, esize;
+	// the view's elements lie off their size's alignment (a buffer at an
+	// odd offset): read byte by byte, since a misaligned load faults and
+	// the fault would end the context
+	int32_t bytewise;
 	int64_t ext[VPS_CUDA_MAX_DIMS];  // outer extents
 	int64_t str[VPS_CUDA_MAX_DIMS];  // outer strides, bytes
 	int64_t fstr[VPS_CUDA_MAX_DIMS]; // outer logical strides
@@ -268,8 +272,16 @@ __global__ void __launch_bounds__(kBlock) digest_kernel(const DigestDesc *d, int
 		const char *base = reinterpret_cast<const char *>(q.addr + off);
 		for (uint64_t j = begin + lane; j < end; j += 32) {
 			const char *p = base + (int64_t)j * q.step;
-			uint64_t bits = q.esize == 2 ? (uint64_t)*reinterpret_cast<const uint16_t *>(p)
-						     : (uint64_t)*reinterpret_cast<const uint32_t *>(p);
+			uint64_t bits;
+			if (q.bytewise) {
+				const unsigned char *b = reinterpret_cast<const unsigned char *>(p);
+				bits = (uint64_t)b[0] | (uint64_t)b[1] << 8;
+				if (q.esize == 4)
+					bits |= (uint64_t)b[2] << 16 | (uint64_t)b[3] << 24;
+			} else {
+				bits = q.esize == 2 ? (uint64_t)*reinterpret_cast<const uint16_t *>(p)
+						    : (uint64_t)*reinterpret_cast<const uint32_t *>(p);
+			}
 			acc += mix64(mix64(q.key ^ (flat + j * (uint64_t)q.fstep)) ^ bits);
 		}
 	}
@@ -313,6 +325,8 @@ void describe_digest(const vps_cuda_digest &v, DigestDesc &d)
 	d.key = v.key;
 	d.flat = v.flat;
 	d.esize = v.esize;
+	// strides are whole elements: the first one's address decides
+	d.bytewise = v.addr % (uint64_t)v.esize != 0;
 	if (w == 0) {
 		d.row_len = 1;
 		d.nouter = 0;
