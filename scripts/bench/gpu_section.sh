@@ -20,7 +20,16 @@ if [ "$run" = 1 ]; then
 	src=${src:-docs/gpu-check-${slug:-gpu}.txt}
 	cp "$t/gpu-check.txt" "$src"
 fi
-[ -n "$src" ] || src=$(ls -t docs/gpu-check-*.txt 2>/dev/null | head -1)
+# the newest by the date the check wrote in its first line (a clone's
+# files all have the clone's time)
+newest() {
+	local f
+	for f in docs/gpu-check-*.txt; do
+		[ -r "$f" ] || continue
+		printf '%s\t%s\n' "$(head -1 "$f" | grep -oE '[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]+Z' | head -1)" "$f"
+	done | sort -r | head -1 | cut -f2
+}
+[ -n "$src" ] || src=$(newest)
 [ -n "$src" ] && [ -r "$src" ] || { echo "gpu_section.sh: ${src:-docs/gpu-check-*.txt}: cannot read" >&2; exit 2; }
 grep -q '^copy: ' "$src" || { echo "gpu_section.sh: $src: no copy benchmark lines (not gpu-check.sh output?)" >&2; exit 2; }
 hdr=$(head -1 "$src")
