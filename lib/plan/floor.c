@@ -11,7 +11,6 @@
 #include "io/doc.h"
 #include "util/internal.h"
 #include "vps/plan.h"
-#include "vps/verify.h"
 
 /* Boxes of the holders of one B region, by the holders' kind. */
 struct floor_boxes {

@@ -9,7 +9,6 @@
 #include "io/doc.h"
 #include "util/internal.h"
 #include "vps/plan.h"
-#include "vps/verify.h"
 
 /* ---- the lower bound, computed apart from the planner's choices ---- */
 
