@@ -5,6 +5,7 @@
 #include <stdio.h>
 
 #include "util/internal.h"
+#include "plan/piece.h"
 #include "vps/query.h"
 
 const struct vps_field vps_holder_fields[] = {

@@ -2,6 +2,7 @@
 #include <stdio.h>
 
 #include "util/internal.h"
+#include "plan/piece.h"
 #include "vps/plan.h"
 #include "vps/stage.h"
 #include "vps/verify.h"
@@ -724,14 +725,6 @@ static void piece_ext(const struct vps_piece *x, int64_t *ext)
 {
 	for (int k = 0; k < x->box.ndim; k++)
 		ext[k] = x->box.hi[k] - x->box.lo[k];
-}
-
-bool vps_piece_flat(const struct vps_piece *x)
-{
-	int64_t ext[VPS_MAX_DIMS];
-	piece_ext(x, ext);
-	return vps_strides_rowmajor(x->box.ndim, ext, x->src_strides) &&
-	       vps_strides_rowmajor(x->box.ndim, ext, x->dst_strides);
 }
 
 /* Elements contiguous on both sides: what a flat piece, or a flat copy,

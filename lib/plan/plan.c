@@ -29,7 +29,7 @@
 #include <sys/sysinfo.h>
 
 #include "util/internal.h"
-#include "plan/plan_io.h"
+#include "plan/piece.h"
 #include "plan/plan_pack.h"
 #include "vps/plan.h"
 
@@ -129,11 +129,6 @@ static vps_result_t emit(struct pieces *out, int64_t only_src, int64_t src, int6
 	memcpy(p->src_strides, sr->strides, sizeof(p->src_strides));
 	memcpy(p->dst_strides, dr->strides, sizeof(p->dst_strides));
 	return VPS_OK;
-}
-
-int64_t vps_piece_bytes(const struct vps_piece *p)
-{
-	return vps_box_volume(&p->box) * (int64_t)vps_dtype_size(vps_state_dtype(p->state));
 }
 
 /* A group: holders [first, first+n) of the sorted list, all with one box. */

@@ -8,60 +8,6 @@
 #include "stage/stage_io.h"
 #include "vps/stage.h"
 
-/* The inputs every rank's staged plan is made from: the two layouts, the
- * training state, the budget and the planner's rules. The world's plan and
- * its stages follow from them, so ranks holding their own parts compare
- * this before a byte moves. */
-uint64_t vps_staged_world_hash(const struct vps_staged *s)
-{
-	const struct vps_plan *p = s->plan;
-	const struct vps_training *t = &p->train;
-	int64_t head[] = {VPS_PLANNER_RULES, (int64_t)vps_layout_hash(p->a), (int64_t)vps_layout_hash(p->b),
-			  vps_world_size(p->world), s->budget, s->steps, t->known, t->step, t->consumed_samples,
-			  t->scheduler_step, t->global_batch, t->micro_batch, t->grad_accum, t->dp};
-	uint64_t h = vps_hash64(head, sizeof(head), 0);
-	/* ranks planning around different lost devices must not agree */
-	return p->lost.nranks ? vps_hash64(p->lost.ranks, p->lost.nranks * sizeof(*p->lost.ranks), h) : h;
-}
-
-uint64_t vps_staged_hash(const struct vps_staged *s)
-{
-	uint64_t h = vps_plan_hash(s->plan);
-	int64_t head[] = {s->budget, s->scope, s->steps, s->cut, (int64_t)s->nstages, (int64_t)s->nxfers, (int64_t)s->nops};
-	h = vps_hash64(head, sizeof(head), h);
-	for (size_t i = 0; i < s->nstages; i++) {
-		const struct vps_stage_info *g = &s->stages[i];
-		int64_t f[] = {g->first_unit_step, g->first_unit_chunk, g->last_unit_step, g->last_unit_chunk, g->bytes,
-			       g->peak};
-		h = vps_hash64(f, sizeof(f), h);
-	}
-	/* each transfer with its copies, wherever they lie in memory (a file
-	 * read back holds them in transfer order, a fresh staging may not) */
-	for (size_t i = 0; i < s->nxfers; i++) {
-		const struct vps_xfer *x = &s->xfers[i];
-		int64_t f[] = {x->src, x->dst, x->step, x->chunk, x->stage, x->bytes, (int64_t)x->nops};
-		h = vps_hash64(f, sizeof(f), h);
-		for (size_t k = 0; k < x->nops && x->first_op + k < s->nops; k++) {
-			const struct vps_op *o = &s->ops[x->first_op + k];
-			int64_t g[8 + 3 * VPS_MAX_DIMS] = {o->piece, o->npieces, o->esize, o->ndim, o->src_buffer, o->dst_buffer,
-							   o->src_offset, o->dst_offset};
-			for (int d = 0; d < o->ndim && d < VPS_MAX_DIMS; d++) {
-				g[8 + d] = o->ext[d];
-				g[8 + VPS_MAX_DIMS + d] = o->src_strides[d];
-				g[8 + 2 * VPS_MAX_DIMS + d] = o->dst_strides[d];
-			}
-			h = vps_hash64(g, sizeof(g), h);
-			h = vps_hash64(&o->staging, sizeof(o->staging), h);
-		}
-	}
-	for (size_t i = 0; i < s->nfrees; i++) {
-		int64_t f[] = {s->frees[i].rank, s->frees[i].buffer, s->frees[i].step, s->frees[i].chunk};
-		h = vps_hash64(f, sizeof(f), h);
-	}
-	/* 0 marks a staged plan computed here (file_hash): no file states it */
-	return h ? h : 1;
-}
-
 static vps_result_t write_pair(struct vps_writer *w, const char *key, int64_t a, int64_t b)
 {
 	int64_t v[2] = {a, b};

@@ -1,0 +1,46 @@
+/* Pieces: their bytes, their hash, and how the copies of a staged plan
+ * carry them.
+ *
+ * A piece whose elements are one contiguous range, the row-major order of
+ * its box, on both sides is flat: staging sees it as one axis of all its
+ * elements with strides 1, merges it with the flat pieces that continue it
+ * on both sides and cuts the merged run anywhere. Any other piece is
+ * strided: each copy of it is a sub-box with the piece's own addressing,
+ * its strides and the offsets of the sub-box's first element. Staging makes
+ * the copies with vps_piece_run and vps_run_part; vps-verify and the
+ * queries over staged plans take them back to their pieces with
+ * vps_piece_match, which solves what vps_run_part computes. */
+#ifndef VPS_PIECE_H
+#define VPS_PIECE_H
+
+#include "vps/plan.h"
+
+/* Elements copied from a strided view of a source rank's buffer to one of a
+ * destination rank's: a piece as staging copies it, or one copy of a staged
+ * plan. Entries past ndim are 0. */
+struct vps_run {
+	int64_t src, dst; /* world ranks */
+	int ndim;
+	int64_t ext[VPS_MAX_DIMS];
+	uint8_t esize; /* bytes per element */
+	uint32_t src_buffer, dst_buffer;
+	int64_t src_offset, dst_offset; /* elements, at the first element */
+	int64_t src_strides[VPS_MAX_DIMS], dst_strides[VPS_MAX_DIMS];
+};
+
+/* Whether the run's elements are one contiguous range on both sides: the
+ * row-major order of its extents (an extent of 1 may have any stride). */
+bool vps_run_flat(const struct vps_run *r);
+
+/* Piece x as staging copies it: a flat piece as one axis of all its
+ * elements, strides 1; a strided one as its box.
+ * @return whether the piece is flat. */
+bool vps_piece_run(const struct vps_piece *x, struct vps_run *r);
+bool vps_piece_flat(const struct vps_piece *x);
+
+/* The plan hash in steps: its start, then each piece in order (what
+ * vps_plan_hash does before the collectives and the training state). */
+uint64_t vps_plan_hash_start(const struct vps_plan *p);
+uint64_t vps_piece_hash(const struct vps_piece *x, uint64_t h);
+
+#endif
