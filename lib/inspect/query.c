@@ -6,6 +6,7 @@
 
 #include "util/internal.h"
 #include "plan/piece.h"
+#include "stage/op.h"
 #include "vps/query.h"
 
 const struct vps_field vps_holder_fields[] = {
@@ -361,8 +362,9 @@ done:
 
 /* ---- staged transfers: which parts of which pieces each copy carries ----
  *
- * A copy (op) of a staged plan names the first plan piece it carries. A
- * strided piece is never merged: its copies are sub-boxes of it, with its
+ * A copy (op) of a staged plan names the first plan piece it carries, and
+ * vps_piece_match (plan/piece.h, as vps-verify) says what it carries of it.
+ * A strided piece is never merged: its copies are sub-boxes of it, with its
  * addressing. Flat pieces (contiguous on both sides) of one pair are merged
  * in destination address order, which need not be the plan's order, so a
  * flat copy is matched by address: the pieces of its pair whose destination
@@ -393,58 +395,6 @@ static vps_result_t op_mismatch(size_t xi, size_t k, const struct vps_op *o, con
 			o->piece, why);
 }
 
-/* The sub-box (from the piece's lo) that strided copy o of transfer x
- * carries: solved from the destination offset, largest stride first (exact
- * when strides nest, as every layout's do), then checked on both sides. */
-static bool strided_part(const struct vps_op *o, const struct vps_xfer *x, const struct vps_piece *pc,
-			 struct vps_box *sub)
-{
-	int nd = pc->box.ndim;
-	int64_t E[VPS_MAX_DIMS], lo[VPS_MAX_DIMS] = {0};
-	bool used[VPS_MAX_DIMS] = {false};
-	if (o->ndim != nd || x->src != pc->src || x->dst != pc->dst || o->src_buffer != pc->src_buffer ||
-	    o->dst_buffer != pc->dst_buffer)
-		return false;
-	for (int k = 0; k < nd; k++) {
-		E[k] = pc->box.hi[k] - pc->box.lo[k];
-		if (o->ext[k] < 1 || o->ext[k] > E[k])
-			return false;
-	}
-	int64_t delta = o->dst_offset - pc->dst_offset;
-	for (int n = 0; n < nd; n++) {
-		int best = -1;
-		for (int k = 0; k < nd; k++)
-			if (!used[k] && E[k] > o->ext[k] && (best < 0 || pc->dst_strides[k] > pc->dst_strides[best]))
-				best = k;
-		if (best < 0)
-			break;
-		used[best] = true;
-		if (pc->dst_strides[best] <= 0 || delta < 0)
-			return false;
-		lo[best] = vps_min64(delta / pc->dst_strides[best], E[best] - o->ext[best]);
-		delta -= lo[best] * pc->dst_strides[best];
-	}
-	if (delta)
-		return false;
-	int64_t so = pc->src_offset, dof = pc->dst_offset, t;
-	for (int k = 0; k < nd; k++) {
-		/* the reader keeps pieces inside their buffers; checked all the same */
-		if (!vps_mul_ok(lo[k], pc->src_strides[k], &t) || !vps_add_ok(so, t, &so) ||
-		    !vps_mul_ok(lo[k], pc->dst_strides[k], &t) || !vps_add_ok(dof, t, &dof))
-			return false;
-		if (o->ext[k] > 1 && (o->src_strides[k] != pc->src_strides[k] || o->dst_strides[k] != pc->dst_strides[k]))
-			return false;
-	}
-	if (so != o->src_offset || dof != o->dst_offset)
-		return false;
-	sub->ndim = nd;
-	for (int k = 0; k < nd; k++) {
-		sub->lo[k] = pc->box.lo[k] + lo[k];
-		sub->hi[k] = sub->lo[k] + o->ext[k];
-	}
-	return true;
-}
-
 struct staged_ctx {
 	const struct vps_staged *s;
 	const struct vps_query *q;
@@ -466,9 +416,9 @@ static vps_result_t flat_op(struct staged_ctx *c, size_t xi, size_t k)
 	const struct vps_xfer *x = &c->s->xfers[xi];
 	const struct vps_op *o = &c->s->ops[x->first_op + k];
 	const struct vps_plan *p = c->s->plan;
-	if (o->ndim != 1)
-		return op_mismatch(xi, k, o, "a copy of flat pieces with more than one axis");
-	int64_t a0 = o->dst_offset, a1 = a0 + o->ext[0], covered = 0;
+	/* a flat copy is one range: its elements in order on both sides */
+	int64_t len = vps_ext_volume(o->ndim, o->ext);
+	int64_t a0 = o->dst_offset, a1 = a0 + len, covered = 0;
 	/* the first indexed piece past a0, then back one: the last piece of the
 	 * pair that starts at or before a0 may reach into the copy */
 	struct flat key = {x->src, x->dst, o->dst_buffer, a0, 0, 0};
@@ -515,7 +465,7 @@ static vps_result_t flat_op(struct staged_ctx *c, size_t xi, size_t k)
 			VPS_CHECK(put_transfer(c->rec, vps_layout_model(p->a), &c->nc, &r));
 		}
 	}
-	if (covered != o->ext[0])
+	if (covered != len)
 		return op_mismatch(xi, k, o, "its destination is not covered by flat pieces of its pair");
 	return VPS_OK;
 }
@@ -528,13 +478,22 @@ static vps_result_t staged_op(struct staged_ctx *c, size_t xi, size_t k)
 	if (o->piece < 0 || (size_t)o->piece >= p->npieces)
 		return op_mismatch(xi, k, o, "no such piece");
 	const struct vps_piece *pc = &p->pieces[o->piece];
-	if (vps_piece_flat(pc))
-		return flat_op(c, xi, k);
+	struct vps_run run;
 	struct vps_box sub;
-	if (o->npieces != 1 || o->esize != vps_dtype_size(vps_state_dtype(pc->state)) || !strided_part(o, x, pc, &sub))
+	vps_op_run(x, o, &run);
+	enum vps_match m = vps_piece_match(pc, &run, &sub);
+	if (m == VPS_MATCH_FLAT)
+		return flat_op(c, xi, k);
+	if (m == VPS_MATCH_NONE && vps_piece_flat(pc))
+		return op_mismatch(xi, k, o, "a copy of flat pieces that is not one contiguous range");
+	if (m == VPS_MATCH_NONE || o->npieces != 1)
 		return op_mismatch(xi, k, o, "not a part of the strided piece it names");
 	if (!piece_wanted(c, pc))
 		return VPS_OK;
+	for (int d = 0; d < sub.ndim; d++) {
+		sub.lo[d] += pc->box.lo[d];
+		sub.hi[d] += pc->box.lo[d];
+	}
 	struct xrec r = {c->rank,      x->src,	      x->dst,	     pc->tensor, pc->state, sub,
 			 o->src_buffer, o->src_offset, o->dst_buffer, o->dst_offset, x->stage, x->chunk};
 	return put_transfer(c->rec, vps_layout_model(p->a), &c->nc, &r);

@@ -3,6 +3,7 @@
 
 #include "util/internal.h"
 #include "plan/piece.h"
+#include "stage/op.h"
 #include "vps/plan.h"
 #include "vps/stage.h"
 #include "vps/verify.h"
@@ -710,6 +711,7 @@ vps_result_t vps_verify_plan(const struct vps_plan *p, struct vps_verify_report 
  *
  * Everything here is arithmetic over transfers, copies and pieces, never
  * over elements or rows: a copy is matched to the piece it names (op->piece)
+ * by vps_piece_match (plan/piece.h, the geometry staging cuts copies with)
  * and compared with it as a whole.
  *   - A piece contiguous on both sides (and the copies of the runs it was
  *     merged into) is one segment: source and destination offsets and a
@@ -814,72 +816,6 @@ static int part_cmp(const void *p, const void *q)
 	if (x->xfer != y->xfer)
 		return x->xfer < y->xfer ? -1 : 1;
 	return x->op < y->op ? -1 : x->op > y->op;
-}
-
-/* Whether base + sum lo[k] * strides[k] is `want`. */
-static bool offset_is(int ndim, const int64_t *lo, int64_t base, const int64_t *strides, int64_t want)
-{
-	for (int k = 0; k < ndim; k++) {
-		int64_t t;
-		if (!vps_mul_ok(lo[k], strides[k], &t) || !vps_add_ok(base, t, &base))
-			return false;
-	}
-	return base == want;
-}
-
-/* The sub-box of piece pc that copy o carries, when o has the piece's own
- * addressing: the same ranks, buffers, element size and, along every axis
- * the copy is longer than one element, strides; and offsets that are the
- * piece's at the sub-box's first element. That element is solved from one
- * side's offset, largest stride first (exact when strides nest, as every
- * layout's do) and then checked on both sides, so no wrong box is ever
- * accepted; a view whose strides do not nest is reported, not guessed. */
-static bool op_in_piece(const struct vps_op *o, const struct vps_xfer *x, const struct vps_piece *pc,
-			struct vps_box *sub)
-{
-	int nd = pc->box.ndim;
-	int64_t E[VPS_MAX_DIMS];
-	if (o->ndim != nd || x->src != pc->src || x->dst != pc->dst || o->src_buffer != pc->src_buffer ||
-	    o->dst_buffer != pc->dst_buffer || o->esize != vps_dtype_size(vps_state_dtype(pc->state)))
-		return false;
-	piece_ext(pc, E);
-	for (int k = 0; k < nd; k++) {
-		if (o->ext[k] < 1 || o->ext[k] > E[k])
-			return false;
-		if (o->ext[k] > 1 && (o->src_strides[k] != pc->src_strides[k] || o->dst_strides[k] != pc->dst_strides[k]))
-			return false;
-	}
-	for (int side = 0; side < 2; side++) {
-		const int64_t *st = side ? pc->dst_strides : pc->src_strides;
-		int64_t delta = side ? o->dst_offset - pc->dst_offset : o->src_offset - pc->src_offset;
-		int64_t lo[VPS_MAX_DIMS] = {0};
-		bool used[VPS_MAX_DIMS] = {false}, ok = delta >= 0;
-		for (int n = 0; ok && n < nd; n++) {
-			int best = -1;
-			for (int k = 0; k < nd; k++)
-				if (!used[k] && E[k] > o->ext[k] && (best < 0 || st[k] > st[best]))
-					best = k;
-			if (best < 0)
-				break;
-			used[best] = true;
-			if (st[best] <= 0) {
-				ok = false;
-				break;
-			}
-			lo[best] = vps_min64(delta / st[best], E[best] - o->ext[best]);
-			delta -= lo[best] * st[best];
-		}
-		if (!ok || delta || !offset_is(nd, lo, pc->src_offset, pc->src_strides, o->src_offset) ||
-		    !offset_is(nd, lo, pc->dst_offset, pc->dst_strides, o->dst_offset))
-			continue;
-		sub->ndim = nd;
-		for (int k = 0; k < nd; k++) {
-			sub->lo[k] = lo[k];
-			sub->hi[k] = lo[k] + o->ext[k];
-		}
-		return true;
-	}
-	return false;
 }
 
 /* Where box b starts in the row-major order of extents E, when its
@@ -1288,25 +1224,25 @@ vps_result_t vps_verify_staged(const struct vps_staged *s, struct vps_verify_rep
 				continue;
 			}
 			const struct vps_piece *pc = &p->pieces[o->piece];
-			if (vps_piece_flat(pc)) {
-				if (vps_strides_rowmajor(o->ndim, o->ext, o->src_strides) && vps_strides_rowmajor(o->ndim, o->ext, o->dst_strides)) {
-					have[nh++] = (struct seg){x->src, x->dst, o->src_buffer, o->dst_buffer, o->src_offset,
-								  o->dst_offset, bytes / o->esize, o->esize, i};
-					continue;
-				}
-			} else {
-				struct part *pt = &parts[np];
-				if (op_in_piece(o, x, pc, &pt->box)) {
-					pt->piece = (size_t)o->piece;
-					pt->count = vps_box_volume(&pt->box);
-					pt->xfer = i;
-					pt->op = k;
-					int64_t E[VPS_MAX_DIMS];
-					piece_ext(pc, E);
-					pt->start = box_range_start(&pt->box, E);
-					np++;
-					continue;
-				}
+			struct vps_run run;
+			struct part *pt = &parts[np];
+			vps_op_run(x, o, &run);
+			enum vps_match match = vps_piece_match(pc, &run, &pt->box);
+			if (match == VPS_MATCH_FLAT) {
+				have[nh++] = (struct seg){x->src, x->dst, o->src_buffer, o->dst_buffer, o->src_offset,
+							  o->dst_offset, bytes / o->esize, o->esize, i};
+				continue;
+			}
+			if (match == VPS_MATCH_BOX) {
+				pt->piece = (size_t)o->piece;
+				pt->count = vps_box_volume(&pt->box);
+				pt->xfer = i;
+				pt->op = k;
+				int64_t E[VPS_MAX_DIMS];
+				piece_ext(pc, E);
+				pt->start = box_range_start(&pt->box, E);
+				np++;
+				continue;
 			}
 			piece_str(m, pc, ps, sizeof(ps));
 			vps_verify_add(rep,

@@ -52,6 +52,91 @@ bool vps_piece_flat(const struct vps_piece *x)
 	return vps_piece_run(x, &r);
 }
 
+/* base + sum lo[k] * strides[k], checked. */
+static bool offset_at(int ndim, const int64_t *lo, int64_t base, const int64_t *strides, int64_t *out)
+{
+	for (int k = 0; k < ndim; k++) {
+		int64_t t;
+		if (!vps_mul_ok(lo[k], strides[k], &t) || !vps_add_ok(base, t, &base))
+			return false;
+	}
+	*out = base;
+	return true;
+}
+
+bool vps_run_part(const struct vps_run *r, const int64_t *lo, const int64_t *ext, struct vps_run *out)
+{
+	struct vps_run p = *r;
+	for (int k = 0; k < r->ndim; k++)
+		p.ext[k] = ext[k];
+	if (!offset_at(r->ndim, lo, r->src_offset, r->src_strides, &p.src_offset) ||
+	    !offset_at(r->ndim, lo, r->dst_offset, r->dst_strides, &p.dst_offset))
+		return false;
+	*out = p;
+	return true;
+}
+
+/* Where copy c starts in strided run r, solved from one side's offset:
+ * along the axes c does not span whole, largest stride first, as far as
+ * the offset goes and the copy still fits. @return false when no such
+ * start reaches c's offset on that side. */
+static bool solve_start(const struct vps_run *r, const struct vps_run *c, bool dst_side, int64_t *lo)
+{
+	const int64_t *st = dst_side ? r->dst_strides : r->src_strides;
+	int64_t delta;
+	bool used[VPS_MAX_DIMS] = {false};
+	for (int k = 0; k < VPS_MAX_DIMS; k++)
+		lo[k] = 0;
+	if (__builtin_sub_overflow(dst_side ? c->dst_offset : c->src_offset, dst_side ? r->dst_offset : r->src_offset,
+				   &delta) ||
+	    delta < 0)
+		return false;
+	for (int n = 0; n < r->ndim; n++) {
+		int best = -1;
+		for (int k = 0; k < r->ndim; k++)
+			if (!used[k] && r->ext[k] > c->ext[k] && (best < 0 || st[k] > st[best]))
+				best = k;
+		if (best < 0)
+			break;
+		used[best] = true;
+		if (st[best] <= 0)
+			return false;
+		lo[best] = vps_min64(delta / st[best], r->ext[best] - c->ext[best]);
+		delta -= lo[best] * st[best];
+	}
+	return delta == 0;
+}
+
+enum vps_match vps_piece_match(const struct vps_piece *x, const struct vps_run *c, struct vps_box *sub)
+{
+	struct vps_run r;
+	if (vps_piece_run(x, &r))
+		return vps_run_flat(c) ? VPS_MATCH_FLAT : VPS_MATCH_NONE;
+	if (c->ndim != r.ndim || c->src != r.src || c->dst != r.dst || c->src_buffer != r.src_buffer ||
+	    c->dst_buffer != r.dst_buffer || c->esize != r.esize)
+		return VPS_MATCH_NONE;
+	for (int k = 0; k < r.ndim; k++) {
+		if (c->ext[k] < 1 || c->ext[k] > r.ext[k])
+			return VPS_MATCH_NONE;
+		if (c->ext[k] > 1 && (c->src_strides[k] != r.src_strides[k] || c->dst_strides[k] != r.dst_strides[k]))
+			return VPS_MATCH_NONE;
+	}
+	for (int side = 0; side < 2; side++) {
+		int64_t lo[VPS_MAX_DIMS];
+		struct vps_run part;
+		if (!solve_start(&r, c, side, lo) || !vps_run_part(&r, lo, c->ext, &part) ||
+		    part.src_offset != c->src_offset || part.dst_offset != c->dst_offset)
+			continue;
+		sub->ndim = r.ndim;
+		for (int k = 0; k < r.ndim; k++) {
+			sub->lo[k] = lo[k];
+			sub->hi[k] = lo[k] + c->ext[k];
+		}
+		return VPS_MATCH_BOX;
+	}
+	return VPS_MATCH_NONE;
+}
+
 /* ---- hashes ---- */
 
 uint64_t vps_plan_hash_start(const struct vps_plan *p)

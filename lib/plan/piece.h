@@ -38,6 +38,28 @@ bool vps_run_flat(const struct vps_run *r);
 bool vps_piece_run(const struct vps_piece *x, struct vps_run *r);
 bool vps_piece_flat(const struct vps_piece *x);
 
+/* The part of run r that starts lo elements into it along each axis and
+ * has extents ext: r's strides, offsets at the part's first element.
+ * @return false when an offset overflows (a part outside any buffer). */
+bool vps_run_part(const struct vps_run *r, const int64_t *lo, const int64_t *ext, struct vps_run *out);
+
+enum vps_match {
+	VPS_MATCH_NONE, /* the copy carries no part of the piece as staging cuts it */
+	VPS_MATCH_FLAT, /* a flat piece and a flat copy: flat copies merge pieces, so
+			 * which pieces one carries is a matter of addresses */
+	VPS_MATCH_BOX,  /* a strided piece, and a sub-box of it (*sub) the copy carries */
+};
+
+/* What copy c carries of piece x. Of a strided piece, a copy carries the
+ * sub-box *sub (counted from the piece's first element, 0 on every axis)
+ * when it has the piece's ranks, buffers and element size, the piece's
+ * strides along every axis longer than one element, and the offsets
+ * vps_run_part gives that sub-box. The sub-box is solved from one side's
+ * offset, largest stride first (exact when strides nest, as every layout's
+ * do), then checked on both sides: a wrong box is never returned, and a
+ * copy whose strides do not nest is not guessed. */
+enum vps_match vps_piece_match(const struct vps_piece *x, const struct vps_run *c, struct vps_box *sub);
+
 /* The plan hash in steps: its start, then each piece in order (what
  * vps_plan_hash does before the collectives and the training state). */
 uint64_t vps_plan_hash_start(const struct vps_plan *p);

@@ -20,62 +20,44 @@
 
 #include "io/doc.h"
 #include "util/internal.h"
+#include "plan/piece.h"
+#include "stage/op.h"
 #include "vps/stage.h"
 
+/* A run: consecutive pieces of one pair that staging copies as one (a
+ * flat piece, merged with the flat ones that continue it on both sides,
+ * or one strided piece). */
 struct run {
-	size_t piece; /* first plan piece */
+	struct vps_run g; /* what it copies (plan/piece.h) */
+	size_t piece;     /* first plan piece */
 	int32_t npieces;
-	uint8_t esize;
-	bool flat; /* contiguous on both sides: ext[0] elements */
-	int ndim;
-	int64_t ext[VPS_MAX_DIMS];
-	uint32_t src_buffer, dst_buffer;
-	int64_t src_offset, dst_offset;
-	int64_t src_strides[VPS_MAX_DIMS], dst_strides[VPS_MAX_DIMS];
+	bool flat;        /* g is one axis, contiguous on both sides */
 };
 
 static int64_t run_elements(const struct run *r)
 {
 	int64_t n = 1;
-	for (int k = 0; k < r->ndim; k++)
-		n *= r->ext[k];
+	for (int k = 0; k < r->g.ndim; k++)
+		n *= r->g.ext[k];
 	return n;
 }
 
 static void run_of_piece(const struct vps_piece *p, size_t idx, struct run *r)
 {
-	memset(r, 0, sizeof(*r));
+	r->flat = vps_piece_run(p, &r->g);
 	r->piece = idx;
 	r->npieces = 1;
-	r->esize = (uint8_t)vps_dtype_size(vps_state_dtype(p->state));
-	r->ndim = p->box.ndim;
-	for (int k = 0; k < p->box.ndim; k++)
-		r->ext[k] = p->box.hi[k] - p->box.lo[k];
-	r->src_buffer = p->src_buffer;
-	r->dst_buffer = p->dst_buffer;
-	r->src_offset = p->src_offset;
-	r->dst_offset = p->dst_offset;
-	memcpy(r->src_strides, p->src_strides, sizeof(r->src_strides));
-	memcpy(r->dst_strides, p->dst_strides, sizeof(r->dst_strides));
-	if (vps_strides_rowmajor(r->ndim, r->ext, r->src_strides) && vps_strides_rowmajor(r->ndim, r->ext, r->dst_strides)) {
-		r->flat = true;
-		int64_t n = run_elements(r);
-		r->ndim = 1;
-		r->ext[0] = n;
-		r->src_strides[0] = r->dst_strides[0] = 1;
-		for (int k = 1; k < VPS_MAX_DIMS; k++)
-			r->ext[k] = r->src_strides[k] = r->dst_strides[k] = 0;
-	}
 }
 
 /* Append q to r when both are flat and adjacent on both sides. */
 static bool run_merge(struct run *r, const struct run *q)
 {
-	if (!r->flat || !q->flat || r->esize != q->esize || r->src_buffer != q->src_buffer ||
-	    r->dst_buffer != q->dst_buffer || r->src_offset + r->ext[0] != q->src_offset ||
-	    r->dst_offset + r->ext[0] != q->dst_offset)
+	const struct vps_run *x = &r->g, *y = &q->g;
+	if (!r->flat || !q->flat || x->esize != y->esize || x->src_buffer != y->src_buffer ||
+	    x->dst_buffer != y->dst_buffer || x->src_offset + x->ext[0] != y->src_offset ||
+	    x->dst_offset + x->ext[0] != y->dst_offset)
 		return false;
-	r->ext[0] += q->ext[0];
+	r->g.ext[0] += y->ext[0];
 	r->npieces += q->npieces;
 	return true;
 }
@@ -87,6 +69,24 @@ struct builder {
 	size_t no, capo;
 };
 
+void vps_op_run(const struct vps_xfer *x, const struct vps_op *o, struct vps_run *r)
+{
+	memset(r, 0, sizeof(*r));
+	r->src = x->src;
+	r->dst = x->dst;
+	r->ndim = o->ndim;
+	r->esize = o->esize;
+	r->src_buffer = o->src_buffer;
+	r->dst_buffer = o->dst_buffer;
+	r->src_offset = o->src_offset;
+	r->dst_offset = o->dst_offset;
+	for (int k = 0; k < o->ndim && k < VPS_MAX_DIMS; k++) {
+		r->ext[k] = o->ext[k];
+		r->src_strides[k] = o->src_strides[k];
+		r->dst_strides[k] = o->dst_strides[k];
+	}
+}
+
 /* Ops for elements [from, from + n) of run r (in its row-major order): at
  * most 2*ndim-1 boxes, each starting on an aligned staging offset from `at`
  * on (at < 0: a retain, no staging). *end receives the byte after the last. */
@@ -94,26 +94,28 @@ static vps_result_t emit_part(struct builder *b, const struct run *r, int64_t fr
 			      int64_t *end)
 {
 	struct vps_box parts[2 * VPS_MAX_DIMS];
-	int np = vps_flat_range_boxes(r->ndim, r->ext, from, from + n, parts, NULL);
+	int np = vps_flat_range_boxes(r->g.ndim, r->g.ext, from, from + n, parts, NULL);
 	for (int i = 0; i < np; i++) {
+		int64_t ext[VPS_MAX_DIMS];
+		struct vps_run g;
+		for (int k = 0; k < r->g.ndim; k++)
+			ext[k] = parts[i].hi[k] - parts[i].lo[k];
+		if (!vps_run_part(&r->g, parts[i].lo, ext, &g))
+			return vps_fail(VPS_EINPUT, "piece %zu: its addresses overflow", r->piece);
 		VPS_CHECK(VPS_GROW(b->o, b->capo, b->no + 1));
 		struct vps_op *o = &b->o[b->no++];
 		memset(o, 0, sizeof(*o));
 		o->piece = (int64_t)r->piece;
 		o->npieces = r->npieces;
-		o->esize = r->esize;
-		o->ndim = r->ndim;
-		o->src_buffer = r->src_buffer;
-		o->dst_buffer = r->dst_buffer;
-		o->src_offset = r->src_offset;
-		o->dst_offset = r->dst_offset;
-		for (int k = 0; k < r->ndim; k++) {
-			o->ext[k] = parts[i].hi[k] - parts[i].lo[k];
-			o->src_strides[k] = r->src_strides[k];
-			o->dst_strides[k] = r->dst_strides[k];
-			o->src_offset += parts[i].lo[k] * r->src_strides[k];
-			o->dst_offset += parts[i].lo[k] * r->dst_strides[k];
-		}
+		o->esize = g.esize;
+		o->ndim = g.ndim;
+		o->src_buffer = g.src_buffer;
+		o->dst_buffer = g.dst_buffer;
+		o->src_offset = g.src_offset;
+		o->dst_offset = g.dst_offset;
+		memcpy(o->ext, g.ext, sizeof(o->ext));
+		memcpy(o->src_strides, g.src_strides, sizeof(o->src_strides));
+		memcpy(o->dst_strides, g.dst_strides, sizeof(o->dst_strides));
 		if (at < 0) {
 			o->staging = -1;
 		} else {
@@ -152,8 +154,8 @@ static vps_result_t chunk_pair(struct builder *b, const struct run *runs, size_t
 		while (done < total) {
 			int64_t at = vps_round_up(pos, VPS_STAGE_ALIGN);
 			/* a box run may come out as 2*ndim-1 boxes, each aligned */
-			int64_t slack = r->flat ? 0 : (2 * r->ndim - 2) * VPS_STAGE_ALIGN;
-			int64_t room = (cap - at - slack) / r->esize;
+			int64_t slack = r->flat ? 0 : (2 * r->g.ndim - 2) * VPS_STAGE_ALIGN;
+			int64_t room = (cap - at - slack) / r->g.esize;
 			if (room <= 0) {
 				b->x[b->nx - 1].bytes = vps_round_up(pos, VPS_STAGE_ALIGN);
 				b->x[b->nx - 1].nops = b->no - b->x[b->nx - 1].first_op;
