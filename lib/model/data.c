@@ -1,5 +1,5 @@
+#include "util/hash.h"
 #include "util/internal.h"
-#include "io/doc.h"
 #include "vps/data.h"
 
 void vps_rowmajor_strides(const int64_t *ext, int ndim, int64_t *strides)

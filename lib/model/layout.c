@@ -1,7 +1,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 
-#include "io/doc.h"
+#include "util/hash.h"
 #include "util/internal.h"
 #include "model/layout_int.h"
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "io/doc.h"
+#include "util/hash.h"
 #include "util/internal.h"
 #include "model/model_io.h"
 

@@ -8,7 +8,7 @@
 #include <inttypes.h>
 #include <math.h>
 
-#include "io/doc.h"
+#include "util/hash.h"
 #include "util/internal.h"
 #include "vps/plan.h"
 

@@ -1,6 +1,6 @@
 /* Pieces (plan/piece.h): bytes, hashes, and the one geometry of how copies
  * carry them, shared by staging, the queries and vps-verify. */
-#include "io/doc.h"
+#include "util/hash.h"
 #include "util/internal.h"
 #include "plan/piece.h"
 #include "plan/plan_pack.h"

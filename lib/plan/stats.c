@@ -7,6 +7,7 @@
 #include <sys/sysinfo.h>
 
 #include "io/doc.h"
+#include "util/hash.h"
 #include "util/internal.h"
 #include "vps/plan.h"
 

@@ -18,7 +18,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 
-#include "io/doc.h"
+#include "util/hash.h"
 #include "util/internal.h"
 #include "plan/piece.h"
 #include "stage/op.h"
