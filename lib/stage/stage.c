@@ -507,6 +507,96 @@ done:
 	return rc;
 }
 
+/* Any budget above the floor works, but one that cuts the plan in hundreds
+ * of millions of chunks of cap bytes is a mistake, not a schedule. */
+static vps_result_t check_chunks(const struct vps_plan *plan, int64_t budget, int64_t cap)
+{
+	int64_t moved = 0;
+	struct vps_piece_iter it;
+	vps_piece_iter_init(&it, plan);
+	for (const struct vps_piece *x; (x = vps_piece_iter_next(&it));)
+		if (x->src != x->dst)
+			moved = vps_sat_add(moved, vps_piece_bytes(x));
+	if (moved / cap > VPS_STAGE_MAX_CHUNKS)
+		return vps_fail(VPS_EINPUT,
+				"budget: %" PRId64 " bytes cuts the %" PRId64 " bytes this plan moves in more than %lld chunks; "
+				"give at least %" PRId64 " bytes",
+				budget, moved, (long long)VPS_STAGE_MAX_CHUNKS,
+				vps_round_up(2 * (moved / VPS_STAGE_MAX_CHUNKS + 1), VPS_STAGE_ALIGN));
+	return VPS_OK;
+}
+
+/* Every pair's transfers and copies into b, in chunks of cap bytes. Pieces
+ * come in plan order, by destination and then source: a pair's pieces are
+ * consecutive, and the plan is read once, packed or not. */
+static vps_result_t stage_pairs(struct builder *b, const struct vps_plan *plan, int64_t cap)
+{
+	struct run *runs = NULL;
+	struct pair_piece *grp = NULL;
+	size_t capr = 0, ng = 0, capg = 0;
+	vps_result_t rc = VPS_OK;
+	struct vps_piece_iter it;
+	vps_piece_iter_init(&it, plan);
+	int64_t pdst = -1, psrc = -1;
+	for (size_t gi = 0; !rc; gi++) {
+		const struct vps_piece *x = vps_piece_iter_next(&it);
+		if (!x || x->dst != pdst || x->src != psrc) {
+			if (ng)
+				VPS_CHECK_GOTO(stage_pair(b, grp, ng, &runs, &capr, cap), rc, done);
+			ng = 0;
+			if (!x)
+				break;
+			if (x->dst < pdst || (x->dst == pdst && x->src < psrc)) {
+				rc = vps_fail(VPS_EINPUT, "piece %zu (%" PRId64 " -> %" PRId64 ") is out of the plan's order "
+							  "(by destination, then source)", gi, x->src, x->dst);
+				break;
+			}
+			pdst = x->dst;
+			psrc = x->src;
+		}
+		rc = VPS_GROW(grp, capg, ng + 1);
+		if (!rc)
+			grp[ng++] = (struct pair_piece){*x, gi};
+	}
+done:
+	free(grp);
+	free(runs);
+	return rc;
+}
+
+/* The transfers of b, in the execution order, into s: all of them, or
+ * those of s's scope with their copies. */
+static vps_result_t take_transfers(struct vps_staged *s, struct builder *b)
+{
+	/* a transfer's copies stay where they are made */
+	if (b->nx) /* a rank with nothing to move has no transfer */
+		qsort(b->x, b->nx, sizeof(*b->x), xfer_order);
+	if (s->scope < 0) {
+		s->xfers = b->x;
+		s->nxfers = b->nx;
+		s->ops = b->o;
+		s->nops = b->no;
+		b->x = NULL;
+		b->o = NULL;
+		return VPS_OK;
+	}
+	s->ops = vps_malloc((b->no + 1) * sizeof(*s->ops));
+	s->xfers = vps_malloc((b->nx + 1) * sizeof(*s->xfers));
+	if (!s->ops || !s->xfers)
+		return VPS_ENOMEM;
+	for (size_t i = 0; i < b->nx; i++) {
+		struct vps_xfer x = b->x[i];
+		if (x.src != s->scope && x.dst != s->scope)
+			continue;
+		if (x.nops)
+			memcpy(&s->ops[s->nops], &b->o[x.first_op], x.nops * sizeof(*s->ops));
+		x.first_op = s->nops;
+		s->nops += x.nops;
+		s->xfers[s->nxfers++] = x;
+	}
+	return VPS_OK;
+}
+
 vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t budget, int64_t rank)
 {
 	vps_result_t rc = VPS_OK;
@@ -515,60 +605,19 @@ vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t b
 	if (budget < VPS_STAGE_BUDGET_FLOOR)
 		return vps_fail(VPS_EINPUT, "budget: %" PRId64 " bytes is below the floor of %" PRId64
 				" bytes (one aligned element each way)", budget, VPS_STAGE_BUDGET_FLOOR);
-	int64_t W = vps_world_size(plan->world);
+	int64_t W = vps_world_size(plan->world), cap = chunk_size(budget);
 	if (rank >= W)
 		return vps_fail(VPS_EINPUT, "--rank: %" PRId64 " is outside the transition world of %" PRId64, rank, W);
+	VPS_CHECK(check_chunks(plan, budget, cap));
 	struct vps_staged *s = vps_calloc(1, sizeof(*s));
 	int64_t *demand = NULL;
-	struct run *runs = NULL;
-	struct pair_piece *grp = NULL;
-	size_t capr = 0, ng = 0, capg = 0;
 	struct builder b = {0};
 	if (!s)
 		return VPS_ENOMEM;
 	s->budget = budget;
 	s->scope = plan->scope >= 0 ? plan->scope : rank;
 	s->steps = vps_stage_steps(W);
-	int64_t cap = chunk_size(budget);
-	/* any budget above the floor works, but one that cuts the plan in
-	 * hundreds of millions of chunks is a mistake, not a schedule */
-	int64_t moved = 0;
-	struct vps_piece_iter it;
-	vps_piece_iter_init(&it, plan);
-	for (const struct vps_piece *x; (x = vps_piece_iter_next(&it));)
-		if (x->src != x->dst)
-			moved = vps_sat_add(moved, vps_piece_bytes(x));
-	if (moved / cap > VPS_STAGE_MAX_CHUNKS) {
-		free(s);
-		return vps_fail(VPS_EINPUT,
-				"budget: %" PRId64 " bytes cuts the %" PRId64 " bytes this plan moves in more than %lld chunks; "
-				"give at least %" PRId64 " bytes",
-				budget, moved, (long long)VPS_STAGE_MAX_CHUNKS,
-				vps_round_up(2 * (moved / VPS_STAGE_MAX_CHUNKS + 1), VPS_STAGE_ALIGN));
-	}
-	/* pieces come in plan order, by destination and then source: a pair's
-	 * pieces are consecutive, and the plan is read once, packed or not */
-	vps_piece_iter_init(&it, plan);
-	int64_t pdst = -1, psrc = -1;
-	for (size_t gi = 0;; gi++) {
-		const struct vps_piece *x = vps_piece_iter_next(&it);
-		if (!x || x->dst != pdst || x->src != psrc) {
-			if (ng)
-				VPS_CHECK_GOTO(stage_pair(&b, grp, ng, &runs, &capr, cap), rc, fail);
-			ng = 0;
-			if (!x)
-				break;
-			if (x->dst < pdst || (x->dst == pdst && x->src < psrc)) {
-				rc = vps_fail(VPS_EINPUT, "piece %zu (%" PRId64 " -> %" PRId64 ") is out of the plan's order "
-							  "(by destination, then source)", gi, x->src, x->dst);
-				goto fail;
-			}
-			pdst = x->dst;
-			psrc = x->src;
-		}
-		VPS_CHECK_GOTO(VPS_GROW(grp, capg, ng + 1), rc, fail);
-		grp[ng++] = (struct pair_piece){*x, gi};
-	}
+	VPS_CHECK_GOTO(stage_pairs(&b, plan, cap), rc, fail);
 	/* a global plan knows every rank's demands: cut its stages now */
 	if (plan->scope < 0) {
 		demand = vps_malloc(VPS_DEMAND_COUNT(s->steps) * sizeof(*demand));
@@ -578,35 +627,7 @@ vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t b
 		}
 		VPS_CHECK_GOTO(demand_of(b.x, b.nx, s->steps, -1, demand), rc, fail);
 	}
-	/* the execution order; a transfer's copies stay where they are made */
-	if (b.nx) /* a rank with nothing to move has no transfer */
-		qsort(b.x, b.nx, sizeof(*b.x), xfer_order);
-	if (s->scope < 0) {
-		s->xfers = b.x;
-		s->nxfers = b.nx;
-		s->ops = b.o;
-		s->nops = b.no;
-		b.x = NULL;
-		b.o = NULL;
-	} else {
-		/* only the scope's transfers, with their copies */
-		s->ops = vps_malloc((b.no + 1) * sizeof(*s->ops));
-		s->xfers = vps_malloc((b.nx + 1) * sizeof(*s->xfers));
-		if (!s->ops || !s->xfers) {
-			rc = VPS_ENOMEM;
-			goto fail;
-		}
-	}
-	for (size_t i = 0; s->scope >= 0 && i < b.nx; i++) {
-		struct vps_xfer x = b.x[i];
-		if (s->scope >= 0 && x.src != s->scope && x.dst != s->scope)
-			continue;
-		if (x.nops)
-			memcpy(&s->ops[s->nops], &b.o[x.first_op], x.nops * sizeof(*s->ops));
-		x.first_op = s->nops;
-		s->nops += x.nops;
-		s->xfers[s->nxfers++] = x;
-	}
+	VPS_CHECK_GOTO(take_transfers(s, &b), rc, fail);
 	VPS_CHECK_GOTO(find_frees(s, plan), rc, fail);
 	s->plan = plan;
 	if (demand && (rc = vps_staged_cut(s, demand))) {
@@ -616,16 +637,12 @@ vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t b
 	free(demand);
 	free(b.x);
 	free(b.o);
-	free(grp);
-	free(runs);
 	*out = s;
 	return VPS_OK;
 fail:
 	free(demand);
 	free(b.x);
 	free(b.o);
-	free(grp);
-	free(runs);
 	free(s->stages);
 	free(s->xfers);
 	free(s->ops);
