@@ -632,8 +632,9 @@ static vps_result_t check_region_cover(const struct vps_plan *p, int64_t d, int6
 	while (*c < ncov && cov[*c].rb == rb && cov[*c].region < (int64_t)r)
 		(*c)++;
 	for (; *c < ncov && cov[*c].rb == rb && cov[*c].region == (int64_t)r; (*c)++) {
-		if (vps_boxes_push(boxes, &p->pieces[cov[*c].piece].box))
+		if (VPS_GROW(boxes->v, boxes->cap, boxes->n + 1))
 			return too_large("pieces of one destination region", boxes->n + 1, sizeof(*boxes->v));
+		boxes->v[boxes->n++] = p->pieces[cov[*c].piece].box;
 		sum += vps_box_volume(&p->pieces[cov[*c].piece].box);
 	}
 	for (size_t k = lost_first(&p->lost, R->tensor, R->state);
@@ -641,8 +642,9 @@ static vps_result_t check_region_cover(const struct vps_plan *p, int64_t d, int6
 		struct vps_box y;
 		if (!vps_box_intersect(&p->lost.ranges[k].box, &R->box, &y))
 			continue;
-		if (vps_boxes_push(boxes, &y))
+		if (VPS_GROW(boxes->v, boxes->cap, boxes->n + 1))
 			return too_large("lost ranges of one destination region", boxes->n + 1, sizeof(*boxes->v));
+		boxes->v[boxes->n++] = y;
 		sum += vps_box_volume(&y);
 	}
 	int64_t vol = vps_box_volume(&R->box), gap = vps_boxes_uncovered(boxes->v, boxes->n, &R->box);

@@ -18,38 +18,39 @@ bool vps_run_flat(const struct vps_run *r)
 	       vps_strides_rowmajor(r->ndim, r->ext, r->dst_strides);
 }
 
+bool vps_piece_flat(const struct vps_piece *x)
+{
+	int64_t ext[VPS_MAX_DIMS];
+	for (int k = 0; k < x->box.ndim; k++)
+		ext[k] = x->box.hi[k] - x->box.lo[k];
+	return vps_strides_rowmajor(x->box.ndim, ext, x->src_strides) &&
+	       vps_strides_rowmajor(x->box.ndim, ext, x->dst_strides);
+}
+
+/* Staging makes a run of every piece, and matching one of each piece a copy
+ * names: fields are set one by one, no memset. */
 bool vps_piece_run(const struct vps_piece *x, struct vps_run *r)
 {
-	memset(r, 0, sizeof(*r));
+	bool flat = vps_piece_flat(x);
 	r->src = x->src;
 	r->dst = x->dst;
-	r->ndim = x->box.ndim;
 	r->esize = (uint8_t)vps_dtype_size(vps_state_dtype(x->state));
 	r->src_buffer = x->src_buffer;
 	r->dst_buffer = x->dst_buffer;
 	r->src_offset = x->src_offset;
 	r->dst_offset = x->dst_offset;
-	for (int k = 0; k < r->ndim; k++) {
-		r->ext[k] = x->box.hi[k] - x->box.lo[k];
-		r->src_strides[k] = x->src_strides[k];
-		r->dst_strides[k] = x->dst_strides[k];
+	r->ndim = flat ? 1 : x->box.ndim;
+	for (int k = 0; k < VPS_MAX_DIMS; k++) {
+		bool axis = k < r->ndim;
+		r->ext[k] = axis ? x->box.hi[k] - x->box.lo[k] : 0;
+		r->src_strides[k] = axis ? x->src_strides[k] : 0;
+		r->dst_strides[k] = axis ? x->dst_strides[k] : 0;
 	}
-	if (!vps_run_flat(r))
-		return false;
-	int64_t n = vps_box_volume(&x->box);
-	memset(r->ext, 0, sizeof(r->ext));
-	memset(r->src_strides, 0, sizeof(r->src_strides));
-	memset(r->dst_strides, 0, sizeof(r->dst_strides));
-	r->ndim = 1;
-	r->ext[0] = n;
-	r->src_strides[0] = r->dst_strides[0] = 1;
-	return true;
-}
-
-bool vps_piece_flat(const struct vps_piece *x)
-{
-	struct vps_run r;
-	return vps_piece_run(x, &r);
+	if (flat) {
+		r->ext[0] = vps_box_volume(&x->box);
+		r->src_strides[0] = r->dst_strides[0] = 1;
+	}
+	return flat;
 }
 
 /* base + sum lo[k] * strides[k], checked. */
@@ -110,8 +111,9 @@ static bool solve_start(const struct vps_run *r, const struct vps_run *c, bool d
 enum vps_match vps_piece_match(const struct vps_piece *x, const struct vps_run *c, struct vps_box *sub)
 {
 	struct vps_run r;
-	if (vps_piece_run(x, &r))
+	if (vps_piece_flat(x))
 		return vps_run_flat(c) ? VPS_MATCH_FLAT : VPS_MATCH_NONE;
+	vps_piece_run(x, &r);
 	if (c->ndim != r.ndim || c->src != r.src || c->dst != r.dst || c->src_buffer != r.src_buffer ||
 	    c->dst_buffer != r.dst_buffer || c->esize != r.esize)
 		return VPS_MATCH_NONE;

@@ -71,7 +71,6 @@ struct builder {
 
 void vps_op_run(const struct vps_xfer *x, const struct vps_op *o, struct vps_run *r)
 {
-	memset(r, 0, sizeof(*r));
 	r->src = x->src;
 	r->dst = x->dst;
 	r->ndim = o->ndim;
@@ -80,10 +79,11 @@ void vps_op_run(const struct vps_xfer *x, const struct vps_op *o, struct vps_run
 	r->dst_buffer = o->dst_buffer;
 	r->src_offset = o->src_offset;
 	r->dst_offset = o->dst_offset;
-	for (int k = 0; k < o->ndim && k < VPS_MAX_DIMS; k++) {
-		r->ext[k] = o->ext[k];
-		r->src_strides[k] = o->src_strides[k];
-		r->dst_strides[k] = o->dst_strides[k];
+	for (int k = 0; k < VPS_MAX_DIMS; k++) {
+		bool axis = k < o->ndim;
+		r->ext[k] = axis ? o->ext[k] : 0;
+		r->src_strides[k] = axis ? o->src_strides[k] : 0;
+		r->dst_strides[k] = axis ? o->dst_strides[k] : 0;
 	}
 }
 
