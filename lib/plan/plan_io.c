@@ -1,3 +1,6 @@
+/* Plans in files (plan_io.h, vps-formats(5)): the body staged plans embed
+ * too, a global plan's packed pieces written by threads, and pieces read
+ * packed and hashed as they come for tools that only stage or count them. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>

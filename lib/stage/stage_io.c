@@ -1,3 +1,6 @@
+/* Staged plans in files (stage_io.h, vps-formats(5)): written measured,
+ * then compressed as they go; read with every view checked against the
+ * buffer it names. And the budgets files of vps-stage --budgets. */
 #include <inttypes.h>
 #include <stdio.h>
 
