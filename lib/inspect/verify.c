@@ -567,7 +567,8 @@ static vps_result_t check_piece(const struct vps_plan *p, int64_t scope, struct 
 	const struct vps_model *m = vps_layout_model(p->a);
 	const struct vps_piece *x = &p->pieces[i];
 	struct view_index *vi;
-	char ps[512] = "";
+	char ps[512];
+	ps[0] = '\0';
 	bool mine = scope < 0 || x->src == scope || x->dst == scope;
 	if (!mine && p->scope < 0)
 		return VPS_OK;
