@@ -27,53 +27,33 @@ bool vps_piece_flat(const struct vps_piece *x)
 	       vps_strides_rowmajor(x->box.ndim, ext, x->dst_strides);
 }
 
-/* Staging makes a run of every piece, and matching one of each piece a copy
- * names: fields are set one by one, no memset. */
+/* Staging makes a run of every piece, and matching one of each strided
+ * piece a copy names: fields are set one by one, no memset. */
 bool vps_piece_run(const struct vps_piece *x, struct vps_run *r)
 {
-	bool flat = vps_piece_flat(x);
+	int64_t n = 1;
 	r->src = x->src;
 	r->dst = x->dst;
+	r->ndim = x->box.ndim;
 	r->esize = (uint8_t)vps_dtype_size(vps_state_dtype(x->state));
 	r->src_buffer = x->src_buffer;
 	r->dst_buffer = x->dst_buffer;
 	r->src_offset = x->src_offset;
 	r->dst_offset = x->dst_offset;
-	r->ndim = flat ? 1 : x->box.ndim;
 	for (int k = 0; k < VPS_MAX_DIMS; k++) {
 		bool axis = k < r->ndim;
 		r->ext[k] = axis ? x->box.hi[k] - x->box.lo[k] : 0;
 		r->src_strides[k] = axis ? x->src_strides[k] : 0;
 		r->dst_strides[k] = axis ? x->dst_strides[k] : 0;
+		n *= axis ? r->ext[k] : 1;
 	}
-	if (flat) {
-		r->ext[0] = vps_box_volume(&x->box);
-		r->src_strides[0] = r->dst_strides[0] = 1;
-	}
-	return flat;
-}
-
-/* base + sum lo[k] * strides[k], checked. */
-static bool offset_at(int ndim, const int64_t *lo, int64_t base, const int64_t *strides, int64_t *out)
-{
-	for (int k = 0; k < ndim; k++) {
-		int64_t t;
-		if (!vps_mul_ok(lo[k], strides[k], &t) || !vps_add_ok(base, t, &base))
-			return false;
-	}
-	*out = base;
-	return true;
-}
-
-bool vps_run_part(const struct vps_run *r, const int64_t *lo, const int64_t *ext, struct vps_run *out)
-{
-	struct vps_run p = *r;
-	for (int k = 0; k < r->ndim; k++)
-		p.ext[k] = ext[k];
-	if (!offset_at(r->ndim, lo, r->src_offset, r->src_strides, &p.src_offset) ||
-	    !offset_at(r->ndim, lo, r->dst_offset, r->dst_strides, &p.dst_offset))
+	if (!vps_run_flat(r))
 		return false;
-	*out = p;
+	for (int k = 1; k < VPS_MAX_DIMS; k++)
+		r->ext[k] = r->src_strides[k] = r->dst_strides[k] = 0;
+	r->ndim = 1;
+	r->ext[0] = n;
+	r->src_strides[0] = r->dst_strides[0] = 1;
 	return true;
 }
 

@@ -13,6 +13,7 @@
 #ifndef VPS_PIECE_H
 #define VPS_PIECE_H
 
+#include "util/internal.h"
 #include "vps/plan.h"
 
 /* Elements copied from a strided view of a source rank's buffer to one of a
@@ -40,8 +41,22 @@ bool vps_piece_flat(const struct vps_piece *x);
 
 /* The part of run r that starts lo elements into it along each axis and
  * has extents ext: r's strides, offsets at the part's first element.
- * @return false when an offset overflows (a part outside any buffer). */
-bool vps_run_part(const struct vps_run *r, const int64_t *lo, const int64_t *ext, struct vps_run *out);
+ * @return false when an offset overflows (a part outside any buffer).
+ * Inline: staging cuts every copy with it. */
+static inline bool vps_run_part(const struct vps_run *r, const int64_t *lo, const int64_t *ext, struct vps_run *out)
+{
+	int64_t src = r->src_offset, dst = r->dst_offset, t;
+	for (int k = 0; k < r->ndim; k++)
+		if (!vps_mul_ok(lo[k], r->src_strides[k], &t) || !vps_add_ok(src, t, &src) ||
+		    !vps_mul_ok(lo[k], r->dst_strides[k], &t) || !vps_add_ok(dst, t, &dst))
+			return false;
+	*out = *r;
+	for (int k = 0; k < r->ndim; k++)
+		out->ext[k] = ext[k];
+	out->src_offset = src;
+	out->dst_offset = dst;
+	return true;
+}
 
 enum vps_match {
 	VPS_MATCH_NONE, /* the copy carries no part of the piece as staging cuts it */

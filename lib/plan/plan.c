@@ -551,12 +551,13 @@ static void serve(const struct ctx *c, const struct group *g, const struct choic
 	candidate(c, g, (ch->start + part) % k, src, holder);
 }
 
-/* Elements [lo, hi) of box y (row-major, extents ext) from src. */
+/* Elements [lo, hi) of box y (row-major, extents ext, vol elements) from
+ * src. */
 static vps_result_t emit_range(struct pieces *out, int64_t only_src, int64_t src, int64_t d, const struct vps_box *y,
-			       const int64_t *ext, int64_t lo, int64_t hi, const struct vps_region *sr,
+			       const int64_t *ext, int64_t vol, int64_t lo, int64_t hi, const struct vps_region *sr,
 			       const struct vps_region *R)
 {
-	if (lo == 0 && hi == vps_box_volume(y))
+	if (lo == 0 && hi == vol)
 		return emit(out, only_src, src, d, y, sr, R);
 	struct vps_box parts[2 * VPS_MAX_DIMS];
 	int np = vps_flat_range_boxes(y->ndim, ext, lo, hi, parts, NULL);
@@ -590,7 +591,7 @@ static vps_result_t plan_cut(struct ctx *c, const struct group *g, const struct 
 		int64_t hi, src;
 		size_t holder;
 		serve(c, g, ch, &x, lo, &seg, &hi, &src, &holder);
-		VPS_CHECK(emit_range(out, only_src, src, d, y, ext, lo, hi, &c->ha.v[holder].region, R));
+		VPS_CHECK(emit_range(out, only_src, src, d, y, ext, x.vol, lo, hi, &c->ha.v[holder].region, R));
 		lo = hi;
 		seg++;
 	}

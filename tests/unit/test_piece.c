@@ -78,7 +78,7 @@ TEST(run_part_moves_the_offsets_to_its_first_element)
 {
 	const int64_t ext[3] = {3, 4, 5}, src[3] = {40, 5, 1}, dst[3] = {200, 10, 1};
 	struct vps_piece x = piece(3, ext, 7, src, 1000, dst);
-	struct vps_run r, p;
+	struct vps_run r, p = {0};
 	vps_piece_run(&x, &r);
 	const int64_t lo[3] = {2, 1, 3}, sub[3] = {1, 2, 2};
 	CHECK(vps_run_part(&r, lo, sub, &p));
@@ -120,7 +120,7 @@ static void check_every_part(const struct vps_piece *x)
 		}
 		if (!inside)
 			continue;
-		struct vps_run part;
+		struct vps_run part = {0};
 		struct vps_box sub;
 		CHECK(vps_run_part(&r, lo, ext, &part));
 		CHECK_EQ(vps_piece_match(x, &part, &sub), VPS_MATCH_BOX);
@@ -152,7 +152,7 @@ TEST(match_refuses_what_is_not_a_part)
 {
 	const int64_t ext[2] = {3, 4}, src[2] = {4, 1}, dst[2] = {16, 1};
 	struct vps_piece x = piece(2, ext, 12, src, 33, dst);
-	struct vps_run r, c;
+	struct vps_run r, c = {0};
 	struct vps_box sub;
 	vps_piece_run(&x, &r);
 	const int64_t lo[2] = {1, 1}, e[2] = {2, 2};
@@ -220,7 +220,7 @@ TEST(match_solves_from_the_side_whose_strides_nest)
 	 * the source's (3, 1) finds it, and both sides confirm it */
 	const int64_t ext[2] = {3, 3}, src[2] = {3, 1}, dst[2] = {3, 2};
 	struct vps_piece x = piece(2, ext, 0, src, 0, dst);
-	struct vps_run r, c;
+	struct vps_run r, c = {0};
 	struct vps_box sub;
 	vps_piece_run(&x, &r);
 	const int64_t lo[2] = {0, 2}, one[2] = {1, 1};
