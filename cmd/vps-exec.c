@@ -25,8 +25,8 @@ static const char usage[] =
 	"       vps-exec --new-token\n"
 	"       vps-exec -h | --version\n"
 	"options:\n"
-	"  --registry NAME     the trainer's registry (default vps-%r); %r world rank, %a source rank,\n"
-	"                      %b target rank, %l local rank, %% a percent sign\n"
+	"  --registry NAME     the trainer's registry (default vps-%j-%r); %j the job (its staging), %r world\n"
+	"                      rank, %a source rank, %b target rank, %l local rank, %% a percent sign\n"
 	"  --transport T       how bytes move: tcp (host memory over TCP, the default), ipc (ranks of one\n"
 	"                      node map each other's host or GPU buffers), nccl (GPU memory), auto (ipc\n"
 	"                      within a node, nccl across)\n"
@@ -50,6 +50,11 @@ static const char usage[] =
 	"  -q, --quiet         no summary line\n"
 	"  -h, --help          this text\n"
 	"  --version           the version\n";
+
+static void say(void *ctx, const char *message)
+{
+	fprintf(stderr, "vps-exec: rank %" PRId64 ": %s\n", *(const int64_t *)ctx, message);
+}
 
 static void progress(void *ctx, int64_t stage, int64_t nstages, int64_t bytes, double seconds)
 {
@@ -82,7 +87,6 @@ int main(int argc, char **argv)
 	bool serve = false, quiet = false;
 	double timeout = 60;
 	int c;
-	o.registry = "vps-%r";
 	o.device = -1;
 	o.fault_stage = -1;
 	o.request_timeout = 600;
@@ -200,6 +204,9 @@ int main(int argc, char **argv)
 	o.master_host = l.master_host;
 	o.master_port = l.master_port;
 	o.timeout = timeout;
+	o.notice = say;
+	o.notice_ctx = &l.rank;
+	o.plan_names = (const char *const *)&argv[optind];
 	if (isatty(STDERR_FILENO) && !quiet) {
 		o.progress = progress;
 	}

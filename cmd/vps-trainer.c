@@ -22,7 +22,8 @@ static const char usage[] =
 	"                   STAGED...\n"
 	"       vps-trainer -h | --version\n"
 	"options:\n"
-	"  --registry NAME     registry to create (default vps-%r; %r world rank, %l local rank)\n"
+	"  --registry NAME     registry to create (default vps-%j-%r; %j the job (its staging), %r world\n"
+	"                      rank, %a source rank, %b target rank, %l local rank, %% a percent sign)\n"
 	"  --rank R            world rank (default: RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK)\n"
 	"  --local-rank L      rank on this node (default: LOCAL_RANK, SLURM_LOCALID, ...)\n"
 	"  --steps N           optimizer steps before the first switch (default 3)\n"
@@ -36,7 +37,7 @@ static const char usage[] =
 	"  -h, --help          this text\n"
 	"  --version           the version\n";
 
-static char registry_to_remove[128];
+static char registry_to_remove[VPS_REGISTRY_NAME_MAX + 1];
 static sigset_t termination;
 
 /* SIGTERM, SIGINT, SIGHUP: remove the registry and exit. A thread that
@@ -54,6 +55,11 @@ static void *reaper(void *unused)
 	_exit(128 + sig);
 }
 
+static void say(void *ctx, const char *message)
+{
+	fprintf(stderr, "vps-trainer: rank %" PRId64 ": %s\n", *(const int64_t *)ctx, message);
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -67,7 +73,7 @@ int main(int argc, char **argv)
 		{0, 0, 0, 0}};
 	struct launch l = {-1, -1, -1, "", 0, NULL};
 	struct vps_trainer_opts o = {0};
-	const char *pattern = "vps-%r";
+	const char *pattern = VPS_REGISTRY_DEFAULT;
 	int c;
 	o.steps_before = 3;
 	o.steps_after = 2;
@@ -131,37 +137,39 @@ int main(int argc, char **argv)
 		return st;
 	o.rank = l.rank;
 	o.local_rank = l.local_rank;
-	char name[128];
-	size_t len = 0;
-	for (const char *p = pattern; *p && len + 24 < sizeof(name); p++) {
-		if (p[0] == '%' && (p[1] == 'r' || p[1] == 'l')) {
-			len += (size_t)snprintf(name + len, sizeof(name) - len, "%" PRId64, p[1] == 'r' ? l.rank : l.local_rank);
-			p++;
-		} else {
-			name[len++] = *p;
-		}
+	o.notice = say;
+	o.notice_ctx = &l.rank;
+	o.plan_names = (const char *const *)&argv[optind];
+	struct vps_staged **plans = calloc(nplans, sizeof(*plans));
+	vps_result_t rc = plans ? VPS_OK : VPS_ENOMEM;
+	int status;
+	for (size_t i = 0; i < nplans && !rc; i++)
+		rc = vps_staged_load(&plans[i], argv[optind + (int)i]);
+	/* the job's tag is its first plan's, as vps-exec computes it */
+	char name[VPS_REGISTRY_NAME_MAX + 1];
+	if (!rc) {
+		const struct vps_world *w = plans[0]->plan->world;
+		struct vps_registry_name_parts parts = {vps_staged_world_hash(plans[0]), l.rank, vps_world_a_rank(w, l.rank),
+							vps_world_b_rank(w, l.rank), l.local_rank};
+		rc = vps_registry_expand(pattern, &parts, name, sizeof(name));
 	}
-	name[len] = '\0';
 	o.registry = name;
 	/* killed while it holds shared memory: remove it */
-	snprintf(registry_to_remove, sizeof(registry_to_remove), "%s", name);
+	snprintf(registry_to_remove, sizeof(registry_to_remove), "%s", rc ? "" : name);
 	sigemptyset(&termination);
 	sigaddset(&termination, SIGTERM);
 	sigaddset(&termination, SIGINT);
 	sigaddset(&termination, SIGHUP);
 	pthread_t reaper_thread;
 	if (pthread_sigmask(SIG_BLOCK, &termination, NULL) != 0 ||
-	    pthread_create(&reaper_thread, NULL, reaper, NULL) != 0)
-		return tool_usage_error("cannot start the signal thread");
+	    pthread_create(&reaper_thread, NULL, reaper, NULL) != 0) {
+		status = tool_usage_error("cannot start the signal thread");
+		goto done;
+	}
 	pthread_detach(reaper_thread);
-	struct vps_staged **plans = calloc(nplans, sizeof(*plans));
-	vps_result_t rc = plans ? VPS_OK : VPS_ENOMEM;
-	for (size_t i = 0; i < nplans && !rc; i++)
-		rc = vps_staged_load(&plans[i], argv[optind + (int)i]);
 	struct vps_trainer_result res;
 	if (!rc)
 		rc = vps_trainer_run(plans, nplans, &o, &res);
-	int status;
 	if (rc) {
 		fprintf(stderr, "vps-trainer: rank %" PRId64 ": %s\n", l.rank, *vps_last_error() ? vps_last_error() : vps_strerror(rc));
 		status = tool_status(rc);
@@ -173,6 +181,7 @@ int main(int argc, char **argv)
 		       res.training_state_ok ? "carried" : "LOST", ok ? "ok" : "FAILED");
 		status = tool_finish(ok ? EXIT_OK : EXIT_CHECK);
 	}
+done:
 	for (size_t i = 0; plans && i < nplans; i++)
 		vps_staged_free(plans[i]);
 	free(plans);

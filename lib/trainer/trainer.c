@@ -237,130 +237,213 @@ static vps_result_t take_step(const struct vps_layout *l, int64_t rank, const st
 	return VPS_OK;
 }
 
-vps_result_t vps_trainer_run(struct vps_staged *const *plans, size_t nplans, const struct vps_trainer_opts *o,
-			     struct vps_trainer_result *res)
+/* One trainer: its registry, its shards (the source it holds, the target
+ * a switch fills), its training state and its samples log. */
+struct trainer {
+	const struct vps_trainer_opts *o;
+	struct vps_registry *reg;
+	const struct vps_cuda_api *gpu;
+	struct shard src, dst;
+	struct vps_registry_training t;
+	FILE *log;
+	struct vps_device me;
+};
+
+/* Plan k as messages name it: its file, where the caller gave the names. */
+static const char *plan_name(const struct vps_trainer_opts *o, size_t k, char *buf, size_t n)
 {
-	vps_result_t rc = VPS_OK;
-	struct vps_registry *reg = NULL;
-	struct shard src = {0}, dst = {0};
-	FILE *log = NULL;
-	memset(res, 0, sizeof(*res));
-	res->training_state_ok = true;
+	if (o->plan_names && o->plan_names[k])
+		return o->plan_names[k];
+	snprintf(buf, n, "staged plan %zu", k + 1);
+	return buf;
+}
+
+/* The plans chain (each starts where the one before ends) and hold this
+ * rank. */
+static vps_result_t check_plans(struct vps_staged *const *plans, size_t nplans, const struct vps_trainer_opts *o)
+{
+	int64_t rank = o->rank;
 	if (!nplans)
 		return vps_fail(VPS_EINPUT, "no staged plan");
 	for (size_t k = 0; k < nplans; k++) {
+		char buf[32], before[32];
+		const char *name = plan_name(o, k, buf, sizeof(buf));
+		VPS_CHECK(vps_plan_check_hash(plans[k]->plan, name));
 		if (plans[k]->file_hash && plans[k]->file_hash != vps_staged_hash(plans[k]))
-			return vps_fail(VPS_EINPUT, "staged plan %zu: its content does not hash to what it states", k + 1);
+			return vps_fail(VPS_EINPUT, "%s: its content does not hash to what it states (edited or damaged; "
+					"vps-verify shows what is wrong)", name);
 		if (k && vps_layout_hash(plans[k]->plan->a) != vps_layout_hash(plans[k - 1]->plan->b))
-			return vps_fail(VPS_EINPUT, "staged plan %zu does not start from the layout plan %zu ends in", k + 1,
-					k);
+			return vps_fail(VPS_EINPUT, "%s does not start from the layout %s ends in", name,
+					plan_name(o, k - 1, before, sizeof(before)));
 	}
 	const struct vps_plan *p0 = plans[0]->plan;
-	if (o->rank < 0 || o->rank >= vps_world_size(p0->world))
-		return vps_fail(VPS_EINPUT, "rank %" PRId64 " is outside the transition world of %" PRId64, o->rank,
+	if (rank < 0 || rank >= vps_world_size(p0->world))
+		return vps_fail(VPS_EINPUT, "rank %" PRId64 " is outside the transition world of %" PRId64, rank,
 				vps_world_size(p0->world));
-	struct vps_device me = vps_world_device(p0->world, o->rank);
+	return VPS_OK;
+}
+
+/* The registry, the first training state, and the source shard trained
+ * for steps_before steps. */
+static vps_result_t trainer_start(struct trainer *tr, const struct vps_plan *p0)
+{
+	const struct vps_trainer_opts *o = tr->o;
+	struct vps_registry_training *t = &tr->t;
 	int64_t ra = vps_world_a_rank(p0->world, o->rank);
-	if (o->samples_log && !(log = fopen(o->samples_log, "a")))
-		return vps_fail(VPS_EINPUT, "%s: %s", o->samples_log, strerror(errno));
-	const struct vps_cuda_api *gpu = NULL;
 	if (o->cuda)
-		VPS_CHECK_GOTO(vps_gpu_init(o->device, o->local_rank, &gpu), rc, done);
-	VPS_CHECK_GOTO(vps_registry_create(&reg, o->registry, ra >= 0 ? vps_layout_hash(p0->a) : 0, ra,
-					   (uint32_t)(4 * VPS_NSTATES * 64), 1),
-		       rc, done);
-	struct vps_registry_training t = {0};
-	t.global_batch = o->global_batch;
-	t.dp = vps_layout_parallel(p0->a)->dp;
-	t.micro_batch = o->micro_batch > 0 ? o->micro_batch : 1;
-	if (t.global_batch) {
-		if (t.global_batch % (t.micro_batch * t.dp)) {
-			rc = vps_fail(VPS_EINPUT, "--global-batch %" PRId64 " is not a multiple of micro batch %" PRId64
-				      " x dp %" PRId64, t.global_batch, t.micro_batch, t.dp);
-			goto done;
-		}
-		t.grad_accum = t.global_batch / (t.micro_batch * t.dp);
+		VPS_CHECK(vps_gpu_init(o->device, o->local_rank, &tr->gpu));
+	VPS_CHECK(vps_registry_create(&tr->reg, o->registry, ra >= 0 ? vps_layout_hash(p0->a) : 0, ra,
+				      (uint32_t)(4 * VPS_NSTATES * 64), 1));
+	t->global_batch = o->global_batch;
+	t->dp = vps_layout_parallel(p0->a)->dp;
+	t->micro_batch = o->micro_batch > 0 ? o->micro_batch : 1;
+	if (t->global_batch) {
+		if (t->global_batch % (t->micro_batch * t->dp))
+			return vps_fail(VPS_EINPUT, "--global-batch %" PRId64 " is not a multiple of micro batch %" PRId64
+					" x dp %" PRId64, t->global_batch, t->micro_batch, t->dp);
+		t->grad_accum = t->global_batch / (t->micro_batch * t->dp);
 	}
 	if (ra >= 0) {
-		VPS_CHECK_GOTO(alloc_shard(reg, p0->a, ra, VPS_ROLE_SOURCE, gpu, o, &src), rc, done);
-		VPS_CHECK_GOTO(fill_shard(p0->a, &src, 0), rc, done);
+		VPS_CHECK(alloc_shard(tr->reg, p0->a, ra, VPS_ROLE_SOURCE, tr->gpu, o, &tr->src));
+		VPS_CHECK(fill_shard(p0->a, &tr->src, 0));
 		for (int64_t s = 1; s <= o->steps_before; s++) {
-			VPS_CHECK_GOTO(take_step(p0->a, ra, &t, log), rc, done);
-			t.consumed_samples += t.global_batch;
-			t.step = t.scheduler_step = s;
-			VPS_CHECK_GOTO(fill_shard(p0->a, &src, s), rc, done);
+			VPS_CHECK(take_step(p0->a, ra, t, tr->log));
+			t->consumed_samples += t->global_batch;
+			t->step = t->scheduler_step = s;
+			VPS_CHECK(fill_shard(p0->a, &tr->src, s));
 		}
 	}
-	t.valid = 1;
-	vps_registry_set_training(reg, &t);
-	for (size_t k = 0; k < nplans; k++) {
-		const struct vps_plan *p = plans[k]->plan;
-		int64_t w = vps_world_of_device(p->world, me);
-		int64_t a = w >= 0 ? vps_world_a_rank(p->world, w) : -1, b = w >= 0 ? vps_world_b_rank(p->world, w) : -1;
-		if (w < 0) {
-			rc = vps_fail(VPS_EINPUT, "staged plan %zu does not use this device", k + 1);
-			goto done;
-		}
-		if (k > 0) {
-			/* the last target is now the source */
-			VPS_CHECK_GOTO(vps_registry_reset(reg, vps_layout_hash(p->a), a), rc, done);
-			VPS_CHECK_GOTO(shard_free(reg, &src), rc, done);
-			if (a >= 0) {
-				src = dst;
-				memset(&dst, 0, sizeof(dst));
-				VPS_CHECK_GOTO(register_shard(reg, &src, VPS_ROLE_SOURCE), rc, done);
-			}
-		}
-		if (b >= 0)
-			VPS_CHECK_GOTO(alloc_shard(reg, p->b, b, VPS_ROLE_TARGET, gpu, o, &dst), rc, done);
-		VPS_CHECK_GOTO(vps_registry_set_target(reg, vps_layout_hash(p->b), b), rc, done);
-		uint64_t seq;
-		int64_t step_before = t.step, consumed_before = t.consumed_samples;
-		rc = vps_registry_request(reg, &seq);
-		if (!rc)
-			rc = vps_registry_wait(reg, seq, o->timeout);
-		if (rc) {
-			/* a failed switch must leave the sources as they were */
-			int64_t wrong = 0, dirty = 0;
-			char msg[1024];
-			snprintf(msg, sizeof(msg), "%s", vps_last_error());
-			if (a >= 0)
-				if (check_shard(p->a, &src, t.step, &wrong, &dirty, NULL))
-					wrong = -1;
-			rc = vps_fail(rc, "%s; sources %s", msg,
-				      a < 0 ? "none (joining)" : wrong < 0 ? "unreadable" : wrong || dirty ? "DAMAGED" : "intact");
-			goto done;
-		}
-		res->switches++;
-		if (b < 0) {
-			/* a leaving device holds nothing now; it may join a later switch */
-			VPS_CHECK_GOTO(vps_registry_reset(reg, 0, -1), rc, done);
-			VPS_CHECK_GOTO(shard_free(reg, &src), rc, done);
-			continue;
-		}
-		/* the switch carries rank 0's step and data position to everyone
-		 * (a joining device had none of its own) */
-		vps_registry_get_training(reg, &t);
-		if (!t.valid || (a >= 0 && (t.step != step_before || t.consumed_samples != consumed_before)))
-			res->training_state_ok = false;
-		VPS_CHECK_GOTO(check_shard(p->b, &dst, t.step, &res->wrong_elements, &res->dirty_padding, &p->lost), rc,
-			       done);
-		for (int64_t s = 1; s <= o->steps_after; s++) {
-			VPS_CHECK_GOTO(take_step(p->b, b, &t, log), rc, done);
-			t.consumed_samples += t.global_batch;
-			t.step++;
-			t.scheduler_step++;
-			VPS_CHECK_GOTO(fill_shard(p->b, &dst, t.step), rc, done);
-		}
-		vps_registry_set_training(reg, &t);
+	t->valid = 1;
+	vps_registry_set_training(tr->reg, t);
+	return VPS_OK;
+}
+
+/* After this many seconds the wait for the executor says, once, what it
+ * waits for. */
+#define NOTICE_AFTER 3.0
+
+/* Wait for switch seq, saying early what it waits for: a trainer whose
+ * executor never comes (another --registry, no vps-exec) would otherwise
+ * be silent for the whole timeout. */
+static vps_result_t wait_switch(struct trainer *tr, uint64_t seq)
+{
+	const struct vps_trainer_opts *o = tr->o;
+	double timeout = o->timeout;
+	if (!o->notice || (timeout >= 0 && timeout <= NOTICE_AFTER))
+		return vps_registry_wait(tr->reg, seq, timeout);
+	vps_result_t rc = vps_registry_wait(tr->reg, seq, NOTICE_AFTER);
+	if (rc != VPS_ETIMEOUT)
+		return rc;
+	char what[256], msg[512];
+	vps_registry_describe(tr->reg, what, sizeof(what));
+	snprintf(msg, sizeof(msg), "waiting for switch %" PRIu64 " in registry %s: %s", seq, vps_registry_name(tr->reg),
+		 what);
+	o->notice(o->notice_ctx, msg);
+	vps_clear_error();
+	rc = vps_registry_wait(tr->reg, seq, timeout < 0 ? -1 : timeout - NOTICE_AFTER);
+	if (rc == VPS_ETIMEOUT) {
+		vps_registry_describe(tr->reg, what, sizeof(what));
+		return vps_fail(rc, "registry %s: switch %" PRIu64 " not done after %.1f s: %s", vps_registry_name(tr->reg),
+				seq, timeout, what);
 	}
-	res->step = t.step;
-	res->consumed_samples = t.consumed_samples;
-done:
-	if (log && fclose(log) != 0 && !rc)
+	return rc;
+}
+
+/* A failed switch must leave the sources as they were: say whether it did. */
+static vps_result_t switch_failed(struct trainer *tr, const struct vps_plan *p, int64_t a, vps_result_t rc)
+{
+	int64_t wrong = 0, dirty = 0;
+	char msg[1024];
+	snprintf(msg, sizeof(msg), "%s", vps_last_error());
+	if (a >= 0)
+		if (check_shard(p->a, &tr->src, tr->t.step, &wrong, &dirty, NULL))
+			wrong = -1;
+	return vps_fail(rc, "%s; sources %s", msg,
+			a < 0 ? "none (joining)" : wrong < 0 ? "unreadable" : wrong || dirty ? "DAMAGED" : "intact");
+}
+
+/* After a switch to target rank b: the state received is checked, and
+ * training goes on from the step and data position the switch carried
+ * (rank 0's: a joining device had none of its own). */
+static vps_result_t train_on(struct trainer *tr, const struct vps_plan *p, int64_t a, int64_t b,
+			     struct vps_trainer_result *res)
+{
+	struct vps_registry_training *t = &tr->t;
+	int64_t step_before = t->step, consumed_before = t->consumed_samples;
+	vps_registry_get_training(tr->reg, t);
+	if (!t->valid || (a >= 0 && (t->step != step_before || t->consumed_samples != consumed_before)))
+		res->training_state_ok = false;
+	VPS_CHECK(check_shard(p->b, &tr->dst, t->step, &res->wrong_elements, &res->dirty_padding, &p->lost));
+	for (int64_t s = 1; s <= tr->o->steps_after; s++) {
+		VPS_CHECK(take_step(p->b, b, t, tr->log));
+		t->consumed_samples += t->global_batch;
+		t->step++;
+		t->scheduler_step++;
+		VPS_CHECK(fill_shard(p->b, &tr->dst, t->step));
+	}
+	vps_registry_set_training(tr->reg, t);
+	return VPS_OK;
+}
+
+/* Switch k: the last target becomes the source, a target is allocated,
+ * the switch requested and waited for, and training goes on. */
+static vps_result_t one_switch(struct trainer *tr, const struct vps_staged *s, size_t k,
+			       struct vps_trainer_result *res)
+{
+	const struct vps_plan *p = s->plan;
+	int64_t w = vps_world_of_device(p->world, tr->me);
+	char buf[32];
+	if (w < 0)
+		return vps_fail(VPS_EINPUT, "%s does not use this device", plan_name(tr->o, k, buf, sizeof(buf)));
+	int64_t a = vps_world_a_rank(p->world, w), b = vps_world_b_rank(p->world, w);
+	if (k > 0) {
+		VPS_CHECK(vps_registry_reset(tr->reg, vps_layout_hash(p->a), a));
+		VPS_CHECK(shard_free(tr->reg, &tr->src));
+		if (a >= 0) {
+			tr->src = tr->dst;
+			memset(&tr->dst, 0, sizeof(tr->dst));
+			VPS_CHECK(register_shard(tr->reg, &tr->src, VPS_ROLE_SOURCE));
+		}
+	}
+	if (b >= 0)
+		VPS_CHECK(alloc_shard(tr->reg, p->b, b, VPS_ROLE_TARGET, tr->gpu, tr->o, &tr->dst));
+	VPS_CHECK(vps_registry_set_target(tr->reg, vps_layout_hash(p->b), b));
+	uint64_t seq;
+	vps_result_t rc = vps_registry_request(tr->reg, &seq);
+	if (!rc)
+		rc = wait_switch(tr, seq);
+	if (rc)
+		return switch_failed(tr, p, a, rc);
+	res->switches++;
+	if (b >= 0)
+		return train_on(tr, p, a, b, res);
+	/* a leaving device holds nothing now; it may join a later switch */
+	VPS_CHECK(vps_registry_reset(tr->reg, 0, -1));
+	return shard_free(tr->reg, &tr->src);
+}
+
+vps_result_t vps_trainer_run(struct vps_staged *const *plans, size_t nplans, const struct vps_trainer_opts *o,
+			     struct vps_trainer_result *res)
+{
+	struct trainer tr = {.o = o};
+	memset(res, 0, sizeof(*res));
+	res->training_state_ok = true;
+	VPS_CHECK(check_plans(plans, nplans, o));
+	const struct vps_plan *p0 = plans[0]->plan;
+	tr.me = vps_world_device(p0->world, o->rank);
+	if (o->samples_log && !(tr.log = fopen(o->samples_log, "a")))
+		return vps_fail(VPS_EINPUT, "%s: %s", o->samples_log, strerror(errno));
+	vps_result_t rc = trainer_start(&tr, p0);
+	for (size_t k = 0; k < nplans && !rc; k++)
+		rc = one_switch(&tr, plans[k], k, res);
+	if (!rc) {
+		res->step = tr.t.step;
+		res->consumed_samples = tr.t.consumed_samples;
+	}
+	if (tr.log && fclose(tr.log) != 0 && !rc)
 		rc = vps_fail_errno("samples log");
-	shard_release(&src);
-	shard_release(&dst);
-	vps_registry_close(reg);
+	shard_release(&tr.src);
+	shard_release(&tr.dst);
+	vps_registry_close(tr.reg);
 	return rc;
 }

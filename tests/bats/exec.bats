@@ -183,7 +183,14 @@ small_world() { # two ranks, tp=2 -> dp=2, one node
 	for r in 0 1; do
 		grep -q "vps-exec: rank $r: GPU support is not available" e.$r
 		grep -q "the executor stopped: rank $r: GPU support is not available.*; sources intact" t.$r
+		no_gpu_said_plainly e.$r
 	done
+}
+
+# Where libvps-cuda.so loads, the reason is said plainly first (no driver,
+# an old one, none visible), the CUDA runtime's words after it.
+no_gpu_said_plainly() {
+	grep -Eq "GPU support is not available: (no usable GPU was found: .+ \(CUDA says: .+\)|libvps-cuda.so cannot be loaded)" "$1"
 }
 
 @test "a trainer with --cuda and no GPU support exits 2, naming it; its executor stops" {
@@ -204,11 +211,12 @@ small_world() { # two ranks, tp=2 -> dp=2, one node
 		cat t.$r
 		[ "$st" -eq 2 ]
 		grep -q "vps-trainer: rank $r: GPU support is not available" t.$r
+		no_gpu_said_plainly t.$r
 		st=0
 		wait ${ep[$r]} || st=$?
 		[ "$st" -ne 0 ]
 		# no registry was left behind for it to find
-		grep -q "vps-exec: rank $r: shared memory /dev/shm/$tag-$r: No such file" e.$r
+		grep -q "vps-exec: rank $r: no trainer has created registry $tag-$r within 1 s" e.$r
 	done
 	[ $((SECONDS - start)) -lt 15 ]
 	[ ! -e "/dev/shm/$tag-0" ] && [ ! -e "/dev/shm/$tag-1" ]

@@ -169,6 +169,20 @@ within() {
 	[[ "$output" == "vps-exec: rank 0: nobuf.yaml: line "*": dst_buffer: transfer 0 op 0 (piece "*"): destination: rank 0 has no buffer 99" ]]
 }
 
+@test "vps-exec and vps-trainer name the file of a staged plan that does not hash to what it states" {
+	sed '0,/^hash: /s/^hash: .*/hash: 0x0123456789abcdef/' s.yaml > staged.yaml
+	sed '0,/^  hash: /s/^  hash: .*/  hash: 0x0123456789abcdef/' s.yaml > plan.yaml
+	local tool
+	for tool in "vps-exec --master 127.0.0.1:29511 --serve s.yaml" "vps-trainer s.yaml"; do
+		within ${tool%% *} --registry vps-bats-$$ --rank 0 ${tool#* } staged.yaml
+		[ "$status" -eq 2 ]
+		[ "$output" = "${tool%% *}: rank 0: staged.yaml: its content does not hash to what it states (edited or damaged; vps-verify shows what is wrong)" ]
+		within ${tool%% *} --registry vps-bats-$$ --rank 0 ${tool#* } plan.yaml
+		[ "$status" -eq 2 ]
+		[[ "$output" == "${tool%% *}: rank 0: plan.yaml: the plan states hash 0x0123456789abcdef but its content hashes to 0x"*" (edited or damaged; vps-verify shows what is wrong)" ]]
+	done
+}
+
 @test "a model too large for any machine is refused before a size is computed" {
 	printf 'vps: model\nversion: 1\nname: huge\nhidden: 2147483648\nlayers: 4\nheads: 1\nhead_dim: 1\nffn: 2147483648\nvocab: 100\n' > m.yaml
 	within vps-layout --model ./m.yaml

@@ -289,11 +289,24 @@ int api_device_count(int *n, char *err)
 {
 	*n = 0;
 	cudaError_t e = cudaGetDeviceCount(n);
-	if (e != cudaSuccess) {
-		*n = 0;
-		return fail(err, VPS_CUDA_ECUDA, "no usable GPU: %s", cudaGetErrorString(e));
-	}
-	return 0;
+	if (e == cudaSuccess)
+		return 0;
+	*n = 0;
+	// CUDA's words name a cause only the initiated read ("driver version is
+	// insufficient" where there is no driver at all): say it plainly first
+	int driver = 0;
+	char why[160];
+	if (cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0)
+		snprintf(why, sizeof(why), "no NVIDIA driver is installed");
+	else if (driver < CUDART_VERSION)
+		snprintf(why, sizeof(why), "the NVIDIA driver runs CUDA up to %d.%d, and libvps-cuda.so was built with %d.%d",
+			 driver / 1000, driver % 1000 / 10, CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
+	else if (e == cudaErrorNoDevice)
+		snprintf(why, sizeof(why), "CUDA sees none (CUDA_VISIBLE_DEVICES=%s)",
+			 getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "unset");
+	else
+		snprintf(why, sizeof(why), "CUDA cannot use the GPUs");
+	return fail(err, VPS_CUDA_ECUDA, "no usable GPU was found: %s (CUDA says: %s)", why, cudaGetErrorString(e));
 }
 
 typedef CUresult (*range_fn)(CUdeviceptr *, size_t *, CUdeviceptr);
