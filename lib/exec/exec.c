@@ -12,6 +12,7 @@
 #include "io/doc.h"
 #include "exec/digest.h"
 #include "gpu/gpu.h"
+#include "util/hash.h"
 #include "util/internal.h"
 #include "exec/net/net.h"
 #include "exec/transport/transport.h"

@@ -12,8 +12,8 @@
 #include <stdio.h>
 
 #include "util/internal.h"
+#include "vps/io.h"
 #include "vps/plan.h"
-#include "vps/query.h"
 
 static int cmp_i64(const void *p, const void *q)
 {
