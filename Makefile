@@ -1,7 +1,7 @@
 # vps: build, test, install.
 #
 #   make            libvps.a, libvps.so and the tools in bin/ (and how to put bin/ on PATH)
-#   make check      the C unit tests, the Bats tests and the framework checks,
+#   make check      the C unit tests, the Bats tests, the layering (make layers) and the framework checks,
 #                   warnings as errors; the GPU paths on the stand-ins of CUDA and
 #                   NCCL (tests/standin/)
 #   make standin    only those stand-ins (build/standin/)
@@ -233,7 +233,7 @@ bats: all standin $(PY_STAMP)
 # Not under a sanitizer: a Python process cannot load that build's libvps.so.
 check: all unit bats
 ifeq ($(SANITIZE),)
-	@$(MAKE) --no-print-directory check-megatron check-hf
+	@$(MAKE) --no-print-directory layers check-megatron check-hf
 endif
 
 # Megatron-Core builds a matrix of configurations on the CPU, a process per

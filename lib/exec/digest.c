@@ -4,7 +4,7 @@
 #include "exec/digest.h"
 
 #include "gpu/gpu.h"
-#include "io/doc.h"
+#include "util/hash.h"
 #include "util/internal.h"
 #include "vps/data.h"
 

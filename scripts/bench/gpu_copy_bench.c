@@ -24,6 +24,7 @@
 
 #include "gpu/gpu.h"
 #include "io/doc.h"
+#include "util/hash.h"
 #include "util/internal.h"
 #include "exec/transport/transport.h"
 #include "vps/data.h"

@@ -1079,7 +1079,7 @@ static int api_copy(const struct vps_cuda_copy *c, size_t n, char *err)
 
 /* ---- the digest kernel ---- */
 
-/* lib/io/doc.h's vps_mix64, which the real kernel repeats */
+/* lib/util/hash.h's vps_mix64, which the real kernel repeats */
 static uint64_t mix64(uint64_t x)
 {
 	x ^= x >> 30;

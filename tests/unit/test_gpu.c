@@ -10,6 +10,7 @@
 #include "gpu/gpu.h"
 #include "harness.h"
 #include "io/doc.h"
+#include "util/hash.h"
 #include "jobs.h"
 #include "util/internal.h"
 #include "exec/transport/transport.h"

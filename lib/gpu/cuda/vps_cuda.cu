@@ -229,7 +229,7 @@ struct DigestDesc {
 	int64_t fstr[VPS_CUDA_MAX_DIMS]; // outer logical strides
 };
 
-// lib/io/doc.h's vps_mix64, bit for bit
+// lib/util/hash.h's vps_mix64, bit for bit
 __host__ __device__ __forceinline__ uint64_t mix64(uint64_t x)
 {
 	x ^= x >> 30;
