@@ -1,12 +1,12 @@
 /* vps-trainer: the reference trainer, for tests and demos. */
-#include <getopt.h>
-#include <pthread.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <signal.h>
-#include <unistd.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common.h"
 #include "launcher.h"
@@ -54,127 +54,98 @@ static void *reaper(void *unused)
 	_exit(128 + sig);
 }
 
-int main(int argc, char **argv)
+/* The registry's name: the pattern with %r and %l replaced. */
+static void registry_name(const char *pattern, const struct launch *l, char *name, size_t size)
 {
-	static const struct option opts[] = {
-		{"registry", required_argument, NULL, 'R'},   {"rank", required_argument, NULL, 'r'},
-		{"local-rank", required_argument, NULL, 'l'},
-		{"steps", required_argument, NULL, 's'},      {"steps-after", required_argument, NULL, 'a'},
-		{"global-batch", required_argument, NULL, 'g'}, {"micro-batch", required_argument, NULL, 'b'},
-		{"samples", required_argument, NULL, 'L'},    {"timeout", required_argument, NULL, 't'},
-		{"cuda", no_argument, NULL, 'C'},             {"device", required_argument, NULL, 'D'},
-		{"help", no_argument, NULL, 'h'},             {"version", no_argument, NULL, 'V'},
-		{0, 0, 0, 0}};
-	struct launch l = {-1, -1, -1, "", 0, NULL};
-	struct vps_trainer_opts o = {0};
-	const char *pattern = "vps-%r";
-	int c;
-	o.steps_before = 3;
-	o.steps_after = 2;
-	o.micro_batch = 1;
-	o.timeout = 120;
-	o.device = -1;
-	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-		int64_t v;
-		switch (c) {
-		case 'R': pattern = optarg; break;
-		case 'r':
-			if (!tool_parse_i64(optarg, &l.rank))
-				return tool_usage_error("--rank: '%s' is not a rank", optarg);
-			break;
-		case 'l':
-			if (!tool_parse_i64(optarg, &l.local_rank))
-				return tool_usage_error("--local-rank: '%s' is not a rank", optarg);
-			break;
-		case 's':
-		case 'a':
-		case 'g':
-		case 'b':
-			if (!tool_parse_i64(optarg, &v))
-				return tool_usage_error("--%s: '%s' is not a non-negative integer",
-							c == 's' ? "steps" : c == 'a' ? "steps-after" : c == 'g' ? "global-batch"
-														   : "micro-batch",
-							optarg);
-			if (c == 's')
-				o.steps_before = v;
-			else if (c == 'a')
-				o.steps_after = v;
-			else if (c == 'g')
-				o.global_batch = v;
-			else
-				o.micro_batch = v;
-			break;
-		case 'L': o.samples_log = optarg; break;
-		case 'C': o.cuda = true; break;
-		case 'D':
-			if (!tool_parse_i64(optarg, &v) || v < 0 || v > 1023)
-				return tool_usage_error("--device: '%s' is not a GPU number", optarg);
-			o.device = (int)v;
-			break;
-		case 't': {
-			char *end;
-			o.timeout = strtod(optarg, &end);
-			if (*end || o.timeout <= 0)
-				return tool_usage_error("--timeout: '%s' is not a positive number of seconds", optarg);
-			break;
-		}
-		case 'h': fputs(usage, stdout); return tool_finish(EXIT_OK);
-		case 'V': printf("vps-trainer %s\n", VPS_VERSION_STRING); return tool_finish(EXIT_OK);
-		default: fputs(usage, stderr); return EXIT_USAGE;
-		}
-	}
-	size_t nplans = (size_t)(argc - optind);
-	if (!nplans)
-		return tool_usage_error("expected a staged plan\n%s", usage);
-	int st = launch_resolve(&l, false);
-	if (st)
-		return st;
-	o.rank = l.rank;
-	o.local_rank = l.local_rank;
-	char name[128];
 	size_t len = 0;
-	for (const char *p = pattern; *p && len + 24 < sizeof(name); p++) {
+	for (const char *p = pattern; *p && len + 24 < size; p++) {
 		if (p[0] == '%' && (p[1] == 'r' || p[1] == 'l')) {
-			len += (size_t)snprintf(name + len, sizeof(name) - len, "%" PRId64, p[1] == 'r' ? l.rank : l.local_rank);
+			len += (size_t)snprintf(name + len, size - len, "%" PRId64, p[1] == 'r' ? l->rank : l->local_rank);
 			p++;
 		} else {
 			name[len++] = *p;
 		}
 	}
 	name[len] = '\0';
-	o.registry = name;
-	/* killed while it holds shared memory: remove it */
-	snprintf(registry_to_remove, sizeof(registry_to_remove), "%s", name);
+}
+
+/* Killed while it holds shared memory: remove it. */
+static bool remove_when_killed(const char *registry)
+{
+	pthread_t thread;
+	snprintf(registry_to_remove, sizeof(registry_to_remove), "%s", registry);
 	sigemptyset(&termination);
 	sigaddset(&termination, SIGTERM);
 	sigaddset(&termination, SIGINT);
 	sigaddset(&termination, SIGHUP);
-	pthread_t reaper_thread;
-	if (pthread_sigmask(SIG_BLOCK, &termination, NULL) != 0 ||
-	    pthread_create(&reaper_thread, NULL, reaper, NULL) != 0)
-		return tool_usage_error("cannot start the signal thread");
-	pthread_detach(reaper_thread);
+	if (pthread_sigmask(SIG_BLOCK, &termination, NULL) != 0 || pthread_create(&thread, NULL, reaper, NULL) != 0)
+		return false;
+	pthread_detach(thread);
+	return true;
+}
+
+/* Train through the staged plans' switches; the verdict on standard output. */
+static int train(char **paths, size_t nplans, const struct vps_trainer_opts *o)
+{
 	struct vps_staged **plans = calloc(nplans, sizeof(*plans));
+	struct vps_trainer_result res;
+	int status;
 	vps_result_t rc = plans ? VPS_OK : VPS_ENOMEM;
 	for (size_t i = 0; i < nplans && !rc; i++)
-		rc = vps_staged_load(&plans[i], argv[optind + (int)i]);
-	struct vps_trainer_result res;
+		rc = vps_staged_load(&plans[i], paths[i]);
 	if (!rc)
-		rc = vps_trainer_run(plans, nplans, &o, &res);
-	int status;
+		rc = vps_trainer_run(plans, nplans, o, &res);
 	if (rc) {
-		fprintf(stderr, "vps-trainer: rank %" PRId64 ": %s\n", l.rank, *vps_last_error() ? vps_last_error() : vps_strerror(rc));
-		status = tool_status(rc);
+		status = tool_error(tool_status(rc), "rank %" PRId64 ": %s", o->rank,
+				    *vps_last_error() ? vps_last_error() : vps_strerror(rc));
 	} else {
 		bool ok = !res.wrong_elements && !res.dirty_padding && res.training_state_ok;
 		printf("vps-trainer: rank %" PRId64 ": %" PRId64 " switch%s, step %" PRId64 ", %" PRId64
 		       " samples; %" PRId64 " wrong elements, %" PRId64 " dirty padding, training state %s: %s\n",
-		       l.rank, res.switches, res.switches == 1 ? "" : "es", res.step, res.consumed_samples, res.wrong_elements, res.dirty_padding,
-		       res.training_state_ok ? "carried" : "LOST", ok ? "ok" : "FAILED");
+		       o->rank, res.switches, res.switches == 1 ? "" : "es", res.step, res.consumed_samples,
+		       res.wrong_elements, res.dirty_padding, res.training_state_ok ? "carried" : "LOST", ok ? "ok" : "FAILED");
 		status = tool_finish(ok ? EXIT_OK : EXIT_CHECK);
 	}
 	for (size_t i = 0; plans && i < nplans; i++)
 		vps_staged_free(plans[i]);
 	free(plans);
 	return status;
+}
+
+int main(int argc, char **argv)
+{
+	struct launch l = {-1, -1, -1, "", 0, NULL};
+	struct vps_trainer_opts o = {.steps_before = 3, .steps_after = 2, .micro_batch = 1, .timeout = 120, .device = -1};
+	const char *pattern = "vps-%r";
+	char registry[128];
+	struct tool_option options[] = {
+		TOOL_OPT_STRING(0, "registry", &pattern),
+		TOOL_OPT_RANK("rank", &l.rank),
+		TOOL_OPT_RANK("local-rank", &l.local_rank),
+		TOOL_OPT_COUNT("steps", &o.steps_before),
+		TOOL_OPT_COUNT("steps-after", &o.steps_after),
+		TOOL_OPT_COUNT("global-batch", &o.global_batch),
+		TOOL_OPT_COUNT("micro-batch", &o.micro_batch),
+		TOOL_OPT_STRING(0, "samples", &o.samples_log),
+		TOOL_OPT_SECONDS("timeout", &o.timeout),
+		TOOL_OPT_BOOL(0, "cuda", &o.cuda),
+		TOOL_OPT_FUNC(0, "device", &o.device, tool_device),
+		TOOL_OPT_END,
+	};
+	static const struct tool_rule rules[] = {{"device", "cuda", NULL, NULL}, {0}};
+	struct tool_cli cli = {.usage = usage, .options = options, .rules = rules};
+	int status = tool_parse(&cli, argc, argv);
+	if (status == TOOL_PARSED)
+		status = tool_operands(&cli, 1, SIZE_MAX, "a staged plan");
+	if (status != TOOL_PARSED)
+		return status;
+	if (!launch_resolve(&l, false))
+		return EXIT_USAGE;
+	o.rank = l.rank;
+	o.local_rank = l.local_rank;
+	registry_name(pattern, &l, registry, sizeof(registry));
+	o.registry = registry;
+	if (!remove_when_killed(registry))
+		return tool_error(EXIT_CHECK, "cannot start the signal thread");
+	return train(cli.operands, cli.noperands, &o);
 }

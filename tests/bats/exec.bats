@@ -158,7 +158,7 @@ small_world() { # two ranks, tp=2 -> dp=2, one node
 @test "an unknown transport is refused, naming the accepted ones" {
 	small_world
 	expect_status 2 vps-exec --transport bogus --rank 0 --master 127.0.0.1:$port s.staged
-	[[ "$output" == *"--transport bogus: expected tcp, ipc, nccl or auto"* ]]
+	[ "${lines[0]}" = "vps-exec: --transport: 'bogus' is not tcp, ipc, nccl or auto" ]
 }
 
 @test "nccl without GPU support: every rank stops with exit 2, naming it, sources intact" {

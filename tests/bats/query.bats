@@ -340,9 +340,10 @@ PY
 	expect_status 2 vps-layout "${L[@]}" --tensor output_layer.weight --state grad
 	[[ "$output" == "vps-layout: --state: "* ]]
 	expect_status 2 vps-layout "${L[@]}" --tensor output_layer.weight --format xml
-	[ "$output" = "vps-layout: --format: 'xml' is not yaml, tsv or json" ]
+	[ "${lines[0]}" = "vps-layout: --format: 'xml' is not yaml, tsv or json" ]
+	[ "${lines[1]}" = "Try 'vps-layout -h' for more." ] && [ "${#lines[@]}" -eq 2 ]
 	expect_status 2 vps-layout "${L[@]}" --box 0:1
-	[[ "$output" == "vps-layout: --state, --box and --format go with --tensor" ]]
+	[ "${lines[0]}" = "vps-layout: --state, --box and --format go with --tensor" ]
 	expect_status 2 vps-layout "${L[@]}" --tensor output_layer.weight --rank 0
 
 	vps-layout "${L[@]}" >a.layout
@@ -374,10 +375,11 @@ PY
 	expect_status 2 vps-plan --transfers --rank 0 a.layout
 	[ "$output" = "vps-plan: a.layout: a layout, not a plan or a staged plan" ]
 	expect_status 2 vps-plan a.layout b.layout --peer 1
-	[ "$output" = "vps-plan: --peer, --tensor, --state, --stage and --format go with --transfers" ]
+	[ "${lines[0]}" = "vps-plan: --peer, --tensor, --state, --stage and --format go with --transfers" ]
+	[ "${lines[1]}" = "Try 'vps-plan -h' for more." ] && [ "${#lines[@]}" -eq 2 ]
 	expect_status 2 vps-plan a.layout b.layout --rank 0 --transfers --stats
 	expect_status 2 vps-plan --transfers --rank 0 --format csv ab.plan
-	[ "$output" = "vps-plan: --format: 'csv' is not yaml, tsv or json" ]
+	[ "${lines[0]}" = "vps-plan: --format: 'csv' is not yaml, tsv or json" ]
 	# nothing on standard output when the query fails
 	expect_status 2 sh -c 'vps-plan --transfers --rank 0 --tensor nope ab.plan >out'
 	[ ! -s out ]
