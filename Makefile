@@ -117,9 +117,10 @@ $(FLAGS_STAMP): FORCE | $(DEPS_STAMP)
 	@echo '$(CC) $(ALL_CFLAGS) $(LDFLAGS)' | cmp -s - $@ || echo '$(CC) $(ALL_CFLAGS) $(LDFLAGS)' > $@
 FORCE:
 
+# -fvisibility=hidden: libvps.so exports only what include/vps/ marks VPS_API
 $(BUILDDIR)/lib/%.o: lib/%.c $(FLAGS_STAMP) | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -c $< -o $@
+	$(CC) $(ALL_CFLAGS) -fvisibility=hidden -c $< -o $@
 
 $(BUILDDIR)/cmd/%.o: cmd/%.c $(FLAGS_STAMP) | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
