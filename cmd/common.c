@@ -22,15 +22,32 @@ int tool_status(vps_result_t rc)
 	case VPS_EINPUT:
 	case VPS_EFORMAT:
 	case VPS_EUNSUPPORTED:
-		return EXIT_USAGE; /* what the user asked for is wrong or cannot be had here */
+	case VPS_ENOTFOUND:
+	case VPS_ESTALE:
+	case VPS_EBUSY:
+		return EXIT_USAGE; /* what the user asked for is wrong, names nothing or cannot be had now */
 	default: return EXIT_CHECK;
 	}
 }
 
-int tool_fail(vps_result_t rc)
+const char *tool_message(vps_result_t rc, char *buf, size_t n)
 {
 	const char *msg = vps_last_error();
-	fprintf(stderr, "%s: %s\n", tool_name, *msg ? msg : vps_strerror(rc));
+	snprintf(buf, n, "%s", *msg ? msg : vps_strerror(rc));
+	return buf;
+}
+
+int tool_fail(vps_result_t rc)
+{
+	char msg[4096];
+	fprintf(stderr, "%s: %s\n", tool_name, tool_message(rc, msg, sizeof(msg)));
+	return tool_status(rc);
+}
+
+int tool_fail_at(const char *where, vps_result_t rc)
+{
+	char msg[4096];
+	fprintf(stderr, "%s: %s: %s\n", tool_name, where, tool_message(rc, msg, sizeof(msg)));
 	return tool_status(rc);
 }
 
@@ -87,9 +104,7 @@ static bool parse_format(const char *arg, void *format, char *why, size_t n)
 {
 	if (!vps_format_parse(arg, format))
 		return true;
-	/* the library's message names the flag already */
-	const char *msg = vps_last_error();
-	snprintf(why, n, "%s", strncmp(msg, "--format: ", 10) ? msg : msg + 10);
+	snprintf(why, n, "%s", vps_last_error());
 	return false;
 }
 

@@ -111,10 +111,17 @@ int tool_operands(const struct tool_cli *cli, size_t min, size_t max, const char
 /* ---- messages and exit statuses ---- */
 
 /* The exit status of a failed call: 2 for what the user asked for (bad or
- * unsupported input, a name that names nothing), 1 otherwise. */
+ * unsupported input, a name that names nothing, a registry stale or in
+ * use), 1 otherwise. */
 int tool_status(vps_result_t rc);
+/* The failed call's message, in buf. @return buf */
+const char *tool_message(vps_result_t rc, char *buf, size_t n);
 /* Print "tool: message" for a failed library call; its exit status. */
 int tool_fail(vps_result_t rc);
+/* The same for a call that read one argument: "tool: where: message"
+ * (where the flag, "--model"; the library's message says what is wrong
+ * with the value, the tool which value it was). */
+int tool_fail_at(const char *where, vps_result_t rc);
 /* Print "tool: message" (printf-style); return status. */
 int tool_error(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* A usage error: "tool: message" and a pointer to -h; return 2. */

@@ -172,8 +172,9 @@ static int execute(const struct run *run, const struct vps_exec_opts *o)
 	if (!rc)
 		rc = vps_exec_run(plans, run->nplans, o, reps);
 	if (rc) {
-		status = tool_error(tool_status(rc), "rank %" PRId64 ": %s", o->rank,
-				    *vps_last_error() ? vps_last_error() : vps_strerror(rc));
+		char rank[32];
+		snprintf(rank, sizeof(rank), "rank %" PRId64, o->rank);
+		status = tool_fail_at(rank, rc);
 		goto done;
 	}
 	for (size_t i = 0; i < run->nplans && !run->quiet; i++)

@@ -117,9 +117,7 @@ static bool parse_box(const char *arg, void *query, char *why, size_t n)
 	struct vps_query *q = query;
 	if (!vps_box_parse(arg, &q->box))
 		return q->has_box = true;
-	/* the library's message names the flag already */
-	const char *msg = vps_last_error();
-	snprintf(why, n, "%s", strncmp(msg, "--box: ", 7) ? msg : msg + 7);
+	snprintf(why, n, "%s", vps_last_error());
 	return false;
 }
 
@@ -144,12 +142,13 @@ static int make_layout(const struct layout_args *a, struct vps_layout **l)
 		return (rc = vps_layout_load(l, a->input)) ? tool_fail(rc) : 0;
 	vps_parallel_init(&p);
 	if (a->parallel && (rc = vps_parallel_load(&p, a->parallel, tool_config_path("parallel"), hint, sizeof(hint))))
-		return tool_fail(rc);
+		return tool_fail_at("--parallel", rc);
 	/* a configuration file may name its model */
 	if (!a->model && !hint[0])
 		return tool_usage_error("--model is required");
+	/* a model the configuration names is the --parallel's */
 	if ((rc = vps_model_load(&m, a->model ? a->model : hint, tool_config_path("models"))))
-		return tool_fail(rc);
+		return tool_fail_at(a->model ? "--model" : "--parallel", rc);
 	if (a->devices)
 		rc = vps_devices_load(&d, a->devices);
 	else

@@ -224,7 +224,7 @@ static int lost_ranks(const char *arg, const struct vps_layout *a, int64_t **ran
 		return 0;
 	}
 	vps_result_t rc = vps_lost_devices(a, arg, ranks, n);
-	return rc ? tool_fail(rc) : 0;
+	return rc ? tool_fail_at("--lost", rc) : 0;
 }
 
 /* What no survivor holds, as records on standard output, and the refusal. */
@@ -271,9 +271,9 @@ static int plan_lost(struct plan_args *a, enum vps_format format, const struct v
 	if (status)
 		return status;
 	if ((rc = vps_lost_compute(&l, la, *lost, n)))
-		return tool_fail(rc);
+		return tool_fail_at("--lost", rc);
 	if ((rc = vps_lost_check_target(&l, la, lb)))
-		status = tool_fail(rc);
+		status = tool_fail_at("--lost", rc);
 	else if (l.nranges && !a->allow_loss)
 		status = refuse_lost(&l, la, format);
 	vps_lost_release(&l);
@@ -363,10 +363,14 @@ static int plan(struct plan_args *a, const struct tool_cli *cli)
 	int64_t *lost = NULL;
 	vps_result_t rc;
 	int status;
-	if (a->topology && (rc = vps_topology_load(&topo, a->topology, tool_config_path("topologies"))))
-		goto fail;
-	if ((rc = load_layouts(a, cli->operands, &tr, &la, &lb)))
-		goto fail;
+	if (a->topology && (rc = vps_topology_load(&topo, a->topology, tool_config_path("topologies")))) {
+		status = tool_fail_at("--topology", rc);
+		goto done;
+	}
+	if ((rc = load_layouts(a, cli->operands, &tr, &la, &lb))) {
+		status = a->transition ? tool_fail_at("--transition", rc) : tool_fail(rc);
+		goto done;
+	}
 	if (a->lost && (status = plan_lost(a, cli->common.format, la, lb, &lost)))
 		goto done;
 	/* the tool only hashes, writes or counts a global plan's pieces */

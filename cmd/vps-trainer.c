@@ -96,8 +96,9 @@ static int train(char **paths, size_t nplans, const struct vps_trainer_opts *o)
 	if (!rc)
 		rc = vps_trainer_run(plans, nplans, o, &res);
 	if (rc) {
-		status = tool_error(tool_status(rc), "rank %" PRId64 ": %s", o->rank,
-				    *vps_last_error() ? vps_last_error() : vps_strerror(rc));
+		char rank[32];
+		snprintf(rank, sizeof(rank), "rank %" PRId64, o->rank);
+		status = tool_fail_at(rank, rc);
 	} else {
 		bool ok = !res.wrong_elements && !res.dirty_padding && res.training_state_ok;
 		printf("vps-trainer: rank %" PRId64 ": %" PRId64 " switch%s, step %" PRId64 ", %" PRId64

@@ -45,7 +45,7 @@ static vps_result_t registry_name(const char *pattern, const struct vps_plan *p,
 		case 'l': v = local; break;
 		case '%': out[len++] = '%'; continue;
 		default:
-			return vps_fail(VPS_EINPUT, "--registry: unknown '%%%c' in '%s' (%%r, %%a, %%b, %%l)", *c, pattern);
+			return vps_fail(VPS_EINPUT, "registry name '%s': unknown '%%%c' (%%r, %%a, %%b, %%l)", pattern, *c);
 		}
 		len += (size_t)snprintf(out + len, n - len, "%" PRId64, v);
 	}

@@ -275,7 +275,7 @@ vps_result_t vps_trainer_run(struct vps_staged *const *plans, size_t nplans, con
 	t.micro_batch = o->micro_batch > 0 ? o->micro_batch : 1;
 	if (t.global_batch) {
 		if (t.global_batch % (t.micro_batch * t.dp)) {
-			rc = vps_fail(VPS_EINPUT, "--global-batch %" PRId64 " is not a multiple of micro batch %" PRId64
+			rc = vps_fail(VPS_EINPUT, "global batch %" PRId64 " is not a multiple of micro batch %" PRId64
 				      " x dp %" PRId64, t.global_batch, t.micro_batch, t.dp);
 			goto done;
 		}

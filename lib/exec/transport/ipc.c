@@ -101,8 +101,8 @@ static vps_result_t ipc_begin(void *self, struct vps_switch *sw)
 			if (!t->strict)
 				continue;
 			struct vps_device d = vps_world_device(s->plan->world, x->src == sw->w ? x->dst : x->src);
-			return vps_fail(VPS_EINPUT, "--transport ipc: rank %" PRId64 " exchanges with a device on node %d, "
-					"and ipc reaches only this node's ranks (use --transport auto)",
+			return vps_fail(VPS_EINPUT, "transport ipc: rank %" PRId64 " exchanges with a device on node %d, "
+					"and ipc reaches only this node's ranks (auto uses nccl across nodes)",
 					sw->w, d.node);
 		}
 		int64_t peer = vps_switch_peer(sw, x);
