@@ -33,7 +33,12 @@ int tool_status(vps_result_t rc)
 const char *tool_message(vps_result_t rc, char *buf, size_t n)
 {
 	const char *msg = vps_last_error();
-	snprintf(buf, n, "%s", *msg ? msg : vps_strerror(rc));
+	if (!*msg)
+		msg = vps_strerror(rc);
+	if (rc == VPS_EINTERNAL)
+		snprintf(buf, n, "%s: %s", vps_strerror(rc), msg);
+	else
+		snprintf(buf, n, "%s", msg);
 	return buf;
 }
 

@@ -112,9 +112,10 @@ int tool_operands(const struct tool_cli *cli, size_t min, size_t max, const char
 
 /* The exit status of a failed call: 2 for what the user asked for (bad or
  * unsupported input, a name that names nothing, a registry stale or in
- * use), 1 otherwise. */
+ * use), 1 otherwise (a failed check, the system, a bug in vps). */
 int tool_status(vps_result_t rc);
-/* The failed call's message, in buf. @return buf */
+/* The failed call's message, in buf: the library's, said to be a bug in
+ * vps for VPS_EINTERNAL. @return buf */
 const char *tool_message(vps_result_t rc, char *buf, size_t n);
 /* Print "tool: message" for a failed library call; its exit status. */
 int tool_fail(vps_result_t rc);

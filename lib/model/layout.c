@@ -944,7 +944,7 @@ vps_result_t vps_layout_holders(const struct vps_layout *l, uint32_t tensor, int
 			const struct tmpl *tm = tmpl_at(l, locs[li].stage, locs[li].chunk, group);
 			int k = locs[li].copy ? (int)tm->output_copy_idx : tparam_find(tm, slot_tensor);
 			if (k < 0)
-				return vps_fail(VPS_EINPUT, "internal: tensor %u missing from its stage", tensor);
+				return vps_fail(VPS_EINTERNAL, "tensor %u missing from its stage's template", tensor);
 			const struct tparam *tp = &tm->p[k];
 			uint32_t buffer = buffer_index(l, locs[li].stage, locs[li].chunk, group, state);
 			int64_t s = locs[li].stage;
