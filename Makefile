@@ -82,11 +82,13 @@ endif
 
 # ---- what a fresh machine lacks ----
 # libyaml and libzstd headers, bats, groff (man page lint), rsvg-convert
-# (the SVG test renders vps-plan --svg), pkg-config (the install test).
+# (the SVG test renders vps-plan --svg), pkg-config (the install test), jq
+# and zstd (the man pages' examples use them, and tests/bats/examples.bats
+# runs every example).
 # Installed with apt-get when we are root and it exists; otherwise the exact
 # command is printed. Checked again when this Makefile changes, so that a
 # dependency added reaches old trees.
-DEB_PKGS = libyaml-dev libzstd-dev bats groff-base librsvg2-bin pkgconf
+DEB_PKGS = libyaml-dev libzstd-dev bats groff-base librsvg2-bin pkgconf jq zstd
 deps: $(DEPS_STAMP)
 $(DEPS_STAMP): Makefile
 	@missing=""; \
@@ -96,6 +98,8 @@ $(DEPS_STAMP): Makefile
 	command -v groff >/dev/null 2>&1 || missing="$$missing groff-base"; \
 	command -v rsvg-convert >/dev/null 2>&1 || missing="$$missing librsvg2-bin"; \
 	command -v pkg-config >/dev/null 2>&1 || missing="$$missing pkgconf"; \
+	command -v jq >/dev/null 2>&1 || missing="$$missing jq"; \
+	command -v zstd >/dev/null 2>&1 || missing="$$missing zstd"; \
 	scripts/install-deps.sh "vps" $$missing
 	@mkdir -p $(BUILDDIR) && touch $@
 

@@ -16,36 +16,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+import options  # noqa: E402
 import vps  # noqa: E402
 from model import Stage  # noqa: E402
 
 
 def parse_args(argv=None):
     a = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    a.add_argument("--model", default="tiny-llama")
-    a.add_argument("--configs", required=True,
-                   help="parallel configurations, comma-separated, in the order the run switches through them; "
-                        "each a name of configs/parallel or a spec with ':' for ',' (tp=2:pp=2:zero=1)")
-    a.add_argument("--gpus-per-node", type=int, default=8)
-    a.add_argument("--steps", type=int, default=40)
-    a.add_argument("--switch-every", type=int, default=0, help="switch to the next configuration every K steps")
-    a.add_argument("--global-batch", type=int, default=8)
-    a.add_argument("--micro-batch", type=int, default=1)
-    a.add_argument("--seq", type=int, default=32)
-    a.add_argument("--lr", type=float, default=3e-3)
-    a.add_argument("--warmup", type=int, default=10)
-    a.add_argument("--seed", type=int, default=1234)
-    a.add_argument("--registry", default="vps-torch-%r")
-    a.add_argument("--timeout", type=float, default=300.0, help="seconds a switch may take")
-    a.add_argument("--loss-log", help="rank 0 writes 'step loss' lines here")
-    a.add_argument("--check-switch", action="store_true",
-                   help="gather the whole state before and after each switch and compare them bit for bit")
-    a.add_argument("--save-master", help="rank 0 saves the gathered fp32 master weights here at the end")
-    args = a.parse_args(argv)
-    args.configs = [c.replace(":", ",") for c in args.configs.split(",")]
-    if args.switch_every <= 0 and len(args.configs) > 1:
-        a.error("several --configs need --switch-every")
-    return args
+    options.add_training(a)
+    return options.finish(a, a.parse_args(argv))
 
 
 # ---- a deterministic corpus: sample i is phrases of a fixed phrase book ----
@@ -174,14 +153,14 @@ def gather_state(state, model, rank):
     return vps.assemble(model, [p for lst in out for p in lst]) if rank == 0 else None
 
 
-def same_bits(a, b):
+def same_bits(model, a, b):
     if a.keys() != b.keys():
         return "the (tensor, state) pairs differ"
     for k in a:
         x, y = a[k], b[k]
         iv = torch.int16 if x.dtype == torch.bfloat16 else torch.int32
         if x.dtype != y.dtype or x.shape != y.shape or not torch.equal(x.view(iv), y.view(iv)):
-            return "tensor %d state %s differs" % (k[0], vps.STATES[k[1]])
+            return "%s %s differs" % (model.tensor_name(k[0]), vps.STATES[k[1]])
     return None
 
 
@@ -263,7 +242,7 @@ def main():
             if args.check_switch:
                 after = gather_state(state, model, rank)
                 if rank == 0:
-                    bad = same_bits(before, after)
+                    bad = same_bits(model, before, after)
                     if bad:
                         raise SystemExit("train.py: switch %d: the state after is not the state before: %s"
                                          % (switches, bad))

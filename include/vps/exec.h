@@ -77,7 +77,8 @@ struct vps_exec_report {
 	 * request (or kept from the switch before), and bytes whose first pass
 	 * fell in the pause's attach (slow on VMs: docs/exec.md) */
 	uint64_t premapped_bytes, mapped_in_pause_bytes;
-	const char *transport;    /* the transport's name (of the first peer's kind under auto) */
+	const char *transport;    /* the transports' name: tcp, ipc, nccl; auto: ipc, or ipc+nccl
+				   * when some rank's switch crosses nodes */
 	bool checked, digest_match;
 	uint64_t digest_before, digest_after;
 	uint64_t switch_seq;

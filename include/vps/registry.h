@@ -66,9 +66,10 @@ struct vps_registry;
  * @return VPS_EINPUT with the reason when the name is taken. */
 VPS_API vps_result_t vps_registry_create(struct vps_registry **out, const char *name, uint64_t layout_hash, int64_t rank,
 				 uint32_t max_entries, int replace_stale);
-/* Open an existing registry (the executor). Fails when it is stale, and
- * when it is not the calling user's own, private object (as
- * vps_registry_check_object). */
+/* Open an existing registry (the executor). Fails when it is not the
+ * calling user's own, private object (as vps_registry_check_object).
+ * @return VPS_ENOTFOUND when there is none yet (or its trainer is still
+ * making it), VPS_ESTALE when its trainer is gone. */
 VPS_API vps_result_t vps_registry_open(struct vps_registry **out, const char *name);
 /* Whether an open shared-memory object (fd, named name in messages) may hold
  * a job's state: a regular file owned by the calling process's effective
