@@ -26,6 +26,9 @@
 #                          [--micro-batch M] [--seq S] [--seed X]
 #                          [--max-rel R] [--keep DIR] [--doc]
 #
+# The runs use PYTHON (default build/venv/bin/python, the test environment
+# that make venv makes).
+#
 #   --steps N          optimizer steps of each run (default 300)
 #   --switch-every K   the switched run switches every K steps (default 50)
 #   --configs LIST     the configurations the switched run cycles through, in
@@ -53,7 +56,7 @@
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 me=convergence.sh
-py=/usr/bin/python3
+py=${PYTHON:-$top/build/venv/bin/python}
 ranks=4
 steps=300 every=50 configs=tp=2:dp=2:zero=1,pp=2:dp=2,tp=2:pp=2,dp=4:zero=1 control=''
 gb=16 mb=2 seq=32 seed=1234 max_rel=1e-3 keep='' doc=0
@@ -97,16 +100,17 @@ control=${control:-${cfg[1]}}
 	{ echo "$me: --control: '$control': one configuration, ':' within it, or none" >&2; exit 2; }
 [ "${control//:/,}" != "${cfg[0]//:/,}" ] ||
 	{ echo "$me: --control: $control is the static run's configuration" >&2; exit 2; }
-[ -x "$py" ] || { echo "$me: $py not found (Debian's python3 with python3-torch)" >&2; exit 2; }
+[ -x "$py" ] || command -v "$py" >/dev/null ||
+	{ echo "$me: $py not found: make venv makes the test environment, or set PYTHON" >&2; exit 2; }
 # the figure needs matplotlib, the numbers do not: said before minutes are
 # spent, not as the run ends
 plot=1
 if ! "$py" -c 'import matplotlib' 2>/dev/null; then
 	if [ "$doc" = 1 ]; then
-		echo "$me: --doc draws docs/convergence.svg, which needs matplotlib for $py: apt-get install python3-matplotlib" >&2
+		echo "$me: --doc draws docs/convergence.svg, which needs matplotlib for $py (pip install matplotlib into it, or PYTHON= a Python that has it)" >&2
 		exit 2
 	fi
-	echo "$me: no matplotlib for $py: the figure is left out (apt-get install python3-matplotlib draws it); the numbers are checked all the same"
+	echo "$me: no matplotlib for $py: the figure is left out (matplotlib for it draws it); the numbers are checked all the same"
 	plot=0
 fi
 for t in vps-layout vps-plan vps-stage vps-exec; do

@@ -19,7 +19,10 @@
 #   --budget SIZE    staging budget per rank (default 64MiB)
 #   --global-batch G samples per step, checked: each read exactly once (default 24)
 #   --transport T    tcp (default), ipc, nccl or auto: vps-exec(1) TRANSPORTS
-#   --cuda           trainers hold their state in GPU memory (needs a GPU)
+#   --cuda           trainers hold their state in GPU memory (needs a GPU, or --standin)
+#   --standin        no GPU needed: build the host stand-ins of libvps-cuda.so and NCCL
+#                    (make standin) and point VPS_CUDA_LIBRARY and VPS_NCCL_LIBRARY at
+#                    them (docs/exec.md, "The stand-ins")
 #   --fault-rank R SPEC  rank R's executor fails (VPS_FAULT=SPEC: stall:STAGE, exit:STAGE,
 #                    kill-trainer:STAGE, or :claim in place of :STAGE); a STAGE that no
 #                    staged plan has is refused (a smaller --budget makes more stages)
@@ -28,11 +31,14 @@
 #   --keep DIR       keep the files (plans, reports, logs) in DIR
 #   --per-rank       each rank plans and stages only its own part (vps-plan --rank);
 #                    the executors agree on the stages at the start
+#
+#   scripts/demo.sh --standin --cuda --transport nccl   a GPU-shaped switch on a laptop
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 bin=$top/bin
 model=tiny-llama from=tp=2,pp=2,dp=2,zero=1 to=tp=4,pp=1,dp=2,zero=1
 per_rank=0 np=8 back=0 budget=64MiB gb=24 keep= transport=tcp cuda=() fault_rank=-1 fault= prefix=() timeout=60
+standin=0
 while [ $# -gt 0 ]; do
 	case $1 in
 	--model) model=$2; shift 2 ;;
@@ -45,11 +51,12 @@ while [ $# -gt 0 ]; do
 	--keep) keep=$2; shift 2 ;;
 	--transport) transport=$2; shift 2 ;;
 	--cuda) cuda=(--cuda); shift ;;
+	--standin) standin=1; shift ;;
 	--fault-rank) fault_rank=$2; fault=$3; shift 3 ;;
 	--exec-prefix) read -r -a prefix <<<"$2"; shift 2 ;;
 	--timeout) timeout=$2; shift 2 ;;
 	--per-rank) per_rank=1; shift ;;
-	-h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "demo.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 	esac
 done
@@ -110,6 +117,15 @@ dir=
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
+
+if [ "$standin" = 1 ]; then
+	# the plain build's, as bin/ is: a make that started this one (make
+	# check, make asan) must not pass its settings on
+	env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u MAKEOVERRIDES -u BUILDDIR -u BINDIR -u SANITIZE -u CFLAGS -u LDFLAGS \
+		make -s --no-print-directory -C "$top" standin >&2
+	export VPS_CUDA_LIBRARY=$top/build/standin/libvps-cuda-standin.so
+	export VPS_NCCL_LIBRARY=$top/build/standin/libnccl-standin.so
+fi
 if [ -n "$keep" ]; then
 	mkdir -p "$keep"
 	dir=$(cd "$keep" && pwd)
@@ -155,15 +171,19 @@ if [ -n "$fault" ]; then
 fi
 there=" and back"
 [ "$back" = 1 ] || there=
+gpu=
+[ "${#cuda[@]}" = 0 ] || gpu=", GPU memory"
+[ "$standin" = 0 ] || gpu="$gpu (the host stand-ins of CUDA and NCCL)"
 awk -v m="$model" -v f="$from" -v t="$to" -v th="$there" -v w="$world" -v j="$joining" -v l="$leaving" -v np="$np" \
-	-v tr="$transport" -v mv="$moved" -v lo="$lower" "$units_awk"'BEGIN {
-	printf "== %s: (%s) -> (%s)%s, %s (%d joining, %d leaving), %d per node, over %s\n", m, f, t, th, plural(w, "device"), j, l, np, tr
+	-v tr="$transport" -v gpu="$gpu" -v mv="$moved" -v lo="$lower" "$units_awk"'BEGIN {
+	printf "== %s: (%s) -> (%s)%s, %s (%d joining, %d leaving), %d per node, over %s%s\n", m, f, t, th, plural(w, "device"), j, l, np, tr, gpu
 	printf "plan: %s to move, %s\n", bytes(mv), mv == lo ? "the least any plan moves" : sprintf("%.3fx the least any plan moves", mv / lo) }'
 # Room, before anything starts: during a switch each trainer holds its
 # state under both layouts, all of it in /dev/shm (a registry besides, of
 # vps-trainer's 1536 entries, under 512 KiB); each executor holds a
 # connection to every peer, and a few files.
-if [ ${#cuda[@]} = 0 ]; then
+# (the stand-ins' device memory is shared memory too)
+if [ ${#cuda[@]} = 0 ] || [ "$standin" = 1 ]; then
 	a_bytes=$("$bin/vps-layout" -q -i a.layout --stats | awk '$1 == "total_bytes:" { print $2 }')
 	b_bytes=$("$bin/vps-layout" -q -i b.layout --stats | awk '$1 == "total_bytes:" { print $2 }')
 	free_shm=$(df -P -B1 /dev/shm | awk 'NR == 2 { print $4 }')

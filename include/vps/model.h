@@ -96,6 +96,8 @@ enum vps_tensor_kind {
 	VPS_T_MTP_FINAL_LN_W,
 	VPS_T_MTP_FINAL_LN_B,
 	VPS_T_ROUTER_BIAS,   /* the router's expert_bias: a module buffer, fp32 [experts] */
+	VPS_T_Q_PROJ_LN_W,   /* MLA without query compression, with qk_norm: the norm
+			      * fused into linear_q_proj (of the hidden state, [h]) */
 	VPS_T_NKINDS
 };
 

@@ -6,7 +6,7 @@
 
 /* bucket: one bucket per buffer (Megatron's default, --overlap-grad-reduce off) */
 #define VPS_BUCKET_NONE 0
-/* bucket: Megatron's size with overlap on: max(40,000,000, 1,000,000 * dp) */
+/* bucket: Megatron-LM's size with overlap on: max(40,000,000, 1,000,000 * dp * cp) */
 #define VPS_BUCKET_AUTO (-1)
 
 struct vps_parallel {

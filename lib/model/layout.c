@@ -386,11 +386,12 @@ static vps_result_t build_tmpl(struct vps_layout *l, int64_t s, int64_t v, int e
 	bool zero = p->zero != 0;
 	/* dense buffers are sharded over the dp_cp group, expert ones over
 	 * expert DP (distributed_data_parallel.py: intra_dp_cp_group and
-	 * intra_expt_dp_group); the bucket size with overlap stays Megatron's
-	 * 1,000,000 x dp without CP (get_data_parallel_world_size()) */
+	 * intra_expt_dp_group); the bucket size with overlap is the training
+	 * path's, 1,000,000 x the dp_cp group's size for every buffer
+	 * (training.py resolve_ddp_bucket_size) */
 	int64_t dpsize = expert ? l->edp : vps_parallel_dpcp(p);
 	int64_t divisor = vps_lcm(dpsize, 128);
-	int64_t bsize = p->bucket == VPS_BUCKET_AUTO ? vps_max64(40000000, 1000000 * p->dp) : p->bucket;
+	int64_t bsize = p->bucket == VPS_BUCKET_AUTO ? vps_max64(40000000, 1000000 * vps_parallel_dpcp(p)) : p->bucket;
 	if (s > 0 || v > 0)
 		bsize = 0;
 	tm->dpsize = dpsize;
@@ -1101,6 +1102,11 @@ uint64_t vps_layout_hash(const struct vps_layout *l)
 		h = vps_hash64(&p->cp, sizeof(p->cp), h);
 	if (p->grouped_gemm)
 		h = vps_hash64("grouped_gemm", 12, h);
+	/* bucket=auto with CP cuts dp x cp sized buckets since the training
+	 * path's rule replaced dp alone: plans and registries of the older
+	 * layout are refused, not misread */
+	if (p->bucket == VPS_BUCKET_AUTO && p->cp != 1)
+		h = vps_hash64("auto_dpcp", 9, h);
 	/* devices: by value, so that a listed map equal to a packed one hashes
 	 * the same */
 	if (l->d.packed && l->d.first_node == 0 && l->d.gpus_per_node == 8) {

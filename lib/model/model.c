@@ -34,7 +34,10 @@ static uint32_t add_attention(const struct vps_model *m, enum vps_tensor_kind *k
 		 * a separate input_layernorm, then linear_proj (built by
 		 * MultiLatentAttention before MLASelfAttention adds the rest),
 		 * then the projections in the order __init__ builds them; with
-		 * qk_layernorm the q/kv norms are fused into the up projections. */
+		 * qk_layernorm the q/kv norms are fused into the up projections,
+		 * and without query compression into linear_q_proj, which then
+		 * normalises the hidden state (core 0.19 mla_qk_norm_config.py:
+		 * _resolve_mla_qk_layernorm). */
 		k[n++] = VPS_T_INPUT_LN_W;
 		k[n++] = VPS_T_PROJ_W;
 		if (m->q_lora_rank > 0) {
@@ -43,6 +46,8 @@ static uint32_t add_attention(const struct vps_model *m, enum vps_tensor_kind *k
 				k[n++] = VPS_T_Q_UP_LN_W;
 			k[n++] = VPS_T_Q_UP_W;
 		} else {
+			if (m->qk_norm)
+				k[n++] = VPS_T_Q_PROJ_LN_W;
 			k[n++] = VPS_T_Q_PROJ_W;
 		}
 		k[n++] = VPS_T_KV_DOWN_W;
@@ -274,6 +279,9 @@ static void fill_tensor(const struct vps_model *m, struct vps_tensor *t)
 		set_shape(t, 3, m->heads, m->qk_head_dim + m->qk_pos_dim, h, 1);
 		t->split = VPS_SPLIT_AXIS;
 		break;
+	case VPS_T_Q_PROJ_LN_W:
+		set_shape(t, 1, h, 1, 1, 1);
+		break;
 	case VPS_T_Q_DOWN_W:
 		set_shape(t, 2, m->q_lora_rank, h, 1, 1);
 		break;
@@ -461,6 +469,7 @@ static const char *kind_suffix(enum vps_tensor_kind k)
 	case VPS_T_FINAL_LN_B: return "decoder.final_layernorm.bias";
 	case VPS_T_OUTPUT_W: return "output_layer.weight";
 	case VPS_T_INPUT_LN_W: return "input_layernorm.weight";
+	case VPS_T_Q_PROJ_LN_W: return "self_attention.linear_q_proj.layer_norm_weight";
 	case VPS_T_Q_PROJ_W: return "self_attention.linear_q_proj.weight";
 	case VPS_T_Q_DOWN_W: return "self_attention.linear_q_down_proj.weight";
 	case VPS_T_Q_UP_LN_W: return "self_attention.linear_q_up_proj.layer_norm_weight";
@@ -690,6 +699,11 @@ uint64_t vps_model_hash(const struct vps_model *m)
 			h = vps_hash64(ds, sizeof(ds), h);
 	if (m->mtp_layers)
 		h = vps_hash64(&m->mtp_layers, sizeof(m->mtp_layers), h);
+	/* linear_q_proj.layer_norm_weight joined these models' tensors (vps
+	 * 0.1 laid them out without it): documents written by the older rule
+	 * name another model, and are refused rather than misread */
+	if (m->kv_lora_rank && !m->q_lora_rank && m->qk_norm)
+		h = vps_hash64("q_proj_norm", 11, h);
 	return h;
 }
 
@@ -877,6 +891,11 @@ vps_result_t vps_model_validate(const struct vps_model *m, const char *where)
 	}
 	if (m->mtp_layers < 0 || m->mtp_layers > MTP_MAX)
 		return vps_fail(VPS_EINPUT, "%s: mtp_layers=%" PRId64 " is not 0 to %d", where, m->mtp_layers, MTP_MAX);
+	/* megatron/training/arguments.py validate_args (core_v0.19.0, "MTP
+	 * validation") asserts rope or no position embedding with MTP */
+	if (m->mtp_layers > 0 && m->position == VPS_POS_LEARNED)
+		return vps_fail(VPS_EINPUT, "%s: multi-token prediction (mtp_layers=%" PRId64 ") needs rope positions: "
+				"Megatron-LM refuses it with learned absolute position embeddings", where, m->mtp_layers);
 	/* Tensor ids are 32-bit, and every tool builds a template per tensor:
 	 * 2^20 is over ten times the largest real model (DeepSeek-V3, 61 x 256
 	 * experts: about 63k) and still a layout in well under a second. */
@@ -1026,7 +1045,7 @@ static vps_result_t parse_hf(struct vps_reader *r, struct vps_model *m, const ch
 		m->bias = true;
 	} else if (!strcmp(type, "llama") || !strcmp(type, "mistral") || !strcmp(type, "qwen2") ||
 		   !strcmp(type, "qwen3") || !strcmp(type, "qwen3_moe") || !strcmp(type, "mixtral")) {
-		bool attention_bias = false;
+		bool attention_bias = false, mlp_bias = false;
 		VPS_CHECK(hf_int(r, "hidden_size", &m->hidden, 0, true));
 		VPS_CHECK(hf_int(r, "num_hidden_layers", &m->layers, 0, true));
 		VPS_CHECK(hf_int(r, "num_attention_heads", &m->heads, 0, true));
@@ -1040,6 +1059,9 @@ static vps_result_t parse_hf(struct vps_reader *r, struct vps_model *m, const ch
 		VPS_CHECK(hf_bool(r, "attention_bias", &attention_bias, false));
 		if (attention_bias)
 			return vps_r_error(r, "attention_bias", "biases on q/k/v/o are not supported");
+		VPS_CHECK(hf_bool(r, "mlp_bias", &mlp_bias, false));
+		if (mlp_bias)
+			return vps_r_error(r, "mlp_bias", "biases on the MLP are not supported");
 		m->norm = VPS_NORM_RMS;
 		m->activation = VPS_ACT_SWIGLU;
 		m->position = VPS_POS_ROPE;

@@ -10,7 +10,7 @@
 #   scripts/bench/longrun.sh [--switches N] [--ranks R] [--transport tcp|ipc]
 #                            [--model M] [--from SPEC] [--to SPEC] [--budget SIZE]
 #                            [--every N] [--warmup K] [--rows N] [--check]
-#                            [--rss-slack MIB] [--keep DIR]
+#                            [--rss-slack MIB] [--cuda] [--keep DIR]
 #
 #   --switches N     switches, alternating A -> B and B -> A (default 1000)
 #   --ranks R        ranks, one trainer and one executor each (default 2)
@@ -24,6 +24,8 @@
 #   --rows N         rows of the printed table (default 20)
 #   --check          executors digest every switch too (vps-exec --check)
 #   --rss-slack MIB  RSS growth allowed after warm-up, per process (default 16)
+#   --cuda           trainers hold their state in GPU memory (vps-trainer --cuda; a GPU,
+#                    or VPS_CUDA_LIBRARY naming the stand-in, docs/exec.md)
 #   --keep DIR       keep the plans, logs and samples (samples.tsv) in DIR
 #
 # After the warm-up, the switches left are cut in thirds, and for each
@@ -45,7 +47,7 @@
 set -euo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
 switches=1000 ranks=2 transport=tcp model=tiny-llama from= to= budget=16MiB every=1
-warmup= rows=20 check=() rss_slack=16 keep=
+warmup= rows=20 check=() rss_slack=16 keep= cuda=()
 while [ $# -gt 0 ]; do
 	case $1 in
 	--switches) switches=$2; shift 2 ;;
@@ -61,7 +63,8 @@ while [ $# -gt 0 ]; do
 	--check) check=(--check); shift ;;
 	--rss-slack) rss_slack=$2; shift 2 ;;
 	--keep) keep=$2; shift 2 ;;
-	-h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	--cuda) cuda=(--cuda); shift ;;
+	-h|--help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "longrun.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 	esac
 done
@@ -135,7 +138,7 @@ port=$("$top/scripts/free-port.sh")
 kinds=()
 for ((r = 0; r < ranks; r++)); do
 	"$bin/vps-trainer" --registry "$tag-$r" --rank "$r" --steps 0 --steps-after 1 --global-batch "$gb" \
-		--samples "ids.$r" --timeout 600 "${plans[@]}" > "trainer.$r.log" 2>&1 &
+		--samples "ids.$r" --timeout 600 "${cuda[@]}" "${plans[@]}" > "trainer.$r.log" 2>&1 &
 	pids+=($!) kinds+=("trainer $r") tpids+=($!)
 done
 for ((r = 0; r < ranks; r++)); do

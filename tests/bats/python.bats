@@ -4,11 +4,9 @@
 
 load helpers
 
-PY=${VPS_PYTHON:-/usr/bin/python3}
-
 setup() {
 	cd "$BATS_TEST_TMPDIR" || exit 1
-	"$PY" -c 'import torch' 2>/dev/null || skip "$PY has no torch (make check installs python3-torch)"
+	"$PY" -c 'import torch' 2>/dev/null || skip "$PY has no torch (make venv makes the test environment)"
 }
 
 @test "the module's unit tests pass against the library" {

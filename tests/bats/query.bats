@@ -7,8 +7,6 @@
 
 load helpers
 
-PY=/usr/bin/python3
-
 # The columns the man pages document, in order.
 HOLDER_COLUMNS="tensor state ranks base stride count buffer box offset strides bytes"
 TRANSFER_COLUMNS="rank direction peer tensor state box bytes src_buffer src_offset dst_buffer dst_offset stage chunk"

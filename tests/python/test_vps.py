@@ -3,7 +3,7 @@ as the tools print them, errors with the C message and code, the registry
 and a rank's state, correspondences and assembly of whole tensors, and a
 failed switch that leaves the sources as they were.
 
-    /usr/bin/python3 -m unittest discover -s tests/python"""
+    build/venv/bin/python -m unittest discover -s tests/python"""
 import ctypes as C
 import os
 import shutil

@@ -111,6 +111,14 @@ TEST(hugging_face_config_json)
 	CHECK_OK(vps_model_parse(&m, "Qwen3-30B-A3B/config.json", json, strlen(json)));
 	CHECK_EQ(vps_model_parameters(&m), 30532122624LL);
 	CHECK(strcmp(m.name, "Qwen3-30B-A3B") == 0);
+	/* LLaMA's MLP biases (LlamaConfig mlp_bias, found by make check-hf:
+	 * transformers builds gate/up/down_proj.bias) are refused, as biases on
+	 * q/k/v/o are, not dropped */
+	const char *bias = "{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 160,\n"
+			   " \"num_attention_heads\": 4, \"num_hidden_layers\": 2, \"vocab_size\": 300,\n"
+			   " \"mlp_bias\": true}\n";
+	CHECK(vps_model_parse(&m, "b/config.json", bias, strlen(bias)) == VPS_EINPUT);
+	CHECK(strstr(vps_last_error(), "b/config.json: line 3: mlp_bias: biases on the MLP are not supported") != NULL);
 }
 
 TEST(bad_model_is_refused_with_its_line)
