@@ -56,6 +56,11 @@ int tool_fail_at(const char *where, vps_result_t rc)
 	return tool_status(rc);
 }
 
+int tool_fail_lookup(const char *flag, vps_result_t rc)
+{
+	return rc == VPS_ENOTFOUND ? tool_fail_at(flag, rc) : tool_fail(rc);
+}
+
 static void vmessage(const char *fmt, va_list ap)
 {
 	char msg[4096];

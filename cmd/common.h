@@ -123,6 +123,10 @@ int tool_fail(vps_result_t rc);
  * (where the flag, "--model"; the library's message says what is wrong
  * with the value, the tool which value it was). */
 int tool_fail_at(const char *where, vps_result_t rc);
+/* For a call that looked a flag's value up (a name, or a file): "tool:
+ * --flag: message" when it names nothing (VPS_ENOTFOUND); a fault in the
+ * file it named is "tool: FILE: line N: what", as every file's. */
+int tool_fail_lookup(const char *flag, vps_result_t rc);
 /* Print "tool: message" (printf-style); return status. */
 int tool_error(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* A usage error: "tool: message" and a pointer to -h; return 2. */

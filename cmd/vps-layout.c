@@ -141,14 +141,15 @@ static int make_layout(const struct layout_args *a, struct vps_layout **l)
 	if (a->input)
 		return (rc = vps_layout_load(l, a->input)) ? tool_fail(rc) : 0;
 	vps_parallel_init(&p);
+	/* a spec (tp=2,...) is no file: what is wrong with it is the flag's */
 	if (a->parallel && (rc = vps_parallel_load(&p, a->parallel, tool_config_path("parallel"), hint, sizeof(hint))))
-		return tool_fail_at("--parallel", rc);
+		return strchr(a->parallel, '=') ? tool_fail_at("--parallel", rc) : tool_fail_lookup("--parallel", rc);
 	/* a configuration file may name its model */
 	if (!a->model && !hint[0])
 		return tool_usage_error("--model is required");
 	/* a model the configuration names is the --parallel's */
 	if ((rc = vps_model_load(&m, a->model ? a->model : hint, tool_config_path("models"))))
-		return tool_fail_at(a->model ? "--model" : "--parallel", rc);
+		return tool_fail_lookup(a->model ? "--model" : "--parallel", rc);
 	if (a->devices)
 		rc = vps_devices_load(&d, a->devices);
 	else

@@ -364,11 +364,11 @@ static int plan(struct plan_args *a, const struct tool_cli *cli)
 	vps_result_t rc;
 	int status;
 	if (a->topology && (rc = vps_topology_load(&topo, a->topology, tool_config_path("topologies")))) {
-		status = tool_fail_at("--topology", rc);
+		status = tool_fail_lookup("--topology", rc);
 		goto done;
 	}
 	if ((rc = load_layouts(a, cli->operands, &tr, &la, &lb))) {
-		status = a->transition ? tool_fail_at("--transition", rc) : tool_fail(rc);
+		status = a->transition ? tool_fail_lookup("--transition", rc) : tool_fail(rc);
 		goto done;
 	}
 	if (a->lost && (status = plan_lost(a, cli->common.format, la, lb, &lost)))

@@ -173,5 +173,5 @@ within() {
 	printf 'vps: model\nversion: 1\nname: huge\nhidden: 2147483648\nlayers: 4\nheads: 1\nhead_dim: 1\nffn: 2147483648\nvocab: 100\n' > m.yaml
 	within vps-layout --model ./m.yaml
 	[ "$status" -eq 2 ]
-	[[ "$output" == "vps-layout: --model: ./m.yaml: line 3: "*" parameters is more than any model has (2^48)" ]]
+	[[ "$output" == "vps-layout: ./m.yaml: line 3: "*" parameters is more than any model has (2^48)" ]]
 }

@@ -59,7 +59,7 @@ setup_file() {
 	local src=$TOP/configs/transitions/llama2-7b-s1-s2.yaml
 	grep -v '^paper_mcp_load_seconds:' "$src" > alone.yaml
 	expect_status 2 vps-plan --transition ./alone.yaml --stats
-	[[ "$output" == "vps-plan: --transition: ./alone.yaml: line "*"paper_mcp_save_seconds and paper_mcp_load_seconds go together"* ]]
+	[[ "$output" == "vps-plan: ./alone.yaml: line "*"paper_mcp_save_seconds and paper_mcp_load_seconds go together"* ]]
 	sed 's/^paper_mcp_save_seconds: .*/paper_mcp_save_seconds: -14.63/' "$src" > negative.yaml
 	expect_status 2 vps-plan --transition ./negative.yaml --stats
 	[[ "$output" == *"paper_mcp_save_seconds"*"a positive number of seconds"* ]]
