@@ -44,9 +44,9 @@ struct vps_query {
 VPS_API void vps_query_init(struct vps_query *q);
 
 /* Holders of the (tensor, state) pairs the query names, as records of
- * vps_holder_fields. A name no tensor has, a glob no tensor matches, and a
- * box of another dimensionality than a matched tensor, or outside its
- * shape, are VPS_EINPUT. */
+ * vps_holder_fields. A name no tensor has and a glob no tensor matches are
+ * VPS_ENOTFOUND; a box of another dimensionality than a matched tensor, or
+ * outside its shape, is VPS_EINPUT. */
 VPS_API vps_result_t vps_query_holders(const struct vps_layout *l, const struct vps_query *q, enum vps_format f,
 			       struct vps_bytes *out);
 
@@ -58,7 +58,7 @@ VPS_API vps_result_t vps_query_transfers(const struct vps_plan *p, const struct 
 /* The same over a staged plan: one record per part of a piece that one
  * copy of one transfer carries (a piece cut across chunks comes in parts),
  * in the order the rank executes them, with the transfer's stage (-1 when
- * not cut yet) and chunk. VPS_EINPUT when a copy does not lie in the
+ * not cut yet) and chunk. VPS_EFORMAT when a copy does not lie in the
  * pieces it names (vps-verify(1) says more). */
 VPS_API vps_result_t vps_query_staged(const struct vps_staged *s, const struct vps_query *q, enum vps_format f,
 			      struct vps_bytes *out);

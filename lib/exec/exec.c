@@ -140,14 +140,14 @@ static int carrier_of(const struct carriers *c, const struct vps_peer_info *peer
 	return -1;
 }
 
-/* A transfer that no transport of --transport reaches. */
+/* A transfer that no transport of the one chosen reaches. */
 static vps_result_t unreachable(const struct carriers *c, const struct vps_switch *sw, const struct vps_peer_info *peer)
 {
 	const char *reach = "";
 	for (size_t j = 0; j < c->n; j++)
 		if (c->v[j].t && c->v[j].t->reach)
 			reach = c->v[j].t->reach;
-	return vps_fail(VPS_EINPUT, "--transport %s: rank %" PRId64 " exchanges with a device on node %d, and %s reaches %s",
+	return vps_fail(VPS_EINPUT, "transport %s: rank %" PRId64 " exchanges with a device on node %d, and %s reaches %s",
 			c->name, sw->w, peer->node, c->name, reach);
 }
 

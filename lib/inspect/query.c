@@ -50,14 +50,14 @@ vps_result_t vps_box_parse(const char *s, struct vps_box *b)
 	const char *p = s;
 	for (;;) {
 		if (b->ndim == VPS_MAX_DIMS)
-			return vps_fail(VPS_EINPUT, "--box: '%s' has more than %d axes", s, VPS_MAX_DIMS);
+			return vps_fail(VPS_EINPUT, "'%s' has more than %d axes", s, VPS_MAX_DIMS);
 		int k = b->ndim;
 		if (!parse_coord(p, &p, &b->lo[k]) || *p++ != ':' || !parse_coord(p, &p, &b->hi[k]) ||
 		    (*p && *p != ','))
-			return vps_fail(VPS_EINPUT, "--box: '%s' is not LO:HI,LO:HI,... (axis %d; numbers up to 2^48)", s,
+			return vps_fail(VPS_EINPUT, "'%s' is not LO:HI,LO:HI,... (axis %d; numbers up to 2^48)", s,
 					k);
 		if (b->lo[k] >= b->hi[k])
-			return vps_fail(VPS_EINPUT, "--box: axis %d: %" PRId64 ":%" PRId64 " is empty (LO < HI)", k,
+			return vps_fail(VPS_EINPUT, "axis %d: %" PRId64 ":%" PRId64 " is empty (LO < HI)", k,
 					b->lo[k], b->hi[k]);
 		b->ndim++;
 		if (!*p)
@@ -118,7 +118,7 @@ static vps_result_t tensor_set_init(struct tensor_set *ts, const struct vps_mode
 	}
 	if (!is_glob(pattern)) {
 		if (vps_model_find_tensor(m, pattern, &ts->one))
-			return vps_fail(VPS_EINPUT, "--tensor: %s has no tensor named '%s' (a glob such as "
+			return vps_fail(VPS_ENOTFOUND, "%s has no tensor named '%s' (a glob such as "
 					"'decoder.layers.0.*' lists names)", m->name, pattern);
 		ts->count = 1;
 		return VPS_OK;
@@ -144,12 +144,12 @@ static vps_result_t tensor_set_init(struct tensor_set *ts, const struct vps_mode
 	if (!any) {
 		free(ts->bits);
 		ts->bits = NULL;
-		return vps_fail(VPS_EINPUT, "--tensor: '%s' matches no tensor of %s", pattern, m->name);
+		return vps_fail(VPS_ENOTFOUND, "'%s' matches no tensor of %s", pattern, m->name);
 	}
 	if (!ts->count) {
 		free(ts->bits);
 		ts->bits = NULL;
-		return vps_fail(VPS_EINPUT, "--box: %d axes, and none of the %zu tensors '%s' matches has that many",
+		return vps_fail(VPS_EINPUT, "a box of %d axes, and none of the %zu tensors '%s' matches has that many",
 				want_ndim, any, pattern);
 	}
 	return VPS_OK;
@@ -184,7 +184,7 @@ static vps_result_t tensor_name(const struct vps_model *m, uint32_t id, struct n
 
 static vps_result_t no_state(const char *what, int state)
 {
-	return vps_fail(VPS_EINPUT, "--state: %s no %s (%s)", what, vps_state_name(state),
+	return vps_fail(VPS_EINPUT, "%s no %s (%s)", what, vps_state_name(state),
 			state == VPS_STATE_MODULE ? "the model has no module buffers" : "grad=1 adds it");
 }
 
@@ -210,12 +210,12 @@ vps_result_t vps_query_holders(const struct vps_layout *l, const struct vps_quer
 		vps_tensor_name(&t, name, sizeof(name));
 		if (q->has_box && ts.one != UINT32_MAX) {
 			if (t.ndim != q->box.ndim) {
-				rc = vps_fail(VPS_EINPUT, "--box: %d axes, %s has %d", q->box.ndim, name, t.ndim);
+				rc = vps_fail(VPS_EINPUT, "a box of %d axes, but %s has %d", q->box.ndim, name, t.ndim);
 				goto done;
 			}
 			for (int k = 0; k < t.ndim; k++)
 				if (q->box.hi[k] > t.shape[k]) {
-					rc = vps_fail(VPS_EINPUT, "--box: axis %d: %" PRId64 ":%" PRId64
+					rc = vps_fail(VPS_EINPUT, "box axis %d: %" PRId64 ":%" PRId64
 						      " is outside %s, 0:%" PRId64, k, q->box.lo[k], q->box.hi[k], name,
 						      t.shape[k]);
 					goto done;
@@ -272,17 +272,17 @@ static vps_result_t query_rank(const struct vps_query *q, int64_t scope, int64_t
 	*rank = q->rank;
 	if (scope >= 0) {
 		if (q->rank >= 0 && q->rank != scope)
-			return vps_fail(VPS_EINPUT, "--rank: %" PRId64 ", but the %s holds world rank %" PRId64
+			return vps_fail(VPS_EINPUT, "rank %" PRId64 ", but the %s holds world rank %" PRId64
 				       "'s part only", q->rank, what, scope);
 		*rank = scope;
 	}
 	if (*rank < 0)
-		return vps_fail(VPS_EINPUT, "--rank: a global %s needs --rank R (whose transfers)", what);
+		return vps_fail(VPS_EINPUT, "a global %s needs a rank (whose transfers)", what);
 	if (*rank >= world)
-		return vps_fail(VPS_EINPUT, "--rank: %" PRId64 " is outside the world of %" PRId64 " ranks", *rank,
+		return vps_fail(VPS_EINPUT, "rank %" PRId64 " is outside the world of %" PRId64 " ranks", *rank,
 				world);
 	if (q->peer >= world)
-		return vps_fail(VPS_EINPUT, "--peer: %" PRId64 " is outside the world of %" PRId64 " ranks", q->peer,
+		return vps_fail(VPS_EINPUT, "peer %" PRId64 " is outside the world of %" PRId64 " ranks", q->peer,
 				world);
 	return VPS_OK;
 }
@@ -338,7 +338,7 @@ vps_result_t vps_query_transfers(const struct vps_plan *p, const struct vps_quer
 	struct name_cache nc = {0};
 	vps_result_t rc;
 	if (q->stage >= 0)
-		return vps_fail(VPS_EINPUT, "--stage: a plan has no stages (vps-stage(1) stages it)");
+		return vps_fail(VPS_EINPUT, "stage %" PRId64 ": a plan has no stages (vps-stage(1) stages it)", q->stage);
 	if (q->state >= 0 && !vps_layout_has_state(p->a, q->state))
 		return no_state("this plan moves", q->state);
 	VPS_CHECK(query_rank(q, p->scope, vps_world_size(p->world), "plan", &rank));
@@ -391,7 +391,7 @@ static int flat_cmp(const void *a, const void *b)
 
 static vps_result_t op_mismatch(size_t xi, size_t k, const struct vps_op *o, const char *why)
 {
-	return vps_fail(VPS_EINPUT, "transfer %zu copy %zu (piece %" PRId64 "): %s (vps-verify(1) says more)", xi, k,
+	return vps_fail(VPS_EFORMAT, "transfer %zu copy %zu (piece %" PRId64 "): %s (vps-verify(1) says more)", xi, k,
 			o->piece, why);
 }
 
@@ -509,15 +509,15 @@ vps_result_t vps_query_staged(const struct vps_staged *s, const struct vps_query
 	struct staged_ctx c = {.s = s, .q = q, .ts = &ts, .rec = &rec};
 	vps_result_t rc;
 	if (q->stage >= 0 && !s->cut)
-		return vps_fail(VPS_EINPUT, "--stage: this staged plan is not cut into stages yet (one rank's: its "
-				"executors cut it when the switch starts)");
+		return vps_fail(VPS_EINPUT, "stage %" PRId64 ": this staged plan is not cut into stages yet (one rank's: its "
+				"executors cut it when the switch starts)", q->stage);
 	if (q->stage >= 0 && (size_t)q->stage >= s->nstages)
-		return vps_fail(VPS_EINPUT, "--stage: %" PRId64 ", the staged plan has %zu stages (from 0)", q->stage,
+		return vps_fail(VPS_EINPUT, "stage %" PRId64 ": the staged plan has %zu stages (from 0)", q->stage,
 				s->nstages);
 	if (q->state >= 0 && !vps_layout_has_state(p->a, q->state))
 		return no_state("this plan moves", q->state);
 	if (!p->pieces && p->npieces)
-		return vps_fail(VPS_EINPUT, "internal: a staged plan's pieces are packed");
+		return vps_fail(VPS_EINTERNAL, "a staged plan's pieces are packed");
 	VPS_CHECK(query_rank(q, s->scope, vps_world_size(p->world), "staged plan", &c.rank));
 	VPS_CHECK(tensor_set_init(&ts, m, q->tensor, 0));
 	size_t cap = 0;
@@ -563,7 +563,7 @@ vps_result_t vps_query_document(const char *name, const void *data, size_t len, 
 		VPS_CHECK(vps_staged_parse(&s, name, data, len));
 		rc = vps_query_staged(s, q, f, out);
 		/* a copy that does not lie in its pieces is the file's fault */
-		if (rc == VPS_EINPUT && strncmp(vps_last_error(), "--", 2))
+		if (rc == VPS_EFORMAT)
 			vps_error_prefix("%s", name);
 		vps_staged_free(s);
 		return rc;

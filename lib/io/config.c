@@ -74,8 +74,7 @@ static void known_names(const char *search_path, char *out, size_t n)
 		free(names[i]);
 }
 
-vps_result_t vps_config_find(const char *arg, const char *search_path, const char *flag, const char *what,
-			     char *path, size_t n)
+vps_result_t vps_config_find(const char *arg, const char *search_path, const char *what, char *path, size_t n)
 {
 	if (strchr(arg, '/') || !strcmp(arg, "-") || ends_with(arg, ".yaml") || ends_with(arg, ".yml") ||
 	    ends_with(arg, ".json")) {
@@ -95,8 +94,8 @@ vps_result_t vps_config_find(const char *arg, const char *search_path, const cha
 	/* vps_model_load takes Hugging Face directories too */
 	const char *also = !strcmp(what, "model") ? "; or a model file, a Hugging Face config.json or its directory" : "";
 	if (known[0])
-		return vps_fail(VPS_EINPUT, "%s: no %s named '%s'; known: %s%s (looked for %s.yaml in %s)", flag, what,
-				arg, known, also, arg, search_path);
-	return vps_fail(VPS_EINPUT, "%s: no %s named '%s'%s (looked for %s.yaml in %s; none there)", flag, what, arg,
-			also, arg, search_path && *search_path ? search_path : "no directory");
+		return vps_fail(VPS_ENOTFOUND, "no %s named '%s'; known: %s%s (looked for %s.yaml in %s)", what, arg,
+				known, also, arg, search_path);
+	return vps_fail(VPS_ENOTFOUND, "no %s named '%s'%s (looked for %s.yaml in %s; none there)", what, arg, also,
+			arg, search_path && *search_path ? search_path : "no directory");
 }

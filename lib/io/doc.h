@@ -141,8 +141,7 @@ int vps_r_line(struct vps_reader *r, const char *key);
 /* A config named on the command line: a path when it looks like one (a
  * '/', or ends in .yaml, .yml or .json, or is "-"), else NAME.yaml in the
  * first directory of the colon-separated search path that has it.
- * @return VPS_EINPUT "FLAG: no WHAT named 'NAME' (looked in ...)". */
-vps_result_t vps_config_find(const char *arg, const char *search_path, const char *flag, const char *what,
-			     char *path, size_t n);
+ * @return VPS_ENOTFOUND "no WHAT named 'NAME' (looked in ...)". */
+vps_result_t vps_config_find(const char *arg, const char *search_path, const char *what, char *path, size_t n);
 
 #endif

@@ -16,7 +16,7 @@ vps_result_t vps_format_parse(const char *s, enum vps_format *f)
 			*f = (enum vps_format)i;
 			return VPS_OK;
 		}
-	return vps_fail(VPS_EINPUT, "--format: '%s' is not yaml, tsv or json", s);
+	return vps_fail(VPS_EINPUT, "'%s' is not yaml, tsv or json", s);
 }
 
 
@@ -31,7 +31,7 @@ static vps_result_t putf(struct vps_bytes *b, const char *fmt, ...)
 	int n = vsnprintf(buf, sizeof(buf), fmt, ap);
 	va_end(ap);
 	if (n < 0 || (size_t)n >= sizeof(buf))
-		return vps_fail(VPS_EINPUT, "internal: a record value longer than %zu bytes", sizeof(buf));
+		return vps_fail(VPS_EINTERNAL, "a record value longer than %zu bytes", sizeof(buf));
 	return vps_bytes_append(b, buf, (size_t)n);
 }
 
@@ -109,7 +109,7 @@ static vps_result_t put_value(struct vps_bytes *b, enum vps_format f, enum vps_f
 			VPS_CHECK(putf(b, "%s%" PRId64, k ? (f == VPS_FORMAT_TSV ? "," : sep) : "", v->ints[k]));
 		return f == VPS_FORMAT_TSV ? VPS_OK : put(b, "]");
 	}
-	return vps_fail(VPS_EINPUT, "internal: field type %d", (int)t);
+	return vps_fail(VPS_EINTERNAL, "no record field has type %d", (int)t);
 }
 
 vps_result_t vps_records_begin(struct vps_records *r, struct vps_bytes *out, enum vps_format format,

@@ -1027,7 +1027,7 @@ static vps_result_t rule_holders(const struct vps_layout *l, const struct holder
 		const struct tmpl *tm = tmpl_at(l, locs[li].stage, locs[li].chunk, group);
 		int k = locs[li].copy ? (int)tm->output_copy_idx : tparam_find(tm, slot_tensor);
 		if (k < 0)
-			return vps_fail(VPS_EINPUT, "internal: tensor %u missing from its stage", q->tensor);
+			return vps_fail(VPS_EINTERNAL, "tensor %u missing from its stage's template", q->tensor);
 		uint32_t buffer = buffer_index(l, locs[li].stage, locs[li].chunk, group, q->state);
 		for (int64_t ti = 0; ti < T; ti++)
 			VPS_CHECK(slice_holders(l, q, tm, &tm->p[k], buffer, locs[li].stage, ti, h));

@@ -163,7 +163,7 @@ vps_result_t vps_layout_write(struct vps_writer *w, const struct vps_layout *l, 
 	for (size_t i = 0; i < nranks; i++) {
 		if (ranks[i] < 0 || ranks[i] >= l->world) {
 			free(all);
-			return vps_fail(VPS_EINPUT, "--rank: %" PRId64 " is outside the world of %" PRId64, ranks[i],
+			return vps_fail(VPS_EINPUT, "rank %" PRId64 " is outside the world of %" PRId64 " ranks", ranks[i],
 					l->world);
 		}
 		all[l->nex + i] = ranks[i];

@@ -1183,10 +1183,10 @@ static vps_result_t load_hf_dir(struct vps_model *m, const char *dir)
 	while (len > 1 && dir[len - 1] == '/')
 		len--;
 	if (len + sizeof("/config.json") > sizeof(path))
-		return vps_fail(VPS_EINPUT, "--model: %.64s...: path too long", dir);
+		return vps_fail(VPS_EINPUT, "%.64s...: path too long", dir);
 	snprintf(path, sizeof(path), "%.*s/config.json", (int)len, dir);
 	if (access(path, F_OK) != 0)
-		return vps_fail(VPS_EINPUT, "--model: %s: a directory without config.json (a Hugging Face model "
+		return vps_fail(VPS_ENOTFOUND, "%s: a directory without config.json (a Hugging Face model "
 					    "directory has one)", dir);
 	struct vps_bytes b = {0};
 	VPS_CHECK(vps_read_file(path, &b));
@@ -1208,7 +1208,7 @@ vps_result_t vps_model_load(struct vps_model *m, const char *spec, const char *s
 	 * directory here (./NAME for the directory when both exist) */
 	if (strchr(spec, '/') && is_dir(spec))
 		return load_hf_dir(m, spec);
-	vps_result_t rc = vps_config_find(spec, search_path, "--model", "model", path, sizeof(path));
+	vps_result_t rc = vps_config_find(spec, search_path, "model", path, sizeof(path));
 	if (rc && is_dir(spec)) {
 		vps_clear_error();
 		return load_hf_dir(m, spec);

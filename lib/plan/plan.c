@@ -1181,11 +1181,11 @@ static vps_result_t plan_training(struct vps_plan *p, const struct vps_plan_opts
 	/* the split below walks down from the micro batch: bound both */
 	if (gb > VPS_MAX_BATCH || o->train.micro_batch > VPS_MAX_BATCH || o->micro_batch_a > VPS_MAX_BATCH)
 		return vps_fail(VPS_EINPUT, "%s: more than %" PRId64 " samples is not a batch",
-				gb > VPS_MAX_BATCH ? "--global-batch" : o->train.micro_batch > VPS_MAX_BATCH ? "--micro-batch"
-											   : "--micro-batch-before",
+				gb > VPS_MAX_BATCH ? "global batch" : o->train.micro_batch > VPS_MAX_BATCH ? "micro batch"
+											 : "micro batch before the switch",
 				VPS_MAX_BATCH);
 	if (gb % dp)
-		return vps_fail(VPS_EINPUT, "--global-batch: %" PRId64 " samples do not split over dp=%" PRId64 " of the target",
+		return vps_fail(VPS_EINPUT, "global batch: %" PRId64 " samples do not split over dp=%" PRId64 " of the target",
 				gb, dp);
 	int64_t mbs = o->train.micro_batch ? o->train.micro_batch : o->micro_batch_a;
 	if (mbs <= 0)
@@ -1215,7 +1215,7 @@ static vps_result_t plan_lost(struct vps_plan *p, const struct vps_plan_opts *o)
 	VPS_CHECK(vps_lost_compute(&p->lost, p->a, o->lost, o->nlost));
 	VPS_CHECK(vps_lost_check_target(&p->lost, p->a, p->b));
 	if (o->rank >= 0 && vps_lost_has_rank(&p->lost, vps_world_a_rank(p->world, o->rank)))
-		return vps_fail(VPS_EINPUT, "--rank: world rank %" PRId64 " is a lost device: it has no part to plan",
+		return vps_fail(VPS_EINPUT, "world rank %" PRId64 " is a lost device: it has no part to plan",
 				o->rank);
 	if (p->lost.nranges && !o->allow_loss) {
 		char bytes[VPS_UNITS_LEN];
@@ -1251,7 +1251,7 @@ vps_result_t vps_plan_compute(struct vps_plan **out, struct vps_layout *a, struc
 	c.w = p->world;
 	int64_t W = vps_world_size(p->world);
 	if (opts->rank >= W) {
-		rc = vps_fail(VPS_EINPUT, "--rank: %" PRId64 " is outside the transition world of %" PRId64 " ranks",
+		rc = vps_fail(VPS_EINPUT, "world rank %" PRId64 " is outside the transition world of %" PRId64 " ranks",
 			      opts->rank, W);
 		goto fail;
 	}

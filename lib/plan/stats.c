@@ -896,7 +896,7 @@ vps_result_t vps_topology_load(struct vps_topology *t, const char *arg, const ch
 {
 	char path[4096];
 	memset(t, 0, sizeof(*t));
-	VPS_CHECK(vps_config_find(arg, search_path, "--topology", "topology", path, sizeof(path)));
+	VPS_CHECK(vps_config_find(arg, search_path, "topology", path, sizeof(path)));
 	struct vps_bytes b;
 	struct vps_reader *r = NULL;
 	VPS_CHECK(vps_read_file(path, &b));

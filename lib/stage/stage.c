@@ -601,13 +601,15 @@ vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t b
 {
 	vps_result_t rc = VPS_OK;
 	if (plan->scope >= 0 && rank >= 0 && rank != plan->scope)
-		return vps_fail(VPS_EINPUT, "--rank %" PRId64 ": this plan is rank %" PRId64 "'s", rank, plan->scope);
+		return vps_fail(VPS_EINPUT, "rank %" PRId64 ", but the plan holds world rank %" PRId64 "'s part only",
+				rank, plan->scope);
 	if (budget < VPS_STAGE_BUDGET_FLOOR)
 		return vps_fail(VPS_EINPUT, "budget: %" PRId64 " bytes is below the floor of %" PRId64
 				" bytes (one aligned element each way)", budget, VPS_STAGE_BUDGET_FLOOR);
 	int64_t W = vps_world_size(plan->world), cap = chunk_size(budget);
 	if (rank >= W)
-		return vps_fail(VPS_EINPUT, "--rank: %" PRId64 " is outside the transition world of %" PRId64, rank, W);
+		return vps_fail(VPS_EINPUT, "world rank %" PRId64 " is outside the transition world of %" PRId64 " ranks",
+				rank, W);
 	VPS_CHECK(check_chunks(plan, budget, cap));
 	struct vps_staged *s = vps_calloc(1, sizeof(*s));
 	int64_t *demand = NULL;

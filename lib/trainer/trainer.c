@@ -324,7 +324,7 @@ static vps_result_t trainer_start(struct trainer *tr, const struct vps_plan *p0)
 	t->micro_batch = o->micro_batch > 0 ? o->micro_batch : 1;
 	if (t->global_batch) {
 		if (t->global_batch % (t->micro_batch * t->dp))
-			return vps_fail(VPS_EINPUT, "--global-batch %" PRId64 " is not a multiple of micro batch %" PRId64
+			return vps_fail(VPS_EINPUT, "global batch %" PRId64 " is not a multiple of micro batch %" PRId64
 					" x dp %" PRId64, t->global_batch, t->micro_batch, t->dp);
 		t->grad_accum = t->global_batch / (t->micro_batch * t->dp);
 	}

@@ -117,10 +117,10 @@ within() {
 @test "a huge micro batch is refused, not walked down one by one" {
 	within vps-plan a.layout b.layout --global-batch 1099511627776 --micro-batch 1099511627775
 	[ "$status" -eq 2 ]
-	[[ "$output" == "vps-plan: --global-batch: more than 16777216 samples is not a batch" ]]
+	[[ "$output" == "vps-plan: global batch: more than 16777216 samples is not a batch" ]]
 	within vps-plan a.layout b.layout --global-batch 1024 --micro-batch 1099511627775
 	[ "$status" -eq 2 ]
-	[[ "$output" == "vps-plan: --micro-batch: more than 16777216 samples is not a batch" ]]
+	[[ "$output" == "vps-plan: micro batch: more than 16777216 samples is not a batch" ]]
 	awk '/^    micro_batch:/ && !d { sub(/[0-9]+$/, "1099511627775"); d = 1 } { print }' s.yaml > mb.yaml
 	rehash mb.yaml
 	within vps-exec --rank 0 --master 127.0.0.1:29511 mb.yaml

@@ -337,7 +337,7 @@ static void ipc_free(void *self)
 const struct vps_transport vps_transport_ipc = {
 	.name = "ipc",
 	.can_connect = ipc_can_connect,
-	.reach = "only this node's ranks (use --transport auto)",
+	.reach = "only this node's ranks (auto uses nccl across nodes)",
 	.gpu_context = true,
 	.setup = ipc_setup,
 	.prepare = ipc_prepare,
