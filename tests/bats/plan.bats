@@ -94,3 +94,14 @@ stat() { # key from a --stats listing in $output
 	expect_status 2 vps-plan a.layout b.layout --threads 0
 	[[ "$output" == *"--threads: 0 is not from 1 to 256"* ]]
 }
+
+@test "the relay bound of joins: the section is what scripts/bench/relay_bound.py writes, never above today's estimate" {
+	run env VPS_BIN="$VPS_BIN" "$VPS_PYTHON" "$TOP/scripts/bench/relay_bound.py" --check
+	[ "$status" -eq 0 ] || { echo "$output"; return 1; }
+	run env VPS_BIN="$VPS_BIN" "$VPS_PYTHON" "$TOP/scripts/bench/relay_bound.py" --print
+	[ "$status" -eq 0 ]
+	# columns: estimate today (7), least time with relays (8)
+	run awk -F' *[|] *' '/^[|] llama/ { n++; if ($8 + 0 > $7 + 0 || !($8 + 0 > 0)) { print; bad = 1 } }
+		END { exit bad || n < 2 }' <<< "$output"
+	[ "$status" -eq 0 ] || { echo "$output"; return 1; }
+}
