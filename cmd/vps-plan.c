@@ -19,7 +19,7 @@ enum { EXIT_LOST = 3 };
 
 static const char usage[] =
 	"usage: vps-plan [--rank R] [--stats [--load]] [--topology T] [--threads N] [--yaml] [-o FILE]\n"
-	"                [--svg FILE] [-H] [-q]\n"
+	"                [--svg FILE] [--relay] [-H] [-q]\n"
 	"                [--global-batch N [--micro-batch N] [--micro-batch-before N]]\n"
 	"                [--step N] [--consumed-samples N] [--scheduler-step N]\n"
 	"                [--lost RANKS|DEVICES [--allow-loss] [--format yaml|tsv|json]]\n"
@@ -48,6 +48,8 @@ static const char usage[] =
 	"  --lost RANKS|DEVICES   these ranks of A (0,3,5-7), or the devices of a devices file,\n"
 	"                         are gone: plan only from the survivors; what none holds is\n"
 	"                         listed on standard output and the plan refused (exit 3)\n"
+	"  --relay                receivers pass on to each other what a holder serving more\n"
+	"                         than two of them sent once (docs/relay.md)\n"
 	"  --allow-loss           with --lost: plan around what no survivor holds (recorded in\n"
 	"                         the plan as lost ranges, for the trainer to reload)\n"
 	"  --transfers            what rank R sends, receives and retains, one record a line; from\n"
@@ -438,6 +440,7 @@ int main(int argc, char **argv)
 		TOOL_OPT_COUNT("scheduler-step", &a.po.train.scheduler_step),
 		TOOL_OPT_STRING(0, "lost", &a.lost),
 		TOOL_OPT_BOOL(0, "allow-loss", &a.allow_loss),
+		TOOL_OPT_BOOL(0, "relay", &a.po.relay),
 		TOOL_OPT_BOOL(0, "transfers", &a.transfers),
 		TOOL_OPT_RANK("peer", &a.q.peer),
 		TOOL_OPT_STRING(0, "tensor", &a.q.tensor),

@@ -29,6 +29,7 @@
 #   --exec-prefix CMD    run each executor under CMD (compute-sanitizer, say)
 #   --timeout S      the executors' --timeout (default 60)
 #   --keep DIR       keep the files (plans, reports, logs) in DIR
+#   --relay          receivers pass on what holders serving more than two sent (vps-plan --relay)
 #   --per-rank       each rank plans and stages only its own part (vps-plan --rank);
 #                    the executors agree on the stages at the start
 #
@@ -37,7 +38,7 @@ set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 bin=$top/bin
 model=tiny-llama from=tp=2,pp=2,dp=2,zero=1 to=tp=4,pp=1,dp=2,zero=1
-per_rank=0 np=8 back=0 budget=64MiB gb=24 keep= transport=tcp cuda=() fault_rank=-1 fault= prefix=() timeout=60
+per_rank=0 relay=() np=8 back=0 budget=64MiB gb=24 keep= transport=tcp cuda=() fault_rank=-1 fault= prefix=() timeout=60
 standin=0
 while [ $# -gt 0 ]; do
 	case $1 in
@@ -56,7 +57,8 @@ while [ $# -gt 0 ]; do
 	--exec-prefix) read -r -a prefix <<<"$2"; shift 2 ;;
 	--timeout) timeout=$2; shift 2 ;;
 	--per-rank) per_rank=1; shift ;;
-	-h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	--relay) relay=(--relay); shift ;;
+	-h|--help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "demo.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 	esac
 done
@@ -141,11 +143,11 @@ VPS_TOKEN=${VPS_TOKEN:-$("$bin/vps-exec" --new-token)}
 export VPS_TOKEN
 "$bin/vps-layout" -q --model "$model" --parallel "$from" --gpus-per-node "$np" -o a.layout
 "$bin/vps-layout" -q --model "$model" --parallel "$to" --gpus-per-node "$np" -o b.layout
-"$bin/vps-plan" -q a.layout b.layout --global-batch "$gb" -o ab.plan
+"$bin/vps-plan" -q "${relay[@]}" a.layout b.layout --global-batch "$gb" -o ab.plan
 "$bin/vps-stage" -q --budget "$budget" ab.plan -o ab.staged
 plans=(ab.staged)
 if [ "$back" = 1 ]; then
-	"$bin/vps-plan" -q b.layout a.layout --global-batch "$gb" -o ba.plan
+	"$bin/vps-plan" -q "${relay[@]}" b.layout a.layout --global-batch "$gb" -o ba.plan
 	"$bin/vps-stage" -q --budget "$budget" ba.plan -o ba.staged
 	plans+=(ba.staged)
 fi
@@ -213,9 +215,9 @@ rank_plans() {
 }
 if [ "$per_rank" = 1 ]; then
 	for ((r = 0; r < world; r++)); do
-		"$bin/vps-plan" -q a.layout b.layout --rank "$r" --global-batch "$gb" | "$bin/vps-stage" -q --budget "$budget" - -o "ab.$r.staged"
+		"$bin/vps-plan" -q "${relay[@]}" a.layout b.layout --rank "$r" --global-batch "$gb" | "$bin/vps-stage" -q --budget "$budget" - -o "ab.$r.staged"
 		"$bin/vps-verify" -q "ab.$r.staged"
-		[ "$back" = 0 ] || "$bin/vps-plan" -q b.layout a.layout --rank "$r" --global-batch "$gb" |
+		[ "$back" = 0 ] || "$bin/vps-plan" -q "${relay[@]}" b.layout a.layout --rank "$r" --global-batch "$gb" |
 			"$bin/vps-stage" -q --budget "$budget" - -o "ba.$r.staged"
 	done
 fi

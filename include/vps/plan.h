@@ -32,6 +32,11 @@ VPS_API struct vps_device vps_world_device(const struct vps_world *w, int64_t wr
 /* World rank of a device, or -1 when neither layout uses it. */
 VPS_API int64_t vps_world_of_device(const struct vps_world *w, struct vps_device dev);
 
+/* A piece's src_buffer with this bit set names a buffer of the source's B
+ * layout, not of its A layout: a relayed piece (a forward), which the
+ * source received from a holder earlier in the switch and passes on. */
+#define VPS_BUFFER_TARGET 0x80000000u
+
 struct vps_piece {
 	uint32_t tensor;
 	uint8_t state;
@@ -137,6 +142,7 @@ struct vps_plan_opts {
 	const int64_t *lost;   /* A ranks whose devices are gone: nothing is planned from them */
 	size_t nlost;
 	bool allow_loss;       /* plan around ranges no survivor holds (else VPS_ECHECK) */
+	bool relay;            /* receivers pass on what holders serving more than two of them sent */
 };
 #define VPS_PLAN_MAX_THREADS 256
 

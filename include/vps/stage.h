@@ -39,6 +39,12 @@
  * smallest budget that stays under). */
 #define VPS_STAGE_MAX_CHUNKS ((int64_t)10000000)
 
+/* Forwards (ops whose src_buffer has VPS_BUFFER_TARGET: a relay passing on
+ * what it received) between ranks i and j belong to step steps + (i ^ j),
+ * and a stage never holds both kinds: every forward is sent in a stage
+ * after every direct transfer has arrived. */
+#define VPS_STAGE_LAST_STEP(steps) (2 * (steps))
+
 struct vps_op {
 	int64_t piece;        /* first plan piece carried */
 	int32_t npieces;      /* plan pieces carried (merged), the first and last possibly in part */
@@ -109,7 +115,7 @@ VPS_API void vps_staged_free(struct vps_staged *s);
  * chunk costs the busiest rank in the staged plan's scope (bytes sent plus
  * received in that unit). Step 0 is [1, 0, 0] when some rank retains. The
  * world's demands combine every rank's with vps_stage_demand_combine. */
-#define VPS_DEMAND_COUNT(steps) ((size_t)3 * (size_t)((steps) + 1))
+#define VPS_DEMAND_COUNT(steps) ((size_t)3 * (size_t)(VPS_STAGE_LAST_STEP(steps) + 1))
 VPS_API vps_result_t vps_staged_demand(const struct vps_staged *s, int64_t **demand);
 /* acc = acc combined with in (n numbers, VPS_DEMAND_COUNT): the largest
  * chunk count with the costliest last chunk among the ranks that have that

@@ -159,6 +159,9 @@ static vps_result_t carry(struct carriers *c, const struct vps_switch *sw, const
 	if (j < 0)
 		return unreachable(c, sw, peer);
 	struct carrier *v = &c->v[j];
+	if (x->nops && (sw->s->ops[x->first_op].src_buffer & VPS_BUFFER_TARGET) && !v->t->forwards)
+		return vps_fail(VPS_EINPUT, "%" PRId64 " -> %" PRId64 ": the %s transport cannot pass on a relayed piece "
+			       "(a plan made with --relay): tcp can", x->src, x->dst, v->t->name);
 	VPS_CHECK(VPS_GROW(v->x, v->cap, v->n + 1));
 	v->x[v->n++] = x;
 	return VPS_OK;
@@ -401,14 +404,24 @@ static vps_result_t check_views(const struct vps_switch *sw)
 			rc = vps_fail(VPS_EINPUT, "transfer %zu: its copies lie outside the plan", i);
 			break;
 		}
-		if ((sends && sw->ra < 0) || (receives && sw->rb < 0)) {
+		/* a relay's forwards are read from its target buffers */
+		bool forward = x->nops && (s->ops[x->first_op].src_buffer & VPS_BUFFER_TARGET);
+		if ((sends && (forward ? sw->rb : sw->ra) < 0) || (receives && sw->rb < 0)) {
 			rc = vps_fail(VPS_EINPUT, "transfer %zu: rank %" PRId64 " %s without a %s layout rank", i, sw->w,
-				      sends ? "sends" : "receives", sends ? "source" : "target");
+				      sends ? "sends" : "receives", sends && !forward ? "source" : "target");
 			break;
 		}
-		for (size_t q = 0; q < x->nops && !rc; q++)
-			rc = vps_check_op(&s->ops[x->first_op + q], sends ? sb : NULL, sw->va.nbuffers, receives ? db : NULL,
-					  sw->vb.nbuffers);
+		for (size_t q = 0; q < x->nops && !rc; q++) {
+			struct vps_op op = s->ops[x->first_op + q];
+			bool from_target = op.src_buffer & VPS_BUFFER_TARGET;
+			if (from_target != forward) {
+				rc = vps_fail(VPS_EINPUT, "transfer %zu: its copies read both source and target buffers", i);
+				break;
+			}
+			op.src_buffer &= ~VPS_BUFFER_TARGET;
+			rc = vps_check_op(&op, sends ? (forward ? db : sb) : NULL, forward ? sw->vb.nbuffers : sw->va.nbuffers,
+					  receives ? db : NULL, sw->vb.nbuffers);
+		}
 	}
 done:
 	free(sb);

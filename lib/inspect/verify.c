@@ -556,6 +556,67 @@ static void lost_summary(const struct vps_plan *p, struct vps_verify_report *rep
 			 p->lost.nranges, vps_lost_bytes(&p->lost));
 }
 
+/* The element at idx of a box addressed from its first element. Boxes come
+ * from checked plans: no overflow. */
+static int64_t address_at(int64_t offset, const int64_t *strides, const struct vps_box *b, const int64_t *idx)
+{
+	for (int k = 0; k < b->ndim; k++)
+		offset += (idx[k] - b->lo[k]) * strides[k];
+	return offset;
+}
+
+/* Forward i (a relay passing on a piece): the relay holds it under B at
+ * the source address, and, where this plan has the relay's receives, it
+ * received every element of it there by pieces that are not forwards. */
+static vps_result_t check_forward(const struct vps_plan *p, struct views *vw, size_t i, struct vps_verify_report *rep)
+{
+	const struct vps_piece *x = &p->pieces[i];
+	uint32_t buffer = x->src_buffer & ~VPS_BUFFER_TARGET;
+	int64_t rs = vps_world_b_rank(p->world, x->src);
+	struct view_index *vi;
+	char ps[512];
+	piece_str(vps_layout_model(p->a), x, ps, sizeof(ps));
+	if (rs < 0) {
+		vps_verify_add(rep, "piece %zu (%s): relay %" PRId64 " is a leaving device, it receives nothing", i, ps,
+			       x->src);
+		return VPS_OK;
+	}
+	VPS_CHECK(view_get(p->b, &vw->b, rs, &vi));
+	if (find_holding(vi, x->tensor, x->state, &x->box, buffer, x->src_offset, x->src_strides) < 0) {
+		vps_verify_add(rep, "piece %zu (%s): relay %" PRId64 " has no region for it at target buffer %u offset %" PRId64,
+			       i, ps, x->src, buffer, x->src_offset);
+		return VPS_OK;
+	}
+	if (p->scope >= 0 && p->scope != x->src)
+		return VPS_OK;
+	/* the relay's pieces: the plan is sorted by destination */
+	size_t lo = 0, hi = p->npieces;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (p->pieces[mid].dst < x->src)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	int64_t got = 0;
+	for (size_t k = lo; k < p->npieces && p->pieces[k].dst == x->src; k++) {
+		const struct vps_piece *y = &p->pieces[k];
+		struct vps_box z;
+		if (y->tensor != x->tensor || y->state != x->state || (y->src_buffer & VPS_BUFFER_TARGET) ||
+		    y->dst_buffer != buffer || !vps_box_intersect(&y->box, &x->box, &z))
+			continue;
+		/* received where it is read: one element's address on both */
+		if (address_at(y->dst_offset, y->dst_strides, &y->box, z.lo) !=
+		    address_at(x->src_offset, x->src_strides, &x->box, z.lo))
+			continue;
+		got += vps_box_volume(&z);
+	}
+	if (got != vps_box_volume(&x->box))
+		vps_verify_add(rep, "piece %zu (%s): relay %" PRId64 " passes on %" PRId64 " elements, of which it receives %"
+			       PRId64 " from holders", i, ps, x->src, vps_box_volume(&x->box), got);
+	return VPS_OK;
+}
+
 /* Piece i of plan p, when it involves `scope` or the plan is one rank's:
  * counted (retained or moved); its source holds it under A at its source
  * address, and its destination has a B region for it at its destination
@@ -582,7 +643,9 @@ static vps_result_t check_piece(const struct vps_plan *p, int64_t scope, struct 
 			       ", the plan's scope", i, ps, x->src, x->dst, scope);
 	}
 	int64_t ra = vps_world_a_rank(p->world, x->src), rb = vps_world_b_rank(p->world, x->dst);
-	if (ra < 0) {
+	if (x->src_buffer & VPS_BUFFER_TARGET) {
+		VPS_CHECK(check_forward(p, vw, i, rep));
+	} else if (ra < 0) {
 		NAME();
 		vps_verify_add(rep, "piece %zu (%s): source %" PRId64 " is a joining device, it holds nothing", i, ps,
 			       x->src);
@@ -1013,7 +1076,8 @@ static vps_result_t check_frees(const struct vps_staged *s, struct vps_verify_re
 	for (size_t i = 0; i < s->nxfers; i++) {
 		const struct vps_xfer *x = &s->xfers[i];
 		for (size_t k = 0; k < x->nops && x->first_op + k < s->nops; k++)
-			rd[n++] = (struct buffer_read){x->src, s->ops[x->first_op + k].src_buffer, s->cut ? x->stage : 0,
+			if (!(s->ops[x->first_op + k].src_buffer & VPS_BUFFER_TARGET)) /* frees are of source buffers */
+				rd[n++] = (struct buffer_read){x->src, s->ops[x->first_op + k].src_buffer, s->cut ? x->stage : 0,
 						       x->step, x->chunk, i};
 	}
 	qsort(rd, n, sizeof(*rd), read_cmp);
@@ -1179,8 +1243,9 @@ static void check_op(struct staged_check *c, size_t i, size_t k, const struct vi
 			real = false;
 			break;
 		}
+	uint32_t sb = o->src_buffer & ~VPS_BUFFER_TARGET;
 	if (!vps_view_span(o->ndim, o->ext, o->src_offset, o->src_strides, &f0, &f1) ||
-	    o->src_buffer >= vs->v.nbuffers || f0 < 0 || f1 > vs->v.buffers[o->src_buffer].elements) {
+	    sb >= vs->v.nbuffers || f0 < 0 || f1 > vs->v.buffers[sb].elements) {
 		vps_verify_add(rep, "transfer %zu op %zu: source view outside buffer %u of rank %" PRId64, i, k,
 			       o->src_buffer, x->src);
 		real = false;
@@ -1256,23 +1321,33 @@ static vps_result_t check_xfer(struct staged_check *c, size_t i)
 			       x->first_op + x->nops, s->nops);
 		return VPS_OK;
 	}
-	if (x->step != (x->src ^ x->dst))
-		vps_verify_add(rep, "transfer %zu (%" PRId64 " -> %" PRId64 "): step %" PRId64 " is not %" PRId64 " ^ %" PRId64,
-			       i, x->src, x->dst, x->step, x->src, x->dst);
-	if (x->step > s->steps)
-		vps_verify_add(rep, "transfer %zu: step %" PRId64 " beyond the last step %" PRId64, i, x->step, s->steps);
+	/* forwards (a relay's sends from its target buffers) follow the direct steps */
+	bool forward = x->nops && (s->ops[x->first_op].src_buffer & VPS_BUFFER_TARGET);
+	for (size_t k = 1; k < x->nops; k++)
+		if (((s->ops[x->first_op + k].src_buffer & VPS_BUFFER_TARGET) != 0) != forward)
+			vps_verify_add(rep, "transfer %zu: op %zu reads %s buffer, op 0 %s", i, k, forward ? "a source" : "a target",
+				       forward ? "a target's" : "a source's");
+	if (x->step != (x->src ^ x->dst) + (forward ? s->steps : 0))
+		vps_verify_add(rep, "transfer %zu (%" PRId64 " -> %" PRId64 "): step %" PRId64 " is not %s%" PRId64 " ^ %" PRId64,
+			       i, x->src, x->dst, x->step, forward ? "the direct steps + " : "", x->src, x->dst);
+	if (x->step > VPS_STAGE_LAST_STEP(s->steps))
+		vps_verify_add(rep, "transfer %zu: step %" PRId64 " beyond the last step %" PRId64, i, x->step,
+			       VPS_STAGE_LAST_STEP(s->steps));
+	if (forward && x->src == x->dst)
+		vps_verify_add(rep, "transfer %zu: a retain from a target buffer", i);
 	if (x->src == x->dst && x->bytes)
 		vps_verify_add(rep, "transfer %zu: a retain with a staging buffer", i);
 	if (s->scope >= 0 && x->src != s->scope && x->dst != s->scope)
 		vps_verify_add(rep, "transfer %zu does not involve rank %" PRId64 ", the file's scope", i, s->scope);
-	int64_t ra = vps_world_a_rank(p->world, x->src), rb = vps_world_b_rank(p->world, x->dst);
+	int64_t ra = forward ? vps_world_b_rank(p->world, x->src) : vps_world_a_rank(p->world, x->src),
+		rb = vps_world_b_rank(p->world, x->dst);
 	if (ra < 0 || rb < 0) {
-		vps_verify_add(rep, "transfer %zu: %" PRId64 " -> %" PRId64 " from a joining or to a leaving device", i,
-			       x->src, x->dst);
+		vps_verify_add(rep, "transfer %zu: %" PRId64 " -> %" PRId64 " from a %s or to a leaving device", i, x->src,
+			       x->dst, forward ? "leaving device's target buffer" : "joining device");
 		return VPS_OK;
 	}
 	struct view_index *vs, *vd;
-	VPS_CHECK(view_get(p->a, &c->vw.a, ra, &vs));
+	VPS_CHECK(view_get(forward ? p->b : p->a, forward ? &c->vw.b : &c->vw.a, ra, &vs));
 	VPS_CHECK(view_get(p->b, &c->vw.b, rb, &vd));
 	int64_t end = 0;
 	for (size_t k = 0; k < x->nops; k++)
@@ -1324,6 +1399,43 @@ static vps_result_t check_carried(struct staged_check *c)
 	return rc;
 }
 
+/* A relay sends on only what has arrived: each rank's first forward lies in
+ * a stage after its last receive from a holder (with check_forward, which
+ * proves those receives bring every forwarded element, every forwarded
+ * byte arrived before it is sent). Files of one rank hold its own receives
+ * only when it is that rank. */
+static vps_result_t check_relay_order(const struct vps_staged *s, int64_t W, struct vps_verify_report *rep)
+{
+	if (!s->cut)
+		return VPS_OK;
+	int64_t *last_in = malloc((size_t)W * sizeof(*last_in)), *first_out = malloc((size_t)W * sizeof(*first_out));
+	if (!last_in || !first_out) {
+		free(last_in);
+		free(first_out);
+		return too_large("ranks", (size_t)W, 2 * sizeof(int64_t));
+	}
+	for (int64_t r = 0; r < W; r++) {
+		last_in[r] = -1;
+		first_out[r] = INT64_MAX;
+	}
+	for (size_t i = 0; i < s->nxfers; i++) {
+		const struct vps_xfer *x = &s->xfers[i];
+		if (x->src < 0 || x->src >= W || x->dst < 0 || x->dst >= W || !x->nops || x->first_op >= s->nops)
+			continue; /* check_xfer and check_schedule name these */
+		if (s->ops[x->first_op].src_buffer & VPS_BUFFER_TARGET)
+			first_out[x->src] = vps_min64(first_out[x->src], x->stage);
+		else
+			last_in[x->dst] = vps_max64(last_in[x->dst], x->stage);
+	}
+	for (int64_t r = 0; r < W; r++)
+		if (first_out[r] != INT64_MAX && (s->scope < 0 || s->scope == r) && first_out[r] <= last_in[r])
+			vps_verify_add(rep, "rank %" PRId64 " passes on in stage %" PRId64 " what it may receive as late as stage %"
+				       PRId64, r, first_out[r], last_in[r]);
+	free(last_in);
+	free(first_out);
+	return VPS_OK;
+}
+
 vps_result_t vps_verify_staged(const struct vps_staged *s, struct vps_verify_report *rep)
 {
 	vps_result_t rc = VPS_OK;
@@ -1354,6 +1466,7 @@ vps_result_t vps_verify_staged(const struct vps_staged *s, struct vps_verify_rep
 	for (size_t i = 0; i < s->nxfers; i++)
 		VPS_CHECK_GOTO(check_xfer(&c, i), rc, done);
 	VPS_CHECK_GOTO(check_schedule(s, W, rep), rc, done);
+	VPS_CHECK_GOTO(check_relay_order(s, W, rep), rc, done);
 	VPS_CHECK_GOTO(check_carried(&c), rc, done);
 	struct vps_stage_stats st;
 	vps_staged_stats(s, &st);

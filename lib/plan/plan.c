@@ -68,6 +68,15 @@ struct ctx {
 	size_t nduties, capduties;
 	struct vps_piece last; /* global plans: the piece a block packs against */
 	const struct vps_lost *lost; /* A ranks no piece may come from */
+	bool relay;                  /* opts->relay */
+};
+
+/* A relayed region: its receivers in replica order (world and B ranks) and
+ * the destination's index among them. Receiver j is served range j of the
+ * destination buffer (cut in n) by a holder and passes it on to the others. */
+struct relay {
+	int64_t n, i;
+	int64_t world[EXACT_REPLICAS], b[EXACT_REPLICAS];
 };
 
 /* Holders under A, less the lost ranks: every choice of a source reads
@@ -233,6 +242,42 @@ static vps_result_t replica_index(struct ctx *c, int64_t rb, const struct vps_re
 	*i = 0;
 	*n = 1;
 	*base = rb;
+	return VPS_OK;
+}
+
+/* The receivers of region R of B rank rb (the replicas of R whose device
+ * holds none of it under A, c->ha), when rb is one of them and the replica
+ * set is small enough to count exactly; rl->n 0 otherwise. */
+static vps_result_t relay_set(struct ctx *c, int64_t rb, const struct vps_region *R, struct relay *rl)
+{
+	rl->n = 0;
+	rl->i = -1;
+	c->hb.n = 0;
+	VPS_CHECK(vps_layout_holders(c->b, R->tensor, R->state, &R->box, &c->hb));
+	for (size_t k = 0; k < c->hb.n; k++) {
+		const struct vps_holder *h = &c->hb.v[k];
+		if (!member(h, rb) || !vps_box_equal(&h->region.box, &R->box) || h->region.buffer != R->buffer ||
+		    h->region.offset != R->offset)
+			continue;
+		if (h->count > EXACT_REPLICAS)
+			return VPS_OK;
+		for (int64_t j = 0; j < h->count; j++) {
+			int64_t q = h->base + j * h->stride, wq = vps_world_of_b(c->w, q);
+			int64_t a = vps_world_a_rank(c->w, wq);
+			bool holds = false;
+			for (size_t x = 0; x < c->ha.n && a >= 0 && !holds; x++)
+				holds = member(&c->ha.v[x], a);
+			if (holds)
+				continue;
+			if (q == rb)
+				rl->i = rl->n;
+			rl->world[rl->n] = wq;
+			rl->b[rl->n++] = q;
+		}
+		if (rl->i < 0)
+			rl->n = 0;
+		return VPS_OK;
+	}
 	return VPS_OK;
 }
 
@@ -571,9 +616,9 @@ static vps_result_t emit_range(struct pieces *out, int64_t only_src, int64_t src
 	return VPS_OK;
 }
 
-static vps_result_t plan_cut(struct ctx *c, const struct group *g, const struct choice *ch, int64_t d,
-			     const struct vps_region *R, int64_t bufsize, const struct vps_box *y, int64_t only_src,
-			     struct pieces *out)
+static vps_result_t plan_cut(struct ctx *c, const struct group *g, const struct choice *ch, const struct relay *rl,
+			     int64_t d, const struct vps_region *R, int64_t bufsize, const struct vps_box *y,
+			     int64_t only_src, struct pieces *out)
 {
 	int64_t esize = (int64_t)vps_dtype_size(vps_state_dtype(R->state)), ext[VPS_MAX_DIMS];
 	struct cut x = {.first = vps_region_offset_at(R, y->lo), .vol = vps_box_volume(y), .bufsize = bufsize,
@@ -587,6 +632,26 @@ static vps_result_t plan_cut(struct ctx *c, const struct group *g, const struct 
 	}
 	x.large = x.vol * esize >= SPLIT_MIN_BYTES;
 	int64_t lo = 0, seg = 0;
+	while (lo < x.vol && rl) {
+		/* range p of the buffer: from its receiver, which got it from the
+		 * holder rotation picks for it (a piece not one range of the
+		 * buffer goes whole with its first element) */
+		int64_t pos = x.first + lo, p = bufsize > 0 ? vps_min64(pos * rl->n / bufsize, rl->n - 1) : 0;
+		int64_t end = x.vol;
+		if (x.contiguous && bufsize > 0)
+			end = vps_min64(x.vol, vps_max64(vps_ceil_div((p + 1) * bufsize, rl->n) - x.first, lo + 1));
+		if (p != rl->i) {
+			struct vps_region fr = *R;
+			fr.buffer |= VPS_BUFFER_TARGET;
+			VPS_CHECK(emit_range(out, only_src, rl->world[p], d, y, ext, x.vol, lo, end, &fr, R));
+		} else {
+			int64_t src;
+			size_t holder;
+			candidate(c, g, ch->start, &src, &holder);
+			VPS_CHECK(emit_range(out, only_src, src, d, y, ext, x.vol, lo, end, &c->ha.v[holder].region, R));
+		}
+		lo = end;
+	}
 	while (lo < x.vol) {
 		int64_t hi, src;
 		size_t holder;
@@ -599,8 +664,9 @@ static vps_result_t plan_cut(struct ctx *c, const struct group *g, const struct 
 }
 
 /* Group g's part of what is left of R (c->rem), taken out of c->rem. */
-static vps_result_t plan_group(struct ctx *c, const struct group *g, int64_t ri, int64_t rn, int64_t rbase, int64_t d,
-			       const struct vps_region *R, int64_t bufsize, int64_t only_src, struct pieces *out)
+static vps_result_t plan_group(struct ctx *c, const struct group *g, const struct relay *rl, int64_t ri, int64_t rn,
+			       int64_t rbase, int64_t d, const struct vps_region *R, int64_t bufsize, int64_t only_src,
+			       struct pieces *out)
 {
 	const struct vps_box *gbox = &c->ha.v[g->first].region.box;
 	struct choice ch;
@@ -608,9 +674,37 @@ static vps_result_t plan_group(struct ctx *c, const struct group *g, int64_t ri,
 	for (size_t i = 0; i < c->rem.n; i++) {
 		struct vps_box y;
 		if (vps_box_intersect(&c->rem.v[i], gbox, &y))
-			VPS_CHECK(plan_cut(c, g, &ch, d, R, bufsize, &y, only_src, out));
+			VPS_CHECK(plan_cut(c, g, &ch, rl, d, R, bufsize, &y, only_src, out));
 	}
 	return vps_boxes_subtract(&c->rem, &c->next, gbox);
+}
+
+/* Whether region R of B rank rb is relayed: rb is one of its receivers,
+ * and every group of holders serves more than two receivers per member
+ * and shares alike (not weighed). The receivers and the groups are the
+ * same whichever receiver asks, so they all decide alike. */
+static vps_result_t relay_wanted(struct ctx *c, int64_t rb, const struct vps_region *R, const struct group *gs,
+				 size_t ng, struct relay *rl, bool *yes)
+{
+	*yes = false;
+	VPS_CHECK(relay_set(c, rb, R, rl));
+	if (rl->n < 3)
+		return VPS_OK;
+	for (size_t gi = 0; gi < ng; gi++) {
+		const struct group *g = &gs[gi];
+		if (rl->n <= 2 * g->count)
+			return VPS_OK;
+		if (g->count <= SPLIT_MAX) {
+			int64_t cand[SPLIT_MAX];
+			size_t h;
+			for (int64_t j = 0; j < g->count; j++)
+				group_member(&c->ha, g, j, &cand[j], &h);
+			if (weighed(c, cand, g->count))
+				return VPS_OK;
+		}
+	}
+	*yes = true;
+	return VPS_OK;
 }
 
 /* The decision for one destination region R of B rank rb on world rank d.
@@ -631,8 +725,12 @@ static vps_result_t plan_region(struct ctx *c, int64_t d, int64_t rb, const stru
 	VPS_CHECK(make_groups(c, vps_world_device(c->w, d).node, self, T, pref_tp, &gs, &ng));
 	vps_result_t rc = replica_index(c, rb, R, &ri, &rn, &rbase);
 	int64_t bufsize = vps_layout_buffer_elements(c->b, rb, R->buffer);
+	struct relay rl;
+	bool relayed = false;
+	if (!rc && c->relay)
+		rc = relay_wanted(c, rb, R, gs, ng, &rl, &relayed);
 	for (size_t gi = 0; !rc && gi < ng && c->rem.n; gi++)
-		rc = plan_group(c, &gs[gi], ri, rn, rbase, d, R, bufsize, only_src, out);
+		rc = plan_group(c, &gs[gi], relayed ? &rl : NULL, ri, rn, rbase, d, R, bufsize, only_src, out);
 	free(gs);
 	/* what no survivor holds is a lost range (vps_plan_compute refused it
 	 * unless allowed): a hole the trainer reloads */
@@ -771,9 +869,48 @@ static vps_result_t candidates_for(struct ctx *c, int64_t s, const struct vps_re
 	return VPS_OK;
 }
 
+/* What world rank s passes on: for each of its B regions that it receives
+ * relayed, the decision re-run for the other receivers, keeping the pieces
+ * from s's B buffers (a holder's own sends come from plan_sends). */
+static vps_result_t plan_forwards(struct ctx *c, int64_t s, struct pieces *out)
+{
+	int64_t rb = vps_world_b_rank(c->w, s);
+	if (rb < 0 || !c->relay)
+		return VPS_OK;
+	struct vps_rank_view v;
+	struct pieces tmp = {0};
+	struct relay rl;
+	VPS_CHECK(vps_layout_rank(c->b, rb, &v));
+	vps_result_t rc = VPS_OK;
+	for (size_t i = 0; i < v.nregions && !rc; i++) {
+		const struct vps_region *R = &v.regions[i];
+		c->ha.n = 0;
+		rc = a_holders(c, R->tensor, R->state, &R->box, &c->ha);
+		if (!rc)
+			rc = relay_set(c, rb, R, &rl);
+		for (int64_t j = 0; j < rl.n && !rc; j++) {
+			if (j == rl.i)
+				continue;
+			tmp.n = 0;
+			rc = plan_region(c, rl.world[j], rl.b[j], R, s, &tmp);
+			for (size_t k = 0; k < tmp.n && !rc; k++) {
+				if (!(tmp.v[k].src_buffer & VPS_BUFFER_TARGET))
+					continue;
+				rc = VPS_GROW(out->v, out->cap, out->n + 1);
+				if (!rc)
+					out->v[out->n++] = tmp.v[k];
+			}
+		}
+	}
+	free(tmp.v);
+	vps_rank_view_release(&v);
+	return rc;
+}
+
 static vps_result_t plan_sends(struct ctx *c, int64_t s, struct pieces *out)
 {
 	int64_t ra = vps_world_a_rank(c->w, s);
+	VPS_CHECK(plan_forwards(c, s, out));
 	if (ra < 0)
 		return VPS_OK;
 	struct vps_rank_view v;
@@ -811,6 +948,10 @@ static int piece_cmp(const void *p, const void *q)
 		return x->dst < y->dst ? -1 : 1;
 	if (x->src != y->src)
 		return x->src < y->src ? -1 : 1;
+	/* a pair's forwards after its direct pieces: staging cuts them apart */
+	bool fx = x->src_buffer & VPS_BUFFER_TARGET, fy = y->src_buffer & VPS_BUFFER_TARGET;
+	if (fx != fy)
+		return fx ? 1 : -1;
 	if (x->tensor != y->tensor)
 		return x->tensor < y->tensor ? -1 : 1;
 	if (x->state != y->state)
@@ -1030,6 +1171,7 @@ struct job {
 	const struct vps_layout *a, *b;
 	const struct vps_world *w;
 	const struct vps_lost *lost;
+	bool relay;
 	int64_t W, nblocks, next, collected, ahead;
 	bool stop;
 	struct block *blocks;
@@ -1040,7 +1182,7 @@ struct job {
 static void *plan_worker(void *arg)
 {
 	struct job *j = arg;
-	struct ctx c = {.a = j->a, .b = j->b, .w = j->w, .lost = j->lost};
+	struct ctx c = {.a = j->a, .b = j->b, .w = j->w, .lost = j->lost, .relay = j->relay};
 	struct pieces scratch = {0};
 	struct vps_packed_block work = {0};
 	pthread_mutex_lock(&j->mu);
@@ -1125,7 +1267,7 @@ static vps_result_t plan_all(struct ctx *c, int64_t W, int asked, struct vps_pac
 {
 	int64_t nblocks = vps_ceil_div(W, BLOCK_RANKS);
 	int threads = (int)vps_min64(plan_threads(asked), nblocks);
-	struct job j = {.a = c->a, .b = c->b, .w = c->w, .lost = c->lost, .W = W, .nblocks = nblocks, .ahead = BLOCKS_AHEAD * threads};
+	struct job j = {.a = c->a, .b = c->b, .w = c->w, .lost = c->lost, .relay = c->relay, .W = W, .nblocks = nblocks, .ahead = BLOCKS_AHEAD * threads};
 	pthread_t tid[VPS_PLAN_MAX_THREADS];
 	int started = 0;
 	struct pieces scratch = {0};
@@ -1249,6 +1391,7 @@ vps_result_t vps_plan_compute(struct vps_plan **out, struct vps_layout *a, struc
 	c.a = a;
 	c.b = b;
 	c.w = p->world;
+	c.relay = opts->relay;
 	int64_t W = vps_world_size(p->world);
 	if (opts->rank >= W) {
 		rc = vps_fail(VPS_EINPUT, "world rank %" PRId64 " is outside the transition world of %" PRId64 " ranks",

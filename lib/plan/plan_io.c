@@ -151,7 +151,9 @@ vps_result_t vps_piece_view_check(struct vps_reader *r, const struct vps_plan *p
 	for (int side = 0; side < 2; side++) {
 		int64_t rank = side ? p->dst : p->src;
 		uint32_t buffer = side ? p->dst_buffer : p->src_buffer;
-		int64_t n = vps_plan_side_elements(plan, !side, rank, buffer);
+		/* a forward's source is the relay's B buffer */
+		bool target = side || (buffer & VPS_BUFFER_TARGET);
+		int64_t n = vps_plan_side_elements(plan, !target, rank, buffer & ~VPS_BUFFER_TARGET);
 		snprintf(what, sizeof(what), "piece %zu: %s", i, side ? "destination" : "source");
 		if (n == -2)
 			return vps_r_error(r, side ? "dst_buffer" : "src_buffer", "%s: rank %" PRId64 " has no buffer %u", what,

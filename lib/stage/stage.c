@@ -67,6 +67,7 @@ struct builder {
 	size_t nx, capx;
 	struct vps_op *o;
 	size_t no, capo;
+	int64_t steps; /* the direct steps: forwards follow them */
 };
 
 void vps_op_run(const struct vps_xfer *x, const struct vps_op *o, struct vps_run *r)
@@ -128,14 +129,14 @@ static vps_result_t emit_part(struct builder *b, const struct run *r, int64_t fr
 	return VPS_OK;
 }
 
-static vps_result_t new_xfer(struct builder *b, int64_t src, int64_t dst, int64_t chunk)
+static vps_result_t new_xfer(struct builder *b, int64_t src, int64_t dst, bool forward, int64_t chunk)
 {
 	VPS_CHECK(VPS_GROW(b->x, b->capx, b->nx + 1));
 	struct vps_xfer *x = &b->x[b->nx++];
 	memset(x, 0, sizeof(*x));
 	x->src = src;
 	x->dst = dst;
-	x->step = src ^ dst;
+	x->step = (src ^ dst) + (forward ? b->steps : 0);
 	x->chunk = chunk;
 	x->stage = -1;
 	x->first_op = b->no;
@@ -144,10 +145,10 @@ static vps_result_t new_xfer(struct builder *b, int64_t src, int64_t dst, int64_
 
 /* Lay out one pair's runs in chunks of cap bytes. */
 static vps_result_t chunk_pair(struct builder *b, const struct run *runs, size_t nruns, int64_t src, int64_t dst,
-			       int64_t cap)
+			       bool forward, int64_t cap)
 {
 	int64_t chunk = 0, pos = 0;
-	VPS_CHECK(new_xfer(b, src, dst, chunk));
+	VPS_CHECK(new_xfer(b, src, dst, forward, chunk));
 	for (size_t i = 0; i < nruns; i++) {
 		const struct run *r = &runs[i];
 		int64_t total = run_elements(r), done = 0;
@@ -159,7 +160,7 @@ static vps_result_t chunk_pair(struct builder *b, const struct run *runs, size_t
 			if (room <= 0) {
 				b->x[b->nx - 1].bytes = vps_round_up(pos, VPS_STAGE_ALIGN);
 				b->x[b->nx - 1].nops = b->no - b->x[b->nx - 1].first_op;
-				VPS_CHECK(new_xfer(b, src, dst, ++chunk));
+				VPS_CHECK(new_xfer(b, src, dst, forward, ++chunk));
 				pos = 0;
 				continue;
 			}
@@ -206,8 +207,8 @@ static vps_result_t stage_pair(struct builder *b, struct pair_piece *grp, size_t
 	}
 	int64_t src = grp[0].x.src, dst = grp[0].x.dst;
 	if (src != dst)
-		return chunk_pair(b, *runs, nruns, src, dst, cap);
-	VPS_CHECK(new_xfer(b, src, dst, 0));
+		return chunk_pair(b, *runs, nruns, src, dst, grp[0].x.src_buffer & VPS_BUFFER_TARGET, cap);
+	VPS_CHECK(new_xfer(b, src, dst, false, 0));
 	for (size_t k = 0; k < nruns; k++)
 		VPS_CHECK(emit_part(b, &(*runs)[k], 0, run_elements(&(*runs)[k]), -1, NULL));
 	b->x[b->nx - 1].nops = b->no - b->x[b->nx - 1].first_op;
@@ -289,11 +290,11 @@ static vps_result_t demand_of(const struct vps_xfer *xs, size_t n, int64_t steps
 				d[0] = 1;
 			continue;
 		}
-		if (x->step < 1 || x->step > steps || x->chunk < 0 || x->chunk >= VPS_STAGE_MAX_CHUNKS) {
+		if (x->step < 1 || x->step > VPS_STAGE_LAST_STEP(steps) || x->chunk < 0 || x->chunk >= VPS_STAGE_MAX_CHUNKS) {
 			free(e);
 			return vps_fail(VPS_EINPUT, "transfer %zu (%" PRId64 " -> %" PRId64 "): unit (%" PRId64 ", %" PRId64
 					") is outside steps 1..%" PRId64 " or past %lld chunks", i, x->src, x->dst, x->step,
-					x->chunk, steps, (long long)VPS_STAGE_MAX_CHUNKS);
+					x->chunk, VPS_STAGE_LAST_STEP(steps), (long long)VPS_STAGE_MAX_CHUNKS);
 		}
 		int64_t r[2] = {x->src, x->dst};
 		for (int k = 0; k < 2; k++)
@@ -384,7 +385,7 @@ vps_result_t vps_staged_cut(struct vps_staged *s, const int64_t *d)
 	struct vps_stage_info *st = NULL;
 	size_t n = 0, cap = 0;
 	int64_t *stage = vps_malloc((s->nxfers + 1) * sizeof(*stage));
-	int64_t limit = vps_sat_add(VPS_STAGE_MAX_CHUNKS, s->steps + 1), units = 0, half = chunk_size(s->budget);
+	int64_t limit = vps_sat_add(VPS_STAGE_MAX_CHUNKS, VPS_STAGE_LAST_STEP(s->steps) + 1), units = 0, half = chunk_size(s->budget);
 	if (!stage)
 		return VPS_ENOMEM;
 	if (d[0]) {
@@ -392,8 +393,10 @@ vps_result_t vps_staged_cut(struct vps_staged *s, const int64_t *d)
 		st[n++] = (struct vps_stage_info){0, 0, 0, 0, 0, 0};
 	}
 	bool open = false;
-	for (int64_t step = 1; step <= s->steps; step++) {
+	for (int64_t step = 1; step <= VPS_STAGE_LAST_STEP(s->steps); step++) {
 		int64_t chunks = d[3 * step], last = d[3 * step + 1], first = d[3 * step + 2];
+		if (step == s->steps + 1)
+			open = false; /* forwards only after every direct transfer arrived */
 		if (!chunks)
 			continue;
 		/* what the budget allows, whoever sent the numbers */
@@ -538,9 +541,11 @@ static vps_result_t stage_pairs(struct builder *b, const struct vps_plan *plan, 
 	struct vps_piece_iter it;
 	vps_piece_iter_init(&it, plan);
 	int64_t pdst = -1, psrc = -1;
+	bool pfwd = false;
 	for (size_t gi = 0; !rc; gi++) {
 		const struct vps_piece *x = vps_piece_iter_next(&it);
-		if (!x || x->dst != pdst || x->src != psrc) {
+		bool fwd = x && (x->src_buffer & VPS_BUFFER_TARGET);
+		if (!x || x->dst != pdst || x->src != psrc || fwd != pfwd) {
 			if (ng)
 				VPS_CHECK_GOTO(stage_pair(b, grp, ng, &runs, &capr, cap), rc, done);
 			ng = 0;
@@ -553,6 +558,7 @@ static vps_result_t stage_pairs(struct builder *b, const struct vps_plan *plan, 
 			}
 			pdst = x->dst;
 			psrc = x->src;
+			pfwd = fwd;
 		}
 		rc = VPS_GROW(grp, capg, ng + 1);
 		if (!rc)
@@ -619,6 +625,7 @@ vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t b
 	s->budget = budget;
 	s->scope = plan->scope >= 0 ? plan->scope : rank;
 	s->steps = vps_stage_steps(W);
+	b.steps = s->steps;
 	VPS_CHECK_GOTO(stage_pairs(&b, plan, cap), rc, fail);
 	/* a global plan knows every rank's demands: cut its stages now */
 	if (plan->scope < 0) {

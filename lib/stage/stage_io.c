@@ -160,7 +160,9 @@ static vps_result_t op_views_check(struct vps_reader *r, const struct vps_staged
 	for (int side = 0; side < 2; side++) {
 		int64_t rank = side ? x->dst : x->src;
 		uint32_t buffer = side ? o->dst_buffer : o->src_buffer;
-		int64_t nel = vps_plan_side_elements(s->plan, !side, rank, buffer);
+		/* a forward's source is the relay's B buffer */
+		bool target = side || (buffer & VPS_BUFFER_TARGET);
+		int64_t nel = vps_plan_side_elements(s->plan, !target, rank, buffer & ~VPS_BUFFER_TARGET);
 		char sw[128];
 		snprintf(sw, sizeof(sw), "%s: %s", what, side ? "destination" : "source");
 		if (nel == -2)

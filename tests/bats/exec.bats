@@ -77,6 +77,20 @@ join() { # TRANSPORT DEVICES_PER_NODE
 leave() {
 	demo "$1" --np "$2" --model tiny-gpt --from tp=2,pp=2,dp=2,zero=1 --to tp=1,pp=1,dp=3,zero=1
 }
+# Relayed joins: one holder, more receivers than two. Receivers pass on
+# what the holder sent them (vps-plan --relay): the holder's report sends
+# what its plan says, and less than every byte moved (each receiver's
+# parameters would leave it once per receiver otherwise).
+relay_join() { # TRANSPORT DEVICES_PER_NODE DP
+	demo "$1" --np "$2" --relay --model tiny-llama --from tp=1,pp=1,dp=1,zero=1 --to tp=1,pp=1,dp=$3,zero=1
+	local dir=$BATS_TEST_TMPDIR/demo planned sent moved
+	planned=$("$VPS_BIN/vps-plan" --transfers --rank 0 --format tsv "$dir/ab.plan" |
+		awk -F'\t' '$2 == "send" { n += $7 } END { print n + 0 }')
+	sent=$(awk '/^  bytes_sent:/ { print $2; exit }' "$dir/report.0.yaml")
+	moved=$("$VPS_BIN/vps-plan" -q "$dir/a.layout" "$dir/b.layout" --stats | awk '$1 == "bytes_moved:" { print $2 }')
+	[ "$sent" = "$planned" ] || { echo "rank 0 sent $sent, its plan $planned" >&2; return 1; }
+	[ "$sent" -gt 0 ] && [ "$sent" -lt "$moved" ] || { echo "rank 0 sent $sent of $moved moved: nothing relayed" >&2; return 1; }
+}
 world6() {
 	demo "$1" --np "$2" --model tiny-qwen3-moe --from tp=2,pp=1,dp=3,ep=2,etp=1,zero=1 --to tp=1,pp=2,dp=3,ep=1,etp=1,zero=0 --back
 }
@@ -126,6 +140,14 @@ per_rank() { # TRANSPORT DEVICES_PER_NODE
 }
 @test "tcp: every rank plans and stages its own part, a world of 6 over two nodes, and back" { per_rank tcp 3; }
 @test "ipc: every rank plans and stages its own part, a world of 6, and back" { per_rank ipc 6; }
+
+@test "tcp: relayed join: dp=1 becomes dp=4, receivers pass pieces on" { relay_join tcp 8 4; }
+@test "tcp: relayed join: dp=1 becomes dp=8 over two nodes" { relay_join tcp 4 8; }
+@test "ipc: a relayed plan is refused, naming the transport that can pass on" {
+	run "$TOP/scripts/demo.sh" --relay --transport ipc --model tiny-llama --from tp=1,pp=1,dp=1,zero=1 --to tp=1,pp=1,dp=4,zero=1
+	[ "$status" -eq 1 ]
+	[[ "$output" == *"the ipc transport cannot pass on a relayed piece (a plan made with --relay): tcp can"* ]]
+}
 
 @test "auto: within one node auto is ipc, and needs no GPU" {
 	over=ipc demo auto --np 2 --model tiny-llama --from tp=2,zero=1 --to tp=1,dp=2,zero=1

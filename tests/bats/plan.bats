@@ -104,3 +104,30 @@ stat() { # key from a --stats listing in $output
 		END { exit bad || n < 2 }' "$TOP/docs/BENCHMARKS.md"
 	[ "$status" -eq 0 ] || { echo "$output"; return 1; }
 }
+
+@test "--relay: receivers pass on what one holder sent; a rank's plan is the global plan's part; a forward from a rank that never received it fails verification" {
+	vps-layout --model tiny-llama --parallel tp=1,dp=1,zero=1 -o a.layout
+	vps-layout --model tiny-llama --parallel tp=1,dp=4,zero=1 -o b.layout
+	vps-plan --relay a.layout b.layout --yaml -o r.yaml
+	vps-verify r.yaml
+	# bytes moved stay the lower bound; the holder sends less than all of them
+	run vps-plan --relay a.layout b.layout --stats --load
+	[ "$status" -eq 0 ]
+	local moved lower sent0
+	moved=$(awk '$1 == "bytes_moved:" { print $2 }' <<< "$output")
+	lower=$(awk '$1 == "bytes_lower_bound:" { print $2 }' <<< "$output")
+	sent0=$(awk '/rank: 0,/ { sub(/,/, "", $5); print $5 }' <<< "$output")
+	[ "$moved" = "$lower" ]
+	[ "$sent0" -lt "$moved" ]
+	for r in 0 1 2 3; do
+		vps-plan --relay --transfers --rank "$r" --format tsv a.layout b.layout > rank.tsv
+		vps-plan --transfers --rank "$r" --format tsv r.yaml > global.tsv
+		cmp rank.tsv global.tsv
+	done
+	# the first forward (src_buffer with the target bit) now claims rank 3
+	# passes on what rank 3 never received from a holder
+	awk '/^- src:/ { at = NR; line = $0 } /^  src_buffer: 2147483648$/ && !done { done = at } { l[NR] = $0 }
+		END { for (i = 1; i <= NR; i++) print (i == done ? "- src: 3" : l[i]) }' r.yaml > bad.yaml
+	expect_status 1 vps-verify bad.yaml
+	[[ "$output" == *"relay 3 passes on"*"elements, of which it receives 0 from holders"* ]]
+}

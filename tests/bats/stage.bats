@@ -90,3 +90,19 @@ setup_file() {
 	[ "$status" -eq 2 ]
 	[[ "$output" == "vps-verify: oom.staged: out of memory reading it: what its "*" bytes describe does not fit" ]]
 }
+
+@test "--relay: forwards lie in stages after every receive; a forward moved before its arrival fails verification" {
+	vps-layout --model tiny-llama --parallel tp=1,dp=1,zero=1 -o a.layout
+	vps-layout --model tiny-llama --parallel tp=1,dp=4,zero=1 -o b.layout
+	vps-plan --relay a.layout b.layout -o r.plan
+	vps-stage --budget 64MiB r.plan --yaml -o s.yaml
+	vps-verify s.yaml
+	vps-stage --budget 4MiB r.plan -o small.staged
+	vps-verify small.staged
+	# steps past the direct ones (3 in a world of 4) carry the forwards
+	grep -q '^  step: [4-6]$' s.yaml
+	awk '/^- stage: / { s = $3 } /^  step: / && $2 > 3 && s < 3 { bad = 1 } END { exit bad }' s.yaml
+	awk '/^- stage: [1-9]/ && !done && ++n == 4 { print "- stage: 1"; done = 1; next } { print }' s.yaml > bad.yaml
+	expect_status 1 vps-verify bad.yaml
+	[[ "$output" == *"passes on in stage 1 what it may receive as late as stage"* ]]
+}

@@ -132,18 +132,24 @@ int64_t job_check(struct job *j)
 
 void job_apply_plan(const struct vps_plan *p, struct job *a, struct job *b)
 {
-	for (size_t i = 0; i < p->npieces; i++) {
-		const struct vps_piece *x = &p->pieces[i];
-		int64_t ra = vps_world_a_rank(p->world, x->src), rb = vps_world_b_rank(p->world, x->dst);
+	/* forwards (a relay passing on from its target buffers) after the rest */
+	for (size_t n = 0; n < 2 * p->npieces; n++) {
+		const struct vps_piece *x = &p->pieces[n % p->npieces];
+		bool forward = x->src_buffer & VPS_BUFFER_TARGET;
+		if (forward != (n >= p->npieces))
+			continue;
+		int64_t ra = forward ? vps_world_b_rank(p->world, x->src) : vps_world_a_rank(p->world, x->src),
+			rb = vps_world_b_rank(p->world, x->dst);
 		CHECK(ra >= 0 && rb >= 0);
 		if (ra < 0 || rb < 0)
 			continue;
+		unsigned char *from = forward ? b->bufs[ra][x->src_buffer & ~VPS_BUFFER_TARGET] : a->bufs[ra][x->src_buffer];
 		size_t es = vps_dtype_size(vps_state_dtype(x->state));
 		int64_t ext[VPS_MAX_DIMS];
 		for (int k = 0; k < x->box.ndim; k++)
 			ext[k] = x->box.hi[k] - x->box.lo[k];
 		vps_copy_strided(b->bufs[rb][x->dst_buffer] + (size_t)x->dst_offset * es, x->dst_strides,
-				 a->bufs[ra][x->src_buffer] + (size_t)x->src_offset * es, x->src_strides, ext, x->box.ndim,
+				 from + (size_t)x->src_offset * es, x->src_strides, ext, x->box.ndim,
 				 es);
 	}
 }

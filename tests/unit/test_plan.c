@@ -23,13 +23,13 @@ struct tcase {
 	int64_t gpn_a, first_a, gpn_b, first_b;
 };
 
-static void run_case(const struct tcase *c, bool per_rank)
+static void run_case(const struct tcase *c, bool per_rank, bool relay)
 {
 	struct vps_layout *a = test_layout(c->model, c->from, c->gpn_a, c->first_a);
 	struct vps_layout *b = test_layout(c->model, c->to, c->gpn_b, c->first_b);
 	if (!a || !b)
 		return;
-	struct vps_plan_opts o = {.rank = -1};
+	struct vps_plan_opts o = {.rank = -1, .relay = relay};
 	struct vps_plan *p = NULL;
 	CHECK_OK(vps_plan_compute(&p, a, b, &o));
 	if (!p)
@@ -42,7 +42,7 @@ static void run_case(const struct tcase *c, bool per_rank)
 		for (int64_t r = 0; r < W; r++) {
 			struct vps_layout *a2 = test_layout(c->model, c->from, c->gpn_a, c->first_a);
 			struct vps_layout *b2 = test_layout(c->model, c->to, c->gpn_b, c->first_b);
-			struct vps_plan_opts ro = {.rank = r};
+			struct vps_plan_opts ro = {.rank = r, .relay = relay};
 			struct vps_plan *q = NULL;
 			CHECK_OK(vps_plan_compute(&q, a2, b2, &ro));
 			if (!q)
@@ -198,13 +198,52 @@ TEST(a_global_plan_is_the_same_for_any_threads_packed_or_not)
 TEST(plans_move_every_element_right)
 {
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-		run_case(&cases[i], false);
+		run_case(&cases[i], false, false);
 }
 
 TEST(a_ranks_plan_is_the_global_plan_restricted_to_it)
 {
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i += 3)
-		run_case(&cases[i], true);
+		run_case(&cases[i], true, false);
+}
+
+/* Relayed joins: a holder serving more than two receivers sends each
+ * element once, the receivers pass it on; every element lands right, bytes
+ * moved stay the lower bound, a rank's plan is the global plan's part, and
+ * the holder sends less than it would alone. */
+TEST(relayed_joins_move_every_element_right)
+{
+	static const struct tcase relayed[] = {
+		{"tiny-llama", "tp=1,pp=1,dp=1,zero=1", "tp=1,pp=1,dp=4,zero=1", 8, 0, 8, 0},
+		{"tiny-llama", "tp=2,pp=1,dp=1,zero=1", "tp=2,pp=1,dp=8,zero=0", 4, 0, 4, 0},
+		{"tiny-gpt", "tp=1,pp=2,dp=1,zero=1", "tp=1,pp=2,dp=5,zero=1", 8, 0, 8, 0},
+		{"tiny-qwen3-moe", "tp=2,pp=1,dp=1,ep=1,etp=1,zero=1", "tp=2,pp=1,dp=4,ep=2,etp=1,zero=1", 8, 0, 8, 0},
+	};
+	for (size_t i = 0; i < sizeof(relayed) / sizeof(relayed[0]); i++) {
+		const struct tcase *c = &relayed[i];
+		run_case(c, true, true);
+		struct vps_plan *p[2] = {NULL, NULL};
+		for (int relay = 0; relay < 2; relay++) {
+			struct vps_plan_opts o = {.rank = -1, .relay = relay};
+			CHECK_OK(vps_plan_compute(&p[relay], test_layout(c->model, c->from, c->gpn_a, c->first_a),
+						  test_layout(c->model, c->to, c->gpn_b, c->first_b), &o));
+		}
+		if (!p[0] || !p[1])
+			continue;
+		struct vps_plan_stats s[2];
+		size_t forwards = 0;
+		for (int relay = 0; relay < 2; relay++)
+			CHECK_OK(vps_plan_stats(p[relay], NULL, false, &s[relay]));
+		for (size_t k = 0; k < p[1]->npieces; k++)
+			forwards += (p[1]->pieces[k].src_buffer & VPS_BUFFER_TARGET) != 0;
+		CHECK(forwards > 0);
+		CHECK_EQ(s[1].bytes_moved, s[0].bytes_moved);
+		CHECK(s[1].max_send_bytes < s[0].max_send_bytes);
+		for (int relay = 0; relay < 2; relay++) {
+			vps_plan_stats_release(&s[relay]);
+			vps_plan_free(p[relay]);
+		}
+	}
 }
 
 TEST(joins_and_leaves_number_the_world)
@@ -303,7 +342,7 @@ TEST(replicas_in_different_stages_are_weighed_by_their_duties)
 	};
 	for (size_t i = 0; i < sizeof(weighed_cases) / sizeof(weighed_cases[0]); i++) {
 		const struct tcase *c = &weighed_cases[i];
-		run_case(c, true);
+		run_case(c, true, false);
 		struct vps_layout *a = test_layout(c->model, c->from, c->gpn_a, c->first_a);
 		struct vps_layout *b = test_layout(c->model, c->to, c->gpn_b, c->first_b);
 		struct vps_plan_opts o = {.rank = -1};

@@ -60,9 +60,10 @@ static vps_result_t view_rows(unsigned char *buf, int64_t offset, const int64_t 
 	return VPS_OK;
 }
 
-static vps_result_t transfer_iovs(const struct vps_staged *s, const struct vps_xfer *x, bool sending, void **bufs,
+static vps_result_t transfer_iovs(const struct vps_switch *sw, const struct vps_xfer *x, bool sending,
 				  struct iovs *out, unsigned char **bounce)
 {
+	const struct vps_staged *s = sw->s;
 	size_t need = 0;
 	for (size_t q = 0; q < x->nops; q++) {
 		const struct vps_op *op = &s->ops[x->first_op + q];
@@ -75,7 +76,10 @@ static vps_result_t transfer_iovs(const struct vps_staged *s, const struct vps_x
 	size_t at = 0;
 	for (size_t q = 0; q < x->nops; q++) {
 		const struct vps_op *op = &s->ops[x->first_op + q];
-		unsigned char *buf = bufs[sending ? op->src_buffer : op->dst_buffer];
+		/* a relay passes on from its target buffers what it received */
+		unsigned char *buf = !sending			       ? sw->dst[op->dst_buffer]
+				     : op->src_buffer & VPS_BUFFER_TARGET ? sw->dst[op->src_buffer & ~VPS_BUFFER_TARGET]
+									  : sw->src[op->src_buffer];
 		int64_t off = sending ? op->src_offset : op->dst_offset;
 		const int64_t *st = sending ? op->src_strides : op->dst_strides;
 		if (!strided_inner(op, st)) {
@@ -154,7 +158,7 @@ static vps_result_t tcp_stage(void *self, struct vps_switch *sw, const struct vp
 	for (size_t k = 0; k < nx && !rc; k++) {
 		const struct vps_xfer *x = mine[k];
 		bool sending = x->src == sw->w;
-		rc = transfer_iovs(s, x, sending, sending ? sw->src : sw->dst, &iov[k], &bounce[k]);
+		rc = transfer_iovs(sw, x, sending, &iov[k], &bounce[k]);
 		int64_t peer = vps_switch_peer(sw, x)->rank;
 		size_t m = 0;
 		while (m < nm && msgs[m].peer != peer)
@@ -200,6 +204,7 @@ static void tcp_free(void *self) { (void)self; }
 
 const struct vps_transport vps_transport_tcp = {
 	.name = "tcp",
+	.forwards = true,
 	.can_connect = tcp_can_connect,
 	.setup = tcp_setup,
 	.begin = tcp_begin,

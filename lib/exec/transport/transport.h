@@ -79,6 +79,9 @@ struct vps_transport {
 	/* For the refusal when a peer is left that no transport of a
 	 * --transport reaches: which peers this one reaches (NULL: any). */
 	const char *reach;
+	/* It sends a relay's forwards (ops whose src_buffer has
+	 * VPS_BUFFER_TARGET) from the sender's target buffers. */
+	bool forwards;
 	/* It may move GPU memory in this process's CUDA context, which the
 	 * executor then makes before the request, not in the pause. */
 	bool gpu_context;
