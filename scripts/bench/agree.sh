@@ -3,7 +3,7 @@
 # ranks as threads over loopback, each all-reducing three numbers per XOR
 # step, as vps-exec does before a switch. Prints the busiest rank's bytes
 # next to the formula of docs/plan.md, (floor(log2 W) + [W not a power of
-# two]) x (24 (steps + 1) + 16), and that formula at 16,384 ranks; with --doc, writes
+# two]) x (24 (2 steps + 1) + 16), and that formula at 16,384 ranks; with --doc, writes
 # the table into docs/BENCHMARKS.md. The largest world here is bounded by
 # the open files one process may hold (every connection has both ends in
 # this process).
@@ -20,7 +20,7 @@ table() {
 	echo "|---:|---:|---:|---:|"
 	echo "$out" | awk '$1 == "agree:" { printf "| %\047d | %\047d | %\047d | %\047d |\n", $3, $5, $7, $9 }'
 	# the formula where a process cannot hold the whole world
-	awk 'BEGIN { W = 16384; s = 16383; printf "| %\047d | %\047d | (not run here) | %\047d |\n", W, s, 14 * (24 * (s + 1) + 16) }'
+	awk 'BEGIN { W = 16384; s = 16383; printf "| %\047d | %\047d | (not run here) | %\047d |\n", W, s, 14 * (24 * (2 * s + 1) + 16) }'
 }
 if echo "$out" | grep -q '^FAIL'; then
 	echo "$out" >&2

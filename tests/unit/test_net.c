@@ -166,7 +166,7 @@ TEST(tree_peers_are_symmetric_xor_partners)
 /* scripts/bench/agree.sh: VPS_AGREE_WORLDS="128 1024" runs the agreement of
  * those worlds, the vector one number per XOR step as vps-exec's, and
  * prints the busiest rank's bytes next to the formula in docs/plan.md
- * (three numbers per step: VPS_DEMAND_COUNT). */
+ * (three numbers per step, direct and forward: VPS_DEMAND_COUNT). */
 TEST(allreduce_max_at_the_worlds_asked_for)
 {
 	const char *env = getenv("VPS_AGREE_WORLDS");
