@@ -123,6 +123,9 @@ static void print_stats(const struct vps_plan *p, const struct vps_plan_stats *s
 	printf("bytes_inter_node: %s\n", tool_bytes(s->bytes_inter_node, h, n, sizeof(n)));
 	printf("max_send_bytes: %s\n", tool_bytes(s->max_send_bytes, h, n, sizeof(n)));
 	printf("max_recv_bytes: %s\n", tool_bytes(s->max_recv_bytes, h, n, sizeof(n)));
+	printf("bytes_relayed: %s\n", tool_bytes(s->bytes_relayed, h, n, sizeof(n)));
+	printf("max_send_over_max_recv: %.3f\n",
+	       s->max_recv_bytes ? (double)s->max_send_bytes / (double)s->max_recv_bytes : 0.0);
 	printf("balanced_send_bound: %s\n", tool_bytes(s->balanced_send_bound, h, n, sizeof(n)));
 	printf("balanced_bound: %s\n", tool_bytes(s->balanced_bound, h, n, sizeof(n)));
 	printf("send_over_bound: %.3f\n",

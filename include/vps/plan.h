@@ -185,6 +185,7 @@ struct vps_plan_stats {
 	int64_t bytes_moved, bytes_retained, bytes_lower_bound;
 	int64_t bytes_intra_node, bytes_inter_node;
 	int64_t max_send_bytes, max_recv_bytes;
+	int64_t bytes_relayed;       /* moved by relays passing on what they received (--relay) */
 	int64_t balanced_send_bound; /* the least possible busiest sender */
 	int64_t balanced_bound;      /* the least possible busiest device, send or receive */
 	int64_t peers_max;           /* most peers of one device */

@@ -785,6 +785,8 @@ static vps_result_t count_pieces(const struct vps_plan *p, struct vps_plan_stats
 			continue;
 		}
 		s->bytes_moved += bytes;
+		if (x->src_buffer & VPS_BUFFER_TARGET)
+			s->bytes_relayed += bytes;
 		ld->send[x->src] += bytes;
 		ld->recv[x->dst] += bytes;
 		bool intra = vps_world_device(p->world, x->src).node == vps_world_device(p->world, x->dst).node;

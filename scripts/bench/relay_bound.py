@@ -15,6 +15,7 @@ arrives over the node's NICs at best evenly (a relay inside the node passes
 the rest over NVLink), and no device receives faster than over both links.
 The joins span nodes (world above one node's GPUs).
 
+Next to them, what the planner's relays (vps-plan --relay) do today.
 Then every join of configs/transitions (a transition with joining
 devices): its busiest sender over its largest receive today, the number of
 receivers' worth the busiest holder sends. Relays pay where that is above
@@ -99,6 +100,7 @@ def bound(binp, tmp, model, a, b):
     run(binp, "vps-layout", "--model", model, "--parallel", a, "--gpus-per-node", str(gpn), "-o", la, "-q")
     run(binp, "vps-layout", "--model", model, "--parallel", b, "--gpus-per-node", str(gpn), "-o", lb, "-q")
     st = stats_of(run(binp, "vps-plan", la, lb, "--stats", "--load", "--topology", TOPOLOGY, "-q"))
+    rl = stats_of(run(binp, "vps-plan", "--relay", la, lb, "--stats", "--topology", TOPOLOGY, "-q"))
     if st["leaving"] != "0":
         sys.exit("relay_bound.py: %s %s -> %s: devices leave; only joins are counted" % (model, a, b))
     world = int(st["world"])
@@ -162,19 +164,24 @@ def bound(binp, tmp, model, a, b):
         "estimate": float(st["estimate_seconds"]),
         "leave_per_gpu": leave / len(on_node),
         "best": max(node_s, recv_s), "node_s": node_s, "recv_s": recv_s,
+        "relay_send": int(rl["max_send_bytes"]), "relay_recv": int(rl["max_recv_bytes"]),
+        "relay_estimate": float(rl["estimate_seconds"]),
     }
 
 
 def table(rows):
     out = ["| model | A -> B | world | busiest send / largest receive, today | "
-           "at best with relays | estimate today | least time with relays | gain at most |",
-           "|---|---|---:|---:|---:|---:|---:|---:|"]
+           "at best with relays | estimate today | least time with relays | gain at most | "
+           "with --relay: busiest send / largest receive | with --relay: estimate |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        out.append("| %s | %s -> %s | %d | %.2f GiB / %.2f GiB = %.1fx | %.2f GiB = %.1fx | %.3f s | %.3f s (%s) | %.2fx |" % (
+        out.append("| %s | %s -> %s | %d | %.2f GiB / %.2f GiB = %.1fx | %.2f GiB = %.1fx | %.3f s | %.3f s (%s) | %.2fx "
+                   "| %.2f GiB / %.2f GiB = %.1fx | %.3f s |" % (
             r["model"], r["a"], r["b"], r["world"], r["send"] / GiB, r["recv"] / GiB, r["send"] / r["recv"],
             r["leave_per_gpu"] / GiB, r["leave_per_gpu"] / r["recv"], r["estimate"], r["best"],
             "the node's NICs" if r["node_s"] >= r["recv_s"] else "the receive side",
-            r["estimate"] / r["best"]))
+            r["estimate"] / r["best"], r["relay_send"] / GiB, r["relay_recv"] / GiB,
+            r["relay_send"] / r["relay_recv"], r["relay_estimate"]))
     return "\n".join(out) + "\n"
 
 
