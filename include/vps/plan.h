@@ -185,7 +185,6 @@ struct vps_plan_stats {
 	int64_t bytes_moved, bytes_retained, bytes_lower_bound;
 	int64_t bytes_intra_node, bytes_inter_node;
 	int64_t max_send_bytes, max_recv_bytes;
-	int64_t bytes_relayed;       /* moved by relays passing on what they received (--relay) */
 	int64_t balanced_send_bound; /* the least possible busiest sender */
 	int64_t balanced_bound;      /* the least possible busiest device, send or receive */
 	int64_t peers_max;           /* most peers of one device */
@@ -194,6 +193,8 @@ struct vps_plan_stats {
 	double time_bound_seconds;   /* the least time any plan can take on the topology, latency aside */
 	double time_floor_seconds;   /* vps_time_floor's, from the layouts alone */
 	int64_t *send, *recv;        /* per world rank, when asked */
+	int64_t bytes_relayed;       /* moved by relays passing on what they received (--relay); last,
+				      * so that the fields before keep their offsets */
 };
 
 /* Statistics of a global plan. load: fill per-rank send/recv arrays. topo
