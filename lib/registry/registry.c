@@ -770,8 +770,10 @@ vps_result_t vps_registry_request(struct vps_registry *r, uint64_t *seq)
 	uint32_t st = atomic_load(&r->h->state);
 	if (st == VPS_REG_REQUESTED || st == VPS_REG_RUNNING)
 		return vps_fail(VPS_EINPUT, "registry %s: a switch is already under way", r->name);
+	/* the switch this request would be, as a wait names it */
 	if (atomic_load(&r->h->aborted))
-		return vps_fail(VPS_EPEER, "registry %s: the executor stopped: %s", r->name, r->h->abort_message);
+		return vps_fail(VPS_EPEER, "switch %" PRIu64 " failed: the executor stopped: %s",
+				atomic_load(&r->h->seq) + 1, r->h->abort_message);
 	r->h->failure[0] = '\0';
 	uint64_t s = atomic_fetch_add(&r->h->seq, 1) + 1;
 	atomic_store(&r->h->state, VPS_REG_REQUESTED);
