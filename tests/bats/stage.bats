@@ -12,7 +12,7 @@ setup_file() {
 	cd "$BATS_FILE_TMPDIR"
 	vps-stage --budget 2GiB ablation.plan -o s.staged
 	expect_status 0 vps-verify s.staged
-	[[ "$output" == "s.staged: ok: llama2-13b: "*" stages within 2147483648 bytes, "* ]]
+	[[ "$output" == "s.staged: ok: llama2-13b: "*" stages within a 2.00 GiB budget, "* ]]
 	run vps-stage --budget 2GiB ablation.plan --stats
 	peak=$(awk '$1 == "peak_max:" { print $2 }' <<<"$output")
 	[ "$peak" -le 2147483648 ]
