@@ -77,11 +77,12 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	VPS_FAULT=exit:1 expect_status 1 "$PY" "$TOP/examples/torch/launch.py" --nproc 4 --dir r --model micro-llama \
 		--gpus-per-node 4 --steps 4 --switch-every 2 --global-batch 8 --micro-batch 2 \
 		--configs tp=2:dp=2:zero=1,pp=2:dp=2
+	echo "$output" > launch.out
 	[[ "$output" == *"executor "*" exited with status"* ]]
 	ls /dev/shm | grep '^vps-torch-' > after || true
 	run comm -13 before after
 	echo "left: $output"
-	[ -z "$output" ]
+	[ -z "$output" ] || { head -40 launch.out; false; }
 }
 
 @test "launch.py under a Python without PyTorch runs under one that has it, or says in one line what is missing" {
