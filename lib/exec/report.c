@@ -23,6 +23,8 @@ vps_result_t vps_exec_report_yaml(const struct vps_exec_report *reps, size_t n, 
 		VPS_CHECK_GOTO(vps_w_int(w, "world", r->world), rc, done);
 		VPS_CHECK_GOTO(vps_w_int(w, "switch", (int64_t)r->switch_seq), rc, done);
 		VPS_CHECK_GOTO(vps_w_str(w, "transport", r->transport ? r->transport : "tcp"), rc, done);
+		VPS_CHECK_GOTO(vps_w_int(w, "data_connections", (int64_t)r->data_connections), rc, done);
+		VPS_CHECK_GOTO(vps_w_int(w, "control_connections", (int64_t)r->control_connections), rc, done);
 		VPS_CHECK_GOTO(vps_w_int(w, "bytes_sent", r->bytes_sent), rc, done);
 		VPS_CHECK_GOTO(vps_w_int(w, "bytes_received", r->bytes_received), rc, done);
 		VPS_CHECK_GOTO(vps_w_int(w, "bytes_copied", r->bytes_copied), rc, done);

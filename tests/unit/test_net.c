@@ -41,15 +41,19 @@ static void *run_rank(void *arg)
 	int64_t peers[64];
 	size_t np = vps_net_tree_peers(r->rank, r->world, peers);
 	struct vps_net_opts o = {r->rank,  r->world, "127.0.0.1", r->port, 30.0, "0123456789abcdef0123456789abcdef",
-				 "127.0.0.1", 42, peers, np};
+				 "127.0.0.1", 42, peers, np, NULL};
 	struct vps_net *n = NULL;
 	r->rc = vps_net_start(&n, &o);
 	if (!r->rc)
 		r->rc = vps_net_allreduce(n, r->v, r->count, vps_net_max, "test");
 	if (r->rc)
 		snprintf(r->error, sizeof(r->error), "%s", vps_last_error());
-	else
-		vps_net_traffic(n, &r->sent, &r->received);
+	else {
+		struct vps_net_stats st;
+		vps_net_stats(n, &st);
+		r->sent = st.data_bytes_sent;
+		r->received = st.data_bytes_received;
+	}
 	vps_net_free(n);
 	return NULL;
 }
