@@ -2,21 +2,29 @@
  * request and, once it is claimed, adds its part to an arrival over the
  * control tree; the go comes back down from rank 0 when every rank's part
  * is in. The tree's loop keeps the heartbeats meanwhile, so a rank that
- * waits costs a wake every few milliseconds (its trainer's registry has no
- * other way to say that a request came) and watches no more sockets than
- * its tree neighbours. */
+ * waits watches no more sockets than its tree neighbours and costs a look
+ * at its trainer's registry now and then (the registry has no other way to
+ * say that a request came). */
 #include <stdio.h>
 #include <time.h>
 
 #include "util/internal.h"
 #include "exec/net/net_int.h"
 
-/* The trainer's request is looked at every POLL_FIRST seconds at first,
- * and the gap doubles to POLL_MOST: a request that comes at once (the
+/* The trainer's request is looked at after an eighth of the time waited
+ * so far, from POLL_FIRST to POLL_MOST: a request that comes at once (the
  * trainers of a job ask together) is seen within a fraction of a
- * millisecond, a rank that waits long costs ~500 wakes a second. */
+ * millisecond, a late one at most an eighth later, and a rank that waits
+ * long costs a hundred looks a second (each of which reads the trainer's
+ * registry and checks its pid: a few system calls). */
 #define POLL_FIRST 0.0002
-#define POLL_MOST 0.002
+#define POLL_MOST 0.01
+
+static double gap_after(double waited)
+{
+	double g = waited / 8;
+	return g < POLL_FIRST ? POLL_FIRST : g > POLL_MOST ? POLL_MOST : g;
+}
 
 static void nap(double seconds)
 {
@@ -27,13 +35,13 @@ static void nap(double seconds)
 /* One rank alone: its own request is the start. */
 static vps_result_t arrive_alone(int (*ready)(void *), void *ctx)
 {
-	for (double gap = POLL_FIRST;; gap = gap * 2 < POLL_MOST ? gap * 2 : POLL_MOST) {
+	for (double t0 = vps_net_now();;) {
 		int k = ready(ctx);
 		if (k < 0)
 			return VPS_EPEER;
 		if (k)
 			return VPS_OK;
-		nap(gap);
+		nap(gap_after(vps_net_now() - t0));
 	}
 }
 
@@ -44,7 +52,7 @@ vps_result_t vps_net_arrive(struct vps_net *n, int (*ready)(void *ctx), void *ct
 		return arrive_alone(ready, ctx);
 	vps_ctl_arrive_begin(c);
 	bool mine = false;
-	for (double gap = POLL_FIRST;; gap = gap * 2 < POLL_MOST ? gap * 2 : POLL_MOST) {
+	for (double t0 = vps_net_now();;) {
 		if (!mine) {
 			int k = ready(ctx);
 			if (k < 0) {
@@ -60,7 +68,7 @@ vps_result_t vps_net_arrive(struct vps_net *n, int (*ready)(void *ctx), void *ct
 			}
 		}
 		double first;
-		int r = vps_ctl_arrive_wait(c, mine ? -1 : gap, &first);
+		int r = vps_ctl_arrive_wait(c, mine ? -1 : gap_after(vps_net_now() - t0), &first);
 		if (r > 0)
 			return VPS_OK;
 		if (r < 0)

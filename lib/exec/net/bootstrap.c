@@ -65,8 +65,8 @@ static int admit_rank(void *ctx, const struct hello *h, int fd, const struct soc
 	e->fd = fd;
 	e->addr.ip = from->sin_addr.s_addr;
 	e->addr.port = (uint16_t)h->port;
-	if (++g->open + 1 > n->bootstrap_sockets)
-		n->bootstrap_sockets = g->open + 1;
+	if (++g->open > n->bootstrap_sockets)
+		n->bootstrap_sockets = g->open;
 	if ((int64_t)h->world != n->world && !g->bad[0])
 		snprintf(g->bad, sizeof(g->bad), "rank %" PRIu64 " runs a world of %" PRIu64 ", rank 0 one of %" PRId64,
 			 h->from, h->world, n->world);

@@ -114,6 +114,8 @@ struct ctl {
 	bool closing, unwatched, detached;
 	struct ctl *next_closing;
 	uint64_t msgs_sent, msgs_received, bytes_sent, bytes_received, beats_sent, beats_received;
+	/* the messages of each of the last collectives, by number */
+	uint32_t recent_seq[8], recent_msgs[8], most_msgs;
 	double cpu;
 };
 
@@ -179,6 +181,18 @@ static void flush_all(struct ctl *c)
 			flush_link(c, &c->links[i]);
 }
 
+/* One more message of collective seq, sent or received. */
+static void count_msg(struct ctl *c, uint32_t seq)
+{
+	size_t i = seq % 8;
+	if (c->recent_seq[i] != seq) {
+		c->recent_seq[i] = seq;
+		c->recent_msgs[i] = 0;
+	}
+	if (++c->recent_msgs[i] > c->most_msgs)
+		c->most_msgs = c->recent_msgs[i];
+}
+
 /* Queue a frame on l; the loop sends it (flush_all). A link that cannot
  * take it is gone, which its reader finds. */
 static void queue(struct ctl *c, struct link *l, int type, int kind, uint32_t seq, const void *a, size_t alen,
@@ -202,6 +216,8 @@ static void queue(struct ctl *c, struct link *l, int type, int kind, uint32_t se
 		c->beats_sent++;
 	else
 		c->msgs_sent++;
+	if (type == F_UP || type == F_DOWN || type == F_FIRST)
+		count_msg(c, seq);
 }
 
 static const char *phase(const struct ctl *c)
@@ -433,6 +449,8 @@ static void on_frame(struct ctl *c, struct link *l, const struct frame *f, const
 		c->beats_received++;
 	else
 		c->msgs_received++;
+	if (f->type == F_UP || f->type == F_DOWN || f->type == F_FIRST)
+		count_msg(c, f->seq);
 	switch (f->type) {
 	case F_BEAT:
 		break;
@@ -955,6 +973,7 @@ void vps_net_stats(const struct vps_net *n, struct vps_net_stats *out)
 	out->heartbeats_sent = c->beats_sent;
 	out->heartbeats_received = c->beats_received;
 	out->control_cpu_seconds = c->cpu;
+	out->control_messages_per_collective = c->most_msgs;
 	for (size_t i = 0; i < c->nlinks; i++)
 		out->memory += c->links[i].out_cap;
 	pthread_mutex_unlock(&c->mu);

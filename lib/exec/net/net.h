@@ -77,6 +77,7 @@ struct vps_net_stats {
 	size_t bootstrap_connections; /* the most it held while bootstrapping (rank 0: one a rank), all closed */
 	uint64_t data_bytes_sent, data_bytes_received; /* of exchanges, headers included */
 	uint64_t control_messages_sent, control_messages_received; /* the collectives' and failures' */
+	uint64_t control_messages_per_collective; /* sent and received in one collective, at most */
 	uint64_t control_bytes_sent, control_bytes_received;       /* those, with the heartbeats */
 	uint64_t heartbeats_sent, heartbeats_received;
 	double control_cpu_seconds;  /* the loop thread's time on this rank's tree */
