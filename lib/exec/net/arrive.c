@@ -50,7 +50,7 @@ vps_result_t vps_net_arrive(struct vps_net *n, int (*ready)(void *ctx), void *ct
 	struct ctl *c = n->ctl;
 	if (!c)
 		return arrive_alone(ready, ctx);
-	vps_ctl_arrive_begin(c);
+	vps_ctl_arrive_begin(c, window);
 	bool mine = false;
 	for (double t0 = vps_net_now();;) {
 		if (!mine) {

@@ -27,6 +27,7 @@ struct boot {
 	double deadline;         /* of the bootstrap */
 	int backlog;
 	int dfd, dport;          /* this rank's data listener */
+	struct in_addr here;     /* its address */
 	int lfd;                 /* rank 0: the bootstrap listener */
 	struct mesh_target *t;   /* the ranks this rank connects to, rising */
 	size_t nt;
@@ -62,9 +63,13 @@ static int admit_rank(void *ctx, const struct hello *h, int fd, const struct soc
 			 inet_ntoa(from->sin_addr), "an earlier one");
 		return -1;
 	}
+	/* where it listens, as it says: its --bind address need not be the one
+	 * its connection to rank 0 comes from */
 	e->fd = fd;
-	e->addr.ip = from->sin_addr.s_addr;
-	e->addr.port = (uint16_t)h->port;
+	e->addr.ip = (uint32_t)(h->listen >> 16);
+	e->addr.port = (uint16_t)h->listen;
+	if (!e->addr.ip)
+		e->addr.ip = from->sin_addr.s_addr;
 	if (++g->open > n->bootstrap_sockets)
 		n->bootstrap_sockets = g->open;
 	if ((int64_t)h->world != n->world && !g->bad[0])
@@ -155,6 +160,7 @@ static vps_result_t listen_for_peers(struct boot *b)
 		VPS_CHECK(vps_net_route_to(&b->master, &here.sin_addr));
 	}
 	b->backlog = (int)vps_min64(o->world + 16, 4096);
+	b->here = here.sin_addr;
 	return vps_net_listen(&here, b->backlog, &b->dfd, &b->dport);
 }
 
@@ -176,7 +182,7 @@ static vps_result_t bootstrap_rank0(struct boot *b)
 	vps_result_t rc = vps_net_listen(&b->master, b->backlog, &b->lfd, &mport);
 	if (rc)
 		goto done;
-	table[0].addr.ip = b->master.sin_addr.s_addr;
+	table[0].addr.ip = b->here.s_addr;
 	table[0].addr.port = (uint16_t)b->dport;
 	struct handshake hs;
 	boot_handshake(b, &hs);
@@ -225,7 +231,7 @@ static vps_result_t bootstrap_joiner(struct boot *b)
 	struct outbound out = {.sa = b->master, .rank = 0, .kind = HELLO_CTL};
 	struct handshake hs;
 	boot_handshake(b, &hs);
-	hs.port = (uint64_t)b->dport;
+	hs.listen = (uint64_t)b->here.s_addr << 16 | (uint64_t)b->dport;
 	hs.out = &out;
 	hs.nout = 1;
 	vps_result_t rc = vps_net_handshake(&hs);

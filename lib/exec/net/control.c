@@ -108,6 +108,8 @@ struct ctl {
 	uint32_t next_seq;
 	uint32_t first_seq;        /* the arrival whose first request is known, and when */
 	double first_time;
+	double first_delay;        /* "someone arrived" is said after this, unless all did */
+	double first_due;          /* when this rank says it; 0: said, or heard and sent on */
 	struct news news;          /* the job's failure: what says most of what this rank learnt */
 	double news_time;          /* when it was learnt */
 	bool told;                 /* the rank's own thread has had its words */
@@ -282,22 +284,38 @@ static void lost(struct ctl *c, struct link *l, enum news_kind kind, const char 
 
 static bool is_parent(const struct ctl *c, const struct link *l) { return c->has_parent && l == &c->links[0]; }
 
-/* Someone arrived for arrival seq: start the clock, and say it to every
- * link that has not heard it either way. */
-static void note_first(struct ctl *c, uint32_t seq, struct link *from)
+/* "Someone arrived", at `when`, to every link that has not heard it
+ * either way (c->first_seq set). */
+static void say_first(struct ctl *c)
+{
+	uint64_t age_us = (uint64_t)((vps_net_now() - c->first_time) * 1e6);
+	c->first_due = 0;
+	for (size_t i = 0; i < c->nlinks; i++)
+		if (c->links[i].first_seq != c->first_seq) {
+			c->links[i].first_seq = c->first_seq;
+			queue(c, &c->links[i], F_FIRST, 0, c->first_seq, &age_us, sizeof(age_us), NULL, 0);
+		}
+}
+
+/* Someone arrived for arrival seq at `when`: the clock of the window
+ * starts. What this rank saw itself (its own request, a child's part) it
+ * says after first_delay, unless every rank arrived by then (the usual
+ * case: no message); what it heard it sends on at once, with its age, so
+ * that every rank's clock starts at the first request. */
+static void note_first(struct ctl *c, uint32_t seq, struct link *from, double when)
 {
 	if (from)
 		from->first_seq = seq;
-	if (c->first_seq == seq)
-		return;
-	c->first_seq = seq;
-	c->first_time = vps_net_now();
-	for (size_t i = 0; i < c->nlinks; i++)
-		if (c->links[i].first_seq != seq) {
-			c->links[i].first_seq = seq;
-			queue(c, &c->links[i], F_FIRST, 0, seq, NULL, 0, NULL, 0);
-		}
-	pthread_cond_broadcast(&c->cv);
+	if (c->first_seq != seq || when < c->first_time) {
+		bool news = c->first_seq != seq;
+		c->first_seq = seq;
+		c->first_time = when;
+		if (news && !from)
+			c->first_due = when + c->first_delay;
+		pthread_cond_broadcast(&c->cv);
+	}
+	if (from)
+		say_first(c);
 }
 
 /* The collective a frame of seq belongs to must be the one in progress,
@@ -338,7 +356,7 @@ static void combine(struct ctl *c, struct link *l, const struct frame *f, const 
 static void arrived_below(struct ctl *c)
 {
 	if (c->op.kind == CTL_ARRIVE && c->op.ups)
-		note_first(c, c->op.seq, NULL);
+		note_first(c, c->op.seq, NULL, vps_net_now());
 }
 
 /* Up when this rank's subtree is in; at the root, the result goes down. */
@@ -466,11 +484,18 @@ static void on_frame(struct ctl *c, struct link *l, const struct frame *f, const
 		else
 			on_down(c, l, f, part);
 		break;
-	case F_FIRST:
+	case F_FIRST: {
+		uint64_t age_us;
+		if (f->len != sizeof(age_us)) {
+			lost(c, l, NEWS_LIED, "rank %" PRId64 " sent \"someone arrived\" of %u bytes", l->rank, f->len);
+			break;
+		}
+		memcpy(&age_us, part, sizeof(age_us));
 		l->first_seq = f->seq;
 		if (f->seq == current_seq(c))
-			note_first(c, f->seq, l);
+			note_first(c, f->seq, l, vps_net_now() - (double)age_us * 1e-6);
 		break;
+	}
 	case F_NEWS:
 		on_news(c, l, f, part);
 		break;
@@ -529,6 +554,11 @@ static void tick(struct ctl *c)
 		else if (t - l->last_sent >= c->period)
 			queue(c, l, F_BEAT, 0, 0, NULL, 0, NULL, 0);
 	}
+	if (c->first_due > 0 && t >= c->first_due) {
+		if (c->op.posted && !c->op.done && c->op.kind == CTL_ARRIVE && c->first_seq == c->op.seq)
+			say_first(c);
+		c->first_due = 0;
+	}
 }
 
 /* The timer at the next heartbeat or silence deadline, when that is
@@ -544,6 +574,8 @@ static void arm(struct ctl *c)
 		d = d < s ? d : s;
 		next = next == 0 || d < next ? d : next;
 	}
+	if (c->first_due > 0 && (next == 0 || c->first_due < next))
+		next = c->first_due;
 	if (next == 0 || (c->armed != 0 && c->armed <= next))
 		return;
 	/* the timer's clock is CLOCK_MONOTONIC, as vps_net_now's */
@@ -916,9 +948,10 @@ vps_result_t vps_ctl_collective(struct ctl *c, enum ctl_kind kind, void *buf, si
 	return rc;
 }
 
-void vps_ctl_arrive_begin(struct ctl *c)
+void vps_ctl_arrive_begin(struct ctl *c, double window)
 {
 	pthread_mutex_lock(&c->mu);
+	c->first_delay = window / 16;
 	post(c, CTL_ARRIVE, NULL, 0);
 	pthread_mutex_unlock(&c->mu);
 	wake(c);
@@ -929,7 +962,7 @@ void vps_ctl_arrive_mine(struct ctl *c)
 	pthread_mutex_lock(&c->mu);
 	c->op.mine = true;
 	progress(c);
-	note_first(c, c->op.seq, NULL);
+	note_first(c, c->op.seq, NULL, vps_net_now());
 	pthread_mutex_unlock(&c->mu);
 	wake(c);
 }

@@ -59,26 +59,44 @@ static void drop_slot(struct pending *p, size_t i)
 	p->live--;
 }
 
+/* The pending connection that came first, or -1. */
+static ssize_t oldest_slot(const struct pending *p)
+{
+	ssize_t oldest = -1;
+	for (size_t i = 0; i < p->n; i++)
+		if (p->v[i].fd >= 0 && (oldest < 0 || p->v[i].deadline < p->v[oldest].deadline))
+			oldest = (ssize_t)i;
+	return oldest;
+}
+
+/* When a full set of pending connections makes room: its oldest may go
+ * once it had half its time (a real peer proves itself in a round trip,
+ * so a flood of idle connections cannot keep one out for long), and until
+ * then the new ones wait in the kernel's queue. 0: there is room now. */
+static double room_at(const struct pending *p)
+{
+	if (p->live < p->cap)
+		return 0;
+	ssize_t o = oldest_slot(p);
+	return o < 0 ? 0 : p->v[o].deadline - AUTH_SECONDS / 2;
+}
+
 static void accept_new(struct handshake *hs, struct pending *p, int ep)
 {
 	/* a few a wake, so that the proofs in flight keep moving */
 	for (int k = 0; k < 64; k++) {
+		if (p->live == p->cap) {
+			if (room_at(p) > vps_net_now())
+				return;
+			drop_slot(p, (size_t)oldest_slot(p));
+			hs->dropped++;
+		}
 		struct sockaddr_in from;
 		socklen_t l = sizeof(from);
 		int fd = accept4(hs->lfd, (struct sockaddr *)&from, &l, SOCK_CLOEXEC | SOCK_NONBLOCK);
 		if (fd < 0)
 			return;
 		vps_net_tune(fd);
-		if (p->live == p->cap) {
-			/* a flood of idle connections: the oldest make room, a real
-			 * peer proves itself in a round trip */
-			size_t oldest = 0;
-			for (size_t i = 1; i < p->n; i++)
-				if (p->v[oldest].fd < 0 || (p->v[i].fd >= 0 && p->v[i].deadline < p->v[oldest].deadline))
-					oldest = i;
-			drop_slot(p, oldest);
-			hs->dropped++;
-		}
 		size_t i = p->nfree ? p->free_slots[--p->nfree] : p->n++;
 		struct inbound *in = &p->v[i];
 		memset(in, 0, sizeof(*in));
@@ -198,7 +216,7 @@ static vps_result_t out_progress(struct handshake *hs, struct outbound *o, uint3
 			return vps_fail(VPS_EPEER, "%s:%d is not a vps-exec of this version (rank %" PRId64 " was expected there)",
 					inet_ntoa(o->sa.sin_addr), ntohs(o->sa.sin_port), o->rank);
 		o->h = (struct hello){HELLO_MAGIC, o->kind, (uint64_t)hs->me, (uint64_t)o->rank, (uint64_t)hs->world,
-				      hs->plan_hash, hs->port, {0}, 0};
+				      hs->plan_hash, hs->listen, {0}, 0};
 		VPS_CHECK(vps_auth_random(o->h.nonce, sizeof(o->h.nonce)));
 		o->h.mac = hello_mac(hs->key, o->c.nonce, &o->h);
 		if (send(o->fd, &o->h, sizeof(o->h), MSG_NOSIGNAL) != (ssize_t)sizeof(o->h)) {
@@ -255,12 +273,19 @@ vps_result_t vps_net_handshake(struct handshake *hs)
 		hs->out[i].state = OUT_IDLE;
 		hs->out[i].retry_at = 0;
 	}
-	if (!rc && hs->want_in) {
-		struct epoll_event lev = {EPOLLIN, {.u64 = EV_DATA(TAG_LISTEN, 0)}};
-		if (epoll_ctl(ep, EPOLL_CTL_ADD, hs->lfd, &lev))
-			rc = vps_fail_errno("epoll_ctl");
-	}
+	bool listening = false;
 	while (!rc) {
+		/* the listener is watched while there is room for what it brings */
+		double room = room_at(&p);
+		bool want = hs->want_in && room <= vps_net_now();
+		if (want != listening) {
+			struct epoll_event lev = {EPOLLIN, {.u64 = EV_DATA(TAG_LISTEN, 0)}};
+			if (epoll_ctl(ep, want ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, hs->lfd, &lev)) {
+				rc = vps_fail_errno("epoll_ctl");
+				break;
+			}
+			listening = want;
+		}
 		double t = vps_net_now();
 		size_t left_out = 0;
 		for (size_t i = 0; i < hs->nout && !rc; i++) {
@@ -276,6 +301,8 @@ vps_result_t vps_net_handshake(struct handshake *hs)
 			break;
 		}
 		double wake = next_wake(hs, &p, t);
+		if (hs->want_in && !listening && room > t && room < wake)
+			wake = room;
 		int ne = epoll_wait(ep, ev, 64, (int)((wake - t) * 1000) + 1);
 		if (ne < 0 && errno != EINTR)
 			rc = vps_fail_errno("epoll_wait");

@@ -86,7 +86,8 @@ struct challenge {
 };
 
 struct hello {
-	uint64_t magic, kind, from, to, world, plan_hash, port;
+	uint64_t magic, kind, from, to, world, plan_hash;
+	uint64_t listen; /* where the sender's data listener is: its address (network order) << 16 | its port */
 	unsigned char nonce[VPS_AUTH_NONCE];
 	uint64_t mac;
 };
@@ -118,7 +119,7 @@ struct outbound {
 struct handshake {
 	const unsigned char *key;
 	int64_t me, world;
-	uint64_t plan_hash, port;
+	uint64_t plan_hash, listen; /* as the hello says it */
 	unsigned kinds;   /* inbound kinds accepted: bit HELLO_* */
 	int lfd;          /* -1: nothing to accept */
 	size_t want_in;   /* connections still to admit */
@@ -190,8 +191,10 @@ void vps_ctl_fail(struct ctl *c, bool timed_out, const char *why);
 vps_result_t vps_ctl_own_failure(struct ctl *c, vps_result_t mine, const char *words);
 
 /* The start of a switch on the tree (arrive.c): an CTL_ARRIVE collective
- * whose part is ready when this rank's trainer's request is. */
-void vps_ctl_arrive_begin(struct ctl *c);
+ * whose part is ready when this rank's trainer's request is; "someone
+ * arrived" travels only when the ranks' requests lie more than a
+ * sixteenth of the window apart. */
+void vps_ctl_arrive_begin(struct ctl *c, double window);
 /* This rank's request is claimed: its part of the arrival is ready. */
 void vps_ctl_arrive_mine(struct ctl *c);
 /* Wait at most seconds for the arrival to end or the job to fail: 1 every
