@@ -25,14 +25,15 @@
 /* The YAML version counts changes a YAML reader cannot absorb (keys are
  * optional, so new keys with defaults do not count). The binary encoding
  * writes every field in order, so any new field changes it: 2 for the
- * fields of November 2026 (cp, grouped_gemm, the DeepSeek-V3 model keys). */
+ * fields of November 2026 (cp, grouped_gemm, the DeepSeek-V3 model keys;
+ * a report's connections). */
 static const struct {
 	enum vps_doc_kind kind;
 	const char *name;
 	int version, binary_version;
 } doc_kinds[] = {
 	{VPS_DOC_LAYOUT, "layout", 1, 2},     {VPS_DOC_PLAN, "plan", 1, 2},
-	{VPS_DOC_STAGED, "staged", 1, 2},     {VPS_DOC_REPORT, "report", 1, 1},
+	{VPS_DOC_STAGED, "staged", 1, 2},     {VPS_DOC_REPORT, "report", 1, 2},
 	{VPS_DOC_MODEL, "model", 1, 2},       {VPS_DOC_DEVICES, "devices", 1, 1},
 	{VPS_DOC_TOPOLOGY, "topology", 1, 1}, {VPS_DOC_PARALLEL, "parallel", 1, 2},
 	{VPS_DOC_BUDGETS, "budgets", 1, 1},   {VPS_DOC_TRANSITION, "transition", 1, 2},

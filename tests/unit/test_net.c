@@ -228,6 +228,7 @@ struct tree_rank {
 	int fail;            /* agree_result with this failure */
 	const char *words;   /* its words */
 	int calls_to_arrive; /* ready() says 1 after this many looks */
+	double window;       /* of the arrival (0: 600 s) */
 	vps_result_t rc;
 	char error[2048];
 	uint64_t sum[3];
@@ -262,7 +263,7 @@ static void *run_tree_rank(void *arg)
 		r->rc = vps_net_broadcast(n, r->id, sizeof(r->id), "id");
 	int left = r->calls_to_arrive;
 	if (!r->rc)
-		r->rc = vps_net_arrive(n, ready_after, &left, 600);
+		r->rc = vps_net_arrive(n, ready_after, &left, r->window > 0 ? r->window : 600);
 	double t0 = vps_net_now();
 	if (!r->rc && r->fail)
 		vps_fail(r->fail, "%s", r->words);
@@ -435,4 +436,29 @@ TEST(peer_text_is_cut_terminated_and_escaped)
 	CHECK(strcmp(out, "abc") == 0);
 	CHECK_EQ(vps_net_sanitize(out, 6, "ab\x01", 3), 2); /* no half escape */
 	CHECK(strcmp(out, "ab") == 0);
+}
+
+TEST(a_trainer_later_than_the_window_is_named_by_every_rank)
+{
+	int64_t W = 6;
+	int port = free_port();
+	struct tree_rank runs[6];
+	pthread_t th[6];
+	for (int64_t r = 0; r < W; r++) {
+		runs[r] = (struct tree_rank){.rank = r, .world = W, .port = port, .timeout = 30, .window = 0.8,
+					     .calls_to_arrive = r == 4 ? 1 << 30 : 1};
+		CHECK(pthread_create(&th[r], NULL, run_tree_rank, &runs[r]) == 0);
+	}
+	double t0 = vps_net_now();
+	for (int64_t r = 0; r < W; r++)
+		pthread_join(th[r], NULL);
+	/* the window runs from the first request (and a sixteenth of it before
+	 * "someone arrived" is said, whose age each rank takes off) */
+	double took = vps_net_now() - t0;
+	CHECK(took >= 0.8 && took < 3.0);
+	CHECK_EQ(runs[4].rc, VPS_ETIMEOUT);
+	CHECK(strstr(runs[4].error, "the trainer did not request the switch within 0.8 s of the first rank's request") != NULL);
+	for (int64_t r = 0; r < W; r++)
+		if (r != 4 && (runs[r].rc != VPS_EPEER || !strstr(runs[r].error, "rank 4 failed: the trainer did not request")))
+			harness_fail(__FILE__, __LINE__, "rank %lld: %s", (long long)r, runs[r].error);
 }
