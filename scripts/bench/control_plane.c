@@ -39,7 +39,7 @@
 
 /* The switches each rank runs on its connections, as vps-exec --serve
  * does: each phase's figure is rank 0's median over them. */
-#define SWITCHES 5
+#define SWITCHES 15
 
 enum { BOOTSTRAP, TRANSPORTS, ARRIVAL, TRAINING, START, STAGE, VERDICT, DIGEST, NPHASES };
 static const char *const phase_name[NPHASES] = {"bootstrap", "transports", "arrival", "training",
@@ -55,7 +55,7 @@ struct rank {
 	int failed_phase;
 	double failed_at;
 	double wall[NPHASES][SWITCHES], cpu[NPHASES][SWITCHES];
-	uint64_t msgs[NPHASES];
+	uint64_t msgs[NPHASES], wakes[NPHASES];
 	int sw;  /* the switch the phases are timed for */
 	uint64_t transports; /* what the transports' sum gave */
 	struct vps_net_stats started, end;
@@ -112,6 +112,8 @@ static size_t mesh_peers(int64_t r, int64_t W, int64_t *out)
 				      b_.control_messages_sent - b_.control_messages_received;   \
 			(r)->cpu[p][(r)->sw] += a_.control_cpu_seconds - b_.control_cpu_seconds; \
 			(r)->msgs[p] = m_ > (r)->msgs[p] ? m_ : (r)->msgs[p];                      \
+			m_ = a_.control_wakes - b_.control_wakes;                                \
+			(r)->wakes[p] = m_ > (r)->wakes[p] ? m_ : (r)->wakes[p];                   \
 		}                                                                                \
 		if ((r)->rc) {                                                                   \
 			(r)->failed_phase = p;                                                   \
@@ -229,7 +231,7 @@ struct summary {
 	size_t most_mem, most_mem_peak_other;
 	long rss_kb;
 	double phase_wall[NPHASES], phase_cpu[NPHASES];
-	uint64_t phase_msgs[NPHASES], rank0_msgs, rank0_bootstrap, rank0_mem_peak;
+	uint64_t phase_msgs[NPHASES], phase_wakes[NPHASES], rank0_msgs, rank0_bootstrap, rank0_mem_peak;
 	bool has_rank0;
 	double failed_at; /* the first failure, the likely cause of the others */
 	char error[512];
@@ -274,6 +276,7 @@ static void summarise(const struct rank *x, int64_t W, struct summary *sum)
 			sum->phase_wall[p] = median(x->wall[p], k);
 			sum->phase_cpu[p] = median(x->cpu[p], k);
 			sum->phase_msgs[p] = x->msgs[p];
+			sum->phase_wakes[p] = x->wakes[p];
 		}
 		sum->rank0_msgs = m;
 		sum->rank0_bootstrap = x->started.bootstrap_connections;
@@ -357,9 +360,17 @@ static int run_world(int64_t W, double timeout, int64_t per_process)
 			snprintf(sums[k].error, sizeof(sums[k].error), "fork: %s", strerror(errno));
 		}
 	}
-	for (int64_t k = 0; k < nproc; k++)
-		if (pids[k] > 0)
-			waitpid(pids[k], NULL, 0);
+	for (int64_t k = 0; k < nproc; k++) {
+		int st = 0;
+		if (pids[k] > 0 && waitpid(pids[k], &st, 0) == pids[k] && !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+			int64_t lo = k ? 1 + (k - 1) * per_process : 0, hi = k ? lo + per_process : 1;
+			sums[k].failed = (hi < W ? hi : W) - lo;
+			sums[k].failed_at = 0;
+			snprintf(sums[k].error, sizeof(sums[k].error), "the process of ranks %lld to %lld %s %d", (long long)lo,
+				 (long long)(hi < W ? hi : W) - 1, WIFSIGNALED(st) ? "died of signal" : "exited with",
+				 WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+		}
+	}
 	double wall = now() - t0;
 	times(&tm1);
 	double cpu = (double)(tm1.tms_cutime + tm1.tms_cstime - tm0.tms_cutime - tm0.tms_cstime) /
@@ -396,8 +407,8 @@ static int run_world(int64_t W, double timeout, int64_t per_process)
 		rc = 1;
 	} else {
 		for (int p = 0; p < NPHASES; p++)
-			printf("phase %lld %s wall %.6f cpu %.6f messages %" PRIu64 "\n", (long long)W, phase_name[p],
-			       z->phase_wall[p], z->phase_cpu[p], z->phase_msgs[p]);
+			printf("phase %lld %s wall %.6f cpu %.6f messages %" PRIu64 " wakes %" PRIu64 "\n", (long long)W,
+			       phase_name[p], z->phase_wall[p], z->phase_cpu[p], z->phase_msgs[p], z->phase_wakes[p]);
 		int64_t depth = 0;
 		for (int64_t level = 1, below = 1; below < W; depth++, level *= 4, below += level)
 			;

@@ -113,11 +113,13 @@ struct ctl {
 	struct news news;          /* the job's failure: what says most of what this rank learnt */
 	double news_time;          /* when it was learnt */
 	bool told;                 /* the rank's own thread has had its words */
+	bool queued;               /* frames wait for the loop to send them */
 	bool closing, unwatched, detached;
 	struct ctl *next_closing;
 	uint64_t msgs_sent, msgs_received, bytes_sent, bytes_received, beats_sent, beats_received;
 	/* the messages of each of the last collectives, by number */
 	uint32_t recent_seq[8], recent_msgs[8], most_msgs;
+	uint64_t wakes;            /* events the loop handled for this tree */
 	double cpu;
 };
 
@@ -178,6 +180,7 @@ static void flush_link(struct ctl *c, struct link *l)
 
 static void flush_all(struct ctl *c)
 {
+	c->queued = false;
 	for (size_t i = 0; i < c->nlinks; i++)
 		if (c->links[i].out_len)
 			flush_link(c, &c->links[i]);
@@ -213,6 +216,7 @@ static void queue(struct ctl *c, struct link *l, int type, int kind, uint32_t se
 		memcpy(l->out + l->out_len + FRAME_HDR + alen, b, blen);
 	l->out_len = need;
 	l->last_sent = vps_net_now();
+	c->queued = true;
 	c->bytes_sent += FRAME_HDR + alen + blen;
 	if (type == F_BEAT)
 		c->beats_sent++;
@@ -518,6 +522,7 @@ static void read_link(struct ctl *c, struct link *l)
 				lost(c, l, NEWS_CLOSED, "rank %" PRId64 ": %s%s", l->rank, strerror(errno), phase(c));
 			return;
 		}
+		bool drained = (size_t)g < sizeof(l->in) - l->in_len; /* the socket had no more, for now */
 		l->in_len += (size_t)g;
 		l->last_heard = vps_net_now();
 		size_t at = 0;
@@ -537,6 +542,9 @@ static void read_link(struct ctl *c, struct link *l)
 		}
 		memmove(l->in, l->in + at, l->in_len - at);
 		l->in_len -= at;
+		/* level-triggered: what comes later wakes the loop again */
+		if (drained)
+			return;
 	}
 }
 
@@ -645,19 +653,34 @@ static void *loop_main(void *arg)
 			continue;
 		if (ne < 0)
 			return NULL;
-		struct ctl *closing = NULL;
+		struct ctl *closing = NULL, *prev = NULL;
+		/* the loop's time goes to the tree whose events it handles: the
+		 * clock is read where the tree changes, not at every event */
+		double t0 = thread_cpu(), t;
 		for (int k = 0; k < ne; k++) {
 			struct watch *w = ev[k].data.ptr;
 			if (!w)
 				return NULL;
 			struct ctl *c = w->c;
-			pthread_mutex_lock(&c->mu);
-			if (!c->unwatched) {
-				double t0 = thread_cpu();
-				handle(c, w, ev[k].events, &closing);
-				c->cpu += thread_cpu() - t0;
+			if (prev && prev != c) {
+				t = thread_cpu();
+				pthread_mutex_lock(&prev->mu);
+				prev->cpu += t - t0;
+				pthread_mutex_unlock(&prev->mu);
+				t0 = t;
 			}
+			pthread_mutex_lock(&c->mu);
+			c->wakes++;
+			if (!c->unwatched)
+				handle(c, w, ev[k].events, &closing);
 			pthread_mutex_unlock(&c->mu);
+			prev = c;
+		}
+		if (prev) {
+			t = thread_cpu();
+			pthread_mutex_lock(&prev->mu);
+			prev->cpu += t - t0;
+			pthread_mutex_unlock(&prev->mu);
 		}
 		/* after the batch, whose later events may name them */
 		while (closing) {
@@ -933,8 +956,12 @@ vps_result_t vps_ctl_collective(struct ctl *c, enum ctl_kind kind, void *buf, si
 		return vps_fail(VPS_EINTERNAL, "%s: %zu bytes, more than a collective carries (%d)", what, len, CTL_PART_MAX);
 	pthread_mutex_lock(&c->mu);
 	post(c, kind, buf, len);
+	/* the loop is woken only when there is something to send: rank 0's
+	 * part waits for its children's */
+	bool send = c->queued;
 	pthread_mutex_unlock(&c->mu);
-	wake(c);
+	if (send)
+		wake(c);
 	pthread_mutex_lock(&c->mu);
 	double until;
 	while (!c->op.done && !settled(c, &until))
@@ -954,6 +981,7 @@ void vps_ctl_arrive_begin(struct ctl *c, double window)
 	c->first_delay = window / 16;
 	post(c, CTL_ARRIVE, NULL, 0);
 	pthread_mutex_unlock(&c->mu);
+	/* the loop arms the timer of "someone arrived" */
 	wake(c);
 }
 
@@ -1006,6 +1034,7 @@ void vps_net_stats(const struct vps_net *n, struct vps_net_stats *out)
 	out->heartbeats_sent = c->beats_sent;
 	out->heartbeats_received = c->beats_received;
 	out->control_cpu_seconds = c->cpu;
+	out->control_wakes = c->wakes;
 	out->control_messages_per_collective = c->most_msgs;
 	for (size_t i = 0; i < c->nlinks; i++)
 		out->memory += c->links[i].out_cap;

@@ -81,6 +81,7 @@ struct vps_net_stats {
 	uint64_t control_bytes_sent, control_bytes_received;       /* those, with the heartbeats */
 	uint64_t heartbeats_sent, heartbeats_received;
 	double control_cpu_seconds;  /* the loop thread's time on this rank's tree */
+	uint64_t control_wakes;      /* the events it handled for it */
 	size_t memory, memory_peak;  /* bytes the network holds (now, and at most) */
 };
 void vps_net_stats(const struct vps_net *n, struct vps_net_stats *out);
