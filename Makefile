@@ -1,16 +1,26 @@
 # vps: build, test, install.
 #
 #   make            libvps.a, libvps.so and the tools in bin/ (and how to put bin/ on PATH)
-#   make check      the C unit tests and the Bats tests, warnings as errors
+#   make check      the C unit tests, the Bats tests, the layering (make layers) and the framework checks,
+#                   warnings as errors; the GPU paths on the stand-ins of CUDA and
+#                   NCCL (tests/standin/)
+#   make standin    only those stand-ins (build/standin/)
+#   make check-megatron  vps's layouts against Megatron-Core's own buffers
+#   make check-hf   vps's Hugging Face imports against transformers' models
+#   make venv       the test environment build/venv (torch, megatron-core,
+#                   transformers: python/requirements-test.txt)
 #   make layers     libvps's rooms keep their layers, no cycles, only the API exported
 #   make asan       the same under AddressSanitizer and UBSan (build-asan/)
 #   make check-gpu  every GPU test and benchmark (scripts/gpu-check.sh; needs a GPU)
+#   make gpu-debs   the Debian packages gpu-check.sh unpacks on a GPU machine (.debs/)
 #   make fuzz       each libFuzzer harness for FUZZ_SECONDS (clang; build/fuzz/)
 #   make fuzz-smoke the same for FUZZ_SMOKE_SECONDS each (CI)
 #   make demo       a real switch on this machine
 #   make install PREFIX=/usr/local
+#   make clean      the build outputs (the test environment stays); distclean: it too
 #
 # Out-of-tree objects: BUILDDIR (default build). CUDA_HOME for the GPU parts.
+# PYTHON: the interpreter of everything in Python (default build/venv's).
 
 BUILDDIR ?= build
 BINDIR ?= bin
@@ -49,13 +59,29 @@ TEST_BINS = $(TEST_SRC:tests/unit/%.c=$(BUILDDIR)/tests/%)
 HARNESS = $(BUILDDIR)/tests/harness.o $(BUILDDIR)/tests/jobs.o
 
 DEPS_STAMP = $(BUILDDIR)/.deps-ok
-PY_STAMP = $(BUILDDIR)/.python-ok
 
-# The Python module and the PyTorch example run under Debian's python3, which
-# sees Debian's python3-torch (a python3 earlier on PATH may not).
-PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo python3)
-# Debian's python3 looks in PREFIX/lib/python3.N/dist-packages for /usr/local
-PYTHON_SITE ?= $(PREFIX)/lib/python3.$(shell $(PYTHON) -c 'import sys; print(sys.version_info[1])')/dist-packages
+# Everything in Python (the module's tests, the PyTorch example, the
+# Megatron-Core and Hugging Face checks) runs under PYTHON: by default the
+# test environment build/venv, which scripts/venv.sh makes from the pinned
+# python/requirements-test.txt and reuses while that file is unchanged. It
+# is build/, not BUILDDIR: make asan (BUILDDIR=build-asan) shares it.
+# PYTHON=/path/to/python runs the tests under an interpreter of one's own
+# that has those packages; VENV_PYTHON names the Python 3.12 the
+# environment is made from (default: the first one found).
+VENV = $(CURDIR)/build/venv
+VENV_STAMP = $(VENV)/.installed
+PYTHON ?= $(VENV)/bin/python
+# bats runs each test in a directory of its own: a relative path would break
+PYTHON_ABS = $(if $(findstring /,$(PYTHON)),$(abspath $(PYTHON)),$(PYTHON))
+ifeq ($(PYTHON_ABS),$(VENV)/bin/python)
+PY_STAMP = $(VENV_STAMP)
+else
+PY_STAMP = $(BUILDDIR)/.python-ok
+endif
+# make install puts the module where the system's python3 finds it: Debian's
+# looks in PREFIX/lib/python3.N/dist-packages for /usr/local
+INSTALL_PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo python3)
+PYTHON_SITE ?= $(PREFIX)/lib/python3.$(shell $(INSTALL_PYTHON) -c 'import sys; print(sys.version_info[1])')/dist-packages
 
 # ---- GPU support: libvps-cuda.so, loaded by libvps at run time ----
 # Built whenever nvcc is found (CUDA_HOME); nccl.h from CUDA_HOME or
@@ -69,7 +95,8 @@ ifeq ($(HAVE_NVCC),1)
 CUDA_ALL = $(CUDA_LIB)
 endif
 
-.PHONY: all check check-gpu test unit bats layers asan demo install uninstall clean deps python-deps FORCE \
+.PHONY: all check check-gpu gpu-debs check-megatron check-hf test unit bats layers asan demo install uninstall clean deps \
+	python-deps venv distclean FORCE standin \
 	fuzz fuzz-smoke fuzz-build fuzz-corpus fuzz-deps
 .DEFAULT_GOAL := all
 
@@ -82,11 +109,13 @@ endif
 
 # ---- what a fresh machine lacks ----
 # libyaml and libzstd headers, bats, groff (man page lint), rsvg-convert
-# (the SVG test renders vps-plan --svg), pkg-config (the install test).
+# (the SVG test renders vps-plan --svg), pkg-config (the install test), jq
+# and zstd (the man pages' examples use them, and tests/bats/examples.bats
+# runs every example).
 # Installed with apt-get when we are root and it exists; otherwise the exact
 # command is printed. Checked again when this Makefile changes, so that a
 # dependency added reaches old trees.
-DEB_PKGS = libyaml-dev libzstd-dev bats groff-base librsvg2-bin pkgconf
+DEB_PKGS = libyaml-dev libzstd-dev bats groff-base librsvg2-bin pkgconf jq zstd
 deps: $(DEPS_STAMP)
 $(DEPS_STAMP): Makefile
 	@missing=""; \
@@ -96,20 +125,22 @@ $(DEPS_STAMP): Makefile
 	command -v groff >/dev/null 2>&1 || missing="$$missing groff-base"; \
 	command -v rsvg-convert >/dev/null 2>&1 || missing="$$missing librsvg2-bin"; \
 	command -v pkg-config >/dev/null 2>&1 || missing="$$missing pkgconf"; \
+	command -v jq >/dev/null 2>&1 || missing="$$missing jq"; \
+	command -v zstd >/dev/null 2>&1 || missing="$$missing zstd"; \
 	scripts/install-deps.sh "vps" $$missing
 	@mkdir -p $(BUILDDIR) && touch $@
 
-# what the Python tests need (make check): PyTorch, numpy, PyYAML; Pillow
-# reads the PNG of the SVG test
+# what the Python tests need (make check): PyTorch, Megatron-Core,
+# transformers, numpy, PyYAML; Pillow reads the PNG of the SVG test
 python-deps: $(PY_STAMP)
-$(PY_STAMP): Makefile | $(DEPS_STAMP)
-	@missing=""; \
-	$(PYTHON) -c 'import torch' >/dev/null 2>&1 || missing="$$missing python3-torch"; \
-	$(PYTHON) -c 'import numpy' >/dev/null 2>&1 || missing="$$missing python3-numpy"; \
-	$(PYTHON) -c 'import yaml' >/dev/null 2>&1 || missing="$$missing python3-yaml"; \
-	$(PYTHON) -c 'import PIL' >/dev/null 2>&1 || missing="$$missing python3-pil"; \
-	scripts/install-deps.sh "make check" $$missing
+venv: $(VENV_STAMP)
+$(VENV_STAMP): python/requirements-test.txt scripts/venv.sh
+	@scripts/venv.sh $(VENV) python/requirements-test.txt
 	@touch $@
+# an interpreter of the user's own is checked, never installed into
+$(BUILDDIR)/.python-ok: python/requirements-test.txt scripts/venv.sh FORCE
+	@scripts/venv.sh --check $(PYTHON_ABS) python/requirements-test.txt
+	@mkdir -p $(BUILDDIR) && touch $@
 
 # objects rebuild when the flags change (a sanitizer or -fPIC build)
 FLAGS_STAMP = $(BUILDDIR)/.flags
@@ -157,6 +188,30 @@ $(CUDA_LIB): lib/gpu/cuda/vps_cuda.cu lib/gpu/cuda/vps_cuda.h | $(DEPS_STAMP)
 	$(NVCC) -O2 -std=c++17 -shared -Xcompiler -fPIC,-Wall,-Wextra,-Werror,-fvisibility=hidden --cudart static \
 		$(CUDA_ARCHS) $(if $(NCCL_HOME),-I$(NCCL_HOME)/include) -Ilib/gpu/cuda -o $@ $< -ldl -lrt -lpthread
 
+# ---- the stand-ins for libvps-cuda.so and NCCL (tests/standin/) ----
+# Test instruments over host memory, so that make check runs every GPU path
+# on a machine without a GPU (docs/exec.md, "The stand-ins"): never built
+# into libvps, never installed, chosen only by VPS_CUDA_LIBRARY and
+# VPS_NCCL_LIBRARY. nccl.h (CUDA_HOME or NCCL_HOME) gives NCCL's ABI.
+STANDIN_DIR = $(BUILDDIR)/standin
+STANDIN_CUDA = $(STANDIN_DIR)/libvps-cuda-standin.so
+STANDIN_NCCL = $(STANDIN_DIR)/libnccl-standin.so
+STANDIN_INC = $(if $(NCCL_HOME),-isystem $(NCCL_HOME)/include) -isystem $(CUDA_HOME)/include
+STANDIN_ENV = VPS_CUDA_LIBRARY=$(abspath $(STANDIN_CUDA)) VPS_NCCL_LIBRARY=$(abspath $(STANDIN_NCCL))
+standin: $(STANDIN_CUDA) $(STANDIN_NCCL)
+# their tests speak NCCL's ABI too
+$(BUILDDIR)/tests/test_standin_%.o: tests/unit/test_standin_%.c $(FLAGS_STAMP) | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(STANDIN_INC) -Itests/unit -c $< -o $@
+
+$(STANDIN_CUDA): tests/standin/cuda.c
+$(STANDIN_NCCL): tests/standin/nccl.c
+$(STANDIN_CUDA) $(STANDIN_NCCL): tests/standin/standin.h lib/gpu/cuda/vps_cuda.h $(FLAGS_STAMP) | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	@echo '#include <nccl.h>' | $(CC) $(STANDIN_INC) -E - >/dev/null 2>&1 || { \
+		echo "the stand-ins need nccl.h: set CUDA_HOME or NCCL_HOME (see docs/exec.md)" >&2; exit 1; }
+	$(CC) $(ALL_CFLAGS) $(STANDIN_INC) -fvisibility=hidden -shared -o $@ $(filter %.c,$^) $(LDFLAGS) -ldl -lrt -lpthread
+
 # benchmark programs (scripts/bench/*.c), built by check so they do not rot
 BENCH_BINS = $(patsubst scripts/bench/%.c,$(BUILDDIR)/bench/%,$(wildcard scripts/bench/*.c))
 $(BUILDDIR)/bench/%: scripts/bench/%.c $(LIB) | $(DEPS_STAMP)
@@ -164,13 +219,34 @@ $(BUILDDIR)/bench/%: scripts/bench/%.c $(LIB) | $(DEPS_STAMP)
 	$(CC) $(ALL_CFLAGS) -o $@ $< $(LIB) $(LDFLAGS) $(LDLIBS)
 
 # ---- tests ----
-unit: $(TEST_BINS) $(BENCH_BINS)
+# test_gpu runs twice: as on this machine (its GPU parts skip without a
+# GPU) and on the stand-ins
+unit: $(TEST_BINS) $(BENCH_BINS) standin
 	@set -e; for t in $(TEST_BINS); do $$t; done
+	$(STANDIN_ENV) $(BUILDDIR)/tests/test_gpu
 
-bats: all $(PY_STAMP)
-	VPS_BIN=$(abspath $(BINDIR)) VPS_PYTHON=$(PYTHON) bats tests/bats
+bats: all standin $(PY_STAMP)
+	VPS_BIN=$(abspath $(BINDIR)) VPS_PYTHON=$(PYTHON_ABS) VPS_STANDIN=$(abspath $(STANDIN_DIR)) bats tests/bats
 
+# the Python frameworks' own code against vps's rules (tests/megatron,
+# tests/hf), after the Bats tests, not beside them: both load the two cores.
+# Not under a sanitizer: a Python process cannot load that build's libvps.so.
 check: all unit bats
+ifeq ($(SANITIZE),)
+	@$(MAKE) --no-print-directory layers check-megatron check-hf
+endif
+
+# Megatron-Core builds a matrix of configurations on the CPU, a process per
+# rank under gloo, and every rank's buffers, buckets and ZeRO-1 shards must
+# be vps's (tests/megatron/README.md)
+check-megatron: $(SHLIB_FILES) $(PY_STAMP)
+	VPS_LIBRARY=$(abspath $(SHLIB)) $(PYTHON_ABS) tests/megatron/check_megatron.py
+
+# every Hugging Face family vps imports, read by vps and built by
+# transformers on the meta device: the same tensors through vps's name map
+# (python/vps/hf.py, tests/hf/check_hf.py)
+check-hf: $(SHLIB_FILES) $(PY_STAMP)
+	VPS_LIBRARY=$(abspath $(SHLIB)) $(PYTHON_ABS) tests/hf/check_hf.py
 
 # libvps's rooms keep their layers, with no cycles, and libvps.so exports
 # only what include/vps/ declares (scripts/layers.py, docs/architecture.md)
@@ -180,9 +256,17 @@ layers: $(LIB_OBJ) $(BUILDDIR)/$(SHLIB_REAL)
 test: check
 
 # every GPU test and GPU benchmark, on a machine with a GPU (results in
-# build/gpu-check.txt, or $$OUT/gpu-check.txt)
+# build/gpu-check-GPU.txt, or $$OUT/gpu-check-GPU.txt)
 check-gpu:
 	scripts/gpu-check.sh
+
+# What scripts/gpu-check.sh needs on a GPU machine that has no package
+# registry: Debian's libyaml and libzstd (headers and libraries), downloaded
+# here into .debs/ (ignored) to be carried there and unpacked under /tmp.
+GPU_DEBS = libyaml-dev libyaml-0-2 libzstd-dev libzstd1
+gpu-debs:
+	@mkdir -p .debs
+	cd .debs && apt-get download $(GPU_DEBS)
 
 asan:
 	$(MAKE) BUILDDIR=build-asan BINDIR=build-asan/bin SANITIZE=address,undefined CFLAGS="-O1 -g" check
@@ -277,8 +361,15 @@ uninstall:
 		$(addprefix $(DESTDIR)$(PREFIX)/share/man/man5/,$(notdir $(MAN5))) \
 		$(addprefix $(DESTDIR)$(PREFIX)/share/man/man7/,$(notdir $(MAN7)))
 
+# the test environment outlives make clean (it is minutes and gigabytes
+# from PyPI, and no build output): make distclean removes it too
 clean:
-	rm -rf $(BUILDDIR) build-asan $(BINDIR)
+	@if [ -d $(BUILDDIR) ]; then find $(BUILDDIR) -mindepth 1 -maxdepth 1 ! -name venv ! -name venv.lock \
+		-exec rm -rf {} +; fi
+	rm -rf build-asan $(BINDIR)
 
--include $(LIB_OBJ:.o=.d) $(BUILDDIR)/cmd/*.d $(BUILDDIR)/tests/*.d
+distclean: clean
+	rm -rf $(VENV) $(VENV).lock
+
+-include $(LIB_OBJ:.o=.d) $(BUILDDIR)/cmd/*.d $(BUILDDIR)/tests/*.d $(STANDIN_DIR)/*.d
 .SECONDARY:

@@ -16,36 +16,16 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+import comm  # noqa: E402
+import options  # noqa: E402
 import vps  # noqa: E402
 from model import Stage  # noqa: E402
 
 
 def parse_args(argv=None):
     a = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    a.add_argument("--model", default="tiny-llama")
-    a.add_argument("--configs", required=True,
-                   help="parallel configurations, comma-separated, in the order the run switches through them; "
-                        "each a name of configs/parallel or a spec with ':' for ',' (tp=2:pp=2:zero=1)")
-    a.add_argument("--gpus-per-node", type=int, default=8)
-    a.add_argument("--steps", type=int, default=40)
-    a.add_argument("--switch-every", type=int, default=0, help="switch to the next configuration every K steps")
-    a.add_argument("--global-batch", type=int, default=8)
-    a.add_argument("--micro-batch", type=int, default=1)
-    a.add_argument("--seq", type=int, default=32)
-    a.add_argument("--lr", type=float, default=3e-3)
-    a.add_argument("--warmup", type=int, default=10)
-    a.add_argument("--seed", type=int, default=1234)
-    a.add_argument("--registry", default="vps-torch-%r")
-    a.add_argument("--timeout", type=float, default=300.0, help="seconds a switch may take")
-    a.add_argument("--loss-log", help="rank 0 writes 'step loss' lines here")
-    a.add_argument("--check-switch", action="store_true",
-                   help="gather the whole state before and after each switch and compare them bit for bit")
-    a.add_argument("--save-master", help="rank 0 saves the gathered fp32 master weights here at the end")
-    args = a.parse_args(argv)
-    args.configs = [c.replace(":", ",") for c in args.configs.split(",")]
-    if args.switch_every <= 0 and len(args.configs) > 1:
-        a.error("several --configs need --switch-every")
-    return args
+    options.add_training(a)
+    return options.finish(a, a.parse_args(argv))
 
 
 # ---- a deterministic corpus: sample i is phrases of a fixed phrase book ----
@@ -95,29 +75,29 @@ class Adam:
     B1, B2, EPS, WD = 0.9, 0.95, 1e-8, 0.01
 
     def __init__(self, state, groups):
-        v, lay = state.view, state.layout
+        v, lay, dev = state.view, state.layout, state.device
         self.state, self.groups, self.sets = state, groups, []
         peers = {r: lay.rank(r) for r in groups.dp_ranks if r != v.rank} if lay.parallel["zero"] else {}
         for b in v.buffers:
             if b.state != vps.PARAM:
                 continue
             ids = [v.buffer(s, b.chunk, b.expert) for s in (vps.MAIN_PARAM, vps.EXP_AVG, vps.EXP_AVG_SQ)]
-            m_pos, p_pos = vps.correspondence(v, ids[0], v, b.id)
+            m_pos, p_pos = vps.correspondence(v, ids[0], v, b.id, dev)
             for other in ids[1:]:
-                o_pos, o_p = vps.correspondence(v, other, v, b.id)
+                o_pos, o_p = vps.correspondence(v, other, v, b.id, dev)
                 if not (torch.equal(o_pos, m_pos) and torch.equal(o_p, p_pos)):
                     raise SystemExit("train.py: the moments are not laid out as the main params")
-            decay = torch.zeros(b.elements, dtype=torch.bool)
+            decay = torch.zeros(b.elements, dtype=torch.bool, device=dev)
             for p in v.params:
                 if p.chunk == b.chunk and p.expert == b.expert and len(p.shape) == 2:
                     decay[p.offset:p.offset + p.elements] = True
             gather = []
             for r, pv in peers.items():
                 pm = pv.buffer(vps.MAIN_PARAM, b.chunk, b.expert)
-                their, mine = vps.correspondence(pv, pm, v, b.id)
+                their, mine = vps.correspondence(pv, pm, v, b.id, dev)
                 gather.append((groups.dp_ranks.index(r), their, mine))
             self.sets.append(dict(param=b.id, ids=ids, m_pos=m_pos, p_pos=p_pos, decay=decay[p_pos], gather=gather,
-                                  grad=torch.zeros(b.elements, dtype=torch.float32)))
+                                  grad=torch.zeros(b.elements, dtype=torch.float32, device=dev)))
         # each parameter's fp32 gradient buffer (that of its chunk's param buffer)
         grads = {s["param"]: s["grad"] for s in self.sets}
         self.grad_of = [grads[v.buffer(vps.PARAM, p.chunk, p.expert)] for p in v.params]
@@ -130,7 +110,7 @@ class Adam:
             self.grad_of[p.index][p.offset:p.offset + p.elements] = g.reshape(-1)
         for s in self.sets:
             if self.groups.dp is not None:
-                dist.all_reduce(s["grad"], group=self.groups.dp)
+                comm.all_reduce(s["grad"], group=self.groups.dp)
             main, m1, m2 = (bufs[i] for i in s["ids"])
             pos, g = s["m_pos"], s["grad"][s["p_pos"]]
             p = main[pos] * torch.where(s["decay"], 1 - lr * self.WD, 1.0)
@@ -144,7 +124,7 @@ class Adam:
             if s["gather"]:
                 # ZeRO-1: every data-parallel rank updated its shard; gather the rest
                 parts = [torch.empty_like(main) for _ in self.groups.dp_ranks]
-                dist.all_gather(parts, main, group=self.groups.dp)
+                comm.all_gather(parts, main, group=self.groups.dp)
                 for i, their, mine in s["gather"]:
                     param[mine] = parts[i][their].to(torch.bfloat16)
 
@@ -174,14 +154,14 @@ def gather_state(state, model, rank):
     return vps.assemble(model, [p for lst in out for p in lst]) if rank == 0 else None
 
 
-def same_bits(a, b):
+def same_bits(model, a, b):
     if a.keys() != b.keys():
         return "the (tensor, state) pairs differ"
     for k in a:
         x, y = a[k], b[k]
         iv = torch.int16 if x.dtype == torch.bfloat16 else torch.int32
         if x.dtype != y.dtype or x.shape != y.shape or not torch.equal(x.view(iv), y.view(iv)):
-            return "tensor %d state %s differs" % (k[0], vps.STATES[k[1]])
+            return "%s %s differs" % (model.tensor_name(k[0]), vps.STATES[k[1]])
     return None
 
 
@@ -194,29 +174,29 @@ def train_step(stage, opt, groups, corpus, tr, args, lr):
     held, loss_sum = [], 0.0
     for m in range(accum):
         first = tr.consumed_samples + m * mb * dp + groups.dp_rank * mb
-        data = corpus.batch(range(first, first + mb))
+        data = corpus.batch(range(first, first + mb)).to(args.device)
         if stage.first:
             x = data[:, :-1]
         else:
-            x = torch.empty(mb, seq, stage.m.hidden)
-            dist.recv(x, groups.prev)
+            x = torch.empty(mb, seq, stage.m.hidden, device=args.device)
+            comm.recv(x, groups.prev)
             x.requires_grad_()
         y = stage.forward(x)
         if stage.last:
             y = F.cross_entropy(y.reshape(-1, y.shape[-1]), data[:, 1:].reshape(-1), reduction="sum")
             loss_sum += y.item()
         else:
-            dist.send(y.detach().contiguous(), groups.next)
+            comm.send(y.detach().contiguous(), groups.next)
         held.append((x, y))
     for x, y in reversed(held):
         if stage.last:
             (y / (gb * seq)).backward()
         else:
             g = torch.empty_like(y)
-            dist.recv(g, groups.next)
+            comm.recv(g, groups.next)
             y.backward(g)
         if not stage.first:
-            dist.send(x.grad.contiguous(), groups.prev)
+            comm.send(x.grad.contiguous(), groups.prev)
     opt.step(stage, lr, tr.step + 1)
     return loss_sum if stage.last and stage.c.tp == 0 else 0.0
 
@@ -226,6 +206,9 @@ def main():
     # a launcher stops the job with SIGTERM: leave through the registry's close
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     torch.set_num_threads(1)
+    if args.device == "cuda":
+        # torchrun's rule, as vps-exec's default device: the local rank modulo the GPUs
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     model = vps.Model(args.model)
@@ -238,7 +221,8 @@ def main():
     corpus = Corpus(model.vocab, args.seq, args.seed)
     # vps: the registry through which vps-exec finds this rank's buffers
     reg = vps.Registry(args.registry.replace("%r", str(rank)), layouts[0], rank)
-    state = vps.State.allocate(reg, layouts[0], rank)
+    # vps: the state's buffers, on the host (shared memory) or the GPU (PyTorch's allocator)
+    state = vps.State.allocate(reg, layouts[0], rank, device=args.device)
     init_state(state, model, args.seed)
     cur = 0
     stage, opt = Stage(model, state.view, state, groups[0]), Adam(state, groups[0])
@@ -263,7 +247,7 @@ def main():
             if args.check_switch:
                 after = gather_state(state, model, rank)
                 if rank == 0:
-                    bad = same_bits(before, after)
+                    bad = same_bits(model, before, after)
                     if bad:
                         raise SystemExit("train.py: switch %d: the state after is not the state before: %s"
                                          % (switches, bad))

@@ -96,6 +96,8 @@ enum vps_tensor_kind {
 	VPS_T_MTP_FINAL_LN_W,
 	VPS_T_MTP_FINAL_LN_B,
 	VPS_T_ROUTER_BIAS,   /* the router's expert_bias: a module buffer, fp32 [experts] */
+	VPS_T_Q_PROJ_LN_W,   /* MLA without query compression, with qk_norm: the norm
+			      * fused into linear_q_proj (of the hidden state, [h]) */
 	VPS_T_NKINDS
 };
 
@@ -129,7 +131,8 @@ VPS_API vps_result_t vps_model_parse(struct vps_model *m, const char *name, cons
 
 /* Load a model by path (contains '/' or ends in .yaml/.yml/.json) or by name,
  * looked up as NAME.yaml in each directory of the colon-separated
- * search_path. */
+ * search_path. VPS_ENOTFOUND when no model has that name, or a directory
+ * named has no config.json. */
 VPS_API vps_result_t vps_model_load(struct vps_model *m, const char *spec, const char *search_path);
 
 /* Check the model's own consistency (positive sizes, heads divisible by

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "io/doc.h"
+#include "util/hash.h"
 #include "util/internal.h"
 #include "model/model_io.h"
 
@@ -34,7 +35,10 @@ static uint32_t add_attention(const struct vps_model *m, enum vps_tensor_kind *k
 		 * a separate input_layernorm, then linear_proj (built by
 		 * MultiLatentAttention before MLASelfAttention adds the rest),
 		 * then the projections in the order __init__ builds them; with
-		 * qk_layernorm the q/kv norms are fused into the up projections. */
+		 * qk_layernorm the q/kv norms are fused into the up projections,
+		 * and without query compression into linear_q_proj, which then
+		 * normalises the hidden state (core 0.19 mla_qk_norm_config.py:
+		 * _resolve_mla_qk_layernorm). */
 		k[n++] = VPS_T_INPUT_LN_W;
 		k[n++] = VPS_T_PROJ_W;
 		if (m->q_lora_rank > 0) {
@@ -43,6 +47,8 @@ static uint32_t add_attention(const struct vps_model *m, enum vps_tensor_kind *k
 				k[n++] = VPS_T_Q_UP_LN_W;
 			k[n++] = VPS_T_Q_UP_W;
 		} else {
+			if (m->qk_norm)
+				k[n++] = VPS_T_Q_PROJ_LN_W;
 			k[n++] = VPS_T_Q_PROJ_W;
 		}
 		k[n++] = VPS_T_KV_DOWN_W;
@@ -242,30 +248,20 @@ static void set_shape(struct vps_tensor *t, int ndim, int64_t a, int64_t b, int6
 		t->shape[k] = 1;
 }
 
-static void fill_tensor(const struct vps_model *m, struct vps_tensor *t)
+/* The shape and tensor-parallel split of an attention tensor.
+ * @return false for a tensor of another kind. */
+static bool attention_shape(const struct vps_model *m, struct vps_tensor *t)
 {
 	int64_t h = m->hidden, g = m->query_groups, d = m->head_dim;
 	int64_t slots = m->heads / m->query_groups + 2;
-	bool gated = m->activation == VPS_ACT_SWIGLU;
-	t->split = VPS_SPLIT_NONE;
-	t->axis = 0;
-	t->is_expert = false;
 	switch (t->kind) {
-	case VPS_T_WORD_EMB:
-	case VPS_T_OUTPUT_W:
-		set_shape(t, 2, m->vocab, h, 1, 1);
-		t->split = VPS_SPLIT_VOCAB;
-		break;
-	case VPS_T_POS_EMB:
-		set_shape(t, 2, m->max_positions, h, 1, 1);
-		break;
 	case VPS_T_PROJ_W:
 		/* MLA: linear_proj's input is heads x v_head_dim
 		 * (query_projection_size in MultiLatentAttention) */
 		set_shape(t, 2, h, m->heads * (m->kv_lora_rank > 0 ? m->v_head_dim : d), 1, 1);
 		t->split = VPS_SPLIT_AXIS;
 		t->axis = 1;
-		break;
+		return true;
 	/* MLA up projections are column parallel and viewed per head
 	 * ([..., heads_per_partition, head dim]): a head axis makes each TP
 	 * rank's rows one box. The down projections are TELinear
@@ -273,41 +269,56 @@ static void fill_tensor(const struct vps_model *m, struct vps_tensor *t)
 	case VPS_T_Q_PROJ_W:
 		set_shape(t, 3, m->heads, m->qk_head_dim + m->qk_pos_dim, h, 1);
 		t->split = VPS_SPLIT_AXIS;
-		break;
+		return true;
+	case VPS_T_Q_PROJ_LN_W:
+		set_shape(t, 1, h, 1, 1, 1);
+		return true;
 	case VPS_T_Q_DOWN_W:
 		set_shape(t, 2, m->q_lora_rank, h, 1, 1);
-		break;
+		return true;
 	case VPS_T_Q_UP_LN_W:
 		set_shape(t, 1, m->q_lora_rank, 1, 1, 1);
-		break;
+		return true;
 	case VPS_T_Q_UP_W:
 		set_shape(t, 3, m->heads, m->qk_head_dim + m->qk_pos_dim, m->q_lora_rank, 1);
 		t->split = VPS_SPLIT_AXIS;
-		break;
+		return true;
 	case VPS_T_KV_DOWN_W:
 		set_shape(t, 2, m->kv_lora_rank + m->qk_pos_dim, h, 1, 1);
-		break;
+		return true;
 	case VPS_T_KV_UP_LN_W:
 		set_shape(t, 1, m->kv_lora_rank, 1, 1, 1);
-		break;
+		return true;
 	case VPS_T_KV_UP_W:
 		set_shape(t, 3, m->heads, m->qk_head_dim + m->v_head_dim, m->kv_lora_rank, 1);
 		t->split = VPS_SPLIT_AXIS;
-		break;
+		return true;
 	case VPS_T_QKV_W:
 		set_shape(t, 4, g, slots, d, h);
 		t->split = VPS_SPLIT_FLAT;
-		break;
+		return true;
 	case VPS_T_QKV_B:
 		set_shape(t, 3, g, slots, d, 1);
 		t->split = VPS_SPLIT_FLAT;
-		break;
+		return true;
 	case VPS_T_Q_NORM_W:
 	case VPS_T_Q_NORM_B:
 	case VPS_T_K_NORM_W:
 	case VPS_T_K_NORM_B:
 		set_shape(t, 1, d, 1, 1, 1);
-		break;
+		return true;
+	default:
+		return false;
+	}
+}
+
+/* The same for an MLP's, a shared expert's, a routed expert's or a
+ * router's tensor. */
+static bool mlp_shape(const struct vps_model *m, struct vps_tensor *t)
+{
+	int64_t h = m->hidden;
+	bool gated = m->activation == VPS_ACT_SWIGLU;
+	switch (t->kind) {
 	case VPS_T_FC1_W:
 	case VPS_T_SHARED_FC1_W:
 	case VPS_T_EXP_FC1_W: {
@@ -319,7 +330,7 @@ static void fill_tensor(const struct vps_model *m, struct vps_tensor *t)
 			set_shape(t, 2, f, h, 1, 1);
 		t->split = VPS_SPLIT_AXIS;
 		t->axis = gated ? 1 : 0;
-		break;
+		return true;
 	}
 	case VPS_T_FC1_B:
 	case VPS_T_EXP_FC1_B: {
@@ -330,7 +341,7 @@ static void fill_tensor(const struct vps_model *m, struct vps_tensor *t)
 			set_shape(t, 1, f, 1, 1, 1);
 		t->split = VPS_SPLIT_AXIS;
 		t->axis = gated ? 1 : 0;
-		break;
+		return true;
 	}
 	case VPS_T_FC2_W:
 	case VPS_T_SHARED_FC2_W:
@@ -340,24 +351,52 @@ static void fill_tensor(const struct vps_model *m, struct vps_tensor *t)
 			  1);
 		t->split = VPS_SPLIT_AXIS;
 		t->axis = 1;
-		break;
+		return true;
 	case VPS_T_ROUTER_W:
 		set_shape(t, 2, m->experts, h, 1, 1);
+		return true;
+	case VPS_T_ROUTER_BIAS:
+		/* TopKRouter: register_buffer('expert_bias', zeros(num_experts,
+		 * dtype=float32)), whole on every rank of the layer's stage */
+		set_shape(t, 1, m->experts, 1, 1, 1);
+		return true;
+	default:
+		return false;
+	}
+}
+
+/* The embeddings, the output layer, MTP's eh_proj, and what every other
+ * kind is: [h], replicated. */
+static void other_shape(const struct vps_model *m, struct vps_tensor *t)
+{
+	int64_t h = m->hidden;
+	switch (t->kind) {
+	case VPS_T_WORD_EMB:
+	case VPS_T_OUTPUT_W:
+		set_shape(t, 2, m->vocab, h, 1, 1);
+		t->split = VPS_SPLIT_VOCAB;
+		break;
+	case VPS_T_POS_EMB:
+		set_shape(t, 2, m->max_positions, h, 1, 1);
 		break;
 	case VPS_T_MTP_EH_PROJ_W:
 		/* eh_proj: column parallel [h, 2h] (MultiTokenPredictionLayer) */
 		set_shape(t, 2, h, 2 * h, 1, 1);
 		t->split = VPS_SPLIT_AXIS;
 		break;
-	case VPS_T_ROUTER_BIAS:
-		/* TopKRouter: register_buffer('expert_bias', zeros(num_experts,
-		 * dtype=float32)), whole on every rank of the layer's stage */
-		set_shape(t, 1, m->experts, 1, 1, 1);
-		break;
 	default: /* norms and the biases of row-parallel layers: [h], replicated */
 		set_shape(t, 1, h, 1, 1, 1);
 		break;
 	}
+}
+
+static void fill_tensor(const struct vps_model *m, struct vps_tensor *t)
+{
+	t->split = VPS_SPLIT_NONE;
+	t->axis = 0;
+	t->is_expert = false;
+	if (!attention_shape(m, t) && !mlp_shape(m, t))
+		other_shape(m, t);
 	if (t->kind >= VPS_T_EXP_FC1_W && t->kind <= VPS_T_EXP_FC2_B)
 		t->is_expert = true;
 	t->module_buffer = t->kind == VPS_T_ROUTER_BIAS;
@@ -461,6 +500,7 @@ static const char *kind_suffix(enum vps_tensor_kind k)
 	case VPS_T_FINAL_LN_B: return "decoder.final_layernorm.bias";
 	case VPS_T_OUTPUT_W: return "output_layer.weight";
 	case VPS_T_INPUT_LN_W: return "input_layernorm.weight";
+	case VPS_T_Q_PROJ_LN_W: return "self_attention.linear_q_proj.layer_norm_weight";
 	case VPS_T_Q_PROJ_W: return "self_attention.linear_q_proj.weight";
 	case VPS_T_Q_DOWN_W: return "self_attention.linear_q_down_proj.weight";
 	case VPS_T_Q_UP_LN_W: return "self_attention.linear_q_up_proj.layer_norm_weight";
@@ -690,6 +730,11 @@ uint64_t vps_model_hash(const struct vps_model *m)
 			h = vps_hash64(ds, sizeof(ds), h);
 	if (m->mtp_layers)
 		h = vps_hash64(&m->mtp_layers, sizeof(m->mtp_layers), h);
+	/* linear_q_proj.layer_norm_weight joined these models' tensors (vps
+	 * 0.1 laid them out without it): documents written by the older rule
+	 * name another model, and are refused rather than misread */
+	if (m->kv_lora_rank && !m->q_lora_rank && m->qk_norm)
+		h = vps_hash64("q_proj_norm", 11, h);
 	return h;
 }
 
@@ -877,6 +922,11 @@ vps_result_t vps_model_validate(const struct vps_model *m, const char *where)
 	}
 	if (m->mtp_layers < 0 || m->mtp_layers > MTP_MAX)
 		return vps_fail(VPS_EINPUT, "%s: mtp_layers=%" PRId64 " is not 0 to %d", where, m->mtp_layers, MTP_MAX);
+	/* megatron/training/arguments.py validate_args (core_v0.19.0, "MTP
+	 * validation") asserts rope or no position embedding with MTP */
+	if (m->mtp_layers > 0 && m->position == VPS_POS_LEARNED)
+		return vps_fail(VPS_EINPUT, "%s: multi-token prediction (mtp_layers=%" PRId64 ") needs rope positions: "
+				"Megatron-LM refuses it with learned absolute position embeddings", where, m->mtp_layers);
 	/* Tensor ids are 32-bit, and every tool builds a template per tensor:
 	 * 2^20 is over ten times the largest real model (DeepSeek-V3, 61 x 256
 	 * experts: about 63k) and still a layout in well under a second. */
@@ -1026,7 +1076,7 @@ static vps_result_t parse_hf(struct vps_reader *r, struct vps_model *m, const ch
 		m->bias = true;
 	} else if (!strcmp(type, "llama") || !strcmp(type, "mistral") || !strcmp(type, "qwen2") ||
 		   !strcmp(type, "qwen3") || !strcmp(type, "qwen3_moe") || !strcmp(type, "mixtral")) {
-		bool attention_bias = false;
+		bool attention_bias = false, mlp_bias = false;
 		VPS_CHECK(hf_int(r, "hidden_size", &m->hidden, 0, true));
 		VPS_CHECK(hf_int(r, "num_hidden_layers", &m->layers, 0, true));
 		VPS_CHECK(hf_int(r, "num_attention_heads", &m->heads, 0, true));
@@ -1040,6 +1090,9 @@ static vps_result_t parse_hf(struct vps_reader *r, struct vps_model *m, const ch
 		VPS_CHECK(hf_bool(r, "attention_bias", &attention_bias, false));
 		if (attention_bias)
 			return vps_r_error(r, "attention_bias", "biases on q/k/v/o are not supported");
+		VPS_CHECK(hf_bool(r, "mlp_bias", &mlp_bias, false));
+		if (mlp_bias)
+			return vps_r_error(r, "mlp_bias", "biases on the MLP are not supported");
 		m->norm = VPS_NORM_RMS;
 		m->activation = VPS_ACT_SWIGLU;
 		m->position = VPS_POS_ROPE;
@@ -1130,10 +1183,10 @@ static vps_result_t load_hf_dir(struct vps_model *m, const char *dir)
 	while (len > 1 && dir[len - 1] == '/')
 		len--;
 	if (len + sizeof("/config.json") > sizeof(path))
-		return vps_fail(VPS_EINPUT, "--model: %.64s...: path too long", dir);
+		return vps_fail(VPS_EINPUT, "%.64s...: path too long", dir);
 	snprintf(path, sizeof(path), "%.*s/config.json", (int)len, dir);
 	if (access(path, F_OK) != 0)
-		return vps_fail(VPS_EINPUT, "--model: %s: a directory without config.json (a Hugging Face model "
+		return vps_fail(VPS_ENOTFOUND, "%s: a directory without config.json (a Hugging Face model "
 					    "directory has one)", dir);
 	struct vps_bytes b = {0};
 	VPS_CHECK(vps_read_file(path, &b));
@@ -1155,7 +1208,7 @@ vps_result_t vps_model_load(struct vps_model *m, const char *spec, const char *s
 	 * directory here (./NAME for the directory when both exist) */
 	if (strchr(spec, '/') && is_dir(spec))
 		return load_hf_dir(m, spec);
-	vps_result_t rc = vps_config_find(spec, search_path, "--model", "model", path, sizeof(path));
+	vps_result_t rc = vps_config_find(spec, search_path, "model", path, sizeof(path));
 	if (rc && is_dir(spec)) {
 		vps_clear_error();
 		return load_hf_dir(m, spec);

@@ -70,3 +70,12 @@ JSON
 	expect_status 2 vps-layout --model ./m.yaml --parallel tp=4
 	[[ "$output" == *"tp=4 does not divide ffn=126"* ]]
 }
+
+@test "multi-token prediction with learned positions is refused, with the reason, as Megatron-LM refuses it" {
+	sed -e 's/^position: rope/position: learned\nmax_positions: 128/' "$TOP/configs/models/tiny-deepseek.yaml" > m.yaml
+	expect_status 2 vps-layout --model ./m.yaml --parallel tp=2 --stats
+	[[ "$output" == "vps-layout: ./m.yaml: line "*": multi-token prediction (mtp_layers=1) needs rope positions: Megatron-LM refuses it with learned absolute position embeddings" ]]
+	# without the MTP layer the same model is laid out
+	sed -i '/^mtp_layers:/d' m.yaml
+	expect_status 0 vps-layout --model ./m.yaml --parallel tp=2 --stats
+}

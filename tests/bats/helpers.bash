@@ -4,6 +4,9 @@ VPS_BIN=${VPS_BIN:-$BATS_TEST_DIRNAME/../../bin}
 PATH=$VPS_BIN:$PATH
 TOP=$(cd "$BATS_TEST_DIRNAME/../.." && pwd)
 export VPS_CONFIG_PATH=$TOP/configs
+# the Python of the tests: make's PYTHON, by default the test environment
+# (make venv: torch, megatron-core, transformers, numpy, PyYAML, Pillow)
+PY=${VPS_PYTHON:-$TOP/build/venv/bin/python}
 # the job token every multi-rank test shares (vps-exec(1) SECURITY)
 export VPS_TOKEN=${VPS_TOKEN:-0123456789abcdef0123456789abcdef}
 

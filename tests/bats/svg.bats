@@ -10,7 +10,7 @@ load helpers
 render() { # SVG PNG
 	command -v rsvg-convert >/dev/null || { echo "rsvg-convert is missing: make deps (librsvg2-bin)" >&2; return 1; }
 	rsvg-convert "$1" -o "$2"
-	/usr/bin/python3 - "$2" <<-'EOF'
+	"$PY" - "$2" <<-'EOF'
 		import sys
 		from PIL import Image
 		im = Image.open(sys.argv[1]).convert("RGB")
@@ -22,7 +22,7 @@ render() { # SVG PNG
 # Whether a file is well-formed XML (a renderer may forgive what a browser
 # refuses).
 well_formed() { # SVG
-	/usr/bin/python3 -c 'import sys, xml.etree.ElementTree as E; E.parse(sys.argv[1])' "$1"
+	"$PY" -c 'import sys, xml.etree.ElementTree as E; E.parse(sys.argv[1])' "$1"
 }
 # The width or height attribute of the <svg> element.
 svg_attr() { # SVG NAME
@@ -39,7 +39,7 @@ svg_attr() { # SVG NAME
 	[ "$painted" -gt $((w * h / 5)) ] || { echo "$painted of $((w * h)) pixels painted" >&2; return 1; }
 	[ "$colours" -ge 64 ]
 	# the largest cell and the legend's top are the scale's last colour
-	/usr/bin/python3 -c '
+	"$PY" -c '
 import sys
 from PIL import Image
 im = Image.open("t.png").convert("RGB")
@@ -104,7 +104,7 @@ sys.exit(0 if (0xfd, 0xe7, 0x25) in set(im.getdata()) else 1)'
 	# to standard output
 	vps-plan a.layout b.layout --svg - -q | cmp - t.svg
 	expect_status 2 vps-plan a.layout b.layout --svg r.svg --rank 1
-	[ "$output" = "vps-plan: --svg draws a global plan's traffic: it does not go with --rank" ]
+	[ "${lines[0]}" = "vps-plan: --svg draws a global plan's traffic: it does not go with --rank" ]
 	[ ! -e r.svg ]
 	expect_status 2 vps-plan a.layout b.layout --svg same -o same
 	[ ! -e same ]

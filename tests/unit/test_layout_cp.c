@@ -130,6 +130,41 @@ TEST(bucket_padding_and_shard_size_follow_the_dp_cp_group)
 	vps_layout_free(l);
 }
 
+/* bucket=auto is the training path's size, max(40,000,000, 1,000,000 x the
+ * dp_cp group's size) (megatron/training/training.py,
+ * resolve_ddp_bucket_size, core_v0.19.0): with dp 32 and cp 2 that is
+ * 64,000,000 elements, not the 40,000,000 that DP alone gives. LLaMA-2 7B's
+ * buffer is large enough for the two to cut different buckets. */
+TEST(bucket_auto_is_the_training_paths_size_over_dp_times_cp)
+{
+	struct vps_layout *a = test_layout("llama2-7b", "dp=32,cp=2,zero=1,bucket=auto", 8, 0);
+	struct vps_layout *dpcp = test_layout("llama2-7b", "dp=32,cp=2,zero=1,bucket=64000000", 8, 0);
+	struct vps_layout *dp = test_layout("llama2-7b", "dp=32,cp=2,zero=1,bucket=40000000", 8, 0);
+	if (!a || !dpcp || !dp)
+		goto out;
+	struct vps_rank_view va, vdpcp, vdp;
+	CHECK_OK(vps_layout_rank(a, 0, &va));
+	CHECK_OK(vps_layout_rank(dpcp, 0, &vdpcp));
+	CHECK_OK(vps_layout_rank(dp, 0, &vdp));
+	CHECK_EQ(va.nparams, vdpcp.nparams);
+	CHECK_EQ(va.nparams, vdp.nparams);
+	size_t differ = 0;
+	for (size_t i = 0; i < va.nparams && i < vdpcp.nparams && i < vdp.nparams; i++) {
+		CHECK_EQ(va.params[i].bucket, vdpcp.params[i].bucket);
+		CHECK_EQ(va.params[i].offset, vdpcp.params[i].offset);
+		differ += va.params[i].bucket != vdp.params[i].bucket;
+	}
+	CHECK(differ > 0);
+	CHECK_EQ(va.buffers[0].elements, vdpcp.buffers[0].elements);
+	vps_rank_view_release(&va);
+	vps_rank_view_release(&vdpcp);
+	vps_rank_view_release(&vdp);
+out:
+	vps_layout_free(a);
+	vps_layout_free(dpcp);
+	vps_layout_free(dp);
+}
+
 /* Experts in their own buffer (ep 4 > 1) are sharded over expert DP, which
  * CP folds into: tp 2, cp 2, dp 2, ep 4, etp 1 gives EDP 2 while dp_cp is
  * 4. Expert 2 lives on EP rank 1 (2 experts per rank): ranks 1 and 5, the

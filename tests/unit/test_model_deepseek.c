@@ -8,6 +8,7 @@
 
 #include "harness.h"
 #include "io/doc.h"
+#include "util/hash.h"
 #include "util/internal.h"
 #include "jobs.h"
 #include "vps/layout.h"
@@ -121,6 +122,55 @@ TEST(deepseek_v3_counts_hugging_faces_671b)
 	hf.mtp_layers = 0;
 	CHECK_EQ(vps_model_parameters(&hf), want);
 	CHECK_EQ(vps_model_parameters(&hf) + vps_model_module_buffers(&hf), 671026419200LL);
+}
+
+/* deepseek-ai/DeepSeek-V2-Lite's config.json, the keys vps reads: no query
+ * compression (q_lora_rank null), 64 routed experts of which 6 a token, 2
+ * shared, layer 0 dense. */
+static const char v2_lite_config[] =
+	"{\"model_type\": \"deepseek_v2\", \"hidden_size\": 2048, \"num_hidden_layers\": 27,\n"
+	" \"num_attention_heads\": 16, \"num_key_value_heads\": 16, \"q_lora_rank\": null, \"kv_lora_rank\": 512,\n"
+	" \"qk_nope_head_dim\": 128, \"qk_rope_head_dim\": 64, \"v_head_dim\": 128, \"intermediate_size\": 10944,\n"
+	" \"moe_intermediate_size\": 1408, \"n_routed_experts\": 64, \"n_shared_experts\": 2,\n"
+	" \"num_experts_per_tok\": 6, \"first_k_dense_replace\": 1, \"moe_layer_freq\": 1, \"topk_method\": \"greedy\",\n"
+	" \"vocab_size\": 102400, \"tie_word_embeddings\": false}\n";
+
+/* MLA without query compression and with the q/kv norms (DeepSeek-V2-Lite):
+ * since core 0.19 Megatron builds linear_q_proj as a norm-fused column
+ * parallel linear (mla_qk_norm_config.py, _resolve_mla_qk_layernorm: with
+ * q_lora_rank None the Q norm can only be fused there), so the layer
+ * registers linear_q_proj.layer_norm_weight [hidden], a norm of the hidden
+ * state, just before linear_q_proj.weight; replicated over TP like every
+ * norm. With query compression the Q norm stays on linear_q_up_proj. */
+TEST(mla_without_query_compression_fuses_the_q_norm_into_linear_q_proj)
+{
+	struct vps_model m;
+	CHECK_OK(vps_model_parse(&m, "DeepSeek-V2-Lite/config.json", v2_lite_config, sizeof(v2_lite_config) - 1));
+	CHECK_EQ(m.q_lora_rank, 0);
+	CHECK(m.qk_norm);
+	uint32_t ln = tensor_id(&m, "decoder.layers.26.self_attention.linear_q_proj.layer_norm_weight");
+	CHECK_EQ(ln + 1, tensor_id(&m, "decoder.layers.26.self_attention.linear_q_proj.weight"));
+	CHECK_EQ(ln - 1, tensor_id(&m, "decoder.layers.26.self_attention.linear_proj.weight"));
+	struct vps_tensor t;
+	CHECK_OK(vps_model_tensor(&m, ln, &t));
+	CHECK_EQ(t.ndim, 1);
+	CHECK_EQ(t.shape[0], 2048);
+	CHECK_EQ(t.split, VPS_SPLIT_NONE);
+	/* every layer has one, so the parameters are Hugging Face's 15.7B plus
+	 * 27 x 2048: attention 2048 (input norm) + 2048 x 2048 (o) + 2048 +
+	 * 3072 x 2048 (q) + 576 x 2048 (kv_a) + 512 + 4096 x 512 (kv_b); the
+	 * post-attention norm; one dense MLP 3 x 2048 x 10944; 26 MoE layers of
+	 * 66 x 3 x 2048 x 1408 and a gate 64 x 2048; embedding and head
+	 * 2 x 102400 x 2048; the final norm */
+	int64_t attention = 2048 + 2048LL * 2048 + 2048 + 3072LL * 2048 + 576LL * 2048 + 512 + 4096LL * 512;
+	int64_t want = 27 * (attention + 2048) + 3LL * 2048 * 10944 + 26 * (66 * 3LL * 2048 * 1408 + 64 * 2048) +
+		       2LL * 102400 * 2048 + 2048;
+	CHECK_EQ(vps_model_parameters(&m), want);
+	CHECK_EQ(vps_model_parameters(&m) - 27 * 2048, 15706484224LL);
+	/* with query compression there is none */
+	load(&m, "tiny-deepseek");
+	CHECK(vps_model_find_tensor(&m, "decoder.layers.0.self_attention.linear_q_proj.layer_norm_weight", &ln) ==
+	      VPS_EINPUT);
 }
 
 /* tiny-deepseek by hand. Attention: input_layernorm 64, linear_proj
@@ -732,6 +782,10 @@ TEST(bad_deepseek_models_are_refused)
 	CHECK(strstr(vps_last_error(), "tied") != NULL);
 	par.pp = 1;
 	CHECK_OK(vps_parallel_validate(&par, &m, "p"));
+	/* Megatron-LM's validate_args: MTP needs rope (or no) positions */
+	CHECK(parse_yaml(&m, BASE "ffn: 128\nposition: learned\nmax_positions: 64\nmtp_layers: 1\n") == VPS_EINPUT);
+	CHECK(strstr(vps_last_error(), "multi-token prediction (mtp_layers=1) needs rope positions") != NULL);
+	CHECK_OK(parse_yaml(&m, BASE "ffn: 128\nposition: learned\nmax_positions: 64\n"));
 }
 
 /* TP must divide the dense first layers' and the shared experts' MLPs

@@ -11,13 +11,6 @@ static int cmp_i64(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-void vps_net_account(struct vps_net *n, int64_t bytes)
-{
-	n->mem = (size_t)((int64_t)n->mem + bytes);
-	if (n->mem > n->mem_peak)
-		n->mem_peak = n->mem;
-}
-
 vps_result_t vps_net_new(struct vps_net **out, const struct vps_net_opts *o)
 {
 	struct vps_net *n = vps_calloc(1, sizeof(*n));

@@ -43,8 +43,14 @@ vps_result_t vps_net_new(struct vps_net **out, const struct vps_net_opts *o);
 /* The index of peer in n->peers, or -1. */
 int vps_net_peer_index(const struct vps_net *n, int64_t peer);
 /* Count bytes this rank's network takes (or gives back: negative) in its
- * memory figure (vps_net_stats). */
-void vps_net_account(struct vps_net *n, int64_t bytes);
+ * memory figure (vps_net_stats). Inline, so that the files net.c frees
+ * (the control tree's) need nothing of it: no cycle (make layers). */
+static inline void vps_net_account(struct vps_net *n, int64_t bytes)
+{
+	n->mem = (size_t)((int64_t)n->mem + bytes);
+	if (n->mem > n->mem_peak)
+		n->mem_peak = n->mem;
+}
 
 /* ---- sockets (socket.c) ---- */
 

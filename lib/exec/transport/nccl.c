@@ -92,6 +92,27 @@ static vps_result_t push_copy(struct vps_cuda_copy **v, size_t *cap, size_t n, c
 	return VPS_OK;
 }
 
+/* "rank 1" or "ranks 1, 3": the peers of a stage's group. NCCL does not
+ * say which peer a stalled group waits for; one of these. */
+static void group_peers(const struct vps_cuda_p2p *p, size_t n, char *out, size_t len)
+{
+	char list[128] = "";
+	size_t at = 0, count = 0;
+	for (size_t k = 0; k < n; k++) {
+		size_t j = 0;
+		while (j < k && p[j].peer != p[k].peer)
+			j++;
+		if (j < k)
+			continue;
+		if (at + 16 >= sizeof(list)) {
+			snprintf(list + at, sizeof(list) - at, ", ...");
+			break;
+		}
+		at += (size_t)snprintf(list + at, sizeof(list) - at, "%s%d", count++ ? ", " : "", p[k].peer);
+	}
+	snprintf(out, len, "rank%s %s", count > 1 ? "s" : "", list);
+}
+
 static vps_result_t nccl_stage(void *self, struct vps_switch *sw, const struct vps_xfer *const *x, size_t n,
 			       const char *what)
 {
@@ -129,12 +150,18 @@ static vps_result_t nccl_stage(void *self, struct vps_switch *sw, const struct v
 		rc = t->gpu->nccl_exchange(t->comm, t->p2p, n, err);
 	if (!rc)
 		rc = t->gpu->copy(t->scatter, ns, err);
-	if (!rc)
-		rc = t->gpu->sync(t->comm, sw->timeout, err);
-	if (rc) {
-		if (rc == VPS_CUDA_ETIMEOUT)
-			t->comm = NULL; /* aborted */
+	if (rc)
 		return vps_gpu_result(rc, err, what);
+	rc = t->gpu->sync(t->comm, sw->timeout, err);
+	if (rc) {
+		/* the wait aborted the communicator, which frees it, on a timeout
+		 * and on NCCL's asynchronous error alike */
+		if (rc == VPS_CUDA_ETIMEOUT || rc == VPS_CUDA_ENCCL)
+			t->comm = NULL;
+		char peers[160], w[256];
+		group_peers(t->p2p, n, peers, sizeof(peers));
+		snprintf(w, sizeof(w), "%s (NCCL group with %s)", what, peers);
+		return vps_gpu_result(rc, err, w);
 	}
 	return VPS_OK;
 }

@@ -1,0 +1,452 @@
+"""Megatron-Core on the CPU, for tests: a vps model built by megatron-core
+itself, one process per rank under gloo, the way Megatron-LM's training
+path builds it (megatron/training/training.py get_model and
+gpt_builders.py gpt_builder of core_v0.19.0), with the DDP wrapping and the
+distributed optimizer's shard ranges of Megatron's own classes.
+
+    import mcore
+    mcore.install_cpu_shims()
+    results = mcore.run_ranks(world, fn)          # fn(rank) in a forked process per rank
+
+    # in fn, on each rank:
+    mcore.init_parallel(par)                      # Megatron's process groups
+    config = mcore.transformer_config(model, par)
+    chunks = mcore.build_chunks(model, par, config)
+    ddp = mcore.wrap_ddp(chunks, config, par)     # DistributedDataParallel per chunk
+
+model is a vps.Model and par the layout's parallel dictionary
+(vps.Layout.parallel). Megatron's buffer and optimizer code runs unmodified;
+the shims (install_cpu_shims) only say where tensors live and stand in for
+TransformerEngine's modules, which need a GPU. See tests/megatron/README.md.
+"""
+import contextlib
+import copy
+import datetime
+import logging
+import os
+import pickle
+import signal
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+
+warnings.filterwarnings("ignore")
+# torch and megatron-core warn on import that CUDA, TransformerEngine and
+# Apex are absent: all three are, on purpose
+logging.disable(logging.WARNING)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from megatron.core import parallel_state  # noqa: E402
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig  # noqa: E402
+from megatron.core.extensions import transformer_engine_spec_provider  # noqa: E402
+from megatron.core.models.backends import LocalSpecProvider  # noqa: E402
+from megatron.core.models.gpt import GPTModel, gpt_layer_specs  # noqa: E402
+from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer  # noqa: E402
+from megatron.core.post_training.modelopt.layers import Linear as ReplicatedLinear  # noqa: E402
+from megatron.core.tensor_parallel import set_defaults_if_not_set_tensor_model_parallel_attributes  # noqa: E402
+from megatron.core.tensor_parallel.layers import ColumnParallelLinear  # noqa: E402
+from megatron.core.transformer.dot_product_attention import DotProductAttention  # noqa: E402
+from megatron.core.transformer import multi_latent_attention  # noqa: E402
+from megatron.core.transformer.module import Float16Module  # noqa: E402
+from megatron.core.transformer.torch_norm import WrappedTorchNorm  # noqa: E402
+from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig  # noqa: E402
+
+from importlib.metadata import version  # noqa: E402
+
+# megatron.core.__version__ carries the git commit of the current directory
+VERSION = version("megatron-core")
+
+# ---- shims -----------------------------------------------------------------
+
+
+class LayerNormColumnParallelLinear(ColumnParallelLinear):
+    """What TELayerNormColumnParallelLinear registers, built from Megatron's
+    ColumnParallelLinear: the norm's layer_norm_weight (and layer_norm_bias
+    for LayerNorm) before the linear's weight and bias, as TransformerEngine's
+    LayerNormLinear.__init__ registers them. TE's fused module is the only
+    one of the TE spec without a Megatron-Core equivalent; registration order
+    fixes the DDP buffer's order, so it has to be TE's."""
+
+    def __init__(self, input_size, output_size, *, config, **kwargs):
+        super().__init__(input_size, output_size, config=config, **kwargs)
+        linear = dict(self._parameters)
+        self._parameters.clear()
+        self.layer_norm_weight = torch.nn.Parameter(torch.ones(input_size, dtype=config.params_dtype))
+        if config.normalization == "LayerNorm":
+            self.layer_norm_bias = torch.nn.Parameter(torch.zeros(input_size, dtype=config.params_dtype))
+        self._parameters.update(linear)
+
+
+class CoreAttention(DotProductAttention):
+    """TEDotProductAttention's place: Megatron's local attention, which has no
+    parameters either, shown the configuration without context parallelism
+    because it cannot compute CP attention and refuses to be built with it,
+    and without MLA's k_channels/v_channels, which only TE's takes; what a
+    rank registers is the same."""
+
+    def __init__(self, config, *args, k_channels=None, v_channels=None, **kwargs):
+        if config.context_parallel_size != 1:
+            config = copy.copy(config)
+            config.context_parallel_size = 1
+        super().__init__(config, *args, **kwargs)
+
+
+class CPUSpecProvider(LocalSpecProvider):
+    """The TE backend's answers with Megatron-Core's local modules: norms fused
+    into the following column-parallel linear (TESpecProvider's
+    fuse_layernorm_and_linear), MLA's down projections replicated (TELinear
+    with parallel_mode "duplicated"), everything else the local module the
+    TE spec's counterpart registers the same parameters as."""
+
+    def linear(self):
+        return ReplicatedLinear
+
+    def fuse_layernorm_and_linear(self):
+        return True
+
+    def column_parallel_layer_norm_linear(self):
+        return LayerNormColumnParallelLinear
+
+    def layer_norm(self, rms_norm=False, for_qk=False, has_residual=False):
+        return WrappedTorchNorm
+
+    def core_attention(self):
+        return CoreAttention
+
+
+def _cuda_to_cpu(self, *args, **kwargs):
+    return self
+
+
+_shims_installed = False
+
+
+def install_cpu_shims():
+    """Make Megatron-Core build on a machine without a GPU. Each shim is a
+    placement or a module choice, never a change to what is computed:
+
+    - torch.cuda.current_device() answers "cpu": DDP's _ParamAndGradBuffer
+      allocates param_data/grad_data with device=torch.cuda.current_device(),
+      and the buffers are what the tests read;
+    - Tensor.cuda() returns the tensor: LanguageModule.setup_embeddings_and_
+      output_layer moves the tied embedding copy to the GPU before its
+      all-reduce over the embedding group, which gloo does on the CPU;
+    - the TE layer spec's backend is CPUSpecProvider and its TENorm
+      Megatron's WrappedTorchNorm (gpt_layer_specs and the MLA resolver's
+      get_backend look them up by name): TransformerEngine needs a GPU, and
+      the TE spec, not the local one, is what vps lays out (Megatron's
+      default; the local spec registers input_layernorm ahead of
+      linear_proj);
+    - MLA's TELinear is Megatron's replicated Linear: MLASelfAttention builds
+      its down projections with parallel_mode "duplicated" only for a class
+      it knows as TELinear (None without TE), and would otherwise split them
+      over TP as ColumnParallelLinear, which TE runs never do."""
+    global _shims_installed
+    if _shims_installed:
+        return
+    torch.cuda.current_device = lambda: "cpu"
+    torch.Tensor.cuda = _cuda_to_cpu
+    gpt_layer_specs.TESpecProvider = CPUSpecProvider
+    gpt_layer_specs.TENorm = WrappedTorchNorm
+    transformer_engine_spec_provider.TESpecProvider = CPUSpecProvider
+    multi_latent_attention.TELinear = ReplicatedLinear
+    _shims_installed = True
+
+
+# ---- the model -------------------------------------------------------------
+
+
+def padded_vocab(model, tp):
+    """The vocabulary Megatron-LM's training path builds the model with
+    (megatron/training/tokenizer/tokenizer.py _vocab_size_with_padding:
+    make_vocab_size_divisible_by times TP)."""
+    multiple = model.vocab_divisor * tp
+    return -(-model.vocab // multiple) * multiple
+
+
+def layer_counts(model, par):
+    """num_layers_in_first/last_pipeline_stage as the parallel spec gives
+    them (0: not set)."""
+    return (par["first"] or None), (par["last"] or None)
+
+
+def transformer_config(model, par, **overrides):
+    """Megatron's TransformerConfig (MLATransformerConfig for MLA) of a vps
+    model under a parallel configuration: the arguments Megatron-LM's
+    core_transformer_config_from_args would pass for the same model with
+    --bf16 --transformer-impl transformer_engine."""
+    if par["grouped_gemm"]:
+        raise ValueError("grouped_gemm=1: TEGroupedMLP exists only in TransformerEngine, which needs a GPU")
+    moe = model.experts > 0
+    rms = model.norm == 0
+    first, last = layer_counts(model, par)
+    kw = dict(
+        num_layers=model.layers,
+        hidden_size=model.hidden,
+        num_attention_heads=model.heads,
+        num_query_groups=model.query_groups,
+        kv_channels=model.head_dim,
+        ffn_hidden_size=model.ffn or model.moe_ffn,
+        normalization="RMSNorm" if rms else "LayerNorm",
+        gated_linear_unit=model.activation == 0,
+        activation_func=F.silu if model.activation == 0 else F.gelu,
+        add_bias_linear=bool(model.bias),
+        add_qkv_bias=bool(model.qkv_bias),
+        qk_layernorm=bool(model.qk_norm),
+        tensor_model_parallel_size=par["tp"],
+        pipeline_model_parallel_size=par["pp"],
+        virtual_pipeline_model_parallel_size=par["vpp"] if par["vpp"] > 1 else None,
+        context_parallel_size=par["cp"],
+        expert_model_parallel_size=par["ep"],
+        expert_tensor_parallel_size=par["etp"],
+        num_layers_in_first_pipeline_stage=first,
+        num_layers_in_last_pipeline_stage=last,
+        sequence_parallel=False,
+        params_dtype=torch.bfloat16,
+        pipeline_dtype=torch.bfloat16,
+        bf16=True,
+        use_cpu_initialization=True,
+        perform_initialization=False,
+        transformer_impl="transformer_engine",
+        mtp_num_layers=model.mtp_layers or None,
+    )
+    if moe:
+        kw.update(
+            num_moe_experts=model.experts,
+            moe_ffn_hidden_size=model.moe_ffn,
+            moe_router_topk=2,
+            moe_layer_freq=[0] * model.first_dense + [1] * (model.layers - model.first_dense),
+            moe_shared_expert_intermediate_size=model.shared_ffn or None,
+        )
+        if model.router_bias:
+            # the expert bias is meant for sigmoid scores (DeepSeek-V3)
+            kw.update(moe_router_enable_expert_bias=True, moe_router_score_function="sigmoid")
+    cls = TransformerConfig
+    if model.kv_lora_rank > 0:
+        cls = MLATransformerConfig
+        kw.update(
+            q_lora_rank=model.q_lora_rank or None,
+            kv_lora_rank=model.kv_lora_rank,
+            qk_head_dim=model.qk_head_dim,
+            qk_pos_emb_head_dim=model.qk_pos_dim,
+            v_head_dim=model.v_head_dim,
+            rope_type="rope",
+        )
+    kw.update(overrides)
+    return cls(**kw)
+
+
+def position_type(model):
+    return "learned_absolute" if model.position == 1 else "rope"
+
+
+def layer_spec(model, config, vp_stage):
+    """gpt_builder's choice (gpt_builders.py, --transformer-impl
+    transformer_engine): the decoder block spec for MoE models, one layer
+    spec for dense ones; the MTP block from the decoder's last layer."""
+    if model.experts > 0:
+        spec = gpt_layer_specs.get_gpt_decoder_block_spec(
+            config, use_transformer_engine=True, normalization=config.normalization, vp_stage=vp_stage)
+    else:
+        spec = gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
+            None, False, config.qk_layernorm, config.multi_latent_attention)
+    mtp = None
+    if config.mtp_num_layers:
+        last = gpt_layer_specs.get_gpt_decoder_layer_specs(
+            config, use_transformer_engine=True, normalization=config.normalization, vp_stage=vp_stage)[-1]
+        mtp = gpt_layer_specs.get_gpt_mtp_block_spec(config, last, use_transformer_engine=True, vp_stage=vp_stage)
+    return spec, mtp
+
+
+def build_chunks(model, par, config):
+    """This rank's model chunks (one per virtual pipeline stage), as
+    get_model builds them: GPTModel with the chunk's pre/post processing,
+    the default tensor-parallel attributes set, wrapped in Float16Module.
+    The modules stay on the CPU (get_model moves them to the GPU)."""
+    vpp = par["vpp"]
+    chunks = []
+    for v in range(vpp):
+        vp_stage = v if vpp > 1 else None
+        spec, mtp = layer_spec(model, config, vp_stage)
+        gpt = GPTModel(
+            config=config,
+            transformer_layer_spec=spec,
+            vocab_size=padded_vocab(model, par["tp"]),
+            max_sequence_length=model.max_positions or 4096,
+            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+            parallel_output=True,
+            share_embeddings_and_output_weights=bool(model.tied_embeddings),
+            position_embedding_type=position_type(model),
+            mtp_block_spec=mtp,
+            vp_stage=vp_stage,
+        )
+        for p in gpt.parameters():
+            set_defaults_if_not_set_tensor_model_parallel_attributes(p)
+        chunks.append(Float16Module(config, gpt))
+    return chunks
+
+
+def bucket_size(par, dp_cp):
+    """The DDP bucket size of the training path (training.py
+    resolve_ddp_bucket_size): none without --overlap-grad-reduce (vps
+    bucket=0), --ddp-bucket-size when given (bucket=N), otherwise
+    max(40,000,000, 1,000,000 x the dp_cp group's size) (bucket=auto)."""
+    b = par["bucket"]
+    if b == 0:
+        return None
+    if b > 0:
+        return b
+    return max(40000000, 1000000 * dp_cp)
+
+
+def ddp_config(par):
+    """get_megatron_ddp_config's defaults for --bf16 (fp32 gradient
+    accumulation and reduction), with the distributed optimizer for zero=1
+    and --overlap-grad-reduce whenever buckets are asked for."""
+    return DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=par["bucket"] != 0,
+        use_distributed_optimizer=bool(par["zero"]),
+        bucket_size=bucket_size(par, parallel_state.get_data_parallel_world_size(with_context_parallel=True)),
+    )
+
+
+def wrap_ddp(chunks, config, par):
+    """DistributedDataParallel around each chunk as get_model and
+    wrap_model_chunks_with_ddp do: bucketing only in the first chunk of the
+    first pipeline stage; with the distributed optimizer the parameter
+    layout computed by DistributedOptimizer.compute_full_param_layout for
+    the dp_cp and expert-DP group sizes, and handed to DDP."""
+    dc = ddp_config(par)
+    pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+    disable = [i > 0 for i in range(len(chunks))]
+    sizes = [None if (d or pp_rank > 0) else dc.bucket_size for d in disable]
+    out = []
+    for chunk, size, dis in zip(chunks, sizes, disable):
+        kw = {}
+        if dc.use_distributed_optimizer:
+            params = [p for p in chunk.parameters() if p.requires_grad]
+            kw["full_param_layout"] = DistributedOptimizer.compute_full_param_layout(
+                params, size,
+                parallel_state.get_data_parallel_world_size(with_context_parallel=True, partial_data_parallel=True),
+                dc,
+                expert_data_parallel_world_size=parallel_state.get_expert_data_parallel_world_size(
+                    partial_expert_data_parallel=True),
+            )
+        out.append(DistributedDataParallel(config=config, ddp_config=dc, module=chunk, disable_bucketing=dis, **kw))
+    return out
+
+
+def gbuf_ranges(buffer):
+    """The distributed optimizer's shard ranges of one DDP buffer on this
+    rank, from its own class method (the constructor insists on CUDA
+    parameters; the ranges are what it builds first): per bucket, each
+    parameter's {"gbuf_world", "gbuf_local", "param", ...} Ranges."""
+    (ranges,) = DistributedOptimizer._build_gbuf_range_map(buffer).values()
+    return ranges
+
+
+# ---- process groups --------------------------------------------------------
+
+
+def init_parallel(par):
+    """Megatron's process groups for the parallel configuration (rank order
+    tp-cp-ep-dp-pp), over the gloo world the process joined."""
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=par["tp"],
+        pipeline_model_parallel_size=par["pp"],
+        virtual_pipeline_model_parallel_size=par["vpp"] if par["vpp"] > 1 else None,
+        context_parallel_size=par["cp"],
+        expert_model_parallel_size=par["ep"],
+        expert_tensor_parallel_size=par["etp"],
+        create_gloo_process_groups=False,
+    )
+
+
+def coords():
+    """This rank's coordinates as Megatron's process groups give them, in
+    vps's names."""
+    ps = parallel_state
+    return dict(tp=ps.get_tensor_model_parallel_rank(), cp=ps.get_context_parallel_rank(),
+                dp=ps.get_data_parallel_rank(), pp=ps.get_pipeline_model_parallel_rank(),
+                etp=ps.get_expert_tensor_parallel_rank(), ep=ps.get_expert_model_parallel_rank(),
+                edp=ps.get_expert_data_parallel_rank())
+
+
+def run_ranks(world, fn, timeout=300):
+    """fn(rank) in world forked processes that form a gloo world (the parent
+    has imported torch and megatron-core once; a fork costs no import). Each
+    fn's return value, or the exception it raised as a RankError, in rank
+    order. A rank that dies or outlives timeout seconds fails them all."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    with tempfile.TemporaryDirectory(prefix="vps-mcore-") as tmp:
+        store = os.path.join(tmp, "store")
+        pids = {}
+        for r in range(world):
+            pid = os.fork()
+            if pid == 0:  # the rank: never returns into the parent's code
+                code = 0
+                try:
+                    torch.set_num_threads(1)
+                    torch.distributed.init_process_group(
+                        "gloo", store=torch.distributed.FileStore(store, world), rank=r, world_size=world,
+                        timeout=datetime.timedelta(seconds=timeout))
+                    try:
+                        out = fn(r)
+                    finally:
+                        with contextlib.suppress(Exception):
+                            parallel_state.destroy_model_parallel()
+                            torch.distributed.destroy_process_group()
+                except BaseException as e:  # reported to the parent, whatever it is
+                    out = RankError(r, "%s: %s" % (type(e).__name__, e), traceback.format_exc())
+                    code = 1
+                try:
+                    with open(os.path.join(tmp, "%d.pickle" % r), "wb") as f:
+                        pickle.dump(out, f)
+                finally:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    os._exit(code)
+            pids[pid] = r
+        deadline = time.monotonic() + timeout
+        failed = None
+        while pids:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                if time.monotonic() > deadline:
+                    failed = "ranks %s still running after %d s" % (sorted(pids.values()), timeout)
+                    break
+                time.sleep(0.01)
+                continue
+            r = pids.pop(pid)
+            if os.WIFSIGNALED(status) and failed is None:
+                failed = "rank %d killed by signal %d" % (r, os.WTERMSIG(status))
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in pids:
+            os.waitpid(pid, 0)
+        if failed:
+            raise RuntimeError(failed)
+        results = []
+        for r in range(world):
+            path = os.path.join(tmp, "%d.pickle" % r)
+            if not os.path.exists(path):
+                raise RuntimeError("rank %d exited without a result" % r)
+            with open(path, "rb") as f:
+                results.append(pickle.load(f))
+        return results
+
+
+class RankError:
+    """What a rank raised: its rank, the exception in one line, the traceback."""
+
+    def __init__(self, rank, what, trace):
+        self.rank, self.what, self.trace = rank, what, trace
+
+    def __repr__(self):
+        return "rank %d: %s" % (self.rank, self.what)
