@@ -7,7 +7,7 @@
 # a request that never comes, for IDLE_SECONDS, default 20). Prints the
 # tables and, last, `control plane: W ranks, rank 0 T s, M messages per
 # collective` for the largest world, T being rank 0's CPU time per
-# collective (its thread's and its control loop's, the median over 5
+# collective (its thread's and its control loop's, the median over 15
 # switches, averaged over the collectives); with --doc, writes them into
 # docs/BENCHMARKS.md. Targets: rank 0's time and messages per collective at
 # the largest world within 1.5x of those at 128 ranks.
