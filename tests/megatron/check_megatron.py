@@ -191,10 +191,9 @@ def compare_rank(rank, lay, model, par, chunks, ddps):
             buf = bufs[0]
             expect(w + " param dtype", buf.param_dtype, torch.bfloat16)
             expect(w + " grad dtype", buf.grad_dtype, torch.float32)
-            theirs = [p for p in buf.params]
-            # registration order: DDP keeps named_parameters()'s order in a buffer
+            # registration order (DDP keeps named_parameters()'s in a buffer)
             order = {id(p): i for i, (_, p) in enumerate(gpt.named_parameters())}
-            theirs.sort(key=lambda p: order[id(p)])
+            theirs = sorted(buf.params, key=lambda p: order[id(p)])
             for i, (tp_, op) in enumerate(zip(theirs, ours)):
                 expect("%s parameter %d name" % (w, i), names[id(tp_)], op.local_name)
             if len(theirs) != len(ours):

@@ -279,6 +279,8 @@ def transformer_config(model, par, **overrides):
     model under a parallel configuration: the arguments Megatron-LM's
     core_transformer_config_from_args would pass for the same model with
     --bf16 --transformer-impl transformer_engine."""
+    if par["grouped_gemm"]:
+        raise ValueError("grouped_gemm=1: TEGroupedMLP exists only in TransformerEngine, which needs a GPU")
     moe = model.experts > 0
     rms = model.norm == 0
     first, last = layer_counts(model, par)
@@ -317,7 +319,6 @@ def transformer_config(model, par, **overrides):
             num_moe_experts=model.experts,
             moe_ffn_hidden_size=model.moe_ffn,
             moe_router_topk=2,
-            moe_grouped_gemm=bool(par["grouped_gemm"]),
             moe_layer_freq=[0] * model.first_dense + [1] * (model.layers - model.first_dense),
             moe_shared_expert_intermediate_size=model.shared_ffn or None,
         )
