@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """Draw switch time against state size from the TSV that
 scripts/bench/ckpt_restart.sh --doc writes (docs/bench/switch-vs-size.tsv):
-one line per method, vps's switches and checkpoint-and-restart. Any method
-in the file is drawn, so a DCP row added later shows up without a change.
+one line per method: vps's switches, checkpoint-and-restart through files
+and through PyTorch's distributed checkpoint (DCP). Any method in the file
+is drawn; the ones above have labels.
 
     plot_switch_size.py [TSV [SVG]]
 
@@ -19,6 +20,11 @@ LABELS = {
     "ckpt-total": "checkpoint: save + load",
     "ckpt-load-cold": "checkpoint: load (cold cache)",
     "ckpt-total-cold": "checkpoint: save + cold load",
+    "dcp-save": "PyTorch DCP: save",
+    "dcp-load": "PyTorch DCP: load (page cache)",
+    "dcp-total": "PyTorch DCP: save + load",
+    "dcp-load-cold": "PyTorch DCP: load (cold cache)",
+    "dcp-total-cold": "PyTorch DCP: save + cold load",
 }
 
 
@@ -64,7 +70,7 @@ def main():
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for method in sorted(series, key=lambda m: (not m.startswith("vps"), m)):
         pts = sorted(series[method])
-        dashed = method.endswith("-cold") or method in ("ckpt-save", "ckpt-load")
+        dashed = method.endswith(("-cold", "-save", "-load"))
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", linestyle="--" if dashed else "-",
                 label=LABELS.get(method, method))
     ax.set_xlabel("state moved (GB, all ranks)")
