@@ -12,7 +12,6 @@ also gets each rank's logs and vps-exec reports. Exits 0 when every process
 did."""
 import argparse
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -21,50 +20,14 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOP = os.path.normpath(os.path.join(HERE, "..", ".."))
-
-
-def tool(name):
-    built = os.path.join(os.environ.get("VPS_BIN", os.path.join(TOP, "bin")), name)
-    if os.path.exists(built):
-        return built
-    found = shutil.which(name)
-    if not found:
-        sys.exit("launch.py: %s not found: run make, or put vps's tools on PATH" % name)
-    return found
+sys.path.insert(0, HERE)
+import plans  # noqa: E402
 
 
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def run(cmd, **kw):
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
-    if r.returncode:
-        sys.exit("launch.py: %s failed (%d): %s" % (" ".join(cmd), r.returncode, r.stderr.strip()))
-    return r.stdout
-
-
-def plan_switches(args, configs, steps, every):
-    """The staged plans of the run's switches, in order (one file per distinct pair)."""
-    n_switch = (steps - 1) // every if every and len(configs) > 1 else 0
-    made, order = {}, []
-    gpn = str(args.gpus_per_node)
-    for i, c in enumerate(configs):
-        run([tool("vps-layout"), "--model", args.model, "--parallel", c, "--gpus-per-node", gpn,
-             "-o", os.path.join(args.dir, "c%d.layout" % i)])
-    for k in range(n_switch):
-        a, b = k % len(configs), (k + 1) % len(configs)
-        if (a, b) not in made:
-            plan = os.path.join(args.dir, "c%d-c%d.plan" % (a, b))
-            staged = os.path.join(args.dir, "c%d-c%d.staged" % (a, b))
-            run([tool("vps-plan"), os.path.join(args.dir, "c%d.layout" % a), os.path.join(args.dir, "c%d.layout" % b),
-                 "--global-batch", str(args.global_batch), "--micro-batch", str(args.micro_batch), "-o", plan])
-            run([tool("vps-stage"), "--budget", args.budget, plan, "-o", staged])
-            made[(a, b)] = staged
-        order.append(made[(a, b)])
-    return order
 
 
 def main():
@@ -76,7 +39,6 @@ def main():
     a.add_argument("--exec-timeout", default="120", help="vps-exec's --timeout")
     args, rest = a.parse_known_args()
     # the trainer's options that the plans depend on, read as it reads them
-    sys.path.insert(0, HERE)
     import train
     targs = train.parse_args(rest)
     for k in ("model", "gpus_per_node", "global_batch", "micro_batch"):
@@ -95,11 +57,14 @@ def main():
         if w != args.nproc:
             a.error("--configs: %s has a world of %d ranks, --nproc is %d" % (c, w, args.nproc))
     os.makedirs(args.dir, exist_ok=True)
-    plans = plan_switches(args, targs.configs, targs.steps, targs.switch_every)
+    if targs.exec_dir:
+        a.error("--exec is for torchrun, which starts only the ranks; launch.py starts the executors itself")
+    staged = plans.make(args.dir, args.model, targs.configs, targs.steps, targs.switch_every, args.gpus_per_node,
+                        args.global_batch, args.micro_batch, args.budget)
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(args.nproc),
                VPS_CONFIG_PATH=os.environ.get("VPS_CONFIG_PATH", os.path.join(TOP, "configs")))
-    if plans and "VPS_TOKEN" not in env:
-        env["VPS_TOKEN"] = run([tool("vps-exec"), "--new-token"]).strip()
+    if staged and "VPS_TOKEN" not in env:
+        env["VPS_TOKEN"] = plans.run([plans.tool("vps-exec"), "--new-token"]).strip()
     tag = "vps-torch-%d" % os.getpid()
     procs = []
     for r in range(args.nproc):
@@ -107,16 +72,13 @@ def main():
         procs.append(("trainer %d" % r, subprocess.Popen(
             [sys.executable, os.path.join(HERE, "train.py"), "--registry", tag + "-%r"] + rest,
             env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=log, stderr=subprocess.STDOUT)))
-    if plans:
+    if staged:
         port = str(free_port())
-        serve = ["--serve"] if len(plans) > 1 else []
         for r in range(args.nproc):
             log = open(os.path.join(args.dir, "exec.%d.log" % r), "w")
-            procs.append(("executor %d" % r, subprocess.Popen(
-                [tool("vps-exec"), "--registry", tag + "-%r", "--rank", str(r), "--world", str(args.nproc),
-                 "--master", "127.0.0.1:" + port, "--transport", args.transport, "--wait", "--check",
-                 "--timeout", args.exec_timeout, "--report", os.path.join(args.dir, "report.%d.yaml" % r)]
-                + serve + plans, env=env, stdout=log, stderr=subprocess.STDOUT)))
+            procs.append(("executor %d" % r, plans.executor(
+                staged, tag + "-%r", r, args.nproc, "127.0.0.1:" + port, args.transport, args.exec_timeout,
+                os.path.join(args.dir, "report.%d.yaml" % r), log, env)))
     failed = []
     while procs:
         for name, p in list(procs):

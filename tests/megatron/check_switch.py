@@ -115,28 +115,30 @@ def forward_step(data_iterator, model):
 
 
 # ---- a rank's job, built by Megatron-Core for a layout ----
-def build(model_def, layout):
-    """What Megatron-LM's setup_model_and_optimizer does, for vps's layout:
-    the process groups, the seeds, GPTModel chunks in DDP, the optimizer."""
+def build(layout):
+    """Megatron's own constructors for a layout, called as Megatron-LM's
+    setup_model_and_optimizer calls them: the process groups, the seeds,
+    GPTModel chunks in DDP, the optimizer."""
     vps.megatron.initialize_groups(layout, create_gloo_process_groups=False)
     model_parallel_cuda_manual_seed(SEED, force_reset_rng=True)
     torch.manual_seed(SEED)
     par = layout.parallel
-    config = mcore.transformer_config(model_def, par, perform_initialization=True, init_method_std=0.02,
+    config = mcore.transformer_config(layout.model, par, perform_initialization=True, init_method_std=0.02,
                                       hidden_dropout=0.0, attention_dropout=0.0)
-    chunks = mcore.build_chunks(model_def, par, config)
-    model = mcore.wrap_ddp(chunks, config, par)
-    optimizer = get_megatron_optimizer(
-        OptimizerConfig(optimizer="adam", lr=LR, min_lr=LR / 10, weight_decay=0.01, adam_beta1=0.9,
-                        adam_beta2=0.95, adam_eps=1e-8, clip_grad=1.0, bf16=True,
-                        use_distributed_optimizer=True),
-        model, use_gloo_process_groups=False)
+    model = mcore.wrap_ddp(mcore.build_chunks(layout.model, par, config), config, par)
+    optimizer = get_megatron_optimizer(OPTIMIZER, model, use_gloo_process_groups=False)
     config.finalize_model_grads_func = finalize_model_grads
     config.grad_scale_func = optimizer.scale_loss
     return model, optimizer
 
 
-def scheduler(optimizer, steps, position):
+OPTIMIZER = OptimizerConfig(optimizer="adam", lr=LR, min_lr=LR / 10, weight_decay=0.01, adam_beta1=0.9,
+                            adam_beta2=0.95, adam_eps=1e-8, clip_grad=1.0, bf16=True, use_distributed_optimizer=True)
+
+
+def make_scheduler(optimizer, steps, position):
+    """Megatron's learning-rate schedule (warm-up, cosine decay) at `position`
+    samples."""
     s = OptimizerParamScheduler(optimizer, init_lr=0.0, max_lr=LR, min_lr=LR / 10,
                                 lr_warmup_steps=4 * GLOBAL_BATCH, lr_decay_steps=steps * GLOBAL_BATCH,
                                 lr_decay_style="cosine", start_wd=0.01, end_wd=0.01,
@@ -254,54 +256,55 @@ def differs(a, b):
 
 # ---- the two runs ----
 def rank_main(rank, steps, every, registry, switching):
-    model_def = vps.Model(MODEL)
-    layouts = [vps.layout(model_def, c, WORLD) for c in CONFIGS]
-    corpus = Corpus(model_def.vocab, SEQ, SEED)
-    cur = 0
-    model, optimizer = build(model_def, layouts[cur])
-    sched = scheduler(optimizer, steps, 0)
+    """One rank of the run: its losses, and (rank 0, switching) a line of
+    figures per switch."""
+    layouts = [vps.layout(MODEL, c, WORLD) for c in CONFIGS]
+    layout = layouts[0]
+    corpus = Corpus(layout.model.vocab, SEQ, SEED)
+    model, optimizer = build(layout)
+    scheduler = make_scheduler(optimizer, steps, 0)
     reg = job = None
     if switching:
-        # vps: the registry vps-exec finds this rank's buffers through, and the job in vps's buffers
-        reg = vps.Registry(registry.replace("%r", str(rank)), layouts[cur], rank)
-        job = vps.megatron.Job(reg, layouts[cur], rank, model, optimizer)
+        # vps: the registry vps-exec finds this rank's buffers through
+        reg = vps.Registry(registry % rank, layout, rank)
+        # vps: Megatron's parameters, main parameters and moments become views of vps's buffers
+        job = vps.megatron.Job(reg, layout, rank, model, optimizer)
     iteration = consumed = 0
     losses, switches = [], []
     try:
         while iteration < steps:
-            if switching and iteration and iteration % every == 0 and cur + 1 < len(layouts):
+            if switching and iteration and iteration % every == 0 and len(switches) + 1 < len(layouts):
                 before = gather(model, optimizer)
-                nxt = cur + 1
+                new_layout = layouts[len(switches) + 1]
                 t0 = time.monotonic()
-                # vps: between two steps, the whole state to the next layout
-                model, optimizer, carried = job.switch(
-                    layouts[nxt], rank,
-                    vps.Training(step=iteration, consumed_samples=consumed, scheduler_step=sched.num_steps,
-                                 global_batch=GLOBAL_BATCH, micro_batch=MICRO_BATCH,
-                                 dp=layouts[cur].parallel["dp"]),
-                    lambda lay: build(model_def, lay))
+                # vps: between two steps, the state moves to the new layout, and build makes its model and optimizer
+                model, optimizer, carried = job.switch(new_layout, rank, vps.Training(
+                    step=iteration, consumed_samples=consumed, scheduler_step=scheduler.num_steps,
+                    global_batch=GLOBAL_BATCH, micro_batch=MICRO_BATCH), build)
+                # vps: the schedule goes on where it was; the data loader, at carried.consumed_samples
+                scheduler = make_scheduler(optimizer, steps, carried.scheduler_step)
                 pause = time.monotonic() - t0
-                if (carried.step, carried.consumed_samples, carried.scheduler_step) != \
-                        (iteration, consumed, sched.num_steps):
-                    raise RuntimeError("the switch carried step %d, samples %d, scheduler %d; the job was at %d, "
-                                       "%d, %d" % (carried.step, carried.consumed_samples, carried.scheduler_step,
-                                                   iteration, consumed, sched.num_steps))
-                sched = scheduler(optimizer, steps, carried.scheduler_step)
-                cur = nxt
+                if (carried.step, carried.consumed_samples) != (iteration, consumed):
+                    raise RuntimeError("the switch carried step %d, samples %d; the job was at %d, %d" % (
+                        carried.step, carried.consumed_samples, iteration, consumed))
+                if scheduler.num_steps != consumed:
+                    raise RuntimeError("the scheduler is at %d after the switch, %d before" % (
+                        scheduler.num_steps, consumed))
                 after = gather(model, optimizer)
+                what = (len(switches) + 1, CONFIGS[len(switches)], CONFIGS[len(switches) + 1], iteration)
+                switches.append(None)
                 if rank == 0:
                     bad = differs(before, after)
                     if bad:
                         raise RuntimeError("switch %d (%s -> %s) at step %d: the state after is not the state "
-                                           "before: %s" % (len(switches) + 1, CONFIGS[cur - 1], CONFIGS[cur],
-                                                           iteration, bad))
-                    switches.append((iteration, CONFIGS[cur - 1], CONFIGS[cur], len(after[0]),
-                                     sum(t.numel() for t in after[0].values()), pause))
+                                           "before: %s" % (what + (bad,)))
+                    switches[-1] = (iteration, what[1], what[2], len(after[0]),
+                                    sum(t.numel() for t in after[0].values()), pause)
             total = train_step(model, optimizer, corpus, consumed)
             dist.all_reduce(total)
             iteration += 1
             consumed += GLOBAL_BATCH
-            sched.step(increment=GLOBAL_BATCH)
+            scheduler.step(increment=GLOBAL_BATCH)
             losses.append((total[0] / total[1]).item())
     finally:
         if job:
@@ -315,18 +318,17 @@ def refusals(rank, registry):
     """What a Job refuses, on one rank: a layout that is not what Megatron
     built, one it cannot point Megatron's tensors into, a training step
     that is not the optimizer's. Returns the messages, in order."""
-    model_def = vps.Model(MODEL)
-    model, optimizer = build(model_def, vps.layout(model_def, "zero=1", 1))
+    lay = vps.layout(MODEL, "zero=1", 1)
+    model, optimizer = build(lay)
     out = []
-    reg = vps.Registry(registry.replace("%r", "refusals"), None, -1)
+    reg = vps.Registry(registry.replace("%d", "refusals"), None, -1)
     try:
         for other in ("zero=1,bucket=60000", "zero=0"):
             try:
-                vps.megatron.Job(reg, vps.layout(model_def, other, 1), 0, model, optimizer)
+                vps.megatron.Job(reg, vps.layout(lay.model, other, 1), 0, model, optimizer)
                 out.append("%s: accepted" % other)
             except vps.Error as e:
                 out.append("%s: %s: %s" % (other, e.name, e))
-        lay = vps.layout(model_def, "zero=1", 1)
         job = vps.megatron.Job(reg, lay, 0, model, optimizer)
         try:
             job.switch(lay, 0, vps.Training(step=5), None)
@@ -367,7 +369,7 @@ def executors(tmp, steps, every, registry):
     for r in range(WORLD):
         log = open(os.path.join(tmp, "exec.%d.log" % r), "w")
         procs.append(subprocess.Popen(
-            [tool("vps-exec"), "--registry", registry, "--rank", str(r), "--world", str(WORLD),
+            [tool("vps-exec"), "--registry", registry.replace("%d", "%r"), "--rank", str(r), "--world", str(WORLD),
              "--master", "127.0.0.1:" + port, "--transport", "tcp", "--wait", "--check", "--timeout", "120",
              "--report", os.path.join(tmp, "report.%d.yaml" % r)] + (["--serve"] if len(staged) > 1 else [])
             + staged, env=env, stdout=log, stderr=subprocess.STDOUT))
@@ -395,7 +397,21 @@ def main():
     mcore.install_training_shims()
     tmp = args.keep or tempfile.mkdtemp(prefix="vps-mcore-switch-")
     os.makedirs(tmp, exist_ok=True)
-    registry = "vps-mcore-%d-%%r" % os.getpid()
+    registry = "vps-mcore-%d-%%d" % os.getpid()
+    try:
+        check(args, tmp, registry)
+    finally:
+        # a rank stopped before its registry closed leaves it behind
+        for name in [registry % r for r in range(WORLD)] + [registry.replace("%d", "refusals")]:
+            try:
+                vps.Registry.unlink(name)
+            except vps.Error as e:
+                print("check_switch.py: %s" % e, file=sys.stderr)
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check(args, tmp, registry):
     t0 = time.monotonic()
     (said,) = mcore.run_ranks(1, lambda r: refusals(r, registry), timeout=args.timeout)
     if isinstance(said, mcore.RankError):
@@ -409,9 +425,19 @@ def main():
         if args.verbose:
             print("refused: %s" % line)
     procs, nplans = executors(tmp, args.steps, args.every, registry)
+
+    def executor_failed():
+        for r, p in enumerate(procs):
+            if p.poll():
+                return "vps-exec rank %d exited with status %d:\n%s" % (
+                    r, p.returncode, open(os.path.join(tmp, "exec.%d.log" % r)).read()[-2000:])
+        return None
     try:
-        results = mcore.run_ranks(WORLD, lambda r: rank_main(r, args.steps, args.every, registry, True),
-                                  timeout=args.timeout)
+        try:
+            results = mcore.run_ranks(WORLD, lambda r: rank_main(r, args.steps, args.every, registry, True),
+                                      timeout=args.timeout, watch=executor_failed)
+        except RuntimeError as e:
+            sys.exit("check_switch.py: %s" % e)
         failed = [r for r in results if isinstance(r, mcore.RankError)]
         if failed:
             for f in failed:
@@ -459,8 +485,6 @@ def main():
                      % (step, x, y, rel, MAX_REL))
         if args.verbose:
             print("step %d: loss %.9f, static %.9f" % (step, x, y))
-    if not args.keep:
-        shutil.rmtree(tmp)
     print("micro-gpt on %d ranks: %d switches through vps-exec (%s), the whole state equal bit for bit across "
           "each; loss within %g of the static run's at every step (largest %.1e, step %d) (%.0f s)"
           % (WORLD, len(switches), " -> ".join(CONFIGS[:len(switches) + 1]), MAX_REL, worst, worst_at,

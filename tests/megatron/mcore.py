@@ -478,11 +478,12 @@ def coords():
                 edp=ps.get_expert_data_parallel_rank())
 
 
-def run_ranks(world, fn, timeout=300):
+def run_ranks(world, fn, timeout=300, watch=None):
     """fn(rank) in world forked processes that form a gloo world (the parent
     has imported torch and megatron-core once; a fork costs no import). Each
     fn's return value, or the exception it raised as a RankError, in rank
-    order. A rank that dies or outlives timeout seconds fails them all."""
+    order. A rank that dies or outlives timeout seconds fails them all, and
+    so does watch() (called while they run) returning a reason."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     with tempfile.TemporaryDirectory(prefix="vps-mcore-") as tmp:
         store = os.path.join(tmp, "store")
@@ -521,6 +522,9 @@ def run_ranks(world, fn, timeout=300):
             if not done:
                 if time.monotonic() > deadline:
                     failed = "ranks %s still running after %d s" % (sorted(pids.values()), timeout)
+                    break
+                failed = watch() if watch else None
+                if failed:
                     break
                 time.sleep(0.01)
                 continue
