@@ -2,7 +2,9 @@
 #
 #   make            libvps.a, libvps.so and the tools in bin/ (and how to put bin/ on PATH)
 #   make check      the C unit tests, the Bats tests and the framework checks,
-#                   warnings as errors
+#                   warnings as errors; the GPU paths on the stand-ins of CUDA and
+#                   NCCL (tests/standin/)
+#   make standin    only those stand-ins (build/standin/)
 #   make check-megatron  vps's layouts against Megatron-Core's own buffers, and a
 #                   Megatron-Core job switched by vps.megatron
 #   make check-hf   vps's Hugging Face imports against transformers' models
@@ -94,7 +96,7 @@ CUDA_ALL = $(CUDA_LIB)
 endif
 
 .PHONY: all check check-gpu check-megatron check-hf test unit bats layers asan demo install uninstall clean deps \
-	python-deps venv distclean FORCE \
+	python-deps venv distclean FORCE standin \
 	fuzz fuzz-smoke fuzz-build fuzz-corpus fuzz-deps
 .DEFAULT_GOAL := all
 
@@ -107,11 +109,13 @@ endif
 
 # ---- what a fresh machine lacks ----
 # libyaml and libzstd headers, bats, groff (man page lint), rsvg-convert
-# (the SVG test renders vps-plan --svg), pkg-config (the install test).
+# (the SVG test renders vps-plan --svg), pkg-config (the install test), jq
+# and zstd (the man pages' examples use them, and tests/bats/examples.bats
+# runs every example).
 # Installed with apt-get when we are root and it exists; otherwise the exact
 # command is printed. Checked again when this Makefile changes, so that a
 # dependency added reaches old trees.
-DEB_PKGS = libyaml-dev libzstd-dev bats groff-base librsvg2-bin pkgconf
+DEB_PKGS = libyaml-dev libzstd-dev bats groff-base librsvg2-bin pkgconf jq zstd
 deps: $(DEPS_STAMP)
 $(DEPS_STAMP): Makefile
 	@missing=""; \
@@ -121,6 +125,8 @@ $(DEPS_STAMP): Makefile
 	command -v groff >/dev/null 2>&1 || missing="$$missing groff-base"; \
 	command -v rsvg-convert >/dev/null 2>&1 || missing="$$missing librsvg2-bin"; \
 	command -v pkg-config >/dev/null 2>&1 || missing="$$missing pkgconf"; \
+	command -v jq >/dev/null 2>&1 || missing="$$missing jq"; \
+	command -v zstd >/dev/null 2>&1 || missing="$$missing zstd"; \
 	scripts/install-deps.sh "vps" $$missing
 	@mkdir -p $(BUILDDIR) && touch $@
 
@@ -142,9 +148,10 @@ $(FLAGS_STAMP): FORCE | $(DEPS_STAMP)
 	@echo '$(CC) $(ALL_CFLAGS) $(LDFLAGS)' | cmp -s - $@ || echo '$(CC) $(ALL_CFLAGS) $(LDFLAGS)' > $@
 FORCE:
 
+# -fvisibility=hidden: libvps.so exports only what include/vps/ marks VPS_API
 $(BUILDDIR)/lib/%.o: lib/%.c $(FLAGS_STAMP) | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -c $< -o $@
+	$(CC) $(ALL_CFLAGS) -fvisibility=hidden -c $< -o $@
 
 $(BUILDDIR)/cmd/%.o: cmd/%.c $(FLAGS_STAMP) | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
@@ -181,6 +188,30 @@ $(CUDA_LIB): lib/gpu/cuda/vps_cuda.cu lib/gpu/cuda/vps_cuda.h | $(DEPS_STAMP)
 	$(NVCC) -O2 -std=c++17 -shared -Xcompiler -fPIC,-Wall,-Wextra,-Werror,-fvisibility=hidden --cudart static \
 		$(CUDA_ARCHS) $(if $(NCCL_HOME),-I$(NCCL_HOME)/include) -Ilib/gpu/cuda -o $@ $< -ldl -lrt -lpthread
 
+# ---- the stand-ins for libvps-cuda.so and NCCL (tests/standin/) ----
+# Test instruments over host memory, so that make check runs every GPU path
+# on a machine without a GPU (docs/exec.md, "The stand-ins"): never built
+# into libvps, never installed, chosen only by VPS_CUDA_LIBRARY and
+# VPS_NCCL_LIBRARY. nccl.h (CUDA_HOME or NCCL_HOME) gives NCCL's ABI.
+STANDIN_DIR = $(BUILDDIR)/standin
+STANDIN_CUDA = $(STANDIN_DIR)/libvps-cuda-standin.so
+STANDIN_NCCL = $(STANDIN_DIR)/libnccl-standin.so
+STANDIN_INC = $(if $(NCCL_HOME),-isystem $(NCCL_HOME)/include) -isystem $(CUDA_HOME)/include
+STANDIN_ENV = VPS_CUDA_LIBRARY=$(abspath $(STANDIN_CUDA)) VPS_NCCL_LIBRARY=$(abspath $(STANDIN_NCCL))
+standin: $(STANDIN_CUDA) $(STANDIN_NCCL)
+# their tests speak NCCL's ABI too
+$(BUILDDIR)/tests/test_standin_%.o: tests/unit/test_standin_%.c $(FLAGS_STAMP) | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(STANDIN_INC) -Itests/unit -c $< -o $@
+
+$(STANDIN_CUDA): tests/standin/cuda.c
+$(STANDIN_NCCL): tests/standin/nccl.c
+$(STANDIN_CUDA) $(STANDIN_NCCL): tests/standin/standin.h lib/gpu/cuda/vps_cuda.h $(FLAGS_STAMP) | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	@echo '#include <nccl.h>' | $(CC) $(STANDIN_INC) -E - >/dev/null 2>&1 || { \
+		echo "the stand-ins need nccl.h: set CUDA_HOME or NCCL_HOME (see docs/exec.md)" >&2; exit 1; }
+	$(CC) $(ALL_CFLAGS) $(STANDIN_INC) -fvisibility=hidden -shared -o $@ $(filter %.c,$^) $(LDFLAGS) -ldl -lrt -lpthread
+
 # benchmark programs (scripts/bench/*.c), built by check so they do not rot
 BENCH_BINS = $(patsubst scripts/bench/%.c,$(BUILDDIR)/bench/%,$(wildcard scripts/bench/*.c))
 $(BUILDDIR)/bench/%: scripts/bench/%.c $(LIB) | $(DEPS_STAMP)
@@ -188,11 +219,14 @@ $(BUILDDIR)/bench/%: scripts/bench/%.c $(LIB) | $(DEPS_STAMP)
 	$(CC) $(ALL_CFLAGS) -o $@ $< $(LIB) $(LDFLAGS) $(LDLIBS)
 
 # ---- tests ----
-unit: $(TEST_BINS) $(BENCH_BINS)
+# test_gpu runs twice: as on this machine (its GPU parts skip without a
+# GPU) and on the stand-ins
+unit: $(TEST_BINS) $(BENCH_BINS) standin
 	@set -e; for t in $(TEST_BINS); do $$t; done
+	$(STANDIN_ENV) $(BUILDDIR)/tests/test_gpu
 
-bats: all $(PY_STAMP)
-	VPS_BIN=$(abspath $(BINDIR)) VPS_PYTHON=$(PYTHON_ABS) bats tests/bats
+bats: all standin $(PY_STAMP)
+	VPS_BIN=$(abspath $(BINDIR)) VPS_PYTHON=$(PYTHON_ABS) VPS_STANDIN=$(abspath $(STANDIN_DIR)) bats tests/bats
 
 # the Python frameworks' own code against vps's rules (tests/megatron,
 # tests/hf), after the Bats tests, not beside them: both load the two cores.
@@ -331,5 +365,5 @@ clean:
 distclean: clean
 	rm -rf $(VENV) $(VENV).lock
 
--include $(LIB_OBJ:.o=.d) $(BUILDDIR)/cmd/*.d $(BUILDDIR)/tests/*.d
+-include $(LIB_OBJ:.o=.d) $(BUILDDIR)/cmd/*.d $(BUILDDIR)/tests/*.d $(STANDIN_DIR)/*.d
 .SECONDARY:

@@ -13,7 +13,9 @@
 int tool_status(vps_result_t rc)
 {
 	/* what the user asked for is wrong or cannot be had here: 2 */
-	return rc == VPS_EINPUT || rc == VPS_EFORMAT || rc == VPS_EUNSUPPORTED ? EXIT_USAGE : EXIT_CHECK;
+	return rc == VPS_EINPUT || rc == VPS_EFORMAT || rc == VPS_EUNSUPPORTED || rc == VPS_ENOTFOUND || rc == VPS_ESTALE
+		       ? EXIT_USAGE
+		       : EXIT_CHECK;
 }
 
 int tool_fail(vps_result_t rc)

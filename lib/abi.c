@@ -21,6 +21,8 @@ size_t vps_abi_size(const char *type)
 		{"vps_buffer", sizeof(struct vps_buffer)},
 		{"vps_param", sizeof(struct vps_param)},
 		{"vps_rank_view", sizeof(struct vps_rank_view)},
+		{"vps_holder", sizeof(struct vps_holder)},
+		{"vps_holders", sizeof(struct vps_holders)},
 		{"vps_registry_training", sizeof(struct vps_registry_training)},
 		{"vps_registry_entry_info", sizeof(struct vps_registry_entry_info)},
 	};

@@ -50,7 +50,9 @@
 #
 # Exit 0 when the loss is within --max-rel as above and every switch was
 # equal bit for bit with matching digests; 1 when not, or when a run failed;
-# 2 on bad arguments.
+# 2 on bad arguments. The figure needs matplotlib (python3-matplotlib): without
+# it the figure is left out, said at the start, and the numbers still
+# checked; --doc refuses to start without it.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 me=convergence.sh
@@ -76,7 +78,7 @@ while [ $# -gt 0 ]; do
 		esac
 		shift 2 ;;
 	--doc) doc=1; shift ;;
-	-h|--help) sed -n '2,50p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h|--help) sed -n '2,52p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "$me: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 	esac
 done
@@ -100,6 +102,17 @@ control=${control:-${cfg[1]}}
 	{ echo "$me: --control: $control is the static run's configuration" >&2; exit 2; }
 [ -x "$py" ] || command -v "$py" >/dev/null ||
 	{ echo "$me: $py not found: make venv makes the test environment, or set PYTHON" >&2; exit 2; }
+# the figure needs matplotlib, the numbers do not: said before minutes are
+# spent, not as the run ends
+plot=1
+if ! "$py" -c 'import matplotlib' 2>/dev/null; then
+	if [ "$doc" = 1 ]; then
+		echo "$me: --doc draws docs/convergence.svg, which needs matplotlib for $py (pip install matplotlib into it, or PYTHON= a Python that has it)" >&2
+		exit 2
+	fi
+	echo "$me: no matplotlib for $py: the figure is left out (matplotlib for it draws it); the numbers are checked all the same"
+	plot=0
+fi
 for t in vps-layout vps-plan vps-stage vps-exec; do
 	[ -x "$top/bin/$t" ] || { echo "$me: bin/$t missing: run make" >&2; exit 2; }
 done
@@ -147,13 +160,15 @@ fi
 
 svg=$dir/convergence.svg
 [ "$doc" = 1 ] && svg=$top/docs/convergence.svg
+figure=()
+[ "$plot" = 0 ] || figure=(--svg "$svg")
 rc=0
 "$py" "$top/scripts/convergence_report.py" --static "$dir/static" --switched "$dir/switched" "${ctrl[@]}" \
 	--steps "$steps" --every "$every" --configs "$configs" --ranks "$ranks" --max-rel "$max_rel" \
-	--svg "$svg" --pointer "$dir/pointer.txt" > "$dir/table.md" || rc=$?
+	"${figure[@]}" --pointer "$dir/pointer.txt" > "$dir/table.md" || rc=$?
 [ $rc -le 1 ] || exit 1 # a run's files missing or malformed: that run failed
 cat "$dir/table.md"
-echo "figure: $svg"
+if [ "$plot" = 1 ]; then echo "figure: $svg"; else echo "figure: none (no matplotlib)"; fi
 if [ "$doc" = 1 ]; then
 	{
 		echo

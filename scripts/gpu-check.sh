@@ -12,6 +12,13 @@
 set -uo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
+# the real CUDA and NCCL, never the host stand-ins (make check runs those)
+for v in VPS_CUDA_LIBRARY VPS_NCCL_LIBRARY; do
+	case ${!v:-} in
+	*standin*) echo "gpu-check.sh: $v names a stand-in (${!v}): make check-gpu runs the real CUDA and NCCL" >&2; exit 2 ;;
+	esac
+done
+
 res=${1:-${OUT:-$top/build}/gpu-check.txt}
 mkdir -p "$(dirname "$res")"
 log=${res%.txt}.log

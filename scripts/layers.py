@@ -96,6 +96,7 @@ def public_names(include_dir):
         if f.endswith(".h"):
             text = open(os.path.join(include_dir, f)).read()
             names.update(re.findall(r"\b(vps_[A-Za-z0-9_]+)\s*\(", text))
+            names.update(re.findall(r"\bextern\b[^;(]*\b(vps_[A-Za-z0-9_]+)\s*(?:\[\s*\])?\s*;", text))
     return names
 
 

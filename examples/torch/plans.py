@@ -44,16 +44,16 @@ def make(d, model, configs, steps, every, gpus_per_node, global_batch, micro_bat
     gpn = str(gpus_per_node)
     layouts = [os.path.join(d, "c%d.layout" % i) for i in range(len(configs))]
     for c, path in zip(configs, layouts):
-        run([tool("vps-layout"), "--model", model, "--parallel", c, "--gpus-per-node", gpn, "-o", path])
+        run([tool("vps-layout"), "-q", "--model", model, "--parallel", c, "--gpus-per-node", gpn, "-o", path])
     made, order = {}, []
     part = [] if rank is None else ["--rank", str(rank)]
     for a, b in switches(configs, steps, every):
         if (a, b) not in made:
             plan = os.path.join(d, "c%d-c%d.plan" % (a, b))
             staged = os.path.join(d, "c%d-c%d.staged" % (a, b))
-            run([tool("vps-plan")] + part + [layouts[a], layouts[b], "--global-batch", str(global_batch),
-                                             "--micro-batch", str(micro_batch), "-o", plan])
-            run([tool("vps-stage"), "--budget", budget, plan, "-o", staged])
+            run([tool("vps-plan"), "-q"] + part + [layouts[a], layouts[b], "--global-batch", str(global_batch),
+                                                   "--micro-batch", str(micro_batch), "-o", plan])
+            run([tool("vps-stage"), "-q", "--budget", budget, plan, "-o", staged])
             made[(a, b)] = staged
         order.append(made[(a, b)])
     return order

@@ -20,47 +20,23 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
-import vps  # noqa: E402
+import options  # noqa: E402
 import plans  # noqa: E402
+import vps  # noqa: E402
 from model import Stage  # noqa: E402
 
 
 def parse_args(argv=None):
     a = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    a.add_argument("--model", default="tiny-llama")
-    a.add_argument("--configs", required=True,
-                   help="parallel configurations, comma-separated, in the order the run switches through them; "
-                        "each a name of configs/parallel or a spec with ':' for ',' (tp=2:pp=2:zero=1)")
-    a.add_argument("--gpus-per-node", type=int, default=8)
-    a.add_argument("--steps", type=int, default=40)
-    a.add_argument("--switch-every", type=int, default=0, help="switch to the next configuration every K steps")
-    a.add_argument("--global-batch", type=int, default=8)
-    a.add_argument("--micro-batch", type=int, default=1)
-    a.add_argument("--seq", type=int, default=32)
-    a.add_argument("--lr", type=float, default=3e-3)
-    a.add_argument("--warmup", type=int, default=10)
-    a.add_argument("--seed", type=int, default=1234)
-    a.add_argument("--registry", help="the registry's name, %%r the rank (default vps-torch-%%r, or "
-                                      "vps-torch-RUN-%%r under torchrun, RUN its TORCHELASTIC_RUN_ID)")
-    a.add_argument("--exec", dest="exec_dir", metavar="DIR",
-                   help="start this rank's vps-exec beside it, with its part of the switches' plans made in DIR "
-                        "(for torchrun; needs VPS_TOKEN in the environment)")
-    a.add_argument("--transport", default="tcp", help="with --exec: vps-exec's transport (tcp, ipc)")
-    a.add_argument("--budget", default="64MiB", help="with --exec: vps-stage's staging budget")
-    a.add_argument("--exec-timeout", default="120", help="with --exec: vps-exec's --timeout")
-    a.add_argument("--timeout", type=float, default=300.0, help="seconds a switch may take")
-    a.add_argument("--loss-log", help="rank 0 writes 'step loss' lines here")
-    a.add_argument("--check-switch", action="store_true",
-                   help="gather the whole state before and after each switch and compare them bit for bit")
-    a.add_argument("--save-master", help="rank 0 saves the gathered fp32 master weights here at the end")
-    args = a.parse_args(argv)
-    args.configs = [c.replace(":", ",") for c in args.configs.split(",")]
-    if args.switch_every <= 0 and len(args.configs) > 1:
-        a.error("several --configs need --switch-every")
-    if args.registry is None:
-        run = os.environ.get("TORCHELASTIC_RUN_ID")
-        args.registry = "vps-torch-%s%%r" % (run + "-" if run else "")
-    return args
+    options.add_training(a)
+    under = a.add_argument_group("under torchrun, which starts only the ranks")
+    under.add_argument("--exec", dest="exec_dir", metavar="DIR",
+                       help="start this rank's vps-exec beside it, with its part of the switches' plans made in "
+                            "DIR/rank-R; its log and report go to DIR (needs VPS_TOKEN in the environment)")
+    under.add_argument("--transport", default="tcp", help="vps-exec's transport (tcp, ipc; default tcp)")
+    under.add_argument("--budget", default="64MiB", help="vps-stage's staging budget (default 64MiB)")
+    under.add_argument("--exec-timeout", default="120", help="vps-exec's --timeout (default 120)")
+    return options.finish(a, a.parse_args(argv))
 
 
 def start_executor(args, rank, world):
@@ -215,14 +191,14 @@ def gather_state(state, model, rank):
     return vps.assemble(model, [p for lst in out for p in lst]) if rank == 0 else None
 
 
-def same_bits(a, b):
+def same_bits(model, a, b):
     if a.keys() != b.keys():
         return "the (tensor, state) pairs differ"
     for k in a:
         x, y = a[k], b[k]
         iv = torch.int16 if x.dtype == torch.bfloat16 else torch.int32
         if x.dtype != y.dtype or x.shape != y.shape or not torch.equal(x.view(iv), y.view(iv)):
-            return "tensor %d state %s differs" % (k[0], vps.STATES[k[1]])
+            return "%s %s differs" % (model.tensor_name(k[0]), vps.STATES[k[1]])
     return None
 
 
@@ -322,7 +298,7 @@ def train(args, rank, model, layouts, groups, reg):
             if args.check_switch:
                 after = gather_state(state, model, rank)
                 if rank == 0:
-                    bad = same_bits(before, after)
+                    bad = same_bits(model, before, after)
                     if bad:
                         raise SystemExit("train.py: switch %d: the state after is not the state before: %s"
                                          % (switches, bad))

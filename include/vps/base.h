@@ -14,6 +14,15 @@
 
 #define VPS_VERSION_STRING "0.1.0"
 
+/* What libvps.so exports: every function and object declared in
+ * include/vps/ carries VPS_API; everything else in the library is hidden
+ * (built with -fvisibility=hidden), so nothing becomes API by accident. */
+#if defined(__GNUC__)
+#define VPS_API __attribute__((visibility("default")))
+#else
+#define VPS_API
+#endif
+
 typedef enum vps_result {
 	VPS_OK = 0,
 	VPS_EINPUT,   /* malformed or invalid input: a file, a flag, a config */
@@ -33,16 +42,16 @@ typedef enum vps_result {
 } vps_result_t;
 
 /* @return a short constant description of a result code. */
-const char *vps_strerror(vps_result_t rc);
+VPS_API const char *vps_strerror(vps_result_t rc);
 
 /* @return the detailed message of the last failure on this thread, or "" */
-const char *vps_last_error(void);
+VPS_API const char *vps_last_error(void);
 
 /* Clear the last error message of this thread. */
-void vps_clear_error(void);
+VPS_API void vps_clear_error(void);
 
 /* sizeof(struct TYPE) for the structs a binding mirrors ("vps_region",
  * "vps_rank_view", ...), or 0 for a name it does not know. */
-size_t vps_abi_size(const char *type);
+VPS_API size_t vps_abi_size(const char *type);
 
 #endif

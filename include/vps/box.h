@@ -27,66 +27,66 @@ struct vps_region {
 };
 
 /* @return the number of elements in the box (0 when empty). */
-int64_t vps_box_volume(const struct vps_box *b);
+VPS_API int64_t vps_box_volume(const struct vps_box *b);
 
 /* @return true and the intersection in *out when a and b overlap. */
-bool vps_box_intersect(const struct vps_box *a, const struct vps_box *b, struct vps_box *out);
+VPS_API bool vps_box_intersect(const struct vps_box *a, const struct vps_box *b, struct vps_box *out);
 
 /* @return true when the boxes are equal. */
-bool vps_box_equal(const struct vps_box *a, const struct vps_box *b);
+VPS_API bool vps_box_equal(const struct vps_box *a, const struct vps_box *b);
 /* Order boxes of one ndim by their corners, lo before hi, axis by axis
  * (for sorting lists of them). */
-int vps_box_order(const struct vps_box *a, const struct vps_box *b);
+VPS_API int vps_box_order(const struct vps_box *a, const struct vps_box *b);
 
 /* @return true when outer contains inner. */
-bool vps_box_contains(const struct vps_box *outer, const struct vps_box *inner);
+VPS_API bool vps_box_contains(const struct vps_box *outer, const struct vps_box *inner);
 
 /* A box covering a whole tensor of the given shape. */
-void vps_box_full(struct vps_box *b, int ndim, const int64_t *shape);
+VPS_API void vps_box_full(struct vps_box *b, int ndim, const int64_t *shape);
 
 /* Decompose the row-major range [lo, hi) of a tensor with extents ext into at
  * most 2*ndim-1 boxes, in increasing flat order (each box is contiguous).
  * starts[i], when not NULL, receives the flat index where box i begins.
  * @return the number of boxes written to out. */
-int vps_flat_range_boxes(int ndim, const int64_t *ext, int64_t lo, int64_t hi,
+VPS_API int vps_flat_range_boxes(int ndim, const int64_t *ext, int64_t lo, int64_t hi,
 			 struct vps_box *out, int64_t *starts);
 
 /* Write the parts of a not in b (at most 2*ndim boxes) to out.
  * @return the number of boxes written. */
-int vps_box_subtract(const struct vps_box *a, const struct vps_box *b, struct vps_box *out);
+VPS_API int vps_box_subtract(const struct vps_box *a, const struct vps_box *b, struct vps_box *out);
 
 /* A growable list of boxes: what is left of a box after cuts. */
 struct vps_boxes {
 	struct vps_box *v;
 	size_t n, cap;
 };
-void vps_boxes_release(struct vps_boxes *b);
+VPS_API void vps_boxes_release(struct vps_boxes *b);
 /* Make b the one box x. */
-vps_result_t vps_boxes_reset(struct vps_boxes *b, const struct vps_box *x);
-vps_result_t vps_boxes_push(struct vps_boxes *b, const struct vps_box *x);
+VPS_API vps_result_t vps_boxes_reset(struct vps_boxes *b, const struct vps_box *x);
+VPS_API vps_result_t vps_boxes_push(struct vps_boxes *b, const struct vps_box *x);
 /* b := b - cut; scratch is working space the caller keeps between calls
  * (its contents are lost; the two lists trade their arrays). */
-vps_result_t vps_boxes_subtract(struct vps_boxes *b, struct vps_boxes *scratch, const struct vps_box *cut);
+VPS_API vps_result_t vps_boxes_subtract(struct vps_boxes *b, struct vps_boxes *scratch, const struct vps_box *cut);
 
 /* Whether elements of extents ext[0..ndim) at these strides are the
  * row-major order of the extents: one contiguous range (extents of 1 may
  * have any stride). */
-bool vps_strides_rowmajor(int ndim, const int64_t *ext, const int64_t *strides);
+VPS_API bool vps_strides_rowmajor(int ndim, const int64_t *ext, const int64_t *strides);
 
 /* Row-major strides of a box's extents. */
-void vps_box_rowmajor_strides(const struct vps_box *b, int64_t *strides);
+VPS_API void vps_box_rowmajor_strides(const struct vps_box *b, int64_t *strides);
 
 /* @return the buffer offset of logical index idx in the region. */
-int64_t vps_region_offset_at(const struct vps_region *r, const int64_t *idx);
+VPS_API int64_t vps_region_offset_at(const struct vps_region *r, const int64_t *idx);
 
 /* Restrict a region to sub (a box inside r->box), keeping its addressing. */
-void vps_region_restrict(const struct vps_region *r, const struct vps_box *sub, struct vps_region *out);
+VPS_API void vps_region_restrict(const struct vps_region *r, const struct vps_box *sub, struct vps_region *out);
 
 /* @return true when the region's elements occupy one contiguous buffer range
  * [offset, offset + volume) in row-major order of its box. */
-bool vps_region_is_contiguous(const struct vps_region *r);
+VPS_API bool vps_region_is_contiguous(const struct vps_region *r);
 
 /* Lowest and one-past-highest buffer offsets the region touches. */
-void vps_region_extent(const struct vps_region *r, int64_t *first, int64_t *end);
+VPS_API void vps_region_extent(const struct vps_region *r, int64_t *first, int64_t *end);
 
 #endif

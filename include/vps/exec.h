@@ -52,10 +52,10 @@ enum vps_exec_fault { VPS_FAULT_STALL = 0, VPS_FAULT_EXIT = 1, VPS_FAULT_KILL_TR
  * readable by nobody else), or from the environment's VPS_TOKEN when file
  * is NULL. out (at least VPS_TOKEN_MAX + 3 bytes) receives it, or "" when
  * neither names one. */
-vps_result_t vps_exec_token(const char *file, char *out, size_t size);
+VPS_API vps_result_t vps_exec_token(const char *file, char *out, size_t size);
 /* A fresh token: VPS_TOKEN_NEW hexadecimal digits from the kernel's
  * random source. */
-vps_result_t vps_exec_new_token(char out[VPS_TOKEN_NEW + 1]);
+VPS_API vps_result_t vps_exec_new_token(char out[VPS_TOKEN_NEW + 1]);
 
 struct vps_exec_stage_report {
 	int64_t bytes_sent, bytes_received, bytes_copied;
@@ -77,27 +77,28 @@ struct vps_exec_report {
 	 * request (or kept from the switch before), and bytes whose first pass
 	 * fell in the pause's attach (slow on VMs: docs/exec.md) */
 	uint64_t premapped_bytes, mapped_in_pause_bytes;
-	const char *transport;    /* the transport's name (of the first peer's kind under auto) */
+	const char *transport;    /* the transports' name: tcp, ipc, nccl; auto: ipc, or ipc+nccl
+				   * when some rank's switch crosses nodes */
 	bool checked, digest_match;
 	uint64_t digest_before, digest_after;
 	uint64_t switch_seq;
 };
 
-void vps_exec_report_release(struct vps_exec_report *r);
+VPS_API void vps_exec_report_release(struct vps_exec_report *r);
 
 /* Run one switch per staged plan in order (more than one: a long-running
  * executor that keeps its connections, --serve). All plans must be over the
  * same devices. One report per switch is filled in reports[]. */
-vps_result_t vps_exec_run(struct vps_staged *const *plans, size_t nplans, const struct vps_exec_opts *o,
+VPS_API vps_result_t vps_exec_run(struct vps_staged *const *plans, size_t nplans, const struct vps_exec_opts *o,
 			  struct vps_exec_report *reports);
 
 /* The layout-independent digest of this rank's part of a layout: the
  * elements of its regions it is the lowest-numbered holder of, so that
  * summing over ranks counts every replica once. buffers[i] is the rank's
  * buffer i. */
-vps_result_t vps_exec_digest(const struct vps_layout *l, int64_t rank, void *const *buffers, uint64_t *digest);
+VPS_API vps_result_t vps_exec_digest(const struct vps_layout *l, int64_t rank, void *const *buffers, uint64_t *digest);
 
 struct vps_bytes;
-vps_result_t vps_exec_report_yaml(const struct vps_exec_report *reps, size_t n, struct vps_bytes *out);
+VPS_API vps_result_t vps_exec_report_yaml(const struct vps_exec_report *reps, size_t n, struct vps_bytes *out);
 
 #endif

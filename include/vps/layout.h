@@ -27,13 +27,13 @@ enum vps_state {
 
 enum vps_dtype { VPS_DTYPE_BF16 = 0, VPS_DTYPE_FP32 = 1 };
 
-const char *vps_state_name(int state);
+VPS_API const char *vps_state_name(int state);
 /* @return VPS_EINPUT for an unknown name. */
-vps_result_t vps_state_parse(const char *name, int *state);
-const char *vps_dtype_name(int dtype);
-vps_result_t vps_dtype_parse(const char *name, int *dtype);
-size_t vps_dtype_size(int dtype);
-int vps_state_dtype(int state);
+VPS_API vps_result_t vps_state_parse(const char *name, int *state);
+VPS_API const char *vps_dtype_name(int dtype);
+VPS_API vps_result_t vps_dtype_parse(const char *name, int *dtype);
+VPS_API size_t vps_dtype_size(int dtype);
+VPS_API int vps_state_dtype(int state);
 
 struct vps_coords {
 	int64_t tp, cp, dp, pp;  /* dense generator, order tp-cp-dp-pp */
@@ -81,52 +81,52 @@ struct vps_rank_view {
 	char **region_names;     /* explicit views: the `param:` name as read */
 };
 
-void vps_rank_view_release(struct vps_rank_view *v);
+VPS_API void vps_rank_view_release(struct vps_rank_view *v);
 
 struct vps_layout;
 
 /* Build a layout. p is validated against m (and its etp default filled);
  * where prefixes messages. The devices are copied. */
-vps_result_t vps_layout_new(struct vps_layout **out, const struct vps_model *m, const struct vps_parallel *p,
+VPS_API vps_result_t vps_layout_new(struct vps_layout **out, const struct vps_model *m, const struct vps_parallel *p,
 			    const struct vps_devices *d, const char *where);
-void vps_layout_free(struct vps_layout *l);
+VPS_API void vps_layout_free(struct vps_layout *l);
 
-const struct vps_model *vps_layout_model(const struct vps_layout *l);
-const struct vps_parallel *vps_layout_parallel(const struct vps_layout *l);
-const struct vps_devices *vps_layout_devices(const struct vps_layout *l);
-int64_t vps_layout_world(const struct vps_layout *l);
+VPS_API const struct vps_model *vps_layout_model(const struct vps_layout *l);
+VPS_API const struct vps_parallel *vps_layout_parallel(const struct vps_layout *l);
+VPS_API const struct vps_devices *vps_layout_devices(const struct vps_layout *l);
+VPS_API int64_t vps_layout_world(const struct vps_layout *l);
 /* Whether experts sit in their own buffer (EP > 1 or ETP != TP). */
-bool vps_layout_expert_buffer(const struct vps_layout *l);
-struct vps_device vps_layout_device(const struct vps_layout *l, int64_t rank);
+VPS_API bool vps_layout_expert_buffer(const struct vps_layout *l);
+VPS_API struct vps_device vps_layout_device(const struct vps_layout *l, int64_t rank);
 /* Rank on a device, or -1 when the layout does not use it. */
-int64_t vps_layout_rank_on(const struct vps_layout *l, struct vps_device dev);
-void vps_layout_coords(const struct vps_layout *l, int64_t rank, struct vps_coords *c);
+VPS_API int64_t vps_layout_rank_on(const struct vps_layout *l, struct vps_device dev);
+VPS_API void vps_layout_coords(const struct vps_layout *l, int64_t rank, struct vps_coords *c);
 /* Identity of the layout: model, configuration, devices and any explicit
  * rank that differs from what the rules give. */
-uint64_t vps_layout_hash(const struct vps_layout *l);
+VPS_API uint64_t vps_layout_hash(const struct vps_layout *l);
 /* The states held for every parameter under this layout: states [0, n) of
  * param, main_param, exp_avg, exp_avg_sq, and grad when configured. */
-int vps_layout_nstates(const struct vps_layout *l);
+VPS_API int vps_layout_nstates(const struct vps_layout *l);
 /* Whether the layout holds the state at all: a parameter state above, or
  * module_buffer in a model with module buffers. */
-bool vps_layout_has_state(const struct vps_layout *l, int state);
+VPS_API bool vps_layout_has_state(const struct vps_layout *l, int state);
 /* Whether tensor t is held in the state: a parameter in the parameter
  * states, a module buffer in module_buffer only. */
-bool vps_layout_tensor_has_state(const struct vps_layout *l, const struct vps_tensor *t, int state);
+VPS_API bool vps_layout_tensor_has_state(const struct vps_layout *l, const struct vps_tensor *t, int state);
 /* Whether the state is stored as ZeRO shards. */
-bool vps_layout_state_sharded(const struct vps_layout *l, int state);
+VPS_API bool vps_layout_state_sharded(const struct vps_layout *l, int state);
 
 /* Compute (or copy, for an explicit rank) rank's sub-VPS. */
-vps_result_t vps_layout_rank(const struct vps_layout *l, int64_t rank, struct vps_rank_view *out);
+VPS_API vps_result_t vps_layout_rank(const struct vps_layout *l, int64_t rank, struct vps_rank_view *out);
 
 /* The name of one of a rank's parameters inside its model chunk, as
  * named_parameters() gives it: chunk-local layer, rank-local expert, the
  * tied output copy as output_layer.weight, grouped-GEMM experts as
  * mlp.experts.linear_fc1.weight{i}. @return the length of the full name. */
-size_t vps_layout_param_name(const struct vps_layout *l, const struct vps_param *p, char *buf, size_t n);
+VPS_API size_t vps_layout_param_name(const struct vps_layout *l, const struct vps_param *p, char *buf, size_t n);
 
 /* Elements of a rank's buffer, or -1 when there is no such buffer. */
-int64_t vps_layout_buffer_elements(const struct vps_layout *l, int64_t rank, uint32_t buffer);
+VPS_API int64_t vps_layout_buffer_elements(const struct vps_layout *l, int64_t rank, uint32_t buffer);
 
 /* Ranks base + i*stride for i < count hold `region` (same buffer, same
  * addresses on each). */
@@ -139,18 +139,18 @@ struct vps_holders {
 	struct vps_holder *v;
 	size_t n, cap;
 };
-void vps_holders_release(struct vps_holders *h);
+VPS_API void vps_holders_release(struct vps_holders *h);
 
 /* Append to h every region of (tensor, state) that intersects box, with the
  * ranks holding it. Regions are whole (not clipped to box). */
-vps_result_t vps_layout_holders(const struct vps_layout *l, uint32_t tensor, int state, const struct vps_box *box,
+VPS_API vps_result_t vps_layout_holders(const struct vps_layout *l, uint32_t tensor, int state, const struct vps_box *box,
 				struct vps_holders *h);
 
 /* Replace rank's view by an explicit one (ownership of v's arrays moves to
  * the layout; *v is cleared). */
-vps_result_t vps_layout_set_explicit(struct vps_layout *l, struct vps_rank_view *v);
-size_t vps_layout_num_explicit(const struct vps_layout *l);
-int64_t vps_layout_explicit_rank(const struct vps_layout *l, size_t i);
+VPS_API vps_result_t vps_layout_set_explicit(struct vps_layout *l, struct vps_rank_view *v);
+VPS_API size_t vps_layout_num_explicit(const struct vps_layout *l);
+VPS_API int64_t vps_layout_explicit_rank(const struct vps_layout *l, size_t i);
 
 /* ---- statistics over the whole layout, computed per pipeline stage ---- */
 struct vps_layout_stats {
@@ -166,16 +166,16 @@ struct vps_layout_stats {
 	int64_t max_rank_regions;
 	int64_t buckets;          /* per rank, largest count */
 };
-vps_result_t vps_layout_stats(const struct vps_layout *l, struct vps_layout_stats *s);
+VPS_API vps_result_t vps_layout_stats(const struct vps_layout *l, struct vps_layout_stats *s);
 
 /* ---- files ---- */
 /* Read a layout document (YAML or binary). */
-vps_result_t vps_layout_parse(struct vps_layout **out, const char *name, const void *data, size_t len);
-vps_result_t vps_layout_load(struct vps_layout **out, const char *path);
+VPS_API vps_result_t vps_layout_parse(struct vps_layout **out, const char *name, const void *data, size_t len);
+VPS_API vps_result_t vps_layout_load(struct vps_layout **out, const char *path);
 /* Serialize; ranks lists the ranks to write as explicit views (in
  * addition to those already explicit). */
 struct vps_bytes;
-vps_result_t vps_layout_serialize(const struct vps_layout *l, const int64_t *ranks, size_t nranks, bool yaml,
+VPS_API vps_result_t vps_layout_serialize(const struct vps_layout *l, const int64_t *ranks, size_t nranks, bool yaml,
 				  struct vps_bytes *out);
 
 #endif

@@ -127,29 +127,29 @@ struct vps_tensor {
 
 /* Parse a model document (`vps: model`) or a Hugging Face config.json.
  * name is used in messages. */
-vps_result_t vps_model_parse(struct vps_model *m, const char *name, const void *data, size_t len);
+VPS_API vps_result_t vps_model_parse(struct vps_model *m, const char *name, const void *data, size_t len);
 
 /* Load a model by path (contains '/' or ends in .yaml/.yml/.json) or by name,
  * looked up as NAME.yaml in each directory of the colon-separated
  * search_path. */
-vps_result_t vps_model_load(struct vps_model *m, const char *spec, const char *search_path);
+VPS_API vps_result_t vps_model_load(struct vps_model *m, const char *spec, const char *search_path);
 
 /* Check the model's own consistency (positive sizes, heads divisible by
  * query groups, ...). */
-vps_result_t vps_model_validate(const struct vps_model *m, const char *where);
+VPS_API vps_result_t vps_model_validate(const struct vps_model *m, const char *where);
 
 /* @return the number of logical tensors in the global VPS. */
-uint32_t vps_model_num_tensors(const struct vps_model *m);
+VPS_API uint32_t vps_model_num_tensors(const struct vps_model *m);
 /* Describe tensor id. @return VPS_EINPUT when id is out of range. */
-vps_result_t vps_model_tensor(const struct vps_model *m, uint32_t id, struct vps_tensor *t);
+VPS_API vps_result_t vps_model_tensor(const struct vps_model *m, uint32_t id, struct vps_tensor *t);
 /* Write the tensor's Megatron-Core name (global layer and expert index).
  * @return the length of the full name. */
-size_t vps_tensor_name(const struct vps_tensor *t, char *buf, size_t n);
+VPS_API size_t vps_tensor_name(const struct vps_tensor *t, char *buf, size_t n);
 /* The name Megatron gives the tensor inside one model chunk, with the
  * chunk-local layer and rank-local expert index. */
-size_t vps_tensor_local_name(const struct vps_tensor *t, int64_t layer, int64_t expert, char *buf, size_t n);
+VPS_API size_t vps_tensor_local_name(const struct vps_tensor *t, int64_t layer, int64_t expert, char *buf, size_t n);
 /* Find a tensor by name. @return VPS_EINPUT when there is none. */
-vps_result_t vps_model_find_tensor(const struct vps_model *m, const char *name, uint32_t *id);
+VPS_API vps_result_t vps_model_find_tensor(const struct vps_model *m, const char *name, uint32_t *id);
 /* The tensors of one layer, in registration order: ids [first, first +
  * count). Layers differ (dense first layers of an MoE model), so each is
  * asked for; every answer is O(1), whatever the number of layers. In an MoE
@@ -160,7 +160,7 @@ struct vps_layer_span {
 	uint32_t first, count;
 	uint32_t expert_first, experts, per_expert;
 };
-void vps_model_layer_span(const struct vps_model *m, int64_t layer, struct vps_layer_span *s);
+VPS_API void vps_model_layer_span(const struct vps_model *m, int64_t layer, struct vps_layer_span *s);
 /* Multi-token prediction layer k < mtp_layers: ids [first, first + count)
  * are its enorm, hnorm and eh_proj (`pre` tensors), then a decoder layer of
  * the last decoder layer's kind (`layer`, ids absolute), then its
@@ -169,30 +169,30 @@ struct vps_mtp_span {
 	uint32_t first, count, pre;
 	struct vps_layer_span layer;
 };
-void vps_model_mtp_span(const struct vps_model *m, int64_t k, struct vps_mtp_span *s);
+VPS_API void vps_model_mtp_span(const struct vps_model *m, int64_t k, struct vps_mtp_span *s);
 /* Id of the first tensor of a layer. */
-uint32_t vps_model_layer_first(const struct vps_model *m, int64_t layer);
+VPS_API uint32_t vps_model_layer_first(const struct vps_model *m, int64_t layer);
 /* Whether a layer is an MoE layer. */
-bool vps_model_layer_moe(const struct vps_model *m, int64_t layer);
+VPS_API bool vps_model_layer_moe(const struct vps_model *m, int64_t layer);
 /* Number of tensors before the first layer. */
-uint32_t vps_model_pre_tensors(const struct vps_model *m);
+VPS_API uint32_t vps_model_pre_tensors(const struct vps_model *m);
 
 /* Logical, unpadded element count of all parameter tensors. */
-int64_t vps_model_parameters(const struct vps_model *m);
+VPS_API int64_t vps_model_parameters(const struct vps_model *m);
 /* Elements of module buffers that are state but not parameters: the
  * router's expert_bias (fp32 [experts] per MoE layer, register_buffer in
  * Megatron's TopKRouter). They are in no DDP buffer and no optimizer;
  * Hugging Face counts them as parameters (e_score_correction_bias). */
-int64_t vps_model_module_buffers(const struct vps_model *m);
+VPS_API int64_t vps_model_module_buffers(const struct vps_model *m);
 /* Module buffers are tensors too, with ids after every parameter's (so a
  * model without them keeps its ids): ids [vps_model_module_first(m),
  * vps_model_num_tensors(m)). */
-uint32_t vps_model_module_first(const struct vps_model *m);
+VPS_API uint32_t vps_model_module_first(const struct vps_model *m);
 /* The module buffer tensor of a decoder layer (layer >= 0) or of MTP layer
  * mtp (layer < 0). @return false when that layer has none. */
-bool vps_model_router_bias(const struct vps_model *m, int64_t layer, int64_t mtp, uint32_t *id);
+VPS_API bool vps_model_router_bias(const struct vps_model *m, int64_t layer, int64_t mtp, uint32_t *id);
 
 /* Hash of the model's definition (name excluded). */
-uint64_t vps_model_hash(const struct vps_model *m);
+VPS_API uint64_t vps_model_hash(const struct vps_model *m);
 
 #endif

@@ -24,21 +24,21 @@ struct vps_parallel {
 };
 
 /* Defaults: everything 1, zero 0, one bucket, no grads, sequential experts. */
-void vps_parallel_init(struct vps_parallel *p);
+VPS_API void vps_parallel_init(struct vps_parallel *p);
 
 /* Parse "tp=4,pp=2,dp=2,zero=1" on top of *p. where names the flag. */
-vps_result_t vps_parallel_parse(struct vps_parallel *p, const char *spec, const char *where);
+VPS_API vps_result_t vps_parallel_parse(struct vps_parallel *p, const char *spec, const char *where);
 
 /* Load --parallel: a spec string (contains '='), a file path, or a name
  * looked up as NAME.yaml in search_path (colon-separated directories). A
  * configuration file may name the model it was written for (`model:`);
  * that name is copied to model_hint ("" when none). */
-vps_result_t vps_parallel_load(struct vps_parallel *p, const char *arg, const char *search_path,
+VPS_API vps_result_t vps_parallel_load(struct vps_parallel *p, const char *arg, const char *search_path,
 			       char *model_hint, size_t hint_len);
 
 /* Check p against the model with Megatron's rules and fill etp's default.
  * where prefixes messages ("--parallel", "a.yaml: line 3"). */
-vps_result_t vps_parallel_validate(struct vps_parallel *p, const struct vps_model *m, const char *where);
+VPS_API vps_result_t vps_parallel_validate(struct vps_parallel *p, const struct vps_model *m, const char *where);
 
 /* tp * cp * dp * pp; vps_parallel_validate bounds it. */
 static inline int64_t vps_parallel_world(const struct vps_parallel *p) { return p->tp * p->cp * p->dp * p->pp; }
@@ -53,14 +53,14 @@ static inline int64_t vps_parallel_edp(const struct vps_parallel *p)
 
 /* Format as "tp=4,pp=2,dp=2,ep=1,etp=4,vpp=1,zero=1", with ",cp=N" after dp
  * when cp is not 1 and only non-default extras at the end. */
-void vps_parallel_format(const struct vps_parallel *p, char *buf, size_t n);
+VPS_API void vps_parallel_format(const struct vps_parallel *p, char *buf, size_t n);
 
 /* Layers on pipeline stage p, and the first layer of chunk v on stage p. */
-int64_t vps_parallel_stage_layers(const struct vps_parallel *p, const struct vps_model *m, int64_t stage);
-int64_t vps_parallel_chunk_first_layer(const struct vps_parallel *p, const struct vps_model *m,
+VPS_API int64_t vps_parallel_stage_layers(const struct vps_parallel *p, const struct vps_model *m, int64_t stage);
+VPS_API int64_t vps_parallel_chunk_first_layer(const struct vps_parallel *p, const struct vps_model *m,
 				       int64_t stage, int64_t chunk);
 /* Stage and chunk holding a layer. */
-void vps_parallel_layer_place(const struct vps_parallel *p, const struct vps_model *m, int64_t layer,
+VPS_API void vps_parallel_layer_place(const struct vps_parallel *p, const struct vps_model *m, int64_t layer,
 			      int64_t *stage, int64_t *chunk);
 
 /* ---- devices ---- */
@@ -82,18 +82,18 @@ struct vps_devices {
 	int64_t *order;
 };
 
-void vps_devices_packed(struct vps_devices *d, int64_t gpus_per_node, int64_t first_node);
+VPS_API void vps_devices_packed(struct vps_devices *d, int64_t gpus_per_node, int64_t first_node);
 /* Read a devices document (`vps: devices`, `devices: [[node, gpu], ...]`). */
-vps_result_t vps_devices_load(struct vps_devices *d, const char *path);
-vps_result_t vps_devices_copy(struct vps_devices *dst, const struct vps_devices *src);
-void vps_devices_release(struct vps_devices *d);
+VPS_API vps_result_t vps_devices_load(struct vps_devices *d, const char *path);
+VPS_API vps_result_t vps_devices_copy(struct vps_devices *dst, const struct vps_devices *src);
+VPS_API void vps_devices_release(struct vps_devices *d);
 /* Check that the map covers world ranks with distinct devices. */
-vps_result_t vps_devices_validate(struct vps_devices *d, int64_t world, const char *where);
-struct vps_device vps_devices_get(const struct vps_devices *d, int64_t rank);
+VPS_API vps_result_t vps_devices_validate(struct vps_devices *d, int64_t world, const char *where);
+VPS_API struct vps_device vps_devices_get(const struct vps_devices *d, int64_t rank);
 /* Ranks whose device is on node, in rank order; writes at most max.
  * @return how many there are. */
-size_t vps_devices_node_ranks(const struct vps_devices *d, int64_t world, int32_t node, int64_t *out, size_t max);
+VPS_API size_t vps_devices_node_ranks(const struct vps_devices *d, int64_t world, int32_t node, int64_t *out, size_t max);
 /* Rank on a device, or -1. */
-int64_t vps_devices_find(const struct vps_devices *d, int64_t world, struct vps_device dev);
+VPS_API int64_t vps_devices_find(const struct vps_devices *d, int64_t world, struct vps_device dev);
 
 #endif

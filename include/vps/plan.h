@@ -20,17 +20,17 @@
 struct vps_world;
 struct vps_bytes;
 
-vps_result_t vps_world_new(struct vps_world **out, const struct vps_layout *a, const struct vps_layout *b);
-void vps_world_free(struct vps_world *w);
-int64_t vps_world_size(const struct vps_world *w);
+VPS_API vps_result_t vps_world_new(struct vps_world **out, const struct vps_layout *a, const struct vps_layout *b);
+VPS_API void vps_world_free(struct vps_world *w);
+VPS_API int64_t vps_world_size(const struct vps_world *w);
 /* A's rank on world rank w, or -1 for a joining device. */
-int64_t vps_world_a_rank(const struct vps_world *w, int64_t wr);
+VPS_API int64_t vps_world_a_rank(const struct vps_world *w, int64_t wr);
 /* B's rank on world rank w, or -1 for a leaving device. */
-int64_t vps_world_b_rank(const struct vps_world *w, int64_t wr);
-int64_t vps_world_of_b(const struct vps_world *w, int64_t rb);
-struct vps_device vps_world_device(const struct vps_world *w, int64_t wr);
+VPS_API int64_t vps_world_b_rank(const struct vps_world *w, int64_t wr);
+VPS_API int64_t vps_world_of_b(const struct vps_world *w, int64_t rb);
+VPS_API struct vps_device vps_world_device(const struct vps_world *w, int64_t wr);
 /* World rank of a device, or -1 when neither layout uses it. */
-int64_t vps_world_of_device(const struct vps_world *w, struct vps_device dev);
+VPS_API int64_t vps_world_of_device(const struct vps_world *w, struct vps_device dev);
 
 struct vps_piece {
 	uint32_t tensor;
@@ -90,19 +90,19 @@ struct vps_lost {
 /* The ranges no rank of A outside ranks[0..n) holds. Only the listed
  * ranks' views are computed (O(their work), never the world). VPS_EINPUT
  * for a rank outside A. */
-vps_result_t vps_lost_compute(struct vps_lost *out, const struct vps_layout *a, const int64_t *ranks, size_t n);
-void vps_lost_release(struct vps_lost *l);
+VPS_API vps_result_t vps_lost_compute(struct vps_lost *out, const struct vps_layout *a, const int64_t *ranks, size_t n);
+VPS_API void vps_lost_release(struct vps_lost *l);
 /* The A ranks on the devices of a devices document (an explicit list). */
-vps_result_t vps_lost_devices(const struct vps_layout *a, const char *path, int64_t **ranks, size_t *n);
+VPS_API vps_result_t vps_lost_devices(const struct vps_layout *a, const char *path, int64_t **ranks, size_t *n);
 /* VPS_EINPUT when B places a rank on a lost device (it cannot receive). */
-vps_result_t vps_lost_check_target(const struct vps_lost *l, const struct vps_layout *a, const struct vps_layout *b);
-bool vps_lost_has_rank(const struct vps_lost *l, int64_t ra);
-int64_t vps_lost_range_bytes(const struct vps_lost_range *r);
-int64_t vps_lost_bytes(const struct vps_lost *l);
+VPS_API vps_result_t vps_lost_check_target(const struct vps_lost *l, const struct vps_layout *a, const struct vps_layout *b);
+VPS_API bool vps_lost_has_rank(const struct vps_lost *l, int64_t ra);
+VPS_API int64_t vps_lost_range_bytes(const struct vps_lost_range *r);
+VPS_API int64_t vps_lost_bytes(const struct vps_lost *l);
 /* Remove the lost ranks from holder sets (progressions are split). */
-vps_result_t vps_lost_drop_holders(const struct vps_lost *l, struct vps_holders *h);
+VPS_API vps_result_t vps_lost_drop_holders(const struct vps_lost *l, struct vps_holders *h);
 /* The lost ranges as a document: yaml, tsv or json (enum vps_format). */
-vps_result_t vps_lost_format(const struct vps_lost *l, const struct vps_layout *a, int format, struct vps_bytes *out);
+VPS_API vps_result_t vps_lost_format(const struct vps_lost *l, const struct vps_layout *a, int format, struct vps_bytes *out);
 
 struct vps_packed;
 
@@ -122,7 +122,7 @@ struct vps_plan {
 
 /* VPS_EINPUT when a plan read from a file does not hash to what it states
  * (edited by hand, or damaged): tools that act on plans refuse those. */
-vps_result_t vps_plan_check_hash(const struct vps_plan *p, const char *name);
+VPS_API vps_result_t vps_plan_check_hash(const struct vps_plan *p, const char *name);
 
 struct vps_plan_opts {
 	int64_t rank;  /* world rank to plan, or -1 for all */
@@ -141,9 +141,9 @@ struct vps_plan_opts {
 #define VPS_PLAN_MAX_THREADS 256
 
 /* Plan A -> B. On success the plan owns a and b. */
-vps_result_t vps_plan_compute(struct vps_plan **out, struct vps_layout *a, struct vps_layout *b,
+VPS_API vps_result_t vps_plan_compute(struct vps_plan **out, struct vps_layout *a, struct vps_layout *b,
 			      const struct vps_plan_opts *opts);
-void vps_plan_free(struct vps_plan *p);
+VPS_API void vps_plan_free(struct vps_plan *p);
 
 /* The pieces of a plan in order, packed or not. The piece returned is valid
  * until the next call. */
@@ -152,11 +152,11 @@ struct vps_piece_iter {
 	size_t i, block, pos;
 	struct vps_piece cur;
 };
-void vps_piece_iter_init(struct vps_piece_iter *it, const struct vps_plan *p);
-const struct vps_piece *vps_piece_iter_next(struct vps_piece_iter *it);
+VPS_API void vps_piece_iter_init(struct vps_piece_iter *it, const struct vps_plan *p);
+VPS_API const struct vps_piece *vps_piece_iter_next(struct vps_piece_iter *it);
 
 /* Bytes of one piece. */
-int64_t vps_piece_bytes(const struct vps_piece *p);
+VPS_API int64_t vps_piece_bytes(const struct vps_piece *p);
 
 /* ---- statistics ---- */
 struct vps_topology {
@@ -168,7 +168,7 @@ struct vps_topology {
 	double latency;              /* seconds per message */
 	int64_t gpu_memory;          /* bytes */
 };
-vps_result_t vps_topology_load(struct vps_topology *t, const char *arg, const char *search_path);
+VPS_API vps_result_t vps_topology_load(struct vps_topology *t, const char *arg, const char *search_path);
 
 struct vps_plan_stats {
 	int64_t world;
@@ -189,9 +189,9 @@ struct vps_plan_stats {
 
 /* Statistics of a global plan. load: fill per-rank send/recv arrays. topo
  * may be NULL. */
-vps_result_t vps_plan_stats(const struct vps_plan *p, const struct vps_topology *topo, bool load,
+VPS_API vps_result_t vps_plan_stats(const struct vps_plan *p, const struct vps_topology *topo, bool load,
 			    struct vps_plan_stats *s);
-void vps_plan_stats_release(struct vps_plan_stats *s);
+VPS_API void vps_plan_stats_release(struct vps_plan_stats *s);
 
 /* The least time any direct plan of A -> B can take on topo, from the two
  * layouts alone (never from a plan, so a planner's bug cannot move it and
@@ -213,7 +213,7 @@ struct vps_time_floor {
 	int64_t remote_bytes;      /* over a NIC only */
 	int64_t either_bytes;      /* over either */
 };
-vps_result_t vps_time_floor(const struct vps_layout *a, const struct vps_layout *b, const struct vps_topology *topo,
+VPS_API vps_result_t vps_time_floor(const struct vps_layout *a, const struct vps_layout *b, const struct vps_topology *topo,
 			    struct vps_time_floor *out);
 
 /* ---- transitions: a model and two configurations (configs/transitions) ---- */
@@ -229,21 +229,21 @@ struct vps_transition {
 /* Build layouts A and B from a transition document: name (looked up in
  * trans_path) or path. Models and parallel configurations it names are
  * looked up in model_path and parallel_path. */
-vps_result_t vps_transition_load(const char *arg, const char *trans_path, const char *model_path,
+VPS_API vps_result_t vps_transition_load(const char *arg, const char *trans_path, const char *model_path,
 				 const char *parallel_path, struct vps_transition *info, struct vps_layout **a,
 				 struct vps_layout **b);
 
 /* ---- files ---- */
 struct vps_bytes;
-vps_result_t vps_plan_serialize(const struct vps_plan *p, bool yaml, struct vps_bytes *out);
-vps_result_t vps_plan_parse(struct vps_plan **out, const char *name, const void *data, size_t len);
-vps_result_t vps_plan_load(struct vps_plan **out, const char *path);
+VPS_API vps_result_t vps_plan_serialize(const struct vps_plan *p, bool yaml, struct vps_bytes *out);
+VPS_API vps_result_t vps_plan_parse(struct vps_plan **out, const char *name, const void *data, size_t len);
+VPS_API vps_result_t vps_plan_load(struct vps_plan **out, const char *path);
 /* The same; compact: a global plan's pieces stay packed, for tools that read
  * them in order (vps_piece_iter), as vps-stage does. */
-vps_result_t vps_plan_parse_as(struct vps_plan **out, const char *name, const void *data, size_t len, bool compact);
-vps_result_t vps_plan_load_as(struct vps_plan **out, const char *path, bool compact);
-uint64_t vps_plan_hash(const struct vps_plan *p);
+VPS_API vps_result_t vps_plan_parse_as(struct vps_plan **out, const char *name, const void *data, size_t len, bool compact);
+VPS_API vps_result_t vps_plan_load_as(struct vps_plan **out, const char *path, bool compact);
+VPS_API uint64_t vps_plan_hash(const struct vps_plan *p);
 
-const char *vps_collective_name(int kind);
+VPS_API const char *vps_collective_name(int kind);
 
 #endif

@@ -21,7 +21,7 @@
 
 enum vps_format { VPS_FORMAT_YAML = 0, VPS_FORMAT_TSV, VPS_FORMAT_JSON };
 /* "yaml", "tsv" or "json". @return VPS_EINPUT for anything else. */
-vps_result_t vps_format_parse(const char *s, enum vps_format *f);
+VPS_API vps_result_t vps_format_parse(const char *s, enum vps_format *f);
 
 /* ---- records: a table written in a format ---- */
 enum vps_field_type {
@@ -51,26 +51,26 @@ struct vps_records {
 	size_t n; /* records written */
 };
 /* Start a table in out (TSV: its header line). */
-vps_result_t vps_records_begin(struct vps_records *r, struct vps_bytes *out, enum vps_format format,
+VPS_API vps_result_t vps_records_begin(struct vps_records *r, struct vps_bytes *out, enum vps_format format,
 			       const struct vps_field *fields, size_t nfields);
 /* Append one record: v holds nfields values, in the fields' order. */
-vps_result_t vps_records_put(struct vps_records *r, const struct vps_value *v);
+VPS_API vps_result_t vps_records_put(struct vps_records *r, const struct vps_value *v);
 /* Finish the table (YAML: "[]" when it has no record, so that the output
  * is an empty sequence, not an empty document). */
-vps_result_t vps_records_end(struct vps_records *r);
+VPS_API vps_result_t vps_records_end(struct vps_records *r);
 
 /* The columns of the two kinds of answer. */
-extern const struct vps_field vps_holder_fields[];
-extern const size_t vps_holder_nfields;
-extern const struct vps_field vps_transfer_fields[];
-extern const size_t vps_transfer_nfields;
+VPS_API extern const struct vps_field vps_holder_fields[];
+VPS_API extern const size_t vps_holder_nfields;
+VPS_API extern const struct vps_field vps_transfer_fields[];
+VPS_API extern const size_t vps_transfer_nfields;
 
 /* "LO:HI,LO:HI,..." (1 to VPS_MAX_DIMS axes, 0 <= LO < HI < 2^48).
  * @return VPS_EINPUT with what is wrong. */
-vps_result_t vps_box_parse(const char *s, struct vps_box *b);
+VPS_API vps_result_t vps_box_parse(const char *s, struct vps_box *b);
 /* The compact form of ranks base + i*stride, i < count: "5" (one rank),
  * "0-7" (stride 1), "0-6:2" (first-last:stride). */
-void vps_ranks_format(int64_t base, int64_t stride, int64_t count, char *buf, size_t n);
+VPS_API void vps_ranks_format(int64_t base, int64_t stride, int64_t count, char *buf, size_t n);
 
 struct vps_query {
 	const char *tensor;  /* a tensor name, or an fnmatch(3) glob; NULL: every tensor */
@@ -81,18 +81,18 @@ struct vps_query {
 	int64_t peer;        /* transfers: only those with this world rank (-1: any) */
 	int64_t stage;       /* staged transfers: only this stage (-1: any) */
 };
-void vps_query_init(struct vps_query *q);
+VPS_API void vps_query_init(struct vps_query *q);
 
 /* Holders of the (tensor, state) pairs the query names, as records of
  * vps_holder_fields. A name no tensor has, a glob no tensor matches, and a
  * box of another dimensionality than a matched tensor, or outside its
  * shape, are VPS_EINPUT. */
-vps_result_t vps_query_holders(const struct vps_layout *l, const struct vps_query *q, enum vps_format f,
+VPS_API vps_result_t vps_query_holders(const struct vps_layout *l, const struct vps_query *q, enum vps_format f,
 			       struct vps_bytes *out);
 
 /* The pieces of plan p that world rank q->rank sends, receives or retains,
  * as records of vps_transfer_fields (stage and chunk -1). */
-vps_result_t vps_query_transfers(const struct vps_plan *p, const struct vps_query *q, enum vps_format f,
+VPS_API vps_result_t vps_query_transfers(const struct vps_plan *p, const struct vps_query *q, enum vps_format f,
 				 struct vps_bytes *out);
 
 /* The same over a staged plan: one record per part of a piece that one
@@ -100,12 +100,12 @@ vps_result_t vps_query_transfers(const struct vps_plan *p, const struct vps_quer
  * in the order the rank executes them, with the transfer's stage (-1 when
  * not cut yet) and chunk. VPS_EINPUT when a copy does not lie in the
  * pieces it names (vps-verify(1) says more). */
-vps_result_t vps_query_staged(const struct vps_staged *s, const struct vps_query *q, enum vps_format f,
+VPS_API vps_result_t vps_query_staged(const struct vps_staged *s, const struct vps_query *q, enum vps_format f,
 			      struct vps_bytes *out);
 
 /* Read a plan or staged plan document (by its kind) and answer the
  * transfers query over it. name is used in messages. */
-vps_result_t vps_query_document(const char *name, const void *data, size_t len, const struct vps_query *q,
+VPS_API vps_result_t vps_query_document(const char *name, const void *data, size_t len, const struct vps_query *q,
 				enum vps_format f, struct vps_bytes *out);
 
 #endif

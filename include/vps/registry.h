@@ -64,37 +64,38 @@ struct vps_registry;
  * replace_stale, with the buffer objects NAME.N it made. An object NAME that
  * is not a vps registry, or is another user's, is never removed.
  * @return VPS_EINPUT with the reason when the name is taken. */
-vps_result_t vps_registry_create(struct vps_registry **out, const char *name, uint64_t layout_hash, int64_t rank,
+VPS_API vps_result_t vps_registry_create(struct vps_registry **out, const char *name, uint64_t layout_hash, int64_t rank,
 				 uint32_t max_entries, int replace_stale);
-/* Open an existing registry (the executor). Fails when it is stale, and
- * when it is not the calling user's own, private object (as
- * vps_registry_check_object). */
-vps_result_t vps_registry_open(struct vps_registry **out, const char *name);
+/* Open an existing registry (the executor). Fails when it is not the
+ * calling user's own, private object (as vps_registry_check_object).
+ * @return VPS_ENOTFOUND when there is none yet (or its trainer is still
+ * making it), VPS_ESTALE when its trainer is gone. */
+VPS_API vps_result_t vps_registry_open(struct vps_registry **out, const char *name);
 /* Whether an open shared-memory object (fd, named name in messages) may hold
  * a job's state: a regular file owned by the calling process's effective
  * user, with no group or other permission. Every object the executor maps
  * is checked. @return VPS_EINPUT naming /dev/shm/NAME, its owner or its
  * mode, and what is expected. */
-vps_result_t vps_registry_check_object(int fd, const char *name);
+VPS_API vps_result_t vps_registry_check_object(int fd, const char *name);
 /* Unmap. The trainer's close also removes the object and its buffers. */
-void vps_registry_close(struct vps_registry *r);
+VPS_API void vps_registry_close(struct vps_registry *r);
 /* Remove a registry and the buffer objects NAME.N it made, by name: only a
  * vps registry of this user's whose trainer is gone or is the calling
  * process (stale cleanup, a trainer's signal handler); VPS_EINPUT, leaving
  * everything, for anything else. An absent NAME is not an error. */
-vps_result_t vps_registry_unlink(const char *name);
+VPS_API vps_result_t vps_registry_unlink(const char *name);
 
-const char *vps_registry_name(const struct vps_registry *r);
-uint64_t vps_registry_layout_hash(const struct vps_registry *r);
-int64_t vps_registry_rank(const struct vps_registry *r);
-uint64_t vps_registry_target_hash(const struct vps_registry *r);
-int64_t vps_registry_target_rank(const struct vps_registry *r);
+VPS_API const char *vps_registry_name(const struct vps_registry *r);
+VPS_API uint64_t vps_registry_layout_hash(const struct vps_registry *r);
+VPS_API int64_t vps_registry_rank(const struct vps_registry *r);
+VPS_API uint64_t vps_registry_target_hash(const struct vps_registry *r);
+VPS_API int64_t vps_registry_target_rank(const struct vps_registry *r);
 /* Declare the layout the trainer switches to and its rank there. */
-vps_result_t vps_registry_set_target(struct vps_registry *r, uint64_t target_hash, int64_t target_rank);
+VPS_API vps_result_t vps_registry_set_target(struct vps_registry *r, uint64_t target_hash, int64_t target_rank);
 
 /* Allocate a host buffer in a new shared-memory object owned by the
  * registry and register it. *ptr receives the trainer's mapping. */
-vps_result_t vps_registry_alloc_host(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
+VPS_API vps_result_t vps_registry_alloc_host(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
 				     int64_t elements, void **ptr);
 /* Free a buffer that vps_registry_alloc_host allocated (ptr as it gave it),
  * once no entry registers it: unmap it and remove its object. Executors
@@ -102,12 +103,12 @@ vps_result_t vps_registry_alloc_host(struct vps_registry *r, int role, uint32_t 
  * the sources of a switch once it is done, so that a long run does not
  * grow. VPS_EINPUT for a pointer it did not give or a buffer still
  * registered. */
-vps_result_t vps_registry_free_host(struct vps_registry *r, void *ptr);
+VPS_API vps_result_t vps_registry_free_host(struct vps_registry *r, void *ptr);
 /* Register bytes the trainer already has in a shared-memory object. */
-vps_result_t vps_registry_add_host(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
+VPS_API vps_result_t vps_registry_add_host(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
 				   int64_t elements, const char *shm_name, uint64_t offset);
 /* Register GPU memory by its CUDA IPC handle (cudaIpcMemHandle_t bytes). */
-vps_result_t vps_registry_add_cuda(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
+VPS_API vps_result_t vps_registry_add_cuda(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
 				   int64_t elements, int device, const void *ipc_handle, uint64_t offset);
 
 /* Register GPU memory by device pointer, as a trainer holds it: the
@@ -116,45 +117,45 @@ vps_result_t vps_registry_add_cuda(struct vps_registry *r, int role, uint32_t bu
  * allocation must be plain cudaMalloc memory on the calling process's
  * current device. Loads GPU support (VPS_EUNSUPPORTED where it cannot be
  * had) and checks that the buffer lies inside its allocation. */
-vps_result_t vps_registry_add_cuda_ptr(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
+VPS_API vps_result_t vps_registry_add_cuda_ptr(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
 				       int64_t elements, const void *ptr);
 
-uint32_t vps_registry_num_entries(const struct vps_registry *r);
-vps_result_t vps_registry_entry(const struct vps_registry *r, uint32_t i, struct vps_registry_entry_info *out);
+VPS_API uint32_t vps_registry_num_entries(const struct vps_registry *r);
+VPS_API vps_result_t vps_registry_entry(const struct vps_registry *r, uint32_t i, struct vps_registry_entry_info *out);
 /* Index of the entry of (role, buffer), or -1. */
-int64_t vps_registry_find(const struct vps_registry *r, int role, uint32_t buffer);
+VPS_API int64_t vps_registry_find(const struct vps_registry *r, int role, uint32_t buffer);
 /* Map a host entry into this process (the executor). Sources are mapped
  * read-only: the executor cannot write a source buffer. */
-vps_result_t vps_registry_map(struct vps_registry *r, uint32_t i, bool writable, void **ptr);
+VPS_API vps_result_t vps_registry_map(struct vps_registry *r, uint32_t i, bool writable, void **ptr);
 /* Trainer, between switches: forget every entry and the target, and
  * declare the layout now run (its former targets are re-added as sources
  * with vps_registry_add_host and their shared-memory names). */
-vps_result_t vps_registry_reset(struct vps_registry *r, uint64_t layout_hash, int64_t rank);
+VPS_API vps_result_t vps_registry_reset(struct vps_registry *r, uint64_t layout_hash, int64_t rank);
 /* Mark an entry no longer read (the trainer may free it). */
-void vps_registry_release(struct vps_registry *r, uint32_t i);
+VPS_API void vps_registry_release(struct vps_registry *r, uint32_t i);
 
 /* ---- the switch protocol ---- */
 /* Trainer: request a switch; *seq receives its sequence number. */
-vps_result_t vps_registry_request(struct vps_registry *r, uint64_t *seq);
+VPS_API vps_result_t vps_registry_request(struct vps_registry *r, uint64_t *seq);
 /* Wait until the switch seq is done or failed (or timeout seconds pass).
  * @return VPS_OK when done, VPS_EPEER with the executor's message when
  * failed, VPS_ETIMEOUT. */
-vps_result_t vps_registry_wait(struct vps_registry *r, uint64_t seq, double timeout);
+VPS_API vps_result_t vps_registry_wait(struct vps_registry *r, uint64_t seq, double timeout);
 /* Executor: wait for a request newer than after_seq; claim it (running). */
-vps_result_t vps_registry_claim(struct vps_registry *r, uint64_t after_seq, double timeout, uint64_t *seq);
+VPS_API vps_result_t vps_registry_claim(struct vps_registry *r, uint64_t after_seq, double timeout, uint64_t *seq);
 /* Executor: end the switch (ok: done; otherwise failed with message). */
-void vps_registry_finish(struct vps_registry *r, uint64_t seq, int ok, const char *message);
+VPS_API void vps_registry_finish(struct vps_registry *r, uint64_t seq, int ok, const char *message);
 /* Executor: it failed outside a switch (bootstrap, a peer); the trainer's
  * wait and next request return the message at once. */
-void vps_registry_abort(struct vps_registry *r, const char *message);
-int vps_registry_state(const struct vps_registry *r, uint64_t *seq);
+VPS_API void vps_registry_abort(struct vps_registry *r, const char *message);
+VPS_API int vps_registry_state(const struct vps_registry *r, uint64_t *seq);
 /* The trainer that made the registry still runs (the executor watches it:
  * a trainer gone mid-switch takes its state with it). */
-bool vps_registry_owner_alive(const struct vps_registry *r);
-int vps_registry_owner_pid(const struct vps_registry *r);
-const char *vps_registry_failure(const struct vps_registry *r);
+VPS_API bool vps_registry_owner_alive(const struct vps_registry *r);
+VPS_API int vps_registry_owner_pid(const struct vps_registry *r);
+VPS_API const char *vps_registry_failure(const struct vps_registry *r);
 
-void vps_registry_get_training(const struct vps_registry *r, struct vps_registry_training *t);
-void vps_registry_set_training(struct vps_registry *r, const struct vps_registry_training *t);
+VPS_API void vps_registry_get_training(const struct vps_registry *r, struct vps_registry_training *t);
+VPS_API void vps_registry_set_training(struct vps_registry *r, const struct vps_registry_training *t);
 
 #endif

@@ -17,7 +17,7 @@ enum vps_show_encoding { VPS_SHOW_YAML, VPS_SHOW_BINARY, VPS_SHOW_JSON };
  * models, parallel configurations and devices convert; the kinds vps reads
  * only in YAML (topology, transition, budgets) do not (VPS_EINPUT).
  * @return VPS_EINPUT or VPS_EFORMAT naming the file for bad input. */
-vps_result_t vps_show_convert(const char *name, const void *data, size_t len, enum vps_show_encoding to,
+VPS_API vps_result_t vps_show_convert(const char *name, const void *data, size_t len, enum vps_show_encoding to,
 			      struct vps_bytes *out);
 
 /* What a document is, from its first fields. */
@@ -40,10 +40,10 @@ struct vps_show_info {
  * @return VPS_EFORMAT, with "not a vps document (WHY)" after the name, for
  * data that is none; VPS_EINPUT or VPS_EFORMAT with the reader's message for
  * a vps document whose first fields cannot be read. */
-vps_result_t vps_show_identify(const char *name, const void *data, size_t len, struct vps_show_info *info);
+VPS_API vps_result_t vps_show_identify(const char *name, const void *data, size_t len, struct vps_show_info *info);
 
 /* The line vps-show -t prints after "FILE: ", e.g.
  * "vps staged plan, model tiny-llama, world 8 -> 8 (12 ranks), hash 0x1234..., binary". */
-void vps_show_describe(const struct vps_show_info *info, char *buf, size_t n);
+VPS_API void vps_show_describe(const struct vps_show_info *info, char *buf, size_t n);
 
 #endif

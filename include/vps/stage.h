@@ -92,17 +92,17 @@ struct vps_staged {
 };
 
 /* 2^ceil(log2 W) - 1: the XOR steps of a world of W ranks. */
-int64_t vps_stage_steps(int64_t W);
+VPS_API int64_t vps_stage_steps(int64_t W);
 
 /* Per-rank budgets: the smallest rules. */
-vps_result_t vps_budgets_load(const char *path, int64_t *min_budget);
+VPS_API vps_result_t vps_budgets_load(const char *path, int64_t *min_budget);
 
 /* Stage a plan within budget bytes. For a global plan, rank >= 0 keeps only
  * that rank's transfers (the stages are those of the whole world). A
  * one-rank plan (rank -1 or its own) gives that rank's staged plan, not yet
  * cut. Takes ownership of the plan on success. */
-vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t budget, int64_t rank);
-void vps_staged_free(struct vps_staged *s);
+VPS_API vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t budget, int64_t rank);
+VPS_API void vps_staged_free(struct vps_staged *s);
 
 /* The demands of every step 0 .. steps, three numbers each (all 0: no
  * transfer): the chunk count, what the last chunk costs and what the first
@@ -110,17 +110,17 @@ void vps_staged_free(struct vps_staged *s);
  * received in that unit). Step 0 is [1, 0, 0] when some rank retains. The
  * world's demands combine every rank's with vps_stage_demand_combine. */
 #define VPS_DEMAND_COUNT(steps) ((size_t)3 * (size_t)((steps) + 1))
-vps_result_t vps_staged_demand(const struct vps_staged *s, int64_t **demand);
+VPS_API vps_result_t vps_staged_demand(const struct vps_staged *s, int64_t **demand);
 /* acc = acc combined with in (n numbers, VPS_DEMAND_COUNT): the largest
  * chunk count with the costliest last chunk among the ranks that have that
  * many, and the costliest first chunk. Associative and commutative. */
-void vps_stage_demand_combine(int64_t *acc, const int64_t *in, size_t n);
+VPS_API void vps_stage_demand_combine(int64_t *acc, const int64_t *in, size_t n);
 /* Cut the stages from the world's demands: fills the stage table, every
  * transfer's stage and the frees' stages. A staged plan already cut must
  * come out the same (else VPS_EINPUT: its ranks' files disagree). */
-vps_result_t vps_staged_cut(struct vps_staged *s, const int64_t *demand);
+VPS_API vps_result_t vps_staged_cut(struct vps_staged *s, const int64_t *demand);
 /* The stage of unit (step, chunk) in a cut staged plan, or -1. */
-int64_t vps_staged_stage_of(const struct vps_staged *s, int64_t step, int64_t chunk);
+VPS_API int64_t vps_staged_stage_of(const struct vps_staged *s, int64_t step, int64_t chunk);
 
 struct vps_stage_stats {
 	int64_t stages, steps_used, units;
@@ -130,17 +130,17 @@ struct vps_stage_stats {
 	int64_t ops;                /* copies after merging */
 	int64_t transfers;
 };
-void vps_staged_stats(const struct vps_staged *s, struct vps_stage_stats *st);
+VPS_API void vps_staged_stats(const struct vps_staged *s, struct vps_stage_stats *st);
 
-uint64_t vps_staged_hash(const struct vps_staged *s);
+VPS_API uint64_t vps_staged_hash(const struct vps_staged *s);
 /* What every rank's file of one staging shares (the global plan, budget,
  * steps, stages), whether it holds all transfers or one rank's: ranks
  * compare it before a byte moves. */
-uint64_t vps_staged_world_hash(const struct vps_staged *s);
+VPS_API uint64_t vps_staged_world_hash(const struct vps_staged *s);
 struct vps_bytes;
-vps_result_t vps_staged_serialize(const struct vps_staged *s, bool yaml, struct vps_bytes *out);
-vps_result_t vps_staged_parse(struct vps_staged **out, const char *name, const void *data, size_t len);
-vps_result_t vps_staged_load(struct vps_staged **out, const char *path);
+VPS_API vps_result_t vps_staged_serialize(const struct vps_staged *s, bool yaml, struct vps_bytes *out);
+VPS_API vps_result_t vps_staged_parse(struct vps_staged **out, const char *name, const void *data, size_t len);
+VPS_API vps_result_t vps_staged_load(struct vps_staged **out, const char *path);
 
 /* Bytes of one op. */
 static inline int64_t vps_op_bytes(const struct vps_op *o)

@@ -20,6 +20,6 @@
 struct vps_bytes;
 /* caption: a line under the title (a transition's name), or NULL.
  * VPS_EINPUT for a one-rank plan. */
-vps_result_t vps_plan_svg(const struct vps_plan *p, const char *caption, struct vps_bytes *out);
+VPS_API vps_result_t vps_plan_svg(const struct vps_plan *p, const char *caption, struct vps_bytes *out);
 
 #endif

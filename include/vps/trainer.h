@@ -39,7 +39,7 @@ struct vps_trainer_result {
 };
 
 /* Run the trainer's side of one switch per plan, in order. */
-vps_result_t vps_trainer_run(struct vps_staged *const *plans, size_t nplans, const struct vps_trainer_opts *o,
+VPS_API vps_result_t vps_trainer_run(struct vps_staged *const *plans, size_t nplans, const struct vps_trainer_opts *o,
 			     struct vps_trainer_result *res);
 
 #endif

@@ -20,16 +20,16 @@
  * matter; a lowercase b (bits) is refused. A fraction of a byte is rounded
  * down. No sign, exponent or hex. VPS_EINPUT when it is not a size or
  * exceeds INT64_MAX bytes. */
-vps_result_t vps_parse_bytes(const char *s, int64_t *out);
+VPS_API vps_result_t vps_parse_bytes(const char *s, int64_t *out);
 
 /* Large enough for any string the formatters below write. */
 #define VPS_UNITS_LEN 32
 
 /* "512 B", "87.2 GiB" (negative values keep their sign). @return buf */
-char *vps_format_bytes(int64_t bytes, char *buf, size_t n);
+VPS_API char *vps_format_bytes(int64_t bytes, char *buf, size_t n);
 /* "812 MB/s", "24.5 GB/s". @return buf */
-char *vps_format_rate(double bytes_per_second, char *buf, size_t n);
+VPS_API char *vps_format_rate(double bytes_per_second, char *buf, size_t n);
 /* "850 us", "12.3 ms", "1.04 s". @return buf */
-char *vps_format_seconds(double seconds, char *buf, size_t n);
+VPS_API char *vps_format_seconds(double seconds, char *buf, size_t n);
 
 #endif

@@ -16,37 +16,37 @@ struct vps_verify_report {
 	char summary[512];      /* one line, filled on success and on failure */
 };
 
-void vps_verify_report_release(struct vps_verify_report *r);
+VPS_API void vps_verify_report_release(struct vps_verify_report *r);
 
 /* Check a layout: every element of every (tensor, state) is held by some
  * rank, regions lie inside their buffers and match their buffer's state,
  * and no two regions of a buffer overlap. Enumerates all ranks.
  * @return VPS_OK (report filled; violations may be > 0) or an error. */
-vps_result_t vps_verify_layout(const struct vps_layout *l, struct vps_verify_report *rep);
+VPS_API vps_result_t vps_verify_layout(const struct vps_layout *l, struct vps_verify_report *rep);
 
 struct vps_plan;
 /* Check a plan: its content matches its stated hash; every piece's source
  * holds the box under A at the stated address and its destination has a B
  * region for it at the stated address; every destination region in the
  * plan's scope is covered exactly once. */
-vps_result_t vps_verify_plan(const struct vps_plan *p, struct vps_verify_report *rep);
+VPS_API vps_result_t vps_verify_plan(const struct vps_plan *p, struct vps_verify_report *rep);
 
 struct vps_staged;
 /* Check a staged plan: steps are i ^ j, one transfer per peer per stage,
  * every stage within the budget on every rank, staging offsets aligned and
  * inside their buffers, views inside their buffers, and the copies carry
  * exactly the plan's pieces. */
-vps_result_t vps_verify_staged(const struct vps_staged *s, struct vps_verify_report *rep);
+VPS_API vps_result_t vps_verify_staged(const struct vps_staged *s, struct vps_verify_report *rep);
 
 /* Append a violation message (printf-style) to the report. */
-void vps_verify_add(struct vps_verify_report *rep, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+VPS_API void vps_verify_add(struct vps_verify_report *rep, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Union coverage of boxes inside target: writes up to max uncovered boxes to
  * gaps, returns their number (0: fully covered). */
-size_t vps_boxes_gaps(const struct vps_box *boxes, size_t n, const struct vps_box *target, struct vps_box *gaps,
+VPS_API size_t vps_boxes_gaps(const struct vps_box *boxes, size_t n, const struct vps_box *target, struct vps_box *gaps,
 		      size_t max);
 
 /* Elements of target that no box covers (-1 when out of memory). */
-int64_t vps_boxes_uncovered(const struct vps_box *boxes, size_t n, const struct vps_box *target);
+VPS_API int64_t vps_boxes_uncovered(const struct vps_box *boxes, size_t n, const struct vps_box *target);
 
 #endif

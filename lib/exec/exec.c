@@ -1,4 +1,7 @@
-/* One rank of a switch: registry, rendezvous, stages, digest, report. */
+/* The executor: one rank's part of a job's switches (vps_exec_run). What
+ * lasts across the switches of a --serve is one struct executor; each
+ * switch is a sequence of named steps, from claiming the trainer's request
+ * to reporting to it (one_switch). lib/exec/README.md, docs/exec.md. */
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -20,13 +23,6 @@ static double now(void)
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
-
-void vps_exec_report_release(struct vps_exec_report *r)
-{
-	free(r->stages);
-	r->stages = NULL;
-}
-
 
 static vps_result_t registry_name(const char *pattern, const struct vps_plan *p, int64_t w, int64_t local, char *out,
 				  size_t n)
@@ -114,6 +110,8 @@ vps_result_t vps_exec_digest(const struct vps_layout *l, int64_t rank, void *con
 	return digest_part(l, rank, buffers, NULL, true, digest);
 }
 
+/* ---- peers ---- */
+
 /* Executors of a plan with lost devices form their network without them:
  * net ranks number the surviving world ranks in order (every rank of such
  * a plan lost under A is outside B, so it has no work and no executor). */
@@ -125,13 +123,151 @@ static int64_t net_rank(const struct vps_plan *p0, int64_t w)
 	return w - below;
 }
 
-/* ---- one switch ---- */
-
-int64_t vps_switch_peer(const struct vps_switch *sw, const struct vps_xfer *x)
+/* Plan k's peer map (struct vps_switch's peers): for each transfer of
+ * world rank w (the device me) with another rank, that rank's net rank
+ * and node. The first plan numbers the network: a later plan's device
+ * must be one of its, and not one it lost. */
+static vps_result_t peer_map(const struct vps_staged *s, size_t k, const struct vps_plan *p0, struct vps_device me,
+			     int64_t w, struct vps_peer_info **out)
 {
-	return net_rank(sw->p0, vps_world_of_device(sw->p0->world,
-						    vps_world_device(sw->s->plan->world, x->src == sw->w ? x->dst : x->src)));
+	struct vps_peer_info *m = vps_calloc(s->nxfers + 1, sizeof(*m));
+	if (!m)
+		return VPS_ENOMEM;
+	for (size_t i = 0; i < s->nxfers; i++) {
+		const struct vps_xfer *x = &s->xfers[i];
+		m[i].rank = -1;
+		if (x->src == x->dst || (x->src != w && x->dst != w))
+			continue;
+		struct vps_device d = vps_world_device(s->plan->world, x->src == w ? x->dst : x->src);
+		int64_t q = vps_world_of_device(p0->world, d);
+		vps_result_t rc = VPS_OK;
+		if (q < 0)
+			rc = vps_fail(VPS_EINPUT, "staged plan %zu uses a device the first plan does not", k + 1);
+		else if (vps_lost_has_rank(&p0->lost, q))
+			rc = vps_fail(VPS_EINPUT, "staged plan %zu uses a device the first plan lost", k + 1);
+		if (rc) {
+			free(m);
+			return rc;
+		}
+		m[i] = (struct vps_peer_info){net_rank(p0, q), d.node, d.node == me.node};
+	}
+	*out = m;
+	return VPS_OK;
 }
+
+/* ---- the transports of an executor ---- */
+
+/* The transports of an executor, as --transport lists them: each peer's
+ * transfers go by the first that can reach it. */
+struct carriers {
+	struct carrier {
+		const struct vps_transport *t; /* NULL: not made (no rank needs it) */
+		void *self;
+		const struct vps_xfer **x;     /* its transfers of a switch, or of a stage */
+		size_t n, cap;
+	} v[VPS_TRANSPORT_MAX];
+	size_t n;
+	const char *name;                      /* of those made, for reports: "ipc+nccl" */
+};
+
+static void carriers_free(struct carriers *c)
+{
+	for (size_t j = 0; j < c->n; j++) {
+		if (c->v[j].t)
+			c->v[j].t->free(c->v[j].self);
+		free(c->v[j].x);
+	}
+	memset(c, 0, sizeof(*c));
+}
+
+/* The first transport that reaches peer, or -1. */
+static int carrier_of(const struct carriers *c, const struct vps_peer_info *peer)
+{
+	for (size_t j = 0; j < c->n; j++)
+		if (c->v[j].t && c->v[j].t->can_connect(peer))
+			return (int)j;
+	return -1;
+}
+
+/* A transfer that no transport of --transport reaches. */
+static vps_result_t unreachable(const struct carriers *c, const struct vps_switch *sw, const struct vps_peer_info *peer)
+{
+	const char *reach = "";
+	for (size_t j = 0; j < c->n; j++)
+		if (c->v[j].t && c->v[j].t->reach)
+			reach = c->v[j].t->reach;
+	return vps_fail(VPS_EINPUT, "--transport %s: rank %" PRId64 " exchanges with a device on node %d, and %s reaches %s",
+			c->name, sw->w, peer->node, c->name, reach);
+}
+
+/* Hand transfer x to its transport's list. */
+static vps_result_t carry(struct carriers *c, const struct vps_switch *sw, const struct vps_xfer *x)
+{
+	const struct vps_peer_info *peer = vps_switch_peer(sw, x);
+	int j = carrier_of(c, peer);
+	if (j < 0)
+		return unreachable(c, sw, peer);
+	struct carrier *v = &c->v[j];
+	VPS_CHECK(VPS_GROW(v->x, v->cap, v->n + 1));
+	v->x[v->n++] = x;
+	return VPS_OK;
+}
+
+/* Which transport carries each of this rank's transfers of the switch,
+ * then every transport's begin with its transfers, in order (each may talk
+ * to its peers). */
+static vps_result_t begin_all(struct carriers *car, struct vps_switch *sw)
+{
+	const struct vps_staged *s = sw->s;
+	for (size_t c = 0; c < car->n; c++)
+		car->v[c].n = 0;
+	for (size_t i = 0; i < s->nxfers; i++)
+		if (sw->peers[i].rank >= 0)
+			VPS_CHECK(carry(car, sw, &s->xfers[i]));
+	for (size_t c = 0; c < car->n; c++)
+		if (car->v[c].t && car->v[c].t->begin)
+			VPS_CHECK(car->v[c].t->begin(car->v[c].self, sw, car->v[c].x, car->v[c].n));
+	return VPS_OK;
+}
+
+static void end_all(struct carriers *car, struct vps_switch *sw)
+{
+	for (size_t c = 0; c < car->n; c++)
+		if (car->v[c].t && car->v[c].t->end)
+			car->v[c].t->end(car->v[c].self, sw);
+}
+
+/* ---- the executor, and the parts of a switch ---- */
+
+/* One executor: what lasts across the switches of a --serve. */
+struct executor {
+	const struct vps_exec_opts *o;
+	struct vps_staged *const *plans;
+	size_t nplans;
+	const struct vps_plan *p0;     /* its world numbers the network */
+	struct vps_device me;          /* this rank's device */
+	int64_t net_rank, net_world;   /* the surviving ranks, in order */
+	uint64_t hash;                 /* of the plans' worlds: every rank must hold the same */
+	struct vps_peer_info **peers;  /* by plan: its peer map */
+	int64_t *mesh;                 /* the net ranks this rank exchanges with */
+	size_t nmesh, capmesh;
+	struct vps_registry *reg;
+	struct vps_net *net;
+	struct vps_mapcache *maps;
+	struct carriers car;
+	const struct vps_cuda_api *gpu; /* made when a transport or the memory needs it */
+	uint64_t last_seq;             /* the trainer's last request claimed */
+};
+
+/* What one switch holds while it runs. */
+struct pass {
+	struct vps_switch sw;
+	uint64_t seq;
+	bool claimed, begun;
+	double t_pause;
+	struct vps_registry_training train;
+	uint64_t digest[2];            /* this rank's part before and after (--check) */
+};
 
 /* The training scalars of the first surviving rank's trainer (world rank 0
  * unless it was lost), and the target's split. */
@@ -183,29 +319,6 @@ static vps_result_t share_training(struct vps_net *net, const struct vps_staged 
 		t->grad_accum = t->global_batch / t->dp / mbs;
 	}
 	return VPS_OK;
-}
-
-/* The transports of an executor: which carries a transfer. */
-struct carriers {
-	struct vps_transport local, remote; /* peers on this rank's node, on others */
-	bool remote_is_local;               /* one transport for both */
-	const char *name;
-};
-
-static void carriers_free(struct carriers *c)
-{
-	if (c->local.ops)
-		c->local.ops->free(c->local.self);
-	if (c->remote.ops && !c->remote_is_local)
-		c->remote.ops->free(c->remote.self);
-	memset(c, 0, sizeof(*c));
-}
-
-static struct vps_transport *carrier_of(struct carriers *c, const struct vps_switch *sw, const struct vps_xfer *x)
-{
-	struct vps_device me = vps_world_device(sw->s->plan->world, sw->w);
-	struct vps_device other = vps_world_device(sw->s->plan->world, x->src == sw->w ? x->dst : x->src);
-	return me.node == other.node || c->remote_is_local ? &c->local : &c->remote;
 }
 
 static void switch_release(struct vps_switch *sw)
@@ -470,73 +583,74 @@ static int claim_ready(void *ctx)
 	return 0;
 }
 
+/* Stage transfers [i, j) of this rank: its retains as local copies, the
+ * others handed to their transports, their bytes counted. */
+static vps_result_t sort_stage(const struct vps_switch *sw, struct carriers *car, size_t i, size_t j,
+			       struct vps_local_copy **retain, size_t *capc, size_t *nc, struct vps_exec_stage_report *sr)
+{
+	const struct vps_staged *s = sw->s;
+	for (size_t c = 0; c < car->n; c++)
+		car->v[c].n = 0;
+	*nc = 0;
+	for (size_t k = i; k < j; k++) {
+		const struct vps_xfer *x = &s->xfers[k];
+		if (x->src == sw->w && x->dst == sw->w) {
+			VPS_CHECK(vps_grow((void **)retain, capc, *nc + x->nops, sizeof(**retain)));
+			for (size_t q = 0; q < x->nops; q++) {
+				const struct vps_op *op = &s->ops[x->first_op + q];
+				(*retain)[(*nc)++] = (struct vps_local_copy){op, sw->src[op->src_buffer], sw->dst[op->dst_buffer]};
+				sr->bytes_copied += vps_op_bytes(op);
+			}
+			continue;
+		}
+		if (x->src != sw->w && x->dst != sw->w)
+			continue;
+		int64_t bytes = 0;
+		for (size_t q = 0; q < x->nops; q++)
+			bytes += vps_op_bytes(&s->ops[x->first_op + q]);
+		if (x->src == sw->w)
+			sr->bytes_sent += bytes;
+		else
+			sr->bytes_received += bytes;
+		VPS_CHECK(carry(car, sw, x));
+	}
+	return VPS_OK;
+}
+
 static vps_result_t run_stages(struct vps_switch *sw, struct carriers *car, const struct vps_exec_opts *o,
 			       struct vps_exec_report *rep)
 {
 	vps_result_t rc = VPS_OK;
 	const struct vps_staged *s = sw->s;
-	int64_t w = sw->w;
-	const struct vps_xfer **local = NULL, **remote = NULL;
 	struct vps_local_copy *retain = NULL;
-	size_t capl = 0, capr = 0, capc = 0;
+	size_t capc = 0, nc = 0, i = 0;
 	rep->nstages = s->nstages;
 	rep->stages = vps_calloc(s->nstages + 1, sizeof(*rep->stages));
 	if (!rep->stages)
 		return VPS_ENOMEM;
-	size_t i = 0;
 	double t_all = now();
 	/* sources no stage reads are free from the start */
 	release_read(sw, -1);
-	for (size_t st = 0; st < s->nstages; st++) {
+	for (size_t st = 0; st < s->nstages && !rc; st++) {
 		double t0 = now();
 		struct vps_exec_stage_report *sr = &rep->stages[st];
 		if (o->fault_stage == (int64_t)st)
 			inject_fault(sw, o);
 		while (i < s->nxfers && s->xfers[i].stage < (int64_t)st)
 			i++;
-		size_t j = i, nl = 0, nr = 0, nc = 0;
+		size_t j = i;
 		while (j < s->nxfers && s->xfers[j].stage == (int64_t)st)
 			j++;
-		for (size_t k = i; k < j && !rc; k++) {
-			const struct vps_xfer *x = &s->xfers[k];
-			if (x->src == w && x->dst == w) {
-				rc = VPS_GROW(retain, capc, nc + x->nops);
-				for (size_t q = 0; q < x->nops && !rc; q++) {
-					const struct vps_op *op = &s->ops[x->first_op + q];
-					retain[nc++] = (struct vps_local_copy){op, sw->src[op->src_buffer], sw->dst[op->dst_buffer]};
-					sr->bytes_copied += vps_op_bytes(op);
-				}
-				continue;
-			}
-			if (x->src != w && x->dst != w)
-				continue;
-			int64_t bytes = 0;
-			for (size_t q = 0; q < x->nops; q++)
-				bytes += vps_op_bytes(&s->ops[x->first_op + q]);
-			if (x->src == w)
-				sr->bytes_sent += bytes;
-			else
-				sr->bytes_received += bytes;
-			if (carrier_of(car, sw, x) == &car->local) {
-				rc = VPS_GROW(local, capl, nl + 1);
-				if (!rc)
-					local[nl++] = x;
-			} else {
-				rc = VPS_GROW(remote, capr, nr + 1);
-				if (!rc)
-					remote[nr++] = x;
-			}
-		}
 		char what[64];
 		snprintf(what, sizeof(what), "stage %zu of %zu", st, s->nstages);
+		rc = sort_stage(sw, car, i, j, &retain, &capc, &nc, sr);
 		if (!rc)
 			rc = vps_copy_ops(sw, retain, nc);
-		if (!rc && nl)
-			rc = car->local.ops->stage(car->local.self, sw, local, nl, what);
-		if (!rc && nr)
-			rc = car->remote.ops->stage(car->remote.self, sw, remote, nr, what);
+		for (size_t c = 0; c < car->n && !rc; c++)
+			if (car->v[c].n)
+				rc = car->v[c].t->stage(car->v[c].self, sw, car->v[c].x, car->v[c].n, what);
 		if (rc)
-			goto done;
+			break;
 		/* sources read for the last time: the trainer may free them */
 		release_read(sw, (int64_t)st);
 		sr->seconds = now() - t0;
@@ -548,227 +662,259 @@ static vps_result_t run_stages(struct vps_switch *sw, struct carriers *car, cons
 				    sr->bytes_sent + sr->bytes_received + sr->bytes_copied, sr->seconds);
 		i = j;
 	}
-	rep->transfer_seconds = now() - t_all;
-done:
-	free(local);
-	free(remote);
+	if (!rc)
+		rep->transfer_seconds = now() - t_all;
 	free(retain);
 	return rc;
 }
 
-/* Every transport's begin, in order (each may talk to its peers). */
-static vps_result_t begin_all(struct carriers *car, struct vps_switch *sw)
-{
-	if (car->local.ops && car->local.ops->begin)
-		VPS_CHECK(car->local.ops->begin(car->local.self, sw));
-	if (car->remote.ops && !car->remote_is_local && car->remote.ops->begin)
-		VPS_CHECK(car->remote.ops->begin(car->remote.self, sw));
-	return VPS_OK;
-}
+/* ---- the steps of a switch ---- */
 
-static void end_all(struct carriers *car, struct vps_switch *sw)
+/* A timed vps_net_agree_result: the ranks' time in the rendezvous. */
+static vps_result_t agree(struct executor *ex, vps_result_t mine, const char *what, struct vps_exec_report *rep)
 {
-	if (car->local.ops && car->local.ops->end)
-		car->local.ops->end(car->local.self, sw);
-	if (car->remote.ops && !car->remote_is_local && car->remote.ops->end)
-		car->remote.ops->end(car->remote.self, sw);
-}
-
-static vps_result_t one_switch(const struct vps_staged *s, const struct vps_plan *p0, int64_t w,
-			       struct vps_registry *reg, struct vps_net *net, struct vps_mapcache *maps,
-			       struct carriers *car, const struct vps_cuda_api **gpu, const struct vps_exec_opts *o,
-			       uint64_t *last_seq, struct vps_exec_report *rep)
-{
-	vps_result_t rc;
-	struct vps_switch sw = {0};
-	const struct vps_plan *p = s->plan;
-	uint64_t seq = 0;
-	bool claimed = false, begun = false;
-	sw.s = s;
-	sw.p0 = p0;
-	sw.w = w;
-	sw.ra = vps_world_a_rank(p->world, w);
-	sw.rb = vps_world_b_rank(p->world, w);
-	sw.reg = reg;
-	sw.net = net;
-	sw.maps = maps;
-	sw.gpu = *gpu;
-	sw.timeout = o->timeout;
-	rep->rank = w;
-	rep->world = vps_world_size(p->world);
-	rep->transport = car->name;
-	double t0 = now();
-	/* a slow trainer is not a dead one (that one is seen at once): its
-	 * request may take as long as the ranks' may lie apart */
-	struct claim c = {reg, *last_seq, t0, o->wait ? -1 : vps_max64((int64_t)o->request_timeout, (int64_t)o->timeout),
-			  0, false, o, maps, 0, false};
-	rc = vps_net_arrive(net, claim_ready, &c, vps_max64((int64_t)o->request_timeout, (int64_t)o->timeout));
-	claimed = c.claimed;
-	seq = c.seq;
-	if (rc)
-		goto fail;
-	*last_seq = seq;
-	rep->switch_seq = seq;
-	rep->waited_seconds = now() - t0;
-	double t_pause = now();
-	uint64_t stale[2];
-	vps_mapcache_take_stats(maps, &stale[0], &stale[1]);
-	/* the trainer's registry must describe this plan's two layouts */
-	uint64_t ha = vps_layout_hash(p->a), hb = vps_layout_hash(p->b);
-	if (sw.ra >= 0 && (vps_registry_layout_hash(reg) != ha || vps_registry_rank(reg) != sw.ra)) {
-		rc = vps_fail(VPS_EINPUT,
-			      "registry %s: the trainer runs layout 0x%016" PRIx64 " rank %" PRId64
-			      ", the plan's source is 0x%016" PRIx64 " rank %" PRId64,
-			      vps_registry_name(reg), vps_registry_layout_hash(reg), vps_registry_rank(reg), ha, sw.ra);
-		goto fail;
-	}
-	if (vps_registry_target_hash(reg) != hb || vps_registry_target_rank(reg) != sw.rb) {
-		rc = vps_fail(VPS_EINPUT,
-			      "registry %s: the trainer switches to layout 0x%016" PRIx64 " rank %" PRId64
-			      ", the plan's target is 0x%016" PRIx64 " rank %" PRId64,
-			      vps_registry_name(reg), vps_registry_target_hash(reg), vps_registry_target_rank(reg), hb, sw.rb);
-		goto fail;
-	}
-	VPS_CHECK_GOTO(switch_where(&sw, o), rc, fail);
-	*gpu = sw.gpu;
-	if (sw.ra >= 0) {
-		VPS_CHECK_GOTO(vps_layout_rank(p->a, sw.ra, &sw.va), rc, fail);
-		VPS_CHECK_GOTO(map_side(&sw, &sw.va, VPS_ROLE_SOURCE, &sw.src, &sw.src_entry), rc, fail);
-	}
-	if (sw.rb >= 0) {
-		VPS_CHECK_GOTO(vps_layout_rank(p->b, sw.rb, &sw.vb), rc, fail);
-		VPS_CHECK_GOTO(map_side(&sw, &sw.vb, VPS_ROLE_TARGET, &sw.dst, NULL), rc, fail);
-	}
-	VPS_CHECK_GOTO(check_views(&sw), rc, fail);
-	vps_mapcache_take_stats(maps, &rep->premapped_bytes, &rep->mapped_in_pause_bytes);
-	rep->attach_seconds = now() - t_pause;
-	/* every rank has arrived (vps_net_arrive): from here on a silent rank
-	 * is found within the ordinary timeout */
-	struct vps_registry_training train;
-	double t_agree = now();
-	rc = share_training(net, s, net_rank(p0, vps_world_of_device(p0->world, vps_world_device(p->world, w))), reg,
-			    &train);
-	rep->agree_seconds += now() - t_agree;
-	if (rc)
-		goto fail;
-	uint64_t dig[2] = {0, 0};
-	double t_begin = now();
-	begun = true;
-	rc = begin_all(car, &sw);
-	if (!rc && o->check && sw.ra >= 0)
-		rc = side_digest(&sw, p->a, sw.ra, &sw.va, sw.src, &dig[0]);
-	rep->attach_seconds += now() - t_begin;
-	{
-		/* no byte moves before every rank is ready; one that is not says why */
-		char mine[1024];
-		snprintf(mine, sizeof(mine), "%s", vps_last_error());
-		t_agree = now();
-		vps_result_t agreed = vps_net_agree(net, rc == VPS_OK, "start");
-		rep->agree_seconds += now() - t_agree;
-		if (rc) {
-			vps_fail(rc, "%s", mine);
-			goto fail;
-		}
-		VPS_CHECK_GOTO(agreed, rc, fail);
-	}
-	rc = run_stages(&sw, car, o, rep);
-	if (!rc)
-		rc = trainer_watch(&sw);
-	if (!rc && o->check && sw.rb >= 0)
-		rc = side_digest(&sw, p->b, sw.rb, &sw.vb, sw.dst, &dig[1]);
-	{
-		/* the verdict is global: done only when every rank moved its part
-		 * (and the digests match); a rank keeps its own failure's words */
-		char mine[1024];
-		snprintf(mine, sizeof(mine), "%s", vps_last_error());
-		t_agree = now();
-		vps_result_t agreed = vps_net_agree(net, rc == VPS_OK, "end of transfer");
-		rep->agree_seconds += now() - t_agree;
-		if (rc)
-			vps_fail(rc, "%s", mine);
-		else
-			rc = agreed;
-	}
-	if (!rc && o->check) {
-		VPS_CHECK_GOTO(vps_net_allreduce_sum(net, dig, 2, "digest"), rc, fail);
-		rep->checked = true;
-		rep->digest_before = dig[0];
-		rep->digest_after = dig[1];
-		rep->digest_match = dig[0] == dig[1];
-		if (!rep->digest_match) {
-			rc = vps_fail(VPS_ECHECK, "digest mismatch: 0x%016" PRIx64 " before, 0x%016" PRIx64 " after", dig[0],
-				      dig[1]);
-			goto fail;
-		}
-	}
-	if (rc)
-		goto fail;
-	end_all(car, &sw);
-	switch_release(&sw);
-	vps_registry_set_training(reg, &train);
-	vps_registry_finish(reg, seq, 1, NULL);
-	rep->pause_seconds = now() - t_pause;
-	return VPS_OK;
-fail:
-	if (begun)
-		end_all(car, &sw);
-	switch_release(&sw);
-	if (claimed)
-		vps_registry_finish(reg, seq, 0, vps_last_error());
+	double t = now();
+	vps_result_t rc = vps_net_agree_result(ex->net, mine, what);
+	rep->agree_seconds += now() - t;
 	return rc;
 }
 
-/* The transports, made once per executor (NCCL's communicator too). */
-static vps_result_t carriers_start(struct carriers *car, struct vps_staged *const *plans, size_t nplans,
-				   struct vps_net *net, const struct vps_exec_opts *o)
+/* Claim: every rank's trainer has requested the switch. */
+static vps_result_t claim(struct executor *ex, struct pass *ps, struct vps_exec_report *rep)
 {
-	switch (o->transport) {
-	case VPS_EXEC_TCP:
-		car->name = "tcp";
-		car->remote_is_local = true;
-		return vps_transport_tcp(&car->local);
-	case VPS_EXEC_IPC:
-		car->name = "ipc";
-		car->remote_is_local = true;
-		return vps_transport_ipc(&car->local, true);
-	case VPS_EXEC_NCCL:
-	case VPS_EXEC_AUTO:
-		break;
-	default:
-		return vps_fail(VPS_EINPUT, "unknown transport %d", o->transport);
+	const struct vps_exec_opts *o = ex->o;
+	double t0 = now();
+	/* a slow trainer is not a dead one (that one is seen at once): its
+	 * request may take as long as the ranks' may lie apart */
+	double window = (double)vps_max64((int64_t)o->request_timeout, (int64_t)o->timeout);
+	struct claim c = {ex->reg, ex->last_seq, t0, o->wait ? -1 : window, 0, false, o, ex->maps, 0, false};
+	vps_result_t rc = vps_net_arrive(ex->net, claim_ready, &c, window);
+	ps->claimed = c.claimed;
+	ps->seq = c.seq;
+	if (rc)
+		return rc;
+	ex->last_seq = c.seq;
+	rep->switch_seq = c.seq;
+	rep->waited_seconds = now() - t0;
+	ps->t_pause = now();
+	/* what the waiting mapped is not the pause's */
+	uint64_t before[2];
+	vps_mapcache_take_stats(ex->maps, &before[0], &before[1]);
+	return VPS_OK;
+}
+
+/* The trainer's registry must describe this plan's two layouts. */
+static vps_result_t check_registry(const struct vps_switch *sw)
+{
+	const struct vps_plan *p = sw->s->plan;
+	struct vps_registry *reg = sw->reg;
+	uint64_t ha = vps_layout_hash(p->a), hb = vps_layout_hash(p->b);
+	if (sw->ra >= 0 && (vps_registry_layout_hash(reg) != ha || vps_registry_rank(reg) != sw->ra))
+		return vps_fail(VPS_EINPUT,
+				"registry %s: the trainer runs layout 0x%016" PRIx64 " rank %" PRId64
+				", the plan's source is 0x%016" PRIx64 " rank %" PRId64,
+				vps_registry_name(reg), vps_registry_layout_hash(reg), vps_registry_rank(reg), ha, sw->ra);
+	if (vps_registry_target_hash(reg) != hb || vps_registry_target_rank(reg) != sw->rb)
+		return vps_fail(VPS_EINPUT,
+				"registry %s: the trainer switches to layout 0x%016" PRIx64 " rank %" PRId64
+				", the plan's target is 0x%016" PRIx64 " rank %" PRId64,
+				vps_registry_name(reg), vps_registry_target_hash(reg), vps_registry_target_rank(reg), hb, sw->rb);
+	return VPS_OK;
+}
+
+/* Attach: the trainer's buffers, mapped and checked against the plan. */
+static vps_result_t attach(struct executor *ex, struct pass *ps, struct vps_exec_report *rep)
+{
+	struct vps_switch *sw = &ps->sw;
+	const struct vps_plan *p = sw->s->plan;
+	VPS_CHECK(check_registry(sw));
+	VPS_CHECK(switch_where(sw, ex->o));
+	ex->gpu = sw->gpu;
+	if (sw->ra >= 0) {
+		VPS_CHECK(vps_layout_rank(p->a, sw->ra, &sw->va));
+		VPS_CHECK(map_side(sw, &sw->va, VPS_ROLE_SOURCE, &sw->src, &sw->src_entry));
 	}
-	/* nccl for every peer, or (auto) for the peers of other nodes: then a
-	 * communicator is made only when some rank has such a peer, which the
-	 * ranks learn together */
-	uint64_t off_node = o->transport == VPS_EXEC_NCCL;
-	const struct vps_plan *p0 = plans[0]->plan;
-	struct vps_device me = vps_world_device(p0->world, o->rank);
-	for (size_t k = 0; k < nplans && !off_node; k++) {
-		const struct vps_staged *s = plans[k]->plan ? plans[k] : NULL;
-		int64_t w = vps_world_of_device(s->plan->world, me);
-		for (size_t i = 0; i < s->nxfers && !off_node; i++) {
-			const struct vps_xfer *x = &s->xfers[i];
-			if (x->src == x->dst || (x->src != w && x->dst != w))
-				continue;
-			off_node = vps_world_device(s->plan->world, x->src == w ? x->dst : x->src).node != me.node;
+	if (sw->rb >= 0) {
+		VPS_CHECK(vps_layout_rank(p->b, sw->rb, &sw->vb));
+		VPS_CHECK(map_side(sw, &sw->vb, VPS_ROLE_TARGET, &sw->dst, NULL));
+	}
+	VPS_CHECK(check_views(sw));
+	vps_mapcache_take_stats(ex->maps, &rep->premapped_bytes, &rep->mapped_in_pause_bytes);
+	rep->attach_seconds = now() - ps->t_pause;
+	return VPS_OK;
+}
+
+/* Agree: the training state every trainer goes on from. Every rank has
+ * arrived (vps_net_arrive): from here on a silent rank is found within the
+ * ordinary timeout. */
+static vps_result_t agree_training(struct executor *ex, struct pass *ps, struct vps_exec_report *rep)
+{
+	double t = now();
+	vps_result_t rc = share_training(ex->net, ps->sw.s, ex->net_rank, ex->reg, &ps->train);
+	rep->agree_seconds += now() - t;
+	return rc;
+}
+
+/* The start: every transport's begin, the sources' digest, and no byte
+ * moves before every rank is ready; one that is not says why. */
+static vps_result_t start(struct executor *ex, struct pass *ps, struct vps_exec_report *rep)
+{
+	struct vps_switch *sw = &ps->sw;
+	double t = now();
+	ps->begun = true;
+	vps_result_t rc = begin_all(&ex->car, sw);
+	if (!rc && ex->o->check && sw->ra >= 0)
+		rc = side_digest(sw, sw->s->plan->a, sw->ra, &sw->va, sw->src, &ps->digest[0]);
+	rep->attach_seconds += now() - t;
+	return agree(ex, rc, "start", rep);
+}
+
+/* The stages, then what this rank can tell of its part: its trainer
+ * alive, its targets' digest. */
+static vps_result_t stages(struct executor *ex, struct pass *ps, struct vps_exec_report *rep)
+{
+	struct vps_switch *sw = &ps->sw;
+	VPS_CHECK(run_stages(sw, &ex->car, ex->o, rep));
+	VPS_CHECK(trainer_watch(sw));
+	if (ex->o->check && sw->rb >= 0)
+		VPS_CHECK(side_digest(sw, sw->s->plan->b, sw->rb, &sw->vb, sw->dst, &ps->digest[1]));
+	return VPS_OK;
+}
+
+/* The verdict is global: done only when every rank moved its part (and
+ * the digests match); a rank keeps its own failure's words. */
+static vps_result_t verdict(struct executor *ex, vps_result_t mine, struct vps_exec_report *rep)
+{
+	return agree(ex, mine, "end of transfer", rep);
+}
+
+/* Digest: the parts' sums before and after, over all ranks, must match. */
+static vps_result_t digest(struct executor *ex, struct pass *ps, struct vps_exec_report *rep)
+{
+	if (!ex->o->check)
+		return VPS_OK;
+	uint64_t *dig = ps->digest;
+	VPS_CHECK(vps_net_allreduce_sum(ex->net, dig, 2, "digest"));
+	rep->checked = true;
+	rep->digest_before = dig[0];
+	rep->digest_after = dig[1];
+	rep->digest_match = dig[0] == dig[1];
+	if (!rep->digest_match)
+		return vps_fail(VPS_ECHECK, "digest mismatch: 0x%016" PRIx64 " before, 0x%016" PRIx64 " after", dig[0],
+				dig[1]);
+	return VPS_OK;
+}
+
+/* Report to the trainer: done, with the training state to go on from, or
+ * failed, and why. */
+static vps_result_t report(struct executor *ex, struct pass *ps, vps_result_t rc, struct vps_exec_report *rep)
+{
+	if (ps->begun)
+		end_all(&ex->car, &ps->sw);
+	switch_release(&ps->sw);
+	if (rc) {
+		if (ps->claimed)
+			vps_registry_finish(ex->reg, ps->seq, 0, vps_last_error());
+		return rc;
+	}
+	vps_registry_set_training(ex->reg, &ps->train);
+	vps_registry_finish(ex->reg, ps->seq, 1, NULL);
+	rep->pause_seconds = now() - ps->t_pause;
+	return VPS_OK;
+}
+
+/* Switch k, the executor's plan k. */
+static vps_result_t one_switch(struct executor *ex, size_t k, struct vps_exec_report *rep)
+{
+	const struct vps_plan *p = ex->plans[k]->plan;
+	struct pass ps = {0};
+	struct vps_switch *sw = &ps.sw;
+	sw->s = ex->plans[k];
+	sw->peers = ex->peers[k];
+	sw->w = vps_world_of_device(p->world, ex->me);
+	sw->ra = vps_world_a_rank(p->world, sw->w);
+	sw->rb = vps_world_b_rank(p->world, sw->w);
+	sw->reg = ex->reg;
+	sw->net = ex->net;
+	sw->maps = ex->maps;
+	sw->gpu = ex->gpu;
+	sw->timeout = ex->o->timeout;
+	rep->rank = sw->w;
+	rep->world = vps_world_size(p->world);
+	rep->transport = ex->car.name;
+	vps_result_t rc = claim(ex, &ps, rep);
+	if (!rc)
+		rc = attach(ex, &ps, rep);
+	if (!rc)
+		rc = agree_training(ex, &ps, rep);
+	if (!rc)
+		rc = start(ex, &ps, rep);
+	if (!rc)
+		rc = verdict(ex, stages(ex, &ps, rep), rep);
+	if (!rc)
+		rc = digest(ex, &ps, rep);
+	return report(ex, &ps, rc, rep);
+}
+
+/* ---- set-up and teardown ---- */
+
+/* The transports of --transport, made once per executor (NCCL's
+ * communicator too). The first is always made; a later one only when some
+ * rank has a peer that the ones before it cannot reach, which the ranks
+ * learn together (auto makes a communicator only where a switch crosses
+ * nodes). */
+static vps_result_t carriers_start(struct executor *ex)
+{
+	struct carriers *car = &ex->car;
+	const struct vps_transport_choice *choice = vps_transport_choice(ex->o->transport);
+	if (!choice)
+		return vps_fail(VPS_EINPUT, "unknown transport %d", ex->o->transport);
+	const struct vps_transport *const *list = choice->carriers;
+	size_t n = 0;
+	while (list[n])
+		n++;
+	uint64_t needed[VPS_TRANSPORT_MAX] = {1};
+	for (size_t k = 0; k < ex->nplans; k++)
+		for (size_t i = 0; i < ex->plans[k]->nxfers; i++) {
+			const struct vps_peer_info *peer = &ex->peers[k][i];
+			size_t j = 0;
+			while (peer->rank >= 0 && j < n && !list[j]->can_connect(peer))
+				j++;
+			if (peer->rank >= 0 && j < n)
+				needed[j] = 1;
 		}
+	if (n > 1)
+		VPS_CHECK(vps_net_allreduce_sum(ex->net, needed + 1, n - 1, "transports"));
+	struct vps_transport_env env = {ex->net, ex->net_rank, ex->net_world, ex->o->device, ex->o->local_rank};
+	size_t made = 0;
+	for (car->n = 0; car->n < n; car->n++) {
+		const struct vps_transport *t = list[car->n];
+		if (!needed[car->n])
+			continue;
+		VPS_CHECK(t->setup(&car->v[car->n].self, &env));
+		car->v[car->n].t = t;
+		car->name = made++ ? choice->label : t->name;
 	}
-	if (o->transport == VPS_EXEC_AUTO)
-		VPS_CHECK(vps_net_allreduce_sum(net, &off_node, 1, "transports"));
-	if (o->transport == VPS_EXEC_AUTO) {
-		car->name = "ipc";
-		VPS_CHECK(vps_transport_ipc(&car->local, false));
-		if (!off_node) {
-			car->remote_is_local = true;
-			return VPS_OK;
-		}
-		car->name = "ipc+nccl";
-	} else {
-		car->name = "nccl";
-		car->remote_is_local = true;
-	}
-	return vps_transport_nccl(car->remote_is_local ? &car->local : &car->remote, net, net_rank(p0, o->rank),
-				  vps_world_size(p0->world) - (int64_t)p0->lost.nranks, o->device, o->local_rank);
+	return VPS_OK;
+}
+
+/* A transport that may move GPU memory gets the CUDA context now, while
+ * the trainer trains, not in the pause (host memory needs none: a machine
+ * without a GPU goes on). */
+static void gpu_context(struct executor *ex)
+{
+	bool wanted = false;
+	for (size_t j = 0; j < ex->car.n; j++)
+		wanted |= ex->car.v[j].t && ex->car.v[j].t->gpu_context;
+	if (!wanted)
+		return;
+	const struct vps_cuda_api *api;
+	int n = 0;
+	char err[VPS_CUDA_ERR];
+	if (!vps_gpu_api(&api) && !api->device_count(&n, err) && n > 0 &&
+	    vps_gpu_init(ex->o->device, ex->o->local_rank, &api) == VPS_OK)
+		ex->gpu = api;
+	vps_clear_error();
 }
 
 /* Every rank cuts the same stages from the world's demands: its own,
@@ -799,185 +945,135 @@ static vps_result_t open_registry(const char *name, double wait, double timeout,
 	double t0 = now();
 	for (;;) {
 		vps_result_t rc = vps_registry_open(out, name);
-		if (!rc)
-			return VPS_OK;
-		const char *e = vps_last_error();
-		bool absent = strstr(e, "No such file") || strstr(e, "not ready yet");
-		bool stale = strstr(e, "is stale") != NULL;
-		if (!absent && !stale)
+		if (rc != VPS_ENOTFOUND && rc != VPS_ESTALE)
 			return rc;
 		double waited = now() - t0;
-		if ((stale && waited > timeout) || (wait >= 0 && waited > wait))
+		if ((rc == VPS_ESTALE && waited > timeout) || (wait >= 0 && waited > wait))
 			return rc;
 		struct timespec ts = {0, 20000000};
 		nanosleep(&ts, NULL);
 	}
 }
 
-vps_result_t vps_exec_run(struct vps_staged *const *plans, size_t nplans, const struct vps_exec_opts *o,
-			  struct vps_exec_report *reports)
+/* Plan k fits the first: the same devices, this rank's part, and a peer
+ * map whose peers join this rank's mesh. */
+static vps_result_t check_plan(struct executor *ex, size_t k)
 {
-	vps_result_t rc = VPS_OK;
-	struct vps_registry *reg = NULL;
-	struct vps_net *net = NULL;
-	struct vps_mapcache *maps = NULL;
-	struct carriers car = {0};
-	const struct vps_cuda_api *gpu = NULL;
-	int64_t *peers = NULL;
-	size_t npeers = 0, capp = 0;
-	char name[VPS_REGISTRY_NAME_MAX + 32];
-	if (!nplans)
+	const struct vps_staged *s = ex->plans[k];
+	int64_t W = vps_world_size(ex->p0->world);
+	VPS_CHECK(vps_plan_check_hash(s->plan, "plan"));
+	if (s->file_hash && s->file_hash != vps_staged_hash(s))
+		return vps_fail(VPS_EINPUT, "staged plan %zu: its content does not hash to what it states", k + 1);
+	int64_t w = vps_world_of_device(s->plan->world, ex->me);
+	if (s->scope >= 0 && w != s->scope)
+		return vps_fail(VPS_EINPUT, "staged plan %zu holds rank %" PRId64 "'s part, not this rank's", k + 1,
+				s->scope);
+	if (vps_world_size(s->plan->world) != W)
+		return vps_fail(VPS_EINPUT, "staged plan %zu has a world of %" PRId64 ", the first %" PRId64, k + 1,
+				vps_world_size(s->plan->world), W);
+	if (w < 0)
+		return vps_fail(VPS_EINPUT, "staged plan %zu does not use node %d gpu %d", k + 1, ex->me.node, ex->me.gpu);
+	VPS_CHECK(peer_map(s, k, ex->p0, ex->me, w, &ex->peers[k]));
+	for (size_t i = 0; i < s->nxfers; i++) {
+		if (ex->peers[k][i].rank < 0)
+			continue;
+		VPS_CHECK(VPS_GROW(ex->mesh, ex->capmesh, ex->nmesh + 1));
+		ex->mesh[ex->nmesh++] = ex->peers[k][i].rank;
+	}
+	uint64_t hk = vps_staged_world_hash(s);
+	ex->hash = vps_hash64(&hk, sizeof(hk), ex->hash);
+	return VPS_OK;
+}
+
+/* Everything that can be checked before a connection is made: this rank,
+ * the token, every plan over the first plan's devices. */
+static vps_result_t executor_check(struct executor *ex)
+{
+	const struct vps_exec_opts *o = ex->o;
+	if (!ex->nplans)
 		return vps_fail(VPS_EINPUT, "no staged plan");
-	const struct vps_plan *p0 = plans[0]->plan;
-	int64_t W = vps_world_size(p0->world);
+	ex->p0 = ex->plans[0]->plan;
+	int64_t W = vps_world_size(ex->p0->world);
 	if (o->rank < 0 || o->rank >= W)
 		return vps_fail(VPS_EINPUT, "rank %" PRId64 " is outside the transition world of %" PRId64, o->rank, W);
 	if (W > 1 && (!o->token || strlen(o->token) < VPS_TOKEN_MIN))
 		return vps_fail(VPS_EINPUT, "no job token: export VPS_TOKEN (vps-exec --new-token makes one) or pass --token-file;"
 				" vps-exec(1) SECURITY");
-	if (vps_lost_has_rank(&p0->lost, o->rank))
+	if (vps_lost_has_rank(&ex->p0->lost, o->rank))
 		return vps_fail(VPS_EINPUT, "rank %" PRId64 " is a lost device of the plan: it has no part in the switch",
 				o->rank);
-	struct vps_device me = vps_world_device(p0->world, o->rank);
-	uint64_t hash = 0;
-	/* every plan over the same devices; peers in the first plan's numbering */
-	for (size_t k = 0; k < nplans; k++) {
-		const struct vps_staged *s = plans[k];
-		VPS_CHECK(vps_plan_check_hash(s->plan, "plan"));
-		if (s->file_hash && s->file_hash != vps_staged_hash(s))
-			return vps_fail(VPS_EINPUT, "staged plan %zu: its content does not hash to what it states", k + 1);
-		if (s->scope >= 0 && vps_world_of_device(s->plan->world, me) != s->scope)
-			return vps_fail(VPS_EINPUT, "staged plan %zu holds rank %" PRId64 "'s part, not this rank's", k + 1,
-					s->scope);
-		if (vps_world_size(s->plan->world) != W)
-			return vps_fail(VPS_EINPUT, "staged plan %zu has a world of %" PRId64 ", the first %" PRId64, k + 1,
-					vps_world_size(s->plan->world), W);
-		int64_t w = vps_world_of_device(s->plan->world, me);
-		if (w < 0)
-			return vps_fail(VPS_EINPUT, "staged plan %zu does not use node %d gpu %d", k + 1, me.node, me.gpu);
-		for (size_t i = 0; i < s->nxfers; i++) {
-			const struct vps_xfer *x = &s->xfers[i];
-			if (x->src == x->dst || (x->src != w && x->dst != w))
-				continue;
-			int64_t q = vps_world_of_device(p0->world, vps_world_device(s->plan->world, x->src == w ? x->dst : x->src));
-			if (q < 0)
-				return vps_fail(VPS_EINPUT, "staged plan %zu uses a device the first plan does not", k + 1);
-			if (vps_lost_has_rank(&p0->lost, q))
-				return vps_fail(VPS_EINPUT, "staged plan %zu uses a device the first plan lost", k + 1);
-			VPS_CHECK_GOTO(VPS_GROW(peers, capp, npeers + 1), rc, done);
-			peers[npeers++] = net_rank(p0, q);
-		}
-		uint64_t hk = vps_staged_world_hash(s);
-		hash = vps_hash64(&hk, sizeof(hk), hash);
-	}
+	ex->me = vps_world_device(ex->p0->world, o->rank);
+	ex->net_rank = net_rank(ex->p0, o->rank);
+	ex->net_world = W - (int64_t)ex->p0->lost.nranks;
+	ex->peers = vps_calloc(ex->nplans, sizeof(*ex->peers));
+	if (!ex->peers)
+		return VPS_ENOMEM;
+	for (size_t k = 0; k < ex->nplans; k++)
+		VPS_CHECK(check_plan(ex, k));
 	/* the stages' all-reduce runs between XOR partners (vps_net_allreduce) */
-	int64_t tree[64], nr = net_rank(p0, o->rank), nw = W - (int64_t)p0->lost.nranks;
-	size_t ntree = vps_net_tree_peers(nr, nw, tree);
+	int64_t tree[64];
+	size_t ntree = vps_net_tree_peers(ex->net_rank, ex->net_world, tree);
 	for (size_t i = 0; i < ntree; i++) {
-		VPS_CHECK_GOTO(VPS_GROW(peers, capp, npeers + 1), rc, done);
-		peers[npeers++] = tree[i];
+		VPS_CHECK(VPS_GROW(ex->mesh, ex->capmesh, ex->nmesh + 1));
+		ex->mesh[ex->nmesh++] = tree[i];
 	}
-	VPS_CHECK_GOTO(registry_name(o->registry, p0, o->rank, o->local_rank, name, sizeof(name)), rc, done);
-	double t_setup = now();
-	VPS_CHECK_GOTO(open_registry(name, o->wait ? -1 : o->timeout, o->timeout, &reg), rc, done);
-	struct vps_net_opts no = {nr, nw, o->master_host, o->master_port, o->timeout, o->token, o->bind, hash, peers, npeers};
-	VPS_CHECK_GOTO(vps_net_start(&net, &no), rc, done);
-	VPS_CHECK_GOTO(agree_stages(net, plans, nplans), rc, done);
-	VPS_CHECK_GOTO(vps_mapcache_new(&maps), rc, done);
-	VPS_CHECK_GOTO(carriers_start(&car, plans, nplans, net, o), rc, done);
-	/* ipc may move GPU memory: make the CUDA context now, while the
-	 * trainer trains, not in the pause (host memory needs none: a machine
-	 * without a GPU goes on) */
-	if (o->transport == VPS_EXEC_IPC || o->transport == VPS_EXEC_AUTO) {
-		const struct vps_cuda_api *api;
-		int n = 0;
-		char err[VPS_CUDA_ERR];
-		if (!vps_gpu_api(&api) && !api->device_count(&n, err) && n > 0 &&
-		    vps_gpu_init(o->device, o->local_rank, &api) == VPS_OK)
-			gpu = api;
-		vps_clear_error();
-	}
-	double setup = now() - t_setup;
-	uint64_t last_seq = 0;
-	vps_registry_state(reg, &last_seq);
-	/* a request made before we attached counts */
-	if (vps_registry_state(reg, NULL) == VPS_REG_REQUESTED && last_seq)
-		last_seq--;
-	for (size_t k = 0; k < nplans; k++) {
-		memset(&reports[k], 0, sizeof(reports[k]));
-		reports[k].setup_seconds = k ? 0 : setup;
-		int64_t w = vps_world_of_device(plans[k]->plan->world, me);
-		rc = one_switch(plans[k], p0, w, reg, net, maps, &car, &gpu, o, &last_seq, &reports[k]);
-		if (rc)
-			goto done;
-	}
-done:
-	if (rc && reg) {
-		char msg[256];
-		snprintf(msg, sizeof(msg), "rank %" PRId64 ": %s", o->rank, vps_last_error());
-		vps_registry_abort(reg, msg);
-	}
-	carriers_free(&car);
-	vps_mapcache_free(maps);
-	vps_net_free(net);
-	vps_registry_close(reg);
-	free(peers);
-	return rc;
+	return VPS_OK;
 }
 
-/* ---- report ---- */
-
-vps_result_t vps_exec_report_yaml(const struct vps_exec_report *reps, size_t n, struct vps_bytes *out)
+/* The trainer's registry, the network, the stages, the transports: all
+ * before the trainer's request under --wait. */
+static vps_result_t executor_start(struct executor *ex)
 {
-	struct vps_writer *w;
-	vps_result_t rc;
-	VPS_CHECK(vps_writer_new(&w, VPS_DOC_REPORT, true));
-	VPS_CHECK_GOTO(vps_w_seq_begin(w, "switches", n, false), rc, done);
-	for (size_t k = 0; k < n; k++) {
-		const struct vps_exec_report *r = &reps[k];
-		double moved = (double)(r->bytes_sent + r->bytes_received);
-		VPS_CHECK_GOTO(vps_w_map_begin(w, NULL), rc, done);
-		VPS_CHECK_GOTO(vps_w_int(w, "rank", r->rank), rc, done);
-		VPS_CHECK_GOTO(vps_w_int(w, "world", r->world), rc, done);
-		VPS_CHECK_GOTO(vps_w_int(w, "switch", (int64_t)r->switch_seq), rc, done);
-		VPS_CHECK_GOTO(vps_w_str(w, "transport", r->transport ? r->transport : "tcp"), rc, done);
-		VPS_CHECK_GOTO(vps_w_int(w, "bytes_sent", r->bytes_sent), rc, done);
-		VPS_CHECK_GOTO(vps_w_int(w, "bytes_received", r->bytes_received), rc, done);
-		VPS_CHECK_GOTO(vps_w_int(w, "bytes_copied", r->bytes_copied), rc, done);
-		VPS_CHECK_GOTO(vps_w_double(w, "setup_seconds", r->setup_seconds), rc, done);
-		VPS_CHECK_GOTO(vps_w_double(w, "waited_seconds", r->waited_seconds), rc, done);
-		VPS_CHECK_GOTO(vps_w_double(w, "pause_seconds", r->pause_seconds), rc, done);
-		VPS_CHECK_GOTO(vps_w_double(w, "attach_seconds", r->attach_seconds), rc, done);
-		VPS_CHECK_GOTO(vps_w_double(w, "agree_seconds", r->agree_seconds), rc, done);
-		VPS_CHECK_GOTO(vps_w_double(w, "transfer_seconds", r->transfer_seconds), rc, done);
-		VPS_CHECK_GOTO(vps_w_double(w, "gb_per_second",
-					    r->transfer_seconds > 0 ? moved / r->transfer_seconds / 1e9 : 0.0),
-			       rc, done);
-		VPS_CHECK_GOTO(vps_w_int(w, "premapped_bytes", (int64_t)r->premapped_bytes), rc, done);
-		VPS_CHECK_GOTO(vps_w_int(w, "mapped_in_pause_bytes", (int64_t)r->mapped_in_pause_bytes), rc, done);
-		VPS_CHECK_GOTO(vps_w_str(w, "digest", !r->checked ? "not checked" : r->digest_match ? "match" : "mismatch"),
-			       rc, done);
-		VPS_CHECK_GOTO(vps_w_u64hex(w, "digest_value", r->digest_after), rc, done);
-		VPS_CHECK_GOTO(vps_w_seq_begin(w, "stages", r->nstages, false), rc, done);
-		for (size_t i = 0; i < r->nstages; i++) {
-			const struct vps_exec_stage_report *st = &r->stages[i];
-			double b = (double)(st->bytes_sent + st->bytes_received);
-			VPS_CHECK_GOTO(vps_w_map_begin(w, NULL), rc, done);
-			VPS_CHECK_GOTO(vps_w_int(w, "stage", (int64_t)i), rc, done);
-			VPS_CHECK_GOTO(vps_w_int(w, "bytes_sent", st->bytes_sent), rc, done);
-			VPS_CHECK_GOTO(vps_w_int(w, "bytes_received", st->bytes_received), rc, done);
-			VPS_CHECK_GOTO(vps_w_int(w, "bytes_copied", st->bytes_copied), rc, done);
-			VPS_CHECK_GOTO(vps_w_double(w, "seconds", st->seconds), rc, done);
-			VPS_CHECK_GOTO(vps_w_double(w, "gb_per_second", st->seconds > 0 ? b / st->seconds / 1e9 : 0.0), rc,
-				       done);
-			VPS_CHECK_GOTO(vps_w_map_end(w), rc, done);
-		}
-		VPS_CHECK_GOTO(vps_w_seq_end(w), rc, done);
-		VPS_CHECK_GOTO(vps_w_map_end(w), rc, done);
+	const struct vps_exec_opts *o = ex->o;
+	char name[VPS_REGISTRY_NAME_MAX + 32];
+	VPS_CHECK(registry_name(o->registry, ex->p0, o->rank, o->local_rank, name, sizeof(name)));
+	VPS_CHECK(open_registry(name, o->wait ? -1 : o->timeout, o->timeout, &ex->reg));
+	struct vps_net_opts no = {ex->net_rank, ex->net_world, o->master_host, o->master_port, o->timeout, o->token,
+				  o->bind,      ex->hash,      ex->mesh,       ex->nmesh};
+	VPS_CHECK(vps_net_start(&ex->net, &no));
+	VPS_CHECK(agree_stages(ex->net, ex->plans, ex->nplans));
+	VPS_CHECK(vps_mapcache_new(&ex->maps));
+	VPS_CHECK(carriers_start(ex));
+	gpu_context(ex);
+	vps_registry_state(ex->reg, &ex->last_seq);
+	/* a request made before we attached counts */
+	if (vps_registry_state(ex->reg, NULL) == VPS_REG_REQUESTED && ex->last_seq)
+		ex->last_seq--;
+	return VPS_OK;
+}
+
+/* rc: how the executor ends; a failure reaches the trainer. */
+static void executor_release(struct executor *ex, vps_result_t rc)
+{
+	if (rc && ex->reg) {
+		char msg[256];
+		snprintf(msg, sizeof(msg), "rank %" PRId64 ": %s", ex->o->rank, vps_last_error());
+		vps_registry_abort(ex->reg, msg);
 	}
-	VPS_CHECK_GOTO(vps_w_seq_end(w), rc, done);
-	rc = vps_writer_finish(w, out);
-done:
-	vps_writer_free(w);
+	carriers_free(&ex->car);
+	vps_mapcache_free(ex->maps);
+	vps_net_free(ex->net);
+	vps_registry_close(ex->reg);
+	free(ex->mesh);
+	for (size_t k = 0; ex->peers && k < ex->nplans; k++)
+		free(ex->peers[k]);
+	free(ex->peers);
+}
+
+vps_result_t vps_exec_run(struct vps_staged *const *plans, size_t nplans, const struct vps_exec_opts *o,
+			  struct vps_exec_report *reports)
+{
+	struct executor ex = {.o = o, .plans = plans, .nplans = nplans};
+	vps_result_t rc = executor_check(&ex);
+	double t_setup = now();
+	if (!rc)
+		rc = executor_start(&ex);
+	double setup = now() - t_setup;
+	for (size_t k = 0; k < nplans && !rc; k++) {
+		memset(&reports[k], 0, sizeof(reports[k]));
+		reports[k].setup_seconds = k ? 0 : setup;
+		rc = one_switch(&ex, k, &reports[k]);
+	}
+	executor_release(&ex, rc);
 	return rc;
 }

@@ -1,4 +1,4 @@
-/* GPU support, loaded at run time: libvps-cuda.so (lib/cuda/) is opened
+/* GPU support, loaded at run time: libvps-cuda.so (lib/gpu/cuda/) is opened
  * with dlopen the first time GPU memory or NCCL is asked for, so that every
  * tool runs on machines without CUDA. */
 #ifndef VPS_GPU_H

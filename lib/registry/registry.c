@@ -182,7 +182,7 @@ static vps_result_t map_object_prot(const char *name, bool create, bool writable
 	int fd = shm_open(path, create ? O_CREAT | O_EXCL | O_RDWR : writable ? O_RDWR : O_RDONLY, 0600);
 	if (fd < 0) {
 		int err = errno; /* create looks at EEXIST */
-		vps_result_t rc = vps_fail(err == ENOENT ? VPS_EINPUT : VPS_ESYS, "shared memory /dev/shm/%s: %s", name,
+		vps_result_t rc = vps_fail(err == ENOENT ? VPS_ENOTFOUND : VPS_ESYS, "shared memory /dev/shm/%s: %s", name,
 					   strerror(err));
 		errno = err;
 		return rc;
@@ -255,7 +255,7 @@ static vps_result_t attach(struct vps_registry **out, const char *name)
 		/* the trainer is creating it: the magic is written last */
 		if (len)
 			munmap(base, len);
-		return vps_fail(VPS_EINPUT, "registry %s is not ready yet", name);
+		return vps_fail(VPS_ENOTFOUND, "registry %s is not ready yet", name);
 	}
 	if (memcmp(h->magic, REG_MAGIC, 8) != 0) {
 		munmap(base, len);
@@ -431,7 +431,7 @@ vps_result_t vps_registry_open(struct vps_registry **out, const char *name)
 		int pid = (*out)->h->owner_pid;
 		vps_registry_close(*out);
 		*out = NULL;
-		return vps_fail(VPS_EINPUT, "registry %s is stale (its trainer, pid %d, is gone)", name, pid);
+		return vps_fail(VPS_ESTALE, "registry %s is stale (its trainer, pid %d, is gone)", name, pid);
 	}
 	return VPS_OK;
 }

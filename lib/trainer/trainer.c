@@ -237,15 +237,22 @@ static vps_result_t take_step(const struct vps_layout *l, int64_t rank, const st
 	return VPS_OK;
 }
 
-vps_result_t vps_trainer_run(struct vps_staged *const *plans, size_t nplans, const struct vps_trainer_opts *o,
-			     struct vps_trainer_result *res)
+/* One trainer: its registry, its shards (the source it holds, the target
+ * a switch fills), its training state and its samples log. */
+struct trainer {
+	const struct vps_trainer_opts *o;
+	struct vps_registry *reg;
+	const struct vps_cuda_api *gpu;
+	struct shard src, dst;
+	struct vps_registry_training t;
+	FILE *log;
+	struct vps_device me;
+};
+
+/* The plans chain (each starts where the one before ends) and hold this
+ * rank. */
+static vps_result_t check_plans(struct vps_staged *const *plans, size_t nplans, int64_t rank)
 {
-	vps_result_t rc = VPS_OK;
-	struct vps_registry *reg = NULL;
-	struct shard src = {0}, dst = {0};
-	FILE *log = NULL;
-	memset(res, 0, sizeof(*res));
-	res->training_state_ok = true;
 	if (!nplans)
 		return vps_fail(VPS_EINPUT, "no staged plan");
 	for (size_t k = 0; k < nplans; k++) {
@@ -256,111 +263,141 @@ vps_result_t vps_trainer_run(struct vps_staged *const *plans, size_t nplans, con
 					k);
 	}
 	const struct vps_plan *p0 = plans[0]->plan;
-	if (o->rank < 0 || o->rank >= vps_world_size(p0->world))
-		return vps_fail(VPS_EINPUT, "rank %" PRId64 " is outside the transition world of %" PRId64, o->rank,
+	if (rank < 0 || rank >= vps_world_size(p0->world))
+		return vps_fail(VPS_EINPUT, "rank %" PRId64 " is outside the transition world of %" PRId64, rank,
 				vps_world_size(p0->world));
-	struct vps_device me = vps_world_device(p0->world, o->rank);
+	return VPS_OK;
+}
+
+/* The registry, the first training state, and the source shard trained
+ * for steps_before steps. */
+static vps_result_t trainer_start(struct trainer *tr, const struct vps_plan *p0)
+{
+	const struct vps_trainer_opts *o = tr->o;
+	struct vps_registry_training *t = &tr->t;
 	int64_t ra = vps_world_a_rank(p0->world, o->rank);
-	if (o->samples_log && !(log = fopen(o->samples_log, "a")))
-		return vps_fail(VPS_EINPUT, "%s: %s", o->samples_log, strerror(errno));
-	const struct vps_cuda_api *gpu = NULL;
 	if (o->cuda)
-		VPS_CHECK_GOTO(vps_gpu_init(o->device, o->local_rank, &gpu), rc, done);
-	VPS_CHECK_GOTO(vps_registry_create(&reg, o->registry, ra >= 0 ? vps_layout_hash(p0->a) : 0, ra,
-					   (uint32_t)(4 * VPS_NSTATES * 64), 1),
-		       rc, done);
-	struct vps_registry_training t = {0};
-	t.global_batch = o->global_batch;
-	t.dp = vps_layout_parallel(p0->a)->dp;
-	t.micro_batch = o->micro_batch > 0 ? o->micro_batch : 1;
-	if (t.global_batch) {
-		if (t.global_batch % (t.micro_batch * t.dp)) {
-			rc = vps_fail(VPS_EINPUT, "--global-batch %" PRId64 " is not a multiple of micro batch %" PRId64
-				      " x dp %" PRId64, t.global_batch, t.micro_batch, t.dp);
-			goto done;
-		}
-		t.grad_accum = t.global_batch / (t.micro_batch * t.dp);
+		VPS_CHECK(vps_gpu_init(o->device, o->local_rank, &tr->gpu));
+	VPS_CHECK(vps_registry_create(&tr->reg, o->registry, ra >= 0 ? vps_layout_hash(p0->a) : 0, ra,
+				      (uint32_t)(4 * VPS_NSTATES * 64), 1));
+	t->global_batch = o->global_batch;
+	t->dp = vps_layout_parallel(p0->a)->dp;
+	t->micro_batch = o->micro_batch > 0 ? o->micro_batch : 1;
+	if (t->global_batch) {
+		if (t->global_batch % (t->micro_batch * t->dp))
+			return vps_fail(VPS_EINPUT, "--global-batch %" PRId64 " is not a multiple of micro batch %" PRId64
+					" x dp %" PRId64, t->global_batch, t->micro_batch, t->dp);
+		t->grad_accum = t->global_batch / (t->micro_batch * t->dp);
 	}
 	if (ra >= 0) {
-		VPS_CHECK_GOTO(alloc_shard(reg, p0->a, ra, VPS_ROLE_SOURCE, gpu, o, &src), rc, done);
-		VPS_CHECK_GOTO(fill_shard(p0->a, &src, 0), rc, done);
+		VPS_CHECK(alloc_shard(tr->reg, p0->a, ra, VPS_ROLE_SOURCE, tr->gpu, o, &tr->src));
+		VPS_CHECK(fill_shard(p0->a, &tr->src, 0));
 		for (int64_t s = 1; s <= o->steps_before; s++) {
-			VPS_CHECK_GOTO(take_step(p0->a, ra, &t, log), rc, done);
-			t.consumed_samples += t.global_batch;
-			t.step = t.scheduler_step = s;
-			VPS_CHECK_GOTO(fill_shard(p0->a, &src, s), rc, done);
+			VPS_CHECK(take_step(p0->a, ra, t, tr->log));
+			t->consumed_samples += t->global_batch;
+			t->step = t->scheduler_step = s;
+			VPS_CHECK(fill_shard(p0->a, &tr->src, s));
 		}
 	}
-	t.valid = 1;
-	vps_registry_set_training(reg, &t);
-	for (size_t k = 0; k < nplans; k++) {
-		const struct vps_plan *p = plans[k]->plan;
-		int64_t w = vps_world_of_device(p->world, me);
-		int64_t a = w >= 0 ? vps_world_a_rank(p->world, w) : -1, b = w >= 0 ? vps_world_b_rank(p->world, w) : -1;
-		if (w < 0) {
-			rc = vps_fail(VPS_EINPUT, "staged plan %zu does not use this device", k + 1);
-			goto done;
-		}
-		if (k > 0) {
-			/* the last target is now the source */
-			VPS_CHECK_GOTO(vps_registry_reset(reg, vps_layout_hash(p->a), a), rc, done);
-			VPS_CHECK_GOTO(shard_free(reg, &src), rc, done);
-			if (a >= 0) {
-				src = dst;
-				memset(&dst, 0, sizeof(dst));
-				VPS_CHECK_GOTO(register_shard(reg, &src, VPS_ROLE_SOURCE), rc, done);
-			}
-		}
-		if (b >= 0)
-			VPS_CHECK_GOTO(alloc_shard(reg, p->b, b, VPS_ROLE_TARGET, gpu, o, &dst), rc, done);
-		VPS_CHECK_GOTO(vps_registry_set_target(reg, vps_layout_hash(p->b), b), rc, done);
-		uint64_t seq;
-		int64_t step_before = t.step, consumed_before = t.consumed_samples;
-		rc = vps_registry_request(reg, &seq);
-		if (!rc)
-			rc = vps_registry_wait(reg, seq, o->timeout);
-		if (rc) {
-			/* a failed switch must leave the sources as they were */
-			int64_t wrong = 0, dirty = 0;
-			char msg[1024];
-			snprintf(msg, sizeof(msg), "%s", vps_last_error());
-			if (a >= 0)
-				if (check_shard(p->a, &src, t.step, &wrong, &dirty, NULL))
-					wrong = -1;
-			rc = vps_fail(rc, "%s; sources %s", msg,
-				      a < 0 ? "none (joining)" : wrong < 0 ? "unreadable" : wrong || dirty ? "DAMAGED" : "intact");
-			goto done;
-		}
-		res->switches++;
-		if (b < 0) {
-			/* a leaving device holds nothing now; it may join a later switch */
-			VPS_CHECK_GOTO(vps_registry_reset(reg, 0, -1), rc, done);
-			VPS_CHECK_GOTO(shard_free(reg, &src), rc, done);
-			continue;
-		}
-		/* the switch carries rank 0's step and data position to everyone
-		 * (a joining device had none of its own) */
-		vps_registry_get_training(reg, &t);
-		if (!t.valid || (a >= 0 && (t.step != step_before || t.consumed_samples != consumed_before)))
-			res->training_state_ok = false;
-		VPS_CHECK_GOTO(check_shard(p->b, &dst, t.step, &res->wrong_elements, &res->dirty_padding, &p->lost), rc,
-			       done);
-		for (int64_t s = 1; s <= o->steps_after; s++) {
-			VPS_CHECK_GOTO(take_step(p->b, b, &t, log), rc, done);
-			t.consumed_samples += t.global_batch;
-			t.step++;
-			t.scheduler_step++;
-			VPS_CHECK_GOTO(fill_shard(p->b, &dst, t.step), rc, done);
-		}
-		vps_registry_set_training(reg, &t);
+	t->valid = 1;
+	vps_registry_set_training(tr->reg, t);
+	return VPS_OK;
+}
+
+/* A failed switch must leave the sources as they were: say whether it did. */
+static vps_result_t switch_failed(struct trainer *tr, const struct vps_plan *p, int64_t a, vps_result_t rc)
+{
+	int64_t wrong = 0, dirty = 0;
+	char msg[1024];
+	snprintf(msg, sizeof(msg), "%s", vps_last_error());
+	if (a >= 0)
+		if (check_shard(p->a, &tr->src, tr->t.step, &wrong, &dirty, NULL))
+			wrong = -1;
+	return vps_fail(rc, "%s; sources %s", msg,
+			a < 0 ? "none (joining)" : wrong < 0 ? "unreadable" : wrong || dirty ? "DAMAGED" : "intact");
+}
+
+/* After a switch to target rank b: the state received is checked, and
+ * training goes on from the step and data position the switch carried
+ * (rank 0's: a joining device had none of its own). */
+static vps_result_t train_on(struct trainer *tr, const struct vps_plan *p, int64_t a, int64_t b,
+			     struct vps_trainer_result *res)
+{
+	struct vps_registry_training *t = &tr->t;
+	int64_t step_before = t->step, consumed_before = t->consumed_samples;
+	vps_registry_get_training(tr->reg, t);
+	if (!t->valid || (a >= 0 && (t->step != step_before || t->consumed_samples != consumed_before)))
+		res->training_state_ok = false;
+	VPS_CHECK(check_shard(p->b, &tr->dst, t->step, &res->wrong_elements, &res->dirty_padding, &p->lost));
+	for (int64_t s = 1; s <= tr->o->steps_after; s++) {
+		VPS_CHECK(take_step(p->b, b, t, tr->log));
+		t->consumed_samples += t->global_batch;
+		t->step++;
+		t->scheduler_step++;
+		VPS_CHECK(fill_shard(p->b, &tr->dst, t->step));
 	}
-	res->step = t.step;
-	res->consumed_samples = t.consumed_samples;
-done:
-	if (log && fclose(log) != 0 && !rc)
+	vps_registry_set_training(tr->reg, t);
+	return VPS_OK;
+}
+
+/* Switch k: the last target becomes the source, a target is allocated,
+ * the switch requested and waited for, and training goes on. */
+static vps_result_t one_switch(struct trainer *tr, const struct vps_staged *s, size_t k,
+			       struct vps_trainer_result *res)
+{
+	const struct vps_plan *p = s->plan;
+	int64_t w = vps_world_of_device(p->world, tr->me);
+	if (w < 0)
+		return vps_fail(VPS_EINPUT, "staged plan %zu does not use this device", k + 1);
+	int64_t a = vps_world_a_rank(p->world, w), b = vps_world_b_rank(p->world, w);
+	if (k > 0) {
+		VPS_CHECK(vps_registry_reset(tr->reg, vps_layout_hash(p->a), a));
+		VPS_CHECK(shard_free(tr->reg, &tr->src));
+		if (a >= 0) {
+			tr->src = tr->dst;
+			memset(&tr->dst, 0, sizeof(tr->dst));
+			VPS_CHECK(register_shard(tr->reg, &tr->src, VPS_ROLE_SOURCE));
+		}
+	}
+	if (b >= 0)
+		VPS_CHECK(alloc_shard(tr->reg, p->b, b, VPS_ROLE_TARGET, tr->gpu, tr->o, &tr->dst));
+	VPS_CHECK(vps_registry_set_target(tr->reg, vps_layout_hash(p->b), b));
+	uint64_t seq;
+	vps_result_t rc = vps_registry_request(tr->reg, &seq);
+	if (!rc)
+		rc = vps_registry_wait(tr->reg, seq, tr->o->timeout);
+	if (rc)
+		return switch_failed(tr, p, a, rc);
+	res->switches++;
+	if (b >= 0)
+		return train_on(tr, p, a, b, res);
+	/* a leaving device holds nothing now; it may join a later switch */
+	VPS_CHECK(vps_registry_reset(tr->reg, 0, -1));
+	return shard_free(tr->reg, &tr->src);
+}
+
+vps_result_t vps_trainer_run(struct vps_staged *const *plans, size_t nplans, const struct vps_trainer_opts *o,
+			     struct vps_trainer_result *res)
+{
+	struct trainer tr = {.o = o};
+	memset(res, 0, sizeof(*res));
+	res->training_state_ok = true;
+	VPS_CHECK(check_plans(plans, nplans, o->rank));
+	const struct vps_plan *p0 = plans[0]->plan;
+	tr.me = vps_world_device(p0->world, o->rank);
+	if (o->samples_log && !(tr.log = fopen(o->samples_log, "a")))
+		return vps_fail(VPS_EINPUT, "%s: %s", o->samples_log, strerror(errno));
+	vps_result_t rc = trainer_start(&tr, p0);
+	for (size_t k = 0; k < nplans && !rc; k++)
+		rc = one_switch(&tr, plans[k], k, res);
+	if (!rc) {
+		res->step = tr.t.step;
+		res->consumed_samples = tr.t.consumed_samples;
+	}
+	if (tr.log && fclose(tr.log) != 0 && !rc)
 		rc = vps_fail_errno("samples log");
-	shard_release(&src);
-	shard_release(&dst);
-	vps_registry_close(reg);
+	shard_release(&tr.src);
+	shard_release(&tr.dst);
+	vps_registry_close(tr.reg);
 	return rc;
 }

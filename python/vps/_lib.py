@@ -15,15 +15,26 @@ CODES = {
 }
 
 
+EINPUT = 1
+
+
 class Error(Exception):
     """A libvps call failed: code is its vps_result_t (name: VPS_EINPUT, ...),
-    message the library's own text (vps_last_error)."""
+    message the library's own text (vps_last_error). The module raises it
+    too for misuse the library cannot see, such as a call on a closed object
+    (VPS_EINPUT)."""
 
     def __init__(self, code, message):
         self.code = code
         self.name = CODES.get(code, "VPS_E%d" % code)
         self.message = message
         super().__init__(message)
+
+
+def closed(what):
+    """The error for a call on an object whose C handle was released: the
+    library would dereference a freed or NULL pointer."""
+    return Error(EINPUT, "%s is closed" % what)
 
 
 MAX_DIMS = 4
@@ -70,6 +81,14 @@ class Region(C.Structure):
                 ("offset", C.c_int64), ("strides", C.c_int64 * MAX_DIMS)]
 
 
+class Holder(C.Structure):
+    _fields_ = [("region", Region), ("base", C.c_int64), ("stride", C.c_int64), ("count", C.c_int64)]
+
+
+class Holders(C.Structure):
+    _fields_ = [("v", C.POINTER(Holder)), ("n", C.c_size_t), ("cap", C.c_size_t)]
+
+
 class Coords(C.Structure):
     _fields_ = [(k, C.c_int64) for k in ("tp", "cp", "dp", "pp", "etp", "ep", "edp")]
 
@@ -107,7 +126,8 @@ class EntryInfo(C.Structure):
 
 _MIRRORS = {"vps_model": Model, "vps_parallel": Parallel, "vps_devices": Devices, "vps_tensor": Tensor,
             "vps_box": Box, "vps_region": Region, "vps_coords": Coords, "vps_buffer": Buffer, "vps_param": Param,
-            "vps_rank_view": RankView, "vps_registry_training": Training, "vps_registry_entry_info": EntryInfo}
+            "vps_rank_view": RankView, "vps_holder": Holder, "vps_holders": Holders,
+            "vps_registry_training": Training, "vps_registry_entry_info": EntryInfo}
 
 P = C.POINTER
 VP = C.c_void_p
@@ -143,6 +163,13 @@ _PROTOS = {
     "vps_layout_coords": (None, [VP, C.c_int64, P(Coords)]),
     "vps_layout_rank": (RC, [VP, C.c_int64, P(RankView)]),
     "vps_rank_view_release": (None, [P(RankView)]),
+    "vps_layout_has_state": (C.c_bool, [VP, C.c_int]),
+    "vps_layout_tensor_has_state": (C.c_bool, [VP, P(Tensor), C.c_int]),
+    "vps_layout_holders": (RC, [VP, C.c_uint32, C.c_int, P(Box), P(Holders)]),
+    "vps_holders_release": (None, [P(Holders)]),
+    "vps_box_intersect": (C.c_bool, [P(Box), P(Box), P(Box)]),
+    "vps_region_restrict": (None, [P(Region), P(Box), P(Region)]),
+    "vps_state_dtype": (C.c_int, [C.c_int]),
     "vps_registry_create": (RC, [P(VP), C.c_char_p, C.c_uint64, C.c_int64, C.c_uint32, C.c_int]),
     "vps_registry_close": (None, [VP]),
     "vps_registry_unlink": (RC, [C.c_char_p]),

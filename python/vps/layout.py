@@ -5,14 +5,17 @@ Megatron-LM's rules: which parameters this rank holds, under which names,
 at which offsets of which buffer, and which logical box of each tensor every
 region of a buffer is."""
 import ctypes as C
+import fnmatch
 import os
 from collections import namedtuple
 
-from ._lib import Coords as _Coords, Devices, Error, Model as _Model, Parallel as _Parallel, RankView as _RankView, Tensor, call, lib
+from ._lib import (EINPUT, Box as _Box, Coords as _Coords, Devices, Error, Model as _Model, Parallel as _Parallel,
+                   Holders as _Holders, RankView as _RankView, Region as _Region, Tensor, call, closed as _closed, lib)
 
 STATES = ("param", "main_param", "exp_avg", "exp_avg_sq", "grad", "module_buffer")
 PARAM, MAIN_PARAM, EXP_AVG, EXP_AVG_SQ, GRAD, MODULE_BUFFER = range(6)
 BF16, FP32 = 0, 1
+DTYPES = ("bf16", "fp32")
 DTYPE_SIZE = {BF16: 2, FP32: 4}
 
 # Tensor kinds (enum vps_tensor_kind) that Megatron holds as 2-D weights;
@@ -34,19 +37,58 @@ def _config_path(sub):
     return ":".join(os.path.join(r, sub) for r in roots)
 
 
-Buffer = namedtuple("Buffer", "id state dtype chunk expert sharded elements")
-Buffer.__doc__ = ("One flat buffer of a rank: a state of one model chunk, dense or expert, or the chunk's "
-                  "module buffers (state module_buffer).")
-Param = namedtuple("Param", "index name local_name tensor chunk local_layer local_expert expert output_copy "
-                   "offset elements bucket shape module_buffer")
-Param.__doc__ = ("A parameter as Megatron's model chunk holds it: name is the global name, local_name the name "
-                 "inside its chunk (what named_parameters() gives), shape the local torch shape, offset and "
-                 "elements where it sits in its chunk's unsharded buffers (vocabulary padding included). "
-                 "With module_buffer it is a module's register_buffer (the router's expert_bias), held in "
-                 "the chunk's module_buffer buffer only.")
-Region = namedtuple("Region", "tensor state buffer lo hi offset strides param")
-Region.__doc__ = ("A box [lo, hi) of a logical tensor in a buffer: element i is at "
-                  "offset + sum((i - lo) * strides). param indexes RankView.params.")
+def _word(table, v):
+    return table[v] if isinstance(v, int) and 0 <= v < len(table) else v
+
+
+class Buffer(namedtuple("Buffer", "id state dtype chunk expert sharded elements")):
+    """One flat buffer of a rank: a state of one model chunk, dense or expert, or the chunk's
+    module buffers (state module_buffer). state and dtype are numbers (STATES and DTYPES
+    name them)."""
+    __slots__ = ()
+
+    def __repr__(self):
+        return ("Buffer(id=%d, state=%s, dtype=%s, chunk=%d, expert=%s, sharded=%s, elements=%d)"
+                % (self.id, _word(STATES, self.state), _word(DTYPES, self.dtype), self.chunk, self.expert,
+                   self.sharded, self.elements))
+
+
+class Param(namedtuple("Param", "index name local_name tensor chunk local_layer local_expert expert output_copy "
+                                "offset elements bucket shape module_buffer")):
+    """A parameter as Megatron's model chunk holds it: name is the global name, local_name the name
+    inside its chunk (what named_parameters() gives), shape the local torch shape, offset and
+    elements where it sits in its chunk's unsharded buffers (vocabulary padding included).
+    With module_buffer it is a module's register_buffer (the router's expert_bias), held in
+    the chunk's module_buffer buffer only. tensor is the logical tensor's id (Model.tensor_name)."""
+    __slots__ = ()
+
+
+class Region(namedtuple("Region", "tensor state buffer lo hi offset strides param name")):
+    """A box [lo, hi) of a logical tensor in a buffer: element i is at
+    offset + sum((i - lo) * strides). tensor is the tensor's id, name its global name,
+    state a number (STATES names it); param indexes RankView.params."""
+    __slots__ = ()
+
+    def __repr__(self):
+        return ("Region(%s, state=%s, buffer=%d, box=[%s], offset=%d, strides=%s, param=%d)"
+                % (self.name, _word(STATES, self.state), self.buffer,
+                   ", ".join("%d:%d" % lh for lh in zip(self.lo, self.hi)), self.offset, self.strides, self.param))
+
+
+class Holder(namedtuple("Holder", "name state ranks buffer lo hi offset strides bytes")):
+    """Who holds a (tensor, state) region, as vps-layout --tensor answers it: the tensor's name,
+    the state's name, ranks (a range: every rank of it holds the region at the same buffer and
+    offset), the buffer, the box [lo, hi), its offset and strides in the buffer, and its bytes."""
+    __slots__ = ()
+
+    def __repr__(self):
+        r = self.ranks
+        ranks = str(r.start) if len(r) == 1 else "%d-%d%s" % (r.start, r[-1], "" if r.step == 1 else ":%d" % r.step)
+        return ("Holder(%s, state=%s, ranks=%s, buffer=%d, box=[%s], offset=%d, strides=%s, bytes=%d)"
+                % (self.name, self.state, ranks, self.buffer,
+                   ", ".join("%d:%d" % lh for lh in zip(self.lo, self.hi)), self.offset, self.strides, self.bytes))
+
+
 # cp last: code that unpacks the first three as (tp, dp, pp) keeps working
 Coords = namedtuple("Coords", "tp dp pp etp ep edp cp")
 
@@ -76,10 +118,13 @@ class Model:
         return t
 
     def tensor_name(self, tid):
-        t = self.tensor(tid)
-        buf = C.create_string_buffer(256)
-        lib.vps_tensor_name(C.byref(t), buf, len(buf))
-        return buf.value.decode()
+        names = self.__dict__.setdefault("_names", {})
+        if tid not in names:
+            t = self.tensor(tid)
+            buf = C.create_string_buffer(512)
+            lib.vps_tensor_name(C.byref(t), buf, len(buf))
+            names[tid] = buf.value.decode()
+        return names[tid]
 
     def tensor_shape(self, tid):
         t = self.tensor(tid)
@@ -104,7 +149,8 @@ class Layout:
     """A parallel configuration applied to a model on packed devices (or read
     from a layout file written by vps-layout(1)). Its hash is what vps-plan and
     vps-exec know it by: the same model, configuration and devices give the
-    same hash in every process."""
+    same hash in every process. After close(), every method but close()
+    raises vps.Error (VPS_EINPUT); RankViews taken before stay valid."""
 
     def __init__(self, handle, model=None):
         self._h = C.c_void_p(handle)
@@ -136,6 +182,7 @@ class Layout:
         return lay
 
     def close(self):
+        """Free the layout. Closing a closed layout does nothing."""
         if getattr(self, "_h", None) and lib:
             lib.vps_layout_free(self._h)
         self._h = None
@@ -144,21 +191,35 @@ class Layout:
         self.close()
 
     @property
+    def closed(self):
+        return not getattr(self, "_h", None)
+
+    def _handle(self):
+        if self.closed:
+            raise _closed("layout of %s" % (self.model.spec if self.model else "?"))
+        return self._h
+
+    def __repr__(self):
+        if self.closed:
+            return "Layout(closed)"
+        return "Layout(%s, %s, world %d, hash 0x%016x)" % (self.model.name, self.describe(), self.world, self.hash)
+
+    @property
     def hash(self):
-        return lib.vps_layout_hash(self._h)
+        return lib.vps_layout_hash(self._handle())
 
     @property
     def world(self):
-        return lib.vps_layout_world(self._h)
+        return lib.vps_layout_world(self._handle())
 
     @property
     def parallel(self):
-        p = lib.vps_layout_parallel(self._h).contents
+        p = lib.vps_layout_parallel(self._handle()).contents
         return {k: getattr(p, k) for k, _ in p._fields_}
 
     def describe(self):
         buf = C.create_string_buffer(256)
-        lib.vps_parallel_format(lib.vps_layout_parallel(self._h), buf, len(buf))
+        lib.vps_parallel_format(lib.vps_layout_parallel(self._handle()), buf, len(buf))
         return buf.value.decode()
 
     def coords(self, r):
@@ -166,7 +227,7 @@ class Layout:
         if not 0 <= r < self.world:
             raise Error(1, "rank %d is outside the layout's world of %d" % (r, self.world))
         c = _Coords()
-        lib.vps_layout_coords(self._h, r, C.byref(c))
+        lib.vps_layout_coords(self._handle(), r, C.byref(c))
         return Coords(*(getattr(c, k) for k in Coords._fields))
 
     def rank(self, r):
@@ -174,11 +235,89 @@ class Layout:
         if not 0 <= r < self.world:
             raise Error(1, "rank %d is outside the layout's world of %d" % (r, self.world))
         v = _RankView()
-        call("vps_layout_rank", self._h, r, C.byref(v))
+        call("vps_layout_rank", self._handle(), r, C.byref(v))
         try:
             return RankView(self, v)
         finally:
             lib.vps_rank_view_release(C.byref(v))
+
+    def holders(self, tensor, state=None, box=None):
+        """Who holds a tensor, the Python form of vps-layout --tensor: a list of
+        Holder, one per region of each (tensor, state) pair, with the ranks that
+        hold it at the same buffer and offset (a range, never enumerated).
+
+        tensor is a global name or an fnmatch glob ("decoder.layers.17.*fc1*");
+        state a state's name or number (default: every state the layout holds);
+        box, a sequence of (lo, hi) per axis, keeps only what intersects it,
+        clipped to it. A name no tensor has, a glob nothing matches, a state the
+        layout does not hold and a box outside the tensor raise vps.Error."""
+        h = self._handle()
+        m = self.model
+        st = None if state is None else _state_number(state)
+        if st is not None and not lib.vps_layout_has_state(h, st):
+            raise Error(EINPUT, "this layout holds no %s (%s)" % (STATES[st], "the model has no module buffers"
+                                                                  if st == MODULE_BUFFER else "grad=1 adds it"))
+        if any(c in tensor for c in "*?["):
+            ids = [i for i in range(m.num_tensors) if fnmatch.fnmatchcase(m.tensor_name(i), tensor)]
+            if not ids:
+                raise Error(EINPUT, "%s has no tensor matching '%s'" % (m.name, tensor))
+        else:
+            try:
+                ids = [m.find(tensor)]
+            except Error:
+                raise Error(EINPUT, "%s has no tensor named '%s' (a glob such as 'decoder.layers.0.*' lists "
+                                    "names)" % (m.name, tensor)) from None
+        want = None
+        if box is not None:
+            want = _Box()
+            want.ndim = len(box)
+            if not 1 <= want.ndim <= len(want.lo):
+                raise Error(EINPUT, "box: 1 to %d axes, not %d" % (len(want.lo), want.ndim))
+            for k, (lo, hi) in enumerate(box):
+                if not 0 <= lo < hi:
+                    raise Error(EINPUT, "box: axis %d: %d:%d is empty or negative" % (k, lo, hi))
+                want.lo[k], want.hi[k] = lo, hi
+        out = []
+        found = _Holders()
+        try:
+            for tid in ids:
+                t = m.tensor(tid)
+                name = m.tensor_name(tid)
+                if want is not None:
+                    if t.ndim != want.ndim:
+                        if len(ids) > 1:
+                            continue
+                        raise Error(EINPUT, "box: %d axes, %s has %d" % (want.ndim, name, t.ndim))
+                    for k in range(t.ndim):
+                        if want.hi[k] > t.shape[k]:
+                            raise Error(EINPUT, "box: axis %d: %d:%d is outside %s, 0:%d"
+                                        % (k, want.lo[k], want.hi[k], name, t.shape[k]))
+                for s in range(len(STATES)) if st is None else (st,):
+                    if not lib.vps_layout_tensor_has_state(h, C.byref(t), s):
+                        continue
+                    found.n = 0
+                    call("vps_layout_holders", h, tid, s, C.byref(want) if want is not None else None,
+                         C.byref(found))
+                    for i in range(found.n):
+                        x = found.v[i]
+                        part = x.region
+                        if want is not None:
+                            b = _Box()
+                            if not lib.vps_box_intersect(C.byref(x.region.box), C.byref(want), C.byref(b)):
+                                continue
+                            part = _Region()
+                            lib.vps_region_restrict(C.byref(x.region), C.byref(b), C.byref(part))
+                        nd = part.box.ndim
+                        lo, hi = tuple(part.box.lo[:nd]), tuple(part.box.hi[:nd])
+                        volume = 1
+                        for a, z in zip(lo, hi):
+                            volume *= z - a
+                        out.append(Holder(name, STATES[s], range(x.base, x.base + x.stride * x.count, x.stride or 1),
+                                          part.buffer, lo, hi, part.offset, tuple(part.strides[:nd]),
+                                          volume * DTYPE_SIZE[lib.vps_state_dtype(s)]))
+        finally:
+            lib.vps_holders_release(C.byref(found))
+        return out
 
 
 def layout(model, parallel, gpus_per_node=8, first_node=0):
@@ -217,8 +356,13 @@ class RankView:
         for i, r in enumerate(v.regions[:v.nregions]):
             nd = r.box.ndim
             self.regions.append(Region(r.tensor, r.state, r.buffer, tuple(r.box.lo[:nd]), tuple(r.box.hi[:nd]),
-                                       r.offset, tuple(r.strides[:nd]), v.region_param[i]))
+                                       r.offset, tuple(r.strides[:nd]), v.region_param[i], m.tensor_name(r.tensor)))
         self._by_name = {p.name: p for p in self.params}
+
+    def __repr__(self):
+        return "RankView(rank %d of %s: %d buffers, %d params, %d regions)" % (
+            self.rank, self.layout.describe() if not self.layout.closed else "a closed layout", len(self.buffers),
+            len(self.params), len(self.regions))
 
     def param(self, name):
         """The parameter of this global name."""
@@ -234,9 +378,50 @@ class RankView:
                 return b.id
         return None
 
-    def regions_of(self, state=None, buffer=None):
+    def regions_of(self, what=None, buffer=None, *, state=None, tensor=None):
+        """The regions of a state, of a buffer and of a tensor, each None for
+        any: regions_of(vps.MAIN_PARAM), regions_of("exp_avg", buffer=2),
+        regions_of("decoder.layers.0.mlp.linear_fc1.weight", state="param").
+        what is a state (a number or a name) or a tensor's global name; state
+        and tensor (a name or an id) say which explicitly; buffer indexes
+        buffers. A name that is neither a state nor a tensor of the model, and
+        a number out of range, raise vps.Error."""
+        if isinstance(what, str) and what not in STATES:
+            if tensor is not None:
+                raise Error(EINPUT, "regions_of: %s is not a state (%s)" % (what, ", ".join(STATES)))
+            tensor = what
+        elif what is not None:
+            if state is not None:
+                raise Error(EINPUT, "regions_of: two states given, %r and %r" % (what, state))
+            state = what
+        if state is not None:
+            state = _state_number(state)
+        if buffer is not None and not (isinstance(buffer, int) and 0 <= buffer < len(self.buffers)):
+            raise Error(EINPUT, "regions_of: buffer %r: rank %d has buffers 0 to %d"
+                        % (buffer, self.rank, len(self.buffers) - 1))
+        model = self.layout.model
+        if isinstance(tensor, str):
+            try:
+                tensor = model.find(tensor)
+            except Error:
+                raise Error(EINPUT, "regions_of: %r is neither a state (%s) nor a tensor of %s"
+                            % (tensor, ", ".join(STATES), model.name)) from None
+        elif tensor is not None and not (isinstance(tensor, int) and 0 <= tensor < model.num_tensors):
+            raise Error(EINPUT, "regions_of: tensor %r: not a name nor an id of %s (0 to %d)"
+                        % (tensor, model.name, model.num_tensors - 1))
         return [r for r in self.regions if (state is None or r.state == state)
-                and (buffer is None or r.buffer == buffer)]
+                and (buffer is None or r.buffer == buffer) and (tensor is None or r.tensor == tensor)]
+
+
+def _state_number(state):
+    """A state's number from its name or number; anything else raises vps.Error."""
+    if isinstance(state, str):
+        if state not in STATES:
+            raise Error(EINPUT, "%s: not a state (%s)" % (state, ", ".join(STATES)))
+        return STATES.index(state)
+    if not isinstance(state, int) or isinstance(state, bool) or not 0 <= state < len(STATES):
+        raise Error(EINPUT, "%r: not a state (0 to %d: %s)" % (state, len(STATES) - 1, ", ".join(STATES)))
+    return state
 
 
 def _local_shape(t, elements, tp):

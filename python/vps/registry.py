@@ -1,8 +1,9 @@
 """The trainer's registry: how a training process publishes its buffers to
 vps-exec(1) and asks for a switch (vps-formats(5), THE TRAINER REGISTRY)."""
 import ctypes as C
+import weakref
 
-from ._lib import EntryInfo, Training as _Training, call, lib
+from ._lib import EntryInfo, Training as _Training, call, closed as _closed, lib
 
 SOURCE, TARGET = 0, 1
 HOST, CUDA = 0, 1
@@ -27,13 +28,18 @@ class Training:
 class Registry:
     """Registry(name, layout, rank): the registry /dev/shm/NAME of a trainer
     running rank `rank` of `layout` (None and -1 for a joining device). A stale
-    registry of a trainer that is gone is replaced; a live one is refused."""
+    registry of a trainer that is gone is replaced; a live one is refused.
+
+    After close(), every method but close() raises vps.Error (VPS_EINPUT),
+    and so does every State whose host buffers it held (they are unmapped)."""
 
     def __init__(self, name, layout, rank, max_entries=4096):
+        self.name = name
         self._h = C.c_void_p()
+        # the States whose host buffers live in this registry's objects
+        self._states = weakref.WeakSet()
         call("vps_registry_create", C.byref(self._h), name.encode(), layout.hash if layout else 0, rank,
              max_entries, 1)
-        self.name = name
 
     @staticmethod
     def unlink(name):
@@ -44,10 +50,29 @@ class Registry:
         call("vps_registry_unlink", name.encode())
 
     def close(self):
-        """Unmap and remove the registry and the buffers it allocated."""
+        """Unmap and remove the registry and the buffers it allocated. Views
+        taken of a State's host buffers must be dropped first. Closing a
+        closed registry does nothing."""
+        for s in list(getattr(self, "_states", ())):
+            s._unmapped()
         if getattr(self, "_h", None) and lib:
             lib.vps_registry_close(self._h)
         self._h = C.c_void_p()
+
+    @property
+    def closed(self):
+        return not getattr(self, "_h", None)
+
+    def _handle(self):
+        if self.closed:
+            raise _closed("registry %s" % getattr(self, "name", "?"))
+        return self._h
+
+    def _hold(self, state):
+        self._states.add(state)
+
+    def __repr__(self):
+        return "Registry(%r%s)" % (getattr(self, "name", "?"), ", closed" if self.closed else "")
 
     def __enter__(self):
         return self
@@ -60,66 +85,66 @@ class Registry:
 
     @property
     def layout_hash(self):
-        return lib.vps_registry_layout_hash(self._h)
+        return lib.vps_registry_layout_hash(self._handle())
 
     @property
     def rank(self):
-        return lib.vps_registry_rank(self._h)
+        return lib.vps_registry_rank(self._handle())
 
     def set_target(self, layout, rank):
-        call("vps_registry_set_target", self._h, layout.hash, rank)
+        call("vps_registry_set_target", self._handle(), layout.hash, rank)
 
     def alloc_host(self, role, buffer, state, dtype, elements):
         """A new shared-memory object for one buffer, registered; returns its address."""
         p = C.c_void_p()
-        call("vps_registry_alloc_host", self._h, role, buffer, state, dtype, elements, C.byref(p))
+        call("vps_registry_alloc_host", self._handle(), role, buffer, state, dtype, elements, C.byref(p))
         return p.value
 
     def free_host(self, address):
-        call("vps_registry_free_host", self._h, address)
+        call("vps_registry_free_host", self._handle(), address)
 
     def add_host(self, role, buffer, state, dtype, elements, shm_name, offset=0):
-        call("vps_registry_add_host", self._h, role, buffer, state, dtype, elements, shm_name.encode(), offset)
+        call("vps_registry_add_host", self._handle(), role, buffer, state, dtype, elements, shm_name.encode(), offset)
 
     def add_cuda(self, role, buffer, state, dtype, elements, address):
         """Register GPU memory by device pointer (an interior pointer of a
         cudaMalloc block, as PyTorch's caching allocator hands out)."""
-        call("vps_registry_add_cuda_ptr", self._h, role, buffer, state, dtype, elements, address)
+        call("vps_registry_add_cuda_ptr", self._handle(), role, buffer, state, dtype, elements, address)
 
     def entries(self):
         out = []
-        for i in range(lib.vps_registry_num_entries(self._h)):
+        for i in range(lib.vps_registry_num_entries(self._handle())):
             e = EntryInfo()
-            call("vps_registry_entry", self._h, i, C.byref(e))
+            call("vps_registry_entry", self._handle(), i, C.byref(e))
             out.append(e)
         return out
 
     def reset(self, layout, rank):
         """Between switches: forget every entry, and run `layout` as `rank` now."""
-        call("vps_registry_reset", self._h, layout.hash if layout else 0, rank)
+        call("vps_registry_reset", self._handle(), layout.hash if layout else 0, rank)
 
     def request(self):
         seq = C.c_uint64()
-        call("vps_registry_request", self._h, C.byref(seq))
+        call("vps_registry_request", self._handle(), C.byref(seq))
         return seq.value
 
     def wait(self, seq, timeout):
         """Wait for switch seq; raises vps.Error (VPS_EPEER with the executor's
         message, VPS_ETIMEOUT) when it failed or did not end in time."""
-        call("vps_registry_wait", self._h, seq, float(timeout))
+        call("vps_registry_wait", self._handle(), seq, float(timeout))
 
     def state(self):
         seq = C.c_uint64()
-        return lib.vps_registry_state(self._h, C.byref(seq)), seq.value
+        return lib.vps_registry_state(self._handle(), C.byref(seq)), seq.value
 
     @property
     def training(self):
         t = _Training()
-        lib.vps_registry_get_training(self._h, C.byref(t))
+        lib.vps_registry_get_training(self._handle(), C.byref(t))
         return Training(**{k: getattr(t, k) for k in Training.FIELDS}) if t.valid else None
 
     @training.setter
     def training(self, tr):
         t = _Training(**{k: getattr(tr, k) for k in Training.FIELDS})
         t.valid = 1
-        lib.vps_registry_set_training(self._h, C.byref(t))
+        lib.vps_registry_set_training(self._handle(), C.byref(t))

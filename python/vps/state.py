@@ -9,8 +9,8 @@ import ctypes as C
 
 import torch
 
-from ._lib import Error
-from .layout import BF16, FP32, MODULE_BUFFER, PARAM, STATES
+from ._lib import EINPUT, Error, closed as _closed
+from .layout import BF16, FP32, MODULE_BUFFER, PARAM, STATES, _state_number
 from .registry import REQUESTED, RUNNING, SOURCE, TARGET
 
 TORCH_DTYPE = {BF16: torch.bfloat16, FP32: torch.float32}
@@ -18,7 +18,12 @@ TORCH_DTYPE = {BF16: torch.bfloat16, FP32: torch.float32}
 
 class State:
     """The buffers of `rank` under `layout`: buffers[i] is a 1-D tensor of
-    view.buffers[i]'s dtype and elements, on `device`."""
+    view.buffers[i]'s dtype and elements, on `device`.
+
+    A State is closed once free() gave its memory back (vps.switch frees the
+    one it leaves), and a State of host buffers once its Registry is closed
+    (they are unmapped): then every method but free() raises vps.Error
+    (VPS_EINPUT)."""
 
     def __init__(self, layout, rank, device="cpu"):
         self.layout = layout
@@ -28,12 +33,35 @@ class State:
         self.buffers = []
         self._host = []  # (address, shared-memory name) per buffer, host memory only
         self._registry = None
+        self._gone = None  # why the state is closed, once it is
+
+    def __repr__(self):
+        return "State(rank %d of %s on %s%s)" % (self.rank, self.view.layout.describe() if not self.layout.closed
+                                                else "a closed layout", self.device,
+                                                ", closed: " + self._gone if self._gone else "")
+
+    @property
+    def closed(self):
+        return self._gone is not None
+
+    def _live(self):
+        if self._gone:
+            raise _closed("state of rank %d (%s)" % (self.rank, self._gone))
+
+    def _unmapped(self):
+        """Registry.close(): the host buffers are gone with the registry's objects."""
+        if self._host and not self._gone:
+            self.buffers = []
+            self._host = []
+            self._gone = "its registry %s was closed, which unmapped its host buffers" % self._registry.name
 
     @classmethod
     def allocate(cls, registry, layout, rank, role=SOURCE, device="cpu"):
         """Allocate and register (as `role`) every buffer of the rank, zeroed."""
         s = cls(layout, rank, device)
         s._registry = registry
+        if s.device.type == "cpu":
+            registry._hold(s)
         try:
             for b in s.view.buffers:
                 if s.device.type == "cpu":
@@ -92,6 +120,7 @@ class State:
 
     def register(self, registry, role=SOURCE):
         """Register the buffers again (after Registry.reset)."""
+        self._live()
         for b, t in zip(self.view.buffers, self.buffers):
             if self._host:
                 registry.add_host(role, b.id, b.state, b.dtype, b.elements, self._host[b.id][1])
@@ -100,15 +129,24 @@ class State:
 
     def free(self):
         """Give the memory back. Views taken of the buffers must be dropped
-        first: host buffers are unmapped."""
-        self.buffers = []
-        for addr, _ in self._host:
-            self._registry.free_host(addr)
-        self._host = []
+        first: host buffers are unmapped. The State is closed after it;
+        freeing a closed State does nothing. Host buffers still registered
+        (before Registry.reset) are refused with vps.Error, the State kept."""
+        try:
+            while self._host:
+                self._registry.free_host(self._host[0][0])
+                self._host.pop(0)
+        finally:
+            if not self._host:
+                self.buffers = []
+                if not self._gone:
+                    self._gone = "freed"
 
     # ---- what the trainer reads and writes ----
     def buffer(self, state, chunk=0, expert=False):
-        b = self.view.buffer(state, chunk, expert)
+        """The buffer of (state, chunk, dense or expert), or None."""
+        self._live()
+        b = self.view.buffer(_state_number(state), chunk, expert)
         return None if b is None else self.buffers[b]
 
     def param(self, p, state=None):
@@ -116,6 +154,7 @@ class State:
         a view of its unsharded buffer of `state` (a number or a name:
         "param", "main_param", "exp_avg", "exp_avg_sq", "grad"; by default
         "param", or "module_buffer" for a module buffer)."""
+        self._live()
         if isinstance(p, str):
             p = self.view.param(p)
         state = _state_number((MODULE_BUFFER if p.module_buffer else PARAM) if state is None else state)
@@ -126,11 +165,13 @@ class State:
 
     def index(self, region):
         """Buffer positions of a region's elements, shaped as its box."""
+        self._live()
         return region_index(region, self.device)
 
     def pieces(self, states=None):
         """(region, values) for every region of the given states (all by
         default): what this rank holds, in logical coordinates."""
+        self._live()
         for r in self.view.regions:
             if states is None or r.state in states:
                 yield r, self.buffers[r.buffer][self.index(r)]
@@ -138,18 +179,11 @@ class State:
     def load(self, full):
         """Write the rank's part of whole logical tensors: full(tensor, state)
         returns tensor's logical value for that state."""
+        self._live()
         for r in self.view.regions:
             box = tuple(slice(lo, hi) for lo, hi in zip(r.lo, r.hi))
             v = full(r.tensor, r.state)[box]
             self.buffers[r.buffer][self.index(r)] = v.to(self.buffers[r.buffer].dtype).to(self.device)
-
-
-def _state_number(state):
-    if isinstance(state, str):
-        if state not in STATES:
-            raise Error(1, "%s: not a state (%s)" % (state, ", ".join(STATES)))
-        return STATES.index(state)
-    return state
 
 
 def region_index(r, device="cpu"):
@@ -206,13 +240,13 @@ def assemble(model, pieces, dtype=None):
         v = v.to("cpu", full[key].dtype)
         have = seen[key][box]
         if not torch.equal(full[key][box][have], v[have]):
-            raise Error(2, "%s %d: replicas differ" % (model.tensor_name(r.tensor), r.state))
+            raise Error(2, "%s %s: replicas differ" % (model.tensor_name(r.tensor), STATES[r.state]))
         full[key][box] = v
         seen[key][box] = True
     for key, s in seen.items():
         missing = (~s).sum().item()
         if missing:
-            raise Error(2, "%s %d: %d elements held by no rank" % (model.tensor_name(key[0]), key[1], missing))
+            raise Error(2, "%s %s: %d elements held by no rank" % (model.tensor_name(key[0]), STATES[key[1]], missing))
     return full
 
 
@@ -226,7 +260,11 @@ def switch(registry, state, layout, rank, training=None, timeout=600.0, device=N
     message), the registry runs the old state again, whose buffers they never
     write, and the new buffers are freed. When the wait times out
     (VPS_ETIMEOUT) the switch may still be under way: nothing is undone, and
-    the error carries seq, to wait on again with registry.wait(seq, timeout)."""
+    the error carries seq, to wait on again with registry.wait(seq, timeout).
+    A closed registry or state raises vps.Error before anything is done."""
+    registry._handle()
+    if state is not None:
+        state._live()
     if training is not None:
         registry.training = training
     dev = device or (state.device if state else "cpu")

@@ -3,12 +3,14 @@
 # same job back and forth (layout A -> B -> A ...) N times, on the same
 # connections, while every process's resident memory (VmRSS), mappings
 # (/proc/PID/maps lines) and open fds (/proc/PID/fd), and the job's objects
-# in /dev/shm (count and bytes), are sampled at regular intervals.
+# in /dev/shm (count and bytes), are sampled every N switches (counted from
+# the trainers' sample logs: each switch adds one step's samples), so that a
+# fast idle machine and a slow loaded one see the same number of samples.
 #
 #   scripts/bench/longrun.sh [--switches N] [--ranks R] [--transport tcp|ipc]
 #                            [--model M] [--from SPEC] [--to SPEC] [--budget SIZE]
-#                            [--interval S] [--warmup K] [--rows N] [--check]
-#                            [--rss-slack MIB] [--keep DIR]
+#                            [--every N] [--warmup K] [--rows N] [--check]
+#                            [--rss-slack MIB] [--cuda] [--keep DIR]
 #
 #   --switches N     switches, alternating A -> B and B -> A (default 1000)
 #   --ranks R        ranks, one trainer and one executor each (default 2)
@@ -16,11 +18,14 @@
 #   --model M        a model of configs/models, or a model file (default tiny-llama)
 #   --from, --to     the two layouts (default tp=R and tp=1,dp=R)
 #   --budget SIZE    staging budget per rank (default 16MiB)
-#   --interval S     seconds between samples (default 0.25)
+#   --every N        a sample each N switches (default 1); a sampler slower than the
+#                    switches samples as often as it can, each sample with its count
 #   --warmup K       switches before the baseline (default 10, at most N/4)
 #   --rows N         rows of the printed table (default 20)
 #   --check          executors digest every switch too (vps-exec --check)
 #   --rss-slack MIB  RSS growth allowed after warm-up, per process (default 16)
+#   --cuda           trainers hold their state in GPU memory (vps-trainer --cuda; a GPU,
+#                    or VPS_CUDA_LIBRARY naming the stand-in, docs/exec.md)
 #   --keep DIR       keep the plans, logs and samples (samples.tsv) in DIR
 #
 # After the warm-up, the switches left are cut in thirds, and for each
@@ -41,8 +46,8 @@
 # exits 1 too, and so does an object of the job left in /dev/shm at the end.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
-switches=1000 ranks=2 transport=tcp model=tiny-llama from= to= budget=16MiB interval=0.25
-warmup= rows=20 check=() rss_slack=16 keep=
+switches=1000 ranks=2 transport=tcp model=tiny-llama from= to= budget=16MiB every=1
+warmup= rows=20 check=() rss_slack=16 keep= cuda=()
 while [ $# -gt 0 ]; do
 	case $1 in
 	--switches) switches=$2; shift 2 ;;
@@ -52,13 +57,14 @@ while [ $# -gt 0 ]; do
 	--from) from=$2; shift 2 ;;
 	--to) to=$2; shift 2 ;;
 	--budget) budget=$2; shift 2 ;;
-	--interval) interval=$2; shift 2 ;;
+	--every) every=$2; shift 2 ;;
 	--warmup) warmup=$2; shift 2 ;;
 	--rows) rows=$2; shift 2 ;;
 	--check) check=(--check); shift ;;
 	--rss-slack) rss_slack=$2; shift 2 ;;
 	--keep) keep=$2; shift 2 ;;
-	-h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	--cuda) cuda=(--cuda); shift ;;
+	-h|--help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "longrun.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 	esac
 done
@@ -67,7 +73,8 @@ int --switches "$switches"
 int --ranks "$ranks"
 int --rows "$rows"
 int --rss-slack "$rss_slack"
-[[ $interval =~ ^[0-9]*\.?[0-9]+$ ]] || { echo "longrun.sh: --interval: '$interval' is not a number of seconds" >&2; exit 2; }
+int --every "$every"
+[ "$every" -ge 1 ] || { echo "longrun.sh: --every: at least 1" >&2; exit 2; }
 case $transport in tcp|ipc) ;; *) echo "longrun.sh: --transport: '$transport': tcp or ipc" >&2; exit 2 ;; esac
 [ "$switches" -ge 8 ] || { echo "longrun.sh: --switches: at least 8" >&2; exit 2; }
 [ "$ranks" -ge 1 ] || { echo "longrun.sh: --ranks: at least 1" >&2; exit 2; }
@@ -96,9 +103,10 @@ if [ -n "$keep" ]; then
 else
 	dir=$(mktemp -d)
 fi
-pids=()
+pids=() tpids=()
 cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	# a stopped process keeps a SIGTERM pending until it is continued
+	for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null && kill "$p" 2>/dev/null || true; done
 	[ -n "$keep" ] || rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -130,8 +138,8 @@ port=$("$top/scripts/free-port.sh")
 kinds=()
 for ((r = 0; r < ranks; r++)); do
 	"$bin/vps-trainer" --registry "$tag-$r" --rank "$r" --steps 0 --steps-after 1 --global-batch "$gb" \
-		--samples "ids.$r" --timeout 600 "${plans[@]}" > "trainer.$r.log" 2>&1 &
-	pids+=($!) kinds+=("trainer $r")
+		--samples "ids.$r" --timeout 600 "${cuda[@]}" "${plans[@]}" > "trainer.$r.log" 2>&1 &
+	pids+=($!) kinds+=("trainer $r") tpids+=($!)
 done
 for ((r = 0; r < ranks; r++)); do
 	"$bin/vps-exec" --registry "$tag-$r" --rank "$r" --world "$ranks" --master "127.0.0.1:$port" \
@@ -142,16 +150,20 @@ done
 # samples.tsv: one line per process and sample,
 #   seconds switches kind rank rss_kib maps fds
 # and one per sample for /dev/shm: seconds switches shm - objects bytes
-# no fork in the loop but stat's, so that samples keep up with short switches
+# The switches done are counted from the trainers' sample logs, read as
+# they grow (a line counts once its newline is written); a sample is taken
+# whenever the count reaches the next multiple of --every, and once as the
+# job ends. No fork in the loop but stat's, so that samples keep up with
+# short switches.
 shopt -s nullglob
 exec {nap}<> <(:)
 t0=$EPOCHREALTIME
 : > samples.tsv
-alive=1
-while [ "$alive" = 1 ]; do
-	alive=0
-	now=$EPOCHREALTIME
-	out=()
+declare -A idfd=()
+id_lines=0
+next=0
+sample() { # SWITCHES_DONE
+	local now=$EPOCHREALTIME out=() i p rss m fd objs sizes cnt sum l r
 	for i in "${!pids[@]}"; do
 		p=${pids[$i]}
 		rss=
@@ -162,7 +174,6 @@ while [ "$alive" = 1 ]; do
 		fd=("/proc/$p/fd/"*)
 		# gone, or a zombie (no VmRSS) that waits to be reaped
 		[ -n "$rss" ] && [ "${#m[@]}" -gt 0 ] || continue
-		alive=1
 		out+=("${kinds[$i]} $rss ${#m[@]} ${#fd[@]}")
 	done
 	# each rank's objects (its registry NAME, its buffers NAME.N), so that
@@ -177,16 +188,42 @@ while [ "$alive" = 1 ]; do
 		cnt[r]=$((cnt[r] + 1)) sum[r]=$((sum[r] + ${l##* }))
 	done
 	for ((r = 0; r < ranks; r++)); do out+=("shm $r ${cnt[r]} ${sum[r]}"); done
-	# the switches done, counted after the sample: a sample taken as the
-	# run ends counts as the end, not as the switch before it
-	done_lines=0
-	for f in ids.*; do
-		mapfile -t l < "$f"
-		done_lines=$((done_lines + ${#l[@]}))
+	printf "$now $1 %s\n" "${out[@]}" >> samples.tsv
+}
+while :; do
+	alive=0
+	for p in "${pids[@]}"; do
+		line=
+		{ read -r line < "/proc/$p/stat"; } 2>/dev/null || continue
+		line=${line##*) }
+		# a zombie waits to be reaped: gone too
+		[ "${line%% *}" = Z ] || alive=1
 	done
-	sw=$((done_lines / gb))
-	printf "$now $sw %s\n" "${out[@]}" >> samples.tsv
-	read -rt "$interval" -u "$nap" || true
+	for f in ids.*; do
+		if [ -z "${idfd[$f]:-}" ]; then
+			exec {fdv}< "$f"
+			idfd[$f]=$fdv
+		fi
+		while read -r -u "${idfd[$f]}" _; do id_lines=$((id_lines + 1)); done
+	done
+	sw=$((id_lines / gb))
+	if [ "$alive" = 0 ]; then
+		sample "$sw"
+		break
+	fi
+	if [ "$sw" -ge "$next" ]; then
+		# the trainers held while the sample is taken: none can ask for
+		# the next switch, so however slow the sampler (a loaded machine),
+		# the job waits for it rather than run switches past it unsampled
+		# (a switch under way finishes; the executors wait for requests
+		# without a deadline that matters here, --serve)
+		for p in "${tpids[@]}"; do kill -STOP "$p" 2>/dev/null || true; done
+		sample "$sw"
+		for p in "${tpids[@]}"; do kill -CONT "$p" 2>/dev/null || true; done
+		next=$(((sw / every + 1) * every))
+	else
+		read -rt 0.002 -u "$nap" || true
+	fi
 done
 failed=0
 for i in "${!pids[@]}"; do
@@ -256,7 +293,7 @@ END {
 		last = i
 		printf "%8.1f %8d | %s | %s | %7d %10.1f\n", times[i], swat[i], cols("t", i), cols("e", i), so[i], sb[i] / 1048576
 	}
-	if (n[1] < 10 || n[2] < 10) { printf "verdict: %d and %d samples in the two windows, too few (raise --switches or lower --interval)\n", n[1], n[2]; exit 1 }
+	if (n[1] < 10 || n[2] < 10) { printf "verdict: %d and %d samples in the two windows, too few (raise --switches or lower --every)\n", n[1], n[2]; exit 1 }
 	printf "after %d switches of warm-up: floor..peak over switches %d-%d -> over %d-%d (%d and %d samples)\n", W, W, int(W + span / 3), int(N - span / 3), N, n[1], n[2]
 	bad = 0
 	np = 0

@@ -70,8 +70,6 @@ ALLOW=(
 	'over a link 8x slower'
 	# Megatron's row sizes and hidden sizes: properties of the models
 	'rows of 2\.5-16 KiB'
-	# longrun.sh's configuration: its sampling interval
-	'samples every 0\.25 s'
 )
 
 @test "no measured figure in BENCHMARKS.md's prose outside the generated sections" {

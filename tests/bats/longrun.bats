@@ -2,6 +2,7 @@
 # Long runs: one `vps-exec --serve` per rank switches back and forth many
 # times, and nothing may grow after a warm-up: not the trainers' or the
 # executors' mappings, fds or RSS, not the job's objects in /dev/shm.
+# Sampled every switch, whatever the machine's speed or load.
 # scripts/bench/longrun.sh measures it (docs/BENCHMARKS.md, "Long runs",
 # has the 1000-switch run); this is its short version.
 
@@ -14,11 +15,16 @@ longrun() { # TRANSPORT
 	# mappings, fds and /dev/shm are judged there
 	local slack=16
 	! grep -qa __asan_init "$VPS_BIN/vps-exec" || slack=512
-	run "$TOP/scripts/bench/longrun.sh" --switches 200 --warmup 20 --interval 0.05 --rows 6 \
+	run "$TOP/scripts/bench/longrun.sh" --switches 200 --warmup 20 --rows 6 \
 		--model "$TOP/scripts/bench/models/micro-llama.yaml" --transport "$1" --rss-slack "$slack"
 	echo "$output" >&2
 	[ "$status" -eq 0 ]
 	[ "${lines[-1]}" = "verdict: flat" ]
+	# sampled by switches, not by time: each window of 60 switches has
+	# about a sample a switch, on a fast idle machine as on a loaded one
+	local n1 n2
+	read -r n1 n2 < <(sed -n 's/^after 20 switches of warm-up: .* (\([0-9]*\) and \([0-9]*\) samples)$/\1 \2/p' <<<"$output")
+	[ "$n1" -ge 40 ] && [ "$n2" -ge 40 ]
 	# a leak could hide behind an executor or a trainer that was never sampled
 	[ "$(grep -c '^executor [01]: ' <<<"$output")" -eq 2 ]
 	[ "$(grep -c '^trainer [01]: ' <<<"$output")" -eq 2 ]
@@ -31,4 +37,6 @@ longrun() { # TRANSPORT
 	expect_status 2 "$TOP/scripts/bench/longrun.sh" --transport nccl
 	expect_status 2 "$TOP/scripts/bench/longrun.sh" --switches 3
 	expect_status 2 "$TOP/scripts/bench/longrun.sh" --switches x
+	expect_status 2 "$TOP/scripts/bench/longrun.sh" --every 0
+	expect_status 2 "$TOP/scripts/bench/longrun.sh" --every x
 }

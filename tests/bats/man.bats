@@ -180,3 +180,35 @@ tools() {
 	done
 	[ "$bad" -eq 0 ]
 }
+
+@test "vps(7) FILES names every model, transition and topology of configs/, and names no other" {
+	local files kind f name bad=0
+	files=$(section "$TOP/man/vps.7" FILES | sed -E 's/^\.[A-Z]+ +//')
+	for kind in models transitions topologies; do
+		for f in "$TOP"/configs/"$kind"/*.yaml; do
+			name=${f##*/}
+			name=${name%.yaml}
+			grep -qwF -- "$name" <<<"$files" || { echo "man/vps.7 FILES does not name $kind/$name" >&2; bad=1; }
+		done
+	done
+	# what the entries name in bold (.B, .BR) and look like configs: each exists
+	for name in $(awk '/^\.SH/ { s = $0; sub(/^\.SH[ \t]+/, "", s); on = (s == "FILES"); next }
+			on && /^\.BR? / { sub(/^\.BR? +/, ""); print $1 }' "$TOP/man/vps.7" | plain | tr -d ',' |
+			grep -E '^[a-z0-9.]+(-[a-z0-9.]+)+$' | grep -v '^vps-'); do
+		ls "$TOP"/configs/*/"$name".yaml >/dev/null 2>&1 || { echo "man/vps.7 FILES names $name, which configs/ has not" >&2; bad=1; }
+	done
+	[ "$bad" -eq 0 ]
+}
+
+@test "vps(7) EXIT STATUS lists every status a tool's page lists" {
+	local f st bad=0 seven
+	statuses() { awk '/^\.SH/ { s = $0; sub(/^\.SH[ \t]+/, "", s); gsub(/"/, "", s); on = (s == "EXIT STATUS"); next }
+		on && prev ~ /^\.TP/ && /^\.B [0-9]+$/ { print $2 } { prev = $0 }' "$1" | sort -u; }
+	seven=$(statuses "$TOP/man/vps.7")
+	for f in "$TOP"/man/*.1; do
+		for st in $(statuses "$f"); do
+			grep -qx "$st" <<<"$seven" || { echo "man/vps.7 EXIT STATUS omits $st (man/${f##*/})" >&2; bad=1; }
+		done
+	done
+	[ "$bad" -eq 0 ]
+}

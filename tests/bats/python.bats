@@ -43,6 +43,11 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 		--configs tp=2:dp=2:zero=1,pp=2:dp=2,tp=2:pp=2 --loss-log switched/loss.txt
 	echo "$output"
 	[ "$status" -eq 0 ]
+	# the launcher says what the run proved
+	[[ "$output" == *"launch.py: 4 ranks trained micro-llama for 40 steps: tp=2,dp=2,zero=1, then pp=2,dp=2 from step 10, then tp=2,pp=2 from step 20, then tp=2,dp=2,zero=1 from step 30 (3 switches)"* ]]
+	[[ "$output" == *"launch.py: every rank's digest of its state matched across every switch (vps-exec --check): 12 of 12"* ]]
+	[[ "$output" == *"(--check-switch): 3 of 3"* ]]
+	[[ "$output" == *"launch.py: loss "*" at step 1, "*" at step 40 (switched/loss.txt)"* ]]
 	cat switched/train.0.log
 	[ "$(grep -c 'equal bit for bit' switched/train.0.log)" -eq 3 ]
 	[ "$(cat switched/exec.*.log | grep -c 'digest: match')" -eq 12 ]
@@ -77,4 +82,81 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	run comm -13 before after
 	echo "left: $output"
 	[ -z "$output" ]
+}
+
+@test "launch.py under a Python without PyTorch runs under one that has it, or says in one line what is missing" {
+	local other
+	other=$(command -v python3) || skip "no python3 on PATH"
+	! "$other" -c 'import torch, numpy' 2>/dev/null || skip "the python3 on PATH has PyTorch: nothing to find"
+	# as vps(7) says it: python3, whichever is first on PATH
+	run "$other" "$TOP/examples/torch/launch.py" --nproc 2 --model micro-llama --configs tp=2 --gpus-per-node 2 \
+		--steps 2 --global-batch 2
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "${lines[0]}" == "launch.py: "*" has no torch"*"; running under "*", which has" ]]
+	[[ "${lines[1]}" == "launch.py: files in "* ]]
+	rm -rf "${lines[1]#launch.py: files in }"
+	# with none to run under: one line, what is missing and what to do, exit 2
+	VPS_LAUNCH_REEXEC=1 expect_status 2 "$other" "$TOP/examples/torch/launch.py" --nproc 2 --model micro-llama \
+		--configs tp=2 --gpus-per-node 2
+	[ "${#lines[@]}" -eq 1 ]
+	[[ "$output" == "launch.py: "*" (Python 3."*") cannot import torch"*"; run it with a Python that has PyTorch and numpy (on Debian /usr/bin/python3 after apt-get install python3-torch python3-numpy"* ]]
+	[[ "$output" != *Traceback* ]]
+}
+
+@test "launch.py -h lists the training options too, without PyTorch" {
+	run python3 "$TOP/examples/torch/launch.py" -h
+	echo "$output"
+	[ "$status" -eq 0 ]
+	local opt
+	for opt in --nproc --dir --compare-static --model --configs --steps --switch-every --global-batch --micro-batch \
+		--seq --lr --warmup --seed --loss-log --check-switch --save-master; do
+		[[ "$output" == *" $opt "* ]] || { echo "launch.py -h does not list $opt" >&2; return 1; }
+	done
+}
+
+@test "launch.py writes into a temporary directory it names, and --compare-static checks the loss against a static run" {
+	run "$PY" "$TOP/examples/torch/launch.py" --nproc 2 --model micro-llama --gpus-per-node 2 --steps 4 \
+		--switch-every 2 --global-batch 4 --micro-batch 2 --configs tp=2,dp=2 --compare-static
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "${lines[0]}" == "launch.py: files in "* ]]
+	local d=${lines[0]#launch.py: files in }
+	[ -s "$d/loss.txt" ] && [ -s "$d/static/loss.txt" ] && [ -s "$d/exec.1.log" ]
+	[ "$(ls)" = "" ] # nothing where it was started
+	[[ "$output" == *"launch.py: against the static run in tp=2 (--compare-static): largest relative deviation "*", within 0.001 at every step"* ]]
+	rm -rf "$d"
+}
+
+@test "convergence.sh without matplotlib says so at the start, leaves the figure out and still checks the numbers" {
+	# a Python on which import matplotlib fails, whether or not it is installed
+	mkdir -p nompl/matplotlib
+	echo 'raise ImportError("No module named matplotlib (hidden by the test)")' > nompl/matplotlib/__init__.py
+	export PYTHONPATH=$PWD/nompl
+	expect_status 2 "$TOP/scripts/convergence.sh" --steps 4 --switch-every 2 --doc
+	[[ "$output" == *"convergence.sh: --doc draws docs/convergence.svg, which needs matplotlib for "*": apt-get install python3-matplotlib"* ]]
+	run "$TOP/scripts/convergence.sh" --steps 4 --switch-every 2 --control none
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "${lines[0]}" == "convergence.sh: no matplotlib for "*": the figure is left out (apt-get install python3-matplotlib draws it); the numbers are checked all the same" ]]
+	[[ "$output" == *"| verdict | every switch bit for bit; loss within 0.001 of the static run's at steps 1-4 |"* ]]
+	[ "${lines[-1]}" = "figure: none (no matplotlib)" ]
+	[[ "$output" != *"No module named"* ]]
+}
+
+@test "launch.py checks the room in /dev/shm and the open-file limit before anything starts" {
+	unshare -m true 2>/dev/null || skip "needs a mount namespace of its own (unshare -m, as root)"
+	# a /dev/shm of 8 MiB: micro-llama's 4 ranks hold more, under two layouts
+	run unshare -m bash -c 'mount -t tmpfs -o size=8m tmpfs /dev/shm && exec "$@"' - "$PY" \
+		"$TOP/examples/torch/launch.py" --nproc 4 --dir r --model micro-llama --gpus-per-node 4 --steps 4 \
+		--switch-every 2 --global-batch 8 --micro-batch 2 --configs tp=2:dp=2:zero=1,pp=2:dp=2
+	echo "$output"
+	[ "$status" -eq 2 ]
+	[[ "$output" == *"launch.py: the job needs 13.1 MiB in /dev/shm (every rank's state, under two layouts during a switch); 8.00 MiB is free there"* ]]
+	[ ! -e r ]
+	run bash -c 'ulimit -n 20 && exec "$@"' - "$PY" "$TOP/examples/torch/launch.py" --nproc 4 --dir r \
+		--model micro-llama --gpus-per-node 4 --configs tp=4
+	[ "$status" -eq 2 ]
+	[[ "$output" == *"launch.py: each executor needs 68 open files for 4 ranks (a connection to every peer); the limit is 20 and its hard limit 20"* ]]
+	[ ! -e r ]
 }

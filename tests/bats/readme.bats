@@ -147,12 +147,13 @@ run_lines() {
 	vps-layout --model tiny-llama --parallel tp=2,pp=2,dp=2,zero=1 -o a.layout
 	vps-layout --model tiny-llama --parallel tp=4,pp=1,dp=2,zero=1 -o b.layout
 	local s ab ba
-	ab=$(vps-plan a.layout b.layout --stats | awk '$1 == "bytes_moved:" { printf "%.1f", $2 / 1048576 }')
-	ba=$(vps-plan b.layout a.layout --stats | awk '$1 == "bytes_moved:" { printf "%.1f", $2 / 1048576 }')
+	# in the tools' units (vps(7) UNITS), as vps-plan -H prints the bytes
+	ab=$(vps-plan a.layout b.layout --stats -H | awk '$1 == "bytes_moved:" { print $2, $3 }')
+	ba=$(vps-plan b.layout a.layout --stats -H | awk '$1 == "bytes_moved:" { print $2, $3 }')
 	for s in 1 2; do
 		local mb=$ab
 		[ $s = 1 ] || mb=$ba
-		printf '%s\n' "${lines[@]}" | grep -qE "^switch $s, all 8 ranks: sent $mb MiB, received $mb MiB in [0-9.]+ s \([0-9.]+ GB/s\); paused at most [0-9.]+ s; digest: match on every rank$"
+		printf '%s\n' "${lines[@]}" | grep -qE "^switch $s, all 8 ranks: sent $mb, received $mb in [0-9.]+ (us|ms|s) \([0-9.]+ [kMGT]?B/s\); paused at most [0-9.]+ (us|ms|s); digest: match on every rank$"
 		printf '%s\n' "${lines[@]}" | grep -qE "^vps-exec: rank 0: switch $s: sent [0-9.]+ MiB, received [0-9.]+ MiB, .* \([0-9.]+ [MG]B/s\) over tcp; .*digest: match$"
 	done
 }
@@ -184,7 +185,8 @@ run_section() { # SECTION
 
 @test "vps(7) A MIGRATION SCRIPT runs as written: a leave on this machine, every digest matched" {
 	man_blocks "A MIGRATION SCRIPT"
-	[ -e man.1.cmd ] && [ -e man.2.out ]
+	# the script, the command that runs it, what it prints
+	[ -e man.1.cmd ] && [ "$(cat man.2.cmd)" = "bash migrate.sh" ] && [ -e man.3.out ]
 	[ "$(head -1 man.1.cmd)" = "#!/bin/bash" ]
 	cp man.1.cmd migrate.sh
 	# its one setting this shared machine needs: a free port
@@ -192,17 +194,11 @@ run_section() { # SECTION
 	echo "$output"
 	[ "$status" -eq 0 ]
 	printf '%s\n' "${lines[@]}" > printed
-	shows man.2.out printed
+	shows man.3.out printed
 	# what it says happened: 8 ranks, 4 of them left, each digest matched,
 	# and the trainers that stay found their state intact
 	[ "$(grep -c 'digest: match$' exec.*.log | awk -F: '{ n += $2 } END { print n }')" = 8 ]
 	for r in 0 1 2 3 4 5 6 7; do grep -q ': ok$' "trainer.$r.log"; done
 	run vps-plan a.layout b.layout --stats
 	[[ "$output" == *$'\nleaving: 4\n'* ]]
-}
-
-@test "vps(7) A DEVICE IS LOST: its commands run as written and print what it shows" {
-	local n
-	run_section "A DEVICE IS LOST"
-	[ "$n" -eq 2 ]
 }

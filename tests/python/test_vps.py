@@ -330,5 +330,176 @@ class Names(unittest.TestCase):
         self.assertEqual(e.exception.name, "VPS_ETIMEOUT")
         self.assertEqual(self.reg.state(), (vps.registry.REQUESTED, e.exception.seq))
 
+
+# Every public method of each wrapper of a C handle, called as a user would
+# after close(): (name, the call on obj). Run in a child process, so that a
+# crash (the library given a freed handle) fails the test instead of ending
+# the runner.
+CLOSED_CALLS = {
+    "Registry": [
+        ("layout_hash", "obj.layout_hash"), ("rank", "obj.rank"), ("set_target", "obj.set_target(lay, 0)"),
+        ("alloc_host", "obj.alloc_host(0, 0, 0, 0, 16)"), ("free_host", "obj.free_host(4096)"),
+        ("add_host", "obj.add_host(0, 0, 0, 0, 16, 'x')"), ("add_cuda", "obj.add_cuda(0, 0, 0, 0, 16, 4096)"),
+        ("entries", "obj.entries()"), ("reset", "obj.reset(lay, 0)"), ("request", "obj.request()"),
+        ("wait", "obj.wait(1, 0.1)"), ("state", "obj.state()"), ("training", "obj.training"),
+        ("training", "setattr(obj, 'training', vps.Training(step=1))"),
+        ("switch", "vps.switch(obj, None, lay, 0, vps.Training(step=1))"),
+        ("switch", "vps.switch(obj, None, lay, 0)"),
+        ("State.allocate", "vps.State.allocate(obj, lay, 0)"),
+    ],
+    "Layout": [
+        ("hash", "obj.hash"), ("world", "obj.world"), ("parallel", "obj.parallel"), ("describe", "obj.describe()"),
+        ("coords", "obj.coords(0)"), ("rank", "obj.rank(0)"), ("holders", "obj.holders('output_layer.weight')"),
+        ("State", "vps.State(obj, 0)"), ("Registry", "vps.Registry('vps-pytest-closed-%d' % os.getpid(), obj, 0)"),
+    ],
+    "State": [
+        ("buffer", "obj.buffer(vps.PARAM)"), ("param", "obj.param('output_layer.weight')"),
+        ("index", "obj.index(obj.view.regions[0])"), ("pieces", "list(obj.pieces())"),
+        ("load", "obj.load(lambda t, s: None)"), ("register", "obj.register(reg)"),
+        ("switch", "vps.switch(reg, obj, lay, 0)"),
+    ],
+}
+
+CLOSED_CHILD = r"""
+import json, os, sys
+sys.path.insert(0, os.path.join(%(top)r, "python"))
+import vps
+kind, how, calls = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+lay = vps.layout("micro-llama", "tp=1")
+reg = vps.Registry("vps-pytest-%%d" %% os.getpid(), lay, 0)
+if kind == "Registry":
+    obj = reg
+    reg.close()
+elif kind == "Layout":
+    obj = vps.layout("micro-llama", "tp=1")
+    obj.close()
+else:
+    obj = vps.State.allocate(reg, lay, 0)
+    if how == "registry closed":
+        reg.close()
+        reg = vps.Registry("vps-pytest-%%d" %% os.getpid(), lay, 0)
+    else:
+        reg.reset(None, -1)
+        obj.free()
+for call in calls:
+    print("call " + call, flush=True)
+    try:
+        eval(call)
+        print("no error", flush=True)
+    except vps.Error as e:
+        print("%%s %%s" %% (e.name, e), flush=True)
+"""
+
+
+class Closed(unittest.TestCase):
+    """A closed object raises vps.Error from every method; it never hands
+    the library a freed handle (a crash of the interpreter)."""
+
+    def test_every_method_of_a_closed_object_raises(self):
+        import json
+        for kind, calls in CLOSED_CALLS.items():
+            for how in ("freed", "registry closed") if kind == "State" else ("closed",):
+                # one child a kind: a crash ends it, and its last line names the call
+                r = subprocess.run([sys.executable, "-c", CLOSED_CHILD % {"top": TOP}, kind, how,
+                                    json.dumps([c for _, c in calls])], capture_output=True, text=True, timeout=120)
+                lines = r.stdout.splitlines()
+                if r.returncode < 0:
+                    self.fail("%s (%s): %s: killed by signal %d" % (kind, how, lines[-1] if lines else "setting up",
+                                                                     -r.returncode))
+                self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+                self.assertEqual(len(lines), 2 * len(calls), r.stdout)
+                for call, answer in zip(lines[0::2], lines[1::2]):
+                    with self.subTest(kind=kind, how=how, call=call):
+                        self.assertTrue(answer.startswith("VPS_EINPUT ") and "is closed" in answer, answer)
+                        if how == "registry closed":
+                            self.assertIn("unmapped", answer)
+
+    def test_the_calls_cover_every_public_method(self):
+        skip = {"close", "closed", "unlink", "free", "allocate", "adopt", "new", "load"}
+        for kind, calls in CLOSED_CALLS.items():
+            cls = getattr(vps, kind)
+            public = {n for n in dir(cls) if not n.startswith("_")} - skip
+            self.assertEqual(public - {n for n, _ in calls}, set(), kind)
+
+    def test_close_twice_and_free_twice_do_nothing(self):
+        lay = vps.layout("micro-llama", "tp=1")
+        reg = vps.Registry("vps-pytest-%d" % os.getpid(), lay, 0)
+        s = vps.State.allocate(reg, lay, 0)
+        with self.assertRaises(vps.Error):
+            s.free()  # still registered: refused, the state kept
+        self.assertFalse(s.closed)
+        reg.reset(None, -1)
+        s.free()
+        s.free()
+        reg.close()
+        reg.close()
+        lay.close()
+        lay.close()
+        self.assertTrue(reg.closed and lay.closed and s.closed)
+        self.assertIn("closed", repr(reg))
+
+
+class Printing(unittest.TestCase):
+    """Objects print with names, not indices; regions_of takes a tensor's
+    name; holders() answers vps-layout --tensor."""
+
+    def test_regions_and_buffers_print_names(self):
+        v = vps.layout("micro-llama", "tp=2,dp=2,zero=1", gpus_per_node=4).rank(1)
+        r = v.regions_of("main_param")[0]
+        self.assertEqual(r.name, v.layout.model.tensor_name(r.tensor))
+        self.assertTrue(repr(r).startswith("Region(%s, state=main_param, buffer=" % r.name), repr(r))
+        self.assertNotIn("tensor=", repr(r))
+        self.assertIn("state=main_param, dtype=fp32", repr(v.buffers[v.buffer(vps.MAIN_PARAM)]))
+
+    def test_regions_of_a_tensor_by_name(self):
+        v = vps.layout("micro-llama", "tp=2,dp=2,zero=1", gpus_per_node=4).rank(1)
+        name = "decoder.layers.0.mlp.linear_fc1.weight"
+        mine = v.regions_of(name)
+        self.assertIn(vps.PARAM, {r.state for r in mine})
+        self.assertEqual(mine, [r for r in v.regions if r.tensor == v.layout.model.find(name)])
+        self.assertTrue(all(r.name == name for r in mine))
+        self.assertEqual(v.regions_of(tensor=name, state="exp_avg"), [r for r in mine if r.state == vps.EXP_AVG])
+        self.assertEqual(v.regions_of(tensor=v.layout.model.find(name)), mine)
+        for bad in ("decoder.layers.0.mlp.nothing", 99, -1):
+            with self.assertRaises(vps.Error, msg=repr(bad)) as e:
+                v.regions_of(bad)
+            self.assertEqual(e.exception.name, "VPS_EINPUT")
+        with self.assertRaises(vps.Error) as e:
+            v.regions_of(tensor=10 ** 6)
+        self.assertIn("not a name nor an id", str(e.exception))
+
+    def test_holders_answers_as_vps_layout_tensor(self):
+        import json
+        lay = vps.layout("tiny-llama", "tp=2,pp=2,dp=2,zero=1")
+        pattern = "decoder.layers.5.*fc1*"
+        out = subprocess.run([os.path.join(BIN, "vps-layout"), "--model", "tiny-llama", "--parallel",
+                              "tp=2,pp=2,dp=2,zero=1", "--tensor", pattern, "--format", "json"],
+                             check=True, capture_output=True, text=True).stdout
+        tool = [json.loads(line) for line in out.splitlines()]
+        mine = lay.holders(pattern)
+        self.assertEqual(len(mine), len(tool))
+        for h, t in zip(mine, tool):
+            self.assertEqual((h.name, h.state, list(h.ranks), h.buffer, [list(x) for x in zip(h.lo, h.hi)],
+                              h.offset, list(h.strides), h.bytes),
+                             (t["tensor"], t["state"], list(range(t["base"], t["base"] + t["stride"] * t["count"],
+                                                                  t["stride"] or 1)), t["buffer"], t["box"],
+                              t["offset"], t["strides"], t["bytes"]))
+        # the same answer as each rank's own view
+        for h in mine:
+            for r in h.ranks:
+                held = [x for x in lay.rank(r).regions_of(h.name, state=h.state) if x.offset == h.offset]
+                self.assertEqual([(x.lo, x.hi, x.buffer) for x in held], [(h.lo, h.hi, h.buffer)])
+        box = lay.holders("embedding.word_embeddings.weight", "main_param", box=[(0, 8), (0, 256)])
+        self.assertTrue(box and all(h.lo == (0, 0) and h.hi == (8, 256) for h in box), box)
+        self.assertIn("state=main_param, ranks=", repr(box[0]))
+        for bad, args in (("no tensor named", ("nothing",)), ("no tensor matching", ("nothing.*",)),
+                          ("holds no grad", ("output_layer.weight", "grad")),
+                          ("not a state", ("output_layer.weight", "momentum")),
+                          ("is outside", ("output_layer.weight", None, [(0, 1), (0, 10 ** 6)]))):
+            with self.assertRaises(vps.Error, msg=bad) as e:
+                lay.holders(*args)
+            self.assertIn(bad, str(e.exception))
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -42,7 +42,7 @@ TEST(a_live_registry_is_not_taken_a_stale_one_is_refused_or_replaced)
 	int st;
 	waitpid(child, &st, 0);
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-	CHECK(vps_registry_open(&o, name) == VPS_EINPUT);
+	CHECK(vps_registry_open(&o, name) == VPS_ESTALE);
 	CHECK(strstr(vps_last_error(), "is stale") != NULL);
 	CHECK(vps_registry_create(&r, name, 8, 0, 4, 0) == VPS_EINPUT);
 	CHECK(strstr(vps_last_error(), "stale (its trainer, pid") != NULL);
@@ -152,6 +152,29 @@ static void remove_object(const char *name)
 	char path[128];
 	snprintf(path, sizeof(path), "/dev/shm/%s", name);
 	unlink(path);
+}
+
+/* What an executor waits for, by code: a registry not there yet, or one
+ * its trainer is still making (its magic is written last), is not found;
+ * one whose trainer is gone is stale (the test above). */
+TEST(an_absent_or_half_made_registry_is_not_found)
+{
+	char name[64], path[128];
+	struct vps_registry *o = NULL;
+	name_for(name, sizeof(name), "absent");
+	CHECK(vps_registry_open(&o, name) == VPS_ENOTFOUND);
+	CHECK(strstr(vps_last_error(), "No such file") != NULL);
+	snprintf(path, sizeof(path), "/dev/shm/%s", name);
+	int fd = open(path, O_CREAT | O_EXCL | O_WRONLY, 0600);
+	CHECK(fd >= 0);
+	if (fd >= 0) {
+		CHECK(ftruncate(fd, 4096) == 0);
+		close(fd);
+	}
+	CHECK(vps_registry_open(&o, name) == VPS_ENOTFOUND);
+	CHECK(strstr(vps_last_error(), "is not ready yet") != NULL);
+	CHECK(o == NULL);
+	remove_object(name);
 }
 
 /* A registry made by a child that exits without closing it, with two host

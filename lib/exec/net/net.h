@@ -1,7 +1,10 @@
-/* The tcp transport: bootstrap through rank 0, a mesh of connections
- * between the ranks that exchange data, non-blocking exchanges with every
- * transfer of a stage in flight at once, and small collectives through
- * rank 0. Every wait is bounded by a timeout that names the peer. */
+/* The network between the executors of a job (lib/exec/net/README.md):
+ * bootstrap through rank 0, a mesh of connections between the ranks that
+ * exchange data, non-blocking exchanges with every message of a stage in
+ * flight at once, small collectives through rank 0, and the start of a
+ * switch. Every connection proves the job token; every wait is bounded by
+ * a timeout that names the peer. The transports (lib/exec/transport) carry
+ * their bytes over it; it knows nothing of plans or transfers. */
 #ifndef VPS_NET_H
 #define VPS_NET_H
 
@@ -76,5 +79,9 @@ vps_result_t vps_net_broadcast(struct vps_net *n, void *buf, size_t len, const c
 /* Everyone reports ok/failure; returns VPS_EPEER naming a failed rank if
  * any failed. */
 vps_result_t vps_net_agree(struct vps_net *n, bool ok, const char *what);
+/* The same for a result: a rank whose own result failed (mine) keeps its
+ * code and its own words, the others learn the first failure's
+ * (VPS_EPEER); VPS_OK when every rank succeeded. */
+vps_result_t vps_net_agree_result(struct vps_net *n, vps_result_t mine, const char *what);
 
 #endif

@@ -18,7 +18,7 @@
 #define IPC_MAX_BUFFERS 4096
 
 struct ipc_peer {
-	int64_t peer;           /* first plan's numbering */
+	int64_t peer;           /* its net rank */
 	uint64_t count;         /* its source buffers */
 	struct vps_buffer_desc *desc;
 	int64_t *bytes;
@@ -26,18 +26,19 @@ struct ipc_peer {
 };
 
 struct ipc {
-	bool strict;            /* every peer must be on this node (not auto) */
-	struct ipc_peer *peers;
+	struct ipc_peer *peers; /* the ranks this rank pulls from in this switch */
 	size_t npeers, cap;
 	struct vps_local_copy *copies;
 	size_t capc;
 };
 
-static bool carried(const struct vps_switch *sw, const struct vps_xfer *x)
+static bool ipc_can_connect(const struct vps_peer_info *peer) { return peer->same_node; }
+
+static vps_result_t ipc_setup(void **self, const struct vps_transport_env *env)
 {
-	struct vps_device me = vps_world_device(sw->s->plan->world, sw->w);
-	struct vps_device other = vps_world_device(sw->s->plan->world, x->src == sw->w ? x->dst : x->src);
-	return me.node == other.node;
+	(void)env;
+	*self = vps_calloc(1, sizeof(struct ipc));
+	return *self ? VPS_OK : VPS_ENOMEM;
 }
 
 static struct ipc_peer *find(struct ipc *t, int64_t peer)
@@ -80,7 +81,110 @@ static vps_result_t my_sources(const struct vps_switch *sw, struct vps_buffer_de
 	return VPS_OK;
 }
 
-static vps_result_t ipc_begin(void *self, struct vps_switch *sw)
+/* One message per peer of the switch, in the order the transfers name
+ * them: whether this rank sends to it, receives from it, or both; and a
+ * peer entry for each rank it receives from. */
+static vps_result_t switch_peers(struct ipc *t, const struct vps_switch *sw, const struct vps_xfer *const *x, size_t n,
+				 struct vps_net_msg **msgs, size_t *nm)
+{
+	size_t capm = 0;
+	*msgs = NULL;
+	*nm = 0;
+	for (size_t i = 0; i < n; i++) {
+		int64_t peer = vps_switch_peer(sw, x[i])->rank;
+		size_t m = 0;
+		while (m < *nm && (*msgs)[m].peer != peer)
+			m++;
+		if (m == *nm) {
+			VPS_CHECK(VPS_GROW(*msgs, capm, *nm + 1));
+			memset(&(*msgs)[m], 0, sizeof(**msgs));
+			(*msgs)[m].peer = peer;
+			(*msgs)[m].tag = 0x1bc0;
+			(*nm)++;
+		}
+		if (x[i]->src == sw->w)
+			(*msgs)[m].send = true;
+		else
+			(*msgs)[m].recv = true;
+	}
+	VPS_CHECK(VPS_GROW(t->peers, t->cap, *nm + 1));
+	for (size_t m = 0; m < *nm; m++) {
+		if (!(*msgs)[m].recv)
+			continue;
+		struct ipc_peer *p = &t->peers[t->npeers++];
+		memset(p, 0, sizeof(*p));
+		p->peer = (*msgs)[m].peer;
+	}
+	return VPS_OK;
+}
+
+/* Each peer's descriptor count, then room for its descriptors. */
+static vps_result_t exchange_counts(struct ipc *t, const struct vps_switch *sw, struct vps_net_msg *msgs, size_t nm,
+				    struct iovec *iov, uint64_t *nmine)
+{
+	for (size_t m = 0; m < nm; m++) {
+		struct ipc_peer *p = msgs[m].recv ? find(t, msgs[m].peer) : NULL;
+		iov[2 * m] = (struct iovec){nmine, sizeof(*nmine)};
+		iov[2 * m + 1] = (struct iovec){p ? (void *)&p->count : NULL, p ? sizeof(p->count) : 0};
+		msgs[m].send_iov = &iov[2 * m];
+		msgs[m].send_iovcnt = msgs[m].send ? 1 : 0;
+		msgs[m].recv_iov = &iov[2 * m + 1];
+		msgs[m].recv_iovcnt = p ? 1 : 0;
+	}
+	VPS_CHECK(vps_net_exchange(sw->net, msgs, nm, "ipc: buffer counts"));
+	for (size_t i = 0; i < t->npeers; i++) {
+		struct ipc_peer *p = &t->peers[i];
+		if (p->count > IPC_MAX_BUFFERS)
+			return vps_fail(VPS_EPEER, "ipc: rank %" PRId64 " announces %" PRIu64 " source buffers", p->peer,
+					p->count);
+		p->desc = vps_calloc(p->count + 1, sizeof(*p->desc));
+		p->bytes = vps_calloc(p->count + 1, sizeof(*p->bytes));
+		p->ptr = vps_calloc(p->count + 1, sizeof(*p->ptr));
+		if (!p->desc || !p->bytes || !p->ptr)
+			return VPS_ENOMEM;
+	}
+	return VPS_OK;
+}
+
+static vps_result_t exchange_descriptors(struct ipc *t, const struct vps_switch *sw, struct vps_net_msg *msgs,
+					 size_t nm, struct iovec *iov, const struct vps_buffer_desc *mine, uint64_t nmine)
+{
+	for (size_t m = 0; m < nm; m++) {
+		struct ipc_peer *p = msgs[m].recv ? find(t, msgs[m].peer) : NULL;
+		iov[2 * m] = (struct iovec){(void *)mine, nmine * sizeof(*mine)};
+		iov[2 * m + 1] = (struct iovec){p ? (void *)p->desc : NULL, p ? p->count * sizeof(*p->desc) : 0};
+		msgs[m].tag = 0x1bc1;
+	}
+	return vps_net_exchange(sw->net, msgs, nm, "ipc: buffer descriptors");
+}
+
+/* Map what each peer sends from. */
+static vps_result_t map_peer_sources(struct ipc *t, const struct vps_switch *sw)
+{
+	for (size_t i = 0; i < t->npeers; i++) {
+		struct ipc_peer *p = &t->peers[i];
+		for (uint64_t b = 0; b < p->count; b++) {
+			struct vps_buffer_desc *d = &p->desc[b];
+			d->shm_name[sizeof(d->shm_name) - 1] = '\0';
+			if (d->where != (uint32_t)sw->where || d->buffer != b || d->bytes > INT64_MAX)
+				return vps_fail(VPS_EPEER, "ipc: rank %" PRId64 "'s source buffer %" PRIu64 " is %s memory, this "
+						"rank's buffers are %s", p->peer, b, d->where == VPS_WHERE_CUDA ? "GPU" : "host",
+						sw->where == VPS_WHERE_CUDA ? "GPU" : "host");
+			p->bytes[b] = (int64_t)d->bytes;
+			vps_result_t rc = vps_mapcache_map(sw->maps, sw->gpu, d, false, false, false, &p->ptr[b]);
+			if (rc) {
+				vps_error_prefix("ipc: rank %" PRId64 "'s source buffer %" PRIu64, p->peer, b);
+				return rc;
+			}
+		}
+	}
+	return VPS_OK;
+}
+
+/* Pull: the peers' source descriptors, to the ranks that read them, over
+ * the rendezvous; the receivers map them, and the views this rank will
+ * read must lie inside what it mapped. */
+static vps_result_t ipc_begin(void *self, struct vps_switch *sw, const struct vps_xfer *const *x, size_t n)
 {
 	struct ipc *t = self;
 	const struct vps_staged *s = sw->s;
@@ -89,113 +193,26 @@ static vps_result_t ipc_begin(void *self, struct vps_switch *sw)
 	struct iovec *iov = NULL;
 	struct vps_buffer_desc *mine = NULL;
 	uint64_t nmine = 0;
-	size_t nm = 0, capm = 0;
+	size_t nm = 0;
 	forget_peers(t);
-	/* the peers of the whole switch: which this rank sends to, which it
-	 * receives from */
-	for (size_t i = 0; i < s->nxfers; i++) {
-		const struct vps_xfer *x = &s->xfers[i];
-		if (x->src == x->dst || (x->src != sw->w && x->dst != sw->w))
-			continue;
-		if (!carried(sw, x)) {
-			if (!t->strict)
-				continue;
-			struct vps_device d = vps_world_device(s->plan->world, x->src == sw->w ? x->dst : x->src);
-			return vps_fail(VPS_EINPUT, "--transport ipc: rank %" PRId64 " exchanges with a device on node %d, "
-					"and ipc reaches only this node's ranks (use --transport auto)",
-					sw->w, d.node);
-		}
-		int64_t peer = vps_switch_peer(sw, x);
-		size_t m = 0;
-		while (m < nm && msgs[m].peer != peer)
-			m++;
-		if (m == nm) {
-			VPS_CHECK_GOTO(VPS_GROW(msgs, capm, nm + 1), rc, done);
-			memset(&msgs[nm], 0, sizeof(*msgs));
-			msgs[nm].peer = peer;
-			msgs[nm].tag = 0x1bc0;
-			nm++;
-		}
-		if (x->src == sw->w)
-			msgs[m].send = true;
-		else
-			msgs[m].recv = true;
-	}
+	VPS_CHECK_GOTO(switch_peers(t, sw, x, n, &msgs, &nm), rc, done);
 	if (!nm)
 		goto done;
 	VPS_CHECK_GOTO(my_sources(sw, &mine, &nmine), rc, done);
-	VPS_CHECK_GOTO(VPS_GROW(t->peers, t->cap, nm), rc, done);
-	for (size_t m = 0; m < nm; m++) {
-		if (!msgs[m].recv)
-			continue;
-		struct ipc_peer *p = &t->peers[t->npeers++];
-		memset(p, 0, sizeof(*p));
-		p->peer = msgs[m].peer;
-	}
-	/* how many descriptors, then the descriptors */
 	iov = vps_calloc(2 * nm + 1, sizeof(*iov));
 	if (!iov) {
 		rc = VPS_ENOMEM;
 		goto done;
 	}
-	for (size_t m = 0; m < nm; m++) {
-		struct ipc_peer *p = msgs[m].recv ? find(t, msgs[m].peer) : NULL;
-		iov[2 * m] = (struct iovec){&nmine, sizeof(nmine)};
-		iov[2 * m + 1] = (struct iovec){p ? (void *)&p->count : NULL, p ? sizeof(p->count) : 0};
-		msgs[m].send_iov = &iov[2 * m];
-		msgs[m].send_iovcnt = msgs[m].send ? 1 : 0;
-		msgs[m].recv_iov = &iov[2 * m + 1];
-		msgs[m].recv_iovcnt = p ? 1 : 0;
-	}
-	VPS_CHECK_GOTO(vps_net_exchange(sw->net, msgs, nm, "ipc: buffer counts"), rc, done);
-	for (size_t i = 0; i < t->npeers; i++) {
-		struct ipc_peer *p = &t->peers[i];
-		if (p->count > IPC_MAX_BUFFERS) {
-			rc = vps_fail(VPS_EPEER, "ipc: rank %" PRId64 " announces %" PRIu64 " source buffers", p->peer, p->count);
-			goto done;
-		}
-		p->desc = vps_calloc(p->count + 1, sizeof(*p->desc));
-		p->bytes = vps_calloc(p->count + 1, sizeof(*p->bytes));
-		p->ptr = vps_calloc(p->count + 1, sizeof(*p->ptr));
-		if (!p->desc || !p->bytes || !p->ptr) {
-			rc = VPS_ENOMEM;
-			goto done;
-		}
-	}
-	for (size_t m = 0; m < nm; m++) {
-		struct ipc_peer *p = msgs[m].recv ? find(t, msgs[m].peer) : NULL;
-		iov[2 * m] = (struct iovec){mine, nmine * sizeof(*mine)};
-		iov[2 * m + 1] = (struct iovec){p ? (void *)p->desc : NULL, p ? p->count * sizeof(*p->desc) : 0};
-		msgs[m].tag = 0x1bc1;
-	}
-	VPS_CHECK_GOTO(vps_net_exchange(sw->net, msgs, nm, "ipc: buffer descriptors"), rc, done);
-	/* map what each peer sends from; its views must fit */
-	for (size_t i = 0; i < t->npeers; i++) {
-		struct ipc_peer *p = &t->peers[i];
-		for (uint64_t b = 0; b < p->count; b++) {
-			struct vps_buffer_desc *d = &p->desc[b];
-			d->shm_name[sizeof(d->shm_name) - 1] = '\0';
-			if (d->where != (uint32_t)sw->where || d->buffer != b || d->bytes > INT64_MAX) {
-				rc = vps_fail(VPS_EPEER, "ipc: rank %" PRId64 "'s source buffer %" PRIu64 " is %s memory, this "
-					      "rank's buffers are %s", p->peer, b, d->where == VPS_WHERE_CUDA ? "GPU" : "host",
-					      sw->where == VPS_WHERE_CUDA ? "GPU" : "host");
-				goto done;
-			}
-			p->bytes[b] = (int64_t)d->bytes;
-			rc = vps_mapcache_map(sw->maps, sw->gpu, d, false, false, false, &p->ptr[b]);
-			if (rc) {
-				vps_error_prefix("ipc: rank %" PRId64 "'s source buffer %" PRIu64, p->peer, b);
-				goto done;
-			}
-		}
-	}
-	for (size_t i = 0; i < s->nxfers; i++) {
-		const struct vps_xfer *x = &s->xfers[i];
-		if (x->dst != sw->w || x->src == x->dst || !carried(sw, x))
+	VPS_CHECK_GOTO(exchange_counts(t, sw, msgs, nm, iov, &nmine), rc, done);
+	VPS_CHECK_GOTO(exchange_descriptors(t, sw, msgs, nm, iov, mine, nmine), rc, done);
+	VPS_CHECK_GOTO(map_peer_sources(t, sw), rc, done);
+	for (size_t i = 0; i < n; i++) {
+		if (x[i]->dst != sw->w)
 			continue;
-		struct ipc_peer *p = find(t, vps_switch_peer(sw, x));
-		for (size_t q = 0; q < x->nops && p; q++)
-			VPS_CHECK_GOTO(vps_check_op(&s->ops[x->first_op + q], p->bytes, p->count, NULL, 0), rc, done);
+		struct ipc_peer *p = find(t, vps_switch_peer(sw, x[i])->rank);
+		for (size_t q = 0; q < x[i]->nops && p; q++)
+			VPS_CHECK_GOTO(vps_check_op(&s->ops[x[i]->first_op + q], p->bytes, p->count, NULL, 0), rc, done);
 	}
 done:
 	free(mine);
@@ -215,7 +232,7 @@ static vps_result_t ipc_stage(void *self, struct vps_switch *sw, const struct vp
 		return VPS_ENOMEM;
 	vps_result_t rc = VPS_OK;
 	for (size_t k = 0; k < n && !rc; k++) {
-		int64_t peer = vps_switch_peer(sw, x[k]);
+		int64_t peer = vps_switch_peer(sw, x[k])->rank;
 		msgs[k].peer = peer;
 		msgs[k].tag = 0x1bc2 ^ ((uint64_t)x[k]->stage << 16);
 		if (x[k]->src == sw->w) {
@@ -224,8 +241,8 @@ static vps_result_t ipc_stage(void *self, struct vps_switch *sw, const struct vp
 		}
 		msgs[k].send = true;
 		struct ipc_peer *p = find(t, peer);
-		if (!p) {
-			rc = vps_fail(VPS_EINPUT, "%s: rank %" PRId64 " sends to this rank but did not say so", what, peer);
+		if (!p) { /* ipc_begin found the peers of the same transfers */
+			rc = vps_fail(VPS_EINTERNAL, "%s: rank %" PRId64 " sends to this rank but did not say so", what, peer);
 			break;
 		}
 		rc = vps_grow((void **)&t->copies, &t->capc, nc + x[k]->nops, sizeof(*t->copies));
@@ -276,15 +293,14 @@ static void ipc_free(void *self)
 	free(t);
 }
 
-static const struct vps_transport_ops ipc_ops = {"ipc", ipc_begin, ipc_stage, ipc_end, ipc_free};
-
-vps_result_t vps_transport_ipc(struct vps_transport *t, bool strict)
-{
-	struct ipc *self = vps_calloc(1, sizeof(*self));
-	if (!self)
-		return VPS_ENOMEM;
-	self->strict = strict;
-	t->ops = &ipc_ops;
-	t->self = self;
-	return VPS_OK;
-}
+const struct vps_transport vps_transport_ipc = {
+	.name = "ipc",
+	.can_connect = ipc_can_connect,
+	.reach = "only this node's ranks (use --transport auto)",
+	.gpu_context = true,
+	.setup = ipc_setup,
+	.begin = ipc_begin,
+	.stage = ipc_stage,
+	.end = ipc_end,
+	.free = ipc_free,
+};

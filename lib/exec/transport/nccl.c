@@ -29,20 +29,24 @@ struct nccl {
 	size_t capp;
 };
 
-static vps_result_t nccl_begin(void *self, struct vps_switch *sw)
+static bool nccl_can_connect(const struct vps_peer_info *peer)
+{
+	(void)peer;
+	return true;
+}
+
+static vps_result_t nccl_begin(void *self, struct vps_switch *sw, const struct vps_xfer *const *mine, size_t n)
 {
 	struct nccl *t = self;
 	if (sw->where != VPS_WHERE_CUDA)
 		return vps_fail(VPS_EINPUT, "the nccl transport moves GPU memory; the trainer registered host memory "
 					    "(use --transport tcp or ipc)");
-	/* the largest stage of this rank */
+	/* the largest stage of this rank's transfers over NCCL */
 	const struct vps_staged *s = sw->s;
 	size_t need = 0, cur = 0;
 	int64_t stage = -1;
-	for (size_t i = 0; i < s->nxfers; i++) {
-		const struct vps_xfer *x = &s->xfers[i];
-		if (x->src == x->dst || (x->src != sw->w && x->dst != sw->w))
-			continue;
+	for (size_t i = 0; i < n; i++) {
+		const struct vps_xfer *x = mine[i];
 		if (x->stage != stage)
 			cur = 0;
 		stage = x->stage;
@@ -88,6 +92,27 @@ static vps_result_t push_copy(struct vps_cuda_copy **v, size_t *cap, size_t n, c
 	return VPS_OK;
 }
 
+/* "rank 1" or "ranks 1, 3": the peers of a stage's group. NCCL does not
+ * say which peer a stalled group waits for; one of these. */
+static void group_peers(const struct vps_cuda_p2p *p, size_t n, char *out, size_t len)
+{
+	char list[128] = "";
+	size_t at = 0, count = 0;
+	for (size_t k = 0; k < n; k++) {
+		size_t j = 0;
+		while (j < k && p[j].peer != p[k].peer)
+			j++;
+		if (j < k)
+			continue;
+		if (at + 16 >= sizeof(list)) {
+			snprintf(list + at, sizeof(list) - at, ", ...");
+			break;
+		}
+		at += (size_t)snprintf(list + at, sizeof(list) - at, "%s%d", count++ ? ", " : "", p[k].peer);
+	}
+	snprintf(out, len, "rank%s %s", count > 1 ? "s" : "", list);
+}
+
 static vps_result_t nccl_stage(void *self, struct vps_switch *sw, const struct vps_xfer *const *x, size_t n,
 			       const char *what)
 {
@@ -98,9 +123,10 @@ static vps_result_t nccl_stage(void *self, struct vps_switch *sw, const struct v
 	for (size_t k = 0; k < n; k++) {
 		bool sending = x[k]->src == sw->w;
 		uint64_t base = (uint64_t)(uintptr_t)t->staging + at;
+		/* nccl_begin sized the buffer for these transfers */
 		if (at + (size_t)x[k]->bytes > t->cap)
-			return vps_fail(VPS_EINPUT, "%s: this rank's transfers outgrow its staging buffer", what);
-		t->p2p[k] = (struct vps_cuda_p2p){base, (uint64_t)x[k]->bytes, (int32_t)vps_switch_peer(sw, x[k]),
+			return vps_fail(VPS_EINTERNAL, "%s: this rank's transfers outgrow its staging buffer", what);
+		t->p2p[k] = (struct vps_cuda_p2p){base, (uint64_t)x[k]->bytes, (int32_t)vps_switch_peer(sw, x[k])->rank,
 						  sending ? 1 : 0};
 		for (size_t q = 0; q < x[k]->nops; q++) {
 			const struct vps_op *op = &s->ops[x[k]->first_op + q];
@@ -124,12 +150,18 @@ static vps_result_t nccl_stage(void *self, struct vps_switch *sw, const struct v
 		rc = t->gpu->nccl_exchange(t->comm, t->p2p, n, err);
 	if (!rc)
 		rc = t->gpu->copy(t->scatter, ns, err);
-	if (!rc)
-		rc = t->gpu->sync(t->comm, sw->timeout, err);
-	if (rc) {
-		if (rc == VPS_CUDA_ETIMEOUT)
-			t->comm = NULL; /* aborted */
+	if (rc)
 		return vps_gpu_result(rc, err, what);
+	rc = t->gpu->sync(t->comm, sw->timeout, err);
+	if (rc) {
+		/* the wait aborted the communicator, which frees it, on a timeout
+		 * and on NCCL's asynchronous error alike */
+		if (rc == VPS_CUDA_ETIMEOUT || rc == VPS_CUDA_ENCCL)
+			t->comm = NULL;
+		char peers[160], w[256];
+		group_peers(t->p2p, n, peers, sizeof(peers));
+		snprintf(w, sizeof(w), "%s (NCCL group with %s)", what, peers);
+		return vps_gpu_result(rc, err, w);
 	}
 	return VPS_OK;
 }
@@ -150,44 +182,45 @@ static void nccl_free(void *self)
 	free(t);
 }
 
-static const struct vps_transport_ops nccl_ops = {"nccl", nccl_begin, nccl_stage, NULL, nccl_free};
-
-vps_result_t vps_transport_nccl(struct vps_transport *t, struct vps_net *net, int64_t rank, int64_t world, int device,
-				int64_t local_rank)
+/* The communicator, over the rendezvous: every rank says whether it can go
+ * on, so that a rank without a GPU or NCCL stops them all at once, by name;
+ * then rank 0's unique id reaches every rank. */
+static vps_result_t nccl_setup(void **out, const struct vps_transport_env *env)
 {
 	const struct vps_cuda_api *gpu = NULL;
 	unsigned char id[VPS_CUDA_NCCL_ID] = {0};
 	char err[VPS_CUDA_ERR] = "";
-	vps_result_t rc = vps_gpu_init(device, local_rank, &gpu);
+	vps_result_t rc = vps_gpu_init(env->device, env->local_rank, &gpu);
 	if (!rc && !gpu->has_nccl)
 		rc = vps_fail(VPS_EUNSUPPORTED, "libvps-cuda.so was built without NCCL (nccl.h was not found)");
-	if (!rc && world > INT32_MAX)
-		rc = vps_fail(VPS_EINPUT, "a world of %" PRId64 " ranks is beyond NCCL", world);
-	if (!rc && rank == 0) {
+	if (!rc && env->world > INT32_MAX)
+		rc = vps_fail(VPS_EINPUT, "a world of %" PRId64 " ranks is beyond NCCL", env->world);
+	if (!rc && env->rank == 0) {
 		int g = gpu->nccl_id(id, err);
 		if (g)
 			rc = vps_gpu_result(g, err, "NCCL unique id");
 	}
-	/* rank 0's id reaches everyone, and every rank says whether it can go
-	 * on: a rank without a GPU or NCCL stops them all at once, by name */
-	char mine[1024];
-	snprintf(mine, sizeof(mine), "%s", vps_last_error());
-	vps_result_t brc = vps_net_broadcast(net, id, sizeof(id), "NCCL unique id");
-	vps_result_t agreed = brc ? brc : vps_net_agree(net, rc == VPS_OK, "NCCL setup");
-	if (rc)
-		return vps_fail(rc, "%s", mine);
-	VPS_CHECK(agreed);
+	VPS_CHECK(vps_net_agree_result(env->net, rc, "NCCL setup"));
+	VPS_CHECK(vps_net_broadcast(env->net, id, sizeof(id), "NCCL unique id"));
 	struct nccl *self = vps_calloc(1, sizeof(*self));
 	if (!self)
 		return VPS_ENOMEM;
 	self->gpu = gpu;
-	self->rank = rank;
-	int g = gpu->nccl_init(&self->comm, (int)world, (int)rank, id, err);
+	self->rank = env->rank;
+	int g = gpu->nccl_init(&self->comm, (int)env->world, (int)env->rank, id, err);
 	if (g) {
 		free(self);
 		return vps_gpu_result(g, err, "NCCL communicator");
 	}
-	t->ops = &nccl_ops;
-	t->self = self;
+	*out = self;
 	return VPS_OK;
 }
+
+const struct vps_transport vps_transport_nccl = {
+	.name = "nccl",
+	.can_connect = nccl_can_connect,
+	.setup = nccl_setup,
+	.begin = nccl_begin,
+	.stage = nccl_stage,
+	.free = nccl_free,
+};

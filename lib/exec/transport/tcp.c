@@ -113,9 +113,24 @@ static uint64_t xfer_tag(const struct vps_xfer *x)
 	return ((uint64_t)x->stage << 40) ^ ((uint64_t)x->step << 16) ^ (uint64_t)x->chunk;
 }
 
-static vps_result_t tcp_begin(void *self, struct vps_switch *sw)
+static bool tcp_can_connect(const struct vps_peer_info *peer)
+{
+	(void)peer;
+	return true;
+}
+
+static vps_result_t tcp_setup(void **self, const struct vps_transport_env *env)
+{
+	(void)env;
+	*self = NULL;
+	return VPS_OK;
+}
+
+static vps_result_t tcp_begin(void *self, struct vps_switch *sw, const struct vps_xfer *const *x, size_t n)
 {
 	(void)self;
+	(void)x;
+	(void)n;
 	if (sw->where != VPS_WHERE_HOST)
 		return vps_fail(VPS_EINPUT, "the tcp transport moves host memory; the trainer registered GPU memory "
 					    "(use --transport ipc, nccl or auto)");
@@ -140,7 +155,7 @@ static vps_result_t tcp_stage(void *self, struct vps_switch *sw, const struct vp
 		const struct vps_xfer *x = mine[k];
 		bool sending = x->src == sw->w;
 		rc = transfer_iovs(s, x, sending, sending ? sw->src : sw->dst, &iov[k], &bounce[k]);
-		int64_t peer = vps_switch_peer(sw, x);
+		int64_t peer = vps_switch_peer(sw, x)->rank;
 		size_t m = 0;
 		while (m < nm && msgs[m].peer != peer)
 			m++;
@@ -183,11 +198,11 @@ done:
 
 static void tcp_free(void *self) { (void)self; }
 
-static const struct vps_transport_ops tcp_ops = {"tcp", tcp_begin, tcp_stage, NULL, tcp_free};
-
-vps_result_t vps_transport_tcp(struct vps_transport *t)
-{
-	t->ops = &tcp_ops;
-	t->self = NULL;
-	return VPS_OK;
-}
+const struct vps_transport vps_transport_tcp = {
+	.name = "tcp",
+	.can_connect = tcp_can_connect,
+	.setup = tcp_setup,
+	.begin = tcp_begin,
+	.stage = tcp_stage,
+	.free = tcp_free,
+};

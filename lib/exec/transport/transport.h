@@ -2,19 +2,25 @@
  *
  * The staged exchange (claiming the trainer's request, attaching its
  * buffers, the start, the stages in order, retains, early frees, the
- * verdict, the digest) is lib/exec.c, the same for every transport. A
- * transport is a table of four calls, as NCCL's src/transport is:
+ * verdict, the digest) is lib/exec/exec.c, the same for every transport.
+ * A transport is one table, as NCCL's struct ncclTransport is: its name,
+ * which peers it can reach, a constructor, and the calls of a switch.
  *
  *   tcp   host memory over the rendezvous sockets, sendmsg/recvmsg straight
- *         from source rows into destination rows (lib/transport_tcp.c)
+ *         from source rows into destination rows (tcp.c)
  *   ipc   ranks of one node map each other's registered buffers (shared
  *         memory objects, or CUDA IPC handles) and the receiver copies
- *         source rows into destination rows, one copy (lib/transport_ipc.c)
+ *         source rows into destination rows, one copy (ipc.c)
  *   nccl  GPU memory: a gather kernel into the staging buffer, one grouped
- *         ncclSend/ncclRecv per stage, a scatter kernel (lib/transport_nccl.c)
+ *         ncclSend/ncclRecv per stage, a scatter kernel (nccl.c)
  *
- * `auto` is ipc for peers on this rank's node and nccl for the others: the
- * exchange gives each transport the transfers of its peers. */
+ * The executor hands a transport what it must know of each peer (struct
+ * vps_peer_info, in the switch: NCCL's ncclPeerInfo); a transport uses
+ * only this interface, the network (exec/net), the registry and the GPU,
+ * and never calls back into the executor. --transport names a list of
+ * transports (vps_transport_choice, transport.c): each peer is carried by
+ * the first whose can_connect holds, so `auto` is ipc for the peers on
+ * this rank's node and nccl for the others. */
 #ifndef VPS_TRANSPORT_H
 #define VPS_TRANSPORT_H
 
@@ -26,15 +32,24 @@
 struct vps_mapcache;
 struct vps_cuda_api;
 
+/* The peer of one of this rank's transfers, as the executor found it. */
+struct vps_peer_info {
+	int64_t rank;   /* its net rank: its sockets (exec/net) and its NCCL rank; -1: no peer */
+	int node;       /* its node */
+	bool same_node; /* on this rank's node */
+};
+
 /* One switch, as a transport sees it. */
 struct vps_switch {
 	const struct vps_staged *s;
-	const struct vps_plan *p0;  /* peers (sockets, NCCL ranks) are numbered by the first plan's world */
 	int64_t w, ra, rb;          /* this rank in s's world, in A, in B (-1: none) */
 	int where;                  /* enum vps_registry_where of every buffer of the switch */
 	struct vps_rank_view va, vb;
 	void **src, **dst;          /* this rank's buffers, as addresses in this process */
 	int64_t *src_entry;         /* registry entries of the sources */
+	/* by transfer index of s: the peer of each transfer this rank sends or
+	 * receives (rank -1 for the others and for retains) */
+	const struct vps_peer_info *peers;
 	struct vps_registry *reg;
 	struct vps_net *net;
 	struct vps_mapcache *maps;
@@ -42,14 +57,36 @@ struct vps_switch {
 	double timeout;
 };
 
-/* The peer of a transfer, in the first plan's numbering. */
-int64_t vps_switch_peer(const struct vps_switch *sw, const struct vps_xfer *x);
+/* The peer of transfer x, one of sw's. */
+static inline const struct vps_peer_info *vps_switch_peer(const struct vps_switch *sw, const struct vps_xfer *x)
+{
+	return &sw->peers[x - sw->s->xfers];
+}
 
-struct vps_transport_ops {
+/* What a transport's constructor may need: made once per executor, before
+ * the trainer's request under --wait, used by every switch. */
+struct vps_transport_env {
+	struct vps_net *net;
+	int64_t rank, world;   /* this rank's net rank and the net's size */
+	int device;            /* vps_exec_opts.device */
+	int64_t local_rank;
+};
+
+struct vps_transport {
 	const char *name;
+	/* Whether it can carry this rank's transfers with peer. */
+	bool (*can_connect)(const struct vps_peer_info *peer);
+	/* For the refusal when a peer is left that no transport of a
+	 * --transport reaches: which peers this one reaches (NULL: any). */
+	const char *reach;
+	/* It may move GPU memory in this process's CUDA context, which the
+	 * executor then makes before the request, not in the pause. */
+	bool gpu_context;
+	vps_result_t (*setup)(void **self, const struct vps_transport_env *env);
 	/* Per switch, after this rank's buffers are attached and before the
-	 * start: what must be known of the peers' buffers. May be NULL. */
-	vps_result_t (*begin)(void *self, struct vps_switch *sw);
+	 * start: x[0..n) are the switch's transfers it carries, in order; what
+	 * must be known of the peers' buffers. May be NULL. */
+	vps_result_t (*begin)(void *self, struct vps_switch *sw, const struct vps_xfer *const *x, size_t n);
 	/* One stage: this rank's transfers of it that this transport carries
 	 * (never retains). Returns when this rank's part is done, and, where
 	 * the transport reads a peer's memory, when the peers are done with
@@ -61,23 +98,23 @@ struct vps_transport_ops {
 	void (*free)(void *self);
 };
 
-struct vps_transport {
-	const struct vps_transport_ops *ops;
-	void *self;
+extern const struct vps_transport vps_transport_tcp, vps_transport_ipc, vps_transport_nccl;
+
+/* What a --transport names: its transports, in the order a peer tries
+ * them, and the name a report gives them when more than one is made (each
+ * made alone goes by its own name). */
+#define VPS_TRANSPORT_MAX 2
+struct vps_transport_choice {
+	enum vps_exec_transport kind;
+	const char *label;
+	const struct vps_transport *carriers[VPS_TRANSPORT_MAX + 1]; /* NULL-terminated */
 };
 
-enum vps_transport_kind { VPS_TRANSPORT_TCP, VPS_TRANSPORT_IPC, VPS_TRANSPORT_NCCL, VPS_TRANSPORT_AUTO };
-
-vps_result_t vps_transport_tcp(struct vps_transport *t);
-/* strict: every peer must be on this rank's node (not under auto). */
-vps_result_t vps_transport_ipc(struct vps_transport *t, bool strict);
-/* The communicator is made here, once per executor, over the rendezvous:
- * before the trainer's request under --wait, reused by every switch. */
-vps_result_t vps_transport_nccl(struct vps_transport *t, struct vps_net *net, int64_t rank, int64_t world, int device,
-				int64_t local_rank);
+/* The choice of kind (enum vps_exec_transport), or NULL for an unknown one. */
+const struct vps_transport_choice *vps_transport_choice(int kind);
 
 /* ---- buffers mapped into this process, kept across the switches of a
- * --serve (a fresh mapping faults every page in again) ---- */
+ * --serve (a fresh mapping faults every page in again): mapcache.c ---- */
 struct vps_mapcache;
 vps_result_t vps_mapcache_new(struct vps_mapcache **out);
 void vps_mapcache_free(struct vps_mapcache *c);
@@ -112,19 +149,21 @@ void vps_mapcache_take_stats(struct vps_mapcache *c, uint64_t *warm_bytes, uint6
 /* End of a switch: unmap what was not kept. */
 void vps_mapcache_end_switch(struct vps_mapcache *c, const struct vps_cuda_api *gpu);
 
-/* Copies within this process's memory (retains, and ipc's pulls): strided
- * copies on the host, or one kernel for the whole list on the GPU. */
+/* ---- copies within this process's memory, a service the transports and
+ * the executor's retains share: copy.c ---- */
 struct vps_local_copy {
 	const struct vps_op *op;
 	const void *src; /* the source buffer's base */
 	void *dst;
 };
+/* Strided copies on the host, or one kernel for the whole list on the GPU
+ * (sw->where), waited for under sw->timeout. */
 vps_result_t vps_copy_ops(const struct vps_switch *sw, const struct vps_local_copy *c, size_t n);
 
 /* Every op of a transfer fits its buffers: source views in buffers of
- * src_elements[b] elements, destination views in dst_elements[b] (either
- * may be NULL: not checked here). */
-vps_result_t vps_check_op(const struct vps_op *op, const int64_t *src_elements, size_t nsrc,
-			  const int64_t *dst_elements, size_t ndst);
+ * src_bytes[b] bytes, destination views in dst_bytes[b] (either may be
+ * NULL: not checked here). */
+vps_result_t vps_check_op(const struct vps_op *op, const int64_t *src_bytes, size_t nsrc, const int64_t *dst_bytes,
+			  size_t ndst);
 
 #endif

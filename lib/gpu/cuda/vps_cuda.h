@@ -66,8 +66,9 @@ struct vps_cuda_api {
 	/* Every copy of the list in one kernel, queued on the stream. */
 	int (*copy)(const struct vps_cuda_copy *c, size_t n, char *err);
 	/* Wait for the stream, at most timeout seconds (< 0: no limit); a
-	 * communicator that is not NULL is checked for asynchronous errors
-	 * and aborted on a timeout (a peer that stopped). */
+	 * communicator that is not NULL is checked for asynchronous errors.
+	 * On a timeout (a peer that stopped, VPS_CUDA_ETIMEOUT) and on an
+	 * asynchronous error (VPS_CUDA_ENCCL) it is aborted, which frees it. */
 	int (*sync)(void *comm, double timeout, char *err);
 	/* NCCL: a unique id on one rank, then a communicator on every rank. */
 	int (*nccl_id)(unsigned char id[VPS_CUDA_NCCL_ID], char *err);

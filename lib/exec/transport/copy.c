@@ -1,0 +1,82 @@
+/* Copies within this process's memory, a service the executor's retains
+ * (a rank's own bytes, source buffer to target buffer) and ipc's pulls
+ * from a peer's mapped buffer share; and the check, made before a byte
+ * moves, that an op's views lie inside their buffers. */
+#include <inttypes.h>
+
+#include "gpu/gpu.h"
+#include "util/internal.h"
+#include "exec/transport/transport.h"
+#include "vps/data.h"
+
+/* The last byte a view touches, +1, or -1 when it cannot be real. */
+static int64_t view_end(int64_t offset, const int64_t *strides, const struct vps_op *op)
+{
+	if (offset < 0 || op->ndim < 1 || op->ndim > VPS_MAX_DIMS || (op->esize != 2 && op->esize != 4))
+		return -1;
+	int64_t last = offset;
+	for (int k = 0; k < op->ndim; k++) {
+		int64_t t;
+		if (op->ext[k] < 1 || strides[k] < 0 || (strides[k] == 0 && op->ext[k] > 1) ||
+		    __builtin_mul_overflow(op->ext[k] - 1, strides[k], &t) || __builtin_add_overflow(last, t, &last))
+			return -1;
+	}
+	int64_t end;
+	if (__builtin_add_overflow(last, 1, &end) || __builtin_mul_overflow(end, (int64_t)op->esize, &end))
+		return -1;
+	return end;
+}
+
+vps_result_t vps_check_op(const struct vps_op *op, const int64_t *src_bytes, size_t nsrc, const int64_t *dst_bytes,
+			  size_t ndst)
+{
+	if (src_bytes) {
+		int64_t end = view_end(op->src_offset, op->src_strides, op);
+		if (op->src_buffer >= nsrc || end < 0 || end > src_bytes[op->src_buffer])
+			return vps_fail(VPS_EINPUT, "piece %" PRId64 ": its source view lies outside source buffer %u",
+					op->piece, op->src_buffer);
+	}
+	if (dst_bytes) {
+		int64_t end = view_end(op->dst_offset, op->dst_strides, op);
+		if (op->dst_buffer >= ndst || end < 0 || end > dst_bytes[op->dst_buffer])
+			return vps_fail(VPS_EINPUT, "piece %" PRId64 ": its destination view lies outside target buffer %u",
+					op->piece, op->dst_buffer);
+	}
+	return VPS_OK;
+}
+
+vps_result_t vps_copy_ops(const struct vps_switch *sw, const struct vps_local_copy *c, size_t n)
+{
+	if (!n)
+		return VPS_OK;
+	if (sw->where == VPS_WHERE_HOST) {
+		for (size_t i = 0; i < n; i++) {
+			const struct vps_op *op = c[i].op;
+			vps_copy_strided((unsigned char *)c[i].dst + op->dst_offset * op->esize, op->dst_strides,
+					 (const unsigned char *)c[i].src + op->src_offset * op->esize, op->src_strides, op->ext,
+					 op->ndim, op->esize);
+		}
+		return VPS_OK;
+	}
+	struct vps_cuda_copy *k = vps_calloc(n, sizeof(*k));
+	if (!k)
+		return VPS_ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		const struct vps_op *op = c[i].op;
+		k[i].src = (uint64_t)(uintptr_t)c[i].src + (uint64_t)op->src_offset * op->esize;
+		k[i].dst = (uint64_t)(uintptr_t)c[i].dst + (uint64_t)op->dst_offset * op->esize;
+		k[i].ndim = op->ndim;
+		k[i].esize = op->esize;
+		for (int d = 0; d < op->ndim; d++) {
+			k[i].ext[d] = op->ext[d];
+			k[i].src_strides[d] = op->src_strides[d];
+			k[i].dst_strides[d] = op->dst_strides[d];
+		}
+	}
+	char err[VPS_CUDA_ERR] = "";
+	int rc = sw->gpu->copy(k, n, err);
+	free(k);
+	if (!rc)
+		rc = sw->gpu->sync(NULL, sw->timeout, err);
+	return rc ? vps_gpu_result(rc, err, "GPU copy") : VPS_OK;
+}

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""The trainers of every rank of one switch, in one Python process, with
+their state in device memory of the CUDA stand-in (VPS_CUDA_LIBRARY, the
+library libvps loads) and registered through the module by device pointer
+(vps.Registry.add_cuda: vps_registry_add_cuda_ptr, the path PyTorch's CUDA
+tensors take), without torch's CUDA. Each rank's buffers are interior
+pointers of one allocation, as PyTorch's caching allocator hands them out.
+
+    standin_trainer.py REGISTRY_PREFIX A.layout B.layout
+
+vps-exec (--check) runs one executor per rank with --registry PREFIX-%r.
+Exits 0 when the registrations read back as made, a host pointer and an
+overrun are refused, and every rank's target holds exactly the logical
+tensors the sources held."""
+import ctypes as C
+import os
+import sys
+
+import torch
+
+TOP = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.join(TOP, "python"))
+
+import vps  # noqa: E402
+from vps.registry import CUDA, SOURCE, TARGET, Registry  # noqa: E402
+from vps.state import TORCH_DTYPE, State, assemble  # noqa: E402
+
+ERR = C.c_char * 256
+F = C.CFUNCTYPE
+
+
+class Api(C.Structure):
+    """struct vps_cuda_api (lib/gpu/cuda/vps_cuda.h), the calls used here."""
+    _fields_ = [("abi", C.c_int), ("has_nccl", C.c_int),
+                ("init", F(C.c_int, C.c_int, C.c_char_p)),
+                ("device_count", F(C.c_int, C.POINTER(C.c_int), C.c_char_p)),
+                ("ipc_handle", C.c_void_p), ("ipc_open", C.c_void_p), ("ipc_close", C.c_void_p),
+                ("alloc", F(C.c_int, C.POINTER(C.c_void_p), C.c_size_t, C.c_char_p)),
+                ("release", C.c_void_p),
+                ("to_device", F(C.c_int, C.c_void_p, C.c_void_p, C.c_size_t, C.c_char_p)),
+                ("to_host", F(C.c_int, C.c_void_p, C.c_void_p, C.c_size_t, C.c_char_p)),
+                ("fill", F(C.c_int, C.c_void_p, C.c_int, C.c_size_t, C.c_char_p))]
+
+
+def gpu():
+    lib = C.CDLL(os.environ["VPS_CUDA_LIBRARY"])
+    lib.vps_cuda_api_get.restype = C.POINTER(Api)
+    api = lib.vps_cuda_api_get().contents
+    assert api.abi == 4, "the stand-in's ABI is %d" % api.abi
+    return api
+
+
+def check(api, rc, err, what):
+    if rc:
+        sys.exit("standin_trainer: %s: %s" % (what, err.value.decode()))
+
+
+class Rank:
+    """One rank's buffers: one device allocation, each buffer 256-byte
+    aligned inside it after a first gap, and a CPU copy to fill and read."""
+
+    def __init__(self, api, reg, layout, rank, role):
+        self.api, self.state = api, State(layout, rank)
+        self.state.buffers = [torch.zeros(b.elements, dtype=TORCH_DTYPE[b.dtype]) for b in self.state.view.buffers]
+        sizes = [t.numel() * t.element_size() for t in self.state.buffers]
+        at, self.addr = 512, []
+        for n in sizes:
+            self.addr.append(at)
+            at += (n + 255) // 256 * 256
+        self.base = C.c_void_p()
+        err = ERR()
+        check(api, api.alloc(C.byref(self.base), at, err), err, "alloc")
+        check(api, api.fill(self.base, 0, at, err), err, "fill")
+        self.addr = [self.base.value + a for a in self.addr]
+        for b, a in zip(self.state.view.buffers, self.addr):
+            reg.add_cuda(role, b.id, b.state, b.dtype, b.elements, a)
+        self.offsets = [a - self.base.value for a in self.addr]
+
+    def upload(self):
+        err = ERR()
+        for t, a in zip(self.state.buffers, self.addr):
+            check(self.api, self.api.to_device(a, t.data_ptr(), t.numel() * t.element_size(), err), err, "to_device")
+
+    def download(self):
+        err = ERR()
+        for t, a in zip(self.state.buffers, self.addr):
+            check(self.api, self.api.to_host(t.data_ptr(), a, t.numel() * t.element_size(), err), err, "to_host")
+
+
+def logical(model):
+    """Every (tensor, state)'s value: distinct numbers, exact in bf16."""
+    cache = {}
+
+    def full(tensor, state):
+        key = (tensor, state)
+        if key not in cache:
+            shape = model.tensor_shape(tensor)
+            n = 1
+            for d in shape:
+                n *= d
+            g = torch.Generator().manual_seed(1000 * tensor + state)
+            cache[key] = torch.randint(-120, 120, (n,), generator=g).to(torch.float32).view(shape) / 8
+        return cache[key]
+    return full
+
+
+def main():
+    prefix, a_path, b_path = sys.argv[1:4]
+    a, b = vps.Layout.load(a_path), vps.Layout.load(b_path)
+    api = gpu()
+    full = logical(a.model)
+    regs, src, dst = [], [], []
+    for r in range(a.world):
+        reg = Registry("%s-%d" % (prefix, r), a, r)
+        regs.append(reg)
+        src.append(Rank(api, reg, a, r, SOURCE))
+        dst.append(Rank(api, reg, b, r, TARGET))
+        reg.set_target(b, r)
+        # the entries read back as registered: GPU memory at its offset
+        for e, off in zip(reg.entries(), src[r].offsets + dst[r].offsets):
+            assert e.where == CUDA and e.offset == off, (e.where, e.offset, off)
+        src[r].state.load(full)
+        src[r].upload()
+    # what is not device memory from this allocator, or overruns it
+    host = torch.zeros(16)
+    for bad, what in ((host.data_ptr(), "is not device memory"),
+                      (src[0].addr[-1], "overrun their GPU allocation")):
+        try:
+            regs[0].add_cuda(SOURCE, 999, 0, 1, 1 << 30 if "overrun" in what else 16, bad)
+            sys.exit("standin_trainer: registering %#x (%s) was not refused" % (bad, what))
+        except vps.Error as e:
+            assert e.name == "VPS_EINPUT" and what in e.message, (e.name, e.message)
+    seqs = [reg.request() for reg in regs]
+    for reg, seq in zip(regs, seqs):
+        reg.wait(seq, 120.0)
+    for d in dst:
+        d.download()
+    got = assemble(b.model, (p for d in dst for p in d.state.pieces()), torch.float32)
+    wrong = 0
+    for (tensor, state), v in got.items():
+        wrong += int((v != full(tensor, state).to(v.dtype)).sum())
+    print("standin_trainer: %d ranks, %d logical tensors switched in device memory registered by pointer; "
+          "%d wrong elements" % (a.world, len(got), wrong))
+    # the executors may still hold the targets open: their memory goes
+    # when this process exits, as a CUDA context's does
+    for reg in regs:
+        reg.close()
+    sys.exit(0 if wrong == 0 and got else 1)
+
+
+if __name__ == "__main__":
+    main()
