@@ -42,13 +42,15 @@ the switch filled: no copy. Megatron's objects of the configuration before
 are emptied (their tensors hold no elements), since their memory is gone.
 
 Supported: the DistributedOptimizer (ZeRO-1, zero=1 in vps's terms) over
-torch's Adam/AdamW or a fused Adam that keeps exp_avg and exp_avg_sq per
-parameter (Apex's, TransformerEngine's), bf16 parameters with fp32 main
-parameters, dense and expert buffers, any number of model chunks (VPP). Not
-supported, and refused with vps.Error: Megatron's Float16Optimizer (zero=0),
-the precision-aware optimizer (moments and master weights kept by
-TransformerEngine's FusedAdam), fp8 parameters, layouts that move
-gradients (grad=1) or module buffers (the routers' expert_bias)."""
+torch's Adam/AdamW (tests/megatron/check_switch.py trains with it on the
+CPU) or a fused Adam that keeps exp_avg and exp_avg_sq per parameter and
+its step per group (Apex's, TransformerEngine's: GPU only, not exercised
+by the tests here), bf16 parameters with fp32 main parameters, dense and
+expert buffers, any number of model chunks (VPP). Not supported, and
+refused with vps.Error: Megatron's Float16Optimizer (zero=0), the
+precision-aware optimizer (moments and master weights kept by
+TransformerEngine's FusedAdam), parameters of other dtypes, layouts that
+move gradients (grad=1) or module buffers (the routers' expert_bias)."""
 import torch
 
 from . import state as _state
@@ -164,6 +166,7 @@ class _Binding:
                 raise Error(VPS_ECHECK, "rank %d chunk %d: the layout has a %s buffer, Megatron none" % (
                     view.rank, b.chunk, "expert" if b.expert else "dense"))
         self.pieces = {}  # (chunk, expert) -> [_Piece]
+        self.shard_elements = {}  # (chunk, expert) -> the rank's ZeRO-1 shard of the buffer
         for o in self.opts:
             self._optimizer_pieces(o)
         for key in self.ddp_buffers:
@@ -212,8 +215,7 @@ class _Binding:
                     pieces.append(_Piece(p, opt._get_main_param_and_optimizer_states(p)["param"],
                                          r["param"].start, r["param"].end, base + r["gbuf_local"].start))
                 base += bucket.grad_data.numel() // dp
-            self._shard_elements = getattr(self, "_shard_elements", {})
-            self._shard_elements[(chunk, expert)] = base
+            self.shard_elements[(chunk, expert)] = base
 
     def _check_shards(self, key):
         """Every region vps gives a parameter in the sharded states lies
@@ -230,9 +232,9 @@ class _Binding:
             if not vb.sharded:
                 raise Error(VPS_EUNSUPPORTED, "%s: the layout's %s is whole (zero=0); Megatron's "
                             "DistributedOptimizer shards it" % (w, STATES[st]))
-            if vb.elements != self._shard_elements.get(key, 0):
+            if vb.elements != self.shard_elements.get(key, 0):
                 raise Error(VPS_ECHECK, "%s: %s shard of %d elements in the layout, %d in Megatron's range map" % (
-                    w, STATES[st], vb.elements, self._shard_elements.get(key, 0)))
+                    w, STATES[st], vb.elements, self.shard_elements.get(key, 0)))
             for r in self.view.regions:
                 if r.buffer != b:
                     continue
@@ -349,9 +351,11 @@ class _Binding:
                 st = inner.state[main]
                 st.update(moments)
                 if isinstance(inner, (torch.optim.Adam, torch.optim.AdamW)):
-                    # torch keeps the step per parameter, on the host unless capturable
+                    # torch keeps the step per parameter, a float of the default dtype's width, on the
+                    # host unless capturable or fused
                     dev = main.device if group.get("capturable") or group.get("fused") else "cpu"
-                    st["step"] = torch.tensor(float(step), dtype=torch.float32, device=dev)
+                    dtype = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+                    st["step"] = torch.tensor(float(step), dtype=dtype, device=dev)
                 else:
                     # Apex's and TransformerEngine's FusedAdam keep it per group
                     group["step"] = step

@@ -9,19 +9,22 @@ forward-backward schedule of the configuration (pipelined with PP), with the
 CPU shims of mcore.py. vps.megatron makes the job switchable; one vps-exec
 per rank, started beside the ranks, moves the state through the switches
 
-    tp=2,dp=2,zero=1 -> dp=4,zero=1 -> tp=2,dp=2,zero=1 -> tp=2,pp=2,zero=1 -> tp=2,dp=2,zero=1
+    tp=2,dp=2,zero=1 -> dp=4,zero=1 -> tp=2,dp=2,zero=1 -> tp=2,pp=2,zero=1
+        -> pp=2,vpp=2,dp=2,zero=1 -> tp=2,dp=2,zero=1
 
-(TP 2 -> 1 -> 2, DP and its ZeRO-1 shards 2 -> 4 -> 2 -> 1 -> 2, PP 1 -> 2
--> 1), each between two steps, every --every steps. Before and after each
-switch every rank's whole state is gathered through Megatron's own
-sharded state dicts (the model's, and the optimizer's fully_sharded_model_space
-one: bf16 parameters, fp32 main parameters, exp_avg, exp_avg_sq, Adam's
-step) and the two must be equal bit for bit; the iteration, consumed samples
-and scheduler position must come across. A static run stays in the first
-configuration on the same batches: up to the first switch the two runs'
-losses must be equal bit for bit (vps's buffers under Megatron's tensors
-change nothing), and after it within 1e-3 (relative) of each other at
-every step, the bound of scripts/convergence.sh.
+(TP 2 -> 1 -> 2 -> 2 -> 1 -> 2, DP and its ZeRO-1 shards 2 -> 4 -> 2 -> 1
+-> 2 -> 2, PP 1 -> 1 -> 1 -> 2 -> 2 -> 1, two virtual chunks a stage), each
+between two steps, every --every steps. Before and after each switch every
+rank's whole state is gathered in Megatron's model space (shards()): the
+model's own sharded state dict, and the optimizer's pieces through its own
+accessors (bf16 parameters, fp32 main parameters, exp_avg, exp_avg_sq,
+Adam's step), and the two must be equal bit for bit, replicas (the tied
+embeddings' copy on the last stage) included; the iteration, consumed
+samples and scheduler position must come across. A static run stays in the
+first configuration on the same batches: up to the first switch the two
+runs' losses must be equal bit for bit (vps's buffers under Megatron's
+tensors change nothing), and after it within 1e-3 (relative) of each other
+at every step, the bound of scripts/convergence.sh.
 
     check_switch.py [-v] [--steps N] [--every K] [--keep DIR]
 
@@ -57,7 +60,8 @@ import vps  # noqa: E402
 import vps.megatron  # noqa: E402
 
 MODEL = os.path.join(HERE, "models", "micro-gpt.yaml")
-CONFIGS = ["tp=2,dp=2,zero=1", "dp=4,zero=1", "tp=2,dp=2,zero=1", "tp=2,pp=2,zero=1", "tp=2,dp=2,zero=1"]
+CONFIGS = ["tp=2,dp=2,zero=1", "dp=4,zero=1", "tp=2,dp=2,zero=1", "tp=2,pp=2,zero=1", "pp=2,vpp=2,dp=2,zero=1",
+           "tp=2,dp=2,zero=1"]
 WORLD = 4
 GLOBAL_BATCH, MICRO_BATCH, SEQ = 8, 2, 32
 LR, SEED = 3e-3, 1234
@@ -140,7 +144,7 @@ def make_scheduler(optimizer, steps, position):
     """Megatron's learning-rate schedule (warm-up, cosine decay) at `position`
     samples."""
     s = OptimizerParamScheduler(optimizer, init_lr=0.0, max_lr=LR, min_lr=LR / 10,
-                                lr_warmup_steps=4 * GLOBAL_BATCH, lr_decay_steps=steps * GLOBAL_BATCH,
+                                lr_warmup_steps=min(4, steps - 1) * GLOBAL_BATCH, lr_decay_steps=steps * GLOBAL_BATCH,
                                 lr_decay_style="cosine", start_wd=0.01, end_wd=0.01,
                                 wd_incr_steps=steps * GLOBAL_BATCH, wd_incr_style="constant")
     s.step(increment=position)
@@ -157,7 +161,8 @@ def train_step(model, optimizer, corpus, consumed):
     optimizer.zero_grad()
     reports = get_forward_backward_func()(
         forward_step_func=forward_step,
-        data_iterator=micro_batches(corpus, consumed, dp, parallel_state.get_data_parallel_rank(), accum),
+        data_iterator=[micro_batches(corpus, consumed, dp, parallel_state.get_data_parallel_rank(), accum)
+                       for _ in model],
         model=model, num_microbatches=accum, seq_length=SEQ, micro_batch_size=MICRO_BATCH,
         decoder_seq_length=SEQ, forward_only=False)
     ok, _, _ = optimizer.step()
@@ -172,35 +177,53 @@ def train_step(model, optimizer, corpus, consumed):
 
 # ---- the whole state, through Megatron's own sharded state dicts ----
 def shards(model, optimizer):
-    """This rank's ShardedTensors of the model's and the optimizer's sharded
-    state dicts, as (key, global shape, global offset, local shape, data) on
-    the host, and Adam's step. The optimizer's are fully_reshardable, its
-    model-space format: each parameter's state in the parameter's shape,
-    all-gathered over DP."""
-    model_sd = {}
-    for chunk in model:
-        model_sd.update(chunk.module.sharded_state_dict())
-    opt_sd = optimizer.sharded_state_dict(
-        model_sd, is_loading=False, metadata={"distrib_optim_sharding_type": "fully_reshardable"})
-    out, steps = [], set()
-    for sd in (model_sd, opt_sd):
-        apply_factories(sd)
-        stack = [sd]
-        while stack:
-            v = stack.pop()
-            if isinstance(v, dict):
-                steps.update(g["step"] for g in v.get("param_groups", ()) if isinstance(g, dict))
-                stack.extend(v.values())
-            elif isinstance(v, list):
-                stack.extend(v)
-            elif isinstance(v, ShardedTensor):
-                if v.flattened_range is not None:
-                    raise RuntimeError("%s: a flattened ShardedTensor" % v.key)
-                out.append((v.key, tuple(v.global_shape), tuple(v.global_offset),
-                            (1,) * v.prepend_axis_num + tuple(v.local_shape), v.data.detach().to("cpu", copy=True)))
-            elif isinstance(v, ShardedObject) and not (v.key.endswith("._extra_state") and v.data is None):
-                # an empty _extra_state is the linears' fp8 metadata, which bf16 runs have none of
-                raise RuntimeError("%s: a ShardedObject, which this check does not compare" % v.key)
+    """This rank's share of the whole state in Megatron's model space, as
+    (key, global shape, global offset, local shape, flattened range, data)
+    on the host, and Adam's step. The parameters: the ShardedTensors of the
+    model's own sharded_state_dict. The optimizer states: its
+    fully_sharded_model_space format, each parameter's piece of the fp32
+    main parameter, exp_avg and exp_avg_sq at the parameter's place, made
+    from the DistributedOptimizer's own accessors (_get_model_param_range_map,
+    _get_main_param_and_optimizer_states) and the parameter's ShardedTensor,
+    as its sharded_param_state_fs_model_space makes it: 0.19's integrity
+    check refuses that format's flattened ranges, and its fully_reshardable
+    format misplaces parameters that follow a padded bucket (tests/megatron/
+    README.md)."""
+    # one dict per chunk, as Megatron-LM's checkpointing keeps them: the chunks' keys are the same names
+    model_sd = {"model%d" % i: chunk.module.sharded_state_dict() for i, chunk in enumerate(model)}
+    apply_factories(model_sd)
+    out, of_param = [], {}
+    stack = [model_sd]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, ShardedTensor):
+            if v.flattened_range is not None:
+                raise RuntimeError("%s: a flattened ShardedTensor of the model" % v.key)
+            local = (1,) * v.prepend_axis_num + tuple(v.local_shape)
+            out.append((v.key, tuple(v.global_shape), tuple(v.global_offset), local, None,
+                        v.data.detach().to("cpu", copy=True)))
+            of_param[v.data] = (v.key, tuple(v.global_shape), tuple(v.global_offset), local)
+        elif isinstance(v, ShardedObject) and not (v.key.endswith("._extra_state") and v.data is None):
+            # an empty _extra_state is the linears' fp8 metadata, which bf16 runs have none of
+            raise RuntimeError("%s: a ShardedObject, which this check does not compare" % v.key)
+    steps = set()
+    for o in vps.megatron.distributed_optimizers(optimizer):
+        steps.update(g["step"] for g in o.state_dict()["optimizer"]["param_groups"])
+        for ranges in o.gbuf_ranges:
+            for buckets in ranges.values():
+                for rm in buckets:
+                    for p in rm["param_map"]:
+                        key, gshape, goff, local = of_param[p]
+                        r = o._get_model_param_range_map(p)["param"]
+                        st = o._get_main_param_and_optimizer_states(p)
+                        for name, t in (("fp32_param", st["param"]), ("exp_avg", st["exp_avg"]),
+                                        ("exp_avg_sq", st["exp_avg_sq"])):
+                            out.append(("optimizer.state.%s.%s" % (name, key), gshape, goff, local,
+                                        (r.start, r.end), t.detach().to("cpu", copy=True)))
     return out, steps
 
 
@@ -215,16 +238,22 @@ def gather(model, optimizer):
     full, seen, steps = {}, {}, set()
     for pieces, s in every:
         steps |= s
-        for key, gshape, goff, lshape, data in pieces:
+        for key, gshape, goff, lshape, fr, data in pieces:
             if key not in full:
                 full[key] = torch.zeros(gshape, dtype=data.dtype)
                 seen[key] = torch.zeros(gshape, dtype=torch.bool)
             box = tuple(slice(o, o + n) for o, n in zip(goff, lshape))
-            data = data.reshape(lshape)
-            held = seen[key][box]
-            if not torch.equal(bits(full[key][box][held]), bits(data[held])):
-                raise RuntimeError("%s: replicas differ" % key)
-            full[key][box], seen[key][box] = data, True
+            lo, hi = (0, data.numel()) if fr is None else fr
+            # the box's elements in row-major order; a flattened range is a run of them
+            f, s_ = full[key][box].reshape(-1).clone(), seen[key][box].reshape(-1).clone()
+            d = data.reshape(-1)
+            held = s_[lo:hi]
+            x, y = f[lo:hi][held], d[held]
+            if not torch.equal(bits(x), bits(y)):
+                raise RuntimeError("%s: replicas differ in %d of %d elements (the box at %s)"
+                                   % (key, (bits(x) != bits(y)).sum().item(), x.numel(), list(goff)))
+            f[lo:hi], s_[lo:hi] = d, True
+            full[key][box], seen[key][box] = f.view(lshape), s_.view(lshape)
     for key, s_ in seen.items():
         if not s_.all():
             raise RuntimeError("%s: %d elements held by no rank" % (key, (~s_).sum().item()))
@@ -387,7 +416,7 @@ def stop(procs):
 def main():
     a = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     a.add_argument("-v", "--verbose", action="store_true")
-    a.add_argument("--steps", type=int, default=15)
+    a.add_argument("--steps", type=int, default=18)
     a.add_argument("--every", type=int, default=3, help="switch every K steps")
     a.add_argument("--keep", help="keep the plans, logs and reports in this directory")
     a.add_argument("--timeout", type=float, default=600)

@@ -538,6 +538,15 @@ def run_ranks(world, fn, timeout=300, watch=None):
         for pid in pids:
             os.waitpid(pid, 0)
         if failed:
+            # what a rank that failed first said is the cause more often than not
+            for r in range(world):
+                path = os.path.join(tmp, "%d.pickle" % r)
+                if os.path.exists(path):
+                    with open(path, "rb") as f:
+                        out = pickle.load(f)
+                    if isinstance(out, RankError):
+                        failed += "\n(rank %d had failed: %s)\n%s" % (r, out.what, out.trace)
+                        break
             raise RuntimeError(failed)
         results = []
         for r in range(world):
