@@ -26,6 +26,10 @@ def add_training(a):
     a.add_argument("--check-switch", action="store_true",
                    help="gather the whole state before and after each switch and compare them bit for bit")
     a.add_argument("--save-master", help="rank 0 saves the gathered fp32 master weights here at the end")
+    a.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the state and the compute live: cpu (default; the state in /dev/shm) or cuda (GPU "
+                        "memory from PyTorch's allocator, registered by device pointer; every rank on the GPU of "
+                        "its local rank modulo the GPUs, communication through the host over gloo)")
 
 
 # every training option, with its argparse destination and whether it is a flag
@@ -34,7 +38,8 @@ OPTIONS = [("--model", "model", False), ("--configs", "configs", False), ("--gpu
            ("--global-batch", "global_batch", False), ("--micro-batch", "micro_batch", False), ("--seq", "seq", False),
            ("--lr", "lr", False), ("--warmup", "warmup", False), ("--seed", "seed", False),
            ("--registry", "registry", False), ("--timeout", "timeout", False), ("--loss-log", "loss_log", False),
-           ("--check-switch", "check_switch", True), ("--save-master", "save_master", False)]
+           ("--check-switch", "check_switch", True), ("--save-master", "save_master", False),
+           ("--device", "device", False)]
 
 
 def finish(a, args):

@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+import comm  # noqa: E402
 import options  # noqa: E402
 import plans  # noqa: E402
 import vps  # noqa: E402
@@ -112,29 +113,29 @@ class Adam:
     B1, B2, EPS, WD = 0.9, 0.95, 1e-8, 0.01
 
     def __init__(self, state, groups):
-        v, lay = state.view, state.layout
+        v, lay, dev = state.view, state.layout, state.device
         self.state, self.groups, self.sets = state, groups, []
         peers = {r: lay.rank(r) for r in groups.dp_ranks if r != v.rank} if lay.parallel["zero"] else {}
         for b in v.buffers:
             if b.state != vps.PARAM:
                 continue
             ids = [v.buffer(s, b.chunk, b.expert) for s in (vps.MAIN_PARAM, vps.EXP_AVG, vps.EXP_AVG_SQ)]
-            m_pos, p_pos = vps.correspondence(v, ids[0], v, b.id)
+            m_pos, p_pos = vps.correspondence(v, ids[0], v, b.id, dev)
             for other in ids[1:]:
-                o_pos, o_p = vps.correspondence(v, other, v, b.id)
+                o_pos, o_p = vps.correspondence(v, other, v, b.id, dev)
                 if not (torch.equal(o_pos, m_pos) and torch.equal(o_p, p_pos)):
                     raise SystemExit("train.py: the moments are not laid out as the main params")
-            decay = torch.zeros(b.elements, dtype=torch.bool)
+            decay = torch.zeros(b.elements, dtype=torch.bool, device=dev)
             for p in v.params:
                 if p.chunk == b.chunk and p.expert == b.expert and len(p.shape) == 2:
                     decay[p.offset:p.offset + p.elements] = True
             gather = []
             for r, pv in peers.items():
                 pm = pv.buffer(vps.MAIN_PARAM, b.chunk, b.expert)
-                their, mine = vps.correspondence(pv, pm, v, b.id)
+                their, mine = vps.correspondence(pv, pm, v, b.id, dev)
                 gather.append((groups.dp_ranks.index(r), their, mine))
             self.sets.append(dict(param=b.id, ids=ids, m_pos=m_pos, p_pos=p_pos, decay=decay[p_pos], gather=gather,
-                                  grad=torch.zeros(b.elements, dtype=torch.float32)))
+                                  grad=torch.zeros(b.elements, dtype=torch.float32, device=dev)))
         # each parameter's fp32 gradient buffer (that of its chunk's param buffer)
         grads = {s["param"]: s["grad"] for s in self.sets}
         self.grad_of = [grads[v.buffer(vps.PARAM, p.chunk, p.expert)] for p in v.params]
@@ -147,7 +148,7 @@ class Adam:
             self.grad_of[p.index][p.offset:p.offset + p.elements] = g.reshape(-1)
         for s in self.sets:
             if self.groups.dp is not None:
-                dist.all_reduce(s["grad"], group=self.groups.dp)
+                comm.all_reduce(s["grad"], group=self.groups.dp)
             main, m1, m2 = (bufs[i] for i in s["ids"])
             pos, g = s["m_pos"], s["grad"][s["p_pos"]]
             p = main[pos] * torch.where(s["decay"], 1 - lr * self.WD, 1.0)
@@ -161,7 +162,7 @@ class Adam:
             if s["gather"]:
                 # ZeRO-1: every data-parallel rank updated its shard; gather the rest
                 parts = [torch.empty_like(main) for _ in self.groups.dp_ranks]
-                dist.all_gather(parts, main, group=self.groups.dp)
+                comm.all_gather(parts, main, group=self.groups.dp)
                 for i, their, mine in s["gather"]:
                     param[mine] = parts[i][their].to(torch.bfloat16)
 
@@ -211,29 +212,29 @@ def train_step(stage, opt, groups, corpus, tr, args, lr):
     held, loss_sum = [], 0.0
     for m in range(accum):
         first = tr.consumed_samples + m * mb * dp + groups.dp_rank * mb
-        data = corpus.batch(range(first, first + mb))
+        data = corpus.batch(range(first, first + mb)).to(args.device)
         if stage.first:
             x = data[:, :-1]
         else:
-            x = torch.empty(mb, seq, stage.m.hidden)
-            dist.recv(x, groups.prev)
+            x = torch.empty(mb, seq, stage.m.hidden, device=args.device)
+            comm.recv(x, groups.prev)
             x.requires_grad_()
         y = stage.forward(x)
         if stage.last:
             y = F.cross_entropy(y.reshape(-1, y.shape[-1]), data[:, 1:].reshape(-1), reduction="sum")
             loss_sum += y.item()
         else:
-            dist.send(y.detach().contiguous(), groups.next)
+            comm.send(y.detach().contiguous(), groups.next)
         held.append((x, y))
     for x, y in reversed(held):
         if stage.last:
             (y / (gb * seq)).backward()
         else:
             g = torch.empty_like(y)
-            dist.recv(g, groups.next)
+            comm.recv(g, groups.next)
             y.backward(g)
         if not stage.first:
-            dist.send(x.grad.contiguous(), groups.prev)
+            comm.send(x.grad.contiguous(), groups.prev)
     opt.step(stage, lr, tr.step + 1)
     return loss_sum if stage.last and stage.c.tp == 0 else 0.0
 
@@ -243,6 +244,9 @@ def main():
     # a launcher stops the job with SIGTERM: leave through the registry's close
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     torch.set_num_threads(1)
+    if args.device == "cuda":
+        # torchrun's rule, as vps-exec's default device: the local rank modulo the GPUs
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     model = vps.Model(args.model)
@@ -273,7 +277,8 @@ def main():
 
 def train(args, rank, model, layouts, groups, reg):
     corpus = Corpus(model.vocab, args.seq, args.seed)
-    state = vps.State.allocate(reg, layouts[0], rank)
+    # vps: the state's buffers, on the host (shared memory) or the GPU (PyTorch's allocator)
+    state = vps.State.allocate(reg, layouts[0], rank, device=args.device)
     init_state(state, model, args.seed)
     cur = 0
     stage, opt = Stage(model, state.view, state, groups[0]), Adam(state, groups[0])

@@ -1,9 +1,11 @@
 #!/usr/bin/python3
 """Draw switch time against state size from the TSV that
-scripts/bench/ckpt_restart.sh --doc writes (docs/bench/switch-vs-size.tsv):
-one line per method: vps's switches, checkpoint-and-restart through files
-and through PyTorch's distributed checkpoint (DCP). Any method in the file
-is drawn; the ones above have labels.
+scripts/bench/ckpt_restart.sh --doc writes (docs/bench/switch-vs-size.tsv),
+with the GPU's rows that scripts/bench/gpu_section.sh merges in from the
+kept GPU check (gpu-*): one line per method, vps's switches,
+checkpoint-and-restart through files and through PyTorch's distributed
+checkpoint (DCP). Any method in the file is drawn, so a row added later
+shows up without a change.
 
     plot_switch_size.py [TSV [SVG]]
 
@@ -25,6 +27,10 @@ LABELS = {
     "dcp-total": "PyTorch DCP: save + load",
     "dcp-load-cold": "PyTorch DCP: load (cold cache)",
     "dcp-total-cold": "PyTorch DCP: save + cold load",
+    "gpu-vps-ipc": "GPU: vps switch, ipc",
+    "gpu-dcp-save": "GPU: PyTorch DCP save",
+    "gpu-dcp-load": "GPU: PyTorch DCP load",
+    "gpu-dcp-total": "GPU: PyTorch DCP save + load",
 }
 
 
