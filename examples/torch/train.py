@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """One rank of a PyTorch training job whose state vps switches between
-parallel configurations mid-training. Started by launch.py (one process per
-rank, RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT set), with a vps-exec
-beside it when the run switches.
+parallel configurations mid-training. Started by launch.py or by torchrun
+(one process per rank, RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT set,
+env:// rendezvous), with a vps-exec beside it when the run switches: the
+launcher's, or with --exec DIR the rank's own, which it starts itself after
+making its part of the switches' plans in DIR (torchrun starts only the
+ranks).
 
 What vps adds to the training loop is marked "vps:"."""
 import argparse
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -18,6 +22,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 import comm  # noqa: E402
 import options  # noqa: E402
+import plans  # noqa: E402
 import vps  # noqa: E402
 from model import Stage  # noqa: E402
 
@@ -25,7 +30,40 @@ from model import Stage  # noqa: E402
 def parse_args(argv=None):
     a = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     options.add_training(a)
+    under = a.add_argument_group("under torchrun, which starts only the ranks")
+    under.add_argument("--exec", dest="exec_dir", metavar="DIR",
+                       help="start this rank's vps-exec beside it, with its part of the switches' plans made in "
+                            "DIR/rank-R; its log and report go to DIR (needs VPS_TOKEN in the environment)")
+    under.add_argument("--transport", default="tcp", help="vps-exec's transport (tcp, ipc; default tcp)")
+    under.add_argument("--budget", default="64MiB", help="vps-stage's staging budget (default 64MiB)")
+    under.add_argument("--exec-timeout", default="120", help="vps-exec's --timeout (default 120)")
     return options.finish(a, a.parse_args(argv))
+
+
+def start_executor(args, rank, world):
+    """--exec: this rank's part of every switch's staged plan (vps-plan
+    --rank), made in DIR/rank-R, and its vps-exec, started beside it. Rank
+    0 picks the executors' rendezvous port (torchrun's MASTER_PORT is its
+    own store's) and tells the others. Returns the process, or None when
+    the run does not switch."""
+    if not plans.switches(args.configs, args.steps, args.switch_every):
+        return None
+    if not os.environ.get("VPS_TOKEN"):
+        raise SystemExit("train.py: --exec: no VPS_TOKEN in the environment: export VPS_TOKEN=$(vps-exec "
+                         "--new-token) before starting the job, so that every rank's executor holds it")
+    d = os.path.join(args.exec_dir, "rank-%d" % rank)
+    staged = plans.make(d, args.model, args.configs, args.steps, args.switch_every, args.gpus_per_node,
+                        args.global_batch, args.micro_batch, args.budget, rank)
+    port = [0]
+    if rank == 0:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port[0] = s.getsockname()[1]
+    dist.broadcast_object_list(port, src=0)
+    master = "%s:%d" % (socket.gethostbyname(os.environ["MASTER_ADDR"]), port[0])
+    log = open(os.path.join(args.exec_dir, "exec.%d.log" % rank), "w")
+    return plans.executor(staged, args.registry, rank, world, master, args.transport, args.exec_timeout,
+                          os.path.join(args.exec_dir, "report.%d.yaml" % rank), log)
 
 
 # ---- a deterministic corpus: sample i is phrases of a fixed phrase book ----
@@ -218,9 +256,27 @@ def main():
         if lay.world != world:
             raise SystemExit("train.py: %s has a world of %d, the job has %d ranks" % (c, lay.world, world))
     groups = [Groups(lay, rank) for lay in layouts]
-    corpus = Corpus(model.vocab, args.seq, args.seed)
     # vps: the registry through which vps-exec finds this rank's buffers
     reg = vps.Registry(args.registry.replace("%r", str(rank)), layouts[0], rank)
+    # vps: under torchrun the rank starts its own executor
+    executor = start_executor(args, rank, world) if args.exec_dir else None
+    try:
+        train(args, rank, model, layouts, groups, reg)
+    except BaseException:
+        if executor:
+            executor.terminate()
+            executor.wait()
+        raise
+    if executor and executor.wait(timeout=float(args.exec_timeout)):
+        raise SystemExit("train.py: rank %d: its vps-exec exited with status %d (%s)"
+                         % (rank, executor.returncode, os.path.join(args.exec_dir, "exec.%d.log" % rank)))
+    reg.close()  # and with it every buffer it allocated
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def train(args, rank, model, layouts, groups, reg):
+    corpus = Corpus(model.vocab, args.seq, args.seed)
     # vps: the state's buffers, on the host (shared memory) or the GPU (PyTorch's allocator)
     state = vps.State.allocate(reg, layouts[0], rank, device=args.device)
     init_state(state, model, args.seed)
@@ -276,9 +332,6 @@ def main():
             torch.save({model.tensor_name(k[0]): v for k, v in full.items() if k[1] == vps.MAIN_PARAM},
                        args.save_master)
     del stage, opt, state
-    reg.close()  # and with it every buffer it allocated
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

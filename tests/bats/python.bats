@@ -174,6 +174,44 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	[ ! -e r ]
 }
 
+# torchrun (torch.distributed.run) starts only the ranks: each makes its own
+# part of the plans and starts its own executor (train.py --exec)
+torchrun_or_skip() {
+	"$PY" -c 'import sys, torch; sys.exit(int(torch.__version__.split(".")[0]) < 2)' 2>/dev/null ||
+		skip "$PY has no PyTorch 2 (torchrun)"
+}
+
+@test "torchrun starts the ranks and each rank its own vps-exec: two switches, the state bit for bit" {
+	torchrun_or_skip
+	ls /dev/shm | grep '^vps-torch-' > before || true
+	run "$PY" -m torch.distributed.run --standalone --nproc-per-node 4 "$TOP/examples/torch/train.py" \
+		--exec run --model micro-llama --configs tp=2:dp=2:zero=1,pp=2:dp=2 --switch-every 3 --steps 7 \
+		--gpus-per-node 4 --global-batch 8 --micro-batch 2 --check-switch --loss-log run/loss.txt
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[ "$(echo "$output" | grep -c 'equal bit for bit')" -eq 2 ]
+	[ "$(cat run/exec.*.log | grep -c 'digest: match')" -eq 8 ]
+	[ "$(wc -l < run/loss.txt)" -eq 7 ]
+	[ "$(cut -d' ' -f3 run/loss.txt | uniq | tr '\n' ' ')" = "tp=2,dp=2,zero=1 pp=2,dp=2 tp=2,dp=2,zero=1 " ]
+	# each rank's own part of each switch's plan, made by the rank
+	for r in 0 1 2 3; do
+		[ -s run/rank-$r/c0-c1.staged ] && [ -s run/rank-$r/c1-c0.staged ]
+		[ -s run/report.$r.yaml ]
+	done
+	ls /dev/shm | grep '^vps-torch-' > after || true
+	run comm -13 before after
+	[ -z "$output" ]
+}
+
+@test "train.py --exec without a job token says how to make one" {
+	torchrun_or_skip
+	run env -u VPS_TOKEN "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 \
+		"$TOP/examples/torch/train.py" --exec run --model micro-llama --configs dp=2,tp=2 --switch-every 2 \
+		--steps 3 --gpus-per-node 2
+	[ "$status" -ne 0 ]
+	[[ "$output" == *"train.py: --exec: no VPS_TOKEN in the environment: export VPS_TOKEN=\$(vps-exec --new-token) before starting the job"* ]]
+}
+
 # scripts/bench/gpu_dcp.py, the GPU benchmark's PyTorch DCP side, as it runs
 # here: on the CPU (--device cpu), every element checked after the resharded
 # load; replicas of A save each box once, replicas of B load it each.
@@ -190,7 +228,7 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	[ "$(awk '$1 == "state_bytes:" { print $2 }' <<< "$output")" = "$(vps-layout -i a.layout --stats | awk '$1 == "total_bytes:" { print $2 }')" ]
 	grep -qx 'wrong_elements: 0' <<< "$output"
 	grep -qx 'dirty_padding: 0' <<< "$output"
-	ls ck | grep -q '\.metadata$'
+	[ -s ck/.metadata ]  # DCP's metadata, a dot file that ls leaves out
 	# where torch sees no GPU, the GPU run refuses at once, saying so
 	if ! "$PY" -c 'import torch, sys; sys.exit(torch.cuda.is_available())'; then
 		expect_status 2 "$PY" "$TOP/scripts/bench/gpu_dcp.py" a.layout b.layout ck
