@@ -227,7 +227,8 @@ unit: $(TEST_BINS) $(BENCH_BINS) standin
 	$(STANDIN_ENV) $(BUILDDIR)/tests/test_gpu
 
 bats: all standin $(PY_STAMP)
-	VPS_BIN=$(abspath $(BINDIR)) VPS_PYTHON=$(PYTHON_ABS) VPS_STANDIN=$(abspath $(STANDIN_DIR)) bats tests/bats
+	VPS_BIN=$(abspath $(BINDIR)) VPS_PYTHON=$(PYTHON_ABS) VPS_STANDIN=$(abspath $(STANDIN_DIR)) \
+		VPS_SANITIZED=$(SANITIZE) bats tests/bats
 
 # the Python frameworks' own code against vps's rules (tests/megatron,
 # tests/hf), after the Bats tests, not beside them: both load the two cores.

@@ -65,6 +65,7 @@ plan() {
 }
 
 @test "ckpt_restart.sh: vps, the baseline and PyTorch's DCP side by side on a tiny model, rows of figures" {
+	framework_job
 	CKPT_DIR=$BATS_TEST_TMPDIR MODELS=$TOP/configs/models/tiny-llama.yaml RUNS=1 PYTHON=$PY \
 		run env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u BUILDDIR -u BINDIR -u SANITIZE -u CFLAGS -u LDFLAGS \
 		"$TOP/scripts/bench/ckpt_restart.sh"
@@ -101,6 +102,7 @@ dcp() {
 }
 
 @test "ckpt_dcp.py: 8 ranks save with DCP, the ranks of B load it resharded, every element checked" {
+	framework_job
 	dcp
 	expect_status 0 "$PY" "$TOP/scripts/bench/ckpt_dcp.py" save a.layout dcp
 	# one file per rank and DCP's metadata
@@ -116,6 +118,7 @@ dcp() {
 }
 
 @test "ckpt_dcp.py: a damaged DCP checkpoint fails the load with the wrong elements counted" {
+	framework_job
 	dcp
 	expect_status 0 "$PY" "$TOP/scripts/bench/ckpt_dcp.py" save a.layout dcp
 	printf '\xa5\x5a\xa5\x5a' | dd of=dcp/__3_0.distcp bs=1 seek=100000 conv=notrunc status=none

@@ -6,6 +6,7 @@ load helpers
 
 setup() {
 	cd "$BATS_TEST_TMPDIR" || exit 1
+	framework_job
 	"$PY" -c 'import megatron.core' 2>/dev/null || skip "$PY has no megatron-core (make venv makes the test environment)"
 }
 

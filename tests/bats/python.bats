@@ -34,6 +34,7 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 # and data: within 1e-3 relative, and the state equal bit for bit across
 # each switch.
 @test "a run switching every 10 steps through three layouts trains as the static run" {
+	framework_job
 	common=(--nproc 4 --model micro-llama --gpus-per-node 4 --steps 40 --global-batch 8 --micro-batch 2)
 	run "$PY" "$TOP/examples/torch/launch.py" "${common[@]}" --dir static --configs tp=2:dp=2:zero=1 \
 		--loss-log static/loss.txt
@@ -72,6 +73,7 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 }
 
 @test "an executor that dies stops the job, and the job leaves nothing in /dev/shm" {
+	framework_job
 	# the launcher's registries are vps-torch-PID-RANK (other tests' objects come and go)
 	ls /dev/shm | grep '^vps-torch-' > before || true
 	VPS_FAULT=exit:1 expect_status 1 "$PY" "$TOP/examples/torch/launch.py" --nproc 4 --dir r --model micro-llama \
@@ -129,6 +131,7 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 }
 
 @test "launch.py writes into a temporary directory it names, and --compare-static checks the loss against a static run" {
+	framework_job
 	run "$PY" "$TOP/examples/torch/launch.py" --nproc 2 --model micro-llama --gpus-per-node 2 --steps 4 \
 		--switch-every 2 --global-batch 4 --micro-batch 2 --configs tp=2,dp=2 --compare-static
 	echo "$output"
@@ -182,6 +185,7 @@ torchrun_or_skip() {
 }
 
 @test "torchrun starts the ranks and each rank its own vps-exec: two switches, the state bit for bit" {
+	framework_job
 	torchrun_or_skip
 	ls /dev/shm | grep '^vps-torch-' > before || true
 	run "$PY" -m torch.distributed.run --standalone --nproc-per-node 4 "$TOP/examples/torch/train.py" \
@@ -216,6 +220,7 @@ torchrun_or_skip() {
 # here: on the CPU (--device cpu), every element checked after the resharded
 # load; replicas of A save each box once, replicas of B load it each.
 @test "gpu_dcp.py: DCP saves A and loads it resharded into B, every element checked; without a GPU it refuses" {
+	framework_job
 	"$PY" -c 'import torch.distributed.checkpoint' 2>/dev/null || skip "$PY has no torch.distributed.checkpoint"
 	vps-layout -q --model micro-llama --parallel tp=1,dp=2,zero=1 --gpus-per-node 2 -o a.layout
 	vps-layout -q --model micro-llama --parallel tp=2,zero=1 --gpus-per-node 2 -o b.layout
