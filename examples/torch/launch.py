@@ -308,7 +308,7 @@ class Elastic:
         self.config, self.size = targs.configs[0], args.nproc
         self.queue, self.sw = [], None
         self.layouts, self.plans = {}, {}
-        self.failures, self.done, self.digests, self.crashed = [], [], 0, False
+        self.failures, self.done, self.digests, self.crashed, self.stopping = [], [], 0, False, False
         self.control_seen, self.control_wake = 0, False
         self.argv = options.to_argv(targs, registry=self.tag + "-%r",
                                     sample_log=os.path.join(d, "samples.%r.txt"),
@@ -397,17 +397,58 @@ class Elastic:
         tw = max(a_world, size)  # layouts packed from node 0: A's ranks, then the devices that join
         self.sw = dict(k=k, spec=spec, size=size, world=tw, attempt=1, abandoned=None, dead={}, logs=[],
                        joiners=list(range(self.size, size)), leavers=list(range(size, self.size)),
-                       members=list(range(a_world)), lost=[], at=ask["at"])
+                       members=list(range(a_world)), lost=[], at=ask["at"], started=False)
+        self.sw["staged"] = staged
         for s in self.sw["joiners"]:
             self.start_trainer(s, size, join=k)
-        self.start_execs(staged, range(tw), tw, k, 1)
-        self.agent.ready(k)
+
+    def start_switch(self):
+        """Switch K's executors, once every process that joins has made its
+        registry: an executor meets its peers as soon as it opens its
+        registry, and they wait for one another only --exec-timeout."""
+        sw = self.sw
+        if sw["started"] or sw["abandoned"] or not all(
+                os.path.exists("/dev/shm/%s-%d" % (self.tag, s)) for s in sw["joiners"]):
+            return
+        sw["started"] = True
+        self.start_execs(sw["staged"], range(sw["world"]), sw["world"], sw["k"], 1)
+        self.agent.ready(sw["k"])
+
+    def watch_abandon(self):
+        """The job gave the switch up (its new world could not be made): no rank
+        requests it, so its executors wait for nothing; the processes that
+        were to join hold nothing and go (at once, or after 5 s)."""
+        sw = self.sw
+        if not sw["abandoned"]:
+            why = self.agent.abandoned(sw["k"])
+            if not why:
+                return
+            sw["abandoned"] = why
+            print("launch.py: switch %d abandoned: %s" % (sw["k"], why), flush=True)
+            for p in self.execs.values():
+                p.kill()
+        sw.setdefault("gone_by", time.time() + 5)
+        if time.time() > sw["gone_by"]:
+            for s in sw["joiners"]:
+                if s in self.trainers and self.trainers[s].poll() is None:
+                    self.trainers[s].kill()
 
     def end_attempt(self):
         """Every executor of the switch ended: it is done, or it failed and the
         launcher says what the job does."""
         sw, ok = self.sw, all(rc == 0 for rc in self.exec_rcs.values())
         self.exec_rcs = {}
+        if not ok:
+            # a trainer its executor found gone is dying: wait until it is reaped
+            gone = set()
+            for path in sw["logs"]:
+                gone |= set(int(x) for x in re.findall(r"the trainer \(pid (\d+)\)", open(path).read()))
+            for p in self.trainers.values():
+                if p.pid in gone:
+                    try:
+                        p.wait(30)
+                    except subprocess.TimeoutExpired:
+                        pass
         self.poll_trainers()
         if ok and not sw["abandoned"]:
             self.digests += sum(count(p, "digest: match") for p in sw["logs"])
@@ -446,8 +487,9 @@ class Elastic:
                 return
             why = "%s died during the switch and its state has no replica (vps-plan --lost: %s)" % (who, why)
         self.agent.verdict(k, a, "stop: " + why)
-        self.failures.append("switch %d to %s stopped the job: %s; every rank's state is as it was before it"
-                             % (k, sw["spec"], why))
+        self.failures.append("switch %d to %s stopped the job at step %s: %s; every rank's state is as it was "
+                             "before it" % (k, sw["spec"], sw["at"], why))
+        self.stopping = self.crashed = True
         self.sw = None
 
     def first_error(self, sw):
@@ -473,10 +515,15 @@ class Elastic:
     def poll_trainers(self):
         for slot, p in list(self.trainers.items()):
             rc = p.poll()
-            if rc is None:
+            if rc is None or slot not in self.trainers:
                 continue
             del self.trainers[slot]
             sw = self.sw
+            if sw and slot in sw["joiners"]:
+                # its executor waits for a registry that will not come, or is of no use
+                e = self.execs.get(slot)
+                if e and e.poll() is None:
+                    e.kill()
             if rc == 0:
                 continue
             what = "process %d exited with status %d" % (slot, rc)
@@ -485,12 +532,10 @@ class Elastic:
                     sw["abandoned"] = "%s before it joined" % what
                     self.agent.abandon(sw["k"], sw["abandoned"])
                     print("launch.py: switch %d abandoned: %s" % (sw["k"], sw["abandoned"]), flush=True)
-                # its executor waits for a registry that will not come
-                e = self.execs.get(slot)
-                if e and e.poll() is None:
-                    e.kill()
             elif sw and slot in sw["members"]:
                 sw["dead"][slot] = rc  # the switch fails; end_attempt decides
+            elif self.stopping:
+                continue  # told to stop: they say why
             else:
                 self.fail("trainer %d exited with status %d" % (slot, rc), slot)
 
@@ -535,8 +580,14 @@ class Elastic:
                 if rc is not None:
                     del self.execs[r]
                     self.exec_rcs[r] = rc
+            if self.sw:
+                self.watch_abandon()
+                self.start_switch()
             if self.sw and not self.execs and self.exec_rcs:
                 self.end_attempt()
+            elif self.sw and self.sw["abandoned"] and not self.sw["started"] and \
+                    not any(s in self.trainers for s in self.sw["joiners"]):
+                self.sw = None  # abandoned before its executors started: nothing to wait for
             if self.sw is None and self.queue and not self.execs:
                 self.begin(self.queue.pop(0))
             time.sleep(0.05)

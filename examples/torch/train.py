@@ -12,7 +12,6 @@ import argparse
 import os
 import signal
 import sys
-import threading
 import time
 
 import torch
@@ -217,26 +216,23 @@ class Switch:
 
 
 class Fault:
-    """VPS_TRAIN_FAULT=SLOT:POINT, for the tests: the process of device SLOT
-    exits at once after it starts (POINT start: a device that never joins),
-    or is killed during its next switch that changes the world (switch)."""
+    """VPS_TRAIN_FAULT=SLOT:start or SLOT:switch:K, for the tests: the
+    process of device SLOT exits at once after it starts (a device that never
+    joins), or is killed as it enters switch K, one that changes the world
+    (its executor and the other ranks' are under way)."""
 
     def __init__(self, slot):
-        spec = os.environ.get("VPS_TRAIN_FAULT", "")
-        self.point = None
-        if spec:
-            who, self.point = spec.split(":")
-            if int(who) != slot:
-                self.point = None
+        f = os.environ.get("VPS_TRAIN_FAULT", "").split(":")
+        self.point = f[1] if len(f) > 1 and f[0] == str(slot) else None
+        self.k = int(f[2]) if self.point == "switch" else None
 
     def at_start(self):
         if self.point == "start":
             os._exit(3)
 
-    def in_switch(self):
-        if self.point == "switch":
-            # SIGKILL from another thread once the switch is under way
-            threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    def in_switch(self, k):
+        if self.point == "switch" and k == self.k:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 class Run:
@@ -465,12 +461,13 @@ class Run:
         new_rank = self.slot if self.slot < sw.lay.world else -1
         grows = sw.lay.world != self.size
         before = self.gather_state() if args.check_switch else None
+        mine = self.digest() if args.check_switch and grows else None
         t0 = time.monotonic()
         self.stage = self.opt = None  # views of the old buffers go before the buffers do
         self.rearm_registry()
         for attempt in range(1, 100):
             if grows:
-                self.fault.in_switch()
+                self.fault.in_switch(sw.k)
             try:
                 # vps: the step and data position travel with the state
                 state, carried = vps.switch(self.reg, self.state, sw.lay, new_rank, self.tr, args.timeout)
@@ -479,15 +476,21 @@ class Run:
                 if not grows:
                     raise SystemExit("train.py: rank %d: switch %d to %s failed: %s" % (self.rank, sw.k, sw.spec, e))
                 verdict = self.job.verdict(sw.k, attempt, args.timeout)
+                kept = ""
+                if mine is not None:
+                    if self.digest() != mine:
+                        raise SystemExit("train.py: rank %d: switch %d failed and the state is not as it was"
+                                         % (self.rank, sw.k))
+                    kept = " (checked)"
                 if verdict == "retry":
                     continue
                 if verdict == "old":
                     self.bind()
                     self.rearm = True
-                    self.abandon(sw, "the switch failed (%s)" % e)
+                    self.abandon(sw, "the switch failed (%s); every rank's state as it was%s" % (e, kept))
                     return
-                raise SystemExit("train.py: rank %d: switch %d to %s failed: %s; %s; the state is as it was"
-                                 % (self.rank, sw.k, sw.spec, e, verdict))
+                raise SystemExit("train.py: rank %d: switch %d to %s failed: %s; %s; this rank's state is as it "
+                                 "was%s" % (self.rank, sw.k, sw.spec, e, verdict, kept))
         switched = time.monotonic() - t0
         if (carried.step, carried.consumed_samples) != (self.tr.step, self.tr.consumed_samples):
             raise SystemExit("train.py: rank %d: the switch carried step %d, samples %d; this rank was at %d, %d"
@@ -544,14 +547,12 @@ class Run:
             print("train.py: process %d does not join: %s" % (self.slot, e), flush=True)
             return False
         built = time.monotonic() - t0
-        if self.reg is None:
-            self.reg = vps.Registry(args.registry.replace("%r", str(self.slot)), None, -1)
         while not self.job.ready(k):
             time.sleep(vps.elastic.POLL)
         t1 = time.monotonic()
         self.rearm_registry()
         for attempt in range(1, 100):
-            self.fault.in_switch()
+            self.fault.in_switch(k)
             try:
                 # vps: a joining device receives its whole state, and where training is
                 state, carried = vps.switch(self.reg, None, sw.lay, self.slot, None, args.timeout)
@@ -569,6 +570,11 @@ class Run:
         self.after(sw, None, None, {"build": built, "waited": 0.0, "pause": time.monotonic() - t1,
                                     "switched": time.monotonic() - t1, "role": "joins"})
         return True
+
+    def digest(self):
+        """This rank's buffers, bit for bit, in a few numbers."""
+        return [int(b.view(torch.int16 if b.dtype == torch.bfloat16 else torch.int32).long().sum())
+                for b in self.state.buffers]
 
     def rearm_registry(self):
         if self.rearm:
@@ -639,6 +645,9 @@ def main():
     run = Run(args)
     if args.join is None:
         run.start()
+    else:
+        # first, so that the launcher starts the switch's executors (they meet at once)
+        run.reg = vps.Registry(args.registry.replace("%r", str(run.slot)), None, -1)
     run.train()
     if run.state is not None:
         run.finish()
