@@ -615,7 +615,7 @@ def report_elastic(args, targs, d, job, static):
         targs.model, targs.steps, " -> ".join(map(str, worlds)), ", then ".join([targs.configs[0]] + moves),
         len(rows), "" if len(rows) == 1 else "es"))
     for r in rows:
-        w0, w1, joined, build, hidden, pause = int(r[4]), int(r[5]), int(r[6]), float(r[7]), float(r[8]), float(r[10])
+        w0, w1, joined, build, hidden, pause = int(r[4]), int(r[5]), int(r[6]), float(r[7]), float(r[8]), float(r[11])
         if w0 != w1:
             print("launch.py: switch %s, %d -> %d processes (%s): the new world made in %.2f s while the job trained "
                   "on, pause %.2f s: %.0f%% of it hidden" % (r[0], w0, w1, "%d joined" % (w1 - w0) if w1 > w0 else

@@ -12,6 +12,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 import time
 
 import torch
@@ -67,6 +68,31 @@ class Groups:
         self.dp_rank, self.dp_size = lay.coords(rank).dp, par["dp"]
 
 
+def dp_ranks(lay, rank):
+    return next(g for g in vps.elastic.axis_groups(lay, "dp") if rank in g)
+
+
+class Ahead:
+    """fn(*args) in a thread of its own, started now: result() waits for it."""
+
+    def __init__(self, fn, *args):
+        self.value, self.error = None, None
+        self.thread = threading.Thread(target=self._run, args=(fn, args), daemon=True)
+        self.thread.start()
+
+    def _run(self, fn, args):
+        try:
+            self.value = fn(*args)
+        except BaseException as e:  # raised again in the thread that waits
+            self.error = e
+
+    def result(self):
+        self.thread.join()
+        if self.error:
+            raise self.error
+        return self.value
+
+
 def groups_of(layouts):
     """Every group of these layouts in one order, the one every process makes
     them in."""
@@ -80,10 +106,22 @@ def groups_of(layouts):
 class Adam:
     B1, B2, EPS, WD = 0.9, 0.95, 1e-8, 0.01
 
-    def __init__(self, state, groups):
-        v, lay = state.view, state.layout
-        self.state, self.groups, self.sets = state, groups, []
-        peers = {r: lay.rank(r) for r in groups.dp_ranks if r != v.rank} if lay.parallel["zero"] else {}
+    def __init__(self, state, groups, plan=None):
+        self.state, self.groups = state, groups
+        self.sets, grad_of = plan or Adam.plan(state.layout, state.rank, groups.dp_ranks)
+        self.sets = [dict(s, grad=torch.zeros(s["elements"], dtype=torch.float32)) for s in self.sets]
+        # each parameter's fp32 gradient buffer (that of its chunk's param buffer)
+        grads = {s["param"]: s["grad"] for s in self.sets}
+        self.grad_of = [grads[b] for b in grad_of]
+
+    @staticmethod
+    def plan(lay, rank, dp_ranks):
+        """Where each element of the rank's shard is, in its buffers and its
+        data-parallel peers': from the layout alone, so made before a switch
+        while the job trains."""
+        v = lay.rank(rank)
+        sets = []
+        peers = {r: lay.rank(r) for r in dp_ranks if r != v.rank} if lay.parallel["zero"] else {}
         for b in v.buffers:
             if b.state != vps.PARAM:
                 continue
@@ -101,12 +139,10 @@ class Adam:
             for r, pv in peers.items():
                 pm = pv.buffer(vps.MAIN_PARAM, b.chunk, b.expert)
                 their, mine = vps.correspondence(pv, pm, v, b.id)
-                gather.append((groups.dp_ranks.index(r), their, mine))
-            self.sets.append(dict(param=b.id, ids=ids, m_pos=m_pos, p_pos=p_pos, decay=decay[p_pos], gather=gather,
-                                  grad=torch.zeros(b.elements, dtype=torch.float32)))
-        # each parameter's fp32 gradient buffer (that of its chunk's param buffer)
-        grads = {s["param"]: s["grad"] for s in self.sets}
-        self.grad_of = [grads[v.buffer(vps.PARAM, p.chunk, p.expert)] for p in v.params]
+                gather.append((dp_ranks.index(r), their, mine))
+            sets.append(dict(param=b.id, ids=ids, m_pos=m_pos, p_pos=p_pos, decay=decay[p_pos], gather=gather,
+                             elements=b.elements))
+        return sets, [v.buffer(vps.PARAM, p.chunk, p.expert) for p in v.params]
 
     def step(self, stage, lr, t):
         bufs = self.state.buffers
@@ -211,6 +247,7 @@ class Switch:
     def __init__(self, k, spec, lay, at):
         self.k, self.spec, self.lay, self.at = k, spec, lay, at
         self.build = None   # the new world, or the configuration's groups, made in the background
+        self.adam = None    # the optimizer's plan under the new layout, made in the background
         self.waited = 0.0   # seconds the job waited for it at the switch
         self.boundary = None  # when the job stopped training for it
 
@@ -324,10 +361,10 @@ class Run:
         else:
             self.reg = vps.Registry(name, None, -1)  # a spare: holds nothing until a switch gives it state
 
-    def bind(self):
+    def bind(self, adam=None):
         self.groups = Groups(self.world, self.lay, self.rank)
         self.stage = Stage(self.model, self.state.view, self.state, self.groups)
-        self.opt = Adam(self.state, self.groups)
+        self.opt = Adam(self.state, self.groups, adam.result() if adam else None)
 
     # ---- training ----
     def train(self):
@@ -379,6 +416,8 @@ class Run:
         executors, and the processes that join) and start making what it
         needs in the background: the new world, or the configuration's groups."""
         grows = sw.lay.world != self.size
+        if self.slot < sw.lay.world:
+            sw.adam = Ahead(Adam.plan, sw.lay, self.slot, dp_ranks(sw.lay, self.slot))
         if self.slot == 0:
             self.job.ask(sw.k, {"config": sw.spec, "world": sw.lay.world, "from_config": self.spec,
                                 "from_world": self.size, "at": sw.at, "requests": self.requests})
@@ -511,7 +550,9 @@ class Run:
         if grows:
             self.world, self.size = sw.build.result(), sw.lay.world
         self.spec, self.lay = sw.spec, sw.lay
-        self.bind()
+        self.bind(sw.adam)
+        # training goes on when every rank of the new configuration can
+        self.world.barrier(self.groups.job)
         pause = sw.waited + time.monotonic() - t0
         self.after(sw, before, old, {"build": sw.build.seconds if sw.build else 0.0, "waited": sw.waited,
                                      "pause": pause, "switched": switched, "role": "stays"})
@@ -546,6 +587,7 @@ class Run:
         except vps.Error as e:
             print("train.py: process %d does not join: %s" % (self.slot, e), flush=True)
             return False
+        adam = Adam.plan(sw.lay, self.slot, dp_ranks(sw.lay, self.slot))
         built = time.monotonic() - t0
         while not self.job.ready(k):
             time.sleep(vps.elastic.POLL)
@@ -566,7 +608,10 @@ class Run:
                 return False
         self.state, self.rank, self.tr = state, self.slot, carried
         self.spec, self.lay = spec, sw.lay
-        self.bind()
+        self.opt = Adam(self.state, Groups(self.world, self.lay, self.rank), adam)
+        self.groups = self.opt.groups
+        self.stage = Stage(self.model, self.state.view, self.state, self.groups)
+        self.world.barrier(self.groups.job)
         self.after(sw, None, None, {"build": built, "waited": 0.0, "pause": time.monotonic() - t1,
                                     "switched": time.monotonic() - t1, "role": "joins"})
         return True
@@ -597,6 +642,7 @@ class Run:
         build = max(t["build"] for t in stays)
         pause = max(t["pause"] for t in stays)
         waited = max(t["waited"] for t in stays)
+        switched = max(t["switched"] for t in stays)
         joined = sum(1 for t in times if t["role"] == "joins")
         hidden = max(build - waited, 0.0)
         where = "" if old[1] == sw.lay.world else " (world %d -> %d)" % (old[1], sw.lay.world)
@@ -613,8 +659,9 @@ class Run:
                 build, 100.0 * hidden / (hidden + pause) if hidden + pause > 0 else 100.0)
         self.say(line)
         if self.switch_log:
-            self.switch_log.write("%d\t%d\t%s\t%s\t%d\t%d\t%d\t%.6f\t%.6f\t%.6f\t%.6f\n" % (
-                self.done, self.tr.step, old[0], sw.spec, old[1], sw.lay.world, joined, build, hidden, waited, pause))
+            self.switch_log.write("%d\t%d\t%s\t%s\t%d\t%d\t%d\t%.6f\t%.6f\t%.6f\t%.6f\t%.6f\n" % (
+                self.done, self.tr.step, old[0], sw.spec, old[1], sw.lay.world, joined, build, hidden, waited,
+                switched, pause))
             self.switch_log.flush()
 
     def gather_state(self):
