@@ -1,7 +1,7 @@
 # vps: build, test, install.
 #
 #   make            libvps.a, libvps.so and the tools in bin/ (and how to put bin/ on PATH)
-#   make check      the C unit tests, the Bats tests and the framework checks,
+#   make check      the C unit tests, the Bats tests, the layering (make layers) and the framework checks,
 #                   warnings as errors; the GPU paths on the stand-ins of CUDA and
 #                   NCCL (tests/standin/)
 #   make standin    only those stand-ins (build/standin/)
@@ -12,6 +12,7 @@
 #   make layers     libvps's rooms keep their layers, no cycles, only the API exported
 #   make asan       the same under AddressSanitizer and UBSan (build-asan/)
 #   make check-gpu  every GPU test and benchmark (scripts/gpu-check.sh; needs a GPU)
+#   make gpu-debs   the Debian packages gpu-check.sh unpacks on a GPU machine (.debs/)
 #   make fuzz       each libFuzzer harness for FUZZ_SECONDS (clang; build/fuzz/)
 #   make fuzz-smoke the same for FUZZ_SMOKE_SECONDS each (CI)
 #   make demo       a real switch on this machine
@@ -94,7 +95,7 @@ ifeq ($(HAVE_NVCC),1)
 CUDA_ALL = $(CUDA_LIB)
 endif
 
-.PHONY: all check check-gpu check-megatron check-hf test unit bats layers asan demo install uninstall clean deps \
+.PHONY: all check check-gpu gpu-debs check-megatron check-hf test unit bats layers asan demo install uninstall clean deps \
 	python-deps venv distclean FORCE standin \
 	fuzz fuzz-smoke fuzz-build fuzz-corpus fuzz-deps
 .DEFAULT_GOAL := all
@@ -232,7 +233,7 @@ bats: all standin $(PY_STAMP)
 # Not under a sanitizer: a Python process cannot load that build's libvps.so.
 check: all unit bats
 ifeq ($(SANITIZE),)
-	@$(MAKE) --no-print-directory check-megatron check-hf
+	@$(MAKE) --no-print-directory layers check-megatron check-hf
 endif
 
 # Megatron-Core builds a matrix of configurations on the CPU, a process per
@@ -255,9 +256,17 @@ layers: $(LIB_OBJ) $(BUILDDIR)/$(SHLIB_REAL)
 test: check
 
 # every GPU test and GPU benchmark, on a machine with a GPU (results in
-# build/gpu-check.txt, or $$OUT/gpu-check.txt)
+# build/gpu-check-GPU.txt, or $$OUT/gpu-check-GPU.txt)
 check-gpu:
 	scripts/gpu-check.sh
+
+# What scripts/gpu-check.sh needs on a GPU machine that has no package
+# registry: Debian's libyaml and libzstd (headers and libraries), downloaded
+# here into .debs/ (ignored) to be carried there and unpacked under /tmp.
+GPU_DEBS = libyaml-dev libyaml-0-2 libzstd-dev libzstd1
+gpu-debs:
+	@mkdir -p .debs
+	cd .debs && apt-get download $(GPU_DEBS)
 
 asan:
 	$(MAKE) BUILDDIR=build-asan BINDIR=build-asan/bin SANITIZE=address,undefined CFLAGS="-O1 -g" check

@@ -1,7 +1,11 @@
+#include <ctype.h>
 #include <errno.h>
+#include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,33 +14,89 @@
 #include "common.h"
 #include "vps/units.h"
 
+/* ---- messages and exit statuses ---- */
+
 int tool_status(vps_result_t rc)
 {
-	/* what the user asked for is wrong or cannot be had here: 2 */
-	return rc == VPS_EINPUT || rc == VPS_EFORMAT || rc == VPS_EUNSUPPORTED || rc == VPS_ENOTFOUND || rc == VPS_ESTALE
-		       ? EXIT_USAGE
-		       : EXIT_CHECK;
+	switch (rc) {
+	case VPS_EINPUT:
+	case VPS_EFORMAT:
+	case VPS_EUNSUPPORTED:
+	case VPS_ENOTFOUND:
+	case VPS_ESTALE:
+	case VPS_EBUSY:
+		return EXIT_USAGE; /* what the user asked for is wrong, names nothing or cannot be had now */
+	default: return EXIT_CHECK;
+	}
+}
+
+const char *tool_message(vps_result_t rc, char *buf, size_t n)
+{
+	const char *msg = vps_last_error();
+	if (!*msg)
+		msg = vps_strerror(rc);
+	if (rc == VPS_EINTERNAL)
+		snprintf(buf, n, "%s: %s", vps_strerror(rc), msg);
+	else
+		snprintf(buf, n, "%s", msg);
+	return buf;
 }
 
 int tool_fail(vps_result_t rc)
 {
-	const char *msg = vps_last_error();
-	fprintf(stderr, "%s: %s\n", tool_name, *msg ? msg : vps_strerror(rc));
+	char msg[4096];
+	fprintf(stderr, "%s: %s\n", tool_name, tool_message(rc, msg, sizeof(msg)));
 	return tool_status(rc);
+}
+
+int tool_fail_at(const char *where, vps_result_t rc)
+{
+	char msg[4096];
+	fprintf(stderr, "%s: %s: %s\n", tool_name, where, tool_message(rc, msg, sizeof(msg)));
+	return tool_status(rc);
+}
+
+int tool_fail_lookup(const char *flag, vps_result_t rc)
+{
+	return rc == VPS_ENOTFOUND ? tool_fail_at(flag, rc) : tool_fail(rc);
+}
+
+static void vmessage(const char *fmt, va_list ap)
+{
+	char msg[4096];
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	fprintf(stderr, "%s: %s\n", tool_name, msg);
+}
+
+int tool_error(int status, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vmessage(fmt, ap);
+	va_end(ap);
+	return status;
 }
 
 int tool_usage_error(const char *fmt, ...)
 {
-	char msg[4096];
 	va_list ap;
 	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
+	vmessage(fmt, ap);
 	va_end(ap);
-	size_t n = strlen(msg);
-	while (n && msg[n - 1] == '\n')
-		msg[--n] = '\0';
-	fprintf(stderr, "%s: %s\n", tool_name, msg);
+	fprintf(stderr, "Try '%s -h' for more.\n", tool_name);
 	return EXIT_USAGE;
+}
+
+int tool_help(const char *usage)
+{
+	fputs(usage, stdout);
+	return tool_finish(EXIT_OK);
+}
+
+int tool_version(void)
+{
+	printf("%s %s\n", tool_name, VPS_VERSION_STRING);
+	return tool_finish(EXIT_OK);
 }
 
 int tool_finish(int status)
@@ -46,6 +106,312 @@ int tool_finish(int status)
 		return status ? status : EXIT_CHECK;
 	}
 	return status;
+}
+
+/* ---- the command line ---- */
+
+static bool parse_format(const char *arg, void *format, char *why, size_t n)
+{
+	if (!vps_format_parse(arg, format))
+		return true;
+	snprintf(why, n, "%s", vps_last_error());
+	return false;
+}
+
+/* The flags tools share (enum tool_shared), and where each keeps its value. */
+static const struct {
+	unsigned bit;
+	const char *name;
+	char short_name;
+	enum tool_kind kind;
+	size_t offset; /* in struct tool_common */
+	tool_parse_fn *parse;
+} shared_options[] = {
+	{TOOL_OUTPUT, "output", 'o', TOOL_STRING, offsetof(struct tool_common, out), NULL},
+	{TOOL_YAML, "yaml", 0, TOOL_BOOL, offsetof(struct tool_common, yaml), NULL},
+	{TOOL_JSON, "json", 0, TOOL_BOOL, offsetof(struct tool_common, json), NULL},
+	{TOOL_HUMAN, "human", 'H', TOOL_BOOL, offsetof(struct tool_common, human), NULL},
+	{TOOL_QUIET, "quiet", 'q', TOOL_BOOL, offsetof(struct tool_common, quiet), NULL},
+	{TOOL_FORMAT, "format", 0, TOOL_FUNC, offsetof(struct tool_common, format), parse_format},
+};
+#define NSHARED (sizeof(shared_options) / sizeof(shared_options[0]))
+
+/* getopt_long's val of each option past any character: the tool's own
+ * from OWN, the shared from SHARED; -h and --version. */
+enum { OWN = 256, SHARED = 512, HELP = 'h', VERSION = 1024 };
+
+static size_t count_options(const struct tool_cli *cli)
+{
+	size_t n = 0;
+	while (cli->options[n].name)
+		n++;
+	return n;
+}
+
+/* The option of getopt_long's val (a character for a short option), the
+ * shared ones made into one over their place in cli->common. */
+static bool option_of(struct tool_cli *cli, int val, struct tool_option *o)
+{
+	for (size_t i = 0; val < OWN && cli->options[i].name; i++)
+		if (cli->options[i].short_name == val)
+			val = OWN + (int)i;
+	for (size_t i = 0; i < NSHARED && val < OWN; i++)
+		if ((cli->shared & shared_options[i].bit) && shared_options[i].short_name == val)
+			val = SHARED + (int)i;
+	if (val >= SHARED && val < SHARED + (int)NSHARED) {
+		size_t i = (size_t)(val - SHARED);
+		*o = (struct tool_option){.name = shared_options[i].name,
+					  .kind = shared_options[i].kind,
+					  .value = (char *)&cli->common + shared_options[i].offset,
+					  .parse = shared_options[i].parse};
+		cli->common.given |= shared_options[i].bit;
+		return true;
+	}
+	if (val < OWN || (size_t)(val - OWN) >= count_options(cli))
+		return false;
+	*o = cli->options[val - OWN];
+	cli->given[val - OWN] = true;
+	return true;
+}
+
+/* A size split at its blank ("--budget 2 GiB"): the argument ends in a
+ * digit and the next one is a unit alone. */
+static bool split_size(const char *arg, const char *next)
+{
+	char joined[16];
+	int64_t v;
+	if (!next || !*arg || !isdigit((unsigned char)arg[strlen(arg) - 1]) || !isalpha((unsigned char)next[0]) ||
+	    strlen(next) > 4)
+		return false;
+	snprintf(joined, sizeof(joined), "1%s", next);
+	return !vps_parse_bytes(joined, &v);
+}
+
+/* Set o's value from its argument (NULL for a flag); next is the argument
+ * after it, or NULL. */
+static int set_value(const struct tool_option *o, const char *arg, const char *next)
+{
+	char why[1024] = "";
+	int64_t v;
+	char *end;
+	switch (o->kind) {
+	case TOOL_BOOL: *(bool *)o->value = true; return TOOL_PARSED;
+	case TOOL_STRING: *(const char **)o->value = arg; return TOOL_PARSED;
+	case TOOL_INT:
+		if (!tool_parse_i64(arg, &v))
+			snprintf(why, sizeof(why), "'%s' is not %s", arg, o->what);
+		else if (v < o->min || v > o->max)
+			snprintf(why, sizeof(why), "%" PRId64 " is not %s", v, o->what);
+		else
+			return *(int64_t *)o->value = v, TOOL_PARSED;
+		break;
+	case TOOL_SECONDS: {
+		errno = 0;
+		double s = strtod(arg, &end);
+		if (*arg && !*end && !errno && isfinite(s) && s > 0)
+			return *(double *)o->value = s, TOOL_PARSED;
+		snprintf(why, sizeof(why), "'%s' is not a positive number of seconds", arg);
+		break;
+	}
+	case TOOL_SIZE:
+		if (vps_parse_bytes(arg, &v))
+			snprintf(why, sizeof(why), "%s", vps_last_error());
+		else if (split_size(arg, next))
+			snprintf(why, sizeof(why), "'%s %s' is one size in two arguments: write %s%s, without the blank", arg,
+				 next, arg, next);
+		else
+			return *(int64_t *)o->value = v, TOOL_PARSED;
+		break;
+	case TOOL_FUNC:
+		if (o->parse(arg, o->value, why, sizeof(why)))
+			return TOOL_PARSED;
+		break;
+	}
+	return tool_usage_error("--%s: %s", o->name, why);
+}
+
+/* Append "--name" to a list of names. */
+static void add_name(char *names, size_t size, size_t *n, const char *name, const char *sep)
+{
+	size_t len = strlen(names);
+	if (len < size)
+		snprintf(names + len, size - len, "%s--%s", (*n)++ ? sep : "", name);
+}
+
+/* What getopt_long refused: an option no entry has, one that lacks its
+ * argument, or one given a value it does not take. */
+static int getopt_error(const struct tool_cli *cli, int c, const char *spelled)
+{
+	char name[128], names[512] = "";
+	/* optopt: the short option, or the val of a long one that lacks or has
+	 * a value; 0 for a long one no entry has. spelled, argv[optind - 1], is
+	 * the long option's own argument (not a short one's: it may sit inside
+	 * a cluster, -qZ) */
+	snprintf(name, sizeof(name), "%s", spelled);
+	name[strcspn(name, "=")] = '\0';
+	if (c == ':' && optopt < OWN)
+		return tool_usage_error("-%c needs a value", optopt);
+	if (c == ':')
+		return tool_usage_error("%s needs a value", name);
+	if (optopt >= OWN || (optopt == HELP && !strncmp(name, "--", 2)))
+		return tool_usage_error("%s takes no value", name);
+	if (optopt)
+		return tool_usage_error("unknown option -%c", optopt);
+	/* getopt_long takes any prefix of one name: say which names it begins */
+	size_t n = 0, plen = strlen(name) - 2;
+	for (size_t i = 0; cli->options[i].name; i++)
+		if (!strncmp(cli->options[i].name, name + 2, plen))
+			add_name(names, sizeof(names), &n, cli->options[i].name, " or ");
+	for (size_t i = 0; i < NSHARED; i++)
+		if ((cli->shared & shared_options[i].bit) && !strncmp(shared_options[i].name, name + 2, plen))
+			add_name(names, sizeof(names), &n, shared_options[i].name, " or ");
+	if (n > 1 && plen)
+		return tool_usage_error("%s is ambiguous: %s?", name, names);
+	return tool_usage_error("unknown option %s", name);
+}
+
+static void add_short(char *shorts, size_t *s, char c, enum tool_kind kind)
+{
+	if (!c)
+		return;
+	shorts[(*s)++] = c;
+	if (kind != TOOL_BOOL)
+		shorts[(*s)++] = ':';
+}
+
+/* getopt_long's tables for cli: the tool's options, the shared ones it
+ * takes, -h and --version. shorts holds 2 + 2 * (options + NSHARED) + 1. */
+static struct option *long_options(const struct tool_cli *cli, char *shorts)
+{
+	size_t own = count_options(cli), k = 0, s = 0;
+	struct option *lo = calloc(own + NSHARED + 3, sizeof(*lo));
+	if (!lo)
+		return NULL;
+	shorts[s++] = ':'; /* a missing argument: ':', not '?' */
+	shorts[s++] = 'h';
+	for (size_t i = 0; i < own; i++) {
+		const struct tool_option *o = &cli->options[i];
+		lo[k++] = (struct option){o->name, o->kind == TOOL_BOOL ? no_argument : required_argument, NULL, OWN + (int)i};
+		add_short(shorts, &s, o->short_name, o->kind);
+	}
+	for (size_t i = 0; i < NSHARED; i++) {
+		if (!(cli->shared & shared_options[i].bit))
+			continue;
+		lo[k++] = (struct option){shared_options[i].name, shared_options[i].kind == TOOL_BOOL ? no_argument
+												       : required_argument,
+					  NULL, SHARED + (int)i};
+		add_short(shorts, &s, shared_options[i].short_name, shared_options[i].kind);
+	}
+	lo[k++] = (struct option){"help", no_argument, NULL, HELP};
+	lo[k++] = (struct option){"version", no_argument, NULL, VERSION};
+	shorts[s] = '\0';
+	return lo;
+}
+
+/* Whether the option of that long name was given; -1 when cli has none of
+ * that name (a rule that names a wrong one). */
+static int given(const struct tool_cli *cli, const char *name, size_t len)
+{
+	for (size_t i = 0; cli->options[i].name; i++)
+		if (strlen(cli->options[i].name) == len && !strncmp(cli->options[i].name, name, len))
+			return cli->given[i];
+	for (size_t i = 0; i < NSHARED; i++)
+		if ((cli->shared & shared_options[i].bit) && strlen(shared_options[i].name) == len &&
+		    !strncmp(shared_options[i].name, name, len))
+			return (cli->common.given & shared_options[i].bit) != 0;
+	return -1;
+}
+
+bool tool_given(const struct tool_cli *cli, const char *name)
+{
+	return given(cli, name, strlen(name)) == 1;
+}
+
+/* Of the blank-separated names in list: the first given into first (""
+ * when none), each into names (joined by sep). false when one names no
+ * option. */
+static bool scan(const struct tool_cli *cli, const char *list, char *first, char *names, size_t size, const char *sep)
+{
+	size_t n = 0;
+	first[0] = names[0] = '\0';
+	for (const char *p = list ? list : ""; *p;) {
+		size_t len = strcspn(p, " ");
+		int g = given(cli, p, len);
+		char name[64];
+		if (g < 0 || len >= sizeof(name))
+			return false;
+		snprintf(name, sizeof(name), "%.*s", (int)len, p);
+		if (g && !first[0])
+			snprintf(first, 64, "%s", name);
+		add_name(names, size, &n, name, sep);
+		p += len + strspn(p + len, " ");
+	}
+	return true;
+}
+
+/* The first rule that the given options break: its usage error. */
+static int check_rules(const struct tool_cli *cli)
+{
+	for (const struct tool_rule *r = cli->rules; r && (r->when || r->needs || r->excludes); r++) {
+		char when[64], need[64], excluded[64], needs[512], any[512];
+		if (!scan(cli, r->when, when, any, sizeof(any), ", ") || !scan(cli, r->needs, need, needs, sizeof(needs), " or ") ||
+		    !scan(cli, r->excludes, excluded, any, sizeof(any), ", "))
+			return tool_error(EXIT_CHECK, "a rule names an option %s does not have (a bug in vps)", tool_name);
+		if (r->when && !when[0])
+			continue;
+		if (r->needs && !need[0]) {
+			if (r->message)
+				return tool_usage_error("%s", r->message);
+			if (!r->when)
+				return tool_usage_error("%s is required", needs);
+			return tool_usage_error("--%s goes with %s", when, needs);
+		}
+		if (r->excludes && excluded[0])
+			return r->message ? tool_usage_error("%s", r->message)
+					  : tool_usage_error("--%s does not go with --%s", when, excluded);
+	}
+	return TOOL_PARSED;
+}
+
+int tool_parse(struct tool_cli *cli, int argc, char **argv)
+{
+	size_t own = count_options(cli);
+	char shorts[2 * (sizeof(cli->given) + NSHARED) + 3];
+	if (own > sizeof(cli->given))
+		return tool_error(EXIT_CHECK, "%zu options: more than a tool may have (a bug in vps)", own);
+	struct option *lo = long_options(cli, shorts);
+	if (!lo)
+		return tool_error(EXIT_CHECK, "out of memory");
+	int c, status = TOOL_PARSED;
+	opterr = 0; /* its messages are ours, on one line */
+	while (status == TOOL_PARSED && (c = getopt_long(argc, argv, shorts, lo, NULL)) != -1) {
+		struct tool_option o;
+		if (c == HELP)
+			status = tool_help(cli->usage);
+		else if (c == VERSION)
+			status = tool_version();
+		else if (c == ':' || c == '?')
+			status = getopt_error(cli, c, argv[optind - 1]);
+		else if (!option_of(cli, c, &o))
+			status = tool_error(EXIT_CHECK, "getopt_long returned %d, no option's (a bug in vps)", c);
+		else
+			status = set_value(&o, optarg, optind < argc ? argv[optind] : NULL);
+	}
+	free(lo);
+	if (status != TOOL_PARSED)
+		return status;
+	cli->operands = argv + optind;
+	cli->noperands = (size_t)(argc - optind);
+	return check_rules(cli);
+}
+
+int tool_operands(const struct tool_cli *cli, size_t min, size_t max, const char *what)
+{
+	if (cli->noperands < min)
+		return tool_usage_error("expected %s", what);
+	if (cli->noperands > max)
+		return tool_usage_error("unexpected argument '%s' (expected %s)", cli->operands[max], what);
+	return TOOL_PARSED;
 }
 
 const char *tool_config_path(const char *sub)
@@ -86,24 +452,24 @@ bool tool_parse_i64(const char *s, int64_t *v)
 	return true;
 }
 
-static bool push(int64_t **list, size_t *n, size_t *cap, int64_t v)
+static bool push(struct tool_ranks *r, int64_t v)
 {
-	if (*n == *cap) {
-		size_t nc = *cap ? *cap * 2 : 16;
-		int64_t *p = realloc(*list, nc * sizeof(*p));
+	if (r->n == r->cap) {
+		size_t nc = r->cap ? r->cap * 2 : 16;
+		int64_t *p = realloc(r->list, nc * sizeof(*p));
 		if (!p)
 			return false;
-		*list = p;
-		*cap = nc;
+		r->list = p;
+		r->cap = nc;
 	}
-	(*list)[(*n)++] = v;
+	r->list[r->n++] = v;
 	return true;
 }
 
-bool tool_parse_ranks(const char *s, int64_t **list, size_t *n, size_t *cap, bool *all)
+bool tool_parse_ranks(const char *s, struct tool_ranks *r)
 {
 	if (!strcmp(s, "all")) {
-		*all = true;
+		r->all = true;
 		return true;
 	}
 	while (*s) {
@@ -121,8 +487,8 @@ bool tool_parse_ranks(const char *s, int64_t **list, size_t *n, size_t *cap, boo
 				return false;
 			s = end;
 		}
-		for (long long r = a; r <= b; r++)
-			if (!push(list, n, cap, r))
+		for (long long x = a; x <= b; x++)
+			if (!push(r, x))
 				return false;
 		if (*s == ',')
 			s++;
@@ -130,6 +496,39 @@ bool tool_parse_ranks(const char *s, int64_t **list, size_t *n, size_t *cap, boo
 			return false;
 	}
 	return true;
+}
+
+bool tool_rank_list(const char *arg, void *ranks, char *why, size_t n)
+{
+	if (tool_parse_ranks(arg, ranks))
+		return true;
+	snprintf(why, n, "'%s' is not a rank list (0,3,5-7 or all)", arg);
+	return false;
+}
+
+bool tool_device(const char *arg, void *device, char *why, size_t n)
+{
+	int64_t d;
+	if (tool_parse_i64(arg, &d) && d <= 1023) {
+		*(int *)device = (int)d;
+		return true;
+	}
+	snprintf(why, n, "'%s' is not a GPU number", arg);
+	return false;
+}
+
+bool tool_state(const char *arg, void *state, char *why, size_t n)
+{
+	if (!vps_state_parse(arg, state))
+		return true;
+	snprintf(why, n, "%s (param, main_param, exp_avg, exp_avg_sq or grad)", vps_last_error());
+	return false;
+}
+
+void tool_ranks_release(struct tool_ranks *r)
+{
+	free(r->list);
+	*r = (struct tool_ranks){0};
 }
 
 bool tool_human(bool flag)

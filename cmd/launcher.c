@@ -12,7 +12,7 @@ static bool env_i64(const char *name, int64_t *v)
 	return s && tool_parse_i64(s, v);
 }
 
-int launch_resolve(struct launch *l, bool need_master)
+bool launch_resolve(struct launch *l, bool need_master)
 {
 	static const struct {
 		const char *name, *rank, *world, *local;
@@ -40,13 +40,15 @@ int launch_resolve(struct launch *l, bool need_master)
 			if (!env_i64(conv[i].local, &l->local_rank))
 				l->local_rank = -1;
 	}
-	if (l->rank < 0)
-		return tool_usage_error("no rank: give --rank, or run under torchrun (RANK), Slurm (SLURM_PROCID) or Open MPI "
-					"(OMPI_COMM_WORLD_RANK)");
+	if (l->rank < 0) {
+		tool_usage_error("no rank: give --rank, or run under torchrun (RANK), Slurm (SLURM_PROCID) or Open MPI "
+				 "(OMPI_COMM_WORLD_RANK)");
+		return false;
+	}
 	if (l->local_rank < 0)
 		l->local_rank = 0;
 	if (!need_master)
-		return 0;
+		return true;
 	if (!l->master_host[0]) {
 		const char *h = getenv("MASTER_ADDR");
 		if (h)
@@ -57,7 +59,24 @@ int launch_resolve(struct launch *l, bool need_master)
 		if (env_i64("MASTER_PORT", &p))
 			l->master_port = (int)p;
 	}
-	if (!l->master_host[0] || l->master_port <= 0 || l->master_port > 65535)
-		return tool_usage_error("no rendezvous: give --master HOST:PORT or set MASTER_ADDR and MASTER_PORT");
-	return 0;
+	if (!l->master_host[0] || l->master_port <= 0 || l->master_port > 65535) {
+		tool_usage_error("no rendezvous: give --master HOST:PORT or set MASTER_ADDR and MASTER_PORT");
+		return false;
+	}
+	return true;
+}
+
+bool launch_master(const char *arg, void *launch, char *why, size_t n)
+{
+	struct launch *l = launch;
+	const char *colon = strrchr(arg, ':');
+	int64_t port;
+	if (!colon || colon == arg || !tool_parse_i64(colon + 1, &port) || port < 1 || port > 65535 ||
+	    (size_t)(colon - arg) >= sizeof(l->master_host)) {
+		snprintf(why, n, "'%s' is not HOST:PORT", arg);
+		return false;
+	}
+	snprintf(l->master_host, sizeof(l->master_host), "%.*s", (int)(colon - arg), arg);
+	l->master_port = (int)port;
+	return true;
 }

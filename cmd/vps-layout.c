@@ -1,5 +1,4 @@
 /* vps-layout: compute a model's layout under a parallel configuration. */
-#include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -113,168 +112,148 @@ static void print_summary(const struct vps_layout *l, const struct vps_layout_st
 	fputc('\n', stderr);
 }
 
-int main(int argc, char **argv)
+static bool parse_box(const char *arg, void *query, char *why, size_t n)
 {
-	static const struct option opts[] = {
-		{"model", required_argument, NULL, 'm'},     {"parallel", required_argument, NULL, 'p'},
-		{"gpus-per-node", required_argument, NULL, 'g'}, {"first-node", required_argument, NULL, 'f'},
-		{"devices", required_argument, NULL, 'd'},   {"rank", required_argument, NULL, 'r'},
-		{"stats", no_argument, NULL, 's'},           {"yaml", no_argument, NULL, 'y'},
-		{"output", required_argument, NULL, 'o'},    {"help", no_argument, NULL, 'h'},
-		{"version", no_argument, NULL, 'V'},         {"input", required_argument, NULL, 'i'},
-		{"tensor", required_argument, NULL, 'T'},    {"state", required_argument, NULL, 'S'},
-		{"box", required_argument, NULL, 'b'},       {"format", required_argument, NULL, 'F'},
-		{"human", no_argument, NULL, 'H'},           {"quiet", no_argument, NULL, 'q'},
-		{0, 0, 0, 0}};
-	const char *input = NULL, *model_arg = NULL, *parallel_arg = NULL, *devices_arg = NULL, *out = NULL;
-	int64_t gpn = 8, first_node = 0;
-	int64_t *ranks = NULL;
-	size_t nranks = 0, cap = 0;
-	bool all = false, stats = false, yaml = false, human = false, quiet = false;
-	int c, status = EXIT_USAGE;
-	struct vps_model m;
+	struct vps_query *q = query;
+	if (!vps_box_parse(arg, &q->box))
+		return q->has_box = true;
+	snprintf(why, n, "%s", vps_last_error());
+	return false;
+}
+
+/* What the command line asks for. */
+struct layout_args {
+	const char *input, *model, *parallel, *devices;
+	int64_t gpus_per_node, first_node;
+	struct tool_ranks ranks;
+	bool stats;
+	struct vps_query q;
+};
+
+/* The layout read (-i) or computed. 0, or the exit status of the error printed. */
+static int make_layout(const struct layout_args *a, struct vps_layout **l)
+{
 	struct vps_parallel p;
+	struct vps_model m;
 	struct vps_devices d = {0};
-	struct vps_layout *l = NULL;
-	struct vps_bytes bytes = {0};
 	char hint[64] = "";
 	vps_result_t rc;
-	struct vps_query q;
-	enum vps_format format = VPS_FORMAT_YAML;
-	bool query_flags = false;
-	vps_query_init(&q);
-
-	while ((c = getopt_long(argc, argv, "hHqi:o:", opts, NULL)) != -1) {
-		switch (c) {
-		case 'i': input = optarg; break;
-		case 'm': model_arg = optarg; break;
-		case 'p': parallel_arg = optarg; break;
-		case 'g':
-			if (!tool_parse_i64(optarg, &gpn) || gpn < 1)
-				return tool_usage_error("--gpus-per-node: '%s' is not a positive integer", optarg);
-			break;
-		case 'f':
-			if (!tool_parse_i64(optarg, &first_node))
-				return tool_usage_error("--first-node: '%s' is not a node number", optarg);
-			break;
-		case 'd': devices_arg = optarg; break;
-		case 'r':
-			if (!tool_parse_ranks(optarg, &ranks, &nranks, &cap, &all)) {
-				free(ranks);
-				return tool_usage_error("--rank: '%s' is not a rank list (0,3,5-7 or all)", optarg);
-			}
-			break;
-		case 's': stats = true; break;
-		case 'y': yaml = true; break;
-		case 'H': human = true; break;
-		case 'q': quiet = true; break;
-		case 'o': out = optarg; break;
-		case 'T': q.tensor = optarg; break;
-		case 'S':
-		case 'b':
-		case 'F':
-			query_flags = true;
-			if ((c == 'S' && vps_state_parse(optarg, &q.state)) || (c == 'b' && vps_box_parse(optarg, &q.box)) ||
-			    (c == 'F' && vps_format_parse(optarg, &format))) {
-				free(ranks);
-				return c == 'S' ? tool_usage_error("--state: %s (param, main_param, exp_avg, exp_avg_sq or grad)",
-								       vps_last_error())
-						 : tool_fail(VPS_EINPUT);
-			}
-			q.has_box |= c == 'b';
-			break;
-		case 'h': fputs(usage, stdout); free(ranks); return tool_finish(EXIT_OK);
-		case 'V': printf("vps-layout %s\n", VPS_VERSION_STRING); free(ranks); return tool_finish(EXIT_OK);
-		default: fputs(usage, stderr); free(ranks); return EXIT_USAGE;
-		}
-	}
-	if (optind != argc) {
-		free(ranks);
-		return tool_usage_error("unexpected argument '%s'\n%s", argv[optind], usage);
-	}
-	if (query_flags && !q.tensor) {
-		free(ranks);
-		return tool_usage_error("--state, --box and --format go with --tensor");
-	}
-	if (q.tensor && (nranks || all || stats || yaml)) {
-		free(ranks);
-		return tool_usage_error("--tensor is a query: --rank, --stats and --yaml do not apply (--format yaml)");
-	}
-	if (input) {
-		if (model_arg || parallel_arg || devices_arg) {
-			free(ranks);
-			return tool_usage_error("-i reads a layout: --model, --parallel and --devices do not apply");
-		}
-		if ((rc = vps_layout_load(&l, input)))
-			goto fail;
-		goto have_layout;
-	}
+	if (a->input)
+		return (rc = vps_layout_load(l, a->input)) ? tool_fail(rc) : 0;
 	vps_parallel_init(&p);
-	if (parallel_arg && (rc = vps_parallel_load(&p, parallel_arg, tool_config_path("parallel"), hint,
-						    sizeof(hint))))
-		goto fail;
-	if (!model_arg && !hint[0]) {
-		free(ranks);
-		return tool_usage_error("--model is required\n%s", usage);
-	}
-	if ((rc = vps_model_load(&m, model_arg ? model_arg : hint, tool_config_path("models"))))
-		goto fail;
-	if (devices_arg) {
-		if ((rc = vps_devices_load(&d, devices_arg)))
-			goto fail;
-	} else {
-		vps_devices_packed(&d, gpn, first_node);
-	}
-	if ((rc = vps_layout_new(&l, &m, &p, &d, parallel_arg ? "--parallel" : "layout")))
-		goto fail;
-have_layout:
-	if (all) {
-		int64_t world = vps_layout_world(l);
-		int64_t *every = realloc(ranks, (size_t)world * sizeof(*ranks));
-		if (!every) {
-			status = tool_usage_error("out of memory for %" PRId64 " ranks", world);
-			goto done;
-		}
-		ranks = every;
-		for (int64_t r = 0; r < world; r++)
-			ranks[r] = r;
-		nranks = (size_t)world;
-	}
-	for (size_t i = 0; i < nranks; i++)
-		if (ranks[i] >= vps_layout_world(l)) {
-			status = tool_usage_error("--rank: %" PRId64 " is outside the world of %" PRId64 " ranks", ranks[i],
-						  vps_layout_world(l));
-			goto done;
-		}
-	if (q.tensor) {
-		if ((rc = vps_query_holders(l, &q, format, &bytes)) || (rc = vps_write_output(out, &bytes, false)))
-			goto fail;
-		status = tool_finish(EXIT_OK);
-		goto done;
-	}
-	struct vps_layout_stats s;
-	bool summary = !stats && tool_summary_wanted(quiet, out);
-	if ((stats || summary) && (rc = vps_layout_stats(l, &s)))
-		goto fail;
-	if (stats) {
-		print_stats(l, &s, ranks, nranks, tool_human(human));
-		status = tool_finish(EXIT_OK);
-		goto done;
-	}
-	if ((rc = vps_layout_serialize(l, ranks, nranks, yaml, &bytes)))
-		goto fail;
-	if ((rc = vps_write_output(out, &bytes, !yaml)))
-		goto fail;
-	status = tool_finish(EXIT_OK);
-	if (summary && !status)
-		print_summary(l, &s, nranks);
-	goto done;
-fail:
-	status = tool_fail(rc);
-done:
-	vps_bytes_release(&bytes);
-	vps_layout_free(l);
+	/* a spec (tp=2,...) is no file: what is wrong with it is the flag's */
+	if (a->parallel && (rc = vps_parallel_load(&p, a->parallel, tool_config_path("parallel"), hint, sizeof(hint))))
+		return strchr(a->parallel, '=') ? tool_fail_at("--parallel", rc) : tool_fail_lookup("--parallel", rc);
+	/* a configuration file may name its model */
+	if (!a->model && !hint[0])
+		return tool_usage_error("--model is required");
+	/* a model the configuration names is the --parallel's */
+	if ((rc = vps_model_load(&m, a->model ? a->model : hint, tool_config_path("models"))))
+		return tool_fail_lookup(a->model ? "--model" : "--parallel", rc);
+	if (a->devices)
+		rc = vps_devices_load(&d, a->devices);
+	else
+		vps_devices_packed(&d, a->gpus_per_node, a->first_node);
+	if (!rc)
+		rc = vps_layout_new(l, &m, &p, &d, a->parallel ? "--parallel" : "layout");
 	vps_devices_release(&d);
-	free(ranks);
+	return rc ? tool_fail(rc) : 0;
+}
+
+/* --rank all made every rank; a rank outside the world refused. */
+static int check_ranks(struct tool_ranks *r, const struct vps_layout *l)
+{
+	int64_t world = vps_layout_world(l);
+	if (r->all) {
+		int64_t *every = realloc(r->list, (size_t)world * sizeof(*every));
+		if (!every)
+			return tool_error(EXIT_USAGE, "out of memory for %" PRId64 " ranks", world);
+		for (int64_t i = 0; i < world; i++)
+			every[i] = i;
+		r->list = every;
+		r->n = r->cap = (size_t)world;
+	}
+	for (size_t i = 0; i < r->n; i++)
+		if (r->list[i] >= world)
+			return tool_error(EXIT_USAGE, "--rank: %" PRId64 " is outside the world of %" PRId64 " ranks",
+					  r->list[i], world);
+	return 0;
+}
+
+/* Who holds the tensors the query names. */
+static int holders(const struct vps_layout *l, const struct vps_query *q, const struct tool_common *c)
+{
+	struct vps_bytes bytes = {0};
+	vps_result_t rc = vps_query_holders(l, q, c->format, &bytes);
+	if (!rc)
+		rc = vps_write_output(c->out, &bytes, false);
+	vps_bytes_release(&bytes);
+	return rc ? tool_fail(rc) : tool_finish(EXIT_OK);
+}
+
+/* The layout (of the ranks asked for), or its statistics. */
+static int write_layout(const struct vps_layout *l, const struct layout_args *a, const struct tool_common *c)
+{
+	struct vps_bytes bytes = {0};
+	struct vps_layout_stats s;
+	bool summary = !a->stats && tool_summary_wanted(c->quiet, c->out);
+	vps_result_t rc;
+	if ((a->stats || summary) && (rc = vps_layout_stats(l, &s)))
+		return tool_fail(rc);
+	if (a->stats) {
+		print_stats(l, &s, a->ranks.list, a->ranks.n, tool_human(c->human));
+		return tool_finish(EXIT_OK);
+	}
+	if (!(rc = vps_layout_serialize(l, a->ranks.list, a->ranks.n, c->yaml, &bytes)))
+		rc = vps_write_output(c->out, &bytes, !c->yaml);
+	vps_bytes_release(&bytes);
+	if (rc)
+		return tool_fail(rc);
+	int status = tool_finish(EXIT_OK);
+	if (summary && !status)
+		print_summary(l, &s, a->ranks.n);
+	return status;
+}
+
+int main(int argc, char **argv)
+{
+	struct layout_args a = {.gpus_per_node = 8};
+	struct tool_option options[] = {
+		TOOL_OPT_STRING(0, "model", &a.model),
+		TOOL_OPT_STRING(0, "parallel", &a.parallel),
+		TOOL_OPT_INT("gpus-per-node", &a.gpus_per_node, 1, INT64_MAX, "a positive integer"),
+		TOOL_OPT_INT("first-node", &a.first_node, 0, INT64_MAX, "a node number"),
+		TOOL_OPT_STRING(0, "devices", &a.devices),
+		TOOL_OPT_STRING('i', "input", &a.input),
+		TOOL_OPT_FUNC(0, "rank", &a.ranks, tool_rank_list),
+		TOOL_OPT_BOOL(0, "stats", &a.stats),
+		TOOL_OPT_STRING(0, "tensor", &a.q.tensor),
+		TOOL_OPT_FUNC(0, "state", &a.q.state, tool_state),
+		TOOL_OPT_FUNC(0, "box", &a.q, parse_box),
+		TOOL_OPT_END,
+	};
+	static const struct tool_rule rules[] = {
+		{"state box format", "tensor", NULL, "--state, --box and --format go with --tensor"},
+		{"tensor", NULL, "rank stats yaml", "--tensor is a query: --rank, --stats and --yaml do not apply (--format yaml)"},
+		{"input", NULL, "model parallel devices", "-i reads a layout: --model, --parallel and --devices do not apply"},
+		{0},
+	};
+	struct tool_cli cli = {.usage = usage,
+			       .shared = TOOL_OUTPUT | TOOL_YAML | TOOL_HUMAN | TOOL_QUIET | TOOL_FORMAT,
+			       .options = options,
+			       .rules = rules};
+	struct vps_layout *l = NULL;
+	vps_query_init(&a.q);
+	int status = tool_parse(&cli, argc, argv);
+	if (status == TOOL_PARSED)
+		status = tool_operands(&cli, 0, 0, "options only");
+	if (status != TOOL_PARSED)
+		goto done;
+	if ((status = make_layout(&a, &l)) || (status = check_ranks(&a.ranks, l)))
+		goto done;
+	status = a.q.tensor ? holders(l, &a.q, &cli.common) : write_layout(l, &a, &cli.common);
+done:
+	vps_layout_free(l);
+	tool_ranks_release(&a.ranks);
 	return status;
 }

@@ -1,5 +1,4 @@
 /* vps-plan: which bytes move from which device to which. */
-#include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -201,27 +200,31 @@ static void print_summary(const struct vps_plan *p, const struct vps_plan_stats 
 	fputc('\n', stderr);
 }
 
-static bool num(const char *flag, const char *s, int64_t *v)
-{
-	if (tool_parse_i64(s, v))
-		return true;
-	tool_usage_error("%s: '%s' is not a non-negative integer", flag, s);
-	return false;
-}
+/* What the command line asks for. */
+struct plan_args {
+	struct vps_plan_opts po;
+	struct vps_query q;
+	const char *topology, *transition, *svg, *lost;
+	int64_t threads;
+	bool stats, load, transfers, allow_loss;
+};
 
 /* --lost: ranks of A as a list (0,3,5-7), or the devices of a devices
- * document. 0, or the exit status of bad input. */
+ * document. 0, or the exit status of the error printed. */
 static int lost_ranks(const char *arg, const struct vps_layout *a, int64_t **ranks, size_t *n)
 {
-	size_t cap = 0;
-	bool all = false;
 	if (*arg && strspn(arg, "0123456789,-") == strlen(arg)) {
-		if (!tool_parse_ranks(arg, ranks, n, &cap, &all) || all)
+		struct tool_ranks r = {0};
+		if (!tool_parse_ranks(arg, &r)) {
+			tool_ranks_release(&r);
 			return tool_usage_error("--lost: '%s' is not a list of ranks (0,3,5-7)", arg);
+		}
+		*ranks = r.list;
+		*n = r.n;
 		return 0;
 	}
 	vps_result_t rc = vps_lost_devices(a, arg, ranks, n);
-	return rc ? tool_fail(rc) : 0;
+	return rc ? tool_fail_at("--lost", rc) : 0;
 }
 
 /* What no survivor holds, as records on standard output, and the refusal. */
@@ -256,232 +259,223 @@ static int query_file(const char *path, const struct vps_query *q, enum vps_form
 	return rc ? tool_fail(rc) : tool_finish(EXIT_OK);
 }
 
-int main(int argc, char **argv)
+/* --lost: plan from the survivors, or refuse what none of them holds.
+ * 0, or the exit status of the error or refusal printed. */
+static int plan_lost(struct plan_args *a, enum vps_format format, const struct vps_layout *la,
+		     const struct vps_layout *lb, int64_t **lost)
 {
-	static const struct option opts[] = {
-		{"rank", required_argument, NULL, 'r'},         {"stats", no_argument, NULL, 's'},
-		{"load", no_argument, NULL, 'L'},               {"topology", required_argument, NULL, 't'},
-		{"yaml", no_argument, NULL, 'y'},               {"output", required_argument, NULL, 'o'},
-		{"transition", required_argument, NULL, 'T'},   {"global-batch", required_argument, NULL, 'G'},
-		{"micro-batch", required_argument, NULL, 'M'},  {"micro-batch-before", required_argument, NULL, 'B'},
-		{"step", required_argument, NULL, 'S'},         {"consumed-samples", required_argument, NULL, 'C'},
-		{"scheduler-step", required_argument, NULL, 'l'}, {"help", no_argument, NULL, 'h'},
-		{"version", no_argument, NULL, 'V'},            {"threads", required_argument, NULL, 'j'},
-		{"transfers", no_argument, NULL, 'X'},          {"peer", required_argument, NULL, 'P'},
-		{"tensor", required_argument, NULL, 'N'},       {"state", required_argument, NULL, 'Q'},
-		{"stage", required_argument, NULL, 'g'},        {"format", required_argument, NULL, 'F'},
-		{"svg", required_argument, NULL, 'W'},          {"human", no_argument, NULL, 'H'},
-		{"quiet", no_argument, NULL, 'q'},              {"lost", required_argument, NULL, 'x'},
-		{"allow-loss", no_argument, NULL, 'A'},         {0, 0, 0, 0}};
-	const char *out = NULL, *topo_arg = NULL, *transition = NULL, *svg = NULL;
-	bool stats = false, load = false, yaml = false, human = false, quiet = false;
-	struct vps_plan_opts po = {.rank = -1};
-	bool have_step = false, have_consumed = false, have_sched = false;
-	int c, status = EXIT_USAGE;
-	struct vps_query q;
-	enum vps_format format = VPS_FORMAT_YAML;
-	bool transfers = false, query_flags = false, allow_loss = false, have_format = false;
-	const char *lost_arg = NULL;
-	vps_query_init(&q);
-	while ((c = getopt_long(argc, argv, "hHqo:", opts, NULL)) != -1) {
-		switch (c) {
-		case 'r':
-			if (!num("--rank", optarg, &po.rank))
-				return EXIT_USAGE;
-			break;
-		case 'j': {
-			int64_t n;
-			if (!num("--threads", optarg, &n))
-				return EXIT_USAGE;
-			if (n < 1 || n > VPS_PLAN_MAX_THREADS)
-				return tool_usage_error("--threads: %" PRId64 " is not from 1 to %d", n, VPS_PLAN_MAX_THREADS);
-			po.threads = (int)n;
-			break;
-		}
-		case 's': stats = true; break;
-		case 'L': load = true; break;
-		case 't': topo_arg = optarg; break;
-		case 'y': yaml = true; break;
-		case 'o': out = optarg; break;
-		case 'T': transition = optarg; break;
-		case 'W': svg = optarg; break;
-		case 'H': human = true; break;
-		case 'q': quiet = true; break;
-		case 'G':
-			if (!num("--global-batch", optarg, &po.train.global_batch))
-				return EXIT_USAGE;
-			break;
-		case 'M':
-			if (!num("--micro-batch", optarg, &po.train.micro_batch))
-				return EXIT_USAGE;
-			break;
-		case 'B':
-			if (!num("--micro-batch-before", optarg, &po.micro_batch_a))
-				return EXIT_USAGE;
-			break;
-		case 'S':
-			if (!num("--step", optarg, &po.train.step))
-				return EXIT_USAGE;
-			have_step = true;
-			break;
-		case 'C':
-			if (!num("--consumed-samples", optarg, &po.train.consumed_samples))
-				return EXIT_USAGE;
-			have_consumed = true;
-			break;
-		case 'l':
-			if (!num("--scheduler-step", optarg, &po.train.scheduler_step))
-				return EXIT_USAGE;
-			have_sched = true;
-			break;
-		case 'X': transfers = true; break;
-		case 'x': lost_arg = optarg; break;
-		case 'A': allow_loss = true; break;
-		case 'P':
-		case 'N':
-		case 'Q':
-		case 'g':
-		case 'F':
-			query_flags |= c != 'F';
-			have_format |= c == 'F';
-			if ((c == 'P' && !num("--peer", optarg, &q.peer)) || (c == 'g' && !num("--stage", optarg, &q.stage)))
-				return EXIT_USAGE;
-			if (c == 'Q' && vps_state_parse(optarg, &q.state))
-				return tool_usage_error("--state: %s (param, main_param, exp_avg, exp_avg_sq or grad)",
-							vps_last_error());
-			if (c == 'F' && vps_format_parse(optarg, &format))
-				return tool_fail(VPS_EINPUT);
-			if (c == 'N')
-				q.tensor = optarg;
-			break;
-		case 'h': fputs(usage, stdout); return tool_finish(EXIT_OK);
-		case 'V': printf("vps-plan %s\n", VPS_VERSION_STRING); return tool_finish(EXIT_OK);
-		default: fputs(usage, stderr); return EXIT_USAGE;
-		}
-	}
-	if ((query_flags || (have_format && !lost_arg)) && !transfers)
-		return tool_usage_error("--peer, --tensor, --state, --stage and --format go with --transfers");
-	if (allow_loss && !lost_arg)
-		return tool_usage_error("--allow-loss goes with --lost");
-	if (lost_arg && transfers && argc - optind == 1)
-		return tool_usage_error("--lost plans: it goes with two layouts or a transition, not a plan file");
-	if (transfers && (stats || yaml || svg))
-		return tool_usage_error("--transfers is a query: --stats, --yaml and --svg do not apply (--format yaml)");
-	q.rank = po.rank;
-	if (transfers && !transition && argc - optind == 1)
-		return query_file(argv[optind], &q, format, out);
-	if (transfers && po.rank < 0)
-		return tool_usage_error("--transfers needs --rank R with two layouts or a transition");
-	if (transition ? argc != optind : argc - optind != 2)
-		return tool_usage_error("expected two layouts or --transition NAME\n%s", usage);
-	if (load && !stats)
-		return tool_usage_error("--load goes with --stats");
-	if (svg && po.rank >= 0)
-		return tool_usage_error("--svg draws a global plan's traffic: it does not go with --rank");
-	if (svg && out && !strcmp(svg, out))
-		return tool_usage_error("--svg and -o name the same file '%s'", svg);
-	/* the plan is written unless only statistics or a picture are asked for */
-	bool write_plan = !stats && (!svg || out);
-	bool summary = !stats && tool_summary_wanted(quiet, write_plan ? out : svg);
-	if (have_step != have_consumed)
-		return tool_usage_error("--step and --consumed-samples go together (the data position is both)");
-	if (have_sched && !have_step)
-		return tool_usage_error("--scheduler-step needs --step and --consumed-samples");
-	po.train.known = have_step;
-	if (have_step && !have_sched)
-		po.train.scheduler_step = po.train.step;
-	if ((po.train.micro_batch || po.micro_batch_a) && !po.train.global_batch)
-		return tool_usage_error("--micro-batch and --micro-batch-before need --global-batch");
-	struct vps_layout *a = NULL, *b = NULL;
-	struct vps_plan *p = NULL;
-	struct vps_topology topo;
-	struct vps_transition tr = {0};
-	struct vps_bytes bytes = {0}, pic = {0};
-	struct vps_plan_stats s = {0};
-	int64_t *lost = NULL;
+	struct vps_lost l;
+	size_t n = 0;
+	int status = lost_ranks(a->lost, la, lost, &n);
 	vps_result_t rc;
-	if (topo_arg && (rc = vps_topology_load(&topo, topo_arg, tool_config_path("topologies"))))
-		goto fail;
-	if (transition) {
+	if (status)
+		return status;
+	if ((rc = vps_lost_compute(&l, la, *lost, n)))
+		return tool_fail_at("--lost", rc);
+	if ((rc = vps_lost_check_target(&l, la, lb)))
+		status = tool_fail_at("--lost", rc);
+	else if (l.nranges && !a->allow_loss)
+		status = refuse_lost(&l, la, format);
+	vps_lost_release(&l);
+	if (status)
+		return status;
+	a->po.lost = *lost;
+	a->po.nlost = n;
+	a->po.allow_loss = true;
+	return 0;
+}
+
+/* The two layouts: of the transition, or of the files named. */
+static vps_result_t load_layouts(const struct plan_args *a, char **operands, struct vps_transition *tr,
+				 struct vps_layout **la, struct vps_layout **lb)
+{
+	vps_result_t rc;
+	if (a->transition) {
 		char tp[4096], mp[4096], pp[4096];
 		snprintf(tp, sizeof(tp), "%s", tool_config_path("transitions"));
 		snprintf(mp, sizeof(mp), "%s", tool_config_path("models"));
 		snprintf(pp, sizeof(pp), "%s", tool_config_path("parallel"));
-		if ((rc = vps_transition_load(transition, tp, mp, pp, &tr, &a, &b)))
-			goto fail;
-	} else {
-		if ((rc = vps_layout_load(&a, argv[optind])))
-			goto fail;
-		if (!strcmp(argv[optind], "-") && !strcmp(argv[optind + 1], "-")) {
-			status = tool_usage_error("only one of the layouts can be standard input");
-			goto done;
-		}
-		if ((rc = vps_layout_load(&b, argv[optind + 1])))
-			goto fail;
+		return vps_transition_load(a->transition, tp, mp, pp, tr, la, lb);
 	}
-	if (lost_arg) {
-		struct vps_lost l;
-		size_t nlost = 0;
-		if ((status = lost_ranks(lost_arg, a, &lost, &nlost)))
-			goto done;
-		if ((rc = vps_lost_compute(&l, a, lost, nlost)))
-			goto fail;
-		if ((rc = vps_lost_check_target(&l, a, b))) {
-			vps_lost_release(&l);
-			goto fail;
-		}
-		if (l.nranges && !allow_loss) {
-			status = refuse_lost(&l, a, format);
-			vps_lost_release(&l);
-			goto done;
-		}
-		vps_lost_release(&l);
-		po.lost = lost;
-		po.nlost = nlost;
-		po.allow_loss = true;
-	}
-	/* the tool only hashes, writes or counts a global plan's pieces */
-	po.compact = true;
-	po.unhashed = !write_plan;
-	if ((rc = vps_plan_compute(&p, a, b, &po)))
-		goto fail;
-	a = b = NULL;
-	if (transfers) {
-		if ((rc = vps_query_transfers(p, &q, format, &bytes)) || (rc = vps_write_output(out, &bytes, false)))
-			goto fail;
-		status = tool_finish(EXIT_OK);
-		goto done;
-	}
+	if ((rc = vps_layout_load(la, operands[0])))
+		return rc;
+	return vps_layout_load(lb, operands[1]);
+}
+
+/* Whether the plan itself is written: unless only statistics or a picture are asked for. */
+static bool writes_plan(const struct plan_args *a, const struct tool_common *c)
+{
+	return !a->stats && (!a->svg || c->out);
+}
+
+/* The plan, its statistics, its picture and its summary line, as asked. */
+static int write_outputs(const struct vps_plan *p, const struct plan_args *a, const struct tool_common *c,
+			 const struct vps_topology *topo, const struct vps_transition *tr)
+{
+	bool plan = writes_plan(a, c);
+	bool summary = !a->stats && tool_summary_wanted(c->quiet, plan ? c->out : a->svg);
+	struct vps_bytes bytes = {0}, pic = {0};
+	struct vps_plan_stats s = {0};
+	vps_result_t rc = VPS_OK;
+	int status;
 	/* all computed before a file is written: bad input writes nothing */
-	if ((stats || summary) && po.rank < 0 && (rc = vps_plan_stats(p, topo_arg ? &topo : NULL, load, &s)))
-		goto fail;
-	if (svg && (rc = vps_plan_svg(p, tr.name[0] ? tr.name : NULL, &pic)))
-		goto fail;
-	if (write_plan && (rc = vps_plan_serialize(p, yaml, &bytes)))
-		goto fail;
-	if ((write_plan && (rc = vps_write_output(out, &bytes, !yaml))) || (svg && (rc = vps_write_output(svg, &pic, false))))
-		goto fail;
-	if (stats) {
-		if (po.rank >= 0)
-			print_rank_stats(p, po.rank, tool_human(human));
-		else
-			print_stats(p, &s, topo_arg ? &topo : NULL, &tr, tool_human(human));
-		status = tool_finish(EXIT_OK);
+	if ((a->stats || summary) && a->po.rank < 0)
+		rc = vps_plan_stats(p, topo, a->load, &s);
+	if (!rc && a->svg)
+		rc = vps_plan_svg(p, tr->name[0] ? tr->name : NULL, &pic);
+	if (!rc && plan)
+		rc = vps_plan_serialize(p, c->yaml, &bytes);
+	if (!rc && plan)
+		rc = vps_write_output(c->out, &bytes, !c->yaml);
+	if (!rc && a->svg)
+		rc = vps_write_output(a->svg, &pic, false);
+	if (!rc && a->stats && a->po.rank >= 0)
+		print_rank_stats(p, a->po.rank, tool_human(c->human));
+	else if (!rc && a->stats)
+		print_stats(p, &s, topo, tr, tool_human(c->human));
+	status = rc ? tool_fail(rc) : tool_finish(EXIT_OK);
+	if (summary && !status)
+		print_summary(p, &s, topo);
+	vps_plan_stats_release(&s);
+	vps_bytes_release(&bytes);
+	vps_bytes_release(&pic);
+	return status;
+}
+
+/* --transfers of the plan computed. */
+static int query_plan(const struct vps_plan *p, const struct vps_query *q, const struct tool_common *c)
+{
+	struct vps_bytes bytes = {0};
+	vps_result_t rc = vps_query_transfers(p, q, c->format, &bytes);
+	if (!rc)
+		rc = vps_write_output(c->out, &bytes, false);
+	vps_bytes_release(&bytes);
+	return rc ? tool_fail(rc) : tool_finish(EXIT_OK);
+}
+
+/* Plan A -> B and write what was asked for. */
+static int plan(struct plan_args *a, const struct tool_cli *cli)
+{
+	struct vps_layout *la = NULL, *lb = NULL;
+	struct vps_plan *p = NULL;
+	struct vps_topology topo;
+	struct vps_transition tr = {0};
+	int64_t *lost = NULL;
+	vps_result_t rc;
+	int status;
+	if (a->topology && (rc = vps_topology_load(&topo, a->topology, tool_config_path("topologies")))) {
+		status = tool_fail_lookup("--topology", rc);
 		goto done;
 	}
-	status = tool_finish(EXIT_OK);
-	if (summary && !status)
-		print_summary(p, &s, topo_arg ? &topo : NULL);
+	if ((rc = load_layouts(a, cli->operands, &tr, &la, &lb))) {
+		status = a->transition ? tool_fail_lookup("--transition", rc) : tool_fail(rc);
+		goto done;
+	}
+	if (a->lost && (status = plan_lost(a, cli->common.format, la, lb, &lost)))
+		goto done;
+	/* the tool only hashes, writes or counts a global plan's pieces */
+	a->po.compact = true;
+	a->po.unhashed = !writes_plan(a, &cli->common);
+	if ((rc = vps_plan_compute(&p, la, lb, &a->po)))
+		goto fail;
+	la = lb = NULL;
+	if (a->transfers)
+		status = query_plan(p, &a->q, &cli->common);
+	else
+		status = write_outputs(p, a, &cli->common, a->topology ? &topo : NULL, &tr);
 	goto done;
 fail:
 	status = tool_fail(rc);
 done:
 	free(lost);
-	vps_plan_stats_release(&s);
-	vps_bytes_release(&bytes);
-	vps_bytes_release(&pic);
 	vps_plan_free(p);
-	vps_layout_free(a);
-	vps_layout_free(b);
+	vps_layout_free(la);
+	vps_layout_free(lb);
 	return status;
+}
+
+/* The operands: two layouts, none with --transition, or a plan file to
+ * query. TOOL_PARSED when they fit the options. */
+static int check_operands(const struct plan_args *a, const struct tool_cli *cli)
+{
+	const char *out = cli->common.out;
+	size_t n = cli->noperands;
+	if (a->transfers && n == 1 && a->lost)
+		return tool_usage_error("--lost plans: it goes with two layouts or a transition, not a plan file");
+	if (a->transfers && n == 1 && !a->transition)
+		return TOOL_PARSED;
+	if (a->transfers && a->po.rank < 0)
+		return tool_usage_error("--transfers needs --rank R with two layouts or a transition");
+	int status = tool_operands(cli, a->transition ? 0 : 2, a->transition ? 0 : 2, "two layouts or --transition NAME");
+	if (status != TOOL_PARSED)
+		return status;
+	if (!a->transition && !strcmp(cli->operands[0], "-") && !strcmp(cli->operands[1], "-"))
+		return tool_usage_error("only one of the layouts can be standard input");
+	if (a->svg && out && !strcmp(a->svg, out))
+		return tool_usage_error("--svg and -o name the same file '%s'", a->svg);
+	return TOOL_PARSED;
+}
+
+#define STR_(x) #x
+#define STR(x) STR_(x)
+
+int main(int argc, char **argv)
+{
+	struct plan_args a = {.po.rank = -1};
+	struct tool_option options[] = {
+		TOOL_OPT_STRING(0, "transition", &a.transition),
+		TOOL_OPT_RANK("rank", &a.po.rank),
+		TOOL_OPT_INT("threads", &a.threads, 1, VPS_PLAN_MAX_THREADS, "from 1 to " STR(VPS_PLAN_MAX_THREADS)),
+		TOOL_OPT_BOOL(0, "stats", &a.stats),
+		TOOL_OPT_BOOL(0, "load", &a.load),
+		TOOL_OPT_STRING(0, "topology", &a.topology),
+		TOOL_OPT_STRING(0, "svg", &a.svg),
+		TOOL_OPT_COUNT("global-batch", &a.po.train.global_batch),
+		TOOL_OPT_COUNT("micro-batch", &a.po.train.micro_batch),
+		TOOL_OPT_COUNT("micro-batch-before", &a.po.micro_batch_a),
+		TOOL_OPT_COUNT("step", &a.po.train.step),
+		TOOL_OPT_COUNT("consumed-samples", &a.po.train.consumed_samples),
+		TOOL_OPT_COUNT("scheduler-step", &a.po.train.scheduler_step),
+		TOOL_OPT_STRING(0, "lost", &a.lost),
+		TOOL_OPT_BOOL(0, "allow-loss", &a.allow_loss),
+		TOOL_OPT_BOOL(0, "transfers", &a.transfers),
+		TOOL_OPT_RANK("peer", &a.q.peer),
+		TOOL_OPT_STRING(0, "tensor", &a.q.tensor),
+		TOOL_OPT_FUNC(0, "state", &a.q.state, tool_state),
+		TOOL_OPT_COUNT("stage", &a.q.stage),
+		TOOL_OPT_END,
+	};
+	static const struct tool_rule rules[] = {
+		{"peer tensor state stage", "transfers", NULL, "--peer, --tensor, --state, --stage and --format go with --transfers"},
+		{"format", "transfers lost", NULL, NULL},
+		{"allow-loss", "lost", NULL, NULL},
+		{"transfers", NULL, "stats yaml svg",
+		 "--transfers is a query: --stats, --yaml and --svg do not apply (--format yaml)"},
+		{"load", "stats", NULL, NULL},
+		{"svg", NULL, "rank", "--svg draws a global plan's traffic: it does not go with --rank"},
+		{"step", "consumed-samples", NULL, "--step and --consumed-samples go together (the data position is both)"},
+		{"consumed-samples", "step", NULL, "--step and --consumed-samples go together (the data position is both)"},
+		{"scheduler-step", "step", NULL, "--scheduler-step needs --step and --consumed-samples"},
+		{"micro-batch micro-batch-before", "global-batch", NULL,
+		 "--micro-batch and --micro-batch-before need --global-batch"},
+		{0},
+	};
+	struct tool_cli cli = {.usage = usage,
+			       .shared = TOOL_OUTPUT | TOOL_YAML | TOOL_HUMAN | TOOL_QUIET | TOOL_FORMAT,
+			       .options = options,
+			       .rules = rules};
+	vps_query_init(&a.q);
+	int status = tool_parse(&cli, argc, argv);
+	if (status == TOOL_PARSED)
+		status = check_operands(&a, &cli);
+	if (status != TOOL_PARSED)
+		return status;
+	a.q.rank = a.po.rank;
+	a.po.threads = (int)a.threads;
+	a.po.train.known = tool_given(&cli, "step");
+	if (a.po.train.known && !tool_given(&cli, "scheduler-step"))
+		a.po.train.scheduler_step = a.po.train.step;
+	if (a.transfers && !a.transition && cli.noperands == 1)
+		return query_file(cli.operands[0], &a.q, cli.common.format, cli.common.out);
+	return plan(&a, &cli);
 }

@@ -1,5 +1,5 @@
 /* vps-show: any vps document in YAML or binary; what a file is. */
-#include <getopt.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,10 +27,10 @@ static const char *display_name(const char *path) { return strcmp(path, "-") ? p
 
 /* "FILE: what" for each file; 2 at the end when one was not a vps document
  * (or could not be read), as file(1) goes on past a file it cannot open. */
-static int type_files(char **paths, int n)
+static int type_files(char **paths, size_t n)
 {
 	int status = EXIT_OK;
-	for (int i = 0; i < n; i++) {
+	for (size_t i = 0; i < n; i++) {
 		const char *name = display_name(paths[i]);
 		struct vps_bytes b;
 		struct vps_show_info info;
@@ -66,53 +66,46 @@ static int type_files(char **paths, int n)
 	return tool_finish(status);
 }
 
-int main(int argc, char **argv)
+/* The document in path, converted to the encoding asked for, to out. */
+static int convert(const char *path, enum vps_show_encoding to, const char *out)
 {
-	static const struct option opts[] = {{"yaml", no_argument, NULL, 'y'},
-					     {"binary", no_argument, NULL, 'b'},
-					     {"json", no_argument, NULL, 'j'},
-					     {"output", required_argument, NULL, 'o'},
-					     {"type", no_argument, NULL, 't'},
-					     {"help", no_argument, NULL, 'h'},
-					     {"version", no_argument, NULL, 'V'},
-					     {0, 0, 0, 0}};
-	enum vps_show_encoding to = VPS_SHOW_YAML;
-	bool type = false, chose = false;
-	const char *out = NULL;
-	int c;
-	while ((c = getopt_long(argc, argv, "ho:t", opts, NULL)) != -1) {
-		switch (c) {
-		case 'y': to = VPS_SHOW_YAML; chose = true; break;
-		case 'b': to = VPS_SHOW_BINARY; chose = true; break;
-		case 'j': to = VPS_SHOW_JSON; chose = true; break;
-		case 'o': out = optarg; break;
-		case 't': type = true; break;
-		case 'h': fputs(usage, stdout); return tool_finish(EXIT_OK);
-		case 'V': printf("vps-show %s\n", VPS_VERSION_STRING); return tool_finish(EXIT_OK);
-		default: fputs(usage, stderr); return EXIT_USAGE;
-		}
-	}
-	if (type) {
-		if (chose || out)
-			return tool_usage_error("-t prints one line per file: no --yaml, --json, --binary or -o with it\n%s", usage);
-		if (optind == argc)
-			return tool_usage_error("-t: expected one or more files\n%s", usage);
-		return type_files(argv + optind, argc - optind);
-	}
-	if (argc - optind != 1)
-		return tool_usage_error("expected one file (- for standard input)\n%s", usage);
-	const char *path = argv[optind];
-	struct vps_bytes in, doc;
+	struct vps_bytes in, doc = {0};
 	vps_result_t rc = vps_read_file(path, &in);
 	if (rc)
 		return tool_fail(rc);
 	rc = vps_show_convert(display_name(path), in.data, in.len, to, &doc);
 	vps_bytes_release(&in);
-	if (rc)
-		return tool_fail(rc);
-	rc = vps_write_output(out, &doc, to == VPS_SHOW_BINARY);
+	if (!rc)
+		rc = vps_write_output(out, &doc, to == VPS_SHOW_BINARY);
 	vps_bytes_release(&doc);
-	if (rc)
-		return tool_fail(rc);
-	return tool_finish(EXIT_OK);
+	return rc ? tool_fail(rc) : tool_finish(EXIT_OK);
+}
+
+int main(int argc, char **argv)
+{
+	bool binary = false, type = false;
+	struct tool_option options[] = {
+		TOOL_OPT_BOOL(0, "binary", &binary),
+		TOOL_OPT_BOOL('t', "type", &type),
+		TOOL_OPT_END,
+	};
+	static const struct tool_rule rules[] = {
+		{"type", NULL, "yaml json binary output", "-t prints one line per file: no --yaml, --json, --binary or -o with it"},
+		{"yaml", NULL, "json binary", NULL},
+		{"json", NULL, "binary", NULL},
+		{0},
+	};
+	struct tool_cli cli = {
+		.usage = usage, .shared = TOOL_OUTPUT | TOOL_YAML | TOOL_JSON, .options = options, .rules = rules};
+	int status = tool_parse(&cli, argc, argv);
+	if (status == TOOL_PARSED && type)
+		status = tool_operands(&cli, 1, SIZE_MAX, "one or more files");
+	else if (status == TOOL_PARSED)
+		status = tool_operands(&cli, 1, 1, "one file, or - for standard input");
+	if (status != TOOL_PARSED)
+		return status;
+	if (type)
+		return type_files(cli.operands, cli.noperands);
+	enum vps_show_encoding to = binary ? VPS_SHOW_BINARY : cli.common.json ? VPS_SHOW_JSON : VPS_SHOW_YAML;
+	return convert(cli.operands[0], to, cli.common.out);
 }

@@ -1,5 +1,4 @@
 /* vps-stage: turn a plan into the stages every rank executes. */
-#include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,71 +137,61 @@ static void print_summary(const struct vps_staged *s)
 			s->scope, st.units, bud, pk, mv, st.transfers);
 }
 
+/* --budgets: the smallest of its budgets and --budget rules. */
+static vps_result_t smallest_budget(const char *budgets, int64_t *budget)
+{
+	int64_t b;
+	vps_result_t rc = vps_budgets_load(budgets, &b);
+	if (!rc && (*budget < 0 || b < *budget))
+		*budget = b;
+	return rc;
+}
+
 int main(int argc, char **argv)
 {
-	static const struct option opts[] = {
-		{"budget", required_argument, NULL, 'b'}, {"budgets", required_argument, NULL, 'B'},
-		{"rank", required_argument, NULL, 'r'},   {"stats", no_argument, NULL, 's'},
-		{"yaml", no_argument, NULL, 'y'},         {"output", required_argument, NULL, 'o'},
-		{"help", no_argument, NULL, 'h'},         {"version", no_argument, NULL, 'V'},
-		{"human", no_argument, NULL, 'H'},        {"quiet", no_argument, NULL, 'q'},
-		{0, 0, 0, 0}};
-	const char *out = NULL, *budgets = NULL;
+	const char *budgets = NULL;
 	int64_t budget = -1, rank = -1;
-	bool stats = false, yaml = false, human = false, quiet = false;
-	int c;
-	vps_result_t rc;
-	while ((c = getopt_long(argc, argv, "hHqo:", opts, NULL)) != -1) {
-		switch (c) {
-		case 'b':
-			if (vps_parse_bytes(optarg, &budget))
-				return tool_usage_error("--budget: %s", vps_last_error());
-			break;
-		case 'B': budgets = optarg; break;
-		case 'r':
-			if (!tool_parse_i64(optarg, &rank))
-				return tool_usage_error("--rank: '%s' is not a rank", optarg);
-			break;
-		case 's': stats = true; break;
-		case 'y': yaml = true; break;
-		case 'H': human = true; break;
-		case 'q': quiet = true; break;
-		case 'o': out = optarg; break;
-		case 'h': fputs(usage, stdout); return tool_finish(EXIT_OK);
-		case 'V': printf("vps-stage %s\n", VPS_VERSION_STRING); return tool_finish(EXIT_OK);
-		default: fputs(usage, stderr); return EXIT_USAGE;
-		}
-	}
-	if (argc - optind != 1)
-		return tool_usage_error("expected one plan\n%s", usage);
-	if (budget < 0 && !budgets)
-		return tool_usage_error("--budget or --budgets is required");
-	if (budgets) {
-		int64_t b;
-		if ((rc = vps_budgets_load(budgets, &b)))
-			return tool_fail(rc);
-		budget = budget < 0 || b < budget ? b : budget;
-	}
+	bool stats = false;
+	struct tool_option options[] = {
+		TOOL_OPT_SIZE("budget", &budget),
+		TOOL_OPT_STRING(0, "budgets", &budgets),
+		TOOL_OPT_RANK("rank", &rank),
+		TOOL_OPT_BOOL(0, "stats", &stats),
+		TOOL_OPT_END,
+	};
+	static const struct tool_rule rules[] = {{NULL, "budget budgets", NULL, NULL}, {0}};
+	struct tool_cli cli = {.usage = usage,
+			       .shared = TOOL_OUTPUT | TOOL_YAML | TOOL_HUMAN | TOOL_QUIET,
+			       .options = options,
+			       .rules = rules};
+	struct tool_common *c = &cli.common;
 	struct vps_plan *p = NULL;
 	struct vps_staged *s = NULL;
 	struct vps_bytes bytes = {0};
-	int status;
-	const char *name = strcmp(argv[optind], "-") ? argv[optind] : "<stdin>";
+	vps_result_t rc;
+	int status = tool_parse(&cli, argc, argv);
+	if (status == TOOL_PARSED)
+		status = tool_operands(&cli, 1, 1, "one plan file, or - for standard input");
+	if (status != TOOL_PARSED)
+		return status;
+	const char *path = cli.operands[0], *name = strcmp(path, "-") ? path : "<stdin>";
+	if (budgets && (rc = smallest_budget(budgets, &budget)))
+		goto fail;
 	/* a global plan stays packed: staging reads its pieces once, in order */
-	if ((rc = vps_plan_load_as(&p, argv[optind], true)) || (rc = vps_plan_check_hash(p, name)))
+	if ((rc = vps_plan_load_as(&p, path, true)) || (rc = vps_plan_check_hash(p, name)))
 		goto fail;
 	if ((rc = vps_stage(&s, p, budget, rank)))
 		goto fail;
 	p = NULL;
 	if (stats) {
-		print_stats(s, tool_human(human));
+		print_stats(s, tool_human(c->human));
 		status = tool_finish(EXIT_OK);
 		goto done;
 	}
-	if ((rc = vps_staged_serialize(s, yaml, &bytes)) || (rc = vps_write_output(out, &bytes, !yaml)))
+	if ((rc = vps_staged_serialize(s, c->yaml, &bytes)) || (rc = vps_write_output(c->out, &bytes, !c->yaml)))
 		goto fail;
 	status = tool_finish(EXIT_OK);
-	if (!status && tool_summary_wanted(quiet, out))
+	if (!status && tool_summary_wanted(c->quiet, c->out))
 		print_summary(s);
 	goto done;
 fail:

@@ -1,12 +1,12 @@
 /* vps-trainer: the reference trainer, for tests and demos. */
-#include <getopt.h>
-#include <pthread.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <signal.h>
-#include <unistd.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common.h"
 #include "launcher.h"
@@ -22,7 +22,8 @@ static const char usage[] =
 	"                   STAGED...\n"
 	"       vps-trainer -h | --version\n"
 	"options:\n"
-	"  --registry NAME     registry to create (default vps-%r; %r world rank, %l local rank)\n"
+	"  --registry NAME     registry to create (default vps-%j-%r; %j the job (its staging), %r world\n"
+	"                      rank, %a source rank, %b target rank, %l local rank, %% a percent sign)\n"
 	"  --rank R            world rank (default: RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK)\n"
 	"  --local-rank L      rank on this node (default: LOCAL_RANK, SLURM_LOCALID, ...)\n"
 	"  --steps N           optimizer steps before the first switch (default 3)\n"
@@ -36,7 +37,7 @@ static const char usage[] =
 	"  -h, --help          this text\n"
 	"  --version           the version\n";
 
-static char registry_to_remove[128];
+static char registry_to_remove[VPS_REGISTRY_NAME_MAX + 1];
 static sigset_t termination;
 
 /* SIGTERM, SIGINT, SIGHUP: remove the registry and exit. A thread that
@@ -54,127 +55,103 @@ static void *reaper(void *unused)
 	_exit(128 + sig);
 }
 
-int main(int argc, char **argv)
+static void say(void *ctx, const char *message)
 {
-	static const struct option opts[] = {
-		{"registry", required_argument, NULL, 'R'},   {"rank", required_argument, NULL, 'r'},
-		{"local-rank", required_argument, NULL, 'l'},
-		{"steps", required_argument, NULL, 's'},      {"steps-after", required_argument, NULL, 'a'},
-		{"global-batch", required_argument, NULL, 'g'}, {"micro-batch", required_argument, NULL, 'b'},
-		{"samples", required_argument, NULL, 'L'},    {"timeout", required_argument, NULL, 't'},
-		{"cuda", no_argument, NULL, 'C'},             {"device", required_argument, NULL, 'D'},
-		{"help", no_argument, NULL, 'h'},             {"version", no_argument, NULL, 'V'},
-		{0, 0, 0, 0}};
-	struct launch l = {-1, -1, -1, "", 0, NULL};
-	struct vps_trainer_opts o = {0};
-	const char *pattern = "vps-%r";
-	int c;
-	o.steps_before = 3;
-	o.steps_after = 2;
-	o.micro_batch = 1;
-	o.timeout = 120;
-	o.device = -1;
-	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-		int64_t v;
-		switch (c) {
-		case 'R': pattern = optarg; break;
-		case 'r':
-			if (!tool_parse_i64(optarg, &l.rank))
-				return tool_usage_error("--rank: '%s' is not a rank", optarg);
-			break;
-		case 'l':
-			if (!tool_parse_i64(optarg, &l.local_rank))
-				return tool_usage_error("--local-rank: '%s' is not a rank", optarg);
-			break;
-		case 's':
-		case 'a':
-		case 'g':
-		case 'b':
-			if (!tool_parse_i64(optarg, &v))
-				return tool_usage_error("--%s: '%s' is not a non-negative integer",
-							c == 's' ? "steps" : c == 'a' ? "steps-after" : c == 'g' ? "global-batch"
-														   : "micro-batch",
-							optarg);
-			if (c == 's')
-				o.steps_before = v;
-			else if (c == 'a')
-				o.steps_after = v;
-			else if (c == 'g')
-				o.global_batch = v;
-			else
-				o.micro_batch = v;
-			break;
-		case 'L': o.samples_log = optarg; break;
-		case 'C': o.cuda = true; break;
-		case 'D':
-			if (!tool_parse_i64(optarg, &v) || v < 0 || v > 1023)
-				return tool_usage_error("--device: '%s' is not a GPU number", optarg);
-			o.device = (int)v;
-			break;
-		case 't': {
-			char *end;
-			o.timeout = strtod(optarg, &end);
-			if (*end || o.timeout <= 0)
-				return tool_usage_error("--timeout: '%s' is not a positive number of seconds", optarg);
-			break;
-		}
-		case 'h': fputs(usage, stdout); return tool_finish(EXIT_OK);
-		case 'V': printf("vps-trainer %s\n", VPS_VERSION_STRING); return tool_finish(EXIT_OK);
-		default: fputs(usage, stderr); return EXIT_USAGE;
-		}
-	}
-	size_t nplans = (size_t)(argc - optind);
-	if (!nplans)
-		return tool_usage_error("expected a staged plan\n%s", usage);
-	int st = launch_resolve(&l, false);
-	if (st)
-		return st;
-	o.rank = l.rank;
-	o.local_rank = l.local_rank;
-	char name[128];
-	size_t len = 0;
-	for (const char *p = pattern; *p && len + 24 < sizeof(name); p++) {
-		if (p[0] == '%' && (p[1] == 'r' || p[1] == 'l')) {
-			len += (size_t)snprintf(name + len, sizeof(name) - len, "%" PRId64, p[1] == 'r' ? l.rank : l.local_rank);
-			p++;
-		} else {
-			name[len++] = *p;
-		}
-	}
-	name[len] = '\0';
-	o.registry = name;
-	/* killed while it holds shared memory: remove it */
-	snprintf(registry_to_remove, sizeof(registry_to_remove), "%s", name);
+	fprintf(stderr, "vps-trainer: rank %" PRId64 ": %s\n", *(const int64_t *)ctx, message);
+}
+
+/* Killed while it holds shared memory: remove it. */
+static bool remove_when_killed(const char *registry)
+{
+	pthread_t thread;
+	snprintf(registry_to_remove, sizeof(registry_to_remove), "%s", registry);
 	sigemptyset(&termination);
 	sigaddset(&termination, SIGTERM);
 	sigaddset(&termination, SIGINT);
 	sigaddset(&termination, SIGHUP);
-	pthread_t reaper_thread;
-	if (pthread_sigmask(SIG_BLOCK, &termination, NULL) != 0 ||
-	    pthread_create(&reaper_thread, NULL, reaper, NULL) != 0)
-		return tool_usage_error("cannot start the signal thread");
-	pthread_detach(reaper_thread);
+	if (pthread_sigmask(SIG_BLOCK, &termination, NULL) != 0 || pthread_create(&thread, NULL, reaper, NULL) != 0)
+		return false;
+	pthread_detach(thread);
+	return true;
+}
+
+/* Train through the staged plans' switches; the verdict on standard output. */
+static int train(char **paths, size_t nplans, const char *pattern, const struct launch *l,
+		 struct vps_trainer_opts *o)
+{
 	struct vps_staged **plans = calloc(nplans, sizeof(*plans));
+	struct vps_trainer_result res;
+	char registry[VPS_REGISTRY_NAME_MAX + 1];
+	int status;
 	vps_result_t rc = plans ? VPS_OK : VPS_ENOMEM;
 	for (size_t i = 0; i < nplans && !rc; i++)
-		rc = vps_staged_load(&plans[i], argv[optind + (int)i]);
-	struct vps_trainer_result res;
+		rc = vps_staged_load(&plans[i], paths[i]);
+	/* the job's tag is its first plan's, as vps-exec computes it */
+	if (!rc) {
+		const struct vps_world *w = plans[0]->plan->world;
+		struct vps_registry_name_parts parts = {vps_staged_world_hash(plans[0]), l->rank,
+							vps_world_a_rank(w, l->rank), vps_world_b_rank(w, l->rank),
+							l->local_rank};
+		rc = vps_registry_expand(pattern, &parts, registry, sizeof(registry));
+	}
+	o->registry = registry;
+	if (!rc && !remove_when_killed(registry)) {
+		status = tool_error(EXIT_CHECK, "cannot start the signal thread");
+		goto done;
+	}
 	if (!rc)
-		rc = vps_trainer_run(plans, nplans, &o, &res);
-	int status;
+		rc = vps_trainer_run(plans, nplans, o, &res);
 	if (rc) {
-		fprintf(stderr, "vps-trainer: rank %" PRId64 ": %s\n", l.rank, *vps_last_error() ? vps_last_error() : vps_strerror(rc));
-		status = tool_status(rc);
+		char rank[32];
+		snprintf(rank, sizeof(rank), "rank %" PRId64, o->rank);
+		status = tool_fail_at(rank, rc);
 	} else {
 		bool ok = !res.wrong_elements && !res.dirty_padding && res.training_state_ok;
 		printf("vps-trainer: rank %" PRId64 ": %" PRId64 " switch%s, step %" PRId64 ", %" PRId64
 		       " samples; %" PRId64 " wrong elements, %" PRId64 " dirty padding, training state %s: %s\n",
-		       l.rank, res.switches, res.switches == 1 ? "" : "es", res.step, res.consumed_samples, res.wrong_elements, res.dirty_padding,
-		       res.training_state_ok ? "carried" : "LOST", ok ? "ok" : "FAILED");
+		       o->rank, res.switches, res.switches == 1 ? "" : "es", res.step, res.consumed_samples,
+		       res.wrong_elements, res.dirty_padding, res.training_state_ok ? "carried" : "LOST", ok ? "ok" : "FAILED");
 		status = tool_finish(ok ? EXIT_OK : EXIT_CHECK);
 	}
+done:
 	for (size_t i = 0; plans && i < nplans; i++)
 		vps_staged_free(plans[i]);
 	free(plans);
 	return status;
+}
+
+int main(int argc, char **argv)
+{
+	struct launch l = {-1, -1, -1, "", 0, NULL};
+	struct vps_trainer_opts o = {.steps_before = 3, .steps_after = 2, .micro_batch = 1, .timeout = 120, .device = -1};
+	const char *pattern = VPS_REGISTRY_DEFAULT;
+	struct tool_option options[] = {
+		TOOL_OPT_STRING(0, "registry", &pattern),
+		TOOL_OPT_RANK("rank", &l.rank),
+		TOOL_OPT_RANK("local-rank", &l.local_rank),
+		TOOL_OPT_COUNT("steps", &o.steps_before),
+		TOOL_OPT_COUNT("steps-after", &o.steps_after),
+		TOOL_OPT_COUNT("global-batch", &o.global_batch),
+		TOOL_OPT_COUNT("micro-batch", &o.micro_batch),
+		TOOL_OPT_STRING(0, "samples", &o.samples_log),
+		TOOL_OPT_SECONDS("timeout", &o.timeout),
+		TOOL_OPT_BOOL(0, "cuda", &o.cuda),
+		TOOL_OPT_FUNC(0, "device", &o.device, tool_device),
+		TOOL_OPT_END,
+	};
+	static const struct tool_rule rules[] = {{"device", "cuda", NULL, NULL}, {0}};
+	struct tool_cli cli = {.usage = usage, .options = options, .rules = rules};
+	int status = tool_parse(&cli, argc, argv);
+	if (status == TOOL_PARSED)
+		status = tool_operands(&cli, 1, SIZE_MAX, "a staged plan");
+	if (status != TOOL_PARSED)
+		return status;
+	if (!launch_resolve(&l, false))
+		return EXIT_USAGE;
+	o.rank = l.rank;
+	o.local_rank = l.local_rank;
+	o.notice = say;
+	o.notice_ctx = &l.rank;
+	o.plan_names = (const char *const *)cli.operands;
+	return train(cli.operands, cli.noperands, pattern, &l, &o);
 }

@@ -1,5 +1,5 @@
 /* vps-verify: check layouts, plans and staged plans. */
-#include <getopt.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,8 +101,8 @@ static int verify_one(const char *path, bool quiet)
 	default:
 		vps_bytes_release(&b);
 		if (kind)
-			return tool_usage_error("%s: cannot verify a %s document", name, vps_doc_kind_name(kind));
-		return tool_usage_error("%s: not a vps layout, plan or staged plan", name);
+			return tool_error(EXIT_USAGE, "%s: cannot verify a %s document", name, vps_doc_kind_name(kind));
+		return tool_error(EXIT_USAGE, "%s: not a vps layout, plan or staged plan", name);
 	}
 	size_t len = b.len;
 	vps_bytes_release(&b);
@@ -117,26 +117,18 @@ static int verify_one(const char *path, bool quiet)
 
 int main(int argc, char **argv)
 {
-	static const struct option opts[] = {{"quiet", no_argument, NULL, 'q'},
-					     {"help", no_argument, NULL, 'h'},
-					     {"version", no_argument, NULL, 'V'},
-					     {0, 0, 0, 0}};
-	bool quiet = false;
-	int c, status = EXIT_OK;
-	while ((c = getopt_long(argc, argv, "hq", opts, NULL)) != -1) {
-		switch (c) {
-		case 'q': quiet = true; break;
-		case 'h': fputs(usage, stdout); return tool_finish(EXIT_OK);
-		case 'V': printf("vps-verify %s\n", VPS_VERSION_STRING); return tool_finish(EXIT_OK);
-		default: fputs(usage, stderr); return EXIT_USAGE;
-		}
-	}
-	if (optind == argc)
-		return tool_usage_error("expected one or more files\n%s", usage);
+	struct tool_option options[] = {TOOL_OPT_END};
+	struct tool_cli cli = {.usage = usage, .shared = TOOL_QUIET, .options = options};
+	int status = tool_parse(&cli, argc, argv);
+	if (status == TOOL_PARSED)
+		status = tool_operands(&cli, 1, SIZE_MAX, "one or more files");
+	if (status != TOOL_PARSED)
+		return status;
 	/* like gzip -t: every file checked, the exit status the worst (2, bad
 	 * input, over 1, a violation); each line on time, in file order */
-	for (int i = optind; i < argc; i++) {
-		int s = verify_one(argv[i], quiet);
+	status = EXIT_OK;
+	for (size_t i = 0; i < cli.noperands; i++) {
+		int s = verify_one(cli.operands[i], cli.common.quiet);
 		fflush(stdout);
 		if (s > status)
 			status = s;

@@ -24,6 +24,7 @@ missing in one line."""
 import argparse
 import importlib.util
 import os
+import random
 import re
 import shutil
 import signal
@@ -91,8 +92,9 @@ def check_room(layouts, nproc, switches):
 
     def total(lay):
         return sum(b.elements * (2 if b.dtype == 0 else 4) for r in range(lay.world) for b in lay.rank(r).buffers)
-    sizes = [total(lay) for lay in layouts]
-    need = max(sizes[k % len(sizes)] + sizes[(k + 1) % len(sizes)] for k in range(switches)) if switches else sizes[0]
+    sizes = [total(lay) for lay in layouts] or [0]
+    need = max(sizes[k % len(sizes)] + sizes[(k + 1) % len(sizes)] for k in range(switches)) \
+        if switches and layouts else sizes[0]
     need += nproc * (1 << 20)  # each rank's registry, under 1 MiB
     st = os.statvfs("/dev/shm")
     free = st.f_bavail * st.f_frsize
@@ -127,9 +129,25 @@ def size(n):
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for a rendezvous on this machine that nobody listens on, below
+    the kernel's ephemeral range: a port the kernel hands out (bind to 0)
+    is handed out again to the next outgoing connection, and on a busy
+    machine one took it before rank 0 listened (EADDRINUSE), as
+    scripts/free-port.sh explains."""
+    try:
+        high = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        high = 32768
+    rng = random.SystemRandom()
+    for _ in range(100):
+        port = rng.randrange(10000, high)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    sys.exit("launch.py: no free port found below %d" % high)
 
 
 def run(cmd, **kw):
@@ -197,11 +215,19 @@ def run_job(args, targs, d, vps):
             if rc:
                 failed.append("%s exited with status %d" % (name, rc))
         if failed and procs:
-            # one rank gone takes the job with it: stop the rest rather than hang
+            # one rank gone takes the job with it: stop the rest rather than
+            # hang. A rank blocked inside torch (a rendezvous retrying for
+            # half an hour) runs no Python signal handler: kill what is left
+            # after a grace period.
             for _, p in procs:
                 p.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 10
             for _, p in procs:
-                p.wait()
+                try:
+                    p.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
             procs = []
         time.sleep(0.05)
     # a rank killed before its registry closed leaves it: remove what is stale
@@ -234,19 +260,24 @@ def count(path, text):
         return 0
 
 
-def compare_static(targs, loss, static):
-    """Every step's loss within MAX_REL of the static run's (its loss.txt)."""
-    ref = read_loss(static)
+def within(loss, ref, steps):
+    """The largest relative deviation of loss from ref, its step, and
+    whether every step is there and within MAX_REL."""
     dev = {s: abs(loss[s] - ref[s]) / abs(ref[s]) if ref[s] else abs(loss[s]) for s in ref if s in loss}
     worst = max(dev, key=dev.get)
-    within = len(dev) == len(ref) == targs.steps and dev[worst] <= MAX_REL
+    return dev[worst], worst, len(dev) == len(ref) == steps and dev[worst] <= MAX_REL
+
+
+def compare_static(targs, loss, static):
+    """Every step's loss within MAX_REL of the static run's (its loss.txt)."""
+    dev, worst, held = within(loss, read_loss(static), targs.steps)
     print("launch.py: against the static run in %s (--compare-static): largest relative deviation %.3g "
-          "(step %d), %s" % (targs.configs[0], dev[worst], worst,
-                              "within %g at every step" % MAX_REL if within else "OVER %g" % MAX_REL))
-    return within
+          "(step %d), %s" % (targs.configs[0], dev, worst,
+                              "within %g at every step" % MAX_REL if held else "OVER %g" % MAX_REL))
+    return held
 
 
-def report(args, targs, d, switches, static):
+def report(args, targs, d, switches, static, cpu=None):
     """What the run proved, a line each; returns whether every check held."""
     ok = True
     log0 = os.path.join(d, "train.0.log")
@@ -273,6 +304,11 @@ def report(args, targs, d, switches, static):
     first, last = min(loss), max(loss)
     print("launch.py: loss %.4g at step %d, %.4g at step %d (%s)" % (loss[first], first, loss[last], last,
                                                                    targs.loss_log))
+    if cpu:
+        dev, worst, held = within(loss, read_loss(cpu), targs.steps)
+        print("launch.py: against the same run on the CPU (--compare-cpu): largest relative deviation %.3g "
+              "(step %d), %s" % (dev, worst, "within %g at every step" % MAX_REL if held else "OVER %g" % MAX_REL))
+        ok &= held
     if static:
         ok &= compare_static(targs, loss, static)
     elif switches:
@@ -681,6 +717,9 @@ def main():
     job.add_argument("--compare-static", action="store_true",
                      help="also run statically in the first configuration, on the same data, and require every "
                           "step's loss within %g of it" % MAX_REL)
+    job.add_argument("--compare-cpu", action="store_true",
+                     help="with --device cuda: also run the same job, switches included, on the CPU (over tcp) and "
+                          "require every step's loss within %g of it" % MAX_REL)
     options.add_training(a.add_argument_group("training (each rank's train.py)"))
     targs = options.finish(a, a.parse_args())
     args = targs
@@ -705,8 +744,20 @@ def main():
     if args.control and len(layouts) > 1:
         a.error("--control: the job switches to the configurations FILE asks for; --configs gives the first only")
     every = targs.switch_every
-    check_room(layouts, max([args.nproc] + [lay.world for lay in layouts]),
-               (targs.steps - 1) // every if every and len(layouts) > 1 else 0)
+    switches = (targs.steps - 1) // every if every and len(layouts) > 1 else 0
+    if targs.device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            refuse("--device cuda: no GPU (torch.cuda.is_available() is false under %s)" % sys.executable)
+        if (switches or elastic) and args.transport not in ("ipc", "nccl", "auto"):
+            refuse("--device cuda: vps-exec moves GPU memory over ipc, nccl or auto, not %s (--transport ipc)"
+                   % args.transport)
+        if elastic and args.compare_cpu:
+            a.error("--compare-cpu: a job whose world changes is not rerun on the CPU")
+    elif args.compare_cpu:
+        a.error("--compare-cpu compares a --device cuda run with the CPU's")
+    # the state of a GPU run is not in /dev/shm (only its registries are)
+    check_room(layouts if targs.device == "cpu" else [], max([args.nproc] + [lay.world for lay in layouts]), switches)
     if args.dir:
         d = args.dir
     else:
@@ -714,12 +765,18 @@ def main():
         print("launch.py: files in %s" % d, flush=True)
     if not targs.loss_log:
         targs.loss_log = os.path.join(d, "loss.txt")
+    static = cpu = None
     if elastic:
         job = Elastic(args, targs, d, vps)
         failed = list(job.run())
     else:
         failed, switches = run_job(args, targs, d, vps)
-    static = None
+    if not failed and args.compare_cpu:
+        cd = os.path.join(d, "cpu")
+        cpu = os.path.join(cd, "loss.txt")
+        failed, _ = run_job(argparse.Namespace(**dict(vars(args), transport="tcp")),
+                            argparse.Namespace(**dict(vars(targs), device="cpu", save_master=None, loss_log=cpu)), cd, vps)
+        failed = ["the CPU run: " + f for f in failed]
     if not failed and args.compare_static:
         sd = os.path.join(d, "static")
         static = os.path.join(sd, "loss.txt")
@@ -741,7 +798,7 @@ def main():
         for f in failed:
             print("launch.py: " + f, file=sys.stderr)
         sys.exit(1)
-    if not report(args, targs, d, switches, static):
+    if not report(args, targs, d, switches, static, cpu):
         sys.exit(1)
 
 

@@ -15,8 +15,9 @@ tensor-parallel size to another."""
 import math
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
+
+import comm
 
 
 class _CopyToTP(torch.autograd.Function):
@@ -31,7 +32,7 @@ class _CopyToTP(torch.autograd.Function):
     def backward(ctx, g):
         if ctx.group is not None:
             g = g.clone()
-            dist.all_reduce(g, group=ctx.group)
+            comm.all_reduce(g, group=ctx.group)
         return g, None
 
 
@@ -42,7 +43,7 @@ class _ReduceFromTP(torch.autograd.Function):
     def forward(ctx, x, group):
         if group is not None:
             x = x.clone()
-            dist.all_reduce(x, group=group)
+            comm.all_reduce(x, group=group)
         return x
 
     @staticmethod
@@ -60,7 +61,7 @@ class _GatherFromTP(torch.autograd.Function):
         if group is None:
             return x
         parts = [torch.empty_like(x) for _ in range(size)]
-        dist.all_gather(parts, x.contiguous(), group=group)
+        comm.all_gather(parts, x.contiguous(), group=group)
         return torch.cat(parts, dim=-1)
 
     @staticmethod
@@ -76,8 +77,8 @@ def rms_norm(x, w, eps=1e-5):
 def rope(x, base=10000.0):
     """Megatron-Core's rotary embedding (non-interleaved) of [b, s, heads, d]."""
     s, d = x.shape[1], x.shape[-1]
-    inv = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
-    ang = torch.outer(torch.arange(s, dtype=torch.float32), inv)
+    inv = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d))
+    ang = torch.outer(torch.arange(s, dtype=torch.float32, device=x.device), inv)
     ang = torch.cat([ang, ang], dim=-1)[None, :, None, :]
     x1, x2 = x[..., :d // 2], x[..., d // 2:]
     return x * ang.cos() + torch.cat([-x2, x1], dim=-1) * ang.sin()
@@ -137,7 +138,7 @@ class Stage:
         k, v = k.repeat_interleave(per, dim=2), v.repeat_interleave(per, dim=2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         scores = q @ k.transpose(-1, -2) / math.sqrt(m.head_dim)
-        causal = torch.ones(s, s, dtype=torch.bool).triu(1)
+        causal = torch.ones(s, s, dtype=torch.bool, device=x.device).triu(1)
         a = torch.softmax(scores.masked_fill(causal, float("-inf")), dim=-1) @ v
         a = a.transpose(1, 2).reshape(b, s, groups * per * m.head_dim)
         x = x + _ReduceFromTP.apply(a @ w[pre + "self_attention.linear_proj.weight"].t(), self.g.tp)

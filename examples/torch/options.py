@@ -28,6 +28,10 @@ def add_training(a):
                                         "every micro-batch it reads, %%r its process")
     a.add_argument("--switch-log", help="rank 0 writes a line per switch here: what moved, the time the new world "
                                         "took to build while the job trained, the pause")
+    a.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the state and the compute live: cpu (default; the state in /dev/shm) or cuda (GPU "
+                        "memory from PyTorch's allocator, registered by device pointer; every rank on the GPU of "
+                        "its local rank modulo the GPUs, communication through the host over gloo)")
 
 
 # every training option, with its argparse destination and whether it is a flag
@@ -37,7 +41,8 @@ OPTIONS = [("--model", "model", False), ("--configs", "configs", False), ("--gpu
            ("--lr", "lr", False), ("--warmup", "warmup", False), ("--seed", "seed", False),
            ("--registry", "registry", False), ("--timeout", "timeout", False), ("--loss-log", "loss_log", False),
            ("--check-switch", "check_switch", True), ("--save-master", "save_master", False),
-           ("--sample-log", "sample_log", False), ("--switch-log", "switch_log", False)]
+           ("--sample-log", "sample_log", False), ("--switch-log", "switch_log", False),
+           ("--device", "device", False)]
 
 
 def finish(a, args):

@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+import comm  # noqa: E402
 import options  # noqa: E402
 import vps  # noqa: E402
 import vps.elastic  # noqa: E402
@@ -108,14 +109,15 @@ class Adam:
 
     def __init__(self, state, groups, plan=None):
         self.state, self.groups = state, groups
-        self.sets, grad_of = plan or Adam.plan(state.layout, state.rank, groups.dp_ranks)
-        self.sets = [dict(s, grad=torch.zeros(s["elements"], dtype=torch.float32)) for s in self.sets]
+        self.sets, grad_of = plan or Adam.plan(state.layout, state.rank, groups.dp_ranks, state.device)
+        self.sets = [dict(s, grad=torch.zeros(s["elements"], dtype=torch.float32, device=state.device))
+                     for s in self.sets]
         # each parameter's fp32 gradient buffer (that of its chunk's param buffer)
         grads = {s["param"]: s["grad"] for s in self.sets}
         self.grad_of = [grads[b] for b in grad_of]
 
     @staticmethod
-    def plan(lay, rank, dp_ranks):
+    def plan(lay, rank, dp_ranks, dev):
         """Where each element of the rank's shard is, in its buffers and its
         data-parallel peers': from the layout alone, so made before a switch
         while the job trains."""
@@ -126,19 +128,19 @@ class Adam:
             if b.state != vps.PARAM:
                 continue
             ids = [v.buffer(s, b.chunk, b.expert) for s in (vps.MAIN_PARAM, vps.EXP_AVG, vps.EXP_AVG_SQ)]
-            m_pos, p_pos = vps.correspondence(v, ids[0], v, b.id)
+            m_pos, p_pos = vps.correspondence(v, ids[0], v, b.id, dev)
             for other in ids[1:]:
-                o_pos, o_p = vps.correspondence(v, other, v, b.id)
+                o_pos, o_p = vps.correspondence(v, other, v, b.id, dev)
                 if not (torch.equal(o_pos, m_pos) and torch.equal(o_p, p_pos)):
                     raise SystemExit("train.py: the moments are not laid out as the main params")
-            decay = torch.zeros(b.elements, dtype=torch.bool)
+            decay = torch.zeros(b.elements, dtype=torch.bool, device=dev)
             for p in v.params:
                 if p.chunk == b.chunk and p.expert == b.expert and len(p.shape) == 2:
                     decay[p.offset:p.offset + p.elements] = True
             gather = []
             for r, pv in peers.items():
                 pm = pv.buffer(vps.MAIN_PARAM, b.chunk, b.expert)
-                their, mine = vps.correspondence(pv, pm, v, b.id)
+                their, mine = vps.correspondence(pv, pm, v, b.id, dev)
                 gather.append((dp_ranks.index(r), their, mine))
             sets.append(dict(param=b.id, ids=ids, m_pos=m_pos, p_pos=p_pos, decay=decay[p_pos], gather=gather,
                              elements=b.elements))
@@ -152,7 +154,7 @@ class Adam:
             self.grad_of[p.index][p.offset:p.offset + p.elements] = g.reshape(-1)
         for s in self.sets:
             if self.groups.dp is not None:
-                dist.all_reduce(s["grad"], group=self.groups.dp)
+                comm.all_reduce(s["grad"], group=self.groups.dp)
             main, m1, m2 = (bufs[i] for i in s["ids"])
             pos, g = s["m_pos"], s["grad"][s["p_pos"]]
             p = main[pos] * torch.where(s["decay"], 1 - lr * self.WD, 1.0)
@@ -166,7 +168,7 @@ class Adam:
             if s["gather"]:
                 # ZeRO-1: every data-parallel rank updated its shard; gather the rest
                 parts = [torch.empty_like(main) for _ in self.groups.dp_ranks]
-                dist.all_gather(parts, main, group=self.groups.dp)
+                comm.all_gather(parts, main, group=self.groups.dp)
                 for i, their, mine in s["gather"]:
                     param[mine] = parts[i][their].to(torch.bfloat16)
 
@@ -208,31 +210,31 @@ def train_step(stage, opt, groups, corpus, tr, args, lr, samples):
     held, loss_sum = [], 0.0
     for m in range(accum):
         first = tr.consumed_samples + m * mb * dp + groups.dp_rank * mb
-        data = corpus.batch(range(first, first + mb))
+        data = corpus.batch(range(first, first + mb)).to(args.device)
         if samples and stage.first and stage.c.tp == 0:
             samples.write("%d %d %d\n" % (tr.step + 1, first, mb))
         if stage.first:
             x = data[:, :-1]
         else:
-            x = torch.empty(mb, seq, stage.m.hidden)
-            dist.irecv(x, group=groups.pp, group_src=groups.prev).wait()
+            x = torch.empty(mb, seq, stage.m.hidden, device=args.device)
+            comm.recv(x, groups.prev, groups.pp)
             x.requires_grad_()
         y = stage.forward(x)
         if stage.last:
             y = F.cross_entropy(y.reshape(-1, y.shape[-1]), data[:, 1:].reshape(-1), reduction="sum")
             loss_sum += y.item()
         else:
-            dist.send(y.detach().contiguous(), group=groups.pp, group_dst=groups.next)
+            comm.send(y.detach().contiguous(), groups.next, groups.pp)
         held.append((x, y))
     for x, y in reversed(held):
         if stage.last:
             (y / (gb * seq)).backward()
         else:
             g = torch.empty_like(y)
-            dist.irecv(g, group=groups.pp, group_src=groups.next).wait()
+            comm.recv(g, groups.next, groups.pp)
             y.backward(g)
         if not stage.first:
-            dist.send(x.grad.contiguous(), group=groups.pp, group_dst=groups.prev)
+            comm.send(x.grad.contiguous(), groups.prev, groups.pp)
     opt.step(stage, lr, tr.step + 1)
     if samples:
         samples.flush()
@@ -353,7 +355,7 @@ class Run:
             self.rank = self.slot
             # vps: the registry through which vps-exec finds this rank's buffers
             self.reg = vps.Registry(name, lay, self.rank)
-            self.state = vps.State.allocate(self.reg, lay, self.rank)
+            self.state = vps.State.allocate(self.reg, lay, self.rank, device=self.args.device)
             init_state(self.state, self.model, args.seed)
             self.tr = vps.Training(global_batch=args.global_batch, micro_batch=args.micro_batch,
                                    dp=lay.parallel["dp"])
@@ -417,7 +419,7 @@ class Run:
         needs in the background: the new world, or the configuration's groups."""
         grows = sw.lay.world != self.size
         if self.slot < sw.lay.world:
-            sw.adam = Ahead(Adam.plan, sw.lay, self.slot, dp_ranks(sw.lay, self.slot))
+            sw.adam = Ahead(Adam.plan, sw.lay, self.slot, dp_ranks(sw.lay, self.slot), self.args.device)
         if self.slot == 0:
             self.job.ask(sw.k, {"config": sw.spec, "world": sw.lay.world, "from_config": self.spec,
                                 "from_world": self.size, "at": sw.at, "requests": self.requests})
@@ -587,7 +589,7 @@ class Run:
         except vps.Error as e:
             print("train.py: process %d does not join: %s" % (self.slot, e), flush=True)
             return False
-        adam = Adam.plan(sw.lay, self.slot, dp_ranks(sw.lay, self.slot))
+        adam = Adam.plan(sw.lay, self.slot, dp_ranks(sw.lay, self.slot), self.args.device)
         built = time.monotonic() - t0
         while not self.job.ready(k):
             time.sleep(vps.elastic.POLL)
@@ -597,7 +599,7 @@ class Run:
             self.fault.in_switch(k)
             try:
                 # vps: a joining device receives its whole state, and where training is
-                state, carried = vps.switch(self.reg, None, sw.lay, self.slot, None, args.timeout)
+                state, carried = vps.switch(self.reg, None, sw.lay, self.slot, None, args.timeout, device=args.device)
                 break
             except vps.Error as e:
                 verdict = self.job.verdict(k, attempt, args.timeout)
@@ -689,6 +691,9 @@ def main():
     # a launcher stops the job with SIGTERM: leave through the registry's close
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     torch.set_num_threads(1)
+    if args.device == "cuda":
+        # torchrun's rule, as vps-exec's default device: the local rank modulo the GPUs
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     run = Run(args)
     if args.join is None:
         run.start()

@@ -89,4 +89,12 @@ VPS_API bool vps_region_is_contiguous(const struct vps_region *r);
 /* Lowest and one-past-highest buffer offsets the region touches. */
 VPS_API void vps_region_extent(const struct vps_region *r, int64_t *first, int64_t *end);
 
+/* Union coverage of boxes inside target: writes up to max uncovered boxes to
+ * gaps, returns their number (0: fully covered). */
+VPS_API size_t vps_boxes_gaps(const struct vps_box *boxes, size_t n, const struct vps_box *target,
+			      struct vps_box *gaps, size_t max);
+
+/* Elements of target that no box covers (-1 when out of memory). */
+VPS_API int64_t vps_boxes_uncovered(const struct vps_box *boxes, size_t n, const struct vps_box *target);
+
 #endif

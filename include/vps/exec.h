@@ -18,7 +18,7 @@ enum vps_exec_transport {
 struct vps_exec_opts {
 	int transport;          /* enum vps_exec_transport */
 	int device;             /* GPU of GPU memory and NCCL; -1: local rank modulo the visible GPUs */
-	const char *registry;   /* name; %r world rank, %a A rank, %b B rank, %l local rank */
+	const char *registry;   /* name (vps_registry_expand); NULL: VPS_REGISTRY_DEFAULT */
 	int64_t rank;           /* world rank in the first plan */
 	int64_t local_rank;
 	const char *master_host;
@@ -38,6 +38,12 @@ struct vps_exec_opts {
 	/* progress callback after each stage (may be NULL) */
 	void (*progress)(void *ctx, int64_t stage, int64_t nstages, int64_t bytes, double seconds);
 	void *progress_ctx;
+	/* said once by a wait that has lasted a few seconds: what it waits for,
+	 * under which name (may be NULL) */
+	void (*notice)(void *ctx, const char *message);
+	void *notice_ctx;
+	/* the staged plans' files, named in messages (NULL: "staged plan N") */
+	const char *const *plan_names;
 };
 
 enum vps_exec_fault { VPS_FAULT_STALL = 0, VPS_FAULT_EXIT = 1, VPS_FAULT_KILL_TRAINER = 2 };
@@ -69,10 +75,22 @@ struct vps_exec_report {
 	int64_t bytes_sent, bytes_received, bytes_copied;
 	double setup_seconds;     /* open registry, bootstrap, connect, communicators: overlapped with training under --wait */
 	double attach_seconds;    /* of the pause: mapping buffers, opening IPC handles, peers' descriptors */
-	double agree_seconds;     /* of the pause: the rendezvous (training state, start, verdict) */
-	double waited_seconds;    /* waiting for the trainer's request */
-	double pause_seconds;     /* from the request claimed to destinations marked done */
+	double agree_seconds;     /* of the pause: the rendezvous (training state, start, verdict, digest sums) */
+	double waited_seconds;    /* waiting for the trainer's request (and every rank's) */
+	double pause_seconds;     /* from every rank's request claimed to destinations marked done */
 	double transfer_seconds;  /* of the pause: the stages */
+	double digest_seconds;    /* of the pause: this rank's digests, before and after (--check) */
+	/* wall clock (seconds since the epoch): this rank's request claimed,
+	 * every rank's request known here (the pause's start on this rank),
+	 * and its switch marked done; the pause of a synchronous job is from
+	 * the last rank's requested_at to each rank's done_at */
+	double requested_at, started_at, done_at;
+	/* after the pause, the trainer already on its way: letting go of the
+	 * switch's mappings (closing CUDA IPC handles is slow) */
+	double release_seconds;
+	/* objects mapped and CUDA IPC handles opened in the pause, this rank's
+	 * own and its peers': 0 when everything was opened while it waited */
+	uint64_t opened_in_pause;
 	/* this rank's host buffers: bytes mapped and read once before the
 	 * request (or kept from the switch before), and bytes whose first pass
 	 * fell in the pause's attach (slow on VMs: docs/exec.md) */

@@ -41,4 +41,47 @@ VPS_API bool vps_is_binary(const void *data, size_t len);
 /* Kind of a binary document, or of a YAML one (its `vps:` key); 0 if unknown. */
 VPS_API enum vps_doc_kind vps_doc_sniff(const void *data, size_t len);
 
+/* ---- records: a table written in a format ----
+ * YAML (a sequence, one flow mapping a line), TSV (a header line of the
+ * column names, then one line a record) or JSON lines (one object a line). */
+struct vps_box;
+enum vps_format { VPS_FORMAT_YAML = 0, VPS_FORMAT_TSV, VPS_FORMAT_JSON };
+/* "yaml", "tsv" or "json". @return VPS_EINPUT for anything else. */
+VPS_API vps_result_t vps_format_parse(const char *s, enum vps_format *f);
+
+enum vps_field_type {
+	VPS_FIELD_INT,  /* int64 */
+	VPS_FIELD_STR,  /* text; escaped as each format needs */
+	VPS_FIELD_BOX,  /* TSV: LO:HI,LO:HI; YAML and JSON: [[LO, HI], ...] */
+	VPS_FIELD_INTS, /* TSV: A,B; YAML and JSON: [A, B] */
+};
+struct vps_field {
+	const char *name;
+	enum vps_field_type type;
+};
+/* One value of a record; which member counts follows the field's type. */
+struct vps_value {
+	int64_t i;
+	const char *s;
+	const struct vps_box *box;
+	const int64_t *ints;
+	int nints;
+};
+
+struct vps_records {
+	struct vps_bytes *out;
+	enum vps_format format;
+	const struct vps_field *fields;
+	size_t nfields;
+	size_t n; /* records written */
+};
+/* Start a table in out (TSV: its header line). */
+VPS_API vps_result_t vps_records_begin(struct vps_records *r, struct vps_bytes *out, enum vps_format format,
+				       const struct vps_field *fields, size_t nfields);
+/* Append one record: v holds nfields values, in the fields' order. */
+VPS_API vps_result_t vps_records_put(struct vps_records *r, const struct vps_value *v);
+/* Finish the table (YAML: "[]" when it has no record, so that the output
+ * is an empty sequence, not an empty document). */
+VPS_API vps_result_t vps_records_end(struct vps_records *r);
+
 #endif

@@ -131,7 +131,8 @@ VPS_API vps_result_t vps_model_parse(struct vps_model *m, const char *name, cons
 
 /* Load a model by path (contains '/' or ends in .yaml/.yml/.json) or by name,
  * looked up as NAME.yaml in each directory of the colon-separated
- * search_path. */
+ * search_path. VPS_ENOTFOUND when no model has that name, or a directory
+ * named has no config.json. */
 VPS_API vps_result_t vps_model_load(struct vps_model *m, const char *spec, const char *search_path);
 
 /* Check the model's own consistency (positive sizes, heads divisible by

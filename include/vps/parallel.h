@@ -26,13 +26,15 @@ struct vps_parallel {
 /* Defaults: everything 1, zero 0, one bucket, no grads, sequential experts. */
 VPS_API void vps_parallel_init(struct vps_parallel *p);
 
-/* Parse "tp=4,pp=2,dp=2,zero=1" on top of *p. where names the flag. */
+/* Parse "tp=4,pp=2,dp=2,zero=1" on top of *p. where, when not NULL,
+ * prefixes messages (a file's line, or what the caller calls the value). */
 VPS_API vps_result_t vps_parallel_parse(struct vps_parallel *p, const char *spec, const char *where);
 
-/* Load --parallel: a spec string (contains '='), a file path, or a name
- * looked up as NAME.yaml in search_path (colon-separated directories). A
- * configuration file may name the model it was written for (`model:`);
- * that name is copied to model_hint ("" when none). */
+/* Load a parallel configuration: a spec string (contains '='), a file
+ * path, or a name looked up as NAME.yaml in search_path (colon-separated
+ * directories); VPS_ENOTFOUND when it is none of these. A configuration
+ * file may name the model it was written for (`model:`); that name is
+ * copied to model_hint ("" when none). */
 VPS_API vps_result_t vps_parallel_load(struct vps_parallel *p, const char *arg, const char *search_path,
 			       char *model_hint, size_t hint_len);
 

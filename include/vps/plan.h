@@ -168,6 +168,8 @@ struct vps_topology {
 	double latency;              /* seconds per message */
 	int64_t gpu_memory;          /* bytes */
 };
+/* A topology by path or by name (NAME.yaml in search_path); VPS_ENOTFOUND
+ * when no topology has that name. */
 VPS_API vps_result_t vps_topology_load(struct vps_topology *t, const char *arg, const char *search_path);
 
 struct vps_plan_stats {
@@ -228,7 +230,8 @@ struct vps_transition {
 };
 /* Build layouts A and B from a transition document: name (looked up in
  * trans_path) or path. Models and parallel configurations it names are
- * looked up in model_path and parallel_path. */
+ * looked up in model_path and parallel_path. VPS_ENOTFOUND when one of
+ * these names nothing. */
 VPS_API vps_result_t vps_transition_load(const char *arg, const char *trans_path, const char *model_path,
 				 const char *parallel_path, struct vps_transition *info, struct vps_layout **a,
 				 struct vps_layout **b);

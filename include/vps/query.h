@@ -9,55 +9,15 @@
  *     receives and retains in a plan or a staged plan, to and from whom,
  *     filtered by peer, tensor, state and (staged) stage.
  *
- * Records are written in one of three formats: YAML (a sequence, one flow
- * mapping a line), TSV (a header line of the column names, then one line a
- * record) or JSON lines (one object a line). The columns are listed below
- * and in vps-layout(1) and vps-plan(1). */
+ * Records (vps/io.h) are written in one of three formats: YAML (a
+ * sequence, one flow mapping a line), TSV (a header line of the column
+ * names, then one line a record) or JSON lines (one object a line). The
+ * columns are listed below and in vps-layout(1) and vps-plan(1). */
 #ifndef VPS_QUERY_H
 #define VPS_QUERY_H
 
 #include "vps/io.h"
 #include "vps/stage.h"
-
-enum vps_format { VPS_FORMAT_YAML = 0, VPS_FORMAT_TSV, VPS_FORMAT_JSON };
-/* "yaml", "tsv" or "json". @return VPS_EINPUT for anything else. */
-VPS_API vps_result_t vps_format_parse(const char *s, enum vps_format *f);
-
-/* ---- records: a table written in a format ---- */
-enum vps_field_type {
-	VPS_FIELD_INT,  /* int64 */
-	VPS_FIELD_STR,  /* text; escaped as each format needs */
-	VPS_FIELD_BOX,  /* TSV: LO:HI,LO:HI; YAML and JSON: [[LO, HI], ...] */
-	VPS_FIELD_INTS, /* TSV: A,B; YAML and JSON: [A, B] */
-};
-struct vps_field {
-	const char *name;
-	enum vps_field_type type;
-};
-/* One value of a record; which member counts follows the field's type. */
-struct vps_value {
-	int64_t i;
-	const char *s;
-	const struct vps_box *box;
-	const int64_t *ints;
-	int nints;
-};
-
-struct vps_records {
-	struct vps_bytes *out;
-	enum vps_format format;
-	const struct vps_field *fields;
-	size_t nfields;
-	size_t n; /* records written */
-};
-/* Start a table in out (TSV: its header line). */
-VPS_API vps_result_t vps_records_begin(struct vps_records *r, struct vps_bytes *out, enum vps_format format,
-			       const struct vps_field *fields, size_t nfields);
-/* Append one record: v holds nfields values, in the fields' order. */
-VPS_API vps_result_t vps_records_put(struct vps_records *r, const struct vps_value *v);
-/* Finish the table (YAML: "[]" when it has no record, so that the output
- * is an empty sequence, not an empty document). */
-VPS_API vps_result_t vps_records_end(struct vps_records *r);
 
 /* The columns of the two kinds of answer. */
 VPS_API extern const struct vps_field vps_holder_fields[];
@@ -84,9 +44,9 @@ struct vps_query {
 VPS_API void vps_query_init(struct vps_query *q);
 
 /* Holders of the (tensor, state) pairs the query names, as records of
- * vps_holder_fields. A name no tensor has, a glob no tensor matches, and a
- * box of another dimensionality than a matched tensor, or outside its
- * shape, are VPS_EINPUT. */
+ * vps_holder_fields. A name no tensor has and a glob no tensor matches are
+ * VPS_ENOTFOUND; a box of another dimensionality than a matched tensor, or
+ * outside its shape, is VPS_EINPUT. */
 VPS_API vps_result_t vps_query_holders(const struct vps_layout *l, const struct vps_query *q, enum vps_format f,
 			       struct vps_bytes *out);
 
@@ -98,7 +58,7 @@ VPS_API vps_result_t vps_query_transfers(const struct vps_plan *p, const struct 
 /* The same over a staged plan: one record per part of a piece that one
  * copy of one transfer carries (a piece cut across chunks comes in parts),
  * in the order the rank executes them, with the transfer's stage (-1 when
- * not cut yet) and chunk. VPS_EINPUT when a copy does not lie in the
+ * not cut yet) and chunk. VPS_EFORMAT when a copy does not lie in the
  * pieces it names (vps-verify(1) says more). */
 VPS_API vps_result_t vps_query_staged(const struct vps_staged *s, const struct vps_query *q, enum vps_format f,
 			      struct vps_bytes *out);

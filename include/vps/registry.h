@@ -10,7 +10,10 @@
  * block (idle -> requested -> running -> done | failed, with a sequence
  * number and the failure text) and the training scalars that travel with a
  * switch. The owner's pid and start time are recorded: a registry whose
- * owner is gone is stale and is refused, never silently reused.
+ * owner is gone is stale and is refused, never silently reused. One
+ * executor at a time holds a registry (its pid and start time too, taken
+ * by compare-and-swap when it opens it): another is refused while that one
+ * lives, and an executor writes only into a registry it holds.
  *
  * The API is small and uses only integers, strings and pointers so that a
  * Python trainer can call it through ctypes. */
@@ -19,8 +22,12 @@
 
 #include "vps/base.h"
 
-#define VPS_REGISTRY_VERSION 1
+#define VPS_REGISTRY_VERSION 2
 #define VPS_REGISTRY_NAME_MAX 64
+/* The registry name vps-trainer and vps-exec use unless told another: the
+ * job's tag keeps two jobs on one node apart, the rank the devices of one
+ * job (vps_registry_expand). */
+#define VPS_REGISTRY_DEFAULT "vps-%j-%r"
 
 enum vps_registry_state {
 	VPS_REG_IDLE = 0,
@@ -57,6 +64,22 @@ struct vps_registry_entry_info {
 
 struct vps_registry;
 
+/* What a registry name pattern may name. */
+struct vps_registry_name_parts {
+	uint64_t job;       /* %j: a tag of the job, 8 hex digits of its low 32 bits (vps-trainer and
+			     * vps-exec: vps_staged_world_hash of the first staged plan) */
+	int64_t rank;       /* %r: world rank */
+	int64_t a_rank;     /* %a: rank under the source layout (-1: joining) */
+	int64_t b_rank;     /* %b: rank under the target layout (-1: leaving) */
+	int64_t local_rank; /* %l: rank on the node */
+};
+/* Expand a registry name pattern into out (size bytes): %j, %r, %a, %b and
+ * %l as parts gives them, %% a percent sign.
+ * @return VPS_EINPUT for another %, or a name that is not 1 to
+ * VPS_REGISTRY_NAME_MAX characters without '/'. */
+VPS_API vps_result_t vps_registry_expand(const char *pattern, const struct vps_registry_name_parts *parts, char *out,
+					 size_t size);
+
 /* Create a registry for a trainer running rank `rank` of the layout with
  * hash layout_hash (rank -1 and hash 0 for a joining device that has no
  * source). An existing registry of that name is refused when its owner is
@@ -66,10 +89,15 @@ struct vps_registry;
  * @return VPS_EINPUT with the reason when the name is taken. */
 VPS_API vps_result_t vps_registry_create(struct vps_registry **out, const char *name, uint64_t layout_hash, int64_t rank,
 				 uint32_t max_entries, int replace_stale);
-/* Open an existing registry (the executor). Fails when it is not the
- * calling user's own, private object (as vps_registry_check_object).
+/* Open an existing registry (the executor) and hold it: one executor at a
+ * time. An executor that held it and is gone (killed, or a zombie) is
+ * replaced: a switch it was running is marked failed, and what it said
+ * when it stopped (vps_registry_abort) is forgotten. Closing the handle
+ * lets go. Fails when it is not the calling user's own, private object
+ * (as vps_registry_check_object).
  * @return VPS_ENOTFOUND when there is none yet (or its trainer is still
- * making it), VPS_ESTALE when its trainer is gone. */
+ * making it), VPS_ESTALE when its trainer is gone, VPS_EBUSY naming the
+ * live executor (its pid) that holds it. */
 VPS_API vps_result_t vps_registry_open(struct vps_registry **out, const char *name);
 /* Whether an open shared-memory object (fd, named name in messages) may hold
  * a job's state: a regular file owned by the calling process's effective
@@ -77,7 +105,8 @@ VPS_API vps_result_t vps_registry_open(struct vps_registry **out, const char *na
  * is checked. @return VPS_EINPUT naming /dev/shm/NAME, its owner or its
  * mode, and what is expected. */
 VPS_API vps_result_t vps_registry_check_object(int fd, const char *name);
-/* Unmap. The trainer's close also removes the object and its buffers. */
+/* Unmap. The trainer's close also removes the object and its buffers; an
+ * executor's lets go of the registry. */
 VPS_API void vps_registry_close(struct vps_registry *r);
 /* Remove a registry and the buffer objects NAME.N it made, by name: only a
  * vps registry of this user's whose trainer is gone or is the calling
@@ -142,7 +171,10 @@ VPS_API vps_result_t vps_registry_request(struct vps_registry *r, uint64_t *seq)
  * @return VPS_OK when done, VPS_EPEER with the executor's message when
  * failed, VPS_ETIMEOUT. */
 VPS_API vps_result_t vps_registry_wait(struct vps_registry *r, uint64_t seq, double timeout);
-/* Executor: wait for a request newer than after_seq; claim it (running). */
+/* Executor: wait for a request newer than after_seq; claim it (running).
+ * VPS_EBUSY when this handle no longer holds the registry. The claim,
+ * finish, abort, release and set_training of an executor's handle that
+ * does not hold its registry write nothing. */
 VPS_API vps_result_t vps_registry_claim(struct vps_registry *r, uint64_t after_seq, double timeout, uint64_t *seq);
 /* Executor: end the switch (ok: done; otherwise failed with message). */
 VPS_API void vps_registry_finish(struct vps_registry *r, uint64_t seq, int ok, const char *message);
@@ -150,6 +182,15 @@ VPS_API void vps_registry_finish(struct vps_registry *r, uint64_t seq, int ok, c
  * wait and next request return the message at once. */
 VPS_API void vps_registry_abort(struct vps_registry *r, const char *message);
 VPS_API int vps_registry_state(const struct vps_registry *r, uint64_t *seq);
+/* A state in words: idle, requested, running, done, failed ("unknown"
+ * for another number). */
+VPS_API const char *vps_registry_state_name(int state);
+/* What the switch waits for, in words, for a trainer's messages: its
+ * state, and whether an executor holds the registry ("requested; no
+ * executor has attached to it (...)"). */
+VPS_API void vps_registry_describe(const struct vps_registry *r, char *out, size_t size);
+/* The pid of the live executor that holds the registry, or 0. */
+VPS_API int vps_registry_executor_pid(const struct vps_registry *r);
 /* The trainer that made the registry still runs (the executor watches it:
  * a trainer gone mid-switch takes its state with it). */
 VPS_API bool vps_registry_owner_alive(const struct vps_registry *r);

@@ -27,6 +27,12 @@ struct vps_trainer_opts {
 	 * returns stays the caller's to free. */
 	void *(*cuda_alloc)(void *ctx, size_t bytes);
 	void *cuda_alloc_ctx;
+	/* said once by a wait for the executor that has lasted a few seconds:
+	 * what it waits for, under which name (may be NULL) */
+	void (*notice)(void *ctx, const char *message);
+	void *notice_ctx;
+	/* the staged plans' files, named in messages (NULL: "staged plan N") */
+	const char *const *plan_names;
 };
 
 struct vps_trainer_result {

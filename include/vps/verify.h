@@ -41,12 +41,4 @@ VPS_API vps_result_t vps_verify_staged(const struct vps_staged *s, struct vps_ve
 /* Append a violation message (printf-style) to the report. */
 VPS_API void vps_verify_add(struct vps_verify_report *rep, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Union coverage of boxes inside target: writes up to max uncovered boxes to
- * gaps, returns their number (0: fully covered). */
-VPS_API size_t vps_boxes_gaps(const struct vps_box *boxes, size_t n, const struct vps_box *target, struct vps_box *gaps,
-		      size_t max);
-
-/* Elements of target that no box covers (-1 when out of memory). */
-VPS_API int64_t vps_boxes_uncovered(const struct vps_box *boxes, size_t n, const struct vps_box *target);
-
 #endif

@@ -4,12 +4,15 @@
  * to reporting to it (one_switch). lib/exec/README.md, docs/exec.md. */
 #include <inttypes.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "io/doc.h"
+#include "exec/digest.h"
 #include "gpu/gpu.h"
+#include "util/hash.h"
 #include "util/internal.h"
 #include "exec/net/net.h"
 #include "exec/transport/transport.h"
@@ -24,90 +27,35 @@ static double now(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static vps_result_t registry_name(const char *pattern, const struct vps_plan *p, int64_t w, int64_t local, char *out,
-				  size_t n)
+/* After this many seconds a wait says, once, what it waits for. */
+#define NOTICE_AFTER 3.0
+
+static void notice(const struct vps_exec_opts *o, const char *fmt, ...)
 {
-	size_t len = 0;
-	for (const char *c = pattern; *c && len + 24 < n; c++) {
-		if (*c != '%' || !c[1]) {
-			out[len++] = *c;
-			continue;
-		}
-		int64_t v;
-		switch (*++c) {
-		case 'r': v = w; break;
-		case 'a': v = vps_world_a_rank(p->world, w); break;
-		case 'b': v = vps_world_b_rank(p->world, w); break;
-		case 'l': v = local; break;
-		case '%': out[len++] = '%'; continue;
-		default:
-			return vps_fail(VPS_EINPUT, "--registry: unknown '%%%c' in '%s' (%%r, %%a, %%b, %%l)", *c, pattern);
-		}
-		len += (size_t)snprintf(out + len, n - len, "%" PRId64, v);
-	}
-	out[len] = '\0';
-	return VPS_OK;
+	if (!o->notice)
+		return;
+	char msg[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	o->notice(o->notice_ctx, msg);
+}
+
+/* Plan k as messages name it: its file, where the caller gave the names. */
+static const char *plan_name(const struct vps_exec_opts *o, size_t k, char *buf, size_t n)
+{
+	if (o->plan_names && o->plan_names[k])
+		return o->plan_names[k];
+	snprintf(buf, n, "staged plan %zu", k + 1);
+	return buf;
 }
 
 /* ---- digest ---- */
 
-/* The digest of a rank's part; with lost devices (vps-plan --lost), the
- * source side skips them as lower holders (they digest nothing) and the
- * target side leaves out the lost ranges (holes for the trainer to reload),
- * so both sides digest exactly what survived. */
-static vps_result_t digest_part(const struct vps_layout *l, int64_t rank, void *const *buffers,
-				const struct vps_lost *lost, bool source, uint64_t *digest)
-{
-	struct vps_rank_view v;
-	struct vps_holders h = {0};
-	struct vps_boxes rem = {0}, scratch = {0};
-	uint64_t sum = 0;
-	vps_result_t rc;
-	VPS_CHECK(vps_layout_rank(l, rank, &v));
-	for (size_t i = 0; i < v.nregions; i++) {
-		const struct vps_region *R = &v.regions[i];
-		struct vps_tensor t;
-		VPS_CHECK_GOTO(vps_model_tensor(vps_layout_model(l), R->tensor, &t), rc, done);
-		h.n = 0;
-		VPS_CHECK_GOTO(vps_layout_holders(l, R->tensor, R->state, &R->box, &h), rc, done);
-		if (lost && source)
-			VPS_CHECK_GOTO(vps_lost_drop_holders(lost, &h), rc, done);
-		/* count only what no lower-numbered rank holds */
-		size_t nholes = lost && !source ? lost->nranges : 0;
-		VPS_CHECK_GOTO(vps_boxes_reset(&rem, &R->box), rc, done);
-		for (size_t k = 0; k < h.n + nholes && rem.n; k++) {
-			const struct vps_box *cut;
-			if (k < h.n) {
-				if (h.v[k].base >= rank)
-					continue;
-				cut = &h.v[k].region.box;
-			} else {
-				const struct vps_lost_range *x = &lost->ranges[k - h.n];
-				if (x->tensor != R->tensor || x->state != R->state)
-					continue;
-				cut = &x->box;
-			}
-			VPS_CHECK_GOTO(vps_boxes_subtract(&rem, &scratch, cut), rc, done);
-		}
-		for (size_t j = 0; j < rem.n; j++) {
-			struct vps_region part;
-			vps_region_restrict(R, &rem.v[j], &part);
-			sum += vps_digest_region(buffers[R->buffer], &part, &t);
-		}
-	}
-	*digest = sum;
-	rc = VPS_OK;
-done:
-	vps_boxes_release(&rem);
-	vps_boxes_release(&scratch);
-	vps_holders_release(&h);
-	vps_rank_view_release(&v);
-	return rc;
-}
-
 vps_result_t vps_exec_digest(const struct vps_layout *l, int64_t rank, void *const *buffers, uint64_t *digest)
 {
-	return digest_part(l, rank, buffers, NULL, true, digest);
+	return vps_exec_digest_part(l, rank, buffers, NULL, true, NULL, digest);
 }
 
 /* ---- peers ---- */
@@ -127,9 +75,10 @@ static int64_t net_rank(const struct vps_plan *p0, int64_t w)
  * world rank w (the device me) with another rank, that rank's net rank
  * and node. The first plan numbers the network: a later plan's device
  * must be one of its, and not one it lost. */
-static vps_result_t peer_map(const struct vps_staged *s, size_t k, const struct vps_plan *p0, struct vps_device me,
-			     int64_t w, struct vps_peer_info **out)
+static vps_result_t peer_map(const struct vps_exec_opts *o, const struct vps_staged *s, size_t k,
+			     const struct vps_plan *p0, struct vps_device me, int64_t w, struct vps_peer_info **out)
 {
+	char buf[32], first[32];
 	struct vps_peer_info *m = vps_calloc(s->nxfers + 1, sizeof(*m));
 	if (!m)
 		return VPS_ENOMEM;
@@ -142,9 +91,11 @@ static vps_result_t peer_map(const struct vps_staged *s, size_t k, const struct 
 		int64_t q = vps_world_of_device(p0->world, d);
 		vps_result_t rc = VPS_OK;
 		if (q < 0)
-			rc = vps_fail(VPS_EINPUT, "staged plan %zu uses a device the first plan does not", k + 1);
+			rc = vps_fail(VPS_EINPUT, "%s uses a device that %s does not", plan_name(o, k, buf, sizeof(buf)),
+				      plan_name(o, 0, first, sizeof(first)));
 		else if (vps_lost_has_rank(&p0->lost, q))
-			rc = vps_fail(VPS_EINPUT, "staged plan %zu uses a device the first plan lost", k + 1);
+			rc = vps_fail(VPS_EINPUT, "%s uses a device that %s lost", plan_name(o, k, buf, sizeof(buf)),
+				      plan_name(o, 0, first, sizeof(first)));
 		if (rc) {
 			free(m);
 			return rc;
@@ -189,14 +140,14 @@ static int carrier_of(const struct carriers *c, const struct vps_peer_info *peer
 	return -1;
 }
 
-/* A transfer that no transport of --transport reaches. */
+/* A transfer that no transport of the one chosen reaches. */
 static vps_result_t unreachable(const struct carriers *c, const struct vps_switch *sw, const struct vps_peer_info *peer)
 {
 	const char *reach = "";
 	for (size_t j = 0; j < c->n; j++)
 		if (c->v[j].t && c->v[j].t->reach)
 			reach = c->v[j].t->reach;
-	return vps_fail(VPS_EINPUT, "--transport %s: rank %" PRId64 " exchanges with a device on node %d, and %s reaches %s",
+	return vps_fail(VPS_EINPUT, "transport %s: rank %" PRId64 " exchanges with a device on node %d, and %s reaches %s",
 			c->name, sw->w, peer->node, c->name, reach);
 }
 
@@ -213,10 +164,8 @@ static vps_result_t carry(struct carriers *c, const struct vps_switch *sw, const
 	return VPS_OK;
 }
 
-/* Which transport carries each of this rank's transfers of the switch,
- * then every transport's begin with its transfers, in order (each may talk
- * to its peers). */
-static vps_result_t begin_all(struct carriers *car, struct vps_switch *sw)
+/* Which transport carries each of this rank's transfers of the switch. */
+static vps_result_t sort_switch(struct carriers *car, struct vps_switch *sw)
 {
 	const struct vps_staged *s = sw->s;
 	for (size_t c = 0; c < car->n; c++)
@@ -224,9 +173,35 @@ static vps_result_t begin_all(struct carriers *car, struct vps_switch *sw)
 	for (size_t i = 0; i < s->nxfers; i++)
 		if (sw->peers[i].rank >= 0)
 			VPS_CHECK(carry(car, sw, &s->xfers[i]));
+	return VPS_OK;
+}
+
+/* Every transport's begin with its transfers, in order (each may talk to
+ * its peers). */
+static vps_result_t begin_all(struct carriers *car, struct vps_switch *sw)
+{
+	VPS_CHECK(sort_switch(car, sw));
 	for (size_t c = 0; c < car->n; c++)
 		if (car->v[c].t && car->v[c].t->begin)
 			VPS_CHECK(car->v[c].t->begin(car->v[c].self, sw, car->v[c].x, car->v[c].n));
+	return VPS_OK;
+}
+
+/* Whether a transport of the list readies anything before the request. */
+static bool any_prepare(const struct carriers *car)
+{
+	for (size_t c = 0; c < car->n; c++)
+		if (car->v[c].t && car->v[c].t->prepare)
+			return true;
+	return false;
+}
+
+static vps_result_t prepare_all(struct carriers *car, struct vps_switch *sw)
+{
+	VPS_CHECK(sort_switch(car, sw));
+	for (size_t c = 0; c < car->n; c++)
+		if (car->v[c].t && car->v[c].t->prepare)
+			VPS_CHECK(car->v[c].t->prepare(car->v[c].self, sw, car->v[c].x, car->v[c].n));
 	return VPS_OK;
 }
 
@@ -264,6 +239,9 @@ struct pass {
 	struct vps_switch sw;
 	uint64_t seq;
 	bool claimed, begun;
+	double t_wait;                 /* waiting began (for the sources, or the request) */
+	double asked_at;               /* wall clock: the trainer had asked before the transports
+					* were readied (0: it had not), so their work was in the pause */
 	double t_pause;
 	struct vps_registry_training train;
 	uint64_t digest[2];            /* this rank's part before and after (--check) */
@@ -438,35 +416,14 @@ done:
 	return rc;
 }
 
-/* The digest of a side, read back to the host where it is GPU memory. */
-static vps_result_t side_digest(const struct vps_switch *sw, const struct vps_layout *l, int64_t rank,
-				const struct vps_rank_view *v, void **bufs, uint64_t *digest)
+/* The digest of a side, computed where its buffers are (on a GPU by a
+ * kernel over them: nothing is read back). */
+static vps_result_t side_digest(const struct vps_switch *sw, const struct vps_layout *l, int64_t rank, void **bufs,
+				uint64_t *digest)
 {
 	const struct vps_lost *lost = sw->s->plan->lost.nranks ? &sw->s->plan->lost : NULL;
-	bool source = l == sw->s->plan->a;
-	if (sw->where == VPS_WHERE_HOST)
-		return digest_part(l, rank, bufs, lost, source, digest);
-	vps_result_t rc = VPS_OK;
-	void **host = vps_calloc(v->nbuffers + 1, sizeof(*host));
-	if (!host)
-		return VPS_ENOMEM;
-	for (size_t b = 0; b < v->nbuffers && !rc; b++) {
-		size_t n = (size_t)v->buffers[b].elements * vps_dtype_size(v->buffers[b].dtype);
-		if (!(host[b] = malloc(n ? n : 1))) {
-			rc = VPS_NOMEM();
-			break;
-		}
-		char err[VPS_CUDA_ERR] = "";
-		int g = sw->gpu->to_host(host[b], bufs[b], n, err);
-		if (g)
-			rc = vps_gpu_result(g, err, "digest: read a buffer back");
-	}
-	if (!rc)
-		rc = digest_part(l, rank, host, lost, source, digest);
-	for (size_t b = 0; b < v->nbuffers; b++)
-		free(host[b]);
-	free(host);
-	return rc;
+	return vps_exec_digest_part(l, rank, bufs, lost, l == sw->s->plan->a,
+				    sw->where == VPS_WHERE_CUDA ? sw->gpu : NULL, digest);
 }
 
 static void release_read(const struct vps_switch *sw, int64_t stage)
@@ -516,42 +473,73 @@ struct claim {
 	double start, limit; /* limit < 0: wait as long as it takes (--wait) */
 	uint64_t seq;
 	bool claimed;
+	double claimed_at;   /* wall clock */
 	const struct vps_exec_opts *o;
 	struct vps_mapcache *maps;
+	const struct vps_cuda_api *gpu; /* GPU memory is opened ahead only with it */
+	/* the switch's layouts: what the trainer registers for them is opened
+	 * ahead, nothing it registered for another (which it may free) */
+	uint64_t a_hash, b_hash;
+	int64_t ra, rb;
+	size_t nsources;     /* of this rank under A */
 	double next_scan;
 	bool warming;
+	bool told;           /* the wait has said what it waits for */
 };
+
+static double wall_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* An entry the trainer registered for this switch: a source under its
+ * source layout, a target under its target layout. */
+static bool for_this_switch(const struct claim *c, const struct vps_registry_entry_info *e)
+{
+	if (e->role == VPS_ROLE_SOURCE)
+		return c->ra >= 0 && vps_registry_layout_hash(c->reg) == c->a_hash && vps_registry_rank(c->reg) == c->ra;
+	return c->rb >= 0 && vps_registry_target_hash(c->reg) == c->b_hash && vps_registry_target_rank(c->reg) == c->rb;
+}
 
 /* While the trainer trains: map the host buffers it has registered and
  * read their pages once, a slice a poll, so that the first pass through
- * each mapping (slow on VMs, docs/exec.md) is not paid in the pause. Best
- * effort: what fails here is found and reported when the switch maps it. */
+ * each mapping (slow on VMs, docs/exec.md) is not paid in the pause; open
+ * the CUDA IPC handles of its GPU buffers for this switch, which costs
+ * milliseconds each. What it no longer registers is unmapped (closed), so
+ * that nothing it frees stays open here; GPU memory registered for another
+ * switch is not opened at all (a trainer frees its old sources once the
+ * switch before is done). Best effort: what fails here is found and
+ * reported when the switch maps it. */
 static void prefetch(struct claim *c)
 {
 	double t = now();
 	if (t >= c->next_scan) {
 		c->next_scan = t + 0.05;
 		uint32_t n = vps_registry_num_entries(c->reg);
-		char(*names)[VPS_REGISTRY_NAME_MAX + 8] = vps_calloc((size_t)n + 1, sizeof(*names));
-		const char **list = vps_calloc((size_t)n + 1, sizeof(*list));
+		struct vps_buffer_desc *reg = vps_calloc((size_t)n + 1, sizeof(*reg));
 		size_t k = 0;
-		for (uint32_t i = 0; names && list && i < n; i++) {
+		for (uint32_t i = 0; reg && i < n; i++) {
 			struct vps_registry_entry_info info;
-			if (vps_registry_entry(c->reg, i, &info) || info.where != VPS_WHERE_HOST)
+			if (vps_registry_entry(c->reg, i, &info))
 				continue;
-			struct vps_buffer_desc d = {0};
-			d.where = VPS_WHERE_HOST;
-			d.buffer = info.buffer;
-			snprintf(d.shm_name, sizeof(d.shm_name), "%s", info.shm_name);
-			snprintf(names[k], sizeof(names[k]), "%s", info.shm_name);
-			list[k] = names[k];
-			k++;
-			vps_mapcache_prefetch(c->maps, &d, info.role == VPS_ROLE_TARGET);
+			struct vps_buffer_desc *d = &reg[k++];
+			d->where = (uint32_t)info.where;
+			d->buffer = info.buffer;
+			d->device = info.device;
+			d->offset = info.offset;
+			d->bytes = info.bytes;
+			snprintf(d->shm_name, sizeof(d->shm_name), "%s", info.shm_name);
+			memcpy(d->ipc, info.ipc_handle, sizeof(d->ipc));
+			if (info.where == VPS_WHERE_HOST)
+				vps_mapcache_prefetch(c->maps, NULL, d, info.role == VPS_ROLE_TARGET, false);
+			else if (info.where == VPS_WHERE_CUDA && c->gpu && for_this_switch(c, &info))
+				vps_mapcache_prefetch(c->maps, c->gpu, d, false, false);
 		}
-		if (names && list)
-			vps_mapcache_prune(c->maps, list, k);
-		free(names);
-		free(list);
+		if (reg)
+			vps_mapcache_prune(c->maps, c->gpu, reg, k);
+		free(reg);
 		c->warming = true;
 		vps_clear_error();
 	}
@@ -567,6 +555,7 @@ static int claim_ready(void *ctx)
 	vps_result_t rc = vps_registry_claim(c->reg, c->after, 0, &c->seq);
 	if (!rc) {
 		c->claimed = true;
+		c->claimed_at = wall_now();
 		if (c->o->fault_stage == VPS_FAULT_AT_CLAIM && c->o->fault == VPS_FAULT_STALL)
 			raise(SIGSTOP);
 		return 1;
@@ -576,6 +565,39 @@ static int claim_ready(void *ctx)
 	vps_clear_error();
 	if (c->maps)
 		prefetch(c);
+	if (!c->told && now() - c->start > NOTICE_AFTER) {
+		c->told = true;
+		notice(c->o, "waiting for the trainer (pid %d) of registry %s to request a switch",
+		       vps_registry_owner_pid(c->reg), vps_registry_name(c->reg));
+	}
+	if (c->limit >= 0 && now() - c->start > c->limit) {
+		vps_fail(VPS_ETIMEOUT, "registry %s: no switch requested within %.1f s", vps_registry_name(c->reg), c->limit);
+		return -1;
+	}
+	return 0;
+}
+
+/* Before the request: the trainer has registered every source of this
+ * switch (or asked for it already: then the attach says what is missing). */
+static int registered_ready(void *ctx)
+{
+	struct claim *c = ctx;
+	if (!vps_registry_owner_alive(c->reg)) {
+		vps_fail(VPS_EPEER, "registry %s: the trainer (pid %d) is gone", vps_registry_name(c->reg),
+			 vps_registry_owner_pid(c->reg));
+		return -1;
+	}
+	uint64_t seq;
+	if (vps_registry_state(c->reg, &seq) == VPS_REG_REQUESTED && seq > c->after)
+		return 1;
+	if (c->ra < 0)
+		return 1;
+	bool all = vps_registry_layout_hash(c->reg) == c->a_hash && vps_registry_rank(c->reg) == c->ra;
+	for (size_t b = 0; b < c->nsources && all; b++)
+		all = vps_registry_find(c->reg, VPS_ROLE_SOURCE, (uint32_t)b) >= 0;
+	if (all)
+		return 1;
+	prefetch(c);
 	if (c->limit >= 0 && now() - c->start > c->limit) {
 		vps_fail(VPS_ETIMEOUT, "registry %s: no switch requested within %.1f s", vps_registry_name(c->reg), c->limit);
 		return -1;
@@ -679,15 +701,78 @@ static vps_result_t agree(struct executor *ex, vps_result_t mine, const char *wh
 	return rc;
 }
 
+/* What waiting for this rank's trainer polls: its registry, and what it
+ * registered for this switch. */
+static struct claim claim_of(const struct executor *ex, const struct pass *ps)
+{
+	const struct vps_exec_opts *o = ex->o;
+	const struct vps_switch *sw = &ps->sw;
+	const struct vps_plan *p = sw->s->plan;
+	double window = (double)vps_max64((int64_t)o->request_timeout, (int64_t)o->timeout);
+	return (struct claim){.reg = ex->reg,
+			      .after = ex->last_seq,
+			      .start = ps->t_wait,
+			      .limit = o->wait ? -1 : window,
+			      .o = o,
+			      .maps = ex->maps,
+			      .gpu = ex->gpu,
+			      .a_hash = vps_layout_hash(p->a),
+			      .b_hash = vps_layout_hash(p->b),
+			      .ra = sw->ra,
+			      .rb = sw->rb};
+}
+
+/* Ready: what the transports can do before the request, while the
+ * trainers train (ipc: map and open the peers' sources). The ranks first
+ * wait, together, until every trainer has registered its sources (or
+ * asked for the switch), as they wait for the request: heartbeats, and no
+ * limit on how far apart the registrations come. */
+static vps_result_t ready(struct executor *ex, struct pass *ps)
+{
+	struct vps_switch *sw = &ps->sw;
+	if (!any_prepare(&ex->car) || ex->net_world < 2)
+		return VPS_OK;
+	const struct vps_plan *p = sw->s->plan;
+	struct vps_rank_view va = {0};
+	int64_t *entries = NULL;
+	if (sw->ra >= 0)
+		VPS_CHECK(vps_layout_rank(p->a, sw->ra, &va));
+	struct claim c = claim_of(ex, ps);
+	c.nsources = va.nbuffers;
+	vps_result_t rc = vps_net_arrive(ex->net, registered_ready, &c, 1e30);
+	if (!rc && !(entries = vps_calloc(va.nbuffers + 1, sizeof(*entries))))
+		rc = VPS_ENOMEM;
+	if (!rc) {
+		bool mine = vps_registry_layout_hash(ex->reg) == c.a_hash && vps_registry_rank(ex->reg) == sw->ra;
+		for (size_t b = 0; b < va.nbuffers; b++)
+			entries[b] = mine ? vps_registry_find(ex->reg, VPS_ROLE_SOURCE, (uint32_t)b) : -1;
+		struct vps_switch pre = *sw;
+		pre.va = va;
+		pre.src_entry = entries;
+		pre.where = -1;
+		double t = wall_now();
+		vps_mapcache_take_opened(ex->maps);
+		rc = prepare_all(&ex->car, &pre);
+		/* a trainer that asked before this was done waited for it: the
+		 * pause is counted from before it, and what it opened is the
+		 * pause's (an overcount when the request came midway) */
+		uint64_t seq;
+		if (vps_registry_state(ex->reg, &seq) == VPS_REG_REQUESTED && seq > ex->last_seq)
+			ps->asked_at = t;
+	}
+	free(entries);
+	vps_rank_view_release(&va);
+	return rc;
+}
+
 /* Claim: every rank's trainer has requested the switch. */
 static vps_result_t claim(struct executor *ex, struct pass *ps, struct vps_exec_report *rep)
 {
 	const struct vps_exec_opts *o = ex->o;
-	double t0 = now();
 	/* a slow trainer is not a dead one (that one is seen at once): its
 	 * request may take as long as the ranks' may lie apart */
 	double window = (double)vps_max64((int64_t)o->request_timeout, (int64_t)o->timeout);
-	struct claim c = {ex->reg, ex->last_seq, t0, o->wait ? -1 : window, 0, false, o, ex->maps, 0, false};
+	struct claim c = claim_of(ex, ps);
 	vps_result_t rc = vps_net_arrive(ex->net, claim_ready, &c, window);
 	ps->claimed = c.claimed;
 	ps->seq = c.seq;
@@ -695,11 +780,15 @@ static vps_result_t claim(struct executor *ex, struct pass *ps, struct vps_exec_
 		return rc;
 	ex->last_seq = c.seq;
 	rep->switch_seq = c.seq;
-	rep->waited_seconds = now() - t0;
+	rep->requested_at = ps->asked_at ? ps->asked_at : c.claimed_at;
+	rep->waited_seconds = now() - ps->t_wait;
 	ps->t_pause = now();
-	/* what the waiting mapped is not the pause's */
+	rep->started_at = wall_now();
+	/* what the waiting mapped and opened is not the pause's */
 	uint64_t before[2];
 	vps_mapcache_take_stats(ex->maps, &before[0], &before[1]);
+	if (!ps->asked_at)
+		vps_mapcache_take_opened(ex->maps);
 	return VPS_OK;
 }
 
@@ -763,9 +852,12 @@ static vps_result_t start(struct executor *ex, struct pass *ps, struct vps_exec_
 	double t = now();
 	ps->begun = true;
 	vps_result_t rc = begin_all(&ex->car, sw);
-	if (!rc && ex->o->check && sw->ra >= 0)
-		rc = side_digest(sw, sw->s->plan->a, sw->ra, &sw->va, sw->src, &ps->digest[0]);
 	rep->attach_seconds += now() - t;
+	if (!rc && ex->o->check && sw->ra >= 0) {
+		t = now();
+		rc = side_digest(sw, sw->s->plan->a, sw->ra, sw->src, &ps->digest[0]);
+		rep->digest_seconds += now() - t;
+	}
 	return agree(ex, rc, "start", rep);
 }
 
@@ -776,8 +868,11 @@ static vps_result_t stages(struct executor *ex, struct pass *ps, struct vps_exec
 	struct vps_switch *sw = &ps->sw;
 	VPS_CHECK(run_stages(sw, &ex->car, ex->o, rep));
 	VPS_CHECK(trainer_watch(sw));
-	if (ex->o->check && sw->rb >= 0)
-		VPS_CHECK(side_digest(sw, sw->s->plan->b, sw->rb, &sw->vb, sw->dst, &ps->digest[1]));
+	if (ex->o->check && sw->rb >= 0) {
+		double t = now();
+		VPS_CHECK(side_digest(sw, sw->s->plan->b, sw->rb, sw->dst, &ps->digest[1]));
+		rep->digest_seconds += now() - t;
+	}
 	return VPS_OK;
 }
 
@@ -805,21 +900,35 @@ static vps_result_t digest(struct executor *ex, struct pass *ps, struct vps_exec
 	return VPS_OK;
 }
 
-/* Report to the trainer: done, with the training state to go on from, or
- * failed, and why. */
-static vps_result_t report(struct executor *ex, struct pass *ps, vps_result_t rc, struct vps_exec_report *rep)
+static void release(struct executor *ex, struct pass *ps)
 {
 	if (ps->begun)
 		end_all(&ex->car, &ps->sw);
 	switch_release(&ps->sw);
+}
+
+/* Report to the trainer: done, with the training state to go on from, or
+ * failed, and why. */
+static vps_result_t report(struct executor *ex, struct pass *ps, vps_result_t rc, struct vps_exec_report *rep)
+{
+	if (ps->claimed)
+		rep->opened_in_pause = vps_mapcache_take_opened(ex->maps);
 	if (rc) {
+		release(ex, ps);
 		if (ps->claimed)
 			vps_registry_finish(ex->reg, ps->seq, 0, vps_last_error());
 		return rc;
 	}
+	/* every rank's verdict is in: no peer reads or writes through this
+	 * rank's mappings any more, so the trainer goes on before they are
+	 * let go (closing a CUDA IPC handle can take tens of milliseconds) */
 	vps_registry_set_training(ex->reg, &ps->train);
 	vps_registry_finish(ex->reg, ps->seq, 1, NULL);
 	rep->pause_seconds = now() - ps->t_pause;
+	rep->done_at = wall_now();
+	double t = now();
+	release(ex, ps);
+	rep->release_seconds = now() - t;
 	return VPS_OK;
 }
 
@@ -842,7 +951,10 @@ static vps_result_t one_switch(struct executor *ex, size_t k, struct vps_exec_re
 	rep->rank = sw->w;
 	rep->world = vps_world_size(p->world);
 	rep->transport = ex->car.name;
-	vps_result_t rc = claim(ex, &ps, rep);
+	ps.t_wait = now();
+	vps_result_t rc = ready(ex, &ps);
+	if (!rc)
+		rc = claim(ex, &ps, rep);
 	if (!rc)
 		rc = attach(ex, &ps, rep);
 	if (!rc)
@@ -921,35 +1033,65 @@ static void gpu_context(struct executor *ex)
  * all-reduced (O(steps) numbers, log2 W rounds). A plan staged from the
  * global plan is already cut and must agree. Done before the trainers ask
  * for the switch, so it costs the pause nothing. */
-static vps_result_t agree_stages(struct vps_net *net, struct vps_staged *const *plans, size_t nplans)
+static vps_result_t agree_stages(const struct executor *ex)
 {
-	for (size_t k = 0; k < nplans; k++) {
+	struct vps_staged *const *plans = ex->plans;
+	for (size_t k = 0; k < ex->nplans; k++) {
 		int64_t *d;
-		char what[64];
+		char what[64], buf[32];
 		snprintf(what, sizeof(what), "stage boundaries of plan %zu", k + 1);
 		VPS_CHECK(vps_staged_demand(plans[k], &d));
-		vps_result_t rc = vps_net_allreduce(net, d, VPS_DEMAND_COUNT(plans[k]->steps), vps_stage_demand_combine, what);
+		vps_result_t rc =
+			vps_net_allreduce(ex->net, d, VPS_DEMAND_COUNT(plans[k]->steps), vps_stage_demand_combine, what);
 		if (!rc && (rc = vps_staged_cut(plans[k], d)))
-			vps_error_prefix("staged plan %zu", k + 1);
+			vps_error_prefix("%s", plan_name(ex->o, k, buf, sizeof(buf)));
 		free(d);
 		VPS_CHECK(rc);
 	}
 	return VPS_OK;
 }
 
+/* This rank's registry name: --registry, its job tag that of the first
+ * plan's staging, as vps-trainer computes it. */
+static vps_result_t registry_name(const struct executor *ex, char *out, size_t n)
+{
+	const struct vps_exec_opts *o = ex->o;
+	struct vps_registry_name_parts parts = {vps_staged_world_hash(ex->plans[0]), o->rank,
+						vps_world_a_rank(ex->p0->world, o->rank),
+						vps_world_b_rank(ex->p0->world, o->rank), o->local_rank};
+	return vps_registry_expand(o->registry ? o->registry : VPS_REGISTRY_DEFAULT, &parts, out, n);
+}
+
 /* Wait for the trainer's registry: absent or half made (the trainer has not
  * started) or stale (a crashed run's, which the trainer replaces when it
- * starts). A stale one is waited for at most `timeout` even under --wait. */
-static vps_result_t open_registry(const char *name, double wait, double timeout, struct vps_registry **out)
+ * starts); at most --timeout, or as long as it takes under --wait, but a
+ * stale one at most --timeout. One that another executor holds is refused
+ * at once. */
+static vps_result_t open_registry(const struct vps_exec_opts *o, const char *name, struct vps_registry **out)
 {
-	double t0 = now();
+	double t0 = now(), wait = o->wait ? -1 : o->timeout;
+	bool told = false;
 	for (;;) {
 		vps_result_t rc = vps_registry_open(out, name);
 		if (rc != VPS_ENOTFOUND && rc != VPS_ESTALE)
 			return rc;
 		double waited = now() - t0;
-		if ((rc == VPS_ESTALE && waited > timeout) || (wait >= 0 && waited > wait))
-			return rc;
+		if ((rc == VPS_ESTALE && waited > o->timeout) || (wait >= 0 && waited > wait)) {
+			if (rc == VPS_ESTALE) {
+				char stale[1024];
+				snprintf(stale, sizeof(stale), "%s", vps_last_error());
+				return vps_fail(rc, "%s, and no trainer replaced it within %.0f s", stale, waited);
+			}
+			return vps_fail(rc, "no trainer has created registry %s within %.0f s: is --registry the same for the "
+					"trainer and vps-exec?", name, waited);
+		}
+		if (!told && waited > NOTICE_AFTER) {
+			told = true;
+			if (rc == VPS_ESTALE)
+				notice(o, "%s; waiting for a trainer to replace it", vps_last_error());
+			else
+				notice(o, "waiting for a trainer to create registry %s (/dev/shm/%s)", name, name);
+		}
 		struct timespec ts = {0, 20000000};
 		nanosleep(&ts, NULL);
 	}
@@ -961,19 +1103,21 @@ static vps_result_t check_plan(struct executor *ex, size_t k)
 {
 	const struct vps_staged *s = ex->plans[k];
 	int64_t W = vps_world_size(ex->p0->world);
-	VPS_CHECK(vps_plan_check_hash(s->plan, "plan"));
+	char buf[32], first[32];
+	const char *name = plan_name(ex->o, k, buf, sizeof(buf));
+	VPS_CHECK(vps_plan_check_hash(s->plan, name));
 	if (s->file_hash && s->file_hash != vps_staged_hash(s))
-		return vps_fail(VPS_EINPUT, "staged plan %zu: its content does not hash to what it states", k + 1);
+		return vps_fail(VPS_EINPUT, "%s: its content does not hash to what it states (edited or damaged; vps-verify "
+				"shows what is wrong)", name);
 	int64_t w = vps_world_of_device(s->plan->world, ex->me);
 	if (s->scope >= 0 && w != s->scope)
-		return vps_fail(VPS_EINPUT, "staged plan %zu holds rank %" PRId64 "'s part, not this rank's", k + 1,
-				s->scope);
+		return vps_fail(VPS_EINPUT, "%s holds rank %" PRId64 "'s part, not this rank's", name, s->scope);
 	if (vps_world_size(s->plan->world) != W)
-		return vps_fail(VPS_EINPUT, "staged plan %zu has a world of %" PRId64 ", the first %" PRId64, k + 1,
-				vps_world_size(s->plan->world), W);
+		return vps_fail(VPS_EINPUT, "%s has a world of %" PRId64 ", %s one of %" PRId64, name,
+				vps_world_size(s->plan->world), plan_name(ex->o, 0, first, sizeof(first)), W);
 	if (w < 0)
-		return vps_fail(VPS_EINPUT, "staged plan %zu does not use node %d gpu %d", k + 1, ex->me.node, ex->me.gpu);
-	VPS_CHECK(peer_map(s, k, ex->p0, ex->me, w, &ex->peers[k]));
+		return vps_fail(VPS_EINPUT, "%s does not use node %d gpu %d", name, ex->me.node, ex->me.gpu);
+	VPS_CHECK(peer_map(ex->o, s, k, ex->p0, ex->me, w, &ex->peers[k]));
 	for (size_t i = 0; i < s->nxfers; i++) {
 		if (ex->peers[k][i].rank < 0)
 			continue;
@@ -1025,13 +1169,13 @@ static vps_result_t executor_check(struct executor *ex)
 static vps_result_t executor_start(struct executor *ex)
 {
 	const struct vps_exec_opts *o = ex->o;
-	char name[VPS_REGISTRY_NAME_MAX + 32];
-	VPS_CHECK(registry_name(o->registry, ex->p0, o->rank, o->local_rank, name, sizeof(name)));
-	VPS_CHECK(open_registry(name, o->wait ? -1 : o->timeout, o->timeout, &ex->reg));
+	char name[VPS_REGISTRY_NAME_MAX + 1];
+	VPS_CHECK(registry_name(ex, name, sizeof(name)));
+	VPS_CHECK(open_registry(o, name, &ex->reg));
 	struct vps_net_opts no = {ex->net_rank, ex->net_world, o->master_host, o->master_port, o->timeout, o->token,
 				  o->bind,      ex->hash,      ex->mesh,       ex->nmesh};
 	VPS_CHECK(vps_net_start(&ex->net, &no));
-	VPS_CHECK(agree_stages(ex->net, ex->plans, ex->nplans));
+	VPS_CHECK(agree_stages(ex));
 	VPS_CHECK(vps_mapcache_new(&ex->maps));
 	VPS_CHECK(carriers_start(ex));
 	gpu_context(ex);

@@ -32,11 +32,17 @@ vps_result_t vps_exec_report_yaml(const struct vps_exec_report *reps, size_t n, 
 		VPS_CHECK_GOTO(vps_w_double(w, "attach_seconds", r->attach_seconds), rc, done);
 		VPS_CHECK_GOTO(vps_w_double(w, "agree_seconds", r->agree_seconds), rc, done);
 		VPS_CHECK_GOTO(vps_w_double(w, "transfer_seconds", r->transfer_seconds), rc, done);
+		VPS_CHECK_GOTO(vps_w_double(w, "digest_seconds", r->digest_seconds), rc, done);
+		VPS_CHECK_GOTO(vps_w_double(w, "requested_at", r->requested_at), rc, done);
+		VPS_CHECK_GOTO(vps_w_double(w, "started_at", r->started_at), rc, done);
+		VPS_CHECK_GOTO(vps_w_double(w, "done_at", r->done_at), rc, done);
+		VPS_CHECK_GOTO(vps_w_double(w, "release_seconds", r->release_seconds), rc, done);
 		VPS_CHECK_GOTO(vps_w_double(w, "gb_per_second",
 					    r->transfer_seconds > 0 ? moved / r->transfer_seconds / 1e9 : 0.0),
 			       rc, done);
 		VPS_CHECK_GOTO(vps_w_int(w, "premapped_bytes", (int64_t)r->premapped_bytes), rc, done);
 		VPS_CHECK_GOTO(vps_w_int(w, "mapped_in_pause_bytes", (int64_t)r->mapped_in_pause_bytes), rc, done);
+		VPS_CHECK_GOTO(vps_w_int(w, "opened_in_pause", (int64_t)r->opened_in_pause), rc, done);
 		VPS_CHECK_GOTO(vps_w_str(w, "digest", !r->checked ? "not checked" : r->digest_match ? "match" : "mismatch"),
 			       rc, done);
 		VPS_CHECK_GOTO(vps_w_u64hex(w, "digest_value", r->digest_after), rc, done);

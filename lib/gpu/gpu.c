@@ -99,7 +99,8 @@ vps_result_t vps_gpu_init(int device, int64_t local_rank, const struct vps_cuda_
 	int n = 0;
 	char err[VPS_CUDA_ERR] = "";
 	if ((*api)->device_count(&n, err) || n == 0)
-		return vps_fail(VPS_EUNSUPPORTED, "GPU support is not available: %s", err[0] ? err : "no GPU is visible");
+		return vps_fail(VPS_EUNSUPPORTED, "GPU support is not available: %s",
+				err[0] ? err : "no usable GPU was found: CUDA sees none");
 	if (device < 0)
 		device = (int)((local_rank > 0 ? local_rank : 0) % n);
 	pthread_mutex_lock(&lock);

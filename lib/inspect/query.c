@@ -1,158 +1,13 @@
-/* Queries over layouts and plans, and the records they answer in. */
+/* Queries over layouts and plans (vps/query.h), answered as records
+ * (lib/io/records.c). */
 #include <fnmatch.h>
 #include <inttypes.h>
 #include <stdio.h>
-#include <strings.h>
 
 #include "util/internal.h"
+#include "plan/piece.h"
+#include "stage/op.h"
 #include "vps/query.h"
-
-vps_result_t vps_format_parse(const char *s, enum vps_format *f)
-{
-	static const char *const names[] = {"yaml", "tsv", "json"};
-	for (int i = 0; i < 3; i++)
-		if (!strcmp(s, names[i])) {
-			*f = (enum vps_format)i;
-			return VPS_OK;
-		}
-	return vps_fail(VPS_EINPUT, "--format: '%s' is not yaml, tsv or json", s);
-}
-
-/* ---- records ---- */
-
-static vps_result_t put(struct vps_bytes *b, const char *s) { return vps_bytes_append(b, s, strlen(s)); }
-
-static vps_result_t putf(struct vps_bytes *b, const char *fmt, ...) VPS_PRINTF(2, 3);
-static vps_result_t putf(struct vps_bytes *b, const char *fmt, ...)
-{
-	char buf[128];
-	va_list ap;
-	va_start(ap, fmt);
-	int n = vsnprintf(buf, sizeof(buf), fmt, ap);
-	va_end(ap);
-	if (n < 0 || (size_t)n >= sizeof(buf))
-		return vps_fail(VPS_EINPUT, "internal: a record value longer than %zu bytes", sizeof(buf));
-	return vps_bytes_append(b, buf, (size_t)n);
-}
-
-static vps_result_t put_json_string(struct vps_bytes *b, const char *s)
-{
-	VPS_CHECK(put(b, "\""));
-	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-		if (*p == '"' || *p == '\\') {
-			char e[2] = {'\\', (char)*p};
-			VPS_CHECK(vps_bytes_append(b, e, 2));
-		} else if (*p < 0x20 || *p == 0x7f) {
-			VPS_CHECK(putf(b, "\\u%04x", *p));
-		} else {
-			VPS_CHECK(vps_bytes_append(b, p, 1));
-		}
-	}
-	return put(b, "\"");
-}
-
-/* A YAML plain scalar that reads back as the same string: a letter first,
- * then letters, digits, '.', '_' or '-', and no word YAML 1.1 reads as a
- * boolean or null. Anything else is written double-quoted (JSON escaping,
- * which YAML reads). */
-static bool yaml_plain(const char *s)
-{
-	static const char *const words[] = {"y", "n", "yes", "no", "on", "off", "true", "false", "null"};
-	if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z')))
-		return false;
-	for (const char *p = s; *p; p++)
-		if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '.' ||
-		      *p == '_' || *p == '-'))
-			return false;
-	for (size_t i = 0; i < sizeof(words) / sizeof(*words); i++)
-		if (!strcasecmp(s, words[i]))
-			return false;
-	return true;
-}
-
-/* TSV text: a tab, a newline or a backslash would break the columns. */
-static vps_result_t put_tsv_string(struct vps_bytes *b, const char *s)
-{
-	for (const char *p = s; *p; p++) {
-		const char *e = *p == '\t' ? "\\t" : *p == '\n' ? "\\n" : *p == '\r' ? "\\r" : *p == '\\' ? "\\\\" : NULL;
-		VPS_CHECK(e ? put(b, e) : vps_bytes_append(b, p, 1));
-	}
-	return VPS_OK;
-}
-
-static vps_result_t put_value(struct vps_bytes *b, enum vps_format f, enum vps_field_type t, const struct vps_value *v)
-{
-	const char *sep = f == VPS_FORMAT_JSON ? "," : ", ";
-	switch (t) {
-	case VPS_FIELD_INT: return putf(b, "%" PRId64, v->i);
-	case VPS_FIELD_STR:
-		if (f == VPS_FORMAT_TSV)
-			return put_tsv_string(b, v->s);
-		if (f == VPS_FORMAT_YAML && yaml_plain(v->s))
-			return put(b, v->s);
-		return put_json_string(b, v->s);
-	case VPS_FIELD_BOX:
-		if (f != VPS_FORMAT_TSV)
-			VPS_CHECK(put(b, "["));
-		for (int k = 0; k < v->box->ndim; k++) {
-			if (f == VPS_FORMAT_TSV)
-				VPS_CHECK(putf(b, "%s%" PRId64 ":%" PRId64, k ? "," : "", v->box->lo[k], v->box->hi[k]));
-			else
-				VPS_CHECK(putf(b, "%s[%" PRId64 "%s%" PRId64 "]", k ? sep : "", v->box->lo[k], sep,
-					       v->box->hi[k]));
-		}
-		return f == VPS_FORMAT_TSV ? VPS_OK : put(b, "]");
-	case VPS_FIELD_INTS:
-		if (f != VPS_FORMAT_TSV)
-			VPS_CHECK(put(b, "["));
-		for (int k = 0; k < v->nints; k++)
-			VPS_CHECK(putf(b, "%s%" PRId64, k ? (f == VPS_FORMAT_TSV ? "," : sep) : "", v->ints[k]));
-		return f == VPS_FORMAT_TSV ? VPS_OK : put(b, "]");
-	}
-	return vps_fail(VPS_EINPUT, "internal: field type %d", (int)t);
-}
-
-vps_result_t vps_records_begin(struct vps_records *r, struct vps_bytes *out, enum vps_format format,
-			       const struct vps_field *fields, size_t nfields)
-{
-	*r = (struct vps_records){out, format, fields, nfields, 0};
-	if (format != VPS_FORMAT_TSV)
-		return VPS_OK;
-	for (size_t i = 0; i < nfields; i++) {
-		VPS_CHECK(put(out, i ? "\t" : ""));
-		VPS_CHECK(put(out, fields[i].name));
-	}
-	return put(out, "\n");
-}
-
-vps_result_t vps_records_put(struct vps_records *r, const struct vps_value *v)
-{
-	struct vps_bytes *b = r->out;
-	enum vps_format f = r->format;
-	VPS_CHECK(put(b, f == VPS_FORMAT_YAML ? "- {" : f == VPS_FORMAT_JSON ? "{" : ""));
-	for (size_t i = 0; i < r->nfields; i++) {
-		if (f == VPS_FORMAT_TSV) {
-			VPS_CHECK(put(b, i ? "\t" : ""));
-		} else if (f == VPS_FORMAT_JSON) {
-			VPS_CHECK(put(b, i ? "," : ""));
-			VPS_CHECK(put_json_string(b, r->fields[i].name));
-			VPS_CHECK(put(b, ":"));
-		} else {
-			VPS_CHECK(putf(b, "%s%s: ", i ? ", " : "", r->fields[i].name));
-		}
-		VPS_CHECK(put_value(b, f, r->fields[i].type, &v[i]));
-	}
-	VPS_CHECK(put(b, f == VPS_FORMAT_TSV ? "\n" : "}\n"));
-	r->n++;
-	return VPS_OK;
-}
-
-vps_result_t vps_records_end(struct vps_records *r)
-{
-	if (r->format == VPS_FORMAT_YAML && !r->n)
-		return put(r->out, "[]\n");
-	return VPS_OK;
-}
 
 const struct vps_field vps_holder_fields[] = {
 	{"tensor", VPS_FIELD_STR}, {"state", VPS_FIELD_STR},  {"ranks", VPS_FIELD_STR},   {"base", VPS_FIELD_INT},
@@ -195,14 +50,14 @@ vps_result_t vps_box_parse(const char *s, struct vps_box *b)
 	const char *p = s;
 	for (;;) {
 		if (b->ndim == VPS_MAX_DIMS)
-			return vps_fail(VPS_EINPUT, "--box: '%s' has more than %d axes", s, VPS_MAX_DIMS);
+			return vps_fail(VPS_EINPUT, "'%s' has more than %d axes", s, VPS_MAX_DIMS);
 		int k = b->ndim;
 		if (!parse_coord(p, &p, &b->lo[k]) || *p++ != ':' || !parse_coord(p, &p, &b->hi[k]) ||
 		    (*p && *p != ','))
-			return vps_fail(VPS_EINPUT, "--box: '%s' is not LO:HI,LO:HI,... (axis %d; numbers up to 2^48)", s,
+			return vps_fail(VPS_EINPUT, "'%s' is not LO:HI,LO:HI,... (axis %d; numbers up to 2^48)", s,
 					k);
 		if (b->lo[k] >= b->hi[k])
-			return vps_fail(VPS_EINPUT, "--box: axis %d: %" PRId64 ":%" PRId64 " is empty (LO < HI)", k,
+			return vps_fail(VPS_EINPUT, "axis %d: %" PRId64 ":%" PRId64 " is empty (LO < HI)", k,
 					b->lo[k], b->hi[k]);
 		b->ndim++;
 		if (!*p)
@@ -263,7 +118,7 @@ static vps_result_t tensor_set_init(struct tensor_set *ts, const struct vps_mode
 	}
 	if (!is_glob(pattern)) {
 		if (vps_model_find_tensor(m, pattern, &ts->one))
-			return vps_fail(VPS_EINPUT, "--tensor: %s has no tensor named '%s' (a glob such as "
+			return vps_fail(VPS_ENOTFOUND, "%s has no tensor named '%s' (a glob such as "
 					"'decoder.layers.0.*' lists names)", m->name, pattern);
 		ts->count = 1;
 		return VPS_OK;
@@ -289,12 +144,12 @@ static vps_result_t tensor_set_init(struct tensor_set *ts, const struct vps_mode
 	if (!any) {
 		free(ts->bits);
 		ts->bits = NULL;
-		return vps_fail(VPS_EINPUT, "--tensor: '%s' matches no tensor of %s", pattern, m->name);
+		return vps_fail(VPS_ENOTFOUND, "'%s' matches no tensor of %s", pattern, m->name);
 	}
 	if (!ts->count) {
 		free(ts->bits);
 		ts->bits = NULL;
-		return vps_fail(VPS_EINPUT, "--box: %d axes, and none of the %zu tensors '%s' matches has that many",
+		return vps_fail(VPS_EINPUT, "a box of %d axes, and none of the %zu tensors '%s' matches has that many",
 				want_ndim, any, pattern);
 	}
 	return VPS_OK;
@@ -329,7 +184,7 @@ static vps_result_t tensor_name(const struct vps_model *m, uint32_t id, struct n
 
 static vps_result_t no_state(const char *what, int state)
 {
-	return vps_fail(VPS_EINPUT, "--state: %s no %s (%s)", what, vps_state_name(state),
+	return vps_fail(VPS_EINPUT, "%s no %s (%s)", what, vps_state_name(state),
 			state == VPS_STATE_MODULE ? "the model has no module buffers" : "grad=1 adds it");
 }
 
@@ -355,12 +210,12 @@ vps_result_t vps_query_holders(const struct vps_layout *l, const struct vps_quer
 		vps_tensor_name(&t, name, sizeof(name));
 		if (q->has_box && ts.one != UINT32_MAX) {
 			if (t.ndim != q->box.ndim) {
-				rc = vps_fail(VPS_EINPUT, "--box: %d axes, %s has %d", q->box.ndim, name, t.ndim);
+				rc = vps_fail(VPS_EINPUT, "a box of %d axes, but %s has %d", q->box.ndim, name, t.ndim);
 				goto done;
 			}
 			for (int k = 0; k < t.ndim; k++)
 				if (q->box.hi[k] > t.shape[k]) {
-					rc = vps_fail(VPS_EINPUT, "--box: axis %d: %" PRId64 ":%" PRId64
+					rc = vps_fail(VPS_EINPUT, "box axis %d: %" PRId64 ":%" PRId64
 						      " is outside %s, 0:%" PRId64, k, q->box.lo[k], q->box.hi[k], name,
 						      t.shape[k]);
 					goto done;
@@ -417,17 +272,17 @@ static vps_result_t query_rank(const struct vps_query *q, int64_t scope, int64_t
 	*rank = q->rank;
 	if (scope >= 0) {
 		if (q->rank >= 0 && q->rank != scope)
-			return vps_fail(VPS_EINPUT, "--rank: %" PRId64 ", but the %s holds world rank %" PRId64
+			return vps_fail(VPS_EINPUT, "rank %" PRId64 ", but the %s holds world rank %" PRId64
 				       "'s part only", q->rank, what, scope);
 		*rank = scope;
 	}
 	if (*rank < 0)
-		return vps_fail(VPS_EINPUT, "--rank: a global %s needs --rank R (whose transfers)", what);
+		return vps_fail(VPS_EINPUT, "a global %s needs a rank (whose transfers)", what);
 	if (*rank >= world)
-		return vps_fail(VPS_EINPUT, "--rank: %" PRId64 " is outside the world of %" PRId64 " ranks", *rank,
+		return vps_fail(VPS_EINPUT, "rank %" PRId64 " is outside the world of %" PRId64 " ranks", *rank,
 				world);
 	if (q->peer >= world)
-		return vps_fail(VPS_EINPUT, "--peer: %" PRId64 " is outside the world of %" PRId64 " ranks", q->peer,
+		return vps_fail(VPS_EINPUT, "peer %" PRId64 " is outside the world of %" PRId64 " ranks", q->peer,
 				world);
 	return VPS_OK;
 }
@@ -483,7 +338,7 @@ vps_result_t vps_query_transfers(const struct vps_plan *p, const struct vps_quer
 	struct name_cache nc = {0};
 	vps_result_t rc;
 	if (q->stage >= 0)
-		return vps_fail(VPS_EINPUT, "--stage: a plan has no stages (vps-stage(1) stages it)");
+		return vps_fail(VPS_EINPUT, "stage %" PRId64 ": a plan has no stages (vps-stage(1) stages it)", q->stage);
 	if (q->state >= 0 && !vps_layout_has_state(p->a, q->state))
 		return no_state("this plan moves", q->state);
 	VPS_CHECK(query_rank(q, p->scope, vps_world_size(p->world), "plan", &rank));
@@ -507,8 +362,9 @@ done:
 
 /* ---- staged transfers: which parts of which pieces each copy carries ----
  *
- * A copy (op) of a staged plan names the first plan piece it carries. A
- * strided piece is never merged: its copies are sub-boxes of it, with its
+ * A copy (op) of a staged plan names the first plan piece it carries, and
+ * vps_piece_match (plan/piece.h, as vps-verify) says what it carries of it.
+ * A strided piece is never merged: its copies are sub-boxes of it, with its
  * addressing. Flat pieces (contiguous on both sides) of one pair are merged
  * in destination address order, which need not be the plan's order, so a
  * flat copy is matched by address: the pieces of its pair whose destination
@@ -535,60 +391,8 @@ static int flat_cmp(const void *a, const void *b)
 
 static vps_result_t op_mismatch(size_t xi, size_t k, const struct vps_op *o, const char *why)
 {
-	return vps_fail(VPS_EINPUT, "transfer %zu copy %zu (piece %" PRId64 "): %s (vps-verify(1) says more)", xi, k,
+	return vps_fail(VPS_EFORMAT, "transfer %zu copy %zu (piece %" PRId64 "): %s (vps-verify(1) says more)", xi, k,
 			o->piece, why);
-}
-
-/* The sub-box (from the piece's lo) that strided copy o of transfer x
- * carries: solved from the destination offset, largest stride first (exact
- * when strides nest, as every layout's do), then checked on both sides. */
-static bool strided_part(const struct vps_op *o, const struct vps_xfer *x, const struct vps_piece *pc,
-			 struct vps_box *sub)
-{
-	int nd = pc->box.ndim;
-	int64_t E[VPS_MAX_DIMS], lo[VPS_MAX_DIMS] = {0};
-	bool used[VPS_MAX_DIMS] = {false};
-	if (o->ndim != nd || x->src != pc->src || x->dst != pc->dst || o->src_buffer != pc->src_buffer ||
-	    o->dst_buffer != pc->dst_buffer)
-		return false;
-	for (int k = 0; k < nd; k++) {
-		E[k] = pc->box.hi[k] - pc->box.lo[k];
-		if (o->ext[k] < 1 || o->ext[k] > E[k])
-			return false;
-	}
-	int64_t delta = o->dst_offset - pc->dst_offset;
-	for (int n = 0; n < nd; n++) {
-		int best = -1;
-		for (int k = 0; k < nd; k++)
-			if (!used[k] && E[k] > o->ext[k] && (best < 0 || pc->dst_strides[k] > pc->dst_strides[best]))
-				best = k;
-		if (best < 0)
-			break;
-		used[best] = true;
-		if (pc->dst_strides[best] <= 0 || delta < 0)
-			return false;
-		lo[best] = vps_min64(delta / pc->dst_strides[best], E[best] - o->ext[best]);
-		delta -= lo[best] * pc->dst_strides[best];
-	}
-	if (delta)
-		return false;
-	int64_t so = pc->src_offset, dof = pc->dst_offset, t;
-	for (int k = 0; k < nd; k++) {
-		/* the reader keeps pieces inside their buffers; checked all the same */
-		if (!vps_mul_ok(lo[k], pc->src_strides[k], &t) || !vps_add_ok(so, t, &so) ||
-		    !vps_mul_ok(lo[k], pc->dst_strides[k], &t) || !vps_add_ok(dof, t, &dof))
-			return false;
-		if (o->ext[k] > 1 && (o->src_strides[k] != pc->src_strides[k] || o->dst_strides[k] != pc->dst_strides[k]))
-			return false;
-	}
-	if (so != o->src_offset || dof != o->dst_offset)
-		return false;
-	sub->ndim = nd;
-	for (int k = 0; k < nd; k++) {
-		sub->lo[k] = pc->box.lo[k] + lo[k];
-		sub->hi[k] = sub->lo[k] + o->ext[k];
-	}
-	return true;
 }
 
 struct staged_ctx {
@@ -612,9 +416,9 @@ static vps_result_t flat_op(struct staged_ctx *c, size_t xi, size_t k)
 	const struct vps_xfer *x = &c->s->xfers[xi];
 	const struct vps_op *o = &c->s->ops[x->first_op + k];
 	const struct vps_plan *p = c->s->plan;
-	if (o->ndim != 1)
-		return op_mismatch(xi, k, o, "a copy of flat pieces with more than one axis");
-	int64_t a0 = o->dst_offset, a1 = a0 + o->ext[0], covered = 0;
+	/* a flat copy is one range: its elements in order on both sides */
+	int64_t len = vps_ext_volume(o->ndim, o->ext);
+	int64_t a0 = o->dst_offset, a1 = a0 + len, covered = 0;
 	/* the first indexed piece past a0, then back one: the last piece of the
 	 * pair that starts at or before a0 may reach into the copy */
 	struct flat key = {x->src, x->dst, o->dst_buffer, a0, 0, 0};
@@ -661,7 +465,7 @@ static vps_result_t flat_op(struct staged_ctx *c, size_t xi, size_t k)
 			VPS_CHECK(put_transfer(c->rec, vps_layout_model(p->a), &c->nc, &r));
 		}
 	}
-	if (covered != o->ext[0])
+	if (covered != len)
 		return op_mismatch(xi, k, o, "its destination is not covered by flat pieces of its pair");
 	return VPS_OK;
 }
@@ -674,13 +478,22 @@ static vps_result_t staged_op(struct staged_ctx *c, size_t xi, size_t k)
 	if (o->piece < 0 || (size_t)o->piece >= p->npieces)
 		return op_mismatch(xi, k, o, "no such piece");
 	const struct vps_piece *pc = &p->pieces[o->piece];
-	if (vps_piece_flat(pc))
-		return flat_op(c, xi, k);
+	struct vps_run run;
 	struct vps_box sub;
-	if (o->npieces != 1 || o->esize != vps_dtype_size(vps_state_dtype(pc->state)) || !strided_part(o, x, pc, &sub))
+	vps_op_run(x, o, &run);
+	enum vps_match m = vps_piece_match(pc, &run, &sub);
+	if (m == VPS_MATCH_FLAT)
+		return flat_op(c, xi, k);
+	if (m == VPS_MATCH_NONE && vps_piece_flat(pc))
+		return op_mismatch(xi, k, o, "a copy of flat pieces that is not one contiguous range");
+	if (m == VPS_MATCH_NONE || o->npieces != 1)
 		return op_mismatch(xi, k, o, "not a part of the strided piece it names");
 	if (!piece_wanted(c, pc))
 		return VPS_OK;
+	for (int d = 0; d < sub.ndim; d++) {
+		sub.lo[d] += pc->box.lo[d];
+		sub.hi[d] += pc->box.lo[d];
+	}
 	struct xrec r = {c->rank,      x->src,	      x->dst,	     pc->tensor, pc->state, sub,
 			 o->src_buffer, o->src_offset, o->dst_buffer, o->dst_offset, x->stage, x->chunk};
 	return put_transfer(c->rec, vps_layout_model(p->a), &c->nc, &r);
@@ -696,15 +509,15 @@ vps_result_t vps_query_staged(const struct vps_staged *s, const struct vps_query
 	struct staged_ctx c = {.s = s, .q = q, .ts = &ts, .rec = &rec};
 	vps_result_t rc;
 	if (q->stage >= 0 && !s->cut)
-		return vps_fail(VPS_EINPUT, "--stage: this staged plan is not cut into stages yet (one rank's: its "
-				"executors cut it when the switch starts)");
+		return vps_fail(VPS_EINPUT, "stage %" PRId64 ": this staged plan is not cut into stages yet (one rank's: its "
+				"executors cut it when the switch starts)", q->stage);
 	if (q->stage >= 0 && (size_t)q->stage >= s->nstages)
-		return vps_fail(VPS_EINPUT, "--stage: %" PRId64 ", the staged plan has %zu stages (from 0)", q->stage,
+		return vps_fail(VPS_EINPUT, "stage %" PRId64 ": the staged plan has %zu stages (from 0)", q->stage,
 				s->nstages);
 	if (q->state >= 0 && !vps_layout_has_state(p->a, q->state))
 		return no_state("this plan moves", q->state);
 	if (!p->pieces && p->npieces)
-		return vps_fail(VPS_EINPUT, "internal: a staged plan's pieces are packed");
+		return vps_fail(VPS_EINTERNAL, "a staged plan's pieces are packed");
 	VPS_CHECK(query_rank(q, s->scope, vps_world_size(p->world), "staged plan", &c.rank));
 	VPS_CHECK(tensor_set_init(&ts, m, q->tensor, 0));
 	size_t cap = 0;
@@ -750,7 +563,7 @@ vps_result_t vps_query_document(const char *name, const void *data, size_t len, 
 		VPS_CHECK(vps_staged_parse(&s, name, data, len));
 		rc = vps_query_staged(s, q, f, out);
 		/* a copy that does not lie in its pieces is the file's fault */
-		if (rc == VPS_EINPUT && strncmp(vps_last_error(), "--", 2))
+		if (rc == VPS_EFORMAT)
 			vps_error_prefix("%s", name);
 		vps_staged_free(s);
 		return rc;

@@ -59,12 +59,25 @@ static vps_result_t read_switch_head(struct vps_reader *r, int64_t *rank, int64_
 	return VPS_OK;
 }
 
+/* A double key reports gained after their first YAML version (a YAML
+ * report of before lacks it; binary has every key): 0 when absent, which
+ * an echo writes out. */
+static vps_result_t read_seconds_opt(struct vps_reader *r, const char *key)
+{
+	if (vps_reader_is_binary(r) || vps_r_has(r, key))
+		return read_seconds(r, key);
+	struct vps_writer *w = vps_reader_echo_writer(r);
+	return w ? vps_w_double(w, key, 0.0) : VPS_OK;
+}
+
 static vps_result_t read_report(struct vps_reader *r)
 {
 	uint64_t n, nst;
 	int64_t v, rank, world;
-	static const char *const times[] = {"setup_seconds",  "waited_seconds",   "pause_seconds", "attach_seconds",
-					    "agree_seconds", "transfer_seconds", "gb_per_second"};
+	static const char *const times[] = {"setup_seconds", "waited_seconds", "pause_seconds",
+					    "attach_seconds", "agree_seconds", "transfer_seconds"};
+	/* since binary version 2 (the digest's time, the pause's wall clock) */
+	static const char *const later[] = {"digest_seconds", "requested_at", "started_at", "done_at", "release_seconds"};
 	VPS_CHECK(vps_r_seq_begin(r, "switches", &n));
 	for (uint64_t k = 0; k < n; k++) {
 		VPS_CHECK(vps_r_map_begin(r, NULL));
@@ -74,8 +87,12 @@ static vps_result_t read_report(struct vps_reader *r)
 		VPS_CHECK(read_bytes3(r));
 		for (size_t i = 0; i < sizeof(times) / sizeof(times[0]); i++)
 			VPS_CHECK(read_seconds(r, times[i]));
+		for (size_t i = 0; i < sizeof(later) / sizeof(later[0]); i++)
+			VPS_CHECK(read_seconds_opt(r, later[i]));
+		VPS_CHECK(read_seconds(r, "gb_per_second"));
 		VPS_CHECK(vps_r_int(r, "premapped_bytes", &v, 0, INT64_MAX));
 		VPS_CHECK(vps_r_int(r, "mapped_in_pause_bytes", &v, 0, INT64_MAX));
+		VPS_CHECK(vps_r_int_opt(r, "opened_in_pause", &v, 0, INT64_MAX, 0));
 		VPS_CHECK(read_one_of(r, "digest", digests, sizeof(digests) / sizeof(digests[0])));
 		uint64_t digest;
 		VPS_CHECK(vps_r_u64hex(r, "digest_value", &digest));

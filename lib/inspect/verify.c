@@ -2,6 +2,8 @@
 #include <stdio.h>
 
 #include "util/internal.h"
+#include "plan/piece.h"
+#include "stage/op.h"
 #include "vps/plan.h"
 #include "vps/stage.h"
 #include "vps/verify.h"
@@ -38,155 +40,6 @@ static vps_result_t too_large(const char *what, size_t n, size_t size)
 {
 	return vps_fail(VPS_ENOMEM, "out of memory: %zu %s (%.1f MB) do not fit", n, what,
 			(double)n * (double)size / 1e6);
-}
-
-static int cmp_i64(const void *a, const void *b)
-{
-	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-	return x < y ? -1 : x > y;
-}
-
-/* Slab recursion: split target along `axis` at every box boundary; a slab
- * no box spans entirely is uncovered and goes to visit() (which returns
- * false to stop), otherwise recurse on the next axis with the boxes that
- * span it. Every box boundary inside the target is a cut, so a box meets a
- * slab only by spanning it: a sweep over the boxes sorted by their low end
- * keeps exactly the boxes of the current slab, and a level costs
- * O(n log n) plus the boxes it hands down, not slabs times boxes.
- * @return false when stopped or out of memory (*oom set). */
-static _Thread_local int slab_axis;
-
-static int lo_cmp(const void *p, const void *q)
-{
-	const struct vps_box *x = *(const struct vps_box *const *)p, *y = *(const struct vps_box *const *)q;
-	return x->lo[slab_axis] < y->lo[slab_axis] ? -1 : x->lo[slab_axis] > y->lo[slab_axis];
-}
-
-static bool slabs(const struct vps_box **boxes, size_t n, const struct vps_box *target, int axis,
-		  bool (*visit)(void *ctx, const struct vps_box *gap), void *ctx, bool *oom)
-{
-	if (!n)
-		return visit(ctx, target);
-	int64_t *cuts = malloc((2 * n + 2) * sizeof(*cuts));
-	const struct vps_box **bylo = malloc((n + 1) * sizeof(*bylo)), **sub = malloc((n + 1) * sizeof(*sub));
-	if (!cuts || !bylo || !sub) {
-		free(cuts);
-		free(bylo);
-		free(sub);
-		*oom = true;
-		return false;
-	}
-	size_t nc = 0;
-	cuts[nc++] = target->lo[axis];
-	cuts[nc++] = target->hi[axis];
-	for (size_t i = 0; i < n; i++) {
-		if (boxes[i]->lo[axis] > target->lo[axis] && boxes[i]->lo[axis] < target->hi[axis])
-			cuts[nc++] = boxes[i]->lo[axis];
-		if (boxes[i]->hi[axis] > target->lo[axis] && boxes[i]->hi[axis] < target->hi[axis])
-			cuts[nc++] = boxes[i]->hi[axis];
-	}
-	qsort(cuts, nc, sizeof(*cuts), cmp_i64);
-	memcpy(bylo, boxes, n * sizeof(*bylo));
-	slab_axis = axis;
-	qsort(bylo, n, sizeof(*bylo), lo_cmp);
-	bool go = true;
-	size_t next = 0, ns = 0;
-	for (size_t c = 0; c + 1 < nc && go; c++) {
-		if (cuts[c] == cuts[c + 1])
-			continue;
-		struct vps_box slab = *target;
-		slab.lo[axis] = cuts[c];
-		slab.hi[axis] = cuts[c + 1];
-		/* the boxes of the previous slab that reach into this one, and
-		 * those that start by its beginning */
-		size_t keep = 0;
-		for (size_t i = 0; i < ns; i++)
-			if (sub[i]->hi[axis] > slab.lo[axis])
-				sub[keep++] = sub[i];
-		ns = keep;
-		while (next < n && bylo[next]->lo[axis] <= slab.lo[axis]) {
-			if (bylo[next]->hi[axis] > slab.lo[axis])
-				sub[ns++] = bylo[next];
-			next++;
-		}
-		if (!ns)
-			go = visit(ctx, &slab);
-		else if (axis + 1 < target->ndim)
-			go = slabs(sub, ns, &slab, axis + 1, visit, ctx, oom);
-	}
-	free(cuts);
-	free(bylo);
-	free(sub);
-	return go;
-}
-
-static bool slabs_of(const struct vps_box *boxes, size_t n, const struct vps_box *target,
-		     bool (*visit)(void *ctx, const struct vps_box *gap), void *ctx)
-{
-	const struct vps_box **ptr = malloc((n + 1) * sizeof(*ptr));
-	bool oom = !ptr;
-	size_t k = 0;
-	for (size_t i = 0; ptr && i < n; i++)
-		if (vps_box_intersect(&boxes[i], target, NULL))
-			ptr[k++] = &boxes[i];
-	if (ptr)
-		slabs(ptr, k, target, 0, visit, ctx, &oom);
-	free(ptr);
-	return !oom;
-}
-
-struct gap_list {
-	struct vps_box *gaps;
-	size_t n, max;
-};
-
-/* Collect gaps, extending the previous one when the new one continues it
- * along one axis. */
-static bool add_gap(void *ctx, const struct vps_box *g)
-{
-	struct gap_list *l = ctx;
-	if (l->n) {
-		struct vps_box *last = &l->gaps[l->n - 1];
-		for (int axis = 0; axis < g->ndim; axis++) {
-			if (last->hi[axis] != g->lo[axis])
-				continue;
-			struct vps_box grown = *last, same = *g;
-			grown.hi[axis] = g->hi[axis];
-			same.lo[axis] = last->lo[axis];
-			if (vps_box_equal(&grown, &same)) {
-				*last = grown;
-				return true;
-			}
-		}
-	}
-	l->gaps[l->n++] = *g;
-	return l->n < l->max;
-}
-
-static bool add_volume(void *ctx, const struct vps_box *g)
-{
-	*(int64_t *)ctx += vps_box_volume(g);
-	return true;
-}
-
-int64_t vps_boxes_uncovered(const struct vps_box *boxes, size_t n, const struct vps_box *target)
-{
-	int64_t total = 0;
-	return slabs_of(boxes, n, target, add_volume, &total) ? total : -1;
-}
-
-size_t vps_boxes_gaps(const struct vps_box *boxes, size_t n, const struct vps_box *target, struct vps_box *gaps,
-		      size_t max)
-{
-	struct gap_list l = {gaps, 0, max};
-	if (!max)
-		return 0;
-	if (!slabs_of(boxes, n, target, add_gap, &l)) {
-		/* out of memory: the whole target is unproven */
-		gaps[0] = *target;
-		return 1;
-	}
-	return l.n;
 }
 
 /* ---- layouts ---- */
@@ -278,76 +131,68 @@ static bool regions_share(const struct vps_region *a, const struct vps_region *b
 	return false;
 }
 
-static vps_result_t check_rank(const struct vps_layout *l, const struct vps_rank_view *v,
-			       struct vps_verify_report *rep, int64_t *nregions)
+/* Region i of rank view v: a known tensor, a box inside it, in a buffer of
+ * its state, strides that do not alias and elements inside the buffer.
+ * @return whether it passed, with its footprint in *sp. */
+static bool check_region(const struct vps_model *m, const struct vps_rank_view *v, size_t i,
+			 struct vps_verify_report *rep, struct span *sp)
 {
-	const struct vps_model *m = vps_layout_model(l);
+	const struct vps_region *r = &v->regions[i];
 	char bs[160], name[256];
-	*nregions += (int64_t)v->nregions;
-	for (size_t i = 0; i < v->nbuffers; i++)
-		if (v->buffers[i].id != i)
-			vps_verify_add(rep, "rank %" PRId64 ": buffer %zu has id %u", v->rank, i, v->buffers[i].id);
-	/* without room for the footprints the overlaps go unchecked: refuse */
-	struct span *spans = malloc((v->nregions + 1) * sizeof(*spans));
-	size_t nspans = 0;
-	if (!spans)
-		return too_large("region footprints of one rank", v->nregions + 1, sizeof(*spans));
-	for (size_t i = 0; i < v->nregions; i++) {
-		const struct vps_region *r = &v->regions[i];
-		struct vps_tensor t;
-		if (vps_model_tensor(m, r->tensor, &t)) {
-			vps_verify_add(rep, "rank %" PRId64 ": region %zu names tensor %u, outside the model", v->rank, i,
-				       r->tensor);
-			continue;
-		}
-		vps_tensor_name(&t, name, sizeof(name));
-		box_str(&r->box, bs, sizeof(bs));
-		struct vps_box full;
-		vps_box_full(&full, t.ndim, t.shape);
-		if (r->box.ndim != t.ndim || !vps_box_contains(&full, &r->box) || vps_box_volume(&r->box) == 0) {
-			vps_verify_add(rep, "rank %" PRId64 ": %s %s: box %s is empty or outside the tensor", v->rank, name,
-				       vps_state_name(r->state), bs);
-			continue;
-		}
-		if (r->buffer >= v->nbuffers) {
-			vps_verify_add(rep, "rank %" PRId64 ": %s %s %s: buffer %u does not exist", v->rank, name,
-				       vps_state_name(r->state), bs, r->buffer);
-			continue;
-		}
-		const struct vps_buffer *b = &v->buffers[r->buffer];
-		if (b->state != r->state)
-			vps_verify_add(rep, "rank %" PRId64 ": %s %s %s: in buffer %u, which holds %s", v->rank, name,
-				       vps_state_name(r->state), bs, r->buffer, vps_state_name(b->state));
-		if (b->dtype != vps_state_dtype(b->state))
-			vps_verify_add(rep, "rank %" PRId64 ": buffer %u holds %s as %s, expected %s", v->rank, r->buffer,
-				       vps_state_name(b->state), vps_dtype_name(b->dtype),
-				       vps_dtype_name(vps_state_dtype(b->state)));
-		bool aliased = false;
-		for (int k = 0; k < r->box.ndim; k++)
-			aliased |= r->strides[k] == 0;
-		if (aliased) {
-			vps_verify_add(rep, "rank %" PRId64 ": %s %s %s: a stride is 0 (rows that alias each other)", v->rank,
-				       name, vps_state_name(r->state), bs);
-			continue;
-		}
-		int64_t first, end;
-		vps_region_extent(r, &first, &end);
-		if (first < 0 || end > b->elements) {
-			vps_verify_add(rep,
-				       "rank %" PRId64 ": %s %s %s: elements [%" PRId64 ", %" PRId64
-				       ") lie outside buffer %u of %" PRId64,
-				       v->rank, name, vps_state_name(r->state), bs, first, end, r->buffer, b->elements);
-			continue;
-		}
-		spans[nspans].lo = first;
-		spans[nspans].hi = end;
-		spans[nspans].buffer = r->buffer;
-		spans[nspans].region = i;
-		spans[nspans].exact = vps_region_is_contiguous(r);
-		nspans++;
+	struct vps_tensor t;
+	if (vps_model_tensor(m, r->tensor, &t)) {
+		vps_verify_add(rep, "rank %" PRId64 ": region %zu names tensor %u, outside the model", v->rank, i,
+			       r->tensor);
+		return false;
 	}
-	/* overlaps: sort each buffer's footprints; compare with the furthest
-	 * reaching earlier one of the same buffer */
+	vps_tensor_name(&t, name, sizeof(name));
+	box_str(&r->box, bs, sizeof(bs));
+	struct vps_box full;
+	vps_box_full(&full, t.ndim, t.shape);
+	if (r->box.ndim != t.ndim || !vps_box_contains(&full, &r->box) || vps_box_volume(&r->box) == 0) {
+		vps_verify_add(rep, "rank %" PRId64 ": %s %s: box %s is empty or outside the tensor", v->rank, name,
+			       vps_state_name(r->state), bs);
+		return false;
+	}
+	if (r->buffer >= v->nbuffers) {
+		vps_verify_add(rep, "rank %" PRId64 ": %s %s %s: buffer %u does not exist", v->rank, name,
+			       vps_state_name(r->state), bs, r->buffer);
+		return false;
+	}
+	const struct vps_buffer *b = &v->buffers[r->buffer];
+	if (b->state != r->state)
+		vps_verify_add(rep, "rank %" PRId64 ": %s %s %s: in buffer %u, which holds %s", v->rank, name,
+			       vps_state_name(r->state), bs, r->buffer, vps_state_name(b->state));
+	if (b->dtype != vps_state_dtype(b->state))
+		vps_verify_add(rep, "rank %" PRId64 ": buffer %u holds %s as %s, expected %s", v->rank, r->buffer,
+			       vps_state_name(b->state), vps_dtype_name(b->dtype),
+			       vps_dtype_name(vps_state_dtype(b->state)));
+	bool aliased = false;
+	for (int k = 0; k < r->box.ndim; k++)
+		aliased |= r->strides[k] == 0;
+	if (aliased) {
+		vps_verify_add(rep, "rank %" PRId64 ": %s %s %s: a stride is 0 (rows that alias each other)", v->rank,
+			       name, vps_state_name(r->state), bs);
+		return false;
+	}
+	int64_t first, end;
+	vps_region_extent(r, &first, &end);
+	if (first < 0 || end > b->elements) {
+		vps_verify_add(rep,
+			       "rank %" PRId64 ": %s %s %s: elements [%" PRId64 ", %" PRId64
+			       ") lie outside buffer %u of %" PRId64,
+			       v->rank, name, vps_state_name(r->state), bs, first, end, r->buffer, b->elements);
+		return false;
+	}
+	*sp = (struct span){first, end, r->buffer, i, vps_region_is_contiguous(r)};
+	return true;
+}
+
+/* Regions of one buffer that share elements: sort each buffer's footprints;
+ * compare each with the furthest reaching earlier one of the same buffer. */
+static void report_overlaps(const struct vps_model *m, const struct vps_rank_view *v, struct span *spans,
+			    size_t nspans, struct vps_verify_report *rep)
+{
 	qsort(spans, nspans, sizeof(*spans), span_cmp);
 	size_t reach = 0;
 	for (size_t i = 1; i < nspans; i++) {
@@ -360,7 +205,7 @@ static vps_result_t check_rank(const struct vps_layout *l, const struct vps_rank
 			bool real = (spans[i].exact && spans[reach].exact) || regions_share(a, b);
 			if (real) {
 				struct vps_tensor ta, tb;
-				char na[256], nb[256], ba[160];
+				char na[256], nb[256], ba[160], bs[160];
 				vps_model_tensor(m, a->tensor, &ta);
 				vps_model_tensor(m, b->tensor, &tb);
 				vps_tensor_name(&ta, na, sizeof(na));
@@ -375,6 +220,25 @@ static vps_result_t check_rank(const struct vps_layout *l, const struct vps_rank
 		if (spans[i].hi > spans[reach].hi)
 			reach = i;
 	}
+}
+
+static vps_result_t check_rank(const struct vps_layout *l, const struct vps_rank_view *v,
+			       struct vps_verify_report *rep, int64_t *nregions)
+{
+	const struct vps_model *m = vps_layout_model(l);
+	*nregions += (int64_t)v->nregions;
+	for (size_t i = 0; i < v->nbuffers; i++)
+		if (v->buffers[i].id != i)
+			vps_verify_add(rep, "rank %" PRId64 ": buffer %zu has id %u", v->rank, i, v->buffers[i].id);
+	/* without room for the footprints the overlaps go unchecked: refuse */
+	struct span *spans = malloc((v->nregions + 1) * sizeof(*spans));
+	size_t nspans = 0;
+	if (!spans)
+		return too_large("region footprints of one rank", v->nregions + 1, sizeof(*spans));
+	for (size_t i = 0; i < v->nregions; i++)
+		if (check_region(m, v, i, rep, &spans[nspans]))
+			nspans++;
+	report_overlaps(m, v, spans, nspans, rep);
 	free(spans);
 	return VPS_OK;
 }
@@ -692,145 +556,163 @@ static void lost_summary(const struct vps_plan *p, struct vps_verify_report *rep
 			 p->lost.nranges, vps_lost_bytes(&p->lost));
 }
 
+/* Piece i of plan p, when it involves `scope` or the plan is one rank's:
+ * counted (retained or moved); its source holds it under A at its source
+ * address, and its destination has a B region for it at its destination
+ * address, which goes to cov with the piece. */
+static vps_result_t check_piece(const struct vps_plan *p, int64_t scope, struct views *vw, size_t i,
+				struct vps_verify_report *rep, int64_t *retains, int64_t *moved, struct cover *cov,
+				size_t *ncov)
+{
+	const struct vps_model *m = vps_layout_model(p->a);
+	const struct vps_piece *x = &p->pieces[i];
+	struct view_index *vi;
+	char ps[512];
+	ps[0] = '\0';
+	bool mine = scope < 0 || x->src == scope || x->dst == scope;
+	if (!mine && p->scope < 0)
+		return VPS_OK;
+	if (x->src == x->dst)
+		(*retains)++;
+	else
+		*moved = vps_sat_add(*moved, vps_piece_bytes(x));
+	if (!mine) {
+		NAME();
+		vps_verify_add(rep, "piece %zu (%s, %" PRId64 " -> %" PRId64 ") does not involve rank %" PRId64
+			       ", the plan's scope", i, ps, x->src, x->dst, scope);
+	}
+	int64_t ra = vps_world_a_rank(p->world, x->src), rb = vps_world_b_rank(p->world, x->dst);
+	if (ra < 0) {
+		NAME();
+		vps_verify_add(rep, "piece %zu (%s): source %" PRId64 " is a joining device, it holds nothing", i, ps,
+			       x->src);
+	} else if (lost_rank(&p->lost, ra)) {
+		NAME();
+		vps_verify_add(rep, "piece %zu (%s): source %" PRId64 " is a lost device", i, ps, x->src);
+	} else {
+		VPS_CHECK(view_get(p->a, &vw->a, ra, &vi));
+		if (find_holding(vi, x->tensor, x->state, &x->box, x->src_buffer, x->src_offset, x->src_strides) < 0) {
+			NAME();
+			vps_verify_add(rep,
+				       "piece %zu (%s): source %" PRId64 " does not hold it at buffer %u offset %" PRId64
+				       " under the source layout",
+				       i, ps, x->src, x->src_buffer, x->src_offset);
+		}
+	}
+	if (rb < 0) {
+		NAME();
+		vps_verify_add(rep, "piece %zu (%s): destination %" PRId64 " is a leaving device", i, ps, x->dst);
+		return VPS_OK;
+	}
+	VPS_CHECK(view_get(p->b, &vw->b, rb, &vi));
+	int64_t reg = find_holding(vi, x->tensor, x->state, &x->box, x->dst_buffer, x->dst_offset, x->dst_strides);
+	if (reg < 0) {
+		NAME();
+		vps_verify_add(rep,
+			       "piece %zu (%s): destination %" PRId64 " has no region for it at buffer %u offset %" PRId64
+			       " (padding or a wrong address)",
+			       i, ps, x->dst, x->dst_buffer, x->dst_offset);
+		return VPS_OK;
+	}
+	cov[(*ncov)++] = (struct cover){rb, reg, i};
+	return VPS_OK;
+}
+
+#undef NAME
+
+/* Region R (number r of B rank rb) of world rank d receives each element once: the boxes of the
+ * pieces cov[*c ..] brings it (sorted, those of R next), and the recorded
+ * lost ranges in it, counted as covered once (a piece into one of them is
+ * then received "more than once"). boxes is working space. */
+static vps_result_t check_region_cover(const struct vps_plan *p, int64_t d, int64_t rb, size_t r,
+				       const struct vps_region *R, const struct cover *cov, size_t ncov, size_t *c,
+				       struct vps_boxes *boxes, struct vps_verify_report *rep)
+{
+	int64_t sum = 0;
+	boxes->n = 0;
+	while (*c < ncov && cov[*c].rb == rb && cov[*c].region < (int64_t)r)
+		(*c)++;
+	for (; *c < ncov && cov[*c].rb == rb && cov[*c].region == (int64_t)r; (*c)++) {
+		if (VPS_GROW(boxes->v, boxes->cap, boxes->n + 1))
+			return too_large("pieces of one destination region", boxes->n + 1, sizeof(*boxes->v));
+		boxes->v[boxes->n++] = p->pieces[cov[*c].piece].box;
+		sum += vps_box_volume(&p->pieces[cov[*c].piece].box);
+	}
+	for (size_t k = lost_first(&p->lost, R->tensor, R->state);
+	     k < p->lost.nranges && p->lost.ranges[k].tensor == R->tensor && p->lost.ranges[k].state == R->state; k++) {
+		struct vps_box y;
+		if (!vps_box_intersect(&p->lost.ranges[k].box, &R->box, &y))
+			continue;
+		if (VPS_GROW(boxes->v, boxes->cap, boxes->n + 1))
+			return too_large("lost ranges of one destination region", boxes->n + 1, sizeof(*boxes->v));
+		boxes->v[boxes->n++] = y;
+		sum += vps_box_volume(&y);
+	}
+	int64_t vol = vps_box_volume(&R->box), gap = vps_boxes_uncovered(boxes->v, boxes->n, &R->box);
+	if (gap < 0)
+		return too_large("pieces of one destination region, cut in slabs", boxes->n, sizeof(*boxes->v));
+	if (!gap && sum == vol)
+		return VPS_OK;
+	char ps[512];
+	struct vps_piece fake = {.tensor = R->tensor, .state = R->state, .box = R->box};
+	piece_str(vps_layout_model(p->a), &fake, ps, sizeof(ps));
+	if (gap)
+		vps_verify_add(rep, "rank %" PRId64 ": %s: %" PRId64 " elements are received from no one", d, ps, gap);
+	if (sum + gap != vol)
+		vps_verify_add(rep, "rank %" PRId64 ": %s: %" PRId64 " elements are received more than once", d, ps,
+			       sum + gap - vol);
+	return VPS_OK;
+}
+
+/* Every destination region in scope covered exactly once: box arithmetic
+ * over the pieces each region receives (cov, sorted). */
+static vps_result_t check_cover(const struct vps_plan *p, int64_t scope, struct views *vw, const struct cover *cov,
+				size_t ncov, struct vps_verify_report *rep)
+{
+	int64_t W = vps_world_size(p->world);
+	struct vps_boxes boxes = {0};
+	vps_result_t rc = VPS_OK;
+	for (int64_t d = scope < 0 ? 0 : scope; d < (scope < 0 ? W : scope + 1) && !rc; d++) {
+		int64_t rb = vps_world_b_rank(p->world, d);
+		struct view_index *vi;
+		if (rb < 0)
+			continue;
+		rc = view_get(p->b, &vw->b, rb, &vi);
+		size_t c = 0;
+		while (c < ncov && cov[c].rb < rb)
+			c++;
+		for (size_t r = 0; !rc && r < vi->v.nregions; r++)
+			rc = check_region_cover(p, d, rb, r, &vi->v.regions[r], cov, ncov, &c, &boxes, rep);
+	}
+	vps_boxes_release(&boxes);
+	return rc;
+}
+
 /* The plan's checks over the pieces that involve `scope` (-1: all). A plan
  * of one rank reports its pieces outside that rank; a global plan inside
  * the staged file of one rank has them, and they are not that file's. */
 static vps_result_t plan_checks(const struct vps_plan *p, int64_t scope, struct views *vw,
 				struct vps_verify_report *rep, int64_t *retains, int64_t *moved)
 {
-	vps_result_t rc = VPS_OK;
-	const struct vps_model *m = vps_layout_model(p->a);
-	int64_t W = vps_world_size(p->world);
 	/* hashing is a pass over the whole plan: once */
 	uint64_t hash = p->file_hash ? vps_plan_hash(p) : 0;
 	if (p->file_hash && p->file_hash != hash)
 		vps_verify_add(rep, "the plan states hash 0x%016" PRIx64 " but its content hashes to 0x%016" PRIx64,
 			       p->file_hash, hash);
 	struct cover *cov = malloc((p->npieces + 1) * sizeof(*cov));
-	struct vps_box *boxes = NULL;
-	size_t ncov = 0, capb = 0;
-	char ps[512];
+	size_t ncov = 0;
 	if (!cov)
 		return too_large("pieces to match with their destinations", p->npieces + 1, sizeof(*cov));
-	VPS_CHECK_GOTO(lost_checks(p, rep), rc, done);
-	for (size_t i = 0; i < p->npieces; i++) {
-		const struct vps_piece *x = &p->pieces[i];
-		struct view_index *vi;
-		bool mine = scope < 0 || x->src == scope || x->dst == scope;
-		if (!mine && p->scope < 0)
-			continue;
-		ps[0] = '\0';
-		if (x->src == x->dst)
-			(*retains)++;
-		else
-			*moved = vps_sat_add(*moved, vps_piece_bytes(x));
-		if (!mine) {
-			NAME();
-			vps_verify_add(rep, "piece %zu (%s, %" PRId64 " -> %" PRId64 ") does not involve rank %" PRId64
-				       ", the plan's scope", i, ps, x->src, x->dst, scope);
-		}
-		int64_t ra = vps_world_a_rank(p->world, x->src), rb = vps_world_b_rank(p->world, x->dst);
-		if (ra < 0) {
-			NAME();
-			vps_verify_add(rep, "piece %zu (%s): source %" PRId64 " is a joining device, it holds nothing", i, ps,
-				       x->src);
-		} else if (lost_rank(&p->lost, ra)) {
-			NAME();
-			vps_verify_add(rep, "piece %zu (%s): source %" PRId64 " is a lost device", i, ps, x->src);
-		} else {
-			VPS_CHECK_GOTO(view_get(p->a, &vw->a, ra, &vi), rc, done);
-			if (find_holding(vi, x->tensor, x->state, &x->box, x->src_buffer, x->src_offset, x->src_strides) < 0) {
-				NAME();
-				vps_verify_add(rep,
-					       "piece %zu (%s): source %" PRId64 " does not hold it at buffer %u offset %" PRId64
-					       " under the source layout",
-					       i, ps, x->src, x->src_buffer, x->src_offset);
-			}
-		}
-		if (rb < 0) {
-			NAME();
-			vps_verify_add(rep, "piece %zu (%s): destination %" PRId64 " is a leaving device", i, ps, x->dst);
-			continue;
-		}
-		VPS_CHECK_GOTO(view_get(p->b, &vw->b, rb, &vi), rc, done);
-		int64_t reg = find_holding(vi, x->tensor, x->state, &x->box, x->dst_buffer, x->dst_offset, x->dst_strides);
-		if (reg < 0) {
-			NAME();
-			vps_verify_add(rep,
-				       "piece %zu (%s): destination %" PRId64 " has no region for it at buffer %u offset %" PRId64
-				       " (padding or a wrong address)",
-				       i, ps, x->dst, x->dst_buffer, x->dst_offset);
-			continue;
-		}
-		cov[ncov++] = (struct cover){rb, reg, i};
+	vps_result_t rc = lost_checks(p, rep);
+	for (size_t i = 0; i < p->npieces && !rc; i++)
+		rc = check_piece(p, scope, vw, i, rep, retains, moved, cov, &ncov);
+	if (!rc) {
+		qsort(cov, ncov, sizeof(*cov), cover_cmp);
+		rc = check_cover(p, scope, vw, cov, ncov, rep);
 	}
-	qsort(cov, ncov, sizeof(*cov), cover_cmp);
-	/* every destination region in scope covered exactly once: box
-	 * arithmetic over the pieces each region receives */
-	size_t c = 0;
-	for (int64_t d = scope < 0 ? 0 : scope; d < (scope < 0 ? W : scope + 1); d++) {
-		int64_t rb = vps_world_b_rank(p->world, d);
-		if (rb < 0)
-			continue;
-		struct view_index *vi;
-		VPS_CHECK_GOTO(view_get(p->b, &vw->b, rb, &vi), rc, done);
-		c = 0;
-		while (c < ncov && cov[c].rb < rb)
-			c++;
-		for (size_t r = 0; r < vi->v.nregions; r++) {
-			const struct vps_region *R = &vi->v.regions[r];
-			size_t n = 0;
-			int64_t sum = 0;
-			while (c < ncov && cov[c].rb == rb && cov[c].region < (int64_t)r)
-				c++;
-			while (c < ncov && cov[c].rb == rb && cov[c].region == (int64_t)r) {
-				if (VPS_GROW(boxes, capb, n + 1)) {
-					rc = too_large("pieces of one destination region", n + 1, sizeof(*boxes));
-					goto done;
-				}
-				boxes[n++] = p->pieces[cov[c].piece].box;
-				sum += vps_box_volume(&p->pieces[cov[c].piece].box);
-				c++;
-			}
-			/* the recorded lost ranges count as covered, once: a piece
-			 * into one of them is then received "more than once" */
-			for (size_t k = lost_first(&p->lost, R->tensor, R->state);
-			     k < p->lost.nranges && p->lost.ranges[k].tensor == R->tensor && p->lost.ranges[k].state == R->state;
-			     k++) {
-				struct vps_box y;
-				if (!vps_box_intersect(&p->lost.ranges[k].box, &R->box, &y))
-					continue;
-				if (VPS_GROW(boxes, capb, n + 1)) {
-					rc = too_large("lost ranges of one destination region", n + 1, sizeof(*boxes));
-					goto done;
-				}
-				boxes[n++] = y;
-				sum += vps_box_volume(&y);
-			}
-			int64_t vol = vps_box_volume(&R->box), gap = vps_boxes_uncovered(boxes, n, &R->box);
-			if (gap < 0) {
-				rc = too_large("pieces of one destination region, cut in slabs", n, sizeof(*boxes));
-				goto done;
-			}
-			if (gap || sum != vol) {
-				struct vps_piece fake = {.tensor = R->tensor, .state = R->state, .box = R->box};
-				piece_str(m, &fake, ps, sizeof(ps));
-				if (gap)
-					vps_verify_add(rep, "rank %" PRId64 ": %s: %" PRId64 " elements are received from no one", d,
-						       ps, gap);
-				if (sum + gap != vol)
-					vps_verify_add(rep, "rank %" PRId64 ": %s: %" PRId64 " elements are received more than once",
-						       d, ps, sum + gap - vol);
-			}
-		}
-	}
-done:
 	free(cov);
-	free(boxes);
 	return rc;
 }
-
-#undef NAME
 
 vps_result_t vps_verify_plan(const struct vps_plan *p, struct vps_verify_report *rep)
 {
@@ -858,6 +740,7 @@ vps_result_t vps_verify_plan(const struct vps_plan *p, struct vps_verify_report 
  *
  * Everything here is arithmetic over transfers, copies and pieces, never
  * over elements or rows: a copy is matched to the piece it names (op->piece)
+ * by vps_piece_match (plan/piece.h, the geometry staging cuts copies with)
  * and compared with it as a whole.
  *   - A piece contiguous on both sides (and the copies of the runs it was
  *     merged into) is one segment: source and destination offsets and a
@@ -873,14 +756,6 @@ static void piece_ext(const struct vps_piece *x, int64_t *ext)
 {
 	for (int k = 0; k < x->box.ndim; k++)
 		ext[k] = x->box.hi[k] - x->box.lo[k];
-}
-
-bool vps_piece_flat(const struct vps_piece *x)
-{
-	int64_t ext[VPS_MAX_DIMS];
-	piece_ext(x, ext);
-	return vps_strides_rowmajor(x->box.ndim, ext, x->src_strides) &&
-	       vps_strides_rowmajor(x->box.ndim, ext, x->dst_strides);
 }
 
 /* Elements contiguous on both sides: what a flat piece, or a flat copy,
@@ -970,72 +845,6 @@ static int part_cmp(const void *p, const void *q)
 	if (x->xfer != y->xfer)
 		return x->xfer < y->xfer ? -1 : 1;
 	return x->op < y->op ? -1 : x->op > y->op;
-}
-
-/* Whether base + sum lo[k] * strides[k] is `want`. */
-static bool offset_is(int ndim, const int64_t *lo, int64_t base, const int64_t *strides, int64_t want)
-{
-	for (int k = 0; k < ndim; k++) {
-		int64_t t;
-		if (!vps_mul_ok(lo[k], strides[k], &t) || !vps_add_ok(base, t, &base))
-			return false;
-	}
-	return base == want;
-}
-
-/* The sub-box of piece pc that copy o carries, when o has the piece's own
- * addressing: the same ranks, buffers, element size and, along every axis
- * the copy is longer than one element, strides; and offsets that are the
- * piece's at the sub-box's first element. That element is solved from one
- * side's offset, largest stride first (exact when strides nest, as every
- * layout's do) and then checked on both sides, so no wrong box is ever
- * accepted; a view whose strides do not nest is reported, not guessed. */
-static bool op_in_piece(const struct vps_op *o, const struct vps_xfer *x, const struct vps_piece *pc,
-			struct vps_box *sub)
-{
-	int nd = pc->box.ndim;
-	int64_t E[VPS_MAX_DIMS];
-	if (o->ndim != nd || x->src != pc->src || x->dst != pc->dst || o->src_buffer != pc->src_buffer ||
-	    o->dst_buffer != pc->dst_buffer || o->esize != vps_dtype_size(vps_state_dtype(pc->state)))
-		return false;
-	piece_ext(pc, E);
-	for (int k = 0; k < nd; k++) {
-		if (o->ext[k] < 1 || o->ext[k] > E[k])
-			return false;
-		if (o->ext[k] > 1 && (o->src_strides[k] != pc->src_strides[k] || o->dst_strides[k] != pc->dst_strides[k]))
-			return false;
-	}
-	for (int side = 0; side < 2; side++) {
-		const int64_t *st = side ? pc->dst_strides : pc->src_strides;
-		int64_t delta = side ? o->dst_offset - pc->dst_offset : o->src_offset - pc->src_offset;
-		int64_t lo[VPS_MAX_DIMS] = {0};
-		bool used[VPS_MAX_DIMS] = {false}, ok = delta >= 0;
-		for (int n = 0; ok && n < nd; n++) {
-			int best = -1;
-			for (int k = 0; k < nd; k++)
-				if (!used[k] && E[k] > o->ext[k] && (best < 0 || st[k] > st[best]))
-					best = k;
-			if (best < 0)
-				break;
-			used[best] = true;
-			if (st[best] <= 0) {
-				ok = false;
-				break;
-			}
-			lo[best] = vps_min64(delta / st[best], E[best] - o->ext[best]);
-			delta -= lo[best] * st[best];
-		}
-		if (!ok || delta || !offset_is(nd, lo, pc->src_offset, pc->src_strides, o->src_offset) ||
-		    !offset_is(nd, lo, pc->dst_offset, pc->dst_strides, o->dst_offset))
-			continue;
-		sub->ndim = nd;
-		for (int k = 0; k < nd; k++) {
-			sub->lo[k] = lo[k];
-			sub->hi[k] = lo[k] + o->ext[k];
-		}
-		return true;
-	}
-	return false;
 }
 
 /* Where box b starts in the row-major order of extents E, when its
@@ -1335,17 +1144,192 @@ static vps_result_t check_schedule(const struct vps_staged *s, int64_t W, struct
 	return check_frees(s, rep);
 }
 
+/* A staged plan being checked: what its copies carry, gathered to compare
+ * with the plan's pieces. */
+struct staged_check {
+	const struct vps_staged *s;
+	const struct vps_plan *p;
+	struct vps_verify_report *rep;
+	struct views vw;
+	struct seg *have;   /* the flat copies, as segments */
+	struct part *parts; /* the copies of strided pieces */
+	size_t nh, np;
+};
+
+/* Copy k of transfer i: its views inside their buffers (vs, vd: the
+ * views of the transfer's ranks), its staging bytes aligned and inside the
+ * transfer's after those of the copies before it (*end), and what it
+ * carries of the piece it names, kept to compare. */
+static void check_op(struct staged_check *c, size_t i, size_t k, const struct view_index *vs,
+		     const struct view_index *vd, int64_t *end)
+{
+	const struct vps_xfer *x = &c->s->xfers[i];
+	const struct vps_op *o = &c->s->ops[x->first_op + k];
+	const struct vps_plan *p = c->p;
+	struct vps_verify_report *rep = c->rep;
+	bool retain = x->src == x->dst;
+	int64_t bytes = vps_ext_volume(o->ndim, o->ext);
+	if (bytes < 0 || !vps_mul_ok(bytes, o->esize, &bytes))
+		bytes = -1; /* reported below as a view outside its buffer */
+	int64_t f0, f1;
+	bool real = bytes > 0;
+	for (int d = 0; d < o->ndim; d++)
+		if (o->src_strides[d] == 0 || o->dst_strides[d] == 0) {
+			vps_verify_add(rep, "transfer %zu op %zu: stride %d is 0 (rows that alias each other)", i, k, d);
+			real = false;
+			break;
+		}
+	if (!vps_view_span(o->ndim, o->ext, o->src_offset, o->src_strides, &f0, &f1) ||
+	    o->src_buffer >= vs->v.nbuffers || f0 < 0 || f1 > vs->v.buffers[o->src_buffer].elements) {
+		vps_verify_add(rep, "transfer %zu op %zu: source view outside buffer %u of rank %" PRId64, i, k,
+			       o->src_buffer, x->src);
+		real = false;
+	}
+	if (!vps_view_span(o->ndim, o->ext, o->dst_offset, o->dst_strides, &f0, &f1) ||
+	    o->dst_buffer >= vd->v.nbuffers || f0 < 0 || f1 > vd->v.buffers[o->dst_buffer].elements) {
+		vps_verify_add(rep, "transfer %zu op %zu: destination view outside buffer %u of rank %" PRId64, i, k,
+			       o->dst_buffer, x->dst);
+		real = false;
+	}
+	if (retain) {
+		if (o->staging != -1)
+			vps_verify_add(rep, "transfer %zu op %zu: a retain with a staging offset", i, k);
+	} else {
+		if (o->staging % VPS_STAGE_ALIGN)
+			vps_verify_add(rep, "transfer %zu op %zu: staging offset %" PRId64 " is not %d-byte aligned", i, k,
+				       o->staging, VPS_STAGE_ALIGN);
+		if (o->staging < *end || !real || o->staging > x->bytes - bytes)
+			vps_verify_add(rep,
+				       "transfer %zu op %zu: staging bytes [%" PRId64 ", %" PRId64
+				       ") overlap another op or leave the buffer of %" PRId64,
+				       i, k, o->staging, o->staging + bytes, x->bytes);
+		if (real)
+			*end = o->staging + bytes;
+	}
+	/* a view that cannot be real is reported, never matched */
+	if (!real)
+		return;
+	if (o->piece < 0 || (uint64_t)o->piece >= p->npieces) {
+		vps_verify_add(rep, "transfer %zu op %zu: piece %" PRId64 " is not one of the plan's %zu", i, k, o->piece,
+			       p->npieces);
+		return;
+	}
+	const struct vps_piece *pc = &p->pieces[o->piece];
+	struct vps_run run;
+	struct part *pt = &c->parts[c->np];
+	vps_op_run(x, o, &run);
+	enum vps_match match = vps_piece_match(pc, &run, &pt->box);
+	if (match == VPS_MATCH_FLAT) {
+		c->have[c->nh++] = (struct seg){x->src,	   x->dst,	     o->src_buffer, o->dst_buffer,
+						o->src_offset, o->dst_offset, bytes / o->esize, o->esize, i};
+		return;
+	}
+	if (match == VPS_MATCH_BOX) {
+		int64_t E[VPS_MAX_DIMS];
+		piece_ext(pc, E);
+		pt->piece = (size_t)o->piece;
+		pt->count = vps_box_volume(&pt->box);
+		pt->xfer = i;
+		pt->op = k;
+		pt->start = box_range_start(&pt->box, E);
+		c->np++;
+		return;
+	}
+	char ps[512];
+	piece_str(vps_layout_model(p->a), pc, ps, sizeof(ps));
+	vps_verify_add(rep,
+		       "transfer %zu op %zu (%" PRId64 " -> %" PRId64 "): not a part of piece %" PRId64 " (%s, %" PRId64
+		       " -> %" PRId64 ") at the piece's addresses",
+		       i, k, x->src, x->dst, o->piece, ps, pc->src, pc->dst);
+}
+
+/* Transfer i: its copies within the file, its step i ^ j, no staging for a
+ * retain, its ranks in the file's scope and the world; then its copies. */
+static vps_result_t check_xfer(struct staged_check *c, size_t i)
+{
+	const struct vps_staged *s = c->s;
+	const struct vps_plan *p = c->p;
+	const struct vps_xfer *x = &s->xfers[i];
+	struct vps_verify_report *rep = c->rep;
+	if (x->first_op > s->nops || x->nops > s->nops - x->first_op) {
+		vps_verify_add(rep, "transfer %zu: copies %zu .. %zu of a file of %zu", i, x->first_op,
+			       x->first_op + x->nops, s->nops);
+		return VPS_OK;
+	}
+	if (x->step != (x->src ^ x->dst))
+		vps_verify_add(rep, "transfer %zu (%" PRId64 " -> %" PRId64 "): step %" PRId64 " is not %" PRId64 " ^ %" PRId64,
+			       i, x->src, x->dst, x->step, x->src, x->dst);
+	if (x->step > s->steps)
+		vps_verify_add(rep, "transfer %zu: step %" PRId64 " beyond the last step %" PRId64, i, x->step, s->steps);
+	if (x->src == x->dst && x->bytes)
+		vps_verify_add(rep, "transfer %zu: a retain with a staging buffer", i);
+	if (s->scope >= 0 && x->src != s->scope && x->dst != s->scope)
+		vps_verify_add(rep, "transfer %zu does not involve rank %" PRId64 ", the file's scope", i, s->scope);
+	int64_t ra = vps_world_a_rank(p->world, x->src), rb = vps_world_b_rank(p->world, x->dst);
+	if (ra < 0 || rb < 0) {
+		vps_verify_add(rep, "transfer %zu: %" PRId64 " -> %" PRId64 " from a joining or to a leaving device", i,
+			       x->src, x->dst);
+		return VPS_OK;
+	}
+	struct view_index *vs, *vd;
+	VPS_CHECK(view_get(p->a, &c->vw.a, ra, &vs));
+	VPS_CHECK(view_get(p->b, &c->vw.b, rb, &vd));
+	int64_t end = 0;
+	for (size_t k = 0; k < x->nops; k++)
+		check_op(c, i, k, vs, vd, &end);
+	return VPS_OK;
+}
+
+/* The pieces of this file against what the copies carry: the flat ones as
+ * segments, the strided ones tiled by the copies that name them. */
+static vps_result_t check_carried(struct staged_check *c)
+{
+	const struct vps_plan *p = c->p;
+	int64_t scope = c->s->scope >= 0 ? c->s->scope : p->scope;
+	size_t nflat = 0, nw = 0, q = 0;
+	vps_result_t rc = VPS_OK;
+	for (size_t i = 0; i < p->npieces; i++) {
+		const struct vps_piece *x = &p->pieces[i];
+		if ((scope < 0 || x->src == scope || x->dst == scope) && vps_piece_flat(x))
+			nflat++;
+	}
+	struct seg *want = malloc((nflat + 1) * sizeof(*want));
+	if (!want)
+		return too_large("contiguous pieces", nflat + 1, sizeof(*want));
+	qsort(c->parts, c->np, sizeof(*c->parts), part_cmp);
+	for (size_t i = 0; i < p->npieces && !rc; i++) {
+		const struct vps_piece *x = &p->pieces[i];
+		size_t q0 = q;
+		while (q < c->np && c->parts[q].piece == i)
+			q++;
+		if (scope >= 0 && x->src != scope && x->dst != scope)
+			continue;
+		if (vps_box_volume(&x->box) > VPS_MAX_ELEMENTS) {
+			vps_verify_add(c->rep, "piece %zu: more than 2^48 elements", i);
+			continue;
+		}
+		if (vps_piece_flat(x))
+			want[nw++] = (struct seg){x->src,	 x->dst, x->src_buffer, x->dst_buffer, x->src_offset,
+						  x->dst_offset, vps_box_volume(&x->box),
+						  (uint8_t)vps_dtype_size(vps_state_dtype(x->state)), i};
+		else
+			rc = check_tiling(p, i, &c->parts[q0], q - q0, c->rep);
+	}
+	if (!rc) {
+		size_t nh = segs_normalize(c->have, c->nh);
+		nw = segs_normalize(want, nw);
+		compare_segs(c->have, nh, want, nw, c->rep);
+	}
+	free(want);
+	return rc;
+}
+
 vps_result_t vps_verify_staged(const struct vps_staged *s, struct vps_verify_report *rep)
 {
 	vps_result_t rc = VPS_OK;
 	const struct vps_plan *p = s->plan;
-	const struct vps_model *m = vps_layout_model(p->a);
 	int64_t W = vps_world_size(p->world), retains = 0, moved = 0;
-	struct views vw = {0};
-	struct seg *have = NULL, *want = NULL;
-	struct part *parts = NULL;
-	size_t nh = 0, nw = 0, np = 0;
-	char ps[512];
+	struct staged_check c = {.s = s, .p = p, .rep = rep};
 	memset(rep, 0, sizeof(*rep));
 	uint64_t hash = s->file_hash ? vps_staged_hash(s) : 0;
 	if (s->file_hash && s->file_hash != hash)
@@ -1357,170 +1341,31 @@ vps_result_t vps_verify_staged(const struct vps_staged *s, struct vps_verify_rep
 	steps--;
 	if (s->steps != steps)
 		vps_verify_add(rep, "steps is %" PRId64 ", the world of %" PRId64 " needs 1 .. %" PRId64, s->steps, W, steps);
-	VPS_CHECK_GOTO(views_new(&vw, p), rc, done);
+	VPS_CHECK_GOTO(views_new(&c.vw, p), rc, done);
 	/* the plan itself, over what this file holds: every destination
 	 * region received exactly once */
-	VPS_CHECK_GOTO(plan_checks(p, s->scope >= 0 ? s->scope : p->scope, &vw, rep, &retains, &moved), rc, done);
-	have = malloc((s->nops + 1) * sizeof(*have));
-	parts = malloc((s->nops + 1) * sizeof(*parts));
-	if (!have || !parts) {
-		rc = too_large("copies", s->nops + 1, sizeof(*have) + sizeof(*parts));
+	VPS_CHECK_GOTO(plan_checks(p, s->scope >= 0 ? s->scope : p->scope, &c.vw, rep, &retains, &moved), rc, done);
+	c.have = malloc((s->nops + 1) * sizeof(*c.have));
+	c.parts = malloc((s->nops + 1) * sizeof(*c.parts));
+	if (!c.have || !c.parts) {
+		rc = too_large("copies", s->nops + 1, sizeof(*c.have) + sizeof(*c.parts));
 		goto done;
 	}
-	for (size_t i = 0; i < s->nxfers; i++) {
-		const struct vps_xfer *x = &s->xfers[i];
-		bool retain = x->src == x->dst;
-		if (x->first_op > s->nops || x->nops > s->nops - x->first_op) {
-			vps_verify_add(rep, "transfer %zu: copies %zu .. %zu of a file of %zu", i, x->first_op,
-				       x->first_op + x->nops, s->nops);
-			continue;
-		}
-		if (x->step != (x->src ^ x->dst))
-			vps_verify_add(rep, "transfer %zu (%" PRId64 " -> %" PRId64 "): step %" PRId64 " is not %" PRId64 " ^ %" PRId64,
-				       i, x->src, x->dst, x->step, x->src, x->dst);
-		if (x->step > s->steps)
-			vps_verify_add(rep, "transfer %zu: step %" PRId64 " beyond the last step %" PRId64, i, x->step, s->steps);
-		if (retain && x->bytes)
-			vps_verify_add(rep, "transfer %zu: a retain with a staging buffer", i);
-		if (s->scope >= 0 && x->src != s->scope && x->dst != s->scope)
-			vps_verify_add(rep, "transfer %zu does not involve rank %" PRId64 ", the file's scope", i, s->scope);
-		int64_t ra = vps_world_a_rank(p->world, x->src), rb = vps_world_b_rank(p->world, x->dst);
-		if (ra < 0 || rb < 0) {
-			vps_verify_add(rep, "transfer %zu: %" PRId64 " -> %" PRId64 " from a joining or to a leaving device", i,
-				       x->src, x->dst);
-			continue;
-		}
-		struct view_index *vs, *vd;
-		VPS_CHECK_GOTO(view_get(p->a, &vw.a, ra, &vs), rc, done);
-		VPS_CHECK_GOTO(view_get(p->b, &vw.b, rb, &vd), rc, done);
-		int64_t end = 0;
-		for (size_t k = 0; k < x->nops; k++) {
-			const struct vps_op *o = &s->ops[x->first_op + k];
-			int64_t bytes = vps_ext_volume(o->ndim, o->ext);
-			if (bytes < 0 || !vps_mul_ok(bytes, o->esize, &bytes))
-				bytes = -1; /* reported below as a view outside its buffer */
-			int64_t f0, f1;
-			bool real = bytes > 0;
-			for (int d = 0; d < o->ndim; d++)
-				if (o->src_strides[d] == 0 || o->dst_strides[d] == 0) {
-					vps_verify_add(rep, "transfer %zu op %zu: stride %d is 0 (rows that alias each other)", i,
-						       k, d);
-					real = false;
-					break;
-				}
-			if (!vps_view_span(o->ndim, o->ext, o->src_offset, o->src_strides, &f0, &f1) ||
-			    o->src_buffer >= vs->v.nbuffers || f0 < 0 || f1 > vs->v.buffers[o->src_buffer].elements) {
-				vps_verify_add(rep, "transfer %zu op %zu: source view outside buffer %u of rank %" PRId64, i, k,
-					       o->src_buffer, x->src);
-				real = false;
-			}
-			if (!vps_view_span(o->ndim, o->ext, o->dst_offset, o->dst_strides, &f0, &f1) ||
-			    o->dst_buffer >= vd->v.nbuffers || f0 < 0 || f1 > vd->v.buffers[o->dst_buffer].elements) {
-				vps_verify_add(rep, "transfer %zu op %zu: destination view outside buffer %u of rank %" PRId64, i,
-					       k, o->dst_buffer, x->dst);
-				real = false;
-			}
-			if (retain) {
-				if (o->staging != -1)
-					vps_verify_add(rep, "transfer %zu op %zu: a retain with a staging offset", i, k);
-			} else {
-				if (o->staging % VPS_STAGE_ALIGN)
-					vps_verify_add(rep, "transfer %zu op %zu: staging offset %" PRId64 " is not %d-byte aligned",
-						       i, k, o->staging, VPS_STAGE_ALIGN);
-				if (o->staging < end || !real || o->staging > x->bytes - bytes)
-					vps_verify_add(rep,
-						       "transfer %zu op %zu: staging bytes [%" PRId64 ", %" PRId64
-						       ") overlap another op or leave the buffer of %" PRId64,
-						       i, k, o->staging, o->staging + bytes, x->bytes);
-				if (real)
-					end = o->staging + bytes;
-			}
-			/* a view that cannot be real is reported, never matched */
-			if (!real)
-				continue;
-			if (o->piece < 0 || (uint64_t)o->piece >= p->npieces) {
-				vps_verify_add(rep, "transfer %zu op %zu: piece %" PRId64 " is not one of the plan's %zu", i, k,
-					       o->piece, p->npieces);
-				continue;
-			}
-			const struct vps_piece *pc = &p->pieces[o->piece];
-			if (vps_piece_flat(pc)) {
-				if (vps_strides_rowmajor(o->ndim, o->ext, o->src_strides) && vps_strides_rowmajor(o->ndim, o->ext, o->dst_strides)) {
-					have[nh++] = (struct seg){x->src, x->dst, o->src_buffer, o->dst_buffer, o->src_offset,
-								  o->dst_offset, bytes / o->esize, o->esize, i};
-					continue;
-				}
-			} else {
-				struct part *pt = &parts[np];
-				if (op_in_piece(o, x, pc, &pt->box)) {
-					pt->piece = (size_t)o->piece;
-					pt->count = vps_box_volume(&pt->box);
-					pt->xfer = i;
-					pt->op = k;
-					int64_t E[VPS_MAX_DIMS];
-					piece_ext(pc, E);
-					pt->start = box_range_start(&pt->box, E);
-					np++;
-					continue;
-				}
-			}
-			piece_str(m, pc, ps, sizeof(ps));
-			vps_verify_add(rep,
-				       "transfer %zu op %zu (%" PRId64 " -> %" PRId64 "): not a part of piece %" PRId64
-				       " (%s, %" PRId64 " -> %" PRId64 ") at the piece's addresses",
-				       i, k, x->src, x->dst, o->piece, ps, pc->src, pc->dst);
-		}
-	}
+	for (size_t i = 0; i < s->nxfers; i++)
+		VPS_CHECK_GOTO(check_xfer(&c, i), rc, done);
 	VPS_CHECK_GOTO(check_schedule(s, W, rep), rc, done);
-	/* the pieces of this file: flat ones as segments, strided ones tiled
-	 * by the copies that name them */
-	int64_t scope = s->scope >= 0 ? s->scope : p->scope;
-	size_t nflat = 0;
-	for (size_t i = 0; i < p->npieces; i++) {
-		const struct vps_piece *x = &p->pieces[i];
-		if ((scope < 0 || x->src == scope || x->dst == scope) && vps_piece_flat(x))
-			nflat++;
-	}
-	want = malloc((nflat + 1) * sizeof(*want));
-	if (!want) {
-		rc = too_large("contiguous pieces", nflat + 1, sizeof(*want));
-		goto done;
-	}
-	qsort(parts, np, sizeof(*parts), part_cmp);
-	size_t q = 0;
-	for (size_t i = 0; i < p->npieces; i++) {
-		const struct vps_piece *x = &p->pieces[i];
-		size_t q0 = q;
-		while (q < np && parts[q].piece == i)
-			q++;
-		if (scope >= 0 && x->src != scope && x->dst != scope)
-			continue;
-		if (vps_box_volume(&x->box) > VPS_MAX_ELEMENTS) {
-			vps_verify_add(rep, "piece %zu: more than 2^48 elements", i);
-			continue;
-		}
-		if (vps_piece_flat(x))
-			want[nw++] = (struct seg){x->src,	 x->dst, x->src_buffer, x->dst_buffer, x->src_offset,
-						  x->dst_offset, vps_box_volume(&x->box),
-						  (uint8_t)vps_dtype_size(vps_state_dtype(x->state)), i};
-		else
-			VPS_CHECK_GOTO(check_tiling(p, i, &parts[q0], q - q0, rep), rc, done);
-	}
-	nh = segs_normalize(have, nh);
-	nw = segs_normalize(want, nw);
-	compare_segs(have, nh, want, nw, rep);
+	VPS_CHECK_GOTO(check_carried(&c), rc, done);
 	struct vps_stage_stats st;
 	vps_staged_stats(s, &st);
 	snprintf(rep->summary, sizeof(rep->summary),
 		 "%s: %" PRId64 " stages within %" PRId64 " bytes, %" PRId64 " transfers, %" PRId64 " copies for %" PRId64
 		 " pieces, peak %" PRId64 " bytes",
-		 m->name, st.stages, s->budget, st.transfers, st.ops, st.pieces, st.peak_max);
+		 vps_layout_model(p->a)->name, st.stages, s->budget, st.transfers, st.ops, st.pieces, st.peak_max);
 	lost_summary(p, rep);
 done:
-	views_release(&vw);
-	free(have);
-	free(want);
-	free(parts);
+	views_release(&c.vw);
+	free(c.have);
+	free(c.parts);
 	if (rc)
 		vps_verify_report_release(rep);
 	return rc;

@@ -14,8 +14,6 @@
 
 #include "vps/io.h"
 
-
-
 #define VPS_DOC_MAGIC "\x89VPS"
 #define VPS_DOC_HEADER_SIZE 16
 
@@ -143,20 +141,7 @@ int vps_r_line(struct vps_reader *r, const char *key);
 /* A config named on the command line: a path when it looks like one (a
  * '/', or ends in .yaml, .yml or .json, or is "-"), else NAME.yaml in the
  * first directory of the colon-separated search path that has it.
- * @return VPS_EINPUT "FLAG: no WHAT named 'NAME' (looked in ...)". */
-vps_result_t vps_config_find(const char *arg, const char *search_path, const char *flag, const char *what,
-			     char *path, size_t n);
-
-/* 64-bit hash of bytes (not cryptographic; stable across builds and hosts). */
-uint64_t vps_hash64(const void *data, size_t len, uint64_t seed);
-static inline uint64_t vps_mix64(uint64_t x)
-{
-	x ^= x >> 30;
-	x *= 0xbf58476d1ce4e5b9ULL;
-	x ^= x >> 27;
-	x *= 0x94d049bb133111ebULL;
-	x ^= x >> 31;
-	return x;
-}
+ * @return VPS_ENOTFOUND "no WHAT named 'NAME' (looked in ...)". */
+vps_result_t vps_config_find(const char *arg, const char *search_path, const char *what, char *path, size_t n);
 
 #endif

@@ -1,5 +1,5 @@
+#include "util/hash.h"
 #include "util/internal.h"
-#include "io/doc.h"
 #include "vps/data.h"
 
 static inline uint64_t fill_key(uint32_t tensor, int state, int64_t step)

@@ -1,7 +1,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 
-#include "io/doc.h"
+#include "util/hash.h"
 #include "util/internal.h"
 #include "model/layout_int.h"
 
@@ -315,13 +315,52 @@ static vps_result_t build_module_tmpl(struct vps_layout *l, int64_t s, int64_t v
 	return VPS_OK;
 }
 
-static vps_result_t build_tmpl(struct vps_layout *l, int64_t s, int64_t v, int expert)
+/* What the last pipeline stage's last chunk registers after its layers:
+ * decoder.final_layernorm, the MTP block, output_layer (or the copy of a
+ * tied embedding). */
+static vps_result_t tmpl_add_last(struct vps_layout *l, struct tmpl *tm, size_t *cap, int expert)
 {
-	struct tmpl *tm = tmpl_at(l, s, v, expert);
+	uint32_t post_first = vps_model_layer_first(&l->m, l->m.layers);
+	uint32_t mtp_first = vps_model_module_first(&l->m);
+	if (l->m.mtp_layers > 0) {
+		struct vps_mtp_span ms;
+		vps_model_mtp_span(&l->m, 0, &ms);
+		mtp_first = ms.first;
+	}
+	for (uint32_t i = post_first; i < mtp_first; i++) {
+		struct vps_tensor t;
+		VPS_CHECK(vps_model_tensor(&l->m, i, &t));
+		if (t.kind != VPS_T_OUTPUT_W)
+			VPS_CHECK(tmpl_add(l, tm, cap, i, -1, -1, -1, false, expert));
+	}
+	for (int64_t k = 0; k < l->m.mtp_layers; k++) {
+		struct vps_mtp_span ms;
+		vps_model_mtp_span(&l->m, k, &ms);
+		for (uint32_t i = 0; i < ms.pre; i++)
+			VPS_CHECK(tmpl_add(l, tm, cap, ms.first + i, -1, -1, -1, false, expert));
+		VPS_CHECK(tmpl_add_layer(l, tm, cap, &ms.layer, -1, -1, expert));
+		for (uint32_t i = ms.layer.first + ms.layer.count; i < ms.first + ms.count; i++)
+			VPS_CHECK(tmpl_add(l, tm, cap, i, -1, -1, -1, false, expert));
+	}
+	if (!l->m.tied_embeddings) {
+		struct vps_tensor t;
+		VPS_CHECK(vps_model_tensor(&l->m, mtp_first - 1, &t));
+		if (t.kind == VPS_T_OUTPUT_W)
+			VPS_CHECK(tmpl_add(l, tm, cap, mtp_first - 1, -1, -1, -1, false, expert));
+	} else if (l->p.pp > 1 && !expert) {
+		tm->output_copy_idx = (int64_t)tm->n;
+		VPS_CHECK(tmpl_add(l, tm, cap, 0, -1, -1, -1, true, expert));
+	}
+	return VPS_OK;
+}
+
+/* The parameters of chunk v of stage s (its dense or expert ones), in
+ * Megatron's registration order. */
+static vps_result_t tmpl_register(struct vps_layout *l, struct tmpl *tm, int64_t s, int64_t v, int expert)
+{
 	const struct vps_parallel *p = &l->p;
-	size_t cap = 0, bcap = 0;
+	size_t cap = 0;
 	uint32_t pre = vps_model_pre_tensors(&l->m);
-	uint32_t param_tensors = vps_model_module_first(&l->m);
 	tm->output_copy_idx = -1;
 	if (s == 0 && v == 0)
 		for (uint32_t i = 0; i < pre; i++)
@@ -341,94 +380,72 @@ static vps_result_t build_tmpl(struct vps_layout *l, int64_t s, int64_t v, int e
 		vps_model_layer_span(&l->m, first + ll, &sp);
 		VPS_CHECK(tmpl_add_layer(l, tm, &cap, &sp, (int32_t)(first + ll), (int32_t)ll, expert));
 	}
-	if (last) {
-		/* decoder.final_layernorm, the MTP block, output_layer */
-		uint32_t post_first = vps_model_layer_first(&l->m, l->m.layers);
-		uint32_t mtp_first = param_tensors;
-		if (l->m.mtp_layers > 0) {
-			struct vps_mtp_span ms;
-			vps_model_mtp_span(&l->m, 0, &ms);
-			mtp_first = ms.first;
-		}
-		for (uint32_t i = post_first; i < mtp_first; i++) {
-			struct vps_tensor t;
-			VPS_CHECK(vps_model_tensor(&l->m, i, &t));
-			if (t.kind != VPS_T_OUTPUT_W)
-				VPS_CHECK(tmpl_add(l, tm, &cap, i, -1, -1, -1, false, expert));
-		}
-		for (int64_t k = 0; k < l->m.mtp_layers; k++) {
-			struct vps_mtp_span ms;
-			vps_model_mtp_span(&l->m, k, &ms);
-			for (uint32_t i = 0; i < ms.pre; i++)
-				VPS_CHECK(tmpl_add(l, tm, &cap, ms.first + i, -1, -1, -1, false, expert));
-			VPS_CHECK(tmpl_add_layer(l, tm, &cap, &ms.layer, -1, -1, expert));
-			for (uint32_t i = ms.layer.first + ms.layer.count; i < ms.first + ms.count; i++)
-				VPS_CHECK(tmpl_add(l, tm, &cap, i, -1, -1, -1, false, expert));
-		}
-		if (!l->m.tied_embeddings) {
-			struct vps_tensor t;
-			VPS_CHECK(vps_model_tensor(&l->m, mtp_first - 1, &t));
-			if (t.kind == VPS_T_OUTPUT_W)
-				VPS_CHECK(tmpl_add(l, tm, &cap, mtp_first - 1, -1, -1, -1, false, expert));
-		} else if (p->pp > 1 && !expert) {
-			tm->output_copy_idx = (int64_t)tm->n;
-			VPS_CHECK(tmpl_add(l, tm, &cap, 0, -1, -1, -1, true, expert));
-		}
-	}
-	if (tm->n == 0)
-		return VPS_OK;
-	VPS_CHECK(index_by_tensor(tm));
+	return last ? tmpl_add_last(l, tm, &cap, expert) : VPS_OK;
+}
 
-	/* Buffer order, padding and buckets of Megatron's DDP buffers: params in
-	 * reverse registration order; with the distributed optimizer each param
-	 * starts on a multiple of 64, a shared embedding gets a bucket of its
-	 * own, and each bucket ends on a multiple of lcm(dp, 128). */
-	bool zero = p->zero != 0;
+/* The buckets being laid out: the open one starts at start and holds n
+ * parameters; with the distributed optimizer (zero) a bucket ends on a
+ * multiple of divisor. */
+struct bucketing {
+	size_t cap;
+	int64_t start;
+	size_t n;
+	bool zero;
+	int64_t divisor;
+};
+
+static vps_result_t close_bucket(struct tmpl *tm, struct bucketing *bk, int64_t end)
+{
+	int64_t hi = bk->zero ? vps_round_up(end, bk->divisor) : end;
+	VPS_CHECK(VPS_GROW(tm->b, bk->cap, tm->nb + 1));
+	tm->b[tm->nb].lo = bk->start;
+	tm->b[tm->nb].hi = hi;
+	tm->nb++;
+	bk->start = hi;
+	bk->n = 0;
+	return VPS_OK;
+}
+
+/* Buffer order, padding and buckets of Megatron's DDP buffers: params in
+ * reverse registration order; with the distributed optimizer each param
+ * starts on a multiple of 64, a shared embedding gets a bucket of its own,
+ * and each bucket ends on a multiple of lcm(dp, 128). */
+static vps_result_t tmpl_buckets(struct vps_layout *l, struct tmpl *tm, int64_t s, int64_t v, int expert)
+{
+	const struct vps_parallel *p = &l->p;
 	/* dense buffers are sharded over the dp_cp group, expert ones over
 	 * expert DP (distributed_data_parallel.py: intra_dp_cp_group and
 	 * intra_expt_dp_group); the bucket size with overlap is the training
 	 * path's, 1,000,000 x the dp_cp group's size for every buffer
 	 * (training.py resolve_ddp_bucket_size) */
 	int64_t dpsize = expert ? l->edp : vps_parallel_dpcp(p);
-	int64_t divisor = vps_lcm(dpsize, 128);
+	struct bucketing bk = {.zero = p->zero != 0, .divisor = vps_lcm(dpsize, 128)};
 	int64_t bsize = p->bucket == VPS_BUCKET_AUTO ? vps_max64(40000000, 1000000 * vps_parallel_dpcp(p)) : p->bucket;
 	if (s > 0 || v > 0)
 		bsize = 0;
 	tm->dpsize = dpsize;
-	int64_t off = 0, bstart = 0, end = 0;
-	size_t inb = 0;
-#define FINALIZE(e)                                                                  \
-	do {                                                                         \
-		int64_t hi_ = zero ? vps_round_up((e), divisor) : (e);               \
-		VPS_CHECK(VPS_GROW(tm->b, bcap, tm->nb + 1));                        \
-		tm->b[tm->nb].lo = bstart;                                           \
-		tm->b[tm->nb].hi = hi_;                                              \
-		tm->nb++;                                                            \
-		bstart = hi_;                                                        \
-		inb = 0;                                                             \
-	} while (0)
+	int64_t off = 0, end = 0;
 	for (size_t k = tm->n; k-- > 0;) {
 		struct tparam *tp = &tm->p[k];
-		if (zero)
+		if (bk.zero)
 			off = vps_round_up(off, 64);
-		if (zero && tp->shared && inb > 0) {
-			FINALIZE(off);
-			off = bstart;
+		if (bk.zero && tp->shared && bk.n > 0) {
+			VPS_CHECK(close_bucket(tm, &bk, off));
+			off = bk.start;
 		}
 		tp->offset = off;
 		tp->bucket = (int32_t)tm->nb;
 		end = off + tp->elements;
-		inb++;
-		if ((bsize && end - bstart >= bsize) || (zero && tp->shared)) {
-			FINALIZE(end);
-			off = bstart;
+		bk.n++;
+		if ((bsize && end - bk.start >= bsize) || (bk.zero && tp->shared)) {
+			VPS_CHECK(close_bucket(tm, &bk, end));
+			off = bk.start;
 		} else {
 			off = end;
 		}
 	}
-	if (inb)
-		FINALIZE(end);
-#undef FINALIZE
+	if (bk.n)
+		VPS_CHECK(close_bucket(tm, &bk, end));
 	tm->elements = tm->b[tm->nb - 1].hi;
 	int64_t sb = 0;
 	for (size_t b = 0; b < tm->nb; b++) {
@@ -437,6 +454,16 @@ static vps_result_t build_tmpl(struct vps_layout *l, int64_t s, int64_t v, int e
 	}
 	tm->shard_elements = sb;
 	return VPS_OK;
+}
+
+static vps_result_t build_tmpl(struct vps_layout *l, int64_t s, int64_t v, int expert)
+{
+	struct tmpl *tm = tmpl_at(l, s, v, expert);
+	VPS_CHECK(tmpl_register(l, tm, s, v, expert));
+	if (tm->n == 0)
+		return VPS_OK;
+	VPS_CHECK(index_by_tensor(tm));
+	return tmpl_buckets(l, tm, s, v, expert);
 }
 
 vps_result_t vps_layout_new(struct vps_layout **out, const struct vps_model *m, const struct vps_parallel *pin,
@@ -896,6 +923,118 @@ int64_t vps_layout_buffer_elements(const struct vps_layout *l, int64_t rank, uin
 	return -1;
 }
 
+/* Where the rules place a tensor: the (stage, chunk) of its template, and
+ * whether it is the output layer's copy of the word embedding there. */
+struct place {
+	int64_t stage, chunk;
+	bool copy;
+};
+
+static int tensor_places(const struct vps_layout *l, const struct vps_tensor *t, struct place locs[2])
+{
+	const struct vps_parallel *p = &l->p;
+	if (t->layer >= 0) {
+		vps_parallel_layer_place(p, &l->m, t->layer, &locs[0].stage, &locs[0].chunk);
+		locs[0].copy = false;
+		return 1;
+	}
+	if (t->kind == VPS_T_WORD_EMB || t->kind == VPS_T_POS_EMB) {
+		locs[0] = (struct place){0, 0, false};
+		if (t->kind != VPS_T_WORD_EMB || !embedding_copied(l))
+			return 1;
+		locs[1] = (struct place){p->pp - 1, p->vpp - 1, true};
+		return 2;
+	}
+	locs[0] = (struct place){p->pp - 1, p->vpp - 1, false};
+	return 1;
+}
+
+/* The holders of one (tensor, state) under the layout's rules, being
+ * listed. */
+struct holder_query {
+	const struct vps_tensor *t;
+	uint32_t tensor;
+	int state;
+	const struct vps_box *box; /* NULL: the whole tensor */
+	int64_t ep;                /* an expert's expert-parallel rank */
+	int64_t dpcp;
+	bool sharded;              /* the state is sharded over data parallelism */
+};
+
+/* The holders of tensor-parallel slice ti of parameter tp of template tm,
+ * in buffer `buffer` of pipeline stage s. A dense slice's replicas are
+ * every (cp, dp) of its stage, which in the order tp-cp-ep-dp-pp are the
+ * ranks ti + tp * j, j < cp * dp. */
+static vps_result_t slice_holders(const struct vps_layout *l, const struct holder_query *q, const struct tmpl *tm,
+				  const struct tparam *tp, uint32_t buffer, int64_t s, int64_t ti, struct vps_holders *h)
+{
+	const struct vps_parallel *p = &l->p;
+	const struct vps_tensor *t = q->t;
+	struct piece pc[2 * VPS_MAX_DIMS];
+	int npc = vps_layout_pieces(l, t, ti, pc), any = 0;
+	for (int i = 0; i < npc; i++)
+		any |= !q->box || vps_box_intersect(&pc[i].box, q->box, NULL);
+	if (!any)
+		return VPS_OK;
+	if (!q->sharded) {
+		size_t nr = 0, cap = 0;
+		struct vps_region *rs = NULL;
+		vps_result_t rc = param_regions(tm, tp, q->tensor, t->ndim, pc, npc, q->state, false, 0, buffer, q->box,
+						&rs, &nr, &cap);
+		for (size_t i = 0; !rc && i < nr; i++) {
+			if (t->is_expert)
+				rc = push_holder(h, &rs[i], ti + p->etp * (q->ep + p->ep * l->edp * s), p->etp * p->ep,
+						 l->edp);
+			else
+				rc = push_holder(h, &rs[i], ti + p->tp * q->dpcp * s, p->tp, q->dpcp);
+		}
+		free(rs);
+		return rc;
+	}
+	const struct tbucket *b = &tm->b[tp->bucket];
+	int64_t sz = (b->hi - b->lo) / tm->dpsize;
+	int64_t d0 = (tp->offset - b->lo) / sz, d1 = (tp->offset + tp->elements - 1 - b->lo) / sz;
+	for (int64_t d = d0; d <= d1; d++) {
+		size_t nr = 0, cap = 0;
+		struct vps_region *rs = NULL;
+		vps_result_t rc = param_regions(tm, tp, q->tensor, t->ndim, pc, npc, q->state, true, d, buffer, q->box, &rs,
+						&nr, &cap);
+		for (size_t i = 0; !rc && i < nr; i++) {
+			int64_t rank = t->is_expert ? ti + p->etp * (q->ep + p->ep * (d + l->edp * s))
+						    : ti + p->tp * (d + q->dpcp * s);
+			rc = push_holder(h, &rs[i], rank, 1, 1);
+		}
+		free(rs);
+		if (rc)
+			return rc;
+	}
+	return VPS_OK;
+}
+
+/* Every holder under the rules: each place of the tensor, each of its
+ * tensor-parallel slices. */
+static vps_result_t rule_holders(const struct vps_layout *l, const struct holder_query *q, struct vps_holders *h)
+{
+	const struct vps_parallel *p = &l->p;
+	const struct vps_tensor *t = q->t;
+	struct place locs[2];
+	int nloc = tensor_places(l, t, locs);
+	int group = t->module_buffer ? GROUP_MODULE : t->is_expert && l->expert_buffer ? GROUP_EXPERT : GROUP_DENSE;
+	uint32_t slot_tensor = t->expert >= 0 ? q->tensor - (uint32_t)(q->ep * l->experts_per_rank * l->nexpert_kinds)
+					      : q->tensor;
+	int64_t T = t->is_expert ? p->etp : p->tp;
+	for (int li = 0; li < nloc; li++) {
+		const struct tmpl *tm = tmpl_at(l, locs[li].stage, locs[li].chunk, group);
+		int k = locs[li].copy ? (int)tm->output_copy_idx : tparam_find(tm, slot_tensor);
+		if (k < 0)
+			return vps_fail(VPS_EINTERNAL, "tensor %u missing from its stage's template", q->tensor);
+		uint32_t buffer = buffer_index(l, locs[li].stage, locs[li].chunk, group, q->state);
+		for (int64_t ti = 0; ti < T; ti++)
+			VPS_CHECK(slice_holders(l, q, tm, &tm->p[k], buffer, locs[li].stage, ti, h));
+	}
+	return VPS_OK;
+}
+
 vps_result_t vps_layout_holders(const struct vps_layout *l, uint32_t tensor, int state, const struct vps_box *box,
 				struct vps_holders *h)
 {
@@ -905,94 +1044,14 @@ vps_result_t vps_layout_holders(const struct vps_layout *l, uint32_t tensor, int
 		return VPS_OK;
 	size_t from = h->n;
 	if ((int64_t)l->nex < l->world) {
-		const struct vps_parallel *p = &l->p;
-		struct {
-			int64_t stage, chunk;
-			bool copy;
-		} locs[2];
-		int nloc = 0;
-		if (t.layer >= 0) {
-			vps_parallel_layer_place(p, &l->m, t.layer, &locs[0].stage, &locs[0].chunk);
-			locs[0].copy = false;
-			nloc = 1;
-		} else if (t.kind == VPS_T_WORD_EMB || t.kind == VPS_T_POS_EMB) {
-			locs[0].stage = 0;
-			locs[0].chunk = 0;
-			locs[0].copy = false;
-			nloc = 1;
-			if (t.kind == VPS_T_WORD_EMB && embedding_copied(l)) {
-				locs[1].stage = p->pp - 1;
-				locs[1].chunk = p->vpp - 1;
-				locs[1].copy = true;
-				nloc = 2;
-			}
-		} else {
-			locs[0].stage = p->pp - 1;
-			locs[0].chunk = p->vpp - 1;
-			locs[0].copy = false;
-			nloc = 1;
-		}
-		int group = t.module_buffer ? GROUP_MODULE : t.is_expert && l->expert_buffer ? GROUP_EXPERT : GROUP_DENSE;
-		int64_t ep = t.expert >= 0 ? t.expert / l->experts_per_rank : 0;
-		uint32_t slot_tensor = t.expert >= 0 ? tensor - (uint32_t)(ep * l->experts_per_rank * l->nexpert_kinds)
-						     : tensor;
-		int64_t T = t.is_expert ? p->etp : p->tp;
-		/* a dense TP slice's replicas: every (cp, dp) of its stage, which in
-		 * the order tp-cp-ep-dp-pp are the ranks ti + tp * j, j < cp * dp */
-		int64_t dpcp = vps_parallel_dpcp(p);
-		bool sharded = vps_layout_state_sharded(l, state);
-		for (int li = 0; li < nloc; li++) {
-			const struct tmpl *tm = tmpl_at(l, locs[li].stage, locs[li].chunk, group);
-			int k = locs[li].copy ? (int)tm->output_copy_idx : tparam_find(tm, slot_tensor);
-			if (k < 0)
-				return vps_fail(VPS_EINPUT, "internal: tensor %u missing from its stage", tensor);
-			const struct tparam *tp = &tm->p[k];
-			uint32_t buffer = buffer_index(l, locs[li].stage, locs[li].chunk, group, state);
-			int64_t s = locs[li].stage;
-			for (int64_t ti = 0; ti < T; ti++) {
-				struct piece pc[2 * VPS_MAX_DIMS];
-				int npc = vps_layout_pieces(l, &t, ti, pc), any = 0;
-				for (int i = 0; i < npc; i++)
-					any |= !box || vps_box_intersect(&pc[i].box, box, NULL);
-				if (!any)
-					continue;
-				if (!sharded) {
-					size_t before = 0;
-					struct vps_region *rs = NULL;
-					size_t cap = 0;
-					vps_result_t rc = param_regions(tm, tp, tensor, t.ndim, pc, npc, state, false, 0, buffer,
-									box, &rs, &before, &cap);
-					for (size_t i = 0; !rc && i < before; i++) {
-						if (t.is_expert)
-							rc = push_holder(h, &rs[i], ti + p->etp * (ep + p->ep * l->edp * s),
-									 p->etp * p->ep, l->edp);
-						else
-							rc = push_holder(h, &rs[i], ti + p->tp * dpcp * s, p->tp, dpcp);
-					}
-					free(rs);
-					if (rc)
-						return rc;
-					continue;
-				}
-				const struct tbucket *b = &tm->b[tp->bucket];
-				int64_t sz = (b->hi - b->lo) / tm->dpsize;
-				int64_t d0 = (tp->offset - b->lo) / sz, d1 = (tp->offset + tp->elements - 1 - b->lo) / sz;
-				for (int64_t d = d0; d <= d1; d++) {
-					size_t nr = 0, cap = 0;
-					struct vps_region *rs = NULL;
-					vps_result_t rc = param_regions(tm, tp, tensor, t.ndim, pc, npc, state, true, d, buffer,
-									box, &rs, &nr, &cap);
-					for (size_t i = 0; !rc && i < nr; i++) {
-						int64_t rank = t.is_expert ? ti + p->etp * (ep + p->ep * (d + l->edp * s))
-									   : ti + p->tp * (d + dpcp * s);
-						rc = push_holder(h, &rs[i], rank, 1, 1);
-					}
-					free(rs);
-					if (rc)
-						return rc;
-				}
-			}
-		}
+		struct holder_query q = {.t = &t,
+					 .tensor = tensor,
+					 .state = state,
+					 .box = box,
+					 .ep = t.expert >= 0 ? t.expert / l->experts_per_rank : 0,
+					 .dpcp = vps_parallel_dpcp(&l->p),
+					 .sharded = vps_layout_state_sharded(l, state)};
+		VPS_CHECK(rule_holders(l, &q, h));
 		if (l->nex)
 			VPS_CHECK(drop_explicit(l, h, from));
 	}

@@ -163,7 +163,7 @@ vps_result_t vps_layout_write(struct vps_writer *w, const struct vps_layout *l, 
 	for (size_t i = 0; i < nranks; i++) {
 		if (ranks[i] < 0 || ranks[i] >= l->world) {
 			free(all);
-			return vps_fail(VPS_EINPUT, "--rank: %" PRId64 " is outside the world of %" PRId64, ranks[i],
+			return vps_fail(VPS_EINPUT, "rank %" PRId64 " is outside the world of %" PRId64 " ranks", ranks[i],
 					l->world);
 		}
 		all[l->nex + i] = ranks[i];
@@ -204,41 +204,126 @@ vps_result_t vps_layout_serialize(const struct vps_layout *l, const int64_t *ran
 	return rc;
 }
 
+/* A view's rank, its device (the device map's) and its coordinates. */
+static vps_result_t read_view_rank(struct vps_reader *r, const struct vps_layout *l, struct vps_rank_view *v)
+{
+	uint64_t n;
+	int64_t node, gpu;
+	VPS_CHECK(vps_r_int(r, "rank", &v->rank, 0, l->world - 1));
+	VPS_CHECK(vps_r_seq_begin(r, "device", &n));
+	if (n != 2)
+		return vps_r_error(r, "device", "a device is [node, gpu]");
+	VPS_CHECK(vps_r_int(r, NULL, &node, 0, INT32_MAX));
+	VPS_CHECK(vps_r_int(r, NULL, &gpu, 0, INT32_MAX));
+	VPS_CHECK(vps_r_seq_end(r));
+	v->device.node = (int32_t)node;
+	v->device.gpu = (int32_t)gpu;
+	struct vps_device want = vps_layout_device(l, v->rank);
+	if (want.node != v->device.node || want.gpu != v->device.gpu)
+		return vps_r_error(r, "device", "rank %" PRId64 " is on node %d gpu %d in the device map", v->rank,
+				   want.node, want.gpu);
+	VPS_CHECK(vps_r_map_begin(r, "coords"));
+	VPS_CHECK(vps_r_int(r, "tp", &v->coords.tp, 0, INT32_MAX));
+	/* views written before cp= existed have none: context parallel rank 0 */
+	VPS_CHECK(vps_r_int_opt(r, "cp", &v->coords.cp, 0, INT32_MAX, 0));
+	VPS_CHECK(vps_r_int(r, "dp", &v->coords.dp, 0, INT32_MAX));
+	VPS_CHECK(vps_r_int(r, "pp", &v->coords.pp, 0, INT32_MAX));
+	VPS_CHECK(vps_r_int(r, "etp", &v->coords.etp, 0, INT32_MAX));
+	VPS_CHECK(vps_r_int(r, "ep", &v->coords.ep, 0, INT32_MAX));
+	VPS_CHECK(vps_r_int(r, "edp", &v->coords.edp, 0, INT32_MAX));
+	return vps_r_map_end(r);
+}
+
+/* Buffer i of a view. */
+static vps_result_t read_buffer(struct vps_reader *r, const struct vps_layout *l, uint64_t i, struct vps_buffer *b)
+{
+	const char *s;
+	int64_t x;
+	int e;
+	VPS_CHECK(vps_r_map_begin(r, NULL));
+	VPS_CHECK(vps_r_int(r, "id", &x, (int64_t)i, (int64_t)i));
+	b->id = (uint32_t)x;
+	VPS_CHECK(vps_r_str(r, "state", &s));
+	if (vps_state_parse(s, &e))
+		return vps_r_error(r, "state", "unknown state '%s'", s);
+	b->state = (uint8_t)e;
+	VPS_CHECK(vps_r_str(r, "dtype", &s));
+	if (vps_dtype_parse(s, &e))
+		return vps_r_error(r, "dtype", "unknown dtype '%s' (bf16 or fp32)", s);
+	b->dtype = (uint8_t)e;
+	VPS_CHECK(vps_r_int(r, "chunk", &x, 0, l->p.vpp - 1));
+	b->chunk = (int32_t)x;
+	VPS_CHECK(vps_r_str(r, "group", &s));
+	/* module buffers are a group of their own, with the one state */
+	bool module = !strcmp(s, "module");
+	if ((strcmp(s, "dense") && strcmp(s, "expert") && !module) || module != (b->state == VPS_STATE_MODULE))
+		return vps_r_error(r, "group", "'%s' with state %s: expected dense or expert, or module with "
+			       "module_buffer", s, vps_state_name(b->state));
+	b->expert = s[0] == 'e';
+	VPS_CHECK(vps_r_bool(r, "sharded", &b->sharded));
+	VPS_CHECK(vps_r_int(r, "elements", &b->elements, 0, VPS_MAX_ELEMENTS));
+	return vps_r_map_end(r);
+}
+
+/* Region i of a view: a state its tensor has, a box inside the tensor, a
+ * view inside its buffer. Counted in v->nregions once its name is held,
+ * for vps_rank_view_release. */
+static vps_result_t read_region(struct vps_reader *r, const struct vps_layout *l, struct vps_rank_view *v, uint64_t i)
+{
+	struct vps_region *g = &v->regions[i];
+	const char *s;
+	uint32_t id;
+	int e;
+	int64_t x;
+	VPS_CHECK(vps_r_map_begin(r, NULL));
+	VPS_CHECK(vps_r_str(r, "tensor", &s));
+	if (vps_model_find_tensor(&l->m, s, &id))
+		return vps_r_error(r, "tensor", "no tensor '%s' in model %s", s, l->m.name);
+	g->tensor = id;
+	VPS_CHECK(vps_r_str(r, "param", &s));
+	v->region_names[i] = vps_strdup(s);
+	v->nregions++;
+	if (!v->region_names[i])
+		return VPS_ENOMEM;
+	v->region_param[i] = UINT32_MAX;
+	VPS_CHECK(vps_r_str(r, "state", &s));
+	if (vps_state_parse(s, &e))
+		return vps_r_error(r, "state", "unknown state '%s'", s);
+	g->state = (uint8_t)e;
+	VPS_CHECK(vps_r_int(r, "buffer", &x, 0, (int64_t)v->nbuffers - 1));
+	g->buffer = (uint32_t)x;
+	VPS_CHECK(vps_box_read(r, "box", &g->box));
+	struct vps_tensor t;
+	char what[64];
+	snprintf(what, sizeof(what), "rank %" PRId64 " region %" PRIu64, v->rank, i);
+	vps_model_tensor(&l->m, id, &t);
+	if (!vps_layout_tensor_has_state(l, &t, g->state))
+		return vps_r_error(r, "state", "%s is %s, which has no state %s", what,
+				   t.module_buffer ? "a module buffer" : "a parameter", vps_state_name(g->state));
+	VPS_CHECK(vps_box_check(r, "box", what, &g->box, &t));
+	VPS_CHECK(vps_r_int(r, "offset", &g->offset, 0, VPS_MAX_ELEMENTS));
+	uint64_t ns;
+	VPS_CHECK(vps_r_seq_begin(r, "strides", &ns));
+	if (ns != (uint64_t)g->box.ndim)
+		return vps_r_error(r, "strides", "one stride per axis of the box");
+	for (uint64_t k = 0; k < ns; k++)
+		VPS_CHECK(vps_r_int(r, NULL, &g->strides[k], -VPS_MAX_ELEMENTS, VPS_MAX_ELEMENTS));
+	VPS_CHECK(vps_r_seq_end(r));
+	int64_t ext[VPS_MAX_DIMS];
+	for (int k = 0; k < g->box.ndim; k++)
+		ext[k] = g->box.hi[k] - g->box.lo[k];
+	VPS_CHECK(vps_view_check(r, "strides", what, g->box.ndim, ext, g->offset, g->strides, g->buffer,
+				 v->buffers[g->buffer].elements));
+	return vps_r_map_end(r);
+}
+
 static vps_result_t read_view(struct vps_reader *r, const struct vps_layout *l, struct vps_rank_view *v)
 {
 	vps_result_t rc = VPS_OK;
 	uint64_t n;
-	const char *s;
 	memset(v, 0, sizeof(*v));
 	VPS_CHECK(vps_r_map_begin(r, NULL));
-	VPS_CHECK_GOTO(vps_r_int(r, "rank", &v->rank, 0, l->world - 1), rc, fail);
-	VPS_CHECK_GOTO(vps_r_seq_begin(r, "device", &n), rc, fail);
-	if (n != 2) {
-		rc = vps_r_error(r, "device", "a device is [node, gpu]");
-		goto fail;
-	}
-	int64_t node, gpu;
-	VPS_CHECK_GOTO(vps_r_int(r, NULL, &node, 0, INT32_MAX), rc, fail);
-	VPS_CHECK_GOTO(vps_r_int(r, NULL, &gpu, 0, INT32_MAX), rc, fail);
-	VPS_CHECK_GOTO(vps_r_seq_end(r), rc, fail);
-	v->device.node = (int32_t)node;
-	v->device.gpu = (int32_t)gpu;
-	struct vps_device want = vps_layout_device(l, v->rank);
-	if (want.node != v->device.node || want.gpu != v->device.gpu) {
-		rc = vps_r_error(r, "device", "rank %" PRId64 " is on node %d gpu %d in the device map", v->rank,
-				 want.node, want.gpu);
-		goto fail;
-	}
-	VPS_CHECK_GOTO(vps_r_map_begin(r, "coords"), rc, fail);
-	VPS_CHECK_GOTO(vps_r_int(r, "tp", &v->coords.tp, 0, INT32_MAX), rc, fail);
-	/* views written before cp= existed have none: context parallel rank 0 */
-	VPS_CHECK_GOTO(vps_r_int_opt(r, "cp", &v->coords.cp, 0, INT32_MAX, 0), rc, fail);
-	VPS_CHECK_GOTO(vps_r_int(r, "dp", &v->coords.dp, 0, INT32_MAX), rc, fail);
-	VPS_CHECK_GOTO(vps_r_int(r, "pp", &v->coords.pp, 0, INT32_MAX), rc, fail);
-	VPS_CHECK_GOTO(vps_r_int(r, "etp", &v->coords.etp, 0, INT32_MAX), rc, fail);
-	VPS_CHECK_GOTO(vps_r_int(r, "ep", &v->coords.ep, 0, INT32_MAX), rc, fail);
-	VPS_CHECK_GOTO(vps_r_int(r, "edp", &v->coords.edp, 0, INT32_MAX), rc, fail);
-	VPS_CHECK_GOTO(vps_r_map_end(r), rc, fail);
+	VPS_CHECK_GOTO(read_view_rank(r, l, v), rc, fail);
 	VPS_CHECK_GOTO(vps_r_seq_begin(r, "buffers", &n), rc, fail);
 	v->buffers = vps_calloc(n + 1, sizeof(*v->buffers));
 	if (!v->buffers) {
@@ -246,38 +331,7 @@ static vps_result_t read_view(struct vps_reader *r, const struct vps_layout *l, 
 		goto fail;
 	}
 	for (uint64_t i = 0; i < n; i++) {
-		struct vps_buffer *b = &v->buffers[i];
-		int64_t x;
-		int e;
-		VPS_CHECK_GOTO(vps_r_map_begin(r, NULL), rc, fail);
-		VPS_CHECK_GOTO(vps_r_int(r, "id", &x, (int64_t)i, (int64_t)i), rc, fail);
-		b->id = (uint32_t)x;
-		VPS_CHECK_GOTO(vps_r_str(r, "state", &s), rc, fail);
-		if (vps_state_parse(s, &e)) {
-			rc = vps_r_error(r, "state", "unknown state '%s'", s);
-			goto fail;
-		}
-		b->state = (uint8_t)e;
-		VPS_CHECK_GOTO(vps_r_str(r, "dtype", &s), rc, fail);
-		if (vps_dtype_parse(s, &e)) {
-			rc = vps_r_error(r, "dtype", "unknown dtype '%s' (bf16 or fp32)", s);
-			goto fail;
-		}
-		b->dtype = (uint8_t)e;
-		VPS_CHECK_GOTO(vps_r_int(r, "chunk", &x, 0, l->p.vpp - 1), rc, fail);
-		b->chunk = (int32_t)x;
-		VPS_CHECK_GOTO(vps_r_str(r, "group", &s), rc, fail);
-		/* module buffers are a group of their own, with the one state */
-		bool module = !strcmp(s, "module");
-		if ((strcmp(s, "dense") && strcmp(s, "expert") && !module) || module != (b->state == VPS_STATE_MODULE)) {
-			rc = vps_r_error(r, "group", "'%s' with state %s: expected dense or expert, or module with "
-				       "module_buffer", s, vps_state_name(b->state));
-			goto fail;
-		}
-		b->expert = s[0] == 'e';
-		VPS_CHECK_GOTO(vps_r_bool(r, "sharded", &b->sharded), rc, fail);
-		VPS_CHECK_GOTO(vps_r_int(r, "elements", &b->elements, 0, VPS_MAX_ELEMENTS), rc, fail);
-		VPS_CHECK_GOTO(vps_r_map_end(r), rc, fail);
+		VPS_CHECK_GOTO(read_buffer(r, l, i, &v->buffers[i]), rc, fail);
 		v->nbuffers++;
 	}
 	VPS_CHECK_GOTO(vps_r_seq_end(r), rc, fail);
@@ -289,63 +343,8 @@ static vps_result_t read_view(struct vps_reader *r, const struct vps_layout *l, 
 		rc = VPS_ENOMEM;
 		goto fail;
 	}
-	for (uint64_t i = 0; i < n; i++) {
-		struct vps_region *g = &v->regions[i];
-		uint32_t id;
-		int e;
-		int64_t x;
-		VPS_CHECK_GOTO(vps_r_map_begin(r, NULL), rc, fail);
-		VPS_CHECK_GOTO(vps_r_str(r, "tensor", &s), rc, fail);
-		if (vps_model_find_tensor(&l->m, s, &id)) {
-			rc = vps_r_error(r, "tensor", "no tensor '%s' in model %s", s, l->m.name);
-			goto fail;
-		}
-		g->tensor = id;
-		VPS_CHECK_GOTO(vps_r_str(r, "param", &s), rc, fail);
-		v->region_names[i] = vps_strdup(s);
-		v->nregions++;
-		if (!v->region_names[i]) {
-			rc = VPS_ENOMEM;
-			goto fail;
-		}
-		v->region_param[i] = UINT32_MAX;
-		VPS_CHECK_GOTO(vps_r_str(r, "state", &s), rc, fail);
-		if (vps_state_parse(s, &e)) {
-			rc = vps_r_error(r, "state", "unknown state '%s'", s);
-			goto fail;
-		}
-		g->state = (uint8_t)e;
-		VPS_CHECK_GOTO(vps_r_int(r, "buffer", &x, 0, (int64_t)v->nbuffers - 1), rc, fail);
-		g->buffer = (uint32_t)x;
-		VPS_CHECK_GOTO(vps_box_read(r, "box", &g->box), rc, fail);
-		struct vps_tensor t;
-		char what[64];
-		snprintf(what, sizeof(what), "rank %" PRId64 " region %" PRIu64, v->rank, i);
-		vps_model_tensor(&l->m, id, &t);
-		if (!vps_layout_tensor_has_state(l, &t, g->state)) {
-			rc = vps_r_error(r, "state", "%s is %s, which has no state %s", what,
-					 t.module_buffer ? "a module buffer" : "a parameter", vps_state_name(g->state));
-			goto fail;
-		}
-		VPS_CHECK_GOTO(vps_box_check(r, "box", what, &g->box, &t), rc, fail);
-		VPS_CHECK_GOTO(vps_r_int(r, "offset", &g->offset, 0, VPS_MAX_ELEMENTS), rc, fail);
-		uint64_t ns;
-		VPS_CHECK_GOTO(vps_r_seq_begin(r, "strides", &ns), rc, fail);
-		if (ns != (uint64_t)g->box.ndim) {
-			rc = vps_r_error(r, "strides", "one stride per axis of the box");
-			goto fail;
-		}
-		for (uint64_t k = 0; k < ns; k++)
-			VPS_CHECK_GOTO(vps_r_int(r, NULL, &g->strides[k], -VPS_MAX_ELEMENTS, VPS_MAX_ELEMENTS), rc, fail);
-		VPS_CHECK_GOTO(vps_r_seq_end(r), rc, fail);
-		int64_t ext[VPS_MAX_DIMS];
-		for (int k = 0; k < g->box.ndim; k++)
-			ext[k] = g->box.hi[k] - g->box.lo[k];
-		VPS_CHECK_GOTO(vps_view_check(r, "strides", what, g->box.ndim, ext, g->offset, g->strides, g->buffer,
-					      v->buffers[g->buffer].elements),
-			       rc, fail);
-		VPS_CHECK_GOTO(vps_r_map_end(r), rc, fail);
-	}
+	for (uint64_t i = 0; i < n; i++)
+		VPS_CHECK_GOTO(read_region(r, l, v, i), rc, fail);
 	VPS_CHECK_GOTO(vps_r_seq_end(r), rc, fail);
 	VPS_CHECK_GOTO(vps_r_map_end(r), rc, fail);
 	return VPS_OK;

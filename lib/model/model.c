@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "io/doc.h"
+#include "util/hash.h"
 #include "util/internal.h"
 #include "model/model_io.h"
 
@@ -247,30 +248,20 @@ static void set_shape(struct vps_tensor *t, int ndim, int64_t a, int64_t b, int6
 		t->shape[k] = 1;
 }
 
-static void fill_tensor(const struct vps_model *m, struct vps_tensor *t)
+/* The shape and tensor-parallel split of an attention tensor.
+ * @return false for a tensor of another kind. */
+static bool attention_shape(const struct vps_model *m, struct vps_tensor *t)
 {
 	int64_t h = m->hidden, g = m->query_groups, d = m->head_dim;
 	int64_t slots = m->heads / m->query_groups + 2;
-	bool gated = m->activation == VPS_ACT_SWIGLU;
-	t->split = VPS_SPLIT_NONE;
-	t->axis = 0;
-	t->is_expert = false;
 	switch (t->kind) {
-	case VPS_T_WORD_EMB:
-	case VPS_T_OUTPUT_W:
-		set_shape(t, 2, m->vocab, h, 1, 1);
-		t->split = VPS_SPLIT_VOCAB;
-		break;
-	case VPS_T_POS_EMB:
-		set_shape(t, 2, m->max_positions, h, 1, 1);
-		break;
 	case VPS_T_PROJ_W:
 		/* MLA: linear_proj's input is heads x v_head_dim
 		 * (query_projection_size in MultiLatentAttention) */
 		set_shape(t, 2, h, m->heads * (m->kv_lora_rank > 0 ? m->v_head_dim : d), 1, 1);
 		t->split = VPS_SPLIT_AXIS;
 		t->axis = 1;
-		break;
+		return true;
 	/* MLA up projections are column parallel and viewed per head
 	 * ([..., heads_per_partition, head dim]): a head axis makes each TP
 	 * rank's rows one box. The down projections are TELinear
@@ -278,44 +269,56 @@ static void fill_tensor(const struct vps_model *m, struct vps_tensor *t)
 	case VPS_T_Q_PROJ_W:
 		set_shape(t, 3, m->heads, m->qk_head_dim + m->qk_pos_dim, h, 1);
 		t->split = VPS_SPLIT_AXIS;
-		break;
+		return true;
 	case VPS_T_Q_PROJ_LN_W:
 		set_shape(t, 1, h, 1, 1, 1);
-		break;
+		return true;
 	case VPS_T_Q_DOWN_W:
 		set_shape(t, 2, m->q_lora_rank, h, 1, 1);
-		break;
+		return true;
 	case VPS_T_Q_UP_LN_W:
 		set_shape(t, 1, m->q_lora_rank, 1, 1, 1);
-		break;
+		return true;
 	case VPS_T_Q_UP_W:
 		set_shape(t, 3, m->heads, m->qk_head_dim + m->qk_pos_dim, m->q_lora_rank, 1);
 		t->split = VPS_SPLIT_AXIS;
-		break;
+		return true;
 	case VPS_T_KV_DOWN_W:
 		set_shape(t, 2, m->kv_lora_rank + m->qk_pos_dim, h, 1, 1);
-		break;
+		return true;
 	case VPS_T_KV_UP_LN_W:
 		set_shape(t, 1, m->kv_lora_rank, 1, 1, 1);
-		break;
+		return true;
 	case VPS_T_KV_UP_W:
 		set_shape(t, 3, m->heads, m->qk_head_dim + m->v_head_dim, m->kv_lora_rank, 1);
 		t->split = VPS_SPLIT_AXIS;
-		break;
+		return true;
 	case VPS_T_QKV_W:
 		set_shape(t, 4, g, slots, d, h);
 		t->split = VPS_SPLIT_FLAT;
-		break;
+		return true;
 	case VPS_T_QKV_B:
 		set_shape(t, 3, g, slots, d, 1);
 		t->split = VPS_SPLIT_FLAT;
-		break;
+		return true;
 	case VPS_T_Q_NORM_W:
 	case VPS_T_Q_NORM_B:
 	case VPS_T_K_NORM_W:
 	case VPS_T_K_NORM_B:
 		set_shape(t, 1, d, 1, 1, 1);
-		break;
+		return true;
+	default:
+		return false;
+	}
+}
+
+/* The same for an MLP's, a shared expert's, a routed expert's or a
+ * router's tensor. */
+static bool mlp_shape(const struct vps_model *m, struct vps_tensor *t)
+{
+	int64_t h = m->hidden;
+	bool gated = m->activation == VPS_ACT_SWIGLU;
+	switch (t->kind) {
 	case VPS_T_FC1_W:
 	case VPS_T_SHARED_FC1_W:
 	case VPS_T_EXP_FC1_W: {
@@ -327,7 +330,7 @@ static void fill_tensor(const struct vps_model *m, struct vps_tensor *t)
 			set_shape(t, 2, f, h, 1, 1);
 		t->split = VPS_SPLIT_AXIS;
 		t->axis = gated ? 1 : 0;
-		break;
+		return true;
 	}
 	case VPS_T_FC1_B:
 	case VPS_T_EXP_FC1_B: {
@@ -338,7 +341,7 @@ static void fill_tensor(const struct vps_model *m, struct vps_tensor *t)
 			set_shape(t, 1, f, 1, 1, 1);
 		t->split = VPS_SPLIT_AXIS;
 		t->axis = gated ? 1 : 0;
-		break;
+		return true;
 	}
 	case VPS_T_FC2_W:
 	case VPS_T_SHARED_FC2_W:
@@ -348,24 +351,52 @@ static void fill_tensor(const struct vps_model *m, struct vps_tensor *t)
 			  1);
 		t->split = VPS_SPLIT_AXIS;
 		t->axis = 1;
-		break;
+		return true;
 	case VPS_T_ROUTER_W:
 		set_shape(t, 2, m->experts, h, 1, 1);
+		return true;
+	case VPS_T_ROUTER_BIAS:
+		/* TopKRouter: register_buffer('expert_bias', zeros(num_experts,
+		 * dtype=float32)), whole on every rank of the layer's stage */
+		set_shape(t, 1, m->experts, 1, 1, 1);
+		return true;
+	default:
+		return false;
+	}
+}
+
+/* The embeddings, the output layer, MTP's eh_proj, and what every other
+ * kind is: [h], replicated. */
+static void other_shape(const struct vps_model *m, struct vps_tensor *t)
+{
+	int64_t h = m->hidden;
+	switch (t->kind) {
+	case VPS_T_WORD_EMB:
+	case VPS_T_OUTPUT_W:
+		set_shape(t, 2, m->vocab, h, 1, 1);
+		t->split = VPS_SPLIT_VOCAB;
+		break;
+	case VPS_T_POS_EMB:
+		set_shape(t, 2, m->max_positions, h, 1, 1);
 		break;
 	case VPS_T_MTP_EH_PROJ_W:
 		/* eh_proj: column parallel [h, 2h] (MultiTokenPredictionLayer) */
 		set_shape(t, 2, h, 2 * h, 1, 1);
 		t->split = VPS_SPLIT_AXIS;
 		break;
-	case VPS_T_ROUTER_BIAS:
-		/* TopKRouter: register_buffer('expert_bias', zeros(num_experts,
-		 * dtype=float32)), whole on every rank of the layer's stage */
-		set_shape(t, 1, m->experts, 1, 1, 1);
-		break;
 	default: /* norms and the biases of row-parallel layers: [h], replicated */
 		set_shape(t, 1, h, 1, 1, 1);
 		break;
 	}
+}
+
+static void fill_tensor(const struct vps_model *m, struct vps_tensor *t)
+{
+	t->split = VPS_SPLIT_NONE;
+	t->axis = 0;
+	t->is_expert = false;
+	if (!attention_shape(m, t) && !mlp_shape(m, t))
+		other_shape(m, t);
 	if (t->kind >= VPS_T_EXP_FC1_W && t->kind <= VPS_T_EXP_FC2_B)
 		t->is_expert = true;
 	t->module_buffer = t->kind == VPS_T_ROUTER_BIAS;
@@ -1152,10 +1183,10 @@ static vps_result_t load_hf_dir(struct vps_model *m, const char *dir)
 	while (len > 1 && dir[len - 1] == '/')
 		len--;
 	if (len + sizeof("/config.json") > sizeof(path))
-		return vps_fail(VPS_EINPUT, "--model: %.64s...: path too long", dir);
+		return vps_fail(VPS_EINPUT, "%.64s...: path too long", dir);
 	snprintf(path, sizeof(path), "%.*s/config.json", (int)len, dir);
 	if (access(path, F_OK) != 0)
-		return vps_fail(VPS_EINPUT, "--model: %s: a directory without config.json (a Hugging Face model "
+		return vps_fail(VPS_ENOTFOUND, "%s: a directory without config.json (a Hugging Face model "
 					    "directory has one)", dir);
 	struct vps_bytes b = {0};
 	VPS_CHECK(vps_read_file(path, &b));
@@ -1177,7 +1208,7 @@ vps_result_t vps_model_load(struct vps_model *m, const char *spec, const char *s
 	 * directory here (./NAME for the directory when both exist) */
 	if (strchr(spec, '/') && is_dir(spec))
 		return load_hf_dir(m, spec);
-	vps_result_t rc = vps_config_find(spec, search_path, "--model", "model", path, sizeof(path));
+	vps_result_t rc = vps_config_find(spec, search_path, "model", path, sizeof(path));
 	if (rc && is_dir(spec)) {
 		vps_clear_error();
 		return load_hf_dir(m, spec);

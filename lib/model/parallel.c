@@ -33,20 +33,20 @@ static int64_t *pfield(struct vps_parallel *p, const struct pkey *k)
 
 vps_result_t vps_parallel_parse(struct vps_parallel *p, const char *spec, const char *where)
 {
-	const char *s = spec;
+	const char *s = spec, *w = where ? where : "", *sep = where ? ": " : "";
 	if (!*s)
-		return vps_fail(VPS_EINPUT, "%s: empty parallel configuration", where);
+		return vps_fail(VPS_EINPUT, "%s%sempty parallel configuration", w, sep);
 	while (*s) {
 		const char *comma = strchr(s, ',');
 		size_t len = comma ? (size_t)(comma - s) : strlen(s);
 		char item[128];
 		if (len >= sizeof(item) || len == 0)
-			return vps_fail(VPS_EINPUT, "%s: bad item in '%s'", where, spec);
+			return vps_fail(VPS_EINPUT, "%s%sbad item in '%s'", w, sep, spec);
 		memcpy(item, s, len);
 		item[len] = '\0';
 		char *eq = strchr(item, '=');
 		if (!eq)
-			return vps_fail(VPS_EINPUT, "%s: '%s' is not KEY=VALUE", where, item);
+			return vps_fail(VPS_EINPUT, "%s%s'%s' is not KEY=VALUE", w, sep, item);
 		*eq = '\0';
 		const char *val = eq + 1;
 		char *end;
@@ -56,13 +56,13 @@ vps_result_t vps_parallel_parse(struct vps_parallel *p, const char *spec, const 
 			} else {
 				long long v = strtoll(val, &end, 10);
 				if (!*val || *end || v < 0)
-					return vps_fail(VPS_EINPUT, "%s: bucket=%s: expected 'auto' or a number of elements",
-							where, val);
+					return vps_fail(VPS_EINPUT, "%s%sbucket=%s: expected 'auto' or a number of elements",
+							w, sep, val);
 				p->bucket = v;
 			}
 		} else if (!strcmp(item, "grad") || !strcmp(item, "grouped_gemm")) {
 			if (strcmp(val, "0") && strcmp(val, "1"))
-				return vps_fail(VPS_EINPUT, "%s: %s=%s: expected 0 or 1", where, item, val);
+				return vps_fail(VPS_EINPUT, "%s%s%s=%s: expected 0 or 1", w, sep, item, val);
 			bool *flag = !strcmp(item, "grad") ? &p->grad : &p->grouped_gemm;
 			*flag = val[0] == '1';
 		} else {
@@ -72,12 +72,12 @@ vps_result_t vps_parallel_parse(struct vps_parallel *p, const char *spec, const 
 					k = &pkeys[i];
 			if (!k)
 				return vps_fail(VPS_EINPUT,
-						"%s: unknown key '%s' (tp, pp, dp, cp, ep, etp, vpp, zero, first, last, bucket, grad, grouped_gemm)",
-						where, item);
+						"%s%sunknown key '%s' (tp, pp, dp, cp, ep, etp, vpp, zero, first, last, bucket, grad, grouped_gemm)",
+						w, sep, item);
 			long long v = strtoll(val, &end, 10);
 			if (!*val || *end || v < k->min || v > k->max)
-				return vps_fail(VPS_EINPUT, "%s: %s=%s: expected an integer in [%" PRId64 ", %" PRId64 "]",
-						where, item, val, k->min, k->max);
+				return vps_fail(VPS_EINPUT, "%s%s%s=%s: expected an integer in [%" PRId64 ", %" PRId64 "]",
+						w, sep, item, val, k->min, k->max);
 			*pfield(p, k) = v;
 		}
 		s += len;
@@ -138,10 +138,10 @@ vps_result_t vps_parallel_load(struct vps_parallel *p, const char *arg, const ch
 	if (hint_len)
 		model_hint[0] = '\0';
 	if (strchr(arg, '='))
-		return vps_parallel_parse(p, arg, "--parallel");
+		return vps_parallel_parse(p, arg, NULL);
 	char path[4096];
-	if (vps_config_find(arg, search_path, "--parallel", "configuration", path, sizeof(path)))
-		return vps_fail(VPS_EINPUT, "--parallel: '%s' is neither KEY=VALUE,... nor a known configuration (%s.yaml)",
+	if (vps_config_find(arg, search_path, "configuration", path, sizeof(path)))
+		return vps_fail(VPS_ENOTFOUND, "'%s' is neither KEY=VALUE,... nor a known configuration (%s.yaml)",
 				arg, arg);
 	struct vps_bytes b;
 	struct vps_reader *r = NULL;

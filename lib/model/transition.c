@@ -68,7 +68,7 @@ vps_result_t vps_transition_load(const char *arg, const char *trans_path, const 
 	const char *s;
 	*a = *b = NULL;
 	memset(info, 0, sizeof(*info));
-	VPS_CHECK(vps_config_find(arg, trans_path, "--transition", "transition", path, sizeof(path)));
+	VPS_CHECK(vps_config_find(arg, trans_path, "transition", path, sizeof(path)));
 	VPS_CHECK(vps_read_file(path, &bytes));
 	vps_result_t rc = vps_reader_new(&r, path, bytes.data, bytes.len, VPS_DOC_TRANSITION);
 	if (rc)

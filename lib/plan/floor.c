@@ -8,10 +8,9 @@
 #include <inttypes.h>
 #include <math.h>
 
-#include "io/doc.h"
+#include "util/hash.h"
 #include "util/internal.h"
 #include "vps/plan.h"
-#include "vps/verify.h"
 
 /* Boxes of the holders of one B region, by the holders' kind. */
 struct floor_boxes {
@@ -151,106 +150,127 @@ static vps_result_t rset_get(struct floor_acc *f, int64_t base, int64_t stride, 
 }
 
 /* One B rank: what it must receive, and what each sole holder must send it. */
+/* One B region of the rank on device dev (A rank ra there, or -1), being
+ * weighed against its holders under A. */
+struct floor_region {
+	const struct vps_region *R;
+	int64_t ra;
+	struct vps_device dev;
+	int64_t esz;
+	struct vps_box *scratch; /* room for twice the holders' boxes */
+};
+
+/* Bytes of region R the device must receive, over NVLink only (need[0]),
+ * over a NIC only (need[1]) or over either (need[2]): by inclusion and
+ * exclusion over the region, own elements aside. *call: the elements any
+ * holder covers. */
+static vps_result_t region_needs(const struct vps_layout *a, const struct floor_region *fr,
+				 const struct vps_holders *h, struct floor_boxes *fb, int64_t *need, int64_t *call)
+{
+	const struct vps_box *box = &fr->R->box;
+	fb->nown = fb->nloc = fb->nrem = fb->nall = 0;
+	for (size_t k = 0; k < h->n; k++) {
+		const struct vps_holder *x = &h->v[k];
+		if (x->count <= 0)
+			continue;
+		fb->all[fb->nall++] = x->region.box;
+		if (fr->ra >= 0 && prog_has(x, fr->ra)) {
+			fb->own[fb->nown++] = x->region.box;
+			continue;
+		}
+		bool on, off;
+		prog_nodes(a, x, fr->dev.node, &on, &off);
+		if (on)
+			fb->loc[fb->nloc++] = x->region.box;
+		if (off)
+			fb->rem[fb->nrem++] = x->region.box;
+	}
+	int64_t own, cl, cr;
+	VPS_CHECK(covered(fb->own, fb->nown, NULL, 0, fr->scratch, box, &own));
+	VPS_CHECK(covered(fb->own, fb->nown, fb->loc, fb->nloc, fr->scratch, box, &cl));
+	VPS_CHECK(covered(fb->own, fb->nown, fb->rem, fb->nrem, fr->scratch, box, &cr));
+	VPS_CHECK(covered(fb->all, fb->nall, NULL, 0, fr->scratch, box, call));
+	int64_t nl = cl - own, nr = cr - own, nall = *call - own, both = nl + nr - nall;
+	need[0] = (nl - both) * fr->esz;
+	need[1] = (nr - both) * fr->esz;
+	need[2] = both * fr->esz;
+	return VPS_OK;
+}
+
+/* Elements of region R that only one holder's ranks have: those ranks must
+ * send them, over NVLink where they all sit on this node, over their NICs
+ * where none does; added to that replica set's bytes in acc. */
+static vps_result_t region_only(const struct vps_layout *a, struct floor_acc *acc, const struct floor_region *fr,
+				const struct vps_holders *h, int64_t call)
+{
+	for (size_t k = 0; k < h->n; k++) {
+		const struct vps_holder *x = &h->v[k];
+		if (x->count <= 0 || (fr->ra >= 0 && prog_has(x, fr->ra)))
+			continue;
+		size_t n = 0;
+		for (size_t j = 0; j < h->n; j++)
+			if (j != k && h->v[j].count > 0)
+				fr->scratch[n++] = h->v[j].region.box;
+		int64_t u = vps_boxes_uncovered(fr->scratch, n, &fr->R->box);
+		if (u < 0)
+			return VPS_NOMEM();
+		int64_t only = (call - (vps_box_volume(&fr->R->box) - u)) * fr->esz;
+		if (!only)
+			continue;
+		int64_t last = x->base + (x->count - 1) * x->stride;
+		if (x->base < 0 || x->base >= vps_layout_world(a) || last < 0 || last >= vps_layout_world(a))
+			return vps_fail(VPS_EINPUT, "layout A names ranks outside its world");
+		struct rset *set;
+		VPS_CHECK(rset_get(acc, x->base, x->stride, x->count, &set));
+		bool on, off;
+		prog_nodes(a, x, fr->dev.node, &on, &off);
+		if (!off)
+			set->loc += only;
+		else if (!on)
+			set->rem += only;
+		else
+			set->any += only;
+	}
+	return VPS_OK;
+}
+
 static vps_result_t floor_rank(const struct vps_layout *a, const struct vps_layout *b, int64_t rb,
 			       struct floor_acc *acc, struct vps_holders *h, struct floor_boxes *fb)
 {
-	struct vps_device dev = vps_layout_device(b, rb);
-	int64_t ra = vps_layout_rank_on(a, dev);
+	struct floor_region fr = {.dev = vps_layout_device(b, rb)};
+	fr.ra = vps_layout_rank_on(a, fr.dev);
 	struct vps_rank_view v;
 	VPS_CHECK(vps_layout_rank(b, rb, &v));
 	vps_result_t rc = VPS_OK;
 	int64_t loc = 0, rem = 0, any = 0;
-	struct vps_box *scratch = NULL;
 	size_t capscratch = 0;
 	for (size_t i = 0; !rc && i < v.nregions; i++) {
-		const struct vps_region *R = &v.regions[i];
-		int64_t esz = (int64_t)vps_dtype_size(vps_state_dtype(R->state));
+		int64_t need[3], call;
+		fr.R = &v.regions[i];
+		fr.esz = (int64_t)vps_dtype_size(vps_state_dtype(fr.R->state));
 		h->n = 0;
-		rc = vps_layout_holders(a, R->tensor, R->state, &R->box, h);
+		rc = vps_layout_holders(a, fr.R->tensor, fr.R->state, &fr.R->box, h);
 		if (!rc)
 			rc = floor_boxes_reserve(fb, h->n + 1);
 		if (!rc)
-			rc = vps_grow((void **)&scratch, &capscratch, 2 * h->n + 1, sizeof(*scratch));
+			rc = vps_grow((void **)&fr.scratch, &capscratch, 2 * h->n + 1, sizeof(*fr.scratch));
+		if (!rc)
+			rc = region_needs(a, &fr, h, fb, need, &call);
 		if (rc)
 			break;
-		fb->nown = fb->nloc = fb->nrem = fb->nall = 0;
-		for (size_t k = 0; k < h->n; k++) {
-			const struct vps_holder *x = &h->v[k];
-			if (x->count <= 0)
-				continue;
-			fb->all[fb->nall++] = x->region.box;
-			if (ra >= 0 && prog_has(x, ra)) {
-				fb->own[fb->nown++] = x->region.box;
-				continue;
-			}
-			bool on, off;
-			prog_nodes(a, x, dev.node, &on, &off);
-			if (on)
-				fb->loc[fb->nloc++] = x->region.box;
-			if (off)
-				fb->rem[fb->nrem++] = x->region.box;
-		}
-		/* by inclusion and exclusion over the region, own elements aside */
-		int64_t own, cl, cr, call;
-		rc = covered(fb->own, fb->nown, NULL, 0, scratch, &R->box, &own);
-		if (!rc)
-			rc = covered(fb->own, fb->nown, fb->loc, fb->nloc, scratch, &R->box, &cl);
-		if (!rc)
-			rc = covered(fb->own, fb->nown, fb->rem, fb->nrem, scratch, &R->box, &cr);
-		if (!rc)
-			rc = covered(fb->all, fb->nall, NULL, 0, scratch, &R->box, &call);
-		if (rc)
-			break;
-		int64_t nl = cl - own, nr = cr - own, nall = call - own, both = nl + nr - nall;
-		loc += (nl - both) * esz;
-		rem += (nr - both) * esz;
-		any += both * esz;
-		/* elements that only one holder's ranks have: those ranks must
-		 * send them, over NVLink where they all sit on this node, over
-		 * their NICs where none does */
-		for (size_t k = 0; !rc && k < h->n; k++) {
-			const struct vps_holder *x = &h->v[k];
-			if (x->count <= 0 || (ra >= 0 && prog_has(x, ra)))
-				continue;
-			size_t n = 0;
-			for (size_t j = 0; j < h->n; j++)
-				if (j != k && h->v[j].count > 0)
-					scratch[n++] = h->v[j].region.box;
-			int64_t u = vps_boxes_uncovered(scratch, n, &R->box);
-			if (u < 0) {
-				rc = VPS_NOMEM();
-				break;
-			}
-			int64_t only = (call - (vps_box_volume(&R->box) - u)) * esz;
-			if (!only)
-				continue;
-			int64_t last = x->base + (x->count - 1) * x->stride;
-			if (x->base < 0 || x->base >= vps_layout_world(a) || last < 0 || last >= vps_layout_world(a)) {
-				rc = vps_fail(VPS_EINPUT, "layout A names ranks outside its world");
-				break;
-			}
-			struct rset *set;
-			rc = rset_get(acc, x->base, x->stride, x->count, &set);
-			if (rc)
-				break;
-			bool on, off;
-			prog_nodes(a, x, dev.node, &on, &off);
-			if (!off)
-				set->loc += only;
-			else if (!on)
-				set->rem += only;
-			else
-				set->any += only;
-		}
+		loc += need[0];
+		rem += need[1];
+		any += need[2];
+		rc = region_only(a, acc, &fr, h, call);
 	}
-	free(scratch);
+	free(fr.scratch);
 	vps_rank_view_release(&v);
 	if (rc)
 		return rc;
 	double t = fmax(fmax((double)loc / acc->bi, (double)rem / acc->be), (double)(loc + rem + any) / (acc->bi + acc->be));
 	if (t > acc->best.seconds)
 		acc->best = (struct vps_time_floor){.seconds = t,
-						    .device = dev,
+						    .device = fr.dev,
 						    .senders = 0,
 						    .receives = true,
 						    .local_bytes = loc,

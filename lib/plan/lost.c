@@ -12,8 +12,8 @@
 #include <stdio.h>
 
 #include "util/internal.h"
+#include "vps/io.h"
 #include "vps/plan.h"
-#include "vps/query.h"
 
 static int cmp_i64(const void *p, const void *q)
 {
@@ -123,13 +123,13 @@ vps_result_t vps_lost_compute(struct vps_lost *out, const struct vps_layout *a, 
 	if (!n)
 		return VPS_OK;
 	if (n > (size_t)world)
-		return vps_fail(VPS_EINPUT, "--lost: %zu ranks, but the source layout has %" PRId64, n, world);
+		return vps_fail(VPS_EINPUT, "%zu lost ranks, but the source layout has %" PRId64, n, world);
 	l.ranks = vps_malloc(n * sizeof(*l.ranks));
 	if (!l.ranks)
 		return VPS_ENOMEM;
 	for (size_t i = 0; i < n; i++) {
 		if (ranks[i] < 0 || ranks[i] >= world) {
-			rc = vps_fail(VPS_EINPUT, "--lost: rank %" PRId64 " is outside the source layout's %" PRId64 " ranks",
+			rc = vps_fail(VPS_EINPUT, "rank %" PRId64 " is outside the source layout's %" PRId64 " ranks",
 				      ranks[i], world);
 			goto fail;
 		}
@@ -140,7 +140,7 @@ vps_result_t vps_lost_compute(struct vps_lost *out, const struct vps_layout *a, 
 		if (!l.nranks || l.ranks[l.nranks - 1] != l.ranks[i])
 			l.ranks[l.nranks++] = l.ranks[i];
 	if (l.nranks == (size_t)world) {
-		rc = vps_fail(VPS_EINPUT, "--lost: every rank of the source layout is lost: nothing survives to plan from");
+		rc = vps_fail(VPS_EINPUT, "every rank of the source layout is lost: nothing survives to plan from");
 		goto fail;
 	}
 	for (size_t k = 0; k < l.nranks; k++) {
@@ -183,7 +183,7 @@ vps_result_t vps_lost_check_target(const struct vps_lost *l, const struct vps_la
 		int64_t rb = vps_layout_rank_on(b, d);
 		if (rb >= 0)
 			return vps_fail(VPS_EINPUT,
-					"--lost: rank %" PRId64 " of the source is lost, but the target places its rank %" PRId64
+					"rank %" PRId64 " of the source is lost, but the target places its rank %" PRId64
 					" on that device (node %d gpu %d): a lost device cannot receive",
 					l->ranks[i], rb, d.node, d.gpu);
 	}
@@ -198,13 +198,13 @@ vps_result_t vps_lost_devices(const struct vps_layout *a, const char *path, int6
 	VPS_CHECK(vps_devices_load(&d, path));
 	vps_result_t rc = VPS_OK;
 	if (d.packed)
-		rc = vps_fail(VPS_EINPUT, "--lost: %s: a packed devices document names no device: list the lost ones", path);
+		rc = vps_fail(VPS_EINPUT, "%s: a packed devices document names no device: list the lost ones", path);
 	else if (!(*ranks = vps_malloc((size_t)d.n * sizeof(**ranks) + 1)))
 		rc = VPS_ENOMEM;
 	for (int64_t i = 0; !rc && i < d.n; i++) {
 		int64_t r = vps_layout_rank_on(a, d.list[i]);
 		if (r < 0)
-			rc = vps_fail(VPS_EINPUT, "--lost: %s: device (node %d, gpu %d) is not one of the source layout's",
+			rc = vps_fail(VPS_EINPUT, "%s: device (node %d, gpu %d) is not one of the source layout's",
 				      path, d.list[i].node, d.list[i].gpu);
 		else
 			(*ranks)[(*n)++] = r;

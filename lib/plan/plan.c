@@ -29,7 +29,7 @@
 #include <sys/sysinfo.h>
 
 #include "util/internal.h"
-#include "plan/plan_io.h"
+#include "plan/piece.h"
 #include "plan/plan_pack.h"
 #include "vps/plan.h"
 
@@ -129,11 +129,6 @@ static vps_result_t emit(struct pieces *out, int64_t only_src, int64_t src, int6
 	memcpy(p->src_strides, sr->strides, sizeof(p->src_strides));
 	memcpy(p->dst_strides, dr->strides, sizeof(p->dst_strides));
 	return VPS_OK;
-}
-
-int64_t vps_piece_bytes(const struct vps_piece *p)
-{
-	return vps_box_volume(&p->box) * (int64_t)vps_dtype_size(vps_state_dtype(p->state));
 }
 
 /* A group: holders [first, first+n) of the sorted list, all with one box. */
@@ -440,145 +435,208 @@ static vps_result_t make_groups(struct ctx *c, int32_t node, int64_t exclude, in
 	return VPS_OK;
 }
 
+/* 1. What the destination's own device holds under A is retained (copied
+ * from the device to itself); c->rem is left with the rest of R. */
+static vps_result_t plan_retains(struct ctx *c, int64_t d, int64_t self, const struct vps_region *R, int64_t only_src,
+				 struct pieces *out)
+{
+	VPS_CHECK(vps_boxes_reset(&c->rem, &R->box));
+	if (self < 0)
+		return VPS_OK;
+	for (size_t k = 0; k < c->ha.n && c->rem.n; k++) {
+		const struct vps_holder *h = &c->ha.v[k];
+		if (!member(h, self))
+			continue;
+		for (size_t i = 0; i < c->rem.n; i++) {
+			struct vps_box y;
+			if (vps_box_intersect(&c->rem.v[i], &h->region.box, &y))
+				VPS_CHECK(emit(out, only_src, d, d, &y, &h->region, R));
+		}
+		VPS_CHECK(vps_boxes_subtract(&c->rem, &c->next, &h->region.box));
+	}
+	return VPS_OK;
+}
+
+/* 2. Who of a group serves a destination: its k candidates (the members on
+ * the destination's node, if any, else all), rotation slot p served by
+ * candidate (start + p) mod k over m slots; when weighed, the candidates
+ * in rotated order with their shares. */
+struct choice {
+	int64_t k, start, m;
+	bool weigh;
+	int64_t cand[SPLIT_MAX], cum[SPLIT_MAX + 1], w[SPLIT_MAX];
+	size_t cand_holder[SPLIT_MAX];
+};
+
+/* Candidate idx of group g: its rank and its holder in c->ha. */
+static void candidate(const struct ctx *c, const struct group *g, int64_t idx, int64_t *rank, size_t *holder)
+{
+	if (g->nlocal) {
+		*rank = g->local[idx];
+		*holder = g->local_holder[idx];
+	} else {
+		group_member(&c->ha, g, idx, rank, holder);
+	}
+}
+
+/* The choice of group g for destination replica ri of rn, the replica set
+ * starting at rank rbase. */
+static vps_result_t choose(struct ctx *c, const struct group *g, int64_t ri, int64_t rn, int64_t rbase,
+			   struct choice *ch)
+{
+	int64_t k = g->nlocal ? (int64_t)g->nlocal : g->count;
+	ch->k = k;
+	ch->start = (ri * k / rn + rbase) % k;
+	ch->m = split_parts(k, rn);
+	ch->weigh = false;
+	if (k <= SPLIT_MAX) {
+		for (int64_t j = 0; j < k; j++)
+			candidate(c, g, (ch->start + j) % k, &ch->cand[j], &ch->cand_holder[j]);
+		ch->weigh = weighed(c, ch->cand, k);
+	}
+	if (ch->weigh) {
+		VPS_CHECK(weights_of(c, ch->cand, k, ch->w));
+		ch->cum[0] = 0;
+		for (int64_t j = 0; j < k; j++)
+			ch->cum[j + 1] = ch->cum[j] + ch->w[j];
+	}
+	return VPS_OK;
+}
+
+/* 3. A box a group serves, cut among its candidates.
+ *
+ * The destination buffer is cut in m equal ranges, range p served by
+ * candidate (start + p) mod k: consecutive regions come from one source
+ * (their copies merge) and every source serves an equal share. A piece
+ * contiguous in the buffer is cut at the range boundaries; another goes
+ * whole to the range of its first element. Weighed candidates (weighed())
+ * serve their shares of every large piece, cut in rotated order; a small
+ * piece goes whole to the share its position in the buffer falls in. */
+struct cut {
+	int64_t first;    /* the box's first element in the destination buffer */
+	int64_t vol;      /* its elements */
+	int64_t bufsize;  /* the destination buffer's elements */
+	bool contiguous;  /* one range of the buffer */
+	bool large;       /* worth cutting (SPLIT_MIN_BYTES) */
+};
+
+/* The source of the box's elements from lo on, up to *hi; *seg is the
+ * weighed share reached, carried from one call to the next. */
+static void serve(const struct ctx *c, const struct group *g, const struct choice *ch, const struct cut *x,
+		  int64_t lo, int64_t *seg, int64_t *hi, int64_t *src, size_t *holder)
+{
+	int64_t k = ch->k;
+	*hi = x->vol;
+	if (ch->weigh) {
+		const int64_t *cum = ch->cum;
+		if (x->large) {
+			while (*seg < k && cum[*seg + 1] * x->vol / cum[k] <= lo)
+				(*seg)++;
+			*hi = *seg + 1 < k ? vps_max64(cum[*seg + 1] * x->vol / cum[k], lo + 1) : x->vol;
+		} else {
+			int64_t at = x->bufsize > 0 ? vps_min64(x->first * cum[k] / x->bufsize, cum[k] - 1) : 0;
+			while (*seg < k - 1 && (cum[*seg + 1] <= at || ch->w[*seg] == 0))
+				(*seg)++;
+		}
+		*src = ch->cand[*seg];
+		*holder = ch->cand_holder[*seg];
+		return;
+	}
+	int64_t pos = x->first + lo;
+	int64_t part = x->bufsize > 0 ? vps_min64(pos * ch->m / x->bufsize, ch->m - 1) : 0;
+	if (x->contiguous && x->bufsize > 0 && x->large) {
+		int64_t boundary = vps_ceil_div((part + 1) * x->bufsize, ch->m);
+		*hi = vps_min64(x->vol, vps_max64(boundary - x->first, lo + 1));
+	}
+	candidate(c, g, (ch->start + part) % k, src, holder);
+}
+
+/* Elements [lo, hi) of box y (row-major, extents ext, vol elements) from
+ * src. */
+static vps_result_t emit_range(struct pieces *out, int64_t only_src, int64_t src, int64_t d, const struct vps_box *y,
+			       const int64_t *ext, int64_t vol, int64_t lo, int64_t hi, const struct vps_region *sr,
+			       const struct vps_region *R)
+{
+	if (lo == 0 && hi == vol)
+		return emit(out, only_src, src, d, y, sr, R);
+	struct vps_box parts[2 * VPS_MAX_DIMS];
+	int np = vps_flat_range_boxes(y->ndim, ext, lo, hi, parts, NULL);
+	for (int q = 0; q < np; q++) {
+		for (int a = 0; a < y->ndim; a++) {
+			parts[q].lo[a] += y->lo[a];
+			parts[q].hi[a] += y->lo[a];
+		}
+		VPS_CHECK(emit(out, only_src, src, d, &parts[q], sr, R));
+	}
+	return VPS_OK;
+}
+
+static vps_result_t plan_cut(struct ctx *c, const struct group *g, const struct choice *ch, int64_t d,
+			     const struct vps_region *R, int64_t bufsize, const struct vps_box *y, int64_t only_src,
+			     struct pieces *out)
+{
+	int64_t esize = (int64_t)vps_dtype_size(vps_state_dtype(R->state)), ext[VPS_MAX_DIMS];
+	struct cut x = {.first = vps_region_offset_at(R, y->lo), .vol = vps_box_volume(y), .bufsize = bufsize,
+			.contiguous = true};
+	for (int a = 0; a < y->ndim; a++)
+		ext[a] = y->hi[a] - y->lo[a];
+	for (int a = y->ndim - 1, s2 = 1; a >= 0; a--) {
+		if (ext[a] != 1 && R->strides[a] != s2)
+			x.contiguous = false;
+		s2 *= (int)ext[a];
+	}
+	x.large = x.vol * esize >= SPLIT_MIN_BYTES;
+	int64_t lo = 0, seg = 0;
+	while (lo < x.vol) {
+		int64_t hi, src;
+		size_t holder;
+		serve(c, g, ch, &x, lo, &seg, &hi, &src, &holder);
+		VPS_CHECK(emit_range(out, only_src, src, d, y, ext, x.vol, lo, hi, &c->ha.v[holder].region, R));
+		lo = hi;
+		seg++;
+	}
+	return VPS_OK;
+}
+
+/* Group g's part of what is left of R (c->rem), taken out of c->rem. */
+static vps_result_t plan_group(struct ctx *c, const struct group *g, int64_t ri, int64_t rn, int64_t rbase, int64_t d,
+			       const struct vps_region *R, int64_t bufsize, int64_t only_src, struct pieces *out)
+{
+	const struct vps_box *gbox = &c->ha.v[g->first].region.box;
+	struct choice ch;
+	VPS_CHECK(choose(c, g, ri, rn, rbase, &ch));
+	for (size_t i = 0; i < c->rem.n; i++) {
+		struct vps_box y;
+		if (vps_box_intersect(&c->rem.v[i], gbox, &y))
+			VPS_CHECK(plan_cut(c, g, &ch, d, R, bufsize, &y, only_src, out));
+	}
+	return vps_boxes_subtract(&c->rem, &c->next, gbox);
+}
+
 /* The decision for one destination region R of B rank rb on world rank d.
  * Pieces with a source other than only_src (when >= 0) are dropped. */
 static vps_result_t plan_region(struct ctx *c, int64_t d, int64_t rb, const struct vps_region *R, int64_t only_src,
 				struct pieces *out)
 {
-	vps_result_t rc = VPS_OK;
 	c->ha.n = 0;
 	VPS_CHECK(a_holders(c, R->tensor, R->state, &R->box, &c->ha));
 	qsort(c->ha.v, c->ha.n, sizeof(*c->ha.v), holder_cmp);
-	VPS_CHECK(vps_boxes_reset(&c->rem, &R->box));
 	int64_t self = vps_world_a_rank(c->w, d);
-	if (self >= 0) {
-		for (size_t k = 0; k < c->ha.n && c->rem.n; k++) {
-			const struct vps_holder *h = &c->ha.v[k];
-			if (!member(h, self))
-				continue;
-			for (size_t i = 0; i < c->rem.n; i++) {
-				struct vps_box y;
-				if (vps_box_intersect(&c->rem.v[i], &h->region.box, &y))
-					VPS_CHECK(emit(out, only_src, d, d, &y, &h->region, R));
-			}
-			VPS_CHECK(vps_boxes_subtract(&c->rem, &c->next, &h->region.box));
-		}
-	}
+	VPS_CHECK(plan_retains(c, d, self, R, only_src, out));
 	if (!c->rem.n)
 		return VPS_OK;
 	struct group *gs;
 	size_t ng;
-	int64_t T, pref_tp = preferred_tp(c, R->tensor, rb, &T);
+	int64_t T, pref_tp = preferred_tp(c, R->tensor, rb, &T), ri, rn, rbase;
 	VPS_CHECK(make_groups(c, vps_world_device(c->w, d).node, self, T, pref_tp, &gs, &ng));
-	int64_t ri, rn, rbase;
-	VPS_CHECK_GOTO(replica_index(c, rb, R, &ri, &rn, &rbase), rc, done);
-	int64_t esize = (int64_t)vps_dtype_size(vps_state_dtype(R->state));
+	vps_result_t rc = replica_index(c, rb, R, &ri, &rn, &rbase);
 	int64_t bufsize = vps_layout_buffer_elements(c->b, rb, R->buffer);
-	for (size_t gi = 0; gi < ng && c->rem.n; gi++) {
-		struct group *g = &gs[gi];
-		const struct vps_box *gbox = &c->ha.v[g->first].region.box;
-		int64_t k = g->nlocal ? (int64_t)g->nlocal : g->count;
-		int64_t start = (ri * k / rn + rbase) % k, m = split_parts(k, rn);
-		/* candidates in rotated order, with their shares when weighed */
-		int64_t cand[SPLIT_MAX], cum[SPLIT_MAX + 1], w[SPLIT_MAX];
-		size_t cand_holder[SPLIT_MAX];
-		bool weigh = false;
-		if (k <= SPLIT_MAX) {
-			for (int64_t j = 0; j < k; j++) {
-				int64_t cj = (start + j) % k;
-				if (g->nlocal) {
-					cand[j] = g->local[cj];
-					cand_holder[j] = g->local_holder[cj];
-				} else {
-					group_member(&c->ha, g, cj, &cand[j], &cand_holder[j]);
-				}
-			}
-			weigh = weighed(c, cand, k);
-		}
-		if (weigh) {
-			VPS_CHECK_GOTO(weights_of(c, cand, k, w), rc, done);
-			cum[0] = 0;
-			for (int64_t j = 0; j < k; j++)
-				cum[j + 1] = cum[j] + w[j];
-		}
-		for (size_t i = 0; i < c->rem.n; i++) {
-			struct vps_box y;
-			if (!vps_box_intersect(&c->rem.v[i], gbox, &y))
-				continue;
-			int64_t ext[VPS_MAX_DIMS], vol = vps_box_volume(&y);
-			for (int a = 0; a < y.ndim; a++)
-				ext[a] = y.hi[a] - y.lo[a];
-			/* The destination buffer is cut in m equal ranges, range p
-			 * served by candidate (start + p) mod k: consecutive regions
-			 * come from one source (their copies merge) and every source
-			 * serves an equal share. A piece contiguous in the buffer is
-			 * cut at the range boundaries; another goes whole to the range
-			 * of its first element. Weighed candidates (weighed()) serve
-			 * their shares of every large piece, cut in rotated order;
-			 * a small piece goes whole to the share its position in the
-			 * buffer falls in. */
-			int64_t first = vps_region_offset_at(R, y.lo);
-			bool contiguous = true;
-			for (int a = y.ndim - 1, s2 = 1; a >= 0; a--) {
-				if (ext[a] != 1 && R->strides[a] != s2)
-					contiguous = false;
-				s2 *= (int)ext[a];
-			}
-			bool large = vol * esize >= SPLIT_MIN_BYTES;
-			int64_t lo = 0, seg = 0;
-			while (lo < vol) {
-				int64_t hi = vol, src;
-				size_t hidx;
-				if (weigh) {
-					if (large) {
-						while (seg < k && cum[seg + 1] * vol / cum[k] <= lo)
-							seg++;
-						hi = seg + 1 < k ? vps_max64(cum[seg + 1] * vol / cum[k], lo + 1) : vol;
-					} else {
-						int64_t x = bufsize > 0 ? vps_min64(first * cum[k] / bufsize, cum[k] - 1) : 0;
-						while (seg < k - 1 && (cum[seg + 1] <= x || w[seg] == 0))
-							seg++;
-					}
-					src = cand[seg];
-					hidx = cand_holder[seg];
-				} else {
-					int64_t pos = first + lo;
-					int64_t part = bufsize > 0 ? vps_min64(pos * m / bufsize, m - 1) : 0;
-					if (contiguous && bufsize > 0 && large) {
-						int64_t boundary = vps_ceil_div((part + 1) * bufsize, m);
-						hi = vps_min64(vol, vps_max64(boundary - first, lo + 1));
-					}
-					int64_t cidx = (start + part) % k;
-					if (g->nlocal) {
-						src = g->local[cidx];
-						hidx = g->local_holder[cidx];
-					} else {
-						group_member(&c->ha, g, cidx, &src, &hidx);
-					}
-				}
-				const struct vps_region *sr = &c->ha.v[hidx].region;
-				if (lo == 0 && hi == vol) {
-					VPS_CHECK_GOTO(emit(out, only_src, src, d, &y, sr, R), rc, done);
-				} else {
-					struct vps_box part_boxes[2 * VPS_MAX_DIMS];
-					int np = vps_flat_range_boxes(y.ndim, ext, lo, hi, part_boxes, NULL);
-					for (int q = 0; q < np; q++) {
-						for (int a = 0; a < y.ndim; a++) {
-							part_boxes[q].lo[a] += y.lo[a];
-							part_boxes[q].hi[a] += y.lo[a];
-						}
-						VPS_CHECK_GOTO(emit(out, only_src, src, d, &part_boxes[q], sr, R), rc, done);
-					}
-				}
-				lo = hi;
-				seg++;
-			}
-		}
-		VPS_CHECK_GOTO(vps_boxes_subtract(&c->rem, &c->next, gbox), rc, done);
-	}
+	for (size_t gi = 0; !rc && gi < ng && c->rem.n; gi++)
+		rc = plan_group(c, &gs[gi], ri, rn, rbase, d, R, bufsize, only_src, out);
+	free(gs);
 	/* what no survivor holds is a lost range (vps_plan_compute refused it
 	 * unless allowed): a hole the trainer reloads */
-	if (c->rem.n && !(c->lost && c->lost->nranges)) {
+	if (!rc && c->rem.n && !(c->lost && c->lost->nranges)) {
 		struct vps_tensor t;
 		char name[256];
 		vps_model_tensor(vps_layout_model(c->b), R->tensor, &t);
@@ -586,8 +644,6 @@ static vps_result_t plan_region(struct ctx *c, int64_t d, int64_t rb, const stru
 		rc = vps_fail(VPS_ECHECK, "no rank holds %s %s [%" PRId64 ":%" PRId64 ", ...] under the source layout",
 			      name, vps_state_name(R->state), c->rem.v[0].lo[0], c->rem.v[0].hi[0]);
 	}
-done:
-	free(gs);
 	return rc;
 }
 
@@ -1125,11 +1181,11 @@ static vps_result_t plan_training(struct vps_plan *p, const struct vps_plan_opts
 	/* the split below walks down from the micro batch: bound both */
 	if (gb > VPS_MAX_BATCH || o->train.micro_batch > VPS_MAX_BATCH || o->micro_batch_a > VPS_MAX_BATCH)
 		return vps_fail(VPS_EINPUT, "%s: more than %" PRId64 " samples is not a batch",
-				gb > VPS_MAX_BATCH ? "--global-batch" : o->train.micro_batch > VPS_MAX_BATCH ? "--micro-batch"
-											   : "--micro-batch-before",
+				gb > VPS_MAX_BATCH ? "global batch" : o->train.micro_batch > VPS_MAX_BATCH ? "micro batch"
+											 : "micro batch before the switch",
 				VPS_MAX_BATCH);
 	if (gb % dp)
-		return vps_fail(VPS_EINPUT, "--global-batch: %" PRId64 " samples do not split over dp=%" PRId64 " of the target",
+		return vps_fail(VPS_EINPUT, "global batch: %" PRId64 " samples do not split over dp=%" PRId64 " of the target",
 				gb, dp);
 	int64_t mbs = o->train.micro_batch ? o->train.micro_batch : o->micro_batch_a;
 	if (mbs <= 0)
@@ -1159,7 +1215,7 @@ static vps_result_t plan_lost(struct vps_plan *p, const struct vps_plan_opts *o)
 	VPS_CHECK(vps_lost_compute(&p->lost, p->a, o->lost, o->nlost));
 	VPS_CHECK(vps_lost_check_target(&p->lost, p->a, p->b));
 	if (o->rank >= 0 && vps_lost_has_rank(&p->lost, vps_world_a_rank(p->world, o->rank)))
-		return vps_fail(VPS_EINPUT, "--rank: world rank %" PRId64 " is a lost device: it has no part to plan",
+		return vps_fail(VPS_EINPUT, "world rank %" PRId64 " is a lost device: it has no part to plan",
 				o->rank);
 	if (p->lost.nranges && !o->allow_loss) {
 		char bytes[VPS_UNITS_LEN];
@@ -1195,7 +1251,7 @@ vps_result_t vps_plan_compute(struct vps_plan **out, struct vps_layout *a, struc
 	c.w = p->world;
 	int64_t W = vps_world_size(p->world);
 	if (opts->rank >= W) {
-		rc = vps_fail(VPS_EINPUT, "--rank: %" PRId64 " is outside the transition world of %" PRId64 " ranks",
+		rc = vps_fail(VPS_EINPUT, "world rank %" PRId64 " is outside the transition world of %" PRId64 " ranks",
 			      opts->rank, W);
 		goto fail;
 	}

@@ -1,3 +1,6 @@
+/* Plans in files (plan_io.h, vps-formats(5)): the body staged plans embed
+ * too, a global plan's packed pieces written by threads, and pieces read
+ * packed and hashed as they come for tools that only stage or count them. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -6,6 +9,7 @@
 #include "io/doc.h"
 #include "util/internal.h"
 #include "model/layout_io.h"
+#include "plan/piece.h"
 #include "plan/plan_io.h"
 #include "plan/plan_pack.h"
 
@@ -194,66 +198,6 @@ vps_result_t vps_piece_read(struct vps_reader *r, const struct vps_model *m, int
 vps_result_t vps_piece_write(struct vps_writer *w, const struct vps_model *m, const struct vps_piece *p)
 {
 	return write_piece(w, m, p);
-}
-
-uint64_t vps_plan_hash_start(const struct vps_plan *p)
-{
-	uint64_t h = vps_layout_hash(p->a);
-	h = vps_hash64(&h, 8, vps_layout_hash(p->b));
-	return vps_hash64(&p->scope, sizeof(p->scope), h);
-}
-
-uint64_t vps_piece_hash(const struct vps_piece *x, uint64_t h)
-{
-	int64_t f[8 + 4 * VPS_MAX_DIMS] = {x->tensor, x->state, x->src, x->dst, x->src_buffer, x->dst_buffer,
-					   x->src_offset, x->dst_offset};
-	for (int k = 0; k < x->box.ndim; k++) {
-		f[8 + k] = x->box.lo[k];
-		f[8 + VPS_MAX_DIMS + k] = x->box.hi[k];
-		f[8 + 2 * VPS_MAX_DIMS + k] = x->src_strides[k];
-		f[8 + 3 * VPS_MAX_DIMS + k] = x->dst_strides[k];
-	}
-	return vps_hash64(f, sizeof(f), h);
-}
-
-uint64_t vps_plan_hash(const struct vps_plan *p)
-{
-	uint64_t h;
-	if (p->packed && p->packed->hashed) {
-		/* hashed as the planner packed it; packed pieces do not change */
-		h = p->packed->hash;
-	} else {
-		struct vps_piece_iter it;
-		const struct vps_piece *x;
-		h = vps_plan_hash_start(p);
-		vps_piece_iter_init(&it, p);
-		while ((x = vps_piece_iter_next(&it)))
-			h = vps_piece_hash(x, h);
-	}
-	for (size_t i = 0; i < p->ncolls; i++) {
-		const struct vps_collective *c = &p->colls[i];
-		int64_t f[] = {c->tensor, c->state, c->kind, c->root, c->peers, c->bytes};
-		h = vps_hash64(f, sizeof(f), h);
-	}
-	const struct vps_training *t = &p->train;
-	int64_t tf[] = {t->known, t->step, t->consumed_samples, t->scheduler_step, t->global_batch, t->micro_batch,
-			t->grad_accum, t->dp};
-	h = vps_hash64(tf, sizeof(tf), h);
-	/* a plan with no lost rank hashes as before there were any */
-	if (p->lost.nranks) {
-		h = vps_hash64(p->lost.ranks, p->lost.nranks * sizeof(*p->lost.ranks), h);
-		for (size_t i = 0; i < p->lost.nranges; i++) {
-			const struct vps_lost_range *x = &p->lost.ranges[i];
-			int64_t f[2 + 2 * VPS_MAX_DIMS] = {x->tensor, x->state};
-			for (int k = 0; k < x->box.ndim; k++) {
-				f[2 + k] = x->box.lo[k];
-				f[2 + VPS_MAX_DIMS + k] = x->box.hi[k];
-			}
-			h = vps_hash64(f, sizeof(f), h);
-		}
-	}
-	/* 0 marks a plan computed here (file_hash): no file may state it */
-	return h ? h : 1;
 }
 
 /* ---- a packed plan's pieces, written by threads ---- */
@@ -615,10 +559,82 @@ vps_result_t vps_plan_read_body(struct vps_reader *r, struct vps_plan **out, uin
 	return vps_plan_read_body_as(r, out, stored_hash, false);
 }
 
+/* The pieces of a plan whose layouts are read. compact (a global plan read
+ * to be staged or counted) keeps them packed, about 25 bytes a piece, not
+ * 184, and hashes them as they are read: packed pieces never change. */
+static vps_result_t read_pieces(struct vps_reader *r, struct vps_plan *p, int64_t world, bool compact)
+{
+	uint64_t n;
+	VPS_CHECK(vps_r_seq_begin(r, "pieces", &n));
+	if (compact)
+		p->packed = vps_calloc(1, sizeof(*p->packed));
+	else
+		p->pieces = vps_malloc((size_t)n * sizeof(*p->pieces) + 1);
+	if (compact ? !p->packed : !p->pieces)
+		return VPS_ENOMEM;
+	struct vps_piece one, prev;
+	uint64_t h = vps_plan_hash_start(p);
+	for (uint64_t i = 0; i < n; i++) {
+		struct vps_piece *x = compact ? &one : &p->pieces[i];
+		VPS_CHECK(vps_piece_read(r, vps_layout_model(p->a), world, x));
+		VPS_CHECK(vps_piece_view_check(r, p, (size_t)i, x));
+		VPS_CHECK(vps_r_map_end(r));
+		if (compact) {
+			VPS_CHECK(read_piece_packed(p, x, &prev));
+			h = vps_piece_hash(x, h);
+		}
+		p->npieces++;
+	}
+	if (compact) {
+		p->packed->hashed = true;
+		p->packed->hash = h;
+	}
+	return vps_r_seq_end(r);
+}
+
+static vps_result_t read_collective(struct vps_reader *r, const struct vps_plan *p, int64_t world,
+				    struct vps_collective *c)
+{
+	const char *s;
+	int st;
+	VPS_CHECK(vps_r_map_begin(r, NULL));
+	VPS_CHECK(vps_r_str(r, "tensor", &s));
+	if (vps_model_find_tensor(vps_layout_model(p->a), s, &c->tensor))
+		return vps_r_error(r, "tensor", "no tensor '%s'", s);
+	VPS_CHECK(vps_r_str(r, "state", &s));
+	if (vps_state_parse(s, &st))
+		return vps_r_error(r, "state", "unknown state '%s'", s);
+	c->state = (uint8_t)st;
+	VPS_CHECK(vps_r_str(r, "kind", &s));
+	c->kind = 255;
+	for (int k = 0; k < 3; k++)
+		if (!strcmp(s, vps_collective_name(k)))
+			c->kind = (uint8_t)k;
+	if (c->kind == 255)
+		return vps_r_error(r, "kind", "expected broadcast, scatter or gather, not '%s'", s);
+	VPS_CHECK(vps_r_int(r, "root", &c->root, 0, world - 1));
+	VPS_CHECK(vps_r_int(r, "peers", &c->peers, 0, world));
+	VPS_CHECK(vps_r_int(r, "bytes", &c->bytes, 0, VPS_MAX_ELEMENTS * 8));
+	return vps_r_map_end(r);
+}
+
+static vps_result_t read_collectives(struct vps_reader *r, struct vps_plan *p, int64_t world)
+{
+	uint64_t n;
+	VPS_CHECK(vps_r_seq_begin(r, "collectives", &n));
+	p->colls = vps_calloc((size_t)n + 1, sizeof(*p->colls));
+	if (!p->colls)
+		return VPS_ENOMEM;
+	for (uint64_t i = 0; i < n; i++) {
+		VPS_CHECK(read_collective(r, p, world, &p->colls[i]));
+		p->ncolls++;
+	}
+	return vps_r_seq_end(r);
+}
+
 vps_result_t vps_plan_read_body_as(struct vps_reader *r, struct vps_plan **out, uint64_t *stored_hash, bool compact)
 {
 	vps_result_t rc;
-	uint64_t n;
 	int64_t world;
 	struct vps_plan *p = vps_calloc(1, sizeof(*p));
 	if (!p)
@@ -644,75 +660,9 @@ vps_result_t vps_plan_read_body_as(struct vps_reader *r, struct vps_plan **out, 
 		goto fail;
 	}
 	VPS_CHECK_GOTO(vps_training_read(r, "training", &p->train), rc, fail);
-	VPS_CHECK_GOTO(vps_r_seq_begin(r, "pieces", &n), rc, fail);
-	/* a global plan read to be staged or counted stays packed: about 25
-	 * bytes a piece, not 184 (a one-rank plan is small either way) */
-	compact = compact && p->scope < 0;
-	if (compact)
-		p->packed = vps_calloc(1, sizeof(*p->packed));
-	else
-		p->pieces = vps_malloc((size_t)n * sizeof(*p->pieces) + 1);
-	if (compact ? !p->packed : !p->pieces) {
-		rc = VPS_ENOMEM;
-		goto fail;
-	}
-	struct vps_piece one, prev;
-	uint64_t h = vps_plan_hash_start(p);
-	for (uint64_t i = 0; i < n; i++) {
-		struct vps_piece *x = compact ? &one : &p->pieces[i];
-		VPS_CHECK_GOTO(vps_piece_read(r, vps_layout_model(p->a), world, x), rc, fail);
-		VPS_CHECK_GOTO(vps_piece_view_check(r, p, (size_t)i, x), rc, fail);
-		VPS_CHECK_GOTO(vps_r_map_end(r), rc, fail);
-		if (compact) {
-			VPS_CHECK_GOTO(read_piece_packed(p, x, &prev), rc, fail);
-			h = vps_piece_hash(x, h);
-		}
-		p->npieces++;
-	}
-	if (compact) {
-		/* packed pieces never change: hashed once, as they are read */
-		p->packed->hashed = true;
-		p->packed->hash = h;
-	}
-	VPS_CHECK_GOTO(vps_r_seq_end(r), rc, fail);
-	VPS_CHECK_GOTO(vps_r_seq_begin(r, "collectives", &n), rc, fail);
-	p->colls = vps_calloc((size_t)n + 1, sizeof(*p->colls));
-	if (!p->colls) {
-		rc = VPS_ENOMEM;
-		goto fail;
-	}
-	for (uint64_t i = 0; i < n; i++) {
-		struct vps_collective *c = &p->colls[i];
-		const char *s;
-		int st;
-		VPS_CHECK_GOTO(vps_r_map_begin(r, NULL), rc, fail);
-		VPS_CHECK_GOTO(vps_r_str(r, "tensor", &s), rc, fail);
-		if (vps_model_find_tensor(vps_layout_model(p->a), s, &c->tensor)) {
-			rc = vps_r_error(r, "tensor", "no tensor '%s'", s);
-			goto fail;
-		}
-		VPS_CHECK_GOTO(vps_r_str(r, "state", &s), rc, fail);
-		if (vps_state_parse(s, &st)) {
-			rc = vps_r_error(r, "state", "unknown state '%s'", s);
-			goto fail;
-		}
-		c->state = (uint8_t)st;
-		VPS_CHECK_GOTO(vps_r_str(r, "kind", &s), rc, fail);
-		c->kind = 255;
-		for (int k = 0; k < 3; k++)
-			if (!strcmp(s, vps_collective_name(k)))
-				c->kind = (uint8_t)k;
-		if (c->kind == 255) {
-			rc = vps_r_error(r, "kind", "expected broadcast, scatter or gather, not '%s'", s);
-			goto fail;
-		}
-		VPS_CHECK_GOTO(vps_r_int(r, "root", &c->root, 0, world - 1), rc, fail);
-		VPS_CHECK_GOTO(vps_r_int(r, "peers", &c->peers, 0, world), rc, fail);
-		VPS_CHECK_GOTO(vps_r_int(r, "bytes", &c->bytes, 0, VPS_MAX_ELEMENTS * 8), rc, fail);
-		VPS_CHECK_GOTO(vps_r_map_end(r), rc, fail);
-		p->ncolls++;
-	}
-	VPS_CHECK_GOTO(vps_r_seq_end(r), rc, fail);
+	/* a one-rank plan is small either way */
+	VPS_CHECK_GOTO(read_pieces(r, p, world, compact && p->scope < 0), rc, fail);
+	VPS_CHECK_GOTO(read_collectives(r, p, world), rc, fail);
 	VPS_CHECK_GOTO(read_lost(r, p, &p->lost), rc, fail);
 	*out = p;
 	return VPS_OK;

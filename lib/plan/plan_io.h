@@ -18,10 +18,6 @@ int64_t vps_plan_side_elements(const struct vps_plan *p, bool source, int64_t wr
 /* Refuse piece i of plan when its views leave the buffers they name. */
 vps_result_t vps_piece_view_check(struct vps_reader *r, const struct vps_plan *plan, size_t i,
 				  const struct vps_piece *p);
-/* The plan hash in steps: its start, then each piece in order (what
- * vps_plan_hash does before the collectives and the training state). */
-uint64_t vps_plan_hash_start(const struct vps_plan *p);
-uint64_t vps_piece_hash(const struct vps_piece *x, uint64_t h);
 vps_result_t vps_plan_write_body(struct vps_writer *w, const struct vps_plan *p);
 /* Into a counting writer: what vps_plan_write_body writes, measured; pieces
  * of a size already seen are added to *more instead of written. */

@@ -7,9 +7,9 @@
 #include <sys/sysinfo.h>
 
 #include "io/doc.h"
+#include "util/hash.h"
 #include "util/internal.h"
 #include "vps/plan.h"
-#include "vps/verify.h"
 
 /* ---- the lower bound, computed apart from the planner's choices ---- */
 
@@ -736,119 +736,150 @@ static int pair_cmp(const void *p, const void *q)
 	return x->b < y->b ? -1 : x->b > y->b;
 }
 
-vps_result_t vps_plan_stats(const struct vps_plan *p, const struct vps_topology *topo, bool load,
-			    struct vps_plan_stats *s)
+/* Per world rank: bytes sent and received (and of those, across nodes),
+ * retained, and peers. */
+struct loads {
+	int64_t *send, *recv, *isend, *irecv, *keep, *peers;
+};
+
+static void loads_release(struct loads *ld)
 {
-	vps_result_t rc = VPS_OK;
-	int64_t W = vps_world_size(p->world);
-	memset(s, 0, sizeof(*s));
-	if (p->scope >= 0)
-		return vps_fail(VPS_EINPUT, "statistics need a global plan (this one is rank %" PRId64 "'s)", p->scope);
-	s->world = W;
-	struct lb lb;
-	bool lb_started = false;
-	int64_t *send = vps_calloc((size_t)W, sizeof(*send)), *recv = vps_calloc((size_t)W, sizeof(*recv));
-	int64_t *isend = vps_calloc((size_t)W, sizeof(*isend)), *irecv = vps_calloc((size_t)W, sizeof(*irecv));
-	int64_t *keep = vps_calloc((size_t)W, sizeof(*keep)), *peers = vps_calloc((size_t)W, sizeof(*peers));
+	free(ld->send);
+	free(ld->recv);
+	free(ld->isend);
+	free(ld->irecv);
+	free(ld->keep);
+	free(ld->peers);
+}
+
+static vps_result_t loads_init(struct loads *ld, int64_t W)
+{
+	ld->send = vps_calloc((size_t)W, sizeof(*ld->send));
+	ld->recv = vps_calloc((size_t)W, sizeof(*ld->recv));
+	ld->isend = vps_calloc((size_t)W, sizeof(*ld->isend));
+	ld->irecv = vps_calloc((size_t)W, sizeof(*ld->irecv));
+	ld->keep = vps_calloc((size_t)W, sizeof(*ld->keep));
+	ld->peers = vps_calloc((size_t)W, sizeof(*ld->peers));
+	if (ld->send && ld->recv && ld->isend && ld->irecv && ld->keep && ld->peers)
+		return VPS_OK;
+	loads_release(ld);
+	return VPS_ENOMEM;
+}
+
+/* The plan's pieces counted into s and ld, peers by distinct pairs. */
+static vps_result_t count_pieces(const struct vps_plan *p, struct vps_plan_stats *s, struct loads *ld)
+{
 	struct pair *pairs = NULL;
-	size_t cappairs = 0;
-	if (!send || !recv || !isend || !irecv || !keep || !peers) {
-		rc = VPS_ENOMEM;
-		goto done;
-	}
-	size_t np = 0;
-	lb_start(&lb, p);
-	lb_started = true;
-	for (int64_t w = 0; w < W; w++) {
-		s->joining += vps_world_a_rank(p->world, w) < 0;
-		s->leaving += vps_world_b_rank(p->world, w) < 0;
-	}
+	size_t np = 0, cappairs = 0;
+	vps_result_t rc = VPS_OK;
 	struct vps_piece_iter it;
 	const struct vps_piece *x;
 	vps_piece_iter_init(&it, p);
-	while ((x = vps_piece_iter_next(&it))) {
+	while (!rc && (x = vps_piece_iter_next(&it))) {
 		int64_t bytes = vps_piece_bytes(x);
 		s->pieces++;
 		if (x->src == x->dst) {
 			s->retains++;
 			s->bytes_retained += bytes;
-			keep[x->dst] += bytes;
+			ld->keep[x->dst] += bytes;
 			continue;
 		}
 		s->bytes_moved += bytes;
-		send[x->src] += bytes;
-		recv[x->dst] += bytes;
+		ld->send[x->src] += bytes;
+		ld->recv[x->dst] += bytes;
 		bool intra = vps_world_device(p->world, x->src).node == vps_world_device(p->world, x->dst).node;
 		if (intra) {
 			s->bytes_intra_node += bytes;
 		} else {
 			s->bytes_inter_node += bytes;
-			isend[x->src] += bytes;
-			irecv[x->dst] += bytes;
+			ld->isend[x->src] += bytes;
+			ld->irecv[x->dst] += bytes;
 		}
 		/* pieces come by (dst, src): a pair repeats in a run, kept once */
 		if (np && pairs[np - 2].a == x->src && pairs[np - 2].b == x->dst)
 			continue;
-		VPS_CHECK_GOTO(VPS_GROW(pairs, cappairs, np + 2), rc, done);
-		pairs[np++] = (struct pair){x->src, x->dst};
-		pairs[np++] = (struct pair){x->dst, x->src};
+		rc = VPS_GROW(pairs, cappairs, np + 2);
+		if (!rc) {
+			pairs[np++] = (struct pair){x->src, x->dst};
+			pairs[np++] = (struct pair){x->dst, x->src};
+		}
 	}
-	if (np)
+	if (!rc && np)
 		qsort(pairs, np, sizeof(*pairs), pair_cmp);
-	for (size_t i = 0; i < np; i++)
+	for (size_t i = 0; !rc && i < np; i++)
 		if (!i || pair_cmp(&pairs[i - 1], &pairs[i]))
-			peers[pairs[i].a]++;
+			ld->peers[pairs[i].a]++;
+	free(pairs);
+	return rc;
+}
+
+/* Per device: NVLink and the NICs run at once, each direction at full
+ * rate; local copies read and write memory. The busiest device sets the
+ * time; each peer costs a message latency. */
+static double estimate_seconds(int64_t W, const struct loads *ld, const struct vps_topology *topo)
+{
+	double t = 0;
 	for (int64_t w = 0; w < W; w++) {
-		s->max_send_bytes = vps_max64(s->max_send_bytes, send[w]);
-		s->max_recv_bytes = vps_max64(s->max_recv_bytes, recv[w]);
-		s->peers_max = vps_max64(s->peers_max, peers[w]);
+		double intra = (double)vps_max64(ld->send[w] - ld->isend[w], ld->recv[w] - ld->irecv[w]) /
+			       topo->intra_node_bandwidth;
+		double inter = (double)vps_max64(ld->isend[w], ld->irecv[w]) / topo->inter_node_bandwidth;
+		double copy = 2.0 * (double)ld->keep[w] / topo->memory_bandwidth;
+		double dev = fmax(fmax(intra, inter), copy) + topo->latency * (double)ld->peers[w];
+		t = fmax(t, dev);
 	}
-	rc = balanced_send_bound(p, s->max_send_bytes, &s->balanced_send_bound);
-	{
-		/* the lower bound's error first, as when it ran before */
-		vps_result_t lrc = lb_finish(&lb, &s->bytes_lower_bound);
-		lb_started = false;
+	return t;
+}
+
+vps_result_t vps_plan_stats(const struct vps_plan *p, const struct vps_topology *topo, bool load,
+			    struct vps_plan_stats *s)
+{
+	int64_t W = vps_world_size(p->world);
+	memset(s, 0, sizeof(*s));
+	if (p->scope >= 0)
+		return vps_fail(VPS_EINPUT, "statistics need a global plan (this one is rank %" PRId64 "'s)", p->scope);
+	s->world = W;
+	struct loads ld = {0};
+	struct lb lb;
+	VPS_CHECK(loads_init(&ld, W));
+	lb_start(&lb, p);
+	for (int64_t w = 0; w < W; w++) {
+		s->joining += vps_world_a_rank(p->world, w) < 0;
+		s->leaving += vps_world_b_rank(p->world, w) < 0;
+	}
+	vps_result_t rc = count_pieces(p, s, &ld);
+	for (int64_t w = 0; !rc && w < W; w++) {
+		s->max_send_bytes = vps_max64(s->max_send_bytes, ld.send[w]);
+		s->max_recv_bytes = vps_max64(s->max_recv_bytes, ld.recv[w]);
+		s->peers_max = vps_max64(s->peers_max, ld.peers[w]);
+	}
+	bool counted = !rc;
+	if (counted)
+		rc = balanced_send_bound(p, s->max_send_bytes, &s->balanced_send_bound);
+	/* the lower bound's error first, as when it ran before */
+	int64_t lower;
+	vps_result_t lrc = lb_finish(&lb, &lower);
+	if (counted) {
+		s->bytes_lower_bound = lower;
 		rc = lrc ? lrc : rc;
 	}
 	if (rc)
 		goto done;
 	s->balanced_bound = vps_max64(s->balanced_send_bound, s->max_recv_bytes);
 	if (topo) {
-		/* Per device: NVLink and the NICs run at once, each direction at
-		 * full rate; local copies read and write memory. The busiest device
-		 * sets the time; each peer costs a message latency. */
-		double t = 0;
-		for (int64_t w = 0; w < W; w++) {
-			double intra = (double)vps_max64(send[w] - isend[w], recv[w] - irecv[w]) / topo->intra_node_bandwidth;
-			double inter = (double)vps_max64(isend[w], irecv[w]) / topo->inter_node_bandwidth;
-			double copy = 2.0 * (double)keep[w] / topo->memory_bandwidth;
-			double dev = fmax(fmax(intra, inter), copy) + topo->latency * (double)peers[w];
-			t = fmax(t, dev);
-		}
 		s->have_estimate = true;
-		s->estimate_seconds = t;
+		s->estimate_seconds = estimate_seconds(W, &ld, topo);
 		VPS_CHECK_GOTO(time_bound(p, topo, &s->time_bound_seconds), rc, done);
 		struct vps_time_floor f;
 		VPS_CHECK_GOTO(vps_time_floor(p->a, p->b, topo, &f), rc, done);
 		s->time_floor_seconds = f.seconds;
 	}
 	if (load) {
-		s->send = send;
-		s->recv = recv;
-		send = recv = NULL;
+		s->send = ld.send;
+		s->recv = ld.recv;
+		ld.send = ld.recv = NULL;
 	}
 done:
-	if (lb_started) {
-		int64_t ignored;
-		(void)lb_finish(&lb, &ignored);
-	}
-	free(send);
-	free(recv);
-	free(isend);
-	free(irecv);
-	free(keep);
-	free(peers);
-	free(pairs);
+	loads_release(&ld);
 	return rc;
 }
 
@@ -865,7 +896,7 @@ vps_result_t vps_topology_load(struct vps_topology *t, const char *arg, const ch
 {
 	char path[4096];
 	memset(t, 0, sizeof(*t));
-	VPS_CHECK(vps_config_find(arg, search_path, "--topology", "topology", path, sizeof(path)));
+	VPS_CHECK(vps_config_find(arg, search_path, "topology", path, sizeof(path)));
 	struct vps_bytes b;
 	struct vps_reader *r = NULL;
 	VPS_CHECK(vps_read_file(path, &b));

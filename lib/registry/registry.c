@@ -43,8 +43,10 @@ struct reg_header {
 	_Atomic uint32_t state;
 	uint32_t pad;
 	_Atomic uint64_t seq;
-	int32_t executor_pid;
-	uint32_t pad2;
+	/* the executor that holds the registry (one at a time): its pid in the
+	 * low 32 bits, the low 32 bits of its start time in the high ones, so
+	 * that one compare-and-swap takes it; 0 when none does */
+	_Atomic uint64_t executor;
 	uint64_t next_object; /* serial of the next buffer object NAME.serial */
 	_Atomic uint32_t aborted; /* the executor failed outside a switch */
 	uint32_t pad3;
@@ -65,6 +67,7 @@ struct vps_registry {
 	struct reg_header *h;
 	size_t size;
 	bool owner;
+	uint64_t executor; /* an executor's handle: the word it holds the registry with */
 	struct mapping *maps; /* the owner's buffers, or the executor's mappings */
 	size_t nmaps, capmaps;
 };
@@ -131,6 +134,43 @@ static bool owner_alive(const struct reg_header *h)
 }
 
 bool vps_registry_owner_alive(const struct vps_registry *r) { return owner_alive(r->h); }
+
+static int executor_pid_of(uint64_t word) { return (int)(uint32_t)word; }
+
+/* This process, as an executor word. */
+static uint64_t executor_self(void)
+{
+	bool zombie;
+	uint64_t start = proc_start((int)getpid(), &zombie);
+	return (uint64_t)(uint32_t)start << 32 | (uint32_t)getpid();
+}
+
+/* The executor of a word still runs (a zombie does not: its mappings are
+ * gone); as owner_alive, on the low 32 bits of the start time. */
+static bool executor_alive(uint64_t word)
+{
+	int pid = executor_pid_of(word);
+	if (pid <= 0)
+		return false;
+	if (kill(pid, 0) != 0 && errno == ESRCH)
+		return false;
+	bool zombie;
+	uint64_t st = proc_start(pid, &zombie);
+	return !zombie && (st == 0 || (uint32_t)st == (uint32_t)(word >> 32));
+}
+
+int vps_registry_executor_pid(const struct vps_registry *r)
+{
+	uint64_t word = atomic_load(&r->h->executor);
+	return word && executor_alive(word) ? executor_pid_of(word) : 0;
+}
+
+/* Whether this handle may write the protocol's fields: the trainer's, or
+ * the executor's that still holds the registry. */
+static bool holds(const struct vps_registry *r)
+{
+	return r->owner || (r->executor && atomic_load(&r->h->executor) == r->executor);
+}
 
 int vps_registry_owner_pid(const struct vps_registry *r) { return r->h->owner_pid; }
 
@@ -248,7 +288,10 @@ static vps_result_t attach(struct vps_registry **out, const char *name)
 {
 	void *base;
 	size_t len;
-	VPS_CHECK(map_object(name, false, 0, &base, &len));
+	vps_result_t rc = map_object(name, false, 0, &base, &len);
+	if (rc == VPS_ENOTFOUND)
+		return vps_fail(rc, "no trainer has created registry %s (/dev/shm/%s: %s)", name, name, strerror(ENOENT));
+	VPS_CHECK(rc);
 	struct reg_header *h = base;
 	static const char none[8];
 	if (len < sizeof(*h) || !memcmp(h->magic, none, 8)) {
@@ -351,7 +394,7 @@ static vps_result_t remove_registry(const char *name, bool replace, bool mine)
 				name);
 	int pid = h.owner_pid;
 	if (owner_alive(&h) && !(mine && pid == (int)getpid()))
-		return vps_fail(VPS_EINPUT, "registry %s is in use by pid %d", name, pid);
+		return vps_fail(VPS_EINPUT, "registry %s is in use by pid %d, its live trainer", name, pid);
 	uid_t me = geteuid();
 	if (st.st_uid != me)
 		return vps_fail(VPS_EINPUT,
@@ -428,17 +471,49 @@ vps_result_t vps_registry_create(struct vps_registry **out, const char *name, ui
 	return wrap(name, base, len, true, out);
 }
 
+/* Hold the registry as its executor: compare-and-swap this process's word
+ * over none, or over an executor that is gone. Two executors of one job
+ * (a duplicate rank), or another job's executors given the same names,
+ * would otherwise claim each other's requests and abort each other's
+ * trainers. */
+static vps_result_t take_executor(struct vps_registry *r)
+{
+	struct reg_header *h = r->h;
+	uint64_t mine = executor_self(), held = atomic_load(&h->executor);
+	do {
+		if (held && executor_alive(held))
+			return vps_fail(VPS_EBUSY, "registry %s is in use by another executor (pid %d%s); one executor "
+					"serves a registry",
+					r->name, executor_pid_of(held),
+					executor_pid_of(held) == (int)getpid() ? ", this process" : "");
+	} while (!atomic_compare_exchange_strong(&h->executor, &held, mine));
+	r->executor = mine;
+	/* the executor before this one is gone: a switch it was running cannot
+	 * end now (nobody else moves a running switch on), and what it said
+	 * when it stopped is not this executor's */
+	if (held && atomic_load(&h->state) == VPS_REG_RUNNING) {
+		snprintf(h->failure, sizeof(h->failure), "its executor (pid %d) is gone", executor_pid_of(held));
+		uint32_t running = VPS_REG_RUNNING;
+		atomic_compare_exchange_strong(&h->state, &running, VPS_REG_FAILED);
+	}
+	atomic_store(&h->aborted, 0);
+	return VPS_OK;
+}
+
 vps_result_t vps_registry_open(struct vps_registry **out, const char *name)
 {
 	VPS_CHECK(check_name(name));
 	VPS_CHECK(attach(out, name));
-	if (!owner_alive((*out)->h)) {
-		int pid = (*out)->h->owner_pid;
+	vps_result_t rc = VPS_OK;
+	if (!owner_alive((*out)->h))
+		rc = vps_fail(VPS_ESTALE, "registry %s is stale (its trainer, pid %d, is gone)", name, (*out)->h->owner_pid);
+	else
+		rc = take_executor(*out);
+	if (rc) {
 		vps_registry_close(*out);
 		*out = NULL;
-		return vps_fail(VPS_ESTALE, "registry %s is stale (its trainer, pid %d, is gone)", name, pid);
 	}
-	return VPS_OK;
+	return rc;
 }
 
 void vps_registry_close(struct vps_registry *r)
@@ -459,6 +534,10 @@ void vps_registry_close(struct vps_registry *r)
 		if (remove_registry(name, true, true))
 			vps_fail(VPS_OK, "%s", saved);
 	} else {
+		/* a child that inherited the handle does not hold the registry */
+		uint64_t mine = r->executor;
+		if (mine && executor_pid_of(mine) == (int)getpid())
+			atomic_compare_exchange_strong(&r->h->executor, &mine, 0);
 		munmap(r->h, r->size);
 	}
 	free(r);
@@ -663,7 +742,7 @@ vps_result_t vps_registry_free_host(struct vps_registry *r, void *ptr)
 
 void vps_registry_release(struct vps_registry *r, uint32_t i)
 {
-	if (i < vps_registry_num_entries(r))
+	if (holds(r) && i < vps_registry_num_entries(r))
 		atomic_store(&r->h->entries[i].released, 1);
 }
 
@@ -714,14 +793,26 @@ vps_result_t vps_registry_wait(struct vps_registry *r, uint64_t seq, double time
 		if (atomic_load(&r->h->aborted))
 			return vps_fail(VPS_EPEER, "switch %" PRIu64 " failed: the executor stopped: %s", seq,
 					r->h->abort_message);
-		/* an executor that died mid-switch cannot say so: look for it */
-		int32_t ex = r->h->executor_pid;
-		if (s == seq && st == VPS_REG_RUNNING && ex > 0 && iter % 256 == 0 &&
-		    kill(ex, 0) != 0 && errno == ESRCH)
-			return vps_fail(VPS_EPEER, "switch %" PRIu64 " failed: its executor (pid %d) is gone", seq, ex);
-		if (timeout >= 0 && now() - start > timeout)
-			return vps_fail(VPS_ETIMEOUT, "registry %s: switch %" PRIu64 " not done after %.1f s (state %u)",
-					r->name, seq, timeout, st);
+		/* an executor that died mid-switch cannot say so: look for it, and
+		 * end its switch, so that the trainer may ask again */
+		uint64_t ex = atomic_load(&r->h->executor);
+		if (s == seq && st == VPS_REG_RUNNING && iter % 256 == 0 && (!ex || !executor_alive(ex))) {
+			char gone[64] = "its executor is gone";
+			if (ex)
+				snprintf(gone, sizeof(gone), "its executor (pid %d) is gone", executor_pid_of(ex));
+			uint32_t running = VPS_REG_RUNNING;
+			if (r->owner) {
+				snprintf(r->h->failure, sizeof(r->h->failure), "%s", gone);
+				atomic_compare_exchange_strong(&r->h->state, &running, VPS_REG_FAILED);
+			}
+			return vps_fail(VPS_EPEER, "switch %" PRIu64 " failed: %s", seq, gone);
+		}
+		if (timeout >= 0 && now() - start > timeout) {
+			char what[256];
+			vps_registry_describe(r, what, sizeof(what));
+			return vps_fail(VPS_ETIMEOUT, "registry %s: switch %" PRIu64 " not done after %.1f s: %s", r->name,
+					seq, timeout, what);
+		}
 		nap(&slept);
 	}
 }
@@ -730,10 +821,11 @@ vps_result_t vps_registry_claim(struct vps_registry *r, uint64_t after_seq, doub
 {
 	double start = now(), slept = 0;
 	for (;;) {
+		if (!holds(r) || r->owner)
+			return vps_fail(VPS_EBUSY, "registry %s: this handle is not the executor that holds it", r->name);
 		uint32_t want = VPS_REG_REQUESTED;
 		uint64_t s = atomic_load(&r->h->seq);
 		if (s > after_seq && atomic_compare_exchange_strong(&r->h->state, &want, VPS_REG_RUNNING)) {
-			r->h->executor_pid = (int32_t)getpid();
 			*seq = s;
 			return VPS_OK;
 		}
@@ -747,7 +839,7 @@ vps_result_t vps_registry_claim(struct vps_registry *r, uint64_t after_seq, doub
 
 void vps_registry_finish(struct vps_registry *r, uint64_t seq, int ok, const char *message)
 {
-	if (atomic_load(&r->h->seq) != seq)
+	if (!holds(r) || atomic_load(&r->h->seq) != seq)
 		return;
 	if (!ok)
 		snprintf(r->h->failure, sizeof(r->h->failure), "%s", message ? message : "failed");
@@ -756,6 +848,8 @@ void vps_registry_finish(struct vps_registry *r, uint64_t seq, int ok, const cha
 
 void vps_registry_abort(struct vps_registry *r, const char *message)
 {
+	if (!holds(r))
+		return;
 	snprintf(r->h->abort_message, sizeof(r->h->abort_message), "%s", message ? message : "failed");
 	atomic_store(&r->h->aborted, 1);
 }
@@ -769,6 +863,73 @@ int vps_registry_state(const struct vps_registry *r, uint64_t *seq)
 
 const char *vps_registry_failure(const struct vps_registry *r) { return r->h->failure; }
 
+const char *vps_registry_state_name(int state)
+{
+	static const char *const names[] = {"idle", "requested", "running", "done", "failed"};
+	return state >= 0 && state < (int)(sizeof(names) / sizeof(*names)) ? names[state] : "unknown";
+}
+
+void vps_registry_describe(const struct vps_registry *r, char *out, size_t size)
+{
+	int st = vps_registry_state(r, NULL), ex = vps_registry_executor_pid(r);
+	const char *name = vps_registry_state_name(st);
+	if (!ex && st == VPS_REG_REQUESTED)
+		snprintf(out, size, "%s; no executor has attached to it (is vps-exec running, with the same --registry?)",
+			 name);
+	else if (st == VPS_REG_REQUESTED)
+		snprintf(out, size, "requested; its executor (pid %d) has not claimed it yet: it meets the other ranks first",
+			 ex);
+	else if (st == VPS_REG_RUNNING && ex)
+		snprintf(out, size, "running in its executor (pid %d), which waits for the other ranks or moves the state",
+			 ex);
+	else if (st == VPS_REG_RUNNING)
+		snprintf(out, size, "running, and its executor is gone");
+	else if (st == VPS_REG_FAILED)
+		snprintf(out, size, "failed: %.200s", r->h->failure);
+	else
+		snprintf(out, size, "%s", name);
+}
+
+vps_result_t vps_registry_expand(const char *pattern, const struct vps_registry_name_parts *parts, char *out,
+				 size_t size)
+{
+	size_t len = 0;
+	char room[VPS_REGISTRY_NAME_MAX + 2];
+	/* written to room first: a pattern expands to a name or to nothing */
+	for (const char *c = pattern; *c; c++) {
+		char piece[24];
+		if (*c != '%') {
+			piece[0] = *c;
+			piece[1] = '\0';
+		} else if (c[1] == 'j') {
+			snprintf(piece, sizeof(piece), "%08" PRIx32, (uint32_t)parts->job);
+		} else if (c[1] == 'r' || c[1] == 'a' || c[1] == 'b' || c[1] == 'l') {
+			int64_t v = c[1] == 'r' ? parts->rank : c[1] == 'a' ? parts->a_rank : c[1] == 'b' ? parts->b_rank
+													   : parts->local_rank;
+			snprintf(piece, sizeof(piece), "%" PRId64, v);
+		} else if (c[1] == '%') {
+			snprintf(piece, sizeof(piece), "%%");
+		} else {
+			return vps_fail(VPS_EINPUT, "registry name '%s': unknown '%%%.1s' (%%j job, %%r world rank, %%a source "
+					"rank, %%b target rank, %%l local rank, %%%% a percent sign)", pattern, c + 1);
+		}
+		if (*c == '%')
+			c++;
+		size_t n = strlen(piece);
+		if (len + n > VPS_REGISTRY_NAME_MAX)
+			return vps_fail(VPS_EINPUT, "registry name '%s': longer than %d characters", pattern,
+					VPS_REGISTRY_NAME_MAX);
+		memcpy(room + len, piece, n);
+		len += n;
+	}
+	room[len] = '\0';
+	VPS_CHECK(check_name(room));
+	if (len >= size)
+		return vps_fail(VPS_EINPUT, "registry name '%s': no room for it", pattern);
+	memcpy(out, room, len + 1);
+	return VPS_OK;
+}
+
 void vps_registry_get_training(const struct vps_registry *r, struct vps_registry_training *t)
 {
 	*t = r->h->training;
@@ -776,5 +937,6 @@ void vps_registry_get_training(const struct vps_registry *r, struct vps_registry
 
 void vps_registry_set_training(struct vps_registry *r, const struct vps_registry_training *t)
 {
-	r->h->training = *t;
+	if (holds(r))
+		r->h->training = *t;
 }

@@ -18,63 +18,46 @@
 #include <inttypes.h>
 #include <stdio.h>
 
+#include "util/hash.h"
 #include "util/internal.h"
+#include "plan/piece.h"
+#include "stage/op.h"
 #include "vps/stage.h"
 
+/* A run: consecutive pieces of one pair that staging copies as one (a
+ * flat piece, merged with the flat ones that continue it on both sides,
+ * or one strided piece). */
 struct run {
-	size_t piece; /* first plan piece */
+	struct vps_run g; /* what it copies (plan/piece.h) */
+	size_t piece;     /* first plan piece */
 	int32_t npieces;
-	uint8_t esize;
-	bool flat; /* contiguous on both sides: ext[0] elements */
-	int ndim;
-	int64_t ext[VPS_MAX_DIMS];
-	uint32_t src_buffer, dst_buffer;
-	int64_t src_offset, dst_offset;
-	int64_t src_strides[VPS_MAX_DIMS], dst_strides[VPS_MAX_DIMS];
+	bool flat;        /* g is one axis, contiguous on both sides */
 };
 
 static int64_t run_elements(const struct run *r)
 {
 	int64_t n = 1;
-	for (int k = 0; k < r->ndim; k++)
-		n *= r->ext[k];
+	for (int k = 0; k < r->g.ndim; k++)
+		n *= r->g.ext[k];
 	return n;
 }
 
 static void run_of_piece(const struct vps_piece *p, size_t idx, struct run *r)
 {
-	memset(r, 0, sizeof(*r));
+	r->flat = vps_piece_run(p, &r->g);
 	r->piece = idx;
 	r->npieces = 1;
-	r->esize = (uint8_t)vps_dtype_size(vps_state_dtype(p->state));
-	r->ndim = p->box.ndim;
-	for (int k = 0; k < p->box.ndim; k++)
-		r->ext[k] = p->box.hi[k] - p->box.lo[k];
-	r->src_buffer = p->src_buffer;
-	r->dst_buffer = p->dst_buffer;
-	r->src_offset = p->src_offset;
-	r->dst_offset = p->dst_offset;
-	memcpy(r->src_strides, p->src_strides, sizeof(r->src_strides));
-	memcpy(r->dst_strides, p->dst_strides, sizeof(r->dst_strides));
-	if (vps_strides_rowmajor(r->ndim, r->ext, r->src_strides) && vps_strides_rowmajor(r->ndim, r->ext, r->dst_strides)) {
-		r->flat = true;
-		int64_t n = run_elements(r);
-		r->ndim = 1;
-		r->ext[0] = n;
-		r->src_strides[0] = r->dst_strides[0] = 1;
-		for (int k = 1; k < VPS_MAX_DIMS; k++)
-			r->ext[k] = r->src_strides[k] = r->dst_strides[k] = 0;
-	}
 }
 
 /* Append q to r when both are flat and adjacent on both sides. */
 static bool run_merge(struct run *r, const struct run *q)
 {
-	if (!r->flat || !q->flat || r->esize != q->esize || r->src_buffer != q->src_buffer ||
-	    r->dst_buffer != q->dst_buffer || r->src_offset + r->ext[0] != q->src_offset ||
-	    r->dst_offset + r->ext[0] != q->dst_offset)
+	const struct vps_run *x = &r->g, *y = &q->g;
+	if (!r->flat || !q->flat || x->esize != y->esize || x->src_buffer != y->src_buffer ||
+	    x->dst_buffer != y->dst_buffer || x->src_offset + x->ext[0] != y->src_offset ||
+	    x->dst_offset + x->ext[0] != y->dst_offset)
 		return false;
-	r->ext[0] += q->ext[0];
+	r->g.ext[0] += y->ext[0];
 	r->npieces += q->npieces;
 	return true;
 }
@@ -86,6 +69,24 @@ struct builder {
 	size_t no, capo;
 };
 
+void vps_op_run(const struct vps_xfer *x, const struct vps_op *o, struct vps_run *r)
+{
+	r->src = x->src;
+	r->dst = x->dst;
+	r->ndim = o->ndim;
+	r->esize = o->esize;
+	r->src_buffer = o->src_buffer;
+	r->dst_buffer = o->dst_buffer;
+	r->src_offset = o->src_offset;
+	r->dst_offset = o->dst_offset;
+	for (int k = 0; k < VPS_MAX_DIMS; k++) {
+		bool axis = k < o->ndim;
+		r->ext[k] = axis ? o->ext[k] : 0;
+		r->src_strides[k] = axis ? o->src_strides[k] : 0;
+		r->dst_strides[k] = axis ? o->dst_strides[k] : 0;
+	}
+}
+
 /* Ops for elements [from, from + n) of run r (in its row-major order): at
  * most 2*ndim-1 boxes, each starting on an aligned staging offset from `at`
  * on (at < 0: a retain, no staging). *end receives the byte after the last. */
@@ -93,26 +94,28 @@ static vps_result_t emit_part(struct builder *b, const struct run *r, int64_t fr
 			      int64_t *end)
 {
 	struct vps_box parts[2 * VPS_MAX_DIMS];
-	int np = vps_flat_range_boxes(r->ndim, r->ext, from, from + n, parts, NULL);
+	int np = vps_flat_range_boxes(r->g.ndim, r->g.ext, from, from + n, parts, NULL);
 	for (int i = 0; i < np; i++) {
+		int64_t ext[VPS_MAX_DIMS];
+		struct vps_run g;
+		for (int k = 0; k < r->g.ndim; k++)
+			ext[k] = parts[i].hi[k] - parts[i].lo[k];
+		if (!vps_run_part(&r->g, parts[i].lo, ext, &g))
+			return vps_fail(VPS_EINPUT, "piece %zu: its addresses overflow", r->piece);
 		VPS_CHECK(VPS_GROW(b->o, b->capo, b->no + 1));
 		struct vps_op *o = &b->o[b->no++];
 		memset(o, 0, sizeof(*o));
 		o->piece = (int64_t)r->piece;
 		o->npieces = r->npieces;
-		o->esize = r->esize;
-		o->ndim = r->ndim;
-		o->src_buffer = r->src_buffer;
-		o->dst_buffer = r->dst_buffer;
-		o->src_offset = r->src_offset;
-		o->dst_offset = r->dst_offset;
-		for (int k = 0; k < r->ndim; k++) {
-			o->ext[k] = parts[i].hi[k] - parts[i].lo[k];
-			o->src_strides[k] = r->src_strides[k];
-			o->dst_strides[k] = r->dst_strides[k];
-			o->src_offset += parts[i].lo[k] * r->src_strides[k];
-			o->dst_offset += parts[i].lo[k] * r->dst_strides[k];
-		}
+		o->esize = g.esize;
+		o->ndim = g.ndim;
+		o->src_buffer = g.src_buffer;
+		o->dst_buffer = g.dst_buffer;
+		o->src_offset = g.src_offset;
+		o->dst_offset = g.dst_offset;
+		memcpy(o->ext, g.ext, sizeof(o->ext));
+		memcpy(o->src_strides, g.src_strides, sizeof(o->src_strides));
+		memcpy(o->dst_strides, g.dst_strides, sizeof(o->dst_strides));
 		if (at < 0) {
 			o->staging = -1;
 		} else {
@@ -151,8 +154,8 @@ static vps_result_t chunk_pair(struct builder *b, const struct run *runs, size_t
 		while (done < total) {
 			int64_t at = vps_round_up(pos, VPS_STAGE_ALIGN);
 			/* a box run may come out as 2*ndim-1 boxes, each aligned */
-			int64_t slack = r->flat ? 0 : (2 * r->ndim - 2) * VPS_STAGE_ALIGN;
-			int64_t room = (cap - at - slack) / r->esize;
+			int64_t slack = r->flat ? 0 : (2 * r->g.ndim - 2) * VPS_STAGE_ALIGN;
+			int64_t room = (cap - at - slack) / r->g.esize;
 			if (room <= 0) {
 				b->x[b->nx - 1].bytes = vps_round_up(pos, VPS_STAGE_ALIGN);
 				b->x[b->nx - 1].nops = b->no - b->x[b->nx - 1].first_op;
@@ -504,68 +507,119 @@ done:
 	return rc;
 }
 
-vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t budget, int64_t rank)
+/* Any budget above the floor works, but one that cuts the plan in hundreds
+ * of millions of chunks of cap bytes is a mistake, not a schedule. */
+static vps_result_t check_chunks(const struct vps_plan *plan, int64_t budget, int64_t cap)
 {
-	vps_result_t rc = VPS_OK;
-	if (plan->scope >= 0 && rank >= 0 && rank != plan->scope)
-		return vps_fail(VPS_EINPUT, "--rank %" PRId64 ": this plan is rank %" PRId64 "'s", rank, plan->scope);
-	if (budget < VPS_STAGE_BUDGET_FLOOR)
-		return vps_fail(VPS_EINPUT, "budget: %" PRId64 " bytes is below the floor of %" PRId64
-				" bytes (one aligned element each way)", budget, VPS_STAGE_BUDGET_FLOOR);
-	int64_t W = vps_world_size(plan->world);
-	if (rank >= W)
-		return vps_fail(VPS_EINPUT, "--rank: %" PRId64 " is outside the transition world of %" PRId64, rank, W);
-	struct vps_staged *s = vps_calloc(1, sizeof(*s));
-	int64_t *demand = NULL;
-	struct run *runs = NULL;
-	struct pair_piece *grp = NULL;
-	size_t capr = 0, ng = 0, capg = 0;
-	struct builder b = {0};
-	if (!s)
-		return VPS_ENOMEM;
-	s->budget = budget;
-	s->scope = plan->scope >= 0 ? plan->scope : rank;
-	s->steps = vps_stage_steps(W);
-	int64_t cap = chunk_size(budget);
-	/* any budget above the floor works, but one that cuts the plan in
-	 * hundreds of millions of chunks is a mistake, not a schedule */
 	int64_t moved = 0;
 	struct vps_piece_iter it;
 	vps_piece_iter_init(&it, plan);
 	for (const struct vps_piece *x; (x = vps_piece_iter_next(&it));)
 		if (x->src != x->dst)
 			moved = vps_sat_add(moved, vps_piece_bytes(x));
-	if (moved / cap > VPS_STAGE_MAX_CHUNKS) {
-		free(s);
+	if (moved / cap > VPS_STAGE_MAX_CHUNKS)
 		return vps_fail(VPS_EINPUT,
 				"budget: %" PRId64 " bytes cuts the %" PRId64 " bytes this plan moves in more than %lld chunks; "
 				"give at least %" PRId64 " bytes",
 				budget, moved, (long long)VPS_STAGE_MAX_CHUNKS,
 				vps_round_up(2 * (moved / VPS_STAGE_MAX_CHUNKS + 1), VPS_STAGE_ALIGN));
-	}
-	/* pieces come in plan order, by destination and then source: a pair's
-	 * pieces are consecutive, and the plan is read once, packed or not */
+	return VPS_OK;
+}
+
+/* Every pair's transfers and copies into b, in chunks of cap bytes. Pieces
+ * come in plan order, by destination and then source: a pair's pieces are
+ * consecutive, and the plan is read once, packed or not. */
+static vps_result_t stage_pairs(struct builder *b, const struct vps_plan *plan, int64_t cap)
+{
+	struct run *runs = NULL;
+	struct pair_piece *grp = NULL;
+	size_t capr = 0, ng = 0, capg = 0;
+	vps_result_t rc = VPS_OK;
+	struct vps_piece_iter it;
 	vps_piece_iter_init(&it, plan);
 	int64_t pdst = -1, psrc = -1;
-	for (size_t gi = 0;; gi++) {
+	for (size_t gi = 0; !rc; gi++) {
 		const struct vps_piece *x = vps_piece_iter_next(&it);
 		if (!x || x->dst != pdst || x->src != psrc) {
 			if (ng)
-				VPS_CHECK_GOTO(stage_pair(&b, grp, ng, &runs, &capr, cap), rc, fail);
+				VPS_CHECK_GOTO(stage_pair(b, grp, ng, &runs, &capr, cap), rc, done);
 			ng = 0;
 			if (!x)
 				break;
 			if (x->dst < pdst || (x->dst == pdst && x->src < psrc)) {
 				rc = vps_fail(VPS_EINPUT, "piece %zu (%" PRId64 " -> %" PRId64 ") is out of the plan's order "
 							  "(by destination, then source)", gi, x->src, x->dst);
-				goto fail;
+				break;
 			}
 			pdst = x->dst;
 			psrc = x->src;
 		}
-		VPS_CHECK_GOTO(VPS_GROW(grp, capg, ng + 1), rc, fail);
-		grp[ng++] = (struct pair_piece){*x, gi};
+		rc = VPS_GROW(grp, capg, ng + 1);
+		if (!rc)
+			grp[ng++] = (struct pair_piece){*x, gi};
 	}
+done:
+	free(grp);
+	free(runs);
+	return rc;
+}
+
+/* The transfers of b, in the execution order, into s: all of them, or
+ * those of s's scope with their copies. */
+static vps_result_t take_transfers(struct vps_staged *s, struct builder *b)
+{
+	/* a transfer's copies stay where they are made */
+	if (b->nx) /* a rank with nothing to move has no transfer */
+		qsort(b->x, b->nx, sizeof(*b->x), xfer_order);
+	if (s->scope < 0) {
+		s->xfers = b->x;
+		s->nxfers = b->nx;
+		s->ops = b->o;
+		s->nops = b->no;
+		b->x = NULL;
+		b->o = NULL;
+		return VPS_OK;
+	}
+	s->ops = vps_malloc((b->no + 1) * sizeof(*s->ops));
+	s->xfers = vps_malloc((b->nx + 1) * sizeof(*s->xfers));
+	if (!s->ops || !s->xfers)
+		return VPS_ENOMEM;
+	for (size_t i = 0; i < b->nx; i++) {
+		struct vps_xfer x = b->x[i];
+		if (x.src != s->scope && x.dst != s->scope)
+			continue;
+		if (x.nops)
+			memcpy(&s->ops[s->nops], &b->o[x.first_op], x.nops * sizeof(*s->ops));
+		x.first_op = s->nops;
+		s->nops += x.nops;
+		s->xfers[s->nxfers++] = x;
+	}
+	return VPS_OK;
+}
+
+vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t budget, int64_t rank)
+{
+	vps_result_t rc = VPS_OK;
+	if (plan->scope >= 0 && rank >= 0 && rank != plan->scope)
+		return vps_fail(VPS_EINPUT, "rank %" PRId64 ", but the plan holds world rank %" PRId64 "'s part only",
+				rank, plan->scope);
+	if (budget < VPS_STAGE_BUDGET_FLOOR)
+		return vps_fail(VPS_EINPUT, "budget: %" PRId64 " bytes is below the floor of %" PRId64
+				" bytes (one aligned element each way)", budget, VPS_STAGE_BUDGET_FLOOR);
+	int64_t W = vps_world_size(plan->world), cap = chunk_size(budget);
+	if (rank >= W)
+		return vps_fail(VPS_EINPUT, "world rank %" PRId64 " is outside the transition world of %" PRId64 " ranks",
+				rank, W);
+	VPS_CHECK(check_chunks(plan, budget, cap));
+	struct vps_staged *s = vps_calloc(1, sizeof(*s));
+	int64_t *demand = NULL;
+	struct builder b = {0};
+	if (!s)
+		return VPS_ENOMEM;
+	s->budget = budget;
+	s->scope = plan->scope >= 0 ? plan->scope : rank;
+	s->steps = vps_stage_steps(W);
+	VPS_CHECK_GOTO(stage_pairs(&b, plan, cap), rc, fail);
 	/* a global plan knows every rank's demands: cut its stages now */
 	if (plan->scope < 0) {
 		demand = vps_malloc(VPS_DEMAND_COUNT(s->steps) * sizeof(*demand));
@@ -575,35 +629,7 @@ vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t b
 		}
 		VPS_CHECK_GOTO(demand_of(b.x, b.nx, s->steps, -1, demand), rc, fail);
 	}
-	/* the execution order; a transfer's copies stay where they are made */
-	if (b.nx) /* a rank with nothing to move has no transfer */
-		qsort(b.x, b.nx, sizeof(*b.x), xfer_order);
-	if (s->scope < 0) {
-		s->xfers = b.x;
-		s->nxfers = b.nx;
-		s->ops = b.o;
-		s->nops = b.no;
-		b.x = NULL;
-		b.o = NULL;
-	} else {
-		/* only the scope's transfers, with their copies */
-		s->ops = vps_malloc((b.no + 1) * sizeof(*s->ops));
-		s->xfers = vps_malloc((b.nx + 1) * sizeof(*s->xfers));
-		if (!s->ops || !s->xfers) {
-			rc = VPS_ENOMEM;
-			goto fail;
-		}
-	}
-	for (size_t i = 0; s->scope >= 0 && i < b.nx; i++) {
-		struct vps_xfer x = b.x[i];
-		if (s->scope >= 0 && x.src != s->scope && x.dst != s->scope)
-			continue;
-		if (x.nops)
-			memcpy(&s->ops[s->nops], &b.o[x.first_op], x.nops * sizeof(*s->ops));
-		x.first_op = s->nops;
-		s->nops += x.nops;
-		s->xfers[s->nxfers++] = x;
-	}
+	VPS_CHECK_GOTO(take_transfers(s, &b), rc, fail);
 	VPS_CHECK_GOTO(find_frees(s, plan), rc, fail);
 	s->plan = plan;
 	if (demand && (rc = vps_staged_cut(s, demand))) {
@@ -613,16 +639,12 @@ vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t b
 	free(demand);
 	free(b.x);
 	free(b.o);
-	free(grp);
-	free(runs);
 	*out = s;
 	return VPS_OK;
 fail:
 	free(demand);
 	free(b.x);
 	free(b.o);
-	free(grp);
-	free(runs);
 	free(s->stages);
 	free(s->xfers);
 	free(s->ops);
@@ -674,4 +696,60 @@ void vps_staged_stats(const struct vps_staged *s, struct vps_stage_stats *st)
 	for (const struct vps_piece *p; (p = vps_piece_iter_next(&it));)
 		if (s->scope < 0 || p->src == s->scope || p->dst == s->scope)
 			st->pieces++;
+}
+
+/* ---- hashes ---- */
+
+/* The inputs every rank's staged plan is made from: the two layouts, the
+ * training state, the budget and the planner's rules. The world's plan and
+ * its stages follow from them, so ranks holding their own parts compare
+ * this before a byte moves. */
+uint64_t vps_staged_world_hash(const struct vps_staged *s)
+{
+	const struct vps_plan *p = s->plan;
+	const struct vps_training *t = &p->train;
+	int64_t head[] = {VPS_PLANNER_RULES, (int64_t)vps_layout_hash(p->a), (int64_t)vps_layout_hash(p->b),
+			  vps_world_size(p->world), s->budget, s->steps, t->known, t->step, t->consumed_samples,
+			  t->scheduler_step, t->global_batch, t->micro_batch, t->grad_accum, t->dp};
+	uint64_t h = vps_hash64(head, sizeof(head), 0);
+	/* ranks planning around different lost devices must not agree */
+	return p->lost.nranks ? vps_hash64(p->lost.ranks, p->lost.nranks * sizeof(*p->lost.ranks), h) : h;
+}
+
+uint64_t vps_staged_hash(const struct vps_staged *s)
+{
+	uint64_t h = vps_plan_hash(s->plan);
+	int64_t head[] = {s->budget, s->scope, s->steps, s->cut, (int64_t)s->nstages, (int64_t)s->nxfers, (int64_t)s->nops};
+	h = vps_hash64(head, sizeof(head), h);
+	for (size_t i = 0; i < s->nstages; i++) {
+		const struct vps_stage_info *g = &s->stages[i];
+		int64_t f[] = {g->first_unit_step, g->first_unit_chunk, g->last_unit_step, g->last_unit_chunk, g->bytes,
+			       g->peak};
+		h = vps_hash64(f, sizeof(f), h);
+	}
+	/* each transfer with its copies, wherever they lie in memory (a file
+	 * read back holds them in transfer order, a fresh staging may not) */
+	for (size_t i = 0; i < s->nxfers; i++) {
+		const struct vps_xfer *x = &s->xfers[i];
+		int64_t f[] = {x->src, x->dst, x->step, x->chunk, x->stage, x->bytes, (int64_t)x->nops};
+		h = vps_hash64(f, sizeof(f), h);
+		for (size_t k = 0; k < x->nops && x->first_op + k < s->nops; k++) {
+			const struct vps_op *o = &s->ops[x->first_op + k];
+			int64_t g[8 + 3 * VPS_MAX_DIMS] = {o->piece, o->npieces, o->esize, o->ndim, o->src_buffer, o->dst_buffer,
+							   o->src_offset, o->dst_offset};
+			for (int d = 0; d < o->ndim && d < VPS_MAX_DIMS; d++) {
+				g[8 + d] = o->ext[d];
+				g[8 + VPS_MAX_DIMS + d] = o->src_strides[d];
+				g[8 + 2 * VPS_MAX_DIMS + d] = o->dst_strides[d];
+			}
+			h = vps_hash64(g, sizeof(g), h);
+			h = vps_hash64(&o->staging, sizeof(o->staging), h);
+		}
+	}
+	for (size_t i = 0; i < s->nfrees; i++) {
+		int64_t f[] = {s->frees[i].rank, s->frees[i].buffer, s->frees[i].step, s->frees[i].chunk};
+		h = vps_hash64(f, sizeof(f), h);
+	}
+	/* 0 marks a staged plan computed here (file_hash): no file states it */
+	return h ? h : 1;
 }

@@ -1,3 +1,6 @@
+/* Staged plans in files (stage_io.h, vps-formats(5)): written measured,
+ * then compressed as they go; read with every view checked against the
+ * buffer it names. And the budgets files of vps-stage --budgets. */
 #include <inttypes.h>
 #include <stdio.h>
 
@@ -7,60 +10,6 @@
 #include "plan/plan_io.h"
 #include "stage/stage_io.h"
 #include "vps/stage.h"
-
-/* The inputs every rank's staged plan is made from: the two layouts, the
- * training state, the budget and the planner's rules. The world's plan and
- * its stages follow from them, so ranks holding their own parts compare
- * this before a byte moves. */
-uint64_t vps_staged_world_hash(const struct vps_staged *s)
-{
-	const struct vps_plan *p = s->plan;
-	const struct vps_training *t = &p->train;
-	int64_t head[] = {VPS_PLANNER_RULES, (int64_t)vps_layout_hash(p->a), (int64_t)vps_layout_hash(p->b),
-			  vps_world_size(p->world), s->budget, s->steps, t->known, t->step, t->consumed_samples,
-			  t->scheduler_step, t->global_batch, t->micro_batch, t->grad_accum, t->dp};
-	uint64_t h = vps_hash64(head, sizeof(head), 0);
-	/* ranks planning around different lost devices must not agree */
-	return p->lost.nranks ? vps_hash64(p->lost.ranks, p->lost.nranks * sizeof(*p->lost.ranks), h) : h;
-}
-
-uint64_t vps_staged_hash(const struct vps_staged *s)
-{
-	uint64_t h = vps_plan_hash(s->plan);
-	int64_t head[] = {s->budget, s->scope, s->steps, s->cut, (int64_t)s->nstages, (int64_t)s->nxfers, (int64_t)s->nops};
-	h = vps_hash64(head, sizeof(head), h);
-	for (size_t i = 0; i < s->nstages; i++) {
-		const struct vps_stage_info *g = &s->stages[i];
-		int64_t f[] = {g->first_unit_step, g->first_unit_chunk, g->last_unit_step, g->last_unit_chunk, g->bytes,
-			       g->peak};
-		h = vps_hash64(f, sizeof(f), h);
-	}
-	/* each transfer with its copies, wherever they lie in memory (a file
-	 * read back holds them in transfer order, a fresh staging may not) */
-	for (size_t i = 0; i < s->nxfers; i++) {
-		const struct vps_xfer *x = &s->xfers[i];
-		int64_t f[] = {x->src, x->dst, x->step, x->chunk, x->stage, x->bytes, (int64_t)x->nops};
-		h = vps_hash64(f, sizeof(f), h);
-		for (size_t k = 0; k < x->nops && x->first_op + k < s->nops; k++) {
-			const struct vps_op *o = &s->ops[x->first_op + k];
-			int64_t g[8 + 3 * VPS_MAX_DIMS] = {o->piece, o->npieces, o->esize, o->ndim, o->src_buffer, o->dst_buffer,
-							   o->src_offset, o->dst_offset};
-			for (int d = 0; d < o->ndim && d < VPS_MAX_DIMS; d++) {
-				g[8 + d] = o->ext[d];
-				g[8 + VPS_MAX_DIMS + d] = o->src_strides[d];
-				g[8 + 2 * VPS_MAX_DIMS + d] = o->dst_strides[d];
-			}
-			h = vps_hash64(g, sizeof(g), h);
-			h = vps_hash64(&o->staging, sizeof(o->staging), h);
-		}
-	}
-	for (size_t i = 0; i < s->nfrees; i++) {
-		int64_t f[] = {s->frees[i].rank, s->frees[i].buffer, s->frees[i].step, s->frees[i].chunk};
-		h = vps_hash64(f, sizeof(f), h);
-	}
-	/* 0 marks a staged plan computed here (file_hash): no file states it */
-	return h ? h : 1;
-}
 
 static vps_result_t write_pair(struct vps_writer *w, const char *key, int64_t a, int64_t b)
 {
@@ -175,30 +124,9 @@ vps_result_t vps_staged_serialize(const struct vps_staged *s, bool yaml, struct 
 	return rc;
 }
 
-vps_result_t vps_staged_read_body(struct vps_reader *r, struct vps_staged *s)
+static vps_result_t read_stages(struct vps_reader *r, struct vps_staged *s)
 {
-	uint64_t n, plan_hash;
-	int64_t W;
-	VPS_CHECK(vps_r_u64hex(r, "hash", &s->file_hash));
-	if (!s->file_hash)
-		return vps_r_error(r, "hash", "0 is not the hash of any staged plan");
-	VPS_CHECK(vps_r_int(r, "budget", &s->budget, VPS_STAGE_BUDGET_FLOOR, INT64_MAX));
-	VPS_CHECK(vps_r_int(r, "scope", &s->scope, -1, INT64_MAX));
-	VPS_CHECK(vps_r_int(r, "steps", &s->steps, 0, INT64_MAX));
-	VPS_CHECK(vps_r_map_begin(r, "plan"));
-	VPS_CHECK(vps_plan_read_body(r, &s->plan, &plan_hash));
-	s->plan->file_hash = plan_hash;
-	VPS_CHECK(vps_r_map_end(r));
-	W = vps_world_size(s->plan->world);
-	if (s->steps != vps_stage_steps(W))
-		return vps_r_error(r, "steps", "%" PRId64 " steps, a world of %" PRId64 " has %" PRId64, s->steps, W,
-				   vps_stage_steps(W));
-	/* a one-rank plan's stages are cut by its executors */
-	s->cut = s->plan->scope < 0;
-	if (s->scope >= W)
-		return vps_r_error(r, "scope", "rank %" PRId64 " is outside the world of %" PRId64, s->scope, W);
-	if (s->plan->scope >= 0 && s->scope != s->plan->scope)
-		return vps_r_error(r, "scope", "%" PRId64 ", its plan is rank %" PRId64 "'s", s->scope, s->plan->scope);
+	uint64_t n;
 	VPS_CHECK(vps_r_seq_begin(r, "stages", &n));
 	if (!s->cut && n)
 		return vps_r_error(r, "stages", "a one-rank plan's stages are cut by its executors, not listed");
@@ -220,12 +148,83 @@ vps_result_t vps_staged_read_body(struct vps_reader *r, struct vps_staged *s)
 		VPS_CHECK(vps_r_map_end(r));
 		s->nstages++;
 	}
+	return vps_r_seq_end(r);
+}
+
+/* Every view of copy o of transfer x inside the buffer it names, before
+ * anything (vps-verify, vps-exec) walks it; what names the copy in
+ * messages. */
+static vps_result_t op_views_check(struct vps_reader *r, const struct vps_staged *s, const struct vps_xfer *x,
+				   const struct vps_op *o, const char *what)
+{
+	for (int side = 0; side < 2; side++) {
+		int64_t rank = side ? x->dst : x->src;
+		uint32_t buffer = side ? o->dst_buffer : o->src_buffer;
+		int64_t nel = vps_plan_side_elements(s->plan, !side, rank, buffer);
+		char sw[128];
+		snprintf(sw, sizeof(sw), "%s: %s", what, side ? "destination" : "source");
+		if (nel == -2)
+			return vps_r_error(r, side ? "dst_buffer" : "src_buffer", "%s: rank %" PRId64 " has no buffer %u", sw,
+					   rank, buffer);
+		VPS_CHECK(vps_view_check(r, side ? "dst_strides" : "src_strides", sw, o->ndim, o->ext,
+					 side ? o->dst_offset : o->src_offset, side ? o->dst_strides : o->src_strides,
+					 buffer, nel));
+	}
+	return VPS_OK;
+}
+
+/* Copy k of transfer i (x), into s->ops[s->nops]. */
+static vps_result_t read_op(struct vps_reader *r, struct vps_staged *s, const struct vps_xfer *x, uint64_t i,
+			    uint64_t k, size_t *capo)
+{
+	VPS_CHECK(VPS_GROW(s->ops, *capo, s->nops + 1));
+	struct vps_op *o = &s->ops[s->nops];
+	memset(o, 0, sizeof(*o));
+	int64_t v;
+	uint64_t ne;
+	VPS_CHECK(vps_r_map_begin(r, NULL));
+	VPS_CHECK(vps_r_int(r, "piece", &o->piece, 0, (int64_t)s->plan->npieces - 1));
+	VPS_CHECK(vps_r_int(r, "pieces", &v, 1, INT32_MAX));
+	o->npieces = (int32_t)v;
+	VPS_CHECK(vps_r_int(r, "esize", &v, 1, 8));
+	o->esize = (uint8_t)v;
+	VPS_CHECK(vps_r_seq_begin(r, "ext", &ne));
+	if (ne < 1 || ne > VPS_MAX_DIMS)
+		return vps_r_error(r, "ext", "1 to %d axes", VPS_MAX_DIMS);
+	o->ndim = (int)ne;
+	for (int d = 0; d < o->ndim; d++)
+		VPS_CHECK(vps_r_int(r, NULL, &o->ext[d], 1, VPS_MAX_ELEMENTS));
 	VPS_CHECK(vps_r_seq_end(r));
+	char what[96];
+	snprintf(what, sizeof(what), "transfer %" PRIu64 " op %" PRIu64 " (piece %" PRId64 ")", i, k, o->piece);
+	if (o->npieces > (int64_t)s->plan->npieces)
+		return vps_r_error(r, "pieces", "%s: %d pieces, more than the plan's %zu", what, o->npieces,
+				   s->plan->npieces);
+	if (vps_ext_volume(o->ndim, o->ext) < 0 || vps_ext_volume(o->ndim, o->ext) > VPS_MAX_ELEMENTS)
+		return vps_r_error(r, "ext", "%s: more than 2^48 elements", what);
+	VPS_CHECK(vps_r_int(r, "src_buffer", &v, 0, UINT32_MAX));
+	o->src_buffer = (uint32_t)v;
+	VPS_CHECK(vps_r_int(r, "src_offset", &o->src_offset, 0, VPS_MAX_ELEMENTS));
+	VPS_CHECK(read_ints(r, "src_strides", o->src_strides, o->ndim, -VPS_MAX_ELEMENTS, VPS_MAX_ELEMENTS));
+	VPS_CHECK(vps_r_int(r, "dst_buffer", &v, 0, UINT32_MAX));
+	o->dst_buffer = (uint32_t)v;
+	VPS_CHECK(vps_r_int(r, "dst_offset", &o->dst_offset, 0, VPS_MAX_ELEMENTS));
+	VPS_CHECK(read_ints(r, "dst_strides", o->dst_strides, o->ndim, -VPS_MAX_ELEMENTS, VPS_MAX_ELEMENTS));
+	VPS_CHECK(vps_r_int(r, "staging", &o->staging, -1, VPS_MAX_ELEMENTS * 8));
+	VPS_CHECK(op_views_check(r, s, x, o, what));
+	VPS_CHECK(vps_r_map_end(r));
+	s->nops++;
+	return VPS_OK;
+}
+
+static vps_result_t read_xfers(struct vps_reader *r, struct vps_staged *s, int64_t W)
+{
+	uint64_t n;
+	size_t capo = 0;
 	VPS_CHECK(vps_r_seq_begin(r, "transfers", &n));
 	s->xfers = vps_calloc((size_t)n + 1, sizeof(*s->xfers));
 	if (!s->xfers)
 		return VPS_ENOMEM;
-	size_t capo = 0;
 	for (uint64_t i = 0; i < n; i++) {
 		struct vps_xfer *x = &s->xfers[i];
 		uint64_t no;
@@ -238,95 +237,76 @@ vps_result_t vps_staged_read_body(struct vps_reader *r, struct vps_staged *s)
 		VPS_CHECK(vps_r_int(r, "bytes", &x->bytes, 0, VPS_MAX_ELEMENTS * 8));
 		VPS_CHECK(vps_r_seq_begin(r, "ops", &no));
 		x->first_op = s->nops;
-		for (uint64_t k = 0; k < no; k++) {
-			VPS_CHECK(VPS_GROW(s->ops, capo, s->nops + 1));
-			struct vps_op *o = &s->ops[s->nops];
-			memset(o, 0, sizeof(*o));
-			int64_t v, nd;
-			uint64_t ne;
-			VPS_CHECK(vps_r_map_begin(r, NULL));
-			VPS_CHECK(vps_r_int(r, "piece", &o->piece, 0, (int64_t)s->plan->npieces - 1));
-			VPS_CHECK(vps_r_int(r, "pieces", &v, 1, INT32_MAX));
-			o->npieces = (int32_t)v;
-			VPS_CHECK(vps_r_int(r, "esize", &v, 1, 8));
-			o->esize = (uint8_t)v;
-			VPS_CHECK(vps_r_seq_begin(r, "ext", &ne));
-			if (ne < 1 || ne > VPS_MAX_DIMS)
-				return vps_r_error(r, "ext", "1 to %d axes", VPS_MAX_DIMS);
-			nd = (int64_t)ne;
-			o->ndim = (int)nd;
-			for (int d = 0; d < o->ndim; d++)
-				VPS_CHECK(vps_r_int(r, NULL, &o->ext[d], 1, VPS_MAX_ELEMENTS));
-			VPS_CHECK(vps_r_seq_end(r));
-			char what[96];
-			snprintf(what, sizeof(what), "transfer %" PRIu64 " op %" PRIu64 " (piece %" PRId64 ")", i, k,
-				 o->piece);
-			if (o->npieces > (int64_t)s->plan->npieces)
-				return vps_r_error(r, "pieces", "%s: %d pieces, more than the plan's %zu", what, o->npieces,
-						   s->plan->npieces);
-			if (vps_ext_volume(o->ndim, o->ext) < 0 || vps_ext_volume(o->ndim, o->ext) > VPS_MAX_ELEMENTS)
-				return vps_r_error(r, "ext", "%s: more than 2^48 elements", what);
-			VPS_CHECK(vps_r_int(r, "src_buffer", &v, 0, UINT32_MAX));
-			o->src_buffer = (uint32_t)v;
-			VPS_CHECK(vps_r_int(r, "src_offset", &o->src_offset, 0, VPS_MAX_ELEMENTS));
-			VPS_CHECK(read_ints(r, "src_strides", o->src_strides, o->ndim, -VPS_MAX_ELEMENTS, VPS_MAX_ELEMENTS));
-			VPS_CHECK(vps_r_int(r, "dst_buffer", &v, 0, UINT32_MAX));
-			o->dst_buffer = (uint32_t)v;
-			VPS_CHECK(vps_r_int(r, "dst_offset", &o->dst_offset, 0, VPS_MAX_ELEMENTS));
-			VPS_CHECK(read_ints(r, "dst_strides", o->dst_strides, o->ndim, -VPS_MAX_ELEMENTS, VPS_MAX_ELEMENTS));
-			VPS_CHECK(vps_r_int(r, "staging", &o->staging, -1, VPS_MAX_ELEMENTS * 8));
-			/* every view inside the buffer it names, before anything
-			 * (vps-verify, vps-exec) walks it */
-			for (int side = 0; side < 2; side++) {
-				int64_t rank = side ? x->dst : x->src;
-				uint32_t buffer = side ? o->dst_buffer : o->src_buffer;
-				int64_t nel = vps_plan_side_elements(s->plan, !side, rank, buffer);
-				char sw[128];
-				snprintf(sw, sizeof(sw), "%s: %s", what, side ? "destination" : "source");
-				if (nel == -2)
-					return vps_r_error(r, side ? "dst_buffer" : "src_buffer", "%s: rank %" PRId64
-							   " has no buffer %u", sw, rank, buffer);
-				VPS_CHECK(vps_view_check(r, side ? "dst_strides" : "src_strides", sw, o->ndim, o->ext,
-							 side ? o->dst_offset : o->src_offset,
-							 side ? o->dst_strides : o->src_strides, buffer, nel));
-			}
-			VPS_CHECK(vps_r_map_end(r));
-			s->nops++;
-		}
+		for (uint64_t k = 0; k < no; k++)
+			VPS_CHECK(read_op(r, s, x, i, k, &capo));
 		x->nops = (size_t)no;
 		VPS_CHECK(vps_r_seq_end(r));
 		VPS_CHECK(vps_r_map_end(r));
 		s->nxfers++;
 	}
-	VPS_CHECK(vps_r_seq_end(r));
+	return vps_r_seq_end(r);
+}
+
+static vps_result_t read_frees(struct vps_reader *r, struct vps_staged *s, int64_t W)
+{
+	uint64_t n;
 	VPS_CHECK(vps_r_seq_begin(r, "frees", &n));
 	s->frees = vps_calloc((size_t)n + 1, sizeof(*s->frees));
 	if (!s->frees)
 		return VPS_ENOMEM;
 	for (uint64_t i = 0; i < n; i++) {
-		int64_t v;
+		struct vps_free *f = &s->frees[i];
+		int64_t v, u[2];
 		VPS_CHECK(vps_r_map_begin(r, NULL));
-		VPS_CHECK(vps_r_int(r, "rank", &s->frees[i].rank, 0, W - 1));
+		VPS_CHECK(vps_r_int(r, "rank", &f->rank, 0, W - 1));
 		VPS_CHECK(vps_r_int(r, "buffer", &v, 0, UINT32_MAX));
-		s->frees[i].buffer = (uint32_t)v;
-		if (vps_plan_side_elements(s->plan, true, s->frees[i].rank, s->frees[i].buffer) < 0)
+		f->buffer = (uint32_t)v;
+		if (vps_plan_side_elements(s->plan, true, f->rank, f->buffer) < 0)
 			return vps_r_error(r, "buffer", "free %" PRIu64 ": rank %" PRId64 " has no buffer %u under the source layout",
-					   i, s->frees[i].rank, s->frees[i].buffer);
-		int64_t u[2];
+					   i, f->rank, f->buffer);
 		VPS_CHECK(read_ints(r, "last_read", u, 2, -1, INT64_MAX));
 		if (u[0] > s->steps || u[1] < 0 || (u[0] < 0 && u[1]))
 			return vps_r_error(r, "last_read", "free %" PRIu64 ": (%" PRId64 ", %" PRId64 ") is no unit of steps 0..%" PRId64
 					   " (never read: [-1, 0])", i, u[0], u[1], s->steps);
-		s->frees[i].step = u[0];
-		s->frees[i].chunk = u[1];
-		s->frees[i].stage = u[0] < 0 ? -1 : vps_staged_stage_of(s, u[0], u[1]);
-		if (s->cut && u[0] >= 0 && s->frees[i].stage < 0)
+		f->step = u[0];
+		f->chunk = u[1];
+		f->stage = u[0] < 0 ? -1 : vps_staged_stage_of(s, u[0], u[1]);
+		if (s->cut && u[0] >= 0 && f->stage < 0)
 			return vps_r_error(r, "last_read", "free %" PRIu64 ": unit (%" PRId64 ", %" PRId64 ") lies in no stage",
 					   i, u[0], u[1]);
 		VPS_CHECK(vps_r_map_end(r));
 		s->nfrees++;
 	}
 	return vps_r_seq_end(r);
+}
+
+vps_result_t vps_staged_read_body(struct vps_reader *r, struct vps_staged *s)
+{
+	uint64_t plan_hash;
+	int64_t W;
+	VPS_CHECK(vps_r_u64hex(r, "hash", &s->file_hash));
+	if (!s->file_hash)
+		return vps_r_error(r, "hash", "0 is not the hash of any staged plan");
+	VPS_CHECK(vps_r_int(r, "budget", &s->budget, VPS_STAGE_BUDGET_FLOOR, INT64_MAX));
+	VPS_CHECK(vps_r_int(r, "scope", &s->scope, -1, INT64_MAX));
+	VPS_CHECK(vps_r_int(r, "steps", &s->steps, 0, INT64_MAX));
+	VPS_CHECK(vps_r_map_begin(r, "plan"));
+	VPS_CHECK(vps_plan_read_body(r, &s->plan, &plan_hash));
+	s->plan->file_hash = plan_hash;
+	VPS_CHECK(vps_r_map_end(r));
+	W = vps_world_size(s->plan->world);
+	if (s->steps != vps_stage_steps(W))
+		return vps_r_error(r, "steps", "%" PRId64 " steps, a world of %" PRId64 " has %" PRId64, s->steps, W,
+				   vps_stage_steps(W));
+	/* a one-rank plan's stages are cut by its executors */
+	s->cut = s->plan->scope < 0;
+	if (s->scope >= W)
+		return vps_r_error(r, "scope", "rank %" PRId64 " is outside the world of %" PRId64, s->scope, W);
+	if (s->plan->scope >= 0 && s->scope != s->plan->scope)
+		return vps_r_error(r, "scope", "%" PRId64 ", its plan is rank %" PRId64 "'s", s->scope, s->plan->scope);
+	VPS_CHECK(read_stages(r, s));
+	VPS_CHECK(read_xfers(r, s, W));
+	return read_frees(r, s, W);
 }
 
 vps_result_t vps_staged_parse(struct vps_staged **out, const char *name, const void *data, size_t len)

@@ -249,18 +249,32 @@ struct trainer {
 	struct vps_device me;
 };
 
+/* Plan k as messages name it: its file, where the caller gave the names. */
+static const char *plan_name(const struct vps_trainer_opts *o, size_t k, char *buf, size_t n)
+{
+	if (o->plan_names && o->plan_names[k])
+		return o->plan_names[k];
+	snprintf(buf, n, "staged plan %zu", k + 1);
+	return buf;
+}
+
 /* The plans chain (each starts where the one before ends) and hold this
  * rank. */
-static vps_result_t check_plans(struct vps_staged *const *plans, size_t nplans, int64_t rank)
+static vps_result_t check_plans(struct vps_staged *const *plans, size_t nplans, const struct vps_trainer_opts *o)
 {
+	int64_t rank = o->rank;
 	if (!nplans)
 		return vps_fail(VPS_EINPUT, "no staged plan");
 	for (size_t k = 0; k < nplans; k++) {
+		char buf[32], before[32];
+		const char *name = plan_name(o, k, buf, sizeof(buf));
+		VPS_CHECK(vps_plan_check_hash(plans[k]->plan, name));
 		if (plans[k]->file_hash && plans[k]->file_hash != vps_staged_hash(plans[k]))
-			return vps_fail(VPS_EINPUT, "staged plan %zu: its content does not hash to what it states", k + 1);
+			return vps_fail(VPS_EINPUT, "%s: its content does not hash to what it states (edited or damaged; "
+					"vps-verify shows what is wrong)", name);
 		if (k && vps_layout_hash(plans[k]->plan->a) != vps_layout_hash(plans[k - 1]->plan->b))
-			return vps_fail(VPS_EINPUT, "staged plan %zu does not start from the layout plan %zu ends in", k + 1,
-					k);
+			return vps_fail(VPS_EINPUT, "%s does not start from the layout %s ends in", name,
+					plan_name(o, k - 1, before, sizeof(before)));
 	}
 	const struct vps_plan *p0 = plans[0]->plan;
 	if (rank < 0 || rank >= vps_world_size(p0->world))
@@ -269,8 +283,33 @@ static vps_result_t check_plans(struct vps_staged *const *plans, size_t nplans, 
 	return VPS_OK;
 }
 
-/* The registry, the first training state, and the source shard trained
- * for steps_before steps. */
+/* Before switch k (plan p) is asked for, and before the steps that lead
+ * to it: the state held becomes the sources (after the first switch: the
+ * last targets), and the targets are allocated and registered, so that the
+ * executor opens them while this trainer trains, not in the pause. */
+static vps_result_t ready_switch(struct trainer *tr, const struct vps_plan *p, size_t k)
+{
+	int64_t w = vps_world_of_device(p->world, tr->me);
+	char buf[32];
+	if (w < 0)
+		return vps_fail(VPS_EINPUT, "%s does not use this device", plan_name(tr->o, k, buf, sizeof(buf)));
+	int64_t a = vps_world_a_rank(p->world, w), b = vps_world_b_rank(p->world, w);
+	if (k > 0) {
+		VPS_CHECK(vps_registry_reset(tr->reg, vps_layout_hash(p->a), a));
+		VPS_CHECK(shard_free(tr->reg, &tr->src));
+		if (a >= 0) {
+			tr->src = tr->dst;
+			memset(&tr->dst, 0, sizeof(tr->dst));
+			VPS_CHECK(register_shard(tr->reg, &tr->src, VPS_ROLE_SOURCE));
+		}
+	}
+	if (b >= 0)
+		VPS_CHECK(alloc_shard(tr->reg, p->b, b, VPS_ROLE_TARGET, tr->gpu, tr->o, &tr->dst));
+	return vps_registry_set_target(tr->reg, vps_layout_hash(p->b), b);
+}
+
+/* The registry, the first training state, the first switch's targets, and
+ * the source shard trained for steps_before steps. */
 static vps_result_t trainer_start(struct trainer *tr, const struct vps_plan *p0)
 {
 	const struct vps_trainer_opts *o = tr->o;
@@ -285,13 +324,16 @@ static vps_result_t trainer_start(struct trainer *tr, const struct vps_plan *p0)
 	t->micro_batch = o->micro_batch > 0 ? o->micro_batch : 1;
 	if (t->global_batch) {
 		if (t->global_batch % (t->micro_batch * t->dp))
-			return vps_fail(VPS_EINPUT, "--global-batch %" PRId64 " is not a multiple of micro batch %" PRId64
+			return vps_fail(VPS_EINPUT, "global batch %" PRId64 " is not a multiple of micro batch %" PRId64
 					" x dp %" PRId64, t->global_batch, t->micro_batch, t->dp);
 		t->grad_accum = t->global_batch / (t->micro_batch * t->dp);
 	}
 	if (ra >= 0) {
 		VPS_CHECK(alloc_shard(tr->reg, p0->a, ra, VPS_ROLE_SOURCE, tr->gpu, o, &tr->src));
 		VPS_CHECK(fill_shard(p0->a, &tr->src, 0));
+	}
+	VPS_CHECK(ready_switch(tr, p0, 0));
+	if (ra >= 0) {
 		for (int64_t s = 1; s <= o->steps_before; s++) {
 			VPS_CHECK(take_step(p0->a, ra, t, tr->log));
 			t->consumed_samples += t->global_batch;
@@ -302,6 +344,37 @@ static vps_result_t trainer_start(struct trainer *tr, const struct vps_plan *p0)
 	t->valid = 1;
 	vps_registry_set_training(tr->reg, t);
 	return VPS_OK;
+}
+
+/* After this many seconds the wait for the executor says, once, what it
+ * waits for. */
+#define NOTICE_AFTER 3.0
+
+/* Wait for switch seq, saying early what it waits for: a trainer whose
+ * executor never comes (another --registry, no vps-exec) would otherwise
+ * be silent for the whole timeout. */
+static vps_result_t wait_switch(struct trainer *tr, uint64_t seq)
+{
+	const struct vps_trainer_opts *o = tr->o;
+	double timeout = o->timeout;
+	if (!o->notice || (timeout >= 0 && timeout <= NOTICE_AFTER))
+		return vps_registry_wait(tr->reg, seq, timeout);
+	vps_result_t rc = vps_registry_wait(tr->reg, seq, NOTICE_AFTER);
+	if (rc != VPS_ETIMEOUT)
+		return rc;
+	char what[256], msg[512];
+	vps_registry_describe(tr->reg, what, sizeof(what));
+	snprintf(msg, sizeof(msg), "waiting for switch %" PRIu64 " in registry %s: %s", seq, vps_registry_name(tr->reg),
+		 what);
+	o->notice(o->notice_ctx, msg);
+	vps_clear_error();
+	rc = vps_registry_wait(tr->reg, seq, timeout < 0 ? -1 : timeout - NOTICE_AFTER);
+	if (rc == VPS_ETIMEOUT) {
+		vps_registry_describe(tr->reg, what, sizeof(what));
+		return vps_fail(rc, "registry %s: switch %" PRIu64 " not done after %.1f s: %s", vps_registry_name(tr->reg),
+				seq, timeout, what);
+	}
+	return rc;
 }
 
 /* A failed switch must leave the sources as they were: say whether it did. */
@@ -317,11 +390,12 @@ static vps_result_t switch_failed(struct trainer *tr, const struct vps_plan *p, 
 			a < 0 ? "none (joining)" : wrong < 0 ? "unreadable" : wrong || dirty ? "DAMAGED" : "intact");
 }
 
-/* After a switch to target rank b: the state received is checked, and
- * training goes on from the step and data position the switch carried
- * (rank 0's: a joining device had none of its own). */
+/* After a switch to target rank b: the state received is checked, the
+ * next switch (plan `next`, number k, NULL: none) readied, and training
+ * goes on from the step and data position the switch carried (rank 0's: a
+ * joining device had none of its own). */
 static vps_result_t train_on(struct trainer *tr, const struct vps_plan *p, int64_t a, int64_t b,
-			     struct vps_trainer_result *res)
+			     const struct vps_plan *next, size_t k, struct vps_trainer_result *res)
 {
 	struct vps_registry_training *t = &tr->t;
 	int64_t step_before = t->step, consumed_before = t->consumed_samples;
@@ -329,51 +403,42 @@ static vps_result_t train_on(struct trainer *tr, const struct vps_plan *p, int64
 	if (!t->valid || (a >= 0 && (t->step != step_before || t->consumed_samples != consumed_before)))
 		res->training_state_ok = false;
 	VPS_CHECK(check_shard(p->b, &tr->dst, t->step, &res->wrong_elements, &res->dirty_padding, &p->lost));
+	if (next)
+		VPS_CHECK(ready_switch(tr, next, k));
+	/* the state: the next switch's sources once it is readied */
+	struct shard *state = next && tr->src.ptr ? &tr->src : &tr->dst;
 	for (int64_t s = 1; s <= tr->o->steps_after; s++) {
 		VPS_CHECK(take_step(p->b, b, t, tr->log));
 		t->consumed_samples += t->global_batch;
 		t->step++;
 		t->scheduler_step++;
-		VPS_CHECK(fill_shard(p->b, &tr->dst, t->step));
+		VPS_CHECK(fill_shard(p->b, state, t->step));
 	}
 	vps_registry_set_training(tr->reg, t);
 	return VPS_OK;
 }
 
-/* Switch k: the last target becomes the source, a target is allocated,
- * the switch requested and waited for, and training goes on. */
-static vps_result_t one_switch(struct trainer *tr, const struct vps_staged *s, size_t k,
+/* Switch k, readied: asked for and waited for, then training goes on
+ * toward the next (plan `next`, NULL: none). */
+static vps_result_t one_switch(struct trainer *tr, const struct vps_staged *s, size_t k, const struct vps_plan *next,
 			       struct vps_trainer_result *res)
 {
 	const struct vps_plan *p = s->plan;
 	int64_t w = vps_world_of_device(p->world, tr->me);
-	if (w < 0)
-		return vps_fail(VPS_EINPUT, "staged plan %zu does not use this device", k + 1);
 	int64_t a = vps_world_a_rank(p->world, w), b = vps_world_b_rank(p->world, w);
-	if (k > 0) {
-		VPS_CHECK(vps_registry_reset(tr->reg, vps_layout_hash(p->a), a));
-		VPS_CHECK(shard_free(tr->reg, &tr->src));
-		if (a >= 0) {
-			tr->src = tr->dst;
-			memset(&tr->dst, 0, sizeof(tr->dst));
-			VPS_CHECK(register_shard(tr->reg, &tr->src, VPS_ROLE_SOURCE));
-		}
-	}
-	if (b >= 0)
-		VPS_CHECK(alloc_shard(tr->reg, p->b, b, VPS_ROLE_TARGET, tr->gpu, tr->o, &tr->dst));
-	VPS_CHECK(vps_registry_set_target(tr->reg, vps_layout_hash(p->b), b));
 	uint64_t seq;
 	vps_result_t rc = vps_registry_request(tr->reg, &seq);
 	if (!rc)
-		rc = vps_registry_wait(tr->reg, seq, tr->o->timeout);
+		rc = wait_switch(tr, seq);
 	if (rc)
 		return switch_failed(tr, p, a, rc);
 	res->switches++;
 	if (b >= 0)
-		return train_on(tr, p, a, b, res);
+		return train_on(tr, p, a, b, next, k + 1, res);
 	/* a leaving device holds nothing now; it may join a later switch */
 	VPS_CHECK(vps_registry_reset(tr->reg, 0, -1));
-	return shard_free(tr->reg, &tr->src);
+	VPS_CHECK(shard_free(tr->reg, &tr->src));
+	return next ? ready_switch(tr, next, k + 1) : VPS_OK;
 }
 
 vps_result_t vps_trainer_run(struct vps_staged *const *plans, size_t nplans, const struct vps_trainer_opts *o,
@@ -382,14 +447,14 @@ vps_result_t vps_trainer_run(struct vps_staged *const *plans, size_t nplans, con
 	struct trainer tr = {.o = o};
 	memset(res, 0, sizeof(*res));
 	res->training_state_ok = true;
-	VPS_CHECK(check_plans(plans, nplans, o->rank));
+	VPS_CHECK(check_plans(plans, nplans, o));
 	const struct vps_plan *p0 = plans[0]->plan;
 	tr.me = vps_world_device(p0->world, o->rank);
 	if (o->samples_log && !(tr.log = fopen(o->samples_log, "a")))
 		return vps_fail(VPS_EINPUT, "%s: %s", o->samples_log, strerror(errno));
 	vps_result_t rc = trainer_start(&tr, p0);
 	for (size_t k = 0; k < nplans && !rc; k++)
-		rc = one_switch(&tr, plans[k], k, res);
+		rc = one_switch(&tr, plans[k], k, k + 1 < nplans ? plans[k + 1]->plan : NULL, res);
 	if (!rc) {
 		res->step = tr.t.step;
 		res->consumed_samples = tr.t.consumed_samples;

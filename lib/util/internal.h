@@ -85,8 +85,4 @@ bool vps_view_span(int ndim, const int64_t *ext, int64_t offset, const int64_t *
  * below 1. */
 int64_t vps_ext_volume(int ndim, const int64_t *ext);
 
-/* Whether a piece's elements are one contiguous range on both sides (the
- * row-major order of its box): what staging merges and copies flat. */
-bool vps_piece_flat(const struct vps_piece *x);
-
 #endif

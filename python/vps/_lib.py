@@ -237,9 +237,11 @@ def _load():
 lib = _load()
 
 
-def call(name, *args):
-    """Call a libvps function that returns vps_result_t; raise Error on failure."""
+def call(name, *args, what=None):
+    """Call a libvps function that returns vps_result_t; raise Error on failure.
+    what names the argument whose value the call reads: the library's message
+    says what is wrong with the value, and the error says which one it was."""
     rc = getattr(lib, name)(*args)
     if rc:
         msg = lib.vps_last_error().decode(errors="replace") or lib.vps_strerror(rc).decode()
-        raise Error(rc, msg)
+        raise Error(rc, "%s: %s" % (what, msg) if what else msg)

@@ -98,7 +98,7 @@ class Model:
 
     def __init__(self, spec):
         self._m = _Model()
-        call("vps_model_load", C.byref(self._m), spec.encode(), _config_path("models").encode())
+        call("vps_model_load", C.byref(self._m), spec.encode(), _config_path("models").encode(), what="model")
         self.spec = spec
 
     def __getattr__(self, name):
@@ -140,7 +140,8 @@ def _parallel(model, spec):
     p = _Parallel()
     lib.vps_parallel_init(C.byref(p))
     hint = C.create_string_buffer(64)
-    call("vps_parallel_load", C.byref(p), spec.encode(), _config_path("parallel").encode(), hint, len(hint))
+    call("vps_parallel_load", C.byref(p), spec.encode(), _config_path("parallel").encode(), hint, len(hint),
+         what="parallel")
     call("vps_parallel_validate", C.byref(p), C.byref(model._m), b"parallel")
     return p
 

@@ -1,21 +1,36 @@
 #!/usr/bin/env bash
 # The GPU section of docs/BENCHMARKS.md, made from the raw output of
-# scripts/gpu-check.sh (by default the kept docs/gpu-check-h100.txt), so its
-# figures are the check's, never typed. With --run, runs scripts/gpu-check.sh
-# first (needs a working nvidia-smi) and keeps its output in that file.
+# scripts/gpu-check.sh (by default the newest kept docs/gpu-check-*.txt), so
+# its figures are the check's, never typed; and the check's rows of
+# PyTorch's distributed checkpoint against vps on the GPU (gpu-* methods)
+# merged into docs/bench/switch-vs-size.tsv, its plot redrawn where
+# matplotlib is. With --run, runs scripts/gpu-check.sh first (needs a
+# working nvidia-smi) and keeps its output as docs/gpu-check-GPU.txt.
 #   scripts/bench/gpu_section.sh [--run] [FILE]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 run=0
 [ "${1:-}" = --run ] && { run=1; shift; }
-src=${1:-docs/gpu-check-h100.txt}
+src=${1:-}
 if [ "$run" = 1 ]; then
 	t=$(mktemp -d)
 	trap 'rm -rf "$t"' EXIT
-	scripts/gpu-check.sh "$t/gpu-check.txt"
+	scripts/gpu-check.sh "$t/gpu-check.txt" || true
+	slug=$(sed -n 's/^gpu: //p' "$t/gpu-check.txt" | grep -oiE '[abhlv][0-9]{2,3}' | head -1 | tr 'A-Z' 'a-z')
+	src=${src:-docs/gpu-check-${slug:-gpu}.txt}
 	cp "$t/gpu-check.txt" "$src"
 fi
-[ -r "$src" ] || { echo "gpu_section.sh: $src: cannot read" >&2; exit 2; }
+# the newest by the date the check wrote in its first line (a clone's
+# files all have the clone's time)
+newest() {
+	local f
+	for f in docs/gpu-check-*.txt; do
+		[ -r "$f" ] || continue
+		printf '%s\t%s\n' "$(head -1 "$f" | grep -oE '[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]+Z' | head -1)" "$f"
+	done | sort -r | head -1 | cut -f2
+}
+[ -n "$src" ] || src=$(newest)
+[ -n "$src" ] && [ -r "$src" ] || { echo "gpu_section.sh: ${src:-docs/gpu-check-*.txt}: cannot read" >&2; exit 2; }
 grep -q '^copy: ' "$src" || { echo "gpu_section.sh: $src: no copy benchmark lines (not gpu-check.sh output?)" >&2; exit 2; }
 hdr=$(head -1 "$src")
 gpu=$(sed -n 's/^gpu: //p' "$src")
@@ -26,17 +41,59 @@ gpu=$(sed -n 's/^gpu: //p' "$src")
 		echo "Made by \`scripts/bench/gpu_section.sh\` from the kept [$src](${src#docs/}) (no GPU here, nothing rerun): ${hdr#\# }; GPU: $gpu."
 	fi
 	echo
-	echo "| copy kernel (\`build/bench/gpu_copy_bench 1024\`) | bytes | GB/s | vs cudaMemcpy |"
+	awk '/^PASS / { p++ } /^FAIL / { f++ } /^SKIP / { s++ }
+		END { printf "Checks: %d passed, %d failed, %d skipped (each named in the file).\n", p, f, s }' "$src"
+	sed -n 's/^\(result: .*\)/\1./p' "$src"
+	echo
+	echo "| kernel (\`build/bench/gpu_copy_bench 1024\`) | bytes | GB/s | vs cudaMemcpy |"
 	echo "|---|---:|---:|---:|"
 	# copy: NAME   BYTES bytes  S s   R GB/s  X cudaMemcpy (M GB/s)
-	awk '/^copy: / {
+	awk '/^copy: / && / bytes / {
 		line = substr($0, 7); i = match(line, / +[0-9]+ bytes/)
 		name = substr(line, 1, i - 1); sub(/: /, ", ", name)
 		split(substr(line, i), f, " +")
 		b = f[2]; u = "B"
 		if (b % 1073741824 == 0) { b /= 1073741824; u = "GiB" } else if (b % 1048576 == 0) { b /= 1048576; u = "MiB" }
 		printf "| %s | %d %s | %.0f | %s |\n", name, b, u, f[6], f[8] }' "$src"
-	echo
-	sed -n "s/^switch: \(switch [^:]*\)$/- \1:/p; s/^switch: \(bytes moved.*\)/- \1;/p; s/^switch: \(cudaMemcpy.*\)/- \1;/p; s/^switch: \(pause.*\)/- \1./p" "$src"
+	# the switches: each benchmark's lines, as the check wrote them
+	for block in "switch|The switch (scripts/bench/gpu_switch.sh)" \
+		"switch-check|The same switch with the digests on the GPU (vps-exec --check)" \
+		"switch-big|A state of more than 8 GiB a rank" \
+		"replay|Each rank's kernels alone on the GPU (gpu_copy_bench --replay)" \
+		"switch-one|A world of one rank: the copy kernel with the GPU to itself" \
+		"example|The PyTorch example with its state on the GPU (examples/torch --device cuda)"; do
+		prefix=${block%%|*} title=${block#*|}
+		grep -q "^$prefix: " "$src" || continue
+		echo
+		echo "$title:"
+		echo
+		sed -n "s/^$prefix: \(.*\)/- \1/p" "$src" | grep -v '^- vps-trainer: '
+	done
+	if grep -q '^switch-vs-size: ' "$src"; then
+		echo
+		echo "| state (GB, 8 ranks) | vps ipc pause (s) | DCP save (s) | DCP load (s) | DCP save + load (s) | DCP / vps |"
+		echo "|---:|---:|---:|---:|---:|---:|"
+		sed -n 's/^switch-vs-size: //p' "$src" | awk -F'\t' '
+			{ if (!($1 in seen)) { seen[$1] = 1; order[++n] = $1 } v[$1, $2] = $3 }
+			END { for (i = 1; i <= n; i++) { b = order[i]
+				printf "| %.2f | %.3f | %.3f | %.3f | %.3f | %.1fx |\n", b / 1e9, v[b, "gpu-vps-ipc"], v[b, "gpu-dcp-save"],
+					v[b, "gpu-dcp-load"], v[b, "gpu-dcp-total"], v[b, "gpu-dcp-total"] / v[b, "gpu-vps-ipc"] } }'
+	fi
 } | scripts/bench/doc-section.sh gpu docs/BENCHMARKS.md
 echo "wrote the gpu section of docs/BENCHMARKS.md from $src"
+# the GPU's rows of the switch-vs-size figure: the check's, replacing any
+# kept before (ckpt_restart.sh writes the CPU's)
+if grep -q '^switch-vs-size: ' "$src"; then
+	tsv=docs/bench/switch-vs-size.tsv
+	{
+		awk -F'\t' '$2 !~ /^gpu-/' "$tsv"
+		sed -n 's/^switch-vs-size: //p' "$src"
+	} > "$tsv.tmp"
+	mv "$tsv.tmp" "$tsv"
+	if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
+		/usr/bin/python3 scripts/bench/plot_switch_size.py
+		echo "merged the GPU's rows into $tsv and redrew docs/bench/switch-vs-size.svg"
+	else
+		echo "gpu_section.sh: python3-matplotlib is missing: merged the GPU's rows into $tsv, the plot not redrawn" >&2
+	fi
+fi

@@ -1,8 +1,10 @@
 #!/usr/bin/python3
 """Draw switch time against state size from the TSV that
-scripts/bench/ckpt_restart.sh --doc writes (docs/bench/switch-vs-size.tsv):
-one line per method, vps's switches and checkpoint-and-restart. Any method
-in the file is drawn, so a DCP row added later shows up without a change.
+scripts/bench/ckpt_restart.sh --doc writes (docs/bench/switch-vs-size.tsv),
+with the GPU's rows that scripts/bench/gpu_section.sh merges in from the
+kept GPU check (gpu-*): one line per method, vps's switches and
+checkpoint-and-restart. Any method in the file is drawn, so a row added
+later shows up without a change.
 
     plot_switch_size.py [TSV [SVG]]
 
@@ -19,6 +21,10 @@ LABELS = {
     "ckpt-total": "checkpoint: save + load",
     "ckpt-load-cold": "checkpoint: load (cold cache)",
     "ckpt-total-cold": "checkpoint: save + cold load",
+    "gpu-vps-ipc": "GPU: vps switch, ipc",
+    "gpu-dcp-save": "GPU: PyTorch DCP save",
+    "gpu-dcp-load": "GPU: PyTorch DCP load",
+    "gpu-dcp-total": "GPU: PyTorch DCP save + load",
 }
 
 
@@ -64,7 +70,7 @@ def main():
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for method in sorted(series, key=lambda m: (not m.startswith("vps"), m)):
         pts = sorted(series[method])
-        dashed = method.endswith("-cold") or method in ("ckpt-save", "ckpt-load")
+        dashed = method.endswith("-cold") or method in ("ckpt-save", "ckpt-load", "gpu-dcp-save", "gpu-dcp-load")
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", linestyle="--" if dashed else "-",
                 label=LABELS.get(method, method))
     ax.set_xlabel("state moved (GB, all ranks)")

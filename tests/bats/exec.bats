@@ -137,12 +137,12 @@ per_rank() { # TRANSPORT DEVICES_PER_NODE
 		--model tiny-llama --from tp=2,zero=1 --to tp=2,dp=2,zero=1
 	[ "$status" -ne 0 ]
 	for r in 0 1 2 3; do
-		grep -q "vps-exec: rank $r: --transport ipc: rank $r exchanges with a device on node [01], and ipc reaches only this node's ranks (use --transport auto)" k/exec.$r.log
+		grep -q "vps-exec: rank $r: transport ipc: rank $r exchanges with a device on node [01], and ipc reaches only this node's ranks (auto uses nccl across nodes)" k/exec.$r.log
 		! grep -q "switch 1: sent" k/exec.$r.log
 	done
 	# the first layout's devices keep their state; the joining ones had none
-	for r in 0 1; do grep -q "switch 1 failed: --transport ipc: .*; sources intact" k/trainer.$r.log; done
-	for r in 2 3; do grep -q "switch 1 failed: --transport ipc: .*; sources none (joining)" k/trainer.$r.log; done
+	for r in 0 1; do grep -q "switch 1 failed: transport ipc: .*; sources intact" k/trainer.$r.log; done
+	for r in 2 3; do grep -q "switch 1 failed: transport ipc: .*; sources none (joining)" k/trainer.$r.log; done
 }
 
 # ---- transports this machine cannot use, or that do not exist ----
@@ -158,7 +158,14 @@ small_world() { # two ranks, tp=2 -> dp=2, one node
 @test "an unknown transport is refused, naming the accepted ones" {
 	small_world
 	expect_status 2 vps-exec --transport bogus --rank 0 --master 127.0.0.1:$port s.staged
-	[[ "$output" == *"--transport bogus: expected tcp, ipc, nccl or auto"* ]]
+	[ "${lines[0]}" = "vps-exec: --transport: 'bogus' is not tcp, ipc, nccl or auto" ]
+}
+
+@test "a registry name with an unknown %-sequence is refused, naming the name" {
+	vps-layout --model tiny-llama -q -o a.layout
+	vps-plan a.layout a.layout -q | vps-stage --budget 1MiB -q - -o s.staged
+	expect_status 2 vps-exec --registry 'vps-%x' --rank 0 --master 127.0.0.1:1 s.staged
+	[ "$output" = "vps-exec: rank 0: registry name 'vps-%x': unknown '%x' (%r, %a, %b, %l)" ]
 }
 
 @test "nccl without GPU support: every rank stops with exit 2, naming it, sources intact" {
@@ -183,7 +190,14 @@ small_world() { # two ranks, tp=2 -> dp=2, one node
 	for r in 0 1; do
 		grep -q "vps-exec: rank $r: GPU support is not available" e.$r
 		grep -q "the executor stopped: rank $r: GPU support is not available.*; sources intact" t.$r
+		no_gpu_said_plainly e.$r
 	done
+}
+
+# Where libvps-cuda.so loads, the reason is said plainly first (no driver,
+# an old one, none visible), the CUDA runtime's words after it.
+no_gpu_said_plainly() {
+	grep -Eq "GPU support is not available: (no usable GPU was found: .+ \(CUDA says: .+\)|libvps-cuda.so cannot be loaded)" "$1"
 }
 
 @test "a trainer with --cuda and no GPU support exits 2, naming it; its executor stops" {
@@ -204,11 +218,12 @@ small_world() { # two ranks, tp=2 -> dp=2, one node
 		cat t.$r
 		[ "$st" -eq 2 ]
 		grep -q "vps-trainer: rank $r: GPU support is not available" t.$r
+		no_gpu_said_plainly t.$r
 		st=0
 		wait ${ep[$r]} || st=$?
 		[ "$st" -ne 0 ]
 		# no registry was left behind for it to find
-		grep -q "vps-exec: rank $r: shared memory /dev/shm/$tag-$r: No such file" e.$r
+		grep -q "vps-exec: rank $r: no trainer has created registry $tag-$r within 1 s" e.$r
 	done
 	[ $((SECONDS - start)) -lt 15 ]
 	[ ! -e "/dev/shm/$tag-0" ] && [ ! -e "/dev/shm/$tag-1" ]

@@ -117,10 +117,10 @@ within() {
 @test "a huge micro batch is refused, not walked down one by one" {
 	within vps-plan a.layout b.layout --global-batch 1099511627776 --micro-batch 1099511627775
 	[ "$status" -eq 2 ]
-	[[ "$output" == "vps-plan: --global-batch: more than 16777216 samples is not a batch" ]]
+	[[ "$output" == "vps-plan: global batch: more than 16777216 samples is not a batch" ]]
 	within vps-plan a.layout b.layout --global-batch 1024 --micro-batch 1099511627775
 	[ "$status" -eq 2 ]
-	[[ "$output" == "vps-plan: --micro-batch: more than 16777216 samples is not a batch" ]]
+	[[ "$output" == "vps-plan: micro batch: more than 16777216 samples is not a batch" ]]
 	awk '/^    micro_batch:/ && !d { sub(/[0-9]+$/, "1099511627775"); d = 1 } { print }' s.yaml > mb.yaml
 	rehash mb.yaml
 	within vps-exec --rank 0 --master 127.0.0.1:29511 mb.yaml
@@ -167,6 +167,20 @@ within() {
 	within vps-exec --rank 0 --master 127.0.0.1:29511 nobuf.yaml
 	[ "$status" -eq 2 ]
 	[[ "$output" == "vps-exec: rank 0: nobuf.yaml: line "*": dst_buffer: transfer 0 op 0 (piece "*"): destination: rank 0 has no buffer 99" ]]
+}
+
+@test "vps-exec and vps-trainer name the file of a staged plan that does not hash to what it states" {
+	sed '0,/^hash: /s/^hash: .*/hash: 0x0123456789abcdef/' s.yaml > staged.yaml
+	sed '0,/^  hash: /s/^  hash: .*/  hash: 0x0123456789abcdef/' s.yaml > plan.yaml
+	local tool
+	for tool in "vps-exec --master 127.0.0.1:29511 --serve s.yaml" "vps-trainer s.yaml"; do
+		within ${tool%% *} --registry vps-bats-$$ --rank 0 ${tool#* } staged.yaml
+		[ "$status" -eq 2 ]
+		[ "$output" = "${tool%% *}: rank 0: staged.yaml: its content does not hash to what it states (edited or damaged; vps-verify shows what is wrong)" ]
+		within ${tool%% *} --registry vps-bats-$$ --rank 0 ${tool#* } plan.yaml
+		[ "$status" -eq 2 ]
+		[[ "$output" == "${tool%% *}: rank 0: plan.yaml: the plan states hash 0x0123456789abcdef but its content hashes to 0x"*" (edited or damaged; vps-verify shows what is wrong)" ]]
+	done
 }
 
 @test "a model too large for any machine is refused before a size is computed" {

@@ -80,3 +80,15 @@ JSON
 	expect_status 2 vps-layout --model tiny-llama --parallel tp=2,grouped_gemm=1
 	[ "$output" = "vps-layout: --parallel: grouped_gemm applies to MoE models only (tiny-llama is dense)" ]
 }
+
+@test "--parallel: a spec's fault and a name that names nothing say the flag; a file's fault says the file" {
+	expect_status 2 vps-layout --model tiny-llama --parallel tp=2,pp=x
+	[ "$output" = "vps-layout: --parallel: pp=x: expected an integer in [1, 1048576]" ]
+	expect_status 2 vps-layout --model tiny-llama --parallel no-such
+	[ "$output" = "vps-layout: --parallel: 'no-such' is neither KEY=VALUE,... nor a known configuration (no-such.yaml)" ]
+	printf 'vps: parallel\nversion: 1\ntp: x\n' > p.yaml
+	expect_status 2 vps-layout --model tiny-llama --parallel ./p.yaml
+	[ "$output" = "vps-layout: ./p.yaml: line 3: tp: 'x' is not an integer" ]
+	expect_status 2 vps-plan --topology no-such --transition gpt3-1.3b-tp-up
+	[[ "$output" == "vps-plan: --topology: no topology named 'no-such'; known: "* ]]
+}

@@ -104,9 +104,9 @@ tools() {
 			found=0
 			for opt in $opts; do
 				grep -qxF -- "$opt" <<<"$helpopts" && found=1
-				# an option getopt does not know, even where -h names it
+				# an option the tool's table does not have, even where -h names it
 				out=$("$t" "$opt" </dev/null 2>&1) || true
-				if grep -qE 'unrecognized option|invalid option|is ambiguous' <<<"$out"; then
+				if grep -qE "^$t: (unknown option|.* is ambiguous)" <<<"$out"; then
 					echo "man/$t.1: $t does not accept $opt: $out" >&2
 					bad=1
 				fi

@@ -109,10 +109,22 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	echo "$output"
 	[ "$status" -eq 0 ]
 	local opt
-	for opt in --nproc --dir --compare-static --model --configs --steps --switch-every --global-batch --micro-batch \
-		--seq --lr --warmup --seed --loss-log --check-switch --save-master; do
+	for opt in --nproc --dir --compare-static --compare-cpu --model --configs --steps --switch-every --global-batch \
+		--micro-batch --seq --lr --warmup --seed --loss-log --check-switch --save-master --device; do
 		[[ "$output" == *" $opt "* ]] || { echo "launch.py -h does not list $opt" >&2; return 1; }
 	done
+}
+
+@test "launch.py --device cuda refuses without a GPU, and --compare-cpu without --device cuda, before starting anything" {
+	"$PY" -c 'import torch; assert not torch.cuda.is_available()' 2>/dev/null || skip "a GPU here: scripts/gpu-check.sh runs --device cuda"
+	expect_status 2 "$PY" "$TOP/examples/torch/launch.py" --nproc 2 --dir r --model micro-llama --gpus-per-node 2 \
+		--configs tp=2,dp=2 --switch-every 2 --steps 4 --global-batch 4 --device cuda --transport ipc
+	[[ "$output" == *"launch.py: --device cuda: no GPU (torch.cuda.is_available() is false under "* ]]
+	[ ! -e r ]
+	expect_status 2 "$PY" "$TOP/examples/torch/launch.py" --nproc 2 --dir r --model micro-llama --gpus-per-node 2 \
+		--configs tp=2,dp=2 --switch-every 2 --steps 4 --global-batch 4 --compare-cpu
+	[[ "$output" == *"--compare-cpu compares a --device cuda run with the CPU's"* ]]
+	[ ! -e r ]
 }
 
 @test "launch.py writes into a temporary directory it names, and --compare-static checks the loss against a static run" {
@@ -134,11 +146,11 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	echo 'raise ImportError("No module named matplotlib (hidden by the test)")' > nompl/matplotlib/__init__.py
 	export PYTHONPATH=$PWD/nompl
 	expect_status 2 "$TOP/scripts/convergence.sh" --steps 4 --switch-every 2 --doc
-	[[ "$output" == *"convergence.sh: --doc draws docs/convergence.svg, which needs matplotlib for "*": apt-get install python3-matplotlib"* ]]
+	[[ "$output" == *"convergence.sh: --doc draws docs/convergence.svg, which needs matplotlib for "*" (pip install matplotlib into it, or PYTHON= a Python that has it)"* ]]
 	run "$TOP/scripts/convergence.sh" --steps 4 --switch-every 2 --control none
 	echo "$output"
 	[ "$status" -eq 0 ]
-	[[ "${lines[0]}" == "convergence.sh: no matplotlib for "*": the figure is left out (apt-get install python3-matplotlib draws it); the numbers are checked all the same" ]]
+	[[ "${lines[0]}" == "convergence.sh: no matplotlib for "*": the figure is left out (matplotlib for it draws it); the numbers are checked all the same" ]]
 	[[ "$output" == *"| verdict | every switch bit for bit; loss within 0.001 of the static run's at steps 1-4 |"* ]]
 	[ "${lines[-1]}" = "figure: none (no matplotlib)" ]
 	[[ "$output" != *"No module named"* ]]
@@ -159,4 +171,30 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	[ "$status" -eq 2 ]
 	[[ "$output" == *"launch.py: each executor needs 68 open files for 4 ranks (a connection to every peer); the limit is 20 and its hard limit 20"* ]]
 	[ ! -e r ]
+}
+
+# scripts/bench/gpu_dcp.py, the GPU benchmark's PyTorch DCP side, as it runs
+# here: on the CPU (--device cpu), every element checked after the resharded
+# load; replicas of A save each box once, replicas of B load it each.
+@test "gpu_dcp.py: DCP saves A and loads it resharded into B, every element checked; without a GPU it refuses" {
+	"$PY" -c 'import torch.distributed.checkpoint' 2>/dev/null || skip "$PY has no torch.distributed.checkpoint"
+	vps-layout -q --model micro-llama --parallel tp=1,dp=2,zero=1 --gpus-per-node 2 -o a.layout
+	vps-layout -q --model micro-llama --parallel tp=2,zero=1 --gpus-per-node 2 -o b.layout
+	mkdir ck
+	run "$PY" "$TOP/scripts/bench/gpu_dcp.py" --device cpu a.layout b.layout ck
+	echo "$output"
+	[ "$status" -eq 0 ]
+	grep -qE '^save_seconds: [0-9.]+$' <<< "$output"
+	grep -qE '^load_seconds: [0-9.]+$' <<< "$output"
+	[ "$(awk '$1 == "state_bytes:" { print $2 }' <<< "$output")" = "$(vps-layout -i a.layout --stats | awk '$1 == "total_bytes:" { print $2 }')" ]
+	grep -qx 'wrong_elements: 0' <<< "$output"
+	grep -qx 'dirty_padding: 0' <<< "$output"
+	ls -A ck | grep -q '^\.metadata$'
+	# where torch sees no GPU, the GPU run refuses at once, saying so
+	if ! "$PY" -c 'import torch, sys; sys.exit(torch.cuda.is_available())'; then
+		expect_status 2 "$PY" "$TOP/scripts/bench/gpu_dcp.py" a.layout b.layout ck
+		[[ "$output" == *"gpu_dcp.py: no GPU: torch.cuda.is_available() is false in "*" (--device cpu runs the same on the CPU)"* ]]
+	fi
+	expect_status 2 "$PY" "$TOP/scripts/bench/gpu_dcp.py" --device cpu a.layout nothing.layout ck
+	[[ "$output" == *"gpu_dcp.py: nothing.layout: no such layout file"* ]]
 }

@@ -48,6 +48,13 @@ round_trip() {
 	for f in a.layout b.layout ab.plan ab.staged r1.plan r1.staged; do
 		expect_status 0 vps-verify "$f.bin"
 	done
+	# a report of before the pause's wall clock and the digest's time: read,
+	# and those written as 0 in the binary and the YAML made from it
+	grep -vE '^  (digest_seconds|requested_at|done_at|opened_in_pause):' switch.report > old.report
+	vps-show --binary -o old.report.bin old.report
+	vps-show old.report.bin > old.report.back
+	[ "$(grep -cE '^  (digest_seconds|requested_at|done_at): 0\.0$|^  opened_in_pause: 0$' old.report.back)" -eq 4 ]
+	[ "$(grep -cvE '^  (digest_seconds|requested_at|done_at|opened_in_pause):' old.report.back)" -eq "$(wc -l < old.report)" ]
 	# and what a tool wrote in binary comes back as its YAML
 	vps-plan a.layout b.layout -o tool.plan
 	vps-show tool.plan | cmp - ab.plan

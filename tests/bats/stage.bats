@@ -57,7 +57,7 @@ setup_file() {
 	[[ "$output" == *"is not 256-byte aligned"* ]]
 	vps-plan a.layout b.layout --rank 1 -o r.plan
 	expect_status 2 vps-stage --budget 1MiB --rank 2 r.plan
-	[[ "$output" == *"--rank 2: this plan is rank 1's"* ]]
+	[ "$output" = "vps-stage: rank 2, but the plan holds world rank 1's part only" ]
 }
 
 @test "a rank stages its own one-rank plan: the same transfers as the global staging's, stages left to the executors" {

@@ -281,6 +281,43 @@ python_device_buffers() { # TRANSPORT
 }
 
 @test "python: device buffers registered by pointer through the module switch over ipc" { python_device_buffers ipc; }
+
+# The pause is the transfer: what the executors read (their rank's buffers,
+# the peers' sources) is open before the trainers ask, so the pause opens
+# nothing. The trainers ask only once the executors hold every allocation
+# (tests/python/standin_trainer.py --opened-by): a run that opened them in
+# the pause could not get there.
+@test "ipc: GPU memory is opened while the trainers train: the pause opens no IPC handle" {
+	PY=${VPS_PYTHON:-/usr/bin/python3}
+	"$PY" -c 'import torch' 2>/dev/null || skip "$PY has no torch (make check installs python3-torch)"
+	vps-layout --model tiny-llama --parallel tp=2,zero=1 --gpus-per-node 2 -o a.layout
+	vps-layout --model tiny-llama --parallel tp=1,dp=2,zero=1 --gpus-per-node 2 -o b.layout
+	vps-plan a.layout b.layout | vps-stage --budget 256KiB - -o s.staged
+	port=$("$TOP/scripts/free-port.sh")
+	export VPS_CUDA_LIBRARY=$TOP/build/standin/libvps-cuda-standin.so VPS_NCCL_LIBRARY=$TOP/build/standin/libnccl-standin.so
+	timeout 120 "$PY" "$TOP/tests/python/standin_trainer.py" --opened-by pids "py$$" a.layout b.layout > t.log 2>&1 &
+	pt=$!
+	for r in 0 1; do
+		VPS_CUDA_LIBRARY=$STANDIN/libvps-cuda-standin.so VPS_NCCL_LIBRARY=$STANDIN/libnccl-standin.so \
+			timeout 120 vps-exec --registry "py$$-%r" --rank $r --master 127.0.0.1:$port --transport ipc --wait \
+			--check --timeout 30 --report report.$r.yaml s.staged > e.$r 2>&1 &
+		pe[$r]=$!
+	done
+	echo "${pe[0]} ${pe[1]}" > pids.tmp && mv pids.tmp pids
+	st=0
+	wait $pt || st=$?
+	for r in 0 1; do wait ${pe[$r]} || st=$?; done
+	cat t.log e.0 e.1
+	[ "$st" -eq 0 ]
+	grep -q "0 wrong elements" t.log
+	for r in 0 1; do
+		grep -q "over ipc; .*digest: match" e.$r
+		grep -qx "  opened_in_pause: 0" report.$r.yaml
+		grep -qx "  mapped_in_pause_bytes: 0" report.$r.yaml
+		# the peer's source was read, and it was opened ahead too
+		[ "$(awk '$1 == "bytes_received:" { print $2; exit }' report.$r.yaml)" -gt 0 ]
+	done
+}
 @test "python: device buffers registered by pointer through the module switch over nccl" { python_device_buffers nccl; }
 
 # ---- a long --serve: every switch opens and closes IPC handles ----
@@ -295,7 +332,7 @@ python_device_buffers() { # TRANSPORT
 	# its quarantine, and a --cuda trainer frees its host copies of each
 	# switch's buffers: a small quarantine, so that mappings settle
 	! grep -qa __asan_init "$VPS_BIN/vps-trainer" || export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=4
-	VPS_BIN=$VPS_BIN run timeout 300 "$TOP/scripts/bench/longrun.sh" --switches 200 --warmup 20 --interval 0.02 \
+	VPS_BIN=$VPS_BIN run timeout 300 "$TOP/scripts/bench/longrun.sh" --switches 200 --warmup 20 \
 		--rows 6 --model "$TOP/scripts/bench/models/micro-llama.yaml" --from tp=2 --to pp=2 --transport ipc --cuda \
 		--keep lr
 	echo "$output"
@@ -366,4 +403,43 @@ python_device_buffers() { # TRANSPORT
 		grep -q "over nccl; .*digest: match$" e.$r
 		grep -q "0 wrong elements, 0 dirty padding, training state carried: ok" t.$r
 	done
+}
+
+# ---- the GPU benchmarks' scripts, on the stand-ins: their plumbing and
+# arithmetic (their figures say nothing of a GPU) ----
+
+@test "scripts/bench/gpu_switch.sh on the stand-ins: the pause from the last request, its parts, the digest's share" {
+	export VPS_CUDA_LIBRARY=$STANDIN/libvps-cuda-standin.so VPS_NCCL_LIBRARY=$STANDIN/libnccl-standin.so
+	run timeout 300 "$TOP/scripts/bench/gpu_switch.sh" --check --memcpy 4 --budget 1MiB tiny-llama tp=2,pp=2,dp=2 \
+		tp=4,pp=1,dp=2
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"switch tiny-llama (tp=2,pp=2,dp=2) -> (tp=4,pp=1,dp=2), 8 ranks on one GPU over ipc, digests on the GPU (--check)"* ]]
+	[[ "$output" == *"state: "*" MiB, then "*" MiB a rank"* ]]
+	grep -qE '^pause \(last request to resume, slowest rank [0-7]\): [0-9.]+ s: arrive [0-9.]+ s, attach [0-9.]+ s, agree [0-9.]+ s, transfer [0-9.]+ s, digest [0-9.]+ s, other -?[0-9.]+ s; opened in the pause: [0-9]+;' <<< "$output"
+	grep -qE '^after the pause \(the trainers going on\): mappings let go in [0-9.]+ s \(slowest rank [0-7]\)$' <<< "$output"
+	grep -qE '^digest on the GPU: [0-9.]+ s \(slowest rank [0-7]\), [0-9.]+% of its transfer; digest: match$' <<< "$output"
+	# the bytes moved are the plan's: every byte once, received or kept
+	moved=$(sed -n 's/^bytes moved (received + copied in place): \([0-9.]*\) GB in .*/\1/p' <<< "$output")
+	vps-layout -q --model tiny-llama --parallel tp=2,pp=2,dp=2 -o a.layout
+	vps-layout -q --model tiny-llama --parallel tp=4,pp=1,dp=2 -o b.layout
+	bytes=$(vps-plan a.layout b.layout --stats | awk '$1 == "bytes_moved:" { m = $2 } $1 == "bytes_retained:" { r = $2 } END { printf "%.3f", (m + r) / 1e9 }')
+	[ "$moved" = "$bytes" ]
+}
+
+@test "gpu_copy_bench --replay on the stand-ins: every rank's copies of a switch, one rank at a time" {
+	export VPS_CUDA_LIBRARY=$STANDIN/libvps-cuda-standin.so VPS_NCCL_LIBRARY=$STANDIN/libnccl-standin.so
+	vps-layout -q --model tiny-llama --parallel tp=2,dp=2,zero=1 --gpus-per-node 4 -o a.layout
+	vps-layout -q --model tiny-llama --parallel tp=1,pp=2,dp=2,zero=1 --gpus-per-node 4 -o b.layout
+	vps-plan -q a.layout b.layout | vps-stage -q --budget 1MiB - -o s.staged
+	run "$TOP/build/bench/gpu_copy_bench" --replay s.staged 4
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "${lines[0]}" == "replay s.staged: 4 ranks, "*" stages; each rank alone on the GPU, cudaMemcpy "*" GB/s" ]]
+	[ "$(grep -cE '^rank [0-3]: [0-9]+ bytes ' <<< "$output")" -eq 4 ]
+	# what the ranks receive or keep, together: the state of B
+	sum=$(awk '/^rank / { s += $3 } END { print s }' <<< "$output")
+	moved=$(vps-plan a.layout b.layout --stats | awk '$1 == "bytes_moved:" { m = $2 } $1 == "bytes_retained:" { r = $2 } END { print m + r }')
+	[ "$sum" -eq "$moved" ]
+	[[ "${lines[-1]}" == "slowest rank alone: "* ]]
 }

@@ -104,7 +104,7 @@ sys.exit(0 if (0xfd, 0xe7, 0x25) in set(im.getdata()) else 1)'
 	# to standard output
 	vps-plan a.layout b.layout --svg - -q | cmp - t.svg
 	expect_status 2 vps-plan a.layout b.layout --svg r.svg --rank 1
-	[ "$output" = "vps-plan: --svg draws a global plan's traffic: it does not go with --rank" ]
+	[ "${lines[0]}" = "vps-plan: --svg draws a global plan's traffic: it does not go with --rank" ]
 	[ ! -e r.svg ]
 	expect_status 2 vps-plan a.layout b.layout --svg same -o same
 	[ ! -e same ]

@@ -54,9 +54,18 @@ on_tty() {
 		[ ! -e s.staged ]
 	done
 	expect_status 2 vps-stage --budget 2Gb ab.plan
-	[ "$output" = "vps-stage: --budget: '2Gb': a lowercase b is bits; a size is in bytes (B)" ]
+	[ "${lines[0]}" = "vps-stage: --budget: '2Gb': a lowercase b is bits; a size is in bytes (B)" ]
 	expect_status 2 vps-stage --budget 18446744073709551616 ab.plan
-	[[ "$output" == *"is too large (at most 9223372036854775807 bytes)" ]]
+	[[ "${lines[0]}" == *"is too large (at most 9223372036854775807 bytes)" ]]
+	# a size split at its blank is one size, not a size and an operand
+	for u in GiB G MB KiB B; do
+		expect_status 2 vps-stage --budget 2 "$u" ab.plan -o s.staged
+		[ "${lines[0]}" = "vps-stage: --budget: '2 $u' is one size in two arguments: write 2$u, without the blank" ]
+		[ "${lines[1]}" = "Try 'vps-stage -h' for more." ] && [ "${#lines[@]}" -eq 2 ]
+		[ ! -e s.staged ]
+	done
+	# with its blank inside one argument it is a size
+	[ "$(vps-stage --budget "2 GiB" --stats ab.plan | key budget /dev/stdin)" = 2147483648 ]
 	printf 'vps: budgets\nversion: 1\nbudgets: [80G, 2Gb]\n' > budgets.yaml
 	expect_status 2 vps-stage --budgets budgets.yaml ab.plan
 	[[ "$output" == "vps-stage: budgets.yaml"*"item 1: '2Gb' is not a size"* ]]

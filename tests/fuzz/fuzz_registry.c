@@ -3,10 +3,11 @@
  * The input is the whole shared-memory object /dev/shm/vpsfuzz-PID: the
  * harness writes it there, opens it with vps_registry_open and reads every
  * entry, looks each (role, buffer) up, reads the state, failure text and
- * training scalars, and maps each host entry read-only. Two fields are
- * overwritten first, the owner's pid and start time, with this process's:
- * a registry whose owner is gone is refused before anything else is read,
- * and no input could name a live owner otherwise.
+ * training scalars, and maps each host entry read-only. Three fields are
+ * overwritten first: the owner's pid and start time, with this process's
+ * (a registry whose owner is gone is refused before anything else is read,
+ * and no input could name a live owner otherwise), and the executor that
+ * holds it, with none (an input naming a live one is refused as busy).
  *
  * Host entries may name the object vpsfuzzbuf (1 MiB, made here). With
  * VPS_FUZZ_SEEDS=DIR the harness writes seed registries (made by
@@ -25,9 +26,12 @@
 
 /* struct reg_header in lib/registry/registry.c: magic[8], then five uint32 (version,
  * header_size, entry_size, max_entries, nentries), the owner's int32 pid at
- * 28 and uint64 start time at 32. Checked against a real registry below. */
+ * 28 and uint64 start time at 32, and after the hashes, ranks, state and
+ * sequence number the uint64 executor word at 88 (its pid in the low 32
+ * bits). Checked against a real registry below. */
 #define OWNER_PID_AT 28
 #define OWNER_START_AT 32
+#define EXECUTOR_AT 88
 #define BUF_NAME "vpsfuzzbuf"
 #define BUF_SIZE (1 << 20)
 
@@ -115,18 +119,20 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 		die("/dev/shm/" BUF_NAME);
 	close(fd);
 	/* the owner fields are where the comment above says */
-	struct vps_registry *r;
-	if (vps_registry_create(&r, reg_name, 1, 0, 1, 1))
-		die("vps_registry_create");
+	struct vps_registry *r, *e;
+	if (vps_registry_create(&r, reg_name, 1, 0, 1, 1) || vps_registry_open(&e, reg_name))
+		die("vps_registry_create and _open");
 	size_t len;
 	unsigned char *d = read_object(reg_name, &len);
 	memcpy(&my_start, d + OWNER_START_AT, 8);
-	int32_t pid;
+	int32_t pid, executor;
 	memcpy(&pid, d + OWNER_PID_AT, 4);
+	memcpy(&executor, d + EXECUTOR_AT, 4);
 	free(d);
+	vps_registry_close(e);
 	vps_registry_close(r);
-	if (pid != my_pid || my_start == 0) {
-		fprintf(stderr, "fuzz_registry: struct reg_header moved: update OWNER_PID_AT/OWNER_START_AT\n");
+	if (pid != my_pid || my_start == 0 || executor != my_pid) {
+		fprintf(stderr, "fuzz_registry: struct reg_header moved: update OWNER_PID_AT/OWNER_START_AT/EXECUTOR_AT\n");
 		abort();
 	}
 	const char *seeds = getenv("VPS_FUZZ_SEEDS");
@@ -183,6 +189,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (size >= OWNER_START_AT + 8) {
 		pwrite(fd, &my_pid, 4, OWNER_PID_AT);
 		pwrite(fd, &my_start, 8, OWNER_START_AT);
+	}
+	if (size >= EXECUTOR_AT + 8) {
+		static const uint64_t none;
+		pwrite(fd, &none, 8, EXECUTOR_AT);
 	}
 	close(fd);
 	struct vps_registry *r;

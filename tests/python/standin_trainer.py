@@ -6,15 +6,23 @@ library libvps loads) and registered through the module by device pointer
 tensors take), without torch's CUDA. Each rank's buffers are interior
 pointers of one allocation, as PyTorch's caching allocator hands them out.
 
-    standin_trainer.py REGISTRY_PREFIX A.layout B.layout
+    standin_trainer.py [--opened-by PIDFILE] REGISTRY_PREFIX A.layout B.layout
 
 vps-exec (--check) runs one executor per rank with --registry PREFIX-%r.
 Exits 0 when the registrations read back as made, a host pointer and an
 overrun are refused, and every rank's target holds exactly the logical
-tensors the sources held."""
+tensors the sources held.
+
+With --opened-by, the trainers request the switch only once the
+executors, whose pids PIDFILE lists in rank order, hold open every
+allocation they will read: their rank's sources and targets and every
+other rank's sources (a plan in which every rank reads from every other):
+what vps-exec opens while the trainers train. Their reports must then say
+that the pause opened nothing."""
 import ctypes as C
 import os
 import sys
+import time
 
 import torch
 
@@ -46,7 +54,7 @@ def gpu():
     lib = C.CDLL(os.environ["VPS_CUDA_LIBRARY"])
     lib.vps_cuda_api_get.restype = C.POINTER(Api)
     api = lib.vps_cuda_api_get().contents
-    assert api.abi == 4, "the stand-in's ABI is %d" % api.abi
+    assert api.abi == 5, "the stand-in's ABI is %d" % api.abi
     return api
 
 
@@ -87,6 +95,44 @@ class Rank:
             check(self.api, self.api.to_host(t.data_ptr(), a, t.numel() * t.element_size(), err), err, "to_host")
 
 
+def object_name(handle):
+    """The stand-in's shared-memory object behind a handle (tests/standin/cuda.c,
+    struct handle: magic, bytes, pid, pad, then the name)."""
+    return bytes(handle[24:64]).split(b"\0")[0].decode()
+
+
+def mappings(pid):
+    """What process pid maps, and its children (a pid of timeout(1) names
+    the executor it runs); None when it is gone."""
+    try:
+        kids = open("/proc/%d/task/%d/children" % (pid, pid)).read().split()
+        return open("/proc/%d/maps" % pid).read() + "".join(mappings(int(k)) or "" for k in kids)
+    except OSError:
+        return None
+
+
+def wait_opened(pidfile, need, timeout=60.0):
+    """Until each executor (pids in PIDFILE, rank order) maps every object of
+    need[rank], as an opened stand-in handle is mapped."""
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            pids = [int(x) for x in open(pidfile).read().split()]
+        except (OSError, ValueError):
+            pids = []
+        if len(pids) == len(need):
+            missing = []
+            for pid, names in zip(pids, need):
+                maps = mappings(pid)
+                if maps is None:
+                    sys.exit("standin_trainer: executor %d is gone before the request" % pid)
+                missing += [n for n in names if "/dev/shm/" + n not in maps]
+            if not missing:
+                return
+        time.sleep(0.05)
+    sys.exit("standin_trainer: the executors did not open %s within %.0f s" % (missing if pids else "(no pids)", timeout))
+
+
 def logical(model):
     """Every (tensor, state)'s value: distinct numbers, exact in bf16."""
     cache = {}
@@ -105,7 +151,11 @@ def logical(model):
 
 
 def main():
-    prefix, a_path, b_path = sys.argv[1:4]
+    args = sys.argv[1:]
+    pidfile = None
+    if args[:1] == ["--opened-by"]:
+        pidfile, args = args[1], args[2:]
+    prefix, a_path, b_path = args[:3]
     a, b = vps.Layout.load(a_path), vps.Layout.load(b_path)
     api = gpu()
     full = logical(a.model)
@@ -130,6 +180,11 @@ def main():
             sys.exit("standin_trainer: registering %#x (%s) was not refused" % (bad, what))
         except vps.Error as e:
             assert e.name == "VPS_EINPUT" and what in e.message, (e.name, e.message)
+    if pidfile:
+        srcs = [sorted({object_name(e.ipc_handle) for e in reg.entries() if e.role == SOURCE}) for reg in regs]
+        dsts = [sorted({object_name(e.ipc_handle) for e in reg.entries() if e.role == TARGET}) for reg in regs]
+        wait_opened(pidfile, [srcs[r] + dsts[r] + [n for q in range(a.world) if q != r for n in srcs[q]]
+                              for r in range(a.world)])
     seqs = [reg.request() for reg in regs]
     for reg, seq in zip(regs, seqs):
         reg.wait(seq, 120.0)

@@ -149,7 +149,15 @@ class Names(unittest.TestCase):
         self.assertIn("tp=3 does not divide heads=8", str(e.exception))
         with self.assertRaises(vps.Error) as e:
             vps.Model("no-such-model")
-        self.assertIn("no-such-model", str(e.exception))
+        # the argument's name, not the command line's flag
+        self.assertTrue(str(e.exception).startswith("model: no model named 'no-such-model'; known: "), str(e.exception))
+        self.assertEqual(e.exception.name, "VPS_ENOTFOUND")
+        with self.assertRaises(vps.Error) as e:
+            vps.layout("tiny-llama", "tp=2,pp=x")
+        self.assertEqual(str(e.exception), "parallel: pp=x: expected an integer in [1, 1048576]")
+        with self.assertRaises(vps.Error) as e:
+            vps.layout("tiny-llama", "no-such-configuration")
+        self.assertTrue(str(e.exception).startswith("parallel: 'no-such-configuration' is neither"), str(e.exception))
         with self.assertRaises(vps.Error):
             vps.layout("tiny-llama", "tp=2").rank(2)
         with self.assertRaises(vps.Error) as e:

@@ -28,6 +28,9 @@
  *   race between warps), and rows outside every allocation (an illegal
  *   address: reported at the next sync and sticky, as a fault kills a CUDA
  *   context).
+ * - The digest kernel. Its arithmetic on the host, ordered on the stream
+ *   after the work queued before it; a view outside every allocation
+ *   faults the stream as the copy kernel's rows do.
  * - NCCL. As the real library: opened with dlopen (VPS_NCCL_LIBRARY, else
  *   libnccl.so.2, libnccl.so), called with the host addresses behind the
  *   device buffers and this stream.
@@ -1074,6 +1077,169 @@ static int api_copy(const struct vps_cuda_copy *c, size_t n, char *err)
 	return rc;
 }
 
+/* ---- the digest kernel ---- */
+
+/* lib/util/hash.h's vps_mix64, which the real kernel repeats */
+static uint64_t mix64(uint64_t x)
+{
+	x ^= x >> 30;
+	x *= 0xbf58476d1ce4e5b9ULL;
+	x ^= x >> 27;
+	x *= 0x94d049bb133111ebULL;
+	x ^= x >> 31;
+	return x;
+}
+
+struct digest_view {
+	struct vps_cuda_digest v;
+	const unsigned char *host; /* element (0, ..) */
+};
+
+struct digest {
+	size_t n;
+	uint64_t *sum;             /* the caller's, which waits */
+	char fault[STANDIN_ERR];
+	struct digest_view d[];
+};
+
+static int run_digest(void *arg, bool cancelled, char *err)
+{
+	struct digest *k = arg;
+	int rc = 0;
+	uint64_t sum = 0;
+	if (!cancelled && k->fault[0]) {
+		snprintf(err, STANDIN_ERR, "%s", k->fault);
+		rc = 1;
+	} else if (!cancelled) {
+		for (size_t i = 0; i < k->n; i++) {
+			const struct vps_cuda_digest *v = &k->d[i].v;
+			/* row by row along the last axis, as the kernel's warps go */
+			int last = v->ndim - 1;
+			int64_t idx[VPS_CUDA_MAX_DIMS] = {0}, rows = 1;
+			for (int a = 0; a < last; a++)
+				rows *= v->ext[a];
+			for (int64_t row = 0; row < rows; row++) {
+				int64_t off = 0, flat = v->flat;
+				for (int a = 0; a < last; a++) {
+					off += idx[a] * v->strides[a];
+					flat += idx[a] * v->flat_strides[a];
+				}
+				const unsigned char *p = k->d[i].host + off * v->esize;
+				int64_t step = v->strides[last] * v->esize, fstep = v->flat_strides[last];
+				for (int64_t j = 0; j < v->ext[last]; j++, p += step, flat += fstep) {
+					uint64_t bits;
+					if (v->esize == 2) {
+						uint16_t b;
+						memcpy(&b, p, 2);
+						bits = b;
+					} else {
+						uint32_t b;
+						memcpy(&b, p, 4);
+						bits = b;
+					}
+					sum += mix64(mix64(v->key ^ (uint64_t)flat) ^ bits);
+				}
+				for (int a = last - 1; a >= 0; a--) {
+					if (++idx[a] < v->ext[a])
+						break;
+					idx[a] = 0;
+				}
+			}
+		}
+	}
+	*k->sum = sum;
+	free(k);
+	return rc;
+}
+
+/* The byte offsets [lo, hi) a view touches from element (0, ..); false
+ * when they overflow (the real kernel would wrap them). */
+static bool digest_span(const struct vps_cuda_digest *v, int64_t *lo, int64_t *hi)
+{
+	int64_t l = 0, h = 0;
+	for (int a = 0; a < v->ndim; a++) {
+		int64_t reach;
+		if (__builtin_mul_overflow(v->ext[a] - 1, v->strides[a], &reach) ||
+		    __builtin_mul_overflow(reach, (int64_t)v->esize, &reach))
+			return false;
+		if (reach < 0 ? __builtin_add_overflow(l, reach, &l) : __builtin_add_overflow(h, reach, &h))
+			return false;
+		int64_t f;
+		if (__builtin_mul_overflow(v->ext[a] - 1, v->flat_strides[a], &f))
+			return false;
+	}
+	if (__builtin_add_overflow(h, (int64_t)v->esize, &h))
+		return false;
+	*lo = l;
+	*hi = h;
+	return true;
+}
+
+static int api_digest(const struct vps_cuda_digest *v, size_t n, uint64_t *sum, char *err)
+{
+	*sum = 0;
+	int rc = check_process(err);
+	if (rc)
+		return rc;
+	if (n > (size_t)INT32_MAX)
+		return fail(err, VPS_CUDA_EINPUT, "%zu views in one digest", n);
+	struct digest *k = calloc(1, sizeof(*k) + n * sizeof(k->d[0]));
+	if (!k)
+		return fail(err, VPS_CUDA_ECUDA, "out of memory");
+	uint64_t got = 0;
+	k->sum = &got;
+	for (size_t i = 0; i < n && !rc; i++) {
+		if (v[i].ndim < 1 || v[i].ndim > VPS_CUDA_MAX_DIMS || (v[i].esize != 2 && v[i].esize != 4)) {
+			rc = fail(err, VPS_CUDA_EINPUT, "digest view %zu: %d dimensions of %d-byte elements", i, v[i].ndim,
+				  v[i].esize);
+			break;
+		}
+		bool empty = false;
+		for (int a = 0; a < v[i].ndim; a++) {
+			if (v[i].ext[a] < 0)
+				rc = fail(err, VPS_CUDA_EINPUT, "digest view %zu: extent %" PRId64 " on axis %d", i, v[i].ext[a],
+					  a);
+			empty |= v[i].ext[a] == 0;
+		}
+		if (rc || empty)
+			continue;
+		int64_t lo, hi;
+		if (!digest_span(&v[i], &lo, &hi)) {
+			rc = fail(err, VPS_CUDA_EINPUT, "digest view %zu: its extent overflows 64 bits (stand-in: the real "
+				  "kernel would wrap it)", i);
+			break;
+		}
+		const unsigned char *h = host_of(v[i].addr + (uint64_t)lo, (uint64_t)(hi - lo));
+		if (!h && !k->fault[0])
+			snprintf(k->fault, sizeof(k->fault), "an illegal memory access was encountered (stand-in: digest view "
+				 "%zu of %zu reads [0x%" PRIx64 ", +%" PRId64 ") outside every allocation)", i, n,
+				 v[i].addr + (uint64_t)lo, hi - lo);
+		if (h) {
+			k->d[k->n].v = v[i];
+			k->d[k->n].host = h - lo;
+			k->n++;
+		}
+	}
+	if (rc) {
+		free(k);
+		return rc;
+	}
+	pthread_mutex_lock(&g_lock);
+	rc = enqueue_locked(run_digest, k, err);
+	if (rc)
+		free(k);
+	else
+		rc = drain_locked(err);
+	if (!rc) {
+		g_arena_used = 0;
+		g_nretired = 0;
+	}
+	pthread_mutex_unlock(&g_lock);
+	if (!rc)
+		*sum = got;
+	return rc;
+}
+
 /* ---- NCCL, opened at run time, as the real one does ---- */
 
 static struct {
@@ -1377,6 +1543,7 @@ static const struct vps_cuda_api g_api = {
 	.mark = api_mark,
 	.elapsed = api_elapsed,
 	.mark_free = api_mark_free,
+	.digest = api_digest,
 };
 
 EXPORT const struct vps_cuda_api *vps_cuda_api_get(void)

@@ -4,7 +4,6 @@
 
 #include "harness.h"
 #include "vps/box.h"
-#include "vps/verify.h"
 
 static int64_t flat_index(const int64_t *ext, int ndim, const int64_t *idx)
 {

@@ -1,11 +1,17 @@
 /* GPU building blocks: the copy kernel against the host's strided copy,
- * registration of interior pointers, NCCL's grouped send/receive at W = 1,
- * and the clear refusal where there is no GPU. On a machine without one the
- * GPU parts say they are skipped. */
+ * the digest kernel against the host's digest (vps_digest_region, and a
+ * rank's part of a layout), registration of interior pointers, NCCL's
+ * grouped send/receive at W = 1, and the clear refusal where there is no
+ * GPU. On a machine without one the GPU parts say they are skipped; make
+ * check runs them again on the stand-ins (tests/standin/). */
 #include <stdlib.h>
 
+#include "exec/digest.h"
 #include "gpu/gpu.h"
 #include "harness.h"
+#include "io/doc.h"
+#include "util/hash.h"
+#include "jobs.h"
 #include "util/internal.h"
 #include "exec/transport/transport.h"
 #include "vps/data.h"
@@ -114,6 +120,164 @@ TEST(copy_kernel_equals_the_host_copy)
 	free(hs);
 	free(hd);
 	free(back);
+}
+
+/* A region of a random tensor in a random strided view of a buffer of
+ * nelem elements: rows of up to 30,000 elements (several of the kernel's
+ * chunks), an innermost stride of 1 or 2, at a random offset. */
+static void random_region(struct vps_region *r, struct vps_tensor *t, int64_t *nelem)
+{
+	memset(r, 0, sizeof(*r));
+	memset(t, 0, sizeof(*t));
+	t->ndim = (int)pick(1, 4);
+	r->box.ndim = t->ndim;
+	r->tensor = (uint32_t)pick(0, 5000);
+	r->state = (uint8_t)pick(0, VPS_NSTATES - 1);
+	for (int k = 0; k < t->ndim; k++) {
+		t->shape[k] = pick(1, t->ndim == 1 ? 30000 : 24);
+		r->box.lo[k] = pick(0, t->shape[k] - 1);
+		r->box.hi[k] = pick(r->box.lo[k] + 1, t->shape[k]);
+	}
+	int64_t s = pick(1, 2), pad = pick(0, 5);
+	for (int k = t->ndim - 1; k >= 0; k--) {
+		r->strides[k] = s;
+		s *= r->box.hi[k] - r->box.lo[k] + (k == t->ndim - 1 ? 0 : pick(0, 2));
+	}
+	r->offset = pad;
+	*nelem = pad + s + 1;
+}
+
+/* The view the digest kernel takes, as vps_cuda.h defines it. */
+static struct vps_cuda_digest kernel_view(const struct vps_region *r, const struct vps_tensor *t, const void *dev)
+{
+	struct vps_cuda_digest v = {0};
+	int64_t tstr = 1;
+	v.esize = (int32_t)vps_dtype_size(vps_state_dtype(r->state));
+	v.ndim = r->box.ndim;
+	for (int k = t->ndim - 1; k >= 0; k--) {
+		v.ext[k] = r->box.hi[k] - r->box.lo[k];
+		v.strides[k] = r->strides[k];
+		v.flat_strides[k] = tstr;
+		v.flat += r->box.lo[k] * tstr;
+		tstr *= t->shape[k];
+	}
+	v.key = vps_mix64(((uint64_t)r->tensor << 8) ^ r->state);
+	v.addr = (uint64_t)(uintptr_t)dev + (uint64_t)r->offset * (uint64_t)v.esize;
+	return v;
+}
+
+TEST(digest_kernel_equals_vps_digest_region)
+{
+	const struct vps_cuda_api *api = gpu_or_skip("digest_kernel_equals_vps_digest_region");
+	if (!api)
+		return;
+	enum { N = 30 };
+	struct vps_region r[N];
+	struct vps_tensor t[N];
+	int64_t n[N], total = 0;
+	for (int i = 0; i < N; i++) {
+		random_region(&r[i], &t[i], &n[i]);
+		total += n[i] * 4 + 256; /* the slack holds the view moved one byte on */
+	}
+	unsigned char *h = malloc((size_t)total);
+	void *d = NULL;
+	char err[VPS_CUDA_ERR] = "";
+	CHECK(h && !api->alloc(&d, (size_t)total, err));
+	for (int64_t i = 0; i < total; i++)
+		h[i] = (unsigned char)next();
+	CHECK(!api->to_device(d, h, (size_t)total, err));
+	struct vps_cuda_digest v[N];
+	uint64_t want = 0, one = 0, got = 0;
+	int64_t at = 0;
+	for (int i = 0; i < N; i++) {
+		size_t es = vps_dtype_size(vps_state_dtype(r[i].state));
+		uint64_t mine = vps_digest_region(h + at, &r[i], &t[i]);
+		v[i] = kernel_view(&r[i], &t[i], (unsigned char *)d + at);
+		/* each view alone, then all of them in one launch */
+		CHECK(!api->digest(&v[i], 1, &one, err));
+		CHECK(one == mine);
+		/* one byte further on: off its elements' alignment, read byte
+		 * by byte (a misaligned load would fault and end the context) */
+		struct vps_cuda_digest odd = kernel_view(&r[i], &t[i], (unsigned char *)d + at + 1);
+		CHECK(!api->digest(&odd, 1, &one, err));
+		CHECK(one == vps_digest_region(h + at + 1, &r[i], &t[i]));
+		want += mine;
+		at += n[i] * (int64_t)es + 256;
+	}
+	CHECK(!api->digest(v, N, &got, err));
+	CHECK(got == want);
+	CHECK(!api->digest(v, 0, &got, err) && got == 0);
+	/* one element's bits changed: the sum changes */
+	unsigned char flip = (unsigned char)(h[v[0].addr - (uint64_t)(uintptr_t)d] ^ 1);
+	CHECK(!api->to_device((void *)(uintptr_t)v[0].addr, &flip, 1, err));
+	CHECK(!api->digest(v, N, &got, err));
+	CHECK(got != want);
+	/* what the kernel cannot take */
+	struct vps_cuda_digest bad = v[1];
+	bad.esize = 3;
+	CHECK_EQ(api->digest(&bad, 1, &got, err), VPS_CUDA_EINPUT);
+	bad = v[1];
+	bad.ext[0] = -1;
+	CHECK_EQ(api->digest(&bad, 1, &got, err), VPS_CUDA_EINPUT);
+	api->release(d, err);
+	free(h);
+}
+
+/* A rank's part of a layout, its buffers in one allocation at 256-byte
+ * aligned offsets (as vps-trainer and PyTorch's allocator place them). */
+static void *upload_rank(const struct vps_cuda_api *api, const struct job *j, int64_t rank, void **dev)
+{
+	const struct vps_rank_view *v = &j->views[rank];
+	size_t total = 256, at = 256;
+	char err[VPS_CUDA_ERR] = "";
+	for (size_t b = 0; b < v->nbuffers; b++)
+		total += ((size_t)v->buffers[b].elements * vps_dtype_size(v->buffers[b].dtype) + 255) / 256 * 256;
+	void *base = NULL;
+	CHECK(!api->alloc(&base, total, err));
+	for (size_t b = 0; base && b < v->nbuffers; b++) {
+		size_t bytes = (size_t)v->buffers[b].elements * vps_dtype_size(v->buffers[b].dtype);
+		dev[b] = (unsigned char *)base + at;
+		CHECK(!api->to_device(dev[b], j->bufs[rank][b], bytes, err));
+		at += (bytes + 255) / 256 * 256;
+	}
+	return base;
+}
+
+TEST(a_ranks_digest_on_the_gpu_equals_the_hosts)
+{
+	const struct vps_cuda_api *api = gpu_or_skip("a_ranks_digest_on_the_gpu_equals_the_hosts");
+	if (!api)
+		return;
+	static const struct { const char *model, *spec; } cases[] = {
+		{"tiny-llama", "tp=2,pp=2,dp=2,zero=1"},
+		{"tiny-qwen3-moe", "tp=2,pp=1,dp=2,ep=2,etp=1,zero=1"},
+	};
+	for (size_t c = 0; c < sizeof(cases) / sizeof(*cases); c++) {
+		struct vps_layout *l = test_layout(cases[c].model, cases[c].spec, 8, 0);
+		if (!l)
+			continue;
+		struct job j;
+		job_alloc(&j, l);
+		job_fill(&j);
+		uint64_t host_sum = 0, gpu_sum = 0;
+		for (int64_t rank = 0; rank < j.n; rank++) {
+			void **dev = calloc(j.views[rank].nbuffers + 1, sizeof(*dev));
+			void *base = dev ? upload_rank(api, &j, rank, dev) : NULL;
+			uint64_t host = 0, gpu = 1;
+			CHECK_OK(vps_exec_digest(l, rank, (void *const *)j.bufs[rank], &host));
+			CHECK_OK(vps_exec_digest_part(l, rank, dev, NULL, true, api, &gpu));
+			CHECK(host == gpu);
+			host_sum += host;
+			gpu_sum += gpu;
+			char err[VPS_CUDA_ERR];
+			if (base)
+				api->release(base, err);
+			free(dev);
+		}
+		CHECK(host_sum == gpu_sum);
+		job_free(&j);
+		vps_layout_free(l);
+	}
 }
 
 TEST(interior_pointers_register_with_their_offset)

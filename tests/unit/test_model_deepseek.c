@@ -8,6 +8,7 @@
 
 #include "harness.h"
 #include "io/doc.h"
+#include "util/hash.h"
 #include "util/internal.h"
 #include "jobs.h"
 #include "vps/layout.h"

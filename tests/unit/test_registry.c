@@ -127,6 +127,210 @@ TEST(the_switch_protocol)
 	vps_registry_close(trainer);
 }
 
+/* One executor at a time: a second one (a duplicate rank, another job
+ * given the same names) is refused, naming the one that holds it, and
+ * writes nothing; the first one's close lets go. */
+TEST(one_executor_holds_a_registry_at_a_time)
+{
+	char name[64], want[160];
+	struct vps_registry *trainer, *first, *second = NULL;
+	uint64_t seq, got;
+	name_for(name, sizeof(name), "one");
+	CHECK_OK(vps_registry_create(&trainer, name, 1, 0, 8, 0));
+	CHECK_EQ(vps_registry_executor_pid(trainer), 0);
+	CHECK_OK(vps_registry_open(&first, name));
+	CHECK_EQ(vps_registry_executor_pid(trainer), getpid());
+	CHECK(vps_registry_open(&second, name) == VPS_EBUSY);
+	CHECK(second == NULL);
+	snprintf(want, sizeof(want), "registry %s is in use by another executor (pid %d", name, (int)getpid());
+	CHECK(strstr(vps_last_error(), want) != NULL);
+	/* the holder runs a switch undisturbed */
+	CHECK_OK(vps_registry_request(trainer, &seq));
+	CHECK_OK(vps_registry_claim(first, 0, 1, &got));
+	vps_registry_finish(first, got, 1, NULL);
+	CHECK_OK(vps_registry_wait(trainer, seq, 1));
+	vps_registry_close(first);
+	CHECK_EQ(vps_registry_executor_pid(trainer), 0);
+	CHECK_OK(vps_registry_open(&second, name));
+	vps_registry_close(second);
+
+	/* an executor in another process: this process's open is refused, and
+	 * the other's switch ends as that executor says */
+	int ready[2], go[2];
+	CHECK(pipe(ready) == 0 && pipe(go) == 0);
+	pid_t child = fork();
+	if (child == 0) {
+		struct vps_registry *e;
+		uint64_t s;
+		char b = vps_registry_open(&e, name) ? 'n' : 'y';
+		if (write(ready[1], &b, 1) != 1 || read(go[0], &b, 1) != 1 || b != 'y')
+			_exit(1);
+		if (vps_registry_claim(e, 1, 5, &s))
+			_exit(2);
+		vps_registry_finish(e, s, 1, NULL);
+		vps_registry_close(e);
+		_exit(0);
+	}
+	char b = 0;
+	CHECK(read(ready[0], &b, 1) == 1 && b == 'y');
+	CHECK(vps_registry_open(&second, name) == VPS_EBUSY);
+	snprintf(want, sizeof(want), "in use by another executor (pid %d)", (int)child);
+	CHECK(strstr(vps_last_error(), want) != NULL);
+	CHECK_EQ(vps_registry_executor_pid(trainer), child);
+	CHECK_OK(vps_registry_request(trainer, &seq));
+	CHECK(write(go[1], "y", 1) == 1);
+	CHECK_OK(vps_registry_wait(trainer, seq, 5));
+	int st;
+	waitpid(child, &st, 0);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	close(ready[0]);
+	close(ready[1]);
+	close(go[0]);
+	close(go[1]);
+	vps_registry_close(trainer);
+}
+
+/* An executor killed mid-switch: the trainer learns it, its switch ends as
+ * failed (so the trainer may ask again), and the next executor takes the
+ * registry over; one killed after it stopped (its abort said why) leaves
+ * the next executor a clean start. A zombie counts as gone. */
+TEST(an_executor_that_is_gone_is_replaced)
+{
+	char name[64];
+	struct vps_registry *trainer, *next;
+	uint64_t seq, got;
+	name_for(name, sizeof(name), "gone");
+	CHECK_OK(vps_registry_create(&trainer, name, 1, 0, 8, 0));
+	CHECK_OK(vps_registry_request(trainer, &seq));
+	int ready[2];
+	CHECK(pipe(ready) == 0);
+	pid_t child = fork();
+	if (child == 0) {
+		struct vps_registry *e;
+		uint64_t s;
+		char b = vps_registry_open(&e, name) || vps_registry_claim(e, 0, 5, &s) ? 'n' : 'y';
+		if (write(ready[1], &b, 1) != 1)
+			_exit(1);
+		pause();
+		_exit(0);
+	}
+	char b = 0;
+	CHECK(read(ready[0], &b, 1) == 1 && b == 'y');
+	CHECK_EQ(vps_registry_state(trainer, NULL), VPS_REG_RUNNING);
+	CHECK(vps_registry_open(&next, name) == VPS_EBUSY);
+	kill(child, SIGKILL);
+	/* not reaped yet: a zombie holds nothing */
+	for (int i = 0; i < 500 && vps_registry_executor_pid(trainer); i++)
+		usleep(10000);
+	CHECK_EQ(vps_registry_executor_pid(trainer), 0);
+	CHECK_OK(vps_registry_open(&next, name));
+	waitpid(child, NULL, 0);
+	CHECK_EQ(vps_registry_state(trainer, NULL), VPS_REG_FAILED);
+	CHECK(vps_registry_wait(trainer, seq, 1) == VPS_EPEER);
+	char want[96];
+	snprintf(want, sizeof(want), "its executor (pid %d) is gone", (int)child);
+	CHECK(strstr(vps_last_error(), want) != NULL);
+	/* the trainer asks again; the new executor serves it */
+	CHECK_OK(vps_registry_request(trainer, &seq));
+	CHECK_OK(vps_registry_claim(next, 0, 1, &got));
+	CHECK_EQ(got, seq);
+	vps_registry_finish(next, got, 1, NULL);
+	CHECK_OK(vps_registry_wait(trainer, seq, 1));
+	/* an executor that stopped outside a switch said so; its successor
+	 * starts clean */
+	vps_registry_abort(next, "bootstrap: rank 2 did not come");
+	CHECK(vps_registry_request(trainer, &seq) == VPS_EPEER);
+	vps_registry_close(next);
+	CHECK_OK(vps_registry_open(&next, name));
+	CHECK_OK(vps_registry_request(trainer, &seq));
+	vps_registry_close(next);
+	close(ready[0]);
+	close(ready[1]);
+	vps_registry_close(trainer);
+}
+
+/* A trainer whose executor died mid-switch sees it in its wait, which ends
+ * the switch: it may ask again before any executor comes back. */
+TEST(a_trainer_ends_a_switch_whose_executor_died)
+{
+	char name[64];
+	struct vps_registry *trainer;
+	uint64_t seq;
+	name_for(name, sizeof(name), "died");
+	CHECK_OK(vps_registry_create(&trainer, name, 1, 0, 8, 0));
+	CHECK_OK(vps_registry_request(trainer, &seq));
+	pid_t child = fork();
+	if (child == 0) {
+		struct vps_registry *e;
+		uint64_t s;
+		_exit(vps_registry_open(&e, name) || vps_registry_claim(e, 0, 5, &s) ? 1 : 0);
+	}
+	int st;
+	waitpid(child, &st, 0);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	CHECK(vps_registry_wait(trainer, seq, 5) == VPS_EPEER);
+	CHECK(strstr(vps_last_error(), "is gone") != NULL);
+	CHECK_EQ(vps_registry_state(trainer, NULL), VPS_REG_FAILED);
+	CHECK_OK(vps_registry_request(trainer, &seq));
+	vps_registry_close(trainer);
+}
+
+/* What a trainer waits for, in words; an executor that does not hold the
+ * registry cannot claim. */
+TEST(states_and_waits_are_words)
+{
+	CHECK(!strcmp(vps_registry_state_name(VPS_REG_IDLE), "idle"));
+	CHECK(!strcmp(vps_registry_state_name(VPS_REG_REQUESTED), "requested"));
+	CHECK(!strcmp(vps_registry_state_name(VPS_REG_RUNNING), "running"));
+	CHECK(!strcmp(vps_registry_state_name(VPS_REG_DONE), "done"));
+	CHECK(!strcmp(vps_registry_state_name(VPS_REG_FAILED), "failed"));
+	CHECK(!strcmp(vps_registry_state_name(7), "unknown"));
+	char name[64], what[256];
+	struct vps_registry *trainer, *exec;
+	uint64_t seq, got;
+	name_for(name, sizeof(name), "words");
+	CHECK_OK(vps_registry_create(&trainer, name, 1, 0, 8, 0));
+	CHECK_OK(vps_registry_request(trainer, &seq));
+	CHECK(vps_registry_wait(trainer, seq, 0.01) == VPS_ETIMEOUT);
+	CHECK(strstr(vps_last_error(), "not done after 0.0 s: requested; no executor has attached to it (is vps-exec "
+			"running, with the same --registry?)") != NULL);
+	CHECK(strstr(vps_last_error(), name) != NULL);
+	CHECK_OK(vps_registry_open(&exec, name));
+	vps_registry_describe(trainer, what, sizeof(what));
+	CHECK(strstr(what, "requested; its executor (pid") != NULL);
+	CHECK(vps_registry_claim(trainer, 0, 0, &got) == VPS_EBUSY);
+	CHECK_OK(vps_registry_claim(exec, 0, 0, &got));
+	vps_registry_describe(trainer, what, sizeof(what));
+	CHECK(strstr(what, "running in its executor (pid") != NULL);
+	vps_registry_finish(exec, got, 0, "stage 3: rank 5 closed the connection");
+	vps_registry_describe(trainer, what, sizeof(what));
+	CHECK(!strcmp(what, "failed: stage 3: rank 5 closed the connection"));
+	vps_registry_close(exec);
+	vps_registry_close(trainer);
+}
+
+TEST(registry_names_expand_their_parts)
+{
+	struct vps_registry_name_parts parts = {0x1234abcd5ee1404aULL, 5, 3, -1, 1};
+	char out[VPS_REGISTRY_NAME_MAX + 1];
+	CHECK_OK(vps_registry_expand(VPS_REGISTRY_DEFAULT, &parts, out, sizeof(out)));
+	CHECK(!strcmp(out, "vps-5ee1404a-5"));
+	CHECK_OK(vps_registry_expand("j%j.r%r.a%a.b%b.l%l.%%", &parts, out, sizeof(out)));
+	CHECK(!strcmp(out, "j5ee1404a.r5.a3.b-1.l1.%"));
+	CHECK(vps_registry_expand("vps-%q", &parts, out, sizeof(out)) == VPS_EINPUT);
+	CHECK(strstr(vps_last_error(), "unknown '%q'") != NULL);
+	CHECK(vps_registry_expand("vps-%", &parts, out, sizeof(out)) == VPS_EINPUT);
+	CHECK(vps_registry_expand("a/%r", &parts, out, sizeof(out)) == VPS_EINPUT);
+	CHECK(vps_registry_expand("", &parts, out, sizeof(out)) == VPS_EINPUT);
+	char longer[80];
+	memset(longer, 'x', 60);
+	snprintf(longer + 60, sizeof(longer) - 60, "-%%j");
+	CHECK(vps_registry_expand(longer, &parts, out, sizeof(out)) == VPS_EINPUT);
+	CHECK(strstr(vps_last_error(), "longer than 64") != NULL);
+	char small[8];
+	CHECK(vps_registry_expand("vps-%j", &parts, small, sizeof(small)) == VPS_EINPUT);
+}
+
 static bool shm_exists(const char *name)
 {
 	char path[128];
@@ -408,7 +612,7 @@ TEST(buffers_mapped_ahead_of_the_request_are_warm_in_the_switch)
 	struct vps_buffer_desc src = host_desc(r, 0), dst = host_desc(r, 1);
 	CHECK_EQ(src.bytes, 1200000);
 	CHECK_OK(vps_mapcache_new(&c));
-	CHECK_OK(vps_mapcache_prefetch(c, &src, false));
+	CHECK_OK(vps_mapcache_prefetch(c, NULL, &src, false, false));
 	int polls = 0;
 	while (vps_mapcache_warm(c, 64 << 10))
 		polls++;
@@ -428,8 +632,7 @@ TEST(buffers_mapped_ahead_of_the_request_are_warm_in_the_switch)
 	CHECK(((const float *)ps)[7] == 3.5f);
 	vps_mapcache_end_switch(c, NULL);
 	/* the kept target stays warm; a source the trainer dropped is pruned */
-	const char *names[] = {dst.shm_name};
-	vps_mapcache_prune(c, names, 1);
+	vps_mapcache_prune(c, NULL, &dst, 1);
 	CHECK_OK(vps_mapcache_map(c, NULL, &dst, false, false, true, &pd));
 	CHECK_OK(vps_mapcache_map(c, NULL, &src, false, false, true, &ps));
 	vps_mapcache_take_stats(c, &warm, &cold);
@@ -438,7 +641,7 @@ TEST(buffers_mapped_ahead_of_the_request_are_warm_in_the_switch)
 	/* a name that is not a shared-memory object's is refused, not mapped */
 	struct vps_buffer_desc bad = src;
 	snprintf(bad.shm_name, sizeof(bad.shm_name), "a/b");
-	CHECK(vps_mapcache_prefetch(c, &bad, false) == VPS_EINPUT);
+	CHECK(vps_mapcache_prefetch(c, NULL, &bad, false, false) == VPS_EINPUT);
 	vps_mapcache_free(c);
 	vps_registry_close(r);
 }

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 
+#include "exec/transport/transport.h"
 #include "gpu/cuda/vps_cuda.h"
 #include "standin_util.h"
 
@@ -285,6 +286,136 @@ TEST(the_copy_kernel_refuses_what_the_real_one_refuses_or_gets_wrong)
 		return;
 	int st[1];
 	run_ranks(1, kernel_rank, NULL, 30, st);
+	CHECK_EQ(st[0], 0);
+}
+
+/* ---- the executor's mapping cache over GPU memory ---- */
+
+static struct vps_buffer_desc gpu_desc(const unsigned char h[VPS_CUDA_IPC_HANDLE], uint32_t buffer, uint64_t bytes)
+{
+	struct vps_buffer_desc d;
+	memset(&d, 0, sizeof(d));
+	d.where = VPS_WHERE_CUDA;
+	d.buffer = buffer;
+	d.bytes = bytes;
+	memcpy(d.ipc, h, VPS_CUDA_IPC_HANDLE);
+	return d;
+}
+
+/* What the executor opens while it waits is open when the switch maps it
+ * (not counted as opened in the pause); a prefetched handle the trainer no
+ * longer registers is closed by the prune; a target kept for the next
+ * switch survives a prune that finds it unregistered (the trainer's reset
+ * before it registers it again as a source). */
+static int mapcache_rank(int rank, void *ctx)
+{
+	struct pipes *p = ctx;
+	char err[VPS_CUDA_ERR] = "";
+	enum { BYTES = 1 << 16 };
+	unsigned char h[2][VPS_CUDA_IPC_HANDLE];
+	char c = 0;
+	if (rank == 0) {
+		void *base[2] = {NULL, NULL};
+		uint64_t offset, bytes;
+		int device;
+		for (int i = 0; i < 2; i++) {
+			CHILD_CHECK(!api->alloc(&base[i], BYTES, err));
+			CHILD_CHECK(!api->ipc_handle(base[i], h[i], &offset, &bytes, &device, err));
+		}
+		CHILD_CHECK(write(p->handle[1], h, sizeof(h)) == (ssize_t)sizeof(h));
+		CHILD_CHECK(read(p->done[0], &c, 1) == 1);
+		return 0;
+	}
+	CHILD_CHECK(read(p->handle[0], h, sizeof(h)) == (ssize_t)sizeof(h));
+	struct vps_buffer_desc src = gpu_desc(h[0], 0, BYTES), dst = gpu_desc(h[1], 0, BYTES);
+	struct vps_mapcache *m = NULL;
+	CHILD_CHECK(!vps_mapcache_new(&m));
+	/* waiting: the source's handle opened ahead */
+	CHILD_CHECK(!vps_mapcache_prefetch(m, api, &src, false, false));
+	CHILD_CHECK(vps_mapcache_take_opened(m) == 1);
+	/* the switch: the source found open, the target opened now */
+	void *ps = NULL, *pd = NULL;
+	uint64_t warm = 0, cold = 0;
+	CHILD_CHECK(!vps_mapcache_map(m, api, &src, false, false, true, &ps));
+	CHILD_CHECK(!vps_mapcache_map(m, api, &dst, true, true, true, &pd));
+	CHILD_CHECK(ps && pd && ps != pd);
+	CHILD_CHECK(vps_mapcache_take_opened(m) == 1);
+	vps_mapcache_take_stats(m, &warm, &cold);
+	CHILD_CHECK(warm == BYTES && cold == BYTES);
+	vps_mapcache_end_switch(m, api);
+	/* the trainer between reset and registering again: nothing registered;
+	 * the kept target stays open */
+	vps_mapcache_prune(m, api, NULL, 0);
+	CHILD_CHECK(!vps_mapcache_map(m, api, &dst, false, false, true, &pd));
+	CHILD_CHECK(vps_mapcache_take_opened(m) == 0);
+	vps_mapcache_end_switch(m, api);
+	/* a prefetched handle the trainer dropped is closed */
+	CHILD_CHECK(!vps_mapcache_prefetch(m, api, &src, false, false));
+	vps_mapcache_prune(m, api, &dst, 1);
+	CHILD_CHECK(!vps_mapcache_map(m, api, &src, false, false, true, &ps));
+	CHILD_CHECK(vps_mapcache_take_opened(m) == 2);
+	vps_mapcache_free(m);
+	CHILD_CHECK(write(p->done[1], &c, 1) == 1);
+	return 0;
+}
+
+TEST(the_mapping_cache_opens_gpu_memory_ahead_and_closes_what_the_trainer_dropped)
+{
+	if (!load())
+		return;
+	struct pipes p;
+	CHECK(!pipe(p.handle) && !pipe(p.done));
+	int st[2];
+	run_ranks(2, mapcache_rank, &p, 30, st);
+	CHECK_EQ(st[0], 0);
+	CHECK_EQ(st[1], 0);
+	close(p.handle[0]);
+	close(p.handle[1]);
+	close(p.done[0]);
+	close(p.done[1]);
+}
+
+/* ---- the digest kernel ---- */
+
+static int digest_rank(int rank, void *ctx)
+{
+	(void)rank, (void)ctx;
+	char err[VPS_CUDA_ERR] = "";
+	void *a = NULL;
+	CHILD_CHECK(!api->alloc(&a, 4096, err) && !api->fill(a, 7, 4096, err));
+	struct vps_cuda_digest v;
+	memset(&v, 0, sizeof(v));
+	v.addr = (uint64_t)(uintptr_t)a;
+	v.ndim = 2;
+	v.esize = 4;
+	v.ext[0] = 8;
+	v.ext[1] = 128;
+	v.strides[0] = 128;
+	v.strides[1] = 1;
+	v.flat_strides[0] = 128;
+	v.flat_strides[1] = 1;
+	uint64_t sum = 0;
+	CHILD_CHECK(!api->digest(&v, 1, &sum, err) && sum != 0);
+	/* an extent that overflows is refused before anything runs */
+	struct vps_cuda_digest d = v;
+	d.ext[0] = INT64_MAX / 2;
+	CHILD_CHECK(api->digest(&d, 1, &sum, err) == VPS_CUDA_EINPUT && said(err, "overflow"));
+	/* one row past the allocation: an illegal address, and every later
+	 * call fails, as in a CUDA context that faulted */
+	d = v;
+	d.ext[0] = 9;
+	CHILD_CHECK(api->digest(&d, 1, &sum, err) == VPS_CUDA_ECUDA &&
+		    said(err, "illegal memory access was encountered (stand-in: digest view 0 of 1 reads"));
+	CHILD_CHECK(api->digest(&v, 1, &sum, err) == VPS_CUDA_ECUDA && said(err, "illegal memory access"));
+	return 0;
+}
+
+TEST(the_digest_kernel_reads_only_inside_allocations)
+{
+	if (!load())
+		return;
+	int st[1];
+	run_ranks(1, digest_rank, NULL, 30, st);
 	CHECK_EQ(st[0], 0);
 }
 

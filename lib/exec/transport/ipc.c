@@ -8,7 +8,12 @@
  * buffer, one kernel per stage on a GPU. A zero-byte handshake with each of
  * the stage's peers then tells a sender that its receivers are done with
  * what it sends (so it may release a source early) and names a peer that
- * died. Sources are never written: host sources are mapped read-only. */
+ * died. Sources are never written: host sources are mapped read-only.
+ *
+ * Prepare: the same exchange before the request, once every trainer has
+ * registered its sources, so that the receivers map the peers' host
+ * objects and open their CUDA IPC handles while the trainers still train
+ * (ms each on a GPU); begin's exchange then finds them open. */
 #include <inttypes.h>
 #include <stdio.h>
 
@@ -66,6 +71,10 @@ static vps_result_t my_sources(const struct vps_switch *sw, struct vps_buffer_de
 	*out = vps_calloc(*n + 1, sizeof(**out));
 	if (!*out)
 		return VPS_ENOMEM;
+	/* before the request, a trainer may not have registered them all */
+	for (uint64_t b = 0; b < *n; b++)
+		if (sw->src_entry[b] < 0)
+			*n = 0;
 	for (uint64_t b = 0; b < *n; b++) {
 		struct vps_registry_entry_info e;
 		VPS_CHECK(vps_registry_entry(sw->reg, (uint32_t)sw->src_entry[b], &e));
@@ -85,7 +94,7 @@ static vps_result_t my_sources(const struct vps_switch *sw, struct vps_buffer_de
  * them: whether this rank sends to it, receives from it, or both; and a
  * peer entry for each rank it receives from. */
 static vps_result_t switch_peers(struct ipc *t, const struct vps_switch *sw, const struct vps_xfer *const *x, size_t n,
-				 struct vps_net_msg **msgs, size_t *nm)
+				 uint64_t tag, struct vps_net_msg **msgs, size_t *nm)
 {
 	size_t capm = 0;
 	*msgs = NULL;
@@ -99,7 +108,7 @@ static vps_result_t switch_peers(struct ipc *t, const struct vps_switch *sw, con
 			VPS_CHECK(VPS_GROW(*msgs, capm, *nm + 1));
 			memset(&(*msgs)[m], 0, sizeof(**msgs));
 			(*msgs)[m].peer = peer;
-			(*msgs)[m].tag = 0x1bc0;
+			(*msgs)[m].tag = tag;
 			(*nm)++;
 		}
 		if (x[i]->src == sw->w)
@@ -147,13 +156,14 @@ static vps_result_t exchange_counts(struct ipc *t, const struct vps_switch *sw, 
 }
 
 static vps_result_t exchange_descriptors(struct ipc *t, const struct vps_switch *sw, struct vps_net_msg *msgs,
-					 size_t nm, struct iovec *iov, const struct vps_buffer_desc *mine, uint64_t nmine)
+					 size_t nm, struct iovec *iov, const struct vps_buffer_desc *mine, uint64_t nmine,
+					 uint64_t tag)
 {
 	for (size_t m = 0; m < nm; m++) {
 		struct ipc_peer *p = msgs[m].recv ? find(t, msgs[m].peer) : NULL;
 		iov[2 * m] = (struct iovec){(void *)mine, nmine * sizeof(*mine)};
 		iov[2 * m + 1] = (struct iovec){p ? (void *)p->desc : NULL, p ? p->count * sizeof(*p->desc) : 0};
-		msgs[m].tag = 0x1bc1;
+		msgs[m].tag = tag;
 	}
 	return vps_net_exchange(sw->net, msgs, nm, "ipc: buffer descriptors");
 }
@@ -181,13 +191,12 @@ static vps_result_t map_peer_sources(struct ipc *t, const struct vps_switch *sw)
 	return VPS_OK;
 }
 
-/* Pull: the peers' source descriptors, to the ranks that read them, over
- * the rendezvous; the receivers map them, and the views this rank will
- * read must lie inside what it mapped. */
-static vps_result_t ipc_begin(void *self, struct vps_switch *sw, const struct vps_xfer *const *x, size_t n)
+/* The peers' source descriptors, to the ranks that read them, over the
+ * rendezvous (tags: begin's or prepare's): t->peers then holds what each
+ * peer this rank receives from sends from. */
+static vps_result_t exchange(struct ipc *t, const struct vps_switch *sw, const struct vps_xfer *const *x, size_t n,
+			     uint64_t tag)
 {
-	struct ipc *t = self;
-	const struct vps_staged *s = sw->s;
 	vps_result_t rc = VPS_OK;
 	struct vps_net_msg *msgs = NULL;
 	struct iovec *iov = NULL;
@@ -195,7 +204,7 @@ static vps_result_t ipc_begin(void *self, struct vps_switch *sw, const struct vp
 	uint64_t nmine = 0;
 	size_t nm = 0;
 	forget_peers(t);
-	VPS_CHECK_GOTO(switch_peers(t, sw, x, n, &msgs, &nm), rc, done);
+	VPS_CHECK_GOTO(switch_peers(t, sw, x, n, tag, &msgs, &nm), rc, done);
 	if (!nm)
 		goto done;
 	VPS_CHECK_GOTO(my_sources(sw, &mine, &nmine), rc, done);
@@ -205,20 +214,52 @@ static vps_result_t ipc_begin(void *self, struct vps_switch *sw, const struct vp
 		goto done;
 	}
 	VPS_CHECK_GOTO(exchange_counts(t, sw, msgs, nm, iov, &nmine), rc, done);
-	VPS_CHECK_GOTO(exchange_descriptors(t, sw, msgs, nm, iov, mine, nmine), rc, done);
-	VPS_CHECK_GOTO(map_peer_sources(t, sw), rc, done);
-	for (size_t i = 0; i < n; i++) {
-		if (x[i]->dst != sw->w)
-			continue;
-		struct ipc_peer *p = find(t, vps_switch_peer(sw, x[i])->rank);
-		for (size_t q = 0; q < x[i]->nops && p; q++)
-			VPS_CHECK_GOTO(vps_check_op(&s->ops[x[i]->first_op + q], p->bytes, p->count, NULL, 0), rc, done);
-	}
+	VPS_CHECK_GOTO(exchange_descriptors(t, sw, msgs, nm, iov, mine, nmine, tag + 1), rc, done);
 done:
 	free(mine);
 	free(msgs);
 	free(iov);
 	return rc;
+}
+
+/* Pull: the receivers map what their peers send from, and the views this
+ * rank will read must lie inside what it mapped. */
+static vps_result_t ipc_begin(void *self, struct vps_switch *sw, const struct vps_xfer *const *x, size_t n)
+{
+	struct ipc *t = self;
+	const struct vps_staged *s = sw->s;
+	VPS_CHECK(exchange(t, sw, x, n, 0x1bc0));
+	VPS_CHECK(map_peer_sources(t, sw));
+	for (size_t i = 0; i < n; i++) {
+		if (x[i]->dst != sw->w)
+			continue;
+		struct ipc_peer *p = find(t, vps_switch_peer(sw, x[i])->rank);
+		for (size_t q = 0; q < x[i]->nops && p; q++)
+			VPS_CHECK(vps_check_op(&s->ops[x[i]->first_op + q], p->bytes, p->count, NULL, 0));
+	}
+	return VPS_OK;
+}
+
+/* Before the request: the same descriptors, mapped (host memory) or opened
+ * (GPU memory) now, kept by the mapping cache for begin. A descriptor that
+ * does not map is left for begin, which names it. */
+static vps_result_t ipc_prepare(void *self, struct vps_switch *sw, const struct vps_xfer *const *x, size_t n)
+{
+	struct ipc *t = self;
+	VPS_CHECK(exchange(t, sw, x, n, 0x1bd0));
+	for (size_t i = 0; i < t->npeers; i++) {
+		struct ipc_peer *p = &t->peers[i];
+		for (uint64_t b = 0; b < p->count; b++) {
+			struct vps_buffer_desc *d = &p->desc[b];
+			d->shm_name[sizeof(d->shm_name) - 1] = '\0';
+			if (d->where == VPS_WHERE_CUDA && !sw->gpu)
+				continue;
+			if (vps_mapcache_prefetch(sw->maps, sw->gpu, d, false, true))
+				vps_clear_error();
+		}
+	}
+	forget_peers(t);
+	return VPS_OK;
 }
 
 static vps_result_t ipc_stage(void *self, struct vps_switch *sw, const struct vps_xfer *const *x, size_t n,
@@ -296,9 +337,10 @@ static void ipc_free(void *self)
 const struct vps_transport vps_transport_ipc = {
 	.name = "ipc",
 	.can_connect = ipc_can_connect,
-	.reach = "only this node's ranks (use --transport auto)",
+	.reach = "only this node's ranks (auto uses nccl across nodes)",
 	.gpu_context = true,
 	.setup = ipc_setup,
+	.prepare = ipc_prepare,
 	.begin = ipc_begin,
 	.stage = ipc_stage,
 	.end = ipc_end,

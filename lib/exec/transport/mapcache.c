@@ -10,7 +10,10 @@
  * registered and reads one byte of every page (vps_mapcache_prefetch,
  * vps_mapcache_warm), so that first pass falls before the pause, not in
  * it; what it could not reach in time is touched when the switch maps it,
- * in the attach, so a transfer's time is the transport's. */
+ * in the attach, so a transfer's time is the transport's. It opens the
+ * CUDA IPC handles of what the trainer registered then too, and those of
+ * the peers' sources that a transport learned of before the request (ipc's
+ * prepare), so that the pause opens none. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -32,6 +35,8 @@ struct map_entry {
 	bool writable;  /* host: mapped with PROT_WRITE now */
 	bool keep;      /* outlives this switch */
 	bool used;      /* used in this switch */
+	bool peer;      /* prefetched for a peer's buffer (its trainer's, not ours) */
+	bool carried;   /* kept from the switch before, for the next */
 	size_t touched; /* host: bytes from the start read once through this mapping */
 };
 
@@ -39,6 +44,7 @@ struct vps_mapcache {
 	struct map_entry *v;
 	size_t n, cap;
 	uint64_t warm_bytes, cold_bytes;
+	uint64_t opened; /* objects mapped and IPC handles opened */
 };
 
 /* One read a page: the first pass through a mapping, whatever it costs,
@@ -100,6 +106,7 @@ void vps_mapcache_end_switch(struct vps_mapcache *c, const struct vps_cuda_api *
 			continue;
 		}
 		e->keep = e->used = false;
+		e->carried = true;
 		c->v[w++] = *e;
 	}
 	c->n = w;
@@ -198,6 +205,7 @@ static vps_result_t add(struct vps_mapcache *c, const struct vps_cuda_api *gpu, 
 		n.len = (size_t)bytes;
 	}
 	c->v[c->n++] = n;
+	c->opened++;
 	*out = &c->v[c->n - 1];
 	return VPS_OK;
 }
@@ -208,6 +216,7 @@ vps_result_t vps_mapcache_map(struct vps_mapcache *c, const struct vps_cuda_api 
 	VPS_CHECK(check_desc(d, gpu));
 	struct map_entry *e;
 	VPS_CHECK(find(c, d, writable, &e));
+	bool opened_before = e != NULL;
 	if (!e)
 		VPS_CHECK(add(c, gpu, d, writable, &e));
 	if (warm && e->where == VPS_WHERE_HOST) {
@@ -216,6 +225,12 @@ vps_result_t vps_mapcache_map(struct vps_mapcache *c, const struct vps_cuda_api 
 		else
 			c->cold_bytes += d->bytes;
 		touch(e, SIZE_MAX);
+	} else if (warm) {
+		/* GPU memory: ready once its handle is open */
+		if (opened_before)
+			c->warm_bytes += d->bytes;
+		else
+			c->cold_bytes += d->bytes;
 	}
 	e->used = true;
 	e->keep |= keep;
@@ -231,15 +246,16 @@ vps_result_t vps_mapcache_map(struct vps_mapcache *c, const struct vps_cuda_api 
 	return VPS_OK;
 }
 
-vps_result_t vps_mapcache_prefetch(struct vps_mapcache *c, const struct vps_buffer_desc *d, bool writable)
+vps_result_t vps_mapcache_prefetch(struct vps_mapcache *c, const struct vps_cuda_api *gpu,
+				   const struct vps_buffer_desc *d, bool writable, bool peer)
 {
-	if (d->where != VPS_WHERE_HOST)
-		return VPS_OK;
-	VPS_CHECK(check_desc(d, NULL));
+	VPS_CHECK(check_desc(d, gpu));
 	struct map_entry *e;
 	VPS_CHECK(find(c, d, writable, &e));
-	if (!e)
-		VPS_CHECK(add(c, NULL, d, writable, &e));
+	if (!e) {
+		VPS_CHECK(add(c, gpu, d, writable, &e));
+		e->peer = peer;
+	}
 	return VPS_OK;
 }
 
@@ -253,16 +269,20 @@ bool vps_mapcache_warm(struct vps_mapcache *c, size_t budget)
 	return false;
 }
 
-void vps_mapcache_prune(struct vps_mapcache *c, const char *const *names, size_t nnames)
+void vps_mapcache_prune(struct vps_mapcache *c, const struct vps_cuda_api *gpu, const struct vps_buffer_desc *registered,
+			size_t n)
 {
 	size_t w = 0;
 	for (size_t i = 0; i < c->n; i++) {
 		struct map_entry *e = &c->v[i];
-		bool registered = e->where != VPS_WHERE_HOST || e->used;
-		for (size_t k = 0; k < nnames && !registered; k++)
-			registered = !strcmp(e->shm_name, names[k]);
-		if (!registered) {
-			unmap(e, NULL);
+		/* a kept target stays until the switch after it ends: the trainer
+		 * re-registers it as a source, and a scan between its reset and
+		 * that would otherwise close what the next switch reads */
+		bool keep = e->used || e->peer || e->carried;
+		for (size_t k = 0; k < n && !keep; k++)
+			keep = same_object(e, &registered[k]);
+		if (!keep) {
+			unmap(e, gpu);
 			continue;
 		}
 		c->v[w++] = *e;
@@ -275,4 +295,11 @@ void vps_mapcache_take_stats(struct vps_mapcache *c, uint64_t *warm_bytes, uint6
 	*warm_bytes = c->warm_bytes;
 	*cold_bytes = c->cold_bytes;
 	c->warm_bytes = c->cold_bytes = 0;
+}
+
+uint64_t vps_mapcache_take_opened(struct vps_mapcache *c)
+{
+	uint64_t n = c->opened;
+	c->opened = 0;
+	return n;
 }

@@ -83,6 +83,17 @@ struct vps_transport {
 	 * executor then makes before the request, not in the pause. */
 	bool gpu_context;
 	vps_result_t (*setup)(void **self, const struct vps_transport_env *env);
+	/* Per switch, before the pause: every rank's trainer has registered
+	 * its sources (the ranks waited for that together), none need have
+	 * asked for the switch yet, and this rank's buffers are not attached:
+	 * sw has the plan, the peers, the registry and this rank's source view
+	 * (va, src_entry: -1 for a source not registered), with `where`
+	 * unknown (-1). x[0..n) as begin gets them. What can be readied
+	 * before the request (ipc: the peers' source descriptors, mapped or
+	 * opened now, so that begin finds them so). Only a failure to talk to
+	 * the peers fails it; what cannot be readied is left to begin. May be
+	 * NULL. */
+	vps_result_t (*prepare)(void *self, struct vps_switch *sw, const struct vps_xfer *const *x, size_t n);
 	/* Per switch, after this rank's buffers are attached and before the
 	 * start: x[0..n) are the switch's transfers it carries, in order; what
 	 * must be known of the peers' buffers. May be NULL. */
@@ -134,18 +145,28 @@ struct vps_buffer_desc {
 };
 vps_result_t vps_mapcache_map(struct vps_mapcache *c, const struct vps_cuda_api *gpu, const struct vps_buffer_desc *d,
 			      bool writable, bool keep, bool warm, void **ptr);
-/* Between switches, while waiting for the trainer's request: map a host
- * buffer the trainer registered (not GPU memory) without using it yet;
+/* Between switches, while waiting for the trainer's request: map a buffer
+ * the trainer registered, or (peer) a peer's source that a transport
+ * learned of, without using it yet: host memory is mapped, GPU memory's
+ * IPC handle opened (gpu needed), so that the switch finds it open.
  * vps_mapcache_warm then reads up to budget bytes' worth of pages of what
- * is mapped, and says whether pages are left. vps_mapcache_prune unmaps
- * what is not in use and whose object is none of names (the trainer's
- * registered objects), so a buffer it freed is not pinned. */
-vps_result_t vps_mapcache_prefetch(struct vps_mapcache *c, const struct vps_buffer_desc *d, bool writable);
+ * host memory is mapped, and says whether pages are left.
+ * vps_mapcache_prune unmaps what was prefetched and is none of registered
+ * (what the trainer has registered now), so that nothing the trainer freed
+ * stays mapped or open; a peer's, and a target kept from the switch
+ * before, is unmapped at the end of the switch that reads it, as every
+ * mapping a switch does not keep. */
+vps_result_t vps_mapcache_prefetch(struct vps_mapcache *c, const struct vps_cuda_api *gpu,
+				   const struct vps_buffer_desc *d, bool writable, bool peer);
 bool vps_mapcache_warm(struct vps_mapcache *c, size_t budget);
-void vps_mapcache_prune(struct vps_mapcache *c, const char *const *names, size_t nnames);
-/* Bytes of this rank's buffers found warm (mapped and read before) and cold
- * by vps_mapcache_map(warm) since the last call; resets them. */
+void vps_mapcache_prune(struct vps_mapcache *c, const struct vps_cuda_api *gpu, const struct vps_buffer_desc *registered,
+			size_t n);
+/* Bytes of this rank's buffers found warm (host memory mapped and read
+ * before, GPU memory's handle open before) and cold by
+ * vps_mapcache_map(warm) since the last call; resets them. */
 void vps_mapcache_take_stats(struct vps_mapcache *c, uint64_t *warm_bytes, uint64_t *cold_bytes);
+/* Objects mapped and IPC handles opened since the last call; resets it. */
+uint64_t vps_mapcache_take_opened(struct vps_mapcache *c);
 /* End of a switch: unmap what was not kept. */
 void vps_mapcache_end_switch(struct vps_mapcache *c, const struct vps_cuda_api *gpu);
 

@@ -205,6 +205,145 @@ void describe(const vps_cuda_copy &c, Desc &d)
 	d.chunks = (d.row_bytes + kChunk - 1) / kChunk;
 }
 
+// ---- the digest: vps_digest_region's sum, over device memory ----
+
+// A warp sums one unit: up to kDigestChunk elements of one row.
+constexpr uint64_t kDigestChunk = 8192;
+
+struct DigestDesc {
+	uint64_t addr;       // byte address of the view's first element
+	uint64_t key;
+	int64_t flat;        // logical index of the first element
+	uint64_t first_unit; // units of the descriptors before this one
+	uint64_t row_len;    // elements of a row
+	uint64_t chunks;     // units per row
+	int64_t step;        // the row's stride in the buffer, bytes
+	int64_t fstep;       // the row's stride in the logical tensor
+	int32_t nouter, esize;
+	// the view's elements lie off their size's alignment (a buffer at an
+	// odd offset): read byte by byte, since a misaligned load faults and
+	// the fault would end the context
+	int32_t bytewise;
+	int64_t ext[VPS_CUDA_MAX_DIMS];  // outer extents
+	int64_t str[VPS_CUDA_MAX_DIMS];  // outer strides, bytes
+	int64_t fstr[VPS_CUDA_MAX_DIMS]; // outer logical strides
+};
+
+// lib/util/hash.h's vps_mix64, bit for bit
+__host__ __device__ __forceinline__ uint64_t mix64(uint64_t x)
+{
+	x ^= x >> 30;
+	x *= 0xbf58476d1ce4e5b9ULL;
+	x ^= x >> 27;
+	x *= 0x94d049bb133111ebULL;
+	x ^= x >> 31;
+	return x;
+}
+
+__global__ void __launch_bounds__(kBlock) digest_kernel(const DigestDesc *d, int n, uint64_t units,
+							 unsigned long long *out)
+{
+	int lane = threadIdx.x & 31;
+	uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+	uint64_t nwarps = ((uint64_t)gridDim.x * blockDim.x) >> 5;
+	uint64_t acc = 0;
+	for (uint64_t u = warp; u < units; u += nwarps) {
+		int lo = 0, hi = n - 1;
+		while (lo < hi) {
+			int mid = (lo + hi + 1) >> 1;
+			if (d[mid].first_unit <= u)
+				lo = mid;
+			else
+				hi = mid - 1;
+		}
+		const DigestDesc &q = d[lo];
+		uint64_t k = u - q.first_unit;
+		uint64_t row = k / q.chunks, chunk = k - row * q.chunks;
+		uint64_t off = 0, flat = (uint64_t)q.flat;
+		for (int a = q.nouter - 1; a >= 0; a--) {
+			uint64_t e = (uint64_t)q.ext[a];
+			uint64_t i = row % e;
+			row /= e;
+			off += i * (uint64_t)q.str[a];
+			flat += i * (uint64_t)q.fstr[a];
+		}
+		uint64_t begin = chunk * kDigestChunk;
+		uint64_t end = q.row_len - begin < kDigestChunk ? q.row_len : begin + kDigestChunk;
+		const char *base = reinterpret_cast<const char *>(q.addr + off);
+		for (uint64_t j = begin + lane; j < end; j += 32) {
+			const char *p = base + (int64_t)j * q.step;
+			uint64_t bits;
+			if (q.bytewise) {
+				const unsigned char *b = reinterpret_cast<const unsigned char *>(p);
+				bits = (uint64_t)b[0] | (uint64_t)b[1] << 8;
+				if (q.esize == 4)
+					bits |= (uint64_t)b[2] << 16 | (uint64_t)b[3] << 24;
+			} else {
+				bits = q.esize == 2 ? (uint64_t)*reinterpret_cast<const uint16_t *>(p)
+						    : (uint64_t)*reinterpret_cast<const uint32_t *>(p);
+			}
+			acc += mix64(mix64(q.key ^ (flat + j * (uint64_t)q.fstep)) ^ bits);
+		}
+	}
+	// the sum is mod 2^64, so the order of the additions does not matter
+	for (int s = 16; s > 0; s >>= 1)
+		acc += __shfl_xor_sync(0xffffffffu, acc, s);
+	if (lane == 0 && acc)
+		atomicAdd(out, (unsigned long long)acc);
+}
+
+// A view as rows, as describe() makes a copy's: axes of extent 1 dropped,
+// an axis merged into the next outer one where both the buffer and the
+// logical tensor step over it exactly; the innermost axis left is the row.
+void describe_digest(const vps_cuda_digest &v, DigestDesc &d)
+{
+	int64_t ext[VPS_CUDA_MAX_DIMS], st[VPS_CUDA_MAX_DIMS], ft[VPS_CUDA_MAX_DIMS];
+	int nd = 0;
+	for (int k = 0; k < v.ndim; k++) {
+		if (v.ext[k] == 1)
+			continue;
+		ext[nd] = v.ext[k];
+		st[nd] = v.strides[k];
+		ft[nd] = v.flat_strides[k];
+		nd++;
+	}
+	int w = 0;
+	for (int k = 0; k < nd; k++) {
+		if (w && st[w - 1] == st[k] * ext[k] && ft[w - 1] == ft[k] * ext[k]) {
+			ext[w - 1] *= ext[k];
+			st[w - 1] = st[k];
+			ft[w - 1] = ft[k];
+			continue;
+		}
+		ext[w] = ext[k];
+		st[w] = st[k];
+		ft[w] = ft[k];
+		w++;
+	}
+	memset(&d, 0, sizeof(d));
+	d.addr = v.addr;
+	d.key = v.key;
+	d.flat = v.flat;
+	d.esize = v.esize;
+	// strides are whole elements: the first one's address decides
+	d.bytewise = v.addr % (uint64_t)v.esize != 0;
+	if (w == 0) {
+		d.row_len = 1;
+		d.nouter = 0;
+	} else {
+		d.row_len = (uint64_t)ext[w - 1];
+		d.step = st[w - 1] * v.esize;
+		d.fstep = ft[w - 1];
+		d.nouter = w - 1;
+	}
+	for (int k = 0; k < d.nouter; k++) {
+		d.ext[k] = ext[k];
+		d.str[k] = st[k] * v.esize;
+		d.fstr[k] = ft[k];
+	}
+	d.chunks = (d.row_len + kDigestChunk - 1) / kDigestChunk;
+}
+
 // ---- NCCL, opened at run time ----
 #if HAVE_NCCL
 struct Nccl {
@@ -289,11 +428,24 @@ int api_device_count(int *n, char *err)
 {
 	*n = 0;
 	cudaError_t e = cudaGetDeviceCount(n);
-	if (e != cudaSuccess) {
-		*n = 0;
-		return fail(err, VPS_CUDA_ECUDA, "no usable GPU: %s", cudaGetErrorString(e));
-	}
-	return 0;
+	if (e == cudaSuccess)
+		return 0;
+	*n = 0;
+	// CUDA's words name a cause only the initiated read ("driver version is
+	// insufficient" where there is no driver at all): say it plainly first
+	int driver = 0;
+	char why[160];
+	if (cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0)
+		snprintf(why, sizeof(why), "no NVIDIA driver is installed");
+	else if (driver < CUDART_VERSION)
+		snprintf(why, sizeof(why), "the NVIDIA driver runs CUDA up to %d.%d, and libvps-cuda.so was built with %d.%d",
+			 driver / 1000, driver % 1000 / 10, CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
+	else if (e == cudaErrorNoDevice)
+		snprintf(why, sizeof(why), "CUDA sees none (CUDA_VISIBLE_DEVICES=%s)",
+			 getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "unset");
+	else
+		snprintf(why, sizeof(why), "CUDA cannot use the GPUs");
+	return fail(err, VPS_CUDA_ECUDA, "no usable GPU was found: %s (CUDA says: %s)", why, cudaGetErrorString(e));
 }
 
 typedef CUresult (*range_fn)(CUdeviceptr *, size_t *, CUdeviceptr);
@@ -457,6 +609,14 @@ int api_copy(const vps_cuda_copy *c, size_t n, char *err)
 	return 0;
 }
 
+// The stream is idle: the copy descriptors may be reused.
+void stream_idle()
+{
+	g_arena.used = 0;
+	while (g_nretired)
+		free_arena(g_retired[--g_nretired]);
+}
+
 double now()
 {
 	struct timespec ts;
@@ -470,9 +630,7 @@ int api_sync(void *comm, double timeout, char *err)
 	for (;;) {
 		cudaError_t e = cudaStreamQuery(g_stream);
 		if (e == cudaSuccess) {
-			g_arena.used = 0;
-			while (g_nretired)
-				free_arena(g_retired[--g_nretired]);
+			stream_idle();
 			return 0;
 		}
 		if (e != cudaErrorNotReady)
@@ -497,6 +655,76 @@ int api_sync(void *comm, double timeout, char *err)
 		struct timespec ts = {0, 20000};
 		nanosleep(&ts, NULL);
 	}
+}
+
+// Digest descriptors and the sum's word: the call waits for the stream,
+// so one buffer, grown when outgrown, serves every call.
+DigestDesc *g_dig_host, *g_dig_dev;
+unsigned long long *g_dig_sum;
+size_t g_dig_cap;
+
+int api_digest(const vps_cuda_digest *v, size_t n, uint64_t *sum, char *err)
+{
+	*sum = 0;
+	if (n > (size_t)INT32_MAX)
+		return fail(err, VPS_CUDA_EINPUT, "%zu views in one digest", n);
+	for (size_t i = 0; i < n; i++) {
+		if (v[i].ndim < 1 || v[i].ndim > VPS_CUDA_MAX_DIMS || (v[i].esize != 2 && v[i].esize != 4))
+			return fail(err, VPS_CUDA_EINPUT, "digest view %zu: %d dimensions of %d-byte elements", i, v[i].ndim,
+				    v[i].esize);
+		for (int k = 0; k < v[i].ndim; k++)
+			if (v[i].ext[k] < 0)
+				return fail(err, VPS_CUDA_EINPUT, "digest view %zu: extent %lld on axis %d", i,
+					    (long long)v[i].ext[k], k);
+	}
+	if (n > g_dig_cap) {
+		size_t cap = n < 256 ? 256 : n;
+		CU(cudaStreamSynchronize(g_stream));
+		cudaFreeHost(g_dig_host);
+		cudaFree(g_dig_dev);
+		g_dig_host = NULL;
+		g_dig_dev = NULL;
+		g_dig_cap = 0;
+		CU(cudaMallocHost((void **)&g_dig_host, cap * sizeof(DigestDesc)));
+		CU(cudaMalloc((void **)&g_dig_dev, cap * sizeof(DigestDesc)));
+		g_dig_cap = cap;
+	}
+	if (!g_dig_sum)
+		CU(cudaMalloc((void **)&g_dig_sum, sizeof(*g_dig_sum)));
+	// the previous call waited for the stream: the host descriptors are free
+	uint64_t units = 0;
+	size_t m = 0;
+	for (size_t i = 0; i < n; i++) {
+		bool empty = false;
+		for (int k = 0; k < v[i].ndim; k++)
+			empty |= v[i].ext[k] == 0;
+		if (empty)
+			continue;
+		DigestDesc &d = g_dig_host[m++];
+		describe_digest(v[i], d);
+		uint64_t rows = 1;
+		for (int k = 0; k < d.nouter; k++)
+			rows *= (uint64_t)d.ext[k];
+		d.first_unit = units;
+		units += rows * d.chunks;
+	}
+	CU(cudaMemsetAsync(g_dig_sum, 0, sizeof(*g_dig_sum), g_stream));
+	if (units) {
+		CU(cudaMemcpyAsync(g_dig_dev, g_dig_host, m * sizeof(DigestDesc), cudaMemcpyHostToDevice, g_stream));
+		uint64_t warps_per_block = kBlock / 32;
+		uint64_t blocks = (units + warps_per_block - 1) / warps_per_block;
+		uint64_t most = (uint64_t)g_sms * 8;
+		if (blocks > most)
+			blocks = most;
+		digest_kernel<<<(unsigned)blocks, kBlock, 0, g_stream>>>(g_dig_dev, (int)m, units, g_dig_sum);
+		CU(cudaGetLastError());
+	}
+	unsigned long long got = 0;
+	CU(cudaMemcpyAsync(&got, g_dig_sum, sizeof(got), cudaMemcpyDeviceToHost, g_stream));
+	CU(cudaStreamSynchronize(g_stream));
+	stream_idle();
+	*sum = (uint64_t)got;
+	return 0;
 }
 
 int api_nccl_id(unsigned char id[VPS_CUDA_NCCL_ID], char *err)
@@ -604,7 +832,7 @@ const vps_cuda_api g_api = {
 	VPS_CUDA_ABI,     HAVE_NCCL,     api_init,   api_device_count, api_ipc_handle, api_ipc_open,
 	api_ipc_close,    api_alloc,     api_release, api_to_device,   api_to_host,    api_fill,
 	api_copy,         api_sync,      api_nccl_id, api_nccl_init,   api_nccl_exchange, api_nccl_free,
-	api_memcpy_d2d,   api_mark,      api_elapsed,   api_mark_free,
+	api_memcpy_d2d,   api_mark,      api_elapsed,   api_mark_free,  api_digest,
 };
 
 } // namespace

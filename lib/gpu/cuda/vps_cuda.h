@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define VPS_CUDA_ABI 4
+#define VPS_CUDA_ABI 5
 #define VPS_CUDA_ERR 256
 #define VPS_CUDA_IPC_HANDLE 64
 #define VPS_CUDA_NCCL_ID 128
@@ -33,6 +33,20 @@ struct vps_cuda_copy {
 	int32_t ndim, esize;
 	int64_t ext[VPS_CUDA_MAX_DIMS];
 	int64_t src_strides[VPS_CUDA_MAX_DIMS], dst_strides[VPS_CUDA_MAX_DIMS];
+};
+
+/* One strided view whose elements the digest sums (lib/model/data.c's
+ * vps_digest_region, computed where the bytes are): element (i0, ..) of
+ * ext[] is at byte address addr + esize * sum_k ik * strides[k] (strides in
+ * elements, of any sign) and is element flat + sum_k ik * flat_strides[k]
+ * of its logical tensor, whose (tensor, state) gives key. */
+struct vps_cuda_digest {
+	uint64_t addr;  /* device address of element (0, ..) */
+	uint64_t key;   /* vps_mix64((tensor << 8) ^ state) */
+	int64_t flat;
+	int32_t ndim, esize; /* esize: 2 or 4 */
+	int64_t ext[VPS_CUDA_MAX_DIMS];
+	int64_t strides[VPS_CUDA_MAX_DIMS], flat_strides[VPS_CUDA_MAX_DIMS];
 };
 
 /* One point-to-point transfer of a grouped NCCL exchange. */
@@ -83,6 +97,11 @@ struct vps_cuda_api {
 	int (*mark)(void **event, char *err);
 	int (*elapsed)(void *start, void *end, double *seconds, char *err);
 	void (*mark_free)(void *event);
+	/* The digest of every view of the list, in one kernel after what the
+	 * stream holds, waited for: the sum mod 2^64 over their elements of
+	 * vps_mix64(vps_mix64(key ^ index) ^ bits), index the element's
+	 * logical index and bits its 16 or 32 bits. */
+	int (*digest)(const struct vps_cuda_digest *v, size_t n, uint64_t *sum, char *err);
 };
 
 /* The one symbol libvps looks up. */
