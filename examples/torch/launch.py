@@ -499,9 +499,7 @@ class Elastic:
         dead = sorted(s for s in sw["dead"] if s in sw["members"])
         if sw["abandoned"] or not dead:
             self.agent.verdict(k, a, "old")
-            self.failures.append("switch %d to %s on %d processes did not happen: %s; the job trained on in %s on "
-                                 "%d" % (k, sw["spec"], sw["size"], sw["abandoned"] or "its executors failed "
-                                         "(%s)" % self.first_error(sw), self.config, self.size))
+            self.did_not_happen(sw, sw["abandoned"] or "its executors failed (%s)" % self.first_error(sw))
             self.sw = None
             return
         who = "process%s %s" % ("es" if len(dead) > 1 else "", ", ".join(map(str, dead)))
@@ -537,6 +535,12 @@ class Elastic:
             except OSError:
                 pass
         return "no word"
+
+    def did_not_happen(self, sw, why):
+        """The job trained on in its world: the switch asked for is a failure
+        of the run all the same (exit 1), said by name."""
+        self.failures.append("switch %d to %s on %d processes did not happen: %s; the job trained on in %s on %d"
+                             % (sw["k"], sw["spec"], sw["size"], why, self.config, self.size))
 
     def fail(self, what, slot=None):
         """A process failed outside a switch: the job stops, saying why."""
@@ -623,7 +627,9 @@ class Elastic:
                 self.end_attempt()
             elif self.sw and self.sw["abandoned"] and not self.sw["started"] and \
                     not any(s in self.trainers for s in self.sw["joiners"]):
-                self.sw = None  # abandoned before its executors started: nothing to wait for
+                # abandoned before its executors started: nothing to wait for
+                self.did_not_happen(self.sw, self.sw["abandoned"])
+                self.sw = None
             if self.sw is None and self.queue and not self.execs:
                 self.begin(self.queue.pop(0))
             time.sleep(0.05)
