@@ -141,8 +141,9 @@ per_rank() { # TRANSPORT DEVICES_PER_NODE
 		! grep -q "switch 1: sent" k/exec.$r.log
 	done
 	# the first layout's devices keep their state; the joining ones had none
-	for r in 0 1; do grep -q "switch 1 failed: transport ipc: .*; sources intact" k/trainer.$r.log; done
-	for r in 2 3; do grep -q "switch 1 failed: transport ipc: .*; sources none (joining)" k/trainer.$r.log; done
+	# whether its trainer asked before or after the executor stopped
+	for r in 0 1; do grep -q "switch 1 failed: the executor stopped: rank $r: transport ipc: .*; sources intact" k/trainer.$r.log; done
+	for r in 2 3; do grep -q "switch 1 failed: the executor stopped: rank $r: transport ipc: .*; sources none (joining)" k/trainer.$r.log; done
 }
 
 # ---- transports this machine cannot use, or that do not exist ----
@@ -165,7 +166,7 @@ small_world() { # two ranks, tp=2 -> dp=2, one node
 	vps-layout --model tiny-llama -q -o a.layout
 	vps-plan a.layout a.layout -q | vps-stage --budget 1MiB -q - -o s.staged
 	expect_status 2 vps-exec --registry 'vps-%x' --rank 0 --master 127.0.0.1:1 s.staged
-	[ "$output" = "vps-exec: rank 0: registry name 'vps-%x': unknown '%x' (%r, %a, %b, %l)" ]
+	[ "$output" = "vps-exec: rank 0: registry name 'vps-%x': unknown '%x' (%j job, %r world rank, %a source rank, %b target rank, %l local rank, %% a percent sign)" ]
 }
 
 @test "nccl without GPU support: every rank stops with exit 2, naming it, sources intact" {
