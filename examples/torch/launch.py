@@ -26,7 +26,6 @@ import importlib.util
 import os
 import random
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -38,19 +37,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TOP = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)
 import options  # noqa: E402  (no PyTorch: -h and the checks work without it)
+import plans  # noqa: E402
 
 NEEDS = ("torch", "numpy")
 MAX_REL = 1e-3
-
-
-def tool(name):
-    built = os.path.join(os.environ.get("VPS_BIN", os.path.join(TOP, "bin")), name)
-    if os.path.exists(built):
-        return built
-    found = shutil.which(name)
-    if not found:
-        sys.exit("launch.py: %s not found: run make, or put vps's tools on PATH" % name)
-    return found
 
 
 def python_with_torch():
@@ -150,44 +140,16 @@ def free_port():
     sys.exit("launch.py: no free port found below %d" % high)
 
 
-def run(cmd, **kw):
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
-    if r.returncode:
-        sys.exit("launch.py: %s failed (%d): %s" % (" ".join(cmd), r.returncode, r.stderr.strip()))
-    return r.stdout
-
-
-def plan_switches(args, targs, d):
-    """The staged plans of the run's switches, in order (one file per distinct pair)."""
-    configs, steps, every = targs.configs, targs.steps, targs.switch_every
-    n_switch = (steps - 1) // every if every and len(configs) > 1 else 0
-    made, order = {}, []
-    gpn = str(targs.gpus_per_node)
-    for i, c in enumerate(configs):
-        run([tool("vps-layout"), "-q", "--model", targs.model, "--parallel", c, "--gpus-per-node", gpn,
-             "-o", os.path.join(d, "c%d.layout" % i)])
-    for k in range(n_switch):
-        a, b = k % len(configs), (k + 1) % len(configs)
-        if (a, b) not in made:
-            plan = os.path.join(d, "c%d-c%d.plan" % (a, b))
-            staged = os.path.join(d, "c%d-c%d.staged" % (a, b))
-            run([tool("vps-plan"), "-q", os.path.join(d, "c%d.layout" % a), os.path.join(d, "c%d.layout" % b),
-                 "--global-batch", str(targs.global_batch), "--micro-batch", str(targs.micro_batch), "-o", plan])
-            run([tool("vps-stage"), "-q", "--budget", args.budget, plan, "-o", staged])
-            made[(a, b)] = staged
-        order.append(made[(a, b)])
-    return order
-
-
 def run_job(args, targs, d, vps):
     """One job in directory d: the trainers, an executor each when it
     switches. Returns its failures, one line each (none: it succeeded)."""
     os.makedirs(d, exist_ok=True)
-    plans = plan_switches(args, targs, d)
+    staged = plans.make(d, targs.model, targs.configs, targs.steps, targs.switch_every, targs.gpus_per_node,
+                        targs.global_batch, targs.micro_batch, args.budget)
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(args.nproc),
                VPS_CONFIG_PATH=os.environ.get("VPS_CONFIG_PATH", os.path.join(TOP, "configs")))
-    if plans and "VPS_TOKEN" not in env:
-        env["VPS_TOKEN"] = run([tool("vps-exec"), "--new-token"]).strip()
+    if staged and "VPS_TOKEN" not in env:
+        env["VPS_TOKEN"] = plans.run([plans.tool("vps-exec"), "--new-token"]).strip()
     tag = "vps-torch-%d" % os.getpid()
     procs = []
     for r in range(args.nproc):
@@ -195,16 +157,13 @@ def run_job(args, targs, d, vps):
         procs.append(("trainer %d" % r, subprocess.Popen(
             [sys.executable, os.path.join(HERE, "train.py")] + options.to_argv(targs, registry=tag + "-%r"),
             env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=log, stderr=subprocess.STDOUT)))
-    if plans:
+    if staged:
         port = str(free_port())
-        serve = ["--serve"] if len(plans) > 1 else []
         for r in range(args.nproc):
             log = open(os.path.join(d, "exec.%d.log" % r), "w")
-            procs.append(("executor %d" % r, subprocess.Popen(
-                [tool("vps-exec"), "--registry", tag + "-%r", "--rank", str(r), "--world", str(args.nproc),
-                 "--master", "127.0.0.1:" + port, "--transport", args.transport, "--wait", "--check",
-                 "--timeout", args.exec_timeout, "--report", os.path.join(d, "report.%d.yaml" % r)]
-                + serve + plans, env=env, stdout=log, stderr=subprocess.STDOUT)))
+            procs.append(("executor %d" % r, plans.executor(
+                staged, tag + "-%r", r, args.nproc, "127.0.0.1:" + port, args.transport, args.exec_timeout,
+                os.path.join(d, "report.%d.yaml" % r), log, env)))
     failed = []
     while procs:
         for name, p in list(procs):
@@ -242,7 +201,7 @@ def run_job(args, targs, d, vps):
                 path = os.path.join(d, "%s.%d.log" % (kind, r))
                 if os.path.exists(path) and os.path.getsize(path):
                     failed.append("== %s\n%s" % (path, open(path).read()[-3000:]))
-    return failed, len(plans)
+    return failed, len(staged)
 
 
 def read_loss(path):
@@ -339,7 +298,7 @@ class Elastic:
                         TORCHELASTIC_USE_AGENT_STORE="True", VPS_AGENT="1",
                         VPS_CONFIG_PATH=os.environ.get("VPS_CONFIG_PATH", os.path.join(TOP, "configs")))
         if "VPS_TOKEN" not in self.env:
-            self.env["VPS_TOKEN"] = run([tool("vps-exec"), "--new-token"]).strip()
+            self.env["VPS_TOKEN"] = plans.run([plans.tool("vps-exec"), "--new-token"]).strip()
         self.trainers, self.execs, self.slots = {}, {}, set()
         self.config, self.size = targs.configs[0], args.nproc
         self.queue, self.sw = [], None
@@ -354,8 +313,8 @@ class Elastic:
     def layout(self, spec):
         if spec not in self.layouts:
             path = os.path.join(self.d, "c%d.layout" % len(self.layouts))
-            run([tool("vps-layout"), "-q", "--model", self.targs.model, "--parallel", spec, "--gpus-per-node",
-                 str(self.targs.gpus_per_node), "-o", path])
+            plans.run([plans.tool("vps-layout"), "-q", "--model", self.targs.model, "--parallel", spec,
+                       "--gpus-per-node", str(self.targs.gpus_per_node), "-o", path])
             self.layouts[spec] = path
         return self.layouts[spec]
 
@@ -368,7 +327,7 @@ class Elastic:
             name = "%s-%s%s" % (os.path.basename(la)[:-7], os.path.basename(lb)[:-7],
                                 "-lost" + "-".join(map(str, lost)) if lost else "")
             plan, staged = (os.path.join(self.d, name + x) for x in (".plan", ".staged"))
-            cmd = [tool("vps-plan"), "-q", la, lb, "--global-batch", str(self.targs.global_batch), "--micro-batch",
+            cmd = [plans.tool("vps-plan"), "-q", la, lb, "--global-batch", str(self.targs.global_batch), "--micro-batch",
                    str(self.targs.micro_batch), "-o", plan]
             if lost:
                 cmd[2:2] = ["--lost", ",".join(map(str, lost))]
@@ -377,7 +336,7 @@ class Elastic:
                 if lost:
                     return None, r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "refused"
                 sys.exit("launch.py: %s failed (%d): %s" % (" ".join(cmd), r.returncode, r.stderr.strip()))
-            run([tool("vps-stage"), "-q", "--budget", self.args.budget, plan, "-o", staged])
+            plans.run([plans.tool("vps-stage"), "-q", "--budget", self.args.budget, plan, "-o", staged])
             self.plans[key] = staged
         return self.plans[key], None
 
@@ -396,12 +355,9 @@ class Elastic:
         tail = "" if attempt == 1 else "-%d" % attempt
         for r in ranks:
             log = open(os.path.join(self.d, "exec.%d%s.%d.log" % (k, tail, r)), "w")
-            self.execs[r] = subprocess.Popen(
-                [tool("vps-exec"), "--registry", self.tag + "-%r", "--rank", str(r), "--world", str(world),
-                 "--master", "127.0.0.1:" + port, "--transport", self.args.transport, "--wait", "--check",
-                 "--timeout", self.args.exec_timeout, "--report",
-                 os.path.join(self.d, "report.%d%s.%d.yaml" % (k, tail, r)), staged],
-                env=self.env, stdout=log, stderr=subprocess.STDOUT)
+            self.execs[r] = plans.executor([staged], self.tag + "-%r", r, world, "127.0.0.1:" + port,
+                                           self.args.transport, self.args.exec_timeout,
+                                           os.path.join(self.d, "report.%d%s.%d.yaml" % (k, tail, r)), log, self.env)
         self.sw["logs"] += [os.path.join(self.d, "exec.%d%s.%d.log" % (k, tail, r)) for r in ranks]
 
     def stop(self):

@@ -1,6 +1,7 @@
 """The options of one training rank (train.py), shared with launch.py: its
 -h lists them, and it checks them before anything starts. No PyTorch here,
 so that launch.py -h and its checks work where PyTorch is missing."""
+import os
 
 
 def add_training(a):
@@ -18,7 +19,8 @@ def add_training(a):
     a.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default 3e-3)")
     a.add_argument("--warmup", type=int, default=10, help="steps of linear learning-rate warm-up (default 10)")
     a.add_argument("--seed", type=int, default=1234, help="model and corpus seed (default 1234)")
-    a.add_argument("--registry", default="vps-torch-%r", help="the rank's registry name, %%r the rank")
+    a.add_argument("--registry", help="the rank's registry name, %%r the rank (default vps-torch-%%r; under "
+                                      "torchrun vps-torch-RUN-%%r, RUN its TORCHELASTIC_RUN_ID)")
     a.add_argument("--timeout", type=float, default=300.0, help="seconds a switch may take (default 300)")
     a.add_argument("--loss-log", help="rank 0 writes 'STEP LOSS CONFIG' lines here")
     a.add_argument("--check-switch", action="store_true",
@@ -47,6 +49,9 @@ OPTIONS = [("--model", "model", False), ("--configs", "configs", False), ("--gpu
 
 def finish(a, args):
     """Check what argparse cannot, and split --configs into specs."""
+    if args.registry is None:
+        run = os.environ.get("TORCHELASTIC_RUN_ID")
+        args.registry = "vps-torch-%s%%r" % (run + "-" if run else "")
     if isinstance(args.configs, str):
         args.configs = [c.replace(":", ",") for c in args.configs.split(",")]
     if args.switch_every <= 0 and len(args.configs) > 1:

@@ -5,12 +5,15 @@ devices join and leave. Started by launch.py, one process per device
 (RANK, its device; WORLD_SIZE, the processes it starts with; MASTER_ADDR
 and MASTER_PORT, the job's store), with a vps-exec beside it for each
 switch. A process that joins a running job is started with --join K, the
-switch that gives it its state.
+switch that gives it its state. Under torchrun, which starts only the ranks
+and keeps their world, --exec DIR has each rank make its part of the
+switches' plans in DIR and start its own vps-exec.
 
 What vps adds to the training loop is marked "vps:"."""
 import argparse
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -22,6 +25,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 import comm  # noqa: E402
 import options  # noqa: E402
+import plans  # noqa: E402
 import vps  # noqa: E402
 import vps.elastic  # noqa: E402
 from model import Stage  # noqa: E402
@@ -31,7 +35,19 @@ def parse_args(argv=None):
     a = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     options.add_training(a)
     a.add_argument("--join", type=int, help="join the running job at its switch K (set by launch.py)")
-    return options.finish(a, a.parse_args(argv))
+    under = a.add_argument_group("under torchrun, which starts only the ranks")
+    under.add_argument("--exec", dest="exec_dir", metavar="DIR",
+                       help="start this rank's vps-exec beside it, with its part of the switches' plans made in "
+                            "DIR/rank-R; its log and report go to DIR (needs VPS_TOKEN in the environment)")
+    under.add_argument("--transport", default="tcp", help="vps-exec's transport (tcp, ipc; default tcp)")
+    under.add_argument("--budget", default="64MiB", help="vps-stage's staging budget (default 64MiB)")
+    under.add_argument("--exec-timeout", default="120", help="vps-exec's --timeout (default 120)")
+    args = a.parse_args(argv)
+    if args.exec_dir and args.join is not None:
+        # the launcher that starts a joining process also starts the executors that give it its state
+        a.error("--exec and --join: a process joins a job launch.py runs, whose executors launch.py starts; "
+                "--exec is for torchrun, whose world does not change")
+    return options.finish(a, args)
 
 
 # ---- a deterministic corpus: sample i is phrases of a fixed phrase book ----
@@ -295,6 +311,9 @@ class Run:
         self.pending, self.halted, self.done = None, None, 0
         self.rearm = False  # reset the registry before the next switch (an executor of a failed one may have stopped)
         self.reg = None
+        self.executor = None  # --exec: this rank's own vps-exec
+        if args.exec_dir:
+            os.makedirs(args.exec_dir, exist_ok=True)  # before the logs, which may go into it
         self.log = open(args.loss_log, "w") if self.slot == 0 and args.loss_log else None
         self.samples = open(args.sample_log.replace("%r", str(self.slot)), "a") if args.sample_log else None
         self.switch_log = open(args.switch_log, "w") if self.slot == 0 and args.switch_log else None
@@ -347,6 +366,9 @@ class Run:
         if lay.world > self.size:
             raise SystemExit("train.py: %s has a world of %d, the job has %d processes" % (self.spec, lay.world,
                                                                                             self.size))
+        switches = plans.switches(args.configs, args.steps, args.switch_every) if args.exec_dir else []
+        if switches:
+            self.check_exec()
         # vps: world 0 and the groups of every configuration it runs, made once
         same = [lay] + [x for x in self.static_same_world(1, self.size) if x is not lay]
         self.world = self.job.world(0, self.slot, self.size, groups_of(same))
@@ -362,6 +384,55 @@ class Run:
             self.bind()
         else:
             self.reg = vps.Registry(name, None, -1)  # a spare: holds nothing until a switch gives it state
+        if switches:
+            self.executor = self.start_executor()
+
+    def check_exec(self):
+        """--exec, before anything is made: the run can switch with its own
+        executors (every configuration in this world, a job token)."""
+        for spec in self.args.configs:
+            lay = self.layout(spec)
+            if lay.world != self.size:
+                # a world that grows or shrinks needs an agent to start the processes that join
+                raise SystemExit("train.py: --exec: %s has a world of %d, the job has %d ranks: under torchrun "
+                                 "the world does not change (launch.py grows and shrinks a job)"
+                                 % (spec, lay.world, self.size))
+        if not os.environ.get("VPS_TOKEN"):
+            raise SystemExit("train.py: --exec: no VPS_TOKEN in the environment: export VPS_TOKEN=$(vps-exec "
+                             "--new-token) before starting the job, so that every rank's executor holds it")
+
+    def start_executor(self):
+        """--exec: this rank's part of every switch's staged plan (vps-plan
+        --rank), made in DIR/rank-R, and its vps-exec, started beside it. Rank
+        0 picks the executors' rendezvous port (the job's store has its own)
+        and tells the others."""
+        a = self.args
+        d = os.path.join(a.exec_dir, "rank-%d" % self.rank)
+        staged = plans.make(d, a.model, a.configs, a.steps, a.switch_every, a.gpus_per_node, a.global_batch,
+                            a.micro_batch, a.budget, self.rank)
+        port = 0
+        if self.rank == 0:
+            with socket.socket() as s:
+                s.bind(("", 0))
+                port = s.getsockname()[1]
+        port = self.world.gather_objects(port, self.world.pg)[0]
+        master = "%s:%d" % (socket.gethostbyname(os.environ["MASTER_ADDR"]), port)
+        log = open(os.path.join(a.exec_dir, "exec.%d.log" % self.rank), "w")
+        return plans.executor(staged, a.registry, self.rank, self.size, master, a.transport, a.exec_timeout,
+                              os.path.join(a.exec_dir, "report.%d.yaml" % self.rank), log)
+
+    def end_executor(self, failed):
+        """--exec: stop this rank's executor when training failed, or wait for
+        it to finish the last switch and say whether it did."""
+        if self.executor is None:
+            return
+        if failed:
+            self.executor.terminate()
+            self.executor.wait()
+        elif self.executor.wait(timeout=float(self.args.exec_timeout)):
+            raise SystemExit("train.py: rank %d: its vps-exec exited with status %d (%s)"
+                             % (self.rank, self.executor.returncode,
+                                os.path.join(self.args.exec_dir, "exec.%d.log" % self.rank)))
 
     def bind(self, adam=None):
         self.groups = Groups(self.world, self.lay, self.rank)
@@ -695,12 +766,17 @@ def main():
         # torchrun's rule, as vps-exec's default device: the local rank modulo the GPUs
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     run = Run(args)
-    if args.join is None:
-        run.start()
-    else:
-        # first, so that the launcher starts the switch's executors (they meet at once)
-        run.reg = vps.Registry(args.registry.replace("%r", str(run.slot)), None, -1)
-    run.train()
+    try:
+        if args.join is None:
+            run.start()
+        else:
+            # first, so that the launcher starts the switch's executors (they meet at once)
+            run.reg = vps.Registry(args.registry.replace("%r", str(run.slot)), None, -1)
+        run.train()
+    except BaseException:
+        run.end_executor(failed=True)
+        raise
+    run.end_executor(failed=False)
     if run.state is not None:
         run.finish()
     elif run.reg is not None:

@@ -309,8 +309,11 @@ run_with_fault() { # TRANSPORT FAULT: the fault for rank 1, then wait for the ot
 stalled_peer() {
 	run_with_fault $1 stall:5
 	[ "$took" -lt 15 ]
-	# rank 1's partners see the silence; the rest learn it through rank 0
-	grep -h "stage 5 of" e.0 e.2 e.3 | grep -q "no progress for 3 s from rank 1"
+	# rank 1's partners see the silence, or its tree neighbour's heartbeats
+	# do first (the control tree), and every other rank learns it from the
+	# tree: each names rank 1, one of them in stage 5
+	grep -h "stage 5 of" e.0 e.2 e.3 | grep -qE "no progress for 3 s from rank 1|rank 1 gave no sign of life for 3 s"
+	for r in 0 2 3; do grep -qE "no progress for 3 s from rank 1|rank 1 gave no sign of life for 3 s" e.$r; done
 	for r in 0 2 3; do grep -q "vps-exec: rank $r: " e.$r; ! grep -q "switch 1: sent" e.$r; done
 	for r in 0 2 3; do grep -q "sources intact" t.$r; done
 }
@@ -443,3 +446,53 @@ trainer_killed() {
 
 @test "tcp: a trainer killed mid-switch fails the switch on every rank" { trainer_killed tcp; }
 @test "ipc: a trainer killed mid-switch fails the switch on every rank" { trainer_killed ipc; }
+
+# ---- a frozen rank, rank 0 included, is named by every other rank ----
+# within twice --timeout of when it stopped (vps-exec(1), Failures): rank
+# 0 is the control tree's root, rank 2 a leaf of it. The frozen executor is
+# stopped (SIGSTOP) as it begins stage 5; the test takes the time the
+# kernel reports it stopped and the time each other executor ends.
+
+frozen() { # TRANSPORT RANK
+	setup_plan $1
+	local bad=$2 T=3 r st now
+	for r in 0 1 2 3; do
+		vps-trainer --registry "$tag-$r" --rank $r --timeout 30 s.staged > t.$r 2>&1 &
+		tp[$r]=$!
+	done
+	for r in 0 1 2 3; do
+		if [ $r = $bad ]; then
+			VPS_FAULT=stall:5 vps-exec --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --transport $transport \
+				--timeout $T s.staged > e.$r 2>&1 &
+			ep[$r]=$!
+		else
+			(vps-exec --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --transport $transport \
+				--timeout $T s.staged > e.$r 2>&1 || true; date +%s.%N > end.$r) &
+			ep[$r]=$!
+		fi
+	done
+	for _ in $(seq 1500); do
+		st=$(awk '{ print $3 }' /proc/${ep[$bad]}/stat 2>/dev/null || true)
+		[ "$st" = T ] && break
+		sleep 0.02
+	done
+	stopped=$(date +%s.%N)
+	for r in 0 1 2 3; do [ $r = $bad ] || wait ${ep[$r]} || true; done
+	kill -CONT ${ep[$bad]} 2>/dev/null || true
+	kill ${ep[$bad]} 2>/dev/null || true
+	for r in 0 1 2 3; do wait ${ep[$r]} 2>/dev/null || true; wait ${tp[$r]} 2>/dev/null || true; done
+	show_logs
+	[ "$st" = T ]
+	for r in 0 1 2 3; do
+		[ $r = $bad ] && continue
+		now=$(cat end.$r)
+		echo "rank $r ended $(awk -v a="$stopped" -v b="$now" 'BEGIN { printf "%.2f", b - a }') s after rank $bad stopped" >&2
+		awk -v a="$stopped" -v b="$now" -v T=$T 'BEGIN { exit !(b - a <= 2 * T) }'
+		grep -qE "rank $bad gave no sign of life for 3 s|no progress for 3 s from rank $bad" e.$r
+		grep -q "sources intact" t.$r
+	done
+}
+
+@test "tcp: a frozen rank 0 is named by every other rank within twice the timeout" { frozen tcp 0; }
+@test "tcp: a frozen middle rank is named by every other rank within twice the timeout" { frozen tcp 2; }
+@test "ipc: a frozen rank 0 is named by every other rank within twice the timeout" { frozen ipc 0; }

@@ -34,6 +34,7 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 # and data: within 1e-3 relative, and the state equal bit for bit across
 # each switch.
 @test "a run switching every 10 steps through three layouts trains as the static run" {
+	framework_job
 	common=(--nproc 4 --model micro-llama --gpus-per-node 4 --steps 40 --global-batch 8 --micro-batch 2)
 	run "$PY" "$TOP/examples/torch/launch.py" "${common[@]}" --dir static --configs tp=2:dp=2:zero=1 \
 		--loss-log static/loss.txt
@@ -65,6 +66,7 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 # while the job trains on; every switch bit for bit, every sample read once,
 # and the loss that of the static run.
 @test "a job grows from 4 to 8 processes and shrinks back to 4 while it trains, as the static run" {
+	framework_job
 	ls /dev/shm | grep '^vps-torch-' > before || true
 	run "$PY" "$TOP/examples/torch/launch.py" --nproc 4 --dir r --model micro-llama --gpus-per-node 8 --steps 12 \
 		--switch-every 4 --check-switch --compare-static --configs tp=2:dp=2,dp=8,tp=2:pp=2
@@ -87,6 +89,7 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 }
 
 @test "a process that dies before it joins leaves the job training in its world, and the switch named as not done" {
+	framework_job
 	VPS_TRAIN_FAULT=5:start expect_status 1 "$PY" "$TOP/examples/torch/launch.py" --nproc 4 --dir r \
 		--model micro-llama --gpus-per-node 8 --steps 8 --switch-every 4 --configs tp=2:dp=2,dp=8
 	[[ "$output" == *"launch.py: switch 1 abandoned: process 5 exited with status 3 before it joined"* ]]
@@ -108,16 +111,18 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 }
 
 @test "an executor that dies stops the job, and the job leaves nothing in /dev/shm" {
+	framework_job
 	# the launcher's registries are vps-torch-PID-RANK (other tests' objects come and go)
 	ls /dev/shm | grep '^vps-torch-' > before || true
 	VPS_FAULT=exit:1 expect_status 1 "$PY" "$TOP/examples/torch/launch.py" --nproc 4 --dir r --model micro-llama \
 		--gpus-per-node 4 --steps 4 --switch-every 2 --global-batch 8 --micro-batch 2 \
 		--configs tp=2:dp=2:zero=1,pp=2:dp=2
+	echo "$output" > launch.out
 	[[ "$output" == *"executor "*" exited with status"* ]]
 	ls /dev/shm | grep '^vps-torch-' > after || true
 	run comm -13 before after
 	echo "left: $output"
-	[ -z "$output" ]
+	[ -z "$output" ] || { head -40 launch.out; false; }
 }
 
 @test "launch.py under a Python without PyTorch runs under one that has it, or says in one line what is missing" {
@@ -164,6 +169,7 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 }
 
 @test "launch.py writes into a temporary directory it names, and --compare-static checks the loss against a static run" {
+	framework_job
 	run "$PY" "$TOP/examples/torch/launch.py" --nproc 2 --model micro-llama --gpus-per-node 2 --steps 4 \
 		--switch-every 2 --global-batch 4 --micro-batch 2 --configs tp=2,dp=2 --compare-static
 	echo "$output"
@@ -209,10 +215,50 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	[ ! -e r ]
 }
 
+# torchrun (torch.distributed.run) starts only the ranks: each makes its own
+# part of the plans and starts its own executor (train.py --exec)
+torchrun_or_skip() {
+	"$PY" -c 'import sys, torch; sys.exit(int(torch.__version__.split(".")[0]) < 2)' 2>/dev/null ||
+		skip "$PY has no PyTorch 2 (torchrun)"
+}
+
+@test "torchrun starts the ranks and each rank its own vps-exec: two switches, the state bit for bit" {
+	framework_job
+	torchrun_or_skip
+	ls /dev/shm | grep '^vps-torch-' > before || true
+	run "$PY" -m torch.distributed.run --standalone --nproc-per-node 4 "$TOP/examples/torch/train.py" \
+		--exec run --model micro-llama --configs tp=2:dp=2:zero=1,pp=2:dp=2 --switch-every 3 --steps 7 \
+		--gpus-per-node 4 --global-batch 8 --micro-batch 2 --check-switch --loss-log run/loss.txt
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[ "$(echo "$output" | grep -c 'equal bit for bit')" -eq 2 ]
+	[ "$(cat run/exec.*.log | grep -c 'digest: match')" -eq 8 ]
+	[ "$(wc -l < run/loss.txt)" -eq 7 ]
+	[ "$(cut -d' ' -f3 run/loss.txt | uniq | tr '\n' ' ')" = "tp=2,dp=2,zero=1 pp=2,dp=2 tp=2,dp=2,zero=1 " ]
+	# each rank's own part of each switch's plan, made by the rank
+	for r in 0 1 2 3; do
+		[ -s run/rank-$r/c0-c1.staged ] && [ -s run/rank-$r/c1-c0.staged ]
+		[ -s run/report.$r.yaml ]
+	done
+	ls /dev/shm | grep '^vps-torch-' > after || true
+	run comm -13 before after
+	[ -z "$output" ]
+}
+
+@test "train.py --exec without a job token says how to make one" {
+	torchrun_or_skip
+	run env -u VPS_TOKEN "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 \
+		"$TOP/examples/torch/train.py" --exec run --model micro-llama --configs dp=2,tp=2 --switch-every 2 \
+		--steps 3 --gpus-per-node 2
+	[ "$status" -ne 0 ]
+	[[ "$output" == *"train.py: --exec: no VPS_TOKEN in the environment: export VPS_TOKEN=\$(vps-exec --new-token) before starting the job"* ]]
+}
+
 # scripts/bench/gpu_dcp.py, the GPU benchmark's PyTorch DCP side, as it runs
 # here: on the CPU (--device cpu), every element checked after the resharded
 # load; replicas of A save each box once, replicas of B load it each.
 @test "gpu_dcp.py: DCP saves A and loads it resharded into B, every element checked; without a GPU it refuses" {
+	framework_job
 	"$PY" -c 'import torch.distributed.checkpoint' 2>/dev/null || skip "$PY has no torch.distributed.checkpoint"
 	vps-layout -q --model micro-llama --parallel tp=1,dp=2,zero=1 --gpus-per-node 2 -o a.layout
 	vps-layout -q --model micro-llama --parallel tp=2,zero=1 --gpus-per-node 2 -o b.layout
@@ -225,7 +271,7 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	[ "$(awk '$1 == "state_bytes:" { print $2 }' <<< "$output")" = "$(vps-layout -i a.layout --stats | awk '$1 == "total_bytes:" { print $2 }')" ]
 	grep -qx 'wrong_elements: 0' <<< "$output"
 	grep -qx 'dirty_padding: 0' <<< "$output"
-	ls -A ck | grep -q '^\.metadata$'
+	[ -s ck/.metadata ]  # DCP's metadata, a dot file that ls leaves out
 	# where torch sees no GPU, the GPU run refuses at once, saying so
 	if ! "$PY" -c 'import torch, sys; sys.exit(torch.cuda.is_available())'; then
 		expect_status 2 "$PY" "$TOP/scripts/bench/gpu_dcp.py" a.layout b.layout ck
