@@ -26,6 +26,10 @@ def add_training(a):
     a.add_argument("--check-switch", action="store_true",
                    help="gather the whole state before and after each switch and compare them bit for bit")
     a.add_argument("--save-master", help="rank 0 saves the gathered fp32 master weights here at the end")
+    a.add_argument("--sample-log", help="each data-parallel replica's first rank writes 'STEP FIRST COUNT' here for "
+                                        "every micro-batch it reads, %%r its process")
+    a.add_argument("--switch-log", help="rank 0 writes a line per switch here: what moved, the time the new world "
+                                        "took to build while the job trained, the pause")
     a.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where the state and the compute live: cpu (default; the state in /dev/shm) or cuda (GPU "
                         "memory from PyTorch's allocator, registered by device pointer; every rank on the GPU of "
@@ -39,6 +43,7 @@ OPTIONS = [("--model", "model", False), ("--configs", "configs", False), ("--gpu
            ("--lr", "lr", False), ("--warmup", "warmup", False), ("--seed", "seed", False),
            ("--registry", "registry", False), ("--timeout", "timeout", False), ("--loss-log", "loss_log", False),
            ("--check-switch", "check_switch", True), ("--save-master", "save_master", False),
+           ("--sample-log", "sample_log", False), ("--switch-log", "switch_log", False),
            ("--device", "device", False)]
 
 

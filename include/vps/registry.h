@@ -163,7 +163,8 @@ VPS_API int64_t vps_registry_find(const struct vps_registry *r, enum vps_registr
 VPS_API vps_result_t vps_registry_map(struct vps_registry *r, uint32_t i, bool writable, void **ptr);
 /* Trainer, between switches: forget every entry and the target, and
  * declare the layout now run (its former targets are re-added as sources
- * with vps_registry_add_host and their shared-memory names). */
+ * with vps_registry_add_host and their shared-memory names). It forgets an
+ * executor's abort too: the next switch is served by another executor. */
 VPS_API vps_result_t vps_registry_reset(struct vps_registry *r, uint64_t layout_hash, int64_t rank);
 /* Mark an entry no longer read (the trainer may free it). */
 VPS_API void vps_registry_release(struct vps_registry *r, uint32_t i);

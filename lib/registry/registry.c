@@ -424,6 +424,11 @@ vps_result_t vps_registry_reset(struct vps_registry *r, uint64_t layout_hash, in
 	if (st == VPS_REG_REQUESTED || st == VPS_REG_RUNNING)
 		return vps_fail(VPS_EINPUT, "registry %s: a switch is under way", r->name);
 	atomic_store(&r->h->nentries, 0);
+	/* an abort is the word of an executor that stopped; the next switch is
+	 * another executor's (a retry after a failed one, an elastic job's next
+	 * world), which must not find the old one's stop */
+	atomic_store(&r->h->aborted, 0);
+	r->h->abort_message[0] = '\0';
 	r->h->layout_hash = layout_hash;
 	r->h->rank = rank;
 	r->h->target_hash = 0;

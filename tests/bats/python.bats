@@ -61,6 +61,44 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	awk 'NR == 1 { a = $2 } END { exit !($2 < a - 0.5) }' switched/loss.txt
 }
 
+# Devices join and leave a running job (vps(7), DEVICES JOIN AND LEAVE): 4
+# processes become 8 (dp=8) and 4 again (tp and pp), the new world made
+# while the job trains on; every switch bit for bit, every sample read once,
+# and the loss that of the static run.
+@test "a job grows from 4 to 8 processes and shrinks back to 4 while it trains, as the static run" {
+	framework_job
+	ls /dev/shm | grep '^vps-torch-' > before || true
+	run "$PY" "$TOP/examples/torch/launch.py" --nproc 4 --dir r --model micro-llama --gpus-per-node 8 --steps 12 \
+		--switch-every 4 --check-switch --compare-static --configs tp=2:dp=2,dp=8,tp=2:pp=2
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"launch.py: micro-llama trained for 12 steps on 4 -> 8 -> 4 processes: tp=2,dp=2, then dp=8 on 8 from step 4, then tp=2,pp=2 on 4 from step 8 (2 switches)"* ]]
+	[[ "$output" == *"launch.py: switch 1, 4 -> 8 processes (4 joined): the new world made in "*" s while the job trained on, pause "*" s: "*"% of it hidden"* ]]
+	[[ "$output" == *"launch.py: switch 2, 8 -> 4 processes (4 left): the new world made in "* ]]
+	[[ "$output" == *"launch.py: every rank's digest of its state matched across every switch (vps-exec --check): 16 of 16"* ]]
+	[[ "$output" == *"(--check-switch): 2 of 2"* ]]
+	[[ "$output" == *"launch.py: every sample read exactly once, 8 a step (the global batch) at every step: 96 samples in 12 steps"* ]]
+	[[ "$output" == *"(--compare-static): largest relative deviation "*", within 0.001 at every step"* ]]
+	# a line per switch: worlds 4 -> 8, then 8 -> 4, 4 joined then none
+	[ "$(cut -f5-7 r/switches.tsv | tr '\t\n' ', ')" = "4,8,4 8,4,0 " ]
+	[ "$(cut -d' ' -f3 r/loss.txt | uniq | tr '\n' ' ')" = "tp=2,dp=2 dp=8 tp=2,pp=2 " ]
+	ls /dev/shm | grep '^vps-torch-' > after || true
+	run comm -13 before after
+	echo "left: $output"
+	[ -z "$output" ]
+}
+
+@test "a process that dies before it joins leaves the job training in its world, and the switch named as not done" {
+	framework_job
+	VPS_TRAIN_FAULT=5:start expect_status 1 "$PY" "$TOP/examples/torch/launch.py" --nproc 4 --dir r \
+		--model micro-llama --gpus-per-node 8 --steps 8 --switch-every 4 --configs tp=2:dp=2,dp=8
+	[[ "$output" == *"launch.py: switch 1 abandoned: process 5 exited with status 3 before it joined"* ]]
+	[[ "$output" == *"launch.py: micro-llama trained for 8 steps on 4 processes: tp=2,dp=2 (0 switches)"* ]]
+	[[ "$output" == *"launch.py: switch 1 to dp=8 on 8 processes did not happen: process 5 exited with status 3 before it joined; the job trained on in tp=2,dp=2 on 4"* ]]
+	[ "$(wc -l < r/loss.txt)" -eq 8 ]
+	grep -q 'train.py: switch 1 to dp=8 abandoned at step 4: process 5 exited with status 3 before it joined' r/train.0.log
+}
+
 @test "launch.py refuses a configuration the job's ranks do not fill, before starting anything" {
 	expect_status 2 "$PY" "$TOP/examples/torch/launch.py" --nproc 2 --dir r --model micro-llama --configs tp=4
 	[[ "$output" == *"--configs: tp=4 has a world of 4 ranks, --nproc is 2"* ]]
