@@ -121,7 +121,7 @@ import socket, struct, sys, os
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(4)
 c, _ = s.accept()
-c.sendall(struct.pack("<Q", 0x3254454e535056) + os.urandom(16))
+c.sendall(struct.pack("<Q", 0x3354454e535056) + os.urandom(16))
 hello = c.recv(80)
 print("hello of", len(hello), "bytes")
 c.sendall(os.urandom(8))
