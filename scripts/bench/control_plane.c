@@ -256,7 +256,8 @@ static void summarise(const struct rank *x, int64_t W, struct summary *sum)
 	if (x->rc || wrong) {
 		if (!sum->failed++ || x->failed_at < sum->failed_at) {
 			sum->failed_at = x->failed_at;
-			snprintf(sum->error, sizeof(sum->error), "rank %lld, %s: %s", (long long)x->rank,
+			/* the rank's words, cut to leave room for the rank and the phase */
+			snprintf(sum->error, sizeof(sum->error), "rank %lld, %s: %.400s", (long long)x->rank,
 				 x->failed_phase >= 0 ? phase_name[x->failed_phase] : "sums",
 				 x->rc == VPS_ECHECK ? "wrong sums" : x->rc ? x->error : "wrong sums");
 		}
