@@ -272,7 +272,10 @@ gpu-debs:
 	@mkdir -p .debs
 	cd .debs && apt-get download $(GPU_DEBS)
 
+# the tools find configs/ beside their bin/ (a user's bin/, or PREFIX/share):
+# the sanitized build's too, for the examples run as written
 asan:
+	@mkdir -p build-asan && ln -sfn ../configs build-asan/configs
 	$(MAKE) BUILDDIR=build-asan BINDIR=build-asan/bin SANITIZE=address,undefined CFLAGS="-O1 -g" check
 
 demo: all
