@@ -5,7 +5,8 @@
 #                   warnings as errors; the GPU paths on the stand-ins of CUDA and
 #                   NCCL (tests/standin/)
 #   make standin    only those stand-ins (build/standin/)
-#   make check-megatron  vps's layouts against Megatron-Core's own buffers
+#   make check-megatron  vps's layouts against Megatron-Core's own buffers, and a
+#                   Megatron-Core job switched by vps.megatron
 #   make check-hf   vps's Hugging Face imports against transformers' models
 #   make venv       the test environment build/venv (torch, megatron-core,
 #                   transformers: python/requirements-test.txt)
@@ -226,7 +227,8 @@ unit: $(TEST_BINS) $(BENCH_BINS) standin
 	$(STANDIN_ENV) $(BUILDDIR)/tests/test_gpu
 
 bats: all standin $(PY_STAMP)
-	VPS_BIN=$(abspath $(BINDIR)) VPS_PYTHON=$(PYTHON_ABS) VPS_STANDIN=$(abspath $(STANDIN_DIR)) bats tests/bats
+	VPS_BIN=$(abspath $(BINDIR)) VPS_PYTHON=$(PYTHON_ABS) VPS_STANDIN=$(abspath $(STANDIN_DIR)) \
+		VPS_SANITIZED=$(SANITIZE) bats tests/bats
 
 # the Python frameworks' own code against vps's rules (tests/megatron,
 # tests/hf), after the Bats tests, not beside them: both load the two cores.
@@ -238,9 +240,11 @@ endif
 
 # Megatron-Core builds a matrix of configurations on the CPU, a process per
 # rank under gloo, and every rank's buffers, buckets and ZeRO-1 shards must
-# be vps's (tests/megatron/README.md)
-check-megatron: $(SHLIB_FILES) $(PY_STAMP)
+# be vps's; then a Megatron-Core job trains and vps.megatron switches it
+# through vps-exec (tests/megatron/README.md)
+check-megatron: $(SHLIB_FILES) $(TOOL_BINS) $(PY_STAMP)
 	VPS_LIBRARY=$(abspath $(SHLIB)) $(PYTHON_ABS) tests/megatron/check_megatron.py
+	VPS_LIBRARY=$(abspath $(SHLIB)) VPS_BIN=$(abspath $(BINDIR)) $(PYTHON_ABS) tests/megatron/check_switch.py
 
 # every Hugging Face family vps imports, read by vps and built by
 # transformers on the meta device: the same tensors through vps's name map
@@ -268,7 +272,10 @@ gpu-debs:
 	@mkdir -p .debs
 	cd .debs && apt-get download $(GPU_DEBS)
 
+# the tools find configs/ beside their bin/ (a user's bin/, or PREFIX/share):
+# the sanitized build's too, for the examples run as written
 asan:
+	@mkdir -p build-asan && ln -sfn ../configs build-asan/configs
 	$(MAKE) BUILDDIR=build-asan BINDIR=build-asan/bin SANITIZE=address,undefined CFLAGS="-O1 -g" check
 
 demo: all

@@ -173,4 +173,7 @@ const char *tool_bytes(int64_t v, bool human, char *buf, size_t n);
 const char *tool_seconds(double v, const char *fmt, bool human, char *buf, size_t n);
 #define TOOL_NUM 48
 
+/* "s" where a count of one thing is not one: "%" PRId64 " rank%s", n, tool_s(n) */
+static inline const char *tool_s(int64_t n) { return n == 1 ? "" : "s"; }
+
 #endif

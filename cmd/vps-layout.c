@@ -97,7 +97,8 @@ static void print_summary(const struct vps_layout *l, const struct vps_layout_st
 {
 	char par[256], a[VPS_UNITS_LEN], b[VPS_UNITS_LEN], t[VPS_UNITS_LEN];
 	vps_parallel_format(vps_layout_parallel(l), par, sizeof(par));
-	fprintf(stderr, "layout: %s on %" PRId64 " ranks (%s); ", vps_layout_model(l)->name, s->world, par);
+	fprintf(stderr, "layout: %s on %" PRId64 " rank%s (%s); ", vps_layout_model(l)->name, s->world, tool_s(s->world),
+		par);
 	vps_format_bytes(s->min_rank_bytes, a, sizeof(a));
 	vps_format_bytes(s->max_rank_bytes, b, sizeof(b));
 	/* a range only where the printed ends differ */
@@ -150,6 +151,11 @@ static int make_layout(const struct layout_args *a, struct vps_layout **l)
 	/* a model the configuration names is the --parallel's */
 	if ((rc = vps_model_load(&m, a->model ? a->model : hint, tool_config_path("models"))))
 		return tool_fail_lookup(a->model ? "--model" : "--parallel", rc);
+	/* a configuration written for one model does not silently shape another */
+	if (a->model && hint[0] && strcmp(m.name, hint) != 0)
+		return tool_usage_error("--parallel: %s is %s's configuration, and --model is %s (leave out --model, or "
+					"give the shape as tp=..,pp=..,dp=..)",
+					a->parallel, hint, m.name);
 	if (a->devices)
 		rc = vps_devices_load(&d, a->devices);
 	else

@@ -202,6 +202,10 @@ static void print_summary(const struct vps_plan *p, const struct vps_plan_stats 
 		s->balanced_bound ? (double)busiest / (double)s->balanced_bound : 1.0);
 	if (topo)
 		fprintf(stderr, "; %s on %s", vps_format_seconds(s->estimate_seconds, c, sizeof(c)), topo->name);
+	/* devices that change make a reshard a migration: say so (two layouts
+	 * of 8 ranks, 8 GPUs a node against 4, are not the same devices) */
+	if (s->joining || s->leaving)
+		fprintf(stderr, "; %" PRId64 " joining, %" PRId64 " leaving", s->joining, s->leaving);
 	fputc('\n', stderr);
 }
 

@@ -124,17 +124,36 @@ static void print_summary(const struct vps_staged *s)
 	free(per);
 	vps_format_bytes(peak, pk, sizeof(pk));
 	if (s->scope < 0)
-		fprintf(stderr, "staged: %" PRId64 " stages within a %s budget, peak %s a rank; %s moved in %" PRId64
-			" transfers\n",
-			st.stages, bud, pk, mv, st.transfers);
+		fprintf(stderr, "staged: %" PRId64 " stage%s within a %s budget, peak %s a rank; %s moved in %" PRId64
+			" transfer%s\n",
+			st.stages, tool_s(st.stages), bud, pk, mv, st.transfers, tool_s(st.transfers));
 	else if (s->cut)
-		fprintf(stderr, "staged: rank %" PRId64 " in %" PRId64 " stages within a %s budget, its peak %s; %s sent and"
-			" received in %" PRId64 " transfers\n",
-			s->scope, st.stages, bud, pk, mv, st.transfers);
+		fprintf(stderr, "staged: rank %" PRId64 " in %" PRId64 " stage%s within a %s budget, its peak %s; %s sent and"
+			" received in %" PRId64 " transfer%s\n",
+			s->scope, st.stages, tool_s(st.stages), bud, pk, mv, st.transfers, tool_s(st.transfers));
 	else
-		fprintf(stderr, "staged: rank %" PRId64 " in %" PRId64 " units, cut into stages when the switch starts; a %s"
-			" budget, largest unit %s; %s sent and received in %" PRId64 " transfers\n",
-			s->scope, st.units, bud, pk, mv, st.transfers);
+		fprintf(stderr, "staged: rank %" PRId64 " in %" PRId64 " unit%s, cut into stages when the switch starts; a %s"
+			" budget, largest unit %s; %s sent and received in %" PRId64 " transfer%s\n",
+			s->scope, st.units, tool_s(st.units), bud, pk, mv, st.transfers, tool_s(st.transfers));
+}
+
+/* Each stage is a rendezvous of the ranks and a round of messages: many
+ * thousands of them are almost surely a budget given in the wrong unit. */
+enum { MANY_STAGES = 5000, FEW_STAGES = 100 };
+
+static void warn_many_stages(const struct vps_staged *s)
+{
+	struct vps_stage_stats st;
+	vps_staged_stats(s, &st);
+	if (st.stages <= MANY_STAGES)
+		return;
+	/* the stages shrink about as the budget grows */
+	double want = (double)s->budget * (double)st.stages / FEW_STAGES;
+	int64_t mib = 1 << 20, suggest = want >= 9e18 ? INT64_MAX : ((int64_t)want + mib - 1) / mib * mib;
+	char bud[VPS_UNITS_LEN], sug[VPS_UNITS_LEN];
+	fprintf(stderr, "vps-stage: warning: %" PRId64 " stages within a %s budget; a budget of about %s gives about %d\n",
+		st.stages, vps_format_bytes(s->budget, bud, sizeof(bud)), vps_format_bytes(suggest, sug, sizeof(sug)),
+		FEW_STAGES);
 }
 
 /* --budgets: the smallest of its budgets and --budget rules. */
@@ -191,6 +210,8 @@ int main(int argc, char **argv)
 	if ((rc = vps_staged_serialize(s, c->yaml, &bytes)) || (rc = vps_write_output(c->out, &bytes, !c->yaml)))
 		goto fail;
 	status = tool_finish(EXIT_OK);
+	if (!status && !c->quiet)
+		warn_many_stages(s);
 	if (!status && tool_summary_wanted(c->quiet, c->out))
 		print_summary(s);
 	goto done;

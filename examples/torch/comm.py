@@ -27,15 +27,22 @@ def all_gather(parts, t, group=None):
         p.copy_(h)
 
 
-def send(t, dst):
-    dist.send(t.cpu() if t.is_cuda else t, dst)
+def send(t, dst, group=None):
+    """Send t to dst: a rank of the default group, or of group when given."""
+    h = t.cpu() if t.is_cuda else t
+    if group is None:
+        dist.send(h, dst)
+    else:
+        dist.send(h, group=group, group_dst=dst)
 
 
-def recv(t, src):
-    """Receive into t, in place."""
-    if not t.is_cuda:
-        dist.recv(t, src)
-        return
-    h = torch.empty_like(t, device="cpu")
-    dist.recv(h, src)
-    t.copy_(h)
+def recv(t, src, group=None):
+    """Receive into t, in place, from src: a rank of the default group, or of
+    group when given."""
+    h = torch.empty_like(t, device="cpu") if t.is_cuda else t
+    if group is None:
+        dist.recv(h, src)
+    else:
+        dist.irecv(h, group=group, group_src=src).wait()
+    if h is not t:
+        t.copy_(h)

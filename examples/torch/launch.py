@@ -26,7 +26,6 @@ import importlib.util
 import os
 import random
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -38,19 +37,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TOP = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)
 import options  # noqa: E402  (no PyTorch: -h and the checks work without it)
+import plans  # noqa: E402
 
 NEEDS = ("torch", "numpy")
 MAX_REL = 1e-3
-
-
-def tool(name):
-    built = os.path.join(os.environ.get("VPS_BIN", os.path.join(TOP, "bin")), name)
-    if os.path.exists(built):
-        return built
-    found = shutil.which(name)
-    if not found:
-        sys.exit("launch.py: %s not found: run make, or put vps's tools on PATH" % name)
-    return found
 
 
 def python_with_torch():
@@ -150,44 +140,16 @@ def free_port():
     sys.exit("launch.py: no free port found below %d" % high)
 
 
-def run(cmd, **kw):
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
-    if r.returncode:
-        sys.exit("launch.py: %s failed (%d): %s" % (" ".join(cmd), r.returncode, r.stderr.strip()))
-    return r.stdout
-
-
-def plan_switches(args, targs, d):
-    """The staged plans of the run's switches, in order (one file per distinct pair)."""
-    configs, steps, every = targs.configs, targs.steps, targs.switch_every
-    n_switch = (steps - 1) // every if every and len(configs) > 1 else 0
-    made, order = {}, []
-    gpn = str(targs.gpus_per_node)
-    for i, c in enumerate(configs):
-        run([tool("vps-layout"), "-q", "--model", targs.model, "--parallel", c, "--gpus-per-node", gpn,
-             "-o", os.path.join(d, "c%d.layout" % i)])
-    for k in range(n_switch):
-        a, b = k % len(configs), (k + 1) % len(configs)
-        if (a, b) not in made:
-            plan = os.path.join(d, "c%d-c%d.plan" % (a, b))
-            staged = os.path.join(d, "c%d-c%d.staged" % (a, b))
-            run([tool("vps-plan"), "-q", os.path.join(d, "c%d.layout" % a), os.path.join(d, "c%d.layout" % b),
-                 "--global-batch", str(targs.global_batch), "--micro-batch", str(targs.micro_batch), "-o", plan])
-            run([tool("vps-stage"), "-q", "--budget", args.budget, plan, "-o", staged])
-            made[(a, b)] = staged
-        order.append(made[(a, b)])
-    return order
-
-
 def run_job(args, targs, d, vps):
     """One job in directory d: the trainers, an executor each when it
     switches. Returns its failures, one line each (none: it succeeded)."""
     os.makedirs(d, exist_ok=True)
-    plans = plan_switches(args, targs, d)
+    staged = plans.make(d, targs.model, targs.configs, targs.steps, targs.switch_every, targs.gpus_per_node,
+                        targs.global_batch, targs.micro_batch, args.budget)
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(args.nproc),
                VPS_CONFIG_PATH=os.environ.get("VPS_CONFIG_PATH", os.path.join(TOP, "configs")))
-    if plans and "VPS_TOKEN" not in env:
-        env["VPS_TOKEN"] = run([tool("vps-exec"), "--new-token"]).strip()
+    if staged and "VPS_TOKEN" not in env:
+        env["VPS_TOKEN"] = plans.run([plans.tool("vps-exec"), "--new-token"]).strip()
     tag = "vps-torch-%d" % os.getpid()
     procs = []
     for r in range(args.nproc):
@@ -195,16 +157,13 @@ def run_job(args, targs, d, vps):
         procs.append(("trainer %d" % r, subprocess.Popen(
             [sys.executable, os.path.join(HERE, "train.py")] + options.to_argv(targs, registry=tag + "-%r"),
             env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=log, stderr=subprocess.STDOUT)))
-    if plans:
+    if staged:
         port = str(free_port())
-        serve = ["--serve"] if len(plans) > 1 else []
         for r in range(args.nproc):
             log = open(os.path.join(d, "exec.%d.log" % r), "w")
-            procs.append(("executor %d" % r, subprocess.Popen(
-                [tool("vps-exec"), "--registry", tag + "-%r", "--rank", str(r), "--world", str(args.nproc),
-                 "--master", "127.0.0.1:" + port, "--transport", args.transport, "--wait", "--check",
-                 "--timeout", args.exec_timeout, "--report", os.path.join(d, "report.%d.yaml" % r)]
-                + serve + plans, env=env, stdout=log, stderr=subprocess.STDOUT)))
+            procs.append(("executor %d" % r, plans.executor(
+                staged, tag + "-%r", r, args.nproc, "127.0.0.1:" + port, args.transport, args.exec_timeout,
+                os.path.join(d, "report.%d.yaml" % r), log, env)))
     failed = []
     while procs:
         for name, p in list(procs):
@@ -242,7 +201,7 @@ def run_job(args, targs, d, vps):
                 path = os.path.join(d, "%s.%d.log" % (kind, r))
                 if os.path.exists(path) and os.path.getsize(path):
                     failed.append("== %s\n%s" % (path, open(path).read()[-3000:]))
-    return failed, len(plans)
+    return failed, len(staged)
 
 
 def read_loss(path):
@@ -266,6 +225,15 @@ def within(loss, ref, steps):
     dev = {s: abs(loss[s] - ref[s]) / abs(ref[s]) if ref[s] else abs(loss[s]) for s in ref if s in loss}
     worst = max(dev, key=dev.get)
     return dev[worst], worst, len(dev) == len(ref) == steps and dev[worst] <= MAX_REL
+
+
+def compare_static(targs, loss, static):
+    """Every step's loss within MAX_REL of the static run's (its loss.txt)."""
+    dev, worst, held = within(loss, read_loss(static), targs.steps)
+    print("launch.py: against the static run in %s (--compare-static): largest relative deviation %.3g "
+          "(step %d), %s" % (targs.configs[0], dev, worst,
+                              "within %g at every step" % MAX_REL if held else "OVER %g" % MAX_REL))
+    return held
 
 
 def report(args, targs, d, switches, static, cpu=None):
@@ -301,14 +269,394 @@ def report(args, targs, d, switches, static, cpu=None):
               "(step %d), %s" % (dev, worst, "within %g at every step" % MAX_REL if held else "OVER %g" % MAX_REL))
         ok &= held
     if static:
-        dev, worst, held = within(loss, read_loss(static), targs.steps)
-        print("launch.py: against the static run in %s (--compare-static): largest relative deviation %.3g "
-              "(step %d), %s" % (targs.configs[0], dev, worst,
-                                  "within %g at every step" % MAX_REL if held else "OVER %g" % MAX_REL))
-        ok &= held
+        ok &= compare_static(targs, loss, static)
     elif switches:
         print("launch.py: --compare-static also runs it statically in %s and compares every step's loss"
               % targs.configs[0])
+    return ok
+
+
+# ---- an elastic job: devices join and leave while it trains ----
+class Elastic:
+    """One job whose world grows and shrinks: the launcher is its agent
+    (vps.elastic.Agent). It hosts the job's store, starts the first
+    processes, and for each switch the job asks for (vps/ask/K) makes the
+    plan, starts the processes that join and one vps-exec per device of the
+    transition world, and says when they are up; after a failed world
+    change it says whether the job trains on in the old world, retries
+    without a lost device (vps-plan --lost) or stops. Configurations asked
+    for through --control FILE (a line each; SIGUSR1 reads it at once) go to
+    the job as they come."""
+
+    def __init__(self, args, targs, d, vps):
+        from vps.elastic import Agent
+        self.args, self.targs, self.d, self.vps = args, targs, d, vps
+        os.makedirs(d, exist_ok=True)
+        self.agent = Agent()
+        self.tag = "vps-torch-%d" % os.getpid()
+        self.env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.agent.port),
+                        TORCHELASTIC_USE_AGENT_STORE="True", VPS_AGENT="1",
+                        VPS_CONFIG_PATH=os.environ.get("VPS_CONFIG_PATH", os.path.join(TOP, "configs")))
+        if "VPS_TOKEN" not in self.env:
+            self.env["VPS_TOKEN"] = plans.run([plans.tool("vps-exec"), "--new-token"]).strip()
+        self.trainers, self.execs, self.slots = {}, {}, set()
+        self.config, self.size = targs.configs[0], args.nproc
+        self.queue, self.sw = [], None
+        self.layouts, self.plans = {}, {}
+        self.failures, self.done, self.digests, self.crashed, self.stopping = [], [], 0, False, False
+        self.control_seen, self.control_wake = 0, False
+        self.argv = options.to_argv(targs, registry=self.tag + "-%r",
+                                    sample_log=os.path.join(d, "samples.%r.txt"),
+                                    switch_log=os.path.join(d, "switches.tsv"))
+
+    # ---- plans ----
+    def layout(self, spec):
+        if spec not in self.layouts:
+            path = os.path.join(self.d, "c%d.layout" % len(self.layouts))
+            plans.run([plans.tool("vps-layout"), "-q", "--model", self.targs.model, "--parallel", spec,
+                       "--gpus-per-node", str(self.targs.gpus_per_node), "-o", path])
+            self.layouts[spec] = path
+        return self.layouts[spec]
+
+    def plan(self, a, b, lost=()):
+        """The staged plan from configuration a to b (lost: world ranks gone),
+        or None with vps-plan's word when it refuses."""
+        key = (a, b, tuple(lost))
+        if key not in self.plans:
+            la, lb = self.layout(a), self.layout(b)
+            name = "%s-%s%s" % (os.path.basename(la)[:-7], os.path.basename(lb)[:-7],
+                                "-lost" + "-".join(map(str, lost)) if lost else "")
+            plan, staged = (os.path.join(self.d, name + x) for x in (".plan", ".staged"))
+            cmd = [plans.tool("vps-plan"), "-q", la, lb, "--global-batch", str(self.targs.global_batch), "--micro-batch",
+                   str(self.targs.micro_batch), "-o", plan]
+            if lost:
+                cmd[2:2] = ["--lost", ",".join(map(str, lost))]
+            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            if r.returncode:
+                if lost:
+                    return None, r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "refused"
+                sys.exit("launch.py: %s failed (%d): %s" % (" ".join(cmd), r.returncode, r.stderr.strip()))
+            plans.run([plans.tool("vps-stage"), "-q", "--budget", self.args.budget, plan, "-o", staged])
+            self.plans[key] = staged
+        return self.plans[key], None
+
+    # ---- processes ----
+    def start_trainer(self, slot, size, join=None):
+        log = open(os.path.join(self.d, "train.%d.log" % slot), "a")
+        argv = self.argv + (["--join", str(join)] if join else [])
+        self.trainers[slot] = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "train.py")] + argv,
+            env=dict(self.env, RANK=str(slot), LOCAL_RANK=str(slot), WORLD_SIZE=str(size)),
+            stdout=log, stderr=subprocess.STDOUT)
+        self.slots.add(slot)
+
+    def start_execs(self, staged, ranks, world, k, attempt):
+        port = str(free_port())
+        tail = "" if attempt == 1 else "-%d" % attempt
+        for r in ranks:
+            log = open(os.path.join(self.d, "exec.%d%s.%d.log" % (k, tail, r)), "w")
+            self.execs[r] = plans.executor([staged], self.tag + "-%r", r, world, "127.0.0.1:" + port,
+                                           self.args.transport, self.args.exec_timeout,
+                                           os.path.join(self.d, "report.%d%s.%d.yaml" % (k, tail, r)), log, self.env)
+        self.sw["logs"] += [os.path.join(self.d, "exec.%d%s.%d.log" % (k, tail, r)) for r in ranks]
+
+    def stop(self):
+        """SIGTERM every process, SIGKILL what is left after 10 s (a process
+        blocked in a call cannot take its signal before it returns)."""
+        procs = list(self.trainers.values()) + list(self.execs.values())
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.time() + 10
+        for p in procs:
+            try:
+                p.wait(max(deadline - time.time(), 0.01))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.trainers, self.execs = {}, {}
+
+    # ---- switches ----
+    def begin(self, ask):
+        """Switch K: its plan, the processes that join, its executors."""
+        k, spec, size = ask["switch"], ask["config"], ask["world"]
+        if (ask["from_config"], ask["from_world"]) != (self.config, self.size):
+            self.fail("switch %d asked from %s on %d processes; the launcher has the job in %s on %d"
+                      % (k, ask["from_config"], ask["from_world"], self.config, self.size))
+            return
+        staged, _ = self.plan(self.config, spec)
+        a_world = self.vps.layout(self.targs.model, self.config, self.targs.gpus_per_node).world
+        tw = max(a_world, size)  # layouts packed from node 0: A's ranks, then the devices that join
+        self.sw = dict(k=k, spec=spec, size=size, world=tw, attempt=1, abandoned=None, dead={}, logs=[],
+                       joiners=list(range(self.size, size)), leavers=list(range(size, self.size)),
+                       members=list(range(a_world)), lost=[], at=ask["at"], started=False)
+        self.sw["staged"] = staged
+        for s in self.sw["joiners"]:
+            self.start_trainer(s, size, join=k)
+
+    def start_switch(self):
+        """Switch K's executors, once every process that joins has made its
+        registry: an executor meets its peers as soon as it opens its
+        registry, and they wait for one another only --exec-timeout."""
+        sw = self.sw
+        if sw["started"] or sw["abandoned"] or not all(
+                os.path.exists("/dev/shm/%s-%d" % (self.tag, s)) for s in sw["joiners"]):
+            return
+        sw["started"] = True
+        self.start_execs(sw["staged"], range(sw["world"]), sw["world"], sw["k"], 1)
+        self.agent.ready(sw["k"])
+
+    def watch_abandon(self):
+        """The job gave the switch up (its new world could not be made): no rank
+        requests it, so its executors wait for nothing; the processes that
+        were to join hold nothing and go (at once, or after 5 s)."""
+        sw = self.sw
+        if not sw["abandoned"]:
+            why = self.agent.abandoned(sw["k"])
+            if not why:
+                return
+            sw["abandoned"] = why
+            print("launch.py: switch %d abandoned: %s" % (sw["k"], why), flush=True)
+            for p in self.execs.values():
+                p.kill()
+        sw.setdefault("gone_by", time.time() + 5)
+        if time.time() > sw["gone_by"]:
+            for s in sw["joiners"]:
+                if s in self.trainers and self.trainers[s].poll() is None:
+                    self.trainers[s].kill()
+
+    def end_attempt(self):
+        """Every executor of the switch ended: it is done, or it failed and the
+        launcher says what the job does."""
+        sw, ok = self.sw, all(rc == 0 for rc in self.exec_rcs.values())
+        self.exec_rcs = {}
+        if not ok:
+            # a trainer its executor found gone is dying: wait until it is reaped
+            gone = set()
+            for path in sw["logs"]:
+                gone |= set(int(x) for x in re.findall(r"the trainer \(pid (\d+)\)", open(path).read()))
+            for p in self.trainers.values():
+                if p.pid in gone:
+                    try:
+                        p.wait(30)
+                    except subprocess.TimeoutExpired:
+                        pass
+        self.poll_trainers()
+        if ok and not sw["abandoned"]:
+            self.digests += sum(count(p, "digest: match") for p in sw["logs"])
+            self.config, self.size = sw["spec"], sw["size"]
+            self.done.append(sw)
+            self.sw = None
+            return
+        k, a = sw["k"], sw["attempt"]
+        if sw["size"] == self.size:
+            self.sw = None  # in this world the trainers stop on a failed switch: they say why
+            return
+        dead = sorted(s for s in sw["dead"] if s in sw["members"])
+        if sw["abandoned"] or not dead:
+            self.agent.verdict(k, a, "old")
+            self.did_not_happen(sw, sw["abandoned"] or "its executors failed (%s)" % self.first_error(sw))
+            self.sw = None
+            return
+        who = "process%s %s" % ("es" if len(dead) > 1 else "", ", ".join(map(str, dead)))
+        stays = [s for s in dead if s not in sw["leavers"]]
+        if stays:
+            why = "%s, which %s, died during the switch" % (who, "stay" if len(stays) > 1 else "stays")
+        else:
+            staged, why = self.plan(self.config, sw["spec"], lost=sw["lost"] + dead)
+            if staged:
+                sw["lost"] += dead
+                sw["attempt"] += 1
+                sw["dead"] = {}
+                self.start_execs(staged, [r for r in range(sw["world"]) if r not in sw["lost"]], sw["world"], k,
+                                 sw["attempt"])
+                self.agent.verdict(k, a, "retry")
+                print("launch.py: %s, which %s, died during switch %d; its state has replicas: the switch goes on "
+                      "without it (vps-plan --lost %s)" % (who, "leave" if len(dead) > 1 else "leaves", k,
+                                                            ",".join(map(str, sw["lost"]))), flush=True)
+                return
+            why = "%s died during the switch and its state has no replica (vps-plan --lost: %s)" % (who, why)
+        self.agent.verdict(k, a, "stop: " + why)
+        self.failures.append("switch %d to %s stopped the job at step %s: %s; every rank's state is as it was "
+                             "before it" % (k, sw["spec"], sw["at"], why))
+        self.stopping = self.crashed = True
+        self.sw = None
+
+    def first_error(self, sw):
+        for path in sw["logs"]:
+            try:
+                for line in open(path):
+                    if line.startswith("vps-exec:"):
+                        return line.strip()
+            except OSError:
+                pass
+        return "no word"
+
+    def did_not_happen(self, sw, why):
+        """The job trained on in its world: the switch asked for is a failure
+        of the run all the same (exit 1), said by name."""
+        self.failures.append("switch %d to %s on %d processes did not happen: %s; the job trained on in %s on %d"
+                             % (sw["k"], sw["spec"], sw["size"], why, self.config, self.size))
+
+    def fail(self, what, slot=None):
+        """A process failed outside a switch: the job stops, saying why."""
+        self.failures.append(what)
+        self.crashed = True
+        self.stop()
+        path = os.path.join(self.d, "train.%d.log" % slot) if slot is not None else None
+        if path and os.path.getsize(path):
+            self.failures.append("== %s\n%s" % (path, open(path).read()[-3000:]))
+
+    # ---- the loop ----
+    def poll_trainers(self):
+        for slot, p in list(self.trainers.items()):
+            rc = p.poll()
+            if rc is None or slot not in self.trainers:
+                continue
+            del self.trainers[slot]
+            sw = self.sw
+            if sw and slot in sw["joiners"]:
+                # its executor waits for a registry that will not come, or is of no use
+                e = self.execs.get(slot)
+                if e and e.poll() is None:
+                    e.kill()
+            if rc == 0:
+                continue
+            what = "process %d exited with status %d" % (slot, rc)
+            if sw and slot in sw["joiners"]:
+                if not sw["abandoned"]:
+                    sw["abandoned"] = "%s before it joined" % what
+                    self.agent.abandon(sw["k"], sw["abandoned"])
+                    print("launch.py: switch %d abandoned: %s" % (sw["k"], sw["abandoned"]), flush=True)
+            elif sw and slot in sw["members"]:
+                sw["dead"][slot] = rc  # the switch fails; end_attempt decides
+            elif self.stopping:
+                continue  # told to stop: they say why
+            else:
+                self.fail("trainer %d exited with status %d" % (slot, rc), slot)
+
+    def poll_control(self):
+        path = self.args.control
+        if not path or not os.path.exists(path):
+            return
+        st = os.stat(path)
+        if st.st_size == self.control_seen and not self.control_wake:
+            return
+        self.control_wake = False
+        with open(path) as f:
+            data = f.read()
+        lines = data[:data.rfind("\n") + 1]  # whole lines only
+        for n, line in enumerate(lines[self.control_seen:].splitlines()):
+            spec = line.split("#")[0].strip().replace(":", ",")
+            if not spec:
+                continue
+            try:
+                lay = self.vps.layout(self.targs.model, spec, self.targs.gpus_per_node)
+                if lay.parallel["cp"] != 1:
+                    raise self.vps.Error(1, "context parallelism is not implemented by this example")
+            except self.vps.Error as e:
+                print("launch.py: %s: %s: %s (ignored)" % (path, spec, e), file=sys.stderr, flush=True)
+                continue
+            n = self.agent.request(spec)
+            print("launch.py: %s: %s asked for (request %d)" % (path, spec, n), flush=True)
+        self.control_seen = len(lines)
+
+    def run(self):
+        self.exec_rcs = {}
+        if self.args.control:
+            signal.signal(signal.SIGUSR1, lambda *_: setattr(self, "control_wake", True))
+        for slot in range(self.args.nproc):
+            self.start_trainer(slot, self.args.nproc)
+        while self.trainers or self.execs:
+            self.poll_control()
+            self.queue += self.agent.asks()
+            self.poll_trainers()
+            for r, p in list(self.execs.items()):
+                rc = p.poll()
+                if rc is not None:
+                    del self.execs[r]
+                    self.exec_rcs[r] = rc
+            if self.sw:
+                self.watch_abandon()
+                self.start_switch()
+            if self.sw and not self.execs and self.exec_rcs:
+                self.end_attempt()
+            elif self.sw and self.sw["abandoned"] and not self.sw["started"] and \
+                    not any(s in self.trainers for s in self.sw["joiners"]):
+                # abandoned before its executors started: nothing to wait for
+                self.did_not_happen(self.sw, self.sw["abandoned"])
+                self.sw = None
+            if self.sw is None and self.queue and not self.execs:
+                self.begin(self.queue.pop(0))
+            time.sleep(0.05)
+        for slot in sorted(self.slots):
+            try:
+                self.vps.Registry.unlink("%s-%d" % (self.tag, slot))
+            except self.vps.Error as e:
+                print("launch.py: %s" % e, file=sys.stderr)
+        return self.failures
+
+
+def report_elastic(args, targs, d, job, static):
+    """What an elastic run proved, a line each; returns whether every check held."""
+    ok = not job.failures
+    log0 = os.path.join(d, "train.0.log")
+    moves, worlds = [], [args.nproc]
+    rows = [line.rstrip("\n").split("\t") for line in open(os.path.join(d, "switches.tsv"))] \
+        if os.path.exists(os.path.join(d, "switches.tsv")) else []
+    for r in rows:
+        k, step, _, to, w0, w1 = r[0], r[1], r[2], r[3], int(r[4]), int(r[5])
+        moves.append("%s%s from step %s" % (to, "" if w0 == w1 else " on %d" % w1, step))
+        if w1 != worlds[-1]:
+            worlds.append(w1)
+    print("launch.py: %s trained for %d steps on %s processes: %s (%d switch%s)" % (
+        targs.model, targs.steps, " -> ".join(map(str, worlds)), ", then ".join([targs.configs[0]] + moves),
+        len(rows), "" if len(rows) == 1 else "es"))
+    for r in rows:
+        w0, w1, joined, build, hidden, pause = int(r[4]), int(r[5]), int(r[6]), float(r[7]), float(r[8]), float(r[11])
+        if w0 != w1:
+            print("launch.py: switch %s, %d -> %d processes (%s): the new world made in %.2f s while the job trained "
+                  "on, pause %.2f s: %.0f%% of it hidden" % (r[0], w0, w1, "%d joined" % (w1 - w0) if w1 > w0 else
+                                                           "%d left" % (w0 - w1), build, pause,
+                                                           100 * hidden / (hidden + pause) if hidden + pause else 100))
+    want = sum(sw["world"] - len(sw["lost"]) for sw in job.done)
+    print("launch.py: every rank's digest of its state matched across every switch (vps-exec --check): %d of %d"
+          % (job.digests, want))
+    ok &= job.digests == want
+    if targs.check_switch:
+        equal = count(log0, "equal bit for bit")
+        print("launch.py: the whole state gathered after each switch equal bit for bit to the state before "
+              "(--check-switch): %d of %d" % (equal, len(rows)))
+        ok &= equal == len(rows) == len(job.done)
+    ok &= samples_once(d, targs)
+    loss = read_loss(targs.loss_log)
+    first, last = min(loss), max(loss)
+    print("launch.py: loss %.4g at step %d, %.4g at step %d (%s)" % (loss[first], first, loss[last], last,
+                                                                   targs.loss_log))
+    if static:
+        ok &= compare_static(targs, loss, static)
+    for f in job.failures:
+        print("launch.py: " + f)
+    return ok
+
+
+def samples_once(d, targs):
+    """Every sample read once, and each step read the global batch that
+    follows the last (the samples logs of every process)."""
+    seen = {}
+    for name in os.listdir(d):
+        if re.match(r"samples\.\d+\.txt$", name):
+            for line in open(os.path.join(d, name)):
+                step, first, n = map(int, line.split())
+                for i in range(first, first + n):
+                    seen.setdefault(i, []).append(step)
+    gb, steps = targs.global_batch, targs.steps
+    bad = [i for i in range(gb * steps) if len(seen.get(i, ())) != 1 or seen[i][0] != i // gb + 1]
+    extra = [i for i in seen if i >= gb * steps]
+    ok = not bad and not extra
+    print("launch.py: every sample read exactly once, %d a step (the global batch) at every step: %s" % (
+        gb, "%d samples in %d steps" % (gb * steps, steps) if ok else "NOT SO: %d wrong, first sample %d" %
+        (len(bad) + len(extra), (bad + extra)[0])))
     return ok
 
 
@@ -317,11 +665,17 @@ def main():
                                 epilog="Exit status: 0 when every process succeeded and every check held, 1 when "
                                        "not, 2 on bad arguments or without PyTorch.")
     job = a.add_argument_group("the job")
-    job.add_argument("--nproc", type=int, required=True, help="ranks (every configuration's world)")
+    job.add_argument("--nproc", type=int, required=True,
+                     help="processes the job starts with (the first configuration's world, or more: the others "
+                          "wait, holding nothing, for a switch that gives them state)")
     job.add_argument("--dir", help="plans, logs, reports and loss.txt go here (default: a new temporary directory)")
     job.add_argument("--budget", default="64MiB", help="vps-stage's staging budget per rank (default 64MiB)")
     job.add_argument("--transport", default="tcp", help="vps-exec's transport (tcp, ipc; default tcp)")
     job.add_argument("--exec-timeout", default="120", help="vps-exec's --timeout (default 120)")
+    job.add_argument("--control", metavar="FILE",
+                     help="the job switches to each configuration written to FILE, a line each, as it comes (read "
+                          "when FILE grows, and at once on SIGUSR1); a configuration of another world grows or "
+                          "shrinks the job")
     job.add_argument("--compare-static", action="store_true",
                      help="also run statically in the first configuration, on the same data, and require every "
                           "step's loss within %g of it" % MAX_REL)
@@ -345,21 +699,27 @@ def main():
         if lay.parallel["cp"] != 1:
             a.error("--configs: %s: context parallelism is not implemented by this example (cp=%d)"
                     % (c, lay.parallel["cp"]))
-        if w != args.nproc:
+        if w > args.nproc and not layouts[1:]:
             a.error("--configs: %s has a world of %d ranks, --nproc is %d" % (c, w, args.nproc))
+    # a configuration of another world than the job's grows or shrinks it
+    elastic = bool(args.control) or any(lay.world != args.nproc for lay in layouts)
+    if args.control and len(layouts) > 1:
+        a.error("--control: the job switches to the configurations FILE asks for; --configs gives the first only")
     every = targs.switch_every
     switches = (targs.steps - 1) // every if every and len(layouts) > 1 else 0
     if targs.device == "cuda":
         import torch
         if not torch.cuda.is_available():
             refuse("--device cuda: no GPU (torch.cuda.is_available() is false under %s)" % sys.executable)
-        if switches and args.transport not in ("ipc", "nccl", "auto"):
+        if (switches or elastic) and args.transport not in ("ipc", "nccl", "auto"):
             refuse("--device cuda: vps-exec moves GPU memory over ipc, nccl or auto, not %s (--transport ipc)"
                    % args.transport)
+        if elastic and args.compare_cpu:
+            a.error("--compare-cpu: a job whose world changes is not rerun on the CPU")
     elif args.compare_cpu:
         a.error("--compare-cpu compares a --device cuda run with the CPU's")
     # the state of a GPU run is not in /dev/shm (only its registries are)
-    check_room(layouts if targs.device == "cpu" else [], args.nproc, switches)
+    check_room(layouts if targs.device == "cpu" else [], max([args.nproc] + [lay.world for lay in layouts]), switches)
     if args.dir:
         d = args.dir
     else:
@@ -367,8 +727,12 @@ def main():
         print("launch.py: files in %s" % d, flush=True)
     if not targs.loss_log:
         targs.loss_log = os.path.join(d, "loss.txt")
-    failed, switches = run_job(args, targs, d, vps)
     static = cpu = None
+    if elastic:
+        job = Elastic(args, targs, d, vps)
+        failed = list(job.run())
+    else:
+        failed, switches = run_job(args, targs, d, vps)
     if not failed and args.compare_cpu:
         cd = os.path.join(d, "cpu")
         cpu = os.path.join(cd, "loss.txt")
@@ -378,10 +742,20 @@ def main():
     if not failed and args.compare_static:
         sd = os.path.join(d, "static")
         static = os.path.join(sd, "loss.txt")
-        failed, _ = run_job(args, argparse.Namespace(**dict(vars(targs), configs=targs.configs[:1], switch_every=0,
-                                                            check_switch=False, save_master=None,
-                                                            loss_log=static)), sd, vps)
+        failed, _ = run_job(argparse.Namespace(**dict(vars(args), nproc=layouts[0].world)),
+                            argparse.Namespace(**dict(vars(targs), configs=targs.configs[:1], switch_every=0,
+                                                      check_switch=False, save_master=None, loss_log=static)),
+                            sd, vps)
         failed = ["the static run: " + f for f in failed]
+    if elastic:
+        # what the job did, and a switch that did not happen, said in the report
+        ok = not failed
+        if os.path.exists(targs.loss_log) and os.path.getsize(targs.loss_log) and not job.crashed:
+            ok = report_elastic(args, targs, d, job, static) and ok
+        for f in failed:
+            if job.crashed or f not in job.failures:
+                print("launch.py: " + f, file=sys.stderr)
+        sys.exit(0 if ok else 1)
     if failed:
         for f in failed:
             print("launch.py: " + f, file=sys.stderr)

@@ -1,6 +1,7 @@
 """The options of one training rank (train.py), shared with launch.py: its
 -h lists them, and it checks them before anything starts. No PyTorch here,
 so that launch.py -h and its checks work where PyTorch is missing."""
+import os
 
 
 def add_training(a):
@@ -18,12 +19,17 @@ def add_training(a):
     a.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default 3e-3)")
     a.add_argument("--warmup", type=int, default=10, help="steps of linear learning-rate warm-up (default 10)")
     a.add_argument("--seed", type=int, default=1234, help="model and corpus seed (default 1234)")
-    a.add_argument("--registry", default="vps-torch-%r", help="the rank's registry name, %%r the rank")
+    a.add_argument("--registry", help="the rank's registry name, %%r the rank (default vps-torch-%%r; under "
+                                      "torchrun vps-torch-RUN-%%r, RUN its TORCHELASTIC_RUN_ID)")
     a.add_argument("--timeout", type=float, default=300.0, help="seconds a switch may take (default 300)")
     a.add_argument("--loss-log", help="rank 0 writes 'STEP LOSS CONFIG' lines here")
     a.add_argument("--check-switch", action="store_true",
                    help="gather the whole state before and after each switch and compare them bit for bit")
     a.add_argument("--save-master", help="rank 0 saves the gathered fp32 master weights here at the end")
+    a.add_argument("--sample-log", help="each data-parallel replica's first rank writes 'STEP FIRST COUNT' here for "
+                                        "every micro-batch it reads, %%r its process")
+    a.add_argument("--switch-log", help="rank 0 writes a line per switch here: what moved, the time the new world "
+                                        "took to build while the job trained, the pause")
     a.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where the state and the compute live: cpu (default; the state in /dev/shm) or cuda (GPU "
                         "memory from PyTorch's allocator, registered by device pointer; every rank on the GPU of "
@@ -37,11 +43,15 @@ OPTIONS = [("--model", "model", False), ("--configs", "configs", False), ("--gpu
            ("--lr", "lr", False), ("--warmup", "warmup", False), ("--seed", "seed", False),
            ("--registry", "registry", False), ("--timeout", "timeout", False), ("--loss-log", "loss_log", False),
            ("--check-switch", "check_switch", True), ("--save-master", "save_master", False),
+           ("--sample-log", "sample_log", False), ("--switch-log", "switch_log", False),
            ("--device", "device", False)]
 
 
 def finish(a, args):
     """Check what argparse cannot, and split --configs into specs."""
+    if args.registry is None:
+        run = os.environ.get("TORCHELASTIC_RUN_ID")
+        args.registry = "vps-torch-%s%%r" % (run + "-" if run else "")
     if isinstance(args.configs, str):
         args.configs = [c.replace(":", ",") for c in args.configs.split(",")]
     if args.switch_every <= 0 and len(args.configs) > 1:

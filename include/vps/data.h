@@ -17,7 +17,7 @@ VPS_API void vps_copy_strided(void *dst, const int64_t *dst_strides, const void 
  * tensor) of (tensor, state) at training step `step`. bf16 states use the
  * low 16 bits. Depends on nothing else, so any rank can check its shards
  * alone. */
-VPS_API uint32_t vps_fill_bits(uint32_t tensor, int state, int64_t index, int64_t step);
+VPS_API uint32_t vps_fill_bits(uint32_t tensor, enum vps_state state, int64_t index, int64_t step);
 
 /* Fill region r of a buffer (base address of the buffer) with the pattern. */
 VPS_API void vps_fill_region(void *buffer, const struct vps_region *r, const struct vps_tensor *t, int64_t step);

@@ -100,6 +100,9 @@ struct vps_exec_report {
 	bool checked, digest_match;
 	uint64_t digest_before, digest_after;
 	uint64_t switch_seq;
+	/* this rank's connections to other ranks: to those it exchanges data
+	 * with, and to its neighbours in the control tree (at most 5) */
+	size_t data_connections, control_connections;
 };
 
 VPS_API void vps_exec_report_release(struct vps_exec_report *r);

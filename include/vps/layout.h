@@ -27,13 +27,13 @@ enum vps_state {
 
 enum vps_dtype { VPS_DTYPE_BF16 = 0, VPS_DTYPE_FP32 = 1 };
 
-VPS_API const char *vps_state_name(int state);
+VPS_API const char *vps_state_name(enum vps_state state);
 /* @return VPS_EINPUT for an unknown name. */
 VPS_API vps_result_t vps_state_parse(const char *name, int *state);
-VPS_API const char *vps_dtype_name(int dtype);
+VPS_API const char *vps_dtype_name(enum vps_dtype dtype);
 VPS_API vps_result_t vps_dtype_parse(const char *name, int *dtype);
-VPS_API size_t vps_dtype_size(int dtype);
-VPS_API int vps_state_dtype(int state);
+VPS_API size_t vps_dtype_size(enum vps_dtype dtype);
+VPS_API enum vps_dtype vps_state_dtype(enum vps_state state);
 
 struct vps_coords {
 	int64_t tp, cp, dp, pp;  /* dense generator, order tp-cp-dp-pp */
@@ -109,12 +109,12 @@ VPS_API uint64_t vps_layout_hash(const struct vps_layout *l);
 VPS_API int vps_layout_nstates(const struct vps_layout *l);
 /* Whether the layout holds the state at all: a parameter state above, or
  * module_buffer in a model with module buffers. */
-VPS_API bool vps_layout_has_state(const struct vps_layout *l, int state);
+VPS_API bool vps_layout_has_state(const struct vps_layout *l, enum vps_state state);
 /* Whether tensor t is held in the state: a parameter in the parameter
  * states, a module buffer in module_buffer only. */
-VPS_API bool vps_layout_tensor_has_state(const struct vps_layout *l, const struct vps_tensor *t, int state);
+VPS_API bool vps_layout_tensor_has_state(const struct vps_layout *l, const struct vps_tensor *t, enum vps_state state);
 /* Whether the state is stored as ZeRO shards. */
-VPS_API bool vps_layout_state_sharded(const struct vps_layout *l, int state);
+VPS_API bool vps_layout_state_sharded(const struct vps_layout *l, enum vps_state state);
 
 /* Compute (or copy, for an explicit rank) rank's sub-VPS. */
 VPS_API vps_result_t vps_layout_rank(const struct vps_layout *l, int64_t rank, struct vps_rank_view *out);
@@ -143,7 +143,8 @@ VPS_API void vps_holders_release(struct vps_holders *h);
 
 /* Append to h every region of (tensor, state) that intersects box, with the
  * ranks holding it. Regions are whole (not clipped to box). */
-VPS_API vps_result_t vps_layout_holders(const struct vps_layout *l, uint32_t tensor, int state, const struct vps_box *box,
+VPS_API vps_result_t vps_layout_holders(const struct vps_layout *l, uint32_t tensor, enum vps_state state,
+			const struct vps_box *box,
 				struct vps_holders *h);
 
 /* Replace rank's view by an explicit one (ownership of v's arrays moves to

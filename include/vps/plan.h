@@ -15,6 +15,7 @@
 #ifndef VPS_PLAN_H
 #define VPS_PLAN_H
 
+#include "vps/io.h"
 #include "vps/layout.h"
 
 struct vps_world;
@@ -107,7 +108,8 @@ VPS_API int64_t vps_lost_bytes(const struct vps_lost *l);
 /* Remove the lost ranks from holder sets (progressions are split). */
 VPS_API vps_result_t vps_lost_drop_holders(const struct vps_lost *l, struct vps_holders *h);
 /* The lost ranges as a document: yaml, tsv or json (enum vps_format). */
-VPS_API vps_result_t vps_lost_format(const struct vps_lost *l, const struct vps_layout *a, int format, struct vps_bytes *out);
+VPS_API vps_result_t vps_lost_format(const struct vps_lost *l, const struct vps_layout *a,
+			enum vps_format format, struct vps_bytes *out);
 
 struct vps_packed;
 
@@ -255,6 +257,6 @@ VPS_API vps_result_t vps_plan_parse_as(struct vps_plan **out, const char *name, 
 VPS_API vps_result_t vps_plan_load_as(struct vps_plan **out, const char *path, bool compact);
 VPS_API uint64_t vps_plan_hash(const struct vps_plan *p);
 
-VPS_API const char *vps_collective_name(int kind);
+VPS_API const char *vps_collective_name(enum vps_collective_kind kind);
 
 #endif

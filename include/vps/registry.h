@@ -21,6 +21,7 @@
 #define VPS_REGISTRY_H
 
 #include "vps/base.h"
+#include "vps/layout.h"
 
 #define VPS_REGISTRY_VERSION 2
 #define VPS_REGISTRY_NAME_MAX 64
@@ -124,7 +125,8 @@ VPS_API vps_result_t vps_registry_set_target(struct vps_registry *r, uint64_t ta
 
 /* Allocate a host buffer in a new shared-memory object owned by the
  * registry and register it. *ptr receives the trainer's mapping. */
-VPS_API vps_result_t vps_registry_alloc_host(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
+VPS_API vps_result_t vps_registry_alloc_host(struct vps_registry *r, enum vps_registry_role role,
+			uint32_t buffer, enum vps_state state, enum vps_dtype dtype,
 				     int64_t elements, void **ptr);
 /* Free a buffer that vps_registry_alloc_host allocated (ptr as it gave it),
  * once no entry registers it: unmap it and remove its object. Executors
@@ -134,10 +136,12 @@ VPS_API vps_result_t vps_registry_alloc_host(struct vps_registry *r, int role, u
  * registered. */
 VPS_API vps_result_t vps_registry_free_host(struct vps_registry *r, void *ptr);
 /* Register bytes the trainer already has in a shared-memory object. */
-VPS_API vps_result_t vps_registry_add_host(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
+VPS_API vps_result_t vps_registry_add_host(struct vps_registry *r, enum vps_registry_role role,
+			uint32_t buffer, enum vps_state state, enum vps_dtype dtype,
 				   int64_t elements, const char *shm_name, uint64_t offset);
 /* Register GPU memory by its CUDA IPC handle (cudaIpcMemHandle_t bytes). */
-VPS_API vps_result_t vps_registry_add_cuda(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
+VPS_API vps_result_t vps_registry_add_cuda(struct vps_registry *r, enum vps_registry_role role,
+			uint32_t buffer, enum vps_state state, enum vps_dtype dtype,
 				   int64_t elements, int device, const void *ipc_handle, uint64_t offset);
 
 /* Register GPU memory by device pointer, as a trainer holds it: the
@@ -146,19 +150,21 @@ VPS_API vps_result_t vps_registry_add_cuda(struct vps_registry *r, int role, uin
  * allocation must be plain cudaMalloc memory on the calling process's
  * current device. Loads GPU support (VPS_EUNSUPPORTED where it cannot be
  * had) and checks that the buffer lies inside its allocation. */
-VPS_API vps_result_t vps_registry_add_cuda_ptr(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
+VPS_API vps_result_t vps_registry_add_cuda_ptr(struct vps_registry *r, enum vps_registry_role role,
+			uint32_t buffer, enum vps_state state, enum vps_dtype dtype,
 				       int64_t elements, const void *ptr);
 
 VPS_API uint32_t vps_registry_num_entries(const struct vps_registry *r);
 VPS_API vps_result_t vps_registry_entry(const struct vps_registry *r, uint32_t i, struct vps_registry_entry_info *out);
 /* Index of the entry of (role, buffer), or -1. */
-VPS_API int64_t vps_registry_find(const struct vps_registry *r, int role, uint32_t buffer);
+VPS_API int64_t vps_registry_find(const struct vps_registry *r, enum vps_registry_role role, uint32_t buffer);
 /* Map a host entry into this process (the executor). Sources are mapped
  * read-only: the executor cannot write a source buffer. */
 VPS_API vps_result_t vps_registry_map(struct vps_registry *r, uint32_t i, bool writable, void **ptr);
 /* Trainer, between switches: forget every entry and the target, and
  * declare the layout now run (its former targets are re-added as sources
- * with vps_registry_add_host and their shared-memory names). */
+ * with vps_registry_add_host and their shared-memory names). It forgets an
+ * executor's abort too: the next switch is served by another executor. */
 VPS_API vps_result_t vps_registry_reset(struct vps_registry *r, uint64_t layout_hash, int64_t rank);
 /* Mark an entry no longer read (the trainer may free it). */
 VPS_API void vps_registry_release(struct vps_registry *r, uint32_t i);
@@ -183,7 +189,7 @@ VPS_API void vps_registry_abort(struct vps_registry *r, const char *message);
 VPS_API int vps_registry_state(const struct vps_registry *r, uint64_t *seq);
 /* A state in words: idle, requested, running, done, failed ("unknown"
  * for another number). */
-VPS_API const char *vps_registry_state_name(int state);
+VPS_API const char *vps_registry_state_name(enum vps_registry_state state);
 /* What the switch waits for, in words, for a trainer's messages: its
  * state, and whether an executor holds the registry ("requested; no
  * executor has attached to it (...)"). */

@@ -965,6 +965,10 @@ static vps_result_t one_switch(struct executor *ex, size_t k, struct vps_exec_re
 	rep->world = vps_world_size(p->world);
 	rep->transport = ex->car.name;
 	ps.t_wait = now();
+	struct vps_net_stats st;
+	vps_net_stats(ex->net, &st);
+	rep->data_connections = st.data_connections;
+	rep->control_connections = st.control_connections;
 	vps_result_t rc = ready(ex, &ps);
 	if (!rc)
 		rc = claim(ex, &ps, rep);
@@ -1186,7 +1190,7 @@ static vps_result_t executor_start(struct executor *ex)
 	VPS_CHECK(registry_name(ex, name, sizeof(name)));
 	VPS_CHECK(open_registry(o, name, &ex->reg));
 	struct vps_net_opts no = {ex->net_rank, ex->net_world, o->master_host, o->master_port, o->timeout, o->token,
-				  o->bind,      ex->hash,      ex->mesh,       ex->nmesh};
+				  o->bind,      ex->hash,      ex->mesh,       ex->nmesh,     NULL};
 	VPS_CHECK(vps_net_start(&ex->net, &no));
 	VPS_CHECK(agree_stages(ex));
 	VPS_CHECK(vps_mapcache_new(&ex->maps));
@@ -1207,6 +1211,9 @@ static void executor_release(struct executor *ex, vps_result_t rc)
 		snprintf(msg, sizeof(msg), "rank %" PRId64 ": %s", ex->o->rank, vps_last_error());
 		vps_registry_abort(ex->reg, msg);
 	}
+	/* the other ranks learn why this one stops, wherever it stopped */
+	if (rc)
+		vps_net_abort(ex->net, vps_last_error());
 	carriers_free(&ex->car);
 	vps_mapcache_free(ex->maps);
 	vps_net_free(ex->net);

@@ -43,6 +43,8 @@ vps_result_t vps_exec_report_yaml(const struct vps_exec_report *reps, size_t n, 
 		VPS_CHECK_GOTO(vps_w_int(w, "premapped_bytes", (int64_t)r->premapped_bytes), rc, done);
 		VPS_CHECK_GOTO(vps_w_int(w, "mapped_in_pause_bytes", (int64_t)r->mapped_in_pause_bytes), rc, done);
 		VPS_CHECK_GOTO(vps_w_int(w, "opened_in_pause", (int64_t)r->opened_in_pause), rc, done);
+		VPS_CHECK_GOTO(vps_w_int(w, "data_connections", (int64_t)r->data_connections), rc, done);
+		VPS_CHECK_GOTO(vps_w_int(w, "control_connections", (int64_t)r->control_connections), rc, done);
 		VPS_CHECK_GOTO(vps_w_str(w, "digest", !r->checked ? "not checked" : r->digest_match ? "match" : "mismatch"),
 			       rc, done);
 		VPS_CHECK_GOTO(vps_w_u64hex(w, "digest_value", r->digest_after), rc, done);

@@ -93,6 +93,9 @@ static vps_result_t read_report(struct vps_reader *r)
 		VPS_CHECK(vps_r_int(r, "premapped_bytes", &v, 0, INT64_MAX));
 		VPS_CHECK(vps_r_int(r, "mapped_in_pause_bytes", &v, 0, INT64_MAX));
 		VPS_CHECK(vps_r_int_opt(r, "opened_in_pause", &v, 0, INT64_MAX, 0));
+		/* reports of YAML version 1 before these were written have none */
+		VPS_CHECK(vps_r_int_opt(r, "data_connections", &v, 0, INT64_MAX, 0));
+		VPS_CHECK(vps_r_int_opt(r, "control_connections", &v, 0, INT64_MAX, 0));
 		VPS_CHECK(read_one_of(r, "digest", digests, sizeof(digests) / sizeof(digests[0])));
 		uint64_t digest;
 		VPS_CHECK(vps_r_u64hex(r, "digest_value", &digest));

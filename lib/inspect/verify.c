@@ -6,6 +6,7 @@
 #include "stage/op.h"
 #include "vps/plan.h"
 #include "vps/stage.h"
+#include "vps/units.h"
 #include "vps/verify.h"
 
 void vps_verify_report_release(struct vps_verify_report *r)
@@ -550,10 +551,12 @@ static vps_result_t lost_checks(const struct vps_plan *p, struct vps_verify_repo
 static void lost_summary(const struct vps_plan *p, struct vps_verify_report *rep)
 {
 	size_t k = strlen(rep->summary);
+	char b[VPS_UNITS_LEN];
 	if (p->lost.nranks && k < sizeof(rep->summary))
 		snprintf(rep->summary + k, sizeof(rep->summary) - k,
-			 "; %zu lost ranks, %zu lost ranges (%" PRId64 " bytes) left for the trainer to reload", p->lost.nranks,
-			 p->lost.nranges, vps_lost_bytes(&p->lost));
+			 "; %zu lost rank%s, %zu lost range%s (%s) left for the trainer to reload", p->lost.nranks,
+			 p->lost.nranks == 1 ? "" : "s", p->lost.nranges, p->lost.nranges == 1 ? "" : "s",
+			 vps_format_bytes(vps_lost_bytes(&p->lost), b, sizeof(b)));
 }
 
 /* The element at idx of a box addressed from its first element. Boxes come
@@ -791,10 +794,12 @@ vps_result_t vps_verify_plan(const struct vps_plan *p, struct vps_verify_report 
 		vps_verify_report_release(rep);
 		return rc;
 	}
+	/* the units of the tools' summaries (vps(7) UNITS) */
+	char mv[VPS_UNITS_LEN];
 	snprintf(rep->summary, sizeof(rep->summary),
-		 "%s: %s plan over %" PRId64 " world ranks, %zu pieces (%" PRId64 " retains), %" PRId64 " bytes moved",
+		 "%s: %s plan over %" PRId64 " world ranks, %zu pieces (%" PRId64 " retains), %s moved",
 		 vps_layout_model(p->a)->name, p->scope < 0 ? "global" : "one rank's", vps_world_size(p->world),
-		 p->npieces, retains, moved);
+		 p->npieces, retains, vps_format_bytes(moved, mv, sizeof(mv)));
 	lost_summary(p, rep);
 	return VPS_OK;
 }
@@ -1470,10 +1475,12 @@ vps_result_t vps_verify_staged(const struct vps_staged *s, struct vps_verify_rep
 	VPS_CHECK_GOTO(check_carried(&c), rc, done);
 	struct vps_stage_stats st;
 	vps_staged_stats(s, &st);
+	char bud[VPS_UNITS_LEN], pk[VPS_UNITS_LEN];
 	snprintf(rep->summary, sizeof(rep->summary),
-		 "%s: %" PRId64 " stages within %" PRId64 " bytes, %" PRId64 " transfers, %" PRId64 " copies for %" PRId64
-		 " pieces, peak %" PRId64 " bytes",
-		 vps_layout_model(p->a)->name, st.stages, s->budget, st.transfers, st.ops, st.pieces, st.peak_max);
+		 "%s: %" PRId64 " stages within a %s budget, %" PRId64 " transfers, %" PRId64 " copies for %" PRId64
+		 " pieces, peak %s",
+		 vps_layout_model(p->a)->name, st.stages, vps_format_bytes(s->budget, bud, sizeof(bud)), st.transfers,
+		 st.ops, st.pieces, vps_format_bytes(st.peak_max, pk, sizeof(pk)));
 	lost_summary(p, rep);
 done:
 	views_release(&c.vw);

@@ -8,7 +8,8 @@
  * optional, so new keys with defaults do not count). The binary encoding
  * writes every field in order, so any new field changes it: 2 for the
  * fields of November 2026 (cp, grouped_gemm, the DeepSeek-V3 model keys;
- * a report's digest_seconds, requested_at, started_at, done_at, release_seconds and opened_in_pause). */
+ * a report's digest_seconds, requested_at, started_at, done_at, release_seconds,
+ * opened_in_pause and connections). */
 static const struct {
 	enum vps_doc_kind kind;
 	const char *name;

@@ -17,7 +17,7 @@ static inline uint32_t fill_at(uint64_t key, int64_t index)
 	return (uint32_t)(x >> 32);
 }
 
-uint32_t vps_fill_bits(uint32_t tensor, int state, int64_t index, int64_t step)
+uint32_t vps_fill_bits(uint32_t tensor, enum vps_state state, int64_t index, int64_t step)
 {
 	return fill_at(fill_key(tensor, state, step), index);
 }

@@ -8,7 +8,7 @@
 static const char *state_names[VPS_NSTATES] = {"param", "main_param", "exp_avg", "exp_avg_sq", "grad", "module_buffer"};
 static const char *dtype_names[] = {"bf16", "fp32"};
 
-const char *vps_state_name(int state)
+const char *vps_state_name(enum vps_state state)
 {
 	return state >= 0 && state < VPS_NSTATES ? state_names[state] : "?";
 }
@@ -23,7 +23,7 @@ vps_result_t vps_state_parse(const char *name, int *state)
 	return vps_fail(VPS_EINPUT, "unknown state '%s'", name);
 }
 
-const char *vps_dtype_name(int dtype) { return dtype == 0 || dtype == 1 ? dtype_names[dtype] : "?"; }
+const char *vps_dtype_name(enum vps_dtype dtype) { return dtype == 0 || dtype == 1 ? dtype_names[dtype] : "?"; }
 
 vps_result_t vps_dtype_parse(const char *name, int *dtype)
 {
@@ -35,8 +35,8 @@ vps_result_t vps_dtype_parse(const char *name, int *dtype)
 	return vps_fail(VPS_EINPUT, "unknown dtype '%s'", name);
 }
 
-size_t vps_dtype_size(int dtype) { return dtype == VPS_DTYPE_BF16 ? 2 : 4; }
-int vps_state_dtype(int state) { return state == VPS_STATE_PARAM ? VPS_DTYPE_BF16 : VPS_DTYPE_FP32; }
+size_t vps_dtype_size(enum vps_dtype dtype) { return dtype == VPS_DTYPE_BF16 ? 2 : 4; }
+enum vps_dtype vps_state_dtype(enum vps_state state) { return state == VPS_STATE_PARAM ? VPS_DTYPE_BF16 : VPS_DTYPE_FP32; }
 
 void vps_rank_view_release(struct vps_rank_view *v)
 {
@@ -73,18 +73,20 @@ int64_t vps_layout_rank_on(const struct vps_layout *l, struct vps_device dev)
 }
 int vps_layout_nstates(const struct vps_layout *l) { return l->p.grad ? VPS_STATE_GRAD + 1 : VPS_STATE_GRAD; }
 
-bool vps_layout_has_state(const struct vps_layout *l, int state)
+bool vps_layout_has_state(const struct vps_layout *l, enum vps_state state)
 {
 	if (state == VPS_STATE_MODULE)
 		return vps_model_module_buffers(&l->m) > 0;
-	return state >= 0 && state < vps_layout_nstates(l);
+	/* the value may come from outside (the Python module passes ints) */
+	return (int)state >= 0 && (int)state < vps_layout_nstates(l);
 }
 
-bool vps_layout_tensor_has_state(const struct vps_layout *l, const struct vps_tensor *t, int state)
+bool vps_layout_tensor_has_state(const struct vps_layout *l, const struct vps_tensor *t, enum vps_state state)
 {
 	if (t->module_buffer)
 		return state == VPS_STATE_MODULE;
-	return state >= 0 && state < vps_layout_nstates(l);
+	/* the value may come from outside (the Python module passes ints) */
+	return (int)state >= 0 && (int)state < vps_layout_nstates(l);
 }
 
 /* A chunk's buffers come in groups: dense and expert parameters, each with
@@ -100,7 +102,7 @@ static int group_nstates(const struct vps_layout *l, int group)
 static int group_state(int group, int k) { return group == GROUP_MODULE ? VPS_STATE_MODULE : k; }
 static int group_slot(int group, int state) { return group == GROUP_MODULE ? 0 : state; }
 
-bool vps_layout_state_sharded(const struct vps_layout *l, int state)
+bool vps_layout_state_sharded(const struct vps_layout *l, enum vps_state state)
 {
 	return l->p.zero && (state == VPS_STATE_MAIN_PARAM || state == VPS_STATE_EXP_AVG ||
 			     state == VPS_STATE_EXP_AVG_SQ);
@@ -1035,7 +1037,8 @@ static vps_result_t rule_holders(const struct vps_layout *l, const struct holder
 	return VPS_OK;
 }
 
-vps_result_t vps_layout_holders(const struct vps_layout *l, uint32_t tensor, int state, const struct vps_box *box,
+vps_result_t vps_layout_holders(const struct vps_layout *l, uint32_t tensor, enum vps_state state,
+			const struct vps_box *box,
 				struct vps_holders *h)
 {
 	struct vps_tensor t;

@@ -223,7 +223,8 @@ static const struct vps_field lost_fields[] = {
 	{"elements", VPS_FIELD_INT}, {"bytes", VPS_FIELD_INT},
 };
 
-vps_result_t vps_lost_format(const struct vps_lost *l, const struct vps_layout *a, int format, struct vps_bytes *out)
+vps_result_t vps_lost_format(const struct vps_lost *l, const struct vps_layout *a, enum vps_format format,
+			struct vps_bytes *out)
 {
 	struct vps_records rec;
 	const struct vps_model *m = vps_layout_model(a);

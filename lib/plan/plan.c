@@ -1342,7 +1342,7 @@ static vps_result_t plan_training(struct vps_plan *p, const struct vps_plan_opts
 	return VPS_OK;
 }
 
-const char *vps_collective_name(int kind)
+const char *vps_collective_name(enum vps_collective_kind kind)
 {
 	static const char *names[] = {"broadcast", "scatter", "gather"};
 	return kind >= 0 && kind < 3 ? names[kind] : "?";

@@ -424,6 +424,11 @@ vps_result_t vps_registry_reset(struct vps_registry *r, uint64_t layout_hash, in
 	if (st == VPS_REG_REQUESTED || st == VPS_REG_RUNNING)
 		return vps_fail(VPS_EINPUT, "registry %s: a switch is under way", r->name);
 	atomic_store(&r->h->nentries, 0);
+	/* an abort is the word of an executor that stopped; the next switch is
+	 * another executor's (a retry after a failed one, an elastic job's next
+	 * world), which must not find the old one's stop */
+	atomic_store(&r->h->aborted, 0);
+	r->h->abort_message[0] = '\0';
 	r->h->layout_hash = layout_hash;
 	r->h->rank = rank;
 	r->h->target_hash = 0;
@@ -581,7 +586,8 @@ static void publish(struct vps_registry *r)
 	atomic_fetch_add_explicit(&r->h->nentries, 1, memory_order_release);
 }
 
-vps_result_t vps_registry_alloc_host(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
+vps_result_t vps_registry_alloc_host(struct vps_registry *r, enum vps_registry_role role, uint32_t buffer,
+			enum vps_state state, enum vps_dtype dtype,
 				     int64_t elements, void **ptr)
 {
 	struct reg_entry *e;
@@ -609,7 +615,8 @@ vps_result_t vps_registry_alloc_host(struct vps_registry *r, int role, uint32_t 
 	return VPS_OK;
 }
 
-vps_result_t vps_registry_add_host(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
+vps_result_t vps_registry_add_host(struct vps_registry *r, enum vps_registry_role role, uint32_t buffer,
+			enum vps_state state, enum vps_dtype dtype,
 				   int64_t elements, const char *shm_name, uint64_t offset)
 {
 	struct reg_entry *e;
@@ -623,7 +630,8 @@ vps_result_t vps_registry_add_host(struct vps_registry *r, int role, uint32_t bu
 	return VPS_OK;
 }
 
-vps_result_t vps_registry_add_cuda(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
+vps_result_t vps_registry_add_cuda(struct vps_registry *r, enum vps_registry_role role, uint32_t buffer,
+			enum vps_state state, enum vps_dtype dtype,
 				   int64_t elements, int device, const void *ipc_handle, uint64_t offset)
 {
 	struct reg_entry *e;
@@ -636,7 +644,8 @@ vps_result_t vps_registry_add_cuda(struct vps_registry *r, int role, uint32_t bu
 	return VPS_OK;
 }
 
-vps_result_t vps_registry_add_cuda_ptr(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
+vps_result_t vps_registry_add_cuda_ptr(struct vps_registry *r, enum vps_registry_role role, uint32_t buffer,
+			enum vps_state state, enum vps_dtype dtype,
 				       int64_t elements, const void *ptr)
 {
 	const struct vps_cuda_api *gpu;
@@ -681,11 +690,11 @@ vps_result_t vps_registry_entry(const struct vps_registry *r, uint32_t i, struct
 	return VPS_OK;
 }
 
-int64_t vps_registry_find(const struct vps_registry *r, int role, uint32_t buffer)
+int64_t vps_registry_find(const struct vps_registry *r, enum vps_registry_role role, uint32_t buffer)
 {
 	uint32_t n = vps_registry_num_entries(r);
 	for (uint32_t i = 0; i < n; i++)
-		if ((int)r->h->entries[i].role == role && r->h->entries[i].buffer == buffer)
+		if (r->h->entries[i].role == (uint32_t)role && r->h->entries[i].buffer == buffer)
 			return i;
 	return -1;
 }
@@ -766,8 +775,10 @@ vps_result_t vps_registry_request(struct vps_registry *r, uint64_t *seq)
 	uint32_t st = atomic_load(&r->h->state);
 	if (st == VPS_REG_REQUESTED || st == VPS_REG_RUNNING)
 		return vps_fail(VPS_EINPUT, "registry %s: a switch is already under way", r->name);
+	/* the switch this request would be, as a wait names it */
 	if (atomic_load(&r->h->aborted))
-		return vps_fail(VPS_EPEER, "registry %s: the executor stopped: %s", r->name, r->h->abort_message);
+		return vps_fail(VPS_EPEER, "switch %" PRIu64 " failed: the executor stopped: %s",
+				atomic_load(&r->h->seq) + 1, r->h->abort_message);
 	r->h->failure[0] = '\0';
 	uint64_t s = atomic_fetch_add(&r->h->seq, 1) + 1;
 	atomic_store(&r->h->state, VPS_REG_REQUESTED);
@@ -858,7 +869,7 @@ int vps_registry_state(const struct vps_registry *r, uint64_t *seq)
 
 const char *vps_registry_failure(const struct vps_registry *r) { return r->h->failure; }
 
-const char *vps_registry_state_name(int state)
+const char *vps_registry_state_name(enum vps_registry_state state)
 {
 	static const char *const names[] = {"idle", "requested", "running", "done", "failed"};
 	return state >= 0 && state < (int)(sizeof(names) / sizeof(*names)) ? names[state] : "unknown";

@@ -25,6 +25,9 @@ _TORCH = ("State", "switch", "assemble", "correspondence", "region_index", "TORC
 
 
 def __getattr__(name):
+    if name == "elastic":
+        from . import elastic
+        return elastic
     if name in _TORCH:
         from . import state
         return getattr(state, name)

@@ -11,7 +11,7 @@ import torch
 
 from ._lib import EINPUT, Error, closed as _closed
 from .layout import BF16, FP32, MODULE_BUFFER, PARAM, STATES, _state_number
-from .registry import REQUESTED, RUNNING, SOURCE, TARGET
+from .registry import FAILED, REQUESTED, RUNNING, SOURCE, TARGET
 
 TORCH_DTYPE = {BF16: torch.bfloat16, FP32: torch.float32}
 
@@ -258,13 +258,20 @@ def switch(registry, state, layout, rank, training=None, timeout=600.0, device=N
 
     When the executors fail the switch (vps.Error VPS_EPEER with their
     message), the registry runs the old state again, whose buffers they never
-    write, and the new buffers are freed. When the wait times out
+    write, and the new buffers are freed; the next call starts from a clean
+    registry, served by the executors started for it (a retry). When the wait times out
     (VPS_ETIMEOUT) the switch may still be under way: nothing is undone, and
     the error carries seq, to wait on again with registry.wait(seq, timeout).
     A closed registry or state raises vps.Error before anything is done."""
     registry._handle()
     if state is not None:
         state._live()
+    if registry.state()[0] == FAILED:
+        # after a failed switch its executor may have stopped (vps_registry_abort)
+        # since the reset below: start afresh, so that the next executor serves
+        registry.reset(state.layout if state else None, state.rank if state else -1)
+        if state:
+            state.register(registry, SOURCE)
     if training is not None:
         registry.training = training
     dev = device or (state.device if state else "cpu")

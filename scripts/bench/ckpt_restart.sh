@@ -6,17 +6,22 @@
 # and over host ipc. The baseline (build/bench/ckpt_bench): every rank of A
 # saves its state to its own file and fsyncs it, then every rank of B reads
 # back exactly the byte ranges its state needs and checks every element.
-# Runs alternate (vps, baseline) RUNS times; medians. Where the page cache
-# can be dropped, a second load after dropping it gives the cold-cache
-# figure.
+# PyTorch's distributed checkpoint (scripts/bench/ckpt_dcp.py): 8 gloo
+# processes save the same state with torch.distributed.checkpoint, each
+# rank's regions as DCP shards at their global offsets, and the ranks of B
+# load it resharded, every element checked. Runs alternate (vps, baseline,
+# DCP) RUNS times; medians. Where the page cache can be dropped, a second
+# load after dropping it gives the cold-cache figures.
 #
 #   scripts/bench/ckpt_restart.sh [--doc]
 #   env: RUNS (default 1), MODELS (default three sizes; LARGE=1 adds a
 #        fourth, 5.4 GB), FROM, TO,
 #        BUDGET (staging, default 512MiB), CKPT_DIR (where the files go:
-#        a disk, not tmpfs; default a temporary under /var/tmp)
-# --doc writes the table into docs/BENCHMARKS.md (section ckpt) and the
-# figures into docs/bench/switch-vs-size.tsv.
+#        a disk, not tmpfs; default a temporary under /var/tmp),
+#        PYTHON (a Python with PyTorch 2; default the test environment,
+#        build/venv, made by make venv when absent)
+# --doc writes the tables into docs/BENCHMARKS.md (section ckpt), the
+# figures into docs/bench/switch-vs-size.tsv and redraws the plot.
 set -euo pipefail
 export VPS_TOKEN=${VPS_TOKEN:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 doc=0
@@ -28,6 +33,10 @@ esac
 top=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$top" && make -s all build/bench/ckpt_bench
 bin=$top/bin ckpt=$top/build/bench/ckpt_bench
+py=${PYTHON:-$top/build/venv/bin/python}
+[ -n "${PYTHON:-}" ] || make -s venv
+"$py" -c 'import torch.distributed.checkpoint' ||
+	{ echo "ckpt_restart.sh: $py: no torch.distributed.checkpoint (PyTorch 2): set PYTHON" >&2; exit 2; }
 runs=${RUNS:-1}
 from=${FROM:-tp=2,pp=2,dp=2,zero=1} to=${TO:-tp=4,pp=1,dp=2,zero=1}
 mdir=$top/scripts/bench/models
@@ -95,7 +104,7 @@ for m in $models; do
 	for ((run = 1; run <= runs; run++)); do
 		echo "$bytes vps-tcp $(vps_switch tcp)" >> "$res"
 		echo "$bytes vps-ipc $(vps_switch ipc)" >> "$res"
-		rm -f "$files"/*
+		rm -rf "${files:?}"/*
 		"$ckpt" save "$t/s.staged" "$files" > "$t/save.out"
 		"$ckpt" load "$t/s.staged" "$files" > "$t/load.out"
 		save=$(awk '$1 == "seconds:" { print $2 }' "$t/save.out")
@@ -111,10 +120,26 @@ for m in $models; do
 		fi
 		written=$(awk '$1 == "bytes_written:" { print $2 }' "$t/save.out")
 		read -r readb preads < <(awk '$1 == "rank" { b += $3; n += $4 } END { printf "%.0f %.0f\n", b, n }' "$t/load.out")
-		echo "$name run $run: $bytes bytes of state; wrote $written, read $readb in $preads preads;" \
-			"$((SECONDS - began)) s so far" >&2
+		rm -rf "${files:?}"/*
+		mkdir "$files/dcp"
+		"$py" "$top/scripts/bench/ckpt_dcp.py" save "$t/a.layout" "$files/dcp" > "$t/dsave.out"
+		"$py" "$top/scripts/bench/ckpt_dcp.py" load "$t/b.layout" "$files/dcp" > "$t/dload.out"
+		save=$(awk '$1 == "seconds:" { print $2 }' "$t/dsave.out")
+		load=$(awk '$1 == "seconds:" { print $2 }' "$t/dload.out")
+		echo "$bytes dcp-save $save" >> "$res"
+		echo "$bytes dcp-load $load" >> "$res"
+		echo "$bytes dcp-total $(awk -v a="$save" -v b="$load" 'BEGIN { printf "%.4f", a + b }')" >> "$res"
+		if [ $cold = 1 ] && drop_cache; then
+			"$py" "$top/scripts/bench/ckpt_dcp.py" load "$t/b.layout" "$files/dcp" > "$t/dcold.out"
+			lc=$(awk '$1 == "seconds:" { print $2 }' "$t/dcold.out")
+			echo "$bytes dcp-load-cold $lc" >> "$res"
+			echo "$bytes dcp-total-cold $(awk -v a="$save" -v b="$lc" 'BEGIN { printf "%.4f", a + b }')" >> "$res"
+		fi
+		dwritten=$(awk '$1 == "bytes_written:" { print $2 }' "$t/dsave.out")
+		echo "$name run $run: $bytes bytes of state; wrote $written, read $readb in $preads preads; DCP wrote" \
+			"$dwritten; $((SECONDS - began)) s so far" >&2
 	done
-	rm -f "$files"/*
+	rm -rf "${files:?}"/*
 done
 
 # medians per (bytes, method), in the order measured
@@ -148,6 +173,25 @@ table() {
 			}
 		}' "$t/medians.tsv"
 }
+
+dcp_table() {
+	printf '| state (GB) | DCP save (s) | DCP load (s) | DCP save + load (s) | DCP / files | DCP / vps tcp | DCP / vps ipc |'
+	[ $cold = 1 ] && printf ' DCP load, cold cache (s) | cold DCP / vps ipc |'
+	printf '\n|---:|---:|---:|---:|---:|---:|---:|'
+	[ $cold = 1 ] && printf -- '---:|---:|'
+	printf '\n'
+	awk -F'\t' -v cold=$cold '
+		{ if (!($1 in seen)) { seen[$1] = 1; order[++N] = $1 } s[$1, $2] = $3 }
+		END {
+			for (i = 1; i <= N; i++) {
+				b = order[i]; tot = s[b, "dcp-total"]
+				printf "| %.2f | %.3f | %.3f | %.3f | %.1fx | %.1fx | %.1fx |", b / 1e9, s[b, "dcp-save"], s[b, "dcp-load"],
+					tot, tot / s[b, "ckpt-total"], tot / s[b, "vps-tcp"], tot / s[b, "vps-ipc"]
+				if (cold) printf " %.3f | %.1fx |", s[b, "dcp-load-cold"], s[b, "dcp-total-cold"] / s[b, "vps-ipc"]
+				printf "\n"
+			}
+		}' "$t/medians.tsv"
+}
 machine="$(nproc) cores, $(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 {
 	printf '`RUNS=%s scripts/bench/ckpt_restart.sh --doc` (%s to %s, %s ranks, medians of %s), %s, on %s.\n' \
@@ -155,6 +199,9 @@ machine="$(nproc) cores, $(awk -F': ' '/^model name/ { print $2; exit }' /proc/c
 	[ $cold = 1 ] || printf 'The page cache could not be dropped here: every load read files the save had just written, from memory.\n'
 	printf '\n'
 	table
+	printf '\nPyTorch %s, torch.distributed.checkpoint over gloo, the same run (DCP / files: against the save + load above):\n\n' \
+		"$("$py" -c 'import torch; print(torch.__version__)')"
+	dcp_table
 } > "$t/section.md"
 cat "$t/section.md"
 if [ $doc = 1 ]; then

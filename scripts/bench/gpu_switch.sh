@@ -2,7 +2,7 @@
 # A switch of GPU state over ipc, every rank on one GPU: the bytes every
 # rank receives or copies in place over the slowest rank's transfer time,
 # against cudaMemcpy device-to-device in the same run
-# (build/bench/gpu_copy_bench); and the pause of a synchronous job, from the
+# (build/bench/gpu_copy_bench, or VPS_BENCH's); and the pause of a synchronous job, from the
 # last rank's request to each rank's resume (the reports' requested_at and
 # done_at: the trainers of a training loop ask at the same step, so the
 # ranks' spread is not the switch's), split into what the slowest rank spent
@@ -66,7 +66,7 @@ failed=0
 for p in "${pids[@]}"; do wait "$p" || failed=1; done
 if [ $failed != 0 ]; then cat trainer.*.log exec.*.log >&2; exit 1; fi
 grep -h "wrong" trainer.*.log | head -2
-memcpy=$("$top/build/bench/gpu_copy_bench" "$mib" | awk '/^contiguous/ { for (i = 1; i <= NF; i++) if ($i ~ /cudaMemcpy/) { gsub(/[(]/, "", $(i+1)); print $(i+1) } }')
+memcpy=$("${VPS_BENCH:-$top/build/bench}/gpu_copy_bench" "$mib" | awk '/^contiguous/ { for (i = 1; i <= NF; i++) if ($i ~ /cudaMemcpy/) { gsub(/[(]/, "", $(i+1)); print $(i+1) } }')
 # "layout: MODEL on N ranks (...); S a rank, ..." of each side
 sed -n 's/^layout: .*); \([^,]*\) a rank.*/\1 a rank/p' layouts.txt | paste -sd' ' | sed 's/^/state: /; s/ a rank /, then /'
 awk -v memcpy="$memcpy" -v model="$model" -v from="$from" -v to="$to" -v world="$world" -v checked="${#check[@]}" '

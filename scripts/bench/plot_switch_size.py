@@ -2,9 +2,10 @@
 """Draw switch time against state size from the TSV that
 scripts/bench/ckpt_restart.sh --doc writes (docs/bench/switch-vs-size.tsv),
 with the GPU's rows that scripts/bench/gpu_section.sh merges in from the
-kept GPU check (gpu-*): one line per method, vps's switches and
-checkpoint-and-restart. Any method in the file is drawn, so a row added
-later shows up without a change.
+kept GPU check (gpu-*): one line per method, vps's switches,
+checkpoint-and-restart through files and through PyTorch's distributed
+checkpoint (DCP). Any method in the file is drawn, so a row added later
+shows up without a change.
 
     plot_switch_size.py [TSV [SVG]]
 
@@ -21,6 +22,11 @@ LABELS = {
     "ckpt-total": "checkpoint: save + load",
     "ckpt-load-cold": "checkpoint: load (cold cache)",
     "ckpt-total-cold": "checkpoint: save + cold load",
+    "dcp-save": "PyTorch DCP: save",
+    "dcp-load": "PyTorch DCP: load (page cache)",
+    "dcp-total": "PyTorch DCP: save + load",
+    "dcp-load-cold": "PyTorch DCP: load (cold cache)",
+    "dcp-total-cold": "PyTorch DCP: save + cold load",
     "gpu-vps-ipc": "GPU: vps switch, ipc",
     "gpu-dcp-save": "GPU: PyTorch DCP save",
     "gpu-dcp-load": "GPU: PyTorch DCP load",
@@ -70,7 +76,7 @@ def main():
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for method in sorted(series, key=lambda m: (not m.startswith("vps"), m)):
         pts = sorted(series[method])
-        dashed = method.endswith("-cold") or method in ("ckpt-save", "ckpt-load", "gpu-dcp-save", "gpu-dcp-load")
+        dashed = method.endswith(("-cold", "-save", "-load"))
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", linestyle="--" if dashed else "-",
                 label=LABELS.get(method, method))
     ax.set_xlabel("state moved (GB, all ranks)")

@@ -64,14 +64,20 @@ plan() {
 	[[ "$output" == *"nothing.staged"* ]]
 }
 
-@test "ckpt_restart.sh: vps and the baseline side by side on a tiny model, a row of figures" {
-	CKPT_DIR=$BATS_TEST_TMPDIR MODELS=$TOP/configs/models/tiny-llama.yaml RUNS=1 \
+@test "ckpt_restart.sh: vps, the baseline and PyTorch's DCP side by side on a tiny model, rows of figures" {
+	framework_job
+	CKPT_DIR=$BATS_TEST_TMPDIR MODELS=$TOP/configs/models/tiny-llama.yaml RUNS=1 PYTHON=$PY \
 		run env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u BUILDDIR -u BINDIR -u SANITIZE -u CFLAGS -u LDFLAGS \
 		"$TOP/scripts/bench/ckpt_restart.sh"
 	[ "$status" -eq 0 ] || { echo "$output"; false; }
-	row=$(echo "$output" | grep '^| 0\.10 |')
+	[ "$(echo "$output" | grep -c '^| 0\.10 |')" = 2 ]
+	row=$(echo "$output" | grep '^| 0\.10 |' | head -1)
 	# state, two vps pauses, save, load, total, two ratios: all figures
 	[ "$(echo "$row" | awk -F'|' '{ n = 0; for (i = 2; i <= 9; i++) if ($i ~ /^ [0-9.]+x? $/) n++; print n }')" = 8 ]
+	# DCP's, from the same run: save, load, total, against the files and vps's two
+	row=$(echo "$output" | grep '^| 0\.10 |' | tail -1)
+	[ "$(echo "$row" | awk -F'|' '{ n = 0; for (i = 2; i <= 8; i++) if ($i ~ /^ [0-9.]+x? $/) n++; print n }')" = 7 ]
+	[[ "$output" == *"torch.distributed.checkpoint over gloo, the same run"* ]]
 	# the temporary checkpoint directory is gone
 	[ -z "$(ls "$BATS_TEST_TMPDIR" | grep vps-ckpt)" ]
 }
@@ -84,4 +90,48 @@ plan() {
 	expect_status 2 /usr/bin/python3 "$TOP/scripts/bench/plot_switch_size.py" neg.tsv out.svg
 	[[ "$output" == *"neg.tsv:2: sizes and times must be positive"* ]]
 	[ ! -e out.svg ]
+}
+
+# scripts/bench/ckpt_dcp.py: PyTorch's distributed checkpoint of the same
+# state, each rank's regions as DCP shards, loaded resharded and checked
+dcp() {
+	"$PY" -c 'import torch.distributed.checkpoint' 2>/dev/null || skip "$PY has no torch.distributed.checkpoint"
+	vps-layout --model tiny-llama --parallel tp=2,pp=2,dp=2,zero=1 -o a.layout -q
+	vps-layout --model tiny-llama --parallel tp=4,pp=1,dp=2,zero=1 -o b.layout -q
+	mkdir dcp
+}
+
+@test "ckpt_dcp.py: 8 ranks save with DCP, the ranks of B load it resharded, every element checked" {
+	framework_job
+	dcp
+	expect_status 0 "$PY" "$TOP/scripts/bench/ckpt_dcp.py" save a.layout dcp
+	# one file per rank and DCP's metadata
+	[ "$(ls dcp/*.distcp | wc -l)" = 8 ]
+	[ -s dcp/.metadata ]
+	written=$(echo "$output" | awk '$1 == "bytes_written:" { print $2 }')
+	logical=$(vps-layout -i a.layout --stats | awk '$1 == "logical_bytes:" { print $2 }')
+	total=$(vps-layout -i a.layout --stats | awk '$1 == "total_bytes:" { print $2 }')
+	# replicas save once: every logical element, not every rank's copy
+	[ "$written" -ge "$logical" ] && [ "$written" -lt "$total" ]
+	expect_status 0 "$PY" "$TOP/scripts/bench/ckpt_dcp.py" load b.layout dcp
+	[ "$(echo "$output" | grep -c '^rank .* regions loaded, checked$')" = 8 ]
+}
+
+@test "ckpt_dcp.py: a damaged DCP checkpoint fails the load with the wrong elements counted" {
+	framework_job
+	dcp
+	expect_status 0 "$PY" "$TOP/scripts/bench/ckpt_dcp.py" save a.layout dcp
+	printf '\xa5\x5a\xa5\x5a' | dd of=dcp/__3_0.distcp bs=1 seek=100000 conv=notrunc status=none
+	expect_status 1 "$PY" "$TOP/scripts/bench/ckpt_dcp.py" load b.layout dcp
+	[[ "$output" == *"wrong elements, 0 nonzero padding elements after loading the checkpoint"* ]]
+}
+
+@test "ckpt_dcp.py: bad arguments are a usage error" {
+	dcp
+	expect_status 2 "$PY" "$TOP/scripts/bench/ckpt_dcp.py" restore a.layout dcp
+	[[ "$output" == *usage:* ]]
+	expect_status 2 "$PY" "$TOP/scripts/bench/ckpt_dcp.py" load nothing.layout dcp
+	[[ "$output" == *"nothing.layout: no such layout file"* ]]
+	expect_status 2 "$PY" "$TOP/scripts/bench/ckpt_dcp.py" save a.layout nodir
+	[[ "$output" == *"nodir: not a directory"* ]]
 }

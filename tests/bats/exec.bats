@@ -163,8 +163,9 @@ per_rank() { # TRANSPORT DEVICES_PER_NODE
 		! grep -q "switch 1: sent" k/exec.$r.log
 	done
 	# the first layout's devices keep their state; the joining ones had none
-	for r in 0 1; do grep -q "switch 1 failed: transport ipc: .*; sources intact" k/trainer.$r.log; done
-	for r in 2 3; do grep -q "switch 1 failed: transport ipc: .*; sources none (joining)" k/trainer.$r.log; done
+	# whether its trainer asked before or after the executor stopped
+	for r in 0 1; do grep -q "switch 1 failed: the executor stopped: rank $r: transport ipc: .*; sources intact" k/trainer.$r.log; done
+	for r in 2 3; do grep -q "switch 1 failed: the executor stopped: rank $r: transport ipc: .*; sources none (joining)" k/trainer.$r.log; done
 }
 
 # ---- transports this machine cannot use, or that do not exist ----
@@ -187,7 +188,7 @@ small_world() { # two ranks, tp=2 -> dp=2, one node
 	vps-layout --model tiny-llama -q -o a.layout
 	vps-plan a.layout a.layout -q | vps-stage --budget 1MiB -q - -o s.staged
 	expect_status 2 vps-exec --registry 'vps-%x' --rank 0 --master 127.0.0.1:1 s.staged
-	[ "$output" = "vps-exec: rank 0: registry name 'vps-%x': unknown '%x' (%r, %a, %b, %l)" ]
+	[ "$output" = "vps-exec: rank 0: registry name 'vps-%x': unknown '%x' (%j job, %r world rank, %a source rank, %b target rank, %l local rank, %% a percent sign)" ]
 }
 
 @test "nccl without GPU support: every rank stops with exit 2, naming it, sources intact" {
@@ -330,8 +331,11 @@ run_with_fault() { # TRANSPORT FAULT: the fault for rank 1, then wait for the ot
 stalled_peer() {
 	run_with_fault $1 stall:5
 	[ "$took" -lt 15 ]
-	# rank 1's partners see the silence; the rest learn it through rank 0
-	grep -h "stage 5 of" e.0 e.2 e.3 | grep -q "no progress for 3 s from rank 1"
+	# rank 1's partners see the silence, or its tree neighbour's heartbeats
+	# do first (the control tree), and every other rank learns it from the
+	# tree: each names rank 1, one of them in stage 5
+	grep -h "stage 5 of" e.0 e.2 e.3 | grep -qE "no progress for 3 s from rank 1|rank 1 gave no sign of life for 3 s"
+	for r in 0 2 3; do grep -qE "no progress for 3 s from rank 1|rank 1 gave no sign of life for 3 s" e.$r; done
 	for r in 0 2 3; do grep -q "vps-exec: rank $r: " e.$r; ! grep -q "switch 1: sent" e.$r; done
 	for r in 0 2 3; do grep -q "sources intact" t.$r; done
 }
@@ -464,3 +468,53 @@ trainer_killed() {
 
 @test "tcp: a trainer killed mid-switch fails the switch on every rank" { trainer_killed tcp; }
 @test "ipc: a trainer killed mid-switch fails the switch on every rank" { trainer_killed ipc; }
+
+# ---- a frozen rank, rank 0 included, is named by every other rank ----
+# within twice --timeout of when it stopped (vps-exec(1), Failures): rank
+# 0 is the control tree's root, rank 2 a leaf of it. The frozen executor is
+# stopped (SIGSTOP) as it begins stage 5; the test takes the time the
+# kernel reports it stopped and the time each other executor ends.
+
+frozen() { # TRANSPORT RANK
+	setup_plan $1
+	local bad=$2 T=3 r st now
+	for r in 0 1 2 3; do
+		vps-trainer --registry "$tag-$r" --rank $r --timeout 30 s.staged > t.$r 2>&1 &
+		tp[$r]=$!
+	done
+	for r in 0 1 2 3; do
+		if [ $r = $bad ]; then
+			VPS_FAULT=stall:5 vps-exec --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --transport $transport \
+				--timeout $T s.staged > e.$r 2>&1 &
+			ep[$r]=$!
+		else
+			(vps-exec --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --transport $transport \
+				--timeout $T s.staged > e.$r 2>&1 || true; date +%s.%N > end.$r) &
+			ep[$r]=$!
+		fi
+	done
+	for _ in $(seq 1500); do
+		st=$(awk '{ print $3 }' /proc/${ep[$bad]}/stat 2>/dev/null || true)
+		[ "$st" = T ] && break
+		sleep 0.02
+	done
+	stopped=$(date +%s.%N)
+	for r in 0 1 2 3; do [ $r = $bad ] || wait ${ep[$r]} || true; done
+	kill -CONT ${ep[$bad]} 2>/dev/null || true
+	kill ${ep[$bad]} 2>/dev/null || true
+	for r in 0 1 2 3; do wait ${ep[$r]} 2>/dev/null || true; wait ${tp[$r]} 2>/dev/null || true; done
+	show_logs
+	[ "$st" = T ]
+	for r in 0 1 2 3; do
+		[ $r = $bad ] && continue
+		now=$(cat end.$r)
+		echo "rank $r ended $(awk -v a="$stopped" -v b="$now" 'BEGIN { printf "%.2f", b - a }') s after rank $bad stopped" >&2
+		awk -v a="$stopped" -v b="$now" -v T=$T 'BEGIN { exit !(b - a <= 2 * T) }'
+		grep -qE "rank $bad gave no sign of life for 3 s|no progress for 3 s from rank $bad" e.$r
+		grep -q "sources intact" t.$r
+	done
+}
+
+@test "tcp: a frozen rank 0 is named by every other rank within twice the timeout" { frozen tcp 0; }
+@test "tcp: a frozen middle rank is named by every other rank within twice the timeout" { frozen tcp 2; }
+@test "ipc: a frozen rank 0 is named by every other rank within twice the timeout" { frozen ipc 0; }

@@ -26,6 +26,14 @@ expect_status() {
 	fi
 }
 
+# Under make asan: a PyTorch or Megatron-Core job spends its minutes in
+# Python, which loads the plain build's libvps (it cannot load a sanitized
+# one), and make check has run it; the sanitized pass keeps CI's time for the
+# C tools' tests.
+framework_job() {
+	[ -z "${VPS_SANITIZED:-}" ] || skip "a framework job in Python: make check runs it, make asan does not"
+}
+
 # make in the source tree, of the plain build: under make asan the sanitized
 # build's settings reach the tests in MAKEFLAGS and, as the command line's
 # variables, in the environment; a program or a Python process not built

@@ -92,3 +92,15 @@ JSON
 	expect_status 2 vps-plan --topology no-such --transition gpt3-1.3b-tp-up
 	[[ "$output" == "vps-plan: --topology: no topology named 'no-such'; known: "* ]]
 }
+
+@test "a named configuration of another model is refused with --model, naming both; one rank is one rank" {
+	expect_status 2 vps-layout --parallel llama2-13b-4-4-2 --model llama2-7b -o x.layout
+	[ "${lines[0]}" = "vps-layout: --parallel: llama2-13b-4-4-2 is llama2-13b's configuration, and --model is llama2-7b (leave out --model, or give the shape as tp=..,pp=..,dp=..)" ]
+	[ ! -e x.layout ]
+	# its own model, named or not, is accepted
+	vps-layout -q --parallel llama2-13b-4-4-2 --model llama2-13b -o x.layout
+	vps-layout -q --parallel llama2-13b-4-4-2 -o y.layout
+	cmp x.layout y.layout
+	run vps-layout --model tiny-llama --parallel tp=1 -o one.layout
+	[[ "${lines[0]}" == "layout: tiny-llama on 1 rank ("* ]]
+}

@@ -67,7 +67,7 @@ tp2() {
 	vps-plan -q --lost 1 --allow-loss --yaml a.layout b.layout -o p.yaml
 	run vps-verify p.yaml
 	[ "$status" -eq 0 ]
-	[[ "$output" == *"1 lost ranks, 136 lost ranges (44097536 bytes) left for the trainer to reload"* ]]
+	[[ "$output" == *"1 lost rank, 136 lost ranges (42.1 MiB) left for the trainer to reload"* ]]
 	! grep -q '^- src: 1$' p.yaml
 	vps-stage -q --budget 1MiB p.yaml -o p.staged
 	vps-verify -q p.staged

@@ -6,6 +6,7 @@ load helpers
 
 setup() {
 	cd "$BATS_TEST_TMPDIR" || exit 1
+	framework_job
 	"$PY" -c 'import megatron.core' 2>/dev/null || skip "$PY has no megatron-core (make venv makes the test environment)"
 }
 
@@ -36,4 +37,48 @@ setup() {
 	[[ "$output" == *"check_megatron.py: tiny-llama tp=3: parallel: tp=3 does not divide heads=8 of tiny-llama"* ]]
 	expect_status 2 "$PY" "$TOP/tests/megatron/check_megatron.py" -k 'tiny-llama tp=2,dp=2,zero=1' --vps tp=2
 	[[ "$output" == *"has a world of 2 ranks"* ]]
+}
+
+# tests/megatron/check_switch.py (make check-megatron runs it whole):
+# vps.megatron switching a Megatron-Core job, as README and vps(7) show it.
+
+@test "README's and vps(7)'s Megatron-Core fragments are check_switch.py's own lines" {
+	run python3 - "$TOP" <<-'PY'
+	import sys
+	top = sys.argv[1]
+	sys.path.insert(0, top + "/tests/bats")
+	import examples
+	mine = {l.strip() for l in open(top + "/tests/megatron/check_switch.py")}
+	n = 0
+	for page in ("README.md", "man/vps.7"):
+	    for b in examples.blocks_of(top + "/" + page):
+	        if b.kind == "not run" and "Megatron-Core training loop" in b.why:
+	            n += 1
+	            for line in b.text:
+	                if line.strip() not in ("", "...") and line.strip() not in mine:
+	                    sys.exit("%s: not a line of check_switch.py: %s" % (b.where(), line.strip()))
+	if n != 2:
+	    sys.exit("%d Megatron-Core fragments, expected one in each page" % n)
+	PY
+	echo "$output"
+	[ "$status" -eq 0 ]
+	# the lines that make the job switchable are among them
+	grep -q 'job = vps.megatron.Job(reg, layout, rank, model, optimizer)' "$TOP/README.md"
+	grep -q 'model, optimizer, carried = job.switch(new_layout, rank, vps.Training(' "$TOP/man/vps.7"
+}
+
+@test "check_switch.py: an executor that dies stops the run, which says so and leaves nothing in /dev/shm" {
+	ls /dev/shm | grep '^vps-mcore-' > before || true
+	VPS_FAULT=exit:0 expect_status 1 "$PY" "$TOP/tests/megatron/check_switch.py" --steps 5 --every 3
+	[[ "$output" == *"check_switch.py: vps-exec rank "*" exited with status 3"* ]]
+	ls /dev/shm | grep '^vps-mcore-' > after || true
+	run comm -13 before after
+	echo "left: $output"
+	[ -z "$output" ]
+}
+
+@test "check_switch.py: bad arguments exit 2" {
+	expect_status 2 "$PY" "$TOP/tests/megatron/check_switch.py" --steps 0
+	[[ "$output" == *"--steps and --every must be at least 1"* ]]
+	expect_status 2 "$PY" "$TOP/tests/megatron/check_switch.py" --no-such-option
 }

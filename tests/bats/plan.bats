@@ -134,3 +134,17 @@ stat() { # key from a --stats listing in $output
 	expect_status 1 vps-verify bad.yaml
 	[[ "$output" == *"relay 3 passes on"*"elements, of which it receives 0 from holders"* ]]
 }
+
+@test "the summary says how many devices join and leave whenever they change" {
+	# the same 8 ranks, 8 GPUs a node against 4: half the devices are others
+	vps-layout -q --model tiny-llama --parallel tp=2,dp=4 --gpus-per-node 8 -o a8.layout
+	vps-layout -q --model tiny-llama --parallel tp=2,dp=4 --gpus-per-node 4 -o b4.layout
+	run vps-plan a8.layout b4.layout -o ab.plan
+	[ "$status" -eq 0 ]
+	[[ "${lines[0]}" == "plan: "*" moved, the lower bound; busiest device "*"; 4 joining, 4 leaving" ]]
+	# the same devices: nothing said of them
+	vps-layout -q --model tiny-llama --parallel tp=1,dp=8 --gpus-per-node 8 -o c8.layout
+	run vps-plan a8.layout c8.layout -o ac.plan
+	[ "$status" -eq 0 ]
+	[[ "${lines[0]}" != *joining* ]]
+}

@@ -34,6 +34,7 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 # and data: within 1e-3 relative, and the state equal bit for bit across
 # each switch.
 @test "a run switching every 10 steps through three layouts trains as the static run" {
+	framework_job
 	common=(--nproc 4 --model micro-llama --gpus-per-node 4 --steps 40 --global-batch 8 --micro-batch 2)
 	run "$PY" "$TOP/examples/torch/launch.py" "${common[@]}" --dir static --configs tp=2:dp=2:zero=1 \
 		--loss-log static/loss.txt
@@ -60,6 +61,44 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	awk 'NR == 1 { a = $2 } END { exit !($2 < a - 0.5) }' switched/loss.txt
 }
 
+# Devices join and leave a running job (vps(7), DEVICES JOIN AND LEAVE): 4
+# processes become 8 (dp=8) and 4 again (tp and pp), the new world made
+# while the job trains on; every switch bit for bit, every sample read once,
+# and the loss that of the static run.
+@test "a job grows from 4 to 8 processes and shrinks back to 4 while it trains, as the static run" {
+	framework_job
+	ls /dev/shm | grep '^vps-torch-' > before || true
+	run "$PY" "$TOP/examples/torch/launch.py" --nproc 4 --dir r --model micro-llama --gpus-per-node 8 --steps 12 \
+		--switch-every 4 --check-switch --compare-static --configs tp=2:dp=2,dp=8,tp=2:pp=2
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"launch.py: micro-llama trained for 12 steps on 4 -> 8 -> 4 processes: tp=2,dp=2, then dp=8 on 8 from step 4, then tp=2,pp=2 on 4 from step 8 (2 switches)"* ]]
+	[[ "$output" == *"launch.py: switch 1, 4 -> 8 processes (4 joined): the new world made in "*" s while the job trained on, pause "*" s: "*"% of it hidden"* ]]
+	[[ "$output" == *"launch.py: switch 2, 8 -> 4 processes (4 left): the new world made in "* ]]
+	[[ "$output" == *"launch.py: every rank's digest of its state matched across every switch (vps-exec --check): 16 of 16"* ]]
+	[[ "$output" == *"(--check-switch): 2 of 2"* ]]
+	[[ "$output" == *"launch.py: every sample read exactly once, 8 a step (the global batch) at every step: 96 samples in 12 steps"* ]]
+	[[ "$output" == *"(--compare-static): largest relative deviation "*", within 0.001 at every step"* ]]
+	# a line per switch: worlds 4 -> 8, then 8 -> 4, 4 joined then none
+	[ "$(cut -f5-7 r/switches.tsv | tr '\t\n' ', ')" = "4,8,4 8,4,0 " ]
+	[ "$(cut -d' ' -f3 r/loss.txt | uniq | tr '\n' ' ')" = "tp=2,dp=2 dp=8 tp=2,pp=2 " ]
+	ls /dev/shm | grep '^vps-torch-' > after || true
+	run comm -13 before after
+	echo "left: $output"
+	[ -z "$output" ]
+}
+
+@test "a process that dies before it joins leaves the job training in its world, and the switch named as not done" {
+	framework_job
+	VPS_TRAIN_FAULT=5:start expect_status 1 "$PY" "$TOP/examples/torch/launch.py" --nproc 4 --dir r \
+		--model micro-llama --gpus-per-node 8 --steps 8 --switch-every 4 --configs tp=2:dp=2,dp=8
+	[[ "$output" == *"launch.py: switch 1 abandoned: process 5 exited with status 3 before it joined"* ]]
+	[[ "$output" == *"launch.py: micro-llama trained for 8 steps on 4 processes: tp=2,dp=2 (0 switches)"* ]]
+	[[ "$output" == *"launch.py: switch 1 to dp=8 on 8 processes did not happen: process 5 exited with status 3 before it joined; the job trained on in tp=2,dp=2 on 4"* ]]
+	[ "$(wc -l < r/loss.txt)" -eq 8 ]
+	grep -q 'train.py: switch 1 to dp=8 abandoned at step 4: process 5 exited with status 3 before it joined' r/train.0.log
+}
+
 @test "launch.py refuses a configuration the job's ranks do not fill, before starting anything" {
 	expect_status 2 "$PY" "$TOP/examples/torch/launch.py" --nproc 2 --dir r --model micro-llama --configs tp=4
 	[[ "$output" == *"--configs: tp=4 has a world of 4 ranks, --nproc is 2"* ]]
@@ -72,16 +111,18 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 }
 
 @test "an executor that dies stops the job, and the job leaves nothing in /dev/shm" {
+	framework_job
 	# the launcher's registries are vps-torch-PID-RANK (other tests' objects come and go)
 	ls /dev/shm | grep '^vps-torch-' > before || true
 	VPS_FAULT=exit:1 expect_status 1 "$PY" "$TOP/examples/torch/launch.py" --nproc 4 --dir r --model micro-llama \
 		--gpus-per-node 4 --steps 4 --switch-every 2 --global-batch 8 --micro-batch 2 \
 		--configs tp=2:dp=2:zero=1,pp=2:dp=2
+	echo "$output" > launch.out
 	[[ "$output" == *"executor "*" exited with status"* ]]
 	ls /dev/shm | grep '^vps-torch-' > after || true
 	run comm -13 before after
 	echo "left: $output"
-	[ -z "$output" ]
+	[ -z "$output" ] || { head -40 launch.out; false; }
 }
 
 @test "launch.py under a Python without PyTorch runs under one that has it, or says in one line what is missing" {
@@ -128,6 +169,7 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 }
 
 @test "launch.py writes into a temporary directory it names, and --compare-static checks the loss against a static run" {
+	framework_job
 	run "$PY" "$TOP/examples/torch/launch.py" --nproc 2 --model micro-llama --gpus-per-node 2 --steps 4 \
 		--switch-every 2 --global-batch 4 --micro-batch 2 --configs tp=2,dp=2 --compare-static
 	echo "$output"
@@ -173,10 +215,50 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	[ ! -e r ]
 }
 
+# torchrun (torch.distributed.run) starts only the ranks: each makes its own
+# part of the plans and starts its own executor (train.py --exec)
+torchrun_or_skip() {
+	"$PY" -c 'import sys, torch; sys.exit(int(torch.__version__.split(".")[0]) < 2)' 2>/dev/null ||
+		skip "$PY has no PyTorch 2 (torchrun)"
+}
+
+@test "torchrun starts the ranks and each rank its own vps-exec: two switches, the state bit for bit" {
+	framework_job
+	torchrun_or_skip
+	ls /dev/shm | grep '^vps-torch-' > before || true
+	run "$PY" -m torch.distributed.run --standalone --nproc-per-node 4 "$TOP/examples/torch/train.py" \
+		--exec run --model micro-llama --configs tp=2:dp=2:zero=1,pp=2:dp=2 --switch-every 3 --steps 7 \
+		--gpus-per-node 4 --global-batch 8 --micro-batch 2 --check-switch --loss-log run/loss.txt
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[ "$(echo "$output" | grep -c 'equal bit for bit')" -eq 2 ]
+	[ "$(cat run/exec.*.log | grep -c 'digest: match')" -eq 8 ]
+	[ "$(wc -l < run/loss.txt)" -eq 7 ]
+	[ "$(cut -d' ' -f3 run/loss.txt | uniq | tr '\n' ' ')" = "tp=2,dp=2,zero=1 pp=2,dp=2 tp=2,dp=2,zero=1 " ]
+	# each rank's own part of each switch's plan, made by the rank
+	for r in 0 1 2 3; do
+		[ -s run/rank-$r/c0-c1.staged ] && [ -s run/rank-$r/c1-c0.staged ]
+		[ -s run/report.$r.yaml ]
+	done
+	ls /dev/shm | grep '^vps-torch-' > after || true
+	run comm -13 before after
+	[ -z "$output" ]
+}
+
+@test "train.py --exec without a job token says how to make one" {
+	torchrun_or_skip
+	run env -u VPS_TOKEN "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 \
+		"$TOP/examples/torch/train.py" --exec run --model micro-llama --configs dp=2,tp=2 --switch-every 2 \
+		--steps 3 --gpus-per-node 2
+	[ "$status" -ne 0 ]
+	[[ "$output" == *"train.py: --exec: no VPS_TOKEN in the environment: export VPS_TOKEN=\$(vps-exec --new-token) before starting the job"* ]]
+}
+
 # scripts/bench/gpu_dcp.py, the GPU benchmark's PyTorch DCP side, as it runs
 # here: on the CPU (--device cpu), every element checked after the resharded
 # load; replicas of A save each box once, replicas of B load it each.
 @test "gpu_dcp.py: DCP saves A and loads it resharded into B, every element checked; without a GPU it refuses" {
+	framework_job
 	"$PY" -c 'import torch.distributed.checkpoint' 2>/dev/null || skip "$PY has no torch.distributed.checkpoint"
 	vps-layout -q --model micro-llama --parallel tp=1,dp=2,zero=1 --gpus-per-node 2 -o a.layout
 	vps-layout -q --model micro-llama --parallel tp=2,zero=1 --gpus-per-node 2 -o b.layout
@@ -189,7 +271,7 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	[ "$(awk '$1 == "state_bytes:" { print $2 }' <<< "$output")" = "$(vps-layout -i a.layout --stats | awk '$1 == "total_bytes:" { print $2 }')" ]
 	grep -qx 'wrong_elements: 0' <<< "$output"
 	grep -qx 'dirty_padding: 0' <<< "$output"
-	ls ck | grep -q '\.metadata$'
+	[ -s ck/.metadata ]  # DCP's metadata, a dot file that ls leaves out
 	# where torch sees no GPU, the GPU run refuses at once, saying so
 	if ! "$PY" -c 'import torch, sys; sys.exit(torch.cuda.is_available())'; then
 		expect_status 2 "$PY" "$TOP/scripts/bench/gpu_dcp.py" a.layout b.layout ck

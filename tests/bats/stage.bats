@@ -12,7 +12,7 @@ setup_file() {
 	cd "$BATS_FILE_TMPDIR"
 	vps-stage --budget 2GiB ablation.plan -o s.staged
 	expect_status 0 vps-verify s.staged
-	[[ "$output" == "s.staged: ok: llama2-13b: "*" stages within 2147483648 bytes, "* ]]
+	[[ "$output" == "s.staged: ok: llama2-13b: "*" stages within a 2.00 GiB budget, "* ]]
 	run vps-stage --budget 2GiB ablation.plan --stats
 	peak=$(awk '$1 == "peak_max:" { print $2 }' <<<"$output")
 	[ "$peak" -le 2147483648 ]
@@ -105,4 +105,32 @@ setup_file() {
 	awk '/^- stage: [1-9]/ && !done && ++n == 4 { print "- stage: 1"; done = 1; next } { print }' s.yaml > bad.yaml
 	expect_status 1 vps-verify bad.yaml
 	[[ "$output" == *"passes on in stage 1 what it may receive as late as stage"* ]]
+}
+
+@test "a budget that makes thousands of stages is staged with a warning naming a budget for about 100" {
+	vps-layout -q --model tiny-llama --parallel tp=2,dp=2,zero=1 -o a.layout
+	vps-layout -q --model tiny-llama --parallel tp=1,pp=2,dp=2,zero=1 -o b.layout
+	vps-plan -q a.layout b.layout -o ab.plan
+	run vps-stage --budget 4KiB ab.plan -o small.staged
+	[ "$status" -eq 0 ]
+	[[ "${lines[0]}" =~ ^vps-stage:\ warning:\ ([0-9]+)\ stages\ within\ a\ 4.00\ KiB\ budget\;\ a\ budget\ of\ about\ (.+)\ gives\ about\ 100$ ]]
+	[ "${BASH_REMATCH[1]}" -gt 5000 ]
+	suggest=${BASH_REMATCH[2]}
+	# the budget it names gives about that many, and no warning
+	run vps-stage --budget "${suggest// /}" ab.plan -o big.staged
+	[ "$status" -eq 0 ]
+	[[ "$output" != *warning* ]]
+	n=$(vps-stage --budget "${suggest// /}" ab.plan --stats | awk '$1 == "stages:" { print $2 }')
+	[ "$n" -ge 50 ] && [ "$n" -le 200 ]
+	# -q says nothing
+	run vps-stage -q --budget 4KiB ab.plan -o small.staged
+	[ "$status" -eq 0 ] && [ -z "$output" ]
+}
+
+@test "one stage, one transfer: the summary counts in the singular" {
+	vps-layout -q --model tiny-llama --parallel tp=1 -o one.layout
+	vps-plan -q one.layout one.layout -o same.plan
+	run vps-stage --budget 1MiB same.plan -o same.staged
+	[ "$status" -eq 0 ]
+	[[ "$output" == "staged: 1 stage within a 1.00 MiB budget, peak 0 B a rank; 0 B moved in 1 transfer" ]]
 }

@@ -410,6 +410,7 @@ python_device_buffers() { # TRANSPORT
 
 @test "scripts/bench/gpu_switch.sh on the stand-ins: the pause from the last request, its parts, the digest's share" {
 	export VPS_CUDA_LIBRARY=$STANDIN/libvps-cuda-standin.so VPS_NCCL_LIBRARY=$STANDIN/libnccl-standin.so
+	export VPS_BENCH=$STANDIN/../bench # the bench of the stand-ins' build
 	run timeout 300 "$TOP/scripts/bench/gpu_switch.sh" --check --memcpy 4 --budget 1MiB tiny-llama tp=2,pp=2,dp=2 \
 		tp=4,pp=1,dp=2
 	echo "$output"
@@ -432,7 +433,8 @@ python_device_buffers() { # TRANSPORT
 	vps-layout -q --model tiny-llama --parallel tp=2,dp=2,zero=1 --gpus-per-node 4 -o a.layout
 	vps-layout -q --model tiny-llama --parallel tp=1,pp=2,dp=2,zero=1 --gpus-per-node 4 -o b.layout
 	vps-plan -q a.layout b.layout | vps-stage -q --budget 1MiB - -o s.staged
-	run "$TOP/build/bench/gpu_copy_bench" --replay s.staged 4
+	# the bench of the stand-ins' build (make asan's loads only its own)
+	run "$STANDIN/../bench/gpu_copy_bench" --replay s.staged 4
 	echo "$output"
 	[ "$status" -eq 0 ]
 	[[ "${lines[0]}" == "replay s.staged: 4 ranks, "*" stages; each rank alone on the GPU, cudaMemcpy "*" GB/s" ]]

@@ -109,10 +109,11 @@ on_tty() {
 	moved=$(human "$(key bytes_moved st.txt)")
 	busiest=$(human "$(awk '$1 == "max_send_bytes:" { s = $2 } $1 == "max_recv_bytes:" { r = $2 } END { print (s > r ? s : r) }' st.txt)")
 	est=$(seconds "$(key estimate_seconds st.txt)")
-	[ "$(cat err)" = "plan: $moved moved, the lower bound; busiest device $busiest (1.00x balanced); $est on a800-testbed" ]
+	devices="$(key joining st.txt) joining, $(key leaving st.txt) leaving"
+	[ "$(cat err)" = "plan: $moved moved, the lower bound; busiest device $busiest (1.00x balanced); $est on a800-testbed; $devices" ]
 	# into a pipe: the same sentence, and the plan unchanged by it
 	vps-plan --transition llama2-7b-s1-s2 2> err2 | cmp - ab.plan
-	[ "$(cat err2)" = "plan: $moved moved, the lower bound; busiest device $busiest (1.00x balanced)" ]
+	[ "$(cat err2)" = "plan: $moved moved, the lower bound; busiest device $busiest (1.00x balanced); $devices" ]
 	# -q: nothing; on a terminal with -o: the sentence (the plan is in a file)
 	vps-plan --transition llama2-7b-s1-s2 -q -o q.plan 2> err3
 	[ ! -s err3 ]

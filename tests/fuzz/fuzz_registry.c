@@ -119,7 +119,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 		die("/dev/shm/" BUF_NAME);
 	close(fd);
 	/* the owner fields are where the comment above says */
-	struct vps_registry *r, *e;
+	struct vps_registry *r = NULL, *e = NULL;
 	if (vps_registry_create(&r, reg_name, 1, 0, 1, 1) || vps_registry_open(&e, reg_name))
 		die("vps_registry_create and _open");
 	size_t len;

@@ -39,6 +39,7 @@ logging.disable(logging.WARNING)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from torch.overrides import TorchFunctionMode  # noqa: E402
 from megatron.core import parallel_state  # noqa: E402
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig  # noqa: E402
 from megatron.core.extensions import transformer_engine_spec_provider  # noqa: E402
@@ -47,6 +48,7 @@ from megatron.core.models.gpt import GPTModel, gpt_layer_specs  # noqa: E402
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer  # noqa: E402
 from megatron.core.post_training.modelopt.layers import Linear as ReplicatedLinear  # noqa: E402
 from megatron.core.tensor_parallel import set_defaults_if_not_set_tensor_model_parallel_attributes  # noqa: E402
+from megatron.core.tensor_parallel import random as tensor_parallel_random  # noqa: E402
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear  # noqa: E402
 from megatron.core.transformer.dot_product_attention import DotProductAttention  # noqa: E402
 from megatron.core.transformer import multi_latent_attention  # noqa: E402
@@ -63,12 +65,14 @@ VERSION = version("megatron-core")
 
 
 class LayerNormColumnParallelLinear(ColumnParallelLinear):
-    """What TELayerNormColumnParallelLinear registers, built from Megatron's
-    ColumnParallelLinear: the norm's layer_norm_weight (and layer_norm_bias
-    for LayerNorm) before the linear's weight and bias, as TransformerEngine's
-    LayerNormLinear.__init__ registers them. TE's fused module is the only
-    one of the TE spec without a Megatron-Core equivalent; registration order
-    fixes the DDP buffer's order, so it has to be TE's."""
+    """What TELayerNormColumnParallelLinear registers and computes, built
+    from Megatron's ColumnParallelLinear: the norm's layer_norm_weight (and
+    layer_norm_bias for LayerNorm) before the linear's weight and bias, as
+    TransformerEngine's LayerNormLinear.__init__ registers them, and the norm
+    (in fp32, as TE's kernels compute it) before the linear. TE's fused
+    module is the only one of the TE spec without a Megatron-Core
+    equivalent; registration order fixes the DDP buffer's order, so it has
+    to be TE's."""
 
     def __init__(self, input_size, output_size, *, config, **kwargs):
         super().__init__(input_size, output_size, config=config, **kwargs)
@@ -78,6 +82,18 @@ class LayerNormColumnParallelLinear(ColumnParallelLinear):
         if config.normalization == "LayerNorm":
             self.layer_norm_bias = torch.nn.Parameter(torch.zeros(input_size, dtype=config.params_dtype))
         self._parameters.update(linear)
+
+    def forward(self, input_, *args, **kwargs):
+        x = input_.float()
+        w = self.layer_norm_weight.float()
+        if self.config.layernorm_zero_centered_gamma:
+            w = w + 1
+        eps = self.config.layernorm_epsilon
+        if self.config.normalization == "LayerNorm":
+            x = F.layer_norm(x, (x.shape[-1],), w, self.layer_norm_bias.float(), eps)
+        else:
+            x = F.rms_norm(x, (x.shape[-1],), w, eps)
+        return super().forward(x.to(input_.dtype), *args, **kwargs)
 
 
 class CoreAttention(DotProductAttention):
@@ -154,6 +170,91 @@ def install_cpu_shims():
     transformer_engine_spec_provider.TESpecProvider = CPUSpecProvider
     multi_latent_attention.TELinear = ReplicatedLinear
     _shims_installed = True
+
+
+class _HostStream:
+    """torch.cuda's stream for a machine without one: the CPU runs every
+    operation in order, so there is nothing to wait for."""
+
+    def wait_event(self, event):
+        pass
+
+    def wait_stream(self, stream):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+class _HostPlacement(TorchFunctionMode):
+    """Every tensor Megatron-Core places on a GPU (device="cuda", an index,
+    .cuda(), .to("cuda")) is placed on the CPU."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if "device" in kwargs:
+            kwargs["device"] = _host(kwargs["device"])
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.to and len(args) > 1 and isinstance(args[1], (str, int, torch.device)):
+            args = (args[0], _host(args[1])) + tuple(args[2:])
+        return func(*args, **kwargs)
+
+
+def _host(device):
+    if isinstance(device, int) or (isinstance(device, (str, torch.device)) and torch.device(device).type == "cuda"):
+        return torch.device("cpu")
+    return device
+
+
+_tensor_type = torch.Tensor.type
+
+
+def _cuda_type_name(self, *args, **kwargs):
+    name = _tensor_type(self, *args, **kwargs)
+    if args or kwargs or not name.startswith("torch.") or name.startswith("torch.cuda."):
+        return name
+    return "torch.cuda." + name[len("torch."):]
+
+
+_training_shims_installed = False
+
+
+def install_training_shims():
+    """What Megatron-Core's optimizer, schedules and gradient reduction need
+    beyond install_cpu_shims to train on a machine without a GPU. Each is a
+    placement, never a change to what is computed:
+
+    - tensors Megatron creates on "cuda" (MixedPrecisionOptimizer's
+      _scale_one, the schedules' and p2p communication's buffers) are
+      created on the CPU (a TorchFunctionMode, _HostPlacement);
+    - Tensor.type() names a CPU tensor's type as its CUDA type
+      ("torch.cuda.BFloat16Tensor"): the DistributedOptimizer's constructor
+      and clip_grad_by_total_norm_fp32 accept only those names;
+    - the CUDA generator is a CPU generator of its own: the RNG tracker
+      (model_parallel_cuda_manual_seed, CudaRNGStatesTracker.fork) saves and
+      restores the CUDA generator's state around dropout, which these tests
+      set to 0;
+    - torch.cuda.current_stream() is a stream with nothing to wait for, and
+      torch.cuda.synchronize() and torch.cuda.stream() do nothing: DDP's
+      gradient reduction orders its collectives against the current stream.
+    """
+    global _training_shims_installed
+    if _training_shims_installed:
+        return
+    install_cpu_shims()
+    _HostPlacement().__enter__()
+    torch.Tensor.type = _cuda_type_name
+    generator = torch.Generator()
+    torch.cuda.get_rng_state = torch.cuda.random.get_rng_state = lambda device="cuda": generator.get_state()
+    torch.cuda.manual_seed = lambda seed: generator.manual_seed(seed)
+    tensor_parallel_random._set_cuda_rng_state = \
+        lambda new_state, device=-1, graph_safe=False: generator.set_state(new_state)
+    stream = _HostStream()
+    torch.cuda.current_stream = lambda device=None: stream
+    torch.cuda.synchronize = lambda device=None: None
+    torch.cuda.stream = lambda s: contextlib.nullcontext()
+    _training_shims_installed = True
 
 
 # ---- the model -------------------------------------------------------------
@@ -377,11 +478,12 @@ def coords():
                 edp=ps.get_expert_data_parallel_rank())
 
 
-def run_ranks(world, fn, timeout=300):
+def run_ranks(world, fn, timeout=300, watch=None):
     """fn(rank) in world forked processes that form a gloo world (the parent
     has imported torch and megatron-core once; a fork costs no import). Each
     fn's return value, or the exception it raised as a RankError, in rank
-    order. A rank that dies or outlives timeout seconds fails them all."""
+    order. A rank that dies or outlives timeout seconds fails them all, and
+    so does watch() (called while they run) returning a reason."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     with tempfile.TemporaryDirectory(prefix="vps-mcore-") as tmp:
         store = os.path.join(tmp, "store")
@@ -415,22 +517,36 @@ def run_ranks(world, fn, timeout=300):
         deadline = time.monotonic() + timeout
         failed = None
         while pids:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
+            # the ranks only: the caller may have children of its own (vps-exec)
+            done = [(pid, status) for pid, status in (os.waitpid(p, os.WNOHANG) for p in list(pids)) if pid]
+            if not done:
                 if time.monotonic() > deadline:
                     failed = "ranks %s still running after %d s" % (sorted(pids.values()), timeout)
                     break
+                failed = watch() if watch else None
+                if failed:
+                    break
                 time.sleep(0.01)
                 continue
-            r = pids.pop(pid)
-            if os.WIFSIGNALED(status) and failed is None:
-                failed = "rank %d killed by signal %d" % (r, os.WTERMSIG(status))
+            for pid, status in done:
+                r = pids.pop(pid)
+                if os.WIFSIGNALED(status) and failed is None:
+                    failed = "rank %d killed by signal %d" % (r, os.WTERMSIG(status))
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         for pid in pids:
             os.waitpid(pid, 0)
         if failed:
+            # what a rank that failed first said is the cause more often than not
+            for r in range(world):
+                path = os.path.join(tmp, "%d.pickle" % r)
+                if os.path.exists(path):
+                    with open(path, "rb") as f:
+                        out = pickle.load(f)
+                    if isinstance(out, RankError):
+                        failed += "\n(rank %d had failed: %s)\n%s" % (r, out.what, out.trace)
+                        break
             raise RuntimeError(failed)
         results = []
         for r in range(world):

@@ -9,6 +9,7 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 import subprocess
 import sys
 import unittest
@@ -507,6 +508,73 @@ class Printing(unittest.TestCase):
             with self.assertRaises(vps.Error, msg=bad) as e:
                 lay.holders(*args)
             self.assertIn(bad, str(e.exception))
+
+
+class Elastic(unittest.TestCase):
+    """vps.elastic: the groups of a layout, the switch protocol on the job's
+    store, and a world built in the background."""
+
+    def setUp(self):
+        import vps.elastic
+        self.el = vps.elastic
+
+    def test_axis_groups(self):
+        lay = vps.layout("micro-llama", "tp=2,dp=2", 8)
+        self.assertEqual(self.el.axis_groups(lay, "tp"), [[0, 1], [2, 3]])
+        self.assertEqual(self.el.axis_groups(lay, "dp"), [[0, 2], [1, 3]])
+        # ordered by the other coordinates, tp first: rank 2 is (tp 0, dp 1), rank 1 (tp 1, dp 0)
+        self.assertEqual(self.el.axis_groups(lay, "pp"), [[0], [2], [1], [3]])
+        # each axis's groups, then the job's: every process makes them in this order
+        self.assertEqual(self.el.layout_groups(lay)[-1], [0, 1, 2, 3])
+        with self.assertRaises(vps.Error):
+            self.el.axis_groups(lay, "zz")
+
+    @staticmethod
+    def eventually(fn):
+        """fn()'s value once true (a key set by one client of the store is seen
+        by another a moment later, as the trainers' polls allow for)."""
+        deadline = time.monotonic() + 10
+        while True:
+            v = fn()
+            if v or time.monotonic() > deadline:
+                return v
+            time.sleep(0.01)
+
+    def test_protocol(self):
+        agent = self.el.Agent(timeout=30)
+        job = self.el.Job("127.0.0.1", agent.port, timeout=30, agent=True)
+        job.ask(1, {"config": "dp=8", "world": 8})
+        self.assertEqual(self.eventually(agent.asks), [{"config": "dp=8", "world": 8, "switch": 1}])
+        self.assertEqual(agent.asks(), [])
+        self.assertFalse(job.ready(1))
+        agent.ready(1)
+        self.assertTrue(self.eventually(lambda: job.ready(1)))
+        self.assertEqual(agent.request("tp=2,dp=2"), 1)
+        self.assertEqual(self.eventually(lambda: job.request(1)), "tp=2,dp=2")
+        self.assertIsNone(job.request(2))
+        # the first word on an abandoned switch stays
+        job.abandon(2, "process 5 exited with status 3 before it joined")
+        agent.abandon(2, "later")
+        self.assertEqual(self.eventually(lambda: agent.abandoned(2)), "process 5 exited with status 3 before it joined")
+        self.assertIsNone(job.abandoned(1))
+        agent.verdict(2, 1, "old")
+        self.assertEqual(job.verdict(2, 1, 5), "old")
+        self.assertTrue(job.verdict(2, 2, 0.05).startswith("stop: "))
+        self.assertFalse(agent.finished())
+        job.finish()
+        self.assertTrue(self.eventually(agent.finished))
+        self.assertIsNone(job.wait_asked(2))
+
+    def test_world_built_in_the_background(self):
+        agent = self.el.Agent(timeout=30)
+        jobs = [self.el.Job("127.0.0.1", agent.port, timeout=30) for _ in range(2)]
+        builds = [j.build(1, r, 2, [[0, 1]]) for r, j in enumerate(jobs)]
+        worlds = [b.result(30) for b in builds]
+        out = [torch.tensor([float(r + 1)]) for r in range(2)]
+        works = [torch.distributed.all_reduce(t, group=w.group([0, 1]), async_op=True) for t, w in zip(out, worlds)]
+        for w in works:
+            w.wait()
+        self.assertEqual([t.item() for t in out], [3.0, 3.0])
 
 
 if __name__ == "__main__":

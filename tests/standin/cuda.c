@@ -51,6 +51,7 @@
 
 #include "gpu/cuda/vps_cuda.h"
 #include "standin.h"
+#include "util/hash.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define OBJ_PREFIX "vps-sgpu-"
@@ -1079,17 +1080,6 @@ static int api_copy(const struct vps_cuda_copy *c, size_t n, char *err)
 
 /* ---- the digest kernel ---- */
 
-/* lib/util/hash.h's vps_mix64, which the real kernel repeats */
-static uint64_t mix64(uint64_t x)
-{
-	x ^= x >> 30;
-	x *= 0xbf58476d1ce4e5b9ULL;
-	x ^= x >> 27;
-	x *= 0x94d049bb133111ebULL;
-	x ^= x >> 31;
-	return x;
-}
-
 struct digest_view {
 	struct vps_cuda_digest v;
 	const unsigned char *host; /* element (0, ..) */
@@ -1137,7 +1127,7 @@ static int run_digest(void *arg, bool cancelled, char *err)
 						memcpy(&b, p, 4);
 						bits = b;
 					}
-					sum += mix64(mix64(v->key ^ (uint64_t)flat) ^ bits);
+					sum += vps_mix64(vps_mix64(v->key ^ (uint64_t)flat) ^ bits);
 				}
 				for (int a = last - 1; a >= 0; a--) {
 					if (++idx[a] < v->ext[a])

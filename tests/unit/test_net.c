@@ -12,8 +12,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+
 #include "harness.h"
-#include "exec/net/net.h"
+#include "util/internal.h"
+#include "exec/net/net_int.h"
 #include "vps/stage.h"
 
 struct rank_run {
@@ -41,15 +45,19 @@ static void *run_rank(void *arg)
 	int64_t peers[64];
 	size_t np = vps_net_tree_peers(r->rank, r->world, peers);
 	struct vps_net_opts o = {r->rank,  r->world, "127.0.0.1", r->port, 30.0, "0123456789abcdef0123456789abcdef",
-				 "127.0.0.1", 42, peers, np};
+				 "127.0.0.1", 42, peers, np, NULL};
 	struct vps_net *n = NULL;
 	r->rc = vps_net_start(&n, &o);
 	if (!r->rc)
 		r->rc = vps_net_allreduce(n, r->v, r->count, vps_net_max, "test");
 	if (r->rc)
 		snprintf(r->error, sizeof(r->error), "%s", vps_last_error());
-	else
-		vps_net_traffic(n, &r->sent, &r->received);
+	else {
+		struct vps_net_stats st;
+		vps_net_stats(n, &st);
+		r->sent = st.data_bytes_sent;
+		r->received = st.data_bytes_received;
+	}
 	vps_net_free(n);
 	return NULL;
 }
@@ -183,4 +191,274 @@ TEST(allreduce_max_at_the_worlds_asked_for)
 		       (unsigned long long)most,
 		       (unsigned long long)((log2w + ((W & (W - 1)) ? 1 : 0)) * (8 * VPS_DEMAND_COUNT(steps) + 16)));
 	}
+}
+
+/* ---- the control tree ---- */
+
+TEST(control_tree_neighbours_are_a_tree_rooted_at_rank_0)
+{
+	for (int64_t W = 1; W <= 90; W++) {
+		int64_t seen = 0;
+		for (int64_t r = 0; r < W; r++) {
+			int64_t p[8], q[8];
+			size_t n = vps_net_ctl_neighbours(r, W, p);
+			CHECK(n <= 1 + CTL_FANOUT);
+			for (size_t i = 0; i < n; i++) {
+				CHECK(p[i] >= 0 && p[i] < W && p[i] != r);
+				/* the other side lists this rank: as its child, or its parent */
+				size_t m = vps_net_ctl_neighbours(p[i], W, q);
+				bool back = false;
+				for (size_t k = 0; k < m; k++)
+					back |= q[k] == r && (p[i] > r ? k == 0 : k >= (size_t)(p[i] > 0));
+				CHECK(back);
+			}
+			CHECK(r == 0 || p[0] < r);
+			seen += (int64_t)n - (r > 0);
+		}
+		CHECK_EQ(seen, W - 1); /* every rank but 0 is someone's child */
+	}
+}
+
+/* A rank of a tree test: its network over loopback with the ranks it
+ * exchanges data with (none here: the tree links only), its results. */
+struct tree_rank {
+	int64_t rank, world;
+	int port;
+	double timeout;
+	int fail;            /* agree_result with this failure */
+	const char *words;   /* its words */
+	int calls_to_arrive; /* ready() says 1 after this many looks */
+	double window;       /* of the arrival (0: 600 s) */
+	vps_result_t rc;
+	char error[2048];
+	uint64_t sum[3];
+	unsigned char id[128];
+	double seconds;      /* until the agreement ended */
+	struct vps_net_stats started, st; /* once started, at the end */
+};
+
+static int ready_after(void *ctx)
+{
+	int *left = ctx;
+	return --*left <= 0;
+}
+
+static void *run_tree_rank(void *arg)
+{
+	struct tree_rank *r = arg;
+	struct vps_net_opts o = {r->rank,  r->world, "127.0.0.1", r->port, r->timeout, "0123456789abcdef0123456789abcdef",
+				 "127.0.0.1", 42, NULL, 0, NULL};
+	struct vps_net *n = NULL;
+	r->rc = vps_net_start(&n, &o);
+	if (!r->rc)
+		vps_net_stats(n, &r->started);
+	r->sum[0] = (uint64_t)r->rank;
+	r->sum[1] = 1;
+	r->sum[2] = (uint64_t)r->rank * (uint64_t)r->rank;
+	if (!r->rc)
+		r->rc = vps_net_allreduce_sum(n, r->sum, 3, "sum");
+	for (size_t i = 0; i < sizeof(r->id); i++)
+		r->id[i] = r->rank ? 0 : (unsigned char)(i * 7 + 1);
+	if (!r->rc)
+		r->rc = vps_net_broadcast(n, r->id, sizeof(r->id), "id");
+	int left = r->calls_to_arrive;
+	if (!r->rc)
+		r->rc = vps_net_arrive(n, ready_after, &left, r->window > 0 ? r->window : 600);
+	double t0 = vps_net_now();
+	if (!r->rc && r->fail)
+		vps_fail(r->fail, "%s", r->words);
+	if (!r->rc)
+		r->rc = vps_net_agree_result(n, r->fail, "verdict");
+	r->seconds = vps_net_now() - t0;
+	if (r->rc)
+		snprintf(r->error, sizeof(r->error), "%s", vps_last_error());
+	if (n)
+		vps_net_stats(n, &r->st);
+	vps_net_free(n);
+	return NULL;
+}
+
+/* W ranks as threads run the tree's collectives; rank `bad` fails the
+ * verdict with words (0: none fails). */
+static struct tree_rank *tree_case(int64_t W, int64_t bad, int fail, const char *words)
+{
+	struct tree_rank *runs = calloc((size_t)W, sizeof(*runs));
+	pthread_t *th = calloc((size_t)W, sizeof(*th));
+	int port = free_port();
+	CHECK(runs && th && port > 0);
+	if (!runs || !th || port <= 0) {
+		free(th);
+		free(runs);
+		return NULL;
+	}
+	for (int64_t r = 0; r < W; r++) {
+		runs[r] = (struct tree_rank){.rank = r, .world = W, .port = port, .timeout = 30, .calls_to_arrive = 1 + (int)(r % 7)};
+		if (r == bad) {
+			runs[r].fail = fail;
+			runs[r].words = words;
+		}
+	}
+	for (int64_t r = 0; r < W; r++)
+		CHECK(pthread_create(&th[r], NULL, run_tree_rank, &runs[r]) == 0);
+	for (int64_t r = 0; r < W; r++)
+		pthread_join(th[r], NULL);
+	free(th);
+	return runs;
+}
+
+TEST(collectives_over_the_tree_give_every_rank_the_result_in_a_few_messages)
+{
+	const int64_t worlds[] = {1, 2, 3, 5, 6, 21, 40};
+	for (size_t k = 0; k < sizeof(worlds) / sizeof(*worlds); k++) {
+		int64_t W = worlds[k];
+		struct tree_rank *runs = tree_case(W, -1, 0, NULL);
+		for (int64_t r = 0; runs && r < W; r++) {
+			const struct tree_rank *x = &runs[r];
+			if (x->rc) {
+				harness_fail(__FILE__, __LINE__, "W=%lld rank %lld: %s", (long long)W, (long long)r, x->error);
+				continue;
+			}
+			CHECK_EQ(x->sum[0], W * (W - 1) / 2);
+			CHECK_EQ(x->sum[1], W);
+			CHECK_EQ(x->sum[2], (W - 1) * W * (2 * W - 1) / 6);
+			for (size_t i = 0; i < sizeof(x->id); i++)
+				CHECK_EQ(x->id[i], (unsigned char)(i * 7 + 1));
+			/* a part up and the result down on each tree link, and in an
+			 * arrival "someone arrived" at most once each way */
+			int64_t nb[8];
+			uint64_t links = vps_net_ctl_neighbours(r, W, nb);
+			CHECK(x->st.control_messages_per_collective <= 4 * links);
+			CHECK_EQ(x->started.control_connections, W > 1 ? links : 0);
+			CHECK_EQ(x->started.data_connections, 0);
+			CHECK(x->st.bootstrap_connections == (W == 1 ? 0 : r == 0 ? (size_t)W - 1 : 1));
+		}
+		free(runs);
+	}
+}
+
+TEST(a_failed_rank_is_named_to_every_rank_in_words_made_safe)
+{
+	/* no NUL after the text on the wire, control characters, bytes that are
+	 * not UTF-8, and more than a failure carries */
+	char words[1024];
+	int len = snprintf(words, sizeof(words), "\x1b[31mred\x07 \xff\xfe caf\xc3\xa9 back\\slash ");
+	memset(words + len, 'A', 600);
+	snprintf(words + len + 600, sizeof(words) - (size_t)len - 600, "END");
+	int64_t W = 6;
+	struct tree_rank *runs = tree_case(W, 4, VPS_EINPUT, words);
+	for (int64_t r = 0; runs && r < W; r++) {
+		const struct tree_rank *x = &runs[r];
+		if (r == 4) {
+			CHECK_EQ(x->rc, VPS_EINPUT);
+			CHECK(strncmp(x->error, "\x1b[31mred", 8) == 0);
+			continue;
+		}
+		CHECK_EQ(x->rc, VPS_EPEER);
+		const char *want = "rank 4 failed: \\x1b[31mred\\x07 \\xff\\xfe caf\xc3\xa9 back\\x5cslash AAAA";
+		if (strncmp(x->error, want, strlen(want)))
+			harness_fail(__FILE__, __LINE__, "rank %lld: %s", (long long)r, x->error);
+		CHECK(!strstr(x->error, "END"));
+		CHECK(strlen(x->error) < 500);
+		for (const char *c = x->error; *c; c++)
+			CHECK((unsigned char)*c >= 0x20 && *c != 0x7f);
+	}
+	free(runs);
+}
+
+/* Ranks of W but `bad` as threads, `bad` a process of its own that
+ * stops (SIGSTOP) or exits once its network is up; the others begin a sum.
+ * Each must fail naming it, within the timeout after its last sign of life
+ * (twice it, at most, from the start: a neighbour is given the timeout to
+ * finish its own start). */
+static void lost_rank_case(int64_t W, int64_t bad, bool stop)
+{
+	int port = free_port();
+	CHECK(port > 0);
+	pid_t child = fork();
+	CHECK(child >= 0);
+	if (child == 0) {
+		struct vps_net_opts o = {bad, W, "127.0.0.1", port, 1.0, "0123456789abcdef0123456789abcdef", "127.0.0.1", 42,
+					 NULL, 0, NULL};
+		struct vps_net *n = NULL;
+		if (vps_net_start(&n, &o))
+			_exit(2);
+		if (stop)
+			raise(SIGSTOP);
+		_exit(0);
+	}
+	struct tree_rank *runs = calloc((size_t)W, sizeof(*runs));
+	pthread_t *th = calloc((size_t)W, sizeof(*th));
+	for (int64_t r = 0; runs && th && r < W; r++) {
+		runs[r] = (struct tree_rank){.rank = r, .world = W, .port = port, .timeout = 1.0, .calls_to_arrive = 1};
+		if (r != bad)
+			CHECK(pthread_create(&th[r], NULL, run_tree_rank, &runs[r]) == 0);
+	}
+	for (int64_t r = 0; runs && th && r < W; r++)
+		if (r != bad)
+			pthread_join(th[r], NULL);
+	kill(child, SIGKILL);
+	waitpid(child, NULL, 0);
+	char named[64];
+	/* a rank that exits with bytes unread resets its connections */
+	snprintf(named, sizeof(named), stop ? "rank %lld gave no sign of life for 1 s" : "rank %lld", (long long)bad);
+	for (int64_t r = 0; runs && th && r < W; r++) {
+		if (r == bad)
+			continue;
+		CHECK(runs[r].rc == VPS_EPEER || runs[r].rc == VPS_ETIMEOUT);
+		if (!strstr(runs[r].error, named))
+			harness_fail(__FILE__, __LINE__, "W=%lld rank %lld: %s", (long long)W, (long long)r, runs[r].error);
+	}
+	free(runs);
+	free(th);
+}
+
+TEST(a_stopped_rank_0_or_leaf_is_named_by_every_rank)
+{
+	lost_rank_case(5, 0, true);
+	lost_rank_case(5, 3, true);
+	lost_rank_case(7, 1, true); /* its child, rank 5, only knows it */
+}
+
+TEST(a_rank_that_exits_is_named_by_every_rank)
+{
+	lost_rank_case(6, 1, false);
+}
+
+TEST(peer_text_is_cut_terminated_and_escaped)
+{
+	char out[32];
+	const char in[] = {'o', 'k', ' ', '\n', '\\', (char)0xe2, (char)0x82, (char)0xac, (char)0xc0, (char)0xaf, 'x'};
+	CHECK_EQ(vps_net_sanitize(out, sizeof(out), in, sizeof(in)), strlen(out));
+	CHECK(strcmp(out, "ok \\x0a\\x5c\xe2\x82\xac\\xc0\\xafx") == 0);
+	/* a NUL ends it; no byte past len is read; the output always ends */
+	CHECK_EQ(vps_net_sanitize(out, sizeof(out), "ab\0cd", 5), 2);
+	CHECK_EQ(vps_net_sanitize(out, 4, "abcdef", 6), 3);
+	CHECK(strcmp(out, "abc") == 0);
+	CHECK_EQ(vps_net_sanitize(out, 6, "ab\x01", 3), 2); /* no half escape */
+	CHECK(strcmp(out, "ab") == 0);
+}
+
+TEST(a_trainer_later_than_the_window_is_named_by_every_rank)
+{
+	int64_t W = 6;
+	int port = free_port();
+	struct tree_rank runs[6];
+	pthread_t th[6];
+	for (int64_t r = 0; r < W; r++) {
+		runs[r] = (struct tree_rank){.rank = r, .world = W, .port = port, .timeout = 30, .window = 0.8,
+					     .calls_to_arrive = r == 4 ? 1 << 30 : 1};
+		CHECK(pthread_create(&th[r], NULL, run_tree_rank, &runs[r]) == 0);
+	}
+	double t0 = vps_net_now();
+	for (int64_t r = 0; r < W; r++)
+		pthread_join(th[r], NULL);
+	/* the window runs from the first request (and a sixteenth of it before
+	 * "someone arrived" is said, whose age each rank takes off) */
+	double took = vps_net_now() - t0;
+	CHECK(took >= 0.8 && took < 3.0);
+	CHECK_EQ(runs[4].rc, VPS_ETIMEOUT);
+	CHECK(strstr(runs[4].error, "the trainer did not request the switch within 0.8 s of the first rank's request") != NULL);
+	for (int64_t r = 0; r < W; r++)
+		if (r != 4 && (runs[r].rc != VPS_EPEER || !strstr(runs[r].error, "rank 4 failed: the trainer did not request")))
+			harness_fail(__FILE__, __LINE__, "rank %lld: %s", (long long)r, runs[r].error);
 }

@@ -120,6 +120,9 @@ TEST(the_switch_protocol)
 	vps_registry_abort(exec, "bootstrap: rank 2 did not come");
 	CHECK(vps_registry_request(trainer, &seq) == VPS_EPEER);
 	CHECK(strstr(vps_last_error(), "rank 2 did not come") != NULL);
+	/* the next switch is another executor's: a reset forgets the stop */
+	CHECK_OK(vps_registry_reset(trainer, 99, 4));
+	CHECK_OK(vps_registry_request(trainer, &seq));
 	vps_registry_close(exec);
 	vps_registry_close(trainer);
 }

@@ -175,10 +175,27 @@ static vps_result_t stalled(const struct vps_net *n, const struct flow *f, size_
 	return vps_fail(VPS_ETIMEOUT, "%s: no progress for %.0f s from rank %s", what, n->timeout, list);
 }
 
+/* Move what the sockets take and hold now (revents from poll). */
+static vps_result_t flows_move(struct vps_net *n, struct flow *f, size_t nmsgs, const struct pollfd *pfd, double *last,
+			       const char *what)
+{
+	size_t q = 0;
+	for (size_t i = 0; i < nmsgs; i++) {
+		if (!f[i].sending && !f[i].receiving)
+			continue;
+		short re = pfd[q++].revents;
+		if (f[i].sending && (re & (POLLOUT | POLLERR | POLLHUP)))
+			VPS_CHECK(flow_send(n, &f[i], last, what));
+		if (f[i].receiving && (re & (POLLIN | POLLERR | POLLHUP)))
+			VPS_CHECK(flow_recv(n, &f[i], last, what));
+	}
+	return VPS_OK;
+}
+
 vps_result_t vps_net_exchange(struct vps_net *n, struct vps_net_msg *msgs, size_t nmsgs, const char *what)
 {
 	struct flow *f = vps_calloc(nmsgs + 1, sizeof(*f));
-	struct pollfd *pfd = vps_calloc(nmsgs + 1, sizeof(*pfd));
+	struct pollfd *pfd = vps_calloc(nmsgs + 2, sizeof(*pfd));
 	if (!f || !pfd) {
 		free(f);
 		free(pfd);
@@ -195,8 +212,11 @@ vps_result_t vps_net_exchange(struct vps_net *n, struct vps_net_msg *msgs, size_
 		}
 		if (!np)
 			break;
+		/* the control tree says when a rank is gone: no one waits out its
+		 * timeout for bytes that will not come */
+		pfd[np] = (struct pollfd){n->ctl ? vps_ctl_gone_fd(n->ctl) : -1, POLLIN, 0};
 		double left = n->timeout - (vps_net_now() - last);
-		int r = left > 0 ? poll(pfd, np, (int)(left * 1000) + 1) : 0;
+		int r = left > 0 ? poll(pfd, np + 1, (int)(left * 1000) + 1) : 0;
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r < 0) {
@@ -207,16 +227,20 @@ vps_result_t vps_net_exchange(struct vps_net *n, struct vps_net_msg *msgs, size_
 			rc = stalled(n, f, nmsgs, what);
 			break;
 		}
-		size_t q = 0;
-		for (size_t i = 0; i < nmsgs && !rc; i++) {
-			if (!f[i].sending && !f[i].receiving)
-				continue;
-			short re = pfd[q++].revents;
-			if (f[i].sending && (re & (POLLOUT | POLLERR | POLLHUP)))
-				rc = flow_send(n, &f[i], &last, what);
-			if (!rc && f[i].receiving && (re & (POLLIN | POLLERR | POLLHUP)))
-				rc = flow_recv(n, &f[i], &last, what);
-		}
+		rc = flows_move(n, f, nmsgs, pfd, &last, what);
+		if (rc || !(pfd[np].revents & POLLIN))
+			continue;
+		/* what this rank's own sockets say first: a peer that died closed
+		 * them too */
+		for (size_t i = 0; i < np; i++)
+			pfd[i].revents = 0;
+		if (poll(pfd, np, 0) > 0)
+			rc = flows_move(n, f, nmsgs, pfd, &last, what);
+		bool unfinished = false;
+		for (size_t i = 0; i < nmsgs; i++)
+			unfinished |= f[i].sending || f[i].receiving;
+		if (!rc && unfinished)
+			rc = vps_ctl_failure(n->ctl, what);
 	}
 	free(f);
 	free(pfd);

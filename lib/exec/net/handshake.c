@@ -10,7 +10,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <poll.h>
+#include <sys/epoll.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <sys/socket.h>
@@ -39,44 +39,81 @@ static uint64_t proof_mac(const unsigned char *key, const unsigned char *client_
 	return vps_siphash(key, m, sizeof(m));
 }
 
-static void drop_pending(struct handshake *hs, size_t i)
+/* The connections being proven, each in the epoll set by its slot. */
+struct pending {
+	struct inbound *v;
+	size_t n, cap;   /* v[0..n) in use; v[i].fd < 0: a free slot */
+	size_t *free_slots;
+	size_t nfree;
+	size_t live;
+};
+
+enum { TAG_LISTEN = 0, TAG_OUT = 1, TAG_IN = 2 };
+#define EV_DATA(tag, i) (((uint64_t)(i) << 2) | (tag))
+
+static void drop_slot(struct pending *p, size_t i)
 {
-	close(hs->pend[i].fd);
-	hs->pend[i] = hs->pend[--hs->npend];
+	close(p->v[i].fd); /* leaves the epoll set with it */
+	p->v[i].fd = -1;
+	p->free_slots[p->nfree++] = i;
+	p->live--;
 }
 
-static void accept_new(struct handshake *hs)
+/* The pending connection that came first, or -1. */
+static ssize_t oldest_slot(const struct pending *p)
 {
-	struct sockaddr_in from;
-	socklen_t l = sizeof(from);
-	int fd = accept4(hs->lfd, (struct sockaddr *)&from, &l, SOCK_CLOEXEC | SOCK_NONBLOCK);
-	if (fd < 0)
-		return;
-	vps_net_tune(fd);
-	if (hs->npend == MAX_PENDING) {
-		/* a flood of idle connections: the oldest make room, a real
-		 * peer proves itself in a round trip */
-		size_t oldest = 0;
-		for (size_t i = 1; i < hs->npend; i++)
-			if (hs->pend[i].deadline < hs->pend[oldest].deadline)
-				oldest = i;
-		drop_pending(hs, oldest);
-		hs->dropped++;
+	ssize_t oldest = -1;
+	for (size_t i = 0; i < p->n; i++)
+		if (p->v[i].fd >= 0 && (oldest < 0 || p->v[i].deadline < p->v[oldest].deadline))
+			oldest = (ssize_t)i;
+	return oldest;
+}
+
+/* When a full set of pending connections makes room: its oldest may go
+ * once it had half its time (a real peer proves itself in a round trip,
+ * so a flood of idle connections cannot keep one out for long), and until
+ * then the new ones wait in the kernel's queue. 0: there is room now. */
+static double room_at(const struct pending *p)
+{
+	if (p->live < p->cap)
+		return 0;
+	ssize_t o = oldest_slot(p);
+	return o < 0 ? 0 : p->v[o].deadline - AUTH_SECONDS / 2;
+}
+
+static void accept_new(struct handshake *hs, struct pending *p, int ep)
+{
+	/* a few a wake, so that the proofs in flight keep moving */
+	for (int k = 0; k < 64; k++) {
+		if (p->live == p->cap) {
+			if (room_at(p) > vps_net_now())
+				return;
+			drop_slot(p, (size_t)oldest_slot(p));
+			hs->dropped++;
+		}
+		struct sockaddr_in from;
+		socklen_t l = sizeof(from);
+		int fd = accept4(hs->lfd, (struct sockaddr *)&from, &l, SOCK_CLOEXEC | SOCK_NONBLOCK);
+		if (fd < 0)
+			return;
+		vps_net_tune(fd);
+		size_t i = p->nfree ? p->free_slots[--p->nfree] : p->n++;
+		struct inbound *in = &p->v[i];
+		memset(in, 0, sizeof(*in));
+		in->fd = fd;
+		in->from = from;
+		in->deadline = vps_net_now() + AUTH_SECONDS;
+		struct challenge c = {HELLO_MAGIC, {0}};
+		struct epoll_event ev = {EPOLLIN, {.u64 = EV_DATA(TAG_IN, i)}};
+		p->live++;
+		if (vps_auth_random(c.nonce, sizeof(c.nonce)) != VPS_OK ||
+		    send(fd, &c, sizeof(c), MSG_NOSIGNAL) != (ssize_t)sizeof(c) || epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev)) {
+			vps_clear_error();
+			drop_slot(p, i);
+			continue;
+		}
+		memcpy(in->nonce, c.nonce, sizeof(c.nonce));
 	}
-	struct inbound *p = &hs->pend[hs->npend];
-	memset(p, 0, sizeof(*p));
-	p->fd = fd;
-	p->from = from;
-	p->deadline = vps_net_now() + AUTH_SECONDS;
-	struct challenge c = {HELLO_MAGIC, {0}};
-	if (vps_auth_random(c.nonce, sizeof(c.nonce)) != VPS_OK ||
-	    send(fd, &c, sizeof(c), MSG_NOSIGNAL) != (ssize_t)sizeof(c)) {
-		vps_clear_error();
-		close(fd);
-		return;
-	}
-	memcpy(p->nonce, c.nonce, sizeof(c.nonce));
-	hs->npend++;
 }
 
 /* Bytes of a pending connection: -1 drop it, 0 more to come, 1 admitted,
@@ -94,9 +131,10 @@ static int read_pending(struct handshake *hs, struct inbound *p)
 	uint64_t mac = hello_mac(hs->key, p->nonce, &p->h);
 	if (p->h.magic != HELLO_MAGIC || !vps_auth_equal(&mac, &p->h.mac, sizeof(mac)))
 		return -1;
-	if (p->h.kind != hs->kind || (int64_t)p->h.to != hs->me) {
+	if (p->h.kind >= 32 || !(hs->kinds & (1u << p->h.kind)) || (int64_t)p->h.to != hs->me) {
 		vps_fail(VPS_EPEER, "an executor of this job at %s sent a %s hello for rank %" PRIu64 " to rank %" PRId64,
-			 inet_ntoa(p->from.sin_addr), p->h.kind == HELLO_CTL ? "bootstrap" : "data", p->h.to, hs->me);
+			 inet_ntoa(p->from.sin_addr),
+			 p->h.kind == HELLO_CTL ? "bootstrap" : p->h.kind == HELLO_TREE ? "control" : "data", p->h.to, hs->me);
 		return -2;
 	}
 	uint64_t proof = proof_mac(hs->key, p->h.nonce, (uint64_t)hs->me);
@@ -105,27 +143,26 @@ static int read_pending(struct handshake *hs, struct inbound *p)
 	return hs->admit(hs->ctx, &p->h, p->fd, &p->from) < 0 ? -2 : 1;
 }
 
-static vps_result_t out_connect(struct handshake *hs, struct outbound *o)
+static vps_result_t out_connect(struct outbound *o, int ep, size_t i)
 {
 	o->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (o->fd < 0)
 		return vps_fail_errno("socket");
 	o->got = 0;
-	if (connect(o->fd, (const struct sockaddr *)&o->sa, sizeof(o->sa)) == 0) {
-		o->state = OUT_CHALLENGE;
-		return VPS_OK;
-	}
-	if (errno == EINPROGRESS) {
-		o->state = OUT_CONNECTING;
-		return VPS_OK;
-	}
+	int r = connect(o->fd, (const struct sockaddr *)&o->sa, sizeof(o->sa));
 	int e = errno;
+	if (r == 0 || e == EINPROGRESS) {
+		o->state = r == 0 ? OUT_CHALLENGE : OUT_CONNECTING;
+		struct epoll_event ev = {r == 0 ? EPOLLIN : EPOLLOUT, {.u64 = EV_DATA(TAG_OUT, i)}};
+		if (epoll_ctl(ep, EPOLL_CTL_ADD, o->fd, &ev))
+			return vps_fail_errno("epoll_ctl");
+		return VPS_OK;
+	}
 	close(o->fd);
 	o->fd = -1;
 	if (e != ECONNREFUSED && e != EINTR && e != ETIMEDOUT && e != ENETUNREACH && e != EAGAIN)
 		return vps_fail(VPS_EPEER, "connect to rank %" PRId64 " at %s:%d: %s", o->rank, inet_ntoa(o->sa.sin_addr),
 				ntohs(o->sa.sin_port), strerror(e));
-	(void)hs;
 	o->state = OUT_IDLE;
 	o->retry_at = vps_net_now() + 0.02;
 	return VPS_OK;
@@ -139,13 +176,13 @@ static void out_retry(struct outbound *o)
 	o->retry_at = vps_net_now() + 0.02;
 }
 
-static vps_result_t out_progress(struct handshake *hs, struct outbound *o, short revents)
+static vps_result_t out_progress(struct handshake *hs, struct outbound *o, uint32_t revents, int ep)
 {
 	if (o->state == OUT_CONNECTING) {
 		int err = 0;
 		socklen_t l = sizeof(err);
 		getsockopt(o->fd, SOL_SOCKET, SO_ERROR, &err, &l);
-		if (err == EINPROGRESS || !(revents & (POLLOUT | POLLERR | POLLHUP)))
+		if (err == EINPROGRESS || !(revents & (EPOLLOUT | EPOLLERR | EPOLLHUP)))
 			return VPS_OK;
 		if (err) {
 			out_retry(o);
@@ -153,6 +190,10 @@ static vps_result_t out_progress(struct handshake *hs, struct outbound *o, short
 		}
 		vps_net_tune(o->fd);
 		o->state = OUT_CHALLENGE;
+		struct epoll_event ev = {EPOLLIN, {.u64 = 0}};
+		ev.data.u64 = EV_DATA(TAG_OUT, (size_t)(o - hs->out));
+		if (epoll_ctl(ep, EPOLL_CTL_MOD, o->fd, &ev))
+			return vps_fail_errno("epoll_ctl");
 		return VPS_OK;
 	}
 	unsigned char *buf = o->state == OUT_CHALLENGE ? (unsigned char *)&o->c : (unsigned char *)&o->proof;
@@ -174,8 +215,8 @@ static vps_result_t out_progress(struct handshake *hs, struct outbound *o, short
 		if (o->c.magic != HELLO_MAGIC)
 			return vps_fail(VPS_EPEER, "%s:%d is not a vps-exec of this version (rank %" PRId64 " was expected there)",
 					inet_ntoa(o->sa.sin_addr), ntohs(o->sa.sin_port), o->rank);
-		o->h = (struct hello){HELLO_MAGIC, hs->kind, (uint64_t)hs->me, (uint64_t)o->rank, (uint64_t)hs->world,
-				      hs->plan_hash, hs->port, {0}, 0};
+		o->h = (struct hello){HELLO_MAGIC, o->kind, (uint64_t)hs->me, (uint64_t)o->rank, (uint64_t)hs->world,
+				      hs->plan_hash, hs->listen, {0}, 0};
 		VPS_CHECK(vps_auth_random(o->h.nonce, sizeof(o->h.nonce)));
 		o->h.mac = hello_mac(hs->key, o->c.nonce, &o->h);
 		if (send(o->fd, &o->h, sizeof(o->h), MSG_NOSIGNAL) != (ssize_t)sizeof(o->h)) {
@@ -192,103 +233,120 @@ static vps_result_t out_progress(struct handshake *hs, struct outbound *o, short
 				"the process at %s:%d did not prove the job token: it is not rank %" PRId64 " of this job",
 				inet_ntoa(o->sa.sin_addr), ntohs(o->sa.sin_port), o->rank);
 	o->state = OUT_DONE;
+	/* the connection is the caller's from here: out of this epoll set */
+	epoll_ctl(ep, EPOLL_CTL_DEL, o->fd, NULL);
 	return VPS_OK;
 }
 
-/* Accept want_in proven connections and make every outbound one, at once,
- * by the deadline. */
+/* The next thing to do by time: a retry, a pending proof's end, the
+ * deadline; drops the pending connections whose time is up. */
+static double next_wake(struct handshake *hs, struct pending *p, double t)
+{
+	double wake = hs->deadline;
+	for (size_t i = 0; i < hs->nout; i++)
+		if (hs->out[i].state == OUT_IDLE && hs->out[i].retry_at < wake)
+			wake = hs->out[i].retry_at;
+	for (size_t i = 0; i < p->n; i++) {
+		if (p->v[i].fd < 0)
+			continue;
+		if (p->v[i].deadline <= t) {
+			drop_slot(p, i);
+			hs->dropped++;
+		} else if (p->v[i].deadline < wake) {
+			wake = p->v[i].deadline;
+		}
+	}
+	return wake;
+}
+
 vps_result_t vps_net_handshake(struct handshake *hs)
 {
-	size_t cap = 1 + MAX_PENDING + hs->nout;
-	struct pollfd *pfd = vps_malloc(cap * sizeof(*pfd));
-	if (!pfd)
-		return VPS_ENOMEM;
-	vps_result_t rc = VPS_OK;
+	struct pending p = {0};
+	p.cap = hs->want_in ? MAX_PENDING : 0;
+	p.v = vps_calloc(p.cap + 1, sizeof(*p.v));
+	p.free_slots = vps_calloc(p.cap + 1, sizeof(*p.free_slots));
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+	vps_result_t rc = !p.v || !p.free_slots ? VPS_ENOMEM : ep < 0 ? vps_fail_errno("epoll_create1") : VPS_OK;
+	struct epoll_event ev[64];
 	for (size_t i = 0; i < hs->nout; i++) {
 		hs->out[i].fd = -1;
 		hs->out[i].state = OUT_IDLE;
 		hs->out[i].retry_at = 0;
 	}
-	for (;;) {
-		double t = vps_net_now(), wake = hs->deadline;
+	bool listening = false;
+	while (!rc) {
+		/* the listener is watched while there is room for what it brings */
+		double room = room_at(&p);
+		bool want = hs->want_in && room <= vps_net_now();
+		if (want != listening) {
+			struct epoll_event lev = {EPOLLIN, {.u64 = EV_DATA(TAG_LISTEN, 0)}};
+			if (epoll_ctl(ep, want ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, hs->lfd, &lev)) {
+				rc = vps_fail_errno("epoll_ctl");
+				break;
+			}
+			listening = want;
+		}
+		double t = vps_net_now();
 		size_t left_out = 0;
 		for (size_t i = 0; i < hs->nout && !rc; i++) {
 			struct outbound *o = &hs->out[i];
 			if (o->state == OUT_IDLE && o->retry_at <= t)
-				rc = out_connect(hs, o);
-			if (o->state == OUT_IDLE && o->retry_at < wake)
-				wake = o->retry_at;
+				rc = out_connect(o, ep, i);
 			left_out += o->state != OUT_DONE;
 		}
-		if (rc)
-			break;
-		if (!hs->want_in && !left_out)
+		if (rc || (!hs->want_in && !left_out))
 			break;
 		if (t >= hs->deadline) {
 			rc = vps_fail(VPS_ETIMEOUT, "timed out");
 			break;
 		}
-		for (size_t i = 0; i < hs->npend;) {
-			if (hs->pend[i].deadline <= t) {
-				drop_pending(hs, i);
-				hs->dropped++;
-				continue;
-			}
-			if (hs->pend[i].deadline < wake)
-				wake = hs->pend[i].deadline;
-			i++;
-		}
-		size_t np = 0;
-		if (hs->want_in)
-			pfd[np++] = (struct pollfd){hs->lfd, POLLIN, 0};
-		for (size_t i = 0; i < hs->npend; i++)
-			pfd[np++] = (struct pollfd){hs->pend[i].fd, POLLIN, 0};
-		size_t first_out = np;
-		for (size_t i = 0; i < hs->nout; i++) {
-			const struct outbound *o = &hs->out[i];
-			if (o->state == OUT_CONNECTING || o->state == OUT_CHALLENGE || o->state == OUT_PROOF)
-				pfd[np++] = (struct pollfd){o->fd, o->state == OUT_CONNECTING ? POLLOUT : POLLIN, 0};
-			else
-				pfd[np++] = (struct pollfd){-1, 0, 0};
-		}
-		int pr = poll(pfd, np, (int)((wake - t) * 1000) + 1);
-		if (pr < 0 && errno != EINTR) {
-			rc = vps_fail_errno("poll");
-			break;
-		}
-		if (pr <= 0)
-			continue;
-		for (size_t i = 0; i < hs->nout && !rc; i++)
-			if (pfd[first_out + i].revents)
-				rc = out_progress(hs, &hs->out[i], pfd[first_out + i].revents);
-		if (rc)
-			break;
-		/* pending connections, newest first so that removal keeps indices */
-		size_t base = hs->want_in ? 1 : 0;
-		for (size_t k = hs->npend; k-- > 0;) {
-			if (!pfd[base + k].revents)
-				continue;
-			int r = read_pending(hs, &hs->pend[k]);
-			if (r == -2) {
-				rc = VPS_EPEER;
+		double wake = next_wake(hs, &p, t);
+		if (hs->want_in && !listening && room > t && room < wake)
+			wake = room;
+		int ne = epoll_wait(ep, ev, 64, (int)((wake - t) * 1000) + 1);
+		if (ne < 0 && errno != EINTR)
+			rc = vps_fail_errno("epoll_wait");
+		bool listener = false;
+		for (int k = 0; k < ne && !rc; k++) {
+			size_t i = (size_t)(ev[k].data.u64 >> 2);
+			switch (ev[k].data.u64 & 3) {
+			case TAG_LISTEN:
+				listener = true;
 				break;
+			case TAG_OUT:
+				if (hs->out[i].fd >= 0 && hs->out[i].state != OUT_DONE)
+					rc = out_progress(hs, &hs->out[i], ev[k].events, ep);
+				break;
+			default: {
+				if (p.v[i].fd < 0)
+					break;
+				int r = read_pending(hs, &p.v[i]);
+				if (r == -2) {
+					rc = VPS_EPEER;
+				} else if (r == -1) {
+					drop_slot(&p, i);
+					hs->dropped++;
+				} else if (r == 1) {
+					/* the admitted connection is the caller's now */
+					epoll_ctl(ep, EPOLL_CTL_DEL, p.v[i].fd, NULL);
+					p.v[i].fd = -1;
+					p.free_slots[p.nfree++] = i;
+					p.live--;
+					hs->want_in--;
+				}
 			}
-			if (r == -1) {
-				drop_pending(hs, k);
-				hs->dropped++;
-			} else if (r == 1) {
-				hs->pend[k] = hs->pend[--hs->npend];
-				hs->want_in--;
 			}
 		}
-		if (rc)
-			break;
-		if (hs->want_in && (pfd[0].revents & POLLIN))
-			accept_new(hs);
+		if (!rc && listener && hs->want_in)
+			accept_new(hs, &p, ep);
 	}
-	while (hs->npend)
-		drop_pending(hs, 0);
-	free(pfd);
+	for (size_t i = 0; i < p.n; i++)
+		if (p.v[i].fd >= 0)
+			close(p.v[i].fd);
+	if (ep >= 0)
+		close(ep);
+	free(p.v);
+	free(p.free_slots);
 	return rc;
 }
 

@@ -1,6 +1,6 @@
 /* What the files of lib/exec/net share and nothing outside it sees: the
- * network object, deadline-bounded socket I/O, and the handshake that
- * proves a connection belongs to the job. */
+ * network object, deadline-bounded socket I/O, the handshake that proves a
+ * connection belongs to the job, and the control tree. */
 #ifndef VPS_NET_INT_H
 #define VPS_NET_INT_H
 
@@ -9,16 +9,23 @@
 #include "exec/net/net.h"
 #include "util/auth.h"
 
-#define HELLO_MAGIC 0x3254454e535056ULL /* "VPSNET2" */
+/* The wire format's version: a change of any message is a new magic, so
+ * that executors of two versions refuse each other at the handshake. */
+#define HELLO_MAGIC 0x3354454e535056ULL /* "VPSNET3" */
+
+struct ctl;
 
 struct vps_net {
 	int64_t rank, world;
 	double timeout;
-	int *ctl;          /* rank 0: one per rank; others: ctl[0] */
-	int64_t *peers;    /* sorted */
+	int64_t *peers;    /* sorted: the ranks this rank exchanges data with */
 	int *fds;          /* data socket per peer */
 	size_t npeers;
 	uint64_t sent, received; /* bytes of exchanges, headers included */
+	struct ctl *ctl;   /* the control tree; NULL in a world of one */
+	struct vps_net_loop *own_loop; /* the loop this net made for itself */
+	size_t bootstrap_sockets; /* the most this rank held during the bootstrap */
+	size_t mem, mem_peak;     /* bytes this rank's network holds (net_account) */
 };
 
 /* Where a rank's data listener is, as rank 0's bootstrap hands it on. */
@@ -35,6 +42,15 @@ struct peer_addr {
 vps_result_t vps_net_new(struct vps_net **out, const struct vps_net_opts *o);
 /* The index of peer in n->peers, or -1. */
 int vps_net_peer_index(const struct vps_net *n, int64_t peer);
+/* Count bytes this rank's network takes (or gives back: negative) in its
+ * memory figure (vps_net_stats). Inline, so that the files net.c frees
+ * (the control tree's) need nothing of it: no cycle (make layers). */
+static inline void vps_net_account(struct vps_net *n, int64_t bytes)
+{
+	n->mem = (size_t)((int64_t)n->mem + bytes);
+	if (n->mem > n->mem_peak)
+		n->mem_peak = n->mem;
+}
 
 /* ---- sockets (socket.c) ---- */
 
@@ -52,11 +68,23 @@ vps_result_t vps_net_listen(const struct sockaddr_in *sa, int backlog, int *fd, 
  * lookup: no packet is sent). */
 vps_result_t vps_net_route_to(const struct sockaddr_in *to, struct in_addr *local);
 
+/* ---- a peer's words (text.c) ---- */
+
+/* Text a peer sent, as this rank may print it: at most len bytes of in (no
+ * terminating NUL needed; a NUL ends it), control characters, backslashes
+ * and bytes that are not UTF-8 written as \xNN, cut to fit size with a
+ * terminating NUL. Returns the length written. */
+size_t vps_net_sanitize(char *out, size_t size, const void *in, size_t len);
+
 /* ---- proving membership: challenge, hello, proof (handshake.c) ---- */
 
-#define MAX_PENDING 64
+/* Connections being proven at once; more, and the oldest is dropped (a
+ * flood of idle connections cannot hold the job, a real rank proves itself
+ * in one round trip). */
+#define MAX_PENDING 1024
 
-enum { HELLO_CTL = 1, HELLO_MESH = 2 };
+/* kinds of connection, named in the hello */
+enum { HELLO_CTL = 1, HELLO_MESH = 2, HELLO_TREE = 3 };
 
 struct challenge {
 	uint64_t magic;
@@ -64,7 +92,8 @@ struct challenge {
 };
 
 struct hello {
-	uint64_t magic, kind, from, to, world, plan_hash, port;
+	uint64_t magic, kind, from, to, world, plan_hash;
+	uint64_t listen; /* where the sender's data listener is: its address (network order) << 16 | its port */
 	unsigned char nonce[VPS_AUTH_NONCE];
 	uint64_t mac;
 };
@@ -83,6 +112,7 @@ enum { OUT_IDLE, OUT_CONNECTING, OUT_CHALLENGE, OUT_PROOF, OUT_DONE };
 struct outbound {
 	struct sockaddr_in sa;
 	int64_t rank;
+	uint64_t kind;    /* HELLO_* */
 	int fd, state;
 	double retry_at;
 	bool turned_away; /* the acceptor closed after our hello */
@@ -95,7 +125,8 @@ struct outbound {
 struct handshake {
 	const unsigned char *key;
 	int64_t me, world;
-	uint64_t plan_hash, port, kind;
+	uint64_t plan_hash, listen; /* as the hello says it */
+	unsigned kinds;   /* inbound kinds accepted: bit HELLO_* */
 	int lfd;          /* -1: nothing to accept */
 	size_t want_in;   /* connections still to admit */
 	/* an authenticated hello: 1 kept (fd now the callee's), -1 fatal */
@@ -105,13 +136,11 @@ struct handshake {
 	size_t nout;
 	double deadline;
 	size_t dropped;   /* connections that did not prove the token */
-	struct inbound pend[MAX_PENDING];
-	size_t npend;
 };
 
 /* Accept want_in proven connections and make every outbound one, at once,
  * by the deadline (VPS_ETIMEOUT, "timed out", after it: the caller says
- * who is missing). */
+ * who is missing). One epoll set: the cost of a wake is what is ready. */
 vps_result_t vps_net_handshake(struct handshake *hs);
 /* " (N connections that did not prove the job token were dropped: ...)",
  * or "" when none was. */
@@ -119,9 +148,64 @@ void vps_net_dropped_note(const struct handshake *hs, char *out, size_t size);
 
 /* ---- the mesh (mesh.c) ---- */
 
-/* Connect to the higher peers, at addrs (by peer index), and accept the
- * lower ones on the data listener dfd, all at once. */
+/* What a rank connects to: the higher ranks among its data peers and its
+ * children in the control tree, each with its address. */
+struct mesh_target {
+	int64_t rank;
+	struct peer_addr addr;
+	bool data, tree;
+};
+
+/* Connect to the targets and accept the lower data peers and the tree
+ * parent on the data listener dfd, all at once; the tree links go to
+ * tree_fds[] by vps_net_ctl_neighbours' order. */
 vps_result_t vps_net_mesh(struct vps_net *n, const struct vps_net_opts *o, const unsigned char *key, int dfd,
-			  const struct peer_addr *addrs);
+			  const struct mesh_target *t, size_t nt, int *tree_fds);
+
+/* ---- the control tree (control.c) ---- */
+
+/* The tree's fan-out: rank r's children are CTL_FANOUT r + 1 ...
+ * CTL_FANOUT r + CTL_FANOUT, its parent (r - 1) / CTL_FANOUT. */
+#define CTL_FANOUT 4
+/* Bytes of a collective's part on the wire at most. */
+#define CTL_PART_MAX 512
+
+/* What a collective combines on its way up. */
+enum ctl_kind { CTL_SUM = 1, CTL_BCAST, CTL_BARRIER, CTL_ARRIVE };
+
+/* The tree links of n, from vps_net_ctl_neighbours' fds (each proven),
+ * served by loop. Takes the fds, on failure too. */
+vps_result_t vps_ctl_new(struct vps_net *n, struct vps_net_loop *loop, const int *fds, size_t nfds);
+/* Says what is queued, leaves the loop and closes the links. */
+void vps_ctl_free(struct vps_net *n);
+/* Readable once a rank is known gone (silent, closed, lying): an exchange
+ * waits on it too, so that it stops at once. */
+int vps_ctl_gone_fd(const struct ctl *c);
+/* The job's failure as this rank words it, as the last error (the code:
+ * VPS_ETIMEOUT for a silence this rank saw, otherwise VPS_EPEER); what, if
+ * not NULL, opens the message. */
+vps_result_t vps_ctl_failure(struct ctl *c, const char *what);
+/* Run one collective: buf (len bytes) is this rank's part and receives the
+ * result. */
+vps_result_t vps_ctl_collective(struct ctl *c, enum ctl_kind kind, void *buf, size_t len, const char *what);
+/* Tell every rank that this one failed, and why; timed_out: it gave up
+ * waiting for a peer (the others wait a while for what that was about). */
+void vps_ctl_fail(struct ctl *c, bool timed_out, const char *why);
+/* After this rank's own failure (vps_ctl_fail): its words, and the job's
+ * failure where another rank's says more and was not yet said (as the
+ * last error). A timeout waits up to the timeout for that. */
+vps_result_t vps_ctl_own_failure(struct ctl *c, vps_result_t mine, const char *words);
+
+/* The start of a switch on the tree (arrive.c): an CTL_ARRIVE collective
+ * whose part is ready when this rank's trainer's request is; "someone
+ * arrived" travels only when the ranks' requests lie more than a
+ * sixteenth of the window apart. */
+void vps_ctl_arrive_begin(struct ctl *c, double window);
+/* This rank's request is claimed: its part of the arrival is ready. */
+void vps_ctl_arrive_mine(struct ctl *c);
+/* Wait at most seconds for the arrival to end or the job to fail: 1 every
+ * rank arrived, 0 not yet, -1 failed (vps_ctl_failure says why). *first
+ * receives when this rank learnt that the first rank arrived, or -1. */
+int vps_ctl_arrive_wait(struct ctl *c, double seconds, double *first);
 
 #endif

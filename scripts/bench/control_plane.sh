@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# The executors' control plane at 128 to 16,384 ranks on this machine
+# (build/bench/control_plane: every rank a thread running the real
+# lib/exec/net code over loopback, rank 0 in a process of its own, the
+# others in processes of as many ranks as the open-file limit allows), and
+# what an idle executor costs (two real vps-exec waiting, with --wait, for
+# a request that never comes, for IDLE_SECONDS, default 20). Prints the
+# tables and, last, `control plane: W ranks, rank 0 T s, M messages per
+# collective` for the largest world, T being rank 0's CPU time per
+# collective (its thread's and its control loop's, the median over 15
+# switches, averaged over the collectives); with --doc, writes them into
+# docs/BENCHMARKS.md. Targets: rank 0's time and messages per collective at
+# the largest world within 1.5x of those at 128 ranks.
+#   scripts/bench/control_plane.sh [--doc] [WORLDS...]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+doc=0
+[ "${1:-}" = --doc ] && { doc=1; shift; }
+worlds=${*:-128 1024 4096 16384}
+for W in $worlds; do
+	[[ "$W" =~ ^[1-9][0-9]*$ ]] || { echo "control_plane.sh: $W: not a world size" >&2; exit 2; }
+done
+make -s all build/bench/control_plane
+t=$(mktemp -d)
+pids=()
+reg=cp$$
+trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$t" "/dev/shm/$reg-0" "/dev/shm/$reg-1"' EXIT
+
+# ---- the control plane at each world ----
+build/bench/control_plane --timeout 300 $worlds > "$t/out"
+
+# ---- an idle executor: bootstrapped, waiting for its trainer's request ----
+idle_seconds=${IDLE_SECONDS:-20}
+bin/vps-layout --model tiny-llama --parallel tp=2 --gpus-per-node 2 -o "$t/a" -q
+bin/vps-layout --model tiny-llama --parallel tp=1,dp=2 --gpus-per-node 2 -o "$t/b" -q
+bin/vps-plan "$t/a" "$t/b" 2> /dev/null | bin/vps-stage --budget 1MiB - -o "$t/s" 2> /dev/null
+for r in 0 1; do
+	build/bench/control_plane --registry "$reg-$r" $((idle_seconds + 30)) &
+	pids+=($!)
+done
+port=$(scripts/free-port.sh)
+for r in 0 1; do
+	VPS_TOKEN=0123456789abcdef0123456789abcdef bin/vps-exec --registry "$reg-%r" --rank $r --master 127.0.0.1:$port \
+		--wait --timeout 60 "$t/s" > "$t/exec.$r" 2>&1 &
+	pids+=($!)
+	ex[$r]=$!
+done
+sleep 3
+ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+for r in 0 1; do before[$r]=$(ticks ${ex[$r]}); done
+sleep "$idle_seconds"
+idle=
+for r in 0 1; do
+	idle+="$(awk -v a="${before[$r]}" -v b="$(ticks ${ex[$r]})" -v hz="$(getconf CLK_TCK)" -v s="$idle_seconds" \
+		'BEGIN { printf "%.2f", (b - a) / hz / s * 100 }') "
+done
+
+tables() {
+	awk -v idle="$idle" -v idle_s="$idle_seconds" '
+		function log2(x) { return log(x) / log(2) }
+		$1 == "phase" { W = $2; wall[W, $3] = $5; cpu[W, $3] = $7; msg[W, $3] = $9; next }
+		$1 == "world" {
+			W = $2; ws[++n] = W
+			for (i = 3; i < NF; i += 2) v[W, $i] = $(i + 1)
+		}
+		END {
+			split("transports arrival training start verdict digest", coll, " ")
+			first = ws[1]; last = ws[n]
+			print "Rank 0, per collective: its CPU time (its thread and its control loop, the median of 15 switches) and its messages sent and received:"
+			print ""
+			printf "| ranks | tree depth |"
+			for (c = 1; c <= 6; c++) printf " %s |", coll[c]
+			print " mean |"
+			printf "|---:|---:|"; for (c = 1; c <= 7; c++) printf "---:|"; print ""
+			for (k = 1; k <= n; k++) {
+				W = ws[k]; s = 0; m = 0
+				printf "| %\047d | %d |", W, v[W, "depth"]
+				for (c = 1; c <= 6; c++) {
+					printf " %.3f ms, %d |", cpu[W, coll[c]] * 1000, msg[W, coll[c]]
+					s += cpu[W, coll[c]]; m = msg[W, coll[c]] > m ? msg[W, coll[c]] : m
+				}
+				mean[W] = s / 6; most[W] = m
+				printf " %.3f ms, %d |\n", mean[W] * 1000, m
+			}
+			print ""
+			print "Rank 0, wall time per phase on this machine (every rank of the world shares its 2 CPUs, so this grows with the world; on a cluster a collective takes twice the tree depth in hops):"
+			print ""
+			printf "| ranks | bootstrap (rank 0 CPU) |"
+			for (c = 1; c <= 6; c++) printf " %s |", coll[c]
+			print " stage (64 B to 2 peers) | whole run |"
+			printf "|---:|---:|"; for (c = 1; c <= 8; c++) printf "---:|"; print ""
+			for (k = 1; k <= n; k++) {
+				W = ws[k]
+				printf "| %\047d | %.2f s (%.2f s) |", W, wall[W, "bootstrap"], cpu[W, "bootstrap"]
+				for (c = 1; c <= 6; c++) printf " %.1f ms |", wall[W, coll[c]] * 1000
+				printf " %.1f ms | %.1f s (%d processes, %.1f s CPU) |\n", wall[W, "stage"] * 1000, v[W, "wall"], v[W, "processes"], v[W, "cpu"]
+			}
+			print ""
+			print "Every rank: the most messages any rank sent and received in one collective (and that over log2 W), its connections once started (to the ranks it exchanges data with: its plan peers and its partners in the stage boundaries'\'' all-reduce; and in the control tree), rank 0'\''s bootstrap connections (all closed before the first switch), and the bytes its network holds (lib/exec/net'\''s own accounting: most of any rank once started, and rank 0'\''s peak, its W-entry address table while it bootstraps):"
+			print ""
+			print "| ranks | messages per collective, busiest rank | / log2 W | data connections, most | control connections, most | rank 0 bootstrap connections | network memory per rank, most | rank 0 peak | resident memory per rank |"
+			print "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+			for (k = 1; k <= n; k++) {
+				W = ws[k]
+				printf "| %\047d | %d | %.2f | %d | %d | %\047d | %.1f KB | %.1f KB | %.0f KB |\n", W, v[W, "busiest_messages_per_collective"], v[W, "busiest_messages_per_collective"] / (W > 1 ? log2(W) : 1), v[W, "data_connections_max"], v[W, "control_connections_max"], v[W, "rank0_bootstrap_connections"], v[W, "memory_max"] / 1000, v[W, "rank0_memory_peak"] / 1000, v[W, "rss_kb_per_rank"]
+			}
+			print ""
+			split(idle, id, " ")
+			printf "An idle executor (bootstrapped, waiting %d s with --wait for a request that never comes): %s%% and %s%% of a CPU (ranks 0 and 1).\n", idle_s, id[1], id[2]
+			if (n > 1 && first == 128) {
+				print ""
+				printf "At %\047d ranks against 128: rank 0'\''s CPU time per collective %.2fx, its messages per collective %.2fx (target: at most 1.5x each).\n", last, mean[last] / mean[first], most[last] / most[first]
+			}
+			print ""
+			printf "control plane: %d ranks, rank 0 %.6f s, %d messages per collective\n", last, mean[last], most[last]
+		}' "$t/out"
+}
+tables
+[ "$doc" = 1 ] && { scripts/bench/doc-stamp.sh "scripts/bench/control_plane.sh --doc $worlds"; echo; tables; } |
+	scripts/bench/doc-section.sh control-plane docs/BENCHMARKS.md
+exit 0

@@ -1,0 +1,524 @@
+"""A Megatron-Core job switched by vps (make check-megatron).
+
+megatron-core trains a small GPT (models/micro-gpt.yaml: learned positions,
+LayerNorm, biases, tied embeddings) on the CPU, a forked process per rank
+over gloo, as Megatron-LM's training loop does: Megatron's GPTModel in
+Float16Module and DistributedDataParallel, get_megatron_optimizer's
+DistributedOptimizer over AdamW, the OptimizerParamScheduler, and the
+forward-backward schedule of the configuration (pipelined with PP), with the
+CPU shims of mcore.py. vps.megatron makes the job switchable; one vps-exec
+per rank, started beside the ranks, moves the state through the switches
+
+    tp=2,dp=2,zero=1 -> dp=4,zero=1 -> tp=2,dp=2,zero=1 -> tp=2,pp=2,zero=1
+        -> pp=2,vpp=2,dp=2,zero=1 -> tp=2,dp=2,zero=1
+
+(TP 2 -> 1 -> 2 -> 2 -> 1 -> 2, DP and its ZeRO-1 shards 2 -> 4 -> 2 -> 1
+-> 2 -> 2, PP 1 -> 1 -> 1 -> 2 -> 2 -> 1, two virtual chunks a stage), each
+between two steps, every --every steps. Before and after each switch every
+rank's whole state is gathered in Megatron's model space (shards()): the
+model's own sharded state dict, and the optimizer's pieces through its own
+accessors (bf16 parameters, fp32 main parameters, exp_avg, exp_avg_sq,
+Adam's step), and the two must be equal bit for bit, replicas (the tied
+embeddings' copy on the last stage) included; the iteration, consumed
+samples and scheduler position must come across. A static run stays in the
+first configuration on the same batches: up to the first switch the two
+runs' losses must be equal bit for bit (vps's buffers under Megatron's
+tensors change nothing), and after it within 1e-3 (relative) of each other
+at every step, the bound of scripts/convergence.sh.
+
+    check_switch.py [-v] [--steps N] [--every K] [--keep DIR]
+
+Prints a line per switch with -v, then one summary line; exit 1 naming what
+differs, 2 on bad arguments.
+"""
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOP = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(TOP, "python"))
+sys.path.insert(0, HERE)
+
+import mcore  # noqa: E402  (imports torch and megatron-core once, before the ranks fork)
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from megatron.core import parallel_state  # noqa: E402
+from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, apply_factories  # noqa: E402
+from megatron.core.distributed import finalize_model_grads  # noqa: E402
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # noqa: E402
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler  # noqa: E402
+from megatron.core.pipeline_parallel import get_forward_backward_func  # noqa: E402
+from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed  # noqa: E402
+
+import vps  # noqa: E402
+import vps.megatron  # noqa: E402
+
+MODEL = os.path.join(HERE, "models", "micro-gpt.yaml")
+CONFIGS = ["tp=2,dp=2,zero=1", "dp=4,zero=1", "tp=2,dp=2,zero=1", "tp=2,pp=2,zero=1", "pp=2,vpp=2,dp=2,zero=1",
+           "tp=2,dp=2,zero=1"]
+WORLD = 4
+GLOBAL_BATCH, MICRO_BATCH, SEQ = 8, 2, 32
+LR, SEED = 3e-3, 1234
+MAX_REL = 1e-3  # scripts/convergence.sh's bound
+
+
+def tool(name):
+    path = os.path.join(os.environ.get("VPS_BIN", os.path.join(TOP, "bin")), name)
+    if not os.access(path, os.X_OK):
+        sys.exit("check_switch.py: %s: not built (make)" % path)
+    return path
+
+
+def run(cmd):
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if r.returncode:
+        raise RuntimeError("%s: exit %d: %s" % (" ".join(cmd), r.returncode, r.stderr.strip()))
+    return r.stdout
+
+
+# ---- the data: phrases of a fixed phrase book, sample i the same in every run ----
+class Corpus:
+    def __init__(self, vocab, seq, seed, phrases=64, length=8):
+        g = torch.Generator().manual_seed(seed)
+        self.book = torch.randint(vocab, (phrases, length), generator=g)
+        self.seq, self.seed = seq, seed
+
+    def sample(self, i):
+        g = torch.Generator().manual_seed(self.seed * 1000003 + i)
+        n = -(-(self.seq + 1) // self.book.shape[1])
+        return self.book[torch.randint(self.book.shape[0], (n,), generator=g)].reshape(-1)[:self.seq + 1]
+
+
+def micro_batches(corpus, consumed, dp, dp_rank, accum):
+    """Megatron's pretraining sampler: micro-batch m of the global batch that
+    starts at `consumed` is samples consumed + m*mb*dp + dp_rank*mb, ..."""
+    for m in range(accum):
+        first = consumed + m * MICRO_BATCH * dp + dp_rank * MICRO_BATCH
+        yield torch.stack([corpus.sample(i) for i in range(first, first + MICRO_BATCH)])
+
+
+def forward_step(data_iterator, model):
+    """pretrain_gpt.py's forward step and loss: the sum of the token losses
+    and the token count, which the schedule turns into the mean."""
+    batch = next(data_iterator)
+    tokens, labels = batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
+    positions = torch.arange(SEQ).unsqueeze(0).expand_as(tokens)
+    out = model(tokens, positions, None, labels=labels)
+
+    def loss_func(output):
+        loss = output.float().sum()
+        tokens_ = torch.tensor(output.numel(), dtype=torch.int)
+        return loss, tokens_, {"lm loss": torch.stack([loss.detach(), tokens_.float()])}
+    return out, loss_func
+
+
+# ---- a rank's job, built by Megatron-Core for a layout ----
+def build(layout):
+    """Megatron's own constructors for a layout, called as Megatron-LM's
+    setup_model_and_optimizer calls them: the process groups, the seeds,
+    GPTModel chunks in DDP, the optimizer."""
+    vps.megatron.initialize_groups(layout, create_gloo_process_groups=False)
+    model_parallel_cuda_manual_seed(SEED, force_reset_rng=True)
+    torch.manual_seed(SEED)
+    par = layout.parallel
+    config = mcore.transformer_config(layout.model, par, perform_initialization=True, init_method_std=0.02,
+                                      hidden_dropout=0.0, attention_dropout=0.0)
+    model = mcore.wrap_ddp(mcore.build_chunks(layout.model, par, config), config, par)
+    optimizer = get_megatron_optimizer(OPTIMIZER, model, use_gloo_process_groups=False)
+    config.finalize_model_grads_func = finalize_model_grads
+    config.grad_scale_func = optimizer.scale_loss
+    return model, optimizer
+
+
+OPTIMIZER = OptimizerConfig(optimizer="adam", lr=LR, min_lr=LR / 10, weight_decay=0.01, adam_beta1=0.9,
+                            adam_beta2=0.95, adam_eps=1e-8, clip_grad=1.0, bf16=True, use_distributed_optimizer=True)
+
+
+def make_scheduler(optimizer, steps, position):
+    """Megatron's learning-rate schedule (warm-up, cosine decay) at `position`
+    samples."""
+    s = OptimizerParamScheduler(optimizer, init_lr=0.0, max_lr=LR, min_lr=LR / 10,
+                                lr_warmup_steps=min(4, steps - 1) * GLOBAL_BATCH, lr_decay_steps=steps * GLOBAL_BATCH,
+                                lr_decay_style="cosine", start_wd=0.01, end_wd=0.01,
+                                wd_incr_steps=steps * GLOBAL_BATCH, wd_incr_style="constant")
+    s.step(increment=position)
+    return s
+
+
+def train_step(model, optimizer, corpus, consumed):
+    """One iteration, as Megatron-LM's train_step; returns (loss sum, tokens)
+    of this rank's share of the loss (last stage, TP rank 0), else zeros."""
+    dp = parallel_state.get_data_parallel_world_size()
+    accum = GLOBAL_BATCH // (MICRO_BATCH * dp)
+    for chunk in model:
+        chunk.zero_grad_buffer()
+    optimizer.zero_grad()
+    reports = get_forward_backward_func()(
+        forward_step_func=forward_step,
+        data_iterator=[micro_batches(corpus, consumed, dp, parallel_state.get_data_parallel_rank(), accum)
+                       for _ in model],
+        model=model, num_microbatches=accum, seq_length=SEQ, micro_batch_size=MICRO_BATCH,
+        decoder_seq_length=SEQ, forward_only=False)
+    ok, _, _ = optimizer.step()
+    if not ok:
+        raise RuntimeError("the optimizer skipped a step")
+    total = torch.zeros(2, dtype=torch.float64)
+    if parallel_state.is_pipeline_last_stage() and parallel_state.get_tensor_model_parallel_rank() == 0:
+        for r in reports:
+            total += r["lm loss"].double()
+    return total
+
+
+# ---- the whole state, through Megatron's own sharded state dicts ----
+def shards(model, optimizer):
+    """This rank's share of the whole state in Megatron's model space, as
+    (key, global shape, global offset, local shape, flattened range, data)
+    on the host, and Adam's step. The parameters: the ShardedTensors of the
+    model's own sharded_state_dict. The optimizer states: its
+    fully_sharded_model_space format, each parameter's piece of the fp32
+    main parameter, exp_avg and exp_avg_sq at the parameter's place, made
+    from the DistributedOptimizer's own accessors (_get_model_param_range_map,
+    _get_main_param_and_optimizer_states) and the parameter's ShardedTensor,
+    as its sharded_param_state_fs_model_space makes it: 0.19's integrity
+    check refuses that format's flattened ranges, and its fully_reshardable
+    format misplaces parameters that follow a padded bucket (tests/megatron/
+    README.md)."""
+    # one dict per chunk, as Megatron-LM's checkpointing keeps them: the chunks' keys are the same names
+    model_sd = {"model%d" % i: chunk.module.sharded_state_dict() for i, chunk in enumerate(model)}
+    apply_factories(model_sd)
+    out, of_param = [], {}
+    stack = [model_sd]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, ShardedTensor):
+            if v.flattened_range is not None:
+                raise RuntimeError("%s: a flattened ShardedTensor of the model" % v.key)
+            local = (1,) * v.prepend_axis_num + tuple(v.local_shape)
+            out.append((v.key, tuple(v.global_shape), tuple(v.global_offset), local, None,
+                        v.data.detach().to("cpu", copy=True)))
+            of_param[v.data] = (v.key, tuple(v.global_shape), tuple(v.global_offset), local)
+        elif isinstance(v, ShardedObject) and not (v.key.endswith("._extra_state") and v.data is None):
+            # an empty _extra_state is the linears' fp8 metadata, which bf16 runs have none of
+            raise RuntimeError("%s: a ShardedObject, which this check does not compare" % v.key)
+    steps = set()
+    for o in vps.megatron.distributed_optimizers(optimizer):
+        steps.update(g["step"] for g in o.state_dict()["optimizer"]["param_groups"])
+        for ranges in o.gbuf_ranges:
+            for buckets in ranges.values():
+                for rm in buckets:
+                    for p in rm["param_map"]:
+                        key, gshape, goff, local = of_param[p]
+                        r = o._get_model_param_range_map(p)["param"]
+                        st = o._get_main_param_and_optimizer_states(p)
+                        for name, t in (("fp32_param", st["param"]), ("exp_avg", st["exp_avg"]),
+                                        ("exp_avg_sq", st["exp_avg_sq"])):
+                            out.append(("optimizer.state.%s.%s" % (name, key), gshape, goff, local,
+                                        (r.start, r.end), t.detach().to("cpu", copy=True)))
+    return out, steps
+
+
+def gather(model, optimizer):
+    """Rank 0: {key: whole tensor} from every rank's shards (replicas must
+    agree bit for bit, and every element must be held), and Adam's step."""
+    mine = shards(model, optimizer)
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    if dist.get_rank() != 0:
+        return None
+    full, seen, steps = {}, {}, set()
+    for pieces, s in every:
+        steps |= s
+        for key, gshape, goff, lshape, fr, data in pieces:
+            if key not in full:
+                full[key] = torch.zeros(gshape, dtype=data.dtype)
+                seen[key] = torch.zeros(gshape, dtype=torch.bool)
+            box = tuple(slice(o, o + n) for o, n in zip(goff, lshape))
+            lo, hi = (0, data.numel()) if fr is None else fr
+            # the box's elements in row-major order; a flattened range is a run of them
+            f, s_ = full[key][box].reshape(-1).clone(), seen[key][box].reshape(-1).clone()
+            d = data.reshape(-1)
+            held = s_[lo:hi]
+            x, y = f[lo:hi][held], d[held]
+            if not torch.equal(bits(x), bits(y)):
+                raise RuntimeError("%s: replicas differ in %d of %d elements (the box at %s)"
+                                   % (key, (bits(x) != bits(y)).sum().item(), x.numel(), list(goff)))
+            f[lo:hi], s_[lo:hi] = d, True
+            full[key][box], seen[key][box] = f.view(lshape), s_.view(lshape)
+    for key, s_ in seen.items():
+        if not s_.all():
+            raise RuntimeError("%s: %d elements held by no rank" % (key, (~s_).sum().item()))
+    if len(steps) != 1:
+        raise RuntimeError("Adam's step differs between parameter groups: %s" % sorted(steps))
+    return full, steps.pop()
+
+
+def bits(t):
+    return t.view({torch.bfloat16: torch.int16, torch.float32: torch.int32}.get(t.dtype, t.dtype))
+
+
+def differs(a, b):
+    """Why two gathered states are not equal bit for bit, or None."""
+    (fa, sa), (fb, sb) = a, b
+    if sa != sb:
+        return "Adam's step %s, then %s" % (sa, sb)
+    if fa.keys() != fb.keys():
+        return "keys %s" % sorted(set(fa) ^ set(fb))[:3]
+    for k in fa:
+        x, y = fa[k], fb[k]
+        if x.dtype != y.dtype or x.shape != y.shape:
+            return "%s: %s %s, then %s %s" % (k, x.dtype, list(x.shape), y.dtype, list(y.shape))
+        if not torch.equal(bits(x), bits(y)):
+            n = (bits(x) != bits(y)).sum().item()
+            return "%s: %d of %d elements differ" % (k, n, x.numel())
+    return None
+
+
+# ---- the two runs ----
+def rank_main(rank, steps, every, registry, switching):
+    """One rank of the run: its losses, and (rank 0, switching) a line of
+    figures per switch."""
+    layouts = [vps.layout(MODEL, c, WORLD) for c in CONFIGS]
+    layout = layouts[0]
+    corpus = Corpus(layout.model.vocab, SEQ, SEED)
+    model, optimizer = build(layout)
+    scheduler = make_scheduler(optimizer, steps, 0)
+    reg = job = None
+    if switching:
+        # vps: the registry vps-exec finds this rank's buffers through
+        reg = vps.Registry(registry % rank, layout, rank)
+        # vps: Megatron's parameters, main parameters and moments become views of vps's buffers
+        job = vps.megatron.Job(reg, layout, rank, model, optimizer)
+    iteration = consumed = 0
+    losses, switches = [], []
+    try:
+        while iteration < steps:
+            if switching and iteration and iteration % every == 0 and len(switches) + 1 < len(layouts):
+                before = gather(model, optimizer)
+                new_layout = layouts[len(switches) + 1]
+                t0 = time.monotonic()
+                # vps: between two steps, the state moves to the new layout, and build makes its model and optimizer
+                model, optimizer, carried = job.switch(new_layout, rank, vps.Training(
+                    step=iteration, consumed_samples=consumed, scheduler_step=scheduler.num_steps,
+                    global_batch=GLOBAL_BATCH, micro_batch=MICRO_BATCH), build)
+                # vps: the schedule goes on where it was; the data loader, at carried.consumed_samples
+                scheduler = make_scheduler(optimizer, steps, carried.scheduler_step)
+                pause = time.monotonic() - t0
+                if (carried.step, carried.consumed_samples) != (iteration, consumed):
+                    raise RuntimeError("the switch carried step %d, samples %d; the job was at %d, %d" % (
+                        carried.step, carried.consumed_samples, iteration, consumed))
+                if scheduler.num_steps != consumed:
+                    raise RuntimeError("the scheduler is at %d after the switch, %d before" % (
+                        scheduler.num_steps, consumed))
+                after = gather(model, optimizer)
+                what = (len(switches) + 1, CONFIGS[len(switches)], CONFIGS[len(switches) + 1], iteration)
+                switches.append(None)
+                if rank == 0:
+                    bad = differs(before, after)
+                    if bad:
+                        raise RuntimeError("switch %d (%s -> %s) at step %d: the state after is not the state "
+                                           "before: %s" % (what + (bad,)))
+                    switches[-1] = (iteration, what[1], what[2], len(after[0]),
+                                    sum(t.numel() for t in after[0].values()), pause)
+            total = train_step(model, optimizer, corpus, consumed)
+            dist.all_reduce(total)
+            iteration += 1
+            consumed += GLOBAL_BATCH
+            scheduler.step(increment=GLOBAL_BATCH)
+            losses.append((total[0] / total[1]).item())
+    finally:
+        if job:
+            job.close()
+        if reg:
+            reg.close()
+    return losses, switches
+
+
+def refusals(rank, registry):
+    """What a Job refuses, on one rank: a layout that is not what Megatron
+    built, one it cannot point Megatron's tensors into, a training step
+    that is not the optimizer's. Returns the messages, in order."""
+    lay = vps.layout(MODEL, "zero=1", 1)
+    model, optimizer = build(lay)
+    out = []
+    reg = vps.Registry(registry.replace("%d", "refusals"), None, -1)
+    try:
+        for other in ("zero=1,bucket=60000", "zero=0"):
+            try:
+                vps.megatron.Job(reg, vps.layout(lay.model, other, 1), 0, model, optimizer)
+                out.append("%s: accepted" % other)
+            except vps.Error as e:
+                out.append("%s: %s: %s" % (other, e.name, e))
+        job = vps.megatron.Job(reg, lay, 0, model, optimizer)
+        try:
+            job.switch(lay, 0, vps.Training(step=5), None)
+            out.append("step 5: accepted")
+        except vps.Error as e:
+            out.append("step 5: %s: %s" % (e.name, e))
+        job.close()
+    finally:
+        reg.close()
+    return out
+
+
+REFUSALS = [
+    # another bucket size: Megatron's single bucket is not the layout's buckets
+    ("zero=1,bucket=60000", "VPS_ECHECK", "rank 0 chunk 0 dense buffer: Megatron's has 220544 elements, "
+     "the layout's 220672"),
+    ("zero=0", "VPS_EUNSUPPORTED", "rank 0 chunk 0 dense buffer: the layout's main_param is whole (zero=0)"),
+    ("step 5", "VPS_EINPUT", "training.step is 5, the optimizer has taken 0 steps"),
+]
+
+
+def executors(tmp, steps, every, registry):
+    """One vps-exec per rank, given the staged plans of the switches in order."""
+    gpn = str(WORLD)
+    for i, c in enumerate(CONFIGS):
+        run([tool("vps-layout"), "--model", MODEL, "--parallel", c, "--gpus-per-node", gpn,
+             "-o", os.path.join(tmp, "c%d.layout" % i)])
+    staged = []
+    for i in range(min(len(CONFIGS) - 1, (steps - 1) // every)):
+        plan, st = os.path.join(tmp, "c%d.plan" % i), os.path.join(tmp, "c%d.staged" % i)
+        run([tool("vps-plan"), os.path.join(tmp, "c%d.layout" % i), os.path.join(tmp, "c%d.layout" % (i + 1)),
+             "--global-batch", str(GLOBAL_BATCH), "--micro-batch", str(MICRO_BATCH), "-o", plan])
+        run([tool("vps-stage"), "--budget", "16MiB", plan, "-o", st])
+        staged.append(st)
+    env = dict(os.environ, VPS_TOKEN=run([tool("vps-exec"), "--new-token"]).strip())
+    port = run([os.path.join(TOP, "scripts", "free-port.sh")]).strip()
+    procs = []
+    for r in range(WORLD):
+        log = open(os.path.join(tmp, "exec.%d.log" % r), "w")
+        procs.append(subprocess.Popen(
+            [tool("vps-exec"), "--registry", registry.replace("%d", "%r"), "--rank", str(r), "--world", str(WORLD),
+             "--master", "127.0.0.1:" + port, "--transport", "tcp", "--wait", "--check", "--timeout", "120",
+             "--report", os.path.join(tmp, "report.%d.yaml" % r)] + (["--serve"] if len(staged) > 1 else [])
+            + staged, env=env, stdout=log, stderr=subprocess.STDOUT))
+    return procs, len(staged)
+
+
+def stop(procs):
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        p.wait()
+
+
+def main():
+    a = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    a.add_argument("-v", "--verbose", action="store_true")
+    a.add_argument("--steps", type=int, default=18)
+    a.add_argument("--every", type=int, default=3, help="switch every K steps")
+    a.add_argument("--keep", help="keep the plans, logs and reports in this directory")
+    a.add_argument("--timeout", type=float, default=600)
+    args = a.parse_args()
+    if args.steps < 1 or args.every < 1:
+        a.error("--steps and --every must be at least 1")
+    mcore.install_training_shims()
+    tmp = args.keep or tempfile.mkdtemp(prefix="vps-mcore-switch-")
+    os.makedirs(tmp, exist_ok=True)
+    registry = "vps-mcore-%d-%%d" % os.getpid()
+    try:
+        check(args, tmp, registry)
+    finally:
+        # a rank stopped before its registry closed leaves it behind
+        for name in [registry % r for r in range(WORLD)] + [registry.replace("%d", "refusals")]:
+            try:
+                vps.Registry.unlink(name)
+            except vps.Error as e:
+                print("check_switch.py: %s" % e, file=sys.stderr)
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check(args, tmp, registry):
+    t0 = time.monotonic()
+    (said,) = mcore.run_ranks(1, lambda r: refusals(r, registry), timeout=args.timeout)
+    if isinstance(said, mcore.RankError):
+        print(said.trace, file=sys.stderr)
+        sys.exit("check_switch.py: refusals: %s" % said)
+    if len(said) != len(REFUSALS):
+        sys.exit("check_switch.py: refusals: %d answers for %d cases: %s" % (len(said), len(REFUSALS), said))
+    for line, (what, code, text) in zip(said, REFUSALS):
+        if not line.startswith("%s: %s: %s" % (what, code, text)):
+            sys.exit("check_switch.py: a Job given %s said: %s; expected %s: %s..." % (what, line, code, text))
+        if args.verbose:
+            print("refused: %s" % line)
+    procs, nplans = executors(tmp, args.steps, args.every, registry)
+
+    def executor_failed():
+        for r, p in enumerate(procs):
+            if p.poll():
+                return "vps-exec rank %d exited with status %d:\n%s" % (
+                    r, p.returncode, open(os.path.join(tmp, "exec.%d.log" % r)).read()[-2000:])
+        return None
+    try:
+        try:
+            results = mcore.run_ranks(WORLD, lambda r: rank_main(r, args.steps, args.every, registry, True),
+                                      timeout=args.timeout, watch=executor_failed)
+        except RuntimeError as e:
+            sys.exit("check_switch.py: %s" % e)
+        failed = [r for r in results if isinstance(r, mcore.RankError)]
+        if failed:
+            for f in failed:
+                print(f.trace, file=sys.stderr)
+            for r in range(WORLD):
+                print("== exec.%d.log\n%s" % (r, open(os.path.join(tmp, "exec.%d.log" % r)).read()[-2000:]),
+                      file=sys.stderr)
+            sys.exit("check_switch.py: %s" % failed[0])
+        deadline = time.monotonic() + 30
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop(procs)
+    for r, p in enumerate(procs):
+        if p.returncode:
+            sys.exit("check_switch.py: vps-exec rank %d exited with %d:\n%s" % (
+                r, p.returncode, open(os.path.join(tmp, "exec.%d.log" % r)).read()[-2000:]))
+    digests = sum(open(os.path.join(tmp, "exec.%d.log" % r)).read().count("digest: match") for r in range(WORLD))
+    losses, switches = results[0]
+    if len(switches) != nplans or digests != nplans * WORLD:
+        sys.exit("check_switch.py: %d switches of %d, %d digests matched of %d" % (
+            len(switches), nplans, digests, nplans * WORLD))
+    static = mcore.run_ranks(WORLD, lambda r: rank_main(r, args.steps, args.every, registry, False),
+                             timeout=args.timeout)
+    bad = [r for r in static if isinstance(r, mcore.RankError)]
+    if bad:
+        print(bad[0].trace, file=sys.stderr)
+        sys.exit("check_switch.py: the static run: %s" % bad[0])
+    ref = static[0][0]
+    for k, (at, src, dst, n, elems, pause) in enumerate(switches):
+        if args.verbose:
+            print("switch %d at step %d: %s -> %s: %d tensors, %d elements, equal bit for bit (%.2f s)"
+                  % (k + 1, at, src, dst, n, elems, pause))
+    first = switches[0][0] if switches else args.steps
+    worst, worst_at = 0.0, 0
+    for i, (x, y) in enumerate(zip(losses, ref)):
+        step = i + 1
+        if step <= first and x != y:
+            sys.exit("check_switch.py: step %d, before any switch: loss %.9g, the static run's %.9g" % (step, x, y))
+        rel = abs(x - y) / abs(y)
+        if rel > worst:
+            worst, worst_at = rel, step
+        if rel > MAX_REL:
+            sys.exit("check_switch.py: step %d: loss %.9g, the static run's %.9g (%.2g relative, bound %g)"
+                     % (step, x, y, rel, MAX_REL))
+        if args.verbose:
+            print("step %d: loss %.9f, static %.9f" % (step, x, y))
+    print("micro-gpt on %d ranks: %d switches through vps-exec (%s), the whole state equal bit for bit across "
+          "each; loss within %g of the static run's at every step (largest %.1e, step %d) (%.0f s)"
+          % (WORLD, len(switches), " -> ".join(CONFIGS[:len(switches) + 1]), MAX_REL, worst, worst_at,
+             time.monotonic() - t0))
+
+
+if __name__ == "__main__":
+    main()
