@@ -113,15 +113,23 @@ VPS_API void vps_staged_free(struct vps_staged *s);
 /* The demands of every step 0 .. steps, three numbers each (all 0: no
  * transfer): the chunk count, what the last chunk costs and what the first
  * chunk costs the busiest rank in the staged plan's scope (bytes sent plus
- * received in that unit). Step 0 is [1, 0, 0] when some rank retains. The
+ * received in that unit). Step 0 is [R, 0, F]: R 1 when some rank retains,
+ * F 1 when some transfer is a forward. The forward steps steps + 1 ..
+ * 2 steps follow (VPS_DEMAND_FORWARD_COUNT numbers, all 0 unless F): the
+ * executors all-reduce them only when the world's F is 1, so a plan
+ * without relays agrees on VPS_DEMAND_COUNT numbers, as before relays. The
  * world's demands combine every rank's with vps_stage_demand_combine. */
-#define VPS_DEMAND_COUNT(steps) ((size_t)3 * (size_t)(VPS_STAGE_LAST_STEP(steps) + 1))
+#define VPS_DEMAND_COUNT(steps) ((size_t)3 * (size_t)((steps) + 1))
+#define VPS_DEMAND_FORWARD_COUNT(steps) ((size_t)3 * (size_t)(steps))
+#define VPS_DEMAND_HAS_FORWARDS(demand) ((demand)[2] != 0)
+/* *demand: VPS_DEMAND_COUNT + VPS_DEMAND_FORWARD_COUNT numbers. */
 VPS_API vps_result_t vps_staged_demand(const struct vps_staged *s, int64_t **demand);
-/* acc = acc combined with in (n numbers, VPS_DEMAND_COUNT): the largest
+/* acc = acc combined with in (n numbers, a multiple of 3): the largest
  * chunk count with the costliest last chunk among the ranks that have that
  * many, and the costliest first chunk. Associative and commutative. */
 VPS_API void vps_stage_demand_combine(int64_t *acc, const int64_t *in, size_t n);
-/* Cut the stages from the world's demands: fills the stage table, every
+/* Cut the stages from the world's demands (the forward steps read only
+ * when VPS_DEMAND_HAS_FORWARDS): fills the stage table, every
  * transfer's stage and the frees' stages. A staged plan already cut must
  * come out the same (else VPS_EINPUT: its ranks' files disagree). */
 VPS_API vps_result_t vps_staged_cut(struct vps_staged *s, const int64_t *demand);

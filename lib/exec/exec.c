@@ -1049,7 +1049,9 @@ static void gpu_context(struct executor *ex)
 /* Every rank cuts the same stages from the world's demands: its own,
  * all-reduced (O(steps) numbers, log2 W rounds). A plan staged from the
  * global plan is already cut and must agree. Done before the trainers ask
- * for the switch, so it costs the pause nothing. */
+ * for the switch, so it costs the pause nothing. The forward steps of a
+ * relayed plan take a second all-reduce, only when the first says some
+ * rank forwards: a plan without relays pays nothing for them. */
 static vps_result_t agree_stages(const struct executor *ex)
 {
 	struct vps_staged *const *plans = ex->plans;
@@ -1058,8 +1060,13 @@ static vps_result_t agree_stages(const struct executor *ex)
 		char what[64], buf[32];
 		snprintf(what, sizeof(what), "stage boundaries of plan %zu", k + 1);
 		VPS_CHECK(vps_staged_demand(plans[k], &d));
-		vps_result_t rc =
-			vps_net_allreduce(ex->net, d, VPS_DEMAND_COUNT(plans[k]->steps), vps_stage_demand_combine, what);
+		size_t direct = VPS_DEMAND_COUNT(plans[k]->steps);
+		vps_result_t rc = vps_net_allreduce(ex->net, d, direct, vps_stage_demand_combine, what);
+		if (!rc && VPS_DEMAND_HAS_FORWARDS(d)) {
+			snprintf(what, sizeof(what), "forward stage boundaries of plan %zu", k + 1);
+			rc = vps_net_allreduce(ex->net, d + direct, VPS_DEMAND_FORWARD_COUNT(plans[k]->steps),
+					       vps_stage_demand_combine, what);
+		}
 		if (!rc && (rc = vps_staged_cut(plans[k], d)))
 			vps_error_prefix("%s", plan_name(ex->o, k, buf, sizeof(buf)));
 		free(d);

@@ -277,7 +277,7 @@ void vps_stage_demand_combine(int64_t *acc, const int64_t *in, size_t n)
 /* The demands of the ranks in scope (-1: every rank) over xfers. */
 static vps_result_t demand_of(const struct vps_xfer *xs, size_t n, int64_t steps, int64_t scope, int64_t *d)
 {
-	size_t count = VPS_DEMAND_COUNT(steps);
+	size_t count = VPS_DEMAND_COUNT(steps) + VPS_DEMAND_FORWARD_COUNT(steps);
 	memset(d, 0, count * sizeof(*d));
 	struct side *e = vps_malloc((2 * n + 1) * sizeof(*e));
 	if (!e)
@@ -298,8 +298,11 @@ static vps_result_t demand_of(const struct vps_xfer *xs, size_t n, int64_t steps
 		}
 		int64_t r[2] = {x->src, x->dst};
 		for (int k = 0; k < 2; k++)
-			if (scope < 0 || r[k] == scope)
+			if (scope < 0 || r[k] == scope) {
 				e[ne++] = (struct side){x->step, r[k], x->chunk, x->bytes};
+				if (x->step > steps)
+					d[2] = 1;
+			}
 	}
 	qsort(e, ne, sizeof(*e), side_order);
 	for (size_t i = 0; i < ne;) {
@@ -322,7 +325,7 @@ static vps_result_t demand_of(const struct vps_xfer *xs, size_t n, int64_t steps
 
 vps_result_t vps_staged_demand(const struct vps_staged *s, int64_t **demand)
 {
-	*demand = vps_malloc(VPS_DEMAND_COUNT(s->steps) * sizeof(**demand));
+	*demand = vps_malloc((VPS_DEMAND_COUNT(s->steps) + VPS_DEMAND_FORWARD_COUNT(s->steps)) * sizeof(**demand));
 	if (!*demand)
 		return VPS_ENOMEM;
 	vps_result_t rc = demand_of(s->xfers, s->nxfers, s->steps, s->scope, *demand);
@@ -385,15 +388,21 @@ vps_result_t vps_staged_cut(struct vps_staged *s, const int64_t *d)
 	struct vps_stage_info *st = NULL;
 	size_t n = 0, cap = 0;
 	int64_t *stage = vps_malloc((s->nxfers + 1) * sizeof(*stage));
-	int64_t limit = vps_sat_add(VPS_STAGE_MAX_CHUNKS, VPS_STAGE_LAST_STEP(s->steps) + 1), units = 0, half = chunk_size(s->budget);
+	/* without forwards anywhere the world agreed on the direct steps only */
+	int64_t last_step = VPS_DEMAND_HAS_FORWARDS(d) ? VPS_STAGE_LAST_STEP(s->steps) : s->steps;
+	int64_t limit = vps_sat_add(VPS_STAGE_MAX_CHUNKS, last_step + 1), units = 0, half = chunk_size(s->budget);
 	if (!stage)
 		return VPS_ENOMEM;
 	if (d[0]) {
 		VPS_CHECK_GOTO(VPS_GROW(st, cap, 1), rc, done);
 		st[n++] = (struct vps_stage_info){0, 0, 0, 0, 0, 0};
 	}
+	if (d[2] != 0 && d[2] != 1) {
+		rc = vps_fail(VPS_EINPUT, "step 0: a forward flag of %" PRId64 ", not 0 or 1", d[2]);
+		goto done;
+	}
 	bool open = false;
-	for (int64_t step = 1; step <= VPS_STAGE_LAST_STEP(s->steps); step++) {
+	for (int64_t step = 1; step <= last_step; step++) {
 		int64_t chunks = d[3 * step], last = d[3 * step + 1], first = d[3 * step + 2];
 		if (step == s->steps + 1)
 			open = false; /* forwards only after every direct transfer arrived */
@@ -629,7 +638,7 @@ vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t b
 	VPS_CHECK_GOTO(stage_pairs(&b, plan, cap), rc, fail);
 	/* a global plan knows every rank's demands: cut its stages now */
 	if (plan->scope < 0) {
-		demand = vps_malloc(VPS_DEMAND_COUNT(s->steps) * sizeof(*demand));
+		demand = vps_malloc((VPS_DEMAND_COUNT(s->steps) + VPS_DEMAND_FORWARD_COUNT(s->steps)) * sizeof(*demand));
 		if (!demand) {
 			rc = VPS_ENOMEM;
 			goto fail;

@@ -172,9 +172,10 @@ TEST(tree_peers_are_symmetric_xor_partners)
 }
 
 /* scripts/bench/agree.sh: VPS_AGREE_WORLDS="128 1024" runs the agreement of
- * those worlds, the vector one number per XOR step as vps-exec's, and
- * prints the busiest rank's bytes next to the formula in docs/plan.md
- * (three numbers per step, direct and forward: VPS_DEMAND_COUNT). */
+ * those worlds, the vector three numbers per XOR step as vps-exec's, and
+ * prints the busiest rank's bytes next to the formula in docs/plan.md: a
+ * plan without relays all-reduces VPS_DEMAND_COUNT numbers, a relayed plan
+ * VPS_DEMAND_FORWARD_COUNT more in a second all-reduce. */
 TEST(allreduce_max_at_the_worlds_asked_for)
 {
 	const char *env = getenv("VPS_AGREE_WORLDS");
@@ -184,12 +185,16 @@ TEST(allreduce_max_at_the_worlds_asked_for)
 			break;
 		int64_t steps = vps_stage_steps(W);
 		uint64_t most = allreduce_case(W, VPS_DEMAND_COUNT(steps));
+		uint64_t forward = allreduce_case(W, VPS_DEMAND_FORWARD_COUNT(steps));
 		int64_t log2w = 0;
 		while ((int64_t)1 << (log2w + 1) <= W)
 			log2w++;
-		printf("agree: world %lld steps %lld busiest_rank_bytes %llu formula %llu\n", W, (long long)steps,
-		       (unsigned long long)most,
-		       (unsigned long long)((log2w + ((W & (W - 1)) ? 1 : 0)) * (8 * VPS_DEMAND_COUNT(steps) + 16)));
+		uint64_t rounds = (uint64_t)(log2w + ((W & (W - 1)) ? 1 : 0));
+		printf("agree: world %lld steps %lld busiest_rank_bytes %llu formula %llu relayed_bytes %llu "
+		       "relayed_formula %llu\n", W, (long long)steps, (unsigned long long)most,
+		       (unsigned long long)(rounds * (8 * VPS_DEMAND_COUNT(steps) + 16)),
+		       (unsigned long long)(most + forward),
+		       (unsigned long long)(rounds * (8 * (VPS_DEMAND_COUNT(steps) + VPS_DEMAND_FORWARD_COUNT(steps)) + 32)));
 	}
 }
 

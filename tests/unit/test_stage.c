@@ -114,16 +114,16 @@ static bool same_op(const struct vps_op *x, const struct vps_op *y)
 	return !memcmp(&a, &b, sizeof(a));
 }
 
-/* Rank r's own plan (planned alone, as a rank does), staged with the
- * budget of g; rank_arg is vps_stage's rank argument. */
-static struct vps_staged *rank_staging(const struct vps_staged *g, int64_t r, int64_t rank_arg)
+/* Rank r's own plan (planned alone, as a rank does, relayed or not),
+ * staged with the budget of g; rank_arg is vps_stage's rank argument. */
+static struct vps_staged *rank_staging(const struct vps_staged *g, int64_t r, int64_t rank_arg, bool relay)
 {
 	struct vps_layout *a, *b;
 	struct vps_plan *p = NULL;
 	struct vps_staged *s = NULL;
 	CHECK_OK(layout_copy(g->plan->a, &a));
 	CHECK_OK(layout_copy(g->plan->b, &b));
-	struct vps_plan_opts o = {.rank = r};
+	struct vps_plan_opts o = {.rank = r, .relay = relay};
 	CHECK_OK(vps_plan_compute(&p, a, b, &o));
 	if (p)
 		CHECK_OK(vps_stage(&s, p, g->budget, rank_arg));
@@ -135,13 +135,13 @@ static struct vps_staged *rank_staging(const struct vps_staged *g, int64_t r, in
 /* Every rank stages its own one-rank plan; the maximum of their demands is
  * the global staging's, and each rank's file, once cut with it, holds
  * exactly the global staging's transfers of that rank, in its stages. */
-static void per_rank_case(const struct vps_staged *g, int iter)
+static void per_rank_case(const struct vps_staged *g, int iter, bool relay)
 {
-	size_t count = VPS_DEMAND_COUNT(g->steps);
+	size_t count = VPS_DEMAND_COUNT(g->steps) + VPS_DEMAND_FORWARD_COUNT(g->steps);
 	int64_t W = vps_world_size(g->plan->world), *want = NULL, *world = calloc(count, 8);
 	CHECK_OK(vps_staged_demand(g, &want));
 	for (int64_t r = 0; r < W && world && want; r++) {
-		struct vps_staged *s = rank_staging(g, r, -1);
+		struct vps_staged *s = rank_staging(g, r, -1, relay);
 		if (!s)
 			break;
 		CHECK(!s->cut && s->scope == r && s->nstages == 0);
@@ -154,7 +154,7 @@ static void per_rank_case(const struct vps_staged *g, int iter)
 	}
 	CHECK(!memcmp(world, want, count * 8));
 	for (int64_t r = 0; r < W && world && want; r++) {
-		struct vps_staged *s = rank_staging(g, r, r);
+		struct vps_staged *s = rank_staging(g, r, r, relay);
 		if (!s)
 			break;
 		CHECK_OK(vps_staged_cut(s, world));
@@ -223,7 +223,7 @@ static void one_case(int iter)
 		harness_fail(__FILE__, __LINE__, "case %d %s: %s -> %s budget %lld: %lld violations, first: %s", iter, m.name, da,
 			     db, (long long)budget, (long long)rep.violations, rep.nmessages ? rep.messages[0] : "");
 	vps_verify_report_release(&rep);
-	per_rank_case(s, iter);
+	per_rank_case(s, iter, false);
 	struct job ja, staged, direct;
 	job_alloc(&ja, s->plan->a);
 	job_alloc(&staged, s->plan->b);
@@ -312,4 +312,53 @@ TEST(a_rank_file_holds_its_transfers_and_the_worlds_stages)
 	vps_verify_report_release(&rep);
 	vps_staged_free(all);
 	vps_staged_free(one);
+}
+
+/* The executors all-reduce a relayed plan's forward steps only when step 0
+ * says some rank forwards: a plan without relays agrees on the direct
+ * steps alone. A holder that forwards nothing says no forwards itself;
+ * the world's demands, combined, still cut every rank's relayed file into
+ * the global staging's stages. */
+TEST(only_a_relayed_plan_agrees_on_forward_steps)
+{
+	struct vps_model m;
+	struct vps_parallel pa, pb;
+	struct vps_devices d;
+	CHECK_OK(vps_model_load(&m, "tiny-llama", CONFIGS "/models"));
+	vps_parallel_init(&pa);
+	vps_parallel_init(&pb);
+	CHECK_OK(vps_parallel_parse(&pa, "tp=1,dp=1,zero=1", "t"));
+	CHECK_OK(vps_parallel_parse(&pb, "tp=1,dp=4,zero=1", "t"));
+	vps_devices_packed(&d, 8, 0);
+	for (int relay = 0; relay < 2; relay++) {
+		struct vps_layout *a, *b;
+		struct vps_plan *p;
+		struct vps_staged *s = NULL;
+		CHECK_OK(vps_layout_new(&a, &m, &pa, &d, "t"));
+		CHECK_OK(vps_layout_new(&b, &m, &pb, &d, "t"));
+		struct vps_plan_opts o = {.rank = -1, .relay = relay};
+		CHECK_OK(vps_plan_compute(&p, a, b, &o));
+		CHECK_OK(vps_stage(&s, p, 1 << 20, -1));
+		if (!s)
+			continue;
+		int64_t *d0 = NULL;
+		CHECK_OK(vps_staged_demand(s, &d0));
+		size_t direct = VPS_DEMAND_COUNT(s->steps), forward = 0;
+		for (size_t i = 0; d0 && i < VPS_DEMAND_FORWARD_COUNT(s->steps); i++)
+			forward += d0[direct + i] != 0;
+		CHECK_EQ(d0 && VPS_DEMAND_HAS_FORWARDS(d0), relay);
+		CHECK_EQ(forward > 0, relay);
+		free(d0);
+		if (relay) {
+			struct vps_staged *holder = rank_staging(s, 0, -1, true);
+			int64_t *dh = NULL;
+			if (holder)
+				CHECK_OK(vps_staged_demand(holder, &dh));
+			CHECK(dh && !VPS_DEMAND_HAS_FORWARDS(dh));
+			free(dh);
+			vps_staged_free(holder);
+		}
+		per_rank_case(s, 0, relay);
+		vps_staged_free(s);
+	}
 }
