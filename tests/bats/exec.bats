@@ -78,17 +78,24 @@ leave() {
 	demo "$1" --np "$2" --model tiny-gpt --from tp=2,pp=2,dp=2,zero=1 --to tp=1,pp=1,dp=3,zero=1
 }
 # Relayed joins: one holder, more receivers than two. Receivers pass on
-# what the holder sent them (vps-plan --relay): the holder's report sends
-# what its plan says, and less than every byte moved (each receiver's
-# parameters would leave it once per receiver otherwise).
-relay_join() { # TRANSPORT DEVICES_PER_NODE DP
-	demo "$1" --np "$2" --relay --model tiny-llama --from tp=1,pp=1,dp=1,zero=1 --to tp=1,pp=1,dp=$3,zero=1
-	local dir=$BATS_TEST_TMPDIR/demo planned sent moved
-	planned=$("$VPS_BIN/vps-plan" --transfers --rank 0 --format tsv "$dir/ab.plan" |
-		awk -F'\t' '$2 == "send" { n += $7 } END { print n + 0 }')
+# what the holder sent them (vps-plan --relay): every rank's report sends
+# what its plan says (the relays their forwards), and the holder less than
+# every byte moved (each receiver's parameters would leave it once per
+# receiver otherwise).
+relay_join() { # TRANSPORT DEVICES_PER_NODE DP [demo.sh arguments...]
+	local transport=$1 np=$2 dp=$3
+	shift 3
+	demo "$transport" --np "$np" --relay "$@" --model tiny-llama --from tp=1,pp=1,dp=1,zero=1 --to tp=1,pp=1,dp=$dp,zero=1
+	local dir=$BATS_TEST_TMPDIR/demo planned sent moved r
+	for ((r = 0; r < dp; r++)); do
+		planned=$("$VPS_BIN/vps-plan" --transfers --rank "$r" --format tsv "$dir/ab.plan" |
+			awk -F'\t' '$2 == "send" { n += $7 } END { print n + 0 }')
+		sent=$(awk '/^  bytes_sent:/ { print $2; exit }' "$dir/report.$r.yaml")
+		[ "$sent" = "$planned" ] || { echo "rank $r sent $sent, its plan $planned" >&2; return 1; }
+		[ "$r" -eq 0 ] || [ "$sent" -gt 0 ] || { echo "relay $r passed nothing on" >&2; return 1; }
+	done
 	sent=$(awk '/^  bytes_sent:/ { print $2; exit }' "$dir/report.0.yaml")
 	moved=$("$VPS_BIN/vps-plan" -q "$dir/a.layout" "$dir/b.layout" --stats | awk '$1 == "bytes_moved:" { print $2 }')
-	[ "$sent" = "$planned" ] || { echo "rank 0 sent $sent, its plan $planned" >&2; return 1; }
 	[ "$sent" -gt 0 ] && [ "$sent" -lt "$moved" ] || { echo "rank 0 sent $sent of $moved moved: nothing relayed" >&2; return 1; }
 }
 world6() {
@@ -143,6 +150,9 @@ per_rank() { # TRANSPORT DEVICES_PER_NODE
 
 @test "tcp: relayed join: dp=1 becomes dp=4, receivers pass pieces on" { relay_join tcp 8 4; }
 @test "tcp: relayed join: dp=1 becomes dp=8 over two nodes" { relay_join tcp 4 8; }
+# The holder plans alone and forwards nothing: the world's demands, not its
+# own, tell it to agree on the forward steps with the relays.
+@test "tcp: relayed join planned and staged by every rank alone: dp=1 becomes dp=4" { relay_join tcp 8 4 --per-rank; }
 @test "ipc: a relayed plan is refused, naming the transport that can pass on" {
 	run "$TOP/scripts/demo.sh" --relay --transport ipc --model tiny-llama --from tp=1,pp=1,dp=1,zero=1 --to tp=1,pp=1,dp=4,zero=1
 	[ "$status" -eq 1 ]
