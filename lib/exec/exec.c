@@ -159,9 +159,6 @@ static vps_result_t carry(struct carriers *c, const struct vps_switch *sw, const
 	if (j < 0)
 		return unreachable(c, sw, peer);
 	struct carrier *v = &c->v[j];
-	if (x->nops && (sw->s->ops[x->first_op].src_buffer & VPS_BUFFER_TARGET) && !v->t->forwards)
-		return vps_fail(VPS_EINPUT, "%" PRId64 " -> %" PRId64 ": the %s transport cannot pass on a relayed piece "
-			       "(a plan made with --relay): tcp can", x->src, x->dst, v->t->name);
 	VPS_CHECK(VPS_GROW(v->x, v->cap, v->n + 1));
 	v->x[v->n++] = x;
 	return VPS_OK;
@@ -309,6 +306,7 @@ static void switch_release(struct vps_switch *sw)
 	free(sw->src);
 	free(sw->dst);
 	free(sw->src_entry);
+	free(sw->dst_entry);
 	if (sw->maps)
 		vps_mapcache_end_switch(sw->maps, sw->gpu);
 }
@@ -838,7 +836,7 @@ static vps_result_t attach(struct executor *ex, struct pass *ps, struct vps_exec
 	}
 	if (sw->rb >= 0) {
 		VPS_CHECK(vps_layout_rank(p->b, sw->rb, &sw->vb));
-		VPS_CHECK(map_side(sw, &sw->vb, VPS_ROLE_TARGET, &sw->dst, NULL));
+		VPS_CHECK(map_side(sw, &sw->vb, VPS_ROLE_TARGET, &sw->dst, &sw->dst_entry));
 	}
 	VPS_CHECK(check_views(sw));
 	vps_mapcache_take_stats(ex->maps, &rep->premapped_bytes, &rep->mapped_in_pause_bytes);

@@ -62,6 +62,7 @@ cases() { # NAME: the case's demo.sh arguments, the devices per node under auto
 	world2) echo "1 --model tiny-llama --from tp=2,zero=1 --to tp=1,dp=2,zero=1 --back" ;;
 	world3) echo "2 --model tiny-gpt --from tp=1,pp=1,dp=3,zero=1 --to tp=1,pp=3,dp=1,first=2,last=2,zero=0 --back" ;;
 	world7) echo "4 --model tiny-llama --global-batch 28 --from tp=1,dp=7,zero=1 --to pp=7,first=2,last=0,zero=0" ;;
+	relay) echo "4 --relay --model tiny-llama --from tp=1,pp=1,dp=1,zero=1 --to tp=1,pp=1,dp=8,zero=1" ;;
 	esac
 }
 
@@ -113,6 +114,10 @@ gpu_case() { # TRANSPORT NAME
 @test "nccl: DeepSeek-V3-style: tp, pp, ep change, and back" { gpu_case nccl deepseek; }
 @test "ipc: DeepSeek-V3-style: tp, pp, ep change, and back, GPU memory" { gpu_case ipc deepseek; }
 @test "auto: DeepSeek-V3-style: tp, pp, ep change, and back, two nodes" { gpu_case auto deepseek; }
+
+@test "nccl: a relayed join: dp=1 becomes dp=8, receivers pass pieces on from their targets" { gpu_case nccl relay; }
+@test "ipc: a relayed join: dp=1 becomes dp=8, receivers read the relays' targets, GPU memory" { gpu_case ipc relay; }
+@test "auto: a relayed join: dp=1 becomes dp=8 on two nodes" { gpu_case auto relay; }
 
 @test "nccl: devices join: 4 become 8" { gpu_case nccl join; }
 @test "ipc: devices join: 4 become 8, GPU memory" { gpu_case ipc join; }

@@ -10,6 +10,14 @@
  * what it sends (so it may release a source early) and names a peer that
  * died. Sources are never written: host sources are mapped read-only.
  *
+ * Relays: a rank that passes pieces on (a plan made with --relay) also
+ * describes its target buffers, flagged VPS_BUFFER_TARGET, after its
+ * sources, and its receivers map them read-only. A forward lies in a stage
+ * after the one that filled the relay's target, but the receiver copies,
+ * not the relay: before it reads, the relay says it has reached the
+ * forward's stage (every copy of its earlier stages done and, on a GPU,
+ * synchronized), a zero-byte message like the one after.
+ *
  * Prepare: the same exchange before the request, once every trainer has
  * registered its sources, so that the receivers map the peers' host
  * objects and open their CUDA IPC handles while the trainers still train
@@ -24,7 +32,8 @@
 
 struct ipc_peer {
 	int64_t peer;           /* its net rank */
-	uint64_t count;         /* its source buffers */
+	uint64_t count;         /* its buffers described: sources, then targets it forwards from */
+	uint64_t nsources;
 	struct vps_buffer_desc *desc;
 	int64_t *bytes;
 	void **ptr;
@@ -64,23 +73,40 @@ static void forget_peers(struct ipc *t)
 	t->npeers = 0;
 }
 
-/* This rank's source buffers as descriptors. */
-static vps_result_t my_sources(const struct vps_switch *sw, struct vps_buffer_desc **out, uint64_t *n)
+static bool forwards(const struct vps_staged *s, const struct vps_xfer *x)
 {
-	*n = sw->ra >= 0 ? sw->va.nbuffers : 0;
-	*out = vps_calloc(*n + 1, sizeof(**out));
+	return x->nops && (s->ops[x->first_op].src_buffer & VPS_BUFFER_TARGET);
+}
+
+/* The index of an op's source among its sender's descriptors. */
+static uint32_t desc_index(const struct ipc_peer *p, uint32_t src_buffer)
+{
+	if (!(src_buffer & VPS_BUFFER_TARGET))
+		return src_buffer;
+	uint64_t i = p->nsources + (src_buffer & ~VPS_BUFFER_TARGET);
+	return i < p->count ? (uint32_t)i : UINT32_MAX;
+}
+
+/* This rank's source buffers as descriptors, and its target buffers after
+ * them when it forwards (targets: attached, sw->dst_entry). */
+static vps_result_t my_buffers(const struct vps_switch *sw, bool targets, struct vps_buffer_desc **out, uint64_t *n)
+{
+	uint64_t nsrc = sw->ra >= 0 ? sw->va.nbuffers : 0, ndst = targets && sw->dst_entry ? sw->vb.nbuffers : 0;
+	*out = vps_calloc(nsrc + ndst + 1, sizeof(**out));
 	if (!*out)
 		return VPS_ENOMEM;
 	/* before the request, a trainer may not have registered them all */
-	for (uint64_t b = 0; b < *n; b++)
+	for (uint64_t b = 0; b < nsrc; b++)
 		if (sw->src_entry[b] < 0)
-			*n = 0;
+			nsrc = 0;
+	*n = nsrc + ndst;
 	for (uint64_t b = 0; b < *n; b++) {
 		struct vps_registry_entry_info e;
-		VPS_CHECK(vps_registry_entry(sw->reg, (uint32_t)sw->src_entry[b], &e));
+		bool target = b >= nsrc;
+		VPS_CHECK(vps_registry_entry(sw->reg, (uint32_t)(target ? sw->dst_entry[b - nsrc] : sw->src_entry[b]), &e));
 		struct vps_buffer_desc *d = &(*out)[b];
 		d->where = (uint32_t)e.where;
-		d->buffer = (uint32_t)b;
+		d->buffer = target ? (uint32_t)(b - nsrc) | VPS_BUFFER_TARGET : (uint32_t)b;
 		d->device = e.device;
 		d->offset = e.offset;
 		d->bytes = e.bytes;
@@ -146,6 +172,7 @@ static vps_result_t exchange_counts(struct ipc *t, const struct vps_switch *sw, 
 		if (p->count > IPC_MAX_BUFFERS)
 			return vps_fail(VPS_EPEER, "ipc: rank %" PRId64 " announces %" PRIu64 " source buffers", p->peer,
 					p->count);
+		p->nsources = 0;
 		p->desc = vps_calloc(p->count + 1, sizeof(*p->desc));
 		p->bytes = vps_calloc(p->count + 1, sizeof(*p->bytes));
 		p->ptr = vps_calloc(p->count + 1, sizeof(*p->ptr));
@@ -173,10 +200,14 @@ static vps_result_t map_peer_sources(struct ipc *t, const struct vps_switch *sw)
 {
 	for (size_t i = 0; i < t->npeers; i++) {
 		struct ipc_peer *p = &t->peers[i];
+		/* sources 0, 1, ..., then targets 0, 1, ... */
+		while (p->nsources < p->count && !(p->desc[p->nsources].buffer & VPS_BUFFER_TARGET))
+			p->nsources++;
 		for (uint64_t b = 0; b < p->count; b++) {
 			struct vps_buffer_desc *d = &p->desc[b];
+			uint32_t want = b < p->nsources ? (uint32_t)b : (uint32_t)(b - p->nsources) | VPS_BUFFER_TARGET;
 			d->shm_name[sizeof(d->shm_name) - 1] = '\0';
-			if (d->where != (uint32_t)sw->where || d->buffer != b || d->bytes > INT64_MAX)
+			if (d->where != (uint32_t)sw->where || d->buffer != want || d->bytes > INT64_MAX)
 				return vps_fail(VPS_EPEER, "ipc: rank %" PRId64 "'s source buffer %" PRIu64 " is %s memory, this "
 						"rank's buffers are %s", p->peer, b, d->where == VPS_WHERE_CUDA ? "GPU" : "host",
 						sw->where == VPS_WHERE_CUDA ? "GPU" : "host");
@@ -193,9 +224,10 @@ static vps_result_t map_peer_sources(struct ipc *t, const struct vps_switch *sw)
 
 /* The peers' source descriptors, to the ranks that read them, over the
  * rendezvous (tags: begin's or prepare's): t->peers then holds what each
- * peer this rank receives from sends from. */
+ * peer this rank receives from sends from. With targets, a rank that
+ * forwards describes its targets too. */
 static vps_result_t exchange(struct ipc *t, const struct vps_switch *sw, const struct vps_xfer *const *x, size_t n,
-			     uint64_t tag)
+			     uint64_t tag, bool targets)
 {
 	vps_result_t rc = VPS_OK;
 	struct vps_net_msg *msgs = NULL;
@@ -207,7 +239,10 @@ static vps_result_t exchange(struct ipc *t, const struct vps_switch *sw, const s
 	VPS_CHECK_GOTO(switch_peers(t, sw, x, n, tag, &msgs, &nm), rc, done);
 	if (!nm)
 		goto done;
-	VPS_CHECK_GOTO(my_sources(sw, &mine, &nmine), rc, done);
+	bool forwarding = false;
+	for (size_t i = 0; targets && i < n && !forwarding; i++)
+		forwarding = x[i]->src == sw->w && forwards(sw->s, x[i]);
+	VPS_CHECK_GOTO(my_buffers(sw, forwarding, &mine, &nmine), rc, done);
 	iov = vps_calloc(2 * nm + 1, sizeof(*iov));
 	if (!iov) {
 		rc = VPS_ENOMEM;
@@ -228,14 +263,17 @@ static vps_result_t ipc_begin(void *self, struct vps_switch *sw, const struct vp
 {
 	struct ipc *t = self;
 	const struct vps_staged *s = sw->s;
-	VPS_CHECK(exchange(t, sw, x, n, 0x1bc0));
+	VPS_CHECK(exchange(t, sw, x, n, 0x1bc0, true));
 	VPS_CHECK(map_peer_sources(t, sw));
 	for (size_t i = 0; i < n; i++) {
 		if (x[i]->dst != sw->w)
 			continue;
 		struct ipc_peer *p = find(t, vps_switch_peer(sw, x[i])->rank);
-		for (size_t q = 0; q < x[i]->nops && p; q++)
-			VPS_CHECK(vps_check_op(&s->ops[x[i]->first_op + q], p->bytes, p->count, NULL, 0));
+		for (size_t q = 0; q < x[i]->nops && p; q++) {
+			struct vps_op op = s->ops[x[i]->first_op + q];
+			op.src_buffer = desc_index(p, op.src_buffer);
+			VPS_CHECK(vps_check_op(&op, p->bytes, p->count, NULL, 0));
+		}
 	}
 	return VPS_OK;
 }
@@ -246,7 +284,7 @@ static vps_result_t ipc_begin(void *self, struct vps_switch *sw, const struct vp
 static vps_result_t ipc_prepare(void *self, struct vps_switch *sw, const struct vps_xfer *const *x, size_t n)
 {
 	struct ipc *t = self;
-	VPS_CHECK(exchange(t, sw, x, n, 0x1bd0));
+	VPS_CHECK(exchange(t, sw, x, n, 0x1bd0, false));
 	for (size_t i = 0; i < t->npeers; i++) {
 		struct ipc_peer *p = &t->peers[i];
 		for (uint64_t b = 0; b < p->count; b++) {
@@ -260,6 +298,42 @@ static vps_result_t ipc_prepare(void *self, struct vps_switch *sw, const struct 
 	}
 	forget_peers(t);
 	return VPS_OK;
+}
+
+/* Before a receiver reads a forward from its relay's target: the relay
+ * has reached this stage, so the copies that filled it are done. */
+static vps_result_t relays_ready(const struct vps_switch *sw, const struct vps_xfer *const *x, size_t n,
+				 const char *what)
+{
+	struct vps_net_msg *msgs = NULL;
+	size_t nm = 0, capm = 0;
+	vps_result_t rc = VPS_OK;
+	for (size_t k = 0; k < n && !rc; k++) {
+		if (!forwards(sw->s, x[k]))
+			continue;
+		int64_t peer = vps_switch_peer(sw, x[k])->rank;
+		size_t m = 0;
+		while (m < nm && msgs[m].peer != peer)
+			m++;
+		if (m == nm) {
+			if ((rc = VPS_GROW(msgs, capm, nm + 1)))
+				break;
+			memset(&msgs[nm], 0, sizeof(*msgs));
+			msgs[nm].peer = peer;
+			msgs[nm++].tag = 0x1bc4 ^ ((uint64_t)x[k]->stage << 16);
+		}
+		if (x[k]->src == sw->w)
+			msgs[m].send = true;
+		else
+			msgs[m].recv = true;
+	}
+	if (!rc && nm) {
+		char w[96];
+		snprintf(w, sizeof(w), "%s (ipc: relays ready)", what);
+		rc = vps_net_exchange(sw->net, msgs, nm, w);
+	}
+	free(msgs);
+	return rc;
 }
 
 static vps_result_t ipc_stage(void *self, struct vps_switch *sw, const struct vps_xfer *const *x, size_t n,
@@ -289,9 +363,11 @@ static vps_result_t ipc_stage(void *self, struct vps_switch *sw, const struct vp
 		rc = vps_grow((void **)&t->copies, &t->capc, nc + x[k]->nops, sizeof(*t->copies));
 		for (size_t q = 0; q < x[k]->nops && !rc; q++) {
 			const struct vps_op *op = &s->ops[x[k]->first_op + q];
-			t->copies[nc++] = (struct vps_local_copy){op, p->ptr[op->src_buffer], sw->dst[op->dst_buffer]};
+			t->copies[nc++] = (struct vps_local_copy){op, p->ptr[desc_index(p, op->src_buffer)], sw->dst[op->dst_buffer]};
 		}
 	}
+	if (!rc)
+		rc = relays_ready(sw, x, n, what);
 	/* merge the messages of one peer: a stage pairs it with one peer, in
 	 * one or both directions */
 	size_t nm = 0;

@@ -133,11 +133,16 @@ static vps_result_t nccl_stage(void *self, struct vps_switch *sw, const struct v
 			int64_t flat[VPS_MAX_DIMS];
 			vps_rowmajor_strides(op->ext, op->ndim, flat);
 			uint64_t staged = base + (uint64_t)op->staging;
-			if (sending)
+			if (sending) {
+				/* a relay passes on from its target buffers what an earlier
+				 * stage's scatter put there (every stage ends synchronized);
+				 * a joining relay has no sources at all */
+				void *from = op->src_buffer & VPS_BUFFER_TARGET ? sw->dst[op->src_buffer & ~VPS_BUFFER_TARGET]
+										 : sw->src[op->src_buffer];
 				VPS_CHECK(push_copy(&t->gather, &t->capg, ng++, op,
-						    (uint64_t)(uintptr_t)sw->src[op->src_buffer] + (uint64_t)op->src_offset * op->esize,
+						    (uint64_t)(uintptr_t)from + (uint64_t)op->src_offset * op->esize,
 						    op->src_strides, staged, flat));
-			else
+			} else
 				VPS_CHECK(push_copy(&t->scatter, &t->caps, ns++, op, staged, flat,
 						    (uint64_t)(uintptr_t)sw->dst[op->dst_buffer] + (uint64_t)op->dst_offset * op->esize,
 						    op->dst_strides));

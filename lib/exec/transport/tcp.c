@@ -204,7 +204,6 @@ static void tcp_free(void *self) { (void)self; }
 
 const struct vps_transport vps_transport_tcp = {
 	.name = "tcp",
-	.forwards = true,
 	.can_connect = tcp_can_connect,
 	.setup = tcp_setup,
 	.begin = tcp_begin,

@@ -47,6 +47,7 @@ struct vps_switch {
 	struct vps_rank_view va, vb;
 	void **src, **dst;          /* this rank's buffers, as addresses in this process */
 	int64_t *src_entry;         /* registry entries of the sources */
+	int64_t *dst_entry;         /* and of the targets, once attached (else NULL) */
 	/* by transfer index of s: the peer of each transfer this rank sends or
 	 * receives (rank -1 for the others and for retains) */
 	const struct vps_peer_info *peers;
@@ -79,9 +80,6 @@ struct vps_transport {
 	/* For the refusal when a peer is left that no transport of a
 	 * --transport reaches: which peers this one reaches (NULL: any). */
 	const char *reach;
-	/* It sends a relay's forwards (ops whose src_buffer has
-	 * VPS_BUFFER_TARGET) from the sender's target buffers. */
-	bool forwards;
 	/* It may move GPU memory in this process's CUDA context, which the
 	 * executor then makes before the request, not in the pause. */
 	bool gpu_context;
