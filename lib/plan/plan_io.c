@@ -137,53 +137,80 @@ int64_t vps_plan_side_elements(const struct vps_plan *p, bool source, int64_t wr
 	return n < 0 ? -2 : n;
 }
 
-vps_result_t vps_piece_view_check(struct vps_reader *r, const struct vps_plan *plan, size_t i,
-				  const struct vps_piece *p)
+/* What pieces name, looked up once a run of them, not once a piece: a
+ * global plan names a tensor in a run of pieces, and a binary reader hands
+ * out each name as one interned string. */
+struct piece_names {
+	const struct vps_model *m;
+	const char *tensor_name, *state_name; /* the last looked up, NULL first */
+	struct vps_tensor tensor;
+	int state;
+};
+
+/* Refuse piece i of plan when its views leave the buffers they name; t: its
+ * tensor. */
+static vps_result_t piece_view_check(struct vps_reader *r, const struct vps_plan *plan, size_t i,
+				     const struct vps_piece *p, const struct vps_tensor *t)
 {
-	int64_t ext[VPS_MAX_DIMS];
+	int64_t ext[VPS_MAX_DIMS], nel[2];
 	char what[64];
-	struct vps_tensor t;
-	snprintf(what, sizeof(what), "piece %zu", i);
-	VPS_CHECK(vps_model_tensor(vps_layout_model(plan->a), p->tensor, &t));
-	VPS_CHECK(vps_box_check(r, "box", what, &p->box, &t));
 	for (int k = 0; k < p->box.ndim; k++)
 		ext[k] = p->box.hi[k] - p->box.lo[k];
+	for (int side = 0; side < 2; side++)
+		nel[side] = vps_plan_side_elements(plan, !side, side ? p->dst : p->src, side ? p->dst_buffer : p->src_buffer);
+	/* the words that name a piece only for one that fails */
+	if (vps_box_ok(&p->box, t) && nel[0] != -2 && nel[1] != -2 &&
+	    vps_view_ok(p->box.ndim, ext, p->src_offset, p->src_strides, nel[0]) &&
+	    vps_view_ok(p->box.ndim, ext, p->dst_offset, p->dst_strides, nel[1]))
+		return VPS_OK;
+	snprintf(what, sizeof(what), "piece %zu", i);
+	VPS_CHECK(vps_box_check(r, "box", what, &p->box, t));
 	for (int side = 0; side < 2; side++) {
 		int64_t rank = side ? p->dst : p->src;
 		uint32_t buffer = side ? p->dst_buffer : p->src_buffer;
-		int64_t n = vps_plan_side_elements(plan, !side, rank, buffer);
 		snprintf(what, sizeof(what), "piece %zu: %s", i, side ? "destination" : "source");
-		if (n == -2)
+		if (nel[side] == -2)
 			return vps_r_error(r, side ? "dst_buffer" : "src_buffer", "%s: rank %" PRId64 " has no buffer %u", what,
 					   rank, buffer);
 		VPS_CHECK(vps_view_check(r, side ? "dst_strides" : "src_strides", what, p->box.ndim, ext,
 					 side ? p->dst_offset : p->src_offset, side ? p->dst_strides : p->src_strides, buffer,
-					 n));
+					 nel[side]));
 	}
 	return VPS_OK;
 }
 
-vps_result_t vps_piece_read(struct vps_reader *r, const struct vps_model *m, int64_t world, struct vps_piece *p)
+/* Reads a piece's mapping up to its end (the caller ends it, after
+ * piece_view_check, so that messages point into it); names->tensor is
+ * then its tensor. */
+static vps_result_t piece_read(struct vps_reader *r, struct piece_names *names, int64_t world, struct vps_piece *p)
 {
 	const char *s;
-	int st;
 	int64_t x;
 	memset(p, 0, sizeof(*p));
 	VPS_CHECK(vps_r_map_begin(r, NULL));
 	VPS_CHECK(vps_r_int(r, "src", &p->src, 0, world - 1));
 	VPS_CHECK(vps_r_int(r, "dst", &p->dst, 0, world - 1));
 	VPS_CHECK(vps_r_str(r, "tensor", &s));
-	if (vps_model_find_tensor(m, s, &p->tensor))
-		return vps_r_error(r, "tensor", "no tensor '%s' in model %s", s, m->name);
+	if (s != names->tensor_name) {
+		uint32_t id;
+		names->tensor_name = NULL;
+		if (vps_model_find_tensor(names->m, s, &id))
+			return vps_r_error(r, "tensor", "no tensor '%s' in model %s", s, names->m->name);
+		VPS_CHECK(vps_model_tensor(names->m, id, &names->tensor));
+		names->tensor_name = s;
+	}
+	p->tensor = names->tensor.id;
 	VPS_CHECK(vps_r_str(r, "state", &s));
-	if (vps_state_parse(s, &st))
-		return vps_r_error(r, "state", "unknown state '%s'", s);
-	p->state = (uint8_t)st;
+	if (s != names->state_name) {
+		names->state_name = NULL;
+		if (vps_state_parse(s, &names->state))
+			return vps_r_error(r, "state", "unknown state '%s'", s);
+		names->state_name = s;
+	}
+	p->state = (uint8_t)names->state;
 	VPS_CHECK(vps_box_read(r, "box", &p->box));
-	struct vps_tensor t;
-	vps_model_tensor(m, p->tensor, &t);
-	if (p->box.ndim != t.ndim)
-		return vps_r_error(r, "box", "%d axes, but the tensor has %d", p->box.ndim, t.ndim);
+	if (p->box.ndim != names->tensor.ndim)
+		return vps_r_error(r, "box", "%d axes, but the tensor has %d", p->box.ndim, names->tensor.ndim);
 	VPS_CHECK(vps_r_int(r, "src_buffer", &x, 0, UINT32_MAX));
 	p->src_buffer = (uint32_t)x;
 	VPS_CHECK(vps_r_int(r, "src_offset", &p->src_offset, 0, VPS_MAX_ELEMENTS));
@@ -573,11 +600,12 @@ static vps_result_t read_pieces(struct vps_reader *r, struct vps_plan *p, int64_
 	if (compact ? !p->packed : !p->pieces)
 		return VPS_ENOMEM;
 	struct vps_piece one, prev;
+	struct piece_names names = {.m = vps_layout_model(p->a)};
 	uint64_t h = vps_plan_hash_start(p);
 	for (uint64_t i = 0; i < n; i++) {
 		struct vps_piece *x = compact ? &one : &p->pieces[i];
-		VPS_CHECK(vps_piece_read(r, vps_layout_model(p->a), world, x));
-		VPS_CHECK(vps_piece_view_check(r, p, (size_t)i, x));
+		VPS_CHECK(piece_read(r, &names, world, x));
+		VPS_CHECK(piece_view_check(r, p, (size_t)i, x, &names.tensor));
 		VPS_CHECK(vps_r_map_end(r));
 		if (compact) {
 			VPS_CHECK(read_piece_packed(p, x, &prev));
