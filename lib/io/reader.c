@@ -252,9 +252,11 @@ static vps_result_t bin_need(struct vps_reader *r, size_t n)
 	return bin_fill(r, n);
 }
 
-static vps_result_t bin_u64_read(struct vps_reader *r, uint64_t *v)
+static inline vps_result_t bin_u64_read(struct vps_reader *r, uint64_t *v)
 {
-	VPS_CHECK(bin_need(r, 8));
+	/* in the window, it is in the payload */
+	if (r->pos - r->wbase + 8 > r->wlen)
+		VPS_CHECK(bin_need(r, 8));
 	uint64_t x = 0;
 	for (int i = 0; i < 8; i++)
 		x |= (uint64_t)AT(r)[i] << (8 * i);

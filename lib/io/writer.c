@@ -192,25 +192,29 @@ static vps_result_t stream_flush(struct vps_writer *w, bool end)
 	return VPS_OK;
 }
 
-static vps_result_t bin_put(struct vps_writer *w, const void *p, size_t n)
+static vps_result_t bin_put_slow(struct vps_writer *w, const void *p, size_t n)
 {
-	w->count += n;
 	if (w->counting)
 		return w->failed ? VPS_EINPUT : VPS_OK;
-	/* most puts are 8 bytes into room already there: a plan writes
-	 * hundreds of millions of them */
-	vps_result_t rc = VPS_OK;
-	if (w->out.data && w->out.cap - w->out.len >= n) {
-		memcpy(w->out.data + w->out.len, p, n);
-		w->out.len += n;
-	} else {
-		rc = vps_bytes_append(&w->out, p, n);
-	}
+	vps_result_t rc = vps_bytes_append(&w->out, p, n);
 	if (!rc && w->z && w->out.len >= STREAM_CHUNK)
 		rc = stream_flush(w, false);
 	if (rc)
 		w->failed = true;
 	return rc;
+}
+
+/* Inline: a plan puts hundreds of millions of 8-byte values, nearly all
+ * into room already there. */
+static inline vps_result_t bin_put(struct vps_writer *w, const void *p, size_t n)
+{
+	w->count += n;
+	if (!w->counting && w->out.data && w->out.cap - w->out.len >= n && (!w->z || w->out.len + n < STREAM_CHUNK)) {
+		memcpy(w->out.data + w->out.len, p, n);
+		w->out.len += n;
+		return VPS_OK;
+	}
+	return bin_put_slow(w, p, n);
 }
 
 static vps_result_t bin_u64(struct vps_writer *w, uint64_t v)

@@ -586,6 +586,135 @@ vps_result_t vps_plan_read_body(struct vps_reader *r, struct vps_plan **out, uin
 	return vps_plan_read_body_as(r, out, stored_hash, false);
 }
 
+/* A compact plan's pieces as they are read: each checked against its
+ * buffers, packed and hashed, in order. */
+struct packing {
+	struct vps_piece prev;
+	struct vps_tensor tensor; /* the last piece's, id UINT32_MAX before the first */
+	size_t index;
+	uint64_t hash;
+};
+
+static vps_result_t pack_checked(struct vps_reader *r, struct vps_plan *p, struct packing *k,
+				 const struct vps_piece *x)
+{
+	if (x->tensor != k->tensor.id)
+		VPS_CHECK(vps_model_tensor(vps_layout_model(p->a), x->tensor, &k->tensor));
+	VPS_CHECK(piece_view_check(r, p, k->index, x, &k->tensor));
+	VPS_CHECK(read_piece_packed(p, x, &k->prev));
+	k->hash = vps_piece_hash(x, k->hash);
+	k->index++;
+	return VPS_OK;
+}
+
+/* ---- a binary plan's pieces checked, packed and hashed by a second
+ * thread while this one decompresses and parses the next (about half the
+ * work each) ---- */
+
+#define CHECK_BATCH_PIECES 4096
+#define CHECK_BATCHES 8
+
+struct check_job {
+	struct vps_reader *r;
+	struct vps_plan *p;
+	struct packing k;
+	struct vps_piece *ring;       /* CHECK_BATCHES batches of CHECK_BATCH_PIECES */
+	size_t count[CHECK_BATCHES];
+	uint64_t filled, taken;       /* batches handed over, and done with */
+	bool done;                    /* no more will come */
+	vps_result_t rc;              /* the first piece refused, and why */
+	char err[1024];
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+};
+
+static void *check_worker(void *arg)
+{
+	struct check_job *j = arg;
+	pthread_mutex_lock(&j->mu);
+	for (;;) {
+		while (j->taken == j->filled && !j->done)
+			pthread_cond_wait(&j->cv, &j->mu);
+		if (j->taken == j->filled)
+			break;
+		size_t slot = (size_t)(j->taken % CHECK_BATCHES), n = j->count[slot];
+		pthread_mutex_unlock(&j->mu);
+		const struct vps_piece *v = &j->ring[slot * CHECK_BATCH_PIECES];
+		vps_result_t rc = VPS_OK;
+		vps_clear_error();
+		for (size_t i = 0; i < n && !rc; i++)
+			rc = pack_checked(j->r, j->p, &j->k, &v[i]);
+		pthread_mutex_lock(&j->mu);
+		j->taken++;
+		if (rc) {
+			j->rc = rc;
+			snprintf(j->err, sizeof(j->err), "%s", vps_last_error());
+		}
+		pthread_cond_broadcast(&j->cv);
+		if (rc)
+			break;
+	}
+	pthread_mutex_unlock(&j->mu);
+	return NULL;
+}
+
+/* Where the next batch is to be filled, once the checker has room for it;
+ * NULL once the checker refused a piece. */
+static struct vps_piece *check_room(struct check_job *j)
+{
+	pthread_mutex_lock(&j->mu);
+	while (!j->rc && j->filled - j->taken >= CHECK_BATCHES)
+		pthread_cond_wait(&j->cv, &j->mu);
+	bool refused = j->rc != VPS_OK;
+	pthread_mutex_unlock(&j->mu);
+	return refused ? NULL : &j->ring[(size_t)(j->filled % CHECK_BATCHES) * CHECK_BATCH_PIECES];
+}
+
+static void check_hand_over(struct check_job *j, size_t n, bool last)
+{
+	pthread_mutex_lock(&j->mu);
+	if (n)
+		j->count[j->filled++ % CHECK_BATCHES] = n;
+	j->done = last;
+	pthread_cond_broadcast(&j->cv);
+	pthread_mutex_unlock(&j->mu);
+}
+
+/* n pieces into p->packed, checked, packed and hashed into k here or, j
+ * not NULL, by j's thread (started; its own packing). */
+static vps_result_t read_pieces_packed(struct vps_reader *r, struct vps_plan *p, int64_t world, uint64_t n,
+				       struct packing *k, struct check_job *j)
+{
+	struct piece_names names = {.m = vps_layout_model(p->a)};
+	struct vps_piece one, *batch = NULL;
+	size_t filled = 0;
+	vps_result_t rc = VPS_OK;
+	for (uint64_t i = 0; i < n && !rc; i++) {
+		if (j && !filled && !(batch = check_room(j)))
+			break;
+		struct vps_piece *x = j ? &batch[filled] : &one;
+		rc = piece_read(r, &names, world, x);
+		/* the messages of a binary document name no place in it: its
+		 * pieces are checked after their mapping ends */
+		if (!rc && !j)
+			rc = pack_checked(r, p, k, x);
+		if (!rc)
+			rc = vps_r_map_end(r);
+		if (rc)
+			break;
+		p->npieces++;
+		if (j && ++filled == CHECK_BATCH_PIECES) {
+			check_hand_over(j, filled, false);
+			filled = 0;
+		}
+	}
+	/* what was read is checked even after a failure here: a piece
+	 * refused before it is the first failure */
+	if (j)
+		check_hand_over(j, filled, true);
+	return rc;
+}
+
 /* The pieces of a plan whose layouts are read. compact (a global plan read
  * to be staged or counted) keeps them packed, about 25 bytes a piece, not
  * 184, and hashes them as they are read: packed pieces never change. */
@@ -599,24 +728,46 @@ static vps_result_t read_pieces(struct vps_reader *r, struct vps_plan *p, int64_
 		p->pieces = vps_malloc((size_t)n * sizeof(*p->pieces) + 1);
 	if (compact ? !p->packed : !p->pieces)
 		return VPS_ENOMEM;
-	struct vps_piece one, prev;
-	struct piece_names names = {.m = vps_layout_model(p->a)};
-	uint64_t h = vps_plan_hash_start(p);
-	for (uint64_t i = 0; i < n; i++) {
-		struct vps_piece *x = compact ? &one : &p->pieces[i];
-		VPS_CHECK(piece_read(r, &names, world, x));
-		VPS_CHECK(piece_view_check(r, p, (size_t)i, x, &names.tensor));
-		VPS_CHECK(vps_r_map_end(r));
-		if (compact) {
-			VPS_CHECK(read_piece_packed(p, x, &prev));
-			h = vps_piece_hash(x, h);
+	if (!compact) {
+		struct piece_names names = {.m = vps_layout_model(p->a)};
+		for (uint64_t i = 0; i < n; i++) {
+			struct vps_piece *x = &p->pieces[i];
+			VPS_CHECK(piece_read(r, &names, world, x));
+			VPS_CHECK(piece_view_check(r, p, (size_t)i, x, &names.tensor));
+			VPS_CHECK(vps_r_map_end(r));
+			p->npieces++;
 		}
-		p->npieces++;
+		return vps_r_seq_end(r);
 	}
-	if (compact) {
-		p->packed->hashed = true;
-		p->packed->hash = h;
+	struct packing k = {.tensor.id = UINT32_MAX, .hash = vps_plan_hash_start(p)};
+	struct check_job j = {.r = r, .p = p, .k = k};
+	pthread_t tid;
+	bool threaded = false;
+	/* YAML messages name lines, which the reader moves past; an echo
+	 * writes as it reads */
+	if (vps_reader_is_binary(r) && !vps_reader_echo_writer(r) && n > CHECK_BATCH_PIECES && get_nprocs() > 1 &&
+	    (j.ring = vps_malloc((size_t)CHECK_BATCHES * CHECK_BATCH_PIECES * sizeof(*j.ring)))) {
+		pthread_mutex_init(&j.mu, NULL);
+		pthread_cond_init(&j.cv, NULL);
+		threaded = !pthread_create(&tid, NULL, check_worker, &j);
+		if (!threaded) {
+			pthread_mutex_destroy(&j.mu);
+			pthread_cond_destroy(&j.cv);
+		}
 	}
+	vps_result_t rc = read_pieces_packed(r, p, world, n, &k, threaded ? &j : NULL);
+	if (threaded) {
+		pthread_join(tid, NULL);
+		pthread_mutex_destroy(&j.mu);
+		pthread_cond_destroy(&j.cv);
+		k = j.k;
+		if (j.rc)
+			rc = vps_fail(j.rc, "%s", j.err);
+	}
+	free(j.ring);
+	VPS_CHECK(rc);
+	p->packed->hashed = true;
+	p->packed->hash = k.hash;
 	return vps_r_seq_end(r);
 }
 
