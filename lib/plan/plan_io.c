@@ -7,6 +7,7 @@
 #include <sys/sysinfo.h>
 
 #include "io/doc.h"
+#include "util/hash.h"
 #include "util/internal.h"
 #include "model/layout_io.h"
 #include "plan/piece.h"
@@ -137,15 +138,101 @@ int64_t vps_plan_side_elements(const struct vps_plan *p, bool source, int64_t wr
 	return n < 0 ? -2 : n;
 }
 
-/* What pieces name, looked up once a run of them, not once a piece: a
- * global plan names a tensor in a run of pieces, and a binary reader hands
- * out each name as one interned string. */
-struct piece_names {
+/* A model's tensors, each made once: vps_model_tensor rebuilds the model's
+ * schema, and a global plan's millions of pieces name a few thousand
+ * tensors in no order. */
+struct tensors {
 	const struct vps_model *m;
-	const char *tensor_name, *state_name; /* the last looked up, NULL first */
-	struct vps_tensor tensor;
-	int state;
+	uint32_t n;
+	struct vps_tensor *v;
+	bool *made;
 };
+
+static void tensors_release(struct tensors *c)
+{
+	free(c->v);
+	free(c->made);
+}
+
+static vps_result_t tensor_of(struct tensors *c, uint32_t id, const struct vps_tensor **out)
+{
+	if (!c->v) {
+		c->n = vps_model_num_tensors(c->m);
+		/* zeroed: a one-rank plan touches the few it names */
+		c->v = vps_calloc((size_t)c->n + 1, sizeof(*c->v));
+		c->made = vps_calloc((size_t)c->n + 1, sizeof(*c->made));
+		if (!c->v || !c->made) {
+			tensors_release(c);
+			memset(c, 0, sizeof(*c));
+			return VPS_ENOMEM;
+		}
+	}
+	if (id >= c->n)
+		return vps_fail(VPS_EINPUT, "model %s: no tensor %u", c->m->name, id);
+	if (!c->made[id]) {
+		VPS_CHECK(vps_model_tensor(c->m, id, &c->v[id]));
+		c->made[id] = true;
+	}
+	*out = &c->v[id];
+	return VPS_OK;
+}
+
+/* What pieces name, each name looked up once: a binary reader hands out
+ * each name as one interned string, so its address finds it (a YAML
+ * reader's names are as many as its pieces: a full table looks them up). */
+struct piece_names {
+	struct tensors t;
+	const char **key; /* open addressing by address, NULL empty */
+	uint32_t *id;
+	size_t mask, used;
+	const char *state_name; /* the last state looked up, NULL first */
+	int state;
+	const struct vps_tensor *tensor; /* the last piece's */
+};
+
+static void piece_names_release(struct piece_names *n)
+{
+	tensors_release(&n->t);
+	free(n->key);
+	free(n->id);
+}
+
+/* The id of the tensor named s (an error for the reader when none is). */
+static vps_result_t tensor_named(struct vps_reader *r, struct piece_names *n, const char *s, uint32_t *id)
+{
+	const struct vps_model *m = n->t.m;
+	if (!n->key) {
+		size_t size = 64;
+		while (size < 4 * (size_t)vps_model_num_tensors(m))
+			size *= 2;
+		n->key = vps_calloc(size, sizeof(*n->key));
+		n->id = vps_calloc(size, sizeof(*n->id));
+		if (!n->key || !n->id) {
+			free(n->key);
+			free(n->id);
+			n->key = NULL;
+			n->id = NULL;
+			return VPS_ENOMEM;
+		}
+		n->mask = size - 1;
+	}
+	size_t i = vps_mix64((uint64_t)(uintptr_t)s) & n->mask;
+	while (n->key[i] && n->key[i] != s)
+		i = (i + 1) & n->mask;
+	if (n->key[i]) {
+		*id = n->id[i];
+		return VPS_OK;
+	}
+	if (vps_model_find_tensor(m, s, id))
+		return vps_r_error(r, "tensor", "no tensor '%s' in model %s", s, m->name);
+	/* at most half full, so that a search ends */
+	if (2 * (n->used + 1) <= n->mask + 1) {
+		n->key[i] = s;
+		n->id[i] = *id;
+		n->used++;
+	}
+	return VPS_OK;
+}
 
 /* Refuse piece i of plan when its views leave the buffers they name; t: its
  * tensor. */
@@ -191,15 +278,8 @@ static vps_result_t piece_read(struct vps_reader *r, struct piece_names *names, 
 	VPS_CHECK(vps_r_int(r, "src", &p->src, 0, world - 1));
 	VPS_CHECK(vps_r_int(r, "dst", &p->dst, 0, world - 1));
 	VPS_CHECK(vps_r_str(r, "tensor", &s));
-	if (s != names->tensor_name) {
-		uint32_t id;
-		names->tensor_name = NULL;
-		if (vps_model_find_tensor(names->m, s, &id))
-			return vps_r_error(r, "tensor", "no tensor '%s' in model %s", s, names->m->name);
-		VPS_CHECK(vps_model_tensor(names->m, id, &names->tensor));
-		names->tensor_name = s;
-	}
-	p->tensor = names->tensor.id;
+	VPS_CHECK(tensor_named(r, names, s, &p->tensor));
+	VPS_CHECK(tensor_of(&names->t, p->tensor, &names->tensor));
 	VPS_CHECK(vps_r_str(r, "state", &s));
 	if (s != names->state_name) {
 		names->state_name = NULL;
@@ -209,8 +289,8 @@ static vps_result_t piece_read(struct vps_reader *r, struct piece_names *names, 
 	}
 	p->state = (uint8_t)names->state;
 	VPS_CHECK(vps_box_read(r, "box", &p->box));
-	if (p->box.ndim != names->tensor.ndim)
-		return vps_r_error(r, "box", "%d axes, but the tensor has %d", p->box.ndim, names->tensor.ndim);
+	if (p->box.ndim != names->tensor->ndim)
+		return vps_r_error(r, "box", "%d axes, but the tensor has %d", p->box.ndim, names->tensor->ndim);
 	VPS_CHECK(vps_r_int(r, "src_buffer", &x, 0, UINT32_MAX));
 	p->src_buffer = (uint32_t)x;
 	VPS_CHECK(vps_r_int(r, "src_offset", &p->src_offset, 0, VPS_MAX_ELEMENTS));
@@ -590,7 +670,7 @@ vps_result_t vps_plan_read_body(struct vps_reader *r, struct vps_plan **out, uin
  * buffers, packed and hashed, in order. */
 struct packing {
 	struct vps_piece prev;
-	struct vps_tensor tensor; /* the last piece's, id UINT32_MAX before the first */
+	struct tensors t;
 	size_t index;
 	uint64_t hash;
 };
@@ -598,9 +678,9 @@ struct packing {
 static vps_result_t pack_checked(struct vps_reader *r, struct vps_plan *p, struct packing *k,
 				 const struct vps_piece *x)
 {
-	if (x->tensor != k->tensor.id)
-		VPS_CHECK(vps_model_tensor(vps_layout_model(p->a), x->tensor, &k->tensor));
-	VPS_CHECK(piece_view_check(r, p, k->index, x, &k->tensor));
+	const struct vps_tensor *t;
+	VPS_CHECK(tensor_of(&k->t, x->tensor, &t));
+	VPS_CHECK(piece_view_check(r, p, k->index, x, t));
 	VPS_CHECK(read_piece_packed(p, x, &k->prev));
 	k->hash = vps_piece_hash(x, k->hash);
 	k->index++;
@@ -685,7 +765,7 @@ static void check_hand_over(struct check_job *j, size_t n, bool last)
 static vps_result_t read_pieces_packed(struct vps_reader *r, struct vps_plan *p, int64_t world, uint64_t n,
 				       struct packing *k, struct check_job *j)
 {
-	struct piece_names names = {.m = vps_layout_model(p->a)};
+	struct piece_names names = {.t.m = vps_layout_model(p->a)};
 	struct vps_piece one, *batch = NULL;
 	size_t filled = 0;
 	vps_result_t rc = VPS_OK;
@@ -712,6 +792,7 @@ static vps_result_t read_pieces_packed(struct vps_reader *r, struct vps_plan *p,
 	 * refused before it is the first failure */
 	if (j)
 		check_hand_over(j, filled, true);
+	piece_names_release(&names);
 	return rc;
 }
 
@@ -729,17 +810,22 @@ static vps_result_t read_pieces(struct vps_reader *r, struct vps_plan *p, int64_
 	if (compact ? !p->packed : !p->pieces)
 		return VPS_ENOMEM;
 	if (!compact) {
-		struct piece_names names = {.m = vps_layout_model(p->a)};
-		for (uint64_t i = 0; i < n; i++) {
+		struct piece_names names = {.t.m = vps_layout_model(p->a)};
+		vps_result_t rc = VPS_OK;
+		for (uint64_t i = 0; i < n && !rc; i++) {
 			struct vps_piece *x = &p->pieces[i];
-			VPS_CHECK(piece_read(r, &names, world, x));
-			VPS_CHECK(piece_view_check(r, p, (size_t)i, x, &names.tensor));
-			VPS_CHECK(vps_r_map_end(r));
-			p->npieces++;
+			rc = piece_read(r, &names, world, x);
+			if (!rc)
+				rc = piece_view_check(r, p, (size_t)i, x, names.tensor);
+			if (!rc)
+				rc = vps_r_map_end(r);
+			if (!rc)
+				p->npieces++;
 		}
-		return vps_r_seq_end(r);
+		piece_names_release(&names);
+		return rc ? rc : vps_r_seq_end(r);
 	}
-	struct packing k = {.tensor.id = UINT32_MAX, .hash = vps_plan_hash_start(p)};
+	struct packing k = {.t.m = vps_layout_model(p->a), .hash = vps_plan_hash_start(p)};
 	struct check_job j = {.r = r, .p = p, .k = k};
 	pthread_t tid;
 	bool threaded = false;
@@ -765,6 +851,7 @@ static vps_result_t read_pieces(struct vps_reader *r, struct vps_plan *p, int64_
 			rc = vps_fail(j.rc, "%s", j.err);
 	}
 	free(j.ring);
+	tensors_release(&k.t);
 	VPS_CHECK(rc);
 	p->packed->hashed = true;
 	p->packed->hash = k.hash;
