@@ -25,7 +25,8 @@ struct frame {
  * tensor of each of its millions of pieces, from a few hundred names. */
 struct str_set {
 	char **v;          /* in the order first seen */
-	size_t n, cap;
+	size_t *len;       /* v[i]'s length */
+	size_t n, cap, cap_len;
 	uint32_t *slot;    /* open addressing: index + 1, 0 empty */
 	size_t mask;
 };
@@ -35,24 +36,29 @@ static void str_set_free(struct str_set *t)
 	for (size_t i = 0; i < t->n; i++)
 		free(t->v[i]);
 	free(t->v);
+	free(t->len);
 	free(t->slot);
 	memset(t, 0, sizeof(*t));
 }
 
-/* The interned copy of the n bytes at p (NULL when out of memory). */
-static const char *str_set_add(struct str_set *t, const unsigned char *p, size_t n)
+/* The interned copy of the n bytes at p, hashed h, or NULL. */
+static const char *str_set_find(const struct str_set *t, const unsigned char *p, size_t n, uint64_t h)
 {
-	uint64_t h = vps_hash64(p, n, 0x5354);
-	if (t->slot) {
-		for (size_t i = h & t->mask;; i = (i + 1) & t->mask) {
-			uint32_t k = t->slot[i];
-			if (!k)
-				break;
-			const char *c = t->v[k - 1];
-			if (!strncmp(c, (const char *)p, n) && !c[n]) /* p holds no NUL: c ends no earlier than n */
-				return c;
-		}
+	if (!t->slot)
+		return NULL;
+	for (size_t i = h & t->mask;; i = (i + 1) & t->mask) {
+		uint32_t k = t->slot[i];
+		if (!k)
+			return NULL;
+		if (t->len[k - 1] == n && !memcmp(t->v[k - 1], p, n))
+			return t->v[k - 1];
 	}
+}
+
+/* A new copy of the n bytes at p, hashed h, interned (NULL when out of
+ * memory). */
+static const char *str_set_add(struct str_set *t, const unsigned char *p, size_t n, uint64_t h)
+{
 	if (t->n + 1 > UINT32_MAX - 1)
 		return NULL;
 	if (!t->slot || (t->n + 1) * 2 > t->mask + 1) {
@@ -61,7 +67,7 @@ static const char *str_set_add(struct str_set *t, const unsigned char *p, size_t
 		if (!ns)
 			return NULL;
 		for (size_t k = 0; k < t->n; k++) {
-			size_t i = vps_hash64(t->v[k], strlen(t->v[k]), 0x5354) & (size - 1);
+			size_t i = vps_hash64(t->v[k], t->len[k], 0x5354) & (size - 1);
 			while (ns[i])
 				i = (i + 1) & (size - 1);
 			ns[i] = (uint32_t)k + 1;
@@ -70,7 +76,8 @@ static const char *str_set_add(struct str_set *t, const unsigned char *p, size_t
 		t->slot = ns;
 		t->mask = size - 1;
 	}
-	if (vps_grow((void **)&t->v, &t->cap, t->n + 1, sizeof(*t->v)))
+	if (vps_grow((void **)&t->v, &t->cap, t->n + 1, sizeof(*t->v)) ||
+	    vps_grow((void **)&t->len, &t->cap_len, t->n + 1, sizeof(*t->len)))
 		return NULL;
 	char *c = malloc(n + 1);
 	if (!c)
@@ -81,6 +88,7 @@ static const char *str_set_add(struct str_set *t, const unsigned char *p, size_t
 	while (t->slot[i])
 		i = (i + 1) & t->mask;
 	t->slot[i] = (uint32_t)t->n + 1;
+	t->len[t->n] = n;
 	t->v[t->n++] = c;
 	return c;
 }
@@ -244,9 +252,11 @@ static vps_result_t bin_need(struct vps_reader *r, size_t n)
 	return bin_fill(r, n);
 }
 
-static vps_result_t bin_u64_read(struct vps_reader *r, uint64_t *v)
+static inline vps_result_t bin_u64_read(struct vps_reader *r, uint64_t *v)
 {
-	VPS_CHECK(bin_need(r, 8));
+	/* in the window, it is in the payload */
+	if (r->pos - r->wbase + 8 > r->wlen)
+		VPS_CHECK(bin_need(r, 8));
 	uint64_t x = 0;
 	for (int i = 0; i < 8; i++)
 		x |= (uint64_t)AT(r)[i] << (8 * i);
@@ -755,12 +765,14 @@ vps_result_t vps_r_str(struct vps_reader *r, const char *key, const char **s)
 		size_t n = p[0] | (size_t)p[1] << 8 | (size_t)p[2] << 16 | (size_t)p[3] << 24;
 		r->pos += 4;
 		VPS_CHECK(bin_need(r, n));
+		uint64_t h = vps_hash64(AT(r), n, 0x5354);
+		/* a string seen before was checked then */
+		const char *c = str_set_find(&r->strs, AT(r), n, h);
 		/* the YAML encoding could not carry it, nor a C string */
-		if (!utf8_text(AT(r), n))
+		if (!c && !utf8_text(AT(r), n))
 			return vps_fail(VPS_EFORMAT, "%s: %s: corrupt string (not UTF-8 text)", r->name,
 					key ? key : "item");
-		const char *c = str_set_add(&r->strs, AT(r), n);
-		if (!c)
+		if (!c && !(c = str_set_add(&r->strs, AT(r), n, h)))
 			return VPS_NOMEM();
 		r->pos += n;
 		*s = c;

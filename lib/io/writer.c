@@ -165,10 +165,10 @@ static ZSTD_CCtx *new_cctx(void)
 	return c;
 }
 
-/* Compress what the streaming writer holds; end: close the frame. */
-static vps_result_t stream_flush(struct vps_writer *w, bool end)
+/* Compress n bytes at p into the streaming writer's frame; end: close it. */
+static vps_result_t stream_compress(struct vps_writer *w, const void *p, size_t n, bool end)
 {
-	ZSTD_inBuffer in = {w->out.data, w->out.len, 0};
+	ZSTD_inBuffer in = {p, n, 0};
 	ZSTD_EndDirective mode = end ? ZSTD_e_end : ZSTD_e_continue;
 	for (;;) {
 		size_t room = ZSTD_CStreamOutSize();
@@ -188,21 +188,49 @@ static vps_result_t stream_flush(struct vps_writer *w, bool end)
 		if (in.pos == in.size && (!end || !left))
 			break;
 	}
+	return VPS_OK;
+}
+
+/* Compress what the streaming writer holds; end: close the frame. */
+static vps_result_t stream_flush(struct vps_writer *w, bool end)
+{
+	VPS_CHECK(stream_compress(w, w->out.data, w->out.len, end));
 	w->out.len = 0;
 	return VPS_OK;
 }
 
-static vps_result_t bin_put(struct vps_writer *w, const void *p, size_t n)
+static vps_result_t bin_put_slow(struct vps_writer *w, const void *p, size_t n)
 {
-	w->count += n;
 	if (w->counting)
 		return w->failed ? VPS_EINPUT : VPS_OK;
-	vps_result_t rc = vps_bytes_append(&w->out, p, n);
-	if (!rc && w->z && w->out.len >= STREAM_CHUNK)
+	vps_result_t rc;
+	if (w->z && n >= STREAM_CHUNK) {
+		/* a block written by a thread goes to zstd as it is, not copied
+		 * (zstd's frame is the same however its input is cut) */
 		rc = stream_flush(w, false);
+		if (!rc)
+			rc = stream_compress(w, p, n, false);
+	} else {
+		rc = vps_bytes_append(&w->out, p, n);
+		if (!rc && w->z && w->out.len >= STREAM_CHUNK)
+			rc = stream_flush(w, false);
+	}
 	if (rc)
 		w->failed = true;
 	return rc;
+}
+
+/* Inline: a plan puts hundreds of millions of 8-byte values, nearly all
+ * into room already there. */
+static inline vps_result_t bin_put(struct vps_writer *w, const void *p, size_t n)
+{
+	w->count += n;
+	if (!w->counting && w->out.data && w->out.cap - w->out.len >= n && (!w->z || w->out.len + n < STREAM_CHUNK)) {
+		memcpy(w->out.data + w->out.len, p, n);
+		w->out.len += n;
+		return VPS_OK;
+	}
+	return bin_put_slow(w, p, n);
 }
 
 static vps_result_t bin_u64(struct vps_writer *w, uint64_t v)

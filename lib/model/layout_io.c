@@ -55,10 +55,22 @@ vps_result_t vps_box_read(struct vps_reader *r, const char *key, struct vps_box 
 	return vps_r_seq_end(r);
 }
 
+bool vps_box_ok(const struct vps_box *b, const struct vps_tensor *t)
+{
+	if (b->ndim != t->ndim)
+		return false;
+	for (int k = 0; k < b->ndim; k++)
+		if (b->lo[k] >= b->hi[k] || b->hi[k] > t->shape[k])
+			return false;
+	return true;
+}
+
 vps_result_t vps_box_check(struct vps_reader *r, const char *key, const char *what, const struct vps_box *b,
 			   const struct vps_tensor *t)
 {
 	char tn[256];
+	if (vps_box_ok(b, t))
+		return VPS_OK;
 	if (b->ndim != t->ndim)
 		return vps_r_error(r, key, "%s: %d axes, but the tensor has %d", what, b->ndim, t->ndim);
 	for (int k = 0; k < b->ndim; k++)
@@ -71,10 +83,22 @@ vps_result_t vps_box_check(struct vps_reader *r, const char *key, const char *wh
 	return VPS_OK;
 }
 
+bool vps_view_ok(int ndim, const int64_t *ext, int64_t offset, const int64_t *strides, int64_t elements)
+{
+	int64_t first, end;
+	for (int k = 0; k < ndim; k++)
+		if (strides[k] == 0)
+			return false;
+	return vps_view_span(ndim, ext, offset, strides, &first, &end) && first >= 0 && end <= VPS_MAX_ELEMENTS &&
+	       (elements < 0 || end <= elements);
+}
+
 vps_result_t vps_view_check(struct vps_reader *r, const char *key, const char *what, int ndim, const int64_t *ext,
 			    int64_t offset, const int64_t *strides, uint32_t buffer, int64_t elements)
 {
 	int64_t first, end;
+	if (vps_view_ok(ndim, ext, offset, strides, elements))
+		return VPS_OK;
 	for (int k = 0; k < ndim; k++)
 		if (strides[k] == 0)
 			return vps_r_error(r, key, "%s: stride %d is 0 (rows that alias each other)", what, k);

@@ -7,6 +7,7 @@
 #include <sys/sysinfo.h>
 
 #include "io/doc.h"
+#include "util/hash.h"
 #include "util/internal.h"
 #include "model/layout_io.h"
 #include "plan/piece.h"
@@ -137,55 +138,163 @@ int64_t vps_plan_side_elements(const struct vps_plan *p, bool source, int64_t wr
 	return n < 0 ? -2 : n;
 }
 
-vps_result_t vps_piece_view_check(struct vps_reader *r, const struct vps_plan *plan, size_t i,
-				  const struct vps_piece *p)
+/* A model's tensors, each made once: vps_model_tensor rebuilds the model's
+ * schema, and a global plan's millions of pieces name a few thousand
+ * tensors in no order. */
+struct tensors {
+	const struct vps_model *m;
+	uint32_t n;
+	struct vps_tensor *v;
+	bool *made;
+};
+
+static void tensors_release(struct tensors *c)
 {
-	int64_t ext[VPS_MAX_DIMS];
-	char what[64];
-	struct vps_tensor t;
-	snprintf(what, sizeof(what), "piece %zu", i);
-	VPS_CHECK(vps_model_tensor(vps_layout_model(plan->a), p->tensor, &t));
-	VPS_CHECK(vps_box_check(r, "box", what, &p->box, &t));
-	for (int k = 0; k < p->box.ndim; k++)
-		ext[k] = p->box.hi[k] - p->box.lo[k];
-	for (int side = 0; side < 2; side++) {
-		int64_t rank = side ? p->dst : p->src;
-		uint32_t buffer = side ? p->dst_buffer : p->src_buffer;
-		/* a forward's source is the relay's B buffer */
-		bool target = side || (buffer & VPS_BUFFER_TARGET);
-		int64_t n = vps_plan_side_elements(plan, !target, rank, buffer & ~VPS_BUFFER_TARGET);
-		snprintf(what, sizeof(what), "piece %zu: %s", i, side ? "destination" : "source");
-		if (n == -2)
-			return vps_r_error(r, side ? "dst_buffer" : "src_buffer", "%s: rank %" PRId64 " has no buffer %u", what,
-					   rank, buffer);
-		VPS_CHECK(vps_view_check(r, side ? "dst_strides" : "src_strides", what, p->box.ndim, ext,
-					 side ? p->dst_offset : p->src_offset, side ? p->dst_strides : p->src_strides, buffer,
-					 n));
+	free(c->v);
+	free(c->made);
+}
+
+static vps_result_t tensor_of(struct tensors *c, uint32_t id, const struct vps_tensor **out)
+{
+	if (!c->v) {
+		c->n = vps_model_num_tensors(c->m);
+		/* zeroed: a one-rank plan touches the few it names */
+		c->v = vps_calloc((size_t)c->n + 1, sizeof(*c->v));
+		c->made = vps_calloc((size_t)c->n + 1, sizeof(*c->made));
+		if (!c->v || !c->made) {
+			tensors_release(c);
+			memset(c, 0, sizeof(*c));
+			return VPS_ENOMEM;
+		}
+	}
+	if (id >= c->n)
+		return vps_fail(VPS_EINPUT, "model %s: no tensor %u", c->m->name, id);
+	if (!c->made[id]) {
+		VPS_CHECK(vps_model_tensor(c->m, id, &c->v[id]));
+		c->made[id] = true;
+	}
+	*out = &c->v[id];
+	return VPS_OK;
+}
+
+/* What pieces name, each name looked up once: a binary reader hands out
+ * each name as one interned string, so its address finds it (a YAML
+ * reader's names are as many as its pieces: a full table looks them up). */
+struct piece_names {
+	struct tensors t;
+	const char **key; /* open addressing by address, NULL empty */
+	uint32_t *id;
+	size_t mask, used;
+	const char *state_name; /* the last state looked up, NULL first */
+	int state;
+	const struct vps_tensor *tensor; /* the last piece's */
+};
+
+static void piece_names_release(struct piece_names *n)
+{
+	tensors_release(&n->t);
+	free(n->key);
+	free(n->id);
+}
+
+/* The id of the tensor named s (an error for the reader when none is). */
+static vps_result_t tensor_named(struct vps_reader *r, struct piece_names *n, const char *s, uint32_t *id)
+{
+	const struct vps_model *m = n->t.m;
+	if (!n->key) {
+		size_t size = 64;
+		while (size < 4 * (size_t)vps_model_num_tensors(m))
+			size *= 2;
+		n->key = vps_calloc(size, sizeof(*n->key));
+		n->id = vps_calloc(size, sizeof(*n->id));
+		if (!n->key || !n->id) {
+			free(n->key);
+			free(n->id);
+			n->key = NULL;
+			n->id = NULL;
+			return VPS_ENOMEM;
+		}
+		n->mask = size - 1;
+	}
+	size_t i = vps_mix64((uint64_t)(uintptr_t)s) & n->mask;
+	while (n->key[i] && n->key[i] != s)
+		i = (i + 1) & n->mask;
+	if (n->key[i]) {
+		*id = n->id[i];
+		return VPS_OK;
+	}
+	if (vps_model_find_tensor(m, s, id))
+		return vps_r_error(r, "tensor", "no tensor '%s' in model %s", s, m->name);
+	/* at most half full, so that a search ends */
+	if (2 * (n->used + 1) <= n->mask + 1) {
+		n->key[i] = s;
+		n->id[i] = *id;
+		n->used++;
 	}
 	return VPS_OK;
 }
 
-vps_result_t vps_piece_read(struct vps_reader *r, const struct vps_model *m, int64_t world, struct vps_piece *p)
+/* Refuse piece i of plan when its views leave the buffers they name; t: its
+ * tensor. */
+static vps_result_t piece_view_check(struct vps_reader *r, const struct vps_plan *plan, size_t i,
+				     const struct vps_piece *p, const struct vps_tensor *t)
+{
+	int64_t ext[VPS_MAX_DIMS], nel[2];
+	char what[64];
+	for (int k = 0; k < p->box.ndim; k++)
+		ext[k] = p->box.hi[k] - p->box.lo[k];
+	for (int side = 0; side < 2; side++) {
+		uint32_t buffer = side ? p->dst_buffer : p->src_buffer;
+		/* a forward's source is the relay's B buffer */
+		bool target = side || (buffer & VPS_BUFFER_TARGET);
+		nel[side] = vps_plan_side_elements(plan, !target, side ? p->dst : p->src, buffer & ~VPS_BUFFER_TARGET);
+	}
+	/* the words that name a piece only for one that fails */
+	if (vps_box_ok(&p->box, t) && nel[0] != -2 && nel[1] != -2 &&
+	    vps_view_ok(p->box.ndim, ext, p->src_offset, p->src_strides, nel[0]) &&
+	    vps_view_ok(p->box.ndim, ext, p->dst_offset, p->dst_strides, nel[1]))
+		return VPS_OK;
+	snprintf(what, sizeof(what), "piece %zu", i);
+	VPS_CHECK(vps_box_check(r, "box", what, &p->box, t));
+	for (int side = 0; side < 2; side++) {
+		int64_t rank = side ? p->dst : p->src;
+		uint32_t buffer = side ? p->dst_buffer : p->src_buffer;
+		snprintf(what, sizeof(what), "piece %zu: %s", i, side ? "destination" : "source");
+		if (nel[side] == -2)
+			return vps_r_error(r, side ? "dst_buffer" : "src_buffer", "%s: rank %" PRId64 " has no buffer %u", what,
+					   rank, buffer);
+		VPS_CHECK(vps_view_check(r, side ? "dst_strides" : "src_strides", what, p->box.ndim, ext,
+					 side ? p->dst_offset : p->src_offset, side ? p->dst_strides : p->src_strides, buffer,
+					 nel[side]));
+	}
+	return VPS_OK;
+}
+
+/* Reads a piece's mapping up to its end (the caller ends it, after
+ * piece_view_check, so that messages point into it); names->tensor is
+ * then its tensor. */
+static vps_result_t piece_read(struct vps_reader *r, struct piece_names *names, int64_t world, struct vps_piece *p)
 {
 	const char *s;
-	int st;
 	int64_t x;
 	memset(p, 0, sizeof(*p));
 	VPS_CHECK(vps_r_map_begin(r, NULL));
 	VPS_CHECK(vps_r_int(r, "src", &p->src, 0, world - 1));
 	VPS_CHECK(vps_r_int(r, "dst", &p->dst, 0, world - 1));
 	VPS_CHECK(vps_r_str(r, "tensor", &s));
-	if (vps_model_find_tensor(m, s, &p->tensor))
-		return vps_r_error(r, "tensor", "no tensor '%s' in model %s", s, m->name);
+	VPS_CHECK(tensor_named(r, names, s, &p->tensor));
+	VPS_CHECK(tensor_of(&names->t, p->tensor, &names->tensor));
 	VPS_CHECK(vps_r_str(r, "state", &s));
-	if (vps_state_parse(s, &st))
-		return vps_r_error(r, "state", "unknown state '%s'", s);
-	p->state = (uint8_t)st;
+	if (s != names->state_name) {
+		names->state_name = NULL;
+		if (vps_state_parse(s, &names->state))
+			return vps_r_error(r, "state", "unknown state '%s'", s);
+		names->state_name = s;
+	}
+	p->state = (uint8_t)names->state;
 	VPS_CHECK(vps_box_read(r, "box", &p->box));
-	struct vps_tensor t;
-	vps_model_tensor(m, p->tensor, &t);
-	if (p->box.ndim != t.ndim)
-		return vps_r_error(r, "box", "%d axes, but the tensor has %d", p->box.ndim, t.ndim);
+	if (p->box.ndim != names->tensor->ndim)
+		return vps_r_error(r, "box", "%d axes, but the tensor has %d", p->box.ndim, names->tensor->ndim);
 	VPS_CHECK(vps_r_int(r, "src_buffer", &x, 0, UINT32_MAX));
 	p->src_buffer = (uint32_t)x;
 	VPS_CHECK(vps_r_int(r, "src_offset", &p->src_offset, 0, VPS_MAX_ELEMENTS));
@@ -561,6 +670,136 @@ vps_result_t vps_plan_read_body(struct vps_reader *r, struct vps_plan **out, uin
 	return vps_plan_read_body_as(r, out, stored_hash, false);
 }
 
+/* A compact plan's pieces as they are read: each checked against its
+ * buffers, packed and hashed, in order. */
+struct packing {
+	struct vps_piece prev;
+	struct tensors t;
+	size_t index;
+	uint64_t hash;
+};
+
+static vps_result_t pack_checked(struct vps_reader *r, struct vps_plan *p, struct packing *k,
+				 const struct vps_piece *x)
+{
+	const struct vps_tensor *t;
+	VPS_CHECK(tensor_of(&k->t, x->tensor, &t));
+	VPS_CHECK(piece_view_check(r, p, k->index, x, t));
+	VPS_CHECK(read_piece_packed(p, x, &k->prev));
+	k->hash = vps_piece_hash(x, k->hash);
+	k->index++;
+	return VPS_OK;
+}
+
+/* ---- a binary plan's pieces checked, packed and hashed by a second
+ * thread while this one decompresses and parses the next (about half the
+ * work each) ---- */
+
+#define CHECK_BATCH_PIECES 4096
+#define CHECK_BATCHES 8
+
+struct check_job {
+	struct vps_reader *r;
+	struct vps_plan *p;
+	struct packing k;
+	struct vps_piece *ring;       /* CHECK_BATCHES batches of CHECK_BATCH_PIECES */
+	size_t count[CHECK_BATCHES];
+	uint64_t filled, taken;       /* batches handed over, and done with */
+	bool done;                    /* no more will come */
+	vps_result_t rc;              /* the first piece refused, and why */
+	char err[1024];
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+};
+
+static void *check_worker(void *arg)
+{
+	struct check_job *j = arg;
+	pthread_mutex_lock(&j->mu);
+	for (;;) {
+		while (j->taken == j->filled && !j->done)
+			pthread_cond_wait(&j->cv, &j->mu);
+		if (j->taken == j->filled)
+			break;
+		size_t slot = (size_t)(j->taken % CHECK_BATCHES), n = j->count[slot];
+		pthread_mutex_unlock(&j->mu);
+		const struct vps_piece *v = &j->ring[slot * CHECK_BATCH_PIECES];
+		vps_result_t rc = VPS_OK;
+		vps_clear_error();
+		for (size_t i = 0; i < n && !rc; i++)
+			rc = pack_checked(j->r, j->p, &j->k, &v[i]);
+		pthread_mutex_lock(&j->mu);
+		j->taken++;
+		if (rc) {
+			j->rc = rc;
+			snprintf(j->err, sizeof(j->err), "%s", vps_last_error());
+		}
+		pthread_cond_broadcast(&j->cv);
+		if (rc)
+			break;
+	}
+	pthread_mutex_unlock(&j->mu);
+	return NULL;
+}
+
+/* Where the next batch is to be filled, once the checker has room for it;
+ * NULL once the checker refused a piece. */
+static struct vps_piece *check_room(struct check_job *j)
+{
+	pthread_mutex_lock(&j->mu);
+	while (!j->rc && j->filled - j->taken >= CHECK_BATCHES)
+		pthread_cond_wait(&j->cv, &j->mu);
+	bool refused = j->rc != VPS_OK;
+	pthread_mutex_unlock(&j->mu);
+	return refused ? NULL : &j->ring[(size_t)(j->filled % CHECK_BATCHES) * CHECK_BATCH_PIECES];
+}
+
+static void check_hand_over(struct check_job *j, size_t n, bool last)
+{
+	pthread_mutex_lock(&j->mu);
+	if (n)
+		j->count[j->filled++ % CHECK_BATCHES] = n;
+	j->done = last;
+	pthread_cond_broadcast(&j->cv);
+	pthread_mutex_unlock(&j->mu);
+}
+
+/* n pieces into p->packed, checked, packed and hashed into k here or, j
+ * not NULL, by j's thread (started; its own packing). */
+static vps_result_t read_pieces_packed(struct vps_reader *r, struct vps_plan *p, int64_t world, uint64_t n,
+				       struct packing *k, struct check_job *j)
+{
+	struct piece_names names = {.t.m = vps_layout_model(p->a)};
+	struct vps_piece one, *batch = NULL;
+	size_t filled = 0;
+	vps_result_t rc = VPS_OK;
+	for (uint64_t i = 0; i < n && !rc; i++) {
+		if (j && !filled && !(batch = check_room(j)))
+			break;
+		struct vps_piece *x = j ? &batch[filled] : &one;
+		rc = piece_read(r, &names, world, x);
+		/* the messages of a binary document name no place in it: its
+		 * pieces are checked after their mapping ends */
+		if (!rc && !j)
+			rc = pack_checked(r, p, k, x);
+		if (!rc)
+			rc = vps_r_map_end(r);
+		if (rc)
+			break;
+		p->npieces++;
+		if (j && ++filled == CHECK_BATCH_PIECES) {
+			check_hand_over(j, filled, false);
+			filled = 0;
+		}
+	}
+	/* what was read is checked even after a failure here: a piece
+	 * refused before it is the first failure */
+	if (j)
+		check_hand_over(j, filled, true);
+	piece_names_release(&names);
+	return rc;
+}
+
 /* The pieces of a plan whose layouts are read. compact (a global plan read
  * to be staged or counted) keeps them packed, about 25 bytes a piece, not
  * 184, and hashes them as they are read: packed pieces never change. */
@@ -574,23 +813,52 @@ static vps_result_t read_pieces(struct vps_reader *r, struct vps_plan *p, int64_
 		p->pieces = vps_malloc((size_t)n * sizeof(*p->pieces) + 1);
 	if (compact ? !p->packed : !p->pieces)
 		return VPS_ENOMEM;
-	struct vps_piece one, prev;
-	uint64_t h = vps_plan_hash_start(p);
-	for (uint64_t i = 0; i < n; i++) {
-		struct vps_piece *x = compact ? &one : &p->pieces[i];
-		VPS_CHECK(vps_piece_read(r, vps_layout_model(p->a), world, x));
-		VPS_CHECK(vps_piece_view_check(r, p, (size_t)i, x));
-		VPS_CHECK(vps_r_map_end(r));
-		if (compact) {
-			VPS_CHECK(read_piece_packed(p, x, &prev));
-			h = vps_piece_hash(x, h);
+	if (!compact) {
+		struct piece_names names = {.t.m = vps_layout_model(p->a)};
+		vps_result_t rc = VPS_OK;
+		for (uint64_t i = 0; i < n && !rc; i++) {
+			struct vps_piece *x = &p->pieces[i];
+			rc = piece_read(r, &names, world, x);
+			if (!rc)
+				rc = piece_view_check(r, p, (size_t)i, x, names.tensor);
+			if (!rc)
+				rc = vps_r_map_end(r);
+			if (!rc)
+				p->npieces++;
 		}
-		p->npieces++;
+		piece_names_release(&names);
+		return rc ? rc : vps_r_seq_end(r);
 	}
-	if (compact) {
-		p->packed->hashed = true;
-		p->packed->hash = h;
+	struct packing k = {.t.m = vps_layout_model(p->a), .hash = vps_plan_hash_start(p)};
+	struct check_job j = {.r = r, .p = p, .k = k};
+	pthread_t tid;
+	bool threaded = false;
+	/* YAML messages name lines, which the reader moves past; an echo
+	 * writes as it reads */
+	if (vps_reader_is_binary(r) && !vps_reader_echo_writer(r) && n > CHECK_BATCH_PIECES && get_nprocs() > 1 &&
+	    (j.ring = vps_malloc((size_t)CHECK_BATCHES * CHECK_BATCH_PIECES * sizeof(*j.ring)))) {
+		pthread_mutex_init(&j.mu, NULL);
+		pthread_cond_init(&j.cv, NULL);
+		threaded = !pthread_create(&tid, NULL, check_worker, &j);
+		if (!threaded) {
+			pthread_mutex_destroy(&j.mu);
+			pthread_cond_destroy(&j.cv);
+		}
 	}
+	vps_result_t rc = read_pieces_packed(r, p, world, n, &k, threaded ? &j : NULL);
+	if (threaded) {
+		pthread_join(tid, NULL);
+		pthread_mutex_destroy(&j.mu);
+		pthread_cond_destroy(&j.cv);
+		k = j.k;
+		if (j.rc)
+			rc = vps_fail(j.rc, "%s", j.err);
+	}
+	free(j.ring);
+	tensors_release(&k.t);
+	VPS_CHECK(rc);
+	p->packed->hashed = true;
+	p->packed->hash = k.hash;
 	return vps_r_seq_end(r);
 }
 

@@ -8,16 +8,10 @@
 vps_result_t vps_training_write(struct vps_writer *w, const char *key, const struct vps_training *t);
 vps_result_t vps_training_read(struct vps_reader *r, const char *key, struct vps_training *t);
 vps_result_t vps_piece_write(struct vps_writer *w, const struct vps_model *m, const struct vps_piece *p);
-/* Reads a piece's mapping up to its end (the caller ends it, after
- * vps_piece_view_check, so that messages point into it). */
-vps_result_t vps_piece_read(struct vps_reader *r, const struct vps_model *m, int64_t world, struct vps_piece *p);
 /* Elements of buffer `buffer` of world rank wr under A (source) or B, -1
  * when the rank is not in that layout (a joining source or a leaving
  * target: vps-verify names those) and -2 when it has no such buffer. */
 int64_t vps_plan_side_elements(const struct vps_plan *p, bool source, int64_t wr, uint32_t buffer);
-/* Refuse piece i of plan when its views leave the buffers they name. */
-vps_result_t vps_piece_view_check(struct vps_reader *r, const struct vps_plan *plan, size_t i,
-				  const struct vps_piece *p);
 vps_result_t vps_plan_write_body(struct vps_writer *w, const struct vps_plan *p);
 /* Into a counting writer: what vps_plan_write_body writes, measured; pieces
  * of a size already seen are added to *more instead of written. */

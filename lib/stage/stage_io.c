@@ -28,9 +28,28 @@ static vps_result_t read_ints(struct vps_reader *r, const char *key, int64_t *v,
 	return vps_r_seq_end(r);
 }
 
-/* more: a counting pass (the plan's pieces measured, not all written) */
+static vps_result_t write_op(struct vps_writer *w, const struct vps_op *o)
+{
+	VPS_CHECK(vps_w_map_begin(w, NULL));
+	VPS_CHECK(vps_w_int(w, "piece", o->piece));
+	VPS_CHECK(vps_w_int(w, "pieces", o->npieces));
+	VPS_CHECK(vps_w_int(w, "esize", o->esize));
+	VPS_CHECK(vps_ints_write(w, "ext", o->ext, o->ndim));
+	VPS_CHECK(vps_w_int(w, "src_buffer", o->src_buffer));
+	VPS_CHECK(vps_w_int(w, "src_offset", o->src_offset));
+	VPS_CHECK(vps_ints_write(w, "src_strides", o->src_strides, o->ndim));
+	VPS_CHECK(vps_w_int(w, "dst_buffer", o->dst_buffer));
+	VPS_CHECK(vps_w_int(w, "dst_offset", o->dst_offset));
+	VPS_CHECK(vps_ints_write(w, "dst_strides", o->dst_strides, o->ndim));
+	VPS_CHECK(vps_w_int(w, "staging", o->staging));
+	return vps_w_map_end(w);
+}
+
+/* more: a counting pass (the plan's pieces and the copies measured, not
+ * all written) */
 static vps_result_t write_staged(struct vps_writer *w, const struct vps_staged *s, uint64_t hash, uint64_t *more)
 {
+	uint64_t op_bytes[VPS_MAX_DIMS + 1] = {0}; /* by axes, once measured */
 	vps_result_t rc;
 	VPS_CHECK_GOTO(vps_w_u64hex(w, "hash", hash), rc, done);
 	VPS_CHECK_GOTO(vps_w_int(w, "budget", s->budget), rc, done);
@@ -63,19 +82,15 @@ static vps_result_t write_staged(struct vps_writer *w, const struct vps_staged *
 		VPS_CHECK_GOTO(vps_w_seq_begin(w, "ops", x->nops, false), rc, done);
 		for (size_t k = 0; k < x->nops; k++) {
 			const struct vps_op *o = &s->ops[x->first_op + k];
-			VPS_CHECK_GOTO(vps_w_map_begin(w, NULL), rc, done);
-			VPS_CHECK_GOTO(vps_w_int(w, "piece", o->piece), rc, done);
-			VPS_CHECK_GOTO(vps_w_int(w, "pieces", o->npieces), rc, done);
-			VPS_CHECK_GOTO(vps_w_int(w, "esize", o->esize), rc, done);
-			VPS_CHECK_GOTO(vps_ints_write(w, "ext", o->ext, o->ndim), rc, done);
-			VPS_CHECK_GOTO(vps_w_int(w, "src_buffer", o->src_buffer), rc, done);
-			VPS_CHECK_GOTO(vps_w_int(w, "src_offset", o->src_offset), rc, done);
-			VPS_CHECK_GOTO(vps_ints_write(w, "src_strides", o->src_strides, o->ndim), rc, done);
-			VPS_CHECK_GOTO(vps_w_int(w, "dst_buffer", o->dst_buffer), rc, done);
-			VPS_CHECK_GOTO(vps_w_int(w, "dst_offset", o->dst_offset), rc, done);
-			VPS_CHECK_GOTO(vps_ints_write(w, "dst_strides", o->dst_strides, o->ndim), rc, done);
-			VPS_CHECK_GOTO(vps_w_int(w, "staging", o->staging), rc, done);
-			VPS_CHECK_GOTO(vps_w_map_end(w), rc, done);
+			/* counting: an op's bytes depend on its axes alone */
+			if (more && op_bytes[o->ndim]) {
+				*more += op_bytes[o->ndim];
+				continue;
+			}
+			uint64_t before = vps_writer_count(w);
+			VPS_CHECK_GOTO(write_op(w, o), rc, done);
+			if (more)
+				op_bytes[o->ndim] = vps_writer_count(w) - before;
 		}
 		VPS_CHECK_GOTO(vps_w_seq_end(w), rc, done);
 		VPS_CHECK_GOTO(vps_w_map_end(w), rc, done);

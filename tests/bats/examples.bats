@@ -35,7 +35,8 @@ run_examples() { # PAGE (relative to the source tree)
 		-u BINDIR -u SANITIZE -u CFLAGS -u LDFLAGS \
 		PATH="$VPS_BIN:$BATS_TEST_TMPDIR/shims:$PATH" EDITOR=true VPS_SRC="$TOP" TMPDIR="$BATS_TEST_TMPDIR" \
 		unshare -mn python3 "$TOP/tests/bats/examples.py" --isolated "$TOP/$1" "$d"
-	echo "$output"
+	# a block not run is said on every run; what failed is what CI must show
+	grep -v ': not run: ' <<<"$output" || true
 	[ "$status" -eq 0 ]
 }
 

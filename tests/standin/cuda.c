@@ -726,32 +726,34 @@ static int queue_memop(unsigned char *dst, const unsigned char *src, size_t byte
 	return rc;
 }
 
-static int api_to_device(void *dst, const void *src, size_t bytes, char *err)
+/* A copy between the host and a device allocation, as cudaMemcpyAsync on
+ * g_stream checks it: the host range readable or writable, the device
+ * range inside one allocation. */
+static int host_device_copy(void *device, void *host, size_t bytes, bool to_device, char *err)
 {
+	const char *kind = to_device ? "HostToDevice" : "DeviceToHost";
 	int rc = check_process(err);
 	if (!rc)
-		rc = check_host_range(src, bytes, "cudaMemcpyAsync(host to device)", err);
+		rc = check_host_range(host, bytes, to_device ? "cudaMemcpyAsync(host to device)" :
+							  "cudaMemcpyAsync(device to host)", err);
 	if (rc)
 		return rc;
-	unsigned char *d = host_of((uint64_t)(uintptr_t)dst, bytes);
+	unsigned char *d = host_of((uint64_t)(uintptr_t)device, bytes);
 	if (!d)
-		return fail(err, VPS_CUDA_ECUDA, "cudaMemcpyAsync(dst, src, %zu, cudaMemcpyHostToDevice, g_stream): "
-			    "invalid argument (stand-in: the destination is not inside one allocation)", bytes);
-	return queue_memop(d, src, bytes, -1, true, err);
+		return fail(err, VPS_CUDA_ECUDA, "cudaMemcpyAsync(dst, src, %zu, cudaMemcpy%s, g_stream): invalid argument "
+			    "(stand-in: the %s is not inside one allocation)", bytes, kind,
+			    to_device ? "destination" : "source");
+	return to_device ? queue_memop(d, host, bytes, -1, true, err) : queue_memop(host, d, bytes, -1, true, err);
+}
+
+static int api_to_device(void *dst, const void *src, size_t bytes, char *err)
+{
+	return host_device_copy(dst, (void *)(uintptr_t)src, bytes, true, err);
 }
 
 static int api_to_host(void *dst, const void *src, size_t bytes, char *err)
 {
-	int rc = check_process(err);
-	if (!rc)
-		rc = check_host_range(dst, bytes, "cudaMemcpyAsync(device to host)", err);
-	if (rc)
-		return rc;
-	unsigned char *s = host_of((uint64_t)(uintptr_t)src, bytes);
-	if (!s)
-		return fail(err, VPS_CUDA_ECUDA, "cudaMemcpyAsync(dst, src, %zu, cudaMemcpyDeviceToHost, g_stream): "
-			    "invalid argument (stand-in: the source is not inside one allocation)", bytes);
-	return queue_memop(dst, s, bytes, -1, true, err);
+	return host_device_copy((void *)(uintptr_t)src, dst, bytes, false, err);
 }
 
 static int api_fill(void *dst, int value, size_t bytes, char *err)

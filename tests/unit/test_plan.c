@@ -195,6 +195,59 @@ TEST(a_global_plan_is_the_same_for_any_threads_packed_or_not)
 	}
 }
 
+/* A binary global plan read packed is checked by a second thread while
+ * this one parses: the same pieces and hash as read whole, and the same
+ * first refused piece, even when a later one fails to parse. */
+static void parse_both(const struct vps_plan *p, bool must_fail, const char *what)
+{
+	struct vps_bytes b = {0};
+	char whole[2048] = "", packed[2048] = "";
+	CHECK_OK(vps_plan_serialize(p, false, &b));
+	for (int compact = 0; compact < 2; compact++) {
+		struct vps_plan *q = NULL;
+		vps_result_t rc = vps_plan_parse_as(&q, "plan.vps", b.data, b.len, compact);
+		if (must_fail != (rc != VPS_OK))
+			harness_fail(__FILE__, __LINE__, "%s, %s: %s", what, compact ? "packed" : "whole",
+				     rc ? vps_last_error() : "read");
+		snprintf(compact ? packed : whole, sizeof(whole), "%s", rc ? vps_last_error() : "");
+		if (!rc) {
+			CHECK_EQ(q->npieces, p->npieces);
+			CHECK(vps_plan_hash(q) == vps_plan_hash(p));
+		}
+		vps_plan_free(q);
+	}
+	if (strcmp(whole, packed))
+		harness_fail(__FILE__, __LINE__, "%s: read whole '%s', packed '%s'", what, whole, packed);
+	vps_bytes_release(&b);
+}
+
+TEST(a_packed_plan_read_by_two_threads_refuses_its_first_bad_piece)
+{
+	struct vps_plan *p = plan_with("tiny-qwen3-moe", "tp=2,pp=2,dp=120,ep=4,etp=1,zero=1",
+				       "tp=2,pp=1,dp=120,ep=2,etp=2,zero=1", 8, 1, false);
+	if (!p)
+		return;
+	/* more pieces than the checker's ring holds (8 batches of 4096); the
+	 * bad piece and the later one in one batch, past the ring's first
+	 * round: the parser fails before the checker sees either */
+	CHECK(p->npieces > 10 * 4096);
+	parse_both(p, false, "intact");
+	size_t bad = 9 * 4096 + 1, later = bad + 2;
+	char want[64];
+	snprintf(want, sizeof(want), "piece %zu: source", bad);
+	int64_t stride = p->pieces[bad].src_strides[0];
+	p->pieces[bad].src_strides[0] = 0;
+	parse_both(p, true, "a zero stride");
+	CHECK(strstr(vps_last_error(), want) != NULL);
+	p->pieces[later].dst = vps_world_size(p->world);
+	parse_both(p, true, "a zero stride, then a destination outside the world");
+	CHECK(strstr(vps_last_error(), want) != NULL);
+	p->pieces[bad].src_strides[0] = stride;
+	parse_both(p, true, "a destination outside the world");
+	CHECK(strstr(vps_last_error(), "out of range") != NULL);
+	vps_plan_free(p);
+}
+
 TEST(plans_move_every_element_right)
 {
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
