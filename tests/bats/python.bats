@@ -99,6 +99,34 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	grep -q 'train.py: switch 1 to dp=8 abandoned at step 4: process 5 exited with status 3 before it joined' r/train.0.log
 }
 
+# scripts/elastic.sh: the job above in short, with its one line; the
+# figures in it are the run's own (its loss files, its switches.tsv)
+@test "elastic.sh --short: 4 -> 8 -> 4 processes against a static run, in one line from the run's files" {
+	framework_job
+	PYTHON="$PY" run "$TOP/scripts/elastic.sh" --short --keep k
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "${lines[-1]}" =~ ^elastic:\ 2\ switches,\ worlds\ 4-\>8-\>4,\ bit\ for\ bit,\ loss\ within\ ([0-9.e+-]+)\ of\ static,\ overlap\ ([0-9]+)%$ ]]
+	local dev=${BASH_REMATCH[1]} overlap=${BASH_REMATCH[2]}
+	[ "$(grep -c '^elastic:' <<< "$output")" -eq 1 ]
+	[ "$(wc -l < k/elastic/loss.txt)" -eq 6 ]
+	[ "$(cut -d' ' -f3 k/elastic/loss.txt | uniq | tr '\n' ' ')" = "tp=2,dp=2 dp=8 tp=2,pp=2 " ]
+	[[ "$output" == *"(--compare-static): largest relative deviation $dev (step "* ]]
+	[ "$overlap" = "$(awk -F'\t' '{ h += $9; p += $12 } END { printf "%.0f", 100 * h / (h + p) }' k/elastic/switches.tsv)" ]
+}
+
+@test "elastic.sh exits 1 when a switch does not happen, 2 on bad arguments" {
+	framework_job
+	PYTHON="$PY" VPS_TRAIN_FAULT=5:start expect_status 1 "$TOP/scripts/elastic.sh" --short --keep k
+	[[ "$output" == *"launch.py: switch 1 to dp=8 on 8 processes did not happen: process 5 exited with status 3 before it joined"* ]]
+	[[ "$output" == *"elastic.sh: the elastic run failed (launch.py exited 1; its logs: "* ]]
+	! grep -q '^elastic:' <<< "$output"
+	expect_status 2 "$TOP/scripts/elastic.sh" --max-rel x
+	[ "$output" = "elastic.sh: --max-rel: 'x' is not a number" ]
+	expect_status 2 "$TOP/scripts/elastic.sh" --switch-every 0
+	[ "$output" = "elastic.sh: --switch-every: '0' is not a positive integer" ]
+}
+
 @test "launch.py refuses a configuration the job's ranks do not fill, before starting anything" {
 	expect_status 2 "$PY" "$TOP/examples/torch/launch.py" --nproc 2 --dir r --model micro-llama --configs tp=4
 	[[ "$output" == *"--configs: tp=4 has a world of 4 ranks, --nproc is 2"* ]]
