@@ -29,8 +29,12 @@
 #                      otherwise, kept when a run fails
 #   --doc              also run the same first switch in a world of 8 from
 #                      the start (4 spares that hold nothing, no world made:
-#                      the same plan, the same bytes moved) and write the
-#                      table of both into docs/BENCHMARKS.md (section elastic)
+#                      the same plan, the same bytes moved), and the same
+#                      worlds asked for through launch.py --control (the job
+#                      trains on until each new world is made, where a
+#                      scheduled switch waits for it at its step); write the
+#                      table of the three into docs/BENCHMARKS.md (section
+#                      elastic), with the joins against the issue's targets
 #
 # The runs use PYTHON (default build/venv/bin/python, the test environment
 # that make venv makes). Exit 0 when every switch happened and was equal bit
@@ -55,7 +59,7 @@ while [ $# -gt 0 ]; do
 		shift 2 ;;
 	--short) every=2; shift ;;
 	--doc) doc=1; shift ;;
-	-h|--help) sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h|--help) sed -n '2,43p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "$me: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 	esac
 done
@@ -76,7 +80,7 @@ else
 	dir=$(mktemp -d "${TMPDIR:-/tmp}/vps-elastic.XXXXXX")
 	trap 'rm -rf "$dir"' EXIT
 fi
-rm -rf "$dir/elastic" "$dir/same-world"
+rm -rf "$dir/elastic" "$dir/same-world" "$dir/asked" "$dir/control"
 export VPS_TOKEN=${VPS_TOKEN:-$("$top/bin/vps-exec" --new-token)}
 common=(--model micro-llama --gpus-per-node 8 --switch-every "$every" --check-switch)
 fail() {
@@ -122,6 +126,14 @@ if [ "$doc" = 1 ]; then
 	launch same-world --nproc 8 --steps $((2 * every)) --configs "${configs%,*}"
 	same=$dir/same-world/switches.tsv
 	[ "$(wc -l < "$same")" = 1 ] || fail "the same-world run did not switch once ($same)"
+	# the same worlds asked for through --control, as a scheduler would: the
+	# job trains on until the new world is made, where the scheduled switch
+	# waits for it at its step (steps to spare for the asked ones to happen)
+	printf '%s\n' "${configs#*,}" | tr ',' '\n' > "$dir/control"
+	asked_steps=$((6 * every > 48 ? 6 * every : 48))
+	launch asked --nproc 4 --steps "$asked_steps" --configs "${configs%%,*}" --control "$dir/control"
+	asked=$dir/asked/switches.tsv
+	[ "$(wc -l < "$asked")" = 2 ] || fail "the asked run did not switch twice ($asked)"
 	bytes() { # DIR K: the bytes every rank's executor received or copied in switch K
 		cat "$1"/report."$2".*.yaml | awk '/^  bytes_(received|copied):/ { s += $2 } END { print s + 0 }'
 	}
@@ -129,40 +141,48 @@ if [ "$doc" = 1 ]; then
 	units='function size(n,  k, u) { split("B KiB MiB GiB TiB", u, " "); k = 1
 		while (n >= 999.5 && k < 5) { n /= 1024; k++ }
 		return k == 1 ? sprintf("%d B", n) : sprintf(n >= 99.95 ? "%.0f %s" : n >= 9.995 ? "%.1f %s" : "%.2f %s", n, u[k]) } '
-	row() { # TSV-LINE BYTES SAME-WORLD: a row of the table
-		awk -F'\t' -v b="$2" -v same="$3" "$units"'{
-			if (same)
-				printf "| same world: %s -> %s | 8 (4 spares) | - | - | %.2f | %.2f | %.2f | - | %s |\n",
-					$3, $4, $10, $11, $12, size(b)
-			else
-				printf "| %d: %s -> %s | %d -> %d (%d %s) | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f%% | %s |\n",
-					$1, $3, $4, $5, $6, ($5 < $6 ? $6 - $5 : $5 - $6), ($5 < $6 ? "join" : "leave"), $8, $9, $10,
-					$11, $12, ($9 + $12 > 0 ? 100 * $9 / ($9 + $12) : 100), size(b) }' <<< "$1"
+	rows() { # RUN HOW: a row of the table for each switch of RUN
+		while IFS= read -r line; do
+			awk -F'\t' -v b="$(bytes "$dir/$1" "${line%%$'\t'*}")" -v how="$2" "$units"'{
+				if ($5 == $6)
+					printf "| %s: %s -> %s at step %d | %d (4 spares) | - | - | %.2f | %.2f | %.2f | - | %s |\n",
+						how, $3, $4, $2, $5, $10, $11, $12, size(b)
+				else
+					printf "| %s: %s -> %s at step %d | %d -> %d (%d %s) | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f%% | %s |\n",
+						how, $3, $4, $2, $5, $6, ($5 < $6 ? $6 - $5 : $5 - $6), ($5 < $6 ? "join" : "leave"), $8, $9,
+						$10, $11, $12, ($9 + $12 > 0 ? 100 * $9 / ($9 + $12) : 100), size(b) }' <<< "$line"
+		done < "$dir/$1/switches.tsv"
 	}
-	join_bytes=$(bytes "$dir/elastic" 1) same_bytes=$(bytes "$dir/same-world" 1)
+	verdict() { # RUN HOW: the join of RUN against the targets
+		awk -F'\t' -v same="$(cut -f12 "$same")" -v jb="$(bytes "$dir/$1" 1)" -v sb="$(bytes "$dir/same-world" 1)" \
+			-v how="$2" "$units"'NR == 1 {
+			o = ($9 + $12 > 0 ? 100 * $9 / ($9 + $12) : 100)
+			printf "The %s join: %.0f%% of the new world'"'"'s making hidden (target >= 90%%: %s); its pause %.2f s, %.1fx",
+				how, o, (o >= 90 ? "met" : "not met"), $12, $12 / same
+			printf " that of the same switch in a world of 8 from the start, %.2f s (target <= 1.5x: %s)", same,
+				($12 <= 1.5 * same ? "met" : "not met")
+			printf "%s.\n", (jb == sb ? "; both moved " size(jb) : "; they moved " size(jb) " and " size(sb))
+		}' "$dir/$1/switches.tsv"
+	}
 	{
 		echo
 		"$top/scripts/bench/doc-stamp.sh" "scripts/elastic.sh --switch-every $every --doc"
 		echo
-		echo "micro-llama over gloo, a process per rank, $steps steps of 8 samples, a switch every $every steps."
+		echo "micro-llama over gloo, a process per rank, 8 samples a step. *Scheduled*: $steps steps, a switch"
+		echo "every $every (launch.py --configs). *Same world*: the first of them in a world of 8 from the start."
+		echo "*Asked*: the same worlds written to launch.py --control at the start, $asked_steps steps."
 		echo "Seconds. *Pause*: the job stood still at the switch, waiting for the new world, then in the"
 		echo "switch itself (vps-exec), the slowest rank's. *Overlap*: hidden / (hidden + pause)."
 		echo
 		echo "| switch | processes | new world made | of it hidden | waited for it | switch | pause | overlap | bytes moved |"
 		echo "|---|---|---:|---:|---:|---:|---:|---:|---:|"
-		while IFS= read -r line; do
-			row "$line" "$(bytes "$dir/elastic" "${line%%$'\t'*}")" 0
-		done < "$tsv"
-		row "$(cat "$same")" "$same_bytes" 1
+		rows elastic scheduled
+		rows same-world "same world"
+		rows asked asked
 		echo
-		awk -F'\t' -v same="$(cut -f12 "$same")" -v jb="$join_bytes" -v sb="$same_bytes" "$units"'NR == 1 {
-			o = ($9 + $12 > 0 ? 100 * $9 / ($9 + $12) : 100)
-			printf "The join: %.0f%% of the new world'"'"'s making hidden (target >= 90%%: %s); its pause %.2f s, %.1fx",
-				o, (o >= 90 ? "met" : "not met"), $12, $12 / same
-			printf " that of the same switch in a world of 8 from the start, %.2f s (target <= 1.5x: %s)", same,
-				($12 <= 1.5 * same ? "met" : "not met")
-			printf "%s.\n", (jb == sb ? "; both moved " size(jb) : "; they moved " size(jb) " and " size(sb))
-		}' "$tsv"
+		verdict elastic scheduled
+		echo
+		verdict asked asked
 		echo
 	} > "$dir/table.md"
 	cat "$dir/table.md"

@@ -161,6 +161,20 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	[ "$(cut -d' ' -f3 r/loss.txt | uniq | tr '\n' ' ')" = "tp=2,dp=2 dp=8 tp=2,pp=2 " ]
 }
 
+# A switch asked for that is not ready when training ends (its new world
+# takes longer to make than the job has steps left) does not happen: said
+# by name, exit 1, and its executors and the processes that would join are
+# stopped rather than left waiting.
+@test "a switch asked for through --control and not ready when training ends is named as not done, nothing left waiting" {
+	framework_job
+	printf 'dp=8\n' > ctl
+	expect_status 1 timeout 240 "$PY" "$TOP/examples/torch/launch.py" --nproc 4 --dir r --model micro-llama \
+		--gpus-per-node 8 --steps 2 --configs tp=2:dp=2 --control ctl
+	[[ "$output" == *"launch.py: micro-llama trained for 2 steps on 4 processes: tp=2,dp=2 (0 switches)"* ]]
+	[[ "$output" == *"launch.py: switch 1 to dp=8 on 8 processes did not happen: training ended at step 2 before every process was ready for it; the job trained on in tp=2,dp=2 on 4"* ]]
+	grep -q '^train.py: switch 1 to dp=8 abandoned at step 2: training ended at step 2 before every process was ready for it; the job ends in tp=2,dp=2 on 4 ranks$' r/train.0.log
+}
+
 # scripts/elastic.sh: the job above in short, with its one line; the
 # figures in it are the run's own (its loss files, its switches.tsv)
 @test "elastic.sh --short: 4 -> 8 -> 4 processes against a static run, in one line from the run's files" {
