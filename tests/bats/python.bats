@@ -103,14 +103,12 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 # other rank's under way). In tp=4,pp=2 nothing it holds has a replica: the
 # switch fails on every rank, each rank's state checked as it was, and the
 # job stops; in tp=4,dp=2 every element it holds has one, and the switch
-# goes on without it (vps-plan --lost). timeout: nothing may hang. When it
-# dies before its executor has met the others (a loaded machine), they learn
-# it only at --exec-timeout: 30 s, not the default 120, keeps that within it.
+# goes on without it (vps-plan --lost). timeout: nothing may hang.
 @test "a process that leaves and dies during the switch fails it on every rank, each rank's state as it was" {
 	framework_job
 	ls /dev/shm | grep '^vps-torch-' > before || true
 	VPS_TRAIN_FAULT=5:switch:2 expect_status 1 timeout 240 "$PY" "$TOP/examples/torch/launch.py" --nproc 4 --dir r \
-		--model micro-llama --gpus-per-node 8 --steps 6 --switch-every 2 --check-switch --exec-timeout 30 \
+		--model micro-llama --gpus-per-node 8 --steps 6 --switch-every 2 --check-switch \
 		--configs tp=2:dp=2,tp=4:pp=2,tp=2:pp=2
 	[[ "$output" == *"launch.py: switch 2 to tp=2,pp=2 stopped the job at step 4: process 5 died during the switch and its state has no replica (vps-plan --lost: vps-plan: "*" of the source are held by no surviving rank"*"; every rank's state is as it was before it"* ]]
 	for r in 0 1 2 3 4 6 7; do
@@ -127,7 +125,7 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 @test "a process that leaves and dies during the switch, its state replicated: the switch goes on without it" {
 	framework_job
 	VPS_TRAIN_FAULT=5:switch:2 run timeout 240 "$PY" "$TOP/examples/torch/launch.py" --nproc 4 --dir r \
-		--model micro-llama --gpus-per-node 8 --steps 6 --switch-every 2 --check-switch --exec-timeout 30 \
+		--model micro-llama --gpus-per-node 8 --steps 6 --switch-every 2 --check-switch \
 		--configs tp=2:dp=2,tp=4:dp=2,tp=2:pp=2
 	echo "$output"
 	[ "$status" -eq 0 ]
