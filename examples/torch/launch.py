@@ -432,9 +432,11 @@ class Elastic:
         self.exec_rcs = {}
         if not ok:
             # a trainer its executor found gone is dying: wait until it is reaped
+            # (only those: on a loaded machine an executor also names the live
+            # trainer it waits for, and waiting 30 s on each of those stalled the job)
             gone = set()
             for path in sw["logs"]:
-                gone |= set(int(x) for x in re.findall(r"the trainer \(pid (\d+)\)", open(path).read()))
+                gone |= set(int(x) for x in re.findall(r"the trainer \(pid (\d+)\) is gone", open(path).read()))
             for p in self.trainers.values():
                 if p.pid in gone:
                     try:

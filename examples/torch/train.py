@@ -448,6 +448,11 @@ class Run:
                     return
                 continue
             if self.tr.step >= args.steps:
+                if self.pending:
+                    # a switch asked for and not yet ready does not happen: the
+                    # launcher stops its executors and the processes that would join
+                    self.abandon(self.pending, "training ended at step %d before every process was ready for it"
+                                 % self.tr.step, ends=True)
                 return
             if self.pending is None:
                 self.pending = self.next_switch()
@@ -553,14 +558,15 @@ class Run:
         sw.boundary, sw.waited = t0, time.monotonic() - t0
         return "go", None
 
-    def abandon(self, sw, why):
-        """Switch sw will not happen: train on in this world."""
+    def abandon(self, sw, why, ends=False):
+        """Switch sw will not happen: train on in this world (or end, as it does)."""
         if sw.build:
             sw.build.cancel(why)
         if self.slot == 0:
             self.job.abandon(sw.k, why)
-            self.say("switch %d to %s abandoned at step %d: %s; training goes on in %s on %d ranks"
-                     % (sw.k, sw.spec, self.tr.step, why, self.spec, self.lay.world))
+            self.say("switch %d to %s abandoned at step %d: %s; %s in %s on %d ranks"
+                     % (sw.k, sw.spec, self.tr.step, why, "the job ends" if ends else "training goes on", self.spec,
+                        self.lay.world))
         if sw.at is not None:
             self.halted = why
         self.pending, self.rearm = None, True

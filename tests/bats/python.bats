@@ -99,6 +99,110 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	grep -q 'train.py: switch 1 to dp=8 abandoned at step 4: process 5 exited with status 3 before it joined' r/train.0.log
 }
 
+# A process that leaves dies as it enters the switch (its executor and every
+# other rank's under way). In tp=4,pp=2 nothing it holds has a replica: the
+# switch fails on every rank, each rank's state checked as it was, and the
+# job stops; in tp=4,dp=2 every element it holds has one, and the switch
+# goes on without it (vps-plan --lost). timeout: nothing may hang.
+@test "a process that leaves and dies during the switch fails it on every rank, each rank's state as it was" {
+	framework_job
+	ls /dev/shm | grep '^vps-torch-' > before || true
+	VPS_TRAIN_FAULT=5:switch:2 expect_status 1 timeout 240 "$PY" "$TOP/examples/torch/launch.py" --nproc 4 --dir r \
+		--model micro-llama --gpus-per-node 8 --steps 6 --switch-every 2 --check-switch \
+		--configs tp=2:dp=2,tp=4:pp=2,tp=2:pp=2
+	[[ "$output" == *"launch.py: switch 2 to tp=2,pp=2 stopped the job at step 4: process 5 died during the switch and its state has no replica (vps-plan --lost: vps-plan: "*" of the source are held by no surviving rank"*"; every rank's state is as it was before it"* ]]
+	for r in 0 1 2 3 4 6 7; do
+		grep -q "^train.py: rank $r: switch 2 to tp=2,pp=2 failed: .*rank 5 failed: .*the trainer (pid [0-9]*) is gone; stop: process 5 died during the switch .*; this rank's state is as it was (checked)\$" r/train.$r.log ||
+			{ cat r/train.$r.log; false; }
+	done
+	[ "$(wc -l < r/loss.txt)" -eq 4 ]
+	ls /dev/shm | grep '^vps-torch-' > after || true
+	run comm -13 before after
+	echo "left: $output"
+	[ -z "$output" ]
+}
+
+@test "a process that leaves and dies during the switch, its state replicated: the switch goes on without it" {
+	framework_job
+	VPS_TRAIN_FAULT=5:switch:2 run timeout 240 "$PY" "$TOP/examples/torch/launch.py" --nproc 4 --dir r \
+		--model micro-llama --gpus-per-node 8 --steps 6 --switch-every 2 --check-switch \
+		--configs tp=2:dp=2,tp=4:dp=2,tp=2:pp=2
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"launch.py: process 5, which leaves, died during switch 2; its state has replicas: the switch goes on without it (vps-plan --lost 5)"* ]]
+	[[ "$output" == *"on 4 -> 8 -> 4 processes: tp=2,dp=2, then tp=4,dp=2 on 8 from step 2, then tp=2,pp=2 on 4 from step 4 (2 switches)"* ]]
+	# 8 executors in switch 1, 7 in switch 2
+	[[ "$output" == *"(vps-exec --check): 15 of 15"* ]]
+	[[ "$output" == *"(--check-switch): 2 of 2"* ]]
+	[ "$(cut -d' ' -f3 r/loss.txt | uniq | tr '\n' ' ')" = "tp=2,dp=2 tp=4,dp=2 tp=2,pp=2 " ]
+}
+
+# vps(7): configurations written to --control FILE, a line each, read as FILE
+# grows and at once on SIGUSR1 (which must not kill the launcher). The job
+# trains on while each new world is made, so it has steps to spare.
+@test "a job grows and shrinks as asked through --control FILE and SIGUSR1" {
+	framework_job
+	printf 'dp=8\n' > ctl
+	"$PY" "$TOP/examples/torch/launch.py" --nproc 4 --dir r --model micro-llama --gpus-per-node 8 \
+		--steps 40 --check-switch --configs tp=2:dp=2 --control ctl > out 2>&1 &
+	local pid=$! i rc=0
+	for i in $(seq 600); do grep -q 'asked for (request 1)' out && break; sleep 0.1; done
+	printf '# then back to 4\ntp=2:pp=2\n' >> ctl
+	kill -USR1 $pid
+	wait $pid || rc=$?
+	cat out
+	[ "$rc" -eq 0 ]
+	cat out
+	grep -q '^launch.py: ctl: dp=8 asked for (request 1)$' out
+	grep -q '^launch.py: ctl: tp=2,pp=2 asked for (request 2)$' out
+	grep -q '^launch.py: micro-llama trained for 40 steps on 4 -> 8 -> 4 processes: tp=2,dp=2, then dp=8 on 8 from step [0-9]*, then tp=2,pp=2 on 4 from step [0-9]* (2 switches)$' out
+	grep -q '(--check-switch): 2 of 2$' out
+	grep -q 'every sample read exactly once, 8 a step (the global batch) at every step: 320 samples in 40 steps$' out
+	[ "$(cut -d' ' -f3 r/loss.txt | uniq | tr '\n' ' ')" = "tp=2,dp=2 dp=8 tp=2,pp=2 " ]
+}
+
+# A switch asked for that is not ready when training ends (its new world
+# takes longer to make than the job has steps left) does not happen: said
+# by name, exit 1, and its executors and the processes that would join are
+# stopped rather than left waiting.
+@test "a switch asked for through --control and not ready when training ends is named as not done, nothing left waiting" {
+	framework_job
+	printf 'dp=8\n' > ctl
+	expect_status 1 timeout 240 "$PY" "$TOP/examples/torch/launch.py" --nproc 4 --dir r --model micro-llama \
+		--gpus-per-node 8 --steps 2 --configs tp=2:dp=2 --control ctl
+	[[ "$output" == *"launch.py: micro-llama trained for 2 steps on 4 processes: tp=2,dp=2 (0 switches)"* ]]
+	[[ "$output" == *"launch.py: switch 1 to dp=8 on 8 processes did not happen: training ended at step 2 before every process was ready for it; the job trained on in tp=2,dp=2 on 4"* ]]
+	grep -q '^train.py: switch 1 to dp=8 abandoned at step 2: training ended at step 2 before every process was ready for it; the job ends in tp=2,dp=2 on 4 ranks$' r/train.0.log
+}
+
+# scripts/elastic.sh: the job above in short, with its one line; the
+# figures in it are the run's own (its loss files, its switches.tsv)
+@test "elastic.sh --short: 4 -> 8 -> 4 processes against a static run, in one line from the run's files" {
+	framework_job
+	PYTHON="$PY" run "$TOP/scripts/elastic.sh" --short --keep k
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "${lines[-1]}" =~ ^elastic:\ 2\ switches,\ worlds\ 4-\>8-\>4,\ bit\ for\ bit,\ loss\ within\ ([0-9.e+-]+)\ of\ static,\ overlap\ ([0-9]+)%$ ]]
+	local dev=${BASH_REMATCH[1]} overlap=${BASH_REMATCH[2]}
+	[ "$(grep -c '^elastic:' <<< "$output")" -eq 1 ]
+	[ "$(wc -l < k/elastic/loss.txt)" -eq 6 ]
+	[ "$(cut -d' ' -f3 k/elastic/loss.txt | uniq | tr '\n' ' ')" = "tp=2,dp=2 dp=8 tp=2,pp=2 " ]
+	[[ "$output" == *"(--compare-static): largest relative deviation $dev (step "* ]]
+	[ "$overlap" = "$(awk -F'\t' '{ h += $9; p += $12 } END { printf "%.0f", 100 * h / (h + p) }' k/elastic/switches.tsv)" ]
+}
+
+@test "elastic.sh exits 1 when a switch does not happen, 2 on bad arguments" {
+	framework_job
+	PYTHON="$PY" VPS_TRAIN_FAULT=5:start expect_status 1 "$TOP/scripts/elastic.sh" --short --keep k
+	[[ "$output" == *"launch.py: switch 1 to dp=8 on 8 processes did not happen: process 5 exited with status 3 before it joined"* ]]
+	[[ "$output" == *"elastic.sh: the elastic run failed (launch.py exited 1; its logs: "* ]]
+	! grep -q '^elastic:' <<< "$output"
+	expect_status 2 "$TOP/scripts/elastic.sh" --max-rel x
+	[ "$output" = "elastic.sh: --max-rel: 'x' is not a number" ]
+	expect_status 2 "$TOP/scripts/elastic.sh" --switch-every 0
+	[ "$output" = "elastic.sh: --switch-every: '0' is not a positive integer" ]
+}
+
 @test "launch.py refuses a configuration the job's ranks do not fill, before starting anything" {
 	expect_status 2 "$PY" "$TOP/examples/torch/launch.py" --nproc 2 --dir r --model micro-llama --configs tp=4
 	[[ "$output" == *"--configs: tp=4 has a world of 4 ranks, --nproc is 2"* ]]
