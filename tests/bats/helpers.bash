@@ -42,3 +42,20 @@ plain_make() {
 	env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u MAKEOVERRIDES -u BUILDDIR -u BINDIR -u SANITIZE \
 		-u CFLAGS -u LDFLAGS make -C "$TOP" "$@"
 }
+
+# The objects PREFIX-* in /dev/shm that a job left, against the list BEFORE
+# it started (a file of `ls /dev/shm | grep ^PREFIX-`). The launchers name
+# theirs PREFIX-PID-...: an object of a process still running is another
+# job's on this machine (tests of other checkouts run beside these), not a
+# leftover; one whose process is gone and that is still there after that
+# was seen is left behind (a job removes its objects before it exits).
+shm_left() { # PREFIX BEFORE
+	local name pid
+	ls /dev/shm | grep "^$1-" | comm -13 "$2" - | while read -r name; do
+		pid=${name#"$1"-}
+		pid=${pid%%-*}
+		[[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null && continue
+		[ -e "/dev/shm/$name" ] && echo "$name"
+	done
+	return 0
+}

@@ -71,8 +71,7 @@ setup() {
 	ls /dev/shm | grep '^vps-mcore-' > before || true
 	VPS_FAULT=exit:0 expect_status 1 "$PY" "$TOP/tests/megatron/check_switch.py" --steps 5 --every 3
 	[[ "$output" == *"check_switch.py: vps-exec rank "*" exited with status 3"* ]]
-	ls /dev/shm | grep '^vps-mcore-' > after || true
-	run comm -13 before after
+	run shm_left vps-mcore before
 	echo "left: $output"
 	[ -z "$output" ]
 }

@@ -82,8 +82,7 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	# a line per switch: worlds 4 -> 8, then 8 -> 4, 4 joined then none
 	[ "$(cut -f5-7 r/switches.tsv | tr '\t\n' ', ')" = "4,8,4 8,4,0 " ]
 	[ "$(cut -d' ' -f3 r/loss.txt | uniq | tr '\n' ' ')" = "tp=2,dp=2 dp=8 tp=2,pp=2 " ]
-	ls /dev/shm | grep '^vps-torch-' > after || true
-	run comm -13 before after
+	run shm_left vps-torch before
 	echo "left: $output"
 	[ -z "$output" ]
 }
@@ -116,8 +115,7 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 			{ cat r/train.$r.log; false; }
 	done
 	[ "$(wc -l < r/loss.txt)" -eq 4 ]
-	ls /dev/shm | grep '^vps-torch-' > after || true
-	run comm -13 before after
+	run shm_left vps-torch before
 	echo "left: $output"
 	[ -z "$output" ]
 }
@@ -223,8 +221,7 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 		--configs tp=2:dp=2:zero=1,pp=2:dp=2
 	echo "$output" > launch.out
 	[[ "$output" == *"executor "*" exited with status"* ]]
-	ls /dev/shm | grep '^vps-torch-' > after || true
-	run comm -13 before after
+	run shm_left vps-torch before
 	echo "left: $output"
 	[ -z "$output" ] || { head -40 launch.out; false; }
 }
@@ -344,8 +341,7 @@ torchrun_or_skip() {
 		[ -s run/rank-$r/c0-c1.staged ] && [ -s run/rank-$r/c1-c0.staged ]
 		[ -s run/report.$r.yaml ]
 	done
-	ls /dev/shm | grep '^vps-torch-' > after || true
-	run comm -13 before after
+	run shm_left vps-torch before
 	[ -z "$output" ]
 }
 
