@@ -225,6 +225,8 @@ static vps_result_t bin_put_slow(struct vps_writer *w, const void *p, size_t n)
 static inline vps_result_t bin_put(struct vps_writer *w, const void *p, size_t n)
 {
 	w->count += n;
+	if (!n) /* an empty array's data may be NULL */
+		return VPS_OK;
 	if (!w->counting && w->out.data && w->out.cap - w->out.len >= n && (!w->z || w->out.len + n < STREAM_CHUNK)) {
 		memcpy(w->out.data + w->out.len, p, n);
 		w->out.len += n;
