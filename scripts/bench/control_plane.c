@@ -108,8 +108,9 @@ static size_t mesh_peers(int64_t r, int64_t W, int64_t *out)
 		(r)->cpu[p][(r)->sw] = thread_cpu() - c0_;                                       \
 		if (n) {                                                                         \
 			vps_net_stats(n, &a_);                                                   \
-			uint64_t m_ = a_.control_messages_sent + a_.control_messages_received -  \
-				      b_.control_messages_sent - b_.control_messages_received;   \
+			uint64_t m_ = (p) == STAGE ? a_.control_messages_sent + a_.control_messages_received - \
+							     b_.control_messages_sent - b_.control_messages_received   \
+						   : a_.control_messages_last_collective;                          \
 			(r)->cpu[p][(r)->sw] += a_.control_cpu_seconds - b_.control_cpu_seconds; \
 			(r)->msgs[p] = m_ > (r)->msgs[p] ? m_ : (r)->msgs[p];                      \
 			m_ = a_.control_wakes - b_.control_wakes;                                \

@@ -117,6 +117,7 @@ struct ctl {
 	bool closing, unwatched, detached;
 	struct ctl *next_closing;
 	uint64_t msgs_sent, msgs_received, bytes_sent, bytes_received, beats_sent, beats_received;
+	uint64_t notices_sent, notices_received; /* "someone arrived": as many as timing makes */
 	/* the messages of each of the last collectives, by number */
 	uint32_t recent_seq[8], recent_msgs[8], most_msgs;
 	uint64_t wakes;            /* events the loop handled for this tree */
@@ -220,9 +221,11 @@ static void queue(struct ctl *c, struct link *l, int type, int kind, uint32_t se
 	c->bytes_sent += FRAME_HDR + alen + blen;
 	if (type == F_BEAT)
 		c->beats_sent++;
+	else if (type == F_FIRST)
+		c->notices_sent++;
 	else
 		c->msgs_sent++;
-	if (type == F_UP || type == F_DOWN || type == F_FIRST)
+	if (type == F_UP || type == F_DOWN)
 		count_msg(c, seq);
 }
 
@@ -469,9 +472,11 @@ static void on_frame(struct ctl *c, struct link *l, const struct frame *f, const
 	c->bytes_received += FRAME_HDR + f->len;
 	if (f->type == F_BEAT)
 		c->beats_received++;
+	else if (f->type == F_FIRST)
+		c->notices_received++;
 	else
 		c->msgs_received++;
-	if (f->type == F_UP || f->type == F_DOWN || f->type == F_FIRST)
+	if (f->type == F_UP || f->type == F_DOWN)
 		count_msg(c, f->seq);
 	switch (f->type) {
 	case F_BEAT:
@@ -1033,9 +1038,14 @@ void vps_net_stats(const struct vps_net *n, struct vps_net_stats *out)
 	out->control_bytes_received = c->bytes_received;
 	out->heartbeats_sent = c->beats_sent;
 	out->heartbeats_received = c->beats_received;
+	out->arrival_notices_sent = c->notices_sent;
+	out->arrival_notices_received = c->notices_received;
 	out->control_cpu_seconds = c->cpu;
 	out->control_wakes = c->wakes;
 	out->control_messages_per_collective = c->most_msgs;
+	uint32_t last = c->next_seq - 1;
+	if (c->next_seq > 1 && c->recent_seq[last % 8] == last)
+		out->control_messages_last_collective = c->recent_msgs[last % 8];
 	for (size_t i = 0; i < c->nlinks; i++)
 		out->memory += c->links[i].out_cap;
 	pthread_mutex_unlock(&c->mu);

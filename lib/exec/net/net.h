@@ -77,7 +77,15 @@ struct vps_net_stats {
 	size_t bootstrap_connections; /* the most it held while bootstrapping (rank 0: one a rank), all closed */
 	uint64_t data_bytes_sent, data_bytes_received; /* of exchanges, headers included */
 	uint64_t control_messages_sent, control_messages_received; /* the collectives' and failures' */
-	uint64_t control_messages_per_collective; /* sent and received in one collective, at most */
+	/* "someone arrived" while the ranks wait for a switch: none when every
+	 * rank arrives within the window, else one a link, sent whenever the
+	 * window ends (so apart from the collective it belongs to) */
+	uint64_t arrival_notices_sent, arrival_notices_received;
+	uint64_t control_messages_per_collective; /* sent and received in one collective, at most (its parts and results) */
+	/* those of the collective called last: a neighbour's part of the next
+	 * one may come in before this rank's call returns, so a count of
+	 * messages between two moments is not one collective's */
+	uint64_t control_messages_last_collective;
 	uint64_t control_bytes_sent, control_bytes_received;       /* those, with the heartbeats */
 	uint64_t heartbeats_sent, heartbeats_received;
 	double control_cpu_seconds;  /* the loop thread's time on this rank's tree */
