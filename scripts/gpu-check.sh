@@ -139,6 +139,9 @@ check "ipc W=2->4 tiny-gpt join" "$t" demo --model tiny-gpt --np 4 --from tp=2,p
 check "ipc W=4->2 tiny-gpt leave" "$t" demo --model tiny-gpt --np 4 --from tp=2,pp=1,dp=2,zero=1 --to tp=2,pp=1,dp=1,zero=1
 check "ipc W=2 tiny-llama TP->DP" "$t" demo --np 2 --from tp=2,pp=1,dp=1,zero=1 --to tp=1,pp=1,dp=2,zero=1 --back
 check "ipc W=6 tiny-llama not a power of two" "$t" demo --from tp=2,pp=1,dp=3,zero=1 --to tp=1,pp=2,dp=3,zero=1
+# one holder, seven joiners: the receivers pass on what it sent them
+# (vps-plan --relay), their forwards read from the GPU memory they received into
+check "ipc W=1->8 tiny-llama join, relayed" "$t" demo --relay --from tp=1,pp=1,dp=1,zero=1 --to tp=1,pp=1,dp=8,zero=1
 check "nccl W=1 (self), GPU memory" "$t" demo --np 1 --transport nccl --from tp=1,pp=1,dp=1 --to tp=1,pp=1,dp=1,zero=1 --back
 check "auto W=8 one node (ipc)" "$t" demo --transport auto
 

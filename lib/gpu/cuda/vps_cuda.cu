@@ -152,36 +152,36 @@ __global__ void __launch_bounds__(kBlock) copy_kernel(const Desc *d, int n, uint
 	}
 }
 
+// Axes of extent 1 dropped, then an axis merged into the next outer one
+// wherever both stride lists step over it exactly: the fewest axes that walk
+// the same elements, so that the innermost one left is as long a row as can be.
+int merge_axes(int ndim, const int64_t *ext_in, const int64_t *a_in, const int64_t *b_in, int64_t *ext, int64_t *a,
+	       int64_t *b)
+{
+	int w = 0;
+	for (int k = 0; k < ndim; k++) {
+		if (ext_in[k] == 1)
+			continue;
+		if (w && a[w - 1] == a_in[k] * ext_in[k] && b[w - 1] == b_in[k] * ext_in[k]) {
+			ext[w - 1] *= ext_in[k];
+			a[w - 1] = a_in[k];
+			b[w - 1] = b_in[k];
+			continue;
+		}
+		ext[w] = ext_in[k];
+		a[w] = a_in[k];
+		b[w] = b_in[k];
+		w++;
+	}
+	return w;
+}
+
 // A copy as rows: the innermost axis (merged with every outer axis that
 // continues it in both views) is one contiguous row.
 void describe(const vps_cuda_copy &c, Desc &d)
 {
 	int64_t ext[VPS_CUDA_MAX_DIMS], ss[VPS_CUDA_MAX_DIMS], ds[VPS_CUDA_MAX_DIMS];
-	int nd = 0;
-	// drop axes of extent 1, then merge an axis into the next when both
-	// views step over it exactly
-	for (int k = 0; k < c.ndim; k++) {
-		if (c.ext[k] == 1)
-			continue;
-		ext[nd] = c.ext[k];
-		ss[nd] = c.src_strides[k];
-		ds[nd] = c.dst_strides[k];
-		nd++;
-	}
-	int w = 0;
-	for (int k = 0; k < nd; k++) {
-		if (w && ss[w - 1] == ss[k] * ext[k] && ds[w - 1] == ds[k] * ext[k]) {
-			ext[w - 1] *= ext[k];
-			ss[w - 1] = ss[k];
-			ds[w - 1] = ds[k];
-			continue;
-		}
-		ext[w] = ext[k];
-		ss[w] = ss[k];
-		ds[w] = ds[k];
-		w++;
-	}
-	nd = w;
+	int nd = merge_axes(c.ndim, c.ext, c.src_strides, c.dst_strides, ext, ss, ds);
 	memset(&d, 0, sizeof(d));
 	d.src = c.src;
 	d.dst = c.dst;
@@ -298,28 +298,7 @@ __global__ void __launch_bounds__(kBlock) digest_kernel(const DigestDesc *d, int
 void describe_digest(const vps_cuda_digest &v, DigestDesc &d)
 {
 	int64_t ext[VPS_CUDA_MAX_DIMS], st[VPS_CUDA_MAX_DIMS], ft[VPS_CUDA_MAX_DIMS];
-	int nd = 0;
-	for (int k = 0; k < v.ndim; k++) {
-		if (v.ext[k] == 1)
-			continue;
-		ext[nd] = v.ext[k];
-		st[nd] = v.strides[k];
-		ft[nd] = v.flat_strides[k];
-		nd++;
-	}
-	int w = 0;
-	for (int k = 0; k < nd; k++) {
-		if (w && st[w - 1] == st[k] * ext[k] && ft[w - 1] == ft[k] * ext[k]) {
-			ext[w - 1] *= ext[k];
-			st[w - 1] = st[k];
-			ft[w - 1] = ft[k];
-			continue;
-		}
-		ext[w] = ext[k];
-		st[w] = st[k];
-		ft[w] = ft[k];
-		w++;
-	}
+	int w = merge_axes(v.ndim, v.ext, v.strides, v.flat_strides, ext, st, ft);
 	memset(&d, 0, sizeof(d));
 	d.addr = v.addr;
 	d.key = v.key;
