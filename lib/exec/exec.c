@@ -650,6 +650,64 @@ static vps_result_t sort_stage(const struct vps_switch *sw, struct carriers *car
 	return VPS_OK;
 }
 
+static bool is_forward(const struct vps_staged *s, const struct vps_xfer *x)
+{
+	return x->nops && x->first_op < s->nops && (s->ops[x->first_op].src_buffer & VPS_BUFFER_TARGET);
+}
+
+/* The relays on either side of this rank's forwards from transfer `from` on,
+ * named in the error of a switch that failed before them: the relays it
+ * was to hear from (upstream: a dead relay is named by each rank it would
+ * have fed) and the ranks it was to pass on to (downstream), each with the
+ * bytes still due. At most a few ranks each way, the rest counted. */
+static void name_relays(const struct vps_switch *sw, size_t from)
+{
+	enum { SHOWN = 6 };
+	const struct vps_staged *s = sw->s;
+	for (int down = 0; down < 2; down++) {
+		int64_t shown[SHOWN], bytes = 0, more = 0;
+		size_t n = 0;
+		for (size_t i = from; i < s->nxfers; i++) {
+			const struct vps_xfer *x = &s->xfers[i];
+			int64_t peer = down ? x->dst : x->src;
+			if ((down ? x->src : x->dst) != sw->w || peer == sw->w || !is_forward(s, x))
+				continue;
+			for (size_t q = 0; q < x->nops; q++)
+				bytes += vps_op_bytes(&s->ops[x->first_op + q]);
+			size_t k = 0;
+			while (k < n && shown[k] != peer)
+				k++;
+			if (k < n)
+				continue;
+			if (n < SHOWN)
+				shown[n++] = peer;
+			else
+				more++; /* a peer past the shown ones may repeat: "at most" */
+		}
+		if (!n)
+			continue;
+		for (size_t k = 1; k < n; k++) /* in rank order */
+			for (size_t m = k; m > 0 && shown[m - 1] > shown[m]; m--) {
+				int64_t t = shown[m];
+				shown[m] = shown[m - 1];
+				shown[m - 1] = t;
+			}
+		char list[SHOWN * 24 + 48] = "", b[32];
+		size_t at = 0;
+		for (size_t k = 0; k < n && at < sizeof(list); k++)
+			at += (size_t)snprintf(list + at, sizeof(list) - at, "%s%" PRId64, k ? ", " : "", shown[k]);
+		if (more && at < sizeof(list))
+			snprintf(list + at, sizeof(list) - at, " and at most %" PRId64 " more", more);
+		vps_format_bytes(bytes, b, sizeof(b));
+		if (down)
+			vps_error_suffix("rank %" PRId64 " was to pass on %s to rank%s %s (relay)", sw->w, b,
+					 n > 1 || more ? "s" : "", list);
+		else
+			vps_error_suffix("%s of forwards still due to rank %" PRId64 " from relay%s %s", b, sw->w,
+					 n > 1 || more ? "s" : "", list);
+	}
+}
+
 static vps_result_t run_stages(struct vps_switch *sw, struct carriers *car, const struct vps_exec_opts *o,
 			       struct vps_exec_report *rep)
 {
@@ -682,8 +740,10 @@ static vps_result_t run_stages(struct vps_switch *sw, struct carriers *car, cons
 		for (size_t c = 0; c < car->n && !rc; c++)
 			if (car->v[c].n)
 				rc = car->v[c].t->stage(car->v[c].self, sw, car->v[c].x, car->v[c].n, what);
-		if (rc)
+		if (rc) {
+			name_relays(sw, i);
 			break;
+		}
 		/* sources read for the last time: the trainer may free them */
 		release_read(sw, (int64_t)st);
 		sr->seconds = now() - t0;

@@ -1,10 +1,12 @@
 /* The time floor of a transition, from its two layouts and a topology
  * alone. It reads no plan on purpose: the statistics compare the planner's
  * estimate with it, and a bug in the planner must not be able to move both.
- * It assumes what vps's plans do, that each element goes straight from a
- * device that holds it under A to each device that needs it under B (no
- * device relays what it received), each device's links at full rate in
- * each direction at once, latency aside. */
+ * It assumes what vps's plans without relays do, that each element goes
+ * straight from a device that holds it under A to each device that needs it
+ * under B, each device's links at full rate in each direction at once,
+ * latency aside. vps_time_floor_relayed is the floor of plans whose
+ * receivers pass on what they received: only the receivers' side, each
+ * device's bytes over both links together. */
 #include <inttypes.h>
 #include <math.h>
 
@@ -98,6 +100,7 @@ struct floor_acc {
 	uint32_t *slot; /* id + 1, 0 empty */
 	size_t mask;
 	struct vps_time_floor best;
+	bool relayed; /* receivers may pass on: each device's bytes at both bandwidths */
 	double bi, be;
 };
 
@@ -261,13 +264,16 @@ static vps_result_t floor_rank(const struct vps_layout *a, const struct vps_layo
 		loc += need[0];
 		rem += need[1];
 		any += need[2];
-		rc = region_only(a, acc, &fr, h, call);
+		if (!acc->relayed)
+			rc = region_only(a, acc, &fr, h, call);
 	}
 	free(fr.scratch);
 	vps_rank_view_release(&v);
 	if (rc)
 		return rc;
-	double t = fmax(fmax((double)loc / acc->bi, (double)rem / acc->be), (double)(loc + rem + any) / (acc->bi + acc->be));
+	double t = (double)(loc + rem + any) / (acc->bi + acc->be);
+	if (!acc->relayed)
+		t = fmax(t, fmax((double)loc / acc->bi, (double)rem / acc->be));
 	if (t > acc->best.seconds)
 		acc->best = (struct vps_time_floor){.seconds = t,
 						    .device = fr.dev,
@@ -307,8 +313,8 @@ static vps_result_t rset_bound(struct floor_acc *f, const struct vps_layout *a, 
 	return VPS_OK;
 }
 
-vps_result_t vps_time_floor(const struct vps_layout *a, const struct vps_layout *b, const struct vps_topology *topo,
-			    struct vps_time_floor *out)
+static vps_result_t time_floor(const struct vps_layout *a, const struct vps_layout *b, const struct vps_topology *topo,
+			       bool relayed, struct vps_time_floor *out)
 {
 	memset(out, 0, sizeof(*out));
 	if (vps_model_hash(vps_layout_model(a)) != vps_model_hash(vps_layout_model(b)))
@@ -317,7 +323,7 @@ vps_result_t vps_time_floor(const struct vps_layout *a, const struct vps_layout 
 	if (!(topo->intra_node_bandwidth > 0) || !(topo->inter_node_bandwidth > 0))
 		return vps_fail(VPS_EINPUT, "topology %s: bandwidths must be positive", topo->name);
 	int64_t wb = vps_layout_world(b);
-	struct floor_acc acc = {.bi = topo->intra_node_bandwidth, .be = topo->inter_node_bandwidth};
+	struct floor_acc acc = {.bi = topo->intra_node_bandwidth, .be = topo->inter_node_bandwidth, .relayed = relayed};
 	struct vps_holders h = {0};
 	struct floor_boxes fb = {0};
 	vps_result_t rc = VPS_OK;
@@ -334,4 +340,16 @@ vps_result_t vps_time_floor(const struct vps_layout *a, const struct vps_layout 
 	vps_holders_release(&h);
 	floor_boxes_release(&fb);
 	return rc;
+}
+
+vps_result_t vps_time_floor(const struct vps_layout *a, const struct vps_layout *b, const struct vps_topology *topo,
+			    struct vps_time_floor *out)
+{
+	return time_floor(a, b, topo, false, out);
+}
+
+vps_result_t vps_time_floor_relayed(const struct vps_layout *a, const struct vps_layout *b,
+				    const struct vps_topology *topo, struct vps_time_floor *out)
+{
+	return time_floor(a, b, topo, true, out);
 }

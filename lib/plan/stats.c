@@ -236,7 +236,9 @@ static int64_t g_dfs(struct graph *g, int u, int t, int64_t f)
  * node -1 for the balanced bound, which has no nodes). */
 struct demand {
 	uint64_t key;
-	int32_t node;
+	/* the destinations' nodes lie in [node, node_hi]; a plan without
+	 * relays has one destination node a demand */
+	int32_t node, node_hi;
 	int64_t bytes;
 	int64_t *ranks;
 	size_t nranks;
@@ -249,6 +251,8 @@ static int demand_cmp(const void *p, const void *q)
 		return x->key < y->key ? -1 : 1;
 	if (x->node != y->node)
 		return x->node < y->node ? -1 : 1;
+	if (x->node_hi != y->node_hi)
+		return x->node_hi < y->node_hi ? -1 : 1;
 	if (x->nranks != y->nranks)
 		return x->nranks < y->nranks ? -1 : 1;
 	return memcmp(x->ranks, y->ranks, x->nranks * sizeof(*x->ranks));
@@ -439,8 +443,9 @@ static vps_result_t class_of(struct classes *k, size_t from, int64_t *id)
 	return VPS_OK;
 }
 
-static vps_result_t piece_class(const struct vps_plan *p, struct classes *k, struct vps_holders *h,
-				const struct vps_piece *x, int64_t *id)
+/* The entry of x's (tensor, state, box) in k->be, made on first sight. */
+static vps_result_t box_entry(const struct vps_plan *p, struct classes *k, struct vps_holders *h,
+			      const struct vps_piece *x, size_t *index)
 {
 	int64_t f[3 + 2 * VPS_MAX_DIMS] = {x->tensor, x->state, x->box.ndim};
 	for (int a = 0; a < x->box.ndim; a++) {
@@ -479,6 +484,16 @@ static vps_result_t piece_class(const struct vps_plan *p, struct classes *k, str
 		k->beslot[at] = (uint32_t)k->nbe + 1;
 		k->nbe++;
 	}
+	*index = (size_t)(e - k->be);
+	return VPS_OK;
+}
+
+static vps_result_t piece_class(const struct vps_plan *p, struct classes *k, struct vps_holders *h,
+				const struct vps_piece *x, int64_t *id)
+{
+	size_t index;
+	VPS_CHECK(box_entry(p, k, h, x, &index));
+	const struct boxent *e = &k->be[index];
 	if (e->cls >= 0) {
 		*id = e->cls;
 		return VPS_OK;
@@ -487,6 +502,211 @@ static vps_result_t piece_class(const struct vps_plan *p, struct classes *k, str
 	VPS_CHECK(VPS_GROW(k->pg, k->cappg, k->npg + 1));
 	k->pg[k->npg++] = (struct prog){x->src, 0, 1};
 	return class_of(k, k->npg - 1, id);
+}
+
+/* Class c's ranks, expanded from its progressions and sorted. */
+static vps_result_t class_ranks(const struct classes *k, const struct cls *c, int64_t **out, size_t *n)
+{
+	size_t nr = 0;
+	for (size_t q = c->first; q < c->first + c->n; q++)
+		nr += (size_t)k->pg[q].count;
+	int64_t *ranks = vps_malloc((nr + 1) * sizeof(*ranks));
+	if (!ranks)
+		return VPS_ENOMEM;
+	nr = 0;
+	for (size_t q = c->first; q < c->first + c->n; q++)
+		for (int64_t j = 0; j < k->pg[q].count; j++)
+			ranks[nr++] = k->pg[q].base + j * k->pg[q].stride;
+	qsort(ranks, nr, sizeof(*ranks), i64_cmp);
+	*out = ranks;
+	*n = nr;
+	return VPS_OK;
+}
+
+/* ---- when receivers relay ----
+ * A plan with forwards lets a device pass on what it received, so a replica
+ * set need send each element only it has once, not once a receiver: what it
+ * must send is the union of its moved boxes of each tensor and state, toward
+ * the nodes of their destinations. (A box no A rank holds whole, whose class
+ * would be its sender, is left out: a bound that leaves bytes out is still a
+ * bound.) Any device may send the rest, so the moved bytes over every device
+ * of the world bound the busiest too. */
+struct relayed {
+	struct classes cl;
+	int32_t *node_lo, *node_hi; /* by box entry: its destinations' nodes */
+	struct demand *dm;          /* one a class, tensor and state */
+	size_t nd;
+	int64_t moved, distinct;
+};
+
+static void relayed_release(struct relayed *r)
+{
+	for (size_t i = 0; i < r->nd; i++)
+		free(r->dm[i].ranks);
+	free(r->dm);
+	free(r->node_lo);
+	free(r->node_hi);
+	classes_release(&r->cl);
+}
+
+struct beref {
+	int64_t cls;
+	uint32_t tensor;
+	uint8_t state;
+	size_t index;
+};
+
+static int beref_cmp(const void *p, const void *q)
+{
+	const struct beref *x = p, *y = q;
+	if (x->cls != y->cls)
+		return x->cls < y->cls ? -1 : 1;
+	if (x->tensor != y->tensor)
+		return x->tensor < y->tensor ? -1 : 1;
+	return x->state < y->state ? -1 : x->state > y->state;
+}
+
+/* Elements of the union of n > 0 boxes of one tensor. */
+static vps_result_t union_volume(const struct vps_box *boxes, size_t n, int64_t *out)
+{
+	struct vps_box hull = boxes[0];
+	for (size_t i = 1; i < n; i++)
+		for (int a = 0; a < hull.ndim; a++) {
+			hull.lo[a] = vps_min64(hull.lo[a], boxes[i].lo[a]);
+			hull.hi[a] = vps_max64(hull.hi[a], boxes[i].hi[a]);
+		}
+	int64_t u = n == 1 ? 0 : vps_boxes_uncovered(boxes, n, &hull);
+	if (u < 0)
+		return VPS_NOMEM();
+	*out = vps_box_volume(&hull) - u;
+	return VPS_OK;
+}
+
+/* The demands of each (class, tensor, state) group of box entries
+ * [refs, refs + n): its union's bytes toward its destinations' nodes. */
+static vps_result_t relayed_groups(struct relayed *r, struct beref *refs, size_t n)
+{
+	struct vps_box *boxes = NULL;
+	size_t capboxes = 0, capdm = 0;
+	vps_result_t rc = VPS_OK;
+	qsort(refs, n, sizeof(*refs), beref_cmp);
+	for (size_t i = 0, j; !rc && i < n; i = j) {
+		int32_t lo = INT32_MAX, hi = INT32_MIN;
+		for (j = i; j < n && !beref_cmp(&refs[i], &refs[j]); j++) {
+			rc = vps_grow((void **)&boxes, &capboxes, j - i + 1, sizeof(*boxes));
+			if (rc)
+				break;
+			boxes[j - i] = r->cl.be[refs[j].index].box;
+			lo = lo < r->node_lo[refs[j].index] ? lo : r->node_lo[refs[j].index];
+			hi = hi > r->node_hi[refs[j].index] ? hi : r->node_hi[refs[j].index];
+		}
+		int64_t elements = 0;
+		if (!rc)
+			rc = union_volume(boxes, j - i, &elements);
+		if (!rc)
+			rc = VPS_GROW(r->dm, capdm, r->nd + 1);
+		if (rc)
+			break;
+		const struct cls *c = &r->cl.c[refs[i].cls];
+		struct demand *d = &r->dm[r->nd];
+		*d = (struct demand){c->h, lo, hi, elements * (int64_t)vps_dtype_size(vps_state_dtype(refs[i].state)), NULL, 0};
+		rc = class_ranks(&r->cl, c, &d->ranks, &d->nranks);
+		if (!rc) {
+			r->distinct += d->bytes;
+			r->nd++;
+		}
+	}
+	free(boxes);
+	return rc;
+}
+
+/* The plan's moved pieces as relayed demands; recv and keep (by world
+ * rank, either may be NULL) get each device's received and retained bytes. */
+static vps_result_t relayed_demands(const struct vps_plan *p, struct relayed *r, double *recv, double *keep)
+{
+	struct vps_holders h = {0};
+	size_t caplo = 0, caphi = 0;
+	vps_result_t rc = VPS_OK;
+	struct vps_piece_iter it;
+	const struct vps_piece *x;
+	vps_piece_iter_init(&it, p);
+	while (!rc && (x = vps_piece_iter_next(&it))) {
+		int64_t bytes = vps_piece_bytes(x);
+		if (x->src == x->dst) {
+			if (keep)
+				keep[x->dst] += (double)bytes;
+			continue;
+		}
+		r->moved += bytes;
+		if (recv)
+			recv[x->dst] += (double)bytes;
+		size_t before = r->cl.nbe, e = 0;
+		rc = box_entry(p, &r->cl, &h, x, &e);
+		if (!rc && r->cl.nbe > before) {
+			rc = vps_grow((void **)&r->node_lo, &caplo, r->cl.nbe, sizeof(*r->node_lo));
+			if (!rc)
+				rc = vps_grow((void **)&r->node_hi, &caphi, r->cl.nbe, sizeof(*r->node_hi));
+			if (!rc) {
+				r->node_lo[e] = INT32_MAX;
+				r->node_hi[e] = INT32_MIN;
+			}
+		}
+		if (rc)
+			break;
+		int32_t node = vps_world_device(p->world, x->dst).node;
+		if (node < r->node_lo[e])
+			r->node_lo[e] = node;
+		if (node > r->node_hi[e])
+			r->node_hi[e] = node;
+	}
+	vps_holders_release(&h);
+	struct beref *refs = NULL;
+	size_t n = 0;
+	if (!rc) {
+		refs = vps_malloc((r->cl.nbe + 1) * sizeof(*refs));
+		if (!refs)
+			rc = VPS_ENOMEM;
+	}
+	for (size_t e = 0; !rc && e < r->cl.nbe; e++)
+		if (r->cl.be[e].cls >= 0)
+			refs[n++] = (struct beref){r->cl.be[e].cls, r->cl.be[e].tensor, r->cl.be[e].state, e};
+	if (!rc)
+		rc = relayed_groups(r, refs, n);
+	free(refs);
+	return rc;
+}
+
+/* balanced_send_bound for a plan whose receivers relay. */
+static vps_result_t balanced_send_bound_relayed(const struct vps_plan *p, int64_t max_send, int64_t *bound)
+{
+	struct relayed r = {0};
+	int64_t *senders = NULL;
+	size_t ns = 0;
+	vps_result_t rc = relayed_demands(p, &r, NULL, NULL);
+	for (size_t i = 0; !rc && i < r.nd; i++)
+		r.dm[i].node = r.dm[i].node_hi = -1;
+	if (!rc) {
+		r.nd = demands_merge(r.dm, r.nd);
+		rc = demand_senders(r.dm, r.nd, &senders, &ns);
+	}
+	int64_t W = vps_world_size(p->world), lo = 0, hi = max_send;
+	if (!rc && ns) {
+		lo = (r.distinct + (int64_t)ns - 1) / (int64_t)ns;
+		while (!rc && lo < hi) {
+			int64_t mid = lo + (hi - lo) / 2;
+			bool ok = false;
+			rc = feasible(r.dm, r.nd, senders, ns, mid, r.distinct, &ok);
+			if (ok)
+				hi = mid;
+			else
+				lo = mid + 1;
+		}
+	}
+	if (!rc)
+		*bound = vps_max64(lo, W ? (r.moved + W - 1) / W : 0);
+	free(senders);
+	relayed_release(&r);
+	return rc;
 }
 
 static vps_result_t balanced_send_bound(const struct vps_plan *p, int64_t max_send, int64_t *bound)
@@ -517,20 +737,12 @@ static vps_result_t balanced_send_bound(const struct vps_plan *p, int64_t max_se
 	}
 	for (size_t i = 0; !rc && i < cl.nc; i++) {
 		const struct cls *c = &cl.c[i];
-		size_t nr = 0;
-		for (size_t q = c->first; q < c->first + c->n; q++)
-			nr += (size_t)cl.pg[q].count;
-		int64_t *ranks = vps_malloc(nr * sizeof(*ranks));
-		if (!ranks) {
-			rc = VPS_ENOMEM;
+		int64_t *ranks;
+		size_t nr;
+		rc = class_ranks(&cl, c, &ranks, &nr);
+		if (rc)
 			break;
-		}
-		nr = 0;
-		for (size_t q = c->first; q < c->first + c->n; q++)
-			for (int64_t j = 0; j < cl.pg[q].count; j++)
-				ranks[nr++] = cl.pg[q].base + j * cl.pg[q].stride;
-		qsort(ranks, nr, sizeof(*ranks), i64_cmp);
-		dm[nd++] = (struct demand){vps_hash64(ranks, nr * sizeof(*ranks), 7), -1, c->bytes, ranks, nr};
+		dm[nd++] = (struct demand){vps_hash64(ranks, nr * sizeof(*ranks), 7), -1, -1, c->bytes, ranks, nr};
 	}
 	classes_release(&cl);
 	/* merge the classes with one replica set */
@@ -566,8 +778,8 @@ static vps_result_t balanced_send_bound(const struct vps_plan *p, int64_t max_se
 
 /* Whether every class can be sent within t seconds: each sender has an
  * NVLink and a NIC capacity of t times its bandwidth, and a class reaches a
- * replica's NVLink when the replica is on the class's node, its NIC when
- * not. */
+ * replica's NVLink when the replica is on a node of the class's
+ * destinations, its NIC when a destination is on another node. */
 static vps_result_t time_feasible(const struct vps_plan *p, const struct vps_topology *topo, const struct demand *tc,
 				  size_t nc, const int64_t *senders, size_t ns, int64_t total, double t, bool *ok)
 {
@@ -582,8 +794,13 @@ static vps_result_t time_feasible(const struct vps_plan *p, const struct vps_top
 		for (size_t k = 0; !rc && k < tc[i].nranks; k++) {
 			int64_t *pos = bsearch(&tc[i].ranks[k], senders, ns, sizeof(*senders), i64_cmp);
 			size_t j = (size_t)(pos - senders);
-			bool intra = vps_world_device(p->world, tc[i].ranks[k]).node == tc[i].node;
-			rc = g_add(&g, (int)i, (int)(nc + 2 * j + !intra), INT64_MAX / 4);
+			int32_t node = vps_world_device(p->world, tc[i].ranks[k]).node;
+			/* NVLink where a destination may sit on the sender's node, the
+			 * NIC where one may sit elsewhere */
+			if (node >= tc[i].node && node <= tc[i].node_hi)
+				rc = g_add(&g, (int)i, (int)(nc + 2 * j), INT64_MAX / 4);
+			if (!rc && !(tc[i].node == tc[i].node_hi && node == tc[i].node))
+				rc = g_add(&g, (int)i, (int)(nc + 2 * j + 1), INT64_MAX / 4);
 		}
 	}
 	double cap_intra = fmin(t * topo->intra_node_bandwidth, (double)(INT64_MAX / 4));
@@ -671,7 +888,7 @@ static vps_result_t time_bound(const struct vps_plan *p, const struct vps_topolo
 		rc = VPS_GROW(tc, capc, nc + 1);
 		if (rc)
 			break;
-		tc[nc] = (struct demand){vps_hash64(ranks, nr * sizeof(*ranks), 7), node, bytes, NULL, nr};
+		tc[nc] = (struct demand){vps_hash64(ranks, nr * sizeof(*ranks), 7), node, node, bytes, NULL, nr};
 		tc[nc].ranks = vps_malloc(nr * sizeof(*ranks));
 		if (!tc[nc].ranks) {
 			rc = VPS_ENOMEM;
@@ -719,6 +936,49 @@ static vps_result_t time_bound(const struct vps_plan *p, const struct vps_topolo
 	free(any);
 	free(keep);
 	vps_holders_release(&h);
+	return rc;
+}
+
+/* time_bound for a plan whose receivers relay: each receiver's bytes at
+ * both bandwidths together (a relay on its node may have any of them), each
+ * replica set's union toward its destinations' nodes, each device's
+ * retains, and the moved bytes over every device's links. */
+static vps_result_t time_bound_relayed(const struct vps_plan *p, const struct vps_topology *topo, double *out)
+{
+	int64_t W = vps_world_size(p->world);
+	double bi = topo->intra_node_bandwidth, be = topo->inter_node_bandwidth, best = 0;
+	double *recv = vps_calloc((size_t)W + 1, sizeof(*recv)), *keep = vps_calloc((size_t)W + 1, sizeof(*keep));
+	struct relayed r = {0};
+	int64_t *senders = NULL;
+	size_t ns = 0;
+	vps_result_t rc = recv && keep ? relayed_demands(p, &r, recv, keep) : VPS_ENOMEM;
+	for (int64_t w = 0; !rc && w < W; w++)
+		best = fmax(best, fmax(2.0 * keep[w] / topo->memory_bandwidth, recv[w] / (bi + be)));
+	if (!rc && W)
+		best = fmax(best, (double)r.moved / ((double)W * (bi + be)));
+	if (!rc) {
+		r.nd = demands_merge(r.dm, r.nd);
+		rc = demand_senders(r.dm, r.nd, &senders, &ns);
+	}
+	if (!rc && r.distinct > 0) {
+		double lo = (double)r.distinct / ((double)ns * (bi + be)), hi = 2.0 * (double)r.distinct / fmin(bi, be);
+		while (!rc && hi - lo > 1e-6 * hi) {
+			double mid = 0.5 * (lo + hi);
+			bool ok = false;
+			rc = time_feasible(p, topo, r.dm, r.nd, senders, ns, r.distinct, mid, &ok);
+			if (ok)
+				hi = mid;
+			else
+				lo = mid;
+		}
+		best = fmax(best, lo);
+	}
+	if (!rc)
+		*out = best;
+	free(senders);
+	free(recv);
+	free(keep);
+	relayed_release(&r);
 	return rc;
 }
 
@@ -855,8 +1115,11 @@ vps_result_t vps_plan_stats(const struct vps_plan *p, const struct vps_topology 
 		s->peers_max = vps_max64(s->peers_max, ld.peers[w]);
 	}
 	bool counted = !rc;
+	/* a plan with forwards is bounded as one whose receivers relay */
+	bool relayed = s->bytes_relayed > 0;
 	if (counted)
-		rc = balanced_send_bound(p, s->max_send_bytes, &s->balanced_send_bound);
+		rc = (relayed ? balanced_send_bound_relayed : balanced_send_bound)(p, s->max_send_bytes,
+										    &s->balanced_send_bound);
 	/* the lower bound's error first, as when it ran before */
 	int64_t lower;
 	vps_result_t lrc = lb_finish(&lb, &lower);
@@ -870,9 +1133,9 @@ vps_result_t vps_plan_stats(const struct vps_plan *p, const struct vps_topology 
 	if (topo) {
 		s->have_estimate = true;
 		s->estimate_seconds = estimate_seconds(W, &ld, topo);
-		VPS_CHECK_GOTO(time_bound(p, topo, &s->time_bound_seconds), rc, done);
+		VPS_CHECK_GOTO((relayed ? time_bound_relayed : time_bound)(p, topo, &s->time_bound_seconds), rc, done);
 		struct vps_time_floor f;
-		VPS_CHECK_GOTO(vps_time_floor(p->a, p->b, topo, &f), rc, done);
+		VPS_CHECK_GOTO((relayed ? vps_time_floor_relayed : vps_time_floor)(p->a, p->b, topo, &f), rc, done);
 		s->time_floor_seconds = f.seconds;
 	}
 	if (load) {

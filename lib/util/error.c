@@ -72,6 +72,18 @@ void vps_error_prefix(const char *fmt, ...)
 	last_error[n + 2 + len] = '\0';
 }
 
+void vps_error_suffix(const char *fmt, ...)
+{
+	size_t n = strlen(last_error);
+	if (n + 3 >= sizeof(last_error))
+		return;
+	memcpy(last_error + n, "; ", 3);
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(last_error + n + 2, sizeof(last_error) - n - 2, fmt, ap);
+	va_end(ap);
+}
+
 void *vps_malloc(size_t n)
 {
 	void *p = malloc(n ? n : 1);

@@ -23,6 +23,8 @@ vps_result_t vps_fail(vps_result_t rc, const char *fmt, ...) VPS_PRINTF(2, 3);
 vps_result_t vps_fail_errno(const char *fmt, ...) VPS_PRINTF(1, 2);
 /* Prefix the current last error with "prefix: " (context added on the way up). */
 void vps_error_prefix(const char *fmt, ...) VPS_PRINTF(1, 2);
+/* "; " and what follows appended to the last error, as room allows */
+void vps_error_suffix(const char *fmt, ...) VPS_PRINTF(1, 2);
 
 #define VPS_CHECK(call)                                                      \
 	do {                                                                 \

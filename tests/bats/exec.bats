@@ -159,6 +159,25 @@ per_rank() { # TRANSPORT DEVICES_PER_NODE
 @test "ipc: relayed join: dp=1 becomes dp=8" { relay_join ipc 8 8; }
 @test "ipc: relayed join planned and staged by every rank alone: dp=1 becomes dp=8" { relay_join ipc 8 8 --per-rank; }
 
+# A relay that dies: rank 1 of dp=1 -> dp=4 exits at stage 1, before its
+# forwards. The holder names it, every rank it was to pass on to names it
+# as a relay with the bytes still due, and the holder's sources are intact.
+relay_dies() { # TRANSPORT
+	local dir=$BATS_TEST_TMPDIR/rd r
+	run timeout 120 "$TOP/scripts/demo.sh" --transport "$1" --relay --model tiny-llama --from tp=1,pp=1,dp=1,zero=1 \
+		--to tp=1,pp=1,dp=4,zero=1 --timeout 5 --fault-rank 1 exit:1 --keep "$dir"
+	[ "$status" -eq 1 ] || { echo "$output" | tail -20; return 1; }
+	grep -q "rank 1 closed the connection" "$dir/exec.0.log"
+	for r in 2 3; do
+		grep -Eq "of forwards still due to rank $r from relays? ([0-9]+, )*1(,|;| and)" "$dir/exec.$r.log" ||
+			{ cat "$dir/exec.$r.log" >&2; return 1; }
+	done
+	grep -q "sources intact" "$dir/trainer.0.log"
+	! grep -q DAMAGED "$dir"/trainer.*.log
+}
+@test "tcp: a relay that dies is named by the holder and by each rank it was to pass on to; sources intact" { relay_dies tcp; }
+@test "ipc: a relay that dies is named by the holder and by each rank it was to pass on to; sources intact" { relay_dies ipc; }
+
 @test "auto: within one node auto is ipc, and needs no GPU" {
 	over=ipc demo auto --np 2 --model tiny-llama --from tp=2,zero=1 --to tp=1,dp=2,zero=1
 }

@@ -146,6 +146,28 @@ stat() { # key from a --stats listing in $output
 	cmp direct.plan relayed.plan
 }
 
+@test "--relay --stats: the bounds are those of plans that relay, and the relayed plan of llama2-7b's join meets them" {
+	vps-layout -q --model llama2-7b --parallel tp=8,dp=1,zero=1 -o a.layout
+	vps-layout -q --model llama2-7b --parallel tp=8,dp=8,zero=1 -o b.layout
+	run vps-plan --relay a.layout b.layout --stats --topology a800-testbed
+	[ "$status" -eq 0 ]
+	stat() { awk -v k="$1:" '$1 == k { print $2 }' <<< "$output"; }
+	# a holder sends each of its elements once: its parameters once and
+	# each receiver's optimizer shard, which only it holds, and no plan can
+	# do with less; the planner's relays reach it
+	[ "$(stat bytes_relayed)" -gt 0 ]
+	[ "$(stat send_over_bound)" = 1.000 ]
+	[ "$(stat max_send_bytes)" -ge "$(stat balanced_send_bound)" ]
+	# no bound lies above the estimate of a plan that meets it
+	awk '$1 == "estimate_over_time_bound:" { exit !($2 >= 1 && $2 <= 1.01) }' <<< "$output"
+	awk '$1 == "estimate_over_time_floor:" { exit !($2 >= 1) }' <<< "$output"
+	# without relays the holders send once a receiver, and the bounds say so
+	run vps-plan a.layout b.layout --stats --topology a800-testbed
+	[ "$(stat bytes_relayed)" = 0 ]
+	[ "$(stat send_over_bound)" = 1.000 ]
+	awk '$1 == "balanced_send_bound:" { exit !($2 > 20000000000) }' <<< "$output"
+}
+
 @test "the summary says how many devices join and leave whenever they change" {
 	# the same 8 ranks, 8 GPUs a node against 4: half the devices are others
 	vps-layout -q --model tiny-llama --parallel tp=2,dp=4 --gpus-per-node 8 -o a8.layout

@@ -118,3 +118,54 @@ TEST(layouts_of_two_models_have_no_floor)
 	vps_layout_free(a);
 	vps_layout_free(b);
 }
+
+/* A plan whose receivers relay is bounded as relays allow: one holder
+ * serving three joiners need send each element once (F), not once a
+ * receiver (3F), so the balanced send bound is F; its time bound is F over
+ * NVLink where every destination is on its node (F / 8), F over both links
+ * where they are on two nodes (F / 9, as each receiver's F); and the floor
+ * of relayed plans is each receiver's F over both links. None lies above
+ * the plan's own figures. */
+TEST(a_relayed_plan_is_bounded_as_relays_allow)
+{
+	static const struct {
+		int64_t gpn;
+		double time_bound_in_f;
+	} cases[] = {{4, 1.0 / 8}, {2, 1.0 / 9}};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct vps_layout *a = test_layout("tiny-llama", "tp=1,pp=1,dp=1,zero=0", cases[i].gpn, 0);
+		struct vps_layout *b = test_layout("tiny-llama", "tp=1,pp=1,dp=4,zero=0", cases[i].gpn, 0);
+		struct vps_plan_opts o = {.rank = -1, .relay = true};
+		struct vps_plan *p = NULL;
+		struct vps_plan_stats s;
+		struct vps_time_floor f;
+		if (!a || !b)
+			goto next;
+		int64_t F = vps_model_parameters(vps_layout_model(a)) * 14;
+		CHECK_OK(vps_plan_compute(&p, a, b, &o));
+		if (!p)
+			goto next;
+		CHECK_OK(vps_plan_stats(p, &topo, false, &s));
+		CHECK(s.bytes_relayed > 0);
+		CHECK_EQ(s.balanced_send_bound, F);
+		CHECK(s.max_send_bytes >= s.balanced_send_bound);
+		double want = cases[i].time_bound_in_f * (double)F;
+		if (fabs(s.time_bound_seconds - want) > 1e-5 * want)
+			harness_fail(__FILE__, __LINE__, "%lld a node: time bound %.6g s, want %.6g s", (long long)cases[i].gpn,
+				     s.time_bound_seconds, want);
+		CHECK(s.estimate_seconds >= s.time_bound_seconds * (1 - 1e-9));
+		CHECK_OK(vps_time_floor_relayed(a, b, &topo, &f));
+		CHECK(f.receives);
+		if (fabs(f.seconds - (double)F / 9) > 1e-9 * (double)F || fabs(s.time_floor_seconds - f.seconds) > 1e-12 * f.seconds)
+			harness_fail(__FILE__, __LINE__, "floor %.6g s (stats %.6g s), want %.6g s", f.seconds,
+				     s.time_floor_seconds, (double)F / 9);
+		vps_plan_stats_release(&s);
+	next:
+		if (p) {
+			vps_plan_free(p); /* and the layouts it took */
+		} else {
+			vps_layout_free(a);
+			vps_layout_free(b);
+		}
+	}
+}
