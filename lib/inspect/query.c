@@ -21,7 +21,7 @@ const struct vps_field vps_transfer_fields[] = {
 	{"tensor", VPS_FIELD_STR},     {"state", VPS_FIELD_STR},      {"box", VPS_FIELD_BOX},
 	{"bytes", VPS_FIELD_INT},      {"src_buffer", VPS_FIELD_INT}, {"src_offset", VPS_FIELD_INT},
 	{"dst_buffer", VPS_FIELD_INT}, {"dst_offset", VPS_FIELD_INT}, {"stage", VPS_FIELD_INT},
-	{"chunk", VPS_FIELD_INT},
+	{"chunk", VPS_FIELD_INT},      {"forward", VPS_FIELD_INT},
 };
 const size_t vps_transfer_nfields = sizeof(vps_transfer_fields) / sizeof(*vps_transfer_fields);
 
@@ -311,12 +311,15 @@ static vps_result_t put_transfer(struct vps_records *rec, const struct vps_model
 		{.s = vps_state_name(x->state)},
 		{.box = &x->box},
 		{.i = vps_box_volume(&x->box) * (int64_t)vps_dtype_size(vps_state_dtype(x->state))},
-		{.i = x->src_buffer},
+		/* a relay's forward reads its B buffer: said apart, not as a
+		 * buffer number with the flag bit set */
+		{.i = x->src_buffer & ~(int64_t)VPS_BUFFER_TARGET},
 		{.i = x->src_offset},
 		{.i = x->dst_buffer},
 		{.i = x->dst_offset},
 		{.i = x->stage},
 		{.i = x->chunk},
+		{.i = (x->src_buffer & VPS_BUFFER_TARGET) != 0},
 	};
 	return vps_records_put(rec, v);
 }

@@ -130,6 +130,11 @@ stat() { # key from a --stats listing in $output
 		vps-plan --transfers --rank "$r" --format tsv r.yaml > global.tsv
 		cmp rank.tsv global.tsv
 	done
+	# a forward says so (the forward column), and its src_buffer is the
+	# relay's B buffer, not a number with the flag bit set
+	vps-plan --relay --transfers --rank 1 --format tsv a.layout b.layout |
+		awk -F'\t' 'NR == 1 { ok = $14 == "forward" } NR > 1 && $14 == 1 { f++ } NR > 1 && $8 > 1000 { bad++ }
+			END { exit !(ok && f > 0 && !bad) }'
 	# the first forward (src_buffer with the target bit) now claims rank 3
 	# passes on what rank 3 never received from a holder
 	awk '/^- src:/ { at = NR; line = $0 } /^  src_buffer: 2147483648$/ && !done { done = at } { l[NR] = $0 }

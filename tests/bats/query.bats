@@ -9,7 +9,7 @@ load helpers
 
 # The columns the man pages document, in order.
 HOLDER_COLUMNS="tensor state ranks base stride count buffer box offset strides bytes"
-TRANSFER_COLUMNS="rank direction peer tensor state box bytes src_buffer src_offset dst_buffer dst_offset stage chunk"
+TRANSFER_COLUMNS="rank direction peer tensor state box bytes src_buffer src_offset dst_buffer dst_offset stage chunk forward"
 
 # holders.py RECORDS.jsonl RANKS.yaml GLOB STATE BOX: the records, their
 # ranks expanded from base/stride/count, must be exactly the regions of the
@@ -196,8 +196,9 @@ for p in plan["pieces"]:
     want.append({"rank": rank,
                  "direction": "retain" if p["src"] == p["dst"] else "send" if p["src"] == rank else "recv",
                  "peer": other, "tensor": p["tensor"], "state": p["state"], "box": p["box"], "bytes": n,
-                 "src_buffer": p["src_buffer"], "src_offset": p["src_offset"],
-                 "dst_buffer": p["dst_buffer"], "dst_offset": p["dst_offset"], "stage": -1, "chunk": -1})
+                 "src_buffer": p["src_buffer"] & 0x7fffffff, "src_offset": p["src_offset"],
+                 "dst_buffer": p["dst_buffer"], "dst_offset": p["dst_offset"], "stage": -1, "chunk": -1,
+                 "forward": p["src_buffer"] >> 31})
 assert recs == want, (len(recs), len(want), recs[:1], want[:1])
 print(len(recs))
 PY
@@ -267,7 +268,8 @@ for r in recs:
         if all(plo <= lo and hi <= phi for (lo, hi), (plo, phi) in zip(r["box"], p["box"])):
             so = p["src_offset"] + sum((lo - plo) * s for (lo, _), (plo, _), s in zip(r["box"], p["box"], p["src_strides"]))
             do = p["dst_offset"] + sum((lo - plo) * s for (lo, _), (plo, _), s in zip(r["box"], p["box"], p["dst_strides"]))
-            if (so, do, p["src_buffer"], p["dst_buffer"]) == (r["src_offset"], r["dst_offset"], r["src_buffer"], r["dst_buffer"]):
+            if (so, do, p["src_buffer"], p["dst_buffer"]) == (r["src_offset"], r["dst_offset"],
+                                                               r["src_buffer"] | r["forward"] << 31, r["dst_buffer"]):
                 hit = i
     assert hit is not None, r
     parts[hit].append(r["box"])
