@@ -504,6 +504,25 @@ static vps_result_t piece_class(const struct vps_plan *p, struct classes *k, str
 	return class_of(k, k->npg - 1, id);
 }
 
+/* The least cap in [lo, hi] under which every demand goes through (hi
+ * does), by binary search. */
+static vps_result_t least_cap(const struct demand *dm, size_t nd, const int64_t *senders, size_t ns, int64_t total,
+			      int64_t lo, int64_t hi, int64_t *out)
+{
+	vps_result_t rc = VPS_OK;
+	while (!rc && lo < hi) {
+		int64_t mid = lo + (hi - lo) / 2;
+		bool ok = false;
+		rc = feasible(dm, nd, senders, ns, mid, total, &ok);
+		if (ok)
+			hi = mid;
+		else
+			lo = mid + 1;
+	}
+	*out = lo;
+	return rc;
+}
+
 /* Class c's ranks, expanded from its progressions and sorted. */
 static vps_result_t class_ranks(const struct classes *k, const struct cls *c, int64_t **out, size_t *n)
 {
@@ -689,21 +708,12 @@ static vps_result_t balanced_send_bound_relayed(const struct vps_plan *p, int64_
 		r.nd = demands_merge(r.dm, r.nd);
 		rc = demand_senders(r.dm, r.nd, &senders, &ns);
 	}
-	int64_t W = vps_world_size(p->world), lo = 0, hi = max_send;
-	if (!rc && ns) {
-		lo = (r.distinct + (int64_t)ns - 1) / (int64_t)ns;
-		while (!rc && lo < hi) {
-			int64_t mid = lo + (hi - lo) / 2;
-			bool ok = false;
-			rc = feasible(r.dm, r.nd, senders, ns, mid, r.distinct, &ok);
-			if (ok)
-				hi = mid;
-			else
-				lo = mid + 1;
-		}
-	}
+	int64_t W = vps_world_size(p->world), least = 0;
+	if (!rc && ns)
+		rc = least_cap(r.dm, r.nd, senders, ns, r.distinct, (r.distinct + (int64_t)ns - 1) / (int64_t)ns, max_send,
+			       &least);
 	if (!rc)
-		*bound = vps_max64(lo, W ? (r.moved + W - 1) / W : 0);
+		*bound = vps_max64(least, W ? (r.moved + W - 1) / W : 0);
 	free(senders);
 	relayed_release(&r);
 	return rc;
@@ -752,20 +762,8 @@ static vps_result_t balanced_send_bound(const struct vps_plan *p, int64_t max_se
 	size_t ns = 0;
 	if (!rc)
 		rc = demand_senders(dm, nd, &senders, &ns);
-	if (!rc) {
-		int64_t lo = ns ? (total + (int64_t)ns - 1) / (int64_t)ns : 0, hi = max_send;
-		/* least cap that lets every class through */
-		while (!rc && lo < hi) {
-			int64_t mid = lo + (hi - lo) / 2;
-			bool ok = false;
-			rc = feasible(dm, nd, senders, ns, mid, total, &ok);
-			if (ok)
-				hi = mid;
-			else
-				lo = mid + 1;
-		}
-		*bound = lo;
-	}
+	if (!rc)
+		rc = least_cap(dm, nd, senders, ns, total, ns ? (total + (int64_t)ns - 1) / (int64_t)ns : 0, max_send, bound);
 	for (size_t i = 0; i < nd; i++)
 		free(dm[i].ranks);
 	free(dm);
@@ -813,6 +811,31 @@ static vps_result_t time_feasible(const struct vps_plan *p, const struct vps_top
 	*ok = !rc && g_maxflow(&g, S, T, queue) >= total;
 	free(queue);
 	g_free(&g);
+	return rc;
+}
+
+/* The least time in which every demand goes through, raised into *best:
+ * every class from its first replica over the slower link is feasible;
+ * below the all-senders-at-full-rate time is not. */
+static vps_result_t least_time(const struct vps_plan *p, const struct vps_topology *topo, const struct demand *dm,
+			       size_t nd, const int64_t *senders, size_t ns, int64_t total, double *best)
+{
+	double bi = topo->intra_node_bandwidth, be = topo->inter_node_bandwidth;
+	if (total <= 0)
+		return VPS_OK;
+	double lo = (double)total / ((double)ns * (bi + be)), hi = 2.0 * (double)total / fmin(bi, be);
+	vps_result_t rc = VPS_OK;
+	while (!rc && hi - lo > 1e-6 * hi) {
+		double mid = 0.5 * (lo + hi);
+		bool ok = false;
+		rc = time_feasible(p, topo, dm, nd, senders, ns, total, mid, &ok);
+		if (ok)
+			hi = mid;
+		else
+			lo = mid;
+	}
+	/* lo is infeasible: the least feasible time lies above it */
+	*best = fmax(*best, lo);
 	return rc;
 }
 
@@ -909,22 +932,8 @@ static vps_result_t time_bound(const struct vps_plan *p, const struct vps_topolo
 	size_t ns = 0;
 	if (!rc)
 		rc = demand_senders(tc, nc, &senders, &ns);
-	if (!rc && total > 0) {
-		/* every class from its first replica over the slower link is
-		 * feasible; below the all-senders-at-full-rate time is not */
-		double lo = (double)total / ((double)ns * (bi + be)), hi = 2.0 * (double)total / fmin(bi, be);
-		while (!rc && hi - lo > 1e-6 * hi) {
-			double mid = 0.5 * (lo + hi);
-			bool ok = false;
-			rc = time_feasible(p, topo, tc, nc, senders, ns, total, mid, &ok);
-			if (ok)
-				hi = mid;
-			else
-				lo = mid;
-		}
-		/* lo is infeasible: the least feasible time lies above it */
-		best = fmax(best, lo);
-	}
+	if (!rc)
+		rc = least_time(p, topo, tc, nc, senders, ns, total, &best);
 	*out = best;
 	for (size_t i = 0; i < nc; i++)
 		free(tc[i].ranks);
@@ -960,19 +969,8 @@ static vps_result_t time_bound_relayed(const struct vps_plan *p, const struct vp
 		r.nd = demands_merge(r.dm, r.nd);
 		rc = demand_senders(r.dm, r.nd, &senders, &ns);
 	}
-	if (!rc && r.distinct > 0) {
-		double lo = (double)r.distinct / ((double)ns * (bi + be)), hi = 2.0 * (double)r.distinct / fmin(bi, be);
-		while (!rc && hi - lo > 1e-6 * hi) {
-			double mid = 0.5 * (lo + hi);
-			bool ok = false;
-			rc = time_feasible(p, topo, r.dm, r.nd, senders, ns, r.distinct, mid, &ok);
-			if (ok)
-				hi = mid;
-			else
-				lo = mid;
-		}
-		best = fmax(best, lo);
-	}
+	if (!rc)
+		rc = least_time(p, topo, r.dm, r.nd, senders, ns, r.distinct, &best);
 	if (!rc)
 		*out = best;
 	free(senders);
