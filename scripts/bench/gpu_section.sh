@@ -68,6 +68,14 @@ gpu=$(sed -n 's/^gpu: //p' "$src")
 		echo "$title:"
 		echo
 		sed -n "s/^$prefix: \(.*\)/- \1/p" "$src" | grep -v '^- vps-trainer: '
+		# what any digest that checks apart from the copy must cost: it reads
+		# the sources and the targets (twice the bytes moved) at best at the
+		# memory traffic cudaMemcpy reached (a read and a write a byte)
+		[ "$prefix" != switch-check ] || awk '/^switch-check: bytes moved/ { for (i = 1; i <= NF; i++) if ($i == "GB") b = $(i - 1) }
+			/^switch-check: cudaMemcpy D2D/ { for (i = 1; i <= NF; i++) if ($i == "GB/s;") m = $(i - 1) }
+			/^switch-check: pause/ { for (i = 1; i <= NF; i++) if ($i == "transfer") t = $(i + 1) }
+			END { if (b > 0 && m > 0 && t > 0)
+				printf "- the least any digest apart from the copy can cost: reading %.1f GB (sources and targets) at the %.0f GB/s of memory traffic cudaMemcpy reached, %.1f ms, %.0f%% of the transfer\n", 2 * b, 2 * m, 1000 * b / m, 100 * b / m / t }' "$src"
 	done
 	if grep -q '^switch-vs-size: ' "$src"; then
 		echo

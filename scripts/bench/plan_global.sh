@@ -46,6 +46,13 @@ for s in $SIZES; do
 		printf "| %d | %.0f | %.0f B | %.1f KB | %.2f ms |", W, n / W, b / W, om / W, oc / W * 1000 }')")
 done
 
+# the balance of the last (largest) world's plan on the paper's testbed:
+# the busiest device within 1.10x of the balanced bound, or the estimate
+# within 1.02x of the time bound (one run; its time is not measured)
+bin/vps-plan "$t/a" "$t/b" --stats --topology a800-testbed -q > "$t/balance"
+balance=$(awk -v W="$W" '$1 == "busiest_over_bound:" { b = $2 } $1 == "estimate_over_time_bound:" { e = $2 }
+	END { printf "At %d ranks on a800-testbed: the busiest device %.3fx the balanced bound, the estimate %.3fx the time bound (target: within 1.10x of the one or 1.02x of the other: %s).", W, b, e, (b <= 1.10 || e <= 1.02) ? "met" : "not met" }' "$t/balance")
+
 load=$(cut -d' ' -f1-3 /proc/loadavg)
 main=$(
 	echo "Measured by \`scripts/bench/plan_global.sh\` on $(nproc) CPUs (load average $load when it ended),"
@@ -55,6 +62,8 @@ main=$(
 	echo "| ranks | pieces | \`vps-plan --stats\` | \`vps-plan -o FILE\` | plan file |"
 	echo "|---:|---:|---|---|---:|"
 	printf '%s\n' "${rows[@]}"
+	echo
+	echo "$balance"
 )
 rank=$(
 	echo "Measured by \`scripts/bench/plan_global.sh\` (\`vps-plan -o FILE\`, $(nproc) CPUs): per rank of"
