@@ -23,7 +23,7 @@
 #include "vps/base.h"
 #include "vps/layout.h"
 
-#define VPS_REGISTRY_VERSION 2
+#define VPS_REGISTRY_VERSION 3
 #define VPS_REGISTRY_NAME_MAX 64
 /* The registry name vps-trainer and vps-exec use unless told another: the
  * job's tag keeps two jobs on one node apart, the rank the devices of one
@@ -183,8 +183,11 @@ VPS_API vps_result_t vps_registry_wait(struct vps_registry *r, uint64_t seq, dou
 VPS_API vps_result_t vps_registry_claim(struct vps_registry *r, uint64_t after_seq, double timeout, uint64_t *seq);
 /* Executor: end the switch (ok: done; otherwise failed with message). */
 VPS_API void vps_registry_finish(struct vps_registry *r, uint64_t seq, int ok, const char *message);
-/* Executor: it failed outside a switch (bootstrap, a peer); the trainer's
- * wait and next request return the message at once. */
+/* Executor: it failed outside a switch (bootstrap, a peer). It ends the
+ * request in flight (failed, with the message), or when none is, makes the
+ * next request fail at once; a request after that one is a retry, left for
+ * the next executor to claim. After a switch this executor ended as failed
+ * it does nothing: the trainer was told. */
 VPS_API void vps_registry_abort(struct vps_registry *r, const char *message);
 VPS_API int vps_registry_state(const struct vps_registry *r, uint64_t *seq);
 /* A state in words: idle, requested, running, done, failed ("unknown"

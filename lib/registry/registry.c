@@ -50,6 +50,9 @@ struct reg_header {
 	uint64_t next_object; /* serial of the next buffer object NAME.serial */
 	_Atomic uint32_t aborted; /* the executor failed outside a switch */
 	uint32_t pad3;
+	/* the request its abort ends: the one in flight when it stopped, or the
+	 * next one; a later request is a retry, for the executor that comes next */
+	_Atomic uint64_t abort_seq;
 	char abort_message[256];
 	char failure[256];
 	struct vps_registry_training training;
@@ -68,6 +71,7 @@ struct vps_registry {
 	size_t size;
 	bool owner;
 	uint64_t executor; /* an executor's handle: the word it holds the registry with */
+	uint64_t failed_seq; /* an executor's handle: the last switch it ended as failed */
 	struct mapping *maps; /* the owner's buffers, or the executor's mappings */
 	size_t nmaps, capmaps;
 };
@@ -770,17 +774,30 @@ static double now(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* The failure of a request an executor's abort ended. */
+static void stopped_failure(struct reg_header *h)
+{
+	snprintf(h->failure, sizeof(h->failure), "the executor stopped: %.200s", h->abort_message);
+}
+
 vps_result_t vps_registry_request(struct vps_registry *r, uint64_t *seq)
 {
 	uint32_t st = atomic_load(&r->h->state);
 	if (st == VPS_REG_REQUESTED || st == VPS_REG_RUNNING)
 		return vps_fail(VPS_EINPUT, "registry %s: a switch is already under way", r->name);
-	/* the switch this request would be, as a wait names it */
-	if (atomic_load(&r->h->aborted))
-		return vps_fail(VPS_EPEER, "switch %" PRIu64 " failed: the executor stopped: %s",
-				atomic_load(&r->h->seq) + 1, r->h->abort_message);
+	uint64_t s = atomic_load(&r->h->seq) + 1;
+	/* the request an executor's abort ends fails at once, and is spent: the
+	 * trainer's retry after it waits for the executor started for it, which
+	 * may not have taken the registry yet */
+	if (atomic_load(&r->h->aborted) && atomic_load(&r->h->abort_seq) == s) {
+		stopped_failure(r->h);
+		atomic_store(&r->h->seq, s);
+		atomic_store(&r->h->state, VPS_REG_FAILED);
+		*seq = s;
+		return vps_fail(VPS_EPEER, "switch %" PRIu64 " failed: %.230s", s, r->h->failure);
+	}
 	r->h->failure[0] = '\0';
-	uint64_t s = atomic_fetch_add(&r->h->seq, 1) + 1;
+	atomic_store(&r->h->seq, s);
 	atomic_store(&r->h->state, VPS_REG_REQUESTED);
 	*seq = s;
 	return VPS_OK;
@@ -796,9 +813,19 @@ vps_result_t vps_registry_wait(struct vps_registry *r, uint64_t seq, double time
 			return VPS_OK;
 		if (s == seq && st == VPS_REG_FAILED)
 			return vps_fail(VPS_EPEER, "switch %" PRIu64 " failed: %s", seq, r->h->failure);
-		if (atomic_load(&r->h->aborted))
-			return vps_fail(VPS_EPEER, "switch %" PRIu64 " failed: the executor stopped: %s", seq,
+		/* an abort made as this request was posted ends it, unless an
+		 * executor after the one that stopped has claimed it */
+		if (s == seq && st == VPS_REG_REQUESTED && atomic_load(&r->h->aborted) &&
+		    atomic_load(&r->h->abort_seq) == seq) {
+			uint32_t requested = VPS_REG_REQUESTED;
+			if (r->owner) {
+				stopped_failure(r->h);
+				if (!atomic_compare_exchange_strong(&r->h->state, &requested, VPS_REG_FAILED))
+					continue;
+			}
+			return vps_fail(VPS_EPEER, "switch %" PRIu64 " failed: the executor stopped: %.200s", seq,
 					r->h->abort_message);
+		}
 		/* an executor that died mid-switch cannot say so: look for it, and
 		 * end its switch, so that the trainer may ask again */
 		uint64_t ex = atomic_load(&r->h->executor);
@@ -847,8 +874,10 @@ void vps_registry_finish(struct vps_registry *r, uint64_t seq, int ok, const cha
 {
 	if (!holds(r) || atomic_load(&r->h->seq) != seq)
 		return;
-	if (!ok)
+	if (!ok) {
 		snprintf(r->h->failure, sizeof(r->h->failure), "%s", message ? message : "failed");
+		r->failed_seq = seq;
+	}
 	atomic_store(&r->h->state, ok ? VPS_REG_DONE : VPS_REG_FAILED);
 }
 
@@ -856,8 +885,21 @@ void vps_registry_abort(struct vps_registry *r, const char *message)
 {
 	if (!holds(r))
 		return;
-	snprintf(r->h->abort_message, sizeof(r->h->abort_message), "%s", message ? message : "failed");
-	atomic_store(&r->h->aborted, 1);
+	struct reg_header *h = r->h;
+	uint64_t s = atomic_load(&h->seq);
+	uint32_t st = atomic_load(&h->state);
+	/* a switch this executor ended as failed was told why already */
+	if (st == VPS_REG_FAILED && r->failed_seq == s)
+		return;
+	snprintf(h->abort_message, sizeof(h->abort_message), "%s", message ? message : "failed");
+	bool in_flight = st == VPS_REG_REQUESTED || st == VPS_REG_RUNNING;
+	atomic_store(&h->abort_seq, in_flight ? s : s + 1);
+	atomic_store(&h->aborted, 1);
+	if (in_flight) {
+		/* the request it ends fails now: no later executor claims it */
+		stopped_failure(h);
+		atomic_compare_exchange_strong(&h->state, &st, VPS_REG_FAILED);
+	}
 }
 
 int vps_registry_state(const struct vps_registry *r, uint64_t *seq)

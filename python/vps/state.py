@@ -267,8 +267,8 @@ def switch(registry, state, layout, rank, training=None, timeout=600.0, device=N
     if state is not None:
         state._live()
     if registry.state()[0] == FAILED:
-        # after a failed switch its executor may have stopped (vps_registry_abort)
-        # since the reset below: start afresh, so that the next executor serves
+        # a switch a former call left under way (its wait timed out) failed
+        # since: forget its targets and declare the sources again
         registry.reset(state.layout if state else None, state.rank if state else -1)
         if state:
             state.register(registry, SOURCE)

@@ -66,7 +66,7 @@ tables() {
 		END {
 			split("transports arrival training start verdict digest", coll, " ")
 			first = ws[1]; last = ws[n]
-			print "Rank 0, per collective: its CPU time (its thread and its control loop, the median of 15 switches) and its messages sent and received:"
+			print "Rank 0, per collective: its CPU time (its thread and its control loop, the median of 15 switches) and its messages sent and received" (v[first, "rank0_pinned"] ? " (rank 0 pinned to a CPU of its own, every other rank to the others)" : " (rank 0 not pinned: this machine lets the run use one CPU)") ":"
 			print ""
 			printf "| ranks | tree depth |"
 			for (c = 1; c <= 6; c++) printf " %s |", coll[c]

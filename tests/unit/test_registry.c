@@ -116,7 +116,9 @@ TEST(the_switch_protocol)
 	CHECK_OK(vps_registry_reset(trainer, 99, 4));
 	CHECK_EQ(vps_registry_layout_hash(exec), 99);
 	CHECK_EQ(vps_registry_target_rank(exec), -1);
-	/* an executor that fails outside a switch stops the next request */
+	/* the next executor, failing outside a switch, stops the next request */
+	vps_registry_close(exec);
+	CHECK_OK(vps_registry_open(&exec, name));
 	vps_registry_abort(exec, "bootstrap: rank 2 did not come");
 	CHECK(vps_registry_request(trainer, &seq) == VPS_EPEER);
 	CHECK(strstr(vps_last_error(), "rank 2 did not come") != NULL);
@@ -124,6 +126,59 @@ TEST(the_switch_protocol)
 	CHECK_OK(vps_registry_reset(trainer, 99, 4));
 	CHECK_OK(vps_registry_request(trainer, &seq));
 	vps_registry_close(exec);
+	vps_registry_close(trainer);
+}
+
+/* An abort names the request it ends, so that a trainer that asks again
+ * at once (a retry, before the executor started for it has opened the
+ * registry) waits for that executor instead of being failed by the old
+ * one's stop, and no executor claims a request its trainer gave up. */
+TEST(an_abort_ends_one_request_and_a_retry_waits_for_the_next_executor)
+{
+	char name[64];
+	struct vps_registry *trainer, *old, *next;
+	uint64_t seq, retry, got;
+	name_for(name, sizeof(name), "abort");
+	CHECK_OK(vps_registry_create(&trainer, name, 1, 0, 8, 0));
+	/* stopped with a request posted and not claimed: that request fails */
+	CHECK_OK(vps_registry_open(&old, name));
+	CHECK_OK(vps_registry_request(trainer, &seq));
+	vps_registry_abort(old, "meet: rank 5 closed the connection");
+	CHECK_EQ(vps_registry_state(trainer, NULL), VPS_REG_FAILED);
+	CHECK(vps_registry_wait(trainer, seq, 1) == VPS_EPEER);
+	CHECK(strstr(vps_last_error(), "rank 5 closed the connection") != NULL);
+	vps_registry_close(old);
+	/* the retry, no reset in between and no executor yet: posted */
+	CHECK_OK(vps_registry_request(trainer, &retry));
+	CHECK_EQ(retry, seq + 1);
+	CHECK(vps_registry_wait(trainer, retry, 0.01) == VPS_ETIMEOUT);
+	CHECK_OK(vps_registry_open(&next, name));
+	CHECK_OK(vps_registry_claim(next, 0, 1, &got));
+	CHECK_EQ(got, retry);
+	vps_registry_finish(next, got, 1, NULL);
+	CHECK_OK(vps_registry_wait(trainer, retry, 1));
+
+	/* stopped between switches: the next request fails at once, spent;
+	 * the one after it is a retry */
+	vps_registry_abort(next, "heartbeat: rank 3 is gone");
+	CHECK(vps_registry_request(trainer, &seq) == VPS_EPEER);
+	CHECK(strstr(vps_last_error(), "rank 3 is gone") != NULL);
+	CHECK_EQ(seq, retry + 1);
+	CHECK_EQ(vps_registry_state(trainer, &got), VPS_REG_FAILED);
+	CHECK_EQ(got, seq);
+	CHECK_OK(vps_registry_request(trainer, &retry));
+	CHECK_EQ(retry, seq + 1);
+	CHECK_OK(vps_registry_claim(next, seq, 1, &got));
+	CHECK_EQ(got, retry);
+
+	/* stopped after it failed a switch itself: the trainer was told, and
+	 * its next request is left to the next executor */
+	vps_registry_finish(next, got, 0, "stage 2: rank 1 closed the connection");
+	vps_registry_abort(next, "stage 2: rank 1 closed the connection");
+	CHECK(vps_registry_wait(trainer, retry, 1) == VPS_EPEER);
+	CHECK_OK(vps_registry_request(trainer, &seq));
+	CHECK_EQ(vps_registry_state(trainer, NULL), VPS_REG_REQUESTED);
+	vps_registry_close(next);
 	vps_registry_close(trainer);
 }
 
