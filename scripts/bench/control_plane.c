@@ -378,8 +378,9 @@ static int run_world(int64_t W, double timeout, int64_t per_process)
 		if (pids[k] == 0) {
 			if (k)
 				(void)!setpriority(PRIO_PROCESS, 0, 10);
-			sums[k].pinned = pin_rank0(k == 0);
+			int pinned = pin_rank0(k == 0);
 			run_ranks(W, lo, hi, port, timeout, &sums[k]);
+			sums[k].pinned = pinned;
 			_exit(0);
 		}
 		if (pids[k] < 0) {

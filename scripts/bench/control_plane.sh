@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The executors' control plane at 128 to 16,384 ranks on this machine
 # (build/bench/control_plane: every rank a thread running the real
-# lib/exec/net code over loopback, rank 0 in a process of its own, the
-# others in processes of as many ranks as the open-file limit allows), and
+# lib/exec/net code over loopback, rank 0 in a process of its own pinned
+# to a CPU of its own, the others in processes of as many ranks as the
+# open-file limit allows, on the other CPUs), and
 # what an idle executor costs (two real vps-exec waiting, with --wait, for
 # a request that never comes, for IDLE_SECONDS, default 20). Prints the
 # tables and, last, `control plane: W ranks, rank 0 T s, M messages per
