@@ -229,8 +229,9 @@ VPS_API vps_result_t vps_time_floor(const struct vps_layout *a, const struct vps
 			    struct vps_time_floor *out);
 /* The floor of plans whose receivers may pass on what they received
  * (vps_plan_opts.relay): a relay on a device's node may have anything it
- * needs, and a holder need send an element once, so what is left is each
- * device's bytes to receive at both bandwidths together (receives is true). */
+ * needs, so each device's bytes to receive count at both bandwidths
+ * together (receives is true); and a replica set need send an element only
+ * it holds once, not once a device that needs it (receives is false). */
 VPS_API vps_result_t vps_time_floor_relayed(const struct vps_layout *a, const struct vps_layout *b,
 				    const struct vps_topology *topo, struct vps_time_floor *out);
 

@@ -3,7 +3,7 @@
  * held and received; the planner's statistics and time floor count with it
  * what a device must receive. */
 #include "util/internal.h"
-#include "vps/box.h"
+#include "model/cover.h"
 
 static int cmp_i64(const void *a, const void *b)
 {
@@ -152,4 +152,18 @@ size_t vps_boxes_gaps(const struct vps_box *boxes, size_t n, const struct vps_bo
 		return 1;
 	}
 	return l.n;
+}
+
+int64_t vps_boxes_union_volume(const struct vps_box *boxes, size_t n)
+{
+	if (!n)
+		return 0;
+	struct vps_box hull = boxes[0];
+	for (size_t i = 1; i < n; i++)
+		for (int a = 0; a < hull.ndim; a++) {
+			hull.lo[a] = vps_min64(hull.lo[a], boxes[i].lo[a]);
+			hull.hi[a] = vps_max64(hull.hi[a], boxes[i].hi[a]);
+		}
+	int64_t u = n == 1 ? 0 : vps_boxes_uncovered(boxes, n, &hull);
+	return u < 0 ? -1 : vps_box_volume(&hull) - u;
 }

@@ -5,11 +5,14 @@
  * straight from a device that holds it under A to each device that needs it
  * under B, each device's links at full rate in each direction at once,
  * latency aside. vps_time_floor_relayed is the floor of plans whose
- * receivers pass on what they received: only the receivers' side, each
- * device's bytes over both links together. */
+ * receivers pass on what they received: each device's bytes over both
+ * links together, and each replica set's elements that no rank outside it
+ * holds and a device outside it needs, sent by its members once (not once
+ * a receiver), over the links that can carry them. */
 #include <inttypes.h>
 #include <math.h>
 
+#include "model/cover.h"
 #include "util/hash.h"
 #include "util/internal.h"
 #include "vps/plan.h"
@@ -94,9 +97,22 @@ struct rset {
 	int64_t loc, rem, any; /* NVLink only, NIC only, either */
 };
 
+/* Relayed plans: a box of one (replica set, tensor, state) that a device
+ * outside the set needs from it (another: false), or that another holder
+ * has too (another: true); on and off: the set has a member on that
+ * device's node, and one elsewhere. */
+struct sent_box {
+	uint32_t set, tensor;
+	uint8_t state;
+	bool another, on, off;
+	struct vps_box box;
+};
+
 struct floor_acc {
 	struct rset *set;
 	size_t nset, capset;
+	struct sent_box *sent; /* relayed only */
+	size_t nsent, capsent;
 	uint32_t *slot; /* id + 1, 0 empty */
 	size_t mask;
 	struct vps_time_floor best;
@@ -237,6 +253,106 @@ static vps_result_t region_only(const struct vps_layout *a, struct floor_acc *ac
 	return VPS_OK;
 }
 
+static vps_result_t push_sent(struct floor_acc *acc, struct sent_box x)
+{
+	VPS_CHECK(VPS_GROW(acc->sent, acc->capsent, acc->nsent + 1));
+	acc->sent[acc->nsent++] = x;
+	return VPS_OK;
+}
+
+/* Relayed plans: what each holder's set could be asked for by this device
+ * (R within its box), and what other holders cover there. */
+static vps_result_t region_sends(const struct vps_layout *a, struct floor_acc *acc, const struct floor_region *fr,
+				 const struct vps_holders *h)
+{
+	for (size_t k = 0; k < h->n; k++) {
+		const struct vps_holder *x = &h->v[k];
+		struct vps_box need;
+		if (x->count <= 0 || (fr->ra >= 0 && prog_has(x, fr->ra)) ||
+		    !vps_box_intersect(&fr->R->box, &x->region.box, &need))
+			continue;
+		int64_t last = x->base + (x->count - 1) * x->stride;
+		if (x->base < 0 || x->base >= vps_layout_world(a) || last < 0 || last >= vps_layout_world(a))
+			return vps_fail(VPS_EINPUT, "layout A names ranks outside its world");
+		struct rset *set;
+		VPS_CHECK(rset_get(acc, x->base, x->stride, x->count, &set));
+		struct sent_box sb = {(uint32_t)(set - acc->set), fr->R->tensor, fr->R->state, false, false, false, need};
+		prog_nodes(a, x, fr->dev.node, &sb.on, &sb.off);
+		VPS_CHECK(push_sent(acc, sb));
+		for (size_t j = 0; j < h->n; j++) {
+			sb.another = true;
+			if (j != k && h->v[j].count > 0 && vps_box_intersect(&need, &h->v[j].region.box, &sb.box))
+				VPS_CHECK(push_sent(acc, sb));
+		}
+	}
+	return VPS_OK;
+}
+
+static int sent_cmp(const void *p, const void *q)
+{
+	const struct sent_box *x = p, *y = q;
+	if (x->set != y->set)
+		return x->set < y->set ? -1 : 1;
+	if (x->tensor != y->tensor)
+		return x->tensor < y->tensor ? -1 : 1;
+	if (x->state != y->state)
+		return x->state < y->state ? -1 : 1;
+	if (x->another != y->another)
+		return x->another ? 1 : -1;
+	return vps_box_order(&x->box, &y->box);
+}
+
+/* Each (set, tensor, state): the elements devices outside the set need
+ * that no other holder has, vol(needed U others) - vol(others), once,
+ * added to the set's bytes by the links that can carry them (a device on
+ * a member's node, or one elsewhere, may have them first and pass them
+ * on). */
+static vps_result_t sets_send_once(struct floor_acc *acc)
+{
+	qsort(acc->sent, acc->nsent, sizeof(*acc->sent), sent_cmp);
+	struct vps_box *boxes = NULL;
+	size_t capboxes = 0;
+	vps_result_t rc = VPS_OK;
+	for (size_t i = 0, j; !rc && i < acc->nsent; i = j) {
+		const struct sent_box *g = &acc->sent[i];
+		size_t n = 0, nothers = 0;
+		bool on = false, off = false;
+		for (j = i; j < acc->nsent && acc->sent[j].set == g->set && acc->sent[j].tensor == g->tensor &&
+			    acc->sent[j].state == g->state;
+		     j++) {
+			const struct sent_box *x = &acc->sent[j];
+			on |= !x->another && x->on;
+			off |= !x->another && x->off;
+			if (n && vps_box_equal(&boxes[n - 1], &x->box) && x->another == (nothers > 0))
+				continue;
+			rc = vps_grow((void **)&boxes, &capboxes, n + 1, sizeof(*boxes));
+			if (rc)
+				break;
+			boxes[n++] = x->box;
+			nothers += x->another;
+		}
+		if (rc)
+			break;
+		/* the others sort last: boxes[n - nothers..n) */
+		int64_t all = vps_boxes_union_volume(boxes, n);
+		int64_t others = vps_boxes_union_volume(boxes + (n - nothers), nothers);
+		if (all < 0 || others < 0) {
+			rc = VPS_NOMEM();
+			break;
+		}
+		int64_t bytes = (all - others) * (int64_t)vps_dtype_size(vps_state_dtype(g->state));
+		struct rset *set = &acc->set[g->set];
+		if (!off)
+			set->loc += bytes;
+		else if (!on)
+			set->rem += bytes;
+		else
+			set->any += bytes;
+	}
+	free(boxes);
+	return rc;
+}
+
 static vps_result_t floor_rank(const struct vps_layout *a, const struct vps_layout *b, int64_t rb,
 			       struct floor_acc *acc, struct vps_holders *h, struct floor_boxes *fb)
 {
@@ -264,8 +380,8 @@ static vps_result_t floor_rank(const struct vps_layout *a, const struct vps_layo
 		loc += need[0];
 		rem += need[1];
 		any += need[2];
-		if (!acc->relayed)
-			rc = region_only(a, acc, &fr, h, call);
+		if (!rc)
+			rc = acc->relayed ? region_sends(a, acc, &fr, h) : region_only(a, acc, &fr, h, call);
 	}
 	free(fr.scratch);
 	vps_rank_view_release(&v);
@@ -329,6 +445,8 @@ static vps_result_t time_floor(const struct vps_layout *a, const struct vps_layo
 	vps_result_t rc = VPS_OK;
 	for (int64_t rb = 0; !rc && rb < wb; rb++)
 		rc = floor_rank(a, b, rb, &acc, &h, &fb);
+	if (!rc && relayed)
+		rc = sets_send_once(&acc);
 	/* sets of one rank are added while the larger ones are bounded */
 	size_t n = acc.nset;
 	for (size_t i = 0; !rc && i < n; i++)
@@ -336,6 +454,7 @@ static vps_result_t time_floor(const struct vps_layout *a, const struct vps_layo
 	if (!rc)
 		*out = acc.best;
 	free(acc.set);
+	free(acc.sent);
 	free(acc.slot);
 	vps_holders_release(&h);
 	floor_boxes_release(&fb);

@@ -7,6 +7,7 @@
 #include <sys/sysinfo.h>
 
 #include "io/doc.h"
+#include "model/cover.h"
 #include "util/hash.h"
 #include "util/internal.h"
 #include "vps/plan.h"
@@ -585,22 +586,6 @@ static int beref_cmp(const void *p, const void *q)
 	return x->state < y->state ? -1 : x->state > y->state;
 }
 
-/* Elements of the union of n > 0 boxes of one tensor. */
-static vps_result_t union_volume(const struct vps_box *boxes, size_t n, int64_t *out)
-{
-	struct vps_box hull = boxes[0];
-	for (size_t i = 1; i < n; i++)
-		for (int a = 0; a < hull.ndim; a++) {
-			hull.lo[a] = vps_min64(hull.lo[a], boxes[i].lo[a]);
-			hull.hi[a] = vps_max64(hull.hi[a], boxes[i].hi[a]);
-		}
-	int64_t u = n == 1 ? 0 : vps_boxes_uncovered(boxes, n, &hull);
-	if (u < 0)
-		return VPS_NOMEM();
-	*out = vps_box_volume(&hull) - u;
-	return VPS_OK;
-}
-
 /* The demands of each (class, tensor, state) group of box entries
  * [refs, refs + n): its union's bytes toward its destinations' nodes. */
 static vps_result_t relayed_groups(struct relayed *r, struct beref *refs, size_t n)
@@ -619,9 +604,9 @@ static vps_result_t relayed_groups(struct relayed *r, struct beref *refs, size_t
 			lo = lo < r->node_lo[refs[j].index] ? lo : r->node_lo[refs[j].index];
 			hi = hi > r->node_hi[refs[j].index] ? hi : r->node_hi[refs[j].index];
 		}
-		int64_t elements = 0;
-		if (!rc)
-			rc = union_volume(boxes, j - i, &elements);
+		int64_t elements = rc ? 0 : vps_boxes_union_volume(boxes, j - i);
+		if (!rc && elements < 0)
+			rc = VPS_NOMEM();
 		if (!rc)
 			rc = VPS_GROW(r->dm, capdm, r->nd + 1);
 		if (rc)
