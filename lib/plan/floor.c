@@ -168,6 +168,29 @@ static vps_result_t rset_get(struct floor_acc *f, int64_t base, int64_t stride, 
 	return VPS_OK;
 }
 
+/* The replica set of holder x's ranks, which must lie in A's world. */
+static vps_result_t holder_set(const struct vps_layout *a, struct floor_acc *acc, const struct vps_holder *x,
+			      struct rset **out)
+{
+	int64_t last = x->base + (x->count - 1) * x->stride;
+	if (x->base < 0 || x->base >= vps_layout_world(a) || last < 0 || last >= vps_layout_world(a))
+		return vps_fail(VPS_EINPUT, "layout A names ranks outside its world");
+	return rset_get(acc, x->base, x->stride, x->count, out);
+}
+
+/* Bytes a set sends to devices (on: a member shares a device's node; off:
+ * a member is on another): over NVLink only where no member is elsewhere,
+ * over a NIC only where none shares a node, else over either. */
+static void set_add(struct rset *set, bool on, bool off, int64_t bytes)
+{
+	if (!off)
+		set->loc += bytes;
+	else if (!on)
+		set->rem += bytes;
+	else
+		set->any += bytes;
+}
+
 /* One B rank: what it must receive, and what each sole holder must send it. */
 /* One B region of the rank on device dev (A rank ra there, or -1), being
  * weighed against its holders under A. */
@@ -236,19 +259,11 @@ static vps_result_t region_only(const struct vps_layout *a, struct floor_acc *ac
 		int64_t only = (call - (vps_box_volume(&fr->R->box) - u)) * fr->esz;
 		if (!only)
 			continue;
-		int64_t last = x->base + (x->count - 1) * x->stride;
-		if (x->base < 0 || x->base >= vps_layout_world(a) || last < 0 || last >= vps_layout_world(a))
-			return vps_fail(VPS_EINPUT, "layout A names ranks outside its world");
 		struct rset *set;
-		VPS_CHECK(rset_get(acc, x->base, x->stride, x->count, &set));
+		VPS_CHECK(holder_set(a, acc, x, &set));
 		bool on, off;
 		prog_nodes(a, x, fr->dev.node, &on, &off);
-		if (!off)
-			set->loc += only;
-		else if (!on)
-			set->rem += only;
-		else
-			set->any += only;
+		set_add(set, on, off, only);
 	}
 	return VPS_OK;
 }
@@ -271,11 +286,8 @@ static vps_result_t region_sends(const struct vps_layout *a, struct floor_acc *a
 		if (x->count <= 0 || (fr->ra >= 0 && prog_has(x, fr->ra)) ||
 		    !vps_box_intersect(&fr->R->box, &x->region.box, &need))
 			continue;
-		int64_t last = x->base + (x->count - 1) * x->stride;
-		if (x->base < 0 || x->base >= vps_layout_world(a) || last < 0 || last >= vps_layout_world(a))
-			return vps_fail(VPS_EINPUT, "layout A names ranks outside its world");
 		struct rset *set;
-		VPS_CHECK(rset_get(acc, x->base, x->stride, x->count, &set));
+		VPS_CHECK(holder_set(a, acc, x, &set));
 		struct sent_box sb = {(uint32_t)(set - acc->set), fr->R->tensor, fr->R->state, false, false, false, need};
 		prog_nodes(a, x, fr->dev.node, &sb.on, &sb.off);
 		VPS_CHECK(push_sent(acc, sb));
@@ -341,13 +353,7 @@ static vps_result_t sets_send_once(struct floor_acc *acc)
 			break;
 		}
 		int64_t bytes = (all - others) * (int64_t)vps_dtype_size(vps_state_dtype(g->state));
-		struct rset *set = &acc->set[g->set];
-		if (!off)
-			set->loc += bytes;
-		else if (!on)
-			set->rem += bytes;
-		else
-			set->any += bytes;
+		set_add(&acc->set[g->set], on, off, bytes);
 	}
 	free(boxes);
 	return rc;
