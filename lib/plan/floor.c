@@ -6,9 +6,12 @@
  * under B, each device's links at full rate in each direction at once,
  * latency aside. vps_time_floor_relayed is the floor of plans whose
  * receivers pass on what they received: each device's bytes over both
- * links together, and each replica set's elements that no rank outside it
+ * links together; each replica set's elements that no rank outside it
  * holds and a device outside it needs, sent by its members once (not once
- * a receiver), over the links that can carry them. */
+ * a receiver), over the links that can carry them; and each node's
+ * elements that must enter it (needed there, held by none of its devices)
+ * or leave it (held by its devices alone, needed elsewhere), once, over
+ * its devices' NICs. */
 #include <inttypes.h>
 #include <math.h>
 
@@ -97,15 +100,29 @@ struct rset {
 	int64_t loc, rem, any; /* NVLink only, NIC only, either */
 };
 
-/* Relayed plans: a box of one (replica set, tensor, state) that a device
- * outside the set needs from it (another: false), or that another holder
- * has too (another: true); on and off: the set has a member on that
- * device's node, and one elsewhere. */
+/* Relayed plans: a box of one (group, tensor, state) that must cross the
+ * group's edge (another: false), or that is on the other side too
+ * (another: true). A group is a replica set (what a device outside it
+ * needs from it; on and off: the set has a member on that device's node,
+ * and one elsewhere), what enters a node (what its devices need from
+ * holders none of which has a member there) or what leaves one (what
+ * devices elsewhere need from holders all on it). */
+enum sent_group { SENT_BY_SET, SENT_INTO_NODE, SENT_OUT_OF_NODE };
+
 struct sent_box {
-	uint32_t set, tensor;
+	uint8_t kind; /* enum sent_group */
+	uint32_t id;  /* the set's index, or the node's in floor_acc.nodes */
+	uint32_t tensor;
 	uint8_t state;
 	bool another, on, off;
 	struct vps_box box;
+};
+
+/* A node of either layout: the most devices it can have (its highest GPU
+ * index, plus one), and the bytes that must enter and leave it. */
+struct floor_node {
+	int32_t node, gpus;
+	int64_t in, out;
 };
 
 struct floor_acc {
@@ -113,6 +130,8 @@ struct floor_acc {
 	size_t nset, capset;
 	struct sent_box *sent; /* relayed only */
 	size_t nsent, capsent;
+	struct floor_node *nodes; /* relayed only: by node number */
+	size_t nnodes;
 	uint32_t *slot; /* id + 1, 0 empty */
 	size_t mask;
 	struct vps_time_floor best;
@@ -275,25 +294,91 @@ static vps_result_t push_sent(struct floor_acc *acc, struct sent_box x)
 	return VPS_OK;
 }
 
-/* Relayed plans: what each holder's set could be asked for by this device
- * (R within its box), and what other holders cover there. */
+static int node_cmp(const void *p, const void *q)
+{
+	const struct floor_node *x = p, *y = q;
+	return x->node < y->node ? -1 : x->node > y->node;
+}
+
+/* Every node of both layouts, with its devices. */
+static vps_result_t floor_nodes(struct floor_acc *acc, const struct vps_layout *a, const struct vps_layout *b)
+{
+	int64_t wa = vps_layout_world(a), wb = vps_layout_world(b);
+	struct floor_node *v = vps_calloc((size_t)(wa + wb), sizeof(*v));
+	if (!v)
+		return VPS_NOMEM();
+	for (int64_t r = 0; r < wa + wb; r++) {
+		struct vps_device d = r < wa ? vps_layout_device(a, r) : vps_layout_device(b, r - wa);
+		v[r] = (struct floor_node){d.node, d.gpu + 1, 0, 0};
+	}
+	qsort(v, (size_t)(wa + wb), sizeof(*v), node_cmp);
+	size_t n = 0;
+	for (int64_t r = 0; r < wa + wb; r++) {
+		if (n && v[n - 1].node == v[r].node)
+			v[n - 1].gpus = v[r].gpus > v[n - 1].gpus ? v[r].gpus : v[n - 1].gpus;
+		else
+			v[n++] = v[r];
+	}
+	acc->nodes = v;
+	acc->nnodes = n;
+	return VPS_OK;
+}
+
+static uint32_t node_index(const struct floor_acc *acc, int32_t node)
+{
+	struct floor_node key = {.node = node};
+	const struct floor_node *f = bsearch(&key, acc->nodes, acc->nnodes, sizeof(key), node_cmp);
+	return (uint32_t)(f - acc->nodes);
+}
+
+/* Relayed plans, this device's region R: what each holder's set could be
+ * asked for (R within its box), what must enter the device's node, and
+ * what must leave the node of a holder that is all on one other node;
+ * each with what others on the far side cover there. */
 static vps_result_t region_sends(const struct vps_layout *a, struct floor_acc *acc, const struct floor_region *fr,
 				 const struct vps_holders *h)
 {
+	uint32_t here = node_index(acc, fr->dev.node);
 	for (size_t k = 0; k < h->n; k++) {
 		const struct vps_holder *x = &h->v[k];
 		struct vps_box need;
-		if (x->count <= 0 || (fr->ra >= 0 && prog_has(x, fr->ra)) ||
-		    !vps_box_intersect(&fr->R->box, &x->region.box, &need))
+		if (x->count <= 0 || !vps_box_intersect(&fr->R->box, &x->region.box, &need))
 			continue;
 		struct rset *set;
 		VPS_CHECK(holder_set(a, acc, x, &set));
-		struct sent_box sb = {(uint32_t)(set - acc->set), fr->R->tensor, fr->R->state, false, false, false, need};
+		struct sent_box sb = {.tensor = fr->R->tensor, .state = fr->R->state, .box = need};
 		prog_nodes(a, x, fr->dev.node, &sb.on, &sb.off);
+		/* into this node: from holders with no member here */
+		sb.kind = SENT_INTO_NODE;
+		sb.id = here;
+		sb.another = sb.on;
+		VPS_CHECK(push_sent(acc, sb));
+		if (!(fr->ra >= 0 && prog_has(x, fr->ra))) {
+			sb.kind = SENT_BY_SET;
+			sb.id = (uint32_t)(set - acc->set);
+			sb.another = false;
+			VPS_CHECK(push_sent(acc, sb));
+			for (size_t j = 0; j < h->n; j++) {
+				sb.another = true;
+				if (j != k && h->v[j].count > 0 && vps_box_intersect(&need, &h->v[j].region.box, &sb.box))
+					VPS_CHECK(push_sent(acc, sb));
+			}
+		}
+		/* out of the node the holder is all on, where this device is not */
+		int32_t home = vps_layout_device(a, x->base).node;
+		bool on, off;
+		prog_nodes(a, x, home, &on, &off);
+		if (off || home == fr->dev.node)
+			continue;
+		sb = (struct sent_box){SENT_OUT_OF_NODE, node_index(acc, home), fr->R->tensor, fr->R->state, false, false, false,
+				       need};
 		VPS_CHECK(push_sent(acc, sb));
 		for (size_t j = 0; j < h->n; j++) {
+			if (j == k || h->v[j].count <= 0)
+				continue;
+			prog_nodes(a, &h->v[j], home, &on, &off);
 			sb.another = true;
-			if (j != k && h->v[j].count > 0 && vps_box_intersect(&need, &h->v[j].region.box, &sb.box))
+			if (off && vps_box_intersect(&need, &h->v[j].region.box, &sb.box))
 				VPS_CHECK(push_sent(acc, sb));
 		}
 	}
@@ -303,8 +388,10 @@ static vps_result_t region_sends(const struct vps_layout *a, struct floor_acc *a
 static int sent_cmp(const void *p, const void *q)
 {
 	const struct sent_box *x = p, *y = q;
-	if (x->set != y->set)
-		return x->set < y->set ? -1 : 1;
+	if (x->kind != y->kind)
+		return x->kind < y->kind ? -1 : 1;
+	if (x->id != y->id)
+		return x->id < y->id ? -1 : 1;
 	if (x->tensor != y->tensor)
 		return x->tensor < y->tensor ? -1 : 1;
 	if (x->state != y->state)
@@ -314,11 +401,11 @@ static int sent_cmp(const void *p, const void *q)
 	return vps_box_order(&x->box, &y->box);
 }
 
-/* Each (set, tensor, state): the elements devices outside the set need
- * that no other holder has, vol(needed U others) - vol(others), once,
- * added to the set's bytes by the links that can carry them (a device on
- * a member's node, or one elsewhere, may have them first and pass them
- * on). */
+/* Each (group, tensor, state): the elements that must cross its edge and
+ * that nothing on the far side has, vol(needed U others) - vol(others),
+ * once: a set's bytes by the links that can carry them (a device on a
+ * member's node, or one elsewhere, may have them first and pass them on),
+ * a node's bytes in and out. */
 static vps_result_t sets_send_once(struct floor_acc *acc)
 {
 	qsort(acc->sent, acc->nsent, sizeof(*acc->sent), sent_cmp);
@@ -329,8 +416,8 @@ static vps_result_t sets_send_once(struct floor_acc *acc)
 		const struct sent_box *g = &acc->sent[i];
 		size_t n = 0, nothers = 0;
 		bool on = false, off = false;
-		for (j = i; j < acc->nsent && acc->sent[j].set == g->set && acc->sent[j].tensor == g->tensor &&
-			    acc->sent[j].state == g->state;
+		for (j = i; j < acc->nsent && acc->sent[j].kind == g->kind && acc->sent[j].id == g->id &&
+			    acc->sent[j].tensor == g->tensor && acc->sent[j].state == g->state;
 		     j++) {
 			const struct sent_box *x = &acc->sent[j];
 			on |= !x->another && x->on;
@@ -353,7 +440,12 @@ static vps_result_t sets_send_once(struct floor_acc *acc)
 			break;
 		}
 		int64_t bytes = (all - others) * (int64_t)vps_dtype_size(vps_state_dtype(g->state));
-		set_add(&acc->set[g->set], on, off, bytes);
+		if (g->kind == SENT_BY_SET)
+			set_add(&acc->set[g->id], on, off, bytes);
+		else if (g->kind == SENT_INTO_NODE)
+			acc->nodes[g->id].in += bytes;
+		else
+			acc->nodes[g->id].out += bytes;
 	}
 	free(boxes);
 	return rc;
@@ -435,6 +527,23 @@ static vps_result_t rset_bound(struct floor_acc *f, const struct vps_layout *a, 
 	return VPS_OK;
 }
 
+/* What must enter or leave a node crosses its devices' NICs, each at most
+ * once at a time. */
+static void node_bound(struct floor_acc *f, const struct floor_node *n)
+{
+	double nics = (double)n->gpus * f->be;
+	for (int way = 0; way < 2; way++) {
+		int64_t bytes = way ? n->out : n->in;
+		double t = (double)bytes / nics;
+		if (t > f->best.seconds)
+			f->best = (struct vps_time_floor){.seconds = t,
+							  .device = {n->node, 0},
+							  .receives = !way,
+							  .senders = way ? n->gpus : 0,
+							  .remote_bytes = bytes};
+	}
+}
+
 static vps_result_t time_floor(const struct vps_layout *a, const struct vps_layout *b, const struct vps_topology *topo,
 			       bool relayed, struct vps_time_floor *out)
 {
@@ -449,10 +558,14 @@ static vps_result_t time_floor(const struct vps_layout *a, const struct vps_layo
 	struct vps_holders h = {0};
 	struct floor_boxes fb = {0};
 	vps_result_t rc = VPS_OK;
+	if (relayed)
+		rc = floor_nodes(&acc, a, b);
 	for (int64_t rb = 0; !rc && rb < wb; rb++)
 		rc = floor_rank(a, b, rb, &acc, &h, &fb);
 	if (!rc && relayed)
 		rc = sets_send_once(&acc);
+	for (size_t i = 0; !rc && i < acc.nnodes; i++)
+		node_bound(&acc, &acc.nodes[i]);
 	/* sets of one rank are added while the larger ones are bounded */
 	size_t n = acc.nset;
 	for (size_t i = 0; !rc && i < n; i++)
@@ -461,6 +574,7 @@ static vps_result_t time_floor(const struct vps_layout *a, const struct vps_layo
 		*out = acc.best;
 	free(acc.set);
 	free(acc.sent);
+	free(acc.nodes);
 	free(acc.slot);
 	vps_holders_release(&h);
 	floor_boxes_release(&fb);
