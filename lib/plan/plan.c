@@ -680,19 +680,20 @@ static vps_result_t plan_group(struct ctx *c, const struct group *g, const struc
 }
 
 /* Whether region R of B rank rb is relayed: rb is one of its receivers,
- * and every group of holders serves more than two receivers per member
- * and shares alike (not weighed). The receivers and the groups are the
+ * and every group of holders serves more than one receiver per member
+ * (a holder that sends R to two receivers directly sends it once when
+ * they relay) and shares alike (not weighed). The receivers and the groups are the
  * same whichever receiver asks, so they all decide alike. */
 static vps_result_t relay_wanted(struct ctx *c, int64_t rb, const struct vps_region *R, const struct group *gs,
 				 size_t ng, struct relay *rl, bool *yes)
 {
 	*yes = false;
 	VPS_CHECK(relay_set(c, rb, R, rl));
-	if (rl->n < 3)
+	if (rl->n < 2)
 		return VPS_OK;
 	for (size_t gi = 0; gi < ng; gi++) {
 		const struct group *g = &gs[gi];
-		if (rl->n <= 2 * g->count)
+		if (rl->n <= g->count)
 			return VPS_OK;
 		if (g->count <= SPLIT_MAX) {
 			int64_t cand[SPLIT_MAX];

@@ -150,6 +150,8 @@ per_rank() { # TRANSPORT DEVICES_PER_NODE
 
 @test "tcp: relayed join: dp=1 becomes dp=4, receivers pass pieces on" { relay_join tcp 8 4; }
 @test "tcp: relayed join: dp=1 becomes dp=8 over two nodes" { relay_join tcp 4 8; }
+# one holder, two receivers: sent twice directly, once relayed
+@test "tcp: relayed join: dp=1 becomes dp=3, the holder's parameters sent once" { relay_join tcp 8 3; }
 # The holder plans alone and forwards nothing: the world's demands, not its
 # own, tell it to agree on the forward steps with the relays.
 @test "tcp: relayed join planned and staged by every rank alone: dp=1 becomes dp=4" { relay_join tcp 8 4 --per-rank; }
