@@ -60,7 +60,7 @@ sections() {
 # the reason given.
 ALLOW=(
 	# the GPU's model name, in a heading
-	'^[0-9]+: ## GPU execution \(one NVIDIA H200\)$'
+	'^[0-9]+: ## GPU execution \(one NVIDIA H100\)$'
 	# the transitions' targets, continued from the line that says so
 	'within 1\.10 of the balanced bound'
 	'the estimate within 1\.02 of the time bound'
