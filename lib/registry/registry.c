@@ -812,7 +812,7 @@ vps_result_t vps_registry_wait(struct vps_registry *r, uint64_t seq, double time
 		if (s == seq && st == VPS_REG_DONE)
 			return VPS_OK;
 		if (s == seq && st == VPS_REG_FAILED)
-			return vps_fail(VPS_EPEER, "switch %" PRIu64 " failed: %s", seq, r->h->failure);
+			return vps_fail(VPS_EPEER, "switch %" PRIu64 " failed: %.255s", seq, r->h->failure);
 		/* an abort made as this request was posted ends it, unless an
 		 * executor after the one that stopped has claimed it */
 		if (s == seq && st == VPS_REG_REQUESTED && atomic_load(&r->h->aborted) &&
