@@ -441,6 +441,12 @@ EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId u
 		for (int k = 0; k < nranks && !r; k++) {
 			struct slot *o = &s->slots[k];
 			int st = atomic_load(&o->state);
+			/* A peer that returned from init (the count was full) may have
+			 * destroyed, aborted or exited already: that is not a failed
+			 * init. The count is read after the state, so it sees the join
+			 * of any peer whose leaving was seen. */
+			if (atomic_load(&s->joined) >= nranks)
+				break;
 			if (st == SLOT_JOINED && !standin_alive(o->pid, o->start))
 				r = nfail(NULL, ncclRemoteError, "ncclCommInitRank: rank %d (pid %d) exited before every rank "
 					  "joined", k, (int)o->pid);
@@ -645,7 +651,9 @@ static ncclResult_t peer_gone(const struct op *o)
 {
 	struct slot *p = &o->comm->seg->slots[o->peer];
 	int st = atomic_load(&p->state);
-	/* a peer may leave once it has taken the last byte of a send */
+	bool exited = st < SLOT_ABORTED && !standin_alive(p->pid, p->start);
+	/* A peer may leave once it has taken the last byte of a send. Whether
+	 * it left is read first: a peer seen gone has its last take seen too. */
 	if (o->send && o->written &&
 	    atomic_load(&chan_of(o->comm->seg, o->comm->rank, o->peer)->tail) >= o->end)
 		return ncclSuccess;
@@ -653,7 +661,7 @@ static ncclResult_t peer_gone(const struct op *o)
 		return nfail(o->comm, ncclRemoteError, "%s %" PRIu64 " bytes %s rank %d: rank %d %s%s%s", o->send ? "ncclSend" :
 			     "ncclRecv", o->bytes, o->send ? "to" : "from", o->peer, o->peer, slot_word(st),
 			     p->why[0] ? ": " : "", p->why);
-	if (!standin_alive(p->pid, p->start))
+	if (exited)
 		return nfail(o->comm, ncclRemoteError, "%s %" PRIu64 " bytes %s rank %d: rank %d (pid %d) exited",
 			     o->send ? "ncclSend" : "ncclRecv", o->bytes, o->send ? "to" : "from", o->peer, o->peer,
 			     (int)p->pid);
