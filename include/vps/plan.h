@@ -35,8 +35,26 @@ VPS_API int64_t vps_world_of_device(const struct vps_world *w, struct vps_device
 
 /* A piece's src_buffer with this bit set names a buffer of the source's B
  * layout, not of its A layout: a relayed piece (a forward), which the
- * source received from a holder earlier in the switch and passes on. */
+ * source received earlier in the switch and passes on. */
 #define VPS_BUFFER_TARGET 0x80000000u
+/* With VPS_BUFFER_TARGET: a second hop, a forward of a forward (a node's
+ * gateway passing on over its node's links what crossed into the node
+ * once). Never set alone. */
+#define VPS_BUFFER_SECOND_HOP 0x40000000u
+#define VPS_BUFFER_FLAGS (VPS_BUFFER_TARGET | VPS_BUFFER_SECOND_HOP)
+/* The buffer a src_buffer names, without its flags. */
+static inline uint32_t vps_buffer_index(uint32_t src_buffer)
+{
+	return src_buffer & ~VPS_BUFFER_FLAGS;
+}
+/* 0 for a direct piece (from a holder's A buffer), 1 for a forward, 2 for
+ * a second hop; -1 for a second-hop bit without the target bit. */
+static inline int vps_buffer_hop(uint32_t src_buffer)
+{
+	if (!(src_buffer & VPS_BUFFER_TARGET))
+		return src_buffer & VPS_BUFFER_SECOND_HOP ? -1 : 0;
+	return src_buffer & VPS_BUFFER_SECOND_HOP ? 2 : 1;
+}
 
 struct vps_piece {
 	uint32_t tensor;

@@ -41,9 +41,10 @@
 
 /* Forwards (ops whose src_buffer has VPS_BUFFER_TARGET: a relay passing on
  * what it received) between ranks i and j belong to step steps + (i ^ j),
- * and a stage never holds both kinds: every forward is sent in a stage
- * after every direct transfer has arrived. */
-#define VPS_STAGE_LAST_STEP(steps) (2 * (steps))
+ * second hops (VPS_BUFFER_SECOND_HOP too) to 2 steps + (i ^ j), and a stage
+ * never holds two kinds: every forward is sent in a stage after every
+ * direct transfer has arrived, every second hop after every forward. */
+#define VPS_STAGE_LAST_STEP(steps) (3 * (steps))
 
 struct vps_op {
 	int64_t piece;        /* first plan piece carried */
@@ -115,12 +116,12 @@ VPS_API void vps_staged_free(struct vps_staged *s);
  * chunk costs the busiest rank in the staged plan's scope (bytes sent plus
  * received in that unit). Step 0 is [R, 0, F]: R 1 when some rank retains,
  * F 1 when some transfer is a forward. The forward steps steps + 1 ..
- * 2 steps follow (VPS_DEMAND_FORWARD_COUNT numbers, all 0 unless F): the
+ * 3 steps follow (VPS_DEMAND_FORWARD_COUNT numbers, all 0 unless F): the
  * executors all-reduce them only when the world's F is 1, so a plan
  * without relays agrees on VPS_DEMAND_COUNT numbers, as before relays. The
  * world's demands combine every rank's with vps_stage_demand_combine. */
 #define VPS_DEMAND_COUNT(steps) ((size_t)3 * (size_t)((steps) + 1))
-#define VPS_DEMAND_FORWARD_COUNT(steps) ((size_t)3 * (size_t)(steps))
+#define VPS_DEMAND_FORWARD_COUNT(steps) ((size_t)6 * (size_t)(steps))
 #define VPS_DEMAND_HAS_FORWARDS(demand) ((demand)[2] != 0)
 /* *demand: VPS_DEMAND_COUNT + VPS_DEMAND_FORWARD_COUNT numbers. */
 VPS_API vps_result_t vps_staged_demand(const struct vps_staged *s, int64_t **demand);

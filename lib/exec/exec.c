@@ -409,14 +409,15 @@ static vps_result_t check_views(const struct vps_switch *sw)
 				      sends ? "sends" : "receives", sends && !forward ? "source" : "target");
 			break;
 		}
+		int hop = x->nops ? vps_buffer_hop(s->ops[x->first_op].src_buffer) : 0;
 		for (size_t q = 0; q < x->nops && !rc; q++) {
 			struct vps_op op = s->ops[x->first_op + q];
-			bool from_target = op.src_buffer & VPS_BUFFER_TARGET;
-			if (from_target != forward) {
-				rc = vps_fail(VPS_EINPUT, "transfer %zu: its copies read both source and target buffers", i);
+			if (vps_buffer_hop(op.src_buffer) != hop || hop < 0) {
+				rc = vps_fail(VPS_EINPUT, "transfer %zu: its copies are not all of one hop (direct, forward "
+					      "or second hop)", i);
 				break;
 			}
-			op.src_buffer &= ~VPS_BUFFER_TARGET;
+			op.src_buffer = vps_buffer_index(op.src_buffer);
 			rc = vps_check_op(&op, sends ? (forward ? db : sb) : NULL, forward ? sw->vb.nbuffers : sw->va.nbuffers,
 					  receives ? db : NULL, sw->vb.nbuffers);
 		}

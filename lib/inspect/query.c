@@ -313,13 +313,13 @@ static vps_result_t put_transfer(struct vps_records *rec, const struct vps_model
 		{.i = vps_box_volume(&x->box) * (int64_t)vps_dtype_size(vps_state_dtype(x->state))},
 		/* a relay's forward reads its B buffer: said apart, not as a
 		 * buffer number with the flag bit set */
-		{.i = x->src_buffer & ~(int64_t)VPS_BUFFER_TARGET},
+		{.i = vps_buffer_index(x->src_buffer)},
 		{.i = x->src_offset},
 		{.i = x->dst_buffer},
 		{.i = x->dst_offset},
 		{.i = x->stage},
 		{.i = x->chunk},
-		{.i = (x->src_buffer & VPS_BUFFER_TARGET) != 0},
+		{.i = vps_buffer_hop(x->src_buffer)},
 	};
 	return vps_records_put(rec, v);
 }

@@ -570,11 +570,12 @@ static int64_t address_at(int64_t offset, const int64_t *strides, const struct v
 
 /* Forward i (a relay passing on a piece): the relay holds it under B at
  * the source address, and, where this plan has the relay's receives, it
- * received every element of it there by pieces that are not forwards. */
+ * received every element of it there by pieces of an earlier hop (a
+ * forward from holders, a second hop from holders or forwards). */
 static vps_result_t check_forward(const struct vps_plan *p, struct views *vw, size_t i, struct vps_verify_report *rep)
 {
 	const struct vps_piece *x = &p->pieces[i];
-	uint32_t buffer = x->src_buffer & ~VPS_BUFFER_TARGET;
+	uint32_t buffer = vps_buffer_index(x->src_buffer);
 	int64_t rs = vps_world_b_rank(p->world, x->src);
 	struct view_index *vi;
 	char ps[512];
@@ -602,10 +603,11 @@ static vps_result_t check_forward(const struct vps_plan *p, struct views *vw, si
 			hi = mid;
 	}
 	int64_t got = 0;
+	int hop = vps_buffer_hop(x->src_buffer);
 	for (size_t k = lo; k < p->npieces && p->pieces[k].dst == x->src; k++) {
 		const struct vps_piece *y = &p->pieces[k];
 		struct vps_box z;
-		if (y->tensor != x->tensor || y->state != x->state || (y->src_buffer & VPS_BUFFER_TARGET) ||
+		if (y->tensor != x->tensor || y->state != x->state || vps_buffer_hop(y->src_buffer) >= hop ||
 		    y->dst_buffer != buffer || !vps_box_intersect(&y->box, &x->box, &z))
 			continue;
 		/* received where it is read: one element's address on both */
@@ -616,7 +618,8 @@ static vps_result_t check_forward(const struct vps_plan *p, struct views *vw, si
 	}
 	if (got != vps_box_volume(&x->box))
 		vps_verify_add(rep, "piece %zu (%s): relay %" PRId64 " passes on %" PRId64 " elements, of which it receives %"
-			       PRId64 " from holders", i, ps, x->src, vps_box_volume(&x->box), got);
+			       PRId64 " from %s", i, ps, x->src, vps_box_volume(&x->box), got,
+			       hop == 1 ? "holders" : "holders and first hops");
 	return VPS_OK;
 }
 
@@ -1248,7 +1251,7 @@ static void check_op(struct staged_check *c, size_t i, size_t k, const struct vi
 			real = false;
 			break;
 		}
-	uint32_t sb = o->src_buffer & ~VPS_BUFFER_TARGET;
+	uint32_t sb = vps_buffer_index(o->src_buffer);
 	if (!vps_view_span(o->ndim, o->ext, o->src_offset, o->src_strides, &f0, &f1) ||
 	    sb >= vs->v.nbuffers || f0 < 0 || f1 > vs->v.buffers[sb].elements) {
 		vps_verify_add(rep, "transfer %zu op %zu: source view outside buffer %u of rank %" PRId64, i, k,
@@ -1326,15 +1329,23 @@ static vps_result_t check_xfer(struct staged_check *c, size_t i)
 			       x->first_op + x->nops, s->nops);
 		return VPS_OK;
 	}
-	/* forwards (a relay's sends from its target buffers) follow the direct steps */
-	bool forward = x->nops && (s->ops[x->first_op].src_buffer & VPS_BUFFER_TARGET);
+	/* forwards (a relay's sends from its target buffers) follow the direct
+	 * steps, second hops the forwards */
+	static const char *const hop_name[] = {"direct", "a forward", "a second hop"};
+	int hop = x->nops ? vps_buffer_hop(s->ops[x->first_op].src_buffer) : 0;
+	if (hop < 0) {
+		vps_verify_add(rep, "transfer %zu: op 0's source buffer %#x is a second hop that is not a forward", i,
+			       s->ops[x->first_op].src_buffer);
+		hop = 2;
+	}
+	bool forward = hop > 0;
 	for (size_t k = 1; k < x->nops; k++)
-		if (((s->ops[x->first_op + k].src_buffer & VPS_BUFFER_TARGET) != 0) != forward)
-			vps_verify_add(rep, "transfer %zu: op %zu reads %s buffer, op 0 %s", i, k, forward ? "a source" : "a target",
-				       forward ? "a target's" : "a source's");
-	if (x->step != (x->src ^ x->dst) + (forward ? s->steps : 0))
+		if (vps_buffer_hop(s->ops[x->first_op + k].src_buffer) != hop)
+			vps_verify_add(rep, "transfer %zu: op %zu is not %s, as op 0 is", i, k, hop_name[hop]);
+	if (x->step != (x->src ^ x->dst) + hop * s->steps)
 		vps_verify_add(rep, "transfer %zu (%" PRId64 " -> %" PRId64 "): step %" PRId64 " is not %s%" PRId64 " ^ %" PRId64,
-			       i, x->src, x->dst, x->step, forward ? "the direct steps + " : "", x->src, x->dst);
+			       i, x->src, x->dst, x->step,
+			       hop == 2 ? "twice the direct steps + " : hop ? "the direct steps + " : "", x->src, x->dst);
 	if (x->step > VPS_STAGE_LAST_STEP(s->steps))
 		vps_verify_add(rep, "transfer %zu: step %" PRId64 " beyond the last step %" PRId64, i, x->step,
 			       VPS_STAGE_LAST_STEP(s->steps));
@@ -1405,21 +1416,21 @@ static vps_result_t check_carried(struct staged_check *c)
 }
 
 /* A relay sends on only what has arrived: each rank's first forward lies in
- * a stage after its last receive from a holder (with check_forward, which
- * proves those receives bring every forwarded element, every forwarded
- * byte arrived before it is sent). Files of one rank hold its own receives
+ * a stage after its last receive from a holder, and its first second hop
+ * after its last receive of a forward too (with check_forward, which
+ * proves those receives bring every element passed on, every byte passed
+ * on arrived before it is sent). Files of one rank hold its own receives
  * only when it is that rank. */
 static vps_result_t check_relay_order(const struct vps_staged *s, int64_t W, struct vps_verify_report *rep)
 {
 	if (!s->cut)
 		return VPS_OK;
-	int64_t *last_in = malloc((size_t)W * sizeof(*last_in)), *first_out = malloc((size_t)W * sizeof(*first_out));
-	if (!last_in || !first_out) {
-		free(last_in);
-		free(first_out);
-		return too_large("ranks", (size_t)W, 2 * sizeof(int64_t));
-	}
-	for (int64_t r = 0; r < W; r++) {
+	/* [0, W): last receive of a direct piece; [W, 2W): of a forward;
+	 * [2W, 3W): first forward sent; [3W, 4W): first second hop sent */
+	int64_t *t = malloc(4 * (size_t)W * sizeof(*t)), *last_in = t, *first_out = t ? t + 2 * W : NULL;
+	if (!t)
+		return too_large("ranks", (size_t)W, 4 * sizeof(int64_t));
+	for (int64_t r = 0; r < 2 * W; r++) {
 		last_in[r] = -1;
 		first_out[r] = INT64_MAX;
 	}
@@ -1427,17 +1438,26 @@ static vps_result_t check_relay_order(const struct vps_staged *s, int64_t W, str
 		const struct vps_xfer *x = &s->xfers[i];
 		if (x->src < 0 || x->src >= W || x->dst < 0 || x->dst >= W || !x->nops || x->first_op >= s->nops)
 			continue; /* check_xfer and check_schedule name these */
-		if (s->ops[x->first_op].src_buffer & VPS_BUFFER_TARGET)
-			first_out[x->src] = vps_min64(first_out[x->src], x->stage);
-		else
-			last_in[x->dst] = vps_max64(last_in[x->dst], x->stage);
+		int hop = vps_buffer_hop(s->ops[x->first_op].src_buffer);
+		if (hop < 0)
+			continue; /* check_xfer names it */
+		if (hop > 0)
+			first_out[(hop - 1) * W + x->src] = vps_min64(first_out[(hop - 1) * W + x->src], x->stage);
+		if (hop < 2)
+			last_in[hop * W + x->dst] = vps_max64(last_in[hop * W + x->dst], x->stage);
 	}
-	for (int64_t r = 0; r < W; r++)
-		if (first_out[r] != INT64_MAX && (s->scope < 0 || s->scope == r) && first_out[r] <= last_in[r])
+	for (int64_t r = 0; r < W; r++) {
+		if (s->scope >= 0 && s->scope != r)
+			continue;
+		int64_t got_direct = last_in[r], got_any = vps_max64(last_in[r], last_in[W + r]);
+		if (first_out[r] != INT64_MAX && first_out[r] <= got_direct)
 			vps_verify_add(rep, "rank %" PRId64 " passes on in stage %" PRId64 " what it may receive as late as stage %"
-				       PRId64, r, first_out[r], last_in[r]);
-	free(last_in);
-	free(first_out);
+				       PRId64, r, first_out[r], got_direct);
+		if (first_out[W + r] != INT64_MAX && first_out[W + r] <= got_any)
+			vps_verify_add(rep, "rank %" PRId64 " passes on again in stage %" PRId64 " what it may receive as late as "
+				       "stage %" PRId64, r, first_out[W + r], got_any);
+	}
+	free(t);
 	return VPS_OK;
 }
 

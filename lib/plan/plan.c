@@ -71,12 +71,15 @@ struct ctx {
 	bool relay;                  /* opts->relay */
 };
 
-/* A relayed region: its receivers in replica order (world and B ranks) and
- * the destination's index among them. Receiver j is served range j of the
- * destination buffer (cut in n) by a holder and passes it on to the others. */
+/* A relayed region: its receivers in replica order (world and B ranks, and
+ * their nodes) and the destination's index among them. Receiver j is
+ * served range j of the destination buffer (cut in n) by a holder and
+ * passes it on to the others on its node, and to one receiver (the
+ * gateway) on each other node, which passes it on over that node's links. */
 struct relay {
 	int64_t n, i;
 	int64_t world[EXACT_REPLICAS], b[EXACT_REPLICAS];
+	int32_t node[EXACT_REPLICAS];
 };
 
 /* Holders under A, less the lost ranks: every choice of a source reads
@@ -271,6 +274,7 @@ static vps_result_t relay_set(struct ctx *c, int64_t rb, const struct vps_region
 				continue;
 			if (q == rb)
 				rl->i = rl->n;
+			rl->node[rl->n] = vps_world_device(c->w, wq).node;
 			rl->world[rl->n] = wq;
 			rl->b[rl->n++] = q;
 		}
@@ -616,6 +620,26 @@ static vps_result_t emit_range(struct pieces *out, int64_t only_src, int64_t src
 	return VPS_OK;
 }
 
+/* The receiver that takes range p into node m, where p's receiver is not
+ * on m: the node's receivers take the ranges from outside in turn, so each
+ * range crosses into a node once and each of its receivers takes an equal
+ * share over its own NIC. */
+static int64_t gateway(const struct relay *rl, int64_t p, int32_t m)
+{
+	int64_t outside_before = 0, on_m = 0;
+	for (int64_t q = 0; q < rl->n; q++) {
+		if (rl->node[q] == m)
+			on_m++;
+		else if (q < p)
+			outside_before++;
+	}
+	int64_t turn = outside_before % on_m;
+	for (int64_t q = 0; q < rl->n; q++)
+		if (rl->node[q] == m && turn-- == 0)
+			return q;
+	return -1; /* not reached: m has the asking receiver */
+}
+
 static vps_result_t plan_cut(struct ctx *c, const struct group *g, const struct choice *ch, const struct relay *rl,
 			     int64_t d, const struct vps_region *R, int64_t bufsize, const struct vps_box *y,
 			     int64_t only_src, struct pieces *out)
@@ -641,9 +665,19 @@ static vps_result_t plan_cut(struct ctx *c, const struct group *g, const struct 
 		if (x.contiguous && bufsize > 0)
 			end = vps_min64(x.vol, vps_max64(vps_ceil_div((p + 1) * bufsize, rl->n) - x.first, lo + 1));
 		if (p != rl->i) {
+			/* from p on this node; from outside, from p only for the
+			 * node's gateway, which the others take it from */
 			struct vps_region fr = *R;
+			int64_t from = p;
 			fr.buffer |= VPS_BUFFER_TARGET;
-			VPS_CHECK(emit_range(out, only_src, rl->world[p], d, y, ext, x.vol, lo, end, &fr, R));
+			if (rl->node[p] != rl->node[rl->i]) {
+				int64_t gw = gateway(rl, p, rl->node[rl->i]);
+				if (gw != rl->i) {
+					from = gw;
+					fr.buffer |= VPS_BUFFER_SECOND_HOP;
+				}
+			}
+			VPS_CHECK(emit_range(out, only_src, rl->world[from], d, y, ext, x.vol, lo, end, &fr, R));
 		} else {
 			int64_t src;
 			size_t holder;
@@ -949,10 +983,11 @@ static int piece_cmp(const void *p, const void *q)
 		return x->dst < y->dst ? -1 : 1;
 	if (x->src != y->src)
 		return x->src < y->src ? -1 : 1;
-	/* a pair's forwards after its direct pieces: staging cuts them apart */
-	bool fx = x->src_buffer & VPS_BUFFER_TARGET, fy = y->src_buffer & VPS_BUFFER_TARGET;
-	if (fx != fy)
-		return fx ? 1 : -1;
+	/* a pair's direct pieces, then forwards, then second hops: staging
+	 * cuts them apart */
+	int hx = vps_buffer_hop(x->src_buffer), hy = vps_buffer_hop(y->src_buffer);
+	if (hx != hy)
+		return hx < hy ? -1 : 1;
 	if (x->tensor != y->tensor)
 		return x->tensor < y->tensor ? -1 : 1;
 	if (x->state != y->state)

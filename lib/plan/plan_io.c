@@ -247,7 +247,8 @@ static vps_result_t piece_view_check(struct vps_reader *r, const struct vps_plan
 		uint32_t buffer = side ? p->dst_buffer : p->src_buffer;
 		/* a forward's source is the relay's B buffer */
 		bool target = side || (buffer & VPS_BUFFER_TARGET);
-		nel[side] = vps_plan_side_elements(plan, !target, side ? p->dst : p->src, buffer & ~VPS_BUFFER_TARGET);
+		nel[side] = vps_buffer_hop(buffer) < 0 ? -2
+			    : vps_plan_side_elements(plan, !target, side ? p->dst : p->src, vps_buffer_index(buffer));
 	}
 	/* the words that name a piece only for one that fails */
 	if (vps_box_ok(&p->box, t) && nel[0] != -2 && nel[1] != -2 &&

@@ -67,7 +67,7 @@ struct builder {
 	size_t nx, capx;
 	struct vps_op *o;
 	size_t no, capo;
-	int64_t steps; /* the direct steps: forwards follow them */
+	int64_t steps; /* the direct steps: forwards follow them, then second hops */
 };
 
 void vps_op_run(const struct vps_xfer *x, const struct vps_op *o, struct vps_run *r)
@@ -129,14 +129,14 @@ static vps_result_t emit_part(struct builder *b, const struct run *r, int64_t fr
 	return VPS_OK;
 }
 
-static vps_result_t new_xfer(struct builder *b, int64_t src, int64_t dst, bool forward, int64_t chunk)
+static vps_result_t new_xfer(struct builder *b, int64_t src, int64_t dst, int hop, int64_t chunk)
 {
 	VPS_CHECK(VPS_GROW(b->x, b->capx, b->nx + 1));
 	struct vps_xfer *x = &b->x[b->nx++];
 	memset(x, 0, sizeof(*x));
 	x->src = src;
 	x->dst = dst;
-	x->step = (src ^ dst) + (forward ? b->steps : 0);
+	x->step = (src ^ dst) + hop * b->steps;
 	x->chunk = chunk;
 	x->stage = -1;
 	x->first_op = b->no;
@@ -145,10 +145,10 @@ static vps_result_t new_xfer(struct builder *b, int64_t src, int64_t dst, bool f
 
 /* Lay out one pair's runs in chunks of cap bytes. */
 static vps_result_t chunk_pair(struct builder *b, const struct run *runs, size_t nruns, int64_t src, int64_t dst,
-			       bool forward, int64_t cap)
+			       int hop, int64_t cap)
 {
 	int64_t chunk = 0, pos = 0;
-	VPS_CHECK(new_xfer(b, src, dst, forward, chunk));
+	VPS_CHECK(new_xfer(b, src, dst, hop, chunk));
 	for (size_t i = 0; i < nruns; i++) {
 		const struct run *r = &runs[i];
 		int64_t total = run_elements(r), done = 0;
@@ -160,7 +160,7 @@ static vps_result_t chunk_pair(struct builder *b, const struct run *runs, size_t
 			if (room <= 0) {
 				b->x[b->nx - 1].bytes = vps_round_up(pos, VPS_STAGE_ALIGN);
 				b->x[b->nx - 1].nops = b->no - b->x[b->nx - 1].first_op;
-				VPS_CHECK(new_xfer(b, src, dst, forward, ++chunk));
+				VPS_CHECK(new_xfer(b, src, dst, hop, ++chunk));
 				pos = 0;
 				continue;
 			}
@@ -207,8 +207,8 @@ static vps_result_t stage_pair(struct builder *b, struct pair_piece *grp, size_t
 	}
 	int64_t src = grp[0].x.src, dst = grp[0].x.dst;
 	if (src != dst)
-		return chunk_pair(b, *runs, nruns, src, dst, grp[0].x.src_buffer & VPS_BUFFER_TARGET, cap);
-	VPS_CHECK(new_xfer(b, src, dst, false, 0));
+		return chunk_pair(b, *runs, nruns, src, dst, vps_buffer_hop(grp[0].x.src_buffer), cap);
+	VPS_CHECK(new_xfer(b, src, dst, 0, 0));
 	for (size_t k = 0; k < nruns; k++)
 		VPS_CHECK(emit_part(b, &(*runs)[k], 0, run_elements(&(*runs)[k]), -1, NULL));
 	b->x[b->nx - 1].nops = b->no - b->x[b->nx - 1].first_op;
@@ -404,8 +404,8 @@ vps_result_t vps_staged_cut(struct vps_staged *s, const int64_t *d)
 	bool open = false;
 	for (int64_t step = 1; step <= last_step; step++) {
 		int64_t chunks = d[3 * step], last = d[3 * step + 1], first = d[3 * step + 2];
-		if (step == s->steps + 1)
-			open = false; /* forwards only after every direct transfer arrived */
+		if (step == s->steps + 1 || step == 2 * s->steps + 1)
+			open = false; /* forwards only after every direct transfer arrived, second hops after forwards */
 		if (!chunks)
 			continue;
 		/* what the budget allows, whoever sent the numbers */
@@ -553,24 +553,30 @@ static vps_result_t stage_pairs(struct builder *b, const struct vps_plan *plan, 
 	struct vps_piece_iter it;
 	vps_piece_iter_init(&it, plan);
 	int64_t pdst = -1, psrc = -1;
-	bool pfwd = false;
+	int phop = 0;
 	for (size_t gi = 0; !rc; gi++) {
 		const struct vps_piece *x = vps_piece_iter_next(&it);
-		bool fwd = x && (x->src_buffer & VPS_BUFFER_TARGET);
-		if (!x || x->dst != pdst || x->src != psrc || fwd != pfwd) {
+		int hop = x ? vps_buffer_hop(x->src_buffer) : 0;
+		if (!x || x->dst != pdst || x->src != psrc || hop != phop) {
 			if (ng)
 				VPS_CHECK_GOTO(stage_pair(b, grp, ng, &runs, &capr, cap), rc, done);
 			ng = 0;
 			if (!x)
 				break;
-			if (x->dst < pdst || (x->dst == pdst && x->src < psrc)) {
+			if (x->dst < pdst || (x->dst == pdst && x->src < psrc) ||
+			    (x->dst == pdst && x->src == psrc && hop < phop)) {
 				rc = vps_fail(VPS_EINPUT, "piece %zu (%" PRId64 " -> %" PRId64 ") is out of the plan's order "
-							  "(by destination, then source)", gi, x->src, x->dst);
+							  "(by destination, then source, then hop)", gi, x->src, x->dst);
+				break;
+			}
+			if (hop < 0) {
+				rc = vps_fail(VPS_EINPUT, "piece %zu (%" PRId64 " -> %" PRId64 "): source buffer %#x is a second "
+							  "hop that is not a forward", gi, x->src, x->dst, x->src_buffer);
 				break;
 			}
 			pdst = x->dst;
 			psrc = x->src;
-			pfwd = fwd;
+			phop = hop;
 		}
 		rc = VPS_GROW(grp, capg, ng + 1);
 		if (!rc)

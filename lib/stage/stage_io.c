@@ -177,7 +177,8 @@ static vps_result_t op_views_check(struct vps_reader *r, const struct vps_staged
 		uint32_t buffer = side ? o->dst_buffer : o->src_buffer;
 		/* a forward's source is the relay's B buffer */
 		bool target = side || (buffer & VPS_BUFFER_TARGET);
-		int64_t nel = vps_plan_side_elements(s->plan, !target, rank, buffer & ~VPS_BUFFER_TARGET);
+		int64_t nel = vps_buffer_hop(buffer) < 0 ? -2
+			      : vps_plan_side_elements(s->plan, !target, rank, vps_buffer_index(buffer));
 		char sw[128];
 		snprintf(sw, sizeof(sw), "%s: %s", what, side ? "destination" : "source");
 		if (nel == -2)

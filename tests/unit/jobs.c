@@ -132,18 +132,19 @@ int64_t job_check(struct job *j)
 
 void job_apply_plan(const struct vps_plan *p, struct job *a, struct job *b)
 {
-	/* forwards (a relay passing on from its target buffers) after the rest */
-	for (size_t n = 0; n < 2 * p->npieces; n++) {
+	/* forwards (a relay passing on from its target buffers) after the
+	 * direct pieces, second hops after the forwards */
+	for (size_t n = 0; n < 3 * p->npieces; n++) {
 		const struct vps_piece *x = &p->pieces[n % p->npieces];
 		bool forward = x->src_buffer & VPS_BUFFER_TARGET;
-		if (forward != (n >= p->npieces))
+		if (vps_buffer_hop(x->src_buffer) != (int)(n / p->npieces))
 			continue;
 		int64_t ra = forward ? vps_world_b_rank(p->world, x->src) : vps_world_a_rank(p->world, x->src),
 			rb = vps_world_b_rank(p->world, x->dst);
 		CHECK(ra >= 0 && rb >= 0);
 		if (ra < 0 || rb < 0)
 			continue;
-		unsigned char *from = forward ? b->bufs[ra][x->src_buffer & ~VPS_BUFFER_TARGET] : a->bufs[ra][x->src_buffer];
+		unsigned char *from = forward ? b->bufs[ra][vps_buffer_index(x->src_buffer)] : a->bufs[ra][x->src_buffer];
 		size_t es = vps_dtype_size(vps_state_dtype(x->state));
 		int64_t ext[VPS_MAX_DIMS];
 		for (int k = 0; k < x->box.ndim; k++)

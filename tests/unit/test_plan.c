@@ -299,6 +299,44 @@ TEST(relayed_joins_move_every_element_right)
 	}
 }
 
+/* Relayed across nodes: each range of a replicated region crosses into a
+ * node once (to the node's gateway for it), and the node's other
+ * receivers take it from there: a node of joining devices takes in one
+ * receiver's bytes, where point-to-point brings in one copy a receiver. */
+TEST(a_relayed_range_enters_each_node_once)
+{
+	struct vps_plan *p[2] = {NULL, NULL};
+	for (int relay = 0; relay < 2; relay++) {
+		struct vps_plan_opts o = {.rank = -1, .relay = relay};
+		CHECK_OK(vps_plan_compute(&p[relay], test_layout("tiny-llama", "tp=1,pp=1,dp=1,zero=0", 4, 0),
+					  test_layout("tiny-llama", "tp=1,pp=1,dp=8,zero=0", 4, 0), &o));
+	}
+	if (!p[0] || !p[1])
+		return;
+	int64_t into_node1[2] = {0, 0}, rank4 = 0, second_hops = 0;
+	for (int relay = 0; relay < 2; relay++)
+		for (size_t k = 0; k < p[relay]->npieces; k++) {
+			const struct vps_piece *x = &p[relay]->pieces[k];
+			int32_t from = vps_world_device(p[relay]->world, x->src).node,
+				to = vps_world_device(p[relay]->world, x->dst).node;
+			if (to == 1 && from != 1)
+				into_node1[relay] += vps_piece_bytes(x);
+			if (relay && x->dst == 4)
+				rank4 += vps_piece_bytes(x);
+			if (relay && vps_buffer_hop(x->src_buffer) == 2) {
+				second_hops++;
+				CHECK_EQ(from, to); /* over the node's own links */
+			}
+		}
+	CHECK(rank4 > 0);
+	CHECK_EQ(into_node1[1], rank4);
+	CHECK_EQ(into_node1[0], 4 * rank4);
+	CHECK(second_hops > 0);
+	job_plan_exact(p[1], "tiny-llama dp=1 -> dp=8, two nodes, relayed");
+	for (int relay = 0; relay < 2; relay++)
+		vps_plan_free(p[relay]);
+}
+
 TEST(joins_and_leaves_number_the_world)
 {
 	struct vps_layout *a = test_layout("tiny-llama", "tp=2,pp=2,dp=2", 8, 0);

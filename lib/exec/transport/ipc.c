@@ -83,7 +83,7 @@ static uint32_t desc_index(const struct ipc_peer *p, uint32_t src_buffer)
 {
 	if (!(src_buffer & VPS_BUFFER_TARGET))
 		return src_buffer;
-	uint64_t i = p->nsources + (src_buffer & ~VPS_BUFFER_TARGET);
+	uint64_t i = p->nsources + vps_buffer_index(src_buffer);
 	return i < p->count ? (uint32_t)i : UINT32_MAX;
 }
 

@@ -137,7 +137,7 @@ static vps_result_t nccl_stage(void *self, struct vps_switch *sw, const struct v
 				/* a relay passes on from its target buffers what an earlier
 				 * stage's scatter put there (every stage ends synchronized);
 				 * a joining relay has no sources at all */
-				void *from = op->src_buffer & VPS_BUFFER_TARGET ? sw->dst[op->src_buffer & ~VPS_BUFFER_TARGET]
+				void *from = op->src_buffer & VPS_BUFFER_TARGET ? sw->dst[vps_buffer_index(op->src_buffer)]
 										 : sw->src[op->src_buffer];
 				VPS_CHECK(push_copy(&t->gather, &t->capg, ng++, op,
 						    (uint64_t)(uintptr_t)from + (uint64_t)op->src_offset * op->esize,

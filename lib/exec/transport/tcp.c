@@ -78,7 +78,7 @@ static vps_result_t transfer_iovs(const struct vps_switch *sw, const struct vps_
 		const struct vps_op *op = &s->ops[x->first_op + q];
 		/* a relay passes on from its target buffers what it received */
 		unsigned char *buf = !sending			       ? sw->dst[op->dst_buffer]
-				     : op->src_buffer & VPS_BUFFER_TARGET ? sw->dst[op->src_buffer & ~VPS_BUFFER_TARGET]
+				     : op->src_buffer & VPS_BUFFER_TARGET ? sw->dst[vps_buffer_index(op->src_buffer)]
 									  : sw->src[op->src_buffer];
 		int64_t off = sending ? op->src_offset : op->dst_offset;
 		const int64_t *st = sending ? op->src_strides : op->dst_strides;
