@@ -143,6 +143,8 @@ struct vps_plan {
 	struct vps_training train;
 	uint64_t file_hash;       /* the hash a plan file states; 0 when computed */
 	struct vps_lost lost;     /* lost A ranks and the ranges no piece fills (holes) */
+	bool relay;               /* planned with vps_plan_opts.relay: ranks planning their own
+				   * parts compare it, since it changes who sends */
 };
 
 /* VPS_EINPUT when a plan read from a file does not hash to what it states

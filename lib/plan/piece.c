@@ -177,6 +177,9 @@ uint64_t vps_plan_hash(const struct vps_plan *p)
 			h = vps_hash64(f, sizeof(f), h);
 		}
 	}
+	/* and one planned without relays as before them */
+	if (p->relay)
+		h = vps_hash64("relay", 5, h);
 	/* 0 marks a plan computed here (file_hash): no file may state it */
 	return h ? h : 1;
 }

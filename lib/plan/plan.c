@@ -1422,6 +1422,7 @@ vps_result_t vps_plan_compute(struct vps_plan **out, struct vps_layout *a, struc
 	struct promotion pr = {0};
 	VPS_CHECK_GOTO(vps_world_new(&p->world, a, b), rc, fail);
 	p->scope = opts->rank;
+	p->relay = opts->relay;
 	p->a = a;
 	p->b = b;
 	c.a = a;

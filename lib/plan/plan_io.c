@@ -608,7 +608,8 @@ static vps_result_t write_body(struct vps_writer *w, const struct vps_plan *p, u
 		VPS_CHECK(vps_w_map_end(w));
 	}
 	VPS_CHECK(vps_w_seq_end(w));
-	return write_lost(w, m, &p->lost);
+	VPS_CHECK(write_lost(w, m, &p->lost));
+	return vps_w_bool_sparse(w, "relay", p->relay, false);
 }
 
 vps_result_t vps_plan_write_body(struct vps_writer *w, const struct vps_plan *p)
@@ -935,6 +936,7 @@ vps_result_t vps_plan_read_body_as(struct vps_reader *r, struct vps_plan **out, 
 	VPS_CHECK_GOTO(read_pieces(r, p, world, compact && p->scope < 0), rc, fail);
 	VPS_CHECK_GOTO(read_collectives(r, p, world), rc, fail);
 	VPS_CHECK_GOTO(read_lost(r, p, &p->lost), rc, fail);
+	VPS_CHECK_GOTO(vps_r_bool_sparse(r, "relay", &p->relay, false), rc, fail);
 	*out = p;
 	return VPS_OK;
 fail:

@@ -737,6 +737,10 @@ uint64_t vps_staged_world_hash(const struct vps_staged *s)
 			  vps_world_size(p->world), s->budget, s->steps, t->known, t->step, t->consumed_samples,
 			  t->scheduler_step, t->global_batch, t->micro_batch, t->grad_accum, t->dp};
 	uint64_t h = vps_hash64(head, sizeof(head), 0);
+	/* relays change who sends what: a rank planned with them and one
+	 * without must not agree (plans without them hash as before) */
+	if (p->relay)
+		h = vps_hash64("relay", 5, h);
 	/* ranks planning around different lost devices must not agree */
 	return p->lost.nranks ? vps_hash64(p->lost.ranks, p->lost.nranks * sizeof(*p->lost.ranks), h) : h;
 }

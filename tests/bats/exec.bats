@@ -407,6 +407,30 @@ other_plan() {
 @test "tcp: a rank with another staged plan: every rank refuses before a byte moves" { other_plan tcp; }
 @test "ipc: a rank with another staged plan: every rank refuses before a byte moves" { other_plan ipc; }
 
+# Ranks planning their own parts: one that forgot --relay expects its
+# ranges from the holder, which sends them to the relays only. The relay
+# is part of what ranks compare, so they refuse before a byte moves.
+@test "tcp: a rank that planned its part without --relay while the others relayed: every rank refuses before a byte moves" {
+	setup_plan tcp
+	vps-layout --model tiny-llama --parallel tp=1,dp=1,zero=1 --gpus-per-node 4 -o r1.layout
+	vps-layout --model tiny-llama --parallel tp=1,dp=4,zero=1 --gpus-per-node 4 -o r4.layout
+	for r in 0 1 2 3; do
+		relay=--relay
+		[ $r = 2 ] && relay=
+		vps-plan $relay r1.layout r4.layout --rank $r | vps-stage --budget 64KiB - -o r.$r.staged
+		vps-trainer --registry "$tag-$r" --rank $r --timeout 20 r.$r.staged > t.$r 2>&1 &
+	done
+	for r in 0 1 2 3; do
+		vps-exec --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --wait --timeout 5 r.$r.staged > e.$r 2>&1 &
+	done
+	wait || true
+	show_logs
+	grep -q "rank 2 holds another staged plan" e.0
+	for r in 0 1 2 3; do grep -q "vps-exec: rank $r: " e.$r; ! grep -q "switch 1: sent" e.$r; done
+	grep -q "sources intact" t.0
+	for r in 1 2 3; do grep -q "sources none (joining)" t.$r; done
+}
+
 other_layout() {
 	vps-layout --model tiny-llama --parallel tp=2 --gpus-per-node 2 -o a.layout
 	vps-layout --model tiny-llama --parallel tp=1,dp=2 --gpus-per-node 2 -o b.layout

@@ -362,3 +362,47 @@ TEST(only_a_relayed_plan_agrees_on_forward_steps)
 		vps_staged_free(s);
 	}
 }
+
+/* A rank that plans its part with relays and one that plans without
+ * disagree on who sends what, so they must not agree on the world: the
+ * relay is part of what ranks compare, and it survives a plan file, YAML
+ * or binary. */
+TEST(ranks_planned_with_and_without_relays_do_not_agree)
+{
+	struct vps_model m;
+	struct vps_parallel pa, pb;
+	struct vps_devices d;
+	CHECK_OK(vps_model_load(&m, "tiny-llama", CONFIGS "/models"));
+	vps_parallel_init(&pa);
+	vps_parallel_init(&pb);
+	CHECK_OK(vps_parallel_parse(&pa, "tp=1,dp=1,zero=1", "t"));
+	CHECK_OK(vps_parallel_parse(&pb, "tp=1,dp=4,zero=1", "t"));
+	vps_devices_packed(&d, 8, 0);
+	uint64_t world[2] = {0, 0};
+	for (int relay = 0; relay < 2; relay++) {
+		struct vps_layout *a, *b;
+		struct vps_plan *p;
+		struct vps_staged *s = NULL;
+		CHECK_OK(vps_layout_new(&a, &m, &pa, &d, "t"));
+		CHECK_OK(vps_layout_new(&b, &m, &pb, &d, "t"));
+		struct vps_plan_opts o = {.rank = 2, .relay = relay};
+		CHECK_OK(vps_plan_compute(&p, a, b, &o));
+		CHECK_EQ(p->relay, relay);
+		for (int yaml = 0; yaml < 2; yaml++) {
+			struct vps_bytes f = {0};
+			struct vps_plan *q = NULL;
+			CHECK_OK(vps_plan_serialize(p, yaml, &f));
+			CHECK_OK(vps_plan_parse(&q, "p", f.data, f.len));
+			CHECK(q && q->relay == p->relay);
+			if (yaml) /* plans without relays print as before them */
+				CHECK_EQ(memmem(f.data, f.len, "relay:", 6) != NULL, relay);
+			vps_plan_free(q);
+			vps_bytes_release(&f);
+		}
+		CHECK_OK(vps_stage(&s, p, 1 << 20, -1));
+		if (s)
+			world[relay] = vps_staged_world_hash(s);
+		vps_staged_free(s);
+	}
+	CHECK(world[0] && world[1] && world[0] != world[1]);
+}
