@@ -145,7 +145,7 @@ def run_job(args, targs, d, vps):
     switches. Returns its failures, one line each (none: it succeeded)."""
     os.makedirs(d, exist_ok=True)
     staged = plans.make(d, targs.model, targs.configs, targs.steps, targs.switch_every, targs.gpus_per_node,
-                        targs.global_batch, targs.micro_batch, args.budget)
+                        targs.global_batch, targs.micro_batch, args.budget, relay=targs.relay)
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(args.nproc),
                VPS_CONFIG_PATH=os.environ.get("VPS_CONFIG_PATH", os.path.join(TOP, "configs")))
     if staged and "VPS_TOKEN" not in env:
@@ -331,6 +331,8 @@ class Elastic:
                    str(self.targs.micro_batch), "-o", plan]
             if lost:
                 cmd[2:2] = ["--lost", ",".join(map(str, lost))]
+            if self.targs.relay:
+                cmd[2:2] = ["--relay"]
             r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             if r.returncode:
                 if lost:

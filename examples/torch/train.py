@@ -409,7 +409,7 @@ class Run:
         a = self.args
         d = os.path.join(a.exec_dir, "rank-%d" % self.rank)
         staged = plans.make(d, a.model, a.configs, a.steps, a.switch_every, a.gpus_per_node, a.global_batch,
-                            a.micro_batch, a.budget, self.rank)
+                            a.micro_batch, a.budget, self.rank, a.relay)
         port = 0
         if self.rank == 0:
             with socket.socket() as s:

@@ -87,6 +87,29 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	[ -z "$output" ]
 }
 
+# The same growth relayed (--relay): the joining ranks pass on to each
+# other what the holders sent them once; every switch bit for bit, the
+# loss that of the static run.
+@test "a job grows from 4 to 8 processes with --relay: the joining ranks pass pieces on, as the static run" {
+	framework_job
+	run "$PY" "$TOP/examples/torch/launch.py" --nproc 4 --dir r --model micro-llama --gpus-per-node 8 --steps 8 \
+		--switch-every 4 --check-switch --compare-static --relay --configs tp=2:dp=2,dp=8
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"launch.py: every rank's digest of its state matched across every switch (vps-exec --check): 8 of 8"* ]]
+	[[ "$output" == *"(--check-switch): 1 of 1"* ]]
+	[[ "$output" == *"(--compare-static): largest relative deviation "*", within 0.001 at every step"* ]]
+	# the joining ranks sent what their plans forward, and something
+	forwarded=0
+	for r in 4 5 6 7; do
+		planned=$(vps-plan --transfers --rank $r --format tsv r/*.plan | awk -F'\t' '$2 == "send" && $NF > 0 { n += $7 } END { print n + 0 }')
+		sent=$(awk '/^  bytes_sent:/ { print $2; exit }' r/report.1.$r.yaml)
+		[ "$sent" = "$planned" ]
+		forwarded=$((forwarded + sent))
+	done
+	[ "$forwarded" -gt 0 ]
+}
+
 @test "a process that dies before it joins leaves the job training in its world, and the switch named as not done" {
 	framework_job
 	VPS_TRAIN_FAULT=5:start expect_status 1 "$PY" "$TOP/examples/torch/launch.py" --nproc 4 --dir r \
