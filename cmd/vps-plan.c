@@ -98,6 +98,31 @@ static void print_rank_stats(const struct vps_plan *p, int64_t r, bool h)
 	printf("retained_bytes: %s\n", tool_bytes(t.keep, h, n, sizeof(n)));
 }
 
+/* What sets the time floor, in words: where to look when a plan is far
+ * from it, or when the floor itself is the problem. */
+static void print_floor_by(const struct vps_time_floor *f)
+{
+	int node = f->device.node, gpu = f->device.gpu;
+	switch (f->by) {
+	case VPS_FLOOR_RECEIVER:
+		printf("time_floor_by: \"the receives of node %d gpu %d\"\n", node, gpu);
+		break;
+	case VPS_FLOOR_SENDERS:
+		if (f->senders > 1)
+			printf("time_floor_by: \"the sends of the %" PRId64 " holders from node %d gpu %d\"\n", f->senders,
+			       node, gpu);
+		else
+			printf("time_floor_by: \"the sends of node %d gpu %d\"\n", node, gpu);
+		break;
+	case VPS_FLOOR_NODE_IN:
+		printf("time_floor_by: \"what enters node %d, over its NICs\"\n", node);
+		break;
+	case VPS_FLOOR_NODE_OUT:
+		printf("time_floor_by: \"what leaves node %d, over its NICs\"\n", node);
+		break;
+	}
+}
+
 static void print_stats(const struct vps_plan *p, const struct vps_plan_stats *s, const struct vps_topology *topo,
 			const struct vps_transition *tr, bool h)
 {
@@ -151,6 +176,8 @@ static void print_stats(const struct vps_plan *p, const struct vps_plan_stats *s
 		printf("estimate_over_time_bound: %.3f\n",
 		       s->time_bound_seconds > 0 ? s->estimate_seconds / s->time_bound_seconds : 1.0);
 		printf("time_floor_seconds: %s\n", tool_seconds(s->time_floor_seconds, "%.4f", h, n, sizeof(n)));
+		if (s->time_floor_seconds > 0)
+			print_floor_by(&s->time_floor);
 		printf("estimate_over_time_floor: %.3f\n",
 		       s->time_floor_seconds > 0 ? s->estimate_seconds / s->time_floor_seconds : 1.0);
 	}

@@ -200,6 +200,34 @@ struct vps_topology {
  * when no topology has that name. */
 VPS_API vps_result_t vps_topology_load(struct vps_topology *t, const char *arg, const char *search_path);
 
+/* The least time any direct plan of A -> B can take on topo, from the two
+ * layouts alone (never from a plan, so a planner's bug cannot move it and
+ * the estimate together), latency aside. Each device that needs an element
+ * under B and does not hold it under A receives it straight from a device
+ * that holds it: bytes only same-node holders have cross its NVLink, those
+ * only other nodes' holders have cross its NIC, the rest either. On the
+ * sending side, the devices of a replica set (the ranks holding one region
+ * alike) send between them every element only they hold to each device
+ * that needs it, and the busiest sends at least the average. The floor is
+ * the largest, over receivers and replica sets, of max(local / intra,
+ * remote / inter, all / (intra + inter)), per device; out says which. */
+enum vps_floor_by {
+	VPS_FLOOR_RECEIVER,  /* a device's bytes to receive (device) */
+	VPS_FLOOR_SENDERS,   /* what a set of senders shares (device: its first, senders of them) */
+	VPS_FLOOR_NODE_IN,   /* what must enter a node over its NICs (device.node; relayed floors) */
+	VPS_FLOOR_NODE_OUT,  /* what must leave a node over its NICs (device.node, senders: its GPUs) */
+};
+struct vps_time_floor {
+	double seconds;
+	struct vps_device device;  /* the device that sets it */
+	bool receives;             /* its bytes to receive set it; else those a set of senders shares */
+	int64_t senders;           /* sending: the devices that share the bytes below (it is one) */
+	int64_t local_bytes;       /* bytes over NVLink only */
+	int64_t remote_bytes;      /* over a NIC only */
+	int64_t either_bytes;      /* over either */
+	enum vps_floor_by by;      /* which of the above sets it; last, so that the fields before keep
+				    * their offsets */
+};
 struct vps_plan_stats {
 	int64_t world;
 	int64_t joining, leaving;
@@ -217,6 +245,7 @@ struct vps_plan_stats {
 	int64_t *send, *recv;        /* per world rank, when asked */
 	int64_t bytes_relayed;       /* moved by relays passing on what they received (--relay); last,
 				      * so that the fields before keep their offsets */
+	struct vps_time_floor time_floor; /* what sets time_floor_seconds; after them for the same reason */
 };
 
 /* Statistics of a global plan. load: fill per-rank send/recv arrays. topo
@@ -225,26 +254,6 @@ VPS_API vps_result_t vps_plan_stats(const struct vps_plan *p, const struct vps_t
 			    struct vps_plan_stats *s);
 VPS_API void vps_plan_stats_release(struct vps_plan_stats *s);
 
-/* The least time any direct plan of A -> B can take on topo, from the two
- * layouts alone (never from a plan, so a planner's bug cannot move it and
- * the estimate together), latency aside. Each device that needs an element
- * under B and does not hold it under A receives it straight from a device
- * that holds it: bytes only same-node holders have cross its NVLink, those
- * only other nodes' holders have cross its NIC, the rest either. On the
- * sending side, the devices of a replica set (the ranks holding one region
- * alike) send between them every element only they hold to each device
- * that needs it, and the busiest sends at least the average. The floor is
- * the largest, over receivers and replica sets, of max(local / intra,
- * remote / inter, all / (intra + inter)), per device; out says which. */
-struct vps_time_floor {
-	double seconds;
-	struct vps_device device;  /* the device that sets it */
-	bool receives;             /* its bytes to receive set it; else those a set of senders shares */
-	int64_t senders;           /* sending: the devices that share the bytes below (it is one) */
-	int64_t local_bytes;       /* bytes over NVLink only */
-	int64_t remote_bytes;      /* over a NIC only */
-	int64_t either_bytes;      /* over either */
-};
 VPS_API vps_result_t vps_time_floor(const struct vps_layout *a, const struct vps_layout *b, const struct vps_topology *topo,
 			    struct vps_time_floor *out);
 /* The floor of plans whose receivers may pass on what they received

@@ -324,11 +324,16 @@ static vps_result_t floor_nodes(struct floor_acc *acc, const struct vps_layout *
 	return VPS_OK;
 }
 
-static uint32_t node_index(const struct floor_acc *acc, int32_t node)
+/* The nodes are those of every device of the layouts, so any device's or
+ * holder's node is among them; one that is not would index past them. */
+static vps_result_t node_index(const struct floor_acc *acc, int32_t node, uint32_t *index)
 {
 	struct floor_node key = {.node = node};
 	const struct floor_node *f = bsearch(&key, acc->nodes, acc->nnodes, sizeof(key), node_cmp);
-	return (uint32_t)(f - acc->nodes);
+	if (!f)
+		return vps_fail(VPS_EINPUT, "node %d holds no device of the layouts", (int)node);
+	*index = (uint32_t)(f - acc->nodes);
+	return VPS_OK;
 }
 
 /* Relayed plans, this device's region R: what each holder's set could be
@@ -338,7 +343,8 @@ static uint32_t node_index(const struct floor_acc *acc, int32_t node)
 static vps_result_t region_sends(const struct vps_layout *a, struct floor_acc *acc, const struct floor_region *fr,
 				 const struct vps_holders *h)
 {
-	uint32_t here = node_index(acc, fr->dev.node);
+	uint32_t here, away;
+	VPS_CHECK(node_index(acc, fr->dev.node, &here));
 	for (size_t k = 0; k < h->n; k++) {
 		const struct vps_holder *x = &h->v[k];
 		struct vps_box need;
@@ -370,8 +376,8 @@ static vps_result_t region_sends(const struct vps_layout *a, struct floor_acc *a
 		prog_nodes(a, x, home, &on, &off);
 		if (off || home == fr->dev.node)
 			continue;
-		sb = (struct sent_box){SENT_OUT_OF_NODE, node_index(acc, home), fr->R->tensor, fr->R->state, false, false, false,
-				       need};
+		VPS_CHECK(node_index(acc, home, &away));
+		sb = (struct sent_box){SENT_OUT_OF_NODE, away, fr->R->tensor, fr->R->state, false, false, false, need};
 		VPS_CHECK(push_sent(acc, sb));
 		for (size_t j = 0; j < h->n; j++) {
 			if (j == k || h->v[j].count <= 0)
@@ -493,6 +499,7 @@ static vps_result_t floor_rank(const struct vps_layout *a, const struct vps_layo
 						    .device = fr.dev,
 						    .senders = 0,
 						    .receives = true,
+						    .by = VPS_FLOOR_RECEIVER,
 						    .local_bytes = loc,
 						    .remote_bytes = rem,
 						    .either_bytes = any};
@@ -520,6 +527,7 @@ static vps_result_t rset_bound(struct floor_acc *f, const struct vps_layout *a, 
 		f->best = (struct vps_time_floor){.seconds = t,
 						  .device = vps_layout_device(a, x.base),
 						  .receives = false,
+						  .by = VPS_FLOOR_SENDERS,
 						  .senders = x.count,
 						  .local_bytes = x.loc,
 						  .remote_bytes = x.rem,
@@ -539,6 +547,7 @@ static void node_bound(struct floor_acc *f, const struct floor_node *n)
 			f->best = (struct vps_time_floor){.seconds = t,
 							  .device = {n->node, 0},
 							  .receives = !way,
+							  .by = way ? VPS_FLOOR_NODE_OUT : VPS_FLOOR_NODE_IN,
 							  .senders = way ? n->gpus : 0,
 							  .remote_bytes = bytes};
 	}

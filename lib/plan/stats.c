@@ -1120,6 +1120,7 @@ vps_result_t vps_plan_stats(const struct vps_plan *p, const struct vps_topology 
 		struct vps_time_floor f;
 		VPS_CHECK_GOTO((relayed ? vps_time_floor_relayed : vps_time_floor)(p->a, p->b, topo, &f), rc, done);
 		s->time_floor_seconds = f.seconds;
+		s->time_floor = f;
 		/* the relayed floor also counts what must cross a node's NICs
 		 * once, which the bound's view of devices and sets does not see:
 		 * no plan beats either */

@@ -148,7 +148,12 @@ stat() { # key from a --stats listing in $output
 	vps-layout -q --model tiny-llama --parallel tp=1,pp=1,dp=4,zero=0 -o d4.layout
 	vps-plan -q p4.layout d4.layout -o direct.plan
 	vps-plan -q --relay p4.layout d4.layout -o relayed.plan
-	cmp direct.plan relayed.plan
+	for r in 0 1 2 3; do
+		cmp <(vps-plan --transfers --rank $r --format tsv direct.plan) <(vps-plan --transfers --rank $r --format tsv relayed.plan)
+	done
+	# the plan says it was planned with --relay: ranks compare that too
+	vps-show relayed.plan | grep -qx 'relay: true'
+	! vps-show direct.plan | grep -q '^relay:'
 }
 
 @test "--relay --stats: the bounds are those of plans that relay, and the relayed plan of llama2-7b's join meets them" {
@@ -173,6 +178,30 @@ stat() { # key from a --stats listing in $output
 	[ "$(stat bytes_relayed)" = 0 ]
 	[ "$(stat send_over_bound)" = 1.000 ]
 	awk '$1 == "balanced_send_bound:" { exit !($2 > 20000000000) }' <<< "$output"
+}
+
+# Four receivers of each slice a node: each range crosses into a node once,
+# to its gateway, which passes it on over NVLink (second hops, forward 2).
+# The relayed estimate meets the floor, and --stats says what sets it.
+@test "--relay across nodes: a range enters each node once, and the estimate meets the floor, which --stats names" {
+	vps-layout -q --model llama2-7b --parallel tp=2,dp=4,zero=0 -o a.layout
+	vps-layout -q --model llama2-7b --parallel tp=2,dp=16,zero=0 -o b.layout
+	vps-plan -q --relay a.layout b.layout -o r.plan
+	run vps-plan --relay --stats --topology a800-testbed a.layout b.layout
+	[ "$status" -eq 0 ]
+	stat() { awk -v k="$1:" '$1 == k { print $2 }' <<< "$output"; }
+	[ "$(stat estimate_over_time_floor)" = 1.000 ]
+	[[ "$output" == *'time_floor_by: "what leaves node 0, over its NICs"'* ]]
+	relayed_inter=$(stat bytes_inter_node) relayed_estimate=$(stat estimate_seconds)
+	# rank 8, a receiver on node 1, passes on to others of its node (and
+	# only of its node) ranges it took in from outside; the node takes in
+	# a third or less of what it takes without relays
+	vps-plan --transfers --rank 8 --format tsv r.plan > t8.tsv
+	awk -F'\t' '$2 == "send" && $NF == 2 { n++; if (int($3 / 8) != 1) bad = 1 } END { exit !(n > 0 && !bad) }' t8.tsv
+	# without relays: several times the time, and the NIC bytes
+	run vps-plan --stats --topology a800-testbed a.layout b.layout
+	awk -v r="$relayed_estimate" '$1 == "estimate_seconds:" { exit !($2 > 3 * r) }' <<< "$output"
+	[ "$(stat bytes_inter_node)" -ge $((3 * relayed_inter)) ]
 }
 
 @test "the summary says how many devices join and leave whenever they change" {
