@@ -37,23 +37,34 @@ VPS_API int64_t vps_world_of_device(const struct vps_world *w, struct vps_device
  * layout, not of its A layout: a relayed piece (a forward), which the
  * source received earlier in the switch and passes on. */
 #define VPS_BUFFER_TARGET 0x80000000u
-/* With VPS_BUFFER_TARGET: a second hop, a forward of a forward (a node's
- * gateway passing on over its node's links what crossed into the node
- * once). Never set alone. */
-#define VPS_BUFFER_SECOND_HOP 0x40000000u
-#define VPS_BUFFER_FLAGS (VPS_BUFFER_TARGET | VPS_BUFFER_SECOND_HOP)
+/* With VPS_BUFFER_TARGET, the two bits below it count the hops before the
+ * forward's: 0 for a forward of what a holder sent (hop 1), 1 for a
+ * forward of a forward (hop 2), 2 for hop 3, the most (a range that a
+ * holder's node-mate carries out of the node, which a node's first
+ * receiver passes to another node's gateway, which passes it on over its
+ * node's links). Never set without VPS_BUFFER_TARGET, never 3. */
+#define VPS_BUFFER_HOP_SHIFT 29
+#define VPS_BUFFER_HOPS (3u << VPS_BUFFER_HOP_SHIFT)
+#define VPS_BUFFER_FLAGS (VPS_BUFFER_TARGET | VPS_BUFFER_HOPS)
+#define VPS_MAX_HOP 3
 /* The buffer a src_buffer names, without its flags. */
 static inline uint32_t vps_buffer_index(uint32_t src_buffer)
 {
 	return src_buffer & ~VPS_BUFFER_FLAGS;
 }
-/* 0 for a direct piece (from a holder's A buffer), 1 for a forward, 2 for
- * a second hop; -1 for a second-hop bit without the target bit. */
+/* 0 for a direct piece (from a holder's A buffer), 1 .. VPS_MAX_HOP for a
+ * forward; -1 for hop bits that name no hop. */
 static inline int vps_buffer_hop(uint32_t src_buffer)
 {
+	uint32_t more = (src_buffer & VPS_BUFFER_HOPS) >> VPS_BUFFER_HOP_SHIFT;
 	if (!(src_buffer & VPS_BUFFER_TARGET))
-		return src_buffer & VPS_BUFFER_SECOND_HOP ? -1 : 0;
-	return src_buffer & VPS_BUFFER_SECOND_HOP ? 2 : 1;
+		return more ? -1 : 0;
+	return more + 1 <= VPS_MAX_HOP ? (int)more + 1 : -1;
+}
+/* The src_buffer of hop `hop` (0 .. VPS_MAX_HOP) from buffer `index`. */
+static inline uint32_t vps_buffer_at_hop(uint32_t index, int hop)
+{
+	return hop ? index | VPS_BUFFER_TARGET | (uint32_t)(hop - 1) << VPS_BUFFER_HOP_SHIFT : index;
 }
 
 struct vps_piece {

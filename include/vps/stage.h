@@ -39,12 +39,12 @@
  * smallest budget that stays under). */
 #define VPS_STAGE_MAX_CHUNKS ((int64_t)10000000)
 
-/* Forwards (ops whose src_buffer has VPS_BUFFER_TARGET: a relay passing on
- * what it received) between ranks i and j belong to step steps + (i ^ j),
- * second hops (VPS_BUFFER_SECOND_HOP too) to 2 steps + (i ^ j), and a stage
- * never holds two kinds: every forward is sent in a stage after every
- * direct transfer has arrived, every second hop after every forward. */
-#define VPS_STAGE_LAST_STEP(steps) (3 * (steps))
+/* A transfer of hop h (vps_buffer_hop of its ops' src_buffer: 0 direct,
+ * 1 .. VPS_MAX_HOP a relay passing on what it received) between ranks i
+ * and j belongs to step h steps + (i ^ j), and a stage never holds two
+ * hops: every hop h transfer is sent in a stage after every transfer of a
+ * lower hop has arrived. */
+#define VPS_STAGE_LAST_STEP(steps) ((VPS_MAX_HOP + 1) * (steps))
 
 struct vps_op {
 	int64_t piece;        /* first plan piece carried */
@@ -115,13 +115,17 @@ VPS_API void vps_staged_free(struct vps_staged *s);
  * transfer): the chunk count, what the last chunk costs and what the first
  * chunk costs the busiest rank in the staged plan's scope (bytes sent plus
  * received in that unit). Step 0 is [R, 0, F]: R 1 when some rank retains,
- * F 1 when some transfer is a forward. The forward steps steps + 1 ..
- * 3 steps follow (VPS_DEMAND_FORWARD_COUNT numbers, all 0 unless F): the
- * executors all-reduce them only when the world's F is 1, so a plan
- * without relays agrees on VPS_DEMAND_COUNT numbers, as before relays. The
- * world's demands combine every rank's with vps_stage_demand_combine. */
+ * F the most hops of any transfer (0: no forward). The forward steps
+ * steps + 1 .. (VPS_MAX_HOP + 1) steps follow (VPS_DEMAND_FORWARD_COUNT
+ * numbers, all 0 past (F + 1) steps): the executors all-reduce the first
+ * VPS_DEMAND_FORWARD_AGREED(steps, F) of them only when the world's F is
+ * above 0, so a plan without relays agrees on VPS_DEMAND_COUNT numbers, as
+ * before relays. The world's demands combine every rank's with
+ * vps_stage_demand_combine. */
 #define VPS_DEMAND_COUNT(steps) ((size_t)3 * (size_t)((steps) + 1))
-#define VPS_DEMAND_FORWARD_COUNT(steps) ((size_t)6 * (size_t)(steps))
+#define VPS_DEMAND_FORWARD_COUNT(steps) ((size_t)3 * VPS_MAX_HOP * (size_t)(steps))
+#define VPS_DEMAND_FORWARD_AGREED(steps, hops) ((size_t)3 * (size_t)(hops) * (size_t)(steps))
+#define VPS_DEMAND_HOPS(demand) ((demand)[2])
 #define VPS_DEMAND_HAS_FORWARDS(demand) ((demand)[2] != 0)
 /* *demand: VPS_DEMAND_COUNT + VPS_DEMAND_FORWARD_COUNT numbers. */
 VPS_API vps_result_t vps_staged_demand(const struct vps_staged *s, int64_t **demand);

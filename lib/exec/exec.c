@@ -413,8 +413,8 @@ static vps_result_t check_views(const struct vps_switch *sw)
 		for (size_t q = 0; q < x->nops && !rc; q++) {
 			struct vps_op op = s->ops[x->first_op + q];
 			if (vps_buffer_hop(op.src_buffer) != hop || hop < 0) {
-				rc = vps_fail(VPS_EINPUT, "transfer %zu: its copies are not all of one hop (direct, forward "
-					      "or second hop)", i);
+				rc = vps_fail(VPS_EINPUT, "transfer %zu: its copies are not all of one hop (0 direct, 1 to "
+					      "%d forwards)", i, VPS_MAX_HOP);
 				break;
 			}
 			op.src_buffer = vps_buffer_index(op.src_buffer);
@@ -1110,7 +1110,8 @@ static void gpu_context(struct executor *ex)
  * global plan is already cut and must agree. Done before the trainers ask
  * for the switch, so it costs the pause nothing. The forward steps of a
  * relayed plan take a second all-reduce, only when the first says some
- * rank forwards: a plan without relays pays nothing for them. */
+ * rank forwards, and only of the hops some rank has: a plan without relays
+ * pays nothing for them. */
 static vps_result_t agree_stages(const struct executor *ex)
 {
 	struct vps_staged *const *plans = ex->plans;
@@ -1121,9 +1122,14 @@ static vps_result_t agree_stages(const struct executor *ex)
 		VPS_CHECK(vps_staged_demand(plans[k], &d));
 		size_t direct = VPS_DEMAND_COUNT(plans[k]->steps);
 		vps_result_t rc = vps_net_allreduce(ex->net, d, direct, vps_stage_demand_combine, what);
+		/* the hops come from every rank: bounded before they size a message */
+		if (!rc && (VPS_DEMAND_HOPS(d) < 0 || VPS_DEMAND_HOPS(d) > VPS_MAX_HOP))
+			rc = vps_fail(VPS_EINPUT, "%s: the world's demands say %" PRId64 " hops, not 0 to %d", what,
+				      VPS_DEMAND_HOPS(d), VPS_MAX_HOP);
 		if (!rc && VPS_DEMAND_HAS_FORWARDS(d)) {
 			snprintf(what, sizeof(what), "forward stage boundaries of plan %zu", k + 1);
-			rc = vps_net_allreduce(ex->net, d + direct, VPS_DEMAND_FORWARD_COUNT(plans[k]->steps),
+			rc = vps_net_allreduce(ex->net, d + direct,
+					       VPS_DEMAND_FORWARD_AGREED(plans[k]->steps, VPS_DEMAND_HOPS(d)),
 					       vps_stage_demand_combine, what);
 		}
 		if (!rc && (rc = vps_staged_cut(plans[k], d)))

@@ -571,7 +571,7 @@ static int64_t address_at(int64_t offset, const int64_t *strides, const struct v
 /* Forward i (a relay passing on a piece): the relay holds it under B at
  * the source address, and, where this plan has the relay's receives, it
  * received every element of it there by pieces of an earlier hop (a
- * forward from holders, a second hop from holders or forwards). */
+ * forward from holders, a later hop from holders or earlier hops). */
 static vps_result_t check_forward(const struct vps_plan *p, struct views *vw, size_t i, struct vps_verify_report *rep)
 {
 	const struct vps_piece *x = &p->pieces[i];
@@ -607,7 +607,8 @@ static vps_result_t check_forward(const struct vps_plan *p, struct views *vw, si
 	for (size_t k = lo; k < p->npieces && p->pieces[k].dst == x->src; k++) {
 		const struct vps_piece *y = &p->pieces[k];
 		struct vps_box z;
-		if (y->tensor != x->tensor || y->state != x->state || vps_buffer_hop(y->src_buffer) >= hop ||
+		int yhop = vps_buffer_hop(y->src_buffer);
+		if (y->tensor != x->tensor || y->state != x->state || yhop < 0 || yhop >= hop ||
 		    y->dst_buffer != buffer || !vps_box_intersect(&y->box, &x->box, &z))
 			continue;
 		/* received where it is read: one element's address on both */
@@ -619,7 +620,7 @@ static vps_result_t check_forward(const struct vps_plan *p, struct views *vw, si
 	if (got != vps_box_volume(&x->box))
 		vps_verify_add(rep, "piece %zu (%s): relay %" PRId64 " passes on %" PRId64 " elements, of which it receives %"
 			       PRId64 " from %s", i, ps, x->src, vps_box_volume(&x->box), got,
-			       hop == 1 ? "holders" : "holders and first hops");
+			       hop == 1 ? "holders" : "holders and earlier hops");
 	return VPS_OK;
 }
 
@@ -1330,22 +1331,20 @@ static vps_result_t check_xfer(struct staged_check *c, size_t i)
 		return VPS_OK;
 	}
 	/* forwards (a relay's sends from its target buffers) follow the direct
-	 * steps, second hops the forwards */
-	static const char *const hop_name[] = {"direct", "a forward", "a second hop"};
+	 * steps, each hop the one before */
 	int hop = x->nops ? vps_buffer_hop(s->ops[x->first_op].src_buffer) : 0;
 	if (hop < 0) {
-		vps_verify_add(rep, "transfer %zu: op 0's source buffer %#x is a second hop that is not a forward", i,
+		vps_verify_add(rep, "transfer %zu: op 0's source buffer %#x has hop bits that name no hop", i,
 			       s->ops[x->first_op].src_buffer);
-		hop = 2;
+		hop = VPS_MAX_HOP;
 	}
 	bool forward = hop > 0;
 	for (size_t k = 1; k < x->nops; k++)
 		if (vps_buffer_hop(s->ops[x->first_op + k].src_buffer) != hop)
-			vps_verify_add(rep, "transfer %zu: op %zu is not %s, as op 0 is", i, k, hop_name[hop]);
+			vps_verify_add(rep, "transfer %zu: op %zu is not of hop %d, as op 0 is", i, k, hop);
 	if (x->step != (x->src ^ x->dst) + hop * s->steps)
-		vps_verify_add(rep, "transfer %zu (%" PRId64 " -> %" PRId64 "): step %" PRId64 " is not %s%" PRId64 " ^ %" PRId64,
-			       i, x->src, x->dst, x->step,
-			       hop == 2 ? "twice the direct steps + " : hop ? "the direct steps + " : "", x->src, x->dst);
+		vps_verify_add(rep, "transfer %zu (%" PRId64 " -> %" PRId64 ", hop %d): step %" PRId64 " is not %d x %" PRId64
+			       " + %" PRId64 " ^ %" PRId64, i, x->src, x->dst, hop, x->step, hop, s->steps, x->src, x->dst);
 	if (x->step > VPS_STAGE_LAST_STEP(s->steps))
 		vps_verify_add(rep, "transfer %zu: step %" PRId64 " beyond the last step %" PRId64, i, x->step,
 			       VPS_STAGE_LAST_STEP(s->steps));
@@ -1415,24 +1414,24 @@ static vps_result_t check_carried(struct staged_check *c)
 	return rc;
 }
 
-/* A relay sends on only what has arrived: each rank's first forward lies in
- * a stage after its last receive from a holder, and its first second hop
- * after its last receive of a forward too (with check_forward, which
- * proves those receives bring every element passed on, every byte passed
- * on arrived before it is sent). Files of one rank hold its own receives
- * only when it is that rank. */
+/* A relay sends on only what has arrived: each rank's first send of hop h
+ * lies in a stage after its last receive of every hop below h (with
+ * check_forward, which proves those receives bring every element passed
+ * on, every byte passed on arrived before it is sent). Files of one rank
+ * hold its own receives only when it is that rank. */
 static vps_result_t check_relay_order(const struct vps_staged *s, int64_t W, struct vps_verify_report *rep)
 {
 	if (!s->cut)
 		return VPS_OK;
-	/* [0, W): last receive of a direct piece; [W, 2W): of a forward;
-	 * [2W, 3W): first forward sent; [3W, 4W): first second hop sent */
-	int64_t *t = malloc(4 * (size_t)W * sizeof(*t)), *last_in = t, *first_out = t ? t + 2 * W : NULL;
+	/* last_in[h W + r]: rank r's last receive of hop h (0 .. MAX_HOP - 1);
+	 * first_out[(h - 1) W + r]: its first send of hop h (1 .. MAX_HOP) */
+	size_t n = VPS_MAX_HOP * (size_t)W;
+	int64_t *t = malloc(2 * n * sizeof(*t)), *last_in = t, *first_out = t ? t + n : NULL;
 	if (!t)
-		return too_large("ranks", (size_t)W, 4 * sizeof(int64_t));
-	for (int64_t r = 0; r < 2 * W; r++) {
-		last_in[r] = -1;
-		first_out[r] = INT64_MAX;
+		return too_large("ranks", (size_t)W, 2 * VPS_MAX_HOP * sizeof(int64_t));
+	for (size_t k = 0; k < n; k++) {
+		last_in[k] = -1;
+		first_out[k] = INT64_MAX;
 	}
 	for (size_t i = 0; i < s->nxfers; i++) {
 		const struct vps_xfer *x = &s->xfers[i];
@@ -1441,21 +1440,26 @@ static vps_result_t check_relay_order(const struct vps_staged *s, int64_t W, str
 		int hop = vps_buffer_hop(s->ops[x->first_op].src_buffer);
 		if (hop < 0)
 			continue; /* check_xfer names it */
-		if (hop > 0)
-			first_out[(hop - 1) * W + x->src] = vps_min64(first_out[(hop - 1) * W + x->src], x->stage);
-		if (hop < 2)
-			last_in[hop * W + x->dst] = vps_max64(last_in[hop * W + x->dst], x->stage);
+		if (hop > 0) {
+			int64_t *f = &first_out[(size_t)(hop - 1) * (size_t)W + (size_t)x->src];
+			*f = vps_min64(*f, x->stage);
+		}
+		if (hop < VPS_MAX_HOP) {
+			int64_t *l = &last_in[(size_t)hop * (size_t)W + (size_t)x->dst];
+			*l = vps_max64(*l, x->stage);
+		}
 	}
 	for (int64_t r = 0; r < W; r++) {
 		if (s->scope >= 0 && s->scope != r)
 			continue;
-		int64_t got_direct = last_in[r], got_any = vps_max64(last_in[r], last_in[W + r]);
-		if (first_out[r] != INT64_MAX && first_out[r] <= got_direct)
-			vps_verify_add(rep, "rank %" PRId64 " passes on in stage %" PRId64 " what it may receive as late as stage %"
-				       PRId64, r, first_out[r], got_direct);
-		if (first_out[W + r] != INT64_MAX && first_out[W + r] <= got_any)
-			vps_verify_add(rep, "rank %" PRId64 " passes on again in stage %" PRId64 " what it may receive as late as "
-				       "stage %" PRId64, r, first_out[W + r], got_any);
+		int64_t got = -1;
+		for (int h = 1; h <= VPS_MAX_HOP; h++) {
+			got = vps_max64(got, last_in[(size_t)(h - 1) * (size_t)W + (size_t)r]);
+			int64_t out = first_out[(size_t)(h - 1) * (size_t)W + (size_t)r];
+			if (out != INT64_MAX && out <= got)
+				vps_verify_add(rep, "rank %" PRId64 " passes on in stage %" PRId64 " what it may receive as late "
+					       "as stage %" PRId64 " (hop %d)", r, out, got, h);
+		}
 	}
 	free(t);
 	return VPS_OK;

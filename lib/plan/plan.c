@@ -72,14 +72,18 @@ struct ctx {
 };
 
 /* A relayed region: its receivers in replica order (world and B ranks, and
- * their nodes) and the destination's index among them. Receiver j is
- * served range j of the destination buffer (cut in n) by a holder and
- * passes it on to the others on its node, and to one receiver (the
- * gateway) on each other node, which passes it on over that node's links. */
+ * their nodes), the destination's index among them, and the node every
+ * holder is on (home; NO_HOME when they are on several) with the fewest
+ * holders of a group. Range j of the destination buffer (cut in n) is
+ * receiver j's to bring in and pass on; `route` says who takes it from
+ * whom, at which hop. */
+#define NO_HOME INT32_MIN
 struct relay {
 	int64_t n, i;
 	int64_t world[EXACT_REPLICAS], b[EXACT_REPLICAS];
 	int32_t node[EXACT_REPLICAS];
+	int32_t home;
+	int64_t holders;
 };
 
 /* Holders under A, less the lost ranks: every choice of a source reads
@@ -259,6 +263,8 @@ static vps_result_t relay_set(struct ctx *c, int64_t rb, const struct vps_region
 {
 	rl->n = 0;
 	rl->i = -1;
+	rl->home = NO_HOME;
+	rl->holders = 1;
 	c->hb.n = 0;
 	VPS_CHECK(vps_layout_holders(c->b, R->tensor, R->state, &R->box, &c->hb));
 	for (size_t k = 0; k < c->hb.n; k++) {
@@ -620,24 +626,112 @@ static vps_result_t emit_range(struct pieces *out, int64_t only_src, int64_t src
 	return VPS_OK;
 }
 
-/* The receiver that takes range p into node m, where p's receiver is not
- * on m: the node's receivers take the ranges from outside in turn, so each
- * range crosses into a node once and each of its receivers takes an equal
- * share over its own NIC. */
-static int64_t gateway(const struct relay *rl, int64_t p, int32_t m)
+/* ---- relayed routes ----
+ *
+ * Range p of a relayed region reaches every receiver once, each node's NICs
+ * carrying it once in and, from the holders' node, once out:
+ * - a receiver on the holders' node (home) takes its own range from a
+ *   holder, and the others' from them (hop 1);
+ * - each range of a receiver on another node leaves home once, straight
+ *   from a holder or through a receiver at home (its exporter: the ranges
+ *   go round the holders and the home receivers in turn, each one's NIC
+ *   an equal share), to that receiver (its entry); each home receiver's
+ *   own range lands on one other node in turn, at a receiver there;
+ * - a node's receivers take the ranges that are not their own from
+ *   outside in turn (round robin): the range's entry where it lands there,
+ *   else the node's gateway for it, which takes it from its entry; every
+ *   other receiver of the node takes it from that one over the node's
+ *   links.
+ * A relay passes on a range the hop after it took it in, so a hop is at
+ * most 3. With the holders on several nodes, or none of the receivers at
+ * home, every range is its receiver's own to take from a holder. */
+
+static bool at_home(const struct relay *rl, int64_t q)
 {
-	int64_t outside_before = 0, on_m = 0;
-	for (int64_t q = 0; q < rl->n; q++) {
-		if (rl->node[q] == m)
-			on_m++;
-		else if (q < p)
-			outside_before++;
-	}
-	int64_t turn = outside_before % on_m;
+	return rl->home != NO_HOME && rl->node[q] == rl->home;
+}
+
+/* The count of receivers q < below (all: rl->n) on node m, or off it. */
+static int64_t count_on(const struct relay *rl, int64_t below, int32_t m, bool on)
+{
+	int64_t k = 0;
+	for (int64_t q = 0; q < below; q++)
+		k += (rl->node[q] == m) == on;
+	return k;
+}
+
+/* The k-th receiver (from 0) on node m. */
+static int64_t kth_on(const struct relay *rl, int32_t m, int64_t k)
+{
 	for (int64_t q = 0; q < rl->n; q++)
-		if (rl->node[q] == m && turn-- == 0)
+		if (rl->node[q] == m && k-- == 0)
 			return q;
-	return -1; /* not reached: m has the asking receiver */
+	return -1; /* not reached: callers ask within the count */
+}
+
+/* Who carries range p (of a receiver off home) out of home: a holder (-1)
+ * or a home receiver. */
+static int64_t exporter(const struct relay *rl, int64_t p)
+{
+	if (rl->home == NO_HOME)
+		return -1;
+	int64_t home = count_on(rl, rl->n, rl->home, true);
+	if (!home)
+		return -1;
+	int64_t slot = count_on(rl, p, rl->home, false) % (rl->holders + home);
+	return slot < rl->holders ? -1 : kth_on(rl, rl->home, slot - rl->holders);
+}
+
+/* The node range p lands on first: its receiver's, or for a home
+ * receiver's range, the other nodes in turn (home: none other). */
+static int32_t landing(const struct relay *rl, int64_t p)
+{
+	if (!at_home(rl, p))
+		return rl->node[p];
+	int32_t away[EXACT_REPLICAS];
+	int64_t naway = 0;
+	for (int64_t q = 0; q < rl->n; q++) {
+		bool seen = at_home(rl, q);
+		for (int64_t k = 0; k < naway && !seen; k++)
+			seen = away[k] == rl->node[q];
+		if (!seen)
+			away[naway++] = rl->node[q];
+	}
+	return naway ? away[count_on(rl, p, rl->home, true) % naway] : rl->home;
+}
+
+/* The receiver on node m (not p's) that takes range p in from outside. */
+static int64_t taker(const struct relay *rl, int64_t p, int32_t m)
+{
+	return kth_on(rl, m, count_on(rl, p, m, false) % count_on(rl, rl->n, m, true));
+}
+
+/* Where receiver i takes range p from: *from a receiver, or -1 for a
+ * holder; *hop the hop of that piece. */
+static void route(const struct relay *rl, int64_t p, int64_t i, int64_t *from, int *hop)
+{
+	*from = -1;
+	*hop = 0;
+	if (at_home(rl, i)) {
+		int64_t e = at_home(rl, p) ? p : exporter(rl, p);
+		if (e >= 0 && e != i) {
+			*from = e;
+			*hop = 1;
+		}
+		return;
+	}
+	int32_t land = landing(rl, p);
+	int64_t entry = at_home(rl, p) ? taker(rl, p, land) : p, e = exporter(rl, p);
+	/* the hop at which the entry takes p in */
+	int in = at_home(rl, p) || e >= 0;
+	if (i == entry) {
+		*from = at_home(rl, p) ? p : e;
+		*hop = *from >= 0;
+		return;
+	}
+	int64_t gateway = land == rl->node[i] ? i : taker(rl, p, rl->node[i]);
+	*from = gateway == i ? entry : gateway;
+	*hop = in + (gateway == i ? 1 : 2);
 }
 
 static vps_result_t plan_cut(struct ctx *c, const struct group *g, const struct choice *ch, const struct relay *rl,
@@ -657,26 +751,19 @@ static vps_result_t plan_cut(struct ctx *c, const struct group *g, const struct 
 	x.large = x.vol * esize >= SPLIT_MIN_BYTES;
 	int64_t lo = 0, seg = 0;
 	while (lo < x.vol && rl) {
-		/* range p of the buffer: from its receiver, which got it from the
-		 * holder rotation picks for it (a piece not one range of the
-		 * buffer goes whole with its first element) */
+		/* range p of the buffer, by its route: from a relay, or from the
+		 * holder the rotation picks (a piece not one range of the buffer
+		 * goes whole with its first element) */
 		int64_t pos = x.first + lo, p = bufsize > 0 ? vps_min64(pos * rl->n / bufsize, rl->n - 1) : 0;
 		int64_t end = x.vol;
 		if (x.contiguous && bufsize > 0)
 			end = vps_min64(x.vol, vps_max64(vps_ceil_div((p + 1) * bufsize, rl->n) - x.first, lo + 1));
-		if (p != rl->i) {
-			/* from p on this node; from outside, from p only for the
-			 * node's gateway, which the others take it from */
+		int64_t from;
+		int hop;
+		route(rl, p, rl->i, &from, &hop);
+		if (from >= 0) {
 			struct vps_region fr = *R;
-			int64_t from = p;
-			fr.buffer |= VPS_BUFFER_TARGET;
-			if (rl->node[p] != rl->node[rl->i]) {
-				int64_t gw = gateway(rl, p, rl->node[rl->i]);
-				if (gw != rl->i) {
-					from = gw;
-					fr.buffer |= VPS_BUFFER_SECOND_HOP;
-				}
-			}
+			fr.buffer = vps_buffer_at_hop(R->buffer, hop);
 			VPS_CHECK(emit_range(out, only_src, rl->world[from], d, y, ext, x.vol, lo, end, &fr, R));
 		} else {
 			int64_t src;
@@ -725,6 +812,8 @@ static vps_result_t relay_wanted(struct ctx *c, int64_t rb, const struct vps_reg
 	VPS_CHECK(relay_set(c, rb, R, rl));
 	if (rl->n < 2)
 		return VPS_OK;
+	int32_t home = NO_HOME;
+	bool one_home = true;
 	for (size_t gi = 0; gi < ng; gi++) {
 		const struct group *g = &gs[gi];
 		if (rl->n <= g->count)
@@ -737,7 +826,18 @@ static vps_result_t relay_wanted(struct ctx *c, int64_t rb, const struct vps_reg
 			if (weighed(c, cand, g->count))
 				return VPS_OK;
 		}
+		/* fewer holders than receivers (< EXACT_REPLICAS): each one's node */
+		for (int64_t j = 0; j < g->count && one_home; j++) {
+			int64_t ra;
+			size_t h;
+			group_member(&c->ha, g, j, &ra, &h);
+			int32_t node = vps_layout_device(c->a, ra).node;
+			one_home = home == NO_HOME || home == node;
+			home = node;
+		}
+		rl->holders = gi ? vps_min64(rl->holders, g->count) : g->count;
 	}
+	rl->home = one_home ? home : NO_HOME;
 	*yes = true;
 	return VPS_OK;
 }
@@ -983,7 +1083,7 @@ static int piece_cmp(const void *p, const void *q)
 		return x->dst < y->dst ? -1 : 1;
 	if (x->src != y->src)
 		return x->src < y->src ? -1 : 1;
-	/* a pair's direct pieces, then forwards, then second hops: staging
+	/* a pair's direct pieces, then each hop of forwards: staging
 	 * cuts them apart */
 	int hx = vps_buffer_hop(x->src_buffer), hy = vps_buffer_hop(y->src_buffer);
 	if (hx != hy)

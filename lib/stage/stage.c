@@ -67,7 +67,7 @@ struct builder {
 	size_t nx, capx;
 	struct vps_op *o;
 	size_t no, capo;
-	int64_t steps; /* the direct steps: forwards follow them, then second hops */
+	int64_t steps; /* the direct steps: each hop of forwards follows them */
 };
 
 void vps_op_run(const struct vps_xfer *x, const struct vps_op *o, struct vps_run *r)
@@ -301,7 +301,7 @@ static vps_result_t demand_of(const struct vps_xfer *xs, size_t n, int64_t steps
 			if (scope < 0 || r[k] == scope) {
 				e[ne++] = (struct side){x->step, r[k], x->chunk, x->bytes};
 				if (x->step > steps)
-					d[2] = 1;
+					d[2] = vps_max64(d[2], (x->step - 1) / steps);
 			}
 	}
 	qsort(e, ne, sizeof(*e), side_order);
@@ -388,24 +388,24 @@ vps_result_t vps_staged_cut(struct vps_staged *s, const int64_t *d)
 	struct vps_stage_info *st = NULL;
 	size_t n = 0, cap = 0;
 	int64_t *stage = vps_malloc((s->nxfers + 1) * sizeof(*stage));
-	/* without forwards anywhere the world agreed on the direct steps only */
-	int64_t last_step = VPS_DEMAND_HAS_FORWARDS(d) ? VPS_STAGE_LAST_STEP(s->steps) : s->steps;
-	int64_t limit = vps_sat_add(VPS_STAGE_MAX_CHUNKS, last_step + 1), units = 0, half = chunk_size(s->budget);
 	if (!stage)
 		return VPS_ENOMEM;
+	if (d[2] < 0 || d[2] > VPS_MAX_HOP) {
+		free(stage);
+		return vps_fail(VPS_EINPUT, "step 0: %" PRId64 " hops, not 0 to %d", d[2], VPS_MAX_HOP);
+	}
+	/* the world agreed on the steps of the hops it has only */
+	int64_t last_step = (d[2] + 1) * s->steps;
+	int64_t limit = vps_sat_add(VPS_STAGE_MAX_CHUNKS, last_step + 1), units = 0, half = chunk_size(s->budget);
 	if (d[0]) {
 		VPS_CHECK_GOTO(VPS_GROW(st, cap, 1), rc, done);
 		st[n++] = (struct vps_stage_info){0, 0, 0, 0, 0, 0};
 	}
-	if (d[2] != 0 && d[2] != 1) {
-		rc = vps_fail(VPS_EINPUT, "step 0: a forward flag of %" PRId64 ", not 0 or 1", d[2]);
-		goto done;
-	}
 	bool open = false;
 	for (int64_t step = 1; step <= last_step; step++) {
 		int64_t chunks = d[3 * step], last = d[3 * step + 1], first = d[3 * step + 2];
-		if (step == s->steps + 1 || step == 2 * s->steps + 1)
-			open = false; /* forwards only after every direct transfer arrived, second hops after forwards */
+		if (step > 1 && (step - 1) % s->steps == 0)
+			open = false; /* a hop only after every transfer of the hops before it arrived */
 		if (!chunks)
 			continue;
 		/* what the budget allows, whoever sent the numbers */

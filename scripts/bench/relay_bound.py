@@ -48,8 +48,11 @@ JOINS = [
     ("llama2-7b", "tp=8,pp=1,dp=1,zero=1", "tp=8,pp=1,dp=8,zero=1"),
     ("llama2-7b", "tp=8,pp=1,dp=1,zero=0", "tp=8,pp=1,dp=8,zero=0"),
     # four receivers of each slice a node: each range crosses into a node
-    # once, to its gateway, which passes it on over NVLink (second hops)
+    # once, to its gateway, which passes it on over NVLink
     ("llama2-7b", "tp=2,pp=1,dp=4,zero=0", "tp=2,pp=1,dp=16,zero=0"),
+    # and receivers on the holders' node too: they carry ranges out of it
+    # (hops up to 3)
+    ("llama2-7b", "tp=2,pp=1,dp=1,zero=0", "tp=2,pp=1,dp=16,zero=0"),
 ]
 GiB = float(1 << 30)
 # issue 29's targets for the first join

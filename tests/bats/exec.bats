@@ -150,6 +150,13 @@ per_rank() { # TRANSPORT DEVICES_PER_NODE
 
 @test "tcp: relayed join: dp=1 becomes dp=4, receivers pass pieces on" { relay_join tcp 8 4; }
 @test "tcp: relayed join: dp=1 becomes dp=8 over two nodes" { relay_join tcp 4 8; }
+# four nodes of two: the holder's node-mate carries ranges out, a node's
+# first receiver passes them to another node's gateway (hop 2), which
+# passes them on within its node (hop 3)
+@test "tcp: relayed join: dp=1 becomes dp=8 over four nodes, hops up to 3" {
+	relay_join tcp 2 8
+	vps-plan --transfers --rank 2 --format tsv "$BATS_TEST_TMPDIR/demo/ab.plan" | awk -F'\t' '$NF == 3' | grep -q .
+}
 # one holder, two receivers: sent twice directly, once relayed
 @test "tcp: relayed join: dp=1 becomes dp=3, the holder's parameters sent once" { relay_join tcp 8 3; }
 # The holder plans alone and forwards nothing: the world's demands, not its

@@ -63,6 +63,7 @@ cases() { # NAME: the case's demo.sh arguments, the devices per node under auto
 	world3) echo "2 --model tiny-gpt --from tp=1,pp=1,dp=3,zero=1 --to tp=1,pp=3,dp=1,first=2,last=2,zero=0 --back" ;;
 	world7) echo "4 --model tiny-llama --global-batch 28 --from tp=1,dp=7,zero=1 --to pp=7,first=2,last=0,zero=0" ;;
 	relay) echo "4 --relay --model tiny-llama --from tp=1,pp=1,dp=1,zero=1 --to tp=1,pp=1,dp=8,zero=1" ;;
+	relay_hops) echo "2 --relay --model tiny-llama --from tp=1,pp=1,dp=1,zero=1 --to tp=1,pp=1,dp=8,zero=1" ;;
 	esac
 }
 
@@ -118,6 +119,9 @@ gpu_case() { # TRANSPORT NAME
 @test "nccl: a relayed join: dp=1 becomes dp=8, receivers pass pieces on from their targets" { gpu_case nccl relay; }
 @test "ipc: a relayed join: dp=1 becomes dp=8, receivers read the relays' targets, GPU memory" { gpu_case ipc relay; }
 @test "auto: a relayed join: dp=1 becomes dp=8 on two nodes" { gpu_case auto relay; }
+# four nodes: ranges leave the holder's node once and pass between the
+# other nodes (hops 1 to 3), nccl between the nodes, ipc within
+@test "auto: a relayed join: dp=1 becomes dp=8 on four nodes, hops up to 3" { gpu_case auto relay_hops; }
 
 @test "nccl: devices join: 4 become 8" { gpu_case nccl join; }
 @test "ipc: devices join: 4 become 8, GPU memory" { gpu_case ipc join; }

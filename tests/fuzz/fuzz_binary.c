@@ -10,6 +10,7 @@
 #include <zstd.h>
 
 #include "fuzz_common.h"
+#include "io/doc_int.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -33,7 +34,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	memset(file, 0, 16);
 	memcpy(file, "\x89VPS", 4);
 	file[4] = (uint8_t)doc_kind[k];
-	file[6] = 1; /* version */
+	file[6] = (uint8_t)vps_doc_binary_version(doc_kind[k]); /* the one this build reads */
 	ZSTD_CCtx *c = ZSTD_createCCtx();
 	if (!c)
 		abort();

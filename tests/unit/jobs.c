@@ -133,8 +133,8 @@ int64_t job_check(struct job *j)
 void job_apply_plan(const struct vps_plan *p, struct job *a, struct job *b)
 {
 	/* forwards (a relay passing on from its target buffers) after the
-	 * direct pieces, second hops after the forwards */
-	for (size_t n = 0; n < 3 * p->npieces; n++) {
+	 * direct pieces, each hop after the one before */
+	for (size_t n = 0; n < (VPS_MAX_HOP + 1) * p->npieces; n++) {
 		const struct vps_piece *x = &p->pieces[n % p->npieces];
 		bool forward = x->src_buffer & VPS_BUFFER_TARGET;
 		if (vps_buffer_hop(x->src_buffer) != (int)(n / p->npieces))

@@ -175,7 +175,8 @@ TEST(tree_peers_are_symmetric_xor_partners)
  * those worlds, the vector three numbers per XOR step as vps-exec's, and
  * prints the busiest rank's bytes next to the formula in docs/plan.md: a
  * plan without relays all-reduces VPS_DEMAND_COUNT numbers, a relayed plan
- * VPS_DEMAND_FORWARD_COUNT more in a second all-reduce. */
+ * with hops up to VPS_MAX_HOP VPS_DEMAND_FORWARD_COUNT more in a second
+ * all-reduce (fewer hops, fewer: VPS_DEMAND_FORWARD_AGREED). */
 TEST(allreduce_max_at_the_worlds_asked_for)
 {
 	const char *env = getenv("VPS_AGREE_WORLDS");
