@@ -412,7 +412,7 @@ static int sent_cmp(const void *p, const void *q)
  * once: a set's bytes by the links that can carry them (a device on a
  * member's node, or one elsewhere, may have them first and pass them on),
  * a node's bytes in and out. */
-static vps_result_t sets_send_once(struct floor_acc *acc)
+static vps_result_t edges_cross_once(struct floor_acc *acc)
 {
 	qsort(acc->sent, acc->nsent, sizeof(*acc->sent), sent_cmp);
 	struct vps_box *boxes = NULL;
@@ -572,7 +572,7 @@ static vps_result_t time_floor(const struct vps_layout *a, const struct vps_layo
 	for (int64_t rb = 0; !rc && rb < wb; rb++)
 		rc = floor_rank(a, b, rb, &acc, &h, &fb);
 	if (!rc && relayed)
-		rc = sets_send_once(&acc);
+		rc = edges_cross_once(&acc);
 	for (size_t i = 0; !rc && i < acc.nnodes; i++)
 		node_bound(&acc, &acc.nodes[i]);
 	/* sets of one rank are added while the larger ones are bounded */
