@@ -65,6 +65,16 @@ static ncclComm_t join(const struct job *j, int rank)
 	return r == ncclSuccess ? c : NULL;
 }
 
+/* Until a first rank has made the communicator (its object exists), at
+ * most 2 s. */
+static void wait_for_communicator(const struct job *j)
+{
+	char path[128];
+	snprintf(path, sizeof(path), "/dev/shm/%s", j->id.internal + 16);
+	for (int i = 0; i < 2000 && access(path, F_OK); i++)
+		usleep(1000);
+}
+
 static bool says(const char *what)
 {
 	const char *m = N.last_error(NULL);
@@ -402,11 +412,7 @@ static int init_rank(int rank, void *ctx)
 	const struct job *j = ctx;
 	ncclComm_t c = NULL;
 	if (rank == 1) {
-		/* after rank 0 has made the communicator */
-		char path[128];
-		snprintf(path, sizeof(path), "/dev/shm/%s", j->id.internal + 16);
-		for (int i = 0; i < 2000 && access(path, F_OK); i++)
-			usleep(1000);
+		wait_for_communicator(j);
 		CHILD_CHECK(N.init_rank(&c, 3, j->id, 1) == ncclInvalidUsage);
 		CHILD_CHECK(says("ncclCommInitRank: rank 1 says nranks=3, the communicator was made with nranks=2"));
 		CHILD_CHECK(N.init_rank(&c, 2, j->id, 0) == ncclInvalidUsage);
@@ -435,6 +441,36 @@ TEST(init_refuses_a_world_it_does_not_share_a_rank_twice_and_a_forged_id)
 	CHECK(N.get_id(&j.id) == ncclSuccess);
 	int st[2];
 	run_ranks(2, init_rank, &j, 30, st);
+	CHECK_EQ(st[0], 0);
+	CHECK_EQ(st[1], 0);
+}
+
+/* A rank whose init returns may destroy its communicator at once, while a
+ * peer still waits to see the world whole: that peer's init succeeds (the
+ * lag makes rank 0 look at its peers only after rank 1 has left). */
+static int quick_leaver_rank(int rank, void *ctx)
+{
+	const struct job *j = ctx;
+	if (rank == 0) {
+		setenv("VPS_STANDIN_NCCL_INIT_LAG", "0.3", 1);
+	} else {
+		wait_for_communicator(j);
+		usleep(50000); /* and waits in its lag */
+	}
+	ncclComm_t c = join(j, rank);
+	CHILD_CHECK(c != NULL);
+	CHILD_CHECK(c && N.destroy(c) == ncclSuccess);
+	return 0;
+}
+
+TEST(a_peer_that_leaves_as_soon_as_init_returns_fails_no_one)
+{
+	if (!load())
+		return;
+	struct job j = {2, {{0}}};
+	CHECK(N.get_id(&j.id) == ncclSuccess);
+	int st[2];
+	run_ranks(2, quick_leaver_rank, &j, 30, st);
 	CHECK_EQ(st[0], 0);
 	CHECK_EQ(st[1], 0);
 }
