@@ -25,6 +25,7 @@ int tool_status(vps_result_t rc)
 	case VPS_ENOTFOUND:
 	case VPS_ESTALE:
 	case VPS_EBUSY:
+	case VPS_ENOMEM: /* the memory it needs, a /dev/shm too small among them */
 		return EXIT_USAGE; /* what the user asked for is wrong, names nothing or cannot be had now */
 	default: return EXIT_CHECK;
 	}

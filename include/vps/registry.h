@@ -87,7 +87,8 @@ VPS_API vps_result_t vps_registry_expand(const char *pattern, const struct vps_r
  * alive; a stale one (owner gone) of this user's is replaced only with
  * replace_stale, with the buffer objects NAME.N it made. An object NAME that
  * is not a vps registry, or is another user's, is never removed.
- * @return VPS_EINPUT with the reason when the name is taken. */
+ * @return VPS_EINPUT with the reason when the name is taken, VPS_ENOMEM
+ * when /dev/shm has no room for it (as vps_registry_alloc_host). */
 VPS_API vps_result_t vps_registry_create(struct vps_registry **out, const char *name, uint64_t layout_hash, int64_t rank,
 				 uint32_t max_entries, int replace_stale);
 /* Open an existing registry (the executor) and hold it: one executor at a
@@ -114,6 +115,14 @@ VPS_API void vps_registry_close(struct vps_registry *r);
  * process (stale cleanup, a trainer's signal handler); VPS_EINPUT, leaving
  * everything, for anything else. An absent NAME is not an error. */
 VPS_API vps_result_t vps_registry_unlink(const char *name);
+/* Whether /dev/shm has `bytes` free (statvfs) for the host buffers about to
+ * be allocated: a trainer checks a rank's whole need first, so that a
+ * /dev/shm too small is said once, with that need, before anything is made.
+ * Only the message: vps_registry_alloc_host reserves what it makes, which
+ * no other process can take meanwhile. A /dev/shm without a size limit has
+ * room. @return VPS_ENOMEM "/dev/shm: needs N MiB, M MiB free (docker:
+ * --shm-size)". */
+VPS_API vps_result_t vps_registry_check_room(uint64_t bytes);
 
 VPS_API const char *vps_registry_name(const struct vps_registry *r);
 VPS_API uint64_t vps_registry_layout_hash(const struct vps_registry *r);
@@ -124,7 +133,11 @@ VPS_API int64_t vps_registry_target_rank(const struct vps_registry *r);
 VPS_API vps_result_t vps_registry_set_target(struct vps_registry *r, uint64_t target_hash, int64_t target_rank);
 
 /* Allocate a host buffer in a new shared-memory object owned by the
- * registry and register it. *ptr receives the trainer's mapping. */
+ * registry and register it. *ptr receives the trainer's mapping. Its pages
+ * are reserved before it is mapped (as the registry's own are by
+ * vps_registry_create): a /dev/shm too small fails here, never with SIGBUS
+ * at the first write. @return VPS_ENOMEM "/dev/shm: needs N MiB, M MiB free
+ * (docker: --shm-size)" then, with nothing made or mapped. */
 VPS_API vps_result_t vps_registry_alloc_host(struct vps_registry *r, enum vps_registry_role role,
 			uint32_t buffer, enum vps_state state, enum vps_dtype dtype,
 				     int64_t elements, void **ptr);

@@ -7,12 +7,14 @@
 #include <stdio.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "gpu/gpu.h"
 #include "util/internal.h"
 #include "vps/registry.h"
+#include "vps/units.h"
 
 #define REG_MAGIC "VPSREG\0\1"
 
@@ -218,6 +220,90 @@ vps_result_t vps_registry_check_object(int fd, const char *name)
 	return VPS_OK;
 }
 
+/* Bytes /dev/shm has free for this user; false when it has no limit
+ * (a tmpfs of size 0 reports no blocks) or cannot be asked. */
+static bool shm_free(uint64_t *out)
+{
+	struct statvfs st;
+	if (statvfs("/dev/shm", &st) != 0 || !st.f_blocks)
+		return false;
+	*out = (uint64_t)st.f_bavail * st.f_frsize;
+	return true;
+}
+
+static int64_t clamp64(uint64_t v) { return v > INT64_MAX ? INT64_MAX : (int64_t)v; }
+
+/* The error of a /dev/shm too small for `need` more bytes: what is free
+ * (with the `held` bytes of the failed object, given back with it), and
+ * the flag a container (64 MiB of /dev/shm by default) is given more with. */
+static vps_result_t shm_full(uint64_t need, uint64_t held)
+{
+	char n[VPS_UNITS_LEN], f[VPS_UNITS_LEN];
+	uint64_t free_bytes;
+	vps_format_bytes(clamp64(need), n, sizeof(n));
+	if (!shm_free(&free_bytes))
+		return vps_fail(VPS_ENOMEM, "/dev/shm: needs %s, and has no room for it (docker: --shm-size)", n);
+	return vps_fail(VPS_ENOMEM, "/dev/shm: needs %s, %s free (docker: --shm-size)", n,
+			vps_format_bytes(clamp64(free_bytes + held), f, sizeof(f)));
+}
+
+vps_result_t vps_registry_check_room(uint64_t bytes)
+{
+	uint64_t free_bytes;
+	return shm_free(&free_bytes) && free_bytes < bytes ? shm_full(bytes, 0) : VPS_OK;
+}
+
+/* Where posix_fallocate is not supported (not tmpfs, or a C library that
+ * does not emulate it): one byte written into each page allocates it, and
+ * fails as a system call (ENOSPC), not as a fault. The object is new: its
+ * bytes are zero already. */
+static int touch_pages(int fd, size_t at, size_t n)
+{
+	size_t page = (size_t)sysconf(_SC_PAGESIZE);
+	for (size_t o = at - at % page; o < at + n; o += page) {
+		ssize_t w;
+		do
+			w = pwrite(fd, "", 1, (off_t)o);
+		while (w < 0 && errno == EINTR);
+		if (w != 1)
+			return w < 0 ? errno : EIO;
+	}
+	return 0;
+}
+
+/* Give a new object its pages now. ftruncate alone leaves it sparse: on a
+ * /dev/shm too small (a container's 64 MiB) the first write to a page that
+ * is not there kills the process with SIGBUS, in the trainer or in the
+ * executor that writes its targets. The free-space check first only keeps
+ * a request that cannot fit from filling /dev/shm before it fails (other
+ * processes' writes would fault meanwhile); it races with them, the
+ * reservation does not. In chunks, so that a signal (EINTR: tmpfs gives
+ * back what the interrupted call took) costs one chunk, never the progress
+ * made. */
+static vps_result_t reserve(int fd, const char *name, size_t size)
+{
+	VPS_CHECK(vps_registry_check_room(size));
+	const size_t chunk = (size_t)64 << 20;
+	for (size_t at = 0; at < size;) {
+		size_t n = size - at < chunk ? size - at : chunk;
+		int err = posix_fallocate(fd, (off_t)at, (off_t)n);
+		if (err == EINTR)
+			continue;
+		if (err == EOPNOTSUPP || err == ENOSYS)
+			err = touch_pages(fd, at, n);
+		if (err == ENOSPC)
+			return shm_full(size, at);
+		if (err == ENOMEM)
+			return vps_fail(VPS_ENOMEM, "shared memory /dev/shm/%s: reserve %zu bytes: %s", name, size,
+					strerror(err));
+		if (err)
+			return vps_fail(VPS_ESYS, "shared memory /dev/shm/%s: reserve %zu bytes: %s", name, size,
+					strerror(err));
+		at += n;
+	}
+	return VPS_OK;
+}
+
 static vps_result_t map_object_prot(const char *name, bool create, bool writable, size_t size, void **base,
 				    size_t *len)
 {
@@ -231,11 +317,16 @@ static vps_result_t map_object_prot(const char *name, bool create, bool writable
 		errno = err;
 		return rc;
 	}
-	if (create && ftruncate(fd, (off_t)size) != 0) {
-		vps_result_t rc = vps_fail_errno("shared memory /dev/shm/%s: resize to %zu bytes", name, size);
-		close(fd);
-		shm_unlink(path);
-		return rc;
+	if (create) {
+		vps_result_t rc = ftruncate(fd, (off_t)size) != 0
+					  ? vps_fail_errno("shared memory /dev/shm/%s: resize to %zu bytes", name, size)
+					  : reserve(fd, name, size);
+		if (rc) {
+			close(fd);
+			shm_unlink(path);
+			errno = 0; /* not EEXIST: the caller retries only a name taken */
+			return rc;
+		}
 	}
 	if (!create) {
 		vps_result_t rc = vps_registry_check_object(fd, name);

@@ -113,6 +113,38 @@ static vps_result_t alloc_gpu_shard(struct vps_registry *reg, const struct vps_c
 }
 
 
+static uint64_t view_bytes(const struct vps_rank_view *v)
+{
+	uint64_t n = 0;
+	for (size_t b = 0; b < v->nbuffers; b++)
+		n += buffer_bytes(&v->buffers[b]);
+	return n;
+}
+
+/* What a rank's host buffers take of /dev/shm (none for rank -1). */
+static vps_result_t rank_bytes(const struct vps_layout *l, int64_t rank, uint64_t *out)
+{
+	*out = 0;
+	if (rank < 0)
+		return VPS_OK;
+	struct vps_rank_view v;
+	VPS_CHECK(vps_layout_rank(l, rank, &v));
+	*out = view_bytes(&v);
+	vps_rank_view_release(&v);
+	return VPS_OK;
+}
+
+/* Before anything is made: /dev/shm holds the first switch's sources and
+ * targets at once, and a /dev/shm too small is said with that whole need
+ * (each shard's allocation checks its own part again, and reserves it). */
+static vps_result_t check_room(const struct vps_plan *p0, int64_t ra, int64_t rb)
+{
+	uint64_t a, b;
+	VPS_CHECK(rank_bytes(p0->a, ra, &a));
+	VPS_CHECK(rank_bytes(p0->b, rb, &b));
+	return vps_registry_check_room(a + b);
+}
+
 /* Allocate every buffer of a rank view in the registry. */
 static vps_result_t alloc_shard(struct vps_registry *reg, const struct vps_layout *l, int64_t rank, int role,
 				const struct vps_cuda_api *gpu, const struct vps_trainer_opts *o, struct shard *s)
@@ -124,6 +156,7 @@ static vps_result_t alloc_shard(struct vps_registry *reg, const struct vps_layou
 		return VPS_ENOMEM;
 	if (gpu)
 		return alloc_gpu_shard(reg, gpu, o->cuda_alloc, o->cuda_alloc_ctx, role, s);
+	VPS_CHECK(vps_registry_check_room(view_bytes(&s->v)));
 	for (size_t b = 0; b < s->v.nbuffers; b++) {
 		const struct vps_buffer *buf = &s->v.buffers[b];
 		VPS_CHECK(vps_registry_alloc_host(reg, role, (uint32_t)b, buf->state, buf->dtype, buf->elements, &s->ptr[b]));
@@ -317,6 +350,8 @@ static vps_result_t trainer_start(struct trainer *tr, const struct vps_plan *p0)
 	int64_t ra = vps_world_a_rank(p0->world, o->rank);
 	if (o->cuda)
 		VPS_CHECK(vps_gpu_init(o->device, o->local_rank, &tr->gpu));
+	else
+		VPS_CHECK(check_room(p0, ra, vps_world_b_rank(p0->world, o->rank)));
 	VPS_CHECK(vps_registry_create(&tr->reg, o->registry, ra >= 0 ? vps_layout_hash(p0->a) : 0, ra,
 				      (uint32_t)(4 * VPS_NSTATES * 64), 1));
 	t->global_batch = o->global_batch;

@@ -173,6 +173,7 @@ _PROTOS = {
     "vps_registry_create": (RC, [P(VP), C.c_char_p, C.c_uint64, C.c_int64, C.c_uint32, C.c_int]),
     "vps_registry_close": (None, [VP]),
     "vps_registry_unlink": (RC, [C.c_char_p]),
+    "vps_registry_check_room": (RC, [C.c_uint64]),
     "vps_registry_name": (C.c_char_p, [VP]),
     "vps_registry_layout_hash": (C.c_uint64, [VP]),
     "vps_registry_rank": (C.c_int64, [VP]),

@@ -49,6 +49,15 @@ class Registry:
         absent NAME is not an error."""
         call("vps_registry_unlink", name.encode())
 
+    @staticmethod
+    def check_room(nbytes):
+        """Whether /dev/shm has nbytes free for host buffers about to be
+        allocated; vps.Error (VPS_ENOMEM) "/dev/shm: needs N MiB, M MiB free
+        (docker: --shm-size)" when not. alloc_host reserves what it makes
+        (and says the same when it cannot): this only says it before anything
+        is made, with the whole need."""
+        call("vps_registry_check_room", nbytes)
+
     def close(self):
         """Unmap and remove the registry and the buffers it allocated. Views
         taken of a State's host buffers must be dropped first. Closing a
@@ -95,7 +104,9 @@ class Registry:
         call("vps_registry_set_target", self._handle(), layout.hash, rank)
 
     def alloc_host(self, role, buffer, state, dtype, elements):
-        """A new shared-memory object for one buffer, registered; returns its address."""
+        """A new shared-memory object for one buffer, its pages reserved,
+        registered; returns its address. A /dev/shm too small raises
+        vps.Error (VPS_ENOMEM), with nothing made."""
         p = C.c_void_p()
         call("vps_registry_alloc_host", self._handle(), role, buffer, state, dtype, elements, C.byref(p))
         return p.value

@@ -57,10 +57,15 @@ class State:
 
     @classmethod
     def allocate(cls, registry, layout, rank, role=SOURCE, device="cpu"):
-        """Allocate and register (as `role`) every buffer of the rank, zeroed."""
+        """Allocate and register (as `role`) every buffer of the rank, zeroed.
+        Host buffers live in /dev/shm: one too small for them all raises
+        vps.Error (VPS_ENOMEM) "/dev/shm: needs N MiB, M MiB free (docker:
+        --shm-size)" before any is made."""
         s = cls(layout, rank, device)
         s._registry = registry
         if s.device.type == "cpu":
+            registry._handle()
+            registry.check_room(sum(b.elements * TORCH_DTYPE[b.dtype].itemsize for b in s.view.buffers))
             registry._hold(s)
         try:
             for b in s.view.buffers:
@@ -76,7 +81,13 @@ class State:
                     registry.add_cuda(role, b.id, b.state, b.dtype, b.elements, t.data_ptr())
                 s.buffers.append(t)
         except BaseException:
-            s.free()
+            try:
+                s.free()
+            except Error:
+                # the buffers made before stay registered (an entry is not
+                # unregistered alone): Registry.reset or close removes them;
+                # what stopped the allocation is the error to raise
+                pass
             raise
         return s
 

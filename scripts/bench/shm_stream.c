@@ -12,6 +12,7 @@
  * The first pass through a fresh object is what a one-shot switch can reach
  * on this machine; later passes reuse memory the kernel has moved before. */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -59,6 +60,15 @@ static void make_object(const char *name, size_t n, int fill)
 		int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
 		if (fd < 0 || ftruncate(fd, (off_t)n) != 0)
 			die(name);
+		/* its pages now, as a trainer's (lib/registry): a write to a sparse
+		 * object on a /dev/shm too small dies of SIGBUS */
+		int err;
+		while ((err = posix_fallocate(fd, 0, (off_t)n)) == EINTR)
+			;
+		if (err) {
+			errno = err;
+			die(err == ENOSPC ? "/dev/shm: too small for the two objects (docker: --shm-size)" : name);
+		}
 		unsigned char *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 		if (p == MAP_FAILED)
 			die("mmap");

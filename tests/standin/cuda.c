@@ -415,13 +415,14 @@ static int api_alloc(void **ptr, size_t bytes, char *err)
 			    path, strerror(errno));
 	a.maplen = object_bytes(a.bytes);
 	void *host = MAP_FAILED;
-	if (ftruncate(fd, (off_t)a.maplen) == 0)
-		host = mmap(NULL, a.maplen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	int e = errno;
+	int e = standin_reserve(fd, a.maplen);
+	if (!e && (host = mmap(NULL, a.maplen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED)
+		e = errno;
 	close(fd);
 	if (host == MAP_FAILED) {
 		shm_unlink(path);
-		return fail(err, VPS_CUDA_ECUDA, "cudaMalloc(ptr, %zu): out of memory (stand-in: %s)", bytes, strerror(e));
+		return fail(err, VPS_CUDA_ECUDA, "cudaMalloc(ptr, %zu): out of memory (stand-in: /dev/shm%s: %s)", bytes,
+			    path, strerror(e));
 	}
 	a.host = host;
 	/* cudaMalloc's memory is not cleared: nothing may count on zeros */

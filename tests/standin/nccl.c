@@ -320,9 +320,9 @@ static ncclResult_t open_seg(const struct id *id, int nranks, int rank, struct s
 		int fd = shm_open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 		if (fd >= 0) {
 			void *p = MAP_FAILED;
-			if (ftruncate(fd, (off_t)size) == 0)
-				p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-			int e = errno;
+			int e = standin_reserve(fd, size);
+			if (!e && (p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED)
+				e = errno;
 			close(fd);
 			if (p == MAP_FAILED) {
 				shm_unlink(path);

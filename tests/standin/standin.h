@@ -9,6 +9,7 @@
 #define VPS_STANDIN_H
 
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -70,6 +71,34 @@ static inline uint64_t standin_start_time(pid_t pid)
 static inline bool standin_alive(pid_t pid, uint64_t start)
 {
 	return pid > 0 && start && standin_start_time(pid) == start;
+}
+
+/* Size a new object and give it its pages now, as libvps does with its
+ * own (lib/registry): ftruncate alone leaves it sparse, and on a /dev/shm
+ * too small (a container's 64 MiB) the first write to a page that is not
+ * there kills the process with SIGBUS instead of failing the call. Where
+ * posix_fallocate is not supported, a byte written into each page of the
+ * (new, zero) object allocates it. @return 0, or an errno (ENOSPC). */
+static inline int standin_reserve(int fd, size_t size)
+{
+	if (ftruncate(fd, (off_t)size) != 0)
+		return errno;
+	int err;
+	do
+		err = posix_fallocate(fd, 0, (off_t)size);
+	while (err == EINTR);
+	if (err != EOPNOTSUPP && err != ENOSYS)
+		return err;
+	size_t page = (size_t)sysconf(_SC_PAGESIZE);
+	for (size_t o = 0; o < size; o += page) {
+		ssize_t w;
+		do
+			w = pwrite(fd, "", 1, (off_t)o);
+		while (w < 0 && errno == EINTR);
+		if (w != 1)
+			return w < 0 ? errno : EIO;
+	}
+	return 0;
 }
 
 /* Objects named PREFIX<pid hex>-<start hex>-... of this user whose process
