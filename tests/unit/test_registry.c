@@ -1,9 +1,16 @@
 /* The trainer registry: ownership, staleness, the switch protocol. */
+#include <errno.h>
 #include <fcntl.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -414,6 +421,114 @@ static void remove_object(const char *name)
 	char path[128];
 	snprintf(path, sizeof(path), "/dev/shm/%s", name);
 	unlink(path);
+}
+
+static bool shm_says_too_small(void)
+{
+	const char *e = vps_last_error();
+	return !strncmp(e, "/dev/shm: needs ", 16) && strstr(e, " free (docker: --shm-size)") != NULL;
+}
+
+/* A buffer larger than what /dev/shm has free is refused before anything
+ * is made: not sparse, to die of SIGBUS at its first write. Its size is
+ * the free space (statvfs) and 1 GiB more, refused before a page is taken:
+ * nothing on a shared machine notices. */
+TEST(a_buffer_larger_than_dev_shm_is_refused_and_nothing_is_left)
+{
+	struct statvfs st;
+	if (statvfs("/dev/shm", &st) != 0 || !st.f_blocks) {
+		fprintf(stderr, "test_registry: /dev/shm has no size limit: nothing is too large for it, not tested\n");
+		return;
+	}
+	uint64_t free_bytes = (uint64_t)st.f_bavail * st.f_frsize, more = free_bytes + (1u << 30);
+	char name[64], object[80];
+	struct vps_registry *r;
+	void *p = NULL;
+	name_for(name, sizeof(name), "roomless");
+	CHECK_OK(vps_registry_create(&r, name, 1, 0, 4, 0));
+	CHECK(vps_registry_alloc_host(r, VPS_ROLE_SOURCE, 0, 1, 1, (int64_t)(more / 4), &p) == VPS_ENOMEM);
+	CHECK(shm_says_too_small());
+	CHECK(p == NULL);
+	CHECK_EQ(vps_registry_num_entries(r), 0);
+	snprintf(object, sizeof(object), "%s.0", name);
+	CHECK(!shm_exists(object));
+	/* the failed buffer took no serial: the next one is NAME.0 */
+	CHECK_OK(vps_registry_alloc_host(r, VPS_ROLE_SOURCE, 0, 1, 1, 1000, &p));
+	CHECK(shm_exists(object));
+	vps_registry_close(r);
+	CHECK(!shm_exists(object) && !shm_exists(name));
+	CHECK(vps_registry_check_room(more) == VPS_ENOMEM);
+	CHECK(shm_says_too_small());
+	CHECK_OK(vps_registry_check_room(4096));
+}
+
+/* Make every fallocate(2) of this process fail with err, as a seccomp
+ * filter can: the reservation as it fails when another process fills
+ * /dev/shm between the free-space check and it. */
+static bool fallocate_fails(int err)
+{
+	struct sock_filter f[] = {
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_fallocate, 0, 1),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ((unsigned)err & SECCOMP_RET_DATA)),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+	};
+	struct sock_fprog prog = {(unsigned short)(sizeof(f) / sizeof(f[0])), f};
+	return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 && prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0;
+}
+
+/* Whether a call made under fallocate_fails ended as `want` says: VPS_OK,
+ * or VPS_ENOMEM saying /dev/shm is too small, with `object` not there. */
+static bool ended(vps_result_t rc, vps_result_t want, const char *object)
+{
+	return rc == want && (!rc || (shm_says_too_small() && !shm_exists(object)));
+}
+
+/* In a child whose fallocate(2) fails with err: a buffer of a registry
+ * made before, and a registry, end as `want` says, and closing leaves no
+ * object. 0 when they do, 99 when no seccomp filter can be installed here,
+ * another code for what went wrong. */
+static int reserve_under(int err, vps_result_t want)
+{
+	pid_t child = fork();
+	if (child == 0) {
+		char name[64], object[80], second[64];
+		name_for(name, sizeof(name), "nospace");
+		name_for(second, sizeof(second), "nospace2");
+		snprintf(object, sizeof(object), "%s.0", name);
+		struct vps_registry *r = NULL, *r2 = NULL;
+		void *p = NULL;
+		if (vps_registry_create(&r, name, 1, 0, 4, 0))
+			_exit(1);
+		if (!fallocate_fails(err)) {
+			vps_registry_close(r);
+			_exit(99);
+		}
+		vps_result_t rc = vps_registry_alloc_host(r, VPS_ROLE_SOURCE, 0, 1, 1, 100000, &p);
+		if (!ended(rc, want, object) || (!rc && ((float *)p)[99999] != 0.0f))
+			_exit(2);
+		if (!ended(vps_registry_create(&r2, second, 1, 0, 4, 0), want, second))
+			_exit(3);
+		vps_registry_close(r2);
+		vps_registry_close(r);
+		_exit(shm_exists(name) || shm_exists(object) || shm_exists(second) ? 4 : 0);
+	}
+	int st;
+	if (child < 0 || waitpid(child, &st, 0) != child)
+		return -1;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+TEST(a_reservation_that_fails_says_so_and_leaves_nothing)
+{
+	int got = reserve_under(ENOSPC, VPS_ENOMEM);
+	if (got == 99) {
+		fprintf(stderr, "test_registry: no seccomp filter here: a failed reservation not tested\n");
+		return;
+	}
+	CHECK_EQ(got, 0);
+	/* where fallocate is not supported, the pages are taken another way */
+	CHECK_EQ(reserve_under(EOPNOTSUPP, VPS_OK), 0);
 }
 
 /* What an executor waits for, by code: a registry not there yet, or one
