@@ -253,10 +253,9 @@ vps_result_t vps_registry_check_room(uint64_t bytes)
 	return shm_free(&free_bytes) && free_bytes < bytes ? shm_full(bytes, 0) : VPS_OK;
 }
 
-/* Where posix_fallocate is not supported (not tmpfs, or a C library that
- * does not emulate it): one byte written into each page allocates it, and
- * fails as a system call (ENOSPC), not as a fault. The object is new: its
- * bytes are zero already. */
+/* Where fallocate(2) is not supported (a /dev/shm that is not tmpfs):
+ * one byte written into each page allocates it, and fails as a system call
+ * (ENOSPC), not as a fault. The object is new: its bytes are zero already. */
 static int touch_pages(int fd, size_t at, size_t n)
 {
 	size_t page = (size_t)sysconf(_SC_PAGESIZE);
@@ -286,7 +285,9 @@ static vps_result_t reserve(int fd, const char *name, size_t size)
 	const size_t chunk = (size_t)64 << 20;
 	for (size_t at = 0; at < size;) {
 		size_t n = size - at < chunk ? size - at : chunk;
-		int err = posix_fallocate(fd, (off_t)at, (off_t)n);
+		/* fallocate(2), not posix_fallocate: the same fallback under every C
+		 * library, and errno from the kernel as it is */
+		int err = fallocate(fd, 0, (off_t)at, (off_t)n) == 0 ? 0 : errno;
 		if (err == EINTR)
 			continue;
 		if (err == EOPNOTSUPP || err == ENOSYS)

@@ -76,9 +76,9 @@ static inline bool standin_alive(pid_t pid, uint64_t start)
 /* Size a new object and give it its pages now, as libvps does with its
  * own (lib/registry): ftruncate alone leaves it sparse, and on a /dev/shm
  * too small (a container's 64 MiB) the first write to a page that is not
- * there kills the process with SIGBUS instead of failing the call. Where
- * posix_fallocate is not supported, a byte written into each page of the
- * (new, zero) object allocates it. @return 0, or an errno (ENOSPC). */
+ * there kills the process with SIGBUS instead of failing the call. (glibc's
+ * posix_fallocate writes into each block itself where the file system has
+ * no fallocate.) @return 0, or an errno (ENOSPC). */
 static inline int standin_reserve(int fd, size_t size)
 {
 	if (ftruncate(fd, (off_t)size) != 0)
@@ -87,18 +87,7 @@ static inline int standin_reserve(int fd, size_t size)
 	do
 		err = posix_fallocate(fd, 0, (off_t)size);
 	while (err == EINTR);
-	if (err != EOPNOTSUPP && err != ENOSYS)
-		return err;
-	size_t page = (size_t)sysconf(_SC_PAGESIZE);
-	for (size_t o = 0; o < size; o += page) {
-		ssize_t w;
-		do
-			w = pwrite(fd, "", 1, (off_t)o);
-		while (w < 0 && errno == EINTR);
-		if (w != 1)
-			return w < 0 ? errno : EIO;
-	}
-	return 0;
+	return err;
 }
 
 /* Objects named PREFIX<pid hex>-<start hex>-... of this user whose process
