@@ -513,14 +513,16 @@ static int reserve_under(int err, vps_result_t want)
 			vps_registry_close(r);
 			_exit(99);
 		}
+		int code = 0;
 		vps_result_t rc = vps_registry_alloc_host(r, VPS_ROLE_SOURCE, 0, 1, 1, 100000, &p);
 		if (!ended(rc, want, object) || (!rc && (!reserved(object, 400000) || ((float *)p)[99999] != 0.0f)))
-			_exit(2);
-		if (!ended(vps_registry_create(&r2, second, 1, 0, 4, 0), want, second))
-			_exit(3);
+			code = 2;
+		else if (!ended(vps_registry_create(&r2, second, 1, 0, 4, 0), want, second))
+			code = 3;
+		/* closing removes what was made, on failure too: nothing stays behind */
 		vps_registry_close(r2);
 		vps_registry_close(r);
-		_exit(shm_exists(name) || shm_exists(object) || shm_exists(second) ? 4 : 0);
+		_exit(code ? code : shm_exists(name) || shm_exists(object) || shm_exists(second) ? 4 : 0);
 	}
 	int st;
 	if (child < 0 || waitpid(child, &st, 0) != child)
