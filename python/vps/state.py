@@ -65,7 +65,7 @@ class State:
         s._registry = registry
         if s.device.type == "cpu":
             registry._handle()
-            registry.check_room(sum(b.elements * TORCH_DTYPE[b.dtype].itemsize for b in s.view.buffers))
+            registry.check_room(sum(b.elements * (2 if b.dtype == BF16 else 4) for b in s.view.buffers))
             registry._hold(s)
         try:
             for b in s.view.buffers:
