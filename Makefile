@@ -5,6 +5,8 @@
 #                   warnings as errors; the GPU paths on the stand-ins of CUDA and
 #                   NCCL (tests/standin/)
 #   make standin    only those stand-ins (build/standin/)
+#   make fault-bin  the tools for the tests that make a rank fail (build/fault-bin/)
+#   make cxx        a C++ program against libvps.a: the headers in strict C++ (make check)
 #   make check-megatron  vps's layouts against Megatron-Core's own buffers, and a
 #                   Megatron-Core job switched by vps.megatron
 #   make check-hf   vps's Hugging Face imports against transformers' models
@@ -96,8 +98,8 @@ ifeq ($(HAVE_NVCC),1)
 CUDA_ALL = $(CUDA_LIB)
 endif
 
-.PHONY: all check check-gpu gpu-debs check-megatron check-hf test unit bats layers asan demo install uninstall clean deps \
-	python-deps venv distclean FORCE standin \
+.PHONY: all check check-gpu gpu-debs check-megatron check-hf test unit cxx bats layers asan demo install uninstall clean \
+	deps python-deps venv distclean FORCE standin fault-bin \
 	fuzz fuzz-smoke fuzz-build fuzz-corpus fuzz-deps
 .DEFAULT_GOAL := all
 
@@ -213,6 +215,36 @@ $(STANDIN_CUDA) $(STANDIN_NCCL): tests/standin/standin.h lib/gpu/cuda/vps_cuda.h
 		echo "the stand-ins need nccl.h: set CUDA_HOME or NCCL_HOME (see docs/exec.md)" >&2; exit 1; }
 	$(CC) $(ALL_CFLAGS) $(STANDIN_INC) -fvisibility=hidden -shared -o $@ $(filter %.c,$^) $(LDFLAGS) -ldl -lrt -lpthread
 
+# ---- the executor of the fault tests ----
+# FAULT_BIN is bin/ for the tests that make a rank fail (VPS_FAULT;
+# docs/exec.md, "Faults for the tests"): the tools, and a vps-exec built
+# from the same source with -DVPS_TEST_FAULTS, which sets libvps.a's
+# hidden fault hook from VPS_FAULT. bin/vps-exec and an installed one have
+# no such code. Its parent is BUILDDIR, where the tools look for
+# libvps-cuda.so.
+FAULT_BIN = $(BUILDDIR)/fault-bin
+FAULT_BINS = $(TOOLS:%=$(FAULT_BIN)/%)
+fault-bin: $(FAULT_BINS)
+$(BUILDDIR)/cmd/vps-exec-faults.o: cmd/vps-exec.c $(FLAGS_STAMP) | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -DVPS_TEST_FAULTS -Icmd -c $< -o $@
+$(FAULT_BIN)/vps-exec: $(BUILDDIR)/cmd/vps-exec-faults.o $(CMD_COMMON) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+$(FAULT_BIN)/%: $(BINDIR)/%
+	@mkdir -p $(dir $@)
+	ln -sf $(abspath $<) $@
+
+# ---- C++ programs link the library (tests/cxx/) ----
+# every public header as C++, strictly, and a program that calls the API
+CXX_FLAGS = -std=c++11 -Wall -Wextra -Werror -pedantic -pthread
+CXX_TEST = $(BUILDDIR)/tests/cxx_api
+$(CXX_TEST): tests/cxx/api.cc $(wildcard include/vps/*.h) $(LIB) | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXX_FLAGS) $(filter -fsanitize=%,$(ALL_CFLAGS)) -Iinclude -o $@ $< $(LIB) $(LDFLAGS) $(LDLIBS)
+cxx: $(CXX_TEST)
+	$(CXX_TEST) configs/models/tiny-llama.yaml
+
 # benchmark programs (scripts/bench/*.c), built by check so they do not rot
 BENCH_BINS = $(patsubst scripts/bench/%.c,$(BUILDDIR)/bench/%,$(wildcard scripts/bench/*.c))
 $(BUILDDIR)/bench/%: scripts/bench/%.c $(LIB) | $(DEPS_STAMP)
@@ -222,13 +254,13 @@ $(BUILDDIR)/bench/%: scripts/bench/%.c $(LIB) | $(DEPS_STAMP)
 # ---- tests ----
 # test_gpu runs twice: as on this machine (its GPU parts skip without a
 # GPU) and on the stand-ins
-unit: $(TEST_BINS) $(BENCH_BINS) standin
+unit: $(TEST_BINS) $(BENCH_BINS) standin cxx
 	@set -e; for t in $(TEST_BINS); do $$t; done
 	$(STANDIN_ENV) $(BUILDDIR)/tests/test_gpu
 
-bats: all standin $(PY_STAMP)
-	VPS_BIN=$(abspath $(BINDIR)) VPS_PYTHON=$(PYTHON_ABS) VPS_STANDIN=$(abspath $(STANDIN_DIR)) \
-		VPS_SANITIZED=$(SANITIZE) bats tests/bats
+bats: all standin fault-bin $(PY_STAMP)
+	VPS_BIN=$(abspath $(BINDIR)) VPS_FAULT_BIN=$(abspath $(FAULT_BIN)) VPS_PYTHON=$(PYTHON_ABS) \
+		VPS_STANDIN=$(abspath $(STANDIN_DIR)) VPS_SANITIZED=$(SANITIZE) bats tests/bats
 
 # the Python frameworks' own code against vps's rules (tests/megatron,
 # tests/hf), after the Bats tests, not beside them: both load the two cores.

@@ -96,7 +96,7 @@ int tool_help(const char *usage)
 
 int tool_version(void)
 {
-	printf("%s %s\n", tool_name, VPS_VERSION_STRING);
+	printf("%s %s\n", tool_name, vps_version());
 	return tool_finish(EXIT_OK);
 }
 

@@ -66,28 +66,36 @@ static void progress(void *ctx, int64_t stage, int64_t nstages, int64_t bytes, d
 		fputc('\n', stderr);
 }
 
-/* VPS_FAULT=KIND:STAGE, KIND stall, exit or kill-trainer, STAGE a number
- * or "claim": a silent rank, a dead rank, a dead trainer, for tests. */
-static bool fault_from_env(struct vps_exec_opts *o)
+#ifdef VPS_TEST_FAULTS
+#include "exec/fault.h"
+
+/* The tests' executor (BUILDDIR/fault-bin/vps-exec) alone: VPS_FAULT=KIND:STAGE,
+ * KIND stall, exit or kill-trainer, STAGE a number or "claim": a silent
+ * rank, a dead rank, a dead trainer (docs/exec.md, "Faults for the tests"). */
+static bool fault_from_env(void)
 {
 	static const char *const kinds[] = {"stall:", "exit:", "kill-trainer:"};
 	const char *fault = getenv("VPS_FAULT");
 	if (!fault || !*fault)
 		return true;
 	const char *colon = strchr(fault, ':');
-	o->fault = -1;
+	int kind = -1;
+	int64_t stage = -1;
 	for (int k = 0; k < 3; k++)
 		if (!strncmp(fault, kinds[k], strlen(kinds[k])))
-			o->fault = k;
+			kind = k;
 	if (colon && !strcmp(colon + 1, "claim"))
-		o->fault_stage = VPS_FAULT_AT_CLAIM;
-	else if (!colon || !tool_parse_i64(colon + 1, &o->fault_stage))
-		o->fault = -1;
-	if (o->fault >= 0)
+		stage = VPS_FAULT_AT_CLAIM;
+	else if (!colon || !tool_parse_i64(colon + 1, &stage) || stage < 0)
+		kind = -1;
+	if (kind >= 0) {
+		vps_exec_set_fault((enum vps_exec_fault)kind, stage);
 		return true;
+	}
 	tool_error(EXIT_USAGE, "VPS_FAULT=%s: expected stall, exit or kill-trainer, ':', then a stage or 'claim'", fault);
 	return false;
 }
+#endif
 
 static bool parse_transport(const char *arg, void *opts, char *why, size_t n)
 {
@@ -200,8 +208,7 @@ done:
 int main(int argc, char **argv)
 {
 	struct launch l = {-1, -1, -1, "", 0, NULL};
-	struct vps_exec_opts o = {
-		.registry = VPS_REGISTRY_DEFAULT, .device = -1, .timeout = 60, .request_timeout = 600, .fault_stage = -1};
+	struct vps_exec_opts o = VPS_EXEC_OPTS_INIT;
 	const char *token_file = NULL, *report = NULL;
 	char token[VPS_TOKEN_MAX + 3];
 	bool serve = false, fresh_token = false;
@@ -226,8 +233,10 @@ int main(int argc, char **argv)
 		TOOL_OPT_END,
 	};
 	struct tool_cli cli = {.usage = usage, .shared = TOOL_QUIET, .options = options};
-	if (!fault_from_env(&o))
+#ifdef VPS_TEST_FAULTS
+	if (!fault_from_env())
 		return EXIT_USAGE;
+#endif
 	int status = tool_parse(&cli, argc, argv);
 	if (status != TOOL_PARSED)
 		return status;

@@ -457,7 +457,7 @@ static int check_operands(const struct plan_args *a, const struct tool_cli *cli)
 
 int main(int argc, char **argv)
 {
-	struct plan_args a = {.po.rank = -1};
+	struct plan_args a = {.po = VPS_PLAN_OPTS_INIT};
 	struct tool_option options[] = {
 		TOOL_OPT_STRING(0, "transition", &a.transition),
 		TOOL_OPT_RANK("rank", &a.po.rank),

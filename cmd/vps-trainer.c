@@ -123,7 +123,7 @@ done:
 int main(int argc, char **argv)
 {
 	struct launch l = {-1, -1, -1, "", 0, NULL};
-	struct vps_trainer_opts o = {.steps_before = 3, .steps_after = 2, .micro_batch = 1, .timeout = 120, .device = -1};
+	struct vps_trainer_opts o = VPS_TRAINER_OPTS_INIT;
 	const char *pattern = VPS_REGISTRY_DEFAULT;
 	struct tool_option options[] = {
 		TOOL_OPT_STRING(0, "registry", &pattern),

@@ -38,18 +38,18 @@ static int report(const char *name, const struct vps_verify_report *rep, bool qu
 }
 
 /* A document too large for this machine is a fact about the input: exit 2,
- * naming the file and what did not fit (the library's message says what
- * when it knows; a reader's says where it ran out). */
-static int out_of_memory(const char *name, const char *doing, size_t len)
+ * naming the file and what did not fit. The checks' message says what (each
+ * names what it could not hold); a reader runs out somewhere in its
+ * structures, so reading says how large the input was. */
+static int out_of_memory(const char *name, bool checking, size_t len)
 {
-	const char *msg = vps_last_error();
-	if (!strncmp(msg, "out of memory: ", 15))
-		fprintf(stderr, "%s: %s: out of memory %s: %s\n", tool_name, name, doing, msg + 15);
+	if (checking)
+		fprintf(stderr, "%s: %s: checking it: %s\n", tool_name, name, vps_last_error());
 	else if (len)
-		fprintf(stderr, "%s: %s: out of memory %s: what its %zu bytes describe does not fit\n", tool_name, name,
-			doing, len);
+		fprintf(stderr, "%s: %s: reading it: out of memory: what its %zu bytes describe does not fit\n", tool_name,
+			name, len);
 	else
-		fprintf(stderr, "%s: %s: out of memory %s\n", tool_name, name, doing);
+		fprintf(stderr, "%s: %s: reading it: out of memory\n", tool_name, name);
 	return EXIT_USAGE;
 }
 
@@ -62,7 +62,7 @@ static int verify_one(const char *path, bool quiet)
 	struct vps_verify_report rep = {0};
 	vps_result_t rc = vps_read_file(path, &b);
 	if (rc == VPS_ENOMEM)
-		return out_of_memory(name, "reading it", 0);
+		return out_of_memory(name, false, 0);
 	if (rc)
 		return tool_fail(rc);
 	enum vps_doc_kind kind = vps_doc_sniff(b.data, b.len);
@@ -107,7 +107,7 @@ static int verify_one(const char *path, bool quiet)
 	size_t len = b.len;
 	vps_bytes_release(&b);
 	if (rc == VPS_ENOMEM)
-		return out_of_memory(name, checking ? "checking it" : "reading it", checking ? 0 : len);
+		return out_of_memory(name, checking, len);
 	if (rc)
 		return tool_fail(rc);
 	status = report(name, &rep, quiet);

@@ -25,7 +25,10 @@
 #                    them (docs/exec.md, "The stand-ins")
 #   --fault-rank R SPEC  rank R's executor fails (VPS_FAULT=SPEC: stall:STAGE, exit:STAGE,
 #                    kill-trainer:STAGE, or :claim in place of :STAGE); a STAGE that no
-#                    staged plan has is refused (a smaller --budget makes more stages)
+#                    staged plan has is refused (a smaller --budget makes more stages).
+#                    That rank runs the tests' executor, $VPS_FAULT_BIN/vps-exec (default:
+#                    build/fault-bin, made by make fault-bin here; docs/exec.md, "Faults
+#                    for the tests"): bin/vps-exec ignores VPS_FAULT
 #   --exec-prefix CMD    run each executor under CMD (compute-sanitizer, say)
 #   --timeout S      the executors' --timeout (default 60)
 #   --keep DIR       keep the files (plans, reports, logs) in DIR
@@ -38,7 +41,7 @@ set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 bin=$top/bin
 model=tiny-llama from=tp=2,pp=2,dp=2,zero=1 to=tp=4,pp=1,dp=2,zero=1
-per_rank=0 relay=() np=8 back=0 budget=64MiB gb=24 keep= transport=tcp cuda=() fault_rank=-1 fault= prefix=() timeout=60
+per_rank=0 relay=() np=8 back=0 budget=64MiB gb=24 keep= transport=tcp cuda=() fault_rank=-1 fault= fault_exec= prefix=() timeout=60
 standin=0
 while [ $# -gt 0 ]; do
 	case $1 in
@@ -170,6 +173,15 @@ if [ -n "$fault" ]; then
 			exit 2
 		fi
 	fi
+	if [ -n "${VPS_FAULT_BIN:-}" ]; then
+		fault_exec=$VPS_FAULT_BIN/vps-exec
+		[ -x "$fault_exec" ] || { echo "demo.sh: --fault-rank: $fault_exec: not built (make fault-bin)" >&2; exit 2; }
+	else
+		# the plain build's, as bin/ is (see --standin)
+		env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u MAKEOVERRIDES -u BUILDDIR -u BINDIR -u SANITIZE -u CFLAGS \
+			-u LDFLAGS make -s --no-print-directory -C "$top" fault-bin >&2
+		fault_exec=$top/build/fault-bin/vps-exec
+	fi
 fi
 there=" and back"
 [ "$back" = 1 ] || there=
@@ -234,11 +246,11 @@ done
 serve=()
 [ "$back" = 1 ] && serve=(--serve)
 for ((r = 0; r < world; r++)); do
-	f=
-	[ "$r" = "$fault_rank" ] && f=$fault
+	f= exe=$bin/vps-exec
+	[ "$r" = "$fault_rank" ] && f=$fault exe=$fault_exec
 	names+=("executor $r")
 	read -r -a mine <<<"$(rank_plans "$r")"
-	VPS_FAULT=$f "${prefix[@]}" "$bin/vps-exec" --registry "$tag-$r" --rank "$r" --world "$world" --master "127.0.0.1:$port" \
+	VPS_FAULT=$f "${prefix[@]}" "$exe" --registry "$tag-$r" --rank "$r" --world "$world" --master "127.0.0.1:$port" \
 		--transport "$transport" --wait --check --timeout "$timeout" --report "report.$r.yaml" "${serve[@]}" "${mine[@]}" > "exec.$r.log" 2>&1 &
 	pids+=($!)
 done

@@ -114,7 +114,7 @@ say "torch: $torch_cuda ($py)"
 export PYTHON=$py
 
 mkdir -p build && touch build/.deps-ok # no apt-get here: the deps are above
-check build 240 make -j"$(nproc)" all build/tests/test_gpu build/bench/gpu_copy_bench NCCL_HOME="${NCCL_HOME:-}" || {
+check build 240 make -j"$(nproc)" all fault-bin build/tests/test_gpu build/bench/gpu_copy_bench NCCL_HOME="${NCCL_HOME:-}" || {
 	tail -30 "$log"; exit 1; }
 
 check unit-gpu 60 build/tests/test_gpu

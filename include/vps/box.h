@@ -9,6 +9,10 @@
 
 #include "vps/base.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define VPS_MAX_DIMS 4
 
 struct vps_box {
@@ -96,5 +100,9 @@ VPS_API size_t vps_boxes_gaps(const struct vps_box *boxes, size_t n, const struc
 
 /* Elements of target that no box covers (-1 when out of memory). */
 VPS_API int64_t vps_boxes_uncovered(const struct vps_box *boxes, size_t n, const struct vps_box *target);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

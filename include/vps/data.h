@@ -5,6 +5,10 @@
 
 #include "vps/layout.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Copy a box of extents ext (ndim axes) of esize-byte elements between two
  * strided views (strides in elements). Runs along a contiguous innermost
  * axis are copied with memcpy. */
@@ -28,5 +32,9 @@ VPS_API int64_t vps_check_region(const void *buffer, const struct vps_region *r,
  * (tensor, state, logical index, value bits). Sums of disjoint parts add up,
  * so the digest of a layout does not depend on how it is cut. */
 VPS_API uint64_t vps_digest_region(const void *buffer, const struct vps_region *r, const struct vps_tensor *t);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -7,6 +7,10 @@
 
 #include "vps/stage.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* How bytes travel between ranks (vps-exec(1), TRANSPORTS). */
 enum vps_exec_transport {
 	VPS_EXEC_TCP = 0,  /* host memory over TCP sockets */
@@ -15,7 +19,12 @@ enum vps_exec_transport {
 	VPS_EXEC_AUTO = 3, /* ipc within a node, nccl across nodes */
 };
 
+/* The version of struct vps_exec_opts these headers declare (vps/base.h,
+ * "Options structs"). */
+#define VPS_EXEC_OPTS_VERSION 1
+
 struct vps_exec_opts {
+	unsigned int version;   /* VPS_EXEC_OPTS_VERSION, as VPS_EXEC_OPTS_INIT sets it */
 	int transport;          /* enum vps_exec_transport */
 	int device;             /* GPU of GPU memory and NCCL; -1: local rank modulo the visible GPUs */
 	const char *registry;   /* name (vps_registry_expand); NULL: VPS_REGISTRY_DEFAULT */
@@ -30,11 +39,6 @@ struct vps_exec_opts {
 				 * one that reaches the master (the others) */
 	bool wait;              /* connect first, then wait for the trainer's request */
 	bool check;             /* digest before and after; done only when they match */
-	/* fault injection for tests: at this stage (-1: never; VPS_FAULT_AT_CLAIM:
-	 * as soon as the request is claimed) the rank freezes (SIGSTOP: a silent
-	 * peer), exits (a dead peer) or kills its trainer */
-	int64_t fault_stage;
-	int fault;              /* enum vps_exec_fault */
 	/* progress callback after each stage (may be NULL) */
 	void (*progress)(void *ctx, int64_t stage, int64_t nstages, int64_t bytes, double seconds);
 	void *progress_ctx;
@@ -46,8 +50,13 @@ struct vps_exec_opts {
 	const char *const *plan_names;
 };
 
-enum vps_exec_fault { VPS_FAULT_STALL = 0, VPS_FAULT_EXIT = 1, VPS_FAULT_KILL_TRAINER = 2 };
-#define VPS_FAULT_AT_CLAIM (-2)
+/* Every field's default, vps-exec's: tcp, the local rank's GPU, the default
+ * registry, rank 0, timeouts of 60 s and 600 s, no callbacks:
+ *     struct vps_exec_opts o = VPS_EXEC_OPTS_INIT;
+ * (every field in order: C++ has no designated initializers before C++20) */
+#define VPS_EXEC_OPTS_INIT                                                                            \
+	{ VPS_EXEC_OPTS_VERSION, VPS_EXEC_TCP, -1, NULL, 0, 0, NULL, 0, 60.0, 600.0, NULL, NULL, false, false, \
+	  NULL, NULL, NULL, NULL, NULL }
 
 /* A job token: VPS_TOKEN_MIN to VPS_TOKEN_MAX characters. */
 #define VPS_TOKEN_MIN 16
@@ -121,5 +130,9 @@ VPS_API vps_result_t vps_exec_digest(const struct vps_layout *l, int64_t rank, v
 
 struct vps_bytes;
 VPS_API vps_result_t vps_exec_report_yaml(const struct vps_exec_report *reps, size_t n, struct vps_bytes *out);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -4,6 +4,10 @@
 
 #include "vps/base.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 enum vps_doc_kind {
 	VPS_DOC_LAYOUT = 1,
 	VPS_DOC_PLAN = 2,
@@ -83,5 +87,9 @@ VPS_API vps_result_t vps_records_put(struct vps_records *r, const struct vps_val
 /* Finish the table (YAML: "[]" when it has no record, so that the output
  * is an empty sequence, not an empty document). */
 VPS_API vps_result_t vps_records_end(struct vps_records *r);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -14,6 +14,10 @@
 
 #include "vps/parallel.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 enum vps_state {
 	VPS_STATE_PARAM = 0,  /* bf16 parameters */
 	VPS_STATE_MAIN_PARAM, /* fp32 master parameters */
@@ -178,5 +182,9 @@ VPS_API vps_result_t vps_layout_load(struct vps_layout **out, const char *path);
 struct vps_bytes;
 VPS_API vps_result_t vps_layout_serialize(const struct vps_layout *l, const int64_t *ranks, size_t nranks, bool yaml,
 				  struct vps_bytes *out);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -12,6 +12,10 @@
 
 #include "vps/box.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 enum vps_norm { VPS_NORM_RMS = 0, VPS_NORM_LAYER = 1 };
 enum vps_activation { VPS_ACT_SWIGLU = 0, VPS_ACT_GELU = 1 };
 enum vps_position { VPS_POS_ROPE = 0, VPS_POS_LEARNED = 1 };
@@ -195,5 +199,9 @@ VPS_API bool vps_model_router_bias(const struct vps_model *m, int64_t layer, int
 
 /* Hash of the model's definition (name excluded). */
 VPS_API uint64_t vps_model_hash(const struct vps_model *m);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -4,6 +4,10 @@
 
 #include "vps/model.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* bucket: one bucket per buffer (Megatron's default, --overlap-grad-reduce off) */
 #define VPS_BUCKET_NONE 0
 /* bucket: Megatron-LM's size with overlap on: max(40,000,000, 1,000,000 * dp * cp) */
@@ -97,5 +101,9 @@ VPS_API struct vps_device vps_devices_get(const struct vps_devices *d, int64_t r
 VPS_API size_t vps_devices_node_ranks(const struct vps_devices *d, int64_t world, int32_t node, int64_t *out, size_t max);
 /* Rank on a device, or -1. */
 VPS_API int64_t vps_devices_find(const struct vps_devices *d, int64_t world, struct vps_device dev);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

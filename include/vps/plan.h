@@ -18,6 +18,10 @@
 #include "vps/io.h"
 #include "vps/layout.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 struct vps_world;
 struct vps_bytes;
 
@@ -162,8 +166,13 @@ struct vps_plan {
  * (edited by hand, or damaged): tools that act on plans refuse those. */
 VPS_API vps_result_t vps_plan_check_hash(const struct vps_plan *p, const char *name);
 
+/* The version of struct vps_plan_opts these headers declare (vps/base.h,
+ * "Options structs"). */
+#define VPS_PLAN_OPTS_VERSION 1
+
 struct vps_plan_opts {
-	int64_t rank;  /* world rank to plan, or -1 for all */
+	unsigned int version;  /* VPS_PLAN_OPTS_VERSION, as VPS_PLAN_OPTS_INIT sets it */
+	int64_t rank;          /* world rank to plan, or -1 for all */
 	/* training state (global_batch 0: unknown) */
 	struct vps_training train;
 	int64_t micro_batch_a; /* micro batch under A, the default for B */
@@ -177,6 +186,13 @@ struct vps_plan_opts {
 	bool allow_loss;       /* plan around ranges no survivor holds (else VPS_ECHECK) */
 	bool relay;            /* receivers pass on what holders serving more than two of them sent */
 };
+
+/* Every field's default, vps-plan's: every rank, training state unknown,
+ * a thread an online CPU, pieces unpacked, nothing lost, no relays:
+ *     struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
+ * (every field in order: C++ has no designated initializers before C++20) */
+#define VPS_PLAN_OPTS_INIT \
+	{ VPS_PLAN_OPTS_VERSION, -1, {false, 0, 0, 0, 0, 0, 0, 0}, 0, 0, false, false, NULL, 0, false, false }
 #define VPS_PLAN_MAX_THREADS 256
 
 /* Plan A -> B. On success the plan owns a and b. */
@@ -305,5 +321,9 @@ VPS_API vps_result_t vps_plan_load_as(struct vps_plan **out, const char *path, b
 VPS_API uint64_t vps_plan_hash(const struct vps_plan *p);
 
 VPS_API const char *vps_collective_name(enum vps_collective_kind kind);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -19,6 +19,10 @@
 #include "vps/io.h"
 #include "vps/stage.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* The columns of the two kinds of answer. */
 VPS_API extern const struct vps_field vps_holder_fields[];
 VPS_API extern const size_t vps_holder_nfields;
@@ -67,5 +71,9 @@ VPS_API vps_result_t vps_query_staged(const struct vps_staged *s, const struct v
  * transfers query over it. name is used in messages. */
 VPS_API vps_result_t vps_query_document(const char *name, const void *data, size_t len, const struct vps_query *q,
 				enum vps_format f, struct vps_bytes *out);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -23,6 +23,10 @@
 #include "vps/base.h"
 #include "vps/layout.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define VPS_REGISTRY_VERSION 3
 #define VPS_REGISTRY_NAME_MAX 64
 /* The registry name vps-trainer and vps-exec use unless told another: the
@@ -220,5 +224,9 @@ VPS_API const char *vps_registry_failure(const struct vps_registry *r);
 
 VPS_API void vps_registry_get_training(const struct vps_registry *r, struct vps_registry_training *t);
 VPS_API void vps_registry_set_training(struct vps_registry *r, const struct vps_registry_training *t);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

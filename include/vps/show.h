@@ -5,6 +5,10 @@
 
 #include "vps/io.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* JSON: one object on one line, the YAML's keys in its order, hashes as
  * "0x..." strings; the tools read it as YAML. */
 enum vps_show_encoding { VPS_SHOW_YAML, VPS_SHOW_BINARY, VPS_SHOW_JSON };
@@ -45,5 +49,9 @@ VPS_API vps_result_t vps_show_identify(const char *name, const void *data, size_
 /* The line vps-show -t prints after "FILE: ", e.g.
  * "vps staged plan, model tiny-llama, world 8 -> 8 (12 ranks), hash 0x1234..., binary". */
 VPS_API void vps_show_describe(const struct vps_show_info *info, char *buf, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

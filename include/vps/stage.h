@@ -31,6 +31,10 @@
 #include "vps/plan.h"
 #include "vps/units.h" /* vps_parse_bytes, for budgets */
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define VPS_STAGE_ALIGN 256
 /* The smallest budget: each direction of a unit must hold one aligned
  * element. */
@@ -169,5 +173,9 @@ static inline int64_t vps_op_bytes(const struct vps_op *o)
 		n *= o->ext[k];
 	return n;
 }
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

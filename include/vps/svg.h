@@ -15,11 +15,19 @@
 
 #include "vps/plan.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define VPS_SVG_MAX_CELLS 256
 
 struct vps_bytes;
 /* caption: a line under the title (a transition's name), or NULL.
  * VPS_EINPUT for a one-rank plan. */
 VPS_API vps_result_t vps_plan_svg(const struct vps_plan *p, const char *caption, struct vps_bytes *out);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -10,7 +10,16 @@
 
 #include "vps/stage.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The version of struct vps_trainer_opts these headers declare
+ * (vps/base.h, "Options structs"). */
+#define VPS_TRAINER_OPTS_VERSION 1
+
 struct vps_trainer_opts {
+	unsigned int version;     /* VPS_TRAINER_OPTS_VERSION, as VPS_TRAINER_OPTS_INIT sets it */
 	const char *registry;     /* name (no pattern) */
 	int64_t rank;             /* world rank in the first plan */
 	int64_t steps_before;     /* steps under the first source layout */
@@ -35,6 +44,14 @@ struct vps_trainer_opts {
 	const char *const *plan_names;
 };
 
+/* Every field's default, vps-trainer's: rank 0, 3 steps before the first
+ * switch and 2 after each, micro batch 1, 120 s a switch, host memory
+ * (registry, though, has none: name it):
+ *     struct vps_trainer_opts o = VPS_TRAINER_OPTS_INIT;
+ * (every field in order: C++ has no designated initializers before C++20) */
+#define VPS_TRAINER_OPTS_INIT \
+	{ VPS_TRAINER_OPTS_VERSION, NULL, 0, 3, 2, 0, 1, NULL, 120.0, false, -1, 0, NULL, NULL, NULL, NULL, NULL }
+
 struct vps_trainer_result {
 	int64_t switches;
 	int64_t wrong_elements;   /* destination elements not equal to the pattern */
@@ -47,5 +64,9 @@ struct vps_trainer_result {
 /* Run the trainer's side of one switch per plan, in order. */
 VPS_API vps_result_t vps_trainer_run(struct vps_staged *const *plans, size_t nplans, const struct vps_trainer_opts *o,
 			     struct vps_trainer_result *res);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

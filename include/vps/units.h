@@ -14,6 +14,10 @@
 
 #include "vps/base.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Parse a size: digits, an optional fraction, optional blanks, an optional
  * unit. B or none: bytes; K, M, G, T, P, E, KiB ... EiB (and Ki ... Ei):
  * powers of 1024; KB (kB) ... EB: powers of 1000. The letter's case does not
@@ -31,5 +35,9 @@ VPS_API char *vps_format_bytes(int64_t bytes, char *buf, size_t n);
 VPS_API char *vps_format_rate(double bytes_per_second, char *buf, size_t n);
 /* "850 us", "12.3 ms", "1.04 s". @return buf */
 VPS_API char *vps_format_seconds(double seconds, char *buf, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -7,6 +7,10 @@
 
 #include "vps/layout.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define VPS_VERIFY_MAX_MESSAGES 200
 
 struct vps_verify_report {
@@ -40,5 +44,9 @@ VPS_API vps_result_t vps_verify_staged(const struct vps_staged *s, struct vps_ve
 
 /* Append a violation message (printf-style) to the report. */
 VPS_API void vps_verify_add(struct vps_verify_report *rep, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -11,6 +11,7 @@
 
 #include "io/doc.h"
 #include "exec/digest.h"
+#include "exec/fault.h"
 #include "gpu/gpu.h"
 #include "util/hash.h"
 #include "util/internal.h"
@@ -459,20 +460,34 @@ static vps_result_t trainer_watch(const struct vps_switch *sw)
 			vps_registry_owner_pid(sw->reg), vps_registry_name(sw->reg));
 }
 
-/* Test faults (VPS_FAULT): a silent rank, a dead rank, a dead trainer. */
-static void inject_fault(const struct vps_switch *sw, const struct vps_exec_opts *o)
+/* The tests' fault (exec/fault.h): none unless the tests' executor set one. */
+static struct {
+	enum vps_exec_fault fault;
+	int64_t stage;
+} test_fault = {VPS_FAULT_NONE, -1};
+
+void vps_exec_set_fault(enum vps_exec_fault fault, int64_t stage)
 {
-	if (o->fault == VPS_FAULT_EXIT)
+	test_fault.fault = fault;
+	test_fault.stage = stage;
+}
+
+/* The tests' fault, if it strikes at stage (a stage or VPS_FAULT_AT_CLAIM). */
+static void inject_fault(struct vps_registry *reg, int64_t stage)
+{
+	if (test_fault.fault == VPS_FAULT_NONE || test_fault.stage != stage)
+		return;
+	if (test_fault.fault == VPS_FAULT_EXIT)
 		_exit(3);
-	if (o->fault == VPS_FAULT_STALL) {
+	if (test_fault.fault == VPS_FAULT_STALL) {
 		raise(SIGSTOP);
 		return;
 	}
-	int pid = vps_registry_owner_pid(sw->reg);
+	int pid = vps_registry_owner_pid(reg);
 	if (pid > 0 && pid != getpid())
 		kill(pid, SIGKILL);
 	/* gone means gone to the watch: wait for the kernel to say so */
-	for (int i = 0; i < 500 && vps_registry_owner_alive(sw->reg); i++) {
+	for (int i = 0; i < 500 && vps_registry_owner_alive(reg); i++) {
 		struct timespec ts = {0, 10000000};
 		nanosleep(&ts, NULL);
 	}
@@ -568,8 +583,7 @@ static int claim_ready(void *ctx)
 	if (!rc) {
 		c->claimed = true;
 		c->claimed_at = wall_now();
-		if (c->o->fault_stage == VPS_FAULT_AT_CLAIM && c->o->fault == VPS_FAULT_STALL)
-			raise(SIGSTOP);
+		inject_fault(c->reg, VPS_FAULT_AT_CLAIM);
 		return 1;
 	}
 	if (rc != VPS_ETIMEOUT)
@@ -726,8 +740,7 @@ static vps_result_t run_stages(struct vps_switch *sw, struct carriers *car, cons
 	for (size_t st = 0; st < s->nstages && !rc; st++) {
 		double t0 = now();
 		struct vps_exec_stage_report *sr = &rep->stages[st];
-		if (o->fault_stage == (int64_t)st)
-			inject_fault(sw, o);
+		inject_fault(sw->reg, (int64_t)st);
 		while (i < s->nxfers && s->xfers[i].stage < (int64_t)st)
 			i++;
 		size_t j = i;
@@ -1299,6 +1312,7 @@ static void executor_release(struct executor *ex, vps_result_t rc)
 vps_result_t vps_exec_run(struct vps_staged *const *plans, size_t nplans, const struct vps_exec_opts *o,
 			  struct vps_exec_report *reports)
 {
+	VPS_CHECK(VPS_OPTS_CHECK(o, VPS_EXEC_OPTS_VERSION, "struct vps_exec_opts", "VPS_EXEC_OPTS_INIT"));
 	struct executor ex = {.o = o, .plans = plans, .nplans = nplans};
 	vps_result_t rc = executor_check(&ex);
 	double t_setup = now();

@@ -36,7 +36,8 @@ void vps_verify_add(struct vps_verify_report *rep, const char *fmt, ...)
 		rep->nmessages++;
 }
 
-/* Out of memory, naming what did not fit (vps-verify adds the file). */
+/* Out of memory, naming what did not fit (vps-verify adds the file): every
+ * VPS_ENOMEM of a check says what, for a caller to print as it is. */
 static vps_result_t too_large(const char *what, size_t n, size_t size)
 {
 	return vps_fail(VPS_ENOMEM, "out of memory: %zu %s (%.1f MB) do not fit", n, what,
@@ -254,7 +255,11 @@ vps_result_t vps_verify_layout(const struct vps_layout *l, struct vps_verify_rep
 	memset(rep, 0, sizeof(*rep));
 	for (int64_t r = 0; r < world; r++) {
 		struct vps_rank_view v;
-		VPS_CHECK_GOTO(vps_layout_rank(l, r, &v), rc, done);
+		rc = vps_layout_rank(l, r, &v);
+		if (rc == VPS_ENOMEM)
+			rc = vps_fail(rc, "out of memory: the layout view of rank %" PRId64 " does not fit", r);
+		if (rc)
+			goto done;
 		rc = check_rank(l, &v, rep, &nregions);
 		if (!rc && VPS_GROW(held, cap, nheld + v.nregions))
 			rc = too_large("regions of the layout's ranks", nheld + v.nregions, sizeof(*held));
@@ -528,6 +533,8 @@ static vps_result_t lost_checks(const struct vps_plan *p, struct vps_verify_repo
 				vps_verify_add(rep, "lost ranges %zu and %zu (%s) overlap", j, i, ps);
 		h.n = 0;
 		rc = vps_layout_holders(p->a, r->tensor, r->state, &r->box, &h);
+		if (rc == VPS_ENOMEM)
+			rc = vps_fail(rc, "out of memory: the holders of lost range %zu (%s) do not fit", i, ps);
 		for (size_t k = 0; k < h.n && !rc; k++) {
 			const struct vps_holder *x = &h.v[k];
 			if (!vps_box_intersect(&x->region.box, &r->box, NULL))

@@ -1509,6 +1509,7 @@ vps_result_t vps_plan_compute(struct vps_plan **out, struct vps_layout *a, struc
 			      const struct vps_plan_opts *opts)
 {
 	vps_result_t rc;
+	VPS_CHECK(VPS_OPTS_CHECK(opts, VPS_PLAN_OPTS_VERSION, "struct vps_plan_opts", "VPS_PLAN_OPTS_INIT"));
 	const struct vps_model *ma = vps_layout_model(a), *mb = vps_layout_model(b);
 	if (vps_model_hash(ma) != vps_model_hash(mb))
 		return vps_fail(VPS_EINPUT, "the layouts are of different models (%s, %s)", ma->name, mb->name);

@@ -482,6 +482,7 @@ vps_result_t vps_trainer_run(struct vps_staged *const *plans, size_t nplans, con
 	struct trainer tr = {.o = o};
 	memset(res, 0, sizeof(*res));
 	res->training_state_ok = true;
+	VPS_CHECK(VPS_OPTS_CHECK(o, VPS_TRAINER_OPTS_VERSION, "struct vps_trainer_opts", "VPS_TRAINER_OPTS_INIT"));
 	VPS_CHECK(check_plans(plans, nplans, o));
 	const struct vps_plan *p0 = plans[0]->plan;
 	tr.me = vps_world_device(p0->world, o->rank);

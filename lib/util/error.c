@@ -27,6 +27,32 @@ const char *vps_strerror(vps_result_t rc)
 	return "unknown error";
 }
 
+const char *vps_result_name(vps_result_t rc)
+{
+	switch (rc) {
+	case VPS_OK: return "VPS_OK";
+	case VPS_EINPUT: return "VPS_EINPUT";
+	case VPS_ECHECK: return "VPS_ECHECK";
+	case VPS_ESYS: return "VPS_ESYS";
+	case VPS_ENOMEM: return "VPS_ENOMEM";
+	case VPS_EFORMAT: return "VPS_EFORMAT";
+	case VPS_ECUDA: return "VPS_ECUDA";
+	case VPS_ENCCL: return "VPS_ENCCL";
+	case VPS_ETIMEOUT: return "VPS_ETIMEOUT";
+	case VPS_EPEER: return "VPS_EPEER";
+	case VPS_EUNSUPPORTED: return "VPS_EUNSUPPORTED";
+	case VPS_ENOTFOUND: return "VPS_ENOTFOUND";
+	case VPS_ESTALE: return "VPS_ESTALE";
+	case VPS_EBUSY: return "VPS_EBUSY";
+	case VPS_EINTERNAL: return "VPS_EINTERNAL";
+	}
+	return NULL;
+}
+
+const char *vps_version(void) { return VPS_VERSION_STRING; }
+
+int vps_version_number(void) { return VPS_VERSION_NUMBER; }
+
 const char *vps_last_error(void) { return last_error; }
 
 void vps_clear_error(void) { last_error[0] = '\0'; }
@@ -82,6 +108,19 @@ void vps_error_suffix(const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(last_error + n + 2, sizeof(last_error) - n - 2, fmt, ap);
 	va_end(ap);
+}
+
+vps_result_t vps_opts_check(const void *opts, unsigned int version, unsigned int known, const char *type,
+			    const char *init)
+{
+	if (!opts)
+		return vps_fail(VPS_EINPUT, "no %s (start from %s)", type, init);
+	if (version == 0)
+		return vps_fail(VPS_EINPUT, "%s of version 0: its version was never set (start from %s)", type, init);
+	if (version > known)
+		return vps_fail(VPS_EINPUT, "%s of version %u: this libvps (%s) knows versions 1 to %u; the program was "
+				"built against newer headers", type, version, VPS_VERSION_STRING, known);
+	return VPS_OK;
 }
 
 void *vps_malloc(size_t n)

@@ -26,6 +26,13 @@ void vps_error_prefix(const char *fmt, ...) VPS_PRINTF(1, 2);
 /* "; " and what follows appended to the last error, as room allows */
 void vps_error_suffix(const char *fmt, ...) VPS_PRINTF(1, 2);
 
+/* An options struct's version (vps/base.h, "Options structs"): VPS_EINPUT
+ * for NULL, 0 or a version newer than known, naming the struct and its
+ * macro init. */
+vps_result_t vps_opts_check(const void *opts, unsigned int version, unsigned int known, const char *type,
+			    const char *init);
+#define VPS_OPTS_CHECK(o, known, type, init) vps_opts_check((o), (o) ? (o)->version : 0, (known), (type), (init))
+
 #define VPS_CHECK(call)                                                      \
 	do {                                                                 \
 		vps_result_t vps_check_rc_ = (call);                         \

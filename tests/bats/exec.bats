@@ -348,7 +348,7 @@ run_with_fault() { # TRANSPORT FAULT: the fault for rank 1, then wait for the ot
 	done
 	for r in 0 1 2 3; do
 		if [ $r = 1 ]; then
-			VPS_FAULT=$2 vps-exec --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --transport $transport --timeout 3 s.staged > e.$r 2>&1 &
+			VPS_FAULT=$2 "$VPS_FAULT_BIN/vps-exec" --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --transport $transport --timeout 3 s.staged > e.$r 2>&1 &
 		else
 			vps-exec --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --transport $transport --timeout 3 s.staged > e.$r 2>&1 &
 		fi
@@ -501,6 +501,34 @@ mixed_parts() {
 	[[ "$output" == *"no rank: give --rank"* ]]
 }
 
+# VPS_FAULT is the tests' interface (docs/exec.md, "Faults for the tests"):
+# the executor a user runs has no code for it, the tests' one (make
+# fault-bin) alone obeys it. A world of one rank, one stage.
+@test "bin/vps-exec ignores VPS_FAULT; only the tests' executor injects it" {
+	vps-layout --model tiny-llama --parallel tp=1,dp=1,zero=1 -o a.layout
+	vps-layout --model tiny-llama --parallel tp=1,dp=1,zero=0 -o b.layout
+	vps-plan a.layout b.layout | vps-stage --budget 64KiB - -o s.staged
+	local tag=bats$$ port exe st
+	port=$("$TOP/scripts/free-port.sh")
+	for exe in vps-exec "$VPS_FAULT_BIN/vps-exec"; do
+		vps-trainer --registry "$tag-0" --rank 0 --timeout 30 s.staged > t.0 2>&1 &
+		st=0
+		VPS_FAULT=exit:0 "$exe" --registry "$tag-0" --rank 0 --master 127.0.0.1:$port s.staged > e.0 2>&1 || st=$?
+		wait $! || true
+		cat e.0 t.0
+		if [ "$exe" = vps-exec ]; then
+			[ "$st" -eq 0 ]
+			grep -q "vps-trainer: rank 0: 1 switch, .*: ok" t.0
+		else
+			[ "$st" -eq 3 ]
+			grep -q "its executor (pid [0-9]*) is gone; sources intact" t.0
+		fi
+	done
+	# (the name it reads is in the tests' executor alone)
+	strings -a "$VPS_FAULT_BIN/vps-exec" | grep -qx VPS_FAULT
+	! strings -a "$VPS_BIN/vps-exec" | grep -qx VPS_FAULT
+}
+
 # ---- a rank stopped as the switch starts, a trainer killed mid-switch ----
 
 stopped_at_start() {
@@ -546,7 +574,7 @@ frozen() { # TRANSPORT RANK
 	done
 	for r in 0 1 2 3; do
 		if [ $r = $bad ]; then
-			VPS_FAULT=stall:5 vps-exec --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --transport $transport \
+			VPS_FAULT=stall:5 "$VPS_FAULT_BIN/vps-exec" --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --transport $transport \
 				--timeout $T s.staged > e.$r 2>&1 &
 			ep[$r]=$!
 		else

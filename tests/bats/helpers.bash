@@ -3,6 +3,9 @@
 VPS_BIN=${VPS_BIN:-$BATS_TEST_DIRNAME/../../bin}
 PATH=$VPS_BIN:$PATH
 TOP=$(cd "$BATS_TEST_DIRNAME/../.." && pwd)
+# the tools again, with the executor that injects VPS_FAULT (make fault-bin;
+# docs/exec.md, "Faults for the tests"): bin/vps-exec ignores it
+VPS_FAULT_BIN=${VPS_FAULT_BIN:-$TOP/build/fault-bin}
 export VPS_CONFIG_PATH=$TOP/configs
 # the Python of the tests: make's PYTHON, by default the test environment
 # (make venv: torch, megatron-core, transformers, numpy, PyYAML, Pillow)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bats
-# The library as a C program uses it: vps/vps.h is the whole API, make
-# install puts a versioned libvps.so with its SONAME, and a program built
-# with `pkg-config --cflags --libs vps` runs from the temporary prefix.
+# The library as a C or C++ program uses it: vps/vps.h is the whole API,
+# every header compiles alone in C and in strict C++, make install puts a
+# versioned libvps.so with its SONAME, and a C program and a C++ one
+# (tests/cxx/api.cc) built with `pkg-config --cflags --libs vps` run from the
+# temporary prefix.
 
 load helpers
 
@@ -47,12 +49,14 @@ EOF
 	} > prog.c
 }
 
-@test "vps/vps.h alone declares every function of every header, and each header compiles alone" {
+@test "vps/vps.h alone declares every function of every header, and each header compiles alone, in C and C++" {
 	local h fns
 	for h in "$TOP"/include/vps/*.h; do
 		printf '#include <vps/%s>\n' "${h##*/}" > one.c
 		cc -std=c11 -Wall -Wextra -Werror -I"$TOP/include" -c one.c -o one.o ||
 			{ echo "vps/${h##*/} does not compile alone" >&2; return 1; }
+		c++ -std=c++11 -Wall -Wextra -Werror -pedantic -x c++ -I"$TOP/include" -c one.c -o one.o ||
+			{ echo "vps/${h##*/} does not compile alone as C++" >&2; return 1; }
 		grep -qx "#include \"vps/${h##*/}\"" "$TOP/include/vps/vps.h" || [ "${h##*/}" = vps.h ] ||
 			{ echo "vps/vps.h does not include vps/${h##*/}" >&2; return 1; }
 	done
@@ -97,6 +101,20 @@ EOF
 	# the library it loaded is the installed one
 	env -u LD_LIBRARY_PATH LD_TRACE_LOADED_OBJECTS=1 "$BATS_TEST_TMPDIR/prog" |
 		grep -q "libvps.so.$major => $BATS_TEST_TMPDIR/inst/lib/libvps.so.$major"
+
+	# a C++ program too: it links only through the headers' extern "C"
+	cd "$BATS_TEST_TMPDIR"
+	# shellcheck disable=SC2046
+	c++ -std=c++11 -Wall -Wextra -Werror -pedantic -o cxxprog "$TOP/tests/cxx/api.cc" \
+		$(PKG_CONFIG_PATH=$PWD/inst/lib/pkgconfig pkg-config --cflags --libs vps)
+	cd /
+	run env -u LD_LIBRARY_PATH "$BATS_TEST_TMPDIR/cxxprog" "$BATS_TEST_TMPDIR/inst/share/vps/configs/models/tiny-llama.yaml"
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == "vps $version: tiny-llama: "*" pieces, "*" stages; verify: VPS_OK: tiny-llama: "* ]]
+	# the installed executor has no fault injection (docs/exec.md): VPS_FAULT
+	# is not even a name it reads
+	! strings -a "$BATS_TEST_TMPDIR/inst/bin/vps-exec" | grep -qx VPS_FAULT
 
 	# and make uninstall takes the three names away
 	cd "$BATS_TEST_TMPDIR"

@@ -239,7 +239,8 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	framework_job
 	# the launcher's registries are vps-torch-PID-RANK (other tests' objects come and go)
 	ls /dev/shm | grep '^vps-torch-' > before || true
-	VPS_FAULT=exit:1 expect_status 1 "$PY" "$TOP/examples/torch/launch.py" --nproc 4 --dir r --model micro-llama \
+	# the tools of the fault tests (helpers.bash): the executors inject VPS_FAULT
+	VPS_BIN=$VPS_FAULT_BIN VPS_FAULT=exit:1 expect_status 1 "$PY" "$TOP/examples/torch/launch.py" --nproc 4 --dir r --model micro-llama \
 		--gpus-per-node 4 --steps 4 --switch-every 2 --global-batch 8 --micro-batch 2 \
 		--configs tp=2:dp=2:zero=1,pp=2:dp=2
 	echo "$output" > launch.out

@@ -88,7 +88,29 @@ setup_file() {
 	vps-plan --transition qwen3-30b-s11-s12 | vps-stage --budget 1GiB - -o oom.staged
 	run bash -c 'ulimit -v 24576; exec vps-verify oom.staged'
 	[ "$status" -eq 2 ]
-	[[ "$output" == "vps-verify: oom.staged: out of memory reading it: what its "*" bytes describe does not fit" ]]
+	[[ "$output" == "vps-verify: oom.staged: reading it: out of memory: what its "*" bytes describe does not fit" ]]
+}
+
+@test "out of memory while checking: vps-verify names what did not fit, in the library's words" {
+	cd "$BATS_FILE_TMPDIR"
+	! grep -qa __asan_init "$VPS_BIN/vps-verify" || skip "address space limits do not apply under ASan"
+	[ -s oom.staged ] || vps-plan --transition qwen3-30b-s11-s12 | vps-stage --budget 1GiB - -o oom.staged
+	# from too little to read it to enough to check it: each limit gives one
+	# of three answers, and some give the checks' own
+	local kb checking=0
+	for kb in $(seq 24576 4096 131072); do
+		run bash -c "ulimit -v $kb; exec vps-verify oom.staged"
+		case $status:$output in
+		0:"oom.staged: ok: "*) ;;
+		2:"vps-verify: oom.staged: reading it: out of memory: what its "*" bytes describe does not fit") ;;
+		2:"vps-verify: oom.staged: checking it: out of memory: "*" not fit")
+			[[ $output =~ (do|does)\ not\ fit$ ]]
+			[[ $output != *"(lib/"* ]]
+			checking=$((checking + 1)) ;;
+		*) echo "ulimit -v $kb: exit $status: $output" >&2; return 1 ;;
+		esac
+	done
+	[ "$checking" -gt 0 ]
 }
 
 @test "--relay: forwards lie in stages after every receive; a forward moved before its arrival fails verification" {

@@ -190,7 +190,8 @@ show_logs() {
 	tail -n 5 e.* t.* 2>/dev/null || true
 }
 
-# rank 1's executor gets VPS_FAULT=$1; the others' exit statuses in st[]
+# rank 1's executor, the tests' (helpers.bash), gets VPS_FAULT=$1; the
+# others' exit statuses in st[]
 nccl_fault() { # FAULT
 	setup_plan
 	for r in 0 1 2 3; do
@@ -198,9 +199,9 @@ nccl_fault() { # FAULT
 		tp[$r]=$!
 	done
 	for r in 0 1 2 3; do
-		f=
-		[ $r = 1 ] && f=$1
-		VPS_FAULT=$f vps-exec --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --transport nccl --timeout 3 \
+		f= exe=vps-exec
+		[ $r = 1 ] && f=$1 exe=$VPS_FAULT_BIN/vps-exec
+		VPS_FAULT=$f "$exe" --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --transport nccl --timeout 3 \
 			s.staged > e.$r 2>&1 &
 		ep[$r]=$!
 	done

@@ -93,7 +93,7 @@ TEST(no_plan_beats_the_floor)
 	for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) {
 		struct vps_layout *a = test_layout("tiny-llama", pairs[i][0], 4, 0);
 		struct vps_layout *b = test_layout("tiny-llama", pairs[i][1], 4, 0);
-		struct vps_plan_opts o = {.rank = -1};
+		struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
 		struct vps_plan *p = NULL;
 		struct vps_plan_stats s;
 		CHECK_OK(vps_plan_compute(&p, a, b, &o));
@@ -137,7 +137,8 @@ TEST(a_relayed_plan_is_bounded_as_relays_allow)
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		struct vps_layout *a = test_layout("tiny-llama", "tp=1,pp=1,dp=1,zero=0", cases[i].gpn, 0);
 		struct vps_layout *b = test_layout("tiny-llama", "tp=1,pp=1,dp=4,zero=0", cases[i].gpn, 0);
-		struct vps_plan_opts o = {.rank = -1, .relay = true};
+		struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
+		o.relay = true;
 		struct vps_plan *p = NULL;
 		struct vps_plan_stats s;
 		struct vps_time_floor f;

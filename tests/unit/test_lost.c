@@ -147,7 +147,9 @@ TEST(lost_tp2_dp1_rank1_loses_its_tp_half)
 	CHECK(!find(&l, m, "decoder.layers.0.mlp.linear_fc1.layer_norm_weight", VPS_STATE_EXP_AVG));
 
 	/* refused unless allowed; allowed, the plan has holes exactly there */
-	struct vps_plan_opts o = {.rank = -1, .lost = RANK1, .nlost = 1};
+	struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
+	o.lost = RANK1;
+	o.nlost = 1;
 	struct vps_plan *p = NULL;
 	CHECK_EQ(vps_plan_compute(&p, a, b, &o), VPS_ECHECK);
 	CHECK(!p);
@@ -196,7 +198,9 @@ TEST(lost_tp2_dp2_rank1_loses_nothing)
 	CHECK_OK(vps_lost_compute(&l, a, RANK1, 1));
 	CHECK_EQ(l.nranges, 0);
 	vps_lost_release(&l);
-	struct vps_plan_opts o = {.rank = -1, .lost = RANK1, .nlost = 1};
+	struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
+	o.lost = RANK1;
+	o.nlost = 1;
 	struct vps_plan *p = NULL;
 	CHECK_OK(vps_plan_compute(&p, a, b, &o));
 	if (!p)
@@ -221,7 +225,10 @@ TEST(lost_tp2_dp2_rank1_loses_nothing)
 	for (int64_t r = 0; r < W; r++) {
 		struct vps_layout *a2 = test_layout("tiny-llama", "tp=2,dp=2", 4, 0);
 		struct vps_layout *b2 = test_layout("tiny-llama", "tp=2,dp=1", 4, 1);
-		struct vps_plan_opts ro = {.rank = r, .lost = RANK1, .nlost = 1};
+		struct vps_plan_opts ro = VPS_PLAN_OPTS_INIT;
+		ro.rank = r;
+		ro.lost = RANK1;
+		ro.nlost = 1;
 		struct vps_plan *q = NULL;
 		vps_result_t rc = vps_plan_compute(&q, a2, b2, &ro);
 		if (r == 1) {
@@ -267,7 +274,10 @@ TEST(lost_device_in_the_target_is_refused)
 	struct vps_layout *b = test_layout("tiny-llama", "tp=2,dp=1", 4, 0);
 	if (!a || !b)
 		return;
-	struct vps_plan_opts o = {.rank = -1, .lost = RANK1, .nlost = 1, .allow_loss = true};
+	struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
+	o.lost = RANK1;
+	o.nlost = 1;
+	o.allow_loss = true;
 	struct vps_plan *p = NULL;
 	CHECK_EQ(vps_plan_compute(&p, a, b, &o), VPS_EINPUT);
 	CHECK(strstr(vps_last_error(), "rank 1 of the source is lost") != NULL);

@@ -696,7 +696,7 @@ TEST(deepseek_plans_move_every_element_right)
 		struct vps_layout *b = test_layout("tiny-deepseek", cases[i][1], 8, 0);
 		if (!a || !b)
 			continue;
-		struct vps_plan_opts o = {.rank = -1};
+		struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
 		struct vps_plan *p = NULL;
 		CHECK_OK(vps_plan_compute(&p, a, b, &o));
 		if (!p)

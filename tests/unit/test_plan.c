@@ -29,7 +29,8 @@ static void run_case(const struct tcase *c, bool per_rank, bool relay)
 	struct vps_layout *b = test_layout(c->model, c->to, c->gpn_b, c->first_b);
 	if (!a || !b)
 		return;
-	struct vps_plan_opts o = {.rank = -1, .relay = relay};
+	struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
+	o.relay = relay;
 	struct vps_plan *p = NULL;
 	CHECK_OK(vps_plan_compute(&p, a, b, &o));
 	if (!p)
@@ -42,7 +43,9 @@ static void run_case(const struct tcase *c, bool per_rank, bool relay)
 		for (int64_t r = 0; r < W; r++) {
 			struct vps_layout *a2 = test_layout(c->model, c->from, c->gpn_a, c->first_a);
 			struct vps_layout *b2 = test_layout(c->model, c->to, c->gpn_b, c->first_b);
-			struct vps_plan_opts ro = {.rank = r, .relay = relay};
+			struct vps_plan_opts ro = VPS_PLAN_OPTS_INIT;
+			ro.rank = r;
+			ro.relay = relay;
 			struct vps_plan *q = NULL;
 			CHECK_OK(vps_plan_compute(&q, a2, b2, &ro));
 			if (!q)
@@ -117,7 +120,10 @@ static struct vps_plan *plan_with(const char *model, const char *from, const cha
 {
 	struct vps_layout *a = test_layout(model, from, gpn, 0), *b = test_layout(model, to, gpn, 0);
 	/* packed with 3 threads: not hashed while planned, hashed when asked */
-	struct vps_plan_opts o = {.rank = -1, .threads = threads, .compact = compact, .unhashed = threads == 3};
+	struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
+	o.threads = threads;
+	o.compact = compact;
+	o.unhashed = threads == 3;
 	struct vps_plan *p = NULL;
 	if (a && b)
 		CHECK_OK(vps_plan_compute(&p, a, b, &o));
@@ -277,7 +283,8 @@ TEST(relayed_joins_move_every_element_right)
 		run_case(c, true, true);
 		struct vps_plan *p[2] = {NULL, NULL};
 		for (int relay = 0; relay < 2; relay++) {
-			struct vps_plan_opts o = {.rank = -1, .relay = relay};
+			struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
+			o.relay = relay;
 			CHECK_OK(vps_plan_compute(&p[relay], test_layout(c->model, c->from, c->gpn_a, c->first_a),
 						  test_layout(c->model, c->to, c->gpn_b, c->first_b), &o));
 		}
@@ -307,7 +314,8 @@ TEST(a_relayed_range_enters_each_node_once)
 {
 	struct vps_plan *p[2] = {NULL, NULL};
 	for (int relay = 0; relay < 2; relay++) {
-		struct vps_plan_opts o = {.rank = -1, .relay = relay};
+		struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
+		o.relay = relay;
 		CHECK_OK(vps_plan_compute(&p[relay], test_layout("tiny-llama", "tp=1,pp=1,dp=1,zero=0", 4, 0),
 					  test_layout("tiny-llama", "tp=1,pp=1,dp=8,zero=0", 4, 0), &o));
 	}
@@ -365,7 +373,7 @@ TEST(an_unchanged_layout_moves_nothing)
 {
 	struct vps_layout *a = test_layout("tiny-qwen3-moe", "tp=2,pp=2,dp=2,ep=2,etp=1,zero=1", 8, 0);
 	struct vps_layout *b = test_layout("tiny-qwen3-moe", "tp=2,pp=2,dp=2,ep=2,etp=1,zero=1", 8, 0);
-	struct vps_plan_opts o = {.rank = -1};
+	struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
 	struct vps_plan *p;
 	CHECK_OK(vps_plan_compute(&p, a, b, &o));
 	for (size_t i = 0; i < p->npieces; i++)
@@ -377,7 +385,8 @@ TEST(training_state_splits_the_global_batch)
 {
 	struct vps_layout *a = test_layout("tiny-llama", "tp=2,dp=4", 8, 0);
 	struct vps_layout *b = test_layout("tiny-llama", "tp=2,dp=3", 8, 0);
-	struct vps_plan_opts o = {.rank = -1, .micro_batch_a = 4};
+	struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
+	o.micro_batch_a = 4;
 	o.train.global_batch = 48;
 	struct vps_plan *p;
 	CHECK_OK(vps_plan_compute(&p, a, b, &o));
@@ -397,7 +406,8 @@ static void check_rank_plan(const struct tcase *c, const struct vps_plan *p, int
 {
 	struct vps_layout *a = test_layout(c->model, c->from, c->gpn_a, c->first_a);
 	struct vps_layout *b = test_layout(c->model, c->to, c->gpn_b, c->first_b);
-	struct vps_plan_opts ro = {.rank = r};
+	struct vps_plan_opts ro = VPS_PLAN_OPTS_INIT;
+	ro.rank = r;
 	struct vps_plan *q = NULL;
 	CHECK_OK(vps_plan_compute(&q, a, b, &ro));
 	if (!q)
@@ -436,7 +446,7 @@ TEST(replicas_in_different_stages_are_weighed_by_their_duties)
 		run_case(c, true, false);
 		struct vps_layout *a = test_layout(c->model, c->from, c->gpn_a, c->first_a);
 		struct vps_layout *b = test_layout(c->model, c->to, c->gpn_b, c->first_b);
-		struct vps_plan_opts o = {.rank = -1};
+		struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
 		struct vps_plan *p = NULL;
 		struct vps_plan_stats s;
 		CHECK_OK(vps_plan_compute(&p, a, b, &o));
@@ -453,7 +463,7 @@ TEST(replicas_in_different_stages_are_weighed_by_their_duties)
 	const struct tcase many = {"tiny-gpt", "tp=1,pp=2,dp=4,zero=1", "tp=1,pp=1,dp=70,zero=1", 8, 0, 8, 0};
 	struct vps_layout *a = test_layout(many.model, many.from, many.gpn_a, many.first_a);
 	struct vps_layout *b = test_layout(many.model, many.to, many.gpn_b, many.first_b);
-	struct vps_plan_opts o = {.rank = -1};
+	struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
 	struct vps_plan *p = NULL;
 	CHECK_OK(vps_plan_compute(&p, a, b, &o));
 	if (!p)

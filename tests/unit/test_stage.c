@@ -123,7 +123,9 @@ static struct vps_staged *rank_staging(const struct vps_staged *g, int64_t r, in
 	struct vps_staged *s = NULL;
 	CHECK_OK(layout_copy(g->plan->a, &a));
 	CHECK_OK(layout_copy(g->plan->b, &b));
-	struct vps_plan_opts o = {.rank = r, .relay = relay};
+	struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
+	o.rank = r;
+	o.relay = relay;
 	CHECK_OK(vps_plan_compute(&p, a, b, &o));
 	if (p)
 		CHECK_OK(vps_stage(&s, p, g->budget, rank_arg));
@@ -206,7 +208,7 @@ static void one_case(int iter)
 	/* budgets from the floor to 64 MiB, log-uniform */
 	int64_t budget = VPS_STAGE_BUDGET_FLOOR << (next() % 15);
 	budget += (int64_t)(next() % (uint64_t)budget);
-	struct vps_plan_opts o = {.rank = -1};
+	struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
 	struct vps_plan *p = NULL;
 	struct vps_staged *s = NULL;
 	CHECK_OK(vps_plan_compute(&p, a, b, &o));
@@ -261,7 +263,7 @@ TEST(the_budget_floor_is_refused_below_and_works_at)
 	vps_devices_packed(&d, 8, 0);
 	CHECK_OK(vps_layout_new(&a, &m, &pa, &d, "t"));
 	CHECK_OK(vps_layout_new(&b, &m, &pb, &d, "t"));
-	struct vps_plan_opts o = {.rank = -1};
+	struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
 	struct vps_plan *p;
 	struct vps_staged *s = NULL;
 	CHECK_OK(vps_plan_compute(&p, a, b, &o));
@@ -294,7 +296,7 @@ TEST(a_rank_file_holds_its_transfers_and_the_worlds_stages)
 	CHECK_OK(vps_layout_new(&b, &m, &pb, &d, "t"));
 	CHECK_OK(vps_layout_new(&a2, &m, &pa, &d, "t"));
 	CHECK_OK(vps_layout_new(&b2, &m, &pb, &d, "t"));
-	struct vps_plan_opts o = {.rank = -1};
+	struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
 	struct vps_plan *p, *p2;
 	struct vps_staged *all, *one;
 	CHECK_OK(vps_plan_compute(&p, a, b, &o));
@@ -336,7 +338,9 @@ static struct vps_plan *join_plan(int64_t rank, bool relay)
 	vps_devices_packed(&d, 8, 0);
 	CHECK_OK(vps_layout_new(&a, &m, &pa, &d, "t"));
 	CHECK_OK(vps_layout_new(&b, &m, &pb, &d, "t"));
-	struct vps_plan_opts o = {.rank = rank, .relay = relay};
+	struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
+	o.rank = rank;
+	o.relay = relay;
 	CHECK_OK(vps_plan_compute(&p, a, b, &o));
 	return p;
 }

@@ -23,7 +23,7 @@ static struct vps_staged *make_staged(int64_t budget, int64_t rank)
 	struct vps_layout *a, *b;
 	struct vps_plan *p;
 	struct vps_staged *s = NULL;
-	struct vps_plan_opts o = {.rank = -1};
+	struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
 	CHECK_OK(vps_model_load(&m, "tiny-llama", CONFIGS "/models"));
 	vps_parallel_init(&pa);
 	vps_parallel_init(&pb);
