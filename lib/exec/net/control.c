@@ -15,6 +15,7 @@
  * why the same way. The news goes to every link but the one it came by, so
  * every rank hears it once, in milliseconds, from whichever side of a gone
  * rank it lies on. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -78,6 +79,7 @@ struct link {
 	unsigned char *out;        /* bytes queued for the socket */
 	size_t out_len, out_cap;
 	uint32_t first_seq;        /* "someone arrived" went this way, either way, for this arrival */
+	bool part_in;              /* its part of the collective in progress came */
 	/* a child's part of a collective this rank has not begun yet */
 	bool early;
 	struct frame early_hdr;
@@ -355,6 +357,7 @@ static void combine(struct ctl *c, struct link *l, const struct frame *f, const 
 		}
 	if (op->kind == CTL_ARRIVE)
 		l->first_seq = op->seq; /* it knows: no "someone arrived" back */
+	l->part_in = true;
 	op->ups++;
 }
 
@@ -950,6 +953,8 @@ vps_result_t vps_ctl_own_failure(struct ctl *c, vps_result_t mine, const char *w
 static void post(struct ctl *c, enum ctl_kind kind, const void *buf, size_t len)
 {
 	c->op = (struct op){.posted = true, .mine = kind != CTL_ARRIVE, .kind = kind, .seq = c->next_seq++, .len = len};
+	for (size_t i = 0; i < c->nlinks; i++)
+		c->links[i].part_in = false;
 	if (buf && len)
 		memcpy(c->op.acc, buf, len);
 	absorb_early(c);
@@ -1014,6 +1019,31 @@ int vps_ctl_arrive_wait(struct ctl *c, double seconds, double *first)
 	*first = c->first_seq == c->op.seq ? c->first_time : -1;
 	pthread_mutex_unlock(&c->mu);
 	return r;
+}
+
+/* A neighbour as a wait names it: its rank and address. */
+static void add_link(struct net_names *l, const struct link *k)
+{
+	struct sockaddr_in sa;
+	socklen_t len = sizeof(sa);
+	if (!getpeername(k->fd, (struct sockaddr *)&sa, &len) && sa.sin_family == AF_INET)
+		vps_net_names_add(l, "rank %" PRId64 " at %s", k->rank, inet_ntoa(sa.sin_addr));
+	else
+		vps_net_names_add(l, "rank %" PRId64, k->rank);
+}
+
+bool vps_ctl_awaited(struct ctl *c, struct net_names *l)
+{
+	pthread_mutex_lock(&c->mu);
+	const struct op *op = &c->op;
+	bool parent = op->posted && !op->done && op->up_sent;
+	if (parent)
+		add_link(l, &c->links[0]);
+	for (size_t i = c->has_parent; i < c->nlinks && op->posted && !op->done && !parent; i++)
+		if (!c->links[i].part_in)
+			add_link(l, &c->links[i]);
+	pthread_mutex_unlock(&c->mu);
+	return parent;
 }
 
 void vps_net_stats(const struct vps_net *n, struct vps_net_stats *out)
