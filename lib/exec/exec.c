@@ -53,7 +53,7 @@ static bool notice_due(const struct vps_exec_opts *o, double waited, bool bounde
 {
 	if (*next < 0 || waited < (*next ? *next : NOTICE_AFTER))
 		return false;
-	snprintf(so_far, n, *next ? " (%.0f s so far)" : "", waited);
+	snprintf(so_far, n, *next ? ": %.0f s so far" : "", waited);
 	*next = bounded && o->notice_every > 0 ? waited + o->notice_every : -1;
 	return true;
 }

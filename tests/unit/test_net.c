@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <signal.h>
+#include <time.h>
 #include <sys/wait.h>
 
 #include "harness.h"
@@ -268,6 +269,7 @@ struct tree_rank {
 	struct vps_net_stats started, st; /* once started, at the end */
 	const char *token;   /* NULL: the job's */
 	double notice_after, notice_every; /* notices heard when notice_after > 0 */
+	double sum_after;    /* seconds before it joins the sum */
 	struct heard heard;
 };
 
@@ -299,6 +301,10 @@ static void *run_tree_rank(void *arg)
 	r->sum[0] = (uint64_t)r->rank;
 	r->sum[1] = 1;
 	r->sum[2] = (uint64_t)r->rank * (uint64_t)r->rank;
+	if (r->sum_after > 0) {
+		struct timespec ts = {0, (long)(r->sum_after * 1e9)};
+		nanosleep(&ts, NULL);
+	}
 	if (!r->rc)
 		r->rc = vps_net_allreduce_sum(n, r->sum, 3, "sum");
 	for (size_t i = 0; i < sizeof(r->id); i++)
@@ -600,6 +606,29 @@ TEST(a_rank_whose_trainer_is_late_is_named_by_its_parent_and_the_others_wait_for
 		fprintf(stderr, "rank 0 heard:\n%s", runs[0].heard.text);
 }
 
+TEST(a_collective_names_the_rank_it_waits_for)
+{
+	/* rank 2 joins the sum late: its parent, rank 0, names it; rank 1 waits
+	 * for the result from rank 0 */
+	int port = free_port();
+	struct tree_rank runs[3];
+	for (int64_t r = 0; r < 3; r++)
+		runs[r] = (struct tree_rank){.rank = r, .world = 3, .port = port, .timeout = 30, .calls_to_arrive = 1,
+					     .notice_after = 0.1, .sum_after = r == 2 ? 0.6 : 0};
+	run_ranks(runs, 3, NULL);
+	for (int64_t r = 0; r < 3; r++)
+		CHECK_OK(runs[r].rc);
+	CHECK_EQ(heard_lines(&runs[0].heard, "sum: this rank is ready; waiting for rank 2 at 127.0.0.1 (or a rank below it "
+					     "in the control tree) ("),
+		 1);
+	CHECK_EQ(heard_lines(&runs[1].heard, "sum: this rank and those below it in the control tree are ready; waiting for "
+					     "the others, whose word comes from rank 0 through rank 0 at 127.0.0.1 ("),
+		 1);
+	CHECK_EQ(runs[2].heard.count, 0);
+	if (runs[0].heard.count != 1)
+		fprintf(stderr, "rank 0 heard:\n%srank 1 heard:\n%s", runs[0].heard.text, runs[1].heard.text);
+}
+
 TEST(a_mesh_names_the_rank_it_cannot_connect_to_and_where)
 {
 	/* rank 1 bootstraps by hand, saying it listens where nobody answers,
@@ -630,7 +659,7 @@ TEST(a_mesh_names_the_rank_it_cannot_connect_to_and_where)
 	pthread_join(th, NULL);
 	close(lfd);
 	char want[160];
-	snprintf(want, sizeof(want), "connecting the ranks: waiting for rank 1 at 127.0.0.1:%d (", ntohs(sa.sin_port));
+	snprintf(want, sizeof(want), "connecting the ranks: waiting for rank 1 at 127.0.0.1:%d (connected, no answer yet) (", ntohs(sa.sin_port));
 	CHECK_EQ(run0.rc, VPS_ETIMEOUT);
 	CHECK(strstr(run0.error, "connecting the ranks: no connection with rank 1 within 1.5 s") != NULL);
 	CHECK_EQ(heard_lines(&run0.heard, want), 1);

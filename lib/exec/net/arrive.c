@@ -45,27 +45,6 @@ static vps_result_t arrive_alone(int (*ready)(void *), void *ctx)
 	}
 }
 
-/* Whom a rank that is ready waits for: its children in the tree that are
- * not (or a rank below them), or, once its subtree is, the word from rank
- * 0 through its parent. */
-static void say_awaited(struct vps_net *n, const struct net_wait *w, double t)
-{
-	char list[384], waited[64];
-	struct net_names l;
-	vps_net_names_init(&l, list, sizeof(list));
-	bool parent = vps_ctl_awaited(n->ctl, &l);
-	vps_net_names_end(&l);
-	if (!l.named)
-		snprintf(list, sizeof(list), "the other ranks");
-	vps_net_waited(n, w, t, waited, sizeof(waited));
-	if (parent)
-		vps_net_say(n, "the switch's start: this rank and those below it in the control tree are ready; waiting for"
-			       " the others, whose word comes from rank 0 through %s %s", list, waited);
-	else
-		vps_net_say(n, "the switch's start: this rank is ready; waiting for %s (or a rank below it in the control"
-			       " tree) %s", list, waited);
-}
-
 vps_result_t vps_net_arrive(struct vps_net *n, int (*ready)(void *ctx), void *ctx, double window)
 {
 	struct ctl *c = n->ctl;
@@ -91,8 +70,15 @@ vps_result_t vps_net_arrive(struct vps_net *n, int (*ready)(void *ctx), void *ct
 			}
 		}
 		double first, t = vps_net_now();
-		if (mine && vps_net_wait_due(n, &w, t))
-			say_awaited(n, &w, t);
+		if (mine && vps_net_wait_due(n, &w, t)) {
+			char so_far[128];
+			if (window < 1e9)
+				snprintf(so_far, sizeof(so_far), "(%.0f s so far; the ranks' requests may lie %g s apart)",
+					 t - w.start, window);
+			else
+				snprintf(so_far, sizeof(so_far), "(%.0f s so far)", t - w.start);
+			vps_ctl_say_awaited(c, "the switch's start", so_far);
+		}
 		int r = vps_ctl_arrive_wait(c, !mine ? gap_after(t - t0) : w.next ? w.next - t : -1, &first);
 		if (r > 0)
 			return VPS_OK;

@@ -158,10 +158,7 @@ static void joiner_awaited(void *ctx, const struct handshake *hs, char *out, siz
 	const struct outbound *o = &hs->out[0];
 	(void)ctx;
 	snprintf(out, size, "bootstrap: waiting for rank 0 at %s:%d: %s", inet_ntoa(o->sa.sin_addr), ntohs(o->sa.sin_port),
-		 o->turned_away	       ? "it turned this rank away"
-		 : o->state == OUT_IDLE ? "nobody accepts there yet"
-		 : o->state == OUT_CONNECTING ? "connecting"
-					       : "connected, no answer yet");
+		 vps_net_out_state(o));
 }
 
 static void boot_handshake(struct boot *b, struct handshake *hs)

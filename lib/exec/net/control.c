@@ -974,8 +974,19 @@ vps_result_t vps_ctl_collective(struct ctl *c, enum ctl_kind kind, void *buf, si
 		wake(c);
 	pthread_mutex_lock(&c->mu);
 	double until;
-	while (!c->op.done && !settled(c, &until))
-		wait_until(c, until);
+	struct net_wait w;
+	vps_net_wait_begin(c->n, &w);
+	while (!c->op.done && !settled(c, &until)) {
+		wait_until(c, w.next && (!until || w.next < until) ? w.next : until);
+		double t = vps_net_now();
+		if (!c->op.done && c->news.kind == NEWS_NONE && vps_net_wait_due(c->n, &w, t)) {
+			char so_far[32];
+			snprintf(so_far, sizeof(so_far), "(%.0f s so far)", t - w.start);
+			pthread_mutex_unlock(&c->mu);
+			vps_ctl_say_awaited(c, what, so_far);
+			pthread_mutex_lock(&c->mu);
+		}
+	}
 	vps_result_t rc = VPS_OK;
 	if (c->op.done && buf && len)
 		memcpy(buf, c->op.acc, len);
@@ -1032,18 +1043,29 @@ static void add_link(struct net_names *l, const struct link *k)
 		vps_net_names_add(l, "rank %" PRId64, k->rank);
 }
 
-bool vps_ctl_awaited(struct ctl *c, struct net_names *l)
+void vps_ctl_say_awaited(struct ctl *c, const char *what, const char *so_far)
 {
+	char list[384];
+	struct net_names l;
+	vps_net_names_init(&l, list, sizeof(list));
 	pthread_mutex_lock(&c->mu);
 	const struct op *op = &c->op;
 	bool parent = op->posted && !op->done && op->up_sent;
 	if (parent)
-		add_link(l, &c->links[0]);
+		add_link(&l, &c->links[0]);
 	for (size_t i = c->has_parent; i < c->nlinks && op->posted && !op->done && !parent; i++)
 		if (!c->links[i].part_in)
-			add_link(l, &c->links[i]);
+			add_link(&l, &c->links[i]);
 	pthread_mutex_unlock(&c->mu);
-	return parent;
+	vps_net_names_end(&l);
+	if (!l.named)
+		return;
+	if (parent)
+		vps_net_say(c->n, "%s: this rank and those below it in the control tree are ready; waiting for the others,"
+				  " whose word comes from rank 0 through %s %s", what, list, so_far);
+	else
+		vps_net_say(c->n, "%s: this rank is ready; waiting for %s (or a rank below it in the control tree) %s", what,
+			    list, so_far);
 }
 
 void vps_net_stats(const struct vps_net *n, struct vps_net_stats *out)

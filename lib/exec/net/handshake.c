@@ -197,6 +197,8 @@ static vps_result_t out_connect(struct outbound *o, int ep, size_t i)
 	int e = errno;
 	if (r == 0 || e == EINPROGRESS) {
 		o->state = r == 0 ? OUT_CHALLENGE : OUT_CONNECTING;
+		if (r == 0)
+			o->last_errno = 0;
 		struct epoll_event ev = {r == 0 ? EPOLLIN : EPOLLOUT, {.u64 = EV_DATA(TAG_OUT, i)}};
 		if (epoll_ctl(ep, EPOLL_CTL_ADD, o->fd, &ev))
 			return vps_fail_errno("epoll_ctl");
@@ -204,6 +206,7 @@ static vps_result_t out_connect(struct outbound *o, int ep, size_t i)
 	}
 	close(o->fd);
 	o->fd = -1;
+	o->last_errno = e;
 	if (e != ECONNREFUSED && e != EINTR && e != ETIMEDOUT && e != ENETUNREACH && e != EAGAIN)
 		return vps_fail(VPS_EPEER, "connect to rank %" PRId64 " at %s:%d: %s", o->rank, inet_ntoa(o->sa.sin_addr),
 				ntohs(o->sa.sin_port), strerror(e));
@@ -241,9 +244,11 @@ static vps_result_t out_progress(struct handshake *hs, struct outbound *o, uint3
 		if (err == EINPROGRESS || !(revents & (EPOLLOUT | EPOLLERR | EPOLLHUP)))
 			return VPS_OK;
 		if (err) {
+			o->last_errno = err;
 			out_retry(o);
 			return VPS_OK;
 		}
+		o->last_errno = 0;
 		vps_net_tune(o->fd);
 		o->state = OUT_CHALLENGE;
 		struct epoll_event ev = {EPOLLIN, {.u64 = 0}};
@@ -330,6 +335,7 @@ vps_result_t vps_net_handshake(struct handshake *hs)
 		hs->out[i].state = OUT_IDLE;
 		hs->out[i].retry_at = 0;
 		hs->out[i].refusals = 0;
+		hs->out[i].last_errno = 0;
 		hs->out[i].said_at = 0;
 	}
 	bool listening = false;
@@ -415,6 +421,17 @@ vps_result_t vps_net_handshake(struct handshake *hs)
 	free(p.v);
 	free(p.free_slots);
 	return rc;
+}
+
+const char *vps_net_out_state(const struct outbound *o)
+{
+	if (o->turned_away)
+		return "it turned this rank away";
+	if (o->state == OUT_CHALLENGE || o->state == OUT_PROOF)
+		return "connected, no answer yet";
+	if (o->last_errno == ECONNREFUSED)
+		return "nobody accepts there yet";
+	return o->last_errno ? strerror(o->last_errno) : "connecting";
 }
 
 void vps_net_dropped_note(const struct handshake *hs, char *out, size_t size)

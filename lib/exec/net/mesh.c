@@ -55,8 +55,8 @@ static void mesh_awaited(void *ctx, const struct handshake *hs, char *out, size_
 	for (size_t i = 0; i < hs->nout; i++) {
 		const struct outbound *x = &hs->out[i];
 		if (x->state != OUT_DONE && !(i && hs->out[i - 1].rank == x->rank && hs->out[i - 1].state != OUT_DONE))
-			vps_net_names_add(&l, "rank %" PRId64 " at %s:%d", x->rank, inet_ntoa(x->sa.sin_addr),
-					  ntohs(x->sa.sin_port));
+			vps_net_names_add(&l, "rank %" PRId64 " at %s:%d (%s)", x->rank, inet_ntoa(x->sa.sin_addr),
+					  ntohs(x->sa.sin_port), vps_net_out_state(x));
 	}
 	vps_net_names_end(&l);
 	snprintf(out, size, "connecting the ranks: waiting for %s", list);

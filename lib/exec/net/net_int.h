@@ -147,6 +147,7 @@ struct outbound {
 	int fd, state;
 	double retry_at;
 	bool turned_away; /* the acceptor closed after our hello */
+	int last_errno;   /* of the last attempt that failed to connect, 0 none */
 	size_t refusals;  /* times turned away */
 	double said_at;   /* when that was last said, 0 never */
 	struct challenge c;
@@ -194,6 +195,9 @@ struct handshake {
  * by the deadline (VPS_ETIMEOUT, "timed out", after it: the caller says
  * who is missing). One epoll set: the cost of a wake is what is ready. */
 vps_result_t vps_net_handshake(struct handshake *hs);
+/* Where an outbound connection stands, as a wait says it: "nobody
+ * accepts there yet", "connected, no answer yet"... */
+const char *vps_net_out_state(const struct outbound *o);
 /* " (N connections that did not prove the job token were dropped, M of
  * them from ...: ...)", or "" when none was. */
 void vps_net_dropped_note(const struct handshake *hs, char *out, size_t size);
@@ -248,10 +252,11 @@ void vps_ctl_fail(struct ctl *c, bool timed_out, const char *why);
  * last error). A timeout waits up to the timeout for that. */
 vps_result_t vps_ctl_own_failure(struct ctl *c, vps_result_t mine, const char *words);
 
-/* Whom this rank waits for in the collective in progress, added to l:
- * its children whose parts have not come, or, once its own part went up,
- * its parent, for the result (then true). */
-bool vps_ctl_awaited(struct ctl *c, struct net_names *l);
+/* Say (the network's notice) whom this rank waits for in the collective
+ * in progress, what opening the message and so_far ending it: its
+ * children whose parts have not come, or, once its own part went up, its
+ * parent, through which the result comes. */
+void vps_ctl_say_awaited(struct ctl *c, const char *what, const char *so_far);
 
 /* The start of a switch on the tree (arrive.c): an CTL_ARRIVE collective
  * whose part is ready when this rank's trainer's request is; "someone
