@@ -24,6 +24,17 @@
 #
 # Out-of-tree objects: BUILDDIR (default build). CUDA_HOME for the GPU parts.
 # PYTHON: the interpreter of everything in Python (default build/venv's).
+# Jobs: one a CPU unless -jN (-j1 too) or MAKEFLAGS in the environment says.
+
+# Make 4.3 shows a command line's -j to recipes only, not here, but lets it
+# win over this one; the environment's MAKEFLAGS is read through the shell.
+# Not under a make that runs this one, nor beside clean (it would race).
+ifeq ($(MAKELEVEL)$(filter clean distclean,$(MAKECMDGOALS)),0)
+ENV_MAKEFLAGS := $(shell printf '%s' "$$MAKEFLAGS")
+ifeq ($(filter -j%,$(MAKEFLAGS) $(ENV_MAKEFLAGS))$(findstring j,$(firstword -$(ENV_MAKEFLAGS))),)
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 1)
+endif
+endif
 
 BUILDDIR ?= build
 BINDIR ?= bin

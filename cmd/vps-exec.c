@@ -258,6 +258,8 @@ int main(int argc, char **argv)
 	o.master_port = l.master_port;
 	o.notice = say;
 	o.notice_ctx = &l.rank;
+	/* on a terminal a wait says again every 10 s whom it waits for; in a log, once */
+	o.notice_every = isatty(STDERR_FILENO) ? 10 : 0;
 	o.plan_names = (const char *const *)cli.operands;
 	if (isatty(STDERR_FILENO) && !cli.common.quiet)
 		o.progress = progress;

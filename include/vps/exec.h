@@ -42,10 +42,14 @@ struct vps_exec_opts {
 	/* progress callback after each stage (may be NULL) */
 	void (*progress)(void *ctx, int64_t stage, int64_t nstages, int64_t bytes, double seconds);
 	void *progress_ctx;
-	/* said once by a wait that has lasted a few seconds: what it waits for,
-	 * under which name (may be NULL) */
+	/* said by a wait that has lasted a few seconds: what it waits for,
+	 * under which name, whom (the rank, and its address when known); and a
+	 * peer refused for the job token, after a few refusals (may be NULL) */
 	void (*notice)(void *ctx, const char *message);
 	void *notice_ctx;
+	/* > 0: a wait says it again every notice_every seconds (for a
+	 * terminal); 0: once */
+	double notice_every;
 	/* the staged plans' files, named in messages (NULL: "staged plan N") */
 	const char *const *plan_names;
 };

@@ -43,6 +43,22 @@ static void notice(const struct vps_exec_opts *o, const char *fmt, ...)
 	o->notice(o->notice_ctx, msg);
 }
 
+/* Whether a wait that has lasted waited seconds speaks now: at
+ * NOTICE_AFTER, then, where the caller asks for it (notice_every) and the
+ * wait is bounded, every notice_every seconds; a wait without a limit (a
+ * trainer that trains, under --wait) says it once. *next: when it speaks
+ * next (0 to begin with, -1 never); so_far says how long, from the second
+ * time on. */
+static bool notice_due(const struct vps_exec_opts *o, double waited, bool bounded, double *next, char *so_far,
+		       size_t n)
+{
+	if (*next < 0 || waited < (*next ? *next : NOTICE_AFTER))
+		return false;
+	snprintf(so_far, n, *next ? ": %.0f s so far" : "", waited);
+	*next = bounded && o->notice_every > 0 ? waited + o->notice_every : -1;
+	return true;
+}
+
 /* Plan k as messages name it: its file, where the caller gave the names. */
 static const char *plan_name(const struct vps_exec_opts *o, size_t k, char *buf, size_t n)
 {
@@ -511,7 +527,7 @@ struct claim {
 	size_t nsources;     /* of this rank under A */
 	double next_scan;
 	bool warming;
-	bool told;           /* the wait has said what it waits for */
+	double notice_next;  /* when the wait says what it waits for (notice_due) */
 };
 
 static double wall_now(void)
@@ -591,11 +607,10 @@ static int claim_ready(void *ctx)
 	vps_clear_error();
 	if (c->maps)
 		prefetch(c);
-	if (!c->told && now() - c->start > NOTICE_AFTER) {
-		c->told = true;
-		notice(c->o, "waiting for the trainer (pid %d) of registry %s to request a switch",
-		       vps_registry_owner_pid(c->reg), vps_registry_name(c->reg));
-	}
+	char so_far[32];
+	if (notice_due(c->o, now() - c->start, c->limit >= 0, &c->notice_next, so_far, sizeof(so_far)))
+		notice(c->o, "waiting for the trainer (pid %d) of registry %s to request a switch%s",
+		       vps_registry_owner_pid(c->reg), vps_registry_name(c->reg), so_far);
 	if (c->limit >= 0 && now() - c->start > c->limit) {
 		vps_fail(VPS_ETIMEOUT, "registry %s: no switch requested within %.1f s", vps_registry_name(c->reg), c->limit);
 		return -1;
@@ -1171,8 +1186,8 @@ static vps_result_t registry_name(const struct executor *ex, char *out, size_t n
  * at once. */
 static vps_result_t open_registry(const struct vps_exec_opts *o, const char *name, struct vps_registry **out)
 {
-	double t0 = now(), wait = o->wait ? -1 : o->timeout;
-	bool told = false;
+	double t0 = now(), wait = o->wait ? -1 : o->timeout, notice_next = 0;
+	char so_far[32];
 	for (;;) {
 		vps_result_t rc = vps_registry_open(out, name);
 		if (rc != VPS_ENOTFOUND && rc != VPS_ESTALE)
@@ -1187,12 +1202,12 @@ static vps_result_t open_registry(const struct vps_exec_opts *o, const char *nam
 			return vps_fail(rc, "no trainer has created registry %s within %.0f s: is --registry the same for the "
 					"trainer and vps-exec?", name, waited);
 		}
-		if (!told && waited > NOTICE_AFTER) {
-			told = true;
+		/* a stale one is waited for at most --timeout, even under --wait */
+		if (notice_due(o, waited, wait >= 0 || rc == VPS_ESTALE, &notice_next, so_far, sizeof(so_far))) {
 			if (rc == VPS_ESTALE)
-				notice(o, "%s; waiting for a trainer to replace it", vps_last_error());
+				notice(o, "%s; waiting for a trainer to replace it%s", vps_last_error(), so_far);
 			else
-				notice(o, "waiting for a trainer to create registry %s (/dev/shm/%s)", name, name);
+				notice(o, "waiting for a trainer to create registry %s (/dev/shm/%s)%s", name, name, so_far);
 		}
 		struct timespec ts = {0, 20000000};
 		nanosleep(&ts, NULL);
@@ -1274,8 +1289,20 @@ static vps_result_t executor_start(struct executor *ex)
 	char name[VPS_REGISTRY_NAME_MAX + 1];
 	VPS_CHECK(registry_name(ex, name, sizeof(name)));
 	VPS_CHECK(open_registry(o, name, &ex->reg));
-	struct vps_net_opts no = {ex->net_rank, ex->net_world, o->master_host, o->master_port, o->timeout, o->token,
-				  o->bind,      ex->hash,      ex->mesh,       ex->nmesh,     NULL};
+	struct vps_net_opts no = {.rank = ex->net_rank,
+				  .world = ex->net_world,
+				  .master_host = o->master_host,
+				  .master_port = o->master_port,
+				  .timeout = o->timeout,
+				  .token = o->token,
+				  .bind = o->bind,
+				  .plan_hash = ex->hash,
+				  .peers = ex->mesh,
+				  .npeers = ex->nmesh,
+				  .notice = o->notice,
+				  .notice_ctx = o->notice_ctx,
+				  .notice_after = NOTICE_AFTER,
+				  .notice_every = o->notice_every};
 	VPS_CHECK(vps_net_start(&ex->net, &no));
 	VPS_CHECK(agree_stages(ex));
 	VPS_CHECK(vps_mapcache_new(&ex->maps));
