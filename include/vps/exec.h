@@ -47,11 +47,11 @@ struct vps_exec_opts {
 	 * peer refused for the job token, after a few refusals (may be NULL) */
 	void (*notice)(void *ctx, const char *message);
 	void *notice_ctx;
+	/* the staged plans' files, named in messages (NULL: "staged plan N") */
+	const char *const *plan_names;
 	/* > 0: a wait says it again every notice_every seconds (for a
 	 * terminal); 0: once */
 	double notice_every;
-	/* the staged plans' files, named in messages (NULL: "staged plan N") */
-	const char *const *plan_names;
 };
 
 /* Every field's default, vps-exec's: tcp, the local rank's GPU, the default
@@ -60,7 +60,7 @@ struct vps_exec_opts {
  * (every field in order: C++ has no designated initializers before C++20) */
 #define VPS_EXEC_OPTS_INIT                                                                            \
 	{ VPS_EXEC_OPTS_VERSION, VPS_EXEC_TCP, -1, NULL, 0, 0, NULL, 0, 60.0, 600.0, NULL, NULL, false, false, \
-	  NULL, NULL, NULL, NULL, NULL }
+	  NULL, NULL, NULL, NULL, NULL, 0.0 }
 
 /* A job token: VPS_TOKEN_MIN to VPS_TOKEN_MAX characters. */
 #define VPS_TOKEN_MIN 16
