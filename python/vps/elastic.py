@@ -43,7 +43,8 @@ about switches, under vps/ (vps(7), DEVICES JOIN AND LEAVE):
     vps/done                      rank 0: training ended (processes that
                                   hold nothing leave)
 
-Needs PyTorch."""
+Needs PyTorch: without it, importing it raises ModuleNotFoundError saying
+how to get it."""
 import datetime
 import json
 import os
@@ -52,13 +53,12 @@ import socket
 import threading
 import time
 
-import torch
-import torch.distributed as dist
-from torch.distributed import PrefixStore, TCPStore
+from ._lib import import_torch
+from .errors import Error, InvalidInput, PeerFailed, Timeout
 
-from ._lib import Error
-
-ETIMEOUT, EPEER = 8, 9
+torch = import_torch("vps.elastic")
+import torch.distributed as dist  # noqa: E402
+from torch.distributed import PrefixStore, TCPStore  # noqa: E402
 POLL = 0.02  # seconds between looks at the store while waiting
 
 
@@ -90,7 +90,7 @@ def make_group(store, rank, size, backend="gloo", timeout=300.0, device=None, na
         pg._set_default_backend(ProcessGroup.BackendType.NCCL)
         pg._register_backend(dev, ProcessGroup.BackendType.NCCL, b)
     else:
-        raise Error(1, "backend %r: gloo or nccl" % backend)
+        raise InvalidInput("backend %r: gloo or nccl" % backend)
     if name:
         pg._set_group_name(name)
     return pg
@@ -129,10 +129,10 @@ class World:
                 return
             why = cancelled() if cancelled else None
             if why:
-                raise Error(EPEER, "world %s: abandoned: %s" % (self.name, why))
+                raise PeerFailed("world %s: abandoned: %s" % (self.name, why))
             if time.monotonic() > deadline:
                 missing = [r for r in range(self.size) if not store.check([here + str(r)])]
-                raise Error(ETIMEOUT, "world %s: rank%s %s of %d did not come within %g s" % (
+                raise Timeout("world %s: rank%s %s of %d did not come within %g s" % (
                     self.name, "s" if len(missing) > 1 else "", ", ".join(map(str, missing)), self.size,
                     self.timeout))
             time.sleep(POLL)
@@ -142,7 +142,7 @@ class World:
         one rank), made by prepare() or now."""
         key = tuple(ranks)
         if key not in self._groups:
-            raise Error(1, "world %s: no group of ranks %s was made (World.prepare)" % (self.name, list(key)))
+            raise InvalidInput("world %s: no group of ranks %s was made (World.prepare)" % (self.name, list(key)))
         return self._groups[key]
 
     def prepare(self, groups, store):
@@ -194,7 +194,7 @@ def axis_groups(layout, axis):
     every process computes alike."""
     names = ("tp", "cp", "dp", "pp")
     if axis not in names:
-        raise Error(1, "axis %r: one of %s" % (axis, ", ".join(names)))
+        raise InvalidInput("axis %r: one of %s" % (axis, ", ".join(names)))
     others = [k for k in names if k != axis]
     by = {}
     for r in range(layout.world):
@@ -245,7 +245,7 @@ class Build:
         except Error as e:
             self.error = e
         except Exception as e:  # torch's errors (a peer gone while gloo connected), named
-            self.error = Error(EPEER, "world %s: %s" % (self.name, str(e).strip().splitlines()[0]))
+            self.error = PeerFailed("world %s: %s" % (self.name, str(e).strip().splitlines()[0]))
         finally:
             self.seconds = time.monotonic() - self.started
             self._done.set()
@@ -258,7 +258,7 @@ class Build:
 
     def result(self, timeout=None):
         if not self._done.wait(timeout):
-            raise Error(ETIMEOUT, "world %s: not made after %g s" % (self.name, timeout))
+            raise Timeout("world %s: not made after %g s" % (self.name, timeout))
         if self.error:
             raise self.error
         return self.world

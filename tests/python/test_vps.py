@@ -300,7 +300,7 @@ class Names(unittest.TestCase):
         for t in s.buffers:
             t.copy_(torch.randn(t.numel(), generator=g).to(t.dtype))
         before = vps.assemble(a.model, list(s.pieces()))
-        new, carried = vps.switch(self.reg, s, b, 0, vps.Training(step=7, consumed_samples=56, global_batch=8),
+        new, carried = vps.switch(self.reg, s, b, 0, training=vps.Training(step=7, consumed_samples=56, global_batch=8),
                                   timeout=60)
         self.assertEqual(ex.wait(60), 0, self.exec_log())
         self.assertIn("digest: match", self.exec_log())
@@ -321,7 +321,7 @@ class Names(unittest.TestCase):
         s.buffers[0].fill_(0.25)
         n = len(self.reg.entries())
         with self.assertRaises(vps.Error) as e:
-            vps.switch(self.reg, s, wrong, 0, vps.Training(step=3, global_batch=8), timeout=60)
+            vps.switch(self.reg, s, wrong, 0, training=vps.Training(step=3, global_batch=8), timeout=60)
         self.assertEqual(e.exception.name, "VPS_EPEER")
         self.assertIn("the plan's target is", str(e.exception))
         ex.wait(60)
@@ -335,7 +335,7 @@ class Names(unittest.TestCase):
         self.reg = vps.Registry("vps-pytest-%d" % os.getpid(), a, 0)
         s = vps.State.allocate(self.reg, a, 0)
         with self.assertRaises(vps.Error) as e:
-            vps.switch(self.reg, s, b, 0, vps.Training(step=3, global_batch=8), timeout=0.2)
+            vps.switch(self.reg, s, b, 0, training=vps.Training(step=3, global_batch=8), timeout=0.2)
         self.assertEqual(e.exception.name, "VPS_ETIMEOUT")
         self.assertEqual(self.reg.state(), (vps.registry.REQUESTED, e.exception.seq))
 
@@ -352,7 +352,7 @@ CLOSED_CALLS = {
         ("entries", "obj.entries()"), ("reset", "obj.reset(lay, 0)"), ("request", "obj.request()"),
         ("wait", "obj.wait(1, 0.1)"), ("state", "obj.state()"), ("training", "obj.training"),
         ("training", "setattr(obj, 'training', vps.Training(step=1))"),
-        ("switch", "vps.switch(obj, None, lay, 0, vps.Training(step=1))"),
+        ("switch", "vps.switch(obj, None, lay, 0, training=vps.Training(step=1))"),
         ("switch", "vps.switch(obj, None, lay, 0)"),
         ("State.allocate", "vps.State.allocate(obj, lay, 0)"),
     ],
