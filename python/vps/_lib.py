@@ -8,7 +8,7 @@ import os
 import sys
 
 from . import errors
-from .errors import CODES, Error, closed  # noqa: F401 (the module's old names)
+from .errors import Error, closed  # noqa: F401 (where the module's files took them from)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -206,7 +206,11 @@ def _load():
                           "VPS_LIBRARY. Tried: " +
                           "; ".join(tried))
     for name, (res, args) in _PROTOS.items():
-        f = getattr(lib, name)
+        try:
+            f = getattr(lib, name)
+        except AttributeError:
+            raise ImportError("vps: %s has no %s; the module and the library are of different versions"
+                              % (path, name)) from None
         f.restype, f.argtypes = res, args
     for name, mirror in _MIRRORS.items():
         theirs = lib.vps_abi_size(name.encode())

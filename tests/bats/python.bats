@@ -15,10 +15,12 @@ setup() {
 	[ "$status" -eq 0 ]
 }
 
-@test "make install puts a module that finds its own library and configs" {
+@test "make install puts a module that finds its own library and configs, and says where it is" {
 	# the plain build, even under make asan (helpers.bash)
-	plain_make -s install PREFIX="$PWD/inst" >/dev/null
+	run plain_make -s install PREFIX="$PWD/inst"
+	[ "$status" -eq 0 ]
 	site=$(echo "$PWD"/inst/lib/python3*/dist-packages)
+	[ "${lines[-1]}" = "vps: the Python module is in $site/vps; for a Python that does not look there: export PYTHONPATH=$site" ]
 	cd /
 	run env -u VPS_CONFIG_PATH PYTHONPATH="$site" "$PY" -c '
 import vps, vps._lib as L
