@@ -110,7 +110,7 @@ CUDA_ALL = $(CUDA_LIB)
 endif
 
 .PHONY: all check check-gpu gpu-debs check-megatron check-hf test unit cxx bats layers asan demo install uninstall clean \
-	deps python-deps venv distclean FORCE standin fault-bin \
+	deps python-deps venv distclean FORCE standin fault-bin python-lib \
 	fuzz fuzz-smoke fuzz-build fuzz-corpus fuzz-deps
 .DEFAULT_GOAL := all
 
@@ -189,6 +189,10 @@ $(BUILDDIR)/$(SONAME): $(BUILDDIR)/$(SHLIB_REAL) FORCE
 
 $(SHLIB): $(BUILDDIR)/$(SONAME) FORCE
 	@[ "$$(readlink $@)" = $(SONAME) ] || { echo "ln -sf $(SONAME) $@"; ln -sf $(SONAME) $@; }
+
+# what pip install of the source tree builds and puts beside the Python
+# module (setup.py): the shared library, and libvps-cuda.so where nvcc is
+python-lib: $(SHLIB_FILES) $(CUDA_ALL)
 
 $(BINDIR)/%: $(BUILDDIR)/cmd/%.o $(CMD_COMMON) $(LIB)
 	@mkdir -p $(BINDIR)
@@ -400,6 +404,8 @@ install: all
 		'$(PREFIX)/lib' '$(PREFIX)/share/vps' > $(DESTDIR)$(PYTHON_SITE)/vps/_prefix.py
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' -e 's|@RPATH@|$(PC_RPATH)|' \
 		vps.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/vps.pc
+	@echo "vps: the Python module is in $(PYTHON_SITE)/vps; for a Python that does not look there:" \
+		"export PYTHONPATH=$(PYTHON_SITE)"
 
 uninstall:
 	rm -f $(TOOLS:%=$(DESTDIR)$(PREFIX)/bin/%) $(DESTDIR)$(PREFIX)/lib/libvps.a $(DESTDIR)$(PREFIX)/lib/libvps.so \

@@ -557,7 +557,7 @@ class Elastic:
             try:
                 lay = self.vps.layout(self.targs.model, spec, self.targs.gpus_per_node)
                 if lay.parallel["cp"] != 1:
-                    raise self.vps.Error(1, "context parallelism is not implemented by this example")
+                    raise self.vps.Unsupported("context parallelism is not implemented by this example")
             except self.vps.Error as e:
                 print("launch.py: %s: %s: %s (ignored)" % (path, spec, e), file=sys.stderr, flush=True)
                 continue

@@ -588,7 +588,8 @@ class Run:
                 self.fault.in_switch(sw.k)
             try:
                 # vps: the step and data position travel with the state
-                state, carried = vps.switch(self.reg, self.state, sw.lay, new_rank, self.tr, args.timeout)
+                state, carried = vps.switch(self.reg, self.state, sw.lay, new_rank, training=self.tr,
+                                            timeout=args.timeout)
                 break
             except vps.Error as e:
                 if not grows:
@@ -676,7 +677,7 @@ class Run:
             self.fault.in_switch(k)
             try:
                 # vps: a joining device receives its whole state, and where training is
-                state, carried = vps.switch(self.reg, None, sw.lay, self.slot, None, args.timeout, device=args.device)
+                state, carried = vps.switch(self.reg, None, sw.lay, self.slot, timeout=args.timeout, device=args.device)
                 break
             except vps.Error as e:
                 verdict = self.job.verdict(k, attempt, args.timeout)

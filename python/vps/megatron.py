@@ -50,14 +50,23 @@ expert buffers, any number of model chunks (VPP). Not supported, and
 refused with vps.Error: Megatron's Float16Optimizer (zero=0), the
 precision-aware optimizer (moments and master weights kept by
 TransformerEngine's FusedAdam), parameters of other dtypes, layouts that
-move gradients (grad=1) or module buffers (the routers' expert_bias)."""
-import torch
+move gradients (grad=1) or module buffers (the routers' expert_bias).
 
-from . import state as _state
-from ._lib import Error
-from .layout import EXP_AVG, EXP_AVG_SQ, MAIN_PARAM, PARAM, STATES
+Needs PyTorch (and Megatron-Core for the job itself): without torch,
+importing it raises ModuleNotFoundError saying how to get it."""
+from __future__ import annotations
 
-VPS_EINPUT, VPS_ECHECK, VPS_EUNSUPPORTED = 1, 2, 10
+from typing import Callable, List, Optional, Tuple
+
+from ._lib import import_torch
+from .errors import CheckFailed, InvalidInput, Unsupported
+from .layout import EXP_AVG, EXP_AVG_SQ, MAIN_PARAM, PARAM, STATES, Layout
+from .registry import Registry, Training
+
+torch = import_torch("vps.megatron")
+from . import state as _state  # noqa: E402 (needs torch)
+
+__all__ = ["initialize_groups", "distributed_optimizers", "Job", "MOMENTS"]
 
 # the optimizer's name for each moment vps moves
 MOMENTS = {EXP_AVG: "exp_avg", EXP_AVG_SQ: "exp_avg_sq"}
@@ -65,7 +74,7 @@ MOMENTS = {EXP_AVG: "exp_avg", EXP_AVG_SQ: "exp_avg_sq"}
 _groups_made = []
 
 
-def initialize_groups(layout, **kwargs):
+def initialize_groups(layout: Layout, **kwargs) -> None:
     """Megatron's process groups for a layout: parallel_state.
     initialize_model_parallel with its tp, pp, vpp, cp, ep and etp (and
     kwargs), after destroying the groups of the configuration before.
@@ -98,7 +107,7 @@ def _process_groups():
     return [g for g in c10d._world.pg_map if g is not default]
 
 
-def distributed_optimizers(optimizer):
+def distributed_optimizers(optimizer) -> list:
     """The DistributedOptimizers in Megatron's optimizer (a ChainedOptimizer
     holds one for the dense parameters and one for the experts')."""
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
@@ -106,11 +115,11 @@ def distributed_optimizers(optimizer):
     opts = list(getattr(optimizer, "chained_optimizers", None) or [optimizer])
     for o in opts:
         if not isinstance(o, DistributedOptimizer):
-            raise Error(VPS_EUNSUPPORTED, "%s: vps moves the DistributedOptimizer's state (ZeRO-1, "
-                        "use_distributed_optimizer=True) only" % type(o).__name__)
+            raise Unsupported("%s: vps moves the DistributedOptimizer's state (ZeRO-1, "
+                              "use_distributed_optimizer=True) only" % type(o).__name__)
         if o.config.use_precision_aware_optimizer:
-            raise Error(VPS_EUNSUPPORTED, "the precision-aware optimizer keeps its moments and master "
-                        "weights inside TransformerEngine's FusedAdam, where vps cannot point them")
+            raise Unsupported("the precision-aware optimizer keeps its moments and master "
+                              "weights inside TransformerEngine's FusedAdam, where vps cannot point them")
     return [o for o in opts if not o.is_stub_optimizer]
 
 
@@ -145,10 +154,10 @@ class _Binding:
         self.opts = distributed_optimizers(optimizer)
         for b in view.buffers:
             if b.state not in (PARAM, MAIN_PARAM, EXP_AVG, EXP_AVG_SQ):
-                raise Error(VPS_EUNSUPPORTED, "the layout moves %s buffers (chunk %d); vps.megatron moves "
-                            "parameters, main parameters and Adam's moments" % (STATES[b.state], b.chunk))
+                raise Unsupported("the layout moves %s buffers (chunk %d); vps.megatron moves "
+                                  "parameters, main parameters and Adam's moments" % (STATES[b.state], b.chunk))
         if len(self.model) != 1 + max([b.chunk for b in view.buffers] + [0]):
-            raise Error(VPS_ECHECK, "%d model chunks; the layout has %d on rank %d" % (
+            raise CheckFailed("%d model chunks; the layout has %d on rank %d" % (
                 len(self.model), 1 + max(b.chunk for b in view.buffers), view.rank))
         self.ddp_buffers = {}  # (chunk, expert) -> Megatron's _ParamAndGradBuffer
         for c, chunk in enumerate(self.model):
@@ -157,13 +166,13 @@ class _Binding:
                 if not bufs:
                     continue
                 if len(bufs) != 1:
-                    raise Error(VPS_EUNSUPPORTED, "chunk %d holds %d %s buffers (parameters of several "
-                                "dtypes); vps lays out one" % (c, len(bufs), "expert" if expert else "dense"))
+                    raise Unsupported("chunk %d holds %d %s buffers (parameters of several "
+                                      "dtypes); vps lays out one" % (c, len(bufs), "expert" if expert else "dense"))
                 self._check_params(c, expert, bufs[0], names)
                 self.ddp_buffers[(c, expert)] = bufs[0]
         for b in view.buffers:
             if b.state == PARAM and (b.chunk, b.expert) not in self.ddp_buffers:
-                raise Error(VPS_ECHECK, "rank %d chunk %d: the layout has a %s buffer, Megatron none" % (
+                raise CheckFailed("rank %d chunk %d: the layout has a %s buffer, Megatron none" % (
                     view.rank, b.chunk, "expert" if b.expert else "dense"))
         self.pieces = {}  # (chunk, expert) -> [_Piece]
         self.shard_elements = {}  # (chunk, expert) -> the rank's ZeRO-1 shard of the buffer
@@ -178,34 +187,34 @@ class _Binding:
     def _check_params(self, c, expert, buf, names):
         w = self._where(c, expert)
         if buf.param_data is None:
-            raise Error(VPS_EUNSUPPORTED, "%s: no param_data (DDP keeps one only for the distributed "
-                        "optimizer)" % w)
+            raise Unsupported("%s: no param_data (DDP keeps one only for the distributed "
+                              "optimizer)" % w)
         if buf.param_dtype != torch.bfloat16:
-            raise Error(VPS_EUNSUPPORTED, "%s: %s parameters; vps lays out bf16" % (w, buf.param_dtype))
+            raise Unsupported("%s: %s parameters; vps lays out bf16" % (w, buf.param_dtype))
         ours = {p.local_name: p for p in self.view.params
                 if p.chunk == c and p.expert == expert and not p.module_buffer}
         pb = self.view.buffers[self.view.buffer(PARAM, c, expert)]
         if buf.param_data.numel() != pb.elements:
-            raise Error(VPS_ECHECK, "%s: Megatron's has %d elements, the layout's %d" % (
+            raise CheckFailed("%s: Megatron's has %d elements, the layout's %d" % (
                 w, buf.param_data.numel(), pb.elements))
         for p, (start, end, _) in buf.param_index_map.items():
             name = names.get(p, "?")
             mine = ours.pop(name, None)
             if mine is None:
-                raise Error(VPS_ECHECK, "%s: Megatron's parameter %s is not in the layout" % (w, name))
+                raise CheckFailed("%s: Megatron's parameter %s is not in the layout" % (w, name))
             if (start, end - start) != (mine.offset, mine.elements) or tuple(p.shape) != tuple(mine.shape):
-                raise Error(VPS_ECHECK, "%s: %s %s at %d (%d elements) in Megatron's buffer, %s at %d (%d) in "
-                            "the layout" % (w, name, list(p.shape), start, end - start, list(mine.shape),
+                raise CheckFailed("%s: %s %s at %d (%d elements) in Megatron's buffer, %s at %d (%d) in "
+                                  "the layout" % (w, name, list(p.shape), start, end - start, list(mine.shape),
                                             mine.offset, mine.elements))
         if ours:
-            raise Error(VPS_ECHECK, "%s: the layout's %s is not in Megatron's buffer" % (w, sorted(ours)[0]))
+            raise CheckFailed("%s: the layout's %s is not in Megatron's buffer" % (w, sorted(ours)[0]))
 
     def _optimizer_pieces(self, opt):
         for g, buf in enumerate(opt.buffers):
             chunk = opt.gbuf_idx_to_model_idx_map[g]
             expert = any(buf is b for b in self.model[chunk].expert_parallel_buffers)
             if self.ddp_buffers.get((chunk, expert)) is not buf:
-                raise Error(VPS_ECHECK, "%s: the optimizer's buffer %d is not the model's" % (
+                raise CheckFailed("%s: the optimizer's buffer %d is not the model's" % (
                     self._where(chunk, expert), g))
             (ranges,) = opt.gbuf_ranges[g].values()
             dp = buf.data_parallel_group.size()
@@ -230,10 +239,10 @@ class _Binding:
             b = self.view.buffer(st, chunk, expert)
             vb = self.view.buffers[b]
             if not vb.sharded:
-                raise Error(VPS_EUNSUPPORTED, "%s: the layout's %s is whole (zero=0); Megatron's "
-                            "DistributedOptimizer shards it" % (w, STATES[st]))
+                raise Unsupported("%s: the layout's %s is whole (zero=0); Megatron's "
+                                  "DistributedOptimizer shards it" % (w, STATES[st]))
             if vb.elements != self.shard_elements.get(key, 0):
-                raise Error(VPS_ECHECK, "%s: %s shard of %d elements in the layout, %d in Megatron's range map" % (
+                raise CheckFailed("%s: %s shard of %d elements in the layout, %d in Megatron's range map" % (
                     w, STATES[st], vb.elements, self.shard_elements.get(key, 0)))
             for r in self.view.regions:
                 if r.buffer != b:
@@ -242,12 +251,12 @@ class _Binding:
                 pc = pieces.get(name)
                 last = r.offset + sum((h - l - 1) * s for l, h, s in zip(r.lo, r.hi, r.strides))
                 if pc is None or r.offset < pc.at or last >= pc.at + pc.hi - pc.lo:
-                    raise Error(VPS_ECHECK, "%s: %s of %s at %d..%d of the shard; Megatron's piece %s" % (
+                    raise CheckFailed("%s: %s of %s at %d..%d of the shard; Megatron's piece %s" % (
                         w, STATES[st], name, r.offset, last,
                         "is absent" if pc is None else "is %d..%d" % (pc.at, pc.at + pc.hi - pc.lo - 1)))
         for name in pieces:
             if name not in by_param:
-                raise Error(VPS_ECHECK, "%s: the optimizer holds %s, the layout does not" % (w, name))
+                raise CheckFailed("%s: the optimizer holds %s, the layout does not" % (w, name))
 
     @property
     def device(self):
@@ -266,8 +275,8 @@ class _Binding:
                     if s is not None:
                         steps.add(int(s.item() if torch.is_tensor(s) else s))
         if len(steps) > 1:
-            raise Error(VPS_ECHECK, "the optimizer's parameters have taken different numbers of steps: %s"
-                        % sorted(steps))
+            raise CheckFailed("the optimizer's parameters have taken different numbers of steps: %s"
+                              % sorted(steps))
         return steps.pop() if steps else 0
 
     # ---- the values, into vps's buffers (once, when a Job is made) ----
@@ -361,7 +370,7 @@ class _Binding:
                     group["step"] = step
                 self.handed.append((st, None))
                 return
-        raise Error(VPS_ECHECK, "a main parameter the optimizer's range map names is in none of its groups")
+        raise CheckFailed("a main parameter the optimizer's range map names is in none of its groups")
 
     def _set(self, obj, attr, tensor):
         setattr(obj, attr, tensor)
@@ -403,10 +412,11 @@ class Job:
     parameters and moments become views of vps's buffers, registered with
     `registry` (see the module's text for where each lives). The layout is
     checked against what Megatron built: every parameter's name, shape and
-    offset, every buffer's size, every ZeRO-1 piece; vps.Error (VPS_ECHECK)
-    names the first that differs."""
+    offset, every buffer's size, every ZeRO-1 piece; vps.CheckFailed names
+    the first that differs, vps.Unsupported what vps.megatron does not move."""
 
-    def __init__(self, registry, layout, rank, model, optimizer):
+    def __init__(self, registry: Registry, layout: Layout, rank: int, model: List[torch.nn.Module],
+                 optimizer) -> None:
         self.registry, self.layout, self.rank = registry, layout, rank
         bind = _Binding(layout.rank(rank), model, optimizer)
         step = bind.adam_step()
@@ -425,11 +435,12 @@ class Job:
         self.model, self.optimizer = bind.model, optimizer
 
     @property
-    def step(self):
+    def step(self) -> int:
         """Adam's step count, which a switch carries as Training.step."""
         return self._bind.adam_step()
 
-    def switch(self, layout, rank, training, build, timeout=600.0):
+    def switch(self, layout: Layout, rank: int, training: Training, build: Optional[Callable[[Layout], Tuple]], *,
+               timeout: float = 600.0) -> Tuple[Optional[list], object, Optional[Training]]:
         """Move the job to `rank` of `layout` between two steps, and return
         (model, optimizer, carried): build(layout) makes the new
         configuration's model chunks and optimizer with Megatron's
@@ -442,13 +453,13 @@ class Job:
         is not called: (None, None, carried).
 
         When the executors fail the switch, vps.Error is raised and the job
-        goes on as it was (see vps.switch)."""
+        goes on as it was (see vps.switch); timeout is vps.switch's."""
         step = self._bind.adam_step()
         if training.step != step:
-            raise Error(VPS_EINPUT, "training.step is %d, the optimizer has taken %d steps: vps carries one "
-                        "count, Adam's bias correction and the iteration" % (training.step, step))
+            raise InvalidInput("training.step is %d, the optimizer has taken %d steps: vps carries one "
+                               "count, Adam's bias correction and the iteration" % (training.step, step))
         self._bind.sync_params()
-        new, carried = _state.switch(self.registry, self.state, layout, rank, training, timeout)
+        new, carried = _state.switch(self.registry, self.state, layout, rank, training=training, timeout=timeout)
         self._bind.release()
         self.model = self.optimizer = self._bind = None
         self.layout, self.rank, self.state = layout, rank, new
@@ -458,18 +469,18 @@ class Job:
         self.attach(model, optimizer, carried.step)
         return self.model, self.optimizer, carried
 
-    def attach(self, model, optimizer, step):
+    def attach(self, model: List[torch.nn.Module], optimizer, step: int) -> None:
         """Hand Megatron's model chunks and optimizer, built for the job's
         layout, the job's buffers as they are (no copy), with Adam at
         `step`. Job.switch does it with build's objects; call it again if
         build failed after the switch."""
         bind = _Binding(self.state.view, model, optimizer)
         if bind.device != self.state.device and not (bind.device.type == self.state.device.type == "cuda"):
-            raise Error(VPS_EINPUT, "the model is on %s, the job's buffers on %s" % (bind.device, self.state.device))
+            raise InvalidInput("the model is on %s, the job's buffers on %s" % (bind.device, self.state.device))
         bind.hand(self.state, step)
         self._bind, self.model, self.optimizer = bind, bind.model, optimizer
 
-    def close(self):
+    def close(self) -> None:
         """Empty Megatron's tensors and free the buffers (the registry still
         has to be closed)."""
         if self._bind:
