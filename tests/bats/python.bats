@@ -265,7 +265,7 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	VPS_LAUNCH_REEXEC=1 expect_status 2 "$other" "$TOP/examples/torch/launch.py" --nproc 2 --model micro-llama \
 		--configs tp=2 --gpus-per-node 2
 	[ "${#lines[@]}" -eq 1 ]
-	[[ "$output" == "launch.py: "*" (Python 3."*") cannot import torch"*"; run it with a Python that has PyTorch and numpy (on Debian /usr/bin/python3 after apt-get install python3-torch python3-numpy"* ]]
+	[[ "$output" == "launch.py: "*" (Python 3."*") cannot import torch"*"; run it with a Python that has PyTorch and numpy: make venv makes build/venv, which has them, or name one with VPS_PYTHON" ]]
 	[[ "$output" != *Traceback* ]]
 }
 
