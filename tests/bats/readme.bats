@@ -267,7 +267,7 @@ run_section() { # SECTION
 		END { exit bad }' clone/README.md
 
 	run env "${unset[@]}" PATH="$userpath" TMPDIR="$BATS_TEST_TMPDIR" \
-		unshare -mn python3 "$TOP/tests/bats/examples.py" --isolated clone/README.md clone
+		unshare -mn python3 "$TOP/tests/bats/examples.py" --isolated "$PWD/clone/README.md" "$PWD/clone"
 	# the examples' session files are the harness's, not a leftover of README's
 	mv clone/.ex session
 	echo "$output"
