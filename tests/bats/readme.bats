@@ -274,25 +274,47 @@ run_section() { # SECTION
 	[ "$status" -eq 0 ]
 	[[ "$output" != *FAILED* ]]
 	[ "$(stat -c %y "$venv/.installed")" = "$stamp" ]
+	cp -R session /tmp/fh-session
 
-	# what each says it does. The set-up: the tools by name are the clone's
-	grep -qx "vps: built; to run the tools by name: export PATH=\"$PWD/clone/bin:\$PATH\"" session/out.*
+	# what each block says it does, in what that block printed
+	python3 "$TOP/tests/bats/examples.py" --list clone/README.md > blocks
+	printed_by() { # a line of README.md: the file of what its block printed
+		local n k=-1 i=0 at
+		n=$(grep -nxF -m1 -- "    $1" clone/README.md | cut -d: -f1)
+		[ -n "$n" ] || { echo "README.md has no line '$1'" >&2; return 1; }
+		while IFS=: read -r _ at _; do
+			[ "$at" -le "$n" ] && k=$i
+			i=$((i + 1))
+		done < blocks
+		echo "session/out.$k"
+	}
+	local out
+	# the set-up: the tools by name are the clone's
+	out=$(printed_by make)
+	grep -qx "vps: built; to run the tools by name: export PATH=\"$PWD/clone/bin:\$PATH\"" "$out"
 	# the pipeline: a join of 8 devices, staged and verified
-	grep -qx 'joining: 8' session/out.*
-	clone/bin/vps-verify clone/ab.staged clone/ab.3.staged
+	out=$(printed_by 'vps-verify ab.staged                      # every element moved once, within budget')
+	grep -qx 'joining: 8' "$out"
+	grep -q '^ab.staged: ok: llama2-7b: ' "$out"
+	clone/bin/vps-verify clone/ab.3.staged
 	# the picture
 	grep -q '<svg' clone/traffic.svg
 	# the PyTorch example: three switches, each equal bit for bit
-	grep -q '(--check-switch): 3 of 3$' session/out.*
+	out=$(printed_by 'make venv')
+	grep -qx "make: Nothing to be done for 'venv'." "$out"
+	grep -q '(--check-switch): 3 of 3$' "$out"
 	# under torchrun: two switches, each equal bit for bit, every digest
 	# matched, each rank's plans, the losses of 12 steps
-	[ "$(cat session/out.* | grep -c 'equal bit for bit')" -ge 3 ]
+	out=$(printed_by 'export VPS_TOKEN=$(vps-exec --new-token)')
+	[ "$(grep -c 'equal bit for bit' "$out")" -eq 2 ]
 	[ "$(cat clone/build/torchrun/exec.*.log | grep -c 'digest: match')" -eq 8 ]
 	for r in 0 1 2 3; do [ -s clone/build/torchrun/rank-$r/c0-c1.staged ]; done
 	[ "$(wc -l < clone/build/torchrun/loss.txt)" -eq 12 ]
 	# Megatron-Core switched by vps.megatron, and checked against vps
-	grep -q 'the whole state equal bit for bit across each' session/out.*
-	grep -q 'configurations, every rank equal to Megatron-Core$' session/out.*
+	out=$(printed_by 'build/venv/bin/python tests/megatron/check_switch.py -v --steps 7 --every 3')
+	grep -q 'the whole state equal bit for bit across each' "$out"
+	out=$(printed_by 'build/venv/bin/python tests/megatron/check_megatron.py -v -k tiny-llama')
+	grep -q 'configurations\?, every rank equal to Megatron-Core$' "$out"
 
 	# and the clone is as git left it: nothing untracked, nothing changed
 	run git -C clone status --porcelain
