@@ -269,6 +269,15 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	[[ "$output" != *Traceback* ]]
 }
 
+@test "train.py under a Python without PyTorch says in one line that make venv makes one" {
+	local other
+	other=$(command -v python3) || skip "no python3 on PATH"
+	! "$other" -c 'import torch' 2>/dev/null || skip "the python3 on PATH has PyTorch"
+	expect_status 2 "$other" "$TOP/examples/torch/train.py" --configs tp=2
+	[ "${#lines[@]}" -eq 1 ]
+	[[ "$output" == "train.py: "*" cannot import torch: run it with the test environment's torchrun or Python (build/venv/bin/torchrun; make venv makes build/venv, which has PyTorch)" ]]
+}
+
 @test "launch.py -h lists the training options too, without PyTorch" {
 	run python3 "$TOP/examples/torch/launch.py" -h
 	echo "$output"
