@@ -127,7 +127,7 @@ CHECK_DEPS_STAMP = $(BUILDDIR)/.deps-check-ok
 .PHONY: check-deps
 deps: $(DEPS_STAMP)
 $(DEPS_STAMP): Makefile scripts/install-deps.sh
-	@CC='$(CC)' scripts/install-deps.sh make $(BUILD_DEBS)
+	@CC='$(CC)' scripts/install-deps.sh "$(strip make $(MAKECMDGOALS))" $(BUILD_DEBS)
 	@mkdir -p $(BUILDDIR) && touch $@
 check-deps: $(CHECK_DEPS_STAMP)
 $(CHECK_DEPS_STAMP): Makefile scripts/install-deps.sh
