@@ -222,9 +222,10 @@ run_section() { # SECTION
 # scripts/venv.sh are dated as that environment's stamp, so that README's
 # `make venv` finds it made from those very files, as a user who made it
 # before would, and changes nothing in it (checked after). The whole test
-# takes about two minutes here: the build, and a minute of PyTorch and
-# Megatron-Core jobs on 4 ranks. tests/bats/examples.bats does not run
-# README.md for this reason.
+# took 2 to 3 minutes on the 2-core development machine under other work:
+# the clone's build (30 to 40 s) and a minute or two of PyTorch and
+# Megatron-Core jobs on 4 ranks, which examples.bats ran before; it does
+# not run README.md any more, so make check grows by the build.
 @test "README's walkthroughs run as written in a fresh clone after make demo, and leave it as git left it" {
 	[ -z "${VPS_SANITIZED:-}" ] || skip "the clone builds and runs its own plain tools: make check runs this, make asan does not"
 	command -v git >/dev/null || skip "needs git"
