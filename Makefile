@@ -122,27 +122,35 @@ ifeq ($(filter-out all,$(MAKECMDGOALS)),)
 endif
 
 # ---- what a fresh machine lacks ----
-# libyaml and libzstd headers, bats, groff (man page lint), rsvg-convert
-# (the SVG test renders vps-plan --svg), pkg-config (the install test), jq
-# and zstd (the man pages' examples use them, and tests/bats/examples.bats
-# runs every example).
-# Installed with apt-get when we are root and it exists; otherwise the exact
-# command is printed. Checked again when this Makefile changes, so that a
-# dependency added reaches old trees.
-DEB_PKGS = libyaml-dev libzstd-dev bats groff-base librsvg2-bin pkgconf jq zstd
+# Each step installs the Debian packages it needs and no more, in one line
+# that says what (scripts/install-deps.sh: with apt-get when we are root
+# and it exists; otherwise the exact command is printed). Checked again
+# when this Makefile changes, so that a dependency added reaches old trees.
+#   make        the build: libyaml and libzstd headers
+#   make demo   nothing more (bash, awk and coreutils, which Debian has)
+#   make check  the build's, and bats, groff (man page lint), rsvg-convert
+#               (the SVG test renders vps-plan --svg), pkg-config (the
+#               install test), jq and zstd (the man pages' examples use
+#               them, and tests/bats/examples.bats runs every example),
+#               python3 (make layers, tests/bats/examples.py); the Python
+#               of the tests is the test environment (make venv, below)
+BUILD_DEBS = libyaml-dev libzstd-dev
+CHECK_DEBS = $(BUILD_DEBS) bats groff-base librsvg2-bin pkgconf jq zstd python3
+CHECK_DEPS_STAMP = $(BUILDDIR)/.deps-check-ok
+.PHONY: check-deps
 deps: $(DEPS_STAMP)
-$(DEPS_STAMP): Makefile
-	@missing=""; \
-	echo '#include <yaml.h>' | $(CC) -E - >/dev/null 2>&1 || missing="$$missing libyaml-dev"; \
-	echo '#include <zstd.h>' | $(CC) -E - >/dev/null 2>&1 || missing="$$missing libzstd-dev"; \
-	command -v bats >/dev/null 2>&1 || missing="$$missing bats"; \
-	command -v groff >/dev/null 2>&1 || missing="$$missing groff-base"; \
-	command -v rsvg-convert >/dev/null 2>&1 || missing="$$missing librsvg2-bin"; \
-	command -v pkg-config >/dev/null 2>&1 || missing="$$missing pkgconf"; \
-	command -v jq >/dev/null 2>&1 || missing="$$missing jq"; \
-	command -v zstd >/dev/null 2>&1 || missing="$$missing zstd"; \
-	scripts/install-deps.sh "vps" $$missing
+$(DEPS_STAMP): Makefile scripts/install-deps.sh
+	@CC='$(CC)' scripts/install-deps.sh "$(strip make $(MAKECMDGOALS))" $(BUILD_DEBS)
 	@mkdir -p $(BUILDDIR) && touch $@
+check-deps: $(CHECK_DEPS_STAMP)
+$(CHECK_DEPS_STAMP): Makefile scripts/install-deps.sh
+	@CC='$(CC)' scripts/install-deps.sh "make check" $(CHECK_DEBS)
+	@mkdir -p $(BUILDDIR) && touch $@
+# make check says its packages in one line, the build's among them: its
+# step runs before the build's, which then finds nothing missing
+ifneq ($(filter check test bats layers check-deps,$(MAKECMDGOALS)),)
+$(DEPS_STAMP): | $(CHECK_DEPS_STAMP)
+endif
 
 # what the Python tests need (make check): PyTorch, Megatron-Core,
 # transformers, numpy, PyYAML; Pillow reads the PNG of the SVG test
@@ -273,14 +281,14 @@ unit: $(TEST_BINS) $(BENCH_BINS) standin cxx
 	@set -e; for t in $(TEST_BINS); do $$t; done
 	$(STANDIN_ENV) $(BUILDDIR)/tests/test_gpu
 
-bats: all standin fault-bin $(PY_STAMP)
+bats: all standin fault-bin $(PY_STAMP) $(CHECK_DEPS_STAMP)
 	VPS_BIN=$(abspath $(BINDIR)) VPS_FAULT_BIN=$(abspath $(FAULT_BIN)) VPS_PYTHON=$(PYTHON_ABS) \
 		VPS_STANDIN=$(abspath $(STANDIN_DIR)) VPS_SANITIZED=$(SANITIZE) bats tests/bats
 
 # the Python frameworks' own code against vps's rules (tests/megatron,
 # tests/hf), after the Bats tests, not beside them: both load the two cores.
 # Not under a sanitizer: a Python process cannot load that build's libvps.so.
-check: all unit bats
+check: $(CHECK_DEPS_STAMP) all unit bats
 ifeq ($(SANITIZE),)
 	@$(MAKE) --no-print-directory layers check-megatron check-hf
 endif
@@ -301,7 +309,7 @@ check-hf: $(SHLIB_FILES) $(PY_STAMP)
 
 # libvps's rooms keep their layers, with no cycles, and libvps.so exports
 # only what include/vps/ declares (scripts/layers.py, docs/architecture.md)
-layers: $(LIB_OBJ) $(BUILDDIR)/$(SHLIB_REAL)
+layers: $(LIB_OBJ) $(BUILDDIR)/$(SHLIB_REAL) $(CHECK_DEPS_STAMP)
 	@python3 scripts/layers.py $(BUILDDIR)/lib $(BUILDDIR)/$(SHLIB_REAL)
 
 test: check

@@ -17,10 +17,10 @@ and every check held. Before anything starts it checks that /dev/shm has
 room for the state (every rank's, under two layouts during a switch) and
 that the open-file limit allows a connection to every peer (exit 2).
 
-It needs PyTorch and numpy: run under a Python without them it runs itself
-under one that has them (VPS_PYTHON, build/venv/bin/python, then
-/usr/bin/python3, Debian's, which sees python3-torch), or says which is
-missing in one line."""
+It needs PyTorch and numpy, which the test environment has (build/venv,
+made by `make venv`): run under a Python without them it runs itself under
+one that has them (VPS_PYTHON, build/venv/bin/python, then
+/usr/bin/python3), or says which is missing in one line."""
 import argparse
 import importlib.util
 import os
@@ -66,8 +66,8 @@ def python_with_torch():
                                                                             cand), file=sys.stderr, flush=True)
             os.environ["VPS_LAUNCH_REEXEC"] = "1"
             os.execv(cand, [cand, os.path.abspath(__file__)] + sys.argv[1:])
-    print("launch.py: %s (Python %d.%d) cannot import %s%s; run it with a Python that has PyTorch and numpy "
-          "(on Debian /usr/bin/python3 after apt-get install python3-torch python3-numpy, which make check does)"
+    print("launch.py: %s (Python %d.%d) cannot import %s%s; run it with a Python that has PyTorch and numpy: "
+          "make venv makes build/venv, which has them, or name one with VPS_PYTHON"
           % (sys.executable, sys.version_info[0], sys.version_info[1], " and ".join(missing),
              ", nor can %s" % ", ".join(tried) if tried else ""), file=sys.stderr)
     sys.exit(2)

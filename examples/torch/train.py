@@ -18,9 +18,15 @@ import sys
 import threading
 import time
 
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
+try:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+except ImportError as e:  # one line that says what to do, not a traceback
+    print("train.py: %s cannot import %s: run it with the test environment's torchrun or Python "
+          "(build/venv/bin/torchrun; make venv makes build/venv, which has PyTorch)" % (sys.executable, e.name),
+          file=sys.stderr)
+    sys.exit(2)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 import comm  # noqa: E402

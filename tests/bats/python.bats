@@ -288,8 +288,17 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	VPS_LAUNCH_REEXEC=1 expect_status 2 "$other" "$TOP/examples/torch/launch.py" --nproc 2 --model micro-llama \
 		--configs tp=2 --gpus-per-node 2
 	[ "${#lines[@]}" -eq 1 ]
-	[[ "$output" == "launch.py: "*" (Python 3."*") cannot import torch"*"; run it with a Python that has PyTorch and numpy (on Debian /usr/bin/python3 after apt-get install python3-torch python3-numpy"* ]]
+	[[ "$output" == "launch.py: "*" (Python 3."*") cannot import torch"*"; run it with a Python that has PyTorch and numpy: make venv makes build/venv, which has them, or name one with VPS_PYTHON" ]]
 	[[ "$output" != *Traceback* ]]
+}
+
+@test "train.py under a Python without PyTorch says in one line that make venv makes one" {
+	local other
+	other=$(command -v python3) || skip "no python3 on PATH"
+	! "$other" -c 'import torch' 2>/dev/null || skip "the python3 on PATH has PyTorch"
+	expect_status 2 "$other" "$TOP/examples/torch/train.py" --configs tp=2
+	[ "${#lines[@]}" -eq 1 ]
+	[[ "$output" == "train.py: "*" cannot import torch: run it with the test environment's torchrun or Python (build/venv/bin/torchrun; make venv makes build/venv, which has PyTorch)" ]]
 }
 
 @test "launch.py -h lists the training options too, without PyTorch" {

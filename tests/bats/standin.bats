@@ -266,7 +266,7 @@ teardown() {
 
 python_device_buffers() { # TRANSPORT
 	PY=${VPS_PYTHON:-/usr/bin/python3}
-	"$PY" -c 'import torch' 2>/dev/null || skip "$PY has no torch (make check installs python3-torch)"
+	"$PY" -c 'import torch' 2>/dev/null || skip "$PY has no torch (make venv makes the test environment, which has it)"
 	vps-layout --model tiny-llama --parallel tp=2,zero=1 --gpus-per-node 2 -o a.layout
 	vps-layout --model tiny-llama --parallel tp=1,dp=2,zero=1 --gpus-per-node 2 -o b.layout
 	vps-plan a.layout b.layout | vps-stage --budget 256KiB - -o s.staged
@@ -299,7 +299,7 @@ python_device_buffers() { # TRANSPORT
 # the pause could not get there.
 @test "ipc: GPU memory is opened while the trainers train: the pause opens no IPC handle" {
 	PY=${VPS_PYTHON:-/usr/bin/python3}
-	"$PY" -c 'import torch' 2>/dev/null || skip "$PY has no torch (make check installs python3-torch)"
+	"$PY" -c 'import torch' 2>/dev/null || skip "$PY has no torch (make venv makes the test environment, which has it)"
 	vps-layout --model tiny-llama --parallel tp=2,zero=1 --gpus-per-node 2 -o a.layout
 	vps-layout --model tiny-llama --parallel tp=1,dp=2,zero=1 --gpus-per-node 2 -o b.layout
 	vps-plan a.layout b.layout | vps-stage --budget 256KiB - -o s.staged

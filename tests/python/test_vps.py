@@ -28,7 +28,7 @@ from vps import _lib  # noqa: E402
 
 def tool_layout(model, spec, rank, gpn=8):
     """vps-layout's YAML for one rank, as a dict (the YAML is simple enough for json after a load)."""
-    import yaml  # python3-yaml comes with python3-torch's dependencies; skip if absent
+    import yaml  # PyYAML: the test environment has it (make venv); skip if absent
     out = subprocess.run([os.path.join(BIN, "vps-layout"), "--model", model, "--parallel", spec, "--gpus-per-node",
                           str(gpn), "--rank", str(rank), "--yaml"], check=True, capture_output=True, text=True).stdout
     return yaml.safe_load(out)
@@ -58,7 +58,7 @@ class Names(unittest.TestCase):
         try:
             doc = tool_layout("tiny-llama", "tp=2,pp=2,dp=2,zero=1", 5)
         except ImportError:
-            self.skipTest("python3-yaml absent")
+            self.skipTest("PyYAML absent (make venv)")
         self.assertEqual(int(str(doc["hash"]), 0), lay.hash)
         r = doc["ranks"][0]
         self.assertEqual([b["elements"] for b in r["buffers"]], [b.elements for b in v.buffers])
