@@ -46,6 +46,47 @@ on_tty() {
 	[ "$(vps-stage --budgets budgets.yaml --stats ab.plan | key budget /dev/stdin)" = 2147483648 ]
 }
 
+# The table of sizes in vps(7) UNITS, as "SIZE<TAB>BYTES" lines (BYTES
+# "refused" for a size the page says is refused): read from the page, so
+# that the page and the parser cannot say different things.
+page_sizes() {
+	awk '/^\.\\" example: .*tests\/bats\/units\.bats reads it/ { m = 1; next }
+		m && /^\.EX/ { inside = 1; next }
+		inside && /^\.EE/ { exit }
+		inside && !/^size / {
+			n = split($0, col, /   +/)
+			bytes = col[n] ~ /^refused/ ? "refused" : col[n]
+			k = split(col[1], size, /, /)
+			for (i = 1; i <= k; i++) { gsub(/"/, "", size[i]); print size[i] "\t" bytes }
+		}' "$TOP/man/vps.7"
+}
+
+@test "vps(7) UNITS: every size of its table is the bytes it says, or refused as it says" {
+	vps-layout --model tiny-llama --parallel tp=2 -q -o a.layout
+	vps-layout --model tiny-llama --parallel dp=2 -q -o b.layout
+	vps-plan a.layout b.layout -q -o ab.plan
+	page_sizes > sizes.tsv
+	# the table is there, with the spellings of each case
+	[ "$(wc -l < sizes.tsv)" -ge 20 ]
+	local s want n=0
+	for s in 2gib 2GIB 2Gib 2g 2GB 2Gb; do
+		grep -q "^$s	" sizes.tsv || { echo "vps(7) UNITS has no row for $s" >&2; return 1; }
+	done
+	while IFS=$'\t' read -r s want; do
+		if [ "$want" = refused ]; then
+			expect_status 2 vps-stage --budget "$s" ab.plan
+			[ "${lines[0]}" = "vps-stage: --budget: '$s': a lowercase b is bits; a size is in bytes (B)" ] ||
+				{ echo "$s: $output" >&2; return 1; }
+		else
+			run vps-stage --budget "$s" --stats ab.plan
+			[ "$status" -eq 0 ] && [ "$(key budget <(echo "$output"))" = "$want" ] ||
+				{ echo "vps(7) says $s is $want bytes; vps-stage: $output" >&2; return 1; }
+		fi
+		n=$((n + 1))
+	done < sizes.tsv
+	[ "$n" -ge 20 ]
+}
+
 @test "a size that is not one exits 2 naming it and what is wrong" {
 	vps-plan --transition llama2-7b-s1-s2 -q -o ab.plan
 	for b in 2Gb 1e9 -1 nan inf 0x1000 2X 99999999999999999999 8E 8192PiB "" " 2G" 1.5.5G; do
