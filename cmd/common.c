@@ -555,8 +555,16 @@ const char *tool_bytes(int64_t v, bool human, char *buf, size_t n)
 
 const char *tool_seconds(double v, const char *fmt, bool human, char *buf, size_t n)
 {
-	if (human)
-		return vps_format_seconds(v, buf, n);
-	snprintf(buf, n, fmt, v);
+	if (!human || !isfinite(v) || v == 0) {
+		snprintf(buf, n, fmt, v);
+		return buf;
+	}
+	/* three significant digits, counted after rounding (9.996 is 10.0),
+	 * and an integer from 100 on, as vps(7) UNITS prints every number */
+	char r[32];
+	snprintf(r, sizeof(r), "%.3g", v);
+	double a = fabs(strtod(r, NULL));
+	int decimals = a >= 100 ? 0 : 2 - (int)floor(log10(a));
+	snprintf(buf, n, "%.*f", decimals > 12 ? 12 : decimals, v);
 	return buf;
 }

@@ -169,7 +169,9 @@ bool tool_human(bool flag);
 bool tool_summary_wanted(bool quiet, const char *out);
 /* v as an exact integer, or in binary units when human. @return buf */
 const char *tool_bytes(int64_t v, bool human, char *buf, size_t n);
-/* seconds with the precision of fmt ("%.4f"), or in s, ms or us when human. */
+/* seconds with the precision of fmt ("%.4f"), or with three significant
+ * digits when human: still in seconds, as the keys that print them say
+ * (estimate_seconds: 0.472, not 472 ms). */
 const char *tool_seconds(double v, const char *fmt, bool human, char *buf, size_t n);
 #define TOOL_NUM 48
 

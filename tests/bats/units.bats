@@ -23,6 +23,13 @@ seconds() { # SECONDS (above 1 ms)
 		else if (v >= 9.995) printf "%.1f %s\n", v, u
 		else printf "%.2f %s\n", v, u }'
 }
+sig3() { # SECONDS: with three significant digits, an integer from 100 on
+	awk -v s="$1" 'BEGIN {
+		if (s >= 99.95) { printf "%.0f\n", s; exit }
+		r = sprintf("%.3g", s) + 0; d = 0
+		while (r < 100 && d < 12) { r *= 10; d++ }
+		printf "%.*f\n", d, s }'
+}
 key() { # KEY FILE: the value of "KEY: value"
 	awk -v k="$1:" '$1 == k { sub(/^[^:]*: /, ""); print; exit }' "$2"
 }
@@ -125,8 +132,17 @@ page_sizes() {
 			{ echo "$k: $(key $k human.txt) for $(key $k exact.txt)" >&2; return 1; }
 		n=$((n + 1))
 	done
-	[ "$(key estimate_seconds human.txt)" = "$(seconds "$(key estimate_seconds exact.txt)")" ]
-	[ "$(key paper_seconds human.txt)" = "818 ms" ]
+	# a key that says seconds holds seconds, with three significant digits
+	for k in estimate_seconds time_bound_seconds time_floor_seconds paper_seconds paper_mcp_save_seconds \
+		paper_mcp_load_seconds; do
+		[ "$(key $k human.txt)" = "$(sig3 "$(key $k exact.txt)")" ] ||
+			{ echo "$k: $(key $k human.txt) for $(key $k exact.txt)" >&2; return 1; }
+	done
+	[ "$(key estimate_seconds human.txt)" = 0.472 ]
+	[ "$(key paper_seconds human.txt)" = 0.818 ]
+	[ "$(key paper_mcp_save_seconds human.txt)" = 14.6 ]
+	# no key names a unit its value is not in: seconds are never ms or us
+	! grep -E '_seconds: .*[0-9] ?(s|ms|us)$' human.txt
 	# ratios and counts are the same in both
 	diff <(grep -vE '_bytes|^bytes_|_bound:|_seconds:' exact.txt) <(grep -vE '_bytes|^bytes_|_bound:|_seconds:' human.txt)
 	# the layout's and the staging's too
