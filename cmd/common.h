@@ -91,6 +91,8 @@ struct tool_cli {
 	bool given[64];                /* of options[i] */
 	char **operands;
 	size_t noperands;
+	char **options_given; /* argv's options, before the operands (getopt_long moved them) */
+	size_t noptions_given;
 };
 
 /* The status tool_parse returns when the tool goes on. */
@@ -105,7 +107,10 @@ int tool_parse(struct tool_cli *cli, int argc, char **argv);
 bool tool_given(const struct tool_cli *cli, const char *name);
 /* TOOL_PARSED when the operands number from min to max; else a usage
  * error that says what was expected ("a staged plan") or the first
- * operand too many. */
+ * operand too many, and for that one what was likely meant: a file that
+ * exists, to a tool that reads its input with -i, is read so ("to read
+ * it: vps-layout -i a.layout ..."); a name that is no file, to a tool
+ * with -o and none given, is written so ("to write it: ... -o b"). */
 int tool_operands(const struct tool_cli *cli, size_t min, size_t max, const char *what);
 
 /* ---- messages and exit statuses ---- */
