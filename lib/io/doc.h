@@ -19,6 +19,9 @@
 
 /* The highest version this build reads and the version it writes, per kind. */
 int vps_doc_version(enum vps_doc_kind kind);
+/* vps_doc_wrong_kind's message, returning rc (a binary header's kind is
+ * VPS_EFORMAT, a YAML document's VPS_EINPUT). */
+vps_result_t vps_doc_kind_fail(vps_result_t rc, const char *name, enum vps_doc_kind found, unsigned expected);
 
 /* ---- writer ---- */
 struct vps_writer;
