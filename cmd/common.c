@@ -496,6 +496,10 @@ int tool_operands(const struct tool_cli *cli, size_t min, size_t max, const char
 	const char *extra = cli->operands[max];
 	bool exists = !strcmp(extra, "-") || access(extra, F_OK) == 0;
 	char hint[2048];
+	/* after "--" a flag would be an operand: no line to suggest */
+	for (size_t i = 0; i < cli->noptions_given; i++)
+		if (!strcmp(cli->options_given[i], "--"))
+			return tool_usage_error("%s: unexpected argument (expected %s)", extra, what);
 	/* a hint only for a command line the tool's rules allow */
 	struct tool_cli as_input = *cli, as_output = *cli;
 	const struct tool_option *input = own_option(cli, "input");
