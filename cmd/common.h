@@ -91,6 +91,8 @@ struct tool_cli {
 	bool given[64];                /* of options[i] */
 	char **operands;
 	size_t noperands;
+	char **options_given; /* argv's options, before the operands (getopt_long moved them) */
+	size_t noptions_given;
 };
 
 /* The status tool_parse returns when the tool goes on. */
@@ -105,7 +107,10 @@ int tool_parse(struct tool_cli *cli, int argc, char **argv);
 bool tool_given(const struct tool_cli *cli, const char *name);
 /* TOOL_PARSED when the operands number from min to max; else a usage
  * error that says what was expected ("a staged plan") or the first
- * operand too many. */
+ * operand too many, and for that one what was likely meant: a file that
+ * exists, to a tool that reads its input with -i, is read so ("to read
+ * it: vps-layout -i a.layout ..."); a name that is no file, to a tool
+ * with -o and none given, is written so ("to write it: ... -o b"). */
 int tool_operands(const struct tool_cli *cli, size_t min, size_t max, const char *what);
 
 /* ---- messages and exit statuses ---- */
@@ -169,7 +174,9 @@ bool tool_human(bool flag);
 bool tool_summary_wanted(bool quiet, const char *out);
 /* v as an exact integer, or in binary units when human. @return buf */
 const char *tool_bytes(int64_t v, bool human, char *buf, size_t n);
-/* seconds with the precision of fmt ("%.4f"), or in s, ms or us when human. */
+/* seconds with the precision of fmt ("%.4f"), or with three significant
+ * digits when human: still in seconds, as the keys that print them say
+ * (estimate_seconds: 0.472, not 472 ms). */
 const char *tool_seconds(double v, const char *fmt, bool human, char *buf, size_t n);
 #define TOOL_NUM 48
 

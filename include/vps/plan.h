@@ -308,6 +308,12 @@ struct vps_transition {
 VPS_API vps_result_t vps_transition_load(const char *arg, const char *trans_path, const char *model_path,
 				 const char *parallel_path, struct vps_transition *info, struct vps_layout **a,
 				 struct vps_layout **b);
+/* The transitions of trans_path, the NAME.yaml files of its directories
+ * (each name once, the first directory's), sorted by name: each one's
+ * name as vps_transition_load takes it and its description, the other
+ * fields 0. *list (NULL when there are none) is freed with free().
+ * @return VPS_EINPUT (naming the file) for one whose head cannot be read. */
+VPS_API vps_result_t vps_transition_list(const char *trans_path, struct vps_transition **list, size_t *n);
 
 /* ---- files ---- */
 struct vps_bytes;

@@ -572,6 +572,6 @@ vps_result_t vps_query_document(const char *name, const void *data, size_t len, 
 		return rc;
 	}
 	if (kind)
-		return vps_fail(VPS_EINPUT, "%s: a %s, not a plan or a staged plan", name, vps_doc_kind_name(kind));
+		return vps_doc_wrong_kind(name, kind, VPS_DOC_BIT(VPS_DOC_PLAN) | VPS_DOC_BIT(VPS_DOC_STAGED));
 	return vps_fail(VPS_EINPUT, "%s: not a vps plan or staged plan", name);
 }

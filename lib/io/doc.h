@@ -19,6 +19,9 @@
 
 /* The highest version this build reads and the version it writes, per kind. */
 int vps_doc_version(enum vps_doc_kind kind);
+/* vps_doc_wrong_kind's message, returning rc (a binary header's kind is
+ * VPS_EFORMAT, a YAML document's VPS_EINPUT). */
+vps_result_t vps_doc_kind_fail(vps_result_t rc, const char *name, enum vps_doc_kind found, unsigned expected);
 
 /* ---- writer ---- */
 struct vps_writer;
@@ -141,7 +144,13 @@ int vps_r_line(struct vps_reader *r, const char *key);
 /* A config named on the command line: a path when it looks like one (a
  * '/', or ends in .yaml, .yml or .json, or is "-"), else NAME.yaml in the
  * first directory of the colon-separated search path that has it.
- * @return VPS_ENOTFOUND "no WHAT named 'NAME' (looked in ...)". */
+ * @return VPS_ENOTFOUND "no WHAT named 'NAME'; known: ..." (every name when
+ * there are few, else "closest: ..." and how many) "(looked for ...)". */
 vps_result_t vps_config_find(const char *arg, const char *search_path, const char *what, char *path, size_t n);
+/* The NAMEs of the NAME.yaml files in the directories of search_path,
+ * sorted, each once (*names NULL when there are none): what
+ * vps_config_find finds. Freed with vps_config_names_free. */
+vps_result_t vps_config_names(const char *search_path, char ***names, size_t *n);
+void vps_config_names_free(char **names, size_t n);
 
 #endif

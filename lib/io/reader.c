@@ -294,8 +294,14 @@ static vps_result_t check_header(struct vps_reader *r, enum vps_doc_kind kind)
 	if (!vps_r_has(r, "vps"))
 		return vps_r_error(r, NULL, "not a vps %s document (no 'vps:' key)", vps_doc_kind_name(kind));
 	VPS_CHECK(vps_r_str(r, "vps", &s));
-	if (vps_doc_kind_from_name(s) != kind)
+	enum vps_doc_kind found = vps_doc_kind_from_name(s);
+	if (!found)
 		return vps_r_error(r, "vps", "expected a %s document, found '%s'", vps_doc_kind_name(kind), s);
+	if (found != kind) {
+		char where[4096];
+		snprintf(where, sizeof(where), "%s: line %d", r->name, vps_r_line(r, "vps"));
+		return vps_doc_kind_fail(VPS_EINPUT, where, found, VPS_DOC_BIT(kind));
+	}
 	VPS_CHECK(vps_r_int(r, "version", &version, 1, INT32_MAX));
 	if (version > vps_doc_version(kind))
 		return vps_fail(VPS_EFORMAT, "%s: line %d: %s version %" PRId64
@@ -313,8 +319,7 @@ static vps_result_t open_binary(struct vps_reader *r, const unsigned char *d, si
 	unsigned dkind = d[4] | (unsigned)d[5] << 8, version = d[6] | (unsigned)d[7] << 8;
 	uint32_t flags = d[8] | (uint32_t)d[9] << 8 | (uint32_t)d[10] << 16 | (uint32_t)d[11] << 24;
 	if (kind && dkind != (unsigned)kind)
-		return vps_fail(VPS_EFORMAT, "%s: expected a binary %s document, found kind %u (%s)", r->name,
-				vps_doc_kind_name(kind), dkind, vps_doc_kind_name(dkind));
+		return vps_doc_kind_fail(VPS_EFORMAT, r->name, (enum vps_doc_kind)dkind, VPS_DOC_BIT(kind));
 	if (version == 0)
 		return vps_fail(VPS_EFORMAT, "%s: corrupt header: version 0", r->name);
 	if ((int)version > vps_doc_binary_version(dkind))

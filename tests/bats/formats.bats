@@ -71,3 +71,71 @@ load helpers
 		vps-layout --parallel "$name" | vps-verify -q - || { echo "FAILED: $name"; return 1; }
 	done
 }
+
+@test "a document of the wrong kind, to every tool that reads one: what it is, and what makes the kind expected" {
+	local C=$TOP/configs
+	vps-layout --model tiny-llama --parallel tp=2 -q -o a.layout
+	vps-layout --model tiny-llama --parallel dp=2 -q -o b.layout
+	vps-layout -i a.layout --yaml -q -o layout.yaml
+	vps-plan a.layout b.layout -q -o ab.plan
+	vps-plan a.layout b.layout --yaml -q -o plan.yaml
+	vps-stage --budget 1M ab.plan -q -o ab.staged
+	vps-stage --budget 1M ab.plan --yaml -q -o staged.yaml
+	cp "$TOP/tests/bats/examples/report.0.yaml" report.yaml
+	vps-show -q --binary -o report.bin report.yaml
+	cp "$C/models/tiny-llama.yaml" model.yaml
+	cp "$C/parallel/llama2-7b-2-2-2.yaml" parallel.yaml
+	cp "$C/topologies/a800-testbed.yaml" topology.yaml
+	cp "$C/transitions/llama2-7b-s1-s2.yaml" transition.yaml
+	printf 'vps: devices\nversion: 1\ndevices:\n- [0, 0]\n- [0, 1]\n' > devices.yaml
+	printf 'vps: budgets\nversion: 1\nbudgets: [1M]\n' > budgets.yaml
+	# each file, the kind it is
+	local -A kind=([a.layout]=layout [layout.yaml]=layout [ab.plan]=plan [plan.yaml]=plan [ab.staged]="staged plan"
+		[staged.yaml]="staged plan" [report.yaml]=report [report.bin]=report [model.yaml]=model
+		[parallel.yaml]="parallel configuration" [topology.yaml]=topology [transition.yaml]=transition
+		[devices.yaml]="devices document" [budgets.yaml]="budgets document")
+	# each place a tool reads a document: the kinds it takes, the command (F the file)
+	local slots=(
+		"layout|vps-layout -i F"
+		"layout|vps-plan F b.layout"
+		"plan|vps-stage --budget 1M F"
+		"staged plan|vps-exec --rank 0 --world 2 --master 127.0.0.1:1 --timeout 1 F"
+		"staged plan|vps-trainer --rank 0 --timeout 1 F"
+		"layout, a plan or a staged plan|vps-verify F"
+		"plan or a staged plan|vps-plan --transfers --rank 0 F"
+		"budgets document|vps-stage --budgets F ab.plan"
+		"topology|vps-plan --topology F a.layout b.layout"
+		"model|vps-layout --parallel tp=1 --model F"
+		"parallel configuration|vps-layout --model tiny-llama --parallel F"
+		"devices document|vps-layout --model tiny-llama --devices F"
+		"transition|vps-plan --transition F"
+	)
+	local -A how=()
+	local slot want cmd f tool n=0 msg hint
+	for slot in "${slots[@]}"; do
+		want=${slot%%|*} cmd=${slot#*|} tool=${cmd%% *}
+		for f in "${!kind[@]}"; do
+			# a file of a kind the slot takes is not wrong
+			[[ "a $want" =~ (^a |, a | or a )${kind[$f]}(,|$| or) ]] && continue
+			run ${cmd/F/./$f}
+			[ "$status" -eq 2 ] || { echo "${cmd/F/./$f}: exit $status: $output" >&2; return 1; }
+			msg=$(grep -v 'Try ' <<<"$output" | head -1)
+			[[ "$msg" =~ ^$tool:\ (rank\ 0:\ )?\./$f(:\ line\ [0-9]+)?:\ a\ ${kind[$f]},\ not\ a\ $want\ \((.+)\)$ ]] ||
+				{ echo "${cmd/F/./$f}: $msg" >&2; return 1; }
+			hint=${BASH_REMATCH[3]}
+			# one table: the same words for one kind expected, whatever the tool
+			[ -z "${how[$want]:-}" ] || [ "${how[$want]}" = "$hint" ] ||
+				{ echo "$want: '${how[$want]}' and '$hint'" >&2; return 1; }
+			how[$want]=$hint
+			n=$((n + 1))
+		done
+	done
+	[ "$n" -ge 140 ]
+	# the commands it names are the tools' own
+	[ "${how[layout]}" = "vps-layout --model MODEL --parallel SPEC -o FILE makes one" ]
+	[ "${how[plan]}" = "vps-plan A B -o FILE makes one, from layouts A and B" ]
+	[ "${how[staged plan]}" = "vps-plan A B | vps-stage --budget SIZE - -o FILE makes one" ]
+	[ "${how[plan or a staged plan]}" = "vps-plan and vps-stage make them" ]
+	[[ "${how[transition]}" == "vps-plan --transition list names those of configs/transitions; "* ]]
+	[[ "${how[parallel configuration]}" == "configs/parallel holds them; vps-formats(5) PARALLEL DOCUMENTS says how to write one" ]]
+}

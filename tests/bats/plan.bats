@@ -72,6 +72,40 @@ stat() { # key from a --stats listing in $output
 	[[ "${lines[0]}" == "vps-plan: expected two layouts or --transition NAME" ]]
 }
 
+@test "--transition list names every transition with its description; an unknown name, the closest first" {
+	local dir=$TOP/configs/transitions f n=0
+	expect_status 0 vps-plan --transition list
+	[ "${#lines[@]}" -eq "$(ls "$dir"/*.yaml | wc -l)" ]
+	# sorted by name, each a file's name and its description
+	[ "$(printf '%s\n' "${lines[@]}" | awk '{ print $1 }')" = "$(cd "$dir" && ls -- *.yaml | sed 's/\.yaml$//' | LC_ALL=C sort)" ]
+	for f in "$dir"/*.yaml; do
+		local name=${f##*/} desc
+		name=${name%.yaml}
+		desc=$(sed -n 's/^description: "\(.*\)"$/\1/p; s/^description: \([^"].*\)$/\1/p' "$f")
+		printf '%s\n' "${lines[@]}" | awk -v n="$name" -v d="$desc" '$1 == n { sub(/^[^ ]+ +/, ""); ok = ($0 == d) } END { exit !ok }' ||
+			{ echo "$name: not listed with '$desc'" >&2; return 1; }
+		n=$((n + 1))
+	done
+	[ "$n" -ge 50 ]
+	expect_status 2 vps-plan --transition list --stats
+	[ "${lines[0]}" = "vps-plan: --transition list lists the transitions: no other options or operands with it" ]
+	# a name that names none: 8 closest, those it begins first, then the fewest edits
+	expect_status 2 vps-plan --transition llama2-7b-s1
+	[[ "$output" == "vps-plan: --transition: no transition named 'llama2-7b-s1'; closest: llama2-7b-s1-s2, llama2-7b-s2-s1, "* ]]
+	[[ "$output" == *"; vps-plan --transition list names all $n (looked for llama2-7b-s1.yaml in "* ]]
+	local closest
+	closest=$(sed -n 's/.*; closest: \(.*\); vps-plan --transition list.*/\1/p' <<<"$output")
+	[ "$(tr ',' '\n' <<<"$closest" | wc -l)" -eq 8 ]
+	# one character off
+	expect_status 2 vps-plan --transition llama-7b-s1-s2
+	[[ "$output" == *"; closest: llama2-7b-s1-s2, "* ]]
+	expect_status 2 vps-plan --transition gpt3-1.3b-tp-upp
+	[[ "$output" == *"; closest: gpt3-1.3b-tp-up, "* ]]
+	# a short list is given whole, sorted, as before
+	expect_status 2 vps-plan --topology no-such --transition llama2-7b-s1-s2
+	[[ "$output" == "vps-plan: --topology: no topology named 'no-such'; known: a800-testbed, dgx-h100 (looked for "* ]]
+}
+
 @test "an estimate on a topology" {
 	expect_status 0 vps-plan --transition llama2-7b-s1-s2 --stats --topology a800-testbed
 	[ "$(stat topology)" = "a800-testbed" ]
