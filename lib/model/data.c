@@ -1,3 +1,5 @@
+#include <pthread.h>
+
 #include "util/hash.h"
 #include "util/internal.h"
 #include "vps/data.h"
@@ -34,8 +36,8 @@ uint32_t vps_fill_bits(uint32_t tensor, enum vps_state state, int64_t index, int
 		}                                                                            \
 		for (int k_ = 0; k_ < nd_; k_++)                                             \
 			idx_[k_] = (r)->box.lo[k_];                                          \
-		int64_t rows_ = vps_box_volume(&(r)->box) / ((r)->box.hi[last_] - (r)->box.lo[last_]); \
 		int64_t len_ = (r)->box.hi[last_] - (r)->box.lo[last_], ls_ = (r)->strides[last_];     \
+		int64_t rows_ = len_ > 0 ? vps_box_volume(&(r)->box) / len_ : 0; /* empty: none */      \
 		for (int64_t row_ = 0; row_ < rows_; row_++) {                               \
 			int64_t flat0_ = 0, off0_ = (r)->offset;                             \
 			for (int k_ = 0; k_ < nd_; k_++) {                                   \
@@ -80,17 +82,52 @@ int64_t vps_check_region(const void *buffer, const struct vps_region *r, const s
 	return bad;
 }
 
+/* The digest (docs/exec.md, The digest). An element's term is one 64-bit
+ * multiply by a key of its place, folded once: cheap enough for a GPU to
+ * digest at the speed it reads memory, and, for a fixed place, a bijection
+ * of the element's bits. The key of element i of (tensor, state) is the
+ * key of its block of VPS_DIGEST_BLOCK (one SplitMix64 finalizer of the
+ * tensor's key and the block) xor the key of its slot in the block (one
+ * table for every tensor), made odd. lib/gpu/cuda/vps_digest.h computes
+ * the same for the kernel and the CUDA stand-in; the tests hold it to this. */
+#define DIGEST_BLOCK_BITS 11
+#define DIGEST_BLOCK (1 << DIGEST_BLOCK_BITS)
+
+static uint64_t digest_slot[DIGEST_BLOCK];
+static pthread_once_t digest_slot_once = PTHREAD_ONCE_INIT;
+
+static void digest_slot_fill(void)
+{
+	for (uint64_t l = 0; l < DIGEST_BLOCK; l++)
+		digest_slot[l] = vps_mix64((l + 1) * 0xd1b54a32d192ed03ULL);
+}
+
+static inline uint64_t digest_block_key(uint64_t key, int64_t block)
+{
+	return vps_mix64(key ^ ((uint64_t)block + 1) * 0x9e3779b97f4a7c15ULL);
+}
+
+/* w -> w * k is one-to-one for an odd k, and so is y -> y ^ (y >> 32);
+ * w is never 0 for a 16-bit value, so a bf16 element always adds a term */
+static inline uint64_t digest_term(uint64_t k, uint32_t bits)
+{
+	uint64_t y = (uint64_t)(bits ^ 0xffff0000u) * k;
+	return y ^ (y >> 32);
+}
+
+#define DIGEST_ELEMENT(b)                                                                        	do {                                                                                     		if (flat >> DIGEST_BLOCK_BITS != block) {                                        			block = flat >> DIGEST_BLOCK_BITS;                                       			bkey = digest_block_key(key, block);                                     		}                                                                                		sum += digest_term((bkey ^ digest_slot[flat & (DIGEST_BLOCK - 1)]) | 1, (b)[off]); 	} while (0)
+
 uint64_t vps_digest_region(const void *buffer, const struct vps_region *r, const struct vps_tensor *t)
 {
-	uint64_t sum = 0, key = vps_mix64(((uint64_t)r->tensor << 8) ^ r->state);
+	pthread_once(&digest_slot_once, digest_slot_fill);
+	uint64_t sum = 0, key = vps_mix64(((uint64_t)r->tensor << 8) ^ r->state), bkey = 0;
+	int64_t block = -1;
 	if (vps_state_dtype(r->state) == VPS_DTYPE_BF16) {
 		const uint16_t *b = buffer;
-		FOR_EACH_ELEMENT(r, t, flat, off,
-				 sum += vps_mix64(vps_mix64(key ^ (uint64_t)flat) ^ b[off]));
+		FOR_EACH_ELEMENT(r, t, flat, off, DIGEST_ELEMENT(b));
 	} else {
 		const uint32_t *b = buffer;
-		FOR_EACH_ELEMENT(r, t, flat, off,
-				 sum += vps_mix64(vps_mix64(key ^ (uint64_t)flat) ^ b[off]));
+		FOR_EACH_ELEMENT(r, t, flat, off, DIGEST_ELEMENT(b));
 	}
 	return sum;
 }
