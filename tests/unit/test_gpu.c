@@ -230,6 +230,53 @@ TEST(digest_kernel_equals_vps_digest_region)
 	free(h);
 }
 
+TEST(digest_kernel_equals_the_host_on_long_rows_at_every_alignment)
+{
+	/* rows of several blocks (2048 elements) and chunks (8192), starting
+	 * at every logical index and address a 16-byte vector can meet: the
+	 * kernel reads 16-byte vectors where both line up, element by element
+	 * where they do not, and the odd ends around the vectors */
+	const struct vps_cuda_api *api = gpu_or_skip("digest_kernel_equals_the_host_on_long_rows_at_every_alignment");
+	if (!api)
+		return;
+	enum { N = 4 * 8192 + 3 * 2048 + 37 };
+	unsigned char *h = malloc((size_t)N * 4 + 64);
+	void *d = NULL;
+	char err[VPS_CUDA_ERR] = "";
+	CHECK(h && !api->alloc(&d, (size_t)N * 4 + 64, err));
+	if (!h || !d) {
+		free(h);
+		return;
+	}
+	for (int64_t i = 0; i < (int64_t)N * 4 + 64; i++)
+		h[i] = (unsigned char)next();
+	CHECK(!api->to_device(d, h, (size_t)N * 4 + 64, err));
+	static const enum vps_state states[] = {VPS_STATE_PARAM, VPS_STATE_MAIN_PARAM};
+	int wrong = 0, cases = 0;
+	for (int s = 0; s < 2; s++) {
+		int64_t es = (int64_t)vps_dtype_size(vps_state_dtype(states[s]));
+		for (int64_t lo = 0; lo < 9; lo++) {
+			for (int64_t skew = 0; skew < 16 / es + 1; skew++) {
+				int64_t len = N - 16 - (int64_t)(next() % 5000) * (lo & 1);
+				struct vps_tensor t = {.ndim = 2, .shape = {3, N}};
+				/* row 1 of a [3, N] tensor from column lo: logical
+				 * index N + lo, at element skew of the buffer */
+				struct vps_region r = {.tensor = (uint32_t)(100 + s), .state = (uint8_t)states[s],
+						       .box = {2, {1, lo}, {2, lo + len}}, .offset = skew, .strides = {len, 1}};
+				struct vps_cuda_digest v = kernel_view(&r, &t, d);
+				uint64_t got = 0;
+				CHECK(!api->digest(&v, 1, &got, err));
+				wrong += got != vps_digest_region(h, &r, &t);
+				cases++;
+			}
+		}
+	}
+	CHECK_EQ(wrong, 0);
+	CHECK(cases == 9 * (9 + 5));
+	api->release(d, err);
+	free(h);
+}
+
 /* A rank's part of a layout, its buffers in one allocation at 256-byte
  * aligned offsets (as vps-trainer and PyTorch's allocator place them). */
 static void *upload_rank(const struct vps_cuda_api *api, const struct job *j, int64_t rank, void **dev)
