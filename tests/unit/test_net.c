@@ -666,3 +666,46 @@ TEST(a_mesh_names_the_rank_it_cannot_connect_to_and_where)
 	if (heard_lines(&run0.heard, want) != 1)
 		fprintf(stderr, "rank 0 heard:\n%s", run0.heard.text);
 }
+
+/* An acceptor of the version before this one (the digest's function
+ * changed): its challenge carries the magic "VPSNET3". */
+static void *old_acceptor(void *arg)
+{
+	int fd = accept(*(int *)arg, NULL, NULL);
+	if (fd >= 0) {
+		struct challenge c = {0x3354454e535056ULL, {0}};
+		char buf[256];
+		if (send(fd, &c, sizeof(c), MSG_NOSIGNAL) == (ssize_t)sizeof(c))
+			while (recv(fd, buf, sizeof(buf), 0) > 0) /* until the connector hangs up */
+				;
+		close(fd);
+	}
+	return NULL;
+}
+
+TEST(an_executor_of_the_version_before_is_refused_by_name)
+{
+	int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof(sa);
+	CHECK(lfd >= 0 && !bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) && !listen(lfd, 4) &&
+	      !getsockname(lfd, (struct sockaddr *)&sa, &len));
+	pthread_t th;
+	CHECK(pthread_create(&th, NULL, old_acceptor, &lfd) == 0);
+	unsigned char key[VPS_AUTH_KEY];
+	vps_auth_key("0123456789abcdef0123456789abcdef", key);
+	struct outbound out = {.rank = 0, .kind = HELLO_CTL};
+	CHECK_OK(vps_net_resolve("127.0.0.1", ntohs(sa.sin_port), &out.sa));
+	struct handshake hs = {.key = key, .me = 1, .world = 2, .plan_hash = 42, .kinds = 1u << HELLO_CTL, .lfd = -1,
+			       .out = &out, .nout = 1, .deadline = vps_net_now() + 3.0};
+	CHECK_EQ(vps_net_handshake(&hs), VPS_EPEER);
+	char want[96];
+	snprintf(want, sizeof(want), "127.0.0.1:%d is not a vps-exec of this version (rank 0 was expected there)",
+		 ntohs(sa.sin_port));
+	CHECK(strstr(vps_last_error(), want) != NULL);
+	if (out.fd >= 0)
+		close(out.fd);
+	shutdown(lfd, SHUT_RDWR);
+	pthread_join(th, NULL);
+	close(lfd);
+}

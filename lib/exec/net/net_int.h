@@ -10,9 +10,10 @@
 #include "util/auth.h"
 #include "util/internal.h"
 
-/* The wire format's version: a change of any message is a new magic, so
- * that executors of two versions refuse each other at the handshake. */
-#define HELLO_MAGIC 0x3354454e535056ULL /* "VPSNET3" */
+/* The wire format's version: a change of any message, or of what one
+ * means (the digest's function: VPSNET4), is a new magic, so that
+ * executors of two versions refuse each other at the handshake. */
+#define HELLO_MAGIC 0x3454454e535056ULL /* "VPSNET4" */
 
 struct ctl;
 
