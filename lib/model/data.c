@@ -24,9 +24,10 @@ uint32_t vps_fill_bits(uint32_t tensor, enum vps_state state, int64_t index, int
 	return fill_at(fill_key(tensor, state, step), index);
 }
 
-/* Walk a region row by row (the last axis): for each element, flat is its
- * row-major index in the logical tensor and off its buffer offset. */
-#define FOR_EACH_ELEMENT(r, t, flat, off, ...)                                               \
+/* Walk a region row by row (the last axis): each row is len elements from
+ * logical index flat0 (row-major in the tensor) and buffer offset off0, a
+ * step of ls in the buffer for each. */
+#define FOR_EACH_ROW(r, t, flat0, off0, len, ls, ...)                                        \
 	do {                                                                                 \
 		int64_t idx_[VPS_MAX_DIMS], tstr_[VPS_MAX_DIMS], s_ = 1;                     \
 		int nd_ = (r)->box.ndim, last_ = nd_ - 1;                                    \
@@ -36,18 +37,15 @@ uint32_t vps_fill_bits(uint32_t tensor, enum vps_state state, int64_t index, int
 		}                                                                            \
 		for (int k_ = 0; k_ < nd_; k_++)                                             \
 			idx_[k_] = (r)->box.lo[k_];                                          \
-		int64_t len_ = (r)->box.hi[last_] - (r)->box.lo[last_], ls_ = (r)->strides[last_];     \
-		int64_t rows_ = len_ > 0 ? vps_box_volume(&(r)->box) / len_ : 0; /* empty: none */      \
+		int64_t len = (r)->box.hi[last_] - (r)->box.lo[last_], ls = (r)->strides[last_];       \
+		int64_t rows_ = len > 0 ? vps_box_volume(&(r)->box) / len : 0; /* empty: none */        \
 		for (int64_t row_ = 0; row_ < rows_; row_++) {                               \
-			int64_t flat0_ = 0, off0_ = (r)->offset;                             \
+			int64_t flat0 = 0, off0 = (r)->offset;                               \
 			for (int k_ = 0; k_ < nd_; k_++) {                                   \
-				flat0_ += idx_[k_] * tstr_[k_];                              \
-				off0_ += (idx_[k_] - (r)->box.lo[k_]) * (r)->strides[k_];    \
+				flat0 += idx_[k_] * tstr_[k_];                               \
+				off0 += (idx_[k_] - (r)->box.lo[k_]) * (r)->strides[k_];     \
 			}                                                                    \
-			for (int64_t j_ = 0; j_ < len_; j_++) {                              \
-				int64_t flat = flat0_ + j_, off = off0_ + j_ * ls_;          \
-				__VA_ARGS__;                                                 \
-			}                                                                    \
+			__VA_ARGS__;                                                         \
 			for (int k_ = last_ - 1; k_ >= 0; k_--) {                            \
 				if (++idx_[k_] < (r)->box.hi[k_])                            \
 					break;                                               \
@@ -55,6 +53,13 @@ uint32_t vps_fill_bits(uint32_t tensor, enum vps_state state, int64_t index, int
 			}                                                                    \
 		}                                                                            \
 	} while (0)
+
+/* ... and element by element: flat is its logical index, off its offset. */
+#define FOR_EACH_ELEMENT(r, t, flat, off, ...)                                               \
+	FOR_EACH_ROW(r, t, flat0_, off0_, len_, ls_, for (int64_t j_ = 0; j_ < len_; j_++) {      \
+		int64_t flat = flat0_ + j_, off = off0_ + j_ * ls_;                          \
+		__VA_ARGS__;                                                                 \
+	})
 
 void vps_fill_region(void *buffer, const struct vps_region *r, const struct vps_tensor *t, int64_t step)
 {
@@ -115,19 +120,37 @@ static inline uint64_t digest_term(uint64_t k, uint32_t bits)
 	return y ^ (y >> 32);
 }
 
-#define DIGEST_ELEMENT(b)                                                                        	do {                                                                                     		if (flat >> DIGEST_BLOCK_BITS != block) {                                        			block = flat >> DIGEST_BLOCK_BITS;                                       			bkey = digest_block_key(key, block);                                     		}                                                                                		sum += digest_term((bkey ^ digest_slot[flat & (DIGEST_BLOCK - 1)]) | 1, (b)[off]); 	} while (0)
+/* The terms of a row: n elements of esize bytes, a step of ls from p,
+ * from logical index flat; a block at a time, one block key each. */
+static uint64_t digest_row(uint64_t key, const unsigned char *p, int64_t ls, size_t esize, int64_t flat, int64_t n)
+{
+	uint64_t sum = 0;
+	while (n > 0) {
+		int64_t in = flat & (DIGEST_BLOCK - 1), m = DIGEST_BLOCK - in < n ? DIGEST_BLOCK - in : n;
+		uint64_t bkey = digest_block_key(key, flat >> DIGEST_BLOCK_BITS);
+		const uint64_t *slot = digest_slot + in;
+		if (esize == 2) {
+			const uint16_t *b = (const uint16_t *)p;
+			for (int64_t j = 0; j < m; j++)
+				sum += digest_term((bkey ^ slot[j]) | 1, b[j * ls]);
+		} else {
+			const uint32_t *b = (const uint32_t *)p;
+			for (int64_t j = 0; j < m; j++)
+				sum += digest_term((bkey ^ slot[j]) | 1, b[j * ls]);
+		}
+		p += m * ls * (int64_t)esize;
+		flat += m;
+		n -= m;
+	}
+	return sum;
+}
 
 uint64_t vps_digest_region(const void *buffer, const struct vps_region *r, const struct vps_tensor *t)
 {
 	pthread_once(&digest_slot_once, digest_slot_fill);
-	uint64_t sum = 0, key = vps_mix64(((uint64_t)r->tensor << 8) ^ r->state), bkey = 0;
-	int64_t block = -1;
-	if (vps_state_dtype(r->state) == VPS_DTYPE_BF16) {
-		const uint16_t *b = buffer;
-		FOR_EACH_ELEMENT(r, t, flat, off, DIGEST_ELEMENT(b));
-	} else {
-		const uint32_t *b = buffer;
-		FOR_EACH_ELEMENT(r, t, flat, off, DIGEST_ELEMENT(b));
-	}
+	uint64_t sum = 0, key = vps_mix64(((uint64_t)r->tensor << 8) ^ r->state);
+	size_t es = vps_dtype_size(vps_state_dtype(r->state));
+	FOR_EACH_ROW(r, t, flat0, off0, len, ls,
+		     sum += digest_row(key, (const unsigned char *)buffer + off0 * (int64_t)es, ls, es, flat0, len));
 	return sum;
 }
