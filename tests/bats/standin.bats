@@ -430,6 +430,9 @@ python_device_buffers() { # TRANSPORT
 	grep -qE '^pause \(last request to resume, slowest rank [0-7]\): [0-9.]+ s: arrive [0-9.]+ s, attach [0-9.]+ s, agree [0-9.]+ s, transfer [0-9.]+ s, digest [0-9.]+ s, other -?[0-9.]+ s; opened in the pause: [0-9]+;' <<< "$output"
 	grep -qE '^after the pause \(the trainers going on\): mappings let go in [0-9.]+ s \(slowest rank [0-7]\)$' <<< "$output"
 	grep -qE '^digest on the GPU: [0-9.]+ s \(slowest rank [0-7]\), [0-9.]+% of its transfer; digest: match$' <<< "$output"
+	# against its floor: both sides read at cudaMemcpy's memory traffic,
+	# twice the bytes moved at twice cudaMemcpy's rate
+	grep -qE '^digest against its floor: reading [0-9.]+ GB \(sources and targets\) at the [0-9]+ GB/s of memory traffic cudaMemcpy reached takes [0-9.]+ ms, [0-9]+% of the transfer; the digests took [0-9.]+x that \(target: at most 1\.5x\)$' <<< "$output"
 	# the bytes moved are the plan's: every byte once, received or kept
 	moved=$(sed -n 's/^bytes moved (received + copied in place): \([0-9.]*\) GB in .*/\1/p' <<< "$output")
 	vps-layout -q --model tiny-llama --parallel tp=2,pp=2,dp=2 -o a.layout
