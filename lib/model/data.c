@@ -125,22 +125,20 @@ static inline uint64_t digest_term(uint64_t k, uint32_t bits)
 static uint64_t digest_row(uint64_t key, const unsigned char *p, int64_t ls, size_t esize, int64_t flat, int64_t n)
 {
 	uint64_t sum = 0;
-	while (n > 0) {
-		int64_t in = flat & (DIGEST_BLOCK - 1), m = DIGEST_BLOCK - in < n ? DIGEST_BLOCK - in : n;
-		uint64_t bkey = digest_block_key(key, flat >> DIGEST_BLOCK_BITS);
+	for (int64_t done = 0; done < n;) {
+		int64_t in = (flat + done) & (DIGEST_BLOCK - 1), m = DIGEST_BLOCK - in < n - done ? DIGEST_BLOCK - in : n - done;
+		uint64_t bkey = digest_block_key(key, (flat + done) >> DIGEST_BLOCK_BITS);
 		const uint64_t *slot = digest_slot + in;
 		if (esize == 2) {
-			const uint16_t *b = (const uint16_t *)p;
+			const uint16_t *b = (const uint16_t *)p + done * ls;
 			for (int64_t j = 0; j < m; j++)
 				sum += digest_term((bkey ^ slot[j]) | 1, b[j * ls]);
 		} else {
-			const uint32_t *b = (const uint32_t *)p;
+			const uint32_t *b = (const uint32_t *)p + done * ls;
 			for (int64_t j = 0; j < m; j++)
 				sum += digest_term((bkey ^ slot[j]) | 1, b[j * ls]);
 		}
-		p += m * ls * (int64_t)esize;
-		flat += m;
-		n -= m;
+		done += m;
 	}
 	return sum;
 }
