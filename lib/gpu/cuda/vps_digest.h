@@ -269,31 +269,38 @@ VPS_DK uint64_t vps_dk_vector2(uint64_t key, const uint32_t w[4], const uint64_t
 	return sum;
 }
 
-/* The `left` 16-byte vectors from p (logical index index, a multiple of per,
- * their elements), block by block: vectors lane, lane + 32, ... of each,
- * two in flight a lane. */
-#define VPS_DK_VECTORS(fn, per)                                                                        \
-	while (left) {                                                                                    \
-		uint64_t in_ = index & (VPS_DK_BLOCK - 1), room_ = (VPS_DK_BLOCK - in_) / (per);       \
-		uint64_t m_ = room_ < left ? room_ : left, v_ = (uint64_t)lane;                              \
-		uint64_t key_ = vps_dk_block_key(q->key, index >> VPS_DK_BLOCK_BITS);                  \
-		const uint64_t *s_ = slot + in_;                                                       \
-		for (; v_ + VPS_DK_LANES < m_; v_ += 2 * VPS_DK_LANES) {                               \
-			uint32_t a_[4], b_[4];                                                         \
-			vps_dk_load16(p + 16 * v_, a_);                                                \
-			vps_dk_load16(p + 16 * (v_ + VPS_DK_LANES), b_);                               \
-			sum += fn(key_, a_, s_ + (per) * v_);                                          \
-			sum += fn(key_, b_, s_ + (per) * (v_ + VPS_DK_LANES));                         \
-		}                                                                                      \
-		if (v_ < m_) {                                                                         \
-			uint32_t a_[4];                                                                \
-			vps_dk_load16(p + 16 * v_, a_);                                                \
-			sum += fn(key_, a_, s_ + (per) * v_);                                          \
-		}                                                                                      \
-		index += m_ * (per);                                                                   \
-		p += 16 * m_;                                                                          \
-		left -= m_;                                                                               \
+/* Lane lane's share of n 16-byte vectors from p, the first of logical
+ * index index (a multiple of its elements): block by block, vectors lane,
+ * lane + 32, ... of each, two in flight. bf16 is a constant where it is
+ * inlined, so each kind of element gets a loop of its own. */
+VPS_DK uint64_t vps_dk_vectors(const struct vps_dk_desc *q, const unsigned char *p, uint64_t index, uint64_t n,
+			       int lane, const uint64_t *slot, int bf16)
+{
+	uint64_t per = bf16 ? 8 : 4, sum = 0;
+	while (n) {
+		uint64_t in = index & (VPS_DK_BLOCK - 1), room = (VPS_DK_BLOCK - in) / per, m = room < n ? room : n;
+		uint64_t key = vps_dk_block_key(q->key, index >> VPS_DK_BLOCK_BITS), v = (uint64_t)lane;
+		const uint64_t *s = slot + in;
+		for (; v + VPS_DK_LANES < m; v += 2 * VPS_DK_LANES) {
+			uint32_t a[4], b[4];
+			vps_dk_load16(p + 16 * v, a);
+			vps_dk_load16(p + 16 * (v + VPS_DK_LANES), b);
+			sum += bf16 ? vps_dk_vector2(key, a, s + per * v) : vps_dk_vector4(key, a, s + per * v);
+			sum += bf16 ? vps_dk_vector2(key, b, s + per * (v + VPS_DK_LANES))
+				    : vps_dk_vector4(key, b, s + per * (v + VPS_DK_LANES));
+		}
+		if (v < m) {
+			uint32_t a[4];
+			vps_dk_load16(p + 16 * v, a);
+			sum += bf16 ? vps_dk_vector2(key, a, s + per * v) : vps_dk_vector4(key, a, s + per * v);
+		}
+		index += m * per;
+		n -= m;
+		if (n)
+			p += 16 * m;
 	}
+	return sum;
+}
 
 /* Lane `lane`'s share of unit u of descriptors d[0..n): in the general
  * case elements lane, lane + 32, ... of its chunk; in a dense row whose
@@ -340,12 +347,10 @@ VPS_DK uint64_t vps_dk_lane(const struct vps_dk_desc *d, int n, uint64_t u, int 
 			if (j < end)
 				sum += vps_dk_term(vps_dk_key(q, &b, flat + j) ^ slot[(flat + j) & (VPS_DK_BLOCK - 1)],
 						   vps_dk_bits(q, base + j * es));
-			const unsigned char *p = base + first * es;
-			uint64_t index = flat + first, left = nvec;
 			if (es == 2)
-				VPS_DK_VECTORS(vps_dk_vector2, 8)
+				sum += vps_dk_vectors(q, base + first * es, flat + first, nvec, lane, slot, 1);
 			else
-				VPS_DK_VECTORS(vps_dk_vector4, 4)
+				sum += vps_dk_vectors(q, base + first * es, flat + first, nvec, lane, slot, 0);
 			return sum;
 		}
 	}
