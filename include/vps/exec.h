@@ -29,6 +29,7 @@ struct vps_exec_opts {
 	const char *bind;       /* address this rank listens on; NULL: the master's (rank 0) or the
 				 * one that reaches the master (the others) */
 	bool wait;              /* connect first, then wait for the trainer's request */
+	double wait_limit;      /* under wait: seconds the registry may take to appear (0: as long as it takes) */
 	bool check;             /* digest before and after; done only when they match */
 	/* fault injection for tests: at this stage (-1: never; VPS_FAULT_AT_CLAIM:
 	 * as soon as the request is claimed) the rank freezes (SIGSTOP: a silent
