@@ -12,8 +12,12 @@ temporary directory by default, named on the first line), which also gets
 each rank's logs, the loss of every step and vps-exec's reports. At the end
 it says what the run proved: the switches and every executor's digest, the
 bit-for-bit checks (--check-switch), the loss, and with --compare-static the
-loss against a static run of the same data. Exits 0 when every process did
-and every check held. Before anything starts it checks that /dev/shm has
+loss against a static run of the same data; before, a line per phase
+(planning, each switch, the static run). Exits 0 when every process did
+and every check held. One job holds DIR at a time (a second launch is
+refused, naming the first), and no process of the job outlives the
+launcher: SIGTERM, SIGINT and SIGHUP stop them all, and each dies with a
+launcher that is killed (PR_SET_PDEATHSIG). Before anything starts it checks that /dev/shm has
 room for the state (every rank's, under two layouts during a switch) and
 that the open-file limit allows a connection to every peer (exit 2).
 
@@ -245,7 +249,20 @@ def run_job(args, targs, d, vps, what="the job"):
                 os.path.join(d, "report.%d.yaml" % r), log, env)))
             CHILDREN.add(procs[-1][1])
     failed = []
+    log0, said, next_look = os.path.join(d, "train.0.log"), 0, 0.0
     while procs:
+        if staged and time.monotonic() > next_look:
+            # each switch as rank 0 says it is done
+            next_look = time.monotonic() + 0.5
+            with open(log0, "rb") as f:
+                f.seek(said)
+                text = f.read()
+            text = text[:text.rfind(b"\n") + 1]
+            said += len(text)
+            for line in text.decode("utf-8", "replace").splitlines():
+                m = re.match(r"train\.py: switch (\d+) at step (\d+) to ([^: ]+)", line)
+                if m:
+                    say("%s: switch %s at step %s to %s done" % (what, m.group(1), m.group(2), m.group(3)))
         for name, p in list(procs):
             rc = p.poll()
             if rc is None:

@@ -289,6 +289,8 @@ class Fault:
 
     def in_switch(self, k):
         if self.point in ("switch", "freeze") and k == self.k:
+            if self.point == "freeze":
+                time.sleep(0.5)  # as one stopped from outside: its heartbeat has said where it is
             sig = signal.SIGKILL if self.point == "switch" else signal.SIGSTOP
             self.point = None  # once: after SIGCONT it goes on
             os.kill(os.getpid(), sig)
@@ -811,6 +813,20 @@ def main():
         run.finish()
     elif run.reg is not None:
         run.reg.close()
+    if run.job.agent:
+        # done, its registry closed: torch's teardown of groups of which a
+        # peer was killed (a frozen process) can abort the interpreter at exit
+        # ("terminate called without an active exception"); nothing is left to
+        # tear down that the exit does not
+        for f in (sys.stdout, sys.stderr):
+            f.flush()
+        if run.log:
+            run.log.close()
+        if run.samples:
+            run.samples.close()
+        if run.switch_log:
+            run.switch_log.close()
+        os._exit(0)
 
 
 if __name__ == "__main__":
