@@ -505,11 +505,13 @@ class Elastic:
         self.trainers, self.execs = {}, {}
 
     def kill(self, p, what):
-        """The watchdog's word: name the process and kill it."""
+        """The watchdog's word: name the process and kill it; the switch
+        under way says so when it fails."""
         state = proc_state(p.pid)
-        print("launch.py: %s: killed" % what.replace("(pid %d)" % p.pid,
-                                                      "(pid %d%s)" % (p.pid, ", " + state if state else "")),
-              flush=True)
+        what = what.replace("(pid %d)" % p.pid, "(pid %d%s)" % (p.pid, ", " + state if state else ""))
+        say("%s: killed" % what)
+        if self.sw is not None:
+            self.sw.setdefault("killed", []).append(what)
         p.kill()
 
     # ---- the watchdog ----
@@ -539,8 +541,9 @@ class Elastic:
             if gone is not None and now - gone > self.exec_grace:
                 self.kill(p, "executor %d (pid %d) still running %.0f s after its trainer, process %d, ended"
                           % (r, p.pid, now - gone, r))
-            elif self.attempt_end is not None and (now - self.attempt_end > self.exec_grace or
-                                                   proc_state(p.pid) == "stopped"):
+            elif self.attempt_end is not None and proc_state(p.pid) == "stopped":
+                self.kill(p, "executor %d (pid %d) was frozen when another executor of its switch ended" % (r, p.pid))
+            elif self.attempt_end is not None and now - self.attempt_end > self.exec_grace:
                 self.kill(p, "executor %d (pid %d) had not ended %.0f s after another executor of its switch did"
                           % (r, p.pid, now - self.attempt_end))
         if self.stop_by is not None and now > self.stop_by and (self.trainers or self.execs):
@@ -649,7 +652,8 @@ class Elastic:
         dead = sorted(s for s in sw["members"] if s not in sw["lost"] and (s in sw["dead"] or s not in self.trainers))
         if sw["abandoned"] or not dead:
             self.agent.verdict(k, a, "old")
-            self.did_not_happen(sw, sw["abandoned"] or "its executors failed (%s)" % self.first_error(sw))
+            self.did_not_happen(sw, sw["abandoned"] or "its executors failed (%s)" % (
+                "; ".join(sw.get("killed", [])) or self.first_error(sw)))
             self.sw = None
             return
         who = "process%s %s" % ("es" if len(dead) > 1 else "", ", ".join(
