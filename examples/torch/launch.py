@@ -383,10 +383,11 @@ class Elastic:
 
     It is also the job's watchdog: every process beats (vps/alive/SLOT); one
     silent for half the timeout is named, with what it was doing, and
-    killed, which makes it a process that died; an executor left running
-    --exec-timeout after its trainer ended, or after another executor of
-    its switch ended, is named and killed (at once when the kernel says it
-    is stopped); a job told to stop is stopped whole within --exec-timeout."""
+    killed, which makes it a process that died; an executor stopped as
+    long, or left running --exec-timeout after its trainer ended or after
+    another executor of its switch ended, is named and killed (at once when
+    the kernel says it is stopped); a job told to stop is stopped whole
+    within --exec-timeout."""
 
     def __init__(self, args, targs, d, vps):
         from vps.elastic import Agent
@@ -413,7 +414,7 @@ class Elastic:
         # its trainer or its switch's first executor to end
         self.silence = max(targs.timeout / 2, 3.0)
         self.exec_grace = float(args.exec_timeout)
-        self.beats, self.frozen, self.gone_at = {}, {}, {}
+        self.beats, self.frozen, self.gone_at, self.stopped_at = {}, {}, {}, {}
         self.attempt_end, self.stop_by, self.next_watch = None, None, 0.0
         self.argv = options.to_argv(targs, registry=self.tag + "-%r",
                                     sample_log=os.path.join(d, "samples.%r.txt"),
@@ -538,7 +539,11 @@ class Elastic:
             if p.poll() is not None:
                 continue
             gone = self.gone_at.get(r) if r not in self.trainers else None
-            if gone is not None and now - gone > self.exec_grace:
+            stopped = self.stopped_at.setdefault(p.pid, now) if proc_state(p.pid) == "stopped" else \
+                self.stopped_at.pop(p.pid, None)
+            if stopped is not None and now - stopped > self.silence:
+                self.kill(p, "executor %d (pid %d) stood stopped for %.0f s" % (r, p.pid, now - stopped))
+            elif gone is not None and now - gone > self.exec_grace:
                 self.kill(p, "executor %d (pid %d) still running %.0f s after its trainer, process %d, ended"
                           % (r, p.pid, now - gone, r))
             elif self.attempt_end is not None and proc_state(p.pid) == "stopped":
