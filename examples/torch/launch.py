@@ -131,7 +131,8 @@ def stop_all(procs, grace=10.0):
     signal before it returns); returns the names of those killed so."""
     procs = [p for p in procs if p.poll() is None]
     for p in procs:
-        p.send_signal(signal.SIGTERM)
+        # one stopped (SIGSTOP) would take SIGTERM only once continued
+        p.send_signal(signal.SIGKILL if proc_state(p.pid) == "stopped" else signal.SIGTERM)
     deadline = time.monotonic() + grace
     killed = []
     for p in procs:
@@ -381,13 +382,14 @@ class Elastic:
     for through --control FILE (a line each; SIGUSR1 reads it at once) go to
     the job as they come, once checked.
 
-    It is also the job's watchdog: every process beats (vps/alive/SLOT); one
-    silent for half the timeout is named, with what it was doing, and
-    killed, which makes it a process that died; an executor stopped as
-    long, or left running --exec-timeout after its trainer ended or after
-    another executor of its switch ended, is named and killed (at once when
-    the kernel says it is stopped); a job told to stop is stopped whole
-    within --exec-timeout."""
+    It is also the job's watchdog (T: the trainers' --timeout): every
+    process beats (vps/alive/SLOT); one silent for T/2 that the kernel says
+    is stopped, or silent for 1.5 T (stuck), is named, with what it was
+    doing, and killed, which makes it a process that died; an executor
+    stopped for T/2, or left running T/2 after its trainer ended or
+    --exec-timeout after another executor of its switch ended, is named and
+    killed (at once when stopped and another has ended); a job told to stop
+    is stopped whole T/2 later."""
 
     def __init__(self, args, targs, d, vps):
         from vps.elastic import Agent
@@ -520,6 +522,11 @@ class Elastic:
         now = time.monotonic()
         if now < self.next_watch:
             return
+        if self.next_watch and now - self.next_watch > 1.5:
+            # the launcher itself did not look (it waited on a process): that
+            # time is not the processes' silence
+            gap = now - self.next_watch
+            self.beats = {s: (n, t + gap, w) for s, (n, t, w) in self.beats.items()}
         self.next_watch = now + 0.5
         for slot, p in list(self.trainers.items()):
             if slot in self.frozen or p.poll() is not None:
@@ -531,9 +538,13 @@ class Elastic:
             if last is None or last[0] != beat[0]:
                 self.beats[slot] = (beat[0], now, beat[2])
                 continue
-            if now - last[1] > self.silence:
+            # stopped (the kernel says so), or stuck: a call that waits for peers
+            # holding the interpreter (gloo making a group) gives up within the
+            # timeout, so silence past 1.5 times it is no wait
+            silent = now - last[1]
+            if (silent > self.silence and proc_state(p.pid) == "stopped") or silent > 1.5 * self.targs.timeout:
                 self.frozen[slot] = "process %d (pid %d) gave no sign of life for %.0f s while %s" % (
-                    slot, p.pid, now - last[1], last[2] or "starting")
+                    slot, p.pid, silent, last[2] or "starting")
                 self.kill(p, self.frozen[slot])
         for r, p in list(self.execs.items()):
             if p.poll() is not None:
@@ -543,7 +554,7 @@ class Elastic:
                 self.stopped_at.pop(p.pid, None)
             if stopped is not None and now - stopped > self.silence:
                 self.kill(p, "executor %d (pid %d) stood stopped for %.0f s" % (r, p.pid, now - stopped))
-            elif gone is not None and now - gone > self.exec_grace:
+            elif gone is not None and now - gone > self.silence:
                 self.kill(p, "executor %d (pid %d) still running %.0f s after its trainer, process %d, ended"
                           % (r, p.pid, now - gone, r))
             elif self.attempt_end is not None and proc_state(p.pid) == "stopped":
@@ -555,8 +566,7 @@ class Elastic:
             self.stop_by = None
             left = ", ".join(sorted("process %d" % s for s in self.trainers) +
                              sorted("executor %d" % r for r in self.execs))
-            print("launch.py: the job was told to stop; still running %.0f s later: %s: stopped"
-                  % (self.exec_grace, left), flush=True)
+            say("the job was told to stop; still running %.0f s later: %s: stopped" % (self.silence, left))
             self.stop()
 
     # ---- switches ----
@@ -685,7 +695,7 @@ class Elastic:
                              "before it" % (k, sw["spec"], sw["at"], why))
         say("switch %d failed: %s; the job stops" % (k, why))
         self.stopping = self.crashed = True
-        self.stop_by = time.monotonic() + self.exec_grace
+        self.stop_by = time.monotonic() + self.silence
         self.sw = None
 
     def first_error(self, sw):
