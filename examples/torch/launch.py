@@ -748,6 +748,13 @@ class Elastic:
                     sw["abandoned"] = "%s before it joined" % what
                     self.agent.abandon(sw["k"], sw["abandoned"])
                     say("switch %d abandoned: %s" % (sw["k"], sw["abandoned"]))
+            elif sw and slot in sw["members"] and not self.beats.get(slot, (0, 0, ""))[2].startswith(
+                    ("in switch", "waiting for the launcher")):
+                # it died in a collective of the old world (a step, the vote on
+                # the switch): the others' cannot complete, nor the switch
+                doing = self.beats.get(slot, (0, 0, "starting"))[2]
+                self.agent.abandon(sw["k"], "%s while %s" % (what, doing))
+                self.fail(what if slot in self.frozen else "%s while %s" % (what, doing), slot)
             elif sw and slot in sw["members"]:
                 sw["dead"][slot] = rc  # the switch fails; end_attempt decides
             elif self.stopping:

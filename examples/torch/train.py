@@ -289,8 +289,7 @@ class Fault:
 
     def in_switch(self, k):
         if self.point in ("switch", "freeze") and k == self.k:
-            if self.point == "freeze":
-                time.sleep(0.5)  # as one stopped from outside: its heartbeat has said where it is
+            time.sleep(0.5)  # as one stopped or killed from outside: its heartbeat has said where it is
             sig = signal.SIGKILL if self.point == "switch" else signal.SIGSTOP
             self.point = None  # once: after SIGCONT it goes on
             os.kill(os.getpid(), sig)
