@@ -752,9 +752,11 @@ class Elastic:
                     ("in switch", "waiting for the launcher")):
                 # it died in a collective of the old world (a step, the vote on
                 # the switch): the others' cannot complete, nor the switch
-                doing = self.beats.get(slot, (0, 0, "starting"))[2]
-                self.agent.abandon(sw["k"], "%s while %s" % (what, doing))
-                self.fail(what if slot in self.frozen else "%s while %s" % (what, doing), slot)
+                if slot not in self.frozen:  # which says what it was doing
+                    what += " while " + self.beats.get(slot, (0, 0, "starting"))[2]
+                self.agent.abandon(sw["k"], what)
+                self.sw = None
+                self.fail(what, slot)
             elif sw and slot in sw["members"]:
                 sw["dead"][slot] = rc  # the switch fails; end_attempt decides
             elif self.stopping:
