@@ -743,26 +743,24 @@ class Elastic:
             if rc == 0:
                 continue
             what = self.frozen.get(slot) or "process %d exited with status %d" % (slot, rc)
-            if sw and slot in sw["joiners"]:
+            doing = self.beats.get(slot, (0, 0, "starting"))[2]
+            if sw and slot in sw["joiners"] and not doing.startswith("taking"):
                 if not sw["abandoned"]:
                     sw["abandoned"] = "%s before it joined" % what
                     self.agent.abandon(sw["k"], sw["abandoned"])
                     say("switch %d abandoned: %s" % (sw["k"], sw["abandoned"]))
-            elif sw and slot in sw["members"] and not self.beats.get(slot, (0, 0, ""))[2].startswith(
-                    ("in switch", "waiting for the launcher")):
-                # it died in a collective of the old world (a step, the vote on
-                # the switch): the others' cannot complete, nor the switch
-                if slot not in self.frozen:  # which says what it was doing
-                    what += " while " + self.beats.get(slot, (0, 0, "starting"))[2]
-                self.agent.abandon(sw["k"], what)
-                self.sw = None
-                self.fail(what, slot)
-            elif sw and slot in sw["members"]:
+            elif sw and slot in sw["members"] and doing.startswith(("in switch", "waiting for the launcher")):
                 sw["dead"][slot] = rc  # the switch fails; end_attempt decides
             elif self.stopping:
                 continue  # told to stop: they say why
             else:
-                self.fail(what if slot in self.frozen else "trainer %d exited with status %d" % (slot, rc), slot)
+                # it died in a collective of its world (a step, the vote on a
+                # switch, the first barrier of the new world): the others'
+                # cannot complete, nor a switch under way; the job stops whole
+                if sw:
+                    self.agent.abandon(sw["k"], what)
+                    self.sw = None
+                self.fail(what if slot in self.frozen else "%s while %s" % (what, doing), slot)
 
     def read_control(self):
         """The control file's bytes, read whole and as one version, or None

@@ -608,6 +608,7 @@ class Run:
                 # vps: the step and data position travel with the state
                 state, carried = vps.switch(self.reg, self.state, sw.lay, new_rank, self.tr,
                                             self.patience if grows else args.timeout)
+                self.doing = "taking the new world after switch %d" % sw.k
                 break
             except vps.Error as e:
                 if not grows:
@@ -701,6 +702,7 @@ class Run:
                 # vps: a joining device receives its whole state, and where training is
                 state, carried = vps.switch(self.reg, None, sw.lay, self.slot, None, self.patience,
                                             device=args.device)
+                self.doing = "taking the new world after switch %d" % k
                 break
             except vps.Error as e:
                 self.doing = "waiting for the launcher's word after attempt %d of switch %d" % (attempt, k)
