@@ -416,7 +416,7 @@ class Elastic:
         # its trainer or its switch's first executor to end
         self.silence = max(targs.timeout / 2, 3.0)
         self.exec_grace = float(args.exec_timeout)
-        self.beats, self.frozen, self.gone_at, self.stopped_at = {}, {}, {}, {}
+        self.beats, self.frozen, self.gone_at, self.stopped_at, self.killed = {}, {}, {}, {}, set()
         self.attempt_end, self.stop_by, self.next_watch = None, None, 0.0
         self.argv = options.to_argv(targs, registry=self.tag + "-%r",
                                     sample_log=os.path.join(d, "samples.%r.txt"),
@@ -513,6 +513,7 @@ class Elastic:
         state = proc_state(p.pid)
         what = what.replace("(pid %d)" % p.pid, "(pid %d%s)" % (p.pid, ", " + state if state else ""))
         say("%s: killed" % what)
+        self.killed.add(p.pid)
         if self.sw is not None:
             self.sw.setdefault("killed", []).append(what)
         p.kill()
@@ -547,13 +548,15 @@ class Elastic:
                     slot, p.pid, silent, last[2] or "starting")
                 self.kill(p, self.frozen[slot])
         for r, p in list(self.execs.items()):
-            if p.poll() is not None:
+            if p.poll() is not None or p.pid in self.killed:
                 continue
             gone = self.gone_at.get(r) if r not in self.trainers else None
-            stopped = self.stopped_at.setdefault(p.pid, now) if proc_state(p.pid) == "stopped" else \
-                self.stopped_at.pop(p.pid, None)
+            if proc_state(p.pid) == "stopped":
+                stopped = self.stopped_at.setdefault(p.pid, now)
+            else:
+                stopped = self.stopped_at.pop(p.pid, None) and None  # continued: it counts again from 0
             if stopped is not None and now - stopped > self.silence:
-                self.kill(p, "executor %d (pid %d) stood stopped for %.0f s" % (r, p.pid, now - stopped))
+                self.kill(p, "executor %d (pid %d) was stopped for %.0f s" % (r, p.pid, now - stopped))
             elif gone is not None and now - gone > self.silence:
                 self.kill(p, "executor %d (pid %d) still running %.0f s after its trainer, process %d, ended"
                           % (r, p.pid, now - gone, r))
