@@ -554,7 +554,8 @@ class Elastic:
             if proc_state(p.pid) == "stopped":
                 stopped = self.stopped_at.setdefault(p.pid, now)
             else:
-                stopped = self.stopped_at.pop(p.pid, None) and None  # continued: it counts again from 0
+                self.stopped_at.pop(p.pid, None)  # continued: it counts from 0 again
+                stopped = None
             if stopped is not None and now - stopped > self.silence:
                 self.kill(p, "executor %d (pid %d) was stopped for %.0f s" % (r, p.pid, now - stopped))
             elif gone is not None and now - gone > self.silence:
