@@ -52,6 +52,7 @@ struct vps_exec_opts {
 	/* > 0: a wait says it again every notice_every seconds (for a
 	 * terminal); 0: once */
 	double notice_every;
+	double wait_limit;      /* under wait: seconds the registry may take to appear (0: as long as it takes) */
 };
 
 /* Every field's default, vps-exec's: tcp, the local rank's GPU, the default
@@ -60,7 +61,7 @@ struct vps_exec_opts {
  * (every field in order: C++ has no designated initializers before C++20) */
 #define VPS_EXEC_OPTS_INIT                                                                            \
 	{ VPS_EXEC_OPTS_VERSION, VPS_EXEC_TCP, -1, NULL, 0, 0, NULL, 0, 60.0, 600.0, NULL, NULL, false, false, \
-	  NULL, NULL, NULL, NULL, NULL, 0.0 }
+	  NULL, NULL, NULL, NULL, NULL, 0.0, 0.0 }
 
 /* A job token: VPS_TOKEN_MIN to VPS_TOKEN_MAX characters. */
 #define VPS_TOKEN_MIN 16

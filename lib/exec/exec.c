@@ -1181,12 +1181,12 @@ static vps_result_t registry_name(const struct executor *ex, char *out, size_t n
 
 /* Wait for the trainer's registry: absent or half made (the trainer has not
  * started) or stale (a crashed run's, which the trainer replaces when it
- * starts); at most --timeout, or as long as it takes under --wait, but a
- * stale one at most --timeout. One that another executor holds is refused
- * at once. */
+ * starts); at most --timeout, or under --wait as long as it takes (at most
+ * its bound, --wait=S), but a stale one at most --timeout. One that another
+ * executor holds is refused at once. */
 static vps_result_t open_registry(const struct vps_exec_opts *o, const char *name, struct vps_registry **out)
 {
-	double t0 = now(), wait = o->wait ? -1 : o->timeout, notice_next = 0;
+	double t0 = now(), wait = !o->wait ? o->timeout : o->wait_limit > 0 ? o->wait_limit : -1, notice_next = 0;
 	char so_far[32];
 	for (;;) {
 		vps_result_t rc = vps_registry_open(out, name);
@@ -1199,6 +1199,10 @@ static vps_result_t open_registry(const struct vps_exec_opts *o, const char *nam
 				snprintf(stale, sizeof(stale), "%s", vps_last_error());
 				return vps_fail(rc, "%s, and no trainer replaced it within %.0f s", stale, waited);
 			}
+			if (o->wait)
+				return vps_fail(VPS_ETIMEOUT, "no trainer has created registry %s (/dev/shm/%s) within %g s "
+						"(--wait=%g): its trainer never started, or died first", name, name,
+						o->wait_limit, o->wait_limit);
 			return vps_fail(rc, "no trainer has created registry %s within %.0f s: is --registry the same for the "
 					"trainer and vps-exec?", name, waited);
 		}

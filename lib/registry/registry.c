@@ -889,6 +889,11 @@ vps_result_t vps_registry_request(struct vps_registry *r, uint64_t *seq)
 		return vps_fail(VPS_EPEER, "switch %" PRIu64 " failed: %.230s", s, r->h->failure);
 	}
 	r->h->failure[0] = '\0';
+	/* an executor killed before it closed left its word: the wait below
+	 * must not take this request for one that executor dropped */
+	uint64_t ex = atomic_load(&r->h->executor);
+	if (ex && !executor_alive(ex))
+		atomic_compare_exchange_strong(&r->h->executor, &ex, 0);
 	atomic_store(&r->h->seq, s);
 	atomic_store(&r->h->state, VPS_REG_REQUESTED);
 	*seq = s;
@@ -919,16 +924,21 @@ vps_result_t vps_registry_wait(struct vps_registry *r, uint64_t seq, double time
 					r->h->abort_message);
 		}
 		/* an executor that died mid-switch cannot say so: look for it, and
-		 * end its switch, so that the trainer may ask again */
+		 * end its switch, so that the trainer may ask again; so too one that
+		 * held the registry when it was requested and died before claiming
+		 * it (a launcher killed it frozen) */
 		uint64_t ex = atomic_load(&r->h->executor);
-		if (s == seq && st == VPS_REG_RUNNING && iter % 256 == 0 && (!ex || !executor_alive(ex))) {
+		bool looked_for = s == seq && iter % 256 == 0 &&
+				  (st == VPS_REG_RUNNING || (st == VPS_REG_REQUESTED && ex));
+		if (looked_for && (!ex || !executor_alive(ex))) {
 			char gone[64] = "its executor is gone";
 			if (ex)
 				snprintf(gone, sizeof(gone), "its executor (pid %d) is gone", executor_pid_of(ex));
-			uint32_t running = VPS_REG_RUNNING;
+			uint32_t running = st;
 			if (r->owner) {
 				snprintf(r->h->failure, sizeof(r->h->failure), "%s", gone);
-				atomic_compare_exchange_strong(&r->h->state, &running, VPS_REG_FAILED);
+				if (!atomic_compare_exchange_strong(&r->h->state, &running, VPS_REG_FAILED))
+					continue; /* claimed or ended meanwhile */
 			}
 			return vps_fail(VPS_EPEER, "switch %" PRIu64 " failed: %s", seq, gone);
 		}

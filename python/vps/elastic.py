@@ -42,6 +42,10 @@ about switches, under vps/ (vps(7), DEVICES JOIN AND LEAVE):
     vps/world/K/...               the process groups of world K
     vps/done                      rank 0: training ended (processes that
                                   hold nothing leave)
+    vps/alive/SLOT                every process of the job, every second:
+                                  "COUNT PID WHAT" (Heartbeat): the agent
+                                  names one whose count stops (frozen) and
+                                  says what it was doing
 
 Needs PyTorch: without it, importing it raises ModuleNotFoundError saying
 how to get it."""
@@ -273,6 +277,37 @@ class Build:
         return self.world
 
 
+class Heartbeat:
+    """A daemon thread that says every `period` seconds, on a connection of
+    its own to the job's store, that process `slot` lives and what it does
+    (doing(): a few words): vps/alive/SLOT = "COUNT PID WHAT". A process
+    that is stopped, or stuck in a call that holds the interpreter, stops
+    counting, and its agent sees it whatever the process waits on. It ends
+    when the store does (the agent gone)."""
+
+    def __init__(self, connect, slot, doing, period=1.0):
+        self.slot, self.doing, self.period = slot, doing, period
+        self._connect = connect
+        self._thread = threading.Thread(target=self._run, name="vps-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        try:
+            store = self._connect()
+            n, said, next_beat = 0, None, 0.0
+            while True:
+                # at once when what it does changes: a process that stops right
+                # after is named with what it was doing
+                doing = self.doing()
+                if doing != said or time.monotonic() >= next_beat:
+                    n += 1
+                    store.set("vps/alive/%d" % self.slot, "%d %d %s" % (n, os.getpid(), doing))
+                    said, next_beat = doing, time.monotonic() + self.period
+                time.sleep(0.05)
+        except Exception:  # the store is gone with its agent: nothing to tell
+            return
+
+
 class Job:
     """A trainer's end of the job store at host:port; rank 0 hosts it when no
     agent does. Worlds are made with world() (now) and build() / extend() (in
@@ -306,6 +341,11 @@ class Job:
         w = World(self.store, name, rank, size, self.backend, self.timeout, self.device, cancelled)
         w.prepare(groups, self.store)
         return w
+
+    def beat(self, slot, doing, period=1.0):
+        """Say every `period` seconds that process `slot` lives, and doing()
+        (a Heartbeat)."""
+        return Heartbeat(self.connect, slot, doing, period)
 
     def build(self, name, rank, size, groups=(), watch=None):
         """The same World made in the background: a Build."""
@@ -423,3 +463,12 @@ class Agent:
     def finished(self):
         """Whether the job said training ended."""
         return self.store.check(["vps/done"])
+
+    def alive(self, slot):
+        """Process `slot`'s last heartbeat: (count, pid, what it does), or
+        None before its first."""
+        key = "vps/alive/%d" % slot
+        if not self.store.check([key]):
+            return None
+        n, pid, what = (self.store.get(key).decode("utf-8", "replace").split(" ", 2) + ["", ""])[:3]
+        return int(n), int(pid), what
