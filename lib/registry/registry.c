@@ -189,11 +189,11 @@ static void buffer_shm_name(char *out, size_t n, const char *reg, uint64_t seria
 
 static vps_result_t map_object(const char *name, bool create, size_t size, void **base, size_t *len);
 static vps_result_t map_object_prot(const char *name, bool create, bool writable, size_t size, void **base,
-				    size_t *len);
+				    size_t *len, uint64_t *claimed);
 
 static vps_result_t map_object(const char *name, bool create, size_t size, void **base, size_t *len)
 {
-	return map_object_prot(name, create, true, size, base, len);
+	return map_object_prot(name, create, true, size, base, len, NULL);
 }
 
 vps_result_t vps_registry_check_object(int fd, const char *name)
@@ -305,8 +305,13 @@ static vps_result_t reserve(int fd, const char *name, size_t size)
 	return VPS_OK;
 }
 
+/* claimed (with create; may be NULL): a count of the objects made, raised
+ * as soon as the name is this process's (O_EXCL), before the object is
+ * sized and reserved, and lowered again when making it fails after that: a
+ * trainer stopped while it reserves a large buffer removes that one too
+ * (its clean-up removes the serials below the count, from another thread). */
 static vps_result_t map_object_prot(const char *name, bool create, bool writable, size_t size, void **base,
-				    size_t *len)
+				    size_t *len, uint64_t *claimed)
 {
 	char path[VPS_REGISTRY_NAME_MAX + 16];
 	shm_path(path, sizeof(path), name);
@@ -318,6 +323,8 @@ static vps_result_t map_object_prot(const char *name, bool create, bool writable
 		errno = err;
 		return rc;
 	}
+	if (create && claimed)
+		__atomic_add_fetch(claimed, 1, __ATOMIC_SEQ_CST);
 	if (create) {
 		vps_result_t rc = ftruncate(fd, (off_t)size) != 0
 					  ? vps_fail_errno("shared memory /dev/shm/%s: resize to %zu bytes", name, size)
@@ -325,6 +332,8 @@ static vps_result_t map_object_prot(const char *name, bool create, bool writable
 		if (rc) {
 			close(fd);
 			shm_unlink(path);
+			if (claimed)
+				__atomic_sub_fetch(claimed, 1, __ATOMIC_SEQ_CST);
 			errno = 0; /* not EEXIST: the caller retries only a name taken */
 			return rc;
 		}
@@ -688,11 +697,15 @@ vps_result_t vps_registry_alloc_host(struct vps_registry *r, enum vps_registry_r
 {
 	struct reg_entry *e;
 	VPS_CHECK(add_entry(r, role, buffer, state, dtype, elements, &e));
-	/* counted once made: the clean-up removes only serials below the count */
+	/* counted once this trainer owns the name, before its pages are
+	 * reserved: the clean-up removes only serials below the count, so a
+	 * foreign object of that name (EEXIST) is never counted, and one this
+	 * trainer is still reserving is */
 	buffer_shm_name(e->shm_name, sizeof(e->shm_name), r->name, r->h->next_object);
 	void *base;
 	size_t len;
-	vps_result_t rc = map_object(e->shm_name, true, e->bytes ? e->bytes : 1, &base, &len);
+	vps_result_t rc = map_object_prot(e->shm_name, true, true, e->bytes ? e->bytes : 1, &base, &len,
+					  &r->h->next_object);
 	if (rc && errno == EEXIST)
 		return vps_fail(VPS_EINPUT,
 				"registry %s: /dev/shm/%s exists and is not this registry's (another program's, or "
@@ -700,7 +713,6 @@ vps_result_t vps_registry_alloc_host(struct vps_registry *r, enum vps_registry_r
 				r->name, e->shm_name);
 	if (rc)
 		return rc;
-	r->h->next_object++;
 	if (remember(r, base, len, e->shm_name)) {
 		munmap(base, len);
 		return VPS_ENOMEM;
@@ -804,7 +816,7 @@ vps_result_t vps_registry_map(struct vps_registry *r, uint32_t i, bool writable,
 				r->name, i);
 	void *base;
 	size_t len;
-	VPS_CHECK(map_object_prot(e.shm_name, false, writable, 0, &base, &len));
+	VPS_CHECK(map_object_prot(e.shm_name, false, writable, 0, &base, &len, NULL));
 	if (e.offset > len || e.bytes > len - e.offset) { /* no wrap-around */
 		munmap(base, len);
 		return vps_fail(VPS_EINPUT, "registry %s: entry %u needs %" PRIu64 " bytes at offset %" PRIu64
