@@ -708,6 +708,9 @@ vps_result_t vps_dtensor_rank(const struct vps_layout *l, int64_t rank, struct v
 				bf->dtype = (uint8_t)vps_state_dtype(VPS_STATE_MODULE);
 				bf->chunk = (int32_t)k;
 				bf->elements = pm->elements = vps_box_volume(&full);
+				pm->ndim = full.ndim;
+				for (int j = 0; j < full.ndim; j++)
+					pm->shape[j] = full.hi[j] - full.lo[j];
 				size_t before = rs.n;
 				VPS_CHECK_GOTO(VPS_GROW(rs.v, rs.cap, rs.n + 1), rc, fail);
 				struct vps_region *r = &rs.v[rs.n++];
@@ -725,6 +728,9 @@ vps_result_t vps_dtensor_rank(const struct vps_layout *l, int64_t rank, struct v
 			}
 			local_shard(d, &ms, ti, fi, &sh);
 			pm->elements = shard_volume(d, &sh, true);
+			pm->ndim = d->ndim;
+			for (int j = 0; j < d->ndim; j++)
+				pm->shape[j] = sh.hi[j] - sh.lo[j];
 			for (int s = 0; s < NWEIGHT_STATES; s++) {
 				uint32_t b = (uint32_t)(s * n.weights + w);
 				struct vps_buffer *bf = &v->buffers[b];

@@ -395,10 +395,15 @@ class RankView:
             lname = name.value.decode()
             if p.output_copy:
                 gname = lname
+            if p.ndim:
+                # a DTensor layout: a parameter is named by its module path
+                # (w1 and w3 share linear_fc1's tensor), shaped as its shard
+                gname = lname
+                shape = tuple(p.shape[:p.ndim])
+            else:
+                shape = _local_shape(t, p.elements, par["etp"] if p.expert else par["tp"])
             self.params.append(Param(i, gname, lname, p.tensor, p.chunk, p.local_layer, p.local_expert, p.expert,
-                                     p.output_copy, p.offset, p.elements, p.bucket,
-                                     _local_shape(t, p.elements, par["etp"] if p.expert else par["tp"]),
-                                     t.module_buffer))
+                                     p.output_copy, p.offset, p.elements, p.bucket, shape, t.module_buffer))
         self.regions = []
         for i, r in enumerate(v.regions[:v.nregions]):
             nd = r.box.ndim
