@@ -159,7 +159,7 @@ def build(spec, pd, mesh, fill):
     built on the CPU, fill(model) setting every parameter (the full
     tensors, identical on every rank), split into pipeline stages by
     torchtitan's own rule (_generate_llm_fqn_per_model_part,
-    _pipeline_module_split), each part given its TP/EP placements and FSDP
+    _get_pp_rank_to_stage_indices_mapping, _split_module), each part given its TP/EP placements and FSDP
     by the model's parallelize function."""
     par = ParallelismConfig(spmd_backend="partial_dtensor", tensor_parallel_degree=mesh.get("tp", 1),
                             expert_parallel_degree=mesh.get("ep", 1), pipeline_parallel_degree=mesh.get("pp", 1),
@@ -174,9 +174,12 @@ def build(spec, pd, mesh, fill):
     if pd.pp_enabled:
         stages, layers, inw, outw = _tt_pp._get_pipeline_metadata(pd, par, spec.model)
         names = _tt_pp._generate_llm_fqn_per_model_part(stages, layers, inw, outw)
-        _, parts = _tt_pp._pipeline_module_split(model, pd.get_mesh("pp"), par.pipeline_parallel_schedule,
-                                                 torch.device("cpu"), names,
-                                                 get_mesh=_tt_pp._build_get_mesh_callback(pd))
+        # _pipeline_module_split's model chunks without its PipelineStage
+        # objects (their get_mesh argument is the nightly's)
+        pp_mesh = pd.get_mesh("pp")
+        mine = _tt_pp._get_pp_rank_to_stage_indices_mapping(pp_mesh.get_local_rank(), pp_mesh.size(),
+                                                            par.pipeline_parallel_schedule, len(names))
+        parts = [_tt_pp._split_module(model, names[s]) for s in mine]
     else:
         parts = [model]
     out = []
