@@ -511,6 +511,7 @@ vps_result_t vps_layout_new(struct vps_layout **out, const struct vps_model *m, 
 	if (l->p.family == VPS_FAMILY_DTENSOR) {
 		VPS_CHECK_GOTO(vps_dtensor_new(&l->dt, &l->m, &l->p, where), rc, fail);
 		l->expert_buffer = m->experts > 0;
+		l->experts_per_rank = m->experts ? m->experts / l->p.ep : 0;
 		*out = l;
 		return VPS_OK;
 	}

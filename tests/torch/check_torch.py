@@ -72,6 +72,8 @@ MATRIX = [
     ("qwen3-moe-e8", "dp_shard=4,ep=2"),
     # FSDP of 6 experts over 4: chunks of 2, 2, 2 and an empty one
     ("qwen3-moe-e6", "dp_shard=4"),
+    # context parallelism: FSDP2 shards over dp_shard x cp flattened
+    ("qwen3-tiny", "dp_shard=2,cp=2"),
 ]
 FULL = [
     # 8-rank worlds of the small model (8 ranks of llama3-debug need ~4 GB)
@@ -406,6 +408,9 @@ def main():
     ap.add_argument("--timeout", type=int, default=300, metavar="S", help="seconds a configuration may take")
     args = ap.parse_args()
     matrix = MATRIX + (FULL if args.full else [])
+    if args.k in titan.REFUSED:
+        print("check_torch.py: %s: not built on a CPU: %s" % (args.k, titan.REFUSED[args.k]), file=sys.stderr)
+        return 2
     if args.k:
         matrix = [c for c in matrix if args.k in c[0] or args.k in c[1]]
     if not matrix:
@@ -427,6 +432,8 @@ def main():
             print("%s %s: %d ranks, %d parameters, %d local elements, equal (%.1f s)" % (
                 model_name, mesh, world, sum(r[0] for r in results), sum(r[1] for r in results),
                 time.monotonic() - t0))
+    if args.v:
+        print("not built on a CPU: %s" % "; ".join("%s (%s)" % kv for kv in sorted(titan.REFUSED.items())))
     print("%d configurations, every rank equal to PyTorch's placements (torchtitan %s, torch %s; %.0f s)" % (
         len(matrix), titan.VERSION, torch.__version__.split("+")[0], time.monotonic() - start))
     return 0
