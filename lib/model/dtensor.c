@@ -616,8 +616,11 @@ static vps_result_t shard_regions(const struct dparam *d, const struct shard *s,
 
 /* ---- a rank's view ---- */
 
+/* every state of this family is fp32 (vps_state_dtype's, written here so
+ * that dtensor.c does not call layout.c) */
 static const int weight_states[] = {VPS_STATE_MAIN_PARAM, VPS_STATE_EXP_AVG, VPS_STATE_EXP_AVG_SQ};
 #define NWEIGHT_STATES 3
+#define FP32_BYTES 4
 
 bool vps_dtensor_has_state(const struct vps_layout *l, enum vps_state state)
 {
@@ -705,7 +708,7 @@ vps_result_t vps_dtensor_rank(const struct vps_layout *l, int64_t rank, struct v
 				struct vps_buffer *bf = &v->buffers[b];
 				bf->id = b;
 				bf->state = VPS_STATE_MODULE;
-				bf->dtype = (uint8_t)vps_state_dtype(VPS_STATE_MODULE);
+				bf->dtype = VPS_DTYPE_FP32;
 				bf->chunk = (int32_t)k;
 				bf->elements = pm->elements = vps_box_volume(&full);
 				pm->ndim = full.ndim;
@@ -736,7 +739,7 @@ vps_result_t vps_dtensor_rank(const struct vps_layout *l, int64_t rank, struct v
 				struct vps_buffer *bf = &v->buffers[b];
 				bf->id = b;
 				bf->state = (uint8_t)weight_states[s];
-				bf->dtype = (uint8_t)vps_state_dtype(weight_states[s]);
+				bf->dtype = VPS_DTYPE_FP32;
 				bf->chunk = (int32_t)k;
 				bf->expert = d->expert;
 				bf->sharded = ms.F > 1;
@@ -771,10 +774,11 @@ vps_result_t vps_dtensor_rank(const struct vps_layout *l, int64_t rank, struct v
 	}
 	return VPS_OK;
 fail:
-	free(rs.v);
-	v->regions = NULL;
-	v->nregions = 0;
-	vps_rank_view_release(v);
+	/* the caller releases what v holds */
+	v->regions = rs.v;
+	v->nregions = rs.n;
+	v->nbuffers = nbuf;
+	v->nparams = np;
 	return rc;
 }
 
@@ -1018,7 +1022,7 @@ vps_result_t vps_dtensor_stats(const struct vps_layout *l, struct vps_layout_sta
 				for (size_t i = 0; i < pt->n; i++) {
 					const struct dparam *d = &pt->p[i];
 					if (d->module_buffer) {
-						bytes += vps_box_volume(&d->part) * (int64_t)vps_dtype_size(vps_state_dtype(VPS_STATE_MODULE));
+						bytes += vps_box_volume(&d->part) * FP32_BYTES;
 						continue;
 					}
 					struct mesh ms;
@@ -1028,8 +1032,7 @@ vps_result_t vps_dtensor_stats(const struct vps_layout *l, struct vps_layout_sta
 					rank_slot(p, d, &c, &ti, &fi);
 					local_shard(d, &ms, ti, fi, &sh);
 					for (int st = 0; st < NWEIGHT_STATES; st++)
-						bytes += shard_volume(d, &sh, st == 0) *
-							 (int64_t)vps_dtype_size(vps_state_dtype(weight_states[st]));
+						bytes += shard_volume(d, &sh, st == 0) * FP32_BYTES;
 					padding += shard_volume(d, &sh, true) - shard_volume(d, &sh, false);
 				}
 			}

@@ -701,8 +701,12 @@ vps_result_t vps_layout_computed_rank(const struct vps_layout *l, int64_t rank, 
 	v->rank = rank;
 	v->device = vps_layout_device(l, rank);
 	vps_layout_coords(l, rank, &v->coords);
-	if (l->dt)
-		return vps_dtensor_rank(l, rank, v);
+	if (l->dt) {
+		rc = vps_dtensor_rank(l, rank, v);
+		if (rc)
+			vps_rank_view_release(v);
+		return rc;
+	}
 	const struct vps_coords *c = &v->coords;
 	for (int64_t ch = 0; ch < l->p.vpp; ch++) {
 		for (int g = 0; g < NGROUPS; g++) {
@@ -730,6 +734,7 @@ vps_result_t vps_layout_computed_rank(const struct vps_layout *l, int64_t rank, 
 				const struct tparam *tp = &tm->p[k];
 				VPS_CHECK_GOTO(VPS_GROW(v->params, cap_p, v->nparams + 1), rc, fail);
 				struct vps_param *pm = &v->params[v->nparams++];
+				memset(pm, 0, sizeof(*pm)); /* ndim 0: Megatron's local shape is the caller's */
 				pm->tensor = tparam_tensor(l, tp, c->ep);
 				pm->chunk = (int32_t)ch;
 				pm->local_layer = tp->local_layer;
