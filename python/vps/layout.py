@@ -66,7 +66,9 @@ class Buffer(namedtuple("Buffer", "id state dtype chunk expert sharded elements"
 class Param(namedtuple("Param", "index name local_name tensor chunk local_layer local_expert expert output_copy "
                                 "offset elements bucket shape module_buffer")):
     """A parameter as Megatron's model chunk holds it: name is the global name, local_name the name
-    inside its chunk (what named_parameters() gives), shape the local torch shape, offset and
+    inside its chunk (what named_parameters() gives; in a DTensor layout, family=dtensor, both are
+    torchtitan's name and chunk is the model part), shape the local torch shape (a DTensor layout's
+    local shard, without FSDP2's padding), offset and
     elements where it sits in its chunk's unsharded buffers (vocabulary padding included).
     With module_buffer it is a module's register_buffer (the router's expert_bias), held in
     the chunk's module_buffer buffer only. tensor is the logical tensor's id (Model.tensor_name)."""
