@@ -10,6 +10,7 @@
 #   make check-megatron  vps's layouts against Megatron-Core's own buffers, and a
 #                   Megatron-Core job switched by vps.megatron
 #   make check-hf   vps's Hugging Face imports against transformers' models
+#   make check-torch  vps's DTensor layouts against FSDP2/TP/PP/EP as torchtitan applies them
 #   make venv       the test environment build/venv (torch, megatron-core,
 #                   transformers: python/requirements-test.txt)
 #   make layers     libvps's rooms keep their layers, no cycles, only the API exported
@@ -109,7 +110,7 @@ ifeq ($(HAVE_NVCC),1)
 CUDA_ALL = $(CUDA_LIB)
 endif
 
-.PHONY: all check check-gpu gpu-debs check-megatron check-hf test unit cxx bats layers asan demo install uninstall clean \
+.PHONY: all check check-gpu gpu-debs check-megatron check-hf check-torch test unit cxx bats layers asan demo install uninstall clean \
 	deps python-deps venv distclean FORCE standin fault-bin python-lib \
 	fuzz fuzz-smoke fuzz-build fuzz-corpus fuzz-deps
 .DEFAULT_GOAL := all
@@ -290,7 +291,7 @@ bats: all standin fault-bin $(PY_STAMP) $(CHECK_DEPS_STAMP)
 # Not under a sanitizer: a Python process cannot load that build's libvps.so.
 check: $(CHECK_DEPS_STAMP) all unit bats
 ifeq ($(SANITIZE),)
-	@$(MAKE) --no-print-directory layers check-megatron check-hf
+	@$(MAKE) --no-print-directory layers check-megatron check-hf check-torch
 endif
 
 # Megatron-Core builds a matrix of configurations on the CPU, a process per
@@ -306,6 +307,14 @@ check-megatron: $(SHLIB_FILES) $(TOOL_BINS) $(PY_STAMP)
 # (python/vps/hf.py, tests/hf/check_hf.py)
 check-hf: $(SHLIB_FILES) $(PY_STAMP)
 	VPS_LIBRARY=$(abspath $(SHLIB)) $(PYTHON_ABS) tests/hf/check_hf.py
+
+# PyTorch's own parallelisms as torchtitan applies them (FSDP2, HSDP, TP,
+# PP, EP) build a matrix of configurations on the CPU, a process per rank
+# under gloo, and every rank's local shards of parameters and Adam's states
+# must be where vps's family=dtensor layouts put them (tests/torch/README.md;
+# CHECK_TORCH_FLAGS=--full for the fuller matrix)
+check-torch: $(SHLIB_FILES) $(PY_STAMP)
+	VPS_LIBRARY=$(abspath $(SHLIB)) $(PYTHON_ABS) tests/torch/check_torch.py $(CHECK_TORCH_FLAGS)
 
 # libvps's rooms keep their layers, with no cycles, and libvps.so exports
 # only what include/vps/ declares (scripts/layers.py, docs/architecture.md)

@@ -37,7 +37,7 @@ imports() { # PYTHON
 	warnings.simplefilter("ignore")
 	logging.disable(logging.WARNING)
 	missing = []
-	for m in ("torch", "megatron.core", "transformers", "safetensors", "numpy", "yaml", "PIL", "pytest"):
+	for m in ("torch", "megatron.core", "transformers", "safetensors", "numpy", "yaml", "PIL", "pytest", "torchtitan", "spmd_types", "tyro"):
 	    try:
 	        importlib.import_module(m)
 	    except Exception as e:  # an import error of any kind is a broken environment

@@ -67,7 +67,13 @@ struct vps_param {
 	bool expert;           /* lives in the expert buffer */
 	int64_t offset;        /* in the buffer of its (chunk, dense/expert) */
 	int64_t elements;      /* local elements, vocabulary padding included */
-	int32_t bucket;
+	int32_t bucket;        /* family dtensor: the parameter's index in its model part */
+	/* The local tensor's shape where the family gives it: a DTensor
+	 * layout's local shard (FSDP2's padding left out; each parameter is
+	 * then a buffer of its own, offset 0). ndim 0 in Megatron's, whose
+	 * local shape python/vps computes from the split. */
+	int32_t ndim;
+	int64_t shape[VPS_MAX_DIMS];
 };
 
 /* A rank's sub-VPS. */

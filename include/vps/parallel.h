@@ -13,6 +13,10 @@ extern "C" {
 /* bucket: Megatron-LM's size with overlap on: max(40,000,000, 1,000,000 * dp * cp) */
 #define VPS_BUCKET_AUTO (-1)
 
+/* family: whose rules lay the configuration out */
+#define VPS_FAMILY_MEGATRON 0 /* Megatron-Core: DDP buffers, the distributed optimizer */
+#define VPS_FAMILY_DTENSOR 1  /* PyTorch DTensor: FSDP2, HSDP, TP, PP and EP as torchtitan applies them */
+
 struct vps_parallel {
 	int64_t tp, pp, dp;
 	int64_t cp;      /* context parallel: splits the sequence, every CP rank holds the same parameters */
@@ -25,12 +29,23 @@ struct vps_parallel {
 	int64_t bucket;  /* VPS_BUCKET_NONE, VPS_BUCKET_AUTO or elements */
 	bool grad;       /* fp32 gradients are part of the state */
 	bool grouped_gemm; /* experts as TEGroupedMLP (--moe-grouped-gemm): linear_fc1.weight0..N-1 */
+	/* Family dtensor: FSDP2's data-parallel mesh, as torchtitan names it
+	 * (dp = dp_replicate * dp_shard; vpp is the pipeline stages a rank
+	 * holds; docs/layout.md, "PyTorch DTensor layouts"). 1 in Megatron's. */
+	int64_t family;       /* VPS_FAMILY_MEGATRON or VPS_FAMILY_DTENSOR */
+	int64_t dp_replicate; /* HSDP replicas */
+	int64_t dp_shard;     /* FSDP shards (fsdp= in a spec) */
 };
 
-/* Defaults: everything 1, zero 0, one bucket, no grads, sequential experts. */
+/* Defaults: everything 1, zero 0, one bucket, no grads, sequential experts,
+ * family megatron. */
 VPS_API void vps_parallel_init(struct vps_parallel *p);
+/* "megatron" or "dtensor" ("?" for another value). */
+VPS_API const char *vps_parallel_family_name(int64_t family);
 
-/* Parse "tp=4,pp=2,dp=2,zero=1" on top of *p. where, when not NULL,
+/* Parse "tp=4,pp=2,dp=2,zero=1" (or a DTensor mesh, "dp_shard=4,tp=2":
+ * a key of that family, dp_shard, fsdp, dp_replicate or family=dtensor,
+ * selects it) on top of *p. where, when not NULL,
  * prefixes messages (a file's line, or what the caller calls the value). */
 VPS_API vps_result_t vps_parallel_parse(struct vps_parallel *p, const char *spec, const char *where);
 

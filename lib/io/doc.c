@@ -10,7 +10,9 @@
  * fields of November 2026 (cp, grouped_gemm, the DeepSeek-V3 model keys;
  * a report's digest_seconds, requested_at, started_at, done_at, release_seconds,
  * opened_in_pause and connections); 3 for a plan's relay (and the staged
- * plan that holds one). */
+ * plan that holds one); then one more for a parallel map's family,
+ * dp_replicate and dp_shard: layouts, parallel configurations and
+ * transitions at 3, plans and staged plans at 4. */
 static const struct {
 	enum vps_doc_kind kind;
 	const char *name;
@@ -19,10 +21,10 @@ static const struct {
 	 * tool that makes one (NULL: written by hand) */
 	const char *noun, *made, *tool;
 } doc_kinds[] = {
-	{VPS_DOC_LAYOUT, "layout", 1, 2, "layout", "vps-layout --model MODEL --parallel SPEC -o FILE makes one",
+	{VPS_DOC_LAYOUT, "layout", 1, 3, "layout", "vps-layout --model MODEL --parallel SPEC -o FILE makes one",
 	 "vps-layout"},
-	{VPS_DOC_PLAN, "plan", 1, 3, "plan", "vps-plan A B -o FILE makes one, from layouts A and B", "vps-plan"},
-	{VPS_DOC_STAGED, "staged", 1, 3, "staged plan", "vps-plan A B | vps-stage --budget SIZE - -o FILE makes one",
+	{VPS_DOC_PLAN, "plan", 1, 4, "plan", "vps-plan A B -o FILE makes one, from layouts A and B", "vps-plan"},
+	{VPS_DOC_STAGED, "staged", 1, 4, "staged plan", "vps-plan A B | vps-stage --budget SIZE - -o FILE makes one",
 	 "vps-stage"},
 	{VPS_DOC_REPORT, "report", 1, 2, "report", "vps-exec --report FILE writes one", "vps-exec"},
 	{VPS_DOC_MODEL, "model", 1, 2, "model",
@@ -31,11 +33,11 @@ static const struct {
 	 NULL},
 	{VPS_DOC_TOPOLOGY, "topology", 1, 1, "topology",
 	 "configs/topologies holds them; vps-formats(5) TOPOLOGY DOCUMENTS says how to write one", NULL},
-	{VPS_DOC_PARALLEL, "parallel", 1, 2, "parallel configuration",
+	{VPS_DOC_PARALLEL, "parallel", 1, 3, "parallel configuration",
 	 "configs/parallel holds them; vps-formats(5) PARALLEL DOCUMENTS says how to write one", NULL},
 	{VPS_DOC_BUDGETS, "budgets", 1, 1, "budgets document", "vps-formats(5) BUDGETS DOCUMENTS says how to write one",
 	 NULL},
-	{VPS_DOC_TRANSITION, "transition", 1, 2, "transition",
+	{VPS_DOC_TRANSITION, "transition", 1, 3, "transition",
 	 "vps-plan --transition list names those of configs/transitions; vps-formats(5) TRANSITION DOCUMENTS says "
 	 "how to write one",
 	 NULL},

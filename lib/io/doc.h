@@ -76,6 +76,7 @@ vps_result_t vps_w_str(struct vps_writer *w, const char *key, const char *s);
  * feature read and print as they did before it existed. */
 vps_result_t vps_w_int_sparse(struct vps_writer *w, const char *key, int64_t v, int64_t def);
 vps_result_t vps_w_bool_sparse(struct vps_writer *w, const char *key, bool v, bool def);
+vps_result_t vps_w_str_sparse(struct vps_writer *w, const char *key, const char *s, const char *def);
 
 /* ---- reader ---- */
 struct vps_reader;
@@ -134,6 +135,7 @@ vps_result_t vps_r_str_opt(struct vps_reader *r, const char *key, const char **s
 vps_result_t vps_r_int_sparse(struct vps_reader *r, const char *key, int64_t *v, int64_t min, int64_t max,
 			      int64_t def);
 vps_result_t vps_r_bool_sparse(struct vps_reader *r, const char *key, bool *v, bool def);
+vps_result_t vps_r_str_sparse(struct vps_reader *r, const char *key, const char **s, const char *def);
 
 /* Fail with "NAME: line L: KEY: msg" pointing at the current or keyed node. */
 vps_result_t vps_r_error(struct vps_reader *r, const char *key, const char *fmt, ...)

@@ -827,6 +827,15 @@ vps_result_t vps_r_bool_sparse(struct vps_reader *r, const char *key, bool *v, b
 	return !rc && echo ? vps_w_bool_sparse(echo, key, *v, def) : rc;
 }
 
+vps_result_t vps_r_str_sparse(struct vps_reader *r, const char *key, const char **s, const char *def)
+{
+	struct vps_writer *echo = r->echo;
+	r->echo = NULL;
+	vps_result_t rc = vps_r_str_opt(r, key, s, def);
+	r->echo = echo;
+	return !rc && echo ? vps_w_str_sparse(echo, key, *s, def) : rc;
+}
+
 vps_result_t vps_r_str_opt(struct vps_reader *r, const char *key, const char **s, const char *def)
 {
 	if (!r->binary && !vps_r_has(r, key)) {

@@ -3,6 +3,7 @@
 
 #include "util/hash.h"
 #include "util/internal.h"
+#include "model/dtensor.h"
 #include "model/layout_int.h"
 
 static const char *state_names[VPS_NSTATES] = {"param", "main_param", "exp_avg", "exp_avg_sq", "grad", "module_buffer"};
@@ -71,10 +72,18 @@ int64_t vps_layout_rank_on(const struct vps_layout *l, struct vps_device dev)
 {
 	return vps_devices_find(&l->d, l->world, dev);
 }
-int vps_layout_nstates(const struct vps_layout *l) { return l->p.grad ? VPS_STATE_GRAD + 1 : VPS_STATE_GRAD; }
+int vps_layout_nstates(const struct vps_layout *l)
+{
+	/* a DTensor job's parameter (fp32, main_param) and Adam's moments */
+	if (l->dt)
+		return 3;
+	return l->p.grad ? VPS_STATE_GRAD + 1 : VPS_STATE_GRAD;
+}
 
 bool vps_layout_has_state(const struct vps_layout *l, enum vps_state state)
 {
+	if (l->dt)
+		return vps_dtensor_has_state(l, state);
 	if (state == VPS_STATE_MODULE)
 		return vps_model_module_buffers(&l->m) > 0;
 	/* the value may come from outside (the Python module passes ints) */
@@ -85,6 +94,8 @@ bool vps_layout_tensor_has_state(const struct vps_layout *l, const struct vps_te
 {
 	if (t->module_buffer)
 		return state == VPS_STATE_MODULE;
+	if (l->dt)
+		return state != VPS_STATE_MODULE && vps_dtensor_has_state(l, state);
 	/* the value may come from outside (the Python module passes ints) */
 	return (int)state >= 0 && (int)state < vps_layout_nstates(l);
 }
@@ -104,6 +115,8 @@ static int group_slot(int group, int state) { return group == GROUP_MODULE ? 0 :
 
 bool vps_layout_state_sharded(const struct vps_layout *l, enum vps_state state)
 {
+	if (l->dt)
+		return state != VPS_STATE_MODULE && vps_dtensor_has_state(l, state) && l->p.dp_shard * l->p.cp > 1;
 	return l->p.zero && (state == VPS_STATE_MAIN_PARAM || state == VPS_STATE_EXP_AVG ||
 			     state == VPS_STATE_EXP_AVG_SQ);
 }
@@ -115,6 +128,10 @@ bool vps_layout_state_sharded(const struct vps_layout *l, enum vps_state state)
 void vps_layout_coords(const struct vps_layout *l, int64_t r, struct vps_coords *c)
 {
 	const struct vps_parallel *p = &l->p;
+	if (l->dt) {
+		vps_dtensor_coords(p, r, c);
+		return;
+	}
 	c->tp = r % p->tp;
 	c->cp = (r / p->tp) % p->cp;
 	c->dp = (r / (p->tp * p->cp)) % p->dp;
@@ -491,6 +508,13 @@ vps_result_t vps_layout_new(struct vps_layout **out, const struct vps_model *m, 
 	l->edp = vps_parallel_edp(&l->p);
 	VPS_CHECK_GOTO(vps_devices_copy(&l->d, d), rc, fail);
 	VPS_CHECK_GOTO(vps_devices_validate(&l->d, l->world, where), rc, fail);
+	if (l->p.family == VPS_FAMILY_DTENSOR) {
+		VPS_CHECK_GOTO(vps_dtensor_new(&l->dt, &l->m, &l->p, where), rc, fail);
+		l->expert_buffer = m->experts > 0;
+		l->experts_per_rank = m->experts ? m->experts / l->p.ep : 0;
+		*out = l;
+		return VPS_OK;
+	}
 	l->expert_buffer = m->experts > 0 && (l->p.ep > 1 || l->p.etp != l->p.tp);
 	l->experts_per_rank = m->experts ? m->experts / l->p.ep : 0;
 	l->nexpert_kinds = m->bias ? 4 : 2;
@@ -534,6 +558,7 @@ void vps_layout_free(struct vps_layout *l)
 		vps_rank_view_release(&l->ex[i]);
 	free(l->ex);
 	free(l->exidx);
+	vps_dtensor_free(l->dt);
 	vps_devices_release(&l->d);
 	free(l);
 }
@@ -676,6 +701,12 @@ vps_result_t vps_layout_computed_rank(const struct vps_layout *l, int64_t rank, 
 	v->rank = rank;
 	v->device = vps_layout_device(l, rank);
 	vps_layout_coords(l, rank, &v->coords);
+	if (l->dt) {
+		rc = vps_dtensor_rank(l, rank, v);
+		if (rc)
+			vps_rank_view_release(v);
+		return rc;
+	}
 	const struct vps_coords *c = &v->coords;
 	for (int64_t ch = 0; ch < l->p.vpp; ch++) {
 		for (int g = 0; g < NGROUPS; g++) {
@@ -703,6 +734,7 @@ vps_result_t vps_layout_computed_rank(const struct vps_layout *l, int64_t rank, 
 				const struct tparam *tp = &tm->p[k];
 				VPS_CHECK_GOTO(VPS_GROW(v->params, cap_p, v->nparams + 1), rc, fail);
 				struct vps_param *pm = &v->params[v->nparams++];
+				memset(pm, 0, sizeof(*pm)); /* ndim 0: Megatron's local shape is the caller's */
 				pm->tensor = tparam_tensor(l, tp, c->ep);
 				pm->chunk = (int32_t)ch;
 				pm->local_layer = tp->local_layer;
@@ -883,6 +915,8 @@ static uint32_t buffer_index(const struct vps_layout *l, int64_t stage, int64_t 
 size_t vps_layout_param_name(const struct vps_layout *l, const struct vps_param *p, char *buf, size_t n)
 {
 	struct vps_tensor t;
+	if (l->dt)
+		return vps_dtensor_param_name(l, p, buf, n);
 	if (p->output_copy || vps_model_tensor(&l->m, p->tensor, &t))
 		return (size_t)snprintf(buf, n, "%s",
 					!p->output_copy		  ? "?"
@@ -907,6 +941,8 @@ int64_t vps_layout_buffer_elements(const struct vps_layout *l, int64_t rank, uin
 	const struct vps_rank_view *ex = find_explicit(l, rank);
 	if (ex)
 		return buffer < ex->nbuffers ? ex->buffers[buffer].elements : -1;
+	if (l->dt)
+		return vps_dtensor_buffer_elements(l, rank, buffer);
 	struct vps_coords c;
 	vps_layout_coords(l, rank, &c);
 	uint32_t idx = 0;
@@ -1054,7 +1090,7 @@ vps_result_t vps_layout_holders(const struct vps_layout *l, uint32_t tensor, enu
 					 .ep = t.expert >= 0 ? t.expert / l->experts_per_rank : 0,
 					 .dpcp = vps_parallel_dpcp(&l->p),
 					 .sharded = vps_layout_state_sharded(l, state)};
-		VPS_CHECK(rule_holders(l, &q, h));
+		VPS_CHECK(l->dt ? vps_dtensor_holders(l, &t, tensor, state, box, h) : rule_holders(l, &q, h));
 		if (l->nex)
 			VPS_CHECK(drop_explicit(l, h, from));
 	}
@@ -1169,6 +1205,10 @@ uint64_t vps_layout_hash(const struct vps_layout *l)
 	 * layout are refused, not misread */
 	if (p->bucket == VPS_BUCKET_AUTO && p->cp != 1)
 		h = vps_hash64("auto_dpcp", 9, h);
+	if (p->family == VPS_FAMILY_DTENSOR) {
+		int64_t dt[] = {p->family, p->dp_replicate, p->dp_shard};
+		h = vps_hash64(dt, sizeof(dt), h);
+	}
 	/* devices: by value, so that a listed map equal to a packed one hashes
 	 * the same */
 	if (l->d.packed && l->d.first_node == 0 && l->d.gpus_per_node == 8) {
@@ -1213,6 +1253,13 @@ vps_result_t vps_layout_stats(const struct vps_layout *l, struct vps_layout_stat
 	s->tensors = vps_model_num_tensors(&l->m);
 	s->world = l->world;
 	s->edp = l->edp;
+	if (l->dt) {
+		for (int st = 0; st < VPS_NSTATES; st++)
+			if (st != VPS_STATE_MODULE && vps_layout_has_state(l, st))
+				s->logical_bytes += s->parameters * (int64_t)vps_dtype_size(vps_state_dtype(st));
+		s->logical_bytes += vps_model_module_buffers(&l->m) * (int64_t)vps_dtype_size(vps_state_dtype(VPS_STATE_MODULE));
+		return vps_dtensor_stats(l, s);
+	}
 	for (int st = 0; st < vps_layout_nstates(l); st++)
 		s->logical_bytes += s->parameters * (int64_t)vps_dtype_size(vps_state_dtype(st));
 	s->logical_bytes += vps_model_module_buffers(&l->m) * (int64_t)vps_dtype_size(vps_state_dtype(VPS_STATE_MODULE));

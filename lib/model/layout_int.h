@@ -62,6 +62,7 @@ struct vps_layout {
 	size_t nexidx;
 	uint64_t hash;
 	bool hash_ready;
+	struct dtensor *dt; /* family dtensor's parameters (dtensor.c); NULL in Megatron's */
 };
 
 /* A contiguous part of a rank's local tensor: box in logical coordinates,

@@ -3,6 +3,7 @@
 
 #include "io/doc.h"
 #include "util/internal.h"
+#include "model/dtensor.h"
 #include "model/parallel_io.h"
 
 void vps_parallel_init(struct vps_parallel *p)
@@ -11,6 +12,25 @@ void vps_parallel_init(struct vps_parallel *p)
 	p->tp = p->pp = p->dp = p->cp = p->ep = p->vpp = 1;
 	p->etp = 0;
 	p->bucket = VPS_BUCKET_NONE;
+	p->family = VPS_FAMILY_MEGATRON;
+	p->dp_replicate = p->dp_shard = 1;
+}
+
+static const char *family_names[] = {"megatron", "dtensor"};
+
+const char *vps_parallel_family_name(int64_t family)
+{
+	return family == VPS_FAMILY_MEGATRON || family == VPS_FAMILY_DTENSOR ? family_names[family] : "?";
+}
+
+static vps_result_t family_parse(const char *s, int64_t *family)
+{
+	for (int64_t i = 0; i < 2; i++)
+		if (!strcmp(s, family_names[i])) {
+			*family = i;
+			return VPS_OK;
+		}
+	return VPS_EINPUT;
 }
 
 struct pkey {
@@ -26,9 +46,24 @@ static const struct pkey pkeys[] = {
 	PK(last, 0, 1 << 20),
 };
 
+/* The DTensor family's mesh: a key of its own selects the family */
+static const struct pkey dkeys[] = {
+	PK(dp_shard, 1, 1 << 24),
+	{"fsdp", offsetof(struct vps_parallel, dp_shard), 1, 1 << 24},
+	PK(dp_replicate, 1, 1 << 24),
+};
+
 static int64_t *pfield(struct vps_parallel *p, const struct pkey *k)
 {
 	return (int64_t *)((char *)p + k->off);
+}
+
+static const struct pkey *find_key(const struct pkey *keys, size_t n, const char *name)
+{
+	for (size_t i = 0; i < n; i++)
+		if (!strcmp(keys[i].name, name))
+			return &keys[i];
+	return NULL;
 }
 
 vps_result_t vps_parallel_parse(struct vps_parallel *p, const char *spec, const char *where)
@@ -65,14 +100,17 @@ vps_result_t vps_parallel_parse(struct vps_parallel *p, const char *spec, const 
 				return vps_fail(VPS_EINPUT, "%s%s%s=%s: expected 0 or 1", w, sep, item, val);
 			bool *flag = !strcmp(item, "grad") ? &p->grad : &p->grouped_gemm;
 			*flag = val[0] == '1';
+		} else if (!strcmp(item, "family")) {
+			if (family_parse(val, &p->family))
+				return vps_fail(VPS_EINPUT, "%s%sfamily=%s: expected megatron or dtensor", w, sep, val);
 		} else {
-			const struct pkey *k = NULL;
-			for (size_t i = 0; i < sizeof(pkeys) / sizeof(pkeys[0]); i++)
-				if (!strcmp(pkeys[i].name, item))
-					k = &pkeys[i];
+			const struct pkey *k = find_key(pkeys, sizeof(pkeys) / sizeof(pkeys[0]), item);
+			if (!k && (k = find_key(dkeys, sizeof(dkeys) / sizeof(dkeys[0]), item)))
+				p->family = VPS_FAMILY_DTENSOR;
 			if (!k)
 				return vps_fail(VPS_EINPUT,
-						"%s%sunknown key '%s' (tp, pp, dp, cp, ep, etp, vpp, zero, first, last, bucket, grad, grouped_gemm)",
+						"%s%sunknown key '%s' (tp, pp, dp, cp, ep, etp, vpp, zero, first, last, bucket, grad, "
+						"grouped_gemm; a DTensor mesh: dp_shard or fsdp, dp_replicate, family)",
 						w, sep, item);
 			long long v = strtoll(val, &end, 10);
 			if (!*val || *end || v < k->min || v > k->max)
@@ -110,6 +148,12 @@ vps_result_t vps_parallel_read(struct vps_reader *r, const char *key, struct vps
 	}
 	VPS_CHECK(vps_r_bool_opt(r, "grad", &p->grad, false));
 	VPS_CHECK(vps_r_bool_sparse(r, "grouped_gemm", &p->grouped_gemm, false));
+	const char *family;
+	VPS_CHECK(vps_r_str_sparse(r, "family", &family, "megatron"));
+	if (family_parse(family, &p->family))
+		return vps_r_error(r, "family", "expected megatron or dtensor, not '%s'", family);
+	VPS_CHECK(vps_r_int_sparse(r, "dp_replicate", &p->dp_replicate, dkeys[2].min, dkeys[2].max, 1));
+	VPS_CHECK(vps_r_int_sparse(r, "dp_shard", &p->dp_shard, dkeys[0].min, dkeys[0].max, 1));
 	if (key)
 		VPS_CHECK(vps_r_map_end(r));
 	return VPS_OK;
@@ -128,6 +172,9 @@ vps_result_t vps_parallel_write(struct vps_writer *w, const char *key, const str
 	VPS_CHECK(vps_w_str(w, "bucket", b));
 	VPS_CHECK(vps_w_bool(w, "grad", p->grad));
 	VPS_CHECK(vps_w_bool_sparse(w, "grouped_gemm", p->grouped_gemm, false));
+	VPS_CHECK(vps_w_str_sparse(w, "family", vps_parallel_family_name(p->family), "megatron"));
+	VPS_CHECK(vps_w_int_sparse(w, "dp_replicate", p->dp_replicate, 1));
+	VPS_CHECK(vps_w_int_sparse(w, "dp_shard", p->dp_shard, 1));
 	return vps_w_map_end(w);
 }
 
@@ -163,6 +210,10 @@ vps_result_t vps_parallel_load(struct vps_parallel *p, const char *arg, const ch
 
 void vps_parallel_format(const struct vps_parallel *p, char *buf, size_t n)
 {
+	if (p->family == VPS_FAMILY_DTENSOR) {
+		vps_dtensor_format(p, buf, n);
+		return;
+	}
 	/* cp only when set: the text of every configuration without CP stays */
 	char cp[32] = "";
 	if (p->cp != 1)
@@ -242,6 +293,12 @@ void vps_parallel_layer_place(const struct vps_parallel *p, const struct vps_mod
 vps_result_t vps_parallel_validate(struct vps_parallel *p, const struct vps_model *m, const char *where)
 {
 	int64_t g = m->query_groups;
+	if (p->family == VPS_FAMILY_DTENSOR)
+		return vps_dtensor_validate(p, m, where);
+	if (p->family != VPS_FAMILY_MEGATRON)
+		return vps_fail(VPS_EINPUT, "%s: unknown family %" PRId64, where, p->family);
+	if (p->dp_replicate != 1 || p->dp_shard != 1)
+		return vps_fail(VPS_EINPUT, "%s: dp_replicate and dp_shard are a DTensor mesh's (family=dtensor)", where);
 	if (!p->etp)
 		p->etp = p->tp;
 	/* every size is at least 1 (pkeys) but a struct may come from a caller;

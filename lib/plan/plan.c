@@ -1513,6 +1513,10 @@ vps_result_t vps_plan_compute(struct vps_plan **out, struct vps_layout *a, struc
 	const struct vps_model *ma = vps_layout_model(a), *mb = vps_layout_model(b);
 	if (vps_model_hash(ma) != vps_model_hash(mb))
 		return vps_fail(VPS_EINPUT, "the layouts are of different models (%s, %s)", ma->name, mb->name);
+	const struct vps_parallel *pa = vps_layout_parallel(a), *pb = vps_layout_parallel(b);
+	if (pa->family != pb->family)
+		return vps_fail(VPS_EINPUT, "the layouts are of different families (%s, %s): their jobs hold different "
+				"states", vps_parallel_family_name(pa->family), vps_parallel_family_name(pb->family));
 	if (vps_layout_nstates(a) != vps_layout_nstates(b))
 		return vps_fail(VPS_EINPUT, "grad=1 must be set in both layouts or in neither");
 	struct vps_plan *p = vps_calloc(1, sizeof(*p));

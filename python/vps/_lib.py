@@ -30,7 +30,8 @@ class Model(C.Structure):
 class Parallel(C.Structure):
     _fields_ = [(k, C.c_int64) for k in ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "zero", "first", "last",
                                          "bucket")] + \
-        [("grad", C.c_bool), ("grouped_gemm", C.c_bool)]
+        [("grad", C.c_bool), ("grouped_gemm", C.c_bool)] + \
+        [(k, C.c_int64) for k in ("family", "dp_replicate", "dp_shard")]
 
 
 class Device(C.Structure):
@@ -77,7 +78,8 @@ class Buffer(C.Structure):
 class Param(C.Structure):
     _fields_ = [("tensor", C.c_uint32), ("chunk", C.c_int32), ("local_layer", C.c_int32),
                 ("local_expert", C.c_int32), ("output_copy", C.c_bool), ("expert", C.c_bool),
-                ("offset", C.c_int64), ("elements", C.c_int64), ("bucket", C.c_int32)]
+                ("offset", C.c_int64), ("elements", C.c_int64), ("bucket", C.c_int32),
+                ("ndim", C.c_int32), ("shape", C.c_int64 * MAX_DIMS)]
 
 
 class RankView(C.Structure):

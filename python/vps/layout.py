@@ -66,7 +66,9 @@ class Buffer(namedtuple("Buffer", "id state dtype chunk expert sharded elements"
 class Param(namedtuple("Param", "index name local_name tensor chunk local_layer local_expert expert output_copy "
                                 "offset elements bucket shape module_buffer")):
     """A parameter as Megatron's model chunk holds it: name is the global name, local_name the name
-    inside its chunk (what named_parameters() gives), shape the local torch shape, offset and
+    inside its chunk (what named_parameters() gives; in a DTensor layout, family=dtensor, both are
+    torchtitan's name and chunk is the model part), shape the local torch shape (a DTensor layout's
+    local shard, without FSDP2's padding), offset and
     elements where it sits in its chunk's unsharded buffers (vocabulary padding included).
     With module_buffer it is a module's register_buffer (the router's expert_bias), held in
     the chunk's module_buffer buffer only. tensor is the logical tensor's id (Model.tensor_name)."""
@@ -395,10 +397,15 @@ class RankView:
             lname = name.value.decode()
             if p.output_copy:
                 gname = lname
+            if p.ndim:
+                # a DTensor layout: a parameter is named by its module path
+                # (w1 and w3 share linear_fc1's tensor), shaped as its shard
+                gname = lname
+                shape = tuple(p.shape[:p.ndim])
+            else:
+                shape = _local_shape(t, p.elements, par["etp"] if p.expert else par["tp"])
             self.params.append(Param(i, gname, lname, p.tensor, p.chunk, p.local_layer, p.local_expert, p.expert,
-                                     p.output_copy, p.offset, p.elements, p.bucket,
-                                     _local_shape(t, p.elements, par["etp"] if p.expert else par["tp"]),
-                                     t.module_buffer))
+                                     p.output_copy, p.offset, p.elements, p.bucket, shape, t.module_buffer))
         self.regions = []
         for i, r in enumerate(v.regions[:v.nregions]):
             nd = r.box.ndim

@@ -39,12 +39,12 @@ load helpers
 	cp good.bin future.bin
 	printf '\x09' | dd of=future.bin bs=1 seek=6 conv=notrunc 2>/dev/null
 	expect_status 2 vps-verify future.bin
-	[[ "$output" == *"future.bin: binary layout version 9 is newer than this build reads (2)"* ]]
+	[[ "$output" == *"future.bin: binary layout version 9 is newer than this build reads (3)"* ]]
 	# version 1 lacked cp and grouped_gemm: refused by name, not misread
 	cp good.bin old.bin
 	printf '\x01' | dd of=old.bin bs=1 seek=6 conv=notrunc 2>/dev/null
 	expect_status 2 vps-layout -i old.bin
-	[ "$output" = "vps-layout: old.bin: binary layout version 1 was written by an older vps (this build reads version 2): have that vps write it as YAML (--yaml), which this one reads" ]
+	[ "$output" = "vps-layout: old.bin: binary layout version 1 was written by an older vps (this build reads version 3): have that vps write it as YAML (--yaml), which this one reads" ]
 	printf 'garbage\0\1' > junk.bin
 	expect_status 2 vps-layout -i junk.bin
 	[[ "$output" == *"junk.bin: wrong magic"* ]]
