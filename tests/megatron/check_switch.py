@@ -1,35 +1,51 @@
-"""A Megatron-Core job switched by vps (make check-megatron).
+"""Megatron-Core jobs switched by vps (make check-megatron).
 
-megatron-core trains a small GPT (models/micro-gpt.yaml: learned positions,
-LayerNorm, biases, tied embeddings) on the CPU, a forked process per rank
+megatron-core trains two small models on the CPU, a forked process per rank
 over gloo, as Megatron-LM's training loop does: Megatron's GPTModel in
 Float16Module and DistributedDataParallel, get_megatron_optimizer's
 DistributedOptimizer over AdamW, the OptimizerParamScheduler, and the
 forward-backward schedule of the configuration (pipelined with PP), with the
-CPU shims of mcore.py. vps.megatron makes the job switchable; one vps-exec
+CPU shims of mcore.py. vps.megatron makes each job switchable; one vps-exec
 per rank, started beside the ranks, moves the state through the switches
 
+    micro-gpt (learned positions, LayerNorm, biases, tied embeddings):
     tp=2,dp=2,zero=1 -> dp=4,zero=1 -> tp=2,dp=2,zero=1 -> tp=2,pp=2,zero=1
         -> pp=2,vpp=2,dp=2,zero=1 -> tp=2,dp=2,zero=1
+    micro-moe (DeepSeek-V3's shape: routed experts with the routers' expert
+    bias, a shared expert, SwiGLU, rotary positions):
+    ep=2,dp=4,zero=1 -> tp=2,ep=2,dp=2,zero=1 -> ep=4,dp=4,zero=1
+        -> pp=2,ep=2,dp=2,zero=1 -> ep=2,dp=4,zero=1
 
-(TP 2 -> 1 -> 2 -> 2 -> 1 -> 2, DP and its ZeRO-1 shards 2 -> 4 -> 2 -> 1
--> 2 -> 2, PP 1 -> 1 -> 1 -> 2 -> 2 -> 1, two virtual chunks a stage), each
-between two steps, every --every steps. Before and after each switch every
-rank's whole state is gathered in Megatron's model space (shards()): the
-model's own sharded state dict, and the optimizer's pieces through its own
-accessors (bf16 parameters, fp32 main parameters, exp_avg, exp_avg_sq,
-Adam's step), and the two must be equal bit for bit, replicas (the tied
-embeddings' copy on the last stage) included; the iteration, consumed
-samples and scheduler position must come across. A static run stays in the
-first configuration on the same batches: up to the first switch the two
-runs' losses must be equal bit for bit (vps's buffers under Megatron's
-tensors change nothing), and after it within 1e-3 (relative) of each other
-at every step, the bound of scripts/convergence.sh.
+(TP, DP and its ZeRO-1 shards, PP, virtual chunks, EP and the expert TP
+and DP all change), each between two steps, every --every steps. Each next
+configuration is made ready while the job trains (Job.prepare, as soon as
+the switch before is done), so that the switch's pause holds the transfer
+and the hand-over. Before and after each switch every rank's whole state is
+gathered in Megatron's model space (shards()): the model's own sharded
+state dict (the expert bias among it, which Megatron updates every step),
+and the optimizer's pieces through its own accessors (bf16 parameters, fp32
+main parameters, exp_avg, exp_avg_sq, Adam's step), and the two must be
+equal bit for bit, replicas (the tied embeddings' copy on the last stage)
+included; the iteration, consumed samples and scheduler position must come
+across; every rank's Megatron groups must hold the ranks the layout gives
+it, and the model reduce over the installed ones; the groups cache (three
+configurations kept here) must make, reuse and evict what its policy says.
+A static run stays in the first configuration on the same batches: up to
+the first switch the two runs' losses must be equal bit for bit (vps's
+buffers under Megatron's tensors change nothing), and after it within 1e-3
+(relative) of each other at every step, the bound of scripts/convergence.sh.
 
-    check_switch.py [-v] [--steps N] [--every K] [--keep DIR]
+Each switch's pause (from the last rank calling Job.switch to the last
+returning) is broken down from the Job's clocks and the executors' reports
+(breakdown()); the summary line ends with `pause at most R x the transfer`,
+R the largest over the switches of the pause over the slowest rank's
+vps-exec pause (scripts/bench/megatron_pause.sh tabulates them).
 
-Prints a line per switch with -v, then one summary line; exit 1 naming what
-differs, 2 on bad arguments.
+    check_switch.py [-v] [--steps N] [--every K] [--model NAME]... [--keep DIR]
+                    [--no-prepare] [--pauses FILE]
+
+Prints a line per switch and step with -v, then one summary line; exit 1
+naming what differs, 2 on bad arguments.
 """
 import argparse
 import json
@@ -367,7 +383,7 @@ def check_groups(layout, rank, model):
                                % (rank, layout.describe()))
 
 
-def rank_main(rank, job_run, steps, every, registry, switching):
+def rank_main(rank, job_run, steps, every, registry, switching, ahead=True):
     """One rank of the run: its losses, its Job's clocks of each switch, the
     groups cache's counts, and (rank 0, switching) a line of figures per
     switch."""
@@ -384,22 +400,23 @@ def rank_main(rank, job_run, steps, every, registry, switching):
     if switching:
         # vps: the registry vps-exec finds this rank's buffers through
         reg = vps.Registry(registry % rank, layout, rank)
-        # vps: Megatron's parameters, main parameters and moments become views of vps's buffers
+        # vps: Megatron's parameters, main parameters, moments and expert bias become views of vps's buffers
         job = vps.megatron.Job(reg, layout, rank, model, optimizer)
     iteration = consumed = 0
     losses, switches, clocks = [], [], []
     try:
         while iteration < steps:
-            if switching and len(switches) < nswitches and job.prepared is None:
+            if switching and ahead and len(switches) < nswitches and job.prepared is None:
                 # vps: the next configuration, made ready while the job trains
                 job.prepare(layouts[len(switches) + 1], rank, build)
             if switching and iteration and iteration % every == 0 and len(switches) < nswitches:
                 before = gather(model, optimizer)
                 new_layout = layouts[len(switches) + 1]
                 # vps: between two steps, the state moves to the new layout; the model and optimizer are prepare's
+                # (build's, made in the pause, for a configuration not prepared)
                 model, optimizer, carried = job.switch(new_layout, rank, vps.Training(
                     step=iteration, consumed_samples=consumed, scheduler_step=scheduler.num_steps,
-                    global_batch=GLOBAL_BATCH, micro_batch=MICRO_BATCH))
+                    global_batch=GLOBAL_BATCH, micro_batch=MICRO_BATCH), build)
                 # vps: the schedule goes on where it was; the data loader, at carried.consumed_samples
                 scheduler = make_scheduler(optimizer, steps, carried.scheduler_step)
                 clocks.append(job.clocks)
@@ -517,6 +534,9 @@ def main():
     a.add_argument("--timeout", type=float, default=600)
     a.add_argument("--model", action="append", choices=[r.name for r in RUNS],
                    help="train this job only (repeatable; by default every one)")
+    a.add_argument("--no-prepare", action="store_true",
+                   help="no Job.prepare: each switch builds the next configuration in its pause")
+    a.add_argument("--pauses", help="write each switch's pause and its parts to this file (JSON)")
     args = a.parse_args()
     if args.steps < 1 or args.every < 1:
         a.error("--steps and --every must be at least 1")
@@ -550,15 +570,19 @@ def check(args, tmp, registry):
             sys.exit("check_switch.py: a Job given %s said: %s; expected %s: %s..." % (what, line, code, text))
         if args.verbose:
             print("refused: %s" % line)
-    lines, worst_ratio = [], 0.0
+    lines, worst_ratio, every_pause = [], 0.0, {}
     for job_run in RUNS:
         if args.model and job_run.name not in args.model:
             continue
         sub = os.path.join(tmp, job_run.name)
         os.makedirs(sub, exist_ok=True)
-        line, ratio = switched(args, job_run, sub, registry)
+        line, pauses = switched(args, job_run, sub, registry)
         lines.append(line)
-        worst_ratio = max(worst_ratio, ratio)
+        every_pause[job_run.name] = pauses
+        worst_ratio = max([worst_ratio] + [p["pause"] / p["transfer"] for p in pauses])
+    if args.pauses:
+        with open(args.pauses, "w") as f:
+            json.dump(every_pause, f, indent=1)
     print("%s (%.0f s); pause at most %.2f x the transfer" % ("; ".join(lines), time.monotonic() - t0, worst_ratio))
 
 
@@ -575,7 +599,8 @@ def switched(args, job_run, tmp, registry):
         return None
     try:
         try:
-            results = mcore.run_ranks(WORLD, lambda r: rank_main(r, job_run, args.steps, args.every, registry, True),
+            results = mcore.run_ranks(WORLD, lambda r: rank_main(r, job_run, args.steps, args.every, registry, True,
+                                                                 not args.no_prepare),
                                       timeout=args.timeout, watch=executor_failed)
         except RuntimeError as e:
             sys.exit("check_switch.py: %s: %s" % (job_run.name, e))
@@ -606,6 +631,8 @@ def switched(args, job_run, tmp, registry):
         sys.exit("check_switch.py: %s: the groups cache made, reused and evicted %s configurations and holds %d; "
                  "expected %s, at most %d" % (job_run.name, counts, held, want, CACHED))
     pauses = breakdown(tmp, [r[2] for r in results], nplans)
+    for k, p in enumerate(pauses):
+        p["from"], p["to"] = job_run.configs[k], job_run.configs[k + 1]
     static = mcore.run_ranks(WORLD, lambda r: rank_main(r, job_run, args.steps, args.every, registry, False),
                              timeout=args.timeout)
     bad = [r for r in static if isinstance(r, mcore.RankError)]
@@ -632,12 +659,11 @@ def switched(args, job_run, tmp, registry):
                      % (job_run.name, step, x, y, rel, MAX_REL))
         if args.verbose:
             print("%s step %d: loss %.9f, static %.9f" % (job_run.name, step, x, y))
-    ratio = max([p["pause"] / p["transfer"] for p in pauses] or [0])
     line = ("%s on %d ranks: %d switches through vps-exec (%s), the whole state equal bit for bit across each; "
             "loss within %g of the static run's at every step (largest %.1e, step %d)"
             % (job_run.name, WORLD, len(switches), " -> ".join(job_run.configs[:len(switches) + 1]), MAX_REL, worst,
                worst_at))
-    return line, ratio
+    return line, pauses
 
 
 # how many configurations' groups the ranks keep: fewer than a run visits, so that one is evicted and,
@@ -704,7 +730,7 @@ def breakdown(tmp, clocks, nplans):
              "transfer": max(e["pause_seconds"] for e in ex),
              "stages": max(e["transfer_seconds"] for e in ex),
              "wake": max(c["done"] for c in jc) - max(e["done_at"] for e in ex),
-             "free": max(c["switched"] - c["done"] for c in jc),
+             "registry": max(c["switched"] - c["done"] for c in jc),
              "skew": called - min(c["called"] for c in jc)}
         for part in ("groups", "build", "attach"):
             p[part] = max(c[part] for c in jc)
@@ -716,10 +742,10 @@ def breakdown(tmp, clocks, nplans):
 
 def describe(p):
     ms = lambda x: "%.1f" % (x * 1e3)  # noqa: E731
-    line = "%s ms = %.2f x the transfer (arrival %s, transfer %s [stages %s], wake %s, free %s, groups %s, build %s, " \
-        "attach %s; ranks called within %s)" % (ms(p["pause"]), p["pause"] / p["transfer"], ms(p["arrival"]),
-                                                ms(p["transfer"]), ms(p["stages"]), ms(p["wake"]), ms(p["free"]),
-                                                ms(p["groups"]), ms(p["build"]), ms(p["attach"]), ms(p["skew"]))
+    line = "%s ms = %.2f x the transfer (arrival %s, transfer %s [stages %s], wake %s, registry %s, groups %s, " \
+        "build %s, attach %s; ranks called within %s)" % (
+            ms(p["pause"]), p["pause"] / p["transfer"], ms(p["arrival"]), ms(p["transfer"]), ms(p["stages"]),
+            ms(p["wake"]), ms(p["registry"]), ms(p["groups"]), ms(p["build"]), ms(p["attach"]), ms(p["skew"]))
     if p["ahead"]:
         line += "; ahead %s ms (target %s, groups %s, build %s, attach %s)" % (
             ms(sum(p["ahead"].values())), ms(p["ahead"]["target"]), ms(p["ahead"]["groups"]),
