@@ -92,8 +92,9 @@ by the tests here), bf16 parameters with fp32 main parameters, dense and
 expert buffers, the routers' expert_bias, any number of model chunks
 (VPP). Not supported, and refused with vps.Error: Megatron's
 Float16Optimizer (zero=0), the precision-aware optimizer (moments and
-master weights kept by TransformerEngine's FusedAdam), parameters of other
-dtypes, layouts that move gradients (grad=1).
+master weights kept by TransformerEngine's FusedAdam), optimizer state
+offloaded to the host (optimizer_cpu_offload), parameters of other dtypes,
+layouts that move gradients (grad=1).
 
 Needs PyTorch (and Megatron-Core for the job itself): without torch,
 importing it raises ModuleNotFoundError saying how to get it."""
@@ -547,6 +548,10 @@ def distributed_optimizers(optimizer) -> list:
         if o.config.use_precision_aware_optimizer:
             raise Unsupported("the precision-aware optimizer keeps its moments and master "
                               "weights inside TransformerEngine's FusedAdam, where vps cannot point them")
+        if getattr(o.config, "optimizer_cpu_offload", False):
+            raise Unsupported("optimizer_cpu_offload: the HybridDeviceOptimizer keeps its own host copies of the "
+                              "main parameters and their moments, which vps.megatron does not point into vps's "
+                              "buffers yet (vps-exec moves host and GPU memory in one switch over ipc)")
     return [o for o in opts if not o.is_stub_optimizer]
 
 

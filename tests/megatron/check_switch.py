@@ -476,6 +476,14 @@ def refusals(rank, registry):
         except vps.Error as e:
             out.append("step 5: %s: %s" % (e.name, e))
         job.close()
+        # Megatron's HybridDeviceOptimizer needs CUDA to be built: the flag it is built under, on this one
+        for o in vps.megatron.distributed_optimizers(optimizer):
+            o.config.optimizer_cpu_offload = True
+        try:
+            vps.megatron.Job(reg, lay, 0, model, optimizer)
+            out.append("offload: accepted")
+        except vps.Error as e:
+            out.append("offload: %s: %s" % (e.name, e))
     finally:
         reg.close()
     return out
@@ -487,6 +495,7 @@ REFUSALS = [
      "the layout's 220672"),
     ("zero=0", "VPS_EUNSUPPORTED", "rank 0 chunk 0 dense buffer: the layout's main_param is whole (zero=0)"),
     ("step 5", "VPS_EINPUT", "training.step is 5, the optimizer has taken 0 steps"),
+    ("offload", "VPS_EUNSUPPORTED", "optimizer_cpu_offload: the HybridDeviceOptimizer keeps its own host copies"),
 ]
 
 
