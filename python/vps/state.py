@@ -11,6 +11,7 @@ ModuleNotFoundError saying how to get it."""
 from __future__ import annotations
 
 import ctypes as C
+import time
 from typing import Callable, Dict, Iterable, Iterator, Mapping, Optional, Tuple, Union
 
 from ._lib import import_torch
@@ -305,13 +306,26 @@ def assemble(model: Model, pieces: Iterable[Tuple[Region, torch.Tensor]],
 
 def switch(registry: Registry, state: Optional[State], layout: Layout, rank: int, *,
            training: Optional[Training] = None, timeout: float = 600.0,
-           device: Union[str, torch.device, None] = None) -> Tuple[Optional[State], Optional[Training]]:
+           device: Union[str, torch.device, None] = None,
+           target: Optional[State] = None, clocks: Optional[dict] = None,
+           free: bool = True) -> Tuple[Optional[State], Optional[Training]]:
     """Move the rank's state to `rank` of `layout` (-1: this device leaves;
     state None: this device joins and holds nothing yet): allocate the new
     buffers (on `device`, by default the state's, else the host), hand the
     training scalars over, request the switch and wait up to `timeout`
     seconds for vps-exec. Returns (new State or None, Training carried from
     source rank 0).
+
+    target is the new State made ahead, while the job trained:
+    State.allocate(registry, layout, rank, vps.TARGET) and
+    registry.set_target(layout, rank), so that vps-exec maps its buffers
+    before the request and the pause allocates nothing; it is what switch
+    returns, or frees when the switch fails. clocks, a dict, is given the
+    wall clocks (time.time()) of the request (requested), the end of the
+    wait (done) and of the old buffers' release (freed), to set beside
+    vps-exec's report. With free=False the State before is not freed: the
+    caller frees it (State.free) when the pause is over; the registry no
+    longer holds its buffers.
 
     When the executors fail the switch (vps.PeerFailed with their message),
     the registry runs the old state again, whose buffers they never write,
@@ -324,21 +338,32 @@ def switch(registry: Registry, state: Optional[State], layout: Layout, rank: int
     registry._handle()
     if state is not None:
         state._live()
+    if target is not None:
+        target._live()
+        if target._registry is not registry or (target._hash, target.rank) != (layout.hash, rank) or rank < 0:
+            raise InvalidInput("the target given is %r, of %s; the switch goes to rank %d of %s" % (
+                target, target._registry, rank, layout.describe()))
     if registry.state()[0] == FAILED:
         # a switch a former call left under way (its wait timed out) failed
         # since: forget its targets and declare the sources again
         registry.reset(state.layout if state else None, state.rank if state else -1)
         if state:
             state.register(registry, SOURCE)
+        if target is not None:
+            target.register(registry, TARGET)
     if training is not None:
         registry.training = training
     dev = device or (state.device if state else "cpu")
-    new = State.allocate(registry, layout, rank, TARGET, dev) if rank >= 0 else None
+    new = target if target is not None else State.allocate(registry, layout, rank, TARGET, dev) if rank >= 0 else None
     seq = None
     try:
         registry.set_target(layout, rank)
+        if clocks is not None:
+            clocks["requested"] = time.time()
         seq = registry.request()
         registry.wait(seq, timeout)
+        if clocks is not None:
+            clocks["done"] = time.time()
     except Error as e:
         e.seq = seq
         if registry.state()[0] in (REQUESTED, RUNNING):
@@ -351,8 +376,10 @@ def switch(registry: Registry, state: Optional[State], layout: Layout, rank: int
         raise
     carried = registry.training
     registry.reset(layout if new else None, rank)
-    if state:
+    if state and free:
         state.free()
+    if clocks is not None:
+        clocks["freed"] = time.time()
     if new:
         new.register(registry, SOURCE)
     return new, carried

@@ -70,8 +70,9 @@ setup() {
 @test "check_switch.py: an executor that dies stops the run, which says so and leaves nothing in /dev/shm" {
 	ls /dev/shm | grep '^vps-mcore-' > before || true
 	# the tools of the fault tests (helpers.bash): the executors inject VPS_FAULT
-	VPS_BIN=$VPS_FAULT_BIN VPS_FAULT=exit:0 expect_status 1 "$PY" "$TOP/tests/megatron/check_switch.py" --steps 5 --every 3
-	[[ "$output" == *"check_switch.py: vps-exec rank "*" exited with status 3"* ]]
+	VPS_BIN=$VPS_FAULT_BIN VPS_FAULT=exit:0 expect_status 1 "$PY" "$TOP/tests/megatron/check_switch.py" --steps 5 --every 3 \
+		--model micro-gpt
+	[[ "$output" == *"check_switch.py: micro-gpt: vps-exec rank "*" exited with status 3"* ]]
 	run shm_left vps-mcore before
 	echo "left: $output"
 	[ -z "$output" ]
@@ -81,4 +82,5 @@ setup() {
 	expect_status 2 "$PY" "$TOP/tests/megatron/check_switch.py" --steps 0
 	[[ "$output" == *"--steps and --every must be at least 1"* ]]
 	expect_status 2 "$PY" "$TOP/tests/megatron/check_switch.py" --no-such-option
+	expect_status 2 "$PY" "$TOP/tests/megatron/check_switch.py" --model no-such-job
 }

@@ -81,6 +81,9 @@ class LayerNormColumnParallelLinear(ColumnParallelLinear):
         self.layer_norm_weight = torch.nn.Parameter(torch.ones(input_size, dtype=config.params_dtype))
         if config.normalization == "LayerNorm":
             self.layer_norm_bias = torch.nn.Parameter(torch.zeros(input_size, dtype=config.params_dtype))
+        for p in self._parameters.values():
+            # as TE marks its norms' parameters: their gradients are summed over TP under SP
+            setattr(p, "sequence_parallel", config.sequence_parallel)
         self._parameters.update(linear)
 
     def forward(self, input_, *args, **kwargs):
@@ -94,6 +97,25 @@ class LayerNormColumnParallelLinear(ColumnParallelLinear):
         else:
             x = F.rms_norm(x, (x.shape[-1],), w, eps)
         return super().forward(x.to(input_.dtype), *args, **kwargs)
+
+
+class Norm:
+    """TENorm's place: torch's LayerNorm or RMSNorm, as Megatron's
+    WrappedTorchNorm makes it, also under sequence parallelism (which
+    WrappedTorchNorm refuses; Megatron's MoE layer trains under TP only with
+    it): a norm computes the same on a piece of the sequence, and TE marks
+    its parameters sequence_parallel, whose gradients finalize_model_grads
+    then sums over TP."""
+
+    def __new__(cls, config, hidden_size, eps=1e-5, **kwargs):
+        if not config.sequence_parallel:
+            return WrappedTorchNorm(config, hidden_size, eps, **kwargs)
+        plain = copy.copy(config)
+        plain.sequence_parallel = False
+        norm = WrappedTorchNorm(plain, hidden_size, eps, **kwargs)
+        for p in norm.parameters():
+            setattr(p, "sequence_parallel", True)
+        return norm
 
 
 class CoreAttention(DotProductAttention):
@@ -127,7 +149,7 @@ class CPUSpecProvider(LocalSpecProvider):
         return LayerNormColumnParallelLinear
 
     def layer_norm(self, rms_norm=False, for_qk=False, has_residual=False):
-        return WrappedTorchNorm
+        return Norm
 
     def core_attention(self):
         return CoreAttention
@@ -151,7 +173,7 @@ def install_cpu_shims():
       output_layer moves the tied embedding copy to the GPU before its
       all-reduce over the embedding group, which gloo does on the CPU;
     - the TE layer spec's backend is CPUSpecProvider and its TENorm
-      Megatron's WrappedTorchNorm (gpt_layer_specs and the MLA resolver's
+      Megatron's WrappedTorchNorm, through Norm (gpt_layer_specs and the MLA resolver's
       get_backend look them up by name): TransformerEngine needs a GPU, and
       the TE spec, not the local one, is what vps lays out (Megatron's
       default; the local spec registers input_layernorm ahead of
@@ -166,7 +188,7 @@ def install_cpu_shims():
     torch.cuda.current_device = lambda: "cpu"
     torch.Tensor.cuda = _cuda_to_cpu
     gpt_layer_specs.TESpecProvider = CPUSpecProvider
-    gpt_layer_specs.TENorm = WrappedTorchNorm
+    gpt_layer_specs.TENorm = Norm
     transformer_engine_spec_provider.TESpecProvider = CPUSpecProvider
     multi_latent_attention.TELinear = ReplicatedLinear
     _shims_installed = True
@@ -237,7 +259,12 @@ def install_training_shims():
       set to 0;
     - torch.cuda.current_stream() is a stream with nothing to wait for, and
       torch.cuda.synchronize() and torch.cuda.stream() do nothing: DDP's
-      gradient reduction orders its collectives against the current stream.
+      gradient reduction orders its collectives against the current stream;
+    - torch.compile compiles nothing (torch._dynamo.config.disable): the
+      router's expert-bias accounting (Router._apply_expert_bias) is
+      compiled with jit_fuser, which inductor turns into C++ on a CPU, tens
+      of seconds a rank on a busy machine; run as written it computes the
+      same (integer counts).
     """
     global _training_shims_installed
     if _training_shims_installed:
@@ -254,6 +281,7 @@ def install_training_shims():
     torch.cuda.current_stream = lambda device=None: stream
     torch.cuda.synchronize = lambda device=None: None
     torch.cuda.stream = lambda s: contextlib.nullcontext()
+    torch._dynamo.config.disable = True
     _training_shims_installed = True
 
 

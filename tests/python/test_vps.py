@@ -566,7 +566,8 @@ class Api(unittest.TestCase):
     def test_switch_takes_training_timeout_and_device_by_keyword_only(self):
         import inspect
         params = inspect.signature(vps.switch).parameters
-        self.assertEqual([n for n, p in params.items() if p.kind == p.KEYWORD_ONLY], ["training", "timeout", "device"])
+        self.assertEqual([n for n, p in params.items() if p.kind == p.KEYWORD_ONLY],
+                         ["training", "timeout", "device", "target", "clocks", "free"])
         lay = vps.layout("micro-llama", "tp=1")
         with vps.Registry("vps-pytest-%d" % os.getpid(), lay, 0) as reg:
             with self.assertRaises(TypeError):
@@ -574,6 +575,20 @@ class Api(unittest.TestCase):
             with self.assertRaises(TypeError):
                 vps.switch(reg, None, lay, 0, None, 600.0)
             self.assertEqual(reg.entries(), [])  # refused before anything was done
+
+    def test_switch_refuses_a_target_made_for_another_layout_or_rank(self):
+        lay, other = vps.layout("micro-llama", "tp=1"), vps.layout("micro-llama", "tp=2", gpus_per_node=2)
+        with vps.Registry("vps-pytest-%d" % os.getpid(), lay, 0) as reg:
+            with vps.State.allocate(reg, lay, 0) as src, vps.State.allocate(reg, lay, 0, vps.TARGET) as tgt:
+                n = len(reg.entries())
+                for to, rank in ((other, 0), (lay, -1)):
+                    with self.assertRaises(vps.InvalidInput) as e:
+                        vps.switch(reg, src, to, rank, target=tgt)
+                    self.assertIn("the target given is", str(e.exception))
+                # refused before anything was done: the registry and both states as they were
+                self.assertEqual(len(reg.entries()), n)
+                self.assertFalse(src.closed or tgt.closed)
+                reg.reset(None, -1)
 
     def test_layout_registry_and_state_are_context_managers(self):
         with vps.layout("micro-llama", "tp=1") as lay:
