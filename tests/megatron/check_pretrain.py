@@ -49,6 +49,8 @@ import torch.distributed as dist  # noqa: E402
 
 import check_switch  # noqa: E402  its gather of the whole state
 import vps  # noqa: E402
+import vps.megatron  # noqa: E402
+from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, apply_factories  # noqa: E402
 
 WORLD = 4
 ITERS, EVERY, SAVE_AT = 9, 3, 5
@@ -60,16 +62,17 @@ COMMON = ("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 
           "--tokenizer-type NullTokenizer --vocab-size 256 --hidden-dropout 0 --attention-dropout 0 "
           "--no-gradient-accumulation-fusion --no-masked-softmax-fusion --no-bias-gelu-fusion "
           "--no-bias-dropout-fusion --no-persist-layer-norm --log-interval 2 --eval-interval 4 --eval-iters 1 "
-          "--transformer-impl transformer_engine --seed 1234").split()
+          "--transformer-impl transformer_engine --seed 1234 --num-workers 0").split()
 # NullTokenizer's vocabulary is --vocab-size (its last token the end of document): 256, which TP 1 and 2 pad
 # alike, to nothing, so that no padding row, which a switch does not move, takes part in the loss
 JOBS = {
     "gpt": dict(args="--ffn-hidden-size 256 --position-embedding-type learned_absolute".split(),
                 a="tp=2", b="pp=2"),
     "moe": dict(args=("--ffn-hidden-size 128 --normalization RMSNorm --swiglu --position-embedding-type rope "
-                      "--untie-embeddings-and-output-weights --disable-bias-linear --group-query-attention "
-                      "--num-query-groups 2 --num-experts 4 --moe-ffn-hidden-size 128 --moe-router-topk 2").split(),
-                a="tp=2,ep=2", b="ep=4"),
+                      "--no-rope-fusion --untie-embeddings-and-output-weights --disable-bias-linear "
+                      "--group-query-attention --num-query-groups 2 --num-experts 4 --moe-ffn-hidden-size 128 "
+                      "--moe-router-topk 2").split(),
+                a="ep=2", b="ep=4"),
 }
 FLAGS = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
          "ep": "--expert-model-parallel-size", "etp": "--expert-tensor-parallel-size"}
@@ -83,6 +86,58 @@ def megatron_flags(spec):
     return out
 
 
+def shards(model, optimizer):
+    """check_switch.shards for any model: a ShardedTensor of the model's
+    sharded state dict may hold a part of a parameter (the SwiGLU linear_fc1's
+    gate and up halves, made by Megatron's swiglu factory as views of it), so
+    each parameter's optimizer piece is cut along the parts it overlaps."""
+    model_sd = {"model%d" % i: chunk.module.sharded_state_dict() for i, chunk in enumerate(model)}
+    apply_factories(model_sd)
+    out, parts = [], {}
+    stack = [model_sd]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, ShardedTensor):
+            if v.flattened_range is not None or not v.data.is_contiguous():
+                raise RuntimeError("%s: a flattened or strided ShardedTensor of the model" % v.key)
+            local = (1,) * v.prepend_axis_num + tuple(v.local_shape)
+            out.append((v.key, tuple(v.global_shape), tuple(v.global_offset), local, None,
+                        v.data.detach().to("cpu", copy=True)))
+            base = v.data if v.data._base is None else v.data._base
+            at = (v.data.data_ptr() - base.data_ptr()) // v.data.element_size()
+            parts.setdefault(base, []).append((v.key, tuple(v.global_shape), tuple(v.global_offset), local, at,
+                                               v.data.numel()))
+        elif isinstance(v, ShardedObject) and not (v.key.endswith("._extra_state") and v.data is None):
+            raise RuntimeError("%s: a ShardedObject, which this check does not compare" % v.key)
+    steps = set()
+    for o in vps.megatron.distributed_optimizers(optimizer):
+        steps.update(g["step"] for g in o.state_dict()["optimizer"]["param_groups"])
+        for ranges in o.gbuf_ranges:
+            for buckets in ranges.values():
+                for rm in buckets:
+                    for p in rm["param_map"]:
+                        r = o._get_model_param_range_map(p)["param"]
+                        st = o._get_main_param_and_optimizer_states(p)
+                        for key, gshape, goff, local, at, n in parts[p]:
+                            lo, hi = max(r.start, at), min(r.end, at + n)
+                            if lo >= hi:
+                                continue
+                            for name, t in (("fp32_param", st["param"]), ("exp_avg", st["exp_avg"]),
+                                            ("exp_avg_sq", st["exp_avg_sq"])):
+                                piece = t.detach().view(-1)[lo - r.start:hi - r.start]
+                                out.append(("optimizer.state.%s.%s" % (name, key), gshape, goff, local,
+                                            (lo - at, hi - at), piece.to("cpu", copy=True)))
+    return out, steps
+
+
+def gather(model, optimizer):
+    return check_switch.gather(model, optimizer, shards)
+
+
 class Observer:
     """The switched run's eyes, on every rank: the whole state around each
     switch and after SAVE_AT, and the job's arguments after each switch."""
@@ -91,13 +146,13 @@ class Observer:
         self.switches, self.saved = [], None
 
     def before_switch(self, sw, model, optimizer):
-        self.before = check_switch.gather(model, optimizer)
+        self.before = gather(model, optimizer)
 
     def after_switch(self, sw, model, optimizer):
         from megatron.core import parallel_state as ps
         from megatron.core.num_microbatches_calculator import get_num_microbatches
         from megatron.training import get_args
-        after = check_switch.gather(model, optimizer)
+        after = gather(model, optimizer)
         args, par = get_args(), sw.target_layout.parallel
         have = (args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.data_parallel_size,
                 args.expert_model_parallel_size, ps.get_tensor_model_parallel_world_size(),
@@ -121,7 +176,7 @@ class Observer:
 
     def after_iteration(self, iteration, model, optimizer):
         if iteration == SAVE_AT:
-            self.saved = check_switch.gather(model, optimizer)
+            self.saved = gather(model, optimizer)
 
 
 def run_job(rank, log, argv, observer=None, switchable=True, gather_at_start=False):
@@ -142,7 +197,7 @@ def run_job(rank, log, argv, observer=None, switchable=True, gather_at_start=Fal
         train = T.train
 
         def gathering(forward_step_func, model, optimizer, *a, **kw):
-            started.append(check_switch.gather(model, optimizer))
+            started.append(gather(model, optimizer))
             return train(forward_step_func, model, optimizer, *a, **kw)
         T.train = gathering
     pretrain_gpt.main(argv, observer=observer, switchable=switchable)

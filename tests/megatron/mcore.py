@@ -330,7 +330,11 @@ def install_pretrain_shims():
       initialize_megatron runs make on;
     - the GPU architecture validate_args asks for (get_device_arch_version)
       is Hopper's, 9 (its checks are for the GPU's kernels; they ask for
-      CUDA_DEVICE_MAX_CONNECTIONS=1 with TP, which jobs set as on a GPU)."""
+      CUDA_DEVICE_MAX_CONNECTIONS=1 with TP, which jobs set as on a GPU);
+    - torch.compile does nothing (torch._dynamo.config.disable, PyTorch's
+      switch for it): Megatron compiles the MoE router's and dispatcher's
+      fused functions (jit_fuser), which on the CPU means a minute of C++
+      compilation at the first MoE step; the functions run as written."""
     global _pretrain_shims_installed
     if _pretrain_shims_installed:
         return
@@ -340,6 +344,7 @@ def install_pretrain_shims():
     from megatron.core.datasets import utils as dataset_utils
     from megatron.training import arguments, training
     arguments.get_device_arch_version = lambda: 9
+    torch._dynamo.config.disable = True
     training.initialize_megatron = functools.partial(training.initialize_megatron, allow_no_cuda=True)
     training.set_jit_fusion_options = lambda *a, **k: None
     torch.cuda.device_count = lambda: 1
