@@ -32,8 +32,10 @@ RoPE, GQA, 4 experts under EP):
 Prints a line per job (and per switch and step with -v); exit 1 naming
 what differs, 2 on bad arguments."""
 import argparse
+import functools
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -43,14 +45,21 @@ TOP = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(TOP, "python"))
 sys.path.insert(0, HERE)
 
-import mcore  # noqa: E402  (imports torch and megatron-core once, before the ranks fork)
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 
-import check_switch  # noqa: E402  its gather of the whole state
-import vps  # noqa: E402
-import vps.megatron  # noqa: E402
-from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, apply_factories  # noqa: E402
+
+def imports():
+    """torch, megatron-core and vps, once, before the ranks fork; not at the
+    top: Megatron's checkpoint writer starts a process by spawn, which
+    imports this file again (a process per rank, each as big as a rank)."""
+    global mcore, torch, dist, check_switch, vps, ShardedObject, ShardedTensor, apply_factories
+    import mcore
+    import torch
+    import torch.distributed as dist
+    import check_switch  # its gather of the whole state
+    import vps
+    import vps.megatron
+    from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, apply_factories
+
 
 WORLD = 4
 ITERS, EVERY, SAVE_AT = 9, 3, 5
@@ -67,12 +76,12 @@ COMMON = ("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 
 # alike, to nothing, so that no padding row, which a switch does not move, takes part in the loss
 JOBS = {
     "gpt": dict(args="--ffn-hidden-size 256 --position-embedding-type learned_absolute".split(),
-                a="tp=2", b="pp=2"),
+                a="tp=2", b="pp=2", ask="schedule"),
     "moe": dict(args=("--ffn-hidden-size 128 --normalization RMSNorm --swiglu --position-embedding-type rope "
                       "--no-rope-fusion --untie-embeddings-and-output-weights --disable-bias-linear "
                       "--group-query-attention --num-query-groups 2 --num-experts 4 --moe-ffn-hidden-size 128 "
                       "--moe-router-topk 2").split(),
-                a="ep=2", b="ep=4"),
+                a="ep=2", b="ep=4", ask="control"),
 }
 FLAGS = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
          "ep": "--expert-model-parallel-size", "etp": "--expert-tensor-parallel-size"}
@@ -142,8 +151,9 @@ class Observer:
     """The switched run's eyes, on every rank: the whole state around each
     switch and after SAVE_AT, and the job's arguments after each switch."""
 
-    def __init__(self):
+    def __init__(self, control=None, asks=()):
         self.switches, self.saved = [], None
+        self.control, self.asks = control, dict(asks)
 
     def before_switch(self, sw, model, optimizer):
         self.before = gather(model, optimizer)
@@ -177,6 +187,11 @@ class Observer:
     def after_iteration(self, iteration, model, optimizer):
         if iteration == SAVE_AT:
             self.saved = gather(model, optimizer)
+        if self.control and dist.get_rank() == 0 and iteration in self.asks:
+            # the scheduler: lines appended to the control file, and SIGUSR1 to rank 0, as to launch.py
+            with open(self.control, "a") as f:
+                f.write(self.asks[iteration])
+            os.kill(os.getpid(), signal.SIGUSR1)
 
 
 def run_job(rank, log, argv, observer=None, switchable=True, gather_at_start=False):
@@ -192,6 +207,12 @@ def run_job(rank, log, argv, observer=None, switchable=True, gather_at_start=Fal
                       CUDA_DEVICE_MAX_CONNECTIONS="1")
     import pretrain_gpt
     from megatron.training import training as T
+    import vps.megatron_training as mt
+    if switchable:
+        mt.pretrain = functools.partial(mt.pretrain, observer=observer)
+    else:
+        # the reference runs are Megatron's own pretrain(), vps nowhere
+        mt.pretrain = T.pretrain
     started = []
     if gather_at_start:
         train = T.train
@@ -200,7 +221,7 @@ def run_job(rank, log, argv, observer=None, switchable=True, gather_at_start=Fal
             started.append(gather(model, optimizer))
             return train(forward_step_func, model, optimizer, *a, **kw)
         T.train = gathering
-    pretrain_gpt.main(argv, observer=observer, switchable=switchable)
+    pretrain_gpt.main(argv)
     out = {"losses": pretrain_gpt.LOSSES}
     if observer:
         out.update(switches=observer.switches, saved=observer.saved)
@@ -245,10 +266,25 @@ def check(name, job, args, tmp, registry):
     a, b = job["a"], job["b"]
     switched = base + megatron_flags(a) + [
         "--train-iters", str(ITERS), "--save", ckpt, "--save-interval", str(SAVE_AT),
-        "--vps-switch-to", "%s,%s" % (b.replace(",", ":"), a.replace(",", ":")),
-        "--vps-switch-every", str(EVERY), "--vps-dir", os.path.join(d, "vps"), "--vps-registry", registry]
+        "--vps-dir", os.path.join(d, "vps"), "--vps-registry", registry]
     os.makedirs(d, exist_ok=True)
-    res = ranks(args, d, "switched", "%s: the switched run" % name, switched, Observer())
+    if job["ask"] == "schedule":
+        switched += ["--vps-switch-to", "%s,%s" % (b.replace(",", ":"), a.replace(",", ":")),
+                     "--vps-switch-every", str(EVERY)]
+        observer = Observer()
+    else:
+        # a line the job must refuse (TP 3 divides neither the world nor the heads), then B, then A
+        control = os.path.join(d, "control")
+        open(control, "w").close()
+        switched += ["--vps-control", control]
+        observer = Observer(control, {EVERY: "tp=3  # refused\n%s\n" % b, 2 * EVERY: "%s\n" % a})
+    res = ranks(args, d, "switched", "%s: the switched run" % name, switched, observer)
+    if job["ask"] == "control":
+        said = [line for line in open(os.path.join(d, "switched.0.log")) if line.startswith("vps: tp=3:")]
+        if not said or "(ignored)" not in said[0]:
+            sys.exit("check_pretrain.py: %s: the job did not refuse tp=3 from its control file: %s" % (name, said))
+        if args.verbose:
+            print("%s: %s" % (name, said[0].strip()))
     switches = res[0]["switches"]
     if len(switches) != 2:
         sys.exit("check_pretrain.py: %s: %d switches; %s -> %s -> %s makes 2" % (name, len(switches), a, b, a))
@@ -312,6 +348,7 @@ def main():
     a.add_argument("--keep", help="keep checkpoints, plans and logs in this directory")
     a.add_argument("--timeout", type=float, default=600)
     args = a.parse_args()
+    imports()
     mcore.install_pretrain_shims()
     tmp = args.keep or tempfile.mkdtemp(prefix="vps-pretrain-")
     os.makedirs(tmp, exist_ok=True)

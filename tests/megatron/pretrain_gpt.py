@@ -3,30 +3,27 @@ switches: its data (Megatron's mock GPT dataset, or --data-path), batches,
 loss and forward step are pretrain_gpt.py's, and it starts the job with
 pretrain() as pretrain_gpt.py does. The lines vps adds are marked "vps:".
 
-    torchrun --nproc-per-node 4 tests/megatron/pretrain_gpt.py MEGATRON-ARGS \\
-        --vps-control switch.txt --vps-dir run/vps
+    PYTHONPATH=python torchrun --nproc-per-node 4 tests/megatron/pretrain_gpt.py \\
+        MEGATRON-ARGS --vps-control switch.txt --vps-dir run/vps
 
 tests/megatron/check_pretrain.py runs it on the CPU (main(argv), one
 forked process per rank) through switches."""
-import os
 import sys
 from functools import partial
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+from megatron.core import mpu
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+from megatron.core.enums import ModelType
+from megatron.core.utils import get_attr_wrapped_model, get_batch_on_this_tp_rank
+from megatron.training import get_args, get_tokenizer
+from megatron.training.argument_utils import gpt_config_from_args, pretrain_cfg_container_from_args
+from megatron.training.arguments import parse_and_validate_args
+from megatron.training.utils import get_blend_and_blend_per_split, is_first_or_last_pipeline_stage
 
-from megatron.core import mpu  # noqa: E402
-from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder  # noqa: E402
-from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset  # noqa: E402
-from megatron.core.enums import ModelType  # noqa: E402
-from megatron.core.utils import get_attr_wrapped_model, get_batch_on_this_tp_rank  # noqa: E402
-from megatron.training import get_args, get_tokenizer  # noqa: E402
-from megatron.training.argument_utils import gpt_config_from_args, pretrain_cfg_container_from_args  # noqa: E402
-from megatron.training.arguments import parse_and_validate_args  # noqa: E402
-from megatron.training.utils import get_blend_and_blend_per_split, is_first_or_last_pipeline_stage  # noqa: E402
-
-import vps.megatron_training as vps_mt  # noqa: E402  vps: the switchable pretrain() and its arguments
+import vps.megatron_training as vps_mt  # vps: the switchable pretrain() and its arguments
 
 # (iteration, loss sum, tokens) of each training micro-batch this rank's loss
 # function saw, for check_pretrain.py (TP rank 0 of the last stage)
@@ -92,23 +89,18 @@ def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None
 train_valid_test_datasets_provider.is_distributed = True
 
 
-def main(argv=None, observer=None, switchable=True):
+def main(argv=None):
     """The job: Megatron's arguments from argv (sys.argv's by default), then
-    pretrain(). switchable=False runs Megatron's own pretrain(), for a
-    static reference run."""
+    pretrain()."""
     if argv is not None:
         sys.argv = [sys.argv[0]] + list(argv)
     # vps: --vps-control, --vps-switch-to and the rest join Megatron's arguments
     args = parse_and_validate_args(extra_args_provider=vps_mt.add_arguments,
                                    args_defaults={"tokenizer_type": "NullTokenizer"})
     full_config = pretrain_cfg_container_from_args(args, gpt_config_from_args(args))
-    if not switchable:
-        from megatron.training import pretrain
-        return pretrain(full_config, train_valid_test_datasets_provider, ModelType.encoder_or_decoder,
-                        forward_step)
     # vps: in place of megatron.training's pretrain(), which it calls
-    return vps_mt.pretrain(full_config, train_valid_test_datasets_provider, ModelType.encoder_or_decoder,
-                           forward_step, observer=observer)
+    vps_mt.pretrain(full_config, train_valid_test_datasets_provider, ModelType.encoder_or_decoder,
+                    forward_step)
 
 
 if __name__ == "__main__":
