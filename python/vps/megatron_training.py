@@ -86,6 +86,7 @@ SequentialMLP experts; the Job checks every parameter of Megatron's model
 against it when training starts."""
 import dataclasses
 import functools
+import gc
 import inspect
 import os
 import shutil
@@ -599,6 +600,8 @@ class _Switching:
         self.scheduler.optimizer = optimizer
         self.scheduler.step(increment=0)
         self._new_iterators()
+        # the configuration before is garbage in cycles (its chunks, their DDP hooks and their config)
+        gc.collect()
         self.spec, self.lay = spec, target
         sw.pause, sw.carried = time.monotonic() - t0, carried
         self.switches.append(sw)

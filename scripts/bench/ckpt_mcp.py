@@ -38,6 +38,7 @@ Bad arguments exit 2."""
 import ctypes as C
 import datetime
 import logging
+import multiprocessing
 import os
 import pickle
 import sys
@@ -346,6 +347,10 @@ def main():
             except BaseException as e:  # reported, whatever it is
                 print("%s: %s rank %d: %s: %s" % (ME, MODE, rank, type(e).__name__, e), file=sys.stderr)
                 code = 1
+            # Megatron's checkpoint writer starts a manager process by spawn, which os._exit would leave
+            for child in multiprocessing.active_children():
+                child.terminate()
+                child.join()
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)

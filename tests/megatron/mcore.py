@@ -23,6 +23,7 @@ import contextlib
 import copy
 import datetime
 import logging
+import multiprocessing
 import os
 import pickle
 import signal
@@ -599,6 +600,11 @@ def run_ranks(world, fn, timeout=300, watch=None):
                         with contextlib.suppress(Exception):
                             parallel_state.destroy_model_parallel()
                             torch.distributed.destroy_process_group()
+                        # what the rank started (Megatron's checkpoint writer starts a manager process by
+                        # spawn), which the os._exit below would leave running
+                        for child in multiprocessing.active_children():
+                            child.terminate()
+                            child.join()
                 except BaseException as e:  # reported to the parent, whatever it is
                     out = RankError(r, "%s: %s" % (type(e).__name__, e), traceback.format_exc())
                     code = 1
