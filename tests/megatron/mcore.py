@@ -280,7 +280,12 @@ def install_checkpoint_shims():
       and copies it over the loaded one (_set_main_param_and_optimizer_
       states), and load_state_dict gives every parameter one shared step
       tensor, which torch's Adam would increment once per parameter.
-      Every other value is the checkpoint's, as Megatron loads it."""
+      And the fully_reshardable format, which saves no step per parameter
+      and skips it when it loads, fails there with KeyError 'step':
+      _set_main_param_and_optimizer_states asks the loaded tensors for
+      every tensor of the parameter's state, Adam's step included; it is
+      asked only for those the checkpoint has. Every other value is the
+      checkpoint's, as Megatron loads it."""
     from megatron.core.dist_checkpointing.strategies import filesystem_async
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
     from megatron.training import training
@@ -306,6 +311,20 @@ def install_checkpoint_shims():
                         state["step"] = torch.tensor(float(group["step"]), dtype=torch.float32)
         return out
     training.load_checkpoint = load_checkpoint
+    set_states = DistributedOptimizer._set_main_param_and_optimizer_states
+
+    def set_loaded_states(self, model_param, tensors):
+        state = {}
+        if isinstance(self.optimizer, torch.optim.Adam) and "step" not in tensors:
+            group, order = self.model_param_group_index_map[model_param]
+            state = self.optimizer.state.get(self.optimizer.param_groups[group]["params"][order], {})
+        step = state.pop("step", None)
+        try:
+            set_states(self, model_param, tensors)
+        finally:
+            if step is not None:
+                state["step"] = step
+    DistributedOptimizer._set_main_param_and_optimizer_states = set_loaded_states
 
 
 _pretrain_shims_installed = False
