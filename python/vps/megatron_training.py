@@ -549,8 +549,9 @@ class _Switching:
         self.reg = Registry("%s-%d" % (self.tag, self.rank), lay, self.rank)
         # vps: Megatron's parameters, main parameters and moments become views of vps's buffers
         self.job = _vps_megatron.Job(self.reg, lay, self.rank, model, optimizer)
-        _say("vps: %s switchable on %d ranks (%s), its state in vps's buffers; plans and logs in %s"
-             % (self.spec, self.world, os.path.basename(self.model_path), base))
+        if self.rank == 0:
+            _say("vps: %s switchable on %d ranks (model: %s), its state in vps's buffers; plans and logs in %s"
+                 % (self.spec, self.world, args.vps_model or "made from the job's arguments", base))
 
     def close(self):
         if self.asks:
@@ -595,9 +596,9 @@ class _Switching:
             if getattr(carried, field) != getattr(training, field):
                 raise Error(VPS_ECHECK, "switch %d carried %s %d; the job was at %d"
                             % (k, field, getattr(carried, field), getattr(training, field)))
-        # pretrain() holds the list of chunks and the scheduler: the same objects, the new configuration's
+        # pretrain() holds the list of chunks, refilled, and the scheduler, whose optimizer object became the
+        # new one (_build): it gives the new parameter groups the learning rate of its position
         self.model[:] = model
-        self.scheduler.optimizer = optimizer
         self.scheduler.step(increment=0)
         self._new_iterators()
         # the configuration before is garbage in cycles (its chunks, their DDP hooks and their config)
@@ -769,9 +770,11 @@ class _Switching:
                     _become(have, got)
         elif args.do_test:
             args.do_test = False
-            _say("vps: pretrain()'s evaluation on the test set after training is left out: it holds a test "
-                 "iterator per model chunk of the first configuration, %d, and this one has %d"
-                 % (len(self.test_elements), len(new[2])))
+            if self.rank == 0:
+                _say("vps: pretrain()'s evaluation on the test set after training is left out: it holds a test "
+                     "iterator per model chunk of the first configuration, %d, and this one has %d"
+                     % (len(self.test_elements), len(new[2])))
+
 
 def _process_groups():
     from torch.distributed import distributed_c10d as c10d

@@ -177,7 +177,8 @@ def job(lay, rank):
         training.initialize_megatron()
         cfg = pretrain_cfg_container_from_args(args, gpt_config_from_args(args))
         model, optimizer, scheduler = training.setup_model_and_optimizer(
-            ModelType.encoder_or_decoder, cfg_container=cfg, pg_collection=ProcessGroupCollection.use_mpu_process_groups())
+            ModelType.encoder_or_decoder, cfg_container=cfg,
+            pg_collection=ProcessGroupCollection.use_mpu_process_groups())
     finally:
         sys.stdout.close()
         sys.stdout = out
