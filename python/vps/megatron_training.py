@@ -72,6 +72,10 @@ wrapped while pretrain() runs, and put back after: train,
 checkpoint_and_decide_exit, training_log and
 build_train_valid_test_data_iterators.
 
+A switch whose executors fail (vps.Error from Job.switch) ends pretrain()
+with that error, the job's state where vps.switch leaves it; a vps-exec
+that dies without a verdict leaves the job waiting for --vps-timeout.
+
 Not supported, and refused before training starts: what vps.megatron.Job
 refuses (no distributed optimizer, fp16, the precision-aware optimizer),
 a pg_collection passed to pretrain, CUDA graphs, RL, --use-tp-pp-dp-mapping,
