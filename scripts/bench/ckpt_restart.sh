@@ -252,10 +252,20 @@ cat "$t/section.md"
 if [ $doc = 1 ]; then
 	"$top/scripts/bench/doc-section.sh" ckpt "$top/docs/BENCHMARKS.md" < "$t/section.md"
 	mkdir -p "$top/docs/bench"
-	{ printf 'state_bytes\tmethod\tseconds\n'; cat "$t/medians.tsv"; } > "$top/docs/bench/switch-vs-size.tsv"
-	# the figure (docs/bench/switch-vs-size.svg) needs python3-matplotlib
+	# the GPU's rows (gpu-*, scripts/bench/gpu_section.sh merges them from the kept GPU check) stay
+	tsv=$top/docs/bench/switch-vs-size.tsv
+	{
+		printf 'state_bytes\tmethod\tseconds\n'
+		cat "$t/medians.tsv"
+		[ ! -f "$tsv" ] || awk -F'\t' '$2 ~ /^gpu-/' "$tsv"
+	} > "$tsv.tmp"
+	mv "$tsv.tmp" "$tsv"
+	# the figure (docs/bench/switch-vs-size.svg) needs matplotlib: Debian's python3-matplotlib, or the
+	# test environment's
 	if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
 		/usr/bin/python3 "$top/scripts/bench/plot_switch_size.py"
+	elif "$py" -c 'import matplotlib' 2>/dev/null; then
+		"$py" "$top/scripts/bench/plot_switch_size.py"
 	else
 		echo "ckpt_restart: python3-matplotlib is missing: docs/bench/switch-vs-size.svg not redrawn" >&2
 	fi
