@@ -335,6 +335,17 @@ class Switch:
 
 
 # ---- pretrain ----
+def check_arguments(args):
+    """vps's arguments, among Megatron's: vps.Error (VPS_EINPUT) for a
+    combination that asks for nothing or for two things."""
+    if args.vps_control and args.vps_switch_to:
+        raise Error(VPS_EINPUT, "--vps-control and --vps-switch-to: the scheduler or a fixed schedule, not both")
+    if args.vps_switch_to and args.vps_switch_every < 1:
+        raise Error(VPS_EINPUT, "--vps-switch-to needs --vps-switch-every K (K >= 1)")
+    if args.vps_switch_every and not args.vps_switch_to:
+        raise Error(VPS_EINPUT, "--vps-switch-every without --vps-switch-to")
+
+
 def pretrain(*args, observer=None, **kwargs):
     """megatron.training.pretrain(*args, **kwargs), switchable (see the
     module's text). observer, if given, is told on every rank, with the
@@ -348,9 +359,8 @@ def pretrain(*args, observer=None, **kwargs):
 
     margs = get_args()
     bound = inspect.signature(T.pretrain).bind(*args, **kwargs)
+    check_arguments(margs)
     if not (margs.vps_control or margs.vps_switch_to):
-        if margs.vps_switch_every:
-            raise Error(VPS_EINPUT, "--vps-switch-every without --vps-switch-to")
         return T.pretrain(*args, **kwargs)
     job = _Switching(margs, bound.arguments, observer)
     with job.wrapped(T):
@@ -378,8 +388,6 @@ class _Switching:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.gpus_per_node = args.vps_gpus_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
         if args.vps_switch_to:
-            if args.vps_switch_every < 1:
-                raise Error(VPS_EINPUT, "--vps-switch-to needs --vps-switch-every K (K >= 1)")
             self.asks = Schedule(args.vps_switch_to.split(","), args.vps_switch_every)
         else:
             self.asks = ControlFile(args.vps_control) if self.rank == 0 else None

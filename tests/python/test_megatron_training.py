@@ -143,6 +143,22 @@ class Asking(unittest.TestCase):
                 c.close()
             self.assertEqual(signal.getsignal(signal.SIGUSR1), signal.SIG_DFL)
 
+    def test_arguments(self):
+        def vps_args(**kw):
+            a = dict(vps_control=None, vps_switch_to=None, vps_switch_every=0)
+            a.update(kw)
+            return argparse.Namespace(**a)
+        mt.check_arguments(vps_args())
+        mt.check_arguments(vps_args(vps_control="c"))
+        mt.check_arguments(vps_args(vps_switch_to="pp=2", vps_switch_every=3))
+        for kw, why in ((dict(vps_control="c", vps_switch_to="pp=2", vps_switch_every=3), "not both"),
+                        (dict(vps_switch_to="pp=2"), "needs --vps-switch-every"),
+                        (dict(vps_switch_every=3), "without --vps-switch-to")):
+            with self.assertRaises(vps.Error) as e:
+                mt.check_arguments(vps_args(**kw))
+            self.assertEqual(e.exception.code, 1, kw)
+            self.assertIn(why, str(e.exception), kw)
+
     def test_schedule(self):
         s = mt.Schedule(["pp=2", "tp=2"], 3)
         self.assertEqual([(i, s.asked(i)) for i in range(1, 11) if s.asked(i)], [(3, ["pp=2"]), (6, ["tp=2"])])
