@@ -283,10 +283,11 @@ def param_of(params, v):
     return p, (at - p.data_ptr()) // p.element_size()
 
 
-def gather(model, optimizer):
+def gather(model, optimizer, shards_of=None):
     """Rank 0: {key: whole tensor} from every rank's shards (replicas must
-    agree bit for bit, and every element must be held), and Adam's step."""
-    mine = shards(model, optimizer)
+    agree bit for bit, and every element must be held), and Adam's step.
+    shards_of(model, optimizer) gives a rank's shards, shards' by default."""
+    mine = (shards_of or shards)(model, optimizer)
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     if dist.get_rank() != 0:
