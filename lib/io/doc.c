@@ -10,17 +10,21 @@
  * fields of November 2026 (cp, grouped_gemm, the DeepSeek-V3 model keys;
  * a report's digest_seconds, requested_at, started_at, done_at, release_seconds,
  * opened_in_pause and connections); 3 for a plan's relay (and the staged
- * plan that holds one). */
+ * plan that holds one); then the optimizer's keys of a parallel map
+ * (layout 3, plan and staged plan 4, parallel 3). binary_min is the oldest
+ * binary version still read: what it lacks, its reader fills with the
+ * defaults (vps_reader_has). */
 static const struct {
 	enum vps_doc_kind kind;
 	const char *name;
-	int version, binary_version;
+	int version, binary_version, binary_min;
+	int since[VPS_NFEATURES]; /* the binary version each feature arrived in */
 } doc_kinds[] = {
-	{VPS_DOC_LAYOUT, "layout", 1, 2},     {VPS_DOC_PLAN, "plan", 1, 3},
-	{VPS_DOC_STAGED, "staged", 1, 3},     {VPS_DOC_REPORT, "report", 1, 2},
-	{VPS_DOC_MODEL, "model", 1, 2},       {VPS_DOC_DEVICES, "devices", 1, 1},
-	{VPS_DOC_TOPOLOGY, "topology", 1, 1}, {VPS_DOC_PARALLEL, "parallel", 1, 2},
-	{VPS_DOC_BUDGETS, "budgets", 1, 1},   {VPS_DOC_TRANSITION, "transition", 1, 2},
+	{VPS_DOC_LAYOUT, "layout", 1, 3, 2, {3}},	  {VPS_DOC_PLAN, "plan", 1, 4, 3, {4}},
+	{VPS_DOC_STAGED, "staged", 1, 4, 3, {4}},	  {VPS_DOC_REPORT, "report", 1, 2, 2, {0}},
+	{VPS_DOC_MODEL, "model", 1, 2, 2, {0}},	  {VPS_DOC_DEVICES, "devices", 1, 1, 1, {0}},
+	{VPS_DOC_TOPOLOGY, "topology", 1, 1, 1, {0}}, {VPS_DOC_PARALLEL, "parallel", 1, 3, 2, {3}},
+	{VPS_DOC_BUDGETS, "budgets", 1, 1, 1, {0}},	  {VPS_DOC_TRANSITION, "transition", 1, 2, 2, {0}},
 };
 
 const char *vps_doc_kind_name(enum vps_doc_kind kind)
@@ -44,6 +48,22 @@ int vps_doc_binary_version(enum vps_doc_kind kind)
 	for (size_t i = 0; i < sizeof(doc_kinds) / sizeof(doc_kinds[0]); i++)
 		if (doc_kinds[i].kind == kind)
 			return doc_kinds[i].binary_version;
+	return 0;
+}
+
+int vps_doc_binary_min(enum vps_doc_kind kind)
+{
+	for (size_t i = 0; i < sizeof(doc_kinds) / sizeof(doc_kinds[0]); i++)
+		if (doc_kinds[i].kind == kind)
+			return doc_kinds[i].binary_min;
+	return 0;
+}
+
+int vps_doc_feature_since(enum vps_doc_kind kind, enum vps_doc_feature f)
+{
+	for (size_t i = 0; i < sizeof(doc_kinds) / sizeof(doc_kinds[0]); i++)
+		if (doc_kinds[i].kind == kind)
+			return doc_kinds[i].since[f];
 	return 0;
 }
 

@@ -20,6 +20,13 @@
 /* The highest version this build reads and the version it writes, per kind. */
 int vps_doc_version(enum vps_doc_kind kind);
 
+/* Fields added to the binary encoding of several kinds at once, which
+ * readers of an older binary version fill with their defaults. */
+enum vps_doc_feature {
+	VPS_FEATURE_OPTIMIZER, /* a parallel map's optimizer, scalar, exp_avg, exp_avg_sq, precision_aware */
+	VPS_NFEATURES
+};
+
 /* ---- writer ---- */
 struct vps_writer;
 
@@ -73,6 +80,7 @@ vps_result_t vps_w_str(struct vps_writer *w, const char *key, const char *s);
  * feature read and print as they did before it existed. */
 vps_result_t vps_w_int_sparse(struct vps_writer *w, const char *key, int64_t v, int64_t def);
 vps_result_t vps_w_bool_sparse(struct vps_writer *w, const char *key, bool v, bool def);
+vps_result_t vps_w_str_sparse(struct vps_writer *w, const char *key, const char *s, const char *def);
 
 /* ---- reader ---- */
 struct vps_reader;
@@ -87,6 +95,9 @@ vps_result_t vps_reader_new(struct vps_reader **r, const char *name, const void 
 			    enum vps_doc_kind kind);
 void vps_reader_free(struct vps_reader *r);
 bool vps_reader_is_binary(const struct vps_reader *r);
+/* Whether the document has a feature's fields: YAML always (its keys are
+ * optional), binary from the version that brought them. */
+bool vps_reader_has(const struct vps_reader *r, enum vps_doc_feature f);
 const char *vps_reader_name(const struct vps_reader *r);
 /* Finish: in binary, trailing bytes are an error. */
 vps_result_t vps_reader_finish(struct vps_reader *r);
@@ -131,6 +142,7 @@ vps_result_t vps_r_str_opt(struct vps_reader *r, const char *key, const char **s
 vps_result_t vps_r_int_sparse(struct vps_reader *r, const char *key, int64_t *v, int64_t min, int64_t max,
 			      int64_t def);
 vps_result_t vps_r_bool_sparse(struct vps_reader *r, const char *key, bool *v, bool def);
+vps_result_t vps_r_str_sparse(struct vps_reader *r, const char *key, const char **s, const char *def);
 
 /* Fail with "NAME: line L: KEY: msg" pointing at the current or keyed node. */
 vps_result_t vps_r_error(struct vps_reader *r, const char *key, const char *fmt, ...)
