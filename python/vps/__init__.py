@@ -15,8 +15,8 @@ with one vps-exec(1) beside each rank. See man vps(7) and examples/torch/.
 The torch parts (State, switch, assemble, correspondence) need PyTorch; the
 layout queries do not."""
 from ._lib import CODES, Error
-from .layout import (BF16, EXP_AVG, EXP_AVG_SQ, FP32, GRAD, MAIN_PARAM, MODULE_BUFFER, PARAM, STATES, Buffer,
-                     Layout, Model, Param, RankView, Region, layout)
+from .layout import (BF16, DTYPES, EXP_AVG, EXP_AVG_SQ, FP32, GRAD, INT16, MAIN_PARAM, MODULE_BUFFER, MOMENTUM_BUFFER,
+                     OPTIMIZERS, PARAM, STATES, Buffer, Layout, Model, Param, RankView, Region, layout)
 from .registry import CUDA, HOST, SOURCE, TARGET, Registry, Training
 
 __version__ = "0.1.0"

@@ -230,6 +230,14 @@ class Layout:
         for in bf16."""
         return lib.vps_layout_state_dtype(self._handle(), _state_number(state))
 
+    def states_of(self, tensor):
+        """The states (numbers STATES names) the layout holds a tensor (a global name or an id)
+        in: param, main_param, grad with grad=1 and its optimizer's; module_buffer alone for a
+        module buffer."""
+        m = self.model
+        t = m.tensor(m.find(tensor) if isinstance(tensor, str) else tensor)
+        return [s for s in range(len(STATES)) if lib.vps_layout_tensor_has_state(self._handle(), C.byref(t), s)]
+
     def optimizer_of(self, tensor):
         """The optimizer (a name of OPTIMIZERS) that steps a tensor (a global name or an id):
         with Muon or Lion, the 2-D weights but the embeddings and the output layer are theirs
