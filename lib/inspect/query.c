@@ -182,10 +182,20 @@ static vps_result_t tensor_name(const struct vps_model *m, uint32_t id, struct n
 
 /* ---- holders ---- */
 
-static vps_result_t no_state(const char *what, int state)
+static vps_result_t no_state(const char *what, const struct vps_layout *l, int state)
 {
-	return vps_fail(VPS_EINPUT, "%s no %s (%s)", what, vps_state_name(state),
-			state == VPS_STATE_MODULE ? "the model has no module buffers" : "grad=1 adds it");
+	const struct vps_parallel *p = vps_layout_parallel(l);
+	char why[64];
+	if (state == VPS_STATE_MODULE)
+		snprintf(why, sizeof(why), "the model has no module buffers");
+	else if (state == VPS_STATE_GRAD)
+		snprintf(why, sizeof(why), "grad=1 adds it");
+	else if (p->optimizer == VPS_OPT_MUON || p->optimizer == VPS_OPT_LION)
+		snprintf(why, sizeof(why), "neither %s nor %s keeps one", vps_optimizer_name(p->optimizer),
+			 vps_optimizer_name(p->scalar_optimizer));
+	else
+		snprintf(why, sizeof(why), "%s keeps none", vps_optimizer_name(p->optimizer));
+	return vps_fail(VPS_EINPUT, "%s no %s (%s)", what, vps_state_name(state), why);
 }
 
 vps_result_t vps_query_holders(const struct vps_layout *l, const struct vps_query *q, enum vps_format f,
@@ -197,7 +207,7 @@ vps_result_t vps_query_holders(const struct vps_layout *l, const struct vps_quer
 	struct vps_records rec;
 	vps_result_t rc;
 	if (q->state >= 0 && !vps_layout_has_state(l, q->state))
-		return no_state("this layout holds", q->state);
+		return no_state("this layout holds", l, q->state);
 	VPS_CHECK(tensor_set_init(&ts, m, q->tensor, q->has_box ? q->box.ndim : 0));
 	VPS_CHECK_GOTO(vps_records_begin(&rec, out, f, vps_holder_fields, vps_holder_nfields), rc, done);
 	uint32_t n = vps_model_num_tensors(m);
@@ -343,7 +353,7 @@ vps_result_t vps_query_transfers(const struct vps_plan *p, const struct vps_quer
 	if (q->stage >= 0)
 		return vps_fail(VPS_EINPUT, "stage %" PRId64 ": a plan has no stages (vps-stage(1) stages it)", q->stage);
 	if (q->state >= 0 && !vps_layout_has_state(p->a, q->state))
-		return no_state("this plan moves", q->state);
+		return no_state("this plan moves", p->a, q->state);
 	VPS_CHECK(query_rank(q, p->scope, vps_world_size(p->world), "plan", &rank));
 	VPS_CHECK(tensor_set_init(&ts, m, q->tensor, 0));
 	VPS_CHECK_GOTO(vps_records_begin(&rec, out, f, vps_transfer_fields, vps_transfer_nfields), rc, done);
@@ -518,7 +528,7 @@ vps_result_t vps_query_staged(const struct vps_staged *s, const struct vps_query
 		return vps_fail(VPS_EINPUT, "stage %" PRId64 ": the staged plan has %zu stages (from 0)", q->stage,
 				s->nstages);
 	if (q->state >= 0 && !vps_layout_has_state(p->a, q->state))
-		return no_state("this plan moves", q->state);
+		return no_state("this plan moves", p->a, q->state);
 	if (!p->pieces && p->npieces)
 		return vps_fail(VPS_EINTERNAL, "a staged plan's pieces are packed");
 	VPS_CHECK(query_rank(q, s->scope, vps_world_size(p->world), "staged plan", &c.rank));

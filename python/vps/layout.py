@@ -285,7 +285,7 @@ class Layout:
         m = self.model
         st = None if state is None else _state_number(state)
         if st is not None and not lib.vps_layout_has_state(h, st):
-            raise Error(EINPUT, "this layout holds no %s (%s)" % (STATES[st], _why_not(st)))
+            raise Error(EINPUT, "this layout holds no %s (%s)" % (STATES[st], _why_not(st, self.parallel)))
         if any(c in tensor for c in "*?["):
             ids = [i for i in range(m.num_tensors) if fnmatch.fnmatchcase(m.tensor_name(i), tensor)]
             if not ids:
@@ -444,13 +444,15 @@ class RankView:
                 and (buffer is None or r.buffer == buffer) and (tensor is None or r.tensor == tensor)]
 
 
-def _why_not(st):
-    """Why a layout lacks a state, for messages."""
+def _why_not(st, par):
+    """Why a layout lacks a state, for messages (the words of vps-layout --tensor)."""
     if st == MODULE_BUFFER:
         return "the model has no module buffers"
     if st == GRAD:
         return "grad=1 adds it"
-    return "its optimizer keeps no %s" % STATES[st]
+    if OPTIMIZERS[par["optimizer"]] in ("muon", "lion"):
+        return "neither %s nor %s keeps one" % (OPTIMIZERS[par["optimizer"]], OPTIMIZERS[par["scalar_optimizer"]])
+    return "%s keeps none" % OPTIMIZERS[par["optimizer"]]
 
 
 def _state_number(state):
