@@ -76,6 +76,7 @@ int64_t vps_layout_rank_on(const struct vps_layout *l, struct vps_device dev)
 {
 	return vps_devices_find(&l->d, l->world, dev);
 }
+
 /* ---- the optimizer: which states a parameter has ---- */
 
 /* The states an optimizer keeps per parameter beside the fp32 main param
