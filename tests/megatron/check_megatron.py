@@ -542,13 +542,17 @@ def check(model_name, spec, timeout, vps_spec=None):
 def main():
     ap = argparse.ArgumentParser(prog="check_megatron.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("-v", "--verbose", action="store_true", help="a line per configuration")
-    ap.add_argument("-k", metavar="SUBSTRING", help="only the configurations whose 'model spec' contains it")
+    ap.add_argument("-k", metavar="SUBSTRING", help="only the configurations whose 'model spec' contains it "
+                    "(the one it names in full, when it does)")
     ap.add_argument("--timeout", type=int, default=300, help="seconds a configuration may take (default 300)")
     ap.add_argument("--vps", metavar="SPEC", help="compare the one configuration -k selects with vps's layout of "
                     "SPEC instead (of the same world): how a difference is reported")
     args = ap.parse_args()
     mcore.install_cpu_shims()
     todo = [(m, s) for m, s in MATRIX if not args.k or args.k in "%s %s" % (m, s)]
+    # a configuration named in full is that one, not every one it begins
+    exact = [(m, s) for m, s in todo if args.k == "%s %s" % (m, s)]
+    todo = exact or todo
     if not todo:
         print("check_megatron.py: -k %s: no configuration matches" % args.k, file=sys.stderr)
         return 2
