@@ -185,9 +185,11 @@ static vps_result_t tensor_name(const struct vps_model *m, uint32_t id, struct n
 static vps_result_t no_state(const char *what, const struct vps_layout *l, int state)
 {
 	const struct vps_parallel *p = vps_layout_parallel(l);
-	char why[64];
+	char why[96];
 	if (state == VPS_STATE_MODULE)
 		snprintf(why, sizeof(why), "the model has no module buffers");
+	else if (p->family == VPS_FAMILY_DTENSOR)
+		snprintf(why, sizeof(why), "family=dtensor holds main_param, exp_avg and exp_avg_sq");
 	else if (state == VPS_STATE_GRAD)
 		snprintf(why, sizeof(why), "grad=1 adds it");
 	else if (p->optimizer == VPS_OPT_MUON || p->optimizer == VPS_OPT_LION)
