@@ -439,6 +439,21 @@ class Optimizers(unittest.TestCase):
             vps.layout("tiny-llama", "dp=2,zero=1").holders(fc1, "momentum_buffer")
         self.assertEqual(str(e.exception), "this layout holds no momentum_buffer (adam keeps none)")
 
+    def test_a_dtensor_layout_holds_adams_states_of_its_fp32_parameter(self):
+        lay = vps.layout("llama3-debug", "dp_shard=2,tp=2")
+        emb = "embedding.word_embeddings.weight"
+        self.assertEqual([vps.STATES[s] for s in lay.states_of(emb)], ["main_param", "exp_avg", "exp_avg_sq"])
+        self.assertEqual(lay.optimizer_of(emb), "adam")
+        self.assertEqual((lay.parallel["family"], lay.parallel["dp_shard"], lay.parallel["optimizer"]), (1, 2, 0))
+        self.assertEqual({vps.DTYPES[r.dtype] for r in lay.rank(0).regions}, {"fp32"})
+        with self.assertRaises(vps.InvalidInput) as e:
+            lay.holders(emb, "param")
+        self.assertEqual(str(e.exception),
+                         "this layout holds no param (family=dtensor holds main_param, exp_avg and exp_avg_sq)")
+        with self.assertRaises(vps.InvalidInput) as e:
+            vps.layout("llama3-debug", "dp_shard=2,optimizer=sgd")
+        self.assertIn("optimizer=sgd is Megatron's (family=megatron)", str(e.exception))
+
     def test_precision_aware_states_are_allocated_in_their_dtypes(self):
         lay = vps.layout("micro-llama", "tp=2,dp=2,zero=1,precision_aware=1,exp_avg=bf16", gpus_per_node=4)
         self.assertEqual([vps.DTYPES[lay.state_dtype(s)] for s in ("param", "main_param", "exp_avg", "exp_avg_sq")],
