@@ -129,10 +129,12 @@ class State:
 
     @classmethod
     def adopt(cls, registry: Registry, layout: Layout, rank: int,
-              tensors: Mapping[Union[int, Tuple[StateLike, int, bool]], torch.Tensor], role: int = SOURCE) -> "State":
+              tensors: Mapping[Union[int, Tuple[StateLike, int, bool], Tuple[StateLike, int, bool, bool]], torch.Tensor],
+              role: int = SOURCE) -> "State":
         """Register GPU buffers a trainer already has (Megatron's DDP buffers,
         say): tensors maps a buffer index of the rank's view, or its
-        (state, chunk, expert) with state a name or number, to a contiguous
+        (state, chunk, expert) or (state, chunk, expert, layerwise) with state
+        a name or number, to a contiguous
         CUDA tensor of the buffer's dtype and elements, registered by its
         CUDA IPC handle and offset. Host memory cannot be adopted: vps-exec
         maps host buffers through the shared-memory objects that allocate()
@@ -142,11 +144,12 @@ class State:
         given = {}
         for key, t in tensors.items():
             if isinstance(key, tuple):
-                st, chunk, expert = key
-                b = s.view.buffer(_state_number(st), chunk, expert)
+                st, chunk, expert, layerwise = key if len(key) == 4 else key + (False,)
+                b = s.view.buffer(_state_number(st), chunk, expert, layerwise)
                 if b is None:
-                    raise InvalidInput("rank %d holds no %s buffer of chunk %d%s"
-                                       % (rank, st, chunk, " (experts)" if expert else ""))
+                    raise InvalidInput("rank %d holds no %s buffer of chunk %d%s%s"
+                                       % (rank, st, chunk, " (experts)" if expert else "",
+                                          " (layer-wise)" if layerwise else ""))
                 key = b
             given[key] = t
         what = ["buffer %d (%s, chunk %d)" % (b.id, STATES[b.state], b.chunk) for b in s.view.buffers]

@@ -454,6 +454,24 @@ class Optimizers(unittest.TestCase):
             vps.layout("llama3-debug", "dp_shard=2,optimizer=sgd")
         self.assertIn("optimizer=sgd is Megatron's (family=megatron)", str(e.exception))
 
+    def test_adopt_takes_a_layerwise_buffer_by_its_four_keys(self):
+        lay = vps.layout("micro-llama", "dp=2,zero=1,optimizer=muon", gpus_per_node=4)
+        self.reg = vps.Registry("vps-pytest-%d" % os.getpid(), lay, 0)
+        v = lay.rank(0)
+        b = v.buffer(vps.MOMENTUM_BUFFER, layerwise=True)
+        t = torch.zeros(v.buffers[b].elements)
+        with self.assertRaises(vps.InvalidInput) as e:
+            vps.State.adopt(self.reg, lay, 0, {("momentum_buffer", 0, False): t})
+        self.assertIn("no momentum_buffer buffer of chunk 0", str(e.exception))
+        # every buffer found by (state, chunk, expert, layerwise): refused only as host memory
+        host = {(vps.STATES[x.state], x.chunk, x.expert, x.layerwise):
+                torch.zeros(x.elements, dtype=vps.TORCH_DTYPE[x.dtype]) for x in v.buffers}
+        self.assertEqual(len(host), len(v.buffers))
+        with self.assertRaises(vps.Error) as e:
+            vps.State.adopt(self.reg, lay, 0, host)
+        self.assertIn("a cpu tensor; host buffers come from State.allocate", str(e.exception))
+        self.assertEqual(self.reg.entries(), [])
+
     def test_precision_aware_states_are_allocated_in_their_dtypes(self):
         lay = vps.layout("micro-llama", "tp=2,dp=2,zero=1,precision_aware=1,exp_avg=bf16", gpus_per_node=4)
         self.assertEqual([vps.DTYPES[lay.state_dtype(s)] for s in ("param", "main_param", "exp_avg", "exp_avg_sq")],
