@@ -13,6 +13,7 @@ distributed optimizer's shard ranges of Megatron's own classes.
     config = mcore.transformer_config(model, par)
     chunks = mcore.build_chunks(model, par, config)
     ddp = mcore.wrap_ddp(chunks, config, par)     # DistributedDataParallel per chunk
+    opt = mcore.build_optimizer(par, ddp)         # get_megatron_optimizer (install_training_shims first)
 
 model is a vps.Model and par the layout's parallel dictionary
 (vps.Layout.parallel). Megatron's buffer and optimizer code runs unmodified;
@@ -46,7 +47,10 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.extensions import transformer_engine_spec_provider  # noqa: E402
 from megatron.core.models.backends import LocalSpecProvider  # noqa: E402
 from megatron.core.models.gpt import GPTModel, gpt_layer_specs  # noqa: E402
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # noqa: E402
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer  # noqa: E402
+from megatron.core.optimizer.layer_wise_optimizer import (  # noqa: E402
+    LayerWiseDistributedOptimizer, tag_params_for_buffer_routing)
 from megatron.core.post_training.modelopt.layers import Linear as ReplicatedLinear  # noqa: E402
 from megatron.core.tensor_parallel import set_defaults_if_not_set_tensor_model_parallel_attributes  # noqa: E402
 from megatron.core.tensor_parallel import random as tensor_parallel_random  # noqa: E402
@@ -560,22 +564,44 @@ def ddp_config(par):
     )
 
 
+OPTIMIZERS = ("adam", "sgd", "muon", "lion")  # vps's enum vps_optimizer
+
+
+def optimizer_name(par, key="optimizer"):
+    return OPTIMIZERS[par[key]]
+
+
+def layer_wise(par):
+    """Whether Megatron-LM runs the configuration's optimizer as the
+    layer-wise distributed optimizer: an emerging optimizer (Muon, Lion) with
+    --use-distributed-optimizer, which validate_args turns into it
+    (training/arguments.py, "emerging optimizer check")."""
+    return optimizer_name(par) in ("muon", "lion") and bool(par["zero"])
+
+
 def wrap_ddp(chunks, config, par):
     """DistributedDataParallel around each chunk as get_model and
     wrap_model_chunks_with_ddp do: bucketing only in the first chunk of the
     first pipeline stage; with the distributed optimizer the parameter
     layout computed by DistributedOptimizer.compute_full_param_layout for
-    the dp_cp and expert-DP group sizes, and handed to DDP."""
+    the dp_cp and expert-DP group sizes, and handed to DDP; with the
+    layer-wise optimizer the parameters tagged for its buffers
+    (tag_params_for_buffer_routing) and the layout of
+    LayerWiseDistributedOptimizer.compute_full_param_layout."""
     dc = ddp_config(par)
     pp_rank = parallel_state.get_pipeline_model_parallel_rank()
     disable = [i > 0 for i in range(len(chunks))]
     sizes = [None if (d or pp_rank > 0) else dc.bucket_size for d in disable]
+    compute = DistributedOptimizer.compute_full_param_layout
+    if layer_wise(par):
+        tag_params_for_buffer_routing(chunks)
+        compute = LayerWiseDistributedOptimizer.compute_full_param_layout
     out = []
     for chunk, size, dis in zip(chunks, sizes, disable):
         kw = {}
         if dc.use_distributed_optimizer:
             params = [p for p in chunk.parameters() if p.requires_grad]
-            kw["full_param_layout"] = DistributedOptimizer.compute_full_param_layout(
+            kw["full_param_layout"] = compute(
                 params, size,
                 parallel_state.get_data_parallel_world_size(with_context_parallel=True, partial_data_parallel=True),
                 dc,
@@ -584,6 +610,26 @@ def wrap_ddp(chunks, config, par):
             )
         out.append(DistributedDataParallel(config=config, ddp_config=dc, module=chunk, disable_bucketing=dis, **kw))
     return out
+
+
+def optimizer_config(par):
+    """The OptimizerConfig Megatron-LM's training path gives the configuration's
+    optimizer (--bf16, --optimizer, --use-distributed-optimizer, which an
+    emerging optimizer turns into the layer-wise one, --muon-scalar-optimizer)."""
+    lw = layer_wise(par)
+    return OptimizerConfig(optimizer=optimizer_name(par), lr=1e-4, bf16=True, params_dtype=torch.bfloat16,
+                           use_distributed_optimizer=bool(par["zero"]) and not lw,
+                           use_layer_wise_distributed_optimizer=lw,
+                           muon_scalar_optimizer=optimizer_name(par, "scalar_optimizer"))
+
+
+def build_optimizer(par, ddps):
+    """Megatron's optimizer of the DDP-wrapped chunks (get_megatron_optimizer),
+    on the CPU under install_training_shims. Not for the precision-aware
+    optimizer, which is TransformerEngine's FusedAdam."""
+    if par["precision_aware"]:
+        raise ValueError("precision_aware=1: Megatron-Core builds it only over TransformerEngine's FusedAdam")
+    return get_megatron_optimizer(optimizer_config(par), ddps, use_gloo_process_groups=False)
 
 
 def gbuf_ranges(buffer):
