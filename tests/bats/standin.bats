@@ -503,3 +503,14 @@ mixed_switch() { # TRANSPORT
 	[ "$sum" -eq "$moved" ]
 	[[ "${lines[-1]}" == "slowest rank alone: "* ]]
 }
+
+# tests/gpu/torch_trainer.py mirrors struct vps_trainer_opts in ctypes and
+# runs only on a GPU machine; its --cpu form takes the same path here, so
+# that the mirror cannot drift from include/vps/trainer.h between GPU runs
+@test "tests/gpu/torch_switch.sh --cpu: the PyTorch trainer's ctypes mirror of vps_trainer_opts, switched and back" {
+	PYTHON=$PY run timeout 200 "$TOP/tests/gpu/torch_switch.sh" --cpu
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[ "$(grep -o 'torch_trainer: rank [01]: 2 switches of host memory, 0 wrong elements, 0 dirty padding, training state carried' <<< "$output" | sort -u | wc -l)" -eq 2 ]
+	[ "$(grep -c 'digest: match$' <<< "$output")" -eq 4 ]
+}

@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
 # PyTorch-allocated GPU state switched over ipc: tiny-gpt (1,1,2) -> (2,1,1)
 # and back, two PyTorch trainers (tests/gpu/torch_trainer.py) and two
-# executors. Needs a GPU and python3 with torch.
+# executors. Needs a GPU and python3 with torch (PYTHON, default python3).
+#
+#   tests/gpu/torch_switch.sh [--cpu]
+#
+# --cpu: the trainers' state in host memory, no GPU: the same ctypes
+# mirror of struct vps_trainer_opts, which make check runs (standin.bats).
 set -euo pipefail
+cpu=()
+[ "${1:-}" = --cpu ] && cpu=(--cpu)
+py=${PYTHON:-python3}
 export VPS_TOKEN=${VPS_TOKEN:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 top=$(cd "$(dirname "$0")/../.." && pwd)
 bin=$top/bin
@@ -17,7 +25,7 @@ cd "$dir"
 port=$("$top/scripts/free-port.sh")
 pids=()
 for r in 0 1; do
-	timeout 120 python3 "$top/tests/gpu/torch_trainer.py" "$top/build/libvps.so" "torch$$-$r" "$r" ab.staged ba.staged &
+	timeout 120 "$py" "$top/tests/gpu/torch_trainer.py" ${cpu[@]+"${cpu[@]}"} "$top/build/libvps.so" "torch$$-$r" "$r" ab.staged ba.staged &
 	pids+=($!)
 done
 for r in 0 1; do
