@@ -17,7 +17,7 @@
 #   make layers     libvps's rooms keep their layers, no cycles, only the API exported
 #   make asan       the same under AddressSanitizer and UBSan (build-asan/)
 #   make check-gpu  every GPU test and benchmark (scripts/gpu-check.sh; needs a GPU)
-#   make gpu-debs   the Debian packages gpu-check.sh unpacks on a GPU machine (.debs/)
+#   make gpu-debs   what gpu-check.sh installs on a GPU machine: Debian packages (.debs/), wheels (.whl/)
 #   make fuzz       each libFuzzer harness for FUZZ_SECONDS (clang; build/fuzz/)
 #   make fuzz-smoke the same for FUZZ_SMOKE_SECONDS each (CI)
 #   make demo       a real switch on this machine
@@ -304,6 +304,7 @@ check-megatron: $(SHLIB_FILES) $(TOOL_BINS) $(PY_STAMP)
 	VPS_LIBRARY=$(abspath $(SHLIB)) $(PYTHON_ABS) tests/megatron/check_megatron.py
 	VPS_LIBRARY=$(abspath $(SHLIB)) VPS_BIN=$(abspath $(BINDIR)) $(PYTHON_ABS) tests/megatron/check_switch.py
 	VPS_LIBRARY=$(abspath $(SHLIB)) VPS_BIN=$(abspath $(BINDIR)) $(PYTHON_ABS) tests/megatron/check_pretrain.py
+	VPS_LIBRARY=$(abspath $(SHLIB)) VPS_BIN=$(abspath $(BINDIR)) $(PYTHON_ABS) tests/gpu/megatron_job.py --device cpu
 
 # every Hugging Face family vps imports, read by vps and built by
 # transformers on the meta device: the same tensors through vps's name map
@@ -335,9 +336,14 @@ check-gpu:
 # registry: Debian's libyaml and libzstd (headers and libraries), downloaded
 # here into .debs/ (ignored) to be carried there and unpacked under /tmp.
 GPU_DEBS = libyaml-dev libyaml-0-2 libzstd-dev libzstd1
+# megatron-core (pure Python but for its dataset helpers) for tests/gpu/megatron_job.py; the GPU
+# machine has torch, absl-py and numpy
+GPU_WHEELS = megatron-core==0.19.2 emerging_optimizers==0.3.0
 gpu-debs:
 	@mkdir -p .debs
 	cd .debs && apt-get download $(GPU_DEBS)
+	$(PYTHON_ABS) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl $(GPU_WHEELS)
 
 # the tools find configs/ beside their bin/ (a user's bin/, or PREFIX/share):
 # the sanitized build's too, for the examples run as written

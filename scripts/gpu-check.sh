@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build vps and run every GPU test and GPU benchmark, in one call, on a bare
 # GPU machine with CUDA, NCCL and PyTorch but no package registry. What the
-# build lacks there (libyaml, libzstd) travels as Debian packages in .debs/
-# (make gpu-debs here, then carry .debs) and is unpacked under /tmp, not
+# build lacks there (libyaml, libzstd) travels as Debian packages in .debs/,
+# and the Python packages it lacks (megatron-core) as wheels in .whl/ (make
+# gpu-debs here, then carry .debs and .whl); both unpacked under /tmp, not
 # into /.
 #
 #   scripts/gpu-check.sh [--digest] [RESULTS]
@@ -108,6 +109,18 @@ if ! echo '#include <yaml.h>' | cc -E - >/dev/null 2>&1 || ! echo '#include <zst
 	say "deps: libyaml/libzstd unpacked from .debs"
 fi
 py=${PYTHON:-python3}
+# Python packages the machine lacks (megatron-core, emerging_optimizers:
+# pure Python), carried as wheels in .whl/ (pip download ... -d .whl here)
+if ls .whl/*.whl >/dev/null 2>&1; then
+	site=/tmp/vps-site
+	if "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl >> "$log" 2>&1; then
+		export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+		say "wheels: $(cd .whl && ls *.whl | sed 's/-py3.*//; s/-cp3.*//' | tr '\n' ' ')from .whl"
+	else
+		say "FAIL wheels: pip could not install .whl/ (the log says why)"
+		failed=1
+	fi
+fi
 # NCCL: with CUDA, or PyTorch's wheel
 if [ ! -f "$CUDA_HOME/include/nccl.h" ]; then
 	nccl=$("$py" -c 'import nvidia.nccl as m; print(m.__path__[0])' 2>/dev/null || true)
@@ -153,6 +166,19 @@ if [ "$only" = digest ]; then
 	bench "switch W=8 gpt3-1.3b, digests on the GPU" 150 switch-check scripts/bench/gpu_switch.sh --check gpt3-1.3b \
 		tp=4,pp=2,dp=1 tp=2,pp=4,dp=1
 	finish
+fi
+
+# Megatron-Core's own model, DDP and distributed optimizer on CUDA tensors,
+# its state switched by vps.megatron.Job over ipc (a world of one GPU: what
+# it proves and what not, tests/gpu/megatron_job.py)
+if [[ $torch_cuda == *True* ]] && "$py" -c 'import megatron.core' >/dev/null 2>&1; then
+	bench "Megatron-Core job on the GPU switched by vps, prepared while it trains" 200 megatron \
+		"$py" tests/gpu/megatron_job.py -v
+	bench "Megatron-Core job on the GPU switched by vps, built in the pause" 150 megatron-unprepared \
+		"$py" tests/gpu/megatron_job.py --no-prepare
+else
+	say "SKIP Megatron-Core on the GPU: no megatron-core here (carry it: pip download megatron-core==0.19.2 emerging_optimizers==0.3.0 -d .whl) or no torch with CUDA"
+	failed=1
 fi
 
 # every family and dimension over ipc with GPU memory, W = 2, 4, 6, 8

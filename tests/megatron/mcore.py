@@ -164,6 +164,23 @@ def _cuda_to_cpu(self, *args, **kwargs):
     return self
 
 
+_module_shims_installed = False
+
+
+def install_module_shims():
+    """TransformerEngine's modules replaced by Megatron-Core's own (below), the
+    part of install_cpu_shims that a GPU without TransformerEngine needs too
+    (tests/gpu/megatron_job.py): module choices, no placement."""
+    global _module_shims_installed
+    if _module_shims_installed:
+        return
+    gpt_layer_specs.TESpecProvider = CPUSpecProvider
+    gpt_layer_specs.TENorm = Norm
+    transformer_engine_spec_provider.TESpecProvider = CPUSpecProvider
+    multi_latent_attention.TELinear = ReplicatedLinear
+    _module_shims_installed = True
+
+
 _shims_installed = False
 
 
@@ -192,10 +209,7 @@ def install_cpu_shims():
         return
     torch.cuda.current_device = lambda: "cpu"
     torch.Tensor.cuda = _cuda_to_cpu
-    gpt_layer_specs.TESpecProvider = CPUSpecProvider
-    gpt_layer_specs.TENorm = Norm
-    transformer_engine_spec_provider.TESpecProvider = CPUSpecProvider
-    multi_latent_attention.TELinear = ReplicatedLinear
+    install_module_shims()
     _shims_installed = True
 
 

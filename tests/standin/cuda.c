@@ -1115,8 +1115,7 @@ static int run_digest(void *arg, bool cancelled, char *err)
 			snprintf(err, STANDIN_ERR, "out of memory");
 			rc = 1;
 		} else {
-			for (uint32_t l = 0; l < VPS_DK_BLOCK; l++)
-				slot[l] = vps_dk_slot_key(l);
+			vps_dk_fill(slot, 0, 1);
 			for (size_t i = 0; i < k->n; i++) {
 				v[i] = k->d[i].v;
 				v[i].addr = (uint64_t)(uintptr_t)k->d[i].host;

@@ -194,8 +194,7 @@ __global__ void __launch_bounds__(kBlock, kDigestBlocksPerSm) digest_kernel(cons
 							 unsigned long long *out)
 {
 	__shared__ __align__(16) uint64_t slot[VPS_DK_BLOCK];
-	for (int l = threadIdx.x; l < VPS_DK_BLOCK; l += blockDim.x)
-		slot[l] = vps_dk_slot_key((uint32_t)l);
+	vps_dk_fill(slot, threadIdx.x, blockDim.x);
 	__syncthreads();
 	int lane = threadIdx.x & 31;
 	uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;

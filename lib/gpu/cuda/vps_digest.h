@@ -57,6 +57,35 @@ VPS_DK uint64_t vps_dk_block_key(uint64_t key, uint64_t block)
 	return vps_dk_mix64(key ^ (block + 1) * 0x9e3779b97f4a7c15ULL) & ~1ULL;
 }
 
+/* Where slot j's key lies in the table of VPS_DK_BLOCK keys: keys go in
+ * pairs (16 bytes, four of the 32 banks of shared memory), eight pairs a
+ * row (128 bytes, every bank), each pair's place in its row swizzled by the
+ * row's number. The lanes of a warp read the keys of 16-byte vectors
+ * lane, lane + 32, ...: four pairs apart for bf16, two for fp32, which
+ * without the swizzle fall on two or four of a row's eight places (a four-
+ * or two-way bank conflict on every load, which bound the bf16 digest);
+ * with it, the eight lanes of a quarter warp, which a 16-byte load serves
+ * together, reach eight places. A permutation: the digest is the same. */
+VPS_DK uint32_t vps_dk_slot_at(uint32_t j)
+{
+	uint32_t pair = j >> 1, row = pair >> 3;
+	return (row << 3 | ((pair ^ row) & 7)) << 1 | (j & 1);
+}
+
+/* the table of slot keys, each at its place (VPS_DK_BLOCK of them); the
+ * kernel's threads fill it together, lane `from` of `step` */
+VPS_DK void vps_dk_fill(uint64_t *slot, uint32_t from, uint32_t step)
+{
+	for (uint32_t j = from; j < VPS_DK_BLOCK; j += step)
+		slot[vps_dk_slot_at(j)] = vps_dk_slot_key(j);
+}
+
+/* the key of slot j */
+VPS_DK uint64_t vps_dk_slot(const uint64_t *slot, uint64_t j)
+{
+	return slot[vps_dk_slot_at((uint32_t)(j & (VPS_DK_BLOCK - 1)))];
+}
+
 /* A view as the kernel walks it: rows of row_len elements, each cut into
  * chunks of VPS_DK_CHUNK, one unit of work each. */
 struct vps_dk_desc {
@@ -213,9 +242,10 @@ VPS_DK void vps_dk_load16(const unsigned char *p, uint32_t w[4])
 #endif
 }
 
-/* slot keys s[0] and s[1], s 16-byte aligned: one 128-bit load */
-VPS_DK void vps_dk_keys(const uint64_t *s, uint64_t k[2])
+/* the keys of slots j and j + 1, j even: one 128-bit load */
+VPS_DK void vps_dk_keys(const uint64_t *slot, uint32_t j, uint64_t k[2])
 {
+	const uint64_t *s = slot + vps_dk_slot_at(j);
 #ifdef __CUDA_ARCH__
 	ulonglong2 x = *(const ulonglong2 *)s;
 	k[0] = x.x;
@@ -246,22 +276,22 @@ VPS_DK uint64_t vps_dk_term(uint64_t k, uint32_t bits)
 }
 
 /* the terms of a 16-byte vector of fp32 (4 elements) or bf16 (8) in a
- * block of key key, s its first slot key (16-byte aligned) */
-VPS_DK uint64_t vps_dk_vector4(uint64_t key, const uint32_t w[4], const uint64_t *s)
+ * block of key key, j the slot of its first element (a multiple of 4 or 8) */
+VPS_DK uint64_t vps_dk_vector4(uint64_t key, const uint32_t w[4], const uint64_t *slot, uint32_t j)
 {
 	uint64_t k[4], sum = 0;
-	vps_dk_keys(s, k);
-	vps_dk_keys(s + 2, k + 2);
+	vps_dk_keys(slot, j, k);
+	vps_dk_keys(slot, j + 2, k + 2);
 	for (int i = 0; i < 4; i++)
 		sum += vps_dk_term(key ^ k[i], w[i]);
 	return sum;
 }
 
-VPS_DK uint64_t vps_dk_vector2(uint64_t key, const uint32_t w[4], const uint64_t *s)
+VPS_DK uint64_t vps_dk_vector2(uint64_t key, const uint32_t w[4], const uint64_t *slot, uint32_t j)
 {
 	uint64_t k[8], sum = 0;
 	for (int i = 0; i < 4; i++)
-		vps_dk_keys(s + 2 * i, k + 2 * i);
+		vps_dk_keys(slot, j + 2 * i, k + 2 * i);
 	for (int i = 0; i < 4; i++) {
 		sum += vps_dk_term(key ^ k[2 * i], w[i] & 0xffffu);
 		sum += vps_dk_term(key ^ k[2 * i + 1], w[i] >> 16);
@@ -280,19 +310,17 @@ VPS_DK uint64_t vps_dk_vectors(const struct vps_dk_desc *q, const unsigned char 
 	while (n) {
 		uint64_t in = index & (VPS_DK_BLOCK - 1), room = (VPS_DK_BLOCK - in) / per, m = room < n ? room : n;
 		uint64_t key = vps_dk_block_key(q->key, index >> VPS_DK_BLOCK_BITS), v = (uint64_t)lane;
-		const uint64_t *s = slot + in;
 		for (; v + VPS_DK_LANES < m; v += 2 * VPS_DK_LANES) {
-			uint32_t a[4], b[4];
+			uint32_t a[4], b[4], ja = (uint32_t)(in + per * v), jb = (uint32_t)(in + per * (v + VPS_DK_LANES));
 			vps_dk_load16(p + 16 * v, a);
 			vps_dk_load16(p + 16 * (v + VPS_DK_LANES), b);
-			sum += bf16 ? vps_dk_vector2(key, a, s + per * v) : vps_dk_vector4(key, a, s + per * v);
-			sum += bf16 ? vps_dk_vector2(key, b, s + per * (v + VPS_DK_LANES))
-				    : vps_dk_vector4(key, b, s + per * (v + VPS_DK_LANES));
+			sum += bf16 ? vps_dk_vector2(key, a, slot, ja) : vps_dk_vector4(key, a, slot, ja);
+			sum += bf16 ? vps_dk_vector2(key, b, slot, jb) : vps_dk_vector4(key, b, slot, jb);
 		}
 		if (v < m) {
-			uint32_t a[4];
+			uint32_t a[4], ja = (uint32_t)(in + per * v);
 			vps_dk_load16(p + 16 * v, a);
-			sum += bf16 ? vps_dk_vector2(key, a, s + per * v) : vps_dk_vector4(key, a, s + per * v);
+			sum += bf16 ? vps_dk_vector2(key, a, slot, ja) : vps_dk_vector4(key, a, slot, ja);
 		}
 		index += m * per;
 		n -= m;
@@ -308,7 +336,7 @@ VPS_DK uint64_t vps_dk_vectors(const struct vps_dk_desc *q, const unsigned char 
  * their elements (4 fp32, 8 bf16), vectors lane, lane + 32, ... and one
  * element of the odd ends before the first vector and after the last. The
  * sum over the lanes and the units is the views' digest; slot holds the
- * VPS_DK_BLOCK slot keys. */
+ * VPS_DK_BLOCK slot keys, each at its place (vps_dk_fill). */
 VPS_DK uint64_t vps_dk_lane(const struct vps_dk_desc *d, int n, uint64_t u, int lane, const uint64_t *slot)
 {
 	int lo = 0, hi = n - 1;
@@ -345,7 +373,7 @@ VPS_DK uint64_t vps_dk_lane(const struct vps_dk_desc *d, int n, uint64_t u, int 
 			uint64_t nhead = first - begin, j = (uint64_t)lane < nhead ? begin + (uint64_t)lane
 										  : last + ((uint64_t)lane - nhead);
 			if (j < end)
-				sum += vps_dk_term(vps_dk_key(q, &b, flat + j) ^ slot[(flat + j) & (VPS_DK_BLOCK - 1)],
+				sum += vps_dk_term(vps_dk_key(q, &b, flat + j) ^ vps_dk_slot(slot, flat + j),
 						   vps_dk_bits(q, base + j * es));
 			if (es == 2)
 				sum += vps_dk_vectors(q, base + first * es, flat + first, nvec, lane, slot, 1);
@@ -356,7 +384,7 @@ VPS_DK uint64_t vps_dk_lane(const struct vps_dk_desc *d, int n, uint64_t u, int 
 	}
 	for (uint64_t j = begin + (uint64_t)lane; j < end; j += VPS_DK_LANES) {
 		uint64_t index = flat + j * (uint64_t)q->fstep;
-		sum += vps_dk_term(vps_dk_key(q, &b, index) ^ slot[index & (VPS_DK_BLOCK - 1)],
+		sum += vps_dk_term(vps_dk_key(q, &b, index) ^ vps_dk_slot(slot, index),
 				   vps_dk_bits(q, base + (int64_t)j * q->step));
 	}
 	return sum;
