@@ -72,7 +72,7 @@ static const char *plan_name(const struct vps_exec_opts *o, size_t k, char *buf,
 
 vps_result_t vps_exec_digest(const struct vps_layout *l, int64_t rank, void *const *buffers, uint64_t *digest)
 {
-	return vps_exec_digest_part(l, rank, buffers, NULL, true, NULL, digest);
+	return vps_exec_digest_part(l, rank, buffers, NULL, true, NULL, NULL, digest);
 }
 
 /* ---- peers ---- */
@@ -324,11 +324,14 @@ static void switch_release(struct vps_switch *sw)
 	free(sw->dst);
 	free(sw->src_entry);
 	free(sw->dst_entry);
+	free(sw->src_where);
+	free(sw->dst_where);
 	if (sw->maps)
 		vps_mapcache_end_switch(sw->maps, sw->gpu);
 }
 
-/* Where every buffer of this switch lives: all host or all GPU. */
+/* Where the buffers of this switch live: all host, all GPU, or both
+ * (VPS_WHERE_MIXED: map_side says each buffer's). */
 static vps_result_t switch_where(struct vps_switch *sw, const struct vps_exec_opts *o)
 {
 	int where = -1;
@@ -336,25 +339,23 @@ static vps_result_t switch_where(struct vps_switch *sw, const struct vps_exec_op
 	for (uint32_t i = 0; i < n; i++) {
 		struct vps_registry_entry_info e;
 		VPS_CHECK(vps_registry_entry(sw->reg, i, &e));
-		if (where >= 0 && e.where != where)
-			return vps_fail(VPS_EINPUT, "registry %s: the trainer registered host and GPU memory; a switch moves "
-					"one or the other", vps_registry_name(sw->reg));
-		where = e.where;
+		where = where >= 0 && e.where != where ? VPS_WHERE_MIXED : e.where;
 	}
 	sw->where = where < 0 ? VPS_WHERE_HOST : where;
-	if (sw->where == VPS_WHERE_CUDA && !sw->gpu)
+	if (sw->where != VPS_WHERE_HOST && !sw->gpu)
 		VPS_CHECK(vps_gpu_init(o->device, o->local_rank, &sw->gpu));
 	return VPS_OK;
 }
 
 static vps_result_t map_side(struct vps_switch *sw, const struct vps_rank_view *v, int role, void ***ptrs,
-			     int64_t **entries)
+			     int64_t **entries, uint8_t **where)
 {
 	struct vps_registry *reg = sw->reg;
 	*ptrs = vps_calloc(v->nbuffers + 1, sizeof(void *));
+	*where = vps_calloc(v->nbuffers + 1, sizeof(**where));
 	if (entries)
 		*entries = vps_calloc(v->nbuffers + 1, sizeof(int64_t));
-	if (!*ptrs || (entries && !*entries))
+	if (!*ptrs || !*where || (entries && !*entries))
 		return VPS_ENOMEM;
 	const char *what = role == VPS_ROLE_SOURCE ? "source" : "target";
 	for (size_t b = 0; b < v->nbuffers; b++) {
@@ -388,6 +389,7 @@ static vps_result_t map_side(struct vps_switch *sw, const struct vps_rank_view *
 		}
 		if (entries)
 			(*entries)[b] = e;
+		(*where)[b] = (uint8_t)info.where;
 	}
 	return VPS_OK;
 }
@@ -448,11 +450,10 @@ done:
 /* The digest of a side, computed where its buffers are (on a GPU by a
  * kernel over them: nothing is read back). */
 static vps_result_t side_digest(const struct vps_switch *sw, const struct vps_layout *l, int64_t rank, void **bufs,
-				uint64_t *digest)
+				const uint8_t *where, uint64_t *digest)
 {
 	const struct vps_lost *lost = sw->s->plan->lost.nranks ? &sw->s->plan->lost : NULL;
-	return vps_exec_digest_part(l, rank, bufs, lost, l == sw->s->plan->a,
-				    sw->where == VPS_WHERE_CUDA ? sw->gpu : NULL, digest);
+	return vps_exec_digest_part(l, rank, bufs, lost, l == sw->s->plan->a, where, sw->gpu, digest);
 }
 
 static void release_read(const struct vps_switch *sw, int64_t stage)
@@ -661,7 +662,10 @@ static vps_result_t sort_stage(const struct vps_switch *sw, struct carriers *car
 			VPS_CHECK(vps_grow((void **)retain, capc, *nc + x->nops, sizeof(**retain)));
 			for (size_t q = 0; q < x->nops; q++) {
 				const struct vps_op *op = &s->ops[x->first_op + q];
-				(*retain)[(*nc)++] = (struct vps_local_copy){op, sw->src[op->src_buffer], sw->dst[op->dst_buffer]};
+				int where;
+				VPS_CHECK(vps_copy_where(op, sw->src_where[op->src_buffer], sw->dst_where[op->dst_buffer], &where));
+				(*retain)[(*nc)++] =
+					(struct vps_local_copy){op, sw->src[op->src_buffer], sw->dst[op->dst_buffer], where};
 				sr->bytes_copied += vps_op_bytes(op);
 			}
 			continue;
@@ -921,11 +925,11 @@ static vps_result_t attach(struct executor *ex, struct pass *ps, struct vps_exec
 	ex->gpu = sw->gpu;
 	if (sw->ra >= 0) {
 		VPS_CHECK(vps_layout_rank(p->a, sw->ra, &sw->va));
-		VPS_CHECK(map_side(sw, &sw->va, VPS_ROLE_SOURCE, &sw->src, &sw->src_entry));
+		VPS_CHECK(map_side(sw, &sw->va, VPS_ROLE_SOURCE, &sw->src, &sw->src_entry, &sw->src_where));
 	}
 	if (sw->rb >= 0) {
 		VPS_CHECK(vps_layout_rank(p->b, sw->rb, &sw->vb));
-		VPS_CHECK(map_side(sw, &sw->vb, VPS_ROLE_TARGET, &sw->dst, &sw->dst_entry));
+		VPS_CHECK(map_side(sw, &sw->vb, VPS_ROLE_TARGET, &sw->dst, &sw->dst_entry, &sw->dst_where));
 	}
 	VPS_CHECK(check_views(sw));
 	vps_mapcache_take_stats(ex->maps, &rep->premapped_bytes, &rep->mapped_in_pause_bytes);
@@ -955,7 +959,7 @@ static vps_result_t start(struct executor *ex, struct pass *ps, struct vps_exec_
 	rep->attach_seconds += now() - t;
 	if (!rc && ex->o->check && sw->ra >= 0) {
 		t = now();
-		rc = side_digest(sw, sw->s->plan->a, sw->ra, sw->src, &ps->digest[0]);
+		rc = side_digest(sw, sw->s->plan->a, sw->ra, sw->src, sw->src_where, &ps->digest[0]);
 		rep->digest_seconds += now() - t;
 	}
 	return agree(ex, rc, "start", rep);
@@ -970,7 +974,7 @@ static vps_result_t stages(struct executor *ex, struct pass *ps, struct vps_exec
 	VPS_CHECK(trainer_watch(sw));
 	if (ex->o->check && sw->rb >= 0) {
 		double t = now();
-		VPS_CHECK(side_digest(sw, sw->s->plan->b, sw->rb, sw->dst, &ps->digest[1]));
+		VPS_CHECK(side_digest(sw, sw->s->plan->b, sw->rb, sw->dst, sw->dst_where, &ps->digest[1]));
 		rep->digest_seconds += now() - t;
 	}
 	return VPS_OK;

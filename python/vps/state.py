@@ -11,19 +11,20 @@ ModuleNotFoundError saying how to get it."""
 from __future__ import annotations
 
 import ctypes as C
+import time
 from typing import Callable, Dict, Iterable, Iterator, Mapping, Optional, Tuple, Union
 
 from ._lib import import_torch
 from .errors import CheckFailed, Error, InvalidInput, closed as _closed
-from .layout import BF16, FP32, MODULE_BUFFER, PARAM, STATES, Layout, Model, Param, RankView, Region, StateLike, \
-    _state_number
+from .layout import BF16, DTYPE_SIZE, FP32, INT16, MODULE_BUFFER, PARAM, STATES, Layout, Model, Param, RankView, \
+    Region, StateLike, _state_number
 from .registry import FAILED, REQUESTED, RUNNING, SOURCE, TARGET, Registry, Training
 
 torch = import_torch("vps.State (and vps.switch, vps.assemble, vps.correspondence, vps.region_index)")
 
 __all__ = ["TORCH_DTYPE", "State", "switch", "assemble", "correspondence", "region_index"]
 
-TORCH_DTYPE = {BF16: torch.bfloat16, FP32: torch.float32}
+TORCH_DTYPE = {BF16: torch.bfloat16, FP32: torch.float32, INT16: torch.int16}
 
 
 class State:
@@ -100,7 +101,7 @@ class State:
         s._registry = registry
         if s.device.type == "cpu":
             registry._handle()
-            registry.check_room(sum(b.elements * (2 if b.dtype == BF16 else 4) for b in s.view.buffers))
+            registry.check_room(sum(b.elements * DTYPE_SIZE[b.dtype] for b in s.view.buffers))
             registry._hold(s)
         try:
             for b in s.view.buffers:
@@ -128,10 +129,12 @@ class State:
 
     @classmethod
     def adopt(cls, registry: Registry, layout: Layout, rank: int,
-              tensors: Mapping[Union[int, Tuple[StateLike, int, bool]], torch.Tensor], role: int = SOURCE) -> "State":
+              tensors: Mapping[Union[int, Tuple[StateLike, int, bool], Tuple[StateLike, int, bool, bool]], torch.Tensor],
+              role: int = SOURCE) -> "State":
         """Register GPU buffers a trainer already has (Megatron's DDP buffers,
         say): tensors maps a buffer index of the rank's view, or its
-        (state, chunk, expert) with state a name or number, to a contiguous
+        (state, chunk, expert) or (state, chunk, expert, layerwise) with state
+        a name or number, to a contiguous
         CUDA tensor of the buffer's dtype and elements, registered by its
         CUDA IPC handle and offset. Host memory cannot be adopted: vps-exec
         maps host buffers through the shared-memory objects that allocate()
@@ -141,11 +144,12 @@ class State:
         given = {}
         for key, t in tensors.items():
             if isinstance(key, tuple):
-                st, chunk, expert = key
-                b = s.view.buffer(_state_number(st), chunk, expert)
+                st, chunk, expert, layerwise = key if len(key) == 4 else key + (False,)
+                b = s.view.buffer(_state_number(st), chunk, expert, layerwise)
                 if b is None:
-                    raise InvalidInput("rank %d holds no %s buffer of chunk %d%s"
-                                       % (rank, st, chunk, " (experts)" if expert else ""))
+                    raise InvalidInput("rank %d holds no %s buffer of chunk %d%s%s"
+                                       % (rank, st, chunk, " (experts)" if expert else "",
+                                          " (layer-wise)" if layerwise else ""))
                 key = b
             given[key] = t
         what = ["buffer %d (%s, chunk %d)" % (b.id, STATES[b.state], b.chunk) for b in s.view.buffers]
@@ -190,10 +194,12 @@ class State:
                     self._gone = "freed"
 
     # ---- what the trainer reads and writes ----
-    def buffer(self, state: StateLike, chunk: int = 0, expert: bool = False) -> Optional[torch.Tensor]:
-        """The buffer of (state, chunk, dense or expert), or None."""
+    def buffer(self, state: StateLike, chunk: int = 0, expert: bool = False,
+               layerwise: bool = False) -> Optional[torch.Tensor]:
+        """The buffer of (state, chunk, dense or expert, the layer-wise optimizer's or not),
+        or None."""
         self._live()
-        b = self.view.buffer(_state_number(state), chunk, expert)
+        b = self.view.buffer(_state_number(state), chunk, expert, layerwise)
         return None if b is None else self.buffers[b]
 
     def param(self, p: Union[Param, str], state: Optional[StateLike] = None) -> torch.Tensor:
@@ -205,7 +211,7 @@ class State:
         if isinstance(p, str):
             p = self.view.param(p)
         state = _state_number((MODULE_BUFFER if p.module_buffer else PARAM) if state is None else state)
-        b = self.view.buffer(state, p.chunk, p.expert)
+        b = self.view.buffer(state, p.chunk, p.expert, p.layerwise)
         if b is None or self.view.buffers[b].sharded or p.module_buffer != (state == MODULE_BUFFER):
             raise InvalidInput("%s: the rank holds no whole %s buffer for it" % (p.name, STATES[state]))
         return self.buffers[b][p.offset:p.offset + p.elements].view(p.shape)
@@ -305,13 +311,26 @@ def assemble(model: Model, pieces: Iterable[Tuple[Region, torch.Tensor]],
 
 def switch(registry: Registry, state: Optional[State], layout: Layout, rank: int, *,
            training: Optional[Training] = None, timeout: float = 600.0,
-           device: Union[str, torch.device, None] = None) -> Tuple[Optional[State], Optional[Training]]:
+           device: Union[str, torch.device, None] = None,
+           target: Optional[State] = None, clocks: Optional[dict] = None,
+           free: bool = True) -> Tuple[Optional[State], Optional[Training]]:
     """Move the rank's state to `rank` of `layout` (-1: this device leaves;
     state None: this device joins and holds nothing yet): allocate the new
     buffers (on `device`, by default the state's, else the host), hand the
     training scalars over, request the switch and wait up to `timeout`
     seconds for vps-exec. Returns (new State or None, Training carried from
     source rank 0).
+
+    target is the new State made ahead, while the job trained:
+    State.allocate(registry, layout, rank, vps.TARGET) and
+    registry.set_target(layout, rank), so that vps-exec maps its buffers
+    before the request and the pause allocates nothing; it is what switch
+    returns, or frees when the switch fails. clocks, a dict, is given the
+    wall clocks (time.time()) of the request (requested), the end of the
+    wait (done) and of the old buffers' release (freed), to set beside
+    vps-exec's report. With free=False the State before is not freed: the
+    caller frees it (State.free) when the pause is over; the registry no
+    longer holds its buffers.
 
     When the executors fail the switch (vps.PeerFailed with their message),
     the registry runs the old state again, whose buffers they never write,
@@ -324,21 +343,32 @@ def switch(registry: Registry, state: Optional[State], layout: Layout, rank: int
     registry._handle()
     if state is not None:
         state._live()
+    if target is not None:
+        target._live()
+        if target._registry is not registry or (target._hash, target.rank) != (layout.hash, rank) or rank < 0:
+            raise InvalidInput("the target given is %r, of %s; the switch goes to rank %d of %s" % (
+                target, target._registry, rank, layout.describe()))
     if registry.state()[0] == FAILED:
         # a switch a former call left under way (its wait timed out) failed
         # since: forget its targets and declare the sources again
         registry.reset(state.layout if state else None, state.rank if state else -1)
         if state:
             state.register(registry, SOURCE)
+        if target is not None:
+            target.register(registry, TARGET)
     if training is not None:
         registry.training = training
     dev = device or (state.device if state else "cpu")
-    new = State.allocate(registry, layout, rank, TARGET, dev) if rank >= 0 else None
+    new = target if target is not None else State.allocate(registry, layout, rank, TARGET, dev) if rank >= 0 else None
     seq = None
     try:
         registry.set_target(layout, rank)
+        if clocks is not None:
+            clocks["requested"] = time.time()
         seq = registry.request()
         registry.wait(seq, timeout)
+        if clocks is not None:
+            clocks["done"] = time.time()
     except Error as e:
         e.seq = seq
         if registry.state()[0] in (REQUESTED, RUNNING):
@@ -351,8 +381,10 @@ def switch(registry: Registry, state: Optional[State], layout: Layout, rank: int
         raise
     carried = registry.training
     registry.reset(layout if new else None, rank)
-    if state:
+    if state and free:
         state.free()
+    if clocks is not None:
+        clocks["freed"] = time.time()
     if new:
         new.register(registry, SOURCE)
     return new, carried

@@ -330,6 +330,51 @@ python_device_buffers() { # TRANSPORT
 }
 @test "python: device buffers registered by pointer through the module switch over nccl" { python_device_buffers nccl; }
 
+# ---- optimizer state in host memory beside parameters on the GPU ----
+# (Megatron's optimizer_cpu_offload): one registry holds both; ipc copies
+# each piece where its buffers are, the retains too, and the digest adds
+# the host's part to the kernel's. tcp and nccl reach one kind each and
+# refuse, naming the transport that moves both.
+
+mixed_switch() { # TRANSPORT
+	PY=${VPS_PYTHON:-/usr/bin/python3}
+	"$PY" -c 'import torch' 2>/dev/null || skip "$PY has no torch (make venv makes the test environment, which has it)"
+	vps-layout --model tiny-llama --parallel tp=2,zero=1 --gpus-per-node 2 -o a.layout
+	vps-layout --model tiny-llama --parallel tp=1,dp=2,zero=1 --gpus-per-node 2 -o b.layout
+	vps-plan a.layout b.layout | vps-stage --budget 256KiB - -o s.staged
+	port=$("$TOP/scripts/free-port.sh")
+	export VPS_CUDA_LIBRARY=$TOP/build/standin/libvps-cuda-standin.so VPS_NCCL_LIBRARY=$TOP/build/standin/libnccl-standin.so
+	timeout 120 "$PY" "$TOP/tests/python/standin_trainer.py" --host main_param,exp_avg,exp_avg_sq "mx$$" \
+		a.layout b.layout > t.log 2>&1 &
+	pt=$!
+	for r in 0 1; do
+		VPS_CUDA_LIBRARY=$STANDIN/libvps-cuda-standin.so VPS_NCCL_LIBRARY=$STANDIN/libnccl-standin.so \
+			timeout 120 vps-exec --registry "mx$$-%r" --rank $r --master 127.0.0.1:$port --transport "$1" --wait \
+			--check --timeout 30 s.staged > e.$r 2>&1 &
+		pe[$r]=$!
+	done
+	st=0
+	wait $pt || st=$?
+	for r in 0 1; do wait ${pe[$r]} || st=$?; done
+	cat t.log e.0 e.1
+	return $st
+}
+
+@test "ipc: parameters in GPU memory and optimizer state in host memory switch in one registry" {
+	mixed_switch ipc
+	grep -q "standin_trainer: 2 ranks, .* logical tensors switched in device memory registered by pointer, main_param,exp_avg,exp_avg_sq in host memory; 0 wrong elements" t.log
+	for r in 0 1; do grep -q "over ipc; .*digest: match" e.$r; done
+}
+
+@test "tcp and nccl refuse a registry of host and GPU memory, naming ipc" {
+	run mixed_switch tcp
+	[ "$status" -ne 0 ]
+	[[ "$output" == *"the tcp transport moves host memory; the trainer registered host and GPU memory, which only --transport ipc moves in one switch (one node)"* ]]
+	run mixed_switch nccl
+	[ "$status" -ne 0 ]
+	[[ "$output" == *"the nccl transport moves GPU memory; the trainer registered host and GPU memory, which only --transport ipc moves in one switch (one node)"* ]]
+}
+
 # ---- a long --serve: every switch opens and closes IPC handles ----
 # scripts/bench/longrun.sh samples every process's mappings and fds (a
 # device allocation of the stand-in is two mappings, an open handle two);
