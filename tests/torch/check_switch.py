@@ -1,4 +1,4 @@
-"""A torchtitan job switched by vps, its world grown (make check-torch).
+"""A torchtitan job switched by vps (make check-torch).
 
 torchtitan 0.3.0 builds llama3 (its own definition, _build_llama3_layers, at
 the size of models/llama3-tiny.yaml) and applies its parallelize function
@@ -14,16 +14,19 @@ by scaled_dot_product_attention, FSDP2's sums by SUM on gloo). vps.dtensor
 makes the job switchable, and vps-exec beside each rank moves its state
 every --every steps through
 
-    dp_shard=4 -> dp_replicate=2,dp_shard=2 -> dp_shard=2,tp=2 -> dp_shard=4
-        -> dp_shard=8
+    dp_shard=2 -> dp_shard=4 -> dp_replicate=2,dp_shard=2 -> dp_shard=2,tp=2
+        -> dp_shard=4
 
-(FSDP 4, HSDP 2x2, FSDP2 x TP 2, FSDP 4, then the world grows to 8
-processes), each between two steps: after a switch, the new configuration's
-model is built on the meta device and handed vps's buffers (no copy). The
-growth goes as vps.elastic's launcher protocol has it: this script is the
-agent (vps.elastic.Agent, the job's store); rank 0 asks for the switch, the
-agent starts the four processes that join and the eight executors of the
-growth, and says ready; the processes that join take part in the switch
+(FSDP 2, its world grown to FSDP 4, then HSDP 2x2, FSDP2 x TP 2, FSDP 4),
+each between two steps: after a switch, the new configuration's model is
+built on the meta device and handed vps's buffers (no copy). --configs
+gives other configurations, each of the world before or of a larger one
+(appending dp_shard=8 grows the world to 8 processes, which takes their
+memory). A growth goes as vps.elastic's launcher protocol has it: this
+script is the agent (vps.elastic.Agent, the job's store); rank 0 asks for
+each switch, the agent starts its executors (one per process of the world,
+serving the switches of a world in order) and, for a growth, the processes
+that join, and says ready; the processes that join take part in the switch
 (vps.dtensor.Job.join) and everyone makes the new world's default group on
 the job's store (vps.dtensor.init_world). Before and after each switch the
 whole state is gathered through DCP's get_state_dict (full state dicts: the
@@ -36,7 +39,7 @@ every step, scripts/convergence.sh's bound. A Job is also shown what it
 refuses (another layout than the model's, a Megatron layout, another
 optimizer, a step that is not Adam's).
 
-    check_switch.py [-v] [--steps N] [--every K] [--no-grow] [--keep DIR]
+    check_switch.py [-v] [--steps N] [--every K] [--configs 'A B ...'] [--keep DIR]
 
 Prints a line per switch with -v, then one summary line; exit 1 naming what
 differs, 2 on bad arguments.
@@ -55,7 +58,11 @@ import tempfile
 import time
 import traceback
 import types
+import warnings
 
+# the launcher forks the ranks after the job's store (a TCPStore server,
+# its own thread) started: a rank only connects to it, by a socket of its own
+warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOP = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(TOP, "python"))
@@ -75,7 +82,9 @@ import vps.elastic  # noqa: E402
 
 MODEL_NAME = "llama3-tiny"
 MODEL = os.path.join(HERE, "models", MODEL_NAME + ".yaml")
-CONFIGS = ["dp_shard=4", "dp_replicate=2,dp_shard=2", "dp_shard=2,tp=2", "dp_shard=4", "dp_shard=8"]
+# the switches' configurations (--configs): each of the world before, or
+# of a larger one (the world grows)
+CONFIGS = ["dp_shard=2", "dp_shard=4", "dp_replicate=2,dp_shard=2", "dp_shard=2,tp=2", "dp_shard=4"]
 GPUS_PER_NODE = 8
 GLOBAL_BATCH, SEQ = 8, 32
 LR, WARMUP, MAX_NORM, SEED = 3e-3, 4, 1.0, 1234
@@ -388,6 +397,11 @@ def fork(tmp, slot, fn):
         return pid
     code = 0
     try:
+        # PyTorch's warnings and gloo's notes to the process's log, shown when it fails
+        log = os.open(os.path.join(tmp, "process.%d.log" % slot), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
         torch.set_num_threads(1)
         out = fn()
     except BaseException as e:
@@ -407,7 +421,8 @@ def results(tmp, slots):
     for s in slots:
         path = os.path.join(tmp, "%d.pickle" % s)
         if not os.path.exists(path):
-            out.append(RankError(s, "exited without a result", ""))
+            log = os.path.join(tmp, "process.%d.log" % s)
+            out.append(RankError(s, "exited without a result", open(log).read()[-2000:] if os.path.exists(log) else ""))
             continue
         with open(path, "rb") as f:
             out.append(pickle.load(f))
@@ -449,6 +464,21 @@ def log_tail(tmp, n):
     return open(os.path.join(tmp, "exec.%d.log" % n)).read()[-2000:]
 
 
+def segments(ks):
+    """The switches ks in the executors' order: a list of (world, [k...]),
+    each served by one vps-exec per process of its world, started when its
+    first switch is asked: the switches in one world together (--serve), a
+    growth alone, in the world it grows to."""
+    out = []
+    for k in ks:
+        a, b = (vps.layout(MODEL, CONFIGS[i], GPUS_PER_NODE).world for i in (k - 1, k))
+        if a == b and out and out[-1][0] == b and not out[-1][2]:
+            out[-1][1].append(k)
+        else:
+            out.append((b, [k], a != b))
+    return [(w, k) for w, k, _ in out]
+
+
 def run_job(args, tmp, registry, switching):
     """The switching run (with vps, its executors and the growth) or the
     static run: rank 0's (losses, switches), and the executors' logs read."""
@@ -457,15 +487,11 @@ def run_job(args, tmp, registry, switching):
     pids = {}
     for s in range(world):
         pids[fork(tmp, s, lambda s=s: Rank(s, args, agent.host, agent.port, registry, switching).main())] = s
-    # the switches the run makes: those in the first world, then the growth
     ks = [k for k in range(1, args.configs) if k * args.every < args.steps] if switching else []
-    same = [k for k in ks if vps.layout(MODEL, CONFIGS[k], GPUS_PER_NODE).world == world]
-    grow = next((k for k in ks if k not in same), None)
+    segs = {ks_[0]: (w, ks_) for w, ks_ in segments(ks)}
     env = dict(os.environ, VPS_TOKEN=run([tool("vps-exec"), "--new-token"]).strip())
     staged = plans(tmp) if switching else []
-    procs = executors(tmp, staged[:len(same)], world, registry, env, 0) if switching and same else []
-    nexec = len(procs)
-    grown = None
+    procs = []
     deadline = time.monotonic() + args.timeout
     failed = None
     try:
@@ -480,16 +506,17 @@ def run_job(args, tmp, registry, switching):
                     failed = "vps-exec %d exited with status %d:\n%s" % (n, p.returncode, log_tail(tmp, n))
             for ask in agent.asks():
                 k = ask["switch"]
-                if k == grow:
-                    # vps.elastic: the growth; the executors of the switches before have ended
+                if k in segs:
+                    # vps.elastic: the executors of the switches before have ended; those of this one (and of
+                    # the switches after it in its world) start, and for a growth the processes that join
                     while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
                         time.sleep(0.05)
-                    procs += executors(tmp, [staged[grow - 1]], ask["world"], registry, env, nexec)
-                    grown = ask["world"]
-                    for s in range(world, grown):
-                        pids[fork(tmp, s, lambda s=s: Rank(s, args, agent.host, agent.port, registry,
-                                                           True).main(grow))] = s
-                # the executors of a switch in the first world serve it already
+                    w, served = segs[k]
+                    procs += executors(tmp, [staged[j - 1] for j in served], w, registry, env, len(procs))
+                    for s in range(world, w):
+                        pids[fork(tmp, s, lambda s=s, k=k: Rank(s, args, agent.host, agent.port, registry,
+                                                                True).main(k))] = s
+                    world = max(world, w)
                 agent.ready(k)
             if time.monotonic() > deadline:
                 failed = "processes %s still running after %d s" % (sorted(pids.values()), args.timeout)
@@ -509,8 +536,7 @@ def run_job(args, tmp, registry, switching):
                 p.send_signal(signal.SIGTERM)
         for p in procs:
             p.wait()
-    slots = range(grown or world)
-    res = results(tmp, slots)
+    res = results(tmp, range(world))
     errors = [r for r in res if isinstance(r, RankError)]
     if errors:
         for e in errors:
@@ -523,10 +549,9 @@ def run_job(args, tmp, registry, switching):
         if p.returncode:
             raise RuntimeError("vps-exec %d exited with %d:\n%s" % (n, p.returncode, log_tail(tmp, n)))
     digests = sum(open(os.path.join(tmp, "exec.%d.log" % n)).read().count("digest: match") for n in range(len(procs)))
-    nswitch = len(res[0][1])
-    expected = len(same) * world + (grown or 0)
+    expected = sum(w * len(served) for w, served in segs.values())
     if switching and digests != expected:
-        raise RuntimeError("%d switches, %d digests matched of %d" % (nswitch, digests, expected))
+        raise RuntimeError("%d switches, %d digests matched of %d" % (len(res[0][1]), digests, expected))
     return res[0]
 
 
@@ -535,13 +560,22 @@ def main():
     a.add_argument("-v", "--verbose", action="store_true")
     a.add_argument("--steps", type=int, default=10)
     a.add_argument("--every", type=int, default=2, help="switch every K steps")
-    a.add_argument("--no-grow", action="store_true", help="the switches in the world of 4 only")
+    a.add_argument("--configs", default=" ".join(CONFIGS),
+                   help="the configurations, space-separated; the last may have more processes (a growth)")
     a.add_argument("--keep", help="keep the plans, logs and reports in this directory")
     a.add_argument("--timeout", type=float, default=600)
     args = a.parse_args()
     if args.steps < 1 or args.every < 1:
         a.error("--steps and --every must be at least 1")
-    args.configs = len(CONFIGS) - (1 if args.no_grow else 0)
+    CONFIGS[:] = args.configs.split()
+    try:
+        worlds = [vps.layout(MODEL, c, GPUS_PER_NODE).world for c in CONFIGS]
+    except vps.Error as e:
+        a.error("--configs: %s" % e)
+    if len(CONFIGS) < 2 or worlds != sorted(worlds):
+        a.error("--configs: two or more configurations, each of the world before or a larger one (worlds %s)"
+                % worlds)
+    args.configs = len(CONFIGS)
     titan.install_training_shims()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     # stopped, it still removes what its processes left in /dev/shm
@@ -608,10 +642,12 @@ def check(args, tmp, registry):
     if args.verbose:
         use = resource.getrusage(resource.RUSAGE_CHILDREN)
         print("the processes' CPU time: %.0f s" % (use.ru_utime + use.ru_stime))
-    print("torchtitan %s on %s ranks: %d switches through vps-exec (%s), the whole state through DCP equal bit "
+    print("torchtitan %s on %s ranks: %d switch%s through vps-exec (%s), the whole state through DCP equal bit "
           "for bit across each; loss within %g of the static run's at every step (largest %.1e, step %d) (%.0f s)"
-          % (MODEL_NAME, "4 -> 8" if any(s[2] == CONFIGS[-1] for s in switches) and not args.no_grow else "4",
-             len(switches), " -> ".join(CONFIGS[:len(switches) + 1]), MAX_REL, worst, worst_at,
+          % (MODEL_NAME, " -> ".join(sorted({str(vps.layout(MODEL, c, GPUS_PER_NODE).world)
+                                             for c in CONFIGS[:len(switches) + 1]}, key=int)),
+             len(switches), "" if len(switches) == 1 else "es", " -> ".join(CONFIGS[:len(switches) + 1]), MAX_REL,
+             worst, worst_at,
              time.monotonic() - t0))
 
 
