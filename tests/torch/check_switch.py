@@ -251,12 +251,15 @@ class Rank:
             vps.dtensor.init_world(self.job.store, k, self.slot, layout.world, timeout=self.args.timeout)
             self.world = k
 
-    def build(self, k):
-        def fn(layout):
+    def builder(self, k):
+        """The build function of switch k: the world (when it changes), then
+        the new configuration's model on the meta device, and its optimizer."""
+        def build(layout):
             self.world_of(k, layout)
             self.b = make(layout, materialize=False)
-            return self.b.model, self.b.optimizer
-        return fn
+            model, optimizer = self.b.model, self.b.optimizer
+            return model, optimizer
+        return build
 
     def first(self):
         """The first configuration's job, initialized from the seed."""
@@ -264,10 +267,13 @@ class Rank:
         self.world_of(0, lay)
         self.b = make(lay, materialize=True)
         if self.switching:
+            registry, rank, layout, model, optimizer = self.registry, self.slot, lay, self.b.model, self.b.optimizer
             # vps: the registry vps-exec finds this rank's buffers through
-            self.reg = vps.Registry(self.registry % self.slot, lay, self.slot)
+            reg = vps.Registry(registry % rank, layout, rank)
+            self.reg = reg
             # vps: every local shard and Adam's moments become views of vps's buffers
-            self.vjob = vps.dtensor.Job(self.reg, lay, self.slot, self.b.model, self.b.optimizer)
+            job = vps.dtensor.Job(reg, layout, rank, model, optimizer)
+            self.vjob = job
         return 0, 0
 
     def join(self, k):
@@ -276,7 +282,7 @@ class Rank:
             raise RuntimeError("process %d: the job ended before switch %d" % (self.slot, k))
         self.reg = vps.Registry(self.registry % self.slot, None, -1)
         # vps: a process that joins receives its state, and its model is built around it
-        self.vjob, carried = vps.dtensor.Job.join(self.reg, self.layouts[k], self.slot, self.build(k),
+        self.vjob, carried = vps.dtensor.Job.join(self.reg, self.layouts[k], self.slot, self.builder(k),
                                                   timeout=self.args.timeout)
         set_lr(self.b.optimizer, carried.step)
         self.gather_after(k, None, 0.0)
@@ -293,11 +299,11 @@ class Rank:
             time.sleep(vps.elastic.POLL)
         before = gather(self.b)
         t0 = time.monotonic()
+        job, new_layout, rank, build = self.vjob, lay, self.slot, self.builder(k)
         # vps: between two steps the state moves to the new layout, and build makes its model around it
-        _, _, carried = self.vjob.switch(lay, self.slot, vps.Training(
-            step=step, consumed_samples=consumed, global_batch=GLOBAL_BATCH), self.build(k),
-            timeout=self.args.timeout)
-        set_lr(self.b.optimizer, carried.step)
+        model, optimizer, carried = job.switch(new_layout, rank, vps.Training(
+            step=step, consumed_samples=consumed, global_batch=GLOBAL_BATCH), build)
+        set_lr(optimizer, carried.step)
         pause = time.monotonic() - t0
         if (carried.step, carried.consumed_samples) != (step, consumed):
             raise RuntimeError("the switch carried step %d, samples %d; the job was at %d, %d" % (
