@@ -346,11 +346,11 @@ class Rank:
         return self.losses, self.switches
 
 
-def refusals(registry):
+def refusals(registry, tmp):
     """What a Job refuses, on one rank: a layout that is not the model's, a
     Megatron layout, an optimizer other than Adam, a training step that is
     not the optimizer's. Returns the messages, in order."""
-    store = dist.FileStore(os.path.join(tempfile.mkdtemp(prefix="vps-torch-refusals-"), "store"), 1)
+    store = dist.FileStore(os.path.join(tmp, "refusals.store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     lay = vps.layout(MODEL, "dp_shard=1", 1)
     b = make(lay, materialize=True)
@@ -604,7 +604,7 @@ def main():
 
 def check(args, tmp, registry):
     t0 = time.monotonic()
-    pid = fork(tmp, 99, lambda: refusals(registry))
+    pid = fork(tmp, 99, lambda: refusals(registry, tmp))
     os.waitpid(pid, 0)
     (said,) = results(tmp, [99])
     if isinstance(said, RankError):
