@@ -11,7 +11,8 @@
 #                   Megatron-Core job switched by vps.megatron, and Megatron-LM's
 #                   pretrain() switched by vps.megatron_training
 #   make check-hf   vps's Hugging Face imports against transformers' models
-#   make check-torch  vps's DTensor layouts against FSDP2/TP/PP/EP as torchtitan applies them
+#   make check-torch  vps's DTensor layouts against FSDP2/TP/PP/EP as torchtitan applies
+#                   them, and a torchtitan job switched by vps.dtensor
 #   make venv       the test environment build/venv (torch, megatron-core,
 #                   transformers: python/requirements-test.txt)
 #   make layers     libvps's rooms keep their layers, no cycles, only the API exported
@@ -316,9 +317,12 @@ check-hf: $(SHLIB_FILES) $(PY_STAMP)
 # PP, EP) build a matrix of configurations on the CPU, a process per rank
 # under gloo, and every rank's local shards of parameters and Adam's states
 # must be where vps's family=dtensor layouts put them (tests/torch/README.md;
-# CHECK_TORCH_FLAGS=--full for the fuller matrix)
-check-torch: $(SHLIB_FILES) $(PY_STAMP)
+# CHECK_TORCH_FLAGS=--full for the fuller matrix); then a torchtitan job
+# trains and vps.dtensor switches it through vps-exec: FSDP 2, grown to
+# FSDP 4, then HSDP 2x2, FSDP 2 x TP 2 and FSDP 4
+check-torch: $(SHLIB_FILES) $(TOOL_BINS) $(PY_STAMP)
 	VPS_LIBRARY=$(abspath $(SHLIB)) $(PYTHON_ABS) tests/torch/check_torch.py $(CHECK_TORCH_FLAGS)
+	VPS_LIBRARY=$(abspath $(SHLIB)) VPS_BIN=$(abspath $(BINDIR)) $(PYTHON_ABS) tests/torch/check_switch.py
 
 # libvps's rooms keep their layers, with no cycles, and libvps.so exports
 # only what include/vps/ declares (scripts/layers.py, docs/architecture.md)

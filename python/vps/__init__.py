@@ -18,7 +18,7 @@ with one vps-exec(1) beside each rank. See man vps(7), examples/torch/minimal.py
 Failures raise vps.Error, or the subclass of its result code (vps.NotFound,
 vps.Timeout, vps.PeerFailed, vps.Stale, vps.Busy, ...). The torch parts
 (State, switch, assemble, correspondence, region_index, and the modules
-vps.megatron and vps.elastic) need PyTorch; without it they raise
+vps.megatron, vps.dtensor and vps.elastic) need PyTorch; without it they raise
 ModuleNotFoundError saying how to get it, and the rest works."""
 from importlib.util import find_spec as _find_spec
 
@@ -32,7 +32,7 @@ from .registry import CUDA, HOST, SOURCE, TARGET, Registry, Training
 __version__ = version()
 
 _TORCH = ("State", "switch", "assemble", "correspondence", "region_index", "TORCH_DTYPE")
-_SUBMODULES = ("elastic", "megatron", "hf")
+_SUBMODULES = ("elastic", "megatron", "dtensor", "hf")
 
 # `from vps import *` takes the torch parts only where torch is there to
 # import: without it they raise, and the rest must still import

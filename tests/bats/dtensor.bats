@@ -86,3 +86,40 @@ load helpers
 	expect_status 2 vps-plan m.layout d.layout
 	[[ "$output" == *"the layouts are of different families (megatron, dtensor)"* ]]
 }
+
+# tests/torch/check_switch.py (make check-torch runs it whole): vps.dtensor
+# switching a torchtitan job, as README and vps(7) show it.
+
+@test "README's and vps(7)'s DTensor fragments are check_switch.py's own lines" {
+	run python3 - "$TOP" <<-'PY'
+	import sys
+	top = sys.argv[1]
+	sys.path.insert(0, top + "/tests/bats")
+	import examples
+	mine = {l.strip() for l in open(top + "/tests/torch/check_switch.py")}
+	n = 0
+	for page in ("README.md", "man/vps.7"):
+	    for b in examples.blocks_of(top + "/" + page):
+	        if b.kind == "not run" and "DTensor training loop" in b.why:
+	            n += 1
+	            for line in b.text:
+	                # "..." stands for the job's own lines, with or without a comment saying which
+	                if line.strip() not in ("", "...") and not line.strip().startswith("... ") and line.strip() not in mine:
+	                    sys.exit("%s: not a line of check_switch.py: %s" % (b.where(), line.strip()))
+	if n != 2:
+	    sys.exit("%d DTensor fragments, expected one in each page" % n)
+	PY
+	echo "$output"
+	[ "$status" -eq 0 ]
+	# the lines that make the job switchable are among them
+	grep -q 'job = vps.dtensor.Job(reg, layout, rank, model, optimizer)' "$TOP/README.md"
+	grep -q 'model, optimizer, carried = job.switch(new_layout, rank, vps.Training(' "$TOP/man/vps.7"
+}
+
+@test "check_switch.py (DTensor): bad arguments exit 2" {
+	expect_status 2 "$PY" "$TOP/tests/torch/check_switch.py" --steps 0
+	[[ "$output" == *"--steps and --every must be at least 1"* ]]
+	expect_status 2 "$PY" "$TOP/tests/torch/check_switch.py" --configs "dp_shard=4 dp_shard=2"
+	[[ "$output" == *"each of the world before or a larger one (worlds [4, 2])"* ]]
+	expect_status 2 "$PY" "$TOP/tests/torch/check_switch.py" --configs "dp_shard=4 tp=3"
+}

@@ -707,9 +707,10 @@ class Api(unittest.TestCase):
 
     def test_every_public_name_is_documented_and_typed(self):
         import inspect
+        import vps.dtensor
         import vps.hf
         import vps.megatron
-        for mod in (vps, vps.megatron, vps.elastic, vps.hf):
+        for mod in (vps, vps.megatron, vps.dtensor, vps.elastic, vps.hf):
             for n in mod.__all__:
                 obj = getattr(mod, n)
                 if not (inspect.isclass(obj) or inspect.isfunction(obj)):
@@ -747,7 +748,7 @@ for part in ("vps.State", "vps.switch", "vps.assemble"):
         eval(part)
     except ModuleNotFoundError as e:
         print(part, e.name, e)
-for part in ("vps.megatron", "vps.elastic"):
+for part in ("vps.megatron", "vps.dtensor", "vps.elastic"):
     try:
         __import__(part)
     except ModuleNotFoundError as e:
@@ -757,8 +758,9 @@ for part in ("vps.megatron", "vps.elastic"):
         self.assertEqual(r.returncode, 0, r.stderr)
         lines = r.stdout.splitlines()
         self.assertEqual(lines[0], "2 False NotFound")
-        self.assertEqual(len(lines), 6, r.stdout)
-        for line, part in zip(lines[1:], ("vps.State", "vps.switch", "vps.assemble", "vps.megatron", "vps.elastic")):
+        self.assertEqual(len(lines), 7, r.stdout)
+        for line, part in zip(lines[1:], ("vps.State", "vps.switch", "vps.assemble", "vps.megatron", "vps.dtensor",
+                                          "vps.elastic")):
             self.assertTrue(line.startswith(part + " torch vps."), line)
             self.assertIn(" needs PyTorch, which %s cannot import (" % sys.executable, line)
             self.assertIn("make venv makes build/venv", line)

@@ -24,6 +24,7 @@ the same placement the way PyTorch 2.11 can (torchtitan 0.2's way): the
 experts' module wrapped first on the efsdp mesh, then the block on the
 dense one.
 """
+import contextlib
 import dataclasses
 import sys
 import types
@@ -81,6 +82,77 @@ REFUSED = {
 }
 
 
+def _causal_attention(self, q_BLNH, k_BLNH, v_BLNH, *, attention_masks=None, score_mod=None, scale=None,
+                      enable_gqa=False, out_transform=None, **kwargs):
+    """FlexAttention.forward's causal attention through PyTorch's
+    scaled_dot_product_attention (the argument names are the original's:
+    torchtitan's TP plan maps q_BLNH, k_BLNH and v_BLNH by name)."""
+    if attention_masks is not None or score_mod is not None or out_transform is not None:
+        raise NotImplementedError("the CPU training shim computes causal attention only (one document a sample)")
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q_BLNH.transpose(1, 2), k_BLNH.transpose(1, 2), v_BLNH.transpose(1, 2), is_causal=True, scale=scale,
+        enable_gqa=enable_gqa)
+    return out.transpose(1, 2)
+
+
+def install_training_shims():
+    """What training torchtitan's models on the CPU needs beyond importing
+    them (tests/torch/check_switch.py); neither changes a parameter, a
+    placement or a state:
+
+      - FlexAttention computes causal attention with PyTorch's
+        scaled_dot_product_attention: 2.11's flex_attention has no backward
+        on the CPU, and torchtitan's mask builder passes create_block_mask a
+        nightly argument (separate_full_blocks). Every sample is one
+        document (positions 0..S-1), where torchtitan's block-causal
+        document mask is the causal mask; FlexAttention has no parameters;
+      - sum_reductions(model) has FSDP2 reduce gradients with SUM: torchtitan
+        turns FSDP2's division off (gradient divide factor 1, the loss is
+        divided by the global token count), for which FSDP2 reduce-scatters
+        with NCCL's PREMUL_SUM(1/1), which gloo lacks; its SUM then divide
+        by 1 is the same sum (set_force_sum_reduction_for_comms).
+
+    And what torchtitan's Trainer sets from its configuration: the
+    partial_dtensor backend (torchtitan.distributed.utils.set_spmd_backend),
+    whose loss reads a TP-sharded output (loss parallel)."""
+    from torchtitan.distributed.utils import set_spmd_backend
+    from torchtitan.models.common.attention import FlexAttention
+    FlexAttention.forward = _causal_attention
+    set_spmd_backend("partial_dtensor")
+
+
+def sum_reductions(model):
+    """FSDP2's gradient reductions with SUM on gloo (install_training_shims)."""
+    from torch.distributed.fsdp import FSDPModule
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_force_sum_reduction_for_comms(True)
+
+
+@contextlib.contextmanager
+def fused_qkv_kept(model):
+    """DCP's get_state_dict on torchtitan's model: while it reads, the
+    fused QKV linears' save hook (FusedQKVLinear._split_qkv_on_save, which
+    renames wqkv.weight into Hugging Face's wq, wk and wv for torchtitan's
+    checkpoints) is off. DCP maps every key of the model's state_dict to
+    the module path of its parameter, and a fused linear has no wq; without
+    the hook the key is the parameter's own name and its value the
+    parameter itself."""
+    from torchtitan.models.common.attention import FusedQKVLinear
+    taken = []
+    for m in model.modules():
+        if isinstance(m, FusedQKVLinear):
+            for k, h in list(m._state_dict_hooks.items()):
+                if h is FusedQKVLinear._split_qkv_on_save:
+                    taken.append((m, k, h))
+                    del m._state_dict_hooks[k]
+    try:
+        yield
+    finally:
+        for m, k, h in taken:
+            m._state_dict_hooks[k] = h
+
+
 def qwen3_moe(experts, layers=2, dim=64, moe_hidden=32, heads=4, kv_heads=2, head_dim=16, vocab=256):
     """torchtitan's qwen3 MoE model (its debugmodel_moe's definition,
     _build_qwen3_moe_layers) at a size two CPU cores build in a second."""
@@ -116,12 +188,33 @@ def qwen3_dense(layers=2, dim=64, hidden=96, heads=4, kv_heads=2, head_dim=32, v
     return spec
 
 
+def llama3_tiny(layers=2, dim=64, heads=4, kv_heads=2, vocab=256):
+    """torchtitan's llama3 (its debugmodel's definition, _build_llama3_layers,
+    untied) at a size 8 CPU ranks train in a second a step."""
+    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm, compute_ffn_hidden_dim
+    from torchtitan.models.llama3.model import Llama3Model
+    spec = _llama3.model_registry("debugmodel", attn_backend="flex")
+    spec.model = Llama3Model.Config(
+        dim=dim, vocab_size=vocab,
+        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim, param_init=_llama3._EMBEDDING_INIT),
+        norm=RMSNorm.Config(normalized_shape=dim, param_init=_llama3._NORM_INIT),
+        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=_llama3._output_linear_init(dim)),
+        layers=_llama3._build_llama3_layers(
+            fuse_qkv=True, n_layers=layers, dim=dim, n_heads=heads, n_kv_heads=kv_heads,
+            hidden_dim=compute_ffn_hidden_dim(dim, multiple_of=32),
+            rope=ComplexRoPE.Config(dim=dim // heads, max_seq_len=256, theta=500000, scaling="llama"),
+            attn_backend="flex"))
+    return spec
+
+
 def model_spec(name):
     """torchtitan's ModelSpec of one of the harness's models."""
     if name == "llama3-debug":
         return _llama3.model_registry("debugmodel", attn_backend="flex")
     if name == "qwen3-tiny":
         return qwen3_dense()
+    if name == "llama3-tiny":
+        return llama3_tiny()
     if name.startswith("qwen3-moe-e"):
         return qwen3_moe(int(name[len("qwen3-moe-e"):]))
     raise ValueError("unknown model %s" % name)
