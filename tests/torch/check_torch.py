@@ -8,7 +8,9 @@ fully_shard with HSDP where dp_replicate > 1). Every parameter of the full
 model is first set to values unique within its logical tensor (so a shard
 in the wrong place cannot match); each rank sets its gradients from its own
 parameters (grad = sin(1000 p), elementwise, so replicas agree and no
-collective runs: gloo has no reduce_scatter for FSDP2's backward) and takes
+collective runs: the placements do not depend on how gradients were made,
+and the matrix stays quick; tests/torch/check_switch.py trains through
+FSDP2's backward on gloo) and takes
 one torch.optim.AdamW step, which makes Adam's exp_avg and exp_avg_sq
 (DTensors of the parameter's placement) and step. Each rank then compares
 what PyTorch holds with vps's view of the rank (python/vps, vps_layout_rank
