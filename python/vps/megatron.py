@@ -2,12 +2,16 @@
 
 Megatron-Core keeps a rank's training state in its own objects: each model
 chunk's DistributedDataParallel holds the bf16 parameters in one flat buffer
-per (chunk, dense or expert), and the DistributedOptimizer holds an fp32
-main parameter and Adam's two moments per piece of parameter that the rank's
-ZeRO-1 shard covers. vps lays out the same state as flat buffers of the
-same order (tests/megatron checks every rank against Megatron-Core's own
-code), so a Job points Megatron's tensors into vps's buffers and the switch
-moves them:
+per (chunk, dense or expert, layer-wise or not), and the optimizer an fp32
+main parameter and its states per parameter or piece of one: the
+DistributedOptimizer (ZeRO-1) each piece of parameter that the rank's shard
+covers, the Float16Optimizer (zero=0) every parameter whole, and the
+layer-wise distributed optimizer (Muon or Lion with
+--use-distributed-optimizer) the 2-D weights this DP rank owns, whole, with
+a DistributedOptimizer, its scalar optimizer, for the rest. vps lays out
+the same state as flat buffers of the same order (tests/megatron checks
+every rank against Megatron-Core's own code), so a Job points Megatron's
+tensors into vps's buffers and the switch moves them:
 
     import vps, vps.megatron
 
@@ -27,10 +31,13 @@ moves them:
         global_batch=gb, micro_batch=mb))
 
 with one vps-exec(1) beside each rank. What moves: the bf16 parameters, the
-fp32 main parameters, exp_avg and exp_avg_sq, and the modules' buffers that
-are training state (the routers' expert_bias); gradients are rebuilt by
-the next step and stay Megatron's. What is carried: the training scalars
-(vps.Training), of which `step` is also Adam's step count.
+fp32 main parameters, the optimizers' states (Adam's exp_avg and
+exp_avg_sq, Lion's exp_avg, Muon's and SGD's momentum_buffer), and the
+modules' buffers that are training state (the routers' expert_bias);
+gradients are rebuilt by the next step and stay Megatron's. What is
+carried: the training scalars (vps.Training), of which `step` is also
+Adam's step count (Adam's, the scalar optimizer's under Muon and Lion; SGD,
+Lion and Muon keep none).
 
 The pause holds the transfer and the hand-over. Job.prepare does the rest
 while the job trains: it allocates and registers the next configuration's
@@ -64,14 +71,16 @@ first step after the switch.
 
 The skeleton (while build runs in Job.prepare): tensors allocated without
 a device, parameters as they are registered, and the copies of parameters
-the DistributedOptimizer makes for its main parameters are on the meta
-device; DDP's parameter buffer is the next State's, and its gradient buffer
-is given memory only in the pause (after the old one is freed). What
-prepare holds until the switch is the next State (the state the switch
-moves, on this rank in the next layout), Megatron's small tensors (its
-scalars, the routers' token counts) and the largest parameter's bytes for
-a moment; a tensor the skeleton left on the meta device is refused with
-vps.CheckFailed, naming it.
+the DistributedOptimizer and the Float16Optimizer make for their main
+parameters are on the meta device; DDP's parameter buffers are the next
+State's, and its gradient buffers are given memory only in the pause (after
+the old ones are freed). What prepare holds until the switch is the next
+State (the state the switch moves, on this rank in the next layout),
+Megatron's small tensors (its scalars, the routers' token counts) and the
+largest parameter's bytes (for a moment; without the distributed optimizer,
+whose DDP keeps no parameter buffer, until the switch); a tensor the
+skeleton left on the meta device is refused with vps.CheckFailed, naming
+it.
 
 Where the buffers live: a GPU job's parameter buffers are DDP's own
 (State.adopt registers them by their CUDA IPC handles, no copy); its main
@@ -84,17 +93,25 @@ Megatron's objects of the configuration before are emptied by the switch
 (their tensors hold no elements, their gradient buffers no memory), since
 their memory is gone.
 
-Supported: the DistributedOptimizer (ZeRO-1, zero=1 in vps's terms) over
-torch's Adam/AdamW (tests/megatron/check_switch.py trains with it on the
-CPU) or a fused Adam that keeps exp_avg and exp_avg_sq per parameter and
-its step per group (Apex's, TransformerEngine's: GPU only, not exercised
-by the tests here), bf16 parameters with fp32 main parameters, dense and
-expert buffers, the routers' expert_bias, any number of model chunks
-(VPP). Not supported, and refused with vps.Error: Megatron's
-Float16Optimizer (zero=0), the precision-aware optimizer (moments and
-master weights kept by TransformerEngine's FusedAdam), optimizer state
-offloaded to the host (optimizer_cpu_offload), parameters of other dtypes,
-layouts that move gradients (grad=1).
+Supported (the layout's optimizer= and scalar= must be what Megatron
+built; tests/megatron/check_switch.py trains each on the CPU): the
+DistributedOptimizer (ZeRO-1, zero=1 in vps's terms) over torch's
+Adam/AdamW or a fused Adam that keeps exp_avg and exp_avg_sq per parameter
+and its step per group (Apex's, TransformerEngine's: GPU only, not
+exercised by the tests here); the Float16Optimizer (zero=0) over SGD with
+momentum (optimizer=sgd), Megatron's optimizer for SGD; Muon and Lion as
+the layer-wise distributed optimizer (optimizer=muon|lion, zero=1) with
+Adam's or Lion's scalar optimizer (scalar=); bf16 parameters with fp32
+main parameters and states, dense and expert buffers, the routers'
+expert_bias, any number of model chunks (VPP). Not supported, and refused
+with vps.Error naming why: the precision-aware optimizer (int16 remainders
+and 16-bit moments, kept by TransformerEngine's FusedAdam, which needs a
+GPU), optimizer state offloaded to the host (optimizer_cpu_offload: its
+HybridDeviceOptimizer keeps host copies vps's layouts do not describe),
+SGD without momentum (no state to move, where the layout holds one), an
+optimizer whose states vps does not describe (AdaptiveMuon's second
+moment), parameters of other dtypes, layouts that move gradients
+(grad=1).
 
 Needs PyTorch (and Megatron-Core for the job itself): without torch,
 importing it raises ModuleNotFoundError saying how to get it."""

@@ -17,23 +17,35 @@ per rank, started beside the ranks, moves the state through the switches
         -> pp=2,ep=2,dp=2,zero=1 -> ep=2,dp=4,zero=1
 
 (TP, DP and its ZeRO-1 shards, PP, virtual chunks, EP and the expert TP
-and DP all change), each between two steps, every --every steps. Each next
-configuration is made ready while the job trains (Job.prepare, as soon as
-the switch before is done), so that the switch's pause holds the transfer
-and the hand-over. Before and after each switch every rank's whole state is
-gathered in Megatron's model space (shards()): the model's own sharded
-state dict (the expert bias among it, which Megatron updates every step),
-and the optimizer's pieces through its own accessors (bf16 parameters, fp32
-main parameters, exp_avg, exp_avg_sq, Adam's step), and the two must be
-equal bit for bit, replicas (the tied embeddings' copy on the last stage)
-included; the iteration, consumed samples and scheduler position must come
-across; every rank's Megatron groups must hold the ranks the layout gives
-it, and the model reduce over the installed ones; the groups cache (three
+and DP all change), each between two steps, every --every steps; then the
+other optimizers Megatron-Core builds, shorter (more with --full):
+
+    micro-moe, Muon as Megatron's layer-wise distributed optimizer (each
+    2-D weight whole on one DP rank, Adam the scalar optimizer under
+    ZeRO-1): ep=2,dp=4 -> tp=2,ep=2,dp=2 -> pp=2,ep=2,dp=2 -> ep=4,dp=4
+    micro-gpt, SGD with momentum (Megatron's Float16Optimizer, zero=0):
+    tp=2,dp=2 -> pp=2,dp=2
+    micro-gpt, Lion as the layer-wise optimizer: tp=2,dp=2 -> pp=2,dp=2
+
+(--full: each a switch or two more, and Muon with Lion the scalar
+optimizer). Each next configuration is made ready while the job trains
+(Job.prepare, as soon as the switch before is done), so that the switch's
+pause holds the transfer and the hand-over. Before and after each switch
+every rank's whole state is gathered in Megatron's model space (shards()):
+the model's own sharded state dict (the expert bias among it, which
+Megatron updates every step), and the optimizer's pieces through its own
+accessors (bf16 parameters, fp32 main parameters, exp_avg, exp_avg_sq,
+momentum_buffer, Adam's step), and the two must be equal bit for bit,
+replicas (the tied embeddings' copy on the last stage) included; the
+iteration, consumed samples and scheduler position must come across; every
+rank's Megatron groups must hold the ranks the layout gives it, and the
+model reduce over the installed ones; the groups cache (three
 configurations kept here) must make, reuse and evict what its policy says.
 A static run stays in the first configuration on the same batches: up to
 the first switch the two runs' losses must be equal bit for bit (vps's
 buffers under Megatron's tensors change nothing), and after it within 1e-3
-(relative) of each other at every step, the bound of scripts/convergence.sh.
+(relative) of each other at every step, the bound of
+scripts/convergence.sh.
 
 Each switch's pause (from the last rank calling Job.switch to the last
 returning) is broken down from the Job's clocks and the executors' reports
@@ -41,11 +53,12 @@ returning) is broken down from the Job's clocks and the executors' reports
 R the largest over the switches of the pause over the slowest rank's
 vps-exec pause (scripts/bench/megatron_pause.sh tabulates them).
 
-    check_switch.py [-v] [--steps N] [--every K] [--model NAME]... [--keep DIR]
-                    [--no-prepare] [--pauses FILE]
+    check_switch.py [-v] [--steps N] [--every K] [--model NAME]... [--optimizer NAME]...
+                    [--full] [--keep DIR] [--no-prepare] [--pauses FILE]
 
-Prints a line per switch and step with -v, then one summary line; exit 1
-naming what differs, 2 on bad arguments.
+Prints a line per switch and step with -v, then one summary line for Adam's
+jobs and one per other optimizer; exit 1 naming what differs, 2 on bad
+arguments.
 """
 import argparse
 import copy
@@ -83,15 +96,24 @@ class Run:
     """A job the check trains and switches: its model, the parallel
     configurations it visits in order (the optimizer is part of them), and
     its steps and switch interval (None: --steps and --every's); full, the
-    same under --full."""
+    same under --full; quick=False, a job of --full only."""
 
-    def __init__(self, name, configs, steps=None, every=None, full=None):
+    def __init__(self, name, configs, steps=None, every=None, full=None, quick=True):
         self.name, self.configs, self.steps, self.every = name, configs, steps, every
-        self.full = full
+        self.full, self.quick = full, quick
         self.model = os.path.join(HERE, "models", name + ".yaml")
-        opt = [kv.split("=", 1)[1] for kv in configs[0].split(",") if kv.startswith("optimizer=")]
-        self.optimizer = opt[0] if opt else "adam"
-        self.label = name if self.optimizer == "adam" else "%s optimizer=%s" % (name, self.optimizer)
+        spec = dict(kv.split("=", 1) for kv in configs[0].split(","))
+        self.optimizer, scalar = spec.get("optimizer", "adam"), spec.get("scalar", "adam")
+        layer_wise = self.optimizer in ("muon", "lion") and spec["zero"] != "0"
+        # how Megatron runs the optimizer, in the summary line (Adam's jobs: the DistributedOptimizer, said above)
+        self.what = "" if self.optimizer == "adam" else "Megatron's Float16Optimizer (zero=0)" \
+            if self.optimizer == "sgd" else "%s, %s the scalar optimizer" % (
+                "the layer-wise distributed optimizer" if layer_wise else "Float16Optimizers (zero=0)",
+                scalar.capitalize())
+        shown = [kv for kv in ("optimizer", "scalar") if kv in spec] + ([] if layer_wise or self.optimizer == "sgd"
+                                                                         else ["zero"])
+        self.label = name if self.optimizer == "adam" else " ".join(
+            [name] + ["%s=%s" % (k, spec[k]) for k in shown])
 
     def resolved(self, args):
         """(configurations, steps, every) of this run under the arguments."""
@@ -121,6 +143,12 @@ RUNS = [
     Run("micro-gpt", ["tp=2,dp=2,zero=1,optimizer=lion", "pp=2,dp=2,zero=1,optimizer=lion"], 4, 2,
         full=(["tp=2,dp=2,zero=1,optimizer=lion", "pp=2,dp=2,zero=1,optimizer=lion", "dp=4,zero=1,optimizer=lion",
                "tp=2,pp=2,zero=1,optimizer=lion"], 12, 3)),
+    # --full only: Muon with Lion the scalar optimizer (--muon-scalar-optimizer lion: its exp_avg under ZeRO-1
+    # ranges), and Muon without the distributed optimizer (Float16Optimizers over Muon and Adam)
+    Run("micro-gpt", ["tp=2,dp=2,zero=1,optimizer=muon,scalar=lion", "pp=2,dp=2,zero=1,optimizer=muon,scalar=lion",
+                      "dp=4,zero=1,optimizer=muon,scalar=lion"], 7, 3, quick=False),
+    Run("micro-gpt", ["tp=2,dp=2,zero=0,optimizer=muon", "pp=2,dp=2,zero=0,optimizer=muon",
+                      "dp=4,zero=0,optimizer=muon"], 9, 3, quick=False),
 ]
 MODEL = RUNS[0].model  # the refusals' job
 WORLD = 4
@@ -180,11 +208,10 @@ def forward_step(data_iterator, model):
 
 
 # ---- a rank's job, built by Megatron-Core for a layout ----
-def build(layout, **overrides):
+def build(layout):
     """Megatron's own constructors for a layout, called as Megatron-LM's
     setup_model_and_optimizer calls them: the process groups, the seeds,
-    GPTModel chunks in DDP, the optimizer (the layout's, with overrides of
-    its OptimizerConfig)."""
+    GPTModel chunks in DDP, the layout's optimizer."""
     vps.megatron.initialize_groups(layout, create_gloo_process_groups=False)
     model_parallel_cuda_manual_seed(SEED, force_reset_rng=True)
     torch.manual_seed(SEED)
@@ -194,13 +221,13 @@ def build(layout, **overrides):
                                       hidden_dropout=0.0, attention_dropout=0.0,
                                       sequence_parallel=layout.model.experts > 0 and par["tp"] > 1)
     model = mcore.wrap_ddp(mcore.build_chunks(layout.model, par, config), config, par)
-    optimizer = get_megatron_optimizer(optimizer_config(par, **overrides), model, use_gloo_process_groups=False)
+    optimizer = get_megatron_optimizer(optimizer_config(par), model, use_gloo_process_groups=False)
     config.finalize_model_grads_func = finalize_model_grads
     config.grad_scale_func = optimizer.scale_loss
     return model, optimizer
 
 
-def optimizer_config(par, **overrides):
+def optimizer_config(par):
     """The OptimizerConfig of Megatron-LM's flags for the configuration's
     optimizer (--optimizer, --use-distributed-optimizer, which Muon and Lion
     turn into the layer-wise distributed optimizer, --muon-scalar-optimizer),
@@ -209,13 +236,12 @@ def optimizer_config(par, **overrides):
     TP and a switch of TP compares with a static run; Megatron-LM's default,
     blockwise, orthogonalizes each rank's block."""
     layer_wise = mcore.layer_wise(par)
-    kw = dict(optimizer=mcore.optimizer_name(par), lr=LR, min_lr=LR / 10, weight_decay=0.01, adam_beta1=0.9,
-              adam_beta2=0.95, adam_eps=1e-8, clip_grad=1.0, bf16=True,
-              use_distributed_optimizer=bool(par["zero"]) and not layer_wise,
-              use_layer_wise_distributed_optimizer=layer_wise,
-              muon_scalar_optimizer=mcore.optimizer_name(par, "scalar_optimizer"), muon_tp_mode="duplicated")
-    kw.update(overrides)
-    return OptimizerConfig(**kw)
+    return OptimizerConfig(optimizer=mcore.optimizer_name(par), lr=LR, min_lr=LR / 10, weight_decay=0.01,
+                           adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8, clip_grad=1.0, bf16=True,
+                           use_distributed_optimizer=bool(par["zero"]) and not layer_wise,
+                           use_layer_wise_distributed_optimizer=layer_wise,
+                           muon_scalar_optimizer=mcore.optimizer_name(par, "scalar_optimizer"),
+                           muon_tp_mode="duplicated")
 
 
 def make_scheduler(optimizer, steps, position):
@@ -624,7 +650,7 @@ def main():
     a.add_argument("--timeout", type=float, default=600)
     a.add_argument("--model", action="append", choices=sorted({r.name for r in RUNS}),
                    help="train this model's jobs only (repeatable; by default every one)")
-    a.add_argument("--optimizer", action="append", choices=[o for o in vps.OPTIMIZERS if o in OPTIMIZER_LINES],
+    a.add_argument("--optimizer", action="append", choices=list(OPTIMIZER_LINES),
                    help="train the jobs of this optimizer only (repeatable; by default every one)")
     a.add_argument("--full", action="store_true",
                    help="the longer form of the jobs of other optimizers than Adam: more switches and steps")
@@ -667,7 +693,8 @@ def check(args, tmp, registry):
     lines, worst, seconds, every_pause = {}, {}, {"adam": time.monotonic() - t0}, {}
     for job_run in RUNS:
         if (args.model and job_run.name not in args.model) or (args.optimizer and job_run.optimizer
-                                                                not in args.optimizer):
+                                                                not in args.optimizer) \
+                or not (job_run.quick or args.full):
             continue
         t = time.monotonic()
         sub = os.path.join(tmp, job_run.label.replace(" ", "-"))
@@ -683,18 +710,13 @@ def check(args, tmp, registry):
         with open(args.pauses, "w") as f:
             json.dump(every_pause, f, indent=1)
     # Adam's jobs first, as before; then a line per other optimizer
-    for o in sorted(lines, key=lambda o: (o != "adam", list(OPTIMIZER_LINES).index(o))):
+    for o in sorted(lines, key=lambda o: list(OPTIMIZER_LINES).index(o)):
         print("%s%s (%.0f s); pause at most %.2f x the transfer" % (
-            "" if o == "adam" else OPTIMIZER_LINES[o] + ": ", "; ".join(lines[o]), seconds[o], worst[o]))
+            OPTIMIZER_LINES[o], "; ".join(lines[o]), seconds[o], worst[o]))
 
 
-# what the line of each optimizer's jobs calls it (Adam's line, the first, calls it nothing)
-OPTIMIZER_LINES = {
-    "adam": "",
-    "muon": "Muon (Megatron's layer-wise distributed optimizer; Adam, the scalar one, its DistributedOptimizer)",
-    "sgd": "SGD with momentum (Megatron's Float16Optimizer, zero=0)",
-    "lion": "Lion (Megatron's layer-wise distributed optimizer; Adam, the scalar one, its DistributedOptimizer)",
-}
+# how the line of each optimizer's jobs starts (Adam's, the first, as it always did)
+OPTIMIZER_LINES = {"adam": "", "muon": "Muon: ", "sgd": "SGD with momentum: ", "lion": "Lion: "}
 
 
 def switched(args, job_run, tmp, registry):
@@ -773,11 +795,13 @@ def switched(args, job_run, tmp, registry):
                      % (job_run.label, step, x, y, rel, MAX_REL))
         if args.verbose:
             print("%s step %d: loss %.9f, static %.9f" % (job_run.label, step, x, y))
-    shown = [c.replace(",optimizer=%s" % job_run.optimizer, "") for c in job_run.configs[:len(switches) + 1]]
-    line = ("%s on %d ranks: %d switch%s through vps-exec (%s), the whole state equal bit for bit across each; "
+    # the optimizer is the line's and the job's (what), not a configuration's
+    shown = [",".join(kv for kv in c.split(",") if not kv.startswith(("optimizer=", "scalar=")))
+             for c in job_run.configs[:len(switches) + 1]]
+    line = ("%s on %d ranks%s: %d switch%s through vps-exec (%s), the whole state equal bit for bit across each; "
             "loss within %g of the static run's at every step (largest %.1e, step %d)"
-            % (job_run.name, WORLD, len(switches), "" if len(switches) == 1 else "es", " -> ".join(shown), MAX_REL,
-               worst, worst_at))
+            % (job_run.name, WORLD, ", " + job_run.what if job_run.what else "", len(switches),
+               "" if len(switches) == 1 else "es", " -> ".join(shown), MAX_REL, worst, worst_at))
     return line, pauses
 
 
