@@ -98,8 +98,9 @@ built; tests/megatron/check_switch.py trains each on the CPU): the
 DistributedOptimizer (ZeRO-1, zero=1 in vps's terms) over torch's
 Adam/AdamW or a fused Adam that keeps exp_avg and exp_avg_sq per parameter
 and its step per group (Apex's, TransformerEngine's: GPU only, not
-exercised by the tests here); the Float16Optimizer (zero=0) over SGD with
-momentum (optimizer=sgd), Megatron's optimizer for SGD; Muon and Lion as
+exercised by the tests here); the Float16Optimizer (zero=0: every main
+parameter and state whole) over any of them, SGD with momentum
+(optimizer=sgd) among them, which only it runs; Muon and Lion as
 the layer-wise distributed optimizer (optimizer=muon|lion, zero=1) with
 Adam's or Lion's scalar optimizer (scalar=); bf16 parameters with fp32
 main parameters and states, dense and expert buffers, the routers'
@@ -1189,15 +1190,18 @@ class Job:
     """A rank of a Megatron-Core job, its state in vps's buffers.
 
     Job(registry, layout, rank, model, optimizer): model is the list of
-    DDP-wrapped model chunks and optimizer Megatron's optimizer (a
-    DistributedOptimizer or the ChainedOptimizer get_megatron_optimizer
-    returns), built for `layout`. Megatron's parameter buffers, main
-    parameters, moments and moved module buffers become views of vps's
-    buffers, registered with `registry` (see the module's text for where
-    each lives). The layout is checked against what Megatron built: every
-    parameter's name, shape and offset, every buffer's size, every ZeRO-1
-    piece; vps.CheckFailed names the first that differs, vps.Unsupported
-    what vps.megatron does not move.
+    DDP-wrapped model chunks and optimizer Megatron's optimizer (what
+    get_megatron_optimizer returns: a DistributedOptimizer, a
+    Float16Optimizer, the layer-wise distributed optimizer, or a
+    ChainedOptimizer of them), built for `layout`. Megatron's parameter
+    buffers, main parameters, optimizer states and moved module buffers
+    become views of vps's buffers, registered with `registry` (see the
+    module's text for where each lives). The layout is checked against what
+    Megatron built: every parameter's name, shape and offset, every
+    buffer's size, the optimizer that steps each parameter, every piece of
+    it the optimizer keeps on this rank and its states; vps.CheckFailed
+    names the first that differs, vps.Unsupported what vps.megatron does
+    not move.
 
     Job.clocks is what the last switch took (see switch)."""
 
