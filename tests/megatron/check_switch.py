@@ -577,7 +577,7 @@ def refusals(rank, registry):
         # SGD (Megatron's Float16Optimizer) where the layout has Adam, and SGD without momentum
         sgd = vps.layout(MODEL, "zero=0,optimizer=sgd", 1)
         model, optimizer = build(sgd)
-        job("zero=0", vps.layout(MODEL, "zero=0", 1), model, optimizer)
+        job("adam for sgd", vps.layout(MODEL, "zero=0", 1), model, optimizer)
         for group in optimizer.param_groups:
             group["momentum"] = 0.0
         job("sgd_momentum=0", sgd, model, optimizer)
@@ -599,7 +599,7 @@ REFUSALS = [
     ("step 5", "VPS_EINPUT", "training.step is 5, the optimizer has taken 0 steps"),
     # not described by vps's layouts, and CUDA streams to build
     ("offload", "VPS_EUNSUPPORTED", "optimizer_cpu_offload: the HybridDeviceOptimizer keeps its own host copies"),
-    ("zero=0", "VPS_ECHECK", "embedding.word_embeddings.weight: Megatron steps it with SGD (sgd), the layout "
+    ("adam for sgd", "VPS_ECHECK", "embedding.word_embeddings.weight: Megatron steps it with SGD (sgd), the layout "
      "with adam"),
     ("sgd_momentum=0", "VPS_EUNSUPPORTED", "embedding.word_embeddings.weight: SGD without momentum "
      "(sgd_momentum=0) keeps no momentum_buffer"),
