@@ -139,8 +139,8 @@ torch = import_torch("vps.megatron")
 from torch.overrides import TorchFunctionMode  # noqa: E402
 from . import state as _state  # noqa: E402 (needs torch)
 
-__all__ = ["initialize_groups", "cached_configurations", "CACHED_CONFIGURATIONS", "optimizers", "distributed_optimizers",
-           "Job", "MOMENTS"]
+__all__ = ["initialize_groups", "cached_configurations", "CACHED_CONFIGURATIONS", "optimizers",
+           "distributed_optimizers", "Job", "MOMENTS"]
 
 # the optimizers' name for each state vps moves beside the main parameter
 MOMENTS = {EXP_AVG: "exp_avg", EXP_AVG_SQ: "exp_avg_sq", MOMENTUM_BUFFER: "momentum_buffer"}
