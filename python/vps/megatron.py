@@ -2,12 +2,16 @@
 
 Megatron-Core keeps a rank's training state in its own objects: each model
 chunk's DistributedDataParallel holds the bf16 parameters in one flat buffer
-per (chunk, dense or expert), and the DistributedOptimizer holds an fp32
-main parameter and Adam's two moments per piece of parameter that the rank's
-ZeRO-1 shard covers. vps lays out the same state as flat buffers of the
-same order (tests/megatron checks every rank against Megatron-Core's own
-code), so a Job points Megatron's tensors into vps's buffers and the switch
-moves them:
+per (chunk, dense or expert, layer-wise or not), and the optimizer an fp32
+main parameter and its states per parameter or piece of one: the
+DistributedOptimizer (ZeRO-1) each piece of parameter that the rank's shard
+covers, the Float16Optimizer (zero=0) every parameter whole, and the
+layer-wise distributed optimizer (Muon or Lion with
+--use-distributed-optimizer) the 2-D weights this DP rank owns, whole, with
+a DistributedOptimizer, its scalar optimizer, for the rest. vps lays out
+the same state as flat buffers of the same order (tests/megatron checks
+every rank against Megatron-Core's own code), so a Job points Megatron's
+tensors into vps's buffers and the switch moves them:
 
     import vps, vps.megatron
 
@@ -27,10 +31,13 @@ moves them:
         global_batch=gb, micro_batch=mb))
 
 with one vps-exec(1) beside each rank. What moves: the bf16 parameters, the
-fp32 main parameters, exp_avg and exp_avg_sq, and the modules' buffers that
-are training state (the routers' expert_bias); gradients are rebuilt by
-the next step and stay Megatron's. What is carried: the training scalars
-(vps.Training), of which `step` is also Adam's step count.
+fp32 main parameters, the optimizers' states (Adam's exp_avg and
+exp_avg_sq, Lion's exp_avg, Muon's and SGD's momentum_buffer), and the
+modules' buffers that are training state (the routers' expert_bias);
+gradients are rebuilt by the next step and stay Megatron's. What is
+carried: the training scalars (vps.Training), of which `step` is also
+Adam's step count (Adam's, the scalar optimizer's under Muon and Lion; SGD,
+Lion and Muon keep none).
 
 The pause holds the transfer and the hand-over. Job.prepare does the rest
 while the job trains: it allocates and registers the next configuration's
@@ -64,14 +71,16 @@ first step after the switch.
 
 The skeleton (while build runs in Job.prepare): tensors allocated without
 a device, parameters as they are registered, and the copies of parameters
-the DistributedOptimizer makes for its main parameters are on the meta
-device; DDP's parameter buffer is the next State's, and its gradient buffer
-is given memory only in the pause (after the old one is freed). What
-prepare holds until the switch is the next State (the state the switch
-moves, on this rank in the next layout), Megatron's small tensors (its
-scalars, the routers' token counts) and the largest parameter's bytes for
-a moment; a tensor the skeleton left on the meta device is refused with
-vps.CheckFailed, naming it.
+the DistributedOptimizer and the Float16Optimizer make for their main
+parameters are on the meta device; DDP's parameter buffers are the next
+State's, and its gradient buffers are given memory only in the pause (after
+the old ones are freed). What prepare holds until the switch is the next
+State (the state the switch moves, on this rank in the next layout),
+Megatron's small tensors (its scalars, the routers' token counts) and the
+largest parameter's bytes (for a moment; without the distributed optimizer,
+whose DDP keeps no parameter buffer, until the switch); a tensor the
+skeleton left on the meta device is refused with vps.CheckFailed, naming
+it.
 
 Where the buffers live: a GPU job's parameter buffers are DDP's own
 (State.adopt registers them by their CUDA IPC handles, no copy); its main
@@ -84,17 +93,26 @@ Megatron's objects of the configuration before are emptied by the switch
 (their tensors hold no elements, their gradient buffers no memory), since
 their memory is gone.
 
-Supported: the DistributedOptimizer (ZeRO-1, zero=1 in vps's terms) over
-torch's Adam/AdamW (tests/megatron/check_switch.py trains with it on the
-CPU) or a fused Adam that keeps exp_avg and exp_avg_sq per parameter and
-its step per group (Apex's, TransformerEngine's: GPU only, not exercised
-by the tests here), bf16 parameters with fp32 main parameters, dense and
-expert buffers, the routers' expert_bias, any number of model chunks
-(VPP). Not supported, and refused with vps.Error: Megatron's
-Float16Optimizer (zero=0), the precision-aware optimizer (moments and
-master weights kept by TransformerEngine's FusedAdam), optimizer state
-offloaded to the host (optimizer_cpu_offload), parameters of other dtypes,
-layouts that move gradients (grad=1).
+Supported (the layout's optimizer= and scalar= must be what Megatron
+built; tests/megatron/check_switch.py trains each on the CPU): the
+DistributedOptimizer (ZeRO-1, zero=1 in vps's terms) over torch's
+Adam/AdamW or a fused Adam that keeps exp_avg and exp_avg_sq per parameter
+and its step per group (Apex's, TransformerEngine's: GPU only, not
+exercised by the tests here); the Float16Optimizer (zero=0: every main
+parameter and state whole) over any of them, SGD with momentum
+(optimizer=sgd) among them, which only it runs; Muon and Lion as
+the layer-wise distributed optimizer (optimizer=muon|lion, zero=1) with
+Adam's or Lion's scalar optimizer (scalar=); bf16 parameters with fp32
+main parameters and states, dense and expert buffers, the routers'
+expert_bias, any number of model chunks (VPP). Not supported, and refused
+with vps.Error naming why: the precision-aware optimizer (int16 remainders
+and 16-bit moments, kept by TransformerEngine's FusedAdam, which needs a
+GPU), optimizer state offloaded to the host (optimizer_cpu_offload: its
+HybridDeviceOptimizer keeps host copies vps's layouts do not describe),
+SGD without momentum (no state to move, where the layout holds one), an
+optimizer whose states vps does not describe (AdaptiveMuon's second
+moment), parameters of other dtypes, layouts that move gradients
+(grad=1).
 
 Needs PyTorch (and Megatron-Core for the job itself): without torch,
 importing it raises ModuleNotFoundError saying how to get it."""
@@ -113,18 +131,19 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from ._lib import import_torch
 from .errors import CheckFailed, Error, InvalidInput, Unsupported
-from .layout import BF16, DTYPES, EXP_AVG, EXP_AVG_SQ, FP32, MAIN_PARAM, MODULE_BUFFER, PARAM, STATES, Layout
+from .layout import BF16, DTYPES, EXP_AVG, EXP_AVG_SQ, FP32, MAIN_PARAM, MODULE_BUFFER, MOMENTUM_BUFFER, OPTIMIZERS, \
+    PARAM, STATES, Layout
 from .registry import SOURCE, TARGET, Registry, Training
 
 torch = import_torch("vps.megatron")
 from torch.overrides import TorchFunctionMode  # noqa: E402
 from . import state as _state  # noqa: E402 (needs torch)
 
-__all__ = ["initialize_groups", "cached_configurations", "CACHED_CONFIGURATIONS", "distributed_optimizers", "Job",
-           "MOMENTS"]
+__all__ = ["initialize_groups", "cached_configurations", "CACHED_CONFIGURATIONS", "optimizers",
+           "distributed_optimizers", "Job", "MOMENTS"]
 
-# the optimizer's name for each moment vps moves
-MOMENTS = {EXP_AVG: "exp_avg", EXP_AVG_SQ: "exp_avg_sq"}
+# the optimizers' name for each state vps moves beside the main parameter
+MOMENTS = {EXP_AVG: "exp_avg", EXP_AVG_SQ: "exp_avg_sq", MOMENTUM_BUFFER: "momentum_buffer"}
 
 # how many configurations' process groups initialize_groups keeps
 CACHED_CONFIGURATIONS = 4
@@ -342,25 +361,30 @@ class _Skeleton(TorchFunctionMode):
     - parameters, and tensors made without a device (the CPU
       initialisation's master weights), on the meta device: no memory, and
       every initialisation does nothing;
-    - in DDP's buffer (_ParamAndGradBuffer.__init__): the parameters made
+    - in DDP's buffers (_ParamAndGradBuffer.__init__): the parameters made
       real first (DDP points them into its buffer, which a meta tensor
       cannot be pointed at), as views of one placeholder the size of the
-      largest, never read; its parameter buffer the next State's buffer of
-      that chunk; its gradient buffer given memory for the views DDP makes
-      of it, then none until the switch (Job.switch gives it back);
-    - in the DistributedOptimizer's constructor, the copies of parameters it
-      makes for its main parameters on the meta device (Job.prepare points
-      them into the next State)."""
+      largest, never read; the parameter buffer (made for the distributed
+      optimizers only) the next State's buffer of that chunk, dense or
+      expert, layer-wise or not; the gradient buffer given memory for the
+      views DDP makes of it, then none until the switch (Job.switch gives it
+      back);
+    - in the DistributedOptimizer's and the Float16Optimizer's constructors
+      (zero=0, and the layer-wise optimizer's), the copies of parameters
+      they make for their main parameters on the meta device (Job.prepare
+      points them into the next State)."""
 
     def __init__(self, targets, device):
         super().__init__()
-        self.targets = targets  # [(chunk, expert, tensor)]: the next State's parameter buffers, in the view's order
+        # the next State's parameter buffers: (chunk, expert, layerwise) -> tensor
+        self.targets = targets
         self.device = device
-        self.target_storages = {_storage(t) for _, _, t in targets}
+        # what parameters are views of: the targets, and the placeholders
+        self.param_storages = {_storage(t) for t in targets.values()}
         self.used = set()
-        self.chunk = -1
+        self.chunk = -1  # the DDP model chunk being made
         self.window = None  # inside a DDP buffer's constructor: its parameter buffer, gradient, placeholders
-        self.optimizer = 0  # inside the DistributedOptimizer's constructor
+        self.optimizer = 0  # inside an optimizer's constructor
         self.grads = []  # (tensor, nbytes): the gradient buffers to give memory in the pause
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -370,7 +394,7 @@ class _Skeleton(TorchFunctionMode):
                 return self._ddp_zeros(args, kwargs)
             if kwargs.get("device") is None:
                 kwargs["device"] = META
-        elif func is torch.Tensor.clone and self.optimizer and _storage(args[0]) in self.target_storages:
+        elif func is torch.Tensor.clone and self.optimizer and _storage(args[0]) in self.param_storages:
             return torch.empty_like(args[0], device=META)
         elif func is torch.Tensor.copy_ and self.window is not None and _storage(args[1]) in self.window["scratch"]:
             return args[0]  # a placeholder's bytes: there are none to keep
@@ -390,41 +414,41 @@ class _Skeleton(TorchFunctionMode):
     def _ddp_zeros(self, args, kwargs):
         n, dtype = _numel(args), kwargs.get("dtype")
         w = self.window
-        if w["param"] is None and dtype == torch.bfloat16:
-            t = self._target(w["expert"], n)
-            if t is not None:
+        if w["param"] is None and w["distributed"] and dtype == torch.bfloat16:
+            # the parameter buffer, which DDP makes first
+            key = (self.chunk, w["expert"], w["layerwise"])
+            t = self.targets.get(key)
+            if t is not None and key not in self.used and t.numel() == n:
+                self.used.add(key)
                 w["param"] = t
                 return t
+            # another size: DDP makes its own, and the Job's check says how it differs
         t = torch.empty(n, dtype=dtype, device=self.device)
         w["made"].append(t)
         return t
 
-    def _target(self, expert, n):
-        """The next State's parameter buffer for the DDP buffer being made:
-        DDP makes a chunk's dense buffer, then its expert one, chunk after
-        chunk. None where the sizes differ: DDP makes its own, and the Job's
-        check says how it differs."""
-        for i, (chunk, exp, t) in enumerate(self.targets):
-            if i in self.used or exp != expert or (expert and chunk != self.chunk) or (not expert and chunk <= self.chunk):
-                continue
-            if t.numel() != n:
-                return None
-            self.used.add(i)
-            if not expert:
-                self.chunk = chunk
-            return t
-        return None
+    def ddp(self, init):
+        def __init__(ddp, *args, **kwargs):
+            self.chunk += 1
+            init(ddp, *args, **kwargs)
+        return __init__
 
     def ddp_buffer(self, init):
         def __init__(buf, ddp_config, param_dtype, grad_dtype, params_with_names, *args, **kwargs):
             params = [p for p, _ in params_with_names]
-            self.window = w = {"expert": bool(params) and not getattr(params[0], "allreduce", True), "param": None,
-                               "made": [], "scratch": set()}
+            first = params[0] if params else None
+            self.window = w = {"expert": first is not None and not getattr(first, "allreduce", True),
+                               "layerwise": bool(getattr(first, "is_managed_by_layer_wise_optimizer", False)),
+                               "distributed": ddp_config.use_distributed_optimizer, "param": None, "made": [],
+                               "scratch": set()}
             try:
                 meta = [p for p in params if p.is_meta]
                 if meta:
                     scratch = torch.empty(max(p.numel() for p in meta), dtype=param_dtype, device=self.device)
                     w["scratch"].add(_storage(scratch))
+                    # without a parameter buffer (zero=0) the parameters stay views of it until the
+                    # Job points them into the next State: the Float16Optimizer copies them
+                    self.param_storages.add(_storage(scratch))
                     for p in meta:
                         _materialize(p, scratch[:p.numel()].view(p.shape))
                 init(buf, ddp_config, param_dtype, grad_dtype, params_with_names, *args, **kwargs)
@@ -481,10 +505,14 @@ def _meta_parameter(module, name, param):
 def _skeleton(targets, device):
     import torch.distributed as dist
     from megatron.core.distributed import param_and_grad_buffer as pgb
+    from megatron.core.distributed.distributed_data_parallel import DistributedDataParallel
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+    from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params
     mode = _Skeleton(targets, device)
-    inits = [(pgb._ParamAndGradBuffer, pgb._ParamAndGradBuffer.__init__, mode.ddp_buffer),
-             (DistributedOptimizer, DistributedOptimizer.__init__, mode.optimizer_init)]
+    inits = [(DistributedDataParallel, DistributedDataParallel.__init__, mode.ddp),
+             (pgb._ParamAndGradBuffer, pgb._ParamAndGradBuffer.__init__, mode.ddp_buffer),
+             (DistributedOptimizer, DistributedOptimizer.__init__, mode.optimizer_init),
+             (Float16OptimizerWithFloat16Params, Float16OptimizerWithFloat16Params.__init__, mode.optimizer_init)]
     collectives = {name: getattr(dist, name) for name in ("all_reduce", "broadcast")}
 
     def skip_meta(f):
@@ -509,6 +537,10 @@ def _skeleton(targets, device):
             setattr(dist, name, f)
 
 
+# the modules whose objects _meta_left looks inside
+_WALKED = ("megatron.", "torch.nn", "torch.optim", "emerging_optimizers.")
+
+
 def _meta_left(model, optimizer) -> Optional[str]:
     """Where a tensor the job uses is still on the meta device, or None:
     the model chunks' parameters, buffers and tensor attributes, DDP's
@@ -529,30 +561,79 @@ def _meta_left(model, optimizer) -> Optional[str]:
             stack.extend(("%s key" % path, k) for k in obj if isinstance(k, torch.Tensor))
         elif isinstance(obj, (list, tuple)):
             stack.extend(("%s[%d]" % (path, i), v) for i, v in enumerate(obj))
-        elif type(obj).__module__.startswith(("megatron.", "torch.nn", "torch.optim")) and hasattr(obj, "__dict__"):
+        elif type(obj).__module__.startswith(_WALKED) and hasattr(obj, "__dict__"):
             stack.extend(("%s.%s" % (path, k), v) for k, v in vars(obj).items()
                          if not k.startswith("_forward") and not k.startswith("_backward"))
     return None
 
 
-def distributed_optimizers(optimizer) -> list:
-    """The DistributedOptimizers in Megatron's optimizer (a ChainedOptimizer
-    holds one for the dense parameters and one for the experts')."""
+def optimizers(optimizer) -> list:
+    """The optimizers inside Megatron's optimizer that keep the state vps
+    moves, in order, through ChainedOptimizers and the
+    LayerWiseDistributedOptimizer: DistributedOptimizers (ZeRO-1 pieces of
+    the main parameters and states) and Float16OptimizerWithFloat16Params
+    (whole main parameters: zero=0, and the layer-wise optimizer's on the
+    rank that owns them); stubs (no parameters here) left out. Anything else
+    raises vps.Unsupported, saying why."""
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+    from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params
 
-    opts = list(getattr(optimizer, "chained_optimizers", None) or [optimizer])
-    for o in opts:
-        if not isinstance(o, DistributedOptimizer):
-            raise Unsupported("%s: vps moves the DistributedOptimizer's state (ZeRO-1, "
-                              "use_distributed_optimizer=True) only" % type(o).__name__)
-        if o.config.use_precision_aware_optimizer:
-            raise Unsupported("the precision-aware optimizer keeps its moments and master "
-                              "weights inside TransformerEngine's FusedAdam, where vps cannot point them")
-        if getattr(o.config, "optimizer_cpu_offload", False):
+    out, todo = [], [optimizer]
+    while todo:
+        o = todo.pop(0)
+        chained = getattr(o, "chained_optimizers", None)
+        if chained is not None:
+            todo[:0] = list(chained)
+            continue
+        config = getattr(o, "config", None)
+        if config is not None and config.use_precision_aware_optimizer:
+            raise Unsupported("the precision-aware optimizer keeps its moments and master weights inside "
+                              "TransformerEngine's FusedAdam (int16 remainders, bf16 moments), which needs a GPU: "
+                              "vps.megatron binds fp32 states only")
+        if config is not None and getattr(config, "optimizer_cpu_offload", False):
             raise Unsupported("optimizer_cpu_offload: the HybridDeviceOptimizer keeps its own host copies of the "
                               "main parameters and their moments, which vps.megatron does not point into vps's "
-                              "buffers yet (vps-exec moves host and GPU memory in one switch over ipc)")
-    return [o for o in opts if not o.is_stub_optimizer]
+                              "buffers (vps's layouts do not describe them yet; vps-exec moves host and GPU "
+                              "memory in one switch over ipc)")
+        if not isinstance(o, (DistributedOptimizer, Float16OptimizerWithFloat16Params)):
+            raise Unsupported("%s: vps moves the state of Megatron's DistributedOptimizer and "
+                              "Float16OptimizerWithFloat16Params (bf16 parameters, fp32 main parameters)"
+                              % type(o).__name__)
+        if not o.is_stub_optimizer:
+            out.append(o)
+    return out
+
+
+def distributed_optimizers(optimizer) -> list:
+    """The DistributedOptimizers in Megatron's optimizer (a ChainedOptimizer
+    holds one for the dense parameters and one for the experts'); vps.
+    Unsupported when it holds another kind (optimizers() gives them all)."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    opts = optimizers(optimizer)
+    for o in opts:
+        if not isinstance(o, DistributedOptimizer):
+            raise Unsupported("%s: not a DistributedOptimizer (ZeRO-1, use_distributed_optimizer=True)"
+                              % type(o).__name__)
+    return opts
+
+
+def _kind(inner) -> Optional[str]:
+    """Which optimizer of vps's (OPTIMIZERS) a torch optimizer is, by the
+    names of its classes (emerging_optimizers need not be installed); None
+    for one whose states vps does not describe."""
+    names = {c.__name__ for c in type(inner).__mro__}
+    if "AdaptiveMuon" in names:
+        return None  # a second moment of its own
+    if names & {"TensorParallelMuon", "Muon"}:
+        return "muon"
+    if names & {"Adam", "AdamW", "FusedAdam"}:
+        return "adam"
+    if "SGD" in names:
+        return "sgd"
+    if "Lion" in names:
+        return "lion"
+    return None
 
 
 def _inner(chunk):
@@ -567,80 +648,100 @@ def _unwrapped_names(chunk):
     return {p: n for n, p in _inner(chunk).named_parameters()}
 
 
+def _layerwise(buf) -> bool:
+    """Whether a DDP buffer is the layer-wise optimizer's (its parameters
+    tagged by tag_params_for_buffer_routing)."""
+    return bool(buf.params) and bool(getattr(next(iter(buf.params)), "is_managed_by_layer_wise_optimizer", False))
+
+
 class _Piece:
     """One parameter's share of the optimizer state on this rank: its range
-    in the flattened parameter and where it starts in vps's sharded
-    buffers."""
-    __slots__ = ("param", "main", "lo", "hi", "at")
+    [lo, hi) in the flattened parameter, where it starts in vps's state
+    buffers of its (chunk, expert, layerwise) (at), its main parameter, the
+    torch optimizer and param group that step it, which of vps's optimizers
+    that is (kind), and the states it keeps there ({vps state: its name},
+    from MOMENTS)."""
+    __slots__ = ("param", "main", "lo", "hi", "at", "inner", "group", "kind", "states")
 
-    def __init__(self, param, main, lo, hi, at):
+    def __init__(self, param, main, lo, hi, at, inner, group, kind, states):
         self.param, self.main, self.lo, self.hi, self.at = param, main, lo, hi, at
+        self.inner, self.group, self.kind, self.states = inner, group, kind, states
 
 
 class _Binding:
     """Which Megatron tensor is which part of which vps buffer, on one rank:
     computed from Megatron's objects (DDP's param_index_map, the
-    distributed optimizer's range maps) and checked against vps's view."""
+    distributed optimizer's range maps, the Float16Optimizers' main
+    parameters) and checked against vps's view. Buffers are keyed (chunk,
+    expert, layerwise), as the view's are."""
 
     def __init__(self, view, model, optimizer):
         self.view = view
         self.model = list(model)
         self.optimizer = optimizer
-        self.opts = distributed_optimizers(optimizer)
+        self.opts = optimizers(optimizer)
         self.handed, self.grads = [], []
         self.steps, self.step_slots, self.step_groups = [], {}, []
         for b in view.buffers:
-            if b.state not in (PARAM, MAIN_PARAM, EXP_AVG, EXP_AVG_SQ, MODULE_BUFFER):
-                raise Unsupported("the layout moves %s buffers (chunk %d); vps.megatron moves parameters, "
-                                  "main parameters, Adam's moments and module buffers" % (STATES[b.state], b.chunk))
-            if b.layerwise or b.dtype != (BF16 if b.state == PARAM else FP32):
-                raise Unsupported("the layout's %s buffer of chunk %d is %s; vps.megatron binds the "
-                                  "DistributedOptimizer's Adam in fp32 (optimizer=adam, no precision_aware)"
-                                  % (STATES[b.state], b.chunk, "the layer-wise optimizer's" if b.layerwise
-                                     else DTYPES[b.dtype]))
+            if b.state != MODULE_BUFFER and b.state not in (PARAM, MAIN_PARAM) and b.state not in MOMENTS:
+                raise Unsupported("the layout moves %s buffers (chunk %d); vps.megatron moves parameters, main "
+                                  "parameters, the optimizers' states and module buffers" % (STATES[b.state], b.chunk))
+            if b.dtype != (BF16 if b.state == PARAM else FP32):
+                raise Unsupported("the layout's %s buffer of chunk %d is %s (%s): vps.megatron binds bf16 "
+                                  "parameters and fp32 states; the precision-aware optimizer's remainders and "
+                                  "16-bit moments live in TransformerEngine's FusedAdam, which needs a GPU" % (
+                                      STATES[b.state], b.chunk, DTYPES[b.dtype],
+                                      "precision_aware=1" if b.state == MAIN_PARAM else "a 16-bit state"))
         if len(self.model) != 1 + max([b.chunk for b in view.buffers] + [0]):
             raise CheckFailed("%d model chunks; the layout has %d on rank %d" % (
                 len(self.model), 1 + max(b.chunk for b in view.buffers), view.rank))
-        self.ddp_buffers = {}  # (chunk, expert) -> Megatron's _ParamAndGradBuffer
+        self.ddp_buffers = {}  # (chunk, expert, layerwise) -> Megatron's _ParamAndGradBuffer
         for c, chunk in enumerate(self.model):
-            names = _unwrapped_names(chunk)
             for expert, bufs in ((False, chunk.buffers), (True, chunk.expert_parallel_buffers)):
-                if not bufs:
-                    continue
-                if len(bufs) != 1:
-                    raise Unsupported("chunk %d holds %d %s buffers (parameters of several "
-                                      "dtypes); vps lays out one" % (c, len(bufs), "expert" if expert else "dense"))
-                self._check_params(c, expert, bufs[0], names)
-                self.ddp_buffers[(c, expert)] = bufs[0]
-        for b in view.buffers:
-            if b.state == PARAM and (b.chunk, b.expert) not in self.ddp_buffers:
-                raise CheckFailed("rank %d chunk %d: the layout has a %s buffer, Megatron none" % (
-                    view.rank, b.chunk, "expert" if b.expert else "dense"))
+                for buf in bufs:
+                    key = (c, expert, _layerwise(buf))
+                    if key in self.ddp_buffers:
+                        raise Unsupported("%s: Megatron has two (parameters of several dtypes); vps lays out one"
+                                          % self._where(key))
+                    self.ddp_buffers[key] = buf
+        ours = {(b.chunk, b.expert, b.layerwise) for b in view.buffers if b.state == PARAM}
+        for key in sorted(ours ^ set(self.ddp_buffers)):
+            raise CheckFailed("%s: %s%s" % (
+                self._where(key), "the layout has one, Megatron none" if key in ours else
+                "Megatron has one, the layout none", " (the layer-wise distributed optimizer's: Muon or Lion with "
+                "zero=1)" if key[2] else ""))
+        self.params = {}  # model parameter -> (key, start, end, bucket, the layout's Param)
+        for key, buf in self.ddp_buffers.items():
+            self._check_params(key, buf, _unwrapped_names(self.model[key[0]]))
         self.module_buffers = self._module_buffers()
-        self.pieces = {}  # (chunk, expert) -> [_Piece]
-        self.shard_elements = {}  # (chunk, expert) -> the rank's ZeRO-1 shard of the buffer
+        self._states = {}  # tensor id -> the states the layout holds it in
+        self.pieces = {}  # (chunk, expert, layerwise) -> [_Piece]
+        self.sharding = {}  # (chunk, expert, layerwise) -> "range" (DistributedOptimizer) or "whole"
+        self.adam = []  # the (torch optimizer, group)s of Adam's pieces: its step count
+        from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
         for o in self.opts:
-            self._optimizer_pieces(o)
+            if isinstance(o, DistributedOptimizer):
+                self._range_pieces(o)
+            else:
+                self._whole_pieces(o)
         for key in self.ddp_buffers:
-            self._check_shards(key)
+            self._check_states(key)
 
-    def _where(self, chunk, expert):
-        return "rank %d chunk %d %s buffer" % (self.view.rank, chunk, "expert" if expert else "dense")
+    def _where(self, key):
+        c, expert, lw = key
+        return "rank %d chunk %d %s%s buffer" % (self.view.rank, c, "layer-wise " if lw else "",
+                                                 "expert" if expert else "dense")
 
-    def _check_params(self, c, expert, buf, names):
-        w = self._where(c, expert)
-        if buf.param_data is None:
-            raise Unsupported("%s: no param_data (DDP keeps one only for the distributed "
-                              "optimizer)" % w)
+    def _check_params(self, key, buf, names):
+        w = self._where(key)
         if buf.param_dtype != torch.bfloat16:
             raise Unsupported("%s: %s parameters; vps lays out bf16" % (w, buf.param_dtype))
+        pb = self.view.buffers[self.view.buffer(PARAM, *key)]
         ours = {p.local_name: p for p in self.view.params
-                if p.chunk == c and p.expert == expert and not p.module_buffer}
-        pb = self.view.buffers[self.view.buffer(PARAM, c, expert)]
-        if buf.param_data.numel() != pb.elements:
-            raise CheckFailed("%s: Megatron's has %d elements, the layout's %d" % (
-                w, buf.param_data.numel(), pb.elements))
-        for p, (start, end, _) in buf.param_index_map.items():
+                if (p.chunk, p.expert, p.layerwise) == key and not p.module_buffer}
+        if buf.numel != pb.elements:
+            raise CheckFailed("%s: Megatron's has %d elements, the layout's %d" % (w, buf.numel, pb.elements))
+        for p, (start, end, bucket) in buf.param_index_map.items():
             name = names.get(p, "?")
             mine = ours.pop(name, None)
             if mine is None:
@@ -649,6 +750,7 @@ class _Binding:
                 raise CheckFailed("%s: %s %s at %d (%d elements) in Megatron's buffer, %s at %d (%d) in "
                                   "the layout" % (w, name, list(p.shape), start, end - start, list(mine.shape),
                                             mine.offset, mine.elements))
+            self.params[p] = (key, start, end, bucket, mine)
         if ours:
             raise CheckFailed("%s: the layout's %s is not in Megatron's buffer" % (w, sorted(ours)[0]))
 
@@ -679,76 +781,149 @@ class _Binding:
                 out.append((t, p))
         return out
 
-    def _optimizer_pieces(self, opt):
+    def _key_of(self, buf):
+        for key, b in self.ddp_buffers.items():
+            if b is buf:
+                return key
+        return None
+
+    def _piece(self, p, main, lo, hi, at, inner, group):
+        """A _Piece of parameter p, after checking that the optimizer that
+        steps it is the one the layout gives it, keeping the states the
+        layout holds it in."""
+        key, mine = self.params[p][0], self.params[p][4]
+        kind = _kind(inner)
+        if kind is None:
+            raise Unsupported("%s: %s keeps states vps does not describe (it describes %s)" % (
+                mine.name, type(inner).__name__, ", ".join(OPTIMIZERS)))
+        want = self.view.layout.optimizer_of(mine.tensor)
+        if kind != want:
+            raise CheckFailed("%s: Megatron steps it with %s (%s), the layout with %s" % (
+                mine.name, type(inner).__name__, kind, want))
+        if kind == "sgd" and not group.get("momentum"):
+            raise Unsupported("%s: SGD without momentum (sgd_momentum=0) keeps no momentum_buffer, which the "
+                              "layout holds for it" % mine.name)
+        if mine.tensor not in self._states:
+            self._states[mine.tensor] = self.view.layout.states_of(mine.tensor)
+        states = {st: MOMENTS[st] for st in self._states[mine.tensor] if st in MOMENTS}
+        if kind == "adam" and not any(i is inner and g is group for i, g in self.adam):
+            self.adam.append((inner, group))
+        self.pieces.setdefault(key, []).append(_Piece(p, main, lo, hi, at, inner, group, kind, states))
+
+    def _range_pieces(self, opt):
+        """A DistributedOptimizer's pieces: its range map's, each in the
+        rank's ZeRO-1 shard of its bucket (vps's shard buffers are the
+        buckets' shards one after the other)."""
         for g, buf in enumerate(opt.buffers):
-            chunk = opt.gbuf_idx_to_model_idx_map[g]
-            expert = any(buf is b for b in self.model[chunk].expert_parallel_buffers)
-            if self.ddp_buffers.get((chunk, expert)) is not buf:
-                raise CheckFailed("%s: the optimizer's buffer %d is not the model's" % (
-                    self._where(chunk, expert), g))
+            key = self._key_of(buf)
+            if key is None:
+                raise CheckFailed("rank %d: the optimizer's buffer %d is none of the model's" % (self.view.rank, g))
+            self.sharding[key] = "range"
             (ranges,) = opt.gbuf_ranges[g].values()
             dp = buf.data_parallel_group.size()
-            base, pieces = 0, self.pieces.setdefault((chunk, expert), [])
+            base = 0
             for bucket, rm in zip(buf.buckets, ranges):
                 for p, r in rm["param_map"].items():
-                    pieces.append(_Piece(p, opt._get_main_param_and_optimizer_states(p)["param"],
-                                         r["param"].start, r["param"].end, base + r["gbuf_local"].start))
+                    group_index, order = opt.model_param_group_index_map[p]
+                    group = opt.optimizer.param_groups[group_index]
+                    self._piece(p, group["params"][order], r["param"].start, r["param"].end,
+                                base + r["gbuf_local"].start, opt.optimizer, group)
                 base += bucket.grad_data.numel() // dp
-            self.shard_elements[(chunk, expert)] = base
 
-    def _check_shards(self, key):
-        """Every region vps gives a parameter in the sharded states lies
-        inside the piece Megatron's range map gives it (padding rows are in
-        Megatron's pieces and in no region)."""
-        chunk, expert = key
-        w = self._where(chunk, expert)
-        by_param = {p.local_name: p for p in self.view.params if p.chunk == chunk and p.expert == expert}
-        names = _unwrapped_names(self.model[chunk])
+    def _whole_pieces(self, opt):
+        """A Float16OptimizerWithFloat16Params's pieces: whole parameters, at
+        their offset in the buffer (zero=0), or, the layer-wise optimizer's
+        with its state buffers sharded, in the rank's shard of their bucket,
+        which must hold them whole."""
+        if any(opt.fp32_from_fp32_groups):
+            raise Unsupported("the %s steps fp32 parameters; vps lays out bf16 ones" % type(opt).__name__)
+        for group, params, mains in zip(opt.optimizer.param_groups, opt.float16_groups, opt.fp32_from_float16_groups):
+            for p, main in zip(params, mains):
+                where = self.params.get(p)
+                if where is None:
+                    raise CheckFailed("rank %d: a parameter the %s steps is in no DDP buffer of the model"
+                                      % (self.view.rank, type(opt).__name__))
+                key, s, e, b, mine = where
+                self.sharding.setdefault(key, "whole")
+                at = s
+                sb = self.view.buffer(MAIN_PARAM, *key)
+                if key[2] and sb is not None and self.view.buffers[sb].sharded:
+                    buf = self.ddp_buffers[key]
+                    dp, d = buf.data_parallel_group.size(), buf.data_parallel_group.rank()
+                    bk = buf.buckets[b]
+                    size = bk.grad_data.numel() // dp
+                    if not bk.offset + d * size <= s < e <= bk.offset + (d + 1) * size:
+                        raise CheckFailed("%s: Megatron's layer-wise optimizer steps %s on this rank, outside the "
+                                          "rank's shard of its bucket" % (self._where(key), mine.name))
+                    at = sum(x.grad_data.numel() // dp for x in buf.buckets[:b]) + s - bk.offset - d * size
+                self._piece(p, main, 0, e - s, at, opt.optimizer, group)
+
+    def _check_states(self, key):
+        """Every state buffer vps gives (chunk, expert, layerwise) has
+        Megatron's size (the rank's shards of the buckets, or the whole
+        buffer), and every region of a parameter in it lies inside the
+        piece Megatron's optimizer keeps of that parameter, in a state that
+        optimizer keeps (padding rows are in Megatron's pieces and in no
+        region)."""
+        w = self._where(key)
+        buf = self.ddp_buffers[key]
+        names = _unwrapped_names(self.model[key[0]])
         pieces = {names[pc.param]: pc for pc in self.pieces.get(key, [])}
-        for st in (MAIN_PARAM,) + tuple(MOMENTS):
-            b = self.view.buffer(st, chunk, expert)
-            vb = self.view.buffers[b]
-            if not vb.sharded:
-                raise Unsupported("%s: the layout's %s is whole (zero=0); Megatron's "
-                                  "DistributedOptimizer shards it" % (w, STATES[st]))
-            if vb.elements != self.shard_elements.get(key, 0):
-                raise CheckFailed("%s: %s shard of %d elements in the layout, %d in Megatron's range map" % (
-                    w, STATES[st], vb.elements, self.shard_elements.get(key, 0)))
+        dp = buf.data_parallel_group.size()
+        shard = sum(bk.grad_data.numel() // dp for bk in buf.buckets)
+        for vb in self.view.buffers:
+            if (vb.chunk, vb.expert, vb.layerwise) != key or vb.state in (PARAM, MODULE_BUFFER):
+                continue
+            st = vb.state
+            if self.sharding.get(key) == "range" and not vb.sharded:
+                raise Unsupported("%s: the layout's %s is whole (zero=0); Megatron's DistributedOptimizer "
+                                  "shards it" % (w, STATES[st]))
+            if self.sharding.get(key) == "whole" and vb.sharded and not vb.layerwise:
+                raise Unsupported("%s: the layout's %s is sharded (zero=1); Megatron's Float16Optimizer keeps "
+                                  "it whole (zero=0)" % (w, STATES[st]))
+            want = shard if vb.sharded else buf.numel
+            if vb.elements != want:
+                raise CheckFailed("%s: %s %s of %d elements in the layout, %d in Megatron's" % (
+                    w, STATES[st], "shard" if vb.sharded else "buffer", vb.elements, want))
             for r in self.view.regions:
-                if r.buffer != b:
+                if r.buffer != vb.id:
                     continue
                 name = self.view.params[r.param].local_name
                 pc = pieces.get(name)
                 last = r.offset + sum((h - l - 1) * s for l, h, s in zip(r.lo, r.hi, r.strides))
-                if pc is None or r.offset < pc.at or last >= pc.at + pc.hi - pc.lo:
-                    raise CheckFailed("%s: %s of %s at %d..%d of the shard; Megatron's piece %s" % (
-                        w, STATES[st], name, r.offset, last,
-                        "is absent" if pc is None else "is %d..%d" % (pc.at, pc.at + pc.hi - pc.lo - 1)))
-        for name in pieces:
-            if name not in by_param:
-                raise CheckFailed("%s: the optimizer holds %s, the layout does not" % (w, name))
+                if pc is None or (st != MAIN_PARAM and st not in pc.states) or r.offset < pc.at \
+                        or last >= pc.at + pc.hi - pc.lo:
+                    raise CheckFailed("%s: %s of %s at %d..%d of the %s; Megatron's piece %s" % (
+                        w, STATES[st], name, r.offset, last, "shard" if vb.sharded else "buffer",
+                        "is absent" if pc is None else "has no %s (%s)" % (STATES[st], pc.kind)
+                        if st != MAIN_PARAM and st not in pc.states
+                        else "is %d..%d" % (pc.at, pc.at + pc.hi - pc.lo - 1)))
+        for pc in pieces.values():
+            for st in (MAIN_PARAM,) + tuple(pc.states):
+                if self.view.buffer(st, *key) is None:
+                    raise CheckFailed("%s: Megatron's %s keeps a %s of %s, the layout no such buffer" % (
+                        w, pc.kind, STATES[st], names[pc.param]))
 
     @property
     def device(self):
-        return next(iter(self.ddp_buffers.values())).param_data.device
+        return next(iter(self.ddp_buffers.values())).grad_data.device
 
-    # ---- the optimizer's step count ----
+    # ---- Adam's step count ----
     def adam_step(self, every=True):
-        """Adam's step count (the same for every parameter), 0 before the
-        first step; with every=False, the count of each optimizer's first
+        """Adam's step count (the same for every parameter it steps), 0
+        before its first step, None when Adam steps nothing here (SGD, Lion
+        and Muon keep no count); with every=False, the count of the first
         parameter that has one (the pause's check)."""
+        if not self.adam:
+            return None
         steps = set()
-        for o in self.opts:
-            inner = o.optimizer
-            for group in inner.param_groups:
-                for p in group["params"]:
-                    s = inner.state.get(p, {}).get("step", group.get("step"))
-                    if s is not None:
-                        steps.add(int(s.item() if torch.is_tensor(s) else s))
-                        if not every:
-                            break
-                if steps and not every:
-                    break
+        for inner, group in self.adam:
+            for p in group["params"]:
+                s = inner.state.get(p, {}).get("step", group.get("step"))
+                if s is not None:
+                    steps.add(int(s.item() if torch.is_tensor(s) else s))
+                    if not every:
+                        return steps.pop()
         if len(steps) > 1:
             raise CheckFailed("the optimizer's parameters have taken different numbers of steps: %s"
                               % sorted(steps))
@@ -758,44 +933,47 @@ class _Binding:
     def copy_into(self, buffers):
         """Megatron's values into vps's buffers: buffers[i] is the tensor of
         the view's buffer i."""
-        def buffer(st, c, expert):
-            return buffers[self.view.buffer(st, c, expert)]
+        def buffer(st, key):
+            return buffers[self.view.buffer(st, *key)]
         with torch.no_grad():
-            for (c, expert), buf in self.ddp_buffers.items():
-                dst = buffer(PARAM, c, expert)
-                if dst.data_ptr() != buf.param_data.data_ptr():
+            for key, buf in self.ddp_buffers.items():
+                dst = buffer(PARAM, key)
+                if buf.param_data is None:
+                    # no parameter buffer (zero=0): the parameters are tensors of their own
+                    for p, (start, end, _) in buf.param_index_map.items():
+                        dst[start:end] = p.detach().view(-1)
+                elif dst.data_ptr() != buf.param_data.data_ptr():
                     dst.copy_(buf.param_data)
             for t, p in self.module_buffers:
-                buffer(MODULE_BUFFER, p.chunk, False)[p.offset:p.offset + p.elements] = t.detach().view(-1)
-            for (c, expert), pieces in self.pieces.items():
-                main = buffer(MAIN_PARAM, c, expert)
-                moments = {st: buffer(st, c, expert) for st in MOMENTS}
+                buffer(MODULE_BUFFER, (p.chunk, False, False))[p.offset:p.offset + p.elements] = t.detach().view(-1)
+            for key, pieces in self.pieces.items():
+                main = buffer(MAIN_PARAM, key)
                 for pc in pieces:
                     n = pc.hi - pc.lo
                     main[pc.at:pc.at + n] = pc.main.detach().view(-1)
-                    have = self._optimizer_state(pc.main)
-                    for st, t in moments.items():
-                        v = have.get(MOMENTS[st])
-                        t[pc.at:pc.at + n] = 0 if v is None else v.detach().view(-1)
-
-    def _optimizer_state(self, main):
-        for o in self.opts:
-            if main in o.optimizer.state:
-                return o.optimizer.state[main]
-        return {}
+                    have = pc.inner.state.get(pc.main, {})
+                    extra = sorted(k for k, v in have.items() if torch.is_tensor(v) and v.dim() and
+                                   k not in pc.states.values())
+                    if extra:
+                        raise Unsupported("%s keeps %s of %s, which the layout does not hold" % (
+                            type(pc.inner).__name__, ", ".join(extra), self.params[pc.param][4].name))
+                    for st, name in pc.states.items():
+                        v = have.get(name)
+                        buffer(st, key)[pc.at:pc.at + n] = 0 if v is None else v.detach().view(-1)
 
     # ---- Megatron's tensors as views of vps's buffers ----
     def point(self, state):
         """Point every Megatron tensor that holds moved state at its part of
         state's buffers, and give Adam a step count (start() sets it)."""
         with torch.no_grad():
-            for (c, expert), buf in self.ddp_buffers.items():
-                flat = state.buffer(PARAM, c, expert)
-                if buf.param_data is not flat:
-                    self._set(buf, "param_data", flat)
-                for bucket in buf.buckets:
-                    n = bucket.grad_data.numel()
-                    self._set(bucket, "param_data", flat[bucket.offset:bucket.offset + n])
+            for key, buf in self.ddp_buffers.items():
+                flat = state.buffer(PARAM, *key)
+                if buf.param_data is not None:
+                    if buf.param_data is not flat:
+                        self._set(buf, "param_data", flat)
+                    for bucket in buf.buckets:
+                        n = bucket.grad_data.numel()
+                        self._set(bucket, "param_data", flat[bucket.offset:bucket.offset + n])
                 for p, (start, end, _) in buf.param_index_map.items():
                     self._data(p, flat[start:end].view(p.shape))
                 self.grads.append(buf)
@@ -807,14 +985,14 @@ class _Binding:
             for t, p in self.module_buffers:
                 flat = state.buffer(MODULE_BUFFER, p.chunk, False)
                 self._data(t, flat[p.offset:p.offset + p.elements].view(p.shape))
-            for (c, expert), pieces in self.pieces.items():
-                main = state.buffer(MAIN_PARAM, c, expert)
-                moments = {MOMENTS[st]: state.buffer(st, c, expert) for st in MOMENTS}
+            for key, pieces in self.pieces.items():
+                main = state.buffer(MAIN_PARAM, *key)
+                flats = {st: state.buffer(st, *key) for st in MOMENTS if self.view.buffer(st, *key) is not None}
                 for pc in pieces:
-                    n = pc.hi - pc.lo
-                    self._data(pc.main, main[pc.at:pc.at + n].view(pc.main.shape))
-                    self._adam_state(pc.main, {k: t[pc.at:pc.at + n].view(pc.main.shape)
-                                               for k, t in moments.items()})
+                    a, n = pc.at, pc.hi - pc.lo
+                    self._data(pc.main, main[a:a + n].view(pc.main.shape))
+                    self._hand_states(pc, {name: flats[st][a:a + n].view(pc.main.shape)
+                                           for st, name in pc.states.items()})
             for (dtype, dev), states in self.step_slots.items():
                 # every parameter's step an element of one tensor: the pause sets them with one fill
                 steps = torch.zeros(len(states), dtype=dtype, device=dev)
@@ -822,7 +1000,10 @@ class _Binding:
                 for i, st in enumerate(states):
                     st["step"] = steps[i]
             self.step_slots = {}
+            from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
             for o in self.opts:
+                if not isinstance(o, DistributedOptimizer):
+                    continue
                 # the model parameters' shards Megatron sliced when it was built
                 for groups, model_groups in ((o.shard_float16_groups, o.model_float16_groups),
                                              (o.shard_fp32_groups, o.model_fp32_groups)):
@@ -834,16 +1015,17 @@ class _Binding:
 
     def start(self, step, grads=()):
         """What the pause gives a job pointed at its buffers: Adam's step
-        count, and memory to the gradient buffers the skeleton left without
-        (grads: (tensor, bytes)), zeroed."""
+        count (none without Adam), and memory to the gradient buffers the
+        skeleton left without (grads: (tensor, bytes)), zeroed."""
         with _plain():
             self._start(step, grads)
 
     def _start(self, step, grads):
-        for t in self.steps:
-            t.fill_(step)
-        for group in self.step_groups:
-            group["step"] = step
+        if step is not None:
+            for t in self.steps:
+                t.fill_(step)
+            for group in self.step_groups:
+                group["step"] = step
         for g, nbytes in grads:
             g.untyped_storage().resize_(nbytes)
             g.zero_()
@@ -856,27 +1038,24 @@ class _Binding:
             for groups in getattr(o, "per_model_bucket_groups", {}).values():
                 yield groups
 
-    def _adam_state(self, main, moments):
-        for o in self.opts:
-            inner = o.optimizer
-            for group in inner.param_groups:
-                if not any(p is main for p in group["params"]):
-                    continue
-                st = inner.state[main]
-                st.update(moments)
-                if isinstance(inner, (torch.optim.Adam, torch.optim.AdamW)):
-                    # torch keeps the step per parameter, a float of the default dtype's width, on the
-                    # host unless capturable or fused; point() makes them one tensor's elements
-                    dev = torch.device(main.device if group.get("capturable") or group.get("fused") else "cpu")
-                    dtype = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
-                    self.step_slots.setdefault((dtype, dev), []).append(st)
-                else:
-                    # Apex's and TransformerEngine's FusedAdam keep it per group
-                    if not any(g is group for g in self.step_groups):
-                        self.step_groups.append(group)
-                self.handed.append((st, None))
-                return
-        raise CheckFailed("a main parameter the optimizer's range map names is in none of its groups")
+    def _hand_states(self, pc, views):
+        """The optimizer's states of a piece's main parameter become the
+        views: the optimizer finds them as if it had made them (Adam, Lion,
+        Muon and SGD with momentum make them at their first step, when they
+        have none) and updates them in place."""
+        st = pc.inner.state[pc.main]
+        st.update(views)
+        if pc.kind == "adam":
+            if isinstance(pc.inner, (torch.optim.Adam, torch.optim.AdamW)):
+                # torch keeps the step per parameter, a float of the default dtype's width, on the
+                # host unless capturable or fused; point() makes them one tensor's elements
+                dev = torch.device(pc.main.device if pc.group.get("capturable") or pc.group.get("fused") else "cpu")
+                dtype = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+                self.step_slots.setdefault((dtype, dev), []).append(st)
+            elif not any(g is pc.group for g in self.step_groups):
+                # Apex's and TransformerEngine's FusedAdam keep it per group
+                self.step_groups.append(pc.group)
+        self.handed.append((st, None))
 
     def _set(self, obj, attr, tensor):
         setattr(obj, attr, tensor)
@@ -1011,15 +1190,18 @@ class Job:
     """A rank of a Megatron-Core job, its state in vps's buffers.
 
     Job(registry, layout, rank, model, optimizer): model is the list of
-    DDP-wrapped model chunks and optimizer Megatron's optimizer (a
-    DistributedOptimizer or the ChainedOptimizer get_megatron_optimizer
-    returns), built for `layout`. Megatron's parameter buffers, main
-    parameters, moments and moved module buffers become views of vps's
-    buffers, registered with `registry` (see the module's text for where
-    each lives). The layout is checked against what Megatron built: every
-    parameter's name, shape and offset, every buffer's size, every ZeRO-1
-    piece; vps.CheckFailed names the first that differs, vps.Unsupported
-    what vps.megatron does not move.
+    DDP-wrapped model chunks and optimizer Megatron's optimizer (what
+    get_megatron_optimizer returns: a DistributedOptimizer, a
+    Float16Optimizer, the layer-wise distributed optimizer, or a
+    ChainedOptimizer of them), built for `layout`. Megatron's parameter
+    buffers, main parameters, optimizer states and moved module buffers
+    become views of vps's buffers, registered with `registry` (see the
+    module's text for where each lives). The layout is checked against what
+    Megatron built: every parameter's name, shape and offset, every
+    buffer's size, the optimizer that steps each parameter, every piece of
+    it the optimizer keeps on this rank and its states; vps.CheckFailed
+    names the first that differs, vps.Unsupported what vps.megatron does
+    not move.
 
     Job.clocks is what the last switch took (see switch)."""
 
@@ -1029,10 +1211,13 @@ class Job:
         bind = _Binding(layout.rank(rank), model, optimizer)
         step = bind.adam_step()
         if bind.device.type == "cuda":
-            # DDP's parameter buffers as they are; the optimizer's pieces gathered into flat buffers
-            tensors = [bind.ddp_buffers[(b.chunk, b.expert)].param_data if b.state == PARAM else
+            # DDP's parameter buffers as they are (zero=0 has none: the parameters are gathered too);
+            # the optimizer's pieces gathered into flat buffers
+            ddp = [bind.ddp_buffers[(b.chunk, b.expert, b.layerwise)] if b.state == PARAM else None
+                   for b in bind.view.buffers]
+            tensors = [d.param_data if d is not None and d.param_data is not None else
                        torch.zeros(b.elements, dtype=_state.TORCH_DTYPE[b.dtype], device=bind.device)
-                       for b in bind.view.buffers]
+                       for b, d in zip(bind.view.buffers, ddp)]
             bind.copy_into(tensors)
             state = _state.State.adopt(registry, layout, rank, dict(enumerate(tensors)))
         else:
@@ -1049,8 +1234,10 @@ class Job:
         _jobs.add(self)
 
     @property
-    def step(self) -> int:
-        """Adam's step count, which a switch carries as Training.step."""
+    def step(self) -> Optional[int]:
+        """Adam's step count, which a switch carries as Training.step (and
+        gives Adam after it); None when Adam steps nothing on this rank:
+        SGD, Lion and Muon keep no count."""
         return self._bind.adam_step()
 
     @property
@@ -1087,7 +1274,8 @@ class Job:
         try:
             self.registry.set_target(layout, rank)
             seconds["target"] = time.monotonic() - t
-            targets = [(b.chunk, b.expert, target.buffers[b.id]) for b in target.view.buffers if b.state == PARAM]
+            targets = {(b.chunk, b.expert, b.layerwise): target.buffers[b.id] for b in target.view.buffers
+                       if b.state == PARAM}
             running, rng = _snapshot(), _rng_state()
             groups_before, t = _groups_seconds[0], time.monotonic()
             try:
@@ -1143,8 +1331,8 @@ class Job:
         build) made, handed the buffers the switch filled (without a
         prepare, build is given and the Job prepares in the pause), and
         carried, the vps.Training of source rank 0. training.step must be
-        the optimizer's step count (Megatron's iteration, when no step was
-        skipped). The model and optimizer before are emptied. For a leaving
+        Adam's step count where Adam steps parameters (Megatron's iteration,
+        when no step was skipped; Job.step). The model and optimizer before are emptied. For a leaving
         device (rank -1): (None, None, carried).
 
         Job.clocks then holds the switch's clocks: called, requested,
@@ -1161,7 +1349,7 @@ class Job:
         clocks = {"called": time.time(), "groups": 0.0, "build": 0.0, "attach": 0.0, "ahead": None}
         self._live()
         step = self._bind.adam_step(every=False)
-        if training.step != step:
+        if step is not None and training.step != step:
             raise InvalidInput("training.step is %d, the optimizer has taken %d steps: vps carries one "
                                "count, Adam's bias correction and the iteration" % (training.step, step))
         nxt = self._next

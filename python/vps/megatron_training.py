@@ -77,8 +77,9 @@ with that error, the job's state where vps.switch leaves it; a vps-exec
 that dies without a verdict leaves the job waiting for --vps-timeout.
 
 Not supported, and refused before training starts: what vps.megatron.Job
-refuses (no distributed optimizer, fp16, the precision-aware optimizer),
-a pg_collection passed to pretrain, CUDA graphs, RL, --use-tp-pp-dp-mapping,
+refuses (fp16, the precision-aware optimizer), a job without the
+distributed optimizer (which the Job switches; the layout made from the
+job's arguments here is ZeRO-1's), a pg_collection passed to pretrain, CUDA graphs, RL, --use-tp-pp-dp-mapping,
 --multiple-validation-sets, asynchronous saves with a persistent worker
 (train() stops it when it returns), --num-buckets (gradient buckets must be
 a size vps can lay out).

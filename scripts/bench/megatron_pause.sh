@@ -24,9 +24,9 @@ trap 'rm -rf "$t"' EXIT
 runs=${RUNS:-3}
 export VPS_LIBRARY=$top/build/libvps.so VPS_BIN=$top/bin
 for run in $(seq "$runs"); do
-	"$py" tests/megatron/check_switch.py --pauses "$t/run$run.json" > "$t/run$run.log"
+	"$py" tests/megatron/check_switch.py --optimizer adam --pauses "$t/run$run.json" > "$t/run$run.log"
 done
-"$py" tests/megatron/check_switch.py --no-prepare --pauses "$t/unprepared.json" > "$t/unprepared.log"
+"$py" tests/megatron/check_switch.py --optimizer adam --no-prepare --pauses "$t/unprepared.json" > "$t/unprepared.log"
 stamp=$(scripts/bench/doc-stamp.sh "RUNS=$runs scripts/bench/megatron_pause.sh${doc:+ --doc}")
 table=$("$py" - "$t" "$runs" "$stamp" <<'PY'
 import json, statistics, sys

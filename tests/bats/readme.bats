@@ -315,7 +315,7 @@ run_section() { # SECTION
 	for r in 0 1 2 3; do [ -s clone/build/torchrun/rank-$r/c0-c1.staged ]; done
 	[ "$(wc -l < clone/build/torchrun/loss.txt)" -eq 12 ]
 	# Megatron-Core switched by vps.megatron, and checked against vps
-	out=$(printed_by 'build/venv/bin/python tests/megatron/check_switch.py -v --steps 7 --every 3')
+	out=$(printed_by 'build/venv/bin/python tests/megatron/check_switch.py -v --steps 7 --every 3 --optimizer adam')
 	grep -q 'the whole state equal bit for bit across each' "$out"
 	out=$(printed_by 'build/venv/bin/python tests/megatron/check_megatron.py -v -k tiny-llama')
 	grep -q 'configurations\?, every rank equal to Megatron-Core$' "$out"

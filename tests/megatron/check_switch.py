@@ -17,23 +17,35 @@ per rank, started beside the ranks, moves the state through the switches
         -> pp=2,ep=2,dp=2,zero=1 -> ep=2,dp=4,zero=1
 
 (TP, DP and its ZeRO-1 shards, PP, virtual chunks, EP and the expert TP
-and DP all change), each between two steps, every --every steps. Each next
-configuration is made ready while the job trains (Job.prepare, as soon as
-the switch before is done), so that the switch's pause holds the transfer
-and the hand-over. Before and after each switch every rank's whole state is
-gathered in Megatron's model space (shards()): the model's own sharded
-state dict (the expert bias among it, which Megatron updates every step),
-and the optimizer's pieces through its own accessors (bf16 parameters, fp32
-main parameters, exp_avg, exp_avg_sq, Adam's step), and the two must be
-equal bit for bit, replicas (the tied embeddings' copy on the last stage)
-included; the iteration, consumed samples and scheduler position must come
-across; every rank's Megatron groups must hold the ranks the layout gives
-it, and the model reduce over the installed ones; the groups cache (three
+and DP all change), each between two steps, every --every steps; then the
+other optimizers Megatron-Core builds, shorter (more with --full):
+
+    micro-moe, Muon as Megatron's layer-wise distributed optimizer (each
+    2-D weight whole on one DP rank, Adam the scalar optimizer under
+    ZeRO-1): ep=2,dp=4 -> tp=2,ep=2,dp=2 -> pp=2,ep=2,dp=2 -> ep=4,dp=4
+    micro-gpt, SGD with momentum (Megatron's Float16Optimizer, zero=0):
+    tp=2,dp=2 -> pp=2,dp=2
+    micro-gpt, Lion as the layer-wise optimizer: tp=2,dp=2 -> pp=2,dp=2
+
+(--full: each a switch or two more, and Muon with Lion the scalar
+optimizer). Each next configuration is made ready while the job trains
+(Job.prepare, as soon as the switch before is done), so that the switch's
+pause holds the transfer and the hand-over. Before and after each switch
+every rank's whole state is gathered in Megatron's model space (shards()):
+the model's own sharded state dict (the expert bias among it, which
+Megatron updates every step), and the optimizer's pieces through its own
+accessors (bf16 parameters, fp32 main parameters, exp_avg, exp_avg_sq,
+momentum_buffer, Adam's step), and the two must be equal bit for bit,
+replicas (the tied embeddings' copy on the last stage) included; the
+iteration, consumed samples and scheduler position must come across; every
+rank's Megatron groups must hold the ranks the layout gives it, and the
+model reduce over the installed ones; the groups cache (three
 configurations kept here) must make, reuse and evict what its policy says.
 A static run stays in the first configuration on the same batches: up to
 the first switch the two runs' losses must be equal bit for bit (vps's
 buffers under Megatron's tensors change nothing), and after it within 1e-3
-(relative) of each other at every step, the bound of scripts/convergence.sh.
+(relative) of each other at every step, the bound of
+scripts/convergence.sh.
 
 Each switch's pause (from the last rank calling Job.switch to the last
 returning) is broken down from the Job's clocks and the executors' reports
@@ -41,13 +53,15 @@ returning) is broken down from the Job's clocks and the executors' reports
 R the largest over the switches of the pause over the slowest rank's
 vps-exec pause (scripts/bench/megatron_pause.sh tabulates them).
 
-    check_switch.py [-v] [--steps N] [--every K] [--model NAME]... [--keep DIR]
-                    [--no-prepare] [--pauses FILE]
+    check_switch.py [-v] [--steps N] [--every K] [--model NAME]... [--optimizer NAME]...
+                    [--full] [--keep DIR] [--no-prepare] [--pauses FILE]
 
-Prints a line per switch and step with -v, then one summary line; exit 1
-naming what differs, 2 on bad arguments.
+Prints a line per switch and step with -v, then one summary line for Adam's
+jobs and one per other optimizer; exit 1 naming what differs, 2 on bad
+arguments.
 """
 import argparse
+import copy
 import json
 import os
 import shutil
@@ -79,12 +93,33 @@ import vps  # noqa: E402
 import vps.megatron  # noqa: E402
 
 class Run:
-    """A job the check trains and switches: its model and the parallel
-    configurations it visits, in order."""
+    """A job the check trains and switches: its model, the parallel
+    configurations it visits in order (the optimizer is part of them), and
+    its steps and switch interval (None: --steps and --every's); full, the
+    same under --full; quick=False, a job of --full only."""
 
-    def __init__(self, name, configs):
-        self.name, self.configs = name, configs
+    def __init__(self, name, configs, steps=None, every=None, full=None, quick=True):
+        self.name, self.configs, self.steps, self.every = name, configs, steps, every
+        self.full, self.quick = full, quick
         self.model = os.path.join(HERE, "models", name + ".yaml")
+        spec = dict(kv.split("=", 1) for kv in configs[0].split(","))
+        self.optimizer, scalar = spec.get("optimizer", "adam"), spec.get("scalar", "adam")
+        layer_wise = self.optimizer in ("muon", "lion") and spec["zero"] != "0"
+        # how Megatron runs the optimizer, in the summary line (Adam's jobs: the DistributedOptimizer, said above)
+        self.what = "" if self.optimizer == "adam" else "Megatron's Float16Optimizer (zero=0)" \
+            if self.optimizer == "sgd" else "%s, %s the scalar optimizer" % (
+                "the layer-wise distributed optimizer" if layer_wise else "Float16Optimizers (zero=0)",
+                scalar.capitalize())
+        shown = [kv for kv in ("optimizer", "scalar") if kv in spec] + ([] if layer_wise or self.optimizer == "sgd"
+                                                                         else ["zero"])
+        self.label = name if self.optimizer == "adam" else " ".join(
+            [name] + ["%s=%s" % (k, spec[k]) for k in shown])
+
+    def resolved(self, args):
+        """(configurations, steps, every) of this run under the arguments."""
+        configs, steps, every = (self.full or (self.configs, self.steps, self.every)) if args.full else \
+            (self.configs, self.steps, self.every)
+        return configs, args.steps or steps or 18, args.every or every or 3
 
 
 RUNS = [
@@ -92,6 +127,28 @@ RUNS = [
                       "pp=2,vpp=2,dp=2,zero=1", "tp=2,dp=2,zero=1"]),
     Run("micro-moe", ["ep=2,dp=4,zero=1", "tp=2,ep=2,dp=2,zero=1", "ep=4,dp=4,zero=1", "pp=2,ep=2,dp=2,zero=1",
                       "ep=2,dp=4,zero=1"]),
+    # the richest optimizer that builds on the CPU: Muon as Megatron's layer-wise distributed optimizer
+    # (each 2-D weight whole on one DP rank, experts over expert DP), Adam the scalar one (ZeRO-1), the
+    # routers' expert bias; EP, TP, PP and DP change
+    Run("micro-moe", ["ep=2,dp=4,zero=1,optimizer=muon", "tp=2,ep=2,dp=2,zero=1,optimizer=muon",
+                      "pp=2,ep=2,dp=2,zero=1,optimizer=muon", "ep=4,dp=4,zero=1,optimizer=muon"], 7, 2,
+        full=(["ep=2,dp=4,zero=1,optimizer=muon", "tp=2,ep=2,dp=2,zero=1,optimizer=muon",
+               "pp=2,ep=2,dp=2,zero=1,optimizer=muon", "ep=4,dp=4,zero=1,optimizer=muon",
+               "ep=2,dp=4,zero=1,optimizer=muon"], 15, 3)),
+    # SGD with momentum: Megatron's Float16Optimizer (zero=0), every state whole on each DP rank
+    Run("micro-gpt", ["tp=2,dp=2,zero=0,optimizer=sgd", "pp=2,dp=2,zero=0,optimizer=sgd"], 4, 2,
+        full=(["tp=2,dp=2,zero=0,optimizer=sgd", "pp=2,dp=2,zero=0,optimizer=sgd", "dp=4,zero=0,optimizer=sgd",
+               "tp=2,pp=2,zero=0,optimizer=sgd"], 12, 3)),
+    # Lion as the layer-wise optimizer (Adam the scalar one): its exp_avg moves with each matrix's owner
+    Run("micro-gpt", ["tp=2,dp=2,zero=1,optimizer=lion", "pp=2,dp=2,zero=1,optimizer=lion"], 4, 2,
+        full=(["tp=2,dp=2,zero=1,optimizer=lion", "pp=2,dp=2,zero=1,optimizer=lion", "dp=4,zero=1,optimizer=lion",
+               "tp=2,pp=2,zero=1,optimizer=lion"], 12, 3)),
+    # --full only: Muon with Lion the scalar optimizer (--muon-scalar-optimizer lion: its exp_avg under ZeRO-1
+    # ranges), and Muon without the distributed optimizer (Float16Optimizers over Muon and Adam)
+    Run("micro-gpt", ["tp=2,dp=2,zero=1,optimizer=muon,scalar=lion", "pp=2,dp=2,zero=1,optimizer=muon,scalar=lion",
+                      "dp=4,zero=1,optimizer=muon,scalar=lion"], 7, 3, quick=False),
+    Run("micro-gpt", ["tp=2,dp=2,zero=0,optimizer=muon", "pp=2,dp=2,zero=0,optimizer=muon",
+                      "dp=4,zero=0,optimizer=muon"], 9, 3, quick=False),
 ]
 MODEL = RUNS[0].model  # the refusals' job
 WORLD = 4
@@ -154,7 +211,7 @@ def forward_step(data_iterator, model):
 def build(layout):
     """Megatron's own constructors for a layout, called as Megatron-LM's
     setup_model_and_optimizer calls them: the process groups, the seeds,
-    GPTModel chunks in DDP, the optimizer."""
+    GPTModel chunks in DDP, the layout's optimizer."""
     vps.megatron.initialize_groups(layout, create_gloo_process_groups=False)
     model_parallel_cuda_manual_seed(SEED, force_reset_rng=True)
     torch.manual_seed(SEED)
@@ -164,14 +221,27 @@ def build(layout):
                                       hidden_dropout=0.0, attention_dropout=0.0,
                                       sequence_parallel=layout.model.experts > 0 and par["tp"] > 1)
     model = mcore.wrap_ddp(mcore.build_chunks(layout.model, par, config), config, par)
-    optimizer = get_megatron_optimizer(OPTIMIZER, model, use_gloo_process_groups=False)
+    optimizer = get_megatron_optimizer(optimizer_config(par), model, use_gloo_process_groups=False)
     config.finalize_model_grads_func = finalize_model_grads
     config.grad_scale_func = optimizer.scale_loss
     return model, optimizer
 
 
-OPTIMIZER = OptimizerConfig(optimizer="adam", lr=LR, min_lr=LR / 10, weight_decay=0.01, adam_beta1=0.9,
-                            adam_beta2=0.95, adam_eps=1e-8, clip_grad=1.0, bf16=True, use_distributed_optimizer=True)
+def optimizer_config(par):
+    """The OptimizerConfig of Megatron-LM's flags for the configuration's
+    optimizer (--optimizer, --use-distributed-optimizer, which Muon and Lion
+    turn into the layer-wise distributed optimizer, --muon-scalar-optimizer),
+    with gradient clipping. Muon orthogonalizes a tensor-parallel matrix
+    whole (--muon-tp-mode duplicated), so that its update does not depend on
+    TP and a switch of TP compares with a static run; Megatron-LM's default,
+    blockwise, orthogonalizes each rank's block."""
+    layer_wise = mcore.layer_wise(par)
+    return OptimizerConfig(optimizer=mcore.optimizer_name(par), lr=LR, min_lr=LR / 10, weight_decay=0.01,
+                           adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8, clip_grad=1.0, bf16=True,
+                           use_distributed_optimizer=bool(par["zero"]) and not layer_wise,
+                           use_layer_wise_distributed_optimizer=layer_wise,
+                           muon_scalar_optimizer=mcore.optimizer_name(par, "scalar_optimizer"),
+                           muon_tp_mode="duplicated")
 
 
 def make_scheduler(optimizer, steps, position):
@@ -213,45 +283,62 @@ def train_step(model, optimizer, corpus, consumed):
 def shards(model, optimizer):
     """This rank's share of the whole state in Megatron's model space, as
     (key, global shape, global offset, local shape, flattened range, data)
-    on the host, and Adam's step. The parameters: the ShardedTensors of the
-    model's own sharded_state_dict. The optimizer states: its
-    fully_sharded_model_space format, each parameter's piece of the fp32
-    main parameter, exp_avg and exp_avg_sq at the parameter's place, made
-    from the DistributedOptimizer's own accessors (_get_model_param_range_map,
-    _get_main_param_and_optimizer_states) and the parameter's ShardedTensor,
-    as its sharded_param_state_fs_model_space makes it: 0.19's integrity
-    check refuses that format's flattened ranges, and its fully_reshardable
-    format misplaces parameters that follow a padded bucket (tests/megatron/
-    README.md)."""
+    on the host, and Adam's steps (none without Adam). The parameters: the
+    ShardedTensors of the model's own sharded_state_dict. The optimizers'
+    states, from each optimizer vps.megatron.optimizers() finds:
+
+    - a Float16Optimizer's (zero=0, and the layer-wise optimizer's, whose
+      ranks hold the matrices they own): its own sharded_state_dict, made
+      from the model's as Megatron's checkpoint makes it (fp32_param and
+      each state of torch's or emerging_optimizers' state dict, Adam's step
+      as common_step);
+    - a DistributedOptimizer's: its fully_sharded_model_space format, each
+      parameter's piece of the fp32 main parameter and of each state at the
+      parameter's place, made from its own accessors
+      (_get_model_param_range_map, _get_main_param_and_optimizer_states) and
+      the parameter's ShardedTensor, as its sharded_param_state_fs_model_
+      space makes it: 0.19's integrity check refuses that format's flattened
+      ranges, and its fully_reshardable format misplaces parameters that
+      follow a padded bucket (tests/megatron/README.md)."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
     # one dict per chunk, as Megatron-LM's checkpointing keeps them: the chunks' keys are the same names
     model_sd = {"model%d" % i: chunk.module.sharded_state_dict() for i, chunk in enumerate(model)}
+    leaves = vps.megatron.optimizers(optimizer)
+    # made from the model's before its factories are applied, as Megatron's checkpoint makes them
+    whole_sd = [o.sharded_state_dict(model_sd) for o in leaves if not isinstance(o, DistributedOptimizer)]
     apply_factories(model_sd)
+    apply_factories(whole_sd)
     # a ShardedTensor's data is a parameter, or a run of its elements (the gated linear_fc1's two halves)
     params = sorted(((p.data_ptr(), p) for chunk in model for p in chunk.parameters()), key=lambda x: x[0])
-    out, of_param = [], {}
-    stack = [model_sd]
+    out, of_param, steps = [], {}, set()
+    stack = [model_sd, whole_sd]
     while stack:
         v = stack.pop()
         if isinstance(v, dict):
+            if "common_step" in v:
+                steps.add(int(v.pop("common_step")))
             stack.extend(v.values())
         elif isinstance(v, list):
             stack.extend(v)
         elif isinstance(v, ShardedTensor):
             if v.flattened_range is not None:
-                raise RuntimeError("%s: a flattened ShardedTensor of the model" % v.key)
+                raise RuntimeError("%s: a flattened ShardedTensor" % v.key)
             local = (1,) * v.prepend_axis_num + tuple(v.local_shape)
             out.append((v.key, tuple(v.global_shape), tuple(v.global_offset), local, None,
                         v.data.detach().to("cpu", copy=True)))
-            if isinstance(v.data, torch.nn.Parameter) or v.data.dtype == torch.bfloat16:
+            if not v.key.startswith("optimizer.") and (isinstance(v.data, torch.nn.Parameter)
+                                                        or v.data.dtype == torch.bfloat16):
                 p, lo = param_of(params, v)
                 of_param.setdefault(p, []).append((v.key, tuple(v.global_shape), tuple(v.global_offset), local, lo,
                                                    lo + v.data.numel()))
         elif isinstance(v, ShardedObject) and not (v.key.endswith("._extra_state") and v.data is None):
             # an empty _extra_state is the linears' fp8 metadata, which bf16 runs have none of
             raise RuntimeError("%s: a ShardedObject, which this check does not compare" % v.key)
-    steps = set()
-    for o in vps.megatron.distributed_optimizers(optimizer):
-        steps.update(g["step"] for g in o.state_dict()["optimizer"]["param_groups"])
+    for o in leaves:
+        if not isinstance(o, DistributedOptimizer):
+            continue
+        if isinstance(o.optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+            steps.update(g["step"] for g in o.state_dict()["optimizer"]["param_groups"])
         for ranges in o.gbuf_ranges:
             for buckets in ranges.values():
                 for rm in buckets:
@@ -262,10 +349,11 @@ def shards(model, optimizer):
                             a, b = max(r.start, lo), min(r.end, hi)
                             if a >= b:
                                 continue
-                            for name, t in (("fp32_param", st["param"]), ("exp_avg", st["exp_avg"]),
-                                            ("exp_avg_sq", st["exp_avg_sq"])):
-                                out.append(("optimizer.state.%s.%s" % (name, key), gshape, goff, local,
-                                            (a - lo, b - lo),
+                            for name, t in sorted(st.items()):
+                                if not t.dim():
+                                    continue  # Adam's step, above
+                                out.append(("optimizer.state.%s.%s" % ("fp32_param" if name == "param" else name, key),
+                                            gshape, goff, local, (a - lo, b - lo),
                                             t.detach().view(-1)[a - r.start:b - r.start].to("cpu", copy=True)))
     return out, steps
 
@@ -285,7 +373,8 @@ def param_of(params, v):
 
 def gather(model, optimizer, shards_of=None):
     """Rank 0: {key: whole tensor} from every rank's shards (replicas must
-    agree bit for bit, and every element must be held), and Adam's step.
+    agree bit for bit, and every element must be held), and Adam's step
+    (None without Adam).
     shards_of(model, optimizer) gives a rank's shards, shards' by default."""
     mine = (shards_of or shards)(model, optimizer)
     every = [None] * dist.get_world_size()
@@ -314,9 +403,9 @@ def gather(model, optimizer, shards_of=None):
     for key, s_ in seen.items():
         if not s_.all():
             raise RuntimeError("%s: %d elements held by no rank" % (key, (~s_).sum().item()))
-    if len(steps) != 1:
+    if len(steps) > 1:
         raise RuntimeError("Adam's step differs between parameter groups: %s" % sorted(steps))
-    return full, steps.pop()
+    return full, steps.pop() if steps else None
 
 
 def bits(t):
@@ -458,33 +547,40 @@ def rank_main(rank, job_run, steps, every, registry, switching, ahead=True):
 def refusals(rank, registry):
     """What a Job refuses, on one rank: a layout that is not what Megatron
     built, one it cannot point Megatron's tensors into, a training step
-    that is not the optimizer's. Returns the messages, in order."""
+    that is not Adam's, what vps does not describe. Returns the messages,
+    in order."""
     lay = vps.layout(MODEL, "zero=1", 1)
     model, optimizer = build(lay)
     out = []
     reg = vps.Registry(registry.replace("%d", "refusals"), None, -1)
+
+    def job(what, layout, model, optimizer):
+        try:
+            vps.megatron.Job(reg, layout, 0, model, optimizer).close()
+            out.append("%s: accepted" % what)
+        except vps.Error as e:
+            out.append("%s: %s: %s" % (what, e.name, e))
     try:
         for other in ("zero=1,bucket=60000", "zero=0", "zero=1,optimizer=lion", "zero=1,precision_aware=1"):
-            try:
-                vps.megatron.Job(reg, vps.layout(lay.model, other, 1), 0, model, optimizer)
-                out.append("%s: accepted" % other)
-            except vps.Error as e:
-                out.append("%s: %s: %s" % (other, e.name, e))
-        job = vps.megatron.Job(reg, lay, 0, model, optimizer)
+            job(other, vps.layout(lay.model, other, 1), model, optimizer)
+        j = vps.megatron.Job(reg, lay, 0, model, optimizer)
         try:
-            job.switch(lay, 0, vps.Training(step=5), None)
+            j.switch(lay, 0, vps.Training(step=5), None)
             out.append("step 5: accepted")
         except vps.Error as e:
             out.append("step 5: %s: %s" % (e.name, e))
-        job.close()
+        j.close()
         # Megatron's HybridDeviceOptimizer needs CUDA to be built: the flag it is built under, on this one
         for o in vps.megatron.distributed_optimizers(optimizer):
             o.config.optimizer_cpu_offload = True
-        try:
-            vps.megatron.Job(reg, lay, 0, model, optimizer)
-            out.append("offload: accepted")
-        except vps.Error as e:
-            out.append("offload: %s: %s" % (e.name, e))
+        job("offload", lay, model, optimizer)
+        # SGD (Megatron's Float16Optimizer) where the layout has Adam, and SGD without momentum
+        sgd = vps.layout(MODEL, "zero=0,optimizer=sgd", 1)
+        model, optimizer = build(sgd)
+        job("adam for sgd", vps.layout(MODEL, "zero=0", 1), model, optimizer)
+        for group in optimizer.param_groups:
+            group["momentum"] = 0.0
+        job("sgd_momentum=0", sgd, model, optimizer)
     finally:
         reg.close()
     return out
@@ -495,12 +591,18 @@ REFUSALS = [
     ("zero=1,bucket=60000", "VPS_ECHECK", "rank 0 chunk 0 dense buffer: Megatron's has 220544 elements, "
      "the layout's 220672"),
     ("zero=0", "VPS_EUNSUPPORTED", "rank 0 chunk 0 dense buffer: the layout's main_param is whole (zero=0)"),
-    # another optimizer's buffers or dtypes than the DistributedOptimizer's Adam in fp32
-    ("zero=1,optimizer=lion", "VPS_EUNSUPPORTED", "the layout's param buffer of chunk 0 is the layer-wise "
-     "optimizer's"),
-    ("zero=1,precision_aware=1", "VPS_EUNSUPPORTED", "the layout's main_param buffer of chunk 0 is int16"),
+    # another optimizer's buffers, or dtypes that TransformerEngine's FusedAdam keeps (a GPU's)
+    ("zero=1,optimizer=lion", "VPS_ECHECK", "rank 0 chunk 0 layer-wise dense buffer: the layout has one, "
+     "Megatron none"),
+    ("zero=1,precision_aware=1", "VPS_EUNSUPPORTED", "the layout's main_param buffer of chunk 0 is int16 "
+     "(precision_aware=1): vps.megatron binds bf16 parameters and fp32 states"),
     ("step 5", "VPS_EINPUT", "training.step is 5, the optimizer has taken 0 steps"),
+    # not described by vps's layouts, and CUDA streams to build
     ("offload", "VPS_EUNSUPPORTED", "optimizer_cpu_offload: the HybridDeviceOptimizer keeps its own host copies"),
+    ("adam for sgd", "VPS_ECHECK", "embedding.word_embeddings.weight: Megatron steps it with SGD (sgd), the layout "
+     "with adam"),
+    ("sgd_momentum=0", "VPS_EUNSUPPORTED", "embedding.word_embeddings.weight: SGD without momentum "
+     "(sgd_momentum=0) keeps no momentum_buffer"),
 ]
 
 
@@ -542,17 +644,21 @@ def stop(procs):
 def main():
     a = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     a.add_argument("-v", "--verbose", action="store_true")
-    a.add_argument("--steps", type=int, default=18)
-    a.add_argument("--every", type=int, default=3, help="switch every K steps")
+    a.add_argument("--steps", type=int, help="train N steps (by default each job's: 18 for Adam's)")
+    a.add_argument("--every", type=int, help="switch every K steps (by default each job's: 3 for Adam's)")
     a.add_argument("--keep", help="keep the plans, logs and reports in this directory")
     a.add_argument("--timeout", type=float, default=600)
-    a.add_argument("--model", action="append", choices=[r.name for r in RUNS],
-                   help="train this job only (repeatable; by default every one)")
+    a.add_argument("--model", action="append", choices=sorted({r.name for r in RUNS}),
+                   help="train this model's jobs only (repeatable; by default every one)")
+    a.add_argument("--optimizer", action="append", choices=list(OPTIMIZER_LINES),
+                   help="train the jobs of this optimizer only (repeatable; by default every one)")
+    a.add_argument("--full", action="store_true",
+                   help="the longer form of the jobs of other optimizers than Adam: more switches and steps")
     a.add_argument("--no-prepare", action="store_true",
                    help="no Job.prepare: each switch builds the next configuration in its pause")
-    a.add_argument("--pauses", help="write each switch's pause and its parts to this file (JSON)")
+    a.add_argument("--pauses", help="write each switch's pause and its parts to this file (JSON; Adam's jobs)")
     args = a.parse_args()
-    if args.steps < 1 or args.every < 1:
+    if (args.steps is not None and args.steps < 1) or (args.every is not None and args.every < 1):
         a.error("--steps and --every must be at least 1")
     mcore.install_training_shims()
     tmp = args.keep or tempfile.mkdtemp(prefix="vps-mcore-switch-")
@@ -584,26 +690,42 @@ def check(args, tmp, registry):
             sys.exit("check_switch.py: a Job given %s said: %s; expected %s: %s..." % (what, line, code, text))
         if args.verbose:
             print("refused: %s" % line)
-    lines, worst_ratio, every_pause = [], 0.0, {}
+    lines, worst, seconds, every_pause = {}, {}, {"adam": time.monotonic() - t0}, {}
     for job_run in RUNS:
-        if args.model and job_run.name not in args.model:
+        if (args.model and job_run.name not in args.model) or (args.optimizer and job_run.optimizer
+                                                                not in args.optimizer) \
+                or not (job_run.quick or args.full):
             continue
-        sub = os.path.join(tmp, job_run.name)
+        t = time.monotonic()
+        sub = os.path.join(tmp, job_run.label.replace(" ", "-"))
         os.makedirs(sub, exist_ok=True)
         line, pauses = switched(args, job_run, sub, registry)
-        lines.append(line)
-        every_pause[job_run.name] = pauses
-        worst_ratio = max([worst_ratio] + [p["pause"] / p["transfer"] for p in pauses])
+        o = job_run.optimizer
+        lines.setdefault(o, []).append(line)
+        if o == "adam":
+            every_pause[job_run.name] = pauses
+        worst[o] = max([worst.get(o, 0.0)] + [p["pause"] / p["transfer"] for p in pauses])
+        seconds[o] = seconds.get(o, 0.0) + time.monotonic() - t
     if args.pauses:
         with open(args.pauses, "w") as f:
             json.dump(every_pause, f, indent=1)
-    print("%s (%.0f s); pause at most %.2f x the transfer" % ("; ".join(lines), time.monotonic() - t0, worst_ratio))
+    # Adam's jobs first, as before; then a line per other optimizer
+    for o in sorted(lines, key=lambda o: list(OPTIMIZER_LINES).index(o)):
+        print("%s%s (%.0f s); pause at most %.2f x the transfer" % (
+            OPTIMIZER_LINES[o], "; ".join(lines[o]), seconds[o], worst[o]))
+
+
+# how the line of each optimizer's jobs starts (Adam's, the first, as it always did)
+OPTIMIZER_LINES = {"adam": "", "muon": "Muon: ", "sgd": "SGD with momentum: ", "lion": "Lion: "}
 
 
 def switched(args, job_run, tmp, registry):
     """Train job_run switching and static, compare; its part of the summary
-    line, and the largest pause over the transfer."""
-    procs, nplans = executors(tmp, job_run, args.steps, args.every, registry)
+    line, and its switches' pauses."""
+    configs, steps, every = job_run.resolved(args)
+    job_run = copy.copy(job_run)
+    job_run.configs = configs
+    procs, nplans = executors(tmp, job_run, steps, every, registry)
 
     def executor_failed():
         for r, p in enumerate(procs):
@@ -613,11 +735,11 @@ def switched(args, job_run, tmp, registry):
         return None
     try:
         try:
-            results = mcore.run_ranks(WORLD, lambda r: rank_main(r, job_run, args.steps, args.every, registry, True,
+            results = mcore.run_ranks(WORLD, lambda r: rank_main(r, job_run, steps, every, registry, True,
                                                                  not args.no_prepare),
                                       timeout=args.timeout, watch=executor_failed)
         except RuntimeError as e:
-            sys.exit("check_switch.py: %s: %s" % (job_run.name, e))
+            sys.exit("check_switch.py: %s: %s" % (job_run.label, e))
         failed = [r for r in results if isinstance(r, mcore.RankError)]
         if failed:
             for f in failed:
@@ -625,7 +747,7 @@ def switched(args, job_run, tmp, registry):
             for r in range(WORLD):
                 print("== exec.%d.log\n%s" % (r, open(os.path.join(tmp, "exec.%d.log" % r)).read()[-2000:]),
                       file=sys.stderr)
-            sys.exit("check_switch.py: %s: %s" % (job_run.name, failed[0]))
+            sys.exit("check_switch.py: %s: %s" % (job_run.label, failed[0]))
         deadline = time.monotonic() + 30
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -634,55 +756,65 @@ def switched(args, job_run, tmp, registry):
     for r, p in enumerate(procs):
         if p.returncode:
             sys.exit("check_switch.py: %s: vps-exec rank %d exited with %d:\n%s" % (
-                job_run.name, r, p.returncode, open(os.path.join(tmp, "exec.%d.log" % r)).read()[-2000:]))
+                job_run.label, r, p.returncode, open(os.path.join(tmp, "exec.%d.log" % r)).read()[-2000:]))
     digests = sum(open(os.path.join(tmp, "exec.%d.log" % r)).read().count("digest: match") for r in range(WORLD))
     losses, switches, _, (counts, held) = results[0]
     if len(switches) != nplans or digests != nplans * WORLD:
         sys.exit("check_switch.py: %s: %d switches of %d, %d digests matched of %d" % (
-            job_run.name, len(switches), nplans, digests, nplans * WORLD))
-    want = cache_counts(job_run.configs[:nplans + 1])
+            job_run.label, len(switches), nplans, digests, nplans * WORLD))
+    want = cache_counts([group_key(job_run.model, c) for c in job_run.configs[:nplans + 1]])
     if counts != want or held > CACHED:
         sys.exit("check_switch.py: %s: the groups cache made, reused and evicted %s configurations and holds %d; "
-                 "expected %s, at most %d" % (job_run.name, counts, held, want, CACHED))
+                 "expected %s, at most %d" % (job_run.label, counts, held, want, CACHED))
     pauses = breakdown(tmp, [r[2] for r in results], nplans)
     for k, p in enumerate(pauses):
         p["from"], p["to"] = job_run.configs[k], job_run.configs[k + 1]
-    static = mcore.run_ranks(WORLD, lambda r: rank_main(r, job_run, args.steps, args.every, registry, False),
+    static = mcore.run_ranks(WORLD, lambda r: rank_main(r, job_run, steps, every, registry, False),
                              timeout=args.timeout)
     bad = [r for r in static if isinstance(r, mcore.RankError)]
     if bad:
         print(bad[0].trace, file=sys.stderr)
-        sys.exit("check_switch.py: %s: the static run: %s" % (job_run.name, bad[0]))
+        sys.exit("check_switch.py: %s: the static run: %s" % (job_run.label, bad[0]))
     ref = static[0][0]
     for k, ((at, src, dst, n, elems), p) in enumerate(zip(switches, pauses)):
         if args.verbose:
             print("%s switch %d at step %d: %s -> %s: %d tensors, %d elements, equal bit for bit; pause %s"
-                  % (job_run.name, k + 1, at, src, dst, n, elems, describe(p)))
-    first = switches[0][0] if switches else args.steps
+                  % (job_run.label, k + 1, at, src, dst, n, elems, describe(p)))
+    first = switches[0][0] if switches else steps
     worst, worst_at = 0.0, 0
     for i, (x, y) in enumerate(zip(losses, ref)):
         step = i + 1
         if step <= first and x != y:
             sys.exit("check_switch.py: %s: step %d, before any switch: loss %.9g, the static run's %.9g"
-                     % (job_run.name, step, x, y))
+                     % (job_run.label, step, x, y))
         rel = abs(x - y) / abs(y)
         if rel > worst:
             worst, worst_at = rel, step
         if rel > MAX_REL:
             sys.exit("check_switch.py: %s: step %d: loss %.9g, the static run's %.9g (%.2g relative, bound %g)"
-                     % (job_run.name, step, x, y, rel, MAX_REL))
+                     % (job_run.label, step, x, y, rel, MAX_REL))
         if args.verbose:
-            print("%s step %d: loss %.9f, static %.9f" % (job_run.name, step, x, y))
-    line = ("%s on %d ranks: %d switches through vps-exec (%s), the whole state equal bit for bit across each; "
+            print("%s step %d: loss %.9f, static %.9f" % (job_run.label, step, x, y))
+    # the optimizer is the line's and the job's (what), not a configuration's
+    shown = [",".join(kv for kv in c.split(",") if not kv.startswith(("optimizer=", "scalar=")))
+             for c in job_run.configs[:len(switches) + 1]]
+    line = ("%s on %d ranks%s: %d switch%s through vps-exec (%s), the whole state equal bit for bit across each; "
             "loss within %g of the static run's at every step (largest %.1e, step %d)"
-            % (job_run.name, WORLD, len(switches), " -> ".join(job_run.configs[:len(switches) + 1]), MAX_REL, worst,
-               worst_at))
+            % (job_run.name, WORLD, ", " + job_run.what if job_run.what else "", len(switches),
+               "" if len(switches) == 1 else "es", " -> ".join(shown), MAX_REL, worst, worst_at))
     return line, pauses
 
 
 # how many configurations' groups the ranks keep: fewer than a run visits, so that one is evicted and,
 # in micro-moe's run, made again after it
 CACHED = 3
+
+
+def group_key(model, config):
+    """What vps.megatron.initialize_groups makes a configuration's process
+    groups for (its cache's key): tp, pp, vpp, cp, ep and etp."""
+    par = vps.layout(model, config, WORLD).parallel
+    return tuple(par[k] for k in ("tp", "pp", "vpp", "cp", "ep", "etp"))
 
 
 def cache_counts(visited):
