@@ -116,7 +116,7 @@ def job(a):
             for c in chunks:
                 c.cuda(torch.cuda.current_device())
         model = mcore.wrap_ddp(chunks, config, par)
-        optimizer = get_megatron_optimizer(cs.OPTIMIZER, model, use_gloo_process_groups=False)
+        optimizer = get_megatron_optimizer(cs.optimizer_config(par), model, use_gloo_process_groups=False)
         config.finalize_model_grads_func = finalize_model_grads
         config.grad_scale_func = optimizer.scale_loss
         if par["bucket"]:
