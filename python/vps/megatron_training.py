@@ -180,8 +180,6 @@ def model_from_args(args, vocab):
             lines.append("%s: true" % key)
     experts = args.num_experts or 0
     if experts:
-        if args.moe_router_enable_expert_bias:
-            refuse("the routers' expert bias (a module buffer, which vps.megatron does not move)")
         freq = args.moe_layer_freq
         pattern = [1 if i % freq == 0 else 0 for i in range(args.num_layers)] if isinstance(freq, int) else list(freq)
         first = pattern.index(1) if 1 in pattern else len(pattern)
@@ -192,6 +190,9 @@ def model_from_args(args, vocab):
             lines += ["first_dense: %d" % first, "ffn: %d" % args.ffn_hidden_size]
         if args.moe_shared_expert_intermediate_size:
             lines.append("shared_ffn: %d" % args.moe_shared_expert_intermediate_size)
+        if args.moe_router_enable_expert_bias:
+            # a module buffer of the routers that Megatron updates every step: vps.megatron moves it
+            lines.append("router_bias: true")
     else:
         lines.append("ffn: %d" % args.ffn_hidden_size)
     return "\n".join(lines) + "\n"
