@@ -292,7 +292,8 @@ static struct option *long_options(const struct tool_cli *cli, char *shorts)
 	shorts[s++] = 'h';
 	for (size_t i = 0; i < own; i++) {
 		const struct tool_option *o = &cli->options[i];
-		lo[k++] = (struct option){o->name, o->kind == TOOL_BOOL ? no_argument : required_argument, NULL, OWN + (int)i};
+		int has = o->kind == TOOL_BOOL ? no_argument : o->optional ? optional_argument : required_argument;
+		lo[k++] = (struct option){o->name, has, NULL, OWN + (int)i};
 		add_short(shorts, &s, o->short_name, o->kind);
 	}
 	for (size_t i = 0; i < NSHARED; i++) {

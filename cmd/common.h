@@ -37,6 +37,7 @@ struct tool_option {
 	const char *what; /* TOOL_INT: what the value must be ("a rank") */
 	int64_t min, max; /* TOOL_INT */
 	tool_parse_fn *parse;
+	bool optional;    /* TOOL_FUNC: --name alone is parse(NULL, ...); a value only as --name=VALUE */
 };
 
 /* value's type is checked against the kind's (git's BARF_UNLESS_*). */
@@ -51,6 +52,7 @@ struct tool_option {
 #define TOOL_OPT_SECONDS(l, v) {.name = (l), .kind = TOOL_SECONDS, .value = TOOL_TYPED(double *, v)}
 #define TOOL_OPT_SIZE(l, v) {.name = (l), .kind = TOOL_SIZE, .value = TOOL_TYPED(int64_t *, v)}
 #define TOOL_OPT_FUNC(s, l, v, f) {.name = (l), .short_name = (s), .kind = TOOL_FUNC, .value = (v), .parse = (f)}
+#define TOOL_OPT_FUNC_OPTIONAL(l, v, f) {.name = (l), .kind = TOOL_FUNC, .value = (v), .parse = (f), .optional = true}
 #define TOOL_OPT_END {.name = NULL}
 
 /* The flags tools share, one table in common.c: each tool takes those its

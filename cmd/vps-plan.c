@@ -19,7 +19,7 @@ enum { EXIT_LOST = 3 };
 
 static const char usage[] =
 	"usage: vps-plan [--rank R] [--stats [--load]] [--topology T] [--threads N] [--yaml] [-o FILE]\n"
-	"                [--svg FILE] [--relay] [-H] [-q]\n"
+	"                [--svg FILE] [--relay[=never|auto|always] | --no-relay] [-H] [-q]\n"
 	"                [--global-batch N [--micro-batch N] [--micro-batch-before N]]\n"
 	"                [--step N] [--consumed-samples N] [--scheduler-step N]\n"
 	"                [--lost RANKS|DEVICES [--allow-loss] [--format yaml|tsv|json]]\n"
@@ -48,8 +48,12 @@ static const char usage[] =
 	"  --lost RANKS|DEVICES   these ranks of A (0,3,5-7), or the devices of a devices file,\n"
 	"                         are gone: plan only from the survivors; what none holds is\n"
 	"                         listed on standard output and the plan refused (exit 3)\n"
-	"  --relay                receivers pass on to each other what a holder serving more\n"
-	"                         than two of them sent once (docs/relay.md)\n"
+	"  --relay[=MODE]         where joining devices pass on to each other what a holder sent\n"
+	"                         them once (docs/relay.md): auto (the default) where that makes\n"
+	"                         a region's busiest sender faster on --topology, or else sends\n"
+	"                         fewer bytes; always (--relay alone) where they outnumber its\n"
+	"                         holders; never\n"
+	"  --no-relay             --relay=never: the plan of vps before relays\n"
 	"  --allow-loss           with --lost: plan around what no survivor holds (recorded in\n"
 	"                         the plan as lost ranges, for the trainer to reload)\n"
 	"  --transfers            what rank R sends, receives and retains, one record a line; from\n"
@@ -242,8 +246,25 @@ struct plan_args {
 	struct vps_query q;
 	const char *topology, *transition, *svg, *lost;
 	int64_t threads;
-	bool stats, load, transfers, allow_loss;
+	bool stats, load, transfers, allow_loss, no_relay;
 };
+
+/* --relay[=never|auto|always]: alone, always (what --relay did before
+ * relays were chosen by default). */
+static bool relay_mode(const char *arg, void *value, char *why, size_t n)
+{
+	static const struct {
+		const char *name;
+		enum vps_relay mode;
+	} modes[] = {{"never", VPS_RELAY_NEVER}, {"auto", VPS_RELAY_AUTO}, {"always", VPS_RELAY_ALWAYS}};
+	for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++)
+		if (!arg || !strcmp(arg, modes[i].name)) {
+			*(enum vps_relay *)value = arg ? modes[i].mode : VPS_RELAY_ALWAYS;
+			return true;
+		}
+	snprintf(why, n, "'%s' is none of never, auto and always", arg);
+	return false;
+}
 
 /* --lost: ranks of A as a list (0,3,5-7), or the devices of a devices
  * document. 0, or the exit status of the error printed. */
@@ -409,6 +430,9 @@ static int plan(struct plan_args *a, const struct tool_cli *cli)
 	}
 	if (a->lost && (status = plan_lost(a, cli->common.format, la, lb, &lost)))
 		goto done;
+	/* relays chosen by estimate weigh the topology asked for */
+	if (a->topology)
+		a->po.topology = &topo;
 	/* the tool only hashes, writes or counts a global plan's pieces */
 	a->po.compact = true;
 	a->po.unhashed = !writes_plan(a, &cli->common);
@@ -474,7 +498,8 @@ int main(int argc, char **argv)
 		TOOL_OPT_COUNT("scheduler-step", &a.po.train.scheduler_step),
 		TOOL_OPT_STRING(0, "lost", &a.lost),
 		TOOL_OPT_BOOL(0, "allow-loss", &a.allow_loss),
-		TOOL_OPT_BOOL(0, "relay", &a.po.relay),
+		TOOL_OPT_FUNC_OPTIONAL("relay", &a.po.relay_mode, relay_mode),
+		TOOL_OPT_BOOL(0, "no-relay", &a.no_relay),
 		TOOL_OPT_BOOL(0, "transfers", &a.transfers),
 		TOOL_OPT_RANK("peer", &a.q.peer),
 		TOOL_OPT_STRING(0, "tensor", &a.q.tensor),
@@ -486,6 +511,7 @@ int main(int argc, char **argv)
 		{"peer tensor state stage", "transfers", NULL, "--peer, --tensor, --state, --stage and --format go with --transfers"},
 		{"format", "transfers lost", NULL, NULL},
 		{"allow-loss", "lost", NULL, NULL},
+		{"no-relay", NULL, "relay", NULL},
 		{"transfers", NULL, "stats yaml svg",
 		 "--transfers is a query: --stats, --yaml and --svg do not apply (--format yaml)"},
 		{"load", "stats", NULL, NULL},
@@ -508,6 +534,8 @@ int main(int argc, char **argv)
 	if (status != TOOL_PARSED)
 		return status;
 	a.q.rank = a.po.rank;
+	if (a.no_relay)
+		a.po.relay_mode = VPS_RELAY_NEVER;
 	a.po.threads = (int)a.threads;
 	a.po.train.known = tool_given(&cli, "step");
 	if (a.po.train.known && !tool_given(&cli, "scheduler-step"))

@@ -10,14 +10,15 @@
  * fields of November 2026 (cp, grouped_gemm, the DeepSeek-V3 model keys;
  * a report's digest_seconds, requested_at, started_at, done_at, release_seconds,
  * opened_in_pause and connections); 3 for a plan's relay (and the staged
- * plan that holds one). */
+ * plan that holds one); 4 for its relay mode and the bandwidths VPS_RELAY_AUTO
+ * weighed. */
 static const struct {
 	enum vps_doc_kind kind;
 	const char *name;
 	int version, binary_version;
 } doc_kinds[] = {
-	{VPS_DOC_LAYOUT, "layout", 1, 2},     {VPS_DOC_PLAN, "plan", 1, 3},
-	{VPS_DOC_STAGED, "staged", 1, 3},     {VPS_DOC_REPORT, "report", 1, 2},
+	{VPS_DOC_LAYOUT, "layout", 1, 2},     {VPS_DOC_PLAN, "plan", 1, 4},
+	{VPS_DOC_STAGED, "staged", 1, 4},     {VPS_DOC_REPORT, "report", 1, 2},
 	{VPS_DOC_MODEL, "model", 1, 2},       {VPS_DOC_DEVICES, "devices", 1, 1},
 	{VPS_DOC_TOPOLOGY, "topology", 1, 1}, {VPS_DOC_PARALLEL, "parallel", 1, 2},
 	{VPS_DOC_BUDGETS, "budgets", 1, 1},   {VPS_DOC_TRANSITION, "transition", 1, 2},
