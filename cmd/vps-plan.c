@@ -127,8 +127,13 @@ static void print_floor_by(const struct vps_time_floor *f)
 	}
 }
 
+static const char *relay_name(uint8_t mode)
+{
+	return mode == VPS_RELAY_AUTO ? "auto" : mode == VPS_RELAY_ALWAYS ? "always" : "never";
+}
+
 static void print_stats(const struct vps_plan *p, const struct vps_plan_stats *s, const struct vps_topology *topo,
-			const struct vps_transition *tr, bool h)
+			double relayed_floor, const struct vps_transition *tr, bool h)
 {
 	char a[256], b[256], n[TOOL_NUM];
 	vps_parallel_format(vps_layout_parallel(p->a), a, sizeof(a));
@@ -152,6 +157,7 @@ static void print_stats(const struct vps_plan *p, const struct vps_plan_stats *s
 	printf("bytes_inter_node: %s\n", tool_bytes(s->bytes_inter_node, h, n, sizeof(n)));
 	printf("max_send_bytes: %s\n", tool_bytes(s->max_send_bytes, h, n, sizeof(n)));
 	printf("max_recv_bytes: %s\n", tool_bytes(s->max_recv_bytes, h, n, sizeof(n)));
+	printf("relay: %s\n", relay_name(p->relay));
 	printf("bytes_relayed: %s\n", tool_bytes(s->bytes_relayed, h, n, sizeof(n)));
 	printf("max_send_over_max_recv: %.3f\n",
 	       s->max_recv_bytes ? (double)s->max_send_bytes / (double)s->max_recv_bytes : 0.0);
@@ -184,6 +190,9 @@ static void print_stats(const struct vps_plan *p, const struct vps_plan_stats *s
 			print_floor_by(&s->time_floor);
 		printf("estimate_over_time_floor: %.3f\n",
 		       s->time_floor_seconds > 0 ? s->estimate_seconds / s->time_floor_seconds : 1.0);
+		printf("relayed_time_floor_seconds: %s\n", tool_seconds(relayed_floor, "%.4f", h, n, sizeof(n)));
+		printf("estimate_over_relayed_time_floor: %.3f\n",
+		       relayed_floor > 0 ? s->estimate_seconds / relayed_floor : 1.0);
 	}
 	if (tr && tr->paper_seconds > 0)
 		printf("paper_seconds: %s\n", tool_seconds(tr->paper_seconds, "%.3f", h, n, sizeof(n)));
@@ -373,11 +382,17 @@ static int write_outputs(const struct vps_plan *p, const struct plan_args *a, co
 	bool summary = !a->stats && tool_summary_wanted(c->quiet, plan ? c->out : a->svg);
 	struct vps_bytes bytes = {0}, pic = {0};
 	struct vps_plan_stats s = {0};
+	struct vps_time_floor relayed = {0};
 	vps_result_t rc = VPS_OK;
 	int status;
 	/* all computed before a file is written: bad input writes nothing */
 	if ((a->stats || summary) && a->po.rank < 0)
 		rc = vps_plan_stats(p, topo, a->load, &s);
+	/* what no plan that relays can beat: the floor of a plan that does */
+	if (!rc && a->stats && a->po.rank < 0 && topo && s.bytes_relayed)
+		relayed = s.time_floor;
+	else if (!rc && a->stats && a->po.rank < 0 && topo)
+		rc = vps_time_floor_relayed(p->a, p->b, topo, &relayed);
 	if (!rc && a->svg)
 		rc = vps_plan_svg(p, tr->name[0] ? tr->name : NULL, &pic);
 	if (!rc && plan)
@@ -389,7 +404,7 @@ static int write_outputs(const struct vps_plan *p, const struct plan_args *a, co
 	if (!rc && a->stats && a->po.rank >= 0)
 		print_rank_stats(p, a->po.rank, tool_human(c->human));
 	else if (!rc && a->stats)
-		print_stats(p, &s, topo, tr, tool_human(c->human));
+		print_stats(p, &s, topo, relayed.seconds, tr, tool_human(c->human));
 	status = rc ? tool_fail(rc) : tool_finish(EXIT_OK);
 	if (summary && !status)
 		print_summary(p, &s, topo);
