@@ -331,8 +331,7 @@ class Elastic:
                    str(self.targs.micro_batch), "-o", plan]
             if lost:
                 cmd[2:2] = ["--lost", ",".join(map(str, lost))]
-            if self.targs.relay:
-                cmd[2:2] = ["--relay"]
+            cmd[2:2] = ["--relay=" + self.targs.relay]
             r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             if r.returncode:
                 if lost:
