@@ -98,9 +98,10 @@ struct relay {
 	uint8_t kth[EXACT_REPLICAS][EXACT_REPLICAS];
 };
 
-/* VPS_RELAY_AUTO's choice for a region (its tensor, state and box, and its
- * receivers' first world rank and number), kept so that the receivers and
- * holders that plan the region in one plan weigh it once. */
+/* VPS_RELAY_AUTO's choice for a region (its tensor, state and box, its
+ * receivers' first world rank and number, and its groups of holders),
+ * kept so that the receivers and holders that plan the region in one plan
+ * weigh it once. */
 #define RELAY_MEMO 1024
 struct relay_memo {
 	bool used, yes;
@@ -108,6 +109,7 @@ struct relay_memo {
 	uint8_t state;
 	struct vps_box box;
 	int64_t first, n;
+	uint64_t groups;
 };
 
 /* Holders under A, less the lost ranks: every choice of a source reads
@@ -833,8 +835,8 @@ static vps_result_t plan_group(struct ctx *c, const struct group *g, const struc
  * Directly each receiver takes all n from its group's members on its
  * node, or else from any of them; relayed, each range goes as `route`
  * says, a holder's from those same members. A group's members share their
- * units evenly (the rotation's aim), each member group weighed by the
- * part of the region it holds. Ranges are equal here: a buffer's regions
+ * units evenly (the rotation's aim), each group weighed by the part of the
+ * region it holds. Ranges are equal here: a buffer's regions
  * relay alike and its ranges even out over them. */
 struct relay_load {
 	double send[2], recv[2]; /* over NVLink [0] and the NICs [1] */
@@ -931,12 +933,21 @@ static vps_result_t relay_gains(struct ctx *c, const struct vps_region *R, const
 {
 	if (!c->memo && !(c->memo = vps_calloc(RELAY_MEMO, sizeof(*c->memo))))
 		return VPS_ENOMEM;
+	/* the groups by their first members and sizes: a choice is never
+	 * taken for other holders' */
+	uint64_t groups = ng;
+	for (size_t gi = 0; gi < ng; gi++) {
+		int64_t first;
+		size_t h;
+		group_member(&c->ha, &gs[gi], 0, &first, &h);
+		groups = (groups ^ (uint64_t)first ^ (uint64_t)gs[gi].count << 32) * 0x100000001b3u;
+	}
 	uint64_t h = (uint64_t)R->tensor * 0x9e3779b97f4a7c15u ^ R->state ^ (uint64_t)rl->world[0] << 8;
 	for (int k = 0; k < R->box.ndim; k++)
 		h = (h ^ (uint64_t)R->box.lo[k] ^ (uint64_t)R->box.hi[k] << 20) * 0x100000001b3u;
 	struct relay_memo *m = &c->memo[h % RELAY_MEMO];
 	if (m->used && m->tensor == R->tensor && m->state == R->state && m->first == rl->world[0] && m->n == rl->n &&
-	    vps_box_equal(&m->box, &R->box)) {
+	    m->groups == groups && vps_box_equal(&m->box, &R->box)) {
 		*yes = m->yes;
 		return VPS_OK;
 	}
@@ -945,7 +956,7 @@ static vps_result_t relay_gains(struct ctx *c, const struct vps_region *R, const
 	relay_estimate(c, rl, gs, ng, &R->box, true, &send_r, &dev_r, &recv_r);
 	*yes = send_r < 0.99 * send_d && recv_r <= dev_d;
 	*m = (struct relay_memo){.used = true, .yes = *yes, .tensor = R->tensor, .state = (uint8_t)R->state,
-				 .box = R->box, .first = rl->world[0], .n = rl->n};
+				 .box = R->box, .first = rl->world[0], .n = rl->n, .groups = groups};
 	return VPS_OK;
 }
 
