@@ -95,7 +95,7 @@ stat() { # key from a --stats listing in $output
 	[[ "$output" == *"--threads: 0 is not from 1 to 256"* ]]
 }
 
-@test "the relay bound of joins: the section is what scripts/bench/relay_bound.py writes, never above today's estimate" {
+@test "the relay bound of joins: the section is what scripts/bench/relay_bound.py writes, never above the estimate without relays" {
 	run env VPS_BIN="$VPS_BIN" "$VPS_PYTHON" "$TOP/scripts/bench/relay_bound.py" --check
 	[ "$status" -eq 0 ] || { echo "$output"; return 1; }
 	# the first table's columns: estimate without relays (7), least time
