@@ -29,7 +29,7 @@ for W in $asked; do
 done
 # the most ranks this machine holds, and what sets it
 tasks=$(cat /proc/[0-9]*/status 2> /dev/null | awk '$1 == "Threads:" { n += $2 } END { print n + 0 }')
-by_files=$(($(ulimit -Hn) - 64))
+by_files=$(($(ulimit -Hn) - 128))
 by_tasks=$(($(sort -n /proc/sys/kernel/pid_max /proc/sys/kernel/threads-max | head -1) - tasks - 1024))
 by_memory=$(($(awk '$1 == "MemAvailable:" { print $2 }' /proc/meminfo) / 256))
 most=$by_files why="rank 0's open files ($(ulimit -Hn), the hard limit: it holds every rank's bootstrap connection at once)"
