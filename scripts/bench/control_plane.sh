@@ -18,7 +18,7 @@
 # a thread (the machine's tasks left below pid_max and threads-max, less
 # 1,024 for the rest of it), and each takes memory (at most MemAvailable
 # over 256 KB).
-#   scripts/bench/control_plane.sh [--doc] [WORLDS...]
+#   scripts/bench/control_plane.sh [--doc] [WORLDS...]   (default 128 1024 4096 16384 65536)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 doc=0
@@ -51,7 +51,9 @@ reg=cp$$
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$t" "/dev/shm/$reg-0" "/dev/shm/$reg-1"' EXIT
 
 # ---- the control plane at each world ----
-build/bench/control_plane --timeout 300 $worlds > "$t/out"
+# TIMEOUT: how long a rank may take to come (default 900 s: 16,384 ranks on
+# this shared 2-core machine can take five minutes to bootstrap)
+build/bench/control_plane --timeout "${TIMEOUT:-900}" $worlds > "$t/out"
 
 # ---- an idle executor: bootstrapped, waiting for its trainer's request ----
 idle_seconds=${IDLE_SECONDS:-20}
