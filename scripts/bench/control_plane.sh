@@ -28,7 +28,8 @@ for W in $asked; do
 	[[ "$W" =~ ^[1-9][0-9]*$ ]] || { echo "control_plane.sh: $W: not a world size" >&2; exit 2; }
 done
 # the most ranks this machine holds, and what sets it
-tasks=$(cat /proc/[0-9]*/status 2> /dev/null | awk '$1 == "Threads:" { n += $2 } END { print n + 0 }')
+# (a process may end while it is read: what was read counts)
+tasks=$({ cat /proc/[0-9]*/status 2> /dev/null || true; } | awk '$1 == "Threads:" { n += $2 } END { print n + 0 }')
 by_files=$(($(ulimit -Hn) - 128))
 by_tasks=$(($(sort -n /proc/sys/kernel/pid_max /proc/sys/kernel/threads-max | head -1) - tasks - 1024))
 by_memory=$(($(awk '$1 == "MemAvailable:" { print $2 }' /proc/meminfo) / 256))
