@@ -7,9 +7,11 @@
 #   make standin    only those stand-ins (build/standin/)
 #   make fault-bin  the tools for the tests that make a rank fail (build/fault-bin/)
 #   make cxx        a C++ program against libvps.a: the headers in strict C++ (make check)
-#   make check-megatron  vps's layouts against Megatron-Core's own buffers, and a
-#                   Megatron-Core job switched by vps.megatron
+#   make check-megatron  vps's layouts against Megatron-Core's own buffers, a
+#                   Megatron-Core job switched by vps.megatron, and Megatron-LM's
+#                   pretrain() switched by vps.megatron_training
 #   make check-hf   vps's Hugging Face imports against transformers' models
+#   make check-torch  vps's DTensor layouts against FSDP2/TP/PP/EP as torchtitan applies them
 #   make venv       the test environment build/venv (torch, megatron-core,
 #                   transformers: python/requirements-test.txt)
 #   make layers     libvps's rooms keep their layers, no cycles, only the API exported
@@ -24,6 +26,17 @@
 #
 # Out-of-tree objects: BUILDDIR (default build). CUDA_HOME for the GPU parts.
 # PYTHON: the interpreter of everything in Python (default build/venv's).
+# Jobs: one a CPU unless -jN (-j1 too) or MAKEFLAGS in the environment says.
+
+# Make 4.3 shows a command line's -j to recipes only, not here, but lets it
+# win over this one; the environment's MAKEFLAGS is read through the shell.
+# Not under a make that runs this one, nor beside clean (it would race).
+ifeq ($(MAKELEVEL)$(filter clean distclean,$(MAKECMDGOALS)),0)
+ENV_MAKEFLAGS := $(shell printf '%s' "$$MAKEFLAGS")
+ifeq ($(filter -j%,$(MAKEFLAGS) $(ENV_MAKEFLAGS))$(findstring j,$(firstword -$(ENV_MAKEFLAGS))),)
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 1)
+endif
+endif
 
 BUILDDIR ?= build
 BINDIR ?= bin
@@ -98,8 +111,8 @@ ifeq ($(HAVE_NVCC),1)
 CUDA_ALL = $(CUDA_LIB)
 endif
 
-.PHONY: all check check-gpu gpu-debs check-megatron check-hf test unit cxx bats layers asan demo install uninstall clean \
-	deps python-deps venv distclean FORCE standin fault-bin \
+.PHONY: all check check-gpu gpu-debs check-megatron check-hf check-torch test unit cxx bats layers asan demo install uninstall clean \
+	deps python-deps venv distclean FORCE standin fault-bin python-lib \
 	fuzz fuzz-smoke fuzz-build fuzz-corpus fuzz-deps
 .DEFAULT_GOAL := all
 
@@ -111,27 +124,35 @@ ifeq ($(filter-out all,$(MAKECMDGOALS)),)
 endif
 
 # ---- what a fresh machine lacks ----
-# libyaml and libzstd headers, bats, groff (man page lint), rsvg-convert
-# (the SVG test renders vps-plan --svg), pkg-config (the install test), jq
-# and zstd (the man pages' examples use them, and tests/bats/examples.bats
-# runs every example).
-# Installed with apt-get when we are root and it exists; otherwise the exact
-# command is printed. Checked again when this Makefile changes, so that a
-# dependency added reaches old trees.
-DEB_PKGS = libyaml-dev libzstd-dev bats groff-base librsvg2-bin pkgconf jq zstd
+# Each step installs the Debian packages it needs and no more, in one line
+# that says what (scripts/install-deps.sh: with apt-get when we are root
+# and it exists; otherwise the exact command is printed). Checked again
+# when this Makefile changes, so that a dependency added reaches old trees.
+#   make        the build: libyaml and libzstd headers
+#   make demo   nothing more (bash, awk and coreutils, which Debian has)
+#   make check  the build's, and bats, groff (man page lint), rsvg-convert
+#               (the SVG test renders vps-plan --svg), pkg-config (the
+#               install test), jq and zstd (the man pages' examples use
+#               them, and tests/bats/examples.bats runs every example),
+#               python3 (make layers, tests/bats/examples.py); the Python
+#               of the tests is the test environment (make venv, below)
+BUILD_DEBS = libyaml-dev libzstd-dev
+CHECK_DEBS = $(BUILD_DEBS) bats groff-base librsvg2-bin pkgconf jq zstd python3
+CHECK_DEPS_STAMP = $(BUILDDIR)/.deps-check-ok
+.PHONY: check-deps
 deps: $(DEPS_STAMP)
-$(DEPS_STAMP): Makefile
-	@missing=""; \
-	echo '#include <yaml.h>' | $(CC) -E - >/dev/null 2>&1 || missing="$$missing libyaml-dev"; \
-	echo '#include <zstd.h>' | $(CC) -E - >/dev/null 2>&1 || missing="$$missing libzstd-dev"; \
-	command -v bats >/dev/null 2>&1 || missing="$$missing bats"; \
-	command -v groff >/dev/null 2>&1 || missing="$$missing groff-base"; \
-	command -v rsvg-convert >/dev/null 2>&1 || missing="$$missing librsvg2-bin"; \
-	command -v pkg-config >/dev/null 2>&1 || missing="$$missing pkgconf"; \
-	command -v jq >/dev/null 2>&1 || missing="$$missing jq"; \
-	command -v zstd >/dev/null 2>&1 || missing="$$missing zstd"; \
-	scripts/install-deps.sh "vps" $$missing
+$(DEPS_STAMP): Makefile scripts/install-deps.sh
+	@CC='$(CC)' scripts/install-deps.sh "$(strip make $(MAKECMDGOALS))" $(BUILD_DEBS)
 	@mkdir -p $(BUILDDIR) && touch $@
+check-deps: $(CHECK_DEPS_STAMP)
+$(CHECK_DEPS_STAMP): Makefile scripts/install-deps.sh
+	@CC='$(CC)' scripts/install-deps.sh "make check" $(CHECK_DEBS)
+	@mkdir -p $(BUILDDIR) && touch $@
+# make check says its packages in one line, the build's among them: its
+# step runs before the build's, which then finds nothing missing
+ifneq ($(filter check test bats layers check-deps,$(MAKECMDGOALS)),)
+$(DEPS_STAMP): | $(CHECK_DEPS_STAMP)
+endif
 
 # what the Python tests need (make check): PyTorch, Megatron-Core,
 # transformers, numpy, PyYAML; Pillow reads the PNG of the SVG test
@@ -178,6 +199,10 @@ $(BUILDDIR)/$(SONAME): $(BUILDDIR)/$(SHLIB_REAL) FORCE
 
 $(SHLIB): $(BUILDDIR)/$(SONAME) FORCE
 	@[ "$$(readlink $@)" = $(SONAME) ] || { echo "ln -sf $(SONAME) $@"; ln -sf $(SONAME) $@; }
+
+# what pip install of the source tree builds and puts beside the Python
+# module (setup.py): the shared library, and libvps-cuda.so where nvcc is
+python-lib: $(SHLIB_FILES) $(CUDA_ALL)
 
 $(BINDIR)/%: $(BUILDDIR)/cmd/%.o $(CMD_COMMON) $(LIB)
 	@mkdir -p $(BINDIR)
@@ -258,25 +283,27 @@ unit: $(TEST_BINS) $(BENCH_BINS) standin cxx
 	@set -e; for t in $(TEST_BINS); do $$t; done
 	$(STANDIN_ENV) $(BUILDDIR)/tests/test_gpu
 
-bats: all standin fault-bin $(PY_STAMP)
+bats: all standin fault-bin $(PY_STAMP) $(CHECK_DEPS_STAMP)
 	VPS_BIN=$(abspath $(BINDIR)) VPS_FAULT_BIN=$(abspath $(FAULT_BIN)) VPS_PYTHON=$(PYTHON_ABS) \
 		VPS_STANDIN=$(abspath $(STANDIN_DIR)) VPS_SANITIZED=$(SANITIZE) bats tests/bats
 
 # the Python frameworks' own code against vps's rules (tests/megatron,
 # tests/hf), after the Bats tests, not beside them: both load the two cores.
 # Not under a sanitizer: a Python process cannot load that build's libvps.so.
-check: all unit bats
+check: $(CHECK_DEPS_STAMP) all unit bats
 ifeq ($(SANITIZE),)
-	@$(MAKE) --no-print-directory layers check-megatron check-hf
+	@$(MAKE) --no-print-directory layers check-megatron check-hf check-torch
 endif
 
 # Megatron-Core builds a matrix of configurations on the CPU, a process per
 # rank under gloo, and every rank's buffers, buckets and ZeRO-1 shards must
 # be vps's; then a Megatron-Core job trains and vps.megatron switches it
-# through vps-exec (tests/megatron/README.md)
+# through vps-exec, and Megatron-LM's own pretrain() runs a GPT and a MoE job
+# that vps.megatron_training switches (tests/megatron/README.md)
 check-megatron: $(SHLIB_FILES) $(TOOL_BINS) $(PY_STAMP)
 	VPS_LIBRARY=$(abspath $(SHLIB)) $(PYTHON_ABS) tests/megatron/check_megatron.py
 	VPS_LIBRARY=$(abspath $(SHLIB)) VPS_BIN=$(abspath $(BINDIR)) $(PYTHON_ABS) tests/megatron/check_switch.py
+	VPS_LIBRARY=$(abspath $(SHLIB)) VPS_BIN=$(abspath $(BINDIR)) $(PYTHON_ABS) tests/megatron/check_pretrain.py
 
 # every Hugging Face family vps imports, read by vps and built by
 # transformers on the meta device: the same tensors through vps's name map
@@ -284,9 +311,17 @@ check-megatron: $(SHLIB_FILES) $(TOOL_BINS) $(PY_STAMP)
 check-hf: $(SHLIB_FILES) $(PY_STAMP)
 	VPS_LIBRARY=$(abspath $(SHLIB)) $(PYTHON_ABS) tests/hf/check_hf.py
 
+# PyTorch's own parallelisms as torchtitan applies them (FSDP2, HSDP, TP,
+# PP, EP) build a matrix of configurations on the CPU, a process per rank
+# under gloo, and every rank's local shards of parameters and Adam's states
+# must be where vps's family=dtensor layouts put them (tests/torch/README.md;
+# CHECK_TORCH_FLAGS=--full for the fuller matrix)
+check-torch: $(SHLIB_FILES) $(PY_STAMP)
+	VPS_LIBRARY=$(abspath $(SHLIB)) $(PYTHON_ABS) tests/torch/check_torch.py $(CHECK_TORCH_FLAGS)
+
 # libvps's rooms keep their layers, with no cycles, and libvps.so exports
 # only what include/vps/ declares (scripts/layers.py, docs/architecture.md)
-layers: $(LIB_OBJ) $(BUILDDIR)/$(SHLIB_REAL)
+layers: $(LIB_OBJ) $(BUILDDIR)/$(SHLIB_REAL) $(CHECK_DEPS_STAMP)
 	@python3 scripts/layers.py $(BUILDDIR)/lib $(BUILDDIR)/$(SHLIB_REAL)
 
 test: check
@@ -389,6 +424,8 @@ install: all
 		'$(PREFIX)/lib' '$(PREFIX)/share/vps' > $(DESTDIR)$(PYTHON_SITE)/vps/_prefix.py
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' -e 's|@RPATH@|$(PC_RPATH)|' \
 		vps.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/vps.pc
+	@echo "vps: the Python module is in $(PYTHON_SITE)/vps; for a Python that does not look there:" \
+		"export PYTHONPATH=$(PYTHON_SITE)"
 
 uninstall:
 	rm -f $(TOOLS:%=$(DESTDIR)$(PREFIX)/bin/%) $(DESTDIR)$(PREFIX)/lib/libvps.a $(DESTDIR)$(PREFIX)/lib/libvps.so \

@@ -239,9 +239,56 @@ static void add_name(char *names, size_t size, size_t *n, const char *name, cons
 		snprintf(names + len, size - len, "%s--%s", (*n)++ ? sep : "", name);
 }
 
+/* Append word to the command line in buf, quoted for a shell where it
+ * needs to be. */
+static void add_word(char *buf, size_t size, const char *word)
+{
+	size_t len = strlen(buf);
+	bool plain = *word != '\0';
+	for (const char *c = word; *c; c++)
+		if (!isalnum((unsigned char)*c) && !strchr("-_./=:,+%@", *c))
+			plain = false;
+	if (len >= size)
+		return;
+	if (plain) {
+		snprintf(buf + len, size - len, "%s%s", len ? " " : "", word);
+		return;
+	}
+	len += (size_t)snprintf(buf + len, size - len, "%s'", len ? " " : "");
+	for (const char *c = word; *c && len < size; c++)
+		len += (size_t)snprintf(buf + len, size - len, *c == '\'' ? "'\\''" : "%c", *c);
+	if (len < size)
+		snprintf(buf + len, size - len, "'");
+}
+
+/* The tool's own option of that long name, or NULL. */
+static const struct tool_option *own_option(const struct tool_cli *cli, const char *name)
+{
+	for (size_t i = 0; cli->options[i].name; i++)
+		if (!strcmp(cli->options[i].name, name))
+			return &cli->options[i];
+	return NULL;
+}
+
+/* -i or --input given to a tool that reads its files as operands: the
+ * command line without it, as a hint (buf "" when it is none of those). */
+static void input_hint(const struct tool_cli *cli, int argc, char **argv, const char *spelled, char *buf, size_t n)
+{
+	buf[0] = '\0';
+	if (own_option(cli, "input") || (strcmp(spelled, "-i") && strcmp(spelled, "--input") &&
+					 strncmp(spelled, "--input=", 8)))
+		return;
+	add_word(buf, n, tool_name);
+	for (int i = 1; i < argc; i++)
+		if (argv[i] != spelled)
+			add_word(buf, n, argv[i]);
+		else if (!strncmp(spelled, "--input=", 8))
+			add_word(buf, n, spelled + 8);
+}
+
 /* What getopt_long refused: an option no entry has, one that lacks its
  * argument, or one given a value it does not take. */
-static int getopt_error(const struct tool_cli *cli, int c, const char *spelled)
+static int getopt_error(const struct tool_cli *cli, int c, const char *spelled, int argc, char **argv)
 {
 	char name[128], names[512] = "";
 	/* optopt: the short option, or the val of a long one that lacks or has
@@ -256,6 +303,11 @@ static int getopt_error(const struct tool_cli *cli, int c, const char *spelled)
 		return tool_usage_error("%s needs a value", name);
 	if (optopt >= OWN || (optopt == HELP && !strncmp(name, "--", 2)))
 		return tool_usage_error("%s takes no value", name);
+	char hint[1024];
+	input_hint(cli, argc, argv, spelled, hint, sizeof(hint));
+	if (hint[0])
+		return tool_usage_error("unknown option %s; %s reads the files named as operands: %s",
+					optopt ? "-i" : "--input", tool_name, hint);
 	if (optopt)
 		return tool_usage_error("unknown option -%c", optopt);
 	/* getopt_long takes any prefix of one name: say which names it begins */
@@ -351,26 +403,33 @@ static bool scan(const struct tool_cli *cli, const char *list, char *first, char
 	return true;
 }
 
-/* The first rule that the given options break: its usage error. */
-static int check_rules(const struct tool_cli *cli)
+/* The first rule that the given options break: its usage error, said
+ * when say is true. */
+static int check_rules(const struct tool_cli *cli, bool say)
 {
 	for (const struct tool_rule *r = cli->rules; r && (r->when || r->needs || r->excludes); r++) {
 		char when[64], need[64], excluded[64], needs[512], any[512];
 		if (!scan(cli, r->when, when, any, sizeof(any), ", ") || !scan(cli, r->needs, need, needs, sizeof(needs), " or ") ||
 		    !scan(cli, r->excludes, excluded, any, sizeof(any), ", "))
-			return tool_error(EXIT_CHECK, "a rule names an option %s does not have (a bug in vps)", tool_name);
+			return say ? tool_error(EXIT_CHECK, "a rule names an option %s does not have (a bug in vps)", tool_name)
+				   : EXIT_CHECK;
 		if (r->when && !when[0])
 			continue;
 		if (r->needs && !need[0]) {
+			if (!say)
+				return EXIT_USAGE;
 			if (r->message)
 				return tool_usage_error("%s", r->message);
 			if (!r->when)
 				return tool_usage_error("%s is required", needs);
 			return tool_usage_error("--%s goes with %s", when, needs);
 		}
-		if (r->excludes && excluded[0])
+		if (r->excludes && excluded[0]) {
+			if (!say)
+				return EXIT_USAGE;
 			return r->message ? tool_usage_error("%s", r->message)
 					  : tool_usage_error("--%s does not go with --%s", when, excluded);
+		}
 	}
 	return TOOL_PARSED;
 }
@@ -393,7 +452,7 @@ int tool_parse(struct tool_cli *cli, int argc, char **argv)
 		else if (c == VERSION)
 			status = tool_version();
 		else if (c == ':' || c == '?')
-			status = getopt_error(cli, c, argv[optind - 1]);
+			status = getopt_error(cli, c, argv[optind - 1], argc, argv);
 		else if (!option_of(cli, c, &o))
 			status = tool_error(EXIT_CHECK, "getopt_long returned %d, no option's (a bug in vps)", c);
 		else
@@ -404,16 +463,63 @@ int tool_parse(struct tool_cli *cli, int argc, char **argv)
 		return status;
 	cli->operands = argv + optind;
 	cli->noperands = (size_t)(argc - optind);
-	return check_rules(cli);
+	cli->options_given = argv + 1;
+	cli->noptions_given = (size_t)(optind - 1);
+	return check_rules(cli, true);
+}
+
+/* The command line with operand k given as "flag OPERAND" instead: first
+ * (an input) or last (an output). */
+static void with_flag(const struct tool_cli *cli, size_t k, const char *flag, bool first, char *buf, size_t n)
+{
+	buf[0] = '\0';
+	add_word(buf, n, tool_name);
+	if (first) {
+		add_word(buf, n, flag);
+		add_word(buf, n, cli->operands[k]);
+	}
+	for (size_t i = 0; i < cli->noptions_given; i++)
+		add_word(buf, n, cli->options_given[i]);
+	for (size_t i = 0; i < cli->noperands; i++)
+		if (i != k)
+			add_word(buf, n, cli->operands[i]);
+	if (!first) {
+		add_word(buf, n, flag);
+		add_word(buf, n, cli->operands[k]);
+	}
 }
 
 int tool_operands(const struct tool_cli *cli, size_t min, size_t max, const char *what)
 {
 	if (cli->noperands < min)
 		return tool_usage_error("expected %s", what);
-	if (cli->noperands > max)
-		return tool_usage_error("unexpected argument '%s' (expected %s)", cli->operands[max], what);
-	return TOOL_PARSED;
+	if (cli->noperands <= max)
+		return TOOL_PARSED;
+	const char *extra = cli->operands[max];
+	bool exists = !strcmp(extra, "-") || access(extra, F_OK) == 0;
+	char hint[2048];
+	/* after "--" a flag would be an operand: no line to suggest */
+	for (size_t i = 0; i < cli->noptions_given; i++)
+		if (!strcmp(cli->options_given[i], "--"))
+			return tool_usage_error("%s: unexpected argument (expected %s)", extra, what);
+	/* a hint only for a command line the tool's rules allow */
+	struct tool_cli as_input = *cli, as_output = *cli;
+	const struct tool_option *input = own_option(cli, "input");
+	if (input && exists && !tool_given(cli, "input")) {
+		as_input.given[input - cli->options] = true;
+		if (check_rules(&as_input, false) == TOOL_PARSED) {
+			with_flag(cli, max, "-i", true, hint, sizeof(hint));
+			return tool_usage_error("%s: unexpected argument (expected %s); to read it: %s", extra, what, hint);
+		}
+	}
+	/* an existing file is no output to suggest where it may be an input */
+	as_output.common.given |= TOOL_OUTPUT;
+	if ((cli->shared & TOOL_OUTPUT) && !(cli->common.given & TOOL_OUTPUT) && (!exists || max == 0) &&
+	    check_rules(&as_output, false) == TOOL_PARSED) {
+		with_flag(cli, max, "-o", false, hint, sizeof(hint));
+		return tool_usage_error("%s: unexpected argument (expected %s); to write it: %s", extra, what, hint);
+	}
+	return tool_usage_error("%s: unexpected argument (expected %s)", extra, what);
 }
 
 const char *tool_config_path(const char *sub)
@@ -557,8 +663,16 @@ const char *tool_bytes(int64_t v, bool human, char *buf, size_t n)
 
 const char *tool_seconds(double v, const char *fmt, bool human, char *buf, size_t n)
 {
-	if (human)
-		return vps_format_seconds(v, buf, n);
-	snprintf(buf, n, fmt, v);
+	if (!human || !isfinite(v) || v == 0) {
+		snprintf(buf, n, fmt, v);
+		return buf;
+	}
+	/* three significant digits, counted after rounding (9.996 is 10.0),
+	 * and an integer from 100 on, as vps(7) UNITS prints every number */
+	char r[32];
+	snprintf(r, sizeof(r), "%.3g", v);
+	double a = fabs(strtod(r, NULL));
+	int decimals = a >= 100 ? 0 : 2 - (int)floor(log10(a));
+	snprintf(buf, n, "%.*f", decimals > 12 ? 12 : decimals, v);
 	return buf;
 }

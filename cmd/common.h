@@ -37,7 +37,7 @@ struct tool_option {
 	const char *what; /* TOOL_INT: what the value must be ("a rank") */
 	int64_t min, max; /* TOOL_INT */
 	tool_parse_fn *parse;
-	bool optional;    /* TOOL_FUNC: --name alone is parse(NULL, ...); a value only as --name=VALUE */
+	bool optional;    /* TOOL_FUNC: the value may be left out (--name, or --name=VALUE); parse gets NULL */
 };
 
 /* value's type is checked against the kind's (git's BARF_UNLESS_*). */
@@ -52,6 +52,7 @@ struct tool_option {
 #define TOOL_OPT_SECONDS(l, v) {.name = (l), .kind = TOOL_SECONDS, .value = TOOL_TYPED(double *, v)}
 #define TOOL_OPT_SIZE(l, v) {.name = (l), .kind = TOOL_SIZE, .value = TOOL_TYPED(int64_t *, v)}
 #define TOOL_OPT_FUNC(s, l, v, f) {.name = (l), .short_name = (s), .kind = TOOL_FUNC, .value = (v), .parse = (f)}
+/* an option whose value is optional: --name, or --name=VALUE (never --name VALUE) */
 #define TOOL_OPT_FUNC_OPTIONAL(l, v, f) {.name = (l), .kind = TOOL_FUNC, .value = (v), .parse = (f), .optional = true}
 #define TOOL_OPT_END {.name = NULL}
 
@@ -93,6 +94,8 @@ struct tool_cli {
 	bool given[64];                /* of options[i] */
 	char **operands;
 	size_t noperands;
+	char **options_given; /* argv's options, before the operands (getopt_long moved them) */
+	size_t noptions_given;
 };
 
 /* The status tool_parse returns when the tool goes on. */
@@ -107,7 +110,10 @@ int tool_parse(struct tool_cli *cli, int argc, char **argv);
 bool tool_given(const struct tool_cli *cli, const char *name);
 /* TOOL_PARSED when the operands number from min to max; else a usage
  * error that says what was expected ("a staged plan") or the first
- * operand too many. */
+ * operand too many, and for that one what was likely meant: a file that
+ * exists, to a tool that reads its input with -i, is read so ("to read
+ * it: vps-layout -i a.layout ..."); a name that is no file, to a tool
+ * with -o and none given, is written so ("to write it: ... -o b"). */
 int tool_operands(const struct tool_cli *cli, size_t min, size_t max, const char *what);
 
 /* ---- messages and exit statuses ---- */
@@ -171,7 +177,9 @@ bool tool_human(bool flag);
 bool tool_summary_wanted(bool quiet, const char *out);
 /* v as an exact integer, or in binary units when human. @return buf */
 const char *tool_bytes(int64_t v, bool human, char *buf, size_t n);
-/* seconds with the precision of fmt ("%.4f"), or in s, ms or us when human. */
+/* seconds with the precision of fmt ("%.4f"), or with three significant
+ * digits when human: still in seconds, as the keys that print them say
+ * (estimate_seconds: 0.472, not 472 ms). */
 const char *tool_seconds(double v, const char *fmt, bool human, char *buf, size_t n);
 #define TOOL_NUM 48
 

@@ -1,5 +1,7 @@
 /* vps-exec: execute a staged plan on one rank. */
+#include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,7 +21,7 @@ static const char usage[] =
 	"                [--timeout S] [--request-timeout S]\n"
 	"                [--rank R] [--world W]\n"
 	"                [--local-rank L] [--master HOST:PORT] [--bind ADDR] [--token-file FILE]\n"
-	"                [--wait] [--check]\n"
+	"                [--wait[=S]] [--check]\n"
 	"                [--report FILE] [-q] STAGED\n"
 	"       vps-exec --serve [options] STAGED STAGED...\n"
 	"       vps-exec --new-token\n"
@@ -43,7 +45,8 @@ static const char usage[] =
 	"  --token-file FILE   the job token, in a file only this user can read (default: VPS_TOKEN);\n"
 	"                      peers that cannot prove it are dropped\n"
 	"  --new-token         print a fresh job token and exit\n"
-	"  --wait              connect first, then wait for the trainer's request\n"
+	"  --wait[=S]          connect first, then wait for the trainer's request; with S, wait at most S\n"
+	"                      seconds for its registry to appear\n"
 	"  --serve             one switch per STAGED, in order, on the same connections\n"
 	"  --check             digest the state before and after; done only when they match\n"
 	"  --report FILE       write the report as YAML (- for standard output)\n"
@@ -108,6 +111,24 @@ static bool parse_transport(const char *arg, void *opts, char *why, size_t n)
 			return true;
 		}
 	snprintf(why, n, "'%s' is not tcp, ipc, nccl or auto", arg);
+	return false;
+}
+
+/* --wait, or --wait=S: the registry may take at most S seconds to appear. */
+static bool parse_wait(const char *arg, void *opts, char *why, size_t n)
+{
+	struct vps_exec_opts *o = opts;
+	o->wait = true;
+	if (!arg)
+		return true;
+	char *end;
+	errno = 0;
+	double s = strtod(arg, &end);
+	if (*arg && !*end && !errno && isfinite(s) && s > 0) {
+		o->wait_limit = s;
+		return true;
+	}
+	snprintf(why, n, "'%s' is not a positive number of seconds", arg);
 	return false;
 }
 
@@ -226,7 +247,7 @@ int main(int argc, char **argv)
 		TOOL_OPT_STRING(0, "token-file", &token_file),
 		TOOL_OPT_STRING(0, "bind", &o.bind),
 		TOOL_OPT_BOOL(0, "new-token", &fresh_token),
-		TOOL_OPT_BOOL(0, "wait", &o.wait),
+		TOOL_OPT_FUNC_OPTIONAL("wait", &o, parse_wait),
 		TOOL_OPT_BOOL(0, "serve", &serve),
 		TOOL_OPT_BOOL(0, "check", &o.check),
 		TOOL_OPT_STRING(0, "report", &report),
@@ -258,6 +279,8 @@ int main(int argc, char **argv)
 	o.master_port = l.master_port;
 	o.notice = say;
 	o.notice_ctx = &l.rank;
+	/* on a terminal a wait says again every 10 s whom it waits for; in a log, once */
+	o.notice_every = isatty(STDERR_FILENO) ? 10 : 0;
 	o.plan_names = (const char *const *)cli.operands;
 	if (isatty(STDERR_FILENO) && !cli.common.quiet)
 		o.progress = progress;

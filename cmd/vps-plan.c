@@ -26,9 +26,11 @@ static const char usage[] =
 	"                (A B | --transition NAME)\n"
 	"       vps-plan --transfers [--rank R] [--peer P] [--tensor NAME|GLOB] [--state S]\n"
 	"                [--stage N] [--format yaml|tsv|json] [-o FILE] (A B | --transition NAME | PLAN)\n"
+	"       vps-plan --transition list\n"
 	"       vps-plan -h | --version\n"
 	"options:\n"
-	"  --transition NAME      plan a transition of configs/transitions (or a file)\n"
+	"  --transition NAME      plan a transition of configs/transitions (or a file);\n"
+	"                         list: name each, with its description\n"
 	"  --rank R               only world rank R's part: its sends, receives and retains\n"
 	"  --threads N            threads for a global plan (default: the online CPUs)\n"
 	"  --stats                print statistics as YAML instead of the plan\n"
@@ -36,7 +38,8 @@ static const char usage[] =
 	"  --topology T           estimate the time on a topology (--stats and the summary)\n"
 	"  --svg FILE             draw the traffic (heatmap and per-rank bars) as SVG in FILE;\n"
 	"                         the plan is written too only with -o\n"
-	"  -H, --human            --stats in GiB, s, ms even when not on a terminal\n"
+	"  -H, --human            --stats in KiB, MiB, GiB (seconds in 3 digits) even when not\n"
+	"                         on a terminal\n"
 	"  -q, --quiet            no summary line on standard error\n"
 	"  --global-batch N       samples per step (the split over the new data parallelism)\n"
 	"  --micro-batch N        the micro batch after the switch (default: as before)\n"
@@ -469,6 +472,28 @@ done:
 	return status;
 }
 
+/* --transition list: the transitions --transition NAME takes, one a line,
+ * with their descriptions. */
+static int list_transitions(const struct tool_cli *cli)
+{
+	size_t given = 0, n, width = 0;
+	for (size_t i = 0; cli->options[i].name; i++)
+		given += cli->given[i];
+	if (given > 1 || cli->common.given || cli->noperands)
+		return tool_usage_error("--transition list lists the transitions: no other options or operands with it");
+	struct vps_transition *t;
+	vps_result_t rc = vps_transition_list(tool_config_path("transitions"), &t, &n);
+	if (rc)
+		return tool_fail(rc);
+	for (size_t i = 0; i < n; i++)
+		if (strlen(t[i].name) > width)
+			width = strlen(t[i].name);
+	for (size_t i = 0; i < n; i++)
+		printf("%-*s  %s\n", (int)width, t[i].name, t[i].description);
+	free(t);
+	return tool_finish(EXIT_OK);
+}
+
 /* The operands: two layouts, none with --transition, or a plan file to
  * query. TOOL_PARSED when they fit the options. */
 static int check_operands(const struct plan_args *a, const struct tool_cli *cli)
@@ -544,6 +569,8 @@ int main(int argc, char **argv)
 			       .rules = rules};
 	vps_query_init(&a.q);
 	int status = tool_parse(&cli, argc, argv);
+	if (status == TOOL_PARSED && a.transition && !strcmp(a.transition, "list"))
+		return list_transitions(&cli);
 	if (status == TOOL_PARSED)
 		status = check_operands(&a, &cli);
 	if (status != TOOL_PARSED)

@@ -7,11 +7,12 @@
 #include "common.h"
 #include "vps/io.h"
 #include "vps/show.h"
+#include "vps/units.h"
 
 const char *tool_name = "vps-show";
 
 static const char usage[] =
-	"usage: vps-show [--yaml | --json | --binary] [-o FILE] FILE\n"
+	"usage: vps-show [--yaml | --json | --binary] [-o FILE] [-q] FILE\n"
 	"       vps-show -t FILE...\n"
 	"       vps-show -h | --version\n"
 	"options:\n"
@@ -19,6 +20,7 @@ static const char usage[] =
 	"  --json             write JSON, on one line\n"
 	"  --binary           write the binary encoding (not to a terminal)\n"
 	"  -o, --output FILE  write FILE (through a temporary and a rename)\n"
+	"  -q, --quiet        with -o: no line on standard error saying what was written\n"
 	"  -t, --type         one line per FILE: its kind, model, worlds, hash and encoding\n"
 	"  -h, --help         this text\n"
 	"  --version          the version\n";
@@ -66,8 +68,22 @@ static int type_files(char **paths, size_t n)
 	return tool_finish(status);
 }
 
-/* The document in path, converted to the encoding asked for, to out. */
-static int convert(const char *path, enum vps_show_encoding to, const char *out)
+/* What was written into the file out, as -t says it, and its size. */
+static void summary(const char *out, const struct vps_bytes *doc)
+{
+	struct vps_show_info info;
+	char line[512], size[VPS_UNITS_LEN];
+	if (vps_show_identify(out, doc->data, doc->len, &info))
+		snprintf(line, sizeof(line), "vps %s", vps_doc_kind_name(info.kind));
+	else
+		vps_show_describe(&info, line, sizeof(line));
+	fprintf(stderr, "%s: %s, %s\n", out, line, vps_format_bytes((int64_t)doc->len, size, sizeof(size)));
+}
+
+/* The document in path, converted to the encoding asked for, to out; one
+ * line on standard error for a file written, as every tool says what it
+ * wrote (a document on standard output is what the user reads). */
+static int convert(const char *path, enum vps_show_encoding to, const char *out, bool quiet)
 {
 	struct vps_bytes in, doc = {0};
 	vps_result_t rc = vps_read_file(path, &in);
@@ -77,6 +93,8 @@ static int convert(const char *path, enum vps_show_encoding to, const char *out)
 	vps_bytes_release(&in);
 	if (!rc)
 		rc = vps_write_output(out, &doc, to == VPS_SHOW_BINARY);
+	if (!rc && !quiet && out && strcmp(out, "-"))
+		summary(out, &doc);
 	vps_bytes_release(&doc);
 	return rc ? tool_fail(rc) : tool_finish(EXIT_OK);
 }
@@ -90,13 +108,14 @@ int main(int argc, char **argv)
 		TOOL_OPT_END,
 	};
 	static const struct tool_rule rules[] = {
-		{"type", NULL, "yaml json binary output", "-t prints one line per file: no --yaml, --json, --binary or -o with it"},
+		{"type", NULL, "yaml json binary output quiet",
+		 "-t prints one line per file: no --yaml, --json, --binary, -o or -q with it"},
 		{"yaml", NULL, "json binary", NULL},
 		{"json", NULL, "binary", NULL},
 		{0},
 	};
 	struct tool_cli cli = {
-		.usage = usage, .shared = TOOL_OUTPUT | TOOL_YAML | TOOL_JSON, .options = options, .rules = rules};
+		.usage = usage, .shared = TOOL_OUTPUT | TOOL_YAML | TOOL_JSON | TOOL_QUIET, .options = options, .rules = rules};
 	int status = tool_parse(&cli, argc, argv);
 	if (status == TOOL_PARSED && type)
 		status = tool_operands(&cli, 1, SIZE_MAX, "one or more files");
@@ -107,5 +126,5 @@ int main(int argc, char **argv)
 	if (type)
 		return type_files(cli.operands, cli.noperands);
 	enum vps_show_encoding to = binary ? VPS_SHOW_BINARY : cli.common.json ? VPS_SHOW_JSON : VPS_SHOW_YAML;
-	return convert(cli.operands[0], to, cli.common.out);
+	return convert(cli.operands[0], to, cli.common.out, cli.common.quiet);
 }

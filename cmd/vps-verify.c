@@ -101,7 +101,8 @@ static int verify_one(const char *path, bool quiet)
 	default:
 		vps_bytes_release(&b);
 		if (kind)
-			return tool_error(EXIT_USAGE, "%s: cannot verify a %s document", name, vps_doc_kind_name(kind));
+			return tool_fail(vps_doc_wrong_kind(name, kind, VPS_DOC_BIT(VPS_DOC_LAYOUT) | VPS_DOC_BIT(VPS_DOC_PLAN) |
+									  VPS_DOC_BIT(VPS_DOC_STAGED)));
 		return tool_error(EXIT_USAGE, "%s: not a vps layout, plan or staged plan", name);
 	}
 	size_t len = b.len;

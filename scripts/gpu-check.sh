@@ -5,9 +5,15 @@
 # (make gpu-debs here, then carry .debs) and is unpacked under /tmp, not
 # into /.
 #
-#   scripts/gpu-check.sh [RESULTS]
+#   scripts/gpu-check.sh [--digest] [RESULTS]
 #   (default: $OUT/gpu-check-GPU.txt, else build/gpu-check-GPU.txt; GPU is
 #   h100, h200, ... from nvidia-smi's name)
+#
+# --digest: only what the digest needs (a few minutes): the build, the GPU
+# unit tests (the digest kernel against the host's), compute-sanitizer on
+# them, the kernel benchmarks (each digest against its floor) and the
+# eight-rank switch with --check (its digest against its floor); results
+# in gpu-digest-GPU.txt.
 #
 # The results file names the commit and the GPU, and gets one line per
 # check (PASS/FAIL/SKIP and seconds) and the benchmark figures; the full log
@@ -29,11 +35,13 @@ for v in VPS_CUDA_LIBRARY VPS_NCCL_LIBRARY; do
 	esac
 done
 
+only=check
+[ "${1:-}" = --digest ] && { only=digest; shift; }
 began=$(date +%s)
 budget=${VPS_CHECK_BUDGET:-540}
 gpu=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)
 slug=$(echo "$gpu" | grep -oiE '[abhlv][0-9]{2,3}' | head -1 | tr 'A-Z' 'a-z')
-res=${1:-${OUT:-$top/build}/gpu-check-${slug:-gpu}.txt}
+res=${1:-${OUT:-$top/build}/gpu-$only-${slug:-gpu}.txt}
 mkdir -p "$(dirname "$res")"
 log=${res%.txt}.log
 : > "$res"
@@ -126,6 +134,26 @@ if why=$(grep -m1 "skipped, no GPU here" "$log"); then
 	say "result: FAILURES"
 	exit 1
 fi
+finish() {
+	say "took: $(($(date +%s) - began)) s"
+	say "result: $([ $failed = 0 ] && echo all passed || echo FAILURES)"
+	if [ "$only" = check ]; then
+		echo "gpu-check.sh: keep it: cp $res docs/gpu-check-${slug:-gpu}.txt && scripts/bench/gpu_section.sh docs/gpu-check-${slug:-gpu}.txt" >&2
+	else # a part of the check: kept beside the whole ones, not made the section
+		echo "gpu-check.sh: keep it: cp $res docs/gpu-digest-${slug:-gpu}.txt" >&2
+	fi
+	exit $failed
+}
+if [ "$only" = digest ]; then
+	if command -v compute-sanitizer >/dev/null; then
+		check "compute-sanitizer memcheck: copy and digest kernel tests" 90 compute-sanitizer --report-api-errors no --error-exitcode 9 build/tests/test_gpu
+	fi
+	say "## benchmarks"
+	bench "copy and digest kernels" 90 copy build/bench/gpu_copy_bench 1024
+	bench "switch W=8 gpt3-1.3b, digests on the GPU" 150 switch-check scripts/bench/gpu_switch.sh --check gpt3-1.3b \
+		tp=4,pp=2,dp=1 tp=2,pp=4,dp=1
+	finish
+fi
 
 # every family and dimension over ipc with GPU memory, W = 2, 4, 6, 8
 demo() { scripts/demo.sh --transport ipc --cuda "$@"; }
@@ -206,7 +234,4 @@ bench "switch W=1 bench-170m, the whole state copied in place" 120 switch-one $s
 if [[ $torch_cuda == *True* ]]; then
 	bench "PyTorch DCP on the GPU against vps ipc" 240 switch-vs-size scripts/bench/gpu_dcp.sh
 fi
-say "took: $(($(date +%s) - began)) s"
-say "result: $([ $failed = 0 ] && echo all passed || echo FAILURES)"
-echo "gpu-check.sh: keep it: cp $res docs/gpu-check-${slug:-gpu}.txt && scripts/bench/gpu_section.sh docs/gpu-check-${slug:-gpu}.txt" >&2
-exit $failed
+finish

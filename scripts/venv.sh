@@ -16,6 +16,10 @@
 # written to. The base interpreter is VENV_PYTHON when set, otherwise the
 # first Python 3.12 found: python3 on PATH, python3.12, pyenv's versions,
 # /usr/local/bin and /usr/bin. Runs of make in one tree take turns on a lock.
+# It says first what it installs and about how much that is on disk (an
+# estimate: the large pins' sizes as measured in a fresh environment, 1 MB
+# for any other), then shows pip's progress when standard output is a
+# terminal and CI is unset; otherwise pip is quiet.
 # Exit 0 when the environment imports what the tests need, 1 otherwise.
 set -euo pipefail
 export LC_ALL=C
@@ -33,7 +37,7 @@ imports() { # PYTHON
 	warnings.simplefilter("ignore")
 	logging.disable(logging.WARNING)
 	missing = []
-	for m in ("torch", "megatron.core", "transformers", "safetensors", "numpy", "yaml", "PIL", "pytest"):
+	for m in ("torch", "megatron.core", "transformers", "safetensors", "numpy", "yaml", "PIL", "pytest", "torchtitan", "spmd_types", "tyro"):
 	    try:
 	        importlib.import_module(m)
 	    except Exception as e:  # an import error of any kind is a broken environment
@@ -93,7 +97,84 @@ if [ ! -e "$dir" ]; then
 	"$base" -m venv "$dir"
 fi
 pip=("$py" -m pip --disable-pip-version-check --no-input)
-"${pip[@]}" install --quiet --progress-bar off --no-deps --only-binary=:all: --require-virtualenv -r "$reqs"
+install=(install --no-deps --only-binary=:all: --require-virtualenv)
+
+# the file's pins (name==version, names normalized) and what the
+# environment holds
+norm() {
+	sed -n 's/^\([A-Za-z0-9._-]*\)==\([^ ;#]*\).*/\1 \2/p' |
+		awk '{ n = tolower($1); gsub(/[-_.]+/, "-", n); print n "==" $2 }' | sort -u
+}
+pending=$(comm -23 <(norm < "$reqs") <("${pip[@]}" freeze --exclude-editable | norm))
+
+# Megabytes on disk of the pins that weigh (torch 2.11.0's CUDA build and
+# what it links, as installed from python/requirements-test.txt); an
+# estimate for another version, 1 MB for a pin not listed.
+sizes() {
+	cat <<-'EOF'
+	torch 1136
+	triton 669
+	nvidia-cublas 597
+	nvidia-cudnn-cu13 494
+	nvidia-cufft 288
+	nvidia-cusparselt-cu13 234
+	nvidia-nccl-cu13 218
+	nvidia-cusparse 163
+	nvidia-curand 135
+	nvidia-nvjitlink 99
+	nvidia-nvshmem-cu13 81
+	transformers 54
+	numpy 53
+	nvidia-cuda-cupti 45
+	cuda-bindings 33
+	sympy 27
+	matplotlib 25
+	fonttools 23
+	pillow 20
+	hf-xet 12
+	tokenizers 12
+	megatron-core 9
+	nvidia-cuda-runtime 7
+	networkx 7
+	EOF
+}
+
+# "N packages, about X GB on disk (an estimate: torch 1.1 GB, NVIDIA's CUDA
+# libraries 2.4 GB, ...)": the largest first, NVIDIA's together
+cost() { # the pending pins, one a line
+	awk 'NR == FNR { mb[$1] = $2; next }
+	{
+		split($0, p, "=="); name = p[1]; m = (name in mb) ? mb[name] : 1
+		group = name ~ /^(nvidia|cuda)-/ ? "NVIDIA'"'"'s CUDA libraries" : name
+		if (!(group in g)) order[++k] = group
+		g[group] += m; total += m; n++
+	}
+	function size(m) { return m >= 1000 ? sprintf("%.1f GB", m / 1000) : sprintf("%d MB", m) }
+	END {
+		printf "%d package%s, about %s on disk (an estimate", n, n == 1 ? "" : "s", size(total)
+		for (shown = 0; shown < 3; shown++) {
+			best = ""
+			for (i = 1; i <= k; i++) if (!(order[i] in said) && (best == "" || g[order[i]] > g[best])) best = order[i]
+			if (best == "" || g[best] < 50) break
+			said[best] = 1
+			printf "%s %s %s", shown ? "," : ":", best, size(g[best])
+		}
+		printf ")"
+	}' <(sizes) -
+}
+
+if [ -n "$pending" ]; then
+	echo "$me: installing $(cost <<<"$pending") from PyPI or pip's cache (~/.cache/pip)"
+fi
+if [ -n "$pending" ] && [ -t 1 ] && [ -z "${CI:-}" ]; then
+	# on a terminal, pip's own progress, for what is missing only (the file's
+	# options lines too); the quiet pass below then finds it all in place
+	only=$(mktemp)
+	trap 'rm -f "$only"' EXIT
+	{ grep -E '^[[:space:]]*-' "$reqs" || true; echo "$pending"; } > "$only"
+	"${pip[@]}" "${install[@]}" --progress-bar on -r "$only"
+fi
+"${pip[@]}" "${install[@]}" --quiet --progress-bar off -r "$reqs"
 # what the file no longer lists goes (pip and the environment's own tools stay)
 extra=$(comm -23 <("${pip[@]}" freeze --exclude-editable | sed 's/==.*//' | tr 'A-Z_' 'a-z-' | sort) \
 	<(sed -n 's/^\([A-Za-z0-9._-]*\)==.*/\1/p' "$reqs" | tr 'A-Z_' 'a-z-' | sort))

@@ -12,15 +12,19 @@ temporary directory by default, named on the first line), which also gets
 each rank's logs, the loss of every step and vps-exec's reports. At the end
 it says what the run proved: the switches and every executor's digest, the
 bit-for-bit checks (--check-switch), the loss, and with --compare-static the
-loss against a static run of the same data. Exits 0 when every process did
-and every check held. Before anything starts it checks that /dev/shm has
+loss against a static run of the same data; before, a line per phase
+(planning, each switch, the static run). Exits 0 when every process did
+and every check held. One job holds DIR at a time (a second launch is
+refused, naming the first), and no process of the job outlives the
+launcher: SIGTERM, SIGINT and SIGHUP stop them all, and each dies with a
+launcher that is killed (PR_SET_PDEATHSIG). Before anything starts it checks that /dev/shm has
 room for the state (every rank's, under two layouts during a switch) and
 that the open-file limit allows a connection to every peer (exit 2).
 
-It needs PyTorch and numpy: run under a Python without them it runs itself
-under one that has them (VPS_PYTHON, build/venv/bin/python, then
-/usr/bin/python3, Debian's, which sees python3-torch), or says which is
-missing in one line."""
+It needs PyTorch and numpy, which the test environment has (build/venv,
+made by `make venv`): run under a Python without them it runs itself under
+one that has them (VPS_PYTHON, build/venv/bin/python, then
+/usr/bin/python3), or says which is missing in one line."""
 import argparse
 import importlib.util
 import os
@@ -28,6 +32,7 @@ import random
 import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -66,18 +71,18 @@ def python_with_torch():
                                                                             cand), file=sys.stderr, flush=True)
             os.environ["VPS_LAUNCH_REEXEC"] = "1"
             os.execv(cand, [cand, os.path.abspath(__file__)] + sys.argv[1:])
-    print("launch.py: %s (Python %d.%d) cannot import %s%s; run it with a Python that has PyTorch and numpy "
-          "(on Debian /usr/bin/python3 after apt-get install python3-torch python3-numpy, which make check does)"
+    print("launch.py: %s (Python %d.%d) cannot import %s%s; run it with a Python that has PyTorch and numpy: "
+          "make venv makes build/venv, which has them, or name one with VPS_PYTHON"
           % (sys.executable, sys.version_info[0], sys.version_info[1], " and ".join(missing),
              ", nor can %s" % ", ".join(tried) if tried else ""), file=sys.stderr)
     sys.exit(2)
 
 
 def check_room(layouts, nproc, switches):
-    """Before anything starts: the state of every rank lives in /dev/shm
-    (vps.State.allocate), under two layouts at once during a switch, and
-    each executor holds a connection to every peer. Exit 2 saying what is
-    needed and what there is."""
+    """Before anything starts (exit 2 saying why), or before a switch asked
+    for is passed on (returns why not, or None): the state of every rank
+    lives in /dev/shm (vps.State.allocate), under two layouts at once during
+    a switch, and each executor holds a connection to every peer."""
     import resource
 
     def total(lay):
@@ -89,16 +94,89 @@ def check_room(layouts, nproc, switches):
     st = os.statvfs("/dev/shm")
     free = st.f_bavail * st.f_frsize
     if need > free:
-        refuse("the job needs %s in /dev/shm (every rank's state%s); %s is free there: a smaller --model or fewer "
-               "ranks, or a bigger /dev/shm (mount -o remount,size=SIZE /dev/shm)"
-               % (size(need), ", under two layouts during a switch" if switches else "", size(free)))
+        return ("the job needs %s in /dev/shm (every rank's state%s); %s is free there: a smaller --model or fewer "
+                "ranks, or a bigger /dev/shm (mount -o remount,size=SIZE /dev/shm)"
+                % (size(need), ", under two layouts during a switch" if switches else "", size(free)))
     files = nproc + 64
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < files:
         if hard != resource.RLIM_INFINITY and hard < files:
-            refuse("each executor needs %d open files for %d ranks (a connection to every peer); the limit is %d "
-                   "and its hard limit %d: raise it (ulimit -n)" % (files, nproc, soft, hard))
+            return ("each executor needs %d open files for %d ranks (a connection to every peer); the limit is %d "
+                    "and its hard limit %d: raise it (ulimit -n)" % (files, nproc, soft, hard))
         resource.setrlimit(resource.RLIMIT_NOFILE, (files, hard))
+    return None
+
+
+def say(what):
+    """A line of the launcher's progress, on standard output with its report."""
+    print("launch.py: " + what, flush=True)
+
+
+# Every process the launcher started and has not reaped: stopped whole on
+# the launcher's way out, however it leaves (an exception, SIGTERM, SIGINT,
+# SIGHUP); PR_SET_PDEATHSIG (plans.dies_with_me) takes them with it even
+# when it is killed.
+CHILDREN = set()
+
+
+def spawn(argv, **kw):
+    p = subprocess.Popen(argv, preexec_fn=plans.dies_with_me(), **kw)
+    CHILDREN.add(p)
+    return p
+
+
+def stop_all(procs, grace=10.0):
+    """SIGTERM every process still running, SIGKILL what is left after
+    `grace` seconds (one stopped, or blocked in a call, cannot take its
+    signal before it returns); returns the names of those killed so."""
+    procs = [p for p in procs if p.poll() is None]
+    for p in procs:
+        # one stopped (SIGSTOP) would take SIGTERM only once continued
+        p.send_signal(signal.SIGKILL if proc_state(p.pid) == "stopped" else signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    killed = []
+    for p in procs:
+        try:
+            p.wait(max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            killed.append(p)
+            p.kill()
+            p.wait()
+    CHILDREN.difference_update(procs)
+    return killed
+
+
+def proc_state(pid):
+    """The kernel's word for a process: 'stopped' (SIGSTOP), 'a zombie', or ''."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            st = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+    return {"T": "stopped", "t": "stopped", "Z": "a zombie"}.get(st, "")
+
+
+def hold_dir(d):
+    """One job a directory: the first launch holds DIR/.launch.lock (flock,
+    released by the kernel however the launcher ends); a second one given
+    the same --dir is refused at once (exit 2), naming the live job, before
+    it writes anything there. Returns the open lock, to keep."""
+    import fcntl
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, ".launch.lock")
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another launcher"
+        refuse("--dir %s: in use by the job of %s: give this one another --dir, or wait for that one to end"
+               % (d, holder))
+    f.seek(0)
+    f.truncate()
+    f.write("launch.py pid %d (started %s)\n" % (os.getpid(), time.strftime("%Y-%m-%d %H:%M:%S")))
+    f.flush()
+    return f
 
 
 def refuse(what):
@@ -140,10 +218,14 @@ def free_port():
     sys.exit("launch.py: no free port found below %d" % high)
 
 
-def run_job(args, targs, d, vps):
+def run_job(args, targs, d, vps, what="the job"):
     """One job in directory d: the trainers, an executor each when it
     switches. Returns its failures, one line each (none: it succeeded)."""
     os.makedirs(d, exist_ok=True)
+    n = (targs.steps - 1) // targs.switch_every if targs.switch_every and len(targs.configs) > 1 else 0
+    if n:
+        say("%s: planning its %d switch%s (vps-layout, vps-plan, vps-stage) in %s" % (what, n, "" if n == 1 else "es",
+                                                                                   d))
     staged = plans.make(d, targs.model, targs.configs, targs.steps, targs.switch_every, targs.gpus_per_node,
                         targs.global_batch, targs.micro_batch, args.budget, relay=targs.relay)
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(args.nproc),
@@ -152,9 +234,11 @@ def run_job(args, targs, d, vps):
         env["VPS_TOKEN"] = plans.run([plans.tool("vps-exec"), "--new-token"]).strip()
     tag = "vps-torch-%d" % os.getpid()
     procs = []
+    say("%s: %d trainers in %s for %d steps%s" % (what, args.nproc, ",".join(targs.configs[:1]), targs.steps,
+                                                  ", and an executor beside each" if staged else ""))
     for r in range(args.nproc):
         log = open(os.path.join(d, "train.%d.log" % r), "w")
-        procs.append(("trainer %d" % r, subprocess.Popen(
+        procs.append(("trainer %d" % r, spawn(
             [sys.executable, os.path.join(HERE, "train.py")] + options.to_argv(targs, registry=tag + "-%r"),
             env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=log, stderr=subprocess.STDOUT)))
     if staged:
@@ -164,13 +248,28 @@ def run_job(args, targs, d, vps):
             procs.append(("executor %d" % r, plans.executor(
                 staged, tag + "-%r", r, args.nproc, "127.0.0.1:" + port, args.transport, args.exec_timeout,
                 os.path.join(d, "report.%d.yaml" % r), log, env)))
+            CHILDREN.add(procs[-1][1])
     failed = []
+    log0, said, next_look = os.path.join(d, "train.0.log"), 0, 0.0
     while procs:
+        if staged and time.monotonic() > next_look:
+            # each switch as rank 0 says it is done
+            next_look = time.monotonic() + 0.5
+            with open(log0, "rb") as f:
+                f.seek(said)
+                text = f.read()
+            text = text[:text.rfind(b"\n") + 1]
+            said += len(text)
+            for line in text.decode("utf-8", "replace").splitlines():
+                m = re.match(r"train\.py: switch (\d+) at step (\d+) to ([^: ]+)", line)
+                if m:
+                    say("%s: switch %s at step %s to %s done" % (what, m.group(1), m.group(2), m.group(3)))
         for name, p in list(procs):
             rc = p.poll()
             if rc is None:
                 continue
             procs.remove((name, p))
+            CHILDREN.discard(p)
             if rc:
                 failed.append("%s exited with status %d" % (name, rc))
         if failed and procs:
@@ -178,15 +277,7 @@ def run_job(args, targs, d, vps):
             # hang. A rank blocked inside torch (a rendezvous retrying for
             # half an hour) runs no Python signal handler: kill what is left
             # after a grace period.
-            for _, p in procs:
-                p.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + 10
-            for _, p in procs:
-                try:
-                    p.wait(timeout=max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+            stop_all([p for _, p in procs])
             procs = []
         time.sleep(0.05)
     # a rank killed before its registry closed leaves it: remove what is stale
@@ -277,6 +368,9 @@ def report(args, targs, d, switches, static, cpu=None):
 
 
 # ---- an elastic job: devices join and leave while it trains ----
+CONTROL_MAX = 1 << 20  # bytes of a control file read at most
+
+
 class Elastic:
     """One job whose world grows and shrinks: the launcher is its agent
     (vps.elastic.Agent). It hosts the job's store, starts the first
@@ -286,7 +380,16 @@ class Elastic:
     change it says whether the job trains on in the old world, retries
     without a lost device (vps-plan --lost) or stops. Configurations asked
     for through --control FILE (a line each; SIGUSR1 reads it at once) go to
-    the job as they come."""
+    the job as they come, once checked.
+
+    It is also the job's watchdog (T: the trainers' --timeout): every
+    process beats (vps/alive/SLOT); one silent for T/2 that the kernel says
+    is stopped, or silent for 1.5 T (stuck), is named, with what it was
+    doing, and killed, which makes it a process that died; an executor
+    stopped for T/2, or left running T/2 after its trainer ended or
+    --exec-timeout after another executor of its switch ended, is named and
+    killed (at once when stopped and another has ended); a job told to stop
+    is stopped whole T/2 later."""
 
     def __init__(self, args, targs, d, vps):
         from vps.elastic import Agent
@@ -304,7 +407,17 @@ class Elastic:
         self.queue, self.sw = [], None
         self.layouts, self.plans = {}, {}
         self.failures, self.done, self.digests, self.crashed, self.stopping = [], [], 0, False, False
-        self.control_seen, self.control_wake = 0, False
+        # the control file: the bytes of its whole lines read so far, how many,
+        # the last version seen (inode, size, mtime) and the last refused
+        self.control_text, self.control_lines, self.control_seen, self.control_refused = b"", 0, None, None
+        self.control_wake = False
+        self.expect = (self.config, self.size)  # where the job is once every request passed on is done
+        # the watchdog: seconds a process may be silent, an executor may outlive
+        # its trainer or its switch's first executor to end
+        self.silence = max(targs.timeout / 2, 3.0)
+        self.exec_grace = float(args.exec_timeout)
+        self.beats, self.frozen, self.gone_at, self.stopped_at, self.killed = {}, {}, {}, {}, set()
+        self.attempt_end, self.stop_by, self.next_watch = None, None, 0.0
         self.argv = options.to_argv(targs, registry=self.tag + "-%r",
                                     sample_log=os.path.join(d, "samples.%r.txt"),
                                     switch_log=os.path.join(d, "switches.tsv"))
@@ -320,7 +433,7 @@ class Elastic:
 
     def plan(self, a, b, lost=()):
         """The staged plan from configuration a to b (lost: world ranks gone),
-        or None with vps-plan's word when it refuses."""
+        or None with vps-plan's or vps-stage's word when it refuses."""
         key = (a, b, tuple(lost))
         if key not in self.plans:
             la, lb = self.layout(a), self.layout(b)
@@ -332,23 +445,40 @@ class Elastic:
             if lost:
                 cmd[2:2] = ["--lost", ",".join(map(str, lost))]
             cmd[2:2] = ["--relay=" + self.targs.relay]
-            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            if r.returncode:
-                if lost:
-                    return None, r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "refused"
-                sys.exit("launch.py: %s failed (%d): %s" % (" ".join(cmd), r.returncode, r.stderr.strip()))
-            plans.run([plans.tool("vps-stage"), "-q", "--budget", self.args.budget, plan, "-o", staged])
+            for c in (cmd, [plans.tool("vps-stage"), "-q", "--budget", self.args.budget, plan, "-o", staged]):
+                r = subprocess.run(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+                if r.returncode:
+                    lines = r.stderr.strip().splitlines()
+                    return None, lines[-1] if lines else "%s exited with status %d" % (c[0], r.returncode)
             self.plans[key] = staged
         return self.plans[key], None
+
+    def refusal(self, spec):
+        """Why the job cannot switch to spec from where it will be, or None:
+        its layout (the model, the world), the batch (vps-plan), room for it."""
+        try:
+            lay = self.vps.layout(self.targs.model, spec, self.targs.gpus_per_node)
+        except self.vps.Error as e:
+            return str(e)
+        if lay.parallel["cp"] != 1:
+            return "context parallelism is not implemented by this example"
+        if lay.world > self.args.max_nproc:
+            return "a world of %d processes; --max-nproc is %d" % (lay.world, self.args.max_nproc)
+        a = self.vps.layout(self.targs.model, self.expect[0], self.targs.gpus_per_node)
+        why = check_room([a, lay] if self.targs.device == "cpu" else [], max(lay.world, self.expect[1]), 1)
+        if why:
+            return why
+        return self.plan(self.expect[0], spec)[1]
 
     # ---- processes ----
     def start_trainer(self, slot, size, join=None):
         log = open(os.path.join(self.d, "train.%d.log" % slot), "a")
         argv = self.argv + (["--join", str(join)] if join else [])
-        self.trainers[slot] = subprocess.Popen(
+        self.trainers[slot] = spawn(
             [sys.executable, os.path.join(HERE, "train.py")] + argv,
             env=dict(self.env, RANK=str(slot), LOCAL_RANK=str(slot), WORLD_SIZE=str(size)),
             stdout=log, stderr=subprocess.STDOUT)
+        self.beats.pop(slot, None)
         self.slots.add(slot)
 
     def start_execs(self, staged, ranks, world, k, attempt):
@@ -356,26 +486,91 @@ class Elastic:
         tail = "" if attempt == 1 else "-%d" % attempt
         for r in ranks:
             log = open(os.path.join(self.d, "exec.%d%s.%d.log" % (k, tail, r)), "w")
+            # every registry is made before its executor starts: the bound is for a
+            # trainer that dies meanwhile (the watchdog stops that executor sooner)
             self.execs[r] = plans.executor([staged], self.tag + "-%r", r, world, "127.0.0.1:" + port,
                                            self.args.transport, self.args.exec_timeout,
-                                           os.path.join(self.d, "report.%d%s.%d.yaml" % (k, tail, r)), log, self.env)
+                                           os.path.join(self.d, "report.%d%s.%d.yaml" % (k, tail, r)), log, self.env,
+                                           wait=2 * self.exec_grace)
+            CHILDREN.add(self.execs[r])
+        self.attempt_end = None
         self.sw["logs"] += [os.path.join(self.d, "exec.%d%s.%d.log" % (k, tail, r)) for r in ranks]
 
     def stop(self):
-        """SIGTERM every process, SIGKILL what is left after 10 s (a process
-        blocked in a call cannot take its signal before it returns)."""
-        procs = list(self.trainers.values()) + list(self.execs.values())
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.time() + 10
-        for p in procs:
-            try:
-                p.wait(max(deadline - time.time(), 0.01))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        """Stop every process: SIGTERM, SIGKILL what is left after 10 s;
+        those killed so are named."""
+        procs = {p: "process %d" % s for s, p in self.trainers.items()}
+        procs.update({p: "executor %d" % r for r, p in self.execs.items()})
+        for p in stop_all(list(procs)):
+            print("launch.py: %s (pid %d) did not end on SIGTERM within 10 s: killed" % (procs[p], p.pid),
+                  file=sys.stderr, flush=True)
         self.trainers, self.execs = {}, {}
+
+    def kill(self, p, what):
+        """The watchdog's word: name the process and kill it; the switch
+        under way says so when it fails."""
+        state = proc_state(p.pid)
+        what = what.replace("(pid %d)" % p.pid, "(pid %d%s)" % (p.pid, ", " + state if state else ""))
+        say("%s: killed" % what)
+        self.killed.add(p.pid)
+        if self.sw is not None:
+            self.sw.setdefault("killed", []).append(what)
+        p.kill()
+
+    # ---- the watchdog ----
+    def watch(self):
+        now = time.monotonic()
+        if now < self.next_watch:
+            return
+        if self.next_watch and now - self.next_watch > 1.5:
+            # the launcher itself did not look (it waited on a process): that
+            # time is not the processes' silence
+            gap = now - self.next_watch
+            self.beats = {s: (n, t + gap, w) for s, (n, t, w) in self.beats.items()}
+        self.next_watch = now + 0.5
+        for slot, p in list(self.trainers.items()):
+            if slot in self.frozen or p.poll() is not None:
+                continue
+            beat = self.agent.alive(slot)
+            if beat is None:
+                continue  # not started yet: its peers' rendezvous bounds that
+            last = self.beats.get(slot)
+            if last is None or last[0] != beat[0]:
+                self.beats[slot] = (beat[0], now, beat[2])
+                continue
+            # stopped (the kernel says so), or stuck: a call that waits for peers
+            # holding the interpreter (gloo making a group) gives up within the
+            # timeout, so silence past 1.5 times it is no wait
+            silent = now - last[1]
+            if (silent > self.silence and proc_state(p.pid) == "stopped") or silent > 1.5 * self.targs.timeout:
+                self.frozen[slot] = "process %d (pid %d) gave no sign of life for %.0f s while %s" % (
+                    slot, p.pid, silent, last[2] or "starting")
+                self.kill(p, self.frozen[slot])
+        for r, p in list(self.execs.items()):
+            if p.poll() is not None or p.pid in self.killed:
+                continue
+            gone = self.gone_at.get(r) if r not in self.trainers else None
+            if proc_state(p.pid) == "stopped":
+                stopped = self.stopped_at.setdefault(p.pid, now)
+            else:
+                self.stopped_at.pop(p.pid, None)  # continued: it counts from 0 again
+                stopped = None
+            if stopped is not None and now - stopped > self.silence:
+                self.kill(p, "executor %d (pid %d) was stopped for %.0f s" % (r, p.pid, now - stopped))
+            elif gone is not None and now - gone > self.silence:
+                self.kill(p, "executor %d (pid %d) still running %.0f s after its trainer, process %d, ended"
+                          % (r, p.pid, now - gone, r))
+            elif self.attempt_end is not None and proc_state(p.pid) == "stopped":
+                self.kill(p, "executor %d (pid %d) was frozen when another executor of its switch ended" % (r, p.pid))
+            elif self.attempt_end is not None and now - self.attempt_end > self.exec_grace:
+                self.kill(p, "executor %d (pid %d) had not ended %.0f s after another executor of its switch did"
+                          % (r, p.pid, now - self.attempt_end))
+        if self.stop_by is not None and now > self.stop_by and (self.trainers or self.execs):
+            self.stop_by = None
+            left = ", ".join(sorted("process %d" % s for s in self.trainers) +
+                             sorted("executor %d" % r for r in self.execs))
+            say("the job was told to stop; still running %.0f s later: %s: stopped" % (self.silence, left))
+            self.stop()
 
     # ---- switches ----
     def begin(self, ask):
@@ -385,14 +580,26 @@ class Elastic:
             self.fail("switch %d asked from %s on %d processes; the launcher has the job in %s on %d"
                       % (k, ask["from_config"], ask["from_world"], self.config, self.size))
             return
-        staged, _ = self.plan(self.config, spec)
+        staged, why = self.plan(self.config, spec)
+        sw = dict(k=k, spec=spec, size=size, world=size, attempt=1, abandoned=None, dead={}, logs=[], joiners=[],
+                  leavers=[], members=[], lost=[], at=ask["at"], started=False)
+        if not staged:
+            # the job asked for it (its schedule); the launcher cannot make it
+            self.agent.abandon(k, "its plan was refused: %s" % why)
+            self.did_not_happen(sw, "its plan was refused: %s" % why)
+            return
         a_world = self.vps.layout(self.targs.model, self.config, self.targs.gpus_per_node).world
         tw = max(a_world, size)  # layouts packed from node 0: A's ranks, then the devices that join
-        self.sw = dict(k=k, spec=spec, size=size, world=tw, attempt=1, abandoned=None, dead={}, logs=[],
-                       joiners=list(range(self.size, size)), leavers=list(range(size, self.size)),
-                       members=list(range(a_world)), lost=[], at=ask["at"], started=False)
-        self.sw["staged"] = staged
-        for s in self.sw["joiners"]:
+        sw.update(world=tw, joiners=list(range(self.size, size)), leavers=list(range(size, self.size)),
+                  members=list(range(a_world)), staged=staged)
+        self.sw = sw
+        grows = "; %d process%s join%s" % (len(sw["joiners"]), "es" if len(sw["joiners"]) > 1 else "",
+                                           "" if len(sw["joiners"]) > 1 else "s") if sw["joiners"] else \
+            "; %d leave%s" % (len(sw["leavers"]), "" if len(sw["leavers"]) > 1 else "s") if sw["leavers"] else ""
+        say("switch %d to %s on %d processes asked for %s: planned%s" % (
+            k, spec, size, "at step %d" % sw["at"] if sw["at"] is not None else "as soon as every process is ready",
+            grows))
+        for s in sw["joiners"]:
             self.start_trainer(s, size, join=k)
 
     def start_switch(self):
@@ -406,6 +613,8 @@ class Elastic:
         sw["started"] = True
         self.start_execs(sw["staged"], range(sw["world"]), sw["world"], sw["k"], 1)
         self.agent.ready(sw["k"])
+        say("switch %d: its %d executors are up; the job switches when every process is ready"
+            % (sw["k"], sw["world"]))
 
     def watch_abandon(self):
         """The job gave the switch up (its new world could not be made): no rank
@@ -417,7 +626,7 @@ class Elastic:
             if not why:
                 return
             sw["abandoned"] = why
-            print("launch.py: switch %d abandoned: %s" % (sw["k"], why), flush=True)
+            say("switch %d abandoned: %s" % (sw["k"], why))
             for p in self.execs.values():
                 p.kill()
         sw.setdefault("gone_by", time.time() + 5)
@@ -430,7 +639,7 @@ class Elastic:
         """Every executor of the switch ended: it is done, or it failed and the
         launcher says what the job does."""
         sw, ok = self.sw, all(rc == 0 for rc in self.exec_rcs.values())
-        self.exec_rcs = {}
+        self.exec_rcs, self.attempt_end = {}, None
         if not ok:
             # a trainer its executor found gone is dying: wait until it is reaped
             # (only those: on a loaded machine an executor also names the live
@@ -441,7 +650,7 @@ class Elastic:
             for p in self.trainers.values():
                 if p.pid in gone:
                     try:
-                        p.wait(30)
+                        p.wait(min(30.0, self.exec_grace))
                     except subprocess.TimeoutExpired:
                         pass
         self.poll_trainers()
@@ -450,18 +659,23 @@ class Elastic:
             self.config, self.size = sw["spec"], sw["size"]
             self.done.append(sw)
             self.sw = None
+            say("switch %d done: the job trains in %s on %d processes" % (sw["k"], self.config, self.size))
             return
         k, a = sw["k"], sw["attempt"]
         if sw["size"] == self.size:
             self.sw = None  # in this world the trainers stop on a failed switch: they say why
             return
-        dead = sorted(s for s in sw["dead"] if s in sw["members"])
+        # every member of the old world that is gone, whether its executor saw
+        # it or not: a retry waits for no process that cannot come
+        dead = sorted(s for s in sw["members"] if s not in sw["lost"] and (s in sw["dead"] or s not in self.trainers))
         if sw["abandoned"] or not dead:
             self.agent.verdict(k, a, "old")
-            self.did_not_happen(sw, sw["abandoned"] or "its executors failed (%s)" % self.first_error(sw))
+            self.did_not_happen(sw, sw["abandoned"] or "its executors failed (%s)" % (
+                "; ".join(sw.get("killed", [])) or self.first_error(sw)))
             self.sw = None
             return
-        who = "process%s %s" % ("es" if len(dead) > 1 else "", ", ".join(map(str, dead)))
+        who = "process%s %s" % ("es" if len(dead) > 1 else "", ", ".join(
+            "%d%s" % (s, " (frozen, killed)" if s in self.frozen else "") for s in dead))
         stays = [s for s in dead if s not in sw["leavers"]]
         if stays:
             why = "%s, which %s, died during the switch" % (who, "stay" if len(stays) > 1 else "stays")
@@ -474,15 +688,17 @@ class Elastic:
                 self.start_execs(staged, [r for r in range(sw["world"]) if r not in sw["lost"]], sw["world"], k,
                                  sw["attempt"])
                 self.agent.verdict(k, a, "retry")
-                print("launch.py: %s, which %s, died during switch %d; its state has replicas: the switch goes on "
-                      "without it (vps-plan --lost %s)" % (who, "leave" if len(dead) > 1 else "leaves", k,
-                                                            ",".join(map(str, sw["lost"]))), flush=True)
+                say("%s, which %s, died during switch %d; its state has replicas: the switch goes on without it "
+                    "(vps-plan --lost %s)" % (who, "leave" if len(dead) > 1 else "leaves", k,
+                                              ",".join(map(str, sw["lost"]))))
                 return
             why = "%s died during the switch and its state has no replica (vps-plan --lost: %s)" % (who, why)
         self.agent.verdict(k, a, "stop: " + why)
         self.failures.append("switch %d to %s stopped the job at step %s: %s; every rank's state is as it was "
                              "before it" % (k, sw["spec"], sw["at"], why))
+        say("switch %d failed: %s; the job stops" % (k, why))
         self.stopping = self.crashed = True
+        self.stop_by = time.monotonic() + self.silence
         self.sw = None
 
     def first_error(self, sw):
@@ -500,11 +716,13 @@ class Elastic:
         of the run all the same (exit 1), said by name."""
         self.failures.append("switch %d to %s on %d processes did not happen: %s; the job trained on in %s on %d"
                              % (sw["k"], sw["spec"], sw["size"], why, self.config, self.size))
+        self.expect = (self.config, self.size)
 
     def fail(self, what, slot=None):
         """A process failed outside a switch: the job stops, saying why."""
         self.failures.append(what)
         self.crashed = True
+        say("%s: the job stops" % what)
         self.stop()
         path = os.path.join(self.d, "train.%d.log" % slot) if slot is not None else None
         if path and os.path.getsize(path):
@@ -517,6 +735,8 @@ class Elastic:
             if rc is None or slot not in self.trainers:
                 continue
             del self.trainers[slot]
+            CHILDREN.discard(p)
+            self.gone_at[slot] = time.monotonic()
             sw = self.sw
             if sw and slot in sw["joiners"]:
                 # its executor waits for a registry that will not come, or is of no use
@@ -525,51 +745,142 @@ class Elastic:
                     e.kill()
             if rc == 0:
                 continue
-            what = "process %d exited with status %d" % (slot, rc)
-            if sw and slot in sw["joiners"]:
+            what = self.frozen.get(slot) or "process %d exited with status %d" % (slot, rc)
+            doing = self.beats.get(slot, (0, 0, "starting"))[2]
+            if sw and slot in sw["joiners"] and not doing.startswith("taking"):
                 if not sw["abandoned"]:
                     sw["abandoned"] = "%s before it joined" % what
                     self.agent.abandon(sw["k"], sw["abandoned"])
-                    print("launch.py: switch %d abandoned: %s" % (sw["k"], sw["abandoned"]), flush=True)
-            elif sw and slot in sw["members"]:
+                    say("switch %d abandoned: %s" % (sw["k"], sw["abandoned"]))
+            elif sw and slot in sw["members"] and doing.startswith(("in switch", "waiting for the launcher")):
                 sw["dead"][slot] = rc  # the switch fails; end_attempt decides
             elif self.stopping:
                 continue  # told to stop: they say why
             else:
-                self.fail("trainer %d exited with status %d" % (slot, rc), slot)
+                # it died in a collective of its world (a step, the vote on a
+                # switch, the first barrier of the new world): the others'
+                # cannot complete, nor a switch under way; the job stops whole
+                if sw:
+                    self.agent.abandon(sw["k"], what)
+                    self.sw = None
+                self.fail(what if slot in self.frozen else "%s while %s" % (what, doing), slot)
+
+    def read_control(self):
+        """The control file's bytes, read whole and as one version, or None
+        (absent, unchanged, or written while it was read: read next time)."""
+        path = self.args.control
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            self.refuse_control(("error", e.errno), "cannot be read: %s" % e.strerror)
+            return None
+        try:
+            st = os.fstat(fd)
+            seen = (st.st_ino, st.st_size, st.st_mtime_ns)
+            if seen == self.control_seen and not self.control_wake:
+                return None
+            if not stat.S_ISREG(st.st_mode):
+                self.refuse_control(seen, "not a regular file")
+                return None
+            if st.st_size > CONTROL_MAX:
+                self.refuse_control(seen, "%s, over the %s a control file may hold" % (size(st.st_size),
+                                                                                     size(CONTROL_MAX)))
+                return None
+            parts = []
+            while True:
+                b = os.read(fd, CONTROL_MAX + 1 - sum(map(len, parts)))
+                if not b:
+                    break
+                parts.append(b)
+            after = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
+            return None  # written as it was read: the whole of it next time
+        self.control_wake = False
+        self.control_seen = seen
+        return b"".join(parts)
+
+    def refuse_control(self, version, why):
+        if version != self.control_refused:
+            self.control_refused = version
+            print("launch.py: %s: %s; the job trains on" % (self.args.control, why), file=sys.stderr, flush=True)
 
     def poll_control(self):
-        path = self.args.control
-        if not path or not os.path.exists(path):
+        """Requests are lines appended to FILE, or FILE replaced (a new file
+        renamed over it) by one that keeps every line read so far: a line is
+        read once whole (up to its newline), checked, and passed on or
+        refused with the reason. A version of FILE that does not keep the
+        lines read (rewritten in place, truncated, or replaced by another) is
+        refused whole: no line of it is read until it does."""
+        if not self.args.control:
             return
-        st = os.stat(path)
-        if st.st_size == self.control_seen and not self.control_wake:
+        data = self.read_control()
+        if data is None:
             return
-        self.control_wake = False
-        with open(path) as f:
-            data = f.read()
-        lines = data[:data.rfind("\n") + 1]  # whole lines only
-        for n, line in enumerate(lines[self.control_seen:].splitlines()):
-            spec = line.split("#")[0].strip().replace(":", ",")
-            if not spec:
-                continue
+        if not data.startswith(self.control_text):
+            self.refuse_control(self.control_seen, "its first %d line%s, read already, are not as they were (rewritten "
+                                "in place, truncated, or replaced by a file that does not keep them): not read; a "
+                                "request is a line appended to it, or a new file, keeping those lines, renamed over "
+                                "it" % (self.control_lines, "" if self.control_lines == 1 else "s"))
+            return
+        new = data[len(self.control_text):]
+        whole = new[:new.rfind(b"\n") + 1]  # whole lines only
+        self.control_text += whole
+        for raw in whole.split(b"\n")[:-1]:
+            self.control_lines += 1
+            self.ask_line(raw)
+
+    def ask_line(self, raw):
+        where = "%s: line %d" % (self.args.control, self.control_lines)
+        shown = raw[:80].decode("utf-8", "backslashreplace").replace("\0", "\\x00")
+        if b"\0" in raw:
+            why = "a NUL byte"
+        else:
             try:
-                lay = self.vps.layout(self.targs.model, spec, self.targs.gpus_per_node)
-                if lay.parallel["cp"] != 1:
-                    raise self.vps.Error(1, "context parallelism is not implemented by this example")
-            except self.vps.Error as e:
-                print("launch.py: %s: %s: %s (ignored)" % (path, spec, e), file=sys.stderr, flush=True)
-                continue
-            n = self.agent.request(spec)
-            print("launch.py: %s: %s asked for (request %d)" % (path, spec, n), flush=True)
-        self.control_seen = len(lines)
+                line = raw.decode("utf-8")
+                why = None
+            except UnicodeDecodeError as e:
+                why = "bytes that are not UTF-8 text (at %d)" % e.start
+        if why:
+            print("launch.py: %s: %r: %s: refused; the job trains on" % (where, shown, why), file=sys.stderr,
+                  flush=True)
+            return
+        spec = line.split("#")[0].strip().replace(":", ",")
+        if not spec:
+            return
+        why = self.refusal(spec)
+        if why:
+            print("launch.py: %s: %s: refused: %s; the job trains on" % (where, spec, why), file=sys.stderr,
+                  flush=True)
+            return
+        n = self.agent.request(spec)
+        self.expect = (spec, self.vps.layout(self.targs.model, spec, self.targs.gpus_per_node).world)
+        say("%s: %s asked for (request %d)" % (self.args.control, spec, n))
 
     def run(self):
         self.exec_rcs = {}
         if self.args.control:
             signal.signal(signal.SIGUSR1, lambda *_: setattr(self, "control_wake", True))
+        say("%d processes train %s for %d steps%s" % (
+            self.args.nproc, self.config, self.targs.steps,
+            "; the configurations written to %s are asked of them" % self.args.control if self.args.control else ""))
         for slot in range(self.args.nproc):
             self.start_trainer(slot, self.args.nproc)
+        try:
+            self.loop()
+        finally:
+            self.stop()
+            for slot in sorted(self.slots):
+                try:
+                    self.vps.Registry.unlink("%s-%d" % (self.tag, slot))
+                except self.vps.Error as e:
+                    print("launch.py: %s" % e, file=sys.stderr)
+        return self.failures
+
+    def loop(self):
         while self.trainers or self.execs:
             self.poll_control()
             self.queue += self.agent.asks()
@@ -578,7 +889,11 @@ class Elastic:
                 rc = p.poll()
                 if rc is not None:
                     del self.execs[r]
+                    CHILDREN.discard(p)
                     self.exec_rcs[r] = rc
+                    if self.attempt_end is None:
+                        self.attempt_end = time.monotonic()
+            self.watch()
             if self.sw:
                 self.watch_abandon()
                 self.start_switch()
@@ -592,12 +907,6 @@ class Elastic:
             if self.sw is None and self.queue and not self.execs:
                 self.begin(self.queue.pop(0))
             time.sleep(0.05)
-        for slot in sorted(self.slots):
-            try:
-                self.vps.Registry.unlink("%s-%d" % (self.tag, slot))
-            except self.vps.Error as e:
-                print("launch.py: %s" % e, file=sys.stderr)
-        return self.failures
 
 
 def report_elastic(args, targs, d, job, static):
@@ -677,8 +986,12 @@ def main():
     job.add_argument("--exec-timeout", default="120", help="vps-exec's --timeout (default 120)")
     job.add_argument("--control", metavar="FILE",
                      help="the job switches to each configuration written to FILE, a line each, as it comes (read "
-                          "when FILE grows, and at once on SIGUSR1); a configuration of another world grows or "
-                          "shrinks the job")
+                          "when FILE changes, and at once on SIGUSR1); a configuration of another world grows or "
+                          "shrinks the job. Append whole lines, or rename a new file that keeps the lines before "
+                          "over FILE; one the job cannot take is refused, saying why, and the job trains on")
+    job.add_argument("--max-nproc", type=int, default=64, metavar="N",
+                     help="the most processes a configuration asked for through --control may grow the job to "
+                          "(default 64)")
     job.add_argument("--compare-static", action="store_true",
                      help="also run statically in the first configuration, on the same data, and require every "
                           "step's loss within %g of it" % MAX_REL)
@@ -721,15 +1034,33 @@ def main():
             a.error("--compare-cpu: a job whose world changes is not rerun on the CPU")
     elif args.compare_cpu:
         a.error("--compare-cpu compares a --device cuda run with the CPU's")
+    if args.max_nproc < args.nproc:
+        a.error("--max-nproc %d: below --nproc %d" % (args.max_nproc, args.nproc))
     # the state of a GPU run is not in /dev/shm (only its registries are)
-    check_room(layouts if targs.device == "cpu" else [], max([args.nproc] + [lay.world for lay in layouts]), switches)
+    why = check_room(layouts if targs.device == "cpu" else [], max([args.nproc] + [lay.world for lay in layouts]),
+                     switches)
+    if why:
+        refuse(why)
     if args.dir:
         d = args.dir
     else:
         d = tempfile.mkdtemp(prefix="vps-torch-")
         print("launch.py: files in %s" % d, flush=True)
+    lock = hold_dir(d)  # noqa: F841  (held while the launcher lives)
     if not targs.loss_log:
         targs.loss_log = os.path.join(d, "loss.txt")
+    # stopped by a signal: every process of the job stops with it (the
+    # finally below), and the launcher says so
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda n, _: sys.exit("launch.py: stopped by %s: the job's processes are stopped"
+                                                 % signal.Signals(n).name))
+    try:
+        run(args, targs, d, vps, layouts, elastic, switches)
+    finally:
+        stop_all(CHILDREN)
+
+
+def run(args, targs, d, vps, layouts, elastic, switches):
     static = cpu = None
     if elastic:
         job = Elastic(args, targs, d, vps)
@@ -740,7 +1071,8 @@ def main():
         cd = os.path.join(d, "cpu")
         cpu = os.path.join(cd, "loss.txt")
         failed, _ = run_job(argparse.Namespace(**dict(vars(args), transport="tcp")),
-                            argparse.Namespace(**dict(vars(targs), device="cpu", save_master=None, loss_log=cpu)), cd, vps)
+                            argparse.Namespace(**dict(vars(targs), device="cpu", save_master=None, loss_log=cpu)), cd, vps,
+                            "the same run on the CPU (--compare-cpu)")
         failed = ["the CPU run: " + f for f in failed]
     if not failed and args.compare_static:
         sd = os.path.join(d, "static")
@@ -748,7 +1080,7 @@ def main():
         failed, _ = run_job(argparse.Namespace(**dict(vars(args), nproc=layouts[0].world)),
                             argparse.Namespace(**dict(vars(targs), configs=targs.configs[:1], switch_every=0,
                                                       check_switch=False, save_master=None, loss_log=static)),
-                            sd, vps)
+                            sd, vps, "the static run (--compare-static)")
         failed = ["the static run: " + f for f in failed]
     if elastic:
         # what the job did, and a switch that did not happen, said in the report

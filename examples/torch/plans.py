@@ -1,13 +1,34 @@
 """The staged plans of a run's switches, made with vps's tools, and the
 executor beside a rank: what launch.py does for the whole job, and what
 train.py --exec does for its own rank under torchrun."""
+import ctypes
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOP = os.path.normpath(os.path.join(HERE, "..", ".."))
+
+
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the child of a fork only calls it
+PR_SET_PDEATHSIG = 1
+
+
+def dies_with_me():
+    """A preexec_fn for Popen: the child is killed (SIGKILL) when the process
+    that starts it ends, however it ends, SIGKILL included
+    (PR_SET_PDEATHSIG): no process of a job outlives its launcher. Popen must
+    be called from the main thread (the signal follows the thread that
+    forked)."""
+    parent = os.getpid()
+
+    def arm():
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # it ended before the child was armed
+            os._exit(1)
+    return arm
 
 
 def tool(name):
@@ -59,11 +80,15 @@ def make(d, model, configs, steps, every, gpus_per_node, global_batch, micro_bat
     return order
 
 
-def executor(plans, registry, rank, world, master, transport, timeout, report, log, env=None):
+def executor(plans, registry, rank, world, master, transport, timeout, report, log, env=None, wait=None):
     """Start one rank's vps-exec, given the staged plans in the order the
-    run switches (--serve runs them one after the other)."""
+    run switches (--serve runs them one after the other); it dies with the
+    process that starts it. wait: seconds its registry may take to appear
+    (--wait=S; None: as long as it takes, for a starter that stops it when
+    its trainer is gone)."""
     serve = ["--serve"] if len(plans) > 1 else []
     return subprocess.Popen(
         [tool("vps-exec"), "--registry", registry, "--rank", str(rank), "--world", str(world), "--master", master,
-         "--transport", transport, "--wait", "--check", "--timeout", str(timeout), "--report", report]
-        + serve + plans, env=env, stdout=log, stderr=subprocess.STDOUT)
+         "--transport", transport, "--wait" if wait is None else "--wait=%g" % wait, "--check", "--timeout",
+         str(timeout), "--report", report] + serve + plans, env=env, stdout=log, stderr=subprocess.STDOUT,
+        preexec_fn=dies_with_me())

@@ -18,9 +18,15 @@ import sys
 import threading
 import time
 
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
+try:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+except ImportError as e:  # one line that says what to do, not a traceback
+    print("train.py: %s cannot import %s: run it with the test environment's torchrun or Python "
+          "(build/venv/bin/torchrun; make venv makes build/venv, which has PyTorch)" % (sys.executable, e.name),
+          file=sys.stderr)
+    sys.exit(2)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 import comm  # noqa: E402
@@ -271,23 +277,28 @@ class Switch:
 
 
 class Fault:
-    """VPS_TRAIN_FAULT=SLOT:start or SLOT:switch:K, for the tests: the
-    process of device SLOT exits at once after it starts (a device that never
-    joins), or is killed as it enters switch K, one that changes the world
-    (its executor and the other ranks' are under way)."""
+    """VPS_TRAIN_FAULT=SLOT:start, SLOT:switch:K or SLOT:freeze:K, for the
+    tests: the process of device SLOT exits at once after it starts (a
+    device that never joins), or is killed (switch) or stops itself
+    (freeze: SIGSTOP, as an operator's kill -STOP) as it enters switch K, one
+    that changes the world (its executor and the other ranks' are under
+    way)."""
 
     def __init__(self, slot):
         f = os.environ.get("VPS_TRAIN_FAULT", "").split(":")
         self.point = f[1] if len(f) > 1 and f[0] == str(slot) else None
-        self.k = int(f[2]) if self.point == "switch" else None
+        self.k = int(f[2]) if self.point in ("switch", "freeze") else None
 
     def at_start(self):
         if self.point == "start":
             os._exit(3)
 
     def in_switch(self, k):
-        if self.point == "switch" and k == self.k:
-            os.kill(os.getpid(), signal.SIGKILL)
+        if self.point in ("switch", "freeze") and k == self.k:
+            time.sleep(0.5)  # as one stopped or killed from outside: its heartbeat has said where it is
+            sig = signal.SIGKILL if self.point == "switch" else signal.SIGSTOP
+            self.point = None  # once: after SIGCONT it goes on
+            os.kill(os.getpid(), sig)
 
 
 class Run:
@@ -304,6 +315,15 @@ class Run:
         self.layouts = {}
         # vps: the job's store, on which its worlds are made
         self.job = vps.elastic.Job.from_env(args.timeout)
+        # vps: under launch.py, a heartbeat: the launcher names (and stops) a
+        # process that stops beating, saying what it was doing
+        self.doing = "starting"
+        if self.job.agent:
+            self.job.beat(self.slot, lambda: self.doing)
+        # a world change waits for the launcher's word: it names a frozen or
+        # dead process within the timeout and decides after; a trainer gives
+        # up on its own only later
+        self.patience = 2 * args.timeout if self.job.agent else args.timeout
         self.world = self.groups = self.state = self.stage = self.opt = None
         self.size = int(os.environ["WORLD_SIZE"])  # processes of the world
         self.spec, self.lay, self.rank, self.tr = args.configs[0], self.layout(args.configs[0]), -1, None
@@ -466,6 +486,7 @@ class Run:
 
     def step(self):
         args, tr = self.args, self.tr
+        self.doing = "training step %d in %s" % (tr.step + 1, self.spec)
         lr = args.lr * min(1.0, (tr.step + 1) / args.warmup)
         local = train_step(self.stage, self.opt, self.groups, self.corpus, tr, args, lr, self.samples)
         # the loss, and rank 0's count of the configurations asked for so far
@@ -528,6 +549,7 @@ class Run:
             sw.waited = time.monotonic() - t0
             self.switch(sw)
             return
+        self.doing = "voting on switch %d to %s" % (sw.k, sw.spec)
         verdict, why = self.vote(sw, blocking=sw.at is not None)
         if verdict == "go":
             self.switch(sw)
@@ -584,16 +606,21 @@ class Run:
         self.stage = self.opt = None  # views of the old buffers go before the buffers do
         self.rearm_registry()
         for attempt in range(1, 100):
+            self.doing = "in switch %d to %s (attempt %d, as a process that %s)" % (
+                sw.k, sw.spec, attempt, "leaves" if new_rank < 0 else "stays")
             if grows:
                 self.fault.in_switch(sw.k)
             try:
                 # vps: the step and data position travel with the state
-                state, carried = vps.switch(self.reg, self.state, sw.lay, new_rank, self.tr, args.timeout)
+                state, carried = vps.switch(self.reg, self.state, sw.lay, new_rank, training=self.tr,
+                                            timeout=self.patience if grows else args.timeout)
+                self.doing = "taking the new world after switch %d" % sw.k
                 break
             except vps.Error as e:
                 if not grows:
                     raise SystemExit("train.py: rank %d: switch %d to %s failed: %s" % (self.rank, sw.k, sw.spec, e))
-                verdict = self.job.verdict(sw.k, attempt, args.timeout)
+                self.doing = "waiting for the launcher's word after attempt %d of switch %d" % (attempt, sw.k)
+                verdict = self.job.verdict(sw.k, attempt, self.patience)
                 kept = ""
                 if mine is not None:
                     if self.digest() != mine:
@@ -642,6 +669,7 @@ class Run:
         it leaves instead (training ended, or the job goes on without it)."""
         args = self.args
         k = args.join if args.join and self.world is None else self.k
+        self.doing = "waiting, holding nothing, for switch %d" % k
         ask = self.job.wait_asked(k)
         if ask is None:
             return False
@@ -655,6 +683,7 @@ class Run:
             return True
         t0 = time.monotonic()
         try:
+            self.doing = "making world %d to join at switch %d" % (k, k)
             if self.world is None or sw.lay.world != self.size:
                 # vps: the world it joins, made with the processes that stay (they train meanwhile)
                 same = [sw.lay] + [x for x in self.static_same_world(k + 1, sw.lay.world) if x is not sw.lay]
@@ -673,13 +702,17 @@ class Run:
         t1 = time.monotonic()
         self.rearm_registry()
         for attempt in range(1, 100):
+            self.doing = "joining in switch %d to %s (attempt %d)" % (k, spec, attempt)
             self.fault.in_switch(k)
             try:
                 # vps: a joining device receives its whole state, and where training is
-                state, carried = vps.switch(self.reg, None, sw.lay, self.slot, None, args.timeout, device=args.device)
+                state, carried = vps.switch(self.reg, None, sw.lay, self.slot, timeout=self.patience,
+                                            device=args.device)
+                self.doing = "taking the new world after switch %d" % k
                 break
             except vps.Error as e:
-                verdict = self.job.verdict(k, attempt, args.timeout)
+                self.doing = "waiting for the launcher's word after attempt %d of switch %d" % (attempt, k)
+                verdict = self.job.verdict(k, attempt, self.patience)
                 if verdict == "retry":
                     continue
                 print("train.py: process %d does not join: switch %d failed: %s (%s)" % (self.slot, k, e, verdict),
@@ -787,6 +820,20 @@ def main():
         run.finish()
     elif run.reg is not None:
         run.reg.close()
+    if run.job.agent:
+        # done, its registry closed: torch's teardown of groups of which a
+        # peer was killed (a frozen process) can abort the interpreter at exit
+        # ("terminate called without an active exception"); nothing is left to
+        # tear down that the exit does not
+        for f in (sys.stdout, sys.stderr):
+            f.flush()
+        if run.log:
+            run.log.close()
+        if run.samples:
+            run.samples.close()
+        if run.switch_log:
+            run.switch_log.close()
+        os._exit(0)
 
 
 if __name__ == "__main__":

@@ -28,9 +28,12 @@ VPS_API void vps_fill_region(void *buffer, const struct vps_region *r, const str
 /* Count the elements of region r that differ from the pattern. */
 VPS_API int64_t vps_check_region(const void *buffer, const struct vps_region *r, const struct vps_tensor *t, int64_t step);
 
-/* Digest of one region's elements: a sum over elements of a hash of
- * (tensor, state, logical index, value bits). Sums of disjoint parts add up,
- * so the digest of a layout does not depend on how it is cut. */
+/* Digest of one region's elements: a sum mod 2^64 over elements of a hash
+ * of (tensor, state, logical index, value bits), one multiply of the bits
+ * by an odd key of the place (docs/exec.md, The digest). Sums of disjoint
+ * parts add up, so the digest of a layout does not depend on how it is
+ * cut; a change of one element always changes it, a change of several
+ * almost always (2^-64, modelling the keys as random). */
 VPS_API uint64_t vps_digest_region(const void *buffer, const struct vps_region *r, const struct vps_tensor *t);
 
 #ifdef __cplusplus

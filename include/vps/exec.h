@@ -42,12 +42,17 @@ struct vps_exec_opts {
 	/* progress callback after each stage (may be NULL) */
 	void (*progress)(void *ctx, int64_t stage, int64_t nstages, int64_t bytes, double seconds);
 	void *progress_ctx;
-	/* said once by a wait that has lasted a few seconds: what it waits for,
-	 * under which name (may be NULL) */
+	/* said by a wait that has lasted a few seconds: what it waits for,
+	 * under which name, whom (the rank, and its address when known); and a
+	 * peer refused for the job token, after a few refusals (may be NULL) */
 	void (*notice)(void *ctx, const char *message);
 	void *notice_ctx;
 	/* the staged plans' files, named in messages (NULL: "staged plan N") */
 	const char *const *plan_names;
+	/* > 0: a wait says it again every notice_every seconds (for a
+	 * terminal); 0: once */
+	double notice_every;
+	double wait_limit;      /* under wait: seconds the registry may take to appear (0: as long as it takes) */
 };
 
 /* Every field's default, vps-exec's: tcp, the local rank's GPU, the default
@@ -56,7 +61,7 @@ struct vps_exec_opts {
  * (every field in order: C++ has no designated initializers before C++20) */
 #define VPS_EXEC_OPTS_INIT                                                                            \
 	{ VPS_EXEC_OPTS_VERSION, VPS_EXEC_TCP, -1, NULL, 0, 0, NULL, 0, 60.0, 600.0, NULL, NULL, false, false, \
-	  NULL, NULL, NULL, NULL, NULL }
+	  NULL, NULL, NULL, NULL, NULL, 0.0, 0.0 }
 
 /* A job token: VPS_TOKEN_MIN to VPS_TOKEN_MAX characters. */
 #define VPS_TOKEN_MIN 16

@@ -23,6 +23,16 @@ enum vps_doc_kind {
 
 VPS_API const char *vps_doc_kind_name(enum vps_doc_kind kind);
 
+/* A set of kinds, one bit each: VPS_DOC_BIT(VPS_DOC_PLAN) | VPS_DOC_BIT(VPS_DOC_STAGED). */
+#define VPS_DOC_BIT(kind) (1u << (unsigned)(kind))
+/* The error for a document of kind `found` where one of the kinds in
+ * `expected` was: what the file is, what was expected, and what makes one
+ * ("a.layout: a layout, not a staged plan (vps-plan A B | vps-stage
+ * --budget SIZE - -o FILE makes one)"); name is the file, with its line
+ * for YAML. One table says what makes each kind, for every reader.
+ * @return VPS_EINPUT */
+VPS_API vps_result_t vps_doc_wrong_kind(const char *name, enum vps_doc_kind found, unsigned expected);
+
 /* ---- growable byte buffer ---- */
 struct vps_bytes {
 	unsigned char *data;

@@ -13,6 +13,17 @@ extern "C" {
 /* bucket: Megatron-LM's size with overlap on: max(40,000,000, 1,000,000 * dp * cp) */
 #define VPS_BUCKET_AUTO (-1)
 
+/* family: whose rules lay the configuration out */
+#define VPS_FAMILY_MEGATRON 0 /* Megatron-Core: DDP buffers, the distributed optimizer */
+#define VPS_FAMILY_DTENSOR 1  /* PyTorch DTensor: FSDP2, HSDP, TP, PP and EP as torchtitan applies them */
+
+/* Megatron-LM's --optimizer (values are in files: appended, never renumbered). */
+enum vps_optimizer { VPS_OPT_ADAM = 0, VPS_OPT_SGD = 1, VPS_OPT_MUON = 2, VPS_OPT_LION = 3, VPS_NOPTIMIZERS };
+
+VPS_API const char *vps_optimizer_name(int optimizer);
+/* @return VPS_EINPUT for an unknown name. */
+VPS_API vps_result_t vps_optimizer_parse(const char *name, int *optimizer);
+
 struct vps_parallel {
 	int64_t tp, pp, dp;
 	int64_t cp;      /* context parallel: splits the sequence, every CP rank holds the same parameters */
@@ -25,12 +36,34 @@ struct vps_parallel {
 	int64_t bucket;  /* VPS_BUCKET_NONE, VPS_BUCKET_AUTO or elements */
 	bool grad;       /* fp32 gradients are part of the state */
 	bool grouped_gemm; /* experts as TEGroupedMLP (--moe-grouped-gemm): linear_fc1.weight0..N-1 */
+	/* Family dtensor: FSDP2's data-parallel mesh, as torchtitan names it
+	 * (dp = dp_replicate * dp_shard; vpp is the pipeline stages a rank
+	 * holds; docs/layout.md, "PyTorch DTensor layouts"). 1 in Megatron's. */
+	int64_t family;       /* VPS_FAMILY_MEGATRON or VPS_FAMILY_DTENSOR */
+	int64_t dp_replicate; /* HSDP replicas */
+	int64_t dp_shard;     /* FSDP shards (fsdp= in a spec) */
+	/* The optimizer: which states a parameter has, their dtypes, their
+	 * sharding. Muon and Lion with zero=1 are Megatron's layer-wise
+	 * distributed optimizer (--use-distributed-optimizer turns into it). */
+	int32_t optimizer;        /* enum vps_optimizer (adam) */
+	int32_t scalar_optimizer; /* muon's optimizer of everything it leaves
+				   * (--muon-scalar-optimizer): adam or lion; lion's is adam */
+	bool precision_aware;     /* --use-precision-aware-optimizer (adam, zero=1):
+				   * TransformerEngine's FusedAdam keeps main params as
+				   * int16 remainders of the bf16 params */
+	bool exp_avg_bf16;        /* --exp-avg-dtype bf16 (precision_aware) */
+	bool exp_avg_sq_bf16;     /* --exp-avg-sq-dtype bf16 (precision_aware) */
 };
 
-/* Defaults: everything 1, zero 0, one bucket, no grads, sequential experts. */
+/* Defaults: everything 1, zero 0, one bucket, no grads, sequential experts,
+ * family megatron, Adam in fp32. */
 VPS_API void vps_parallel_init(struct vps_parallel *p);
+/* "megatron" or "dtensor" ("?" for another value). */
+VPS_API const char *vps_parallel_family_name(int64_t family);
 
-/* Parse "tp=4,pp=2,dp=2,zero=1" on top of *p. where, when not NULL,
+/* Parse "tp=4,pp=2,dp=2,zero=1" (or a DTensor mesh, "dp_shard=4,tp=2":
+ * a key of that family, dp_shard, fsdp, dp_replicate or family=dtensor,
+ * selects it) on top of *p. where, when not NULL,
  * prefixes messages (a file's line, or what the caller calls the value). */
 VPS_API vps_result_t vps_parallel_parse(struct vps_parallel *p, const char *spec, const char *where);
 

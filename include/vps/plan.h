@@ -75,12 +75,15 @@ static inline uint32_t vps_buffer_at_hop(uint32_t index, int hop)
 struct vps_piece {
 	uint32_t tensor;
 	uint8_t state;
+	uint8_t dtype;    /* as a region's (vps_piece_dtype): the state's in both layouts */
 	struct vps_box box;
 	int64_t src, dst; /* world ranks */
 	uint32_t src_buffer, dst_buffer;
 	int64_t src_offset, dst_offset; /* elements, at box.lo */
 	int64_t src_strides[VPS_MAX_DIMS], dst_strides[VPS_MAX_DIMS];
 };
+
+static inline enum vps_dtype vps_piece_dtype(const struct vps_piece *p) { return vps_dtype_of(p->dtype, p->state); }
 
 /* Training state that travels with the switch. Values not known when the
  * plan is made are taken from the source trainer at switch time. */
@@ -117,6 +120,7 @@ struct vps_collective {
 struct vps_lost_range {
 	uint32_t tensor;
 	uint8_t state;
+	uint8_t dtype; /* as a region's */
 	struct vps_box box;
 };
 
@@ -332,6 +336,12 @@ struct vps_transition {
 VPS_API vps_result_t vps_transition_load(const char *arg, const char *trans_path, const char *model_path,
 				 const char *parallel_path, struct vps_transition *info, struct vps_layout **a,
 				 struct vps_layout **b);
+/* The transitions of trans_path, the NAME.yaml files of its directories
+ * (each name once, the first directory's), sorted by name: each one's
+ * name as vps_transition_load takes it and its description, the other
+ * fields 0. *list (NULL when there are none) is freed with free().
+ * @return VPS_EINPUT (naming the file) for one whose head cannot be read. */
+VPS_API vps_result_t vps_transition_list(const char *trans_path, struct vps_transition **list, size_t *n);
 
 /* ---- files ---- */
 struct vps_bytes;

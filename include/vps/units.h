@@ -20,9 +20,10 @@ extern "C" {
 
 /* Parse a size: digits, an optional fraction, optional blanks, an optional
  * unit. B or none: bytes; K, M, G, T, P, E, KiB ... EiB (and Ki ... Ei):
- * powers of 1024; KB (kB) ... EB: powers of 1000. The letter's case does not
- * matter; a lowercase b (bits) is refused. A fraction of a byte is rounded
- * down. No sign, exponent or hex. VPS_EINPUT when it is not a size or
+ * powers of 1024; KB (kB) ... EB: powers of 1000. The letter, the i and a
+ * b after the i may be in either case (2gib is 2GiB); a lowercase b right
+ * after the letter, or alone, is bits (2Gb) and refused. A fraction of a
+ * byte is rounded down. No sign, exponent or hex. VPS_EINPUT when it is not a size or
  * exceeds INT64_MAX bytes. */
 VPS_API vps_result_t vps_parse_bytes(const char *s, int64_t *out);
 

@@ -7,6 +7,7 @@
 #include "util/hash.h"
 #include "util/internal.h"
 #include "vps/data.h"
+#include "vps/registry.h"
 
 /* A part of a region as the kernel reads it: element (i0, ..) of the box
  * at buffer offset r->offset + sum ik * strides[k] is logical element
@@ -21,7 +22,7 @@ static void part_view(const struct vps_region *r, const struct vps_tensor *t, co
 		s *= t->shape[k];
 	}
 	memset(v, 0, sizeof(*v));
-	v->esize = (int32_t)vps_dtype_size(vps_state_dtype(r->state));
+	v->esize = (int32_t)vps_dtype_size(vps_region_dtype(r));
 	v->ndim = r->box.ndim;
 	for (int k = 0; k < r->box.ndim; k++) {
 		v->ext[k] = r->box.hi[k] - r->box.lo[k];
@@ -35,8 +36,8 @@ static void part_view(const struct vps_region *r, const struct vps_tensor *t, co
 }
 
 vps_result_t vps_exec_digest_part(const struct vps_layout *l, int64_t rank, void *const *buffers,
-				  const struct vps_lost *lost, bool source, const struct vps_cuda_api *gpu,
-				  uint64_t *digest)
+				  const struct vps_lost *lost, bool source, const uint8_t *where,
+				  const struct vps_cuda_api *gpu, uint64_t *digest)
 {
 	struct vps_rank_view v;
 	struct vps_holders h = {0};
@@ -74,21 +75,28 @@ vps_result_t vps_exec_digest_part(const struct vps_layout *l, int64_t rank, void
 		for (size_t j = 0; j < rem.n; j++) {
 			struct vps_region part;
 			vps_region_restrict(R, &rem.v[j], &part);
-			if (!gpu) {
+			if (!where || where[R->buffer] != VPS_WHERE_CUDA) {
 				sum += vps_digest_region(buffers[R->buffer], &part, &t);
 				continue;
+			}
+			if (!gpu) {
+				rc = vps_fail(VPS_EINTERNAL, "a digest of GPU memory without the GPU's support loaded");
+				goto done;
 			}
 			VPS_CHECK_GOTO(VPS_GROW(views, cap, nviews + 1), rc, done);
 			part_view(&part, &t, buffers[R->buffer], &views[nviews++]);
 		}
 	}
-	if (gpu) {
+	if (nviews) {
+		/* the sum is one of elements, whatever computes which part */
 		char err[VPS_CUDA_ERR] = "";
-		int g = gpu->digest(views, nviews, &sum, err);
+		uint64_t on_gpu = 0;
+		int g = gpu->digest(views, nviews, &on_gpu, err);
 		if (g) {
 			rc = vps_gpu_result(g, err, "digest kernel");
 			goto done;
 		}
+		sum += on_gpu;
 	}
 	*digest = sum;
 	rc = VPS_OK;

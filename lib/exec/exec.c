@@ -43,6 +43,22 @@ static void notice(const struct vps_exec_opts *o, const char *fmt, ...)
 	o->notice(o->notice_ctx, msg);
 }
 
+/* Whether a wait that has lasted waited seconds speaks now: at
+ * NOTICE_AFTER, then, where the caller asks for it (notice_every) and the
+ * wait is bounded, every notice_every seconds; a wait without a limit (a
+ * trainer that trains, under --wait) says it once. *next: when it speaks
+ * next (0 to begin with, -1 never); so_far says how long, from the second
+ * time on. */
+static bool notice_due(const struct vps_exec_opts *o, double waited, bool bounded, double *next, char *so_far,
+		       size_t n)
+{
+	if (*next < 0 || waited < (*next ? *next : NOTICE_AFTER))
+		return false;
+	snprintf(so_far, n, *next ? ": %.0f s so far" : "", waited);
+	*next = bounded && o->notice_every > 0 ? waited + o->notice_every : -1;
+	return true;
+}
+
 /* Plan k as messages name it: its file, where the caller gave the names. */
 static const char *plan_name(const struct vps_exec_opts *o, size_t k, char *buf, size_t n)
 {
@@ -56,7 +72,7 @@ static const char *plan_name(const struct vps_exec_opts *o, size_t k, char *buf,
 
 vps_result_t vps_exec_digest(const struct vps_layout *l, int64_t rank, void *const *buffers, uint64_t *digest)
 {
-	return vps_exec_digest_part(l, rank, buffers, NULL, true, NULL, digest);
+	return vps_exec_digest_part(l, rank, buffers, NULL, true, NULL, NULL, digest);
 }
 
 /* ---- peers ---- */
@@ -308,11 +324,14 @@ static void switch_release(struct vps_switch *sw)
 	free(sw->dst);
 	free(sw->src_entry);
 	free(sw->dst_entry);
+	free(sw->src_where);
+	free(sw->dst_where);
 	if (sw->maps)
 		vps_mapcache_end_switch(sw->maps, sw->gpu);
 }
 
-/* Where every buffer of this switch lives: all host or all GPU. */
+/* Where the buffers of this switch live: all host, all GPU, or both
+ * (VPS_WHERE_MIXED: map_side says each buffer's). */
 static vps_result_t switch_where(struct vps_switch *sw, const struct vps_exec_opts *o)
 {
 	int where = -1;
@@ -320,25 +339,23 @@ static vps_result_t switch_where(struct vps_switch *sw, const struct vps_exec_op
 	for (uint32_t i = 0; i < n; i++) {
 		struct vps_registry_entry_info e;
 		VPS_CHECK(vps_registry_entry(sw->reg, i, &e));
-		if (where >= 0 && e.where != where)
-			return vps_fail(VPS_EINPUT, "registry %s: the trainer registered host and GPU memory; a switch moves "
-					"one or the other", vps_registry_name(sw->reg));
-		where = e.where;
+		where = where >= 0 && e.where != where ? VPS_WHERE_MIXED : e.where;
 	}
 	sw->where = where < 0 ? VPS_WHERE_HOST : where;
-	if (sw->where == VPS_WHERE_CUDA && !sw->gpu)
+	if (sw->where != VPS_WHERE_HOST && !sw->gpu)
 		VPS_CHECK(vps_gpu_init(o->device, o->local_rank, &sw->gpu));
 	return VPS_OK;
 }
 
 static vps_result_t map_side(struct vps_switch *sw, const struct vps_rank_view *v, int role, void ***ptrs,
-			     int64_t **entries)
+			     int64_t **entries, uint8_t **where)
 {
 	struct vps_registry *reg = sw->reg;
 	*ptrs = vps_calloc(v->nbuffers + 1, sizeof(void *));
+	*where = vps_calloc(v->nbuffers + 1, sizeof(**where));
 	if (entries)
 		*entries = vps_calloc(v->nbuffers + 1, sizeof(int64_t));
-	if (!*ptrs || (entries && !*entries))
+	if (!*ptrs || !*where || (entries && !*entries))
 		return VPS_ENOMEM;
 	const char *what = role == VPS_ROLE_SOURCE ? "source" : "target";
 	for (size_t b = 0; b < v->nbuffers; b++) {
@@ -372,6 +389,7 @@ static vps_result_t map_side(struct vps_switch *sw, const struct vps_rank_view *
 		}
 		if (entries)
 			(*entries)[b] = e;
+		(*where)[b] = (uint8_t)info.where;
 	}
 	return VPS_OK;
 }
@@ -432,11 +450,10 @@ done:
 /* The digest of a side, computed where its buffers are (on a GPU by a
  * kernel over them: nothing is read back). */
 static vps_result_t side_digest(const struct vps_switch *sw, const struct vps_layout *l, int64_t rank, void **bufs,
-				uint64_t *digest)
+				const uint8_t *where, uint64_t *digest)
 {
 	const struct vps_lost *lost = sw->s->plan->lost.nranks ? &sw->s->plan->lost : NULL;
-	return vps_exec_digest_part(l, rank, bufs, lost, l == sw->s->plan->a,
-				    sw->where == VPS_WHERE_CUDA ? sw->gpu : NULL, digest);
+	return vps_exec_digest_part(l, rank, bufs, lost, l == sw->s->plan->a, where, sw->gpu, digest);
 }
 
 static void release_read(const struct vps_switch *sw, int64_t stage)
@@ -511,7 +528,7 @@ struct claim {
 	size_t nsources;     /* of this rank under A */
 	double next_scan;
 	bool warming;
-	bool told;           /* the wait has said what it waits for */
+	double notice_next;  /* when the wait says what it waits for (notice_due) */
 };
 
 static double wall_now(void)
@@ -591,11 +608,10 @@ static int claim_ready(void *ctx)
 	vps_clear_error();
 	if (c->maps)
 		prefetch(c);
-	if (!c->told && now() - c->start > NOTICE_AFTER) {
-		c->told = true;
-		notice(c->o, "waiting for the trainer (pid %d) of registry %s to request a switch",
-		       vps_registry_owner_pid(c->reg), vps_registry_name(c->reg));
-	}
+	char so_far[32];
+	if (notice_due(c->o, now() - c->start, c->limit >= 0, &c->notice_next, so_far, sizeof(so_far)))
+		notice(c->o, "waiting for the trainer (pid %d) of registry %s to request a switch%s",
+		       vps_registry_owner_pid(c->reg), vps_registry_name(c->reg), so_far);
 	if (c->limit >= 0 && now() - c->start > c->limit) {
 		vps_fail(VPS_ETIMEOUT, "registry %s: no switch requested within %.1f s", vps_registry_name(c->reg), c->limit);
 		return -1;
@@ -646,7 +662,10 @@ static vps_result_t sort_stage(const struct vps_switch *sw, struct carriers *car
 			VPS_CHECK(vps_grow((void **)retain, capc, *nc + x->nops, sizeof(**retain)));
 			for (size_t q = 0; q < x->nops; q++) {
 				const struct vps_op *op = &s->ops[x->first_op + q];
-				(*retain)[(*nc)++] = (struct vps_local_copy){op, sw->src[op->src_buffer], sw->dst[op->dst_buffer]};
+				int where;
+				VPS_CHECK(vps_copy_where(op, sw->src_where[op->src_buffer], sw->dst_where[op->dst_buffer], &where));
+				(*retain)[(*nc)++] =
+					(struct vps_local_copy){op, sw->src[op->src_buffer], sw->dst[op->dst_buffer], where};
 				sr->bytes_copied += vps_op_bytes(op);
 			}
 			continue;
@@ -906,11 +925,11 @@ static vps_result_t attach(struct executor *ex, struct pass *ps, struct vps_exec
 	ex->gpu = sw->gpu;
 	if (sw->ra >= 0) {
 		VPS_CHECK(vps_layout_rank(p->a, sw->ra, &sw->va));
-		VPS_CHECK(map_side(sw, &sw->va, VPS_ROLE_SOURCE, &sw->src, &sw->src_entry));
+		VPS_CHECK(map_side(sw, &sw->va, VPS_ROLE_SOURCE, &sw->src, &sw->src_entry, &sw->src_where));
 	}
 	if (sw->rb >= 0) {
 		VPS_CHECK(vps_layout_rank(p->b, sw->rb, &sw->vb));
-		VPS_CHECK(map_side(sw, &sw->vb, VPS_ROLE_TARGET, &sw->dst, &sw->dst_entry));
+		VPS_CHECK(map_side(sw, &sw->vb, VPS_ROLE_TARGET, &sw->dst, &sw->dst_entry, &sw->dst_where));
 	}
 	VPS_CHECK(check_views(sw));
 	vps_mapcache_take_stats(ex->maps, &rep->premapped_bytes, &rep->mapped_in_pause_bytes);
@@ -940,7 +959,7 @@ static vps_result_t start(struct executor *ex, struct pass *ps, struct vps_exec_
 	rep->attach_seconds += now() - t;
 	if (!rc && ex->o->check && sw->ra >= 0) {
 		t = now();
-		rc = side_digest(sw, sw->s->plan->a, sw->ra, sw->src, &ps->digest[0]);
+		rc = side_digest(sw, sw->s->plan->a, sw->ra, sw->src, sw->src_where, &ps->digest[0]);
 		rep->digest_seconds += now() - t;
 	}
 	return agree(ex, rc, "start", rep);
@@ -955,7 +974,7 @@ static vps_result_t stages(struct executor *ex, struct pass *ps, struct vps_exec
 	VPS_CHECK(trainer_watch(sw));
 	if (ex->o->check && sw->rb >= 0) {
 		double t = now();
-		VPS_CHECK(side_digest(sw, sw->s->plan->b, sw->rb, sw->dst, &ps->digest[1]));
+		VPS_CHECK(side_digest(sw, sw->s->plan->b, sw->rb, sw->dst, sw->dst_where, &ps->digest[1]));
 		rep->digest_seconds += now() - t;
 	}
 	return VPS_OK;
@@ -1166,13 +1185,13 @@ static vps_result_t registry_name(const struct executor *ex, char *out, size_t n
 
 /* Wait for the trainer's registry: absent or half made (the trainer has not
  * started) or stale (a crashed run's, which the trainer replaces when it
- * starts); at most --timeout, or as long as it takes under --wait, but a
- * stale one at most --timeout. One that another executor holds is refused
- * at once. */
+ * starts); at most --timeout, or under --wait as long as it takes (at most
+ * its bound, --wait=S), but a stale one at most --timeout. One that another
+ * executor holds is refused at once. */
 static vps_result_t open_registry(const struct vps_exec_opts *o, const char *name, struct vps_registry **out)
 {
-	double t0 = now(), wait = o->wait ? -1 : o->timeout;
-	bool told = false;
+	double t0 = now(), wait = !o->wait ? o->timeout : o->wait_limit > 0 ? o->wait_limit : -1, notice_next = 0;
+	char so_far[32];
 	for (;;) {
 		vps_result_t rc = vps_registry_open(out, name);
 		if (rc != VPS_ENOTFOUND && rc != VPS_ESTALE)
@@ -1184,15 +1203,19 @@ static vps_result_t open_registry(const struct vps_exec_opts *o, const char *nam
 				snprintf(stale, sizeof(stale), "%s", vps_last_error());
 				return vps_fail(rc, "%s, and no trainer replaced it within %.0f s", stale, waited);
 			}
+			if (o->wait)
+				return vps_fail(VPS_ETIMEOUT, "no trainer has created registry %s (/dev/shm/%s) within %g s "
+						"(--wait=%g): its trainer never started, or died first", name, name,
+						o->wait_limit, o->wait_limit);
 			return vps_fail(rc, "no trainer has created registry %s within %.0f s: is --registry the same for the "
 					"trainer and vps-exec?", name, waited);
 		}
-		if (!told && waited > NOTICE_AFTER) {
-			told = true;
+		/* a stale one is waited for at most --timeout, even under --wait */
+		if (notice_due(o, waited, wait >= 0 || rc == VPS_ESTALE, &notice_next, so_far, sizeof(so_far))) {
 			if (rc == VPS_ESTALE)
-				notice(o, "%s; waiting for a trainer to replace it", vps_last_error());
+				notice(o, "%s; waiting for a trainer to replace it%s", vps_last_error(), so_far);
 			else
-				notice(o, "waiting for a trainer to create registry %s (/dev/shm/%s)", name, name);
+				notice(o, "waiting for a trainer to create registry %s (/dev/shm/%s)%s", name, name, so_far);
 		}
 		struct timespec ts = {0, 20000000};
 		nanosleep(&ts, NULL);
@@ -1274,8 +1297,20 @@ static vps_result_t executor_start(struct executor *ex)
 	char name[VPS_REGISTRY_NAME_MAX + 1];
 	VPS_CHECK(registry_name(ex, name, sizeof(name)));
 	VPS_CHECK(open_registry(o, name, &ex->reg));
-	struct vps_net_opts no = {ex->net_rank, ex->net_world, o->master_host, o->master_port, o->timeout, o->token,
-				  o->bind,      ex->hash,      ex->mesh,       ex->nmesh,     NULL};
+	struct vps_net_opts no = {.rank = ex->net_rank,
+				  .world = ex->net_world,
+				  .master_host = o->master_host,
+				  .master_port = o->master_port,
+				  .timeout = o->timeout,
+				  .token = o->token,
+				  .bind = o->bind,
+				  .plan_hash = ex->hash,
+				  .peers = ex->mesh,
+				  .npeers = ex->nmesh,
+				  .notice = o->notice,
+				  .notice_ctx = o->notice_ctx,
+				  .notice_after = NOTICE_AFTER,
+				  .notice_every = o->notice_every};
 	VPS_CHECK(vps_net_start(&ex->net, &no));
 	VPS_CHECK(agree_stages(ex));
 	VPS_CHECK(vps_mapcache_new(&ex->maps));

@@ -19,6 +19,18 @@
 
 /* The highest version this build reads and the version it writes, per kind. */
 int vps_doc_version(enum vps_doc_kind kind);
+/* vps_doc_wrong_kind's message, returning rc (a binary header's kind is
+ * VPS_EFORMAT, a YAML document's VPS_EINPUT). */
+vps_result_t vps_doc_kind_fail(vps_result_t rc, const char *name, enum vps_doc_kind found, unsigned expected);
+
+/* Fields added to the binary encoding of several kinds at once, which
+ * readers of an older binary version fill with their defaults. */
+enum vps_doc_feature {
+	VPS_FEATURE_OPTIMIZER, /* a parallel map's optimizer, scalar, exp_avg, exp_avg_sq, precision_aware */
+	VPS_FEATURE_FAMILY,    /* a parallel map's family, dp_replicate, dp_shard */
+	VPS_FEATURE_RELAY_MODE, /* a plan's relay mode and the bandwidths it weighed (before: a bool) */
+	VPS_NFEATURES
+};
 
 /* ---- writer ---- */
 struct vps_writer;
@@ -73,6 +85,7 @@ vps_result_t vps_w_str(struct vps_writer *w, const char *key, const char *s);
  * feature read and print as they did before it existed. */
 vps_result_t vps_w_int_sparse(struct vps_writer *w, const char *key, int64_t v, int64_t def);
 vps_result_t vps_w_bool_sparse(struct vps_writer *w, const char *key, bool v, bool def);
+vps_result_t vps_w_str_sparse(struct vps_writer *w, const char *key, const char *s, const char *def);
 
 /* ---- reader ---- */
 struct vps_reader;
@@ -87,6 +100,9 @@ vps_result_t vps_reader_new(struct vps_reader **r, const char *name, const void 
 			    enum vps_doc_kind kind);
 void vps_reader_free(struct vps_reader *r);
 bool vps_reader_is_binary(const struct vps_reader *r);
+/* Whether the document has a feature's fields: YAML always (its keys are
+ * optional), binary from the version that brought them. */
+bool vps_reader_has(const struct vps_reader *r, enum vps_doc_feature f);
 const char *vps_reader_name(const struct vps_reader *r);
 /* Finish: in binary, trailing bytes are an error. */
 vps_result_t vps_reader_finish(struct vps_reader *r);
@@ -131,6 +147,7 @@ vps_result_t vps_r_str_opt(struct vps_reader *r, const char *key, const char **s
 vps_result_t vps_r_int_sparse(struct vps_reader *r, const char *key, int64_t *v, int64_t min, int64_t max,
 			      int64_t def);
 vps_result_t vps_r_bool_sparse(struct vps_reader *r, const char *key, bool *v, bool def);
+vps_result_t vps_r_str_sparse(struct vps_reader *r, const char *key, const char **s, const char *def);
 
 /* Fail with "NAME: line L: KEY: msg" pointing at the current or keyed node. */
 vps_result_t vps_r_error(struct vps_reader *r, const char *key, const char *fmt, ...)
@@ -141,7 +158,13 @@ int vps_r_line(struct vps_reader *r, const char *key);
 /* A config named on the command line: a path when it looks like one (a
  * '/', or ends in .yaml, .yml or .json, or is "-"), else NAME.yaml in the
  * first directory of the colon-separated search path that has it.
- * @return VPS_ENOTFOUND "no WHAT named 'NAME' (looked in ...)". */
+ * @return VPS_ENOTFOUND "no WHAT named 'NAME'; known: ..." (every name when
+ * there are few, else "closest: ..." and how many) "(looked for ...)". */
 vps_result_t vps_config_find(const char *arg, const char *search_path, const char *what, char *path, size_t n);
+/* The NAMEs of the NAME.yaml files in the directories of search_path,
+ * sorted, each once (*names NULL when there are none): what
+ * vps_config_find finds. Freed with vps_config_names_free. */
+vps_result_t vps_config_names(const char *search_path, char ***names, size_t *n);
+void vps_config_names_free(char **names, size_t n);
 
 #endif

@@ -96,6 +96,8 @@ static const char *str_set_add(struct str_set *t, const unsigned char *p, size_t
 struct vps_reader {
 	char *name;
 	bool binary;
+	enum vps_doc_kind kind;
+	unsigned version; /* binary: the header's */
 	/* binary: the payload is decompressed as it is read, into a window
 	 * holding bytes [wbase, wbase + wlen) of it (a plan of 16,384 ranks is
 	 * 1.3 GB uncompressed); positions count from the payload's start */
@@ -118,6 +120,11 @@ void vps_reader_echo(struct vps_reader *r, struct vps_writer *w) { r->echo = w; 
 struct vps_writer *vps_reader_echo_writer(const struct vps_reader *r) { return r->echo; }
 
 bool vps_reader_is_binary(const struct vps_reader *r) { return r->binary; }
+
+bool vps_reader_has(const struct vps_reader *r, enum vps_doc_feature f)
+{
+	return !r->binary || (int)r->version >= vps_doc_feature_since(r->kind, f);
+}
 const char *vps_reader_name(const struct vps_reader *r) { return r->name; }
 
 static yaml_node_t *node_at(struct vps_reader *r, int id) { return yaml_document_get_node(&r->doc, id); }
@@ -294,8 +301,14 @@ static vps_result_t check_header(struct vps_reader *r, enum vps_doc_kind kind)
 	if (!vps_r_has(r, "vps"))
 		return vps_r_error(r, NULL, "not a vps %s document (no 'vps:' key)", vps_doc_kind_name(kind));
 	VPS_CHECK(vps_r_str(r, "vps", &s));
-	if (vps_doc_kind_from_name(s) != kind)
+	enum vps_doc_kind found = vps_doc_kind_from_name(s);
+	if (!found)
 		return vps_r_error(r, "vps", "expected a %s document, found '%s'", vps_doc_kind_name(kind), s);
+	if (found != kind) {
+		char where[4096];
+		snprintf(where, sizeof(where), "%s: line %d", r->name, vps_r_line(r, "vps"));
+		return vps_doc_kind_fail(VPS_EINPUT, where, found, VPS_DOC_BIT(kind));
+	}
 	VPS_CHECK(vps_r_int(r, "version", &version, 1, INT32_MAX));
 	if (version > vps_doc_version(kind))
 		return vps_fail(VPS_EFORMAT, "%s: line %d: %s version %" PRId64
@@ -313,18 +326,26 @@ static vps_result_t open_binary(struct vps_reader *r, const unsigned char *d, si
 	unsigned dkind = d[4] | (unsigned)d[5] << 8, version = d[6] | (unsigned)d[7] << 8;
 	uint32_t flags = d[8] | (uint32_t)d[9] << 8 | (uint32_t)d[10] << 16 | (uint32_t)d[11] << 24;
 	if (kind && dkind != (unsigned)kind)
-		return vps_fail(VPS_EFORMAT, "%s: expected a binary %s document, found kind %u (%s)", r->name,
-				vps_doc_kind_name(kind), dkind, vps_doc_kind_name(dkind));
+		return vps_doc_kind_fail(VPS_EFORMAT, r->name, (enum vps_doc_kind)dkind, VPS_DOC_BIT(kind));
 	if (version == 0)
 		return vps_fail(VPS_EFORMAT, "%s: corrupt header: version 0", r->name);
 	if ((int)version > vps_doc_binary_version(dkind))
 		return vps_fail(VPS_EFORMAT, "%s: binary %s version %u is newer than this build reads (%d)", r->name,
 				vps_doc_kind_name(dkind), version, vps_doc_binary_version(dkind));
-	if ((int)version < vps_doc_binary_version(dkind))
+	if ((int)version < vps_doc_binary_min(dkind)) {
+		char reads[32];
+		int lo = vps_doc_binary_min(dkind), hi = vps_doc_binary_version(dkind);
+		if (lo == hi)
+			snprintf(reads, sizeof(reads), "version %d", hi);
+		else
+			snprintf(reads, sizeof(reads), "versions %d to %d", lo, hi);
 		return vps_fail(VPS_EFORMAT,
-				"%s: binary %s version %u was written by an older vps (this build reads version %d): "
+				"%s: binary %s version %u was written by an older vps (this build reads %s): "
 				"have that vps write it as YAML (--yaml), which this one reads",
-				r->name, vps_doc_kind_name(dkind), version, vps_doc_binary_version(dkind));
+				r->name, vps_doc_kind_name(dkind), version, reads);
+	}
+	r->kind = (enum vps_doc_kind)dkind;
+	r->version = version;
 	if (flags != 0)
 		return vps_fail(VPS_EFORMAT, "%s: unknown header flags 0x%08x", r->name, flags);
 	if (d[12] || d[13] || d[14] || d[15])
@@ -820,6 +841,15 @@ vps_result_t vps_r_bool_sparse(struct vps_reader *r, const char *key, bool *v, b
 	vps_result_t rc = vps_r_bool_opt(r, key, v, def);
 	r->echo = echo;
 	return !rc && echo ? vps_w_bool_sparse(echo, key, *v, def) : rc;
+}
+
+vps_result_t vps_r_str_sparse(struct vps_reader *r, const char *key, const char **s, const char *def)
+{
+	struct vps_writer *echo = r->echo;
+	r->echo = NULL;
+	vps_result_t rc = vps_r_str_opt(r, key, s, def);
+	r->echo = echo;
+	return !rc && echo ? vps_w_str_sparse(echo, key, *s, def) : rc;
 }
 
 vps_result_t vps_r_str_opt(struct vps_reader *r, const char *key, const char **s, const char *def)

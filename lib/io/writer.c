@@ -602,3 +602,8 @@ vps_result_t vps_w_bool_sparse(struct vps_writer *w, const char *key, bool v, bo
 {
 	return v != def || !vps_writer_is_yaml(w) ? vps_w_bool(w, key, v) : VPS_OK;
 }
+
+vps_result_t vps_w_str_sparse(struct vps_writer *w, const char *key, const char *s, const char *def)
+{
+	return strcmp(s, def) || !vps_writer_is_yaml(w) ? vps_w_str(w, key, s) : VPS_OK;
+}

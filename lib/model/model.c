@@ -1135,7 +1135,7 @@ vps_result_t vps_model_parse(struct vps_model *m, const char *name, const void *
 	vps_result_t rc;
 	enum vps_doc_kind kind = vps_doc_sniff(data, len);
 	if (kind && kind != VPS_DOC_MODEL)
-		return vps_fail(VPS_EINPUT, "%s: a %s document is not a model", name, vps_doc_kind_name(kind));
+		return vps_doc_wrong_kind(name, kind, VPS_DOC_BIT(VPS_DOC_MODEL));
 	VPS_CHECK(vps_reader_new(&r, name, data, len, kind));
 	if (kind == VPS_DOC_MODEL) {
 		VPS_CHECK_GOTO(vps_model_read(r, NULL, m), rc, done);

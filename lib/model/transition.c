@@ -1,6 +1,7 @@
 /* Transition documents: a model, a source and a target configuration, and
  * where each runs. */
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "io/doc.h"
 #include "util/internal.h"
@@ -94,4 +95,46 @@ done:
 	vps_reader_free(r);
 	vps_bytes_release(&bytes);
 	return rc;
+}
+
+/* A transition's description, from the head of the file at path. */
+static vps_result_t describe(const char *path, struct vps_transition *t)
+{
+	struct vps_bytes bytes;
+	struct vps_reader *r = NULL;
+	const char *s;
+	VPS_CHECK(vps_read_file(path, &bytes));
+	vps_result_t rc = vps_reader_new(&r, path, bytes.data, bytes.len, VPS_DOC_TRANSITION);
+	if (!rc)
+		rc = vps_r_str_opt(r, "description", &s, "");
+	if (!rc)
+		snprintf(t->description, sizeof(t->description), "%s", s);
+	vps_reader_free(r);
+	vps_bytes_release(&bytes);
+	return rc;
+}
+
+vps_result_t vps_transition_list(const char *trans_path, struct vps_transition **list, size_t *n)
+{
+	char **names, path[4096];
+	size_t count;
+	*list = NULL;
+	*n = 0;
+	VPS_CHECK(vps_config_names(trans_path, &names, &count));
+	struct vps_transition *t = count ? calloc(count, sizeof(*t)) : NULL;
+	vps_result_t rc = count && !t ? vps_fail(VPS_ENOMEM, "out of memory listing transitions") : VPS_OK;
+	for (size_t i = 0; i < count && !rc; i++) {
+		snprintf(t[i].name, sizeof(t[i].name), "%s", names[i]);
+		rc = vps_config_find(names[i], trans_path, "transition", path, sizeof(path));
+		if (!rc)
+			rc = describe(path, &t[i]);
+	}
+	vps_config_names_free(names, count);
+	if (rc) {
+		free(t);
+		return rc;
+	}
+	*list = t;
+	*n = count;
+	return VPS_OK;
 }

@@ -188,6 +188,7 @@ struct piece_names {
 	const char *state_name; /* the last state looked up, NULL first */
 	int state;
 	const struct vps_tensor *tensor; /* the last piece's */
+	const struct vps_layout *a;      /* the source layout: its states' dtypes */
 };
 
 static void piece_names_release(struct piece_names *n)
@@ -293,6 +294,7 @@ static vps_result_t piece_read(struct vps_reader *r, struct piece_names *names, 
 		names->state_name = s;
 	}
 	p->state = (uint8_t)names->state;
+	p->dtype = vps_dtype_field(vps_layout_state_dtype(names->a, p->state));
 	VPS_CHECK(vps_box_read(r, "box", &p->box));
 	if (p->box.ndim != names->tensor->ndim)
 		return vps_r_error(r, "box", "%d axes, but the tensor has %d", p->box.ndim, names->tensor->ndim);
@@ -472,7 +474,8 @@ static vps_result_t read_lost_map(struct vps_reader *r, const struct vps_plan *p
 /* The relay mode a plan was made with (enum vps_relay). YAML: none, as
  * before relays; `relay: true` for ALWAYS, as plans of vps-plan --relay
  * had; `relay: auto`, with the bandwidths its choice weighed when it
- * weighed a topology's. Binary: the mode and both bandwidths (0: bytes). */
+ * weighed a topology's. Binary: the mode and both bandwidths (0: bytes);
+ * before VPS_FEATURE_RELAY_MODE, a bool (ALWAYS or NEVER). */
 static vps_result_t write_relay(struct vps_writer *w, const struct vps_plan *p)
 {
 	if (!vps_writer_is_yaml(w)) {
@@ -499,7 +502,12 @@ static vps_result_t read_relay(struct vps_reader *r, struct vps_plan *p)
 	vps_reader_echo(r, NULL);
 	p->relay = VPS_RELAY_NEVER;
 	p->relay_intra_bandwidth = p->relay_inter_bandwidth = 0;
-	if (vps_reader_is_binary(r)) {
+	if (vps_reader_is_binary(r) && !vps_reader_has(r, VPS_FEATURE_RELAY_MODE)) {
+		/* written before relay modes: relayed or not */
+		bool relayed;
+		rc = vps_r_bool(r, "relay", &relayed);
+		p->relay = !rc && relayed ? VPS_RELAY_ALWAYS : VPS_RELAY_NEVER;
+	} else if (vps_reader_is_binary(r)) {
 		int64_t mode;
 		rc = vps_r_int(r, "relay", &mode, VPS_RELAY_NEVER, VPS_RELAY_AUTO);
 		p->relay = (uint8_t)(rc ? 0 : mode);
@@ -587,6 +595,7 @@ static vps_result_t read_lost_map(struct vps_reader *r, const struct vps_plan *p
 		if (vps_state_parse(s, &st) || !vps_layout_tensor_has_state(p->a, &t, st))
 			return vps_r_error(r, "state", "'%s' is not a state of this tensor in the source", s);
 		x.state = (uint8_t)st;
+		x.dtype = vps_dtype_field(vps_layout_state_dtype(p->a, st));
 		VPS_CHECK(vps_box_read(r, "box", &x.box));
 		snprintf(what, sizeof(what), "lost range %" PRIu64, i);
 		VPS_CHECK(vps_box_check(r, "box", what, &x.box, &t));
@@ -834,7 +843,7 @@ static void check_hand_over(struct check_job *j, size_t n, bool last)
 static vps_result_t read_pieces_packed(struct vps_reader *r, struct vps_plan *p, int64_t world, uint64_t n,
 				       struct packing *k, struct check_job *j)
 {
-	struct piece_names names = {.t.m = vps_layout_model(p->a)};
+	struct piece_names names = {.t.m = vps_layout_model(p->a), .a = p->a};
 	struct vps_piece one, *batch = NULL;
 	size_t filled = 0;
 	vps_result_t rc = VPS_OK;
@@ -879,7 +888,7 @@ static vps_result_t read_pieces(struct vps_reader *r, struct vps_plan *p, int64_
 	if (compact ? !p->packed : !p->pieces)
 		return VPS_ENOMEM;
 	if (!compact) {
-		struct piece_names names = {.t.m = vps_layout_model(p->a)};
+		struct piece_names names = {.t.m = vps_layout_model(p->a), .a = p->a};
 		vps_result_t rc = VPS_OK;
 		for (uint64_t i = 0; i < n && !rc; i++) {
 			struct vps_piece *x = &p->pieces[i];

@@ -189,11 +189,11 @@ static void buffer_shm_name(char *out, size_t n, const char *reg, uint64_t seria
 
 static vps_result_t map_object(const char *name, bool create, size_t size, void **base, size_t *len);
 static vps_result_t map_object_prot(const char *name, bool create, bool writable, size_t size, void **base,
-				    size_t *len);
+				    size_t *len, uint64_t *claimed);
 
 static vps_result_t map_object(const char *name, bool create, size_t size, void **base, size_t *len)
 {
-	return map_object_prot(name, create, true, size, base, len);
+	return map_object_prot(name, create, true, size, base, len, NULL);
 }
 
 vps_result_t vps_registry_check_object(int fd, const char *name)
@@ -305,8 +305,13 @@ static vps_result_t reserve(int fd, const char *name, size_t size)
 	return VPS_OK;
 }
 
+/* claimed (with create; may be NULL): a count of the objects made, raised
+ * as soon as the name is this process's (O_EXCL), before the object is
+ * sized and reserved, and lowered again when making it fails after that: a
+ * trainer stopped while it reserves a large buffer removes that one too
+ * (its clean-up removes the serials below the count, from another thread). */
 static vps_result_t map_object_prot(const char *name, bool create, bool writable, size_t size, void **base,
-				    size_t *len)
+				    size_t *len, uint64_t *claimed)
 {
 	char path[VPS_REGISTRY_NAME_MAX + 16];
 	shm_path(path, sizeof(path), name);
@@ -318,6 +323,8 @@ static vps_result_t map_object_prot(const char *name, bool create, bool writable
 		errno = err;
 		return rc;
 	}
+	if (create && claimed)
+		__atomic_add_fetch(claimed, 1, __ATOMIC_SEQ_CST);
 	if (create) {
 		vps_result_t rc = ftruncate(fd, (off_t)size) != 0
 					  ? vps_fail_errno("shared memory /dev/shm/%s: resize to %zu bytes", name, size)
@@ -325,6 +332,8 @@ static vps_result_t map_object_prot(const char *name, bool create, bool writable
 		if (rc) {
 			close(fd);
 			shm_unlink(path);
+			if (claimed)
+				__atomic_sub_fetch(claimed, 1, __ATOMIC_SEQ_CST);
 			errno = 0; /* not EEXIST: the caller retries only a name taken */
 			return rc;
 		}
@@ -652,13 +661,16 @@ vps_result_t vps_registry_set_target(struct vps_registry *r, uint64_t target_has
 	return VPS_OK;
 }
 
+/* The registry sits below the model room: enum vps_dtype's sizes, here. */
+static uint64_t dtype_bytes(int dtype) { return dtype == VPS_DTYPE_FP32 ? 4 : 2; }
+
 static vps_result_t add_entry(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
 			      int64_t elements, struct reg_entry **out)
 {
 	if (role != VPS_ROLE_SOURCE && role != VPS_ROLE_TARGET)
 		return vps_fail(VPS_EINPUT, "registry %s: role must be source (0) or target (1)", r->name);
-	if (dtype != 0 && dtype != 1)
-		return vps_fail(VPS_EINPUT, "registry %s: dtype must be bf16 (0) or fp32 (1)", r->name);
+	if (dtype != VPS_DTYPE_BF16 && dtype != VPS_DTYPE_FP32 && dtype != VPS_DTYPE_INT16)
+		return vps_fail(VPS_EINPUT, "registry %s: dtype must be bf16 (0), fp32 (1) or int16 (2)", r->name);
 	if (vps_registry_find(r, role, buffer) >= 0)
 		return vps_fail(VPS_EINPUT, "registry %s: %s buffer %u is registered twice", r->name,
 				role == VPS_ROLE_SOURCE ? "source" : "target", buffer);
@@ -672,7 +684,7 @@ static vps_result_t add_entry(struct vps_registry *r, int role, uint32_t buffer,
 	e->state = state;
 	e->dtype = dtype;
 	e->elements = elements;
-	e->bytes = (uint64_t)elements * (dtype == 0 ? 2 : 4);
+	e->bytes = (uint64_t)elements * dtype_bytes(dtype);
 	*out = e;
 	return VPS_OK;
 }
@@ -688,11 +700,15 @@ vps_result_t vps_registry_alloc_host(struct vps_registry *r, enum vps_registry_r
 {
 	struct reg_entry *e;
 	VPS_CHECK(add_entry(r, role, buffer, state, dtype, elements, &e));
-	/* counted once made: the clean-up removes only serials below the count */
+	/* counted once this trainer owns the name, before its pages are
+	 * reserved: the clean-up removes only serials below the count, so a
+	 * foreign object of that name (EEXIST) is never counted, and one this
+	 * trainer is still reserving is */
 	buffer_shm_name(e->shm_name, sizeof(e->shm_name), r->name, r->h->next_object);
 	void *base;
 	size_t len;
-	vps_result_t rc = map_object(e->shm_name, true, e->bytes ? e->bytes : 1, &base, &len);
+	vps_result_t rc = map_object_prot(e->shm_name, true, true, e->bytes ? e->bytes : 1, &base, &len,
+					  &r->h->next_object);
 	if (rc && errno == EEXIST)
 		return vps_fail(VPS_EINPUT,
 				"registry %s: /dev/shm/%s exists and is not this registry's (another program's, or "
@@ -700,7 +716,6 @@ vps_result_t vps_registry_alloc_host(struct vps_registry *r, enum vps_registry_r
 				r->name, e->shm_name);
 	if (rc)
 		return rc;
-	r->h->next_object++;
 	if (remember(r, base, len, e->shm_name)) {
 		munmap(base, len);
 		return VPS_ENOMEM;
@@ -753,7 +768,7 @@ vps_result_t vps_registry_add_cuda_ptr(struct vps_registry *r, enum vps_registry
 	int rc = gpu->ipc_handle(ptr, handle, &offset, &alloc, &device, err);
 	if (rc)
 		return vps_gpu_result(rc, err, r->name);
-	uint64_t bytes = (uint64_t)(elements < 0 ? 0 : elements) * (dtype == 0 ? 2 : 4);
+	uint64_t bytes = (uint64_t)(elements < 0 ? 0 : elements) * dtype_bytes(dtype);
 	if (elements < 0 || offset > alloc || bytes > alloc - offset)
 		return vps_fail(VPS_EINPUT, "registry %s: buffer %u: %" PRId64 " elements at offset %" PRIu64
 				" overrun their GPU allocation of %" PRIu64 " bytes", r->name, buffer, elements, offset, alloc);
@@ -804,7 +819,7 @@ vps_result_t vps_registry_map(struct vps_registry *r, uint32_t i, bool writable,
 				r->name, i);
 	void *base;
 	size_t len;
-	VPS_CHECK(map_object_prot(e.shm_name, false, writable, 0, &base, &len));
+	VPS_CHECK(map_object_prot(e.shm_name, false, writable, 0, &base, &len, NULL));
 	if (e.offset > len || e.bytes > len - e.offset) { /* no wrap-around */
 		munmap(base, len);
 		return vps_fail(VPS_EINPUT, "registry %s: entry %u needs %" PRIu64 " bytes at offset %" PRIu64
@@ -889,6 +904,11 @@ vps_result_t vps_registry_request(struct vps_registry *r, uint64_t *seq)
 		return vps_fail(VPS_EPEER, "switch %" PRIu64 " failed: %.230s", s, r->h->failure);
 	}
 	r->h->failure[0] = '\0';
+	/* an executor killed before it closed left its word: the wait below
+	 * must not take this request for one that executor dropped */
+	uint64_t ex = atomic_load(&r->h->executor);
+	if (ex && !executor_alive(ex))
+		atomic_compare_exchange_strong(&r->h->executor, &ex, 0);
 	atomic_store(&r->h->seq, s);
 	atomic_store(&r->h->state, VPS_REG_REQUESTED);
 	*seq = s;
@@ -919,16 +939,21 @@ vps_result_t vps_registry_wait(struct vps_registry *r, uint64_t seq, double time
 					r->h->abort_message);
 		}
 		/* an executor that died mid-switch cannot say so: look for it, and
-		 * end its switch, so that the trainer may ask again */
+		 * end its switch, so that the trainer may ask again; so too one that
+		 * held the registry when it was requested and died before claiming
+		 * it (a launcher killed it frozen) */
 		uint64_t ex = atomic_load(&r->h->executor);
-		if (s == seq && st == VPS_REG_RUNNING && iter % 256 == 0 && (!ex || !executor_alive(ex))) {
+		bool looked_for = s == seq && iter % 256 == 0 &&
+				  (st == VPS_REG_RUNNING || (st == VPS_REG_REQUESTED && ex));
+		if (looked_for && (!ex || !executor_alive(ex))) {
 			char gone[64] = "its executor is gone";
 			if (ex)
 				snprintf(gone, sizeof(gone), "its executor (pid %d) is gone", executor_pid_of(ex));
-			uint32_t running = VPS_REG_RUNNING;
+			uint32_t running = st;
 			if (r->owner) {
 				snprintf(r->h->failure, sizeof(r->h->failure), "%s", gone);
-				atomic_compare_exchange_strong(&r->h->state, &running, VPS_REG_FAILED);
+				if (!atomic_compare_exchange_strong(&r->h->state, &running, VPS_REG_FAILED))
+					continue; /* claimed or ended meanwhile */
 			}
 			return vps_fail(VPS_EPEER, "switch %" PRIu64 " failed: %s", seq, gone);
 		}

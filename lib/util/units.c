@@ -5,17 +5,21 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "util/internal.h"
 #include "vps/units.h"
 
 #define SIZE_UNITS "B, K, M, G, T, P, E, KiB ... EiB (powers of 1024) or KB ... EB (powers of 1000)"
 
-/* The multiplier of a unit, or 0 when it is none. */
+/* The multiplier of a unit, or 0 when it is none. The letter and an i
+ * after it may be in either case, and so may the b after an i (2gib: no
+ * one means gibibits by a size); right after the letter only B is bytes
+ * (decimal), and a lowercase b there is bits (2Gb), refused as a size. */
 static uint64_t unit_of(const char *u, bool *bits)
 {
 	static const char prefixes[] = "KMGTPE";
-	*bits = false;
+	*bits = !strcmp(u, "b");
 	if (!*u || !strcmp(u, "B"))
 		return 1;
 	const char *p = strchr(prefixes, toupper((unsigned char)u[0]));
@@ -24,12 +28,12 @@ static uint64_t unit_of(const char *u, bool *bits)
 	int power = (int)(p - prefixes) + 1;
 	const char *rest = u + 1;
 	bool binary;
-	if (!*rest || !strcmp(rest, "i") || !strcmp(rest, "iB")) {
+	if (!*rest || !strcasecmp(rest, "i") || !strcasecmp(rest, "ib")) {
 		binary = true; /* 2G is 2GiB, as for dd, sort -S and truncate */
 	} else if (!strcmp(rest, "B")) {
 		binary = false;
 	} else {
-		*bits = !strcmp(rest, "b") || !strcmp(rest, "ib");
+		*bits = !strcmp(rest, "b");
 		return 0;
 	}
 	uint64_t m = 1;

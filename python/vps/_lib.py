@@ -5,36 +5,12 @@ libvps's own (vps_abi_size) when the library loads, so a header that changes
 without this file fails at import, not with misread memory."""
 import ctypes as C
 import os
+import sys
+
+from . import errors
+from .errors import Error, closed  # noqa: F401 (where the module's files took them from)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-
-CODES = {
-    0: "VPS_OK", 1: "VPS_EINPUT", 2: "VPS_ECHECK", 3: "VPS_ESYS", 4: "VPS_ENOMEM", 5: "VPS_EFORMAT",
-    6: "VPS_ECUDA", 7: "VPS_ENCCL", 8: "VPS_ETIMEOUT", 9: "VPS_EPEER", 10: "VPS_EUNSUPPORTED",
-    11: "VPS_ENOTFOUND", 12: "VPS_ESTALE", 13: "VPS_EBUSY", 14: "VPS_EINTERNAL",
-}
-
-
-EINPUT = 1
-
-
-class Error(Exception):
-    """A libvps call failed: code is its vps_result_t (name: VPS_EINPUT, ...),
-    message the library's own text (vps_last_error). The module raises it
-    too for misuse the library cannot see, such as a call on a closed object
-    (VPS_EINPUT)."""
-
-    def __init__(self, code, message):
-        self.code = code
-        self.name = CODES.get(code, "VPS_E%d" % code)
-        self.message = message
-        super().__init__(message)
-
-
-def closed(what):
-    """The error for a call on an object whose C handle was released: the
-    library would dereference a freed or NULL pointer."""
-    return Error(EINPUT, "%s is closed" % what)
 
 
 MAX_DIMS = 4
@@ -54,7 +30,10 @@ class Model(C.Structure):
 class Parallel(C.Structure):
     _fields_ = [(k, C.c_int64) for k in ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "zero", "first", "last",
                                          "bucket")] + \
-        [("grad", C.c_bool), ("grouped_gemm", C.c_bool)]
+        [("grad", C.c_bool), ("grouped_gemm", C.c_bool)] + \
+        [(k, C.c_int64) for k in ("family", "dp_replicate", "dp_shard")] + \
+        [("optimizer", C.c_int32), ("scalar_optimizer", C.c_int32), ("precision_aware", C.c_bool),
+         ("exp_avg_bf16", C.c_bool), ("exp_avg_sq_bf16", C.c_bool)]
 
 
 class Device(C.Structure):
@@ -77,8 +56,8 @@ class Box(C.Structure):
 
 
 class Region(C.Structure):
-    _fields_ = [("tensor", C.c_uint32), ("state", C.c_uint8), ("buffer", C.c_uint32), ("box", Box),
-                ("offset", C.c_int64), ("strides", C.c_int64 * MAX_DIMS)]
+    _fields_ = [("tensor", C.c_uint32), ("state", C.c_uint8), ("dtype", C.c_uint8), ("buffer", C.c_uint32),
+                ("box", Box), ("offset", C.c_int64), ("strides", C.c_int64 * MAX_DIMS)]
 
 
 class Holder(C.Structure):
@@ -95,13 +74,14 @@ class Coords(C.Structure):
 
 class Buffer(C.Structure):
     _fields_ = [("id", C.c_uint32), ("state", C.c_uint8), ("dtype", C.c_uint8), ("chunk", C.c_int32),
-                ("expert", C.c_bool), ("sharded", C.c_bool), ("elements", C.c_int64)]
+                ("expert", C.c_bool), ("sharded", C.c_bool), ("layerwise", C.c_bool), ("elements", C.c_int64)]
 
 
 class Param(C.Structure):
     _fields_ = [("tensor", C.c_uint32), ("chunk", C.c_int32), ("local_layer", C.c_int32),
-                ("local_expert", C.c_int32), ("output_copy", C.c_bool), ("expert", C.c_bool),
-                ("offset", C.c_int64), ("elements", C.c_int64), ("bucket", C.c_int32)]
+                ("local_expert", C.c_int32), ("output_copy", C.c_bool), ("expert", C.c_bool), ("layerwise", C.c_bool),
+                ("offset", C.c_int64), ("elements", C.c_int64), ("bucket", C.c_int32),
+                ("ndim", C.c_int32), ("shape", C.c_int64 * MAX_DIMS)]
 
 
 class RankView(C.Structure):
@@ -136,6 +116,8 @@ RC = C.c_int
 _PROTOS = {
     "vps_last_error": (C.c_char_p, []),
     "vps_strerror": (C.c_char_p, [C.c_int]),
+    "vps_result_name": (C.c_char_p, [C.c_int]),
+    "vps_version": (C.c_char_p, []),
     "vps_abi_size": (C.c_size_t, [C.c_char_p]),
     "vps_state_name": (C.c_char_p, [C.c_int]),
     "vps_dtype_name": (C.c_char_p, [C.c_int]),
@@ -170,6 +152,9 @@ _PROTOS = {
     "vps_box_intersect": (C.c_bool, [P(Box), P(Box), P(Box)]),
     "vps_region_restrict": (None, [P(Region), P(Box), P(Region)]),
     "vps_state_dtype": (C.c_int, [C.c_int]),
+    "vps_layout_state_dtype": (C.c_int, [VP, C.c_int]),
+    "vps_layout_tensor_optimizer": (C.c_int, [VP, P(Tensor)]),
+    "vps_optimizer_name": (C.c_char_p, [C.c_int]),
     "vps_registry_create": (RC, [P(VP), C.c_char_p, C.c_uint64, C.c_int64, C.c_uint32, C.c_int]),
     "vps_registry_close": (None, [VP]),
     "vps_registry_unlink": (RC, [C.c_char_p]),
@@ -200,6 +185,9 @@ def _candidates():
     env = os.environ.get("VPS_LIBRARY")
     if env:
         return [env]
+    bundled = os.path.join(_HERE, "libvps.so")  # pip install: built and put beside the module
+    if os.path.exists(bundled):
+        return [bundled]
     out = []
     try:
         from . import _prefix  # an installed module: written by make install
@@ -222,20 +210,45 @@ def _load():
         except OSError as e:
             tried.append("%s (%s)" % (path, e))
     else:
-        raise ImportError("vps: libvps.so not found; build it with make, or set VPS_LIBRARY. Tried: " +
+        raise ImportError("vps: libvps.so not found; build it with make (or pip install the source tree), or set "
+                          "VPS_LIBRARY. Tried: " +
                           "; ".join(tried))
     for name, (res, args) in _PROTOS.items():
-        f = getattr(lib, name)
+        try:
+            f = getattr(lib, name)
+        except AttributeError:
+            raise ImportError("vps: %s has no %s; the module and the library are of different versions"
+                              % (path, name)) from None
         f.restype, f.argtypes = res, args
     for name, mirror in _MIRRORS.items():
         theirs = lib.vps_abi_size(name.encode())
         if theirs != C.sizeof(mirror):
             raise ImportError("vps: %s: struct %s is %d bytes there and %d in python/vps/_lib.py; the module and "
                               "the library are of different versions" % (path, name, theirs, C.sizeof(mirror)))
+    errors._bind(lib)
     return lib
 
 
 lib = _load()
+
+
+def version() -> str:
+    """The version of the libvps.so the module loaded (its vps_version():
+    VPS_VERSION_STRING of include/vps/base.h)."""
+    return lib.vps_version().decode()
+
+
+def import_torch(what):
+    """torch, for a part of the module that needs it; without it, an
+    ImportError that says which part and how to get PyTorch."""
+    try:
+        import torch
+    except ImportError as e:
+        raise ModuleNotFoundError(
+            "%s needs PyTorch, which %s cannot import (%s): run it with a Python that has torch (make venv makes "
+            "build/venv, whose build/venv/bin/python has it) or pip install torch; the rest of vps (layouts, "
+            "registries, errors) works without it" % (what, sys.executable, e), name="torch") from e
+    return torch
 
 
 def call(name, *args, what=None):

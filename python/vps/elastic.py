@@ -42,8 +42,13 @@ about switches, under vps/ (vps(7), DEVICES JOIN AND LEAVE):
     vps/world/K/...               the process groups of world K
     vps/done                      rank 0: training ended (processes that
                                   hold nothing leave)
+    vps/alive/SLOT                every process of the job, every second:
+                                  "COUNT PID WHAT" (Heartbeat): the agent
+                                  names one whose count stops (frozen) and
+                                  says what it was doing
 
-Needs PyTorch."""
+Needs PyTorch: without it, importing it raises ModuleNotFoundError saying
+how to get it."""
 import datetime
 import json
 import os
@@ -52,13 +57,14 @@ import socket
 import threading
 import time
 
-import torch
-import torch.distributed as dist
-from torch.distributed import PrefixStore, TCPStore
+from ._lib import import_torch
+from .errors import Error, InvalidInput, PeerFailed, Timeout
 
-from ._lib import Error
+torch = import_torch("vps.elastic")
+import torch.distributed as dist  # noqa: E402
+from torch.distributed import PrefixStore, TCPStore  # noqa: E402
+__all__ = ["POLL", "make_group", "World", "axis_groups", "layout_groups", "Build", "Job", "Agent"]
 
-ETIMEOUT, EPEER = 8, 9
 POLL = 0.02  # seconds between looks at the store while waiting
 
 
@@ -90,7 +96,7 @@ def make_group(store, rank, size, backend="gloo", timeout=300.0, device=None, na
         pg._set_default_backend(ProcessGroup.BackendType.NCCL)
         pg._register_backend(dev, ProcessGroup.BackendType.NCCL, b)
     else:
-        raise Error(1, "backend %r: gloo or nccl" % backend)
+        raise InvalidInput("backend %r: gloo or nccl" % backend)
     if name:
         pg._set_group_name(name)
     return pg
@@ -129,10 +135,10 @@ class World:
                 return
             why = cancelled() if cancelled else None
             if why:
-                raise Error(EPEER, "world %s: abandoned: %s" % (self.name, why))
+                raise PeerFailed("world %s: abandoned: %s" % (self.name, why))
             if time.monotonic() > deadline:
                 missing = [r for r in range(self.size) if not store.check([here + str(r)])]
-                raise Error(ETIMEOUT, "world %s: rank%s %s of %d did not come within %g s" % (
+                raise Timeout("world %s: rank%s %s of %d did not come within %g s" % (
                     self.name, "s" if len(missing) > 1 else "", ", ".join(map(str, missing)), self.size,
                     self.timeout))
             time.sleep(POLL)
@@ -142,7 +148,7 @@ class World:
         one rank), made by prepare() or now."""
         key = tuple(ranks)
         if key not in self._groups:
-            raise Error(1, "world %s: no group of ranks %s was made (World.prepare)" % (self.name, list(key)))
+            raise InvalidInput("world %s: no group of ranks %s was made (World.prepare)" % (self.name, list(key)))
         return self._groups[key]
 
     def prepare(self, groups, store):
@@ -168,6 +174,8 @@ class World:
         return all(tuple(g) in self._groups for g in groups if self.rank in g)
 
     def barrier(self, group):
+        """Wait until every member of `group` (one of this World's, or None
+        for no wait) is here: an all-reduce, which such a group supports."""
         if group is not None:
             dist.all_reduce(torch.zeros(1), group=group)
 
@@ -194,7 +202,7 @@ def axis_groups(layout, axis):
     every process computes alike."""
     names = ("tp", "cp", "dp", "pp")
     if axis not in names:
-        raise Error(1, "axis %r: one of %s" % (axis, ", ".join(names)))
+        raise InvalidInput("axis %r: one of %s" % (axis, ", ".join(names)))
     others = [k for k in names if k != axis]
     by = {}
     for r in range(layout.world):
@@ -245,23 +253,59 @@ class Build:
         except Error as e:
             self.error = e
         except Exception as e:  # torch's errors (a peer gone while gloo connected), named
-            self.error = Error(EPEER, "world %s: %s" % (self.name, str(e).strip().splitlines()[0]))
+            self.error = PeerFailed("world %s: %s" % (self.name, str(e).strip().splitlines()[0]))
         finally:
             self.seconds = time.monotonic() - self.started
             self._done.set()
 
     def done(self):
+        """Whether the making ended, made or failed."""
         return self._done.is_set()
 
     def cancel(self, why):
+        """End a rendezvous still waiting: result() raises vps.PeerFailed with why."""
         self._why = why
 
     def result(self, timeout=None):
+        """The World, once made (waiting up to timeout seconds, None: no
+        limit); vps.Timeout when it is not made by then, or the error that
+        ended the making."""
         if not self._done.wait(timeout):
-            raise Error(ETIMEOUT, "world %s: not made after %g s" % (self.name, timeout))
+            raise Timeout("world %s: not made after %g s" % (self.name, timeout))
         if self.error:
             raise self.error
         return self.world
+
+
+class Heartbeat:
+    """A daemon thread that says every `period` seconds, on a connection of
+    its own to the job's store, that process `slot` lives and what it does
+    (doing(): a few words): vps/alive/SLOT = "COUNT PID WHAT". A process
+    that is stopped, or stuck in a call that holds the interpreter, stops
+    counting, and its agent sees it whatever the process waits on. It ends
+    when the store does (the agent gone)."""
+
+    def __init__(self, connect, slot, doing, period=1.0):
+        self.slot, self.doing, self.period = slot, doing, period
+        self._connect = connect
+        self._thread = threading.Thread(target=self._run, name="vps-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        try:
+            store = self._connect()
+            n, said, next_beat = 0, None, 0.0
+            while True:
+                # at once when what it does changes: a process that stops right
+                # after is named with what it was doing
+                doing = self.doing()
+                if doing != said or time.monotonic() >= next_beat:
+                    n += 1
+                    store.set("vps/alive/%d" % self.slot, "%d %d %s" % (n, os.getpid(), doing))
+                    said, next_beat = doing, time.monotonic() + self.period
+                time.sleep(0.05)
+        except Exception:  # the store is gone with its agent: nothing to tell
+            return
 
 
 class Job:
@@ -292,14 +336,23 @@ class Job:
         return TCPStore(self.host, self.port, None, False, timeout=_delta(self.timeout))
 
     def world(self, name, rank, size, groups=(), cancelled=None):
+        """World `name` of `size` processes, this one `rank`, with `groups`
+        made, now (see World)."""
         w = World(self.store, name, rank, size, self.backend, self.timeout, self.device, cancelled)
         w.prepare(groups, self.store)
         return w
 
+    def beat(self, slot, doing, period=1.0):
+        """Say every `period` seconds that process `slot` lives, and doing()
+        (a Heartbeat)."""
+        return Heartbeat(self.connect, slot, doing, period)
+
     def build(self, name, rank, size, groups=(), watch=None):
+        """The same World made in the background: a Build."""
         return Build(self.connect, name, rank, size, groups, None, self.backend, self.timeout, self.device, watch)
 
     def extend(self, world, groups):
+        """More groups of an existing World made in the background: a Build."""
         return Build(self.connect, world.name, groups=groups, world=world, timeout=self.timeout)
 
     # ---- the switch protocol ----
@@ -307,9 +360,11 @@ class Job:
         return self.store.get(key).decode() if self.store.check([key]) else None
 
     def ask(self, k, info):
+        """Rank 0: say that switch k is next (info: its configuration, world, step)."""
         self.store.set("vps/ask/%d" % k, json.dumps(dict(info, switch=k)))
 
     def asked(self, k):
+        """Switch k's ask (a dict), or None when not asked yet."""
         v = self._get("vps/ask/%d" % k)
         return json.loads(v) if v is not None else None
 
@@ -326,6 +381,7 @@ class Job:
             time.sleep(POLL)
 
     def request(self, n):
+        """The nth configuration a user asked for while the job runs, or None yet."""
         return self._get("vps/request/%d" % n)
 
     def ready(self, k):
@@ -334,9 +390,11 @@ class Job:
         return not self.agent or self.store.check(["vps/switch/%d/ready" % k])
 
     def abandon(self, k, why):
+        """Say that switch k will not happen (the first why said stays)."""
         self.store.compare_set("vps/switch/%d/abandon" % k, "", why)
 
     def abandoned(self, k):
+        """Why switch k was abandoned, or None."""
         return self._get("vps/switch/%d/abandon" % k)
 
     def verdict(self, k, attempt, timeout):
@@ -352,9 +410,11 @@ class Job:
         return "stop: no word from the launcher within %g s" % timeout
 
     def finish(self):
+        """Rank 0: training ended (processes that hold nothing leave)."""
         self.store.set("vps/done", "1")
 
     def finished(self):
+        """Whether training ended."""
         return self.store.check(["vps/done"])
 
 
@@ -384,17 +444,31 @@ class Agent:
         return self._requests
 
     def ready(self, k):
+        """Say that switch k's executors are started."""
         self.store.set("vps/switch/%d/ready" % k, "1")
 
     def abandon(self, k, why):
+        """Say that switch k will not happen (a joining process died)."""
         self.store.compare_set("vps/switch/%d/abandon" % k, "", why)
 
     def abandoned(self, k):
+        """Why switch k was abandoned, or None."""
         key = "vps/switch/%d/abandon" % k
         return self.store.get(key).decode() if self.store.check([key]) else None
 
     def verdict(self, k, attempt, what):
+        """The word after attempt `attempt` of switch k failed: 'old', 'retry' or 'stop: WHY'."""
         self.store.set("vps/switch/%d/verdict/%d" % (k, attempt), what)
 
     def finished(self):
+        """Whether the job said training ended."""
         return self.store.check(["vps/done"])
+
+    def alive(self, slot):
+        """Process `slot`'s last heartbeat: (count, pid, what it does), or
+        None before its first."""
+        key = "vps/alive/%d" % slot
+        if not self.store.check([key]):
+            return None
+        n, pid, what = (self.store.get(key).decode("utf-8", "replace").split(" ", 2) + ["", ""])[:3]
+        return int(n), int(pid), what

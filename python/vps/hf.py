@@ -27,6 +27,8 @@ without query compression). tests/hf checks the map against transformers.
 import re
 from collections import namedtuple
 
+__all__ = ["Piece", "tensors", "pieces"]
+
 Piece = namedtuple("Piece", "name index shape")
 Piece.__doc__ = "One Hugging Face tensor holding (part of) a logical tensor: name, first-axis index or None, shape."
 

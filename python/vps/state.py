@@ -4,16 +4,27 @@ State.allocate() makes every flat buffer of the rank's view (host memory in
 shared-memory objects the registry owns, or CUDA memory from PyTorch's
 allocator) and registers it; param() gives each parameter as a view of its
 buffer in Megatron's local shape; switch() moves the whole state to another
-layout through vps-exec and returns the new State."""
+layout through vps-exec and returns the new State.
+
+Needs PyTorch: without it, importing this module (or vps.State) raises
+ModuleNotFoundError saying how to get it."""
+from __future__ import annotations
+
 import ctypes as C
+import time
+from typing import Callable, Dict, Iterable, Iterator, Mapping, Optional, Tuple, Union
 
-import torch
+from ._lib import import_torch
+from .errors import CheckFailed, Error, InvalidInput, closed as _closed
+from .layout import BF16, DTYPE_SIZE, FP32, INT16, MODULE_BUFFER, PARAM, STATES, Layout, Model, Param, RankView, \
+    Region, StateLike, _state_number
+from .registry import FAILED, REQUESTED, RUNNING, SOURCE, TARGET, Registry, Training
 
-from ._lib import EINPUT, Error, closed as _closed
-from .layout import BF16, FP32, MODULE_BUFFER, PARAM, STATES, _state_number
-from .registry import FAILED, REQUESTED, RUNNING, SOURCE, TARGET
+torch = import_torch("vps.State (and vps.switch, vps.assemble, vps.correspondence, vps.region_index)")
 
-TORCH_DTYPE = {BF16: torch.bfloat16, FP32: torch.float32}
+__all__ = ["TORCH_DTYPE", "State", "switch", "assemble", "correspondence", "region_index"]
+
+TORCH_DTYPE = {BF16: torch.bfloat16, FP32: torch.float32, INT16: torch.int16}
 
 
 class State:
@@ -22,13 +33,25 @@ class State:
 
     A State is closed once free() gave its memory back (vps.switch frees the
     one it leaves), and a State of host buffers once its Registry is closed
-    (they are unmapped): then every method but free() raises vps.Error
-    (VPS_EINPUT)."""
+    (they are unmapped): then every method but free() raises
+    vps.InvalidInput.
 
-    def __init__(self, layout, rank, device="cpu"):
+    A State is a context manager: at the end of `with vps.State.allocate(...)
+    as state:` it is freed, and its registry, when it still runs the state's
+    layout and rank, is reset to run nothing first (vps-exec must not reach
+    freed memory)."""
+
+    layout: Layout
+    rank: int
+    view: RankView
+    device: torch.device
+    buffers: list
+
+    def __init__(self, layout: Layout, rank: int, device: Union[str, torch.device] = "cpu") -> None:
         self.layout = layout
         self.rank = rank
         self.view = layout.rank(rank)
+        self._hash = layout.hash
         self.device = torch.device(device)
         self.buffers = []
         self._host = []  # (address, shared-memory name) per buffer, host memory only
@@ -41,8 +64,20 @@ class State:
                                                 ", closed: " + self._gone if self._gone else "")
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
+        """Whether free() gave the memory back, or a closed registry unmapped it."""
         return self._gone is not None
+
+    def __enter__(self) -> "State":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.closed:
+            return
+        reg = self._registry
+        if reg is not None and not reg.closed and (reg.layout_hash, reg.rank) == (self._hash, self.rank):
+            reg.reset(None, -1)
+        self.free()
 
     def _live(self):
         if self._gone:
@@ -56,16 +91,17 @@ class State:
             self._gone = "its registry %s was closed, which unmapped its host buffers" % self._registry.name
 
     @classmethod
-    def allocate(cls, registry, layout, rank, role=SOURCE, device="cpu"):
+    def allocate(cls, registry: Registry, layout: Layout, rank: int, role: int = SOURCE,
+                 device: Union[str, torch.device] = "cpu") -> "State":
         """Allocate and register (as `role`) every buffer of the rank, zeroed.
         Host buffers live in /dev/shm: one too small for them all raises
-        vps.Error (VPS_ENOMEM) "/dev/shm: needs N MiB, M MiB free (docker:
+        vps.OutOfMemory "/dev/shm: needs N MiB, M MiB free (docker:
         --shm-size)" before any is made."""
         s = cls(layout, rank, device)
         s._registry = registry
         if s.device.type == "cpu":
             registry._handle()
-            registry.check_room(sum(b.elements * (2 if b.dtype == BF16 else 4) for b in s.view.buffers))
+            registry.check_room(sum(b.elements * DTYPE_SIZE[b.dtype] for b in s.view.buffers))
             registry._hold(s)
         try:
             for b in s.view.buffers:
@@ -92,10 +128,13 @@ class State:
         return s
 
     @classmethod
-    def adopt(cls, registry, layout, rank, tensors, role=SOURCE):
+    def adopt(cls, registry: Registry, layout: Layout, rank: int,
+              tensors: Mapping[Union[int, Tuple[StateLike, int, bool], Tuple[StateLike, int, bool, bool]], torch.Tensor],
+              role: int = SOURCE) -> "State":
         """Register GPU buffers a trainer already has (Megatron's DDP buffers,
         say): tensors maps a buffer index of the rank's view, or its
-        (state, chunk, expert) with state a name or number, to a contiguous
+        (state, chunk, expert) or (state, chunk, expert, layerwise) with state
+        a name or number, to a contiguous
         CUDA tensor of the buffer's dtype and elements, registered by its
         CUDA IPC handle and offset. Host memory cannot be adopted: vps-exec
         maps host buffers through the shared-memory objects that allocate()
@@ -105,31 +144,32 @@ class State:
         given = {}
         for key, t in tensors.items():
             if isinstance(key, tuple):
-                st, chunk, expert = key
-                b = s.view.buffer(_state_number(st), chunk, expert)
+                st, chunk, expert, layerwise = key if len(key) == 4 else key + (False,)
+                b = s.view.buffer(_state_number(st), chunk, expert, layerwise)
                 if b is None:
-                    raise Error(1, "rank %d holds no %s buffer of chunk %d%s" % (rank, st, chunk,
-                                                                                 " (experts)" if expert else ""))
+                    raise InvalidInput("rank %d holds no %s buffer of chunk %d%s%s"
+                                       % (rank, st, chunk, " (experts)" if expert else "",
+                                          " (layer-wise)" if layerwise else ""))
                 key = b
             given[key] = t
         what = ["buffer %d (%s, chunk %d)" % (b.id, STATES[b.state], b.chunk) for b in s.view.buffers]
         for b in s.view.buffers:
             if b.id not in given:
-                raise Error(1, "%s: no tensor given" % what[b.id])
+                raise InvalidInput("%s: no tensor given" % what[b.id])
         for b in s.view.buffers:
             t = given[b.id]
             if t.device.type != "cuda":
-                raise Error(1, "%s: a %s tensor; host buffers come from State.allocate (shared memory)"
-                            % (what[b.id], t.device.type))
+                raise InvalidInput("%s: a %s tensor; host buffers come from State.allocate (shared memory)"
+                                   % (what[b.id], t.device.type))
             if t.dtype != TORCH_DTYPE[b.dtype] or t.numel() != b.elements or not t.is_contiguous():
-                raise Error(1, "%s: the layout says %d %s elements, contiguous; the tensor is %s %s%s" % (
+                raise InvalidInput("%s: the layout says %d %s elements, contiguous; the tensor is %s %s%s" % (
                     what[b.id], b.elements, TORCH_DTYPE[b.dtype], list(t.shape), t.dtype,
                     "" if t.is_contiguous() else ", not contiguous"))
         s.buffers = [given[b.id].view(-1) for b in s.view.buffers]
         s.register(registry, role)
         return s
 
-    def register(self, registry, role=SOURCE):
+    def register(self, registry: Registry, role: int = SOURCE) -> None:
         """Register the buffers again (after Registry.reset)."""
         self._live()
         for b, t in zip(self.view.buffers, self.buffers):
@@ -138,7 +178,7 @@ class State:
             else:
                 registry.add_cuda(role, b.id, b.state, b.dtype, b.elements, t.data_ptr())
 
-    def free(self):
+    def free(self) -> None:
         """Give the memory back. Views taken of the buffers must be dropped
         first: host buffers are unmapped. The State is closed after it;
         freeing a closed State does nothing. Host buffers still registered
@@ -154,13 +194,15 @@ class State:
                     self._gone = "freed"
 
     # ---- what the trainer reads and writes ----
-    def buffer(self, state, chunk=0, expert=False):
-        """The buffer of (state, chunk, dense or expert), or None."""
+    def buffer(self, state: StateLike, chunk: int = 0, expert: bool = False,
+               layerwise: bool = False) -> Optional[torch.Tensor]:
+        """The buffer of (state, chunk, dense or expert, the layer-wise optimizer's or not),
+        or None."""
         self._live()
-        b = self.view.buffer(_state_number(state), chunk, expert)
+        b = self.view.buffer(_state_number(state), chunk, expert, layerwise)
         return None if b is None else self.buffers[b]
 
-    def param(self, p, state=None):
+    def param(self, p: Union[Param, str], state: Optional[StateLike] = None) -> torch.Tensor:
         """Parameter p (a Param or its global name) in Megatron's local shape,
         a view of its unsharded buffer of `state` (a number or a name:
         "param", "main_param", "exp_avg", "exp_avg_sq", "grad"; by default
@@ -169,17 +211,17 @@ class State:
         if isinstance(p, str):
             p = self.view.param(p)
         state = _state_number((MODULE_BUFFER if p.module_buffer else PARAM) if state is None else state)
-        b = self.view.buffer(state, p.chunk, p.expert)
+        b = self.view.buffer(state, p.chunk, p.expert, p.layerwise)
         if b is None or self.view.buffers[b].sharded or p.module_buffer != (state == MODULE_BUFFER):
-            raise Error(1, "%s: the rank holds no whole %s buffer for it" % (p.name, STATES[state]))
+            raise InvalidInput("%s: the rank holds no whole %s buffer for it" % (p.name, STATES[state]))
         return self.buffers[b][p.offset:p.offset + p.elements].view(p.shape)
 
-    def index(self, region):
+    def index(self, region: Region) -> torch.Tensor:
         """Buffer positions of a region's elements, shaped as its box."""
         self._live()
         return region_index(region, self.device)
 
-    def pieces(self, states=None):
+    def pieces(self, states: Optional[Iterable[int]] = None) -> Iterator[Tuple[Region, torch.Tensor]]:
         """(region, values) for every region of the given states (all by
         default): what this rank holds, in logical coordinates."""
         self._live()
@@ -187,7 +229,7 @@ class State:
             if states is None or r.state in states:
                 yield r, self.buffers[r.buffer][self.index(r)]
 
-    def load(self, full):
+    def load(self, full: Callable[[int, int], torch.Tensor]) -> None:
         """Write the rank's part of whole logical tensors: full(tensor, state)
         returns tensor's logical value for that state."""
         self._live()
@@ -197,7 +239,9 @@ class State:
             self.buffers[r.buffer][self.index(r)] = v.to(self.buffers[r.buffer].dtype).to(self.device)
 
 
-def region_index(r, device="cpu"):
+def region_index(r: Region, device: Union[str, torch.device] = "cpu") -> torch.Tensor:
+    """The buffer positions of region r's elements, an int64 tensor shaped
+    as its box: buffer[region_index(r)] is the box's values."""
     idx = torch.full([h - l for l, h in zip(r.lo, r.hi)], r.offset, dtype=torch.int64, device=device)
     for k, (lo, hi, st) in enumerate(zip(r.lo, r.hi, r.strides)):
         shape = [1] * len(r.lo)
@@ -206,7 +250,8 @@ def region_index(r, device="cpu"):
     return idx
 
 
-def correspondence(a_view, a_buffer, b_view, b_buffer, device="cpu"):
+def correspondence(a_view: RankView, a_buffer: int, b_view: RankView, b_buffer: int,
+                   device: Union[str, torch.device] = "cpu") -> Tuple[torch.Tensor, torch.Tensor]:
     """Where the same logical elements sit in two buffers (of one rank or of
     two ranks, of one layout or two): (a_positions, b_positions), 1-D, for
     every element both hold."""
@@ -236,10 +281,12 @@ def _sub_index(r, lo, hi, device):
     return region_index(r._replace(lo=tuple(lo), hi=tuple(hi), offset=off), device).reshape(-1)
 
 
-def assemble(model, pieces, dtype=None):
+def assemble(model: Model, pieces: Iterable[Tuple[Region, torch.Tensor]],
+             dtype: Optional[torch.dtype] = None) -> Dict[Tuple[int, int], torch.Tensor]:
     """Whole logical tensors from every rank's pieces: {(tensor, state):
     tensor}. Every element a piece gives must agree with every other piece
-    that gives it (replicas are equal), else vps.Error(VPS_ECHECK)."""
+    that gives it (replicas are equal), and every element must be given,
+    else vps.CheckFailed."""
     full, seen = {}, {}
     for r, v in pieces:
         key = (r.tensor, r.state)
@@ -251,47 +298,77 @@ def assemble(model, pieces, dtype=None):
         v = v.to("cpu", full[key].dtype)
         have = seen[key][box]
         if not torch.equal(full[key][box][have], v[have]):
-            raise Error(2, "%s %s: replicas differ" % (model.tensor_name(r.tensor), STATES[r.state]))
+            raise CheckFailed("%s %s: replicas differ" % (model.tensor_name(r.tensor), STATES[r.state]))
         full[key][box] = v
         seen[key][box] = True
     for key, s in seen.items():
         missing = (~s).sum().item()
         if missing:
-            raise Error(2, "%s %s: %d elements held by no rank" % (model.tensor_name(key[0]), STATES[key[1]], missing))
+            raise CheckFailed("%s %s: %d elements held by no rank"
+                              % (model.tensor_name(key[0]), STATES[key[1]], missing))
     return full
 
 
-def switch(registry, state, layout, rank, training=None, timeout=600.0, device=None):
-    """Move the rank's state to `rank` of `layout` (-1: this device leaves):
-    allocate the new buffers, hand the training scalars over, request the
-    switch and wait for vps-exec. Returns (new State or None, Training carried
-    from source rank 0).
+def switch(registry: Registry, state: Optional[State], layout: Layout, rank: int, *,
+           training: Optional[Training] = None, timeout: float = 600.0,
+           device: Union[str, torch.device, None] = None,
+           target: Optional[State] = None, clocks: Optional[dict] = None,
+           free: bool = True) -> Tuple[Optional[State], Optional[Training]]:
+    """Move the rank's state to `rank` of `layout` (-1: this device leaves;
+    state None: this device joins and holds nothing yet): allocate the new
+    buffers (on `device`, by default the state's, else the host), hand the
+    training scalars over, request the switch and wait up to `timeout`
+    seconds for vps-exec. Returns (new State or None, Training carried from
+    source rank 0).
 
-    When the executors fail the switch (vps.Error VPS_EPEER with their
-    message), the registry runs the old state again, whose buffers they never
-    write, and the new buffers are freed; the next call starts from a clean
-    registry, served by the executors started for it (a retry). When the wait times out
-    (VPS_ETIMEOUT) the switch may still be under way: nothing is undone, and
-    the error carries seq, to wait on again with registry.wait(seq, timeout).
-    A closed registry or state raises vps.Error before anything is done."""
+    target is the new State made ahead, while the job trained:
+    State.allocate(registry, layout, rank, vps.TARGET) and
+    registry.set_target(layout, rank), so that vps-exec maps its buffers
+    before the request and the pause allocates nothing; it is what switch
+    returns, or frees when the switch fails. clocks, a dict, is given the
+    wall clocks (time.time()) of the request (requested), the end of the
+    wait (done) and of the old buffers' release (freed), to set beside
+    vps-exec's report. With free=False the State before is not freed: the
+    caller frees it (State.free) when the pause is over; the registry no
+    longer holds its buffers.
+
+    When the executors fail the switch (vps.PeerFailed with their message),
+    the registry runs the old state again, whose buffers they never write,
+    and the new buffers are freed; the next call starts from a clean
+    registry, served by the executors started for it (a retry). When the
+    wait times out (vps.Timeout) the switch may still be under way: nothing
+    is undone, and the error carries seq, to wait on again with
+    registry.wait(seq, timeout). A closed registry or state raises
+    vps.InvalidInput before anything is done."""
     registry._handle()
     if state is not None:
         state._live()
+    if target is not None:
+        target._live()
+        if target._registry is not registry or (target._hash, target.rank) != (layout.hash, rank) or rank < 0:
+            raise InvalidInput("the target given is %r, of %s; the switch goes to rank %d of %s" % (
+                target, target._registry, rank, layout.describe()))
     if registry.state()[0] == FAILED:
         # a switch a former call left under way (its wait timed out) failed
         # since: forget its targets and declare the sources again
         registry.reset(state.layout if state else None, state.rank if state else -1)
         if state:
             state.register(registry, SOURCE)
+        if target is not None:
+            target.register(registry, TARGET)
     if training is not None:
         registry.training = training
     dev = device or (state.device if state else "cpu")
-    new = State.allocate(registry, layout, rank, TARGET, dev) if rank >= 0 else None
+    new = target if target is not None else State.allocate(registry, layout, rank, TARGET, dev) if rank >= 0 else None
     seq = None
     try:
         registry.set_target(layout, rank)
+        if clocks is not None:
+            clocks["requested"] = time.time()
         seq = registry.request()
         registry.wait(seq, timeout)
+        if clocks is not None:
+            clocks["done"] = time.time()
     except Error as e:
         e.seq = seq
         if registry.state()[0] in (REQUESTED, RUNNING):
@@ -304,8 +381,10 @@ def switch(registry, state, layout, rank, training=None, timeout=600.0, device=N
         raise
     carried = registry.training
     registry.reset(layout if new else None, rank)
-    if state:
+    if state and free:
         state.free()
+    if clocks is not None:
+        clocks["freed"] = time.time()
     if new:
         new.register(registry, SOURCE)
     return new, carried

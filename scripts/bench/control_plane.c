@@ -156,8 +156,9 @@ static void *run_rank(void *arg)
 	char here[32];
 	snprintf(here, sizeof(here), "127.%d.%d.%d", 1 + (int)(r->rank >> 16), (int)(r->rank >> 8) & 255,
 		 (int)r->rank & 255);
-	struct vps_net_opts o = {r->rank,  r->world, "127.0.0.1", r->port, r->timeout, "0123456789abcdef0123456789abcdef",
-				 here,     42,       peers,       r->npeers, r->loop};
+	struct vps_net_opts o = {.rank = r->rank, .world = r->world, .master_host = "127.0.0.1", .master_port = r->port,
+				 .timeout = r->timeout, .token = "0123456789abcdef0123456789abcdef", .bind = here,
+				 .plan_hash = 42, .peers = peers, .npeers = r->npeers, .loop = r->loop};
 	struct vps_net *n = NULL;
 	/* ranks come as a launcher starts them, not at one instant: a rank
 	 * every START_GAP seconds */

@@ -2,9 +2,10 @@
  * side by side in one process: a contiguous copy, a gather of a TP shard
  * (rows of one part of each row of a [rows, cols] bf16 tensor into a
  * staging buffer), the matching scatter, and short rows; and the digest
- * kernel (vps-exec --check on GPU memory) reading the same bytes. Each
- * figure is the median of RUNS timed runs after a warm-up, timed with CUDA
- * events.
+ * kernel (vps-exec --check on GPU memory) reading the same bytes, and
+ * its time over its floor (reading those bytes at the memory traffic
+ * cudaMemcpy reaches). Each figure is the median of RUNS timed runs after a
+ * warm-up, timed with CUDA events.
  *
  *   gpu_copy_bench [MiB]                 (default 1024)
  *   gpu_copy_bench --replay STAGED [MiB]
@@ -108,14 +109,14 @@ static struct vps_cuda_copy shard(void *tensor, void *staging, int64_t rows, int
 	return c;
 }
 
-static double time_digest(const struct vps_cuda_digest *v)
+static double time_digest(const struct vps_cuda_digest *v, size_t n)
 {
 	double t[RUNS];
 	for (int r = -1; r < RUNS; r++) {
 		void *a, *b;
 		uint64_t sum = 0;
 		api->mark(&a, err);
-		if (api->digest(v, 1, &sum, err)) {
+		if (api->digest(v, n, &sum, err)) {
 			fprintf(stderr, "gpu_copy_bench: %s\n", err);
 			exit(1);
 		}
@@ -129,6 +130,32 @@ static double time_digest(const struct vps_cuda_digest *v)
 	}
 	qsort(t, RUNS, sizeof(*t), cmp);
 	return t[RUNS / 2];
+}
+
+/* A digest's line: report()'s, then its time over its floor, the least any
+ * digest of those bytes can take: reading them at the memory traffic
+ * cudaMemcpy reaches (a read and a write a byte copied). */
+static void report_digest(const char *name, size_t bytes, double kernel, double memcpy_s, size_t memcpy_bytes)
+{
+	double floor_s = (double)bytes / (2.0 * (double)memcpy_bytes / memcpy_s);
+	printf("%-34s %12zu bytes  %.6f s  %7.1f GB/s  %.3fx cudaMemcpy (%.1f GB/s); %.2fx its floor (reading at %.0f GB/s)\n",
+	       name, bytes, kernel, (double)bytes / kernel / 1e9, memcpy_s * (double)bytes / (double)memcpy_bytes / kernel,
+	       (double)memcpy_bytes / memcpy_s / 1e9, kernel / floor_s, 2.0 * (double)memcpy_bytes / memcpy_s / 1e9);
+}
+
+/* A contiguous 1-D view of n elements of esize bytes at addr, the first of
+ * logical index flat. */
+static struct vps_cuda_digest digest_view(void *addr, int esize, int64_t n, int64_t flat, uint64_t key)
+{
+	struct vps_cuda_digest v = {0};
+	v.addr = (uint64_t)(uintptr_t)addr;
+	v.key = key;
+	v.flat = flat;
+	v.ndim = 1;
+	v.esize = esize;
+	v.ext[0] = n;
+	v.strides[0] = v.flat_strides[0] = 1;
+	return v;
 }
 
 /* ---- --replay: each rank's copies of a staged switch, alone ---- */
@@ -322,17 +349,26 @@ int main(int argc, char **argv)
 		report(cases[i].name, moved, time_kernel(&c, 1), m);
 	}
 	/* the digest reads every element once: fp32 states, then bf16
-	 * parameters, each one contiguous view of the whole buffer */
+	 * parameters, each one contiguous view of the whole buffer; a state
+	 * as a mixed-precision Adam keeps it (a bf16 parameter, an fp32 main
+	 * parameter and two moments: 14 bytes, what the switches' state is
+	 * made of), four views in one launch; and bf16 whose logical index is
+	 * off its 16-byte vectors (read element by element) */
 	for (int es = 4; es >= 2; es -= 2) {
-		struct vps_cuda_digest v = {0};
-		v.addr = (uint64_t)(uintptr_t)a;
-		v.key = vps_mix64(7);
-		v.ndim = 1;
-		v.esize = es;
-		v.ext[0] = (int64_t)(bytes / (size_t)es);
-		v.strides[0] = v.flat_strides[0] = 1;
-		report(es == 4 ? "digest: fp32" : "digest: bf16", bytes, time_digest(&v), mc);
+		struct vps_cuda_digest v = digest_view(a, es, (int64_t)(bytes / (size_t)es), 0, vps_mix64(7));
+		report_digest(es == 4 ? "digest: fp32" : "digest: bf16", bytes, time_digest(&v, 1), mc, bytes);
 	}
+	int64_t e = (int64_t)(bytes / 14) / 128 * 128; /* each view 256-byte aligned, as allocators place them */
+	struct vps_cuda_digest mix[4];
+	unsigned char *at = a;
+	for (int k = 0; k < 4; k++) {
+		int es = k ? 4 : 2;
+		mix[k] = digest_view(at, es, e, 0, vps_mix64((uint64_t)k));
+		at += (size_t)e * (size_t)es;
+	}
+	report_digest("digest: state, 1 bf16 to 3 fp32", (size_t)e * 14, time_digest(mix, 4), mc, bytes);
+	struct vps_cuda_digest off = digest_view(a, 2, (int64_t)(bytes / 2) - 8, 1, vps_mix64(7));
+	report_digest("digest: bf16, index off its vectors", bytes - 16, time_digest(&off, 1), mc, bytes);
 	api->release(a, err);
 	api->release(b, err);
 	return 0;

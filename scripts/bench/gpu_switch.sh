@@ -12,7 +12,8 @@
 #   (default: gpt3-1.3b tp=4,pp=2,dp=1 -> tp=2,pp=4,dp=1, budget 4GiB)
 #
 #   --check       the executors digest both sides (vps-exec --check) on the
-#                 GPU: the digest's cost against the transfer's
+#                 GPU: the digest's cost against the transfer's, and against
+#                 its floor (reading both sides at cudaMemcpy's memory traffic)
 #   --memcpy MIB  the cudaMemcpy yardstick's size (default 1024)
 #   --steps N     optimizer steps the trainers take before they ask (default
 #                 1: the executors open the IPC handles meanwhile, as they do
@@ -94,8 +95,13 @@ awk -v memcpy="$memcpy" -v model="$model" -v from="$from" -v to="$to" -v world="
 		printf "cudaMemcpy D2D, same run: %.1f GB/s; ratio %.3f\n", memcpy, moved / tmax / 1e9 / memcpy
 		printf "pause (last request to resume, slowest rank %d): %.4f s: arrive %.4f s, attach %.4f s, agree %.4f s, transfer %.4f s, digest %.4f s, other %.4f s; opened in the pause: %d; premapped %.2f GB, first mapped in the pause %.2f GB\n", slow, p, arrive, a[slow], g[slow], t[slow], d[slow], other, opened, pre / 1e9, cold / 1e9
 		printf "after the pause (the trainers going on): mappings let go in %.4f s (slowest rank %d)\n", rel[slow], slow
-		if (checked)
+		if (checked) {
 			printf "digest on the GPU: %.4f s (slowest rank %d), %.1f%% of its transfer; digest: %s\n", d[slow], slow, (t[slow] > 0 ? 100 * d[slow] / t[slow] : 0), (dig["match"] == nr ? "match" : "MISMATCH")
-		else
+			# the least any digest apart from the copy can cost: reading the
+			# sources and the targets (twice the bytes moved) at the memory
+			# traffic cudaMemcpy reached (a read and a write a byte)
+			fl = memcpy > 0 ? moved / 1e9 / memcpy : 0
+			printf "digest against its floor: reading %.1f GB (sources and targets) at the %.0f GB/s of memory traffic cudaMemcpy reached takes %.1f ms, %.0f%% of the transfer; the digests took %.2fx that (target: at most 1.5x)\n", 2 * moved / 1e9, 2 * memcpy, 1000 * fl, (t[slow] > 0 ? 100 * fl / t[slow] : 0), (fl > 0 ? d[slow] / fl : 0)
+		} else
 			printf "pause minus transfer: %.1f ms (slowest rank %d)\n", 1000 * (p - t[slow]), slow
 	}' report.*.yaml

@@ -20,6 +20,9 @@ comment right before the block (roff: a line `.\\" example: WHAT`; Markdown:
         the content of the file NAME, written into the directory for the
         blocks after it to use; one that starts "vps: " must be a vps
         document vps-show -t reads.
+    prints nothing
+        a command block that must print nothing, on standard output or
+        error (an example the page calls quiet).
     not run: WHY
         not run here (it needs a GPU, a cluster, or it is not a command: a
         table, a formula, a message shown for its form). WHY is required.
@@ -86,7 +89,9 @@ class Block:
             if text and text[0].startswith("$ "):
                 self.kind = "transcript"
             return
-        if m.startswith("not run:"):
+        if m == "prints nothing":
+            self.opts.add("prints nothing")
+        elif m.startswith("not run:"):
             self.kind, self.why = "not run", m[len("not run:"):].strip()
             if not self.why:
                 raise PageError("%s:%d: 'not run:' without a reason" % (page, line))
@@ -184,6 +189,8 @@ def blocks_of(path):
     for k, b in enumerate(bs):
         if b.kind == "output" and (k == 0 or bs[k - 1].kind != "commands"):
             raise PageError("%s: an output block that follows no command block" % b.where())
+        if b.kind == "output" and "prints nothing" in bs[k - 1].opts:
+            raise PageError("%s: an output block after a block that prints nothing" % b.where())
     return bs
 
 
@@ -199,10 +206,18 @@ def normal(line, opts):
     return line
 
 
+# What a tool says while it waits (a peer, a trainer, a request): whether it
+# is said depends on how long the wait lasts, that is on the machine's load,
+# so a page shows it only where the wait is the point of the example
+WAIT_NOTICE = re.compile(r"^vps-[a-z]+: (rank -?\d+: )?waiting for ")
+
+
 def shows(want, got, opts):
     """None when got shows the lines of want (each "..." any lines), else why not."""
     want = [normal(w, opts) for w in want]
     got = [normal(g, opts) for g in got]
+    if not any(WAIT_NOTICE.match(w) for w in want):
+        got = [g for g in got if not WAIT_NOTICE.match(g)]
     if "any order" in opts:
         if any(w.strip() == "..." for w in want):
             # the lines shown are among those printed, in any order
@@ -389,6 +404,10 @@ def check_commands(bs, b, k, ex):
         w = want if j == len(b.commands) - 1 else 0
         if not ended_well(st[0], w):
             return "exit status %s (pipeline: %s), not %d, of: %s" % (st[0].split()[0], st[0], w, c)
+    if "prints nothing" in b.opts:
+        printed = lines_of(os.path.join(ex, "out.%d" % k)) or []
+        if printed:
+            return "printed %d lines, where the page says it prints nothing: %r" % (len(printed), printed[0])
     if nxt:
         why = shows(nxt.text, lines_of(os.path.join(ex, "out.%d" % k)) or [], nxt.opts)
         if why:

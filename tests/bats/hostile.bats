@@ -98,17 +98,17 @@ within() {
 }
 
 @test "a frame that claims 63 GiB is refused before it is allocated, naming the file" {
-	# header: magic, kind 1 (layout), binary version 2, no flags; then a zstd frame
+	# header: magic, kind 1 (layout), binary version 3, no flags; then a zstd frame
 	# with a checksum and an 8-byte content size of 63 GiB, holding one
 	# 16-byte RLE block
-	printf '\x89VPS\x01\x00\x02\x00\x00\x00\x00\x00\x00\x00\x00\x00' > big.bin
+	printf '\x89VPS\x01\x00\x03\x00\x00\x00\x00\x00\x00\x00\x00\x00' > big.bin
 	printf '\x28\xb5\x2f\xfd\xc4\x00\x00\x00\x00\xc0\x0f\x00\x00\x00\x83\x00\x00\x61\x00\x00\x00\x00' >> big.bin
 	for tool in "vps-verify big.bin" "vps-layout -i big.bin" "vps-plan big.bin big.bin"; do
 		within $tool
 		[ "$status" -eq 2 ] || { echo "$tool: exit $status: $output"; return 1; }
 		[[ "$output" == *"big.bin: zstd frame claims 67645734912 bytes, more than its 22 bytes can hold" ]]
 	done
-	printf '\x03\x00\x04\x00' | dd of=big.bin bs=1 seek=4 conv=notrunc 2>/dev/null # kind 3: staged, version 4
+	printf '\x03\x00\x05\x00' | dd of=big.bin bs=1 seek=4 conv=notrunc 2>/dev/null # kind 3: staged, version 5
 	within vps-exec --rank 0 --master 127.0.0.1:29511 big.bin
 	[ "$status" -eq 2 ]
 	[[ "$output" == *"big.bin: zstd frame claims 67645734912 bytes"* ]]

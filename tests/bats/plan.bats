@@ -72,6 +72,40 @@ stat() { # key from a --stats listing in $output
 	[[ "${lines[0]}" == "vps-plan: expected two layouts or --transition NAME" ]]
 }
 
+@test "--transition list names every transition with its description; an unknown name, the closest first" {
+	local dir=$TOP/configs/transitions f n=0
+	expect_status 0 vps-plan --transition list
+	[ "${#lines[@]}" -eq "$(ls "$dir"/*.yaml | wc -l)" ]
+	# sorted by name, each a file's name and its description
+	[ "$(printf '%s\n' "${lines[@]}" | awk '{ print $1 }')" = "$(cd "$dir" && ls -- *.yaml | sed 's/\.yaml$//' | LC_ALL=C sort)" ]
+	for f in "$dir"/*.yaml; do
+		local name=${f##*/} desc
+		name=${name%.yaml}
+		desc=$(sed -n 's/^description: "\(.*\)"$/\1/p; s/^description: \([^"].*\)$/\1/p' "$f")
+		printf '%s\n' "${lines[@]}" | awk -v n="$name" -v d="$desc" '$1 == n { sub(/^[^ ]+ +/, ""); ok = ($0 == d) } END { exit !ok }' ||
+			{ echo "$name: not listed with '$desc'" >&2; return 1; }
+		n=$((n + 1))
+	done
+	[ "$n" -ge 50 ]
+	expect_status 2 vps-plan --transition list --stats
+	[ "${lines[0]}" = "vps-plan: --transition list lists the transitions: no other options or operands with it" ]
+	# a name that names none: 8 closest, those it begins first, then the fewest edits
+	expect_status 2 vps-plan --transition llama2-7b-s1
+	[[ "$output" == "vps-plan: --transition: no transition named 'llama2-7b-s1'; closest: llama2-7b-s1-s2, llama2-7b-s2-s1, "* ]]
+	[[ "$output" == *"; vps-plan --transition list names all $n (looked for llama2-7b-s1.yaml in "* ]]
+	local closest
+	closest=$(sed -n 's/.*; closest: \(.*\); vps-plan --transition list.*/\1/p' <<<"$output")
+	[ "$(tr ',' '\n' <<<"$closest" | wc -l)" -eq 8 ]
+	# one character off
+	expect_status 2 vps-plan --transition llama-7b-s1-s2
+	[[ "$output" == *"; closest: llama2-7b-s1-s2, "* ]]
+	expect_status 2 vps-plan --transition gpt3-1.3b-tp-upp
+	[[ "$output" == *"; closest: gpt3-1.3b-tp-up, "* ]]
+	# a short list is given whole, sorted, as before
+	expect_status 2 vps-plan --topology no-such --transition llama2-7b-s1-s2
+	[[ "$output" == "vps-plan: --topology: no topology named 'no-such'; known: a800-testbed, dgx-h100 (looked for "* ]]
+}
+
 @test "an estimate on a topology" {
 	expect_status 0 vps-plan --transition llama2-7b-s1-s2 --stats --topology a800-testbed
 	[ "$(stat topology)" = "a800-testbed" ]
@@ -322,4 +356,27 @@ stat() { # key from a --stats listing in $output
 	run vps-plan a8.layout c8.layout -o ac.plan
 	[ "$status" -eq 0 ]
 	[[ "${lines[0]}" != *joining* ]]
+}
+
+@test "a plan moves every state of one optimizer and refuses to switch optimizers, naming the state" {
+	vps-layout --model tiny-llama --parallel tp=2,dp=2,zero=1,optimizer=muon -o muon.a -q
+	vps-layout --model tiny-llama --parallel dp=4,zero=1,optimizer=muon -o muon.b -q
+	vps-layout --model tiny-llama --parallel tp=2,dp=2,zero=1 -o adam.a -q
+	vps-layout --model tiny-llama --parallel tp=2,dp=2,optimizer=sgd -o sgd.a -q
+	vps-layout --model tiny-llama --parallel tp=2,dp=2,zero=1,precision_aware=1 -o pa.a -q
+	expect_status 0 vps-plan muon.a muon.b -o ab.plan -q
+	expect_status 0 vps-verify ab.plan
+	expect_status 0 vps-plan --transfers --rank 0 --state momentum_buffer --format tsv ab.plan
+	[ "${#lines[@]}" -gt 1 ]
+	[[ "${lines[1]}" == *$'\tmomentum_buffer\t'* ]]
+	expect_status 2 vps-plan adam.a muon.b
+	[ "$output" = "vps-plan: the source steps the 2-D weights with adam, the target with muon: the source holds exp_avg, which the target has not; vps moves each state once and drops none (switching optimizers is out of scope)" ]
+	expect_status 2 vps-plan sgd.a muon.b
+	[ "$output" = "vps-plan: the source steps the 2-D weights with sgd, the target with muon: their momentum_buffer is not the same state, and switching optimizers is out of scope" ]
+	expect_status 2 vps-plan adam.a pa.a
+	[ "$output" = "vps-plan: the source holds main_param as fp32, the target as int16 (precision_aware, exp_avg, exp_avg_sq): vps moves bytes, it does not convert them" ]
+	vps-layout --model tiny-llama --parallel pp=2,dp=2,optimizer=sgd -o sgd.b -q
+	expect_status 0 vps-plan sgd.a sgd.b -o sgd.plan -q
+	expect_status 2 vps-plan --transfers --rank 0 --state exp_avg --format tsv sgd.plan
+	[ "$output" = "vps-plan: this plan moves no exp_avg (sgd keeps none)" ]
 }

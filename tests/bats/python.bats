@@ -15,10 +15,12 @@ setup() {
 	[ "$status" -eq 0 ]
 }
 
-@test "make install puts a module that finds its own library and configs" {
+@test "make install puts a module that finds its own library and configs, and says where it is" {
 	# the plain build, even under make asan (helpers.bash)
-	plain_make -s install PREFIX="$PWD/inst" >/dev/null
+	run plain_make -s install PREFIX="$PWD/inst"
+	[ "$status" -eq 0 ]
 	site=$(echo "$PWD"/inst/lib/python3*/dist-packages)
+	[ "${lines[-1]}" = "vps: the Python module is in $site/vps; for a Python that does not look there: export PYTHONPATH=$site" ]
 	cd /
 	run env -u VPS_CONFIG_PATH PYTHONPATH="$site" "$PY" -c '
 import vps, vps._lib as L
@@ -27,6 +29,26 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	echo "$output"
 	[ "$status" -eq 0 ]
 	[ "${lines[0]}" = "$BATS_TEST_TMPDIR/inst/lib/libvps.so 4 51" ]
+}
+
+# examples/torch/minimal.py, as README gives it: two processes and their
+# executors, one switch, the whole state bit for bit across it, the step
+# carried, and the loss going on down.
+@test "examples/torch/minimal.py: the smallest job switches, its state bit for bit, and trains on" {
+	framework_job
+	ls /dev/shm | grep '^vps-minimal-' > before || true
+	TMPDIR=$BATS_TEST_TMPDIR run "$PY" "$TOP/examples/torch/minimal.py"
+	echo "$output"
+	[ "$status" -eq 0 ]
+	local re='^minimal\.py: 2 ranks of micro-llama: loss ([0-9.]+) after 5 steps in tp=2; switched to pp=2, step 5 carried, the whole state equal bit for bit; loss ([0-9.]+) after 5 more steps$'
+	[[ "${lines[0]}" =~ $re ]]
+	awk -v a="${BASH_REMATCH[1]}" -v b="${BASH_REMATCH[2]}" 'BEGIN { exit !(b < a / 2) }'
+	# each executor's digest of what it moved matched
+	local d=${lines[1]#"minimal.py: the executors' logs: "}
+	[ "$(cat "$d"/exec.*.log | grep -c 'digest: match')" -eq 2 ]
+	run shm_left vps-minimal before
+	echo "left: $output"
+	[ -z "$output" ]
 }
 
 # Every step's loss of a run that switches through three layouts (TP, PP,
@@ -267,8 +289,17 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	VPS_LAUNCH_REEXEC=1 expect_status 2 "$other" "$TOP/examples/torch/launch.py" --nproc 2 --model micro-llama \
 		--configs tp=2 --gpus-per-node 2
 	[ "${#lines[@]}" -eq 1 ]
-	[[ "$output" == "launch.py: "*" (Python 3."*") cannot import torch"*"; run it with a Python that has PyTorch and numpy (on Debian /usr/bin/python3 after apt-get install python3-torch python3-numpy"* ]]
+	[[ "$output" == "launch.py: "*" (Python 3."*") cannot import torch"*"; run it with a Python that has PyTorch and numpy: make venv makes build/venv, which has them, or name one with VPS_PYTHON" ]]
 	[[ "$output" != *Traceback* ]]
+}
+
+@test "train.py under a Python without PyTorch says in one line that make venv makes one" {
+	local other
+	other=$(command -v python3) || skip "no python3 on PATH"
+	! "$other" -c 'import torch' 2>/dev/null || skip "the python3 on PATH has PyTorch"
+	expect_status 2 "$other" "$TOP/examples/torch/train.py" --configs tp=2
+	[ "${#lines[@]}" -eq 1 ]
+	[[ "$output" == "train.py: "*" cannot import torch: run it with the test environment's torchrun or Python (build/venv/bin/torchrun; make venv makes build/venv, which has PyTorch)" ]]
 }
 
 @test "launch.py -h lists the training options too, without PyTorch" {

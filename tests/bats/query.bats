@@ -373,7 +373,7 @@ PY
 	expect_status 2 vps-plan --transfers --stage 0 r1.staged
 	[[ "$output" == "vps-plan: stage 0: this staged plan is not cut into stages yet"* ]]
 	expect_status 2 vps-plan --transfers --rank 0 a.layout
-	[ "$output" = "vps-plan: a.layout: a layout, not a plan or a staged plan" ]
+	[ "$output" = "vps-plan: a.layout: a layout, not a plan or a staged plan (vps-plan and vps-stage make them)" ]
 	expect_status 2 vps-plan a.layout b.layout --peer 1
 	[ "${lines[0]}" = "vps-plan: --peer, --tensor, --state, --stage and --format go with --transfers" ]
 	[ "${lines[1]}" = "Try 'vps-plan -h' for more." ] && [ "${#lines[@]}" -eq 2 ]

@@ -202,3 +202,121 @@ run_section() { # SECTION
 	run vps-plan a.layout b.layout --stats
 	[[ "$output" == *$'\nleaving: 4\n'* ]]
 }
+
+# A user's first hour: a fresh clone of the repository (its HEAD: what is
+# committed, nothing else of this tree), `make demo` there as the only
+# command, then every block of README.md in order, as written, in the
+# clone, by tests/bats/examples.py (the blocks README marks "not run" stay
+# so); each block's result is checked, and the clone is as git left it.
+#
+# The clone builds itself (make demo: about 30 s on 2 cores, nvcc's part
+# included) rather than borrowing this suite's objects: make judges by
+# time stamps, so borrowed objects would have to be dated after the
+# clone's sources and would stand for them only when the tree has no
+# change beyond HEAD; the clone's own build is what proves that a fresh
+# clone builds, which is what README's first command promises. The test
+# environment is borrowed instead: README says `make venv`, which makes
+# build/venv from PyPI (minutes, 4.5 GB), before its first use of it. Once
+# make demo is done (so it is seen to need none), the clone's build/venv
+# is a link to this suite's, and its python/requirements-test.txt and
+# scripts/venv.sh are dated as that environment's stamp, so that README's
+# `make venv` finds it made from those very files, as a user who made it
+# before would, and changes nothing in it (checked after). The whole test
+# took 2 to 3 minutes on the 2-core development machine under other work:
+# the clone's build (30 to 40 s) and a minute or two of PyTorch and
+# Megatron-Core jobs on 4 ranks, which examples.bats ran before; it does
+# not run README.md any more, so make check grows by the build.
+@test "README's walkthroughs run as written in a fresh clone after make demo, and leave it as git left it" {
+	[ -z "${VPS_SANITIZED:-}" ] || skip "the clone builds and runs its own plain tools: make check runs this, make asan does not"
+	command -v git >/dev/null || skip "needs git"
+	git -C "$TOP" rev-parse -q --verify HEAD >/dev/null 2>&1 || skip "$TOP is not a git checkout: nothing to clone"
+	unshare -mn true 2>/dev/null || skip "needs a mount and network namespace of its own (unshare -mn, as root)"
+	local venv
+	venv=$(readlink -f "$TOP/build/venv") || true
+	[ -n "$venv" ] && [ -x "$venv/bin/python" ] && [ -e "$venv/.installed" ] ||
+		skip "no test environment in $TOP/build/venv to lend the clone (make venv)"
+	[ ! "$TOP/python/requirements-test.txt" -nt "$venv/.installed" ] && [ ! "$TOP/scripts/venv.sh" -nt "$venv/.installed" ] ||
+		skip "$TOP/build/venv is older than its requirements (make venv)"
+
+	git clone -q "$TOP" clone
+	git -C clone checkout -q --detach "$(git -C "$TOP" rev-parse HEAD)"
+	local f
+	for f in python/requirements-test.txt scripts/venv.sh; do
+		cmp -s "$TOP/$f" "clone/$f" || skip "$f differs from HEAD's: the clone could not borrow this suite's build/venv (commit it)"
+	done
+	# a user's environment: none of the suite's settings, nor its tools on PATH
+	local userpath v
+	userpath=$(tr ':' '\n' <<<"$PATH" | grep -vxF -e "$VPS_BIN" -e "$TOP/bin" | paste -sd:)
+	local -a unset=(-u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u MAKEOVERRIDES -u BUILDDIR -u BINDIR -u SANITIZE -u CFLAGS -u LDFLAGS)
+	for v in $(compgen -e | grep '^VPS_'); do unset+=(-u "$v"); done
+
+	# README's first command, the only one before the walkthroughs
+	run env "${unset[@]}" PATH="$userpath" TMPDIR="$BATS_TEST_TMPDIR" bash -c 'cd clone && make demo'
+	[ "$status" -eq 0 ] || { echo "$output"; return 1; }
+	[ "${lines[-1]}" = "digest: match" ]
+	[ ! -e clone/build/venv ]
+
+	# the walkthroughs' test environment, as README's make venv leaves it
+	ln -s "$venv" clone/build/venv
+	touch -r "$venv/.installed" clone/python/requirements-test.txt clone/scripts/venv.sh
+	local stamp
+	stamp=$(stat -c %y "$venv/.installed")
+	# README says make venv in each section, before the section first runs build/venv
+	awk '/^## / { sec = $0; said = 0; next }
+		/make venv/ { said = 1 }
+		/^    / && /build\/venv\// && !said { print "README.md:" NR ": " sec ": build/venv before make venv"; bad = 1 }
+		END { exit bad }' clone/README.md
+
+	run env "${unset[@]}" PATH="$userpath" TMPDIR="$BATS_TEST_TMPDIR" \
+		unshare -mn python3 "$TOP/tests/bats/examples.py" --isolated "$PWD/clone/README.md" "$PWD/clone"
+	# the examples' session files are the harness's, not a leftover of README's
+	mv clone/.ex session
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" != *FAILED* ]]
+	[ "$(stat -c %y "$venv/.installed")" = "$stamp" ]
+
+	# the clone is as git left it: nothing untracked, nothing changed
+	run git -C clone status --porcelain
+	echo "$output"
+	[ -z "$output" ]
+
+	# what each block says it does, in what that block printed
+	python3 "$TOP/tests/bats/examples.py" --list clone/README.md > blocks
+	printed_by() { # a line of README.md: the file of what its block printed
+		local n k=-1 i=0 at
+		n=$(grep -nxF -m1 -- "    $1" clone/README.md | cut -d: -f1)
+		[ -n "$n" ] || { echo "README.md has no line '$1'" >&2; return 1; }
+		while IFS=: read -r _ at _; do
+			[ "$at" -le "$n" ] && k=$i
+			i=$((i + 1))
+		done < blocks
+		echo "session/out.$k"
+	}
+	local out
+	# the set-up: the tools by name are the clone's
+	out=$(printed_by make)
+	grep -qx "vps: built; to run the tools by name: export PATH=\"$PWD/clone/bin:\$PATH\"" "$out"
+	# the pipeline: a join of 8 devices, staged and verified
+	out=$(printed_by 'vps-verify ab.staged                      # every element moved once, within budget')
+	grep -qx 'joining: 8' "$out"
+	grep -q '^ab.staged: ok: llama2-7b: ' "$out"
+	clone/bin/vps-verify clone/ab.3.staged
+	# the picture
+	grep -q '<svg' clone/traffic.svg
+	# the PyTorch example: three switches, each equal bit for bit
+	out=$(printed_by 'make venv')
+	grep -q '(--check-switch): 3 of 3$' "$out"
+	# under torchrun: two switches, each equal bit for bit, every digest
+	# matched, each rank's plans, the losses of 12 steps
+	out=$(printed_by 'export VPS_TOKEN=$(vps-exec --new-token)')
+	[ "$(grep -c 'equal bit for bit' "$out")" -eq 2 ]
+	[ "$(cat clone/build/torchrun/exec.*.log | grep -c 'digest: match')" -eq 8 ]
+	for r in 0 1 2 3; do [ -s clone/build/torchrun/rank-$r/c0-c1.staged ]; done
+	[ "$(wc -l < clone/build/torchrun/loss.txt)" -eq 12 ]
+	# Megatron-Core switched by vps.megatron, and checked against vps
+	out=$(printed_by 'build/venv/bin/python tests/megatron/check_switch.py -v --steps 7 --every 3')
+	grep -q 'the whole state equal bit for bit across each' "$out"
+	out=$(printed_by 'build/venv/bin/python tests/megatron/check_megatron.py -v -k tiny-llama')
+	grep -q 'configurations\?, every rank equal to Megatron-Core$' "$out"
+}

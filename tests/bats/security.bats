@@ -142,7 +142,7 @@ PY
 	exec 4<>/dev/tcp/127.0.0.1/$port                         # idle: says nothing
 	(for i in $(seq 20); do printf x; sleep 0.5; done) > /dev/tcp/127.0.0.1/$port 2>/dev/null &
 	head -c 200 /dev/urandom > /dev/tcp/127.0.0.1/$port      # forged: random bytes
-	printf 'VPSNET3\0%.0s' 1 2 3 4 5 6 7 8 9 10 > /dev/tcp/127.0.0.1/$port  # a hello without the token
+	printf 'VPSNET4\0%.0s' 1 2 3 4 5 6 7 8 9 10 > /dev/tcp/127.0.0.1/$port  # a hello without the token
 	sleep 1
 	executor 1 --timeout 10
 	exec 4>&-

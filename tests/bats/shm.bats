@@ -70,7 +70,7 @@ EOF
 	[ "${lines[2]}" = "left:" ]
 }
 
-@test "State.allocate and Registry.alloc_host on a small /dev/shm raise vps.Error (VPS_ENOMEM) with what they need" {
+@test "State.allocate and Registry.alloc_host on a small /dev/shm raise vps.OutOfMemory (VPS_ENOMEM) with what they need" {
 	"$PY" -c 'import torch' 2>/dev/null || skip "$PY has no torch (make venv makes the test environment)"
 	cat > alloc.py <<'EOF'
 import vps
@@ -78,12 +78,12 @@ lay = vps.layout("tiny-llama", "tp=1")
 with vps.Registry("vps-bats-shm", lay, 0) as reg:
     try:
         vps.State.allocate(reg, lay, 0)
-    except vps.Error as e:
+    except vps.OutOfMemory as e:
         print("allocate:", e.name, e)
     # one buffer of 40 MiB: what the library itself refuses
     try:
         reg.alloc_host(vps.SOURCE, 0, vps.PARAM, vps.FP32, 10 << 20)
-    except vps.Error as e:
+    except vps.OutOfMemory as e:
         print("alloc_host:", e.name, e)
     print("entries:", len(reg.entries()))
 EOF

@@ -227,6 +227,29 @@ round_trip() {
 	[[ "$output" == *"refusing to write binary output to a terminal (use --yaml or -o FILE)"* ]]
 }
 
+@test "-o FILE: one line on standard error says what was written, as -t would, and its size; -q none" {
+	documents
+	vps-show --binary -o ab.bin ab.plan 2> err
+	[[ "$(cat err)" == "$(vps-show -t ab.bin), "[0-9]*" KiB" ]]
+	[[ "$(cat err)" == "ab.bin: vps plan, model tiny-llama, world 8 -> 6 (9 ranks), hash 0x"*", binary, "*" KiB" ]]
+	# below 1000 bytes the size is exact
+	vps-show --binary -o six.bin six.devices 2> err
+	[ "$(cat err)" = "six.bin: vps devices, binary, $(stat -c %s six.bin) B" ]
+	vps-show --json -o ab.json ab.bin 2> err
+	[[ "$(cat err)" == "ab.json: vps plan, model tiny-llama, "*", json, "*"B" ]]
+	vps-show -q --yaml -o ab.yaml ab.bin 2> err
+	[ ! -s err ]
+	cmp ab.yaml ab.plan
+	# on standard output the document is what the user reads: no line
+	vps-show ab.bin 2> err | cmp - ab.plan
+	[ ! -s err ]
+	vps-show ab.bin -o - 2> err > /dev/null
+	[ ! -s err ]
+	# -q and -t say nothing of each other
+	expect_status 2 vps-show -t -q ab.bin
+	[ "${lines[0]}" = "vps-show: -t prints one line per file: no --yaml, --json, --binary, -o or -q with it" ]
+}
+
 @test "vps-verify A B C: each file checked, one line each, the exit status the worst" {
 	vps-layout --model tiny-llama --parallel tp=2,pp=2 > ta.layout
 	vps-layout --model tiny-llama --parallel tp=4 > tb.layout

@@ -266,7 +266,7 @@ teardown() {
 
 python_device_buffers() { # TRANSPORT
 	PY=${VPS_PYTHON:-/usr/bin/python3}
-	"$PY" -c 'import torch' 2>/dev/null || skip "$PY has no torch (make check installs python3-torch)"
+	"$PY" -c 'import torch' 2>/dev/null || skip "$PY has no torch (make venv makes the test environment, which has it)"
 	vps-layout --model tiny-llama --parallel tp=2,zero=1 --gpus-per-node 2 -o a.layout
 	vps-layout --model tiny-llama --parallel tp=1,dp=2,zero=1 --gpus-per-node 2 -o b.layout
 	vps-plan a.layout b.layout | vps-stage --budget 256KiB - -o s.staged
@@ -299,7 +299,7 @@ python_device_buffers() { # TRANSPORT
 # the pause could not get there.
 @test "ipc: GPU memory is opened while the trainers train: the pause opens no IPC handle" {
 	PY=${VPS_PYTHON:-/usr/bin/python3}
-	"$PY" -c 'import torch' 2>/dev/null || skip "$PY has no torch (make check installs python3-torch)"
+	"$PY" -c 'import torch' 2>/dev/null || skip "$PY has no torch (make venv makes the test environment, which has it)"
 	vps-layout --model tiny-llama --parallel tp=2,zero=1 --gpus-per-node 2 -o a.layout
 	vps-layout --model tiny-llama --parallel tp=1,dp=2,zero=1 --gpus-per-node 2 -o b.layout
 	vps-plan a.layout b.layout | vps-stage --budget 256KiB - -o s.staged
@@ -329,6 +329,51 @@ python_device_buffers() { # TRANSPORT
 	done
 }
 @test "python: device buffers registered by pointer through the module switch over nccl" { python_device_buffers nccl; }
+
+# ---- optimizer state in host memory beside parameters on the GPU ----
+# (Megatron's optimizer_cpu_offload): one registry holds both; ipc copies
+# each piece where its buffers are, the retains too, and the digest adds
+# the host's part to the kernel's. tcp and nccl reach one kind each and
+# refuse, naming the transport that moves both.
+
+mixed_switch() { # TRANSPORT
+	PY=${VPS_PYTHON:-/usr/bin/python3}
+	"$PY" -c 'import torch' 2>/dev/null || skip "$PY has no torch (make venv makes the test environment, which has it)"
+	vps-layout --model tiny-llama --parallel tp=2,zero=1 --gpus-per-node 2 -o a.layout
+	vps-layout --model tiny-llama --parallel tp=1,dp=2,zero=1 --gpus-per-node 2 -o b.layout
+	vps-plan a.layout b.layout | vps-stage --budget 256KiB - -o s.staged
+	port=$("$TOP/scripts/free-port.sh")
+	export VPS_CUDA_LIBRARY=$TOP/build/standin/libvps-cuda-standin.so VPS_NCCL_LIBRARY=$TOP/build/standin/libnccl-standin.so
+	timeout 120 "$PY" "$TOP/tests/python/standin_trainer.py" --host main_param,exp_avg,exp_avg_sq "mx$$" \
+		a.layout b.layout > t.log 2>&1 &
+	pt=$!
+	for r in 0 1; do
+		VPS_CUDA_LIBRARY=$STANDIN/libvps-cuda-standin.so VPS_NCCL_LIBRARY=$STANDIN/libnccl-standin.so \
+			timeout 120 vps-exec --registry "mx$$-%r" --rank $r --master 127.0.0.1:$port --transport "$1" --wait \
+			--check --timeout 30 s.staged > e.$r 2>&1 &
+		pe[$r]=$!
+	done
+	st=0
+	wait $pt || st=$?
+	for r in 0 1; do wait ${pe[$r]} || st=$?; done
+	cat t.log e.0 e.1
+	return $st
+}
+
+@test "ipc: parameters in GPU memory and optimizer state in host memory switch in one registry" {
+	mixed_switch ipc
+	grep -q "standin_trainer: 2 ranks, .* logical tensors switched in device memory registered by pointer, main_param,exp_avg,exp_avg_sq in host memory; 0 wrong elements" t.log
+	for r in 0 1; do grep -q "over ipc; .*digest: match" e.$r; done
+}
+
+@test "tcp and nccl refuse a registry of host and GPU memory, naming ipc" {
+	run mixed_switch tcp
+	[ "$status" -ne 0 ]
+	[[ "$output" == *"the tcp transport moves host memory; the trainer registered host and GPU memory, which only --transport ipc moves in one switch (one node)"* ]]
+	run mixed_switch nccl
+	[ "$status" -ne 0 ]
+	[[ "$output" == *"the nccl transport moves GPU memory; the trainer registered host and GPU memory, which only --transport ipc moves in one switch (one node)"* ]]
+}
 
 # ---- a long --serve: every switch opens and closes IPC handles ----
 # scripts/bench/longrun.sh samples every process's mappings and fds (a
@@ -430,6 +475,9 @@ python_device_buffers() { # TRANSPORT
 	grep -qE '^pause \(last request to resume, slowest rank [0-7]\): [0-9.]+ s: arrive [0-9.]+ s, attach [0-9.]+ s, agree [0-9.]+ s, transfer [0-9.]+ s, digest [0-9.]+ s, other -?[0-9.]+ s; opened in the pause: [0-9]+;' <<< "$output"
 	grep -qE '^after the pause \(the trainers going on\): mappings let go in [0-9.]+ s \(slowest rank [0-7]\)$' <<< "$output"
 	grep -qE '^digest on the GPU: [0-9.]+ s \(slowest rank [0-7]\), [0-9.]+% of its transfer; digest: match$' <<< "$output"
+	# against its floor: both sides read at cudaMemcpy's memory traffic,
+	# twice the bytes moved at twice cudaMemcpy's rate
+	grep -qE '^digest against its floor: reading [0-9.]+ GB \(sources and targets\) at the [0-9]+ GB/s of memory traffic cudaMemcpy reached takes [0-9.]+ ms, [0-9]+% of the transfer; the digests took [0-9.]+x that \(target: at most 1\.5x\)$' <<< "$output"
 	# the bytes moved are the plan's: every byte once, received or kept
 	moved=$(sed -n 's/^bytes moved (received + copied in place): \([0-9.]*\) GB in .*/\1/p' <<< "$output")
 	vps-layout -q --model tiny-llama --parallel tp=2,pp=2,dp=2 -o a.layout

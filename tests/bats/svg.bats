@@ -1,6 +1,6 @@
 #!/usr/bin/env bats
 # vps-plan --svg: the traffic heatmap and per-rank bars, plain SVG that a
-# renderer draws (rsvg-convert, librsvg2-bin: make deps installs it), checked
+# renderer draws (rsvg-convert, librsvg2-bin: make check installs it), checked
 # against the plan's own numbers.
 
 load helpers
@@ -8,7 +8,7 @@ load helpers
 # Render an SVG to PNG and print "WIDTH HEIGHT PAINTED COLOURS": the PNG's
 # size, its pixels that are not the white background, its distinct colours.
 render() { # SVG PNG
-	command -v rsvg-convert >/dev/null || { echo "rsvg-convert is missing: make deps (librsvg2-bin)" >&2; return 1; }
+	command -v rsvg-convert >/dev/null || { echo "rsvg-convert is missing: make check-deps installs it (librsvg2-bin)" >&2; return 1; }
 	rsvg-convert "$1" -o "$2"
 	"$PY" - "$2" <<-'EOF'
 		import sys

@@ -23,6 +23,13 @@ seconds() { # SECONDS (above 1 ms)
 		else if (v >= 9.995) printf "%.1f %s\n", v, u
 		else printf "%.2f %s\n", v, u }'
 }
+sig3() { # SECONDS: with three significant digits, an integer from 100 on
+	awk -v s="$1" 'BEGIN {
+		if (s >= 99.95) { printf "%.0f\n", s; exit }
+		r = sprintf("%.3g", s) + 0; d = 0
+		while (r < 100 && d < 12) { r *= 10; d++ }
+		printf "%.*f\n", d, s }'
+}
 key() { # KEY FILE: the value of "KEY: value"
 	awk -v k="$1:" '$1 == k { sub(/^[^:]*: /, ""); print; exit }' "$2"
 }
@@ -44,6 +51,47 @@ on_tty() {
 	# a budgets document takes the same sizes
 	printf 'vps: budgets\nversion: 1\nbudgets: [80G, 40GB, "2 G"]\n' > budgets.yaml
 	[ "$(vps-stage --budgets budgets.yaml --stats ab.plan | key budget /dev/stdin)" = 2147483648 ]
+}
+
+# The table of sizes in vps(7) UNITS, as "SIZE<TAB>BYTES" lines (BYTES
+# "refused" for a size the page says is refused): read from the page, so
+# that the page and the parser cannot say different things.
+page_sizes() {
+	awk '/^\.\\" example: .*tests\/bats\/units\.bats reads it/ { m = 1; next }
+		m && /^\.EX/ { inside = 1; next }
+		inside && /^\.EE/ { exit }
+		inside && !/^size / {
+			n = split($0, col, /   +/)
+			bytes = col[n] ~ /^refused/ ? "refused" : col[n]
+			k = split(col[1], size, /, /)
+			for (i = 1; i <= k; i++) { gsub(/"/, "", size[i]); print size[i] "\t" bytes }
+		}' "$TOP/man/vps.7"
+}
+
+@test "vps(7) UNITS: every size of its table is the bytes it says, or refused as it says" {
+	vps-layout --model tiny-llama --parallel tp=2 -q -o a.layout
+	vps-layout --model tiny-llama --parallel dp=2 -q -o b.layout
+	vps-plan a.layout b.layout -q -o ab.plan
+	page_sizes > sizes.tsv
+	# the table is there, with the spellings of each case
+	[ "$(wc -l < sizes.tsv)" -ge 20 ]
+	local s want n=0
+	for s in 2gib 2GIB 2Gib 2g 2GB 2Gb; do
+		grep -q "^$s	" sizes.tsv || { echo "vps(7) UNITS has no row for $s" >&2; return 1; }
+	done
+	while IFS=$'\t' read -r s want; do
+		if [ "$want" = refused ]; then
+			expect_status 2 vps-stage --budget "$s" ab.plan
+			[ "${lines[0]}" = "vps-stage: --budget: '$s': a lowercase b is bits; a size is in bytes (B)" ] ||
+				{ echo "$s: $output" >&2; return 1; }
+		else
+			run vps-stage --budget "$s" --stats ab.plan
+			[ "$status" -eq 0 ] && [ "$(key budget <(echo "$output"))" = "$want" ] ||
+				{ echo "vps(7) says $s is $want bytes; vps-stage: $output" >&2; return 1; }
+		fi
+		n=$((n + 1))
+	done < sizes.tsv
+	[ "$n" -ge 20 ]
 }
 
 @test "a size that is not one exits 2 naming it and what is wrong" {
@@ -84,8 +132,17 @@ on_tty() {
 			{ echo "$k: $(key $k human.txt) for $(key $k exact.txt)" >&2; return 1; }
 		n=$((n + 1))
 	done
-	[ "$(key estimate_seconds human.txt)" = "$(seconds "$(key estimate_seconds exact.txt)")" ]
-	[ "$(key paper_seconds human.txt)" = "818 ms" ]
+	# a key that says seconds holds seconds, with three significant digits
+	for k in estimate_seconds time_bound_seconds time_floor_seconds paper_seconds paper_mcp_save_seconds \
+		paper_mcp_load_seconds; do
+		[ "$(key $k human.txt)" = "$(sig3 "$(key $k exact.txt)")" ] ||
+			{ echo "$k: $(key $k human.txt) for $(key $k exact.txt)" >&2; return 1; }
+	done
+	[ "$(key estimate_seconds human.txt)" = 0.472 ]
+	[ "$(key paper_seconds human.txt)" = 0.818 ]
+	[ "$(key paper_mcp_save_seconds human.txt)" = 14.6 ]
+	# no key names a unit its value is not in: seconds are never ms or us
+	! grep -E '_seconds: .*[0-9] ?(s|ms|us)$' human.txt
 	# ratios and counts are the same in both
 	diff <(grep -vE '_bytes|^bytes_|_bound:|_seconds:' exact.txt) <(grep -vE '_bytes|^bytes_|_bound:|_seconds:' human.txt)
 	# the layout's and the staging's too

@@ -74,19 +74,51 @@ usage_error() {
 
 @test "the wrong operands: what was expected, or the first one too many" {
 	usage_error "expected one plan file, or - for standard input" vps-stage --budget 1M
-	usage_error "unexpected argument 'b' (expected one plan file, or - for standard input)" vps-stage --budget 1M a b
+	usage_error "b: unexpected argument (expected one plan file, or - for standard input); to write it: vps-stage --budget 1M a -o b" vps-stage --budget 1M a b
 	usage_error "expected one file, or - for standard input" vps-show
 	usage_error "expected one or more files" vps-show -t
 	usage_error "expected one or more files" vps-verify -q
 	usage_error "expected a staged plan" vps-exec --rank 0
 	usage_error "several staged plans need --serve" vps-exec a.staged b.staged
 	usage_error "expected a staged plan" vps-trainer --rank 0
-	usage_error "unexpected argument 'extra' (expected options only)" vps-layout --model tiny-llama extra
+	usage_error "extra: unexpected argument (expected options only); to write it: vps-layout --model tiny-llama -o extra" vps-layout --model tiny-llama extra
 	usage_error "expected two layouts or --transition NAME" vps-plan a.layout
-	usage_error "unexpected argument 'c.layout' (expected two layouts or --transition NAME)" vps-plan a b c.layout
-	usage_error "unexpected argument 'a' (expected two layouts or --transition NAME)" vps-plan --transition llama2-7b-s1-s2 a
+	usage_error "c.layout: unexpected argument (expected two layouts or --transition NAME); to write it: vps-plan a b -o c.layout" vps-plan a b c.layout
+	usage_error "a: unexpected argument (expected two layouts or --transition NAME); to write it: vps-plan --transition llama2-7b-s1-s2 -o a" vps-plan --transition llama2-7b-s1-s2 a
 	# both layouts from standard input: refused before either is read
 	usage_error "only one of the layouts can be standard input" vps-plan - - </dev/null
+}
+
+@test "a file where the tool takes none, or -i where it takes operands: the command that was likely meant" {
+	vps-layout --model tiny-llama --parallel tp=2 -q -o a.layout
+	vps-layout --model tiny-llama --parallel dp=2 -q -o b.layout
+	vps-plan a.layout b.layout -q -o ab.plan
+	# a layout named as an operand of vps-layout, which reads one with -i
+	usage_error "a.layout: unexpected argument (expected options only); to read it: vps-layout -i a.layout --tensor 'layers.0.*'" \
+		vps-layout a.layout --tensor 'layers.0.*'
+	usage_error "a.layout: unexpected argument (expected options only); to read it: vps-layout -i a.layout --stats" \
+		vps-layout --stats a.layout
+	usage_error "-: unexpected argument (expected options only); to read it: vps-layout -i -" vps-layout - < a.layout
+	# computing a layout, the operand is where it was meant to go, though it exists
+	usage_error "a.layout: unexpected argument (expected options only); to write it: vps-layout --model tiny-llama --parallel tp=2 -o a.layout" \
+		vps-layout --model tiny-llama --parallel tp=2 a.layout
+	# with -i and -o both given, nothing to suggest
+	usage_error "b.layout: unexpected argument (expected options only)" vps-layout -i a.layout -o x.layout b.layout
+	# an output named as one more operand; an existing file is no output to suggest
+	usage_error "ab.staged: unexpected argument (expected one plan file, or - for standard input); to write it: vps-stage --budget 1M ab.plan -o ab.staged" \
+		vps-stage --budget 1M ab.plan ab.staged
+	usage_error "b.layout: unexpected argument (expected one plan file, or - for standard input)" vps-stage --budget 1M ab.plan b.layout
+	usage_error "a b.yaml: unexpected argument (expected one file, or - for standard input); to write it: vps-show ab.plan -o 'a b.yaml'" \
+		vps-show ab.plan 'a b.yaml'
+	[ ! -e ab.staged ] && [ ! -e 'a b.yaml' ] && [ ! -e x.layout ]
+	# -i to a tool that reads operands
+	usage_error "unknown option -i; vps-stage reads the files named as operands: vps-stage --budget 1M ab.plan" \
+		vps-stage --budget 1M -i ab.plan
+	usage_error "unknown option --input; vps-verify reads the files named as operands: vps-verify -q a.layout" \
+		vps-verify -q --input=a.layout
+	usage_error "unknown option -i; vps-show reads the files named as operands: vps-show ab.plan" vps-show -i ab.plan
+	usage_error "unknown option -i; vps-plan reads the files named as operands: vps-plan a.layout b.layout" \
+		vps-plan -i a.layout b.layout
 }
 
 @test "vps-plan: each rule of what goes with what, before a file is read" {
@@ -125,7 +157,7 @@ usage_error() {
 		vps-layout -i a.layout --tensor x --rank 0
 	usage_error "-i reads a layout: --model, --parallel and --devices do not apply" vps-layout -i a.layout --parallel tp=2
 	usage_error "--model is required" vps-layout --parallel tp=2
-	usage_error "-t prints one line per file: no --yaml, --json, --binary or -o with it" vps-show -t -o x a
+	usage_error "-t prints one line per file: no --yaml, --json, --binary, -o or -q with it" vps-show -t -o x a
 	usage_error "--yaml does not go with --json" vps-show --yaml --json a
 	usage_error "--json does not go with --binary" vps-show --binary --json a
 	usage_error "--device goes with --cuda" vps-trainer --device 0 --rank 0 a.staged

@@ -1,37 +1,54 @@
-"""A Megatron-Core job switched by vps (make check-megatron).
+"""Megatron-Core jobs switched by vps (make check-megatron).
 
-megatron-core trains a small GPT (models/micro-gpt.yaml: learned positions,
-LayerNorm, biases, tied embeddings) on the CPU, a forked process per rank
+megatron-core trains two small models on the CPU, a forked process per rank
 over gloo, as Megatron-LM's training loop does: Megatron's GPTModel in
 Float16Module and DistributedDataParallel, get_megatron_optimizer's
 DistributedOptimizer over AdamW, the OptimizerParamScheduler, and the
 forward-backward schedule of the configuration (pipelined with PP), with the
-CPU shims of mcore.py. vps.megatron makes the job switchable; one vps-exec
+CPU shims of mcore.py. vps.megatron makes each job switchable; one vps-exec
 per rank, started beside the ranks, moves the state through the switches
 
+    micro-gpt (learned positions, LayerNorm, biases, tied embeddings):
     tp=2,dp=2,zero=1 -> dp=4,zero=1 -> tp=2,dp=2,zero=1 -> tp=2,pp=2,zero=1
         -> pp=2,vpp=2,dp=2,zero=1 -> tp=2,dp=2,zero=1
+    micro-moe (DeepSeek-V3's shape: routed experts with the routers' expert
+    bias, a shared expert, SwiGLU, rotary positions):
+    ep=2,dp=4,zero=1 -> tp=2,ep=2,dp=2,zero=1 -> ep=4,dp=4,zero=1
+        -> pp=2,ep=2,dp=2,zero=1 -> ep=2,dp=4,zero=1
 
-(TP 2 -> 1 -> 2 -> 2 -> 1 -> 2, DP and its ZeRO-1 shards 2 -> 4 -> 2 -> 1
--> 2 -> 2, PP 1 -> 1 -> 1 -> 2 -> 2 -> 1, two virtual chunks a stage), each
-between two steps, every --every steps. Before and after each switch every
-rank's whole state is gathered in Megatron's model space (shards()): the
-model's own sharded state dict, and the optimizer's pieces through its own
-accessors (bf16 parameters, fp32 main parameters, exp_avg, exp_avg_sq,
-Adam's step), and the two must be equal bit for bit, replicas (the tied
-embeddings' copy on the last stage) included; the iteration, consumed
-samples and scheduler position must come across. A static run stays in the
-first configuration on the same batches: up to the first switch the two
-runs' losses must be equal bit for bit (vps's buffers under Megatron's
-tensors change nothing), and after it within 1e-3 (relative) of each other
-at every step, the bound of scripts/convergence.sh.
+(TP, DP and its ZeRO-1 shards, PP, virtual chunks, EP and the expert TP
+and DP all change), each between two steps, every --every steps. Each next
+configuration is made ready while the job trains (Job.prepare, as soon as
+the switch before is done), so that the switch's pause holds the transfer
+and the hand-over. Before and after each switch every rank's whole state is
+gathered in Megatron's model space (shards()): the model's own sharded
+state dict (the expert bias among it, which Megatron updates every step),
+and the optimizer's pieces through its own accessors (bf16 parameters, fp32
+main parameters, exp_avg, exp_avg_sq, Adam's step), and the two must be
+equal bit for bit, replicas (the tied embeddings' copy on the last stage)
+included; the iteration, consumed samples and scheduler position must come
+across; every rank's Megatron groups must hold the ranks the layout gives
+it, and the model reduce over the installed ones; the groups cache (three
+configurations kept here) must make, reuse and evict what its policy says.
+A static run stays in the first configuration on the same batches: up to
+the first switch the two runs' losses must be equal bit for bit (vps's
+buffers under Megatron's tensors change nothing), and after it within 1e-3
+(relative) of each other at every step, the bound of scripts/convergence.sh.
 
-    check_switch.py [-v] [--steps N] [--every K] [--keep DIR]
+Each switch's pause (from the last rank calling Job.switch to the last
+returning) is broken down from the Job's clocks and the executors' reports
+(breakdown()); the summary line ends with `pause at most R x the transfer`,
+R the largest over the switches of the pause over the slowest rank's
+vps-exec pause (scripts/bench/megatron_pause.sh tabulates them).
 
-Prints a line per switch with -v, then one summary line; exit 1 naming what
-differs, 2 on bad arguments.
+    check_switch.py [-v] [--steps N] [--every K] [--model NAME]... [--keep DIR]
+                    [--no-prepare] [--pauses FILE]
+
+Prints a line per switch and step with -v, then one summary line; exit 1
+naming what differs, 2 on bad arguments.
 """
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -39,6 +56,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOP = os.path.dirname(os.path.dirname(HERE))
@@ -59,9 +78,22 @@ from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed  # noq
 import vps  # noqa: E402
 import vps.megatron  # noqa: E402
 
-MODEL = os.path.join(HERE, "models", "micro-gpt.yaml")
-CONFIGS = ["tp=2,dp=2,zero=1", "dp=4,zero=1", "tp=2,dp=2,zero=1", "tp=2,pp=2,zero=1", "pp=2,vpp=2,dp=2,zero=1",
-           "tp=2,dp=2,zero=1"]
+class Run:
+    """A job the check trains and switches: its model and the parallel
+    configurations it visits, in order."""
+
+    def __init__(self, name, configs):
+        self.name, self.configs = name, configs
+        self.model = os.path.join(HERE, "models", name + ".yaml")
+
+
+RUNS = [
+    Run("micro-gpt", ["tp=2,dp=2,zero=1", "dp=4,zero=1", "tp=2,dp=2,zero=1", "tp=2,pp=2,zero=1",
+                      "pp=2,vpp=2,dp=2,zero=1", "tp=2,dp=2,zero=1"]),
+    Run("micro-moe", ["ep=2,dp=4,zero=1", "tp=2,ep=2,dp=2,zero=1", "ep=4,dp=4,zero=1", "pp=2,ep=2,dp=2,zero=1",
+                      "ep=2,dp=4,zero=1"]),
+]
+MODEL = RUNS[0].model  # the refusals' job
 WORLD = 4
 GLOBAL_BATCH, MICRO_BATCH, SEQ = 8, 2, 32
 LR, SEED = 3e-3, 1234
@@ -127,8 +159,10 @@ def build(layout):
     model_parallel_cuda_manual_seed(SEED, force_reset_rng=True)
     torch.manual_seed(SEED)
     par = layout.parallel
+    # Megatron's MoE layer refuses to train under TP without sequence parallelism
     config = mcore.transformer_config(layout.model, par, perform_initialization=True, init_method_std=0.02,
-                                      hidden_dropout=0.0, attention_dropout=0.0)
+                                      hidden_dropout=0.0, attention_dropout=0.0,
+                                      sequence_parallel=layout.model.experts > 0 and par["tp"] > 1)
     model = mcore.wrap_ddp(mcore.build_chunks(layout.model, par, config), config, par)
     optimizer = get_megatron_optimizer(OPTIMIZER, model, use_gloo_process_groups=False)
     config.finalize_model_grads_func = finalize_model_grads
@@ -192,6 +226,8 @@ def shards(model, optimizer):
     # one dict per chunk, as Megatron-LM's checkpointing keeps them: the chunks' keys are the same names
     model_sd = {"model%d" % i: chunk.module.sharded_state_dict() for i, chunk in enumerate(model)}
     apply_factories(model_sd)
+    # a ShardedTensor's data is a parameter, or a run of its elements (the gated linear_fc1's two halves)
+    params = sorted(((p.data_ptr(), p) for chunk in model for p in chunk.parameters()), key=lambda x: x[0])
     out, of_param = [], {}
     stack = [model_sd]
     while stack:
@@ -206,7 +242,10 @@ def shards(model, optimizer):
             local = (1,) * v.prepend_axis_num + tuple(v.local_shape)
             out.append((v.key, tuple(v.global_shape), tuple(v.global_offset), local, None,
                         v.data.detach().to("cpu", copy=True)))
-            of_param[v.data] = (v.key, tuple(v.global_shape), tuple(v.global_offset), local)
+            if isinstance(v.data, torch.nn.Parameter) or v.data.dtype == torch.bfloat16:
+                p, lo = param_of(params, v)
+                of_param.setdefault(p, []).append((v.key, tuple(v.global_shape), tuple(v.global_offset), local, lo,
+                                                   lo + v.data.numel()))
         elif isinstance(v, ShardedObject) and not (v.key.endswith("._extra_state") and v.data is None):
             # an empty _extra_state is the linears' fp8 metadata, which bf16 runs have none of
             raise RuntimeError("%s: a ShardedObject, which this check does not compare" % v.key)
@@ -217,20 +256,38 @@ def shards(model, optimizer):
             for buckets in ranges.values():
                 for rm in buckets:
                     for p in rm["param_map"]:
-                        key, gshape, goff, local = of_param[p]
                         r = o._get_model_param_range_map(p)["param"]
                         st = o._get_main_param_and_optimizer_states(p)
-                        for name, t in (("fp32_param", st["param"]), ("exp_avg", st["exp_avg"]),
-                                        ("exp_avg_sq", st["exp_avg_sq"])):
-                            out.append(("optimizer.state.%s.%s" % (name, key), gshape, goff, local,
-                                        (r.start, r.end), t.detach().to("cpu", copy=True)))
+                        for key, gshape, goff, local, lo, hi in of_param[p]:
+                            a, b = max(r.start, lo), min(r.end, hi)
+                            if a >= b:
+                                continue
+                            for name, t in (("fp32_param", st["param"]), ("exp_avg", st["exp_avg"]),
+                                            ("exp_avg_sq", st["exp_avg_sq"])):
+                                out.append(("optimizer.state.%s.%s" % (name, key), gshape, goff, local,
+                                            (a - lo, b - lo),
+                                            t.detach().view(-1)[a - r.start:b - r.start].to("cpu", copy=True)))
     return out, steps
 
 
-def gather(model, optimizer):
+def param_of(params, v):
+    """The parameter whose elements v.data is (a contiguous run of them), and
+    where the run starts in it."""
+    import bisect
+    at = v.data.data_ptr()
+    i = bisect.bisect_right([a for a, _ in params], at) - 1
+    p = params[i][1] if i >= 0 else None
+    if p is None or not v.data.is_contiguous() or at + v.data.numel() * v.data.element_size() > \
+            p.data_ptr() + p.numel() * p.element_size():
+        raise RuntimeError("%s: its data is not a run of one parameter's elements" % v.key)
+    return p, (at - p.data_ptr()) // p.element_size()
+
+
+def gather(model, optimizer, shards_of=None):
     """Rank 0: {key: whole tensor} from every rank's shards (replicas must
-    agree bit for bit, and every element must be held), and Adam's step."""
-    mine = shards(model, optimizer)
+    agree bit for bit, and every element must be held), and Adam's step.
+    shards_of(model, optimizer) gives a rank's shards, shards' by default."""
+    mine = (shards_of or shards)(model, optimizer)
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     if dist.get_rank() != 0:
@@ -284,51 +341,104 @@ def differs(a, b):
 
 
 # ---- the two runs ----
-def rank_main(rank, steps, every, registry, switching):
-    """One rank of the run: its losses, and (rank 0, switching) a line of
-    figures per switch."""
-    layouts = [vps.layout(MODEL, c, WORLD) for c in CONFIGS]
+def moved_bias(layout, state):
+    """A model with the routers' expert bias has it in the gathered state,
+    and no longer all zero (Megatron updates it every step): the switch
+    has a value to carry."""
+    if not layout.model.router_bias:
+        return
+    (full, _) = state
+    keys = [k for k in full if k.endswith("router.expert_bias")]
+    if not keys or not any(full[k].any() for k in keys):
+        raise RuntimeError("the routers' expert bias is %s" % ("all zero" if keys else "not in the state"))
+
+
+def check_groups(layout, rank, model):
+    """Megatron's groups are the layout's: each of the rank's groups (TP,
+    DP, PP, CP, EP, expert TP and DP) holds the world ranks vps gives the
+    same coordinates but that one, and the model's DDP reduces over the
+    installed DP group (a cached group of another configuration would hold
+    other ranks, or another object)."""
+    ps = parallel_state
+    me = layout.coords(rank)
+    every = [layout.coords(r) for r in range(layout.world)]
+    dense = ("tp", "cp", "dp", "pp")
+    experts = ("etp", "ep", "edp", "pp")
+    for name, group, axes, axis in (
+            ("TP", ps.get_tensor_model_parallel_group(), dense, "tp"),
+            ("DP", ps.get_data_parallel_group(), dense, "dp"),
+            ("PP", ps.get_pipeline_model_parallel_group(), dense, "pp"),
+            ("CP", ps.get_context_parallel_group(), dense, "cp"),
+            ("EP", ps.get_expert_model_parallel_group(), experts, "ep"),
+            ("expert TP", ps.get_expert_tensor_parallel_group(), experts, "etp"),
+            ("expert DP", ps.get_expert_data_parallel_group(), experts, "edp")):
+        want = [r for r, c in enumerate(every) if all(getattr(c, a) == getattr(me, a) for a in axes if a != axis)]
+        have = sorted(dist.get_process_group_ranks(group))
+        if have != want:
+            raise RuntimeError("rank %d under %s: Megatron's %s group holds ranks %s, the layout's %s"
+                               % (rank, layout.describe(), name, have, want))
+    installed = ps.get_data_parallel_group(with_context_parallel=True, partial_data_parallel=True)
+    for chunk in model:
+        if chunk.intra_dp_cp_group is not installed:
+            raise RuntimeError("rank %d under %s: the model's DP group is not the installed one"
+                               % (rank, layout.describe()))
+
+
+def rank_main(rank, job_run, steps, every, registry, switching, ahead=True):
+    """One rank of the run: its losses, its Job's clocks of each switch, the
+    groups cache's counts, and (rank 0, switching) a line of figures per
+    switch."""
+    CONFIGS = job_run.configs
+    layouts = [vps.layout(job_run.model, c, WORLD) for c in CONFIGS]
     layout = layouts[0]
     corpus = Corpus(layout.model.vocab, SEQ, SEED)
+    # fewer configurations than the run visits: one is evicted, and one made again after it
+    vps.megatron.CACHED_CONFIGURATIONS = CACHED
     model, optimizer = build(layout)
     scheduler = make_scheduler(optimizer, steps, 0)
     reg = job = None
+    nswitches = min(len(CONFIGS) - 1, (steps - 1) // every)
     if switching:
         # vps: the registry vps-exec finds this rank's buffers through
         reg = vps.Registry(registry % rank, layout, rank)
-        # vps: Megatron's parameters, main parameters and moments become views of vps's buffers
+        # vps: Megatron's parameters, main parameters, moments and expert bias become views of vps's buffers
         job = vps.megatron.Job(reg, layout, rank, model, optimizer)
     iteration = consumed = 0
-    losses, switches = [], []
+    losses, switches, clocks = [], [], []
     try:
         while iteration < steps:
-            if switching and iteration and iteration % every == 0 and len(switches) + 1 < len(layouts):
+            if switching and ahead and len(switches) < nswitches and job.prepared is None:
+                # vps: the next configuration, made ready while the job trains
+                job.prepare(layouts[len(switches) + 1], rank, build)
+            if switching and iteration and iteration % every == 0 and len(switches) < nswitches:
                 before = gather(model, optimizer)
                 new_layout = layouts[len(switches) + 1]
-                t0 = time.monotonic()
-                # vps: between two steps, the state moves to the new layout, and build makes its model and optimizer
+                # vps: between two steps, the state moves to the new layout; the model and optimizer are prepare's
+                # (build's, made in the pause, for a configuration not prepared)
                 model, optimizer, carried = job.switch(new_layout, rank, vps.Training(
                     step=iteration, consumed_samples=consumed, scheduler_step=scheduler.num_steps,
                     global_batch=GLOBAL_BATCH, micro_batch=MICRO_BATCH), build)
                 # vps: the schedule goes on where it was; the data loader, at carried.consumed_samples
                 scheduler = make_scheduler(optimizer, steps, carried.scheduler_step)
-                pause = time.monotonic() - t0
+                clocks.append(job.clocks)
                 if (carried.step, carried.consumed_samples) != (iteration, consumed):
                     raise RuntimeError("the switch carried step %d, samples %d; the job was at %d, %d" % (
                         carried.step, carried.consumed_samples, iteration, consumed))
                 if scheduler.num_steps != consumed:
                     raise RuntimeError("the scheduler is at %d after the switch, %d before" % (
                         scheduler.num_steps, consumed))
+                check_groups(new_layout, rank, model)
                 after = gather(model, optimizer)
                 what = (len(switches) + 1, CONFIGS[len(switches)], CONFIGS[len(switches) + 1], iteration)
                 switches.append(None)
                 if rank == 0:
+                    moved_bias(layout, before)
                     bad = differs(before, after)
                     if bad:
                         raise RuntimeError("switch %d (%s -> %s) at step %d: the state after is not the state "
                                            "before: %s" % (what + (bad,)))
                     switches[-1] = (iteration, what[1], what[2], len(after[0]),
-                                    sum(t.numel() for t in after[0].values()), pause)
+                                    sum(t.numel() for t in after[0].values()))
             total = train_step(model, optimizer, corpus, consumed)
             dist.all_reduce(total)
             iteration += 1
@@ -340,7 +450,9 @@ def rank_main(rank, steps, every, registry, switching):
             job.close()
         if reg:
             reg.close()
-    return losses, switches
+    counts = vps.megatron.cached_configurations.counts
+    return losses, switches, clocks, ({k: counts[k] for k in ("made", "reused", "evicted")},
+                                      len(vps.megatron.cached_configurations()))
 
 
 def refusals(rank, registry):
@@ -352,7 +464,7 @@ def refusals(rank, registry):
     out = []
     reg = vps.Registry(registry.replace("%d", "refusals"), None, -1)
     try:
-        for other in ("zero=1,bucket=60000", "zero=0"):
+        for other in ("zero=1,bucket=60000", "zero=0", "zero=1,optimizer=lion", "zero=1,precision_aware=1"):
             try:
                 vps.megatron.Job(reg, vps.layout(lay.model, other, 1), 0, model, optimizer)
                 out.append("%s: accepted" % other)
@@ -365,6 +477,14 @@ def refusals(rank, registry):
         except vps.Error as e:
             out.append("step 5: %s: %s" % (e.name, e))
         job.close()
+        # Megatron's HybridDeviceOptimizer needs CUDA to be built: the flag it is built under, on this one
+        for o in vps.megatron.distributed_optimizers(optimizer):
+            o.config.optimizer_cpu_offload = True
+        try:
+            vps.megatron.Job(reg, lay, 0, model, optimizer)
+            out.append("offload: accepted")
+        except vps.Error as e:
+            out.append("offload: %s: %s" % (e.name, e))
     finally:
         reg.close()
     return out
@@ -375,15 +495,21 @@ REFUSALS = [
     ("zero=1,bucket=60000", "VPS_ECHECK", "rank 0 chunk 0 dense buffer: Megatron's has 220544 elements, "
      "the layout's 220672"),
     ("zero=0", "VPS_EUNSUPPORTED", "rank 0 chunk 0 dense buffer: the layout's main_param is whole (zero=0)"),
+    # another optimizer's buffers or dtypes than the DistributedOptimizer's Adam in fp32
+    ("zero=1,optimizer=lion", "VPS_EUNSUPPORTED", "the layout's param buffer of chunk 0 is the layer-wise "
+     "optimizer's"),
+    ("zero=1,precision_aware=1", "VPS_EUNSUPPORTED", "the layout's main_param buffer of chunk 0 is int16"),
     ("step 5", "VPS_EINPUT", "training.step is 5, the optimizer has taken 0 steps"),
+    ("offload", "VPS_EUNSUPPORTED", "optimizer_cpu_offload: the HybridDeviceOptimizer keeps its own host copies"),
 ]
 
 
-def executors(tmp, steps, every, registry):
+def executors(tmp, job_run, steps, every, registry):
     """One vps-exec per rank, given the staged plans of the switches in order."""
     gpn = str(WORLD)
+    CONFIGS = job_run.configs
     for i, c in enumerate(CONFIGS):
-        run([tool("vps-layout"), "--model", MODEL, "--parallel", c, "--gpus-per-node", gpn,
+        run([tool("vps-layout"), "--model", job_run.model, "--parallel", c, "--gpus-per-node", gpn,
              "-o", os.path.join(tmp, "c%d.layout" % i)])
     staged = []
     for i in range(min(len(CONFIGS) - 1, (steps - 1) // every)):
@@ -420,6 +546,11 @@ def main():
     a.add_argument("--every", type=int, default=3, help="switch every K steps")
     a.add_argument("--keep", help="keep the plans, logs and reports in this directory")
     a.add_argument("--timeout", type=float, default=600)
+    a.add_argument("--model", action="append", choices=[r.name for r in RUNS],
+                   help="train this job only (repeatable; by default every one)")
+    a.add_argument("--no-prepare", action="store_true",
+                   help="no Job.prepare: each switch builds the next configuration in its pause")
+    a.add_argument("--pauses", help="write each switch's pause and its parts to this file (JSON)")
     args = a.parse_args()
     if args.steps < 1 or args.every < 1:
         a.error("--steps and --every must be at least 1")
@@ -453,7 +584,26 @@ def check(args, tmp, registry):
             sys.exit("check_switch.py: a Job given %s said: %s; expected %s: %s..." % (what, line, code, text))
         if args.verbose:
             print("refused: %s" % line)
-    procs, nplans = executors(tmp, args.steps, args.every, registry)
+    lines, worst_ratio, every_pause = [], 0.0, {}
+    for job_run in RUNS:
+        if args.model and job_run.name not in args.model:
+            continue
+        sub = os.path.join(tmp, job_run.name)
+        os.makedirs(sub, exist_ok=True)
+        line, pauses = switched(args, job_run, sub, registry)
+        lines.append(line)
+        every_pause[job_run.name] = pauses
+        worst_ratio = max([worst_ratio] + [p["pause"] / p["transfer"] for p in pauses])
+    if args.pauses:
+        with open(args.pauses, "w") as f:
+            json.dump(every_pause, f, indent=1)
+    print("%s (%.0f s); pause at most %.2f x the transfer" % ("; ".join(lines), time.monotonic() - t0, worst_ratio))
+
+
+def switched(args, job_run, tmp, registry):
+    """Train job_run switching and static, compare; its part of the summary
+    line, and the largest pause over the transfer."""
+    procs, nplans = executors(tmp, job_run, args.steps, args.every, registry)
 
     def executor_failed():
         for r, p in enumerate(procs):
@@ -463,10 +613,11 @@ def check(args, tmp, registry):
         return None
     try:
         try:
-            results = mcore.run_ranks(WORLD, lambda r: rank_main(r, args.steps, args.every, registry, True),
+            results = mcore.run_ranks(WORLD, lambda r: rank_main(r, job_run, args.steps, args.every, registry, True,
+                                                                 not args.no_prepare),
                                       timeout=args.timeout, watch=executor_failed)
         except RuntimeError as e:
-            sys.exit("check_switch.py: %s" % e)
+            sys.exit("check_switch.py: %s: %s" % (job_run.name, e))
         failed = [r for r in results if isinstance(r, mcore.RankError)]
         if failed:
             for f in failed:
@@ -474,7 +625,7 @@ def check(args, tmp, registry):
             for r in range(WORLD):
                 print("== exec.%d.log\n%s" % (r, open(os.path.join(tmp, "exec.%d.log" % r)).read()[-2000:]),
                       file=sys.stderr)
-            sys.exit("check_switch.py: %s" % failed[0])
+            sys.exit("check_switch.py: %s: %s" % (job_run.name, failed[0]))
         deadline = time.monotonic() + 30
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -482,42 +633,138 @@ def check(args, tmp, registry):
         stop(procs)
     for r, p in enumerate(procs):
         if p.returncode:
-            sys.exit("check_switch.py: vps-exec rank %d exited with %d:\n%s" % (
-                r, p.returncode, open(os.path.join(tmp, "exec.%d.log" % r)).read()[-2000:]))
+            sys.exit("check_switch.py: %s: vps-exec rank %d exited with %d:\n%s" % (
+                job_run.name, r, p.returncode, open(os.path.join(tmp, "exec.%d.log" % r)).read()[-2000:]))
     digests = sum(open(os.path.join(tmp, "exec.%d.log" % r)).read().count("digest: match") for r in range(WORLD))
-    losses, switches = results[0]
+    losses, switches, _, (counts, held) = results[0]
     if len(switches) != nplans or digests != nplans * WORLD:
-        sys.exit("check_switch.py: %d switches of %d, %d digests matched of %d" % (
-            len(switches), nplans, digests, nplans * WORLD))
-    static = mcore.run_ranks(WORLD, lambda r: rank_main(r, args.steps, args.every, registry, False),
+        sys.exit("check_switch.py: %s: %d switches of %d, %d digests matched of %d" % (
+            job_run.name, len(switches), nplans, digests, nplans * WORLD))
+    want = cache_counts(job_run.configs[:nplans + 1])
+    if counts != want or held > CACHED:
+        sys.exit("check_switch.py: %s: the groups cache made, reused and evicted %s configurations and holds %d; "
+                 "expected %s, at most %d" % (job_run.name, counts, held, want, CACHED))
+    pauses = breakdown(tmp, [r[2] for r in results], nplans)
+    for k, p in enumerate(pauses):
+        p["from"], p["to"] = job_run.configs[k], job_run.configs[k + 1]
+    static = mcore.run_ranks(WORLD, lambda r: rank_main(r, job_run, args.steps, args.every, registry, False),
                              timeout=args.timeout)
     bad = [r for r in static if isinstance(r, mcore.RankError)]
     if bad:
         print(bad[0].trace, file=sys.stderr)
-        sys.exit("check_switch.py: the static run: %s" % bad[0])
+        sys.exit("check_switch.py: %s: the static run: %s" % (job_run.name, bad[0]))
     ref = static[0][0]
-    for k, (at, src, dst, n, elems, pause) in enumerate(switches):
+    for k, ((at, src, dst, n, elems), p) in enumerate(zip(switches, pauses)):
         if args.verbose:
-            print("switch %d at step %d: %s -> %s: %d tensors, %d elements, equal bit for bit (%.2f s)"
-                  % (k + 1, at, src, dst, n, elems, pause))
+            print("%s switch %d at step %d: %s -> %s: %d tensors, %d elements, equal bit for bit; pause %s"
+                  % (job_run.name, k + 1, at, src, dst, n, elems, describe(p)))
     first = switches[0][0] if switches else args.steps
     worst, worst_at = 0.0, 0
     for i, (x, y) in enumerate(zip(losses, ref)):
         step = i + 1
         if step <= first and x != y:
-            sys.exit("check_switch.py: step %d, before any switch: loss %.9g, the static run's %.9g" % (step, x, y))
+            sys.exit("check_switch.py: %s: step %d, before any switch: loss %.9g, the static run's %.9g"
+                     % (job_run.name, step, x, y))
         rel = abs(x - y) / abs(y)
         if rel > worst:
             worst, worst_at = rel, step
         if rel > MAX_REL:
-            sys.exit("check_switch.py: step %d: loss %.9g, the static run's %.9g (%.2g relative, bound %g)"
-                     % (step, x, y, rel, MAX_REL))
+            sys.exit("check_switch.py: %s: step %d: loss %.9g, the static run's %.9g (%.2g relative, bound %g)"
+                     % (job_run.name, step, x, y, rel, MAX_REL))
         if args.verbose:
-            print("step %d: loss %.9f, static %.9f" % (step, x, y))
-    print("micro-gpt on %d ranks: %d switches through vps-exec (%s), the whole state equal bit for bit across "
-          "each; loss within %g of the static run's at every step (largest %.1e, step %d) (%.0f s)"
-          % (WORLD, len(switches), " -> ".join(CONFIGS[:len(switches) + 1]), MAX_REL, worst, worst_at,
-             time.monotonic() - t0))
+            print("%s step %d: loss %.9f, static %.9f" % (job_run.name, step, x, y))
+    line = ("%s on %d ranks: %d switches through vps-exec (%s), the whole state equal bit for bit across each; "
+            "loss within %g of the static run's at every step (largest %.1e, step %d)"
+            % (job_run.name, WORLD, len(switches), " -> ".join(job_run.configs[:len(switches) + 1]), MAX_REL, worst,
+               worst_at))
+    return line, pauses
+
+
+# how many configurations' groups the ranks keep: fewer than a run visits, so that one is evicted and,
+# in micro-moe's run, made again after it
+CACHED = 3
+
+
+def cache_counts(visited):
+    """What vps.megatron's groups cache does over the configurations a run
+    visits, by its documented policy: made, reused, evicted (least recently
+    installed first, never the one running nor the one being made)."""
+    cache, counts = [], {"made": 0, "reused": 0, "evicted": 0}
+    running = None
+    for c in visited:
+        if c in cache:
+            cache.remove(c)
+            counts["reused"] += 1
+        else:
+            counts["made"] += 1
+            while len(cache) + 1 > CACHED:
+                victim = next(x for x in cache if x != running)
+                cache.remove(victim)
+                counts["evicted"] += 1
+        cache.append(c)
+        running = c
+    return counts
+
+
+def reports(tmp, nplans):
+    """Each rank's executor report: its switches, in order."""
+    out = []
+    for r in range(WORLD):
+        with open(os.path.join(tmp, "report.%d.yaml" % r)) as f:
+            sw = yaml.safe_load(f)["switches"]
+        if len(sw) != nplans:
+            raise SystemExit("check_switch.py: report.%d.yaml: %d switches of %d" % (r, len(sw), nplans))
+        out.append(sw)
+    return out
+
+
+def breakdown(tmp, clocks, nplans):
+    """Each switch's pause, from the Job's clocks and the executors'
+    reports, all wall clocks of this machine: the pause from the last rank
+    calling Job.switch to the last returning, and in it the arrival (until
+    every executor had every rank's request: the last rank's request, its
+    executor seeing it, the executors agreeing to start), the transfer
+    (vps-exec's pause: the slowest rank's, from the start to done: mapping,
+    agreeing on the training state, the stages, the digests), then what the
+    Job did in the pause on its slowest rank: the groups installed, build
+    (nothing when prepared), the hand-over (attach) and the wake-up after
+    vps-exec's done (wake: the registry's wait seeing it, the old buffers
+    freed, the new ones registered as sources); ahead, what prepare took
+    before (the slowest rank's)."""
+    rep = reports(tmp, nplans)
+    with open(os.path.join(tmp, "clocks.json"), "w") as f:
+        json.dump({"job": clocks, "exec": rep}, f, indent=1)
+    out = []
+    for k in range(nplans):
+        jc = [c[k] for c in clocks]
+        ex = [r[k] for r in rep]
+        called = max(c["called"] for c in jc)
+        p = {"pause": max(c["returned"] for c in jc) - called,
+             "arrival": max(e["started_at"] for e in ex) - called,
+             "transfer": max(e["pause_seconds"] for e in ex),
+             "stages": max(e["transfer_seconds"] for e in ex),
+             "wake": max(c["done"] for c in jc) - max(e["done_at"] for e in ex),
+             "registry": max(c["switched"] - c["done"] for c in jc),
+             "skew": called - min(c["called"] for c in jc)}
+        for part in ("groups", "build", "attach"):
+            p[part] = max(c[part] for c in jc)
+        ahead = [c["ahead"] for c in jc if c["ahead"]]
+        p["ahead"] = {part: max(a[part] for a in ahead) for part in ahead[0]} if ahead else None
+        out.append(p)
+    return out
+
+
+def describe(p):
+    ms = lambda x: "%.1f" % (x * 1e3)  # noqa: E731
+    line = "%s ms = %.2f x the transfer (arrival %s, transfer %s [stages %s], wake %s, registry %s, groups %s, " \
+        "build %s, attach %s; ranks called within %s)" % (
+            ms(p["pause"]), p["pause"] / p["transfer"], ms(p["arrival"]), ms(p["transfer"]), ms(p["stages"]),
+            ms(p["wake"]), ms(p["registry"]), ms(p["groups"]), ms(p["build"]), ms(p["attach"]), ms(p["skew"]))
+    if p["ahead"]:
+        line += "; ahead %s ms (target %s, groups %s, build %s, attach %s)" % (
+            ms(sum(p["ahead"].values())), ms(p["ahead"]["target"]), ms(p["ahead"]["groups"]),
+            ms(p["ahead"]["build"]), ms(p["ahead"]["attach"]))
+    return line
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ library libvps loads) and registered through the module by device pointer
 tensors take), without torch's CUDA. Each rank's buffers are interior
 pointers of one allocation, as PyTorch's caching allocator hands them out.
 
-    standin_trainer.py [--opened-by PIDFILE] REGISTRY_PREFIX A.layout B.layout
+    standin_trainer.py [--opened-by PIDFILE] [--host STATES] REGISTRY_PREFIX A.layout B.layout
 
 vps-exec (--check) runs one executor per rank with --registry PREFIX-%r.
 Exits 0 when the registrations read back as made, a host pointer and an
@@ -18,9 +18,15 @@ executors, whose pids PIDFILE lists in rank order, hold open every
 allocation they will read: their rank's sources and targets and every
 other rank's sources (a plan in which every rank reads from every other):
 what vps-exec opens while the trainers train. Their reports must then say
-that the pause opened nothing."""
+that the pause opened nothing.
+
+With --host, the buffers of the states listed (main_param,exp_avg,...)
+are host memory (shared-memory objects, as State.allocate makes them)
+and the others device memory, in one registry: optimizer state offloaded
+to the host beside parameters on the GPU."""
 import ctypes as C
 import os
+import re
 import sys
 import time
 
@@ -30,7 +36,7 @@ TOP = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), 
 sys.path.insert(0, os.path.join(TOP, "python"))
 
 import vps  # noqa: E402
-from vps.registry import CUDA, SOURCE, TARGET, Registry  # noqa: E402
+from vps.registry import CUDA, HOST, SOURCE, TARGET, Registry  # noqa: E402
 from vps.state import TORCH_DTYPE, State, assemble  # noqa: E402
 
 ERR = C.c_char * 256
@@ -50,11 +56,19 @@ class Api(C.Structure):
                 ("fill", F(C.c_int, C.c_void_p, C.c_int, C.c_size_t, C.c_char_p))]
 
 
+# the ABI the Api mirror above follows: VPS_CUDA_ABI of lib/gpu/cuda/vps_cuda.h,
+# read from the header so that a bump there that this mirror has not
+# followed fails here by name
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "lib", "gpu", "cuda",
+                       "vps_cuda.h")) as _h:
+    CUDA_ABI = int(re.search(r"#define VPS_CUDA_ABI (\d+)", _h.read()).group(1))
+
+
 def gpu():
     lib = C.CDLL(os.environ["VPS_CUDA_LIBRARY"])
     lib.vps_cuda_api_get.restype = C.POINTER(Api)
     api = lib.vps_cuda_api_get().contents
-    assert api.abi == 5, "the stand-in's ABI is %d" % api.abi
+    assert api.abi == CUDA_ABI, "the stand-in's ABI is %d, this mirror's %d" % (api.abi, CUDA_ABI)
     return api
 
 
@@ -67,9 +81,10 @@ class Rank:
     """One rank's buffers: one device allocation, each buffer 256-byte
     aligned inside it after a first gap, and a CPU copy to fill and read."""
 
-    def __init__(self, api, reg, layout, rank, role):
+    def __init__(self, api, reg, layout, rank, role, host=()):
         self.api, self.state = api, State(layout, rank)
         self.state.buffers = [torch.zeros(b.elements, dtype=TORCH_DTYPE[b.dtype]) for b in self.state.view.buffers]
+        self.on_host = [vps.STATES[b.state] in host for b in self.state.view.buffers]
         sizes = [t.numel() * t.element_size() for t in self.state.buffers]
         at, self.addr = 512, []
         for n in sizes:
@@ -80,19 +95,29 @@ class Rank:
         check(api, api.alloc(C.byref(self.base), at, err), err, "alloc")
         check(api, api.fill(self.base, 0, at, err), err, "fill")
         self.addr = [self.base.value + a for a in self.addr]
-        for b, a in zip(self.state.view.buffers, self.addr):
-            reg.add_cuda(role, b.id, b.state, b.dtype, b.elements, a)
         self.offsets = [a - self.base.value for a in self.addr]
+        for i, (b, a) in enumerate(zip(self.state.view.buffers, self.addr)):
+            if self.on_host[i]:
+                self.addr[i] = reg.alloc_host(role, b.id, b.state, b.dtype, b.elements)
+            else:
+                reg.add_cuda(role, b.id, b.state, b.dtype, b.elements, a)
 
     def upload(self):
         err = ERR()
-        for t, a in zip(self.state.buffers, self.addr):
-            check(self.api, self.api.to_device(a, t.data_ptr(), t.numel() * t.element_size(), err), err, "to_device")
+        for t, a, host in zip(self.state.buffers, self.addr, self.on_host):
+            if host:
+                C.memmove(a, t.data_ptr(), t.numel() * t.element_size())
+            else:
+                check(self.api, self.api.to_device(a, t.data_ptr(), t.numel() * t.element_size(), err), err,
+                      "to_device")
 
     def download(self):
         err = ERR()
-        for t, a in zip(self.state.buffers, self.addr):
-            check(self.api, self.api.to_host(t.data_ptr(), a, t.numel() * t.element_size(), err), err, "to_host")
+        for t, a, host in zip(self.state.buffers, self.addr, self.on_host):
+            if host:
+                C.memmove(t.data_ptr(), a, t.numel() * t.element_size())
+            else:
+                check(self.api, self.api.to_host(t.data_ptr(), a, t.numel() * t.element_size(), err), err, "to_host")
 
 
 def object_name(handle):
@@ -152,9 +177,13 @@ def logical(model):
 
 def main():
     args = sys.argv[1:]
-    pidfile = None
+    pidfile, host_states = None, ()
     if args[:1] == ["--opened-by"]:
         pidfile, args = args[1], args[2:]
+    if args[:1] == ["--host"]:
+        host_states, args = args[1].split(","), args[2:]
+        if not set(host_states) <= set(vps.STATES):
+            sys.exit("standin_trainer: --host %s: not states (%s)" % (",".join(host_states), ", ".join(vps.STATES)))
     prefix, a_path, b_path = args[:3]
     a, b = vps.Layout.load(a_path), vps.Layout.load(b_path)
     api = gpu()
@@ -163,18 +192,18 @@ def main():
     for r in range(a.world):
         reg = Registry("%s-%d" % (prefix, r), a, r)
         regs.append(reg)
-        src.append(Rank(api, reg, a, r, SOURCE))
-        dst.append(Rank(api, reg, b, r, TARGET))
+        src.append(Rank(api, reg, a, r, SOURCE, host_states))
+        dst.append(Rank(api, reg, b, r, TARGET, host_states))
         reg.set_target(b, r)
-        # the entries read back as registered: GPU memory at its offset
-        for e, off in zip(reg.entries(), src[r].offsets + dst[r].offsets):
-            assert e.where == CUDA and e.offset == off, (e.where, e.offset, off)
+        # the entries read back as registered: GPU memory at its offset, host memory where asked
+        for e, off, on_host in zip(reg.entries(), src[r].offsets + dst[r].offsets, src[r].on_host + dst[r].on_host):
+            assert (e.where, e.offset) == ((HOST, 0) if on_host else (CUDA, off)), (e.where, e.offset, off)
         src[r].state.load(full)
         src[r].upload()
     # what is not device memory from this allocator, or overruns it
     host = torch.zeros(16)
     for bad, what in ((host.data_ptr(), "is not device memory"),
-                      (src[0].addr[-1], "overrun their GPU allocation")):
+                      ([x for x, h in zip(src[0].addr, src[0].on_host) if not h][-1], "overrun their GPU allocation")):
         try:
             regs[0].add_cuda(SOURCE, 999, 0, 1, 1 << 30 if "overrun" in what else 16, bad)
             sys.exit("standin_trainer: registering %#x (%s) was not refused" % (bad, what))
@@ -194,8 +223,9 @@ def main():
     wrong = 0
     for (tensor, state), v in got.items():
         wrong += int((v != full(tensor, state).to(v.dtype)).sum())
-    print("standin_trainer: %d ranks, %d logical tensors switched in device memory registered by pointer; "
-          "%d wrong elements" % (a.world, len(got), wrong))
+    print("standin_trainer: %d ranks, %d logical tensors switched in device memory registered by pointer%s; "
+          "%d wrong elements" % (a.world, len(got),
+                                 ", %s in host memory" % ",".join(host_states) if host_states else "", wrong))
     # the executors may still hold the targets open: their memory goes
     # when this process exits, as a CUDA context's does
     for reg in regs:

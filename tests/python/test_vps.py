@@ -6,6 +6,7 @@ failed switch that leaves the sources as they were.
     build/venv/bin/python -m unittest discover -s tests/python"""
 import ctypes as C
 import os
+import pickle
 import shutil
 import socket
 import tempfile
@@ -27,7 +28,7 @@ from vps import _lib  # noqa: E402
 
 def tool_layout(model, spec, rank, gpn=8):
     """vps-layout's YAML for one rank, as a dict (the YAML is simple enough for json after a load)."""
-    import yaml  # python3-yaml comes with python3-torch's dependencies; skip if absent
+    import yaml  # PyYAML: the test environment has it (make venv); skip if absent
     out = subprocess.run([os.path.join(BIN, "vps-layout"), "--model", model, "--parallel", spec, "--gpus-per-node",
                           str(gpn), "--rank", str(rank), "--yaml"], check=True, capture_output=True, text=True).stdout
     return yaml.safe_load(out)
@@ -57,7 +58,7 @@ class Names(unittest.TestCase):
         try:
             doc = tool_layout("tiny-llama", "tp=2,pp=2,dp=2,zero=1", 5)
         except ImportError:
-            self.skipTest("python3-yaml absent")
+            self.skipTest("PyYAML absent (make venv)")
         self.assertEqual(int(str(doc["hash"]), 0), lay.hash)
         r = doc["ranks"][0]
         self.assertEqual([b["elements"] for b in r["buffers"]], [b.elements for b in v.buffers])
@@ -300,7 +301,7 @@ class Names(unittest.TestCase):
         for t in s.buffers:
             t.copy_(torch.randn(t.numel(), generator=g).to(t.dtype))
         before = vps.assemble(a.model, list(s.pieces()))
-        new, carried = vps.switch(self.reg, s, b, 0, vps.Training(step=7, consumed_samples=56, global_batch=8),
+        new, carried = vps.switch(self.reg, s, b, 0, training=vps.Training(step=7, consumed_samples=56, global_batch=8),
                                   timeout=60)
         self.assertEqual(ex.wait(60), 0, self.exec_log())
         self.assertIn("digest: match", self.exec_log())
@@ -320,8 +321,8 @@ class Names(unittest.TestCase):
         s = vps.State.allocate(self.reg, a, 0)
         s.buffers[0].fill_(0.25)
         n = len(self.reg.entries())
-        with self.assertRaises(vps.Error) as e:
-            vps.switch(self.reg, s, wrong, 0, vps.Training(step=3, global_batch=8), timeout=60)
+        with self.assertRaises(vps.PeerFailed) as e:
+            vps.switch(self.reg, s, wrong, 0, training=vps.Training(step=3, global_batch=8), timeout=60)
         self.assertEqual(e.exception.name, "VPS_EPEER")
         self.assertIn("the plan's target is", str(e.exception))
         ex.wait(60)
@@ -334,8 +335,8 @@ class Names(unittest.TestCase):
         a, b = vps.layout("micro-llama", "tp=1"), vps.layout("micro-llama", "tp=1,zero=1")
         self.reg = vps.Registry("vps-pytest-%d" % os.getpid(), a, 0)
         s = vps.State.allocate(self.reg, a, 0)
-        with self.assertRaises(vps.Error) as e:
-            vps.switch(self.reg, s, b, 0, vps.Training(step=3, global_batch=8), timeout=0.2)
+        with self.assertRaises(vps.Timeout) as e:
+            vps.switch(self.reg, s, b, 0, training=vps.Training(step=3, global_batch=8), timeout=0.2)
         self.assertEqual(e.exception.name, "VPS_ETIMEOUT")
         self.assertEqual(self.reg.state(), (vps.registry.REQUESTED, e.exception.seq))
 
@@ -352,7 +353,7 @@ CLOSED_CALLS = {
         ("entries", "obj.entries()"), ("reset", "obj.reset(lay, 0)"), ("request", "obj.request()"),
         ("wait", "obj.wait(1, 0.1)"), ("state", "obj.state()"), ("training", "obj.training"),
         ("training", "setattr(obj, 'training', vps.Training(step=1))"),
-        ("switch", "vps.switch(obj, None, lay, 0, vps.Training(step=1))"),
+        ("switch", "vps.switch(obj, None, lay, 0, training=vps.Training(step=1))"),
         ("switch", "vps.switch(obj, None, lay, 0)"),
         ("State.allocate", "vps.State.allocate(obj, lay, 0)"),
     ],
@@ -360,6 +361,8 @@ CLOSED_CALLS = {
         ("hash", "obj.hash"), ("world", "obj.world"), ("parallel", "obj.parallel"), ("describe", "obj.describe()"),
         ("coords", "obj.coords(0)"), ("rank", "obj.rank(0)"), ("holders", "obj.holders('output_layer.weight')"),
         ("State", "vps.State(obj, 0)"), ("Registry", "vps.Registry('vps-pytest-closed-%d' % os.getpid(), obj, 0)"),
+        ("state_dtype", "obj.state_dtype('param')"), ("states_of", "obj.states_of('output_layer.weight')"),
+        ("optimizer_of", "obj.optimizer_of('output_layer.weight')"),
     ],
     "State": [
         ("buffer", "obj.buffer(vps.PARAM)"), ("param", "obj.param('output_layer.weight')"),
@@ -398,6 +401,94 @@ for call in calls:
     except vps.Error as e:
         print("%%s %%s" %% (e.name, e), flush=True)
 """
+
+
+class Optimizers(unittest.TestCase):
+    """The optimizer as part of the layout: each tensor's states, their
+    dtypes, the layer-wise optimizer's buffers, the 16-bit states of the
+    precision-aware optimizer in a rank's state."""
+
+    def setUp(self):
+        self.reg = None
+
+    def tearDown(self):
+        if self.reg:
+            self.reg.close()
+
+    def test_states_follow_the_optimizer_that_steps_each_tensor(self):
+        lay = vps.layout("tiny-llama", "dp=2,zero=1,optimizer=muon")
+        fc1, emb = "decoder.layers.6.mlp.linear_fc1.weight", "embedding.word_embeddings.weight"
+        self.assertEqual(lay.optimizer_of(fc1), "muon")
+        self.assertEqual(lay.optimizer_of(emb), "adam")
+        self.assertEqual([vps.STATES[s] for s in lay.states_of(fc1)], ["param", "main_param", "momentum_buffer"])
+        self.assertEqual([vps.STATES[s] for s in lay.states_of(emb)], ["param", "main_param", "exp_avg", "exp_avg_sq"])
+        self.assertEqual(vps.OPTIMIZERS[lay.parallel["optimizer"]], "muon")
+        v = lay.rank(1)
+        p = v.param(fc1)
+        self.assertTrue(p.layerwise)
+        self.assertFalse(v.param(emb).layerwise)
+        b = v.buffer(vps.MOMENTUM_BUFFER, layerwise=True)
+        self.assertTrue(v.buffers[b].layerwise and v.buffers[b].sharded)
+        self.assertIsNone(v.buffer(vps.MOMENTUM_BUFFER))
+        self.assertIn("layerwise=True", repr(v.buffers[b]))
+        # layer 6's matrix is rank 1's, whole, at the start of its shard
+        (r,) = v.regions_of(fc1, state="momentum_buffer")
+        self.assertEqual((r.buffer, r.offset, r.dtype), (b, 0, vps.FP32))
+        self.assertEqual(v.regions_of(fc1, state="param")[0].buffer, v.buffer(vps.PARAM, layerwise=True))
+        with self.assertRaises(vps.Error) as e:
+            vps.layout("tiny-llama", "dp=2,zero=1").holders(fc1, "momentum_buffer")
+        self.assertEqual(str(e.exception), "this layout holds no momentum_buffer (adam keeps none)")
+
+    def test_a_dtensor_layout_holds_adams_states_of_its_fp32_parameter(self):
+        lay = vps.layout("llama3-debug", "dp_shard=2,tp=2")
+        emb = "embedding.word_embeddings.weight"
+        self.assertEqual([vps.STATES[s] for s in lay.states_of(emb)], ["main_param", "exp_avg", "exp_avg_sq"])
+        self.assertEqual(lay.optimizer_of(emb), "adam")
+        self.assertEqual((lay.parallel["family"], lay.parallel["dp_shard"], lay.parallel["optimizer"]), (1, 2, 0))
+        self.assertEqual({vps.DTYPES[r.dtype] for r in lay.rank(0).regions}, {"fp32"})
+        with self.assertRaises(vps.InvalidInput) as e:
+            lay.holders(emb, "param")
+        self.assertEqual(str(e.exception),
+                         "this layout holds no param (family=dtensor holds main_param, exp_avg and exp_avg_sq)")
+        with self.assertRaises(vps.InvalidInput) as e:
+            vps.layout("llama3-debug", "dp_shard=2,optimizer=sgd")
+        self.assertIn("optimizer=sgd is Megatron's (family=megatron)", str(e.exception))
+
+    def test_adopt_takes_a_layerwise_buffer_by_its_four_keys(self):
+        lay = vps.layout("micro-llama", "dp=2,zero=1,optimizer=muon", gpus_per_node=4)
+        self.reg = vps.Registry("vps-pytest-%d" % os.getpid(), lay, 0)
+        v = lay.rank(0)
+        b = v.buffer(vps.MOMENTUM_BUFFER, layerwise=True)
+        t = torch.zeros(v.buffers[b].elements)
+        with self.assertRaises(vps.InvalidInput) as e:
+            vps.State.adopt(self.reg, lay, 0, {("momentum_buffer", 0, False): t})
+        self.assertIn("no momentum_buffer buffer of chunk 0", str(e.exception))
+        # every buffer found by (state, chunk, expert, layerwise): refused only as host memory
+        host = {(vps.STATES[x.state], x.chunk, x.expert, x.layerwise):
+                torch.zeros(x.elements, dtype=vps.TORCH_DTYPE[x.dtype]) for x in v.buffers}
+        self.assertEqual(len(host), len(v.buffers))
+        with self.assertRaises(vps.Error) as e:
+            vps.State.adopt(self.reg, lay, 0, host)
+        self.assertIn("a cpu tensor; host buffers come from State.allocate", str(e.exception))
+        self.assertEqual(self.reg.entries(), [])
+
+    def test_precision_aware_states_are_allocated_in_their_dtypes(self):
+        lay = vps.layout("micro-llama", "tp=2,dp=2,zero=1,precision_aware=1,exp_avg=bf16", gpus_per_node=4)
+        self.assertEqual([vps.DTYPES[lay.state_dtype(s)] for s in ("param", "main_param", "exp_avg", "exp_avg_sq")],
+                         ["bf16", "int16", "bf16", "fp32"])
+        h = lay.holders("decoder.layers.0.mlp.linear_fc1.weight", "main_param")[0]
+        volume = 1
+        for lo, hi in zip(h.lo, h.hi):
+            volume *= hi - lo
+        self.assertEqual(h.bytes, 2 * volume)
+        self.reg = vps.Registry("vps-pytest-%d" % os.getpid(), lay, 0)
+        s = vps.State.allocate(self.reg, lay, 0)
+        self.assertEqual(s.buffer("main_param").dtype, torch.int16)
+        self.assertEqual(s.buffer("exp_avg").dtype, torch.bfloat16)
+        self.assertEqual([e.dtype for e in self.reg.entries()], [b.dtype for b in s.view.buffers])
+        self.assertIn(vps.INT16, [e.dtype for e in self.reg.entries()])
+        self.reg.reset(None, -1)
+        s.free()
 
 
 class Closed(unittest.TestCase):
@@ -509,6 +600,169 @@ class Printing(unittest.TestCase):
             with self.assertRaises(vps.Error, msg=bad) as e:
                 lay.holders(*args)
             self.assertIn(bad, str(e.exception))
+
+
+class Api(unittest.TestCase):
+    """What a caller programs against: an exception class per result code,
+    keyword-only options, context managers, names documented, and the
+    module without PyTorch."""
+
+    def test_a_class_per_result_code_with_the_librarys_number(self):
+        from vps import errors
+        names = {c: _lib.lib.vps_result_name(c) for c in range(64)}
+        self.assertEqual(names[0], b"VPS_OK")
+        self.assertIsNone(names[63])
+        self.assertEqual(vps.CODES, {c: n.decode() for c, n in names.items() if n})
+        by_result = {cls.result: cls for cls in errors._CLASSES}
+        for want in ("NotFound", "Timeout", "PeerFailed", "Stale", "Busy", "InvalidInput", "CheckFailed",
+                     "Unsupported"):
+            self.assertIn(want, vps.__all__)
+        for code, name in vps.CODES.items():
+            if code == 0:
+                continue
+            cls = by_result[name]  # every code the library has, a class
+            self.assertIs(getattr(vps, cls.__name__), cls)
+            self.assertTrue(issubclass(cls, vps.Error), cls)
+            self.assertEqual(cls.code, code)
+            # made from the code or by the class, the same error
+            for e in (vps.Error(code, "what went wrong"), cls("what went wrong")):
+                self.assertIs(type(e), cls)
+                self.assertEqual((e.code, e.name, e.message, str(e)),
+                                 (code, name, "what went wrong", "what went wrong"))
+        e = pickle.loads(pickle.dumps(vps.Timeout("late")))
+        self.assertEqual((type(e), e.code, str(e)), (vps.Timeout, vps.Timeout.code, "late"))
+        # a code this module does not know: a plain Error, named by its number
+        e = vps.Error(99, "new")
+        self.assertEqual((type(e), e.name), (vps.Error, "VPS_E99"))
+        with self.assertRaises(TypeError):
+            vps.Error("a message without a code")
+
+    def test_the_library_raises_the_class_of_its_code(self):
+        with self.assertRaises(vps.NotFound):
+            vps.Model("no-such-model")
+        with self.assertRaises(vps.InvalidInput):
+            vps.layout("tiny-llama", "tp=3")
+        lay = vps.layout("micro-llama", "tp=1")
+        with self.assertRaises(vps.InvalidInput) as e:
+            lay.rank(0).param("no.such.parameter")
+        self.assertIn("holds no parameter no.such.parameter", str(e.exception))
+        half = vps.layout("micro-llama", "tp=2", gpus_per_node=2)
+        s = vps.State(half, 0)
+        s.buffers = [torch.ones(b.elements, dtype=vps.TORCH_DTYPE[b.dtype]) for b in s.view.buffers]
+        with self.assertRaises(vps.CheckFailed) as e:
+            vps.assemble(half.model, s.pieces())  # rank 1's half is missing
+        self.assertIn("held by no rank", str(e.exception))
+
+    def test_switch_takes_training_timeout_and_device_by_keyword_only(self):
+        import inspect
+        params = inspect.signature(vps.switch).parameters
+        self.assertEqual([n for n, p in params.items() if p.kind == p.KEYWORD_ONLY],
+                         ["training", "timeout", "device", "target", "clocks", "free"])
+        lay = vps.layout("micro-llama", "tp=1")
+        with vps.Registry("vps-pytest-%d" % os.getpid(), lay, 0) as reg:
+            with self.assertRaises(TypeError):
+                vps.switch(reg, None, lay, 0, vps.Training(step=1))
+            with self.assertRaises(TypeError):
+                vps.switch(reg, None, lay, 0, None, 600.0)
+            self.assertEqual(reg.entries(), [])  # refused before anything was done
+
+    def test_switch_refuses_a_target_made_for_another_layout_or_rank(self):
+        lay, other = vps.layout("micro-llama", "tp=1"), vps.layout("micro-llama", "tp=2", gpus_per_node=2)
+        with vps.Registry("vps-pytest-%d" % os.getpid(), lay, 0) as reg:
+            with vps.State.allocate(reg, lay, 0) as src, vps.State.allocate(reg, lay, 0, vps.TARGET) as tgt:
+                n = len(reg.entries())
+                for to, rank in ((other, 0), (lay, -1)):
+                    with self.assertRaises(vps.InvalidInput) as e:
+                        vps.switch(reg, src, to, rank, target=tgt)
+                    self.assertIn("the target given is", str(e.exception))
+                # refused before anything was done: the registry and both states as they were
+                self.assertEqual(len(reg.entries()), n)
+                self.assertFalse(src.closed or tgt.closed)
+                reg.reset(None, -1)
+
+    def test_layout_registry_and_state_are_context_managers(self):
+        with vps.layout("micro-llama", "tp=1") as lay:
+            self.assertEqual(lay.world, 1)
+        self.assertTrue(lay.closed)
+        lay = vps.layout("micro-llama", "tp=1")
+        name = "vps-pytest-%d" % os.getpid()
+        with vps.Registry(name, lay, 0) as reg:
+            with vps.State.allocate(reg, lay, 0) as s:
+                s.buffers[0].fill_(1)
+                self.assertEqual(len(reg.entries()), len(s.view.buffers))
+            # the registry runs nothing now, and the state's memory is gone
+            self.assertTrue(s.closed)
+            self.assertEqual((reg.layout_hash, reg.rank, reg.entries()), (0, -1, []))
+            with self.assertRaises(vps.InvalidInput):
+                s.param("output_layer.weight")
+            # a state the registry no longer runs is freed, the registry left alone
+            other = vps.layout("micro-llama", "tp=1,zero=1")
+            reg.reset(lay, 0)
+            with vps.State.allocate(reg, lay, 0) as s:
+                reg.reset(other, 0)
+            self.assertTrue(s.closed)
+            self.assertEqual((reg.layout_hash, reg.rank), (other.hash, 0))
+        self.assertTrue(reg.closed)
+        self.assertFalse([f for f in os.listdir("/dev/shm") if f.startswith(name)])
+
+    def test_every_public_name_is_documented_and_typed(self):
+        import inspect
+        import vps.hf
+        import vps.megatron
+        for mod in (vps, vps.megatron, vps.elastic, vps.hf):
+            for n in mod.__all__:
+                obj = getattr(mod, n)
+                if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+                    continue
+                with self.subTest(name="%s.%s" % (mod.__name__, n)):
+                    self.assertTrue((obj.__doc__ or "").strip())
+                members = [(n, obj)] if inspect.isfunction(obj) else \
+                    [("%s.%s" % (n, m), v.fget if isinstance(v, property) else getattr(v, "__func__", v))
+                     for m, v in vars(obj).items() if not m.startswith("_") or m == "__init__"]
+                for what, f in members:
+                    if not inspect.isfunction(f):
+                        continue
+                    with self.subTest(name="%s.%s" % (mod.__name__, what)):
+                        if not what.endswith("__init__"):
+                            self.assertTrue((f.__doc__ or "").strip())
+                        # the core API has type hints: every argument and the result
+                        if mod is vps:
+                            sig = inspect.signature(f)
+                            self.assertEqual([p for p, v in sig.parameters.items() if v.annotation is v.empty
+                                              and p not in ("self", "cls") and v.kind not in (v.VAR_POSITIONAL,)],
+                                             [])
+                            self.assertIsNot(sig.return_annotation, sig.empty)
+
+    def test_without_torch_the_module_imports_and_says_what_needs_it(self):
+        # torch made unimportable, as in a Python that lacks it
+        child = r"""
+import sys
+sys.modules["torch"] = None
+sys.path.insert(0, %r)
+import vps
+from vps import *
+print(layout("micro-llama", "tp=2", gpus_per_node=2).world, "State" in dir(), vps.NotFound.__name__)
+for part in ("vps.State", "vps.switch", "vps.assemble"):
+    try:
+        eval(part)
+    except ModuleNotFoundError as e:
+        print(part, e.name, e)
+for part in ("vps.megatron", "vps.elastic"):
+    try:
+        __import__(part)
+    except ModuleNotFoundError as e:
+        print(part, e.name, e)
+""" % os.path.join(TOP, "python")
+        r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = r.stdout.splitlines()
+        self.assertEqual(lines[0], "2 False NotFound")
+        self.assertEqual(len(lines), 6, r.stdout)
+        for line, part in zip(lines[1:], ("vps.State", "vps.switch", "vps.assemble", "vps.megatron", "vps.elastic")):
+            self.assertTrue(line.startswith(part + " torch vps."), line)
+            self.assertIn(" needs PyTorch, which %s cannot import (" % sys.executable, line)
+            self.assertIn("make venv makes build/venv", line)
+            self.assertIn("pip install torch", line)
 
 
 class Elastic(unittest.TestCase):

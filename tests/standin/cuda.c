@@ -28,9 +28,10 @@
  *   race between warps), and rows outside every allocation (an illegal
  *   address: reported at the next sync and sticky, as a fault kills a CUDA
  *   context).
- * - The digest kernel. Its arithmetic on the host, ordered on the stream
- *   after the work queued before it; a view outside every allocation
- *   faults the stream as the copy kernel's rows do.
+ * - The digest kernel. The real kernel's lanes (gpu/cuda/vps_digest.h, the
+ *   code nvcc compiles for the GPU) run one after another on the host,
+ *   ordered on the stream after the work queued before it; a view outside
+ *   every allocation faults the stream as the copy kernel's rows do.
  * - NCCL. As the real library: opened with dlopen (VPS_NCCL_LIBRARY, else
  *   libnccl.so.2, libnccl.so), called with the host addresses behind the
  *   device buffers and this stream.
@@ -50,6 +51,7 @@
 #include <nccl.h>
 
 #include "gpu/cuda/vps_cuda.h"
+#include "gpu/cuda/vps_digest.h"
 #include "standin.h"
 #include "util/hash.h"
 
@@ -1103,42 +1105,30 @@ static int run_digest(void *arg, bool cancelled, char *err)
 	if (!cancelled && k->fault[0]) {
 		snprintf(err, STANDIN_ERR, "%s", k->fault);
 		rc = 1;
-	} else if (!cancelled) {
-		for (size_t i = 0; i < k->n; i++) {
-			const struct vps_cuda_digest *v = &k->d[i].v;
-			/* row by row along the last axis, as the kernel's warps go */
-			int last = v->ndim - 1;
-			int64_t idx[VPS_CUDA_MAX_DIMS] = {0}, rows = 1;
-			for (int a = 0; a < last; a++)
-				rows *= v->ext[a];
-			for (int64_t row = 0; row < rows; row++) {
-				int64_t off = 0, flat = v->flat;
-				for (int a = 0; a < last; a++) {
-					off += idx[a] * v->strides[a];
-					flat += idx[a] * v->flat_strides[a];
-				}
-				const unsigned char *p = k->d[i].host + off * v->esize;
-				int64_t step = v->strides[last] * v->esize, fstep = v->flat_strides[last];
-				for (int64_t j = 0; j < v->ext[last]; j++, p += step, flat += fstep) {
-					uint64_t bits;
-					if (v->esize == 2) {
-						uint16_t b;
-						memcpy(&b, p, 2);
-						bits = b;
-					} else {
-						uint32_t b;
-						memcpy(&b, p, 4);
-						bits = b;
-					}
-					sum += vps_mix64(vps_mix64(v->key ^ (uint64_t)flat) ^ bits);
-				}
-				for (int a = last - 1; a >= 0; a--) {
-					if (++idx[a] < v->ext[a])
-						break;
-					idx[a] = 0;
-				}
+	} else if (!cancelled && k->n) {
+		/* the real kernel's lanes, one after another (vps_digest.h), over
+		 * the host memory behind the views */
+		struct vps_cuda_digest *v = malloc(k->n * sizeof(*v));
+		struct vps_dk_desc *d = malloc(k->n * sizeof(*d));
+		uint64_t slot[VPS_DK_BLOCK];
+		if (!v || !d) {
+			snprintf(err, STANDIN_ERR, "out of memory");
+			rc = 1;
+		} else {
+			for (uint32_t l = 0; l < VPS_DK_BLOCK; l++)
+				slot[l] = vps_dk_slot_key(l);
+			for (size_t i = 0; i < k->n; i++) {
+				v[i] = k->d[i].v;
+				v[i].addr = (uint64_t)(uintptr_t)k->d[i].host;
 			}
+			size_t m = 0;
+			uint64_t units = vps_dk_prepare(v, k->n, d, &m);
+			for (uint64_t u = 0; u < units; u++)
+				for (int lane = 0; lane < VPS_DK_LANES; lane++)
+					sum += vps_dk_lane(d, (int)m, u, lane, slot);
 		}
+		free(v);
+		free(d);
 	}
 	*k->sum = sum;
 	free(k);

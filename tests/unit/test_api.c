@@ -80,6 +80,9 @@ TEST(options_from_their_init_macros_carry_their_version_and_the_defaults)
 	CHECK_EQ(eo.transport, VPS_EXEC_TCP);
 	CHECK_EQ(eo.device, -1);
 	CHECK(eo.timeout == 60 && eo.request_timeout == 600 && !eo.registry && !eo.progress && !eo.plan_names);
+	/* the macro lists every field in order: a field added in the middle
+	 * shifts the values after it, which these catch */
+	CHECK(!eo.wait && !eo.check && !eo.notice && !eo.notice_ctx && eo.notice_every == 0 && eo.wait_limit == 0);
 	CHECK_EQ(to.version, VPS_TRAINER_OPTS_VERSION);
 	CHECK(to.steps_before == 3 && to.steps_after == 2 && to.micro_batch == 1 && to.timeout == 120);
 	CHECK_EQ(to.device, -1);

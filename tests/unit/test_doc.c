@@ -85,7 +85,8 @@ TEST(yaml_errors_name_the_line)
 	CHECK(parse_bytes((const unsigned char *)future, strlen(future)) == VPS_EFORMAT);
 	const char *other = "vps: model\nversion: 1\n";
 	CHECK(parse_bytes((const unsigned char *)other, strlen(other)) == VPS_EINPUT);
-	CHECK(strstr(vps_last_error(), "expected a layout document, found 'model'") != NULL);
+	CHECK(strstr(vps_last_error(), "f: line 1: a model, not a layout (vps-layout --model MODEL --parallel SPEC -o FILE "
+					"makes one)") != NULL);
 }
 
 /* A document of n bytes: `vps: layout`, then `ranks:` and open/close

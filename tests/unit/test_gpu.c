@@ -102,7 +102,8 @@ TEST(copy_kernel_equals_the_host_copy)
 	int64_t sat = 0, dat = 0;
 	for (int i = 0; i < N; i++) {
 		int64_t sskew = pick(0, 7) * ops[i].esize, dskew = pick(0, 7) * ops[i].esize;
-		c[i] = (struct vps_local_copy){&ops[i], (unsigned char *)ds + sat + sskew, (unsigned char *)dd + dat + dskew};
+		c[i] = (struct vps_local_copy){&ops[i], (unsigned char *)ds + sat + sskew, (unsigned char *)dd + dat + dskew,
+							VPS_WHERE_CUDA};
 		vps_copy_strided(hd + dat + dskew + ops[i].dst_offset * ops[i].esize, ops[i].dst_strides,
 				 hs + sat + sskew + ops[i].src_offset * ops[i].esize, ops[i].src_strides, ops[i].ext,
 				 ops[i].ndim, ops[i].esize);
@@ -152,7 +153,7 @@ static struct vps_cuda_digest kernel_view(const struct vps_region *r, const stru
 {
 	struct vps_cuda_digest v = {0};
 	int64_t tstr = 1;
-	v.esize = (int32_t)vps_dtype_size(vps_state_dtype(r->state));
+	v.esize = (int32_t)vps_dtype_size(vps_region_dtype(r));
 	v.ndim = r->box.ndim;
 	for (int k = t->ndim - 1; k >= 0; k--) {
 		v.ext[k] = r->box.hi[k] - r->box.lo[k];
@@ -190,7 +191,7 @@ TEST(digest_kernel_equals_vps_digest_region)
 	uint64_t want = 0, one = 0, got = 0;
 	int64_t at = 0;
 	for (int i = 0; i < N; i++) {
-		size_t es = vps_dtype_size(vps_state_dtype(r[i].state));
+		size_t es = vps_dtype_size(vps_region_dtype(&r[i]));
 		uint64_t mine = vps_digest_region(h + at, &r[i], &t[i]);
 		v[i] = kernel_view(&r[i], &t[i], (unsigned char *)d + at);
 		/* each view alone, then all of them in one launch */
@@ -226,6 +227,53 @@ TEST(digest_kernel_equals_vps_digest_region)
 	bad = v[1];
 	bad.ext[0] = -1;
 	CHECK_EQ(api->digest(&bad, 1, &got, err), VPS_CUDA_EINPUT);
+	api->release(d, err);
+	free(h);
+}
+
+TEST(digest_kernel_equals_the_host_on_long_rows_at_every_alignment)
+{
+	/* rows of several blocks (2048 elements) and chunks (8192), starting
+	 * at every logical index and address a 16-byte vector can meet: the
+	 * kernel reads 16-byte vectors where both line up, element by element
+	 * where they do not, and the odd ends around the vectors */
+	const struct vps_cuda_api *api = gpu_or_skip("digest_kernel_equals_the_host_on_long_rows_at_every_alignment");
+	if (!api)
+		return;
+	enum { N = 4 * 8192 + 3 * 2048 + 37 };
+	unsigned char *h = malloc((size_t)N * 4 + 64);
+	void *d = NULL;
+	char err[VPS_CUDA_ERR] = "";
+	CHECK(h && !api->alloc(&d, (size_t)N * 4 + 64, err));
+	if (!h || !d) {
+		free(h);
+		return;
+	}
+	for (int64_t i = 0; i < (int64_t)N * 4 + 64; i++)
+		h[i] = (unsigned char)next();
+	CHECK(!api->to_device(d, h, (size_t)N * 4 + 64, err));
+	static const enum vps_state states[] = {VPS_STATE_PARAM, VPS_STATE_MAIN_PARAM};
+	int wrong = 0, cases = 0;
+	for (int s = 0; s < 2; s++) {
+		int64_t es = (int64_t)vps_dtype_size(vps_state_dtype(states[s]));
+		for (int64_t lo = 0; lo < 9; lo++) {
+			for (int64_t skew = 0; skew < 16 / es + 1; skew++) {
+				int64_t len = N - 16 - (int64_t)(next() % 5000) * (lo & 1);
+				struct vps_tensor t = {.ndim = 2, .shape = {3, N}};
+				/* row 1 of a [3, N] tensor from column lo: logical
+				 * index N + lo, at element skew of the buffer */
+				struct vps_region r = {.tensor = (uint32_t)(100 + s), .state = (uint8_t)states[s],
+						       .box = {2, {1, lo}, {2, lo + len}}, .offset = skew, .strides = {len, 1}};
+				struct vps_cuda_digest v = kernel_view(&r, &t, d);
+				uint64_t got = 0;
+				CHECK(!api->digest(&v, 1, &got, err));
+				wrong += got != vps_digest_region(h, &r, &t);
+				cases++;
+			}
+		}
+	}
+	CHECK_EQ(wrong, 0);
+	CHECK(cases == 9 * (9 + 5));
 	api->release(d, err);
 	free(h);
 }
@@ -270,10 +318,25 @@ TEST(a_ranks_digest_on_the_gpu_equals_the_hosts)
 		for (int64_t rank = 0; rank < j.n; rank++) {
 			void **dev = calloc(j.views[rank].nbuffers + 1, sizeof(*dev));
 			void *base = dev ? upload_rank(api, &j, rank, dev) : NULL;
-			uint64_t host = 0, gpu = 1;
+			uint64_t host = 0, gpu = 1, mixed = 2;
+			size_t nb = j.views[rank].nbuffers;
+			uint8_t *where = calloc(nb + 1, 1), *half = calloc(nb + 1, 1);
+			void **both = calloc(nb + 1, sizeof(*both));
+			CHECK(where && half && both);
+			for (size_t b = 0; where && half && both && b < nb; b++) {
+				where[b] = VPS_WHERE_CUDA;
+				/* every other buffer left in host memory, as offloaded state is */
+				half[b] = b % 2 ? VPS_WHERE_HOST : VPS_WHERE_CUDA;
+				both[b] = b % 2 ? j.bufs[rank][b] : dev[b];
+			}
 			CHECK_OK(vps_exec_digest(l, rank, (void *const *)j.bufs[rank], &host));
-			CHECK_OK(vps_exec_digest_part(l, rank, dev, NULL, true, api, &gpu));
+			CHECK_OK(vps_exec_digest_part(l, rank, dev, NULL, true, where, api, &gpu));
+			CHECK_OK(vps_exec_digest_part(l, rank, both, NULL, true, half, api, &mixed));
 			CHECK(host == gpu);
+			CHECK(host == mixed);
+			free(where);
+			free(half);
+			free(both);
 			host_sum += host;
 			gpu_sum += gpu;
 			char err[VPS_CUDA_ERR];

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <signal.h>
+#include <time.h>
 #include <sys/wait.h>
 
 #include "harness.h"
@@ -44,8 +45,9 @@ static void *run_rank(void *arg)
 	struct rank_run *r = arg;
 	int64_t peers[64];
 	size_t np = vps_net_tree_peers(r->rank, r->world, peers);
-	struct vps_net_opts o = {r->rank,  r->world, "127.0.0.1", r->port, 30.0, "0123456789abcdef0123456789abcdef",
-				 "127.0.0.1", 42, peers, np, NULL};
+	struct vps_net_opts o = {.rank = r->rank, .world = r->world, .master_host = "127.0.0.1", .master_port = r->port,
+				 .timeout = 30.0, .token = "0123456789abcdef0123456789abcdef", .bind = "127.0.0.1",
+				 .plan_hash = 42, .peers = peers, .npeers = np};
 	struct vps_net *n = NULL;
 	r->rc = vps_net_start(&n, &o);
 	if (!r->rc)
@@ -225,6 +227,30 @@ TEST(control_tree_neighbours_are_a_tree_rooted_at_rank_0)
 	}
 }
 
+/* What a rank's notices said, a line each. */
+struct heard {
+	char text[8192];
+	size_t len, count;
+};
+
+static void hear(void *ctx, const char *message)
+{
+	struct heard *h = ctx;
+	int k = snprintf(h->text + h->len, sizeof(h->text) - h->len, "%s\n", message);
+	if (k > 0)
+		h->len = h->len + (size_t)k < sizeof(h->text) ? h->len + (size_t)k : sizeof(h->text) - 1;
+	h->count++;
+}
+
+/* The lines of h that hold what. */
+static size_t heard_lines(const struct heard *h, const char *what)
+{
+	size_t n = 0;
+	for (const char *p = h->text; (p = strstr(p, what)); p += strlen(what))
+		n++;
+	return n;
+}
+
 /* A rank of a tree test: its network over loopback with the ranks it
  * exchanges data with (none here: the tree links only), its results. */
 struct tree_rank {
@@ -241,6 +267,10 @@ struct tree_rank {
 	unsigned char id[128];
 	double seconds;      /* until the agreement ended */
 	struct vps_net_stats started, st; /* once started, at the end */
+	const char *token;   /* NULL: the job's */
+	double notice_after, notice_every; /* notices heard when notice_after > 0 */
+	double sum_after;    /* seconds before it joins the sum */
+	struct heard heard;
 };
 
 static int ready_after(void *ctx)
@@ -252,8 +282,18 @@ static int ready_after(void *ctx)
 static void *run_tree_rank(void *arg)
 {
 	struct tree_rank *r = arg;
-	struct vps_net_opts o = {r->rank,  r->world, "127.0.0.1", r->port, r->timeout, "0123456789abcdef0123456789abcdef",
-				 "127.0.0.1", 42, NULL, 0, NULL};
+	struct vps_net_opts o = {.rank = r->rank,
+				 .world = r->world,
+				 .master_host = "127.0.0.1",
+				 .master_port = r->port,
+				 .timeout = r->timeout,
+				 .token = r->token ? r->token : "0123456789abcdef0123456789abcdef",
+				 .bind = "127.0.0.1",
+				 .plan_hash = 42,
+				 .notice = r->notice_after > 0 ? hear : NULL,
+				 .notice_ctx = &r->heard,
+				 .notice_after = r->notice_after,
+				 .notice_every = r->notice_every};
 	struct vps_net *n = NULL;
 	r->rc = vps_net_start(&n, &o);
 	if (!r->rc)
@@ -261,6 +301,10 @@ static void *run_tree_rank(void *arg)
 	r->sum[0] = (uint64_t)r->rank;
 	r->sum[1] = 1;
 	r->sum[2] = (uint64_t)r->rank * (uint64_t)r->rank;
+	if (r->sum_after > 0) {
+		struct timespec ts = {0, (long)(r->sum_after * 1e9)};
+		nanosleep(&ts, NULL);
+	}
 	if (!r->rc)
 		r->rc = vps_net_allreduce_sum(n, r->sum, 3, "sum");
 	for (size_t i = 0; i < sizeof(r->id); i++)
@@ -383,8 +427,9 @@ static void lost_rank_case(int64_t W, int64_t bad, bool stop)
 	pid_t child = fork();
 	CHECK(child >= 0);
 	if (child == 0) {
-		struct vps_net_opts o = {bad, W, "127.0.0.1", port, 1.0, "0123456789abcdef0123456789abcdef", "127.0.0.1", 42,
-					 NULL, 0, NULL};
+		struct vps_net_opts o = {.rank = bad, .world = W, .master_host = "127.0.0.1", .master_port = port,
+					 .timeout = 1.0, .token = "0123456789abcdef0123456789abcdef", .bind = "127.0.0.1",
+					 .plan_hash = 42};
 		struct vps_net *n = NULL;
 		if (vps_net_start(&n, &o))
 			_exit(2);
@@ -467,4 +512,200 @@ TEST(a_trainer_later_than_the_window_is_named_by_every_rank)
 	for (int64_t r = 0; r < W; r++)
 		if (r != 4 && (runs[r].rc != VPS_EPEER || !strstr(runs[r].error, "rank 4 failed: the trainer did not request")))
 			harness_fail(__FILE__, __LINE__, "rank %lld: %s", (long long)r, runs[r].error);
+}
+
+/* ---- waits that say whom they wait for ---- */
+
+/* Ranks but the absent ones of W as threads, each told notices; returns
+ * them once every thread ended. */
+static void run_ranks(struct tree_rank *runs, int64_t W, const bool *absent)
+{
+	pthread_t th[8];
+	for (int64_t r = 0; r < W; r++)
+		if (!absent || !absent[r])
+			CHECK(pthread_create(&th[r], NULL, run_tree_rank, &runs[r]) == 0);
+	for (int64_t r = 0; r < W; r++)
+		if (!absent || !absent[r])
+			pthread_join(th[r], NULL);
+}
+
+TEST(a_bootstrap_names_whom_it_waits_for_once_or_every_period)
+{
+	/* rank 2 never comes: rank 0 knows it, rank 1 waits for rank 0 */
+	int port = free_port();
+	struct tree_rank runs[3];
+	bool absent[3] = {false, false, true};
+	for (int64_t r = 0; r < 3; r++)
+		runs[r] = (struct tree_rank){.rank = r, .world = 3, .port = port, .timeout = 1.2, .calls_to_arrive = 1,
+					     .notice_after = 0.1, .notice_every = r == 1 ? 0.2 : 0};
+	run_ranks(runs, 3, absent);
+	char want[128];
+	snprintf(want, sizeof(want), "bootstrap: waiting for rank 2 to join at 127.0.0.1:%d (", port);
+	CHECK_EQ(runs[0].rc, VPS_ETIMEOUT);
+	CHECK(strstr(runs[0].error, "bootstrap: rank 2 did not come within 1.2 s") != NULL);
+	/* once, before the timeout's message: the notice is not the error */
+	CHECK_EQ(heard_lines(&runs[0].heard, want), 1);
+	CHECK_EQ(runs[0].heard.count, 1);
+	CHECK(strstr(runs[0].heard.text, "s so far; timeout 1.2 s)\n") != NULL);
+	/* every period while it lasts */
+	snprintf(want, sizeof(want), "bootstrap: waiting for rank 0 at 127.0.0.1:%d to hear from every rank (", port);
+	CHECK(runs[1].rc != VPS_OK);
+	CHECK(heard_lines(&runs[1].heard, want) >= 2);
+	CHECK_EQ(heard_lines(&runs[1].heard, want), runs[1].heard.count);
+	if (runs[0].heard.count != 1 || runs[1].heard.count < 2)
+		fprintf(stderr, "rank 0 heard:\n%srank 1 heard:\n%s", runs[0].heard.text, runs[1].heard.text);
+}
+
+TEST(a_peer_with_another_token_is_named_after_a_few_refusals_and_refused_still)
+{
+	int port = free_port();
+	struct tree_rank runs[2];
+	for (int64_t r = 0; r < 2; r++)
+		runs[r] = (struct tree_rank){.rank = r, .world = 2, .port = port, .timeout = 1.0, .calls_to_arrive = 1,
+					     .notice_after = 0.1, .token = r ? "ffffffffffffffffffffffffffffffff" : NULL};
+	run_ranks(runs, 2, NULL);
+	CHECK_EQ(runs[0].rc, VPS_ETIMEOUT);
+	CHECK_EQ(runs[1].rc, VPS_ETIMEOUT);
+	CHECK_EQ(heard_lines(&runs[0].heard, "rank 1 at 127.0.0.1 (as its hello says) was refused 3 times: it does not "
+					     "prove the job token (another job's VPS_TOKEN?)"),
+		 1);
+	CHECK_EQ(heard_lines(&runs[0].heard, "was refused"), 1);
+	/* refused many more times than named, and counted in the error */
+	CHECK(strstr(runs[0].error, "of them from 127.0.0.1 as rank 1: does every rank hold the same VPS_TOKEN?") != NULL);
+	char want[128];
+	snprintf(want, sizeof(want), "rank 0 at 127.0.0.1:%d turned this rank away 3 times: another job's VPS_TOKEN?", port);
+	CHECK_EQ(heard_lines(&runs[1].heard, want), 1);
+	CHECK_EQ(heard_lines(&runs[1].heard, "turned this rank away"), 2); /* and its wait says so */
+	if (heard_lines(&runs[1].heard, want) != 1)
+		fprintf(stderr, "rank 0 heard:\n%srank 1 heard:\n%s", runs[0].heard.text, runs[1].heard.text);
+}
+
+TEST(a_rank_whose_trainer_is_late_is_named_by_its_parent_and_the_others_wait_for_rank_0)
+{
+	int64_t W = 6;
+	int port = free_port();
+	struct tree_rank runs[6];
+	for (int64_t r = 0; r < W; r++)
+		runs[r] = (struct tree_rank){.rank = r, .world = W, .port = port, .timeout = 30, .window = 1.0,
+					     .calls_to_arrive = r == 4 ? 1 << 30 : 1, .notice_after = 0.1};
+	run_ranks(runs, W, NULL);
+	CHECK_EQ(runs[4].rc, VPS_ETIMEOUT);
+	/* rank 4 is rank 0's child; rank 1's subtree (1, 5) is ready */
+	CHECK_EQ(heard_lines(&runs[0].heard, "the switch's start: this rank is ready; waiting for rank 4 at 127.0.0.1 "
+					     "(or a rank below it in the control tree) ("),
+		 1);
+	CHECK_EQ(runs[0].heard.count, 1);
+	CHECK_EQ(heard_lines(&runs[1].heard, "the switch's start: this rank and those below it in the control tree are "
+					     "ready; waiting for the others, whose word comes from rank 0 through rank 0 at "
+					     "127.0.0.1 ("),
+		 1);
+	CHECK_EQ(heard_lines(&runs[5].heard, "whose word comes from rank 0 through rank 1 at 127.0.0.1 ("), 1);
+	/* the late rank's own wait is its trainer's, said by the executor */
+	CHECK_EQ(runs[4].heard.count, 0);
+	if (runs[0].heard.count != 1)
+		fprintf(stderr, "rank 0 heard:\n%s", runs[0].heard.text);
+}
+
+TEST(a_collective_names_the_rank_it_waits_for)
+{
+	/* rank 2 joins the sum late: its parent, rank 0, names it; rank 1 waits
+	 * for the result from rank 0 */
+	int port = free_port();
+	struct tree_rank runs[3];
+	for (int64_t r = 0; r < 3; r++)
+		runs[r] = (struct tree_rank){.rank = r, .world = 3, .port = port, .timeout = 30, .calls_to_arrive = 1,
+					     .notice_after = 0.1, .sum_after = r == 2 ? 0.6 : 0};
+	run_ranks(runs, 3, NULL);
+	for (int64_t r = 0; r < 3; r++)
+		CHECK_OK(runs[r].rc);
+	CHECK_EQ(heard_lines(&runs[0].heard, "sum: this rank is ready; waiting for rank 2 at 127.0.0.1 (or a rank below it "
+					     "in the control tree) ("),
+		 1);
+	CHECK_EQ(heard_lines(&runs[1].heard, "sum: this rank and those below it in the control tree are ready; waiting for "
+					     "the others, whose word comes from rank 0 through rank 0 at 127.0.0.1 ("),
+		 1);
+	CHECK_EQ(runs[2].heard.count, 0);
+	if (runs[0].heard.count != 1)
+		fprintf(stderr, "rank 0 heard:\n%srank 1 heard:\n%s", runs[0].heard.text, runs[1].heard.text);
+}
+
+TEST(a_mesh_names_the_rank_it_cannot_connect_to_and_where)
+{
+	/* rank 1 bootstraps by hand, saying it listens where nobody answers,
+	 * then never meshes: rank 0 connects there and waits */
+	int port = free_port();
+	struct tree_rank run0 = {.rank = 0, .world = 2, .port = port, .timeout = 1.5, .calls_to_arrive = 1,
+				 .notice_after = 0.3};
+	pthread_t th;
+	CHECK(pthread_create(&th, NULL, run_tree_rank, &run0) == 0);
+	int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof(sa);
+	CHECK(lfd >= 0 && !bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) && !listen(lfd, 4) &&
+	      !getsockname(lfd, (struct sockaddr *)&sa, &len));
+	unsigned char key[VPS_AUTH_KEY];
+	vps_auth_key("0123456789abcdef0123456789abcdef", key);
+	struct outbound out = {.rank = 0, .kind = HELLO_CTL};
+	CHECK_OK(vps_net_resolve("127.0.0.1", port, &out.sa));
+	struct handshake hs = {.key = key, .me = 1, .world = 2, .plan_hash = 42, .kinds = 1u << HELLO_CTL, .lfd = -1,
+			       .out = &out, .nout = 1, .deadline = vps_net_now() + 1.0,
+			       .listen = (uint64_t)sa.sin_addr.s_addr << 16 | ntohs(sa.sin_port)};
+	CHECK_OK(vps_net_handshake(&hs));
+	uint64_t none = 0, answer[2] = {1, 1};
+	CHECK_OK(vps_net_send_all(out.fd, &none, sizeof(none), 1.0, "test"));
+	CHECK_OK(vps_net_recv_all(out.fd, answer, sizeof(answer), 1.0, "test"));
+	CHECK(answer[0] == 0 && answer[1] == 0);
+	close(out.fd);
+	pthread_join(th, NULL);
+	close(lfd);
+	char want[160];
+	snprintf(want, sizeof(want), "connecting the ranks: waiting for rank 1 at 127.0.0.1:%d (connected, no answer yet) (", ntohs(sa.sin_port));
+	CHECK_EQ(run0.rc, VPS_ETIMEOUT);
+	CHECK(strstr(run0.error, "connecting the ranks: no connection with rank 1 within 1.5 s") != NULL);
+	CHECK_EQ(heard_lines(&run0.heard, want), 1);
+	if (heard_lines(&run0.heard, want) != 1)
+		fprintf(stderr, "rank 0 heard:\n%s", run0.heard.text);
+}
+
+/* An acceptor of the version before this one (the digest's function
+ * changed): its challenge carries the magic "VPSNET3". */
+static void *old_acceptor(void *arg)
+{
+	int fd = accept(*(int *)arg, NULL, NULL);
+	if (fd >= 0) {
+		struct challenge c = {0x3354454e535056ULL, {0}};
+		char buf[256];
+		if (send(fd, &c, sizeof(c), MSG_NOSIGNAL) == (ssize_t)sizeof(c))
+			while (recv(fd, buf, sizeof(buf), 0) > 0) /* until the connector hangs up */
+				;
+		close(fd);
+	}
+	return NULL;
+}
+
+TEST(an_executor_of_the_version_before_is_refused_by_name)
+{
+	int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof(sa);
+	CHECK(lfd >= 0 && !bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) && !listen(lfd, 4) &&
+	      !getsockname(lfd, (struct sockaddr *)&sa, &len));
+	pthread_t th;
+	CHECK(pthread_create(&th, NULL, old_acceptor, &lfd) == 0);
+	unsigned char key[VPS_AUTH_KEY];
+	vps_auth_key("0123456789abcdef0123456789abcdef", key);
+	struct outbound out = {.rank = 0, .kind = HELLO_CTL};
+	CHECK_OK(vps_net_resolve("127.0.0.1", ntohs(sa.sin_port), &out.sa));
+	struct handshake hs = {.key = key, .me = 1, .world = 2, .plan_hash = 42, .kinds = 1u << HELLO_CTL, .lfd = -1,
+			       .out = &out, .nout = 1, .deadline = vps_net_now() + 3.0};
+	CHECK_EQ(vps_net_handshake(&hs), VPS_EPEER);
+	char want[96];
+	snprintf(want, sizeof(want), "127.0.0.1:%d is not a vps-exec of this version (rank 0 was expected there)",
+		 ntohs(sa.sin_port));
+	CHECK(strstr(vps_last_error(), want) != NULL);
+	if (out.fd >= 0)
+		close(out.fd);
+	shutdown(lfd, SHUT_RDWR);
+	pthread_join(th, NULL);
+	close(lfd);
 }

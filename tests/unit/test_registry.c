@@ -337,6 +337,52 @@ TEST(a_trainer_ends_a_switch_whose_executor_died)
 	vps_registry_close(trainer);
 }
 
+/* An executor that held the registry when the trainer asked, and died
+ * before claiming the request (killed frozen), ends the wait at once as
+ * one that died mid-switch does; one killed before the request leaves the
+ * next request to the next executor. */
+TEST(a_trainer_ends_a_request_whose_executor_died_before_claiming_it)
+{
+	char name[64];
+	struct vps_registry *trainer, *next;
+	uint64_t seq, got;
+	name_for(name, sizeof(name), "dropped");
+	CHECK_OK(vps_registry_create(&trainer, name, 1, 0, 8, 0));
+	int ready[2];
+	CHECK(pipe(ready) == 0);
+	pid_t child = fork();
+	if (child == 0) {
+		struct vps_registry *e;
+		char b = vps_registry_open(&e, name) ? 'n' : 'y';
+		if (write(ready[1], &b, 1) != 1)
+			_exit(1);
+		pause();
+		_exit(0);
+	}
+	char b = 0;
+	CHECK(read(ready[0], &b, 1) == 1 && b == 'y');
+	CHECK_OK(vps_registry_request(trainer, &seq));
+	kill(child, SIGKILL);
+	waitpid(child, NULL, 0);
+	CHECK(vps_registry_wait(trainer, seq, 5) == VPS_EPEER);
+	char want[96];
+	snprintf(want, sizeof(want), "its executor (pid %d) is gone", (int)child);
+	CHECK(strstr(vps_last_error(), want) != NULL);
+	CHECK_EQ(vps_registry_state(trainer, NULL), VPS_REG_FAILED);
+	/* its word is still there: the next request is not taken for dropped */
+	CHECK_OK(vps_registry_request(trainer, &seq));
+	CHECK(vps_registry_wait(trainer, seq, 0.3) == VPS_ETIMEOUT);
+	CHECK_OK(vps_registry_open(&next, name));
+	CHECK_OK(vps_registry_claim(next, 0, 1, &got));
+	CHECK_EQ(got, seq);
+	vps_registry_finish(next, got, 1, NULL);
+	CHECK_OK(vps_registry_wait(trainer, seq, 1));
+	vps_registry_close(next);
+	close(ready[0]);
+	close(ready[1]);
+	vps_registry_close(trainer);
+}
+
 /* What a trainer waits for, in words; an executor that does not hold the
  * registry cannot claim. */
 TEST(states_and_waits_are_words)

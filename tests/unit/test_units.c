@@ -30,6 +30,11 @@ TEST(sizes_in_every_unit)
 		{"512M", 512 * ((int64_t)1 << 20)},
 		{"512MB", 512000000},
 		{"512mb", -1}, /* bits */
+		{"2gib", 2 * ((int64_t)1 << 30)}, /* the i says binary bytes, in any case */
+		{"2GIB", 2 * ((int64_t)1 << 30)},
+		{"2Gib", 2 * ((int64_t)1 << 30)},
+		{"2gI", 2 * ((int64_t)1 << 30)},
+		{"2gB", 2000000000},
 		{"1k", 1024},
 		{"1kB", 1000},
 		{"1KB", 1000},
@@ -57,7 +62,7 @@ TEST(sizes_that_are_not_refused_with_a_reason)
 {
 	static const char *const bad[] = {
 		"", " 2G", "2 ", "-1", "+1", "2G ", "2 G B", "G", ".5G", "5.G", "1e9", "0x10", "inf", "nan", "NaN",
-		"2Gb", "2gib", "2Mbit", "2X", "2GiBs", "2GG", "1,5G", "2iB",
+		"2Gb", "4096b", "2Mbit", "2X", "2GiBs", "2GG", "1,5G", "2iB",
 		"9223372036854775808",       /* INT64_MAX + 1 */
 		"18446744073709551616",      /* 2^64: wraps an unchecked uint64 */
 		"99999999999999999999999999", /* and beyond */

@@ -52,6 +52,7 @@ vps_result_t vps_net_arrive(struct vps_net *n, int (*ready)(void *ctx), void *ct
 		return arrive_alone(ready, ctx);
 	vps_ctl_arrive_begin(c, window);
 	bool mine = false;
+	struct net_wait w = {0, 0};
 	for (double t0 = vps_net_now();;) {
 		if (!mine) {
 			int k = ready(ctx);
@@ -65,10 +66,20 @@ vps_result_t vps_net_arrive(struct vps_net *n, int (*ready)(void *ctx), void *ct
 			if (k) {
 				mine = true;
 				vps_ctl_arrive_mine(c);
+				vps_net_wait_begin(n, &w);
 			}
 		}
-		double first;
-		int r = vps_ctl_arrive_wait(c, mine ? -1 : gap_after(vps_net_now() - t0), &first);
+		double first, t = vps_net_now();
+		if (mine && vps_net_wait_due(n, &w, t)) {
+			char so_far[128];
+			if (window < 1e9)
+				snprintf(so_far, sizeof(so_far), "(%.0f s so far; the ranks' requests may lie %g s apart)",
+					 t - w.start, window);
+			else
+				snprintf(so_far, sizeof(so_far), "(%.0f s so far)", t - w.start);
+			vps_ctl_say_awaited(c, "the switch's start", so_far);
+		}
+		int r = vps_ctl_arrive_wait(c, !mine ? gap_after(t - t0) : w.next ? w.next - t : -1, &first);
 		if (r > 0)
 			return VPS_OK;
 		if (r < 0)

@@ -4,7 +4,9 @@
  * carries one message each way per rank and is gone before the first
  * switch. Then the mesh (mesh.c) and the control tree (control.c). */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <stdio.h>
 #include <unistd.h>
 
@@ -25,6 +27,7 @@ struct boot {
 	unsigned char key[VPS_AUTH_KEY];
 	struct sockaddr_in master;
 	double deadline;         /* of the bootstrap */
+	struct net_wait wait;    /* what it says while it waits */
 	int backlog;
 	int dfd, dport;          /* this rank's data listener */
 	struct in_addr here;     /* its address */
@@ -46,6 +49,7 @@ struct gather {
 	uint64_t plan_hash;
 	size_t open;
 	char bad[512];
+	const struct sockaddr_in *at; /* where rank 0 listens */
 };
 
 static int admit_rank(void *ctx, const struct hello *h, int fd, const struct sockaddr_in *from)
@@ -130,9 +134,38 @@ static vps_result_t answer_rank(struct gather *g, int64_t r, double timeout)
 	return rc;
 }
 
-static void boot_handshake(const struct boot *b, struct handshake *hs)
+/* Whom rank 0's bootstrap waits for: the first ranks by number that have
+ * not come (the table's one scan stops there), and how many. */
+static void rank0_awaited(void *ctx, const struct handshake *hs, char *out, size_t size)
+{
+	const struct gather *g = ctx;
+	char list[256];
+	struct net_names l;
+	(void)hs;
+	vps_net_names_init(&l, list, sizeof(list));
+	for (int64_t r = 1; r < g->n->world && l.named < NAMES_MAX; r++)
+		if (g->table[r].fd < 0)
+			vps_net_names_add(&l, "rank %" PRId64, r);
+	l.more = g->n->world - 1 - (int64_t)g->open - (int64_t)l.named;
+	vps_net_names_end(&l);
+	snprintf(out, size, "bootstrap: waiting for %s to join at %s:%d", list, inet_ntoa(g->at->sin_addr),
+		 ntohs(g->at->sin_port));
+}
+
+/* Any other rank's: rank 0, where it should be. */
+static void joiner_awaited(void *ctx, const struct handshake *hs, char *out, size_t size)
+{
+	const struct outbound *o = &hs->out[0];
+	(void)ctx;
+	snprintf(out, size, "bootstrap: waiting for rank 0 at %s:%d: %s", inet_ntoa(o->sa.sin_addr), ntohs(o->sa.sin_port),
+		 vps_net_out_state(o));
+}
+
+static void boot_handshake(struct boot *b, struct handshake *hs)
 {
 	memset(hs, 0, sizeof(*hs));
+	hs->n = b->n;
+	hs->wait = &b->wait;
 	hs->key = b->key;
 	hs->me = b->o->rank;
 	hs->world = b->o->world;
@@ -178,7 +211,7 @@ static vps_result_t bootstrap_rank0(struct boot *b)
 	vps_net_account(n, (int64_t)bytes);
 	for (int64_t r = 0; r < o->world; r++)
 		table[r] = (struct entry){{0, 0, 0}, -1};
-	struct gather g = {n, table, o->plan_hash, 0, ""};
+	struct gather g = {n, table, o->plan_hash, 0, "", &b->master};
 	vps_result_t rc = vps_net_listen(&b->master, b->backlog, &b->lfd, &mport);
 	if (rc)
 		goto done;
@@ -190,6 +223,7 @@ static vps_result_t bootstrap_rank0(struct boot *b)
 	hs.want_in = (size_t)(o->world - 1);
 	hs.admit = admit_rank;
 	hs.ctx = &g;
+	hs.awaited = rank0_awaited;
 	rc = vps_net_handshake(&hs);
 	if (rc == VPS_ETIMEOUT) {
 		char missing[160], note[256];
@@ -223,6 +257,31 @@ done:
 	return rc;
 }
 
+/* Rank 0 answers once every rank came, by its deadline: until then this
+ * rank says, when its notice is due, that it waits for rank 0. Returns
+ * the time left to wait for the answer. */
+static double await_answer(struct boot *b, int fd)
+{
+	double end = b->deadline + b->o->timeout;
+	for (;;) {
+		double t = vps_net_now();
+		if (t >= end)
+			return 0.001;
+		if (vps_net_wait_due(b->n, &b->wait, t)) {
+			char waited[64];
+			vps_net_waited(b->n, &b->wait, t, waited, sizeof(waited));
+			vps_net_say(b->n, "bootstrap: waiting for rank 0 at %s:%d to hear from every rank %s",
+				    b->o->master_host, b->o->master_port, waited);
+		}
+		double wake = b->wait.next && b->wait.next < end ? b->wait.next : end;
+		struct pollfd p = {fd, POLLIN, 0};
+		int r = poll(&p, 1, (int)((wake - t) * 1000) + 1);
+		/* bytes, a close or an error: the read says which */
+		if (r > 0 || (r < 0 && errno != EINTR))
+			return end - vps_net_now() > 0.001 ? end - vps_net_now() : 0.001;
+	}
+}
+
 /* Any other rank: proven to rank 0, the ranks it connects to named, and
  * their addresses (or why not) once every rank came. */
 static vps_result_t bootstrap_joiner(struct boot *b)
@@ -234,6 +293,7 @@ static vps_result_t bootstrap_joiner(struct boot *b)
 	hs.listen = (uint64_t)b->here.s_addr << 16 | (uint64_t)b->dport;
 	hs.out = &out;
 	hs.nout = 1;
+	hs.awaited = joiner_awaited;
 	vps_result_t rc = vps_net_handshake(&hs);
 	if (rc == VPS_ETIMEOUT)
 		rc = vps_fail(VPS_ETIMEOUT, "bootstrap: %s %s:%d within %g s",
@@ -260,7 +320,7 @@ static vps_result_t bootstrap_joiner(struct boot *b)
 		rc = vps_net_send_all(fd, want, b->nt * sizeof(*want), o->timeout, "bootstrap: naming the peers to rank 0");
 	/* rank 0 answers when every rank came: until its deadline */
 	if (!rc)
-		rc = vps_net_recv_all(fd, &a, sizeof(a), o->timeout + (b->deadline - vps_net_now()),
+		rc = vps_net_recv_all(fd, &a, sizeof(a), await_answer(b, fd),
 				      "bootstrap: waiting for the other ranks through rank 0");
 	if (!rc && a.status) {
 		char bad[512], text[600];
@@ -318,6 +378,7 @@ vps_result_t vps_net_start(struct vps_net **out, const struct vps_net_opts *o)
 	VPS_CHECK(vps_net_new(&b.n, o));
 	vps_auth_key(o->token ? o->token : "", b.key);
 	b.deadline = vps_net_now() + o->timeout;
+	vps_net_wait_begin(b.n, &b.wait);
 	int tree_fds[1 + CTL_FANOUT];
 	int64_t tree[1 + CTL_FANOUT];
 	size_t ntree = vps_net_ctl_neighbours(o->rank, o->world, tree);

@@ -15,6 +15,7 @@
  * why the same way. The news goes to every link but the one it came by, so
  * every rank hears it once, in milliseconds, from whichever side of a gone
  * rank it lies on. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -78,6 +79,7 @@ struct link {
 	unsigned char *out;        /* bytes queued for the socket */
 	size_t out_len, out_cap;
 	uint32_t first_seq;        /* "someone arrived" went this way, either way, for this arrival */
+	bool part_in;              /* its part of the collective in progress came */
 	/* a child's part of a collective this rank has not begun yet */
 	bool early;
 	struct frame early_hdr;
@@ -355,6 +357,7 @@ static void combine(struct ctl *c, struct link *l, const struct frame *f, const 
 		}
 	if (op->kind == CTL_ARRIVE)
 		l->first_seq = op->seq; /* it knows: no "someone arrived" back */
+	l->part_in = true;
 	op->ups++;
 }
 
@@ -950,6 +953,8 @@ vps_result_t vps_ctl_own_failure(struct ctl *c, vps_result_t mine, const char *w
 static void post(struct ctl *c, enum ctl_kind kind, const void *buf, size_t len)
 {
 	c->op = (struct op){.posted = true, .mine = kind != CTL_ARRIVE, .kind = kind, .seq = c->next_seq++, .len = len};
+	for (size_t i = 0; i < c->nlinks; i++)
+		c->links[i].part_in = false;
 	if (buf && len)
 		memcpy(c->op.acc, buf, len);
 	absorb_early(c);
@@ -969,8 +974,19 @@ vps_result_t vps_ctl_collective(struct ctl *c, enum ctl_kind kind, void *buf, si
 		wake(c);
 	pthread_mutex_lock(&c->mu);
 	double until;
-	while (!c->op.done && !settled(c, &until))
-		wait_until(c, until);
+	struct net_wait w;
+	vps_net_wait_begin(c->n, &w);
+	while (!c->op.done && !settled(c, &until)) {
+		wait_until(c, w.next && (!until || w.next < until) ? w.next : until);
+		double t = vps_net_now();
+		if (!c->op.done && c->news.kind == NEWS_NONE && vps_net_wait_due(c->n, &w, t)) {
+			char so_far[32];
+			snprintf(so_far, sizeof(so_far), "(%.0f s so far)", t - w.start);
+			pthread_mutex_unlock(&c->mu);
+			vps_ctl_say_awaited(c, what, so_far);
+			pthread_mutex_lock(&c->mu);
+		}
+	}
 	vps_result_t rc = VPS_OK;
 	if (c->op.done && buf && len)
 		memcpy(buf, c->op.acc, len);
@@ -1014,6 +1030,42 @@ int vps_ctl_arrive_wait(struct ctl *c, double seconds, double *first)
 	*first = c->first_seq == c->op.seq ? c->first_time : -1;
 	pthread_mutex_unlock(&c->mu);
 	return r;
+}
+
+/* A neighbour as a wait names it: its rank and address. */
+static void add_link(struct net_names *l, const struct link *k)
+{
+	struct sockaddr_in sa;
+	socklen_t len = sizeof(sa);
+	if (!getpeername(k->fd, (struct sockaddr *)&sa, &len) && sa.sin_family == AF_INET)
+		vps_net_names_add(l, "rank %" PRId64 " at %s", k->rank, inet_ntoa(sa.sin_addr));
+	else
+		vps_net_names_add(l, "rank %" PRId64, k->rank);
+}
+
+void vps_ctl_say_awaited(struct ctl *c, const char *what, const char *so_far)
+{
+	char list[384];
+	struct net_names l;
+	vps_net_names_init(&l, list, sizeof(list));
+	pthread_mutex_lock(&c->mu);
+	const struct op *op = &c->op;
+	bool parent = op->posted && !op->done && op->up_sent;
+	if (parent)
+		add_link(&l, &c->links[0]);
+	for (size_t i = c->has_parent; i < c->nlinks && op->posted && !op->done && !parent; i++)
+		if (!c->links[i].part_in)
+			add_link(&l, &c->links[i]);
+	pthread_mutex_unlock(&c->mu);
+	vps_net_names_end(&l);
+	if (!l.named)
+		return;
+	if (parent)
+		vps_net_say(c->n, "%s: this rank and those below it in the control tree are ready; waiting for the others,"
+				  " whose word comes from rank 0 through %s %s", what, list, so_far);
+	else
+		vps_net_say(c->n, "%s: this rank is ready; waiting for %s (or a rank below it in the control tree) %s", what,
+			    list, so_far);
 }
 
 void vps_net_stats(const struct vps_net *n, struct vps_net_stats *out)

@@ -116,6 +116,46 @@ static void accept_new(struct handshake *hs, struct pending *p, int ep)
 	}
 }
 
+/* Whether a source refused count times is named now: at REFUSALS_NAMED
+ * refusals, then, where the notice repeats, every notice_every seconds
+ * with its count (*said_at: when it was last named, 0 never). */
+static bool named_now(const struct handshake *hs, size_t count, double *said_at)
+{
+	double t = vps_net_now(), every = hs->n ? hs->n->notice_every : 0;
+	if (*said_at ? every <= 0 || t - *said_at < every : count < REFUSALS_NAMED)
+		return false;
+	*said_at = t;
+	return true;
+}
+
+/* Where a hello that does not prove the token came from: each source is
+ * named once it has been refused REFUSALS_NAMED times (and, where the
+ * notice repeats, again with its count), while every one is refused. The
+ * rank is the hello's claim: nothing proves it. */
+static void refused(struct handshake *hs, const struct inbound *p)
+{
+	struct refuser *r = NULL;
+	for (size_t i = 0; i < hs->nrefused && !r; i++)
+		if (hs->refused[i].ip == p->from.sin_addr.s_addr && hs->refused[i].rank == p->h.from)
+			r = &hs->refused[i];
+	if (!r && hs->nrefused == REFUSERS_MAX)
+		return;
+	if (!r) {
+		r = &hs->refused[hs->nrefused++];
+		*r = (struct refuser){p->from.sin_addr.s_addr, p->h.from, 0, 0};
+	}
+	r->count++;
+	if (!named_now(hs, r->count, &r->said_at))
+		return;
+	char who[96];
+	if (r->rank < (uint64_t)hs->world && r->rank != (uint64_t)hs->me)
+		snprintf(who, sizeof(who), "rank %" PRIu64 " at %s (as its hello says)", r->rank, inet_ntoa(p->from.sin_addr));
+	else
+		snprintf(who, sizeof(who), "an executor at %s", inet_ntoa(p->from.sin_addr));
+	vps_net_say(hs->n, "%s was refused %zu times: it does not prove the job token (another job's VPS_TOKEN?)", who,
+		    r->count);
+}
+
 /* Bytes of a pending connection: -1 drop it, 0 more to come, 1 admitted,
  * -2 fatal. */
 static int read_pending(struct handshake *hs, struct inbound *p)
@@ -129,8 +169,12 @@ static int read_pending(struct handshake *hs, struct inbound *p)
 	if (p->got < sizeof(p->h))
 		return 0;
 	uint64_t mac = hello_mac(hs->key, p->nonce, &p->h);
-	if (p->h.magic != HELLO_MAGIC || !vps_auth_equal(&mac, &p->h.mac, sizeof(mac)))
+	if (p->h.magic != HELLO_MAGIC)
 		return -1;
+	if (!vps_auth_equal(&mac, &p->h.mac, sizeof(mac))) {
+		refused(hs, p);
+		return -1;
+	}
 	if (p->h.kind >= 32 || !(hs->kinds & (1u << p->h.kind)) || (int64_t)p->h.to != hs->me) {
 		vps_fail(VPS_EPEER, "an executor of this job at %s sent a %s hello for rank %" PRIu64 " to rank %" PRId64,
 			 inet_ntoa(p->from.sin_addr),
@@ -153,6 +197,8 @@ static vps_result_t out_connect(struct outbound *o, int ep, size_t i)
 	int e = errno;
 	if (r == 0 || e == EINPROGRESS) {
 		o->state = r == 0 ? OUT_CHALLENGE : OUT_CONNECTING;
+		if (r == 0)
+			o->last_errno = 0;
 		struct epoll_event ev = {r == 0 ? EPOLLIN : EPOLLOUT, {.u64 = EV_DATA(TAG_OUT, i)}};
 		if (epoll_ctl(ep, EPOLL_CTL_ADD, o->fd, &ev))
 			return vps_fail_errno("epoll_ctl");
@@ -160,6 +206,7 @@ static vps_result_t out_connect(struct outbound *o, int ep, size_t i)
 	}
 	close(o->fd);
 	o->fd = -1;
+	o->last_errno = e;
 	if (e != ECONNREFUSED && e != EINTR && e != ETIMEDOUT && e != ENETUNREACH && e != EAGAIN)
 		return vps_fail(VPS_EPEER, "connect to rank %" PRId64 " at %s:%d: %s", o->rank, inet_ntoa(o->sa.sin_addr),
 				ntohs(o->sa.sin_port), strerror(e));
@@ -176,6 +223,18 @@ static void out_retry(struct outbound *o)
 	o->retry_at = vps_net_now() + 0.02;
 }
 
+/* The acceptor closed after our hello: it did not take our proof. Said
+ * after REFUSALS_NAMED times (again with the count where the notice
+ * repeats); the connector keeps trying until the deadline. */
+static void turned_away(struct handshake *hs, struct outbound *o)
+{
+	o->turned_away = true;
+	if (!named_now(hs, ++o->refusals, &o->said_at))
+		return;
+	vps_net_say(hs->n, "rank %" PRId64 " at %s:%d turned this rank away %zu times: another job's VPS_TOKEN?", o->rank,
+		    inet_ntoa(o->sa.sin_addr), ntohs(o->sa.sin_port), o->refusals);
+}
+
 static vps_result_t out_progress(struct handshake *hs, struct outbound *o, uint32_t revents, int ep)
 {
 	if (o->state == OUT_CONNECTING) {
@@ -185,9 +244,11 @@ static vps_result_t out_progress(struct handshake *hs, struct outbound *o, uint3
 		if (err == EINPROGRESS || !(revents & (EPOLLOUT | EPOLLERR | EPOLLHUP)))
 			return VPS_OK;
 		if (err) {
+			o->last_errno = err;
 			out_retry(o);
 			return VPS_OK;
 		}
+		o->last_errno = 0;
 		vps_net_tune(o->fd);
 		o->state = OUT_CHALLENGE;
 		struct epoll_event ev = {EPOLLIN, {.u64 = 0}};
@@ -204,7 +265,8 @@ static vps_result_t out_progress(struct handshake *hs, struct outbound *o, uint3
 	if (g <= 0) {
 		/* once turned away, say so, whatever later attempts meet (rank 0
 		 * done with its bootstrap closes on them) */
-		o->turned_away |= o->state == OUT_PROOF;
+		if (o->state == OUT_PROOF)
+			turned_away(hs, o);
 		out_retry(o);
 		return VPS_OK;
 	}
@@ -272,6 +334,9 @@ vps_result_t vps_net_handshake(struct handshake *hs)
 		hs->out[i].fd = -1;
 		hs->out[i].state = OUT_IDLE;
 		hs->out[i].retry_at = 0;
+		hs->out[i].refusals = 0;
+		hs->out[i].last_errno = 0;
+		hs->out[i].said_at = 0;
 	}
 	bool listening = false;
 	while (!rc) {
@@ -296,6 +361,12 @@ vps_result_t vps_net_handshake(struct handshake *hs)
 		}
 		if (rc || (!hs->want_in && !left_out))
 			break;
+		if (hs->wait && vps_net_wait_due(hs->n, hs->wait, t)) {
+			char what[512], waited[64];
+			hs->awaited(hs->ctx, hs, what, sizeof(what));
+			vps_net_waited(hs->n, hs->wait, t, waited, sizeof(waited));
+			vps_net_say(hs->n, "%s %s", what, waited);
+		}
 		if (t >= hs->deadline) {
 			rc = vps_fail(VPS_ETIMEOUT, "timed out");
 			break;
@@ -303,6 +374,8 @@ vps_result_t vps_net_handshake(struct handshake *hs)
 		double wake = next_wake(hs, &p, t);
 		if (hs->want_in && !listening && room > t && room < wake)
 			wake = room;
+		if (hs->wait && hs->wait->next && hs->wait->next < wake)
+			wake = hs->wait->next;
 		int ne = epoll_wait(ep, ev, 64, (int)((wake - t) * 1000) + 1);
 		if (ne < 0 && errno != EINTR)
 			rc = vps_fail_errno("epoll_wait");
@@ -350,10 +423,33 @@ vps_result_t vps_net_handshake(struct handshake *hs)
 	return rc;
 }
 
+const char *vps_net_out_state(const struct outbound *o)
+{
+	if (o->turned_away)
+		return "it turned this rank away";
+	if (o->state == OUT_CHALLENGE || o->state == OUT_PROOF)
+		return "connected, no answer yet";
+	if (o->last_errno == ECONNREFUSED)
+		return "nobody accepts there yet";
+	return o->last_errno ? strerror(o->last_errno) : "connecting";
+}
+
 void vps_net_dropped_note(const struct handshake *hs, char *out, size_t size)
 {
 	out[0] = '\0';
-	if (hs->dropped)
-		snprintf(out, size, " (%zu connections that did not prove the job token were dropped: does every rank hold the same VPS_TOKEN?)",
-			 hs->dropped);
+	if (!hs->dropped)
+		return;
+	/* the source refused most, the likely rank of another job's token */
+	const struct refuser *most = NULL;
+	for (size_t i = 0; i < hs->nrefused; i++)
+		if (!most || hs->refused[i].count > most->count)
+			most = &hs->refused[i];
+	char from[128] = "";
+	if (most && most->rank < (uint64_t)hs->world && most->rank != (uint64_t)hs->me)
+		snprintf(from, sizeof(from), ", %zu of them from %s as rank %" PRIu64, most->count,
+			 inet_ntoa((struct in_addr){most->ip}), most->rank);
+	else if (most)
+		snprintf(from, sizeof(from), ", %zu of them from %s", most->count, inet_ntoa((struct in_addr){most->ip}));
+	snprintf(out, size, " (%zu connections that did not prove the job token were dropped%s: does every rank hold the same VPS_TOKEN?)",
+		 hs->dropped, from);
 }

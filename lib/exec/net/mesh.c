@@ -35,6 +35,33 @@ static int admit_peer(void *ctx, const struct hello *h, int fd, const struct soc
 	return 1;
 }
 
+/* Whom the mesh waits for: the ranks that connect to this one and have
+ * not (its parent in the tree, lower data peers), and those it connects
+ * to, at their addresses. One look at this rank's own peers. */
+static void mesh_awaited(void *ctx, const struct handshake *hs, char *out, size_t size)
+{
+	const struct mesh *m = ctx;
+	const struct vps_net *n = m->n;
+	char list[384];
+	struct net_names l;
+	vps_net_names_init(&l, list, sizeof(list));
+	bool parent = m->parent >= 0 && m->tree_fds[0] < 0;
+	if (parent)
+		vps_net_names_add(&l, "rank %" PRId64 " (to connect here)", m->parent);
+	for (size_t i = 0; i < n->npeers && n->peers[i] < n->rank; i++)
+		if (n->fds[i] < 0 && !(parent && n->peers[i] == m->parent))
+			vps_net_names_add(&l, "rank %" PRId64 " (to connect here)", n->peers[i]);
+	/* a rank this one connects to for data and in the tree is named once */
+	for (size_t i = 0; i < hs->nout; i++) {
+		const struct outbound *x = &hs->out[i];
+		if (x->state != OUT_DONE && !(i && hs->out[i - 1].rank == x->rank && hs->out[i - 1].state != OUT_DONE))
+			vps_net_names_add(&l, "rank %" PRId64 " at %s:%d (%s)", x->rank, inet_ntoa(x->sa.sin_addr),
+					  ntohs(x->sa.sin_port), vps_net_out_state(x));
+	}
+	vps_net_names_end(&l);
+	snprintf(out, size, "connecting the ranks: waiting for %s", list);
+}
+
 /* The ranks not connected by the deadline. */
 static vps_result_t mesh_timeout(const struct mesh *m, const struct vps_net_opts *o, const struct handshake *hs)
 {
@@ -81,6 +108,11 @@ vps_result_t vps_net_mesh(struct vps_net *n, const struct vps_net_opts *o, const
 	size_t ntree = vps_net_ctl_neighbours(o->rank, o->world, tree);
 	struct mesh m = {n, o->rank > 0 ? tree[0] : -1, tree_fds};
 	struct handshake hs = {0};
+	struct net_wait wait;
+	vps_net_wait_begin(n, &wait);
+	hs.n = n;
+	hs.wait = &wait;
+	hs.awaited = mesh_awaited;
 	hs.key = key;
 	hs.me = o->rank;
 	hs.world = o->world;

@@ -19,6 +19,10 @@ vps_result_t vps_net_new(struct vps_net **out, const struct vps_net_opts *o)
 	n->rank = o->rank;
 	n->world = o->world;
 	n->timeout = o->timeout;
+	n->notice = o->notice;
+	n->notice_ctx = o->notice_ctx;
+	n->notice_after = o->notice_after;
+	n->notice_every = o->notice_every;
 	n->peers = vps_malloc((o->npeers + 1) * sizeof(*n->peers));
 	n->fds = vps_malloc((o->npeers + 1) * sizeof(int));
 	if (!n->peers || !n->fds) {

@@ -34,6 +34,13 @@ struct vps_net_opts {
 	const int64_t *peers;    /* ranks this rank exchanges data with */
 	size_t npeers;
 	struct vps_net_loop *loop; /* NULL: the network makes its own */
+	/* what a wait for peers says while it lasts (may be NULL): whom it
+	 * waits for, first after notice_after seconds, then every
+	 * notice_every seconds (0: once); and a peer refused for the job
+	 * token, after a few refusals */
+	void (*notice)(void *ctx, const char *message);
+	void *notice_ctx;
+	double notice_after, notice_every;
 };
 
 vps_result_t vps_net_start(struct vps_net **out, const struct vps_net_opts *o);

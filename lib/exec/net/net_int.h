@@ -8,10 +8,12 @@
 
 #include "exec/net/net.h"
 #include "util/auth.h"
+#include "util/internal.h"
 
-/* The wire format's version: a change of any message is a new magic, so
- * that executors of two versions refuse each other at the handshake. */
-#define HELLO_MAGIC 0x3354454e535056ULL /* "VPSNET3" */
+/* The wire format's version: a change of any message, or of what one
+ * means (the digest's function: VPSNET4), is a new magic, so that
+ * executors of two versions refuse each other at the handshake. */
+#define HELLO_MAGIC 0x3454454e535056ULL /* "VPSNET4" */
 
 struct ctl;
 
@@ -26,6 +28,9 @@ struct vps_net {
 	struct vps_net_loop *own_loop; /* the loop this net made for itself */
 	size_t bootstrap_sockets; /* the most this rank held during the bootstrap */
 	size_t mem, mem_peak;     /* bytes this rank's network holds (net_account) */
+	void (*notice)(void *ctx, const char *message); /* vps_net_opts' */
+	void *notice_ctx;
+	double notice_after, notice_every;
 };
 
 /* Where a rank's data listener is, as rank 0's bootstrap hands it on. */
@@ -51,6 +56,33 @@ static inline void vps_net_account(struct vps_net *n, int64_t bytes)
 	if (n->mem > n->mem_peak)
 		n->mem_peak = n->mem;
 }
+
+/* A wait that says whom it waits for, through the network's notice:
+ * first notice_after seconds after it began, then every notice_every
+ * seconds, or never again. */
+struct net_wait {
+	double start, next; /* next: when it speaks; 0 never */
+};
+void vps_net_wait_begin(const struct vps_net *n, struct net_wait *w);
+/* Whether it speaks at t; if so, when it speaks next is set. */
+bool vps_net_wait_due(const struct vps_net *n, struct net_wait *w, double t);
+/* A notice, when the network has one. */
+void vps_net_say(const struct vps_net *n, const char *fmt, ...) VPS_PRINTF(2, 3);
+/* "(N s so far; timeout T s)": how long a wait has lasted, for its notice. */
+void vps_net_waited(const struct vps_net *n, const struct net_wait *w, double t, char *out, size_t size);
+
+/* Whom a wait waits for, as a list that names NAMES_MAX and counts the
+ * rest: "rank 1, rank 3 at 10.0.0.2:41234 and 5 more". */
+#define NAMES_MAX 4
+struct net_names {
+	char *out;
+	size_t size, len, named;
+	int64_t more; /* beyond those named (a caller that knows how many may set it) */
+};
+void vps_net_names_init(struct net_names *l, char *out, size_t size);
+void vps_net_names_add(struct net_names *l, const char *fmt, ...) VPS_PRINTF(2, 3);
+/* The list's end: " and N more" when there are. */
+void vps_net_names_end(struct net_names *l);
 
 /* ---- sockets (socket.c) ---- */
 
@@ -116,10 +148,26 @@ struct outbound {
 	int fd, state;
 	double retry_at;
 	bool turned_away; /* the acceptor closed after our hello */
+	int last_errno;   /* of the last attempt that failed to connect, 0 none */
+	size_t refusals;  /* times turned away */
+	double said_at;   /* when that was last said, 0 never */
 	struct challenge c;
 	struct hello h;
 	size_t got;
 	uint64_t proof;
+};
+
+/* Where connections refused for the job token came from: their address
+ * and the rank their hello claims (unproven), each named after
+ * REFUSALS_NAMED refusals. A few sources only: a flood is counted in
+ * dropped all the same. */
+#define REFUSALS_NAMED 3
+#define REFUSERS_MAX 8
+struct refuser {
+	uint32_t ip; /* network order */
+	uint64_t rank;
+	size_t count;
+	double said_at; /* when it was last named, 0 never */
 };
 
 struct handshake {
@@ -136,14 +184,23 @@ struct handshake {
 	size_t nout;
 	double deadline;
 	size_t dropped;   /* connections that did not prove the token */
+	struct refuser refused[REFUSERS_MAX];
+	size_t nrefused;
+	/* what the wait says (n's notice; NULL: nothing): whom it waits for */
+	const struct vps_net *n;
+	struct net_wait *wait;
+	void (*awaited)(void *ctx, const struct handshake *hs, char *out, size_t size);
 };
 
 /* Accept want_in proven connections and make every outbound one, at once,
  * by the deadline (VPS_ETIMEOUT, "timed out", after it: the caller says
  * who is missing). One epoll set: the cost of a wake is what is ready. */
 vps_result_t vps_net_handshake(struct handshake *hs);
-/* " (N connections that did not prove the job token were dropped: ...)",
- * or "" when none was. */
+/* Where an outbound connection stands, as a wait says it: "nobody
+ * accepts there yet", "connected, no answer yet"... */
+const char *vps_net_out_state(const struct outbound *o);
+/* " (N connections that did not prove the job token were dropped, M of
+ * them from ...: ...)", or "" when none was. */
 void vps_net_dropped_note(const struct handshake *hs, char *out, size_t size);
 
 /* ---- the mesh (mesh.c) ---- */
@@ -195,6 +252,12 @@ void vps_ctl_fail(struct ctl *c, bool timed_out, const char *why);
  * failure where another rank's says more and was not yet said (as the
  * last error). A timeout waits up to the timeout for that. */
 vps_result_t vps_ctl_own_failure(struct ctl *c, vps_result_t mine, const char *words);
+
+/* Say (the network's notice) whom this rank waits for in the collective
+ * in progress, what opening the message and so_far ending it: its
+ * children whose parts have not come, or, once its own part went up, its
+ * parent, through which the result comes. */
+void vps_ctl_say_awaited(struct ctl *c, const char *what, const char *so_far);
 
 /* The start of a switch on the tree (arrive.c): an CTL_ARRIVE collective
  * whose part is ready when this rank's trainer's request is; "someone

@@ -45,36 +45,55 @@ vps_result_t vps_check_op(const struct vps_op *op, const int64_t *src_bytes, siz
 	return VPS_OK;
 }
 
+vps_result_t vps_copy_where(const struct vps_op *op, int src_where, int dst_where, int *where)
+{
+	if (src_where != dst_where)
+		return vps_fail(VPS_EINPUT, "piece %" PRId64 ": its source is %s memory, its target %s memory; vps-exec "
+				"copies within one kind (offloaded state must be host memory in both layouts)",
+				op->piece, src_where == VPS_WHERE_CUDA ? "GPU" : "host",
+				dst_where == VPS_WHERE_CUDA ? "GPU" : "host");
+	*where = src_where;
+	return VPS_OK;
+}
+
 vps_result_t vps_copy_ops(const struct vps_switch *sw, const struct vps_local_copy *c, size_t n)
 {
-	if (!n)
-		return VPS_OK;
-	if (sw->where == VPS_WHERE_HOST) {
-		for (size_t i = 0; i < n; i++) {
-			const struct vps_op *op = c[i].op;
-			vps_copy_strided((unsigned char *)c[i].dst + op->dst_offset * op->esize, op->dst_strides,
-					 (const unsigned char *)c[i].src + op->src_offset * op->esize, op->src_strides, op->ext,
-					 op->ndim, op->esize);
-		}
-		return VPS_OK;
-	}
-	struct vps_cuda_copy *k = vps_calloc(n, sizeof(*k));
-	if (!k)
-		return VPS_ENOMEM;
+	size_t nk = 0;
 	for (size_t i = 0; i < n; i++) {
 		const struct vps_op *op = c[i].op;
-		k[i].src = (uint64_t)(uintptr_t)c[i].src + (uint64_t)op->src_offset * op->esize;
-		k[i].dst = (uint64_t)(uintptr_t)c[i].dst + (uint64_t)op->dst_offset * op->esize;
-		k[i].ndim = op->ndim;
-		k[i].esize = op->esize;
+		if (c[i].where == VPS_WHERE_CUDA) {
+			nk++;
+			continue;
+		}
+		vps_copy_strided((unsigned char *)c[i].dst + op->dst_offset * op->esize, op->dst_strides,
+				 (const unsigned char *)c[i].src + op->src_offset * op->esize, op->src_strides, op->ext,
+				 op->ndim, op->esize);
+	}
+	if (!nk)
+		return VPS_OK;
+	if (!sw->gpu)
+		return vps_fail(VPS_EINTERNAL, "a GPU copy without the GPU's support loaded");
+	struct vps_cuda_copy *k = vps_calloc(nk, sizeof(*k));
+	if (!k)
+		return VPS_ENOMEM;
+	nk = 0;
+	for (size_t i = 0; i < n; i++) {
+		const struct vps_op *op = c[i].op;
+		if (c[i].where != VPS_WHERE_CUDA)
+			continue;
+		struct vps_cuda_copy *kk = &k[nk++];
+		kk->src = (uint64_t)(uintptr_t)c[i].src + (uint64_t)op->src_offset * op->esize;
+		kk->dst = (uint64_t)(uintptr_t)c[i].dst + (uint64_t)op->dst_offset * op->esize;
+		kk->ndim = op->ndim;
+		kk->esize = op->esize;
 		for (int d = 0; d < op->ndim; d++) {
-			k[i].ext[d] = op->ext[d];
-			k[i].src_strides[d] = op->src_strides[d];
-			k[i].dst_strides[d] = op->dst_strides[d];
+			kk->ext[d] = op->ext[d];
+			kk->src_strides[d] = op->src_strides[d];
+			kk->dst_strides[d] = op->dst_strides[d];
 		}
 	}
 	char err[VPS_CUDA_ERR] = "";
-	int rc = sw->gpu->copy(k, n, err);
+	int rc = sw->gpu->copy(k, nk, err);
 	free(k);
 	if (!rc)
 		rc = sw->gpu->sync(NULL, sw->timeout, err);

@@ -207,7 +207,9 @@ static vps_result_t map_peer_sources(struct ipc *t, const struct vps_switch *sw)
 			struct vps_buffer_desc *d = &p->desc[b];
 			uint32_t want = b < p->nsources ? (uint32_t)b : (uint32_t)(b - p->nsources) | VPS_BUFFER_TARGET;
 			d->shm_name[sizeof(d->shm_name) - 1] = '\0';
-			if (d->where != (uint32_t)sw->where || d->buffer != want || d->bytes > INT64_MAX)
+			/* with host and GPU memory both, each copy checks its two ends */
+			if ((sw->where != VPS_WHERE_MIXED && d->where != (uint32_t)sw->where) || d->buffer != want ||
+			    d->bytes > INT64_MAX)
 				return vps_fail(VPS_EPEER, "ipc: rank %" PRId64 "'s source buffer %" PRIu64 " is %s memory, this "
 						"rank's buffers are %s", p->peer, b, d->where == VPS_WHERE_CUDA ? "GPU" : "host",
 						sw->where == VPS_WHERE_CUDA ? "GPU" : "host");
@@ -363,7 +365,14 @@ static vps_result_t ipc_stage(void *self, struct vps_switch *sw, const struct vp
 		rc = vps_grow((void **)&t->copies, &t->capc, nc + x[k]->nops, sizeof(*t->copies));
 		for (size_t q = 0; q < x[k]->nops && !rc; q++) {
 			const struct vps_op *op = &s->ops[x[k]->first_op + q];
-			t->copies[nc++] = (struct vps_local_copy){op, p->ptr[desc_index(p, op->src_buffer)], sw->dst[op->dst_buffer]};
+			uint32_t d = desc_index(p, op->src_buffer);
+			int where = VPS_WHERE_HOST;
+			if (d >= p->count)
+				rc = vps_fail(VPS_EPEER, "%s: rank %" PRId64 " sends from a buffer it did not describe", what, peer);
+			else
+				rc = vps_copy_where(op, (int)p->desc[d].where, sw->dst_where[op->dst_buffer], &where);
+			if (!rc)
+				t->copies[nc++] = (struct vps_local_copy){op, p->ptr[d], sw->dst[op->dst_buffer], where};
 		}
 	}
 	if (!rc)

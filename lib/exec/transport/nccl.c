@@ -38,6 +38,9 @@ static bool nccl_can_connect(const struct vps_peer_info *peer)
 static vps_result_t nccl_begin(void *self, struct vps_switch *sw, const struct vps_xfer *const *mine, size_t n)
 {
 	struct nccl *t = self;
+	if (sw->where == VPS_WHERE_MIXED)
+		return vps_fail(VPS_EINPUT, "the nccl transport moves GPU memory; the trainer registered host and GPU "
+					    "memory, which only --transport ipc moves in one switch (one node)");
 	if (sw->where != VPS_WHERE_CUDA)
 		return vps_fail(VPS_EINPUT, "the nccl transport moves GPU memory; the trainer registered host memory "
 					    "(use --transport tcp or ipc)");

@@ -135,6 +135,9 @@ static vps_result_t tcp_begin(void *self, struct vps_switch *sw, const struct vp
 	(void)self;
 	(void)x;
 	(void)n;
+	if (sw->where == VPS_WHERE_MIXED)
+		return vps_fail(VPS_EINPUT, "the tcp transport moves host memory; the trainer registered host and GPU "
+					    "memory, which only --transport ipc moves in one switch (one node)");
 	if (sw->where != VPS_WHERE_HOST)
 		return vps_fail(VPS_EINPUT, "the tcp transport moves host memory; the trainer registered GPU memory "
 					    "(use --transport ipc, nccl or auto)");

@@ -39,11 +39,18 @@ struct vps_peer_info {
 	bool same_node; /* on this rank's node */
 };
 
+/* sw->where of a trainer that registered host and GPU memory (optimizer
+ * state offloaded to the host beside parameters on the GPU): each copy is
+ * made where both its buffers are, which only ipc and the retains do. */
+#define VPS_WHERE_MIXED 2
+
 /* One switch, as a transport sees it. */
 struct vps_switch {
 	const struct vps_staged *s;
 	int64_t w, ra, rb;          /* this rank in s's world, in A, in B (-1: none) */
-	int where;                  /* enum vps_registry_where of every buffer of the switch */
+	int where;                  /* enum vps_registry_where of every buffer of the switch, or VPS_WHERE_MIXED */
+	uint8_t *src_where;         /* each source buffer's (enum vps_registry_where), as registered */
+	uint8_t *dst_where;         /* each target buffer's, once attached (else NULL) */
 	struct vps_rank_view va, vb;
 	void **src, **dst;          /* this rank's buffers, as addresses in this process */
 	int64_t *src_entry;         /* registry entries of the sources */
@@ -54,7 +61,7 @@ struct vps_switch {
 	struct vps_registry *reg;
 	struct vps_net *net;
 	struct vps_mapcache *maps;
-	const struct vps_cuda_api *gpu; /* where = CUDA */
+	const struct vps_cuda_api *gpu; /* where = CUDA or MIXED */
 	double timeout;
 };
 
@@ -177,10 +184,14 @@ struct vps_local_copy {
 	const struct vps_op *op;
 	const void *src; /* the source buffer's base */
 	void *dst;
+	int where;       /* enum vps_registry_where of both */
 };
-/* Strided copies on the host, or one kernel for the whole list on the GPU
- * (sw->where), waited for under sw->timeout. */
+/* Strided copies on the host, and one kernel for those on the GPU, waited
+ * for under sw->timeout. */
 vps_result_t vps_copy_ops(const struct vps_switch *sw, const struct vps_local_copy *c, size_t n);
+/* Where a copy of op runs: its source is in src_where memory, its target
+ * in dst_where; a copy between host and GPU memory is refused. */
+vps_result_t vps_copy_where(const struct vps_op *op, int src_where, int dst_where, int *where);
 
 /* Every op of a transfer fits its buffers: source views in buffers of
  * src_bytes[b] bytes, destination views in dst_bytes[b] (either may be

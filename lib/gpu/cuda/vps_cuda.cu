@@ -22,6 +22,7 @@
 extern "C" {
 #include "vps_cuda.h"
 }
+#include "vps_digest.h"
 
 namespace {
 
@@ -152,36 +153,12 @@ __global__ void __launch_bounds__(kBlock) copy_kernel(const Desc *d, int n, uint
 	}
 }
 
-// Axes of extent 1 dropped, then an axis merged into the next outer one
-// wherever both stride lists step over it exactly: the fewest axes that walk
-// the same elements, so that the innermost one left is as long a row as can be.
-int merge_axes(int ndim, const int64_t *ext_in, const int64_t *a_in, const int64_t *b_in, int64_t *ext, int64_t *a,
-	       int64_t *b)
-{
-	int w = 0;
-	for (int k = 0; k < ndim; k++) {
-		if (ext_in[k] == 1)
-			continue;
-		if (w && a[w - 1] == a_in[k] * ext_in[k] && b[w - 1] == b_in[k] * ext_in[k]) {
-			ext[w - 1] *= ext_in[k];
-			a[w - 1] = a_in[k];
-			b[w - 1] = b_in[k];
-			continue;
-		}
-		ext[w] = ext_in[k];
-		a[w] = a_in[k];
-		b[w] = b_in[k];
-		w++;
-	}
-	return w;
-}
-
 // A copy as rows: the innermost axis (merged with every outer axis that
 // continues it in both views) is one contiguous row.
 void describe(const vps_cuda_copy &c, Desc &d)
 {
 	int64_t ext[VPS_CUDA_MAX_DIMS], ss[VPS_CUDA_MAX_DIMS], ds[VPS_CUDA_MAX_DIMS];
-	int nd = merge_axes(c.ndim, c.ext, c.src_strides, c.dst_strides, ext, ss, ds);
+	int nd = vps_dk_merge_axes(c.ndim, c.ext, c.src_strides, c.dst_strides, ext, ss, ds);
 	memset(&d, 0, sizeof(d));
 	d.src = c.src;
 	d.dst = c.dst;
@@ -206,121 +183,31 @@ void describe(const vps_cuda_copy &c, Desc &d)
 }
 
 // ---- the digest: vps_digest_region's sum, over device memory ----
+// (vps_digest.h: what each lane reads and sums)
 
-// A warp sums one unit: up to kDigestChunk elements of one row.
-constexpr uint64_t kDigestChunk = 8192;
+// Six blocks of 256 an SM: 40 registers a thread, none spilled in the loops
+// over vectors; the grid is what fits at once (g_dig_per_sm), each warp
+// taking units in turn, so that no second wave runs alone.
+constexpr int kDigestBlocksPerSm = 6;
 
-struct DigestDesc {
-	uint64_t addr;       // byte address of the view's first element
-	uint64_t key;
-	int64_t flat;        // logical index of the first element
-	uint64_t first_unit; // units of the descriptors before this one
-	uint64_t row_len;    // elements of a row
-	uint64_t chunks;     // units per row
-	int64_t step;        // the row's stride in the buffer, bytes
-	int64_t fstep;       // the row's stride in the logical tensor
-	int32_t nouter, esize;
-	// the view's elements lie off their size's alignment (a buffer at an
-	// odd offset): read byte by byte, since a misaligned load faults and
-	// the fault would end the context
-	int32_t bytewise;
-	int64_t ext[VPS_CUDA_MAX_DIMS];  // outer extents
-	int64_t str[VPS_CUDA_MAX_DIMS];  // outer strides, bytes
-	int64_t fstr[VPS_CUDA_MAX_DIMS]; // outer logical strides
-};
-
-// lib/util/hash.h's vps_mix64, bit for bit
-__host__ __device__ __forceinline__ uint64_t mix64(uint64_t x)
-{
-	x ^= x >> 30;
-	x *= 0xbf58476d1ce4e5b9ULL;
-	x ^= x >> 27;
-	x *= 0x94d049bb133111ebULL;
-	x ^= x >> 31;
-	return x;
-}
-
-__global__ void __launch_bounds__(kBlock) digest_kernel(const DigestDesc *d, int n, uint64_t units,
+__global__ void __launch_bounds__(kBlock, kDigestBlocksPerSm) digest_kernel(const vps_dk_desc *d, int n, uint64_t units,
 							 unsigned long long *out)
 {
+	__shared__ __align__(16) uint64_t slot[VPS_DK_BLOCK];
+	for (int l = threadIdx.x; l < VPS_DK_BLOCK; l += blockDim.x)
+		slot[l] = vps_dk_slot_key((uint32_t)l);
+	__syncthreads();
 	int lane = threadIdx.x & 31;
 	uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
 	uint64_t nwarps = ((uint64_t)gridDim.x * blockDim.x) >> 5;
 	uint64_t acc = 0;
-	for (uint64_t u = warp; u < units; u += nwarps) {
-		int lo = 0, hi = n - 1;
-		while (lo < hi) {
-			int mid = (lo + hi + 1) >> 1;
-			if (d[mid].first_unit <= u)
-				lo = mid;
-			else
-				hi = mid - 1;
-		}
-		const DigestDesc &q = d[lo];
-		uint64_t k = u - q.first_unit;
-		uint64_t row = k / q.chunks, chunk = k - row * q.chunks;
-		uint64_t off = 0, flat = (uint64_t)q.flat;
-		for (int a = q.nouter - 1; a >= 0; a--) {
-			uint64_t e = (uint64_t)q.ext[a];
-			uint64_t i = row % e;
-			row /= e;
-			off += i * (uint64_t)q.str[a];
-			flat += i * (uint64_t)q.fstr[a];
-		}
-		uint64_t begin = chunk * kDigestChunk;
-		uint64_t end = q.row_len - begin < kDigestChunk ? q.row_len : begin + kDigestChunk;
-		const char *base = reinterpret_cast<const char *>(q.addr + off);
-		for (uint64_t j = begin + lane; j < end; j += 32) {
-			const char *p = base + (int64_t)j * q.step;
-			uint64_t bits;
-			if (q.bytewise) {
-				const unsigned char *b = reinterpret_cast<const unsigned char *>(p);
-				bits = (uint64_t)b[0] | (uint64_t)b[1] << 8;
-				if (q.esize == 4)
-					bits |= (uint64_t)b[2] << 16 | (uint64_t)b[3] << 24;
-			} else {
-				bits = q.esize == 2 ? (uint64_t)*reinterpret_cast<const uint16_t *>(p)
-						    : (uint64_t)*reinterpret_cast<const uint32_t *>(p);
-			}
-			acc += mix64(mix64(q.key ^ (flat + j * (uint64_t)q.fstep)) ^ bits);
-		}
-	}
+	for (uint64_t u = warp; u < units; u += nwarps)
+		acc += vps_dk_lane(d, n, u, lane, slot);
 	// the sum is mod 2^64, so the order of the additions does not matter
 	for (int s = 16; s > 0; s >>= 1)
 		acc += __shfl_xor_sync(0xffffffffu, acc, s);
 	if (lane == 0 && acc)
 		atomicAdd(out, (unsigned long long)acc);
-}
-
-// A view as rows, as describe() makes a copy's: axes of extent 1 dropped,
-// an axis merged into the next outer one where both the buffer and the
-// logical tensor step over it exactly; the innermost axis left is the row.
-void describe_digest(const vps_cuda_digest &v, DigestDesc &d)
-{
-	int64_t ext[VPS_CUDA_MAX_DIMS], st[VPS_CUDA_MAX_DIMS], ft[VPS_CUDA_MAX_DIMS];
-	int w = merge_axes(v.ndim, v.ext, v.strides, v.flat_strides, ext, st, ft);
-	memset(&d, 0, sizeof(d));
-	d.addr = v.addr;
-	d.key = v.key;
-	d.flat = v.flat;
-	d.esize = v.esize;
-	// strides are whole elements: the first one's address decides
-	d.bytewise = v.addr % (uint64_t)v.esize != 0;
-	if (w == 0) {
-		d.row_len = 1;
-		d.nouter = 0;
-	} else {
-		d.row_len = (uint64_t)ext[w - 1];
-		d.step = st[w - 1] * v.esize;
-		d.fstep = ft[w - 1];
-		d.nouter = w - 1;
-	}
-	for (int k = 0; k < d.nouter; k++) {
-		d.ext[k] = ext[k];
-		d.str[k] = st[k] * v.esize;
-		d.fstr[k] = ft[k];
-	}
-	d.chunks = (d.row_len + kDigestChunk - 1) / kDigestChunk;
 }
 
 // ---- NCCL, opened at run time ----
@@ -638,9 +525,10 @@ int api_sync(void *comm, double timeout, char *err)
 
 // Digest descriptors and the sum's word: the call waits for the stream,
 // so one buffer, grown when outgrown, serves every call.
-DigestDesc *g_dig_host, *g_dig_dev;
+vps_dk_desc *g_dig_host, *g_dig_dev;
 unsigned long long *g_dig_sum;
 size_t g_dig_cap;
+int g_dig_per_sm;
 
 int api_digest(const vps_cuda_digest *v, size_t n, uint64_t *sum, char *err)
 {
@@ -664,35 +552,23 @@ int api_digest(const vps_cuda_digest *v, size_t n, uint64_t *sum, char *err)
 		g_dig_host = NULL;
 		g_dig_dev = NULL;
 		g_dig_cap = 0;
-		CU(cudaMallocHost((void **)&g_dig_host, cap * sizeof(DigestDesc)));
-		CU(cudaMalloc((void **)&g_dig_dev, cap * sizeof(DigestDesc)));
+		CU(cudaMallocHost((void **)&g_dig_host, cap * sizeof(vps_dk_desc)));
+		CU(cudaMalloc((void **)&g_dig_dev, cap * sizeof(vps_dk_desc)));
 		g_dig_cap = cap;
 	}
 	if (!g_dig_sum)
 		CU(cudaMalloc((void **)&g_dig_sum, sizeof(*g_dig_sum)));
+	if (!g_dig_per_sm)
+		CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&g_dig_per_sm, digest_kernel, kBlock, 0));
 	// the previous call waited for the stream: the host descriptors are free
-	uint64_t units = 0;
 	size_t m = 0;
-	for (size_t i = 0; i < n; i++) {
-		bool empty = false;
-		for (int k = 0; k < v[i].ndim; k++)
-			empty |= v[i].ext[k] == 0;
-		if (empty)
-			continue;
-		DigestDesc &d = g_dig_host[m++];
-		describe_digest(v[i], d);
-		uint64_t rows = 1;
-		for (int k = 0; k < d.nouter; k++)
-			rows *= (uint64_t)d.ext[k];
-		d.first_unit = units;
-		units += rows * d.chunks;
-	}
+	uint64_t units = vps_dk_prepare(v, n, g_dig_host, &m);
 	CU(cudaMemsetAsync(g_dig_sum, 0, sizeof(*g_dig_sum), g_stream));
 	if (units) {
-		CU(cudaMemcpyAsync(g_dig_dev, g_dig_host, m * sizeof(DigestDesc), cudaMemcpyHostToDevice, g_stream));
+		CU(cudaMemcpyAsync(g_dig_dev, g_dig_host, m * sizeof(vps_dk_desc), cudaMemcpyHostToDevice, g_stream));
 		uint64_t warps_per_block = kBlock / 32;
 		uint64_t blocks = (units + warps_per_block - 1) / warps_per_block;
-		uint64_t most = (uint64_t)g_sms * 8;
+		uint64_t most = (uint64_t)g_sms * (uint64_t)(g_dig_per_sm > 0 ? g_dig_per_sm : 1);
 		if (blocks > most)
 			blocks = most;
 		digest_kernel<<<(unsigned)blocks, kBlock, 0, g_stream>>>(g_dig_dev, (int)m, units, g_dig_sum);

@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define VPS_CUDA_ABI 5
+#define VPS_CUDA_ABI 6
 #define VPS_CUDA_ERR 256
 #define VPS_CUDA_IPC_HANDLE 64
 #define VPS_CUDA_NCCL_ID 128
@@ -99,8 +99,8 @@ struct vps_cuda_api {
 	void (*mark_free)(void *event);
 	/* The digest of every view of the list, in one kernel after what the
 	 * stream holds, waited for: the sum mod 2^64 over their elements of
-	 * vps_mix64(vps_mix64(key ^ index) ^ bits), index the element's
-	 * logical index and bits its 16 or 32 bits. */
+	 * vps_digest.h's term of (key, the element's logical index, its 16 or
+	 * 32 bits), which is vps_digest_region's. */
 	int (*digest)(const struct vps_cuda_digest *v, size_t n, uint64_t *sum, char *err);
 };
 

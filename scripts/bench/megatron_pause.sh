@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# A Megatron-Core job's pause against its transfer. tests/megatron/
+# check_switch.py trains micro-gpt and micro-moe on 4 ranks on this
+# machine's CPUs and switches them through vps-exec: each next
+# configuration prepared while the job trains (vps.megatron.Job.prepare),
+# the pause the transfer and the hand-over. Each switch's pause is broken
+# down from the Job's clocks and the executors' reports, in the same run
+# (check_switch.py --pauses). RUNS runs of it (default 3), then one run
+# without Job.prepare (the next configuration built in the pause, as the
+# Job did before), for scale. Prints the table and the verdict against the
+# target (the pause at most 1.2x the slowest rank's vps-exec transfer);
+# --doc writes them into docs/BENCHMARKS.md (section megatron-pause).
+#   scripts/bench/megatron_pause.sh [--doc]
+set -euo pipefail
+top=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$top"
+py=${PYTHON:-$top/build/venv/bin/python}
+"$py" -c 'import megatron.core' 2> /dev/null || { echo "megatron_pause.sh: $py has no megatron-core (make venv)" >&2; exit 2; }
+make -s all
+doc=
+if [ "${1:-}" = --doc ]; then doc=1; fi
+t=$(mktemp -d)
+trap 'rm -rf "$t"' EXIT
+runs=${RUNS:-3}
+export VPS_LIBRARY=$top/build/libvps.so VPS_BIN=$top/bin
+for run in $(seq "$runs"); do
+	"$py" tests/megatron/check_switch.py --pauses "$t/run$run.json" > "$t/run$run.log"
+done
+"$py" tests/megatron/check_switch.py --no-prepare --pauses "$t/unprepared.json" > "$t/unprepared.log"
+stamp=$(scripts/bench/doc-stamp.sh "RUNS=$runs scripts/bench/megatron_pause.sh${doc:+ --doc}")
+table=$("$py" - "$t" "$runs" "$stamp" <<'PY'
+import json, statistics, sys
+t, runs, stamp = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+every = [json.load(open("%s/run%d.json" % (t, r + 1))) for r in range(runs)]
+unprepared = json.load(open("%s/unprepared.json" % t))
+ms = lambda x: "%.1f" % (x * 1e3)  # noqa: E731
+print(stamp)
+print()
+print("Per switch, the median over %d runs (ms); R is the pause over the transfer, each run's, then the median."
+      % runs)
+print()
+print("| job | switch | pause | arrival | transfer (stages) | wake | registry | groups | build | attach | R per run | R |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+ratios, own = [], []
+for job in every[0]:
+    for k, first in enumerate(every[0][job]):
+        ps = [run[job][k] for run in every]
+        med = lambda part: statistics.median(p[part] for p in ps)  # noqa: E731
+        r = [p["pause"] / p["transfer"] for p in ps]
+        ratios += r
+        own += [p["groups"] + p["build"] + p["attach"] + p["registry"] for p in ps]
+        print("| %s | %s -> %s | %s | %s | %s (%s) | %s | %s | %s | %s | %s | %s | %.2f |" % (
+            job, first["from"], first["to"], ms(med("pause")), ms(med("arrival")), ms(med("transfer")),
+            ms(med("stages")), ms(med("wake")), ms(med("registry")), ms(med("groups")), ms(med("build")),
+            ms(med("attach")), " ".join("%.2f" % x for x in r), statistics.median(r)))
+ahead = [p["ahead"] for run in every for job in run for p in run[job] if p["ahead"]]
+print()
+print("Before the pause, in Job.prepare (the slowest rank's, median over every switch, ms): the next State "
+      "allocated and registered %s, process groups %s (made, or taken from the cache: %s), build under the "
+      "skeleton %s, pointed into the State %s."
+      % (ms(statistics.median(a["target"] for a in ahead)), ms(statistics.median(a["groups"] for a in ahead)),
+         "the median is a cache hit's" if statistics.median(a["groups"] for a in ahead) < 0.005 else "mostly made",
+         ms(statistics.median(a["build"] for a in ahead)), ms(statistics.median(a["attach"] for a in ahead))))
+un = [p for job in unprepared for p in unprepared[job]]
+print()
+print("Without Job.prepare (one run, every switch building its configuration in the pause): pause %s-%s ms, "
+      "of which groups %s-%s, build %s-%s, attach %s-%s; %.1f-%.1fx the transfer."
+      % (ms(min(p["pause"] for p in un)), ms(max(p["pause"] for p in un)), ms(min(p["groups"] for p in un)),
+         ms(max(p["groups"] for p in un)), ms(min(p["build"] for p in un)), ms(max(p["build"] for p in un)),
+         ms(min(p["attach"] for p in un)), ms(max(p["attach"] for p in un)),
+         min(p["pause"] / p["transfer"] for p in un), max(p["pause"] / p["transfer"] for p in un)))
+arrival = [p["arrival"] / p["transfer"] for run in every for job in run for p in run[job]]
+print()
+worst, median = max(ratios), statistics.median(ratios)
+print("Target: the pause at most 1.2x the transfer, every switch. Verdict: %s: the largest R is %.2f, the "
+      "median %.2f over %d switches. What the Job does in the pause (groups, build, attach, the "
+      "registry) is at most %s ms, median %s ms; the arrival alone is %.2f-%.2fx the transfer (median %.2f)."
+      % ("met" if worst <= 1.2 else "not met", worst, median, len(ratios), ms(max(own)),
+         ms(statistics.median(own)), min(arrival), max(arrival), statistics.median(arrival)))
+PY
+)
+echo "$table"
+if [ -n "$doc" ]; then
+	echo "$table" | scripts/bench/doc-section.sh megatron-pause docs/BENCHMARKS.md
+fi
