@@ -19,7 +19,7 @@ enum { EXIT_LOST = 3 };
 
 static const char usage[] =
 	"usage: vps-plan [--rank R] [--stats [--load]] [--topology T] [--threads N] [--yaml] [-o FILE]\n"
-	"                [--svg FILE] [--relay] [-H] [-q]\n"
+	"                [--svg FILE] [--relay[=never|auto|always] | --no-relay] [-H] [-q]\n"
 	"                [--global-batch N [--micro-batch N] [--micro-batch-before N]]\n"
 	"                [--step N] [--consumed-samples N] [--scheduler-step N]\n"
 	"                [--lost RANKS|DEVICES [--allow-loss] [--format yaml|tsv|json]]\n"
@@ -51,8 +51,12 @@ static const char usage[] =
 	"  --lost RANKS|DEVICES   these ranks of A (0,3,5-7), or the devices of a devices file,\n"
 	"                         are gone: plan only from the survivors; what none holds is\n"
 	"                         listed on standard output and the plan refused (exit 3)\n"
-	"  --relay                receivers pass on to each other what a holder serving more\n"
-	"                         than two of them sent once (docs/relay.md)\n"
+	"  --relay[=MODE]         where joining devices pass on to each other what a holder sent\n"
+	"                         them once (docs/relay.md): auto (the default) where that makes\n"
+	"                         a region's busiest sender faster on --topology, or else sends\n"
+	"                         fewer bytes; always (--relay alone) where they outnumber its\n"
+	"                         holders; never\n"
+	"  --no-relay             --relay=never: the plan of vps before relays\n"
 	"  --allow-loss           with --lost: plan around what no survivor holds (recorded in\n"
 	"                         the plan as lost ranges, for the trainer to reload)\n"
 	"  --transfers            what rank R sends, receives and retains, one record a line; from\n"
@@ -126,8 +130,13 @@ static void print_floor_by(const struct vps_time_floor *f)
 	}
 }
 
+static const char *relay_name(uint8_t mode)
+{
+	return mode == VPS_RELAY_AUTO ? "auto" : mode == VPS_RELAY_ALWAYS ? "always" : "never";
+}
+
 static void print_stats(const struct vps_plan *p, const struct vps_plan_stats *s, const struct vps_topology *topo,
-			const struct vps_transition *tr, bool h)
+			double relayed_floor, const struct vps_transition *tr, bool h)
 {
 	char a[256], b[256], n[TOOL_NUM];
 	vps_parallel_format(vps_layout_parallel(p->a), a, sizeof(a));
@@ -151,6 +160,7 @@ static void print_stats(const struct vps_plan *p, const struct vps_plan_stats *s
 	printf("bytes_inter_node: %s\n", tool_bytes(s->bytes_inter_node, h, n, sizeof(n)));
 	printf("max_send_bytes: %s\n", tool_bytes(s->max_send_bytes, h, n, sizeof(n)));
 	printf("max_recv_bytes: %s\n", tool_bytes(s->max_recv_bytes, h, n, sizeof(n)));
+	printf("relay: %s\n", relay_name(p->relay));
 	printf("bytes_relayed: %s\n", tool_bytes(s->bytes_relayed, h, n, sizeof(n)));
 	printf("max_send_over_max_recv: %.3f\n",
 	       s->max_recv_bytes ? (double)s->max_send_bytes / (double)s->max_recv_bytes : 0.0);
@@ -183,6 +193,9 @@ static void print_stats(const struct vps_plan *p, const struct vps_plan_stats *s
 			print_floor_by(&s->time_floor);
 		printf("estimate_over_time_floor: %.3f\n",
 		       s->time_floor_seconds > 0 ? s->estimate_seconds / s->time_floor_seconds : 1.0);
+		printf("relayed_time_floor_seconds: %s\n", tool_seconds(relayed_floor, "%.4f", h, n, sizeof(n)));
+		printf("estimate_over_relayed_time_floor: %.3f\n",
+		       relayed_floor > 0 ? s->estimate_seconds / relayed_floor : 1.0);
 	}
 	if (tr && tr->paper_seconds > 0)
 		printf("paper_seconds: %s\n", tool_seconds(tr->paper_seconds, "%.3f", h, n, sizeof(n)));
@@ -245,8 +258,25 @@ struct plan_args {
 	struct vps_query q;
 	const char *topology, *transition, *svg, *lost;
 	int64_t threads;
-	bool stats, load, transfers, allow_loss;
+	bool stats, load, transfers, allow_loss, no_relay;
 };
+
+/* --relay[=never|auto|always]: alone, always (what --relay did before
+ * relays were chosen by default). */
+static bool relay_mode(const char *arg, void *value, char *why, size_t n)
+{
+	static const struct {
+		const char *name;
+		enum vps_relay mode;
+	} modes[] = {{"never", VPS_RELAY_NEVER}, {"auto", VPS_RELAY_AUTO}, {"always", VPS_RELAY_ALWAYS}};
+	for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++)
+		if (!arg || !strcmp(arg, modes[i].name)) {
+			*(enum vps_relay *)value = arg ? modes[i].mode : VPS_RELAY_ALWAYS;
+			return true;
+		}
+	snprintf(why, n, "'%s' is none of never, auto and always", arg);
+	return false;
+}
 
 /* --lost: ranks of A as a list (0,3,5-7), or the devices of a devices
  * document. 0, or the exit status of the error printed. */
@@ -355,11 +385,17 @@ static int write_outputs(const struct vps_plan *p, const struct plan_args *a, co
 	bool summary = !a->stats && tool_summary_wanted(c->quiet, plan ? c->out : a->svg);
 	struct vps_bytes bytes = {0}, pic = {0};
 	struct vps_plan_stats s = {0};
+	struct vps_time_floor relayed = {0};
 	vps_result_t rc = VPS_OK;
 	int status;
 	/* all computed before a file is written: bad input writes nothing */
 	if ((a->stats || summary) && a->po.rank < 0)
 		rc = vps_plan_stats(p, topo, a->load, &s);
+	/* what no plan that relays can beat: the floor of a plan that does */
+	if (!rc && a->stats && a->po.rank < 0 && topo && s.bytes_relayed)
+		relayed = s.time_floor;
+	else if (!rc && a->stats && a->po.rank < 0 && topo)
+		rc = vps_time_floor_relayed(p->a, p->b, topo, &relayed);
 	if (!rc && a->svg)
 		rc = vps_plan_svg(p, tr->name[0] ? tr->name : NULL, &pic);
 	if (!rc && plan)
@@ -371,7 +407,7 @@ static int write_outputs(const struct vps_plan *p, const struct plan_args *a, co
 	if (!rc && a->stats && a->po.rank >= 0)
 		print_rank_stats(p, a->po.rank, tool_human(c->human));
 	else if (!rc && a->stats)
-		print_stats(p, &s, topo, tr, tool_human(c->human));
+		print_stats(p, &s, topo, relayed.seconds, tr, tool_human(c->human));
 	status = rc ? tool_fail(rc) : tool_finish(EXIT_OK);
 	if (summary && !status)
 		print_summary(p, &s, topo);
@@ -412,6 +448,9 @@ static int plan(struct plan_args *a, const struct tool_cli *cli)
 	}
 	if (a->lost && (status = plan_lost(a, cli->common.format, la, lb, &lost)))
 		goto done;
+	/* relays chosen by estimate weigh the topology asked for */
+	if (a->topology)
+		a->po.topology = &topo;
 	/* the tool only hashes, writes or counts a global plan's pieces */
 	a->po.compact = true;
 	a->po.unhashed = !writes_plan(a, &cli->common);
@@ -499,7 +538,8 @@ int main(int argc, char **argv)
 		TOOL_OPT_COUNT("scheduler-step", &a.po.train.scheduler_step),
 		TOOL_OPT_STRING(0, "lost", &a.lost),
 		TOOL_OPT_BOOL(0, "allow-loss", &a.allow_loss),
-		TOOL_OPT_BOOL(0, "relay", &a.po.relay),
+		TOOL_OPT_FUNC_OPTIONAL("relay", &a.po.relay_mode, relay_mode),
+		TOOL_OPT_BOOL(0, "no-relay", &a.no_relay),
 		TOOL_OPT_BOOL(0, "transfers", &a.transfers),
 		TOOL_OPT_RANK("peer", &a.q.peer),
 		TOOL_OPT_STRING(0, "tensor", &a.q.tensor),
@@ -511,6 +551,7 @@ int main(int argc, char **argv)
 		{"peer tensor state stage", "transfers", NULL, "--peer, --tensor, --state, --stage and --format go with --transfers"},
 		{"format", "transfers lost", NULL, NULL},
 		{"allow-loss", "lost", NULL, NULL},
+		{"no-relay", NULL, "relay", NULL},
 		{"transfers", NULL, "stats yaml svg",
 		 "--transfers is a query: --stats, --yaml and --svg do not apply (--format yaml)"},
 		{"load", "stats", NULL, NULL},
@@ -535,6 +576,8 @@ int main(int argc, char **argv)
 	if (status != TOOL_PARSED)
 		return status;
 	a.q.rank = a.po.rank;
+	if (a.no_relay)
+		a.po.relay_mode = VPS_RELAY_NEVER;
 	a.po.threads = (int)a.threads;
 	a.po.train.known = tool_given(&cli, "step");
 	if (a.po.train.known && !tool_given(&cli, "scheduler-step"))

@@ -11,6 +11,7 @@
 #   scripts/demo.sh [--model M] [--from SPEC] [--to SPEC] [--np N] [--back]
 #                   [--budget SIZE] [--global-batch G] [--transport T] [--cuda]
 #                   [--fault-rank R SPEC] [--exec-prefix CMD] [--keep DIR] [--per-rank]
+#                   [--relay[=MODE] | --no-relay]
 #
 #   --model M        a model of configs/models (default tiny-llama)
 #   --from, --to     parallel configurations (default (2,2,2) -> (4,1,2), ZeRO-1)
@@ -32,7 +33,8 @@
 #   --exec-prefix CMD    run each executor under CMD (compute-sanitizer, say)
 #   --timeout S      the executors' --timeout (default 60)
 #   --keep DIR       keep the files (plans, reports, logs) in DIR
-#   --relay          receivers pass on what holders serving more than two sent (vps-plan --relay)
+#   --relay[=MODE], --no-relay  vps-plan's: where joining devices pass on what they
+#                    received (default auto: where that wins; --relay alone: always)
 #   --per-rank       each rank plans and stages only its own part (vps-plan --rank);
 #                    the executors agree on the stages at the start
 #
@@ -60,8 +62,8 @@ while [ $# -gt 0 ]; do
 	--exec-prefix) read -r -a prefix <<<"$2"; shift 2 ;;
 	--timeout) timeout=$2; shift 2 ;;
 	--per-rank) per_rank=1; shift ;;
-	--relay) relay=(--relay); shift ;;
-	-h|--help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	--relay | --relay=* | --no-relay) relay=("$1"); shift ;;
+	-h|--help) sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "demo.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 	esac
 done

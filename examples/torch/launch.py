@@ -444,8 +444,7 @@ class Elastic:
                    str(self.targs.micro_batch), "-o", plan]
             if lost:
                 cmd[2:2] = ["--lost", ",".join(map(str, lost))]
-            if self.targs.relay:
-                cmd[2:2] = ["--relay"]
+            cmd[2:2] = ["--relay=" + self.targs.relay]
             for c in (cmd, [plans.tool("vps-stage"), "-q", "--budget", self.args.budget, plan, "-o", staged]):
                 r = subprocess.run(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
                 if r.returncode:

@@ -34,9 +34,11 @@ def add_training(a):
                    help="where the state and the compute live: cpu (default; the state in /dev/shm) or cuda (GPU "
                         "memory from PyTorch's allocator, registered by device pointer; every rank on the GPU of "
                         "its local rank modulo the GPUs, communication through the host over gloo)")
-    a.add_argument("--relay", action="store_true",
-                   help="switches that add devices relay: the joining ranks pass on to each other what a holder "
-                        "sent them once (vps-plan --relay)")
+    a.add_argument("--relay", nargs="?", const="always", default="auto", choices=("never", "auto", "always"),
+                   help="where the joining ranks of a switch pass on to each other what a holder sent them once "
+                        "(vps-plan --relay=MODE): auto (the default) where that wins, always (--relay alone), never")
+    a.add_argument("--no-relay", dest="relay", action="store_const", const="never",
+                   help="--relay never: the plans without relays")
 
 
 # every training option, with its argparse destination and whether it is a flag
@@ -47,7 +49,7 @@ OPTIONS = [("--model", "model", False), ("--configs", "configs", False), ("--gpu
            ("--registry", "registry", False), ("--timeout", "timeout", False), ("--loss-log", "loss_log", False),
            ("--check-switch", "check_switch", True), ("--save-master", "save_master", False),
            ("--sample-log", "sample_log", False), ("--switch-log", "switch_log", False),
-           ("--device", "device", False), ("--relay", "relay", True)]
+           ("--device", "device", False), ("--relay", "relay", False)]
 
 
 def finish(a, args):

@@ -56,7 +56,7 @@ def switches(configs, steps, every):
     return [(k % len(configs), (k + 1) % len(configs)) for k in range(n)]
 
 
-def make(d, model, configs, steps, every, gpus_per_node, global_batch, micro_batch, budget, rank=None, relay=False):
+def make(d, model, configs, steps, every, gpus_per_node, global_batch, micro_batch, budget, rank=None, relay="auto"):
     """The staged plans of the run's switches in order, made in directory d
     (one file per distinct pair): the whole world's, or with `rank` that
     world rank's own part (vps-plan --rank), which its vps-exec takes as
@@ -67,7 +67,7 @@ def make(d, model, configs, steps, every, gpus_per_node, global_batch, micro_bat
     for c, path in zip(configs, layouts):
         run([tool("vps-layout"), "-q", "--model", model, "--parallel", c, "--gpus-per-node", gpn, "-o", path])
     made, order = {}, []
-    part = ([] if rank is None else ["--rank", str(rank)]) + (["--relay"] if relay else [])
+    part = ([] if rank is None else ["--rank", str(rank)]) + ["--relay=" + relay]
     for a, b in switches(configs, steps, every):
         if (a, b) not in made:
             plan = os.path.join(d, "c%d-c%d.plan" % (a, b))

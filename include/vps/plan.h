@@ -24,6 +24,7 @@ extern "C" {
 
 struct vps_world;
 struct vps_bytes;
+struct vps_topology;
 
 VPS_API vps_result_t vps_world_new(struct vps_world **out, const struct vps_layout *a, const struct vps_layout *b);
 VPS_API void vps_world_free(struct vps_world *w);
@@ -162,8 +163,12 @@ struct vps_plan {
 	struct vps_training train;
 	uint64_t file_hash;       /* the hash a plan file states; 0 when computed */
 	struct vps_lost lost;     /* lost A ranks and the ranges no piece fills (holes) */
-	bool relay;               /* planned with vps_plan_opts.relay: ranks planning their own
-				   * parts compare it, since it changes who sends */
+	uint8_t relay;            /* enum vps_relay it was planned with: ranks planning their own
+				   * parts compare it, since it changes who sends (0: none, as before
+				   * relays; 1: VPS_RELAY_ALWAYS, what plans with `relay: true` had) */
+	/* VPS_RELAY_AUTO with a topology: the bandwidths its choice weighed (0: it
+	 * weighed the bytes a device sends), which ranks compare too */
+	double relay_intra_bandwidth, relay_inter_bandwidth;
 };
 
 /* VPS_EINPUT when a plan read from a file does not hash to what it states
@@ -171,8 +176,21 @@ struct vps_plan {
 VPS_API vps_result_t vps_plan_check_hash(const struct vps_plan *p, const char *name);
 
 /* The version of struct vps_plan_opts these headers declare (vps/base.h,
- * "Options structs"). */
-#define VPS_PLAN_OPTS_VERSION 1
+ * "Options structs"): 2 added relay_mode and topology. */
+#define VPS_PLAN_OPTS_VERSION 2
+
+/* Where joining devices pass on to each other what they received
+ * (docs/relay.md). A region of the target relays only where its joining
+ * receivers (devices with no rank of A) number two or more and each group
+ * of its holders shares alike:
+ * - NEVER: nowhere (the plans of vps before relays);
+ * - ALWAYS: wherever its joining receivers outnumber every group of its
+ *   holders (the first rule, vps-plan --relay);
+ * - AUTO: wherever that lowers the region's busiest sender, by its time on
+ *   the plan's topology or else by its bytes, by more than 1% without
+ *   making a receiver busier than the region's busiest device was (the
+ *   default). Every rank decides alike from the region alone. */
+enum vps_relay { VPS_RELAY_NEVER = 0, VPS_RELAY_ALWAYS = 1, VPS_RELAY_AUTO = 2 };
 
 struct vps_plan_opts {
 	unsigned int version;  /* VPS_PLAN_OPTS_VERSION, as VPS_PLAN_OPTS_INIT sets it */
@@ -188,15 +206,21 @@ struct vps_plan_opts {
 	const int64_t *lost;   /* A ranks whose devices are gone: nothing is planned from them */
 	size_t nlost;
 	bool allow_loss;       /* plan around ranges no survivor holds (else VPS_ECHECK) */
-	bool relay;            /* receivers pass on what holders serving more than two of them sent */
+	bool relay;            /* VPS_RELAY_ALWAYS, whatever relay_mode says (version 1: false is
+				* VPS_RELAY_NEVER) */
+	/* version 2 */
+	enum vps_relay relay_mode; /* where relay is false */
+	const struct vps_topology *topology; /* VPS_RELAY_AUTO weighs its bandwidths (NULL: bytes) */
 };
 
 /* Every field's default, vps-plan's: every rank, training state unknown,
- * a thread an online CPU, pieces unpacked, nothing lost, no relays:
+ * a thread an online CPU, pieces unpacked, nothing lost, relays where they
+ * lower the busiest sender's bytes:
  *     struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
  * (every field in order: C++ has no designated initializers before C++20) */
 #define VPS_PLAN_OPTS_INIT \
-	{ VPS_PLAN_OPTS_VERSION, -1, {false, 0, 0, 0, 0, 0, 0, 0}, 0, 0, false, false, NULL, 0, false, false }
+	{ VPS_PLAN_OPTS_VERSION, -1, {false, 0, 0, 0, 0, 0, 0, 0}, 0, 0, false, false, NULL, 0, false, false, \
+	  VPS_RELAY_AUTO, NULL }
 #define VPS_PLAN_MAX_THREADS 256
 
 /* Plan A -> B. On success the plan owns a and b. */

@@ -12,10 +12,11 @@
  * opened_in_pause and connections); 3 for a plan's relay (and the staged
  * plan that holds one); then one more for a parallel map's family,
  * dp_replicate and dp_shard and its optimizer's keys (layout and parallel
- * 3, plan and staged plan 4). binary_min is the oldest binary version
- * still read: what it lacks, its reader fills with the defaults
- * (vps_reader_has). Transitions name their configurations by spec and
- * have no binary encoding, so theirs stays. */
+ * 3, plan and staged plan 4); plan and staged plan 5 for a plan's relay
+ * mode and the bandwidths VPS_RELAY_AUTO weighed. binary_min is the oldest
+ * binary version still read: what it lacks, its reader fills with the
+ * defaults (vps_reader_has). Transitions name their configurations by spec
+ * and have no binary encoding, so theirs stays. */
 static const struct {
 	enum vps_doc_kind kind;
 	const char *name;
@@ -27,9 +28,9 @@ static const struct {
 } doc_kinds[] = {
 	{VPS_DOC_LAYOUT, "layout", 1, 3, 2, {3, 3}, "layout", "vps-layout --model MODEL --parallel SPEC -o FILE makes one",
 	 "vps-layout"},
-	{VPS_DOC_PLAN, "plan", 1, 4, 3, {4, 4}, "plan", "vps-plan A B -o FILE makes one, from layouts A and B",
+	{VPS_DOC_PLAN, "plan", 1, 5, 3, {4, 4, 5}, "plan", "vps-plan A B -o FILE makes one, from layouts A and B",
 	 "vps-plan"},
-	{VPS_DOC_STAGED, "staged", 1, 4, 3, {4, 4}, "staged plan",
+	{VPS_DOC_STAGED, "staged", 1, 5, 3, {4, 4, 5}, "staged plan",
 	 "vps-plan A B | vps-stage --budget SIZE - -o FILE makes one", "vps-stage"},
 	{VPS_DOC_REPORT, "report", 1, 2, 2, {0}, "report", "vps-exec --report FILE writes one", "vps-exec"},
 	{VPS_DOC_MODEL, "model", 1, 2, 2, {0}, "model",

@@ -28,6 +28,7 @@ vps_result_t vps_doc_kind_fail(vps_result_t rc, const char *name, enum vps_doc_k
 enum vps_doc_feature {
 	VPS_FEATURE_OPTIMIZER, /* a parallel map's optimizer, scalar, exp_avg, exp_avg_sq, precision_aware */
 	VPS_FEATURE_FAMILY,    /* a parallel map's family, dp_replicate, dp_shard */
+	VPS_FEATURE_RELAY_MODE, /* a plan's relay mode and the bandwidths it weighed (before: a bool) */
 	VPS_NFEATURES
 };
 

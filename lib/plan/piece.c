@@ -141,6 +141,17 @@ uint64_t vps_piece_hash(const struct vps_piece *x, uint64_t h)
 	return vps_hash64(f, sizeof(f), h);
 }
 
+uint64_t vps_relay_hash(const struct vps_plan *p, uint64_t h)
+{
+	if (p->relay == VPS_RELAY_ALWAYS)
+		return vps_hash64("relay", 5, h);
+	if (p->relay != VPS_RELAY_AUTO)
+		return h;
+	h = vps_hash64("relay-auto", 10, h);
+	double bw[] = {p->relay_intra_bandwidth, p->relay_inter_bandwidth};
+	return bw[0] > 0 ? vps_hash64(bw, sizeof(bw), h) : h;
+}
+
 uint64_t vps_plan_hash(const struct vps_plan *p)
 {
 	uint64_t h;
@@ -177,9 +188,9 @@ uint64_t vps_plan_hash(const struct vps_plan *p)
 			h = vps_hash64(f, sizeof(f), h);
 		}
 	}
-	/* and one planned without relays as before them */
-	if (p->relay)
-		h = vps_hash64("relay", 5, h);
+	/* and one planned without relays as before them, one with
+	 * VPS_RELAY_ALWAYS as plans of vps-plan --relay did */
+	h = vps_relay_hash(p, h);
 	/* 0 marks a plan computed here (file_hash): no file may state it */
 	return h ? h : 1;
 }

@@ -79,5 +79,9 @@ enum vps_match vps_piece_match(const struct vps_piece *x, const struct vps_run *
  * vps_plan_hash does before the collectives and the training state). */
 uint64_t vps_plan_hash_start(const struct vps_plan *p);
 uint64_t vps_piece_hash(const struct vps_piece *x, uint64_t h);
+/* h with the plan's relay mode (and the bandwidths VPS_RELAY_AUTO
+ * weighed): nothing for none, so plans without relays hash as before them,
+ * and "relay" for VPS_RELAY_ALWAYS, as plans of vps-plan --relay did. */
+uint64_t vps_relay_hash(const struct vps_plan *p, uint64_t h);
 
 #endif

@@ -24,6 +24,7 @@
  * plan restricted to it.
  * docs/plan.md has the reasons. */
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <sys/sysinfo.h>
@@ -68,7 +69,9 @@ struct ctx {
 	size_t nduties, capduties;
 	struct vps_piece last; /* global plans: the piece a block packs against */
 	const struct vps_lost *lost; /* A ranks no piece may come from */
-	bool relay;                  /* opts->relay */
+	enum vps_relay relay;        /* the options' */
+	const struct vps_topology *topo; /* VPS_RELAY_AUTO weighs its bandwidths (NULL: bytes) */
+	struct relay_memo *memo;     /* VPS_RELAY_AUTO's choices, by region (RELAY_MEMO slots) */
 };
 
 /* A relayed region: its receivers in replica order (world and B ranks, and
@@ -76,7 +79,11 @@ struct ctx {
  * holder is on (home; NO_HOME when they are on several) with the fewest
  * holders of a group. Range j of the destination buffer (cut in n) is
  * receiver j's to bring in and pass on; `route` says who takes it from
- * whom, at which hop. */
+ * whom, at which hop, from the tables relay_index makes once a region: the
+ * receivers' nodes numbered in order of first appearance (nidx; nodes,
+ * their node numbers), home's number among them (-1: none of them is at
+ * home), below[m][p] the receivers q < p on node m and kth[m][k] the k-th
+ * on node m. */
 #define NO_HOME INT32_MIN
 struct relay {
 	int64_t n, i;
@@ -84,6 +91,25 @@ struct relay {
 	int32_t node[EXACT_REPLICAS];
 	int32_t home;
 	int64_t holders;
+	int nn, home_idx;
+	int32_t nodes[EXACT_REPLICAS];
+	uint8_t nidx[EXACT_REPLICAS];
+	uint8_t below[EXACT_REPLICAS][EXACT_REPLICAS + 1];
+	uint8_t kth[EXACT_REPLICAS][EXACT_REPLICAS];
+};
+
+/* VPS_RELAY_AUTO's choice for a region (its tensor, state and box, its
+ * receivers' first world rank and number, and its groups of holders),
+ * kept so that the receivers and holders that plan the region in one plan
+ * weigh it once. */
+#define RELAY_MEMO 1024
+struct relay_memo {
+	bool used, yes;
+	uint32_t tensor;
+	uint8_t state;
+	struct vps_box box;
+	int64_t first, n;
+	uint64_t groups;
 };
 
 /* Holders under A, less the lost ranks: every choice of a source reads
@@ -647,64 +673,66 @@ static vps_result_t emit_range(struct pieces *out, int64_t only_src, int64_t src
  * most 3. With the holders on several nodes, or none of the receivers at
  * home, every range is its receiver's own to take from a holder. */
 
+/* The tables of rl's routes, in O(receivers x their nodes). */
+static void relay_index(struct relay *rl)
+{
+	uint8_t count[EXACT_REPLICAS];
+	rl->nn = 0;
+	rl->home_idx = -1;
+	for (int64_t q = 0; q < rl->n; q++) {
+		int m = 0;
+		while (m < rl->nn && rl->nodes[m] != rl->node[q])
+			m++;
+		if (m == rl->nn) {
+			rl->nodes[rl->nn++] = rl->node[q];
+			count[m] = 0;
+			if (rl->home != NO_HOME && rl->node[q] == rl->home)
+				rl->home_idx = m;
+		}
+		rl->nidx[q] = (uint8_t)m;
+		rl->kth[m][count[m]++] = (uint8_t)q;
+	}
+	for (int m = 0; m < rl->nn; m++) {
+		rl->below[m][0] = 0;
+		for (int64_t p = 0; p < rl->n; p++)
+			rl->below[m][p + 1] = (uint8_t)(rl->below[m][p] + (rl->nidx[p] == m));
+	}
+}
+
 static bool at_home(const struct relay *rl, int64_t q)
 {
-	return rl->home != NO_HOME && rl->node[q] == rl->home;
-}
-
-/* The count of receivers q < below (all: rl->n) on node m, or off it. */
-static int64_t count_on(const struct relay *rl, int64_t below, int32_t m, bool on)
-{
-	int64_t k = 0;
-	for (int64_t q = 0; q < below; q++)
-		k += (rl->node[q] == m) == on;
-	return k;
-}
-
-/* The k-th receiver (from 0) on node m. */
-static int64_t kth_on(const struct relay *rl, int32_t m, int64_t k)
-{
-	for (int64_t q = 0; q < rl->n; q++)
-		if (rl->node[q] == m && k-- == 0)
-			return q;
-	return -1; /* not reached: callers ask within the count */
+	return rl->home_idx >= 0 && rl->nidx[q] == rl->home_idx;
 }
 
 /* Who carries range p (of a receiver off home) out of home: a holder (-1)
  * or a home receiver. */
 static int64_t exporter(const struct relay *rl, int64_t p)
 {
-	if (rl->home == NO_HOME)
+	if (rl->home_idx < 0)
 		return -1;
-	int64_t home = count_on(rl, rl->n, rl->home, true);
-	if (!home)
-		return -1;
-	int64_t slot = count_on(rl, p, rl->home, false) % (rl->holders + home);
-	return slot < rl->holders ? -1 : kth_on(rl, rl->home, slot - rl->holders);
+	int64_t home = rl->below[rl->home_idx][rl->n];
+	int64_t slot = (p - rl->below[rl->home_idx][p]) % (rl->holders + home);
+	return slot < rl->holders ? -1 : rl->kth[rl->home_idx][slot - rl->holders];
 }
 
-/* The node range p lands on first: its receiver's, or for a home
- * receiver's range, the other nodes in turn (home: none other). */
-static int32_t landing(const struct relay *rl, int64_t p)
+/* The node (its number in rl) range p lands on first: its receiver's, or
+ * for a home receiver's range, the other nodes in turn. */
+static int landing(const struct relay *rl, int64_t p)
 {
 	if (!at_home(rl, p))
-		return rl->node[p];
-	int32_t away[EXACT_REPLICAS];
-	int64_t naway = 0;
-	for (int64_t q = 0; q < rl->n; q++) {
-		bool seen = at_home(rl, q);
-		for (int64_t k = 0; k < naway && !seen; k++)
-			seen = away[k] == rl->node[q];
-		if (!seen)
-			away[naway++] = rl->node[q];
-	}
-	return naway ? away[count_on(rl, p, rl->home, true) % naway] : rl->home;
+		return rl->nidx[p];
+	int naway = rl->nn - 1;
+	if (!naway)
+		return rl->home_idx;
+	int k = rl->below[rl->home_idx][p] % naway;
+	return k < rl->home_idx ? k : k + 1;
 }
 
-/* The receiver on node m (not p's) that takes range p in from outside. */
-static int64_t taker(const struct relay *rl, int64_t p, int32_t m)
+/* The receiver on node m (its number in rl; not p's node) that takes range
+ * p in from outside. */
+static int64_t taker(const struct relay *rl, int64_t p, int m)
 {
-	return kth_on(rl, m, count_on(rl, p, m, false) % count_on(rl, rl->n, m, true));
+	return rl->kth[m][(p - rl->below[m][p]) % rl->below[m][rl->n]];
 }
 
 /* Where receiver i takes range p from: *from a receiver, or -1 for a
@@ -721,7 +749,7 @@ static void route(const struct relay *rl, int64_t p, int64_t i, int64_t *from, i
 		}
 		return;
 	}
-	int32_t land = landing(rl, p);
+	int land = landing(rl, p);
 	int64_t entry = at_home(rl, p) ? taker(rl, p, land) : p, e = exporter(rl, p);
 	/* the hop at which the entry takes p in */
 	int in = at_home(rl, p) || e >= 0;
@@ -730,7 +758,7 @@ static void route(const struct relay *rl, int64_t p, int64_t i, int64_t *from, i
 		*hop = *from >= 0;
 		return;
 	}
-	int64_t gateway = land == rl->node[i] ? i : taker(rl, p, rl->node[i]);
+	int64_t gateway = land == rl->nidx[i] ? i : taker(rl, p, rl->nidx[i]);
 	*from = gateway == i ? entry : gateway;
 	*hop = in + (gateway == i ? 1 : 2);
 }
@@ -801,15 +829,152 @@ static vps_result_t plan_group(struct ctx *c, const struct group *g, const struc
 	return vps_boxes_subtract(&c->rem, &c->next, gbox);
 }
 
-/* Whether region R of B rank rb is relayed: rb is one of its receivers,
- * and every group of holders serves more than one receiver per member
- * (a holder that sends R to two receivers directly sends it once when
- * they relay) and shares alike (not weighed). The receivers and the groups are the
- * same whichever receiver asks, so they all decide alike. */
-static vps_result_t relay_wanted(struct ctx *c, int64_t rb, const struct vps_region *R, const struct group *gs,
-				 size_t ng, struct relay *rl, bool *yes)
+/* ---- VPS_RELAY_AUTO: whether relaying a region lowers its busiest sender ----
+ *
+ * The region's bytes, direct and relayed, on the devices it involves: its
+ * holders and its receivers, in units of one range (its bytes over n).
+ * Directly each receiver takes all n from its group's members on its
+ * node, or else from any of them; relayed, each range goes as `route`
+ * says, a holder's from those same members. A group's members share their
+ * units evenly (the rotation's aim), each group weighed by the part of the
+ * region it holds. Ranges are equal here: a buffer's regions
+ * relay alike and its ranges even out over them. */
+struct relay_load {
+	double send[2], recv[2]; /* over NVLink [0] and the NICs [1] */
+};
+
+/* A device's time on the topology (each link both ways at once), or its
+ * bytes without one; only what it sends, or all it does. */
+static double load_time(const struct ctx *c, const struct relay_load *l, bool sends_only)
+{
+	double intra = l->send[0], inter = l->send[1];
+	if (!sends_only) {
+		intra = fmax(intra, l->recv[0]);
+		inter = fmax(inter, l->recv[1]);
+	}
+	if (!c->topo)
+		return sends_only ? l->send[0] + l->send[1] : fmax(l->send[0] + l->send[1], l->recv[0] + l->recv[1]);
+	return fmax(intra / c->topo->intra_node_bandwidth, inter / c->topo->inter_node_bandwidth);
+}
+
+/* Relayed or direct, rl's region with groups gs: its busiest sender's
+ * time, its busiest device's, and its busiest receiver's (rl->n units a
+ * copy). */
+static void relay_estimate(const struct ctx *c, const struct relay *rl, const struct group *gs, size_t ng,
+			   const struct vps_box *R, bool relayed, double *sender, double *device, double *receiver)
+{
+	struct relay_load recv[EXACT_REPLICAS];
+	double whole = (double)vps_box_volume(R);
+	memset(recv, 0, sizeof(recv));
+	*sender = *device = *receiver = 0;
+	for (size_t gi = 0; gi < ng; gi++) {
+		const struct group *g = &gs[gi];
+		struct vps_box x;
+		if (!vps_box_intersect(&c->ha.v[g->first].region.box, R, &x) || whole <= 0)
+			continue;
+		double part = (double)vps_box_volume(&x) / whole;
+		/* the group's members on each receiver's node (m), and what they
+		 * serve there over NVLink; what the others are served over the
+		 * NICs by all */
+		int64_t on[EXACT_REPLICAS] = {0};
+		double served[EXACT_REPLICAS] = {0}, away = 0;
+		for (int64_t j = 0; j < g->count; j++) {
+			int64_t ra;
+			size_t h;
+			group_member(&c->ha, g, j, &ra, &h);
+			int32_t node = vps_layout_device(c->a, ra).node;
+			for (int m = 0; m < rl->nn; m++)
+				on[m] += rl->nodes[m] == node;
+		}
+		for (int64_t i = 0; i < rl->n; i++)
+			for (int64_t p = 0; p < (relayed ? rl->n : 1); p++) {
+				int64_t from = -1;
+				int hop;
+				double units = relayed ? part : part * (double)rl->n;
+				if (relayed)
+					route(rl, p, i, &from, &hop);
+				int m = rl->nidx[i];
+				if (from < 0 && on[m]) {
+					served[m] += units;
+					recv[i].recv[0] += units;
+				} else if (from < 0) {
+					away += units;
+					recv[i].recv[1] += units;
+				} else {
+					int link = rl->nidx[from] != m;
+					recv[from].send[link] += units;
+					recv[i].recv[link] += units;
+				}
+			}
+		/* a member on node m: its share there and of what leaves;
+		 * members elsewhere share what leaves alone */
+		struct relay_load member = {{0, away / (double)g->count}, {0, 0}};
+		*sender = fmax(*sender, load_time(c, &member, true));
+		*device = fmax(*device, load_time(c, &member, false));
+		for (int m = 0; m < rl->nn; m++)
+			if (on[m]) {
+				member.send[0] = served[m] / (double)on[m];
+				*sender = fmax(*sender, load_time(c, &member, true));
+				*device = fmax(*device, load_time(c, &member, false));
+			}
+	}
+	for (int64_t i = 0; i < rl->n; i++) {
+		*sender = fmax(*sender, load_time(c, &recv[i], true));
+		*device = fmax(*device, load_time(c, &recv[i], false));
+		*receiver = fmax(*receiver, load_time(c, &recv[i], false));
+	}
+}
+
+/* VPS_RELAY_AUTO: relay where the region's busiest sender gets faster by
+ * more than 1% and no receiver ends busier than the busiest device was
+ * directly. From the region's groups and receivers alone, so every rank
+ * that plans it decides alike; remembered per region. */
+static vps_result_t relay_gains(struct ctx *c, const struct vps_region *R, const struct relay *rl,
+				const struct group *gs, size_t ng, bool *yes)
+{
+	if (!c->memo && !(c->memo = vps_calloc(RELAY_MEMO, sizeof(*c->memo))))
+		return VPS_ENOMEM;
+	/* the groups by their first members and sizes: a choice is never
+	 * taken for other holders' */
+	uint64_t groups = ng;
+	for (size_t gi = 0; gi < ng; gi++) {
+		int64_t first;
+		size_t h;
+		group_member(&c->ha, &gs[gi], 0, &first, &h);
+		groups = (groups ^ (uint64_t)first ^ (uint64_t)gs[gi].count << 32) * 0x100000001b3u;
+	}
+	uint64_t h = (uint64_t)R->tensor * 0x9e3779b97f4a7c15u ^ R->state ^ (uint64_t)rl->world[0] << 8;
+	for (int k = 0; k < R->box.ndim; k++)
+		h = (h ^ (uint64_t)R->box.lo[k] ^ (uint64_t)R->box.hi[k] << 20) * 0x100000001b3u;
+	struct relay_memo *m = &c->memo[h % RELAY_MEMO];
+	if (m->used && m->tensor == R->tensor && m->state == R->state && m->first == rl->world[0] && m->n == rl->n &&
+	    m->groups == groups && vps_box_equal(&m->box, &R->box)) {
+		*yes = m->yes;
+		return VPS_OK;
+	}
+	double send_d, dev_d, recv_d, send_r, dev_r, recv_r;
+	relay_estimate(c, rl, gs, ng, &R->box, false, &send_d, &dev_d, &recv_d);
+	relay_estimate(c, rl, gs, ng, &R->box, true, &send_r, &dev_r, &recv_r);
+	*yes = send_r < 0.99 * send_d && recv_r <= dev_d;
+	*m = (struct relay_memo){.used = true, .yes = *yes, .tensor = R->tensor, .state = (uint8_t)R->state,
+				 .box = R->box, .first = rl->world[0], .n = rl->n, .groups = groups};
+	return VPS_OK;
+}
+
+/* Whether region R of B rank rb on world rank d is relayed: d joins (has
+ * no A rank) and is one of the region's two or more receivers, and every
+ * group of holders shares alike (not weighed); then, by the mode, where
+ * the receivers outnumber every group's members (ALWAYS: a holder that
+ * sends R to two receivers directly sends it once when they relay) or
+ * where relay_gains says (AUTO, groups of at most EXACT_REPLICAS). The
+ * receivers and the groups are the same whichever receiver asks, so they
+ * all decide alike. */
+static vps_result_t relay_wanted(struct ctx *c, int64_t d, int64_t rb, const struct vps_region *R,
+				 const struct group *gs, size_t ng, struct relay *rl, bool *yes)
 {
 	*yes = false;
+	if (c->relay == VPS_RELAY_NEVER || vps_world_a_rank(c->w, d) >= 0)
+		return VPS_OK;
 	VPS_CHECK(relay_set(c, rb, R, rl));
 	if (rl->n < 2)
 		return VPS_OK;
@@ -817,7 +982,7 @@ static vps_result_t relay_wanted(struct ctx *c, int64_t rb, const struct vps_reg
 	bool one_home = true;
 	for (size_t gi = 0; gi < ng; gi++) {
 		const struct group *g = &gs[gi];
-		if (rl->n <= g->count)
+		if (c->relay == VPS_RELAY_ALWAYS ? rl->n <= g->count : g->count > EXACT_REPLICAS)
 			return VPS_OK;
 		if (g->count <= SPLIT_MAX) {
 			int64_t cand[SPLIT_MAX];
@@ -827,7 +992,7 @@ static vps_result_t relay_wanted(struct ctx *c, int64_t rb, const struct vps_reg
 			if (weighed(c, cand, g->count))
 				return VPS_OK;
 		}
-		/* fewer holders than receivers (< EXACT_REPLICAS): each one's node */
+		/* each member's node (at most EXACT_REPLICAS of them) */
 		for (int64_t j = 0; j < g->count && one_home; j++) {
 			int64_t ra;
 			size_t h;
@@ -839,6 +1004,9 @@ static vps_result_t relay_wanted(struct ctx *c, int64_t rb, const struct vps_reg
 		rl->holders = gi ? vps_min64(rl->holders, g->count) : g->count;
 	}
 	rl->home = one_home ? home : NO_HOME;
+	relay_index(rl);
+	if (c->relay == VPS_RELAY_AUTO)
+		return relay_gains(c, R, rl, gs, ng, yes);
 	*yes = true;
 	return VPS_OK;
 }
@@ -863,8 +1031,8 @@ static vps_result_t plan_region(struct ctx *c, int64_t d, int64_t rb, const stru
 	int64_t bufsize = vps_layout_buffer_elements(c->b, rb, R->buffer);
 	struct relay rl;
 	bool relayed = false;
-	if (!rc && c->relay)
-		rc = relay_wanted(c, rb, R, gs, ng, &rl, &relayed);
+	if (!rc)
+		rc = relay_wanted(c, d, rb, R, gs, ng, &rl, &relayed);
 	for (size_t gi = 0; !rc && gi < ng && c->rem.n; gi++)
 		rc = plan_group(c, &gs[gi], relayed ? &rl : NULL, ri, rn, rbase, d, R, bufsize, only_src, out);
 	free(gs);
@@ -1007,11 +1175,12 @@ static vps_result_t candidates_for(struct ctx *c, int64_t s, const struct vps_re
 
 /* What world rank s passes on: for each of its B regions that it receives
  * relayed, the decision re-run for the other receivers, keeping the pieces
- * from s's B buffers (a holder's own sends come from plan_sends). */
+ * from s's B buffers (a holder's own sends come from plan_sends). Only a
+ * joining device relays. */
 static vps_result_t plan_forwards(struct ctx *c, int64_t s, struct pieces *out)
 {
 	int64_t rb = vps_world_b_rank(c->w, s);
-	if (rb < 0 || !c->relay)
+	if (rb < 0 || c->relay == VPS_RELAY_NEVER || vps_world_a_rank(c->w, s) >= 0)
 		return VPS_OK;
 	struct vps_rank_view v;
 	struct pieces tmp = {0};
@@ -1020,11 +1189,20 @@ static vps_result_t plan_forwards(struct ctx *c, int64_t s, struct pieces *out)
 	vps_result_t rc = VPS_OK;
 	for (size_t i = 0; i < v.nregions && !rc; i++) {
 		const struct vps_region *R = &v.regions[i];
+		struct group *gs = NULL;
+		size_t ng = 0;
+		int64_t T, pref_tp = preferred_tp(c, R->tensor, rb, &T);
+		bool relayed = false;
 		c->ha.n = 0;
 		rc = a_holders(c, R->tensor, R->state, &R->box, &c->ha);
+		if (!rc) {
+			qsort(c->ha.v, c->ha.n, sizeof(*c->ha.v), holder_cmp);
+			rc = make_groups(c, vps_world_device(c->w, s).node, -1, T, pref_tp, &gs, &ng);
+		}
 		if (!rc)
-			rc = relay_set(c, rb, R, &rl);
-		for (int64_t j = 0; j < rl.n && !rc; j++) {
+			rc = relay_wanted(c, s, rb, R, gs, ng, &rl, &relayed);
+		free(gs);
+		for (int64_t j = 0; j < rl.n && relayed && !rc; j++) {
 			if (j == rl.i)
 				continue;
 			tmp.n = 0;
@@ -1266,6 +1444,7 @@ static void ctx_release(struct ctx *c)
 	vps_holders_release(&c->hda);
 	vps_holders_release(&c->hdb);
 	free(c->duties);
+	free(c->memo);
 	vps_boxes_release(&c->rem);
 	vps_boxes_release(&c->next);
 }
@@ -1308,7 +1487,8 @@ struct job {
 	const struct vps_layout *a, *b;
 	const struct vps_world *w;
 	const struct vps_lost *lost;
-	bool relay;
+	enum vps_relay relay;
+	const struct vps_topology *topo;
 	int64_t W, nblocks, next, collected, ahead;
 	bool stop;
 	struct block *blocks;
@@ -1319,7 +1499,7 @@ struct job {
 static void *plan_worker(void *arg)
 {
 	struct job *j = arg;
-	struct ctx c = {.a = j->a, .b = j->b, .w = j->w, .lost = j->lost, .relay = j->relay};
+	struct ctx c = {.a = j->a, .b = j->b, .w = j->w, .lost = j->lost, .relay = j->relay, .topo = j->topo};
 	struct pieces scratch = {0};
 	struct vps_packed_block work = {0};
 	pthread_mutex_lock(&j->mu);
@@ -1405,7 +1585,7 @@ static vps_result_t plan_all(struct ctx *c, int64_t W, int asked, struct vps_pac
 {
 	int64_t nblocks = vps_ceil_div(W, BLOCK_RANKS);
 	int threads = (int)vps_min64(plan_threads(asked), nblocks);
-	struct job j = {.a = c->a, .b = c->b, .w = c->w, .lost = c->lost, .relay = c->relay, .W = W, .nblocks = nblocks, .ahead = BLOCKS_AHEAD * threads};
+	struct job j = {.a = c->a, .b = c->b, .w = c->w, .lost = c->lost, .relay = c->relay, .topo = c->topo, .W = W, .nblocks = nblocks, .ahead = BLOCKS_AHEAD * threads};
 	pthread_t tid[VPS_PLAN_MAX_THREADS];
 	int started = 0;
 	struct pieces scratch = {0};
@@ -1507,6 +1687,25 @@ static vps_result_t plan_lost(struct vps_plan *p, const struct vps_plan_opts *o)
 	return VPS_OK;
 }
 
+/* The relay mode of the options (vps/plan.h: relay, then relay_mode from
+ * version 2), recorded in the plan with the bandwidths that AUTO weighs. */
+static vps_result_t plan_relay(struct vps_plan *p, struct ctx *c, const struct vps_plan_opts *o)
+{
+	enum vps_relay mode = o->relay ? VPS_RELAY_ALWAYS : o->version >= 2 ? o->relay_mode : VPS_RELAY_NEVER;
+	const struct vps_topology *t = o->version >= 2 && mode == VPS_RELAY_AUTO ? o->topology : NULL;
+	if (mode != VPS_RELAY_NEVER && mode != VPS_RELAY_ALWAYS && mode != VPS_RELAY_AUTO)
+		return vps_fail(VPS_EINPUT, "relay mode %d is none of never, always and auto", (int)mode);
+	if (t && !(t->intra_node_bandwidth > 0 && t->inter_node_bandwidth > 0 && isfinite(t->intra_node_bandwidth) &&
+		   isfinite(t->inter_node_bandwidth)))
+		return vps_fail(VPS_EINPUT, "topology %s: relays weigh its bandwidths, which must be positive", t->name);
+	c->relay = mode;
+	c->topo = t;
+	p->relay = (uint8_t)mode;
+	p->relay_intra_bandwidth = t ? t->intra_node_bandwidth : 0;
+	p->relay_inter_bandwidth = t ? t->inter_node_bandwidth : 0;
+	return VPS_OK;
+}
+
 vps_result_t vps_plan_compute(struct vps_plan **out, struct vps_layout *a, struct vps_layout *b,
 			      const struct vps_plan_opts *opts)
 {
@@ -1528,13 +1727,12 @@ vps_result_t vps_plan_compute(struct vps_plan **out, struct vps_layout *a, struc
 	struct promotion pr = {0};
 	VPS_CHECK_GOTO(vps_world_new(&p->world, a, b), rc, fail);
 	p->scope = opts->rank;
-	p->relay = opts->relay;
 	p->a = a;
 	p->b = b;
 	c.a = a;
 	c.b = b;
 	c.w = p->world;
-	c.relay = opts->relay;
+	VPS_CHECK_GOTO(plan_relay(p, &c, opts), rc, fail);
 	int64_t W = vps_world_size(p->world);
 	if (opts->rank >= W) {
 		rc = vps_fail(VPS_EINPUT, "world rank %" PRId64 " is outside the transition world of %" PRId64 " ranks",

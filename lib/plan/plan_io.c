@@ -471,6 +471,75 @@ static vps_result_t write_lost(struct vps_writer *w, const struct vps_model *m, 
 
 static vps_result_t read_lost_map(struct vps_reader *r, const struct vps_plan *p, struct vps_lost *l);
 
+/* The relay mode a plan was made with (enum vps_relay). YAML: none, as
+ * before relays; `relay: true` for ALWAYS, as plans of vps-plan --relay
+ * had; `relay: auto`, with the bandwidths its choice weighed when it
+ * weighed a topology's. Binary: the mode and both bandwidths (0: bytes);
+ * before VPS_FEATURE_RELAY_MODE, a bool (ALWAYS or NEVER). */
+static vps_result_t write_relay(struct vps_writer *w, const struct vps_plan *p)
+{
+	if (!vps_writer_is_yaml(w)) {
+		VPS_CHECK(vps_w_int(w, "relay", p->relay));
+		VPS_CHECK(vps_w_double(w, "relay_intra_node_bandwidth", p->relay_intra_bandwidth));
+		return vps_w_double(w, "relay_inter_node_bandwidth", p->relay_inter_bandwidth);
+	}
+	if (p->relay == VPS_RELAY_ALWAYS)
+		return vps_w_bool(w, "relay", true);
+	if (p->relay != VPS_RELAY_AUTO)
+		return VPS_OK;
+	VPS_CHECK(vps_w_str(w, "relay", "auto"));
+	if (!(p->relay_intra_bandwidth > 0))
+		return VPS_OK;
+	VPS_CHECK(vps_w_double(w, "relay_intra_node_bandwidth", p->relay_intra_bandwidth));
+	return vps_w_double(w, "relay_inter_node_bandwidth", p->relay_inter_bandwidth);
+}
+
+/* write_relay's fields; an echo gets them as write_relay writes them. */
+static vps_result_t read_relay(struct vps_reader *r, struct vps_plan *p)
+{
+	struct vps_writer *echo = vps_reader_echo_writer(r);
+	vps_result_t rc = VPS_OK;
+	vps_reader_echo(r, NULL);
+	p->relay = VPS_RELAY_NEVER;
+	p->relay_intra_bandwidth = p->relay_inter_bandwidth = 0;
+	if (vps_reader_is_binary(r) && !vps_reader_has(r, VPS_FEATURE_RELAY_MODE)) {
+		/* written before relay modes: relayed or not */
+		bool relayed;
+		rc = vps_r_bool(r, "relay", &relayed);
+		p->relay = !rc && relayed ? VPS_RELAY_ALWAYS : VPS_RELAY_NEVER;
+	} else if (vps_reader_is_binary(r)) {
+		int64_t mode;
+		rc = vps_r_int(r, "relay", &mode, VPS_RELAY_NEVER, VPS_RELAY_AUTO);
+		p->relay = (uint8_t)(rc ? 0 : mode);
+		if (!rc)
+			rc = vps_r_double(r, "relay_intra_node_bandwidth", &p->relay_intra_bandwidth);
+		if (!rc)
+			rc = vps_r_double(r, "relay_inter_node_bandwidth", &p->relay_inter_bandwidth);
+	} else if (vps_r_has(r, "relay")) {
+		const char *mode;
+		rc = vps_r_str(r, "relay", &mode);
+		if (!rc && !strcmp(mode, "auto"))
+			p->relay = VPS_RELAY_AUTO;
+		else if (!rc && !strcmp(mode, "true"))
+			p->relay = VPS_RELAY_ALWAYS;
+		else if (!rc && strcmp(mode, "false"))
+			rc = vps_r_error(r, "relay", "'%s' is none of true, false and auto", mode);
+		bool weighed = vps_r_has(r, "relay_intra_node_bandwidth") || vps_r_has(r, "relay_inter_node_bandwidth");
+		if (!rc && weighed && p->relay != VPS_RELAY_AUTO)
+			rc = vps_r_error(r, "relay", "only relay: auto weighs bandwidths");
+		if (!rc && weighed)
+			rc = vps_r_double(r, "relay_intra_node_bandwidth", &p->relay_intra_bandwidth);
+		if (!rc && weighed)
+			rc = vps_r_double(r, "relay_inter_node_bandwidth", &p->relay_inter_bandwidth);
+	}
+	/* both or neither, and positive where given */
+	bool some = p->relay_intra_bandwidth != 0 || p->relay_inter_bandwidth != 0;
+	if (!rc && some && (p->relay != VPS_RELAY_AUTO || !(p->relay_intra_bandwidth > 0) || !(p->relay_inter_bandwidth > 0)))
+		rc = vps_r_error(r, "relay", "relay bandwidths must both be positive, and only with relay: auto");
+	vps_reader_echo(r, echo);
+	return !rc && echo ? write_relay(echo, p) : rc;
+}
+
 static vps_result_t read_lost(struct vps_reader *r, const struct vps_plan *p, struct vps_lost *l)
 {
 	/* the echo (vps-show) gets the map as write_lost words it, sparse in YAML */
@@ -612,7 +681,7 @@ static vps_result_t write_body(struct vps_writer *w, const struct vps_plan *p, u
 	}
 	VPS_CHECK(vps_w_seq_end(w));
 	VPS_CHECK(write_lost(w, m, &p->lost));
-	return vps_w_bool_sparse(w, "relay", p->relay, false);
+	return write_relay(w, p);
 }
 
 vps_result_t vps_plan_write_body(struct vps_writer *w, const struct vps_plan *p)
@@ -939,7 +1008,7 @@ vps_result_t vps_plan_read_body_as(struct vps_reader *r, struct vps_plan **out, 
 	VPS_CHECK_GOTO(read_pieces(r, p, world, compact && p->scope < 0), rc, fail);
 	VPS_CHECK_GOTO(read_collectives(r, p, world), rc, fail);
 	VPS_CHECK_GOTO(read_lost(r, p, &p->lost), rc, fail);
-	VPS_CHECK_GOTO(vps_r_bool_sparse(r, "relay", &p->relay, false), rc, fail);
+	VPS_CHECK_GOTO(read_relay(r, p), rc, fail);
 	*out = p;
 	return VPS_OK;
 fail:

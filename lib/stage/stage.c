@@ -738,9 +738,9 @@ uint64_t vps_staged_world_hash(const struct vps_staged *s)
 			  t->scheduler_step, t->global_batch, t->micro_batch, t->grad_accum, t->dp};
 	uint64_t h = vps_hash64(head, sizeof(head), 0);
 	/* relays change who sends what: a rank planned with them and one
-	 * without must not agree (plans without them hash as before) */
-	if (p->relay)
-		h = vps_hash64("relay", 5, h);
+	 * without, or with another mode or the bandwidths of another
+	 * topology, must not agree (plans without them hash as before) */
+	h = vps_relay_hash(p, h);
 	/* ranks planning around different lost devices must not agree */
 	return p->lost.nranks ? vps_hash64(p->lost.ranks, p->lost.nranks * sizeof(*p->lost.ranks), h) : h;
 }

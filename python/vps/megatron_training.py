@@ -38,8 +38,9 @@ checkpoint (Megatron's checkpoint_and_decide_exit):
    args.train_iters to the iteration for the moment), into vps, which
    pretrain() called in train()'s place.
 2. Each rank makes its part of the switch's plan (vps-layout, vps-plan
-   --rank, vps-stage in --vps-dir/rank-R) and starts its own vps-exec,
-   whose rendezvous port rank 0 picks.
+   --rank, vps-stage in --vps-dir/rank-R; vps-plan's default, relays where
+   they win, and none relays here: only joining devices relay) and starts
+   its own vps-exec, whose rendezvous port rank 0 picks.
 3. vps.megatron.Job.switch moves the state (bf16 parameters, fp32 main
    parameters, Adam's moments; Adam's step, the consumed samples and the
    scheduler's position carried) and builds the new configuration with

@@ -11,16 +11,40 @@
 # collective (its thread's and its control loop's, the median over 15
 # switches, averaged over the collectives); with --doc, writes them into
 # docs/BENCHMARKS.md. Targets: rank 0's time and messages per collective at
-# the largest world within 1.5x of those at 128 ranks.
-#   scripts/bench/control_plane.sh [--doc] [WORLDS...]
+# the largest world within 1.5x of those at 128 ranks. A world past what
+# this machine allows runs at the most it does, and the tables say so:
+# rank 0 holds a connection from every rank while it bootstraps (its
+# open-file limit, the hard one, which it raises its own to), every rank is
+# a thread (the machine's tasks left below pid_max and threads-max, less
+# 1,024 for the rest of it), and each takes memory (at most MemAvailable
+# over 256 KB).
+#   scripts/bench/control_plane.sh [--doc] [WORLDS...]   (default 128 1024 4096 16384 65536)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 doc=0
 [ "${1:-}" = --doc ] && { doc=1; shift; }
-worlds=${*:-128 1024 4096 16384}
-for W in $worlds; do
+asked=${*:-128 1024 4096 16384 65536}
+for W in $asked; do
 	[[ "$W" =~ ^[1-9][0-9]*$ ]] || { echo "control_plane.sh: $W: not a world size" >&2; exit 2; }
 done
+# the most ranks this machine holds, and what sets it
+# (a process may end while it is read: what was read counts)
+tasks=$({ cat /proc/[0-9]*/status 2> /dev/null || true; } | awk '$1 == "Threads:" { n += $2 } END { print n + 0 }')
+by_files=$(($(ulimit -Hn) - 128))
+by_tasks=$(($(sort -n /proc/sys/kernel/pid_max /proc/sys/kernel/threads-max | head -1) - tasks - 1024))
+by_memory=$(($(awk '$1 == "MemAvailable:" { print $2 }' /proc/meminfo) / 256))
+most=$by_files why="rank 0's open files ($(ulimit -Hn), the hard limit: it holds every rank's bootstrap connection at once)"
+[ "$by_tasks" -lt "$most" ] && most=$by_tasks why="the tasks this machine has left ($(sort -n /proc/sys/kernel/pid_max /proc/sys/kernel/threads-max | head -1) less the $tasks running and 1,024 kept for the rest: every rank is a thread)"
+[ "$by_memory" -lt "$most" ] && most=$by_memory why="its available memory (256 KB a rank)"
+worlds= capped=
+for W in $asked; do
+	if [ "$W" -gt "$most" ]; then
+		capped+="$W asked: this machine allows at most $most ranks, set by $why; the largest world run is $most. "
+		W=$most
+	fi
+	[[ " $worlds " == *" $W "* ]] || worlds+="$W "
+done
+worlds=${worlds% }
 make -s all build/bench/control_plane
 t=$(mktemp -d)
 pids=()
@@ -28,7 +52,9 @@ reg=cp$$
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$t" "/dev/shm/$reg-0" "/dev/shm/$reg-1"' EXIT
 
 # ---- the control plane at each world ----
-build/bench/control_plane --timeout 300 $worlds > "$t/out"
+# TIMEOUT: how long a rank may take to come (default 900 s: 16,384 ranks on
+# this shared 2-core machine can take five minutes to bootstrap)
+build/bench/control_plane --timeout "${TIMEOUT:-900}" $worlds > "$t/out"
 
 # ---- an idle executor: bootstrapped, waiting for its trainer's request ----
 idle_seconds=${IDLE_SECONDS:-20}
@@ -57,7 +83,7 @@ for r in 0 1; do
 done
 
 tables() {
-	awk -v idle="$idle" -v idle_s="$idle_seconds" '
+	awk -v idle="$idle" -v idle_s="$idle_seconds" -v capped="$capped" '
 		function log2(x) { return log(x) / log(2) }
 		$1 == "phase" { W = $2; wall[W, $3] = $5; cpu[W, $3] = $7; msg[W, $3] = $9; next }
 		$1 == "world" {
@@ -106,6 +132,11 @@ tables() {
 				printf "| %\047d | %d | %.2f | %d | %d | %\047d | %.1f KB | %.1f KB | %.0f KB |\n", W, v[W, "busiest_messages_per_collective"], v[W, "busiest_messages_per_collective"] / (W > 1 ? log2(W) : 1), v[W, "data_connections_max"], v[W, "control_connections_max"], v[W, "rank0_bootstrap_connections"], v[W, "memory_max"] / 1000, v[W, "rank0_memory_peak"] / 1000, v[W, "rss_kb_per_rank"]
 			}
 			print ""
+			if (capped) {
+				sub(/ $/, "", capped)
+				print "Worlds past this machine: " capped
+				print ""
+			}
 			split(idle, id, " ")
 			printf "An idle executor (bootstrapped, waiting %d s with --wait for a request that never comes): %s%% and %s%% of a CPU (ranks 0 and 1).\n", idle_s, id[1], id[2]
 			if (n > 1 && first == 128) {
@@ -117,6 +148,6 @@ tables() {
 		}' "$t/out"
 }
 tables
-[ "$doc" = 1 ] && { scripts/bench/doc-stamp.sh "scripts/bench/control_plane.sh --doc $worlds"; echo; tables; } |
+[ "$doc" = 1 ] && { scripts/bench/doc-stamp.sh "scripts/bench/control_plane.sh --doc $asked"; echo; tables; } |
 	scripts/bench/doc-section.sh control-plane docs/BENCHMARKS.md
 exit 0

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What relayed transfers (issue 29) could bring a data-parallel join down
-to, at best, next to today's point-to-point plan.
+to, at best, next to the point-to-point plan (without relays).
 
 For each join (a model, A and B as parallel specs, B growing only dp, every
 A device staying, packed device maps from node 0), it plans A -> B, takes
@@ -15,15 +15,16 @@ arrives over the node's NICs at best evenly (a relay inside the node passes
 the rest over NVLink), and no device receives faster than over both links.
 The joins span nodes (world above one node's GPUs).
 
-Next to them, what the planner's relays (vps-plan --relay) do today, and
-the issue's targets for the first join, each said met or not met and why.
-Then every join of configs/transitions (a transition with joining
-devices): its busiest sender over its largest receive today, the number of
-receivers' worth the busiest holder sends, and its estimate with and
-without --relay. Relays pay where that is above two (a holder serving more
-than two receivers). Last, every transition of configs/transitions planned
-with --relay against without: how many relay anything, and whether any
-estimate gets worse (the issue's "no paper transition gets worse").
+"Today" is the plan without relays (vps-plan --no-relay). Next to it,
+what the planner's relays do by default (vps-plan with no relay option:
+relays where they win), and the issue's targets for the first join, each
+said met or not met and why. Then every join of configs/transitions (a
+transition with joining devices): its busiest sender over its largest
+receive without relays, the number of receivers' worth the busiest holder
+sends, and its estimate with and without relays. Last, every transition
+of configs/transitions planned by default against without relays: how
+many relay anything, and whether any estimate gets worse (the issue's "no
+paper transition gets worse").
 
 Nothing here is a timing: every figure follows from the plans and layouts,
 so a rerun reproduces the section byte for byte.
@@ -112,15 +113,15 @@ def bound(binp, tmp, model, a, b):
     la, lb = os.path.join(tmp, "a.lay"), os.path.join(tmp, "b.lay")
     run(binp, "vps-layout", "--model", model, "--parallel", a, "--gpus-per-node", str(gpn), "-o", la, "-q")
     run(binp, "vps-layout", "--model", model, "--parallel", b, "--gpus-per-node", str(gpn), "-o", lb, "-q")
-    st = stats_of(run(binp, "vps-plan", la, lb, "--stats", "--load", "--topology", TOPOLOGY, "-q"))
-    rl = stats_of(run(binp, "vps-plan", "--relay", la, lb, "--stats", "--topology", TOPOLOGY, "-q"))
+    st = stats_of(run(binp, "vps-plan", "--no-relay", la, lb, "--stats", "--load", "--topology", TOPOLOGY, "-q"))
+    rl = stats_of(run(binp, "vps-plan", la, lb, "--stats", "--topology", TOPOLOGY, "-q"))
     if st["leaving"] != "0":
         sys.exit("relay_bound.py: %s %s -> %s: devices leave; only joins are counted" % (model, a, b))
     world = int(st["world"])
     if world <= gpn:
         sys.exit("relay_bound.py: %s %s -> %s: one node; nothing crosses a NIC" % (model, a, b))
     loads = {}
-    for line in run(binp, "vps-plan", la, lb, "--stats", "--load", "-q").splitlines():
+    for line in run(binp, "vps-plan", "--no-relay", la, lb, "--stats", "--load", "-q").splitlines():
         if line.strip().startswith("- {rank:"):
             f = dict(kv.split(": ") for kv in line.strip()[3:-1].split(", "))
             loads[int(f["rank"])] = int(f["send"])
@@ -134,7 +135,7 @@ def bound(binp, tmp, model, a, b):
         held.setdefault((rec["tensor"], rec["state"]), []).append((parse_box(rec["box"]), ranks))
     must = {}  # (tensor, state) -> {box: bytes}, boxes identical or disjoint
     for r in on_node:
-        for x in tsv(run(binp, "vps-plan", "--transfers", "--rank", str(r), "--format", "tsv", la, lb)):
+        for x in tsv(run(binp, "vps-plan", "--no-relay", "--transfers", "--rank", str(r), "--format", "tsv", la, lb)):
             if x["direction"] != "send" or int(x["peer"]) // gpn == node:
                 continue
             key, box = (x["tensor"], x["state"]), parse_box(x["box"])
@@ -156,7 +157,7 @@ def bound(binp, tmp, model, a, b):
         if k == node:
             continue
         seen = arrive.setdefault(k, {})
-        for x in tsv(run(binp, "vps-plan", "--transfers", "--rank", str(r), "--format", "tsv", la, lb)):
+        for x in tsv(run(binp, "vps-plan", "--no-relay", "--transfers", "--rank", str(r), "--format", "tsv", la, lb)):
             if x["direction"] != "recv":
                 continue
             key, box = (x["tensor"], x["state"]), parse_box(x["box"])
@@ -183,9 +184,9 @@ def bound(binp, tmp, model, a, b):
 
 
 def table(rows):
-    out = ["| model | A -> B | world | busiest send / largest receive, today | "
-           "at best with relays | estimate today | least time with relays | gain at most | "
-           "with --relay: busiest send / largest receive | with --relay: estimate |",
+    out = ["| model | A -> B | world | busiest send / largest receive, without relays | "
+           "at best with relays | estimate without relays | least time with relays | gain at most | "
+           "by default: busiest send / largest receive | by default: estimate |",
            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         out.append("| %s | %s -> %s | %d | %.2f GiB / %.2f GiB = %.1fx | %.2f GiB = %.1fx | %.3f s | %.3f s (%s) | %.2fx "
@@ -208,7 +209,7 @@ def targets(r):
             ("estimate at most %.2f s" % TARGET_SECONDS, TARGET_SECONDS, r["relay_estimate"], r["estimate"],
              r["best"], " s")):
         fmt = "%.1f" if unit == "x" else "%.3f"
-        said = "- %s: with --relay " + fmt + "%s (today " + fmt + "%s): "
+        said = "- %s: by default " + fmt + "%s (without relays " + fmt + "%s): "
         said %= (what, got, unit, today, unit)
         if got <= target:
             said += "met."
@@ -223,10 +224,11 @@ def targets(r):
 
 
 def transitions(binp):
-    """Every transition's estimate on the topology, without and with --relay:
-    the joins' table, and the count of those that relay or get worse."""
-    out = ["| transition | world | joining | busiest send / largest receive, today | estimate today "
-           "| with --relay | faster by |",
+    """Every transition's estimate on the topology, without relays and by
+    default: the joins' table, and the count of those that relay or get
+    worse."""
+    out = ["| transition | world | joining | busiest send / largest receive, without relays | without relays "
+           "| by default | faster by |",
            "|---|---:|---:|---:|---:|---:|---:|"]
     tdir = os.path.join(TOP, "configs", "transitions")
     n = relayed = 0
@@ -235,9 +237,9 @@ def transitions(binp):
         if not f.endswith(".yaml"):
             continue
         path = os.path.join(tdir, f)
-        st = stats_of(run(binp, "vps-plan", "--transition", path, "--stats", "--topology", TOPOLOGY, "-q"))
-        rl = stats_of(run(binp, "vps-plan", "--relay", "--transition", path, "--stats", "--topology", TOPOLOGY,
+        st = stats_of(run(binp, "vps-plan", "--no-relay", "--transition", path, "--stats", "--topology", TOPOLOGY,
                           "-q"))
+        rl = stats_of(run(binp, "vps-plan", "--transition", path, "--stats", "--topology", TOPOLOGY, "-q"))
         n += 1
         relayed += rl["bytes_relayed"] != "0"
         today, with_relay = float(st["estimate_seconds"]), float(rl["estimate_seconds"])
@@ -260,15 +262,14 @@ def transitions(binp):
     else:
         out.append("No join here has its busiest holder send more than two receivers' worth (at most %.2fx): "
                    "the issue's \"every join whose holders serve more than two receivers gets faster\" has no "
-                   "case among them; %s." % (most, "yet %d of them get faster with --relay, by "
+                   "case among them; %s." % (most, "yet %d of them get faster by default, by "
                                               "%.2fx to %.2fx" % (len(gains), min(gains), max(gains))
                                               if gains else "none gains"))
     out.append("")
-    out.append("With --relay, %d of the %d transitions of configs/transitions relay any piece; %s." % (
-        relayed, n, "no estimate gets worse" if not worse else
+    out.append("By default, %d of the %d transitions of configs/transitions relay any piece; %s." % (
+        relayed, n, "no estimate gets worse than without relays" if not worse else
         "**not met** (\"no paper transition's estimate gets worse\"): estimates worse: " + ", ".join(worse) +
-        ". The planner relays by a count of receivers and holders, not by the topology's estimate "
-        "(docs/relay.md)"))
+        ". The planner relays where a region's busiest sender gains (docs/relay.md)"))
     return "\n".join(out) + "\n"
 
 

@@ -78,14 +78,15 @@ leave() {
 	demo "$1" --np "$2" --model tiny-gpt --from tp=2,pp=2,dp=2,zero=1 --to tp=1,pp=1,dp=3,zero=1
 }
 # Relayed joins: one holder, more receivers than two. Receivers pass on
-# what the holder sent them (vps-plan --relay): every rank's report sends
-# what its plan says (the relays their forwards), and the holder less than
-# every byte moved (each receiver's parameters would leave it once per
-# receiver otherwise).
+# what the holder sent them (vps-plan --relay, or by default where that
+# wins, as here): every rank's report sends what its plan says (the relays
+# their forwards), and the holder less than every byte moved (each
+# receiver's parameters would leave it once per receiver otherwise).
+# RELAY: demo.sh's relay option (default --relay; empty: vps-plan's default).
 relay_join() { # TRANSPORT DEVICES_PER_NODE DP [demo.sh arguments...]
-	local transport=$1 np=$2 dp=$3
+	local transport=$1 np=$2 dp=$3 relay=(${RELAY---relay})
 	shift 3
-	demo "$transport" --np "$np" --relay "$@" --model tiny-llama --from tp=1,pp=1,dp=1,zero=1 --to tp=1,pp=1,dp=$dp,zero=1
+	demo "$transport" --np "$np" "${relay[@]}" "$@" --model tiny-llama --from tp=1,pp=1,dp=1,zero=1 --to tp=1,pp=1,dp=$dp,zero=1
 	local dir=$BATS_TEST_TMPDIR/demo planned sent moved r
 	for ((r = 0; r < dp; r++)); do
 		planned=$("$VPS_BIN/vps-plan" --transfers --rank "$r" --format tsv "$dir/ab.plan" |
@@ -149,6 +150,14 @@ per_rank() { # TRANSPORT DEVICES_PER_NODE
 @test "ipc: every rank plans and stages its own part, a world of 6, and back" { per_rank ipc 6; }
 
 @test "tcp: relayed join: dp=1 becomes dp=4, receivers pass pieces on" { relay_join tcp 8 4; }
+# without a relay option: vps-plan's default relays where that wins
+@test "tcp: a join planned by default relays: dp=1 becomes dp=8 over two nodes" {
+	RELAY= relay_join tcp 4 8
+	"$VPS_BIN/vps-show" "$BATS_TEST_TMPDIR/demo/ab.plan" | grep -qx 'relay: auto'
+}
+@test "tcp: a join planned by default by every rank alone relays: dp=1 becomes dp=4" {
+	RELAY= relay_join tcp 8 4 --per-rank
+}
 @test "tcp: relayed join: dp=1 becomes dp=8 over two nodes" { relay_join tcp 4 8; }
 # four nodes of two: the holder's node-mate carries ranges out, a node's
 # first receiver passes them to another node's gateway (hop 2), which
@@ -414,16 +423,17 @@ other_plan() {
 @test "tcp: a rank with another staged plan: every rank refuses before a byte moves" { other_plan tcp; }
 @test "ipc: a rank with another staged plan: every rank refuses before a byte moves" { other_plan ipc; }
 
-# Ranks planning their own parts: one that forgot --relay expects its
-# ranges from the holder, which sends them to the relays only. The relay
-# is part of what ranks compare, so they refuse before a byte moves.
-@test "tcp: a rank that planned its part without --relay while the others relayed: every rank refuses before a byte moves" {
+# Ranks planning their own parts: one that planned without relays
+# (--no-relay) expects its ranges from the holder, which sends them to the
+# relays only. The relay mode is part of what ranks compare, so they
+# refuse before a byte moves.
+@test "tcp: a rank that planned its part without relays while the others relayed: every rank refuses before a byte moves" {
 	setup_plan tcp
 	vps-layout --model tiny-llama --parallel tp=1,dp=1,zero=1 --gpus-per-node 4 -o r1.layout
 	vps-layout --model tiny-llama --parallel tp=1,dp=4,zero=1 --gpus-per-node 4 -o r4.layout
 	for r in 0 1 2 3; do
-		relay=--relay
-		[ $r = 2 ] && relay=
+		relay=--relay=auto
+		[ $r = 2 ] && relay=--no-relay
 		vps-plan $relay r1.layout r4.layout --rank $r | vps-stage --budget 64KiB - -o r.$r.staged
 		vps-trainer --registry "$tag-$r" --rank $r --timeout 20 r.$r.staged > t.$r 2>&1 &
 	done

@@ -162,6 +162,26 @@ load helpers
 	grep -q '^vps: staged' staged.yaml
 }
 
+@test "binary plans from before the relay modes read their relay bool as always, hash and all" {
+	old="$TOP/tests/bats/old"
+	# tests/bats/old/README: plan and staged plan binary 4, relayed (vps-plan --relay)
+	[ "$(head -c 8 "$old/tiny-llama.v4.relay.plan" | od -An -tx1 | tr -d ' ')" = 8956505302000400 ]
+	expect_status 0 vps-verify "$old/tiny-llama.v4.relay.plan"
+	[[ "$output" == *"ok: tiny-llama: global plan over 4 world ranks, 1360 pieces (408 retains)"* ]]
+	expect_status 0 vps-verify "$old/tiny-llama.v4.relay.staged"
+	vps-layout --model tiny-llama --parallel tp=2 -o a.layout
+	vps-layout --model tiny-llama --parallel dp=4 -o b.layout
+	vps-plan a.layout b.layout --relay --yaml > now.yaml
+	grep -q '^relay: true$' now.yaml
+	vps-show "$old/tiny-llama.v4.relay.plan" | cmp - now.yaml
+	# converted, it is this build's binary plan, relay mode and all
+	vps-show --binary "$old/tiny-llama.v4.relay.plan" -o plan.bin
+	[ "$(head -c 8 plan.bin | od -An -tx1 | tr -d ' ')" = 8956505302000500 ]
+	vps-show plan.bin | cmp - now.yaml
+	vps-show "$old/tiny-llama.v4.relay.staged" -o staged.yaml
+	grep -q '^  relay: true$' staged.yaml
+}
+
 @test "the optimizer's keys are written only where they are not Adam's, and come back" {
 	vps-layout --model tiny-llama --parallel dp=2,zero=1 --yaml > adam.yaml
 	! grep -q 'optimizer\|exp_avg\|precision_aware' adam.yaml

@@ -108,7 +108,7 @@ within() {
 		[ "$status" -eq 2 ] || { echo "$tool: exit $status: $output"; return 1; }
 		[[ "$output" == *"big.bin: zstd frame claims 67645734912 bytes, more than its 22 bytes can hold" ]]
 	done
-	printf '\x03\x00\x04\x00' | dd of=big.bin bs=1 seek=4 conv=notrunc 2>/dev/null # kind 3: staged, version 4
+	printf '\x03\x00\x05\x00' | dd of=big.bin bs=1 seek=4 conv=notrunc 2>/dev/null # kind 3: staged, version 5
 	within vps-exec --rank 0 --master 127.0.0.1:29511 big.bin
 	[ "$status" -eq 2 ]
 	[[ "$output" == *"big.bin: zstd frame claims 67645734912 bytes"* ]]

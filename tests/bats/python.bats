@@ -109,13 +109,13 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	[ -z "$output" ]
 }
 
-# The same growth relayed (--relay): the joining ranks pass on to each
-# other what the holders sent them once; every switch bit for bit, the
-# loss that of the static run.
-@test "a job grows from 4 to 8 processes with --relay: the joining ranks pass pieces on, as the static run" {
+# The same growth relayed, as vps-plan plans it by default (no option):
+# the joining ranks pass on to each other what the holders sent them once;
+# every switch bit for bit, the loss that of the static run.
+@test "a job grows from 4 to 8 processes: by default the joining ranks pass pieces on, as the static run" {
 	framework_job
 	run "$PY" "$TOP/examples/torch/launch.py" --nproc 4 --dir r --model micro-llama --gpus-per-node 8 --steps 8 \
-		--switch-every 4 --check-switch --compare-static --relay --configs tp=2:dp=2,dp=8
+		--switch-every 4 --check-switch --compare-static --configs tp=2:dp=2,dp=8
 	echo "$output"
 	[ "$status" -eq 0 ]
 	[[ "$output" == *"launch.py: every rank's digest of its state matched across every switch (vps-exec --check): 8 of 8"* ]]
@@ -130,6 +130,7 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 		forwarded=$((forwarded + sent))
 	done
 	[ "$forwarded" -gt 0 ]
+	vps-show r/*.plan | grep -qx 'relay: auto'
 }
 
 @test "a process that dies before it joins leaves the job training in its world, and the switch named as not done" {

@@ -1,9 +1,10 @@
 #!/usr/bin/env bats
 # The paper transitions (configs/transitions): every plan moves exactly the
-# lower bound, meets the balance target and no plan's estimate is below the
-# floor its layouts set, and docs/BENCHMARKS.md's tables of them are what
-# scripts/bench/paper_transitions.sh writes. One run of the script (global
-# plans and statistics, no timings) serves every test.
+# lower bound, meets the balance target without relays, is no slower by
+# default (relays where they win) than without them, and no plan's estimate
+# is below the floor its layouts set; docs/BENCHMARKS.md's tables of them
+# are what scripts/bench/paper_transitions.sh writes. One run of the script
+# (global plans and statistics, no timings) serves every test.
 
 load helpers
 
@@ -17,26 +18,45 @@ setup_file() {
 	[ -s "$ROWS" ] || { cat "$BATS_FILE_TMPDIR/out"; return 1; }
 	[ "$(wc -l < "$ROWS")" = "$(ls "$TOP"/configs/transitions/*.yaml | wc -l)" ]
 	# columns: name, world, moved/lower, busiest/bound, sender/bound, GB,
-	# estimate, time bound, estimate/time bound, paper, moved, lower bound.
-	# The busiest device within 1.10 of the balanced bound; or, where the
-	# proximity rule gives bytes up for NVLink (qwen3-*-ep8-ep16), the
-	# estimate within 1.02 of the least time the topology allows.
+	# estimate, time bound, estimate/time bound, paper, moved, lower bound;
+	# 26 and 27 the busiest/bound and estimate/time bound planned without
+	# relays. Without relays the busiest device within 1.10 of the balanced
+	# bound; or, where the proximity rule gives bytes up for NVLink
+	# (qwen3-*-ep8-ep16), the estimate within 1.02 of the least time the
+	# topology allows. (A plan that relays is bounded as plans that relay.)
 	run awk -F'\t' '
 		$11 != $12 || $3 != "1.000" { print $1 ": moved " $11 ", lower bound " $12; bad = 1 }
-		$4 == "" || $9 == "" { print $1 ": no figures"; bad = 1 }
-		$4 + 0 > 1.10 && $9 + 0 > 1.02 { print $1 ": busiest/bound " $4 ", estimate/time bound " $9; bad = 1 }
+		$4 == "" || $9 == "" || $26 == "" || $27 == "" { print $1 ": no figures"; bad = 1 }
+		$26 + 0 > 1.10 && $27 + 0 > 1.02 { print $1 ": busiest/bound " $26 ", estimate/time bound " $27; bad = 1 }
 		END { exit bad }' "$ROWS"
+	[ "$status" -eq 0 ] || { echo "$output"; return 1; }
+}
+
+@test "by default no transition is slower than without relays, and the ones that relay are faster" {
+	[ -s "$ROWS" ] || { cat "$BATS_FILE_TMPDIR/out"; return 1; }
+	# columns 21, 24, 28: the estimate without relays, the bytes relayed,
+	# the estimate by default (both to 4 decimals)
+	run awk -F'\t' '
+		$21 == "" || $28 == "" { print $1 ": no estimates"; bad = 1 }
+		$28 + 0 > $21 + 0 { print $1 ": " $28 " s by default, " $21 " s without relays"; bad = 1 }
+		$24 + 0 > 0 && !($28 + 0 < $21 + 0) { print $1 ": relays " $24 " bytes for nothing"; bad = 1 }
+		$24 + 0 > 0 { n++ }
+		END { exit bad || n < 12 }' "$ROWS"
+	[ "$status" -eq 0 ] || { echo "$output"; return 1; }
+	grep -qx -- '- none slower than planned without relays (--no-relay): met.' "$TOP/docs/BENCHMARKS.md"
 	[ "$status" -eq 0 ] || { echo "$output"; return 1; }
 }
 
 @test "no plan's estimate falls below the time floor computed from its layouts alone" {
 	[ -s "$ROWS" ] || { cat "$BATS_FILE_TMPDIR/out"; return 1; }
-	# columns 7, 13, 14: estimate, floor, estimate / floor. The floor never
-	# reads the plan: a planner that lost or misrouted bytes would show here
+	# columns 7, 13, 14: estimate, floor, estimate / floor; 22, 23: the
+	# floor of plans that relay, and the estimate over it. The floors never
+	# read the plan: a planner that lost or misrouted bytes would show here
 	run awk -F'\t' '
-		$13 == "" || $14 == "" { print $1 ": no floor"; bad = 1 }
+		$13 == "" || $14 == "" || $22 == "" || $23 == "" { print $1 ": no floor"; bad = 1 }
 		$11 + 0 > 0 && !($13 + 0 > 0) { print $1 ": moves " $11 " bytes in no time"; bad = 1 }
 		$14 + 0 < 1 { print $1 ": estimate " $7 " s below the floor " $13 " s"; bad = 1 }
+		$23 + 0 < 1 || $22 + 0 > $13 + 0 { print $1 ": estimate " $7 " s, relayed floor " $22 " s, floor " $13 " s"; bad = 1 }
 		END { exit bad }' "$ROWS"
 	[ "$status" -eq 0 ] || { echo "$output"; return 1; }
 }

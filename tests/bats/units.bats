@@ -168,11 +168,14 @@ page_sizes() {
 	est=$(seconds "$(key estimate_seconds st.txt)")
 	devices="$(key joining st.txt) joining, $(key leaving st.txt) leaving"
 	[ "$(cat err)" = "plan: $moved moved, the lower bound; busiest device $busiest (1.00x balanced); $est on a800-testbed; $devices" ]
-	# into a pipe: the same sentence, and the plan unchanged by it
-	vps-plan --transition llama2-7b-s1-s2 2> err2 | cmp - ab.plan
+	# into a pipe: the same sentence, and the plan unchanged by it (the
+	# topology too: the relays' choice weighs its bandwidths)
+	vps-plan --transition llama2-7b-s1-s2 --topology a800-testbed 2> err2 | cmp - ab.plan
+	[ "$(cat err2)" = "$(cat err)" ]
+	vps-plan --transition llama2-7b-s1-s2 2> err2 > bytes.plan
 	[ "$(cat err2)" = "plan: $moved moved, the lower bound; busiest device $busiest (1.00x balanced); $devices" ]
 	# -q: nothing; on a terminal with -o: the sentence (the plan is in a file)
-	vps-plan --transition llama2-7b-s1-s2 -q -o q.plan 2> err3
+	vps-plan --transition llama2-7b-s1-s2 --topology a800-testbed -q -o q.plan 2> err3
 	[ ! -s err3 ]
 	cmp q.plan ab.plan
 	# --stats is its own summary

@@ -75,6 +75,7 @@ TEST(options_from_their_init_macros_carry_their_version_and_the_defaults)
 	CHECK_EQ(po.version, VPS_PLAN_OPTS_VERSION);
 	CHECK_EQ(po.rank, -1);
 	CHECK(!po.train.known && !po.lost && !po.relay);
+	CHECK(po.relay_mode == VPS_RELAY_AUTO && !po.topology);
 	CHECK_EQ(eo.version, VPS_EXEC_OPTS_VERSION);
 	CHECK_EQ(eo.transport, VPS_EXEC_TCP);
 	CHECK_EQ(eo.device, -1);
@@ -85,6 +86,36 @@ TEST(options_from_their_init_macros_carry_their_version_and_the_defaults)
 	CHECK_EQ(to.version, VPS_TRAINER_OPTS_VERSION);
 	CHECK(to.steps_before == 3 && to.steps_after == 2 && to.micro_batch == 1 && to.timeout == 120);
 	CHECK_EQ(to.device, -1);
+}
+
+/* struct vps_plan_opts of version 1 predates relay_mode: relay false is
+ * no relays there, as it was, whatever the fields after it hold; true is
+ * VPS_RELAY_ALWAYS at either version. A mode that names none is refused. */
+TEST(version_1_plan_options_plan_without_relays_unless_asked)
+{
+	for (int version = 1; version <= 2; version++)
+		for (int relay = 0; relay < 2; relay++) {
+			struct vps_plan *p = NULL;
+			struct vps_plan_opts po = VPS_PLAN_OPTS_INIT;
+			po.version = (unsigned)version;
+			po.relay = relay;
+			if (version == 1)
+				po.relay_mode = (enum vps_relay)77; /* past what version 1 has: never read */
+			CHECK_OK(vps_plan_compute(&p, test_layout("tiny-llama", "tp=1,dp=1,zero=1", 8, 0),
+						  test_layout("tiny-llama", "tp=1,dp=4,zero=1", 8, 0), &po));
+			if (p)
+				CHECK_EQ(p->relay, relay ? VPS_RELAY_ALWAYS : version == 1 ? VPS_RELAY_NEVER : VPS_RELAY_AUTO);
+			vps_plan_free(p);
+		}
+	struct vps_layout *a = test_layout("tiny-llama", "tp=1,dp=1,zero=1", 8, 0);
+	struct vps_layout *b = test_layout("tiny-llama", "tp=1,dp=4,zero=1", 8, 0);
+	struct vps_plan *p = NULL;
+	struct vps_plan_opts po = VPS_PLAN_OPTS_INIT;
+	po.relay_mode = (enum vps_relay)77;
+	CHECK_EQ(vps_plan_compute(&p, a, b, &po), VPS_EINPUT);
+	CHECK(p == NULL && strstr(vps_last_error(), "relay mode 77"));
+	vps_layout_free(a);
+	vps_layout_free(b);
 }
 
 /* A struct never set (version 0), one from newer headers, or none: refused

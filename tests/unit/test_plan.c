@@ -23,14 +23,14 @@ struct tcase {
 	int64_t gpn_a, first_a, gpn_b, first_b;
 };
 
-static void run_case(const struct tcase *c, bool per_rank, bool relay)
+static void run_case(const struct tcase *c, bool per_rank, enum vps_relay relay)
 {
 	struct vps_layout *a = test_layout(c->model, c->from, c->gpn_a, c->first_a);
 	struct vps_layout *b = test_layout(c->model, c->to, c->gpn_b, c->first_b);
 	if (!a || !b)
 		return;
 	struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
-	o.relay = relay;
+	o.relay_mode = relay;
 	struct vps_plan *p = NULL;
 	CHECK_OK(vps_plan_compute(&p, a, b, &o));
 	if (!p)
@@ -45,7 +45,7 @@ static void run_case(const struct tcase *c, bool per_rank, bool relay)
 			struct vps_layout *b2 = test_layout(c->model, c->to, c->gpn_b, c->first_b);
 			struct vps_plan_opts ro = VPS_PLAN_OPTS_INIT;
 			ro.rank = r;
-			ro.relay = relay;
+			ro.relay_mode = relay;
 			struct vps_plan *q = NULL;
 			CHECK_OK(vps_plan_compute(&q, a2, b2, &ro));
 			if (!q)
@@ -254,22 +254,26 @@ TEST(a_packed_plan_read_by_two_threads_refuses_its_first_bad_piece)
 	vps_plan_free(p);
 }
 
+/* without relays and by default (relays where they gain) */
 TEST(plans_move_every_element_right)
 {
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-		run_case(&cases[i], false, false);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		run_case(&cases[i], false, VPS_RELAY_NEVER);
+		run_case(&cases[i], false, VPS_RELAY_AUTO);
+	}
 }
 
 TEST(a_ranks_plan_is_the_global_plan_restricted_to_it)
 {
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i += 3)
-		run_case(&cases[i], true, false);
+		run_case(&cases[i], true, VPS_RELAY_AUTO);
 }
 
 /* Relayed joins: a holder serving more than two receivers sends each
  * element once, the receivers pass it on; every element lands right, bytes
  * moved stay the lower bound, a rank's plan is the global plan's part, and
- * the holder sends less than it would alone. */
+ * the holder sends less than it would alone, with relays always and by
+ * default. */
 TEST(relayed_joins_move_every_element_right)
 {
 	static const struct tcase relayed[] = {
@@ -278,32 +282,107 @@ TEST(relayed_joins_move_every_element_right)
 		{"tiny-gpt", "tp=1,pp=2,dp=1,zero=1", "tp=1,pp=2,dp=5,zero=1", 8, 0, 8, 0},
 		{"tiny-qwen3-moe", "tp=2,pp=1,dp=1,ep=1,etp=1,zero=1", "tp=2,pp=1,dp=4,ep=2,etp=1,zero=1", 8, 0, 8, 0},
 	};
+	static const enum vps_relay modes[] = {VPS_RELAY_NEVER, VPS_RELAY_ALWAYS, VPS_RELAY_AUTO};
 	for (size_t i = 0; i < sizeof(relayed) / sizeof(relayed[0]); i++) {
 		const struct tcase *c = &relayed[i];
-		run_case(c, true, true);
-		struct vps_plan *p[2] = {NULL, NULL};
-		for (int relay = 0; relay < 2; relay++) {
+		run_case(c, true, VPS_RELAY_ALWAYS);
+		run_case(c, true, VPS_RELAY_AUTO);
+		struct vps_plan *p[3] = {NULL, NULL, NULL};
+		for (int m = 0; m < 3; m++) {
 			struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
-			o.relay = relay;
-			CHECK_OK(vps_plan_compute(&p[relay], test_layout(c->model, c->from, c->gpn_a, c->first_a),
+			o.relay_mode = modes[m];
+			CHECK_OK(vps_plan_compute(&p[m], test_layout(c->model, c->from, c->gpn_a, c->first_a),
 						  test_layout(c->model, c->to, c->gpn_b, c->first_b), &o));
 		}
-		if (!p[0] || !p[1])
-			continue;
-		struct vps_plan_stats s[2];
-		size_t forwards = 0;
-		for (int relay = 0; relay < 2; relay++)
-			CHECK_OK(vps_plan_stats(p[relay], NULL, false, &s[relay]));
-		for (size_t k = 0; k < p[1]->npieces; k++)
-			forwards += (p[1]->pieces[k].src_buffer & VPS_BUFFER_TARGET) != 0;
-		CHECK(forwards > 0);
-		CHECK_EQ(s[1].bytes_moved, s[0].bytes_moved);
-		CHECK(s[1].max_send_bytes < s[0].max_send_bytes);
-		for (int relay = 0; relay < 2; relay++) {
-			vps_plan_stats_release(&s[relay]);
-			vps_plan_free(p[relay]);
+		struct vps_plan_stats s[3];
+		for (int m = 0; m < 3 && p[0] && p[1] && p[2]; m++)
+			CHECK_OK(vps_plan_stats(p[m], NULL, false, &s[m]));
+		for (int m = 1; m < 3 && p[0] && p[1] && p[2]; m++) {
+			size_t forwards = 0;
+			for (size_t k = 0; k < p[m]->npieces; k++)
+				forwards += (p[m]->pieces[k].src_buffer & VPS_BUFFER_TARGET) != 0;
+			CHECK(forwards > 0);
+			CHECK_EQ(s[m].bytes_moved, s[0].bytes_moved);
+			CHECK(s[m].max_send_bytes < s[0].max_send_bytes);
+		}
+		for (int m = 0; m < 3; m++) {
+			if (p[0] && p[1] && p[2])
+				vps_plan_stats_release(&s[m]);
+			vps_plan_free(p[m]);
 		}
 	}
+}
+
+/* The default chooses: a region relays where that makes its busiest
+ * sender faster, and never where it does not. tiny-llama without ZeRO
+ * (every region replicated) from dp=4 to dp=6: two joining receivers of
+ * four holders, each holder sending half a copy directly; relayed each
+ * receiver would pass on half a copy: the busiest sender the same, so no
+ * region relays and the plan is the direct one, piece for piece. From dp=3
+ * to dp=6, three receivers of three holders: a holder sends a copy
+ * directly, a third relayed, each receiver passes on two thirds: relayed,
+ * though the receivers do not outnumber the holders (ALWAYS does not
+ * relay it); each receiver still takes a copy, so the estimate is as
+ * direct (it gains where holders have more to send). Across nodes (dp=2 on
+ * node 0 to dp=8 on nodes 0 and 1, four GPUs each) a range enters node 1
+ * once: faster. With and without a topology to weigh. */
+TEST(by_default_a_region_relays_only_where_its_busiest_sender_gains)
+{
+	struct vps_topology topo = {.name = "t", .gpus_per_node = 4, .intra_node_bandwidth = 200e9,
+				    .inter_node_bandwidth = 25e9, .memory_bandwidth = 1.9e12, .latency = 20e-6};
+	static const struct {
+		const char *from, *to;
+		int64_t gpn;
+		bool relays, always, faster;
+	} joins[] = {
+		{"tp=1,pp=1,dp=4,zero=0", "tp=1,pp=1,dp=6,zero=0", 8, false, false, false},
+		{"tp=1,pp=1,dp=3,zero=0", "tp=1,pp=1,dp=6,zero=0", 8, true, false, false},
+		{"tp=1,pp=1,dp=2,zero=0", "tp=1,pp=1,dp=8,zero=0", 4, true, true, true},
+		{"tp=1,pp=1,dp=2,zero=1", "tp=1,pp=1,dp=8,zero=1", 4, true, true, true},
+	};
+	for (size_t i = 0; i < sizeof(joins) / sizeof(joins[0]); i++)
+		for (int weigh = 0; weigh < 2; weigh++) {
+			static const enum vps_relay modes[] = {VPS_RELAY_NEVER, VPS_RELAY_ALWAYS, VPS_RELAY_AUTO};
+			struct vps_plan *p[3] = {NULL, NULL, NULL};
+			struct vps_plan_stats s[3];
+			memset(s, 0, sizeof(s));
+			for (int m = 0; m < 3; m++) {
+				struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
+				o.relay_mode = modes[m];
+				o.topology = weigh ? &topo : NULL;
+				CHECK_OK(vps_plan_compute(&p[m], test_layout("tiny-llama", joins[i].from, joins[i].gpn, 0),
+							  test_layout("tiny-llama", joins[i].to, joins[i].gpn, 0), &o));
+				if (p[m])
+					CHECK_OK(vps_plan_stats(p[m], &topo, false, &s[m]));
+			}
+			if (p[0] && p[1] && p[2]) {
+				char what[256];
+				snprintf(what, sizeof(what), "%s -> %s%s", joins[i].from, joins[i].to, weigh ? ", weighed" : "");
+				CHECK_EQ(s[1].bytes_relayed > 0, joins[i].always);
+				if ((s[2].bytes_relayed > 0) != joins[i].relays)
+					harness_fail(__FILE__, __LINE__, "%s: %s relayed", what, joins[i].relays ? "not" : "");
+				/* never slower than direct, nor sending more */
+				CHECK(s[2].estimate_seconds <= s[0].estimate_seconds);
+				CHECK(s[2].max_send_bytes <= s[0].max_send_bytes);
+				if (joins[i].relays)
+					CHECK(s[2].max_send_bytes < s[0].max_send_bytes);
+				CHECK_EQ(s[2].estimate_seconds < s[0].estimate_seconds, joins[i].faster);
+				if (!joins[i].relays) {
+					/* the direct plan's pieces */
+					CHECK_EQ(p[2]->npieces, p[0]->npieces);
+					for (size_t k = 0; k < p[0]->npieces && k < p[2]->npieces; k++)
+						if (!piece_eq(&p[0]->pieces[k], &p[2]->pieces[k])) {
+							harness_fail(__FILE__, __LINE__, "%s: piece %zu differs", what, k);
+							break;
+						}
+				}
+				job_plan_exact(p[2], what);
+			}
+			for (int m = 0; m < 3; m++) {
+				vps_plan_stats_release(&s[m]);
+				vps_plan_free(p[m]);
+			}
+		}
 }
 
 /* Relayed across nodes: each range of a replicated region crosses into a
@@ -315,7 +394,7 @@ TEST(a_relayed_range_enters_each_node_once)
 	struct vps_plan *p[2] = {NULL, NULL};
 	for (int relay = 0; relay < 2; relay++) {
 		struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
-		o.relay = relay;
+		o.relay_mode = relay ? VPS_RELAY_AUTO : VPS_RELAY_NEVER;
 		CHECK_OK(vps_plan_compute(&p[relay], test_layout("tiny-llama", "tp=1,pp=1,dp=1,zero=0", 4, 0),
 					  test_layout("tiny-llama", "tp=1,pp=1,dp=8,zero=0", 4, 0), &o));
 	}

@@ -51,13 +51,16 @@ static struct vps_layout *random_layout(const struct vps_model *m, bool grad, ch
 	return NULL;
 }
 
-/* Execute a staged plan on host buffers. */
+/* Execute a staged plan on host buffers, transfer by transfer in stage
+ * order: a forward reads the relay's target buffer, which earlier stages
+ * filled. */
 static void execute(const struct vps_staged *s, struct job *a, struct job *b)
 {
 	const struct vps_plan *p = s->plan;
 	for (size_t i = 0; i < s->nxfers; i++) {
 		const struct vps_xfer *x = &s->xfers[i];
 		int64_t ra = vps_world_a_rank(p->world, x->src), rb = vps_world_b_rank(p->world, x->dst);
+		int64_t relay = vps_world_b_rank(p->world, x->src);
 		unsigned char *send = malloc((size_t)x->bytes + 1), *recv = malloc((size_t)x->bytes + 1);
 		for (size_t k = 0; k < x->nops; k++) {
 			const struct vps_op *o = &s->ops[x->first_op + k];
@@ -66,7 +69,10 @@ static void execute(const struct vps_staged *s, struct job *a, struct job *b)
 				flat[d] = st;
 				st *= o->ext[d];
 			}
-			unsigned char *src = a->bufs[ra][o->src_buffer] + (size_t)o->src_offset * o->esize;
+			unsigned char *src = (o->src_buffer & VPS_BUFFER_TARGET
+						      ? b->bufs[relay][vps_buffer_index(o->src_buffer)]
+						      : a->bufs[ra][o->src_buffer]) +
+					     (size_t)o->src_offset * o->esize;
 			unsigned char *dst = b->bufs[rb][o->dst_buffer] + (size_t)o->dst_offset * o->esize;
 			if (o->staging < 0)
 				vps_copy_strided(dst, o->dst_strides, src, o->src_strides, o->ext, o->ndim, o->esize);
@@ -114,9 +120,10 @@ static bool same_op(const struct vps_op *x, const struct vps_op *y)
 	return !memcmp(&a, &b, sizeof(a));
 }
 
-/* Rank r's own plan (planned alone, as a rank does, relayed or not),
- * staged with the budget of g; rank_arg is vps_stage's rank argument. */
-static struct vps_staged *rank_staging(const struct vps_staged *g, int64_t r, int64_t rank_arg, bool relay)
+/* Rank r's own plan (planned alone, as a rank does, with the relay mode
+ * of g's plan), staged with the budget of g; rank_arg is vps_stage's rank
+ * argument. */
+static struct vps_staged *rank_staging(const struct vps_staged *g, int64_t r, int64_t rank_arg)
 {
 	struct vps_layout *a, *b;
 	struct vps_plan *p = NULL;
@@ -125,7 +132,7 @@ static struct vps_staged *rank_staging(const struct vps_staged *g, int64_t r, in
 	CHECK_OK(layout_copy(g->plan->b, &b));
 	struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
 	o.rank = r;
-	o.relay = relay;
+	o.relay_mode = (enum vps_relay)g->plan->relay;
 	CHECK_OK(vps_plan_compute(&p, a, b, &o));
 	if (p)
 		CHECK_OK(vps_stage(&s, p, g->budget, rank_arg));
@@ -137,13 +144,13 @@ static struct vps_staged *rank_staging(const struct vps_staged *g, int64_t r, in
 /* Every rank stages its own one-rank plan; the maximum of their demands is
  * the global staging's, and each rank's file, once cut with it, holds
  * exactly the global staging's transfers of that rank, in its stages. */
-static void per_rank_case(const struct vps_staged *g, int iter, bool relay)
+static void per_rank_case(const struct vps_staged *g, int iter)
 {
 	size_t count = VPS_DEMAND_COUNT(g->steps) + VPS_DEMAND_FORWARD_COUNT(g->steps);
 	int64_t W = vps_world_size(g->plan->world), *want = NULL, *world = calloc(count, 8);
 	CHECK_OK(vps_staged_demand(g, &want));
 	for (int64_t r = 0; r < W && world && want; r++) {
-		struct vps_staged *s = rank_staging(g, r, -1, relay);
+		struct vps_staged *s = rank_staging(g, r, -1);
 		if (!s)
 			break;
 		CHECK(!s->cut && s->scope == r && s->nstages == 0);
@@ -156,7 +163,7 @@ static void per_rank_case(const struct vps_staged *g, int iter, bool relay)
 	}
 	CHECK(!memcmp(world, want, count * 8));
 	for (int64_t r = 0; r < W && world && want; r++) {
-		struct vps_staged *s = rank_staging(g, r, r, relay);
+		struct vps_staged *s = rank_staging(g, r, r);
 		if (!s)
 			break;
 		CHECK_OK(vps_staged_cut(s, world));
@@ -225,7 +232,7 @@ static void one_case(int iter)
 		harness_fail(__FILE__, __LINE__, "case %d %s: %s -> %s budget %lld: %lld violations, first: %s", iter, m.name, da,
 			     db, (long long)budget, (long long)rep.violations, rep.nmessages ? rep.messages[0] : "");
 	vps_verify_report_release(&rep);
-	per_rank_case(s, iter, false);
+	per_rank_case(s, iter);
 	struct job ja, staged, direct;
 	job_alloc(&ja, s->plan->a);
 	job_alloc(&staged, s->plan->b);
@@ -322,8 +329,9 @@ TEST(a_rank_file_holds_its_transfers_and_the_worlds_stages)
  * the world's demands, combined, still cut every rank's relayed file into
  * the global staging's stages. */
 /* tiny-llama from dp=1 to dp=4 on one node: three joining receivers of
- * one holder, relayed when asked; rank -1 for the whole world's plan. */
-static struct vps_plan *join_plan(int64_t rank, bool relay)
+ * one holder, relayed as the mode says (topo: the bandwidths AUTO weighs);
+ * rank -1 for the whole world's plan. */
+static struct vps_plan *join_plan(int64_t rank, enum vps_relay mode, const struct vps_topology *topo)
 {
 	struct vps_model m;
 	struct vps_parallel pa, pb;
@@ -340,15 +348,19 @@ static struct vps_plan *join_plan(int64_t rank, bool relay)
 	CHECK_OK(vps_layout_new(&b, &m, &pb, &d, "t"));
 	struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
 	o.rank = rank;
-	o.relay = relay;
+	o.relay_mode = mode;
+	o.topology = topo;
 	CHECK_OK(vps_plan_compute(&p, a, b, &o));
 	return p;
 }
 
 TEST(only_a_relayed_plan_agrees_on_forward_steps)
 {
-	for (int relay = 0; relay < 2; relay++) {
-		struct vps_plan *p = join_plan(-1, relay);
+	/* the default (AUTO) relays this join as ALWAYS does */
+	static const enum vps_relay modes[] = {VPS_RELAY_NEVER, VPS_RELAY_ALWAYS, VPS_RELAY_AUTO};
+	for (int m = 0; m < 3; m++) {
+		bool relay = modes[m] != VPS_RELAY_NEVER;
+		struct vps_plan *p = join_plan(-1, modes[m], NULL);
 		struct vps_staged *s = NULL;
 		if (!p)
 			continue;
@@ -364,7 +376,7 @@ TEST(only_a_relayed_plan_agrees_on_forward_steps)
 		CHECK_EQ(forward > 0, relay);
 		free(d0);
 		if (relay) {
-			struct vps_staged *holder = rank_staging(s, 0, -1, true);
+			struct vps_staged *holder = rank_staging(s, 0, -1);
 			int64_t *dh = NULL;
 			if (holder)
 				CHECK_OK(vps_staged_demand(holder, &dh));
@@ -372,39 +384,89 @@ TEST(only_a_relayed_plan_agrees_on_forward_steps)
 			free(dh);
 			vps_staged_free(holder);
 		}
-		per_rank_case(s, 0, relay);
+		per_rank_case(s, 0);
 		vps_staged_free(s);
 	}
 }
 
-/* A rank that plans its part with relays and one that plans without
+/* A rank that plans its part with relays and one that plans without, or
+ * with another relay mode, or weighing another topology's bandwidths,
  * disagree on who sends what, so they must not agree on the world: the
- * relay is part of what ranks compare, and it survives a plan file, YAML
- * or binary. */
-TEST(ranks_planned_with_and_without_relays_do_not_agree)
+ * mode (and the bandwidths AUTO weighed) is part of what ranks compare, and
+ * it survives a plan file, YAML or binary. A plan without relays prints
+ * as before them, one of ALWAYS as plans of vps-plan --relay did. */
+TEST(ranks_planned_with_other_relay_modes_do_not_agree)
 {
-	uint64_t world[2] = {0, 0};
-	for (int relay = 0; relay < 2; relay++) {
-		struct vps_plan *p = join_plan(2, relay);
+	struct vps_topology t1 = {.name = "t1", .gpus_per_node = 8, .intra_node_bandwidth = 200e9,
+				  .inter_node_bandwidth = 25e9, .memory_bandwidth = 1e12},
+			    t2 = t1;
+	t2.inter_node_bandwidth = 50e9;
+	static const enum vps_relay modes[] = {VPS_RELAY_NEVER, VPS_RELAY_ALWAYS, VPS_RELAY_AUTO, VPS_RELAY_AUTO,
+					       VPS_RELAY_AUTO};
+	const struct vps_topology *topos[] = {NULL, &t1, NULL, &t1, &t2};
+	static const char *const yaml_says[] = {NULL, "relay: true\n", "relay: auto\n", "relay: auto\n",
+						"relay: auto\n"};
+	uint64_t world[5] = {0};
+	for (int m = 0; m < 5; m++) {
+		struct vps_plan *p = join_plan(2, modes[m], topos[m]);
 		struct vps_staged *s = NULL;
 		if (!p)
 			continue;
-		CHECK_EQ(p->relay, relay);
+		CHECK_EQ(p->relay, modes[m]);
+		/* only AUTO weighs a topology */
+		CHECK(p->relay_inter_bandwidth == (m >= 3 ? topos[m]->inter_node_bandwidth : 0));
 		for (int yaml = 0; yaml < 2; yaml++) {
 			struct vps_bytes f = {0};
 			struct vps_plan *q = NULL;
 			CHECK_OK(vps_plan_serialize(p, yaml, &f));
 			CHECK_OK(vps_plan_parse(&q, "p", f.data, f.len));
-			CHECK(q && q->relay == p->relay);
-			if (yaml) /* plans without relays print as before them */
-				CHECK_EQ(memmem(f.data, f.len, "relay:", 6) != NULL, relay);
+			CHECK(q && q->relay == p->relay && q->relay_intra_bandwidth == p->relay_intra_bandwidth &&
+			      q->relay_inter_bandwidth == p->relay_inter_bandwidth);
+			CHECK(q && vps_plan_hash(q) == vps_plan_hash(p));
+			if (yaml)
+				CHECK_EQ(memmem(f.data, f.len, "relay:", 6) != NULL, yaml_says[m] != NULL);
+			if (yaml && yaml_says[m])
+				CHECK(memmem(f.data, f.len, yaml_says[m], strlen(yaml_says[m])) != NULL);
+			if (yaml)
+				CHECK_EQ(memmem(f.data, f.len, "relay_inter_node_bandwidth:", 27) != NULL, m >= 3);
 			vps_plan_free(q);
 			vps_bytes_release(&f);
 		}
 		CHECK_OK(vps_stage(&s, p, 1 << 20, -1));
 		if (s)
-			world[relay] = vps_staged_world_hash(s);
+			world[m] = vps_staged_world_hash(s);
 		vps_staged_free(s);
 	}
-	CHECK(world[0] && world[1] && world[0] != world[1]);
+	for (int m = 0; m < 5; m++)
+		for (int k = 0; k < m; k++)
+			if (!world[m] || world[m] == world[k])
+				harness_fail(__FILE__, __LINE__, "modes %d and %d agree on the world (%016llx)", k, m,
+					     (unsigned long long)world[m]);
+}
+
+/* A plan file of vps-plan --relay before relay modes (YAML `relay: true`)
+ * still reads, as VPS_RELAY_ALWAYS, and hashes as it did; one whose relay
+ * says something else is refused. */
+TEST(a_relay_true_plan_reads_as_always)
+{
+	struct vps_plan *p = join_plan(2, VPS_RELAY_ALWAYS, NULL);
+	struct vps_bytes f = {0};
+	if (!p)
+		return;
+	CHECK_OK(vps_plan_serialize(p, true, &f));
+	char *at = f.data ? memmem(f.data, f.len, "relay: true\n", 12) : NULL;
+	CHECK(at != NULL);
+	struct vps_plan *q = NULL;
+	CHECK_OK(vps_plan_parse(&q, "p", f.data, f.len));
+	CHECK(q && q->relay == VPS_RELAY_ALWAYS && vps_plan_hash(q) == vps_plan_hash(p));
+	vps_plan_free(q);
+	q = NULL;
+	if (at) {
+		memcpy(at, "relay: what\n", 12);
+		CHECK(vps_plan_parse(&q, "p", f.data, f.len) == VPS_EINPUT);
+		CHECK(strstr(vps_last_error(), "relay") != NULL);
+	}
+	vps_plan_free(q);
+	vps_bytes_release(&f);
+	vps_plan_free(p);
 }
