@@ -12,10 +12,12 @@
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
 #include "exec/transport/transport.h"
+#include "registry/bell.h"
 #include "vps/registry.h"
 
 static void name_for(char *buf, size_t n, const char *what)
@@ -133,6 +135,99 @@ TEST(the_switch_protocol)
 	CHECK_OK(vps_registry_reset(trainer, 99, 4));
 	CHECK_OK(vps_registry_request(trainer, &seq));
 	vps_registry_close(exec);
+	vps_registry_close(trainer);
+}
+
+/* Whether process pid's (main) thread is blocked in a futex wait, by
+ * /proc/PID/syscall: its syscall's number first. True also when that cannot
+ * be read (the event order is then not forced, only likely). */
+static bool asleep_in_futex(pid_t pid)
+{
+	char path[64], buf[128];
+	snprintf(path, sizeof(path), "/proc/%d/syscall", (int)pid);
+	int fd = open(path, O_RDONLY);
+	if (fd < 0)
+		return true;
+	ssize_t n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return true;
+	buf[n] = '\0';
+	return atoi(buf) == SYS_futex;
+}
+
+/* Until pid sleeps in a futex wait, looking for at most about a minute. */
+static bool until_asleep(pid_t pid)
+{
+	for (int i = 0; i < 60000; i++) {
+		if (asleep_in_futex(pid))
+			return true;
+		struct timespec ts = {0, 1000000};
+		nanosleep(&ts, NULL);
+	}
+	return false;
+}
+
+/* The request wakes the executor that waits for it, and the verdict the
+ * trainer, each asleep on the registry's bell when the other rings it: the
+ * wait ends by the ring, not by its time running out (a minute), so no
+ * poll period lies between the two. Without the wake each side would sleep
+ * the whole minute and see the bell moved only after it. */
+TEST(a_request_wakes_the_executor_and_a_verdict_the_trainer)
+{
+	char name[64];
+	struct vps_registry *trainer;
+	uint64_t seq;
+	name_for(name, sizeof(name), "bell");
+	CHECK_OK(vps_registry_create(&trainer, name, 1, 0, 8, 0));
+	int ready[2];
+	CHECK(pipe(ready) == 0);
+	pid_t parent = getpid();
+	pid_t child = fork();
+	if (child == 0) {
+		struct vps_registry *e;
+		uint64_t s;
+		if (vps_registry_open(&e, name))
+			_exit(1);
+		uint32_t bell = vps_registry_bell(e);
+		if (vps_registry_claim(e, 0, 0, &s) != VPS_ETIMEOUT || write(ready[1], "y", 1) != 1)
+			_exit(2);
+		if (!vps_registry_await(e, bell, 60))
+			_exit(3);
+		/* the first look after the ring claims it */
+		if (vps_registry_claim(e, 0, 0, &s) || write(ready[1], "c", 1) != 1)
+			_exit(4);
+		if (!until_asleep(parent))
+			_exit(5);
+		vps_registry_finish(e, s, 1, NULL);
+		vps_registry_close(e);
+		_exit(0);
+	}
+	close(ready[1]); /* a child that fails is an end of file here */
+	char b = 0;
+	CHECK(read(ready[0], &b, 1) == 1 && b == 'y');
+	CHECK(until_asleep(child));
+	uint32_t bell = vps_registry_bell(trainer);
+	CHECK_OK(vps_registry_request(trainer, &seq));
+	CHECK(vps_registry_bell(trainer) != bell);
+	/* the executor claims (which rings nothing), then waits for this
+	 * process to sleep on the bell before it gives its verdict */
+	bool claimed = read(ready[0], &b, 1) == 1 && b == 'c';
+	CHECK(claimed);
+	bell = vps_registry_bell(trainer);
+	if (claimed) {
+		CHECK_EQ(vps_registry_state(trainer, NULL), VPS_REG_RUNNING);
+		CHECK(vps_registry_await(trainer, bell, 60));
+		CHECK_OK(vps_registry_wait(trainer, seq, 0));
+	}
+	int st;
+	waitpid(child, &st, 0);
+	CHECK_EQ(WIFEXITED(st) ? WEXITSTATUS(st) : -1, 0);
+	/* a bell that moved before the wait ends it at once; one that did not,
+	 * after the time given */
+	CHECK(vps_registry_await(trainer, bell, 60));
+	CHECK(!vps_registry_await(trainer, vps_registry_bell(trainer), 0.001));
+	close(ready[0]);
 	vps_registry_close(trainer);
 }
 
