@@ -7,8 +7,9 @@
 #   make standin    only those stand-ins (build/standin/)
 #   make fault-bin  the tools for the tests that make a rank fail (build/fault-bin/)
 #   make cxx        a C++ program against libvps.a: the headers in strict C++ (make check)
-#   make check-megatron  vps's layouts against Megatron-Core's own buffers, and a
-#                   Megatron-Core job switched by vps.megatron
+#   make check-megatron  vps's layouts against Megatron-Core's own buffers, a
+#                   Megatron-Core job switched by vps.megatron, and Megatron-LM's
+#                   pretrain() switched by vps.megatron_training
 #   make check-hf   vps's Hugging Face imports against transformers' models
 #   make check-torch  vps's DTensor layouts against FSDP2/TP/PP/EP as torchtitan applies them
 #   make venv       the test environment build/venv (torch, megatron-core,
@@ -297,10 +298,12 @@ endif
 # Megatron-Core builds a matrix of configurations on the CPU, a process per
 # rank under gloo, and every rank's buffers, buckets and ZeRO-1 shards must
 # be vps's; then a Megatron-Core job trains and vps.megatron switches it
-# through vps-exec (tests/megatron/README.md)
+# through vps-exec, and Megatron-LM's own pretrain() runs a GPT and a MoE job
+# that vps.megatron_training switches (tests/megatron/README.md)
 check-megatron: $(SHLIB_FILES) $(TOOL_BINS) $(PY_STAMP)
 	VPS_LIBRARY=$(abspath $(SHLIB)) $(PYTHON_ABS) tests/megatron/check_megatron.py
 	VPS_LIBRARY=$(abspath $(SHLIB)) VPS_BIN=$(abspath $(BINDIR)) $(PYTHON_ABS) tests/megatron/check_switch.py
+	VPS_LIBRARY=$(abspath $(SHLIB)) VPS_BIN=$(abspath $(BINDIR)) $(PYTHON_ABS) tests/megatron/check_pretrain.py
 
 # every Hugging Face family vps imports, read by vps and built by
 # transformers on the meta device: the same tensors through vps's name map

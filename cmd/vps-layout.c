@@ -22,7 +22,8 @@ static const char usage[] =
 	"options:\n"
 	"  --model MODEL        model name (configs/models), vps model file or config.json\n"
 	"  --parallel SPEC      tp=,pp=,dp=,cp=,ep=,etp=,vpp=,zero=,first=,last=,bucket=,\n"
-	"                       grad=,grouped_gemm=\n"
+	"                       grad=,grouped_gemm=,optimizer=,scalar=,precision_aware=,\n"
+	"                       exp_avg=,exp_avg_sq=\n"
 	"                       or a configuration name or file\n"
 	"  --gpus-per-node N    ranks packed N to a node (default 8)\n"
 	"  --first-node K       the first node of the packed ranks (default 0)\n"
@@ -32,7 +33,8 @@ static const char usage[] =
 	"  --stats              print statistics as YAML\n"
 	"  --yaml               write YAML instead of binary\n"
 	"  --tensor NAME|GLOB   who holds the tensor(s): ranks, buffer, offset, strides\n"
-	"  --state S            with --tensor: only state S (param, main_param, exp_avg, ...)\n"
+	"  --state S            with --tensor: only state S (param, main_param, exp_avg,\n"
+	"                       momentum_buffer, ...)\n"
 	"  --box LO:HI,...      with --tensor: only what intersects the box, clipped to it\n"
 	"  --format F           with --tensor: yaml (default), tsv or json (one record a line)\n"
 	"  -o, --output FILE    write FILE (through a temporary and a rename)\n"
@@ -62,6 +64,19 @@ static void print_stats(const struct vps_layout *l, const struct vps_layout_stat
 		if (vps_layout_has_state(l, st))
 			printf("%s%s", any++ ? ", " : "", vps_state_name(st));
 	printf("]\n");
+	printf("dtypes: {");
+	for (int st = 0, any = 0; st < VPS_NSTATES; st++)
+		if (vps_layout_has_state(l, st))
+			printf("%s%s: %s", any++ ? ", " : "", vps_state_name(st), vps_dtype_name(vps_layout_state_dtype(l, st)));
+	printf("}\n");
+	const struct vps_parallel *p = vps_layout_parallel(l);
+	printf("optimizer: %s\n", vps_optimizer_name(p->optimizer));
+	/* Muon and Lion leave what is not a 2-D weight to another; with zero=1
+	 * they are Megatron's layer-wise optimizer */
+	if (p->optimizer == VPS_OPT_MUON || p->optimizer == VPS_OPT_LION) {
+		printf("scalar_optimizer: %s\n", vps_optimizer_name(p->scalar_optimizer));
+		printf("layer_wise: %s\n", p->zero ? "true" : "false");
+	}
 	printf("logical_bytes: %s\n", tool_bytes(s->logical_bytes, h, n, sizeof(n)));
 	printf("total_bytes: %s\n", tool_bytes(s->total_bytes, h, n, sizeof(n)));
 	printf("copies: %.4f\n", s->logical_bytes ? (double)s->total_bytes / (double)s->logical_bytes : 0.0);

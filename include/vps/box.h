@@ -24,6 +24,8 @@ struct vps_box {
 struct vps_region {
 	uint32_t tensor;   /* global tensor id in the model's VPS */
 	uint8_t state;     /* enum vps_state */
+	uint8_t dtype;     /* 1 + enum vps_dtype, the state's as the layout holds it; 0
+			    * (built without it): the state's usual one. vps_region_dtype */
 	uint32_t buffer;   /* buffer index on the holding rank */
 	struct vps_box box;
 	int64_t offset;    /* element offset of box.lo in the buffer */

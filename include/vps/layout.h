@@ -26,10 +26,17 @@ enum vps_state {
 	VPS_STATE_GRAD,       /* fp32 main gradients (optional) */
 	VPS_STATE_MODULE,     /* fp32 module buffers (the routers' expert_bias): the
 			       * one state of a module-buffer tensor */
+	VPS_STATE_MOMENTUM,   /* momentum_buffer: SGD's and Muon's momentum, fp32 */
 	VPS_NSTATES
 };
 
-enum vps_dtype { VPS_DTYPE_BF16 = 0, VPS_DTYPE_FP32 = 1 };
+/* Values are in files and registries: appended, never renumbered. */
+enum vps_dtype {
+	VPS_DTYPE_BF16 = 0,
+	VPS_DTYPE_FP32 = 1,
+	VPS_DTYPE_INT16 = 2, /* the low 16 bits of fp32 main params whose high 16 are the
+			      * bf16 params' (TransformerEngine's store_param_remainders) */
+};
 
 VPS_API const char *vps_state_name(enum vps_state state);
 /* @return VPS_EINPUT for an unknown name. */
@@ -37,7 +44,19 @@ VPS_API vps_result_t vps_state_parse(const char *name, int *state);
 VPS_API const char *vps_dtype_name(enum vps_dtype dtype);
 VPS_API vps_result_t vps_dtype_parse(const char *name, int *dtype);
 VPS_API size_t vps_dtype_size(enum vps_dtype dtype);
+/* A state's dtype under Megatron's defaults (bf16 params, fp32 for the
+ * rest); a layout's own, which the precision-aware optimizer changes, is
+ * vps_layout_state_dtype's, and every region and piece carries it. */
 VPS_API enum vps_dtype vps_state_dtype(enum vps_state state);
+/* A region's or piece's dtype field (1 + enum vps_dtype, or 0 for the
+ * state's usual one, so that one built by hand keeps its meaning) as the
+ * dtype it says. */
+static inline enum vps_dtype vps_dtype_of(uint8_t field, int state)
+{
+	return field ? (enum vps_dtype)(field - 1) : vps_state_dtype((enum vps_state)state);
+}
+static inline uint8_t vps_dtype_field(enum vps_dtype dtype) { return (uint8_t)(dtype + 1); }
+static inline enum vps_dtype vps_region_dtype(const struct vps_region *r) { return vps_dtype_of(r->dtype, r->state); }
 
 struct vps_coords {
 	int64_t tp, cp, dp, pp;  /* dense generator, order tp-cp-dp-pp */
@@ -52,6 +71,8 @@ struct vps_buffer {
 	bool expert;   /* the expert-parallel buffer (sharded over EDP); a buffer
 			* of state module_buffer is the chunk's module buffers */
 	bool sharded;  /* a ZeRO-1 shard: this rank's part of every bucket */
+	bool layerwise; /* the layer-wise optimizer's buffer (Muon, Lion with zero=1):
+			 * its 2-D weights, each whole in one DP rank's part of its bucket */
 	int64_t elements;
 };
 
@@ -65,6 +86,7 @@ struct vps_param {
 	int32_t local_expert;  /* expert index on the rank, or -1 */
 	bool output_copy;      /* output_layer.weight holding the tied embeddings */
 	bool expert;           /* lives in the expert buffer */
+	bool layerwise;        /* lives in the layer-wise optimizer's buffer */
 	int64_t offset;        /* in the buffer of its (chunk, dense/expert) */
 	int64_t elements;      /* local elements, vocabulary padding included */
 	int32_t bucket;        /* family dtensor: the parameter's index in its model part */
@@ -114,17 +136,40 @@ VPS_API void vps_layout_coords(const struct vps_layout *l, int64_t rank, struct 
 /* Identity of the layout: model, configuration, devices and any explicit
  * rank that differs from what the rules give. */
 VPS_API uint64_t vps_layout_hash(const struct vps_layout *l);
-/* The states held for every parameter under this layout: states [0, n) of
- * param, main_param, exp_avg, exp_avg_sq, and grad when configured. */
+/* How many parameter states the layout holds (module_buffer aside): param,
+ * main_param, grad when configured, and the optimizer's (exp_avg and
+ * exp_avg_sq for Adam, exp_avg for Lion, momentum_buffer for SGD and Muon;
+ * Muon and Lion leave what is not a 2-D weight to their scalar optimizer,
+ * so such a layout holds both's). */
 VPS_API int vps_layout_nstates(const struct vps_layout *l);
-/* Whether the layout holds the state at all: a parameter state above, or
+/* Whether the layout holds the state at all: for some parameter, or
  * module_buffer in a model with module buffers. */
 VPS_API bool vps_layout_has_state(const struct vps_layout *l, enum vps_state state);
-/* Whether tensor t is held in the state: a parameter in the parameter
- * states, a module buffer in module_buffer only. */
+/* Whether tensor t is held in the state: a parameter in param, main_param,
+ * grad (grad=1) and the states of the optimizer that steps it; a module
+ * buffer in module_buffer only. */
 VPS_API bool vps_layout_tensor_has_state(const struct vps_layout *l, const struct vps_tensor *t, enum vps_state state);
-/* Whether the state is stored as ZeRO shards. */
+/* Whether the state is stored as ZeRO shards (in the dense buffers; with the
+ * layer-wise optimizer and a dp_cp group of 1, its expert buffers keep whole
+ * copies, as Megatron's shard_params does). */
 VPS_API bool vps_layout_state_sharded(const struct vps_layout *l, enum vps_state state);
+/* The dtype the layout holds a state in: vps_state_dtype's but under the
+ * precision-aware optimizer (main_param int16 remainders, bf16 moments when
+ * asked for). */
+VPS_API enum vps_dtype vps_layout_state_dtype(const struct vps_layout *l, enum vps_state state);
+/* Whether Megatron's optimizers step tensor t as a matrix: with Muon or
+ * Lion, the 2-D weights other than the word embeddings and the output layer
+ * (layer_wise_optimizer.py is_managed_by_layer_wise_optimizer); their
+ * scalar optimizer takes the rest. */
+VPS_API bool vps_layout_tensor_matrix(const struct vps_layout *l, const struct vps_tensor *t);
+/* The optimizer that steps tensor t (enum vps_optimizer), or -1 for a
+ * module buffer, which none steps. */
+VPS_API int vps_layout_tensor_optimizer(const struct vps_layout *l, const struct vps_tensor *t);
+/* VPS_EINPUT, naming the first state of one that the other does not hold
+ * alike (a tensor in it under one and not the other, or another dtype), when
+ * a plan between the two would have to drop or convert it: switching
+ * optimizers is not a move of state. */
+VPS_API vps_result_t vps_layout_states_match(const struct vps_layout *a, const struct vps_layout *b);
 
 /* Compute (or copy, for an explicit rank) rank's sub-VPS. */
 VPS_API vps_result_t vps_layout_rank(const struct vps_layout *l, int64_t rank, struct vps_rank_view *out);

@@ -17,6 +17,13 @@ extern "C" {
 #define VPS_FAMILY_MEGATRON 0 /* Megatron-Core: DDP buffers, the distributed optimizer */
 #define VPS_FAMILY_DTENSOR 1  /* PyTorch DTensor: FSDP2, HSDP, TP, PP and EP as torchtitan applies them */
 
+/* Megatron-LM's --optimizer (values are in files: appended, never renumbered). */
+enum vps_optimizer { VPS_OPT_ADAM = 0, VPS_OPT_SGD = 1, VPS_OPT_MUON = 2, VPS_OPT_LION = 3, VPS_NOPTIMIZERS };
+
+VPS_API const char *vps_optimizer_name(int optimizer);
+/* @return VPS_EINPUT for an unknown name. */
+VPS_API vps_result_t vps_optimizer_parse(const char *name, int *optimizer);
+
 struct vps_parallel {
 	int64_t tp, pp, dp;
 	int64_t cp;      /* context parallel: splits the sequence, every CP rank holds the same parameters */
@@ -35,10 +42,21 @@ struct vps_parallel {
 	int64_t family;       /* VPS_FAMILY_MEGATRON or VPS_FAMILY_DTENSOR */
 	int64_t dp_replicate; /* HSDP replicas */
 	int64_t dp_shard;     /* FSDP shards (fsdp= in a spec) */
+	/* The optimizer: which states a parameter has, their dtypes, their
+	 * sharding. Muon and Lion with zero=1 are Megatron's layer-wise
+	 * distributed optimizer (--use-distributed-optimizer turns into it). */
+	int32_t optimizer;        /* enum vps_optimizer (adam) */
+	int32_t scalar_optimizer; /* muon's optimizer of everything it leaves
+				   * (--muon-scalar-optimizer): adam or lion; lion's is adam */
+	bool precision_aware;     /* --use-precision-aware-optimizer (adam, zero=1):
+				   * TransformerEngine's FusedAdam keeps main params as
+				   * int16 remainders of the bf16 params */
+	bool exp_avg_bf16;        /* --exp-avg-dtype bf16 (precision_aware) */
+	bool exp_avg_sq_bf16;     /* --exp-avg-sq-dtype bf16 (precision_aware) */
 };
 
 /* Defaults: everything 1, zero 0, one bucket, no grads, sequential experts,
- * family megatron. */
+ * family megatron, Adam in fp32. */
 VPS_API void vps_parallel_init(struct vps_parallel *p);
 /* "megatron" or "dtensor" ("?" for another value). */
 VPS_API const char *vps_parallel_family_name(int64_t family);

@@ -74,12 +74,15 @@ static inline uint32_t vps_buffer_at_hop(uint32_t index, int hop)
 struct vps_piece {
 	uint32_t tensor;
 	uint8_t state;
+	uint8_t dtype;    /* as a region's (vps_piece_dtype): the state's in both layouts */
 	struct vps_box box;
 	int64_t src, dst; /* world ranks */
 	uint32_t src_buffer, dst_buffer;
 	int64_t src_offset, dst_offset; /* elements, at box.lo */
 	int64_t src_strides[VPS_MAX_DIMS], dst_strides[VPS_MAX_DIMS];
 };
+
+static inline enum vps_dtype vps_piece_dtype(const struct vps_piece *p) { return vps_dtype_of(p->dtype, p->state); }
 
 /* Training state that travels with the switch. Values not known when the
  * plan is made are taken from the source trainer at switch time. */
@@ -116,6 +119,7 @@ struct vps_collective {
 struct vps_lost_range {
 	uint32_t tensor;
 	uint8_t state;
+	uint8_t dtype; /* as a region's */
 	struct vps_box box;
 };
 

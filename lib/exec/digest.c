@@ -22,7 +22,7 @@ static void part_view(const struct vps_region *r, const struct vps_tensor *t, co
 		s *= t->shape[k];
 	}
 	memset(v, 0, sizeof(*v));
-	v->esize = (int32_t)vps_dtype_size(vps_state_dtype(r->state));
+	v->esize = (int32_t)vps_dtype_size(vps_region_dtype(r));
 	v->ndim = r->box.ndim;
 	for (int k = 0; k < r->box.ndim; k++) {
 		v->ext[k] = r->box.hi[k] - r->box.lo[k];

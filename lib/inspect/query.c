@@ -182,10 +182,22 @@ static vps_result_t tensor_name(const struct vps_model *m, uint32_t id, struct n
 
 /* ---- holders ---- */
 
-static vps_result_t no_state(const char *what, int state)
+static vps_result_t no_state(const char *what, const struct vps_layout *l, int state)
 {
-	return vps_fail(VPS_EINPUT, "%s no %s (%s)", what, vps_state_name(state),
-			state == VPS_STATE_MODULE ? "the model has no module buffers" : "grad=1 adds it");
+	const struct vps_parallel *p = vps_layout_parallel(l);
+	char why[96];
+	if (state == VPS_STATE_MODULE)
+		snprintf(why, sizeof(why), "the model has no module buffers");
+	else if (p->family == VPS_FAMILY_DTENSOR)
+		snprintf(why, sizeof(why), "family=dtensor holds main_param, exp_avg and exp_avg_sq");
+	else if (state == VPS_STATE_GRAD)
+		snprintf(why, sizeof(why), "grad=1 adds it");
+	else if (p->optimizer == VPS_OPT_MUON || p->optimizer == VPS_OPT_LION)
+		snprintf(why, sizeof(why), "neither %s nor %s keeps one", vps_optimizer_name(p->optimizer),
+			 vps_optimizer_name(p->scalar_optimizer));
+	else
+		snprintf(why, sizeof(why), "%s keeps none", vps_optimizer_name(p->optimizer));
+	return vps_fail(VPS_EINPUT, "%s no %s (%s)", what, vps_state_name(state), why);
 }
 
 vps_result_t vps_query_holders(const struct vps_layout *l, const struct vps_query *q, enum vps_format f,
@@ -197,7 +209,7 @@ vps_result_t vps_query_holders(const struct vps_layout *l, const struct vps_quer
 	struct vps_records rec;
 	vps_result_t rc;
 	if (q->state >= 0 && !vps_layout_has_state(l, q->state))
-		return no_state("this layout holds", q->state);
+		return no_state("this layout holds", l, q->state);
 	VPS_CHECK(tensor_set_init(&ts, m, q->tensor, q->has_box ? q->box.ndim : 0));
 	VPS_CHECK_GOTO(vps_records_begin(&rec, out, f, vps_holder_fields, vps_holder_nfields), rc, done);
 	uint32_t n = vps_model_num_tensors(m);
@@ -248,7 +260,7 @@ vps_result_t vps_query_holders(const struct vps_layout *l, const struct vps_quer
 					{.box = &part.box},
 					{.i = part.offset},
 					{.ints = part.strides, .nints = part.box.ndim},
-					{.i = vps_box_volume(&part.box) * (int64_t)vps_dtype_size(vps_state_dtype(st))},
+					{.i = vps_box_volume(&part.box) * (int64_t)vps_dtype_size(vps_region_dtype(&part))},
 				};
 				VPS_CHECK_GOTO(vps_records_put(&rec, v), rc, done);
 			}
@@ -291,7 +303,7 @@ static vps_result_t query_rank(const struct vps_query *q, int64_t scope, int64_t
 struct xrec {
 	int64_t rank, src, dst;
 	uint32_t tensor;
-	int state;
+	int state, dtype;
 	struct vps_box box;
 	int64_t src_buffer, src_offset, dst_buffer, dst_offset;
 	int64_t stage, chunk;
@@ -310,7 +322,7 @@ static vps_result_t put_transfer(struct vps_records *rec, const struct vps_model
 		{.s = nc->name},
 		{.s = vps_state_name(x->state)},
 		{.box = &x->box},
-		{.i = vps_box_volume(&x->box) * (int64_t)vps_dtype_size(vps_state_dtype(x->state))},
+		{.i = vps_box_volume(&x->box) * (int64_t)vps_dtype_size(vps_dtype_of((uint8_t)x->dtype, x->state))},
 		/* a relay's forward reads its B buffer: said apart, not as a
 		 * buffer number with the flag bit set */
 		{.i = vps_buffer_index(x->src_buffer)},
@@ -343,7 +355,7 @@ vps_result_t vps_query_transfers(const struct vps_plan *p, const struct vps_quer
 	if (q->stage >= 0)
 		return vps_fail(VPS_EINPUT, "stage %" PRId64 ": a plan has no stages (vps-stage(1) stages it)", q->stage);
 	if (q->state >= 0 && !vps_layout_has_state(p->a, q->state))
-		return no_state("this plan moves", q->state);
+		return no_state("this plan moves", p->a, q->state);
 	VPS_CHECK(query_rank(q, p->scope, vps_world_size(p->world), "plan", &rank));
 	VPS_CHECK(tensor_set_init(&ts, m, q->tensor, 0));
 	VPS_CHECK_GOTO(vps_records_begin(&rec, out, f, vps_transfer_fields, vps_transfer_nfields), rc, done);
@@ -353,7 +365,7 @@ vps_result_t vps_query_transfers(const struct vps_plan *p, const struct vps_quer
 		if (!pair_wanted(q, rank, x->src, x->dst) || !tensor_in(&ts, x->tensor) ||
 		    (q->state >= 0 && x->state != q->state))
 			continue;
-		struct xrec r = {rank, x->src, x->dst, x->tensor, x->state, x->box, x->src_buffer, x->src_offset,
+		struct xrec r = {rank, x->src, x->dst, x->tensor, x->state, x->dtype, x->box, x->src_buffer, x->src_offset,
 				 x->dst_buffer, x->dst_offset, -1, -1};
 		VPS_CHECK_GOTO(put_transfer(&rec, m, &nc, &r), rc, done);
 	}
@@ -446,7 +458,7 @@ static vps_result_t flat_op(struct staged_ctx *c, size_t xi, size_t k)
 		const struct vps_piece *pc = &p->pieces[e->piece];
 		if (pc->src_buffer != o->src_buffer ||
 		    o->src_offset + (from - a0) != pc->src_offset + (from - e->dst_offset) ||
-		    o->esize != vps_dtype_size(vps_state_dtype(pc->state)))
+		    o->esize != vps_dtype_size(vps_piece_dtype(pc)))
 			return op_mismatch(xi, k, o, "its source is not that of the pieces at its destination");
 		covered += to - from;
 		if (!piece_wanted(c, pc))
@@ -458,7 +470,7 @@ static vps_result_t flat_op(struct staged_ctx *c, size_t xi, size_t k)
 		int np = vps_flat_range_boxes(pc->box.ndim, ext, from - e->dst_offset, to - e->dst_offset, parts,
 					      starts);
 		for (int j = 0; j < np; j++) {
-			struct xrec r = {c->rank,	x->src, x->dst, pc->tensor, pc->state, parts[j], pc->src_buffer,
+			struct xrec r = {c->rank,	x->src, x->dst, pc->tensor, pc->state, pc->dtype, parts[j], pc->src_buffer,
 					 pc->src_offset + starts[j], pc->dst_buffer, pc->dst_offset + starts[j],
 					 x->stage,	x->chunk};
 			for (int d = 0; d < r.box.ndim; d++) {
@@ -497,7 +509,7 @@ static vps_result_t staged_op(struct staged_ctx *c, size_t xi, size_t k)
 		sub.lo[d] += pc->box.lo[d];
 		sub.hi[d] += pc->box.lo[d];
 	}
-	struct xrec r = {c->rank,      x->src,	      x->dst,	     pc->tensor, pc->state, sub,
+	struct xrec r = {c->rank,      x->src,	      x->dst,	     pc->tensor, pc->state, pc->dtype, sub,
 			 o->src_buffer, o->src_offset, o->dst_buffer, o->dst_offset, x->stage, x->chunk};
 	return put_transfer(c->rec, vps_layout_model(p->a), &c->nc, &r);
 }
@@ -518,7 +530,7 @@ vps_result_t vps_query_staged(const struct vps_staged *s, const struct vps_query
 		return vps_fail(VPS_EINPUT, "stage %" PRId64 ": the staged plan has %zu stages (from 0)", q->stage,
 				s->nstages);
 	if (q->state >= 0 && !vps_layout_has_state(p->a, q->state))
-		return no_state("this plan moves", q->state);
+		return no_state("this plan moves", p->a, q->state);
 	if (!p->pieces && p->npieces)
 		return vps_fail(VPS_EINTERNAL, "a staged plan's pieces are packed");
 	VPS_CHECK(query_rank(q, s->scope, vps_world_size(p->world), "staged plan", &c.rank));

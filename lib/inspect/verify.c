@@ -136,9 +136,10 @@ static bool regions_share(const struct vps_region *a, const struct vps_region *b
 /* Region i of rank view v: a known tensor, a box inside it, in a buffer of
  * its state, strides that do not alias and elements inside the buffer.
  * @return whether it passed, with its footprint in *sp. */
-static bool check_region(const struct vps_model *m, const struct vps_rank_view *v, size_t i,
+static bool check_region(const struct vps_layout *l, const struct vps_rank_view *v, size_t i,
 			 struct vps_verify_report *rep, struct span *sp)
 {
+	const struct vps_model *m = vps_layout_model(l);
 	const struct vps_region *r = &v->regions[i];
 	char bs[160], name[256];
 	struct vps_tensor t;
@@ -165,10 +166,14 @@ static bool check_region(const struct vps_model *m, const struct vps_rank_view *
 	if (b->state != r->state)
 		vps_verify_add(rep, "rank %" PRId64 ": %s %s %s: in buffer %u, which holds %s", v->rank, name,
 			       vps_state_name(r->state), bs, r->buffer, vps_state_name(b->state));
-	if (b->dtype != vps_state_dtype(b->state))
+	enum vps_dtype want = vps_layout_state_dtype(l, b->state);
+	if (b->dtype != want)
 		vps_verify_add(rep, "rank %" PRId64 ": buffer %u holds %s as %s, expected %s", v->rank, r->buffer,
-			       vps_state_name(b->state), vps_dtype_name(b->dtype),
-			       vps_dtype_name(vps_state_dtype(b->state)));
+			       vps_state_name(b->state), vps_dtype_name(b->dtype), vps_dtype_name(want));
+	else if (vps_region_dtype(r) != b->dtype)
+		vps_verify_add(rep, "rank %" PRId64 ": %s %s %s: a region of %s in buffer %u of %s", v->rank, name,
+			       vps_state_name(r->state), bs, vps_dtype_name(vps_region_dtype(r)), r->buffer,
+			       vps_dtype_name(b->dtype));
 	bool aliased = false;
 	for (int k = 0; k < r->box.ndim; k++)
 		aliased |= r->strides[k] == 0;
@@ -238,7 +243,7 @@ static vps_result_t check_rank(const struct vps_layout *l, const struct vps_rank
 	if (!spans)
 		return too_large("region footprints of one rank", v->nregions + 1, sizeof(*spans));
 	for (size_t i = 0; i < v->nregions; i++)
-		if (check_region(m, v, i, rep, &spans[nspans]))
+		if (check_region(l, v, i, rep, &spans[nspans]))
 			nspans++;
 	report_overlaps(m, v, spans, nspans, rep);
 	free(spans);
@@ -1408,7 +1413,7 @@ static vps_result_t check_carried(struct staged_check *c)
 		if (vps_piece_flat(x))
 			want[nw++] = (struct seg){x->src,	 x->dst, x->src_buffer, x->dst_buffer, x->src_offset,
 						  x->dst_offset, vps_box_volume(&x->box),
-						  (uint8_t)vps_dtype_size(vps_state_dtype(x->state)), i};
+						  (uint8_t)vps_dtype_size(vps_piece_dtype(x)), i};
 		else
 			rc = check_tiling(p, i, &c->parts[q0], q - q0, c->rep);
 	}

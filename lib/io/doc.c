@@ -11,33 +11,38 @@
  * a report's digest_seconds, requested_at, started_at, done_at, release_seconds,
  * opened_in_pause and connections); 3 for a plan's relay (and the staged
  * plan that holds one); then one more for a parallel map's family,
- * dp_replicate and dp_shard: layouts, parallel configurations and
- * transitions at 3, plans and staged plans at 4. */
+ * dp_replicate and dp_shard and its optimizer's keys (layout and parallel
+ * 3, plan and staged plan 4). binary_min is the oldest binary version
+ * still read: what it lacks, its reader fills with the defaults
+ * (vps_reader_has). Transitions name their configurations by spec and
+ * have no binary encoding, so theirs stays. */
 static const struct {
 	enum vps_doc_kind kind;
 	const char *name;
-	int version, binary_version;
+	int version, binary_version, binary_min;
+	int since[VPS_NFEATURES]; /* the binary version each feature arrived in */
 	/* what messages call one; what makes one, or how it is written; the
 	 * tool that makes one (NULL: written by hand) */
 	const char *noun, *made, *tool;
 } doc_kinds[] = {
-	{VPS_DOC_LAYOUT, "layout", 1, 3, "layout", "vps-layout --model MODEL --parallel SPEC -o FILE makes one",
+	{VPS_DOC_LAYOUT, "layout", 1, 3, 2, {3, 3}, "layout", "vps-layout --model MODEL --parallel SPEC -o FILE makes one",
 	 "vps-layout"},
-	{VPS_DOC_PLAN, "plan", 1, 4, "plan", "vps-plan A B -o FILE makes one, from layouts A and B", "vps-plan"},
-	{VPS_DOC_STAGED, "staged", 1, 4, "staged plan", "vps-plan A B | vps-stage --budget SIZE - -o FILE makes one",
-	 "vps-stage"},
-	{VPS_DOC_REPORT, "report", 1, 2, "report", "vps-exec --report FILE writes one", "vps-exec"},
-	{VPS_DOC_MODEL, "model", 1, 2, "model",
+	{VPS_DOC_PLAN, "plan", 1, 4, 3, {4, 4}, "plan", "vps-plan A B -o FILE makes one, from layouts A and B",
+	 "vps-plan"},
+	{VPS_DOC_STAGED, "staged", 1, 4, 3, {4, 4}, "staged plan",
+	 "vps-plan A B | vps-stage --budget SIZE - -o FILE makes one", "vps-stage"},
+	{VPS_DOC_REPORT, "report", 1, 2, 2, {0}, "report", "vps-exec --report FILE writes one", "vps-exec"},
+	{VPS_DOC_MODEL, "model", 1, 2, 2, {0}, "model",
 	 "configs/models holds them; vps-formats(5) MODEL DOCUMENTS says how to write one", NULL},
-	{VPS_DOC_DEVICES, "devices", 1, 1, "devices document", "vps-formats(5) DEVICES DOCUMENTS says how to write one",
-	 NULL},
-	{VPS_DOC_TOPOLOGY, "topology", 1, 1, "topology",
+	{VPS_DOC_DEVICES, "devices", 1, 1, 1, {0}, "devices document",
+	 "vps-formats(5) DEVICES DOCUMENTS says how to write one", NULL},
+	{VPS_DOC_TOPOLOGY, "topology", 1, 1, 1, {0}, "topology",
 	 "configs/topologies holds them; vps-formats(5) TOPOLOGY DOCUMENTS says how to write one", NULL},
-	{VPS_DOC_PARALLEL, "parallel", 1, 3, "parallel configuration",
+	{VPS_DOC_PARALLEL, "parallel", 1, 3, 2, {3, 3}, "parallel configuration",
 	 "configs/parallel holds them; vps-formats(5) PARALLEL DOCUMENTS says how to write one", NULL},
-	{VPS_DOC_BUDGETS, "budgets", 1, 1, "budgets document", "vps-formats(5) BUDGETS DOCUMENTS says how to write one",
-	 NULL},
-	{VPS_DOC_TRANSITION, "transition", 1, 3, "transition",
+	{VPS_DOC_BUDGETS, "budgets", 1, 1, 1, {0}, "budgets document",
+	 "vps-formats(5) BUDGETS DOCUMENTS says how to write one", NULL},
+	{VPS_DOC_TRANSITION, "transition", 1, 2, 2, {0}, "transition",
 	 "vps-plan --transition list names those of configs/transitions; vps-formats(5) TRANSITION DOCUMENTS says "
 	 "how to write one",
 	 NULL},
@@ -65,6 +70,22 @@ int vps_doc_binary_version(enum vps_doc_kind kind)
 	for (size_t i = 0; i < NKINDS; i++)
 		if (doc_kinds[i].kind == kind)
 			return doc_kinds[i].binary_version;
+	return 0;
+}
+
+int vps_doc_binary_min(enum vps_doc_kind kind)
+{
+	for (size_t i = 0; i < NKINDS; i++)
+		if (doc_kinds[i].kind == kind)
+			return doc_kinds[i].binary_min;
+	return 0;
+}
+
+int vps_doc_feature_since(enum vps_doc_kind kind, enum vps_doc_feature f)
+{
+	for (size_t i = 0; i < NKINDS; i++)
+		if (doc_kinds[i].kind == kind)
+			return doc_kinds[i].since[f];
 	return 0;
 }
 

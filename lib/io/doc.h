@@ -23,6 +23,14 @@ int vps_doc_version(enum vps_doc_kind kind);
  * VPS_EFORMAT, a YAML document's VPS_EINPUT). */
 vps_result_t vps_doc_kind_fail(vps_result_t rc, const char *name, enum vps_doc_kind found, unsigned expected);
 
+/* Fields added to the binary encoding of several kinds at once, which
+ * readers of an older binary version fill with their defaults. */
+enum vps_doc_feature {
+	VPS_FEATURE_OPTIMIZER, /* a parallel map's optimizer, scalar, exp_avg, exp_avg_sq, precision_aware */
+	VPS_FEATURE_FAMILY,    /* a parallel map's family, dp_replicate, dp_shard */
+	VPS_NFEATURES
+};
+
 /* ---- writer ---- */
 struct vps_writer;
 
@@ -91,6 +99,9 @@ vps_result_t vps_reader_new(struct vps_reader **r, const char *name, const void 
 			    enum vps_doc_kind kind);
 void vps_reader_free(struct vps_reader *r);
 bool vps_reader_is_binary(const struct vps_reader *r);
+/* Whether the document has a feature's fields: YAML always (its keys are
+ * optional), binary from the version that brought them. */
+bool vps_reader_has(const struct vps_reader *r, enum vps_doc_feature f);
 const char *vps_reader_name(const struct vps_reader *r);
 /* Finish: in binary, trailing bytes are an error. */
 vps_result_t vps_reader_finish(struct vps_reader *r);

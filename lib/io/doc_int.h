@@ -15,8 +15,12 @@
  * (a 200 KB line of '[' took 37 s). */
 #define VPS_DOC_MAX_DEPTH 64
 
-/* The binary encoding's version of a kind (the header's byte 6). */
+/* The binary encoding's version of a kind (the header's byte 6), and the
+ * oldest one its reader still takes. */
 int vps_doc_binary_version(enum vps_doc_kind kind);
+int vps_doc_binary_min(enum vps_doc_kind kind);
+/* The binary version of a kind that brought a feature's fields. */
+int vps_doc_feature_since(enum vps_doc_kind kind, enum vps_doc_feature f);
 /* The kind a document names itself (`vps: NAME`), or 0. */
 enum vps_doc_kind vps_doc_kind_from_name(const char *s);
 

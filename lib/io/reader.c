@@ -96,6 +96,8 @@ static const char *str_set_add(struct str_set *t, const unsigned char *p, size_t
 struct vps_reader {
 	char *name;
 	bool binary;
+	enum vps_doc_kind kind;
+	unsigned version; /* binary: the header's */
 	/* binary: the payload is decompressed as it is read, into a window
 	 * holding bytes [wbase, wbase + wlen) of it (a plan of 16,384 ranks is
 	 * 1.3 GB uncompressed); positions count from the payload's start */
@@ -118,6 +120,11 @@ void vps_reader_echo(struct vps_reader *r, struct vps_writer *w) { r->echo = w; 
 struct vps_writer *vps_reader_echo_writer(const struct vps_reader *r) { return r->echo; }
 
 bool vps_reader_is_binary(const struct vps_reader *r) { return r->binary; }
+
+bool vps_reader_has(const struct vps_reader *r, enum vps_doc_feature f)
+{
+	return !r->binary || (int)r->version >= vps_doc_feature_since(r->kind, f);
+}
 const char *vps_reader_name(const struct vps_reader *r) { return r->name; }
 
 static yaml_node_t *node_at(struct vps_reader *r, int id) { return yaml_document_get_node(&r->doc, id); }
@@ -325,11 +332,20 @@ static vps_result_t open_binary(struct vps_reader *r, const unsigned char *d, si
 	if ((int)version > vps_doc_binary_version(dkind))
 		return vps_fail(VPS_EFORMAT, "%s: binary %s version %u is newer than this build reads (%d)", r->name,
 				vps_doc_kind_name(dkind), version, vps_doc_binary_version(dkind));
-	if ((int)version < vps_doc_binary_version(dkind))
+	if ((int)version < vps_doc_binary_min(dkind)) {
+		char reads[32];
+		int lo = vps_doc_binary_min(dkind), hi = vps_doc_binary_version(dkind);
+		if (lo == hi)
+			snprintf(reads, sizeof(reads), "version %d", hi);
+		else
+			snprintf(reads, sizeof(reads), "versions %d to %d", lo, hi);
 		return vps_fail(VPS_EFORMAT,
-				"%s: binary %s version %u was written by an older vps (this build reads version %d): "
+				"%s: binary %s version %u was written by an older vps (this build reads %s): "
 				"have that vps write it as YAML (--yaml), which this one reads",
-				r->name, vps_doc_kind_name(dkind), version, vps_doc_binary_version(dkind));
+				r->name, vps_doc_kind_name(dkind), version, reads);
+	}
+	r->kind = (enum vps_doc_kind)dkind;
+	r->version = version;
 	if (flags != 0)
 		return vps_fail(VPS_EFORMAT, "%s: unknown header flags 0x%08x", r->name, flags);
 	if (d[12] || d[13] || d[14] || d[15])

@@ -64,7 +64,7 @@ uint32_t vps_fill_bits(uint32_t tensor, enum vps_state state, int64_t index, int
 void vps_fill_region(void *buffer, const struct vps_region *r, const struct vps_tensor *t, int64_t step)
 {
 	uint64_t key = fill_key(r->tensor, r->state, step);
-	if (vps_state_dtype(r->state) == VPS_DTYPE_BF16) {
+	if (vps_dtype_size(vps_region_dtype(r)) == 2) {
 		uint16_t *b = buffer;
 		FOR_EACH_ELEMENT(r, t, flat, off, b[off] = (uint16_t)fill_at(key, flat));
 	} else {
@@ -77,7 +77,7 @@ int64_t vps_check_region(const void *buffer, const struct vps_region *r, const s
 {
 	uint64_t key = fill_key(r->tensor, r->state, step);
 	int64_t bad = 0;
-	if (vps_state_dtype(r->state) == VPS_DTYPE_BF16) {
+	if (vps_dtype_size(vps_region_dtype(r)) == 2) {
 		const uint16_t *b = buffer;
 		FOR_EACH_ELEMENT(r, t, flat, off, bad += b[off] != (uint16_t)fill_at(key, flat));
 	} else {
@@ -147,7 +147,7 @@ uint64_t vps_digest_region(const void *buffer, const struct vps_region *r, const
 {
 	pthread_once(&digest_slot_once, digest_slot_fill);
 	uint64_t sum = 0, key = vps_mix64(((uint64_t)r->tensor << 8) ^ r->state);
-	size_t es = vps_dtype_size(vps_state_dtype(r->state));
+	size_t es = vps_dtype_size(vps_region_dtype(r));
 	FOR_EACH_ROW(r, t, flat0, off0, len, ls,
 		     sum += digest_row(key, (const unsigned char *)buffer + off0 * (int64_t)es, ls, es, flat0, len));
 	return sum;

@@ -583,6 +583,7 @@ static vps_result_t shard_regions(const struct dparam *d, const struct shard *s,
 			memset(&r, 0, sizeof(r));
 			r.tensor = tensor;
 			r.state = (uint8_t)state;
+			r.dtype = vps_dtype_field(VPS_DTYPE_FP32);
 			r.buffer = buffer;
 			r.box = d->part;
 			r.offset = (e - e0) * (d->nstack ? st[0] : 0);
@@ -720,6 +721,7 @@ vps_result_t vps_dtensor_rank(const struct vps_layout *l, int64_t rank, struct v
 				memset(r, 0, sizeof(*r));
 				r->tensor = d->tensor;
 				r->state = VPS_STATE_MODULE;
+				r->dtype = vps_dtype_field(VPS_DTYPE_FP32);
 				r->buffer = b;
 				r->box = full;
 				vps_box_rowmajor_strides(&full, r->strides);
@@ -920,6 +922,7 @@ static vps_result_t param_holders(const struct vps_layout *l, const struct dpara
 		memset(&r, 0, sizeof(r));
 		r.tensor = tensor;
 		r.state = VPS_STATE_MODULE;
+		r.dtype = vps_dtype_field(VPS_DTYPE_FP32);
 		r.buffer = (uint32_t)(n.weights * NWEIGHT_STATES + mb);
 		r.box = d->part;
 		vps_box_rowmajor_strides(&d->part, r.strides);

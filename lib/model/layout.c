@@ -6,8 +6,10 @@
 #include "model/dtensor.h"
 #include "model/layout_int.h"
 
-static const char *state_names[VPS_NSTATES] = {"param", "main_param", "exp_avg", "exp_avg_sq", "grad", "module_buffer"};
-static const char *dtype_names[] = {"bf16", "fp32"};
+static const char *state_names[VPS_NSTATES] = {"param", "main_param", "exp_avg",	     "exp_avg_sq",
+						"grad",	 "module_buffer", "momentum_buffer"};
+static const char *dtype_names[] = {"bf16", "fp32", "int16"};
+#define NDTYPES ((int)(sizeof(dtype_names) / sizeof(dtype_names[0])))
 
 const char *vps_state_name(enum vps_state state)
 {
@@ -24,11 +26,14 @@ vps_result_t vps_state_parse(const char *name, int *state)
 	return vps_fail(VPS_EINPUT, "unknown state '%s'", name);
 }
 
-const char *vps_dtype_name(enum vps_dtype dtype) { return dtype == 0 || dtype == 1 ? dtype_names[dtype] : "?"; }
+const char *vps_dtype_name(enum vps_dtype dtype)
+{
+	return (int)dtype >= 0 && (int)dtype < NDTYPES ? dtype_names[dtype] : "?";
+}
 
 vps_result_t vps_dtype_parse(const char *name, int *dtype)
 {
-	for (int i = 0; i < 2; i++)
+	for (int i = 0; i < NDTYPES; i++)
 		if (!strcmp(name, dtype_names[i])) {
 			*dtype = i;
 			return VPS_OK;
@@ -36,7 +41,7 @@ vps_result_t vps_dtype_parse(const char *name, int *dtype)
 	return vps_fail(VPS_EINPUT, "unknown dtype '%s'", name);
 }
 
-size_t vps_dtype_size(enum vps_dtype dtype) { return dtype == VPS_DTYPE_BF16 ? 2 : 4; }
+size_t vps_dtype_size(enum vps_dtype dtype) { return dtype == VPS_DTYPE_FP32 ? 4 : 2; }
 enum vps_dtype vps_state_dtype(enum vps_state state) { return state == VPS_STATE_PARAM ? VPS_DTYPE_BF16 : VPS_DTYPE_FP32; }
 
 void vps_rank_view_release(struct vps_rank_view *v)
@@ -72,54 +77,185 @@ int64_t vps_layout_rank_on(const struct vps_layout *l, struct vps_device dev)
 {
 	return vps_devices_find(&l->d, l->world, dev);
 }
-int vps_layout_nstates(const struct vps_layout *l)
+
+/* ---- the optimizer: which states a parameter has ---- */
+
+/* The states an optimizer keeps per parameter beside the fp32 main param
+ * (torch's AdamW and TE's FusedAdam: exp_avg, exp_avg_sq; torch's SGD with
+ * momentum and emerging_optimizers' Muon: momentum_buffer; its Lion:
+ * exp_avg), as a mask of states. */
+static uint32_t optimizer_states(int optimizer)
 {
-	/* a DTensor job's parameter (fp32, main_param) and Adam's moments */
-	if (l->dt)
-		return 3;
-	return l->p.grad ? VPS_STATE_GRAD + 1 : VPS_STATE_GRAD;
+	switch (optimizer) {
+	case VPS_OPT_ADAM: return 1u << VPS_STATE_EXP_AVG | 1u << VPS_STATE_EXP_AVG_SQ;
+	case VPS_OPT_LION: return 1u << VPS_STATE_EXP_AVG;
+	default: return 1u << VPS_STATE_MOMENTUM;
+	}
 }
 
-bool vps_layout_has_state(const struct vps_layout *l, enum vps_state state)
+static bool emerging(const struct vps_layout *l)
+{
+	return l->p.optimizer == VPS_OPT_MUON || l->p.optimizer == VPS_OPT_LION;
+}
+
+bool vps_layout_tensor_matrix(const struct vps_layout *l, const struct vps_tensor *t)
+{
+	(void)l;
+	/* the kinds Megatron registers as 2-D parameters but the word embeddings
+	 * and the output layer, which LanguageModule marks
+	 * is_embedding_or_output_parameter (the learned position embeddings it
+	 * does not mark) */
+	switch (t->kind) {
+	case VPS_T_POS_EMB:
+	case VPS_T_PROJ_W:
+	case VPS_T_QKV_W:
+	case VPS_T_FC1_W:
+	case VPS_T_FC2_W:
+	case VPS_T_ROUTER_W:
+	case VPS_T_EXP_FC1_W:
+	case VPS_T_EXP_FC2_W:
+	case VPS_T_Q_PROJ_W:
+	case VPS_T_Q_DOWN_W:
+	case VPS_T_Q_UP_W:
+	case VPS_T_KV_DOWN_W:
+	case VPS_T_KV_UP_W:
+	case VPS_T_SHARED_FC1_W:
+	case VPS_T_SHARED_FC2_W:
+	case VPS_T_MTP_EH_PROJ_W: return !t->module_buffer;
+	default: return false;
+	}
+}
+
+int vps_layout_tensor_optimizer(const struct vps_layout *l, const struct vps_tensor *t)
+{
+	if (t->module_buffer)
+		return -1;
+	/* Muon and Lion take the matrices and leave the rest to their scalar
+	 * optimizer (emerging_optimizers.py default_param_overrides,
+	 * muon_scalar_optimizer) */
+	if (emerging(l) && !vps_layout_tensor_matrix(l, t))
+		return l->p.scalar_optimizer;
+	return l->p.optimizer;
+}
+
+/* The states of a parameter stepped by optimizer opt, as a mask. */
+static uint32_t param_states(const struct vps_layout *l, int opt)
+{
+	uint32_t m = 1u << VPS_STATE_PARAM | 1u << VPS_STATE_MAIN_PARAM | optimizer_states(opt);
+	return l->p.grad ? m | 1u << VPS_STATE_GRAD : m;
+}
+
+/* A DTensor job's states, as dtensor.c lays them out: its fp32 parameter
+ * (main_param) and PyTorch's Adam's moments, the module buffers apart. */
+static uint32_t dtensor_states(const struct vps_layout *l)
+{
+	uint32_t m = 0;
+	for (int st = 0; st < VPS_NSTATES; st++)
+		if (vps_dtensor_has_state(l, (enum vps_state)st))
+			m |= 1u << st;
+	return m;
+}
+
+static uint32_t tensor_states(const struct vps_layout *l, const struct vps_tensor *t)
+{
+	if (t->module_buffer)
+		return 1u << VPS_STATE_MODULE;
+	if (l->dt)
+		return dtensor_states(l) & ~(1u << VPS_STATE_MODULE);
+	return param_states(l, vps_layout_tensor_optimizer(l, t));
+}
+
+static uint32_t layout_states(const struct vps_layout *l)
 {
 	if (l->dt)
-		return vps_dtensor_has_state(l, state);
-	if (state == VPS_STATE_MODULE)
-		return vps_model_module_buffers(&l->m) > 0;
-	/* the value may come from outside (the Python module passes ints) */
-	return (int)state >= 0 && (int)state < vps_layout_nstates(l);
+		return dtensor_states(l);
+	uint32_t m = param_states(l, l->p.optimizer);
+	if (emerging(l))
+		m |= param_states(l, l->p.scalar_optimizer);
+	return vps_model_module_buffers(&l->m) > 0 ? m | 1u << VPS_STATE_MODULE : m;
+}
+
+static int popcount32(uint32_t x)
+{
+	int n = 0;
+	for (; x; x &= x - 1)
+		n++;
+	return n;
+}
+
+static bool in_mask(uint32_t mask, int state) { return state >= 0 && state < VPS_NSTATES && (mask >> state & 1); }
+
+int vps_layout_nstates(const struct vps_layout *l)
+{
+	return popcount32(layout_states(l) & ~(1u << VPS_STATE_MODULE));
+}
+
+/* the state may come from outside (the Python module passes ints) */
+bool vps_layout_has_state(const struct vps_layout *l, enum vps_state state)
+{
+	return in_mask(layout_states(l), (int)state);
 }
 
 bool vps_layout_tensor_has_state(const struct vps_layout *l, const struct vps_tensor *t, enum vps_state state)
 {
-	if (t->module_buffer)
-		return state == VPS_STATE_MODULE;
-	if (l->dt)
-		return state != VPS_STATE_MODULE && vps_dtensor_has_state(l, state);
-	/* the value may come from outside (the Python module passes ints) */
-	return (int)state >= 0 && (int)state < vps_layout_nstates(l);
+	return in_mask(tensor_states(l, t), (int)state);
 }
 
-/* A chunk's buffers come in groups: dense and expert parameters, each with
- * a buffer per parameter state, then its module buffers, with one. */
-enum { GROUP_DENSE, GROUP_EXPERT, GROUP_MODULE, NGROUPS };
-
-static int group_nstates(const struct vps_layout *l, int group)
+enum vps_dtype vps_layout_state_dtype(const struct vps_layout *l, enum vps_state state)
 {
-	return group == GROUP_MODULE ? 1 : vps_layout_nstates(l);
+	const struct vps_parallel *p = &l->p;
+	/* TE's FusedAdam with master weights of fp32 over bf16 params keeps
+	 * their low 16 bits (store_param_remainders, on by default since TE
+	 * 2.1; megatron-core passes it and Megatron-LM has no flag against it),
+	 * and the moments in --exp-avg-dtype / --exp-avg-sq-dtype
+	 * (distrib_optimizer.py _get_state_key_dtype, load_state_dict) */
+	if (state == VPS_STATE_MAIN_PARAM && p->precision_aware)
+		return VPS_DTYPE_INT16;
+	if ((state == VPS_STATE_EXP_AVG && p->exp_avg_bf16) || (state == VPS_STATE_EXP_AVG_SQ && p->exp_avg_sq_bf16))
+		return VPS_DTYPE_BF16;
+	return vps_state_dtype(state);
 }
 
-/* The state of a group's k-th buffer, and the inverse. */
-static int group_state(int group, int k) { return group == GROUP_MODULE ? VPS_STATE_MODULE : k; }
-static int group_slot(int group, int state) { return group == GROUP_MODULE ? 0 : state; }
+/* A chunk's buffers come in groups: dense and expert parameters (with the
+ * layer-wise optimizer, those it leaves to its scalar optimizer), each with
+ * a buffer per state its parameters have, then its module buffers, with
+ * one, then the layer-wise optimizer's dense and expert matrices. */
+enum { GROUP_DENSE, GROUP_EXPERT, GROUP_MODULE, GROUP_DENSE_LW, GROUP_EXPERT_LW, NGROUPS };
+
+static bool group_expert(int g) { return g == GROUP_EXPERT || g == GROUP_EXPERT_LW; }
+static bool group_lw(int g) { return g == GROUP_DENSE_LW || g == GROUP_EXPERT_LW; }
+
+/* The group of a parameter: DDP keeps expert parameters apart when EP > 1
+ * or ETP != TP, and the layer-wise optimizer's matrices apart again
+ * (param_and_grad_buffer.py group_params_for_buffers, BufferKey). */
+static int tensor_group(const struct vps_layout *l, const struct vps_tensor *t)
+{
+	if (t->module_buffer)
+		return GROUP_MODULE;
+	bool expert = t->is_expert && l->expert_buffer, lw = l->layerwise && vps_layout_tensor_matrix(l, t);
+	return expert ? (lw ? GROUP_EXPERT_LW : GROUP_EXPERT) : (lw ? GROUP_DENSE_LW : GROUP_DENSE);
+}
+
+/* Whether a group holds a state as shards: the distributed optimizer's
+ * ZeRO-1 ranges, or the layer-wise optimizer's whole parameters, which
+ * Megatron shards only over a dp_cp group of more than one rank
+ * (LayerWiseDistributedOptimizer.shard_params), experts included. */
+static bool group_state_sharded(const struct vps_layout *l, int g, int state)
+{
+	if (state == VPS_STATE_PARAM || state == VPS_STATE_GRAD || state == VPS_STATE_MODULE)
+		return false;
+	return group_lw(g) ? vps_parallel_dpcp(&l->p) > 1 : l->p.zero != 0;
+}
 
 bool vps_layout_state_sharded(const struct vps_layout *l, enum vps_state state)
 {
 	if (l->dt)
-		return state != VPS_STATE_MODULE && vps_dtensor_has_state(l, state) && l->p.dp_shard * l->p.cp > 1;
-	return l->p.zero && (state == VPS_STATE_MAIN_PARAM || state == VPS_STATE_EXP_AVG ||
-			     state == VPS_STATE_EXP_AVG_SQ);
+		return state != VPS_STATE_MODULE && vps_layout_has_state(l, state) && l->p.dp_shard * l->p.cp > 1;
+	return group_state_sharded(l, GROUP_DENSE, state);
 }
+
+/* Index of a state among a mask's, in state order. */
+static int mask_slot(uint32_t mask, int state) { return popcount32(mask & ((1u << state) - 1)); }
 
 /* Megatron's two generators over one world (parallel_state.py,
  * initialize_model_parallel): the dense one in the order tp-cp-ep-dp-pp with
@@ -228,13 +364,13 @@ static bool embedding_copied(const struct vps_layout *l)
 }
 
 static vps_result_t tmpl_add(const struct vps_layout *l, struct tmpl *tm, size_t *cap, uint32_t tensor, int32_t layer,
-			     int32_t local_layer, int32_t slot, bool output_copy, bool want_expert)
+			     int32_t local_layer, int32_t slot, bool output_copy, int group)
 {
 	struct vps_tensor t;
 	VPS_CHECK(vps_model_tensor(&l->m, tensor, &t));
-	bool in_expert = t.is_expert && l->expert_buffer;
-	if (in_expert != want_expert)
+	if (tensor_group(l, &t) != group)
 		return VPS_OK;
+	tm->states |= tensor_states(l, &t);
 	struct tparam p = {0};
 	p.tensor = tensor;
 	p.layer = layer;
@@ -271,11 +407,11 @@ static vps_result_t index_by_tensor(struct tmpl *tm)
  * routed ones (MoELayer.__init__). layer and local_layer are -1 in an MTP
  * layer. */
 static vps_result_t tmpl_add_layer(const struct vps_layout *l, struct tmpl *tm, size_t *cap,
-				   const struct vps_layer_span *sp, int32_t layer, int32_t local_layer, int expert)
+				   const struct vps_layer_span *sp, int32_t layer, int32_t local_layer, int group)
 {
 	uint32_t base = sp->first, after = sp->expert_first + sp->experts * sp->per_expert;
 	for (uint32_t k = 0; k < sp->expert_first; k++)
-		VPS_CHECK(tmpl_add(l, tm, cap, base + k, layer, local_layer, -1, false, expert));
+		VPS_CHECK(tmpl_add(l, tm, cap, base + k, layer, local_layer, -1, false, group));
 	/* SequentialMLP registers expert by expert (local_experts.i.linear_fc1,
 	 * .linear_fc2); TEGroupedMLP registers linear_fc1 then linear_fc2, each a
 	 * GroupedLinear holding weight{i} (and bias{i}) gemm by gemm
@@ -286,9 +422,9 @@ static vps_result_t tmpl_add_layer(const struct vps_layout *l, struct tmpl *tm, 
 		for (int64_t slot = 0; slot < l->experts_per_rank; slot++)
 			for (uint32_t k = lin * per_linear; k < (lin + 1) * per_linear; k++)
 				VPS_CHECK(tmpl_add(l, tm, cap, base + sp->expert_first + (uint32_t)slot * l->nexpert_kinds + k,
-						   layer, local_layer, (int32_t)slot, false, expert));
+						   layer, local_layer, (int32_t)slot, false, group));
 	for (uint32_t k = after; k < sp->count; k++)
-		VPS_CHECK(tmpl_add(l, tm, cap, base + k, layer, local_layer, -1, false, expert));
+		VPS_CHECK(tmpl_add(l, tm, cap, base + k, layer, local_layer, -1, false, group));
 	return VPS_OK;
 }
 
@@ -331,13 +467,14 @@ static vps_result_t build_module_tmpl(struct vps_layout *l, int64_t s, int64_t v
 	tm->nb = 1;
 	tm->elements = tm->shard_elements = tm->b[0].hi = tm->p[tm->n - 1].offset + tm->p[tm->n - 1].elements;
 	tm->dpsize = 1;
+	tm->states = 1u << VPS_STATE_MODULE;
 	return VPS_OK;
 }
 
 /* What the last pipeline stage's last chunk registers after its layers:
  * decoder.final_layernorm, the MTP block, output_layer (or the copy of a
  * tied embedding). */
-static vps_result_t tmpl_add_last(struct vps_layout *l, struct tmpl *tm, size_t *cap, int expert)
+static vps_result_t tmpl_add_last(struct vps_layout *l, struct tmpl *tm, size_t *cap, int group)
 {
 	uint32_t post_first = vps_model_layer_first(&l->m, l->m.layers);
 	uint32_t mtp_first = vps_model_module_first(&l->m);
@@ -350,32 +487,32 @@ static vps_result_t tmpl_add_last(struct vps_layout *l, struct tmpl *tm, size_t 
 		struct vps_tensor t;
 		VPS_CHECK(vps_model_tensor(&l->m, i, &t));
 		if (t.kind != VPS_T_OUTPUT_W)
-			VPS_CHECK(tmpl_add(l, tm, cap, i, -1, -1, -1, false, expert));
+			VPS_CHECK(tmpl_add(l, tm, cap, i, -1, -1, -1, false, group));
 	}
 	for (int64_t k = 0; k < l->m.mtp_layers; k++) {
 		struct vps_mtp_span ms;
 		vps_model_mtp_span(&l->m, k, &ms);
 		for (uint32_t i = 0; i < ms.pre; i++)
-			VPS_CHECK(tmpl_add(l, tm, cap, ms.first + i, -1, -1, -1, false, expert));
-		VPS_CHECK(tmpl_add_layer(l, tm, cap, &ms.layer, -1, -1, expert));
+			VPS_CHECK(tmpl_add(l, tm, cap, ms.first + i, -1, -1, -1, false, group));
+		VPS_CHECK(tmpl_add_layer(l, tm, cap, &ms.layer, -1, -1, group));
 		for (uint32_t i = ms.layer.first + ms.layer.count; i < ms.first + ms.count; i++)
-			VPS_CHECK(tmpl_add(l, tm, cap, i, -1, -1, -1, false, expert));
+			VPS_CHECK(tmpl_add(l, tm, cap, i, -1, -1, -1, false, group));
 	}
 	if (!l->m.tied_embeddings) {
 		struct vps_tensor t;
 		VPS_CHECK(vps_model_tensor(&l->m, mtp_first - 1, &t));
 		if (t.kind == VPS_T_OUTPUT_W)
-			VPS_CHECK(tmpl_add(l, tm, cap, mtp_first - 1, -1, -1, -1, false, expert));
-	} else if (l->p.pp > 1 && !expert) {
+			VPS_CHECK(tmpl_add(l, tm, cap, mtp_first - 1, -1, -1, -1, false, group));
+	} else if (l->p.pp > 1 && group == GROUP_DENSE) {
 		tm->output_copy_idx = (int64_t)tm->n;
-		VPS_CHECK(tmpl_add(l, tm, cap, 0, -1, -1, -1, true, expert));
+		VPS_CHECK(tmpl_add(l, tm, cap, 0, -1, -1, -1, true, group));
 	}
 	return VPS_OK;
 }
 
 /* The parameters of chunk v of stage s (its dense or expert ones), in
  * Megatron's registration order. */
-static vps_result_t tmpl_register(struct vps_layout *l, struct tmpl *tm, int64_t s, int64_t v, int expert)
+static vps_result_t tmpl_register(struct vps_layout *l, struct tmpl *tm, int64_t s, int64_t v, int group)
 {
 	const struct vps_parallel *p = &l->p;
 	size_t cap = 0;
@@ -383,12 +520,12 @@ static vps_result_t tmpl_register(struct vps_layout *l, struct tmpl *tm, int64_t
 	tm->output_copy_idx = -1;
 	if (s == 0 && v == 0)
 		for (uint32_t i = 0; i < pre; i++)
-			VPS_CHECK(tmpl_add(l, tm, &cap, i, -1, -1, -1, false, expert));
+			VPS_CHECK(tmpl_add(l, tm, &cap, i, -1, -1, -1, false, group));
 	bool last = s == p->pp - 1 && v == p->vpp - 1;
 	/* GPTModel registers the MTP stage's embedding before the decoder */
-	if (last && embedding_copied(l) && !l->m.tied_embeddings && !expert) {
+	if (last && embedding_copied(l) && !l->m.tied_embeddings && group == GROUP_DENSE) {
 		tm->output_copy_idx = (int64_t)tm->n;
-		VPS_CHECK(tmpl_add(l, tm, &cap, 0, -1, -1, -1, true, expert));
+		VPS_CHECK(tmpl_add(l, tm, &cap, 0, -1, -1, -1, true, group));
 	}
 	int64_t first = vps_parallel_chunk_first_layer(p, &l->m, s, v);
 	int64_t n = vps_parallel_stage_layers(p, &l->m, s) / p->vpp;
@@ -397,9 +534,9 @@ static vps_result_t tmpl_register(struct vps_layout *l, struct tmpl *tm, int64_t
 		 * routed experts sit */
 		struct vps_layer_span sp;
 		vps_model_layer_span(&l->m, first + ll, &sp);
-		VPS_CHECK(tmpl_add_layer(l, tm, &cap, &sp, (int32_t)(first + ll), (int32_t)ll, expert));
+		VPS_CHECK(tmpl_add_layer(l, tm, &cap, &sp, (int32_t)(first + ll), (int32_t)ll, group));
 	}
-	return last ? tmpl_add_last(l, tm, &cap, expert) : VPS_OK;
+	return last ? tmpl_add_last(l, tm, &cap, group) : VPS_OK;
 }
 
 /* The buckets being laid out: the open one starts at start and holds n
@@ -425,23 +562,43 @@ static vps_result_t close_bucket(struct tmpl *tm, struct bucketing *bk, int64_t 
 	return VPS_OK;
 }
 
+/* The bucket size of chunk v of stage s: with overlap, the training path's
+ * 1,000,000 x the dp_cp group's size for every buffer (training.py
+ * resolve_ddp_bucket_size), only in the first stage's first chunk; 0: one
+ * bucket. */
+static int64_t bucket_elements(const struct vps_layout *l, int64_t s, int64_t v)
+{
+	const struct vps_parallel *p = &l->p;
+	if (s > 0 || v > 0)
+		return 0;
+	return p->bucket == VPS_BUCKET_AUTO ? vps_max64(40000000, 1000000 * vps_parallel_dpcp(p)) : p->bucket;
+}
+
+/* Shard offsets of a tmpl's buckets, one after the other. */
+static void tmpl_shards(struct tmpl *tm)
+{
+	tm->elements = tm->b[tm->nb - 1].hi;
+	int64_t sb = 0;
+	for (size_t b = 0; b < tm->nb; b++) {
+		tm->b[b].shard_base = sb;
+		sb += (tm->b[b].hi - tm->b[b].lo) / tm->dpsize;
+	}
+	tm->shard_elements = sb;
+}
+
 /* Buffer order, padding and buckets of Megatron's DDP buffers: params in
  * reverse registration order; with the distributed optimizer each param
  * starts on a multiple of 64, a shared embedding gets a bucket of its own,
  * and each bucket ends on a multiple of lcm(dp, 128). */
-static vps_result_t tmpl_buckets(struct vps_layout *l, struct tmpl *tm, int64_t s, int64_t v, int expert)
+static vps_result_t tmpl_buckets(struct vps_layout *l, struct tmpl *tm, int64_t s, int64_t v, int group)
 {
 	const struct vps_parallel *p = &l->p;
 	/* dense buffers are sharded over the dp_cp group, expert ones over
 	 * expert DP (distributed_data_parallel.py: intra_dp_cp_group and
-	 * intra_expt_dp_group); the bucket size with overlap is the training
-	 * path's, 1,000,000 x the dp_cp group's size for every buffer
-	 * (training.py resolve_ddp_bucket_size) */
-	int64_t dpsize = expert ? l->edp : vps_parallel_dpcp(p);
+	 * intra_expt_dp_group) */
+	int64_t dpsize = group_expert(group) ? l->edp : vps_parallel_dpcp(p);
 	struct bucketing bk = {.zero = p->zero != 0, .divisor = vps_lcm(dpsize, 128)};
-	int64_t bsize = p->bucket == VPS_BUCKET_AUTO ? vps_max64(40000000, 1000000 * vps_parallel_dpcp(p)) : p->bucket;
-	if (s > 0 || v > 0)
-		bsize = 0;
+	int64_t bsize = bucket_elements(l, s, v);
 	tm->dpsize = dpsize;
 	int64_t off = 0, end = 0;
 	for (size_t k = tm->n; k-- > 0;) {
@@ -465,24 +622,180 @@ static vps_result_t tmpl_buckets(struct vps_layout *l, struct tmpl *tm, int64_t 
 	}
 	if (bk.n)
 		VPS_CHECK(close_bucket(tm, &bk, end));
-	tm->elements = tm->b[tm->nb - 1].hi;
-	int64_t sb = 0;
-	for (size_t b = 0; b < tm->nb; b++) {
-		tm->b[b].shard_base = sb;
-		sb += (tm->b[b].hi - tm->b[b].lo) / dpsize;
-	}
-	tm->shard_elements = sb;
+	tmpl_shards(tm);
 	return VPS_OK;
 }
 
-static vps_result_t build_tmpl(struct vps_layout *l, int64_t s, int64_t v, int expert)
+/* ---- the layer-wise optimizer's buffers ---- */
+
+/* The shards of one layer-wise bucket being packed: the least loaded
+ * first, the lower index among equals (Python's min over range(dp)). Shards
+ * not yet used are all empty and so come first, in order: only the used
+ * ones are kept, in a heap, so that packing costs O(params log dp) and
+ * never O(dp). */
+struct lw_shard {
+	int64_t load;
+	int64_t index;
+};
+
+struct lw_pack {
+	struct lw_shard *heap;
+	size_t n, cap;
+	int64_t fresh; /* shards [fresh, dp) are still empty */
+	int64_t dp;
+};
+
+static bool lw_before(const struct lw_shard *a, const struct lw_shard *b)
 {
-	struct tmpl *tm = tmpl_at(l, s, v, expert);
-	VPS_CHECK(tmpl_register(l, tm, s, v, expert));
+	return a->load < b->load || (a->load == b->load && a->index < b->index);
+}
+
+static void lw_sift_down(struct lw_pack *k, size_t i)
+{
+	for (;;) {
+		size_t c = 2 * i + 1;
+		if (c >= k->n)
+			return;
+		if (c + 1 < k->n && lw_before(&k->heap[c + 1], &k->heap[c]))
+			c++;
+		if (!lw_before(&k->heap[c], &k->heap[i]))
+			return;
+		struct lw_shard t = k->heap[i];
+		k->heap[i] = k->heap[c];
+		k->heap[c] = t;
+		i = c;
+	}
+}
+
+static vps_result_t lw_push(struct lw_pack *k, struct lw_shard x)
+{
+	VPS_CHECK(VPS_GROW(k->heap, k->cap, k->n + 1));
+	size_t i = k->n++;
+	k->heap[i] = x;
+	while (i > 0 && lw_before(&k->heap[i], &k->heap[(i - 1) / 2])) {
+		struct lw_shard t = k->heap[i];
+		k->heap[i] = k->heap[(i - 1) / 2];
+		k->heap[(i - 1) / 2] = t;
+		i = (i - 1) / 2;
+	}
+	return VPS_OK;
+}
+
+/* Place a parameter of `elements` on the least loaded shard: its index and
+ * its start inside the shard (on a multiple of 64, pad_param_start). */
+static vps_result_t lw_place(struct lw_pack *k, int64_t elements, int64_t *shard, int64_t *at)
+{
+	/* a used shard holds a parameter, so its load is above an empty one's */
+	if (k->fresh < k->dp) {
+		*shard = k->fresh++;
+		*at = 0;
+		return lw_push(k, (struct lw_shard){elements, *shard});
+	}
+	*shard = k->heap[0].index;
+	*at = vps_round_up(k->heap[0].load, 64);
+	k->heap[0].load = *at + elements;
+	lw_sift_down(k, 0);
+	return VPS_OK;
+}
+
+struct lw_order {
+	int64_t elements;
+	size_t k; /* position in the chunk, reverse registration order */
+};
+
+static int lw_order_cmp(const void *a, const void *b)
+{
+	const struct lw_order *x = a, *y = b;
+	if (x->elements != y->elements)
+		return x->elements > y->elements ? -1 : 1;
+	return x->k < y->k ? -1 : x->k > y->k;
+}
+
+/* One layer-wise bucket: params tm->p[first - count + 1 .. first] (walked
+ * from first down, reverse registration order), largest first onto the
+ * least loaded of dp shards, each shard then padded to the largest's size
+ * rounded to lcm(64, lcm(dp, 128) / dp) (LayerWiseDistributedOptimizer.
+ * _compute_per_buffer_param_layout's _emit_bucket, _shard_divisor). */
+static vps_result_t lw_emit(struct tmpl *tm, size_t *capb, size_t first, size_t count, int64_t *cursor)
+{
+	vps_result_t rc = VPS_OK;
+	int64_t dp = tm->dpsize, divisor = vps_lcm(64, vps_lcm(dp, 128) / dp);
+	struct lw_order *ord = vps_malloc(count * sizeof(*ord) + 1);
+	int64_t *shard = vps_malloc(count * sizeof(*shard) + 1), *at = vps_malloc(count * sizeof(*at) + 1);
+	struct lw_pack k = {.dp = dp};
+	if (!ord || !shard || !at) {
+		rc = VPS_ENOMEM;
+		goto done;
+	}
+	for (size_t i = 0; i < count; i++)
+		ord[i] = (struct lw_order){tm->p[first - i].elements, i};
+	/* Python's sort is stable: equal sizes keep the walk's order */
+	qsort(ord, count, sizeof(*ord), lw_order_cmp);
+	int64_t widest = 0;
+	for (size_t i = 0; i < count && !rc; i++) {
+		rc = lw_place(&k, ord[i].elements, &shard[ord[i].k], &at[ord[i].k]);
+		widest = vps_max64(widest, at[ord[i].k] + ord[i].elements);
+	}
+	if (rc)
+		goto done;
+	int64_t per = vps_round_up(widest, divisor), start = *cursor;
+	for (size_t i = 0; i < count; i++) {
+		struct tparam *tp = &tm->p[first - i];
+		tp->offset = start + shard[i] * per + at[i];
+		tp->bucket = (int32_t)tm->nb;
+	}
+	VPS_CHECK_GOTO(VPS_GROW(tm->b, *capb, tm->nb + 1), rc, done);
+	tm->b[tm->nb].lo = start;
+	tm->b[tm->nb].hi = start + dp * per;
+	tm->nb++;
+	*cursor = start + dp * per;
+done:
+	free(ord);
+	free(shard);
+	free(at);
+	free(k.heap);
+	return rc;
+}
+
+/* The layer-wise optimizer's buffer: each bucket a run of parameters in
+ * reverse registration order, closed once its elements reach the bucket
+ * size or 0.9 x dp x its largest parameter, whichever is more; every
+ * parameter whole inside one DP rank's shard, which owns it
+ * (layer_wise_optimizer.py _compute_per_buffer_param_layout,
+ * _shard_params_from_layout). No shared embedding is a matrix. */
+static vps_result_t tmpl_buckets_lw(struct vps_layout *l, struct tmpl *tm, int64_t s, int64_t v, int group)
+{
+	tm->dpsize = group_expert(group) ? l->edp : vps_parallel_dpcp(&l->p);
+	int64_t bsize = bucket_elements(l, s, v), cursor = 0, sum = 0, widest = 0;
+	size_t capb = 0, count = 0;
+	for (size_t k = tm->n; k-- > 0;) {
+		sum += tm->p[k].elements;
+		widest = vps_max64(widest, tm->p[k].elements);
+		count++;
+		/* PADDING_FLOOR: int(dp_size * chunk_max_param * 0.9), the product
+		 * rounded to a double as Python's int * float rounds it */
+		double floor = (double)tm->dpsize * (double)widest * 0.9;
+		int64_t threshold = floor < 9.0e18 ? vps_max64(bsize, (int64_t)floor) : INT64_MAX;
+		if (bsize && sum >= threshold) {
+			VPS_CHECK(lw_emit(tm, &capb, k + count - 1, count, &cursor));
+			sum = widest = 0;
+			count = 0;
+		}
+	}
+	if (count)
+		VPS_CHECK(lw_emit(tm, &capb, count - 1, count, &cursor));
+	tmpl_shards(tm);
+	return VPS_OK;
+}
+
+static vps_result_t build_tmpl(struct vps_layout *l, int64_t s, int64_t v, int group)
+{
+	struct tmpl *tm = tmpl_at(l, s, v, group);
+	VPS_CHECK(tmpl_register(l, tm, s, v, group));
 	if (tm->n == 0)
 		return VPS_OK;
 	VPS_CHECK(index_by_tensor(tm));
-	return tmpl_buckets(l, tm, s, v, expert);
+	return group_lw(group) ? tmpl_buckets_lw(l, tm, s, v, group) : tmpl_buckets(l, tm, s, v, group);
 }
 
 vps_result_t vps_layout_new(struct vps_layout **out, const struct vps_model *m, const struct vps_parallel *pin,
@@ -516,6 +829,7 @@ vps_result_t vps_layout_new(struct vps_layout **out, const struct vps_model *m, 
 		return VPS_OK;
 	}
 	l->expert_buffer = m->experts > 0 && (l->p.ep > 1 || l->p.etp != l->p.tp);
+	l->layerwise = emerging(l) && l->p.zero;
 	l->experts_per_rank = m->experts ? m->experts / l->p.ep : 0;
 	l->nexpert_kinds = m->bias ? 4 : 2;
 	size_t ntm = (size_t)(l->p.pp * l->p.vpp * NGROUPS);
@@ -573,15 +887,25 @@ static uint32_t tparam_tensor(const struct vps_layout *l, const struct tparam *t
 	return tp->tensor + (uint32_t)(ep * l->experts_per_rank * l->nexpert_kinds);
 }
 
+/* Which regions of a parameter are wanted: of a state in its dtype, in a
+ * buffer, and in a shard buffer (sharded) DP rank `shard`'s part. */
+struct region_of {
+	int state;
+	enum vps_dtype dtype;
+	bool sharded;
+	int64_t shard;
+	uint32_t buffer;
+};
+
 /* Emit the regions of one (param, state): whole pieces, or in a ZeRO shard
  * buffer the parts of the pieces inside DP rank d's shard of the param's
  * bucket, addressed in the shard buffer. */
 static vps_result_t param_regions(const struct tmpl *tm, const struct tparam *tp, uint32_t tensor, int ndim,
-				  const struct piece *pc, int npc, int state, bool sharded, int64_t d,
-				  uint32_t buffer, const struct vps_box *clip, struct vps_region **out, size_t *n,
-				  size_t *cap)
+				  const struct piece *pc, int npc, const struct region_of *ro,
+				  const struct vps_box *clip, struct vps_region **out, size_t *n, size_t *cap)
 {
-	int64_t a = tp->offset, e = tp->offset + tp->elements;
+	int64_t a = tp->offset, e = tp->offset + tp->elements, d = ro->shard;
+	bool sharded = ro->sharded;
 	const struct tbucket *b = &tm->b[tp->bucket];
 	int64_t s_lo = 0;
 	if (sharded) {
@@ -626,8 +950,9 @@ static vps_result_t param_regions(const struct tmpl *tm, const struct tparam *tp
 			struct vps_region *r = &(*out)[(*n)++];
 			memset(r, 0, sizeof(*r));
 			r->tensor = tensor;
-			r->state = (uint8_t)state;
-			r->buffer = buffer;
+			r->state = (uint8_t)ro->state;
+			r->dtype = vps_dtype_field(ro->dtype);
+			r->buffer = ro->buffer;
 			r->box = sub[j];
 			memcpy(r->strides, strides, sizeof(strides));
 			r->offset = sharded ? b->shard_base + (plo + starts[j] - s_lo) : plo + starts[j];
@@ -714,17 +1039,19 @@ vps_result_t vps_layout_computed_rank(const struct vps_layout *l, int64_t rank, 
 			if (!tm->n)
 				continue;
 			uint32_t first_buffer = (uint32_t)v->nbuffers;
-			int nstates = group_nstates(l, g);
-			for (int k = 0; k < nstates; k++) {
-				int st = group_state(g, k);
+			for (int st = 0; st < VPS_NSTATES; st++) {
+				if (!in_mask(tm->states, st))
+					continue;
 				VPS_CHECK_GOTO(VPS_GROW(v->buffers, cap_b, v->nbuffers + 1), rc, fail);
 				struct vps_buffer *b = &v->buffers[v->nbuffers];
+				memset(b, 0, sizeof(*b));
 				b->id = (uint32_t)v->nbuffers;
 				b->state = (uint8_t)st;
-				b->dtype = (uint8_t)vps_state_dtype(st);
+				b->dtype = (uint8_t)vps_layout_state_dtype(l, st);
 				b->chunk = (int32_t)ch;
-				b->expert = g == GROUP_EXPERT;
-				b->sharded = vps_layout_state_sharded(l, st);
+				b->expert = group_expert(g);
+				b->layerwise = group_lw(g);
+				b->sharded = group_state_sharded(l, g, st);
 				b->elements = b->sharded ? tm->shard_elements : tm->elements;
 				v->nbuffers++;
 			}
@@ -740,28 +1067,36 @@ vps_result_t vps_layout_computed_rank(const struct vps_layout *l, int64_t rank, 
 				pm->local_layer = tp->local_layer;
 				pm->local_expert = tp->slot;
 				pm->output_copy = tp->output_copy;
-				pm->expert = g == GROUP_EXPERT;
+				pm->expert = group_expert(g);
+				pm->layerwise = group_lw(g);
 				pm->offset = tp->offset;
 				pm->elements = tp->elements;
 				pm->bucket = tp->bucket;
 			}
-			for (int ks = 0; ks < nstates; ks++) {
-				int st = group_state(g, ks);
+			for (int st = 0; st < VPS_NSTATES; st++) {
+				if (!in_mask(tm->states, st))
+					continue;
+				struct region_of ro = {.state = st,
+						       .dtype = vps_layout_state_dtype(l, st),
+						       .sharded = group_state_sharded(l, g, st),
+						       .buffer = first_buffer + (uint32_t)mask_slot(tm->states, st)};
 				for (size_t k = 0; k < tm->n; k++) {
 					const struct tparam *tp = &tm->p[k];
 					uint32_t tensor = tparam_tensor(l, tp, c->ep);
 					struct vps_tensor t;
 					VPS_CHECK_GOTO(vps_model_tensor(&l->m, tensor, &t), rc, fail);
+					/* Muon's and Lion's buffers hold their scalar optimizer's
+					 * states too, where zero=0 keeps one buffer for both */
+					if (!vps_layout_tensor_has_state(l, &t, st))
+						continue;
 					struct piece pc[2 * VPS_MAX_DIMS];
 					int64_t ti = t.is_expert ? c->etp : c->tp;
 					int npc = vps_layout_pieces(l, &t, ti, pc);
 					size_t before = v->nregions;
-					bool sharded = vps_layout_state_sharded(l, st);
 					/* the shard is the rank's place in its dp_cp group, whose
 					 * ranks Megatron lists CP first (generate_masked_orthogonal_rank_groups) */
-					VPS_CHECK_GOTO(param_regions(tm, tp, tensor, t.ndim, pc, npc, st, sharded,
-								     t.is_expert ? c->edp : c->cp + l->p.cp * c->dp,
-								     first_buffer + (uint32_t)ks, NULL, &v->regions,
+					ro.shard = t.is_expert ? c->edp : c->cp + l->p.cp * c->dp;
+					VPS_CHECK_GOTO(param_regions(tm, tp, tensor, t.ndim, pc, npc, &ro, NULL, &v->regions,
 								     &v->nregions, &cap_r),
 						       rc, fail);
 					VPS_CHECK_GOTO(VPS_GROW(v->region_param, cap_rp, v->nregions), rc, fail);
@@ -906,8 +1241,8 @@ static uint32_t buffer_index(const struct vps_layout *l, int64_t stage, int64_t 
 			if (!tmpl_at(l, stage, c, g)->n)
 				continue;
 			if (c == chunk && g == group)
-				return idx + (uint32_t)group_slot(g, state);
-			idx += (uint32_t)group_nstates(l, g);
+				return idx + (uint32_t)mask_slot(tmpl_at(l, stage, c, g)->states, state);
+			idx += (uint32_t)popcount32(tmpl_at(l, stage, c, g)->states);
 		}
 	return UINT32_MAX;
 }
@@ -951,10 +1286,12 @@ int64_t vps_layout_buffer_elements(const struct vps_layout *l, int64_t rank, uin
 			const struct tmpl *tm = tmpl_at(l, c.pp, ch, g);
 			if (!tm->n)
 				continue;
-			uint32_t n = (uint32_t)group_nstates(l, g);
+			uint32_t n = (uint32_t)popcount32(tm->states);
 			if (buffer < idx + n) {
-				int st = group_state(g, (int)(buffer - idx));
-				return vps_layout_state_sharded(l, st) ? tm->shard_elements : tm->elements;
+				int st = 0;
+				while (!in_mask(tm->states, st) || (uint32_t)mask_slot(tm->states, st) != buffer - idx)
+					st++;
+				return group_state_sharded(l, g, st) ? tm->shard_elements : tm->elements;
 			}
 			idx += n;
 		}
@@ -996,7 +1333,7 @@ struct holder_query {
 	const struct vps_box *box; /* NULL: the whole tensor */
 	int64_t ep;                /* an expert's expert-parallel rank */
 	int64_t dpcp;
-	bool sharded;              /* the state is sharded over data parallelism */
+	struct region_of ro;       /* the state, its dtype, its buffer, whether sharded */
 };
 
 /* The holders of tensor-parallel slice ti of parameter tp of template tm,
@@ -1004,7 +1341,7 @@ struct holder_query {
  * every (cp, dp) of its stage, which in the order tp-cp-ep-dp-pp are the
  * ranks ti + tp * j, j < cp * dp. */
 static vps_result_t slice_holders(const struct vps_layout *l, const struct holder_query *q, const struct tmpl *tm,
-				  const struct tparam *tp, uint32_t buffer, int64_t s, int64_t ti, struct vps_holders *h)
+				  const struct tparam *tp, int64_t s, int64_t ti, struct vps_holders *h)
 {
 	const struct vps_parallel *p = &l->p;
 	const struct vps_tensor *t = q->t;
@@ -1014,11 +1351,10 @@ static vps_result_t slice_holders(const struct vps_layout *l, const struct holde
 		any |= !q->box || vps_box_intersect(&pc[i].box, q->box, NULL);
 	if (!any)
 		return VPS_OK;
-	if (!q->sharded) {
+	if (!q->ro.sharded) {
 		size_t nr = 0, cap = 0;
 		struct vps_region *rs = NULL;
-		vps_result_t rc = param_regions(tm, tp, q->tensor, t->ndim, pc, npc, q->state, false, 0, buffer, q->box,
-						&rs, &nr, &cap);
+		vps_result_t rc = param_regions(tm, tp, q->tensor, t->ndim, pc, npc, &q->ro, q->box, &rs, &nr, &cap);
 		for (size_t i = 0; !rc && i < nr; i++) {
 			if (t->is_expert)
 				rc = push_holder(h, &rs[i], ti + p->etp * (q->ep + p->ep * l->edp * s), p->etp * p->ep,
@@ -1035,8 +1371,9 @@ static vps_result_t slice_holders(const struct vps_layout *l, const struct holde
 	for (int64_t d = d0; d <= d1; d++) {
 		size_t nr = 0, cap = 0;
 		struct vps_region *rs = NULL;
-		vps_result_t rc = param_regions(tm, tp, q->tensor, t->ndim, pc, npc, q->state, true, d, buffer, q->box, &rs,
-						&nr, &cap);
+		struct region_of ro = q->ro;
+		ro.shard = d;
+		vps_result_t rc = param_regions(tm, tp, q->tensor, t->ndim, pc, npc, &ro, q->box, &rs, &nr, &cap);
 		for (size_t i = 0; !rc && i < nr; i++) {
 			int64_t rank = t->is_expert ? ti + p->etp * (q->ep + p->ep * (d + l->edp * s))
 						    : ti + p->tp * (d + q->dpcp * s);
@@ -1051,13 +1388,14 @@ static vps_result_t slice_holders(const struct vps_layout *l, const struct holde
 
 /* Every holder under the rules: each place of the tensor, each of its
  * tensor-parallel slices. */
-static vps_result_t rule_holders(const struct vps_layout *l, const struct holder_query *q, struct vps_holders *h)
+static vps_result_t rule_holders(const struct vps_layout *l, struct holder_query *q, struct vps_holders *h)
 {
 	const struct vps_parallel *p = &l->p;
 	const struct vps_tensor *t = q->t;
 	struct place locs[2];
 	int nloc = tensor_places(l, t, locs);
-	int group = t->module_buffer ? GROUP_MODULE : t->is_expert && l->expert_buffer ? GROUP_EXPERT : GROUP_DENSE;
+	int group = tensor_group(l, t);
+	q->ro.sharded = group_state_sharded(l, group, q->state);
 	uint32_t slot_tensor = t->expert >= 0 ? q->tensor - (uint32_t)(q->ep * l->experts_per_rank * l->nexpert_kinds)
 					      : q->tensor;
 	int64_t T = t->is_expert ? p->etp : p->tp;
@@ -1066,9 +1404,9 @@ static vps_result_t rule_holders(const struct vps_layout *l, const struct holder
 		int k = locs[li].copy ? (int)tm->output_copy_idx : tparam_find(tm, slot_tensor);
 		if (k < 0)
 			return vps_fail(VPS_EINTERNAL, "tensor %u missing from its stage's template", q->tensor);
-		uint32_t buffer = buffer_index(l, locs[li].stage, locs[li].chunk, group, q->state);
+		q->ro.buffer = buffer_index(l, locs[li].stage, locs[li].chunk, group, q->state);
 		for (int64_t ti = 0; ti < T; ti++)
-			VPS_CHECK(slice_holders(l, q, tm, &tm->p[k], buffer, locs[li].stage, ti, h));
+			VPS_CHECK(slice_holders(l, q, tm, &tm->p[k], locs[li].stage, ti, h));
 	}
 	return VPS_OK;
 }
@@ -1089,7 +1427,7 @@ vps_result_t vps_layout_holders(const struct vps_layout *l, uint32_t tensor, enu
 					 .box = box,
 					 .ep = t.expert >= 0 ? t.expert / l->experts_per_rank : 0,
 					 .dpcp = vps_parallel_dpcp(&l->p),
-					 .sharded = vps_layout_state_sharded(l, state)};
+					 .ro = {.state = state, .dtype = vps_layout_state_dtype(l, state)}};
 		VPS_CHECK(l->dt ? vps_dtensor_holders(l, &t, tensor, state, box, h) : rule_holders(l, &q, h));
 		if (l->nex)
 			VPS_CHECK(drop_explicit(l, h, from));
@@ -1173,6 +1511,8 @@ static uint64_t hash_view(const struct vps_rank_view *v)
 		const struct vps_buffer *b = &v->buffers[i];
 		int64_t f[] = {b->id, b->state, b->dtype, b->chunk, b->expert, b->sharded, b->elements};
 		h = vps_hash64(f, sizeof(f), h);
+		if (b->layerwise)
+			h = vps_hash64("layerwise", 9, h);
 	}
 	for (size_t i = 0; i < v->nregions; i++) {
 		const struct vps_region *r = &v->regions[i];
@@ -1208,6 +1548,12 @@ uint64_t vps_layout_hash(const struct vps_layout *l)
 	if (p->family == VPS_FAMILY_DTENSOR) {
 		int64_t dt[] = {p->family, p->dp_replicate, p->dp_shard};
 		h = vps_hash64(dt, sizeof(dt), h);
+	}
+	/* the optimizer only when not Adam in fp32: every layout before it keeps its hash */
+	if (p->optimizer != VPS_OPT_ADAM || p->scalar_optimizer != VPS_OPT_ADAM || p->precision_aware ||
+	    p->exp_avg_bf16 || p->exp_avg_sq_bf16) {
+		int64_t o[] = {p->optimizer, p->scalar_optimizer, p->precision_aware, p->exp_avg_bf16, p->exp_avg_sq_bf16};
+		h = vps_hash64(o, sizeof(o), vps_hash64("optimizer", 9, h));
 	}
 	/* devices: by value, so that a listed map equal to a packed one hashes
 	 * the same */
@@ -1246,6 +1592,32 @@ uint64_t vps_layout_hash(const struct vps_layout *l)
 
 /* ---- statistics ---- */
 
+/* Logical elements of the parameters each optimizer steps: [optimizer]
+ * for adam and sgd, and with Muon or Lion the matrices under it and the
+ * rest under its scalar optimizer (one pass over the model's tensors). */
+static vps_result_t stepped_elements(const struct vps_layout *l, int64_t per_optimizer[VPS_NOPTIMIZERS])
+{
+	int64_t all = vps_model_parameters(&l->m);
+	memset(per_optimizer, 0, VPS_NOPTIMIZERS * sizeof(*per_optimizer));
+	if (!emerging(l)) {
+		per_optimizer[l->p.optimizer] = all;
+		return VPS_OK;
+	}
+	int64_t matrices = 0;
+	for (uint32_t i = 0, n = vps_model_module_first(&l->m); i < n; i++) {
+		struct vps_tensor t;
+		VPS_CHECK(vps_model_tensor(&l->m, i, &t));
+		if (vps_layout_tensor_matrix(l, &t)) {
+			struct vps_box b;
+			vps_box_full(&b, t.ndim, t.shape);
+			matrices += vps_box_volume(&b);
+		}
+	}
+	per_optimizer[l->p.optimizer] += matrices;
+	per_optimizer[l->p.scalar_optimizer] += all - matrices;
+	return VPS_OK;
+}
+
 vps_result_t vps_layout_stats(const struct vps_layout *l, struct vps_layout_stats *s)
 {
 	memset(s, 0, sizeof(*s));
@@ -1256,13 +1628,21 @@ vps_result_t vps_layout_stats(const struct vps_layout *l, struct vps_layout_stat
 	if (l->dt) {
 		for (int st = 0; st < VPS_NSTATES; st++)
 			if (st != VPS_STATE_MODULE && vps_layout_has_state(l, st))
-				s->logical_bytes += s->parameters * (int64_t)vps_dtype_size(vps_state_dtype(st));
+				s->logical_bytes += s->parameters * (int64_t)vps_dtype_size(vps_layout_state_dtype(l, st));
 		s->logical_bytes += vps_model_module_buffers(&l->m) * (int64_t)vps_dtype_size(vps_state_dtype(VPS_STATE_MODULE));
 		return vps_dtensor_stats(l, s);
 	}
-	for (int st = 0; st < vps_layout_nstates(l); st++)
-		s->logical_bytes += s->parameters * (int64_t)vps_dtype_size(vps_state_dtype(st));
-	s->logical_bytes += vps_model_module_buffers(&l->m) * (int64_t)vps_dtype_size(vps_state_dtype(VPS_STATE_MODULE));
+	int64_t stepped[VPS_NOPTIMIZERS];
+	VPS_CHECK(stepped_elements(l, stepped));
+	for (int st = 0; st < VPS_NSTATES; st++) {
+		int64_t el = 0;
+		if (st == VPS_STATE_MODULE)
+			el = vps_model_module_buffers(&l->m);
+		else
+			for (int o = 0; o < VPS_NOPTIMIZERS; o++)
+				el += in_mask(param_states(l, o), st) ? stepped[o] : 0;
+		s->logical_bytes += el * (int64_t)vps_dtype_size(vps_layout_state_dtype(l, st));
+	}
 	s->min_rank_bytes = INT64_MAX;
 	int64_t ranks_per_stage = l->p.tp * l->p.cp * l->p.dp;
 	for (int64_t stage = 0; stage < l->p.pp; stage++) {
@@ -1274,10 +1654,11 @@ vps_result_t vps_layout_stats(const struct vps_layout *l, struct vps_layout_stat
 					continue;
 				if (g != GROUP_MODULE)
 					buckets += (int64_t)tm->nb;
-				for (int k = 0; k < group_nstates(l, g); k++) {
-					int st = group_state(g, k);
-					int64_t el = vps_layout_state_sharded(l, st) ? tm->shard_elements : tm->elements;
-					bytes += el * (int64_t)vps_dtype_size(vps_state_dtype(st));
+				for (int st = 0; st < VPS_NSTATES; st++) {
+					if (!in_mask(tm->states, st))
+						continue;
+					int64_t el = group_state_sharded(l, g, st) ? tm->shard_elements : tm->elements;
+					bytes += el * (int64_t)vps_dtype_size(vps_layout_state_dtype(l, st));
 				}
 			}
 		s->max_rank_bytes = vps_max64(s->max_rank_bytes, bytes);
@@ -1285,5 +1666,53 @@ vps_result_t vps_layout_stats(const struct vps_layout *l, struct vps_layout_stat
 		s->total_bytes += bytes * ranks_per_stage;
 		s->buckets = vps_max64(s->buckets, buckets);
 	}
+	return VPS_OK;
+}
+
+/* ---- states of two layouts ---- */
+
+/* The optimizer of a matrix and of another parameter: the two classes every
+ * parameter falls in. */
+static void class_optimizers(const struct vps_layout *l, int out[2])
+{
+	out[0] = l->p.optimizer;
+	out[1] = emerging(l) ? l->p.scalar_optimizer : l->p.optimizer;
+}
+
+vps_result_t vps_layout_states_match(const struct vps_layout *a, const struct vps_layout *b)
+{
+	static const char *const what[2] = {"the 2-D weights", "the parameters that are not 2-D weights"};
+	if (a->p.grad != b->p.grad)
+		return vps_fail(VPS_EINPUT, "grad=1 must be set in both layouts or in neither");
+	int oa[2], ob[2];
+	class_optimizers(a, oa);
+	class_optimizers(b, ob);
+	for (int c = 0; c < 2; c++) {
+		if (oa[c] == ob[c])
+			continue;
+		uint32_t only_a = optimizer_states(oa[c]) & ~optimizer_states(ob[c]);
+		uint32_t only_b = optimizer_states(ob[c]) & ~optimizer_states(oa[c]);
+		int st = 0;
+		while (st < VPS_NSTATES && !in_mask(only_a | only_b, st))
+			st++;
+		if (st == VPS_NSTATES)
+			return vps_fail(VPS_EINPUT,
+					"the source steps %s with %s, the target with %s: their momentum_buffer is not the "
+					"same state, and switching optimizers is out of scope",
+					what[c], vps_optimizer_name(oa[c]), vps_optimizer_name(ob[c]));
+		return vps_fail(VPS_EINPUT,
+				"the source steps %s with %s, the target with %s: %s %s, which the %s has not; vps moves "
+				"each state once and drops none (switching optimizers is out of scope)",
+				what[c], vps_optimizer_name(oa[c]), vps_optimizer_name(ob[c]),
+				in_mask(only_a, st) ? "the source holds" : "the target needs", vps_state_name(st),
+				in_mask(only_a, st) ? "target" : "source");
+	}
+	for (int st = 0; st < VPS_NSTATES; st++)
+		if (vps_layout_has_state(a, st) && vps_layout_state_dtype(a, st) != vps_layout_state_dtype(b, st))
+			return vps_fail(VPS_EINPUT,
+					"the source holds %s as %s, the target as %s (precision_aware, exp_avg, exp_avg_sq): "
+					"vps moves bytes, it does not convert them",
+					vps_state_name(st), vps_dtype_name(vps_layout_state_dtype(a, st)),
+					vps_dtype_name(vps_layout_state_dtype(b, st)));
 	return VPS_OK;
 }

@@ -39,6 +39,7 @@ struct tmpl {
 	int64_t shard_elements; /* ZeRO shard buffer size */
 	int64_t dpsize;
 	int64_t output_copy_idx;
+	uint32_t states;        /* the states its parameters have (1 << enum vps_state) */
 };
 
 struct explicit_entry {
@@ -55,7 +56,8 @@ struct vps_layout {
 	int64_t experts_per_rank;
 	uint32_t nexpert_kinds;
 	bool expert_buffer;
-	struct tmpl *tm; /* [stage][chunk][dense, expert] */
+	bool layerwise;  /* Muon or Lion with zero=1: Megatron's layer-wise optimizer */
+	struct tmpl *tm; /* [stage][chunk][group] */
 	struct vps_rank_view *ex; /* explicit ranks, sorted */
 	size_t nex;
 	struct explicit_entry *exidx; /* sorted by (tensor, state) */

@@ -118,6 +118,16 @@ vps_result_t vps_ints_write(struct vps_writer *w, const char *key, const int64_t
 	return vps_w_seq_end(w);
 }
 
+/* A buffer's group as files name it. */
+static const char *group_name(const struct vps_buffer *b)
+{
+	if (b->state == VPS_STATE_MODULE)
+		return "module";
+	if (b->layerwise)
+		return b->expert ? "expert_layerwise" : "dense_layerwise";
+	return b->expert ? "expert" : "dense";
+}
+
 static vps_result_t write_view(const struct vps_layout *l, struct vps_writer *w, const struct vps_rank_view *v)
 {
 	char name[256];
@@ -142,7 +152,7 @@ static vps_result_t write_view(const struct vps_layout *l, struct vps_writer *w,
 		VPS_CHECK(vps_w_str(w, "state", vps_state_name(b->state)));
 		VPS_CHECK(vps_w_str(w, "dtype", vps_dtype_name(b->dtype)));
 		VPS_CHECK(vps_w_int(w, "chunk", b->chunk));
-		VPS_CHECK(vps_w_str(w, "group", b->expert ? "expert" : b->state == VPS_STATE_MODULE ? "module" : "dense"));
+		VPS_CHECK(vps_w_str(w, "group", group_name(b)));
 		VPS_CHECK(vps_w_bool(w, "sharded", b->sharded));
 		VPS_CHECK(vps_w_int(w, "elements", b->elements));
 		VPS_CHECK(vps_w_map_end(w));
@@ -273,17 +283,22 @@ static vps_result_t read_buffer(struct vps_reader *r, const struct vps_layout *l
 	b->state = (uint8_t)e;
 	VPS_CHECK(vps_r_str(r, "dtype", &s));
 	if (vps_dtype_parse(s, &e))
-		return vps_r_error(r, "dtype", "unknown dtype '%s' (bf16 or fp32)", s);
+		return vps_r_error(r, "dtype", "unknown dtype '%s' (bf16, fp32 or int16)", s);
 	b->dtype = (uint8_t)e;
 	VPS_CHECK(vps_r_int(r, "chunk", &x, 0, l->p.vpp - 1));
 	b->chunk = (int32_t)x;
 	VPS_CHECK(vps_r_str(r, "group", &s));
 	/* module buffers are a group of their own, with the one state */
-	bool module = !strcmp(s, "module");
-	if ((strcmp(s, "dense") && strcmp(s, "expert") && !module) || module != (b->state == VPS_STATE_MODULE))
-		return vps_r_error(r, "group", "'%s' with state %s: expected dense or expert, or module with "
-			       "module_buffer", s, vps_state_name(b->state));
-	b->expert = s[0] == 'e';
+	static const char *const groups[] = {"dense", "expert", "dense_layerwise", "expert_layerwise", "module"};
+	size_t g = 0;
+	while (g < sizeof(groups) / sizeof(groups[0]) && strcmp(s, groups[g]))
+		g++;
+	bool module = g == 4;
+	if (g == sizeof(groups) / sizeof(groups[0]) || module != (b->state == VPS_STATE_MODULE))
+		return vps_r_error(r, "group", "'%s' with state %s: expected dense, expert, dense_layerwise or "
+			       "expert_layerwise, or module with module_buffer", s, vps_state_name(b->state));
+	b->expert = g == 1 || g == 3;
+	b->layerwise = g == 2 || g == 3;
 	VPS_CHECK(vps_r_bool(r, "sharded", &b->sharded));
 	VPS_CHECK(vps_r_int(r, "elements", &b->elements, 0, VPS_MAX_ELEMENTS));
 	return vps_r_map_end(r);
@@ -316,6 +331,7 @@ static vps_result_t read_region(struct vps_reader *r, const struct vps_layout *l
 	g->state = (uint8_t)e;
 	VPS_CHECK(vps_r_int(r, "buffer", &x, 0, (int64_t)v->nbuffers - 1));
 	g->buffer = (uint32_t)x;
+	g->dtype = vps_dtype_field(v->buffers[x].dtype);
 	VPS_CHECK(vps_box_read(r, "box", &g->box));
 	struct vps_tensor t;
 	char what[64];

@@ -14,6 +14,7 @@ void vps_parallel_init(struct vps_parallel *p)
 	p->bucket = VPS_BUCKET_NONE;
 	p->family = VPS_FAMILY_MEGATRON;
 	p->dp_replicate = p->dp_shard = 1;
+	p->optimizer = p->scalar_optimizer = VPS_OPT_ADAM;
 }
 
 static const char *family_names[] = {"megatron", "dtensor"};
@@ -31,6 +32,45 @@ static vps_result_t family_parse(const char *s, int64_t *family)
 			return VPS_OK;
 		}
 	return VPS_EINPUT;
+}
+
+static const char *optimizer_names[VPS_NOPTIMIZERS] = {"adam", "sgd", "muon", "lion"};
+
+const char *vps_optimizer_name(int optimizer)
+{
+	return optimizer >= 0 && optimizer < VPS_NOPTIMIZERS ? optimizer_names[optimizer] : "?";
+}
+
+vps_result_t vps_optimizer_parse(const char *name, int *optimizer)
+{
+	for (int i = 0; i < VPS_NOPTIMIZERS; i++)
+		if (!strcmp(name, optimizer_names[i])) {
+			*optimizer = i;
+			return VPS_OK;
+		}
+	return vps_fail(VPS_EINPUT, "unknown optimizer '%s' (adam, sgd, muon, lion)", name);
+}
+
+/* The optimizer's keys, as text (spec, YAML and binary alike). */
+static vps_result_t set_optimizer_key(struct vps_parallel *p, const char *key, const char *val, bool *known)
+{
+	int v;
+	*known = true;
+	if (!strcmp(key, "optimizer") || !strcmp(key, "scalar")) {
+		VPS_CHECK(vps_optimizer_parse(val, &v));
+		*(!strcmp(key, "optimizer") ? &p->optimizer : &p->scalar_optimizer) = v;
+	} else if (!strcmp(key, "exp_avg") || !strcmp(key, "exp_avg_sq")) {
+		if (strcmp(val, "fp32") && strcmp(val, "bf16"))
+			return vps_fail(VPS_EINPUT, "%s=%s: expected fp32 or bf16", key, val);
+		*(!strcmp(key, "exp_avg") ? &p->exp_avg_bf16 : &p->exp_avg_sq_bf16) = val[0] == 'b';
+	} else if (!strcmp(key, "precision_aware")) {
+		if (strcmp(val, "0") && strcmp(val, "1"))
+			return vps_fail(VPS_EINPUT, "%s=%s: expected 0 or 1", key, val);
+		p->precision_aware = val[0] == '1';
+	} else {
+		*known = false;
+	}
+	return VPS_OK;
 }
 
 struct pkey {
@@ -104,13 +144,26 @@ vps_result_t vps_parallel_parse(struct vps_parallel *p, const char *spec, const 
 			if (family_parse(val, &p->family))
 				return vps_fail(VPS_EINPUT, "%s%sfamily=%s: expected megatron or dtensor", w, sep, val);
 		} else {
+			bool known;
+			if (set_optimizer_key(p, item, val, &known)) {
+				char why[256];
+				snprintf(why, sizeof(why), "%s", vps_last_error());
+				return vps_fail(VPS_EINPUT, "%s%s%s", w, sep, why);
+			}
+			if (known) {
+				s += len;
+				if (*s == ',')
+					s++;
+				continue;
+			}
 			const struct pkey *k = find_key(pkeys, sizeof(pkeys) / sizeof(pkeys[0]), item);
 			if (!k && (k = find_key(dkeys, sizeof(dkeys) / sizeof(dkeys[0]), item)))
 				p->family = VPS_FAMILY_DTENSOR;
 			if (!k)
 				return vps_fail(VPS_EINPUT,
 						"%s%sunknown key '%s' (tp, pp, dp, cp, ep, etp, vpp, zero, first, last, bucket, grad, "
-						"grouped_gemm; a DTensor mesh: dp_shard or fsdp, dp_replicate, family)",
+						"grouped_gemm, optimizer, scalar, precision_aware, exp_avg, exp_avg_sq; a DTensor "
+						"mesh: dp_shard or fsdp, dp_replicate, family)",
 						w, sep, item);
 			long long v = strtoll(val, &end, 10);
 			if (!*val || *end || v < k->min || v > k->max)
@@ -123,6 +176,22 @@ vps_result_t vps_parallel_parse(struct vps_parallel *p, const char *spec, const 
 			s++;
 	}
 	return VPS_OK;
+}
+
+static vps_result_t write_family(struct vps_writer *w, const struct vps_parallel *p)
+{
+	VPS_CHECK(vps_w_str_sparse(w, "family", vps_parallel_family_name(p->family), "megatron"));
+	VPS_CHECK(vps_w_int_sparse(w, "dp_replicate", p->dp_replicate, 1));
+	return vps_w_int_sparse(w, "dp_shard", p->dp_shard, 1);
+}
+
+static vps_result_t write_optimizer(struct vps_writer *w, const struct vps_parallel *p)
+{
+	VPS_CHECK(vps_w_str_sparse(w, "optimizer", vps_optimizer_name(p->optimizer), "adam"));
+	VPS_CHECK(vps_w_str_sparse(w, "scalar", vps_optimizer_name(p->scalar_optimizer), "adam"));
+	VPS_CHECK(vps_w_str_sparse(w, "exp_avg", p->exp_avg_bf16 ? "bf16" : "fp32", "fp32"));
+	VPS_CHECK(vps_w_str_sparse(w, "exp_avg_sq", p->exp_avg_sq_bf16 ? "bf16" : "fp32", "fp32"));
+	return vps_w_bool_sparse(w, "precision_aware", p->precision_aware, false);
 }
 
 vps_result_t vps_parallel_read(struct vps_reader *r, const char *key, struct vps_parallel *p)
@@ -148,12 +217,43 @@ vps_result_t vps_parallel_read(struct vps_reader *r, const char *key, struct vps
 	}
 	VPS_CHECK(vps_r_bool_opt(r, "grad", &p->grad, false));
 	VPS_CHECK(vps_r_bool_sparse(r, "grouped_gemm", &p->grouped_gemm, false));
-	const char *family;
-	VPS_CHECK(vps_r_str_sparse(r, "family", &family, "megatron"));
-	if (family_parse(family, &p->family))
-		return vps_r_error(r, "family", "expected megatron or dtensor, not '%s'", family);
-	VPS_CHECK(vps_r_int_sparse(r, "dp_replicate", &p->dp_replicate, dkeys[2].min, dkeys[2].max, 1));
-	VPS_CHECK(vps_r_int_sparse(r, "dp_shard", &p->dp_shard, dkeys[0].min, dkeys[0].max, 1));
+	/* the keys added since (family and its mesh, the optimizer), only where
+	 * they are not the defaults: every Megatron Adam configuration reads
+	 * and prints as before they existed, and a binary document written
+	 * before them has none */
+	if (vps_reader_has(r, VPS_FEATURE_FAMILY)) {
+		const char *family;
+		VPS_CHECK(vps_r_str_sparse(r, "family", &family, "megatron"));
+		if (family_parse(family, &p->family))
+			return vps_r_error(r, "family", "expected megatron or dtensor, not '%s'", family);
+		VPS_CHECK(vps_r_int_sparse(r, "dp_replicate", &p->dp_replicate, dkeys[2].min, dkeys[2].max, 1));
+		VPS_CHECK(vps_r_int_sparse(r, "dp_shard", &p->dp_shard, dkeys[0].min, dkeys[0].max, 1));
+	} else {
+		struct vps_writer *echo = vps_reader_echo_writer(r);
+		if (echo)
+			VPS_CHECK(write_family(echo, p));
+	}
+	static const char *const text_keys[][2] = {
+		{"optimizer", "adam"}, {"scalar", "adam"}, {"exp_avg", "fp32"}, {"exp_avg_sq", "fp32"}};
+	if (!vps_reader_has(r, VPS_FEATURE_OPTIMIZER)) {
+		struct vps_writer *echo = vps_reader_echo_writer(r);
+		if (echo)
+			VPS_CHECK(write_optimizer(echo, p));
+		if (key)
+			VPS_CHECK(vps_r_map_end(r));
+		return VPS_OK;
+	}
+	for (size_t i = 0; i < sizeof(text_keys) / sizeof(text_keys[0]); i++) {
+		const char *v;
+		bool known;
+		VPS_CHECK(vps_r_str_sparse(r, text_keys[i][0], &v, text_keys[i][1]));
+		if (set_optimizer_key(p, text_keys[i][0], v, &known)) {
+			char why[256];
+			snprintf(why, sizeof(why), "%s", vps_last_error());
+			return vps_r_error(r, text_keys[i][0], "%s", why);
+		}
+	}
+	VPS_CHECK(vps_r_bool_sparse(r, "precision_aware", &p->precision_aware, false));
 	if (key)
 		VPS_CHECK(vps_r_map_end(r));
 	return VPS_OK;
@@ -172,9 +272,8 @@ vps_result_t vps_parallel_write(struct vps_writer *w, const char *key, const str
 	VPS_CHECK(vps_w_str(w, "bucket", b));
 	VPS_CHECK(vps_w_bool(w, "grad", p->grad));
 	VPS_CHECK(vps_w_bool_sparse(w, "grouped_gemm", p->grouped_gemm, false));
-	VPS_CHECK(vps_w_str_sparse(w, "family", vps_parallel_family_name(p->family), "megatron"));
-	VPS_CHECK(vps_w_int_sparse(w, "dp_replicate", p->dp_replicate, 1));
-	VPS_CHECK(vps_w_int_sparse(w, "dp_shard", p->dp_shard, 1));
+	VPS_CHECK(write_family(w, p));
+	VPS_CHECK(write_optimizer(w, p));
 	return vps_w_map_end(w);
 }
 
@@ -235,8 +334,18 @@ void vps_parallel_format(const struct vps_parallel *p, char *buf, size_t n)
 	}
 	if (p->grad && (size_t)len < n)
 		len += snprintf(buf + len, n - (size_t)len, ",grad=1");
-	if (p->grouped_gemm && len >= 0 && (size_t)len < n)
-		snprintf(buf + len, n - (size_t)len, ",grouped_gemm=1");
+	if (p->grouped_gemm && (size_t)len < n)
+		len += snprintf(buf + len, n - (size_t)len, ",grouped_gemm=1");
+	if (p->optimizer != VPS_OPT_ADAM && (size_t)len < n)
+		len += snprintf(buf + len, n - (size_t)len, ",optimizer=%s", vps_optimizer_name(p->optimizer));
+	if (p->scalar_optimizer != VPS_OPT_ADAM && (size_t)len < n)
+		len += snprintf(buf + len, n - (size_t)len, ",scalar=%s", vps_optimizer_name(p->scalar_optimizer));
+	if (p->precision_aware && (size_t)len < n)
+		len += snprintf(buf + len, n - (size_t)len, ",precision_aware=1");
+	if (p->exp_avg_bf16 && (size_t)len < n)
+		len += snprintf(buf + len, n - (size_t)len, ",exp_avg=bf16");
+	if (p->exp_avg_sq_bf16 && len >= 0 && (size_t)len < n)
+		snprintf(buf + len, n - (size_t)len, ",exp_avg_sq=bf16");
 }
 
 /* Layers per stage under Megatron's rules: first/last stages take their
@@ -290,11 +399,69 @@ void vps_parallel_layer_place(const struct vps_parallel *p, const struct vps_mod
 	*chunk = v;
 }
 
+/* The optimizers megatron-core 0.19.2 builds, and the combinations it
+ * refuses, each with the rule that refuses it. */
+static vps_result_t validate_optimizer(const struct vps_parallel *p, const struct vps_model *m, const char *where)
+{
+	const char *opt = vps_optimizer_name(p->optimizer);
+	if (p->optimizer < 0 || p->optimizer >= VPS_NOPTIMIZERS ||
+	    (p->scalar_optimizer != VPS_OPT_ADAM && p->scalar_optimizer != VPS_OPT_LION))
+		return vps_fail(VPS_EINPUT, "%s: optimizer is one of adam, sgd, muon, lion and scalar adam or lion", where);
+	if (p->scalar_optimizer != VPS_OPT_ADAM && p->optimizer != VPS_OPT_MUON)
+		return vps_fail(VPS_EINPUT,
+				"%s: scalar=%s applies to optimizer=muon (Megatron's --muon-scalar-optimizer); optimizer=%s "
+				"leaves what it does not step to adam",
+				where, vps_optimizer_name(p->scalar_optimizer), opt);
+	if (p->optimizer == VPS_OPT_SGD && p->zero)
+		return vps_fail(VPS_EINPUT,
+				"%s: optimizer=sgd with zero=1: Megatron-Core's DistributedOptimizer takes Adam, its CPU-offload "
+				"wrapper or an optimizer with an init_state_fn, and SGD has none (distrib_optimizer.py "
+				"DistributedOptimizer.__init__); sgd runs with zero=0",
+				where);
+	if ((p->exp_avg_bf16 || p->exp_avg_sq_bf16) && !p->precision_aware)
+		return vps_fail(VPS_EINPUT,
+				"%s: exp_avg=bf16 and exp_avg_sq=bf16 need precision_aware=1 (optimizer_config.py: the moments "
+				"are fp32 without --use-precision-aware-optimizer)",
+				where);
+	if (p->precision_aware && (p->optimizer != VPS_OPT_ADAM || !p->zero))
+		return vps_fail(VPS_EINPUT,
+				"%s: precision_aware=1 needs optimizer=adam and zero=1 (optimizer_config.py "
+				"OptimizerConfig.__post_init__: adam under the distributed optimizer only)",
+				where);
+	bool layerwise = (p->optimizer == VPS_OPT_MUON || p->optimizer == VPS_OPT_LION) && p->zero;
+	if (layerwise && m->experts > 0 && m->bias && (p->ep > 1 || p->etp != p->tp))
+		return vps_fail(VPS_EINPUT,
+				"%s: optimizer=%s with zero=1 and expert biases in an expert buffer: Megatron-Core's layer-wise "
+				"path has no distributed optimizer for expert parameters that are not 2-D weights "
+				"(optimizer/__init__.py _get_megatron_emerging_optimizer: 'Non-emerging expert-parallel param "
+				"groups are not yet supported')",
+				where, opt);
+	return VPS_OK;
+}
+
 vps_result_t vps_parallel_validate(struct vps_parallel *p, const struct vps_model *m, const char *where)
 {
 	int64_t g = m->query_groups;
-	if (p->family == VPS_FAMILY_DTENSOR)
+	if (p->family == VPS_FAMILY_DTENSOR) {
+		/* torchtitan's AdamW is what dtensor.c lays out and check-torch
+		 * checks (exp_avg, exp_avg_sq: zeros_like of each fp32 local shard);
+		 * the other keys name Megatron's optimizers and dtypes */
+		char set[64] = "";
+		if (p->optimizer != VPS_OPT_ADAM)
+			snprintf(set, sizeof(set), "optimizer=%s", vps_optimizer_name(p->optimizer));
+		else if (p->scalar_optimizer != VPS_OPT_ADAM)
+			snprintf(set, sizeof(set), "scalar=%s", vps_optimizer_name(p->scalar_optimizer));
+		else if (p->precision_aware || p->exp_avg_bf16 || p->exp_avg_sq_bf16)
+			snprintf(set, sizeof(set), "%s", p->precision_aware ? "precision_aware=1"
+						     : p->exp_avg_bf16  ? "exp_avg=bf16"
+									: "exp_avg_sq=bf16");
+		if (set[0])
+			return vps_fail(VPS_EINPUT,
+					"%s: %s is Megatron's (family=megatron); family=dtensor lays out PyTorch's Adam "
+					"with fp32 moments (exp_avg, exp_avg_sq), as torchtitan builds it",
+					where, set);
 		return vps_dtensor_validate(p, m, where);
+	}
 	if (p->family != VPS_FAMILY_MEGATRON)
 		return vps_fail(VPS_EINPUT, "%s: unknown family %" PRId64, where, p->family);
 	if (p->dp_replicate != 1 || p->dp_shard != 1)
@@ -380,7 +547,7 @@ vps_result_t vps_parallel_validate(struct vps_parallel *p, const struct vps_mode
 					" layers of pipeline stage %" PRId64,
 					where, p->vpp, n, stage);
 	}
-	return VPS_OK;
+	return validate_optimizer(p, m, where);
 }
 
 /* ---- devices ---- */

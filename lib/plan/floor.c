@@ -113,7 +113,7 @@ struct sent_box {
 	uint8_t kind; /* enum sent_group */
 	uint32_t id;  /* the set's index, or the node's in floor_acc.nodes */
 	uint32_t tensor;
-	uint8_t state;
+	uint8_t state, dtype;
 	bool another, on, off;
 	struct vps_box box;
 };
@@ -352,7 +352,7 @@ static vps_result_t region_sends(const struct vps_layout *a, struct floor_acc *a
 			continue;
 		struct rset *set;
 		VPS_CHECK(holder_set(a, acc, x, &set));
-		struct sent_box sb = {.tensor = fr->R->tensor, .state = fr->R->state, .box = need};
+		struct sent_box sb = {.tensor = fr->R->tensor, .state = fr->R->state, .dtype = fr->R->dtype, .box = need};
 		prog_nodes(a, x, fr->dev.node, &sb.on, &sb.off);
 		/* into this node: from holders with no member here */
 		sb.kind = SENT_INTO_NODE;
@@ -377,7 +377,8 @@ static vps_result_t region_sends(const struct vps_layout *a, struct floor_acc *a
 		if (off || home == fr->dev.node)
 			continue;
 		VPS_CHECK(node_index(acc, home, &away));
-		sb = (struct sent_box){SENT_OUT_OF_NODE, away, fr->R->tensor, fr->R->state, false, false, false, need};
+		sb = (struct sent_box){SENT_OUT_OF_NODE, away, fr->R->tensor, fr->R->state, fr->R->dtype, false, false, false,
+				       need};
 		VPS_CHECK(push_sent(acc, sb));
 		for (size_t j = 0; j < h->n; j++) {
 			if (j == k || h->v[j].count <= 0)
@@ -445,7 +446,7 @@ static vps_result_t edges_cross_once(struct floor_acc *acc)
 			rc = VPS_NOMEM();
 			break;
 		}
-		int64_t bytes = (all - others) * (int64_t)vps_dtype_size(vps_state_dtype(g->state));
+		int64_t bytes = (all - others) * (int64_t)vps_dtype_size(vps_dtype_of(g->dtype, g->state));
 		if (g->kind == SENT_BY_SET)
 			set_add(&acc->set[g->id], on, off, bytes);
 		else if (g->kind == SENT_INTO_NODE)
@@ -470,7 +471,7 @@ static vps_result_t floor_rank(const struct vps_layout *a, const struct vps_layo
 	for (size_t i = 0; !rc && i < v.nregions; i++) {
 		int64_t need[3], call;
 		fr.R = &v.regions[i];
-		fr.esz = (int64_t)vps_dtype_size(vps_state_dtype(fr.R->state));
+		fr.esz = (int64_t)vps_dtype_size(vps_region_dtype(fr.R));
 		h->n = 0;
 		rc = vps_layout_holders(a, fr.R->tensor, fr.R->state, &fr.R->box, h);
 		if (!rc)

@@ -45,7 +45,7 @@ bool vps_lost_has_rank(const struct vps_lost *l, int64_t ra)
 
 int64_t vps_lost_range_bytes(const struct vps_lost_range *r)
 {
-	return vps_box_volume(&r->box) * (int64_t)vps_dtype_size(vps_state_dtype(r->state));
+	return vps_box_volume(&r->box) * (int64_t)vps_dtype_size(vps_dtype_of(r->dtype, r->state));
 }
 
 int64_t vps_lost_bytes(const struct vps_lost *l)
@@ -102,11 +102,10 @@ vps_result_t vps_lost_drop_holders(const struct vps_lost *l, struct vps_holders 
 	return VPS_OK;
 }
 
-static vps_result_t push_range(struct vps_lost *l, size_t *cap, uint32_t tensor, uint8_t state,
-			       const struct vps_box *b)
+static vps_result_t push_range(struct vps_lost *l, size_t *cap, const struct vps_region *r, const struct vps_box *b)
 {
 	VPS_CHECK(VPS_GROW(l->ranges, *cap, l->nranges + 1));
-	l->ranges[l->nranges++] = (struct vps_lost_range){tensor, state, *b};
+	l->ranges[l->nranges++] = (struct vps_lost_range){r->tensor, r->state, r->dtype, *b};
 	return VPS_OK;
 }
 
@@ -158,7 +157,7 @@ vps_result_t vps_lost_compute(struct vps_lost *out, const struct vps_layout *a, 
 				if (l.ranges[q].tensor == R->tensor && l.ranges[q].state == R->state)
 					VPS_CHECK_GOTO(vps_boxes_subtract(&rem, &tmp, &l.ranges[q].box), rc, fail);
 			for (size_t q = 0; q < rem.n; q++)
-				VPS_CHECK_GOTO(push_range(&l, &cap, R->tensor, R->state, &rem.v[q]), rc, fail);
+				VPS_CHECK_GOTO(push_range(&l, &cap, R, &rem.v[q]), rc, fail);
 		}
 		vps_rank_view_release(&v);
 	}

@@ -7,7 +7,7 @@
 
 int64_t vps_piece_bytes(const struct vps_piece *p)
 {
-	return vps_box_volume(&p->box) * (int64_t)vps_dtype_size(vps_state_dtype(p->state));
+	return vps_box_volume(&p->box) * (int64_t)vps_dtype_size(vps_piece_dtype(p));
 }
 
 /* ---- how copies carry pieces ---- */
@@ -35,7 +35,7 @@ bool vps_piece_run(const struct vps_piece *x, struct vps_run *r)
 	r->src = x->src;
 	r->dst = x->dst;
 	r->ndim = x->box.ndim;
-	r->esize = (uint8_t)vps_dtype_size(vps_state_dtype(x->state));
+	r->esize = (uint8_t)vps_dtype_size(vps_piece_dtype(x));
 	r->src_buffer = x->src_buffer;
 	r->dst_buffer = x->dst_buffer;
 	r->src_offset = x->src_offset;

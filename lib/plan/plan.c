@@ -135,6 +135,7 @@ static vps_result_t emit(struct pieces *out, int64_t only_src, int64_t src, int6
 	memset(p, 0, sizeof(*p));
 	p->tensor = dr->tensor;
 	p->state = dr->state;
+	p->dtype = dr->dtype;
 	p->box = *box;
 	p->src = src;
 	p->dst = dst;
@@ -354,7 +355,7 @@ static vps_result_t duty_of(struct ctx *c, int64_t ra, struct duty *out)
 	vps_result_t rc = VPS_OK;
 	for (size_t i = 0; i < v.nregions && !rc; i++) {
 		const struct vps_region *r = &v.regions[i];
-		int64_t esize = (int64_t)vps_dtype_size(vps_state_dtype(r->state)), replicas = 0;
+		int64_t esize = (int64_t)vps_dtype_size(vps_region_dtype(r)), replicas = 0;
 		c->hda.n = 0;
 		c->hdb.n = 0;
 		rc = a_holders(c, r->tensor, r->state, &r->box, &c->hda);
@@ -738,7 +739,7 @@ static vps_result_t plan_cut(struct ctx *c, const struct group *g, const struct 
 			     int64_t d, const struct vps_region *R, int64_t bufsize, const struct vps_box *y,
 			     int64_t only_src, struct pieces *out)
 {
-	int64_t esize = (int64_t)vps_dtype_size(vps_state_dtype(R->state)), ext[VPS_MAX_DIMS];
+	int64_t esize = (int64_t)vps_dtype_size(vps_region_dtype(R)), ext[VPS_MAX_DIMS];
 	struct cut x = {.first = vps_region_offset_at(R, y->lo), .vol = vps_box_volume(y), .bufsize = bufsize,
 			.contiguous = true};
 	for (int a = 0; a < y->ndim; a++)
@@ -1369,11 +1370,12 @@ static int plan_threads(int asked)
 
 /* Take block bl into the packed plan, or unpack it into the pieces; the
  * collecting thread meanwhile feeds promotion and, packed, the hash. */
-static vps_result_t collect(struct vps_packed_block *bl, struct vps_packed *pk, struct pieces *out,
-			    struct promotion *pr, bool hash)
+static vps_result_t collect(const struct vps_layout *a, struct vps_packed_block *bl, struct vps_packed *pk,
+			    struct pieces *out, struct promotion *pr, bool hash)
 {
 	struct vps_packed one = {.v = bl, .n = 1, .cap = 1};
-	struct vps_plan view = {.packed = &one};
+	/* the iterator reads the states' dtypes off the source layout */
+	struct vps_plan view = {.a = (struct vps_layout *)a, .packed = &one};
 	struct vps_piece_iter it;
 	const struct vps_piece *x;
 	if (!pk)
@@ -1429,7 +1431,7 @@ static vps_result_t plan_all(struct ctx *c, int64_t W, int asked, struct vps_pac
 			if (bl->rc)
 				snprintf(bl->err, sizeof(bl->err), "%s", vps_last_error());
 		}
-		rc = bl->rc ? vps_fail(bl->rc, "%s", bl->err) : collect(&bl->p, pk, out, pr, hash);
+		rc = bl->rc ? vps_fail(bl->rc, "%s", bl->err) : collect(c->a, &bl->p, pk, out, pr, hash);
 		free(bl->p.data);
 		bl->p.data = NULL;
 		pthread_mutex_lock(&j.mu);
@@ -1517,8 +1519,7 @@ vps_result_t vps_plan_compute(struct vps_plan **out, struct vps_layout *a, struc
 	if (pa->family != pb->family)
 		return vps_fail(VPS_EINPUT, "the layouts are of different families (%s, %s): their jobs hold different "
 				"states", vps_parallel_family_name(pa->family), vps_parallel_family_name(pb->family));
-	if (vps_layout_nstates(a) != vps_layout_nstates(b))
-		return vps_fail(VPS_EINPUT, "grad=1 must be set in both layouts or in neither");
+	VPS_CHECK(vps_layout_states_match(a, b));
 	struct vps_plan *p = vps_calloc(1, sizeof(*p));
 	if (!p)
 		return VPS_ENOMEM;

@@ -188,6 +188,7 @@ struct piece_names {
 	const char *state_name; /* the last state looked up, NULL first */
 	int state;
 	const struct vps_tensor *tensor; /* the last piece's */
+	const struct vps_layout *a;      /* the source layout: its states' dtypes */
 };
 
 static void piece_names_release(struct piece_names *n)
@@ -293,6 +294,7 @@ static vps_result_t piece_read(struct vps_reader *r, struct piece_names *names, 
 		names->state_name = s;
 	}
 	p->state = (uint8_t)names->state;
+	p->dtype = vps_dtype_field(vps_layout_state_dtype(names->a, p->state));
 	VPS_CHECK(vps_box_read(r, "box", &p->box));
 	if (p->box.ndim != names->tensor->ndim)
 		return vps_r_error(r, "box", "%d axes, but the tensor has %d", p->box.ndim, names->tensor->ndim);
@@ -524,6 +526,7 @@ static vps_result_t read_lost_map(struct vps_reader *r, const struct vps_plan *p
 		if (vps_state_parse(s, &st) || !vps_layout_tensor_has_state(p->a, &t, st))
 			return vps_r_error(r, "state", "'%s' is not a state of this tensor in the source", s);
 		x.state = (uint8_t)st;
+		x.dtype = vps_dtype_field(vps_layout_state_dtype(p->a, st));
 		VPS_CHECK(vps_box_read(r, "box", &x.box));
 		snprintf(what, sizeof(what), "lost range %" PRIu64, i);
 		VPS_CHECK(vps_box_check(r, "box", what, &x.box, &t));
@@ -771,7 +774,7 @@ static void check_hand_over(struct check_job *j, size_t n, bool last)
 static vps_result_t read_pieces_packed(struct vps_reader *r, struct vps_plan *p, int64_t world, uint64_t n,
 				       struct packing *k, struct check_job *j)
 {
-	struct piece_names names = {.t.m = vps_layout_model(p->a)};
+	struct piece_names names = {.t.m = vps_layout_model(p->a), .a = p->a};
 	struct vps_piece one, *batch = NULL;
 	size_t filled = 0;
 	vps_result_t rc = VPS_OK;
@@ -816,7 +819,7 @@ static vps_result_t read_pieces(struct vps_reader *r, struct vps_plan *p, int64_
 	if (compact ? !p->packed : !p->pieces)
 		return VPS_ENOMEM;
 	if (!compact) {
-		struct piece_names names = {.t.m = vps_layout_model(p->a)};
+		struct piece_names names = {.t.m = vps_layout_model(p->a), .a = p->a};
 		vps_result_t rc = VPS_OK;
 		for (uint64_t i = 0; i < n && !rc; i++) {
 			struct vps_piece *x = &p->pieces[i];

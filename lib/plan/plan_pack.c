@@ -164,6 +164,9 @@ const struct vps_piece *vps_piece_iter_next(struct vps_piece_iter *it)
 		memset(&it->cur, 0, sizeof(it->cur)); /* a block packs from a zeroed piece */
 	const unsigned char *q = pk->v[it->block].data + it->pos;
 	unpack(&q, &it->cur);
+	/* not packed: the source layout says it (a writer's view of one block
+	 * has none, and writes no dtype) */
+	it->cur.dtype = p->a ? vps_dtype_field(vps_layout_state_dtype(p->a, it->cur.state)) : 0;
 	it->pos = (size_t)(q - pk->v[it->block].data);
 	it->i++;
 	return &it->cur;

@@ -67,7 +67,7 @@ static vps_result_t lower_bound_of(const struct vps_plan *p, int64_t d, int64_t 
 		int64_t u = vps_boxes_uncovered(boxes, n, &R->box);
 		if (u < 0)
 			rc = VPS_NOMEM();
-		*bytes += u * (int64_t)vps_dtype_size(vps_state_dtype(R->state));
+		*bytes += u * (int64_t)vps_dtype_size(vps_region_dtype(R));
 	}
 	free(idx);
 	free(boxes);
@@ -354,7 +354,7 @@ struct prog {
 struct boxent {
 	uint64_t h;
 	uint32_t tensor;
-	uint8_t state;
+	uint8_t state, dtype;
 	struct vps_box box;
 	int64_t cls; /* -1: no A rank holds the whole box */
 };
@@ -481,7 +481,8 @@ static vps_result_t box_entry(const struct vps_plan *p, struct classes *k, struc
 			VPS_CHECK(class_of(k, from, &cls));
 		VPS_CHECK(VPS_GROW(k->be, k->capbe, k->nbe + 1));
 		e = &k->be[k->nbe];
-		*e = (struct boxent){.h = hv, .tensor = x->tensor, .state = x->state, .box = x->box, .cls = cls};
+		*e = (struct boxent){.h = hv, .tensor = x->tensor, .state = x->state, .dtype = x->dtype, .box = x->box,
+				   .cls = cls};
 		k->beslot[at] = (uint32_t)k->nbe + 1;
 		k->nbe++;
 	}
@@ -613,7 +614,7 @@ static vps_result_t relayed_groups(struct relayed *r, struct beref *refs, size_t
 			break;
 		const struct cls *c = &r->cl.c[refs[i].cls];
 		struct demand *d = &r->dm[r->nd];
-		*d = (struct demand){c->h, lo, hi, elements * (int64_t)vps_dtype_size(vps_state_dtype(refs[i].state)), NULL, 0};
+		*d = (struct demand){c->h, lo, hi, elements * (int64_t)vps_dtype_size(vps_dtype_of(r->cl.be[refs[i].index].dtype, refs[i].state)), NULL, 0};
 		rc = class_ranks(&r->cl, c, &d->ranks, &d->nranks);
 		if (!rc) {
 			r->distinct += d->bytes;

@@ -703,13 +703,16 @@ vps_result_t vps_registry_set_target(struct vps_registry *r, uint64_t target_has
 	return VPS_OK;
 }
 
+/* The registry sits below the model room: enum vps_dtype's sizes, here. */
+static uint64_t dtype_bytes(int dtype) { return dtype == VPS_DTYPE_FP32 ? 4 : 2; }
+
 static vps_result_t add_entry(struct vps_registry *r, int role, uint32_t buffer, int state, int dtype,
 			      int64_t elements, struct reg_entry **out)
 {
 	if (role != VPS_ROLE_SOURCE && role != VPS_ROLE_TARGET)
 		return vps_fail(VPS_EINPUT, "registry %s: role must be source (0) or target (1)", r->name);
-	if (dtype != 0 && dtype != 1)
-		return vps_fail(VPS_EINPUT, "registry %s: dtype must be bf16 (0) or fp32 (1)", r->name);
+	if (dtype != VPS_DTYPE_BF16 && dtype != VPS_DTYPE_FP32 && dtype != VPS_DTYPE_INT16)
+		return vps_fail(VPS_EINPUT, "registry %s: dtype must be bf16 (0), fp32 (1) or int16 (2)", r->name);
 	if (vps_registry_find(r, role, buffer) >= 0)
 		return vps_fail(VPS_EINPUT, "registry %s: %s buffer %u is registered twice", r->name,
 				role == VPS_ROLE_SOURCE ? "source" : "target", buffer);
@@ -723,7 +726,7 @@ static vps_result_t add_entry(struct vps_registry *r, int role, uint32_t buffer,
 	e->state = state;
 	e->dtype = dtype;
 	e->elements = elements;
-	e->bytes = (uint64_t)elements * (dtype == 0 ? 2 : 4);
+	e->bytes = (uint64_t)elements * dtype_bytes(dtype);
 	*out = e;
 	return VPS_OK;
 }
@@ -807,7 +810,7 @@ vps_result_t vps_registry_add_cuda_ptr(struct vps_registry *r, enum vps_registry
 	int rc = gpu->ipc_handle(ptr, handle, &offset, &alloc, &device, err);
 	if (rc)
 		return vps_gpu_result(rc, err, r->name);
-	uint64_t bytes = (uint64_t)(elements < 0 ? 0 : elements) * (dtype == 0 ? 2 : 4);
+	uint64_t bytes = (uint64_t)(elements < 0 ? 0 : elements) * dtype_bytes(dtype);
 	if (elements < 0 || offset > alloc || bytes > alloc - offset)
 		return vps_fail(VPS_EINPUT, "registry %s: buffer %u: %" PRId64 " elements at offset %" PRIu64
 				" overrun their GPU allocation of %" PRIu64 " bytes", r->name, buffer, elements, offset, alloc);

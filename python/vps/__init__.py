@@ -25,8 +25,8 @@ from importlib.util import find_spec as _find_spec
 from ._lib import version
 from .errors import (CODES, BadFormat, Busy, CheckFailed, CudaError, Error, InternalError, InvalidInput, NcclError,
                      NotFound, OutOfMemory, PeerFailed, Stale, SystemFailure, Timeout, Unsupported)
-from .layout import (BF16, DTYPES, EXP_AVG, EXP_AVG_SQ, FP32, GRAD, MAIN_PARAM, MODULE_BUFFER, PARAM, STATES, Buffer,
-                     Coords, Holder, Layout, Model, Param, RankView, Region, layout)
+from .layout import (BF16, DTYPES, EXP_AVG, EXP_AVG_SQ, FP32, GRAD, INT16, MAIN_PARAM, MODULE_BUFFER, MOMENTUM_BUFFER,
+                     OPTIMIZERS, PARAM, STATES, Buffer, Coords, Holder, Layout, Model, Param, RankView, Region, layout)
 from .registry import CUDA, HOST, SOURCE, TARGET, Registry, Training
 
 __version__ = version()
@@ -39,8 +39,9 @@ _SUBMODULES = ("elastic", "megatron", "hf")
 __all__ = ["version", "__version__", "Error", "InvalidInput", "CheckFailed", "SystemFailure", "OutOfMemory",
            "BadFormat", "CudaError", "NcclError", "Timeout", "PeerFailed", "Unsupported", "NotFound", "Stale", "Busy",
            "InternalError", "CODES", "layout", "Layout", "Model", "RankView", "Buffer", "Param", "Region", "Holder",
-           "Coords", "STATES", "PARAM", "MAIN_PARAM", "EXP_AVG", "EXP_AVG_SQ", "GRAD", "MODULE_BUFFER", "BF16", "FP32",
-           "DTYPES", "Registry", "Training", "SOURCE", "TARGET", "HOST", "CUDA"] + \
+           "Coords", "STATES", "PARAM", "MAIN_PARAM", "EXP_AVG", "EXP_AVG_SQ", "GRAD", "MODULE_BUFFER",
+           "MOMENTUM_BUFFER", "BF16", "FP32", "INT16", "DTYPES", "OPTIMIZERS", "Registry", "Training", "SOURCE",
+           "TARGET", "HOST", "CUDA"] + \
     (list(_TORCH) if _find_spec("torch") is not None else [])
 
 

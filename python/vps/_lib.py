@@ -31,7 +31,9 @@ class Parallel(C.Structure):
     _fields_ = [(k, C.c_int64) for k in ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "zero", "first", "last",
                                          "bucket")] + \
         [("grad", C.c_bool), ("grouped_gemm", C.c_bool)] + \
-        [(k, C.c_int64) for k in ("family", "dp_replicate", "dp_shard")]
+        [(k, C.c_int64) for k in ("family", "dp_replicate", "dp_shard")] + \
+        [("optimizer", C.c_int32), ("scalar_optimizer", C.c_int32), ("precision_aware", C.c_bool),
+         ("exp_avg_bf16", C.c_bool), ("exp_avg_sq_bf16", C.c_bool)]
 
 
 class Device(C.Structure):
@@ -54,8 +56,8 @@ class Box(C.Structure):
 
 
 class Region(C.Structure):
-    _fields_ = [("tensor", C.c_uint32), ("state", C.c_uint8), ("buffer", C.c_uint32), ("box", Box),
-                ("offset", C.c_int64), ("strides", C.c_int64 * MAX_DIMS)]
+    _fields_ = [("tensor", C.c_uint32), ("state", C.c_uint8), ("dtype", C.c_uint8), ("buffer", C.c_uint32),
+                ("box", Box), ("offset", C.c_int64), ("strides", C.c_int64 * MAX_DIMS)]
 
 
 class Holder(C.Structure):
@@ -72,12 +74,12 @@ class Coords(C.Structure):
 
 class Buffer(C.Structure):
     _fields_ = [("id", C.c_uint32), ("state", C.c_uint8), ("dtype", C.c_uint8), ("chunk", C.c_int32),
-                ("expert", C.c_bool), ("sharded", C.c_bool), ("elements", C.c_int64)]
+                ("expert", C.c_bool), ("sharded", C.c_bool), ("layerwise", C.c_bool), ("elements", C.c_int64)]
 
 
 class Param(C.Structure):
     _fields_ = [("tensor", C.c_uint32), ("chunk", C.c_int32), ("local_layer", C.c_int32),
-                ("local_expert", C.c_int32), ("output_copy", C.c_bool), ("expert", C.c_bool),
+                ("local_expert", C.c_int32), ("output_copy", C.c_bool), ("expert", C.c_bool), ("layerwise", C.c_bool),
                 ("offset", C.c_int64), ("elements", C.c_int64), ("bucket", C.c_int32),
                 ("ndim", C.c_int32), ("shape", C.c_int64 * MAX_DIMS)]
 
@@ -150,6 +152,9 @@ _PROTOS = {
     "vps_box_intersect": (C.c_bool, [P(Box), P(Box), P(Box)]),
     "vps_region_restrict": (None, [P(Region), P(Box), P(Region)]),
     "vps_state_dtype": (C.c_int, [C.c_int]),
+    "vps_layout_state_dtype": (C.c_int, [VP, C.c_int]),
+    "vps_layout_tensor_optimizer": (C.c_int, [VP, P(Tensor)]),
+    "vps_optimizer_name": (C.c_char_p, [C.c_int]),
     "vps_registry_create": (RC, [P(VP), C.c_char_p, C.c_uint64, C.c_int64, C.c_uint32, C.c_int]),
     "vps_registry_close": (None, [VP]),
     "vps_registry_unlink": (RC, [C.c_char_p]),

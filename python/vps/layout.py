@@ -16,14 +16,17 @@ from ._lib import (Box as _Box, Coords as _Coords, Devices, Model as _Model, Par
                    Holders as _Holders, RankView as _RankView, Region as _Region, Tensor, call, lib)
 from .errors import Error, InvalidInput, closed as _closed
 
-__all__ = ["STATES", "PARAM", "MAIN_PARAM", "EXP_AVG", "EXP_AVG_SQ", "GRAD", "MODULE_BUFFER", "BF16", "FP32",
-           "DTYPES", "Buffer", "Param", "Region", "Holder", "Coords", "Model", "Layout", "RankView", "layout"]
+__all__ = ["STATES", "PARAM", "MAIN_PARAM", "EXP_AVG", "EXP_AVG_SQ", "GRAD", "MODULE_BUFFER", "MOMENTUM_BUFFER",
+           "BF16", "FP32", "INT16", "DTYPES", "OPTIMIZERS", "Buffer", "Param", "Region", "Holder", "Coords", "Model",
+           "Layout", "RankView", "layout"]
 
-STATES = ("param", "main_param", "exp_avg", "exp_avg_sq", "grad", "module_buffer")
-PARAM, MAIN_PARAM, EXP_AVG, EXP_AVG_SQ, GRAD, MODULE_BUFFER = range(6)
-BF16, FP32 = 0, 1
-DTYPES = ("bf16", "fp32")
-DTYPE_SIZE = {BF16: 2, FP32: 4}
+STATES = ("param", "main_param", "exp_avg", "exp_avg_sq", "grad", "module_buffer", "momentum_buffer")
+PARAM, MAIN_PARAM, EXP_AVG, EXP_AVG_SQ, GRAD, MODULE_BUFFER, MOMENTUM_BUFFER = range(7)
+# int16: the low 16 bits of fp32 main params over bf16 ones (the precision-aware optimizer's)
+BF16, FP32, INT16 = 0, 1, 2
+DTYPES = ("bf16", "fp32", "int16")
+DTYPE_SIZE = {BF16: 2, FP32: 4, INT16: 2}
+OPTIMIZERS = ("adam", "sgd", "muon", "lion")
 
 # Tensor kinds (enum vps_tensor_kind) that Megatron holds as 2-D weights;
 # every other kind (norms, biases) is 1-D.
@@ -51,34 +54,37 @@ def _word(table, v):
     return table[v] if isinstance(v, int) and 0 <= v < len(table) else v
 
 
-class Buffer(namedtuple("Buffer", "id state dtype chunk expert sharded elements")):
+class Buffer(namedtuple("Buffer", "id state dtype chunk expert sharded elements layerwise")):
     """One flat buffer of a rank: a state of one model chunk, dense or expert, or the chunk's
     module buffers (state module_buffer). state and dtype are numbers (STATES and DTYPES
-    name them)."""
+    name them). layerwise: the layer-wise optimizer's buffer (Muon or Lion with zero=1), its
+    2-D weights each whole in one DP rank's shard; the chunk's other parameters are in the
+    buffers without it."""
     __slots__ = ()
 
     def __repr__(self):
-        return ("Buffer(id=%d, state=%s, dtype=%s, chunk=%d, expert=%s, sharded=%s, elements=%d)"
+        return ("Buffer(id=%d, state=%s, dtype=%s, chunk=%d, expert=%s, sharded=%s, elements=%d%s)"
                 % (self.id, _word(STATES, self.state), _word(DTYPES, self.dtype), self.chunk, self.expert,
-                   self.sharded, self.elements))
+                   self.sharded, self.elements, ", layerwise=True" if self.layerwise else ""))
 
 
 class Param(namedtuple("Param", "index name local_name tensor chunk local_layer local_expert expert output_copy "
-                                "offset elements bucket shape module_buffer")):
+                                "offset elements bucket shape module_buffer layerwise")):
     """A parameter as Megatron's model chunk holds it: name is the global name, local_name the name
     inside its chunk (what named_parameters() gives; in a DTensor layout, family=dtensor, both are
     torchtitan's name and chunk is the model part), shape the local torch shape (a DTensor layout's
     local shard, without FSDP2's padding), offset and
     elements where it sits in its chunk's unsharded buffers (vocabulary padding included).
     With module_buffer it is a module's register_buffer (the router's expert_bias), held in
-    the chunk's module_buffer buffer only. tensor is the logical tensor's id (Model.tensor_name)."""
+    the chunk's module_buffer buffer only. tensor is the logical tensor's id (Model.tensor_name).
+    layerwise: in the chunk's layer-wise optimizer's buffers (Buffer.layerwise)."""
     __slots__ = ()
 
 
-class Region(namedtuple("Region", "tensor state buffer lo hi offset strides param name")):
+class Region(namedtuple("Region", "tensor state buffer lo hi offset strides param name dtype")):
     """A box [lo, hi) of a logical tensor in a buffer: element i is at
     offset + sum((i - lo) * strides). tensor is the tensor's id, name its global name,
-    state a number (STATES names it); param indexes RankView.params."""
+    state and dtype numbers (STATES and DTYPES name them); param indexes RankView.params."""
     __slots__ = ()
 
     def __repr__(self):
@@ -250,9 +256,33 @@ class Layout:
 
     @property
     def parallel(self) -> Dict[str, int]:
-        """The parallel configuration, a dict: tp, pp, dp, cp, ep, etp, vpp, zero, ..."""
+        """The parallel configuration, a dict: tp, pp, dp, cp, ep, etp, vpp, zero, ..., family (0
+        Megatron's, 1 a DTensor mesh's), optimizer (a number OPTIMIZERS names)."""
         p = lib.vps_layout_parallel(self._handle()).contents
         return {k: getattr(p, k) for k, _ in p._fields_}
+
+    def state_dtype(self, state: StateLike) -> int:
+        """The dtype (a number DTYPES names) the layout holds a state in: fp32 but for the
+        params (bf16) and, with precision_aware=1, main_param (int16) and the moments asked
+        for in bf16."""
+        return lib.vps_layout_state_dtype(self._handle(), _state_number(state))
+
+    def states_of(self, tensor: Union[str, int]) -> List[int]:
+        """The states (numbers STATES names) the layout holds a tensor (a global name or an id)
+        in: param, main_param, grad with grad=1 and its optimizer's; module_buffer alone for a
+        module buffer; main_param, exp_avg and exp_avg_sq in a DTensor layout."""
+        m = self.model
+        t = m.tensor(m.find(tensor) if isinstance(tensor, str) else tensor)
+        return [s for s in range(len(STATES)) if lib.vps_layout_tensor_has_state(self._handle(), C.byref(t), s)]
+
+    def optimizer_of(self, tensor: Union[str, int]) -> Optional[str]:
+        """The optimizer (a name of OPTIMIZERS) that steps a tensor (a global name or an id):
+        with Muon or Lion, the 2-D weights but the embeddings and the output layer are theirs
+        and the rest their scalar optimizer's. None for a module buffer."""
+        m = self.model
+        t = m.tensor(m.find(tensor) if isinstance(tensor, str) else tensor)
+        o = lib.vps_layout_tensor_optimizer(self._handle(), C.byref(t))
+        return OPTIMIZERS[o] if o >= 0 else None
 
     def describe(self) -> str:
         """The parallel configuration as a spec ("tp=2,pp=2,dp=2,zero=1")."""
@@ -294,8 +324,7 @@ class Layout:
         m = self.model
         st = None if state is None else _state_number(state)
         if st is not None and not lib.vps_layout_has_state(h, st):
-            raise InvalidInput("this layout holds no %s (%s)" % (STATES[st], "the model has no module buffers"
-                                                                  if st == MODULE_BUFFER else "grad=1 adds it"))
+            raise InvalidInput("this layout holds no %s (%s)" % (STATES[st], _why_not(st, self.parallel)))
         if any(c in tensor for c in "*?["):
             ids = [i for i in range(m.num_tensors) if fnmatch.fnmatchcase(m.tensor_name(i), tensor)]
             if not ids:
@@ -353,7 +382,7 @@ class Layout:
                             volume *= z - a
                         out.append(Holder(name, STATES[s], range(x.base, x.base + x.stride * x.count, x.stride or 1),
                                           part.buffer, lo, hi, part.offset, tuple(part.strides[:nd]),
-                                          volume * DTYPE_SIZE[lib.vps_state_dtype(s)]))
+                                          volume * DTYPE_SIZE[lib.vps_layout_state_dtype(h, s)]))
         finally:
             lib.vps_holders_release(C.byref(found))
         return out
@@ -385,7 +414,7 @@ class RankView:
         self.layout = lay
         self.rank = v.rank
         self.coords = Coords(*(getattr(v.coords, k) for k in Coords._fields))
-        self.buffers = [Buffer(b.id, b.state, b.dtype, b.chunk, b.expert, b.sharded, b.elements)
+        self.buffers = [Buffer(b.id, b.state, b.dtype, b.chunk, b.expert, b.sharded, b.elements, b.layerwise)
                         for b in v.buffers[:v.nbuffers]]
         self.params = []
         name = C.create_string_buffer(256)
@@ -405,12 +434,14 @@ class RankView:
             else:
                 shape = _local_shape(t, p.elements, par["etp"] if p.expert else par["tp"])
             self.params.append(Param(i, gname, lname, p.tensor, p.chunk, p.local_layer, p.local_expert, p.expert,
-                                     p.output_copy, p.offset, p.elements, p.bucket, shape, t.module_buffer))
+                                     p.output_copy, p.offset, p.elements, p.bucket, shape, t.module_buffer,
+                                     p.layerwise))
         self.regions = []
         for i, r in enumerate(v.regions[:v.nregions]):
             nd = r.box.ndim
             self.regions.append(Region(r.tensor, r.state, r.buffer, tuple(r.box.lo[:nd]), tuple(r.box.hi[:nd]),
-                                       r.offset, tuple(r.strides[:nd]), v.region_param[i], m.tensor_name(r.tensor)))
+                                       r.offset, tuple(r.strides[:nd]), v.region_param[i], m.tensor_name(r.tensor),
+                                       v.buffers[r.buffer].dtype))
         self._by_name = {p.name: p for p in self.params}
 
     def __repr__(self):
@@ -425,10 +456,12 @@ class RankView:
             raise InvalidInput("rank %d holds no parameter %s under %s" % (self.rank, name, self.layout.describe()))
         return p
 
-    def buffer(self, state: StateLike, chunk: int = 0, expert: bool = False) -> Optional[int]:
-        """Index of the buffer of (state, chunk, dense or expert), or None."""
+    def buffer(self, state: StateLike, chunk: int = 0, expert: bool = False,
+               layerwise: bool = False) -> Optional[int]:
+        """Index of the buffer of (state, chunk, dense or expert, the layer-wise optimizer's
+        or not), or None."""
         for b in self.buffers:
-            if b.state == state and b.chunk == chunk and b.expert == expert:
+            if b.state == state and b.chunk == chunk and b.expert == expert and b.layerwise == layerwise:
                 return b.id
         return None
 
@@ -466,6 +499,19 @@ class RankView:
                                % (tensor, model.name, model.num_tensors - 1))
         return [r for r in self.regions if (state is None or r.state == state)
                 and (buffer is None or r.buffer == buffer) and (tensor is None or r.tensor == tensor)]
+
+
+def _why_not(st: int, par: Dict[str, int]) -> str:
+    """Why a layout lacks a state, for messages (the words of vps-layout --tensor)."""
+    if st == MODULE_BUFFER:
+        return "the model has no module buffers"
+    if par["family"] == 1:
+        return "family=dtensor holds main_param, exp_avg and exp_avg_sq"
+    if st == GRAD:
+        return "grad=1 adds it"
+    if OPTIMIZERS[par["optimizer"]] in ("muon", "lion"):
+        return "neither %s nor %s keeps one" % (OPTIMIZERS[par["optimizer"]], OPTIMIZERS[par["scalar_optimizer"]])
+    return "%s keeps none" % OPTIMIZERS[par["optimizer"]]
 
 
 def _state_number(state: StateLike) -> int:

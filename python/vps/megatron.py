@@ -113,7 +113,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from ._lib import import_torch
 from .errors import CheckFailed, Error, InvalidInput, Unsupported
-from .layout import EXP_AVG, EXP_AVG_SQ, MAIN_PARAM, MODULE_BUFFER, PARAM, STATES, Layout
+from .layout import BF16, DTYPES, EXP_AVG, EXP_AVG_SQ, FP32, MAIN_PARAM, MODULE_BUFFER, PARAM, STATES, Layout
 from .registry import SOURCE, TARGET, Registry, Training
 
 torch = import_torch("vps.megatron")
@@ -593,6 +593,11 @@ class _Binding:
             if b.state not in (PARAM, MAIN_PARAM, EXP_AVG, EXP_AVG_SQ, MODULE_BUFFER):
                 raise Unsupported("the layout moves %s buffers (chunk %d); vps.megatron moves parameters, "
                                   "main parameters, Adam's moments and module buffers" % (STATES[b.state], b.chunk))
+            if b.layerwise or b.dtype != (BF16 if b.state == PARAM else FP32):
+                raise Unsupported("the layout's %s buffer of chunk %d is %s; vps.megatron binds the "
+                                  "DistributedOptimizer's Adam in fp32 (optimizer=adam, no precision_aware)"
+                                  % (STATES[b.state], b.chunk, "the layer-wise optimizer's" if b.layerwise
+                                     else DTYPES[b.dtype]))
         if len(self.model) != 1 + max([b.chunk for b in view.buffers] + [0]):
             raise CheckFailed("%d model chunks; the layout has %d on rank %d" % (
                 len(self.model), 1 + max(b.chunk for b in view.buffers), view.rank))

@@ -16,15 +16,15 @@ from typing import Callable, Dict, Iterable, Iterator, Mapping, Optional, Tuple,
 
 from ._lib import import_torch
 from .errors import CheckFailed, Error, InvalidInput, closed as _closed
-from .layout import BF16, FP32, MODULE_BUFFER, PARAM, STATES, Layout, Model, Param, RankView, Region, StateLike, \
-    _state_number
+from .layout import BF16, DTYPE_SIZE, FP32, INT16, MODULE_BUFFER, PARAM, STATES, Layout, Model, Param, RankView, \
+    Region, StateLike, _state_number
 from .registry import FAILED, REQUESTED, RUNNING, SOURCE, TARGET, Registry, Training
 
 torch = import_torch("vps.State (and vps.switch, vps.assemble, vps.correspondence, vps.region_index)")
 
 __all__ = ["TORCH_DTYPE", "State", "switch", "assemble", "correspondence", "region_index"]
 
-TORCH_DTYPE = {BF16: torch.bfloat16, FP32: torch.float32}
+TORCH_DTYPE = {BF16: torch.bfloat16, FP32: torch.float32, INT16: torch.int16}
 
 
 class State:
@@ -101,7 +101,7 @@ class State:
         s._registry = registry
         if s.device.type == "cpu":
             registry._handle()
-            registry.check_room(sum(b.elements * (2 if b.dtype == BF16 else 4) for b in s.view.buffers))
+            registry.check_room(sum(b.elements * DTYPE_SIZE[b.dtype] for b in s.view.buffers))
             registry._hold(s)
         try:
             for b in s.view.buffers:
@@ -129,10 +129,12 @@ class State:
 
     @classmethod
     def adopt(cls, registry: Registry, layout: Layout, rank: int,
-              tensors: Mapping[Union[int, Tuple[StateLike, int, bool]], torch.Tensor], role: int = SOURCE) -> "State":
+              tensors: Mapping[Union[int, Tuple[StateLike, int, bool], Tuple[StateLike, int, bool, bool]], torch.Tensor],
+              role: int = SOURCE) -> "State":
         """Register GPU buffers a trainer already has (Megatron's DDP buffers,
         say): tensors maps a buffer index of the rank's view, or its
-        (state, chunk, expert) with state a name or number, to a contiguous
+        (state, chunk, expert) or (state, chunk, expert, layerwise) with state
+        a name or number, to a contiguous
         CUDA tensor of the buffer's dtype and elements, registered by its
         CUDA IPC handle and offset. Host memory cannot be adopted: vps-exec
         maps host buffers through the shared-memory objects that allocate()
@@ -142,11 +144,12 @@ class State:
         given = {}
         for key, t in tensors.items():
             if isinstance(key, tuple):
-                st, chunk, expert = key
-                b = s.view.buffer(_state_number(st), chunk, expert)
+                st, chunk, expert, layerwise = key if len(key) == 4 else key + (False,)
+                b = s.view.buffer(_state_number(st), chunk, expert, layerwise)
                 if b is None:
-                    raise InvalidInput("rank %d holds no %s buffer of chunk %d%s"
-                                       % (rank, st, chunk, " (experts)" if expert else ""))
+                    raise InvalidInput("rank %d holds no %s buffer of chunk %d%s%s"
+                                       % (rank, st, chunk, " (experts)" if expert else "",
+                                          " (layer-wise)" if layerwise else ""))
                 key = b
             given[key] = t
         what = ["buffer %d (%s, chunk %d)" % (b.id, STATES[b.state], b.chunk) for b in s.view.buffers]
@@ -191,10 +194,12 @@ class State:
                     self._gone = "freed"
 
     # ---- what the trainer reads and writes ----
-    def buffer(self, state: StateLike, chunk: int = 0, expert: bool = False) -> Optional[torch.Tensor]:
-        """The buffer of (state, chunk, dense or expert), or None."""
+    def buffer(self, state: StateLike, chunk: int = 0, expert: bool = False,
+               layerwise: bool = False) -> Optional[torch.Tensor]:
+        """The buffer of (state, chunk, dense or expert, the layer-wise optimizer's or not),
+        or None."""
         self._live()
-        b = self.view.buffer(_state_number(state), chunk, expert)
+        b = self.view.buffer(_state_number(state), chunk, expert, layerwise)
         return None if b is None else self.buffers[b]
 
     def param(self, p: Union[Param, str], state: Optional[StateLike] = None) -> torch.Tensor:
@@ -206,7 +211,7 @@ class State:
         if isinstance(p, str):
             p = self.view.param(p)
         state = _state_number((MODULE_BUFFER if p.module_buffer else PARAM) if state is None else state)
-        b = self.view.buffer(state, p.chunk, p.expert)
+        b = self.view.buffer(state, p.chunk, p.expert, p.layerwise)
         if b is None or self.view.buffers[b].sharded or p.module_buffer != (state == MODULE_BUFFER):
             raise InvalidInput("%s: the rank holds no whole %s buffer for it" % (p.name, STATES[state]))
         return self.buffers[b][p.offset:p.offset + p.elements].view(p.shape)

@@ -9,9 +9,15 @@
 # PyTorch's distributed checkpoint (scripts/bench/ckpt_dcp.py): 8 gloo
 # processes save the same state with torch.distributed.checkpoint, each
 # rank's regions as DCP shards at their global offsets, and the ranks of B
-# load it resharded, every element checked. Runs alternate (vps, baseline,
-# DCP) RUNS times; medians. Where the page cache can be dropped, a second
-# load after dropping it gives the cold-cache figures.
+# load it resharded, every element checked. Megatron-LM's distributed
+# checkpoint, the paper's baseline (MCP, scripts/bench/ckpt_mcp.py): 8
+# Megatron-LM jobs of megatron.training on the CPU hold the same state in
+# their own model and DistributedOptimizer; A's save it with save_checkpoint
+# (torch_dist, fully parallel save) and B's load it with load_checkpoint
+# (fully parallel load, the optimizer's fully_reshardable format), every
+# element checked. Runs alternate (vps, baseline, DCP, MCP) RUNS times;
+# medians. Where the page cache can be dropped, a second load after
+# dropping it gives the cold-cache figures.
 #
 #   scripts/bench/ckpt_restart.sh [--doc]
 #   env: RUNS (default 1), MODELS (default three sizes; LARGE=1 adds a
@@ -37,6 +43,8 @@ py=${PYTHON:-$top/build/venv/bin/python}
 [ -n "${PYTHON:-}" ] || make -s venv
 "$py" -c 'import torch.distributed.checkpoint' ||
 	{ echo "ckpt_restart.sh: $py: no torch.distributed.checkpoint (PyTorch 2): set PYTHON" >&2; exit 2; }
+"$py" -c 'import megatron.training' 2>/dev/null ||
+	{ echo "ckpt_restart.sh: $py: no megatron.training (megatron-core 0.19, the test environment's): set PYTHON" >&2; exit 2; }
 runs=${RUNS:-1}
 from=${FROM:-tp=2,pp=2,dp=2,zero=1} to=${TO:-tp=4,pp=1,dp=2,zero=1}
 mdir=$top/scripts/bench/models
@@ -136,8 +144,24 @@ for m in $models; do
 			echo "$bytes dcp-total-cold $(awk -v a="$save" -v b="$lc" 'BEGIN { printf "%.4f", a + b }')" >> "$res"
 		fi
 		dwritten=$(awk '$1 == "bytes_written:" { print $2 }' "$t/dsave.out")
+		rm -rf "${files:?}"/*
+		mkdir "$files/mcp"
+		"$py" "$top/scripts/bench/ckpt_mcp.py" save "$t/a.layout" "$files/mcp" > "$t/msave.out"
+		"$py" "$top/scripts/bench/ckpt_mcp.py" load "$t/b.layout" "$files/mcp" > "$t/mload.out"
+		save=$(awk '$1 == "seconds:" { print $2 }' "$t/msave.out")
+		load=$(awk '$1 == "seconds:" { print $2 }' "$t/mload.out")
+		echo "$bytes mcp-save $save" >> "$res"
+		echo "$bytes mcp-load $load" >> "$res"
+		echo "$bytes mcp-total $(awk -v a="$save" -v b="$load" 'BEGIN { printf "%.4f", a + b }')" >> "$res"
+		if [ $cold = 1 ] && drop_cache; then
+			"$py" "$top/scripts/bench/ckpt_mcp.py" load "$t/b.layout" "$files/mcp" > "$t/mcold.out"
+			lc=$(awk '$1 == "seconds:" { print $2 }' "$t/mcold.out")
+			echo "$bytes mcp-load-cold $lc" >> "$res"
+			echo "$bytes mcp-total-cold $(awk -v a="$save" -v b="$lc" 'BEGIN { printf "%.4f", a + b }')" >> "$res"
+		fi
+		mwritten=$(awk '$1 == "bytes_written:" { print $2 }' "$t/msave.out")
 		echo "$name run $run: $bytes bytes of state; wrote $written, read $readb in $preads preads; DCP wrote" \
-			"$dwritten; $((SECONDS - began)) s so far" >&2
+			"$dwritten, MCP $mwritten; $((SECONDS - began)) s so far" >&2
 	done
 	rm -rf "${files:?}"/*
 done
@@ -192,6 +216,24 @@ dcp_table() {
 			}
 		}' "$t/medians.tsv"
 }
+mcp_table() {
+	printf '| state (GB) | MCP save (s) | MCP load (s) | MCP save + load (s) | MCP / files | MCP / vps tcp | MCP / vps ipc |'
+	[ $cold = 1 ] && printf ' MCP load, cold cache (s) | cold MCP / vps ipc |'
+	printf '\n|---:|---:|---:|---:|---:|---:|---:|'
+	[ $cold = 1 ] && printf -- '---:|---:|'
+	printf '\n'
+	awk -F'\t' -v cold=$cold '
+		{ if (!($1 in seen)) { seen[$1] = 1; order[++N] = $1 } s[$1, $2] = $3 }
+		END {
+			for (i = 1; i <= N; i++) {
+				b = order[i]; tot = s[b, "mcp-total"]
+				printf "| %.2f | %.3f | %.3f | %.3f | %.1fx | %.1fx | %.1fx |", b / 1e9, s[b, "mcp-save"], s[b, "mcp-load"],
+					tot, tot / s[b, "ckpt-total"], tot / s[b, "vps-tcp"], tot / s[b, "vps-ipc"]
+				if (cold) printf " %.3f | %.1fx |", s[b, "mcp-load-cold"], s[b, "mcp-total-cold"] / s[b, "vps-ipc"]
+				printf "\n"
+			}
+		}' "$t/medians.tsv"
+}
 machine="$(nproc) cores, $(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 {
 	printf '`RUNS=%s scripts/bench/ckpt_restart.sh --doc` (%s to %s, %s ranks, medians of %s), %s, on %s.\n' \
@@ -202,15 +244,28 @@ machine="$(nproc) cores, $(awk -F': ' '/^model name/ { print $2; exit }' /proc/c
 	printf '\nPyTorch %s, torch.distributed.checkpoint over gloo, the same run (DCP / files: against the save + load above):\n\n' \
 		"$("$py" -c 'import torch; print(torch.__version__)')"
 	dcp_table
+	printf "\nMegatron-LM's distributed checkpoint (MCP, the paper's baseline: megatron-core %s, torch_dist, fully parallel save and load, the optimizer fully_reshardable) over gloo, the same run (MCP / vps: how many times as long the save and load take as the switch):\n\n" \
+		"$("$py" -c 'from importlib.metadata import version; print(version("megatron-core"))')"
+	mcp_table
 } > "$t/section.md"
 cat "$t/section.md"
 if [ $doc = 1 ]; then
 	"$top/scripts/bench/doc-section.sh" ckpt "$top/docs/BENCHMARKS.md" < "$t/section.md"
 	mkdir -p "$top/docs/bench"
-	{ printf 'state_bytes\tmethod\tseconds\n'; cat "$t/medians.tsv"; } > "$top/docs/bench/switch-vs-size.tsv"
-	# the figure (docs/bench/switch-vs-size.svg) needs python3-matplotlib
+	# the GPU's rows (gpu-*, scripts/bench/gpu_section.sh merges them from the kept GPU check) stay
+	tsv=$top/docs/bench/switch-vs-size.tsv
+	{
+		printf 'state_bytes\tmethod\tseconds\n'
+		cat "$t/medians.tsv"
+		[ ! -f "$tsv" ] || awk -F'\t' '$2 ~ /^gpu-/' "$tsv"
+	} > "$tsv.tmp"
+	mv "$tsv.tmp" "$tsv"
+	# the figure (docs/bench/switch-vs-size.svg) needs matplotlib: Debian's python3-matplotlib, or the
+	# test environment's
 	if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
 		/usr/bin/python3 "$top/scripts/bench/plot_switch_size.py"
+	elif "$py" -c 'import matplotlib' 2>/dev/null; then
+		"$py" "$top/scripts/bench/plot_switch_size.py"
 	else
 		echo "ckpt_restart: python3-matplotlib is missing: docs/bench/switch-vs-size.svg not redrawn" >&2
 	fi

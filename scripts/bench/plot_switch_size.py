@@ -3,8 +3,8 @@
 scripts/bench/ckpt_restart.sh --doc writes (docs/bench/switch-vs-size.tsv),
 with the GPU's rows that scripts/bench/gpu_section.sh merges in from the
 kept GPU check (gpu-*): one line per method, vps's switches,
-checkpoint-and-restart through files and through PyTorch's distributed
-checkpoint (DCP). Any method in the file is drawn, so a row added later
+checkpoint-and-restart through files, through PyTorch's distributed
+checkpoint (DCP) and through Megatron-LM's (MCP). Any method in the file is drawn, so a row added later
 shows up without a change.
 
     plot_switch_size.py [TSV [SVG]]
@@ -27,6 +27,11 @@ LABELS = {
     "dcp-total": "PyTorch DCP: save + load",
     "dcp-load-cold": "PyTorch DCP: load (cold cache)",
     "dcp-total-cold": "PyTorch DCP: save + cold load",
+    "mcp-save": "Megatron-LM MCP: save",
+    "mcp-load": "Megatron-LM MCP: load (page cache)",
+    "mcp-total": "Megatron-LM MCP: save + load",
+    "mcp-load-cold": "Megatron-LM MCP: load (cold cache)",
+    "mcp-total-cold": "Megatron-LM MCP: save + cold load",
     "gpu-vps-ipc": "GPU: vps switch, ipc",
     "gpu-dcp-save": "GPU: PyTorch DCP save",
     "gpu-dcp-load": "GPU: PyTorch DCP load",
@@ -80,9 +85,10 @@ def main():
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", linestyle="--" if dashed else "-",
                 label=LABELS.get(method, method))
     ax.set_xlabel("state moved (GB, all ranks)")
-    ax.set_ylabel("seconds, trainer's request to resume")
+    # the restarts take up to hundreds of times as long as the switches: a log scale shows both
+    ax.set_yscale("log")
+    ax.set_ylabel("seconds, trainer's request to resume (log scale)")
     ax.set_xlim(left=0)
-    ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title("Switching layouts: vps against checkpoint and restart")

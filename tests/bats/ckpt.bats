@@ -64,20 +64,24 @@ plan() {
 	[[ "$output" == *"nothing.staged"* ]]
 }
 
-@test "ckpt_restart.sh: vps, the baseline and PyTorch's DCP side by side on a tiny model, rows of figures" {
+@test "ckpt_restart.sh: vps, the baseline, PyTorch's DCP and Megatron's MCP side by side on a tiny model, rows of figures" {
 	framework_job
 	CKPT_DIR=$BATS_TEST_TMPDIR MODELS=$TOP/configs/models/tiny-llama.yaml RUNS=1 PYTHON=$PY \
 		run env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u BUILDDIR -u BINDIR -u SANITIZE -u CFLAGS -u LDFLAGS \
 		"$TOP/scripts/bench/ckpt_restart.sh"
 	[ "$status" -eq 0 ] || { echo "$output"; false; }
-	[ "$(echo "$output" | grep -c '^| 0\.10 |')" = 2 ]
+	[ "$(echo "$output" | grep -c '^| 0\.10 |')" = 3 ]
 	row=$(echo "$output" | grep '^| 0\.10 |' | head -1)
 	# state, two vps pauses, save, load, total, two ratios: all figures
 	[ "$(echo "$row" | awk -F'|' '{ n = 0; for (i = 2; i <= 9; i++) if ($i ~ /^ [0-9.]+x? $/) n++; print n }')" = 8 ]
 	# DCP's, from the same run: save, load, total, against the files and vps's two
-	row=$(echo "$output" | grep '^| 0\.10 |' | tail -1)
+	row=$(echo "$output" | grep '^| 0\.10 |' | sed -n 2p)
 	[ "$(echo "$row" | awk -F'|' '{ n = 0; for (i = 2; i <= 8; i++) if ($i ~ /^ [0-9.]+x? $/) n++; print n }')" = 7 ]
 	[[ "$output" == *"torch.distributed.checkpoint over gloo, the same run"* ]]
+	# MCP's, from the same run: save, load, total, against the files and vps's two
+	row=$(echo "$output" | grep '^| 0\.10 |' | tail -1)
+	[ "$(echo "$row" | awk -F'|' '{ n = 0; for (i = 2; i <= 8; i++) if ($i ~ /^ [0-9.]+x? $/) n++; print n }')" = 7 ]
+	[[ "$output" == *"Megatron-LM's distributed checkpoint (MCP, the paper's baseline: megatron-core 0.19."*"the same run"* ]]
 	# the temporary checkpoint directory is gone
 	[ -z "$(ls "$BATS_TEST_TMPDIR" | grep vps-ckpt)" ]
 }
@@ -133,5 +137,42 @@ dcp() {
 	expect_status 2 "$PY" "$TOP/scripts/bench/ckpt_dcp.py" load nothing.layout dcp
 	[[ "$output" == *"nothing.layout: no such layout file"* ]]
 	expect_status 2 "$PY" "$TOP/scripts/bench/ckpt_dcp.py" save a.layout nodir
+	[[ "$output" == *"nodir: not a directory"* ]]
+}
+
+# scripts/bench/ckpt_mcp.py: Megatron-LM's own distributed checkpoint of the
+# same state, saved by A's jobs and loaded by B's, resharded and checked
+mcp() {
+	"$PY" -c 'import megatron.training' 2>/dev/null || skip "$PY has no megatron.training (make venv)"
+	# two ranks, TP 2 -> DP 2: a tensor-parallel reshard, the ZeRO-1 shards made anew
+	vps-layout --model tiny-llama --parallel tp=2,zero=1 -o a.layout -q
+	vps-layout --model tiny-llama --parallel dp=2,zero=1 -o b.layout -q
+	mkdir mcp
+}
+
+@test "ckpt_mcp.py: Megatron's save_checkpoint in A; a damaged file fails its load_checkpoint in B, the wrong elements counted" {
+	# (ckpt_restart.sh's test above loads one whole, every element checked)
+	framework_job
+	mcp
+	expect_status 0 "$PY" "$TOP/scripts/bench/ckpt_mcp.py" save a.layout mcp
+	[[ "$output" == *"format: torch_dist, fully_reshardable"* ]]
+	[ "$(cat mcp/latest_checkpointed_iteration.txt)" = 1 ]
+	[ -s mcp/iter_0000001/.metadata ]
+	[ "$(echo "$output" | grep -c '^rank .* regions saved$')" = 2 ]
+	# no process of the jobs outlives them (Megatron's writer starts one by spawn)
+	[ -z "$(ps -eo args | grep "ckpt_mcp.py\|spawn_main" | grep "$TOP" | grep -v grep)" ]
+	f=mcp/iter_0000001/__1_0.distcp
+	printf '\xa5\x5a\xa5\x5a' | dd of="$f" bs=1 seek=$(($(stat -c %s "$f") / 2)) conv=notrunc status=none
+	expect_status 1 "$PY" "$TOP/scripts/bench/ckpt_mcp.py" load b.layout mcp
+	[[ "$output" == *"ckpt_mcp.py: load rank "*" wrong elements"* ]]
+}
+
+@test "ckpt_mcp.py: bad arguments are a usage error" {
+	mcp
+	expect_status 2 "$PY" "$TOP/scripts/bench/ckpt_mcp.py" restore a.layout mcp
+	[[ "$output" == *usage:* ]]
+	expect_status 2 "$PY" "$TOP/scripts/bench/ckpt_mcp.py" load nothing.layout mcp
+	[[ "$output" == *"nothing.layout: no such layout file"* ]]
+	expect_status 2 "$PY" "$TOP/scripts/bench/ckpt_mcp.py" save a.layout nodir
 	[[ "$output" == *"nodir: not a directory"* ]]
 }

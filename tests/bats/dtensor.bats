@@ -68,6 +68,17 @@ load helpers
 @test "what the family does not lay out is refused by name" {
 	expect_status 2 vps-layout --model llama3-debug --parallel fsdp=2,zero=1
 	[ "$output" = "vps-layout: --parallel: zero, etp, first, last, bucket, grad and grouped_gemm are Megatron's (family=megatron); a DTensor mesh has dp_replicate, dp_shard, cp, tp, pp, ep and vpp" ]
+	# torchtitan's optimizer is PyTorch's AdamW: Megatron's optimizer keys are refused
+	expect_status 2 vps-layout --model llama3-debug --parallel fsdp=2,optimizer=muon
+	[ "$output" = "vps-layout: --parallel: optimizer=muon is Megatron's (family=megatron); family=dtensor lays out PyTorch's Adam with fp32 moments (exp_avg, exp_avg_sq), as torchtitan builds it" ]
+	expect_status 2 vps-layout --model llama3-debug --parallel fsdp=2,exp_avg=bf16
+	[[ "$output" == *": exp_avg=bf16 is Megatron's (family=megatron)"* ]]
+	vps-layout -q --model llama3-debug --parallel fsdp=2,optimizer=adam > adam.layout
+	# the states it does not hold, and why
+	expect_status 2 vps-layout -i adam.layout --tensor embedding.word_embeddings.weight --state param
+	[ "$output" = "vps-layout: this layout holds no param (family=dtensor holds main_param, exp_avg and exp_avg_sq)" ]
+	expect_status 2 vps-layout -i adam.layout --tensor embedding.word_embeddings.weight --state momentum_buffer
+	[[ "$output" == *"holds no momentum_buffer (family=dtensor holds main_param, exp_avg and exp_avg_sq)" ]]
 	expect_status 2 vps-layout --model tiny-gpt --parallel fsdp=2
 	[[ "$output" == *"tiny-gpt is not a torchtitan decoder (RMSNorm, SwiGLU, RoPE, no biases)"* ]]
 	vps-layout -q --model llama3-debug --parallel dp=2,zero=1 > m.layout

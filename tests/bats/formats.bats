@@ -44,7 +44,7 @@ load helpers
 	cp good.bin old.bin
 	printf '\x01' | dd of=old.bin bs=1 seek=6 conv=notrunc 2>/dev/null
 	expect_status 2 vps-layout -i old.bin
-	[ "$output" = "vps-layout: old.bin: binary layout version 1 was written by an older vps (this build reads version 3): have that vps write it as YAML (--yaml), which this one reads" ]
+	[ "$output" = "vps-layout: old.bin: binary layout version 1 was written by an older vps (this build reads versions 2 to 3): have that vps write it as YAML (--yaml), which this one reads" ]
 	printf 'garbage\0\1' > junk.bin
 	expect_status 2 vps-layout -i junk.bin
 	[[ "$output" == *"junk.bin: wrong magic"* ]]
@@ -138,4 +138,48 @@ load helpers
 	[ "${how[plan or a staged plan]}" = "vps-plan and vps-stage make them" ]
 	[[ "${how[transition]}" == "vps-plan --transition list names those of configs/transitions; "* ]]
 	[[ "${how[parallel configuration]}" == "configs/parallel holds them; vps-formats(5) PARALLEL DOCUMENTS says how to write one" ]]
+}
+
+@test "binary documents from before the family and optimizer keys read as Megatron's Adam in fp32, hash and all" {
+	old="$TOP/tests/bats/old"
+	# tests/bats/old/README: written by the vps before the family and optimizer keys
+	[ "$(head -c 8 "$old/tiny-llama.v2.layout" | od -An -tx1 | tr -d ' ')" = 8956505301000200 ]
+	expect_status 0 vps-layout -i "$old/tiny-llama.v2.layout" --yaml
+	[[ "$output" == *"hash: 0x91d375860c695369"* ]]
+	[[ "$output" != *"optimizer"* && "$output" != *"family"* && "$output" != *"dp_shard"* ]]
+	vps-layout --model tiny-llama --parallel tp=2,dp=2,zero=1 --rank 1 --yaml > now.yaml
+	vps-layout -i "$old/tiny-llama.v2.layout" --yaml | cmp - now.yaml
+	# converted, it is this build's binary layout
+	vps-layout -i "$old/tiny-llama.v2.layout" -o new.layout
+	[ "$(head -c 8 new.layout | od -An -tx1 | tr -d ' ')" = 8956505301000300 ]
+	vps-layout -i new.layout --yaml | cmp - now.yaml
+	expect_status 0 vps-verify "$old/tiny-llama.v3.plan"
+	[[ "$output" == *"ok: tiny-llama: global plan over 4 world ranks, 628 pieces"* ]]
+	expect_status 0 vps-verify "$old/tiny-llama.v3.staged"
+	vps-show "$old/tiny-llama.v3.plan" | vps-show - -o plan.bin
+	expect_status 0 vps-verify plan.bin
+	vps-show "$old/tiny-llama.v3.staged" -o staged.yaml
+	grep -q '^vps: staged' staged.yaml
+}
+
+@test "the optimizer's keys are written only where they are not Adam's, and come back" {
+	vps-layout --model tiny-llama --parallel dp=2,zero=1 --yaml > adam.yaml
+	! grep -q 'optimizer\|exp_avg\|precision_aware' adam.yaml
+	vps-layout --model tiny-llama --parallel dp=2,zero=1,optimizer=muon,scalar=lion --rank 1 --yaml > muon.yaml
+	grep -q '^  optimizer: muon$' muon.yaml
+	grep -q '^  scalar: lion$' muon.yaml
+	grep -q 'group: dense_layerwise' muon.yaml
+	grep -q 'state: momentum_buffer' muon.yaml
+	vps-layout -i muon.yaml | vps-layout -i - --yaml | cmp - muon.yaml
+	vps-layout --model tiny-llama --parallel dp=2,zero=1,precision_aware=1,exp_avg_sq=bf16 --rank 0 --yaml > pa.yaml
+	grep -q 'dtype: int16' pa.yaml
+	vps-layout -i pa.yaml | vps-layout -i - --yaml | cmp - pa.yaml
+	expect_status 0 vps-verify pa.yaml
+	# a parallel file with the keys, and one with a bad value
+	printf 'vps: parallel\nversion: 1\ndp: 2\nzero: 1\noptimizer: lion\n' > lion.yaml
+	expect_status 0 vps-layout --model tiny-llama --parallel ./lion.yaml --stats
+	[[ "$output" == *"optimizer: lion"* ]]
+	printf 'vps: parallel\nversion: 1\ndp: 2\noptimizer: adagrad\n' > bad.yaml
+	expect_status 2 vps-layout --model tiny-llama --parallel ./bad.yaml
+	[ "$output" = "vps-layout: ./bad.yaml: line 4: optimizer: unknown optimizer 'adagrad' (adam, sgd, muon, lion)" ]
 }

@@ -104,3 +104,30 @@ JSON
 	run vps-layout --model tiny-llama --parallel tp=1 -o one.layout
 	[[ "${lines[0]}" == "layout: tiny-llama on 1 rank ("* ]]
 }
+
+@test "the optimizer: its states, their dtypes and sharding in --stats and --tensor; what Megatron refuses, with its rule" {
+	expect_status 0 vps-layout --model tiny-llama --parallel dp=2,zero=1 --stats
+	[[ "$output" == *"states: [param, main_param, exp_avg, exp_avg_sq]"* ]]
+	[[ "$output" == *"dtypes: {param: bf16, main_param: fp32, exp_avg: fp32, exp_avg_sq: fp32}"* ]]
+	[[ "$output" == *"optimizer: adam"* ]]
+	[[ "$output" != *"layer_wise"* ]]
+	expect_status 0 vps-layout --model tiny-llama --parallel dp=2,zero=1,optimizer=muon --stats
+	[[ "$output" == *"states: [param, main_param, exp_avg, exp_avg_sq, momentum_buffer]"* ]]
+	[[ "$output" == *$'optimizer: muon\nscalar_optimizer: adam\nlayer_wise: true'* ]]
+	expect_status 0 vps-layout --model tiny-llama --parallel dp=2,zero=1,precision_aware=1,exp_avg=bf16 --stats
+	[[ "$output" == *"dtypes: {param: bf16, main_param: int16, exp_avg: bf16, exp_avg_sq: fp32}"* ]]
+	# Muon holds each matrix whole on one DP rank: layer 6's on rank 1, at
+	# the start of its shard of the layer-wise buffer
+	expect_status 0 vps-layout --model tiny-llama --parallel dp=2,zero=1,optimizer=muon \
+		--tensor decoder.layers.6.mlp.linear_fc1.weight --state momentum_buffer --format tsv
+	[ "${lines[1]}" = $'decoder.layers.6.mlp.linear_fc1.weight\tmomentum_buffer\t1\t1\t1\t1\t6\t0:2,0:688,0:256\t0\t176128,256,1\t1409024' ]
+	[ "${#lines[@]}" -eq 2 ]
+	expect_status 2 vps-layout --model tiny-llama --parallel dp=2,optimizer=sgd --tensor 'decoder.layers.0.*' --state exp_avg
+	[ "$output" = "vps-layout: this layout holds no exp_avg (sgd keeps none)" ]
+	expect_status 2 vps-layout --model tiny-llama --parallel dp=2,zero=1,optimizer=sgd
+	[ "$output" = "vps-layout: --parallel: optimizer=sgd with zero=1: Megatron-Core's DistributedOptimizer takes Adam, its CPU-offload wrapper or an optimizer with an init_state_fn, and SGD has none (distrib_optimizer.py DistributedOptimizer.__init__); sgd runs with zero=0" ]
+	expect_status 2 vps-layout --model tiny-llama --parallel dp=2,zero=1,optimizer=adamw
+	[ "$output" = "vps-layout: --parallel: unknown optimizer 'adamw' (adam, sgd, muon, lion)" ]
+	expect_status 2 vps-layout --model tiny-qwen3-moe --parallel dp=2,zero=1,exp_avg=bf16
+	[[ "$output" == *"exp_avg=bf16 and exp_avg_sq=bf16 need precision_aware=1"* ]]
+}

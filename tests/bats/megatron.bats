@@ -84,3 +84,37 @@ setup() {
 	expect_status 2 "$PY" "$TOP/tests/megatron/check_switch.py" --no-such-option
 	expect_status 2 "$PY" "$TOP/tests/megatron/check_switch.py" --model no-such-job
 }
+
+# tests/megatron/check_pretrain.py (make check-megatron runs it whole):
+# Megatron-LM's pretrain() switched by vps.megatron_training.
+
+@test "README's and vps(7)'s pretrain_gpt.py fragments are tests/megatron/pretrain_gpt.py's own lines" {
+	run python3 - "$TOP" <<-'PY'
+	import sys
+	top = sys.argv[1]
+	sys.path.insert(0, top + "/tests/bats")
+	import examples
+	mine = {l.strip() for l in open(top + "/tests/megatron/pretrain_gpt.py")}
+	n = 0
+	for page in ("README.md", "man/vps.7"):
+	    for b in examples.blocks_of(top + "/" + page):
+	        if b.kind == "not run" and "Megatron-LM's pretrain_gpt.py" in b.why:
+	            n += 1
+	            for line in b.text:
+	                if line.strip() not in ("", "...") and line.strip() not in mine:
+	                    sys.exit("%s: not a line of pretrain_gpt.py: %s" % (b.where(), line.strip()))
+	if n != 2:
+	    sys.exit("%d pretrain_gpt.py fragments, expected one in each page" % n)
+	PY
+	echo "$output"
+	[ "$status" -eq 0 ]
+	# the two lines that make the job switchable are among them
+	grep -q 'args = parse_and_validate_args(extra_args_provider=vps_mt.add_arguments,' "$TOP/README.md"
+	grep -q 'vps_mt.pretrain(full_config, train_valid_test_datasets_provider, ModelType.encoder_or_decoder,' "$TOP/man/vps.7"
+}
+
+@test "check_pretrain.py: bad arguments exit 2" {
+	expect_status 2 "$PY" "$TOP/tests/megatron/check_pretrain.py" -k no-such-job
+	[[ "$output" == *"invalid choice: 'no-such-job'"* ]]
+	expect_status 2 "$PY" "$TOP/tests/megatron/check_pretrain.py" --no-such-option
+}

@@ -253,3 +253,26 @@ stat() { # key from a --stats listing in $output
 	[ "$status" -eq 0 ]
 	[[ "${lines[0]}" != *joining* ]]
 }
+
+@test "a plan moves every state of one optimizer and refuses to switch optimizers, naming the state" {
+	vps-layout --model tiny-llama --parallel tp=2,dp=2,zero=1,optimizer=muon -o muon.a -q
+	vps-layout --model tiny-llama --parallel dp=4,zero=1,optimizer=muon -o muon.b -q
+	vps-layout --model tiny-llama --parallel tp=2,dp=2,zero=1 -o adam.a -q
+	vps-layout --model tiny-llama --parallel tp=2,dp=2,optimizer=sgd -o sgd.a -q
+	vps-layout --model tiny-llama --parallel tp=2,dp=2,zero=1,precision_aware=1 -o pa.a -q
+	expect_status 0 vps-plan muon.a muon.b -o ab.plan -q
+	expect_status 0 vps-verify ab.plan
+	expect_status 0 vps-plan --transfers --rank 0 --state momentum_buffer --format tsv ab.plan
+	[ "${#lines[@]}" -gt 1 ]
+	[[ "${lines[1]}" == *$'\tmomentum_buffer\t'* ]]
+	expect_status 2 vps-plan adam.a muon.b
+	[ "$output" = "vps-plan: the source steps the 2-D weights with adam, the target with muon: the source holds exp_avg, which the target has not; vps moves each state once and drops none (switching optimizers is out of scope)" ]
+	expect_status 2 vps-plan sgd.a muon.b
+	[ "$output" = "vps-plan: the source steps the 2-D weights with sgd, the target with muon: their momentum_buffer is not the same state, and switching optimizers is out of scope" ]
+	expect_status 2 vps-plan adam.a pa.a
+	[ "$output" = "vps-plan: the source holds main_param as fp32, the target as int16 (precision_aware, exp_avg, exp_avg_sq): vps moves bytes, it does not convert them" ]
+	vps-layout --model tiny-llama --parallel pp=2,dp=2,optimizer=sgd -o sgd.b -q
+	expect_status 0 vps-plan sgd.a sgd.b -o sgd.plan -q
+	expect_status 2 vps-plan --transfers --rank 0 --state exp_avg --format tsv sgd.plan
+	[ "$output" = "vps-plan: this plan moves no exp_avg (sgd keeps none)" ]
+}

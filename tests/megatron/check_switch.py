@@ -283,10 +283,11 @@ def param_of(params, v):
     return p, (at - p.data_ptr()) // p.element_size()
 
 
-def gather(model, optimizer):
+def gather(model, optimizer, shards_of=None):
     """Rank 0: {key: whole tensor} from every rank's shards (replicas must
-    agree bit for bit, and every element must be held), and Adam's step."""
-    mine = shards(model, optimizer)
+    agree bit for bit, and every element must be held), and Adam's step.
+    shards_of(model, optimizer) gives a rank's shards, shards' by default."""
+    mine = (shards_of or shards)(model, optimizer)
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     if dist.get_rank() != 0:
@@ -463,7 +464,7 @@ def refusals(rank, registry):
     out = []
     reg = vps.Registry(registry.replace("%d", "refusals"), None, -1)
     try:
-        for other in ("zero=1,bucket=60000", "zero=0"):
+        for other in ("zero=1,bucket=60000", "zero=0", "zero=1,optimizer=lion", "zero=1,precision_aware=1"):
             try:
                 vps.megatron.Job(reg, vps.layout(lay.model, other, 1), 0, model, optimizer)
                 out.append("%s: accepted" % other)
@@ -494,6 +495,10 @@ REFUSALS = [
     ("zero=1,bucket=60000", "VPS_ECHECK", "rank 0 chunk 0 dense buffer: Megatron's has 220544 elements, "
      "the layout's 220672"),
     ("zero=0", "VPS_EUNSUPPORTED", "rank 0 chunk 0 dense buffer: the layout's main_param is whole (zero=0)"),
+    # another optimizer's buffers or dtypes than the DistributedOptimizer's Adam in fp32
+    ("zero=1,optimizer=lion", "VPS_EUNSUPPORTED", "the layout's param buffer of chunk 0 is the layer-wise "
+     "optimizer's"),
+    ("zero=1,precision_aware=1", "VPS_EUNSUPPORTED", "the layout's main_param buffer of chunk 0 is int16"),
     ("step 5", "VPS_EINPUT", "training.step is 5, the optimizer has taken 0 steps"),
     ("offload", "VPS_EUNSUPPORTED", "optimizer_cpu_offload: the HybridDeviceOptimizer keeps its own host copies"),
 ]

@@ -13,6 +13,7 @@ distributed optimizer's shard ranges of Megatron's own classes.
     config = mcore.transformer_config(model, par)
     chunks = mcore.build_chunks(model, par, config)
     ddp = mcore.wrap_ddp(chunks, config, par)     # DistributedDataParallel per chunk
+    opt = mcore.build_optimizer(par, ddp)         # get_megatron_optimizer (install_training_shims first)
 
 model is a vps.Model and par the layout's parallel dictionary
 (vps.Layout.parallel). Megatron's buffer and optimizer code runs unmodified;
@@ -23,6 +24,7 @@ import contextlib
 import copy
 import datetime
 import logging
+import multiprocessing
 import os
 import pickle
 import signal
@@ -45,7 +47,10 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.extensions import transformer_engine_spec_provider  # noqa: E402
 from megatron.core.models.backends import LocalSpecProvider  # noqa: E402
 from megatron.core.models.gpt import GPTModel, gpt_layer_specs  # noqa: E402
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # noqa: E402
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer  # noqa: E402
+from megatron.core.optimizer.layer_wise_optimizer import (  # noqa: E402
+    LayerWiseDistributedOptimizer, tag_params_for_buffer_routing)
 from megatron.core.post_training.modelopt.layers import Linear as ReplicatedLinear  # noqa: E402
 from megatron.core.tensor_parallel import set_defaults_if_not_set_tensor_model_parallel_attributes  # noqa: E402
 from megatron.core.tensor_parallel import random as tensor_parallel_random  # noqa: E402
@@ -285,6 +290,121 @@ def install_training_shims():
     _training_shims_installed = True
 
 
+def install_checkpoint_shims():
+    """Megatron-LM's distributed checkpoint (torch_dist) on torch's Adam,
+    without Apex, TransformerEngine or psutil:
+
+    - megatron-core 0.19.2's writer measures its memory for a debug log with
+      psutil, which the wheel does not declare as a dependency (not even in
+      its training extra) and the test environment leaves out; the
+      measurement is 0 bytes here;
+    - load_checkpoint handles torch's Adam (Megatron's choice without Apex
+      and TransformerEngine, whose FusedAdams keep Adam's step per group)
+      as 0.19.2 does not. Before the load, a DistributedOptimizer over
+      torch's Adam that has not stepped yet is given its state with the
+      optimizer's own _init_optimizer_states_with_dummy_values (what
+      Megatron does before loading its fsdp_dtensor format): state_dict()
+      reads Adam's step from every parameter's state, which torch's Adam
+      makes at its first step, so a fresh job could not load a checkpoint.
+      After the load, each parameter's step is the one the checkpoint's
+      param_groups carry, a tensor of its own: the dp_reshardable format
+      keeps the step it finds in the optimizer (LocalNonpersistentObject)
+      and copies it over the loaded one (_set_main_param_and_optimizer_
+      states), and load_state_dict gives every parameter one shared step
+      tensor, which torch's Adam would increment once per parameter.
+      And the fully_reshardable format, which saves no step per parameter
+      and skips it when it loads, fails there with KeyError 'step':
+      _set_main_param_and_optimizer_states asks the loaded tensors for
+      every tensor of the parameter's state, Adam's step included; it is
+      asked only for those the checkpoint has. Every other value is the
+      checkpoint's, as Megatron loads it."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+    from megatron.training import training
+    if not filesystem_async.HAVE_PSUTIL:
+        filesystem_async._process_memory = lambda: 0
+    load = training.load_checkpoint
+
+    def torch_adams(optimizer):
+        for o in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
+            if isinstance(o, DistributedOptimizer) and isinstance(o.optimizer, torch.optim.Adam):
+                yield o
+
+    def load_checkpoint(model, optimizer, *args, **kwargs):
+        for o in torch_adams(optimizer):
+            if not o.optimizer.state:
+                o._init_optimizer_states_with_dummy_values()
+        out = load(model, optimizer, *args, **kwargs)
+        for o in torch_adams(optimizer):
+            for group in o.optimizer.param_groups:
+                for p in group["params"]:
+                    state = o.optimizer.state.get(p)
+                    if state and "step" in group:
+                        state["step"] = torch.tensor(float(group["step"]), dtype=torch.float32)
+        return out
+    training.load_checkpoint = load_checkpoint
+    set_states = DistributedOptimizer._set_main_param_and_optimizer_states
+
+    def set_loaded_states(self, model_param, tensors):
+        state = {}
+        if isinstance(self.optimizer, torch.optim.Adam) and "step" not in tensors:
+            group, order = self.model_param_group_index_map[model_param]
+            state = self.optimizer.state.get(self.optimizer.param_groups[group]["params"][order], {})
+        step = state.pop("step", None)
+        try:
+            set_states(self, model_param, tensors)
+        finally:
+            if step is not None:
+                state["step"] = step
+    DistributedOptimizer._set_main_param_and_optimizer_states = set_loaded_states
+
+
+_pretrain_shims_installed = False
+
+
+def install_pretrain_shims():
+    """What Megatron-LM's own training loop (megatron.training: pretrain,
+    initialize_megatron, setup_model_and_optimizer, train) needs beyond
+    install_training_shims to run on a machine without a GPU. None changes
+    what is computed:
+
+    - pretrain() calls initialize_megatron with allow_no_cuda=True,
+      Megatron's own switch for a run without CUDA;
+    - torch.cuda.device_count() answers 1: _initialize_distributed makes
+      Megatron's process groups only when it sees a device;
+    - torch.cuda.Stream() is a stream with nothing to wait for: the model
+      builders make one to wrap the chunks in DDP;
+    - set_jit_fusion_options does nothing: it compiles TorchScript fusions
+      for the GPU by running them (half a minute here), and the jobs that
+      run on the CPU turn the fusions off;
+    - compile_helpers does nothing: the wheel ships the dataset helpers
+      built (helpers_cpp), and not the Makefile that builds them, which
+      initialize_megatron runs make on;
+    - the GPU architecture validate_args asks for (get_device_arch_version)
+      is Hopper's, 9 (its checks are for the GPU's kernels; they ask for
+      CUDA_DEVICE_MAX_CONNECTIONS=1 with TP, which jobs set as on a GPU);
+    - torch.compile does nothing (torch._dynamo.config.disable, PyTorch's
+      switch for it): Megatron compiles the MoE router's and dispatcher's
+      fused functions (jit_fuser), which on the CPU means a minute of C++
+      compilation at the first MoE step; the functions run as written."""
+    global _pretrain_shims_installed
+    if _pretrain_shims_installed:
+        return
+    install_training_shims()
+    install_checkpoint_shims()
+    import functools
+    from megatron.core.datasets import utils as dataset_utils
+    from megatron.training import arguments, training
+    arguments.get_device_arch_version = lambda: 9
+    torch._dynamo.config.disable = True
+    training.initialize_megatron = functools.partial(training.initialize_megatron, allow_no_cuda=True)
+    training.set_jit_fusion_options = lambda *a, **k: None
+    torch.cuda.device_count = lambda: 1
+    torch.cuda.Stream = lambda *a, **k: _HostStream()
+    dataset_utils.compile_helpers = lambda: None
+    _pretrain_shims_installed = True
+
+
 # ---- the model -------------------------------------------------------------
 
 
@@ -444,22 +564,44 @@ def ddp_config(par):
     )
 
 
+OPTIMIZERS = ("adam", "sgd", "muon", "lion")  # vps's enum vps_optimizer
+
+
+def optimizer_name(par, key="optimizer"):
+    return OPTIMIZERS[par[key]]
+
+
+def layer_wise(par):
+    """Whether Megatron-LM runs the configuration's optimizer as the
+    layer-wise distributed optimizer: an emerging optimizer (Muon, Lion) with
+    --use-distributed-optimizer, which validate_args turns into it
+    (training/arguments.py, "emerging optimizer check")."""
+    return optimizer_name(par) in ("muon", "lion") and bool(par["zero"])
+
+
 def wrap_ddp(chunks, config, par):
     """DistributedDataParallel around each chunk as get_model and
     wrap_model_chunks_with_ddp do: bucketing only in the first chunk of the
     first pipeline stage; with the distributed optimizer the parameter
     layout computed by DistributedOptimizer.compute_full_param_layout for
-    the dp_cp and expert-DP group sizes, and handed to DDP."""
+    the dp_cp and expert-DP group sizes, and handed to DDP; with the
+    layer-wise optimizer the parameters tagged for its buffers
+    (tag_params_for_buffer_routing) and the layout of
+    LayerWiseDistributedOptimizer.compute_full_param_layout."""
     dc = ddp_config(par)
     pp_rank = parallel_state.get_pipeline_model_parallel_rank()
     disable = [i > 0 for i in range(len(chunks))]
     sizes = [None if (d or pp_rank > 0) else dc.bucket_size for d in disable]
+    compute = DistributedOptimizer.compute_full_param_layout
+    if layer_wise(par):
+        tag_params_for_buffer_routing(chunks)
+        compute = LayerWiseDistributedOptimizer.compute_full_param_layout
     out = []
     for chunk, size, dis in zip(chunks, sizes, disable):
         kw = {}
         if dc.use_distributed_optimizer:
             params = [p for p in chunk.parameters() if p.requires_grad]
-            kw["full_param_layout"] = DistributedOptimizer.compute_full_param_layout(
+            kw["full_param_layout"] = compute(
                 params, size,
                 parallel_state.get_data_parallel_world_size(with_context_parallel=True, partial_data_parallel=True),
                 dc,
@@ -468,6 +610,26 @@ def wrap_ddp(chunks, config, par):
             )
         out.append(DistributedDataParallel(config=config, ddp_config=dc, module=chunk, disable_bucketing=dis, **kw))
     return out
+
+
+def optimizer_config(par):
+    """The OptimizerConfig Megatron-LM's training path gives the configuration's
+    optimizer (--bf16, --optimizer, --use-distributed-optimizer, which an
+    emerging optimizer turns into the layer-wise one, --muon-scalar-optimizer)."""
+    lw = layer_wise(par)
+    return OptimizerConfig(optimizer=optimizer_name(par), lr=1e-4, bf16=True, params_dtype=torch.bfloat16,
+                           use_distributed_optimizer=bool(par["zero"]) and not lw,
+                           use_layer_wise_distributed_optimizer=lw,
+                           muon_scalar_optimizer=optimizer_name(par, "scalar_optimizer"))
+
+
+def build_optimizer(par, ddps):
+    """Megatron's optimizer of the DDP-wrapped chunks (get_megatron_optimizer),
+    on the CPU under install_training_shims. Not for the precision-aware
+    optimizer, which is TransformerEngine's FusedAdam."""
+    if par["precision_aware"]:
+        raise ValueError("precision_aware=1: Megatron-Core builds it only over TransformerEngine's FusedAdam")
+    return get_megatron_optimizer(optimizer_config(par), ddps, use_gloo_process_groups=False)
 
 
 def gbuf_ranges(buffer):
@@ -531,6 +693,11 @@ def run_ranks(world, fn, timeout=300, watch=None):
                         with contextlib.suppress(Exception):
                             parallel_state.destroy_model_parallel()
                             torch.distributed.destroy_process_group()
+                        # what the rank started (Megatron's checkpoint writer starts a manager process by
+                        # spawn), which the os._exit below would leave running
+                        for child in multiprocessing.active_children():
+                            child.terminate()
+                            child.join()
                 except BaseException as e:  # reported to the parent, whatever it is
                     out = RankError(r, "%s: %s" % (type(e).__name__, e), traceback.format_exc())
                     code = 1

@@ -26,6 +26,7 @@ and the others device memory, in one registry: optimizer state offloaded
 to the host beside parameters on the GPU."""
 import ctypes as C
 import os
+import re
 import sys
 import time
 
@@ -55,11 +56,19 @@ class Api(C.Structure):
                 ("fill", F(C.c_int, C.c_void_p, C.c_int, C.c_size_t, C.c_char_p))]
 
 
+# the ABI the Api mirror above follows: VPS_CUDA_ABI of lib/gpu/cuda/vps_cuda.h,
+# read from the header so that a bump there that this mirror has not
+# followed fails here by name
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "lib", "gpu", "cuda",
+                       "vps_cuda.h")) as _h:
+    CUDA_ABI = int(re.search(r"#define VPS_CUDA_ABI (\d+)", _h.read()).group(1))
+
+
 def gpu():
     lib = C.CDLL(os.environ["VPS_CUDA_LIBRARY"])
     lib.vps_cuda_api_get.restype = C.POINTER(Api)
     api = lib.vps_cuda_api_get().contents
-    assert api.abi == 5, "the stand-in's ABI is %d" % api.abi
+    assert api.abi == CUDA_ABI, "the stand-in's ABI is %d, this mirror's %d" % (api.abi, CUDA_ABI)
     return api
 
 

@@ -361,6 +361,8 @@ CLOSED_CALLS = {
         ("hash", "obj.hash"), ("world", "obj.world"), ("parallel", "obj.parallel"), ("describe", "obj.describe()"),
         ("coords", "obj.coords(0)"), ("rank", "obj.rank(0)"), ("holders", "obj.holders('output_layer.weight')"),
         ("State", "vps.State(obj, 0)"), ("Registry", "vps.Registry('vps-pytest-closed-%d' % os.getpid(), obj, 0)"),
+        ("state_dtype", "obj.state_dtype('param')"), ("states_of", "obj.states_of('output_layer.weight')"),
+        ("optimizer_of", "obj.optimizer_of('output_layer.weight')"),
     ],
     "State": [
         ("buffer", "obj.buffer(vps.PARAM)"), ("param", "obj.param('output_layer.weight')"),
@@ -399,6 +401,94 @@ for call in calls:
     except vps.Error as e:
         print("%%s %%s" %% (e.name, e), flush=True)
 """
+
+
+class Optimizers(unittest.TestCase):
+    """The optimizer as part of the layout: each tensor's states, their
+    dtypes, the layer-wise optimizer's buffers, the 16-bit states of the
+    precision-aware optimizer in a rank's state."""
+
+    def setUp(self):
+        self.reg = None
+
+    def tearDown(self):
+        if self.reg:
+            self.reg.close()
+
+    def test_states_follow_the_optimizer_that_steps_each_tensor(self):
+        lay = vps.layout("tiny-llama", "dp=2,zero=1,optimizer=muon")
+        fc1, emb = "decoder.layers.6.mlp.linear_fc1.weight", "embedding.word_embeddings.weight"
+        self.assertEqual(lay.optimizer_of(fc1), "muon")
+        self.assertEqual(lay.optimizer_of(emb), "adam")
+        self.assertEqual([vps.STATES[s] for s in lay.states_of(fc1)], ["param", "main_param", "momentum_buffer"])
+        self.assertEqual([vps.STATES[s] for s in lay.states_of(emb)], ["param", "main_param", "exp_avg", "exp_avg_sq"])
+        self.assertEqual(vps.OPTIMIZERS[lay.parallel["optimizer"]], "muon")
+        v = lay.rank(1)
+        p = v.param(fc1)
+        self.assertTrue(p.layerwise)
+        self.assertFalse(v.param(emb).layerwise)
+        b = v.buffer(vps.MOMENTUM_BUFFER, layerwise=True)
+        self.assertTrue(v.buffers[b].layerwise and v.buffers[b].sharded)
+        self.assertIsNone(v.buffer(vps.MOMENTUM_BUFFER))
+        self.assertIn("layerwise=True", repr(v.buffers[b]))
+        # layer 6's matrix is rank 1's, whole, at the start of its shard
+        (r,) = v.regions_of(fc1, state="momentum_buffer")
+        self.assertEqual((r.buffer, r.offset, r.dtype), (b, 0, vps.FP32))
+        self.assertEqual(v.regions_of(fc1, state="param")[0].buffer, v.buffer(vps.PARAM, layerwise=True))
+        with self.assertRaises(vps.Error) as e:
+            vps.layout("tiny-llama", "dp=2,zero=1").holders(fc1, "momentum_buffer")
+        self.assertEqual(str(e.exception), "this layout holds no momentum_buffer (adam keeps none)")
+
+    def test_a_dtensor_layout_holds_adams_states_of_its_fp32_parameter(self):
+        lay = vps.layout("llama3-debug", "dp_shard=2,tp=2")
+        emb = "embedding.word_embeddings.weight"
+        self.assertEqual([vps.STATES[s] for s in lay.states_of(emb)], ["main_param", "exp_avg", "exp_avg_sq"])
+        self.assertEqual(lay.optimizer_of(emb), "adam")
+        self.assertEqual((lay.parallel["family"], lay.parallel["dp_shard"], lay.parallel["optimizer"]), (1, 2, 0))
+        self.assertEqual({vps.DTYPES[r.dtype] for r in lay.rank(0).regions}, {"fp32"})
+        with self.assertRaises(vps.InvalidInput) as e:
+            lay.holders(emb, "param")
+        self.assertEqual(str(e.exception),
+                         "this layout holds no param (family=dtensor holds main_param, exp_avg and exp_avg_sq)")
+        with self.assertRaises(vps.InvalidInput) as e:
+            vps.layout("llama3-debug", "dp_shard=2,optimizer=sgd")
+        self.assertIn("optimizer=sgd is Megatron's (family=megatron)", str(e.exception))
+
+    def test_adopt_takes_a_layerwise_buffer_by_its_four_keys(self):
+        lay = vps.layout("micro-llama", "dp=2,zero=1,optimizer=muon", gpus_per_node=4)
+        self.reg = vps.Registry("vps-pytest-%d" % os.getpid(), lay, 0)
+        v = lay.rank(0)
+        b = v.buffer(vps.MOMENTUM_BUFFER, layerwise=True)
+        t = torch.zeros(v.buffers[b].elements)
+        with self.assertRaises(vps.InvalidInput) as e:
+            vps.State.adopt(self.reg, lay, 0, {("momentum_buffer", 0, False): t})
+        self.assertIn("no momentum_buffer buffer of chunk 0", str(e.exception))
+        # every buffer found by (state, chunk, expert, layerwise): refused only as host memory
+        host = {(vps.STATES[x.state], x.chunk, x.expert, x.layerwise):
+                torch.zeros(x.elements, dtype=vps.TORCH_DTYPE[x.dtype]) for x in v.buffers}
+        self.assertEqual(len(host), len(v.buffers))
+        with self.assertRaises(vps.Error) as e:
+            vps.State.adopt(self.reg, lay, 0, host)
+        self.assertIn("a cpu tensor; host buffers come from State.allocate", str(e.exception))
+        self.assertEqual(self.reg.entries(), [])
+
+    def test_precision_aware_states_are_allocated_in_their_dtypes(self):
+        lay = vps.layout("micro-llama", "tp=2,dp=2,zero=1,precision_aware=1,exp_avg=bf16", gpus_per_node=4)
+        self.assertEqual([vps.DTYPES[lay.state_dtype(s)] for s in ("param", "main_param", "exp_avg", "exp_avg_sq")],
+                         ["bf16", "int16", "bf16", "fp32"])
+        h = lay.holders("decoder.layers.0.mlp.linear_fc1.weight", "main_param")[0]
+        volume = 1
+        for lo, hi in zip(h.lo, h.hi):
+            volume *= hi - lo
+        self.assertEqual(h.bytes, 2 * volume)
+        self.reg = vps.Registry("vps-pytest-%d" % os.getpid(), lay, 0)
+        s = vps.State.allocate(self.reg, lay, 0)
+        self.assertEqual(s.buffer("main_param").dtype, torch.int16)
+        self.assertEqual(s.buffer("exp_avg").dtype, torch.bfloat16)
+        self.assertEqual([e.dtype for e in self.reg.entries()], [b.dtype for b in s.view.buffers])
+        self.assertIn(vps.INT16, [e.dtype for e in self.reg.entries()])
+        self.reg.reset(None, -1)
+        s.free()
 
 
 class Closed(unittest.TestCase):

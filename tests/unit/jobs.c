@@ -145,7 +145,7 @@ void job_apply_plan(const struct vps_plan *p, struct job *a, struct job *b)
 		if (ra < 0 || rb < 0)
 			continue;
 		unsigned char *from = forward ? b->bufs[ra][vps_buffer_index(x->src_buffer)] : a->bufs[ra][x->src_buffer];
-		size_t es = vps_dtype_size(vps_state_dtype(x->state));
+		size_t es = vps_dtype_size(vps_piece_dtype(x));
 		int64_t ext[VPS_MAX_DIMS];
 		for (int k = 0; k < x->box.ndim; k++)
 			ext[k] = x->box.hi[k] - x->box.lo[k];

@@ -153,7 +153,7 @@ static struct vps_cuda_digest kernel_view(const struct vps_region *r, const stru
 {
 	struct vps_cuda_digest v = {0};
 	int64_t tstr = 1;
-	v.esize = (int32_t)vps_dtype_size(vps_state_dtype(r->state));
+	v.esize = (int32_t)vps_dtype_size(vps_region_dtype(r));
 	v.ndim = r->box.ndim;
 	for (int k = t->ndim - 1; k >= 0; k--) {
 		v.ext[k] = r->box.hi[k] - r->box.lo[k];
@@ -191,7 +191,7 @@ TEST(digest_kernel_equals_vps_digest_region)
 	uint64_t want = 0, one = 0, got = 0;
 	int64_t at = 0;
 	for (int i = 0; i < N; i++) {
-		size_t es = vps_dtype_size(vps_state_dtype(r[i].state));
+		size_t es = vps_dtype_size(vps_region_dtype(&r[i]));
 		uint64_t mine = vps_digest_region(h + at, &r[i], &t[i]);
 		v[i] = kernel_view(&r[i], &t[i], (unsigned char *)d + at);
 		/* each view alone, then all of them in one launch */

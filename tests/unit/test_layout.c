@@ -329,6 +329,16 @@ TEST(holders_equal_enumeration_of_all_ranks)
 		{"tiny-qwen3-moe", "tp=2,cp=2,pp=1,dp=2,ep=4,etp=1,zero=1"},
 		{"tiny-qwen3-moe", "tp=2,cp=2,pp=2,dp=1,zero=1"},
 		{"tiny-qwen3-moe", "tp=2,cp=3,pp=1,dp=1,ep=2,etp=1,zero=1"},
+		/* the optimizer's states: the layer-wise optimizer's whole
+		 * parameters, SGD's and Muon's zero=0 whole states, 16 bits */
+		{"tiny-llama", "tp=2,pp=2,dp=2,zero=1,optimizer=muon"},
+		{"tiny-gpt", "tp=2,pp=2,dp=3,zero=1,optimizer=lion,bucket=200000"},
+		{"tiny-qwen3-moe", "tp=2,pp=2,dp=2,ep=2,etp=1,zero=1,optimizer=muon,scalar=lion"},
+		{"tiny-qwen3-moe", "tp=2,etp=1,zero=1,optimizer=muon"},
+		{"tiny-deepseek", "tp=2,pp=2,dp=2,ep=2,etp=1,zero=1,optimizer=muon"},
+		{"tiny-llama", "tp=2,dp=2,zero=0,optimizer=muon"},
+		{"tiny-llama", "tp=2,pp=2,dp=2,optimizer=sgd,grad=1"},
+		{"tiny-llama", "tp=2,dp=3,zero=1,precision_aware=1,exp_avg=bf16"},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
 		holders_match(cases[i][0], cases[i][1]);

@@ -192,7 +192,7 @@ TEST(unknown_model_lists_the_known_ones)
 	const char *e = vps_last_error();
 	/* what is wrong with the name; the caller says which argument it was */
 	CHECK(strncmp(e, "no model named 'llama3-8b'; known: deepseek-v3, gpt3-1.3b, gpt3-2.7b, ", 70) == 0);
-	CHECK(strstr(e, ", llama2-7b, micro-llama, ") != NULL);
+	CHECK(strstr(e, ", llama2-7b, llama3-debug, micro-llama, ") != NULL);
 	CHECK(strstr(e, ", tiny-deepseek, tiny-gpt, tiny-llama, tiny-qwen3-moe; or a model file, a Hugging Face config.json or its directory") != NULL);
 	/* each once though the directory is on the path twice */
 	CHECK(strstr(strstr(e, "tiny-llama") + 1, "tiny-llama") == NULL);

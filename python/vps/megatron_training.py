@@ -1,0 +1,798 @@
+"""A Megatron-LM job started with megatron.training.pretrain() made
+switchable: Megatron-LM's own training loop runs, and between two
+iterations a scheduler moves the job to another parallel configuration.
+
+The lines a copy of Megatron-LM's pretrain_gpt.py adds (tests/megatron/
+pretrain_gpt.py holds them, marked "vps:"):
+
+    import vps.megatron_training as vps_mt
+
+    args = parse_and_validate_args(extra_args_provider=vps_mt.add_arguments, ...)
+    ...
+    vps_mt.pretrain(full_config, train_valid_test_datasets_provider,
+                    ModelType.encoder_or_decoder, forward_step, ...)
+
+vps_mt.pretrain takes megatron.training.pretrain's arguments and calls it.
+Without --vps-control or --vps-switch-to it is Megatron's pretrain and
+nothing else. With them, the job is asked to switch by
+
+    --vps-control FILE        a scheduler writes configurations to FILE, a
+                              line each (examples/torch/launch.py's control
+                              file: "tp=4,pp=2", ":" for "," too, "#"
+                              comments); rank 0 reads the lines added since
+                              between two iterations, and at once on SIGUSR1
+    --vps-switch-to A,B,...   or a fixed schedule: configuration A (colons
+    --vps-switch-every K      between its items, "tp=4:pp=2") after
+                              iteration K, B after 2K, ...
+
+A configuration names tp, pp, cp, ep, etp, vpp, first and last as
+vps-layout(1) does; dp is the rest of the job's world when not given, and
+the distributed optimizer and the gradient buckets are the job's own
+(zero=1, and bucket= from --overlap-grad-reduce and --ddp-bucket-size). The
+world does not change (torchrun keeps it).
+
+What a switch does, after the iteration's logging, evaluation and
+checkpoint (Megatron's checkpoint_and_decide_exit):
+
+1. Megatron's train() returns as at its last iteration (vps sets
+   args.train_iters to the iteration for the moment), into vps, which
+   pretrain() called in train()'s place.
+2. Each rank makes its part of the switch's plan (vps-layout, vps-plan
+   --rank, vps-stage in --vps-dir/rank-R) and starts its own vps-exec,
+   whose rendezvous port rank 0 picks.
+3. vps.megatron.Job.switch moves the state (bf16 parameters, fp32 main
+   parameters, Adam's moments; Adam's step, the consumed samples and the
+   scheduler's position carried) and builds the new configuration with
+   Megatron's own code, from the job's arguments updated to it
+   (tensor_model_parallel_size, pipeline_model_parallel_size,
+   virtual_pipeline_model_parallel_size, context_parallel_size,
+   expert_model_parallel_size, expert_tensor_parallel_size,
+   data_parallel_size, num_layers_in_first/last_pipeline_stage,
+   sequence_parallel, padded_vocab_size): the process groups
+   (initialize._initialize_distributed), the seeds (_set_random_seed), the
+   microbatch calculator (reconfigure_num_microbatches_calculator), the
+   model's TransformerConfig (core_transformer_config_from_args, of the
+   class the job's was) and the model and optimizer
+   (setup_model_and_optimizer, with nothing to load). The Job hands them
+   the moved buffers.
+4. The objects pretrain() holds stay the job's: the list of model chunks
+   is refilled, the optimizer object becomes the new configuration's (its
+   class and attributes are the new one's), the OptimizerParamScheduler is
+   the same object pointed at it, and the data iterators (lists, one per
+   model chunk, which Megatron's schedules take) are refilled with new ones
+   built by Megatron at args.consumed_train_samples and
+   args.consumed_valid_samples for the new data-parallel rank and size.
+5. train() is called again from args.iteration, as after a checkpoint load:
+   it takes the new configuration's schedule and model config, and the
+   loss accumulators of the log interval a switch splits carry on.
+
+So logging, evaluation, and the next checkpoint (save_checkpoint) are the
+new configuration's. Four of megatron.training.training's functions are
+wrapped while pretrain() runs, and put back after: train,
+checkpoint_and_decide_exit, training_log and
+build_train_valid_test_data_iterators.
+
+A switch whose executors fail (vps.Error from Job.switch) ends pretrain()
+with that error, the job's state where vps.switch leaves it; a vps-exec
+that dies without a verdict leaves the job waiting for --vps-timeout.
+
+Not supported, and refused before training starts: what vps.megatron.Job
+refuses (no distributed optimizer, fp16, the precision-aware optimizer),
+a pg_collection passed to pretrain, CUDA graphs, RL, --use-tp-pp-dp-mapping,
+--multiple-validation-sets, asynchronous saves with a persistent worker
+(train() stops it when it returns), --num-buckets (gradient buckets must be
+a size vps can lay out).
+
+The model vps lays out is --vps-model (a vps model file, a name of
+configs/models or a Hugging Face config.json) or, by default, made from
+the job's arguments (model_from_args): GPT and LLaMA shapes, MoE with
+SequentialMLP experts; the Job checks every parameter of Megatron's model
+against it when training starts."""
+import dataclasses
+import functools
+import gc
+import inspect
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+from . import megatron as _vps_megatron
+from ._lib import Error
+from .layout import layout as _layout
+from .registry import Registry, Training
+
+VPS_EINPUT, VPS_ECHECK, VPS_EPEER, VPS_EUNSUPPORTED = 1, 2, 9, 10
+TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the parallel items a configuration may name; the others are the job's
+_SPEC_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "first", "last", "grouped_gemm")
+
+
+def add_arguments(parser):
+    """Megatron's extra_args_provider for vps's arguments (chain another
+    with lambda p: add_arguments(other(p)))."""
+    g = parser.add_argument_group(title="vps: switching the job's parallel configuration")
+    g.add_argument("--vps-control", metavar="FILE",
+                   help="switch to each configuration written to FILE, a line each (read between iterations, "
+                        "and at once on SIGUSR1 to rank 0)")
+    g.add_argument("--vps-switch-to", metavar="A,B,...",
+                   help="switch to A after --vps-switch-every iterations, to B after twice as many, ... (colons "
+                        "between a configuration's items: tp=4:pp=2)")
+    g.add_argument("--vps-switch-every", type=int, default=0, metavar="K")
+    g.add_argument("--vps-dir", metavar="DIR",
+                   help="each rank's plans, vps-exec logs and reports go to DIR/rank-R (default: a temporary "
+                        "directory, removed when the job ends well)")
+    g.add_argument("--vps-registry", metavar="PREFIX",
+                   help="rank R's registry is /dev/shm/PREFIX-R (default: vps-mlm-PID-RANDOM, rank 0's PID)")
+    g.add_argument("--vps-model", metavar="MODEL",
+                   help="the model vps lays out (default: made from the job's arguments)")
+    g.add_argument("--vps-gpus-per-node", type=int, default=0, metavar="N",
+                   help="ranks per node (default: LOCAL_WORLD_SIZE, as torchrun sets it, else the world)")
+    g.add_argument("--vps-transport", default="tcp", help="vps-exec's transport (default tcp)")
+    g.add_argument("--vps-budget", default="256MiB", help="vps-stage's staging budget (default 256MiB)")
+    g.add_argument("--vps-timeout", type=float, default=600.0, help="seconds a switch may take (default 600)")
+    return parser
+
+
+# ---- the model and the configurations, as vps names them ----
+def model_from_args(args, vocab):
+    """The vps model file (YAML text) of the model the job's arguments
+    describe, `vocab` the tokenizer's vocabulary before padding. Raises
+    vps.Error (VPS_EUNSUPPORTED) for what it cannot describe: give
+    --vps-model then."""
+    def refuse(what):
+        raise Error(VPS_EUNSUPPORTED, "vps cannot make the model from the job's arguments: %s; give --vps-model"
+                    % what)
+    if getattr(args, "multi_latent_attention", False):
+        refuse("multi-latent attention")
+    if getattr(args, "mtp_num_layers", None):
+        refuse("multi-token prediction layers")
+    if args.normalization not in ("LayerNorm", "RMSNorm"):
+        refuse("--normalization %s" % args.normalization)
+    if args.position_embedding_type not in ("learned_absolute", "rope"):
+        refuse("--position-embedding-type %s" % args.position_embedding_type)
+    if args.swiglu:
+        activation = "swiglu"
+    elif getattr(args, "squared_relu", False) or getattr(args, "quick_geglu", False):
+        refuse("an activation other than GeLU and SwiGLU")
+    else:
+        activation = "gelu"
+    heads = args.num_attention_heads
+    groups = args.num_query_groups if args.group_query_attention else heads
+    lines = ["vps: model", "version: 1", "name: megatron-job", "hidden: %d" % args.hidden_size,
+             "layers: %d" % args.num_layers, "heads: %d" % heads, "query_groups: %d" % groups,
+             "head_dim: %d" % (args.kv_channels or args.hidden_size // heads), "vocab: %d" % vocab,
+             "vocab_divisor: %d" % args.make_vocab_size_divisible_by,
+             "norm: %s" % ("rmsnorm" if args.normalization == "RMSNorm" else "layernorm"),
+             "activation: %s" % activation]
+    if args.position_embedding_type == "learned_absolute":
+        lines += ["position: learned", "max_positions: %d" % args.max_position_embeddings]
+    else:
+        lines.append("position: rope")
+    for key, on in (("bias", args.add_bias_linear), ("qkv_bias", args.add_qkv_bias),
+                    ("tied_embeddings", not args.untie_embeddings_and_output_weights),
+                    ("qk_norm", args.qk_layernorm)):
+        if on:
+            lines.append("%s: true" % key)
+    experts = args.num_experts or 0
+    if experts:
+        if args.moe_router_enable_expert_bias:
+            refuse("the routers' expert bias (a module buffer, which vps.megatron does not move)")
+        freq = args.moe_layer_freq
+        pattern = [1 if i % freq == 0 else 0 for i in range(args.num_layers)] if isinstance(freq, int) else list(freq)
+        first = pattern.index(1) if 1 in pattern else len(pattern)
+        if pattern != [0] * first + [1] * (len(pattern) - first):
+            refuse("--moe-layer-freq %s: vps lays out dense layers first, then MoE layers" % freq)
+        lines += ["experts: %d" % experts, "moe_ffn: %d" % (args.moe_ffn_hidden_size or args.ffn_hidden_size)]
+        if first:
+            lines += ["first_dense: %d" % first, "ffn: %d" % args.ffn_hidden_size]
+        if args.moe_shared_expert_intermediate_size:
+            lines.append("shared_ffn: %d" % args.moe_shared_expert_intermediate_size)
+    else:
+        lines.append("ffn: %d" % args.ffn_hidden_size)
+    return "\n".join(lines) + "\n"
+
+
+def spec_of_args(args):
+    """The job's current configuration as a vps parallel spec."""
+    par = dict(tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size,
+               dp=args.data_parallel_size, cp=args.context_parallel_size, ep=args.expert_model_parallel_size,
+               etp=args.expert_tensor_parallel_size or args.tensor_model_parallel_size,
+               vpp=args.virtual_pipeline_model_parallel_size or 1)
+    first, last = args.decoder_first_pipeline_num_layers, args.decoder_last_pipeline_num_layers
+    items = ["%s=%d" % kv for kv in par.items()]
+    items += ["first=%d" % first] if first else []
+    items += ["last=%d" % last] if last else []
+    items += ["grouped_gemm=1"] if getattr(args, "moe_grouped_gemm", False) else []
+    return ",".join(items + _job_items(args))
+
+
+def _job_items(args):
+    """What every configuration of the job keeps: the distributed optimizer
+    and the gradient buckets DDP makes."""
+    if not args.overlap_grad_reduce:
+        bucket = "0"
+    elif args.ddp_bucket_size:
+        bucket = str(args.ddp_bucket_size)
+    else:
+        bucket = "auto"
+    return ["zero=1", "bucket=" + bucket]
+
+
+def complete_spec(spec, args, world):
+    """A configuration asked for ("tp=4,pp=2" or "tp=4:pp=2"), completed
+    with the job's own items and, when it names none, the data-parallel
+    size that fills the world. Raises vps.Error (VPS_EINPUT) naming what
+    it refuses."""
+    items = [i.strip() for i in spec.replace(":", ",").split(",") if i.strip()]
+    par = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or key not in _SPEC_KEYS:
+            raise Error(VPS_EINPUT, "%s: %s: a configuration names %s (the distributed optimizer and the "
+                        "buckets are the job's)" % (spec, item, ", ".join(_SPEC_KEYS)))
+        try:
+            par[key] = int(value)
+        except ValueError:
+            raise Error(VPS_EINPUT, "%s: %s: not a number" % (spec, item)) from None
+        if par[key] < 0 or (par[key] == 0 and key not in ("first", "last", "grouped_gemm")):
+            raise Error(VPS_EINPUT, "%s: %s: out of range" % (spec, item))
+    tp, pp, cp = par.get("tp", 1), par.get("pp", 1), par.get("cp", 1)
+    if "dp" not in par:
+        if world % (tp * pp * cp):
+            raise Error(VPS_EINPUT, "%s: tp x pp x cp = %d does not divide the job's %d ranks"
+                        % (spec, tp * pp * cp, world))
+        par["dp"] = world // (tp * pp * cp)
+    if tp * pp * cp * par["dp"] != world:
+        raise Error(VPS_EINPUT, "%s: %d ranks; the job has %d (vps.megatron does not change the world)"
+                    % (spec, tp * pp * cp * par["dp"], world))
+    return ",".join(["%s=%d" % kv for kv in par.items()] + _job_items(args))
+
+
+def _tool(name):
+    for d in (os.environ.get("VPS_BIN"), os.path.join(TOP, "bin")):
+        if d and os.access(os.path.join(d, name), os.X_OK):
+            return os.path.join(d, name)
+    found = shutil.which(name)
+    if not found:
+        raise Error(VPS_EINPUT, "%s not found: run make, or put vps's tools on PATH (or VPS_BIN)" % name)
+    return found
+
+
+def _run(cmd):
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if r.returncode:
+        raise Error(VPS_EINPUT, "%s: exit %d: %s" % (" ".join(cmd), r.returncode, r.stderr.strip()))
+    return r.stdout
+
+
+# ---- what asks for a switch ----
+class ControlFile:
+    """The configurations a scheduler writes to `path`, a line each, read
+    on rank 0 when the file has grown, or at once after SIGUSR1 (as
+    examples/torch/launch.py reads its control file)."""
+
+    def __init__(self, path):
+        self.path, self.seen, self.woken = path, 0, False
+        signal.signal(signal.SIGUSR1, self._wake)
+
+    def _wake(self, *_):
+        self.woken = True
+
+    def close(self):
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+
+    def asked(self, iteration):
+        """The configurations asked for since the last call, in order."""
+        try:
+            size = os.stat(self.path).st_size
+        except FileNotFoundError:
+            return []
+        if size == self.seen and not self.woken:
+            return []
+        self.woken = False
+        with open(self.path) as f:
+            data = f.read()
+        whole = data[:data.rfind("\n") + 1]
+        new = whole[self.seen:]
+        self.seen = len(whole)
+        return [s for s in (line.split("#")[0].strip() for line in new.splitlines()) if s]
+
+
+class Schedule:
+    """--vps-switch-to A,B,... --vps-switch-every K: A after iteration K, B
+    after 2K, ..."""
+
+    def __init__(self, specs, every):
+        self.specs, self.every = list(specs), every
+
+    def close(self):
+        pass
+
+    def asked(self, iteration):
+        k = iteration // self.every
+        if iteration % self.every or not 1 <= k <= len(self.specs):
+            return []
+        return [self.specs[k - 1]]
+
+
+class Switch:
+    """One switch of the job: its number k (from 1), the iteration after
+    which it happened, the configurations (vps specs) before and after,
+    the Layouts, the seconds training stood still (pause), and the
+    vps.Training vps-exec carried."""
+
+    def __init__(self, k, iteration, source, target, source_layout, target_layout):
+        self.k, self.iteration, self.source, self.target = k, iteration, source, target
+        self.source_layout, self.target_layout = source_layout, target_layout
+        self.pause, self.carried = None, None
+
+    def __repr__(self):
+        return "Switch(%d after iteration %d: %s -> %s)" % (self.k, self.iteration, self.source, self.target)
+
+
+# ---- pretrain ----
+def check_arguments(args):
+    """vps's arguments, among Megatron's: vps.Error (VPS_EINPUT) for a
+    combination that asks for nothing or for two things."""
+    if args.vps_control and args.vps_switch_to:
+        raise Error(VPS_EINPUT, "--vps-control and --vps-switch-to: the scheduler or a fixed schedule, not both")
+    if args.vps_switch_to and args.vps_switch_every < 1:
+        raise Error(VPS_EINPUT, "--vps-switch-to needs --vps-switch-every K (K >= 1)")
+    if args.vps_switch_every and not args.vps_switch_to:
+        raise Error(VPS_EINPUT, "--vps-switch-every without --vps-switch-to")
+
+
+def pretrain(*args, observer=None, **kwargs):
+    """megatron.training.pretrain(*args, **kwargs), switchable (see the
+    module's text). observer, if given, is told on every rank, with the
+    job's model chunks and optimizer: before_switch(switch, model,
+    optimizer) and after_switch(switch, model, optimizer) around each
+    switch, and after_iteration(iteration, model, optimizer) at the end
+    of every iteration (after Megatron's checkpoint); any it lacks are
+    skipped."""
+    from megatron.training import get_args
+    from megatron.training import training as T
+
+    margs = get_args()
+    bound = inspect.signature(T.pretrain).bind(*args, **kwargs)
+    check_arguments(margs)
+    if not (margs.vps_control or margs.vps_switch_to):
+        return T.pretrain(*args, **kwargs)
+    job = _Switching(margs, bound.arguments, observer)
+    with job.wrapped(T):
+        return T.pretrain(*args, **kwargs)
+
+
+def _become(obj, new):
+    """obj takes new's class and attributes: code that holds obj (pretrain()
+    holds the optimizer) holds the new object's state."""
+    obj.__class__ = new.__class__
+    obj.__dict__ = new.__dict__
+
+
+class _Switching:
+    """One rank of a job that pretrain() runs and vps switches."""
+
+    def __init__(self, args, pretrain_args, observer):
+        import torch.distributed as dist
+        self.args, self.observer = args, observer
+        self.p = dict(pretrain_args)
+        if self.p.get("pg_collection") is not None:
+            raise Error(VPS_EUNSUPPORTED, "pretrain(pg_collection=...): vps makes Megatron's process groups again "
+                        "at a switch, from the job's arguments")
+        self._refuse_unsupported(args)
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.gpus_per_node = args.vps_gpus_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
+        if args.vps_switch_to:
+            self.asks = Schedule(args.vps_switch_to.split(","), args.vps_switch_every)
+        else:
+            self.asks = ControlFile(args.vps_control) if self.rank == 0 else None
+        self.job = self.reg = None
+        self.switches, self.pending = [], None
+        self.train_iters = None
+        self.carry_log = None
+        self.groups_before = None
+        self.keep_dir = bool(args.vps_dir)
+        self.dir = None
+        self.optimizer = self.scheduler = None
+        self.model = self.iterators = None
+        self.queue, self.test_list, self.test_elements = [], None, []
+
+    @staticmethod
+    def _refuse_unsupported(args):
+        why = None
+        if not args.use_distributed_optimizer:
+            why = "the job does not use the distributed optimizer (--use-distributed-optimizer)"
+        elif not args.bf16:
+            why = "the job's parameters are not bf16 (--bf16)"
+        elif args.cuda_graph_impl != "none":
+            why = "CUDA graphs (--cuda-graph-impl) hold the configuration's model"
+        elif args.perform_rl_step:
+            why = "RL training (--perform-rl-step)"
+        elif args.use_tp_pp_dp_mapping:
+            why = "--use-tp-pp-dp-mapping: vps lays out Megatron's default rank order tp-cp-ep-dp-pp"
+        elif args.multiple_validation_sets:
+            why = "--multiple-validation-sets"
+        elif args.async_save and args.use_persistent_ckpt_worker:
+            why = "asynchronous saves with a persistent worker (train() stops the worker when it returns)"
+        elif args.ddp_num_buckets:
+            why = "--ddp-num-buckets (vps lays out buckets of a size: --ddp-bucket-size)"
+        elif args.dataloader_type == "external":
+            why = "--dataloader-type external (vps rebuilds the data iterators for the new data-parallel ranks)"
+        if why:
+            raise Error(VPS_EUNSUPPORTED, "vps cannot switch this job: " + why)
+
+    # ---- Megatron's functions, wrapped while pretrain() runs ----
+    def wrapped(self, T):
+        import contextlib
+        names = ("train", "checkpoint_and_decide_exit", "training_log", "build_train_valid_test_data_iterators")
+        originals = {n: getattr(T, n) for n in names}
+        ours = {"train": self._train, "checkpoint_and_decide_exit": self._between,
+                "training_log": self._training_log, "build_train_valid_test_data_iterators": self._iterators}
+
+        @contextlib.contextmanager
+        def patched():
+            self.T, self.orig = T, originals
+            self.groups_before = set(_process_groups())
+            for n in names:
+                setattr(T, n, ours[n])
+            try:
+                yield
+            finally:
+                for n in names:
+                    setattr(T, n, originals[n])
+                self.close()
+        return patched()
+
+    def _iterators(self, provider):
+        """Megatron's iterators, each as a list of one when the model has one
+        chunk (Megatron's schedules take a list of one as the iterator): the
+        objects pretrain() holds are lists, refilled at a switch. With VPP
+        pretrain() makes the lists itself, of what this returns."""
+        out = self.orig["build_train_valid_test_data_iterators"](provider)
+        if self.args.virtual_pipeline_model_parallel_size is not None:
+            self.test_elements.append(out[2])
+            return out
+        out = tuple([it] for it in out)
+        self.test_list = out[2]
+        return out
+
+    def _training_log(self, loss_dict, total_loss_dict, *rest, **kw):
+        # the log interval's sums go on across a switch, which gives train() a new dict
+        if self.carry_log is not None and self.carry_log is not total_loss_dict and not total_loss_dict:
+            total_loss_dict.update(self.carry_log)
+        self.carry_log = total_loss_dict
+        return self.orig["training_log"](loss_dict, total_loss_dict, *rest, **kw)
+
+    def _between(self, model, optimizer, opt_param_scheduler, iteration, *rest):
+        """Megatron's checkpoint_and_decide_exit, then what vps does between
+        two iterations: tell the observer, and ask whether to switch."""
+        if self.orig["checkpoint_and_decide_exit"](model, optimizer, opt_param_scheduler, iteration, *rest):
+            return True
+        self._tell("after_iteration", iteration, model, optimizer)
+        if iteration >= self.args.train_iters:
+            return False
+        spec = self._next(iteration)
+        if spec is not None:
+            # train() ends as at its last iteration; _train switches and calls it again
+            self.pending = spec
+            self.train_iters = self.args.train_iters
+            self.args.train_iters = iteration
+        return False
+
+    def _next(self, iteration):
+        """The configuration to switch to now, the same on every rank, or None."""
+        import torch.distributed as dist
+        choice = [None]
+        if self.rank == 0:
+            self.queue += self.asks.asked(iteration)
+            while self.queue and choice[0] is None:
+                spec = self.queue.pop(0)
+                try:
+                    full = complete_spec(spec, self.args, self.world)
+                    _layout(self.model_path, full, self.gpus_per_node)
+                    choice[0] = full
+                except Error as e:
+                    _say("vps: %s: %s (ignored)" % (spec, e))
+        dist.broadcast_object_list(choice, src=0)
+        return choice[0]
+
+    def _tell(self, what, *a):
+        fn = getattr(self.observer, what, None)
+        if fn:
+            fn(*a)
+
+    # ---- the training loop, called again after each switch ----
+    def _train(self, *a, **kw):
+        from megatron.core.utils import get_model_config
+        from megatron.training import get_timers
+        args = self.args
+        bound = inspect.signature(self.orig["train"]).bind(*a, **kw)
+        arg = bound.arguments
+        self.start(arg["model"], arg["optimizer"], arg["opt_param_scheduler"],
+                   [arg["train_data_iterator"], arg["valid_data_iterator"]])
+        while True:
+            iteration, flops = self.orig["train"](*bound.args, **bound.kwargs)
+            if self.pending is None:
+                return iteration, flops
+            spec, self.pending = self.pending, None
+            args.train_iters, self.train_iters = self.train_iters, None
+            # train() starts from these, as after loading a checkpoint
+            args.iteration, args.num_floating_point_operations_so_far = iteration, flops
+            # the log interval's clock stands still while the job switches
+            get_timers()("interval-time").stop()
+            self.switch(spec, iteration, arg["checkpointing_context"])
+            arg["config"] = get_model_config(self.model[0])
+
+    def start(self, model, optimizer, scheduler, iterators):
+        """The first entry into train(): the job's state into vps's buffers."""
+        if self.job is not None:
+            return
+        import torch.distributed as dist
+        from megatron.training import get_tokenizer
+        args = self.args
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.iterators = list(iterators)
+        tag = [None, os.environ.get("VPS_TOKEN")]
+        if self.rank == 0:
+            tag[0] = args.vps_registry or "vps-mlm-%d-%x" % (os.getpid(), int.from_bytes(os.urandom(4), "little"))
+            if not tag[1]:
+                tag[1] = _run([_tool("vps-exec"), "--new-token"]).strip()
+        dist.broadcast_object_list(tag, src=0)
+        self.tag, self.token = tag
+        base = args.vps_dir or tempfile.mkdtemp(prefix="%s-rank%d-" % (self.tag, self.rank))
+        self.dir = os.path.join(base, "rank-%d" % self.rank) if args.vps_dir else base
+        os.makedirs(self.dir, exist_ok=True)
+        if args.vps_model:
+            self.model_path = args.vps_model
+        else:
+            self.model_path = os.path.join(self.dir, "model.yaml")
+            with open(self.model_path, "w") as f:
+                f.write(model_from_args(args, get_tokenizer().vocab_size))
+        self.spec = spec_of_args(args)
+        lay = _layout(self.model_path, self.spec, self.gpus_per_node)
+        if lay.world != self.world:
+            raise Error(VPS_ECHECK, "%s: %d ranks; the job has %d" % (self.spec, lay.world, self.world))
+        self.lay = lay
+        self.reg = Registry("%s-%d" % (self.tag, self.rank), lay, self.rank)
+        # vps: Megatron's parameters, main parameters and moments become views of vps's buffers
+        self.job = _vps_megatron.Job(self.reg, lay, self.rank, model, optimizer)
+        if self.rank == 0:
+            _say("vps: %s switchable on %d ranks (model: %s), its state in vps's buffers; plans and logs in %s"
+                 % (self.spec, self.world, args.vps_model or "made from the job's arguments", base))
+
+    def close(self):
+        if self.asks:
+            self.asks.close()
+        if self.job:
+            self.job.close()
+        if self.reg:
+            self.reg.close()
+        self.job = self.reg = None
+        if self.dir and not self.keep_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    # ---- a switch ----
+    def switch(self, spec, iteration, ckpt_ctx):
+        import torch.distributed as dist
+        from megatron.training import print_rank_0
+        args = self.args
+        k = len(self.switches) + 1
+        target = _layout(self.model_path, spec, self.gpus_per_node)
+        sw = Switch(k, iteration, self.spec, spec, self.lay, target)
+        self._tell("before_switch", sw, self.model, self.optimizer)
+        t0 = time.monotonic()
+        executor, log = self._executor(sw)
+        training = Training(step=self.job.step, consumed_samples=args.consumed_train_samples,
+                            scheduler_step=self.scheduler.num_steps, global_batch=args.global_batch_size,
+                            micro_batch=args.micro_batch_size)
+        try:
+            model, optimizer, carried = self.job.switch(target, self.rank, training,
+                                                        functools.partial(self._build, ckpt_ctx),
+                                                        timeout=args.vps_timeout)
+        except BaseException:
+            if executor.poll() is None:
+                executor.terminate()
+            executor.wait()
+            raise
+        rc = executor.wait(timeout=args.vps_timeout)
+        log.close()
+        if rc:
+            raise Error(VPS_EPEER, "switch %d: vps-exec rank %d exited with status %d (%s)"
+                        % (k, self.rank, rc, log.name))
+        for field in ("step", "consumed_samples", "scheduler_step"):
+            if getattr(carried, field) != getattr(training, field):
+                raise Error(VPS_ECHECK, "switch %d carried %s %d; the job was at %d"
+                            % (k, field, getattr(carried, field), getattr(training, field)))
+        # pretrain() holds the list of chunks, refilled, and the scheduler, whose optimizer object became the
+        # new one (_build): it gives the new parameter groups the learning rate of its position
+        self.model[:] = model
+        self.scheduler.step(increment=0)
+        self._new_iterators()
+        # the configuration before is garbage in cycles (its chunks, their DDP hooks and their config)
+        gc.collect()
+        self.spec, self.lay = spec, target
+        sw.pause, sw.carried = time.monotonic() - t0, carried
+        self.switches.append(sw)
+        dist.barrier()
+        print_rank_0("vps: switch %d after iteration %d: %s -> %s in %.2f s (state moved by vps-exec, model and "
+                     "optimizer made by Megatron)" % (k, iteration, sw.source, sw.target, sw.pause))
+        self._tell("after_switch", sw, self.model, self.optimizer)
+
+    def _executor(self, sw):
+        """This rank's part of the switch's plan, and its vps-exec, started."""
+        import torch.distributed as dist
+        args = self.args
+        d = self.dir
+        paths = []
+        for name, spec in (("c%d.layout" % (sw.k - 1), sw.source), ("c%d.layout" % sw.k, sw.target)):
+            path = os.path.join(d, name)
+            _run([_tool("vps-layout"), "-q", "--model", self.model_path, "--parallel", spec, "--gpus-per-node",
+                  str(self.gpus_per_node), "-o", path])
+            paths.append(path)
+        plan, staged = (os.path.join(d, "switch%d.%s" % (sw.k, x)) for x in ("plan", "staged"))
+        _run([_tool("vps-plan"), "-q", "--rank", str(self.rank), paths[0], paths[1], "--global-batch",
+              str(args.global_batch_size), "--micro-batch", str(args.micro_batch_size), "-o", plan])
+        _run([_tool("vps-stage"), "-q", "--budget", args.vps_budget, plan, "-o", staged])
+        where = [None]
+        if self.rank == 0:
+            with socket.socket() as s:
+                s.bind(("", 0))
+                host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+                where[0] = "%s:%d" % (socket.gethostbyname(host), s.getsockname()[1])
+        dist.broadcast_object_list(where, src=0)
+        log = open(os.path.join(d, "exec%d.log" % sw.k), "w")
+        env = dict(os.environ, VPS_TOKEN=self.token)
+        p = subprocess.Popen(
+            [_tool("vps-exec"), "--registry", self.reg.name, "--rank", str(self.rank), "--world", str(self.world),
+             "--master", where[0], "--transport", args.vps_transport, "--wait", "--check", "--timeout",
+             str(int(args.vps_timeout)), "--report", os.path.join(d, "report%d.yaml" % sw.k), staged],
+            env=env, stdout=log, stderr=subprocess.STDOUT)
+        return p, log
+
+    def _build(self, ckpt_ctx, lay):
+        """Megatron's model and optimizer for `lay`, made by Megatron's own
+        code from the job's arguments updated to it; the optimizer pretrain()
+        holds becomes the new one."""
+        from megatron.core.process_groups_config import ProcessGroupCollection
+        from megatron.training import get_args
+        from megatron.training import training as T
+        args = get_args()
+        self._set_parallel(args, lay.parallel)
+        self._make_groups()
+        self._update_model_config(args)
+        saved = {k: getattr(args, k) for k in ("load", "pretrained_checkpoint", "iteration", "train_iters",
+                                               "num_floating_point_operations_so_far", "moe_use_upcycling",
+                                               "ckpt_convert_format")}
+        # nothing to load: the state is the one the switch moved
+        args.load = args.pretrained_checkpoint = args.ckpt_convert_format = None
+        args.moe_use_upcycling = False
+        try:
+            model, optimizer, _ = T.setup_model_and_optimizer(
+                self.p["model_type"], model_provider_func=self.p.get("model_provider"),
+                checkpointing_context=ckpt_ctx, cfg_container=self.p.get("cfg_container"),
+                pg_collection=ProcessGroupCollection.use_mpu_process_groups())
+        finally:
+            for key, v in saved.items():
+                setattr(args, key, v)
+        _become(self.optimizer, optimizer)
+        return model, self.optimizer
+
+    def _set_parallel(self, args, par):
+        if not hasattr(self, "sequence_parallel"):
+            self.sequence_parallel = args.sequence_parallel
+            self.overlap_p2p = (args.overlap_p2p_comm, args.align_param_gather)
+        args.tensor_model_parallel_size = par["tp"]
+        args.pipeline_model_parallel_size = args.transformer_pipeline_model_parallel_size = par["pp"]
+        args.virtual_pipeline_model_parallel_size = par["vpp"] if par["vpp"] > 1 else None
+        args.num_virtual_stages_per_pipeline_rank = args.virtual_pipeline_model_parallel_size
+        args.num_layers_per_virtual_pipeline_stage = None
+        args.context_parallel_size = par["cp"]
+        args.expert_model_parallel_size = par["ep"]
+        args.expert_tensor_parallel_size = par["etp"]
+        args.data_parallel_size = par["dp"]
+        args.decoder_first_pipeline_num_layers = par["first"] or None
+        args.decoder_last_pipeline_num_layers = par["last"] or None
+        args.sequence_parallel = self.sequence_parallel and par["tp"] > 1
+        args.overlap_p2p_comm, args.align_param_gather = self.overlap_p2p if par["vpp"] > 1 else (False, False)
+        if args.pad_vocab_size:
+            from megatron.core.tokenizers.utils.build_tokenizer import vocab_size_with_padding
+            from megatron.training import get_tokenizer
+            args.padded_vocab_size = vocab_size_with_padding(get_tokenizer().vocab_size, args,
+                                                             logging_enabled=False)
+        from megatron.core.num_microbatches_calculator import (reconfigure_num_microbatches_calculator,
+                                                               update_num_microbatches)
+        reconfigure_num_microbatches_calculator(
+            rank=args.rank, global_batch_size=args.global_batch_size, micro_batch_size=args.micro_batch_size,
+            data_parallel_size=args.data_parallel_size * args.gtp_weight_remat_size,
+            decrease_batch_size_if_needed=args.decrease_batch_size_if_needed,
+            step_batch_size_schedule=args.step_batch_size_schedule, seq_length=args.seq_length)
+        update_num_microbatches(args.consumed_train_samples, consistency_check=True, verbose=False)
+
+    def _make_groups(self):
+        """Megatron's process groups and seeds for the arguments, as
+        initialize_megatron makes them, after destroying those of the
+        configuration before (destroy_model_parallel only forgets them)."""
+        import torch.distributed as dist
+        from megatron.core import parallel_state
+        from megatron.training import initialize as I
+        args = self.args
+        parallel_state.destroy_model_parallel()
+        for g in _process_groups():
+            if g not in self.groups_before:
+                dist.destroy_process_group(g)
+        I._initialize_distributed(self.p.get("get_embedding_ranks"), self.p.get("get_position_embedding_ranks"),
+                                  self.p.get("store"))
+        I._set_random_seed(args.seed, args.data_parallel_random_init, args.te_rng_tracker,
+                           args.inference_rng_tracker, use_cudagraphable_rng=args.cuda_graph_impl != "none")
+
+    def _update_model_config(self, args):
+        """The model config pretrain() builds from (cfg_container.model),
+        made for the new configuration: its TransformerConfig from the
+        arguments, as pretrain_gpt.py makes it, of the class the job's was;
+        the padded vocabulary; a fresh DDP config (DDP resolves its bucket
+        size into it)."""
+        cfg = self.p.get("cfg_container")
+        if cfg is None:
+            return
+        from megatron.training.training import get_megatron_ddp_config
+        cfg.ddp = get_megatron_ddp_config(args)
+        mc = getattr(cfg, "model", None)
+        if mc is None:
+            return
+        if args.yaml_cfg is not None:
+            from megatron.training.yaml_arguments import core_transformer_config_from_yaml
+            transformer = core_transformer_config_from_yaml(args, "language_model")
+        else:
+            from megatron.training.arguments import core_transformer_config_from_args
+            transformer = core_transformer_config_from_args(args, config_class=type(mc.transformer))
+        changes = {"transformer": transformer}
+        if not getattr(mc, "should_pad_vocab", True) and args.padded_vocab_size is not None:
+            changes["vocab_size"] = args.padded_vocab_size
+        cfg.model = dataclasses.replace(mc, **changes)
+
+    def _new_iterators(self):
+        """Megatron's data iterators for the new configuration, at the job's
+        consumed samples, into the lists pretrain() holds."""
+        args = self.args
+        provider = self.p["train_valid_test_dataset_provider"]
+        build = self.orig["build_train_valid_test_data_iterators"]
+        if args.virtual_pipeline_model_parallel_size is not None:
+            made = []
+            for vp_stage in range(len(self.model)):
+                part = functools.partial(provider, vp_stage=vp_stage)
+                if getattr(provider, "is_distributed", False):
+                    part.is_distributed = True
+                made.append(build(part))
+            new = [list(x) for x in zip(*made)]
+        else:
+            new = [[x] for x in build(provider)]
+        for have, got in zip(self.iterators, new[:2]):
+            have[:] = got
+        # pretrain() evaluates on its test iterator after training
+        if self.test_list is not None:
+            self.test_list[:] = new[2]
+        elif [x is None for x in self.test_elements] == [y is None for y in new[2]]:
+            for have, got in zip(self.test_elements, new[2]):
+                if have is not None:
+                    _become(have, got)
+        elif args.do_test:
+            args.do_test = False
+            if self.rank == 0:
+                _say("vps: pretrain()'s evaluation on the test set after training is left out: it holds a test "
+                     "iterator per model chunk of the first configuration, %d, and this one has %d"
+                     % (len(self.test_elements), len(new[2])))
+
+
+def _process_groups():
+    from torch.distributed import distributed_c10d as c10d
+    default = c10d._get_default_group()
+    return [g for g in c10d._world.pg_map if g is not default]
+
+
+def _say(line):
+    print(line, flush=True)

@@ -1,0 +1,390 @@
+#!/usr/bin/env python3
+"""Megatron-LM's distributed checkpoint (MCP, the paper's baseline) as
+checkpoint-and-restart: the state a switch moves, saved by the ranks of
+layout A with Megatron's save_checkpoint and loaded by the ranks of layout
+B with its load_checkpoint, timed and checked.
+
+    ckpt_mcp.py save A.layout DIR
+    ckpt_mcp.py load B.layout DIR
+
+One forked process per rank, the ranks a gloo process group, each a
+Megatron-LM job of the wheel's megatron.training on the CPU (the shims of
+tests/megatron/mcore.py, install_pretrain_shims): the arguments a
+pretrain_gpt.py job of the layout's model and configuration would have
+(made from the vps model), initialize_megatron, and the model and
+DistributedOptimizer of setup_model_and_optimizer, checked against vps's
+layout of the rank (every parameter's name and offset, every ZeRO-1 piece:
+vps.megatron's binding). Its state is vps's deterministic pattern (the
+trainer's and ckpt_bench's): the bf16 parameters in DDP's buffers, the fp32
+main parameters and Adam's moments in the optimizer's pieces, padding zero.
+
+Megatron's checkpoint, as --ckpt-format torch_dist makes it with
+--ckpt-fully-parallel-save (Megatron's default: a tensor that data-parallel
+replicas hold alike written once, the replicas sharing the work),
+--ckpt-fully-parallel-load (each rank of a data-parallel group reads a
+part and they exchange) and --dist-ckpt-optim-fully-reshardable (the
+optimizer's format that reshards over TP and PP, which a switch between
+A and B needs; the default dp_reshardable reshards over DP only), without
+the ranks' random states (--no-save-rng, --no-load-rng: A's ranks' have
+no place in B's). save: every rank at once
+on a signal, save_checkpoint(iteration 1), the time from the signal until
+the last rank has returned (Megatron's writer fsyncs its files). load: every
+rank of B at once, load_checkpoint, until the last has returned. Then,
+untimed, every rank checks every element of its state against the pattern
+and its padding for zeros; a wrong element fails the run (exit 1).
+
+Prints YAML: seconds, bytes_written (save), format, and a line per rank.
+Bad arguments exit 2."""
+import ctypes as C
+import datetime
+import logging
+import multiprocessing
+import os
+import pickle
+import sys
+import tempfile
+import time
+import warnings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOP = os.path.dirname(os.path.dirname(HERE))
+ME = "ckpt_mcp.py"
+STEP = 1  # the pattern's step, as ckpt_bench's
+ITERATION = 1
+
+
+def usage(msg=None):
+    if msg:
+        print("%s: %s" % (ME, msg), file=sys.stderr)
+    print("usage: %s save A.layout DIR | load B.layout DIR" % ME, file=sys.stderr)
+    sys.exit(2)
+
+
+MODE = LAYOUT = DIR = None
+
+
+def imports():
+    """torch, megatron-core and vps, once, before the ranks fork; not at the
+    top: Megatron's checkpoint writer starts a process by spawn, which
+    imports this file again."""
+    global mcore, torch, dist, vps, _lib
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    sys.path.insert(0, os.path.join(TOP, "python"))
+    sys.path.insert(0, os.path.join(TOP, "tests", "megatron"))
+    import mcore
+    import torch
+    import torch.distributed as dist
+    import vps
+    import vps.megatron
+    from vps import _lib
+    _lib.lib.vps_fill_region.restype = None
+    _lib.lib.vps_fill_region.argtypes = [C.c_void_p, C.POINTER(_lib.Region), C.POINTER(_lib.Tensor), C.c_int64]
+    _lib.lib.vps_check_region.restype = C.c_int64
+    _lib.lib.vps_check_region.argtypes = [C.c_void_p, C.POINTER(_lib.Region), C.POINTER(_lib.Tensor), C.c_int64]
+
+
+def fail(msg):
+    print("%s: %s" % (ME, msg), file=sys.stderr)
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def c_region(r):
+    g = _lib.Region(tensor=r.tensor, state=r.state, buffer=r.buffer, offset=r.offset)
+    g.box.ndim = len(r.lo)
+    for k, (lo, hi, st) in enumerate(zip(r.lo, r.hi, r.strides)):
+        g.box.lo[k], g.box.hi[k], g.strides[k] = lo, hi, st
+    return g
+
+
+def megatron_argv(lay):
+    """The arguments of a pretrain_gpt.py job that trains the layout's model
+    in its configuration, as Megatron-LM's parser takes them."""
+    m, par = lay.model, lay.parallel
+    if m.kv_lora_rank or m.mtp_layers or m.router_bias:
+        usage("%s: MLA, MTP and the routers' expert bias are not made into Megatron's arguments here" % m.name)
+    if not par["zero"] or par["grad"] or par["grouped_gemm"]:
+        usage("%s: Megatron's checkpoint of the distributed optimizer: zero=1, no gradients, SequentialMLP" % LAYOUT)
+    seq = 128
+    a = ["--num-layers", m.layers, "--hidden-size", m.hidden, "--num-attention-heads", m.heads,
+         "--kv-channels", m.head_dim, "--vocab-size", m.vocab, "--make-vocab-size-divisible-by", m.vocab_divisor,
+         "--seq-length", seq, "--micro-batch-size", 1, "--global-batch-size", 8 * lay.world, "--train-iters", 1,
+         "--lr", "1e-4", "--bf16", "--use-distributed-optimizer", "--distributed-backend", "gloo",
+         "--mock-data", "--tokenizer-type", "NullTokenizer", "--num-workers", 0,
+         "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion", "--no-bias-gelu-fusion",
+         "--no-bias-dropout-fusion", "--no-persist-layer-norm", "--no-rope-fusion",
+         "--transformer-impl", "transformer_engine", "--seed", 1234,
+         "--tensor-model-parallel-size", par["tp"], "--pipeline-model-parallel-size", par["pp"],
+         "--context-parallel-size", par["cp"],
+         "--ckpt-format", "torch_dist", "--ckpt-fully-parallel-load", "--dist-ckpt-optim-fully-reshardable",
+         "--no-save-rng", "--no-load-rng"]
+    if m.query_groups != m.heads:
+        a += ["--group-query-attention", "--num-query-groups", m.query_groups]
+    if m.norm == 0:
+        a += ["--normalization", "RMSNorm"]
+    if m.activation == 0:
+        a += ["--swiglu"]
+    if m.position == 1:
+        a += ["--position-embedding-type", "learned_absolute", "--max-position-embeddings", m.max_positions]
+    else:
+        a += ["--position-embedding-type", "rope", "--max-position-embeddings", seq]
+    if not m.tied_embeddings:
+        a += ["--untie-embeddings-and-output-weights"]
+    if not m.bias:
+        a += ["--disable-bias-linear"]
+    if m.qkv_bias and not m.bias:
+        a += ["--add-qkv-bias"]
+    if m.qk_norm:
+        a += ["--qk-layernorm"]
+    if m.ffn:
+        a += ["--ffn-hidden-size", m.ffn]
+    if m.experts:
+        a += ["--num-experts", m.experts, "--moe-ffn-hidden-size", m.moe_ffn, "--moe-router-topk", 2,
+              "--expert-model-parallel-size", par["ep"], "--expert-tensor-parallel-size", par["etp"]]
+        if m.first_dense:
+            a += ["--moe-layer-freq", "([0]*%d+[1]*%d)" % (m.first_dense, m.layers - m.first_dense)]
+        if m.shared_ffn:
+            a += ["--moe-shared-expert-intermediate-size", m.shared_ffn]
+    if par["vpp"] > 1:
+        a += ["--num-virtual-stages-per-pipeline-rank", par["vpp"], "--overlap-p2p-communication"]
+    if par["first"]:
+        a += ["--decoder-first-pipeline-num-layers", par["first"]]
+    if par["last"]:
+        a += ["--decoder-last-pipeline-num-layers", par["last"]]
+    if par["bucket"]:
+        a += ["--overlap-grad-reduce"] + (["--ddp-bucket-size", par["bucket"]] if par["bucket"] > 0 else [])
+    if MODE == "save":
+        a += ["--save", DIR, "--save-interval", ITERATION]
+    return [str(x) for x in a]
+
+
+def job(lay, rank):
+    """Megatron-LM's job of this rank: arguments, initialization, and the
+    model, optimizer and scheduler, as pretrain() makes them."""
+    from megatron.core.enums import ModelType
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.training import training
+    from megatron.training.argument_utils import gpt_config_from_args, pretrain_cfg_container_from_args
+    from megatron.training.arguments import parse_and_validate_args
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(lay.world),
+                      LOCAL_WORLD_SIZE=str(lay.world), CUDA_DEVICE_MAX_CONNECTIONS="1")
+    sys.argv = [ME] + megatron_argv(lay)
+    out = sys.stdout
+    sys.stdout = open(os.devnull, "w")  # Megatron's argument table and banners
+    try:
+        args = parse_and_validate_args()
+        training.initialize_megatron()
+        cfg = pretrain_cfg_container_from_args(args, gpt_config_from_args(args))
+        model, optimizer, scheduler = training.setup_model_and_optimizer(
+            ModelType.encoder_or_decoder, cfg_container=cfg,
+            pg_collection=ProcessGroupCollection.use_mpu_process_groups())
+    finally:
+        sys.stdout.close()
+        sys.stdout = out
+    return args, model, optimizer, scheduler
+
+
+def flat_buffers(bind, view):
+    """Each buffer of vps's view as a tensor over Megatron's memory: DDP's
+    parameter buffer itself; a sharded buffer as a fresh tensor, with
+    put(i) and take(i) copying it into and from the optimizer's pieces."""
+    dtypes = {vps.BF16: torch.bfloat16, vps.FP32: torch.float32}
+    moments = {vps.EXP_AVG: "exp_avg", vps.EXP_AVG_SQ: "exp_avg_sq"}
+    tensors = []
+    for b in view.buffers:
+        key = (b.chunk, b.expert)
+        tensors.append(bind.ddp_buffers[key].param_data if b.state == vps.PARAM
+                       else torch.zeros(b.elements, dtype=dtypes[b.dtype]))
+
+    def pieces(i):
+        b = view.buffers[i]
+        for pc in bind.pieces.get((b.chunk, b.expert), []):
+            state = bind._optimizer_state(pc.main)
+            t = pc.main if b.state == vps.MAIN_PARAM else state[moments[b.state]]
+            yield pc.at, t.data.view(-1)
+
+    def put(i):
+        if view.buffers[i].state != vps.PARAM:
+            for at, t in pieces(i):
+                t.copy_(tensors[i][at:at + t.numel()])
+
+    def take(i):
+        if view.buffers[i].state != vps.PARAM:
+            for at, t in pieces(i):
+                tensors[i][at:at + t.numel()] = t
+    return tensors, put, take
+
+
+def adam_state(optimizer):
+    """Adam's moments and step for every main parameter of the optimizer,
+    as torch's Adam makes them at its first step (a fresh job has none)."""
+    for o in vps.megatron.distributed_optimizers(optimizer):
+        inner = o.optimizer
+        for group in inner.param_groups:
+            for p in group["params"]:
+                st = inner.state[p]
+                for k in ("exp_avg", "exp_avg_sq"):
+                    if k not in st:
+                        st[k] = torch.zeros_like(p.data)
+                st["step"] = torch.tensor(float(STEP), dtype=torch.float32)
+
+
+def rank_main(rank, world, store, ready, go, done):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=1800))
+    lay = vps.Layout.load(LAYOUT)
+    model_desc, view = lay.model, lay.rank(rank)
+    args, model, optimizer, scheduler = job(lay, rank)
+    adam_state(optimizer)
+    # Megatron's parameters, pieces and shards, checked against vps's layout of the rank
+    bind = vps.megatron._Binding(view, model, optimizer)
+    tensors, put, take = flat_buffers(bind, view)
+    tensor_of = {}
+
+    def tensor(tid):
+        if tid not in tensor_of:
+            tensor_of[tid] = model_desc.tensor(tid)
+        return tensor_of[tid]
+    with torch.no_grad():
+        for t in tensors:
+            t.zero_()
+        if MODE == "save":
+            for r in view.regions:
+                _lib.lib.vps_fill_region(tensors[r.buffer].data_ptr(), C.byref(c_region(r)),
+                                         C.byref(tensor(r.tensor)), STEP)
+        for i in range(len(tensors)):
+            put(i)
+    from megatron.training import training
+    from megatron.training.checkpointing import save_checkpoint
+    if MODE == "load":
+        args.load = DIR
+    dist.barrier()
+    os.write(ready, b"r")
+    os.read(go, 1)  # the parent closes its end: every rank starts at once
+    out = sys.stdout
+    sys.stdout = open(os.devnull, "w")
+    try:
+        if MODE == "save":
+            save_checkpoint(ITERATION, model, optimizer, scheduler, 0)
+        else:
+            # the shims' load_checkpoint: Megatron's, with Adam's step as torch's Adam keeps it
+            iteration, _ = training.load_checkpoint(model, optimizer, scheduler)
+    finally:
+        sys.stdout.close()
+        sys.stdout = out
+    os.write(done, b"d")
+    # untimed: every element as the pattern says, padding zero
+    wrong = dirty = 0
+    if MODE == "load":
+        if iteration != ITERATION:
+            fail("load rank %d: iteration %d loaded, %d saved" % (rank, iteration, ITERATION))
+        covered = [torch.zeros(t.numel(), dtype=torch.bool) for t in tensors]
+        with torch.no_grad():
+            for i in range(len(tensors)):
+                take(i)
+        for r in view.regions:
+            wrong += _lib.lib.vps_check_region(tensors[r.buffer].data_ptr(), C.byref(c_region(r)),
+                                               C.byref(tensor(r.tensor)), STEP)
+            end = r.offset + sum((h - l - 1) * s for l, h, s in zip(r.lo, r.hi, r.strides)) + 1
+            covered[r.buffer][r.offset:end] = True
+        for t, cov in zip(tensors, covered):
+            dirty += int((t[~cov] != 0).sum())
+        if wrong or dirty:
+            print("%s: load rank %d: %d wrong elements, %d nonzero padding elements after loading the checkpoint"
+                  % (ME, rank, wrong, dirty), file=sys.stderr)
+    bad = torch.tensor([wrong + dirty])
+    dist.all_reduce(bad)
+    dist.destroy_process_group()
+    if bad.item():
+        sys.stderr.flush()
+        os._exit(1)
+    return len(view.regions)
+
+
+def count(fd, n):
+    """Bytes read from fd, up to n: the ranks that said so (fewer when one
+    died first and every writer is gone)."""
+    got = 0
+    while got < n:
+        k = len(os.read(fd, n - got))
+        if not k:
+            break
+        got += k
+    return got
+
+
+def main():
+    global MODE, LAYOUT, DIR
+    if len(sys.argv) != 4 or sys.argv[1] not in ("save", "load"):
+        usage()
+    MODE, LAYOUT, DIR = sys.argv[1:]
+    if not os.path.isfile(LAYOUT):
+        usage("%s: no such layout file" % LAYOUT)
+    if not os.path.isdir(DIR):
+        usage("%s: not a directory" % DIR)
+    DIR = os.path.abspath(DIR)
+    imports()
+    mcore.install_pretrain_shims()
+    world = vps.Layout.load(LAYOUT).world
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    done_r, done_w = os.pipe()
+    tmp = tempfile.mkdtemp(prefix="vps-mcp-")
+    store = os.path.join(tmp, "store")
+    pids = []
+    for rank in range(world):
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                os.close(ready_r)
+                os.close(go_w)
+                os.close(done_r)
+                n = rank_main(rank, world, store, ready_w, go_r, done_w)
+                with open(os.path.join(tmp, "%d.out" % rank), "wb") as f:
+                    pickle.dump(n, f)
+            except BaseException as e:  # reported, whatever it is
+                print("%s: %s rank %d: %s: %s" % (ME, MODE, rank, type(e).__name__, e), file=sys.stderr)
+                code = 1
+            # Megatron's checkpoint writer starts a manager process by spawn, which os._exit would leave
+            for child in multiprocessing.active_children():
+                child.terminate()
+                child.join()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        pids.append(pid)
+    os.close(ready_w)
+    os.close(go_r)
+    os.close(done_w)
+    got = count(ready_r, world)
+    t0 = time.monotonic()
+    os.close(go_w)
+    finished = count(done_r, world) if got == world else 0
+    t1 = time.monotonic()
+    failed = 0
+    for pid in pids:
+        _, st = os.waitpid(pid, 0)
+        failed |= not os.WIFEXITED(st) or os.WEXITSTATUS(st) != 0
+    if failed or got < world or finished < world:
+        sys.exit(1)  # the rank said why
+    counts = []
+    for rank in range(world):
+        with open(os.path.join(tmp, "%d.out" % rank), "rb") as f:
+            counts.append(pickle.load(f))
+    for f in os.listdir(tmp):
+        os.unlink(os.path.join(tmp, f))
+    os.rmdir(tmp)
+    print("seconds: %.4f" % (t1 - t0))
+    if MODE == "save":
+        written = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(DIR) for f in fs)
+        print("bytes_written: %d" % written)
+    print("format: torch_dist, fully_reshardable")
+    for rank, n in enumerate(counts):
+        print("rank %d: %d regions %s" % (rank, n, "saved" if MODE == "save" else "loaded, checked"))
+
+
+if __name__ == "__main__":
+    main()
