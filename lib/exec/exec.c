@@ -55,7 +55,10 @@ static bool notice_due(const struct vps_exec_opts *o, double waited, bool bounde
 {
 	if (*next < 0 || waited < (*next ? *next : NOTICE_AFTER))
 		return false;
-	snprintf(so_far, n, *next ? ": %.0f s so far" : "", waited);
+	if (*next)
+		snprintf(so_far, n, ": %.0f s so far", waited);
+	else if (n)
+		so_far[0] = '\0';
 	*next = bounded && o->notice_every > 0 ? waited + o->notice_every : -1;
 	return true;
 }
