@@ -381,8 +381,8 @@ class Elastic:
     their slots are free, at the start for the first, without waiting for
     the ask: a process takes seconds to start (Python, torch), and the job
     makes the new world with them only once they are up, so the world is
-    made while the job trains on as early as the schedule allows; after a failed world
-    change it says whether the job trains on in the old world, retries
+    made while the job trains on as early as the schedule allows. After a
+    failed world change it says whether the job trains on in the old world, retries
     without a lost device (vps-plan --lost) or stops. Configurations asked
     for through --control FILE (a line each; SIGUSR1 reads it at once) go to
     the job as they come, once checked.
@@ -920,12 +920,12 @@ class Elastic:
             "; the configurations written to %s are asked of them" % self.args.control if self.args.control else ""))
         for slot in range(self.args.nproc):
             self.start_trainer(slot, self.args.nproc)
-        self.start_scheduled()
-        # the schedule's plans while the processes start, not when each switch is asked
-        t = self.targs
-        for a, b in plans.switches(t.configs, t.steps, t.switch_every):
-            self.plan(t.configs[a], t.configs[b])
         try:
+            self.start_scheduled()
+            # the schedule's plans while the processes start, not when each switch is asked
+            t = self.targs
+            for a, b in plans.switches(t.configs, t.steps, t.switch_every):
+                self.plan(t.configs[a], t.configs[b])
             self.loop()
         finally:
             self.stop()
