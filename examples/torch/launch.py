@@ -962,6 +962,9 @@ class Elastic:
                 self.sw = None
             if self.sw is None and self.queue and not self.execs:
                 self.begin(self.queue.pop(0))
+                if self.sw:
+                    # its executors now, not a turn of the loop later: the job may wait for them
+                    self.start_switch()
             self.start_scheduled()
             time.sleep(0.05)
 
