@@ -376,8 +376,13 @@ class Elastic:
     (vps.elastic.Agent). It hosts the job's store, starts the first
     processes, and for each switch the job asks for (vps/ask/K) makes the
     plan, starts the processes that join and one vps-exec per device of the
-    transition world, and says when they are up; after a failed world
-    change it says whether the job trains on in the old world, retries
+    transition world, and says when they are up. The processes of a join
+    the schedule (--configs, --switch-every) makes are started as soon as
+    their slots are free, at the start for the first, without waiting for
+    the ask: a process takes seconds to start (Python, torch), and the job
+    makes the new world with them only once they are up, so the world is
+    made while the job trains on as early as the schedule allows. After a
+    failed world change it says whether the job trains on in the old world, retries
     without a lost device (vps-plan --lost) or stops. Configurations asked
     for through --control FILE (a line each; SIGUSR1 reads it at once) go to
     the job as they come, once checked.
@@ -412,6 +417,11 @@ class Elastic:
         self.control_text, self.control_lines, self.control_seen, self.control_refused = b"", 0, None, None
         self.control_wake = False
         self.expect = (self.config, self.size)  # where the job is once every request passed on is done
+        # the schedule's joins (switch K -> the slots that join), those of
+        # them started before their ask (slot -> K) and, for a K, why one of
+        # those died before it was asked (the switch is abandoned when it is)
+        self.joins = self.scheduled_joins()
+        self.early, self.early_dead = {}, {}
         # the watchdog: seconds a process may be silent, an executor may outlive
         # its trainer or its switch's first executor to end
         self.silence = max(targs.timeout / 2, 3.0)
@@ -469,6 +479,35 @@ class Elastic:
         if why:
             return why
         return self.plan(self.expect[0], spec)[1]
+
+    def scheduled_joins(self):
+        """The switches of the static schedule that grow the world (train.py's
+        Run.static): K -> the slots of the processes that join."""
+        t, joins, world = self.targs, {}, self.args.nproc
+        for k, (_, b) in enumerate(plans.switches(t.configs, t.steps, t.switch_every), 1):
+            w = self.vps.layout(t.model, t.configs[b], t.gpus_per_node).world
+            if w > world:
+                joins[k] = list(range(world, w))
+            world = w
+        return joins
+
+    def start_scheduled(self):
+        """The processes of the schedule's next join, once their slots are
+        free (the processes that left them have ended): they wait for the
+        ask of their switch, holding nothing."""
+        if not self.joins:
+            return
+        k = min(self.joins)
+        slots = self.joins[k]
+        if any(s in self.trainers for s in slots) or (self.sw and self.sw["k"] >= k):
+            return
+        del self.joins[k]
+        size = max(slots) + 1
+        say("switch %d of the schedule grows the job to %d processes: the %d that join start now and wait for it"
+            % (k, size, len(slots)))
+        for s in slots:
+            self.start_trainer(s, size, join=k)
+            self.early[s] = k
 
     # ---- processes ----
     def start_trainer(self, slot, size, join=None):
@@ -600,7 +639,14 @@ class Elastic:
             k, spec, size, "at step %d" % sw["at"] if sw["at"] is not None else "as soon as every process is ready",
             grows))
         for s in sw["joiners"]:
-            self.start_trainer(s, size, join=k)
+            if self.early.pop(s, None) != k:
+                self.start_trainer(s, size, join=k)
+        self.joins = {j: slots for j, slots in self.joins.items() if j > k}
+        dead = self.early_dead.pop(k, None)
+        if dead:
+            sw["abandoned"] = dead
+            self.agent.abandon(k, dead)
+            say("switch %d abandoned: %s" % (k, dead))
 
     def start_switch(self):
         """Switch K's executors, once every process that joins has made its
@@ -747,6 +793,10 @@ class Elastic:
                 continue
             what = self.frozen.get(slot) or "process %d exited with status %d" % (slot, rc)
             doing = self.beats.get(slot, (0, 0, "starting"))[2]
+            if slot in self.early:
+                # started for a switch not yet asked: that switch will not happen
+                self.early_dead.setdefault(self.early[slot], "%s before it joined" % what)
+                continue
             if sw and slot in sw["joiners"] and not doing.startswith("taking"):
                 if not sw["abandoned"]:
                     sw["abandoned"] = "%s before it joined" % what
@@ -870,6 +920,11 @@ class Elastic:
         for slot in range(self.args.nproc):
             self.start_trainer(slot, self.args.nproc)
         try:
+            self.start_scheduled()
+            # the schedule's plans while the processes start, not when each switch is asked
+            t = self.targs
+            for a, b in plans.switches(t.configs, t.steps, t.switch_every):
+                self.plan(t.configs[a], t.configs[b])
             self.loop()
         finally:
             self.stop()
@@ -906,6 +961,10 @@ class Elastic:
                 self.sw = None
             if self.sw is None and self.queue and not self.execs:
                 self.begin(self.queue.pop(0))
+                if self.sw:
+                    # its executors now, not a turn of the loop later: the job may wait for them
+                    self.start_switch()
+            self.start_scheduled()
             time.sleep(0.05)
 
 

@@ -27,7 +27,7 @@
 extern "C" {
 #endif
 
-#define VPS_REGISTRY_VERSION 3
+#define VPS_REGISTRY_VERSION 4
 #define VPS_REGISTRY_NAME_MAX 64
 /* The registry name vps-trainer and vps-exec use unless told another: the
  * job's tag keeps two jobs on one node apart, the rank the devices of one

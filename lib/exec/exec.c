@@ -13,6 +13,7 @@
 #include "exec/digest.h"
 #include "exec/fault.h"
 #include "gpu/gpu.h"
+#include "registry/bell.h"
 #include "util/hash.h"
 #include "util/internal.h"
 #include "exec/net/net.h"
@@ -54,7 +55,10 @@ static bool notice_due(const struct vps_exec_opts *o, double waited, bool bounde
 {
 	if (*next < 0 || waited < (*next ? *next : NOTICE_AFTER))
 		return false;
-	snprintf(so_far, n, *next ? ": %.0f s so far" : "", waited);
+	if (*next)
+		snprintf(so_far, n, ": %.0f s so far", waited);
+	else if (n)
+		so_far[0] = '\0';
 	*next = bounded && o->notice_every > 0 ? waited + o->notice_every : -1;
 	return true;
 }
@@ -510,9 +514,12 @@ static void inject_fault(struct vps_registry *reg, int64_t stage)
 	}
 }
 
-/* The trainer's request, polled between heartbeats (vps_net_arrive). */
+/* The trainer's request, as the start of a switch waits for it
+ * (vps_net_arrive): looked at when the registry's bell rings, and now and
+ * then for what rings none. */
 struct claim {
 	struct vps_registry *reg;
+	uint32_t bell;       /* read before each look: a request after it rings */
 	uint64_t after;
 	double start, limit; /* limit < 0: wait as long as it takes (--wait) */
 	uint64_t seq;
@@ -596,6 +603,7 @@ static void prefetch(struct claim *c)
 static int claim_ready(void *ctx)
 {
 	struct claim *c = ctx;
+	c->bell = vps_registry_bell(c->reg);
 	vps_result_t rc = vps_registry_claim(c->reg, c->after, 0, &c->seq);
 	if (!rc) {
 		c->claimed = true;
@@ -619,11 +627,18 @@ static int claim_ready(void *ctx)
 	return 0;
 }
 
+static void await_trainer(void *ctx, double seconds)
+{
+	struct claim *c = ctx;
+	vps_registry_await(c->reg, c->bell, seconds);
+}
+
 /* Before the request: the trainer has registered every source of this
  * switch (or asked for it already: then the attach says what is missing). */
 static int registered_ready(void *ctx)
 {
 	struct claim *c = ctx;
+	c->bell = vps_registry_bell(c->reg);
 	if (!vps_registry_owner_alive(c->reg)) {
 		vps_fail(VPS_EPEER, "registry %s: the trainer (pid %d) is gone", vps_registry_name(c->reg),
 			 vps_registry_owner_pid(c->reg));
@@ -843,7 +858,8 @@ static vps_result_t ready(struct executor *ex, struct pass *ps)
 		VPS_CHECK(vps_layout_rank(p->a, sw->ra, &va));
 	struct claim c = claim_of(ex, ps);
 	c.nsources = va.nbuffers;
-	vps_result_t rc = vps_net_arrive(ex->net, registered_ready, &c, 1e30);
+	struct vps_net_trainer tr = {registered_ready, await_trainer, &c};
+	vps_result_t rc = vps_net_arrive(ex->net, &tr, 1e30);
 	if (!rc && !(entries = vps_calloc(va.nbuffers + 1, sizeof(*entries))))
 		rc = VPS_ENOMEM;
 	if (!rc) {
@@ -877,7 +893,8 @@ static vps_result_t claim(struct executor *ex, struct pass *ps, struct vps_exec_
 	 * request may take as long as the ranks' may lie apart */
 	double window = (double)vps_max64((int64_t)o->request_timeout, (int64_t)o->timeout);
 	struct claim c = claim_of(ex, ps);
-	vps_result_t rc = vps_net_arrive(ex->net, claim_ready, &c, window);
+	struct vps_net_trainer tr = {claim_ready, await_trainer, &c};
+	vps_result_t rc = vps_net_arrive(ex->net, &tr, window);
 	ps->claimed = c.claimed;
 	ps->seq = c.seq;
 	if (rc)

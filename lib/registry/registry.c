@@ -2,16 +2,20 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "gpu/gpu.h"
+#include "registry/bell.h"
 #include "util/internal.h"
 #include "vps/registry.h"
 #include "vps/units.h"
@@ -43,7 +47,9 @@ struct reg_header {
 	uint64_t target_hash;
 	int64_t target_rank;
 	_Atomic uint32_t state;
-	uint32_t pad;
+	/* rung (incremented, then woken: a futex) at each request and verdict,
+	 * so that the side that waits sees it at once (ring, vps_registry_await) */
+	_Atomic uint32_t bell;
 	_Atomic uint64_t seq;
 	/* the executor that holds the registry (one at a time): its pid in the
 	 * low 32 bits, the low 32 bits of its start time in the high ones, so
@@ -77,6 +83,41 @@ struct vps_registry {
 	struct mapping *maps; /* the owner's buffers, or the executor's mappings */
 	size_t nmaps, capmaps;
 };
+
+/* How long a wait goes without looking at what rings no bell: a trainer's
+ * wait for its executor's pid (gone, it cannot say so), an executor's
+ * claim for its trainer's. */
+#define LOOK_GONE 0.25
+#define LOOK_OWNER 0.05
+
+/* Ring the bell (bell.h): the futex is woken without FUTEX_PRIVATE_FLAG,
+ * since the waiters are other processes sharing the mapping. */
+static void ring(struct reg_header *h)
+{
+	atomic_fetch_add(&h->bell, 1);
+	syscall(SYS_futex, (uint32_t *)&h->bell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+uint32_t vps_registry_bell(const struct vps_registry *r) { return atomic_load(&r->h->bell); }
+
+bool vps_registry_await(const struct vps_registry *r, uint32_t bell, double seconds)
+{
+	_Atomic uint32_t *word = &r->h->bell;
+	if (atomic_load(word) != bell)
+		return true;
+	if (!(seconds > 0))
+		return false;
+	if (seconds > 3600)
+		seconds = 3600;
+	struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+	if (syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, bell, &ts, NULL, 0) == 0 || errno == EAGAIN)
+		return atomic_load(word) != bell;
+	if (errno != ETIMEDOUT && errno != EINTR)
+		/* no futex here (a sandbox's filter): wait out the time, as the
+		 * looks did before there was a bell, rather than spin */
+		nanosleep(&ts, NULL);
+	return false;
+}
 
 static vps_result_t check_name(const char *name)
 {
@@ -599,7 +640,8 @@ static vps_result_t take_executor(struct vps_registry *r)
 	if (held && atomic_load(&h->state) == VPS_REG_RUNNING) {
 		snprintf(h->failure, sizeof(h->failure), "its executor (pid %d) is gone", executor_pid_of(held));
 		uint32_t running = VPS_REG_RUNNING;
-		atomic_compare_exchange_strong(&h->state, &running, VPS_REG_FAILED);
+		if (atomic_compare_exchange_strong(&h->state, &running, VPS_REG_FAILED))
+			ring(h);
 	}
 	atomic_store(&h->aborted, 0);
 	return VPS_OK;
@@ -863,17 +905,6 @@ void vps_registry_release(struct vps_registry *r, uint32_t i)
 
 /* ---- protocol ---- */
 
-/* Sleep about a sixteenth of the time waited so far, 200 us to 2 ms: a
- * quick switch is seen at once, and a long one does not wake every waiting
- * trainer 5,000 times a second on cores its executor needs. */
-static void nap(double *slept)
-{
-	double d = *slept / 16 < 0.0002 ? 0.0002 : *slept / 16 > 0.002 ? 0.002 : *slept / 16;
-	struct timespec ts = {0, (long)(d * 1e9)};
-	nanosleep(&ts, NULL);
-	*slept += d;
-}
-
 static double now(void)
 {
 	struct timespec ts;
@@ -900,6 +931,7 @@ vps_result_t vps_registry_request(struct vps_registry *r, uint64_t *seq)
 		stopped_failure(r->h);
 		atomic_store(&r->h->seq, s);
 		atomic_store(&r->h->state, VPS_REG_FAILED);
+		ring(r->h);
 		*seq = s;
 		return vps_fail(VPS_EPEER, "switch %" PRIu64 " failed: %.230s", s, r->h->failure);
 	}
@@ -911,14 +943,25 @@ vps_result_t vps_registry_request(struct vps_registry *r, uint64_t *seq)
 		atomic_compare_exchange_strong(&r->h->executor, &ex, 0);
 	atomic_store(&r->h->seq, s);
 	atomic_store(&r->h->state, VPS_REG_REQUESTED);
+	ring(r->h);
 	*seq = s;
 	return VPS_OK;
 }
 
+/* Seconds a wait that started at start, with timeout (< 0: none), may
+ * still sleep before it must look, at most `most`. */
+static double sleep_for(double start, double timeout, double most)
+{
+	double left = timeout < 0 ? most : start + timeout - now();
+	return left < most ? left : most;
+}
+
 vps_result_t vps_registry_wait(struct vps_registry *r, uint64_t seq, double timeout)
 {
-	double start = now(), slept = 0;
-	for (uint64_t iter = 0;; iter++) {
+	double start = now(), looked = -1;
+	for (;;) {
+		/* read before looking: what happens from here on rings it */
+		uint32_t bell = atomic_load(&r->h->bell);
 		uint32_t st = atomic_load(&r->h->state);
 		uint64_t s = atomic_load(&r->h->seq);
 		if (s == seq && st == VPS_REG_DONE)
@@ -943,8 +986,11 @@ vps_result_t vps_registry_wait(struct vps_registry *r, uint64_t seq, double time
 		 * held the registry when it was requested and died before claiming
 		 * it (a launcher killed it frozen) */
 		uint64_t ex = atomic_load(&r->h->executor);
-		bool looked_for = s == seq && iter % 256 == 0 &&
+		double t = now();
+		bool looked_for = s == seq && (looked < 0 || t - looked >= LOOK_GONE) &&
 				  (st == VPS_REG_RUNNING || (st == VPS_REG_REQUESTED && ex));
+		if (looked_for)
+			looked = t;
 		if (looked_for && (!ex || !executor_alive(ex))) {
 			char gone[64] = "its executor is gone";
 			if (ex)
@@ -957,22 +1003,24 @@ vps_result_t vps_registry_wait(struct vps_registry *r, uint64_t seq, double time
 			}
 			return vps_fail(VPS_EPEER, "switch %" PRIu64 " failed: %s", seq, gone);
 		}
-		if (timeout >= 0 && now() - start > timeout) {
+		if (timeout >= 0 && t - start > timeout) {
 			char what[256];
 			vps_registry_describe(r, what, sizeof(what));
 			return vps_fail(VPS_ETIMEOUT, "registry %s: switch %" PRIu64 " not done after %.1f s: %s", r->name,
 					seq, timeout, what);
 		}
-		nap(&slept);
+		/* the verdict rings; a death does not, and is looked for again */
+		vps_registry_await(r, bell, sleep_for(start, timeout, LOOK_GONE) + 1e-4);
 	}
 }
 
 vps_result_t vps_registry_claim(struct vps_registry *r, uint64_t after_seq, double timeout, uint64_t *seq)
 {
-	double start = now(), slept = 0;
+	double start = now();
 	for (;;) {
 		if (!holds(r) || r->owner)
 			return vps_fail(VPS_EBUSY, "registry %s: this handle is not the executor that holds it", r->name);
+		uint32_t bell = atomic_load(&r->h->bell);
 		uint32_t want = VPS_REG_REQUESTED;
 		uint64_t s = atomic_load(&r->h->seq);
 		if (s > after_seq && atomic_compare_exchange_strong(&r->h->state, &want, VPS_REG_RUNNING)) {
@@ -983,7 +1031,8 @@ vps_result_t vps_registry_claim(struct vps_registry *r, uint64_t after_seq, doub
 			return vps_fail(VPS_EPEER, "registry %s: the trainer (pid %d) is gone", r->name, r->h->owner_pid);
 		if (timeout >= 0 && now() - start > timeout)
 			return vps_fail(VPS_ETIMEOUT, "registry %s: no switch requested within %.1f s", r->name, timeout);
-		nap(&slept);
+		/* the request rings; a trainer's death does not */
+		vps_registry_await(r, bell, sleep_for(start, timeout, LOOK_OWNER) + 1e-4);
 	}
 }
 
@@ -996,6 +1045,7 @@ void vps_registry_finish(struct vps_registry *r, uint64_t seq, int ok, const cha
 		r->failed_seq = seq;
 	}
 	atomic_store(&r->h->state, ok ? VPS_REG_DONE : VPS_REG_FAILED);
+	ring(r->h);
 }
 
 void vps_registry_abort(struct vps_registry *r, const char *message)
@@ -1017,6 +1067,7 @@ void vps_registry_abort(struct vps_registry *r, const char *message)
 		stopped_failure(h);
 		atomic_compare_exchange_strong(&h->state, &st, VPS_REG_FAILED);
 	}
+	ring(h);
 }
 
 int vps_registry_state(const struct vps_registry *r, uint64_t *seq)

@@ -176,7 +176,8 @@ static void *run_rank(void *arg)
 	PHASE(r, n, TRANSPORTS, vps_net_allreduce_sum(n, needed, 1, "transports"));
 	r->transports = needed[0];
 	for (r->sw = 0; r->sw < SWITCHES && !r->rc; r->sw++) {
-		PHASE(r, n, ARRIVAL, vps_net_arrive(n, ready_now, NULL, 600));
+		const struct vps_net_trainer at_once = {ready_now, NULL, NULL};
+		PHASE(r, n, ARRIVAL, vps_net_arrive(n, &at_once, 600));
 		uint64_t training[8] = {0};
 		if (r->rank == 0)
 			training[0] = 1000, training[7] = 1;

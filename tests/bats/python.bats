@@ -231,6 +231,10 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	[ "$(grep -c '^elastic:' <<< "$output")" -eq 1 ]
 	[ "$(wc -l < k/elastic/loss.txt)" -eq 6 ]
 	[ "$(cut -d' ' -f3 k/elastic/loss.txt | uniq | tr '\n' ' ')" = "tp=2,dp=2 dp=8 tp=2,pp=2 " ]
+	# the schedule's join: its processes started with the job, before it asked for the switch
+	awk '/^launch.py: switch 1 of the schedule grows the job to 8 processes: the 4 that join start now and wait for it$/ { s = NR }
+		/^launch.py: switch 1 to dp=8 on 8 processes asked for at step 2: planned; 4 processes join$/ { a = NR }
+		END { exit !(s && a && s < a) }' k/elastic/launch.out
 	[[ "$output" == *"(--compare-static): largest relative deviation $dev (step "* ]]
 	[ "$overlap" = "$(awk -F'\t' '{ h += $9; p += $12 } END { printf "%.0f", 100 * h / (h + p) }' k/elastic/switches.tsv)" ]
 }

@@ -312,8 +312,9 @@ static void *run_tree_rank(void *arg)
 	if (!r->rc)
 		r->rc = vps_net_broadcast(n, r->id, sizeof(r->id), "id");
 	int left = r->calls_to_arrive;
+	struct vps_net_trainer tr = {ready_after, NULL, &left};
 	if (!r->rc)
-		r->rc = vps_net_arrive(n, ready_after, &left, r->window > 0 ? r->window : 600);
+		r->rc = vps_net_arrive(n, &tr, r->window > 0 ? r->window : 600);
 	double t0 = vps_net_now();
 	if (!r->rc && r->fail)
 		vps_fail(r->fail, "%s", r->words);

@@ -1,22 +1,24 @@
-/* The start of a switch (vps_net_arrive): each rank polls its trainer's
- * request and, once it is claimed, adds its part to an arrival over the
- * control tree; the go comes back down from rank 0 when every rank's part
- * is in. The tree's loop keeps the heartbeats meanwhile, so a rank that
- * waits watches no more sockets than its tree neighbours and costs a look
- * at its trainer's registry now and then (the registry has no other way to
- * say that a request came). */
+/* The start of a switch (vps_net_arrive): each rank waits for its
+ * trainer's request and, once it is claimed, adds its part to an arrival
+ * over the control tree; the go comes back down from rank 0 when every
+ * rank's part is in. The tree's loop keeps the heartbeats meanwhile, so a
+ * rank that waits watches no more sockets than its tree neighbours. The
+ * request wakes the rank's thread (the trainer's await: the registry's
+ * bell); the thread also looks now and then for what wakes nothing: a
+ * trainer that died, a peer's failure on the tree. */
 #include <stdio.h>
 #include <time.h>
 
 #include "util/internal.h"
 #include "exec/net/net_int.h"
 
-/* The trainer's request is looked at after an eighth of the time waited
- * so far, from POLL_FIRST to POLL_MOST: a request that comes at once (the
- * trainers of a job ask together) is seen within a fraction of a
- * millisecond, a late one at most an eighth later, and a rank that waits
- * long costs a hundred looks a second (each of which reads the trainer's
- * registry and checks its pid: a few system calls). */
+/* Between wakes, the trainer is looked at after an eighth of the time
+ * waited so far, from POLL_FIRST to POLL_MOST: a trainer without a bell
+ * (await NULL) is seen within a fraction of a millisecond when it asks at
+ * once, a late one at most an eighth later, and a rank that waits long
+ * costs a hundred looks a second (each of which reads the trainer's
+ * registry and checks its pid: a few system calls). A request that rings
+ * is seen at once whatever the gap. */
 #define POLL_FIRST 0.0002
 #define POLL_MOST 0.01
 
@@ -32,30 +34,39 @@ static void nap(double seconds)
 	nanosleep(&ts, NULL);
 }
 
+/* Sleep up to `seconds`, or until the trainer rings. */
+static void idle(const struct vps_net_trainer *tr, double seconds)
+{
+	if (tr->await)
+		tr->await(tr->ctx, seconds);
+	else
+		nap(seconds);
+}
+
 /* One rank alone: its own request is the start. */
-static vps_result_t arrive_alone(int (*ready)(void *), void *ctx)
+static vps_result_t arrive_alone(const struct vps_net_trainer *tr)
 {
 	for (double t0 = vps_net_now();;) {
-		int k = ready(ctx);
+		int k = tr->ready(tr->ctx);
 		if (k < 0)
 			return VPS_EPEER;
 		if (k)
 			return VPS_OK;
-		nap(gap_after(vps_net_now() - t0));
+		idle(tr, gap_after(vps_net_now() - t0));
 	}
 }
 
-vps_result_t vps_net_arrive(struct vps_net *n, int (*ready)(void *ctx), void *ctx, double window)
+vps_result_t vps_net_arrive(struct vps_net *n, const struct vps_net_trainer *tr, double window)
 {
 	struct ctl *c = n->ctl;
 	if (!c)
-		return arrive_alone(ready, ctx);
+		return arrive_alone(tr);
 	vps_ctl_arrive_begin(c, window);
 	bool mine = false;
 	struct net_wait w = {0, 0};
 	for (double t0 = vps_net_now();;) {
 		if (!mine) {
-			int k = ready(ctx);
+			int k = tr->ready(tr->ctx);
 			if (k < 0) {
 				/* every rank learns why at once, not after its own timeout */
 				char why[2048];
@@ -79,7 +90,9 @@ vps_result_t vps_net_arrive(struct vps_net *n, int (*ready)(void *ctx), void *ct
 				snprintf(so_far, sizeof(so_far), "(%.0f s so far)", t - w.start);
 			vps_ctl_say_awaited(c, "the switch's start", so_far);
 		}
-		int r = vps_ctl_arrive_wait(c, !mine ? gap_after(t - t0) : w.next ? w.next - t : -1, &first);
+		/* with its part in, only the tree moves it on: wait on it; without,
+		 * the trainer's bell (the tree is looked at again after the gap) */
+		int r = vps_ctl_arrive_wait(c, !mine ? 0 : w.next ? w.next - t : -1, &first);
 		if (r > 0)
 			return VPS_OK;
 		if (r < 0)
@@ -92,5 +105,7 @@ vps_result_t vps_net_arrive(struct vps_net *n, int (*ready)(void *ctx), void *ct
 			vps_ctl_fail(c, false, why);
 			return vps_fail(VPS_ETIMEOUT, "%s", why);
 		}
+		if (!mine)
+			idle(tr, gap_after(t - t0));
 	}
 }

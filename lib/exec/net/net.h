@@ -64,17 +64,27 @@ struct vps_net_msg {
  * that a rank is gone. what names the exchange in messages ("stage 3"). */
 vps_result_t vps_net_exchange(struct vps_net *n, struct vps_net_msg *msgs, size_t nmsgs, const char *what);
 
+/* This rank's trainer, as the start of a switch waits for it. ready()
+ * looks: 1 when its request is claimed, 0 not yet, -1 failed (the error
+ * set). await(), or a plain sleep when NULL, sleeps up to `seconds` and
+ * returns early when the trainer may have asked since ready() last looked
+ * (its registry's bell rang). */
+struct vps_net_trainer {
+	int (*ready)(void *ctx);
+	void (*await)(void *ctx, double seconds);
+	void *ctx;
+};
+
 /* The start of a switch. Each rank's trainer requests it when it reaches
  * its switch point, and the ranks' requests may lie up to `window` seconds
  * apart; a rank whose trainer has not asked within the window of the
- * first says so, and every rank learns it. ready() polls this rank's
- * trainer: 1 when its request is claimed, 0 not yet, -1 failed (the error
- * set); it is called often at first and then at most every few
- * milliseconds, so that a rank waiting for its trainer costs next to no
- * CPU. A rank that is stopped, cut off or gone meanwhile is found by its
- * tree neighbours' heartbeats within the timeout. Returns when every rank
- * has claimed its request. */
-vps_result_t vps_net_arrive(struct vps_net *n, int (*ready)(void *ctx), void *ctx, double window);
+ * first says so, and every rank learns it. The trainer is looked at when
+ * its await() wakes, and otherwise often at first and then at most every
+ * few milliseconds, so that a rank waiting for its trainer costs next to
+ * no CPU. A rank that is stopped, cut off or gone meanwhile is found by
+ * its tree neighbours' heartbeats within the timeout. Returns when every
+ * rank has claimed its request. */
+vps_result_t vps_net_arrive(struct vps_net *n, const struct vps_net_trainer *tr, double window);
 
 /* What this rank's network holds and moved (the report's connections, the
  * control-plane benchmark's figures). */
