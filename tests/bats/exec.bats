@@ -185,7 +185,9 @@ relay_dies() { # TRANSPORT
 	run timeout 120 "$TOP/scripts/demo.sh" --transport "$1" --relay --model tiny-llama --from tp=1,pp=1,dp=1,zero=1 \
 		--to tp=1,pp=1,dp=4,zero=1 --timeout 5 --fault-rank 1 exit:1 --keep "$dir"
 	[ "$status" -eq 1 ] || { echo "$output" | tail -20; return 1; }
-	grep -q "rank 1 closed the connection" "$dir/exec.0.log"
+	# a socket that held unread bytes is reset rather than closed (under load)
+	grep -qE "rank 1 closed the connection|rank 1: Connection reset" "$dir/exec.0.log" ||
+		{ cat "$dir/exec.0.log" >&2; return 1; }
 	for r in 2 3; do
 		grep -Eq "of forwards still due to rank $r from relays? ([0-9]+, )*1(,|;| and)" "$dir/exec.$r.log" ||
 			{ cat "$dir/exec.$r.log" >&2; return 1; }
