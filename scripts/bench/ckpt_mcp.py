@@ -161,18 +161,16 @@ def flat_buffers(bind, view):
     parameter buffer itself; a sharded buffer as a fresh tensor, with
     put(i) and take(i) copying it into and from the optimizer's pieces."""
     dtypes = {vps.BF16: torch.bfloat16, vps.FP32: torch.float32}
-    moments = {vps.EXP_AVG: "exp_avg", vps.EXP_AVG_SQ: "exp_avg_sq"}
     tensors = []
     for b in view.buffers:
-        key = (b.chunk, b.expert)
+        key = (b.chunk, b.expert, b.layerwise)
         tensors.append(bind.ddp_buffers[key].param_data if b.state == vps.PARAM
                        else torch.zeros(b.elements, dtype=dtypes[b.dtype]))
 
     def pieces(i):
         b = view.buffers[i]
-        for pc in bind.pieces.get((b.chunk, b.expert), []):
-            state = bind._optimizer_state(pc.main)
-            t = pc.main if b.state == vps.MAIN_PARAM else state[moments[b.state]]
+        for pc in bind.pieces.get((b.chunk, b.expert, b.layerwise), []):
+            t = pc.main if b.state == vps.MAIN_PARAM else pc.inner.state[pc.main][pc.states[b.state]]
             yield pc.at, t.data.view(-1)
 
     def put(i):
