@@ -48,7 +48,6 @@ import argparse
 import contextlib
 import datetime
 import os
-import pickle
 import resource
 import shutil
 import signal
@@ -56,7 +55,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 import types
 import warnings
 
@@ -67,7 +65,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TOP = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(TOP, "python"))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(TOP, "tests", "lib"))
 
+import ranks  # noqa: E402
 import titan  # noqa: E402  (torchtitan and its shims, imported once before the ranks fork)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -79,6 +79,7 @@ from torchtitan.distributed import utils as dist_utils  # noqa: E402
 import vps  # noqa: E402
 import vps.dtensor  # noqa: E402
 import vps.elastic  # noqa: E402
+from ranks import RankError  # noqa: E402
 
 MODEL_NAME = "llama3-tiny"
 MODEL = os.path.join(HERE, "models", MODEL_NAME + ".yaml")
@@ -388,51 +389,38 @@ REFUSALS = [
 
 
 # ---- the launcher: forked processes, executors, the agent ----
-class RankError:
-    def __init__(self, slot, what, trace):
-        self.slot, self.what, self.trace = slot, what, trace
-
-    def __str__(self):
-        return "process %d: %s" % (self.slot, self.what)
-
-
 def fork(tmp, slot, fn):
-    """fn() in a forked process; its result (or a RankError) pickled to tmp/SLOT.pickle."""
+    """fn() in a forked process, its output to tmp/process.SLOT.log; its
+    result (or a RankError) pickled to tmp/SLOT.pickle."""
     pid = os.fork()
     if pid:
         return pid
-    code = 0
-    try:
+
+    def logged():
         # PyTorch's warnings and gloo's notes to the process's log, shown when it fails
         log = os.open(os.path.join(tmp, "process.%d.log" % slot), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(log)
         torch.set_num_threads(1)
-        out = fn()
-    except BaseException as e:
-        out = RankError(slot, "%s: %s" % (type(e).__name__, e), traceback.format_exc())
-        code = 1
-    try:
-        with open(os.path.join(tmp, "%d.pickle" % slot), "wb") as f:
-            pickle.dump(out, f)
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        return fn()
+    ranks.child(tmp, slot, logged)
 
 
 def results(tmp, slots):
     out = []
     for s in slots:
-        path = os.path.join(tmp, "%d.pickle" % s)
-        if not os.path.exists(path):
+        res = ranks.result(tmp, s)
+        if res is None:
             log = os.path.join(tmp, "process.%d.log" % s)
-            out.append(RankError(s, "exited without a result", open(log).read()[-2000:] if os.path.exists(log) else ""))
-            continue
-        with open(path, "rb") as f:
-            out.append(pickle.load(f))
+            res = RankError(s, "exited without a result", open(log).read()[-2000:] if os.path.exists(log) else "")
+        out.append(res)
     return out
+
+
+def failure(e):
+    """A process's failure as the messages name it: by its slot."""
+    return "process %d: %s" % (e.rank, e.what)
 
 
 def plans(tmp):
@@ -548,7 +536,7 @@ def run_job(args, tmp, registry, switching):
         for e in errors:
             if e.trace:
                 print(e.trace, file=sys.stderr)
-        raise RuntimeError(str(errors[0]))
+        raise RuntimeError(failure(errors[0]))
     if failed:
         raise RuntimeError(failed)
     for n, p in enumerate(procs):
@@ -609,7 +597,7 @@ def check(args, tmp, registry):
     (said,) = results(tmp, [99])
     if isinstance(said, RankError):
         print(said.trace, file=sys.stderr)
-        sys.exit("check_switch.py: refusals: %s" % said)
+        sys.exit("check_switch.py: refusals: %s" % failure(said))
     for line, (what, code, text) in zip(said, REFUSALS):
         if not line.startswith("%s: %s: %s" % (what, code, text)):
             sys.exit("check_switch.py: a Job given %s said: %s; expected %s: %s..." % (what, line, code, text))
