@@ -94,20 +94,7 @@ def rank_main(rank, world, store, ready, go, done):
     else:
         dcp.load(sd, storage_reader=dcp.FileSystemReader(DIR))
     os.write(done, b"d")
-    # untimed: every element as the pattern says, padding zero
-    wrong = dirty = 0
-    if MODE == "load":
-        wrong, dirty = pattern.check(buffers, view.regions)
-        if wrong or dirty:
-            print("%s: load rank %d: %d wrong elements, %d nonzero padding elements after loading the checkpoint"
-                  % (ME, rank, wrong, dirty), file=sys.stderr)
-    # every rank learns whether any failed, so that none leaves the others hanging
-    bad = torch.tensor([wrong + dirty])
-    dist.all_reduce(bad)
-    dist.destroy_process_group()
-    if bad.item():
-        sys.stderr.flush()
-        os._exit(1)
+    common.end_rank(ME, rank, pattern, buffers, view.regions, MODE == "load")
     return len(sd) if MODE == "save" else len(view.regions)
 
 
