@@ -50,6 +50,7 @@ import torch  # noqa: E402
 import ranks  # noqa: E402
 import titan  # noqa: E402  (torchtitan and its shims, imported once before the ranks fork)
 import vps  # noqa: E402
+from boxes import box_index  # noqa: E402
 from ranks import RankError  # noqa: E402
 
 # (model, mesh): what each line covers that the others do not. Worlds stay
@@ -188,15 +189,6 @@ def fsdp_padded(parts):
                 for fp in group.fsdp_params if group else []:
                     out[id(fp.sharded_param)] = int(np.prod(fp.padded_sharded_param_size))
     return out
-
-
-def box_index(lo, hi, offset, strides):
-    idx = np.full(tuple(h - l for l, h in zip(lo, hi)), offset, dtype=np.int64)
-    for k, (l, h, s) in enumerate(zip(lo, hi, strides)):
-        shape = [1] * len(lo)
-        shape[k] = h - l
-        idx += (np.arange(h - l, dtype=np.int64) * s).reshape(shape)
-    return idx
 
 
 def check_elements(what, local, regions, logical_of, exact):
