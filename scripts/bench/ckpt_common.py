@@ -25,6 +25,19 @@ def usage(me, msg=None):
     sys.exit(2)
 
 
+def arguments(me):
+    """(mode, layout, dir) of `save A.layout DIR` or `load B.layout DIR`;
+    anything else is a usage error (exit 2)."""
+    if len(sys.argv) != 4 or sys.argv[1] not in ("save", "load"):
+        usage(me)
+    mode, layout, where = sys.argv[1:]
+    if not os.path.isfile(layout):
+        usage(me, "%s: no such layout file" % layout)
+    if not os.path.isdir(where):
+        usage(me, "%s: not a directory" % where)
+    return mode, layout, where
+
+
 def fail(me, msg):
     """A rank's failure: said, and the rank gone at once (the parent counts it)."""
     print("%s: %s" % (me, msg), file=sys.stderr)

@@ -38,13 +38,7 @@ ME = "ckpt_dcp.py"
 
 import ckpt_common as common  # noqa: E402
 
-if len(sys.argv) != 4 or sys.argv[1] not in ("save", "load"):
-    common.usage(ME)
-MODE, LAYOUT, DIR = sys.argv[1:]
-if not os.path.isfile(LAYOUT):
-    common.usage(ME, "%s: no such layout file" % LAYOUT)
-if not os.path.isdir(DIR):
-    common.usage(ME, "%s: not a directory" % DIR)
+MODE, LAYOUT, DIR = common.arguments(ME)
 
 warnings.filterwarnings("ignore")
 logging.disable(logging.WARNING)

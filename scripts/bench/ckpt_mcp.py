@@ -250,13 +250,7 @@ def rank_main(rank, world, store, ready, go, done):
 
 def main():
     global MODE, LAYOUT, DIR
-    if len(sys.argv) != 4 or sys.argv[1] not in ("save", "load"):
-        common.usage(ME)
-    MODE, LAYOUT, DIR = sys.argv[1:]
-    if not os.path.isfile(LAYOUT):
-        common.usage(ME, "%s: no such layout file" % LAYOUT)
-    if not os.path.isdir(DIR):
-        common.usage(ME, "%s: not a directory" % DIR)
+    MODE, LAYOUT, DIR = common.arguments(ME)
     DIR = os.path.abspath(DIR)
     imports()
     mcore.install_pretrain_shims()
