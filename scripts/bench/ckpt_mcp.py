@@ -35,30 +35,18 @@ and its padding for zeros; a wrong element fails the run (exit 1).
 
 Prints YAML: seconds, bytes_written (save), format, and a line per rank.
 Bad arguments exit 2."""
-import ctypes as C
 import datetime
 import logging
-import multiprocessing
 import os
-import pickle
 import sys
-import tempfile
-import time
 import warnings
+
+import ckpt_common as common
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOP = os.path.dirname(os.path.dirname(HERE))
 ME = "ckpt_mcp.py"
-STEP = 1  # the pattern's step, as ckpt_bench's
 ITERATION = 1
-
-
-def usage(msg=None):
-    if msg:
-        print("%s: %s" % (ME, msg), file=sys.stderr)
-    print("usage: %s save A.layout DIR | load B.layout DIR" % ME, file=sys.stderr)
-    sys.exit(2)
-
 
 MODE = LAYOUT = DIR = None
 
@@ -67,7 +55,7 @@ def imports():
     """torch, megatron-core and vps, once, before the ranks fork; not at the
     top: Megatron's checkpoint writer starts a process by spawn, which
     imports this file again."""
-    global mcore, torch, dist, vps, _lib
+    global mcore, torch, dist, vps
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     sys.path.insert(0, os.path.join(TOP, "python"))
@@ -77,25 +65,6 @@ def imports():
     import torch.distributed as dist
     import vps
     import vps.megatron
-    from vps import _lib
-    _lib.lib.vps_fill_region.restype = None
-    _lib.lib.vps_fill_region.argtypes = [C.c_void_p, C.POINTER(_lib.Region), C.POINTER(_lib.Tensor), C.c_int64]
-    _lib.lib.vps_check_region.restype = C.c_int64
-    _lib.lib.vps_check_region.argtypes = [C.c_void_p, C.POINTER(_lib.Region), C.POINTER(_lib.Tensor), C.c_int64]
-
-
-def fail(msg):
-    print("%s: %s" % (ME, msg), file=sys.stderr)
-    sys.stderr.flush()
-    os._exit(1)
-
-
-def c_region(r):
-    g = _lib.Region(tensor=r.tensor, state=r.state, buffer=r.buffer, offset=r.offset)
-    g.box.ndim = len(r.lo)
-    for k, (lo, hi, st) in enumerate(zip(r.lo, r.hi, r.strides)):
-        g.box.lo[k], g.box.hi[k], g.strides[k] = lo, hi, st
-    return g
 
 
 def megatron_argv(lay):
@@ -103,9 +72,11 @@ def megatron_argv(lay):
     in its configuration, as Megatron-LM's parser takes them."""
     m, par = lay.model, lay.parallel
     if m.kv_lora_rank or m.mtp_layers or m.router_bias:
-        usage("%s: MLA, MTP and the routers' expert bias are not made into Megatron's arguments here" % m.name)
+        common.usage(ME, "%s: MLA, MTP and the routers' expert bias are not made into Megatron's arguments here"
+                     % m.name)
     if not par["zero"] or par["grad"] or par["grouped_gemm"]:
-        usage("%s: Megatron's checkpoint of the distributed optimizer: zero=1, no gradients, SequentialMLP" % LAYOUT)
+        common.usage(ME, "%s: Megatron's checkpoint of the distributed optimizer: zero=1, no gradients, "
+                     "SequentialMLP" % LAYOUT)
     seq = 128
     a = ["--num-layers", m.layers, "--hidden-size", m.hidden, "--num-attention-heads", m.heads,
          "--kv-channels", m.head_dim, "--vocab-size", m.vocab, "--make-vocab-size-divisible-by", m.vocab_divisor,
@@ -190,18 +161,16 @@ def flat_buffers(bind, view):
     parameter buffer itself; a sharded buffer as a fresh tensor, with
     put(i) and take(i) copying it into and from the optimizer's pieces."""
     dtypes = {vps.BF16: torch.bfloat16, vps.FP32: torch.float32}
-    moments = {vps.EXP_AVG: "exp_avg", vps.EXP_AVG_SQ: "exp_avg_sq"}
     tensors = []
     for b in view.buffers:
-        key = (b.chunk, b.expert)
+        key = (b.chunk, b.expert, b.layerwise)
         tensors.append(bind.ddp_buffers[key].param_data if b.state == vps.PARAM
                        else torch.zeros(b.elements, dtype=dtypes[b.dtype]))
 
     def pieces(i):
         b = view.buffers[i]
-        for pc in bind.pieces.get((b.chunk, b.expert), []):
-            state = bind._optimizer_state(pc.main)
-            t = pc.main if b.state == vps.MAIN_PARAM else state[moments[b.state]]
+        for pc in bind.pieces.get((b.chunk, b.expert, b.layerwise), []):
+            t = pc.main if b.state == vps.MAIN_PARAM else pc.inner.state[pc.main][pc.states[b.state]]
             yield pc.at, t.data.view(-1)
 
     def put(i):
@@ -227,7 +196,7 @@ def adam_state(optimizer):
                 for k in ("exp_avg", "exp_avg_sq"):
                     if k not in st:
                         st[k] = torch.zeros_like(p.data)
-                st["step"] = torch.tensor(float(STEP), dtype=torch.float32)
+                st["step"] = torch.tensor(float(common.STEP), dtype=torch.float32)
 
 
 def rank_main(rank, world, store, ready, go, done):
@@ -235,25 +204,19 @@ def rank_main(rank, world, store, ready, go, done):
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=1800))
     lay = vps.Layout.load(LAYOUT)
-    model_desc, view = lay.model, lay.rank(rank)
+    view = lay.rank(rank)
+    pattern = common.Pattern(lay.model)
     args, model, optimizer, scheduler = job(lay, rank)
     adam_state(optimizer)
     # Megatron's parameters, pieces and shards, checked against vps's layout of the rank
     bind = vps.megatron._Binding(view, model, optimizer)
     tensors, put, take = flat_buffers(bind, view)
-    tensor_of = {}
-
-    def tensor(tid):
-        if tid not in tensor_of:
-            tensor_of[tid] = model_desc.tensor(tid)
-        return tensor_of[tid]
     with torch.no_grad():
         for t in tensors:
             t.zero_()
         if MODE == "save":
             for r in view.regions:
-                _lib.lib.vps_fill_region(tensors[r.buffer].data_ptr(), C.byref(c_region(r)),
-                                         C.byref(tensor(r.tensor)), STEP)
+                pattern.fill(tensors[r.buffer], r)
         for i in range(len(tensors)):
             put(i)
     from megatron.training import training
@@ -275,109 +238,25 @@ def rank_main(rank, world, store, ready, go, done):
         sys.stdout.close()
         sys.stdout = out
     os.write(done, b"d")
-    # untimed: every element as the pattern says, padding zero
-    wrong = dirty = 0
     if MODE == "load":
         if iteration != ITERATION:
-            fail("load rank %d: iteration %d loaded, %d saved" % (rank, iteration, ITERATION))
-        covered = [torch.zeros(t.numel(), dtype=torch.bool) for t in tensors]
+            common.fail(ME, "load rank %d: iteration %d loaded, %d saved" % (rank, iteration, ITERATION))
         with torch.no_grad():
             for i in range(len(tensors)):
                 take(i)
-        for r in view.regions:
-            wrong += _lib.lib.vps_check_region(tensors[r.buffer].data_ptr(), C.byref(c_region(r)),
-                                               C.byref(tensor(r.tensor)), STEP)
-            end = r.offset + sum((h - l - 1) * s for l, h, s in zip(r.lo, r.hi, r.strides)) + 1
-            covered[r.buffer][r.offset:end] = True
-        for t, cov in zip(tensors, covered):
-            dirty += int((t[~cov] != 0).sum())
-        if wrong or dirty:
-            print("%s: load rank %d: %d wrong elements, %d nonzero padding elements after loading the checkpoint"
-                  % (ME, rank, wrong, dirty), file=sys.stderr)
-    bad = torch.tensor([wrong + dirty])
-    dist.all_reduce(bad)
-    dist.destroy_process_group()
-    if bad.item():
-        sys.stderr.flush()
-        os._exit(1)
+    common.end_rank(ME, rank, pattern, tensors, view.regions, MODE == "load")
     return len(view.regions)
-
-
-def count(fd, n):
-    """Bytes read from fd, up to n: the ranks that said so (fewer when one
-    died first and every writer is gone)."""
-    got = 0
-    while got < n:
-        k = len(os.read(fd, n - got))
-        if not k:
-            break
-        got += k
-    return got
 
 
 def main():
     global MODE, LAYOUT, DIR
-    if len(sys.argv) != 4 or sys.argv[1] not in ("save", "load"):
-        usage()
-    MODE, LAYOUT, DIR = sys.argv[1:]
-    if not os.path.isfile(LAYOUT):
-        usage("%s: no such layout file" % LAYOUT)
-    if not os.path.isdir(DIR):
-        usage("%s: not a directory" % DIR)
+    MODE, LAYOUT, DIR = common.arguments(ME)
     DIR = os.path.abspath(DIR)
     imports()
     mcore.install_pretrain_shims()
     world = vps.Layout.load(LAYOUT).world
-    ready_r, ready_w = os.pipe()
-    go_r, go_w = os.pipe()
-    done_r, done_w = os.pipe()
-    tmp = tempfile.mkdtemp(prefix="vps-mcp-")
-    store = os.path.join(tmp, "store")
-    pids = []
-    for rank in range(world):
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                os.close(ready_r)
-                os.close(go_w)
-                os.close(done_r)
-                n = rank_main(rank, world, store, ready_w, go_r, done_w)
-                with open(os.path.join(tmp, "%d.out" % rank), "wb") as f:
-                    pickle.dump(n, f)
-            except BaseException as e:  # reported, whatever it is
-                print("%s: %s rank %d: %s: %s" % (ME, MODE, rank, type(e).__name__, e), file=sys.stderr)
-                code = 1
-            # Megatron's checkpoint writer starts a manager process by spawn, which os._exit would leave
-            for child in multiprocessing.active_children():
-                child.terminate()
-                child.join()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-        pids.append(pid)
-    os.close(ready_w)
-    os.close(go_r)
-    os.close(done_w)
-    got = count(ready_r, world)
-    t0 = time.monotonic()
-    os.close(go_w)
-    finished = count(done_r, world) if got == world else 0
-    t1 = time.monotonic()
-    failed = 0
-    for pid in pids:
-        _, st = os.waitpid(pid, 0)
-        failed |= not os.WIFEXITED(st) or os.WEXITSTATUS(st) != 0
-    if failed or got < world or finished < world:
-        sys.exit(1)  # the rank said why
-    counts = []
-    for rank in range(world):
-        with open(os.path.join(tmp, "%d.out" % rank), "rb") as f:
-            counts.append(pickle.load(f))
-    for f in os.listdir(tmp):
-        os.unlink(os.path.join(tmp, f))
-    os.rmdir(tmp)
-    print("seconds: %.4f" % (t1 - t0))
+    seconds, counts = common.fork_ranks(ME, MODE, world, "vps-mcp-", rank_main)
+    print("seconds: %.4f" % seconds)
     if MODE == "save":
         written = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(DIR) for f in fs)
         print("bytes_written: %d" % written)

@@ -98,6 +98,33 @@ drop_cache() { sync && { echo 3 > /proc/sys/vm/drop_caches; } 2>/dev/null; }
 cold=0
 if drop_cache; then cold=1; fi
 
+# one checkpoint and restart by method $1 into directory $2: the command
+# after $3 and $4 run as `CMD save $3 $2`, then `CMD load $4 $2` (and the
+# load again from a cold cache where it can be dropped); their seconds go to
+# the results as $1-save, $1-load, $1-total (and -load-cold, -total-cold),
+# their output to $t/$1.save.out and $t/$1.load.out
+save_load() {
+	local method=$1 dir=$2 a=$3 b=$4 save load lc
+	shift 4
+	"$@" save "$a" "$dir" > "$t/$method.save.out"
+	"$@" load "$b" "$dir" > "$t/$method.load.out"
+	save=$(awk '$1 == "seconds:" { print $2 }' "$t/$method.save.out")
+	load=$(awk '$1 == "seconds:" { print $2 }' "$t/$method.load.out")
+	{
+		echo "$bytes $method-save $save"
+		echo "$bytes $method-load $load"
+		echo "$bytes $method-total $(awk -v a="$save" -v b="$load" 'BEGIN { printf "%.4f", a + b }')"
+	} >> "$res"
+	if [ $cold = 1 ] && drop_cache; then
+		"$@" load "$b" "$dir" > "$t/$method.cold.out"
+		lc=$(awk '$1 == "seconds:" { print $2 }' "$t/$method.cold.out")
+		{
+			echo "$bytes $method-load-cold $lc"
+			echo "$bytes $method-total-cold $(awk -v a="$save" -v b="$lc" 'BEGIN { printf "%.4f", a + b }')"
+		} >> "$res"
+	fi
+}
+
 began=$SECONDS
 res=$t/results
 : > "$res"
@@ -113,53 +140,18 @@ for m in $models; do
 		echo "$bytes vps-tcp $(vps_switch tcp)" >> "$res"
 		echo "$bytes vps-ipc $(vps_switch ipc)" >> "$res"
 		rm -rf "${files:?}"/*
-		"$ckpt" save "$t/s.staged" "$files" > "$t/save.out"
-		"$ckpt" load "$t/s.staged" "$files" > "$t/load.out"
-		save=$(awk '$1 == "seconds:" { print $2 }' "$t/save.out")
-		load=$(awk '$1 == "seconds:" { print $2 }' "$t/load.out")
-		echo "$bytes ckpt-save $save" >> "$res"
-		echo "$bytes ckpt-load $load" >> "$res"
-		echo "$bytes ckpt-total $(awk -v a="$save" -v b="$load" 'BEGIN { printf "%.4f", a + b }')" >> "$res"
-		if [ $cold = 1 ] && drop_cache; then
-			"$ckpt" load "$t/s.staged" "$files" > "$t/cold.out"
-			lc=$(awk '$1 == "seconds:" { print $2 }' "$t/cold.out")
-			echo "$bytes ckpt-load-cold $lc" >> "$res"
-			echo "$bytes ckpt-total-cold $(awk -v a="$save" -v b="$lc" 'BEGIN { printf "%.4f", a + b }')" >> "$res"
-		fi
-		written=$(awk '$1 == "bytes_written:" { print $2 }' "$t/save.out")
-		read -r readb preads < <(awk '$1 == "rank" { b += $3; n += $4 } END { printf "%.0f %.0f\n", b, n }' "$t/load.out")
+		save_load ckpt "$files" "$t/s.staged" "$t/s.staged" "$ckpt"
+		written=$(awk '$1 == "bytes_written:" { print $2 }' "$t/ckpt.save.out")
+		read -r readb preads < <(awk '$1 == "rank" { b += $3; n += $4 } END { printf "%.0f %.0f\n", b, n }' \
+			"$t/ckpt.load.out")
 		rm -rf "${files:?}"/*
 		mkdir "$files/dcp"
-		"$py" "$top/scripts/bench/ckpt_dcp.py" save "$t/a.layout" "$files/dcp" > "$t/dsave.out"
-		"$py" "$top/scripts/bench/ckpt_dcp.py" load "$t/b.layout" "$files/dcp" > "$t/dload.out"
-		save=$(awk '$1 == "seconds:" { print $2 }' "$t/dsave.out")
-		load=$(awk '$1 == "seconds:" { print $2 }' "$t/dload.out")
-		echo "$bytes dcp-save $save" >> "$res"
-		echo "$bytes dcp-load $load" >> "$res"
-		echo "$bytes dcp-total $(awk -v a="$save" -v b="$load" 'BEGIN { printf "%.4f", a + b }')" >> "$res"
-		if [ $cold = 1 ] && drop_cache; then
-			"$py" "$top/scripts/bench/ckpt_dcp.py" load "$t/b.layout" "$files/dcp" > "$t/dcold.out"
-			lc=$(awk '$1 == "seconds:" { print $2 }' "$t/dcold.out")
-			echo "$bytes dcp-load-cold $lc" >> "$res"
-			echo "$bytes dcp-total-cold $(awk -v a="$save" -v b="$lc" 'BEGIN { printf "%.4f", a + b }')" >> "$res"
-		fi
-		dwritten=$(awk '$1 == "bytes_written:" { print $2 }' "$t/dsave.out")
+		save_load dcp "$files/dcp" "$t/a.layout" "$t/b.layout" "$py" "$top/scripts/bench/ckpt_dcp.py"
+		dwritten=$(awk '$1 == "bytes_written:" { print $2 }' "$t/dcp.save.out")
 		rm -rf "${files:?}"/*
 		mkdir "$files/mcp"
-		"$py" "$top/scripts/bench/ckpt_mcp.py" save "$t/a.layout" "$files/mcp" > "$t/msave.out"
-		"$py" "$top/scripts/bench/ckpt_mcp.py" load "$t/b.layout" "$files/mcp" > "$t/mload.out"
-		save=$(awk '$1 == "seconds:" { print $2 }' "$t/msave.out")
-		load=$(awk '$1 == "seconds:" { print $2 }' "$t/mload.out")
-		echo "$bytes mcp-save $save" >> "$res"
-		echo "$bytes mcp-load $load" >> "$res"
-		echo "$bytes mcp-total $(awk -v a="$save" -v b="$load" 'BEGIN { printf "%.4f", a + b }')" >> "$res"
-		if [ $cold = 1 ] && drop_cache; then
-			"$py" "$top/scripts/bench/ckpt_mcp.py" load "$t/b.layout" "$files/mcp" > "$t/mcold.out"
-			lc=$(awk '$1 == "seconds:" { print $2 }' "$t/mcold.out")
-			echo "$bytes mcp-load-cold $lc" >> "$res"
-			echo "$bytes mcp-total-cold $(awk -v a="$save" -v b="$lc" 'BEGIN { printf "%.4f", a + b }')" >> "$res"
-		fi
-		mwritten=$(awk '$1 == "bytes_written:" { print $2 }' "$t/msave.out")
+		save_load mcp "$files/mcp" "$t/a.layout" "$t/b.layout" "$py" "$top/scripts/bench/ckpt_mcp.py"
+		mwritten=$(awk '$1 == "bytes_written:" { print $2 }' "$t/mcp.save.out")
 		echo "$name run $run: $bytes bytes of state; wrote $written, read $readb in $preads preads; DCP wrote" \
 			"$dwritten, MCP $mwritten; $((SECONDS - began)) s so far" >&2
 	done
@@ -198,38 +190,22 @@ table() {
 		}' "$t/medians.tsv"
 }
 
-dcp_table() {
-	printf '| state (GB) | DCP save (s) | DCP load (s) | DCP save + load (s) | DCP / files | DCP / vps tcp | DCP / vps ipc |'
-	[ $cold = 1 ] && printf ' DCP load, cold cache (s) | cold DCP / vps ipc |'
+# the table of a checkpoint of Python's: $1 its name in the table, $2 in the results
+python_table() {
+	printf '| state (GB) | %s save (s) | %s load (s) | %s save + load (s) | %s / files | %s / vps tcp | %s / vps ipc |' \
+		"$1" "$1" "$1" "$1" "$1" "$1"
+	[ $cold = 1 ] && printf ' %s load, cold cache (s) | cold %s / vps ipc |' "$1" "$1"
 	printf '\n|---:|---:|---:|---:|---:|---:|---:|'
 	[ $cold = 1 ] && printf -- '---:|---:|'
 	printf '\n'
-	awk -F'\t' -v cold=$cold '
+	awk -F'\t' -v cold=$cold -v m="$2" '
 		{ if (!($1 in seen)) { seen[$1] = 1; order[++N] = $1 } s[$1, $2] = $3 }
 		END {
 			for (i = 1; i <= N; i++) {
-				b = order[i]; tot = s[b, "dcp-total"]
-				printf "| %.2f | %.3f | %.3f | %.3f | %.1fx | %.1fx | %.1fx |", b / 1e9, s[b, "dcp-save"], s[b, "dcp-load"],
+				b = order[i]; tot = s[b, m "-total"]
+				printf "| %.2f | %.3f | %.3f | %.3f | %.1fx | %.1fx | %.1fx |", b / 1e9, s[b, m "-save"], s[b, m "-load"],
 					tot, tot / s[b, "ckpt-total"], tot / s[b, "vps-tcp"], tot / s[b, "vps-ipc"]
-				if (cold) printf " %.3f | %.1fx |", s[b, "dcp-load-cold"], s[b, "dcp-total-cold"] / s[b, "vps-ipc"]
-				printf "\n"
-			}
-		}' "$t/medians.tsv"
-}
-mcp_table() {
-	printf '| state (GB) | MCP save (s) | MCP load (s) | MCP save + load (s) | MCP / files | MCP / vps tcp | MCP / vps ipc |'
-	[ $cold = 1 ] && printf ' MCP load, cold cache (s) | cold MCP / vps ipc |'
-	printf '\n|---:|---:|---:|---:|---:|---:|---:|'
-	[ $cold = 1 ] && printf -- '---:|---:|'
-	printf '\n'
-	awk -F'\t' -v cold=$cold '
-		{ if (!($1 in seen)) { seen[$1] = 1; order[++N] = $1 } s[$1, $2] = $3 }
-		END {
-			for (i = 1; i <= N; i++) {
-				b = order[i]; tot = s[b, "mcp-total"]
-				printf "| %.2f | %.3f | %.3f | %.3f | %.1fx | %.1fx | %.1fx |", b / 1e9, s[b, "mcp-save"], s[b, "mcp-load"],
-					tot, tot / s[b, "ckpt-total"], tot / s[b, "vps-tcp"], tot / s[b, "vps-ipc"]
-				if (cold) printf " %.3f | %.1fx |", s[b, "mcp-load-cold"], s[b, "mcp-total-cold"] / s[b, "vps-ipc"]
+				if (cold) printf " %.3f | %.1fx |", s[b, m "-load-cold"], s[b, m "-total-cold"] / s[b, "vps-ipc"]
 				printf "\n"
 			}
 		}' "$t/medians.tsv"
@@ -243,10 +219,10 @@ machine="$(nproc) cores, $(awk -F': ' '/^model name/ { print $2; exit }' /proc/c
 	table
 	printf '\nPyTorch %s, torch.distributed.checkpoint over gloo, the same run (DCP / files: against the save + load above):\n\n' \
 		"$("$py" -c 'import torch; print(torch.__version__)')"
-	dcp_table
+	python_table DCP dcp
 	printf "\nMegatron-LM's distributed checkpoint (MCP, the paper's baseline: megatron-core %s, torch_dist, fully parallel save and load, the optimizer fully_reshardable) over gloo, the same run (MCP / vps: how many times as long the save and load take as the switch):\n\n" \
 		"$("$py" -c 'from importlib.metadata import version; print(version("megatron-core"))')"
-	mcp_table
+	python_table MCP mcp
 } > "$t/section.md"
 cat "$t/section.md"
 if [ $doc = 1 ]; then

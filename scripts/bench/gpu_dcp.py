@@ -28,7 +28,6 @@ cuda (the default) refuses to start without one (exit 2). Prints YAML:
 save_seconds, load_seconds, state_bytes (A's, every rank), entries,
 wrong_elements. Bad arguments exit 2."""
 import argparse
-import ctypes as C
 import datetime
 import logging
 import os
@@ -38,10 +37,11 @@ import tempfile
 import time
 import warnings
 
+from ckpt_common import Pattern, box_key, state_dict, tiling, writers
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOP = os.path.dirname(os.path.dirname(HERE))
 ME = "gpu_dcp.py"
-STEP = 1  # the pattern's step
 
 
 def fail(msg, code=1):
@@ -68,47 +68,6 @@ def parse(argv):
     return args
 
 
-# ---- what DCP is told: vps's boxes, pure arithmetic (no torch) ----
-
-def box_key(r):
-    return (r.tensor, r.state, tuple(r.lo), tuple(r.hi))
-
-
-def writers(lay):
-    """Who saves each distinct box {(tensor, state, lo, hi): rank}: a box
-    several ranks hold alike (replicas) goes to one of them, the replicas
-    taking turns box by box. The boxes of a (tensor, state) must tile it
-    without overlapping (DCP's rule for the saved shards); a layout whose
-    boxes overlap otherwise is refused."""
-    holders = {}
-    for r in range(lay.world):
-        for g in lay.rank(r).regions:
-            holders.setdefault(box_key(g), []).append(r)
-    turns, owner, by_pair = {}, {}, {}
-    for box, ranks in sorted(holders.items()):
-        group = tuple(ranks)
-        k = turns.get(group, 0)
-        turns[group] = k + 1
-        owner[box] = group[k % len(group)]
-        by_pair.setdefault(box[:2], []).append(box[2:])
-    for (t, s), boxes in by_pair.items():
-        for i, (lo, hi) in enumerate(boxes):
-            for lo2, hi2 in boxes[i + 1:]:
-                if all(max(a, b) < min(c, d) for a, b, c, d in zip(lo, lo2, hi, hi2)):
-                    raise ValueError("tensor %d state %d: boxes %s..%s and %s..%s overlap" % (t, s, lo, hi, lo2, hi2))
-    return owner
-
-
-def tiling(owner, mine, rank):
-    """{(tensor, state): [(lo, hi, rank)]}: every distinct box once, with its
-    writer, except that the boxes of `mine` (this rank's, to load) name this
-    rank: each rank's metadata tiles every tensor and names its own shards."""
-    out = {}
-    for box, q in owner.items():
-        out.setdefault(box[:2], []).append((box[2], box[3], rank if box in mine else q))
-    return out
-
-
 # ---- a rank ----
 
 def rank_main(args, rank, world):
@@ -118,18 +77,8 @@ def rank_main(args, rank, world):
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    from torch.distributed._shard.metadata import ShardMetadata
-    from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
-    from torch.distributed._shard.sharded_tensor.metadata import ShardedTensorMetadata, TensorProperties
 
     import vps
-    from vps import _lib
-
-    lib = _lib.lib
-    lib.vps_fill_region.restype = None
-    lib.vps_fill_region.argtypes = [C.c_void_p, C.POINTER(_lib.Region), C.POINTER(_lib.Tensor), C.c_int64]
-    lib.vps_check_region.restype = C.c_int64
-    lib.vps_check_region.argtypes = [C.c_void_p, C.POINTER(_lib.Region), C.POINTER(_lib.Tensor), C.c_int64]
 
     torch.set_num_threads(1)
     dev = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
@@ -140,43 +89,8 @@ def rank_main(args, rank, world):
                             timeout=datetime.timedelta(seconds=1800))
     la, lb = vps.Layout.load(args.a), vps.Layout.load(args.b)
     model = la.model
+    pattern = Pattern(model)
     dtypes = {vps.BF16: torch.bfloat16, vps.FP32: torch.float32}
-    tensors = {}
-
-    def tensor(tid):
-        if tid not in tensors:
-            tensors[tid] = model.tensor(tid)
-        return tensors[tid]
-
-    def c_region(r):
-        g = _lib.Region(tensor=r.tensor, state=r.state, buffer=r.buffer, offset=r.offset)
-        g.box.ndim = len(r.lo)
-        for k, (lo, hi, st) in enumerate(zip(r.lo, r.hi, r.strides)):
-            g.box.lo[k], g.box.hi[k], g.strides[k] = lo, hi, st
-        return g
-
-    def key(pair):
-        return "%s/%s" % (model.tensor_name(pair[0]), vps.STATES[pair[1]])
-
-    def state_dict(buffers, regions, layout_tiling):
-        props, local = {}, {}
-        for r in regions:
-            pair = (r.tensor, r.state)
-            view = buffers[r.buffer].as_strided([h - lo for lo, h in zip(r.lo, r.hi)], r.strides, r.offset)
-            md = ShardMetadata([*r.lo], [h - lo for lo, h in zip(r.lo, r.hi)], "rank:%d/%s" % (rank, where))
-            local.setdefault(pair, []).append(Shard(view, md))
-            props[pair] = (model.tensor_shape(r.tensor), buffers[r.buffer].dtype)
-        out = {}
-        for pair, shards in local.items():
-            shape, dtype = props[pair]
-            meta = ShardedTensorMetadata(
-                [ShardMetadata([*lo], [h - a for a, h in zip(lo, hi)], "rank:%d/%s" % (q, where))
-                 for lo, hi, q in layout_tiling[pair]],
-                torch.Size(shape),
-                TensorProperties(dtype=dtype, layout=torch.strided, requires_grad=False,
-                                 memory_format=torch.contiguous_format, pin_memory=False))
-            out[key(pair)] = ShardedTensor._init_from_local_shards_and_global_metadata(shards, meta)
-        return out
 
     def buffers_of(lay, r):
         view = lay.rank(r)
@@ -191,12 +105,12 @@ def rank_main(args, rank, world):
             host = torch.zeros(b.elements, dtype=t.dtype)
             for r in va.regions:
                 if r.buffer == b.id:
-                    lib.vps_fill_region(host.data_ptr(), C.byref(c_region(r)), C.byref(tensor(r.tensor)), STEP)
+                    pattern.fill(host, r)
             t.copy_(host)
             state_bytes += host.numel() * host.element_size()
         owner = writers(la)
         saved = [r for r in va.regions if owner[box_key(r)] == rank]
-        sd_a = state_dict(bufs_a, saved, tiling(owner, set(), rank))
+        sd_a = state_dict(model, bufs_a, saved, tiling(owner, set(), rank), rank, where)
     if ra >= 0 and args.device == "cuda":
         torch.cuda.synchronize()
     dist.barrier()
@@ -214,7 +128,8 @@ def rank_main(args, rank, world):
     if rb >= 0:
         vb, bufs_b = buffers_of(lb, rb)
         owner_b = writers(lb)
-        sd_b = state_dict(bufs_b, vb.regions, tiling(owner_b, {box_key(r) for r in vb.regions}, rank))
+        sd_b = state_dict(model, bufs_b, vb.regions, tiling(owner_b, {box_key(r) for r in vb.regions}, rank), rank,
+                          where)
     if args.device == "cuda":
         torch.cuda.synchronize()
     dist.barrier()
@@ -227,15 +142,7 @@ def rank_main(args, rank, world):
     # untimed: every element as the pattern says, padding zero
     wrong = dirty = 0
     if rb >= 0:
-        host = [t.cpu() for t in bufs_b]
-        covered = [torch.zeros(b.elements, dtype=torch.bool) for b in vb.buffers]
-        for r in vb.regions:
-            wrong += lib.vps_check_region(host[r.buffer].data_ptr(), C.byref(c_region(r)), C.byref(tensor(r.tensor)),
-                                          STEP)
-            end = r.offset + sum((h - lo - 1) * s for lo, h, s in zip(r.lo, r.hi, r.strides)) + 1
-            covered[r.buffer][r.offset:end] = True
-        for b, cov in zip(host, covered):
-            dirty += int((b[~cov] != 0).sum())
+        wrong, dirty = pattern.check([t.cpu() for t in bufs_b], vb.regions)
     totals = torch.tensor([wrong, dirty, state_bytes, len(sd_b)], dtype=torch.int64)
     dist.all_reduce(totals)
     dist.destroy_process_group()

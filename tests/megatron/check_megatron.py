@@ -35,6 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TOP = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(TOP, "python"))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(TOP, "tests", "lib"))
 
 import mcore  # noqa: E402  (imports torch and megatron-core once, before the ranks fork)
 import numpy as np  # noqa: E402
@@ -44,6 +45,7 @@ import vps  # noqa: E402
 from megatron.core.optimizer import OptimizerConfig  # noqa: E402
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer  # noqa: E402
 from megatron.core.optimizer.layer_wise_optimizer import LayerWiseDistributedOptimizer  # noqa: E402
+from boxes import box_index  # noqa: E402
 
 # (model, parallel configuration): each line says what it covers that the
 # others do not. Worlds stay at 8 ranks or fewer (2 cores here and in CI).
@@ -151,16 +153,6 @@ class Mismatch(Exception):
 def expect(what, megatron, ours):
     if megatron != ours:
         raise Mismatch("%s: Megatron-Core %s, vps %s" % (what, megatron, ours))
-
-
-def box_index(lo, hi, offset, strides):
-    """The buffer offsets of a region's box, as an array of the box's shape."""
-    idx = np.full(tuple(h - l for l, h in zip(lo, hi)), offset, dtype=np.int64)
-    for k, (l, h, s) in enumerate(zip(lo, hi, strides)):
-        shape = [1] * len(lo)
-        shape[k] = h - l
-        idx += (np.arange(h - l, dtype=np.int64) * s).reshape(shape)
-    return idx
 
 
 def local_index(p, regions):

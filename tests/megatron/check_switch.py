@@ -64,11 +64,7 @@ import argparse
 import copy
 import json
 import os
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 
 import yaml
@@ -77,6 +73,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TOP = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(TOP, "python"))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(TOP, "tests", "lib"))
 
 import mcore  # noqa: E402  (imports torch and megatron-core once, before the ranks fork)
 import torch  # noqa: E402
@@ -91,6 +88,7 @@ from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed  # noq
 
 import vps  # noqa: E402
 import vps.megatron  # noqa: E402
+from switching import Corpus, check_refusals, run, start_executors, stop, tool, workspace  # noqa: E402
 
 class Run:
     """A job the check trains and switches: its model, the parallel
@@ -155,33 +153,6 @@ WORLD = 4
 GLOBAL_BATCH, MICRO_BATCH, SEQ = 8, 2, 32
 LR, SEED = 3e-3, 1234
 MAX_REL = 1e-3  # scripts/convergence.sh's bound
-
-
-def tool(name):
-    path = os.path.join(os.environ.get("VPS_BIN", os.path.join(TOP, "bin")), name)
-    if not os.access(path, os.X_OK):
-        sys.exit("check_switch.py: %s: not built (make)" % path)
-    return path
-
-
-def run(cmd):
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if r.returncode:
-        raise RuntimeError("%s: exit %d: %s" % (" ".join(cmd), r.returncode, r.stderr.strip()))
-    return r.stdout
-
-
-# ---- the data: phrases of a fixed phrase book, sample i the same in every run ----
-class Corpus:
-    def __init__(self, vocab, seq, seed, phrases=64, length=8):
-        g = torch.Generator().manual_seed(seed)
-        self.book = torch.randint(vocab, (phrases, length), generator=g)
-        self.seq, self.seed = seq, seed
-
-    def sample(self, i):
-        g = torch.Generator().manual_seed(self.seed * 1000003 + i)
-        n = -(-(self.seq + 1) // self.book.shape[1])
-        return self.book[torch.randint(self.book.shape[0], (n,), generator=g)].reshape(-1)[:self.seq + 1]
 
 
 def micro_batches(corpus, consumed, dp, dp_rank, accum):
@@ -621,24 +592,7 @@ def executors(tmp, job_run, steps, every, registry):
         run([tool("vps-stage"), "--budget", "16MiB", plan, "-o", st])
         staged.append(st)
     env = dict(os.environ, VPS_TOKEN=run([tool("vps-exec"), "--new-token"]).strip())
-    port = run([os.path.join(TOP, "scripts", "free-port.sh")]).strip()
-    procs = []
-    for r in range(WORLD):
-        log = open(os.path.join(tmp, "exec.%d.log" % r), "w")
-        procs.append(subprocess.Popen(
-            [tool("vps-exec"), "--registry", registry.replace("%d", "%r"), "--rank", str(r), "--world", str(WORLD),
-             "--master", "127.0.0.1:" + port, "--transport", "tcp", "--wait", "--check", "--timeout", "120",
-             "--report", os.path.join(tmp, "report.%d.yaml" % r)] + (["--serve"] if len(staged) > 1 else [])
-            + staged, env=env, stdout=log, stderr=subprocess.STDOUT))
-    return procs, len(staged)
-
-
-def stop(procs):
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        p.wait()
+    return start_executors(tmp, staged, WORLD, registry, env), len(staged)
 
 
 def main():
@@ -661,20 +615,9 @@ def main():
     if (args.steps is not None and args.steps < 1) or (args.every is not None and args.every < 1):
         a.error("--steps and --every must be at least 1")
     mcore.install_training_shims()
-    tmp = args.keep or tempfile.mkdtemp(prefix="vps-mcore-switch-")
-    os.makedirs(tmp, exist_ok=True)
     registry = "vps-mcore-%d-%%d" % os.getpid()
-    try:
+    with workspace(args.keep, "vps-mcore-switch-", registry, WORLD) as tmp:
         check(args, tmp, registry)
-    finally:
-        # a rank stopped before its registry closed leaves it behind
-        for name in [registry % r for r in range(WORLD)] + [registry.replace("%d", "refusals")]:
-            try:
-                vps.Registry.unlink(name)
-            except vps.Error as e:
-                print("check_switch.py: %s" % e, file=sys.stderr)
-        if not args.keep:
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def check(args, tmp, registry):
@@ -683,13 +626,7 @@ def check(args, tmp, registry):
     if isinstance(said, mcore.RankError):
         print(said.trace, file=sys.stderr)
         sys.exit("check_switch.py: refusals: %s" % said)
-    if len(said) != len(REFUSALS):
-        sys.exit("check_switch.py: refusals: %d answers for %d cases: %s" % (len(said), len(REFUSALS), said))
-    for line, (what, code, text) in zip(said, REFUSALS):
-        if not line.startswith("%s: %s: %s" % (what, code, text)):
-            sys.exit("check_switch.py: a Job given %s said: %s; expected %s: %s..." % (what, line, code, text))
-        if args.verbose:
-            print("refused: %s" % line)
+    check_refusals(said, REFUSALS, args.verbose)
     lines, worst, seconds, every_pause = {}, {}, {"adam": time.monotonic() - t0}, {}
     for job_run in RUNS:
         if (args.model and job_run.name not in args.model) or (args.optimizer and job_run.optimizer

@@ -22,18 +22,13 @@ TransformerEngine's modules, which need a GPU. See tests/megatron/README.md.
 """
 import contextlib
 import copy
-import datetime
 import logging
-import multiprocessing
 import os
-import pickle
-import signal
 import sys
-import tempfile
-import time
-import traceback
 import warnings
 
+# the forked ranks (RankError among them), shared with tests/torch
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
 warnings.filterwarnings("ignore")
 # torch and megatron-core warn on import that CUDA, TransformerEngine and
 # Apex are absent: all three are, on purpose
@@ -62,6 +57,9 @@ from megatron.core.transformer.torch_norm import WrappedTorchNorm  # noqa: E402
 from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig  # noqa: E402
 
 from importlib.metadata import version  # noqa: E402
+
+import ranks  # noqa: E402
+from ranks import RankError  # noqa: E402,F401  (mcore.RankError, as the checks name it)
 
 # megatron.core.__version__ carries the git commit of the current directory
 VERSION = version("megatron-core")
@@ -688,90 +686,15 @@ def run_ranks(world, fn, timeout=300, watch=None):
     fn's return value, or the exception it raised as a RankError, in rank
     order. A rank that dies or outlives timeout seconds fails them all, and
     so does watch() (called while they run) returning a reason."""
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    with tempfile.TemporaryDirectory(prefix="vps-mcore-") as tmp:
-        store = os.path.join(tmp, "store")
-        pids = {}
-        for r in range(world):
-            pid = os.fork()
-            if pid == 0:  # the rank: never returns into the parent's code
-                code = 0
-                try:
-                    torch.set_num_threads(1)
-                    torch.distributed.init_process_group(
-                        "gloo", store=torch.distributed.FileStore(store, world), rank=r, world_size=world,
-                        timeout=datetime.timedelta(seconds=timeout))
-                    try:
-                        out = fn(r)
-                    finally:
-                        with contextlib.suppress(Exception):
-                            parallel_state.destroy_model_parallel()
-                            torch.distributed.destroy_process_group()
-                        # what the rank started (Megatron's checkpoint writer starts a manager process by
-                        # spawn), which the os._exit below would leave running
-                        for child in multiprocessing.active_children():
-                            child.terminate()
-                            child.join()
-                except BaseException as e:  # reported to the parent, whatever it is
-                    out = RankError(r, "%s: %s" % (type(e).__name__, e), traceback.format_exc())
-                    code = 1
-                try:
-                    with open(os.path.join(tmp, "%d.pickle" % r), "wb") as f:
-                        pickle.dump(out, f)
-                finally:
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                    os._exit(code)
-            pids[pid] = r
-        deadline = time.monotonic() + timeout
-        failed = None
-        while pids:
-            # the ranks only: the caller may have children of its own (vps-exec)
-            done = [(pid, status) for pid, status in (os.waitpid(p, os.WNOHANG) for p in list(pids)) if pid]
-            if not done:
-                if time.monotonic() > deadline:
-                    failed = "ranks %s still running after %d s" % (sorted(pids.values()), timeout)
-                    break
-                failed = watch() if watch else None
-                if failed:
-                    break
-                time.sleep(0.01)
-                continue
-            for pid, status in done:
-                r = pids.pop(pid)
-                if os.WIFSIGNALED(status) and failed is None:
-                    failed = "rank %d killed by signal %d" % (r, os.WTERMSIG(status))
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        for pid in pids:
-            os.waitpid(pid, 0)
-        if failed:
-            # what a rank that failed first said is the cause more often than not
-            for r in range(world):
-                path = os.path.join(tmp, "%d.pickle" % r)
-                if os.path.exists(path):
-                    with open(path, "rb") as f:
-                        out = pickle.load(f)
-                    if isinstance(out, RankError):
-                        failed += "\n(rank %d had failed: %s)\n%s" % (r, out.what, out.trace)
-                        break
-            raise RuntimeError(failed)
-        results = []
-        for r in range(world):
-            path = os.path.join(tmp, "%d.pickle" % r)
-            if not os.path.exists(path):
-                raise RuntimeError("rank %d exited without a result" % r)
-            with open(path, "rb") as f:
-                results.append(pickle.load(f))
-        return results
-
-
-class RankError:
-    """What a rank raised: its rank, the exception in one line, the traceback."""
-
-    def __init__(self, rank, what, trace):
-        self.rank, self.what, self.trace = rank, what, trace
-
-    def __repr__(self):
-        return "rank %d: %s" % (self.rank, self.what)
+    results, failed = ranks.gloo_ranks(world, fn, timeout, watch=watch,
+                                       teardown=parallel_state.destroy_model_parallel, prefix="vps-mcore-")
+    if failed:
+        # what a rank that failed first said is the cause more often than not
+        first = next((out for out in results if isinstance(out, RankError)), None)
+        if first:
+            failed += "\n(rank %d had failed: %s)\n%s" % (first.rank, first.what, first.trace)
+        raise RuntimeError(failed)
+    for r, out in enumerate(results):
+        if out is None:
+            raise RuntimeError("rank %d exited without a result" % r)
+    return results

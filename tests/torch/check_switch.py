@@ -46,17 +46,11 @@ differs, 2 on bad arguments.
 """
 import argparse
 import contextlib
-import datetime
 import os
-import pickle
 import resource
-import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 import time
-import traceback
 import types
 import warnings
 
@@ -67,7 +61,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TOP = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(TOP, "python"))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(TOP, "tests", "lib"))
 
+import ranks  # noqa: E402
 import titan  # noqa: E402  (torchtitan and its shims, imported once before the ranks fork)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -79,6 +75,8 @@ from torchtitan.distributed import utils as dist_utils  # noqa: E402
 import vps  # noqa: E402
 import vps.dtensor  # noqa: E402
 import vps.elastic  # noqa: E402
+from ranks import RankError  # noqa: E402
+from switching import Corpus, check_refusals, run, start_executors, stop, tool, workspace  # noqa: E402
 
 MODEL_NAME = "llama3-tiny"
 MODEL = os.path.join(HERE, "models", MODEL_NAME + ".yaml")
@@ -91,36 +89,9 @@ LR, WARMUP, MAX_NORM, SEED = 3e-3, 4, 1.0, 1234
 MAX_REL = 1e-3  # scripts/convergence.sh's bound
 
 
-def tool(name):
-    path = os.path.join(os.environ.get("VPS_BIN", os.path.join(TOP, "bin")), name)
-    if not os.access(path, os.X_OK):
-        sys.exit("check_switch.py: %s: not built (make)" % path)
-    return path
-
-
-def run(cmd):
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if r.returncode:
-        raise RuntimeError("%s: exit %d: %s" % (" ".join(cmd), r.returncode, r.stderr.strip()))
-    return r.stdout
-
-
 def mesh_of(layout):
     par = layout.parallel
     return {"dp_replicate": par["dp_replicate"], "dp_shard": par["dp_shard"], "tp": par["tp"]}
-
-
-# ---- the data: phrases of a fixed phrase book, sample i the same in every run ----
-class Corpus:
-    def __init__(self, vocab, seq, seed, phrases=64, length=8):
-        g = torch.Generator().manual_seed(seed)
-        self.book = torch.randint(vocab, (phrases, length), generator=g)
-        self.seq, self.seed = seq, seed
-
-    def sample(self, i):
-        g = torch.Generator().manual_seed(self.seed * 1000003 + i)
-        n = -(-(self.seq + 1) // self.book.shape[1])
-        return self.book[torch.randint(self.book.shape[0], (n,), generator=g)].reshape(-1)[:self.seq + 1]
 
 
 # ---- a rank's job, built by torchtitan for a layout ----
@@ -388,51 +359,38 @@ REFUSALS = [
 
 
 # ---- the launcher: forked processes, executors, the agent ----
-class RankError:
-    def __init__(self, slot, what, trace):
-        self.slot, self.what, self.trace = slot, what, trace
-
-    def __str__(self):
-        return "process %d: %s" % (self.slot, self.what)
-
-
 def fork(tmp, slot, fn):
-    """fn() in a forked process; its result (or a RankError) pickled to tmp/SLOT.pickle."""
+    """fn() in a forked process, its output to tmp/process.SLOT.log; its
+    result (or a RankError) pickled to tmp/SLOT.pickle."""
     pid = os.fork()
     if pid:
         return pid
-    code = 0
-    try:
+
+    def logged():
         # PyTorch's warnings and gloo's notes to the process's log, shown when it fails
         log = os.open(os.path.join(tmp, "process.%d.log" % slot), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(log)
         torch.set_num_threads(1)
-        out = fn()
-    except BaseException as e:
-        out = RankError(slot, "%s: %s" % (type(e).__name__, e), traceback.format_exc())
-        code = 1
-    try:
-        with open(os.path.join(tmp, "%d.pickle" % slot), "wb") as f:
-            pickle.dump(out, f)
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        return fn()
+    ranks.child(tmp, slot, logged)
 
 
 def results(tmp, slots):
     out = []
     for s in slots:
-        path = os.path.join(tmp, "%d.pickle" % s)
-        if not os.path.exists(path):
+        res = ranks.result(tmp, s)
+        if res is None:
             log = os.path.join(tmp, "process.%d.log" % s)
-            out.append(RankError(s, "exited without a result", open(log).read()[-2000:] if os.path.exists(log) else ""))
-            continue
-        with open(path, "rb") as f:
-            out.append(pickle.load(f))
+            res = RankError(s, "exited without a result", open(log).read()[-2000:] if os.path.exists(log) else "")
+        out.append(res)
     return out
+
+
+def failure(e):
+    """A process's failure as the messages name it: by its slot."""
+    return "process %d: %s" % (e.rank, e.what)
 
 
 def plans(tmp):
@@ -449,21 +407,6 @@ def plans(tmp):
         run([tool("vps-stage"), "-q", "--budget", "16MiB", plan, "-o", st])
         staged.append(st)
     return staged
-
-
-def executors(tmp, staged, world, registry, env, first):
-    """One vps-exec per rank of `world`, serving `staged` in order; logs
-    exec.N.log from rank `first` on... (N counts every executor of the run)."""
-    port = run([os.path.join(TOP, "scripts", "free-port.sh")]).strip()
-    procs = []
-    for r in range(world):
-        log = open(os.path.join(tmp, "exec.%d.log" % (first + r)), "w")
-        procs.append(subprocess.Popen(
-            [tool("vps-exec"), "--registry", registry.replace("%d", "%r"), "--rank", str(r), "--world", str(world),
-             "--master", "127.0.0.1:" + port, "--transport", "tcp", "--wait", "--check", "--timeout", "120",
-             "--report", os.path.join(tmp, "report.%d.yaml" % (first + r))] + (["--serve"] if len(staged) > 1 else [])
-            + staged, env=env, stdout=log, stderr=subprocess.STDOUT))
-    return procs
 
 
 def log_tail(tmp, n):
@@ -518,7 +461,7 @@ def run_job(args, tmp, registry, switching):
                     while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
                         time.sleep(0.05)
                     w, served = segs[k]
-                    procs += executors(tmp, [staged[j - 1] for j in served], w, registry, env, len(procs))
+                    procs += start_executors(tmp, [staged[j - 1] for j in served], w, registry, env, len(procs))
                     for s in range(world, w):
                         pids[fork(tmp, s, lambda s=s, k=k: Rank(s, args, agent.host, agent.port, registry,
                                                                 True).main(k))] = s
@@ -537,18 +480,14 @@ def run_job(args, tmp, registry, switching):
                 os.kill(pid, signal.SIGKILL)
         for pid in pids:
             os.waitpid(pid, 0)
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            p.wait()
+        stop(procs)
     res = results(tmp, range(world))
     errors = [r for r in res if isinstance(r, RankError)]
     if errors:
         for e in errors:
             if e.trace:
                 print(e.trace, file=sys.stderr)
-        raise RuntimeError(str(errors[0]))
+        raise RuntimeError(failure(errors[0]))
     if failed:
         raise RuntimeError(failed)
     for n, p in enumerate(procs):
@@ -586,20 +525,9 @@ def main():
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     # stopped, it still removes what its processes left in /dev/shm
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("check_switch.py: stopped (SIGTERM)"))
-    tmp = args.keep or tempfile.mkdtemp(prefix="vps-torch-switch-")
-    os.makedirs(tmp, exist_ok=True)
     registry = "vps-titan-%d-%%d" % os.getpid()
-    try:
+    with workspace(args.keep, "vps-torch-switch-", registry, GPUS_PER_NODE) as tmp:
         check(args, tmp, registry)
-    finally:
-        # a process stopped before its registry closed leaves it behind
-        for name in [registry % r for r in range(GPUS_PER_NODE)] + [registry.replace("%d", "refusals")]:
-            try:
-                vps.Registry.unlink(name)
-            except vps.Error as e:
-                print("check_switch.py: %s" % e, file=sys.stderr)
-        if not args.keep:
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def check(args, tmp, registry):
@@ -609,14 +537,8 @@ def check(args, tmp, registry):
     (said,) = results(tmp, [99])
     if isinstance(said, RankError):
         print(said.trace, file=sys.stderr)
-        sys.exit("check_switch.py: refusals: %s" % said)
-    for line, (what, code, text) in zip(said, REFUSALS):
-        if not line.startswith("%s: %s: %s" % (what, code, text)):
-            sys.exit("check_switch.py: a Job given %s said: %s; expected %s: %s..." % (what, line, code, text))
-        if args.verbose:
-            print("refused: %s" % line)
-    if len(said) != len(REFUSALS):
-        sys.exit("check_switch.py: refusals: %d answers for %d cases: %s" % (len(said), len(REFUSALS), said))
+        sys.exit("check_switch.py: refusals: %s" % failure(said))
+    check_refusals(said, REFUSALS, args.verbose)
     try:
         losses, switches = run_job(args, tmp, registry, True)
         static, _ = run_job(args, tmp, registry, False)

@@ -34,26 +34,24 @@ equal to PyTorch's placements`; exit 1 naming the first rank, parameter and
 field that differs (or the rank's error), 2 on bad arguments.
 """
 import argparse
-import contextlib
-import datetime
 import os
-import pickle
-import signal
 import sys
-import tempfile
 import time
-import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOP = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(TOP, "python"))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(TOP, "tests", "lib"))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+import ranks  # noqa: E402
 import titan  # noqa: E402  (torchtitan and its shims, imported once before the ranks fork)
 import vps  # noqa: E402
+from boxes import box_index  # noqa: E402
+from ranks import RankError  # noqa: E402
 
 # (model, mesh): what each line covers that the others do not. Worlds stay
 # at 8 ranks or fewer (2 cores here and in CI); --full adds FULL.
@@ -193,15 +191,6 @@ def fsdp_padded(parts):
     return out
 
 
-def box_index(lo, hi, offset, strides):
-    idx = np.full(tuple(h - l for l, h in zip(lo, hi)), offset, dtype=np.int64)
-    for k, (l, h, s) in enumerate(zip(lo, hi, strides)):
-        shape = [1] * len(lo)
-        shape[k] = h - l
-        idx += (np.arange(h - l, dtype=np.int64) * s).reshape(shape)
-    return idx
-
-
 def check_elements(what, local, regions, logical_of, exact):
     """Every element of the flat local tensor against the logical tensors
     at vps's regions, and every local element in exactly one region."""
@@ -326,80 +315,21 @@ def run_rank(rank, world, model_name, mesh_spec, lay):
     return len(params), nelem
 
 
-class RankError:
-    """A rank's failure, pickled back to the parent."""
-
-    def __init__(self, rank, what, trace):
-        self.rank, self.what, self.trace = rank, what, trace
-
-
 def run_ranks(world, fn, timeout):
     """fn(rank) in world forked processes forming a gloo world; results in
-    rank order, or RuntimeError naming the first rank that failed."""
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    with tempfile.TemporaryDirectory(prefix="vps-torch-") as tmp:
-        store = os.path.join(tmp, "store")
-        pids = {}
-        for r in range(world):
-            pid = os.fork()
-            if pid == 0:
-                code = 0
-                try:
-                    torch.set_num_threads(1)
-                    torch.distributed.init_process_group(
-                        "gloo", store=torch.distributed.FileStore(store, world), rank=r, world_size=world,
-                        timeout=datetime.timedelta(seconds=timeout))
-                    try:
-                        out = fn(r)
-                    finally:
-                        with contextlib.suppress(Exception):
-                            torch.distributed.destroy_process_group()
-                except BaseException as e:
-                    out = RankError(r, "%s: %s" % (type(e).__name__, e), traceback.format_exc())
-                    code = 1
-                try:
-                    with open(os.path.join(tmp, "%d.pickle" % r), "wb") as f:
-                        pickle.dump(out, f)
-                finally:
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                    os._exit(code)
-            pids[pid] = r
-        deadline = time.monotonic() + timeout
-        failed = None
-        while pids:
-            done = [(pid, st) for pid, st in (os.waitpid(p, os.WNOHANG) for p in list(pids)) if pid]
-            if not done:
-                if time.monotonic() > deadline:
-                    failed = "ranks %s still running after %d s" % (sorted(pids.values()), timeout)
-                    break
-                time.sleep(0.01)
-                continue
-            for pid, st in done:
-                r = pids.pop(pid)
-                if os.WIFSIGNALED(st) and failed is None:
-                    failed = "rank %d killed by signal %d" % (r, os.WTERMSIG(st))
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        for pid in pids:
-            os.waitpid(pid, 0)
-        results = []
-        for r in range(world):
-            path = os.path.join(tmp, "%d.pickle" % r)
-            if not os.path.exists(path):
-                results.append(RankError(r, failed or "exited without a result", ""))
-                continue
-            with open(path, "rb") as f:
-                results.append(pickle.load(f))
-        errors = [x for x in results if isinstance(x, RankError)]
-        if errors:
-            mism = [e for e in errors if e.what.startswith("Mismatch")]
-            e = (mism or errors)[0]
-            raise RuntimeError("rank %d: %s\n%s" % (e.rank, e.what, e.trace if not mism else ""))
-        if failed:
-            raise RuntimeError(failed)
-        return results
+    rank order, or RuntimeError naming the first rank that failed (one that
+    found a mismatch before one that broke)."""
+    results, failed = ranks.gloo_ranks(world, fn, timeout, prefix="vps-torch-")
+    results = [RankError(r, failed or "exited without a result", "") if out is None else out
+               for r, out in enumerate(results)]
+    errors = [x for x in results if isinstance(x, RankError)]
+    if errors:
+        mism = [e for e in errors if e.what.startswith("Mismatch")]
+        e = (mism or errors)[0]
+        raise RuntimeError("rank %d: %s\n%s" % (e.rank, e.what, e.trace if not mism else ""))
+    if failed:
+        raise RuntimeError(failed)
+    return results
 
 
 def main():

@@ -56,6 +56,77 @@ uint64_t test_holder_set(const struct vps_layout *l, uint32_t tensor, int state)
 	return set;
 }
 
+struct flat {
+	uint32_t tensor;
+	uint8_t state;
+	int64_t rank, offset;
+	uint32_t buffer;
+	struct vps_box box;
+};
+
+static int flat_cmp(const void *a, const void *b)
+{
+	const struct flat *x = a, *y = b;
+	if (x->tensor != y->tensor)
+		return x->tensor < y->tensor ? -1 : 1;
+	if (x->state != y->state)
+		return x->state < y->state ? -1 : 1;
+	if (x->rank != y->rank)
+		return x->rank < y->rank ? -1 : 1;
+	if (x->buffer != y->buffer)
+		return x->buffer < y->buffer ? -1 : 1;
+	if (x->offset != y->offset)
+		return x->offset < y->offset ? -1 : 1;
+	return vps_box_order(&x->box, &y->box);
+}
+
+static void push_flat(struct flat **a, size_t *n, size_t *cap, struct flat f)
+{
+	if (*n == *cap)
+		*a = realloc(*a, (*cap = *cap ? *cap * 2 : 1024) * sizeof(**a));
+	(*a)[(*n)++] = f;
+}
+
+void test_holders_match(const char *model, const char *spec)
+{
+	struct vps_layout *l = test_layout(model, spec, 8, 0);
+	if (!l)
+		return;
+	struct flat *a = NULL, *b = NULL;
+	size_t na = 0, nb = 0, ca = 0, cb = 0;
+	for (int64_t r = 0; r < vps_layout_world(l); r++) {
+		struct vps_rank_view v;
+		CHECK_OK(vps_layout_rank(l, r, &v));
+		for (size_t i = 0; i < v.nregions; i++)
+			push_flat(&a, &na, &ca, (struct flat){v.regions[i].tensor, v.regions[i].state, r, v.regions[i].offset,
+							      v.regions[i].buffer, v.regions[i].box});
+		vps_rank_view_release(&v);
+	}
+	const struct vps_model *m = vps_layout_model(l);
+	for (uint32_t t = 0; t < vps_model_num_tensors(m); t++)
+		for (int st = 0; st < VPS_NSTATES; st++) {
+			struct vps_holders h = {0};
+			CHECK_OK(vps_layout_holders(l, t, st, NULL, &h));
+			for (size_t i = 0; i < h.n; i++)
+				for (int64_t k = 0; k < h.v[i].count; k++)
+					push_flat(&b, &nb, &cb, (struct flat){t, (uint8_t)st, h.v[i].base + k * h.v[i].stride,
+									      h.v[i].region.offset, h.v[i].region.buffer,
+									      h.v[i].region.box});
+			vps_holders_release(&h);
+		}
+	qsort(a, na, sizeof(*a), flat_cmp);
+	qsort(b, nb, sizeof(*b), flat_cmp);
+	size_t bad = na == nb ? 0 : 1;
+	for (size_t i = 0; i < na && i < nb; i++)
+		bad += flat_cmp(&a[i], &b[i]) != 0;
+	if (bad)
+		harness_fail(__FILE__, __LINE__, "%s %s: %zu of %zu holder entries differ from the %zu enumerated", model,
+			     spec, bad, nb, na);
+	free(a);
+	free(b);
+	vps_layout_free(l);
+}
+
 void job_alloc(struct job *j, const struct vps_layout *l)
 {
 	j->l = l;

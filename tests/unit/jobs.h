@@ -23,6 +23,10 @@ int64_t test_view_held(const struct vps_rank_view *v, uint32_t tensor, int state
 /* The ranks vps_layout_holders names for (tensor, state), as a bit set
  * (ranks below 64). */
 uint64_t test_holder_set(const struct vps_layout *l, uint32_t tensor, int state);
+/* Record a failure unless vps_layout_holders, over every (tensor, state)
+ * of the layout of model under spec, names exactly the regions that
+ * enumerating every rank's view finds (rank, buffer, offset and box). */
+void test_holders_match(const char *model, const char *spec);
 
 /* Allocate every rank's buffers, zeroed. */
 void job_alloc(struct job *j, const struct vps_layout *l);
