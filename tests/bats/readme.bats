@@ -304,8 +304,11 @@ run_section() { # SECTION
 	clone/bin/vps-verify clone/ab.3.staged
 	# the picture
 	grep -q '<svg' clone/traffic.svg
-	# the PyTorch example: three switches, each equal bit for bit
-	out=$(printed_by 'make venv')
+	# the minimal PyTorch loop: one switch, the whole state equal bit for bit
+	out=$(printed_by 'build/venv/bin/python examples/torch/minimal.py')
+	grep -q 'the whole state equal bit for bit; loss' "$out"
+	# the full example: three switches, each equal bit for bit
+	out=$(printed_by 'build/venv/bin/python examples/torch/launch.py --nproc 4 --model micro-llama \')
 	grep -q '(--check-switch): 3 of 3$' "$out"
 	# under torchrun: two switches, each equal bit for bit, every digest
 	# matched, each rank's plans, the losses of 12 steps
