@@ -78,7 +78,8 @@ def hf_config(m):
     structure is: GPT-2 for learned positions, DeepSeek-V3 (V2 without the
     router's expert bias) for MLA, Qwen3-MoE or Mixtral for MoE with or
     without q/k norms, Qwen3, Qwen2 or LLaMA for dense models with q/k
-    norms, a qkv bias, or neither."""
+    norms, a qkv bias, or neither; None for a model no family holds (a
+    DeepSeek-shaped MoE without MLA: tests/megatron's micro-moe)."""
     c = {"vocab_size": m.vocab, "tie_word_embeddings": bool(m.tied_embeddings)}
     if m.position == 1:
         return dict(c, model_type="gpt2", n_embd=m.hidden, n_layer=m.layers, n_head=m.heads, n_inner=m.ffn,
@@ -96,6 +97,10 @@ def hf_config(m):
     if m.experts and m.qk_norm:
         return dict(c, model_type="qwen3_moe", num_experts=m.experts, moe_intermediate_size=m.moe_ffn,
                     intermediate_size=m.ffn or m.moe_ffn, decoder_sparse_step=1, mlp_only_layers=[])
+    if m.experts and (m.first_dense or m.shared_ffn or m.router_bias):
+        # dense first layers, a shared expert and the routers' expert bias together are DeepSeek's,
+        # whose Hugging Face family has them only with MLA: no family holds such a model
+        return None
     if m.experts:
         return dict(c, model_type="mixtral", num_local_experts=m.experts, intermediate_size=m.moe_ffn)
     t = "qwen3" if m.qk_norm else "qwen2" if m.qkv_bias else "llama"
@@ -112,7 +117,9 @@ def sources(k):
     for path in sorted(glob.glob(os.path.join(TOP, "configs", "models", "*.yaml")) +
                        glob.glob(os.path.join(TOP, "tests", "megatron", "models", "*.yaml"))):
         m = vps.Model(path)
-        out.append((os.path.basename(path)[:-5], hf_config(m), m))
+        cfg = hf_config(m)
+        if cfg is not None:
+            out.append((os.path.basename(path)[:-5], cfg, m))
     for path in sorted(glob.glob(os.path.join(HERE, "configs", "*.json"))):
         with open(path) as f:
             out.append((os.path.basename(path)[:-5], json.load(f), None))
