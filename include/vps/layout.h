@@ -73,6 +73,8 @@ struct vps_buffer {
 	bool sharded;  /* a ZeRO-1 shard: this rank's part of every bucket */
 	bool layerwise; /* the layer-wise optimizer's buffer (Muon, Lion with zero=1):
 			 * its 2-D weights, each whole in one DP rank's part of its bucket */
+	bool host;      /* in host memory: the offloaded part of an optimizer state
+			 * (offload=F); its buffer on the GPU keeps the rest */
 	int64_t elements;
 };
 

@@ -53,6 +53,12 @@ struct vps_parallel {
 				   * int16 remainders of the bf16 params */
 	bool exp_avg_bf16;        /* --exp-avg-dtype bf16 (precision_aware) */
 	bool exp_avg_sq_bf16;     /* --exp-avg-sq-dtype bf16 (precision_aware) */
+	/* --optimizer-cpu-offload --optimizer-offload-fraction F (adam,
+	 * zero=1): Megatron's HybridDeviceOptimizer keeps the optimizer states
+	 * of the first parameters of each rank's shard, in its optimizer's
+	 * order, up to the fraction F of the shard's elements, in host memory
+	 * (fp32 master params and moments, whatever the dtype flags); 0: none */
+	double offload;
 };
 
 /* Defaults: everything 1, zero 0, one bucket, no grads, sequential experts,
@@ -93,6 +99,9 @@ static inline int64_t vps_parallel_edp(const struct vps_parallel *p)
 /* Format as "tp=4,pp=2,dp=2,ep=1,etp=4,vpp=1,zero=1", with ",cp=N" after dp
  * when cp is not 1 and only non-default extras at the end. */
 VPS_API void vps_parallel_format(const struct vps_parallel *p, char *buf, size_t n);
+
+/* offload as the shortest text that reads back as the same double. */
+VPS_API void vps_offload_format(double f, char *buf, size_t n);
 
 /* Layers on pipeline stage p, and the first layer of chunk v on stage p. */
 VPS_API int64_t vps_parallel_stage_layers(const struct vps_parallel *p, const struct vps_model *m, int64_t stage);

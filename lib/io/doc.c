@@ -13,7 +13,9 @@
  * plan that holds one); then one more for a parallel map's family,
  * dp_replicate and dp_shard and its optimizer's keys (layout and parallel
  * 3, plan and staged plan 4); plan and staged plan 5 for a plan's relay
- * mode and the bandwidths VPS_RELAY_AUTO weighed. binary_min is the oldest
+ * mode and the bandwidths VPS_RELAY_AUTO weighed; then one more for a
+ * parallel map's offload and a rank view's buffers' host flag (layout and
+ * parallel 4, plan and staged plan 6). binary_min is the oldest
  * binary version still read: what it lacks, its reader fills with the
  * defaults (vps_reader_has). Transitions name their configurations by spec
  * and have no binary encoding, so theirs stays. */
@@ -26,11 +28,11 @@ static const struct {
 	 * tool that makes one (NULL: written by hand) */
 	const char *noun, *made, *tool;
 } doc_kinds[] = {
-	{VPS_DOC_LAYOUT, "layout", 1, 3, 2, {3, 3}, "layout", "vps-layout --model MODEL --parallel SPEC -o FILE makes one",
+	{VPS_DOC_LAYOUT, "layout", 1, 4, 2, {3, 3, 0, 4}, "layout", "vps-layout --model MODEL --parallel SPEC -o FILE makes one",
 	 "vps-layout"},
-	{VPS_DOC_PLAN, "plan", 1, 5, 3, {4, 4, 5}, "plan", "vps-plan A B -o FILE makes one, from layouts A and B",
+	{VPS_DOC_PLAN, "plan", 1, 6, 3, {4, 4, 5, 6}, "plan", "vps-plan A B -o FILE makes one, from layouts A and B",
 	 "vps-plan"},
-	{VPS_DOC_STAGED, "staged", 1, 5, 3, {4, 4, 5}, "staged plan",
+	{VPS_DOC_STAGED, "staged", 1, 6, 3, {4, 4, 5, 6}, "staged plan",
 	 "vps-plan A B | vps-stage --budget SIZE - -o FILE makes one", "vps-stage"},
 	{VPS_DOC_REPORT, "report", 1, 2, 2, {0}, "report", "vps-exec --report FILE writes one", "vps-exec"},
 	{VPS_DOC_MODEL, "model", 1, 2, 2, {0}, "model",
@@ -39,7 +41,7 @@ static const struct {
 	 "vps-formats(5) DEVICES DOCUMENTS says how to write one", NULL},
 	{VPS_DOC_TOPOLOGY, "topology", 1, 1, 1, {0}, "topology",
 	 "configs/topologies holds them; vps-formats(5) TOPOLOGY DOCUMENTS says how to write one", NULL},
-	{VPS_DOC_PARALLEL, "parallel", 1, 3, 2, {3, 3}, "parallel configuration",
+	{VPS_DOC_PARALLEL, "parallel", 1, 4, 2, {3, 3, 0, 4}, "parallel configuration",
 	 "configs/parallel holds them; vps-formats(5) PARALLEL DOCUMENTS says how to write one", NULL},
 	{VPS_DOC_BUDGETS, "budgets", 1, 1, 1, {0}, "budgets document",
 	 "vps-formats(5) BUDGETS DOCUMENTS says how to write one", NULL},

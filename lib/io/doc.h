@@ -29,6 +29,7 @@ enum vps_doc_feature {
 	VPS_FEATURE_OPTIMIZER, /* a parallel map's optimizer, scalar, exp_avg, exp_avg_sq, precision_aware */
 	VPS_FEATURE_FAMILY,    /* a parallel map's family, dp_replicate, dp_shard */
 	VPS_FEATURE_RELAY_MODE, /* a plan's relay mode and the bandwidths it weighed (before: a bool) */
+	VPS_FEATURE_OFFLOAD,    /* a parallel map's offload; a rank view's buffers' host flag */
 	VPS_NFEATURES
 };
 

@@ -257,6 +257,25 @@ bool vps_layout_state_sharded(const struct vps_layout *l, enum vps_state state)
 /* Index of a state among a mask's, in state order. */
 static int mask_slot(uint32_t mask, int state) { return popcount32(mask & ((1u << state) - 1)); }
 
+/* The states whose part offload=F keeps in host memory: the optimizer's
+ * (fp32 master params and moments) of the distributed optimizer's dense
+ * and expert buffers, each of which has a HybridDeviceOptimizer of its
+ * own (optimizer/__init__.py builds one per DistributedOptimizer). */
+static uint32_t offload_mask(const struct vps_layout *l, int g, uint32_t states)
+{
+	if (!(l->p.offload > 0) || (g != GROUP_DENSE && g != GROUP_EXPERT))
+		return 0;
+	return states & (1u << VPS_STATE_MAIN_PARAM | 1u << VPS_STATE_EXP_AVG | 1u << VPS_STATE_EXP_AVG_SQ |
+			 1u << VPS_STATE_MOMENTUM);
+}
+
+/* A (chunk, group)'s buffers: one per state, then one in host memory per
+ * offloaded state. */
+static uint32_t group_nbuffers(const struct vps_layout *l, int g, uint32_t states)
+{
+	return (uint32_t)(popcount32(states) + popcount32(offload_mask(l, g, states)));
+}
+
 /* Megatron's two generators over one world (parallel_state.py,
  * initialize_model_parallel): the dense one in the order tp-cp-ep-dp-pp with
  * ep = 1, the expert one in the same order with cp = 1, so expert data
@@ -961,6 +980,145 @@ static vps_result_t param_regions(const struct tmpl *tm, const struct tparam *tp
 	return VPS_OK;
 }
 
+/* ---- offload: the HybridDeviceOptimizer's split ---- */
+
+/* DP rank d's part of parameter tp, in its shard buffer: [*lo, *hi), empty
+ * when *hi <= *lo. */
+static void shard_span(const struct tmpl *tm, const struct tparam *tp, int64_t d, int64_t *lo, int64_t *hi)
+{
+	const struct tbucket *b = &tm->b[tp->bucket];
+	int64_t sz = (b->hi - b->lo) / tm->dpsize, s_lo = b->lo + d * sz;
+	*lo = b->shard_base + vps_max64(tp->offset, s_lo) - s_lo;
+	*hi = b->shard_base + vps_min64(tp->offset + tp->elements, s_lo + sz) - s_lo;
+}
+
+/* Where offload=F puts DP rank d's parts of one group's parameters on one
+ * stage: for parameter k of chunk ch (index first[ch] + k), whether its
+ * states are in host memory, and delta: its part's offset in the buffer
+ * that holds it less its offset in the shard buffer. The host buffer packs
+ * its parts in shard order; the GPU one keeps the rest, in the same order. */
+struct offload_split {
+	size_t *first;          /* [vpp + 1] */
+	bool *host;             /* [first[vpp]] */
+	int64_t *delta;         /* [first[vpp]] */
+	int64_t *host_elements; /* [vpp] */
+};
+
+static void offload_split_release(struct offload_split *sp)
+{
+	free(sp->first);
+	free(sp->host);
+	free(sp->delta);
+	free(sp->host_elements);
+	memset(sp, 0, sizeof(*sp));
+}
+
+struct at_offset {
+	int64_t offset;
+	size_t k;
+};
+
+static int at_offset_cmp(const void *a, const void *b)
+{
+	const struct at_offset *x = a, *y = b;
+	return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* The HybridDeviceOptimizer (cpu_offloading/hybrid_optimizer.py
+ * _get_sub_optimizer_param_groups) takes its parameters group by group
+ * (optimizer/__init__.py _get_param_groups, standard overrides: the default
+ * group, then wd_mult=0's, biases and 1-D parameters), each group in the
+ * distributed optimizer's order (_build_optimizer_group_ranges: buffer by
+ * buffer, chunk by chunk, each in buffer order), and moves a parameter's
+ * part to the host while the elements moved are fewer than F times the
+ * elements of all (a float compare, as here). */
+static vps_result_t offload_split(const struct vps_layout *l, int64_t s, int g, int64_t d, struct offload_split *sp)
+{
+	size_t nv = (size_t)l->p.vpp;
+	struct at_offset *order = NULL;
+	vps_result_t rc = VPS_ENOMEM;
+	memset(sp, 0, sizeof(*sp));
+	sp->first = vps_calloc(nv + 1, sizeof(*sp->first));
+	sp->host_elements = vps_calloc(nv, sizeof(*sp->host_elements));
+	if (!sp->first || !sp->host_elements)
+		goto fail;
+	for (size_t ch = 0; ch < nv; ch++)
+		sp->first[ch + 1] = sp->first[ch] + tmpl_at(l, s, (int64_t)ch, g)->n;
+	size_t n = sp->first[nv];
+	sp->host = vps_calloc(n + 1, sizeof(*sp->host));
+	sp->delta = vps_calloc(n + 1, sizeof(*sp->delta));
+	order = vps_malloc((n + 1) * sizeof(*order));
+	if (!sp->host || !sp->delta || !order)
+		goto fail;
+	int64_t total = 0, lo, hi;
+	for (size_t ch = 0; ch < nv; ch++) {
+		const struct tmpl *tm = tmpl_at(l, s, (int64_t)ch, g);
+		for (size_t k = 0; k < tm->n; k++) {
+			shard_span(tm, &tm->p[k], d, &lo, &hi);
+			total += vps_max64(hi - lo, 0);
+			order[sp->first[ch] + k] = (struct at_offset){tm->p[k].offset, k};
+		}
+		qsort(order + sp->first[ch], tm->n, sizeof(*order), at_offset_cmp);
+	}
+	double threshold = (double)total * l->p.offload;
+	int64_t moved = 0;
+	for (int vectors = 0; vectors < 2; vectors++)
+		for (size_t ch = 0; ch < nv; ch++) {
+			const struct tmpl *tm = tmpl_at(l, s, (int64_t)ch, g);
+			for (size_t j = sp->first[ch]; j < sp->first[ch + 1]; j++) {
+				const struct tparam *tp = &tm->p[order[j].k];
+				struct vps_tensor t;
+				shard_span(tm, tp, d, &lo, &hi);
+				if (hi <= lo)
+					continue;
+				if ((rc = vps_model_tensor(&l->m, tp->tensor, &t)))
+					goto fail;
+				if ((t.ndim == 1) != (vectors == 1) || !((double)moved < threshold))
+					continue;
+				sp->host[sp->first[ch] + order[j].k] = true;
+				moved += hi - lo;
+			}
+		}
+	for (size_t ch = 0; ch < nv; ch++) {
+		const struct tmpl *tm = tmpl_at(l, s, (int64_t)ch, g);
+		int64_t host_at = 0;
+		for (size_t j = sp->first[ch]; j < sp->first[ch + 1]; j++) {
+			size_t i = sp->first[ch] + order[j].k;
+			shard_span(tm, &tm->p[order[j].k], d, &lo, &hi);
+			if (hi <= lo)
+				continue;
+			sp->delta[i] = sp->host[i] ? host_at - lo : -host_at;
+			if (sp->host[i])
+				host_at += hi - lo;
+		}
+		sp->host_elements[ch] = host_at;
+	}
+	free(order);
+	return VPS_OK;
+fail:
+	free(order);
+	offload_split_release(sp);
+	return rc == VPS_OK ? VPS_ENOMEM : rc;
+}
+
+/* The dense or expert shard a rank's coordinates place it in. */
+static int64_t group_shard(const struct vps_layout *l, int g, const struct vps_coords *c)
+{
+	return group_expert(g) ? c->edp : c->cp + l->p.cp * c->dp;
+}
+
+/* Move regions [from, n) of parameter i, of an offloaded state, to where
+ * the split puts them. */
+static void offload_regions(const struct offload_split *sp, size_t i, uint32_t host_buffer, struct vps_region *r,
+			    size_t from, size_t n)
+{
+	for (size_t j = from; j < n; j++) {
+		if (sp->host[i])
+			r[j].buffer = host_buffer;
+		r[j].offset += sp->delta[i];
+	}
+}
+
 static const struct vps_rank_view *find_explicit(const struct vps_layout *l, int64_t rank)
 {
 	size_t lo = 0, hi = l->nex;
@@ -1033,28 +1191,37 @@ vps_result_t vps_layout_computed_rank(const struct vps_layout *l, int64_t rank, 
 		return rc;
 	}
 	const struct vps_coords *c = &v->coords;
+	struct offload_split split[2] = {{0}};
+	if (l->p.offload > 0)
+		for (int g = GROUP_DENSE; g <= GROUP_EXPERT; g++)
+			VPS_CHECK_GOTO(offload_split(l, c->pp, g, group_shard(l, g, c), &split[g]), rc, fail);
 	for (int64_t ch = 0; ch < l->p.vpp; ch++) {
 		for (int g = 0; g < NGROUPS; g++) {
 			const struct tmpl *tm = tmpl_at(l, c->pp, ch, g);
 			if (!tm->n)
 				continue;
-			uint32_t first_buffer = (uint32_t)v->nbuffers;
-			for (int st = 0; st < VPS_NSTATES; st++) {
-				if (!in_mask(tm->states, st))
-					continue;
-				VPS_CHECK_GOTO(VPS_GROW(v->buffers, cap_b, v->nbuffers + 1), rc, fail);
-				struct vps_buffer *b = &v->buffers[v->nbuffers];
-				memset(b, 0, sizeof(*b));
-				b->id = (uint32_t)v->nbuffers;
-				b->state = (uint8_t)st;
-				b->dtype = (uint8_t)vps_layout_state_dtype(l, st);
-				b->chunk = (int32_t)ch;
-				b->expert = group_expert(g);
-				b->layerwise = group_lw(g);
-				b->sharded = group_state_sharded(l, g, st);
-				b->elements = b->sharded ? tm->shard_elements : tm->elements;
-				v->nbuffers++;
-			}
+			uint32_t first_buffer = (uint32_t)v->nbuffers, omask = offload_mask(l, g, tm->states);
+			int64_t host_elements = omask ? split[g].host_elements[ch] : 0;
+			for (int pass = 0; pass < 2; pass++)
+				for (int st = 0; st < VPS_NSTATES; st++) {
+					if (!in_mask(pass ? omask : tm->states, st))
+						continue;
+					VPS_CHECK_GOTO(VPS_GROW(v->buffers, cap_b, v->nbuffers + 1), rc, fail);
+					struct vps_buffer *b = &v->buffers[v->nbuffers];
+					memset(b, 0, sizeof(*b));
+					b->id = (uint32_t)v->nbuffers;
+					b->state = (uint8_t)st;
+					b->dtype = (uint8_t)vps_layout_state_dtype(l, st);
+					b->chunk = (int32_t)ch;
+					b->expert = group_expert(g);
+					b->layerwise = group_lw(g);
+					b->sharded = group_state_sharded(l, g, st);
+					b->host = pass == 1;
+					b->elements = b->sharded ? tm->shard_elements : tm->elements;
+					if (in_mask(omask, st))
+						b->elements = pass ? host_elements : b->elements - host_elements;
+					v->nbuffers++;
+				}
 			/* this (chunk, group)'s params, in registration order */
 			size_t first_param = v->nparams;
 			for (size_t k = 0; k < tm->n; k++) {
@@ -1099,6 +1266,11 @@ vps_result_t vps_layout_computed_rank(const struct vps_layout *l, int64_t rank, 
 					VPS_CHECK_GOTO(param_regions(tm, tp, tensor, t.ndim, pc, npc, &ro, NULL, &v->regions,
 								     &v->nregions, &cap_r),
 						       rc, fail);
+					if (in_mask(omask, st))
+						offload_regions(&split[g], split[g].first[ch] + k,
+								first_buffer + (uint32_t)popcount32(tm->states) +
+									(uint32_t)mask_slot(omask, st),
+								v->regions, before, v->nregions);
 					VPS_CHECK_GOTO(VPS_GROW(v->region_param, cap_rp, v->nregions), rc, fail);
 					for (size_t i = before; i < v->nregions; i++)
 						v->region_param[i] = (uint32_t)(first_param + k);
@@ -1106,8 +1278,12 @@ vps_result_t vps_layout_computed_rank(const struct vps_layout *l, int64_t rank, 
 			}
 		}
 	}
+	offload_split_release(&split[0]);
+	offload_split_release(&split[1]);
 	return VPS_OK;
 fail:
+	offload_split_release(&split[0]);
+	offload_split_release(&split[1]);
 	vps_rank_view_release(v);
 	return rc;
 }
@@ -1233,16 +1409,19 @@ static int tparam_find(const struct tmpl *tm, uint32_t tensor)
 }
 
 /* Buffer index of (chunk, group, state) on every rank of a stage. */
-static uint32_t buffer_index(const struct vps_layout *l, int64_t stage, int64_t chunk, int group, int state)
+static uint32_t buffer_index(const struct vps_layout *l, int64_t stage, int64_t chunk, int group, int state, bool host)
 {
 	uint32_t idx = 0;
 	for (int64_t c = 0; c < l->p.vpp; c++)
 		for (int g = 0; g < NGROUPS; g++) {
+			uint32_t states = tmpl_at(l, stage, c, g)->states;
 			if (!tmpl_at(l, stage, c, g)->n)
 				continue;
 			if (c == chunk && g == group)
-				return idx + (uint32_t)mask_slot(tmpl_at(l, stage, c, g)->states, state);
-			idx += (uint32_t)popcount32(tmpl_at(l, stage, c, g)->states);
+				return host ? idx + (uint32_t)popcount32(states) +
+						      (uint32_t)mask_slot(offload_mask(l, g, states), state)
+					    : idx + (uint32_t)mask_slot(states, state);
+			idx += group_nbuffers(l, g, states);
 		}
 	return UINT32_MAX;
 }
@@ -1286,14 +1465,25 @@ int64_t vps_layout_buffer_elements(const struct vps_layout *l, int64_t rank, uin
 			const struct tmpl *tm = tmpl_at(l, c.pp, ch, g);
 			if (!tm->n)
 				continue;
-			uint32_t n = (uint32_t)popcount32(tm->states);
-			if (buffer < idx + n) {
-				int st = 0;
-				while (!in_mask(tm->states, st) || (uint32_t)mask_slot(tm->states, st) != buffer - idx)
-					st++;
-				return group_state_sharded(l, g, st) ? tm->shard_elements : tm->elements;
+			uint32_t n = (uint32_t)popcount32(tm->states), omask = offload_mask(l, g, tm->states);
+			if (buffer >= idx + group_nbuffers(l, g, tm->states)) {
+				idx += group_nbuffers(l, g, tm->states);
+				continue;
 			}
-			idx += n;
+			bool host = buffer >= idx + n;
+			uint32_t slot = host ? buffer - idx - n : buffer - idx, mask = host ? omask : tm->states;
+			int st = 0;
+			while (!in_mask(mask, st) || (uint32_t)mask_slot(mask, st) != slot)
+				st++;
+			int64_t el = group_state_sharded(l, g, st) ? tm->shard_elements : tm->elements;
+			if (!in_mask(omask, st))
+				return el;
+			struct offload_split sp;
+			if (offload_split(l, c.pp, g, group_shard(l, g, &c), &sp))
+				return -1;
+			int64_t host_elements = sp.host_elements[ch];
+			offload_split_release(&sp);
+			return host ? host_elements : el - host_elements;
 		}
 	return -1;
 }
@@ -1334,6 +1524,8 @@ struct holder_query {
 	int64_t ep;                /* an expert's expert-parallel rank */
 	int64_t dpcp;
 	struct region_of ro;       /* the state, its dtype, its buffer, whether sharded */
+	int64_t chunk;             /* the place being listed: its chunk and group */
+	int group;
 };
 
 /* The holders of tensor-parallel slice ti of parameter tp of template tm,
@@ -1368,12 +1560,23 @@ static vps_result_t slice_holders(const struct vps_layout *l, const struct holde
 	const struct tbucket *b = &tm->b[tp->bucket];
 	int64_t sz = (b->hi - b->lo) / tm->dpsize;
 	int64_t d0 = (tp->offset - b->lo) / sz, d1 = (tp->offset + tp->elements - 1 - b->lo) / sz;
+	bool offloaded = in_mask(offload_mask(l, q->group, tm->states), q->state);
+	uint32_t host_buffer = offloaded ? buffer_index(l, s, q->chunk, q->group, q->state, true) : 0;
 	for (int64_t d = d0; d <= d1; d++) {
 		size_t nr = 0, cap = 0;
 		struct vps_region *rs = NULL;
 		struct region_of ro = q->ro;
 		ro.shard = d;
 		vps_result_t rc = param_regions(tm, tp, q->tensor, t->ndim, pc, npc, &ro, q->box, &rs, &nr, &cap);
+		if (!rc && offloaded && nr) {
+			/* the split depends on every parameter of the holder's shard:
+			 * worked out per holder, only for offload=F */
+			struct offload_split sp;
+			rc = offload_split(l, s, q->group, d, &sp);
+			if (!rc)
+				offload_regions(&sp, sp.first[q->chunk] + (size_t)(tp - tm->p), host_buffer, rs, 0, nr);
+			offload_split_release(&sp);
+		}
 		for (size_t i = 0; !rc && i < nr; i++) {
 			int64_t rank = t->is_expert ? ti + p->etp * (q->ep + p->ep * (d + l->edp * s))
 						    : ti + p->tp * (d + q->dpcp * s);
@@ -1404,7 +1607,9 @@ static vps_result_t rule_holders(const struct vps_layout *l, struct holder_query
 		int k = locs[li].copy ? (int)tm->output_copy_idx : tparam_find(tm, slot_tensor);
 		if (k < 0)
 			return vps_fail(VPS_EINTERNAL, "tensor %u missing from its stage's template", q->tensor);
-		q->ro.buffer = buffer_index(l, locs[li].stage, locs[li].chunk, group, q->state);
+		q->ro.buffer = buffer_index(l, locs[li].stage, locs[li].chunk, group, q->state, false);
+		q->chunk = locs[li].chunk;
+		q->group = group;
 		for (int64_t ti = 0; ti < T; ti++)
 			VPS_CHECK(slice_holders(l, q, tm, &tm->p[k], locs[li].stage, ti, h));
 	}
@@ -1513,6 +1718,8 @@ static uint64_t hash_view(const struct vps_rank_view *v)
 		h = vps_hash64(f, sizeof(f), h);
 		if (b->layerwise)
 			h = vps_hash64("layerwise", 9, h);
+		if (b->host)
+			h = vps_hash64("host", 4, h);
 	}
 	for (size_t i = 0; i < v->nregions; i++) {
 		const struct vps_region *r = &v->regions[i];
@@ -1555,6 +1762,8 @@ uint64_t vps_layout_hash(const struct vps_layout *l)
 		int64_t o[] = {p->optimizer, p->scalar_optimizer, p->precision_aware, p->exp_avg_bf16, p->exp_avg_sq_bf16};
 		h = vps_hash64(o, sizeof(o), vps_hash64("optimizer", 9, h));
 	}
+	if (p->offload > 0)
+		h = vps_hash64(&p->offload, sizeof(p->offload), vps_hash64("offload", 7, h));
 	/* devices: by value, so that a listed map equal to a packed one hashes
 	 * the same */
 	if (l->d.packed && l->d.first_node == 0 && l->d.gpus_per_node == 8) {

@@ -154,6 +154,7 @@ static vps_result_t write_view(const struct vps_layout *l, struct vps_writer *w,
 		VPS_CHECK(vps_w_int(w, "chunk", b->chunk));
 		VPS_CHECK(vps_w_str(w, "group", group_name(b)));
 		VPS_CHECK(vps_w_bool(w, "sharded", b->sharded));
+		VPS_CHECK(vps_w_bool_sparse(w, "host", b->host, false));
 		VPS_CHECK(vps_w_int(w, "elements", b->elements));
 		VPS_CHECK(vps_w_map_end(w));
 	}
@@ -300,6 +301,8 @@ static vps_result_t read_buffer(struct vps_reader *r, const struct vps_layout *l
 	b->expert = g == 1 || g == 3;
 	b->layerwise = g == 2 || g == 3;
 	VPS_CHECK(vps_r_bool(r, "sharded", &b->sharded));
+	if (vps_reader_has(r, VPS_FEATURE_OFFLOAD))
+		VPS_CHECK(vps_r_bool_sparse(r, "host", &b->host, false));
 	VPS_CHECK(vps_r_int(r, "elements", &b->elements, 0, VPS_MAX_ELEMENTS));
 	return vps_r_map_end(r);
 }

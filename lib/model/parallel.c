@@ -63,6 +63,14 @@ static vps_result_t set_optimizer_key(struct vps_parallel *p, const char *key, c
 		if (strcmp(val, "fp32") && strcmp(val, "bf16"))
 			return vps_fail(VPS_EINPUT, "%s=%s: expected fp32 or bf16", key, val);
 		*(!strcmp(key, "exp_avg") ? &p->exp_avg_bf16 : &p->exp_avg_sq_bf16) = val[0] == 'b';
+	} else if (!strcmp(key, "offload")) {
+		char *end;
+		double f = strtod(val, &end);
+		/* !(f <= 1) also refuses a NaN */
+		if (!*val || *end || f < 0 || !(f <= 1))
+			return vps_fail(VPS_EINPUT, "offload=%s: expected a fraction in [0, 1] (--optimizer-offload-fraction)",
+					val);
+		p->offload = f;
 	} else if (!strcmp(key, "precision_aware")) {
 		if (strcmp(val, "0") && strcmp(val, "1"))
 			return vps_fail(VPS_EINPUT, "%s=%s: expected 0 or 1", key, val);
@@ -162,7 +170,7 @@ vps_result_t vps_parallel_parse(struct vps_parallel *p, const char *spec, const 
 			if (!k)
 				return vps_fail(VPS_EINPUT,
 						"%s%sunknown key '%s' (tp, pp, dp, cp, ep, etp, vpp, zero, first, last, bucket, grad, "
-						"grouped_gemm, optimizer, scalar, precision_aware, exp_avg, exp_avg_sq; a DTensor "
+						"grouped_gemm, optimizer, scalar, precision_aware, exp_avg, exp_avg_sq, offload; a DTensor "
 						"mesh: dp_shard or fsdp, dp_replicate, family)",
 						w, sep, item);
 			long long v = strtoll(val, &end, 10);
@@ -191,7 +199,10 @@ static vps_result_t write_optimizer(struct vps_writer *w, const struct vps_paral
 	VPS_CHECK(vps_w_str_sparse(w, "scalar", vps_optimizer_name(p->scalar_optimizer), "adam"));
 	VPS_CHECK(vps_w_str_sparse(w, "exp_avg", p->exp_avg_bf16 ? "bf16" : "fp32", "fp32"));
 	VPS_CHECK(vps_w_str_sparse(w, "exp_avg_sq", p->exp_avg_sq_bf16 ? "bf16" : "fp32", "fp32"));
-	return vps_w_bool_sparse(w, "precision_aware", p->precision_aware, false);
+	VPS_CHECK(vps_w_bool_sparse(w, "precision_aware", p->precision_aware, false));
+	char f[32];
+	vps_offload_format(p->offload, f, sizeof(f));
+	return vps_w_str_sparse(w, "offload", f, "0");
 }
 
 vps_result_t vps_parallel_read(struct vps_reader *r, const char *key, struct vps_parallel *p)
@@ -254,6 +265,16 @@ vps_result_t vps_parallel_read(struct vps_reader *r, const char *key, struct vps
 		}
 	}
 	VPS_CHECK(vps_r_bool_sparse(r, "precision_aware", &p->precision_aware, false));
+	if (vps_reader_has(r, VPS_FEATURE_OFFLOAD)) {
+		const char *v;
+		bool known;
+		VPS_CHECK(vps_r_str_sparse(r, "offload", &v, "0"));
+		if (set_optimizer_key(p, "offload", v, &known)) {
+			char why[256];
+			snprintf(why, sizeof(why), "%s", vps_last_error());
+			return vps_r_error(r, "offload", "%s", why);
+		}
+	}
 	if (key)
 		VPS_CHECK(vps_r_map_end(r));
 	return VPS_OK;
@@ -345,7 +366,23 @@ void vps_parallel_format(const struct vps_parallel *p, char *buf, size_t n)
 	if (p->exp_avg_bf16 && (size_t)len < n)
 		len += snprintf(buf + len, n - (size_t)len, ",exp_avg=bf16");
 	if (p->exp_avg_sq_bf16 && len >= 0 && (size_t)len < n)
-		snprintf(buf + len, n - (size_t)len, ",exp_avg_sq=bf16");
+		len += snprintf(buf + len, n - (size_t)len, ",exp_avg_sq=bf16");
+	if (p->offload > 0 && len >= 0 && (size_t)len < n) {
+		char f[32];
+		vps_offload_format(p->offload, f, sizeof(f));
+		snprintf(buf + len, n - (size_t)len, ",offload=%s", f);
+	}
+}
+
+/* The shortest text that reads back as the same double: the fraction is
+ * compared as Megatron compares it, so it must survive every file. */
+void vps_offload_format(double f, char *buf, size_t n)
+{
+	for (int digits = 1; digits <= 17; digits++) {
+		snprintf(buf, n, "%.*g", digits, f);
+		if (strtod(buf, NULL) == f)
+			return;
+	}
 }
 
 /* Layers per stage under Megatron's rules: first/last stages take their
@@ -428,6 +465,20 @@ static vps_result_t validate_optimizer(const struct vps_parallel *p, const struc
 				"%s: precision_aware=1 needs optimizer=adam and zero=1 (optimizer_config.py "
 				"OptimizerConfig.__post_init__: adam under the distributed optimizer only)",
 				where);
+	if (p->offload > 0) {
+		if (!p->zero || p->optimizer != VPS_OPT_ADAM)
+			return vps_fail(VPS_EINPUT,
+					"%s: offload needs optimizer=adam and zero=1 (Megatron-LM's --optimizer-cpu-offload "
+					"needs --use-precision-aware-optimizer, which optimizer_config.py allows for adam "
+					"under the distributed optimizer only)",
+					where);
+		if (p->exp_avg_bf16 || p->exp_avg_sq_bf16)
+			return vps_fail(VPS_EINPUT,
+					"%s: offload keeps every state in fp32 (the HybridDeviceOptimizer builds its "
+					"sub-optimizers without --exp-avg-dtype/--exp-avg-sq-dtype): drop exp_avg and "
+					"exp_avg_sq",
+					where);
+	}
 	bool layerwise = (p->optimizer == VPS_OPT_MUON || p->optimizer == VPS_OPT_LION) && p->zero;
 	if (layerwise && m->experts > 0 && m->bias && (p->ep > 1 || p->etp != p->tp))
 		return vps_fail(VPS_EINPUT,
@@ -547,7 +598,14 @@ vps_result_t vps_parallel_validate(struct vps_parallel *p, const struct vps_mode
 					" layers of pipeline stage %" PRId64,
 					where, p->vpp, n, stage);
 	}
-	return validate_optimizer(p, m, where);
+	VPS_CHECK(validate_optimizer(p, m, where));
+	/* Megatron-LM asks for --use-precision-aware-optimizer beside
+	 * --optimizer-cpu-offload, but the hybrid optimizer keeps fp32 master
+	 * params of its own instead of TransformerEngine's remainders: one
+	 * layout, one spelling */
+	if (p->offload > 0)
+		p->precision_aware = false;
+	return VPS_OK;
 }
 
 /* ---- devices ---- */

@@ -33,7 +33,7 @@ class Parallel(C.Structure):
         [("grad", C.c_bool), ("grouped_gemm", C.c_bool)] + \
         [(k, C.c_int64) for k in ("family", "dp_replicate", "dp_shard")] + \
         [("optimizer", C.c_int32), ("scalar_optimizer", C.c_int32), ("precision_aware", C.c_bool),
-         ("exp_avg_bf16", C.c_bool), ("exp_avg_sq_bf16", C.c_bool)]
+         ("exp_avg_bf16", C.c_bool), ("exp_avg_sq_bf16", C.c_bool), ("offload", C.c_double)]
 
 
 class Device(C.Structure):
@@ -74,7 +74,8 @@ class Coords(C.Structure):
 
 class Buffer(C.Structure):
     _fields_ = [("id", C.c_uint32), ("state", C.c_uint8), ("dtype", C.c_uint8), ("chunk", C.c_int32),
-                ("expert", C.c_bool), ("sharded", C.c_bool), ("layerwise", C.c_bool), ("elements", C.c_int64)]
+                ("expert", C.c_bool), ("sharded", C.c_bool), ("layerwise", C.c_bool), ("host", C.c_bool),
+                ("elements", C.c_int64)]
 
 
 class Param(C.Structure):

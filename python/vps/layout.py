@@ -54,18 +54,21 @@ def _word(table, v):
     return table[v] if isinstance(v, int) and 0 <= v < len(table) else v
 
 
-class Buffer(namedtuple("Buffer", "id state dtype chunk expert sharded elements layerwise")):
+class Buffer(namedtuple("Buffer", "id state dtype chunk expert sharded elements layerwise host")):
     """One flat buffer of a rank: a state of one model chunk, dense or expert, or the chunk's
     module buffers (state module_buffer). state and dtype are numbers (STATES and DTYPES
     name them). layerwise: the layer-wise optimizer's buffer (Muon or Lion with zero=1), its
     2-D weights each whole in one DP rank's shard; the chunk's other parameters are in the
-    buffers without it."""
+    buffers without it. host: the part of an optimizer state that offload=F keeps in host
+    memory (Megatron's HybridDeviceOptimizer); the buffer of the same state without it holds
+    the rest, on the GPU."""
     __slots__ = ()
 
     def __repr__(self):
-        return ("Buffer(id=%d, state=%s, dtype=%s, chunk=%d, expert=%s, sharded=%s, elements=%d%s)"
+        return ("Buffer(id=%d, state=%s, dtype=%s, chunk=%d, expert=%s, sharded=%s, elements=%d%s%s)"
                 % (self.id, _word(STATES, self.state), _word(DTYPES, self.dtype), self.chunk, self.expert,
-                   self.sharded, self.elements, ", layerwise=True" if self.layerwise else ""))
+                   self.sharded, self.elements, ", layerwise=True" if self.layerwise else "",
+                   ", host=True" if self.host else ""))
 
 
 class Param(namedtuple("Param", "index name local_name tensor chunk local_layer local_expert expert output_copy "
@@ -414,7 +417,8 @@ class RankView:
         self.layout = lay
         self.rank = v.rank
         self.coords = Coords(*(getattr(v.coords, k) for k in Coords._fields))
-        self.buffers = [Buffer(b.id, b.state, b.dtype, b.chunk, b.expert, b.sharded, b.elements, b.layerwise)
+        self.buffers = [Buffer(b.id, b.state, b.dtype, b.chunk, b.expert, b.sharded, b.elements, b.layerwise,
+                               b.host)
                         for b in v.buffers[:v.nbuffers]]
         self.params = []
         name = C.create_string_buffer(256)
@@ -457,11 +461,12 @@ class RankView:
         return p
 
     def buffer(self, state: StateLike, chunk: int = 0, expert: bool = False,
-               layerwise: bool = False) -> Optional[int]:
+               layerwise: bool = False, host: bool = False) -> Optional[int]:
         """Index of the buffer of (state, chunk, dense or expert, the layer-wise optimizer's
-        or not), or None."""
+        or not, in host memory or not), or None."""
         for b in self.buffers:
-            if b.state == state and b.chunk == chunk and b.expert == expert and b.layerwise == layerwise:
+            if (b.state == state and b.chunk == chunk and b.expert == expert and b.layerwise == layerwise
+                    and b.host == host):
                 return b.id
         return None
 

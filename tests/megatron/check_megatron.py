@@ -45,6 +45,7 @@ import vps  # noqa: E402
 from megatron.core.optimizer import OptimizerConfig  # noqa: E402
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer  # noqa: E402
 from megatron.core.optimizer.layer_wise_optimizer import LayerWiseDistributedOptimizer  # noqa: E402
+from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer  # noqa: E402
 from boxes import box_index  # noqa: E402
 
 # (model, parallel configuration): each line says what it covers that the
@@ -143,6 +144,11 @@ MATRIX = [
     # optimizer's own _get_state_key_dtype
     ("tiny-llama", "tp=2,dp=2,zero=1,precision_aware=1,exp_avg=bf16,exp_avg_sq=bf16"),
     ("tiny-qwen3-moe", "ep=2,dp=2,zero=1,precision_aware=1,exp_avg_sq=bf16"),
+    # the CPU-offloaded optimizer (HybridDeviceOptimizer): each shard's first
+    # parameters in its optimizer's order (matrices, then wd_mult=0's) in
+    # host memory up to the fraction, by the hybrid optimizer's own split
+    ("tiny-llama", "tp=2,dp=2,zero=1,offload=0.5"),
+    ("tiny-qwen3-moe", "ep=2,pp=2,dp=2,vpp=2,zero=1,offload=0.3"),
 ]
 
 
@@ -225,7 +231,12 @@ class Optimizer:
         mcore.install_training_shims()
         opt = mcore.build_optimizer(par, ddps)
         label_of, found = {}, {}
+        # model params whose states the hybrid optimizer would keep in host
+        # memory; their parts' places in this rank's shard buffers
+        self.offloaded = set()
         for label, o in self._leaves(opt, False):
+            if par["offload"] > 0:
+                self.offloaded |= self._offload(o, par["offload"])
             for p, kind, tensors in self._held(o, label.startswith("LayerWise")):
                 self.kind[id(p)] = kind
                 label_of[id(p)] = label
@@ -281,6 +292,51 @@ class Optimizer:
                 st = {k: v for k, v in o.optimizer.state[m].items() if isinstance(v, torch.Tensor) and v.dim()}
                 st["param"] = m
                 yield p, "owned" if layer_wise else "whole", st
+
+    @staticmethod
+    def _offload(o, fraction):
+        """The model params of DistributedOptimizer o whose states
+        --optimizer-cpu-offload moves to the host, by the hybrid optimizer's
+        own split (_get_sub_optimizer_param_groups): it is handed o's
+        parameter groups in o's order (each group's fp32 shards, then its
+        16-bit ones, as _build_model_and_main_param_groups hands them to the
+        hybrid optimizer it builds in their place) as stand-ins on the GPU,
+        which needs CUDA (its streams) to be built for real."""
+        class OnGpu:
+            is_cuda = True
+
+            def __init__(self, shard):
+                self.shard, self.dtype = shard, torch.bfloat16
+
+            def numel(self):
+                return self.shard.numel()
+
+            def detach(self):
+                return self
+
+            def clone(self):
+                return self
+
+            def float(self):
+                return self
+
+            def cpu(self):
+                return self
+
+            def pin_memory(self):
+                # the host copy: a real CPU tensor (is_cuda false)
+                return torch.zeros(self.shard.numel(), dtype=torch.bfloat16)
+
+        model_of, groups = {}, []
+        for gi, g in enumerate(o.optimizer.param_groups):
+            fp32, f16 = o.shard_fp32_groups[gi], o.shard_fp32_from_float16_groups[gi]
+            models = o.model_fp32_groups[gi] + o.model_float16_groups[gi]
+            stand = [OnGpu(x) for x in fp32 + f16]
+            model_of.update({id(x): m for x, m in zip(stand, models)})
+            groups.append(dict(g, params=stand))
+        me = types.SimpleNamespace(param_groups=groups, param_update_in_fp32=True)
+        _, _, to_host, _, _ = HybridDeviceOptimizer._get_sub_optimizer_param_groups(me, fraction)
+        return {id(model_of[id(x)]) for x in to_host}
 
     def _precision_aware(self, par, ddps):
         """TransformerEngine's FusedAdam under the distributed optimizer, which
@@ -390,6 +446,21 @@ def compare_buffer(w, view, v, expert, lw, buf, ours, gpt, names, regions, model
     # the layer-wise optimizer shards only over a dp_cp group of more than one rank
     lw_sharded = lw and dp_cp > 1
     held_states = {}
+    # offload: this rank's part of each parameter in the shard buffer, and
+    # where vps keeps it: its host buffer packs the offloaded parts in shard
+    # order, the GPU one keeps the others, in the same order
+    part, moved = {}, {}
+    if zero and par["offload"] > 0:
+        for p in theirs:
+            rm = ranges[buf.param_index_map[p][2]]["param_map"].get(p)
+            if rm is not None:
+                part[id(p)] = (bases[buf.param_index_map[p][2]] + rm["gbuf_local"].start,
+                               rm["param"].end - rm["param"].start, id(p) in opt.offloaded)
+        host_at = 0
+        for start, n, host in sorted(part.values()):
+            moved[start] = host_at - start if host else -host_at
+            host_at += n if host else 0
+        host_elements = host_at
     for tp_, op in zip(theirs, ours):
         pw = "%s %s" % (w, op.local_name)
         s, e, b = buf.param_index_map[tp_]
@@ -437,23 +508,40 @@ def compare_buffer(w, view, v, expert, lw, buf, ours, gpt, names, regions, model
                 sharded = True
                 want = np.where(covered, bases[b] + (s - bk.offset - d * size) + np.arange(numel), -1) \
                     if kind == "owned" else np.full(numel, -1, dtype=np.int64)
+            if kind == "range" and id(tp_) in part and st != vps.GRAD:
+                start, _, host = part[id(tp_)]
+                want = np.where(want >= 0, want + moved[start], -1)
+                sbuf = view.buffer(st, v, expert, lw, host=host)
+                sw += " (%s)" % ("offloaded to the host" if host else "on the GPU")
             if sbuf is None:
                 raise Mismatch("%s: vps has no %s buffer" % (sw, vps.STATES[st]))
             expect(sw + " buffer sharded", sharded, view.buffers[sbuf].sharded)
             expect(sw + " dtype", vps.DTYPES[dtype], vps.DTYPES[view.buffers[sbuf].dtype])
             held_states[st] = sharded
-            got = _state_offsets(numel, lo, a, regions.get((op.index, st), []), sw)
+            regs = regions.get((op.index, st), [])
+            if any(r.buffer != sbuf for r in regs):
+                raise Mismatch("%s: vps keeps a part of it in buffer %s, not %d"
+                               % (sw, sorted({r.buffer for r in regs}), sbuf))
+            got = _state_offsets(numel, lo, a, regs, sw)
             if (got != want).any():
                 k = int(np.argmax(got != want))
                 raise Mismatch("%s element %d: Megatron-Core %s, vps %s" % (sw, k, _at(want[k], sharded),
                                                                          _at(got[k], sharded)))
             nelems += int((got >= 0).sum())
     ours_states = sorted(vps.STATES[b.state] for b in view.buffers
-                         if b.chunk == v and b.expert == expert and b.layerwise == lw
+                         if b.chunk == v and b.expert == expert and b.layerwise == lw and not b.host
                          and b.state not in (vps.PARAM, vps.MODULE_BUFFER))
     expect(w + " state buffers", sorted(vps.STATES[x] for x in held_states), ours_states)
     for st, sharded in held_states.items():
         sbuf = view.buffer(st, v, expert, lw)
+        hbuf = view.buffer(st, v, expert, lw, host=True)
+        if part and st != vps.GRAD:
+            expect("%s %s host elements" % (w, vps.STATES[st]), host_elements,
+                   view.buffers[hbuf].elements if hbuf is not None else None)
+            expect("%s %s elements on the GPU" % (w, vps.STATES[st]), shard_total - host_elements,
+                   view.buffers[sbuf].elements)
+            continue
+        expect("%s %s host buffer" % (w, vps.STATES[st]), None, hbuf)
         expect("%s %s elements" % (w, vps.STATES[st]), shard_total if sharded else buf.numel,
                view.buffers[sbuf].elements)
     return len(ours), nelems

@@ -50,11 +50,16 @@ TEST(damaged_binary_is_refused)
 	/* truncated anywhere */
 	for (size_t cut = 0; cut < bin.len; cut += 7)
 		CHECK(parse_bytes(bin.data, cut) != VPS_OK);
-	/* a flipped byte in the compressed payload */
+	/* a flipped byte in the compressed payload: refused, unless zstd
+	 * decodes the same content from it (a redundant code; the content
+	 * checksum holds), which then reads as the same layout */
 	for (size_t i = VPS_DOC_HEADER_SIZE + 6; i < bin.len; i += 13) {
 		memcpy(d, bin.data, bin.len);
 		d[i] ^= 0x40;
-		CHECK(parse_bytes(d, bin.len) != VPS_OK);
+		struct vps_layout *x = NULL;
+		if (vps_layout_parse(&x, "f", d, bin.len) == VPS_OK)
+			CHECK_EQ(vps_layout_hash(x), vps_layout_hash(l));
+		vps_layout_free(x);
 	}
 	memcpy(d, bin.data, bin.len);
 	d[6] = 9; /* future version */

@@ -270,6 +270,12 @@ TEST(holders_equal_enumeration_of_all_ranks)
 		{"tiny-llama", "tp=2,dp=2,zero=0,optimizer=muon"},
 		{"tiny-llama", "tp=2,pp=2,dp=2,optimizer=sgd,grad=1"},
 		{"tiny-llama", "tp=2,dp=3,zero=1,precision_aware=1,exp_avg=bf16"},
+		/* offload=F: the optimizer states of each shard split between a
+		 * host buffer and the GPU one */
+		{"tiny-llama", "tp=2,pp=2,dp=2,zero=1,offload=0.5"},
+		{"tiny-gpt", "tp=2,dp=3,zero=1,offload=1,bucket=200000"},
+		{"tiny-qwen3-moe", "tp=2,pp=2,dp=2,ep=2,etp=1,zero=1,vpp=2,offload=0.3"},
+		{"tiny-deepseek", "tp=2,pp=2,dp=2,ep=2,etp=1,zero=1,offload=0.7,grad=1"},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
 		test_holders_match(cases[i][0], cases[i][1]);

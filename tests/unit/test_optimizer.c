@@ -352,3 +352,149 @@ TEST(optimizer_keys_survive_the_formats)
 	}
 	vps_layout_free(l);
 }
+
+/* ---- offload=F: Megatron's HybridDeviceOptimizer ---- */
+
+/* One rank's elements of an optimizer state: in its host buffers, in all
+ * its buffers of that state, and the largest part of one parameter in a
+ * host buffer. */
+struct host_part {
+	int64_t host, all, largest;
+	bool vector_on_host;
+};
+
+static struct host_part host_part(const struct vps_layout *l, const struct vps_rank_view *v, int state)
+{
+	struct host_part hp = {0};
+	const struct vps_model *m = vps_layout_model(l);
+	for (size_t i = 0; i < v->nregions; i++) {
+		const struct vps_region *r = &v->regions[i];
+		if (r->state != state)
+			continue;
+		int64_t n = vps_box_volume(&r->box);
+		hp.all += n;
+		if (!v->buffers[r->buffer].host)
+			continue;
+		hp.host += n;
+		struct vps_tensor t;
+		CHECK_OK(vps_model_tensor(m, r->tensor, &t));
+		hp.vector_on_host |= t.ndim == 1;
+		int64_t part = 0;
+		for (size_t j = 0; j < v->nregions; j++)
+			if (v->region_param[j] == v->region_param[i] && v->regions[j].state == state &&
+			    v->buffers[v->regions[j].buffer].host)
+				part += vps_box_volume(&v->regions[j].box);
+		hp.largest = part > hp.largest ? part : hp.largest;
+	}
+	return hp;
+}
+
+/* Each shard's optimizer states split as the hybrid optimizer splits them:
+ * the host buffers hold the first parameters' parts, matrices before
+ * vectors, until F of the shard's elements are there (the last part that
+ * crosses F whole); host and GPU buffers add up to the shard buffer of the
+ * layout without offload, the host one packed; vps_layout_buffer_elements
+ * says the same as the view; the parameters stay on the GPU. */
+TEST(offload_splits_each_shard_as_the_hybrid_optimizer_does)
+{
+	static const char *specs[] = {"tp=2,dp=2,zero=1,offload=0.05", "tp=2,dp=2,zero=1,offload=0.5",
+				      "tp=2,dp=2,zero=1,offload=1"};
+	static const double fraction[] = {0.05, 0.5, 1};
+	struct vps_layout *plain = test_layout("tiny-llama", "tp=2,dp=2,zero=1", 8, 0);
+	for (size_t c = 0; plain && c < sizeof(specs) / sizeof(specs[0]); c++) {
+		struct vps_layout *l = test_layout("tiny-llama", specs[c], 8, 0);
+		if (!l)
+			continue;
+		for (int64_t r = 0; r < vps_layout_world(l); r++) {
+			struct vps_rank_view v, pv;
+			CHECK_OK(vps_layout_rank(l, r, &v));
+			CHECK_OK(vps_layout_rank(plain, r, &pv));
+			for (int st = VPS_STATE_MAIN_PARAM; st <= VPS_STATE_EXP_AVG_SQ; st++) {
+				/* a host buffer also holds the vocabulary padding of the
+				 * embedding's part, which no region covers */
+				struct host_part hp = host_part(l, &v, st);
+				const struct vps_buffer *gpu = buffer_of(&v, st, false), *whole = buffer_of(&pv, st, false);
+				int64_t host_el = 0;
+				for (size_t b = 0; b < v.nbuffers; b++)
+					if (v.buffers[b].host && v.buffers[b].state == st)
+						host_el += v.buffers[b].elements;
+				CHECK(host_el >= hp.host && host_el >= fraction[c] * (double)hp.all);
+				CHECK(gpu && whole && gpu->elements + host_el == whole->elements);
+				if (gpu)
+					CHECK(hp.host - hp.largest < fraction[c] * (double)(gpu->elements + host_el));
+				CHECK(c == 2 || !hp.vector_on_host);
+				CHECK_EQ(hp.all, host_part(plain, &pv, st).all);
+			}
+			CHECK_EQ(host_part(l, &v, VPS_STATE_PARAM).host, 0);
+			for (size_t b = 0; b < v.nbuffers; b++)
+				CHECK_EQ(vps_layout_buffer_elements(l, r, (uint32_t)b), v.buffers[b].elements);
+			vps_rank_view_release(&v);
+			vps_rank_view_release(&pv);
+		}
+		vps_layout_free(l);
+	}
+	vps_layout_free(plain);
+}
+
+/* Plans between offloaded layouts, and between one and the same layout
+ * without offload, move every element and nothing resident. */
+TEST(plans_move_offloaded_states)
+{
+	static const char *cases[][3] = {
+		{"tiny-llama", "tp=2,dp=2,zero=1,offload=0.5", "dp=4,zero=1,offload=0.5"},
+		{"tiny-llama", "tp=2,dp=2,zero=1,offload=0.5", "tp=2,dp=2,zero=1"},
+		{"tiny-qwen3-moe", "ep=2,dp=2,zero=1,offload=0.3", "tp=2,etp=1,pp=2,zero=1,offload=1"},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct vps_layout *a = test_layout(cases[i][0], cases[i][1], 8, 0);
+		struct vps_layout *b = test_layout(cases[i][0], cases[i][2], 8, 0);
+		struct vps_plan *p = NULL;
+		struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
+		if (!a || !b || vps_plan_compute(&p, a, b, &o)) {
+			harness_fail(__FILE__, __LINE__, "%s -> %s: %s", cases[i][1], cases[i][2], vps_last_error());
+			vps_layout_free(a);
+			vps_layout_free(b);
+			continue;
+		}
+		job_plan_exact(p, cases[i][2]);
+		vps_plan_free(p);
+	}
+}
+
+/* offload survives both encodings, with the hash and an explicit rank's
+ * host buffers; what Megatron cannot build is refused with its rule. */
+TEST(offload_survives_the_formats_and_is_refused_where_megatron_refuses_it)
+{
+	struct vps_layout *l = test_layout("tiny-llama", "dp=2,zero=1,offload=0.3,precision_aware=1", 8, 0);
+	if (l) {
+		char spec[256];
+		vps_parallel_format(vps_layout_parallel(l), spec, sizeof(spec));
+		CHECK(!strcmp(spec, "tp=1,pp=1,dp=2,ep=1,etp=1,vpp=1,zero=1,offload=0.3"));
+		int64_t rank = 1;
+		for (int yaml = 0; yaml < 2; yaml++) {
+			struct vps_bytes out = {0};
+			struct vps_layout *back = NULL;
+			CHECK_OK(vps_layout_serialize(l, &rank, 1, yaml, &out));
+			CHECK_OK(vps_layout_parse(&back, "mem", out.data, out.len));
+			if (back) {
+				CHECK(vps_layout_parallel(back)->offload == 0.3);
+				CHECK_EQ(vps_layout_hash(back), vps_layout_hash(l));
+				struct vps_rank_view v;
+				CHECK_OK(vps_layout_rank(back, 1, &v));
+				CHECK(host_part(back, &v, VPS_STATE_EXP_AVG).host > 0);
+				vps_rank_view_release(&v);
+			}
+			vps_layout_free(back);
+			vps_bytes_release(&out);
+		}
+	}
+	vps_layout_free(l);
+	refused("dp=2,zero=0,offload=0.5", "offload needs optimizer=adam and zero=1");
+	refused("dp=2,zero=1,optimizer=muon,offload=0.5", "offload needs optimizer=adam and zero=1");
+	refused("dp=2,zero=1,offload=0.5,precision_aware=1,exp_avg=bf16", "offload keeps every state in fp32");
+	struct vps_parallel p;
+	vps_parallel_init(&p);
+	CHECK_EQ(vps_parallel_parse(&p, "offload=1.5", "--parallel"), VPS_EINPUT);
+	CHECK(strstr(vps_last_error(), "offload=1.5: expected a fraction in [0, 1]") != NULL);
+	CHECK_EQ(vps_parallel_parse(&p, "offload=nan", "--parallel"), VPS_EINPUT);
+}
