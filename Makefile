@@ -319,7 +319,7 @@ check-hf: $(SHLIB_FILES) $(PY_STAMP)
 # must be where vps's family=dtensor layouts put them (tests/torch/README.md;
 # CHECK_TORCH_FLAGS=--full for the fuller matrix); then a torchtitan job
 # trains and vps.dtensor switches it through vps-exec: FSDP 2, grown to
-# FSDP 4, then HSDP 2x2, FSDP 2 x TP 2 and FSDP 4
+# FSDP 4, then HSDP 2x2, FSDP 2 x TP 2 and FSDP 4, grown again to FSDP 8
 check-torch: $(SHLIB_FILES) $(TOOL_BINS) $(PY_STAMP)
 	VPS_LIBRARY=$(abspath $(SHLIB)) $(PYTHON_ABS) tests/torch/check_torch.py $(CHECK_TORCH_FLAGS)
 	VPS_LIBRARY=$(abspath $(SHLIB)) VPS_BIN=$(abspath $(BINDIR)) $(PYTHON_ABS) tests/torch/check_switch.py

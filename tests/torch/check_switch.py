@@ -15,18 +15,20 @@ makes the job switchable, and vps-exec beside each rank moves its state
 every --every steps through
 
     dp_shard=2 -> dp_shard=4 -> dp_replicate=2,dp_shard=2 -> dp_shard=2,tp=2
-        -> dp_shard=4
+        -> dp_shard=4 -> dp_shard=8
 
-(FSDP 2, its world grown to FSDP 4, then HSDP 2x2, FSDP2 x TP 2, FSDP 4),
-each between two steps: after a switch, the new configuration's model is
-built on the meta device and handed vps's buffers (no copy). --configs
-gives other configurations, each of the world before or of a larger one
-(appending dp_shard=8 grows the world to 8 processes, which takes their
-memory). A growth goes as vps.elastic's launcher protocol has it: this
-script is the agent (vps.elastic.Agent, the job's store); rank 0 asks for
-each switch, the agent starts its executors (one per process of the world,
-serving the switches of a world in order) and, for a growth, the processes
-that join, and says ready; the processes that join take part in the switch
+(FSDP 2, its world grown to FSDP 4, then HSDP 2x2, FSDP2 x TP 2, FSDP 4,
+its world grown again to FSDP 8), each between two steps: after a switch,
+the new configuration's model is built on the meta device and handed vps's
+buffers (no copy). --configs gives other configurations, each of the world
+before or of a larger one. The processes are forked from this one after it
+imported torch and torchtitan (0.6 GiB) and share those pages: a rank's own
+memory is 40 to 80 MiB, the 8 ranks' about 0.5 GiB. A growth goes as
+vps.elastic's launcher protocol has it: this script is the agent
+(vps.elastic.Agent, the job's store); rank 0 asks for each switch, the
+agent starts its executors (one per process of the world, serving the
+switches of a world in order) and, for a growth, the processes that join,
+and says ready; the processes that join take part in the switch
 (vps.dtensor.Job.join) and everyone makes the new world's default group on
 the job's store (vps.dtensor.init_world). Before and after each switch the
 whole state is gathered through DCP's get_state_dict (full state dicts: the
@@ -41,11 +43,14 @@ optimizer, a step that is not Adam's).
 
     check_switch.py [-v] [--steps N] [--every K] [--configs 'A B ...'] [--keep DIR]
 
+--steps defaults to K steps in each configuration (12 for the six above).
+
 Prints a line per switch with -v, then one summary line; exit 1 naming what
 differs, 2 on bad arguments.
 """
 import argparse
 import contextlib
+import gc
 import os
 import resource
 import signal
@@ -82,7 +87,7 @@ MODEL_NAME = "llama3-tiny"
 MODEL = os.path.join(HERE, "models", MODEL_NAME + ".yaml")
 # the switches' configurations (--configs): each of the world before, or
 # of a larger one (the world grows)
-CONFIGS = ["dp_shard=2", "dp_shard=4", "dp_replicate=2,dp_shard=2", "dp_shard=2,tp=2", "dp_shard=4"]
+CONFIGS = ["dp_shard=2", "dp_shard=4", "dp_replicate=2,dp_shard=2", "dp_shard=2,tp=2", "dp_shard=4", "dp_shard=8"]
 GPUS_PER_NODE = 8
 GLOBAL_BATCH, SEQ = 8, 32
 LR, WARMUP, MAX_NORM, SEED = 3e-3, 4, 1.0, 1234
@@ -165,9 +170,11 @@ def train_step(b, corpus, consumed):
 def gather(b):
     """The whole state through DCP's get_state_dict (full state dicts, every
     rank takes part): rank 0's {key: tensor} of the model's parameters and
-    the optimizer's states, and the optimizer's groups; None elsewhere."""
+    the optimizer's states, and the optimizer's groups; None elsewhere
+    (cpu_offload: only rank 0 keeps the full state, not every rank a copy)."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     with titan.fused_qkv_kept(b.model):
-        msd, osd = get_state_dict(b.model, b.optimizer, options=StateDictOptions(full_state_dict=True))
+        msd, osd = get_state_dict(b.model, b.optimizer, options=options)
     if dist.get_rank() != 0:
         return None
     out = {"model." + k: v.detach().clone() for k, v in msd.items()}
@@ -362,6 +369,10 @@ REFUSALS = [
 def fork(tmp, slot, fn):
     """fn() in a forked process, its output to tmp/process.SLOT.log; its
     result (or a RankError) pickled to tmp/SLOT.pickle."""
+    # the objects made so far kept out of every collection: a process's
+    # collections would otherwise write to each object torch and torchtitan
+    # made here, copying its pages (about 75 MiB a rank that trains on)
+    gc.freeze()
     pid = os.fork()
     if pid:
         return pid
@@ -503,16 +514,18 @@ def run_job(args, tmp, registry, switching):
 def main():
     a = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     a.add_argument("-v", "--verbose", action="store_true")
-    a.add_argument("--steps", type=int, default=10)
+    a.add_argument("--steps", type=int, help="steps in all (default: K in each configuration)")
     a.add_argument("--every", type=int, default=2, help="switch every K steps")
     a.add_argument("--configs", default=" ".join(CONFIGS),
                    help="the configurations, space-separated; the last may have more processes (a growth)")
     a.add_argument("--keep", help="keep the plans, logs and reports in this directory")
     a.add_argument("--timeout", type=float, default=600)
     args = a.parse_args()
+    CONFIGS[:] = args.configs.split()
+    if args.steps is None:
+        args.steps = args.every * len(CONFIGS)
     if args.steps < 1 or args.every < 1:
         a.error("--steps and --every must be at least 1")
-    CONFIGS[:] = args.configs.split()
     try:
         worlds = [vps.layout(MODEL, c, GPUS_PER_NODE).world for c in CONFIGS]
     except vps.Error as e:
