@@ -77,6 +77,11 @@ static void print_stats(const struct vps_layout *l, const struct vps_layout_stat
 		printf("scalar_optimizer: %s\n", vps_optimizer_name(p->scalar_optimizer));
 		printf("layer_wise: %s\n", p->zero ? "true" : "false");
 	}
+	if (p->offload > 0) {
+		char f[32];
+		vps_offload_format(p->offload, f, sizeof(f));
+		printf("offload: %s\n", f);
+	}
 	printf("logical_bytes: %s\n", tool_bytes(s->logical_bytes, h, n, sizeof(n)));
 	printf("total_bytes: %s\n", tool_bytes(s->total_bytes, h, n, sizeof(n)));
 	printf("copies: %.4f\n", s->logical_bytes ? (double)s->total_bytes / (double)s->logical_bytes : 0.0);

@@ -586,15 +586,15 @@ def optimizers(optimizer) -> list:
             todo[:0] = list(chained)
             continue
         config = getattr(o, "config", None)
+        if config is not None and getattr(config, "optimizer_cpu_offload", False):
+            raise Unsupported("optimizer_cpu_offload: the HybridDeviceOptimizer keeps its own host copies of the "
+                              "main parameters and their moments, which vps.megatron does not point into vps's "
+                              "buffers (vps's layouts describe them, offload=F, and vps-exec moves host and GPU "
+                              "memory in one switch over ipc; the hybrid optimizer needs CUDA to be built)")
         if config is not None and config.use_precision_aware_optimizer:
             raise Unsupported("the precision-aware optimizer keeps its moments and master weights inside "
                               "TransformerEngine's FusedAdam (int16 remainders, bf16 moments), which needs a GPU: "
                               "vps.megatron binds fp32 states only")
-        if config is not None and getattr(config, "optimizer_cpu_offload", False):
-            raise Unsupported("optimizer_cpu_offload: the HybridDeviceOptimizer keeps its own host copies of the "
-                              "main parameters and their moments, which vps.megatron does not point into vps's "
-                              "buffers (vps's layouts do not describe them yet; vps-exec moves host and GPU "
-                              "memory in one switch over ipc)")
         if not isinstance(o, (DistributedOptimizer, Float16OptimizerWithFloat16Params)):
             raise Unsupported("%s: vps moves the state of Megatron's DistributedOptimizer and "
                               "Float16OptimizerWithFloat16Params (bf16 parameters, fp32 main parameters)"

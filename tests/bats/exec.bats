@@ -69,6 +69,12 @@ moe_grouped() {
 deepseek() {
 	demo "$1" --model tiny-deepseek --from tp=2,pp=2,dp=2,ep=2,etp=1,zero=1 --to tp=4,pp=1,dp=2,ep=8,etp=1,zero=1 --back
 }
+# The CPU-offloaded optimizer: each shard's optimizer states split between
+# a host buffer and the GPU one, by the fraction, on both sides; the split
+# moves as TP, DP and the fraction change, and back to no offload.
+offload() {
+	demo "$1" --model tiny-qwen3-moe --from tp=2,pp=2,dp=2,ep=2,etp=1,zero=1,offload=0.5 --to tp=2,pp=1,dp=4,ep=4,etp=1,zero=1,offload=0.3 --back
+}
 # These three take devices per node: ipc reaches one node's ranks only, so
 # over ipc the same switch runs with every device on one node.
 join() { # TRANSPORT DEVICES_PER_NODE
@@ -129,6 +135,8 @@ world6() {
 @test "tcp: MoE: sequential experts become grouped-GEMM ones, and back" { moe_grouped tcp; }
 @test "ipc: MoE: sequential experts become grouped-GEMM ones, and back" { moe_grouped ipc; }
 
+@test "tcp: the CPU-offloaded optimizer's host and GPU parts of each shard, another fraction, and back" { offload tcp; }
+@test "ipc: the CPU-offloaded optimizer's host and GPU parts of each shard, another fraction, and back" { offload ipc; }
 @test "tcp: DeepSeek-V3-style: MLA, shared experts, dense first layers, router bias, an MTP layer; tp, pp, ep change, and back" { deepseek tcp; }
 @test "ipc: DeepSeek-V3-style: MLA, shared experts, dense first layers, router bias, an MTP layer; tp, pp, ep change, and back" { deepseek ipc; }
 

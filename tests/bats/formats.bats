@@ -39,7 +39,7 @@ load helpers
 	cp good.bin future.bin
 	printf '\x09' | dd of=future.bin bs=1 seek=6 conv=notrunc 2>/dev/null
 	expect_status 2 vps-verify future.bin
-	[[ "$output" == *"future.bin: binary layout version 9 is newer than this build reads (3)"* ]]
+	[[ "$output" == *"future.bin: binary layout version 9 is newer than this build reads (4)"* ]]
 	# version 1 lacked cp and grouped_gemm: refused by name, not misread
 	cp good.bin old.bin
 	printf '\x01' | dd of=old.bin bs=1 seek=6 conv=notrunc 2>/dev/null
@@ -151,7 +151,7 @@ load helpers
 	vps-layout -i "$old/tiny-llama.v2.layout" --yaml | cmp - now.yaml
 	# converted, it is this build's binary layout
 	vps-layout -i "$old/tiny-llama.v2.layout" -o new.layout
-	[ "$(head -c 8 new.layout | od -An -tx1 | tr -d ' ')" = 8956505301000300 ]
+	[ "$(head -c 8 new.layout | od -An -tx1 | tr -d ' ')" = 8956505301000400 ]
 	vps-layout -i new.layout --yaml | cmp - now.yaml
 	expect_status 0 vps-verify "$old/tiny-llama.v3.plan"
 	[[ "$output" == *"ok: tiny-llama: global plan over 4 world ranks, 628 pieces"* ]]
@@ -176,7 +176,7 @@ load helpers
 	vps-show "$old/tiny-llama.v4.relay.plan" | cmp - now.yaml
 	# converted, it is this build's binary plan, relay mode and all
 	vps-show --binary "$old/tiny-llama.v4.relay.plan" -o plan.bin
-	[ "$(head -c 8 plan.bin | od -An -tx1 | tr -d ' ')" = 8956505302000500 ]
+	[ "$(head -c 8 plan.bin | od -An -tx1 | tr -d ' ')" = 8956505302000600 ]
 	vps-show plan.bin | cmp - now.yaml
 	vps-show "$old/tiny-llama.v4.relay.staged" -o staged.yaml
 	grep -q '^  relay: true$' staged.yaml

@@ -131,3 +131,24 @@ JSON
 	expect_status 2 vps-layout --model tiny-qwen3-moe --parallel dp=2,zero=1,exp_avg=bf16
 	[[ "$output" == *"exp_avg=bf16 and exp_avg_sq=bf16 need precision_aware=1"* ]]
 }
+
+@test "offload=F: the hybrid optimizer's host part of each shard, in --stats, the rank's buffers and --tensor; refused where Megatron refuses it" {
+	expect_status 0 vps-layout --model tiny-llama --parallel tp=2,dp=2,zero=1,offload=0.5,precision_aware=1 --stats
+	[[ "$output" == *"layout: tiny-llama on 4 ranks (tp=2,pp=1,dp=2,ep=1,etp=2,vpp=1,zero=1,offload=0.5)"* ]]
+	[[ "$output" == *"dtypes: {param: bf16, main_param: fp32, exp_avg: fp32, exp_avg_sq: fp32}"* ]]
+	[[ "$output" == *$'optimizer: adam\noffload: 0.5'* ]]
+	vps-layout --model tiny-llama --parallel tp=2,dp=2,zero=1,offload=0.5 --rank 1 --yaml > r1.yaml
+	[ "$(grep -c '^      host: true$' r1.yaml)" -eq 3 ]
+	# buffers in order: param, main_param, exp_avg, exp_avg_sq, then the host
+	# ones of the last three; the last layer comes first in the buffer, so
+	# its fc1 (a matrix) is on the host (buffer 5), its norm weight (1-D,
+	# in the wd_mult=0 group that the hybrid optimizer takes after the
+	# matrices) on the GPU (buffer 2)
+	vps-layout --model tiny-llama --parallel tp=2,dp=2,zero=1,offload=0.5 \
+		--tensor 'decoder.layers.7.mlp.linear_fc1.*' --state exp_avg --format tsv > t.tsv
+	[ "$(cut -f1,3,7,9 t.tsv | sed 1d | tr '\t\n' ' |')" = "decoder.layers.7.mlp.linear_fc1.layer_norm_weight 0 2 256|decoder.layers.7.mlp.linear_fc1.layer_norm_weight 1 2 256|decoder.layers.7.mlp.linear_fc1.weight 0 5 219136|decoder.layers.7.mlp.linear_fc1.weight 1 5 219136|" ]
+	expect_status 2 vps-layout --model tiny-llama --parallel dp=2,zero=0,offload=0.5
+	[[ "$output" == *"offload needs optimizer=adam and zero=1"* ]]
+	expect_status 2 vps-layout --model tiny-llama --parallel dp=2,zero=1,offload=2
+	[ "$output" = "vps-layout: --parallel: offload=2: expected a fraction in [0, 1] (--optimizer-offload-fraction)" ]
+}

@@ -182,7 +182,7 @@ round_trip() {
 	[[ "$output" == "vps-show: flip.bin: corrupt document"* ]]
 	cp good.bin future.bin
 	printf '\x09' | dd of=future.bin bs=1 seek=6 conv=notrunc 2>/dev/null
-	bad "binary plan version 9 is newer than this build reads (5)" future.bin
+	bad "binary plan version 9 is newer than this build reads (6)" future.bin
 	printf 'garbage\0\1' > junk.bin
 	bad "not a vps document (binary data)" junk.bin
 	printf 'hello: world\n' > other.yaml
