@@ -303,6 +303,8 @@ static vps_result_t read_buffer(struct vps_reader *r, const struct vps_layout *l
 	VPS_CHECK(vps_r_bool(r, "sharded", &b->sharded));
 	if (vps_reader_has(r, VPS_FEATURE_OFFLOAD))
 		VPS_CHECK(vps_r_bool_sparse(r, "host", &b->host, false));
+	else if (vps_reader_echo_writer(r))
+		VPS_CHECK(vps_w_bool_sparse(vps_reader_echo_writer(r), "host", false, false));
 	VPS_CHECK(vps_r_int(r, "elements", &b->elements, 0, VPS_MAX_ELEMENTS));
 	return vps_r_map_end(r);
 }

@@ -274,6 +274,8 @@ vps_result_t vps_parallel_read(struct vps_reader *r, const char *key, struct vps
 			snprintf(why, sizeof(why), "%s", vps_last_error());
 			return vps_r_error(r, "offload", "%s", why);
 		}
+	} else if (vps_reader_echo_writer(r)) {
+		VPS_CHECK(vps_w_str_sparse(vps_reader_echo_writer(r), "offload", "0", "0"));
 	}
 	if (key)
 		VPS_CHECK(vps_r_map_end(r));

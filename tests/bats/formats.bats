@@ -44,7 +44,7 @@ load helpers
 	cp good.bin old.bin
 	printf '\x01' | dd of=old.bin bs=1 seek=6 conv=notrunc 2>/dev/null
 	expect_status 2 vps-layout -i old.bin
-	[ "$output" = "vps-layout: old.bin: binary layout version 1 was written by an older vps (this build reads versions 2 to 3): have that vps write it as YAML (--yaml), which this one reads" ]
+	[ "$output" = "vps-layout: old.bin: binary layout version 1 was written by an older vps (this build reads versions 2 to 4): have that vps write it as YAML (--yaml), which this one reads" ]
 	printf 'garbage\0\1' > junk.bin
 	expect_status 2 vps-layout -i junk.bin
 	[[ "$output" == *"junk.bin: wrong magic"* ]]

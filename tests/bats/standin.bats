@@ -336,15 +336,17 @@ python_device_buffers() { # TRANSPORT
 # the host's part to the kernel's. tcp and nccl reach one kind each and
 # refuse, naming the transport that moves both.
 
-mixed_switch() { # TRANSPORT
+mixed_switch() { # TRANSPORT [FROM TO]: FROM and TO with offload= need no --host
 	PY=${VPS_PYTHON:-/usr/bin/python3}
 	"$PY" -c 'import torch' 2>/dev/null || skip "$PY has no torch (make venv makes the test environment, which has it)"
-	vps-layout --model tiny-llama --parallel tp=2,zero=1 --gpus-per-node 2 -o a.layout
-	vps-layout --model tiny-llama --parallel tp=1,dp=2,zero=1 --gpus-per-node 2 -o b.layout
+	local from=${2:-tp=2,zero=1} to=${3:-tp=1,dp=2,zero=1} host=(--host main_param,exp_avg,exp_avg_sq)
+	[ -z "${2:-}" ] || host=()
+	vps-layout --model tiny-llama --parallel "$from" --gpus-per-node 2 -o a.layout
+	vps-layout --model tiny-llama --parallel "$to" --gpus-per-node 2 -o b.layout
 	vps-plan a.layout b.layout | vps-stage --budget 256KiB - -o s.staged
 	port=$("$TOP/scripts/free-port.sh")
 	export VPS_CUDA_LIBRARY=$TOP/build/standin/libvps-cuda-standin.so VPS_NCCL_LIBRARY=$TOP/build/standin/libnccl-standin.so
-	timeout 120 "$PY" "$TOP/tests/python/standin_trainer.py" --host main_param,exp_avg,exp_avg_sq "mx$$" \
+	timeout 120 "$PY" "$TOP/tests/python/standin_trainer.py" "${host[@]}" "mx$$" \
 		a.layout b.layout > t.log 2>&1 &
 	pt=$!
 	for r in 0 1; do
@@ -364,6 +366,20 @@ mixed_switch() { # TRANSPORT
 	mixed_switch ipc
 	grep -q "standin_trainer: 2 ranks, .* logical tensors switched in device memory registered by pointer, main_param,exp_avg,exp_avg_sq in host memory; 0 wrong elements" t.log
 	for r in 0 1; do grep -q "over ipc; .*digest: match" e.$r; done
+}
+
+# The CPU-offloaded optimizer (offload=F): each shard's host part and GPU
+# part differ between the layouts, so pieces go from host memory to GPU
+# memory and back, retains and ipc pulls alike (staged through both sides).
+@test "ipc: the CPU-offloaded optimizer's host parts meet GPU parts: pieces between host and GPU memory" {
+	mixed_switch ipc tp=2,zero=1,offload=0.5 tp=1,dp=2,zero=1,offload=0.3
+	grep -q "standin_trainer: 2 ranks, .* logical tensors switched in device memory registered by pointer, 12 offloaded buffers in host memory; 0 wrong elements" t.log
+	for r in 0 1; do grep -q "over ipc; .*digest: match" e.$r; done
+	# exp_avg's buffers are 2 on the GPU and 5 on the host, in both
+	# layouts: pieces go both ways between the kinds
+	vps-plan a.layout b.layout -q -o ab.plan
+	for r in 0 1; do vps-plan --transfers --rank $r --state exp_avg --format tsv ab.plan; done |
+		awk -F'\t' '$1 != "rank" { n[$8 "->" $10]++ } END { exit !(n["5->2"] > 0 && n["2->5"] > 0) }'
 }
 
 @test "tcp and nccl refuse a registry of host and GPU memory, naming ipc" {

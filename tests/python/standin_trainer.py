@@ -23,7 +23,9 @@ that the pause opened nothing.
 With --host, the buffers of the states listed (main_param,exp_avg,...)
 are host memory (shared-memory objects, as State.allocate makes them)
 and the others device memory, in one registry: optimizer state offloaded
-to the host beside parameters on the GPU."""
+to the host beside parameters on the GPU. A layout's own host buffers
+(offload=F: the hybrid optimizer's host part of each shard) are host
+memory whatever --host says."""
 import ctypes as C
 import os
 import re
@@ -84,7 +86,7 @@ class Rank:
     def __init__(self, api, reg, layout, rank, role, host=()):
         self.api, self.state = api, State(layout, rank)
         self.state.buffers = [torch.zeros(b.elements, dtype=TORCH_DTYPE[b.dtype]) for b in self.state.view.buffers]
-        self.on_host = [vps.STATES[b.state] in host for b in self.state.view.buffers]
+        self.on_host = [b.host or vps.STATES[b.state] in host for b in self.state.view.buffers]
         sizes = [t.numel() * t.element_size() for t in self.state.buffers]
         at, self.addr = 512, []
         for n in sizes:
@@ -223,9 +225,11 @@ def main():
     wrong = 0
     for (tensor, state), v in got.items():
         wrong += int((v != full(tensor, state).to(v.dtype)).sum())
-    print("standin_trainer: %d ranks, %d logical tensors switched in device memory registered by pointer%s; "
+    offloaded = sum(h for r in src + dst for h in r.on_host) if not host_states else 0
+    print("standin_trainer: %d ranks, %d logical tensors switched in device memory registered by pointer%s%s; "
           "%d wrong elements" % (a.world, len(got),
-                                 ", %s in host memory" % ",".join(host_states) if host_states else "", wrong))
+                                 ", %s in host memory" % ",".join(host_states) if host_states else "",
+                                 ", %d offloaded buffers in host memory" % offloaded if offloaded else "", wrong))
     # the executors may still hold the targets open: their memory goes
     # when this process exits, as a CUDA context's does
     for reg in regs:

@@ -47,27 +47,88 @@ vps_result_t vps_check_op(const struct vps_op *op, const int64_t *src_bytes, siz
 
 vps_result_t vps_copy_where(const struct vps_op *op, int src_where, int dst_where, int *where)
 {
-	if (src_where != dst_where)
-		return vps_fail(VPS_EINPUT, "piece %" PRId64 ": its source is %s memory, its target %s memory; vps-exec "
-				"copies within one kind (offloaded state must be host memory in both layouts)",
-				op->piece, src_where == VPS_WHERE_CUDA ? "GPU" : "host",
-				dst_where == VPS_WHERE_CUDA ? "GPU" : "host");
-	*where = src_where;
+	(void)op;
+	if (src_where == dst_where)
+		*where = src_where;
+	else
+		*where = src_where == VPS_WHERE_CUDA ? VPS_COPY_TO_HOST : VPS_COPY_TO_GPU;
 	return VPS_OK;
+}
+
+static void contiguous_strides(const struct vps_op *op, int64_t *strides)
+{
+	int64_t s = 1;
+	for (int d = op->ndim - 1; d >= 0; d--) {
+		strides[d] = s;
+		s *= op->ext[d];
+	}
+}
+
+static void kernel_copy(struct vps_cuda_copy *k, const struct vps_op *op, uint64_t src, const int64_t *src_strides,
+			uint64_t dst, const int64_t *dst_strides)
+{
+	k->src = src;
+	k->dst = dst;
+	k->ndim = op->ndim;
+	k->esize = op->esize;
+	for (int d = 0; d < op->ndim; d++) {
+		k->ext[d] = op->ext[d];
+		k->src_strides[d] = src_strides[d];
+		k->dst_strides[d] = dst_strides[d];
+	}
+}
+
+/* Copies between host and GPU memory (an offloaded optimizer's host part
+ * meeting another rank's GPU part) go through two staging buffers, one on
+ * each side, packed contiguous: host views packed on the host and sent
+ * down, GPU views packed by the kernel and brought up, so that every
+ * strided view is copied where its memory is. */
+struct staging {
+	unsigned char *host;
+	void *gpu;
+	size_t to_gpu, to_host; /* bytes of each direction; to_gpu's come first */
+};
+
+static vps_result_t staging_alloc(const struct vps_switch *sw, struct staging *st)
+{
+	size_t total = st->to_gpu + st->to_host;
+	char err[VPS_CUDA_ERR] = "";
+	st->host = vps_malloc(total);
+	if (!st->host)
+		return VPS_ENOMEM;
+	int rc = sw->gpu->alloc(&st->gpu, total, err);
+	if (rc) {
+		st->gpu = NULL;
+		return vps_gpu_result(rc, err, "GPU staging of copies between host and GPU memory");
+	}
+	return VPS_OK;
+}
+
+static void staging_release(const struct vps_switch *sw, struct staging *st)
+{
+	char err[VPS_CUDA_ERR] = "";
+	if (st->gpu)
+		(void)sw->gpu->release(st->gpu, err);
+	free(st->host);
 }
 
 vps_result_t vps_copy_ops(const struct vps_switch *sw, const struct vps_local_copy *c, size_t n)
 {
 	size_t nk = 0;
+	struct staging st = {0};
 	for (size_t i = 0; i < n; i++) {
 		const struct vps_op *op = c[i].op;
-		if (c[i].where == VPS_WHERE_CUDA) {
-			nk++;
+		if (c[i].where == VPS_WHERE_HOST) {
+			vps_copy_strided((unsigned char *)c[i].dst + op->dst_offset * op->esize, op->dst_strides,
+					 (const unsigned char *)c[i].src + op->src_offset * op->esize, op->src_strides,
+					 op->ext, op->ndim, op->esize);
 			continue;
 		}
-		vps_copy_strided((unsigned char *)c[i].dst + op->dst_offset * op->esize, op->dst_strides,
-				 (const unsigned char *)c[i].src + op->src_offset * op->esize, op->src_strides, op->ext,
-				 op->ndim, op->esize);
+		nk++;
+		if (c[i].where == VPS_COPY_TO_GPU)
+			st.to_gpu += (size_t)vps_op_bytes(op);
+		else if (c[i].where == VPS_COPY_TO_HOST)
+			st.to_host += (size_t)vps_op_bytes(op);
 	}
 	if (!nk)
 		return VPS_OK;
@@ -76,26 +137,63 @@ vps_result_t vps_copy_ops(const struct vps_switch *sw, const struct vps_local_co
 	struct vps_cuda_copy *k = vps_calloc(nk, sizeof(*k));
 	if (!k)
 		return VPS_ENOMEM;
-	nk = 0;
-	for (size_t i = 0; i < n; i++) {
+	char err[VPS_CUDA_ERR] = "";
+	vps_result_t rc = VPS_OK;
+	int grc = 0;
+	if (st.to_gpu + st.to_host)
+		rc = staging_alloc(sw, &st);
+	/* the host views of copies to the GPU, packed and sent down */
+	size_t at = 0;
+	int64_t packed[VPS_MAX_DIMS];
+	for (size_t i = 0; i < n && !rc; i++) {
 		const struct vps_op *op = c[i].op;
-		if (c[i].where != VPS_WHERE_CUDA)
+		if (c[i].where != VPS_COPY_TO_GPU)
 			continue;
-		struct vps_cuda_copy *kk = &k[nk++];
-		kk->src = (uint64_t)(uintptr_t)c[i].src + (uint64_t)op->src_offset * op->esize;
-		kk->dst = (uint64_t)(uintptr_t)c[i].dst + (uint64_t)op->dst_offset * op->esize;
-		kk->ndim = op->ndim;
-		kk->esize = op->esize;
-		for (int d = 0; d < op->ndim; d++) {
-			kk->ext[d] = op->ext[d];
-			kk->src_strides[d] = op->src_strides[d];
-			kk->dst_strides[d] = op->dst_strides[d];
+		contiguous_strides(op, packed);
+		vps_copy_strided(st.host + at, packed, (const unsigned char *)c[i].src + op->src_offset * op->esize,
+				 op->src_strides, op->ext, op->ndim, op->esize);
+		at += (size_t)vps_op_bytes(op);
+	}
+	if (!rc && st.to_gpu && (grc = sw->gpu->to_device(st.gpu, st.host, st.to_gpu, err)))
+		rc = vps_gpu_result(grc, err, "copy to the GPU");
+	size_t down = 0, up = st.to_gpu;
+	nk = 0;
+	for (size_t i = 0; i < n && !rc; i++) {
+		const struct vps_op *op = c[i].op;
+		uint64_t src = (uint64_t)(uintptr_t)c[i].src + (uint64_t)op->src_offset * op->esize;
+		uint64_t dst = (uint64_t)(uintptr_t)c[i].dst + (uint64_t)op->dst_offset * op->esize;
+		uint64_t stage = (uint64_t)(uintptr_t)st.gpu;
+		contiguous_strides(op, packed);
+		if (c[i].where == VPS_WHERE_CUDA) {
+			kernel_copy(&k[nk++], op, src, op->src_strides, dst, op->dst_strides);
+		} else if (c[i].where == VPS_COPY_TO_GPU) {
+			kernel_copy(&k[nk++], op, stage + down, packed, dst, op->dst_strides);
+			down += (size_t)vps_op_bytes(op);
+		} else if (c[i].where == VPS_COPY_TO_HOST) {
+			kernel_copy(&k[nk++], op, src, op->src_strides, stage + up, packed);
+			up += (size_t)vps_op_bytes(op);
 		}
 	}
-	char err[VPS_CUDA_ERR] = "";
-	int rc = sw->gpu->copy(k, nk, err);
+	if (!rc && (grc = sw->gpu->copy(k, nk, err)))
+		rc = vps_gpu_result(grc, err, "GPU copy");
+	if (!rc && (grc = sw->gpu->sync(NULL, sw->timeout, err)))
+		rc = vps_gpu_result(grc, err, "GPU copy");
+	/* the GPU views of copies to the host, packed by the kernel, brought up */
+	if (!rc && st.to_host &&
+	    (grc = sw->gpu->to_host(st.host + st.to_gpu, (unsigned char *)st.gpu + st.to_gpu, st.to_host, err)))
+		rc = vps_gpu_result(grc, err, "copy to the host");
+	at = st.to_gpu;
+	for (size_t i = 0; i < n && !rc && st.to_host; i++) {
+		const struct vps_op *op = c[i].op;
+		if (c[i].where != VPS_COPY_TO_HOST)
+			continue;
+		contiguous_strides(op, packed);
+		vps_copy_strided((unsigned char *)c[i].dst + op->dst_offset * op->esize, op->dst_strides, st.host + at,
+				 packed, op->ext, op->ndim, op->esize);
+		at += (size_t)vps_op_bytes(op);
+	}
+	if (st.to_gpu + st.to_host)
+		staging_release(sw, &st);
 	free(k);
-	if (!rc)
-		rc = sw->gpu->sync(NULL, sw->timeout, err);
-	return rc ? vps_gpu_result(rc, err, "GPU copy") : VPS_OK;
+	return rc;
 }

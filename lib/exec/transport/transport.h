@@ -180,17 +180,24 @@ void vps_mapcache_end_switch(struct vps_mapcache *c, const struct vps_cuda_api *
 
 /* ---- copies within this process's memory, a service the transports and
  * the executor's retains share: copy.c ---- */
+/* A copy between the two kinds of memory (a struct vps_local_copy's where
+ * beside enum vps_registry_where's): staged through both sides. */
+#define VPS_COPY_TO_GPU 3
+#define VPS_COPY_TO_HOST 4
+
 struct vps_local_copy {
 	const struct vps_op *op;
 	const void *src; /* the source buffer's base */
 	void *dst;
-	int where;       /* enum vps_registry_where of both */
+	int where;       /* enum vps_registry_where of both, or VPS_COPY_TO_GPU/HOST */
 };
 /* Strided copies on the host, and one kernel for those on the GPU, waited
- * for under sw->timeout. */
+ * for under sw->timeout; those between host and GPU memory packed
+ * contiguous on their source's side, moved across, and unpacked on the
+ * other. */
 vps_result_t vps_copy_ops(const struct vps_switch *sw, const struct vps_local_copy *c, size_t n);
 /* Where a copy of op runs: its source is in src_where memory, its target
- * in dst_where; a copy between host and GPU memory is refused. */
+ * in dst_where (VPS_COPY_TO_GPU or VPS_COPY_TO_HOST when they differ). */
 vps_result_t vps_copy_where(const struct vps_op *op, int src_where, int dst_where, int *where);
 
 /* Every op of a transfer fits its buffers: source views in buffers of
