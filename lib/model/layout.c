@@ -1073,7 +1073,12 @@ static vps_result_t offload_split(const struct vps_layout *l, int64_t s, int g, 
 					continue;
 				if ((rc = vps_model_tensor(&l->m, tp->tensor, &t)))
 					goto fail;
-				if ((t.ndim == 1) != (vectors == 1) || !((double)moved < threshold))
+				/* Megatron's 1-D parameters and biases: its parameters that
+				 * are no weight matrix (vps's logical shapes split some,
+				 * linear_qkv.bias by query group, so ndim does not say) */
+				bool vector = !vps_layout_tensor_matrix(l, &t) && t.kind != VPS_T_WORD_EMB &&
+					      t.kind != VPS_T_OUTPUT_W;
+				if (vector != (vectors == 1) || !((double)moved < threshold))
 					continue;
 				sp->host[sp->first[ch] + order[j].k] = true;
 				moved += hi - lo;

@@ -470,6 +470,18 @@ class _Skeleton(TorchFunctionMode):
                 self.optimizer -= 1
         return __init__
 
+    def hybrid_init(self, init):
+        # the HybridDeviceOptimizer sorts its parameters by where their copies
+        # are (is_cuda): a meta copy is on no GPU, so its copies are real,
+        # made while the job trains and dropped when the Job points them
+        def __init__(opt, *args, **kwargs):
+            outer, self.optimizer = self.optimizer, 0
+            try:
+                init(opt, *args, **kwargs)
+            finally:
+                self.optimizer = outer
+        return __init__
+
 
 def _plain():
     """No torch function dispatch (modes, subclasses) for the hand-over's
@@ -508,11 +520,13 @@ def _skeleton(targets, device):
     from megatron.core.distributed.distributed_data_parallel import DistributedDataParallel
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
     from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params
+    from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer
     mode = _Skeleton(targets, device)
     inits = [(DistributedDataParallel, DistributedDataParallel.__init__, mode.ddp),
              (pgb._ParamAndGradBuffer, pgb._ParamAndGradBuffer.__init__, mode.ddp_buffer),
              (DistributedOptimizer, DistributedOptimizer.__init__, mode.optimizer_init),
-             (Float16OptimizerWithFloat16Params, Float16OptimizerWithFloat16Params.__init__, mode.optimizer_init)]
+             (Float16OptimizerWithFloat16Params, Float16OptimizerWithFloat16Params.__init__, mode.optimizer_init),
+             (HybridDeviceOptimizer, HybridDeviceOptimizer.__init__, mode.hybrid_init)]
     collectives = {name: getattr(dist, name) for name in ("all_reduce", "broadcast")}
 
     def skip_meta(f):
@@ -586,12 +600,11 @@ def optimizers(optimizer) -> list:
             todo[:0] = list(chained)
             continue
         config = getattr(o, "config", None)
-        if config is not None and getattr(config, "optimizer_cpu_offload", False):
-            raise Unsupported("optimizer_cpu_offload: the HybridDeviceOptimizer keeps its own host copies of the "
-                              "main parameters and their moments, which vps.megatron does not point into vps's "
-                              "buffers (vps's layouts describe them, offload=F, and vps-exec moves host and GPU "
-                              "memory in one switch over ipc; the hybrid optimizer needs CUDA to be built)")
-        if config is not None and config.use_precision_aware_optimizer:
+        offloaded = config is not None and getattr(config, "optimizer_cpu_offload", False)
+        if offloaded and not isinstance(o, DistributedOptimizer):
+            raise Unsupported("optimizer_cpu_offload without the distributed optimizer: Megatron-LM builds the "
+                              "HybridDeviceOptimizer under the DistributedOptimizer only")
+        if config is not None and config.use_precision_aware_optimizer and not offloaded:
             raise Unsupported("the precision-aware optimizer keeps its moments and master weights inside "
                               "TransformerEngine's FusedAdam (int16 remainders, bf16 moments), which needs a GPU: "
                               "vps.megatron binds fp32 states only")
@@ -616,6 +629,13 @@ def distributed_optimizers(optimizer) -> list:
             raise Unsupported("%s: not a DistributedOptimizer (ZeRO-1, use_distributed_optimizer=True)"
                               % type(o).__name__)
     return opts
+
+
+def _hybrid(opt):
+    """The HybridDeviceOptimizer of a DistributedOptimizer built with
+    optimizer_cpu_offload, or None."""
+    from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer
+    return opt.optimizer if isinstance(opt.optimizer, HybridDeviceOptimizer) else None
 
 
 def _kind(inner) -> Optional[str]:
@@ -660,12 +680,13 @@ class _Piece:
     buffers of its (chunk, expert, layerwise) (at), its main parameter, the
     torch optimizer and param group that step it, which of vps's optimizers
     that is (kind), and the states it keeps there ({vps state: its name},
-    from MOMENTS)."""
-    __slots__ = ("param", "main", "lo", "hi", "at", "inner", "group", "kind", "states")
+    from MOMENTS); host: in the layout's host buffers (offload=F: Megatron's
+    HybridDeviceOptimizer keeps its states in host memory), at `at` there."""
+    __slots__ = ("param", "main", "lo", "hi", "at", "inner", "group", "kind", "states", "host")
 
-    def __init__(self, param, main, lo, hi, at, inner, group, kind, states):
+    def __init__(self, param, main, lo, hi, at, inner, group, kind, states, host=False):
         self.param, self.main, self.lo, self.hi, self.at = param, main, lo, hi, at
-        self.inner, self.group, self.kind, self.states = inner, group, kind, states
+        self.inner, self.group, self.kind, self.states, self.host = inner, group, kind, states, host
 
 
 class _Binding:
@@ -787,7 +808,7 @@ class _Binding:
                 return key
         return None
 
-    def _piece(self, p, main, lo, hi, at, inner, group):
+    def _piece(self, p, main, lo, hi, at, inner, group, host=False):
         """A _Piece of parameter p, after checking that the optimizer that
         steps it is the one the layout gives it, keeping the states the
         layout holds it in."""
@@ -808,7 +829,7 @@ class _Binding:
         states = {st: MOMENTS[st] for st in self._states[mine.tensor] if st in MOMENTS}
         if kind == "adam" and not any(i is inner and g is group for i, g in self.adam):
             self.adam.append((inner, group))
-        self.pieces.setdefault(key, []).append(_Piece(p, main, lo, hi, at, inner, group, kind, states))
+        self.pieces.setdefault(key, []).append(_Piece(p, main, lo, hi, at, inner, group, kind, states, host))
 
     def _range_pieces(self, opt):
         """A DistributedOptimizer's pieces: its range map's, each in the
@@ -821,14 +842,29 @@ class _Binding:
             self.sharding[key] = "range"
             (ranges,) = opt.gbuf_ranges[g].values()
             dp = buf.data_parallel_group.size()
-            base = 0
+            hybrid = _hybrid(opt)
+            if hybrid is not None:
+                sub_of = {id(q): (sub, grp) for sub in hybrid.sub_optimizers for grp in sub.param_groups
+                          for q in grp["params"]}
+            base, found = 0, []
             for bucket, rm in zip(buf.buckets, ranges):
                 for p, r in rm["param_map"].items():
                     group_index, order = opt.model_param_group_index_map[p]
                     group = opt.optimizer.param_groups[group_index]
-                    self._piece(p, group["params"][order], r["param"].start, r["param"].end,
-                                base + r["gbuf_local"].start, opt.optimizer, group)
+                    main, inner, host = group["params"][order], opt.optimizer, False
+                    if hybrid is not None:
+                        # its fp32 copy of the shard (on the host, or the GPU) and the sub-optimizer stepping it
+                        host = main in hybrid.gpu_params_map_cpu_copy
+                        main = hybrid.param_to_inner_param[main]
+                        inner, group = sub_of[id(main)]
+                    found.append((base + r["gbuf_local"].start, p, main, r["param"].start, r["param"].end,
+                                  inner, group, host))
                 base += bucket.grad_data.numel() // dp
+            # vps's host buffer packs the offloaded pieces in shard order; the GPU one keeps the rest
+            host_at = 0
+            for at, p, main, lo, hi, inner, group, host in sorted(found, key=lambda f: f[0]):
+                self._piece(p, main, lo, hi, host_at if host else at - host_at, inner, group, host)
+                host_at += hi - lo if host else 0
 
     def _whole_pieces(self, opt):
         """A Float16OptimizerWithFloat16Params's pieces: whole parameters, at
@@ -882,9 +918,13 @@ class _Binding:
                 raise Unsupported("%s: the layout's %s is sharded (zero=1); Megatron's Float16Optimizer keeps "
                                   "it whole (zero=0)" % (w, STATES[st]))
             want = shard if vb.sharded else buf.numel
+            offloaded = sum(pc.hi - pc.lo for pc in pieces.values() if pc.host)
+            if offloaded or vb.host:
+                want = offloaded if vb.host else want - offloaded
             if vb.elements != want:
                 raise CheckFailed("%s: %s %s of %d elements in the layout, %d in Megatron's" % (
-                    w, STATES[st], "shard" if vb.sharded else "buffer", vb.elements, want))
+                    w, STATES[st], "host part" if vb.host else "GPU part" if offloaded else "shard" if vb.sharded
+                    else "buffer", vb.elements, want))
             for r in self.view.regions:
                 if r.buffer != vb.id:
                     continue
@@ -892,11 +932,12 @@ class _Binding:
                 pc = pieces.get(name)
                 last = r.offset + sum((h - l - 1) * s for l, h, s in zip(r.lo, r.hi, r.strides))
                 if pc is None or (st != MAIN_PARAM and st not in pc.states) or r.offset < pc.at \
-                        or last >= pc.at + pc.hi - pc.lo:
+                        or last >= pc.at + pc.hi - pc.lo or pc.host != vb.host:
                     raise CheckFailed("%s: %s of %s at %d..%d of the %s; Megatron's piece %s" % (
                         w, STATES[st], name, r.offset, last, "shard" if vb.sharded else "buffer",
                         "is absent" if pc is None else "has no %s (%s)" % (STATES[st], pc.kind)
-                        if st != MAIN_PARAM and st not in pc.states
+                        if st != MAIN_PARAM and st not in pc.states else "is in %s memory" % (
+                            "host" if pc.host else "GPU") if pc.host != vb.host
                         else "is %d..%d" % (pc.at, pc.at + pc.hi - pc.lo - 1)))
         for pc in pieces.values():
             for st in (MAIN_PARAM,) + tuple(pc.states):
@@ -933,8 +974,8 @@ class _Binding:
     def copy_into(self, buffers):
         """Megatron's values into vps's buffers: buffers[i] is the tensor of
         the view's buffer i."""
-        def buffer(st, key):
-            return buffers[self.view.buffer(st, *key)]
+        def buffer(st, key, host=False):
+            return buffers[self.view.buffer(st, *key, host=host)]
         with torch.no_grad():
             for key, buf in self.ddp_buffers.items():
                 dst = buffer(PARAM, key)
@@ -947,19 +988,19 @@ class _Binding:
             for t, p in self.module_buffers:
                 buffer(MODULE_BUFFER, (p.chunk, False, False))[p.offset:p.offset + p.elements] = t.detach().view(-1)
             for key, pieces in self.pieces.items():
-                main = buffer(MAIN_PARAM, key)
                 for pc in pieces:
                     n = pc.hi - pc.lo
-                    main[pc.at:pc.at + n] = pc.main.detach().view(-1)
+                    buffer(MAIN_PARAM, key, pc.host)[pc.at:pc.at + n] = pc.main.detach().view(-1)
                     have = pc.inner.state.get(pc.main, {})
+                    # the hybrid optimizer files its fp32 copy in its sub-optimizers' states as master_param
                     extra = sorted(k for k, v in have.items() if torch.is_tensor(v) and v.dim() and
-                                   k not in pc.states.values())
+                                   k not in pc.states.values() and v is not pc.main)
                     if extra:
                         raise Unsupported("%s keeps %s of %s, which the layout does not hold" % (
                             type(pc.inner).__name__, ", ".join(extra), self.params[pc.param][4].name))
                     for st, name in pc.states.items():
                         v = have.get(name)
-                        buffer(st, key)[pc.at:pc.at + n] = 0 if v is None else v.detach().view(-1)
+                        buffer(st, key, pc.host)[pc.at:pc.at + n] = 0 if v is None else v.detach().view(-1)
 
     # ---- Megatron's tensors as views of vps's buffers ----
     def point(self, state):
@@ -986,12 +1027,12 @@ class _Binding:
                 flat = state.buffer(MODULE_BUFFER, p.chunk, False)
                 self._data(t, flat[p.offset:p.offset + p.elements].view(p.shape))
             for key, pieces in self.pieces.items():
-                main = state.buffer(MAIN_PARAM, *key)
-                flats = {st: state.buffer(st, *key) for st in MOMENTS if self.view.buffer(st, *key) is not None}
+                flats = {(st, host): state.buffer(st, *key, host=host) for st in (MAIN_PARAM,) + tuple(MOMENTS)
+                         for host in (False, True) if self.view.buffer(st, *key, host=host) is not None}
                 for pc in pieces:
                     a, n = pc.at, pc.hi - pc.lo
-                    self._data(pc.main, main[a:a + n].view(pc.main.shape))
-                    self._hand_states(pc, {name: flats[st][a:a + n].view(pc.main.shape)
+                    self._data(pc.main, flats[MAIN_PARAM, pc.host][a:a + n].view(pc.main.shape))
+                    self._hand_states(pc, {name: flats[st, pc.host][a:a + n].view(pc.main.shape)
                                            for st, name in pc.states.items()})
             for (dtype, dev), states in self.step_slots.items():
                 # every parameter's step an element of one tensor: the pause sets them with one fill
@@ -1004,6 +1045,10 @@ class _Binding:
             for o in self.opts:
                 if not isinstance(o, DistributedOptimizer):
                     continue
+                if _hybrid(o) is not None:
+                    # the hybrid optimizer's own view of its sub-optimizers' states, which it makes
+                    # after each step (Megatron's checkpoints read it)
+                    _hybrid(o)._sync_sub_optimizers_state_to_hdo()
                 # the model parameters' shards Megatron sliced when it was built
                 for groups, model_groups in ((o.shard_float16_groups, o.model_float16_groups),
                                              (o.shard_fp32_groups, o.model_fp32_groups)):

@@ -54,7 +54,7 @@ class State:
         self._hash = layout.hash
         self.device = torch.device(device)
         self.buffers = []
-        self._host = []  # (address, shared-memory name) per buffer, host memory only
+        self._host = {}  # buffer id -> (address, shared-memory name), host memory only
         self._registry = None
         self._gone = None  # why the state is closed, once it is
 
@@ -87,27 +87,30 @@ class State:
         """Registry.close(): the host buffers are gone with the registry's objects."""
         if self._host and not self._gone:
             self.buffers = []
-            self._host = []
+            self._host = {}
             self._gone = "its registry %s was closed, which unmapped its host buffers" % self._registry.name
 
     @classmethod
     def allocate(cls, registry: Registry, layout: Layout, rank: int, role: int = SOURCE,
                  device: Union[str, torch.device] = "cpu") -> "State":
-        """Allocate and register (as `role`) every buffer of the rank, zeroed.
-        Host buffers live in /dev/shm: one too small for them all raises
+        """Allocate and register (as `role`) every buffer of the rank, zeroed:
+        on `device`, but the layout's host buffers (offload=F), which are host
+        memory wherever the rest is. Host buffers live in /dev/shm: one too small for them all raises
         vps.OutOfMemory "/dev/shm: needs N MiB, M MiB free (docker:
         --shm-size)" before any is made."""
         s = cls(layout, rank, device)
         s._registry = registry
-        if s.device.type == "cpu":
+        # the layout's host buffers (offload=F) are host memory on a GPU job too
+        on_host = [s.device.type == "cpu" or b.host for b in s.view.buffers]
+        if any(on_host):
             registry._handle()
-            registry.check_room(sum(b.elements * DTYPE_SIZE[b.dtype] for b in s.view.buffers))
+            registry.check_room(sum(b.elements * DTYPE_SIZE[b.dtype] for b, h in zip(s.view.buffers, on_host) if h))
             registry._hold(s)
         try:
-            for b in s.view.buffers:
-                if s.device.type == "cpu":
+            for b, host in zip(s.view.buffers, on_host):
+                if host:
                     addr = registry.alloc_host(role, b.id, b.state, b.dtype, b.elements)
-                    s._host.append((addr, registry.entries()[-1].shm_name.decode()))
+                    s._host[b.id] = (addr, registry.entries()[-1].shm_name.decode())
                     nbytes = b.elements * torch.tensor([], dtype=TORCH_DTYPE[b.dtype]).element_size()
                     raw = torch.frombuffer((C.c_uint8 * nbytes).from_address(addr), dtype=torch.uint8)
                     t = raw.view(TORCH_DTYPE[b.dtype])
@@ -173,7 +176,7 @@ class State:
         """Register the buffers again (after Registry.reset)."""
         self._live()
         for b, t in zip(self.view.buffers, self.buffers):
-            if self._host:
+            if b.id in self._host:
                 registry.add_host(role, b.id, b.state, b.dtype, b.elements, self._host[b.id][1])
             else:
                 registry.add_cuda(role, b.id, b.state, b.dtype, b.elements, t.data_ptr())
@@ -184,9 +187,9 @@ class State:
         freeing a closed State does nothing. Host buffers still registered
         (before Registry.reset) are refused with vps.Error, the State kept."""
         try:
-            while self._host:
-                self._registry.free_host(self._host[0][0])
-                self._host.pop(0)
+            for b in sorted(self._host):
+                self._registry.free_host(self._host[b][0])
+                del self._host[b]
         finally:
             if not self._host:
                 self.buffers = []
@@ -195,11 +198,11 @@ class State:
 
     # ---- what the trainer reads and writes ----
     def buffer(self, state: StateLike, chunk: int = 0, expert: bool = False,
-               layerwise: bool = False) -> Optional[torch.Tensor]:
-        """The buffer of (state, chunk, dense or expert, the layer-wise optimizer's or not),
-        or None."""
+               layerwise: bool = False, host: bool = False) -> Optional[torch.Tensor]:
+        """The buffer of (state, chunk, dense or expert, the layer-wise optimizer's or not,
+        the host part of an offloaded optimizer state or not), or None."""
         self._live()
-        b = self.view.buffer(_state_number(state), chunk, expert, layerwise)
+        b = self.view.buffer(_state_number(state), chunk, expert, layerwise, host)
         return None if b is None else self.buffers[b]
 
     def param(self, p: Union[Param, str], state: Optional[StateLike] = None) -> torch.Tensor:

@@ -148,6 +148,8 @@ MATRIX = [
     # parameters in its optimizer's order (matrices, then wd_mult=0's) in
     # host memory up to the fraction, by the hybrid optimizer's own split
     ("tiny-llama", "tp=2,dp=2,zero=1,offload=0.5"),
+    ("tiny-gpt", "tp=2,dp=2,zero=1,offload=0.5"),
+    ("tiny-deepseek", "tp=2,ep=2,dp=2,zero=1,offload=0.6"),
     ("tiny-qwen3-moe", "ep=2,pp=2,dp=2,vpp=2,zero=1,offload=0.3"),
 ]
 

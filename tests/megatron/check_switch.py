@@ -102,16 +102,19 @@ class Run:
         self.model = os.path.join(HERE, "models", name + ".yaml")
         spec = dict(kv.split("=", 1) for kv in configs[0].split(","))
         self.optimizer, scalar = spec.get("optimizer", "adam"), spec.get("scalar", "adam")
+        # the summary line it is part of (OPTIMIZER_LINES): its optimizer's, or the offloaded one's
+        self.line = "offload" if "offload" in spec else self.optimizer
         layer_wise = self.optimizer in ("muon", "lion") and spec["zero"] != "0"
         # how Megatron runs the optimizer, in the summary line (Adam's jobs: the DistributedOptimizer, said above)
-        self.what = "" if self.optimizer == "adam" else "Megatron's Float16Optimizer (zero=0)" \
+        self.what = ("Megatron's HybridDeviceOptimizer (optimizer_cpu_offload)" if "offload" in spec else "") \
+            if self.optimizer == "adam" else "Megatron's Float16Optimizer (zero=0)" \
             if self.optimizer == "sgd" else "%s, %s the scalar optimizer" % (
                 "the layer-wise distributed optimizer" if layer_wise else "Float16Optimizers (zero=0)",
                 scalar.capitalize())
         shown = [kv for kv in ("optimizer", "scalar") if kv in spec] + ([] if layer_wise or self.optimizer == "sgd"
                                                                          else ["zero"])
-        self.label = name if self.optimizer == "adam" else " ".join(
-            [name] + ["%s=%s" % (k, spec[k]) for k in shown])
+        self.label = name if self.optimizer == "adam" and "offload" not in spec else " ".join(
+            [name] + ["%s=%s" % (k, spec[k]) for k in shown + (["offload"] if "offload" in spec else [])])
 
     def resolved(self, args):
         """(configurations, steps, every) of this run under the arguments."""
@@ -138,6 +141,11 @@ RUNS = [
         full=(["tp=2,dp=2,zero=0,optimizer=sgd", "pp=2,dp=2,zero=0,optimizer=sgd", "dp=4,zero=0,optimizer=sgd",
                "tp=2,pp=2,zero=0,optimizer=sgd"], 12, 3)),
     # Lion as the layer-wise optimizer (Adam the scalar one): its exp_avg moves with each matrix's owner
+    # Adam with its states offloaded (Megatron's HybridDeviceOptimizer, on a CPU as it splits them on a GPU):
+    # each shard's host part and GPU part move as TP, DP and the fraction change
+    Run("micro-gpt", ["tp=2,dp=2,zero=1,offload=0.5", "dp=4,zero=1,offload=0.3"], 4, 2,
+        full=(["tp=2,dp=2,zero=1,offload=0.5", "dp=4,zero=1,offload=0.3", "pp=2,dp=2,zero=1,offload=1",
+               "tp=2,dp=2,zero=1,offload=0.5"], 12, 3)),
     Run("micro-gpt", ["tp=2,dp=2,zero=1,optimizer=lion", "pp=2,dp=2,zero=1,optimizer=lion"], 4, 2,
         full=(["tp=2,dp=2,zero=1,optimizer=lion", "pp=2,dp=2,zero=1,optimizer=lion", "dp=4,zero=1,optimizer=lion",
                "tp=2,pp=2,zero=1,optimizer=lion"], 12, 3)),
@@ -207,12 +215,17 @@ def optimizer_config(par):
     TP and a switch of TP compares with a static run; Megatron-LM's default,
     blockwise, orthogonalizes each rank's block."""
     layer_wise = mcore.layer_wise(par)
+    # --optimizer-cpu-offload --optimizer-offload-fraction F, with the flag Megatron-LM asks for beside it
+    # (--use-precision-aware-optimizer); pinned host memory is a GPU's
+    offload = dict(optimizer_cpu_offload=True, optimizer_offload_fraction=par["offload"],
+                   use_precision_aware_optimizer=True, pin_cpu_grads=False, pin_cpu_params=False) \
+        if par["offload"] > 0 else {}
     return OptimizerConfig(optimizer=mcore.optimizer_name(par), lr=LR, min_lr=LR / 10, weight_decay=0.01,
                            adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8, clip_grad=1.0, bf16=True,
                            use_distributed_optimizer=bool(par["zero"]) and not layer_wise,
                            use_layer_wise_distributed_optimizer=layer_wise,
                            muon_scalar_optimizer=mcore.optimizer_name(par, "scalar_optimizer"),
-                           muon_tp_mode="duplicated")
+                           muon_tp_mode="duplicated", **offload)
 
 
 def make_scheduler(optimizer, steps, position):
@@ -308,7 +321,7 @@ def shards(model, optimizer):
     for o in leaves:
         if not isinstance(o, DistributedOptimizer):
             continue
-        if isinstance(o.optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        if isinstance(o.optimizer, (torch.optim.Adam, torch.optim.AdamW)) or vps.megatron._hybrid(o) is not None:
             steps.update(g["step"] for g in o.state_dict()["optimizer"]["param_groups"])
         for ranges in o.gbuf_ranges:
             for buckets in ranges.values():
@@ -541,10 +554,6 @@ def refusals(rank, registry):
         except vps.Error as e:
             out.append("step 5: %s: %s" % (e.name, e))
         j.close()
-        # Megatron's HybridDeviceOptimizer needs CUDA to be built: the flag it is built under, on this one
-        for o in vps.megatron.distributed_optimizers(optimizer):
-            o.config.optimizer_cpu_offload = True
-        job("offload", lay, model, optimizer)
         # SGD (Megatron's Float16Optimizer) where the layout has Adam, and SGD without momentum
         sgd = vps.layout(MODEL, "zero=0,optimizer=sgd", 1)
         model, optimizer = build(sgd)
@@ -552,6 +561,10 @@ def refusals(rank, registry):
         for group in optimizer.param_groups:
             group["momentum"] = 0.0
         job("sgd_momentum=0", sgd, model, optimizer)
+        # the HybridDeviceOptimizer keeps another fraction of each shard on the host than the layout says
+        offload = vps.layout(MODEL, "zero=1,offload=0.5", 1)
+        model, optimizer = build(offload)
+        job("offload=0.3 for 0.5", vps.layout(MODEL, "zero=1,offload=0.3", 1), model, optimizer)
     finally:
         reg.close()
     return out
@@ -568,12 +581,12 @@ REFUSALS = [
     ("zero=1,precision_aware=1", "VPS_EUNSUPPORTED", "the layout's main_param buffer of chunk 0 is int16 "
      "(precision_aware=1): vps.megatron binds bf16 parameters and fp32 states"),
     ("step 5", "VPS_EINPUT", "training.step is 5, the optimizer has taken 0 steps"),
-    # not described by vps's layouts, and CUDA streams to build
-    ("offload", "VPS_EUNSUPPORTED", "optimizer_cpu_offload: the HybridDeviceOptimizer keeps its own host copies"),
     ("adam for sgd", "VPS_ECHECK", "embedding.word_embeddings.weight: Megatron steps it with SGD (sgd), the layout "
      "with adam"),
     ("sgd_momentum=0", "VPS_EUNSUPPORTED", "embedding.word_embeddings.weight: SGD without momentum "
      "(sgd_momentum=0) keeps no momentum_buffer"),
+    ("offload=0.3 for 0.5", "VPS_ECHECK", "rank 0 chunk 0 dense buffer: main_param GPU part of 138624 elements in the "
+     "layout, 105856 in Megatron's"),
 ]
 
 
@@ -629,7 +642,7 @@ def check(args, tmp, registry):
     check_refusals(said, REFUSALS, args.verbose)
     lines, worst, seconds, every_pause = {}, {}, {"adam": time.monotonic() - t0}, {}
     for job_run in RUNS:
-        if (args.model and job_run.name not in args.model) or (args.optimizer and job_run.optimizer
+        if (args.model and job_run.name not in args.model) or (args.optimizer and job_run.line
                                                                 not in args.optimizer) \
                 or not (job_run.quick or args.full):
             continue
@@ -637,7 +650,7 @@ def check(args, tmp, registry):
         sub = os.path.join(tmp, job_run.label.replace(" ", "-"))
         os.makedirs(sub, exist_ok=True)
         line, pauses = switched(args, job_run, sub, registry)
-        o = job_run.optimizer
+        o = job_run.line
         lines.setdefault(o, []).append(line)
         if o == "adam":
             every_pause[job_run.name] = pauses
@@ -653,7 +666,8 @@ def check(args, tmp, registry):
 
 
 # how the line of each optimizer's jobs starts (Adam's, the first, as it always did)
-OPTIMIZER_LINES = {"adam": "", "muon": "Muon: ", "sgd": "SGD with momentum: ", "lion": "Lion: "}
+OPTIMIZER_LINES = {"adam": "", "muon": "Muon: ", "sgd": "SGD with momentum: ", "lion": "Lion: ",
+                   "offload": "Adam offloaded to the host: "}
 
 
 def switched(args, job_run, tmp, registry):

@@ -42,6 +42,7 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.extensions import transformer_engine_spec_provider  # noqa: E402
 from megatron.core.models.backends import LocalSpecProvider  # noqa: E402
 from megatron.core.models.gpt import GPTModel, gpt_layer_specs  # noqa: E402
+from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer  # noqa: E402
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # noqa: E402
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer  # noqa: E402
 from megatron.core.optimizer.layer_wise_optimizer import (  # noqa: E402
@@ -211,9 +212,20 @@ def install_cpu_shims():
     _shims_installed = True
 
 
+class _HostEvent:
+    def synchronize(self):
+        pass
+
+    def wait(self, stream=None):
+        pass
+
+
 class _HostStream:
     """torch.cuda's stream for a machine without one: the CPU runs every
     operation in order, so there is nothing to wait for."""
+
+    def record_event(self, event=None):
+        return _HostEvent()
 
     def wait_event(self, event):
         pass
@@ -259,6 +271,38 @@ def _cuda_type_name(self, *args, **kwargs):
 _training_shims_installed = False
 
 
+def _split_as_on_a_gpu(split):
+    def on_a_gpu(self, offload_fraction):
+        # the host copies by id, each held until the split is done: an id
+        # is another object's once its own is gone
+        host = {}
+        T = torch.Tensor
+        saved = T.is_cuda, T.pin_memory, T.cpu, T.float, T.detach, T.clone
+
+        def cpu(t, *args, **kwargs):
+            r = saved[2](t, *args, **kwargs)
+            host[id(r)] = r
+            return r
+
+        def where_it_was(method):
+            # a copy of a host copy is on the host too
+            def same_place(t, *args, **kwargs):
+                r = method(t, *args, **kwargs)
+                if id(t) in host:
+                    host[id(r)] = r
+                return r
+            return same_place
+        T.is_cuda = property(lambda t: id(t) not in host)
+        T.pin_memory = lambda t, *args, **kwargs: t
+        T.cpu = cpu
+        T.float, T.detach, T.clone = (where_it_was(m) for m in saved[3:])
+        try:
+            return split(self, offload_fraction)
+        finally:
+            T.is_cuda, T.pin_memory, T.cpu, T.float, T.detach, T.clone = saved
+    return on_a_gpu
+
+
 def install_training_shims():
     """What Megatron-Core's optimizer, schedules and gradient reduction need
     beyond install_cpu_shims to train on a machine without a GPU. Each is a
@@ -277,6 +321,13 @@ def install_training_shims():
     - torch.cuda.current_stream() is a stream with nothing to wait for, and
       torch.cuda.synchronize() and torch.cuda.stream() do nothing: DDP's
       gradient reduction orders its collectives against the current stream;
+    - the HybridDeviceOptimizer (optimizer_cpu_offload) sorts its
+      parameters by Tensor.is_cuda, and a CPU has none: while it sorts them
+      (_get_sub_optimizer_param_groups), the tensors it is handed and its fp32
+      copies of them are on the GPU, the copies it makes with .cpu() (and
+      every copy of those) on the host, and pin_memory() returns its tensor, so
+      that it splits them as on a GPU: its CPU optimizer steps the host
+      copies, its other one the rest; torch.cuda.Stream() is the host stream;
     - torch.compile compiles nothing (torch._dynamo.config.disable): the
       router's expert-bias accounting (Router._apply_expert_bias) is
       compiled with jit_fuser, which inductor turns into C++ on a CPU, tens
@@ -298,6 +349,9 @@ def install_training_shims():
     torch.cuda.current_stream = lambda device=None: stream
     torch.cuda.synchronize = lambda device=None: None
     torch.cuda.stream = lambda s: contextlib.nullcontext()
+    torch.cuda.Stream = lambda *args, **kwargs: stream
+    HybridDeviceOptimizer._get_sub_optimizer_param_groups = _split_as_on_a_gpu(
+        HybridDeviceOptimizer._get_sub_optimizer_param_groups)
     torch._dynamo.config.disable = True
     _training_shims_installed = True
 
