@@ -1260,11 +1260,12 @@ class Job:
             # the optimizer's pieces gathered into flat buffers
             ddp = [bind.ddp_buffers[(b.chunk, b.expert, b.layerwise)] if b.state == PARAM else None
                    for b in bind.view.buffers]
-            tensors = [d.param_data if d is not None and d.param_data is not None else
+            # the layout's host buffers (offload=F) are shared memory adopt makes
+            tensors = {i: d.param_data if d is not None and d.param_data is not None else
                        torch.zeros(b.elements, dtype=_state.TORCH_DTYPE[b.dtype], device=bind.device)
-                       for b, d in zip(bind.view.buffers, ddp)]
-            bind.copy_into(tensors)
-            state = _state.State.adopt(registry, layout, rank, dict(enumerate(tensors)))
+                       for i, (b, d) in enumerate(zip(bind.view.buffers, ddp)) if not b.host}
+            state = _state.State.adopt(registry, layout, rank, tensors)
+            bind.copy_into(state.buffers)
         else:
             state = _state.State.allocate(registry, layout, rank)
             bind.copy_into(state.buffers)

@@ -109,12 +109,7 @@ class State:
         try:
             for b, host in zip(s.view.buffers, on_host):
                 if host:
-                    addr = registry.alloc_host(role, b.id, b.state, b.dtype, b.elements)
-                    s._host[b.id] = (addr, registry.entries()[-1].shm_name.decode())
-                    nbytes = b.elements * torch.tensor([], dtype=TORCH_DTYPE[b.dtype]).element_size()
-                    raw = torch.frombuffer((C.c_uint8 * nbytes).from_address(addr), dtype=torch.uint8)
-                    t = raw.view(TORCH_DTYPE[b.dtype])
-                    t.zero_()
+                    t = s._shared(registry, role, b)
                 else:
                     t = torch.zeros(b.elements, dtype=TORCH_DTYPE[b.dtype], device=s.device)
                     registry.add_cuda(role, b.id, b.state, b.dtype, b.elements, t.data_ptr())
@@ -130,6 +125,17 @@ class State:
             raise
         return s
 
+    def _shared(self, registry: Registry, role: int, b) -> torch.Tensor:
+        """Buffer b in a shared-memory object the registry makes and
+        registers, zeroed."""
+        addr = registry.alloc_host(role, b.id, b.state, b.dtype, b.elements)
+        self._host[b.id] = (addr, registry.entries()[-1].shm_name.decode())
+        nbytes = b.elements * torch.tensor([], dtype=TORCH_DTYPE[b.dtype]).element_size()
+        raw = torch.frombuffer((C.c_uint8 * nbytes).from_address(addr), dtype=torch.uint8)
+        t = raw.view(TORCH_DTYPE[b.dtype])
+        t.zero_()
+        return t
+
     @classmethod
     def adopt(cls, registry: Registry, layout: Layout, rank: int,
               tensors: Mapping[Union[int, Tuple[StateLike, int, bool], Tuple[StateLike, int, bool, bool]], torch.Tensor],
@@ -141,7 +147,8 @@ class State:
         CUDA tensor of the buffer's dtype and elements, registered by its
         CUDA IPC handle and offset. Host memory cannot be adopted: vps-exec
         maps host buffers through the shared-memory objects that allocate()
-        makes."""
+        makes, and so does adopt() for the layout's host buffers (offload=F),
+        which are left out of tensors and come back zeroed."""
         s = cls(layout, rank, "cuda")
         s._registry = registry
         given = {}
@@ -155,11 +162,17 @@ class State:
                                           " (layer-wise)" if layerwise else ""))
                 key = b
             given[key] = t
-        what = ["buffer %d (%s, chunk %d)" % (b.id, STATES[b.state], b.chunk) for b in s.view.buffers]
+        what = ["buffer %d (%s, chunk %d%s)" % (b.id, STATES[b.state], b.chunk, ", host" if b.host else "")
+                for b in s.view.buffers]
         for b in s.view.buffers:
-            if b.id not in given:
+            if b.host and b.id in given:
+                raise InvalidInput("%s: the layout's host buffers are shared memory adopt() makes; leave it out"
+                                   % what[b.id])
+            if not b.host and b.id not in given:
                 raise InvalidInput("%s: no tensor given" % what[b.id])
         for b in s.view.buffers:
+            if b.host:
+                continue
             t = given[b.id]
             if t.device.type != "cuda":
                 raise InvalidInput("%s: a %s tensor; host buffers come from State.allocate (shared memory)"
@@ -168,8 +181,26 @@ class State:
                 raise InvalidInput("%s: the layout says %d %s elements, contiguous; the tensor is %s %s%s" % (
                     what[b.id], b.elements, TORCH_DTYPE[b.dtype], list(t.shape), t.dtype,
                     "" if t.is_contiguous() else ", not contiguous"))
-        s.buffers = [given[b.id].view(-1) for b in s.view.buffers]
-        s.register(registry, role)
+        if not any(b.host for b in s.view.buffers):
+            s.buffers = [given[b.id].view(-1) for b in s.view.buffers]
+            s.register(registry, role)
+            return s
+        registry._handle()
+        registry.check_room(sum(b.elements * DTYPE_SIZE[b.dtype] for b in s.view.buffers if b.host))
+        registry._hold(s)
+        try:
+            for b in s.view.buffers:
+                if b.host:
+                    s.buffers.append(s._shared(registry, role, b))
+                else:
+                    s.buffers.append(given[b.id].view(-1))
+                    registry.add_cuda(role, b.id, b.state, b.dtype, b.elements, s.buffers[-1].data_ptr())
+        except BaseException:
+            try:
+                s.free()
+            except Error:
+                pass
+            raise
         return s
 
     def register(self, registry: Registry, role: int = SOURCE) -> None:

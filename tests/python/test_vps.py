@@ -472,6 +472,29 @@ class Optimizers(unittest.TestCase):
         self.assertIn("a cpu tensor; host buffers come from State.allocate", str(e.exception))
         self.assertEqual(self.reg.entries(), [])
 
+    def test_offloaded_states_have_host_buffers_that_adopt_makes(self):
+        lay = vps.layout("micro-llama", "tp=2,dp=2,zero=1,offload=0.5", gpus_per_node=4)
+        self.assertEqual(lay.parallel["offload"], 0.5)
+        v = lay.rank(1)
+        host = [b for b in v.buffers if b.host]
+        self.assertEqual(sorted(vps.STATES[b.state] for b in host), ["exp_avg", "exp_avg_sq", "main_param"])
+        self.assertIn("host=True", repr(host[0]))
+        self.reg = vps.Registry("vps-pytest-%d" % os.getpid(), lay, 1)
+        s = vps.State.allocate(self.reg, lay, 1)
+        self.assertEqual(s.buffer("exp_avg", host=True).numel(), v.buffers[v.buffer(vps.EXP_AVG, host=True)].elements)
+        plain = vps.layout("micro-llama", "tp=2,dp=2,zero=1", gpus_per_node=4).rank(1)
+        self.assertEqual(s.buffer("exp_avg", host=True).numel() + s.buffer("exp_avg").numel(),
+                         plain.buffers[plain.buffer(vps.EXP_AVG)].elements)
+        self.reg.reset(None, -1)
+        s.free()
+        # adopt makes the host buffers itself: one given is refused, before anything is registered
+        given = {b.id: torch.zeros(b.elements, dtype=vps.TORCH_DTYPE[b.dtype]) for b in v.buffers}
+        with self.assertRaises(vps.InvalidInput) as e:
+            vps.State.adopt(self.reg, lay, 1, given)
+        self.assertIn("host): the layout's host buffers are shared memory adopt() makes; leave it out",
+                      str(e.exception))
+        self.assertEqual(self.reg.entries(), [])
+
     def test_precision_aware_states_are_allocated_in_their_dtypes(self):
         lay = vps.layout("micro-llama", "tp=2,dp=2,zero=1,precision_aware=1,exp_avg=bf16", gpus_per_node=4)
         self.assertEqual([vps.DTYPES[lay.state_dtype(s)] for s in ("param", "main_param", "exp_avg", "exp_avg_sq")],
