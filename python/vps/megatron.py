@@ -104,12 +104,13 @@ parameter and state whole) over any of them, SGD with momentum
 the layer-wise distributed optimizer (optimizer=muon|lion, zero=1) with
 Adam's or Lion's scalar optimizer (scalar=); bf16 parameters with fp32
 main parameters and states, dense and expert buffers, the routers'
-expert_bias, any number of model chunks (VPP). Not supported, and refused
+expert_bias, any number of model chunks (VPP); Adam's states offloaded to
+the host (optimizer_cpu_offload, offload=F: the HybridDeviceOptimizer's
+fp32 copies and states in the layout's host buffers, which are host
+memory beside the GPU ones, as it split them). Not supported, and refused
 with vps.Error naming why: the precision-aware optimizer (int16 remainders
 and 16-bit moments, kept by TransformerEngine's FusedAdam, which needs a
-GPU), optimizer state offloaded to the host (optimizer_cpu_offload: its
-HybridDeviceOptimizer keeps host copies vps's layouts do not describe),
-SGD without momentum (no state to move, where the layout holds one), an
+GPU), SGD without momentum (no state to move, where the layout holds one), an
 optimizer whose states vps does not describe (AdaptiveMuon's second
 moment), parameters of other dtypes, layouts that move gradients
 (grad=1).
