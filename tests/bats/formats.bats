@@ -182,6 +182,29 @@ load helpers
 	grep -q '^  relay: true$' staged.yaml
 }
 
+@test "binary documents from before offload read without it, hash and all, and convert to this build's" {
+	old="$TOP/tests/bats/old"
+	# tests/bats/old/README: layout binary 3, plan and staged plan binary 5
+	[ "$(head -c 8 "$old/tiny-llama.v3.layout" | od -An -tx1 | tr -d ' ')" = 8956505301000300 ]
+	[ "$(head -c 8 "$old/tiny-llama.v5.plan" | od -An -tx1 | tr -d ' ')" = 8956505302000500 ]
+	vps-layout --model tiny-llama --parallel tp=2,dp=2,zero=1,optimizer=muon --rank 1 --yaml > now.yaml
+	vps-layout -i "$old/tiny-llama.v3.layout" --yaml | cmp - now.yaml
+	! grep -q 'host\|offload' now.yaml
+	vps-layout -i "$old/tiny-llama.v3.layout" -o new.layout
+	[ "$(head -c 8 new.layout | od -An -tx1 | tr -d ' ')" = 8956505301000400 ]
+	vps-layout -i new.layout --yaml | cmp - now.yaml
+	expect_status 0 vps-verify "$old/tiny-llama.v5.plan"
+	[[ "$output" == *"ok: tiny-llama: global plan over 4 world ranks, 628 pieces (192 retains)"* ]]
+	expect_status 0 vps-verify "$old/tiny-llama.v5.staged"
+	vps-layout --model tiny-llama --parallel tp=2,zero=1 -o a.layout
+	vps-layout --model tiny-llama --parallel dp=4,zero=1 -o b.layout
+	vps-plan a.layout b.layout --yaml > plan.yaml
+	vps-show "$old/tiny-llama.v5.plan" | cmp - plan.yaml
+	vps-show --binary "$old/tiny-llama.v5.plan" -o plan.bin
+	[ "$(head -c 8 plan.bin | od -An -tx1 | tr -d ' ')" = 8956505302000600 ]
+	vps-show plan.bin | cmp - plan.yaml
+}
+
 @test "the optimizer's keys are written only where they are not Adam's, and come back" {
 	vps-layout --model tiny-llama --parallel dp=2,zero=1 --yaml > adam.yaml
 	! grep -q 'optimizer\|exp_avg\|precision_aware' adam.yaml
