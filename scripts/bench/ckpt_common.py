@@ -94,12 +94,12 @@ class Pattern:
         return wrong, dirty
 
 
-def end_rank(me, rank, pattern, buffers, regions, loaded):
+def end_rank(me, rank, pattern, buffers, regions, loaded, failed=0):
     """A rank's end, untimed: after a load (loaded), every element of its
     regions as the pattern says and its buffers' padding zero, or said;
-    then every rank learns whether any failed, so that none leaves the
-    others hanging, and the process group ends. A failure ends the rank
-    (exit 1)."""
+    then every rank learns whether any failed (failed: what the caller
+    found wrong besides, and said), so that none leaves the others
+    hanging, and the process group ends. A failure ends the rank (exit 1)."""
     import torch
     import torch.distributed as dist
     wrong = dirty = 0
@@ -108,7 +108,7 @@ def end_rank(me, rank, pattern, buffers, regions, loaded):
         if wrong or dirty:
             print("%s: load rank %d: %d wrong elements, %d nonzero padding elements after loading the checkpoint"
                   % (me, rank, wrong, dirty), file=sys.stderr)
-    bad = torch.tensor([wrong + dirty])
+    bad = torch.tensor([wrong + dirty + failed])
     dist.all_reduce(bad)
     dist.destroy_process_group()
     if bad.item():
