@@ -11,6 +11,7 @@ import ctypes as C
 import multiprocessing
 import os
 import pickle
+import shutil
 import sys
 import tempfile
 import time
@@ -252,13 +253,14 @@ def fork_ranks(me, mode, world, prefix, rank_main):
     for pid in pids:
         _, st = os.waitpid(pid, 0)
         failed |= not os.WIFEXITED(st) or os.WEXITSTATUS(st) != 0
-    if failed or got < world or finished < world:
-        sys.exit(1)  # the rank said why
-    counts = []
-    for rank in range(world):
-        with open(os.path.join(tmp, "%d.out" % rank), "rb") as f:
-            counts.append(pickle.load(f))
-    for f in os.listdir(tmp):
-        os.unlink(os.path.join(tmp, f))
-    os.rmdir(tmp)
+    try:
+        if failed or got < world or finished < world:
+            sys.exit(1)  # the rank said why
+        counts = []
+        for rank in range(world):
+            with open(os.path.join(tmp, "%d.out" % rank), "rb") as f:
+                counts.append(pickle.load(f))
+    finally:
+        # the store and the ranks' results, also after a failed rank
+        shutil.rmtree(tmp, ignore_errors=True)
     return t1 - t0, counts
