@@ -11,6 +11,7 @@ import ctypes as C
 import multiprocessing
 import os
 import pickle
+import shutil
 import sys
 import tempfile
 import time
@@ -94,12 +95,12 @@ class Pattern:
         return wrong, dirty
 
 
-def end_rank(me, rank, pattern, buffers, regions, loaded):
+def end_rank(me, rank, pattern, buffers, regions, loaded, failed=0):
     """A rank's end, untimed: after a load (loaded), every element of its
     regions as the pattern says and its buffers' padding zero, or said;
-    then every rank learns whether any failed, so that none leaves the
-    others hanging, and the process group ends. A failure ends the rank
-    (exit 1)."""
+    then every rank learns whether any failed (failed: what the caller
+    found wrong besides, and said), so that none leaves the others
+    hanging, and the process group ends. A failure ends the rank (exit 1)."""
     import torch
     import torch.distributed as dist
     wrong = dirty = 0
@@ -108,7 +109,7 @@ def end_rank(me, rank, pattern, buffers, regions, loaded):
         if wrong or dirty:
             print("%s: load rank %d: %d wrong elements, %d nonzero padding elements after loading the checkpoint"
                   % (me, rank, wrong, dirty), file=sys.stderr)
-    bad = torch.tensor([wrong + dirty])
+    bad = torch.tensor([wrong + dirty + failed])
     dist.all_reduce(bad)
     dist.destroy_process_group()
     if bad.item():
@@ -252,13 +253,14 @@ def fork_ranks(me, mode, world, prefix, rank_main):
     for pid in pids:
         _, st = os.waitpid(pid, 0)
         failed |= not os.WIFEXITED(st) or os.WEXITSTATUS(st) != 0
-    if failed or got < world or finished < world:
-        sys.exit(1)  # the rank said why
-    counts = []
-    for rank in range(world):
-        with open(os.path.join(tmp, "%d.out" % rank), "rb") as f:
-            counts.append(pickle.load(f))
-    for f in os.listdir(tmp):
-        os.unlink(os.path.join(tmp, f))
-    os.rmdir(tmp)
+    try:
+        if failed or got < world or finished < world:
+            sys.exit(1)  # the rank said why
+        counts = []
+        for rank in range(world):
+            with open(os.path.join(tmp, "%d.out" % rank), "rb") as f:
+                counts.append(pickle.load(f))
+    finally:
+        # the store and the ranks' results, also after a failed rank
+        shutil.rmtree(tmp, ignore_errors=True)
     return t1 - t0, counts

@@ -18,14 +18,25 @@
 # element checked. Runs alternate (vps, baseline, DCP, MCP) RUNS times;
 # medians. Where the page cache can be dropped, a second load after
 # dropping it gives the cold-cache figures.
+# Then a PyTorch-native job's state (DT_MODELS: torchtitan's llama3 under
+# FSDP2 and TP, AdamW's moments, vps's family=dtensor layouts) goes from
+# DT_FROM to DT_TO two ways, runs alternating: vps's switch as above, and
+# PyTorch's DCP as a PyTorch job checkpoints (scripts/bench/ckpt_dtensor.py:
+# dcp.save of get_state_dict(model, optimizer), real DTensors, by A's ranks;
+# dcp.load and set_state_dict by B's, parallelized as B), every element
+# checked.
 #
 #   scripts/bench/ckpt_restart.sh [--doc]
 #   env: RUNS (default 1), MODELS (default three sizes; LARGE=1 adds a
 #        fourth, 5.4 GB), FROM, TO,
 #        BUDGET (staging, default 512MiB), CKPT_DIR (where the files go:
 #        a disk, not tmpfs; default a temporary under /var/tmp),
-#        PYTHON (a Python with PyTorch 2; default the test environment,
-#        build/venv, made by make venv when absent)
+#        DT_MODELS (default models/ckpt-llama3-63m.yaml, 0.75 GB on 4 ranks;
+#        none: no PyTorch-native job), DT_FROM (default dp_shard=4), DT_TO
+#        (default dp_shard=2,tp=2),
+#        PYTHON (a Python with PyTorch 2, megatron-core and torchtitan;
+#        default the test environment, build/venv, made by make venv when
+#        absent)
 # --doc writes the tables into docs/BENCHMARKS.md (section ckpt), the
 # figures into docs/bench/switch-vs-size.tsv and redraws the plot.
 set -euo pipefail
@@ -45,6 +56,8 @@ py=${PYTHON:-$top/build/venv/bin/python}
 	{ echo "ckpt_restart.sh: $py: no torch.distributed.checkpoint (PyTorch 2): set PYTHON" >&2; exit 2; }
 "$py" -c 'import megatron.training' 2>/dev/null ||
 	{ echo "ckpt_restart.sh: $py: no megatron.training (megatron-core 0.19, the test environment's): set PYTHON" >&2; exit 2; }
+"$py" -c 'import torchtitan' 2>/dev/null ||
+	{ echo "ckpt_restart.sh: $py: no torchtitan (0.3.0, the test environment's): set PYTHON" >&2; exit 2; }
 runs=${RUNS:-1}
 from=${FROM:-tp=2,pp=2,dp=2,zero=1} to=${TO:-tp=4,pp=1,dp=2,zero=1}
 mdir=$top/scripts/bench/models
@@ -52,6 +65,9 @@ models=${MODELS:-"$mdir/ckpt-42m.yaml $mdir/ckpt-84m.yaml $mdir/bench-170m.yaml"
 # 5.4 GB of state fits this machine (A and B at once, plus the page cache)
 # but takes as long as the three smaller sizes together
 [ "${LARGE:-0}" = 0 ] || models="$models $mdir/ckpt-337m.yaml"
+dt_models=${DT_MODELS:-$mdir/ckpt-llama3-63m.yaml}
+[ "$dt_models" != none ] || dt_models=
+dt_from=${DT_FROM:-dp_shard=4} dt_to=${DT_TO:-dp_shard=2,tp=2}
 t=$(mktemp -d)
 files=$(mktemp -d "${CKPT_DIR:-/var/tmp}/vps-ckpt.XXXXXX")
 tag=ck$$
@@ -64,12 +80,15 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM HUP
 
-# one vps switch over $1; prints the slowest rank's pause
+# one vps switch over $1; prints the slowest rank's pause (call it in an
+# assignment: there set -e ends the script when it fails, in a command's
+# arguments nothing does)
 vps_switch() {
 	local transport=$1 port r failed=0
 	port=$("$top/scripts/free-port.sh")
 	pids=()
-	rm -f "$t"/report.*
+	# a run of another world left more
+	rm -f "$t"/report.* "$t"/trainer.*.log "$t"/exec.*.log
 	for ((r = 0; r < world; r++)); do
 		"$bin/vps-trainer" --registry "$tag-$r" --rank "$r" --steps 0 --steps-after 0 --timeout 600 "$t/s.staged" \
 			> "$t/trainer.$r.log" 2>&1 &
@@ -125,20 +144,29 @@ save_load() {
 	fi
 }
 
-began=$SECONDS
-res=$t/results
-: > "$res"
-for m in $models; do
-	"$bin/vps-layout" --model "$m" --parallel "$from" -o "$t/a.layout" -q
-	"$bin/vps-layout" --model "$m" --parallel "$to" -o "$t/b.layout" -q
+# model $1 from layout $2 to $3: $t/a.layout, $t/b.layout, the staged
+# switch $t/s.staged; A's bytes of state, the world and the model's name in
+# bytes, world and name
+switch_of() {
+	"$bin/vps-layout" --model "$1" --parallel "$2" -o "$t/a.layout" -q
+	"$bin/vps-layout" --model "$1" --parallel "$3" -o "$t/b.layout" -q
 	"$bin/vps-plan" "$t/a.layout" "$t/b.layout" -o "$t/ab.plan"
 	"$bin/vps-stage" --budget "${BUDGET:-512MiB}" "$t/ab.plan" -o "$t/s.staged"
 	bytes=$("$bin/vps-layout" -i "$t/a.layout" --stats | awk '$1 == "total_bytes:" { print $2 }')
 	world=$("$bin/vps-plan" "$t/a.layout" "$t/b.layout" --stats | awk '$1 == "world:" { print $2 }')
-	name=$(awk '$1 == "name:" { print $2 }' "$m")
+	name=$(awk '$1 == "name:" { print $2 }' "$1")
+}
+
+began=$SECONDS
+res=$t/results
+: > "$res"
+for m in $models; do
+	switch_of "$m" "$from" "$to"
 	for ((run = 1; run <= runs; run++)); do
-		echo "$bytes vps-tcp $(vps_switch tcp)" >> "$res"
-		echo "$bytes vps-ipc $(vps_switch ipc)" >> "$res"
+		pause=$(vps_switch tcp)
+		echo "$bytes vps-tcp $pause" >> "$res"
+		pause=$(vps_switch ipc)
+		echo "$bytes vps-ipc $pause" >> "$res"
 		rm -rf "${files:?}"/*
 		save_load ckpt "$files" "$t/s.staged" "$t/s.staged" "$ckpt"
 		written=$(awk '$1 == "bytes_written:" { print $2 }' "$t/ckpt.save.out")
@@ -157,19 +185,46 @@ for m in $models; do
 	done
 	rm -rf "${files:?}"/*
 done
+mworld=$world
 
-# medians per (bytes, method), in the order measured
-awk '
-	{ k = $1 SUBSEP $2; if (!(k in n)) order[++K] = k; v[k, ++n[k]] = $3 }
-	END {
-		for (i = 1; i <= K; i++) {
-			k = order[i]; c = n[k]
-			for (a = 1; a <= c; a++) x[a] = v[k, a]
-			for (a = 1; a <= c; a++) for (b = a + 1; b <= c; b++) if (x[b] < x[a]) { y = x[a]; x[a] = x[b]; x[b] = y }
-			split(k, p, SUBSEP)
-			printf "%s\t%s\t%s\n", p[1], p[2], x[int((c + 1) / 2)]
-		}
-	}' "$res" > "$t/medians.tsv"
+# the PyTorch-native job's: results of their own (its states are not the
+# Megatron job's, whatever their sizes)
+res=$t/dt-results
+: > "$res"
+for m in $dt_models; do
+	switch_of "$m" "$dt_from" "$dt_to"
+	for ((run = 1; run <= runs; run++)); do
+		pause=$(vps_switch tcp)
+		echo "$bytes vps-tcp $pause" >> "$res"
+		pause=$(vps_switch ipc)
+		echo "$bytes vps-ipc $pause" >> "$res"
+		rm -rf "${files:?}"/*
+		mkdir "$files/dtensor"
+		save_load dcp "$files/dtensor" "$t/a.layout" "$t/b.layout" "$py" "$top/scripts/bench/ckpt_dtensor.py"
+		dwritten=$(awk '$1 == "bytes_written:" { print $2 }' "$t/dcp.save.out")
+		echo "$name ($dt_from to $dt_to, DTensors) run $run: $bytes bytes of state; DCP wrote $dwritten;" \
+			"$((SECONDS - began)) s so far" >&2
+	done
+	rm -rf "${files:?}"/*
+done
+dworld=$world
+
+# medians per (bytes, method) of results $1, in the order measured
+medians() {
+	awk '
+		{ k = $1 SUBSEP $2; if (!(k in n)) order[++K] = k; v[k, ++n[k]] = $3 }
+		END {
+			for (i = 1; i <= K; i++) {
+				k = order[i]; c = n[k]
+				for (a = 1; a <= c; a++) x[a] = v[k, a]
+				for (a = 1; a <= c; a++) for (b = a + 1; b <= c; b++) if (x[b] < x[a]) { y = x[a]; x[a] = x[b]; x[b] = y }
+				split(k, p, SUBSEP)
+				printf "%s\t%s\t%s\n", p[1], p[2], x[int((c + 1) / 2)]
+			}
+		}' "$1"
+}
+medians "$t/results" > "$t/medians.tsv"
+medians "$t/dt-results" > "$t/dt-medians.tsv"
 
 table() {
 	printf '| state (GB) | vps tcp (s) | vps ipc (s) | save (s) | load (s) | save + load (s) | ckpt / vps tcp | ckpt / vps ipc |'
@@ -210,10 +265,29 @@ python_table() {
 			}
 		}' "$t/medians.tsv"
 }
+# the PyTorch-native job's table: vps against DCP of its DTensors
+dtensor_table() {
+	printf '| state (GB) | vps tcp (s) | vps ipc (s) | DCP save (s) | DCP load (s) | DCP save + load (s) | DCP / vps tcp | DCP / vps ipc |'
+	[ $cold = 1 ] && printf ' DCP load, cold cache (s) | cold DCP / vps ipc |'
+	printf '\n|---:|---:|---:|---:|---:|---:|---:|---:|'
+	[ $cold = 1 ] && printf -- '---:|---:|'
+	printf '\n'
+	awk -F'\t' -v cold=$cold '
+		{ if (!($1 in seen)) { seen[$1] = 1; order[++N] = $1 } s[$1, $2] = $3 }
+		END {
+			for (i = 1; i <= N; i++) {
+				b = order[i]; tot = s[b, "dcp-total"]
+				printf "| %.2f | %.3f | %.3f | %.3f | %.3f | %.3f | %.1fx | %.1fx |", b / 1e9, s[b, "vps-tcp"], s[b, "vps-ipc"],
+					s[b, "dcp-save"], s[b, "dcp-load"], tot, tot / s[b, "vps-tcp"], tot / s[b, "vps-ipc"]
+				if (cold) printf " %.3f | %.1fx |", s[b, "dcp-load-cold"], s[b, "dcp-total-cold"] / s[b, "vps-ipc"]
+				printf "\n"
+			}
+		}' "$t/dt-medians.tsv"
+}
 machine="$(nproc) cores, $(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 {
 	printf '`RUNS=%s scripts/bench/ckpt_restart.sh --doc` (%s to %s, %s ranks, medians of %s), %s, on %s.\n' \
-		"$runs" "$from" "$to" "$world" "$runs" "$(date -u +%Y-%m-%d)" "$machine"
+		"$runs" "$from" "$to" "$mworld" "$runs" "$(date -u +%Y-%m-%d)" "$machine"
 	[ $cold = 1 ] || printf 'The page cache could not be dropped here: every load read files the save had just written, from memory.\n'
 	printf '\n'
 	table
@@ -223,6 +297,12 @@ machine="$(nproc) cores, $(awk -F': ' '/^model name/ { print $2; exit }' /proc/c
 	printf "\nMegatron-LM's distributed checkpoint (MCP, the paper's baseline: megatron-core %s, torch_dist, fully parallel save and load, the optimizer fully_reshardable) over gloo, the same run (MCP / vps: how many times as long the save and load take as the switch):\n\n" \
 		"$("$py" -c 'from importlib.metadata import version; print(version("megatron-core"))')"
 	python_table MCP mcp
+	if [ -n "$dt_models" ]; then
+		printf "\nA PyTorch-native job's state, the same run: %s, torchtitan's llama3 under FSDP2 and TP with AdamW's moments (%s to %s, %s ranks, vps's family=dtensor layouts). vps's switch against PyTorch's DCP as a PyTorch job checkpoints: dcp.save of get_state_dict(model, optimizer), DTensors, by the ranks of A; dcp.load and set_state_dict by those of B (DCP / vps: how many times as long the save and load take as the switch):\n\n" \
+			"$(for m in $dt_models; do awk '$1 == "name:" { print $2 }' "$m"; done | paste -sd, - | sed 's/,/, /g')" \
+			"$dt_from" "$dt_to" "$dworld"
+		dtensor_table
+	fi
 } > "$t/section.md"
 cat "$t/section.md"
 if [ $doc = 1 ]; then

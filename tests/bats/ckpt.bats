@@ -64,9 +64,10 @@ plan() {
 	[[ "$output" == *"nothing.staged"* ]]
 }
 
-@test "ckpt_restart.sh: vps, the baseline, PyTorch's DCP and Megatron's MCP side by side on a tiny model, rows of figures" {
+@test "ckpt_restart.sh: vps, the baseline, PyTorch's DCP and Megatron's MCP side by side on a tiny model, and vps against DCP of a DTensor job, rows of figures" {
 	framework_job
 	CKPT_DIR=$BATS_TEST_TMPDIR MODELS=$TOP/configs/models/tiny-llama.yaml RUNS=1 PYTHON=$PY \
+		DT_MODELS=$TOP/tests/torch/models/llama3-tiny.yaml \
 		run env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u BUILDDIR -u BINDIR -u SANITIZE -u CFLAGS -u LDFLAGS \
 		"$TOP/scripts/bench/ckpt_restart.sh"
 	[ "$status" -eq 0 ] || { echo "$output"; false; }
@@ -82,6 +83,11 @@ plan() {
 	row=$(echo "$output" | grep '^| 0\.10 |' | tail -1)
 	[ "$(echo "$row" | awk -F'|' '{ n = 0; for (i = 2; i <= 8; i++) if ($i ~ /^ [0-9.]+x? $/) n++; print n }')" = 7 ]
 	[[ "$output" == *"Megatron-LM's distributed checkpoint (MCP, the paper's baseline: megatron-core 0.19."*"the same run"* ]]
+	# the DTensor job's (1.6 MB): two vps pauses, DCP's save, load and total, against vps's two
+	[[ "$output" == *"A PyTorch-native job's state, the same run: llama3-tiny, "*"(dp_shard=4 to dp_shard=2,tp=2, 4 ranks"* ]]
+	[ "$(echo "$output" | grep -c '^| 0\.00 |')" = 1 ]
+	row=$(echo "$output" | grep '^| 0\.00 |')
+	[ "$(echo "$row" | awk -F'|' '{ n = 0; for (i = 3; i <= 9; i++) if ($i ~ /^ [0-9.]+x? $/ && $i + 0 > 0) n++; print n }')" = 7 ]
 	# the temporary checkpoint directory is gone
 	[ -z "$(ls "$BATS_TEST_TMPDIR" | grep vps-ckpt)" ]
 }
@@ -175,4 +181,56 @@ mcp() {
 	[[ "$output" == *"nothing.layout: no such layout file"* ]]
 	expect_status 2 "$PY" "$TOP/scripts/bench/ckpt_mcp.py" save a.layout nodir
 	[[ "$output" == *"nodir: not a directory"* ]]
+}
+
+# scripts/bench/ckpt_dtensor.py: a PyTorch-native job's DTensors (torchtitan's
+# llama3 under FSDP2, then FSDP2 x TP) through PyTorch's DCP as such a job
+# checkpoints, loaded resharded and checked
+dtensor() {
+	"$PY" -c 'import torchtitan' 2>/dev/null || skip "$PY has no torchtitan (make venv)"
+	vps-layout --model "$TOP/tests/torch/models/llama3-tiny.yaml" --parallel dp_shard=4 -o a.layout -q
+	vps-layout --model "$TOP/tests/torch/models/llama3-tiny.yaml" --parallel dp_shard=2,tp=2 -o b.layout -q
+	mkdir dcp
+}
+
+@test "ckpt_dtensor.py: A's ranks save get_state_dict with DCP, B's load it resharded, every element checked; a damaged element fails the load" {
+	framework_job
+	dtensor
+	expect_status 0 "$PY" "$TOP/scripts/bench/ckpt_dtensor.py" save a.layout dcp
+	# one file per rank and DCP's metadata; every parameter, and AdamW's two moments and step of each
+	[ "$(ls dcp/*.distcp | wc -l)" = 4 ]
+	[ -s dcp/.metadata ]
+	[ "$(echo "$output" | grep -c '^rank [0-3]: 68 entries saved$')" = 4 ]
+	expect_status 0 "$PY" "$TOP/scripts/bench/ckpt_dtensor.py" load b.layout dcp
+	[ "$(echo "$output" | grep -c '^rank .* regions loaded, checked$')" = 4 ]
+	# four bytes in the middle of the largest tensor saved
+	"$PY" - dcp <<-'EOF'
+		import sys
+		import torch.distributed.checkpoint as dcp
+		md = dcp.FileSystemReader(sys.argv[1]).read_metadata()
+		info = max(md.storage_data.values(), key=lambda s: s.length)
+		with open("%s/%s" % (sys.argv[1], info.relative_path), "r+b") as f:
+		    f.seek(info.offset + info.length // 2)
+		    f.write(b"\xa5\x5a\xa5\x5a")
+	EOF
+	mkdir tmp
+	TMPDIR=$PWD/tmp expect_status 1 "$PY" "$TOP/scripts/bench/ckpt_dtensor.py" load b.layout dcp
+	[[ "$output" == *"ckpt_dtensor.py: load rank "*" wrong elements, 0 nonzero padding elements after loading the checkpoint"* ]]
+	# the ranks' store and results are gone, after a failure too (torch makes its own there)
+	[ -z "$(ls tmp | grep vps-dcp-)" ]
+}
+
+@test "ckpt_dtensor.py: a Megatron layout, a model that is not torchtitan's llama3 and bad arguments are usage errors" {
+	dtensor
+	vps-layout --model tiny-llama --parallel dp=4 -o m.layout -q
+	expect_status 2 "$PY" "$TOP/scripts/bench/ckpt_dtensor.py" save m.layout dcp
+	[[ "$output" == *"m.layout: tp=1,pp=1,dp=4,"*" is a Megatron layout; this is a DTensor job's"* ]]
+	vps-layout --model tiny-llama --parallel dp_shard=4 -o t.layout -q
+	expect_status 2 "$PY" "$TOP/scripts/bench/ckpt_dtensor.py" save t.layout dcp
+	[[ "$output" == *"t.layout: tiny-llama is not torchtitan's llama3 (ffn "* ]]
+	expect_status 2 "$PY" "$TOP/scripts/bench/ckpt_dtensor.py" restore a.layout dcp
+	[[ "$output" == *usage:* ]]
+	expect_status 2 "$PY" "$TOP/scripts/bench/ckpt_dtensor.py" save a.layout nodir
+	[[ "$output" == *"nodir: not a directory"* ]]
+	[ -z "$(ls dcp)" ]
 }

@@ -56,7 +56,6 @@ import resource
 import signal
 import sys
 import time
-import types
 import warnings
 
 # the launcher forks the ranks after the job's store (a TCPStore server,
@@ -74,7 +73,6 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict  # noqa: E402
 from torchtitan.components.loss import cross_entropy_loss  # noqa: E402
-from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig  # noqa: E402
 from torchtitan.distributed import utils as dist_utils  # noqa: E402
 
 import vps  # noqa: E402
@@ -114,19 +112,7 @@ def make(layout, materialize):
     initialized from the seed (materialize), or left on the meta device
     for vps's buffers with only its buffers (RoPE's cache) made; AdamW
     over its parameters."""
-    mesh = mesh_of(layout)
-    spec = titan.model_spec(MODEL_NAME)
-    pd = titan.parallel_dims(mesh, layout.world)
-    par = ParallelismConfig(spmd_backend="partial_dtensor", tensor_parallel_degree=mesh["tp"],
-                            data_parallel_shard_degree=mesh["dp_shard"],
-                            data_parallel_replicate_degree=mesh["dp_replicate"])
-    training = TrainingConfig()
-    spec.model.update_from_config(config=types.SimpleNamespace(parallelism=par, training=training))
-    pd.build_mesh()
-    with torch.device("meta"):
-        model = spec.model.build()
-    model = spec.parallelize_fn(model, parallel_dims=pd, training=training, parallelism=par,
-                                compile_config=CompileConfig(), ac_config=None, dump_folder="/tmp")
+    pd, model = titan.on_meta(titan.model_spec(MODEL_NAME), mesh_of(layout), layout.world)
     titan.sum_reductions(model)
     if materialize:
         model.to_empty(device="cpu")

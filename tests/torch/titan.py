@@ -226,6 +226,30 @@ def parallel_dims(mesh, world):
                         world_size=world, spmd_backend="partial_dtensor")
 
 
+def on_meta(spec, mesh, world):
+    """The model as torchtitan's Trainer builds it before it materializes
+    it: the parallel dimensions of mesh (dp_replicate, dp_shard, tp; one
+    model part) over torch.distributed's default group of `world`
+    processes, their device meshes, the model built on the meta device and
+    parallelized by the model's parallelize function (TP and SP
+    placements, FSDP2's fully_shard, HSDP). Returns (parallel dims, model):
+    nothing is allocated for the parameters (tests/torch/check_switch.py
+    materializes them or hands them vps's buffers; so does
+    scripts/bench/ckpt_dtensor.py)."""
+    pd = parallel_dims(mesh, world)
+    par = ParallelismConfig(spmd_backend="partial_dtensor", tensor_parallel_degree=mesh.get("tp", 1),
+                            data_parallel_shard_degree=mesh.get("dp_shard", 1),
+                            data_parallel_replicate_degree=mesh.get("dp_replicate", 1))
+    training = TrainingConfig()
+    spec.model.update_from_config(config=types.SimpleNamespace(parallelism=par, training=training))
+    pd.build_mesh()
+    with torch.device("meta"):
+        model = spec.model.build()
+    model = spec.parallelize_fn(model, parallel_dims=pd, training=training, parallelism=par,
+                                compile_config=CompileConfig(), ac_config=None, dump_folder="/tmp")
+    return pd, model
+
+
 def apply_fsdp_ep(model, pd, training):
     """apply_fsdp_to_decoder's placement under expert parallelism, on
     PyTorch 2.11: routed experts FSDP-sharded over efsdp (Shard(1) when
