@@ -74,11 +74,11 @@ MATRIX = [
     ("qwen3-moe-e6", "dp_shard=4"),
     # context parallelism: FSDP2 shards over dp_shard x cp flattened
     ("qwen3-tiny", "dp_shard=2,cp=2"),
-]
-FULL = [
-    # 8-rank worlds of the small model (8 ranks of llama3-debug need ~4 GB)
+    # 8-rank worlds of the small model (8 ranks of llama3-debug need ~4 GB): FSDP 8, HSDP 2x4
     ("qwen3-tiny", "dp_shard=8"),
     ("qwen3-tiny", "dp_replicate=2,dp_shard=4"),
+]
+FULL = [
     ("llama3-debug", "dp_shard=2,tp=2,pp=2"),
     ("qwen3-moe-e8", "dp_shard=2,tp=2"),
     ("qwen3-moe-e8", "dp_replicate=2,dp_shard=2,ep=2"),
