@@ -99,31 +99,38 @@ class State:
         vps.OutOfMemory "/dev/shm: needs N MiB, M MiB free (docker:
         --shm-size)" before any is made."""
         s = cls(layout, rank, device)
-        s._registry = registry
         # the layout's host buffers (offload=F) are host memory on a GPU job too
-        on_host = [s.device.type == "cpu" or b.host for b in s.view.buffers]
+        return s._make(registry, role, [s.device.type == "cpu" or b.host for b in s.view.buffers],
+                       lambda b: torch.zeros(b.elements, dtype=TORCH_DTYPE[b.dtype], device=s.device))
+
+    def _make(self, registry: Registry, role: int, on_host, gpu) -> "State":
+        """Make and register every buffer: b in shared memory where
+        on_host[b.id], else gpu(b), a CUDA tensor registered by its pointer.
+        On a failure what was made is freed and the error raised."""
+        self._registry = registry
         if any(on_host):
             registry._handle()
-            registry.check_room(sum(b.elements * DTYPE_SIZE[b.dtype] for b, h in zip(s.view.buffers, on_host) if h))
-            registry._hold(s)
+            registry.check_room(sum(b.elements * DTYPE_SIZE[b.dtype] for b, h in zip(self.view.buffers, on_host)
+                                    if h))
+            registry._hold(self)
         try:
-            for b, host in zip(s.view.buffers, on_host):
+            for b, host in zip(self.view.buffers, on_host):
                 if host:
-                    t = s._shared(registry, role, b)
+                    t = self._shared(registry, role, b)
                 else:
-                    t = torch.zeros(b.elements, dtype=TORCH_DTYPE[b.dtype], device=s.device)
+                    t = gpu(b)
                     registry.add_cuda(role, b.id, b.state, b.dtype, b.elements, t.data_ptr())
-                s.buffers.append(t)
+                self.buffers.append(t)
         except BaseException:
             try:
-                s.free()
+                self.free()
             except Error:
                 # the buffers made before stay registered (an entry is not
                 # unregistered alone): Registry.reset or close removes them;
                 # what stopped the allocation is the error to raise
                 pass
             raise
-        return s
+        return self
 
     def _shared(self, registry: Registry, role: int, b) -> torch.Tensor:
         """Buffer b in a shared-memory object the registry makes and
@@ -150,7 +157,6 @@ class State:
         makes, and so does adopt() for the layout's host buffers (offload=F),
         which are left out of tensors and come back zeroed."""
         s = cls(layout, rank, "cuda")
-        s._registry = registry
         given = {}
         for key, t in tensors.items():
             if isinstance(key, tuple):
@@ -181,10 +187,7 @@ class State:
                 raise InvalidInput("%s: the layout says %d %s elements, contiguous; the tensor is %s %s%s" % (
                     what[b.id], b.elements, TORCH_DTYPE[b.dtype], list(t.shape), t.dtype,
                     "" if t.is_contiguous() else ", not contiguous"))
-        if not any(b.host for b in s.view.buffers):
-            s.buffers = [given[b.id].view(-1) for b in s.view.buffers]
-            s.register(registry, role)
-            return s
+        return s._make(registry, role, [b.host for b in s.view.buffers], lambda b: given[b.id].view(-1))
         registry._handle()
         registry.check_room(sum(b.elements * DTYPE_SIZE[b.dtype] for b in s.view.buffers if b.host))
         registry._hold(s)

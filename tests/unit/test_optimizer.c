@@ -293,6 +293,26 @@ TEST(plans_between_optimizers_are_refused)
 	plan_refused("tiny-llama", "dp=2,zero=1", "dp=2,zero=1,grad=1", "grad=1 must be set in both layouts");
 }
 
+/* Each (model, A, B): the plan from A to B, applied in memory, moves every
+ * element right and nothing resident. */
+static void plans_exact(const char *const (*cases)[3], size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		struct vps_layout *a = test_layout(cases[i][0], cases[i][1], 8, 0);
+		struct vps_layout *b = test_layout(cases[i][0], cases[i][2], 8, 0);
+		struct vps_plan *p = NULL;
+		struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
+		if (!a || !b || vps_plan_compute(&p, a, b, &o)) {
+			harness_fail(__FILE__, __LINE__, "%s -> %s: %s", cases[i][1], cases[i][2], vps_last_error());
+			vps_layout_free(a);
+			vps_layout_free(b);
+			continue;
+		}
+		job_plan_exact(p, cases[i][2]);
+		vps_plan_free(p);
+	}
+}
+
 /* Between layouts of one optimizer every state moves, element for element:
  * the layer-wise optimizer's shards to another DP size and to Muon without
  * the distributed optimizer, SGD over a new TP, the precision-aware
@@ -308,20 +328,7 @@ TEST(plans_of_one_optimizer_move_every_state)
 		{"tiny-llama", "dp=4,zero=1,precision_aware=1,exp_avg=bf16,exp_avg_sq=bf16",
 		 "tp=2,dp=2,zero=1,precision_aware=1,exp_avg=bf16,exp_avg_sq=bf16"},
 	};
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		struct vps_layout *a = test_layout(cases[i][0], cases[i][1], 8, 0);
-		struct vps_layout *b = test_layout(cases[i][0], cases[i][2], 8, 0);
-		struct vps_plan *p = NULL;
-		struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
-		if (!a || !b || vps_plan_compute(&p, a, b, &o)) {
-			harness_fail(__FILE__, __LINE__, "%s -> %s: %s", cases[i][1], cases[i][2], vps_last_error());
-			vps_layout_free(a);
-			vps_layout_free(b);
-			continue;
-		}
-		job_plan_exact(p, cases[i][2]);
-		vps_plan_free(p);
-	}
+	plans_exact(cases, sizeof(cases) / sizeof(cases[0]));
 }
 
 /* A layout of Muon's written and read back, YAML and binary: the keys come
@@ -445,20 +452,7 @@ TEST(plans_move_offloaded_states)
 		{"tiny-llama", "tp=2,dp=2,zero=1,offload=0.5", "tp=2,dp=2,zero=1"},
 		{"tiny-qwen3-moe", "ep=2,dp=2,zero=1,offload=0.3", "tp=2,etp=1,pp=2,zero=1,offload=1"},
 	};
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		struct vps_layout *a = test_layout(cases[i][0], cases[i][1], 8, 0);
-		struct vps_layout *b = test_layout(cases[i][0], cases[i][2], 8, 0);
-		struct vps_plan *p = NULL;
-		struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
-		if (!a || !b || vps_plan_compute(&p, a, b, &o)) {
-			harness_fail(__FILE__, __LINE__, "%s -> %s: %s", cases[i][1], cases[i][2], vps_last_error());
-			vps_layout_free(a);
-			vps_layout_free(b);
-			continue;
-		}
-		job_plan_exact(p, cases[i][2]);
-		vps_plan_free(p);
-	}
+	plans_exact(cases, sizeof(cases) / sizeof(cases[0]));
 }
 
 /* offload survives both encodings, with the hash and an explicit rank's
