@@ -226,23 +226,27 @@ medians() {
 medians "$t/results" > "$t/medians.tsv"
 medians "$t/dt-results" > "$t/dt-medians.tsv"
 
+# the table of vps against a restart: $1 the restart's columns' prefix
+# ("" or "DCP "), $2 its name in the ratios, $3 its key in the results, $4
+# the medians
 table() {
-	printf '| state (GB) | vps tcp (s) | vps ipc (s) | save (s) | load (s) | save + load (s) | ckpt / vps tcp | ckpt / vps ipc |'
-	[ $cold = 1 ] && printf ' load, cold cache (s) | cold ckpt / vps ipc |'
+	printf '| state (GB) | vps tcp (s) | vps ipc (s) | %ssave (s) | %sload (s) | %ssave + load (s) | %s / vps tcp | %s / vps ipc |' \
+		"$1" "$1" "$1" "$2" "$2"
+	[ $cold = 1 ] && printf ' %sload, cold cache (s) | cold %s / vps ipc |' "$1" "$2"
 	printf '\n|---:|---:|---:|---:|---:|---:|---:|---:|'
 	[ $cold = 1 ] && printf -- '---:|---:|'
 	printf '\n'
-	awk -F'\t' -v cold=$cold '
+	awk -F'\t' -v cold=$cold -v m="$3" '
 		{ if (!($1 in seen)) { seen[$1] = 1; order[++N] = $1 } s[$1, $2] = $3 }
 		END {
 			for (i = 1; i <= N; i++) {
-				b = order[i]; tot = s[b, "ckpt-total"]
+				b = order[i]; tot = s[b, m "-total"]
 				printf "| %.2f | %.3f | %.3f | %.3f | %.3f | %.3f | %.1fx | %.1fx |", b / 1e9, s[b, "vps-tcp"], s[b, "vps-ipc"],
-					s[b, "ckpt-save"], s[b, "ckpt-load"], tot, tot / s[b, "vps-tcp"], tot / s[b, "vps-ipc"]
-				if (cold) printf " %.3f | %.1fx |", s[b, "ckpt-load-cold"], s[b, "ckpt-total-cold"] / s[b, "vps-ipc"]
+					s[b, m "-save"], s[b, m "-load"], tot, tot / s[b, "vps-tcp"], tot / s[b, "vps-ipc"]
+				if (cold) printf " %.3f | %.1fx |", s[b, m "-load-cold"], s[b, m "-total-cold"] / s[b, "vps-ipc"]
 				printf "\n"
 			}
-		}' "$t/medians.tsv"
+		}' "$4"
 }
 
 # the table of a checkpoint of Python's: $1 its name in the table, $2 in the results
@@ -265,32 +269,13 @@ python_table() {
 			}
 		}' "$t/medians.tsv"
 }
-# the PyTorch-native job's table: vps against DCP of its DTensors
-dtensor_table() {
-	printf '| state (GB) | vps tcp (s) | vps ipc (s) | DCP save (s) | DCP load (s) | DCP save + load (s) | DCP / vps tcp | DCP / vps ipc |'
-	[ $cold = 1 ] && printf ' DCP load, cold cache (s) | cold DCP / vps ipc |'
-	printf '\n|---:|---:|---:|---:|---:|---:|---:|---:|'
-	[ $cold = 1 ] && printf -- '---:|---:|'
-	printf '\n'
-	awk -F'\t' -v cold=$cold '
-		{ if (!($1 in seen)) { seen[$1] = 1; order[++N] = $1 } s[$1, $2] = $3 }
-		END {
-			for (i = 1; i <= N; i++) {
-				b = order[i]; tot = s[b, "dcp-total"]
-				printf "| %.2f | %.3f | %.3f | %.3f | %.3f | %.3f | %.1fx | %.1fx |", b / 1e9, s[b, "vps-tcp"], s[b, "vps-ipc"],
-					s[b, "dcp-save"], s[b, "dcp-load"], tot, tot / s[b, "vps-tcp"], tot / s[b, "vps-ipc"]
-				if (cold) printf " %.3f | %.1fx |", s[b, "dcp-load-cold"], s[b, "dcp-total-cold"] / s[b, "vps-ipc"]
-				printf "\n"
-			}
-		}' "$t/dt-medians.tsv"
-}
 machine="$(nproc) cores, $(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 {
 	printf '`RUNS=%s scripts/bench/ckpt_restart.sh --doc` (%s to %s, %s ranks, medians of %s), %s, on %s.\n' \
 		"$runs" "$from" "$to" "$mworld" "$runs" "$(date -u +%Y-%m-%d)" "$machine"
 	[ $cold = 1 ] || printf 'The page cache could not be dropped here: every load read files the save had just written, from memory.\n'
 	printf '\n'
-	table
+	table "" ckpt ckpt "$t/medians.tsv"
 	printf '\nPyTorch %s, torch.distributed.checkpoint over gloo, the same run (DCP / files: against the save + load above):\n\n' \
 		"$("$py" -c 'import torch; print(torch.__version__)')"
 	python_table DCP dcp
@@ -301,7 +286,7 @@ machine="$(nproc) cores, $(awk -F': ' '/^model name/ { print $2; exit }' /proc/c
 		printf "\nA PyTorch-native job's state, the same run: %s, torchtitan's llama3 under FSDP2 and TP with AdamW's moments (%s to %s, %s ranks, vps's family=dtensor layouts). vps's switch against PyTorch's DCP as a PyTorch job checkpoints: dcp.save of get_state_dict(model, optimizer), DTensors, by the ranks of A; dcp.load and set_state_dict by those of B (DCP / vps: how many times as long the save and load take as the switch):\n\n" \
 			"$(for m in $dt_models; do awk '$1 == "name:" { print $2 }' "$m"; done | paste -sd, - | sed 's/,/, /g')" \
 			"$dt_from" "$dt_to" "$dworld"
-		dtensor_table
+		table "DCP " DCP dcp "$t/dt-medians.tsv"
 	fi
 } > "$t/section.md"
 cat "$t/section.md"

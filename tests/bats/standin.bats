@@ -382,13 +382,24 @@ mixed_switch() { # TRANSPORT [FROM TO]: FROM and TO with offload= need no --host
 		awk -F'\t' '$1 != "rank" { n[$8 "->" $10]++ } END { exit !(n["5->2"] > 0 && n["2->5"] > 0) }'
 }
 
-@test "tcp and nccl refuse a registry of host and GPU memory, naming ipc" {
-	run mixed_switch tcp
-	[ "$status" -ne 0 ]
-	[[ "$output" == *"the tcp transport moves host memory; the trainer registered host and GPU memory, which only --transport ipc moves in one switch (one node)"* ]]
+# Across nodes tcp carries such a registry: its GPU views go through host
+# bounce buffers, packed and unpacked on the GPU.
+@test "tcp: parameters in GPU memory and optimizer state in host memory switch in one registry" {
+	mixed_switch tcp
+	grep -q "standin_trainer: 2 ranks, .* logical tensors switched in device memory registered by pointer, main_param,exp_avg,exp_avg_sq in host memory; 0 wrong elements" t.log
+	for r in 0 1; do grep -q "over tcp; .*digest: match" e.$r; done
+}
+
+@test "tcp: the CPU-offloaded optimizer's host parts meet GPU parts across nodes' transport" {
+	mixed_switch tcp tp=2,zero=1,offload=0.5 tp=1,dp=2,zero=1,offload=0.3
+	grep -q "standin_trainer: 2 ranks, .* logical tensors switched in device memory registered by pointer, 12 offloaded buffers in host memory; 0 wrong elements" t.log
+	for r in 0 1; do grep -q "over tcp; .*digest: match" e.$r; done
+}
+
+@test "nccl refuses a registry of host and GPU memory, naming ipc and tcp" {
 	run mixed_switch nccl
 	[ "$status" -ne 0 ]
-	[[ "$output" == *"the nccl transport moves GPU memory; the trainer registered host and GPU memory, which only --transport ipc moves in one switch (one node)"* ]]
+	[[ "$output" == *"the nccl transport moves GPU memory; the trainer registered host and GPU memory, which --transport ipc (one node) and tcp move in one switch"* ]]
 }
 
 # ---- a long --serve: every switch opens and closes IPC handles ----

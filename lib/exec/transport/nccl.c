@@ -40,7 +40,7 @@ static vps_result_t nccl_begin(void *self, struct vps_switch *sw, const struct v
 	struct nccl *t = self;
 	if (sw->where == VPS_WHERE_MIXED)
 		return vps_fail(VPS_EINPUT, "the nccl transport moves GPU memory; the trainer registered host and GPU "
-					    "memory, which only --transport ipc moves in one switch (one node)");
+					    "memory, which --transport ipc (one node) and tcp move in one switch");
 	if (sw->where != VPS_WHERE_CUDA)
 		return vps_fail(VPS_EINPUT, "the nccl transport moves GPU memory; the trainer registered host memory "
 					    "(use --transport tcp or ipc)");

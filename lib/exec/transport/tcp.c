@@ -4,7 +4,9 @@
  * row-major order of its extents. The sender gathers them with sendmsg
  * straight from its source rows and the receiver scatters them with recvmsg
  * straight into its destination rows (iovecs over the views); an op strided
- * on its innermost axis goes through a bounce buffer. */
+ * on its innermost axis goes through a bounce buffer, and so does a view in
+ * GPU memory (a registry of both kinds: an offloaded optimizer's), packed
+ * there and unpacked from it where it lies (vps_copy_ops). */
 #include <inttypes.h>
 #include <stdio.h>
 
@@ -60,6 +62,75 @@ static vps_result_t view_rows(unsigned char *buf, int64_t offset, const int64_t 
 	return VPS_OK;
 }
 
+/* Whether op's view on this side of the transfer is in GPU memory. */
+static bool on_gpu(const struct vps_switch *sw, const struct vps_op *op, bool sending)
+{
+	if (sw->where != VPS_WHERE_MIXED)
+		return false;
+	if (!sending)
+		return sw->dst_where && sw->dst_where[op->dst_buffer] == VPS_WHERE_CUDA;
+	if (op->src_buffer & VPS_BUFFER_TARGET)
+		return sw->dst_where && sw->dst_where[vps_buffer_index(op->src_buffer)] == VPS_WHERE_CUDA;
+	return sw->src_where[op->src_buffer] == VPS_WHERE_CUDA;
+}
+
+static bool bounced(const struct vps_switch *sw, const struct vps_op *op, bool sending)
+{
+	return on_gpu(sw, op, sending) || strided_inner(op, sending ? op->src_strides : op->dst_strides);
+}
+
+/* The bounce buffer's side of a GPU view's copy: op with its other view
+ * contiguous (the bounce's, at offset 0). */
+static struct vps_op packed_op(const struct vps_op *op, bool sending)
+{
+	struct vps_op p = *op;
+	int64_t flat[VPS_MAX_DIMS];
+	vps_rowmajor_strides(op->ext, op->ndim, flat);
+	memcpy(sending ? p.dst_strides : p.src_strides, flat, sizeof(flat));
+	*(sending ? &p.dst_offset : &p.src_offset) = 0;
+	return p;
+}
+
+/* The copies between a transfer's GPU views and its bounce buffer, in one
+ * go: packs before a send (to the host), unpacks after a receive. */
+static vps_result_t gpu_bounce(const struct vps_switch *sw, const struct vps_xfer *x, bool sending,
+			       unsigned char *bounce)
+{
+	const struct vps_staged *s = sw->s;
+	size_t n = 0, at = 0;
+	for (size_t q = 0; q < x->nops; q++)
+		n += on_gpu(sw, &s->ops[x->first_op + q], sending);
+	if (!n)
+		return VPS_OK;
+	struct vps_op *ops = vps_malloc(n * sizeof(*ops));
+	struct vps_local_copy *c = vps_malloc(n * sizeof(*c));
+	if (!ops || !c) {
+		free(ops);
+		free(c);
+		return VPS_ENOMEM;
+	}
+	n = 0;
+	for (size_t q = 0; q < x->nops; q++) {
+		const struct vps_op *op = &s->ops[x->first_op + q];
+		if (!bounced(sw, op, sending))
+			continue;
+		if (on_gpu(sw, op, sending)) {
+			ops[n] = packed_op(op, sending);
+			void *buf = !sending ? sw->dst[op->dst_buffer]
+				    : op->src_buffer & VPS_BUFFER_TARGET ? sw->dst[vps_buffer_index(op->src_buffer)]
+									 : sw->src[op->src_buffer];
+			c[n] = sending ? (struct vps_local_copy){&ops[n], buf, bounce + at, VPS_COPY_TO_HOST}
+				       : (struct vps_local_copy){&ops[n], bounce + at, buf, VPS_COPY_TO_GPU};
+			n++;
+		}
+		at += (size_t)vps_op_bytes(op);
+	}
+	vps_result_t rc = vps_copy_ops(sw, c, n);
+	free(ops);
+	free(c);
+	return rc;
+}
+
 static vps_result_t transfer_iovs(const struct vps_switch *sw, const struct vps_xfer *x, bool sending,
 				  struct iovs *out, unsigned char **bounce)
 {
@@ -67,7 +138,7 @@ static vps_result_t transfer_iovs(const struct vps_switch *sw, const struct vps_
 	size_t need = 0;
 	for (size_t q = 0; q < x->nops; q++) {
 		const struct vps_op *op = &s->ops[x->first_op + q];
-		if (strided_inner(op, sending ? op->src_strides : op->dst_strides))
+		if (bounced(sw, op, sending))
 			need += (size_t)vps_op_bytes(op);
 	}
 	*bounce = NULL;
@@ -82,34 +153,38 @@ static vps_result_t transfer_iovs(const struct vps_switch *sw, const struct vps_
 									  : sw->src[op->src_buffer];
 		int64_t off = sending ? op->src_offset : op->dst_offset;
 		const int64_t *st = sending ? op->src_strides : op->dst_strides;
-		if (!strided_inner(op, st)) {
+		if (!bounced(sw, op, sending)) {
 			VPS_CHECK(view_rows(buf, off, st, op, out));
 			continue;
 		}
 		int64_t flat[VPS_MAX_DIMS];
 		vps_rowmajor_strides(op->ext, op->ndim, flat);
-		if (sending)
+		if (sending && !on_gpu(sw, op, sending))
 			vps_copy_strided(*bounce + at, flat, buf + off * op->esize, st, op->ext, op->ndim, op->esize);
 		VPS_CHECK(iov_push(out, *bounce + at, (size_t)vps_op_bytes(op)));
 		at += (size_t)vps_op_bytes(op);
 	}
-	return VPS_OK;
+	return sending ? gpu_bounce(sw, x, true, *bounce) : VPS_OK;
 }
 
 /* After a receive: ops that came through the bounce buffer go in place. */
-static void unbounce(const struct vps_staged *s, const struct vps_xfer *x, void **bufs, unsigned char *bounce)
+static vps_result_t unbounce(const struct vps_switch *sw, const struct vps_xfer *x, unsigned char *bounce)
 {
+	const struct vps_staged *s = sw->s;
 	size_t at = 0;
 	for (size_t q = 0; q < x->nops && bounce; q++) {
 		const struct vps_op *op = &s->ops[x->first_op + q];
-		if (!strided_inner(op, op->dst_strides))
+		if (!bounced(sw, op, false))
 			continue;
-		int64_t flat[VPS_MAX_DIMS];
-		vps_rowmajor_strides(op->ext, op->ndim, flat);
-		vps_copy_strided((unsigned char *)bufs[op->dst_buffer] + op->dst_offset * op->esize, op->dst_strides,
-				 bounce + at, flat, op->ext, op->ndim, op->esize);
+		if (!on_gpu(sw, op, false)) {
+			int64_t flat[VPS_MAX_DIMS];
+			vps_rowmajor_strides(op->ext, op->ndim, flat);
+			vps_copy_strided((unsigned char *)sw->dst[op->dst_buffer] + op->dst_offset * op->esize,
+					 op->dst_strides, bounce + at, flat, op->ext, op->ndim, op->esize);
+		}
 		at += (size_t)vps_op_bytes(op);
 	}
+	return bounce ? gpu_bounce(sw, x, false, bounce) : VPS_OK;
 }
 
 static uint64_t xfer_tag(const struct vps_xfer *x)
@@ -135,10 +210,9 @@ static vps_result_t tcp_begin(void *self, struct vps_switch *sw, const struct vp
 	(void)self;
 	(void)x;
 	(void)n;
-	if (sw->where == VPS_WHERE_MIXED)
-		return vps_fail(VPS_EINPUT, "the tcp transport moves host memory; the trainer registered host and GPU "
-					    "memory, which only --transport ipc moves in one switch (one node)");
-	if (sw->where != VPS_WHERE_HOST)
+	/* a registry of both kinds (an offloaded optimizer's) moves its GPU
+	 * views through host bounce buffers */
+	if (sw->where != VPS_WHERE_HOST && sw->where != VPS_WHERE_MIXED)
 		return vps_fail(VPS_EINPUT, "the tcp transport moves host memory; the trainer registered GPU memory "
 					    "(use --transport ipc, nccl or auto)");
 	return VPS_OK;
@@ -149,7 +223,6 @@ static vps_result_t tcp_stage(void *self, struct vps_switch *sw, const struct vp
 {
 	(void)self;
 	vps_result_t rc = VPS_OK;
-	const struct vps_staged *s = sw->s;
 	struct vps_net_msg *msgs = vps_calloc(nx + 1, sizeof(*msgs));
 	struct iovs *iov = vps_calloc(nx + 1, sizeof(*iov));
 	unsigned char **bounce = vps_calloc(nx + 1, sizeof(*bounce));
@@ -191,7 +264,7 @@ static vps_result_t tcp_stage(void *self, struct vps_switch *sw, const struct vp
 		rc = vps_net_exchange(sw->net, msgs, nm, what);
 	for (size_t k = 0; k < nx && !rc; k++)
 		if (mine[k]->dst == sw->w)
-			unbounce(s, mine[k], sw->dst, bounce[k]);
+			rc = unbounce(sw, mine[k], bounce[k]);
 done:
 	for (size_t k = 0; k < nx && iov && bounce; k++) {
 		free(bounce[k]);

@@ -41,7 +41,8 @@ struct vps_peer_info {
 
 /* sw->where of a trainer that registered host and GPU memory (optimizer
  * state offloaded to the host beside parameters on the GPU): each copy is
- * made where both its buffers are, which only ipc and the retains do. */
+ * made where its buffers are (the retains and ipc), or a GPU view goes
+ * through a host bounce buffer (tcp); nccl refuses it. */
 #define VPS_WHERE_MIXED 2
 
 /* One switch, as a transport sees it. */
