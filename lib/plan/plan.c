@@ -57,14 +57,16 @@ struct pieces {
 struct duty {
 	int64_t rank;
 	int64_t forced, shared;
-	int64_t relayed; /* forced + shared where joining receivers relay (relay_light) */
+	/* forced + shared where joining receivers relay, to devices on ra's
+	 * node [0] and elsewhere [1] (relay_light) */
+	int64_t relayed[2];
 };
 
 /* What a device of A could pass on, at most, were it to relay every B
  * region it is a free receiver of (relay_bound). */
 struct fwd {
 	int64_t world;
-	int64_t bytes;
+	int64_t bytes[2]; /* where every receiver is on its node [0], else [1] */
 };
 
 struct ctx {
@@ -367,24 +369,32 @@ static bool weighed(const struct ctx *c, const int64_t *cand, int64_t k)
 }
 
 /* Receivers among B holder set H of box x: members whose device holds
- * none of x under A (the A holders in hda), and of them the joining ones
- * (*joining). Counted up to EXACT_REPLICAS members; past that, all
- * members, none joining. */
-static int64_t receivers(const struct ctx *c, const struct vps_holder *H, const struct vps_box *x, int64_t *joining)
+ * none of x under A (the A holders in hda); of them in r[1] the joining
+ * ones, in r[2] those on node, in r[3] the joining ones on node. Counted
+ * up to EXACT_REPLICAS members; past that, all members, none joining nor
+ * on node. @return r[0]. */
+static int64_t receivers(const struct ctx *c, const struct vps_holder *H, const struct vps_box *x, int32_t node,
+			 int64_t r[4])
 {
-	*joining = 0;
-	if (H->count > EXACT_REPLICAS)
-		return H->count;
-	int64_t n = 0;
+	memset(r, 0, 4 * sizeof(*r));
+	if (H->count > EXACT_REPLICAS) {
+		r[0] = H->count;
+		return r[0];
+	}
 	for (int64_t j = 0; j < H->count; j++) {
-		int64_t a = vps_world_a_rank(c->w, vps_world_of_b(c->w, H->base + j * H->stride));
+		int64_t w = vps_world_of_b(c->w, H->base + j * H->stride), a = vps_world_a_rank(c->w, w);
 		bool holds = false;
 		for (size_t q = 0; q < c->hda.n && a >= 0 && !holds; q++)
 			holds = member(&c->hda.v[q], a) && vps_box_contains(&c->hda.v[q].region.box, x);
-		n += !holds;
-		*joining += a < 0;
+		if (holds)
+			continue;
+		bool here = vps_world_device(c->w, w).node == node;
+		r[0]++;
+		r[1] += a < 0;
+		r[2] += here;
+		r[3] += a < 0 && here;
 	}
-	return n;
+	return r[0];
 }
 
 /* The duty of A rank ra: for each of its regions, the bytes B ranks that
@@ -411,7 +421,8 @@ static vps_result_t duty_of(struct ctx *c, int64_t ra, struct duty *out)
 	}
 	struct vps_rank_view v;
 	VPS_CHECK(vps_layout_rank(c->a, ra, &v));
-	struct duty d = {ra, 0, 0, 0};
+	struct duty d = {ra, 0, 0, {0, 0}};
+	int32_t node = vps_layout_device(c->a, ra).node;
 	vps_result_t rc = VPS_OK;
 	for (size_t i = 0; i < v.nregions && !rc; i++) {
 		const struct vps_region *r = &v.regions[i];
@@ -428,18 +439,27 @@ static vps_result_t duty_of(struct ctx *c, int64_t ra, struct duty *out)
 			struct vps_box x;
 			if (!vps_box_intersect(&c->hdb.v[q].region.box, &r->box, &x))
 				continue;
-			int64_t bytes, rbytes, joining, all = receivers(c, &c->hdb.v[q], &x, &joining), n = all;
-			if (joining >= 2 && joining >= replicas && c->relay == VPS_RELAY_AUTO)
-				n -= joining - 1;
+			int64_t bytes, rc4[4], all = receivers(c, &c->hdb.v[q], &x, node, rc4);
+			/* receivers on ra's node and elsewhere, the joining ones
+			 * taking one copy between them where they relay */
+			int64_t n[2] = {rc4[2], all - rc4[2]};
+			if (rc4[1] >= 2 && rc4[1] >= replicas && c->relay == VPS_RELAY_AUTO) {
+				n[0] -= rc4[3];
+				n[1] -= rc4[1] - rc4[3];
+				n[rc4[1] > rc4[3]]++;
+			}
 			if (!vps_mul_ok(vps_box_volume(&x) * esize, all, &bytes))
 				bytes = INT64_MAX;
-			if (!vps_mul_ok(vps_box_volume(&x) * esize, n, &rbytes))
-				rbytes = INT64_MAX;
 			if (replicas <= 1)
 				d.forced = vps_sat_add(d.forced, bytes);
 			else
 				d.shared = vps_sat_add(d.shared, bytes / replicas);
-			d.relayed = vps_sat_add(d.relayed, replicas <= 1 ? rbytes : rbytes / replicas);
+			for (int link = 0; link < 2; link++) {
+				int64_t rbytes;
+				if (!vps_mul_ok(vps_box_volume(&x) * esize, n[link], &rbytes))
+					rbytes = INT64_MAX;
+				d.relayed[link] = vps_sat_add(d.relayed[link], replicas <= 1 ? rbytes : rbytes / replicas);
+			}
 		}
 	}
 	vps_rank_view_release(&v);
@@ -977,12 +997,13 @@ static bool relay_gains(const struct ctx *c, const struct vps_region *R, const s
 
 /* The most world rank q (a device of A) could pass on: the bytes of each
  * of its B regions it would relay (it holds none of it under A, and the
- * region's free receivers, at most EXACT_REPLICAS, are two or more). A
- * relay passes on at most about one copy of a region (its own range's
- * copies and, as a gateway or exporter, its share of the others'), so the
- * region's bytes bound it. From q's own regions and holder arithmetic,
- * once a rank, like duty_of. Uses c->hda and c->hdb. */
-static vps_result_t relay_bound(struct ctx *c, int64_t q, int64_t *out)
+ * region's free receivers, at most EXACT_REPLICAS, are two or more), in
+ * out[0] where they are all on q's node, else in out[1]. A relay passes
+ * on about one copy of a region at most (its own range's copies and, as
+ * a gateway or exporter, its share of the others'), so the region's
+ * bytes bound it. From q's own regions and holder arithmetic, once a
+ * rank, like duty_of. Uses c->hda and c->hdb. */
+static vps_result_t relay_bound(struct ctx *c, int64_t q, int64_t out[2])
 {
 	size_t lo = 0, hi = c->nfwds;
 	while (lo < hi) {
@@ -993,10 +1014,12 @@ static vps_result_t relay_bound(struct ctx *c, int64_t q, int64_t *out)
 			hi = mid;
 	}
 	if (lo < c->nfwds && c->fwds[lo].world == q) {
-		*out = c->fwds[lo].bytes;
+		out[0] = c->fwds[lo].bytes[0];
+		out[1] = c->fwds[lo].bytes[1];
 		return VPS_OK;
 	}
-	int64_t rb = vps_world_b_rank(c->w, q), aq = vps_world_a_rank(c->w, q), bytes = 0;
+	int64_t rb = vps_world_b_rank(c->w, q), aq = vps_world_a_rank(c->w, q), bytes[2] = {0, 0};
+	int32_t node = vps_world_device(c->w, q).node;
 	struct vps_rank_view v = {0};
 	vps_result_t rc = rb >= 0 ? vps_layout_rank(c->b, rb, &v) : VPS_OK;
 	if (rc)
@@ -1018,16 +1041,18 @@ static vps_result_t relay_bound(struct ctx *c, int64_t q, int64_t *out)
 			    h->region.offset != r->offset || h->count > EXACT_REPLICAS)
 				continue;
 			int64_t n = 0;
-			for (int64_t j = 0; j < h->count && n < 2; j++) {
-				int64_t a = vps_world_a_rank(c->w, vps_world_of_b(c->w, h->base + j * h->stride));
+			bool away = false;
+			for (int64_t j = 0; j < h->count; j++) {
+				int64_t w = vps_world_of_b(c->w, h->base + j * h->stride), a = vps_world_a_rank(c->w, w);
 				bool held = false;
 				for (size_t x = 0; x < c->hda.n && a >= 0 && !held; x++)
 					held = member(&c->hda.v[x], a);
 				n += !held;
+				away |= !held && vps_world_device(c->w, w).node != node;
 			}
 			if (n >= 2)
-				bytes = vps_sat_add(bytes, vps_box_volume(&r->box) *
-								   (int64_t)vps_dtype_size(vps_region_dtype(r)));
+				bytes[away] = vps_sat_add(bytes[away], vps_box_volume(&r->box) *
+									       (int64_t)vps_dtype_size(vps_region_dtype(r)));
 			break;
 		}
 	}
@@ -1035,20 +1060,31 @@ static vps_result_t relay_bound(struct ctx *c, int64_t q, int64_t *out)
 	VPS_CHECK(rc);
 	VPS_CHECK(VPS_GROW(c->fwds, c->capfwds, c->nfwds + 1));
 	memmove(&c->fwds[lo + 1], &c->fwds[lo], (c->nfwds - lo) * sizeof(*c->fwds));
-	c->fwds[lo] = (struct fwd){q, bytes};
+	c->fwds[lo] = (struct fwd){q, {bytes[0], bytes[1]}};
 	c->nfwds++;
-	*out = bytes;
+	out[0] = bytes[0];
+	out[1] = bytes[1];
 	return VPS_OK;
 }
 
+/* A device's time sending intra bytes over NVLink and inter over its NIC
+ * on the plan's topology, or without one its bytes. */
+static double send_time(const struct ctx *c, int64_t intra, int64_t inter)
+{
+	if (!c->topo)
+		return (double)intra + (double)inter;
+	return fmax((double)intra / c->topo->intra_node_bandwidth, (double)inter / c->topo->inter_node_bandwidth);
+}
+
 /* Whether every device of A among rl's receivers stays, relaying all it
- * could (relay_bound) on top of its own sends (duty_of), below the
- * busiest holder of the region's own sends: whatever else relays, no
- * device then ends busier than that holder was without relays. */
+ * could (relay_bound) on top of its own sends (duty_of, where joining
+ * receivers relay), below the busiest holder of the region's own sends,
+ * in time on the topology (or else in bytes): whatever else relays, no
+ * device then sends for longer than that holder did without. */
 static vps_result_t relay_light(struct ctx *c, const struct relay *rl, const struct group *gs, size_t ng,
 				bool *yes)
 {
-	int64_t busiest = 0;
+	double busiest = 0;
 	*yes = false;
 	for (size_t gi = 0; gi < ng; gi++)
 		for (int64_t j = 0; j < gs[gi].count; j++) {
@@ -1057,16 +1093,16 @@ static vps_result_t relay_light(struct ctx *c, const struct relay *rl, const str
 			struct duty d;
 			group_member(&c->ha, &gs[gi], j, &ra, &h);
 			VPS_CHECK(duty_of(c, ra, &d));
-			busiest = vps_max64(busiest, d.relayed);
+			busiest = fmax(busiest, send_time(c, d.relayed[0], d.relayed[1]));
 		}
 	for (int64_t q = 0; q < rl->n; q++) {
-		int64_t a = vps_world_a_rank(c->w, rl->world[q]), fwd;
+		int64_t a = vps_world_a_rank(c->w, rl->world[q]), fwd[2];
 		struct duty d;
 		if (a < 0)
 			continue;
 		VPS_CHECK(duty_of(c, a, &d));
-		VPS_CHECK(relay_bound(c, rl->world[q], &fwd));
-		if (vps_sat_add(d.relayed, fwd) >= busiest)
+		VPS_CHECK(relay_bound(c, rl->world[q], fwd));
+		if (send_time(c, vps_sat_add(d.relayed[0], fwd[0]), vps_sat_add(d.relayed[1], fwd[1])) >= busiest)
 			return VPS_OK;
 	}
 	*yes = true;

@@ -104,9 +104,11 @@ relay_join() { # TRANSPORT DEVICES_PER_NODE DP [demo.sh arguments...]
 # The new replicas of the first two stages are the devices of A (world
 # ranks 0-7) that held the last two; they pass on what the holders sent
 # them. Every rank sends what its plan says, forwards included, and
-# --check proves every byte.
-relay_from_a() { # TRANSPORT DEVICES_PER_NODE
-	demo "$1" --np "$2" --model tiny-llama --from tp=1,pp=4,dp=2,zero=0 --to tp=1,pp=4,dp=4,zero=0
+# --check proves every byte; planned by every rank alone, the ranks agree.
+relay_from_a() { # TRANSPORT DEVICES_PER_NODE [demo.sh arguments...]
+	local transport=$1 np=$2
+	shift 2
+	demo "$transport" --np "$np" "$@" --model tiny-llama --from tp=1,pp=4,dp=2,zero=0 --to tp=1,pp=4,dp=4,zero=0
 	local dir=$BATS_TEST_TMPDIR/demo planned sent r from_a=0
 	for ((r = 0; r < 16; r++)); do
 		planned=$("$VPS_BIN/vps-plan" --transfers --rank "$r" --format tsv "$dir/ab.plan" |
@@ -198,6 +200,9 @@ per_rank() { # TRANSPORT DEVICES_PER_NODE
 
 @test "tcp: devices that do not join relay by default: pp=4, dp=2 becomes dp=4 over four nodes" { relay_from_a tcp 4; }
 @test "ipc: devices that do not join relay by default: pp=4, dp=2 becomes dp=4 on one node" { relay_from_a ipc 16; }
+@test "tcp: devices that do not join relay by default, every rank planning and staging its own part" {
+	relay_from_a tcp 4 --per-rank
+}
 
 # A relay that dies: rank 1 of dp=1 -> dp=4 exits at stage 1, before its
 # forwards. The holder names it, every rank it was to pass on to names it
