@@ -60,13 +60,16 @@ struct duty {
 	/* forced + shared where joining receivers relay, to devices on ra's
 	 * node [0] and elsewhere [1] (relay_light) */
 	int64_t relayed[2];
+	int64_t best[2]; /* the same were every receiver, two or more, to relay */
 };
 
-/* What a device of A could pass on, at most, were it to relay every B
- * region it is a free receiver of (relay_bound). */
+/* What a device could pass on, at most, were it to relay every B region
+ * it is a free receiver of, and what it receives (relay_bound). */
 struct fwd {
 	int64_t world;
 	int64_t bytes[2]; /* where every receiver is on its node [0], else [1] */
+	int64_t recv[2];  /* what it receives: from its node [0], from others [1] */
+	int64_t recv_best[2]; /* the same were its node's receivers of each region to relay */
 };
 
 struct ctx {
@@ -421,7 +424,7 @@ static vps_result_t duty_of(struct ctx *c, int64_t ra, struct duty *out)
 	}
 	struct vps_rank_view v;
 	VPS_CHECK(vps_layout_rank(c->a, ra, &v));
-	struct duty d = {ra, 0, 0, {0, 0}};
+	struct duty d = {ra, 0, 0, {0, 0}, {0, 0}};
 	int32_t node = vps_layout_device(c->a, ra).node;
 	vps_result_t rc = VPS_OK;
 	for (size_t i = 0; i < v.nregions && !rc; i++) {
@@ -459,6 +462,16 @@ static vps_result_t duty_of(struct ctx *c, int64_t ra, struct duty *out)
 				if (!vps_mul_ok(vps_box_volume(&x) * esize, n[link], &rbytes))
 					rbytes = INT64_MAX;
 				d.relayed[link] = vps_sat_add(d.relayed[link], replicas <= 1 ? rbytes : rbytes / replicas);
+			}
+			if (c->hdb.v[q].count <= EXACT_REPLICAS && all >= 2) {
+				n[0] = all == rc4[2];
+				n[1] = all != rc4[2];
+			}
+			for (int link = 0; link < 2; link++) {
+				int64_t rbytes;
+				if (!vps_mul_ok(vps_box_volume(&x) * esize, n[link], &rbytes))
+					rbytes = INT64_MAX;
+				d.best[link] = vps_sat_add(d.best[link], replicas <= 1 ? rbytes : rbytes / replicas);
 			}
 		}
 	}
@@ -920,12 +933,13 @@ static double load_time(const struct ctx *c, const struct relay_load *l, bool se
  * time, its busiest device's, and its busiest receiver's (rl->n units a
  * copy). */
 static void relay_estimate(const struct ctx *c, const struct relay *rl, const struct group *gs, size_t ng,
-			   const struct vps_box *R, bool relayed, double *sender, double *device, double *receiver)
+			   const struct vps_box *R, bool relayed, double *sender, double *device, double *receiver,
+			   double *inbound)
 {
 	struct relay_load recv[EXACT_REPLICAS];
 	double whole = (double)vps_box_volume(R);
 	memset(recv, 0, sizeof(recv));
-	*sender = *device = *receiver = 0;
+	*sender = *device = *receiver = *inbound = 0;
 	for (size_t gi = 0; gi < ng; gi++) {
 		const struct group *g = &gs[gi];
 		struct vps_box x;
@@ -981,29 +995,37 @@ static void relay_estimate(const struct ctx *c, const struct relay *rl, const st
 		*sender = fmax(*sender, load_time(c, &recv[i], true));
 		*device = fmax(*device, load_time(c, &recv[i], false));
 		*receiver = fmax(*receiver, load_time(c, &recv[i], false));
+		struct relay_load in = {{0, 0}, {recv[i].recv[0], recv[i].recv[1]}};
+		*inbound = fmax(*inbound, load_time(c, &in, false));
 	}
 }
 
 /* Whether relaying rl's region makes its busiest sender faster by more
- * than 1%, no receiver ending busier than the busiest device was directly. */
+ * than 1%, no receiver ending busier than the busiest device was directly;
+ * *inbound whether its busiest receiver's receives get faster by more than
+ * 1% too (a range entering a node once where it entered once a receiver:
+ * bytes moved from NICs to NVLink). */
 static bool relay_gains(const struct ctx *c, const struct vps_region *R, const struct relay *rl,
-			const struct group *gs, size_t ng)
+			const struct group *gs, size_t ng, bool *inbound)
 {
-	double send_d, dev_d, recv_d, send_r, dev_r, recv_r;
-	relay_estimate(c, rl, gs, ng, &R->box, false, &send_d, &dev_d, &recv_d);
-	relay_estimate(c, rl, gs, ng, &R->box, true, &send_r, &dev_r, &recv_r);
+	double send_d, dev_d, recv_d, in_d, send_r, dev_r, recv_r, in_r;
+	relay_estimate(c, rl, gs, ng, &R->box, false, &send_d, &dev_d, &recv_d, &in_d);
+	relay_estimate(c, rl, gs, ng, &R->box, true, &send_r, &dev_r, &recv_r, &in_r);
+	*inbound = in_r < 0.99 * in_d;
 	return send_r < 0.99 * send_d && recv_r <= dev_d;
 }
 
-/* The most world rank q (a device of A) could pass on: the bytes of each
- * of its B regions it would relay (it holds none of it under A, and the
- * region's free receivers, at most EXACT_REPLICAS, are two or more), in
- * out[0] where they are all on q's node, else in out[1]. A relay passes
- * on about one copy of a region at most (its own range's copies and, as
- * a gateway or exporter, its share of the others'), so the region's
- * bytes bound it. From q's own regions and holder arithmetic, once a
- * rank, like duty_of. Uses c->hda and c->hdb. */
-static vps_result_t relay_bound(struct ctx *c, int64_t q, int64_t out[2])
+/* The most world rank q could pass on: the bytes of each of its B regions
+ * it would relay (it holds none of it under A, and the region's free
+ * receivers, at most EXACT_REPLICAS, are two or more), in bytes[0] where
+ * they are all on q's node, else in bytes[1]. A relay passes on about one
+ * copy of a region at most (its own range's copies and, as a gateway or
+ * exporter, its share of the others'), so the region's bytes bound it.
+ * Beside it what q receives: its B regions that it holds none of, from
+ * its node where a holder is there, else from other nodes. From q's own
+ * regions and holder arithmetic, once a rank, like duty_of. Uses c->hda
+ * and c->hdb. */
+static vps_result_t relay_bound(struct ctx *c, int64_t q, struct fwd *out)
 {
 	size_t lo = 0, hi = c->nfwds;
 	while (lo < hi) {
@@ -1014,33 +1036,42 @@ static vps_result_t relay_bound(struct ctx *c, int64_t q, int64_t out[2])
 			hi = mid;
 	}
 	if (lo < c->nfwds && c->fwds[lo].world == q) {
-		out[0] = c->fwds[lo].bytes[0];
-		out[1] = c->fwds[lo].bytes[1];
+		*out = c->fwds[lo];
 		return VPS_OK;
 	}
-	int64_t rb = vps_world_b_rank(c->w, q), aq = vps_world_a_rank(c->w, q), bytes[2] = {0, 0};
+	struct fwd f = {q, {0, 0}, {0, 0}, {0, 0}};
+	int64_t rb = vps_world_b_rank(c->w, q), aq = vps_world_a_rank(c->w, q), nr[NODE_RANKS_MAX];
 	int32_t node = vps_world_device(c->w, q).node;
+	size_t nn = vps_devices_node_ranks(vps_layout_devices(c->a), vps_layout_world(c->a), node, nr, NODE_RANKS_MAX);
+	if (nn > NODE_RANKS_MAX)
+		nn = NODE_RANKS_MAX;
 	struct vps_rank_view v = {0};
 	vps_result_t rc = rb >= 0 ? vps_layout_rank(c->b, rb, &v) : VPS_OK;
 	if (rc)
 		return rc;
 	for (size_t i = 0; rb >= 0 && i < v.nregions && !rc; i++) {
 		const struct vps_region *r = &v.regions[i];
+		int64_t bytes = vps_box_volume(&r->box) * (int64_t)vps_dtype_size(vps_region_dtype(r));
 		c->hda.n = 0;
 		c->hdb.n = 0;
 		rc = a_holders(c, r->tensor, r->state, &r->box, &c->hda);
-		bool holds = false;
-		for (size_t k = 0; k < c->hda.n && !holds; k++)
+		bool holds = false, near = false;
+		for (size_t k = 0; k < c->hda.n && !holds; k++) {
 			holds = member(&c->hda.v[k], aq);
+			for (size_t x = 0; x < nn && !near; x++)
+				near = member(&c->hda.v[k], nr[x]);
+		}
 		if (rc || holds)
 			continue;
+		f.recv[!near] = vps_sat_add(f.recv[!near], bytes);
+		int64_t from_away = near ? 0 : bytes;
 		rc = vps_layout_holders(c->b, r->tensor, r->state, &r->box, &c->hdb);
 		for (size_t k = 0; k < c->hdb.n && !rc; k++) {
 			const struct vps_holder *h = &c->hdb.v[k];
 			if (!member(h, rb) || !vps_box_equal(&h->region.box, &r->box) || h->region.buffer != r->buffer ||
 			    h->region.offset != r->offset || h->count > EXACT_REPLICAS)
 				continue;
-			int64_t n = 0;
+			int64_t n = 0, here = 0;
 			bool away = false;
 			for (int64_t j = 0; j < h->count; j++) {
 				int64_t w = vps_world_of_b(c->w, h->base + j * h->stride), a = vps_world_a_rank(c->w, w);
@@ -1049,42 +1080,55 @@ static vps_result_t relay_bound(struct ctx *c, int64_t q, int64_t out[2])
 					held = member(&c->hda.v[x], a);
 				n += !held;
 				away |= !held && vps_world_device(c->w, w).node != node;
+				here += !held && vps_world_device(c->w, w).node == node;
 			}
 			if (n >= 2)
-				bytes[away] = vps_sat_add(bytes[away], vps_box_volume(&r->box) *
-									       (int64_t)vps_dtype_size(vps_region_dtype(r)));
+				f.bytes[away] = vps_sat_add(f.bytes[away], bytes);
+			/* relayed, a region from another node enters this one once */
+			if (here >= 2)
+				from_away /= here;
 			break;
 		}
+		f.recv_best[0] = vps_sat_add(f.recv_best[0], bytes - from_away);
+		f.recv_best[1] = vps_sat_add(f.recv_best[1], from_away);
 	}
 	vps_rank_view_release(&v);
 	VPS_CHECK(rc);
 	VPS_CHECK(VPS_GROW(c->fwds, c->capfwds, c->nfwds + 1));
 	memmove(&c->fwds[lo + 1], &c->fwds[lo], (c->nfwds - lo) * sizeof(*c->fwds));
-	c->fwds[lo] = (struct fwd){q, {bytes[0], bytes[1]}};
+	c->fwds[lo] = f;
 	c->nfwds++;
-	out[0] = bytes[0];
-	out[1] = bytes[1];
+	*out = f;
 	return VPS_OK;
 }
 
-/* A device's time sending intra bytes over NVLink and inter over its NIC
+/* A device's time moving intra bytes over NVLink and inter over its NIC
  * on the plan's topology, or without one its bytes. */
-static double send_time(const struct ctx *c, int64_t intra, int64_t inter)
+static double link_time(const struct ctx *c, int64_t intra, int64_t inter)
 {
 	if (!c->topo)
 		return (double)intra + (double)inter;
 	return fmax((double)intra / c->topo->intra_node_bandwidth, (double)inter / c->topo->inter_node_bandwidth);
 }
 
-/* Whether every device of A among rl's receivers stays, relaying all it
- * could (relay_bound) on top of its own sends (duty_of, where joining
- * receivers relay), below the busiest holder of the region's own sends,
- * in time on the topology (or else in bytes): whatever else relays, no
- * device then sends for longer than that holder did without. */
+/* Whether devices of A among rl's receivers may relay its region. Each,
+ * relaying all it could (relay_bound) on top of its own sends (duty_of,
+ * where joining receivers relay), must stay below the busiest holder of
+ * the region's own sends, in time on the topology (or else in bytes):
+ * whatever else relays, no device then sends for longer than that holder
+ * did without. And relays must be able to gain where the plan is slow:
+ * where the busiest holder's sends outlast every receiver's receives,
+ * its sends were every receiver, two or more, of each of its regions to
+ * relay (d.best) must be faster by more than 1%; where a receiver's
+ * receives last longer, the region's receives must get faster (inbound,
+ * from relay_gains) and so must the busiest receiver's, were its node's
+ * receivers of each region to relay (f.recv_best). A region is one of
+ * many: what decides is whether relaying all regions alike could gain,
+ * which a region alone does not say. */
 static vps_result_t relay_light(struct ctx *c, const struct relay *rl, const struct group *gs, size_t ng,
-				bool *yes)
+				bool inbound, bool *yes)
 {
-	double busiest = 0;
+	double busiest = 0, best = 0, receives = 0, receives_best = 0;
 	*yes = false;
 	for (size_t gi = 0; gi < ng; gi++)
 		for (int64_t j = 0; j < gs[gi].count; j++) {
@@ -1093,19 +1137,26 @@ static vps_result_t relay_light(struct ctx *c, const struct relay *rl, const str
 			struct duty d;
 			group_member(&c->ha, &gs[gi], j, &ra, &h);
 			VPS_CHECK(duty_of(c, ra, &d));
-			busiest = fmax(busiest, send_time(c, d.relayed[0], d.relayed[1]));
+			busiest = fmax(busiest, link_time(c, d.relayed[0], d.relayed[1]));
+			best = fmax(best, link_time(c, d.best[0], d.best[1]));
 		}
 	for (int64_t q = 0; q < rl->n; q++) {
-		int64_t a = vps_world_a_rank(c->w, rl->world[q]), fwd[2];
+		int64_t a = vps_world_a_rank(c->w, rl->world[q]);
+		struct fwd f;
 		struct duty d;
+		VPS_CHECK(relay_bound(c, rl->world[q], &f));
+		receives = fmax(receives, link_time(c, f.recv[0], f.recv[1]));
+		receives_best = fmax(receives_best, link_time(c, f.recv_best[0], f.recv_best[1]));
 		if (a < 0)
 			continue;
 		VPS_CHECK(duty_of(c, a, &d));
-		VPS_CHECK(relay_bound(c, rl->world[q], fwd));
-		if (send_time(c, vps_sat_add(d.relayed[0], fwd[0]), vps_sat_add(d.relayed[1], fwd[1])) >= busiest)
+		if (link_time(c, vps_sat_add(d.relayed[0], f.bytes[0]), vps_sat_add(d.relayed[1], f.bytes[1])) >= busiest)
 			return VPS_OK;
 	}
-	*yes = true;
+	if (busiest > receives)
+		*yes = best < 0.95 * busiest;
+	else
+		*yes = inbound && receives_best < 0.95 * receives;
 	return VPS_OK;
 }
 
@@ -1180,12 +1231,12 @@ static vps_result_t relay_wanted(struct ctx *c, int64_t d, int64_t rb, const str
 		      m->groups == groups && vps_box_equal(&m->box, &R->box))) {
 			uint8_t choice = RELAY_NONE;
 			if (rl->mixed) {
-				bool light = false;
+				bool light = false, inbound;
 				rl->home = one_home ? home : NO_HOME;
 				rl->holders = holders;
 				relay_index(rl);
-				if (relay_gains(c, R, rl, gs, ng))
-					VPS_CHECK(relay_light(c, rl, gs, ng, &light));
+				if (relay_gains(c, R, rl, gs, ng, &inbound))
+					VPS_CHECK(relay_light(c, rl, gs, ng, inbound, &light));
 				if (light)
 					choice = RELAY_FREE;
 				else
@@ -1195,7 +1246,8 @@ static vps_result_t relay_wanted(struct ctx *c, int64_t d, int64_t rb, const str
 				rl->home = one_home ? home : NO_HOME;
 				rl->holders = holders;
 				relay_index(rl);
-				if (relay_gains(c, R, rl, gs, ng))
+				bool inbound;
+				if (relay_gains(c, R, rl, gs, ng, &inbound))
 					choice = RELAY_JOINING;
 			}
 			*m = (struct relay_memo){.used = true, .choice = choice, .tensor = R->tensor,
