@@ -1119,19 +1119,25 @@ static double link_time(const struct ctx *c, int64_t intra, int64_t inter)
  * did without. And relays must be able to gain where the plan is slow:
  * where the busiest holder's sends outlast every receiver's receives,
  * its sends were every receiver, two or more, of each of its regions to
- * relay (d.best) must be faster by more than 1%; where a receiver's
- * receives last longer, the region's receives must get faster (inbound,
- * from relay_gains) and so must the busiest receiver's, were its node's
- * receivers of each region to relay (f.recv_best). A region is one of
- * many: what decides is whether relaying all regions alike could gain,
- * which a region alone does not say. */
+ * relay (d.best) must be faster by more than 5%; where a receiver's
+ * receives last longer, so must the busiest receiver's, were its node's
+ * receivers of each region to relay (f.recv_best), and *inbound says that
+ * the region's receives must get faster too (relay_gains). A region is
+ * one of many: what decides is whether relaying all regions alike could
+ * gain, which a region alone does not say; the margin keeps relays from
+ * where the plan's slowest device lies elsewhere. */
+#define DUTY_MEMBERS 8
 static vps_result_t relay_light(struct ctx *c, const struct relay *rl, const struct group *gs, size_t ng,
-				bool inbound, bool *yes)
+				bool *yes, bool *inbound)
 {
 	double busiest = 0, best = 0, receives = 0, receives_best = 0;
 	*yes = false;
+	/* a group's members share alike (relay_wanted refuses weighed
+	 * groups) and differ by where their receivers are: its first
+	 * DUTY_MEMBERS stand for it, which keeps the global plan's cost near
+	 * what it was at any number of replicas */
 	for (size_t gi = 0; gi < ng; gi++)
-		for (int64_t j = 0; j < gs[gi].count; j++) {
+		for (int64_t j = 0; j < vps_min64(gs[gi].count, DUTY_MEMBERS); j++) {
 			int64_t ra;
 			size_t h;
 			struct duty d;
@@ -1153,10 +1159,8 @@ static vps_result_t relay_light(struct ctx *c, const struct relay *rl, const str
 		if (link_time(c, vps_sat_add(d.relayed[0], f.bytes[0]), vps_sat_add(d.relayed[1], f.bytes[1])) >= busiest)
 			return VPS_OK;
 	}
-	if (busiest > receives)
-		*yes = best < 0.95 * busiest;
-	else
-		*yes = inbound && receives_best < 0.95 * receives;
+	*inbound = !(busiest > receives);
+	*yes = *inbound ? receives_best < 0.95 * receives : best < 0.95 * busiest;
 	return VPS_OK;
 }
 
@@ -1178,6 +1182,13 @@ static vps_result_t relay_wanted(struct ctx *c, int64_t d, int64_t rb, const str
 	int64_t self = vps_world_a_rank(c->w, d);
 	if (c->relay == VPS_RELAY_NEVER || (self >= 0 && (c->relay != VPS_RELAY_AUTO || holds_any(c, self))))
 		return VPS_OK;
+	/* the receivers first: most regions have none to relay among, or d
+	 * is none of them (not of the free ones, so not of the joining ones) */
+	VPS_CHECK(relay_set(c, rb, R, c->relay == VPS_RELAY_AUTO, rl));
+	if (rl->set_base < 0 || rl->n < 2 || rl->i < 0) {
+		rl->n = 0;
+		return VPS_OK;
+	}
 	int32_t home = NO_HOME;
 	bool one_home = true;
 	int64_t holders = 1;
@@ -1213,16 +1224,12 @@ static vps_result_t relay_wanted(struct ctx *c, int64_t d, int64_t rb, const str
 		groups = (groups ^ (uint64_t)first ^ (uint64_t)g->count << 32) * 0x100000001b3u;
 	}
 	if (c->relay == VPS_RELAY_ALWAYS) {
-		VPS_CHECK(relay_set(c, rb, R, false, rl));
 		for (size_t gi = 0; gi < ng; gi++)
 			if (rl->n <= gs[gi].count)
 				return VPS_OK;
 	} else {
 		if (!c->memo && !(c->memo = vps_calloc(RELAY_MEMO, sizeof(*c->memo))))
 			return VPS_ENOMEM;
-		VPS_CHECK(relay_set(c, rb, R, true, rl));
-		if (rl->set_base < 0 || rl->n < 2)
-			return VPS_OK;
 		uint64_t key = (uint64_t)R->tensor * 0x9e3779b97f4a7c15u ^ R->state ^ (uint64_t)rl->set_base << 8;
 		for (int k = 0; k < R->box.ndim; k++)
 			key = (key ^ (uint64_t)R->box.lo[k] ^ (uint64_t)R->box.hi[k] << 20) * 0x100000001b3u;
@@ -1231,12 +1238,14 @@ static vps_result_t relay_wanted(struct ctx *c, int64_t d, int64_t rb, const str
 		      m->groups == groups && vps_box_equal(&m->box, &R->box))) {
 			uint8_t choice = RELAY_NONE;
 			if (rl->mixed) {
-				bool light = false, inbound;
+				bool light, need_inbound, inbound;
 				rl->home = one_home ? home : NO_HOME;
 				rl->holders = holders;
 				relay_index(rl);
-				if (relay_gains(c, R, rl, gs, ng, &inbound))
-					VPS_CHECK(relay_light(c, rl, gs, ng, inbound, &light));
+				/* the devices' own loads first: cached a device, where
+				 * relay_gains weighs the region anew */
+				VPS_CHECK(relay_light(c, rl, gs, ng, &light, &need_inbound));
+				light = light && relay_gains(c, R, rl, gs, ng, &inbound) && (inbound || !need_inbound);
 				if (light)
 					choice = RELAY_FREE;
 				else
@@ -1455,6 +1464,15 @@ static vps_result_t plan_forwards(struct ctx *c, int64_t s, struct pieces *out)
 		bool relayed = false;
 		c->ha.n = 0;
 		rc = a_holders(c, R->tensor, R->state, &R->box, &c->ha);
+		if (!rc && vps_world_a_rank(c->w, s) >= 0) {
+			/* what it holds it sends as a holder, not as a relay; and
+			 * most regions have no receivers to relay among */
+			if (holds_any(c, vps_world_a_rank(c->w, s)))
+				continue;
+			rc = relay_set(c, rb, R, true, &rl);
+			if (!rc && (rl.set_base < 0 || rl.n < 2 || rl.i < 0))
+				continue;
+		}
 		if (!rc) {
 			qsort(c->ha.v, c->ha.n, sizeof(*c->ha.v), holder_cmp);
 			rc = make_groups(c, vps_world_device(c->w, s).node, -1, T, pref_tp, &gs, &ng);
