@@ -57,6 +57,19 @@ struct pieces {
 struct duty {
 	int64_t rank;
 	int64_t forced, shared;
+	/* forced + shared where joining receivers relay, to devices on ra's
+	 * node [0] and elsewhere [1] (relay_light) */
+	int64_t relayed[2];
+	int64_t best[2]; /* the same were every receiver, two or more, to relay */
+};
+
+/* What a device could pass on, at most, were it to relay every B region
+ * it is a free receiver of, and what it receives (relay_bound). */
+struct fwd {
+	int64_t world;
+	int64_t bytes[2]; /* where every receiver is on its node [0], else [1] */
+	int64_t recv[2];  /* what it receives: from its node [0], from others [1] */
+	int64_t recv_best[2]; /* the same were its node's receivers of each region to relay */
 };
 
 struct ctx {
@@ -67,6 +80,8 @@ struct ctx {
 	struct vps_holders hda, hdb; /* for duty_of, beside ha and hb in use */
 	struct duty *duties;         /* sorted by rank */
 	size_t nduties, capduties;
+	struct fwd *fwds;            /* relay_bound's, sorted by world rank */
+	size_t nfwds, capfwds;
 	struct vps_piece last; /* global plans: the piece a block packs against */
 	const struct vps_lost *lost; /* A ranks no piece may come from */
 	enum vps_relay relay;        /* the options' */
@@ -87,6 +102,8 @@ struct ctx {
 #define NO_HOME INT32_MIN
 struct relay {
 	int64_t n, i;
+	int64_t set_base; /* the B replica set's first rank (-1: none counted) */
+	bool mixed;       /* some receivers are devices of A */
 	int64_t world[EXACT_REPLICAS], b[EXACT_REPLICAS];
 	int32_t node[EXACT_REPLICAS];
 	int32_t home;
@@ -98,17 +115,19 @@ struct relay {
 	uint8_t kth[EXACT_REPLICAS][EXACT_REPLICAS];
 };
 
-/* VPS_RELAY_AUTO's choice for a region (its tensor, state and box, its
- * receivers' first world rank and number, and its groups of holders),
- * kept so that the receivers and holders that plan the region in one plan
- * weigh it once. */
+/* VPS_RELAY_AUTO's choice for a region (its tensor, state and box, its B
+ * replica set's first rank, and its groups of holders): none, its joining
+ * receivers, or every free receiver (RELAY_*), kept so that the receivers
+ * and holders that plan the region in one plan weigh it once. */
 #define RELAY_MEMO 1024
+enum { RELAY_NONE, RELAY_JOINING, RELAY_FREE };
 struct relay_memo {
-	bool used, yes;
+	bool used;
+	uint8_t choice;
 	uint32_t tensor;
 	uint8_t state;
 	struct vps_box box;
-	int64_t first, n;
+	int64_t set_base;
 	uint64_t groups;
 };
 
@@ -279,19 +298,32 @@ static vps_result_t replica_index(struct ctx *c, int64_t rb, const struct vps_re
 	return VPS_OK;
 }
 
-/* The receivers of region R of B rank rb (the replicas of R on joining
- * devices, which have no A rank), when rb is one of them and the replica
- * set is small enough to count exactly; rl->n 0 otherwise. A joining
- * device sends nothing in today's plan, and as a relay less than it
- * receives; a device of A that holds none of R may already be the busiest
- * sender of its own data (three paper transitions got slower when they
- * relayed too). */
-static vps_result_t relay_set(struct ctx *c, int64_t rb, const struct vps_region *R, struct relay *rl)
+/* Whether A rank a holds any of the region whose A holders are in c->ha. */
+static bool holds_any(const struct ctx *c, int64_t a)
+{
+	for (size_t q = 0; q < c->ha.n && a >= 0; q++)
+		if (member(&c->ha.v[q], a))
+			return true;
+	return false;
+}
+
+/* The receivers of region R of B rank rb in replica order: the replicas of
+ * R on joining devices (no A rank), and with free_too also on devices of A
+ * that hold none of R (c->ha: R's holders), when the replica set is small
+ * enough to count exactly (rl->n 0 otherwise); rl->i is rb's index among
+ * them, -1 when rb is none of them. A joining device sends nothing
+ * without relays, and as a relay less than it receives; a device of A may
+ * already be the busiest sender of its own data, so VPS_RELAY_AUTO lets it
+ * relay only where relay_light says its whole load stays below the
+ * holders' (three paper transitions got slower when any relayed). */
+static vps_result_t relay_set(struct ctx *c, int64_t rb, const struct vps_region *R, bool free_too, struct relay *rl)
 {
 	rl->n = 0;
 	rl->i = -1;
 	rl->home = NO_HOME;
 	rl->holders = 1;
+	rl->set_base = -1;
+	rl->mixed = false;
 	c->hb.n = 0;
 	VPS_CHECK(vps_layout_holders(c->b, R->tensor, R->state, &R->box, &c->hb));
 	for (size_t k = 0; k < c->hb.n; k++) {
@@ -301,18 +333,18 @@ static vps_result_t relay_set(struct ctx *c, int64_t rb, const struct vps_region
 			continue;
 		if (h->count > EXACT_REPLICAS)
 			return VPS_OK;
+		rl->set_base = h->base;
 		for (int64_t j = 0; j < h->count; j++) {
-			int64_t q = h->base + j * h->stride, wq = vps_world_of_b(c->w, q);
-			if (vps_world_a_rank(c->w, wq) >= 0)
+			int64_t q = h->base + j * h->stride, wq = vps_world_of_b(c->w, q), aq = vps_world_a_rank(c->w, wq);
+			if (aq >= 0 && (!free_too || holds_any(c, aq)))
 				continue;
+			rl->mixed |= aq >= 0;
 			if (q == rb)
 				rl->i = rl->n;
 			rl->node[rl->n] = vps_world_device(c->w, wq).node;
 			rl->world[rl->n] = wq;
 			rl->b[rl->n++] = q;
 		}
-		if (rl->i < 0)
-			rl->n = 0;
 		return VPS_OK;
 	}
 	return VPS_OK;
@@ -340,27 +372,42 @@ static bool weighed(const struct ctx *c, const int64_t *cand, int64_t k)
 }
 
 /* Receivers among B holder set H of box x: members whose device holds
- * none of x under A (the A holders in hda). Counted up to EXACT_REPLICAS
- * members; past that, all members. */
-static int64_t receivers(const struct ctx *c, const struct vps_holder *H, const struct vps_box *x)
+ * none of x under A (the A holders in hda); of them in r[1] the joining
+ * ones, in r[2] those on node, in r[3] the joining ones on node. Counted
+ * up to EXACT_REPLICAS members; past that, all members, none joining nor
+ * on node. @return r[0]. */
+static int64_t receivers(const struct ctx *c, const struct vps_holder *H, const struct vps_box *x, int32_t node,
+			 int64_t r[4])
 {
-	if (H->count > EXACT_REPLICAS)
-		return H->count;
-	int64_t n = 0;
+	memset(r, 0, 4 * sizeof(*r));
+	if (H->count > EXACT_REPLICAS) {
+		r[0] = H->count;
+		return r[0];
+	}
 	for (int64_t j = 0; j < H->count; j++) {
-		int64_t a = vps_world_a_rank(c->w, vps_world_of_b(c->w, H->base + j * H->stride));
+		int64_t w = vps_world_of_b(c->w, H->base + j * H->stride), a = vps_world_a_rank(c->w, w);
 		bool holds = false;
 		for (size_t q = 0; q < c->hda.n && a >= 0 && !holds; q++)
 			holds = member(&c->hda.v[q], a) && vps_box_contains(&c->hda.v[q].region.box, x);
-		n += !holds;
+		if (holds)
+			continue;
+		bool here = vps_world_device(c->w, w).node == node;
+		r[0]++;
+		r[1] += a < 0;
+		r[2] += here;
+		r[3] += a < 0 && here;
 	}
-	return n;
+	return r[0];
 }
 
 /* The duty of A rank ra: for each of its regions, the bytes B ranks that
  * do not hold them need; forced when ra is the region's only replica,
- * else shared by its replicas equally. Computed from ra's own regions
- * and holder arithmetic (no enumeration of the world), once per rank. */
+ * else shared by its replicas equally. Beside it, what it sends where the
+ * joining receivers of a replica set relay, as VPS_RELAY_AUTO has them
+ * about wherever they are two or more and at least as many as the
+ * replicas: one copy for them all (relay_light weighs that). Computed
+ * from ra's own regions and holder arithmetic (no enumeration of the
+ * world), once per rank. */
 static vps_result_t duty_of(struct ctx *c, int64_t ra, struct duty *out)
 {
 	size_t lo = 0, hi = c->nduties;
@@ -377,7 +424,8 @@ static vps_result_t duty_of(struct ctx *c, int64_t ra, struct duty *out)
 	}
 	struct vps_rank_view v;
 	VPS_CHECK(vps_layout_rank(c->a, ra, &v));
-	struct duty d = {ra, 0, 0};
+	struct duty d = {ra, 0, 0, {0, 0}, {0, 0}};
+	int32_t node = vps_layout_device(c->a, ra).node;
 	vps_result_t rc = VPS_OK;
 	for (size_t i = 0; i < v.nregions && !rc; i++) {
 		const struct vps_region *r = &v.regions[i];
@@ -394,13 +442,37 @@ static vps_result_t duty_of(struct ctx *c, int64_t ra, struct duty *out)
 			struct vps_box x;
 			if (!vps_box_intersect(&c->hdb.v[q].region.box, &r->box, &x))
 				continue;
-			int64_t bytes;
-			if (!vps_mul_ok(vps_box_volume(&x) * esize, receivers(c, &c->hdb.v[q], &x), &bytes))
+			int64_t bytes, rc4[4], all = receivers(c, &c->hdb.v[q], &x, node, rc4);
+			/* receivers on ra's node and elsewhere, the joining ones
+			 * taking one copy between them where they relay */
+			int64_t n[2] = {rc4[2], all - rc4[2]};
+			if (rc4[1] >= 2 && rc4[1] >= replicas && c->relay == VPS_RELAY_AUTO) {
+				n[0] -= rc4[3];
+				n[1] -= rc4[1] - rc4[3];
+				n[rc4[1] > rc4[3]]++;
+			}
+			if (!vps_mul_ok(vps_box_volume(&x) * esize, all, &bytes))
 				bytes = INT64_MAX;
 			if (replicas <= 1)
 				d.forced = vps_sat_add(d.forced, bytes);
 			else
 				d.shared = vps_sat_add(d.shared, bytes / replicas);
+			for (int link = 0; link < 2; link++) {
+				int64_t rbytes;
+				if (!vps_mul_ok(vps_box_volume(&x) * esize, n[link], &rbytes))
+					rbytes = INT64_MAX;
+				d.relayed[link] = vps_sat_add(d.relayed[link], replicas <= 1 ? rbytes : rbytes / replicas);
+			}
+			if (c->hdb.v[q].count <= EXACT_REPLICAS && all >= 2) {
+				n[0] = all == rc4[2];
+				n[1] = all != rc4[2];
+			}
+			for (int link = 0; link < 2; link++) {
+				int64_t rbytes;
+				if (!vps_mul_ok(vps_box_volume(&x) * esize, n[link], &rbytes))
+					rbytes = INT64_MAX;
+				d.best[link] = vps_sat_add(d.best[link], replicas <= 1 ? rbytes : rbytes / replicas);
+			}
 		}
 	}
 	vps_rank_view_release(&v);
@@ -861,12 +933,13 @@ static double load_time(const struct ctx *c, const struct relay_load *l, bool se
  * time, its busiest device's, and its busiest receiver's (rl->n units a
  * copy). */
 static void relay_estimate(const struct ctx *c, const struct relay *rl, const struct group *gs, size_t ng,
-			   const struct vps_box *R, bool relayed, double *sender, double *device, double *receiver)
+			   const struct vps_box *R, bool relayed, double *sender, double *device, double *receiver,
+			   double *inbound)
 {
 	struct relay_load recv[EXACT_REPLICAS];
 	double whole = (double)vps_box_volume(R);
 	memset(recv, 0, sizeof(recv));
-	*sender = *device = *receiver = 0;
+	*sender = *device = *receiver = *inbound = 0;
 	for (size_t gi = 0; gi < ng; gi++) {
 		const struct group *g = &gs[gi];
 		struct vps_box x;
@@ -922,67 +995,207 @@ static void relay_estimate(const struct ctx *c, const struct relay *rl, const st
 		*sender = fmax(*sender, load_time(c, &recv[i], true));
 		*device = fmax(*device, load_time(c, &recv[i], false));
 		*receiver = fmax(*receiver, load_time(c, &recv[i], false));
+		struct relay_load in = {{0, 0}, {recv[i].recv[0], recv[i].recv[1]}};
+		*inbound = fmax(*inbound, load_time(c, &in, false));
 	}
 }
 
-/* VPS_RELAY_AUTO: relay where the region's busiest sender gets faster by
- * more than 1% and no receiver ends busier than the busiest device was
- * directly. From the region's groups and receivers alone, so every rank
- * that plans it decides alike; remembered per region. */
-static vps_result_t relay_gains(struct ctx *c, const struct vps_region *R, const struct relay *rl,
-				const struct group *gs, size_t ng, bool *yes)
+/* Whether relaying rl's region makes its busiest sender faster by more
+ * than 1%, no receiver ending busier than the busiest device was directly;
+ * *inbound whether its busiest receiver's receives get faster by more than
+ * 1% too (a range entering a node once where it entered once a receiver:
+ * bytes moved from NICs to NVLink). */
+static bool relay_gains(const struct ctx *c, const struct vps_region *R, const struct relay *rl,
+			const struct group *gs, size_t ng, bool *inbound)
 {
-	if (!c->memo && !(c->memo = vps_calloc(RELAY_MEMO, sizeof(*c->memo))))
-		return VPS_ENOMEM;
-	/* the groups by their first members and sizes: a choice is never
-	 * taken for other holders' */
-	uint64_t groups = ng;
-	for (size_t gi = 0; gi < ng; gi++) {
-		int64_t first;
-		size_t h;
-		group_member(&c->ha, &gs[gi], 0, &first, &h);
-		groups = (groups ^ (uint64_t)first ^ (uint64_t)gs[gi].count << 32) * 0x100000001b3u;
+	double send_d, dev_d, recv_d, in_d, send_r, dev_r, recv_r, in_r;
+	relay_estimate(c, rl, gs, ng, &R->box, false, &send_d, &dev_d, &recv_d, &in_d);
+	relay_estimate(c, rl, gs, ng, &R->box, true, &send_r, &dev_r, &recv_r, &in_r);
+	*inbound = in_r < 0.99 * in_d;
+	return send_r < 0.99 * send_d && recv_r <= dev_d;
+}
+
+/* The most world rank q could pass on: the bytes of each of its B regions
+ * it would relay (it holds none of it under A, and the region's free
+ * receivers, at most EXACT_REPLICAS, are two or more), in bytes[0] where
+ * they are all on q's node, else in bytes[1]. A relay passes on about one
+ * copy of a region at most (its own range's copies and, as a gateway or
+ * exporter, its share of the others'), so the region's bytes bound it.
+ * Beside it what q receives: its B regions that it holds none of, from
+ * its node where a holder is there, else from other nodes. From q's own
+ * regions and holder arithmetic, once a rank, like duty_of. Uses c->hda
+ * and c->hdb. */
+static vps_result_t relay_bound(struct ctx *c, int64_t q, struct fwd *out)
+{
+	size_t lo = 0, hi = c->nfwds;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (c->fwds[mid].world < q)
+			lo = mid + 1;
+		else
+			hi = mid;
 	}
-	uint64_t h = (uint64_t)R->tensor * 0x9e3779b97f4a7c15u ^ R->state ^ (uint64_t)rl->world[0] << 8;
-	for (int k = 0; k < R->box.ndim; k++)
-		h = (h ^ (uint64_t)R->box.lo[k] ^ (uint64_t)R->box.hi[k] << 20) * 0x100000001b3u;
-	struct relay_memo *m = &c->memo[h % RELAY_MEMO];
-	if (m->used && m->tensor == R->tensor && m->state == R->state && m->first == rl->world[0] && m->n == rl->n &&
-	    m->groups == groups && vps_box_equal(&m->box, &R->box)) {
-		*yes = m->yes;
+	if (lo < c->nfwds && c->fwds[lo].world == q) {
+		*out = c->fwds[lo];
 		return VPS_OK;
 	}
-	double send_d, dev_d, recv_d, send_r, dev_r, recv_r;
-	relay_estimate(c, rl, gs, ng, &R->box, false, &send_d, &dev_d, &recv_d);
-	relay_estimate(c, rl, gs, ng, &R->box, true, &send_r, &dev_r, &recv_r);
-	*yes = send_r < 0.99 * send_d && recv_r <= dev_d;
-	*m = (struct relay_memo){.used = true, .yes = *yes, .tensor = R->tensor, .state = (uint8_t)R->state,
-				 .box = R->box, .first = rl->world[0], .n = rl->n, .groups = groups};
+	struct fwd f = {q, {0, 0}, {0, 0}, {0, 0}};
+	int64_t rb = vps_world_b_rank(c->w, q), aq = vps_world_a_rank(c->w, q), nr[NODE_RANKS_MAX];
+	int32_t node = vps_world_device(c->w, q).node;
+	size_t nn = vps_devices_node_ranks(vps_layout_devices(c->a), vps_layout_world(c->a), node, nr, NODE_RANKS_MAX);
+	if (nn > NODE_RANKS_MAX)
+		nn = NODE_RANKS_MAX;
+	struct vps_rank_view v = {0};
+	vps_result_t rc = rb >= 0 ? vps_layout_rank(c->b, rb, &v) : VPS_OK;
+	if (rc)
+		return rc;
+	for (size_t i = 0; rb >= 0 && i < v.nregions && !rc; i++) {
+		const struct vps_region *r = &v.regions[i];
+		int64_t bytes = vps_box_volume(&r->box) * (int64_t)vps_dtype_size(vps_region_dtype(r));
+		c->hda.n = 0;
+		c->hdb.n = 0;
+		rc = a_holders(c, r->tensor, r->state, &r->box, &c->hda);
+		bool holds = false, near = false;
+		for (size_t k = 0; k < c->hda.n && !holds; k++) {
+			holds = member(&c->hda.v[k], aq);
+			for (size_t x = 0; x < nn && !near; x++)
+				near = member(&c->hda.v[k], nr[x]);
+		}
+		if (rc || holds)
+			continue;
+		f.recv[!near] = vps_sat_add(f.recv[!near], bytes);
+		int64_t from_away = near ? 0 : bytes;
+		rc = vps_layout_holders(c->b, r->tensor, r->state, &r->box, &c->hdb);
+		for (size_t k = 0; k < c->hdb.n && !rc; k++) {
+			const struct vps_holder *h = &c->hdb.v[k];
+			if (!member(h, rb) || !vps_box_equal(&h->region.box, &r->box) || h->region.buffer != r->buffer ||
+			    h->region.offset != r->offset || h->count > EXACT_REPLICAS)
+				continue;
+			int64_t n = 0, here = 0;
+			bool away = false;
+			for (int64_t j = 0; j < h->count; j++) {
+				int64_t w = vps_world_of_b(c->w, h->base + j * h->stride), a = vps_world_a_rank(c->w, w);
+				bool held = false;
+				for (size_t x = 0; x < c->hda.n && a >= 0 && !held; x++)
+					held = member(&c->hda.v[x], a);
+				n += !held;
+				away |= !held && vps_world_device(c->w, w).node != node;
+				here += !held && vps_world_device(c->w, w).node == node;
+			}
+			if (n >= 2)
+				f.bytes[away] = vps_sat_add(f.bytes[away], bytes);
+			/* relayed, a region from another node enters this one once */
+			if (here >= 2)
+				from_away /= here;
+			break;
+		}
+		f.recv_best[0] = vps_sat_add(f.recv_best[0], bytes - from_away);
+		f.recv_best[1] = vps_sat_add(f.recv_best[1], from_away);
+	}
+	vps_rank_view_release(&v);
+	VPS_CHECK(rc);
+	VPS_CHECK(VPS_GROW(c->fwds, c->capfwds, c->nfwds + 1));
+	memmove(&c->fwds[lo + 1], &c->fwds[lo], (c->nfwds - lo) * sizeof(*c->fwds));
+	c->fwds[lo] = f;
+	c->nfwds++;
+	*out = f;
 	return VPS_OK;
 }
 
-/* Whether region R of B rank rb on world rank d is relayed: d joins (has
- * no A rank) and is one of the region's two or more receivers, and every
- * group of holders shares alike (not weighed); then, by the mode, where
- * the receivers outnumber every group's members (ALWAYS: a holder that
- * sends R to two receivers directly sends it once when they relay) or
- * where relay_gains says (AUTO, groups of at most EXACT_REPLICAS). The
- * receivers and the groups are the same whichever receiver asks, so they
- * all decide alike. */
+/* A device's time moving intra bytes over NVLink and inter over its NIC
+ * on the plan's topology, or without one its bytes. */
+static double link_time(const struct ctx *c, int64_t intra, int64_t inter)
+{
+	if (!c->topo)
+		return (double)intra + (double)inter;
+	return fmax((double)intra / c->topo->intra_node_bandwidth, (double)inter / c->topo->inter_node_bandwidth);
+}
+
+/* Whether devices of A among rl's receivers may relay its region. Each,
+ * relaying all it could (relay_bound) on top of its own sends (duty_of,
+ * where joining receivers relay), must stay below the busiest holder of
+ * the region's own sends, in time on the topology (or else in bytes):
+ * whatever else relays, no device then sends for longer than that holder
+ * did without. And relays must be able to gain where the plan is slow:
+ * where the busiest holder's sends outlast every receiver's receives,
+ * its sends were every receiver, two or more, of each of its regions to
+ * relay (d.best) must be faster by more than 5%; where a receiver's
+ * receives last longer, so must the busiest receiver's, were its node's
+ * receivers of each region to relay (f.recv_best), and *inbound says that
+ * the region's receives must get faster too (relay_gains). A region is
+ * one of many: what decides is whether relaying all regions alike could
+ * gain, which a region alone does not say; the margin keeps relays from
+ * where the plan's slowest device lies elsewhere. */
+#define DUTY_MEMBERS 8
+static vps_result_t relay_light(struct ctx *c, const struct relay *rl, const struct group *gs, size_t ng,
+				bool *yes, bool *inbound)
+{
+	double busiest = 0, best = 0, receives = 0, receives_best = 0;
+	*yes = false;
+	/* a group's members share alike (relay_wanted refuses weighed
+	 * groups) and differ by where their receivers are: its first
+	 * DUTY_MEMBERS stand for it, which keeps the global plan's cost near
+	 * what it was at any number of replicas */
+	for (size_t gi = 0; gi < ng; gi++)
+		for (int64_t j = 0; j < vps_min64(gs[gi].count, DUTY_MEMBERS); j++) {
+			int64_t ra;
+			size_t h;
+			struct duty d;
+			group_member(&c->ha, &gs[gi], j, &ra, &h);
+			VPS_CHECK(duty_of(c, ra, &d));
+			busiest = fmax(busiest, link_time(c, d.relayed[0], d.relayed[1]));
+			best = fmax(best, link_time(c, d.best[0], d.best[1]));
+		}
+	for (int64_t q = 0; q < rl->n; q++) {
+		int64_t a = vps_world_a_rank(c->w, rl->world[q]);
+		struct fwd f;
+		struct duty d;
+		VPS_CHECK(relay_bound(c, rl->world[q], &f));
+		receives = fmax(receives, link_time(c, f.recv[0], f.recv[1]));
+		receives_best = fmax(receives_best, link_time(c, f.recv_best[0], f.recv_best[1]));
+		if (a < 0)
+			continue;
+		VPS_CHECK(duty_of(c, a, &d));
+		if (link_time(c, vps_sat_add(d.relayed[0], f.bytes[0]), vps_sat_add(d.relayed[1], f.bytes[1])) >= busiest)
+			return VPS_OK;
+	}
+	*inbound = !(busiest > receives);
+	*yes = *inbound ? receives_best < 0.95 * receives : best < 0.95 * busiest;
+	return VPS_OK;
+}
+
+/* Whether region R of B rank rb on world rank d is relayed, and through
+ * whom (rl). Every group of holders must share alike (not weighed). By
+ * the mode: ALWAYS relays among the joining receivers where they are two
+ * or more and outnumber every group's members (a holder that sends R to
+ * two receivers directly sends it once when they relay); AUTO (groups of
+ * at most EXACT_REPLICAS) among every free receiver where that gains
+ * (relay_gains) and the devices of A among them stay light (relay_light),
+ * else among the joining ones where that gains. The receivers and the
+ * groups are the same whichever rank asks, so they all decide alike; the
+ * choice is remembered per region. */
 static vps_result_t relay_wanted(struct ctx *c, int64_t d, int64_t rb, const struct vps_region *R,
 				 const struct group *gs, size_t ng, struct relay *rl, bool *yes)
 {
 	*yes = false;
-	if (c->relay == VPS_RELAY_NEVER || vps_world_a_rank(c->w, d) >= 0)
+	rl->n = 0;
+	int64_t self = vps_world_a_rank(c->w, d);
+	if (c->relay == VPS_RELAY_NEVER || (self >= 0 && (c->relay != VPS_RELAY_AUTO || holds_any(c, self))))
 		return VPS_OK;
-	VPS_CHECK(relay_set(c, rb, R, rl));
-	if (rl->n < 2)
+	/* the receivers first: most regions have none to relay among, or d
+	 * is none of them (not of the free ones, so not of the joining ones) */
+	VPS_CHECK(relay_set(c, rb, R, c->relay == VPS_RELAY_AUTO, rl));
+	if (rl->set_base < 0 || rl->n < 2 || rl->i < 0) {
+		rl->n = 0;
 		return VPS_OK;
+	}
 	int32_t home = NO_HOME;
 	bool one_home = true;
+	int64_t holders = 1;
+	uint64_t groups = ng;
 	for (size_t gi = 0; gi < ng; gi++) {
 		const struct group *g = &gs[gi];
-		if (c->relay == VPS_RELAY_ALWAYS ? rl->n <= g->count : g->count > EXACT_REPLICAS)
+		if (c->relay == VPS_RELAY_AUTO && g->count > EXACT_REPLICAS)
 			return VPS_OK;
 		if (g->count <= SPLIT_MAX) {
 			int64_t cand[SPLIT_MAX];
@@ -992,7 +1205,8 @@ static vps_result_t relay_wanted(struct ctx *c, int64_t d, int64_t rb, const str
 			if (weighed(c, cand, g->count))
 				return VPS_OK;
 		}
-		/* each member's node (at most EXACT_REPLICAS of them) */
+		/* each member's node (at most EXACT_REPLICAS of them, or stops
+		 * at the second node) */
 		for (int64_t j = 0; j < g->count && one_home; j++) {
 			int64_t ra;
 			size_t h;
@@ -1001,12 +1215,64 @@ static vps_result_t relay_wanted(struct ctx *c, int64_t d, int64_t rb, const str
 			one_home = home == NO_HOME || home == node;
 			home = node;
 		}
-		rl->holders = gi ? vps_min64(rl->holders, g->count) : g->count;
+		holders = gi ? vps_min64(holders, g->count) : g->count;
+		/* the groups by their first members and sizes: a choice is never
+		 * taken for other holders' */
+		int64_t first;
+		size_t h;
+		group_member(&c->ha, g, 0, &first, &h);
+		groups = (groups ^ (uint64_t)first ^ (uint64_t)g->count << 32) * 0x100000001b3u;
 	}
+	if (c->relay == VPS_RELAY_ALWAYS) {
+		for (size_t gi = 0; gi < ng; gi++)
+			if (rl->n <= gs[gi].count)
+				return VPS_OK;
+	} else {
+		if (!c->memo && !(c->memo = vps_calloc(RELAY_MEMO, sizeof(*c->memo))))
+			return VPS_ENOMEM;
+		uint64_t key = (uint64_t)R->tensor * 0x9e3779b97f4a7c15u ^ R->state ^ (uint64_t)rl->set_base << 8;
+		for (int k = 0; k < R->box.ndim; k++)
+			key = (key ^ (uint64_t)R->box.lo[k] ^ (uint64_t)R->box.hi[k] << 20) * 0x100000001b3u;
+		struct relay_memo *m = &c->memo[key % RELAY_MEMO];
+		if (!(m->used && m->tensor == R->tensor && m->state == R->state && m->set_base == rl->set_base &&
+		      m->groups == groups && vps_box_equal(&m->box, &R->box))) {
+			uint8_t choice = RELAY_NONE;
+			if (rl->mixed) {
+				bool light, need_inbound, inbound;
+				rl->home = one_home ? home : NO_HOME;
+				rl->holders = holders;
+				relay_index(rl);
+				/* the devices' own loads first: cached a device, where
+				 * relay_gains weighs the region anew */
+				VPS_CHECK(relay_light(c, rl, gs, ng, &light, &need_inbound));
+				light = light && relay_gains(c, R, rl, gs, ng, &inbound) && (inbound || !need_inbound);
+				if (light)
+					choice = RELAY_FREE;
+				else
+					VPS_CHECK(relay_set(c, rb, R, false, rl));
+			}
+			if (choice == RELAY_NONE && rl->n >= 2) {
+				rl->home = one_home ? home : NO_HOME;
+				rl->holders = holders;
+				relay_index(rl);
+				bool inbound;
+				if (relay_gains(c, R, rl, gs, ng, &inbound))
+					choice = RELAY_JOINING;
+			}
+			*m = (struct relay_memo){.used = true, .choice = choice, .tensor = R->tensor,
+						 .state = (uint8_t)R->state, .box = R->box, .set_base = rl->set_base,
+						 .groups = groups};
+		}
+		if (m->choice == RELAY_NONE)
+			return VPS_OK;
+		if (m->choice == RELAY_JOINING && rl->mixed)
+			VPS_CHECK(relay_set(c, rb, R, false, rl));
+	}
+	if (rl->n < 2 || rl->i < 0)
+		return VPS_OK;
 	rl->home = one_home ? home : NO_HOME;
+	rl->holders = holders;
 	relay_index(rl);
-	if (c->relay == VPS_RELAY_AUTO)
-		return relay_gains(c, R, rl, gs, ng, yes);
 	*yes = true;
 	return VPS_OK;
 }
@@ -1175,16 +1441,19 @@ static vps_result_t candidates_for(struct ctx *c, int64_t s, const struct vps_re
 
 /* What world rank s passes on: for each of its B regions that it receives
  * relayed, the decision re-run for the other receivers, keeping the pieces
- * from s's B buffers (a holder's own sends come from plan_sends). Only a
- * joining device relays. */
+ * from s's B buffers (a holder's own sends come from plan_sends). A
+ * joining device relays, and by default (VPS_RELAY_AUTO) a device of A
+ * too, where relay_wanted lets it. */
 static vps_result_t plan_forwards(struct ctx *c, int64_t s, struct pieces *out)
 {
 	int64_t rb = vps_world_b_rank(c->w, s);
-	if (rb < 0 || c->relay == VPS_RELAY_NEVER || vps_world_a_rank(c->w, s) >= 0)
+	if (rb < 0 || c->relay == VPS_RELAY_NEVER ||
+	    (vps_world_a_rank(c->w, s) >= 0 && c->relay != VPS_RELAY_AUTO))
 		return VPS_OK;
 	struct vps_rank_view v;
 	struct pieces tmp = {0};
 	struct relay rl;
+	rl.n = 0;
 	VPS_CHECK(vps_layout_rank(c->b, rb, &v));
 	vps_result_t rc = VPS_OK;
 	for (size_t i = 0; i < v.nregions && !rc; i++) {
@@ -1195,6 +1464,15 @@ static vps_result_t plan_forwards(struct ctx *c, int64_t s, struct pieces *out)
 		bool relayed = false;
 		c->ha.n = 0;
 		rc = a_holders(c, R->tensor, R->state, &R->box, &c->ha);
+		if (!rc && vps_world_a_rank(c->w, s) >= 0) {
+			/* what it holds it sends as a holder, not as a relay; and
+			 * most regions have no receivers to relay among */
+			if (holds_any(c, vps_world_a_rank(c->w, s)))
+				continue;
+			rc = relay_set(c, rb, R, true, &rl);
+			if (!rc && (rl.set_base < 0 || rl.n < 2 || rl.i < 0))
+				continue;
+		}
 		if (!rc) {
 			qsort(c->ha.v, c->ha.n, sizeof(*c->ha.v), holder_cmp);
 			rc = make_groups(c, vps_world_device(c->w, s).node, -1, T, pref_tp, &gs, &ng);
@@ -1444,6 +1722,7 @@ static void ctx_release(struct ctx *c)
 	vps_holders_release(&c->hda);
 	vps_holders_release(&c->hdb);
 	free(c->duties);
+	free(c->fwds);
 	free(c->memo);
 	vps_boxes_release(&c->rem);
 	vps_boxes_release(&c->next);

@@ -39,7 +39,7 @@ checkpoint (Megatron's checkpoint_and_decide_exit):
    pretrain() called in train()'s place.
 2. Each rank makes its part of the switch's plan (vps-layout, vps-plan
    --rank, vps-stage in --vps-dir/rank-R; vps-plan's default, relays where
-   they win, and none relays here: only joining devices relay) and starts
+   they win, and none wins in these switches) and starts
    its own vps-exec, whose rendezvous port rank 0 picks.
 3. vps.megatron.Job.switch moves the state (bf16 parameters, fp32 main
    parameters, Adam's moments; Adam's step, the consumed samples and the

@@ -105,6 +105,27 @@ relay_join() { # TRANSPORT DEVICES_PER_NODE DP [demo.sh arguments...]
 	moved=$("$VPS_BIN/vps-plan" -q "$dir/a.layout" "$dir/b.layout" --stats | awk '$1 == "bytes_moved:" { print $2 }')
 	[ "$sent" -gt 0 ] && [ "$sent" -lt "$moved" ] || { echo "rank 0 sent $sent of $moved moved: nothing relayed" >&2; return 1; }
 }
+# Devices that do not join relay by default (docs/relay.md, "Devices that
+# do not join"): tiny-llama without ZeRO from pp=4, dp=2 to pp=4, dp=4.
+# The new replicas of the first two stages are the devices of A (world
+# ranks 0-7) that held the last two; they pass on what the holders sent
+# them. Every rank sends what its plan says, forwards included, and
+# --check proves every byte; planned by every rank alone, the ranks agree.
+relay_from_a() { # TRANSPORT DEVICES_PER_NODE [demo.sh arguments...]
+	local transport=$1 np=$2
+	shift 2
+	demo "$transport" --np "$np" "$@" --model tiny-llama --from tp=1,pp=4,dp=2,zero=0 --to tp=1,pp=4,dp=4,zero=0
+	local dir=$BATS_TEST_TMPDIR/demo planned sent r from_a=0
+	for ((r = 0; r < 16; r++)); do
+		planned=$("$VPS_BIN/vps-plan" --transfers --rank "$r" --format tsv "$dir/ab.plan" |
+			awk -F'\t' '$2 == "send" { n += $7 } END { print n + 0 }')
+		sent=$(awk '/^  bytes_sent:/ { print $2; exit }' "$dir/report.$r.yaml")
+		[ "$sent" = "$planned" ] || { echo "rank $r sent $sent, its plan $planned" >&2; return 1; }
+		[ "$r" -ge 8 ] || from_a=$((from_a + $("$VPS_BIN/vps-plan" --transfers --rank "$r" --format tsv "$dir/ab.plan" |
+			awk -F'\t' '$2 == "send" && $14 != 0 { n += $7 } END { print n + 0 }')))
+	done
+	[ "$from_a" -gt 0 ] || { echo "no device of A passed anything on" >&2; return 1; }
+}
 world6() {
 	demo "$1" --np "$2" --model tiny-qwen3-moe --from tp=2,pp=1,dp=3,ep=2,etp=1,zero=1 --to tp=1,pp=2,dp=3,ep=1,etp=1,zero=0 --back
 }
@@ -184,6 +205,12 @@ per_rank() { # TRANSPORT DEVICES_PER_NODE
 @test "ipc: relayed join: dp=1 becomes dp=4, receivers read the relays' targets" { relay_join ipc 8 4; }
 @test "ipc: relayed join: dp=1 becomes dp=8" { relay_join ipc 8 8; }
 @test "ipc: relayed join planned and staged by every rank alone: dp=1 becomes dp=8" { relay_join ipc 8 8 --per-rank; }
+
+@test "tcp: devices that do not join relay by default: pp=4, dp=2 becomes dp=4 over four nodes" { relay_from_a tcp 4; }
+@test "ipc: devices that do not join relay by default: pp=4, dp=2 becomes dp=4 on one node" { relay_from_a ipc 16; }
+@test "tcp: devices that do not join relay by default, every rank planning and staging its own part" {
+	relay_from_a tcp 4 --per-rank
+}
 
 # A relay that dies: rank 1 of dp=1 -> dp=4 exits at stage 1, before its
 # forwards. The holder names it, every rank it was to pass on to names it

@@ -177,7 +177,7 @@ stat() { # key from a --stats listing in $output
 		END { for (i = 1; i <= NR; i++) print (i == done ? "- src: 3" : l[i]) }' r.yaml > bad.yaml
 	expect_status 1 vps-verify bad.yaml
 	[[ "$output" == *"relay 3 passes on"*"elements, of which it receives 0 from holders"* ]]
-	# only joining devices relay: pp=4 -> dp=4 gives each stage's layers
+	# devices of A relay only where none ends busier than a holder: pp=4 -> dp=4 gives each stage's layers
 	# three receivers that hold none of them and one holder, all devices
 	# of A, which plan as without relays, with --relay and by default
 	vps-layout -q --model tiny-llama --parallel tp=1,pp=4,dp=1,zero=0 -o p4.layout

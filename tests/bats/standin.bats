@@ -64,6 +64,7 @@ cases() { # NAME: the case's demo.sh arguments, the devices per node under auto
 	world7) echo "4 --model tiny-llama --global-batch 28 --from tp=1,dp=7,zero=1 --to pp=7,first=2,last=0,zero=0" ;;
 	relay) echo "4 --relay --model tiny-llama --from tp=1,pp=1,dp=1,zero=1 --to tp=1,pp=1,dp=8,zero=1" ;;
 	relay_hops) echo "2 --relay --model tiny-llama --from tp=1,pp=1,dp=1,zero=1 --to tp=1,pp=1,dp=8,zero=1" ;;
+	relay_from_a) echo "4 --model tiny-llama --from tp=1,pp=4,dp=2,zero=0 --to tp=1,pp=4,dp=4,zero=0" ;;
 	esac
 }
 
@@ -122,6 +123,10 @@ gpu_case() { # TRANSPORT NAME
 # four nodes: ranges leave the holder's node once and pass between the
 # other nodes (hops 1 to 3), nccl between the nodes, ipc within
 @test "auto: a relayed join: dp=1 becomes dp=8 on four nodes, hops up to 3" { gpu_case auto relay_hops; }
+# by default devices of A that hold none of a stage relay it too (16
+# ranks: over nccl on two nodes, under auto on four)
+@test "nccl: devices that do not join relay by default: pp=4, dp=2 becomes dp=4" { gpu_case nccl relay_from_a; }
+@test "auto: devices that do not join relay by default: pp=4, dp=2 becomes dp=4 on four nodes" { gpu_case auto relay_from_a; }
 
 @test "nccl: devices join: 4 become 8" { gpu_case nccl join; }
 @test "ipc: devices join: 4 become 8, GPU memory" { gpu_case ipc join; }

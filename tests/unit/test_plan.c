@@ -553,3 +553,64 @@ TEST(replicas_in_different_stages_are_weighed_by_their_duties)
 		check_rank_plan(&many, p, ranks[i]);
 	vps_plan_free(p);
 }
+
+/* By default a device of A that holds none of a region relays it too
+ * (docs/relay.md, "Devices that do not join"): where the region's busiest
+ * sender gains and the device, relaying all it could on top of its own
+ * sends, stays below the busiest holder's own sends (in time on the
+ * topology, else in bytes). tiny-llama from pp=4, dp=2 to pp=4, dp=4 on
+ * nodes of four, like llama2-7b-dp-up: the new replicas of a pipeline
+ * stage are devices of A that held another stage, which relay (with
+ * ZeRO-1 only when weighed on the topology), and joining devices. From
+ * pp=2, dp=1 to dp=4 only the joining devices relay. Every element lands
+ * right, a rank's plan is the global plan's part, and the plan is never
+ * slower nor busier than without relays. */
+TEST(devices_that_do_not_join_relay_where_that_is_never_worse)
+{
+	struct vps_topology topo = {.name = "t", .gpus_per_node = 4, .intra_node_bandwidth = 200e9,
+				    .inter_node_bandwidth = 25e9, .memory_bandwidth = 1.9e12, .latency = 20e-6};
+	static const struct {
+		struct tcase c;
+		bool from_a[2]; /* by bytes, and on the topology */
+	} cases_a[] = {
+		{{"tiny-llama", "tp=1,pp=4,dp=2,zero=0", "tp=1,pp=4,dp=4,zero=0", 4, 0, 4, 0}, {true, true}},
+		{{"tiny-llama", "tp=1,pp=4,dp=2,zero=1", "tp=1,pp=4,dp=4,zero=1", 4, 0, 4, 0}, {false, true}},
+		{{"tiny-llama", "tp=1,pp=2,dp=1,zero=0", "tp=1,pp=2,dp=4,zero=0", 4, 0, 4, 0}, {false, false}},
+	};
+	for (size_t i = 0; i < sizeof(cases_a) / sizeof(cases_a[0]); i++) {
+		const struct tcase *c = &cases_a[i].c;
+		run_case(c, true, VPS_RELAY_AUTO);
+		for (int weigh = 0; weigh < 2; weigh++) {
+			struct vps_plan *p[2] = {NULL, NULL};
+			struct vps_plan_stats s[2];
+			memset(s, 0, sizeof(s));
+			for (int m = 0; m < 2; m++) {
+				struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
+				o.relay_mode = m ? VPS_RELAY_AUTO : VPS_RELAY_NEVER;
+				o.topology = weigh ? &topo : NULL;
+				CHECK_OK(vps_plan_compute(&p[m], test_layout(c->model, c->from, c->gpn_a, c->first_a),
+							  test_layout(c->model, c->to, c->gpn_b, c->first_b), &o));
+				if (p[m])
+					CHECK_OK(vps_plan_stats(p[m], &topo, false, &s[m]));
+			}
+			if (p[0] && p[1]) {
+				size_t from_a = 0;
+				for (size_t k = 0; k < p[1]->npieces; k++) {
+					const struct vps_piece *x = &p[1]->pieces[k];
+					from_a += (x->src_buffer & VPS_BUFFER_TARGET) && vps_world_a_rank(p[1]->world, x->src) >= 0;
+				}
+				if ((from_a > 0) != cases_a[i].from_a[weigh])
+					harness_fail(__FILE__, __LINE__, "%s -> %s%s: %zu forwards from devices of A",
+						     c->from, c->to, weigh ? " on the topology" : "", from_a);
+				CHECK(s[1].estimate_seconds < s[0].estimate_seconds);
+				CHECK(s[1].max_send_bytes < s[0].max_send_bytes);
+				CHECK_EQ(s[1].bytes_moved, s[0].bytes_moved);
+				job_plan_exact(p[1], c->from);
+			}
+			for (int m = 0; m < 2; m++) {
+				vps_plan_stats_release(&s[m]);
+				vps_plan_free(p[m]);
+			}
+		}
+	}
+}
