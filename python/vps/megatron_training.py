@@ -99,6 +99,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -798,4 +799,6 @@ def _process_groups():
 
 
 def _say(line):
-    print(line, flush=True)
+    # one write: print's two (line, then newline) interleave with other ranks' lines under python -u
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
