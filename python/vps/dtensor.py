@@ -404,14 +404,16 @@ class Job:
         if self.state.device.type == "cuda":
             # the last optimizer step's kernels may still be writing the buffers vps-exec reads
             torch.cuda.synchronize(self.state.device)
-        new, carried = _state.switch(self.registry, self.state, layout, rank, training=training, timeout=timeout)
-        self._bind.release()
-        self.model = self.optimizer = self._bind = None
-        self.layout, self.rank, self.state = layout, rank, new
-        if new is None:
-            return None, None, carried
-        model, optimizer = build(layout)
-        self.attach(model, optimizer, carried.step)
+        with _state.paused_gc():
+            new, carried = _state.switch(self.registry, self.state, layout, rank, training=training,
+                                         timeout=timeout)
+            self._bind.release()
+            self.model = self.optimizer = self._bind = None
+            self.layout, self.rank, self.state = layout, rank, new
+            if new is None:
+                return None, None, carried
+            model, optimizer = build(layout)
+            self.attach(model, optimizer, carried.step)
         return self.model, self.optimizer, carried
 
     @classmethod

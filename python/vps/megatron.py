@@ -1393,6 +1393,10 @@ class Job:
         When the executors fail the switch, vps.Error is raised and the job
         goes on as it was (see vps.switch; a prepared configuration is
         discarded); timeout is vps.switch's."""
+        with _state.paused_gc():
+            return self._switch(layout, rank, training, build, timeout)
+
+    def _switch(self, layout, rank, training, build, timeout):
         clocks = {"called": time.time(), "groups": 0.0, "build": 0.0, "attach": 0.0, "ahead": None}
         self._live()
         step = self._bind.adam_step(every=False)

@@ -10,7 +10,9 @@ Needs PyTorch: without it, importing this module (or vps.State) raises
 ModuleNotFoundError saying how to get it."""
 from __future__ import annotations
 
+import contextlib
 import ctypes as C
+import gc
 import time
 from typing import Callable, Dict, Iterable, Iterator, Mapping, Optional, Tuple, Union
 
@@ -346,6 +348,21 @@ def assemble(model: Model, pieces: Iterable[Tuple[Region, torch.Tensor]],
     return full
 
 
+@contextlib.contextmanager
+def paused_gc():
+    """Python's cyclic garbage collector held off while the job stands
+    still (a full collection over PyTorch's and a framework's objects takes
+    tens of milliseconds, at whichever allocation tips it over), as it was
+    after; the collections owed run once the job trains again."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def switch(registry: Registry, state: Optional[State], layout: Layout, rank: int, *,
            training: Optional[Training] = None, timeout: float = 600.0,
            device: Union[str, torch.device, None] = None,
@@ -376,52 +393,55 @@ def switch(registry: Registry, state: Optional[State], layout: Layout, rank: int
     wait times out (vps.Timeout) the switch may still be under way: nothing
     is undone, and the error carries seq, to wait on again with
     registry.wait(seq, timeout). A closed registry or state raises
-    vps.InvalidInput before anything is done."""
-    registry._handle()
-    if state is not None:
-        state._live()
-    if target is not None:
-        target._live()
-        if target._registry is not registry or (target._hash, target.rank) != (layout.hash, rank) or rank < 0:
-            raise InvalidInput("the target given is %r, of %s; the switch goes to rank %d of %s" % (
-                target, target._registry, rank, layout.describe()))
-    if registry.state()[0] == FAILED:
-        # a switch a former call left under way (its wait timed out) failed
-        # since: forget its targets and declare the sources again
-        registry.reset(state.layout if state else None, state.rank if state else -1)
-        if state:
-            state.register(registry, SOURCE)
+    vps.InvalidInput before anything is done. Python's garbage collector
+    is held off until it returns (paused_gc)."""
+    with paused_gc():
+        registry._handle()
+        if state is not None:
+            state._live()
         if target is not None:
-            target.register(registry, TARGET)
-    if training is not None:
-        registry.training = training
-    dev = device or (state.device if state else "cpu")
-    new = target if target is not None else State.allocate(registry, layout, rank, TARGET, dev) if rank >= 0 else None
-    seq = None
-    try:
-        registry.set_target(layout, rank)
-        if clocks is not None:
-            clocks["requested"] = time.time()
-        seq = registry.request()
-        registry.wait(seq, timeout)
-        if clocks is not None:
-            clocks["done"] = time.time()
-    except Error as e:
-        e.seq = seq
-        if registry.state()[0] in (REQUESTED, RUNNING):
+            target._live()
+            if target._registry is not registry or (target._hash, target.rank) != (layout.hash, rank) or rank < 0:
+                raise InvalidInput("the target given is %r, of %s; the switch goes to rank %d of %s" % (
+                    target, target._registry, rank, layout.describe()))
+        if registry.state()[0] == FAILED:
+            # a switch a former call left under way (its wait timed out) failed
+            # since: forget its targets and declare the sources again
+            registry.reset(state.layout if state else None, state.rank if state else -1)
+            if state:
+                state.register(registry, SOURCE)
+            if target is not None:
+                target.register(registry, TARGET)
+        if training is not None:
+            registry.training = training
+        dev = device or (state.device if state else "cpu")
+        new = target if target is not None else \
+            State.allocate(registry, layout, rank, TARGET, dev) if rank >= 0 else None
+        seq = None
+        try:
+            registry.set_target(layout, rank)
+            if clocks is not None:
+                clocks["requested"] = time.time()
+            seq = registry.request()
+            registry.wait(seq, timeout)
+            if clocks is not None:
+                clocks["done"] = time.time()
+        except Error as e:
+            e.seq = seq
+            if registry.state()[0] in (REQUESTED, RUNNING):
+                raise
+            registry.reset(state.layout if state else None, state.rank if state else -1)
+            if state:
+                state.register(registry, SOURCE)
+            if new:
+                new.free()
             raise
-        registry.reset(state.layout if state else None, state.rank if state else -1)
-        if state:
-            state.register(registry, SOURCE)
+        carried = registry.training
+        registry.reset(layout if new else None, rank)
+        if state and free:
+            state.free()
+        if clocks is not None:
+            clocks["freed"] = time.time()
         if new:
-            new.free()
-        raise
-    carried = registry.training
-    registry.reset(layout if new else None, rank)
-    if state and free:
-        state.free()
-    if clocks is not None:
-        clocks["freed"] = time.time()
-    if new:
-        new.register(registry, SOURCE)
-    return new, carried
+            new.register(registry, SOURCE)
+        return new, carried

@@ -5,6 +5,7 @@ failed switch that leaves the sources as they were.
 
     build/venv/bin/python -m unittest discover -s tests/python"""
 import ctypes as C
+import gc
 import os
 import pickle
 import shutil
@@ -301,8 +302,13 @@ class Names(unittest.TestCase):
         for t in s.buffers:
             t.copy_(torch.randn(t.numel(), generator=g).to(t.dtype))
         before = vps.assemble(a.model, list(s.pieces()))
+        # Python's garbage collector held off while the job stands still, and on again after
+        collecting, wait = [], self.reg.wait
+        self.reg.wait = lambda seq, timeout: (collecting.append(gc.isenabled()), wait(seq, timeout))[1]
+        self.assertTrue(gc.isenabled())
         new, carried = vps.switch(self.reg, s, b, 0, training=vps.Training(step=7, consumed_samples=56, global_batch=8),
                                   timeout=60)
+        self.assertEqual((collecting, gc.isenabled()), ([False], True))
         self.assertEqual(ex.wait(60), 0, self.exec_log())
         self.assertIn("digest: match", self.exec_log())
         after = vps.assemble(b.model, list(new.pieces()))
@@ -325,6 +331,7 @@ class Names(unittest.TestCase):
             vps.switch(self.reg, s, wrong, 0, training=vps.Training(step=3, global_batch=8), timeout=60)
         self.assertEqual(e.exception.name, "VPS_EPEER")
         self.assertIn("the plan's target is", str(e.exception))
+        self.assertTrue(gc.isenabled())
         ex.wait(60)
         # the registry runs the old layout again, the sources registered and intact
         self.assertEqual(self.reg.layout_hash, a.hash)
