@@ -52,12 +52,15 @@ plain_make() {
 # job's on this machine (tests of other checkouts run beside these), not a
 # leftover; one whose process is gone and that is still there after that
 # was seen is left behind (a job removes its objects before it exits).
+# Names of another form (PREFIX-RUN-..., a torchrun job's run id) are
+# another kind of job's, never these launchers'.
 shm_left() { # PREFIX BEFORE
 	local name pid
 	ls /dev/shm | grep "^$1-" | comm -13 "$2" - | while read -r name; do
 		pid=${name#"$1"-}
 		pid=${pid%%-*}
-		[[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null && continue
+		[[ $pid =~ ^[0-9]+$ ]] || continue
+		kill -0 "$pid" 2>/dev/null && continue
 		[ -e "/dev/shm/$name" ] && echo "$name"
 	done
 	return 0
