@@ -172,7 +172,9 @@ if [ "$doc" = 1 ]; then
 		echo "micro-llama over gloo, a process per rank, 8 samples a step. *Scheduled*: $steps steps, a switch"
 		echo "every $every (launch.py --configs). *Same world*: the first of them in a world of 8 from the start."
 		echo "*Asked*: the same worlds written to launch.py --control at the start, $asked_steps steps."
-		echo "Seconds. *Pause*: the job stood still at the switch, waiting for the new world, then in the"
+		echo "Seconds. *New world made*: the joining processes' start where they were up before the switch"
+		echo "was asked for (a scheduled join starts them with the job), then the world made with them."
+		echo "*Pause*: the job stood still at the switch, waiting for the new world, then in the"
 		echo "switch itself (vps-exec), the slowest rank's. *Overlap*: hidden / (hidden + pause)."
 		echo
 		echo "| switch | processes | new world made | of it hidden | waited for it | switch | pause | overlap | bytes moved |"

@@ -18,6 +18,10 @@ import sys
 import threading
 import time
 
+# when this process started, near enough: PyTorch's import, most of a
+# process's start, is below (a join's processes may start long before it)
+STARTED = time.monotonic()
+
 try:
     import torch
     import torch.distributed as dist
@@ -670,6 +674,9 @@ class Run:
         args = self.args
         k = args.join if args.join and self.world is None else self.k
         self.doing = "waiting, holding nothing, for switch %d" % k
+        # a process up before its switch was asked for started, all of it, while the job trained and
+        # before the rest of the new world was made: part of the making the job hid
+        ahead = time.monotonic() - STARTED if self.world is None and self.job.asked(k) is None else 0.0
         ask = self.job.wait_asked(k)
         if ask is None:
             return False
@@ -725,7 +732,7 @@ class Run:
         self.stage = Stage(self.model, self.state.view, self.state, self.groups)
         self.world.barrier(self.groups.job)
         self.after(sw, None, None, {"build": built, "waited": 0.0, "pause": time.monotonic() - t1,
-                                    "switched": time.monotonic() - t1, "role": "joins"})
+                                    "switched": time.monotonic() - t1, "role": "joins", "ahead": ahead})
         return True
 
     def digest(self):
@@ -751,7 +758,10 @@ class Run:
         if self.slot != 0:
             return
         stays = [t for t in times if t["role"] == "stays"]
-        build = max(t["build"] for t in stays)
+        # the new world's making: the joining processes' start where it came before the switch was
+        # asked for (a scheduled join starts them with the job), then the world made with them
+        build = max(t["build"] for t in stays) + max([t.get("ahead", 0.0) for t in times if t["role"] == "joins"],
+                                                    default=0.0)
         pause = max(t["pause"] for t in stays)
         waited = max(t["waited"] for t in stays)
         switched = max(t["switched"] for t in stays)

@@ -37,16 +37,23 @@ sys.path.insert(0, os.path.join(TOP, "python"))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(TOP, "tests", "lib"))
 
-import mcore  # noqa: E402  (imports torch and megatron-core once, before the ranks fork)
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-import vps  # noqa: E402
-from megatron.core.optimizer import OptimizerConfig  # noqa: E402
-from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer  # noqa: E402
-from megatron.core.optimizer.layer_wise_optimizer import LayerWiseDistributedOptimizer  # noqa: E402
-from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer  # noqa: E402
+import vps  # noqa: E402  (without torch: the arguments are checked before it is imported)
 from boxes import box_index  # noqa: E402
+
+
+def heavy_imports():
+    """torch, numpy and megatron-core, once the arguments are known good (a
+    bad one is said at once), and once, before the ranks fork."""
+    global mcore, np, torch, OptimizerConfig, DistributedOptimizer, LayerWiseDistributedOptimizer, \
+        HybridDeviceOptimizer, DTYPE_OF
+    import mcore
+    import numpy as np
+    import torch
+    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+    from megatron.core.optimizer.layer_wise_optimizer import LayerWiseDistributedOptimizer
+    from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer
+    DTYPE_OF = {torch.bfloat16: vps.BF16, torch.float32: vps.FP32, torch.int16: vps.INT16}
 
 # (model, parallel configuration): each line says what it covers that the
 # others do not. Worlds stay at 8 ranks or fewer (2 cores here and in CI).
@@ -214,7 +221,6 @@ def bucket_bounds(params, elements, layerwise):
 # accessor calls the main parameter "param", TE's FusedAdam "master_param")
 STATE_OF = {"param": vps.MAIN_PARAM, "master_param": vps.MAIN_PARAM, "exp_avg": vps.EXP_AVG,
             "exp_avg_sq": vps.EXP_AVG_SQ, "momentum_buffer": vps.MOMENTUM_BUFFER}
-DTYPE_OF = {torch.bfloat16: vps.BF16, torch.float32: vps.FP32, torch.int16: vps.INT16}
 
 
 class Optimizer:
@@ -589,19 +595,26 @@ def _ranges(idx):
     return [(int(r[0]), int(r[-1]) + 1) for r in np.split(idx, cut)]
 
 
+def layouts(model_name, spec, vps_spec=None):
+    """Megatron's parallel sizes of (model_name, spec) and vps's layout of
+    spec (or of vps_spec: the same world, else ValueError)."""
+    if model_name.endswith(".yaml"):
+        model_name = os.path.join(HERE, model_name)
+    par = vps.layout(model_name, spec).parallel
+    lay = vps.layout(model_name, vps_spec or spec)
+    world = par["tp"] * par["cp"] * par["dp"] * par["pp"]
+    if lay.world != world:
+        raise ValueError("%s has a world of %d ranks, %s of %d" % (vps_spec, lay.world, spec, world))
+    return par, lay
+
+
 def check(model_name, spec, timeout, vps_spec=None):
     """Megatron builds (model_name, spec) on every rank; each rank compares
     with vps's layout of spec (or of vps_spec, to see a difference named).
     Returns the layout, and the first failing rank and what failed, or None
     and every rank's counts."""
-    if model_name.endswith(".yaml"):
-        model_name = os.path.join(HERE, model_name)
-    par = vps.layout(model_name, spec).parallel
-    lay = vps.layout(model_name, vps_spec or spec)
+    par, lay = layouts(model_name, spec, vps_spec)
     model = lay.model
-    world = par["tp"] * par["cp"] * par["dp"] * par["pp"]
-    if lay.world != world:
-        raise ValueError("%s has a world of %d ranks, %s of %d" % (vps_spec, lay.world, spec, world))
 
     def rank_fn(rank):
         mcore.init_parallel(par)
@@ -630,7 +643,6 @@ def main():
     ap.add_argument("--vps", metavar="SPEC", help="compare the one configuration -k selects with vps's layout of "
                     "SPEC instead (of the same world): how a difference is reported")
     args = ap.parse_args()
-    mcore.install_cpu_shims()
     todo = [(m, s) for m, s in MATRIX if not args.k or args.k in "%s %s" % (m, s)]
     # a configuration named in full is that one, not every one it begins
     exact = [(m, s) for m, s in todo if args.k == "%s %s" % (m, s)]
@@ -641,14 +653,18 @@ def main():
     if args.vps and len(todo) != 1:
         print("check_megatron.py: --vps: -k selects %d configurations, not one" % len(todo), file=sys.stderr)
         return 2
-    start = time.monotonic()
     for m, s in todo:
-        t0 = time.monotonic()
         try:
-            lay, bad, res = check(m, s, args.timeout, args.vps)
+            layouts(m, s, args.vps)
         except (vps.Error, ValueError) as e:
             print("check_megatron.py: %s %s: %s" % (m, args.vps or s, e), file=sys.stderr)
             return 2
+    heavy_imports()
+    mcore.install_cpu_shims()
+    start = time.monotonic()
+    for m, s in todo:
+        t0 = time.monotonic()
+        lay, bad, res = check(m, s, args.timeout, args.vps)
         if bad is not None:
             print("check-megatron: %s %s (megatron-core %s%s): %s"
                   % (os.path.basename(m), s, mcore.VERSION, ", vps " + args.vps if args.vps else "", res),
