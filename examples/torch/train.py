@@ -19,8 +19,9 @@ import threading
 import time
 
 # when this process started, near enough: PyTorch's import, most of a
-# process's start, is below (a join's processes may start long before it)
-STARTED = time.monotonic()
+# process's start, is below (a join's processes may start long before it);
+# a wall clock, to set beside the time rank 0 asked for the switch
+STARTED = time.time()
 
 try:
     import torch
@@ -523,7 +524,8 @@ class Run:
             sw.adam = Ahead(Adam.plan, sw.lay, self.slot, dp_ranks(sw.lay, self.slot), self.args.device)
         if self.slot == 0:
             self.job.ask(sw.k, {"config": sw.spec, "world": sw.lay.world, "from_config": self.spec,
-                                "from_world": self.size, "at": sw.at, "requests": self.requests})
+                                "from_world": self.size, "at": sw.at, "requests": self.requests,
+                                "time": time.time()})
         if grows:
             if not self.job.agent:
                 raise SystemExit("train.py: %s has a world of %d, the job has %d processes, and its launcher "
@@ -674,12 +676,13 @@ class Run:
         args = self.args
         k = args.join if args.join and self.world is None else self.k
         self.doing = "waiting, holding nothing, for switch %d" % k
-        # a process up before its switch was asked for started, all of it, while the job trained and
-        # before the rest of the new world was made: part of the making the job hid
-        ahead = time.monotonic() - STARTED if self.world is None and self.job.asked(k) is None else 0.0
+        up = time.time()
         ask = self.job.wait_asked(k)
         if ask is None:
             return False
+        # what of this process's start came before rank 0 asked for the switch (all of it when it
+        # was up first): part of the new world's making that the ranks' own making does not count
+        ahead = max(0.0, min(up, ask.get("time", up)) - STARTED) if self.world is None else 0.0
         spec = ask["config"]
         sw = Switch(k, spec, self.layout(spec), ask["at"])
         self.k, self.requests = k, ask["requests"]
