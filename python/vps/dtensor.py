@@ -382,6 +382,7 @@ class Job:
         """Adam's step count, which a switch carries as Training.step."""
         return self._bind.adam_step()
 
+    @_state.paused_gc()
     def switch(self, layout: Layout, rank: int, training: Training, build: Optional[Callable[[Layout], Tuple]], *,
                timeout: float = 600.0) -> Tuple[object, object, Optional[Training]]:
         """Move the job to `rank` of `layout` between two steps, and return
@@ -404,16 +405,14 @@ class Job:
         if self.state.device.type == "cuda":
             # the last optimizer step's kernels may still be writing the buffers vps-exec reads
             torch.cuda.synchronize(self.state.device)
-        with _state.paused_gc():
-            new, carried = _state.switch(self.registry, self.state, layout, rank, training=training,
-                                         timeout=timeout)
-            self._bind.release()
-            self.model = self.optimizer = self._bind = None
-            self.layout, self.rank, self.state = layout, rank, new
-            if new is None:
-                return None, None, carried
-            model, optimizer = build(layout)
-            self.attach(model, optimizer, carried.step)
+        new, carried = _state.switch(self.registry, self.state, layout, rank, training=training, timeout=timeout)
+        self._bind.release()
+        self.model = self.optimizer = self._bind = None
+        self.layout, self.rank, self.state = layout, rank, new
+        if new is None:
+            return None, None, carried
+        model, optimizer = build(layout)
+        self.attach(model, optimizer, carried.step)
         return self.model, self.optimizer, carried
 
     @classmethod

@@ -1371,6 +1371,7 @@ class Job:
             if not nxt.target.closed:
                 self._unregister(nxt.target)
 
+    @_state.paused_gc()
     def switch(self, layout: Layout, rank: int, training: Training, build: Optional[Callable[[Layout], Tuple]] = None,
                *, timeout: float = 600.0) -> Tuple[Optional[list], object, Optional[Training]]:
         """Move the job to `rank` of `layout` between two steps, and return
@@ -1393,10 +1394,6 @@ class Job:
         When the executors fail the switch, vps.Error is raised and the job
         goes on as it was (see vps.switch; a prepared configuration is
         discarded); timeout is vps.switch's."""
-        with _state.paused_gc():
-            return self._switch(layout, rank, training, build, timeout)
-
-    def _switch(self, layout, rank, training, build, timeout):
         clocks = {"called": time.time(), "groups": 0.0, "build": 0.0, "attach": 0.0, "ahead": None}
         self._live()
         step = self._bind.adam_step(every=False)

@@ -363,6 +363,7 @@ def paused_gc():
             gc.enable()
 
 
+@paused_gc()
 def switch(registry: Registry, state: Optional[State], layout: Layout, rank: int, *,
            training: Optional[Training] = None, timeout: float = 600.0,
            device: Union[str, torch.device, None] = None,
@@ -395,53 +396,51 @@ def switch(registry: Registry, state: Optional[State], layout: Layout, rank: int
     registry.wait(seq, timeout). A closed registry or state raises
     vps.InvalidInput before anything is done. Python's garbage collector
     is held off until it returns (paused_gc)."""
-    with paused_gc():
-        registry._handle()
-        if state is not None:
-            state._live()
+    registry._handle()
+    if state is not None:
+        state._live()
+    if target is not None:
+        target._live()
+        if target._registry is not registry or (target._hash, target.rank) != (layout.hash, rank) or rank < 0:
+            raise InvalidInput("the target given is %r, of %s; the switch goes to rank %d of %s" % (
+                target, target._registry, rank, layout.describe()))
+    if registry.state()[0] == FAILED:
+        # a switch a former call left under way (its wait timed out) failed
+        # since: forget its targets and declare the sources again
+        registry.reset(state.layout if state else None, state.rank if state else -1)
+        if state:
+            state.register(registry, SOURCE)
         if target is not None:
-            target._live()
-            if target._registry is not registry or (target._hash, target.rank) != (layout.hash, rank) or rank < 0:
-                raise InvalidInput("the target given is %r, of %s; the switch goes to rank %d of %s" % (
-                    target, target._registry, rank, layout.describe()))
-        if registry.state()[0] == FAILED:
-            # a switch a former call left under way (its wait timed out) failed
-            # since: forget its targets and declare the sources again
-            registry.reset(state.layout if state else None, state.rank if state else -1)
-            if state:
-                state.register(registry, SOURCE)
-            if target is not None:
-                target.register(registry, TARGET)
-        if training is not None:
-            registry.training = training
-        dev = device or (state.device if state else "cpu")
-        new = target if target is not None else \
-            State.allocate(registry, layout, rank, TARGET, dev) if rank >= 0 else None
-        seq = None
-        try:
-            registry.set_target(layout, rank)
-            if clocks is not None:
-                clocks["requested"] = time.time()
-            seq = registry.request()
-            registry.wait(seq, timeout)
-            if clocks is not None:
-                clocks["done"] = time.time()
-        except Error as e:
-            e.seq = seq
-            if registry.state()[0] in (REQUESTED, RUNNING):
-                raise
-            registry.reset(state.layout if state else None, state.rank if state else -1)
-            if state:
-                state.register(registry, SOURCE)
-            if new:
-                new.free()
-            raise
-        carried = registry.training
-        registry.reset(layout if new else None, rank)
-        if state and free:
-            state.free()
+            target.register(registry, TARGET)
+    if training is not None:
+        registry.training = training
+    dev = device or (state.device if state else "cpu")
+    new = target if target is not None else State.allocate(registry, layout, rank, TARGET, dev) if rank >= 0 else None
+    seq = None
+    try:
+        registry.set_target(layout, rank)
         if clocks is not None:
-            clocks["freed"] = time.time()
+            clocks["requested"] = time.time()
+        seq = registry.request()
+        registry.wait(seq, timeout)
+        if clocks is not None:
+            clocks["done"] = time.time()
+    except Error as e:
+        e.seq = seq
+        if registry.state()[0] in (REQUESTED, RUNNING):
+            raise
+        registry.reset(state.layout if state else None, state.rank if state else -1)
+        if state:
+            state.register(registry, SOURCE)
         if new:
-            new.register(registry, SOURCE)
-        return new, carried
+            new.free()
+        raise
+    carried = registry.training
+    registry.reset(layout if new else None, rank)
+    if state and free:
+        state.free()
+    if clocks is not None:
+        clocks["freed"] = time.time()
+    if new:
+        new.register(registry, SOURCE)
+    return new, carried
