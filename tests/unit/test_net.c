@@ -476,6 +476,68 @@ TEST(a_rank_that_exits_is_named_by_every_rank)
 	lost_rank_case(6, 1, false);
 }
 
+/* A rank that gives up for a reason of its own closes its data
+ * connections as it goes: its partner, mid-exchange, sees the connection
+ * end before the reason reaches it by the tree, and waits for it; no rank
+ * names the partner's symptom as the job's failure. */
+struct leaving_rank {
+	int64_t rank;
+	int port;
+	vps_result_t rc;
+	char error[2048];
+};
+
+static void *run_leaving_rank(void *arg)
+{
+	struct leaving_rank *r = arg;
+	int64_t peers[8];
+	size_t np = vps_net_tree_peers(r->rank, 4, peers);
+	struct vps_net_opts o = {.rank = r->rank, .world = 4, .master_host = "127.0.0.1", .master_port = r->port,
+				 .timeout = 10.0, .token = "0123456789abcdef0123456789abcdef", .bind = "127.0.0.1",
+				 .plan_hash = 42, .peers = peers, .npeers = np};
+	struct vps_net *n = NULL;
+	r->rc = vps_net_start(&n, &o);
+	vps_result_t mine = VPS_OK;
+	if (!r->rc && r->rank == 1) {
+		/* the reason comes after the connection ends */
+		shutdown(n->fds[vps_net_peer_index(n, 3)], SHUT_RDWR);
+		struct timespec ts = {0, 300000000};
+		nanosleep(&ts, NULL);
+		mine = vps_fail(VPS_EINPUT, "the reason rank 1 gave up");
+	} else if (!r->rc && r->rank == 3) {
+		unsigned char b[8];
+		struct iovec v = {b, sizeof(b)};
+		struct vps_net_msg m = {.peer = 1, .recv = true, .recv_iov = &v, .recv_iovcnt = 1, .tag = 7};
+		mine = vps_net_exchange(n, &m, 1, "stage 5");
+	}
+	if (!r->rc)
+		r->rc = vps_net_agree_result(n, mine, "verdict");
+	if (r->rc)
+		snprintf(r->error, sizeof(r->error), "%s", vps_last_error());
+	vps_net_free(n);
+	return NULL;
+}
+
+TEST(a_partner_whose_connection_ended_names_the_reason_the_tree_brings)
+{
+	struct leaving_rank runs[4];
+	pthread_t th[4];
+	int port = free_port();
+	CHECK(port > 0);
+	for (int64_t r = 0; r < 4; r++) {
+		runs[r] = (struct leaving_rank){.rank = r, .port = port};
+		CHECK(pthread_create(&th[r], NULL, run_leaving_rank, &runs[r]) == 0);
+	}
+	for (int r = 0; r < 4; r++)
+		pthread_join(th[r], NULL);
+	CHECK_EQ(runs[1].rc, VPS_EINPUT);
+	for (int r = 0; r < 4; r++)
+		if (!strstr(runs[r].error, "the reason rank 1 gave up") || (r != 3 && strstr(runs[r].error, "rank 3")))
+			harness_fail(__FILE__, __LINE__, "rank %d: %s", r, runs[r].error);
+	/* the partner says what it saw, and why */
+	CHECK(strstr(runs[3].error, "stage 5: rank 1 closed the connection; rank 1 failed: the reason") != NULL);
+}
+
 TEST(peer_text_is_cut_terminated_and_escaped)
 {
 	char out[32];

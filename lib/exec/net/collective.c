@@ -31,8 +31,10 @@ vps_result_t vps_net_agree_result(struct vps_net *n, vps_result_t mine, const ch
 	 * rank waits for no one */
 	char words[2048];
 	snprintf(words, sizeof(words), "%s", vps_last_error());
-	vps_ctl_fail(n->ctl, mine == VPS_ETIMEOUT, words);
-	return vps_ctl_own_failure(n->ctl, mine, words);
+	bool consequence = mine == VPS_ETIMEOUT || n->peer_left;
+	n->peer_left = false;
+	vps_ctl_fail(n->ctl, consequence, words);
+	return vps_ctl_own_failure(n->ctl, mine, consequence, words);
 }
 
 void vps_net_abort(struct vps_net *n, const char *why)

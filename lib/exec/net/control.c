@@ -41,11 +41,13 @@ struct frame {
 };
 #define FRAME_HDR sizeof(struct frame)
 
-/* A failure, as it travels. NEWS_TIMED_OUT: a rank gave up waiting for a
- * peer (a symptom: the peer may be waiting on a rank that stopped);
+/* A failure, as it travels. NEWS_CONSEQUENCE: a rank gave up waiting for a
+ * peer, or a peer's data connection ended under it (a symptom: the peer
+ * may be waiting on a rank that stopped, or have given up for a reason the
+ * tree brings later);
  * NEWS_FAILED: a rank failed on its own (alive, it says why); the others:
  * a neighbour found a rank gone. */
-enum news_kind { NEWS_NONE, NEWS_TIMED_OUT, NEWS_FAILED, NEWS_SILENT, NEWS_CLOSED, NEWS_LIED };
+enum news_kind { NEWS_NONE, NEWS_CONSEQUENCE, NEWS_FAILED, NEWS_SILENT, NEWS_CLOSED, NEWS_LIED };
 #define NEWS_TEXT_MAX 400
 
 struct news_wire {
@@ -237,18 +239,21 @@ static const char *phase(const struct ctl *c)
 }
 
 /* Whether news x says more than what this rank knows: a failure over a
- * timeout (what the timeout was about), a rank found silent or lying over
- * either (what everyone else's failures were about). A closed connection
- * counts only as the first news: a rank that failed and said so closes
- * its links as it exits. */
+ * consequence (what the timeout or the ended connection was about), a rank
+ * found silent or lying over either (what everyone else's failures were
+ * about). A closed connection counts over a consequence only when another
+ * rank closed it (a rank that failed and said so closes its links as it
+ * exits: that is no news). */
 static bool says_more(const struct ctl *c, const struct news *x)
 {
 	enum news_kind k = c->news.kind;
 	if (k == NEWS_NONE)
 		return true;
 	if (x->kind == NEWS_SILENT || x->kind == NEWS_LIED)
-		return k == NEWS_TIMED_OUT || k == NEWS_FAILED;
-	return x->kind == NEWS_FAILED && k == NEWS_TIMED_OUT;
+		return k == NEWS_CONSEQUENCE || k == NEWS_FAILED;
+	if (x->kind == NEWS_CLOSED)
+		return k == NEWS_CONSEQUENCE && x->failed != c->news.failed;
+	return x->kind == NEWS_FAILED && k == NEWS_CONSEQUENCE;
 }
 
 /* The job's failure: kept, and sent on to every link but the one it came
@@ -459,7 +464,7 @@ static void on_news(struct ctl *c, struct link *l, const struct frame *f, const 
 	}
 	memcpy(&w, part, sizeof(w));
 	int64_t W = c->n->world;
-	if (w.kind < NEWS_TIMED_OUT || w.kind > NEWS_LIED || w.len > NEWS_TEXT_MAX - 1 || f->len != sizeof(w) + w.len ||
+	if (w.kind < NEWS_CONSEQUENCE || w.kind > NEWS_LIED || w.len > NEWS_TEXT_MAX - 1 || f->len != sizeof(w) + w.len ||
 	    w.failed < 0 || w.failed >= W || w.reporter < 0 || w.reporter >= W) {
 		lost(c, l, NEWS_LIED, "rank %" PRId64 " sent news that does not parse (kind %u, rank %" PRId64 ", %u bytes)",
 		     l->rank, w.kind, w.failed, f->len);
@@ -870,7 +875,7 @@ static vps_result_t failure_locked(struct ctl *c, const char *what)
 	const struct news *x = &c->news;
 	char text[4 * NEWS_TEXT_MAX + 64], said[4 * NEWS_TEXT_MAX + 128];
 	vps_net_sanitize(text, sizeof(text), x->text, x->len);
-	bool own_words = x->kind == NEWS_TIMED_OUT || x->kind == NEWS_FAILED;
+	bool own_words = x->kind == NEWS_CONSEQUENCE || x->kind == NEWS_FAILED;
 	if (own_words && x->failed != c->n->rank)
 		snprintf(said, sizeof(said), "rank %" PRId64 " failed: %s", x->failed, text);
 	else if (!own_words && x->reporter != c->n->rank)
@@ -891,7 +896,7 @@ static bool settled(const struct ctl *c, double *until)
 	*until = 0;
 	if (c->news.kind == NEWS_NONE)
 		return false;
-	if (c->news.kind != NEWS_TIMED_OUT)
+	if (c->news.kind != NEWS_CONSEQUENCE)
 		return true;
 	*until = c->news_time + c->n->timeout;
 	return vps_net_now() >= *until;
@@ -916,10 +921,10 @@ vps_result_t vps_ctl_failure(struct ctl *c, const char *what)
 	return rc;
 }
 
-void vps_ctl_fail(struct ctl *c, bool timed_out, const char *why)
+void vps_ctl_fail(struct ctl *c, bool consequence, const char *why)
 {
 	pthread_mutex_lock(&c->mu);
-	struct news x = {timed_out ? NEWS_TIMED_OUT : NEWS_FAILED, c->n->rank, c->n->rank, 0, ""};
+	struct news x = {consequence ? NEWS_CONSEQUENCE : NEWS_FAILED, c->n->rank, c->n->rank, 0, ""};
 	x.len = (size_t)vps_min64((int64_t)strlen(why), NEWS_TEXT_MAX - 1);
 	memcpy(x.text, why, x.len);
 	if (says_more(c, &x)) {
@@ -930,15 +935,16 @@ void vps_ctl_fail(struct ctl *c, bool timed_out, const char *why)
 	wake(c);
 }
 
-vps_result_t vps_ctl_own_failure(struct ctl *c, vps_result_t mine, const char *words)
+vps_result_t vps_ctl_own_failure(struct ctl *c, vps_result_t mine, bool consequence, const char *words)
 {
 	pthread_mutex_lock(&c->mu);
 	/* a timeout may be about a rank that stopped: its tree neighbours find
-	 * that within the timeout */
-	for (double until = vps_net_now() + c->n->timeout; mine == VPS_ETIMEOUT && vps_net_now() < until &&
-							   (c->news.kind == NEWS_NONE || c->news.kind == NEWS_TIMED_OUT);)
+	 * that within the timeout; a connection that ended, about a rank that
+	 * gave up for a reason of its own, which may come the long way round */
+	for (double until = vps_net_now() + c->n->timeout; consequence && vps_net_now() < until &&
+							   (c->news.kind == NEWS_NONE || c->news.kind == NEWS_CONSEQUENCE);)
 		wait_until(c, until);
-	if (c->news.kind == NEWS_NONE || c->news.kind == NEWS_TIMED_OUT || c->told || c->news.failed == c->n->rank) {
+	if (c->news.kind == NEWS_NONE || c->news.kind == NEWS_CONSEQUENCE || c->told || c->news.failed == c->n->rank) {
 		pthread_mutex_unlock(&c->mu);
 		return vps_fail(mine, "%s", words);
 	}

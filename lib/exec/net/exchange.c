@@ -108,6 +108,10 @@ static vps_result_t flows_init(const struct vps_net *n, const struct vps_net_msg
 	return VPS_OK;
 }
 
+/* Whether a socket's error says its peer went away (closed, or reset it
+ * as it exited): why, the control tree tells. */
+static bool ended(int err) { return err == ECONNRESET || err == EPIPE || err == ECONNABORTED; }
+
 /* Send what the socket takes now. */
 static vps_result_t flow_send(struct vps_net *n, struct flow *f, double *last, const char *what)
 {
@@ -119,8 +123,10 @@ static vps_result_t flow_send(struct vps_net *n, struct flow *f, double *last, c
 		ssize_t w = sendmsg(f->fd, &mh, MSG_NOSIGNAL);
 		if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
 			break;
-		if (w < 0)
+		if (w < 0) {
+			n->peer_left = ended(errno);
 			return vps_fail(VPS_EPEER, "%s: sending to rank %" PRId64 ": %s", what, f->peer, strerror(errno));
+		}
 		cursor_advance(&f->out, (size_t)w);
 		n->sent += (uint64_t)w;
 		*last = vps_net_now();
@@ -147,9 +153,11 @@ static vps_result_t flow_recv(struct vps_net *n, struct flow *f, double *last, c
 		ssize_t g = mh.msg_iovlen ? recvmsg(f->fd, &mh, 0) : 0;
 		if (mh.msg_iovlen && g < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
 			break;
-		if (mh.msg_iovlen && g <= 0)
+		if (mh.msg_iovlen && g <= 0) {
+			n->peer_left = g == 0 || ended(errno);
 			return g == 0 ? vps_fail(VPS_EPEER, "%s: rank %" PRId64 " closed the connection", what, f->peer)
 				      : vps_fail(VPS_EPEER, "%s: rank %" PRId64 ": %s", what, f->peer, strerror(errno));
+		}
 		cursor_advance(&f->in, (size_t)(g > 0 ? g : 0));
 		n->received += (uint64_t)(g > 0 ? g : 0);
 		*last = vps_net_now();
@@ -201,6 +209,7 @@ vps_result_t vps_net_exchange(struct vps_net *n, struct vps_net_msg *msgs, size_
 		free(pfd);
 		return VPS_ENOMEM;
 	}
+	n->peer_left = false;
 	vps_result_t rc = flows_init(n, msgs, nmsgs, f, what);
 	double last = vps_net_now();
 	while (!rc) {

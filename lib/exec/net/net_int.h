@@ -24,6 +24,9 @@ struct vps_net {
 	int *fds;          /* data socket per peer */
 	size_t npeers;
 	uint64_t sent, received; /* bytes of exchanges, headers included */
+	/* the last exchange failed because a peer's connection ended: a
+	 * consequence, whose cause the control tree brings (agree_result) */
+	bool peer_left;
 	struct ctl *ctl;   /* the control tree; NULL in a world of one */
 	struct vps_net_loop *own_loop; /* the loop this net made for itself */
 	size_t bootstrap_sockets; /* the most this rank held during the bootstrap */
@@ -245,13 +248,14 @@ vps_result_t vps_ctl_failure(struct ctl *c, const char *what);
 /* Run one collective: buf (len bytes) is this rank's part and receives the
  * result. */
 vps_result_t vps_ctl_collective(struct ctl *c, enum ctl_kind kind, void *buf, size_t len, const char *what);
-/* Tell every rank that this one failed, and why; timed_out: it gave up
- * waiting for a peer (the others wait a while for what that was about). */
-void vps_ctl_fail(struct ctl *c, bool timed_out, const char *why);
+/* Tell every rank that this one failed, and why; consequence: it gave up
+ * waiting for a peer, or a peer's connection ended (the others wait a
+ * while for what that was about). */
+void vps_ctl_fail(struct ctl *c, bool consequence, const char *why);
 /* After this rank's own failure (vps_ctl_fail): its words, and the job's
  * failure where another rank's says more and was not yet said (as the
- * last error). A timeout waits up to the timeout for that. */
-vps_result_t vps_ctl_own_failure(struct ctl *c, vps_result_t mine, const char *words);
+ * last error). A consequence waits up to the timeout for that. */
+vps_result_t vps_ctl_own_failure(struct ctl *c, vps_result_t mine, bool consequence, const char *words);
 
 /* Say (the network's notice) whom this rank waits for in the collective
  * in progress, what opening the message and so_far ending it: its
