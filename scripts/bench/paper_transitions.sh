@@ -28,6 +28,9 @@
 # relayed floor, the estimate over it, the bytes relayed, the devices
 # joining, the busiest device over the balanced bound and the estimate
 # over the time bound without relays, and the estimate to 4 decimals.
+# EVERY=N with ROWS: every N-th transition only, those lines and no
+# section (make asan's tests: the planner under the sanitizers, on a
+# sample of every kind of transition; make check runs them all).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mode=${1:-write}
@@ -36,6 +39,16 @@ case "$mode" in write | --print | --check) ;; *)
 	exit 2
 	;;
 esac
+every=${EVERY:-1}
+case "$every" in [1-9] | [1-9][0-9]) ;; *)
+	echo "paper_transitions: EVERY=$every: not a number from 1 to 99" >&2
+	exit 2
+	;;
+esac
+if [ "$every" != 1 ] && { [ -z "${ROWS:-}" ] || [ "$mode" != --print ]; }; then
+	echo "paper_transitions: EVERY=$every samples the rows: give ROWS=FILE and --print" >&2
+	exit 2
+fi
 doc=docs/BENCHMARKS.md
 if [ -z "${VPS_BIN:-}" ]; then
 	make -s all
@@ -46,7 +59,10 @@ export LC_ALL=C
 t=$(mktemp -d)
 trap 'rm -rf "$t"' EXIT
 
+k=0
 for f in configs/transitions/*.yaml; do
+	k=$((k + 1))
+	[ $(((k - 1) % every)) = 0 ] || continue
 	n=$(basename "$f" .yaml)
 	"$VPS_BIN"/vps-plan --transition "$n" --stats --topology "$topo" > "$t/stats" ||
 		{ echo "paper_transitions: $n: vps-plan failed" >&2; exit 1; }
@@ -71,6 +87,7 @@ for f in configs/transitions/*.yaml; do
 done > "$t/rows"
 # the figures, one transition a line, for tests/bats/transitions.bats
 [ -z "${ROWS:-}" ] || cp "$t/rows" "$ROWS"
+[ "$every" = 1 ] || exit 0
 
 # The paper's rows in its order: its configurations s1, s2, ... of table
 # hybrid_merged first, by the number of the source, then the others (the
