@@ -175,9 +175,12 @@ if [ -n "$pending" ] && [ -t 1 ] && [ -z "${CI:-}" ]; then
 	"${pip[@]}" "${install[@]}" --progress-bar on -r "$only"
 fi
 "${pip[@]}" "${install[@]}" --quiet --progress-bar off -r "$reqs"
-# what the file no longer lists goes (pip and the environment's own tools stay)
-extra=$(comm -23 <("${pip[@]}" freeze --exclude-editable | sed 's/==.*//' | tr 'A-Z_' 'a-z-' | sort) \
-	<(sed -n 's/^\([A-Za-z0-9._-]*\)==.*/\1/p' "$reqs" | tr 'A-Z_' 'a-z-' | sort))
+# what the file no longer lists goes (pip and the environment's own tools
+# stay); names as PEP 503 compares them, a package installed from a file
+# ("name @ file:///...") by its name alone
+names() { awk '{ n = tolower($1); gsub(/[-_.]+/, "-", n); print n }' | sort -u; }
+extra=$(comm -23 <("${pip[@]}" freeze --exclude-editable | sed -e 's/==.*//' -e 's/ *@ .*//' | names) \
+	<(sed -n 's/^\([A-Za-z0-9._-]*\)==.*/\1/p' "$reqs" | names))
 if [ -n "$extra" ]; then
 	echo "$me: removing what $reqs no longer lists:" $extra
 	# shellcheck disable=SC2086

@@ -77,9 +77,11 @@ def main():
         sys.exit(f"torch_trainer: rank {rank}: {lib.vps_last_error().decode()}")
     where = (f"PyTorch tensors ({len(tensors)} allocations, first at {tensors[0].data_ptr() + 4096:#x})"
              if cuda else "host memory")
-    print(f"torch_trainer: rank {rank}: {r.switches} switches of {where}, "
-          f"{r.wrong_elements} wrong elements, {r.dirty_padding} dirty padding, "
-          f"training state {'carried' if r.training_state_ok else 'LOST'}")
+    # one write: under python -u print writes the newline apart, and the
+    # other rank's line can fall between
+    sys.stdout.write(f"torch_trainer: rank {rank}: {r.switches} switches of {where}, "
+                     f"{r.wrong_elements} wrong elements, {r.dirty_padding} dirty padding, "
+                     f"training state {'carried' if r.training_state_ok else 'LOST'}\n")
     sys.exit(0 if r.wrong_elements == 0 and r.dirty_padding == 0 and r.training_state_ok else 1)
 
 

@@ -15,6 +15,7 @@ mcore.run_ranks and check_torch.py's run_ranks say what a failure means for
 their checks."""
 import contextlib
 import datetime
+import gc
 import multiprocessing
 import os
 import pickle
@@ -95,11 +96,17 @@ def gloo_ranks(world, fn, timeout, watch=None, teardown=None, prefix="vps-ranks-
                     proc.terminate()
                     proc.join()
         pids = {}
-        for r in range(world):
-            pid = os.fork()
-            if pid == 0:
-                child(tmp, r, lambda r=r: rank_fn(r))
-            pids[pid] = r
+        # the objects made so far kept out of the ranks' collections, which
+        # would otherwise write to each one and copy its page into every rank
+        gc.freeze()
+        try:
+            for r in range(world):
+                pid = os.fork()
+                if pid == 0:
+                    child(tmp, r, lambda r=r: rank_fn(r))
+                pids[pid] = r
+        finally:
+            gc.unfreeze()
         deadline = time.monotonic() + timeout
         failed = None
         while pids:
