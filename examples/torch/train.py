@@ -659,6 +659,7 @@ class Run:
         old = (self.spec, self.size)
         self.state, self.rank = state, new_rank
         self.tr.dp = sw.lay.parallel["dp"]
+        old_world = self.world
         if grows:
             self.world, self.size = sw.build.result(), sw.lay.world
         self.spec, self.lay = sw.spec, sw.lay
@@ -666,6 +667,9 @@ class Run:
         # training goes on when every rank of the new configuration can
         self.world.barrier(self.groups.job)
         pause = sw.waited + time.monotonic() - t0
+        if old_world is not self.world:
+            # vps: the old world's groups go now, in the background, not in the pause
+            old_world.retire()
         self.after(sw, before, old, {"build": sw.build.seconds if sw.build else 0.0, "waited": sw.waited,
                                      "pause": pause, "switched": switched, "role": "stays"})
 

@@ -120,10 +120,12 @@ class World:
         self.pg = make_group(PrefixStore(self.prefix + "all/", store), rank, size, backend, timeout, device,
                              "world%s" % self.name) if size > 1 else None
         self._groups = {tuple(range(size)): self.pg}
+        self.retired = False
         self.seconds = time.monotonic() - t0
 
     def __repr__(self):
-        return "World(%s: rank %d of %d, %d groups)" % (self.name, self.rank, self.size, len(self._groups))
+        return "World(%s: rank %d of %d, %s)" % (self.name, self.rank, self.size,
+                                                 "retired" if self.retired else "%d groups" % len(self._groups))
 
     def _rendezvous(self, store, cancelled):
         here = self.prefix + "here/"
@@ -147,6 +149,8 @@ class World:
         """The group of `ranks` (world ranks, this process among them; None for
         one rank), made by prepare() or now."""
         key = tuple(ranks)
+        if self.retired:
+            raise InvalidInput("world %s: retired (World.retire): its groups are gone" % self.name)
         if key not in self._groups:
             raise InvalidInput("world %s: no group of ranks %s was made (World.prepare)" % (self.name, list(key)))
         return self._groups[key]
@@ -157,6 +161,8 @@ class World:
         must be given its groups in one order (a group is made by all its
         members at once): the order of one list that every process computes
         alike is such an order."""
+        if self.retired:
+            raise InvalidInput("world %s: retired (World.retire): it makes no group" % self.name)
         for ranks in groups:
             key = tuple(ranks)
             if self.rank not in key or key in self._groups:
@@ -168,6 +174,19 @@ class World:
             self._groups[key] = make_group(PrefixStore(self.prefix + "g/%s/" % name, store), key.index(self.rank),
                                            len(key), self.backend, self.timeout, self.device,
                                            "world%s:%s" % (self.name, name))
+
+    def retire(self):
+        """Let this world's groups go in a thread of their own, and return
+        it: tearing a gloo group down waits on its peers (tens of
+        milliseconds on a loaded machine), which a switch's pause should not
+        hold. Keep the old World until the new one has taken over (its
+        groups live as long as it does), then retire it; it makes and gives
+        no group after. The groups go once nothing else holds them."""
+        held = [self.pg, self._groups]
+        self.pg, self._groups, self.retired = None, {}, True
+        t = threading.Thread(target=held.clear, name="vps-world-%s-retired" % self.name, daemon=True)
+        t.start()
+        return t
 
     def made(self, groups):
         """Whether every group of `groups` that this process is in is made."""

@@ -15,6 +15,7 @@ import time
 import subprocess
 import sys
 import unittest
+import weakref
 
 TOP = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 sys.path.insert(0, os.path.join(TOP, "python"))
@@ -862,6 +863,23 @@ class Elastic(unittest.TestCase):
         for w in works:
             w.wait()
         self.assertEqual([t.item() for t in out], [3.0, 3.0])
+
+    def test_a_retired_world_lets_its_groups_go_in_a_thread(self):
+        agent = self.el.Agent(timeout=30)
+        jobs = [self.el.Job("127.0.0.1", agent.port, timeout=30) for _ in range(2)]
+        worlds = [b.result(30) for b in [j.build(1, r, 2, [[0, 1]]) for r, j in enumerate(jobs)]]
+        gone = [weakref.ref(w.group([0, 1])) for w in worlds]
+        threads = [w.retire() for w in worlds]
+        self.assertTrue(all(t.name == "vps-world-1-retired" for t in threads))
+        for t in threads:
+            t.join(30)
+        self.assertEqual([g() for g in gone], [None, None])
+        for w in worlds:
+            self.assertIn("retired", repr(w))
+            with self.assertRaisesRegex(vps.InvalidInput, "world 1: retired"):
+                w.group([0, 1])
+            with self.assertRaisesRegex(vps.InvalidInput, "world 1: retired"):
+                w.prepare([[0, 1]], jobs[0].store)
 
 
 if __name__ == "__main__":
