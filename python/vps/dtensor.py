@@ -19,6 +19,8 @@ those tensors into vps's buffers and the switch moves them:
     reg = vps.Registry("vps-%d" % rank, layout, rank)
     job = vps.dtensor.Job(reg, layout, rank, model, optimizer)
     ...train...
+    job.prepare(new_layout, rank, build)   # while the job trains, as soon as the next one is known
+    ...train...
     model, optimizer, carried = job.switch(new_layout, rank, vps.Training(
         step=step, consumed_samples=n, global_batch=gb), build)
 
@@ -33,9 +35,11 @@ already has (State.adopt: FSDP2's padded storage, Adam's local moments,
 by their CUDA IPC handles), no copy. On the host vps-exec reaches only
 shared memory: the Job allocates vps's buffers there (State.allocate) and
 copies the values in, once. From then on every one of those tensors is a
-view of a vps buffer. After a switch, build makes the new configuration's
-model on the meta device (or anywhere) and its optimizer, and the Job hands
-them the buffers the switch filled, no copy: a parameter on the buffers'
+view of a vps buffer. build makes the new configuration's model on the
+meta device (or anywhere) and its optimizer, and the Job hands them the
+buffers the switch fills, no copy: in Job.prepare, while the job trains
+(the pause then holds the transfer and Adam's step handed over), or for
+a switch not prepared in the pause, after the transfer: a parameter on the buffers'
 device keeps its object and has its local tensor pointed at the buffer;
 one on another device (meta) is replaced by a DTensor of the same
 placement over the buffer, in every module that holds it, in FSDP2's
@@ -46,7 +50,8 @@ A world that grows or shrinks: DeviceMesh and DTensor's collectives find
 their process groups in torch.distributed's global map, which the worlds of
 vps.elastic stay out of; init_world makes torch.distributed's default group
 anew on the job's store for the new world, in build (processes that join
-call Job.join, those that leave get (None, None, carried)).
+call Job.join, those that leave get (None, None, carried)). Such a switch
+is not prepared: the job trains on the old world's group until the pause.
 
 Supported: torch.optim.Adam and AdamW (foreach, fused or neither; not
 amsgrad), one or several optimizers (torchtitan's OptimizersContainer, a
@@ -66,9 +71,9 @@ import math
 from typing import Callable, List, Optional, Tuple
 
 from ._lib import import_torch
-from .errors import CheckFailed, InvalidInput, Unsupported
+from .errors import CheckFailed, Error, InvalidInput, Unsupported
 from .layout import EXP_AVG, EXP_AVG_SQ, MAIN_PARAM, STATES, Layout
-from .registry import Registry, Training
+from .registry import SOURCE, TARGET, Registry, Training
 
 torch = import_torch("vps.dtensor")
 from torch.distributed.tensor import DTensor  # noqa: E402
@@ -288,6 +293,14 @@ class _Binding:
                 st["step"] = torch.tensor(float(step), dtype=dtype, device=dev)
                 self.handed.append(st)
 
+    def set_step(self, step: int) -> None:
+        """Adam's step count, in every state hand() made (a prepared
+        configuration learns it in the pause)."""
+        with torch.no_grad():
+            for obj in self.handed:
+                if isinstance(obj, dict):
+                    obj["step"].fill_(float(step))
+
     def _point(self, e, main, local):
         """The parameter's local tensor `local` (FSDP2's storage `main`): the
         same object where it is on local's device, else a new parameter of
@@ -340,6 +353,16 @@ class _Binding:
         self.handed = []
 
 
+class _Next:
+    """A configuration Job.prepare made ready: its State (registered as the
+    switch's target) and build's model and optimizer pointed into it."""
+    __slots__ = ("layout", "rank", "target", "bind", "model", "optimizer")
+
+    def __init__(self, layout, rank, target, bind, model, optimizer):
+        self.layout, self.rank, self.target, self.bind = layout, rank, target, bind
+        self.model, self.optimizer = model, optimizer
+
+
 class Job:
     """A rank of a PyTorch DTensor job, its state in vps's buffers.
 
@@ -376,41 +399,131 @@ class Job:
         bind.hand(state, step)
         self.state, self._bind = state, bind
         self.model, self.optimizer = model, optimizer
+        self._next = None
 
     @property
     def step(self) -> int:
         """Adam's step count, which a switch carries as Training.step."""
         return self._bind.adam_step()
 
+    @property
+    def prepared(self) -> Optional[Tuple[Layout, int]]:
+        """The (layout, rank) Job.prepare made ready, or None."""
+        return (self._next.layout, self._next.rank) if self._next else None
+
+    def prepare(self, layout: Layout, rank: int, build: Callable[[Layout], Tuple]) -> None:
+        """Make rank `rank` of `layout` ready while the job trains, so that
+        the switch to it pauses for the transfer and the hand-over only:
+        its buffers allocated and registered (vps-exec maps them before the
+        request), build(layout) called now (the device mesh, the model on
+        the meta device, its optimizer) and its parameters and Adam's
+        moments pointed into those buffers, which the switch fills. The job
+        goes on training on its own objects until Job.switch(layout, rank,
+        ...). Every process of the world calls it at the same point of its
+        loop (the device mesh's groups are made by all of them together).
+
+        Only a switch within the job's world is prepared: one that changes
+        the number of processes makes the new world's default group in
+        build (init_world), and the job trains on the old one until the
+        pause. A configuration prepared before is discarded."""
+        self._open()
+        if rank < 0:
+            raise InvalidInput("rank %d: a leaving process has nothing to prepare" % rank)
+        if layout.world != self.layout.world:
+            raise InvalidInput("%s is a world of %d processes, the job's %d: a switch that changes the world is "
+                               "not prepared (build makes its default group, init_world, in the pause)" % (
+                                   layout.describe(), layout.world, self.layout.world))
+        self.discard()
+        target = _state.State.allocate(self.registry, layout, rank, TARGET, self.state.device)
+        bind = None
+        try:
+            self.registry.set_target(layout, rank)
+            model, optimizer = build(layout)
+            bind = _Binding(target.view, model, optimizer)
+            if bind.device.type not in ("meta", target.device.type):
+                raise InvalidInput("build made the model on %s, the job's buffers are on %s: build it on the meta "
+                                   "device or on the buffers'" % (bind.device, target.device))
+            # Adam's step is the switch's, set in the pause
+            bind.hand(target, 0)
+        except BaseException:
+            if bind is not None:
+                bind.release()
+            self._unregister(target)
+            raise
+        self._next = _Next(layout, rank, target, bind, model, optimizer)
+
+    def _unregister(self, target):
+        """Forget target's registration and free it; the registry runs the
+        job's state again."""
+        self.registry.reset(self.layout, self.rank)
+        self.state.register(self.registry, SOURCE)
+        target.free()
+
+    def discard(self) -> None:
+        """Forget the configuration Job.prepare made ready, if any: its
+        buffers are freed and build's model and optimizer emptied."""
+        nxt, self._next = self._next, None
+        if nxt is not None:
+            nxt.bind.release()
+            if not nxt.target.closed:
+                self._unregister(nxt.target)
+
+    def _open(self):
+        if self.state is None:
+            raise InvalidInput("the job is closed, or left its last switch")
+
     @_state.paused_gc()
-    def switch(self, layout: Layout, rank: int, training: Training, build: Optional[Callable[[Layout], Tuple]], *,
+    def switch(self, layout: Layout, rank: int, training: Training,
+               build: Optional[Callable[[Layout], Tuple]] = None, *,
                timeout: float = 600.0) -> Tuple[object, object, Optional[Training]]:
         """Move the job to `rank` of `layout` between two steps, and return
-        (model, optimizer, carried): build(layout) makes the new
-        configuration's model (on the meta device: nothing is allocated for
-        the parameters, or anywhere) and its optimizer, after making the
-        device mesh (and, when the number of processes changes, the world:
-        init_world); the Job hands them the buffers the switch filled, and
-        carried is the vps.Training of source rank 0. training.step must be
-        the optimizer's step count. The model and optimizer before are
-        emptied. For a leaving process (rank -1), build is not called:
-        (None, None, carried).
+        (model, optimizer, carried): the model and optimizer Job.prepare
+        made for it, or, where it was not prepared, build(layout)'s, made
+        in the pause: the new configuration's model (on the meta device:
+        nothing is allocated for the parameters, or anywhere) and its
+        optimizer, after making the device mesh (and, when the number of
+        processes changes, the world: init_world); the Job hands them the
+        buffers the switch filled, and carried is the vps.Training of
+        source rank 0. training.step must be the optimizer's step count.
+        The model and optimizer before are emptied. For a leaving process
+        (rank -1), build is not called: (None, None, carried).
 
         When the executors fail the switch, vps.Error is raised and the job
-        goes on as it was (see vps.switch); timeout is vps.switch's."""
+        goes on as it was (see vps.switch; a prepared configuration is
+        discarded); timeout is vps.switch's."""
+        self._open()
         step = self._bind.adam_step()
         if training.step != step:
             raise InvalidInput("training.step is %d, the optimizer has taken %d steps: vps carries one count, "
                                "Adam's bias correction and the training step" % (training.step, step))
+        nxt = self._next
+        if nxt is not None and (nxt.layout.hash, nxt.rank) != (layout.hash, rank):
+            self.discard()
+            nxt = None
+        if rank >= 0 and nxt is None and build is None:
+            raise InvalidInput("rank %d of %s was not prepared (Job.prepare), and no build was given" % (
+                rank, layout.describe()))
         if self.state.device.type == "cuda":
             # the last optimizer step's kernels may still be writing the buffers vps-exec reads
             torch.cuda.synchronize(self.state.device)
-        new, carried = _state.switch(self.registry, self.state, layout, rank, training=training, timeout=timeout)
+        try:
+            new, carried = _state.switch(self.registry, self.state, layout, rank, training=training,
+                                         timeout=timeout, target=nxt.target if nxt else None)
+        except Error:
+            if nxt is not None and nxt.target.closed:
+                # the switch failed and freed the target: the job runs its state again
+                nxt.bind.release()
+                self._next = None
+            raise
         self._bind.release()
-        self.model = self.optimizer = self._bind = None
+        self.model = self.optimizer = self._bind = self._next = None
         self.layout, self.rank, self.state = layout, rank, new
         if new is None:
             return None, None, carried
+        if nxt is not None:
+            nxt.bind.set_step(carried.step)
+            self._bind, self.model, self.optimizer = nxt.bind, nxt.model, nxt.optimizer
+            return self.model, self.optimizer, carried
         model, optimizer = build(layout)
         self.attach(model, optimizer, carried.step)
         return self.model, self.optimizer, carried
@@ -427,7 +540,7 @@ class Job:
         new, carried = _state.switch(registry, None, layout, rank, timeout=timeout, device=device)
         job = cls.__new__(cls)
         job.registry, job.layout, job.rank, job.state = registry, layout, rank, new
-        job._bind = job.model = job.optimizer = None
+        job._bind = job.model = job.optimizer = job._next = None
         model, optimizer = build(layout)
         job.attach(model, optimizer, carried.step)
         return job, carried
@@ -447,6 +560,8 @@ class Job:
     def close(self) -> None:
         """Empty PyTorch's tensors and free the buffers (the registry still
         has to be closed)."""
+        if self.state:
+            self.discard()
         if self._bind:
             self._bind.release()
         if self.state:

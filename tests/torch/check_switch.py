@@ -18,9 +18,11 @@ every --every steps through
         -> dp_shard=4 -> dp_shard=8
 
 (FSDP 2, its world grown to FSDP 4, then HSDP 2x2, FSDP2 x TP 2, FSDP 4,
-its world grown again to FSDP 8), each between two steps: after a switch,
-the new configuration's model is built on the meta device and handed vps's
-buffers (no copy). --configs gives other configurations, each of the world
+its world grown again to FSDP 8), each between two steps: the new
+configuration's model is built on the meta device and handed vps's
+buffers (no copy), while the job trains for a switch within its world
+(vps.dtensor.Job.prepare, as soon as the switch before is done), in the
+pause for a growth (and for every switch with --no-prepare). --configs gives other configurations, each of the world
 before or of a larger one. The processes are forked from this one after it
 imported torch and torchtitan (0.6 GiB) and share those pages: a rank's own
 memory is 40 to 80 MiB, the 8 ranks' about 0.5 GiB. A growth goes as
@@ -41,11 +43,12 @@ every step, scripts/convergence.sh's bound. A Job is also shown what it
 refuses (another layout than the model's, a Megatron layout, another
 optimizer, a step that is not Adam's).
 
-    check_switch.py [-v] [--steps N] [--every K] [--configs 'A B ...'] [--keep DIR]
+    check_switch.py [-v] [--steps N] [--every K] [--configs 'A B ...'] [--keep DIR] [--no-prepare]
 
 --steps defaults to K steps in each configuration (12 for the six above).
 
-Prints a line per switch with -v, then one summary line; exit 1 naming what
+Prints a line per switch with -v, then one summary line (with rank 0's
+pauses, prepared and built in them); exit 1 naming what
 differs, 2 on bad arguments.
 """
 import argparse
@@ -217,13 +220,24 @@ class Rank:
 
     def builder(self, k):
         """The build function of switch k: the world (when it changes), then
-        the new configuration's model on the meta device, and its optimizer."""
+        the new configuration's model on the meta device, and its optimizer
+        (what the job trains on once the switch is made)."""
         def build(layout):
             self.world_of(k, layout)
-            self.b = make(layout, materialize=False)
-            model, optimizer = self.b.model, self.b.optimizer
+            self.built = make(layout, materialize=False)
+            model, optimizer = self.built.model, self.built.optimizer
             return model, optimizer
         return build
+
+    def prepare(self, k):
+        """Switch k made ready while the job trains, where it keeps the
+        job's world (a growth makes its world in build, in the pause)."""
+        if not self.switching or k >= self.args.configs or k * self.args.every >= self.args.steps or \
+                self.layouts[k].world != self.layouts[k - 1].world or self.args.no_prepare:
+            return
+        job, new_layout, rank, build = self.vjob, self.layouts[k], self.slot, self.builder(k)
+        # vps: the next configuration, made ready while the job trains
+        job.prepare(new_layout, rank, build)
 
     def first(self):
         """The first configuration's job, initialized from the seed."""
@@ -248,8 +262,10 @@ class Rank:
         # vps: a process that joins receives its state, and its model is built around it
         self.vjob, carried = vps.dtensor.Job.join(self.reg, self.layouts[k], self.slot, self.builder(k),
                                                   timeout=self.args.timeout)
+        self.b = self.built
         set_lr(self.b.optimizer, carried.step)
-        self.gather_after(k, None, 0.0)
+        self.gather_after(k, None, 0.0, False)
+        self.prepare(k + 1)
         return carried.step, carried.consumed_samples
 
     def switch(self, k, step, consumed):
@@ -264,17 +280,22 @@ class Rank:
         before = gather(self.b)
         t0 = time.monotonic()
         job, new_layout, rank, build = self.vjob, lay, self.slot, self.builder(k)
-        # vps: between two steps the state moves to the new layout, and build makes its model around it
+        prepared = job.prepared is not None
+        # vps: between two steps the state moves to the new layout; the model is prepare's, or build's
         model, optimizer, carried = job.switch(new_layout, rank, vps.Training(
             step=step, consumed_samples=consumed, global_batch=GLOBAL_BATCH), build)
         set_lr(optimizer, carried.step)
         pause = time.monotonic() - t0
+        self.b = self.built
+        if model is not self.b.model or optimizer is not self.b.optimizer:
+            raise RuntimeError("switch %d returned another model and optimizer than build made" % k)
         if (carried.step, carried.consumed_samples) != (step, consumed):
             raise RuntimeError("the switch carried step %d, samples %d; the job was at %d, %d" % (
                 carried.step, carried.consumed_samples, step, consumed))
-        self.gather_after(k, before, pause)
+        self.gather_after(k, before, pause, prepared)
+        self.prepare(k + 1)
 
-    def gather_after(self, k, before, pause):
+    def gather_after(self, k, before, pause, prepared):
         after = gather(self.b)
         if self.slot != 0:
             return
@@ -283,12 +304,14 @@ class Rank:
             raise RuntimeError("switch %d (%s -> %s): the state after is not the state before: %s" % (
                 k, CONFIGS[k - 1], CONFIGS[k], bad))
         self.switches.append((k, CONFIGS[k - 1], CONFIGS[k], len(after[0]),
-                              sum(t.numel() for t in after[0].values() if torch.is_tensor(t)), pause))
+                              sum(t.numel() for t in after[0].values() if torch.is_tensor(t)), pause, prepared))
 
     def main(self, join_at=None):
         args = self.args
         try:
             step, consumed = self.join(join_at) if join_at else self.first()
+            if not join_at:
+                self.prepare(1)
             set_lr(self.b.optimizer, step)
             k = 1 + sum(1 for c in range(1, len(CONFIGS)) if c * args.every <= step)
             while step < args.steps:
@@ -313,7 +336,8 @@ class Rank:
 def refusals(registry, tmp):
     """What a Job refuses, on one rank: a layout that is not the model's, a
     Megatron layout, an optimizer other than Adam, a training step that is
-    not the optimizer's. Returns the messages, in order."""
+    not the optimizer's, a switch neither prepared nor given build, a
+    prepare for another world. Returns the messages, in order."""
     store = dist.FileStore(os.path.join(tmp, "refusals.store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     lay = vps.layout(MODEL, "dp_shard=1", 1)
@@ -330,11 +354,14 @@ def refusals(registry, tmp):
             except vps.Error as e:
                 out.append("%s: %s: %s" % (what, e.name, e))
         job = vps.dtensor.Job(reg, lay, 0, b.model, b.optimizer)
-        try:
-            job.switch(lay, 0, vps.Training(step=5), None)
-            out.append("step 5: accepted")
-        except vps.Error as e:
-            out.append("step 5: %s: %s" % (e.name, e))
+        for what, call in (("step 5", lambda: job.switch(lay, 0, vps.Training(step=5), None)),
+                           ("unprepared", lambda: job.switch(lay, 0, vps.Training(step=0))),
+                           ("prepare dp_shard=2", lambda: job.prepare(vps.layout(MODEL, "dp_shard=2", 2), 0, None))):
+            try:
+                call()
+                out.append("%s: accepted" % what)
+            except vps.Error as e:
+                out.append("%s: %s: %s" % (what, e.name, e))
         job.close()
     finally:
         reg.close()
@@ -348,6 +375,11 @@ REFUSALS = [
     ("dp=1", "VPS_EINPUT", "tp=1,pp=1,dp=1,ep=1,etp=1,vpp=1,zero=0 is a Megatron layout"),
     ("SGD", "VPS_EUNSUPPORTED", "SGD: vps.dtensor moves the state of torch's Adam and AdamW"),
     ("step 5", "VPS_EINPUT", "training.step is 5, the optimizer has taken 0 steps"),
+    # a switch not prepared needs build
+    ("unprepared", "VPS_EINPUT", "rank 0 of dp_shard=1 was not prepared (Job.prepare), and no build was given"),
+    # a switch that changes the world makes it in the pause
+    ("prepare dp_shard=2", "VPS_EINPUT", "dp_shard=2 is a world of 2 processes, the job's 1: a switch that "
+     "changes the world is not prepared"),
 ]
 
 
@@ -506,6 +538,8 @@ def main():
                    help="the configurations, space-separated; the last may have more processes (a growth)")
     a.add_argument("--keep", help="keep the plans, logs and reports in this directory")
     a.add_argument("--timeout", type=float, default=600)
+    a.add_argument("--no-prepare", action="store_true",
+                   help="no Job.prepare: each switch builds the next configuration in its pause")
     args = a.parse_args()
     CONFIGS[:] = args.configs.split()
     if args.steps is None:
@@ -543,10 +577,11 @@ def check(args, tmp, registry):
         static, _ = run_job(args, tmp, registry, False)
     except RuntimeError as e:
         sys.exit("check_switch.py: %s" % e)
-    for k, src, dst, n, elems, pause in switches:
+    for k, src, dst, n, elems, pause, prepared in switches:
         if args.verbose:
-            print("switch %d at step %d: %s -> %s: %d tensors, %d elements, equal bit for bit through DCP (%.2f s)"
-                  % (k, k * args.every, src, dst, n, elems, pause))
+            print("switch %d at step %d: %s -> %s: %d tensors, %d elements, equal bit for bit through DCP (%.0f ms "
+                  "paused, %s)" % (k, k * args.every, src, dst, n, elems, pause * 1e3,
+                                   "prepared" if prepared else "built in the pause"))
     want = sum(1 for k in range(1, args.configs) if k * args.every < args.steps)
     if len(switches) != want:
         sys.exit("check_switch.py: %d switches of %d" % (len(switches), want))
@@ -569,13 +604,18 @@ def check(args, tmp, registry):
     if args.verbose:
         use = resource.getrusage(resource.RUSAGE_CHILDREN)
         print("the processes' CPU time: %.0f s" % (use.ru_utime + use.ru_stime))
+    pauses = []
+    for what, kind in (("prepared", True), ("built in the pause", False)):
+        ps = [s[5] for s in switches if s[6] == kind]
+        if ps:
+            pauses.append("%d %s %.0f-%.0f ms" % (len(ps), what, min(ps) * 1e3, max(ps) * 1e3))
     print("torchtitan %s on %s ranks: %d switch%s through vps-exec (%s), the whole state through DCP equal bit "
-          "for bit across each; loss within %g of the static run's at every step (largest %.1e, step %d) (%.0f s)"
+          "for bit across each; loss within %g of the static run's at every step (largest %.1e, step %d); "
+          "rank 0's pauses: %s (%.0f s)"
           % (MODEL_NAME, " -> ".join(sorted({str(vps.layout(MODEL, c, GPUS_PER_NODE).world)
                                              for c in CONFIGS[:len(switches) + 1]}, key=int)),
              len(switches), "" if len(switches) == 1 else "es", " -> ".join(CONFIGS[:len(switches) + 1]), MAX_REL,
-             worst, worst_at,
-             time.monotonic() - t0))
+             worst, worst_at, ", ".join(pauses) or "none", time.monotonic() - t0))
 
 
 if __name__ == "__main__":
