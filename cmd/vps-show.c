@@ -59,7 +59,7 @@ static int type_files(char **paths, size_t n)
 				       info.kind == VPS_DOC_STAGED ? "staged plan" : vps_doc_kind_name(info.kind), e);
 			else
 				printf("%s: %s\n", name, *e ? e : vps_strerror(rc));
-			status = rc == VPS_ENOMEM ? EXIT_CHECK : EXIT_USAGE;
+			status = EXIT_USAGE;
 			continue;
 		}
 		vps_show_describe(&info, line, sizeof(line));

@@ -9,7 +9,8 @@
 # tables and, last, `control plane: W ranks, rank 0 T s, M messages per
 # collective` for the largest world, T being rank 0's CPU time per
 # collective (its thread's and its control loop's, the median over 15
-# switches, averaged over the collectives); with --doc, writes them into
+# switches, averaged over the collectives); every figure is the median of
+# RUNS runs of every world (default 3); with --doc, writes them into
 # docs/BENCHMARKS.md. Targets: rank 0's time and messages per collective at
 # the largest world within 1.5x of those at 128 ranks. A world past what
 # this machine allows runs at the most it does, and the tables say so:
@@ -54,7 +55,14 @@ trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$t"
 # ---- the control plane at each world ----
 # TIMEOUT: how long a rank may take to come (default 900 s: 16,384 ranks on
 # this shared 2-core machine can take five minutes to bootstrap)
-build/bench/control_plane --timeout "${TIMEOUT:-900}" $worlds > "$t/out"
+# RUNS: how many times (default 3); each figure is the median of the runs'
+# (rank 0's time per collective at 128 ranks moves by a third between runs)
+runs=${RUNS:-3}
+[[ "$runs" =~ ^[1-9][0-9]*$ ]] || { echo "control_plane.sh: RUNS=$runs: not a count" >&2; exit 2; }
+: > "$t/out"
+for run in $(seq "$runs"); do
+	build/bench/control_plane --timeout "${TIMEOUT:-900}" $worlds >> "$t/out"
+done
 
 # ---- an idle executor: bootstrapped, waiting for its trainer's request ----
 idle_seconds=${IDLE_SECONDS:-20}
@@ -83,17 +91,48 @@ for r in 0 1; do
 done
 
 tables() {
-	awk -v idle="$idle" -v idle_s="$idle_seconds" -v capped="$capped" '
+	awk -v idle="$idle" -v idle_s="$idle_seconds" -v capped="$capped" -v runs_n="$runs" '
 		function log2(x) { return log(x) / log(2) }
-		$1 == "phase" { W = $2; wall[W, $3] = $5; cpu[W, $3] = $7; msg[W, $3] = $9; next }
+		function median(a, k,   i, j, x, b) {
+			for (i = 1; i <= k; i++) b[i] = a[i]
+			for (i = 2; i <= k; i++)
+				for (j = i; j > 1 && b[j - 1] > b[j]; j--) { x = b[j]; b[j] = b[j - 1]; b[j - 1] = x }
+			return k % 2 ? b[(k + 1) / 2] : (b[k / 2] + b[k / 2 + 1]) / 2
+		}
+		# every run'\''s figures kept; the tables give their medians, the counts their extremes
+		$1 == "phase" {
+			W = $2; k = ++runs[W, $3]
+			walls[W, $3, k] = $5; cpus[W, $3, k] = $7
+			msg[W, $3] = $9 > msg[W, $3] ? $9 : msg[W, $3]
+			if (k == 1 || $11 < wlo[W, $3]) wlo[W, $3] = $11
+			if ($11 > whi[W, $3]) whi[W, $3] = $11
+			next
+		}
 		$1 == "world" {
-			W = $2; ws[++n] = W
-			for (i = 3; i < NF; i += 2) v[W, $i] = $(i + 1)
+			W = $2
+			if (!((W, "seen") in v)) ws[++n] = W
+			v[W, "seen"] = 1; k = ++wruns[W]
+			for (i = 3; i < NF; i += 2) {
+				v[W, $i] = $(i + 1)
+				if ($i == "wall" || $i == "cpu") whole[W, $i, k] = $(i + 1)
+			}
 		}
 		END {
+			for (key in runs) {
+				split(key, kp, SUBSEP); k = runs[key]
+				for (i = 1; i <= k; i++) { ma[i] = walls[kp[1], kp[2], i]; mc[i] = cpus[kp[1], kp[2], i] }
+				wall[key] = median(ma, k); cpu[key] = median(mc, k)
+			}
+			for (key in wruns) {
+				for (f = 1; f <= 2; f++) {
+					name = f == 1 ? "wall" : "cpu"
+					for (i = 1; i <= wruns[key]; i++) ma[i] = whole[key, name, i]
+					v[key, name] = median(ma, wruns[key])
+				}
+			}
 			split("transports arrival training start verdict digest", coll, " ")
 			first = ws[1]; last = ws[n]
-			print "Rank 0, per collective: its CPU time (its thread and its control loop, the median of 15 switches) and its messages sent and received" (v[first, "rank0_pinned"] ? " (rank 0 pinned to a CPU of its own, every other rank to the others)" : " (rank 0 not pinned: this machine lets the run use one CPU)") ":"
+			print "Rank 0, per collective: its CPU time (its thread and its control loop, the median of 15 switches; the median of " runs_n " runs) and its messages sent and received" (v[first, "rank0_pinned"] ? " (rank 0 pinned to a CPU of its own, every other rank to the others)" : " (rank 0 not pinned: this machine lets the run use one CPU)") ":"
 			print ""
 			printf "| ranks | tree depth |"
 			for (c = 1; c <= 6; c++) printf " %s |", coll[c]
@@ -143,11 +182,21 @@ tables() {
 				print ""
 				printf "At %\047d ranks against 128: rank 0'\''s CPU time per collective %.2fx, its messages per collective %.2fx (target: at most 1.5x each).\n", last, mean[last] / mean[first], most[last] / most[first]
 			}
+			if (n > 2 && first == 128) {
+				# the same work at every world: what else grows is what each piece costs here
+				lo = wlo[first, coll[1]]; hi = whi[first, coll[1]]
+				for (k = 1; k <= n; k++)
+					for (c = 1; c <= 6; c++) {
+						lo = wlo[ws[k], coll[c]] < lo ? wlo[ws[k], coll[c]] : lo
+						hi = whi[ws[k], coll[c]] > hi ? whi[ws[k], coll[c]] : hi
+					}
+				printf "From %\047d to %\047d ranks (%.0fx the ranks): rank 0'\''s CPU time per collective %.2fx; at every world it sent and received %d messages and woke %d to %d times per collective.\n", ws[2], last, last / ws[2], mean[last] / mean[ws[2]], most[last], lo, hi
+			}
 			print ""
 			printf "control plane: %d ranks, rank 0 %.6f s, %d messages per collective\n", last, mean[last], most[last]
 		}' "$t/out"
 }
 tables
-[ "$doc" = 1 ] && { scripts/bench/doc-stamp.sh "scripts/bench/control_plane.sh --doc $asked"; echo; tables; } |
+[ "$doc" = 1 ] && { scripts/bench/doc-stamp.sh "RUNS=$runs scripts/bench/control_plane.sh --doc $asked"; echo; tables; } |
 	scripts/bench/doc-section.sh control-plane docs/BENCHMARKS.md
 exit 0
