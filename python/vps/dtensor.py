@@ -38,8 +38,8 @@ copies the values in, once. From then on every one of those tensors is a
 view of a vps buffer. build makes the new configuration's model on the
 meta device (or anywhere) and its optimizer, and the Job hands them the
 buffers the switch fills, no copy: in Job.prepare, while the job trains
-(the pause then holds the transfer and Adam's step handed over), or for
-a switch not prepared in the pause, after the transfer: a parameter on the buffers'
+(the pause then holds the transfer and Adam's step), or, for a switch not
+prepared, in the pause after the transfer. A parameter on the buffers'
 device keeps its object and has its local tensor pointed at the buffer;
 one on another device (meta) is replaced by a DTensor of the same
 placement over the buffer, in every module that holds it, in FSDP2's
@@ -68,12 +68,12 @@ from __future__ import annotations
 
 import datetime
 import math
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 from ._lib import import_torch
 from .errors import CheckFailed, Error, InvalidInput, Unsupported
 from .layout import EXP_AVG, EXP_AVG_SQ, MAIN_PARAM, STATES, Layout
-from .registry import SOURCE, TARGET, Registry, Training
+from .registry import TARGET, Registry, Training
 
 torch = import_torch("vps.dtensor")
 from torch.distributed.tensor import DTensor  # noqa: E402
@@ -448,16 +448,9 @@ class Job:
         except BaseException:
             if bind is not None:
                 bind.release()
-            self._unregister(target)
+            _state.withdraw(self.registry, self.state, target)
             raise
         self._next = _Next(layout, rank, target, bind, model, optimizer)
-
-    def _unregister(self, target):
-        """Forget target's registration and free it; the registry runs the
-        job's state again."""
-        self.registry.reset(self.layout, self.rank)
-        self.state.register(self.registry, SOURCE)
-        target.free()
 
     def discard(self) -> None:
         """Forget the configuration Job.prepare made ready, if any: its
@@ -466,7 +459,7 @@ class Job:
         if nxt is not None:
             nxt.bind.release()
             if not nxt.target.closed:
-                self._unregister(nxt.target)
+                _state.withdraw(self.registry, self.state, nxt.target)
 
     def _open(self):
         if self.state is None:

@@ -134,7 +134,7 @@ from ._lib import import_torch
 from .errors import CheckFailed, Error, InvalidInput, Unsupported
 from .layout import BF16, DTYPES, EXP_AVG, EXP_AVG_SQ, FP32, MAIN_PARAM, MODULE_BUFFER, MOMENTUM_BUFFER, OPTIMIZERS, \
     PARAM, STATES, Layout
-from .registry import SOURCE, TARGET, Registry, Training
+from .registry import TARGET, Registry, Training
 
 torch = import_torch("vps.megatron")
 from torch.overrides import TorchFunctionMode  # noqa: E402
@@ -1349,17 +1349,10 @@ class Job:
             entry = next((g for g in reversed(_cache.values()) if _same(g.values, nxt_groups)), None)
             seconds["attach"] = time.monotonic() - t
         except BaseException:
-            self._unregister(target)
+            _state.withdraw(self.registry, self.state, target)
             raise
         self._next = _Next(layout=layout, rank=rank, target=target, bind=bind, groups=nxt_groups, entry=entry,
                            rng=nxt_rng, grads=sk.grads, seconds=seconds)
-
-    def _unregister(self, target):
-        """Forget target's registration and free it; the registry runs the
-        job's state again."""
-        self.registry.reset(self.layout, self.rank)
-        self.state.register(self.registry, SOURCE)
-        target.free()
 
     def discard(self) -> None:
         """Forget the configuration Job.prepare made ready, if any: its
@@ -1369,7 +1362,7 @@ class Job:
         if nxt is not None:
             nxt.bind.release()
             if not nxt.target.closed:
-                self._unregister(nxt.target)
+                _state.withdraw(self.registry, self.state, nxt.target)
 
     @_state.paused_gc()
     def switch(self, layout: Layout, rank: int, training: Training, build: Optional[Callable[[Layout], Tuple]] = None,

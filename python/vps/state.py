@@ -363,6 +363,21 @@ def paused_gc():
             gc.enable()
 
 
+def sources_again(registry: Registry, state: Optional[State]) -> None:
+    """The registry reset to hold `state` (None: nothing) as the sources
+    again, every target it held forgotten."""
+    registry.reset(state.layout if state else None, state.rank if state else -1)
+    if state:
+        state.register(registry, SOURCE)
+
+
+def withdraw(registry: Registry, state: State, target: State) -> None:
+    """A target made ahead forgotten and freed: the registry runs `state`
+    again (a Job's prepared configuration discarded)."""
+    sources_again(registry, state)
+    target.free()
+
+
 @paused_gc()
 def switch(registry: Registry, state: Optional[State], layout: Layout, rank: int, *,
            training: Optional[Training] = None, timeout: float = 600.0,
@@ -407,9 +422,7 @@ def switch(registry: Registry, state: Optional[State], layout: Layout, rank: int
     if registry.state()[0] == FAILED:
         # a switch a former call left under way (its wait timed out) failed
         # since: forget its targets and declare the sources again
-        registry.reset(state.layout if state else None, state.rank if state else -1)
-        if state:
-            state.register(registry, SOURCE)
+        sources_again(registry, state)
         if target is not None:
             target.register(registry, TARGET)
     if training is not None:
@@ -429,9 +442,7 @@ def switch(registry: Registry, state: Optional[State], layout: Layout, rank: int
         e.seq = seq
         if registry.state()[0] in (REQUESTED, RUNNING):
             raise
-        registry.reset(state.layout if state else None, state.rank if state else -1)
-        if state:
-            state.register(registry, SOURCE)
+        sources_again(registry, state)
         if new:
             new.free()
         raise
