@@ -22,10 +22,11 @@ its world grown again to FSDP 8), each between two steps: the new
 configuration's model is built on the meta device and handed vps's
 buffers (no copy), while the job trains for a switch within its world
 (vps.dtensor.Job.prepare, as soon as the switch before is done), in the
-pause for a growth (and for every switch with --no-prepare). --configs gives other configurations, each of the world
-before or of a larger one. The processes are forked from this one after it
-imported torch and torchtitan (0.6 GiB) and share those pages: a rank's own
-memory is 40 to 80 MiB, the 8 ranks' about 0.5 GiB. A growth goes as
+pause for a growth (and for every switch with --no-prepare). --configs
+gives other configurations, each of the world before or of a larger one.
+The processes are forked from this one after it imported torch and
+torchtitan (0.6 GiB) and share those pages: a rank's own memory is 40 to
+80 MiB, the 8 ranks' about 0.5 GiB. A growth goes as
 vps.elastic's launcher protocol has it: this script is the agent
 (vps.elastic.Agent, the job's store); rank 0 asks for each switch, the
 agent starts its executors (one per process of the world, serving the
@@ -41,15 +42,16 @@ switch the two runs' losses must be equal bit for bit (vps's buffers under
 FSDP2's parameters change nothing), and after it within 1e-3 (relative) at
 every step, scripts/convergence.sh's bound. A Job is also shown what it
 refuses (another layout than the model's, a Megatron layout, another
-optimizer, a step that is not Adam's).
+optimizer, a step that is not Adam's, a switch neither prepared nor given
+build, a prepare for another world).
 
     check_switch.py [-v] [--steps N] [--every K] [--configs 'A B ...'] [--keep DIR] [--no-prepare]
 
 --steps defaults to K steps in each configuration (12 for the six above).
 
 Prints a line per switch with -v, then one summary line (with rank 0's
-pauses, prepared and built in them); exit 1 naming what
-differs, 2 on bad arguments.
+pauses, prepared and built in them); exit 1 naming what differs, 2 on bad
+arguments.
 """
 import argparse
 import contextlib
