@@ -667,7 +667,7 @@ class Run:
         # training goes on when every rank of the new configuration can
         self.world.barrier(self.groups.job)
         pause = sw.waited + time.monotonic() - t0
-        if old_world is not self.world:
+        if grows:
             # vps: the old world's groups go now, in the background, not in the pause
             old_world.retire()
         self.after(sw, before, old, {"build": sw.build.seconds if sw.build else 0.0, "waited": sw.waited,
