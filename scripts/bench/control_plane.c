@@ -12,7 +12,12 @@
  * and the loop's time on its tree) and its messages, and per world the
  * busiest rank's messages per collective, each rank's connections and the
  * memory its network holds; scripts/bench/control_plane.sh makes the table.
- *   control_plane [--timeout S] W...
+ *   control_plane [--timeout S] [--pace MS] W...
+ * --pace MS: the world's last rank comes MS milliseconds late to each
+ *   collective, so that each lasts about as long as a larger world's does
+ *   on this machine (its figures are printed as "paced" lines): rank 0's
+ *   CPU time per collective grows with how long it waits, not with the
+ *   world, which is what a small world paced like a large one shows.
  *   control_plane --registry NAME SECONDS: a trainer's registry that never
  *       asks for a switch (control_plane.sh measures an idle executor) */
 #include <arpa/inet.h>
@@ -50,6 +55,7 @@ struct rank {
 	int64_t rank, world;
 	int port;
 	double timeout;
+	double pace; /* seconds the last rank comes late to each collective */
 	struct vps_net_loop *loop;
 	vps_result_t rc;
 	char error[512];
@@ -145,6 +151,16 @@ static vps_result_t stage(struct vps_net *n, struct rank *r)
 	return rc;
 }
 
+/* Rank W-1 of a paced world, before each collective: the tree waits for
+ * it, and rank 0 idles as long as in a larger world. */
+static void come_late(const struct rank *r)
+{
+	if (r->pace <= 0 || r->rank != r->world - 1)
+		return;
+	struct timespec ts = {(time_t)r->pace, (long)((r->pace - (double)(time_t)r->pace) * 1e9)};
+	nanosleep(&ts, NULL);
+}
+
 static void *run_rank(void *arg)
 {
 	struct rank *r = arg;
@@ -173,19 +189,25 @@ static void *run_rank(void *arg)
 	 * transports once, then per switch the arrival, the training state,
 	 * the start, the stages, the verdict and the digest */
 	uint64_t needed[1] = {(uint64_t)(r->rank % 3 == 0)};
+	come_late(r);
 	PHASE(r, n, TRANSPORTS, vps_net_allreduce_sum(n, needed, 1, "transports"));
 	r->transports = needed[0];
 	for (r->sw = 0; r->sw < SWITCHES && !r->rc; r->sw++) {
 		const struct vps_net_trainer at_once = {ready_now, NULL, NULL};
+		come_late(r);
 		PHASE(r, n, ARRIVAL, vps_net_arrive(n, &at_once, 600));
 		uint64_t training[8] = {0};
 		if (r->rank == 0)
 			training[0] = 1000, training[7] = 1;
+		come_late(r);
 		PHASE(r, n, TRAINING, vps_net_allreduce_sum(n, training, 8, "training state"));
+		come_late(r);
 		PHASE(r, n, START, vps_net_agree_result(n, VPS_OK, "start"));
 		PHASE(r, n, STAGE, stage(n, r));
+		come_late(r);
 		PHASE(r, n, VERDICT, vps_net_agree_result(n, VPS_OK, "end of transfer"));
 		uint64_t digest[2] = {(uint64_t)r->rank, 1};
+		come_late(r);
 		PHASE(r, n, DIGEST, vps_net_allreduce_sum(n, digest, 2, "digest"));
 		if (!r->rc && (training[0] + 10 * training[7] != 1010 || digest[0] != (uint64_t)(r->world * (r->world - 1) / 2) ||
 			       digest[1] != (uint64_t)r->world))
@@ -292,7 +314,7 @@ static void summarise(const struct rank *x, int64_t W, struct summary *sum)
 
 /* Ranks [lo, hi) of W as threads of this process, their control trees on
  * one loop thread. */
-static void run_ranks(int64_t W, int64_t lo, int64_t hi, int port, double timeout, struct summary *sum)
+static void run_ranks(int64_t W, int64_t lo, int64_t hi, int port, double timeout, double pace, struct summary *sum)
 {
 	memset(sum, 0, sizeof(*sum));
 	struct vps_net_loop *loop = NULL;
@@ -310,8 +332,8 @@ static void run_ranks(int64_t W, int64_t lo, int64_t hi, int port, double timeou
 	pthread_attr_setstacksize(&at, 256 << 10);
 	int64_t started = 0;
 	for (int64_t r = lo; r < hi; r++) {
-		ranks[r - lo] = (struct rank){.rank = r, .world = W, .port = port, .timeout = timeout, .loop = loop,
-					      .failed_phase = -1};
+		ranks[r - lo] = (struct rank){.rank = r, .world = W, .port = port, .timeout = timeout, .pace = pace,
+					      .loop = loop, .failed_phase = -1};
 		if (pthread_create(&th[r - lo], &at, run_rank, &ranks[r - lo]))
 			break;
 		started++;
@@ -355,7 +377,7 @@ static int pin_rank0(bool rank0)
 
 /* W ranks over enough processes that each holds both ends of its ranks'
  * connections within its open-file limit. */
-static int run_world(int64_t W, double timeout, int64_t per_process)
+static int run_world(int64_t W, double timeout, double pace, int64_t per_process)
 {
 	int port = free_port();
 	/* rank 0 in a process of its own, ahead of the others: on a cluster it
@@ -381,7 +403,7 @@ static int run_world(int64_t W, double timeout, int64_t per_process)
 			if (k)
 				(void)!setpriority(PRIO_PROCESS, 0, 10);
 			int pinned = pin_rank0(k == 0);
-			run_ranks(W, lo, hi, port, timeout, &sums[k]);
+			run_ranks(W, lo, hi, port, timeout, pace, &sums[k]);
 			sums[k].pinned = pinned;
 			_exit(0);
 		}
@@ -437,8 +459,11 @@ static int run_world(int64_t W, double timeout, int64_t per_process)
 		rc = 1;
 	} else {
 		for (int p = 0; p < NPHASES; p++)
-			printf("phase %lld %s wall %.6f cpu %.6f messages %" PRIu64 " wakes %" PRIu64 "\n", (long long)W,
-			       phase_name[p], z->phase_wall[p], z->phase_cpu[p], z->phase_msgs[p], z->phase_wakes[p]);
+			printf("%s %lld %s wall %.6f cpu %.6f messages %" PRIu64 " wakes %" PRIu64 " pace_ms %.1f\n",
+			       pace > 0 ? "paced" : "phase", (long long)W, phase_name[p], z->phase_wall[p], z->phase_cpu[p],
+			       z->phase_msgs[p], z->phase_wakes[p], pace * 1e3);
+		if (pace > 0)
+			goto out;
 		int64_t depth = 0;
 		for (int64_t level = 1, below = 1; below < W; depth++, level *= 4, below += level)
 			;
@@ -450,8 +475,9 @@ static int run_world(int64_t W, double timeout, int64_t per_process)
 		       (long long)W, (long long)nproc, (long long)depth, z->rank0_msgs, all.most_msgs, all.most_data,
 		       all.most_ctl, z->rank0_bootstrap, all.most_mem, z->rank0_mem_peak, all.most_mem_peak_other,
 		       (double)rss_kb / (double)W, wall, cpu, z->pinned);
-		fflush(stdout);
 	}
+out:
+	fflush(stdout);
 	munmap(sums, (size_t)nproc * sizeof(*sums));
 	free(pids);
 	return rc;
@@ -475,14 +501,23 @@ static int idle_registry(const char *name, double seconds)
 
 int main(int argc, char **argv)
 {
-	double timeout = 120;
+	double timeout = 120, pace_ms = 0;
 	int i = 1;
 	if (argc == 4 && !strcmp(argv[1], "--registry"))
 		return idle_registry(argv[2], atof(argv[3]));
 	if (i + 1 < argc && !strcmp(argv[i], "--timeout"))
 		timeout = atof(argv[i + 1]), i += 2;
+	if (i + 1 < argc && !strcmp(argv[i], "--pace")) {
+		char *end;
+		pace_ms = strtod(argv[i + 1], &end);
+		if (*end || end == argv[i + 1] || !(pace_ms >= 0 && pace_ms <= 60000)) {
+			fprintf(stderr, "control_plane: --pace %s: not milliseconds from 0 to 60000\n", argv[i + 1]);
+			return 2;
+		}
+		i += 2;
+	}
 	if (i >= argc) {
-		fprintf(stderr, "usage: control_plane [--timeout S] W...\n");
+		fprintf(stderr, "usage: control_plane [--timeout S] [--pace MS] W...\n");
 		return 2;
 	}
 	/* as many ranks a process as its open files hold, at ~25 descriptors
@@ -504,7 +539,7 @@ int main(int argc, char **argv)
 			fprintf(stderr, "control_plane: %s: not a world size\n", argv[i]);
 			return 2;
 		}
-		rc = run_world(W, timeout, per_process);
+		rc = run_world(W, timeout, pace_ms / 1e3, per_process);
 	}
 	return rc;
 }

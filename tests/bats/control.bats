@@ -44,6 +44,15 @@ cp=$TOP/build/bench/control_plane
 	[ "$status" -eq 0 ] || { echo "$output"; return 1; }
 	[[ "${lines[-1]}" =~ ^control\ plane:\ 32\ ranks,\ rank\ 0\ [0-9.]+\ s,\ [0-9]+\ messages\ per\ collective$ ]]
 	[[ "$output" == *"An idle executor"* ]]
+	# from 128 ranks up, the targets' ratios and their verdicts
+	RUNS=1 IDLE_SECONDS=1 run "$TOP/scripts/bench/control_plane.sh" 128 160 192
+	[ "$status" -eq 0 ] || { echo "$output"; return 1; }
+	echo "$output" | grep -E "^At 192 ranks against 128: .* Verdict: CPU time (met|\*\*not met\*\*), messages (met|\*\*not met\*\*)\.$"
+	echo "$output" | grep -E "^From 160 to 192 ranks .* woke [0-9]+ to [0-9]+ times per collective\.$"
+	echo "$output" | grep -E "^\| 128, paced like 192 \| 4 \|( [0-9.]+ ms, 8 \|){6} [0-9.]+ ms \|$"
+	echo "$output" | grep -E "^At 192 ranks against 128 paced like it: rank 0's CPU time per collective [0-9.]+x .* Verdict, the world's own share: (met|\*\*not met\*\*)\.$"
+	run "$TOP/build/bench/control_plane" --pace -1 16
+	[ "$status" -eq 2 ] && [[ "$output" == *"--pace -1: not milliseconds"* ]]
 	run "$TOP/scripts/bench/control_plane.sh" 16 x
 	[ "$status" -eq 2 ]
 }
