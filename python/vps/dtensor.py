@@ -457,9 +457,7 @@ class Job:
         buffers are freed and build's model and optimizer emptied."""
         nxt, self._next = self._next, None
         if nxt is not None:
-            nxt.bind.release()
-            if not nxt.target.closed:
-                _state.withdraw(self.registry, self.state, nxt.target)
+            _state.withdraw(self.registry, self.state, nxt.target, nxt.bind)
 
     def _open(self):
         if self.state is None:

@@ -1360,9 +1360,7 @@ class Job:
         self._after.wait()
         nxt, self._next = self._next, None
         if nxt is not None:
-            nxt.bind.release()
-            if not nxt.target.closed:
-                _state.withdraw(self.registry, self.state, nxt.target)
+            _state.withdraw(self.registry, self.state, nxt.target, nxt.bind)
 
     @_state.paused_gc()
     def switch(self, layout: Layout, rank: int, training: Training, build: Optional[Callable[[Layout], Tuple]] = None,

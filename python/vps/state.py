@@ -371,11 +371,16 @@ def sources_again(registry: Registry, state: Optional[State]) -> None:
         state.register(registry, SOURCE)
 
 
-def withdraw(registry: Registry, state: State, target: State) -> None:
-    """A target made ahead forgotten and freed: the registry runs `state`
-    again (a Job's prepared configuration discarded)."""
-    sources_again(registry, state)
-    target.free()
+def withdraw(registry: Registry, state: State, target: State, bind=None) -> None:
+    """A target made ahead forgotten and freed: the objects bound to it
+    emptied (bind.release()), and the registry runs `state` again (a Job's
+    prepared configuration discarded); a target a failed switch freed
+    already is left as it is."""
+    if bind is not None:
+        bind.release()
+    if not target.closed:
+        sources_again(registry, state)
+        target.free()
 
 
 @paused_gc()

@@ -75,20 +75,6 @@ sys.path.insert(0, os.path.join(TOP, "python"))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(TOP, "tests", "lib"))
 
-import mcore  # noqa: E402  (imports torch and megatron-core once, before the ranks fork)
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from megatron.core import parallel_state  # noqa: E402
-from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, apply_factories  # noqa: E402
-from megatron.core.distributed import finalize_model_grads  # noqa: E402
-from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # noqa: E402
-from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler  # noqa: E402
-from megatron.core.pipeline_parallel import get_forward_backward_func  # noqa: E402
-from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed  # noqa: E402
-
-import vps  # noqa: E402
-import vps.megatron  # noqa: E402
-from switching import Corpus, check_refusals, run, start_executors, stop, tool, workspace  # noqa: E402
 
 class Run:
     """A job the check trains and switches: its model, the parallel
@@ -158,6 +144,53 @@ RUNS = [
 ]
 MODEL = RUNS[0].model  # the refusals' job
 WORLD = 4
+
+# how the line of each optimizer's jobs starts (Adam's, the first, as it always did)
+OPTIMIZER_LINES = {"adam": "", "muon": "Muon: ", "sgd": "SGD with momentum: ", "lion": "Lion: ",
+                   "offload": "Adam offloaded to the host: "}
+
+
+def arguments():
+    """The command line, checked before torch and Megatron-Core are imported (seconds): bad
+    arguments exit 2 at once."""
+    a = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    a.add_argument("-v", "--verbose", action="store_true")
+    a.add_argument("--steps", type=int, help="train N steps (by default each job's: 18 for Adam's)")
+    a.add_argument("--every", type=int, help="switch every K steps (by default each job's: 3 for Adam's)")
+    a.add_argument("--keep", help="keep the plans, logs and reports in this directory")
+    a.add_argument("--timeout", type=float, default=600)
+    a.add_argument("--model", action="append", choices=sorted({r.name for r in RUNS}),
+                   help="train this model's jobs only (repeatable; by default every one)")
+    a.add_argument("--optimizer", action="append", choices=list(OPTIMIZER_LINES),
+                   help="train the jobs of this optimizer only (repeatable; by default every one)")
+    a.add_argument("--full", action="store_true",
+                   help="the longer form of the jobs of other optimizers than Adam: more switches and steps")
+    a.add_argument("--no-prepare", action="store_true",
+                   help="no Job.prepare: each switch builds the next configuration in its pause")
+    a.add_argument("--pauses", help="write each switch's pause and its parts to this file (JSON; Adam's jobs)")
+    args = a.parse_args()
+    if (args.steps is not None and args.steps < 1) or (args.every is not None and args.every < 1):
+        a.error("--steps and --every must be at least 1")
+    return args
+
+
+if __name__ == "__main__":
+    ARGS = arguments()
+
+import mcore  # noqa: E402  (imports torch and megatron-core once, before the ranks fork)
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from megatron.core import parallel_state  # noqa: E402
+from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, apply_factories  # noqa: E402
+from megatron.core.distributed import finalize_model_grads  # noqa: E402
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # noqa: E402
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler  # noqa: E402
+from megatron.core.pipeline_parallel import get_forward_backward_func  # noqa: E402
+from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed  # noqa: E402
+
+import vps  # noqa: E402
+import vps.megatron  # noqa: E402
+from switching import Corpus, check_refusals, run, start_executors, stop, tool, workspace  # noqa: E402
 GLOBAL_BATCH, MICRO_BATCH, SEQ = 8, 2, 32
 LR, SEED = 3e-3, 1234
 MAX_REL = 1e-3  # scripts/convergence.sh's bound
@@ -531,8 +564,9 @@ def rank_main(rank, job_run, steps, every, registry, switching, ahead=True):
 def refusals(rank, registry):
     """What a Job refuses, on one rank: a layout that is not what Megatron
     built, one it cannot point Megatron's tensors into, a training step
-    that is not Adam's, what vps does not describe. Returns the messages,
-    in order."""
+    that is not Adam's, what vps does not describe; and a prepared
+    configuration discarded, which leaves the registry as it was. Returns
+    the messages, in order."""
     lay = vps.layout(MODEL, "zero=1", 1)
     model, optimizer = build(lay)
     out = []
@@ -553,6 +587,16 @@ def refusals(rank, registry):
             out.append("step 5: accepted")
         except vps.Error as e:
             out.append("step 5: %s: %s" % (e.name, e))
+        # a configuration made ready, then given up: its buffers freed, the registry the job's own again
+        held = lambda: [(e.role, e.buffer, e.bytes, bytes(e.shm_name)) for e in reg.entries()]  # noqa: E731
+        before = held()
+        j.prepare(lay, 0, build)
+        made = (j.prepared, len(held()) - len(before))
+        j.discard()
+        out.append("prepare, discard: %s" % ("VPS_OK: the registry as before" if (
+            made[0] is not None and made[1] > 0 and j.prepared is None and held() == before) else
+            "VPS_ECHECK: prepared %s with %d entries more; then %s, %d entries of %d as before" % (
+                made + (j.prepared, sum(a == b for a, b in zip(held(), before)), len(before)))))
         j.close()
         # SGD (Megatron's Float16Optimizer) where the layout has Adam, and SGD without momentum
         sgd = vps.layout(MODEL, "zero=0,optimizer=sgd", 1)
@@ -581,6 +625,7 @@ REFUSALS = [
     ("zero=1,precision_aware=1", "VPS_EUNSUPPORTED", "the layout's main_param buffer of chunk 0 is int16 "
      "(precision_aware=1): vps.megatron binds bf16 parameters and fp32 states"),
     ("step 5", "VPS_EINPUT", "training.step is 5, the optimizer has taken 0 steps"),
+    ("prepare, discard", "VPS_OK", "the registry as before"),
     ("adam for sgd", "VPS_ECHECK", "embedding.word_embeddings.weight: Megatron steps it with SGD (sgd), the layout "
      "with adam"),
     ("sgd_momentum=0", "VPS_EUNSUPPORTED", "embedding.word_embeddings.weight: SGD without momentum "
@@ -609,24 +654,7 @@ def executors(tmp, job_run, steps, every, registry):
 
 
 def main():
-    a = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    a.add_argument("-v", "--verbose", action="store_true")
-    a.add_argument("--steps", type=int, help="train N steps (by default each job's: 18 for Adam's)")
-    a.add_argument("--every", type=int, help="switch every K steps (by default each job's: 3 for Adam's)")
-    a.add_argument("--keep", help="keep the plans, logs and reports in this directory")
-    a.add_argument("--timeout", type=float, default=600)
-    a.add_argument("--model", action="append", choices=sorted({r.name for r in RUNS}),
-                   help="train this model's jobs only (repeatable; by default every one)")
-    a.add_argument("--optimizer", action="append", choices=list(OPTIMIZER_LINES),
-                   help="train the jobs of this optimizer only (repeatable; by default every one)")
-    a.add_argument("--full", action="store_true",
-                   help="the longer form of the jobs of other optimizers than Adam: more switches and steps")
-    a.add_argument("--no-prepare", action="store_true",
-                   help="no Job.prepare: each switch builds the next configuration in its pause")
-    a.add_argument("--pauses", help="write each switch's pause and its parts to this file (JSON; Adam's jobs)")
-    args = a.parse_args()
-    if (args.steps is not None and args.steps < 1) or (args.every is not None and args.every < 1):
-        a.error("--steps and --every must be at least 1")
+    args = ARGS
     mcore.install_training_shims()
     registry = "vps-mcore-%d-%%d" % os.getpid()
     with workspace(args.keep, "vps-mcore-switch-", registry, WORLD) as tmp:
@@ -663,11 +691,6 @@ def check(args, tmp, registry):
     for o in sorted(lines, key=lambda o: list(OPTIMIZER_LINES).index(o)):
         print("%s%s (%.0f s); pause at most %.2f x the transfer" % (
             OPTIMIZER_LINES[o], "; ".join(lines[o]), seconds[o], worst[o]))
-
-
-# how the line of each optimizer's jobs starts (Adam's, the first, as it always did)
-OPTIMIZER_LINES = {"adam": "", "muon": "Muon: ", "sgd": "SGD with momentum: ", "lion": "Lion: ",
-                   "offload": "Adam offloaded to the host: "}
 
 
 def switched(args, job_run, tmp, registry):

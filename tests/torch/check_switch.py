@@ -72,6 +72,49 @@ sys.path.insert(0, os.path.join(TOP, "python"))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(TOP, "tests", "lib"))
 
+import vps  # noqa: E402
+
+MODEL_NAME = "llama3-tiny"
+MODEL = os.path.join(HERE, "models", MODEL_NAME + ".yaml")
+# the switches' configurations (--configs): each of the world before, or
+# of a larger one (the world grows)
+CONFIGS = ["dp_shard=2", "dp_shard=4", "dp_replicate=2,dp_shard=2", "dp_shard=2,tp=2", "dp_shard=4", "dp_shard=8"]
+GPUS_PER_NODE = 8
+
+
+def arguments():
+    """The command line, checked before torch and torchtitan are imported (seconds): bad
+    arguments exit 2 at once."""
+    a = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    a.add_argument("-v", "--verbose", action="store_true")
+    a.add_argument("--steps", type=int, help="steps in all (default: K in each configuration)")
+    a.add_argument("--every", type=int, default=2, help="switch every K steps")
+    a.add_argument("--configs", default=" ".join(CONFIGS),
+                   help="the configurations, space-separated; the last may have more processes (a growth)")
+    a.add_argument("--keep", help="keep the plans, logs and reports in this directory")
+    a.add_argument("--timeout", type=float, default=600)
+    a.add_argument("--no-prepare", action="store_true",
+                   help="no Job.prepare: each switch builds the next configuration in its pause")
+    args = a.parse_args()
+    CONFIGS[:] = args.configs.split()
+    if args.steps is None:
+        args.steps = args.every * len(CONFIGS)
+    if args.steps < 1 or args.every < 1:
+        a.error("--steps and --every must be at least 1")
+    try:
+        worlds = [vps.layout(MODEL, c, GPUS_PER_NODE).world for c in CONFIGS]
+    except vps.Error as e:
+        a.error("--configs: %s" % e)
+    if len(CONFIGS) < 2 or worlds != sorted(worlds):
+        a.error("--configs: two or more configurations, each of the world before or a larger one (worlds %s)"
+                % worlds)
+    args.configs = len(CONFIGS)
+    return args
+
+
+if __name__ == "__main__":
+    ARGS = arguments()
+
 import ranks  # noqa: E402
 import titan  # noqa: E402  (torchtitan and its shims, imported once before the ranks fork)
 import torch  # noqa: E402
@@ -80,18 +123,10 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torchtitan.components.loss import cross_entropy_loss  # noqa: E402
 from torchtitan.distributed import utils as dist_utils  # noqa: E402
 
-import vps  # noqa: E402
-import vps.dtensor  # noqa: E402
+  # noqa: E402
 import vps.elastic  # noqa: E402
 from ranks import RankError  # noqa: E402
 from switching import Corpus, check_refusals, run, start_executors, stop, tool, workspace  # noqa: E402
-
-MODEL_NAME = "llama3-tiny"
-MODEL = os.path.join(HERE, "models", MODEL_NAME + ".yaml")
-# the switches' configurations (--configs): each of the world before, or
-# of a larger one (the world grows)
-CONFIGS = ["dp_shard=2", "dp_shard=4", "dp_replicate=2,dp_shard=2", "dp_shard=2,tp=2", "dp_shard=4", "dp_shard=8"]
-GPUS_PER_NODE = 8
 GLOBAL_BATCH, SEQ = 8, 32
 LR, WARMUP, MAX_NORM, SEED = 3e-3, 4, 1.0, 1234
 MAX_REL = 1e-3  # scripts/convergence.sh's bound
@@ -532,30 +567,7 @@ def run_job(args, tmp, registry, switching):
 
 
 def main():
-    a = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    a.add_argument("-v", "--verbose", action="store_true")
-    a.add_argument("--steps", type=int, help="steps in all (default: K in each configuration)")
-    a.add_argument("--every", type=int, default=2, help="switch every K steps")
-    a.add_argument("--configs", default=" ".join(CONFIGS),
-                   help="the configurations, space-separated; the last may have more processes (a growth)")
-    a.add_argument("--keep", help="keep the plans, logs and reports in this directory")
-    a.add_argument("--timeout", type=float, default=600)
-    a.add_argument("--no-prepare", action="store_true",
-                   help="no Job.prepare: each switch builds the next configuration in its pause")
-    args = a.parse_args()
-    CONFIGS[:] = args.configs.split()
-    if args.steps is None:
-        args.steps = args.every * len(CONFIGS)
-    if args.steps < 1 or args.every < 1:
-        a.error("--steps and --every must be at least 1")
-    try:
-        worlds = [vps.layout(MODEL, c, GPUS_PER_NODE).world for c in CONFIGS]
-    except vps.Error as e:
-        a.error("--configs: %s" % e)
-    if len(CONFIGS) < 2 or worlds != sorted(worlds):
-        a.error("--configs: two or more configurations, each of the world before or a larger one (worlds %s)"
-                % worlds)
-    args.configs = len(CONFIGS)
+    args = ARGS
     titan.install_training_shims()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     # stopped, it still removes what its processes left in /dev/shm
