@@ -61,6 +61,10 @@ struct duty {
 	 * node [0] and elsewhere [1] (relay_light) */
 	int64_t relayed[2];
 	int64_t best[2]; /* the same were every receiver, two or more, to relay */
+	/* the same where the receivers of each of its regions relay as they
+	 * likely will (duty_likely; has_likely once it is known) */
+	int64_t likely[2];
+	bool has_likely;
 };
 
 /* What a device could pass on, at most, were it to relay every B region
@@ -424,7 +428,7 @@ static vps_result_t duty_of(struct ctx *c, int64_t ra, struct duty *out)
 	}
 	struct vps_rank_view v;
 	VPS_CHECK(vps_layout_rank(c->a, ra, &v));
-	struct duty d = {ra, 0, 0, {0, 0}, {0, 0}};
+	struct duty d = {ra, 0, 0, {0, 0}, {0, 0}, {0, 0}, false};
 	int32_t node = vps_layout_device(c->a, ra).node;
 	vps_result_t rc = VPS_OK;
 	for (size_t i = 0; i < v.nregions && !rc; i++) {
@@ -1111,13 +1115,133 @@ static double link_time(const struct ctx *c, int64_t intra, int64_t inter)
 	return fmax((double)intra / c->topo->intra_node_bandwidth, (double)inter / c->topo->inter_node_bandwidth);
 }
 
+/* What relaying must gain before it is taken for a gain (5%): it keeps
+ * relays from where the plan's slowest device lies elsewhere (with 1%,
+ * deepseek-v3-s1-s2 and qwen3-235b-s14-s13 relayed for nothing), and
+ * keeps duty_likely's receivers light with room to spare (at the bare
+ * bound, llama-32b-s7-s8 relayed for nothing). */
+#define LIGHT_MARGIN 0.95
+
+/* One B replica set of a region of an A rank, for duty_likely: the
+ * region's bytes it needs, to devices on the rank's node [0] and elsewhere
+ * [1], as duty_of counts them where joining receivers relay and where
+ * every receiver does, and its receivers that are devices of A. */
+struct likely_set {
+	int64_t relayed[2], best[2];
+	int64_t nfree, free[EXACT_REPLICAS];
+	bool countable;
+};
+
+/* What A rank ra likely sends: duty_of's, each of its regions counted as
+ * relayed by every receiver (best) where the devices of A among them are
+ * light (what each sends where joining receivers relay, and all it could
+ * relay, below ra's own sends by LIGHT_MARGIN, as relay_light asks of a
+ * region's receivers), else as relayed by the joining ones alone. One level deep:
+ * the receivers are weighed by duty_of, not by this. Once a rank. */
+static vps_result_t duty_likely(struct ctx *c, int64_t ra, struct duty *out)
+{
+	VPS_CHECK(duty_of(c, ra, out));
+	if (out->has_likely)
+		return VPS_OK;
+	struct duty d = *out;
+	double own = link_time(c, d.relayed[0], d.relayed[1]);
+	struct vps_rank_view v;
+	VPS_CHECK(vps_layout_rank(c->a, ra, &v));
+	int32_t node = vps_layout_device(c->a, ra).node;
+	struct likely_set *sets = NULL;
+	size_t cap = 0;
+	vps_result_t rc = VPS_OK;
+	for (size_t i = 0; i < v.nregions && !rc; i++) {
+		const struct vps_region *r = &v.regions[i];
+		int64_t esize = (int64_t)vps_dtype_size(vps_region_dtype(r)), replicas = 0;
+		c->hda.n = 0;
+		c->hdb.n = 0;
+		rc = a_holders(c, r->tensor, r->state, &r->box, &c->hda);
+		if (!rc)
+			rc = vps_layout_holders(c->b, r->tensor, r->state, &r->box, &c->hdb);
+		if (!rc)
+			rc = VPS_GROW(sets, cap, c->hdb.n);
+		for (size_t q = 0; q < c->hda.n && !rc; q++)
+			if (vps_box_equal(&c->hda.v[q].region.box, &r->box))
+				replicas += c->hda.v[q].count;
+		size_t ns = 0;
+		/* the sets first: duty_of and relay_bound below use hda and hdb */
+		for (size_t q = 0; q < c->hdb.n && !rc; q++) {
+			const struct vps_holder *h = &c->hdb.v[q];
+			struct vps_box x;
+			if (!vps_box_intersect(&h->region.box, &r->box, &x))
+				continue;
+			struct likely_set *ls = &sets[ns++];
+			int64_t rc4[4], all = receivers(c, h, &x, node, rc4), n[2] = {rc4[2], all - rc4[2]}, unit;
+			if (!vps_mul_ok(vps_box_volume(&x) * esize, 1, &unit))
+				unit = INT64_MAX;
+			int64_t share = replicas <= 1 ? unit : unit / replicas;
+			if (rc4[1] >= 2 && rc4[1] >= replicas && c->relay == VPS_RELAY_AUTO) {
+				n[0] -= rc4[3];
+				n[1] -= rc4[1] - rc4[3];
+				n[rc4[1] > rc4[3]]++;
+			}
+			ls->countable = h->count <= EXACT_REPLICAS && all >= 2;
+			for (int link = 0; link < 2; link++) {
+				int64_t m = ls->countable ? (link ? all != rc4[2] : all == rc4[2]) : n[link];
+				ls->relayed[link] = vps_mul_ok(share, n[link], &unit) ? unit : INT64_MAX;
+				ls->best[link] = vps_mul_ok(share, m, &unit) ? unit : INT64_MAX;
+			}
+			ls->nfree = 0;
+			for (int64_t j = 0; ls->countable && j < h->count; j++) {
+				int64_t w = vps_world_of_b(c->w, h->base + j * h->stride), a = vps_world_a_rank(c->w, w);
+				bool holds = false;
+				for (size_t k = 0; k < c->hda.n && a >= 0 && !holds; k++)
+					holds = member(&c->hda.v[k], a) && vps_box_contains(&c->hda.v[k].region.box, &x);
+				if (a >= 0 && !holds)
+					ls->free[ls->nfree++] = w;
+			}
+		}
+		for (size_t k = 0; k < ns && !rc; k++) {
+			/* a set of joining receivers alone is counted as duty_of does */
+			bool light = sets[k].countable && sets[k].nfree > 0;
+			for (int64_t j = 0; light && j < sets[k].nfree && !rc; j++) {
+				struct duty dq;
+				struct fwd f;
+				rc = duty_of(c, vps_world_a_rank(c->w, sets[k].free[j]), &dq);
+				if (!rc)
+					rc = relay_bound(c, sets[k].free[j], &f);
+				light = !rc && link_time(c, vps_sat_add(dq.relayed[0], f.bytes[0]),
+							 vps_sat_add(dq.relayed[1], f.bytes[1])) < LIGHT_MARGIN * own;
+			}
+			for (int link = 0; link < 2; link++)
+				d.likely[link] = vps_sat_add(d.likely[link], light ? sets[k].best[link] : sets[k].relayed[link]);
+		}
+	}
+	vps_rank_view_release(&v);
+	free(sets);
+	VPS_CHECK(rc);
+	d.has_likely = true;
+	/* duty_of's entry again: the others' may have moved it */
+	VPS_CHECK(duty_of(c, ra, out));
+	size_t lo = 0, hi = c->nduties;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (c->duties[mid].rank < ra)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	c->duties[lo] = d;
+	*out = d;
+	return VPS_OK;
+}
+
 /* Whether devices of A among rl's receivers may relay its region. Each,
- * relaying all it could (relay_bound) on top of its own sends (duty_of,
- * where joining receivers relay), must stay below the busiest holder of
- * the region's own sends, in time on the topology (or else in bytes):
- * whatever else relays, no device then sends for longer than that holder
- * did without. And relays must be able to gain where the plan is slow:
- * where the busiest holder's sends outlast every receiver's receives,
+ * relaying all it could (relay_bound) on top of what it likely sends of
+ * its own (duty_likely: its regions relayed where their receivers are
+ * light, one level deep), must stay below the busiest holder of the
+ * region's own sends (duty_of, where joining receivers relay), in time on
+ * the topology (or else in bytes). Counting a receiver's own regions as
+ * sent directly wherever no joining device relays them kept it from
+ * relaying where other devices of A relay its regions and it sends half
+ * of that (qwen3-30b-cp-up, docs/relay.md). And relays must be able to
+ * gain where the plan is slow: where the busiest holder's sends outlast every receiver's receives,
  * its sends were every receiver, two or more, of each of its regions to
  * relay (d.best) must be faster by more than 5%; where a receiver's
  * receives last longer, so must the busiest receiver's, were its node's
@@ -1155,12 +1279,12 @@ static vps_result_t relay_light(struct ctx *c, const struct relay *rl, const str
 		receives_best = fmax(receives_best, link_time(c, f.recv_best[0], f.recv_best[1]));
 		if (a < 0)
 			continue;
-		VPS_CHECK(duty_of(c, a, &d));
-		if (link_time(c, vps_sat_add(d.relayed[0], f.bytes[0]), vps_sat_add(d.relayed[1], f.bytes[1])) >= busiest)
+		VPS_CHECK(duty_likely(c, a, &d));
+		if (link_time(c, vps_sat_add(d.likely[0], f.bytes[0]), vps_sat_add(d.likely[1], f.bytes[1])) >= busiest)
 			return VPS_OK;
 	}
 	*inbound = !(busiest > receives);
-	*yes = *inbound ? receives_best < 0.95 * receives : best < 0.95 * busiest;
+	*yes = *inbound ? receives_best < LIGHT_MARGIN * receives : best < LIGHT_MARGIN * busiest;
 	return VPS_OK;
 }
 

@@ -562,7 +562,9 @@ TEST(replicas_in_different_stages_are_weighed_by_their_duties)
  * nodes of four, like llama2-7b-dp-up: the new replicas of a pipeline
  * stage are devices of A that held another stage, which relay (with
  * ZeRO-1 only when weighed on the topology), and joining devices. From
- * pp=2, dp=1 to dp=4 only the joining devices relay. Every element lands
+ * pp=2, dp=1 to dp=4 only the joining devices relay; from pp=8, dp=2 to
+ * dp=4, devices of A whose own stages other devices of A relay relay
+ * another stage. Every element lands
  * right, a rank's plan is the global plan's part, and the plan is never
  * slower nor busier than without relays. */
 TEST(devices_that_do_not_join_relay_where_that_is_never_worse)
@@ -572,10 +574,17 @@ TEST(devices_that_do_not_join_relay_where_that_is_never_worse)
 	static const struct {
 		struct tcase c;
 		bool from_a[2]; /* by bytes, and on the topology */
+		int stage; /* not 0: devices of A's pipeline stage this relay too */
 	} cases_a[] = {
-		{{"tiny-llama", "tp=1,pp=4,dp=2,zero=0", "tp=1,pp=4,dp=4,zero=0", 4, 0, 4, 0}, {true, true}},
-		{{"tiny-llama", "tp=1,pp=4,dp=2,zero=1", "tp=1,pp=4,dp=4,zero=1", 4, 0, 4, 0}, {false, true}},
-		{{"tiny-llama", "tp=1,pp=2,dp=1,zero=0", "tp=1,pp=2,dp=4,zero=0", 4, 0, 4, 0}, {false, false}},
+		{{"tiny-llama", "tp=1,pp=4,dp=2,zero=0", "tp=1,pp=4,dp=4,zero=0", 4, 0, 4, 0}, {true, true}, 0},
+		{{"tiny-llama", "tp=1,pp=4,dp=2,zero=1", "tp=1,pp=4,dp=4,zero=1", 4, 0, 4, 0}, {false, true}, 0},
+		{{"tiny-llama", "tp=1,pp=2,dp=1,zero=0", "tp=1,pp=2,dp=4,zero=0", 4, 0, 4, 0}, {false, false}, 0},
+		/* B's stage 1 lies on the devices of A's stages 2 and 3, whose
+		 * own stages go to the devices of A's stages 4 to 7, free to
+		 * relay them (their own go to joining devices): counted as
+		 * sending one copy of their stages (duty_likely), not two, the
+		 * devices of A's stage 2 relay stage 1 too (before, they did not) */
+		{{"tiny-llama", "tp=1,pp=8,dp=2,zero=0", "tp=1,pp=8,dp=4,zero=0", 4, 0, 4, 0}, {true, true}, 2},
 	};
 	for (size_t i = 0; i < sizeof(cases_a) / sizeof(cases_a[0]); i++) {
 		const struct tcase *c = &cases_a[i].c;
@@ -594,14 +603,23 @@ TEST(devices_that_do_not_join_relay_where_that_is_never_worse)
 					CHECK_OK(vps_plan_stats(p[m], &topo, false, &s[m]));
 			}
 			if (p[0] && p[1]) {
-				size_t from_a = 0;
+				size_t from_a = 0, from_stage = 0;
 				for (size_t k = 0; k < p[1]->npieces; k++) {
 					const struct vps_piece *x = &p[1]->pieces[k];
-					from_a += (x->src_buffer & VPS_BUFFER_TARGET) && vps_world_a_rank(p[1]->world, x->src) >= 0;
+					int64_t ra = vps_world_a_rank(p[1]->world, x->src);
+					struct vps_coords at;
+					if (!(x->src_buffer & VPS_BUFFER_TARGET) || ra < 0)
+						continue;
+					from_a++;
+					vps_layout_coords(p[1]->a, ra, &at);
+					from_stage += at.pp == cases_a[i].stage;
 				}
 				if ((from_a > 0) != cases_a[i].from_a[weigh])
 					harness_fail(__FILE__, __LINE__, "%s -> %s%s: %zu forwards from devices of A",
 						     c->from, c->to, weigh ? " on the topology" : "", from_a);
+				if (cases_a[i].stage && !from_stage)
+					harness_fail(__FILE__, __LINE__, "%s -> %s%s: no forwards from devices of A's stage %d",
+						     c->from, c->to, weigh ? " on the topology" : "", cases_a[i].stage);
 				CHECK(s[1].estimate_seconds < s[0].estimate_seconds);
 				CHECK(s[1].max_send_bytes < s[0].max_send_bytes);
 				CHECK_EQ(s[1].bytes_moved, s[0].bytes_moved);
