@@ -412,7 +412,9 @@ static int64_t receivers(const struct ctx *c, const struct vps_holder *H, const 
  * replicas: one copy for them all (relay_light weighs that). Computed
  * from ra's own regions and holder arithmetic (no enumeration of the
  * world), once per rank. */
-static vps_result_t duty_of(struct ctx *c, int64_t ra, struct duty *out)
+/* Where ra's duty lies in c->duties (sorted by rank): its index, or
+ * where it goes. */
+static size_t duty_slot(const struct ctx *c, int64_t ra)
 {
 	size_t lo = 0, hi = c->nduties;
 	while (lo < hi) {
@@ -422,6 +424,60 @@ static vps_result_t duty_of(struct ctx *c, int64_t ra, struct duty *out)
 		else
 			hi = mid;
 	}
+	return lo;
+}
+
+/* Region r's holders under A (c->hda) and under B (c->hdb), and the A
+ * replicas of r whole. */
+static vps_result_t region_holders(struct ctx *c, const struct vps_region *r, int64_t *replicas)
+{
+	c->hda.n = 0;
+	c->hdb.n = 0;
+	*replicas = 0;
+	VPS_CHECK(a_holders(c, r->tensor, r->state, &r->box, &c->hda));
+	VPS_CHECK(vps_layout_holders(c->b, r->tensor, r->state, &r->box, &c->hdb));
+	for (size_t q = 0; q < c->hda.n; q++)
+		if (vps_box_equal(&c->hda.v[q].region.box, &r->box))
+			*replicas += c->hda.v[q].count;
+	return VPS_OK;
+}
+
+/* What one of `replicas` holders on `node` sends of box x (elsize bytes
+ * an element) to the receivers in B holder set h (c->hda: x's A
+ * holders): every receiver's bytes (*all), and its share to devices on
+ * its node [0] and elsewhere [1], where joining receivers relay
+ * (relayed: they take one copy between them where they are two or more
+ * and at least as many as the replicas) and where every receiver, two or
+ * more, does (best). */
+static void set_sends(const struct ctx *c, const struct vps_holder *h, const struct vps_box *x, int32_t node,
+		      int64_t elsize, int64_t replicas, int64_t *all, int64_t relayed[2], int64_t best[2])
+{
+	int64_t rc4[4], n = receivers(c, h, x, node, rc4), per[2] = {rc4[2], n - rc4[2]}, unit = vps_box_volume(x) * elsize;
+	if (rc4[1] >= 2 && rc4[1] >= replicas && c->relay == VPS_RELAY_AUTO) {
+		per[0] -= rc4[3];
+		per[1] -= rc4[1] - rc4[3];
+		per[rc4[1] > rc4[3]]++;
+	}
+	if (!vps_mul_ok(unit, n, all))
+		*all = INT64_MAX;
+	for (int pass = 0; pass < 2; pass++) {
+		int64_t *out = pass ? best : relayed;
+		if (pass && h->count <= EXACT_REPLICAS && n >= 2) {
+			per[0] = n == rc4[2];
+			per[1] = n != rc4[2];
+		}
+		for (int link = 0; link < 2; link++) {
+			if (!vps_mul_ok(unit, per[link], &out[link]))
+				out[link] = INT64_MAX;
+			if (replicas > 1)
+				out[link] /= replicas;
+		}
+	}
+}
+
+static vps_result_t duty_of(struct ctx *c, int64_t ra, struct duty *out)
+{
+	size_t lo = duty_slot(c, ra);
 	if (lo < c->nduties && c->duties[lo].rank == ra) {
 		*out = c->duties[lo];
 		return VPS_OK;
@@ -433,49 +489,22 @@ static vps_result_t duty_of(struct ctx *c, int64_t ra, struct duty *out)
 	vps_result_t rc = VPS_OK;
 	for (size_t i = 0; i < v.nregions && !rc; i++) {
 		const struct vps_region *r = &v.regions[i];
-		int64_t esize = (int64_t)vps_dtype_size(vps_region_dtype(r)), replicas = 0;
-		c->hda.n = 0;
-		c->hdb.n = 0;
-		rc = a_holders(c, r->tensor, r->state, &r->box, &c->hda);
-		if (!rc)
-			rc = vps_layout_holders(c->b, r->tensor, r->state, &r->box, &c->hdb);
-		for (size_t q = 0; q < c->hda.n && !rc; q++)
-			if (vps_box_equal(&c->hda.v[q].region.box, &r->box))
-				replicas += c->hda.v[q].count;
+		int64_t replicas;
+		rc = region_holders(c, r, &replicas);
 		for (size_t q = 0; q < c->hdb.n && !rc; q++) {
 			struct vps_box x;
 			if (!vps_box_intersect(&c->hdb.v[q].region.box, &r->box, &x))
 				continue;
-			int64_t bytes, rc4[4], all = receivers(c, &c->hdb.v[q], &x, node, rc4);
-			/* receivers on ra's node and elsewhere, the joining ones
-			 * taking one copy between them where they relay */
-			int64_t n[2] = {rc4[2], all - rc4[2]};
-			if (rc4[1] >= 2 && rc4[1] >= replicas && c->relay == VPS_RELAY_AUTO) {
-				n[0] -= rc4[3];
-				n[1] -= rc4[1] - rc4[3];
-				n[rc4[1] > rc4[3]]++;
-			}
-			if (!vps_mul_ok(vps_box_volume(&x) * esize, all, &bytes))
-				bytes = INT64_MAX;
+			int64_t bytes, relayed[2], best[2];
+			set_sends(c, &c->hdb.v[q], &x, node, (int64_t)vps_dtype_size(vps_region_dtype(r)), replicas, &bytes,
+				  relayed, best);
 			if (replicas <= 1)
 				d.forced = vps_sat_add(d.forced, bytes);
 			else
 				d.shared = vps_sat_add(d.shared, bytes / replicas);
 			for (int link = 0; link < 2; link++) {
-				int64_t rbytes;
-				if (!vps_mul_ok(vps_box_volume(&x) * esize, n[link], &rbytes))
-					rbytes = INT64_MAX;
-				d.relayed[link] = vps_sat_add(d.relayed[link], replicas <= 1 ? rbytes : rbytes / replicas);
-			}
-			if (c->hdb.v[q].count <= EXACT_REPLICAS && all >= 2) {
-				n[0] = all == rc4[2];
-				n[1] = all != rc4[2];
-			}
-			for (int link = 0; link < 2; link++) {
-				int64_t rbytes;
-				if (!vps_mul_ok(vps_box_volume(&x) * esize, n[link], &rbytes))
-					rbytes = INT64_MAX;
-				d.best[link] = vps_sat_add(d.best[link], replicas <= 1 ? rbytes : rbytes / replicas);
+				d.relayed[link] = vps_sat_add(d.relayed[link], relayed[link]);
+				d.best[link] = vps_sat_add(d.best[link], best[link]);
 			}
 		}
 	}
@@ -1129,7 +1158,6 @@ static double link_time(const struct ctx *c, int64_t intra, int64_t inter)
 struct likely_set {
 	int64_t relayed[2], best[2];
 	int64_t nfree, free[EXACT_REPLICAS];
-	bool countable;
 };
 
 /* What A rank ra likely sends: duty_of's, each of its regions counted as
@@ -1153,17 +1181,10 @@ static vps_result_t duty_likely(struct ctx *c, int64_t ra, struct duty *out)
 	vps_result_t rc = VPS_OK;
 	for (size_t i = 0; i < v.nregions && !rc; i++) {
 		const struct vps_region *r = &v.regions[i];
-		int64_t esize = (int64_t)vps_dtype_size(vps_region_dtype(r)), replicas = 0;
-		c->hda.n = 0;
-		c->hdb.n = 0;
-		rc = a_holders(c, r->tensor, r->state, &r->box, &c->hda);
-		if (!rc)
-			rc = vps_layout_holders(c->b, r->tensor, r->state, &r->box, &c->hdb);
+		int64_t replicas;
+		rc = region_holders(c, r, &replicas);
 		if (!rc)
 			rc = VPS_GROW(sets, cap, c->hdb.n);
-		for (size_t q = 0; q < c->hda.n && !rc; q++)
-			if (vps_box_equal(&c->hda.v[q].region.box, &r->box))
-				replicas += c->hda.v[q].count;
 		size_t ns = 0;
 		/* the sets first: duty_of and relay_bound below use hda and hdb */
 		for (size_t q = 0; q < c->hdb.n && !rc; q++) {
@@ -1172,23 +1193,11 @@ static vps_result_t duty_likely(struct ctx *c, int64_t ra, struct duty *out)
 			if (!vps_box_intersect(&h->region.box, &r->box, &x))
 				continue;
 			struct likely_set *ls = &sets[ns++];
-			int64_t rc4[4], all = receivers(c, h, &x, node, rc4), n[2] = {rc4[2], all - rc4[2]}, unit;
-			if (!vps_mul_ok(vps_box_volume(&x) * esize, 1, &unit))
-				unit = INT64_MAX;
-			int64_t share = replicas <= 1 ? unit : unit / replicas;
-			if (rc4[1] >= 2 && rc4[1] >= replicas && c->relay == VPS_RELAY_AUTO) {
-				n[0] -= rc4[3];
-				n[1] -= rc4[1] - rc4[3];
-				n[rc4[1] > rc4[3]]++;
-			}
-			ls->countable = h->count <= EXACT_REPLICAS && all >= 2;
-			for (int link = 0; link < 2; link++) {
-				int64_t m = ls->countable ? (link ? all != rc4[2] : all == rc4[2]) : n[link];
-				ls->relayed[link] = vps_mul_ok(share, n[link], &unit) ? unit : INT64_MAX;
-				ls->best[link] = vps_mul_ok(share, m, &unit) ? unit : INT64_MAX;
-			}
+			int64_t all;
+			set_sends(c, h, &x, node, (int64_t)vps_dtype_size(vps_region_dtype(r)), replicas, &all, ls->relayed,
+				  ls->best);
 			ls->nfree = 0;
-			for (int64_t j = 0; ls->countable && j < h->count; j++) {
+			for (int64_t j = 0; h->count <= EXACT_REPLICAS && j < h->count; j++) {
 				int64_t w = vps_world_of_b(c->w, h->base + j * h->stride), a = vps_world_a_rank(c->w, w);
 				bool holds = false;
 				for (size_t k = 0; k < c->hda.n && a >= 0 && !holds; k++)
@@ -1199,7 +1208,7 @@ static vps_result_t duty_likely(struct ctx *c, int64_t ra, struct duty *out)
 		}
 		for (size_t k = 0; k < ns && !rc; k++) {
 			/* a set of joining receivers alone is counted as duty_of does */
-			bool light = sets[k].countable && sets[k].nfree > 0;
+			bool light = sets[k].nfree > 0;
 			for (int64_t j = 0; light && j < sets[k].nfree && !rc; j++) {
 				struct duty dq;
 				struct fwd f;
@@ -1217,17 +1226,8 @@ static vps_result_t duty_likely(struct ctx *c, int64_t ra, struct duty *out)
 	free(sets);
 	VPS_CHECK(rc);
 	d.has_likely = true;
-	/* duty_of's entry again: the others' may have moved it */
-	VPS_CHECK(duty_of(c, ra, out));
-	size_t lo = 0, hi = c->nduties;
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		if (c->duties[mid].rank < ra)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	c->duties[lo] = d;
+	/* the others' duties may have moved ra's */
+	c->duties[duty_slot(c, ra)] = d;
 	*out = d;
 	return VPS_OK;
 }
