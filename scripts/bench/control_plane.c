@@ -462,21 +462,21 @@ static int run_world(int64_t W, double timeout, double pace, int64_t per_process
 			printf("%s %lld %s wall %.6f cpu %.6f messages %" PRIu64 " wakes %" PRIu64 " pace_ms %.1f\n",
 			       pace > 0 ? "paced" : "phase", (long long)W, phase_name[p], z->phase_wall[p], z->phase_cpu[p],
 			       z->phase_msgs[p], z->phase_wakes[p], pace * 1e3);
-		if (pace > 0)
-			goto out;
-		int64_t depth = 0;
-		for (int64_t level = 1, below = 1; below < W; depth++, level *= 4, below += level)
-			;
-		printf("world %lld processes %lld depth %lld rank0_messages_per_collective %" PRIu64
-		       " busiest_messages_per_collective %" PRIu64 " data_connections_max %" PRIu64
-		       " control_connections_max %" PRIu64 " rank0_bootstrap_connections %" PRIu64
-		       " memory_max %zu rank0_memory_peak %" PRIu64 " other_memory_peak %zu rss_kb_per_rank %.1f"
-		       " wall %.2f cpu %.2f rank0_pinned %d\n",
-		       (long long)W, (long long)nproc, (long long)depth, z->rank0_msgs, all.most_msgs, all.most_data,
-		       all.most_ctl, z->rank0_bootstrap, all.most_mem, z->rank0_mem_peak, all.most_mem_peak_other,
-		       (double)rss_kb / (double)W, wall, cpu, z->pinned);
+		/* a paced world is the reference's twin: its phases alone */
+		if (pace <= 0) {
+			int64_t depth = 0;
+			for (int64_t level = 1, below = 1; below < W; depth++, level *= 4, below += level)
+				;
+			printf("world %lld processes %lld depth %lld rank0_messages_per_collective %" PRIu64
+			       " busiest_messages_per_collective %" PRIu64 " data_connections_max %" PRIu64
+			       " control_connections_max %" PRIu64 " rank0_bootstrap_connections %" PRIu64
+			       " memory_max %zu rank0_memory_peak %" PRIu64 " other_memory_peak %zu rss_kb_per_rank %.1f"
+			       " wall %.2f cpu %.2f rank0_pinned %d\n",
+			       (long long)W, (long long)nproc, (long long)depth, z->rank0_msgs, all.most_msgs, all.most_data,
+			       all.most_ctl, z->rank0_bootstrap, all.most_mem, z->rank0_mem_peak, all.most_mem_peak_other,
+			       (double)rss_kb / (double)W, wall, cpu, z->pinned);
+		}
 	}
-out:
 	fflush(stdout);
 	munmap(sums, (size_t)nproc * sizeof(*sums));
 	free(pids);
