@@ -52,6 +52,11 @@ struct pieces {
 	size_t n, cap;
 };
 
+/* How deep duty_likely follows the chain of devices of A that relay for
+ * each other: B's stage s on devices whose own stages go to devices whose
+ * own stages go on (llama2-*-tp-down needs two levels). */
+#define LIKELY_DEPTH 2
+
 /* What an A rank must send whatever the choices (bytes only it holds),
  * and its equal share of what it could send with other replicas. */
 struct duty {
@@ -62,9 +67,10 @@ struct duty {
 	int64_t relayed[2];
 	int64_t best[2]; /* the same were every receiver, two or more, to relay */
 	/* the same where the receivers of each of its regions relay as they
-	 * likely will (duty_likely; has_likely once it is known) */
-	int64_t likely[2];
-	bool has_likely;
+	 * likely will, weighed k + 1 levels deep (duty_likely; bit k of
+	 * likely_known once likely[k] is known) */
+	int64_t likely[LIKELY_DEPTH][2];
+	unsigned likely_known;
 };
 
 /* What a device could pass on, at most, were it to relay every B region
@@ -484,7 +490,7 @@ static vps_result_t duty_of(struct ctx *c, int64_t ra, struct duty *out)
 	}
 	struct vps_rank_view v;
 	VPS_CHECK(vps_layout_rank(c->a, ra, &v));
-	struct duty d = {ra, 0, 0, {0, 0}, {0, 0}, {0, 0}, false};
+	struct duty d = {.rank = ra};
 	int32_t node = vps_layout_device(c->a, ra).node;
 	vps_result_t rc = VPS_OK;
 	for (size_t i = 0; i < v.nregions && !rc; i++) {
@@ -1160,19 +1166,21 @@ struct likely_set {
 	int64_t nfree, free[EXACT_REPLICAS];
 };
 
-/* What A rank ra likely sends: duty_of's, each of its regions counted as
- * relayed by every receiver (best) where the devices of A among them are
- * light (what each sends where joining receivers relay, and all it could
- * relay, below ra's own sends by LIGHT_MARGIN, as relay_light asks of a
- * region's receivers), else as relayed by the joining ones alone. One level deep:
- * the receivers are weighed by duty_of, not by this. Once a rank. */
-static vps_result_t duty_likely(struct ctx *c, int64_t ra, struct duty *out)
+/* What A rank ra likely sends, weighed `depth` levels deep (1 to
+ * LIKELY_DEPTH; out->likely[depth - 1]): duty_of's, each of its regions
+ * counted as relayed by every receiver (best) where the devices of A among
+ * them are light (what each sends, and all it could relay, below ra's own
+ * sends by LIGHT_MARGIN, as relay_light asks of a region's receivers),
+ * else as relayed by the joining ones alone. What each receiver sends is
+ * duty_of's (where joining receivers relay) one level deep, else its own
+ * likely sends a level less deep. Once a rank and depth. */
+static vps_result_t duty_likely(struct ctx *c, int64_t ra, int depth, struct duty *out)
 {
 	VPS_CHECK(duty_of(c, ra, out));
-	if (out->has_likely)
+	if (out->likely_known & 1u << (depth - 1))
 		return VPS_OK;
-	struct duty d = *out;
-	double own = link_time(c, d.relayed[0], d.relayed[1]);
+	int64_t likely[2] = {0, 0};
+	double own = link_time(c, out->relayed[0], out->relayed[1]);
 	struct vps_rank_view v;
 	VPS_CHECK(vps_layout_rank(c->a, ra, &v));
 	int32_t node = vps_layout_device(c->a, ra).node;
@@ -1212,23 +1220,26 @@ static vps_result_t duty_likely(struct ctx *c, int64_t ra, struct duty *out)
 			for (int64_t j = 0; light && j < sets[k].nfree && !rc; j++) {
 				struct duty dq;
 				struct fwd f;
-				rc = duty_of(c, vps_world_a_rank(c->w, sets[k].free[j]), &dq);
+				int64_t aq = vps_world_a_rank(c->w, sets[k].free[j]);
+				rc = depth > 1 ? duty_likely(c, aq, depth - 1, &dq) : duty_of(c, aq, &dq);
+				const int64_t *sends = depth > 1 ? dq.likely[depth - 2] : dq.relayed;
 				if (!rc)
 					rc = relay_bound(c, sets[k].free[j], &f);
-				light = !rc && link_time(c, vps_sat_add(dq.relayed[0], f.bytes[0]),
-							 vps_sat_add(dq.relayed[1], f.bytes[1])) < LIGHT_MARGIN * own;
+				light = !rc && link_time(c, vps_sat_add(sends[0], f.bytes[0]),
+							 vps_sat_add(sends[1], f.bytes[1])) < LIGHT_MARGIN * own;
 			}
 			for (int link = 0; link < 2; link++)
-				d.likely[link] = vps_sat_add(d.likely[link], light ? sets[k].best[link] : sets[k].relayed[link]);
+				likely[link] = vps_sat_add(likely[link], light ? sets[k].best[link] : sets[k].relayed[link]);
 		}
 	}
 	vps_rank_view_release(&v);
 	free(sets);
 	VPS_CHECK(rc);
-	d.has_likely = true;
-	/* the others' duties may have moved ra's */
-	c->duties[duty_slot(c, ra)] = d;
-	*out = d;
+	/* the others' duties may have moved ra's, and filled other depths of it */
+	struct duty *slot = &c->duties[duty_slot(c, ra)];
+	memcpy(slot->likely[depth - 1], likely, sizeof(likely));
+	slot->likely_known |= 1u << (depth - 1);
+	*out = *slot;
 	return VPS_OK;
 }
 
@@ -1279,8 +1290,9 @@ static vps_result_t relay_light(struct ctx *c, const struct relay *rl, const str
 		receives_best = fmax(receives_best, link_time(c, f.recv_best[0], f.recv_best[1]));
 		if (a < 0)
 			continue;
-		VPS_CHECK(duty_likely(c, a, &d));
-		if (link_time(c, vps_sat_add(d.likely[0], f.bytes[0]), vps_sat_add(d.likely[1], f.bytes[1])) >= busiest)
+		VPS_CHECK(duty_likely(c, a, LIKELY_DEPTH, &d));
+		if (link_time(c, vps_sat_add(d.likely[LIKELY_DEPTH - 1][0], f.bytes[0]),
+			      vps_sat_add(d.likely[LIKELY_DEPTH - 1][1], f.bytes[1])) >= busiest)
 			return VPS_OK;
 	}
 	*inbound = !(busiest > receives);

@@ -632,3 +632,38 @@ TEST(devices_that_do_not_join_relay_where_that_is_never_worse)
 		}
 	}
 }
+
+/* Devices of A that relay for each other two levels deep (LIKELY_DEPTH):
+ * tiny-llama from tp=4 to tp=2 (pp=4, dp=4, eight GPUs a node, half the
+ * devices leave), like llama2-*-tp-down. Weighed one level deep, the
+ * receivers of the devices that stay looked as busy as the holders and
+ * few relayed (the estimate 0.86x the plan without relays); two levels
+ * deep, they relay (0.43x). The plan stays exact, and a rank's plan the
+ * global plan's part. */
+TEST(devices_of_a_relay_for_each_other_two_levels_deep)
+{
+	static const struct tcase c = {"tiny-llama", "tp=4,pp=4,dp=4,zero=0", "tp=2,pp=4,dp=4,zero=0", 8, 0, 8, 0};
+	struct vps_topology topo;
+	CHECK_OK(vps_topology_load(&topo, "a800-testbed", CONFIGS "/topologies"));
+	struct vps_plan *p[2] = {NULL, NULL};
+	struct vps_plan_stats s[2];
+	memset(s, 0, sizeof(s));
+	for (int m = 0; m < 2; m++) {
+		struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
+		o.relay_mode = m ? VPS_RELAY_AUTO : VPS_RELAY_NEVER;
+		o.topology = &topo;
+		CHECK_OK(vps_plan_compute(&p[m], test_layout(c.model, c.from, c.gpn_a, c.first_a),
+					  test_layout(c.model, c.to, c.gpn_b, c.first_b), &o));
+		if (p[m])
+			CHECK_OK(vps_plan_stats(p[m], &topo, false, &s[m]));
+	}
+	if (p[0] && p[1]) {
+		CHECK(s[1].estimate_seconds < 0.6 * s[0].estimate_seconds);
+		CHECK_EQ(s[1].bytes_moved, s[0].bytes_moved);
+		job_plan_exact(p[1], c.from);
+	}
+	for (int m = 0; m < 2; m++) {
+		vps_plan_stats_release(&s[m]);
+		vps_plan_free(p[m]);
+	}
+}
