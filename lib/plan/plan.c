@@ -1054,6 +1054,41 @@ static bool relay_gains(const struct ctx *c, const struct vps_region *R, const s
 	return send_r < 0.99 * send_d && recv_r <= dev_d;
 }
 
+/* What one relay of a region of `bytes` with n receivers (free ones: they
+ * hold none of it under A), `here` of them on the relay's node and all of
+ * them on nodes[0..nnodes), could pass on, added to out (NVLink [0], NICs
+ * [1]). Where no receiver shares a node with a holder of the region (in
+ * c->hda), none is at home and `route` sends a relay's own range (bytes
+ * over n) into each other node once, and over NVLink to its node-mates
+ * its own range and those it is the gateway for (an equal share of the
+ * ranges from outside); else a relay may export its home's ranges too,
+ * and one copy of the region bounds it. One copy was the bound everywhere
+ * before: in llama2-7b-dp-up it counted four times what stage 0's
+ * receivers pass on over their NICs and kept them from relaying. */
+static void relay_share(const struct ctx *c, int64_t bytes, int64_t n, int64_t here, const int32_t *nodes,
+			int nnodes, int64_t out[2])
+{
+	bool home = false;
+	for (size_t k = 0; k < c->hda.n && !home; k++) {
+		const struct vps_holder *h = &c->hda.v[k];
+		home = h->count > EXACT_REPLICAS;
+		for (int64_t j = 0; j < h->count && !home; j++) {
+			int32_t hn = vps_layout_device(c->a, h->base + j * h->stride).node;
+			for (int m = 0; m < nnodes && !home; m++)
+				home = nodes[m] == hn;
+		}
+	}
+	if (home) {
+		out[nnodes > 1] = vps_sat_add(out[nnodes > 1], bytes);
+		return;
+	}
+	int64_t range = vps_ceil_div(bytes, n), mates = here - 1;
+	int64_t gateway = here > 0 ? vps_ceil_div(n - here, here) : 0;
+	int64_t intra = vps_min64(bytes, range * mates * (1 + gateway));
+	out[0] = vps_sat_add(out[0], intra);
+	out[1] = vps_sat_add(out[1], vps_min64(bytes, range * (nnodes - 1)));
+}
+
 /* The most world rank q could pass on: the bytes of each of its B regions
  * it would relay (it holds none of it under A, and the region's free
  * receivers, at most EXACT_REPLICAS, are two or more), in bytes[0] where
@@ -1111,18 +1146,26 @@ static vps_result_t relay_bound(struct ctx *c, int64_t q, struct fwd *out)
 			    h->region.offset != r->offset || h->count > EXACT_REPLICAS)
 				continue;
 			int64_t n = 0, here = 0;
-			bool away = false;
+			int32_t nodes[EXACT_REPLICAS];
+			int nnodes = 0;
 			for (int64_t j = 0; j < h->count; j++) {
 				int64_t w = vps_world_of_b(c->w, h->base + j * h->stride), a = vps_world_a_rank(c->w, w);
 				bool held = false;
 				for (size_t x = 0; x < c->hda.n && a >= 0 && !held; x++)
 					held = member(&c->hda.v[x], a);
-				n += !held;
-				away |= !held && vps_world_device(c->w, w).node != node;
-				here += !held && vps_world_device(c->w, w).node == node;
+				if (held)
+					continue;
+				int32_t wn = vps_world_device(c->w, w).node;
+				int m = 0;
+				while (m < nnodes && nodes[m] != wn)
+					m++;
+				if (m == nnodes)
+					nodes[nnodes++] = wn;
+				n++;
+				here += wn == node;
 			}
 			if (n >= 2)
-				f.bytes[away] = vps_sat_add(f.bytes[away], bytes);
+				relay_share(c, bytes, n, here, nodes, nnodes, f.bytes);
 			/* relayed, a region from another node enters this one once */
 			if (here >= 2)
 				from_away /= here;
