@@ -102,9 +102,10 @@ struct ctx {
 /* A relayed region: its receivers in replica order (world and B ranks, and
  * their nodes), the destination's index among them, and the node every
  * holder is on (home; NO_HOME when they are on several) with the fewest
- * holders of a group. Range j of the destination buffer (cut in n) is
- * receiver j's to bring in and pass on; `route` says who takes it from
- * whom, at which hop, from the tables relay_index makes once a region: the
+ * holders of a group. Range j of the destination buffer (cut in n, equal
+ * or weighted) is receiver j's to bring in and pass on; `route` says who
+ * takes it from whom, at which hop, from the tables relay_index makes once
+ * a region: the
  * receivers' nodes numbered in order of first appearance (nidx; nodes,
  * their node numbers), home's number among them (-1: none of them is at
  * home), below[m][p] the receivers q < p on node m and kth[m][k] the k-th
@@ -123,7 +124,13 @@ struct relay {
 	uint8_t nidx[EXACT_REPLICAS];
 	uint8_t below[EXACT_REPLICAS][EXACT_REPLICAS + 1];
 	uint8_t kth[EXACT_REPLICAS][EXACT_REPLICAS];
+	/* weighted: range j is cut[j] to cut[j + 1] of the buffer, in
+	 * RANGE_SCALE parts (relay_weigh), not the j-th of n equal ones */
+	bool weighted;
+	uint32_t cut[EXACT_REPLICAS + 1];
 };
+
+#define RANGE_SCALE ((int64_t)1 << 30)
 
 /* VPS_RELAY_AUTO's choice for a region (its tensor, state and box, its B
  * replica set's first rank, and its groups of holders): none, its joining
@@ -139,6 +146,8 @@ struct relay_memo {
 	struct vps_box box;
 	int64_t set_base;
 	uint64_t groups;
+	bool weighted; /* RELAY_FREE's ranges, as relay_weigh cut them */
+	uint32_t cut[EXACT_REPLICAS + 1];
 };
 
 /* Holders under A, less the lost ranks: every choice of a source reads
@@ -334,6 +343,7 @@ static vps_result_t relay_set(struct ctx *c, int64_t rb, const struct vps_region
 	rl->holders = 1;
 	rl->set_base = -1;
 	rl->mixed = false;
+	rl->weighted = false;
 	c->hb.n = 0;
 	VPS_CHECK(vps_layout_holders(c->b, R->tensor, R->state, &R->box, &c->hb));
 	for (size_t k = 0; k < c->hb.n; k++) {
@@ -874,6 +884,30 @@ static void route(const struct relay *rl, int64_t p, int64_t i, int64_t *from, i
 	*hop = in + (gateway == i ? 1 : 2);
 }
 
+/* Where range j (0 to n) of a relayed buffer of bufsize elements starts. */
+static int64_t range_start(const struct relay *rl, int64_t j, int64_t bufsize)
+{
+	if (!rl->weighted)
+		return vps_ceil_div(j * bufsize, rl->n);
+	/* bufsize * cut / RANGE_SCALE, exact, without overflow */
+	int64_t f = rl->cut[j];
+	return bufsize / RANGE_SCALE * f + bufsize % RANGE_SCALE * f / RANGE_SCALE;
+}
+
+/* The range element pos of a relayed buffer lies in (weighted ranges may
+ * be empty: the last range starting at or before pos). */
+static int64_t range_of(const struct relay *rl, int64_t pos, int64_t bufsize)
+{
+	if (bufsize <= 0)
+		return 0;
+	if (!rl->weighted)
+		return vps_min64(pos * rl->n / bufsize, rl->n - 1);
+	int64_t p = rl->n - 1;
+	while (p > 0 && range_start(rl, p, bufsize) > pos)
+		p--;
+	return p;
+}
+
 static vps_result_t plan_cut(struct ctx *c, const struct group *g, const struct choice *ch, const struct relay *rl,
 			     int64_t d, const struct vps_region *R, int64_t bufsize, const struct vps_box *y,
 			     int64_t only_src, struct pieces *out)
@@ -894,10 +928,10 @@ static vps_result_t plan_cut(struct ctx *c, const struct group *g, const struct 
 		/* range p of the buffer, by its route: from a relay, or from the
 		 * holder the rotation picks (a piece not one range of the buffer
 		 * goes whole with its first element) */
-		int64_t pos = x.first + lo, p = bufsize > 0 ? vps_min64(pos * rl->n / bufsize, rl->n - 1) : 0;
+		int64_t pos = x.first + lo, p = range_of(rl, pos, bufsize);
 		int64_t end = x.vol;
 		if (x.contiguous && bufsize > 0)
-			end = vps_min64(x.vol, vps_max64(vps_ceil_div((p + 1) * bufsize, rl->n) - x.first, lo + 1));
+			end = vps_min64(x.vol, vps_max64(range_start(rl, p + 1, bufsize) - x.first, lo + 1));
 		int64_t from;
 		int hop;
 		route(rl, p, rl->i, &from, &hop);
@@ -1343,6 +1377,88 @@ static vps_result_t relay_light(struct ctx *c, const struct relay *rl, const str
 	return VPS_OK;
 }
 
+/* The largest part of a relayed buffer (0 to 1) receiver q may bring in
+ * and pass on, sending own bytes of its own and relaying relay bytes at
+ * equal ranges (n of them), before its time exceeds t. */
+static double range_room(const struct ctx *c, const int64_t own[2], const int64_t relay[2], int64_t n, double t)
+{
+	double room = 1;
+	if (!c->topo) {
+		double r = (double)relay[0] + (double)relay[1];
+		if (r > 0)
+			room = fmin(room, (t - (double)own[0] - (double)own[1]) / (r * (double)n));
+		return fmax(room, 0);
+	}
+	const double bw[2] = {c->topo->intra_node_bandwidth, c->topo->inter_node_bandwidth};
+	for (int k = 0; k < 2; k++)
+		if (relay[k] > 0)
+			room = fmin(room, (t * bw[k] - (double)own[k]) / ((double)relay[k] * (double)n));
+		else if ((double)own[k] > t * bw[k])
+			room = 0;
+	return fmax(room, 0);
+}
+
+/* Ranges for rl's receivers (every free one: RELAY_FREE) sized to what
+ * each has to spare: a receiver's own sends (what it likely sends, a
+ * device of A; nothing, a joining one) and all it relays at equal ranges
+ * (relay_bound) grow with its range, and the ranges are cut so that the
+ * busiest of them is as little busy as can be (water-filling its time
+ * over the receivers). Devices of A that send their own stage and relay
+ * another on top were the busiest of llama2-7b-pp-up, where joining
+ * receivers beside them sent a fifteenth of that. Only where no receiver
+ * is at home (relay_share's count is then what `route` does), and only
+ * where the busiest gains more than 1%; else equal ranges, the plan as
+ * before. Every rank reads the same receivers and loads, so they cut
+ * alike. */
+static vps_result_t relay_weigh(struct ctx *c, struct relay *rl)
+{
+	int64_t own[EXACT_REPLICAS][2], relay[EXACT_REPLICAS][2];
+	rl->weighted = false;
+	if (rl->home_idx >= 0)
+		return VPS_OK;
+	double equal = 0, least = 0;
+	for (int64_t q = 0; q < rl->n; q++) {
+		int64_t a = vps_world_a_rank(c->w, rl->world[q]);
+		struct fwd f;
+		VPS_CHECK(relay_bound(c, rl->world[q], &f));
+		own[q][0] = own[q][1] = 0;
+		if (a >= 0) {
+			struct duty d;
+			VPS_CHECK(duty_likely(c, a, LIKELY_DEPTH, &d));
+			own[q][0] = d.likely[LIKELY_DEPTH - 1][0];
+			own[q][1] = d.likely[LIKELY_DEPTH - 1][1];
+		}
+		relay[q][0] = f.bytes[0];
+		relay[q][1] = f.bytes[1];
+		equal = fmax(equal, link_time(c, vps_sat_add(own[q][0], relay[q][0]), vps_sat_add(own[q][1], relay[q][1])));
+		least = fmax(least, link_time(c, own[q][0], own[q][1]));
+	}
+	/* no range makes a receiver less busy than its own sends do */
+	double lo = least, hi = equal;
+	for (int it = 0; it < 64; it++) {
+		double mid = (lo + hi) / 2, sum = 0;
+		for (int64_t q = 0; q < rl->n; q++)
+			sum += range_room(c, own[q], relay[q], rl->n, mid);
+		if (sum >= 1)
+			hi = mid;
+		else
+			lo = mid;
+	}
+	if (!(hi < 0.99 * equal))
+		return VPS_OK;
+	double room[EXACT_REPLICAS], sum = 0, acc = 0;
+	for (int64_t q = 0; q < rl->n; q++)
+		sum += room[q] = range_room(c, own[q], relay[q], rl->n, hi);
+	rl->cut[0] = 0;
+	for (int64_t q = 0; q < rl->n; q++) {
+		acc += room[q] / sum;
+		rl->cut[q + 1] = (uint32_t)fmax(rl->cut[q], fmin((double)RANGE_SCALE, floor(acc * (double)RANGE_SCALE)));
+	}
+	rl->cut[rl->n] = (uint32_t)RANGE_SCALE;
+	rl->weighted = true;
+	return VPS_OK;
+}
+
 /* Whether region R of B rank rb on world rank d is relayed, and through
  * whom (rl). Every group of holders must share alike (not weighed). By
  * the mode: ALWAYS relays among the joining receivers where they are two
@@ -1425,9 +1541,10 @@ static vps_result_t relay_wanted(struct ctx *c, int64_t d, int64_t rb, const str
 				 * relay_gains weighs the region anew */
 				VPS_CHECK(relay_light(c, rl, gs, ng, &light, &need_inbound));
 				light = light && relay_gains(c, R, rl, gs, ng, &inbound) && (inbound || !need_inbound);
-				if (light)
+				if (light) {
 					choice = RELAY_FREE;
-				else
+					VPS_CHECK(relay_weigh(c, rl));
+				} else
 					VPS_CHECK(relay_set(c, rb, R, false, rl));
 			}
 			if (choice == RELAY_NONE && rl->n >= 2) {
@@ -1440,10 +1557,16 @@ static vps_result_t relay_wanted(struct ctx *c, int64_t d, int64_t rb, const str
 			}
 			*m = (struct relay_memo){.used = true, .choice = choice, .tensor = R->tensor,
 						 .state = (uint8_t)R->state, .box = R->box, .set_base = rl->set_base,
-						 .groups = groups};
+						 .groups = groups, .weighted = choice == RELAY_FREE && rl->weighted};
+			if (m->weighted)
+				memcpy(m->cut, rl->cut, sizeof(m->cut));
 		}
 		if (m->choice == RELAY_NONE)
 			return VPS_OK;
+		if (m->weighted) {
+			rl->weighted = true;
+			memcpy(rl->cut, m->cut, sizeof(rl->cut));
+		}
 		if (m->choice == RELAY_JOINING && rl->mixed)
 			VPS_CHECK(relay_set(c, rb, R, false, rl));
 	}

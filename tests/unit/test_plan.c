@@ -23,7 +23,10 @@ struct tcase {
 	int64_t gpn_a, first_a, gpn_b, first_b;
 };
 
-static void run_case(const struct tcase *c, bool per_rank, enum vps_relay relay)
+/* Case c planned globally (exact) and, per_rank, by each rank alone (the
+ * global plan's part), with relay mode relay, weighed on topo (NULL: by
+ * bytes). */
+static void run_case_on(const struct tcase *c, bool per_rank, enum vps_relay relay, const struct vps_topology *topo)
 {
 	struct vps_layout *a = test_layout(c->model, c->from, c->gpn_a, c->first_a);
 	struct vps_layout *b = test_layout(c->model, c->to, c->gpn_b, c->first_b);
@@ -31,6 +34,7 @@ static void run_case(const struct tcase *c, bool per_rank, enum vps_relay relay)
 		return;
 	struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
 	o.relay_mode = relay;
+	o.topology = topo;
 	struct vps_plan *p = NULL;
 	CHECK_OK(vps_plan_compute(&p, a, b, &o));
 	if (!p)
@@ -46,6 +50,7 @@ static void run_case(const struct tcase *c, bool per_rank, enum vps_relay relay)
 			struct vps_plan_opts ro = VPS_PLAN_OPTS_INIT;
 			ro.rank = r;
 			ro.relay_mode = relay;
+			ro.topology = topo;
 			struct vps_plan *q = NULL;
 			CHECK_OK(vps_plan_compute(&q, a2, b2, &ro));
 			if (!q)
@@ -68,6 +73,11 @@ static void run_case(const struct tcase *c, bool per_rank, enum vps_relay relay)
 		}
 	}
 	vps_plan_free(p);
+}
+
+static void run_case(const struct tcase *c, bool per_rank, enum vps_relay relay)
+{
+	run_case_on(c, per_rank, relay, NULL);
 }
 
 static const struct tcase cases[] = {
@@ -668,5 +678,49 @@ TEST(devices_of_a_relay_for_each_other_two_levels_deep)
 	for (int m = 0; m < 2; m++) {
 		vps_plan_stats_release(&s[m]);
 		vps_plan_free(p[m]);
+	}
+}
+
+/* Relays pass on ranges sized to what they have to spare (relay_weigh):
+ * tiny-llama from pp=4, dp=4 to dp=8 (ZeRO-1, two GPUs a node), like
+ * llama2-7b-dp-up: B's stage 1 lies on the devices of A's stages 2 and
+ * 3, which relay it on top of sending their own stages, and stage 3's
+ * devices send more of their own. Their forwards carry less than stage
+ * 2's (with equal ranges, the same), on the topology and by bytes; the
+ * plan is exact, a rank's plan the global plan's part, and faster and
+ * less busy than without relays. */
+TEST(busy_relays_pass_on_smaller_ranges)
+{
+	static const struct tcase c = {"tiny-llama", "tp=1,pp=4,dp=4,zero=1", "tp=1,pp=4,dp=8,zero=1", 2, 0, 2, 0};
+	struct vps_topology topo = {.name = "t", .gpus_per_node = 2, .intra_node_bandwidth = 200e9,
+				    .inter_node_bandwidth = 25e9, .memory_bandwidth = 1.9e12, .latency = 20e-6};
+	for (int weigh = 0; weigh < 2; weigh++) {
+		run_case_on(&c, true, VPS_RELAY_AUTO, weigh ? &topo : NULL);
+		struct vps_plan *p[2];
+		struct vps_plan_stats s[2];
+		plan_never_and_auto(&c, weigh ? &topo : NULL, &topo, p, s);
+		if (p[0] && p[1]) {
+			int64_t forwarded[4] = {0, 0, 0, 0}; /* by the A stage of the relay */
+			for (size_t k = 0; k < p[1]->npieces; k++) {
+				const struct vps_piece *x = &p[1]->pieces[k];
+				int64_t ra = vps_world_a_rank(p[1]->world, x->src);
+				struct vps_coords at;
+				if (!(x->src_buffer & VPS_BUFFER_TARGET) || ra < 0)
+					continue;
+				vps_layout_coords(p[1]->a, ra, &at);
+				forwarded[at.pp] += vps_piece_bytes(x);
+			}
+			if (!(forwarded[3] > 0 && (double)forwarded[2] > 1.1 * (double)forwarded[3]))
+				harness_fail(__FILE__, __LINE__, "%s: stage 2's devices forward %lld bytes, stage 3's %lld",
+					     weigh ? "on the topology" : "by bytes", (long long)forwarded[2],
+					     (long long)forwarded[3]);
+			CHECK(s[1].estimate_seconds < s[0].estimate_seconds);
+			CHECK(s[1].max_send_bytes < s[0].max_send_bytes);
+			CHECK_EQ(s[1].bytes_moved, s[0].bytes_moved);
+		}
+		for (int m = 0; m < 2; m++) {
+			vps_plan_stats_release(&s[m]);
+			vps_plan_free(p[m]);
+		}
 	}
 }
