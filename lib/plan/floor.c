@@ -137,6 +137,7 @@ struct floor_acc {
 	struct vps_time_floor best;
 	bool relayed; /* receivers may pass on: each device's bytes at both bandwidths */
 	double bi, be;
+	double both; /* a device's links together: NVLink alone where every device is on one node */
 };
 
 static uint64_t rset_hash(int64_t base, int64_t stride, int64_t count)
@@ -492,7 +493,7 @@ static vps_result_t floor_rank(const struct vps_layout *a, const struct vps_layo
 	vps_rank_view_release(&v);
 	if (rc)
 		return rc;
-	double t = (double)(loc + rem + any) / (acc->bi + acc->be);
+	double t = (double)(loc + rem + any) / acc->both;
 	if (!acc->relayed)
 		t = fmax(t, fmax((double)loc / acc->bi, (double)rem / acc->be));
 	if (t > acc->best.seconds)
@@ -523,7 +524,7 @@ static vps_result_t rset_bound(struct floor_acc *f, const struct vps_layout *a, 
 	}
 	double c = (double)x.count;
 	double t = fmax(fmax((double)x.loc / (c * f->bi), (double)x.rem / (c * f->be)),
-			(double)(x.loc + x.rem + x.any) / (c * (f->bi + f->be)));
+			(double)(x.loc + x.rem + x.any) / (c * f->both));
 	if (t > f->best.seconds)
 		f->best = (struct vps_time_floor){.seconds = t,
 						  .device = vps_layout_device(a, x.base),
@@ -554,6 +555,16 @@ static void node_bound(struct floor_acc *f, const struct floor_node *n)
 	}
 }
 
+/* Whether every rank of layout l is on one node. */
+static bool one_node(const struct vps_layout *l)
+{
+	int64_t w = vps_layout_world(l);
+	for (int64_t r = 1; r < w; r++)
+		if (vps_layout_device(l, r).node != vps_layout_device(l, 0).node)
+			return false;
+	return true;
+}
+
 static vps_result_t time_floor(const struct vps_layout *a, const struct vps_layout *b, const struct vps_topology *topo,
 			       bool relayed, struct vps_time_floor *out)
 {
@@ -565,6 +576,11 @@ static vps_result_t time_floor(const struct vps_layout *a, const struct vps_layo
 		return vps_fail(VPS_EINPUT, "topology %s: bandwidths must be positive", topo->name);
 	int64_t wb = vps_layout_world(b);
 	struct floor_acc acc = {.bi = topo->intra_node_bandwidth, .be = topo->inter_node_bandwidth, .relayed = relayed};
+	/* a node's NICs carry only what crosses nodes: in a world of one
+	 * node no byte can take them, relayed or not */
+	acc.both = one_node(a) && one_node(b) && vps_layout_device(a, 0).node == vps_layout_device(b, 0).node
+			   ? acc.bi
+			   : acc.bi + acc.be;
 	struct vps_holders h = {0};
 	struct floor_boxes fb = {0};
 	vps_result_t rc = VPS_OK;

@@ -62,6 +62,7 @@ struct pieces {
 struct duty {
 	int64_t rank;
 	int64_t forced, shared;
+	int64_t forced_link[2]; /* forced, to devices on ra's node [0] and elsewhere [1] */
 	/* forced + shared where joining receivers relay, to devices on ra's
 	 * node [0] and elsewhere [1] (relay_light) */
 	int64_t relayed[2];
@@ -514,9 +515,11 @@ static vps_result_t duty_of(struct ctx *c, int64_t ra, struct duty *out)
 			int64_t bytes, relayed[2], best[2];
 			set_sends(c, &c->hdb.v[q], &x, node, (int64_t)vps_dtype_size(vps_region_dtype(r)), replicas, &bytes,
 				  relayed, best);
-			if (replicas <= 1)
+			if (replicas <= 1) {
 				d.forced = vps_sat_add(d.forced, bytes);
-			else
+				for (int link = 0; link < 2; link++)
+					d.forced_link[link] = vps_sat_add(d.forced_link[link], relayed[link]);
+			} else
 				d.shared = vps_sat_add(d.shared, bytes / replicas);
 			for (int link = 0; link < 2; link++) {
 				d.relayed[link] = vps_sat_add(d.relayed[link], relayed[link]);
@@ -540,7 +543,50 @@ static vps_result_t duty_of(struct ctx *c, int64_t ra, struct duty *out)
  * least forced duty serve until they reach the others. Integers only (the
  * duties scaled below 2^40), so every rank computes the same shares. */
 #define WEIGHT_UNIT ((int64_t)1 << 12) /* times VPS_MAX_ELEMENTS stays below 2^61 */
-static vps_result_t weights_of(struct ctx *c, const int64_t *cand, int64_t k, int64_t *w)
+/* On a topology, shares in time: each candidate's forced sends, NVLink
+ * and NICs apart, and the destination's bytes over the link that reaches
+ * it (NVLink on its node, else the NIC); the pour raises the slowest
+ * candidates' time last. Weighed by bytes alone, a tied embedding's rows
+ * for another node went mostly to the last stage's devices, whose NICs
+ * carried that stage, while the first stage's devices, busy over NVLink,
+ * had idle NICs (gpt3-1.3b-tp-up lay 1.09x its floor). */
+static void weights_in_time(const struct ctx *c, const int64_t *cand, int64_t k, int32_t node, const struct duty *d,
+			    int64_t *w)
+{
+	double bw[2] = {c->topo->intra_node_bandwidth, c->topo->inter_node_bandwidth}, pour = 0, hi = 0;
+	double own[SPLIT_MAX], floor_t[SPLIT_MAX], band[SPLIT_MAX];
+	for (int64_t i = 0; i < k; i++) {
+		int link = vps_layout_device(c->a, cand[i]).node != node;
+		own[i] = (double)d[i].forced_link[link];
+		band[i] = bw[link];
+		/* what its other link takes: bytes on this one below it cost nothing */
+		floor_t[i] = (double)d[i].forced_link[!link] / bw[!link];
+		pour += (double)d[i].shared;
+		hi = fmax(hi, fmax(floor_t[i], own[i] / band[i]));
+	}
+	double lo = 0;
+	hi += pour / band[0] + pour / band[1];
+	for (int it = 0; it < 64; it++) {
+		double t = (lo + hi) / 2, got = 0;
+		for (int64_t i = 0; i < k; i++)
+			got += fmax(0, fmax(t, floor_t[i]) * band[i] - own[i]);
+		if (got >= pour)
+			hi = t;
+		else
+			lo = t;
+	}
+	double x[SPLIT_MAX], total = 0;
+	for (int64_t i = 0; i < k; i++)
+		total += x[i] = fmax(0, fmax(hi, floor_t[i]) * band[i] - own[i]);
+	int64_t got = 0;
+	for (int64_t i = 0; i < k; i++)
+		got += w[i] = total > 0 ? (int64_t)(x[i] / total * (double)WEIGHT_UNIT) : 1;
+	if (!got)
+		for (int64_t i = 0; i < k; i++)
+			w[i] = 1;
+}
+
+static vps_result_t weights_of(struct ctx *c, const int64_t *cand, int64_t k, int32_t node, int64_t *w)
 {
 	int64_t f[SPLIT_MAX], sorted[SPLIT_MAX], pour = 0, top = 0;
 	struct duty d[SPLIT_MAX];
@@ -548,6 +594,10 @@ static vps_result_t weights_of(struct ctx *c, const int64_t *cand, int64_t k, in
 		VPS_CHECK(duty_of(c, cand[i], &d[i]));
 		top = vps_max64(top, vps_min64(d[i].forced, INT64_MAX / 4));
 		pour = vps_min64(vps_sat_add(pour, d[i].shared), INT64_MAX / 4);
+	}
+	if (c->topo && c->relay == VPS_RELAY_AUTO) {
+		weights_in_time(c, cand, k, node, d, w);
+		return VPS_OK;
 	}
 	int shift = 0;
 	while (shift < 62 && ((top >> shift) + (pour >> shift)) >= ((int64_t)1 << 40))
@@ -684,7 +734,7 @@ static void candidate(const struct ctx *c, const struct group *g, int64_t idx, i
 
 /* The choice of group g for destination replica ri of rn, the replica set
  * starting at rank rbase. */
-static vps_result_t choose(struct ctx *c, const struct group *g, int64_t ri, int64_t rn, int64_t rbase,
+static vps_result_t choose(struct ctx *c, const struct group *g, int64_t ri, int64_t rn, int64_t rbase, int32_t node,
 			   struct choice *ch)
 {
 	int64_t k = g->nlocal ? (int64_t)g->nlocal : g->count;
@@ -698,7 +748,7 @@ static vps_result_t choose(struct ctx *c, const struct group *g, int64_t ri, int
 		ch->weigh = weighed(c, ch->cand, k);
 	}
 	if (ch->weigh) {
-		VPS_CHECK(weights_of(c, ch->cand, k, ch->w));
+		VPS_CHECK(weights_of(c, ch->cand, k, node, ch->w));
 		ch->cum[0] = 0;
 		for (int64_t j = 0; j < k; j++)
 			ch->cum[j + 1] = ch->cum[j] + ch->w[j];
@@ -965,7 +1015,7 @@ static vps_result_t plan_group(struct ctx *c, const struct group *g, const struc
 {
 	const struct vps_box *gbox = &c->ha.v[g->first].region.box;
 	struct choice ch;
-	VPS_CHECK(choose(c, g, ri, rn, rbase, &ch));
+	VPS_CHECK(choose(c, g, ri, rn, rbase, vps_world_device(c->w, d).node, &ch));
 	for (size_t i = 0; i < c->rem.n; i++) {
 		struct vps_box y;
 		if (vps_box_intersect(&c->rem.v[i], gbox, &y))

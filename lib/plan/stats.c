@@ -944,13 +944,20 @@ static vps_result_t time_bound_relayed(const struct vps_plan *p, const struct vp
 	double bi = topo->intra_node_bandwidth, be = topo->inter_node_bandwidth, best = 0;
 	double *recv = vps_calloc((size_t)W + 1, sizeof(*recv)), *keep = vps_calloc((size_t)W + 1, sizeof(*keep));
 	struct relayed r = {0};
+	/* NICs carry only what crosses nodes: none in a world of one node */
+	double both = bi + be;
+	bool one = true;
+	for (int64_t w = 1; w < W && one; w++)
+		one = vps_world_device(p->world, w).node == vps_world_device(p->world, 0).node;
+	if (one)
+		both = bi;
 	int64_t *senders = NULL;
 	size_t ns = 0;
 	vps_result_t rc = recv && keep ? relayed_demands(p, &r, recv, keep) : VPS_ENOMEM;
 	for (int64_t w = 0; !rc && w < W; w++)
-		best = fmax(best, fmax(2.0 * keep[w] / topo->memory_bandwidth, recv[w] / (bi + be)));
+		best = fmax(best, fmax(2.0 * keep[w] / topo->memory_bandwidth, recv[w] / both));
 	if (!rc && W)
-		best = fmax(best, (double)r.moved / ((double)W * (bi + be)));
+		best = fmax(best, (double)r.moved / ((double)W * both));
 	if (!rc) {
 		r.nd = demands_merge(r.dm, r.nd);
 		rc = demand_senders(r.dm, r.nd, &senders, &ns);

@@ -123,7 +123,8 @@ TEST(layouts_of_two_models_have_no_floor)
  * serving three joiners need send each element once (F), not once a
  * receiver (3F), so the balanced send bound is F. Where every receiver
  * shares the holder's node, the holder sends F once over NVLink (F / 8),
- * and the time bound and the floor from the layouts alone agree. Over two
+ * as each receiver takes F in over NVLink, and the time bound and the
+ * floor from the layouts alone agree. Over two
  * nodes of two devices, the second node needs all of F and holds none of
  * it: F enters it over its two NICs (F / 2), whatever relays there are;
  * the floor says so, and the time bound takes it. None lies above the
@@ -158,9 +159,11 @@ TEST(a_relayed_plan_is_bounded_as_relays_allow)
 				     s.time_bound_seconds, want);
 		CHECK(s.estimate_seconds >= s.time_bound_seconds * (1 - 1e-9));
 		CHECK_OK(vps_time_floor_relayed(a, b, &topo, &f));
-		/* one node: the holder's NVLink; two: F through a node's two NICs,
-		 * into the second or out of the first alike */
-		if (cases[i].gpn == 4 ? f.receives || f.local_bytes != F : f.remote_bytes != F)
+		/* one node: F over NVLink, the holder's sends or a receiver's
+		 * receives alike (NICs carry nothing within a node); two: F
+		 * through a node's two NICs, into the second or out of the first
+		 * alike */
+		if (cases[i].gpn == 4 ? f.local_bytes != F : f.remote_bytes != F)
 			harness_fail(__FILE__, __LINE__, "%lld a node: the floor is %s side (node %d, %lld senders, %lld "
 				     "bytes over NVLink, %lld over NICs)", (long long)cases[i].gpn,
 				     f.receives ? "a receiver's" : "the senders'", f.device.node, (long long)f.senders,
@@ -177,4 +180,59 @@ TEST(a_relayed_plan_is_bounded_as_relays_allow)
 			vps_layout_free(b);
 		}
 	}
+}
+
+/* NICs carry only what crosses nodes: in a world of one node a receiver
+ * takes its bytes over NVLink alone, relays or none. tiny-llama from tp=4
+ * to tp=1 on one node of four: the relayed floor has B's rank take the
+ * three quarters it does not hold (about 3F / 4) over NVLink (3F / 32 at
+ * 8 bytes a second), not over NVLink and a NIC together (F / 12, which no
+ * plan can do); over four nodes of one device, they enter its node over
+ * its NIC (3F / 4). And from dp=2 to dp=6 on one node of eight, relayed, each joining
+ * receiver takes F over NVLink: the time bound and the floor are F / 8
+ * (they were F / 9). */
+TEST(in_a_world_of_one_node_no_byte_takes_a_nic)
+{
+	static const struct {
+		int64_t gpn;
+		double bound_in_f;
+	} cases[] = {{4, 3.0 / 32}, {1, 3.0 / 4}};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct vps_layout *a = test_layout("tiny-llama", "tp=4,pp=1,dp=1,zero=0", cases[i].gpn, 0);
+		struct vps_layout *b = test_layout("tiny-llama", "tp=1,pp=1,dp=1,zero=0", cases[i].gpn, 0);
+		struct vps_time_floor f;
+		if (a && b) {
+			double want = cases[i].bound_in_f * (double)vps_model_parameters(vps_layout_model(a)) * 14;
+			CHECK_OK(vps_time_floor_relayed(a, b, &topo, &f));
+			/* tp slices share the norms: a little less than 3F / 4 moves */
+			if (!(f.seconds > 0.95 * want && f.seconds <= want))
+				harness_fail(__FILE__, __LINE__, "%lld a node: relayed floor %.6g s, want about %.6g s",
+					     (long long)cases[i].gpn, f.seconds, want);
+		}
+		vps_layout_free(a);
+		vps_layout_free(b);
+	}
+	struct vps_layout *a = test_layout("tiny-llama", "tp=1,pp=1,dp=2,zero=0", 8, 0);
+	struct vps_layout *b = test_layout("tiny-llama", "tp=1,pp=1,dp=6,zero=0", 8, 0);
+	struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
+	o.relay = true;
+	struct vps_plan *p = NULL;
+	struct vps_plan_stats s;
+	if (!a || !b) {
+		vps_layout_free(a);
+		vps_layout_free(b);
+		return;
+	}
+	double want = (double)vps_model_parameters(vps_layout_model(a)) * 14 / 8;
+	CHECK_OK(vps_plan_compute(&p, a, b, &o));
+	if (!p)
+		return;
+	CHECK_OK(vps_plan_stats(p, &topo, false, &s));
+	CHECK(s.bytes_relayed > 0);
+	if (fabs(s.time_bound_seconds - want) > 1e-9 * want || fabs(s.time_floor_seconds - want) > 1e-9 * want)
+		harness_fail(__FILE__, __LINE__, "time bound %.6g s, floor %.6g s, want %.6g s", s.time_bound_seconds,
+			     s.time_floor_seconds, want);
+	CHECK(s.estimate_seconds >= s.time_bound_seconds * (1 - 1e-9));
+	vps_plan_stats_release(&s);
+	vps_plan_free(p);
 }

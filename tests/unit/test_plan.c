@@ -724,3 +724,44 @@ TEST(busy_relays_pass_on_smaller_ranges)
 		}
 	}
 }
+
+/* Replicas in different pipeline stages (a tied embedding) share a piece
+ * in time on the topology, each one's link to the destination apart:
+ * gpt3-1.3b from tp=4 to tp=8 (pp=2), B's last stage on a joining node
+ * (gpt3-1.3b-tp-up; tiny-gpt's bytes are too few to outweigh latency). The last stage's devices send that stage over their
+ * NICs; the first stage's send theirs over NVLink, their NICs idle, and
+ * take the embedding rows for the other node. Faster than weighed by
+ * bytes (--no-relay, or without a topology). tiny-gpt's plan so weighed
+ * is exact and a rank's plan the global plan's part (gpt3-1.3b's 18 GB of
+ * state would not fit the test's memory). */
+TEST(a_tied_embedding_is_shared_in_time)
+{
+	static const struct tcase c = {"gpt3-1.3b", "tp=4,pp=2,dp=1,zero=1", "tp=8,pp=2,dp=1,zero=1", 8, 0, 8, 0};
+	struct vps_topology topo;
+	CHECK_OK(vps_topology_load(&topo, "a800-testbed", CONFIGS "/topologies"));
+	static const struct tcase tiny = {"tiny-gpt", "tp=4,pp=2,dp=1,zero=1", "tp=8,pp=2,dp=1,zero=1", 8, 0, 8, 0};
+	run_case_on(&tiny, true, VPS_RELAY_AUTO, &topo);
+	struct vps_plan *p[2], *bytes = NULL;
+	struct vps_plan_stats s[2], sb;
+	plan_never_and_auto(&c, &topo, &topo, p, s);
+	memset(&sb, 0, sizeof(sb));
+	struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
+	CHECK_OK(vps_plan_compute(&bytes, test_layout(c.model, c.from, c.gpn_a, c.first_a),
+				  test_layout(c.model, c.to, c.gpn_b, c.first_b), &o));
+	if (bytes)
+		CHECK_OK(vps_plan_stats(bytes, &topo, false, &sb));
+	if (p[0] && p[1] && bytes) {
+		if (!(s[1].estimate_seconds < 0.97 * s[0].estimate_seconds &&
+		      s[1].estimate_seconds < 0.97 * sb.estimate_seconds))
+			harness_fail(__FILE__, __LINE__, "estimate %.6g s, by bytes %.6g s, without relays %.6g s",
+				     s[1].estimate_seconds, sb.estimate_seconds, s[0].estimate_seconds);
+		CHECK_EQ(s[1].bytes_moved, s[0].bytes_moved);
+		CHECK_EQ(s[1].bytes_moved, s[1].bytes_lower_bound);
+	}
+	for (int m = 0; m < 2; m++) {
+		vps_plan_stats_release(&s[m]);
+		vps_plan_free(p[m]);
+	}
+	vps_plan_stats_release(&sb);
+	vps_plan_free(bytes);
+}
