@@ -582,6 +582,43 @@ static void plan_never_and_auto(const struct tcase *c, const struct vps_topology
 	}
 }
 
+/* The bytes plan p's devices of A forward (relays that held data under A),
+ * by their A pipeline stage (stages below STAGES_COUNTED counted); returns
+ * their sum. */
+#define STAGES_COUNTED 8
+static int64_t forwarded_by_stage(const struct vps_plan *p, int64_t by_stage[STAGES_COUNTED])
+{
+	int64_t all = 0;
+	memset(by_stage, 0, STAGES_COUNTED * sizeof(*by_stage));
+	for (size_t k = 0; k < p->npieces; k++) {
+		const struct vps_piece *x = &p->pieces[k];
+		int64_t ra = vps_world_a_rank(p->world, x->src);
+		struct vps_coords at;
+		if (!(x->src_buffer & VPS_BUFFER_TARGET) || ra < 0)
+			continue;
+		vps_layout_coords(p->a, ra, &at);
+		all += vps_piece_bytes(x);
+		if (at.pp < STAGES_COUNTED)
+			by_stage[at.pp] += vps_piece_bytes(x);
+	}
+	return all;
+}
+
+/* The default plan (s[1]) faster and its busiest sender less busy than
+ * without relays (s[0]), moving the same bytes; then both freed. */
+static void check_faster_and_free(struct vps_plan *p[2], struct vps_plan_stats s[2])
+{
+	if (p[0] && p[1]) {
+		CHECK(s[1].estimate_seconds < s[0].estimate_seconds);
+		CHECK(s[1].max_send_bytes < s[0].max_send_bytes);
+		CHECK_EQ(s[1].bytes_moved, s[0].bytes_moved);
+	}
+	for (int m = 0; m < 2; m++) {
+		vps_plan_stats_release(&s[m]);
+		vps_plan_free(p[m]);
+	}
+}
+
 /* By default a device of A that holds none of a region relays it too
  * (docs/relay.md, "Devices that do not join"): where the region's busiest
  * sender gains and the device, relaying all it could on top of its own
@@ -625,32 +662,16 @@ TEST(devices_that_do_not_join_relay_where_that_is_never_worse)
 			struct vps_plan_stats s[2];
 			plan_never_and_auto(c, weigh ? &topo : NULL, &topo, p, s);
 			if (p[0] && p[1]) {
-				size_t from_a = 0, from_stage = 0;
-				for (size_t k = 0; k < p[1]->npieces; k++) {
-					const struct vps_piece *x = &p[1]->pieces[k];
-					int64_t ra = vps_world_a_rank(p[1]->world, x->src);
-					struct vps_coords at;
-					if (!(x->src_buffer & VPS_BUFFER_TARGET) || ra < 0)
-						continue;
-					from_a++;
-					vps_layout_coords(p[1]->a, ra, &at);
-					from_stage += at.pp == cases_a[i].stage;
-				}
+				int64_t by_stage[STAGES_COUNTED], from_a = forwarded_by_stage(p[1], by_stage);
 				if ((from_a > 0) != cases_a[i].from_a[weigh])
-					harness_fail(__FILE__, __LINE__, "%s -> %s%s: %zu forwards from devices of A",
-						     c->from, c->to, weigh ? " on the topology" : "", from_a);
-				if (cases_a[i].stage && !from_stage)
+					harness_fail(__FILE__, __LINE__, "%s -> %s%s: %lld bytes forwarded by devices of A",
+						     c->from, c->to, weigh ? " on the topology" : "", (long long)from_a);
+				if (cases_a[i].stage && !by_stage[cases_a[i].stage])
 					harness_fail(__FILE__, __LINE__, "%s -> %s%s: no forwards from devices of A's stage %d",
 						     c->from, c->to, weigh ? " on the topology" : "", cases_a[i].stage);
-				CHECK(s[1].estimate_seconds < s[0].estimate_seconds);
-				CHECK(s[1].max_send_bytes < s[0].max_send_bytes);
-				CHECK_EQ(s[1].bytes_moved, s[0].bytes_moved);
 				job_plan_exact(p[1], c->from);
 			}
-			for (int m = 0; m < 2; m++) {
-				vps_plan_stats_release(&s[m]);
-				vps_plan_free(p[m]);
-			}
+			check_faster_and_free(p, s);
 		}
 	}
 }
@@ -700,37 +721,24 @@ TEST(busy_relays_pass_on_smaller_ranges)
 		struct vps_plan_stats s[2];
 		plan_never_and_auto(&c, weigh ? &topo : NULL, &topo, p, s);
 		if (p[0] && p[1]) {
-			int64_t forwarded[4] = {0, 0, 0, 0}; /* by the A stage of the relay */
-			for (size_t k = 0; k < p[1]->npieces; k++) {
-				const struct vps_piece *x = &p[1]->pieces[k];
-				int64_t ra = vps_world_a_rank(p[1]->world, x->src);
-				struct vps_coords at;
-				if (!(x->src_buffer & VPS_BUFFER_TARGET) || ra < 0)
-					continue;
-				vps_layout_coords(p[1]->a, ra, &at);
-				forwarded[at.pp] += vps_piece_bytes(x);
-			}
+			int64_t forwarded[STAGES_COUNTED];
+			forwarded_by_stage(p[1], forwarded);
 			if (!(forwarded[3] > 0 && (double)forwarded[2] > 1.1 * (double)forwarded[3]))
 				harness_fail(__FILE__, __LINE__, "%s: stage 2's devices forward %lld bytes, stage 3's %lld",
 					     weigh ? "on the topology" : "by bytes", (long long)forwarded[2],
 					     (long long)forwarded[3]);
-			CHECK(s[1].estimate_seconds < s[0].estimate_seconds);
-			CHECK(s[1].max_send_bytes < s[0].max_send_bytes);
-			CHECK_EQ(s[1].bytes_moved, s[0].bytes_moved);
 		}
-		for (int m = 0; m < 2; m++) {
-			vps_plan_stats_release(&s[m]);
-			vps_plan_free(p[m]);
-		}
+		check_faster_and_free(p, s);
 	}
 }
 
 /* Replicas in different pipeline stages (a tied embedding) share a piece
  * in time on the topology, each one's link to the destination apart:
  * gpt3-1.3b from tp=4 to tp=8 (pp=2), B's last stage on a joining node
- * (gpt3-1.3b-tp-up; tiny-gpt's bytes are too few to outweigh latency). The last stage's devices send that stage over their
- * NICs; the first stage's send theirs over NVLink, their NICs idle, and
- * take the embedding rows for the other node. Faster than weighed by
+ * (gpt3-1.3b-tp-up; tiny-gpt's bytes are too few to outweigh latency).
+ * The last stage's devices send that stage over their NICs; the first
+ * stage's send theirs over NVLink, their NICs idle, and take the
+ * embedding rows for the other node. Faster than weighed by
  * bytes (--no-relay, or without a topology). tiny-gpt's plan so weighed
  * is exact and a rank's plan the global plan's part (gpt3-1.3b's 18 GB of
  * state would not fit the test's memory). */
