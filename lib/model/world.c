@@ -1,3 +1,4 @@
+#include "model/world.h"
 #include "util/internal.h"
 #include "vps/plan.h"
 
@@ -104,4 +105,19 @@ int64_t vps_world_of_device(const struct vps_world *w, struct vps_device dev)
 		return ra;
 	int64_t rb = vps_layout_rank_on(w->b, dev);
 	return rb >= 0 ? vps_world_of_b(w, rb) : -1;
+}
+
+static bool on_node(const struct vps_layout *l, int32_t node)
+{
+	int64_t w = vps_layout_world(l);
+	for (int64_t r = 0; r < w; r++)
+		if (vps_layout_device(l, r).node != node)
+			return false;
+	return true;
+}
+
+bool vps_world_one_node(const struct vps_layout *a, const struct vps_layout *b)
+{
+	int32_t node = vps_layout_device(a, 0).node;
+	return on_node(a, node) && on_node(b, node);
 }

@@ -16,6 +16,7 @@
 #include <math.h>
 
 #include "model/cover.h"
+#include "model/world.h"
 #include "util/hash.h"
 #include "util/internal.h"
 #include "vps/plan.h"
@@ -555,16 +556,6 @@ static void node_bound(struct floor_acc *f, const struct floor_node *n)
 	}
 }
 
-/* Whether every rank of layout l is on one node. */
-static bool one_node(const struct vps_layout *l)
-{
-	int64_t w = vps_layout_world(l);
-	for (int64_t r = 1; r < w; r++)
-		if (vps_layout_device(l, r).node != vps_layout_device(l, 0).node)
-			return false;
-	return true;
-}
-
 static vps_result_t time_floor(const struct vps_layout *a, const struct vps_layout *b, const struct vps_topology *topo,
 			       bool relayed, struct vps_time_floor *out)
 {
@@ -578,9 +569,7 @@ static vps_result_t time_floor(const struct vps_layout *a, const struct vps_layo
 	struct floor_acc acc = {.bi = topo->intra_node_bandwidth, .be = topo->inter_node_bandwidth, .relayed = relayed};
 	/* a node's NICs carry only what crosses nodes: in a world of one
 	 * node no byte can take them, relayed or not */
-	acc.both = one_node(a) && one_node(b) && vps_layout_device(a, 0).node == vps_layout_device(b, 0).node
-			   ? acc.bi
-			   : acc.bi + acc.be;
+	acc.both = vps_world_one_node(a, b) ? acc.bi : acc.bi + acc.be;
 	struct vps_holders h = {0};
 	struct floor_boxes fb = {0};
 	vps_result_t rc = VPS_OK;

@@ -536,6 +536,24 @@ static vps_result_t duty_of(struct ctx *c, int64_t ra, struct duty *out)
 	return VPS_OK;
 }
 
+/* The least time t in [lo, hi] at which the n parts' room (room(arg, i, t),
+ * growing with t) holds pour: a water level, by bisection (64 halvings, so
+ * every rank finds the same level). */
+static double water_level(double (*room)(const void *arg, int64_t i, double t), const void *arg, int64_t n,
+			  double pour, double lo, double hi)
+{
+	for (int it = 0; it < 64; it++) {
+		double t = (lo + hi) / 2, got = 0;
+		for (int64_t i = 0; i < n; i++)
+			got += room(arg, i, t);
+		if (got >= pour)
+			hi = t;
+		else
+			lo = t;
+	}
+	return hi;
+}
+
 /* Shares of k candidates (k <= SPLIT_MAX), summing to about WEIGHT_UNIT:
  * water-filling, the candidates' shared duties poured over their forced
  * ones, each candidate's share the water above it; the candidates with the
@@ -549,6 +567,17 @@ static vps_result_t duty_of(struct ctx *c, int64_t ra, struct duty *out)
  * for another node went mostly to the last stage's devices, whose NICs
  * carried that stage, while the first stage's devices, busy over NVLink,
  * had idle NICs (gpt3-1.3b-tp-up lay 1.09x its floor). */
+struct time_share {
+	const double *own, *floor_t, *band;
+};
+
+/* What candidate i takes of the pour before its time passes t. */
+static double share_room(const void *arg, int64_t i, double t)
+{
+	const struct time_share *s = arg;
+	return fmax(0, fmax(t, s->floor_t[i]) * s->band[i] - s->own[i]);
+}
+
 static void weights_in_time(const struct ctx *c, const int64_t *cand, int64_t k, int32_t node, const struct duty *d,
 			    int64_t *w)
 {
@@ -563,20 +592,11 @@ static void weights_in_time(const struct ctx *c, const int64_t *cand, int64_t k,
 		pour += (double)d[i].shared;
 		hi = fmax(hi, fmax(floor_t[i], own[i] / band[i]));
 	}
-	double lo = 0;
-	hi += pour / band[0] + pour / band[1];
-	for (int it = 0; it < 64; it++) {
-		double t = (lo + hi) / 2, got = 0;
-		for (int64_t i = 0; i < k; i++)
-			got += fmax(0, fmax(t, floor_t[i]) * band[i] - own[i]);
-		if (got >= pour)
-			hi = t;
-		else
-			lo = t;
-	}
+	const struct time_share s = {own, floor_t, band};
+	double level = water_level(share_room, &s, k, pour, 0, hi + pour / band[0] + pour / band[1]);
 	double x[SPLIT_MAX], total = 0;
 	for (int64_t i = 0; i < k; i++)
-		total += x[i] = fmax(0, fmax(hi, floor_t[i]) * band[i] - own[i]);
+		total += x[i] = share_room(&s, i, level);
 	int64_t got = 0;
 	for (int64_t i = 0; i < k; i++)
 		got += w[i] = total > 0 ? (int64_t)(x[i] / total * (double)WEIGHT_UNIT) : 1;
@@ -1447,6 +1467,18 @@ static double range_room(const struct ctx *c, const int64_t own[2], const int64_
 	return fmax(room, 0);
 }
 
+struct range_rooms {
+	const struct ctx *c;
+	const int64_t (*own)[2], (*relay)[2];
+	int64_t n;
+};
+
+static double ranges_room(const void *arg, int64_t q, double t)
+{
+	const struct range_rooms *r = arg;
+	return range_room(r->c, r->own[q], r->relay[q], r->n, t);
+}
+
 /* Ranges for rl's receivers (every free one: RELAY_FREE) sized to what
  * each has to spare: a receiver's own sends (what it likely sends, a
  * device of A; nothing, a joining one) and all it relays at equal ranges
@@ -1484,21 +1516,13 @@ static vps_result_t relay_weigh(struct ctx *c, struct relay *rl)
 		least = fmax(least, link_time(c, own[q][0], own[q][1]));
 	}
 	/* no range makes a receiver less busy than its own sends do */
-	double lo = least, hi = equal;
-	for (int it = 0; it < 64; it++) {
-		double mid = (lo + hi) / 2, sum = 0;
-		for (int64_t q = 0; q < rl->n; q++)
-			sum += range_room(c, own[q], relay[q], rl->n, mid);
-		if (sum >= 1)
-			hi = mid;
-		else
-			lo = mid;
-	}
-	if (!(hi < 0.99 * equal))
+	const struct range_rooms rr = {c, own, relay, rl->n};
+	double level = water_level(ranges_room, &rr, rl->n, 1, least, equal);
+	if (!(level < 0.99 * equal))
 		return VPS_OK;
 	double room[EXACT_REPLICAS], sum = 0, acc = 0;
 	for (int64_t q = 0; q < rl->n; q++)
-		sum += room[q] = range_room(c, own[q], relay[q], rl->n, hi);
+		sum += room[q] = ranges_room(&rr, q, level);
 	rl->cut[0] = 0;
 	for (int64_t q = 0; q < rl->n; q++) {
 		acc += room[q] / sum;

@@ -8,6 +8,7 @@
 
 #include "io/doc.h"
 #include "model/cover.h"
+#include "model/world.h"
 #include "util/hash.h"
 #include "util/internal.h"
 #include "vps/plan.h"
@@ -945,12 +946,7 @@ static vps_result_t time_bound_relayed(const struct vps_plan *p, const struct vp
 	double *recv = vps_calloc((size_t)W + 1, sizeof(*recv)), *keep = vps_calloc((size_t)W + 1, sizeof(*keep));
 	struct relayed r = {0};
 	/* NICs carry only what crosses nodes: none in a world of one node */
-	double both = bi + be;
-	bool one = true;
-	for (int64_t w = 1; w < W && one; w++)
-		one = vps_world_device(p->world, w).node == vps_world_device(p->world, 0).node;
-	if (one)
-		both = bi;
+	double both = vps_world_one_node(p->a, p->b) ? bi : bi + be;
 	int64_t *senders = NULL;
 	size_t ns = 0;
 	vps_result_t rc = recv && keep ? relayed_demands(p, &r, recv, keep) : VPS_ENOMEM;
