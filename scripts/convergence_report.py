@@ -114,6 +114,8 @@ def master_deviation(a_path, b_path):
                                                                           y.dtype, tuple(y.shape)))
             continue
         d = (x.double() - y.double()).abs().max().item()
+        if d != d:  # a NaN in either: as far apart as can be
+            d = float("inf")
         scale = x.double().abs().max().item()
         rel = d / scale if scale else (0.0 if d == 0 else float("inf"))
         if d > worst_abs[0] or not worst_abs[1]:
@@ -167,7 +169,8 @@ def deviation(static, other, steps, max_rel):
     rel = []
     for s in range(1, steps + 1):
         x, y = static[s][0], other[s][0]
-        rel.append(abs(y - x) / abs(x) if x else (0.0 if y == x else float("inf")))
+        r = abs(y - x) / abs(x) if x else (0.0 if y == x else float("inf"))
+        rel.append(float("inf") if r != r else r)  # a NaN loss is over any bound
     worst = max(range(steps), key=lambda i: rel[i]) + 1
     over = next((i + 1 for i in range(steps) if rel[i] > max_rel), 0)
     equal = sum(1 for s in range(1, steps + 1) if static[s][0] == other[s][0])

@@ -314,6 +314,7 @@ def within(loss, ref, steps):
     """The largest relative deviation of loss from ref, its step, and
     whether every step is there and within MAX_REL."""
     dev = {s: abs(loss[s] - ref[s]) / abs(ref[s]) if ref[s] else abs(loss[s]) for s in ref if s in loss}
+    dev = {s: d if d == d else float("inf") for s, d in dev.items()}  # a NaN loss is over any bound
     worst = max(dev, key=dev.get)
     return dev[worst], worst, len(dev) == len(ref) == steps and dev[worst] <= MAX_REL
 

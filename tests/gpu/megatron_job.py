@@ -264,7 +264,7 @@ def compare(ours, ref, what):
     worst, at = 0.0, 0
     for i, (x, y) in enumerate(zip(ours, ref)):
         rel = abs(x - y) / abs(y)
-        if rel > MAX_REL:
+        if not rel <= MAX_REL:  # a NaN loss too
             sys.exit("megatron_job.py: step %d: loss %.9g, %s %.9g (%.2g relative, bound %g)"
                      % (i + 1, x, what, y, rel, MAX_REL))
         if rel > worst:

@@ -321,7 +321,7 @@ def check(name, job, args, tmp, registry):
         rel = abs(x - y) / abs(y)
         if rel > worst:
             worst, worst_at = rel, it
-        if rel > MAX_REL:
+        if not rel <= MAX_REL:  # a NaN loss too
             sys.exit("check_pretrain.py: %s: iteration %d: loss %.9g, the static run's %.9g (%.2g relative, "
                      "bound %g)" % (name, it, x, y, rel, MAX_REL))
         if args.verbose:

@@ -764,7 +764,7 @@ def switched(args, job_run, tmp, registry):
         rel = abs(x - y) / abs(y)
         if rel > worst:
             worst, worst_at = rel, step
-        if rel > MAX_REL:
+        if not rel <= MAX_REL:  # a NaN loss too
             sys.exit("check_switch.py: %s: step %d: loss %.9g, the static run's %.9g (%.2g relative, bound %g)"
                      % (job_run.label, step, x, y, rel, MAX_REL))
         if args.verbose:

@@ -610,7 +610,7 @@ def check(args, tmp, registry):
         rel = abs(x - y) / abs(y)
         if rel > worst:
             worst, worst_at = rel, step
-        if rel > MAX_REL:
+        if not rel <= MAX_REL:  # a NaN loss too
             sys.exit("check_switch.py: step %d: loss %.9g, the static run's %.9g (%.2g relative, bound %g)"
                      % (step, x, y, rel, MAX_REL))
         if args.verbose:
