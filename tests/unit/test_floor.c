@@ -236,3 +236,45 @@ TEST(in_a_world_of_one_node_no_byte_takes_a_nic)
 	vps_plan_stats_release(&s);
 	vps_plan_free(p);
 }
+
+/* A tied embedding has two copies under A, one on each stage's devices: a
+ * slice of it has two single-rank holders, each of which also holds much
+ * that only it has. From tp=2, pp=2 to tp=4, pp=2 on one node every device
+ * of A sends nearly all it holds, and no plan can have either copy's
+ * holder leave the embedding to the other: the pair sends its own bytes
+ * and the embedding together. The floor bounds the pair so (it took each
+ * alone, and lay 1.2x below the least any plan sends: gpt3's
+ * -tp-down-back 1.06-1.16x; here 1.06x), and meets the direct plan's
+ * time bound; the relayed floor, where a receiver may pass the slice on to
+ * the other stage's, lies at most 10% below it, and no plan beats either. */
+TEST(a_tied_embeddings_two_holders_send_together)
+{
+	for (int relayed = 0; relayed < 2; relayed++) {
+		/* the plan owns the layouts */
+		struct vps_layout *a = test_layout("tiny-gpt", "tp=2,pp=2,dp=1,zero=1", 8, 0);
+		struct vps_layout *b = test_layout("tiny-gpt", "tp=4,pp=2,dp=1,zero=1", 8, 0);
+		struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
+		o.relay_mode = relayed ? VPS_RELAY_AUTO : VPS_RELAY_NEVER;
+		struct vps_plan *p = NULL;
+		struct vps_plan_stats s;
+		struct vps_time_floor f;
+		if (!a || !b) {
+			vps_layout_free(a);
+			vps_layout_free(b);
+			return;
+		}
+		CHECK_OK((relayed ? vps_time_floor_relayed : vps_time_floor)(a, b, &topo, &f));
+		CHECK_OK(vps_plan_compute(&p, a, b, &o));
+		if (!p)
+			continue;
+		CHECK_OK(vps_plan_stats(p, &topo, false, &s));
+		double low = relayed ? 0.9 : 1 - 1e-9;
+		if (f.seconds > s.estimate_seconds * (1 + 1e-9) || f.seconds < low * s.time_bound_seconds)
+			harness_fail(__FILE__, __LINE__, "%s: floor %.6g s, time bound %.6g s, estimate %.6g s",
+				     relayed ? "relayed" : "direct", f.seconds, s.time_bound_seconds, s.estimate_seconds);
+		if (!relayed)
+			CHECK(f.by == VPS_FLOOR_SENDERS && f.senders == 2);
+		vps_plan_stats_release(&s);
+		vps_plan_free(p);
+	}
+}
