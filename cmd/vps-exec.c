@@ -73,18 +73,19 @@ static void progress(void *ctx, int64_t stage, int64_t nstages, int64_t bytes, d
 #include "exec/fault.h"
 
 /* The tests' executor (BUILDDIR/fault-bin/vps-exec) alone: VPS_FAULT=KIND:STAGE,
- * KIND stall, exit or kill-trainer, STAGE a number or "claim": a silent
- * rank, a dead rank, a dead trainer (docs/exec.md, "Faults for the tests"). */
+ * KIND stall, exit, kill-trainer or cut, STAGE a number or "claim": a
+ * silent rank, a dead rank, a dead trainer, broken links (docs/exec.md,
+ * "Faults for the tests"). */
 static bool fault_from_env(void)
 {
-	static const char *const kinds[] = {"stall:", "exit:", "kill-trainer:"};
+	static const char *const kinds[] = {"stall:", "exit:", "kill-trainer:", "cut:"};
 	const char *fault = getenv("VPS_FAULT");
 	if (!fault || !*fault)
 		return true;
 	const char *colon = strchr(fault, ':');
 	int kind = -1;
 	int64_t stage = -1;
-	for (int k = 0; k < 3; k++)
+	for (int k = 0; k < 4; k++)
 		if (!strncmp(fault, kinds[k], strlen(kinds[k])))
 			kind = k;
 	if (colon && !strcmp(colon + 1, "claim"))
@@ -95,7 +96,7 @@ static bool fault_from_env(void)
 		vps_exec_set_fault((enum vps_exec_fault)kind, stage);
 		return true;
 	}
-	tool_error(EXIT_USAGE, "VPS_FAULT=%s: expected stall, exit or kill-trainer, ':', then a stage or 'claim'", fault);
+	tool_error(EXIT_USAGE, "VPS_FAULT=%s: expected stall, exit, kill-trainer or cut, ':', then a stage or 'claim'", fault);
 	return false;
 }
 #endif

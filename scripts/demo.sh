@@ -25,7 +25,7 @@
 #                    (make standin) and point VPS_CUDA_LIBRARY and VPS_NCCL_LIBRARY at
 #                    them (docs/exec.md, "The stand-ins")
 #   --fault-rank R SPEC  rank R's executor fails (VPS_FAULT=SPEC: stall:STAGE, exit:STAGE,
-#                    kill-trainer:STAGE, or :claim in place of :STAGE); a STAGE that no
+#                    kill-trainer:STAGE, cut:STAGE, or :claim in place of :STAGE); a STAGE that no
 #                    staged plan has is refused (a smaller --budget makes more stages).
 #                    That rank runs the tests' executor, $VPS_FAULT_BIN/vps-exec (default:
 #                    build/fault-bin, made by make fault-bin here; docs/exec.md, "Faults
@@ -69,10 +69,10 @@ while [ $# -gt 0 ]; do
 done
 export VPS_CONFIG_PATH=$top/configs
 case $fault in
-'' | stall:claim | exit:claim | kill-trainer:claim) ;;
-stall:* | exit:* | kill-trainer:*)
+'' | stall:claim | exit:claim | kill-trainer:claim | cut:claim) ;;
+stall:* | exit:* | kill-trainer:* | cut:*)
 	[[ ${fault#*:} =~ ^[0-9]+$ ]] || { echo "demo.sh: --fault-rank: '$fault': a stage is a number or 'claim'" >&2; exit 2; } ;;
-*) echo "demo.sh: --fault-rank: '$fault': expected stall, exit or kill-trainer, ':', then a stage or 'claim'" >&2; exit 2 ;;
+*) echo "demo.sh: --fault-rank: '$fault': expected stall, exit, kill-trainer or cut, ':', then a stage or 'claim'" >&2; exit 2 ;;
 esac
 [ -z "$fault" ] || [[ $fault_rank =~ ^[0-9]+$ ]] || { echo "demo.sh: --fault-rank: '$fault_rank' is not a rank" >&2; exit 2; }
 

@@ -494,12 +494,16 @@ void vps_exec_set_fault(enum vps_exec_fault fault, int64_t stage)
 }
 
 /* The tests' fault, if it strikes at stage (a stage or VPS_FAULT_AT_CLAIM). */
-static void inject_fault(struct vps_registry *reg, int64_t stage)
+static void inject_fault(struct vps_registry *reg, struct vps_net *net, int64_t stage)
 {
 	if (test_fault.fault == VPS_FAULT_NONE || test_fault.stage != stage)
 		return;
 	if (test_fault.fault == VPS_FAULT_EXIT)
 		_exit(3);
+	if (test_fault.fault == VPS_FAULT_CUT) {
+		vps_net_cut(net);
+		return;
+	}
 	if (test_fault.fault == VPS_FAULT_STALL) {
 		raise(SIGSTOP);
 		return;
@@ -519,6 +523,7 @@ static void inject_fault(struct vps_registry *reg, int64_t stage)
  * then for what rings none. */
 struct claim {
 	struct vps_registry *reg;
+	struct vps_net *net; /* for the tests' faults */
 	uint32_t bell;       /* read before each look: a request after it rings */
 	uint64_t after;
 	double start, limit; /* limit < 0: wait as long as it takes (--wait) */
@@ -608,7 +613,7 @@ static int claim_ready(void *ctx)
 	if (!rc) {
 		c->claimed = true;
 		c->claimed_at = wall_now();
-		inject_fault(c->reg, VPS_FAULT_AT_CLAIM);
+		inject_fault(c->reg, c->net, VPS_FAULT_AT_CLAIM);
 		return 1;
 	}
 	if (rc != VPS_ETIMEOUT)
@@ -774,7 +779,7 @@ static vps_result_t run_stages(struct vps_switch *sw, struct carriers *car, cons
 	for (size_t st = 0; st < s->nstages && !rc; st++) {
 		double t0 = now();
 		struct vps_exec_stage_report *sr = &rep->stages[st];
-		inject_fault(sw->reg, (int64_t)st);
+		inject_fault(sw->reg, sw->net, (int64_t)st);
 		while (i < s->nxfers && s->xfers[i].stage < (int64_t)st)
 			i++;
 		size_t j = i;
@@ -829,6 +834,7 @@ static struct claim claim_of(const struct executor *ex, const struct pass *ps)
 	const struct vps_plan *p = sw->s->plan;
 	double window = (double)vps_max64((int64_t)o->request_timeout, (int64_t)o->timeout);
 	return (struct claim){.reg = ex->reg,
+			      .net = ex->net,
 			      .after = ex->last_seq,
 			      .start = ps->t_wait,
 			      .limit = o->wait ? -1 : window,

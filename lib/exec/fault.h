@@ -1,5 +1,5 @@
-/* Faults for the tests: a rank that falls silent, dies or kills its
- * trainer, at a stage of each switch or as soon as its trainer's request is
+/* Faults for the tests: a rank that falls silent, dies, kills its trainer
+ * or loses its data connections (alive), at a stage of each switch or as soon as its trainer's request is
  * claimed (docs/exec.md, "Faults for the tests"). Not API: libvps.so hides
  * it (it is in no include/vps/ header), and only the tests' executor,
  * cmd/vps-exec.c built with -DVPS_TEST_FAULTS into BUILDDIR/fault-bin from
@@ -15,6 +15,7 @@ enum vps_exec_fault {
 	VPS_FAULT_STALL = 0,        /* SIGSTOP itself: a silent peer */
 	VPS_FAULT_EXIT = 1,         /* _exit(3): a dead peer */
 	VPS_FAULT_KILL_TRAINER = 2, /* SIGKILL its trainer: a trainer that dies mid-switch */
+	VPS_FAULT_CUT = 3,          /* shut its data connections down and go on: links that break, both ends alive */
 };
 /* the stage of a fault that strikes as soon as the request is claimed,
  * before the other ranks learn of it */

@@ -54,7 +54,7 @@ with_shm_of() {
 	expect_status 2 "$DEMO" --fault-rank 8 exit:0
 	[[ "$output" == *"--fault-rank 8: the transition world has ranks 0 to 7"* ]]
 	expect_status 2 "$DEMO" --fault-rank 1 pause:1
-	[[ "$output" == *"expected stall, exit or kill-trainer"* ]]
+	[[ "$output" == *"expected stall, exit, kill-trainer or cut"* ]]
 }
 
 @test "a /dev/shm too small for the job is refused before anything starts, with what is needed and what is free" {

@@ -393,17 +393,18 @@ never_comes() {
 @test "tcp: a rank that never comes: every rank stops, naming it, sources intact" { never_comes tcp; }
 @test "ipc: a rank that never comes: every rank stops, naming it, sources intact" { never_comes ipc; }
 
-run_with_fault() { # TRANSPORT FAULT: the fault for rank 1, then wait for the others
+run_with_fault() { # TRANSPORT FAULT [TIMEOUT]: the fault for rank 1, then wait for the others
 	setup_plan $1
+	local timeout=${3:-3}
 	for r in 0 1 2 3; do
-		vps-trainer --registry "$tag-$r" --rank $r --timeout 10 s.staged > t.$r 2>&1 &
+		vps-trainer --registry "$tag-$r" --rank $r --timeout $((timeout + 7)) s.staged > t.$r 2>&1 &
 		tp[$r]=$!
 	done
 	for r in 0 1 2 3; do
 		if [ $r = 1 ]; then
-			VPS_FAULT=$2 "$VPS_FAULT_BIN/vps-exec" --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --transport $transport --timeout 3 s.staged > e.$r 2>&1 &
+			VPS_FAULT=$2 "$VPS_FAULT_BIN/vps-exec" --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --transport $transport --timeout $timeout s.staged > e.$r 2>&1 &
 		else
-			vps-exec --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --transport $transport --timeout 3 s.staged > e.$r 2>&1 &
+			vps-exec --registry "$tag-$r" --rank $r --master 127.0.0.1:$port --transport $transport --timeout $timeout s.staged > e.$r 2>&1 &
 		fi
 		ep[$r]=$!
 	done
@@ -445,6 +446,21 @@ dead_peer() {
 }
 
 @test "tcp: a peer that dies mid-transfer: every rank stops, naming it and the stage, sources intact" { dead_peer tcp; }
+
+# Links that break while every process lives (VPS_FAULT=cut: rank 1 shuts
+# its data connections down and goes on): no rank left, so no cause comes
+# by the control tree; the ranks at the broken links must not wait out
+# --timeout (30 s here) for one.
+cut_links() {
+	run_with_fault $1 cut:5 30
+	[ "$took" -lt 15 ]
+	grep -h "stage 5 of" e.0 e.1 | grep -q "no rank said why within 5 s: the connection broke while both ranks ran"
+	for r in 0 1 2 3; do grep -q "vps-exec: rank $r: " e.$r; ! grep -q "switch 1: sent" e.$r; done
+	for r in 0 1 2 3; do grep -q "sources intact" t.$r; done
+}
+
+@test "tcp: data connections that break while every rank lives: every rank stops well within the timeout, naming the broken link" { cut_links tcp; }
+@test "ipc: data connections that break while every rank lives: every rank stops well within the timeout, naming the broken link" { cut_links ipc; }
 @test "ipc: a peer that dies mid-transfer: every rank stops, naming it and the stage, sources intact" { dead_peer ipc; }
 
 other_plan() {

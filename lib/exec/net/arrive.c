@@ -72,7 +72,7 @@ vps_result_t vps_net_arrive(struct vps_net *n, const struct vps_net_trainer *tr,
 				char why[2048];
 				snprintf(why, sizeof(why), "%s", vps_last_error());
 				vps_ctl_fail(c, false, why);
-				return vps_ctl_own_failure(c, VPS_EPEER, false, why);
+				return vps_ctl_own_failure(c, VPS_EPEER, 0, false, why);
 			}
 			if (k) {
 				mine = true;

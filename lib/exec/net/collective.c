@@ -2,6 +2,7 @@
  * rank's part up to rank 0 and the result back down, and the all-reduce of
  * the stage boundaries between mesh peers, in log2 W rounds. */
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 
 #include "util/internal.h"
@@ -21,6 +22,15 @@ vps_result_t vps_net_broadcast(struct vps_net *n, void *buf, size_t len, const c
 	return n->ctl ? vps_ctl_collective(n->ctl, CTL_BCAST, buf, len, what) : VPS_OK;
 }
 
+/* How long a rank whose peer's connection ended waits for what that was
+ * about. A rank that leaves says why before it closes its connections, and
+ * one that dies closes its control links too, which its tree neighbours
+ * report: either reaches every rank within milliseconds (5 s leaves room
+ * for a loaded machine). When nothing comes, the link itself broke while
+ * both ranks ran, and nothing will come: both ends waited out --timeout
+ * for it (30 s in exec.bats's test of it). */
+#define LEFT_PATIENCE 5.0
+
 vps_result_t vps_net_agree_result(struct vps_net *n, vps_result_t mine, const char *what)
 {
 	if (!n->ctl)
@@ -31,10 +41,11 @@ vps_result_t vps_net_agree_result(struct vps_net *n, vps_result_t mine, const ch
 	 * rank waits for no one */
 	char words[2048];
 	snprintf(words, sizeof(words), "%s", vps_last_error());
-	bool consequence = mine == VPS_ETIMEOUT || n->peer_left;
+	bool timeout = mine == VPS_ETIMEOUT, left = !timeout && n->peer_left;
 	n->peer_left = false;
-	vps_ctl_fail(n->ctl, consequence, words);
-	return vps_ctl_own_failure(n->ctl, mine, consequence, words);
+	vps_ctl_fail(n->ctl, timeout || left, words);
+	double patience = timeout ? n->timeout : left ? fmin(n->timeout, LEFT_PATIENCE) : 0;
+	return vps_ctl_own_failure(n->ctl, mine, patience, left, words);
 }
 
 void vps_net_abort(struct vps_net *n, const char *why)

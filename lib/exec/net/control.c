@@ -935,17 +935,23 @@ void vps_ctl_fail(struct ctl *c, bool consequence, const char *why)
 	wake(c);
 }
 
-vps_result_t vps_ctl_own_failure(struct ctl *c, vps_result_t mine, bool consequence, const char *words)
+vps_result_t vps_ctl_own_failure(struct ctl *c, vps_result_t mine, double patience, bool left, const char *words)
 {
 	pthread_mutex_lock(&c->mu);
 	/* a timeout may be about a rank that stopped: its tree neighbours find
 	 * that within the timeout; a connection that ended, about a rank that
 	 * gave up for a reason of its own, which may come the long way round */
-	for (double until = vps_net_now() + c->n->timeout; consequence && vps_net_now() < until &&
-							   (c->news.kind == NEWS_NONE || c->news.kind == NEWS_CONSEQUENCE);)
+	for (double until = vps_net_now() + patience; vps_net_now() < until &&
+						     (c->news.kind == NEWS_NONE || c->news.kind == NEWS_CONSEQUENCE);)
 		wait_until(c, until);
-	if (c->news.kind == NEWS_NONE || c->news.kind == NEWS_CONSEQUENCE || c->told || c->news.failed == c->n->rank) {
+	bool none = c->news.kind == NEWS_NONE || c->news.kind == NEWS_CONSEQUENCE;
+	if (none || c->told || c->news.failed == c->n->rank) {
 		pthread_mutex_unlock(&c->mu);
+		if (none && left)
+			return vps_fail(mine,
+					"%s; no rank said why within %g s: the connection broke while both ranks ran, or "
+					"the rank ended without a word",
+					words, patience);
 		return vps_fail(mine, "%s", words);
 	}
 	failure_locked(c, NULL);

@@ -1,5 +1,6 @@
 /* The network object: a rank's data connections to its peers, its control
  * tree, what its exchanges moved and what it holds. */
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "util/internal.h"
@@ -60,4 +61,11 @@ int vps_net_peer_index(const struct vps_net *n, int64_t peer)
 {
 	const int64_t *p = bsearch(&peer, n->peers, n->npeers, sizeof(*n->peers), cmp_i64);
 	return p ? (int)(p - n->peers) : -1;
+}
+
+void vps_net_cut(struct vps_net *n)
+{
+	for (size_t i = 0; n && i < n->npeers; i++)
+		if (n->fds[i] >= 0)
+			shutdown(n->fds[i], SHUT_RDWR);
 }

@@ -129,6 +129,10 @@ vps_result_t vps_net_agree_result(struct vps_net *n, vps_result_t mine, const ch
 /* Tell every rank that this one failed, and why (an executor that stops
  * outside a collective). */
 void vps_net_abort(struct vps_net *n, const char *why);
+/* The tests' fault VPS_FAULT_CUT (exec/fault.h): every data connection
+ * shut down both ways, the sockets kept, the process going on, as a link
+ * that breaks while both ends live. */
+void vps_net_cut(struct vps_net *n);
 
 /* Combine count numbers over all ranks (result on every rank) with an
  * associative, commutative combine(acc, in, count), between mesh peers: the

@@ -254,8 +254,10 @@ vps_result_t vps_ctl_collective(struct ctl *c, enum ctl_kind kind, void *buf, si
 void vps_ctl_fail(struct ctl *c, bool consequence, const char *why);
 /* After this rank's own failure (vps_ctl_fail): its words, and the job's
  * failure where another rank's says more and was not yet said (as the
- * last error). A consequence waits up to the timeout for that. */
-vps_result_t vps_ctl_own_failure(struct ctl *c, vps_result_t mine, bool consequence, const char *words);
+ * last error). A consequence waits up to patience seconds for that; left:
+ * it is a peer's connection that ended, and the words say so when nothing
+ * came. */
+vps_result_t vps_ctl_own_failure(struct ctl *c, vps_result_t mine, double patience, bool left, const char *words);
 
 /* Say (the network's notice) whom this rank waits for in the collective
  * in progress, what opening the message and so_far ending it: its
