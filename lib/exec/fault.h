@@ -1,6 +1,7 @@
 /* Faults for the tests: a rank that falls silent, dies, kills its trainer
- * or loses its data connections (alive), at a stage of each switch or as soon as its trainer's request is
- * claimed (docs/exec.md, "Faults for the tests"). Not API: libvps.so hides
+ * or loses its data connections while it lives, at a stage of each switch
+ * or as soon as its trainer's request is claimed (docs/exec.md, "Faults
+ * for the tests"). Not API: libvps.so hides
  * it (it is in no include/vps/ header), and only the tests' executor,
  * cmd/vps-exec.c built with -DVPS_TEST_FAULTS into BUILDDIR/fault-bin from
  * libvps.a, sets it from VPS_FAULT. bin/vps-exec and an installed one never
