@@ -40,7 +40,11 @@ checkpoint (Megatron's checkpoint_and_decide_exit):
 2. Each rank makes its part of the switch's plan (vps-layout, vps-plan
    --rank, vps-stage in --vps-dir/rank-R; vps-plan's default, relays where
    they win, and none wins in these switches) and starts
-   its own vps-exec, whose rendezvous port rank 0 picks.
+   its own vps-exec, whose rendezvous port rank 0 picks. Under a fixed
+   schedule this is done ahead, while the job trains: as training
+   starts and after each switch, for the next one (Switch.ready), and
+   the executor waits for the request, mapping the job's buffers; a
+   switch asked for through the control file does it in the pause.
 3. vps.megatron.Job.switch moves the state (bf16 parameters, fp32 main
    parameters, Adam's moments; Adam's step, the consumed samples and the
    scheduler's position carried) and builds the new configuration with
@@ -322,17 +326,25 @@ class Schedule:
             return []
         return [self.specs[k - 1]]
 
+    def upcoming(self, iteration):
+        """The next configuration asked for after iteration, and the
+        iteration it comes after: (spec, at), or None."""
+        k = iteration // self.every + 1
+        return (self.specs[k - 1], k * self.every) if k <= len(self.specs) else None
+
 
 class Switch:
     """One switch of the job: its number k (from 1), the iteration after
     which it happened, the configurations (vps specs) before and after,
-    the Layouts, the seconds training stood still (pause), and the
-    vps.Training vps-exec carried."""
+    the Layouts, the seconds training stood still (pause), the
+    vps.Training vps-exec carried, and whether its plan and vps-exec were
+    made before the pause (ready: a fixed schedule's switch)."""
 
     def __init__(self, k, iteration, source, target, source_layout, target_layout):
         self.k, self.iteration, self.source, self.target = k, iteration, source, target
         self.source_layout, self.target_layout = source_layout, target_layout
         self.pause, self.carried = None, None
+        self.ready = False  # its plan and vps-exec were made before the pause
 
     def __repr__(self):
         return "Switch(%d after iteration %d: %s -> %s)" % (self.k, self.iteration, self.source, self.target)
@@ -397,6 +409,7 @@ class _Switching:
             self.asks = ControlFile(args.vps_control) if self.rank == 0 else None
         self.job = self.reg = None
         self.switches, self.pending = [], None
+        self.ready = None  # (spec, k, vps-exec, its log): the next switch's, made ahead (_ahead)
         self.train_iters = None
         self.carry_log = None
         self.groups_before = None
@@ -519,6 +532,7 @@ class _Switching:
         arg = bound.arguments
         self.start(arg["model"], arg["optimizer"], arg["opt_param_scheduler"],
                    [arg["train_data_iterator"], arg["valid_data_iterator"]])
+        self._ahead(args.iteration)
         while True:
             iteration, flops = self.orig["train"](*bound.args, **bound.kwargs)
             if self.pending is None:
@@ -531,6 +545,7 @@ class _Switching:
             get_timers()("interval-time").stop()
             self.switch(spec, iteration, arg["checkpointing_context"])
             arg["config"] = get_model_config(self.model[0])
+            self._ahead(iteration)
 
     def start(self, model, optimizer, scheduler, iterators):
         """The first entry into train(): the job's state into vps's buffers."""
@@ -570,6 +585,9 @@ class _Switching:
                  % (self.spec, self.world, args.vps_model or "made from the job's arguments", base))
 
     def close(self):
+        if self.ready is not None:
+            self._stop(self.ready[2], self.ready[3])
+            self.ready = None
         if self.asks:
             self.asks.close()
         if self.job:
@@ -590,7 +608,14 @@ class _Switching:
         sw = Switch(k, iteration, self.spec, spec, self.lay, target)
         self._tell("before_switch", sw, self.model, self.optimizer)
         t0 = time.monotonic()
-        executor, log = self._executor(sw)
+        ready, self.ready = self.ready, None
+        if ready is not None and ready[:2] == (spec, k):
+            executor, log = ready[2:]
+            sw.ready = True
+        else:
+            if ready is not None:
+                self._stop(ready[2], ready[3])
+            executor, log = self._executor(sw)
         training = Training(step=self.job.step, consumed_samples=args.consumed_train_samples,
                             scheduler_step=self.scheduler.num_steps, global_batch=args.global_batch_size,
                             micro_batch=args.micro_batch_size)
@@ -626,6 +651,35 @@ class _Switching:
         print_rank_0("vps: switch %d after iteration %d: %s -> %s in %.2f s (state moved by vps-exec, model and "
                      "optimizer made by Megatron)" % (k, iteration, sw.source, sw.target, sw.pause))
         self._tell("after_switch", sw, self.model, self.optimizer)
+
+    def _ahead(self, iteration):
+        """A fixed schedule's next switch made ready while the job trains:
+        this rank's part of its plan, staged, and its vps-exec started,
+        waiting for the request (it maps the job's buffers meanwhile), so
+        that the pause does not hold them. Every rank calls it at the same
+        point (rank 0 picks the executors' port); a configuration that the
+        switch will refuse is left to it."""
+        if self.ready is not None or not isinstance(self.asks, Schedule):
+            return
+        nxt = self.asks.upcoming(iteration)
+        if nxt is None or nxt[1] >= self.args.train_iters:
+            return
+        try:
+            spec = complete_spec(nxt[0], self.args, self.world)
+            target = _layout(self.model_path, spec, self.gpus_per_node)
+        except Error:
+            return
+        k = len(self.switches) + 1
+        executor, log = self._executor(Switch(k, nxt[1], self.spec, spec, self.lay, target))
+        self.ready = (spec, k, executor, log)
+
+    @staticmethod
+    def _stop(executor, log):
+        """A vps-exec made ahead for a switch that does not come."""
+        if executor.poll() is None:
+            executor.terminate()
+        executor.wait()
+        log.close()
 
     def _executor(self, sw):
         """This rank's part of the switch's plan, and its vps-exec, started."""

@@ -181,7 +181,7 @@ class Observer:
                 raise RuntimeError("switch %d (%s -> %s) after iteration %d: the state after is not the state "
                                    "before: %s" % (sw.k, sw.source, sw.target, sw.iteration, bad))
             self.switches.append((sw.k, sw.iteration, sw.source, sw.target, len(after[0]),
-                                  sum(t.numel() for t in after[0].values()), sw.pause))
+                                  sum(t.numel() for t in after[0].values()), sw.pause, sw.ready))
         self.before = None
 
     def after_iteration(self, iteration, model, optimizer):
@@ -289,9 +289,14 @@ def check(name, job, args, tmp, registry):
     if len(switches) != 2:
         sys.exit("check_pretrain.py: %s: %d switches; %s -> %s -> %s makes 2" % (name, len(switches), a, b, a))
     if args.verbose:
-        for k, it, src, dst, n, elems, pause in switches:
+        for k, it, src, dst, n, elems, pause, ready in switches:
             print("%s: switch %d after iteration %d: %s -> %s: %d tensors, %d elements, equal bit for bit "
-                  "(%.2f s)" % (name, k, it, src, dst, n, elems, pause))
+                  "(%.2f s%s)" % (name, k, it, src, dst, n, elems, pause, ", its vps-exec made ahead" if ready else ""))
+    # a fixed schedule's switches are known ahead: their plans and executors are made while the job trains
+    late = [sw[0] for sw in switches if sw[7] != (job["ask"] == "schedule")]
+    if late:
+        sys.exit("check_pretrain.py: %s: switch %s: its vps-exec was %s the pause" % (
+            name, ", ".join(map(str, late)), "started in" if job["ask"] == "schedule" else "made before"))
     from megatron.core import dist_checkpointing
     saved = dist_checkpointing.load_common_state_dict(os.path.join(ckpt, "iter_%07d" % SAVE_AT))["args"]
     want = {k: int(v) for k, v in (i.split("=") for i in b.split(","))}

@@ -167,6 +167,9 @@ class Asking(unittest.TestCase):
     def test_schedule(self):
         s = mt.Schedule(["pp=2", "tp=2"], 3)
         self.assertEqual([(i, s.asked(i)) for i in range(1, 11) if s.asked(i)], [(3, ["pp=2"]), (6, ["tp=2"])])
+        # what the job makes ready ahead: from the start, and after each switch, the next one
+        self.assertEqual([s.upcoming(i) for i in (0, 2, 3, 5, 6, 9)],
+                         [("pp=2", 3), ("pp=2", 3), ("tp=2", 6), ("tp=2", 6), None, None])
 
 
 class Refusals(unittest.TestCase):
