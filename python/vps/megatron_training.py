@@ -499,6 +499,9 @@ class _Switching:
             self.pending = spec
             self.train_iters = self.args.train_iters
             self.args.train_iters = iteration
+        else:
+            # the schedule's next, when the one before it was refused
+            self._ahead(iteration)
         return False
 
     def _next(self, iteration):
