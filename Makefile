@@ -304,7 +304,7 @@ endif
 check-megatron: $(SHLIB_FILES) $(TOOL_BINS) $(PY_STAMP)
 	VPS_LIBRARY=$(abspath $(SHLIB)) $(PYTHON_ABS) tests/megatron/check_megatron.py
 	VPS_LIBRARY=$(abspath $(SHLIB)) VPS_BIN=$(abspath $(BINDIR)) $(PYTHON_ABS) tests/megatron/check_switch.py
-	VPS_LIBRARY=$(abspath $(SHLIB)) VPS_BIN=$(abspath $(BINDIR)) $(PYTHON_ABS) tests/megatron/check_pretrain.py
+	VPS_LIBRARY=$(abspath $(SHLIB)) VPS_BIN=$(abspath $(BINDIR)) $(PYTHON_ABS) tests/megatron/check_pretrain.py --pauses $(BUILDDIR)/pretrain-pauses.json
 	VPS_LIBRARY=$(abspath $(SHLIB)) VPS_BIN=$(abspath $(BINDIR)) $(PYTHON_ABS) tests/gpu/megatron_job.py --device cpu
 
 # every Hugging Face family vps imports, read by vps and built by

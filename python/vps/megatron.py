@@ -1354,6 +1354,29 @@ class Job:
         self._next = _Next(layout=layout, rank=rank, target=target, bind=bind, groups=nxt_groups, entry=entry,
                            rng=nxt_rng, grads=sk.grads, seconds=seconds)
 
+    @contextlib.contextmanager
+    def prepared_groups(self):
+        """A block run as the configuration Job.prepare made ready: its
+        process groups and random-number states installed, the job's own
+        again after it; what the block draws from the random-number
+        generators stays drawn for the switch. For what else the next
+        configuration needs made with its groups before the switch (its
+        data sets, as vps.megatron_training builds them). Every rank enters
+        it at the same point of its loop, as for prepare."""
+        self._live()
+        nxt = self._next
+        if nxt is None:
+            raise InvalidInput("no configuration is prepared (Job.prepare)")
+        running, rng = _snapshot(), _rng_state()
+        _install(nxt.groups)
+        _set_rng_state(nxt.rng)
+        try:
+            yield
+            nxt.rng = _rng_state()
+        finally:
+            _install(running)
+            _set_rng_state(rng)
+
     def discard(self) -> None:
         """Forget the configuration Job.prepare made ready, if any: its
         buffers are freed (its process groups stay cached)."""

@@ -94,6 +94,7 @@ configs/models or a Hugging Face config.json) or, by default, made from
 the job's arguments (model_from_args): GPT and LLaMA shapes, MoE with
 SequentialMLP experts; the Job checks every parameter of Megatron's model
 against it when training starts."""
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -337,14 +338,23 @@ class Switch:
     """One switch of the job: its number k (from 1), the iteration after
     which it happened, the configurations (vps specs) before and after,
     the Layouts, the seconds training stood still (pause), the
-    vps.Training vps-exec carried, and whether its plan and vps-exec were
-    made before the pause (ready: a fixed schedule's switch)."""
+    vps.Training vps-exec carried, whether it was made ready before the
+    pause (ready: a fixed schedule's switch; its plan and vps-exec made,
+    and its configuration built by Job.prepare), and on each rank what the
+    pause held: clocks, vps.megatron.Job.clocks with `began` and `ended`
+    (time.time() of the pause's ends), `arguments` (the job's arguments,
+    model config and microbatch calculator made the new configuration's),
+    `iterators` (the data iterators rebuilt), and `collect`, the
+    collection of the configuration before after the first iteration
+    that follows (not in the pause); report, the path of this rank's
+    vps-exec report (vps-exec(1) --report)."""
 
     def __init__(self, k, iteration, source, target, source_layout, target_layout):
         self.k, self.iteration, self.source, self.target = k, iteration, source, target
         self.source_layout, self.target_layout = source_layout, target_layout
         self.pause, self.carried = None, None
-        self.ready = False  # its plan and vps-exec were made before the pause
+        self.ready = False
+        self.clocks, self.report = None, None
 
     def __repr__(self):
         return "Switch(%d after iteration %d: %s -> %s)" % (self.k, self.iteration, self.source, self.target)
@@ -390,6 +400,66 @@ def _become(obj, new):
     obj.__dict__ = new.__dict__
 
 
+class _Executor:
+    """A rank's vps-exec for a switch, its log and its report."""
+
+    def __init__(self, proc, log, report, rank):
+        self.proc, self.log, self.report, self.rank = proc, log, report, rank
+
+    def stop(self):
+        """For a switch that does not come, or fails."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        self.proc.wait()
+        self.log.close()
+
+    def wait(self, k, timeout):
+        rc = self.proc.wait(timeout=timeout)
+        self.log.close()
+        if rc:
+            raise Error(VPS_EPEER, "switch %d: vps-exec rank %d exited with status %d (%s)"
+                        % (k, self.rank, rc, self.log.name))
+
+
+class _Ahead:
+    """A fixed schedule's next switch made ready while the job trains: its
+    configuration, its number and its vps-exec (the Job prepared the
+    configuration)."""
+
+    def __init__(self, spec, k, executor):
+        self.spec, self.k, self.executor = spec, k, executor
+
+    def stop(self):
+        self.executor.stop()
+
+
+class _Built:
+    """What _build made of the job's arguments for a configuration (by its
+    layout's hash), of the model config (cfg_container's model and ddp) and
+    of Python's and NumPy's random states (_set_random_seed seeds them)."""
+
+    def __init__(self, layout, arguments, configs, seeds):
+        self.layout, self.arguments, self.configs, self.seeds = layout, arguments, configs, seeds
+
+
+def _configs(cfg):
+    """pretrain()'s cfg_container's model config and DDP config, which a
+    configuration has its own of (_update_model_config)."""
+    return (getattr(cfg, "model", None), cfg.ddp) if cfg is not None else None
+
+
+def _set_configs(cfg, configs):
+    if cfg is not None:
+        if configs[0] is not None:
+            cfg.model = configs[0]
+        cfg.ddp = configs[1]
+
+
+# what setup_model_and_optimizer is told or sets only while it builds: the job's own stay
+_BUILD_ONLY = frozenset(("load", "pretrained_checkpoint", "ckpt_convert_format", "moe_use_upcycling", "iteration",
+                         "train_iters", "num_floating_point_operations_so_far"))
+
+
 class _Switching:
     """One rank of a job that pretrain() runs and vps switches."""
 
@@ -409,10 +479,13 @@ class _Switching:
             self.asks = ControlFile(args.vps_control) if self.rank == 0 else None
         self.job = self.reg = None
         self.switches, self.pending = [], None
-        self.ready = None  # (spec, k, vps-exec, its log): the next switch's, made ahead (_ahead)
+        self.ahead = None  # the next switch, made ready while the job trains (_ahead)
+        self.built = None  # what the last build changed in the job's arguments (_build)
+        self.datasets = {}  # the next switch's data sets, made ahead (_datasets)
+        self.garbage = None  # the last switch, when the configuration before it is still to be collected
+        self.ckpt_ctx = None
         self.train_iters = None
         self.carry_log = None
-        self.groups_before = None
         self.keep_dir = bool(args.vps_dir)
         self.dir = None
         self.optimizer = self.scheduler = None
@@ -454,7 +527,6 @@ class _Switching:
         @contextlib.contextmanager
         def patched():
             self.T, self.orig = T, originals
-            self.groups_before = set(_process_groups())
             for n in names:
                 setattr(T, n, ours[n])
             try:
@@ -488,6 +560,12 @@ class _Switching:
     def _between(self, model, optimizer, opt_param_scheduler, iteration, *rest):
         """Megatron's checkpoint_and_decide_exit, then what vps does between
         two iterations: tell the observer, and ask whether to switch."""
+        if self.garbage is not None:
+            # the configuration before the last switch is garbage in cycles (its chunks, their DDP hooks, their
+            # config) holding no memory vps moved: collected here, out of the pause, as --manual-gc collects
+            t = time.monotonic()
+            gc.collect()
+            self.garbage.clocks["collect"], self.garbage = time.monotonic() - t, None
         if self.orig["checkpoint_and_decide_exit"](model, optimizer, opt_param_scheduler, iteration, *rest):
             return True
         self._tell("after_iteration", iteration, model, optimizer)
@@ -535,6 +613,7 @@ class _Switching:
         arg = bound.arguments
         self.start(arg["model"], arg["optimizer"], arg["opt_param_scheduler"],
                    [arg["train_data_iterator"], arg["valid_data_iterator"]])
+        self.ckpt_ctx = arg["checkpointing_context"]
         self._ahead(args.iteration)
         while True:
             iteration, flops = self.orig["train"](*bound.args, **bound.kwargs)
@@ -546,7 +625,7 @@ class _Switching:
             args.iteration, args.num_floating_point_operations_so_far = iteration, flops
             # the log interval's clock stands still while the job switches
             get_timers()("interval-time").stop()
-            self.switch(spec, iteration, arg["checkpointing_context"])
+            self.switch(spec, iteration)
             arg["config"] = get_model_config(self.model[0])
             self._ahead(iteration)
 
@@ -588,9 +667,9 @@ class _Switching:
                  % (self.spec, self.world, args.vps_model or "made from the job's arguments", base))
 
     def close(self):
-        if self.ready is not None:
-            self._stop(self.ready[2], self.ready[3])
-            self.ready = None
+        if self.ahead is not None:
+            self.ahead.stop()
+            self.ahead = None
         if self.asks:
             self.asks.close()
         if self.job:
@@ -602,7 +681,7 @@ class _Switching:
             shutil.rmtree(self.dir, ignore_errors=True)
 
     # ---- a switch ----
-    def switch(self, spec, iteration, ckpt_ctx):
+    def switch(self, spec, iteration):
         import torch.distributed as dist
         from megatron.training import print_rank_0
         args = self.args
@@ -610,59 +689,68 @@ class _Switching:
         target = _layout(self.model_path, spec, self.gpus_per_node)
         sw = Switch(k, iteration, self.spec, spec, self.lay, target)
         self._tell("before_switch", sw, self.model, self.optimizer)
-        t0 = time.monotonic()
-        ready, self.ready = self.ready, None
-        if ready is not None and ready[:2] == (spec, k):
-            executor, log = ready[2:]
-            sw.ready = True
+        t0, began = time.monotonic(), time.time()
+        ahead, self.ahead = self.ahead, None
+        datasets, self.datasets = self.datasets, {}
+        if ahead is not None and (ahead.spec, ahead.k) == (spec, k):
+            executor, sw.ready = ahead.executor, True
         else:
-            if ready is not None:
-                self._stop(ready[2], ready[3])
-            executor, log = self._executor(sw)
+            datasets = {}
+            if ahead is not None:
+                ahead.stop()
+                self.job.discard()
+            executor = self._executor(sw)
         training = Training(step=self.job.step, consumed_samples=args.consumed_train_samples,
                             scheduler_step=self.scheduler.num_steps, global_batch=args.global_batch_size,
                             micro_batch=args.micro_batch_size)
         try:
-            model, optimizer, carried = self.job.switch(target, self.rank, training,
-                                                        functools.partial(self._build, ckpt_ctx),
+            # what Job.prepare made ahead, or built now when nothing was
+            model, optimizer, carried = self.job.switch(target, self.rank, training, self._build,
                                                         timeout=args.vps_timeout)
         except BaseException:
-            if executor.poll() is None:
-                executor.terminate()
-            executor.wait()
+            executor.stop()
             raise
-        rc = executor.wait(timeout=args.vps_timeout)
-        log.close()
-        if rc:
-            raise Error(VPS_EPEER, "switch %d: vps-exec rank %d exited with status %d (%s)"
-                        % (k, self.rank, rc, log.name))
         for field in ("step", "consumed_samples", "scheduler_step"):
             if getattr(carried, field) != getattr(training, field):
+                executor.stop()
                 raise Error(VPS_ECHECK, "switch %d carried %s %d; the job was at %d"
                             % (k, field, getattr(carried, field), getattr(training, field)))
+        clocks = dict(self.job.clocks)
+        t = time.monotonic()
+        self._enter(target)
+        _become(self.optimizer, optimizer)
         # pretrain() holds the list of chunks, refilled, and the scheduler, whose optimizer object became the
-        # new one (_build): it gives the new parameter groups the learning rate of its position
+        # new one: it gives the new parameter groups the learning rate of its position
         self.model[:] = model
         self.scheduler.step(increment=0)
-        self._new_iterators()
-        # the configuration before is garbage in cycles (its chunks, their DDP hooks and their config)
-        gc.collect()
+        clocks["arguments"] = time.monotonic() - t
+        t = time.monotonic()
+        self._new_iterators(datasets)
+        clocks["iterators"] = time.monotonic() - t
+        self.garbage = sw
+        executor.wait(k, args.vps_timeout)
         self.spec, self.lay = spec, target
         sw.pause, sw.carried = time.monotonic() - t0, carried
+        clocks.update(began=began, ended=time.time())
+        sw.clocks, sw.report = clocks, executor.report
         self.switches.append(sw)
         dist.barrier()
         print_rank_0("vps: switch %d after iteration %d: %s -> %s in %.2f s (state moved by vps-exec, model and "
-                     "optimizer made by Megatron)" % (k, iteration, sw.source, sw.target, sw.pause))
+                     "optimizer made by Megatron %s)" % (k, iteration, sw.source, sw.target, sw.pause,
+                                                         "before the pause" if sw.ready else "in it"))
         self._tell("after_switch", sw, self.model, self.optimizer)
 
     def _ahead(self, iteration):
         """A fixed schedule's next switch made ready while the job trains:
         this rank's part of its plan, staged, and its vps-exec started,
-        waiting for the request (it maps the job's buffers meanwhile), so
-        that the pause does not hold them. Every rank calls it at the same
-        point (rank 0 picks the executors' port); a configuration that the
-        switch will refuse is left to it."""
-        if self.ready is not None or not isinstance(self.asks, Schedule):
+        waiting for the request (it maps the job's buffers meanwhile), and
+        its configuration prepared by the Job (Job.prepare: its buffers,
+        process groups, model and optimizer, built by _build), so that the
+        pause holds the transfer and the hand-over. Every rank calls it at
+        the same point (rank 0 picks the executors' port; groups are made
+        by all ranks together); a configuration that the switch will refuse
+        is left to it."""
+        if self.ahead is not None or not isinstance(self.asks, Schedule):
             return
         nxt = self.asks.upcoming(iteration)
         if nxt is None or nxt[1] >= self.args.train_iters:
@@ -673,16 +761,40 @@ class _Switching:
         except Error:
             return
         k = len(self.switches) + 1
-        executor, log = self._executor(Switch(k, nxt[1], self.spec, spec, self.lay, target))
-        self.ready = (spec, k, executor, log)
+        executor = self._executor(Switch(k, nxt[1], self.spec, spec, self.lay, target))
+        try:
+            self.job.prepare(target, self.rank, self._build)
+            self.datasets = self._datasets(target, nxt[1])
+        except BaseException:
+            executor.stop()
+            raise
+        self.ahead = _Ahead(spec, k, executor)
 
-    @staticmethod
-    def _stop(executor, log):
-        """A vps-exec made ahead for a switch that does not come."""
-        if executor.poll() is None:
-            executor.terminate()
-        executor.wait()
-        log.close()
+    def _datasets(self, target, iteration):
+        """The data sets the provider makes for the prepared configuration
+        `target` (pretrain_gpt.py's index the largest part of the switch's
+        pause when made in it), made now with its process groups and
+        arguments, as Megatron would after iteration `iteration` (the
+        switch's): {vp_stage: (the numbers of samples asked for, the
+        provider's data sets)}. Megatron's loaders take them at the switch
+        where they ask for the same numbers (_new_iterators); the samplers,
+        which need the consumed samples, are made there."""
+        from megatron.core import parallel_state
+        from megatron.training import get_args
+        from megatron.training import training as T
+        provider = self.p["train_valid_test_dataset_provider"]
+        args = get_args()
+        made = {}
+        with self.job.prepared_groups(), self._as_built(target, iteration=iteration):
+            # build_train_valid_test_data_loaders' choice of the ranks that call the provider
+            if not (getattr(provider, "is_distributed", False)
+                    or parallel_state.get_tensor_model_parallel_rank() == 0):
+                return made
+            vpp = args.virtual_pipeline_model_parallel_size
+            for vp_stage in range(vpp) if vpp is not None else (None,):
+                nums = tuple(T.get_train_valid_test_num_samples())
+                made[vp_stage] = (nums, provider(nums) if vp_stage is None else provider(nums, vp_stage=vp_stage))
+        return made
 
     def _executor(self, sw):
         """This rank's part of the switch's plan, and its vps-exec, started."""
@@ -707,41 +819,101 @@ class _Switching:
                 where[0] = "%s:%d" % (socket.gethostbyname(host), s.getsockname()[1])
         dist.broadcast_object_list(where, src=0)
         log = open(os.path.join(d, "exec%d.log" % sw.k), "w")
+        report = os.path.join(d, "report%d.yaml" % sw.k)
         env = dict(os.environ, VPS_TOKEN=self.token)
         p = subprocess.Popen(
             [_tool("vps-exec"), "--registry", self.reg.name, "--rank", str(self.rank), "--world", str(self.world),
              "--master", where[0], "--transport", args.vps_transport, "--wait", "--check", "--timeout",
-             str(int(args.vps_timeout)), "--report", os.path.join(d, "report%d.yaml" % sw.k), staged],
+             str(int(args.vps_timeout)), "--report", report, staged],
             env=env, stdout=log, stderr=subprocess.STDOUT)
-        return p, log
+        return _Executor(p, log, report, self.rank)
 
-    def _build(self, ckpt_ctx, lay):
+    def _build(self, lay):
         """Megatron's model and optimizer for `lay`, made by Megatron's own
-        code from the job's arguments updated to it; the optimizer pretrain()
-        holds becomes the new one."""
+        code from the job's arguments updated to it (Job.prepare calls it:
+        ahead, while the job trains, or in the pause). When it returns,
+        the job's arguments, model config, microbatch calculator and
+        Python's and NumPy's random states are the running configuration's
+        again; what the build made of them is kept (self.built) for the
+        switch to put in place (_enter)."""
+        import random
+        import numpy as np
         from megatron.core.process_groups_config import ProcessGroupCollection
-        from megatron.training import get_args
         from megatron.training import training as T
+        cfg = self.p.get("cfg_container")
+        seeds = (random.getstate(), np.random.get_state())
+        with self._arguments_kept() as args:
+            running = dict(vars(args))
+            try:
+                self._set_parallel(args, lay.parallel)
+                self._make_groups(lay)
+                self._update_model_config(args)
+                # nothing to load: the state is the one the switch moved
+                args.load = args.pretrained_checkpoint = args.ckpt_convert_format = None
+                args.moe_use_upcycling = False
+                model, optimizer, _ = T.setup_model_and_optimizer(
+                    self.p["model_type"], model_provider_func=self.p.get("model_provider"),
+                    checkpointing_context=self.ckpt_ctx, cfg_container=cfg,
+                    pg_collection=ProcessGroupCollection.use_mpu_process_groups())
+                self.built = _Built(
+                    lay.hash, {key: v for key, v in vars(args).items()
+                               if key not in _BUILD_ONLY and (key not in running or v is not running[key])},
+                    _configs(cfg), (random.getstate(), np.random.get_state()))
+            finally:
+                random.setstate(seeds[0])
+                np.random.set_state(seeds[1])
+        return model, optimizer
+
+    @contextlib.contextmanager
+    def _arguments_kept(self):
+        """The job's arguments (yielded), model config and microbatch
+        calculator as they are now again after the block."""
+        from megatron.training import get_args
         args = get_args()
-        self._set_parallel(args, lay.parallel)
-        self._make_groups()
-        self._update_model_config(args)
-        saved = {k: getattr(args, k) for k in ("load", "pretrained_checkpoint", "iteration", "train_iters",
-                                               "num_floating_point_operations_so_far", "moe_use_upcycling",
-                                               "ckpt_convert_format")}
-        # nothing to load: the state is the one the switch moved
-        args.load = args.pretrained_checkpoint = args.ckpt_convert_format = None
-        args.moe_use_upcycling = False
+        running = dict(vars(args))
+        cfg = self.p.get("cfg_container")
+        configs = _configs(cfg)
         try:
-            model, optimizer, _ = T.setup_model_and_optimizer(
-                self.p["model_type"], model_provider_func=self.p.get("model_provider"),
-                checkpointing_context=ckpt_ctx, cfg_container=self.p.get("cfg_container"),
-                pg_collection=ProcessGroupCollection.use_mpu_process_groups())
+            yield args
         finally:
-            for key, v in saved.items():
-                setattr(args, key, v)
-        _become(self.optimizer, optimizer)
-        return model, self.optimizer
+            vars(args).clear()
+            vars(args).update(running)
+            _set_configs(cfg, configs)
+            self._microbatches(args)
+
+    def _apply(self, target):
+        """The job's arguments, model config and microbatch calculator made
+        those _build made for target."""
+        from megatron.training import get_args
+        built = self.built
+        if built is None or built.layout != target.hash:
+            raise Error(VPS_ECHECK, "switch to %s: the job's arguments were built for another configuration"
+                        % target.describe())
+        args = get_args()
+        vars(args).update(built.arguments)
+        _set_configs(self.p.get("cfg_container"), built.configs)
+        self._microbatches(args)
+        return args
+
+    @contextlib.contextmanager
+    def _as_built(self, target, **also):
+        """A block run with the arguments (and `also` of them) _build made
+        for target; the job's own after."""
+        with self._arguments_kept():
+            vars(self._apply(target)).update(also)
+            yield
+
+    def _enter(self, target):
+        """The switch to target: the job's arguments, model config,
+        microbatch calculator and Python's and NumPy's random states those
+        _build made for it (the Job installed its process groups and
+        torch's random states)."""
+        import random
+        import numpy as np
+        self._apply(target)
+        random.setstate(self.built.seeds[0])
+        np.random.set_state(self.built.seeds[1])
+        self.built = None
 
     def _set_parallel(self, args, par):
         if not hasattr(self, "sequence_parallel"):
@@ -765,6 +937,11 @@ class _Switching:
             from megatron.training import get_tokenizer
             args.padded_vocab_size = vocab_size_with_padding(get_tokenizer().vocab_size, args,
                                                              logging_enabled=False)
+        self._microbatches(args)
+
+    @staticmethod
+    def _microbatches(args):
+        """Megatron's microbatch calculator for the arguments' data-parallel size."""
         from megatron.core.num_microbatches_calculator import (reconfigure_num_microbatches_calculator,
                                                                update_num_microbatches)
         reconfigure_num_microbatches_calculator(
@@ -774,20 +951,36 @@ class _Switching:
             step_batch_size_schedule=args.step_batch_size_schedule, seq_length=args.seq_length)
         update_num_microbatches(args.consumed_train_samples, consistency_check=True, verbose=False)
 
-    def _make_groups(self):
+    def _make_groups(self, lay):
         """Megatron's process groups and seeds for the arguments, as
-        initialize_megatron makes them, after destroying those of the
-        configuration before (destroy_model_parallel only forgets them)."""
-        import torch.distributed as dist
-        from megatron.core import parallel_state
+        initialize_megatron makes them (_initialize_distributed,
+        _set_random_seed), the groups from vps.megatron's cache:
+        _initialize_distributed's call of initialize_model_parallel becomes
+        vps.megatron.initialize_groups(lay, with its other arguments), which
+        makes a configuration's groups once and installs the same groups
+        when it comes back (Job.prepare put the running ones aside)."""
         from megatron.training import initialize as I
         args = self.args
-        parallel_state.destroy_model_parallel()
-        for g in _process_groups():
-            if g not in self.groups_before:
-                dist.destroy_process_group(g)
-        I._initialize_distributed(self.p.get("get_embedding_ranks"), self.p.get("get_position_embedding_ranks"),
-                                  self.p.get("store"))
+        mpu = I.mpu
+
+        class Cached:
+            """parallel_state, as _initialize_distributed reads it."""
+
+            def __getattr__(self, name):
+                return getattr(mpu, name)
+
+            @staticmethod
+            def initialize_model_parallel(tp, pp, vpp=None, **kwargs):
+                for size in ("context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size"):
+                    kwargs.pop(size, None)
+                _vps_megatron.initialize_groups(lay, **kwargs)
+
+        I.mpu = Cached()
+        try:
+            I._initialize_distributed(self.p.get("get_embedding_ranks"), self.p.get("get_position_embedding_ranks"),
+                                      self.p.get("store"))
+        finally:
+            I.mpu = mpu
         I._set_random_seed(args.seed, args.data_parallel_random_init, args.te_rng_tracker,
                            args.inference_rng_tracker, use_cudagraphable_rng=args.cuda_graph_impl != "none")
 
@@ -816,22 +1009,29 @@ class _Switching:
             changes["vocab_size"] = args.padded_vocab_size
         cfg.model = dataclasses.replace(mc, **changes)
 
-    def _new_iterators(self):
+    def _new_iterators(self, ahead):
         """Megatron's data iterators for the new configuration, at the job's
-        consumed samples, into the lists pretrain() holds."""
+        consumed samples, into the lists pretrain() holds; of the data sets
+        made ahead (_datasets) where Megatron asks for the same numbers of
+        samples."""
         args = self.args
         provider = self.p["train_valid_test_dataset_provider"]
         build = self.orig["build_train_valid_test_data_iterators"]
+
+        def datasets(vp_stage):
+            part = provider if vp_stage is None else functools.partial(provider, vp_stage=vp_stage)
+
+            def made(nums):
+                have = ahead.pop(vp_stage, None)
+                return have[1] if have is not None and have[0] == tuple(nums) else part(nums)
+            if getattr(provider, "is_distributed", False):
+                made.is_distributed = True
+            return made
         if args.virtual_pipeline_model_parallel_size is not None:
-            made = []
-            for vp_stage in range(len(self.model)):
-                part = functools.partial(provider, vp_stage=vp_stage)
-                if getattr(provider, "is_distributed", False):
-                    part.is_distributed = True
-                made.append(build(part))
+            made = [build(datasets(vp_stage)) for vp_stage in range(len(self.model))]
             new = [list(x) for x in zip(*made)]
         else:
-            new = [[x] for x in build(provider)]
+            new = [[x] for x in build(datasets(None))]
         for have, got in zip(self.iterators, new[:2]):
             have[:] = got
         # pretrain() evaluates on its test iterator after training
@@ -847,12 +1047,6 @@ class _Switching:
                 _say("vps: pretrain()'s evaluation on the test set after training is left out: it holds a test "
                      "iterator per model chunk of the first configuration, %d, and this one has %d"
                      % (len(self.test_elements), len(new[2])))
-
-
-def _process_groups():
-    from torch.distributed import distributed_c10d as c10d
-    default = c10d._get_default_group()
-    return [g for g in c10d._world.pg_map if g is not default]
 
 
 def _say(line):

@@ -7,9 +7,13 @@
 # down from the Job's clocks and the executors' reports, in the same run
 # (check_switch.py --pauses). RUNS runs of it (default 3), then one run
 # without Job.prepare (the next configuration built in the pause, as the
-# Job did before), for scale. Prints the table and the verdict against the
-# target (the pause at most 1.2x the slowest rank's vps-exec transfer);
-# --doc writes them into docs/BENCHMARKS.md (section megatron-pause).
+# Job did before), for scale. Then Megatron-LM's own loop:
+# tests/megatron/check_pretrain.py --pauses, RUNS runs (a GPT job whose
+# fixed schedule's switches are made ready while it trains, a MoE job whose
+# asked-for switches are made in the pause). Prints the tables and the
+# verdicts against the target (the pause at most 1.2x the slowest rank's
+# vps-exec transfer); --doc writes them into docs/BENCHMARKS.md (section
+# megatron-pause).
 #   scripts/bench/megatron_pause.sh [--doc]
 set -euo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
@@ -27,6 +31,9 @@ for run in $(seq "$runs"); do
 	"$py" tests/megatron/check_switch.py --optimizer adam --pauses "$t/run$run.json" > "$t/run$run.log"
 done
 "$py" tests/megatron/check_switch.py --optimizer adam --no-prepare --pauses "$t/unprepared.json" > "$t/unprepared.log"
+for run in $(seq "$runs"); do
+	"$py" tests/megatron/check_pretrain.py --pauses "$t/pretrain$run.json" > "$t/pretrain$run.log"
+done
 stamp=$(scripts/bench/doc-stamp.sh "RUNS=$runs scripts/bench/megatron_pause.sh${doc:+ --doc}")
 table=$("$py" - "$t" "$runs" "$stamp" <<'PY'
 import json, statistics, sys
@@ -77,6 +84,36 @@ print("Target: the pause at most 1.2x the transfer, every switch. Verdict: %s: t
       "registry) is at most %s ms, median %s ms; the arrival alone is %.2f-%.2fx the transfer (median %.2f)."
       % ("met" if worst <= 1.2 else "not met", worst, median, len(ratios), ms(max(own)),
          ms(statistics.median(own)), min(arrival), max(arrival), statistics.median(arrival)))
+pretrain = [json.load(open("%s/pretrain%d.json" % (t, r + 1))) for r in range(runs)]
+print()
+print("Megatron-LM's pretrain() (tests/megatron/check_pretrain.py, vps.megatron_training), per switch, the median "
+      "over %d runs (ms): the pause from the last rank stopping to the last training again; in it Job.switch (its "
+      "arrival, transfer and groups, build and attach as above), then the job's arguments and model config, and "
+      "the data iterators; ahead, what was made before the pause (the Job's prepare, not the plan and vps-exec); "
+      "after, the collection of the configuration before, at the end of the next iteration." % runs)
+print()
+print("| job | switch | made | pause | Job.switch | arrival | transfer | groups | build | attach | arguments | "
+      "iterators | ahead | after | R per run | R |")
+print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+ready_r, asked_r = [], []
+for job in pretrain[0]:
+    for k, first in enumerate(pretrain[0][job]):
+        ps = [run[job][k] for run in pretrain]
+        med = lambda part: statistics.median(p[part] for p in ps)  # noqa: E731
+        r = [p["pause"] / p["transfer"] for p in ps]
+        (ready_r if first["ready"] else asked_r).extend(r)
+        ahead = [sum(p["ahead"].values()) for p in ps if p["ahead"]]
+        print("| %s | %s -> %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.2f |" % (
+            job, first["from"], first["to"], "ahead" if first["ready"] else "in the pause", ms(med("pause")),
+            ms(med("job")), ms(med("arrival")), ms(med("transfer")), ms(med("groups")), ms(med("build")),
+            ms(med("attach")), ms(med("arguments")), ms(med("iterators")),
+            ms(statistics.median(ahead)) if ahead else "-", ms(med("collect")), " ".join("%.2f" % x for x in r),
+            statistics.median(r)))
+print()
+print("Target: the pause at most 1.2x the transfer. Verdict: %s: switches made ahead (a fixed schedule) R %.2f-%.2f "
+      "(median %.2f); switches asked for through the control file, made in the pause, R %.2f-%.2f."
+      % ("met" if max(ready_r + asked_r) <= 1.2 else "not met", min(ready_r), max(ready_r),
+         statistics.median(ready_r), min(asked_r), max(asked_r)))
 PY
 )
 echo "$table"

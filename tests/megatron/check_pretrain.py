@@ -27,12 +27,22 @@ RoPE, GQA, 4 experts under EP):
    iteration 6 the switched run's bit for bit: Megatron's own checkpoint
    found the switched job's objects whole.
 
-    check_pretrain.py [-v] [-k gpt|moe] [--keep DIR]
+Each switch's pause is broken down (pause_parts) from the Job's clocks,
+vps.megatron_training's and the executors' reports; each job's line ends
+with `pause at most R x the transfer`, R the largest over its switches of
+the pause over the slowest rank's vps-exec pause, and the GPT job's
+switches (a fixed schedule) must have been made ready before the pause,
+nothing built in it, the MoE job's (asked for) not.
+
+    check_pretrain.py [-v] [-k gpt|moe] [--keep DIR] [--pauses FILE]
 
 Prints a line per job (and per switch and step with -v); exit 1 naming
-what differs, 2 on bad arguments."""
+what differs, 2 on bad arguments. --pauses FILE writes each switch's
+pause, broken down, as JSON (scripts/bench/megatron_pause.sh
+tabulates it)."""
 import argparse
 import functools
+import json
 import os
 import shutil
 import signal
@@ -152,7 +162,7 @@ class Observer:
     switch and after SAVE_AT, and the job's arguments after each switch."""
 
     def __init__(self, control=None, asks=()):
-        self.switches, self.saved = [], None
+        self.switches, self.saved, self.clocks = [], None, []
         self.control, self.asks = control, dict(asks)
 
     def before_switch(self, sw, model, optimizer):
@@ -173,6 +183,7 @@ class Observer:
         if have != want:
             raise RuntimeError("after switch %d: the job's arguments, groups and microbatches are %s; %s wants %s"
                                % (sw.k, have, sw.target, want))
+        self.clocks.append((sw.clocks, sw.report))
         if dist.get_rank() == 0:
             bad = check_switch.differs(self.before, after)
             if bad and os.environ.get("DUMP"):
@@ -224,7 +235,7 @@ def run_job(rank, log, argv, observer=None, switchable=True, gather_at_start=Fal
     pretrain_gpt.main(argv)
     out = {"losses": pretrain_gpt.LOSSES}
     if observer:
-        out.update(switches=observer.switches, saved=observer.saved)
+        out.update(switches=observer.switches, saved=observer.saved, clocks=observer.clocks)
     if started:
         out["started"] = started[0]
     return out
@@ -292,11 +303,18 @@ def check(name, job, args, tmp, registry):
         for k, it, src, dst, n, elems, pause, ready in switches:
             print("%s: switch %d after iteration %d: %s -> %s: %d tensors, %d elements, equal bit for bit "
                   "(%.2f s%s)" % (name, k, it, src, dst, n, elems, pause, ", its vps-exec made ahead" if ready else ""))
-    # a fixed schedule's switches are known ahead: their plans and executors are made while the job trains
-    late = [sw[0] for sw in switches if sw[7] != (job["ask"] == "schedule")]
+    # a fixed schedule's switches are known ahead: their plans, executors and configurations are made while the
+    # job trains, and nothing is built in the pause
+    ahead = job["ask"] == "schedule"
+    pauses = [pause_parts([r["clocks"][k] for r in res]) for k in range(len(switches))]
+    late = [sw[0] for sw, p in zip(switches, pauses) if sw[7] != ahead or (p["ahead"] is not None) != ahead
+            or (p["build"] == 0) != ahead]
     if late:
-        sys.exit("check_pretrain.py: %s: switch %s: its vps-exec was %s the pause" % (
-            name, ", ".join(map(str, late)), "started in" if job["ask"] == "schedule" else "made before"))
+        sys.exit("check_pretrain.py: %s: switch %s: its vps-exec and configuration were %s the pause" % (
+            name, ", ".join(map(str, late)), "made in" if ahead else "made before"))
+    if args.verbose:
+        for sw, p in zip(switches, pauses):
+            print("%s: switch %d: pause %s" % (name, sw[0], describe(p)))
     from megatron.core import dist_checkpointing
     saved = dist_checkpointing.load_common_state_dict(os.path.join(ckpt, "iter_%07d" % SAVE_AT))["args"]
     want = {k: int(v) for k, v in (i.split("=") for i in b.split(","))}
@@ -342,8 +360,42 @@ def check(name, job, args, tmp, registry):
                  % (name, b, again, SAVE_AT + 1, got[SAVE_AT + 1]))
     print("%s on %d ranks, Megatron-LM's pretrain(): %s -> %s -> %s through vps-exec, the whole state equal bit "
           "for bit across each switch; loss within %g of the static run's (largest %.1e, iteration %d); "
-          "Megatron's checkpoint saved in %s loads in a fresh %s job to the same state and loss (%.0f s)"
-          % (name, WORLD, a, b, a, MAX_REL, worst, worst_at, b, b, time.monotonic() - t0))
+          "Megatron's checkpoint saved in %s loads in a fresh %s job to the same state and loss (%.0f s); "
+          "pause at most %.2f x the transfer"
+          % (name, WORLD, a, b, a, MAX_REL, worst, worst_at, b, b, time.monotonic() - t0,
+             max(p["pause"] / p["transfer"] for p in pauses)))
+    return [dict(p, ready=sw[7], **{"from": sw[2], "to": sw[3]}) for sw, p in zip(switches, pauses)]
+
+
+def pause_parts(per_rank):
+    """A switch's pause on the pretrain() path, from each rank's
+    Switch.clocks and vps-exec report: from the last rank stopping to the
+    last training again, and in it Job.switch's parts
+    (check_switch.pause_parts: arrival, transfer, groups, build, attach),
+    then what vps.megatron_training does after it on its slowest rank: the
+    job's arguments and model config (arguments) and the data iterators;
+    and after the pause, at the end of the next iteration, the collection
+    of the configuration before."""
+    import yaml
+    clocks = [c for c, _ in per_rank]
+    ex = []
+    for _, report in per_rank:
+        with open(report) as f:
+            (one,) = yaml.safe_load(f)["switches"]
+        ex.append(one)
+    p = check_switch.pause_parts(clocks, ex)
+    p["job"], p["pause"] = p["pause"], max(c["ended"] for c in clocks) - max(c["began"] for c in clocks)
+    for part in ("arguments", "iterators", "collect"):
+        p[part] = max(c.get(part, 0.0) for c in clocks)
+    return p
+
+
+def describe(p):
+    ms = lambda x: "%.1f" % (x * 1e3)  # noqa: E731
+    inside, ahead = check_switch.parts(p)
+    return "%s ms = %.2f x the transfer: Job.switch %s ms (%s), then arguments %s, iterators %s%s; collected after " \
+        "the next iteration %s" % (ms(p["pause"]), p["pause"] / p["transfer"], ms(p["job"]), inside,
+                                   ms(p["arguments"]), ms(p["iterators"]), ahead, ms(p["collect"]))
 
 
 def main():
@@ -352,15 +404,20 @@ def main():
     a.add_argument("-k", choices=sorted(JOBS), action="append", help="this job only (repeatable)")
     a.add_argument("--keep", help="keep checkpoints, plans and logs in this directory")
     a.add_argument("--timeout", type=float, default=600)
+    a.add_argument("--pauses", metavar="FILE", help="write each switch's pause, broken down, to FILE (JSON)")
     args = a.parse_args()
     imports()
     mcore.install_pretrain_shims()
     tmp = args.keep or tempfile.mkdtemp(prefix="vps-pretrain-")
     os.makedirs(tmp, exist_ok=True)
     registry = "vps-mlm-check-%d" % os.getpid()
+    pauses = {}
     try:
         for name in args.k or sorted(JOBS):
-            check(name, JOBS[name], args, tmp, registry)
+            pauses[name] = check(name, JOBS[name], args, tmp, registry)
+        if args.pauses:
+            with open(args.pauses, "w") as f:
+                json.dump(pauses, f, indent=1)
     finally:
         for r in range(WORLD):
             try:
