@@ -40,36 +40,57 @@ checkpoint (Megatron's checkpoint_and_decide_exit):
 2. Each rank makes its part of the switch's plan (vps-layout, vps-plan
    --rank, vps-stage in --vps-dir/rank-R; vps-plan's default, relays where
    they win, and none wins in these switches) and starts
-   its own vps-exec, whose rendezvous port rank 0 picks. Under a fixed
-   schedule this is done ahead, while the job trains: as training
-   starts and after each switch, for the next one (Switch.ready), and
-   the executor waits for the request, mapping the job's buffers; a
-   switch asked for through the control file does it in the pause.
-3. vps.megatron.Job.switch moves the state (bf16 parameters, fp32 main
+   its own vps-exec, whose rendezvous port rank 0 picks.
+3. The new configuration is built with Megatron's own code, from the
+   job's arguments updated to it (tensor_model_parallel_size,
+   pipeline_model_parallel_size, virtual_pipeline_model_parallel_size,
+   context_parallel_size, expert_model_parallel_size,
+   expert_tensor_parallel_size, data_parallel_size,
+   num_layers_in_first/last_pipeline_stage, sequence_parallel,
+   padded_vocab_size): the process groups (initialize.
+   _initialize_distributed, whose initialize_model_parallel is
+   vps.megatron.initialize_groups: made once per configuration and cached,
+   under its policy), the seeds (_set_random_seed), the microbatch
+   calculator (reconfigure_num_microbatches_calculator), the model's
+   TransformerConfig (core_transformer_config_from_args, of the class the
+   job's was) and the model and optimizer (setup_model_and_optimizer, with
+   nothing to load), under vps.megatron.Job.prepare's skeleton (no weight
+   initialised, the parameters and states pointed into the buffers the
+   switch fills); then the job's arguments, model config, microbatch
+   calculator, seeds and process groups are the running configuration's
+   again, and what the build made of them is put in place at the switch.
+   The provider's data sets for the new configuration are made too, with
+   its groups (Job.prepared_groups).
+4. vps.megatron.Job.switch moves the state (bf16 parameters, fp32 main
    parameters, Adam's moments; Adam's step, the consumed samples and the
-   scheduler's position carried) and builds the new configuration with
-   Megatron's own code, from the job's arguments updated to it
-   (tensor_model_parallel_size, pipeline_model_parallel_size,
-   virtual_pipeline_model_parallel_size, context_parallel_size,
-   expert_model_parallel_size, expert_tensor_parallel_size,
-   data_parallel_size, num_layers_in_first/last_pipeline_stage,
-   sequence_parallel, padded_vocab_size): the process groups
-   (initialize._initialize_distributed), the seeds (_set_random_seed), the
-   microbatch calculator (reconfigure_num_microbatches_calculator), the
-   model's TransformerConfig (core_transformer_config_from_args, of the
-   class the job's was) and the model and optimizer
-   (setup_model_and_optimizer, with nothing to load). The Job hands them
-   the moved buffers.
-4. The objects pretrain() holds stay the job's: the list of model chunks
+   scheduler's position carried) and hands the new objects the moved
+   buffers.
+5. The objects pretrain() holds stay the job's: the list of model chunks
    is refilled, the optimizer object becomes the new configuration's (its
    class and attributes are the new one's), the OptimizerParamScheduler is
    the same object pointed at it, and the data iterators (lists, one per
    model chunk, which Megatron's schedules take) are refilled with new ones
    built by Megatron at args.consumed_train_samples and
-   args.consumed_valid_samples for the new data-parallel rank and size.
-5. train() is called again from args.iteration, as after a checkpoint load:
+   args.consumed_valid_samples for the new data-parallel rank and size (of
+   the data sets made in 3 where Megatron asks for the same numbers of
+   samples).
+6. train() is called again from args.iteration, as after a checkpoint load:
    it takes the new configuration's schedule and model config, and the
-   loss accumulators of the log interval a switch splits carry on.
+   loss accumulators of the log interval a switch splits carry on. The
+   configuration before is collected (gc.collect: its objects are garbage
+   in cycles, holding no memory vps moved) at the end of the next
+   iteration, not in the pause.
+
+Under a fixed schedule, 2 and 3 are done ahead, while the job trains: as
+training starts and after each switch, for the next one (Switch.ready),
+the executor waiting for the request, mapping the job's buffers; the
+pause holds 4 and 5, the transfer and the hand-over (on this machine's
+CPUs a GPT job's pause went from 0.5-0.7 s to about 20 ms:
+docs/BENCHMARKS.md, megatron-pause). A switch asked for through the
+control file is known only at the boundary it is read at, and does 2 and
+3 in the pause. What a prepared configuration holds until its switch:
+its moved state's buffers (vps.megatron.Job.prepare), its process groups
+(cached) and its data sets.
 
 So logging, evaluation, and the next checkpoint (save_checkpoint) are the
 new configuration's. Four of megatron.training.training's functions are
@@ -694,6 +715,13 @@ class _Switching:
         datasets, self.datasets = self.datasets, {}
         if ahead is not None and (ahead.spec, ahead.k) == (spec, k):
             executor, sw.ready = ahead.executor, True
+            rc = executor.proc.poll()
+            if rc is not None:
+                # else the job would wait --vps-timeout for it
+                executor.stop()
+                self.job.discard()
+                raise Error(VPS_EPEER, "switch %d: vps-exec rank %d, started ahead, exited with status %d before "
+                            "the switch (%s)" % (k, self.rank, rc, executor.log.name))
         else:
             datasets = {}
             if ahead is not None:
