@@ -90,7 +90,9 @@ docs/BENCHMARKS.md, megatron-pause). A switch asked for through the
 control file is known only at the boundary it is read at, and does 2 and
 3 in the pause. What a prepared configuration holds until its switch:
 its moved state's buffers (vps.megatron.Job.prepare), its process groups
-(cached) and its data sets.
+(cached) and its data sets; a job without the memory for the next
+configuration's state beside its own while it trains (its activations and
+gradients too) passes --vps-build-in-pause, and only 2 is done ahead.
 
 So logging, evaluation, and the next checkpoint (save_checkpoint) are the
 new configuration's. Four of megatron.training.training's functions are
@@ -151,6 +153,10 @@ def add_arguments(parser):
                    help="switch to A after --vps-switch-every iterations, to B after twice as many, ... (colons "
                         "between a configuration's items: tp=4:pp=2)")
     g.add_argument("--vps-switch-every", type=int, default=0, metavar="K")
+    g.add_argument("--vps-build-in-pause", action="store_true",
+                   help="under --vps-switch-to, build each next configuration in the switch's pause, not while "
+                        "the job trains (its plan and vps-exec are still made ahead): the job then never holds "
+                        "two configurations' state while it trains")
     g.add_argument("--vps-dir", metavar="DIR",
                    help="each rank's plans, vps-exec logs and reports go to DIR/rank-R (default: a temporary "
                         "directory, removed when the job ends well)")
@@ -391,6 +397,9 @@ def check_arguments(args):
         raise Error(VPS_EINPUT, "--vps-switch-to needs --vps-switch-every K (K >= 1)")
     if args.vps_switch_every and not args.vps_switch_to:
         raise Error(VPS_EINPUT, "--vps-switch-every without --vps-switch-to")
+    if args.vps_build_in_pause and not args.vps_switch_to:
+        raise Error(VPS_EINPUT, "--vps-build-in-pause without --vps-switch-to (an asked switch is built in the "
+                    "pause)")
 
 
 def pretrain(*args, observer=None, **kwargs):
@@ -790,12 +799,13 @@ class _Switching:
             return
         k = len(self.switches) + 1
         executor = self._executor(Switch(k, nxt[1], self.spec, spec, self.lay, target))
-        try:
-            self.job.prepare(target, self.rank, self._build)
-            self.datasets = self._datasets(target, nxt[1])
-        except BaseException:
-            executor.stop()
-            raise
+        if not self.args.vps_build_in_pause:
+            try:
+                self.job.prepare(target, self.rank, self._build)
+                self.datasets = self._datasets(target, nxt[1])
+            except BaseException:
+                executor.stop()
+                raise
         self.ahead = _Ahead(spec, k, executor)
 
     def _datasets(self, target, iteration):

@@ -9,8 +9,9 @@
 # without Job.prepare (the next configuration built in the pause, as the
 # Job did before), for scale. Then Megatron-LM's own loop:
 # tests/megatron/check_pretrain.py --pauses, RUNS runs (a GPT job whose
-# fixed schedule's switches are made ready while it trains, a MoE job whose
-# asked-for switches are made in the pause). Prints the tables and the
+# fixed schedule's switches are made ready while it trains, the same with
+# --vps-build-in-pause, a MoE job whose asked-for switches are made in the
+# pause). Prints the tables and the
 # verdicts against the target (the pause at most 1.2x the slowest rank's
 # vps-exec transfer); --doc writes them into docs/BENCHMARKS.md (section
 # megatron-pause).
@@ -89,10 +90,11 @@ print()
 print("Megatron-LM's pretrain() (tests/megatron/check_pretrain.py, vps.megatron_training), per switch, the median "
       "over %d runs (ms): the pause from the last rank stopping to the last training again; in it Job.switch (its "
       "arrival, transfer and groups, build and attach as above), then the job's arguments and model config, and "
-      "the data iterators; ahead, what was made before the pause (the Job's prepare, not the plan and vps-exec); "
-      "after, the collection of the configuration before, at the end of the next iteration." % runs)
+      "the data iterators; built: the configuration's build ahead (while the job trained: Job.prepare, whose "
+      "time is *ahead*), or in the pause (--vps-build-in-pause, or a switch asked for through the control "
+      "file); after, the collection of the configuration before, at the end of the next iteration." % runs)
 print()
-print("| job | switch | made | pause | Job.switch | arrival | transfer | groups | build | attach | arguments | "
+print("| job | switch | built | pause | Job.switch | arrival | transfer | groups | build | attach | arguments | "
       "iterators | ahead | after | R per run | R |")
 print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
 ready_r, asked_r = [], []
@@ -101,17 +103,17 @@ for job in pretrain[0]:
         ps = [run[job][k] for run in pretrain]
         med = lambda part: statistics.median(p[part] for p in ps)  # noqa: E731
         r = [p["pause"] / p["transfer"] for p in ps]
-        (ready_r if first["ready"] else asked_r).extend(r)
+        (ready_r if first["ahead"] else asked_r).extend(r)
         ahead = [sum(p["ahead"].values()) for p in ps if p["ahead"]]
         print("| %s | %s -> %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.2f |" % (
-            job, first["from"], first["to"], "ahead" if first["ready"] else "in the pause", ms(med("pause")),
+            job, first["from"], first["to"], "ahead" if first["ahead"] else "in the pause", ms(med("pause")),
             ms(med("job")), ms(med("arrival")), ms(med("transfer")), ms(med("groups")), ms(med("build")),
             ms(med("attach")), ms(med("arguments")), ms(med("iterators")),
             ms(statistics.median(ahead)) if ahead else "-", ms(med("collect")), " ".join("%.2f" % x for x in r),
             statistics.median(r)))
 print()
-print("Target: the pause at most 1.2x the transfer. Verdict: %s: switches made ahead (a fixed schedule) R %.2f-%.2f "
-      "(median %.2f); switches asked for through the control file, made in the pause, R %.2f-%.2f."
+print("Target: the pause at most 1.2x the transfer. Verdict: %s: switches built ahead (a fixed schedule) R "
+      "%.2f-%.2f (median %.2f); built in the pause R %.2f-%.2f."
       % ("met" if max(ready_r + asked_r) <= 1.2 else "not met", min(ready_r), max(ready_r),
          statistics.median(ready_r), min(asked_r), max(asked_r)))
 PY

@@ -6,7 +6,8 @@ load_checkpoint) runs pretrain_gpt.py's job on the CPU, 4 forked ranks over
 gloo, on Megatron's mock GPT data, with the shims of mcore.py
 (install_pretrain_shims). For each job, a GPT (micro-gpt's shape: learned
 positions, LayerNorm, biases, tied embeddings) and a MoE (RMSNorm, SwiGLU,
-RoPE, GQA, 4 experts under EP):
+RoPE, GQA, 4 experts under EP), three runs (the GPT job again with
+--vps-build-in-pause, tp=2 -> dp=4 -> tp=2, the first alone):
 
 1. the switched run: vps.megatron_training.pretrain with --vps-switch-to
    B,A --vps-switch-every 3 goes A -> B after iteration 3 and B -> A after
@@ -34,7 +35,7 @@ the pause over the slowest rank's vps-exec pause, and the GPT job's
 switches (a fixed schedule) must have been made ready before the pause,
 nothing built in it, the MoE job's (asked for) not.
 
-    check_pretrain.py [-v] [-k gpt|moe] [--keep DIR] [--pauses FILE]
+    check_pretrain.py [-v] [-k gpt|gpt-in-pause|moe] [--keep DIR] [--pauses FILE]
 
 Prints a line per job (and per switch and step with -v); exit 1 naming
 what differs, 2 on bad arguments. --pauses FILE writes each switch's
@@ -84,16 +85,19 @@ COMMON = ("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 
           "--transformer-impl transformer_engine --seed 1234 --num-workers 0").split()
 # NullTokenizer's vocabulary is --vocab-size (its last token the end of document): 256, which TP 1 and 2 pad
 # alike, to nothing, so that no padding row, which a switch does not move, takes part in the loss
+GPT = "--ffn-hidden-size 256 --position-embedding-type learned_absolute".split()
 JOBS = {
-    "gpt": dict(args="--ffn-hidden-size 256 --position-embedding-type learned_absolute".split(),
-                a="tp=2", b="pp=2", ask="schedule"),
+    "gpt": dict(args=GPT, a="tp=2", b="pp=2,vpp=2", ask="schedule"),
+    # the same job, its next configurations built in the pause: the switched run alone
+    "gpt-in-pause": dict(args=GPT + ["--vps-build-in-pause"], a="tp=2", b="dp=4", ask="schedule",
+                         switched_only=True),
     "moe": dict(args=("--ffn-hidden-size 128 --normalization RMSNorm --swiglu --position-embedding-type rope "
                       "--no-rope-fusion --untie-embeddings-and-output-weights --disable-bias-linear "
                       "--group-query-attention --num-query-groups 2 --num-experts 4 --moe-ffn-hidden-size 128 "
                       "--moe-router-topk 2").split(),
                 a="ep=2", b="ep=4", ask="control"),
 }
-FLAGS = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
+FLAGS = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size", "vpp": "--num-virtual-stages-per-pipeline-rank",
          "ep": "--expert-model-parallel-size", "etp": "--expert-tensor-parallel-size"}
 
 
@@ -303,18 +307,27 @@ def check(name, job, args, tmp, registry):
         for k, it, src, dst, n, elems, pause, ready in switches:
             print("%s: switch %d after iteration %d: %s -> %s: %d tensors, %d elements, equal bit for bit "
                   "(%.2f s%s)" % (name, k, it, src, dst, n, elems, pause, ", its vps-exec made ahead" if ready else ""))
-    # a fixed schedule's switches are known ahead: their plans, executors and configurations are made while the
-    # job trains, and nothing is built in the pause
+    # a fixed schedule's switches are known ahead: their plans and executors are made while the job trains, and
+    # their configurations too (nothing built in the pause) unless --vps-build-in-pause
     ahead = job["ask"] == "schedule"
+    built_ahead = ahead and "--vps-build-in-pause" not in job["args"]
     pauses = [pause_parts([r["clocks"][k] for r in res]) for k in range(len(switches))]
-    late = [sw[0] for sw, p in zip(switches, pauses) if sw[7] != ahead or (p["ahead"] is not None) != ahead
-            or (p["build"] == 0) != ahead]
+    late = [sw[0] for sw, p in zip(switches, pauses) if sw[7] != ahead or (p["ahead"] is not None) != built_ahead
+            or (p["build"] == 0) != built_ahead]
     if late:
-        sys.exit("check_pretrain.py: %s: switch %s: its vps-exec and configuration were %s the pause" % (
-            name, ", ".join(map(str, late)), "made in" if ahead else "made before"))
+        sys.exit("check_pretrain.py: %s: switch %s: its vps-exec %s and its configuration %s the pause, not as "
+                 "asked" % (name, ", ".join(map(str, late)), "before" if switches[0][7] else "in",
+                            "before" if pauses[0]["ahead"] else "in"))
     if args.verbose:
         for sw, p in zip(switches, pauses):
             print("%s: switch %d: pause %s" % (name, sw[0], describe(p)))
+    worst_pause = max(p["pause"] / p["transfer"] for p in pauses)
+    out = [dict(p, ready=sw[7], **{"from": sw[2], "to": sw[3]}) for sw, p in zip(switches, pauses)]
+    if job.get("switched_only"):
+        print("%s on %d ranks, Megatron-LM's pretrain() %s: %s -> %s -> %s through vps-exec, the whole state "
+              "equal bit for bit across each switch (%.0f s); pause at most %.2f x the transfer"
+              % (name, WORLD, " ".join(job["args"][len(GPT):]), a, b, a, time.monotonic() - t0, worst_pause))
+        return out
     from megatron.core import dist_checkpointing
     saved = dist_checkpointing.load_common_state_dict(os.path.join(ckpt, "iter_%07d" % SAVE_AT))["args"]
     want = {k: int(v) for k, v in (i.split("=") for i in b.split(","))}
@@ -362,9 +375,8 @@ def check(name, job, args, tmp, registry):
           "for bit across each switch; loss within %g of the static run's (largest %.1e, iteration %d); "
           "Megatron's checkpoint saved in %s loads in a fresh %s job to the same state and loss (%.0f s); "
           "pause at most %.2f x the transfer"
-          % (name, WORLD, a, b, a, MAX_REL, worst, worst_at, b, b, time.monotonic() - t0,
-             max(p["pause"] / p["transfer"] for p in pauses)))
-    return [dict(p, ready=sw[7], **{"from": sw[2], "to": sw[3]}) for sw, p in zip(switches, pauses)]
+          % (name, WORLD, a, b, a, MAX_REL, worst, worst_at, b, b, time.monotonic() - t0, worst_pause))
+    return out
 
 
 def pause_parts(per_rank):

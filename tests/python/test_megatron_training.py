@@ -150,13 +150,15 @@ class Asking(unittest.TestCase):
 
     def test_arguments(self):
         def vps_args(**kw):
-            a = dict(vps_control=None, vps_switch_to=None, vps_switch_every=0)
+            a = dict(vps_control=None, vps_switch_to=None, vps_switch_every=0, vps_build_in_pause=False)
             a.update(kw)
             return argparse.Namespace(**a)
         mt.check_arguments(vps_args())
         mt.check_arguments(vps_args(vps_control="c"))
         mt.check_arguments(vps_args(vps_switch_to="pp=2", vps_switch_every=3))
+        mt.check_arguments(vps_args(vps_switch_to="pp=2", vps_switch_every=3, vps_build_in_pause=True))
         for kw, why in ((dict(vps_control="c", vps_switch_to="pp=2", vps_switch_every=3), "not both"),
+                        (dict(vps_control="c", vps_build_in_pause=True), "an asked switch is built in the pause"),
                         (dict(vps_switch_to="pp=2"), "needs --vps-switch-every"),
                         (dict(vps_switch_every=3), "without --vps-switch-to")):
             with self.assertRaises(vps.Error) as e:
