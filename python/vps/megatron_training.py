@@ -129,6 +129,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from . import megatron as _vps_megatron
@@ -431,19 +432,46 @@ def _become(obj, new):
 
 
 class _Executor:
-    """A rank's vps-exec for a switch, its log and its report."""
+    """A rank's vps-exec for a switch: a thread of its own runs the tools
+    that make the rank's part of the plan (`tools`, one after the other)
+    and then starts vps-exec (`argv`), while the job builds the
+    configuration (the tools run in processes of their own, the thread
+    waits without the GIL); started() waits for it and raises what it
+    raised. Its log and report are files in the rank's directory."""
 
-    def __init__(self, proc, log, report, rank):
-        self.proc, self.log, self.report, self.rank = proc, log, report, rank
+    def __init__(self, tools, argv, env, log, report, rank):
+        self.proc, self.error, self.stopped = None, None, False
+        self.log, self.report, self.rank = open(log, "w"), report, rank
+        self.thread = threading.Thread(target=self._start, args=(tools, argv, env), name="vps-exec rank %d" % rank,
+                                       daemon=True)
+        self.thread.start()
+
+    def _start(self, tools, argv, env):
+        try:
+            for cmd in tools:
+                _run(cmd)
+            if not self.stopped:
+                self.proc = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        except BaseException as e:  # raised by started(), in the job's thread
+            self.error = e
+
+    def started(self):
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
 
     def stop(self):
         """For a switch that does not come, or fails."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        self.proc.wait()
+        self.stopped = True
+        self.thread.join()
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.terminate()
+            self.proc.wait()
         self.log.close()
 
     def wait(self, k, timeout):
+        self.started()
         rc = self.proc.wait(timeout=timeout)
         self.log.close()
         if rc:
@@ -737,12 +765,18 @@ class _Switching:
                 ahead.stop()
                 self.job.discard()
             executor = self._executor(sw)
+
+        def build(lay):
+            # vps-exec's tools ran beside it
+            made = self._build(lay)
+            executor.started()
+            return made
         training = Training(step=self.job.step, consumed_samples=args.consumed_train_samples,
                             scheduler_step=self.scheduler.num_steps, global_batch=args.global_batch_size,
                             micro_batch=args.micro_batch_size)
         try:
             # what Job.prepare made ahead, or built now when nothing was
-            model, optimizer, carried = self.job.switch(target, self.rank, training, self._build,
+            model, optimizer, carried = self.job.switch(target, self.rank, training, build,
                                                         timeout=args.vps_timeout)
         except BaseException:
             executor.stop()
@@ -799,13 +833,16 @@ class _Switching:
             return
         k = len(self.switches) + 1
         executor = self._executor(Switch(k, nxt[1], self.spec, spec, self.lay, target))
-        if not self.args.vps_build_in_pause:
-            try:
+        try:
+            if not self.args.vps_build_in_pause:
                 self.job.prepare(target, self.rank, self._build)
                 self.datasets = self._datasets(target, nxt[1])
-            except BaseException:
-                executor.stop()
-                raise
+            executor.started()
+        except BaseException:
+            executor.stop()
+            self.job.discard()
+            self.datasets = {}
+            raise
         self.ahead = _Ahead(spec, k, executor)
 
     def _datasets(self, target, iteration):
@@ -835,20 +872,12 @@ class _Switching:
         return made
 
     def _executor(self, sw):
-        """This rank's part of the switch's plan, and its vps-exec, started."""
+        """This rank's part of the switch's plan, and its vps-exec, started
+        by a thread (_Executor) once rank 0 has picked the executors'
+        port."""
         import torch.distributed as dist
         args = self.args
         d = self.dir
-        paths = []
-        for name, spec in (("c%d.layout" % (sw.k - 1), sw.source), ("c%d.layout" % sw.k, sw.target)):
-            path = os.path.join(d, name)
-            _run([_tool("vps-layout"), "-q", "--model", self.model_path, "--parallel", spec, "--gpus-per-node",
-                  str(self.gpus_per_node), "-o", path])
-            paths.append(path)
-        plan, staged = (os.path.join(d, "switch%d.%s" % (sw.k, x)) for x in ("plan", "staged"))
-        _run([_tool("vps-plan"), "-q", "--rank", str(self.rank), paths[0], paths[1], "--global-batch",
-              str(args.global_batch_size), "--micro-batch", str(args.micro_batch_size), "-o", plan])
-        _run([_tool("vps-stage"), "-q", "--budget", args.vps_budget, plan, "-o", staged])
         where = [None]
         if self.rank == 0:
             with socket.socket() as s:
@@ -856,15 +885,21 @@ class _Switching:
                 host = os.environ.get("MASTER_ADDR", "127.0.0.1")
                 where[0] = "%s:%d" % (socket.gethostbyname(host), s.getsockname()[1])
         dist.broadcast_object_list(where, src=0)
-        log = open(os.path.join(d, "exec%d.log" % sw.k), "w")
+        tools, paths = [], []
+        for name, spec in (("c%d.layout" % (sw.k - 1), sw.source), ("c%d.layout" % sw.k, sw.target)):
+            paths.append(os.path.join(d, name))
+            tools.append([_tool("vps-layout"), "-q", "--model", self.model_path, "--parallel", spec,
+                          "--gpus-per-node", str(self.gpus_per_node), "-o", paths[-1]])
+        plan, staged = (os.path.join(d, "switch%d.%s" % (sw.k, x)) for x in ("plan", "staged"))
+        tools.append([_tool("vps-plan"), "-q", "--rank", str(self.rank), paths[0], paths[1], "--global-batch",
+                      str(args.global_batch_size), "--micro-batch", str(args.micro_batch_size), "-o", plan])
+        tools.append([_tool("vps-stage"), "-q", "--budget", args.vps_budget, plan, "-o", staged])
         report = os.path.join(d, "report%d.yaml" % sw.k)
-        env = dict(os.environ, VPS_TOKEN=self.token)
-        p = subprocess.Popen(
-            [_tool("vps-exec"), "--registry", self.reg.name, "--rank", str(self.rank), "--world", str(self.world),
-             "--master", where[0], "--transport", args.vps_transport, "--wait", "--check", "--timeout",
-             str(int(args.vps_timeout)), "--report", report, staged],
-            env=env, stdout=log, stderr=subprocess.STDOUT)
-        return _Executor(p, log, report, self.rank)
+        argv = [_tool("vps-exec"), "--registry", self.reg.name, "--rank", str(self.rank), "--world",
+                str(self.world), "--master", where[0], "--transport", args.vps_transport, "--wait", "--check",
+                "--timeout", str(int(args.vps_timeout)), "--report", report, staged]
+        return _Executor(tools, argv, dict(os.environ, VPS_TOKEN=self.token), os.path.join(d, "exec%d.log" % sw.k),
+                         report, self.rank)
 
     def _build(self, lay):
         """Megatron's model and optimizer for `lay`, made by Megatron's own
