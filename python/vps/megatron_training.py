@@ -367,8 +367,9 @@ class Switch:
     which it happened, the configurations (vps specs) before and after,
     the Layouts, the seconds training stood still (pause), the
     vps.Training vps-exec carried, whether it was made ready before the
-    pause (ready: a fixed schedule's switch; its plan and vps-exec made,
-    and its configuration built by Job.prepare), and on each rank what the
+    pause (ready: a fixed schedule's switch, its plan and vps-exec made, and
+    its configuration built by Job.prepare unless --vps-build-in-pause;
+    clocks["ahead"] says which), and on each rank what the
     pause held: clocks, vps.megatron.Job.clocks with `began` and `ended`
     (time.time() of the pause's ends), `arguments` (the job's arguments,
     model config and microbatch calculator made the new configuration's),
