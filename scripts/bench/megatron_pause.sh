@@ -42,6 +42,18 @@ t, runs, stamp = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 every = [json.load(open("%s/run%d.json" % (t, r + 1))) for r in range(runs)]
 unprepared = json.load(open("%s/unprepared.json" % t))
 ms = lambda x: "%.1f" % (x * 1e3)  # noqa: E731
+
+
+def per_switch(runs):
+    """Each switch of the runs' jobs: the job, the first run's switch, every
+    run's, the median over the runs of one of its parts, and each run's R."""
+    for job in runs[0]:
+        for k, first in enumerate(runs[0][job]):
+            ps = [run[job][k] for run in runs]
+            yield job, first, ps, lambda part, ps=ps: statistics.median(p[part] for p in ps), \
+                [p["pause"] / p["transfer"] for p in ps]
+
+
 print(stamp)
 print()
 print("Per switch, the median over %d runs (ms); R is the pause over the transfer, each run's, then the median."
@@ -50,17 +62,13 @@ print()
 print("| job | switch | pause | arrival | transfer (stages) | wake | registry | groups | build | attach | R per run | R |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
 ratios, own = [], []
-for job in every[0]:
-    for k, first in enumerate(every[0][job]):
-        ps = [run[job][k] for run in every]
-        med = lambda part: statistics.median(p[part] for p in ps)  # noqa: E731
-        r = [p["pause"] / p["transfer"] for p in ps]
-        ratios += r
-        own += [p["groups"] + p["build"] + p["attach"] + p["registry"] for p in ps]
-        print("| %s | %s -> %s | %s | %s | %s (%s) | %s | %s | %s | %s | %s | %s | %.2f |" % (
-            job, first["from"], first["to"], ms(med("pause")), ms(med("arrival")), ms(med("transfer")),
-            ms(med("stages")), ms(med("wake")), ms(med("registry")), ms(med("groups")), ms(med("build")),
-            ms(med("attach")), " ".join("%.2f" % x for x in r), statistics.median(r)))
+for job, first, ps, med, r in per_switch(every):
+    ratios += r
+    own += [p["groups"] + p["build"] + p["attach"] + p["registry"] for p in ps]
+    print("| %s | %s -> %s | %s | %s | %s (%s) | %s | %s | %s | %s | %s | %s | %.2f |" % (
+        job, first["from"], first["to"], ms(med("pause")), ms(med("arrival")), ms(med("transfer")),
+        ms(med("stages")), ms(med("wake")), ms(med("registry")), ms(med("groups")), ms(med("build")),
+        ms(med("attach")), " ".join("%.2f" % x for x in r), statistics.median(r)))
 ahead = [p["ahead"] for run in every for job in run for p in run[job] if p["ahead"]]
 print()
 print("Before the pause, in Job.prepare (the slowest rank's, median over every switch, ms): the next State "
@@ -98,19 +106,15 @@ print("| job | switch | built | pause | Job.switch | arrival | transfer | groups
       "iterators | ahead | after | R per run | R |")
 print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
 ready_r, asked_r = [], []
-for job in pretrain[0]:
-    for k, first in enumerate(pretrain[0][job]):
-        ps = [run[job][k] for run in pretrain]
-        med = lambda part: statistics.median(p[part] for p in ps)  # noqa: E731
-        r = [p["pause"] / p["transfer"] for p in ps]
-        (ready_r if first["ahead"] else asked_r).extend(r)
-        ahead = [sum(p["ahead"].values()) for p in ps if p["ahead"]]
-        print("| %s | %s -> %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.2f |" % (
-            job, first["from"], first["to"], "ahead" if first["ahead"] else "in the pause", ms(med("pause")),
-            ms(med("job")), ms(med("arrival")), ms(med("transfer")), ms(med("groups")), ms(med("build")),
-            ms(med("attach")), ms(med("arguments")), ms(med("iterators")),
-            ms(statistics.median(ahead)) if ahead else "-", ms(med("collect")), " ".join("%.2f" % x for x in r),
-            statistics.median(r)))
+for job, first, ps, med, r in per_switch(pretrain):
+    (ready_r if first["ahead"] else asked_r).extend(r)
+    ahead = [sum(p["ahead"].values()) for p in ps if p["ahead"]]
+    print("| %s | %s -> %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.2f |" % (
+        job, first["from"], first["to"], "ahead" if first["ahead"] else "in the pause", ms(med("pause")),
+        ms(med("job")), ms(med("arrival")), ms(med("transfer")), ms(med("groups")), ms(med("build")),
+        ms(med("attach")), ms(med("arguments")), ms(med("iterators")),
+        ms(statistics.median(ahead)) if ahead else "-", ms(med("collect")), " ".join("%.2f" % x for x in r),
+        statistics.median(r)))
 print()
 print("Target: the pause at most 1.2x the transfer. Verdict: %s: switches built ahead (a fixed schedule) R "
       "%.2f-%.2f (median %.2f); built in the pause R %.2f-%.2f."
