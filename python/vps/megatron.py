@@ -49,7 +49,9 @@ and their tensors are pointed into the buffers the switch will fill. The
 switch then moves the state, installs the next configuration's groups and
 random-number states, gives Adam its step and the gradient buffers their
 memory, and returns build's objects. Job.switch without a prepare does it
-all in the pause (build given).
+all in the pause (build given). What else the next configuration needs
+made with its groups before the switch (vps.megatron_training makes its
+data sets) is made in a Job.prepared_groups() block.
 
 Process groups (initialize_groups): Megatron keeps its groups in module
 globals of megatron.core.parallel_state, which every constructor and every
