@@ -1,12 +1,14 @@
 """vps.megatron_training's parts that need no running job: the configurations
 a job is asked for, completed with its own items; the vps model made from
 Megatron's arguments, against the model file of the same shape; what asks
-for a switch (the control file and its SIGUSR1, the fixed schedule); and
-the jobs it refuses. tests/megatron/check_pretrain.py runs the whole.
+for a switch (the control file and its SIGUSR1, the fixed schedule); the
+thread that makes a switch's plan and starts its vps-exec; and the jobs it
+refuses. tests/megatron/check_pretrain.py runs the whole.
 
     build/venv/bin/python -m unittest discover -s tests/python"""
 import argparse
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -172,6 +174,45 @@ class Asking(unittest.TestCase):
         # what the job makes ready ahead: from the start, and after each switch, the next one
         self.assertEqual([s.upcoming(i) for i in (0, 2, 3, 5, 6, 9)],
                          [("pp=2", 3), ("pp=2", 3), ("tp=2", 6), ("tp=2", 6), None, None])
+
+
+class Executors(unittest.TestCase):
+    """A switch's tools and vps-exec, started by a thread beside the job's
+    build (here: commands that stand in for them)."""
+
+    def executor(self, tools, argv):
+        d = tempfile.mkdtemp(prefix="vps-test-exec-")
+        self.addCleanup(shutil.rmtree, d, True)
+        return mt._Executor(tools, argv, dict(os.environ), os.path.join(d, "exec1.log"), os.path.join(d, "r"), 3)
+
+    def test_a_tool_that_fails_is_raised_and_nothing_started(self):
+        ex = self.executor([[sys.executable, "-c", "pass"], [sys.executable, "-c", "import sys; "
+                                                              "sys.exit('vps-plan: a.layout: bad')"]], ["true"])
+        with self.assertRaises(vps.Error) as e:
+            ex.started()
+        self.assertEqual(e.exception.code, 1)
+        self.assertIn("vps-plan: a.layout: bad", str(e.exception))
+        self.assertIsNone(ex.proc)
+        ex.stop()
+
+    def test_its_exit_status(self):
+        ex = self.executor([], [sys.executable, "-c", "import sys; print('said'); sys.exit(3)"])
+        ex.started()
+        with self.assertRaises(vps.Error) as e:
+            ex.wait(2, 30)
+        self.assertEqual(e.exception.code, 9)
+        self.assertIn("switch 2: vps-exec rank 3 exited with status 3", str(e.exception))
+        with open(ex.log.name) as f:
+            self.assertEqual(f.read(), "said\n")
+        ok = self.executor([], ["true"])
+        ok.wait(1, 30)
+
+    def test_stopped_for_a_switch_that_does_not_come(self):
+        ex = self.executor([], [sys.executable, "-c", "import time; time.sleep(60)"])
+        ex.started()
+        ex.stop()
+        self.assertIsNotNone(ex.proc.poll())
+        self.assertTrue(ex.log.closed)
 
 
 class Refusals(unittest.TestCase):
