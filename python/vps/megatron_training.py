@@ -84,9 +84,8 @@ checkpoint (Megatron's checkpoint_and_decide_exit):
 Under a fixed schedule, 2 and 3 are done ahead, while the job trains: as
 training starts and after each switch, for the next one (Switch.ready),
 the executor waiting for the request, mapping the job's buffers; the
-pause holds 4 and 5, the transfer and the hand-over (on this machine's
-CPUs a GPT job's pause went from 0.5-0.7 s to about 20 ms:
-docs/BENCHMARKS.md, megatron-pause). A switch asked for through the
+pause holds 4 and 5, the transfer and the hand-over (docs/BENCHMARKS.md,
+megatron-pause, measures both ways). A switch asked for through the
 control file is known only at the boundary it is read at, and does 2 and
 3 in the pause. What a prepared configuration holds until its switch:
 its moved state's buffers (vps.megatron.Job.prepare), its process groups
