@@ -60,7 +60,8 @@ checkpoint (Megatron's checkpoint_and_decide_exit):
    calculator, seeds and process groups are the running configuration's
    again, and what the build made of them is put in place at the switch.
    The provider's data sets for the new configuration are made too, with
-   its groups (Job.prepared_groups).
+   its groups (Job.prepared_groups), and ahead of a scheduled switch
+   Megatron's data iterators of them (see below).
 4. vps.megatron.Job.switch moves the state (bf16 parameters, fp32 main
    parameters, Adam's moments; Adam's step, the consumed samples and the
    scheduler's position carried) and hands the new objects the moved
@@ -73,7 +74,7 @@ checkpoint (Megatron's checkpoint_and_decide_exit):
    built by Megatron at args.consumed_train_samples and
    args.consumed_valid_samples for the new data-parallel rank and size (of
    the data sets made in 3 where Megatron asks for the same numbers of
-   samples).
+   samples), or with those made ahead.
 6. train() is called again from args.iteration, as after a checkpoint load:
    it takes the new configuration's schedule and model config, and the
    loss accumulators of the log interval a switch splits carry on. The
@@ -81,17 +82,31 @@ checkpoint (Megatron's checkpoint_and_decide_exit):
    in cycles, holding no memory vps moved) at the end of the next
    iteration, not in the pause.
 
-Under a fixed schedule, 2 and 3 are done ahead, while the job trains: as
-training starts and after each switch, for the next one (Switch.ready),
-the executor waiting for the request, mapping the job's buffers; the
+Under a fixed schedule, 2 and 3 are done ahead, before the switch is due:
+between two iterations, as training starts and right after each switch,
+for the next one (Switch.ready), the executor then waiting for the
+request in a process of its own, mapping the job's buffers while the job
+trains on. The build is the training thread's: Megatron's builders swap
+parallel_state's globals, which an iteration reads, and hold Python's
+GIL, so it cannot run beside an iteration; the job stands still for it
+between the two iterations (Switch.clocks's `ahead` and `data_ahead`),
+not in the pause. With 3 come the data iterators of 5, at the samples the job will have consumed at
+the switch: the training's by the global batch, the validation's by the
+evaluations Megatron's train() makes at --eval-interval; where the job
+consumed other numbers (a batch-size ramp, a validation Megatron cut
+short), the switch makes them again of the data sets made ahead. The
 pause holds 4 and 5, the transfer and the hand-over (docs/BENCHMARKS.md,
 megatron-pause, measures both ways). A switch asked for through the
 control file is known only at the boundary it is read at, and does 2 and
 3 in the pause. What a prepared configuration holds until its switch:
 its moved state's buffers (vps.megatron.Job.prepare), its process groups
-(cached) and its data sets; a job without the memory for the next
+(cached), its data sets and its data loaders (with --num-workers, their
+worker processes); a job without the memory for the next
 configuration's state beside its own while it trains (its activations and
 gradients too) passes --vps-build-in-pause, and only 2 is done ahead.
+vps-exec's exit after the switch (its mappings let go, its report
+written: the switch was done when Job.switch returned) is waited for at
+the next boundary, not in the pause.
 
 So logging, evaluation, and the next checkpoint (save_checkpoint) are the
 new configuration's. Four of megatron.training.training's functions are
@@ -372,7 +387,9 @@ class Switch:
     pause held: clocks, vps.megatron.Job.clocks with `began` and `ended`
     (time.time() of the pause's ends), `arguments` (the job's arguments,
     model config and microbatch calculator made the new configuration's),
-    `iterators` (the data iterators rebuilt), and `collect`, the
+    `iterators` (the data iterators put in place, or made), `data_ahead`
+    (where the data iterators were made ahead: the seconds that took,
+    data sets included), and `collect`, the
     collection of the configuration before after the first iteration
     that follows (not in the pause); report, the path of this rank's
     vps-exec report (vps-exec(1) --report)."""
@@ -491,6 +508,22 @@ class _Ahead:
         self.executor.stop()
 
 
+class _Data:
+    """The next switch's data, made ahead (_data_ahead): the provider's data
+    sets ({(vp_stage, numbers of samples): data sets}), Megatron's iterators
+    of them at the consumed (training, validation) samples foreseen, the
+    loaders' do_train, do_valid and do_test, and the seconds it took."""
+
+    def __init__(self, consumed):
+        self.consumed, self.datasets = consumed, {}
+        self.iterators, self.flags, self.seconds = None, None, None
+
+    def fits(self, args):
+        """Whether the job consumed what was foreseen."""
+        return self.iterators is not None and self.consumed == (args.consumed_train_samples,
+                                                               args.consumed_valid_samples)
+
+
 class _Built:
     """What _build made of the job's arguments for a configuration (by its
     layout's hash), of the model config (cfg_container's model and ddp) and
@@ -539,8 +572,11 @@ class _Switching:
         self.switches, self.pending = [], None
         self.ahead = None  # the next switch, made ready while the job trains (_ahead)
         self.built = None  # what the last build changed in the job's arguments (_build)
-        self.datasets = {}  # the next switch's data sets, made ahead (_datasets)
-        self.garbage = None  # the last switch, when the configuration before it is still to be collected
+        self.data = None  # the next switch's data sets and iterators, made ahead (_data_ahead)
+        # the last switch and the data iterators it dropped, when the configuration before it is still to be
+        # collected
+        self.garbage = None
+        self.exiting = None  # the last switch and its vps-exec, when it is still to exit (_exited)
         self.ckpt_ctx = None
         self.train_iters = None
         self.carry_log = None
@@ -620,10 +656,13 @@ class _Switching:
         two iterations: tell the observer, and ask whether to switch."""
         if self.garbage is not None:
             # the configuration before the last switch is garbage in cycles (its chunks, their DDP hooks, their
-            # config) holding no memory vps moved: collected here, out of the pause, as --manual-gc collects
+            # config) holding no memory vps moved: collected here, out of the pause, as --manual-gc collects;
+            # its data iterators, dropped here, are freed at once
             t = time.monotonic()
+            sw, self.garbage = self.garbage[0], None
             gc.collect()
-            self.garbage.clocks["collect"], self.garbage = time.monotonic() - t, None
+            sw.clocks["collect"] = time.monotonic() - t
+        self._exited()
         if self.orig["checkpoint_and_decide_exit"](model, optimizer, opt_param_scheduler, iteration, *rest):
             return True
         self._tell("after_iteration", iteration, model, optimizer)
@@ -725,6 +764,11 @@ class _Switching:
                  % (self.spec, self.world, args.vps_model or "made from the job's arguments", base))
 
     def close(self):
+        try:
+            self._exited()
+        except Error as e:
+            # pretrain() ends on an error of its own
+            _say("vps: %s" % e)
         if self.ahead is not None:
             self.ahead.stop()
             self.ahead = None
@@ -749,7 +793,7 @@ class _Switching:
         self._tell("before_switch", sw, self.model, self.optimizer)
         t0, began = time.monotonic(), time.time()
         ahead, self.ahead = self.ahead, None
-        datasets, self.datasets = self.datasets, {}
+        data, self.data = self.data, None
         if ahead is not None and (ahead.spec, ahead.k) == (spec, k):
             executor, sw.ready = ahead.executor, True
             rc = executor.proc.poll()
@@ -760,7 +804,7 @@ class _Switching:
                 raise Error(VPS_EPEER, "switch %d: vps-exec rank %d, started ahead, exited with status %d before "
                             "the switch (%s)" % (k, self.rank, rc, executor.log.name))
         else:
-            datasets = {}
+            data = None
             if ahead is not None:
                 ahead.stop()
                 self.job.discard()
@@ -796,10 +840,17 @@ class _Switching:
         self.scheduler.step(increment=0)
         clocks["arguments"] = time.monotonic() - t
         t = time.monotonic()
-        self._new_iterators(datasets)
+        if data is not None and data.fits(args):
+            for flag, ahead_value in zip(("do_train", "do_valid", "do_test"), data.flags):
+                setattr(args, flag, getattr(args, flag, False) or ahead_value)
+            new = data.iterators
+            clocks["data_ahead"] = data.seconds
+        else:
+            new = self._made_iterators(data.datasets if data is not None else {},
+                                       args.virtual_pipeline_model_parallel_size)
+        dropped = self._install_iterators(new)
         clocks["iterators"] = time.monotonic() - t
-        self.garbage = sw
-        executor.wait(k, args.vps_timeout)
+        self.garbage, self.exiting = (sw, dropped), (sw, executor)
         self.spec, self.lay = spec, target
         sw.pause, sw.carried = time.monotonic() - t0, carried
         clocks.update(began=began, ended=time.time())
@@ -811,6 +862,20 @@ class _Switching:
                                                          "before the pause" if sw.ready else "in it"))
         self._tell("after_switch", sw, self.model, self.optimizer)
 
+    def _exited(self):
+        """The last switch's vps-exec exited, with status 0. The switch was
+        done when Job.switch returned (with --check, the digests matched);
+        what vps-exec does after it (letting go of its mappings, writing
+        its report) is not the pause's, and the job trains meanwhile: its
+        exit is waited for at the next boundary (Switch.clocks["exit"]),
+        before another vps-exec is started."""
+        if self.exiting is None:
+            return
+        (sw, executor), self.exiting = self.exiting, None
+        t = time.monotonic()
+        executor.wait(sw.k, self.args.vps_timeout)
+        sw.clocks["exit"] = time.monotonic() - t
+
     def _ahead(self, iteration):
         """A fixed schedule's next switch made ready while the job trains:
         this rank's part of its plan, staged, and its vps-exec started,
@@ -821,6 +886,7 @@ class _Switching:
         the same point (rank 0 picks the executors' port; groups are made
         by all ranks together); a configuration that the switch will refuse
         is left to it."""
+        self._exited()
         if self.ahead is not None or not isinstance(self.asks, Schedule):
             return
         nxt = self.asks.upcoming(iteration)
@@ -836,40 +902,50 @@ class _Switching:
         try:
             if not self.args.vps_build_in_pause:
                 self.job.prepare(target, self.rank, self._build)
-                self.datasets = self._datasets(target, nxt[1])
+                self.data = self._data_ahead(target, iteration, nxt[1])
             executor.started()
         except BaseException:
             executor.stop()
             self.job.discard()
-            self.datasets = {}
+            self.data = None
             raise
         self.ahead = _Ahead(spec, k, executor)
 
-    def _datasets(self, target, iteration):
-        """The data sets the provider makes for the prepared configuration
-        `target` (pretrain_gpt.py's index the largest part of the switch's
-        pause when made in it), made now with its process groups and
-        arguments, as Megatron would after iteration `iteration` (the
-        switch's): {vp_stage: (the numbers of samples asked for, the
-        provider's data sets)}. Megatron's loaders take them at the switch
-        where they ask for the same numbers (_new_iterators); the samplers,
-        which need the consumed samples, are made there."""
-        from megatron.core import parallel_state
+    def _data_ahead(self, target, now, at):
+        """The data sets and iterators of the prepared configuration
+        `target` for its switch after iteration `at` (pretrain_gpt.py's
+        index was the largest part of the pause when made in it; Megatron's
+        loaders' agreement on what to train, valid and test, a broadcast over
+        the world, the largest once the rest was ahead), made now, at
+        iteration `now`, by Megatron with target's process groups and
+        arguments at the samples the job will have consumed by then: the
+        training's by the global batch (a batch-size ramp's differ), the
+        validation's by the evaluations Megatron's train() makes at its
+        eval interval. The switch takes the iterators where the job consumed
+        what was foreseen (_Data.fits), else makes them again of these
+        data sets."""
         from megatron.training import get_args
-        from megatron.training import training as T
-        provider = self.p["train_valid_test_dataset_provider"]
-        args = get_args()
-        made = {}
-        with self.job.prepared_groups(), self._as_built(target, iteration=iteration):
-            # build_train_valid_test_data_loaders' choice of the ranks that call the provider
-            if not (getattr(provider, "is_distributed", False)
-                    or parallel_state.get_tensor_model_parallel_rank() == 0):
-                return made
-            vpp = args.virtual_pipeline_model_parallel_size
-            for vp_stage in range(vpp) if vpp is not None else (None,):
-                nums = tuple(T.get_train_valid_test_num_samples())
-                made[vp_stage] = (nums, provider(nums) if vp_stage is None else provider(nums, vp_stage=vp_stage))
-        return made
+        args = self.args
+        t = time.monotonic()
+        data = _Data((args.consumed_train_samples + (at - now) * args.global_batch_size,
+                      args.consumed_valid_samples + self._evaluated(now, at)))
+        with self.job.prepared_groups(), self._as_built(target, iteration=at, consumed_train_samples=data.consumed[0],
+                                                        consumed_valid_samples=data.consumed[1]):
+            built = get_args()
+            data.iterators = self._made_iterators(data.datasets, built.virtual_pipeline_model_parallel_size)
+            data.flags = tuple(bool(getattr(built, flag, False)) for flag in ("do_train", "do_valid", "do_test"))
+        data.seconds = time.monotonic() - t
+        return data
+
+    def _evaluated(self, now, at):
+        """The validation samples train()'s evaluations after iterations
+        now + 1 to at consume (Megatron's train() and evaluate())."""
+        args = self.args
+        if not (args.eval_interval and getattr(args, "do_valid", False)) or args.full_validation:
+            return 0
+        start = args.start_eval_at_iter or 0
+        evaluations = sum(1 for it in range(now + 1, at + 1) if it % args.eval_interval == 0 and it >= start)
+        return evaluations * args.eval_iters * args.eval_global_batch_size
 
     def _executor(self, sw):
         """This rank's part of the switch's plan, and its vps-exec, started
@@ -1082,37 +1158,48 @@ class _Switching:
             changes["vocab_size"] = args.padded_vocab_size
         cfg.model = dataclasses.replace(mc, **changes)
 
-    def _new_iterators(self, ahead):
-        """Megatron's data iterators for the new configuration, at the job's
-        consumed samples, into the lists pretrain() holds; of the data sets
-        made ahead (_datasets) where Megatron asks for the same numbers of
-        samples."""
-        args = self.args
+    def _made_iterators(self, datasets, vpp):
+        """Megatron's data iterators (train, valid, test: a list each, an
+        item per model chunk) for the configuration the job's arguments and
+        process groups are now, at its consumed samples; of the data sets
+        in `datasets` ({(vp_stage, numbers of samples): data sets}) where
+        Megatron asks for the same numbers, the others made by the provider
+        and kept there."""
         provider = self.p["train_valid_test_dataset_provider"]
         build = self.orig["build_train_valid_test_data_iterators"]
 
-        def datasets(vp_stage):
+        def source(vp_stage):
             part = provider if vp_stage is None else functools.partial(provider, vp_stage=vp_stage)
 
             def made(nums):
-                have = ahead.pop(vp_stage, None)
-                return have[1] if have is not None and have[0] == tuple(nums) else part(nums)
+                key = (vp_stage, tuple(nums))
+                if key not in datasets:
+                    datasets[key] = part(nums)
+                return datasets[key]
             if getattr(provider, "is_distributed", False):
                 made.is_distributed = True
             return made
-        if args.virtual_pipeline_model_parallel_size is not None:
-            made = [build(datasets(vp_stage)) for vp_stage in range(len(self.model))]
-            new = [list(x) for x in zip(*made)]
-        else:
-            new = [[x] for x in build(datasets(None))]
+        if vpp is not None:
+            return [list(x) for x in zip(*(build(source(vp_stage)) for vp_stage in range(vpp)))]
+        return [[x] for x in build(source(None))]
+
+    def _install_iterators(self, new):
+        """The data iterators `new` into the lists pretrain() holds; the
+        configuration before's kept for the collection after the next
+        iteration (returned: freeing its loaders and data sets took
+        milliseconds of the pause)."""
+        args = self.args
+        dropped = [list(have) for have in self.iterators]
         for have, got in zip(self.iterators, new[:2]):
             have[:] = got
         # pretrain() evaluates on its test iterator after training
         if self.test_list is not None:
+            dropped.append(list(self.test_list))
             self.test_list[:] = new[2]
         elif [x is None for x in self.test_elements] == [y is None for y in new[2]]:
             for have, got in zip(self.test_elements, new[2]):
                 if have is not None:
+                    dropped.append(have.__dict__)
                     _become(have, got)
         elif args.do_test:
             args.do_test = False
@@ -1120,6 +1207,7 @@ class _Switching:
                 _say("vps: pretrain()'s evaluation on the test set after training is left out: it holds a test "
                      "iterator per model chunk of the first configuration, %d, and this one has %d"
                      % (len(self.test_elements), len(new[2])))
+        return dropped
 
 
 def _say(line):

@@ -33,7 +33,9 @@ vps.megatron_training's and the executors' reports; each job's line ends
 with `pause at most R x the transfer`, R the largest over its switches of
 the pause over the slowest rank's vps-exec pause, and the GPT job's
 switches (a fixed schedule) must have been made ready before the pause,
-nothing built in it, the MoE job's (asked for) not.
+nothing built in it and the data iterators made ahead (the samples
+foreseen: its switch after iteration 6 follows an evaluation after 4),
+the MoE job's (asked for) not.
 
     check_pretrain.py [-v] [-k gpt|gpt-in-pause|moe] [--keep DIR] [--pauses FILE]
 
@@ -313,11 +315,14 @@ def check(name, job, args, tmp, registry):
     built_ahead = ahead and "--vps-build-in-pause" not in job["args"]
     pauses = [pause_parts([r["clocks"][k] for r in res]) for k in range(len(switches))]
     late = [sw[0] for sw, p in zip(switches, pauses) if sw[7] != ahead or (p["ahead"] is not None) != built_ahead
-            or (p["build"] == 0) != built_ahead]
+            or (p["build"] == 0) != built_ahead or (p["data_ahead"] is not None) != built_ahead]
     if late:
-        sys.exit("check_pretrain.py: %s: switch %s: its vps-exec %s and its configuration %s the pause, not as "
-                 "asked" % (name, ", ".join(map(str, late)), "before" if switches[0][7] else "in",
-                            "before" if pauses[0]["ahead"] else "in"))
+        p = pauses[late[0] - 1]
+        sys.exit("check_pretrain.py: %s: switch %s: its vps-exec %s, its configuration %s and its data iterators %s "
+                 "the pause, not as asked" % (name, ", ".join(map(str, late)),
+                                              "before" if switches[late[0] - 1][7] else "in",
+                                              "before" if p["ahead"] else "in",
+                                              "before" if p["data_ahead"] is not None else "in"))
     if args.verbose:
         for sw, p in zip(switches, pauses):
             print("%s: switch %d: pause %s" % (name, sw[0], describe(p)))
@@ -386,8 +391,10 @@ def pause_parts(per_rank):
     (check_switch.pause_parts: arrival, transfer, groups, build, attach),
     then what vps.megatron_training does after it on its slowest rank: the
     job's arguments and model config (arguments) and the data iterators;
-    and after the pause, at the end of the next iteration, the collection
-    of the configuration before."""
+    and after the pause, the collection of the configuration before (at
+    the end of the next iteration) and the wait for vps-exec's exit (at
+    the next boundary: the next switch's build ahead, or the end of the
+    next iteration)."""
     import yaml
     clocks = [c for c, _ in per_rank]
     ex = []
@@ -397,17 +404,23 @@ def pause_parts(per_rank):
         ex.append(one)
     p = check_switch.pause_parts(clocks, ex)
     p["job"], p["pause"] = p["pause"], max(c["ended"] for c in clocks) - max(c["began"] for c in clocks)
-    for part in ("arguments", "iterators", "collect"):
+    for part in ("arguments", "iterators", "collect", "exit"):
         p[part] = max(c.get(part, 0.0) for c in clocks)
+    # the data iterators made ahead were taken by every rank, or made in the pause
+    ahead = [c.get("data_ahead") for c in clocks]
+    p["data_ahead"] = None if None in ahead else max(ahead)
     return p
 
 
 def describe(p):
     ms = lambda x: "%.1f" % (x * 1e3)  # noqa: E731
     inside, ahead = check_switch.parts(p)
+    if p["data_ahead"] is not None:
+        ahead += "; data sets and iterators ahead %s ms" % ms(p["data_ahead"])
     return "%s ms = %.2f x the transfer: Job.switch %s ms (%s), then arguments %s, iterators %s%s; collected after " \
-        "the next iteration %s" % (ms(p["pause"]), p["pause"] / p["transfer"], ms(p["job"]), inside,
-                                   ms(p["arguments"]), ms(p["iterators"]), ahead, ms(p["collect"]))
+        "the next iteration %s, vps-exec's exit waited for after %s" % (
+            ms(p["pause"]), p["pause"] / p["transfer"], ms(p["job"]), inside, ms(p["arguments"]), ms(p["iterators"]),
+            ahead, ms(p["collect"]), ms(p["exit"]))
 
 
 def main():

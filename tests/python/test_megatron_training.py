@@ -2,8 +2,9 @@
 a job is asked for, completed with its own items; the vps model made from
 Megatron's arguments, against the model file of the same shape; what asks
 for a switch (the control file and its SIGUSR1, the fixed schedule); the
-thread that makes a switch's plan and starts its vps-exec; and the jobs it
-refuses. tests/megatron/check_pretrain.py runs the whole.
+thread that makes a switch's plan and starts its vps-exec; the samples a
+job will have consumed when a scheduled switch comes, which its data
+iterators are made ahead at; and the jobs it refuses. tests/megatron/check_pretrain.py runs the whole.
 
     build/venv/bin/python -m unittest discover -s tests/python"""
 import argparse
@@ -213,6 +214,38 @@ class Executors(unittest.TestCase):
         ex.stop()
         self.assertIsNotNone(ex.proc.poll())
         self.assertTrue(ex.log.closed)
+
+
+class DataAhead(unittest.TestCase):
+    """The data iterators made ahead of a scheduled switch are taken only
+    where the job consumed the samples foreseen."""
+
+    def switching(self, **kw):
+        job = mt._Switching.__new__(mt._Switching)
+        job.args = argparse.Namespace(**dict(dict(eval_interval=4, do_valid=True, full_validation=False,
+                                                  start_eval_at_iter=None, eval_iters=2, eval_global_batch_size=8),
+                                             **kw))
+        return job
+
+    def test_the_evaluations_train_makes_before_the_switch(self):
+        job = self.switching()
+        # after iterations 4 and 8 of 1 to 9; none of 1 to 3; the switch's own iteration's too
+        self.assertEqual(job._evaluated(0, 9), 2 * 2 * 8)
+        self.assertEqual(job._evaluated(0, 3), 0)
+        self.assertEqual(job._evaluated(3, 4), 2 * 8)
+        self.assertEqual(job._evaluated(4, 6), 0)
+        self.assertEqual(self.switching(start_eval_at_iter=6)._evaluated(0, 9), 2 * 8)
+        self.assertEqual(self.switching(do_valid=False)._evaluated(0, 9), 0)
+        self.assertEqual(self.switching(eval_interval=None)._evaluated(0, 9), 0)
+
+    def test_taken_only_where_the_job_consumed_what_was_foreseen(self):
+        data = mt._Data((96, 16))
+        args = argparse.Namespace(consumed_train_samples=96, consumed_valid_samples=16)
+        self.assertFalse(data.fits(args))  # nothing made
+        data.iterators = [[1], [2], [3]]
+        self.assertTrue(data.fits(args))
+        for changed in ({"consumed_train_samples": 88}, {"consumed_valid_samples": 24}):
+            self.assertFalse(data.fits(argparse.Namespace(**dict(vars(args), **changed))), changed)
 
 
 class Refusals(unittest.TestCase):
