@@ -7,7 +7,11 @@ gloo, on Megatron's mock GPT data, with the shims of mcore.py
 (install_pretrain_shims). For each job, a GPT (micro-gpt's shape: learned
 positions, LayerNorm, biases, tied embeddings) and a MoE (RMSNorm, SwiGLU,
 RoPE, GQA, 4 experts under EP), three runs (the GPT job again with
---vps-build-in-pause, tp=2 -> dp=4 -> tp=2, the first alone):
+--vps-build-in-pause, tp=2 -> dp=4 -> tp=2, the first alone; and once
+more, gpt-dead-exec, with rank 1's vps-exec made ahead of the first switch
+killed after iteration 2: every rank's pretrain() must end at the switch
+with vps.PeerFailed, well before --vps-timeout, the killed one's naming
+its vps-exec and SIGKILL's status, no vps-exec left):
 
 1. the switched run: vps.megatron_training.pretrain with --vps-switch-to
    B,A --vps-switch-every 3 goes A -> B after iteration 3 and B -> A after
@@ -37,7 +41,7 @@ nothing built in it and the data iterators made ahead (the samples
 foreseen: its switch after iteration 6 follows an evaluation after 4),
 the MoE job's (asked for) not.
 
-    check_pretrain.py [-v] [-k gpt|gpt-in-pause|moe] [--keep DIR] [--pauses FILE]
+    check_pretrain.py [-v] [-k gpt|gpt-in-pause|gpt-dead-exec|moe] [--keep DIR] [--pauses FILE]
 
 Prints a line per job (and per switch and step with -v); exit 1 naming
 what differs, 2 on bad arguments. --pauses FILE writes each switch's
@@ -93,6 +97,9 @@ JOBS = {
     # the same job, its next configurations built in the pause: the switched run alone
     "gpt-in-pause": dict(args=GPT + ["--vps-build-in-pause"], a="tp=2", b="dp=4", ask="schedule",
                          switched_only=True),
+    # the same job, rank 1's vps-exec made ahead killed before the first switch: every rank's pretrain() must end
+    # at the switch, naming its own, not wait --vps-timeout
+    "gpt-dead-exec": dict(args=GPT, a="tp=2", b="dp=4", ask="schedule", kill_ahead_exec_of=1),
     "moe": dict(args=("--ffn-hidden-size 128 --normalization RMSNorm --swiglu --position-embedding-type rope "
                       "--no-rope-fusion --untie-embeddings-and-output-weights --disable-bias-linear "
                       "--group-query-attention --num-query-groups 2 --num-experts 4 --moe-ffn-hidden-size 128 "
@@ -275,9 +282,83 @@ def ranks(args, d, tag, what, *job, **kw):
     return results
 
 
+def children_named(name):
+    """This process's children whose command is `name`."""
+    me, out = os.getpid(), []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/stat" % pid) as f:
+                stat = f.read()
+        except OSError:  # gone meanwhile
+            continue
+        comm, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        if int(rest[1]) == me and comm == name:
+            out.append(int(pid))
+    return out
+
+
+class Killer:
+    """Kills rank `rank`'s vps-exec, made ahead of the first switch, after
+    iteration `at`."""
+
+    def __init__(self, rank, at):
+        self.rank, self.at, self.killed = rank, at, []
+
+    def after_iteration(self, iteration, model, optimizer):
+        if iteration == self.at and dist.get_rank() == self.rank:
+            for pid in children_named("vps-exec"):
+                os.kill(pid, signal.SIGKILL)
+                self.killed.append(pid)
+            if not self.killed:
+                raise RuntimeError("rank %d has no vps-exec after iteration %d" % (self.rank, iteration))
+
+
+def check_dead_exec(name, job, args, d, registry):
+    """A vps-exec made ahead that dies before its switch: the switch fails
+    on every rank (vps.PeerFailed) well before --vps-timeout, the killed
+    one's naming its vps-exec and the signal it died of, and leaves no
+    vps-exec behind."""
+    t0 = time.monotonic()
+    timeout = 120
+    killed = job["kill_ahead_exec_of"]
+    argv = COMMON + job["args"] + megatron_flags(job["a"]) + [
+        "--train-iters", str(ITERS), "--vps-dir", os.path.join(d, "vps"), "--vps-registry", registry,
+        "--vps-switch-to", job["b"].replace(",", ":"), "--vps-switch-every", str(EVERY),
+        "--vps-timeout", str(timeout)]
+    log = os.path.join(d, "switched.%d.log")
+
+    def rank(r):
+        try:
+            run_job(r, log, argv, Killer(killed, EVERY - 1))
+        except vps.Error as e:
+            return type(e).__name__, str(e), children_named("vps-exec")
+        return None
+    results = mcore.run_ranks(WORLD, rank, timeout=args.timeout)
+    took = time.monotonic() - t0
+    for r, got in enumerate(results):
+        # the others' executors, seeing their peer gone, exit before the switch, or fail it when it comes
+        want = "switch 1: vps-exec rank %d, started ahead, exited with status -9 before the switch" % r \
+            if r == killed else ""
+        if got is None or got[0] != "PeerFailed" or want not in got[1] or got[2]:
+            sys.exit("check_pretrain.py: %s: rank %d: %s; expected vps.PeerFailed \"%s\" and no vps-exec left"
+                     % (name, r, got or "pretrain() returned", want))
+    if took >= timeout:
+        sys.exit("check_pretrain.py: %s: the switch failed after %.0f s, --vps-timeout's %d s" % (name, took, timeout))
+    if args.verbose:
+        for r, got in enumerate(results):
+            print("%s: rank %d: vps.%s: %s" % (name, r, got[0], got[1]))
+    print("%s on %d ranks, Megatron-LM's pretrain(): rank %d's vps-exec made ahead killed before switch 1: every "
+          "rank's pretrain() ended at the switch with vps.PeerFailed, none left (%.0f s)"
+          % (name, WORLD, killed, took))
+    return []
+
+
 def check(name, job, args, tmp, registry):
     t0 = time.monotonic()
     d = os.path.join(tmp, name)
+    if "kill_ahead_exec_of" in job:
+        os.makedirs(d, exist_ok=True)
+        return check_dead_exec(name, job, args, d, registry)
     ckpt = os.path.join(d, "ckpt")
     base = COMMON + job["args"]
     a, b = job["a"], job["b"]
