@@ -14,7 +14,6 @@ the real model. From the source tree, after make:
 import multiprocessing
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import tempfile
@@ -69,9 +68,7 @@ def main():
                         "-o", at(name)], check=True)
     subprocess.run(["vps-plan", "-q", at("a.layout"), at("b.layout"), "-o", at("ab.plan")], check=True)
     subprocess.run(["vps-stage", "-q", "--budget", "64MiB", at("ab.plan"), "-o", at("ab.staged")], check=True)
-    with socket.socket() as s:  # a free port for the executors' rendezvous
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = vps.free_port()  # for the executors' rendezvous
     env, registry = dict(os.environ, VPS_TOKEN=secrets.token_hex(16)), "vps-minimal-%d-%%d" % os.getpid()
     execs = [subprocess.Popen(["vps-exec", "--registry", registry % r, "--rank", str(r), "--world", str(WORLD),
                                "--master", "127.0.0.1:%d" % port, "--wait", "--check", at("ab.staged")],

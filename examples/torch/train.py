@@ -435,13 +435,10 @@ class Run:
         d = os.path.join(a.exec_dir, "rank-%d" % self.rank)
         staged = plans.make(d, a.model, a.configs, a.steps, a.switch_every, a.gpus_per_node, a.global_batch,
                             a.micro_batch, a.budget, self.rank, a.relay)
-        port = 0
-        if self.rank == 0:
-            with socket.socket() as s:
-                s.bind(("", 0))
-                port = s.getsockname()[1]
+        host = socket.gethostbyname(os.environ["MASTER_ADDR"])
+        port = vps.free_port(host) if self.rank == 0 else 0
         port = self.world.gather_objects(port, self.world.pg)[0]
-        master = "%s:%d" % (socket.gethostbyname(os.environ["MASTER_ADDR"]), port)
+        master = "%s:%d" % (host, port)
         log = open(os.path.join(a.exec_dir, "exec.%d.log" % self.rank), "w")
         return plans.executor(staged, a.registry, self.rank, self.size, master, a.transport, a.exec_timeout,
                               os.path.join(a.exec_dir, "report.%d.yaml" % self.rank), log)

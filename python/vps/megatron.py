@@ -66,7 +66,11 @@ across steps, and the random-number tracker, which holds no group, is kept
 per configuration too). At most CACHED_CONFIGURATIONS configurations are
 kept: making one more destroys the groups of the least recently installed,
 never those of a configuration a Job runs or has prepared. Every rank makes
-and evicts in the same order, since every rank makes the same calls.
+and evicts in the same order, since every rank makes the same calls. The
+groups a job started with, made by initialize_model_parallel itself
+(Megatron's initialize_megatron), join the cache by adopt_groups (layout,
+**kwargs): coming back to that configuration then installs them, where it
+would make a second set and never destroy the first.
 Groups on NCCL are connected when made (an all-reduce on each, in the
 order they were made), so that their communicators are not made in the
 first step after the switch.
@@ -142,7 +146,7 @@ torch = import_torch("vps.megatron")
 from torch.overrides import TorchFunctionMode  # noqa: E402
 from . import state as _state  # noqa: E402 (needs torch)
 
-__all__ = ["initialize_groups", "cached_configurations", "CACHED_CONFIGURATIONS", "optimizers",
+__all__ = ["initialize_groups", "adopt_groups", "cached_configurations", "CACHED_CONFIGURATIONS", "optimizers",
            "distributed_optimizers", "Job", "MOMENTS"]
 
 # the optimizers' name for each state vps moves beside the main parameter
@@ -168,7 +172,7 @@ _cache = collections.OrderedDict()  # key -> _Groups, the least recently install
 _jobs = weakref.WeakSet()  # the Jobs, whose configurations are not evicted
 _pristine_values = {}
 _groups_seconds = [0.0]  # what initialize_groups has spent, for the Jobs' clocks
-_counts = collections.Counter()  # made, reused, evicted
+_counts = collections.Counter()  # made, reused, adopted, evicted
 
 
 def _parallel_state():
@@ -270,6 +274,58 @@ def initialize_groups(layout: Layout, **kwargs) -> None:
     _groups_seconds[0] += time.monotonic() - t
 
 
+def adopt_groups(layout: Layout, **kwargs) -> None:
+    """The process groups installed now, made for layout's configuration by
+    parallel_state.initialize_model_parallel outside initialize_groups
+    (Megatron's initialize_megatron, as the job started), kept in the cache
+    as initialize_groups(layout, **kwargs) keeps the groups it makes (the
+    same kwargs: they are the cache's key): a switch back to layout
+    installs them, and they are destroyed when evicted (the groups that
+    parallel_state's globals hold). Nothing is done when layout's
+    configuration is cached already. vps.InvalidInput when the groups
+    installed are not layout's sizes, or none are."""
+    key = _group_key(layout, kwargs)
+    if key in _cache:
+        return
+    ps, par = _parallel_state(), layout.parallel
+    if not ps.model_parallel_is_initialized():
+        raise InvalidInput("adopt_groups: no process groups are installed (initialize_model_parallel)")
+    have = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
+            ps.get_virtual_pipeline_model_parallel_world_size() or 1, ps.get_context_parallel_world_size(),
+            ps.get_expert_model_parallel_world_size(), ps.get_expert_tensor_parallel_world_size())
+    want = tuple(par[k] for k in ("tp", "pp", "vpp", "cp", "ep", "etp"))
+    if have != want:
+        raise InvalidInput("adopt_groups: the groups installed are tp, pp, vpp, cp, ep, etp = %s; %s is %s"
+                           % (have, layout.describe(), want))
+    values = _snapshot()
+    g = _cache[key] = _Groups(key, values, _groups_in(values))
+    _counts["adopted"] += 1
+    for job in _jobs:
+        # a Job made before holds these groups from now on: never evicted while it runs on them
+        if job._groups is None and job.layout is not None and job.layout.hash == layout.hash:
+            job._groups = g
+    _evict(g)
+
+
+def _groups_in(values: Dict[str, object]) -> list:
+    """The process groups that parallel_state's globals hold (in lists,
+    tuples and dicts too), each once, not the default one."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+    default = c10d._get_default_group()
+    found, stack = {}, list(values.values())
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dist.ProcessGroup):
+            if v is not default:
+                found[id(v)] = v
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple, set)):
+            stack.extend(v)
+    return list(found.values())
+
+
 def _connect(groups) -> None:
     """Make the communicators of NCCL groups now: torch makes one at its
     group's first collective, which would be the first step after the
@@ -303,8 +359,8 @@ def _evict(keep: _Groups) -> None:
 def cached_configurations() -> List[dict]:
     """The configurations whose process groups initialize_groups keeps, the
     least recently installed first: dicts of tp, pp, vpp, cp, ep, etp; and
-    in cached_configurations.counts how many were made, reused and evicted
-    so far."""
+    in cached_configurations.counts how many were made, reused, adopted
+    (adopt_groups) and evicted so far."""
     return [dict(zip(("tp", "pp", "vpp", "cp", "ep", "etp"), k[1])) for k in _cache]
 
 

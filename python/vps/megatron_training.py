@@ -50,7 +50,9 @@ checkpoint (Megatron's checkpoint_and_decide_exit):
    padded_vocab_size): the process groups (initialize.
    _initialize_distributed, whose initialize_model_parallel is
    vps.megatron.initialize_groups: made once per configuration and cached,
-   under its policy), the seeds (_set_random_seed), the microbatch
+   under its policy; the first configuration's, made by
+   initialize_megatron, join the cache as training starts:
+   vps.megatron.adopt_groups), the seeds (_set_random_seed), the microbatch
    calculator (reconfigure_num_microbatches_calculator), the model's
    TransformerConfig (core_transformer_config_from_args, of the class the
    job's was) and the model and optimizer (setup_model_and_optimizer, with
@@ -149,6 +151,7 @@ import time
 from . import megatron as _vps_megatron
 from ._lib import Error
 from .layout import layout as _layout
+from .ports import free_port
 from .registry import Registry, Training
 
 VPS_EINPUT, VPS_ECHECK, VPS_EPEER, VPS_EUNSUPPORTED = 1, 2, 9, 10
@@ -758,6 +761,7 @@ class _Switching:
         self.lay = lay
         self.reg = Registry("%s-%d" % (self.tag, self.rank), lay, self.rank)
         # vps: Megatron's parameters, main parameters and moments become views of vps's buffers
+        self._adopt_groups(lay)
         self.job = _vps_megatron.Job(self.reg, lay, self.rank, model, optimizer)
         if self.rank == 0:
             _say("vps: %s switchable on %d ranks (model: %s), its state in vps's buffers; plans and logs in %s"
@@ -956,10 +960,8 @@ class _Switching:
         d = self.dir
         where = [None]
         if self.rank == 0:
-            with socket.socket() as s:
-                s.bind(("", 0))
-                host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-                where[0] = "%s:%d" % (socket.gethostbyname(host), s.getsockname()[1])
+            host = socket.gethostbyname(os.environ.get("MASTER_ADDR", "127.0.0.1"))
+            where[0] = "%s:%d" % (host, free_port(host))
         dist.broadcast_object_list(where, src=0)
         tools, paths = [], []
         for name, spec in (("c%d.layout" % (sw.k - 1), sw.source), ("c%d.layout" % sw.k, sw.target)):
@@ -1110,28 +1112,49 @@ class _Switching:
         when it comes back (Job.prepare put the running ones aside)."""
         from megatron.training import initialize as I
         args = self.args
+        self._initialize_distributed(lambda kwargs: _vps_megatron.initialize_groups(lay, **kwargs))
+        I._set_random_seed(args.seed, args.data_parallel_random_init, args.te_rng_tracker,
+                           args.inference_rng_tracker, use_cudagraphable_rng=args.cuda_graph_impl != "none")
+
+    def _initialize_distributed(self, initialize):
+        """Megatron's _initialize_distributed, its parallel_state's
+        initialize_model_parallel(tp, pp, vpp, **kwargs) calling
+        initialize(kwargs, the sizes left out: the arguments' own)."""
+        from megatron.training import initialize as I
         mpu = I.mpu
 
-        class Cached:
+        class Proxy:
             """parallel_state, as _initialize_distributed reads it."""
 
             def __getattr__(self, name):
                 return getattr(mpu, name)
 
             @staticmethod
+            def model_parallel_is_initialized():
+                return False
+
+            @staticmethod
             def initialize_model_parallel(tp, pp, vpp=None, **kwargs):
                 for size in ("context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size"):
                     kwargs.pop(size, None)
-                _vps_megatron.initialize_groups(lay, **kwargs)
+                initialize(kwargs)
 
-        I.mpu = Cached()
+        I.mpu = Proxy()
         try:
             I._initialize_distributed(self.p.get("get_embedding_ranks"), self.p.get("get_position_embedding_ranks"),
                                       self.p.get("store"))
         finally:
             I.mpu = mpu
-        I._set_random_seed(args.seed, args.data_parallel_random_init, args.te_rng_tracker,
-                           args.inference_rng_tracker, use_cudagraphable_rng=args.cuda_graph_impl != "none")
+
+    def _adopt_groups(self, lay):
+        """The process groups initialize_megatron made for the job's first
+        configuration into vps.megatron's cache, under the arguments the
+        builds give initialize_groups: a switch back to it installs them
+        (vps.megatron.adopt_groups)."""
+        asked = []
+        self._initialize_distributed(asked.append)
+        if len(asked) == 1:  # none without a device: then no build makes groups either
+            _vps_megatron.adopt_groups(lay, **asked[0])
 
     def _update_model_config(self, args):
         """The model config pretrain() builds from (cfg_container.model),

@@ -248,7 +248,8 @@ def run_job(rank, log, argv, observer=None, switchable=True, gather_at_start=Fal
     pretrain_gpt.main(argv)
     out = {"losses": pretrain_gpt.LOSSES}
     if observer:
-        out.update(switches=observer.switches, saved=observer.saved, clocks=observer.clocks)
+        out.update(switches=observer.switches, saved=observer.saved, clocks=observer.clocks,
+                   groups=dict(vps.megatron.cached_configurations.counts))
     if started:
         out["started"] = started[0]
     return out
@@ -386,6 +387,11 @@ def check(name, job, args, tmp, registry):
     switches = res[0]["switches"]
     if len(switches) != 2:
         sys.exit("check_pretrain.py: %s: %d switches; %s -> %s -> %s makes 2" % (name, len(switches), a, b, a))
+    # the groups initialize_megatron made for A are cached (adopted), and the switch back to A installs them
+    groups = [dict(r["groups"]) for r in res]
+    if any((g.get("adopted"), g.get("made"), g.get("reused")) != (1, 1, 1) for g in groups):
+        sys.exit("check_pretrain.py: %s: process groups adopted, made, reused on each rank: %s; %s -> %s -> %s "
+                 "adopts A's, makes B's and reuses A's" % (name, groups, a, b, a))
     if args.verbose:
         for k, it, src, dst, n, elems, pause, ready in switches:
             print("%s: switch %d after iteration %d: %s -> %s: %d tensors, %d elements, equal bit for bit "

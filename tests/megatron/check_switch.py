@@ -603,6 +603,12 @@ def refusals(rank, registry):
             "VPS_ECHECK: prepared %s with %d entries more; then %s, %d entries of %d as before" % (
                 made + (j.prepared, sum(a == b for a, b in zip(held(), before)), len(before)))))
         j.close()
+        # the groups installed kept for another configuration than theirs
+        try:
+            vps.megatron.adopt_groups(vps.layout(MODEL, "tp=2,zero=1", 2))
+            out.append("adopt_groups tp=2: accepted")
+        except vps.Error as e:
+            out.append("adopt_groups tp=2: %s: %s" % (e.name, e))
         # SGD (Megatron's Float16Optimizer) where the layout has Adam, and SGD without momentum
         sgd = vps.layout(MODEL, "zero=0,optimizer=sgd", 1)
         model, optimizer = build(sgd)
@@ -632,6 +638,8 @@ REFUSALS = [
     ("step 5", "VPS_EINPUT", "training.step is 5, the optimizer has taken 0 steps"),
     ("prepared_groups", "VPS_EINPUT", "no configuration is prepared (Job.prepare)"),
     ("prepare, discard", "VPS_OK", "the registry as before"),
+    ("adopt_groups tp=2", "VPS_EINPUT", "adopt_groups: the groups installed are tp, pp, vpp, cp, ep, etp = "
+     "(1, 1, 1, 1, 1, 1); tp=2,pp=1,dp=1,ep=1,etp=2,vpp=1,zero=1 is (2, 1, 1, 1, 1, 2)"),
     ("adam for sgd", "VPS_ECHECK", "embedding.word_embeddings.weight: Megatron steps it with SGD (sgd), the layout "
      "with adam"),
     ("sgd_momentum=0", "VPS_EUNSUPPORTED", "embedding.word_embeddings.weight: SGD without momentum "

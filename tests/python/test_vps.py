@@ -279,9 +279,7 @@ class Names(unittest.TestCase):
                         "--global-batch", "8", "-o", os.path.join(d, "ab.plan")], check=True)
         subprocess.run([os.path.join(BIN, "vps-stage"), "--budget", "1MiB", os.path.join(d, "ab.plan"),
                         "-o", os.path.join(d, "ab.staged")], check=True)
-        with socket.socket() as so:
-            so.bind(("127.0.0.1", 0))
-            port = so.getsockname()[1]
+        port = vps.free_port()
         name = "vps-pytest-%d" % os.getpid()
         with open(os.path.join(d, "exec.log"), "w") as log:
             self.ex = subprocess.Popen([os.path.join(BIN, "vps-exec"), "--registry", name, "--rank", "0", "--world", "1",
@@ -293,6 +291,20 @@ class Names(unittest.TestCase):
     def exec_log(self):
         with open(os.path.join(self.tmp, "exec.log")) as f:
             return f.read()
+
+    def test_a_free_port_lies_below_the_ephemeral_range(self):
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+        taken = socket.socket()
+        self.addCleanup(taken.close)
+        taken.bind(("127.0.0.1", vps.free_port()))
+        taken.listen()
+        ports = {vps.free_port() for _ in range(50)}
+        self.assertTrue(all(10000 <= p < low for p in ports), ports)
+        self.assertNotIn(taken.getsockname()[1], ports)
+        # nobody listens on it: a rank's executor can
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", ports.pop()))
 
     def test_a_switch_moves_the_state_bit_for_bit(self):
         name, ex = self.world_of_one("tp=1", "tp=1,zero=1")
