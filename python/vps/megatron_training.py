@@ -84,21 +84,22 @@ checkpoint (Megatron's checkpoint_and_decide_exit):
    in cycles, holding no memory vps moved) at the end of the next
    iteration, not in the pause.
 
-Under a fixed schedule, 2 and 3 are done ahead, before the switch is due:
-between two iterations, as training starts and right after each switch,
-for the next one (Switch.ready), the executor then waiting for the
-request in a process of its own, mapping the job's buffers while the job
-trains on. The build is the training thread's: Megatron's builders swap
-parallel_state's globals, which an iteration reads, and hold Python's
-GIL, so it cannot run beside an iteration; the job stands still for it
-between the two iterations (Switch.clocks's `ahead` and `data_ahead`),
-not in the pause. With 3 come the data iterators of 5, at the samples the job will have consumed at
-the switch: the training's by the global batch, the validation's by the
-evaluations Megatron's train() makes at --eval-interval; where the job
-consumed other numbers (a batch-size ramp, a validation Megatron cut
-short), the switch makes them again of the data sets made ahead. The
-pause holds 4 and 5, the transfer and the hand-over (docs/BENCHMARKS.md,
-megatron-pause, measures both ways). A switch asked for through the
+Under a fixed schedule, 2 and 3 are done ahead, before the switch is
+due: between two iterations, as training starts and right after each
+switch, for the next one (Switch.ready), the executor then waiting for
+the request in a process of its own, mapping the job's buffers while the
+job trains on. The build is the training thread's: Megatron's builders
+swap parallel_state's globals, which an iteration reads, and hold
+Python's GIL, so it cannot run beside an iteration; the job stands still
+for it between the two iterations (Switch.clocks's `ahead` and
+`data_ahead`), not in the pause. With 3 come the data iterators of 5, at
+the samples the job will have consumed at the switch: the training's by
+the global batch, the validation's by the evaluations Megatron's train()
+makes at --eval-interval; where the job consumed other numbers (a
+batch-size ramp, a validation Megatron cut short), the switch makes them
+again of the data sets made ahead. The pause holds 4 and 5, the transfer
+and the hand-over (docs/BENCHMARKS.md, megatron-pause, measures both
+ways). A switch asked for through the
 control file is known only at the boundary it is read at, and does 2 and
 3 in the pause. What a prepared configuration holds until its switch:
 its moved state's buffers (vps.megatron.Job.prepare), its process groups
