@@ -382,21 +382,22 @@ class Schedule:
 
 class Switch:
     """One switch of the job: its number k (from 1), the iteration after
-    which it happened, the configurations (vps specs) before and after,
-    the Layouts, the seconds training stood still (pause), the
-    vps.Training vps-exec carried, whether it was made ready before the
-    pause (ready: a fixed schedule's switch, its plan and vps-exec made, and
-    its configuration built by Job.prepare unless --vps-build-in-pause;
-    clocks["ahead"] says which), and on each rank what the
-    pause held: clocks, vps.megatron.Job.clocks with `began` and `ended`
-    (time.time() of the pause's ends), `arguments` (the job's arguments,
-    model config and microbatch calculator made the new configuration's),
-    `iterators` (the data iterators put in place, or made), `data_ahead`
-    (where the data iterators were made ahead: the seconds that took,
-    data sets included), and `collect`, the
-    collection of the configuration before after the first iteration
-    that follows (not in the pause); report, the path of this rank's
-    vps-exec report (vps-exec(1) --report)."""
+    which it happened, the configurations (vps specs) before and after, the
+    Layouts, the seconds of its pause (pause: the work made ahead, between
+    two iterations, not in them), the vps.Training vps-exec carried, whether
+    it was made ready before the pause (ready: a fixed schedule's switch,
+    its plan and vps-exec made, and its configuration built by Job.prepare
+    unless --vps-build-in-pause; clocks["ahead"] says which), and on each
+    rank what the pause held: clocks, vps.megatron.Job.clocks with `began`
+    and `ended` (time.time() of the pause's ends), `arguments` (the job's
+    arguments, model config and microbatch calculator made the new
+    configuration's), `iterators` (the data iterators put in place, or
+    made), `data_ahead` (where the data iterators were made ahead: the
+    seconds that took, data sets included), `collect`, the collection of the
+    configuration before after the first iteration that follows, and `exit`,
+    the wait for vps-exec's exit at the next boundary (neither in the
+    pause); report, the path of this rank's vps-exec report (vps-exec(1)
+    --report)."""
 
     def __init__(self, k, iteration, source, target, source_layout, target_layout):
         self.k, self.iteration, self.source, self.target = k, iteration, source, target
