@@ -118,8 +118,11 @@ checkpoint_and_decide_exit, training_log and
 build_train_valid_test_data_iterators.
 
 A switch whose executors fail (vps.Error from Job.switch) ends pretrain()
-with that error, the job's state where vps.switch leaves it; a vps-exec
-that dies without a verdict leaves the job waiting for --vps-timeout.
+with that error, the job's state where vps.switch leaves it. A vps-exec
+that dies fails the switch at once where it was made ahead and died
+before it (check_pretrain.py's gpt-dead-exec), or held the job's registry
+(the registry's wait looks for it); one that dies in the pause before it
+opens the registry leaves the job waiting for --vps-timeout.
 
 Not supported, and refused before training starts: what vps.megatron.Job
 refuses (fp16, the precision-aware optimizer), a job without the
