@@ -63,7 +63,12 @@ checkpoint (Megatron's checkpoint_and_decide_exit):
    again, and what the build made of them is put in place at the switch.
    The provider's data sets for the new configuration are made too, with
    its groups (Job.prepared_groups), and ahead of a scheduled switch
-   Megatron's data iterators of them (see below).
+   Megatron's data iterators of them (see below). Megatron asks for the
+   same numbers of samples under every configuration: where its dataset
+   builder, deciding under the new groups, gives this rank data sets it
+   made before (the same class, samples, indices and config), they are
+   those (for GPT, their indices are not made again), kept for the last
+   two configurations (_DataSets; Switch.data_sets counts them).
 4. vps.megatron.Job.switch moves the state (bf16 parameters, fp32 main
    parameters, Adam's moments; Adam's step, the consumed samples and the
    scheduler's position carried) and hands the new objects the moved
@@ -137,8 +142,10 @@ configs/models or a Hugging Face config.json) or, by default, made from
 the job's arguments (model_from_args): GPT and LLaMA shapes, MoE with
 SequentialMLP experts; the Job checks every parameter of Megatron's model
 against it when training starts."""
+import collections
 import contextlib
 import dataclasses
+import enum
 import functools
 import gc
 import inspect
@@ -400,7 +407,10 @@ class Switch:
     configuration before after the first iteration that follows, and `exit`,
     the wait for vps-exec's exit at the next boundary (neither in the
     pause); report, the path of this rank's vps-exec report (vps-exec(1)
-    --report)."""
+    --report); data_sets, how many data sets Megatron's builder made for
+    this rank's new iterators and how many it took from those made before
+    ({"made": m, "reused": r}: a switch back to a configuration reuses all
+    its data sets)."""
 
     def __init__(self, k, iteration, source, target, source_layout, target_layout):
         self.k, self.iteration, self.source, self.target = k, iteration, source, target
@@ -408,6 +418,7 @@ class Switch:
         self.pause, self.carried = None, None
         self.ready = False
         self.clocks, self.report = None, None
+        self.data_sets = None
 
     def __repr__(self):
         return "Switch(%d after iteration %d: %s -> %s)" % (self.k, self.iteration, self.source, self.target)
@@ -525,11 +536,99 @@ class _Data:
     def __init__(self, consumed):
         self.consumed, self.datasets = consumed, {}
         self.iterators, self.flags, self.seconds = None, None, None
+        self.data_sets = None  # the data sets made and reused (_DataSets)
 
     def fits(self, args):
         """Whether the job consumed what was foreseen."""
         return self.iterators is not None and self.consumed == (args.consumed_train_samples,
                                                                args.consumed_valid_samples)
+
+
+class _DataSets:
+    """The data sets Megatron's dataset builder made on this rank, handed
+    back where the builder asks for one of the same kind again. A switch
+    has Megatron make the data iterators again, with the next
+    configuration's groups; it asks the provider for the same numbers of
+    samples under every configuration, and the provider's builder decides
+    by its is_built_on_rank, under the new groups, whether this rank holds
+    data sets. Where it does and made the same before (the same class,
+    numbers of samples, split, indices and config), the data set is the
+    one made then: for GPT, its document, sample and shuffle indices, most
+    of what making the iterators took. The builder's barriers run as they
+    would, on every rank alike; only the constructor is not called again.
+    A data set is read only (GPTDataset's one cache, of masks and
+    positions, is the same for every sample), so one serves the chunks and
+    configurations that ask for it. Kept: the data sets the last two
+    makings used (`KEEP`: the running configuration's and the one before
+    it, which a switch back returns to); older ones are let go when a new
+    making starts."""
+
+    KEEP = 2
+
+    def __init__(self):
+        self.entries = []  # [class, its arguments, the data set, the making that last used it]
+        self.making = 0
+        self.counts = collections.Counter()  # made, reused: this making's
+        self.lock = threading.Lock()  # the builder may build splits on threads
+
+    def next_making(self):
+        """A new making of data iterators: returns its counts."""
+        with self.lock:
+            self.making += 1
+            self.entries = [e for e in self.entries if e[3] >= self.making - self.KEEP]
+            self.counts = collections.Counter()
+            return self.counts
+
+    def patched(self, build_generic_dataset):
+        """BlendedMegatronDatasetBuilder.build_generic_dataset, whose
+        constructor call is looked up here first."""
+        def ours(cls, is_built_on_rank, synchronize_ranks, *args):
+            def made(*a):
+                with self.lock:
+                    for e in self.entries:
+                        if e[0] is cls and _same_dataset_arguments(cls, e[1], a):
+                            e[3] = self.making
+                            self.counts["reused"] += 1
+                            return e[2]
+                data_set = cls(*a)
+                with self.lock:
+                    self.entries.append([cls, a, data_set, self.making])
+                    self.counts["made"] += 1
+                return data_set
+            return build_generic_dataset(made, is_built_on_rank, synchronize_ranks, *args)
+        return staticmethod(ours)
+
+
+def _same_dataset_arguments(cls, old, new):
+    """Whether Megatron's builder asks for the data set made of `old` again.
+    A mid-level data set's first argument, the low-level data set, is made
+    anew by every build from its path and config (the arguments after it),
+    so its class stands for it."""
+    from megatron.core.datasets.megatron_dataset import MegatronDataset
+    if len(old) != len(new):
+        return False
+    if isinstance(cls, type) and issubclass(cls, MegatronDataset) and old:
+        if type(old[0]) is not type(new[0]):
+            return False
+        old, new = old[1:], new[1:]
+    return all(_same_argument(a, b) for a, b in zip(old, new))
+
+
+def _same_argument(a, b):
+    import numpy
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, numpy.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and bool(numpy.array_equal(a, b))
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same_argument(x, y) for x, y in zip(a, b))
+    if a is None or isinstance(a, (bool, int, float, str, bytes, enum.Enum)) or dataclasses.is_dataclass(a):
+        try:
+            return bool(a == b)
+        except Exception:  # a field NumPy will not compare as one truth value: not the same, to be safe
+            return False
+    # data sets the builder made (a blend's parts): the same objects
+    return a is b
 
 
 class _Built:
@@ -593,6 +692,7 @@ class _Switching:
         self.optimizer = self.scheduler = None
         self.model = self.iterators = None
         self.queue, self.test_list, self.test_elements = [], None, []
+        self.data_sets = _DataSets()
 
     @staticmethod
     def _refuse_unsupported(args):
@@ -626,16 +726,21 @@ class _Switching:
         ours = {"train": self._train, "checkpoint_and_decide_exit": self._between,
                 "training_log": self._training_log, "build_train_valid_test_data_iterators": self._iterators}
 
+        from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder as B
+        generic = B.__dict__["build_generic_dataset"]
+
         @contextlib.contextmanager
         def patched():
             self.T, self.orig = T, originals
             for n in names:
                 setattr(T, n, ours[n])
+            B.build_generic_dataset = self.data_sets.patched(generic.__func__)
             try:
                 yield
             finally:
                 for n in names:
                     setattr(T, n, originals[n])
+                B.build_generic_dataset = generic
                 self.close()
         return patched()
 
@@ -852,11 +957,12 @@ class _Switching:
         if data is not None and data.fits(args):
             for flag, ahead_value in zip(("do_train", "do_valid", "do_test"), data.flags):
                 setattr(args, flag, getattr(args, flag, False) or ahead_value)
-            new = data.iterators
+            new, sw.data_sets = data.iterators, dict(data.data_sets)
             clocks["data_ahead"] = data.seconds
         else:
-            new = self._made_iterators(data.datasets if data is not None else {},
-                                       args.virtual_pipeline_model_parallel_size)
+            new, made = self._made_iterators(data.datasets if data is not None else {},
+                                             args.virtual_pipeline_model_parallel_size)
+            sw.data_sets = dict(made)
         dropped = self._install_iterators(new)
         clocks["iterators"] = time.monotonic() - t
         self.garbage, self.exiting = (sw, dropped), (sw, executor)
@@ -941,7 +1047,8 @@ class _Switching:
         with self.job.prepared_groups(), self._as_built(target, iteration=at, consumed_train_samples=data.consumed[0],
                                                         consumed_valid_samples=data.consumed[1]):
             built = get_args()
-            data.iterators = self._made_iterators(data.datasets, built.virtual_pipeline_model_parallel_size)
+            data.iterators, data.data_sets = self._made_iterators(data.datasets,
+                                                                  built.virtual_pipeline_model_parallel_size)
             data.flags = tuple(bool(getattr(built, flag, False)) for flag in ("do_train", "do_valid", "do_test"))
         data.seconds = time.monotonic() - t
         return data
@@ -1192,9 +1299,11 @@ class _Switching:
         process groups are now, at its consumed samples; of the data sets
         in `datasets` ({(vp_stage, numbers of samples): data sets}) where
         Megatron asks for the same numbers, the others made by the provider
-        and kept there."""
+        and kept there; and the counts of data sets the builder made and
+        took from those made before (_DataSets)."""
         provider = self.p["train_valid_test_dataset_provider"]
         build = self.orig["build_train_valid_test_data_iterators"]
+        counts = self.data_sets.next_making()
 
         def source(vp_stage):
             part = provider if vp_stage is None else functools.partial(provider, vp_stage=vp_stage)
@@ -1208,8 +1317,8 @@ class _Switching:
                 made.is_distributed = True
             return made
         if vpp is not None:
-            return [list(x) for x in zip(*(build(source(vp_stage)) for vp_stage in range(vpp)))]
-        return [[x] for x in build(source(None))]
+            return [list(x) for x in zip(*(build(source(vp_stage)) for vp_stage in range(vpp)))], counts
+        return [[x] for x in build(source(None))], counts
 
     def _install_iterators(self, new):
         """The data iterators `new` into the lists pretrain() holds; the

@@ -175,7 +175,7 @@ class Observer:
     switch and after SAVE_AT, and the job's arguments after each switch."""
 
     def __init__(self, control=None, asks=()):
-        self.switches, self.saved, self.clocks = [], None, []
+        self.switches, self.saved, self.clocks, self.data_sets = [], None, [], []
         self.control, self.asks = control, dict(asks)
 
     def before_switch(self, sw, model, optimizer):
@@ -197,6 +197,7 @@ class Observer:
             raise RuntimeError("after switch %d: the job's arguments, groups and microbatches are %s; %s wants %s"
                                % (sw.k, have, sw.target, want))
         self.clocks.append((sw.clocks, sw.report))
+        self.data_sets.append(sw.data_sets)
         if dist.get_rank() == 0:
             bad = check_switch.differs(self.before, after)
             if bad and os.environ.get("DUMP"):
@@ -249,6 +250,7 @@ def run_job(rank, log, argv, observer=None, switchable=True, gather_at_start=Fal
     out = {"losses": pretrain_gpt.LOSSES}
     if observer:
         out.update(switches=observer.switches, saved=observer.saved, clocks=observer.clocks,
+                   data_sets=observer.data_sets,
                    groups=dict(vps.megatron.cached_configurations.counts))
     if started:
         out["started"] = started[0]
@@ -392,6 +394,16 @@ def check(name, job, args, tmp, registry):
     if any((g.get("adopted"), g.get("made"), g.get("reused")) != (1, 1, 1) for g in groups):
         sys.exit("check_pretrain.py: %s: process groups adopted, made, reused on each rank: %s; %s -> %s -> %s "
                  "adopts A's, makes B's and reuses A's" % (name, groups, a, b, a))
+    # Megatron's builder makes A's data sets as training starts; the iterators of the switch back to A are of them
+    back = [r["data_sets"][1] for r in res]
+    if any(d.get("made", 0) for d in back) or not sum(d.get("reused", 0) for d in back):
+        sys.exit("check_pretrain.py: %s: switch 2 (%s -> %s): data sets made, reused on each rank: %s; the data "
+                 "sets of A, made as training started, serve again" % (name, b, a, back))
+    if args.verbose:
+        for k in range(len(switches)):
+            print("%s: switch %d: data sets made, reused on each rank: %s" % (
+                name, k + 1, " ".join("%d,%d" % (r["data_sets"][k].get("made", 0), r["data_sets"][k].get("reused", 0))
+                                      for r in res)))
     if args.verbose:
         for k, it, src, dst, n, elems, pause, ready in switches:
             print("%s: switch %d after iteration %d: %s -> %s: %d tensors, %d elements, equal bit for bit "

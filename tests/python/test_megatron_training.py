@@ -4,7 +4,8 @@ Megatron's arguments, against the model file of the same shape; what asks
 for a switch (the control file and its SIGUSR1, the fixed schedule); the
 thread that makes a switch's plan and starts its vps-exec; the samples a
 job will have consumed when a scheduled switch comes, which its data
-iterators are made ahead at; and the jobs it refuses. tests/megatron/check_pretrain.py runs the whole.
+iterators are made ahead at; the data sets a switch takes from those made
+before; and the jobs it refuses. tests/megatron/check_pretrain.py runs the whole.
 
     build/venv/bin/python -m unittest discover -s tests/python"""
 import argparse
@@ -246,6 +247,60 @@ class DataAhead(unittest.TestCase):
         self.assertTrue(data.fits(args))
         for changed in ({"consumed_train_samples": 88}, {"consumed_valid_samples": 24}):
             self.assertFalse(data.fits(argparse.Namespace(**dict(vars(args), **changed))), changed)
+
+
+class DataSets(unittest.TestCase):
+    """The data sets Megatron's builder made are handed back where it asks
+    for the same again (a switch makes the iterators again), and let go two
+    makings after their last use."""
+
+    def setUp(self):
+        from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+        from megatron.core.datasets.gpt_dataset import GPTDatasetConfig, MockGPTDataset
+        from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer
+        self.Builder, self.cls = BlendedMegatronDatasetBuilder, MockGPTDataset
+        tokenizer = NullTokenizer(100)
+
+        def config(seed=1, sequence_length=16):
+            return GPTDatasetConfig(random_seed=seed, sequence_length=sequence_length, split="90,5,5",
+                                    tokenizer=tokenizer,
+                                    reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False)
+        self.config = config
+        self.memo = mt._DataSets()
+        generic = BlendedMegatronDatasetBuilder.__dict__["build_generic_dataset"]
+        BlendedMegatronDatasetBuilder.build_generic_dataset = self.memo.patched(generic.__func__)
+        self.addCleanup(setattr, BlendedMegatronDatasetBuilder, "build_generic_dataset", generic)
+
+    def build(self, sizes=(32, 8, 8), **kw):
+        return self.Builder(self.cls, list(sizes), lambda: True, self.config(**kw)).build()
+
+    def test_the_same_asked_again_is_the_same(self):
+        first = self.build()
+        self.assertEqual(dict(self.memo.counts), {"made": 3})
+        counts = self.memo.next_making()
+        again = self.build()
+        self.assertEqual(dict(counts), {"reused": 3})
+        self.assertTrue(all(x is y for x, y in zip(first, again)))
+        self.assertEqual(again[0][5]["tokens"].tolist(), first[0][5]["tokens"].tolist())
+
+    def test_other_samples_seeds_or_sequences_are_made(self):
+        first = self.build()
+        for kw in ({"sizes": (40, 8, 8)}, {"seed": 2}, {"sequence_length": 32}):
+            counts = self.memo.next_making()
+            other = self.build(**kw)
+            self.assertEqual(counts["made"], 3 if "sizes" not in kw else 1, kw)
+            self.assertIsNot(other[0], first[0], kw)
+
+    def test_let_go_two_makings_after_their_last_use(self):
+        first = self.build()
+        self.memo.next_making()
+        self.build(seed=2)
+        self.memo.next_making()
+        self.assertIs(self.build()[0], first[0])  # a switch back: A, B, A
+        for _ in range(3):
+            self.memo.next_making()
+        self.assertEqual(self.memo.entries, [])
+        self.assertIsNot(self.build()[0], first[0])
 
 
 class Refusals(unittest.TestCase):
