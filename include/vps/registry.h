@@ -216,6 +216,12 @@ VPS_API const char *vps_registry_state_name(enum vps_registry_state state);
 VPS_API void vps_registry_describe(const struct vps_registry *r, char *out, size_t size);
 /* The pid of the live executor that holds the registry, or 0. */
 VPS_API int vps_registry_executor_pid(const struct vps_registry *r);
+/* Trainer: the executor it started for the switch in flight, or else the
+ * next one requested, is process pid: a wait for that switch fails
+ * (VPS_EPEER) once pid has exited while no executor holds the registry,
+ * rather than waiting out its timeout for an executor that never comes.
+ * VPS_EBUSY on an executor's handle. */
+VPS_API vps_result_t vps_registry_expect_executor(struct vps_registry *r, int pid);
 /* The trainer that made the registry still runs (the executor watches it:
  * a trainer gone mid-switch takes its state with it). */
 VPS_API bool vps_registry_owner_alive(const struct vps_registry *r);

@@ -80,6 +80,9 @@ struct vps_registry {
 	bool owner;
 	uint64_t executor; /* an executor's handle: the word it holds the registry with */
 	uint64_t failed_seq; /* an executor's handle: the last switch it ended as failed */
+	/* the trainer's: the executor it started for switch expected_seq (an
+	 * executor word; vps_registry_expect_executor) */
+	uint64_t expected, expected_seq;
 	struct mapping *maps; /* the owner's buffers, or the executor's mappings */
 	size_t nmaps, capmaps;
 };
@@ -204,6 +207,21 @@ static bool executor_alive(uint64_t word)
 	bool zombie;
 	uint64_t st = proc_start(pid, &zombie);
 	return !zombie && (st == 0 || (uint32_t)st == (uint32_t)(word >> 32));
+}
+
+vps_result_t vps_registry_expect_executor(struct vps_registry *r, int pid)
+{
+	if (!r->owner)
+		return vps_fail(VPS_EBUSY, "registry %s: only its trainer says which executor it started", r->name);
+	if (pid <= 0)
+		return vps_fail(VPS_EINPUT, "registry %s: executor pid %d", r->name, pid);
+	bool zombie;
+	uint64_t start = proc_start(pid, &zombie);
+	uint32_t st = atomic_load(&r->h->state);
+	uint64_t s = atomic_load(&r->h->seq);
+	r->expected = (uint64_t)(uint32_t)start << 32 | (uint32_t)pid;
+	r->expected_seq = st == VPS_REG_REQUESTED || st == VPS_REG_RUNNING ? s : s + 1;
+	return VPS_OK;
 }
 
 int vps_registry_executor_pid(const struct vps_registry *r)
@@ -984,16 +1002,22 @@ vps_result_t vps_registry_wait(struct vps_registry *r, uint64_t seq, double time
 		/* an executor that died mid-switch cannot say so: look for it, and
 		 * end its switch, so that the trainer may ask again; so too one that
 		 * held the registry when it was requested and died before claiming
-		 * it (a launcher killed it frozen) */
+		 * it (a launcher killed it frozen), and the one the trainer started
+		 * for this switch, dead before it opened the registry */
 		uint64_t ex = atomic_load(&r->h->executor);
+		bool expects = r->expected && r->expected_seq == seq;
 		double t = now();
 		bool looked_for = s == seq && (looked < 0 || t - looked >= LOOK_GONE) &&
-				  (st == VPS_REG_RUNNING || (st == VPS_REG_REQUESTED && ex));
+				  (st == VPS_REG_RUNNING || (st == VPS_REG_REQUESTED && (ex || expects)));
 		if (looked_for)
 			looked = t;
-		if (looked_for && (!ex || !executor_alive(ex))) {
-			char gone[64] = "its executor is gone";
-			if (ex)
+		bool never_came = looked_for && st == VPS_REG_REQUESTED && !ex && !executor_alive(r->expected);
+		if (looked_for && (never_came || (ex ? !executor_alive(ex) : st == VPS_REG_RUNNING))) {
+			char gone[96] = "its executor is gone";
+			if (never_came)
+				snprintf(gone, sizeof(gone), "the executor started for it (pid %d) exited, and none holds the "
+					 "registry", executor_pid_of(r->expected));
+			else if (ex)
 				snprintf(gone, sizeof(gone), "its executor (pid %d) is gone", executor_pid_of(ex));
 			uint32_t running = st;
 			if (r->owner) {

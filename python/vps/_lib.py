@@ -175,6 +175,7 @@ _PROTOS = {
     "vps_registry_reset": (RC, [VP, C.c_uint64, C.c_int64]),
     "vps_registry_request": (RC, [VP, P(C.c_uint64)]),
     "vps_registry_wait": (RC, [VP, C.c_uint64, C.c_double]),
+    "vps_registry_expect_executor": (RC, [VP, C.c_int]),
     "vps_registry_state": (C.c_int, [VP, P(C.c_uint64)]),
     "vps_registry_failure": (C.c_char_p, [VP]),
     "vps_registry_get_training": (None, [VP, P(Training)]),

@@ -928,7 +928,10 @@ class _Switching:
             # vps-exec's tools ran beside it
             made = self._build(lay)
             executor.started()
+            self.reg.expect_executor(executor.proc.pid)
             return made
+        if sw.ready:
+            self.reg.expect_executor(executor.proc.pid)
         training = Training(step=self.job.step, consumed_samples=args.consumed_train_samples,
                             scheduler_step=self.scheduler.num_steps, global_batch=args.global_batch_size,
                             micro_batch=args.micro_batch_size)
@@ -936,8 +939,13 @@ class _Switching:
             # what Job.prepare made ahead, or built now when nothing was
             model, optimizer, carried = self.job.switch(target, self.rank, training, build,
                                                         timeout=args.vps_timeout)
-        except BaseException:
+        except BaseException as e:
+            rc = executor.proc.poll() if executor.proc is not None else None
             executor.stop()
+            if isinstance(e, Error) and e.code == VPS_EPEER and rc:
+                # it exited on its own (before it opened the registry, say): its log says why
+                raise Error(VPS_EPEER, "switch %d: vps-exec rank %d exited with status %d (%s): %s"
+                            % (k, self.rank, rc, executor.log.name, e)) from e
             raise
         for field in ("step", "consumed_samples", "scheduler_step"):
             if getattr(carried, field) != getattr(training, field):

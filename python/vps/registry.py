@@ -178,6 +178,14 @@ class Registry:
         message) when it failed, vps.Timeout when it did not end in time."""
         call("vps_registry_wait", self._handle(), seq, float(timeout))
 
+    def expect_executor(self, pid: int) -> None:
+        """The vps-exec this trainer started for the switch in flight, or
+        else the next one requested, is process `pid`: the wait for that
+        switch raises vps.PeerFailed once it has exited while no executor
+        holds the registry (it died before opening it), rather than waiting
+        out its timeout."""
+        call("vps_registry_expect_executor", self._handle(), int(pid))
+
     def state(self) -> Tuple[int, int]:
         """(IDLE, REQUESTED, RUNNING, DONE or FAILED, the switch's sequence number)."""
         seq = C.c_uint64()

@@ -11,7 +11,10 @@ RoPE, GQA, 4 experts under EP), three runs (the GPT job again with
 more, gpt-dead-exec, with rank 1's vps-exec made ahead of the first switch
 killed after iteration 2: every rank's pretrain() must end at the switch
 with vps.PeerFailed, well before --vps-timeout, the killed one's naming
-its vps-exec and SIGKILL's status, no vps-exec left):
+its vps-exec and SIGKILL's status, no vps-exec left; and gpt-exec-fails,
+a switch asked for whose rank 1 vps-exec, started in the pause, exits
+before it opens the registry: rank 1's pretrain() must end at once with
+vps.PeerFailed naming its status and log, the others by --vps-timeout):
 
 1. the switched run: vps.megatron_training.pretrain with --vps-switch-to
    B,A --vps-switch-every 3 goes A -> B after iteration 3 and B -> A after
@@ -41,7 +44,7 @@ nothing built in it and the data iterators made ahead (the samples
 foreseen: its switch after iteration 6 follows an evaluation after 4),
 the MoE job's (asked for) not.
 
-    check_pretrain.py [-v] [-k gpt|gpt-in-pause|gpt-dead-exec|moe] [--keep DIR] [--pauses FILE]
+    check_pretrain.py [-v] [-k gpt|gpt-in-pause|gpt-dead-exec|gpt-exec-fails|moe] [--keep DIR] [--pauses FILE]
 
 Prints a line per job (and per switch and step with -v); exit 1 naming
 what differs, 2 on bad arguments. --pauses FILE writes each switch's
@@ -100,6 +103,9 @@ JOBS = {
     # the same job, rank 1's vps-exec made ahead killed before the first switch: every rank's pretrain() must end
     # at the switch, naming its own, not wait --vps-timeout
     "gpt-dead-exec": dict(args=GPT, a="tp=2", b="dp=4", ask="schedule", kill_ahead_exec_of=1),
+    # a switch asked for, whose rank 1 vps-exec, started in the pause, exits before it opens the registry: rank 1's
+    # pretrain() must end at once, naming it, not wait --vps-timeout (the others' executors wait for it that long)
+    "gpt-exec-fails": dict(args=GPT, a="tp=2", b="dp=4", ask="control", exec_fails_on=1),
     "moe": dict(args=("--ffn-hidden-size 128 --normalization RMSNorm --swiglu --position-embedding-type rope "
                       "--no-rope-fusion --untie-embeddings-and-output-weights --disable-bias-linear "
                       "--group-query-attention --num-query-groups 2 --num-experts 4 --moe-ffn-hidden-size 128 "
@@ -356,12 +362,66 @@ def check_dead_exec(name, job, args, d, registry):
     return []
 
 
+def check_exec_fails(name, job, args, d, registry):
+    """A vps-exec started in the pause (a switch asked for) that exits
+    before it opens the registry: its rank's switch fails at once with
+    vps.PeerFailed naming its status and log, where nothing else tells it
+    from one still starting; the other ranks, whose executors wait for it
+    at the rendezvous, end by --vps-timeout (under torchrun the failed rank
+    ends them); none leaves a vps-exec."""
+    timeout = 12
+    failing = job["exec_fails_on"]
+    bin_dir = os.path.join(d, "bin")
+    os.makedirs(bin_dir)
+    with open(os.path.join(bin_dir, "vps-exec"), "w") as f:
+        f.write("#!/bin/sh\n# a vps-exec that fails as it starts (check_pretrain.py %s)\n"
+                "echo 'vps-exec: failing at start for the test' >&2\nexit 3\n" % name)
+    os.chmod(os.path.join(bin_dir, "vps-exec"), 0o755)
+    control = os.path.join(d, "control")
+    open(control, "w").close()
+    argv = COMMON + job["args"] + megatron_flags(job["a"]) + [
+        "--train-iters", str(ITERS), "--vps-dir", os.path.join(d, "vps"), "--vps-registry", registry,
+        "--vps-control", control, "--vps-timeout", str(timeout)]
+    log = os.path.join(d, "switched.%d.log")
+
+    def rank(r):
+        if r == failing:
+            # the job's tools are looked for in VPS_BIN first, then in the checkout's bin/
+            os.environ["VPS_BIN"] = bin_dir
+        try:
+            run_job(r, log, argv, Observer(control, {EVERY: "%s\n" % job["b"]}))
+        except vps.Error as e:
+            return type(e).__name__, str(e), children_named("vps-exec"), time.monotonic()
+        return None
+    results = mcore.run_ranks(WORLD, rank, timeout=args.timeout)
+    for r, got in enumerate(results):
+        want = "switch 1: vps-exec rank %d exited with status 3 (" % r if r == failing else ""
+        if got is None or got[0] not in ("PeerFailed", "Timeout") or want not in got[1] or got[2] or \
+                (r == failing and (got[0] != "PeerFailed" or "none holds the registry" not in got[1])):
+            sys.exit("check_pretrain.py: %s: rank %d: %s; expected vps.PeerFailed%s and no vps-exec left"
+                     % (name, r, got or "pretrain() returned", " \"%s\"" % want if want else " or vps.Timeout"))
+    ahead = min(got[3] for r, got in enumerate(results) if r != failing) - results[failing][3]
+    if ahead < timeout / 2:
+        sys.exit("check_pretrain.py: %s: rank %d's switch failed %.1f s before the others', which waited "
+                 "--vps-timeout's %d s: it waited too" % (name, failing, ahead, timeout))
+    if args.verbose:
+        for r, got in enumerate(results):
+            print("%s: rank %d: vps.%s: %s" % (name, r, got[0], got[1]))
+    print("%s on %d ranks, Megatron-LM's pretrain(): rank %d's vps-exec, started in the pause of an asked switch, "
+          "exited before it opened the registry: its pretrain() ended at once (%.0f s before the others, which "
+          "waited --vps-timeout for it), none left" % (name, WORLD, failing, ahead))
+    return []
+
+
 def check(name, job, args, tmp, registry):
     t0 = time.monotonic()
     d = os.path.join(tmp, name)
     if "kill_ahead_exec_of" in job:
         os.makedirs(d, exist_ok=True)
         return check_dead_exec(name, job, args, d, registry)
+    if "exec_fails_on" in job:
+        os.makedirs(d, exist_ok=True)
+        return check_exec_fails(name, job, args, d, registry)
     ckpt = os.path.join(d, "ckpt")
     base = COMMON + job["args"]
     a, b = job["a"], job["b"]

@@ -176,6 +176,17 @@ class Names(unittest.TestCase):
             vps.Registry(name, lay, 0)
         self.assertIn(name, str(e.exception))
 
+    def test_a_switch_whose_executor_exited_before_opening_the_registry_fails(self):
+        lay = vps.layout("micro-llama", "tp=1")
+        self.reg = vps.Registry("vps-pytest-%d" % os.getpid(), lay, 0)
+        proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+        proc.wait()
+        self.reg.expect_executor(proc.pid)
+        seq = self.reg.request()
+        with self.assertRaises(vps.PeerFailed) as e:
+            self.reg.wait(seq, 10)
+        self.assertIn("the executor started for it (pid %d) exited" % proc.pid, str(e.exception))
+
     def test_state_views_share_the_registered_memory(self):
         lay = vps.layout("micro-llama", "tp=2,dp=2,zero=1", gpus_per_node=4)
         self.reg = vps.Registry("vps-pytest-%d" % os.getpid(), lay, 1)

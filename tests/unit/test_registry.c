@@ -603,6 +603,45 @@ TEST(a_trainer_ends_a_request_whose_executor_died_before_claiming_it)
 	vps_registry_close(trainer);
 }
 
+/* The executor a trainer started for a switch, dead before it opened the
+ * registry (bad arguments, a crash at start), ends the wait at once, where
+ * nothing else could tell it from one still starting; one that is alive
+ * is waited for, and the expectation holds for its own switch only. */
+TEST(a_trainer_ends_a_request_whose_executor_died_before_opening_the_registry)
+{
+	char name[64], want[128];
+	struct vps_registry *trainer, *e;
+	uint64_t seq, got;
+	name_for(name, sizeof(name), "never");
+	CHECK_OK(vps_registry_create(&trainer, name, 1, 0, 8, 0));
+	pid_t child = fork();
+	if (child == 0)
+		_exit(3);
+	/* a zombie, not yet reaped, is as gone as a reaped one */
+	CHECK_OK(vps_registry_expect_executor(trainer, (int)child));
+	CHECK_OK(vps_registry_request(trainer, &seq));
+	CHECK(vps_registry_wait(trainer, seq, 10) == VPS_EPEER);
+	snprintf(want, sizeof(want), "the executor started for it (pid %d) exited", (int)child);
+	CHECK(strstr(vps_last_error(), want) != NULL);
+	CHECK_EQ(vps_registry_state(trainer, NULL), VPS_REG_FAILED);
+	waitpid(child, NULL, 0);
+	/* the next request is not the dead one's: waited for until an executor comes */
+	CHECK_OK(vps_registry_request(trainer, &seq));
+	CHECK(vps_registry_wait(trainer, seq, 0.6) == VPS_ETIMEOUT);
+	/* a live one, said after the request: waited for, and it serves */
+	CHECK_OK(vps_registry_expect_executor(trainer, (int)getpid()));
+	CHECK(vps_registry_wait(trainer, seq, 0.6) == VPS_ETIMEOUT);
+	CHECK_OK(vps_registry_open(&e, name));
+	CHECK(vps_registry_expect_executor(e, (int)getpid()) == VPS_EBUSY);
+	CHECK_OK(vps_registry_claim(e, 0, 1, &got));
+	CHECK_EQ(got, seq);
+	vps_registry_finish(e, got, 1, NULL);
+	CHECK_OK(vps_registry_wait(trainer, seq, 1));
+	CHECK(vps_registry_expect_executor(trainer, 0) == VPS_EINPUT);
+	vps_registry_close(e);
+	vps_registry_close(trainer);
+}
+
 /* What a trainer waits for, in words; an executor that does not hold the
  * registry cannot claim. */
 TEST(states_and_waits_are_words)
