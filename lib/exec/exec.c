@@ -1050,9 +1050,11 @@ static vps_result_t report(struct executor *ex, struct pass *ps, vps_result_t rc
 	 * rank's mappings any more, so the trainer goes on before they are
 	 * let go (closing a CUDA IPC handle can take tens of milliseconds) */
 	vps_registry_set_training(ex->reg, &ps->train);
-	vps_registry_finish(ex->reg, ps->seq, 1, NULL);
+	/* read before the verdict: once it rings, the trainer may run on this
+	 * core first, and the executor's clocks would count its wake-up */
 	rep->pause_seconds = now() - ps->t_pause;
 	rep->done_at = wall_now();
+	vps_registry_finish(ex->reg, ps->seq, 1, NULL);
 	double t = now();
 	release(ex, ps);
 	rep->release_seconds = now() - t;
