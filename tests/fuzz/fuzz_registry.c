@@ -56,6 +56,25 @@ static void remove_objects(void)
 	shm_unlink("/" BUF_NAME);
 }
 
+/* An object of /dev/shm this process may write: made now, or left by an
+ * earlier run of this user (a plain object, 0600); another user's, or one
+ * others may open, is not truncated or written. */
+static int own_shm(const char *path)
+{
+	int fd = shm_open(path, O_CREAT | O_EXCL | O_RDWR, 0600);
+	if (fd >= 0 || errno != EEXIST)
+		return fd;
+	fd = shm_open(path, O_RDWR | O_NOFOLLOW, 0);
+	struct stat st;
+	if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+			(st.st_mode & 077))) {
+		close(fd);
+		errno = EPERM;
+		return -1;
+	}
+	return fd;
+}
+
 /* Bytes of a registry made by the library itself. */
 static void *read_object(const char *name, size_t *len)
 {
@@ -114,7 +133,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	(void)argv;
 	my_pid = (int32_t)getpid();
 	snprintf(reg_name, sizeof(reg_name), "vpsfuzz-%d", (int)my_pid);
-	int fd = shm_open("/" BUF_NAME, O_CREAT | O_RDWR, 0600);
+	int fd = own_shm("/" BUF_NAME);
 	if (fd < 0 || ftruncate(fd, BUF_SIZE) != 0)
 		die("/dev/shm/" BUF_NAME);
 	close(fd);
@@ -181,8 +200,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	char path[80];
 	snprintf(path, sizeof(path), "/%s", reg_name);
-	int fd = shm_open(path, O_CREAT | O_RDWR | O_TRUNC, 0600);
-	if (fd < 0)
+	int fd = own_shm(path);
+	if (fd < 0 || ftruncate(fd, 0) != 0)
 		die(path);
 	if (size && pwrite(fd, data, size, 0) != (ssize_t)size)
 		die("write the registry");
