@@ -613,6 +613,9 @@ class Run:
                 sw.k, sw.spec, attempt, "leaves" if new_rank < 0 else "stays")
             if grows:
                 self.fault.in_switch(sw.k)
+            if self.executor is not None:
+                # vps: the switch fails at once if the vps-exec this rank started has exited
+                self.reg.expect_executor(self.executor.pid)
             try:
                 # vps: the step and data position travel with the state
                 state, carried = vps.switch(self.reg, self.state, sw.lay, new_rank, training=self.tr,
