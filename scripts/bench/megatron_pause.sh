@@ -101,31 +101,37 @@ print()
 print("Megatron-LM's pretrain() (tests/megatron/check_pretrain.py, vps.megatron_training), per switch, the median "
       "over %d runs (ms): the pause from the last rank stopping to the last training again; in it Job.switch (its "
       "arrival, transfer and groups, build and attach as above), then the job's arguments and model config, and "
-      "the data iterators (taken, or made); built: the configuration made ahead, by the training thread between "
+      "the data iterators (taken, or made), and the data sets they are of (over the ranks: made, and taken from "
+      "those made before); built: the configuration made ahead, by the training thread between "
       "two iterations right after the switch before (*ahead*: Job.prepare, then the data sets and iterators at "
       "the samples foreseen; the job trains on after it), or in the pause (--vps-build-in-pause, or a switch "
       "asked for through the control file); after the pause, the collection of the configuration before, at the "
       "end of the next iteration, and the wait for vps-exec's exit, at the next boundary." % runs)
 print()
 print("| job | switch | built | pause | Job.switch | arrival | transfer | groups | build | attach | arguments | "
-      "iterators | ahead: prepare | ahead: data | after: collect | after: exit | R per run | R |")
-print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+      "iterators | data sets made, reused | ahead: prepare | ahead: data | after: collect | after: exit | "
+      "R per run | R |")
+print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
 ready_r, asked_r = [], []
-for job, first, ps, med, r in per_switch(pretrain):
+switches = list(per_switch(pretrain))
+for job, first, ps, med, r in switches:
     (ready_r if first["ahead"] else asked_r).extend(r)
     ahead = [sum(p["ahead"].values()) for p in ps if p["ahead"]]
     data = [p["data_ahead"] for p in ps if p["data_ahead"] is not None]
-    print("| %s | %s -> %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.2f |" % (
+    print("| %s | %s -> %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d, %d | %s | %s | %s | %s | %s | "
+          "%.2f |" % (
         job, first["from"], first["to"], "ahead" if first["ahead"] else "in the pause", ms(med("pause")),
         ms(med("job")), ms(med("arrival")), ms(med("transfer")), ms(med("groups")), ms(med("build")),
-        ms(med("attach")), ms(med("arguments")), ms(med("iterators")),
+        ms(med("attach")), ms(med("arguments")), ms(med("iterators")), *first["data_sets"],
         ms(statistics.median(ahead)) if ahead else "-", ms(statistics.median(data)) if data else "-",
         ms(med("collect")), ms(med("exit")), " ".join("%.2f" % x for x in r), statistics.median(r)))
 print()
-stood = [[p["pause"] + (sum(p["ahead"].values()) + p["data_ahead"] if p["ahead"] else 0) for p in ps]
-         for _, _, ps, _, _ in per_switch(pretrain)]
-ready = [s for s, (_, first, _, _, _) in zip(stood, per_switch(pretrain)) if first["ahead"]]
-asked = [s for s, (_, first, _, _, _) in zip(stood, per_switch(pretrain)) if not first["ahead"]]
+# what the training loop stood still for: the pause, and the work ahead between two iterations
+stood = {True: [], False: []}
+for _, first, ps, _, _ in switches:
+    stood[bool(first["ahead"])].append(
+        [p["pause"] + (sum(p["ahead"].values()) + p["data_ahead"] if p["ahead"] else 0) for p in ps])
+ready, asked = stood[True], stood[False]
 print("Target: the pause at most 1.2x the transfer. Verdict: %s: switches built ahead (a fixed schedule) R "
       "%.2f-%.2f (median %.2f); built in the pause R %.2f-%.2f."
       % ("met" if max(ready_r + asked_r) <= 1.2 else "not met", min(ready_r), max(ready_r),

@@ -486,7 +486,11 @@ def check(name, job, args, tmp, registry):
         for sw, p in zip(switches, pauses):
             print("%s: switch %d: pause %s" % (name, sw[0], describe(p)))
     worst_pause = max(p["pause"] / p["transfer"] for p in pauses)
-    out = [dict(p, ready=sw[7], **{"from": sw[2], "to": sw[3]}) for sw, p in zip(switches, pauses)]
+    # the data sets the switch's iterators are of, over the ranks: made, and taken from those made before
+    made = [tuple(sum(r["data_sets"][k].get(x, 0) for r in res) for x in ("made", "reused"))
+            for k in range(len(switches))]
+    out = [dict(p, ready=sw[7], data_sets=m, **{"from": sw[2], "to": sw[3]})
+           for sw, p, m in zip(switches, pauses, made)]
     if job.get("switched_only"):
         print("%s on %d ranks, Megatron-LM's pretrain() %s: %s -> %s -> %s through vps-exec, the whole state "
               "equal bit for bit across each switch (%.0f s); pause at most %.2f x the transfer"
