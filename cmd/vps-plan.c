@@ -131,6 +131,18 @@ static void print_floor_by(const struct vps_time_floor *f)
 	}
 }
 
+/* What sets the estimate, in words: the device to look at first when a
+ * plan is slower than its floor. */
+static void print_estimate_by(const struct vps_estimate *e, bool h)
+{
+	static const char *const what[] = {"its sends over NVLink", "its receives over NVLink", "its sends over its NICs",
+					   "its receives over its NICs", "its local copies"};
+	char n[TOOL_NUM];
+	printf("estimate_by: \"world rank %" PRId64 " (node %d gpu %d): %s, %s, and %" PRId64 " peer%s\"\n", e->rank,
+	       e->device.node, e->device.gpu, what[e->by], tool_bytes(e->bytes, h, n, sizeof(n)), e->peers,
+	       e->peers == 1 ? "" : "s");
+}
+
 static const char *relay_name(uint8_t mode)
 {
 	return mode == VPS_RELAY_AUTO ? "auto" : mode == VPS_RELAY_ALWAYS ? "always" : "never";
@@ -186,6 +198,8 @@ static void print_stats(const struct vps_plan *p, const struct vps_plan_stats *s
 	if (topo) {
 		printf("topology: %s\n", topo->name);
 		printf("estimate_seconds: %s\n", tool_seconds(s->estimate_seconds, "%.4f", h, n, sizeof(n)));
+		if (s->world)
+			print_estimate_by(&s->estimate, h);
 		printf("time_bound_seconds: %s\n", tool_seconds(s->time_bound_seconds, "%.4f", h, n, sizeof(n)));
 		printf("estimate_over_time_bound: %.3f\n",
 		       s->time_bound_seconds > 0 ? s->estimate_seconds / s->time_bound_seconds : 1.0);
@@ -209,9 +223,14 @@ static void print_stats(const struct vps_plan *p, const struct vps_plan_stats *s
 	if (s->send) {
 		printf("load:\n");
 		for (int64_t w = 0; w < s->world; w++) {
-			char r[TOOL_NUM];
-			printf("  - {rank: %" PRId64 ", send: %s, recv: %s}\n", w, tool_bytes(s->send[w], h, n, sizeof(n)),
-			       tool_bytes(s->recv[w], h, r, sizeof(r)));
+			char r[TOOL_NUM], ns[TOOL_NUM], nr[TOOL_NUM], k[TOOL_NUM], t[TOOL_NUM];
+			printf("  - {rank: %" PRId64 ", send: %s, recv: %s, nic_send: %s, nic_recv: %s, retain: %s", w,
+			       tool_bytes(s->send[w], h, n, sizeof(n)), tool_bytes(s->recv[w], h, r, sizeof(r)),
+			       tool_bytes(s->nic_send[w], h, ns, sizeof(ns)), tool_bytes(s->nic_recv[w], h, nr, sizeof(nr)),
+			       tool_bytes(s->retain[w], h, k, sizeof(k)));
+			if (s->seconds)
+				printf(", seconds: %s", tool_seconds(s->seconds[w], "%.4f", h, t, sizeof(t)));
+			printf("}\n");
 		}
 	}
 }

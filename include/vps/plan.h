@@ -283,6 +283,25 @@ struct vps_time_floor {
 	enum vps_floor_by by;      /* which of the above sets it; last, so that the fields before keep
 				    * their offsets */
 };
+/* What sets a device's estimated time: the larger of its NVLink bytes
+ * (sent or received) over the intra-node bandwidth and its NIC bytes over
+ * the inter-node one, or its local copies (read and written) over the
+ * memory bandwidth. */
+enum vps_estimate_by {
+	VPS_ESTIMATE_NVLINK_SEND,
+	VPS_ESTIMATE_NVLINK_RECV,
+	VPS_ESTIMATE_NIC_SEND,
+	VPS_ESTIMATE_NIC_RECV,
+	VPS_ESTIMATE_COPY,
+};
+struct vps_estimate {
+	double seconds;            /* the device's time, its peers' latencies included */
+	int64_t rank;              /* its world rank */
+	struct vps_device device;
+	enum vps_estimate_by by;
+	int64_t bytes;             /* the bytes that set it */
+	int64_t peers;             /* the devices it exchanges with, a message latency each */
+};
 struct vps_plan_stats {
 	int64_t world;
 	int64_t joining, leaving;
@@ -301,10 +320,17 @@ struct vps_plan_stats {
 	int64_t bytes_relayed;       /* moved by relays passing on what they received (--relay); last,
 				      * so that the fields before keep their offsets */
 	struct vps_time_floor time_floor; /* what sets time_floor_seconds; after them for the same reason */
+	/* with a topology, the busiest device: what sets estimate_seconds */
+	struct vps_estimate estimate;
+	/* per world rank, when asked (load), as send and recv: the bytes of
+	 * them over its NICs, its local copies; with a topology, its time */
+	int64_t *nic_send, *nic_recv, *retain;
+	double *seconds;
 };
 
-/* Statistics of a global plan. load: fill per-rank send/recv arrays. topo
- * may be NULL. */
+/* Statistics of a global plan. load: fill the per-rank arrays (send,
+ * recv, nic_send, nic_recv, retain; seconds with a topology). topo may be
+ * NULL. */
 VPS_API vps_result_t vps_plan_stats(const struct vps_plan *p, const struct vps_topology *topo, bool load,
 			    struct vps_plan_stats *s);
 VPS_API void vps_plan_stats_release(struct vps_plan_stats *s);

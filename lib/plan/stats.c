@@ -1062,21 +1062,27 @@ static vps_result_t count_pieces(const struct vps_plan *p, struct vps_plan_stats
 	return rc;
 }
 
-/* Per device: NVLink and the NICs run at once, each direction at full
- * rate; local copies read and write memory. The busiest device sets the
- * time; each peer costs a message latency. */
-static double estimate_seconds(int64_t W, const struct loads *ld, const struct vps_topology *topo)
+/* Device w's time: NVLink and the NICs run at once, each direction at
+ * full rate; local copies read and write memory; each peer costs a
+ * message latency. The busiest device sets the plan's estimate. */
+static struct vps_estimate device_estimate(const struct vps_plan *p, int64_t w, const struct loads *ld,
+					   const struct vps_topology *topo)
 {
-	double t = 0;
-	for (int64_t w = 0; w < W; w++) {
-		double intra = (double)vps_max64(ld->send[w] - ld->isend[w], ld->recv[w] - ld->irecv[w]) /
-			       topo->intra_node_bandwidth;
-		double inter = (double)vps_max64(ld->isend[w], ld->irecv[w]) / topo->inter_node_bandwidth;
-		double copy = 2.0 * (double)ld->keep[w] / topo->memory_bandwidth;
-		double dev = fmax(fmax(intra, inter), copy) + topo->latency * (double)ld->peers[w];
-		t = fmax(t, dev);
-	}
-	return t;
+	const int64_t bytes[] = {ld->send[w] - ld->isend[w], ld->recv[w] - ld->irecv[w], ld->isend[w], ld->irecv[w],
+				 ld->keep[w]};
+	const double per_second[] = {topo->intra_node_bandwidth, topo->intra_node_bandwidth,
+				     topo->inter_node_bandwidth, topo->inter_node_bandwidth,
+				     topo->memory_bandwidth / 2.0};
+	struct vps_estimate e = {.rank = w, .device = vps_world_device(p->world, w), .peers = ld->peers[w]};
+	double most = -1;
+	for (int k = 0; k < 5; k++)
+		if ((double)bytes[k] / per_second[k] > most) {
+			most = (double)bytes[k] / per_second[k];
+			e.by = (enum vps_estimate_by)k;
+			e.bytes = bytes[k];
+		}
+	e.seconds = most + topo->latency * (double)ld->peers[w];
+	return e;
 }
 
 vps_result_t vps_plan_stats(const struct vps_plan *p, const struct vps_topology *topo, bool load,
@@ -1119,7 +1125,12 @@ vps_result_t vps_plan_stats(const struct vps_plan *p, const struct vps_topology 
 	s->balanced_bound = vps_max64(s->balanced_send_bound, s->max_recv_bytes);
 	if (topo) {
 		s->have_estimate = true;
-		s->estimate_seconds = estimate_seconds(W, &ld, topo);
+		for (int64_t w = 0; w < W; w++) {
+			struct vps_estimate e = device_estimate(p, w, &ld, topo);
+			if (!w || e.seconds > s->estimate.seconds)
+				s->estimate = e;
+		}
+		s->estimate_seconds = s->estimate.seconds;
 		VPS_CHECK_GOTO((relayed ? time_bound_relayed : time_bound)(p, topo, &s->time_bound_seconds), rc, done);
 		struct vps_time_floor f;
 		VPS_CHECK_GOTO((relayed ? vps_time_floor_relayed : vps_time_floor)(p->a, p->b, topo, &f), rc, done);
@@ -1131,10 +1142,17 @@ vps_result_t vps_plan_stats(const struct vps_plan *p, const struct vps_topology 
 		if (relayed)
 			s->time_bound_seconds = fmax(s->time_bound_seconds, f.seconds);
 	}
-	if (load) {
+	if (load && topo && W && !(s->seconds = vps_calloc((size_t)W, sizeof(*s->seconds))))
+		rc = VPS_ENOMEM;
+	if (load && !rc) {
+		for (int64_t w = 0; s->seconds && w < W; w++)
+			s->seconds[w] = device_estimate(p, w, &ld, topo).seconds;
 		s->send = ld.send;
 		s->recv = ld.recv;
-		ld.send = ld.recv = NULL;
+		s->nic_send = ld.isend;
+		s->nic_recv = ld.irecv;
+		s->retain = ld.keep;
+		ld.send = ld.recv = ld.isend = ld.irecv = ld.keep = NULL;
 	}
 done:
 	loads_release(&ld);
@@ -1145,7 +1163,12 @@ void vps_plan_stats_release(struct vps_plan_stats *s)
 {
 	free(s->send);
 	free(s->recv);
-	s->send = s->recv = NULL;
+	free(s->nic_send);
+	free(s->nic_recv);
+	free(s->retain);
+	free(s->seconds);
+	s->send = s->recv = s->nic_send = s->nic_recv = s->retain = NULL;
+	s->seconds = NULL;
 }
 
 /* ---- topologies ---- */

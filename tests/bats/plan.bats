@@ -231,7 +231,34 @@ stat() { # key from a --stats listing in $output
 	awk '$1 == "balanced_send_bound:" { exit !($2 > 20000000000) }' <<< "$output"
 }
 
-# Four receivers of each slice a node: each range crosses into a node once,
+# What sets the estimate: --stats names the device, and --load's seconds
+# say the same: its seconds are the estimate's, and no rank's are more; the
+# NIC columns add up to the bytes that cross nodes, each within its rank's.
+@test "--stats says which device sets the estimate, and --load each device's bytes over its NICs and time" {
+	run vps-plan --transition llama2-7b-s1-s2 --stats --load --topology a800-testbed
+	[ "$status" -eq 0 ]
+	[[ "$output" == *'estimate_by: "world rank 5 (node 0 gpu 5): its sends over its NICs, 11794153472, and 7 peers"'* ]]
+	awk -F'[{}]' -v est="$(stat estimate_seconds)" -v inter="$(stat bytes_inter_node)" '
+		/^  - \{rank: / {
+			n = split($2, kv, ", ")
+			for (i = 1; i <= n; i++) { split(kv[i], p, ": "); f[p[1]] = p[2] }
+			if (f["nic_send"] > f["send"] || f["nic_recv"] > f["recv"]) { print "rank " f["rank"] ": NIC bytes above its own"; bad = 1 }
+			ns += f["nic_send"]; nr += f["nic_recv"]
+			if (f["seconds"] + 0 > est + 0) { print "rank " f["rank"] ": " f["seconds"] " s, above the estimate"; bad = 1 }
+			if (f["rank"] == 5 && f["seconds"] + 0 != est + 0) { print "rank 5: " f["seconds"] " s; estimate " est; bad = 1 }
+		}
+		END {
+			if (ns != inter || nr != inter) { print "NIC bytes " ns ", " nr "; bytes_inter_node " inter; bad = 1 }
+			exit bad
+		}' <<< "$output"
+	# without a topology, no time: the bytes alone
+	run vps-plan --transition llama2-7b-s1-s2 --stats --load
+	[[ "$output" != *estimate_by* ]]
+	! grep -q '^  - {rank: .*seconds' <<< "$output"
+	[[ "$output" == *'{rank: 5, send: 11794153472, recv: 5667422208, nic_send: 11794153472, nic_recv: 0, retain: 0}'* ]]
+}
+
+# Four receivers of each slice a node: each range crosses into a node once,# Four receivers of each slice a node: each range crosses into a node once,
 # to its gateway, which passes it on over NVLink (second hops, forward 2).
 # The relayed estimate meets the floor, and --stats says what sets it.
 @test "--relay across nodes: a range enters each node once, and the estimate meets the floor, which --stats names" {
