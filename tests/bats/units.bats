@@ -144,7 +144,11 @@ page_sizes() {
 	# no key names a unit its value is not in: seconds are never ms or us
 	! grep -E '_seconds: .*[0-9] ?(s|ms|us)$' human.txt
 	# ratios and counts are the same in both
-	diff <(grep -vE '_bytes|^bytes_|_bound:|_seconds:' exact.txt) <(grep -vE '_bytes|^bytes_|_bound:|_seconds:' human.txt)
+	diff <(grep -vE '_bytes|^bytes_|_bound:|_seconds:|^estimate_by:' exact.txt) \
+		<(grep -vE '_bytes|^bytes_|_bound:|_seconds:|^estimate_by:' human.txt)
+	# what sets the estimate names its bytes in the listing's units
+	grep -qF ', 11794153472, and 7 peers"' exact.txt
+	grep -qF ", $(human 11794153472), and 7 peers\"" human.txt
 	# the layout's and the staging's too
 	vps-plan --transition llama2-7b-s1-s2 -q -o ab.plan
 	vps-stage --budget 2G --stats ab.plan > s.exact
