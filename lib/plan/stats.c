@@ -1125,8 +1125,14 @@ vps_result_t vps_plan_stats(const struct vps_plan *p, const struct vps_topology 
 	s->balanced_bound = vps_max64(s->balanced_send_bound, s->max_recv_bytes);
 	if (topo) {
 		s->have_estimate = true;
+		if (load && W && !(s->seconds = vps_calloc((size_t)W, sizeof(*s->seconds)))) {
+			rc = VPS_ENOMEM;
+			goto done;
+		}
 		for (int64_t w = 0; w < W; w++) {
 			struct vps_estimate e = device_estimate(p, w, &ld, topo);
+			if (s->seconds)
+				s->seconds[w] = e.seconds;
 			if (!w || e.seconds > s->estimate.seconds)
 				s->estimate = e;
 		}
@@ -1142,11 +1148,7 @@ vps_result_t vps_plan_stats(const struct vps_plan *p, const struct vps_topology 
 		if (relayed)
 			s->time_bound_seconds = fmax(s->time_bound_seconds, f.seconds);
 	}
-	if (load && topo && W && !(s->seconds = vps_calloc((size_t)W, sizeof(*s->seconds))))
-		rc = VPS_ENOMEM;
-	if (load && !rc) {
-		for (int64_t w = 0; s->seconds && w < W; w++)
-			s->seconds[w] = device_estimate(p, w, &ld, topo).seconds;
+	if (load) {
 		s->send = ld.send;
 		s->recv = ld.recv;
 		s->nic_send = ld.isend;
@@ -1155,6 +1157,10 @@ vps_result_t vps_plan_stats(const struct vps_plan *p, const struct vps_topology 
 		ld.send = ld.recv = ld.isend = ld.irecv = ld.keep = NULL;
 	}
 done:
+	if (rc) {
+		free(s->seconds);
+		s->seconds = NULL;
+	}
 	loads_release(&ld);
 	return rc;
 }

@@ -126,8 +126,11 @@ A switch whose executors fail (vps.Error from Job.switch) ends pretrain()
 with that error, the job's state where vps.switch leaves it. A vps-exec
 that dies fails the switch at once where it was made ahead and died
 before it (check_pretrain.py's gpt-dead-exec), or held the job's registry
-(the registry's wait looks for it); one that dies in the pause before it
-opens the registry leaves the job waiting for --vps-timeout.
+(the registry's wait looks for it), or died before it opened the registry
+(each vps-exec's pid is told to the registry: Registry.expect_executor;
+check_pretrain.py's gpt-exec-fails), naming its exit status and log; the
+other ranks' executors then wait for it at the rendezvous for
+--vps-timeout (under torchrun the failed rank ends them first).
 
 Not supported, and refused before training starts: what vps.megatron.Job
 refuses (fp16, the precision-aware optimizer), a job without the
