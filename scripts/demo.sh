@@ -11,7 +11,7 @@
 #   scripts/demo.sh [--model M] [--from SPEC] [--to SPEC] [--np N] [--back]
 #                   [--budget SIZE] [--global-batch G] [--transport T] [--cuda]
 #                   [--fault-rank R SPEC] [--exec-prefix CMD] [--keep DIR] [--per-rank]
-#                   [--relay[=MODE] | --no-relay]
+#                   [--relay[=MODE] | --no-relay] [--topology T]
 #
 #   --model M        a model of configs/models (default tiny-llama)
 #   --from, --to     parallel configurations (default (2,2,2) -> (4,1,2), ZeRO-1)
@@ -35,6 +35,8 @@
 #   --keep DIR       keep the files (plans, reports, logs) in DIR
 #   --relay[=MODE], --no-relay  vps-plan's: where joining devices pass on what they
 #                    received (default auto: where that wins; --relay alone: always)
+#   --topology T     plan for the time on topology T (configs/topologies): where relays
+#                    win, and by which routes, is weighed on its links, not in bytes
 #   --per-rank       each rank plans and stages only its own part (vps-plan --rank);
 #                    the executors agree on the stages at the start
 #
@@ -43,7 +45,7 @@ set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 bin=$top/bin
 model=tiny-llama from=tp=2,pp=2,dp=2,zero=1 to=tp=4,pp=1,dp=2,zero=1
-per_rank=0 relay=() np=8 back=0 budget=64MiB gb=24 keep= transport=tcp cuda=() fault_rank=-1 fault= fault_exec= prefix=() timeout=60
+per_rank=0 relay=() topology=() np=8 back=0 budget=64MiB gb=24 keep= transport=tcp cuda=() fault_rank=-1 fault= fault_exec= prefix=() timeout=60
 standin=0
 while [ $# -gt 0 ]; do
 	case $1 in
@@ -63,7 +65,8 @@ while [ $# -gt 0 ]; do
 	--timeout) timeout=$2; shift 2 ;;
 	--per-rank) per_rank=1; shift ;;
 	--relay | --relay=* | --no-relay) relay=("$1"); shift ;;
-	-h|--help) sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	--topology) topology=(--topology "$2"); shift 2 ;;
+	-h|--help) sed -n '2,43p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "demo.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 	esac
 done
@@ -148,11 +151,11 @@ VPS_TOKEN=${VPS_TOKEN:-$("$bin/vps-exec" --new-token)}
 export VPS_TOKEN
 "$bin/vps-layout" -q --model "$model" --parallel "$from" --gpus-per-node "$np" -o a.layout
 "$bin/vps-layout" -q --model "$model" --parallel "$to" --gpus-per-node "$np" -o b.layout
-"$bin/vps-plan" -q "${relay[@]}" a.layout b.layout --global-batch "$gb" -o ab.plan
+"$bin/vps-plan" -q "${relay[@]}" "${topology[@]}" a.layout b.layout --global-batch "$gb" -o ab.plan
 "$bin/vps-stage" -q --budget "$budget" ab.plan -o ab.staged
 plans=(ab.staged)
 if [ "$back" = 1 ]; then
-	"$bin/vps-plan" -q "${relay[@]}" b.layout a.layout --global-batch "$gb" -o ba.plan
+	"$bin/vps-plan" -q "${relay[@]}" "${topology[@]}" b.layout a.layout --global-batch "$gb" -o ba.plan
 	"$bin/vps-stage" -q --budget "$budget" ba.plan -o ba.staged
 	plans+=(ba.staged)
 fi
@@ -229,9 +232,9 @@ rank_plans() {
 }
 if [ "$per_rank" = 1 ]; then
 	for ((r = 0; r < world; r++)); do
-		"$bin/vps-plan" -q "${relay[@]}" a.layout b.layout --rank "$r" --global-batch "$gb" | "$bin/vps-stage" -q --budget "$budget" - -o "ab.$r.staged"
+		"$bin/vps-plan" -q "${relay[@]}" "${topology[@]}" a.layout b.layout --rank "$r" --global-batch "$gb" | "$bin/vps-stage" -q --budget "$budget" - -o "ab.$r.staged"
 		"$bin/vps-verify" -q "ab.$r.staged"
-		[ "$back" = 0 ] || "$bin/vps-plan" -q "${relay[@]}" b.layout a.layout --rank "$r" --global-batch "$gb" |
+		[ "$back" = 0 ] || "$bin/vps-plan" -q "${relay[@]}" "${topology[@]}" b.layout a.layout --rank "$r" --global-batch "$gb" |
 			"$bin/vps-stage" -q --budget "$budget" - -o "ba.$r.staged"
 	done
 fi

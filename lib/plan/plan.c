@@ -128,6 +128,10 @@ struct relay {
 	 * RANGE_SCALE parts (relay_weigh), not the j-th of n equal ones */
 	bool weighted;
 	uint32_t cut[EXACT_REPLICAS + 1];
+	/* no receiver at home: each range enters each receivers' node from
+	 * a holder, and relays pass on over their node's links alone
+	 * (relay_entry), not their own range into every other node */
+	bool entry_by_holders;
 };
 
 #define RANGE_SCALE ((int64_t)1 << 30)
@@ -148,6 +152,7 @@ struct relay_memo {
 	uint64_t groups;
 	bool weighted; /* RELAY_FREE's ranges, as relay_weigh cut them */
 	uint32_t cut[EXACT_REPLICAS + 1];
+	bool entry_by_holders; /* RELAY_FREE's routes (relay_entry) */
 };
 
 /* Holders under A, less the lost ranks: every choice of a source reads
@@ -344,6 +349,7 @@ static vps_result_t relay_set(struct ctx *c, int64_t rb, const struct vps_region
 	rl->set_base = -1;
 	rl->mixed = false;
 	rl->weighted = false;
+	rl->entry_by_holders = false;
 	c->hb.n = 0;
 	VPS_CHECK(vps_layout_holders(c->b, R->tensor, R->state, &R->box, &c->hb));
 	for (size_t k = 0; k < c->hb.n; k++) {
@@ -939,6 +945,12 @@ static void route(const struct relay *rl, int64_t p, int64_t i, int64_t *from, i
 		}
 		return;
 	}
+	if (rl->entry_by_holders && rl->home_idx < 0) {
+		int64_t gw = rl->nidx[i] == rl->nidx[p] ? p : taker(rl, p, rl->nidx[i]);
+		*from = gw == i ? -1 : gw;
+		*hop = gw != i;
+		return;
+	}
 	int land = landing(rl, p);
 	int64_t entry = at_home(rl, p) ? taker(rl, p, land) : p, e = exporter(rl, p);
 	/* the hop at which the entry takes p in */
@@ -1011,7 +1023,9 @@ static vps_result_t plan_cut(struct ctx *c, const struct group *g, const struct 
 		} else {
 			int64_t src;
 			size_t holder;
-			candidate(c, g, ch->start, &src, &holder);
+			/* each range enters each node from a holder: the holders in turn */
+			int64_t idx = rl->entry_by_holders ? (p * rl->nn + rl->nidx[rl->i]) % ch->k : ch->start;
+			candidate(c, g, idx, &src, &holder);
 			VPS_CHECK(emit_range(out, only_src, src, d, y, ext, x.vol, lo, end, &c->ha.v[holder].region, R));
 		}
 		lo = end;
@@ -1533,6 +1547,69 @@ static vps_result_t relay_weigh(struct ctx *c, struct relay *rl)
 	return VPS_OK;
 }
 
+/* Whether rl's region, relayed by every free receiver and none of them at
+ * home, should enter each of the receivers' nodes from the holders (each
+ * range once a node, the holders in turn) rather than through its
+ * receiver's NIC into every other node: where the receivers are devices of
+ * A busy with their own sends and the holders have time to spare. In
+ * llama2-7b-pp-down-back stage 1's receivers held stages 2 and 3 and sent
+ * them to the joining devices; passing stage 1's ranges on into the other
+ * node made them the plan's busiest, 1.07x the floor. A region is one of
+ * many (its ranges alone never gain 1%), so the region's devices are
+ * weighed as though every region they relay went the same way: a
+ * receiver's likely sends and all it could relay (relay_bound), less, by
+ * the holders' entries, all it would pass on over its NIC; a holder's
+ * sends where every receiver relays (duty_of's best) and all it could
+ * relay, plus, by the holders' entries, its share of what the region's
+ * receivers would have passed on over their NICs. Taken where the busiest
+ * of them gets faster by more than 1%. Every rank reads the same loads,
+ * so they route alike. */
+static vps_result_t relay_entry(struct ctx *c, const struct vps_region *R, const struct relay *rl,
+				const struct group *gs, size_t ng, bool *yes)
+{
+	*yes = false;
+	if (rl->home_idx >= 0 || rl->nn < 2 || rl->n <= rl->nn)
+		return VPS_OK;
+	double routed = 0, entered = 0; /* the busiest device's time, by either route */
+	int64_t exported = 0;           /* what the receivers pass on over NICs */
+	for (int64_t q = 0; q < rl->n; q++) {
+		int64_t a = vps_world_a_rank(c->w, rl->world[q]), own[2] = {0, 0};
+		struct fwd f;
+		VPS_CHECK(relay_bound(c, rl->world[q], &f));
+		if (a >= 0) {
+			struct duty d;
+			VPS_CHECK(duty_likely(c, a, LIKELY_DEPTH, &d));
+			own[0] = d.likely[LIKELY_DEPTH - 1][0];
+			own[1] = d.likely[LIKELY_DEPTH - 1][1];
+		}
+		int64_t nvlink = vps_sat_add(own[0], f.bytes[0]);
+		routed = fmax(routed, link_time(c, nvlink, vps_sat_add(own[1], f.bytes[1])));
+		entered = fmax(entered, link_time(c, nvlink, own[1]));
+		exported = vps_sat_add(exported, f.bytes[1]);
+	}
+	double whole = (double)vps_box_volume(&R->box);
+	for (size_t gi = 0; gi < ng && whole > 0; gi++) {
+		struct vps_box x;
+		if (!vps_box_intersect(&c->ha.v[gs[gi].first].region.box, &R->box, &x))
+			continue;
+		int64_t extra = (int64_t)((double)exported * ((double)vps_box_volume(&x) / whole) / (double)gs[gi].count);
+		for (int64_t j = 0; j < vps_min64(gs[gi].count, DUTY_MEMBERS); j++) {
+			int64_t ra;
+			size_t h;
+			struct duty d;
+			struct fwd f;
+			group_member(&c->ha, &gs[gi], j, &ra, &h);
+			VPS_CHECK(duty_of(c, ra, &d));
+			VPS_CHECK(relay_bound(c, vps_world_of_device(c->w, vps_layout_device(c->a, ra)), &f));
+			int64_t nvlink = vps_sat_add(d.best[0], f.bytes[0]), nic = vps_sat_add(d.best[1], f.bytes[1]);
+			routed = fmax(routed, link_time(c, nvlink, nic));
+			entered = fmax(entered, link_time(c, nvlink, vps_sat_add(nic, extra)));
+		}
+	}
+	*yes = entered < 0.99 * routed;
+	return VPS_OK;
+}
+
 /* Whether region R of B rank rb on world rank d is relayed, and through
  * whom (rl). Every group of holders must share alike (not weighed). By
  * the mode: ALWAYS relays among the joining receivers where they are two
@@ -1548,6 +1625,7 @@ static vps_result_t relay_wanted(struct ctx *c, int64_t d, int64_t rb, const str
 {
 	*yes = false;
 	rl->n = 0;
+	bool entry_by_holders = false;
 	int64_t self = vps_world_a_rank(c->w, d);
 	if (c->relay == VPS_RELAY_NEVER || (self >= 0 && (c->relay != VPS_RELAY_AUTO || holds_any(c, self))))
 		return VPS_OK;
@@ -1617,7 +1695,9 @@ static vps_result_t relay_wanted(struct ctx *c, int64_t d, int64_t rb, const str
 				light = light && relay_gains(c, R, rl, gs, ng, &inbound) && (inbound || !need_inbound);
 				if (light) {
 					choice = RELAY_FREE;
-					VPS_CHECK(relay_weigh(c, rl));
+					VPS_CHECK(relay_entry(c, R, rl, gs, ng, &entry_by_holders));
+					if (!entry_by_holders)
+						VPS_CHECK(relay_weigh(c, rl));
 				} else
 					VPS_CHECK(relay_set(c, rb, R, false, rl));
 			}
@@ -1631,7 +1711,8 @@ static vps_result_t relay_wanted(struct ctx *c, int64_t d, int64_t rb, const str
 			}
 			*m = (struct relay_memo){.used = true, .choice = choice, .tensor = R->tensor,
 						 .state = (uint8_t)R->state, .box = R->box, .set_base = rl->set_base,
-						 .groups = groups, .weighted = choice == RELAY_FREE && rl->weighted};
+						 .groups = groups, .weighted = choice == RELAY_FREE && rl->weighted,
+						 .entry_by_holders = choice == RELAY_FREE && entry_by_holders};
 			if (m->weighted)
 				memcpy(m->cut, rl->cut, sizeof(m->cut));
 		}
@@ -1641,6 +1722,7 @@ static vps_result_t relay_wanted(struct ctx *c, int64_t d, int64_t rb, const str
 			rl->weighted = true;
 			memcpy(rl->cut, m->cut, sizeof(rl->cut));
 		}
+		entry_by_holders = m->entry_by_holders;
 		if (m->choice == RELAY_JOINING && rl->mixed)
 			VPS_CHECK(relay_set(c, rb, R, false, rl));
 	}
@@ -1649,6 +1731,7 @@ static vps_result_t relay_wanted(struct ctx *c, int64_t d, int64_t rb, const str
 	rl->home = one_home ? home : NO_HOME;
 	rl->holders = holders;
 	relay_index(rl);
+	rl->entry_by_holders = entry_by_holders;
 	*yes = true;
 	return VPS_OK;
 }

@@ -219,6 +219,41 @@ per_rank() { # TRANSPORT DEVICES_PER_NODE
 	relay_from_a tcp 4 --per-rank
 }
 
+# Busy devices of A take a region node by node from its holders
+# (docs/relay.md, "Routes that spare busy relays"): tiny-llama from pp=2 to
+# pp=4 (dp=4, ZeRO-1) over nodes of two, weighed on a800-testbed. B's
+# stage 1 lies on the devices of A's stage 1 (world ranks 4-7, nodes 2
+# and 3), busy sending their own stage to the joining devices: each range
+# enters each of their nodes from a holder, and they pass it on to their
+# node-mate alone. Every rank sends what its plan says, --check proves
+# every byte, and planned by every rank alone, the ranks agree.
+relay_by_node() { # TRANSPORT [demo.sh arguments...]
+	demo "$1" --np 2 "${@:2}" --topology a800-testbed --model tiny-llama \
+		--from tp=1,pp=2,dp=4,zero=1 --to tp=1,pp=4,dp=4,zero=1
+	local dir=$BATS_TEST_TMPDIR/demo planned sent r fwd=0
+	for ((r = 0; r < 16; r++)); do
+		planned=$("$VPS_BIN/vps-plan" --transfers --rank "$r" --format tsv "$dir/ab.plan" |
+			awk -F'\t' '$2 == "send" { n += $7 } END { print n + 0 }')
+		sent=$(awk '/^  bytes_sent:/ { print $2; exit }' "$dir/report.$r.yaml")
+		[ "$sent" = "$planned" ] || { echo "rank $r sent $sent, its plan $planned" >&2; return 1; }
+	done
+	for r in 4 5 6 7; do
+		# forwards (column 14) to a rank on another node (two a node)
+		read -r n away < <("$VPS_BIN/vps-plan" --transfers --rank "$r" --format tsv "$dir/ab.plan" |
+			awk -F'\t' -v r="$r" '$2 == "send" && $14 != 0 { n += $7; if (int($3 / 2) != int(r / 2)) a += $7 }
+				END { print n + 0, a + 0 }')
+		[ "$away" = 0 ] || { echo "rank $r forwards $away bytes off its node" >&2; return 1; }
+		fwd=$((fwd + n))
+	done
+	[ "$fwd" -gt 0 ] || { echo "no device of A passed anything on" >&2; return 1; }
+}
+@test "tcp: busy devices of A pass on within their node only, each range entering it from a holder" {
+	relay_by_node tcp
+}
+@test "tcp: busy devices of A pass on within their node, every rank planning and staging its own part" {
+	relay_by_node tcp --per-rank
+}
+
 # A relay that dies: rank 1 of dp=1 -> dp=4 exits at stage 1, before its
 # forwards. The holder names it, every rank it was to pass on to names it
 # as a relay with the bytes still due, and the holder's sources are intact.
