@@ -1603,7 +1603,7 @@ static vps_result_t relay_entry(struct ctx *c, const struct vps_region *R, const
 			VPS_CHECK(relay_bound(c, vps_world_of_device(c->w, vps_layout_device(c->a, ra)), &f));
 			int64_t nvlink = vps_sat_add(d.best[0], f.bytes[0]), nic = vps_sat_add(d.best[1], f.bytes[1]);
 			routed = fmax(routed, link_time(c, nvlink, nic));
-			entered = fmax(entered, link_time(c, nvlink, vps_sat_add(nic, extra)));
+			entered = fmax(entered, link_time(c, nvlink, vps_sat_add(d.best[1], extra)));
 		}
 	}
 	*yes = entered < 0.99 * routed;
