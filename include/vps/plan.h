@@ -112,7 +112,7 @@ struct vps_collective {
 /* The planner's rules (source choice, piece order), part of what ranks that
  * plan their own parts compare: raise it when a change would make two
  * versions' plans of one transition differ. */
-#define VPS_PLANNER_RULES 1
+#define VPS_PLANNER_RULES 2
 
 /* Lost devices: A ranks gone before the switch (vps-plan --lost). What a
  * survivor holds is planned from a survivor; what none holds is a lost

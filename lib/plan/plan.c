@@ -380,10 +380,10 @@ static vps_result_t relay_set(struct ctx *c, int64_t rb, const struct vps_region
 
 /* Replicas in different A pipeline stages (a tied embedding on the first
  * and the last) carry different stages' duties; replicas within a stage
- * (data- and tensor-parallel) carry the same by symmetry, and share
- * equally. A group is weighed when it has 2..SPLIT_MAX candidates spanning
+ * (data- and tensor-parallel) carry the same by symmetry, but for the
+ * ZeRO-1 shards only each holds. Whether 2..SPLIT_MAX candidates span
  * more than one stage. */
-static bool weighed(const struct ctx *c, const int64_t *cand, int64_t k)
+static bool stages_differ(const struct ctx *c, const int64_t *cand, int64_t k)
 {
 	if (k < 2 || k > SPLIT_MAX)
 		return false;
@@ -395,6 +395,35 @@ static bool weighed(const struct ctx *c, const int64_t *cand, int64_t k)
 			return true;
 	}
 	return false;
+}
+
+static vps_result_t duty_of(struct ctx *c, int64_t ra, struct duty *out);
+static double link_time(const struct ctx *c, int64_t intra, int64_t inter);
+
+/* Whether a group's candidates share by weights (weights_of) rather than
+ * equally: they span stages, or, on a topology, what they alone must send
+ * (duty_of's forced: ZeRO-1 shards) takes one of them more than
+ * DUTY_SPREAD times as long as another. In llama2-7b-tp-down-back the
+ * devices of A's data-parallel ranks 2 and 3 on node 0 sent their shards
+ * (3.0 GB) to node 1 over their NICs, and, sharing equally, as many of the
+ * parameters as ranks 0 and 1, whose shards stayed: 1.15x the floor; by
+ * weights ranks 0 and 1 serve them, 1.06x. */
+#define DUTY_SPREAD 1.5
+static vps_result_t weighed(struct ctx *c, const int64_t *cand, int64_t k, bool *yes)
+{
+	*yes = stages_differ(c, cand, k);
+	if (*yes || !c->topo || k < 2 || k > SPLIT_MAX)
+		return VPS_OK;
+	double least = INFINITY, most = 0;
+	for (int64_t i = 0; i < k; i++) {
+		struct duty d;
+		VPS_CHECK(duty_of(c, cand[i], &d));
+		double t = link_time(c, d.forced_link[0], d.forced_link[1]);
+		least = fmin(least, t);
+		most = fmax(most, t);
+	}
+	*yes = most > DUTY_SPREAD * least;
+	return VPS_OK;
 }
 
 /* Receivers among B holder set H of box x: members whose device holds
@@ -770,7 +799,7 @@ static vps_result_t choose(struct ctx *c, const struct group *g, int64_t ri, int
 	if (k <= SPLIT_MAX) {
 		for (int64_t j = 0; j < k; j++)
 			candidate(c, g, (ch->start + j) % k, &ch->cand[j], &ch->cand_holder[j]);
-		ch->weigh = weighed(c, ch->cand, k);
+		VPS_CHECK(weighed(c, ch->cand, k, &ch->weigh));
 	}
 	if (ch->weigh) {
 		VPS_CHECK(weights_of(c, ch->cand, k, node, ch->w));
@@ -1649,7 +1678,7 @@ static vps_result_t relay_wanted(struct ctx *c, int64_t d, int64_t rb, const str
 			size_t h;
 			for (int64_t j = 0; j < g->count; j++)
 				group_member(&c->ha, g, j, &cand[j], &h);
-			if (weighed(c, cand, g->count))
+			if (stages_differ(c, cand, g->count))
 				return VPS_OK;
 		}
 		/* each member's node (at most EXACT_REPLICAS of them, or stops
@@ -1877,7 +1906,9 @@ static vps_result_t candidates_for(struct ctx *c, int64_t s, const struct vps_re
 			size_t hidx;
 			group_member(&c->ha, &g, j, &cand[j], &hidx);
 		}
-		if (weighed(c, cand, k)) {
+		bool weigh;
+		VPS_CHECK(weighed(c, cand, k, &weigh));
+		if (weigh) {
 			for (int64_t i = 0; i < n; i++)
 				if (H->base + i * H->stride != rb_self)
 					VPS_CHECK(want(vs, H->base + i * H->stride, &H->region));

@@ -254,6 +254,29 @@ relay_by_node() { # TRANSPORT [demo.sh arguments...]
 	relay_by_node tcp --per-rank
 }
 
+# Replicas whose own ZeRO-1 shards differ share the parameters by weights
+# (docs/plan.md, rule 6): tiny-llama from tp=2 to tp=4 (dp=4) over nodes of
+# four, weighed on a800-testbed. Node 0's data-parallel ranks 2 and 3 send
+# their shards to node 1; ranks 0 and 1, whose shards stay, serve more of
+# the parameters there: each of node 0's ranks sends off the node at
+# least half what the busiest does, every rank what its plan says, and
+# --check proves every byte.
+@test "tcp: replicas whose own shards differ share the parameters by weights" {
+	demo tcp --np 4 --topology a800-testbed --model tiny-llama --from tp=2,pp=1,dp=4,zero=1 --to tp=4,pp=1,dp=4,zero=1
+	local dir=$BATS_TEST_TMPDIR/demo planned sent r away least=-1 most=0
+	for ((r = 0; r < 16; r++)); do
+		read -r planned away < <("$VPS_BIN/vps-plan" --transfers --rank "$r" --format tsv "$dir/ab.plan" |
+			awk -F'\t' '$2 == "send" { n += $7; if ($3 >= 4) a += $7 } END { print n + 0, a + 0 }')
+		sent=$(awk '/^  bytes_sent:/ { print $2; exit }' "$dir/report.$r.yaml")
+		[ "$sent" = "$planned" ] || { echo "rank $r sent $sent, its plan $planned" >&2; return 1; }
+		if [ "$r" -lt 4 ]; then # over its NIC: to ranks off node 0
+			least=$((least < 0 || away < least ? away : least))
+			most=$((away > most ? away : most))
+		fi
+	done
+	[ $((2 * least)) -ge "$most" ] || { echo "node 0's ranks send $least to $most bytes off the node" >&2; return 1; }
+}
+
 # A relay that dies: rank 1 of dp=1 -> dp=4 exits at stage 1, before its
 # forwards. The holder names it, every rank it was to pass on to names it
 # as a relay with the bytes still due, and the holder's sources are intact.
