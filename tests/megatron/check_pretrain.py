@@ -322,6 +322,31 @@ class Killer:
                 raise RuntimeError("rank %d has no vps-exec after iteration %d" % (self.rank, iteration))
 
 
+def run_failing(name, job, args, d, registry, extra, callback, before=None):
+    """Runs job's configuration A with the flags extra, every rank expected
+    to end in a vps.Error: for each rank (the error's class, its text, the
+    vps-exec processes left, when it ended), or None where pretrain()
+    returned. callback(r) is rank r's pretrain() callback; before(r), if
+    given, runs first in rank r's process."""
+    argv = COMMON + job["args"] + megatron_flags(job["a"]) + [
+        "--train-iters", str(ITERS), "--vps-dir", os.path.join(d, "vps"), "--vps-registry", registry] + extra
+    log = os.path.join(d, "switched.%d.log")
+
+    def rank(r):
+        if before:
+            before(r)
+        try:
+            run_job(r, log, argv, callback(r))
+        except vps.Error as e:
+            return type(e).__name__, str(e), children_named("vps-exec"), time.monotonic()
+        return None
+    results = mcore.run_ranks(WORLD, rank, timeout=args.timeout)
+    if args.verbose:
+        for r, got in enumerate(results):
+            print("%s: rank %d: %s" % (name, r, "vps.%s: %s" % got[:2] if got else "pretrain() returned"))
+    return results
+
+
 def check_dead_exec(name, job, args, d, registry):
     """A vps-exec made ahead that dies before its switch: the switch fails
     on every rank (vps.PeerFailed) well before --vps-timeout, the killed
@@ -330,19 +355,9 @@ def check_dead_exec(name, job, args, d, registry):
     t0 = time.monotonic()
     timeout = 120
     killed = job["kill_ahead_exec_of"]
-    argv = COMMON + job["args"] + megatron_flags(job["a"]) + [
-        "--train-iters", str(ITERS), "--vps-dir", os.path.join(d, "vps"), "--vps-registry", registry,
+    results = run_failing(name, job, args, d, registry, [
         "--vps-switch-to", job["b"].replace(",", ":"), "--vps-switch-every", str(EVERY),
-        "--vps-timeout", str(timeout)]
-    log = os.path.join(d, "switched.%d.log")
-
-    def rank(r):
-        try:
-            run_job(r, log, argv, Killer(killed, EVERY - 1))
-        except vps.Error as e:
-            return type(e).__name__, str(e), children_named("vps-exec")
-        return None
-    results = mcore.run_ranks(WORLD, rank, timeout=args.timeout)
+        "--vps-timeout", str(timeout)], lambda r: Killer(killed, EVERY - 1))
     took = time.monotonic() - t0
     for r, got in enumerate(results):
         # the others' executors, seeing their peer gone, exit before the switch, or fail it when it comes
@@ -353,9 +368,6 @@ def check_dead_exec(name, job, args, d, registry):
                      % (name, r, got or "pretrain() returned", want))
     if took >= timeout:
         sys.exit("check_pretrain.py: %s: the switch failed after %.0f s, --vps-timeout's %d s" % (name, took, timeout))
-    if args.verbose:
-        for r, got in enumerate(results):
-            print("%s: rank %d: vps.%s: %s" % (name, r, got[0], got[1]))
     print("%s on %d ranks, Megatron-LM's pretrain(): rank %d's vps-exec made ahead killed before switch 1: every "
           "rank's pretrain() ended at the switch with vps.PeerFailed, none left (%.0f s)"
           % (name, WORLD, killed, took))
@@ -379,21 +391,14 @@ def check_exec_fails(name, job, args, d, registry):
     os.chmod(os.path.join(bin_dir, "vps-exec"), 0o755)
     control = os.path.join(d, "control")
     open(control, "w").close()
-    argv = COMMON + job["args"] + megatron_flags(job["a"]) + [
-        "--train-iters", str(ITERS), "--vps-dir", os.path.join(d, "vps"), "--vps-registry", registry,
-        "--vps-control", control, "--vps-timeout", str(timeout)]
-    log = os.path.join(d, "switched.%d.log")
 
-    def rank(r):
+    def before(r):
         if r == failing:
             # the job's tools are looked for in VPS_BIN first, then in the checkout's bin/
             os.environ["VPS_BIN"] = bin_dir
-        try:
-            run_job(r, log, argv, Observer(control, {EVERY: "%s\n" % job["b"]}))
-        except vps.Error as e:
-            return type(e).__name__, str(e), children_named("vps-exec"), time.monotonic()
-        return None
-    results = mcore.run_ranks(WORLD, rank, timeout=args.timeout)
+    results = run_failing(name, job, args, d, registry,
+                          ["--vps-control", control, "--vps-timeout", str(timeout)],
+                          lambda r: Observer(control, {EVERY: "%s\n" % job["b"]}), before)
     for r, got in enumerate(results):
         want = "switch 1: vps-exec rank %d exited with status 3 (" % r if r == failing else ""
         if got is None or got[0] not in ("PeerFailed", "Timeout") or want not in got[1] or got[2] or \
@@ -404,9 +409,6 @@ def check_exec_fails(name, job, args, d, registry):
     if ahead < timeout / 2:
         sys.exit("check_pretrain.py: %s: rank %d's switch failed %.1f s before the others', which waited "
                  "--vps-timeout's %d s: it waited too" % (name, failing, ahead, timeout))
-    if args.verbose:
-        for r, got in enumerate(results):
-            print("%s: rank %d: vps.%s: %s" % (name, r, got[0], got[1]))
     print("%s on %d ranks, Megatron-LM's pretrain(): rank %d's vps-exec, started in the pause of an asked switch, "
           "exited before it opened the registry: its pretrain() ended at once (%.0f s before the others, which "
           "waited --vps-timeout for it), none left" % (name, WORLD, failing, ahead))
@@ -464,7 +466,6 @@ def check(name, job, args, tmp, registry):
             print("%s: switch %d: data sets made, reused on each rank: %s" % (
                 name, k + 1, " ".join("%d,%d" % (r["data_sets"][k].get("made", 0), r["data_sets"][k].get("reused", 0))
                                       for r in res)))
-    if args.verbose:
         for k, it, src, dst, n, elems, pause, ready in switches:
             print("%s: switch %d after iteration %d: %s -> %s: %d tensors, %d elements, equal bit for bit "
                   "(%.2f s%s)" % (name, k, it, src, dst, n, elems, pause, ", its vps-exec made ahead" if ready else ""))
