@@ -72,6 +72,16 @@ static inline uint32_t vps_buffer_at_hop(uint32_t index, int hop)
 	return hop ? index | VPS_BUFFER_TARGET | (uint32_t)(hop - 1) << VPS_BUFFER_HOP_SHIFT : index;
 }
 
+/* The transit area: memory of a device's own for the switch, a buffer of
+ * neither layout. A piece whose dst_buffer is VPS_BUFFER_TRANSIT lands in
+ * its destination's area (a device whose NIC has room takes in part of
+ * what node-mates need: a transit); a forward whose src_buffer names it
+ * (vps_buffer_at_hop(VPS_BUFFER_TRANSIT, hop)) passes it on from there.
+ * Offsets into the area count elements of the piece's dtype from its
+ * start (byte offset = offset x element size); a device's area is
+ * vps_plan_transit_bytes long, from the pieces that land in it. */
+#define VPS_BUFFER_TRANSIT 0x1FFFFFFFu
+
 struct vps_piece {
 	uint32_t tensor;
 	uint8_t state;
@@ -112,7 +122,7 @@ struct vps_collective {
 /* The planner's rules (source choice, piece order), part of what ranks that
  * plan their own parts compare: raise it when a change would make two
  * versions' plans of one transition differ. */
-#define VPS_PLANNER_RULES 2
+#define VPS_PLANNER_RULES 3
 
 /* Lost devices: A ranks gone before the switch (vps-plan --lost). What a
  * survivor holds is planned from a survivor; what none holds is a lost
@@ -240,6 +250,18 @@ VPS_API const struct vps_piece *vps_piece_iter_next(struct vps_piece_iter *it);
 
 /* Bytes of one piece. */
 VPS_API int64_t vps_piece_bytes(const struct vps_piece *p);
+/* Whether a piece lands in its destination's transit area, or is passed
+ * on from its source's. */
+static inline bool vps_piece_to_transit(const struct vps_piece *p) { return p->dst_buffer == VPS_BUFFER_TRANSIT; }
+static inline bool vps_piece_from_transit(const struct vps_piece *p)
+{
+	return (p->src_buffer & VPS_BUFFER_TARGET) && vps_buffer_index(p->src_buffer) == VPS_BUFFER_TRANSIT;
+}
+/* The bytes of world rank w's transit area: the end of the furthest piece
+ * of the plan that lands in it (0: none does). A rank's plan holds every
+ * piece that lands on it. VPS_EINPUT when a piece's view leaves [0, 2^48)
+ * elements. */
+VPS_API vps_result_t vps_plan_transit_bytes(const struct vps_plan *p, int64_t w, int64_t *bytes);
 
 /* ---- statistics ---- */
 struct vps_topology {

@@ -1,5 +1,7 @@
 /* Pieces (plan/piece.h): bytes, hashes, and the one geometry of how copies
  * carry them, shared by staging, the queries and vps-verify. */
+#include <inttypes.h>
+
 #include "util/hash.h"
 #include "util/internal.h"
 #include "plan/piece.h"
@@ -8,6 +10,27 @@
 int64_t vps_piece_bytes(const struct vps_piece *p)
 {
 	return vps_box_volume(&p->box) * (int64_t)vps_dtype_size(vps_piece_dtype(p));
+}
+
+vps_result_t vps_plan_transit_bytes(const struct vps_plan *p, int64_t w, int64_t *bytes)
+{
+	struct vps_piece_iter it;
+	const struct vps_piece *x;
+	*bytes = 0;
+	vps_piece_iter_init(&it, p);
+	while ((x = vps_piece_iter_next(&it))) {
+		if (x->dst != w || !vps_piece_to_transit(x))
+			continue;
+		int64_t ext[VPS_MAX_DIMS], first, end, b;
+		for (int k = 0; k < x->box.ndim; k++)
+			ext[k] = x->box.hi[k] - x->box.lo[k];
+		if (!vps_view_span(x->box.ndim, ext, x->dst_offset, x->dst_strides, &first, &end) || first < 0 ||
+		    end > VPS_MAX_ELEMENTS || !vps_mul_ok(end, (int64_t)vps_dtype_size(vps_piece_dtype(x)), &b))
+			return vps_fail(VPS_EINPUT, "a piece into world rank %" PRId64 "'s transit area reaches beyond "
+					"2^48 elements", w);
+		*bytes = vps_max64(*bytes, b);
+	}
+	return VPS_OK;
 }
 
 /* ---- how copies carry pieces ---- */

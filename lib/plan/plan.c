@@ -32,6 +32,7 @@
 #include "util/internal.h"
 #include "plan/piece.h"
 #include "plan/plan_pack.h"
+#include "plan/transit.h"
 #include "vps/plan.h"
 
 /* A piece with several replicas as sources is cut in up to this many parts,
@@ -46,11 +47,9 @@
  * enumeration, for worlds grown by data parallelism). */
 #define EXACT_REPLICAS 64
 #define NODE_RANKS_MAX 256
-
-struct pieces {
-	struct vps_piece *v;
-	size_t n, cap;
-};
+/* Nodes' arrivals a planner keeps (node_arrivals): a global plan's
+ * destinations come node by node, a rank's sends go to a few nodes. */
+#define NODE_SETS 4
 
 /* How deep duty_likely follows the chain of devices of A that relay for
  * each other: B's stage s on devices whose own stages go to devices whose
@@ -98,6 +97,14 @@ struct ctx {
 	enum vps_relay relay;        /* the options' */
 	const struct vps_topology *topo; /* VPS_RELAY_AUTO weighs its bandwidths (NULL: bytes) */
 	struct relay_memo *memo;     /* VPS_RELAY_AUTO's choices, by region (RELAY_MEMO slots) */
+	/* VPS_RELAY_AUTO on a topology: nodes' arrivals, transit routed
+	 * (node_arrivals), the last few */
+	struct node_set {
+		bool used;
+		int32_t node;
+		struct vps_pieces set;
+	} nodes[NODE_SETS];
+	unsigned nodes_next;
 };
 
 /* A relayed region: its receivers in replica order (world and B ranks, and
@@ -194,7 +201,7 @@ static int holder_cmp(const void *p, const void *q)
 	return x->base < y->base ? -1 : x->base > y->base;
 }
 
-static vps_result_t emit(struct pieces *out, int64_t only_src, int64_t src, int64_t dst, const struct vps_box *box,
+static vps_result_t emit(struct vps_pieces *out, int64_t only_src, int64_t src, int64_t dst, const struct vps_box *box,
 			 const struct vps_region *sr, const struct vps_region *dr)
 {
 	if (only_src >= 0 && src != only_src)
@@ -745,7 +752,7 @@ static vps_result_t make_groups(struct ctx *c, int32_t node, int64_t exclude, in
 /* 1. What the destination's own device holds under A is retained (copied
  * from the device to itself); c->rem is left with the rest of R. */
 static vps_result_t plan_retains(struct ctx *c, int64_t d, int64_t self, const struct vps_region *R, int64_t only_src,
-				 struct pieces *out)
+				 struct vps_pieces *out)
 {
 	VPS_CHECK(vps_boxes_reset(&c->rem, &R->box));
 	if (self < 0)
@@ -860,7 +867,7 @@ static void serve(const struct ctx *c, const struct group *g, const struct choic
 
 /* Elements [lo, hi) of box y (row-major, extents ext, vol elements) from
  * src. */
-static vps_result_t emit_range(struct pieces *out, int64_t only_src, int64_t src, int64_t d, const struct vps_box *y,
+static vps_result_t emit_range(struct vps_pieces *out, int64_t only_src, int64_t src, int64_t d, const struct vps_box *y,
 			       const int64_t *ext, int64_t vol, int64_t lo, int64_t hi, const struct vps_region *sr,
 			       const struct vps_region *R)
 {
@@ -1020,7 +1027,7 @@ static int64_t range_of(const struct relay *rl, int64_t pos, int64_t bufsize)
 
 static vps_result_t plan_cut(struct ctx *c, const struct group *g, const struct choice *ch, const struct relay *rl,
 			     int64_t d, const struct vps_region *R, int64_t bufsize, const struct vps_box *y,
-			     int64_t only_src, struct pieces *out)
+			     int64_t only_src, struct vps_pieces *out)
 {
 	int64_t esize = (int64_t)vps_dtype_size(vps_region_dtype(R)), ext[VPS_MAX_DIMS];
 	struct cut x = {.first = vps_region_offset_at(R, y->lo), .vol = vps_box_volume(y), .bufsize = bufsize,
@@ -1073,7 +1080,7 @@ static vps_result_t plan_cut(struct ctx *c, const struct group *g, const struct 
 /* Group g's part of what is left of R (c->rem), taken out of c->rem. */
 static vps_result_t plan_group(struct ctx *c, const struct group *g, const struct relay *rl, int64_t ri, int64_t rn,
 			       int64_t rbase, int64_t d, const struct vps_region *R, int64_t bufsize, int64_t only_src,
-			       struct pieces *out)
+			       struct vps_pieces *out)
 {
 	const struct vps_box *gbox = &c->ha.v[g->first].region.box;
 	struct choice ch;
@@ -1768,7 +1775,7 @@ static vps_result_t relay_wanted(struct ctx *c, int64_t d, int64_t rb, const str
 /* The decision for one destination region R of B rank rb on world rank d.
  * Pieces with a source other than only_src (when >= 0) are dropped. */
 static vps_result_t plan_region(struct ctx *c, int64_t d, int64_t rb, const struct vps_region *R, int64_t only_src,
-				struct pieces *out)
+				struct vps_pieces *out)
 {
 	c->ha.n = 0;
 	VPS_CHECK(a_holders(c, R->tensor, R->state, &R->box, &c->ha));
@@ -1804,7 +1811,7 @@ static vps_result_t plan_region(struct ctx *c, int64_t d, int64_t rb, const stru
 }
 
 /* Everything world rank d receives or retains. */
-static vps_result_t plan_receives(struct ctx *c, int64_t d, struct pieces *out)
+static vps_result_t plan_receives(struct ctx *c, int64_t d, struct vps_pieces *out)
 {
 	int64_t rb = vps_world_b_rank(c->w, d);
 	if (rb < 0)
@@ -1934,14 +1941,14 @@ static vps_result_t candidates_for(struct ctx *c, int64_t s, const struct vps_re
  * from s's B buffers (a holder's own sends come from plan_sends). A
  * joining device relays, and by default (VPS_RELAY_AUTO) a device of A
  * too, where relay_wanted lets it. */
-static vps_result_t plan_forwards(struct ctx *c, int64_t s, struct pieces *out)
+static vps_result_t plan_forwards(struct ctx *c, int64_t s, struct vps_pieces *out)
 {
 	int64_t rb = vps_world_b_rank(c->w, s);
 	if (rb < 0 || c->relay == VPS_RELAY_NEVER ||
 	    (vps_world_a_rank(c->w, s) >= 0 && c->relay != VPS_RELAY_AUTO))
 		return VPS_OK;
 	struct vps_rank_view v;
-	struct pieces tmp = {0};
+	struct vps_pieces tmp = {0};
 	struct relay rl;
 	rl.n = 0;
 	VPS_CHECK(vps_layout_rank(c->b, rb, &v));
@@ -1989,7 +1996,7 @@ static vps_result_t plan_forwards(struct ctx *c, int64_t s, struct pieces *out)
 	return rc;
 }
 
-static vps_result_t plan_sends(struct ctx *c, int64_t s, struct pieces *out)
+static vps_result_t plan_sends(struct ctx *c, int64_t s, struct vps_pieces *out)
 {
 	int64_t ra = vps_world_a_rank(c->w, s);
 	VPS_CHECK(plan_forwards(c, s, out));
@@ -2019,6 +2026,126 @@ static vps_result_t plan_sends(struct ctx *c, int64_t s, struct pieces *out)
 	vps_holders_release(&hb);
 	vps_rank_view_release(&v);
 	return rc;
+}
+
+/* ---- transit (transit.h) ---- */
+
+static bool transit_on(const struct ctx *c)
+{
+	return c->relay == VPS_RELAY_AUTO && c->topo;
+}
+
+static vps_result_t forwards_of(void *arg, int64_t w, struct vps_pieces *out)
+{
+	return plan_forwards(arg, w, out);
+}
+
+static int int64_cmp(const void *p, const void *q)
+{
+	int64_t x = *(const int64_t *)p, y = *(const int64_t *)q;
+	return (x > y) - (x < y);
+}
+
+/* Every piece into a device of node, transit routed, in *out (kept until
+ * NODE_SETS other nodes are asked for); NULL for a node of more than
+ * NODE_RANKS_MAX devices, which transit leaves alone. */
+static vps_result_t node_arrivals(struct ctx *c, int32_t node, const struct vps_pieces **out)
+{
+	*out = NULL;
+	for (int k = 0; k < NODE_SETS; k++)
+		if (c->nodes[k].used && c->nodes[k].node == node) {
+			*out = &c->nodes[k].set;
+			return VPS_OK;
+		}
+	int64_t dev[NODE_RANKS_MAX];
+	size_t n = vps_devices_node_ranks(vps_layout_devices(c->b), vps_layout_world(c->b), node, dev, NODE_RANKS_MAX);
+	if (n > NODE_RANKS_MAX)
+		return VPS_OK;
+	struct node_set *ns = &c->nodes[c->nodes_next++ % NODE_SETS];
+	ns->used = false;
+	ns->set.n = 0;
+	for (size_t i = 0; i < n; i++)
+		dev[i] = vps_world_of_b(c->w, dev[i]);
+	qsort(dev, n, sizeof(*dev), int64_cmp);
+	for (size_t i = 0; i < n; i++)
+		VPS_CHECK(plan_receives(c, dev[i], &ns->set));
+	struct vps_transit_node tn = {.w = c->w, .node = node, .devices = dev, .ndevices = n,
+				      .intra = c->topo->intra_node_bandwidth, .inter = c->topo->inter_node_bandwidth,
+				      .forwards = forwards_of, .arg = c};
+	VPS_CHECK(vps_transit_route(&tn, &ns->set));
+	ns->used = true;
+	ns->node = node;
+	*out = &ns->set;
+	return VPS_OK;
+}
+
+static vps_result_t take(struct vps_pieces *out, const struct vps_piece *x)
+{
+	VPS_CHECK(VPS_GROW(out->v, out->cap, out->n + 1));
+	out->v[out->n++] = *x;
+	return VPS_OK;
+}
+
+/* What world rank d receives, transit routed where transit is on. */
+static vps_result_t plan_arrivals(struct ctx *c, int64_t d, struct vps_pieces *out)
+{
+	const struct vps_pieces *set = NULL;
+	if (transit_on(c))
+		VPS_CHECK(node_arrivals(c, vps_world_device(c->w, d).node, &set));
+	if (!set)
+		return plan_receives(c, d, out);
+	for (size_t i = 0; i < set->n; i++)
+		if (set->v[i].dst == d)
+			VPS_CHECK(take(out, &set->v[i]));
+	return VPS_OK;
+}
+
+/* Rank r's pieces (its receives and sends in pcs), transit routed: each
+ * node r sends into decides its own arrivals, r's among them. */
+static vps_result_t plan_rank_transit(struct ctx *c, int64_t r, struct vps_pieces *pcs)
+{
+	int32_t home = vps_world_device(c->w, r).node, *nodes = NULL;
+	size_t nn = 0, cap = 0;
+	struct vps_pieces out = {0};
+	const struct vps_pieces *set;
+	vps_result_t rc = node_arrivals(c, home, &set);
+	if (rc || !set)
+		return rc;
+	for (size_t i = 0; i < set->n && !rc; i++)
+		if (set->v[i].dst == r || set->v[i].src == r)
+			rc = take(&out, &set->v[i]);
+	for (size_t i = 0; i < pcs->n && !rc; i++) {
+		int32_t node = vps_world_device(c->w, pcs->v[i].dst).node;
+		bool seen = node == home;
+		for (size_t k = 0; k < nn && !seen; k++)
+			seen = nodes[k] == node;
+		if (seen || pcs->v[i].src != r)
+			continue;
+		rc = VPS_GROW(nodes, cap, nn + 1);
+		if (!rc)
+			nodes[nn++] = node;
+	}
+	for (size_t k = 0; k < nn && !rc; k++) {
+		rc = node_arrivals(c, nodes[k], &set);
+		if (!rc && !set) {
+			/* a node transit leaves alone: r's sends to it as planned */
+			for (size_t i = 0; i < pcs->n && !rc; i++)
+				if (pcs->v[i].src == r && vps_world_device(c->w, pcs->v[i].dst).node == nodes[k])
+					rc = take(&out, &pcs->v[i]);
+			continue;
+		}
+		for (size_t i = 0; set && i < set->n && !rc; i++)
+			if (set->v[i].src == r)
+				rc = take(&out, &set->v[i]);
+	}
+	free(nodes);
+	if (rc) {
+		free(out.v);
+		return rc;
+	}
+	free(pcs->v);
+	*pcs = out;
+	return VPS_OK;
 }
 
 /* ---- the plan ---- */
@@ -2214,6 +2341,8 @@ static void ctx_release(struct ctx *c)
 	free(c->duties);
 	free(c->fwds);
 	free(c->memo);
+	for (int k = 0; k < NODE_SETS; k++)
+		free(c->nodes[k].set.v);
 	vps_boxes_release(&c->rem);
 	vps_boxes_release(&c->next);
 }
@@ -2222,14 +2351,14 @@ static void ctx_release(struct ctx *c)
  * order, so sorting each destination's pieces alone sorts the block (a
  * whole-plan sort of millions of pieces took most of the global planning
  * time); scratch holds one destination's at a time. */
-static vps_result_t plan_block(struct ctx *c, int64_t lo, int64_t hi, struct pieces *scratch,
+static vps_result_t plan_block(struct ctx *c, int64_t lo, int64_t hi, struct vps_pieces *scratch,
 			       struct vps_packed_block *out)
 {
 	static const struct vps_piece zero;
 	const struct vps_piece *prev = &zero;
 	for (int64_t d = lo; d < hi; d++) {
 		scratch->n = 0;
-		VPS_CHECK(plan_receives(c, d, scratch));
+		VPS_CHECK(plan_arrivals(c, d, scratch));
 		if (scratch->n > 1)
 			qsort(scratch->v, scratch->n, sizeof(*scratch->v), piece_cmp);
 		for (size_t i = 0; i < scratch->n; i++) {
@@ -2269,7 +2398,7 @@ static void *plan_worker(void *arg)
 {
 	struct job *j = arg;
 	struct ctx c = {.a = j->a, .b = j->b, .w = j->w, .lost = j->lost, .relay = j->relay, .topo = j->topo};
-	struct pieces scratch = {0};
+	struct vps_pieces scratch = {0};
 	struct vps_packed_block work = {0};
 	pthread_mutex_lock(&j->mu);
 	for (;;) {
@@ -2320,7 +2449,7 @@ static int plan_threads(int asked)
 /* Take block bl into the packed plan, or unpack it into the pieces; the
  * collecting thread meanwhile feeds promotion and, packed, the hash. */
 static vps_result_t collect(const struct vps_layout *a, struct vps_packed_block *bl, struct vps_packed *pk,
-			    struct pieces *out, struct promotion *pr, bool hash)
+			    struct vps_pieces *out, struct promotion *pr, bool hash)
 {
 	struct vps_packed one = {.v = bl, .n = 1, .cap = 1};
 	/* the iterator reads the states' dtypes off the source layout */
@@ -2349,7 +2478,7 @@ static vps_result_t collect(const struct vps_layout *a, struct vps_packed_block 
  * structs into out. Threads take blocks as they come; the blocks are
  * collected in rank order, so the plan (and the first error, the one of the
  * lowest failing rank) is the same for any number of threads. */
-static vps_result_t plan_all(struct ctx *c, int64_t W, int asked, struct vps_packed *pk, struct pieces *out,
+static vps_result_t plan_all(struct ctx *c, int64_t W, int asked, struct vps_packed *pk, struct vps_pieces *out,
 			     struct promotion *pr, bool hash)
 {
 	int64_t nblocks = vps_ceil_div(W, BLOCK_RANKS);
@@ -2357,7 +2486,7 @@ static vps_result_t plan_all(struct ctx *c, int64_t W, int asked, struct vps_pac
 	struct job j = {.a = c->a, .b = c->b, .w = c->w, .lost = c->lost, .relay = c->relay, .topo = c->topo, .W = W, .nblocks = nblocks, .ahead = BLOCKS_AHEAD * threads};
 	pthread_t tid[VPS_PLAN_MAX_THREADS];
 	int started = 0;
-	struct pieces scratch = {0};
+	struct vps_pieces scratch = {0};
 	j.blocks = vps_calloc((size_t)nblocks, sizeof(*j.blocks));
 	if (!j.blocks)
 		return VPS_ENOMEM;
@@ -2492,7 +2621,7 @@ vps_result_t vps_plan_compute(struct vps_plan **out, struct vps_layout *a, struc
 	if (!p)
 		return VPS_ENOMEM;
 	struct ctx c = {0};
-	struct pieces pcs = {0};
+	struct vps_pieces pcs = {0};
 	struct promotion pr = {0};
 	VPS_CHECK_GOTO(vps_world_new(&p->world, a, b), rc, fail);
 	p->scope = opts->rank;
@@ -2513,6 +2642,8 @@ vps_result_t vps_plan_compute(struct vps_plan **out, struct vps_layout *a, struc
 	if (opts->rank >= 0) {
 		VPS_CHECK_GOTO(plan_receives(&c, opts->rank, &pcs), rc, fail);
 		VPS_CHECK_GOTO(plan_sends(&c, opts->rank, &pcs), rc, fail);
+		if (transit_on(&c))
+			VPS_CHECK_GOTO(plan_rank_transit(&c, opts->rank, &pcs), rc, fail);
 	} else {
 		/* the plan's layouts hash lazily: not in threads */
 		(void)vps_layout_hash(a);

@@ -131,6 +131,10 @@ static vps_result_t read_strides(struct vps_reader *r, const char *key, int64_t 
 
 int64_t vps_plan_side_elements(const struct vps_plan *p, bool source, int64_t wr, uint32_t buffer)
 {
+	/* a transit area is sized by what lands in it (vps_plan_transit_bytes),
+	 * which a rank's plan holds only for its own */
+	if (buffer == VPS_BUFFER_TRANSIT)
+		return source ? -2 : -1;
 	int64_t rank = source ? vps_world_a_rank(p->world, wr) : vps_world_b_rank(p->world, wr);
 	if (rank < 0)
 		return -1;

@@ -10,7 +10,9 @@ vps_result_t vps_training_read(struct vps_reader *r, const char *key, struct vps
 vps_result_t vps_piece_write(struct vps_writer *w, const struct vps_model *m, const struct vps_piece *p);
 /* Elements of buffer `buffer` of world rank wr under A (source) or B, -1
  * when the rank is not in that layout (a joining source or a leaving
- * target: vps-verify names those) and -2 when it has no such buffer. */
+ * target: vps-verify names those, or a transit area, VPS_BUFFER_TRANSIT
+ * on the B side, whose size the plan's pieces give) and -2 when it has no
+ * such buffer. */
 int64_t vps_plan_side_elements(const struct vps_plan *p, bool source, int64_t wr, uint32_t buffer);
 vps_result_t vps_plan_write_body(struct vps_writer *w, const struct vps_plan *p);
 /* Into a counting writer: what vps_plan_write_body writes, measured; pieces

@@ -1,0 +1,292 @@
+/* Transit: a node's NIC receives spread over its devices (transit.h).
+ *
+ * The model is the plan estimate's (stats.c, device_estimate) restricted to
+ * what the node's arrivals say: each device's NIC receives, NVLink
+ * receives and NVLink sends to node-mates, each at its own bandwidth. A
+ * device's NIC sends and its sends to other nodes do not change, nor does
+ * any sender's: a part rerouted leaves its sender as before, to another
+ * device of the same node. So the node's busiest device, by this model,
+ * can only get faster, and the plan's estimate cannot rise but by the
+ * latency of the new pairs of peers, which the gain asked for (1%) and the
+ * smallest part (TRANSIT_MIN_BYTES) keep far below it. */
+#include <math.h>
+#include <string.h>
+
+#include "plan/transit.h"
+
+/* The least a part rerouted carries: below, a message's latency would
+ * cost more than its bytes save. */
+#define TRANSIT_MIN_BYTES ((int64_t)256 << 10)
+/* What the node's busiest device must gain (as in relay_weigh and
+ * relay_entry). */
+#define TRANSIT_GAIN 0.99
+/* Areas' ranges start on this many bytes (any element size divides it). */
+#define TRANSIT_ALIGN 64
+#define BISECTIONS 60
+
+struct tdev {
+	int64_t w;
+	double nic_recv, nvl_recv, nvl_send;
+	double eligible; /* NIC arrivals it may have carried by another */
+	int64_t area;    /* bytes of its transit area so far */
+};
+
+struct tnode {
+	const struct vps_transit_node *tn;
+	struct tdev *d;
+	size_t n;
+};
+
+static struct tdev *find(const struct tnode *t, int64_t w)
+{
+	size_t lo = 0, hi = t->n;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (t->d[mid].w < w)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo < t->n && t->d[lo].w == w ? &t->d[lo] : NULL;
+}
+
+static bool on_node(const struct tnode *t, int64_t w)
+{
+	return vps_world_device(t->tn->w, w).node == t->tn->node;
+}
+
+/* A piece that arrives over the receiver's NIC, from a holder or a relay
+ * on another node, into a B buffer. */
+static bool nic_arrival(const struct tnode *t, const struct vps_piece *x)
+{
+	return x->src != x->dst && !on_node(t, x->src) && !vps_piece_to_transit(x);
+}
+
+static double busiest(const struct tnode *t)
+{
+	const struct vps_transit_node *tn = t->tn;
+	double most = 0;
+	for (size_t i = 0; i < t->n; i++)
+		most = fmax(most, fmax(t->d[i].nic_recv / tn->inter,
+				       fmax(t->d[i].nvl_recv / tn->intra, t->d[i].nvl_send / tn->intra)));
+	return most;
+}
+
+/* Whether, at time T, what lies above it of the devices' NIC receives can
+ * go through devices with room below it, every device's NVLink within T. */
+static bool feasible(const struct tnode *t, double T)
+{
+	const struct vps_transit_node *tn = t->tn;
+	double shed = 0, room = 0;
+	for (size_t i = 0; i < t->n; i++) {
+		const struct tdev *d = &t->d[i];
+		if (d->nvl_send > T * tn->intra || d->nvl_recv > T * tn->intra)
+			return false;
+		double over = d->nic_recv - T * tn->inter;
+		if (over > 0) {
+			if (over > d->eligible || d->nvl_recv + over > T * tn->intra)
+				return false;
+			shed += over;
+		} else {
+			room += fmin(-over, T * tn->intra - d->nvl_send);
+		}
+	}
+	return shed <= room;
+}
+
+/* The least T feasible, between what no rerouting changes and T0. */
+static double level(const struct tnode *t, double T0)
+{
+	double lo = 0, hi = T0;
+	if (!feasible(t, hi))
+		return T0;
+	for (int k = 0; k < BISECTIONS; k++) {
+		double mid = (lo + hi) / 2;
+		if (feasible(t, mid))
+			hi = mid;
+		else
+			lo = mid;
+	}
+	return hi;
+}
+
+/* Whether device e passes on any element of arrival x. */
+static bool forwarded(const struct vps_pieces *f, const struct vps_piece *x)
+{
+	for (size_t k = 0; k < f->n; k++) {
+		const struct vps_piece *y = &f->v[k];
+		struct vps_box o;
+		if (y->tensor == x->tensor && y->state == x->state && vps_buffer_index(y->src_buffer) == x->dst_buffer &&
+		    vps_box_intersect(&y->box, &x->box, &o))
+			return true;
+	}
+	return false;
+}
+
+static void rowmajor(const struct vps_box *b, int64_t *strides)
+{
+	int64_t s = 1;
+	for (int a = b->ndim - 1; a >= 0; a--) {
+		strides[a] = s;
+		s *= b->hi[a] - b->lo[a];
+	}
+}
+
+/* The first `rows` rows of x (along its first axis longer than one) as
+ * *part; x keeps the rest. */
+static void carve(struct vps_piece *x, int axis, int64_t rows, struct vps_piece *part)
+{
+	*part = *x;
+	part->box.hi[axis] = x->box.lo[axis] + rows;
+	x->box.lo[axis] += rows;
+	x->src_offset += rows * x->src_strides[axis];
+	x->dst_offset += rows * x->dst_strides[axis];
+}
+
+/* The arrival x (or its part) through carrier t: to t's area, and on from
+ * there, a hop later. */
+static vps_result_t through(struct vps_pieces *out, const struct vps_piece *x, struct tdev *t)
+{
+	int64_t esize = (int64_t)vps_dtype_size(vps_piece_dtype(x)), bytes = vps_piece_bytes(x);
+	int64_t at = t->area / esize;
+	VPS_CHECK(VPS_GROW(out->v, out->cap, out->n + 2));
+	struct vps_piece *in = &out->v[out->n++], *on = &out->v[out->n++];
+	*in = *x;
+	in->dst = t->w;
+	in->dst_buffer = VPS_BUFFER_TRANSIT;
+	in->dst_offset = at;
+	rowmajor(&x->box, in->dst_strides);
+	*on = *x;
+	on->src = t->w;
+	on->src_buffer = vps_buffer_at_hop(VPS_BUFFER_TRANSIT, vps_buffer_hop(x->src_buffer) + 1);
+	on->src_offset = at;
+	memcpy(on->src_strides, in->dst_strides, sizeof(on->src_strides));
+	t->area += (bytes + TRANSIT_ALIGN - 1) / TRANSIT_ALIGN * TRANSIT_ALIGN;
+	t->nic_recv += (double)bytes;
+	t->nvl_send += (double)bytes;
+	return VPS_OK;
+}
+
+/* Device e's eligible arrivals, by what it sheds: each to the carriers in
+ * turn (*next, the first with room), whole or its first rows. */
+static vps_result_t shed(struct tnode *t, struct tdev *e, double T, const struct vps_pieces *fw,
+			 struct vps_pieces *set, size_t *next, struct vps_pieces *out)
+{
+	const struct vps_transit_node *tn = t->tn;
+	double need = e->nic_recv - T * tn->inter;
+	for (size_t i = 0; i < set->n && need > 0 && *next < t->n; i++) {
+		struct vps_piece *x = &set->v[i];
+		if (x->dst != e->w || !nic_arrival(t, x) || vps_buffer_hop(x->src_buffer) >= VPS_MAX_HOP ||
+		    forwarded(fw, x))
+			continue;
+		while (need > 0 && *next < t->n && vps_box_volume(&x->box) > 0) {
+			struct tdev *c = &t->d[*next];
+			double room = c == e ? 0 : fmin(T * tn->inter - c->nic_recv, T * tn->intra - c->nvl_send);
+			if (room < (double)TRANSIT_MIN_BYTES) {
+				++*next;
+				continue;
+			}
+			int axis = 0;
+			while (axis < x->box.ndim - 1 && x->box.hi[axis] - x->box.lo[axis] == 1)
+				axis++;
+			int64_t len = x->box.hi[axis] - x->box.lo[axis], bytes = vps_piece_bytes(x);
+			int64_t row = bytes / len, take = vps_min64((int64_t)fmin(need, room) / row, len);
+			if (take < len && take * row < TRANSIT_MIN_BYTES)
+				break; /* too little of this one to cut it for */
+			struct vps_piece part;
+			if (take >= len) {
+				part = *x;
+				x->box.hi[axis] = x->box.lo[axis]; /* emptied: dropped below */
+			} else {
+				carve(x, axis, take, &part);
+			}
+			int64_t moved = vps_piece_bytes(&part);
+			VPS_CHECK(through(out, &part, c));
+			e->nic_recv -= (double)moved;
+			e->nvl_recv += (double)moved;
+			need -= (double)moved;
+		}
+	}
+	return VPS_OK;
+}
+
+vps_result_t vps_transit_route(const struct vps_transit_node *tn, struct vps_pieces *set)
+{
+	if (tn->ndevices < 2 || !(tn->intra > 0) || !(tn->inter > 0))
+		return VPS_OK;
+	struct tnode t = {.tn = tn, .n = tn->ndevices};
+	struct vps_pieces fw = {0}, out = {0};
+	t.d = vps_calloc(t.n, sizeof(*t.d));
+	if (!t.d)
+		return VPS_ENOMEM;
+	for (size_t i = 0; i < t.n; i++)
+		t.d[i].w = tn->devices[i];
+	for (size_t i = 0; i < set->n; i++) {
+		const struct vps_piece *x = &set->v[i];
+		struct tdev *dst = find(&t, x->dst), *src = x->src == x->dst ? NULL : find(&t, x->src);
+		double bytes = (double)vps_piece_bytes(x);
+		if (!dst || x->src == x->dst)
+			continue;
+		if (on_node(&t, x->src)) {
+			dst->nvl_recv += bytes;
+			if (src)
+				src->nvl_send += bytes;
+		} else {
+			dst->nic_recv += bytes;
+			dst->eligible += bytes;
+		}
+	}
+	vps_result_t rc = VPS_OK;
+	double T0 = busiest(&t), T = level(&t, T0);
+	if (!(T0 > 0) || T > TRANSIT_GAIN * T0)
+		goto done;
+	/* what arrives to be passed on stays where it arrives: its forwards'
+	 * hops follow its arrival's */
+	for (size_t i = 0; i < t.n && !rc; i++) {
+		struct tdev *e = &t.d[i];
+		if (e->nic_recv <= T * tn->inter)
+			continue;
+		fw.n = 0;
+		rc = tn->forwards(tn->arg, e->w, &fw);
+		e->eligible = 0;
+		for (size_t k = 0; k < set->n && !rc; k++) {
+			const struct vps_piece *x = &set->v[k];
+			if (x->dst == e->w && nic_arrival(&t, x) && vps_buffer_hop(x->src_buffer) < VPS_MAX_HOP &&
+			    !forwarded(&fw, x))
+				e->eligible += (double)vps_piece_bytes(x);
+		}
+	}
+	if (rc)
+		goto done;
+	T = level(&t, T0);
+	if (T > TRANSIT_GAIN * T0)
+		goto done;
+	size_t next = 0;
+	for (size_t i = 0; i < t.n && !rc; i++) {
+		struct tdev *e = &t.d[i];
+		if (e->nic_recv <= T * tn->inter)
+			continue;
+		fw.n = 0;
+		rc = tn->forwards(tn->arg, e->w, &fw);
+		if (!rc)
+			rc = shed(&t, e, T, &fw, set, &next, &out);
+	}
+	if (rc || !out.n)
+		goto done;
+	/* the emptied arrivals out, the rerouted parts in */
+	size_t kept = 0;
+	for (size_t i = 0; i < set->n; i++)
+		if (vps_box_volume(&set->v[i].box) > 0)
+			set->v[kept++] = set->v[i];
+	set->n = kept;
+	rc = VPS_GROW(set->v, set->cap, set->n + out.n);
+	if (!rc) {
+		memcpy(set->v + set->n, out.v, out.n * sizeof(*out.v));
+		set->n += out.n;
+	}
+done:
+	free(fw.v);
+	free(out.v);
+	free(t.d);
+	return rc;
+}
