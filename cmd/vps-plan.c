@@ -175,6 +175,7 @@ static void print_stats(const struct vps_plan *p, const struct vps_plan_stats *s
 	printf("max_recv_bytes: %s\n", tool_bytes(s->max_recv_bytes, h, n, sizeof(n)));
 	printf("relay: %s\n", relay_name(p->relay));
 	printf("bytes_relayed: %s\n", tool_bytes(s->bytes_relayed, h, n, sizeof(n)));
+	printf("bytes_transit: %s\n", tool_bytes(s->bytes_transit, h, n, sizeof(n)));
 	printf("max_send_over_max_recv: %.3f\n",
 	       s->max_recv_bytes ? (double)s->max_send_bytes / (double)s->max_recv_bytes : 0.0);
 	printf("balanced_send_bound: %s\n", tool_bytes(s->balanced_send_bound, h, n, sizeof(n)));

@@ -348,6 +348,9 @@ struct vps_plan_stats {
 	 * them over its NICs, its local copies; with a topology, its time */
 	int64_t *nic_send, *nic_recv, *retain;
 	double *seconds;
+	/* moved into transit areas (bytes_moved counts them, and again as they
+	 * are passed on): bytes_moved less these is what reaches B */
+	int64_t bytes_transit;
 };
 
 /* Statistics of a global plan. load: fill the per-rank arrays (send,

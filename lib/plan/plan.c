@@ -66,6 +66,7 @@ struct duty {
 	 * node [0] and elsewhere [1] (relay_light) */
 	int64_t relayed[2];
 	int64_t best[2]; /* the same were every receiver, two or more, to relay */
+	int64_t forced_best[2]; /* forced, were every receiver to relay: the least it sends */
 	/* the same where the receivers of each of its regions relay as they
 	 * likely will, weighed k + 1 levels deep (duty_likely; bit k of
 	 * likely_known once likely[k] is known) */
@@ -558,8 +559,10 @@ static vps_result_t duty_of(struct ctx *c, int64_t ra, struct duty *out)
 				  relayed, best);
 			if (replicas <= 1) {
 				d.forced = vps_sat_add(d.forced, bytes);
-				for (int link = 0; link < 2; link++)
+				for (int link = 0; link < 2; link++) {
 					d.forced_link[link] = vps_sat_add(d.forced_link[link], relayed[link]);
+					d.forced_best[link] = vps_sat_add(d.forced_best[link], best[link]);
+				}
 			} else
 				d.shared = vps_sat_add(d.shared, bytes / replicas);
 			for (int link = 0; link < 2; link++) {
@@ -2040,6 +2043,37 @@ static vps_result_t forwards_of(void *arg, int64_t w, struct vps_pieces *out)
 	return plan_forwards(arg, w, out);
 }
 
+/* What device w must send over its NICs whatever the plan, in time: the
+ * bytes only it holds, each into each node that needs it once (0 for a
+ * device with no A rank). */
+static double least_nic_time(void *arg, int64_t w)
+{
+	struct ctx *c = arg;
+	int64_t ra = vps_world_a_rank(c->w, w);
+	struct duty d;
+	if (ra < 0 || duty_of(c, ra, &d) != VPS_OK)
+		return 0;
+	return (double)vps_min64(d.forced_best[1], d.forced_link[1]) / c->topo->inter_node_bandwidth;
+}
+
+/* A device's transit area at most: half of what it holds under B, so that
+ * a switch holds at most 1.5x the target state there beside the source's
+ * (docs/relay.md, "Transit": a quarter gave up most of the gains). */
+#define TRANSIT_AREA_SHARE 2
+static vps_result_t transit_area_max(struct ctx *c, int64_t w, int64_t *out)
+{
+	struct vps_rank_view v;
+	int64_t bytes = 0, b;
+	*out = 0;
+	VPS_CHECK(vps_layout_rank(c->b, vps_world_b_rank(c->w, w), &v));
+	for (size_t i = 0; i < v.nbuffers; i++)
+		if (vps_mul_ok(v.buffers[i].elements, (int64_t)vps_dtype_size(v.buffers[i].dtype), &b))
+			bytes = vps_sat_add(bytes, b);
+	vps_rank_view_release(&v);
+	*out = bytes / TRANSIT_AREA_SHARE;
+	return VPS_OK;
+}
+
 static int int64_cmp(const void *p, const void *q)
 {
 	int64_t x = *(const int64_t *)p, y = *(const int64_t *)q;
@@ -2057,7 +2091,7 @@ static vps_result_t node_arrivals(struct ctx *c, int32_t node, const struct vps_
 			*out = &c->nodes[k].set;
 			return VPS_OK;
 		}
-	int64_t dev[NODE_RANKS_MAX];
+	int64_t dev[NODE_RANKS_MAX], area_max[NODE_RANKS_MAX];
 	size_t n = vps_devices_node_ranks(vps_layout_devices(c->b), vps_layout_world(c->b), node, dev, NODE_RANKS_MAX);
 	if (n > NODE_RANKS_MAX)
 		return VPS_OK;
@@ -2067,11 +2101,14 @@ static vps_result_t node_arrivals(struct ctx *c, int32_t node, const struct vps_
 	for (size_t i = 0; i < n; i++)
 		dev[i] = vps_world_of_b(c->w, dev[i]);
 	qsort(dev, n, sizeof(*dev), int64_cmp);
-	for (size_t i = 0; i < n; i++)
+	for (size_t i = 0; i < n; i++) {
 		VPS_CHECK(plan_receives(c, dev[i], &ns->set));
+		VPS_CHECK(transit_area_max(c, dev[i], &area_max[i]));
+	}
 	struct vps_transit_node tn = {.w = c->w, .node = node, .devices = dev, .ndevices = n,
 				      .intra = c->topo->intra_node_bandwidth, .inter = c->topo->inter_node_bandwidth,
-				      .forwards = forwards_of, .arg = c};
+				      .area_max = area_max, .forwards = forwards_of, .least_send = least_nic_time,
+				      .arg = c};
 	VPS_CHECK(vps_transit_route(&tn, &ns->set));
 	ns->used = true;
 	ns->node = node;

@@ -1034,6 +1034,8 @@ static vps_result_t count_pieces(const struct vps_plan *p, struct vps_plan_stats
 		s->bytes_moved += bytes;
 		if (x->src_buffer & VPS_BUFFER_TARGET)
 			s->bytes_relayed += bytes;
+		if (vps_piece_to_transit(x))
+			s->bytes_transit += bytes;
 		ld->send[x->src] += bytes;
 		ld->recv[x->dst] += bytes;
 		bool intra = vps_world_device(p->world, x->src).node == vps_world_device(p->world, x->dst).node;

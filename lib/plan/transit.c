@@ -29,6 +29,7 @@ struct tdev {
 	double nic_recv, nvl_recv, nvl_send;
 	double eligible; /* NIC arrivals it may have carried by another */
 	int64_t area;    /* bytes of its transit area so far */
+	int64_t area_max;
 };
 
 struct tnode {
@@ -88,7 +89,7 @@ static bool feasible(const struct tnode *t, double T)
 				return false;
 			shed += over;
 		} else {
-			room += fmin(-over, T * tn->intra - d->nvl_send);
+			room += fmin((double)d->area_max, fmin(-over, T * tn->intra - d->nvl_send));
 		}
 	}
 	return shed <= room;
@@ -181,7 +182,9 @@ static vps_result_t shed(struct tnode *t, struct tdev *e, double T, const struct
 			continue;
 		while (need > 0 && *next < t->n && vps_box_volume(&x->box) > 0) {
 			struct tdev *c = &t->d[*next];
-			double room = c == e ? 0 : fmin(T * tn->inter - c->nic_recv, T * tn->intra - c->nvl_send);
+			double room = c == e ? 0
+					     : fmin((double)(c->area_max - c->area - TRANSIT_ALIGN),
+						    fmin(T * tn->inter - c->nic_recv, T * tn->intra - c->nvl_send));
 			if (room < (double)TRANSIT_MIN_BYTES) {
 				++*next;
 				continue;
@@ -210,6 +213,40 @@ static vps_result_t shed(struct tnode *t, struct tdev *e, double T, const struct
 	return VPS_OK;
 }
 
+static int src_cmp(const void *p, const void *q)
+{
+	int64_t x = *(const int64_t *)p, y = *(const int64_t *)q;
+	return (x > y) - (x < y);
+}
+
+/* The time of the busiest sender into the node over its NIC, by what it
+ * sends into the node and by what it must send whatever the plan: a bound
+ * below the plan's estimate that no rerouting inside the node changes. */
+static double senders_floor(const struct vps_transit_node *tn, const struct vps_pieces *set)
+{
+	int64_t (*by)[2] = vps_calloc(set->n + 1, sizeof(*by));
+	size_t n = 0;
+	double most = 0;
+	if (!by)
+		return 0; /* no bound: the node alone decides */
+	for (size_t i = 0; i < set->n; i++) {
+		const struct vps_piece *x = &set->v[i];
+		if (x->src != x->dst && vps_world_device(tn->w, x->src).node != tn->node) {
+			by[n][0] = x->src;
+			by[n++][1] = vps_piece_bytes(x);
+		}
+	}
+	qsort(by, n, sizeof(*by), src_cmp);
+	for (size_t i = 0, j; i < n; i = j) {
+		int64_t sum = 0;
+		for (j = i; j < n && by[j][0] == by[i][0]; j++)
+			sum += by[j][1];
+		most = fmax(most, fmax((double)sum / tn->inter, tn->least_send ? tn->least_send(tn->arg, by[i][0]) : 0));
+	}
+	free(by);
+	return most;
+}
+
 vps_result_t vps_transit_route(const struct vps_transit_node *tn, struct vps_pieces *set)
 {
 	if (tn->ndevices < 2 || !(tn->intra > 0) || !(tn->inter > 0))
@@ -219,8 +256,10 @@ vps_result_t vps_transit_route(const struct vps_transit_node *tn, struct vps_pie
 	t.d = vps_calloc(t.n, sizeof(*t.d));
 	if (!t.d)
 		return VPS_ENOMEM;
-	for (size_t i = 0; i < t.n; i++)
+	for (size_t i = 0; i < t.n; i++) {
 		t.d[i].w = tn->devices[i];
+		t.d[i].area_max = tn->area_max[i];
+	}
 	for (size_t i = 0; i < set->n; i++) {
 		const struct vps_piece *x = &set->v[i];
 		struct tdev *dst = find(&t, x->dst), *src = x->src == x->dst ? NULL : find(&t, x->src);
@@ -237,8 +276,11 @@ vps_result_t vps_transit_route(const struct vps_transit_node *tn, struct vps_pie
 		}
 	}
 	vps_result_t rc = VPS_OK;
-	double T0 = busiest(&t), T = level(&t, T0);
-	if (!(T0 > 0) || T > TRANSIT_GAIN * T0)
+	double T0 = busiest(&t), T = level(&t, T0), floor = senders_floor(tn, set);
+	/* a sender into the node as busy as the node's busiest device: the
+	 * plan's estimate cannot gain by the node, whose parts would move for
+	 * nothing; nor is it worth shedding below it */
+	if (!(T0 > 0) || fmax(T, floor) > TRANSIT_GAIN * T0)
 		goto done;
 	/* what arrives to be passed on stays where it arrives: its forwards'
 	 * hops follow its arrival's */
@@ -258,7 +300,7 @@ vps_result_t vps_transit_route(const struct vps_transit_node *tn, struct vps_pie
 	}
 	if (rc)
 		goto done;
-	T = level(&t, T0);
+	T = fmax(level(&t, T0), floor);
 	if (T > TRANSIT_GAIN * T0)
 		goto done;
 	size_t next = 0;

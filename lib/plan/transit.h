@@ -26,9 +26,13 @@ struct vps_transit_node {
 	const struct vps_world *w;
 	int32_t node;
 	const int64_t *devices; /* the node's devices of B (world ranks, ascending) */
+	const int64_t *area_max; /* each one's transit area at most, bytes */
 	size_t ndevices;
 	double intra, inter;    /* bytes/s of a device's NVLink and of its NICs */
 	vps_forwards_fn forwards;
+	/* the least time device w (a sender into the node) is busy sending
+	 * over its NICs whatever the plan: a bound below the plan's estimate */
+	double (*least_send)(void *arg, int64_t w);
 	void *arg;
 };
 
