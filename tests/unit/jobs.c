@@ -203,27 +203,51 @@ int64_t job_check(struct job *j)
 
 void job_apply_plan(const struct vps_plan *p, struct job *a, struct job *b)
 {
-	/* forwards (a relay passing on from its target buffers) after the
-	 * direct pieces, each hop after the one before */
+	/* each world rank's transit area (vps_plan_transit_bytes), made when
+	 * a piece lands in it */
+	int64_t W = vps_world_size(p->world);
+	unsigned char **area = calloc((size_t)W + 1, sizeof(*area));
+	CHECK(area != NULL);
+	if (!area)
+		return;
+	/* forwards (a relay passing on from its target buffers or its transit
+	 * area) after the direct pieces, each hop after the one before */
 	for (size_t n = 0; n < (VPS_MAX_HOP + 1) * p->npieces; n++) {
 		const struct vps_piece *x = &p->pieces[n % p->npieces];
 		bool forward = x->src_buffer & VPS_BUFFER_TARGET;
+		bool from_area = vps_piece_from_transit(x), to_area = vps_piece_to_transit(x);
 		if (vps_buffer_hop(x->src_buffer) != (int)(n / p->npieces))
 			continue;
 		int64_t ra = forward ? vps_world_b_rank(p->world, x->src) : vps_world_a_rank(p->world, x->src),
 			rb = vps_world_b_rank(p->world, x->dst);
-		CHECK(ra >= 0 && rb >= 0);
-		if (ra < 0 || rb < 0)
+		CHECK((ra >= 0 || from_area) && (rb >= 0 || to_area));
+		if ((ra < 0 && !from_area) || (rb < 0 && !to_area))
 			continue;
-		unsigned char *from = forward ? b->bufs[ra][vps_buffer_index(x->src_buffer)] : a->bufs[ra][x->src_buffer];
+		if (to_area && !area[x->dst]) {
+			int64_t bytes = 0;
+			CHECK(vps_plan_transit_bytes(p, x->dst, &bytes) == VPS_OK && bytes > 0);
+			area[x->dst] = calloc((size_t)bytes + 1, 1);
+			CHECK(area[x->dst] != NULL);
+			if (!area[x->dst])
+				continue;
+		}
+		CHECK(!from_area || area[x->src]);
+		if (from_area && !area[x->src])
+			continue;
+		unsigned char *from = from_area ? area[x->src]
+				      : forward ? b->bufs[ra][vps_buffer_index(x->src_buffer)]
+						: a->bufs[ra][x->src_buffer];
+		unsigned char *to = to_area ? area[x->dst] : b->bufs[rb][x->dst_buffer];
 		size_t es = vps_dtype_size(vps_piece_dtype(x));
 		int64_t ext[VPS_MAX_DIMS];
 		for (int k = 0; k < x->box.ndim; k++)
 			ext[k] = x->box.hi[k] - x->box.lo[k];
-		vps_copy_strided(b->bufs[rb][x->dst_buffer] + (size_t)x->dst_offset * es, x->dst_strides,
-				 from + (size_t)x->src_offset * es, x->src_strides, ext, x->box.ndim,
-				 es);
+		vps_copy_strided(to + (size_t)x->dst_offset * es, x->dst_strides, from + (size_t)x->src_offset * es,
+				 x->src_strides, ext, x->box.ndim, es);
 	}
+	for (int64_t w = 0; w < W; w++)
+		free(area[w]);
+	free(area);
 }
 
 void job_plan_exact(const struct vps_plan *p, const char *what)
