@@ -2,10 +2,13 @@
  * lasts across the switches of a --serve is one struct executor; each
  * switch is a sequence of named steps, from claiming the trainer's request
  * to reporting to it (one_switch). lib/exec/README.md, docs/exec.md. */
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -266,6 +269,8 @@ struct pass {
 	double t_pause;
 	struct vps_registry_training train;
 	uint64_t digest[2];            /* this rank's part before and after (--check) */
+	struct vps_buffer_desc transit; /* the transit area as node-mates map it (sw.transit_desc) */
+	bool transit_linked;           /* its shared-memory object has a name yet (transit.shm_name) */
 };
 
 /* The training scalars of the first surviving rank's trainer (world rank 0
@@ -317,6 +322,132 @@ static vps_result_t share_training(struct vps_net *net, const struct vps_staged 
 		t->micro_batch = mbs;
 		t->grad_accum = t->global_batch / t->dp / mbs;
 	}
+	return VPS_OK;
+}
+
+/* ---- the transit area ---- */
+
+/* Its shared-memory object's name: the registry's, which this executor
+ * alone holds, so a leftover of that name is a dead predecessor's. */
+static void transit_name(const struct vps_switch *sw, char *out, size_t n)
+{
+	snprintf(out, n, "%s.area", vps_registry_name(sw->reg));
+}
+
+/* Unlink the area's object: node-mates that read it mapped it at begin,
+ * and the mappings outlive the name, so from the start on nothing of it
+ * can outlive the processes (a rank killed later leaves no object). */
+static void transit_unlink(struct pass *ps)
+{
+	if (!ps->transit_linked)
+		return;
+	char path[sizeof(ps->transit.shm_name) + 1];
+	snprintf(path, sizeof(path), "/%s", ps->transit.shm_name);
+	shm_unlink(path);
+	ps->transit_linked = false;
+}
+
+static void transit_free(struct pass *ps)
+{
+	struct vps_switch *sw = &ps->sw;
+	transit_unlink(ps);
+	if (sw->transit && sw->transit_where == VPS_WHERE_CUDA) {
+		char err[VPS_CUDA_ERR];
+		if (sw->gpu->release(sw->transit, err))
+			vps_clear_error(); /* nothing to tell: the switch is over */
+	} else if (sw->transit) {
+		munmap(sw->transit, (size_t)sw->transit_bytes);
+	}
+	sw->transit = NULL;
+	sw->transit_bytes = 0;
+	sw->transit_desc = NULL;
+}
+
+/* Host memory for the area: a shared-memory object of this user, mode
+ * 0600, where node-mates map it (shared), else private memory. Its pages
+ * are reserved now, so a full /dev/shm fails here, not as a SIGBUS. */
+static vps_result_t transit_host(struct pass *ps, bool shared, size_t bytes)
+{
+	struct vps_switch *sw = &ps->sw;
+	if (!shared) {
+		void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+		if (p == MAP_FAILED)
+			return vps_fail_errno("transit area: map %zu bytes", bytes);
+		sw->transit = p;
+		return VPS_OK;
+	}
+	struct vps_buffer_desc *d = &ps->transit;
+	char path[sizeof(d->shm_name) + 1];
+	transit_name(sw, d->shm_name, sizeof(d->shm_name));
+	snprintf(path, sizeof(path), "/%s", d->shm_name);
+	int fd = shm_open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
+	if (fd < 0 && errno == EEXIST) {
+		shm_unlink(path);
+		fd = shm_open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
+	}
+	if (fd < 0)
+		return vps_fail_errno("transit area: shared memory /dev/shm/%s", d->shm_name);
+	ps->transit_linked = true;
+	int err = ftruncate(fd, (off_t)bytes) ? errno : posix_fallocate(fd, 0, (off_t)bytes);
+	void *p = err ? MAP_FAILED : mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+	if (!err && p == MAP_FAILED)
+		err = errno;
+	close(fd);
+	if (err)
+		return vps_fail(err == ENOSPC ? VPS_ENOMEM : VPS_ESYS, "transit area: shared memory /dev/shm/%s of %zu "
+				"bytes: %s", d->shm_name, bytes, strerror(err));
+	sw->transit = p;
+	d->where = VPS_WHERE_HOST;
+	d->buffer = VPS_BUFFER_TRANSIT | VPS_BUFFER_TARGET;
+	d->offset = 0;
+	d->bytes = bytes;
+	sw->transit_desc = d;
+	return VPS_OK;
+}
+
+/* The transit area of this rank, sized by the pieces of its plan that land
+ * in it (every one of them is in a rank's own plan), where its targets are:
+ * GPU memory when they are on the GPU (a CUDA IPC handle for node-mates),
+ * else host memory. None when nothing lands in it. shared: a transport
+ * that lets node-mates read it (ipc) is made. */
+static vps_result_t transit_make(struct pass *ps, bool shared)
+{
+	struct vps_switch *sw = &ps->sw;
+	int64_t bytes;
+	VPS_CHECK(vps_plan_transit_bytes(sw->s->plan, sw->w, &bytes));
+	sw->transit_where = sw->where == VPS_WHERE_CUDA ? VPS_WHERE_CUDA : VPS_WHERE_HOST;
+	if (!bytes)
+		return VPS_OK;
+	if (bytes < 0 || (uint64_t)bytes > SIZE_MAX / 2 || (uint64_t)bytes > (uint64_t)INT64_MAX / 2)
+		return vps_fail(VPS_EINPUT, "transit area: %" PRId64 " bytes", bytes);
+	/* the planner aligns what lands in it to 64 bytes; a whole page keeps a
+	 * mapping's end and the last arrival's alike */
+	size_t len = (size_t)vps_round_up(bytes, 4096);
+	if (sw->transit_where == VPS_WHERE_HOST) {
+		VPS_CHECK(transit_host(ps, shared, len));
+	} else {
+		char err[VPS_CUDA_ERR] = "";
+		void *p = NULL;
+		VPS_GPU(sw->gpu->alloc(&p, len, err), "allocate the transit area");
+		sw->transit = p;
+		struct vps_buffer_desc *d = &ps->transit;
+		uint64_t offset = 0, alloc = 0;
+		int device = 0;
+		if (shared) {
+			int g = sw->gpu->ipc_handle(p, d->ipc, &offset, &alloc, &device, err);
+			if (g) {
+				sw->transit_bytes = (int64_t)len;
+				return vps_gpu_result(g, err, "the transit area's IPC handle");
+			}
+			d->where = VPS_WHERE_CUDA;
+			d->buffer = VPS_BUFFER_TRANSIT | VPS_BUFFER_TARGET;
+			d->device = device;
+			d->offset = offset;
+			d->bytes = len;
+			sw->transit_desc = d;
+		}
+	}
+	sw->transit_bytes = (int64_t)len;
 	return VPS_OK;
 }
 
@@ -406,7 +537,29 @@ static int64_t *view_bytes(const struct vps_rank_view *v)
 	return b;
 }
 
-/* Before a byte moves: every view this rank touches lies in its buffers. */
+/* Whether op's view on one side lies in what it names: a buffer of its
+ * layout (sizes in bytes[0..n), NULL where this rank has no rank of that
+ * layout) or the transit area (transit_bytes). */
+static vps_result_t check_view(const struct vps_switch *sw, struct vps_op op, bool source, const int64_t *bytes,
+			       size_t n, size_t i)
+{
+	uint32_t b = source ? vps_buffer_index(op.src_buffer) : op.dst_buffer;
+	bool forward = op.src_buffer & VPS_BUFFER_TARGET;
+	const int64_t *area = &sw->transit_bytes;
+	if (source)
+		op.src_buffer = b == VPS_BUFFER_TRANSIT ? 0 : b;
+	else
+		op.dst_buffer = b == VPS_BUFFER_TRANSIT ? 0 : b;
+	if (b == VPS_BUFFER_TRANSIT)
+		return source ? vps_check_op(&op, area, 1, NULL, 0) : vps_check_op(&op, NULL, 0, area, 1);
+	if (!bytes)
+		return vps_fail(VPS_EINPUT, "transfer %zu: rank %" PRId64 " %s without a %s layout rank", i, sw->w,
+				source ? "sends" : "receives", source && !forward ? "source" : "target");
+	return source ? vps_check_op(&op, bytes, n, NULL, 0) : vps_check_op(&op, NULL, 0, bytes, n);
+}
+
+/* Before a byte moves: every view this rank touches lies in its buffers,
+ * or in its transit area. */
 static vps_result_t check_views(const struct vps_switch *sw)
 {
 	const struct vps_staged *s = sw->s;
@@ -425,24 +578,23 @@ static vps_result_t check_views(const struct vps_switch *sw)
 			rc = vps_fail(VPS_EINPUT, "transfer %zu: its copies lie outside the plan", i);
 			break;
 		}
-		/* a relay's forwards are read from its target buffers */
-		bool forward = x->nops && (s->ops[x->first_op].src_buffer & VPS_BUFFER_TARGET);
-		if ((sends && (forward ? sw->rb : sw->ra) < 0) || (receives && sw->rb < 0)) {
-			rc = vps_fail(VPS_EINPUT, "transfer %zu: rank %" PRId64 " %s without a %s layout rank", i, sw->w,
-				      sends ? "sends" : "receives", sends && !forward ? "source" : "target");
-			break;
-		}
 		int hop = x->nops ? vps_buffer_hop(s->ops[x->first_op].src_buffer) : 0;
 		for (size_t q = 0; q < x->nops && !rc; q++) {
-			struct vps_op op = s->ops[x->first_op + q];
-			if (vps_buffer_hop(op.src_buffer) != hop || hop < 0) {
+			const struct vps_op *op = &s->ops[x->first_op + q];
+			if (vps_buffer_hop(op->src_buffer) != hop || hop < 0) {
 				rc = vps_fail(VPS_EINPUT, "transfer %zu: its copies are not all of one hop (0 direct, 1 to "
 					      "%d forwards)", i, VPS_MAX_HOP);
 				break;
 			}
-			op.src_buffer = vps_buffer_index(op.src_buffer);
-			rc = vps_check_op(&op, sends ? (forward ? db : sb) : NULL, forward ? sw->vb.nbuffers : sw->va.nbuffers,
-					  receives ? db : NULL, sw->vb.nbuffers);
+			/* a relay's forwards are read from its target buffers (or its
+			 * transit area), a direct piece from its sources */
+			bool forward = op->src_buffer & VPS_BUFFER_TARGET;
+			if (sends && forward)
+				rc = check_view(sw, *op, true, sw->rb >= 0 ? db : NULL, sw->vb.nbuffers, i);
+			else if (sends)
+				rc = check_view(sw, *op, true, sw->ra >= 0 ? sb : NULL, sw->va.nbuffers, i);
+			if (!rc && receives)
+				rc = check_view(sw, *op, false, sw->rb >= 0 ? db : NULL, sw->vb.nbuffers, i);
 		}
 	}
 done:
@@ -683,9 +835,10 @@ static vps_result_t sort_stage(const struct vps_switch *sw, struct carriers *car
 			for (size_t q = 0; q < x->nops; q++) {
 				const struct vps_op *op = &s->ops[x->first_op + q];
 				int where;
-				VPS_CHECK(vps_copy_where(op, sw->src_where[op->src_buffer], sw->dst_where[op->dst_buffer], &where));
-				(*retain)[(*nc)++] =
-					(struct vps_local_copy){op, sw->src[op->src_buffer], sw->dst[op->dst_buffer], where};
+				VPS_CHECK(vps_copy_where(op, vps_switch_src_where(sw, op->src_buffer),
+							 vps_switch_dst_where(sw, op->dst_buffer), &where));
+				(*retain)[(*nc)++] = (struct vps_local_copy){op, vps_switch_src(sw, op->src_buffer),
+									     vps_switch_dst(sw, op->dst_buffer), where};
 				sr->bytes_copied += vps_op_bytes(op);
 			}
 			continue;
@@ -954,6 +1107,11 @@ static vps_result_t attach(struct executor *ex, struct pass *ps, struct vps_exec
 		VPS_CHECK(vps_layout_rank(p->b, sw->rb, &sw->vb));
 		VPS_CHECK(map_side(sw, &sw->vb, VPS_ROLE_TARGET, &sw->dst, &sw->dst_entry, &sw->dst_where));
 	}
+	/* node-mates read the area where ipc carries their forwards */
+	bool shared = false;
+	for (size_t c = 0; c < ex->car.n; c++)
+		shared |= ex->car.v[c].t == &vps_transport_ipc;
+	VPS_CHECK(transit_make(ps, shared));
 	VPS_CHECK(check_views(sw));
 	vps_mapcache_take_stats(ex->maps, &rep->premapped_bytes, &rep->mapped_in_pause_bytes);
 	rep->attach_seconds = now() - ps->t_pause;
@@ -985,7 +1143,10 @@ static vps_result_t start(struct executor *ex, struct pass *ps, struct vps_exec_
 		rc = side_digest(sw, sw->s->plan->a, sw->ra, sw->src, sw->src_where, &ps->digest[0]);
 		rep->digest_seconds += now() - t;
 	}
-	return agree(ex, rc, "start", rep);
+	rc = agree(ex, rc, "start", rep);
+	/* every rank's begin is done: node-mates mapped the area */
+	transit_unlink(ps);
+	return rc;
 }
 
 /* The stages, then what this rank can tell of its part: its trainer
@@ -1031,6 +1192,10 @@ static void release(struct executor *ex, struct pass *ps)
 {
 	if (ps->begun)
 		end_all(&ex->car, &ps->sw);
+	/* the node-mates' mappings of the area are theirs: a host object lives
+	 * until the last unmaps it; ipc closes a GPU area's handle before it
+	 * says its last stage reading it is done */
+	transit_free(ps);
 	switch_release(&ps->sw);
 }
 

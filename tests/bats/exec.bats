@@ -254,6 +254,61 @@ relay_by_node() { # TRANSPORT [demo.sh arguments...]
 	relay_by_node tcp --per-rank
 }
 
+# Transit (docs/exec.md, "The transit area"): tiny-llama from (tp=2, pp=2)
+# to (tp=1, pp=2) over nodes of two, weighed on a800-testbed. B's second
+# stage lands on node 0's rank 1, and node 1 holds it: rank 0, whose NIC
+# has room, takes part of it into its transit area and passes it on over
+# the node's links. The area (21 MiB here) counts against the budget, so
+# the budget is 32 MiB. Every rank sends what its plan says, bytes went
+# into an area and out of it, and --check proves every byte of B.
+transit() { # TRANSPORT [demo.sh arguments...]
+	demo "$1" --np 2 --budget 32MiB "${@:2}" --topology a800-testbed --model tiny-llama \
+		--from tp=2,pp=2,dp=1,zero=1 --to tp=1,pp=2,dp=1,zero=1
+	local dir=$BATS_TEST_TMPDIR/demo planned sent r into out in=0 on=0
+	for ((r = 0; r < 4; r++)); do
+		# column 8 is the source buffer's index, 10 the destination's, 14 forward
+		read -r planned into out < <("$VPS_BIN/vps-plan" --transfers --rank "$r" --format tsv "$dir/ab.plan" |
+			awk -F'\t' '$2 == "send" { n += $7; if ($8 == 536870911 && $14 != 0) o += $7 }
+				$2 == "recv" && $10 == 536870911 { i += $7 } END { print n + 0, i + 0, o + 0 }')
+		sent=$(awk '/^  bytes_sent:/ { print $2; exit }' "$dir/report.$r.yaml")
+		[ "$sent" = "$planned" ] || { echo "rank $r sent $sent, its plan $planned" >&2; return 1; }
+		in=$((in + into))
+		on=$((on + out))
+	done
+	[ "$in" -gt 0 ] || { echo "nothing went into a transit area" >&2; return 1; }
+	[ "$on" = "$in" ] || { echo "$in bytes went into transit areas, $on out of them" >&2; return 1; }
+}
+@test "tcp: a rank passes on from its transit area what it took in for a node-mate" {
+	transit tcp
+}
+@test "tcp: transit, every rank planning and staging its own part" {
+	transit tcp --per-rank
+}
+@test "nccl: transit through an area of GPU memory (stand-ins)" {
+	transit nccl --standin --cuda
+}
+@test "nccl: transit through an area of GPU memory, every rank planning its own part (stand-ins)" {
+	transit nccl --standin --cuda --per-rank
+}
+@test "auto: node-mates read a GPU transit area over ipc, nccl between nodes (stand-ins)" {
+	over=ipc+nccl transit auto --standin --cuda
+}
+@test "auto: a GPU transit area over ipc, every rank planning its own part (stand-ins)" {
+	over=ipc+nccl transit auto --standin --cuda --per-rank
+}
+@test "vps-stage: a budget that does not hold a rank's transit area is refused, naming the rank" {
+	cd "$BATS_TEST_TMPDIR"
+	"$VPS_BIN/vps-layout" -q --model tiny-llama --parallel tp=2,pp=2,dp=1 --gpus-per-node 2 -o a.layout
+	"$VPS_BIN/vps-layout" -q --model tiny-llama --parallel tp=1,pp=2,dp=1 --gpus-per-node 2 -o b.layout
+	"$VPS_BIN/vps-plan" -q --topology a800-testbed a.layout b.layout -o ab.plan
+	run "$VPS_BIN/vps-stage" -q --budget 1MiB ab.plan -o ab.staged
+	[ "$status" -eq 2 ]
+	[[ "$output" == *"does not hold world rank 0's transit area of "*" bytes beside a unit's staging; give at least"* ]]
+	"$VPS_BIN/vps-plan" -q --rank 1 --topology a800-testbed a.layout b.layout -o ab.1.plan
+	"$VPS_BIN/vps-stage" -q --budget 1MiB ab.1.plan -o ab.1.staged # rank 1 has no area
+	"$VPS_BIN/vps-stage" -q --budget 32MiB ab.plan -o ab.staged
+}
+
 # Replicas whose own ZeRO-1 shards differ share the parameters by weights
 # (docs/plan.md, rule 6): tiny-llama from tp=2 to tp=4 (dp=4) over nodes of
 # four, weighed on a800-testbed. Node 0's data-parallel ranks 2 and 3 send

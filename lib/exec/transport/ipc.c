@@ -18,6 +18,15 @@
  * forward's stage (every copy of its earlier stages done and, on a GPU,
  * synchronized), a zero-byte message like the one after.
  *
+ * Transit: a rank that passes on from its transit area describes it last,
+ * flagged VPS_BUFFER_TRANSIT | VPS_BUFFER_TARGET, and its receivers map it
+ * read-only as they map a relay's targets (a shared-memory object of this
+ * user, mode 0600, or a CUDA IPC handle) and read it after the same
+ * message. A receiver closes a GPU area before it says it is done with the
+ * last stage reading it, so that the area's owner, which frees it at the
+ * end of the switch, never frees memory a node-mate has open (undefined in
+ * CUDA).
+ *
  * Prepare: the same exchange before the request, once every trainer has
  * registered its sources, so that the receivers map the peers' host
  * objects and open their CUDA IPC handles while the trainers still train
@@ -34,6 +43,8 @@ struct ipc_peer {
 	int64_t peer;           /* its net rank */
 	uint64_t count;         /* its buffers described: sources, then targets it forwards from */
 	uint64_t nsources;
+	uint64_t area;          /* the index of its transit area's descriptor, or UINT64_MAX */
+	int64_t area_last;      /* the last stage reading its area (-1: none) */
 	struct vps_buffer_desc *desc;
 	int64_t *bytes;
 	void **ptr;
@@ -78,29 +89,51 @@ static bool forwards(const struct vps_staged *s, const struct vps_xfer *x)
 	return x->nops && (s->ops[x->first_op].src_buffer & VPS_BUFFER_TARGET);
 }
 
+/* Whether a transfer forwards from its sender's transit area (any op), and
+ * from its target buffers (any op). */
+static void forwards_from(const struct vps_staged *s, const struct vps_xfer *x, bool *area, bool *targets)
+{
+	for (size_t q = 0; q < x->nops; q++) {
+		uint32_t b = s->ops[x->first_op + q].src_buffer;
+		if (!(b & VPS_BUFFER_TARGET))
+			continue;
+		if (vps_buffer_index(b) == VPS_BUFFER_TRANSIT)
+			*area = true;
+		else
+			*targets = true;
+	}
+}
+
 /* The index of an op's source among its sender's descriptors. */
 static uint32_t desc_index(const struct ipc_peer *p, uint32_t src_buffer)
 {
 	if (!(src_buffer & VPS_BUFFER_TARGET))
 		return src_buffer;
+	if (vps_buffer_index(src_buffer) == VPS_BUFFER_TRANSIT)
+		return p->area < p->count ? (uint32_t)p->area : UINT32_MAX;
 	uint64_t i = p->nsources + vps_buffer_index(src_buffer);
 	return i < p->count ? (uint32_t)i : UINT32_MAX;
 }
 
-/* This rank's source buffers as descriptors, and its target buffers after
- * them when it forwards (targets: attached, sw->dst_entry). */
-static vps_result_t my_buffers(const struct vps_switch *sw, bool targets, struct vps_buffer_desc **out, uint64_t *n)
+/* This rank's source buffers as descriptors, its target buffers after
+ * them when it forwards from them (targets: attached, sw->dst_entry), and
+ * its transit area last when it forwards from that (area). */
+static vps_result_t my_buffers(const struct vps_switch *sw, bool targets, bool area, struct vps_buffer_desc **out,
+			       uint64_t *n)
 {
 	uint64_t nsrc = sw->ra >= 0 ? sw->va.nbuffers : 0, ndst = targets && sw->dst_entry ? sw->vb.nbuffers : 0;
-	*out = vps_calloc(nsrc + ndst + 1, sizeof(**out));
+	area = area && sw->transit_desc;
+	*out = vps_calloc(nsrc + ndst + 2, sizeof(**out));
 	if (!*out)
 		return VPS_ENOMEM;
 	/* before the request, a trainer may not have registered them all */
 	for (uint64_t b = 0; b < nsrc; b++)
 		if (sw->src_entry[b] < 0)
 			nsrc = 0;
-	*n = nsrc + ndst;
-	for (uint64_t b = 0; b < *n; b++) {
+	*n = nsrc + ndst + area;
+	if (area)
+		(*out)[nsrc + ndst] = *sw->transit_desc;
+	for (uint64_t b = 0; b < nsrc + ndst; b++) {
 		struct vps_registry_entry_info e;
 		bool target = b >= nsrc;
 		VPS_CHECK(vps_registry_entry(sw->reg, (uint32_t)(target ? sw->dst_entry[b - nsrc] : sw->src_entry[b]), &e));
@@ -149,6 +182,8 @@ static vps_result_t switch_peers(struct ipc *t, const struct vps_switch *sw, con
 		struct ipc_peer *p = &t->peers[t->npeers++];
 		memset(p, 0, sizeof(*p));
 		p->peer = (*msgs)[m].peer;
+		p->area = UINT64_MAX;
+		p->area_last = -1;
 	}
 	return VPS_OK;
 }
@@ -200,12 +235,16 @@ static vps_result_t map_peer_sources(struct ipc *t, const struct vps_switch *sw)
 {
 	for (size_t i = 0; i < t->npeers; i++) {
 		struct ipc_peer *p = &t->peers[i];
-		/* sources 0, 1, ..., then targets 0, 1, ... */
+		/* sources 0, 1, ..., then targets 0, 1, ..., then the transit area */
 		while (p->nsources < p->count && !(p->desc[p->nsources].buffer & VPS_BUFFER_TARGET))
 			p->nsources++;
+		bool area = p->count && p->desc[p->count - 1].buffer == (VPS_BUFFER_TRANSIT | VPS_BUFFER_TARGET);
+		p->area = area ? p->count - 1 : UINT64_MAX;
 		for (uint64_t b = 0; b < p->count; b++) {
 			struct vps_buffer_desc *d = &p->desc[b];
-			uint32_t want = b < p->nsources ? (uint32_t)b : (uint32_t)(b - p->nsources) | VPS_BUFFER_TARGET;
+			uint32_t want = b == p->area	    ? VPS_BUFFER_TRANSIT | VPS_BUFFER_TARGET
+					: b < p->nsources ? (uint32_t)b
+							  : (uint32_t)(b - p->nsources) | VPS_BUFFER_TARGET;
 			d->shm_name[sizeof(d->shm_name) - 1] = '\0';
 			/* with host and GPU memory both, each copy checks its two ends */
 			if ((sw->where != VPS_WHERE_MIXED && d->where != (uint32_t)sw->where) || d->buffer != want ||
@@ -241,10 +280,11 @@ static vps_result_t exchange(struct ipc *t, const struct vps_switch *sw, const s
 	VPS_CHECK_GOTO(switch_peers(t, sw, x, n, tag, &msgs, &nm), rc, done);
 	if (!nm)
 		goto done;
-	bool forwarding = false;
-	for (size_t i = 0; targets && i < n && !forwarding; i++)
-		forwarding = x[i]->src == sw->w && forwards(sw->s, x[i]);
-	VPS_CHECK_GOTO(my_buffers(sw, forwarding, &mine, &nmine), rc, done);
+	bool from_targets = false, from_area = false;
+	for (size_t i = 0; targets && i < n; i++)
+		if (x[i]->src == sw->w)
+			forwards_from(sw->s, x[i], &from_area, &from_targets);
+	VPS_CHECK_GOTO(my_buffers(sw, from_targets, from_area, &mine, &nmine), rc, done);
 	iov = vps_calloc(2 * nm + 1, sizeof(*iov));
 	if (!iov) {
 		rc = VPS_ENOMEM;
@@ -273,6 +313,9 @@ static vps_result_t ipc_begin(void *self, struct vps_switch *sw, const struct vp
 		struct ipc_peer *p = find(t, vps_switch_peer(sw, x[i])->rank);
 		for (size_t q = 0; q < x[i]->nops && p; q++) {
 			struct vps_op op = s->ops[x[i]->first_op + q];
+			bool area = (op.src_buffer & VPS_BUFFER_TARGET) && vps_buffer_index(op.src_buffer) == VPS_BUFFER_TRANSIT;
+			if (area && x[i]->stage > p->area_last)
+				p->area_last = x[i]->stage;
 			op.src_buffer = desc_index(p, op.src_buffer);
 			VPS_CHECK(vps_check_op(&op, p->bytes, p->count, NULL, 0));
 		}
@@ -370,9 +413,9 @@ static vps_result_t ipc_stage(void *self, struct vps_switch *sw, const struct vp
 			if (d >= p->count)
 				rc = vps_fail(VPS_EPEER, "%s: rank %" PRId64 " sends from a buffer it did not describe", what, peer);
 			else
-				rc = vps_copy_where(op, (int)p->desc[d].where, sw->dst_where[op->dst_buffer], &where);
+				rc = vps_copy_where(op, (int)p->desc[d].where, vps_switch_dst_where(sw, op->dst_buffer), &where);
 			if (!rc)
-				t->copies[nc++] = (struct vps_local_copy){op, p->ptr[d], sw->dst[op->dst_buffer], where};
+				t->copies[nc++] = (struct vps_local_copy){op, p->ptr[d], vps_switch_dst(sw, op->dst_buffer), where};
 		}
 	}
 	if (!rc)
@@ -393,6 +436,16 @@ static vps_result_t ipc_stage(void *self, struct vps_switch *sw, const struct vp
 	}
 	if (!rc)
 		rc = vps_copy_ops(sw, t->copies, nc);
+	/* the copies are done (on a GPU, synchronized): a peer's area read for
+	 * the last time is closed before this rank says so, so that its owner
+	 * frees it only once nobody has it open */
+	for (size_t i = 0; i < t->npeers && !rc && nc; i++) {
+		struct ipc_peer *p = &t->peers[i];
+		if (p->area < p->count && p->ptr[p->area] && p->area_last == x[0]->stage) {
+			vps_mapcache_close(sw->maps, sw->gpu, &p->desc[p->area]);
+			p->ptr[p->area] = NULL;
+		}
+	}
 	if (!rc) {
 		char w[96];
 		snprintf(w, sizeof(w), "%s (ipc handshake)", what);

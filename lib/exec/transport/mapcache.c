@@ -303,3 +303,17 @@ uint64_t vps_mapcache_take_opened(struct vps_mapcache *c)
 	c->opened = 0;
 	return n;
 }
+
+void vps_mapcache_close(struct vps_mapcache *c, const struct vps_cuda_api *gpu, const struct vps_buffer_desc *d)
+{
+	size_t w = 0;
+	for (size_t i = 0; i < c->n; i++) {
+		struct map_entry *e = &c->v[i];
+		if (same_object(e, d) && !e->keep) {
+			unmap(e, gpu);
+			continue;
+		}
+		c->v[w++] = *e;
+	}
+	c->n = w;
+}

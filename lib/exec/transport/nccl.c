@@ -137,17 +137,17 @@ static vps_result_t nccl_stage(void *self, struct vps_switch *sw, const struct v
 			vps_rowmajor_strides(op->ext, op->ndim, flat);
 			uint64_t staged = base + (uint64_t)op->staging;
 			if (sending) {
-				/* a relay passes on from its target buffers what an earlier
-				 * stage's scatter put there (every stage ends synchronized);
-				 * a joining relay has no sources at all */
-				void *from = op->src_buffer & VPS_BUFFER_TARGET ? sw->dst[vps_buffer_index(op->src_buffer)]
-										 : sw->src[op->src_buffer];
+				/* a relay passes on from its target buffers, or its transit
+				 * area, what an earlier stage's scatter put there (every
+				 * stage ends synchronized); a joining relay has no sources */
+				void *from = vps_switch_src(sw, op->src_buffer);
 				VPS_CHECK(push_copy(&t->gather, &t->capg, ng++, op,
 						    (uint64_t)(uintptr_t)from + (uint64_t)op->src_offset * op->esize,
 						    op->src_strides, staged, flat));
 			} else
 				VPS_CHECK(push_copy(&t->scatter, &t->caps, ns++, op, staged, flat,
-						    (uint64_t)(uintptr_t)sw->dst[op->dst_buffer] + (uint64_t)op->dst_offset * op->esize,
+						    (uint64_t)(uintptr_t)vps_switch_dst(sw, op->dst_buffer) +
+							    (uint64_t)op->dst_offset * op->esize,
 						    op->dst_strides));
 		}
 		at += (size_t)vps_round_up(x[k]->bytes, VPS_STAGE_ALIGN);

@@ -67,11 +67,9 @@ static bool on_gpu(const struct vps_switch *sw, const struct vps_op *op, bool se
 {
 	if (sw->where != VPS_WHERE_MIXED)
 		return false;
-	if (!sending)
-		return sw->dst_where && sw->dst_where[op->dst_buffer] == VPS_WHERE_CUDA;
-	if (op->src_buffer & VPS_BUFFER_TARGET)
-		return sw->dst_where && sw->dst_where[vps_buffer_index(op->src_buffer)] == VPS_WHERE_CUDA;
-	return sw->src_where[op->src_buffer] == VPS_WHERE_CUDA;
+	/* a target buffer, a source, or the transit area (vps_switch_dst_where) */
+	return (sending ? vps_switch_src_where(sw, op->src_buffer) : vps_switch_dst_where(sw, op->dst_buffer)) ==
+	       VPS_WHERE_CUDA;
 }
 
 static bool bounced(const struct vps_switch *sw, const struct vps_op *op, bool sending)
@@ -116,9 +114,7 @@ static vps_result_t gpu_bounce(const struct vps_switch *sw, const struct vps_xfe
 			continue;
 		if (on_gpu(sw, op, sending)) {
 			ops[n] = packed_op(op, sending);
-			void *buf = !sending ? sw->dst[op->dst_buffer]
-				    : op->src_buffer & VPS_BUFFER_TARGET ? sw->dst[vps_buffer_index(op->src_buffer)]
-									 : sw->src[op->src_buffer];
+			void *buf = sending ? vps_switch_src(sw, op->src_buffer) : vps_switch_dst(sw, op->dst_buffer);
 			c[n] = sending ? (struct vps_local_copy){&ops[n], buf, bounce + at, VPS_COPY_TO_HOST}
 				       : (struct vps_local_copy){&ops[n], bounce + at, buf, VPS_COPY_TO_GPU};
 			n++;
@@ -147,10 +143,9 @@ static vps_result_t transfer_iovs(const struct vps_switch *sw, const struct vps_
 	size_t at = 0;
 	for (size_t q = 0; q < x->nops; q++) {
 		const struct vps_op *op = &s->ops[x->first_op + q];
-		/* a relay passes on from its target buffers what it received */
-		unsigned char *buf = !sending			       ? sw->dst[op->dst_buffer]
-				     : op->src_buffer & VPS_BUFFER_TARGET ? sw->dst[vps_buffer_index(op->src_buffer)]
-									  : sw->src[op->src_buffer];
+		/* a relay passes on from its target buffers (or its transit
+		 * area) what it received */
+		unsigned char *buf = sending ? vps_switch_src(sw, op->src_buffer) : vps_switch_dst(sw, op->dst_buffer);
 		int64_t off = sending ? op->src_offset : op->dst_offset;
 		const int64_t *st = sending ? op->src_strides : op->dst_strides;
 		if (!bounced(sw, op, sending)) {
@@ -179,7 +174,7 @@ static vps_result_t unbounce(const struct vps_switch *sw, const struct vps_xfer 
 		if (!on_gpu(sw, op, false)) {
 			int64_t flat[VPS_MAX_DIMS];
 			vps_rowmajor_strides(op->ext, op->ndim, flat);
-			vps_copy_strided((unsigned char *)sw->dst[op->dst_buffer] + op->dst_offset * op->esize,
+			vps_copy_strided((unsigned char *)vps_switch_dst(sw, op->dst_buffer) + op->dst_offset * op->esize,
 					 op->dst_strides, bounce + at, flat, op->ext, op->ndim, op->esize);
 		}
 		at += (size_t)vps_op_bytes(op);

@@ -31,6 +31,7 @@
 
 struct vps_mapcache;
 struct vps_cuda_api;
+struct vps_buffer_desc;
 
 /* The peer of one of this rank's transfers, as the executor found it. */
 struct vps_peer_info {
@@ -64,7 +65,43 @@ struct vps_switch {
 	struct vps_mapcache *maps;
 	const struct vps_cuda_api *gpu; /* where = CUDA or MIXED */
 	double timeout;
+	/* This rank's transit area (vps/plan.h, VPS_BUFFER_TRANSIT): memory of
+	 * the executor's own, neither layout's, that arrivals for a node-mate
+	 * land in and forwards to it read; made at attach where the targets
+	 * live (transit_where), NULL when the plan lands nothing in it. For
+	 * ipc, transit_desc says how a node-mate maps it (a shared-memory
+	 * object of this user, mode 0600, or a CUDA IPC handle). */
+	void *transit;
+	int64_t transit_bytes;
+	int transit_where;
+	struct vps_buffer_desc *transit_desc;
 };
+
+/* Where an op writes on this rank: a target buffer, or the transit area. */
+static inline void *vps_switch_dst(const struct vps_switch *sw, uint32_t dst_buffer)
+{
+	return dst_buffer == VPS_BUFFER_TRANSIT ? sw->transit : sw->dst[dst_buffer];
+}
+static inline int vps_switch_dst_where(const struct vps_switch *sw, uint32_t dst_buffer)
+{
+	if (dst_buffer == VPS_BUFFER_TRANSIT)
+		return sw->transit_where;
+	return sw->dst_where ? sw->dst_where[dst_buffer] : VPS_WHERE_HOST;
+}
+/* Where an op reads on this rank: a source buffer, or for a forward (its
+ * src_buffer flagged VPS_BUFFER_TARGET) a target buffer or the area. */
+static inline void *vps_switch_src(const struct vps_switch *sw, uint32_t src_buffer)
+{
+	if (!(src_buffer & VPS_BUFFER_TARGET))
+		return sw->src[src_buffer];
+	return vps_switch_dst(sw, vps_buffer_index(src_buffer));
+}
+static inline int vps_switch_src_where(const struct vps_switch *sw, uint32_t src_buffer)
+{
+	if (!(src_buffer & VPS_BUFFER_TARGET))
+		return sw->src_where[src_buffer];
+	return vps_switch_dst_where(sw, vps_buffer_index(src_buffer));
+}
 
 /* The peer of transfer x, one of sw's. */
 static inline const struct vps_peer_info *vps_switch_peer(const struct vps_switch *sw, const struct vps_xfer *x)
@@ -176,6 +213,10 @@ void vps_mapcache_prune(struct vps_mapcache *c, const struct vps_cuda_api *gpu, 
 void vps_mapcache_take_stats(struct vps_mapcache *c, uint64_t *warm_bytes, uint64_t *cold_bytes);
 /* Objects mapped and IPC handles opened since the last call; resets it. */
 uint64_t vps_mapcache_take_opened(struct vps_mapcache *c);
+/* Unmap (close) d's object now, whatever it was mapped for: a peer's
+ * transit area read for the last time, whose owner frees it once every
+ * reader said it is done. */
+void vps_mapcache_close(struct vps_mapcache *c, const struct vps_cuda_api *gpu, const struct vps_buffer_desc *d);
 /* End of a switch: unmap what was not kept. */
 void vps_mapcache_end_switch(struct vps_mapcache *c, const struct vps_cuda_api *gpu);
 
