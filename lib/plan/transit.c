@@ -168,51 +168,6 @@ static vps_result_t through(struct vps_pieces *out, const struct vps_piece *x, s
 	return VPS_OK;
 }
 
-/* Device e's eligible arrivals, by what it sheds: each to the carriers in
- * turn (*next, the first with room), whole or its first rows. */
-static vps_result_t shed(struct tnode *t, struct tdev *e, double T, const struct vps_pieces *fw,
-			 struct vps_pieces *set, size_t *next, struct vps_pieces *out)
-{
-	const struct vps_transit_node *tn = t->tn;
-	double need = e->nic_recv - T * tn->inter;
-	for (size_t i = 0; i < set->n && need > 0 && *next < t->n; i++) {
-		struct vps_piece *x = &set->v[i];
-		if (x->dst != e->w || !nic_arrival(t, x) || vps_buffer_hop(x->src_buffer) >= VPS_MAX_HOP ||
-		    forwarded(fw, x))
-			continue;
-		while (need > 0 && *next < t->n && vps_box_volume(&x->box) > 0) {
-			struct tdev *c = &t->d[*next];
-			double room = c == e ? 0
-					     : fmin((double)(c->area_max - c->area - TRANSIT_ALIGN),
-						    fmin(T * tn->inter - c->nic_recv, T * tn->intra - c->nvl_send));
-			if (room < (double)TRANSIT_MIN_BYTES) {
-				++*next;
-				continue;
-			}
-			int axis = 0;
-			while (axis < x->box.ndim - 1 && x->box.hi[axis] - x->box.lo[axis] == 1)
-				axis++;
-			int64_t len = x->box.hi[axis] - x->box.lo[axis], bytes = vps_piece_bytes(x);
-			int64_t row = bytes / len, take = vps_min64((int64_t)fmin(need, room) / row, len);
-			if (take < len && take * row < TRANSIT_MIN_BYTES)
-				break; /* too little of this one to cut it for */
-			struct vps_piece part;
-			if (take >= len) {
-				part = *x;
-				x->box.hi[axis] = x->box.lo[axis]; /* emptied: dropped below */
-			} else {
-				carve(x, axis, take, &part);
-			}
-			int64_t moved = vps_piece_bytes(&part);
-			VPS_CHECK(through(out, &part, c));
-			e->nic_recv -= (double)moved;
-			e->nvl_recv += (double)moved;
-			need -= (double)moved;
-		}
-	}
-	return VPS_OK;
-}
-
 static int src_cmp(const void *p, const void *q)
 {
 	int64_t x = *(const int64_t *)p, y = *(const int64_t *)q;
@@ -247,15 +202,272 @@ static double senders_floor(const struct vps_transit_node *tn, const struct vps_
 	return most;
 }
 
+/* Piece y restricted to box r (within y's box), at y's addresses. */
+static void sub_piece(const struct vps_piece *y, const struct vps_box *r, struct vps_piece *out)
+{
+	*out = *y;
+	out->box = *r;
+	for (int k = 0; k < r->ndim; k++) {
+		out->src_offset += (r->lo[k] - y->box.lo[k]) * y->src_strides[k];
+		out->dst_offset += (r->lo[k] - y->box.lo[k]) * y->dst_strides[k];
+	}
+}
+
+/* What the node's forwards need to know of a device: its relays' forwards
+ * (the callback's, fetched once) and whether each piece of the set feeds
+ * a forward made here. */
+struct fwds {
+	struct vps_pieces *of; /* by device, as t->d */
+	bool *fetched;
+	uint8_t *entry; /* by piece of the set: forwards here read it */
+	size_t cap;
+};
+
+static vps_result_t fwds_of(struct tnode *t, struct fwds *f, size_t i, const struct vps_pieces **out)
+{
+	if (!f->fetched[i]) {
+		VPS_CHECK(t->tn->forwards(t->tn->arg, t->d[i].w, &f->of[i]));
+		f->fetched[i] = true;
+	}
+	*out = &f->of[i];
+	return VPS_OK;
+}
+
+static vps_result_t mark(struct fwds *f, const struct vps_pieces *set)
+{
+	if (set->n <= f->cap)
+		return VPS_OK;
+	size_t cap = set->cap;
+	uint8_t *e = realloc(f->entry, cap);
+	if (!e)
+		return VPS_ENOMEM;
+	memset(e + f->cap, 0, cap - f->cap);
+	f->entry = e;
+	f->cap = cap;
+	return VPS_OK;
+}
+
+/* Whether piece k of the set (an arrival into device d's B buffer) may be
+ * cut or carried: nothing passes it on. */
+static vps_result_t movable(struct tnode *t, struct fwds *f, const struct vps_pieces *set, size_t k, bool *yes)
+{
+	const struct vps_piece *x = &set->v[k];
+	const struct vps_pieces *fw;
+	*yes = false;
+	if (f->entry[k] || vps_buffer_hop(x->src_buffer) >= VPS_MAX_HOP)
+		return VPS_OK;
+	VPS_CHECK(fwds_of(t, f, (size_t)(find(t, x->dst) - t->d), &fw));
+	*yes = !forwarded(fw, x);
+	return VPS_OK;
+}
+
+/* An arrival from another node, by what groups it: its (tensor, state),
+ * then its device and its place in the set. */
+struct cand {
+	uint32_t tensor;
+	uint8_t state;
+	int64_t dst;
+	size_t i;
+};
+
+static int cand_cmp(const void *p, const void *q)
+{
+	const struct cand *x = p, *y = q;
+	if (x->tensor != y->tensor)
+		return x->tensor < y->tensor ? -1 : 1;
+	if (x->state != y->state)
+		return x->state < y->state ? -1 : 1;
+	if (x->dst != y->dst)
+		return x->dst < y->dst ? -1 : 1;
+	return (x->i > y->i) - (x->i < y->i);
+}
+
+static vps_result_t push(struct vps_pieces *set, struct fwds *f, const struct vps_piece *x)
+{
+	VPS_CHECK(VPS_GROW(set->v, set->cap, set->n + 1));
+	set->v[set->n++] = *x;
+	return mark(f, set);
+}
+
+static vps_result_t push_index(size_t **v, size_t *n, size_t *cap, size_t i)
+{
+	VPS_CHECK(VPS_GROW(*v, *cap, *n + 1));
+	(*v)[(*n)++] = i;
+	return VPS_OK;
+}
+
+/* Elements that two devices of the node both take in from other nodes
+ * (replicas of B) enter it once: one of them, the less busy over its NIC,
+ * takes them and passes them on to the other over the node's links, a hop
+ * later, as long as neither's NVLink gets busier than the node's busiest
+ * device was. The other's sender sends them no more. */
+static vps_result_t enter_once(struct tnode *t, struct fwds *f, struct vps_pieces *set, double T0)
+{
+	const struct vps_transit_node *tn = t->tn;
+	struct cand *idx = NULL;
+	size_t n = 0, cap = 0, *list = NULL, nl = 0, capl = 0;
+	vps_result_t rc = VPS_OK;
+	for (size_t i = 0; i < set->n && !rc; i++) {
+		const struct vps_piece *x = &set->v[i];
+		if (!nic_arrival(t, x) || !find(t, x->dst))
+			continue;
+		rc = VPS_GROW(idx, cap, n + 1);
+		if (!rc)
+			idx[n++] = (struct cand){x->tensor, x->state, x->dst, i};
+	}
+	if (!rc && n > 1)
+		qsort(idx, n, sizeof(*idx), cand_cmp);
+	for (size_t g0 = 0, g1; g0 < n && !rc; g0 = g1) {
+		for (g1 = g0 + 1; g1 < n && idx[g1].tensor == idx[g0].tensor && idx[g1].state == idx[g0].state; g1++)
+			;
+		if (idx[g0].dst == idx[g1 - 1].dst)
+			continue; /* one device's alone */
+		nl = 0;
+		for (size_t k = g0; k < g1 && !rc; k++)
+			rc = push_index(&list, &nl, &capl, idx[k].i);
+		for (size_t a = 0; a < nl && !rc; a++) {
+			for (size_t b = a + 1; b < nl && !rc; b++) {
+				size_t i = list[a], j = list[b];
+				struct vps_box in;
+				if (vps_box_volume(&set->v[i].box) == 0)
+					break;
+				if (set->v[i].dst == set->v[j].dst || vps_box_volume(&set->v[j].box) == 0 ||
+				    !vps_box_intersect(&set->v[i].box, &set->v[j].box, &in))
+					continue;
+				struct tdev *di = find(t, set->v[i].dst), *dj = find(t, set->v[j].dst);
+				/* the less busy NIC takes them in; else the other */
+				size_t order[2][2] = {{i, j}, {j, i}};
+				int first = di->nic_recv <= dj->nic_recv ? 0 : 1;
+				for (int o = 0; o < 2 && !rc; o++) {
+					size_t ent = order[first ^ o][0], cut = order[first ^ o][1];
+					struct tdev *de = find(t, set->v[ent].dst), *dc = find(t, set->v[cut].dst);
+					bool ok;
+					double bytes = (double)vps_box_volume(&in) * (double)vps_dtype_size(vps_piece_dtype(&set->v[cut]));
+					if (vps_buffer_hop(set->v[ent].src_buffer) >= VPS_MAX_HOP ||
+					    de->nvl_send + bytes > T0 * tn->intra || dc->nvl_recv + bytes > T0 * tn->intra)
+						continue;
+					rc = movable(t, f, set, cut, &ok);
+					if (rc || !ok)
+						continue;
+					struct vps_piece y = set->v[cut], x = set->v[ent], on;
+					/* the shared part, from the entry's B buffer */
+					sub_piece(&y, &in, &on);
+					struct vps_piece from_x;
+					sub_piece(&x, &in, &from_x);
+					on.src = x.dst;
+					on.src_buffer = vps_buffer_at_hop(x.dst_buffer, vps_buffer_hop(x.src_buffer) + 1);
+					on.src_offset = from_x.dst_offset;
+					memcpy(on.src_strides, x.dst_strides, sizeof(on.src_strides));
+					set->v[cut].box.hi[0] = set->v[cut].box.lo[0]; /* emptied: dropped at the end */
+					f->entry[ent] = 1;
+					rc = push(set, f, &on);
+					/* what is left of the cut one, slab by slab */
+					struct vps_box rest = y.box;
+					for (int k = 0; k < y.box.ndim && !rc; k++) {
+						struct vps_box r = rest;
+						if (rest.lo[k] < in.lo[k]) {
+							r.hi[k] = in.lo[k];
+							struct vps_piece part;
+							sub_piece(&y, &r, &part);
+							rc = push(set, f, &part);
+							if (!rc)
+								rc = push_index(&list, &nl, &capl, set->n - 1);
+						}
+						r = rest;
+						if (!rc && in.hi[k] < rest.hi[k]) {
+							r.lo[k] = in.hi[k];
+							struct vps_piece part;
+							sub_piece(&y, &r, &part);
+							rc = push(set, f, &part);
+							if (!rc)
+								rc = push_index(&list, &nl, &capl, set->n - 1);
+						}
+						rest.lo[k] = in.lo[k];
+						rest.hi[k] = in.hi[k];
+					}
+					dc->nic_recv -= bytes;
+					dc->nvl_recv += bytes;
+					de->nvl_send += bytes;
+					break;
+				}
+			}
+		}
+	}
+	free(idx);
+	free(list);
+	return rc;
+}
+
+/* Device e's movable arrivals, by what it sheds: each to the carriers in
+ * turn (*next, the first with room), whole or its first rows. */
+static vps_result_t shed(struct tnode *t, struct fwds *f, struct tdev *e, double T, struct vps_pieces *set,
+			 size_t *next, struct vps_pieces *out)
+{
+	const struct vps_transit_node *tn = t->tn;
+	double need = e->nic_recv - T * tn->inter;
+	for (size_t i = 0; i < set->n && need > 0 && *next < t->n; i++) {
+		struct vps_piece *x = &set->v[i];
+		bool ok = false;
+		if (x->dst != e->w || !nic_arrival(t, x) || vps_box_volume(&x->box) == 0)
+			continue;
+		VPS_CHECK(movable(t, f, set, i, &ok));
+		if (!ok)
+			continue;
+		while (need > 0 && *next < t->n && vps_box_volume(&x->box) > 0) {
+			struct tdev *c = &t->d[*next];
+			double room = c == e ? 0
+					     : fmin((double)(c->area_max - c->area - TRANSIT_ALIGN),
+						    fmin(T * tn->inter - c->nic_recv, T * tn->intra - c->nvl_send));
+			if (room < (double)TRANSIT_MIN_BYTES) {
+				++*next;
+				continue;
+			}
+			int axis = 0;
+			while (axis < x->box.ndim - 1 && x->box.hi[axis] - x->box.lo[axis] == 1)
+				axis++;
+			int64_t len = x->box.hi[axis] - x->box.lo[axis], bytes = vps_piece_bytes(x);
+			int64_t row = bytes / len, take = vps_min64((int64_t)fmin(need, room) / row, len);
+			if (take < len && take * row < TRANSIT_MIN_BYTES)
+				break; /* too little of this one to cut it for */
+			struct vps_piece part;
+			if (take >= len) {
+				part = *x;
+				x->box.hi[axis] = x->box.lo[axis]; /* emptied: dropped below */
+			} else {
+				carve(x, axis, take, &part);
+			}
+			int64_t moved = vps_piece_bytes(&part);
+			VPS_CHECK(through(out, &part, c));
+			e->nic_recv -= (double)moved;
+			e->nvl_recv += (double)moved;
+			need -= (double)moved;
+		}
+	}
+	return VPS_OK;
+}
+
+static void drop_emptied(struct vps_pieces *set)
+{
+	size_t kept = 0;
+	for (size_t i = 0; i < set->n; i++)
+		if (vps_box_volume(&set->v[i].box) > 0)
+			set->v[kept++] = set->v[i];
+	set->n = kept;
+}
+
 vps_result_t vps_transit_route(const struct vps_transit_node *tn, struct vps_pieces *set)
 {
 	if (tn->ndevices < 2 || !(tn->intra > 0) || !(tn->inter > 0))
 		return VPS_OK;
 	struct tnode t = {.tn = tn, .n = tn->ndevices};
-	struct vps_pieces fw = {0}, out = {0};
+	struct vps_pieces out = {0}, was = {0};
+	struct fwds f = {0};
 	t.d = vps_calloc(t.n, sizeof(*t.d));
-	if (!t.d)
-		return VPS_ENOMEM;
+	f.of = vps_calloc(t.n, sizeof(*f.of));
+	f.fetched = vps_calloc(t.n, sizeof(*f.fetched));
+	vps_result_t rc = t.d && f.of && f.fetched ? mark(&f, set) : VPS_ENOMEM;
+	if (rc)
+		goto done;
 	for (size_t i = 0; i < t.n; i++) {
 		t.d[i].w = tn->devices[i];
 		t.d[i].area_max = tn->area_max[i];
@@ -272,63 +484,67 @@ vps_result_t vps_transit_route(const struct vps_transit_node *tn, struct vps_pie
 				src->nvl_send += bytes;
 		} else {
 			dst->nic_recv += bytes;
-			dst->eligible += bytes;
 		}
 	}
-	vps_result_t rc = VPS_OK;
-	double T0 = busiest(&t), T = level(&t, T0), floor = senders_floor(tn, set);
+	double T0 = busiest(&t), floor = senders_floor(tn, set);
 	/* a sender into the node as busy as the node's busiest device: the
 	 * plan's estimate cannot gain by the node, whose parts would move for
 	 * nothing; nor is it worth shedding below it */
-	if (!(T0 > 0) || fmax(T, floor) > TRANSIT_GAIN * T0)
+	if (!(T0 > 0) || floor > TRANSIT_GAIN * T0)
 		goto done;
+	/* kept whole, to go back to where the node gains too little */
+	rc = VPS_GROW(was.v, was.cap, set->n);
+	if (rc)
+		goto done;
+	memcpy(was.v, set->v, set->n * sizeof(*set->v));
+	was.n = set->n;
+	rc = enter_once(&t, &f, set, T0);
 	/* what arrives to be passed on stays where it arrives: its forwards'
 	 * hops follow its arrival's */
-	for (size_t i = 0; i < t.n && !rc; i++) {
-		struct tdev *e = &t.d[i];
-		if (e->nic_recv <= T * tn->inter)
+	for (size_t i = 0; i < t.n && !rc; i++)
+		t.d[i].eligible = 0;
+	for (size_t k = 0; k < set->n && !rc; k++) {
+		bool ok = false;
+		if (!nic_arrival(&t, &set->v[k]) || !find(&t, set->v[k].dst) || vps_box_volume(&set->v[k].box) == 0)
 			continue;
-		fw.n = 0;
-		rc = tn->forwards(tn->arg, e->w, &fw);
-		e->eligible = 0;
-		for (size_t k = 0; k < set->n && !rc; k++) {
-			const struct vps_piece *x = &set->v[k];
-			if (x->dst == e->w && nic_arrival(&t, x) && vps_buffer_hop(x->src_buffer) < VPS_MAX_HOP &&
-			    !forwarded(&fw, x))
-				e->eligible += (double)vps_piece_bytes(x);
-		}
+		rc = movable(&t, &f, set, k, &ok);
+		if (ok)
+			find(&t, set->v[k].dst)->eligible += (double)vps_piece_bytes(&set->v[k]);
+	}
+	double T = rc ? T0 : fmax(level(&t, T0), floor);
+	size_t next = 0;
+	for (size_t i = 0; i < t.n && !rc && T <= TRANSIT_GAIN * T0; i++) {
+		struct tdev *e = &t.d[i];
+		if (e->nic_recv > T * tn->inter)
+			rc = shed(&t, &f, e, T, set, &next, &out);
 	}
 	if (rc)
 		goto done;
-	T = fmax(level(&t, T0), floor);
-	if (T > TRANSIT_GAIN * T0)
+	if (busiest(&t) > TRANSIT_GAIN * T0) {
+		/* too little for the bytes: the node as it was */
+		set->n = 0;
+		rc = VPS_GROW(set->v, set->cap, was.n);
+		if (!rc) {
+			memcpy(set->v, was.v, was.n * sizeof(*was.v));
+			set->n = was.n;
+		}
 		goto done;
-	size_t next = 0;
-	for (size_t i = 0; i < t.n && !rc; i++) {
-		struct tdev *e = &t.d[i];
-		if (e->nic_recv <= T * tn->inter)
-			continue;
-		fw.n = 0;
-		rc = tn->forwards(tn->arg, e->w, &fw);
-		if (!rc)
-			rc = shed(&t, e, T, &fw, set, &next, &out);
 	}
-	if (rc || !out.n)
-		goto done;
 	/* the emptied arrivals out, the rerouted parts in */
-	size_t kept = 0;
-	for (size_t i = 0; i < set->n; i++)
-		if (vps_box_volume(&set->v[i].box) > 0)
-			set->v[kept++] = set->v[i];
-	set->n = kept;
+	drop_emptied(set);
 	rc = VPS_GROW(set->v, set->cap, set->n + out.n);
-	if (!rc) {
+	if (!rc && out.n) {
 		memcpy(set->v + set->n, out.v, out.n * sizeof(*out.v));
 		set->n += out.n;
 	}
 done:
-	free(fw.v);
+	for (size_t i = 0; f.of && i < t.n; i++)
+		free(f.of[i].v);
+	free(f.of);
+	free(f.fetched);
+	free(f.entry);
 	free(out.v);
+	free(was.v);
 	free(t.d);
 	return rc;
 }

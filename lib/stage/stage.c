@@ -541,50 +541,6 @@ static vps_result_t check_chunks(const struct vps_plan *plan, int64_t budget, in
 	return VPS_OK;
 }
 
-/* The largest transit area of the ranks in scope (-1: every rank), and
- * whose: the furthest end, in bytes, of a piece landing in one (as
- * vps_plan_transit_bytes sizes a rank's), in one pass over the plan. */
-static vps_result_t transit_most(const struct vps_plan *plan, int64_t scope, int64_t *bytes, int64_t *rank)
-{
-	struct vps_piece_iter it;
-	*bytes = 0;
-	*rank = -1;
-	vps_piece_iter_init(&it, plan);
-	for (const struct vps_piece *x; (x = vps_piece_iter_next(&it));) {
-		if (!vps_piece_to_transit(x) || (scope >= 0 && x->dst != scope))
-			continue;
-		int64_t ext[VPS_MAX_DIMS], first, end, b;
-		for (int k = 0; k < x->box.ndim; k++)
-			ext[k] = x->box.hi[k] - x->box.lo[k];
-		if (!vps_view_span(x->box.ndim, ext, x->dst_offset, x->dst_strides, &first, &end) || first < 0 ||
-		    end > VPS_MAX_ELEMENTS || !vps_mul_ok(end, (int64_t)vps_dtype_size(vps_piece_dtype(x)), &b))
-			return vps_fail(VPS_EINPUT, "a piece into world rank %" PRId64 "'s transit area reaches beyond "
-					"2^48 elements", x->dst);
-		if (b > *bytes) {
-			*bytes = b;
-			*rank = x->dst;
-		}
-	}
-	return VPS_OK;
-}
-
-/* A rank's transit area (vps/plan.h) is memory of its executor's for the
- * whole switch, beside the staging buffers of its stages: it counts
- * against the budget, which must leave at least the floor beside the
- * largest area of a rank staged here. The stages themselves are cut as
- * without it: their table is the same on every rank, and a one-rank plan
- * knows its own area alone. */
-static vps_result_t check_transit(const struct vps_plan *plan, int64_t scope, int64_t budget)
-{
-	int64_t area, rank;
-	VPS_CHECK(transit_most(plan, scope, &area, &rank));
-	if (area && (area > budget || budget - area < VPS_STAGE_BUDGET_FLOOR))
-		return vps_fail(VPS_EINPUT, "budget: %" PRId64 " bytes does not hold world rank %" PRId64 "'s transit area "
-				"of %" PRId64 " bytes beside a unit's staging; give at least %" PRId64 " bytes",
-				budget, rank, area, vps_sat_add(area, VPS_STAGE_BUDGET_FLOOR));
-	return VPS_OK;
-}
-
 /* Every pair's transfers and copies into b, in chunks of cap bytes. Pieces
  * come in plan order, by destination and then source: a pair's pieces are
  * consecutive, and the plan is read once, packed or not. */
@@ -679,7 +635,6 @@ vps_result_t vps_stage(struct vps_staged **out, struct vps_plan *plan, int64_t b
 		return vps_fail(VPS_EINPUT, "world rank %" PRId64 " is outside the transition world of %" PRId64 " ranks",
 				rank, W);
 	VPS_CHECK(check_chunks(plan, budget, cap));
-	VPS_CHECK(check_transit(plan, plan->scope >= 0 ? plan->scope : rank, budget));
 	struct vps_staged *s = vps_calloc(1, sizeof(*s));
 	int64_t *demand = NULL;
 	struct builder b = {0};

@@ -258,11 +258,11 @@ relay_by_node() { # TRANSPORT [demo.sh arguments...]
 # to (tp=1, pp=2) over nodes of two, weighed on a800-testbed. B's second
 # stage lands on node 0's rank 1, and node 1 holds it: rank 0, whose NIC
 # has room, takes part of it into its transit area and passes it on over
-# the node's links. The area (21 MiB here) counts against the budget, so
-# the budget is 32 MiB. Every rank sends what its plan says, bytes went
+# the node's links (21 MiB of area, beside the staging budget, which is
+# 1 MiB here: many stages). Every rank sends what its plan says, bytes went
 # into an area and out of it, and --check proves every byte of B.
 transit() { # TRANSPORT [demo.sh arguments...]
-	demo "$1" --np 2 --budget 32MiB "${@:2}" --topology a800-testbed --model tiny-llama \
+	demo "$1" --np 2 --budget 1MiB "${@:2}" --topology a800-testbed --model tiny-llama \
 		--from tp=2,pp=2,dp=1,zero=1 --to tp=1,pp=2,dp=1,zero=1
 	local dir=$BATS_TEST_TMPDIR/demo planned sent r into out in=0 on=0
 	for ((r = 0; r < 4; r++)); do
@@ -296,19 +296,6 @@ transit() { # TRANSPORT [demo.sh arguments...]
 @test "auto: a GPU transit area over ipc, every rank planning its own part (stand-ins)" {
 	over=ipc+nccl transit auto --standin --cuda --per-rank
 }
-@test "vps-stage: a budget that does not hold a rank's transit area is refused, naming the rank" {
-	cd "$BATS_TEST_TMPDIR"
-	"$VPS_BIN/vps-layout" -q --model tiny-llama --parallel tp=2,pp=2,dp=1 --gpus-per-node 2 -o a.layout
-	"$VPS_BIN/vps-layout" -q --model tiny-llama --parallel tp=1,pp=2,dp=1 --gpus-per-node 2 -o b.layout
-	"$VPS_BIN/vps-plan" -q --topology a800-testbed a.layout b.layout -o ab.plan
-	run "$VPS_BIN/vps-stage" -q --budget 1MiB ab.plan -o ab.staged
-	[ "$status" -eq 2 ]
-	[[ "$output" == *"does not hold world rank 0's transit area of "*" bytes beside a unit's staging; give at least"* ]]
-	"$VPS_BIN/vps-plan" -q --rank 1 --topology a800-testbed a.layout b.layout -o ab.1.plan
-	"$VPS_BIN/vps-stage" -q --budget 1MiB ab.1.plan -o ab.1.staged # rank 1 has no area
-	"$VPS_BIN/vps-stage" -q --budget 32MiB ab.plan -o ab.staged
-}
-
 # Replicas whose own ZeRO-1 shards differ share the parameters by weights
 # (docs/plan.md, rule 6): tiny-llama from tp=2 to tp=4 (dp=4) over nodes of
 # four, weighed on a800-testbed. Node 0's data-parallel ranks 2 and 3 send
