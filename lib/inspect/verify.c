@@ -1077,7 +1077,9 @@ struct seg {
 };
 
 /* Where a segment writes: pairs and destinations never overlap in a correct
- * plan, so this orders segments uniquely there. */
+ * plan, so this orders segments uniquely there. A transit area holds
+ * pieces of several dtypes, each addressed in elements of its own (a B
+ * buffer, one): their offsets compare only within one element size. */
 static int seg_key_cmp(const struct seg *x, const struct seg *y)
 {
 	if (x->src != y->src)
@@ -1086,6 +1088,8 @@ static int seg_key_cmp(const struct seg *x, const struct seg *y)
 		return x->dst < y->dst ? -1 : 1;
 	if (x->dst_buffer != y->dst_buffer)
 		return x->dst_buffer < y->dst_buffer ? -1 : 1;
+	if (x->esize != y->esize)
+		return x->esize < y->esize ? -1 : 1;
 	if (x->dst_off != y->dst_off)
 		return x->dst_off < y->dst_off ? -1 : 1;
 	return 0;
