@@ -705,13 +705,16 @@ static void check_transit_forward(const struct vps_plan *p, const struct arrival
 	int hop = vps_buffer_hop(x->src_buffer);
 	int64_t first, end, esize = (int64_t)vps_dtype_size(vps_piece_dtype(x));
 	char ps[512], ys[512];
-	piece_str(m, x, ps, sizeof(ps));
+	/* named only for a message: naming a tensor rebuilds the model's schema */
+	ps[0] = '\0';
 	if (hop < 0) {
+		NAME();
 		vps_verify_add(rep, "piece %zu (%s): source buffer %#x has hop bits that name no hop", i, ps,
 			       x->src_buffer);
 		return;
 	}
 	if (!view_in_area(x, x->src_offset, x->src_strides, &first, &end)) {
+		NAME();
 		vps_verify_add(rep, "piece %zu (%s): relay %" PRId64 " reads its transit area at offset %" PRId64
 			       ", beyond 2^48 elements", i, ps, x->src, x->src_offset);
 		return;
@@ -751,6 +754,7 @@ static void check_transit_forward(const struct vps_plan *p, const struct arrival
 			other_i = ar->v[k].piece;
 		}
 	}
+	NAME();
 	if (late) {
 		vps_verify_add(rep, "piece %zu (%s): relay %" PRId64 " passes on at hop %d what piece %zu brings to its "
 			       "transit area at hop %d, not before", i, ps, x->src, hop, late_i,
