@@ -24,6 +24,12 @@ const struct vps_field vps_transfer_fields[] = {
 	{"chunk", VPS_FIELD_INT},      {"forward", VPS_FIELD_INT},
 };
 const size_t vps_transfer_nfields = sizeof(vps_transfer_fields) / sizeof(*vps_transfer_fields);
+/* The columns of vps_transfer_fields put_transfer names a transit area in. */
+enum {
+	TRANSFER_NFIELDS = sizeof(vps_transfer_fields) / sizeof(*vps_transfer_fields),
+	TRANSFER_SRC_BUFFER = 7,
+	TRANSFER_DST_BUFFER = 9,
+};
 
 /* ---- arguments ---- */
 
@@ -333,7 +339,29 @@ static vps_result_t put_transfer(struct vps_records *rec, const struct vps_model
 		{.i = x->chunk},
 		{.i = vps_buffer_hop(x->src_buffer)},
 	};
-	return vps_records_put(rec, v);
+	/* a transit area is a buffer of neither layout: YAML and JSON name it
+	 * `transit`, TSV (a column of numbers, for awk) keeps its number,
+	 * VPS_BUFFER_TRANSIT; the records of a plan without transit are as
+	 * before */
+	bool from_area = (x->src_buffer & VPS_BUFFER_TARGET) && vps_buffer_index((uint32_t)x->src_buffer) == VPS_BUFFER_TRANSIT;
+	bool to_area = x->dst_buffer == VPS_BUFFER_TRANSIT;
+	if (rec->format == VPS_FORMAT_TSV || (!from_area && !to_area))
+		return vps_records_put(rec, v);
+	struct vps_field fields[TRANSFER_NFIELDS];
+	memcpy(fields, vps_transfer_fields, sizeof(fields));
+	if (from_area) {
+		fields[TRANSFER_SRC_BUFFER].type = VPS_FIELD_STR;
+		v[TRANSFER_SRC_BUFFER].s = "transit";
+	}
+	if (to_area) {
+		fields[TRANSFER_DST_BUFFER].type = VPS_FIELD_STR;
+		v[TRANSFER_DST_BUFFER].s = "transit";
+	}
+	const struct vps_field *keep = rec->fields;
+	rec->fields = fields;
+	vps_result_t rc = vps_records_put(rec, v);
+	rec->fields = keep;
+	return rc;
 }
 
 static bool pair_wanted(const struct vps_query *q, int64_t rank, int64_t src, int64_t dst)
@@ -388,6 +416,9 @@ done:
 struct flat {
 	int64_t src, dst;
 	uint32_t dst_buffer;
+	/* a transit area holds pieces of several dtypes, each addressed in
+	 * its own elements: only those of one size compare by offset */
+	uint8_t esize;
 	int64_t dst_offset, len;
 	size_t piece;
 };
@@ -401,6 +432,8 @@ static int flat_cmp(const void *a, const void *b)
 		return x->dst < y->dst ? -1 : 1;
 	if (x->dst_buffer != y->dst_buffer)
 		return x->dst_buffer < y->dst_buffer ? -1 : 1;
+	if (x->esize != y->esize)
+		return x->esize < y->esize ? -1 : 1;
 	return x->dst_offset < y->dst_offset ? -1 : x->dst_offset > y->dst_offset;
 }
 
@@ -436,7 +469,7 @@ static vps_result_t flat_op(struct staged_ctx *c, size_t xi, size_t k)
 	int64_t a0 = o->dst_offset, a1 = a0 + len, covered = 0;
 	/* the first indexed piece past a0, then back one: the last piece of the
 	 * pair that starts at or before a0 may reach into the copy */
-	struct flat key = {x->src, x->dst, o->dst_buffer, a0, 0, 0};
+	struct flat key = {x->src, x->dst, o->dst_buffer, o->esize, a0, 0, 0};
 	size_t lo = 0, hi = c->nix;
 	while (lo < hi) {
 		size_t mid = lo + (hi - lo) / 2;
@@ -446,11 +479,13 @@ static vps_result_t flat_op(struct staged_ctx *c, size_t xi, size_t k)
 			hi = mid;
 	}
 	size_t i = lo;
-	if (i && c->ix[i - 1].src == x->src && c->ix[i - 1].dst == x->dst && c->ix[i - 1].dst_buffer == o->dst_buffer)
+	if (i && c->ix[i - 1].src == x->src && c->ix[i - 1].dst == x->dst && c->ix[i - 1].dst_buffer == o->dst_buffer &&
+	    c->ix[i - 1].esize == o->esize)
 		i--;
 	for (; i < c->nix; i++) {
 		const struct flat *e = &c->ix[i];
-		if (e->src != x->src || e->dst != x->dst || e->dst_buffer != o->dst_buffer || e->dst_offset >= a1)
+		if (e->src != x->src || e->dst != x->dst || e->dst_buffer != o->dst_buffer || e->esize != o->esize ||
+		    e->dst_offset >= a1)
 			break;
 		int64_t from = vps_max64(a0, e->dst_offset), to = vps_min64(a1, e->dst_offset + e->len);
 		if (from >= to)
@@ -541,7 +576,8 @@ vps_result_t vps_query_staged(const struct vps_staged *s, const struct vps_query
 		if ((x->src != c.rank && x->dst != c.rank) || !vps_piece_flat(x))
 			continue;
 		VPS_CHECK_GOTO(VPS_GROW(c.ix, cap, c.nix + 1), rc, done);
-		c.ix[c.nix++] = (struct flat){x->src, x->dst, x->dst_buffer, x->dst_offset, vps_box_volume(&x->box), i};
+		c.ix[c.nix++] = (struct flat){x->src,	     x->dst, x->dst_buffer, (uint8_t)vps_dtype_size(vps_piece_dtype(x)),
+					      x->dst_offset, vps_box_volume(&x->box), i};
 	}
 	if (c.nix)
 		qsort(c.ix, c.nix, sizeof(*c.ix), flat_cmp);

@@ -580,6 +580,224 @@ static int64_t address_at(int64_t offset, const int64_t *strides, const struct v
 	return offset;
 }
 
+/* A piece's extents, axis by axis. */
+static void piece_ext(const struct vps_piece *x, int64_t *ext)
+{
+	for (int k = 0; k < x->box.ndim; k++)
+		ext[k] = x->box.hi[k] - x->box.lo[k];
+}
+
+/* ---- transit areas ----
+ *
+ * A transit area (VPS_BUFFER_TRANSIT) is memory of a device's own, of
+ * neither layout: what lands there covers no element of B, and what is
+ * passed on from there must be what one arrival put there. Arrivals are
+ * compared by the bytes they take (offsets count elements of the piece's
+ * own dtype), so that arrivals of different dtypes are compared too. */
+
+/* An arrival into a transit area whose view is sound: the bytes it takes. */
+struct arrival {
+	int64_t dst;   /* whose area */
+	int64_t lo, hi; /* bytes from the area's start */
+	int64_t reach; /* the furthest hi of this and the earlier arrivals into the area */
+	size_t piece;
+};
+
+struct arrivals {
+	struct arrival *v;
+	size_t n;
+};
+
+static int arrival_cmp(const void *p, const void *q)
+{
+	const struct arrival *x = p, *y = q;
+	if (x->dst != y->dst)
+		return x->dst < y->dst ? -1 : 1;
+	if (x->lo != y->lo)
+		return x->lo < y->lo ? -1 : 1;
+	if (x->hi != y->hi)
+		return x->hi < y->hi ? -1 : 1;
+	return x->piece < y->piece ? -1 : x->piece > y->piece;
+}
+
+/* The elements piece x's view on one side spans: [*first, *end), false
+ * when they leave [0, 2^48) or the view cannot be real. */
+static bool view_in_area(const struct vps_piece *x, int64_t offset, const int64_t *strides, int64_t *first,
+			 int64_t *end)
+{
+	int64_t ext[VPS_MAX_DIMS];
+	piece_ext(x, ext);
+	return vps_view_span(x->box.ndim, ext, offset, strides, first, end) && *first >= 0 &&
+	       *end <= VPS_MAX_ELEMENTS;
+}
+
+/* Arrival x's view, as the planner makes it and vps_plan_transit_bytes
+ * sizes the area by: row-major contiguous, inside 2^48 elements. */
+static bool arrival_sound(const struct vps_piece *x, int64_t *first, int64_t *end)
+{
+	int64_t ext[VPS_MAX_DIMS];
+	piece_ext(x, ext);
+	return vps_strides_rowmajor(x->box.ndim, ext, x->dst_strides) &&
+	       view_in_area(x, x->dst_offset, x->dst_strides, first, end);
+}
+
+/* Every sound arrival of the plan (its scope aside: a forward of this file
+ * may read what a piece of another rank's brought), by area and bytes. */
+static vps_result_t arrivals_new(const struct vps_plan *p, struct arrivals *ar)
+{
+	size_t n = 0;
+	ar->v = NULL;
+	ar->n = 0;
+	for (size_t i = 0; i < p->npieces; i++)
+		n += vps_piece_to_transit(&p->pieces[i]);
+	if (!n)
+		return VPS_OK;
+	ar->v = malloc(n * sizeof(*ar->v));
+	if (!ar->v)
+		return too_large("arrivals into transit areas", n, sizeof(*ar->v));
+	for (size_t i = 0; i < p->npieces; i++) {
+		const struct vps_piece *x = &p->pieces[i];
+		int64_t first, end, esize = (int64_t)vps_dtype_size(vps_piece_dtype(x));
+		/* an unsound one is reported by check_arrival; 2^48 elements of
+		 * at most 8 bytes: no overflow */
+		if (vps_piece_to_transit(x) && arrival_sound(x, &first, &end))
+			ar->v[ar->n++] = (struct arrival){x->dst, first * esize, end * esize, 0, i};
+	}
+	qsort(ar->v, ar->n, sizeof(*ar->v), arrival_cmp);
+	for (size_t k = 0; k < ar->n; k++)
+		ar->v[k].reach = k && ar->v[k - 1].dst == ar->v[k].dst ? vps_max64(ar->v[k - 1].reach, ar->v[k].hi)
+								      : ar->v[k].hi;
+	return VPS_OK;
+}
+
+/* The destination side of piece i, an arrival into its destination's
+ * transit area: a row-major contiguous view inside 2^48 elements. */
+static void check_arrival(const struct vps_plan *p, size_t i, struct vps_verify_report *rep)
+{
+	const struct vps_piece *x = &p->pieces[i];
+	int64_t ext[VPS_MAX_DIMS], first, end;
+	char ps[512];
+	piece_ext(x, ext);
+	if (arrival_sound(x, &first, &end))
+		return;
+	piece_str(vps_layout_model(p->a), x, ps, sizeof(ps));
+	if (!vps_strides_rowmajor(x->box.ndim, ext, x->dst_strides))
+		vps_verify_add(rep, "piece %zu (%s): lands in the transit area of %" PRId64
+			       " at offset %" PRId64 " in a view that is not row-major contiguous", i, ps, x->dst,
+			       x->dst_offset);
+	else
+		vps_verify_add(rep, "piece %zu (%s): lands in the transit area of %" PRId64 " at offset %" PRId64
+			       ", beyond 2^48 elements", i, ps, x->dst, x->dst_offset);
+}
+
+/* Forward i, out of its source's transit area: its view inside 2^48
+ * elements and, where this plan holds the arrivals into that area (a
+ * global plan, or the relay's own), the bytes it reads are those of one
+ * arrival, of the same elements at the same positions (its box inside the
+ * arrival's, its view the arrival's restricted to it), which came at a
+ * lower hop. Whether they arrive in an earlier stage is the staged plan's
+ * check (check_relay_order). */
+static void check_transit_forward(const struct vps_plan *p, const struct arrivals *ar, size_t i,
+				  struct vps_verify_report *rep)
+{
+	const struct vps_model *m = vps_layout_model(p->a);
+	const struct vps_piece *x = &p->pieces[i];
+	int hop = vps_buffer_hop(x->src_buffer);
+	int64_t first, end, esize = (int64_t)vps_dtype_size(vps_piece_dtype(x));
+	char ps[512], ys[512];
+	/* named only for a message: naming a tensor rebuilds the model's schema */
+	ps[0] = '\0';
+	if (hop < 0) {
+		NAME();
+		vps_verify_add(rep, "piece %zu (%s): source buffer %#x has hop bits that name no hop", i, ps,
+			       x->src_buffer);
+		return;
+	}
+	if (!view_in_area(x, x->src_offset, x->src_strides, &first, &end)) {
+		NAME();
+		vps_verify_add(rep, "piece %zu (%s): relay %" PRId64 " reads its transit area at offset %" PRId64
+			       ", beyond 2^48 elements", i, ps, x->src, x->src_offset);
+		return;
+	}
+	if (p->scope >= 0 && p->scope != x->src)
+		return; /* what lands in another rank's area is in that rank's plan */
+	/* the arrivals into the relay's area that hold the forward's first
+	 * byte (one, in a plan whose arrivals do not overlap) */
+	int64_t at = x->src_offset * esize;
+	size_t lo = 0, hi = ar->n;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (ar->v[mid].dst < x->src || (ar->v[mid].dst == x->src && ar->v[mid].lo <= at))
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	const struct vps_piece *late = NULL, *other = NULL;
+	size_t late_i = 0, other_i = 0;
+	for (size_t k = lo; k-- > 0 && ar->v[k].dst == x->src && ar->v[k].reach > at;) {
+		if (ar->v[k].hi <= at)
+			continue;
+		const struct vps_piece *y = &p->pieces[ar->v[k].piece];
+		bool same = y->tensor == x->tensor && y->state == x->state && y->dtype == x->dtype &&
+			    vps_box_contains(&y->box, &x->box) &&
+			    address_at(y->dst_offset, y->dst_strides, &y->box, x->box.lo) == x->src_offset;
+		for (int d = 0; same && d < x->box.ndim; d++)
+			same = x->box.hi[d] - x->box.lo[d] == 1 || x->src_strides[d] == y->dst_strides[d];
+		int yhop = vps_buffer_hop(y->src_buffer);
+		if (same && yhop >= 0 && yhop < hop)
+			return;
+		if (same) {
+			late = y;
+			late_i = ar->v[k].piece;
+		} else {
+			other = y;
+			other_i = ar->v[k].piece;
+		}
+	}
+	NAME();
+	if (late) {
+		vps_verify_add(rep, "piece %zu (%s): relay %" PRId64 " passes on at hop %d what piece %zu brings to its "
+			       "transit area at hop %d, not before", i, ps, x->src, hop, late_i,
+			       vps_buffer_hop(late->src_buffer));
+	} else if (other) {
+		piece_str(m, other, ys, sizeof(ys));
+		vps_verify_add(rep, "piece %zu (%s): relay %" PRId64 " passes on from its transit area at offset %" PRId64
+			       " other elements: piece %zu (%s) brings them there", i, ps, x->src, x->src_offset, other_i,
+			       ys);
+	} else {
+		vps_verify_add(rep, "piece %zu (%s): relay %" PRId64 " passes on from its transit area at offset %" PRId64
+			       " what no piece brings there", i, ps, x->src, x->src_offset);
+	}
+}
+
+/* No two arrivals into one area share a byte: sorted by their first
+ * bytes, each against the furthest reaching earlier one of its area. A
+ * file of one rank reports those that involve it. */
+static void check_transit_overlaps(const struct vps_plan *p, int64_t scope, const struct arrivals *ar,
+				   struct vps_verify_report *rep)
+{
+	const struct vps_model *m = vps_layout_model(p->a);
+	size_t far = 0;
+	for (size_t k = 1; k < ar->n; k++) {
+		const struct arrival *a = &ar->v[far], *b = &ar->v[k];
+		if (b->dst != a->dst) {
+			far = k;
+			continue;
+		}
+		const struct vps_piece *x = &p->pieces[a->piece], *y = &p->pieces[b->piece];
+		if (b->lo < a->hi &&
+		    (scope < 0 || x->src == scope || x->dst == scope || y->src == scope || y->dst == scope)) {
+			char xs[512], ys[512];
+			piece_str(m, x, xs, sizeof(xs));
+			piece_str(m, y, ys, sizeof(ys));
+			vps_verify_add(rep, "rank %" PRId64 ": transit area: piece %zu (%s) overlaps piece %zu (%s) at byte %" PRId64,
+				       b->dst, a->piece, xs, b->piece, ys, b->lo);
+		}
+		if (b->hi > a->hi)
+			far = k;
+	}
+}
+
 /* Forward i (a relay passing on a piece): the relay holds it under B at
  * the source address, and, where this plan has the relay's receives, it
  * received every element of it there by pieces of an earlier hop (a
@@ -638,11 +856,13 @@ static vps_result_t check_forward(const struct vps_plan *p, struct views *vw, si
 
 /* Piece i of plan p, when it involves `scope` or the plan is one rank's:
  * counted (retained or moved); its source holds it under A at its source
- * address, and its destination has a B region for it at its destination
- * address, which goes to cov with the piece. */
-static vps_result_t check_piece(const struct vps_plan *p, int64_t scope, struct views *vw, size_t i,
-				struct vps_verify_report *rep, int64_t *retains, int64_t *moved, struct cover *cov,
-				size_t *ncov)
+ * address (a forward: what it received, from its B buffer or its transit
+ * area), and its destination has a B region for it at its destination
+ * address, which goes to cov with the piece, or else takes it into its
+ * transit area (ar: the plan's arrivals there), which covers nothing. */
+static vps_result_t check_piece(const struct vps_plan *p, int64_t scope, struct views *vw, const struct arrivals *ar,
+				size_t i, struct vps_verify_report *rep, int64_t *retains, int64_t *moved,
+				struct cover *cov, size_t *ncov)
 {
 	const struct vps_model *m = vps_layout_model(p->a);
 	const struct vps_piece *x = &p->pieces[i];
@@ -662,7 +882,9 @@ static vps_result_t check_piece(const struct vps_plan *p, int64_t scope, struct 
 			       ", the plan's scope", i, ps, x->src, x->dst, scope);
 	}
 	int64_t ra = vps_world_a_rank(p->world, x->src), rb = vps_world_b_rank(p->world, x->dst);
-	if (x->src_buffer & VPS_BUFFER_TARGET) {
+	if (vps_piece_from_transit(x)) {
+		check_transit_forward(p, ar, i, rep);
+	} else if (x->src_buffer & VPS_BUFFER_TARGET) {
 		VPS_CHECK(check_forward(p, vw, i, rep));
 	} else if (ra < 0) {
 		NAME();
@@ -680,6 +902,12 @@ static vps_result_t check_piece(const struct vps_plan *p, int64_t scope, struct 
 				       " under the source layout",
 				       i, ps, x->src, x->src_buffer, x->src_offset);
 		}
+	}
+	/* an area is the executor's, on any device of the switch: no B rank
+	 * needed */
+	if (vps_piece_to_transit(x)) {
+		check_arrival(p, i, rep);
+		return VPS_OK;
 	}
 	if (rb < 0) {
 		NAME();
@@ -783,15 +1011,21 @@ static vps_result_t plan_checks(const struct vps_plan *p, int64_t scope, struct 
 			       p->file_hash, hash);
 	struct cover *cov = malloc((p->npieces + 1) * sizeof(*cov));
 	size_t ncov = 0;
+	struct arrivals ar;
 	if (!cov)
 		return too_large("pieces to match with their destinations", p->npieces + 1, sizeof(*cov));
-	vps_result_t rc = lost_checks(p, rep);
+	vps_result_t rc = arrivals_new(p, &ar);
+	if (!rc)
+		rc = lost_checks(p, rep);
 	for (size_t i = 0; i < p->npieces && !rc; i++)
-		rc = check_piece(p, scope, vw, i, rep, retains, moved, cov, &ncov);
+		rc = check_piece(p, scope, vw, &ar, i, rep, retains, moved, cov, &ncov);
+	if (!rc)
+		check_transit_overlaps(p, scope, &ar, rep);
 	if (!rc) {
 		qsort(cov, ncov, sizeof(*cov), cover_cmp);
 		rc = check_cover(p, scope, vw, cov, ncov, rep);
 	}
+	free(ar.v);
 	free(cov);
 	return rc;
 }
@@ -836,12 +1070,6 @@ vps_result_t vps_verify_plan(const struct vps_plan *p, struct vps_verify_report 
  *     sorted; boxes and slab arithmetic when a cut is not such a range).
  * Checks that depend on the stage table are apart, in check_schedule(). */
 
-static void piece_ext(const struct vps_piece *x, int64_t *ext)
-{
-	for (int k = 0; k < x->box.ndim; k++)
-		ext[k] = x->box.hi[k] - x->box.lo[k];
-}
-
 /* Elements contiguous on both sides: what a flat piece, or a flat copy,
  * does. `from` (a piece or a transfer) only names it in messages. */
 struct seg {
@@ -853,7 +1081,9 @@ struct seg {
 };
 
 /* Where a segment writes: pairs and destinations never overlap in a correct
- * plan, so this orders segments uniquely there. */
+ * plan, so this orders segments uniquely there. A transit area holds
+ * pieces of several dtypes, each addressed in elements of its own (a B
+ * buffer, one): their offsets compare only within one element size. */
 static int seg_key_cmp(const struct seg *x, const struct seg *y)
 {
 	if (x->src != y->src)
@@ -862,6 +1092,8 @@ static int seg_key_cmp(const struct seg *x, const struct seg *y)
 		return x->dst < y->dst ? -1 : 1;
 	if (x->dst_buffer != y->dst_buffer)
 		return x->dst_buffer < y->dst_buffer ? -1 : 1;
+	if (x->esize != y->esize)
+		return x->esize < y->esize ? -1 : 1;
 	if (x->dst_off != y->dst_off)
 		return x->dst_off < y->dst_off ? -1 : 1;
 	return 0;
@@ -1241,10 +1473,21 @@ struct staged_check {
 	size_t nh, np;
 };
 
+/* Whether a copy reads from its source's transit area, writes into its
+ * destination's. */
+static bool op_from_transit(const struct vps_op *o)
+{
+	return (o->src_buffer & VPS_BUFFER_TARGET) && vps_buffer_index(o->src_buffer) == VPS_BUFFER_TRANSIT;
+}
+
+static bool op_to_transit(const struct vps_op *o) { return o->dst_buffer == VPS_BUFFER_TRANSIT; }
+
 /* Copy k of transfer i: its views inside their buffers (vs, vd: the
- * views of the transfer's ranks), its staging bytes aligned and inside the
- * transfer's after those of the copies before it (*end), and what it
- * carries of the piece it names, kept to compare. */
+ * views of the transfer's ranks, NULL where every copy of the transfer
+ * reads, or writes, a transit area, sized by no layout: inside 2^48
+ * elements), its staging bytes aligned and inside the transfer's after
+ * those of the copies before it (*end), and what it carries of the piece
+ * it names, kept to compare (the pieces' checks place it in the area). */
 static void check_op(struct staged_check *c, size_t i, size_t k, const struct view_index *vs,
 		     const struct view_index *vd, int64_t *end)
 {
@@ -1265,14 +1508,16 @@ static void check_op(struct staged_check *c, size_t i, size_t k, const struct vi
 			break;
 		}
 	uint32_t sb = vps_buffer_index(o->src_buffer);
-	if (!vps_view_span(o->ndim, o->ext, o->src_offset, o->src_strides, &f0, &f1) ||
-	    sb >= vs->v.nbuffers || f0 < 0 || f1 > vs->v.buffers[sb].elements) {
+	int64_t src_n = op_from_transit(o) ? VPS_MAX_ELEMENTS : vs && sb < vs->v.nbuffers ? vs->v.buffers[sb].elements : -1;
+	int64_t dst_n = op_to_transit(o)			? VPS_MAX_ELEMENTS
+			: vd && o->dst_buffer < vd->v.nbuffers ? vd->v.buffers[o->dst_buffer].elements
+								: -1;
+	if (!vps_view_span(o->ndim, o->ext, o->src_offset, o->src_strides, &f0, &f1) || f0 < 0 || f1 > src_n) {
 		vps_verify_add(rep, "transfer %zu op %zu: source view outside buffer %u of rank %" PRId64, i, k,
 			       o->src_buffer, x->src);
 		real = false;
 	}
-	if (!vps_view_span(o->ndim, o->ext, o->dst_offset, o->dst_strides, &f0, &f1) ||
-	    o->dst_buffer >= vd->v.nbuffers || f0 < 0 || f1 > vd->v.buffers[o->dst_buffer].elements) {
+	if (!vps_view_span(o->ndim, o->ext, o->dst_offset, o->dst_strides, &f0, &f1) || f0 < 0 || f1 > dst_n) {
 		vps_verify_add(rep, "transfer %zu op %zu: destination view outside buffer %u of rank %" PRId64, i, k,
 			       o->dst_buffer, x->dst);
 		real = false;
@@ -1368,14 +1613,22 @@ static vps_result_t check_xfer(struct staged_check *c, size_t i)
 		vps_verify_add(rep, "transfer %zu does not involve rank %" PRId64 ", the file's scope", i, s->scope);
 	int64_t ra = forward ? vps_world_b_rank(p->world, x->src) : vps_world_a_rank(p->world, x->src),
 		rb = vps_world_b_rank(p->world, x->dst);
-	if (ra < 0 || rb < 0) {
+	/* a side whose copies all use a transit area needs no layout's rank */
+	bool need_src = false, need_dst = false;
+	for (size_t k = 0; k < x->nops; k++) {
+		need_src |= !op_from_transit(&s->ops[x->first_op + k]);
+		need_dst |= !op_to_transit(&s->ops[x->first_op + k]);
+	}
+	if ((need_src && ra < 0) || (need_dst && rb < 0)) {
 		vps_verify_add(rep, "transfer %zu: %" PRId64 " -> %" PRId64 " from a %s or to a leaving device", i, x->src,
 			       x->dst, forward ? "leaving device's target buffer" : "joining device");
 		return VPS_OK;
 	}
-	struct view_index *vs, *vd;
-	VPS_CHECK(view_get(forward ? p->b : p->a, forward ? &c->vw.b : &c->vw.a, ra, &vs));
-	VPS_CHECK(view_get(p->b, &c->vw.b, rb, &vd));
+	struct view_index *vs = NULL, *vd = NULL;
+	if (need_src)
+		VPS_CHECK(view_get(forward ? p->b : p->a, forward ? &c->vw.b : &c->vw.a, ra, &vs));
+	if (need_dst)
+		VPS_CHECK(view_get(p->b, &c->vw.b, rb, &vd));
 	int64_t end = 0;
 	for (size_t k = 0; k < x->nops; k++)
 		check_op(c, i, k, vs, vd, &end);

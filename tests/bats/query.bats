@@ -405,3 +405,38 @@ PY
 	expect_status 2 vps-plan --transfers bad2.yaml
 	[[ "$output" == "vps-plan: bad2.yaml: transfer "*"its source is not that of the pieces at its destination"* ]]
 }
+
+@test "vps-plan --transfers names a transit area: transit in YAML and JSON, its number in TSV; a staged plan's records carry the plan's bytes" {
+	# tiny-llama (tp=2, pp=2) -> (tp=1, pp=2), two GPUs a node, on
+	# a800-testbed: rank 0 takes in part of what rank 1 needs, and passes it on
+	vps-layout -q --model tiny-llama --parallel tp=2,pp=2,dp=1 --gpus-per-node 2 -o a.layout
+	vps-layout -q --model tiny-llama --parallel tp=1,pp=2,dp=1 --gpus-per-node 2 -o b.layout
+	vps-plan -q --topology a800-testbed a.layout b.layout -o ab.plan
+	vps-stage -q --budget 64MiB ab.plan -o ab.staged
+	vps-plan --transfers --rank 0 --format tsv ab.plan >r0.tsv
+	vps-plan --transfers --rank 0 ab.plan >r0.yaml
+	vps-plan --transfers --rank 0 --format json ab.plan >r0.json
+	local n
+	n=$(awk -F '\t' '$10 == 536870911' r0.tsv | wc -l)
+	[ "$n" -gt 0 ]
+	[ "$(grep -c ', dst_buffer: transit, ' r0.yaml)" -eq "$n" ]
+	[ "$(grep -c '"dst_buffer":"transit",' r0.json)" -eq "$n" ]
+	# the other records as before: numbers
+	[ "$(grep -c ', dst_buffer: [0-9]*, ' r0.yaml)" -eq "$(awk -F '\t' 'NR > 1 && $10 != 536870911' r0.tsv | wc -l)" ]
+	# rank 1 receives forwards out of rank 0's area (hop 1)
+	vps-plan --transfers --rank 1 --format tsv ab.plan >r1.tsv
+	n=$(awk -F '\t' '$8 == 536870911 && $14 == 1' r1.tsv | wc -l)
+	[ "$n" -gt 0 ]
+	[ "$(vps-plan --transfers --rank 1 ab.plan | grep -c 'src_buffer: transit, .* forward: 1}$')" -eq "$n" ]
+	# the staged plan: every rank's records, in every format, and the
+	# bytes each rank sends and receives are the plan's
+	local r f
+	for r in 0 1 2 3; do
+		for f in yaml json; do
+			vps-plan --transfers --rank $r --format $f ab.staged >/dev/null
+		done
+		[ "$(vps-plan --transfers --rank $r --format tsv ab.staged | awk -F '\t' 'NR > 1 { b[$2] += $7 } END { for (d in b) print d, b[d] }' | sort)" = \
+		  "$(vps-plan --transfers --rank $r --format tsv ab.plan | awk -F '\t' 'NR > 1 { b[$2] += $7 } END { for (d in b) print d, b[d] }' | sort)" ]
+	done
+	vps-plan --transfers --rank 0 ab.staged | grep -q 'dst_buffer: transit'
+}

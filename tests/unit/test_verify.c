@@ -391,3 +391,282 @@ TEST(many_strips_cover_a_region)
 	CHECK_EQ(vps_boxes_uncovered(strips, N, &t), 1);
 	free(strips);
 }
+
+/* ---- transit areas ----
+ *
+ * tiny-llama (tp=2, pp=2) -> (tp=1, pp=2), two GPUs a node, on
+ * a800-testbed: node 0 (ranks 0 and 1) takes stage 1 of B from node 1,
+ * and part of what rank 1 needs lands in rank 0's transit area, to be
+ * passed on over NVLink. */
+static struct vps_plan *transit_plan(int64_t rank)
+{
+	struct vps_model m;
+	struct vps_parallel pa, pb;
+	struct vps_devices d;
+	struct vps_layout *a, *b;
+	struct vps_plan *p = NULL;
+	struct vps_topology topo;
+	struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
+	CHECK_OK(vps_model_load(&m, "tiny-llama", CONFIGS "/models"));
+	CHECK_OK(vps_topology_load(&topo, "a800-testbed", CONFIGS "/topologies"));
+	vps_parallel_init(&pa);
+	vps_parallel_init(&pb);
+	CHECK_OK(vps_parallel_parse(&pa, "tp=2,pp=2,dp=1", "t"));
+	CHECK_OK(vps_parallel_parse(&pb, "tp=1,pp=2,dp=1", "t"));
+	vps_devices_packed(&d, 2, 0);
+	CHECK_OK(vps_layout_new(&a, &m, &pa, &d, "t"));
+	CHECK_OK(vps_layout_new(&b, &m, &pb, &d, "t"));
+	o.topology = &topo;
+	o.rank = rank;
+	CHECK_OK(vps_plan_compute(&p, a, b, &o));
+	return p;
+}
+
+/* A copy of a plan whose pieces may be edited. */
+static void plan_open(struct vps_plan *c, const struct vps_plan *p)
+{
+	*c = *p;
+	c->pieces = dup_array(p->pieces, p->npieces, sizeof(*p->pieces));
+	c->file_hash = 0;
+}
+
+/* Rank r's part of global plan p, as a copy (plan_open's): its plan, which
+ * is the global plan's part (test_plan checks that). Rank 0, which sends
+ * nothing here, is taken so rather than planned: its own plan sorts an
+ * empty list from NULL (plan_sends, lib/plan/plan.c), which UBSan stops
+ * at. */
+static void plan_part(struct vps_plan *c, const struct vps_plan *p, int64_t r)
+{
+	plan_open(c, p);
+	c->scope = r;
+	c->npieces = 0;
+	for (size_t i = 0; i < p->npieces; i++)
+		if (p->pieces[i].src == r || p->pieces[i].dst == r)
+			c->pieces[c->npieces++] = p->pieces[i];
+}
+
+static void expect_plan(struct vps_plan *c, const char *what, int line)
+{
+	struct vps_verify_report rep;
+	vps_result_t rc = vps_verify_plan(c, &rep);
+	if (rc != VPS_OK)
+		harness_fail(__FILE__, line, "verification failed: %s", vps_last_error());
+	else if (!what && rep.violations)
+		harness_fail(__FILE__, line, "%lld violations, first: %s", (long long)rep.violations,
+			     rep.nmessages ? rep.messages[0] : "");
+	else if (what && (!rep.violations || !reported(&rep, what)))
+		harness_fail(__FILE__, line, "expected a violation '%s', got %lld%s%s", what, (long long)rep.violations,
+			     rep.nmessages ? ", first: " : "", rep.nmessages ? rep.messages[0] : "");
+	if (rc == VPS_OK)
+		vps_verify_report_release(&rep);
+	free(c->pieces);
+}
+
+#define EXPECT_PLAN(c, what) expect_plan(c, what, __LINE__)
+
+/* The first forward out of a transit area, and the arrival it passes on
+ * (the one whose box holds its box, into the relay's area). */
+static bool find_transit_pair(const struct vps_plan *p, size_t *fwd, size_t *arr)
+{
+	for (size_t i = 0; i < p->npieces; i++) {
+		const struct vps_piece *x = &p->pieces[i];
+		if (!vps_piece_from_transit(x))
+			continue;
+		for (size_t k = 0; k < p->npieces; k++) {
+			const struct vps_piece *y = &p->pieces[k];
+			if (vps_piece_to_transit(y) && y->dst == x->src && y->tensor == x->tensor &&
+			    y->state == x->state && vps_box_contains(&y->box, &x->box)) {
+				*fwd = i;
+				*arr = k;
+				return true;
+			}
+		}
+	}
+	return false;
+}
+
+TEST(a_transit_plan_verifies)
+{
+	struct vps_plan *p = transit_plan(-1);
+	if (!p)
+		return;
+	size_t f, a;
+	CHECK(find_transit_pair(p, &f, &a));
+	struct vps_plan c;
+	plan_open(&c, p);
+	EXPECT_PLAN(&c, NULL);
+	/* every rank's plan, and the staged plans, global and of one rank */
+	plan_part(&c, p, 0);
+	EXPECT_PLAN(&c, NULL);
+	for (int64_t r = 1; r < 4; r++) {
+		struct vps_plan *one = transit_plan(r);
+		if (!one)
+			continue;
+		plan_open(&c, one);
+		EXPECT_PLAN(&c, NULL);
+		struct vps_staged *s = NULL;
+		CHECK_OK(vps_stage(&s, one, 64 << 20, -1));
+		if (s)
+			expect_clean(s, __LINE__);
+		else
+			vps_plan_free(one);
+		vps_staged_free(s);
+	}
+	struct vps_staged *s = NULL, *s0 = NULL;
+	struct vps_plan *p0 = transit_plan(-1);
+	if (p0) {
+		CHECK_OK(vps_stage(&s0, p0, 64 << 20, 0));
+		if (s0)
+			expect_clean(s0, __LINE__);
+		else
+			vps_plan_free(p0);
+		vps_staged_free(s0);
+	}
+	CHECK_OK(vps_stage(&s, p, 64 << 20, -1));
+	if (!s) {
+		vps_plan_free(p);
+		return;
+	}
+	expect_clean(s, __LINE__);
+	vps_staged_free(s);
+}
+
+TEST(forwards_out_of_a_transit_area_pass_on_what_arrived_there)
+{
+	struct vps_plan *p = transit_plan(-1), c;
+	size_t f, a;
+	if (!p)
+		return;
+	CHECK(find_transit_pair(p, &f, &a));
+	const struct vps_piece *x = &p->pieces[f], *y = &p->pieces[a];
+	int64_t area;
+	CHECK_OK(vps_plan_transit_bytes(p, x->src, &area));
+	CHECK(area > 0);
+	/* bytes beyond every arrival */
+	plan_open(&c, p);
+	c.pieces[f].src_offset = area;
+	EXPECT_PLAN(&c, "what no piece brings there");
+	/* other elements: the position of another arrival into the area */
+	size_t other = SIZE_MAX;
+	for (size_t k = 0; k < p->npieces && other == SIZE_MAX; k++)
+		if (vps_piece_to_transit(&p->pieces[k]) && p->pieces[k].dst == x->src &&
+		    (p->pieces[k].tensor != x->tensor || p->pieces[k].state != x->state) &&
+		    vps_piece_dtype(&p->pieces[k]) == vps_piece_dtype(x))
+			other = k;
+	CHECK(other != SIZE_MAX);
+	if (other != SIZE_MAX) {
+		plan_open(&c, p);
+		c.pieces[f].src_offset = p->pieces[other].dst_offset;
+		EXPECT_PLAN(&c, "other elements");
+	}
+	/* one row on within the arrival: the same bytes, other positions */
+	plan_open(&c, p);
+	c.pieces[f].src_offset += y->dst_strides[0];
+	EXPECT_PLAN(&c, "other elements");
+	/* the arrival at the forward's hop: not before it */
+	plan_open(&c, p);
+	c.pieces[a].src_buffer = vps_buffer_at_hop(y->src_buffer, vps_buffer_hop(x->src_buffer));
+	EXPECT_PLAN(&c, "not before");
+	/* in the relay's own plan too; the receiver's plan holds no arrival
+	 * into the relay's area, and cannot tell */
+	for (int w = 0; w < 2; w++) {
+		plan_part(&c, p, w ? x->dst : x->src);
+		size_t i = 0;
+		while (i < c.npieces && !vps_piece_from_transit(&c.pieces[i]))
+			i++;
+		CHECK(i < c.npieces);
+		if (i < c.npieces)
+			c.pieces[i].src_offset = area;
+		EXPECT_PLAN(&c, w ? NULL : "what no piece brings there");
+	}
+	vps_plan_free(p);
+}
+
+TEST(arrivals_into_a_transit_area_are_apart_and_from_holders)
+{
+	struct vps_plan *p = transit_plan(-1), c;
+	size_t f, a;
+	if (!p)
+		return;
+	CHECK(find_transit_pair(p, &f, &a));
+	const struct vps_piece *y = &p->pieces[a];
+	int64_t ey = (int64_t)vps_dtype_size(vps_piece_dtype(y));
+	/* another arrival into the area, of another dtype, moved onto y's
+	 * first byte: its offset counts its own elements */
+	size_t other = SIZE_MAX;
+	for (size_t k = 0; k < p->npieces && other == SIZE_MAX; k++) {
+		const struct vps_piece *z = &p->pieces[k];
+		int64_t ez = (int64_t)vps_dtype_size(vps_piece_dtype(z));
+		if (vps_piece_to_transit(z) && z->dst == y->dst && ez != ey && y->dst_offset * ey % ez == 0)
+			other = k;
+	}
+	CHECK(other != SIZE_MAX);
+	if (other != SIZE_MAX) {
+		plan_open(&c, p);
+		c.pieces[other].dst_offset = y->dst_offset * ey / (int64_t)vps_dtype_size(vps_piece_dtype(&p->pieces[other]));
+		EXPECT_PLAN(&c, "transit area: piece");
+	}
+	/* from a rank of the other pipeline stage, which holds none of it */
+	plan_open(&c, p);
+	c.pieces[a].src = (y->src ^ 2) != y->dst ? y->src ^ 2 : y->src ^ 3;
+	EXPECT_PLAN(&c, "does not hold it");
+	/* a view that is not row-major, one beyond 2^48 elements */
+	bool strided = false;
+	for (int k = 0; k < y->box.ndim; k++)
+		if (y->box.hi[k] - y->box.lo[k] > 1) {
+			plan_open(&c, p);
+			c.pieces[a].dst_strides[k] *= 2;
+			EXPECT_PLAN(&c, "not row-major contiguous");
+			strided = true;
+			break;
+		}
+	CHECK(strided);
+	plan_open(&c, p);
+	c.pieces[a].dst_offset = ((int64_t)1 << 48) - 1;
+	EXPECT_PLAN(&c, "beyond 2^48 elements");
+	vps_plan_free(p);
+}
+
+/* Staged: a forward out of an area in the stage its arrival lands in. */
+TEST(a_forward_out_of_a_transit_area_follows_its_arrival)
+{
+	struct vps_plan *p = transit_plan(-1);
+	struct vps_staged *s = NULL;
+	if (!p)
+		return;
+	CHECK_OK(vps_stage(&s, p, 64 << 20, -1));
+	if (!s) {
+		vps_plan_free(p);
+		return;
+	}
+	size_t fx = SIZE_MAX, ax = SIZE_MAX;
+	for (size_t i = 0; i < s->nxfers; i++) {
+		const struct vps_xfer *x = &s->xfers[i];
+		for (size_t k = 0; k < x->nops; k++) {
+			const struct vps_op *o = &s->ops[x->first_op + k];
+			if (fx == SIZE_MAX && (o->src_buffer & VPS_BUFFER_TARGET) &&
+			    vps_buffer_index(o->src_buffer) == VPS_BUFFER_TRANSIT)
+				fx = i;
+			if (ax == SIZE_MAX && o->dst_buffer == VPS_BUFFER_TRANSIT)
+				ax = i;
+		}
+	}
+	CHECK(fx != SIZE_MAX && ax != SIZE_MAX);
+	if (fx != SIZE_MAX && ax != SIZE_MAX) {
+		CHECK(s->xfers[fx].stage > s->xfers[ax].stage);
+		struct broken b;
+		break_open(&b, s);
+		b.s.xfers[fx].stage = s->xfers[ax].stage;
+		EXPECT(&b, "passes on in stage");
+		/* the staged plan's pieces are the plan's: a forward of what
+		 * never arrived is caught there too */
+		break_open(&b, s);
+		for (size_t i = 0; i < b.p.npieces; i++)
+			if (vps_piece_from_transit(&b.p.pieces[i])) {
+				b.p.pieces[i].src_offset = (int64_t)1 << 40;
+				break;
+			}
+		EXPECT(&b, "what no piece brings there");
+	}
+	vps_staged_free(s);
+}
