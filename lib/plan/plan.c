@@ -2017,7 +2017,7 @@ static vps_result_t plan_sends(struct ctx *c, int64_t s, struct vps_pieces *out)
 		for (size_t k = 0; k < hb.n && !rc; k++)
 			rc = candidates_for(c, s, sa, &hb.v[k], &vs);
 	}
-	if (!rc) {
+	if (!rc && vs.n) {
 		qsort(vs.v, vs.n, sizeof(*vs.v), visit_cmp);
 		for (size_t i = 0; i < vs.n && !rc; i++) {
 			if (i && !visit_cmp(&vs.v[i - 1], &vs.v[i]))
