@@ -50,7 +50,7 @@ PY
 	vps-stage -q --budget 64MiB ab.plan -o ab.staged
 	run vps-verify ab.plan ab.staged
 	[ "$status" -eq 0 ]
-	[ "${lines[0]}" = "ab.plan: ok: tiny-llama: global plan over 4 world ranks, 436 pieces (100 retains), 84.0 MiB moved" ]
+	[ "${lines[0]}" = "ab.plan: ok: tiny-llama: global plan over 4 world ranks, 437 pieces (100 retains), 84.2 MiB moved" ]
 	[[ "${lines[1]}" == "ab.staged: ok: tiny-llama: "* ]]
 	local r
 	for r in 0 1 2 3; do
@@ -68,16 +68,16 @@ PY
 @test "vps-verify: forwards out of a transit area of what never arrived, of other elements, and arrivals that overlap or come from no holder fail" {
 	transit_plan --yaml -o ab.yaml
 	vps-verify -q ab.yaml
-	# the first forward out of rank 0's area (piece 264) reads bytes no piece brings there
+	# the first forward out of rank 0's area (piece 265) reads bytes no piece brings there
 	cp ab.yaml f.yaml
 	edit_piece f.yaml "src_buffer: 2684354559" 1 src_offset 1000000000
 	expect_status 1 vps-verify f.yaml
-	grep -q "^f.yaml: piece 264 (decoder.layers.4.self_attention.linear_proj.weight param \[0:256, 0:128\]): relay 0 passes on from its transit area at offset 1000000000 what no piece brings there$" <<<"$output"
+	grep -q "^f.yaml: piece 265 (decoder.layers.4.self_attention.linear_proj.weight param \[0:256, 0:128\]): relay 0 passes on from its transit area at offset 1000000000 what no piece brings there$" <<<"$output"
 	# the second ([0:256, 128:256]) reads where the first arrived: other elements
 	cp ab.yaml o.yaml
 	edit_piece o.yaml "src_buffer: 2684354559" 2 src_offset 0
 	expect_status 1 vps-verify o.yaml
-	grep -q "^o.yaml: piece 265 (.* param \[0:256, 128:256\]): relay 0 passes on from its transit area at offset 0 other elements: piece 168 (decoder.layers.4.self_attention.linear_proj.weight param \[0:256, 0:128\]) brings them there$" <<<"$output"
+	grep -q "^o.yaml: piece 266 (.* param \[0:256, 128:256\]): relay 0 passes on from its transit area at offset 0 other elements: piece 168 (decoder.layers.4.self_attention.linear_proj.weight param \[0:256, 0:128\]) brings them there$" <<<"$output"
 	# the second arrival (fp32, at element 16: byte 64) on the first's
 	# bytes (bf16, from byte 0)
 	cp ab.yaml v.yaml
