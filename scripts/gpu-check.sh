@@ -196,6 +196,11 @@ check "ipc W=6 tiny-llama not a power of two" "$t" demo --from tp=2,pp=1,dp=3,ze
 # one holder, seven joiners: the receivers pass on what it sent them
 # (vps-plan --relay), their forwards read from the GPU memory they received into
 check "ipc W=1->8 tiny-llama join, relayed" "$t" demo --relay --from tp=1,pp=1,dp=1,zero=1 --to tp=1,pp=1,dp=8,zero=1
+# a rank whose NIC idles takes in part of what its node-mate needs into its
+# transit area, GPU memory, and passes it on (vps-plan --topology; nodes of
+# two: ipc within a node, nccl between)
+check "auto W=4->2 tiny-llama transit through a GPU area" "$t" demo --transport auto --np 2 --topology a800-testbed \
+	--from tp=2,pp=2,dp=1,zero=1 --to tp=1,pp=2,dp=1,zero=1
 check "nccl W=1 (self), GPU memory" "$t" demo --np 1 --transport nccl --from tp=1,pp=1,dp=1 --to tp=1,pp=1,dp=1,zero=1 --back
 check "auto W=8 one node (ipc)" "$t" demo --transport auto
 
