@@ -398,6 +398,14 @@ def _set_rng_state(s) -> None:
 # ---- the skeleton: Megatron's constructors without weights or state buffers ----
 
 META = torch.device("meta")
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """torch.device("cuda") names the current device: the job's buffers say
+    "cuda" where Megatron's parameters say "cuda:0"."""
+    def index(d):
+        return torch.cuda.current_device() if d.type == "cuda" and d.index is None else d.index
+    return a.type == b.type and index(a) == index(b)
 _ALLOCATE = {torch.empty, torch.empty_strided, torch.empty_permuted, torch.zeros, torch.ones, torch.full, torch.rand,
              torch.randn, torch.randint, torch.randperm}
 
@@ -1395,7 +1403,7 @@ class Job:
             seconds["build"] = time.monotonic() - t - seconds["groups"]
             t = time.monotonic()
             bind = _Binding(target.view, model, optimizer)
-            if bind.device != target.device:
+            if not _same_device(bind.device, target.device):
                 raise InvalidInput("build made the model on %s, the job's buffers are on %s" % (
                     bind.device, target.device))
             bind.point(target)
@@ -1536,7 +1544,7 @@ class Job:
         if self._bind is not None:
             self._bind.release()
         bind = _Binding(self.state.view, model, optimizer)
-        if bind.device != self.state.device and not (bind.device.type == self.state.device.type == "cuda"):
+        if not _same_device(bind.device, self.state.device):
             raise InvalidInput("the model is on %s, the job's buffers on %s" % (bind.device, self.state.device))
         bind.point(self.state)
         bind.start(step)
