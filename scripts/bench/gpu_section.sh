@@ -44,6 +44,15 @@ gpu=$(sed -n 's/^gpu: //p' "$src")
 	awk '/^PASS / { p++ } /^FAIL / { f++ } /^SKIP / { s++ }
 		END { printf "Checks: %d passed, %d failed, %d skipped (each named in the file).\n", p, f, s }' "$src"
 	sed -n 's/^\(result: .*\)/\1./p' "$src"
+	# the failed checks rerun after a fix, within the same lease
+	# (VPS_CHECK_ONLY), kept beside the whole run as gpu-rerun-GPU.txt
+	rerun=${src/gpu-check-/gpu-rerun-}
+	if [ "$rerun" != "$src" ] && [ -r "$rerun" ]; then
+		echo
+		echo "Rerun after a fix, kept in [$rerun](${rerun#docs/}): $(head -1 "$rerun" | sed 's/^# //'):"
+		echo
+		sed -n 's/^\(PASS\|FAIL\|SKIP\) \(.*\)/- \1 \2/p' "$rerun" | grep -v '^- PASS build '
+	fi
 	echo
 	echo "| kernel (\`build/bench/gpu_copy_bench 1024\`) | bytes | GB/s | vs cudaMemcpy | digest vs its floor |"
 	echo "|---|---:|---:|---:|---:|"
@@ -63,13 +72,18 @@ gpu=$(sed -n 's/^gpu: //p' "$src")
 		"switch-big|A state of more than 8 GiB a rank" \
 		"replay|Each rank's kernels alone on the GPU (gpu_copy_bench --replay)" \
 		"switch-one|A world of one rank: the copy kernel with the GPU to itself" \
-		"example|The PyTorch example with its state on the GPU (examples/torch --device cuda)"; do
+		"example|The PyTorch example with its state on the GPU (examples/torch --device cuda)" \
+		"megatron|Megatron-Core's job on the GPU, each switch prepared while it trains (tests/gpu/megatron_job.py)" \
+		"megatron-unprepared|The same job, each switch built in the pause (megatron_job.py --no-prepare)"; do
 		prefix=${block%%|*} title=${block#*|}
-		grep -q "^$prefix: " "$src" || continue
+		# a benchmark that failed in the whole run and passed its rerun
+		from=$src
+		grep -q "^$prefix: " "$from" || from=${rerun:-}
+		[ -n "$from" ] && [ -r "$from" ] && grep -q "^$prefix: " "$from" || continue
 		echo
-		echo "$title:"
+		echo "$title$([ "$from" = "$src" ] || echo ", from the rerun"):"
 		echo
-		sed -n "s/^$prefix: \(.*\)/- \1/p" "$src" | grep -v '^- vps-trainer: '
+		sed -n "s/^$prefix: \(.*\)/- \1/p" "$from" | grep -v '^- vps-trainer: '
 		# what any digest that checks apart from the copy must cost: it reads
 		# the sources and the targets (twice the bytes moved) at best at the
 		# memory traffic cudaMemcpy reached (a read and a write a byte)
@@ -103,8 +117,10 @@ if grep -q '^switch-vs-size: ' "$src"; then
 		sed -n 's/^switch-vs-size: //p' "$src"
 	} > "$tsv.tmp"
 	mv "$tsv.tmp" "$tsv"
-	if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
-		/usr/bin/python3 scripts/bench/plot_switch_size.py
+	py=/usr/bin/python3
+	[ ! -x build/venv/bin/python ] || py=build/venv/bin/python # the Makefile's, where make check made it
+	if "$py" -c 'import matplotlib' 2>/dev/null; then
+		"$py" scripts/bench/plot_switch_size.py
 		echo "merged the GPU's rows into $tsv and redrew docs/bench/switch-vs-size.svg"
 	else
 		echo "gpu_section.sh: python3-matplotlib is missing: merged the GPU's rows into $tsv, the plot not redrawn" >&2
