@@ -1,6 +1,7 @@
 #include <string.h>
 
 #include "vps/layout.h"
+#include "vps/plan.h"
 #include "vps/registry.h"
 
 /* Bindings that mirror these structs (python/vps) compare their sizes at
@@ -25,6 +26,7 @@ size_t vps_abi_size(const char *type)
 		{"vps_holders", sizeof(struct vps_holders)},
 		{"vps_registry_training", sizeof(struct vps_registry_training)},
 		{"vps_registry_entry_info", sizeof(struct vps_registry_entry_info)},
+		{"vps_topology", sizeof(struct vps_topology)},
 	};
 	for (size_t i = 0; type && i < sizeof(sizes) / sizeof(sizes[0]); i++)
 		if (!strcmp(sizes[i].name, type))

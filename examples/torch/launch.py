@@ -227,7 +227,8 @@ def run_job(args, targs, d, vps, what="the job"):
         say("%s: planning its %d switch%s (vps-layout, vps-plan, vps-stage) in %s" % (what, n, "" if n == 1 else "es",
                                                                                    d))
     staged = plans.make(d, targs.model, targs.configs, targs.steps, targs.switch_every, targs.gpus_per_node,
-                        targs.global_batch, targs.micro_batch, args.budget, relay=targs.relay)
+                        targs.global_batch, targs.micro_batch, args.budget, relay=targs.relay,
+                        topology=targs.topology)
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(args.nproc),
                VPS_CONFIG_PATH=os.environ.get("VPS_CONFIG_PATH", os.path.join(TOP, "configs")))
     if staged and "VPS_TOKEN" not in env:
@@ -455,7 +456,7 @@ class Elastic:
                    str(self.targs.micro_batch), "-o", plan]
             if lost:
                 cmd[2:2] = ["--lost", ",".join(map(str, lost))]
-            cmd[2:2] = ["--relay=" + self.targs.relay]
+            cmd[2:2] = plans.planning_options(self.targs.relay, self.targs.topology)
             for c in (cmd, [plans.tool("vps-stage"), "-q", "--budget", self.args.budget, plan, "-o", staged]):
                 r = subprocess.run(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
                 if r.returncode:
@@ -1077,6 +1078,11 @@ def main():
                     % (c, lay.parallel["cp"]))
         if w > args.nproc and not layouts[1:]:
             a.error("--configs: %s has a world of %d ranks, --nproc is %d" % (c, w, args.nproc))
+    if targs.topology:
+        try:
+            vps.topology(targs.topology)
+        except vps.Error as e:
+            a.error("--topology: %s" % e)
     # a configuration of another world than the job's grows or shrinks it
     elastic = bool(args.control) or any(lay.world != args.nproc for lay in layouts)
     if args.control and len(layouts) > 1:

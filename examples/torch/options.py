@@ -39,6 +39,10 @@ def add_training(a):
                         "(vps-plan --relay=MODE): auto (the default) where that wins, always (--relay alone), never")
     a.add_argument("--no-relay", dest="relay", action="store_const", const="never",
                    help="--relay never: the plans without relays")
+    a.add_argument("--topology", metavar="T",
+                   help="plan every switch for the time on topology T, a name of configs/topologies or a file "
+                        "(vps-plan --topology): relays chosen by its links, and ranks whose NICs idle carry part "
+                        "of what a node-mate takes in (transit); default: weighed in bytes, no transit")
 
 
 # every training option, with its argparse destination and whether it is a flag
@@ -49,7 +53,8 @@ OPTIONS = [("--model", "model", False), ("--configs", "configs", False), ("--gpu
            ("--registry", "registry", False), ("--timeout", "timeout", False), ("--loss-log", "loss_log", False),
            ("--check-switch", "check_switch", True), ("--save-master", "save_master", False),
            ("--sample-log", "sample_log", False), ("--switch-log", "switch_log", False),
-           ("--device", "device", False), ("--relay", "relay", False)]
+           ("--device", "device", False), ("--relay", "relay", False),
+           ("--topology", "topology", False)]
 
 
 def finish(a, args):

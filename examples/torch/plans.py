@@ -56,18 +56,26 @@ def switches(configs, steps, every):
     return [(k % len(configs), (k + 1) % len(configs)) for k in range(n)]
 
 
-def make(d, model, configs, steps, every, gpus_per_node, global_batch, micro_batch, budget, rank=None, relay="auto"):
+def planning_options(relay, topology):
+    """vps-plan's options for how a switch is weighed: the same for every
+    plan of a job, so that the plans every rank makes alone agree."""
+    return ["--relay=" + relay] + (["--topology", topology] if topology else [])
+
+
+def make(d, model, configs, steps, every, gpus_per_node, global_batch, micro_batch, budget, rank=None, relay="auto",
+         topology=None):
     """The staged plans of the run's switches in order, made in directory d
     (one file per distinct pair): the whole world's, or with `rank` that
     world rank's own part (vps-plan --rank), which its vps-exec takes as
-    well; every rank can then make its own, on its own node."""
+    well; every rank can then make its own, on its own node. relay and
+    topology are vps-plan's --relay and --topology (planning_options)."""
     os.makedirs(d, exist_ok=True)
     gpn = str(gpus_per_node)
     layouts = [os.path.join(d, "c%d.layout" % i) for i in range(len(configs))]
     for c, path in zip(configs, layouts):
         run([tool("vps-layout"), "-q", "--model", model, "--parallel", c, "--gpus-per-node", gpn, "-o", path])
     made, order = {}, []
-    part = ([] if rank is None else ["--rank", str(rank)]) + ["--relay=" + relay]
+    part = ([] if rank is None else ["--rank", str(rank)]) + planning_options(relay, topology)
     for a, b in switches(configs, steps, every):
         if (a, b) not in made:
             plan = os.path.join(d, "c%d-c%d.plan" % (a, b))

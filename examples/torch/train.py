@@ -434,7 +434,7 @@ class Run:
         a = self.args
         d = os.path.join(a.exec_dir, "rank-%d" % self.rank)
         staged = plans.make(d, a.model, a.configs, a.steps, a.switch_every, a.gpus_per_node, a.global_batch,
-                            a.micro_batch, a.budget, self.rank, a.relay)
+                            a.micro_batch, a.budget, self.rank, a.relay, a.topology)
         host = socket.gethostbyname(os.environ["MASTER_ADDR"])
         port = vps.free_port(host) if self.rank == 0 else 0
         port = self.world.gather_objects(port, self.world.pg)[0]

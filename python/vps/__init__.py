@@ -26,7 +26,8 @@ from ._lib import version
 from .errors import (CODES, BadFormat, Busy, CheckFailed, CudaError, Error, InternalError, InvalidInput, NcclError,
                      NotFound, OutOfMemory, PeerFailed, Stale, SystemFailure, Timeout, Unsupported)
 from .layout import (BF16, DTYPES, EXP_AVG, EXP_AVG_SQ, FP32, GRAD, INT16, MAIN_PARAM, MODULE_BUFFER, MOMENTUM_BUFFER,
-                     OPTIMIZERS, PARAM, STATES, Buffer, Coords, Holder, Layout, Model, Param, RankView, Region, layout)
+                     OPTIMIZERS, PARAM, STATES, Buffer, Coords, Holder, Layout, Model, Param, RankView, Region, Topology,
+                     layout, topology)
 from .ports import free_port
 from .registry import CUDA, HOST, SOURCE, TARGET, Registry, Training
 
@@ -42,7 +43,7 @@ __all__ = ["version", "__version__", "Error", "InvalidInput", "CheckFailed", "Sy
            "InternalError", "CODES", "layout", "Layout", "Model", "RankView", "Buffer", "Param", "Region", "Holder",
            "Coords", "STATES", "PARAM", "MAIN_PARAM", "EXP_AVG", "EXP_AVG_SQ", "GRAD", "MODULE_BUFFER",
            "MOMENTUM_BUFFER", "BF16", "FP32", "INT16", "DTYPES", "OPTIMIZERS", "Registry", "Training", "SOURCE",
-           "TARGET", "HOST", "CUDA", "free_port"] + \
+           "TARGET", "HOST", "CUDA", "free_port", "topology", "Topology"] + \
     (list(_TORCH) if _find_spec("torch") is not None else [])
 
 

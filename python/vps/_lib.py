@@ -98,6 +98,12 @@ class Training(C.Structure):
                                          "micro_batch", "grad_accum", "dp", "valid")]
 
 
+class Topology(C.Structure):
+    _fields_ = [("name", C.c_char * 64), ("gpus_per_node", C.c_int64), ("intra_node_bandwidth", C.c_double),
+                ("inter_node_bandwidth", C.c_double), ("memory_bandwidth", C.c_double), ("latency", C.c_double),
+                ("gpu_memory", C.c_int64)]
+
+
 class EntryInfo(C.Structure):
     _fields_ = [("role", C.c_int), ("buffer", C.c_uint32), ("state", C.c_int), ("dtype", C.c_int),
                 ("elements", C.c_int64), ("bytes", C.c_uint64), ("where", C.c_int),
@@ -108,7 +114,7 @@ class EntryInfo(C.Structure):
 _MIRRORS = {"vps_model": Model, "vps_parallel": Parallel, "vps_devices": Devices, "vps_tensor": Tensor,
             "vps_box": Box, "vps_region": Region, "vps_coords": Coords, "vps_buffer": Buffer, "vps_param": Param,
             "vps_rank_view": RankView, "vps_holder": Holder, "vps_holders": Holders,
-            "vps_registry_training": Training, "vps_registry_entry_info": EntryInfo}
+            "vps_registry_training": Training, "vps_registry_entry_info": EntryInfo, "vps_topology": Topology}
 
 P = C.POINTER
 VP = C.c_void_p
@@ -123,6 +129,7 @@ _PROTOS = {
     "vps_state_name": (C.c_char_p, [C.c_int]),
     "vps_dtype_name": (C.c_char_p, [C.c_int]),
     "vps_model_load": (RC, [P(Model), C.c_char_p, C.c_char_p]),
+    "vps_topology_load": (RC, [P(Topology), C.c_char_p, C.c_char_p]),
     "vps_model_num_tensors": (C.c_uint32, [P(Model)]),
     "vps_model_tensor": (RC, [P(Model), C.c_uint32, P(Tensor)]),
     "vps_model_find_tensor": (RC, [P(Model), C.c_char_p, P(C.c_uint32)]),

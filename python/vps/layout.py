@@ -13,7 +13,8 @@ from collections import namedtuple
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from ._lib import (Box as _Box, Coords as _Coords, Devices, Model as _Model, Parallel as _Parallel,
-                   Holders as _Holders, RankView as _RankView, Region as _Region, Tensor, call, lib)
+                   Holders as _Holders, RankView as _RankView, Region as _Region, Tensor, Topology as _Topology,
+                   call, lib)
 from .errors import Error, InvalidInput, closed as _closed
 
 __all__ = ["STATES", "PARAM", "MAIN_PARAM", "EXP_AVG", "EXP_AVG_SQ", "GRAD", "MODULE_BUFFER", "MOMENTUM_BUFFER",
@@ -398,6 +399,25 @@ def layout(model: Union[Model, str], parallel: str, gpus_per_node: int = 8, firs
     first_node. A model or configuration no file has raises vps.NotFound,
     one that is invalid vps.InvalidInput."""
     return Layout.new(model, parallel, gpus_per_node, first_node)
+
+
+class Topology(namedtuple("Topology", "name gpus_per_node intra_node_bandwidth inter_node_bandwidth "
+                                       "memory_bandwidth latency gpu_memory path")):
+    """A cluster's links as vps-plan --topology weighs them: bandwidths in
+    bytes per second in one direction for one GPU (NVLink, its share of the
+    NICs, a local copy), the latency of a message in seconds, gpus_per_node
+    and gpu_memory (bytes, 0: not said) as the file says; path: what was
+    asked for, the argument to pass to vps-plan(1) --topology."""
+
+
+def topology(spec: str) -> Topology:
+    """vps.topology("a800-testbed"): a topology of configs/topologies by
+    name, or a topology file (vps-formats(5)). One no file has raises
+    vps.NotFound, a file that is not one vps.BadFormat or vps.InvalidInput."""
+    t = _Topology()
+    call("vps_topology_load", C.byref(t), spec.encode(), _config_path("topologies").encode(), what="topology")
+    return Topology(t.name.decode(errors="replace"), t.gpus_per_node, t.intra_node_bandwidth, t.inter_node_bandwidth,
+                    t.memory_bandwidth, t.latency, t.gpu_memory, spec)
 
 
 class RankView:

@@ -39,7 +39,8 @@ checkpoint (Megatron's checkpoint_and_decide_exit):
    pretrain() called in train()'s place.
 2. Each rank makes its part of the switch's plan (vps-layout, vps-plan
    --rank, vps-stage in --vps-dir/rank-R; vps-plan's default, relays where
-   they win, and none wins in these switches) and starts
+   they win, weighed on --vps-topology's links if given, and none wins in
+   these switches) and starts
    its own vps-exec, whose rendezvous port rank 0 picks.
 3. The new configuration is built with Megatron's own code, from the
    job's arguments updated to it (tensor_model_parallel_size,
@@ -164,7 +165,7 @@ import time
 
 from . import megatron as _vps_megatron
 from ._lib import Error
-from .layout import layout as _layout
+from .layout import layout as _layout, topology
 from .ports import free_port
 from .registry import Registry, Training
 
@@ -198,6 +199,10 @@ def add_arguments(parser):
                    help="the model vps lays out (default: made from the job's arguments)")
     g.add_argument("--vps-gpus-per-node", type=int, default=0, metavar="N",
                    help="ranks per node (default: LOCAL_WORLD_SIZE, as torchrun sets it, else the world)")
+    g.add_argument("--vps-topology", metavar="T",
+                   help="plan each switch for the time on topology T, a name of configs/topologies or a file "
+                        "(vps-plan --topology): relays chosen by its links, and ranks whose NICs idle carry part "
+                        "of what a node-mate takes in (default: weighed in bytes)")
     g.add_argument("--vps-transport", default="tcp", help="vps-exec's transport (default tcp)")
     g.add_argument("--vps-budget", default="256MiB", help="vps-stage's staging budget (default 256MiB)")
     g.add_argument("--vps-timeout", type=float, default=600.0, help="seconds a switch may take (default 600)")
@@ -430,7 +435,8 @@ class Switch:
 # ---- pretrain ----
 def check_arguments(args):
     """vps's arguments, among Megatron's: vps.Error (VPS_EINPUT) for a
-    combination that asks for nothing or for two things."""
+    combination that asks for nothing or for two things, and the error of
+    vps.topology for a --vps-topology it cannot read."""
     if args.vps_control and args.vps_switch_to:
         raise Error(VPS_EINPUT, "--vps-control and --vps-switch-to: the scheduler or a fixed schedule, not both")
     if args.vps_switch_to and args.vps_switch_every < 1:
@@ -440,6 +446,11 @@ def check_arguments(args):
     if args.vps_build_in_pause and not args.vps_switch_to:
         raise Error(VPS_EINPUT, "--vps-build-in-pause without --vps-switch-to (an asked switch is built in the "
                     "pause)")
+    if getattr(args, "vps_topology", None):
+        try:  # a name no file has fails the job's start, not its first switch
+            topology(args.vps_topology)
+        except Error as e:
+            raise Error(e.code, "--vps-topology: %s" % e) from None
 
 
 def pretrain(*args, observer=None, **kwargs):
@@ -1092,8 +1103,10 @@ class _Switching:
             tools.append([_tool("vps-layout"), "-q", "--model", self.model_path, "--parallel", spec,
                           "--gpus-per-node", str(self.gpus_per_node), "-o", paths[-1]])
         plan, staged = (os.path.join(d, "switch%d.%s" % (sw.k, x)) for x in ("plan", "staged"))
-        tools.append([_tool("vps-plan"), "-q", "--rank", str(self.rank), paths[0], paths[1], "--global-batch",
-                      str(args.global_batch_size), "--micro-batch", str(args.micro_batch_size), "-o", plan])
+        weigh = ["--topology", args.vps_topology] if args.vps_topology else []
+        tools.append([_tool("vps-plan"), "-q", "--rank", str(self.rank)] + weigh + [
+            paths[0], paths[1], "--global-batch", str(args.global_batch_size), "--micro-batch",
+            str(args.micro_batch_size), "-o", plan])
         tools.append([_tool("vps-stage"), "-q", "--budget", args.vps_budget, plan, "-o", staged])
         report = os.path.join(d, "report%d.yaml" % sw.k)
         argv = [_tool("vps-exec"), "--registry", self.reg.name, "--rank", str(self.rank), "--world",

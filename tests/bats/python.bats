@@ -133,6 +133,28 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	vps-show r/*.plan | grep -qx 'relay: auto'
 }
 
+# --topology: the plans weighed on a800-testbed's links (nodes of two), so
+# that the rank whose NIC idles while its node-mate's is busy takes in part
+# of what that node-mate needs and passes it on (transit); the same layouts
+# weighed in bytes have none.
+@test "a job that shrinks from two nodes to one, planned on a topology: a node-mate carries what the other takes in" {
+	framework_job
+	run "$PY" "$TOP/examples/torch/launch.py" --nproc 4 --dir r --model tiny-llama --gpus-per-node 2 --topology a800-testbed \
+		--steps 4 --switch-every 2 --global-batch 4 --check-switch --configs tp=2:pp=2:zero=1,pp=2:zero=1
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"(vps-exec --check): 4 of 4"* ]]
+	[[ "$output" == *"(--check-switch): 1 of 1"* ]]
+	[ "$(vps-plan --transfers --rank 0 r/c0-c1.plan | grep -c 'dst_buffer: transit')" -gt 0 ]
+	[ "$(vps-plan --transfers --rank 0 r/c0-c1.plan | grep -c 'src_buffer: transit')" -gt 0 ] ||
+		[ "$(vps-plan --transfers --rank 1 r/c0-c1.plan | grep -c 'src_buffer: transit')" -gt 0 ]
+	vps-plan -q r/c0.layout r/c1.layout -o bytes.plan
+	! vps-plan --transfers --rank 0 bytes.plan | grep -q transit
+	run "$PY" "$TOP/examples/torch/launch.py" --nproc 4 --topology no-such-topology --configs tp=2:pp=2 --steps 2
+	[ "$status" -ne 0 ]
+	[[ "$output" == *"no-such-topology"* ]]
+}
+
 @test "a process that dies before it joins leaves the job training in its world, and the switch named as not done" {
 	framework_job
 	VPS_TRAIN_FAULT=5:start expect_status 1 "$PY" "$TOP/examples/torch/launch.py" --nproc 4 --dir r \

@@ -169,6 +169,10 @@ class Asking(unittest.TestCase):
                 mt.check_arguments(vps_args(**kw))
             self.assertEqual(e.exception.code, 1, kw)
             self.assertIn(why, str(e.exception), kw)
+        mt.check_arguments(vps_args(vps_switch_to="pp=2", vps_switch_every=3, vps_topology="a800-testbed"))
+        with self.assertRaises(vps.NotFound) as e:
+            mt.check_arguments(vps_args(vps_switch_to="pp=2", vps_switch_every=3, vps_topology="no-such-cluster"))
+        self.assertIn("--vps-topology: topology: no topology named 'no-such-cluster'", str(e.exception))
 
     def test_schedule(self):
         s = mt.Schedule(["pp=2", "tp=2"], 3)

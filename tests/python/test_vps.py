@@ -708,6 +708,31 @@ class Api(unittest.TestCase):
             vps.assemble(half.model, s.pieces())  # rank 1's half is missing
         self.assertIn("held by no rank", str(e.exception))
 
+    def test_a_topology_by_name_or_file_as_vps_plan_reads_it(self):
+        t = vps.topology("a800-testbed")
+        self.assertEqual((t.name, t.gpus_per_node, t.inter_node_bandwidth, t.intra_node_bandwidth, t.path),
+                         ("a800-testbed", 8, 25e9, 200e9, "a800-testbed"))
+        self.assertIsInstance(t, vps.Topology)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "two.yaml")
+            with open(path, "w") as f:
+                f.write("vps: topology\nversion: 1\nname: two\ngpus_per_node: 2\nintra_node_bandwidth: 1e11\n"
+                        "inter_node_bandwidth: 1e10\nmemory_bandwidth: 1e12\nlatency: 1e-5\n")
+            t = vps.topology(path)
+            self.assertEqual((t.name, t.gpus_per_node, t.latency, t.gpu_memory, t.path), ("two", 2, 1e-5, 0, path))
+            with open(path, "w") as f:
+                f.write("vps: topology\nversion: 1\nname: two\nintra_node_bandwidth: 1e11\n"
+                        "inter_node_bandwidth: 0\nmemory_bandwidth: 1e12\nlatency: 1e-5\n")
+            with self.assertRaises(vps.InvalidInput) as e:
+                vps.topology(path)
+            self.assertIn("bandwidths must be positive", str(e.exception))
+        with self.assertRaises(vps.NotFound) as e:
+            vps.topology("no-such-cluster")
+        self.assertIn("known: a800-testbed", str(e.exception))
+        with self.assertRaises(vps.InvalidInput) as e:
+            vps.topology(os.path.join(TOP, "configs", "models", "tiny-llama.yaml"))
+        self.assertIn("a model, not a topology", str(e.exception))
+
     def test_switch_takes_training_timeout_and_device_by_keyword_only(self):
         import inspect
         params = inspect.signature(vps.switch).parameters
