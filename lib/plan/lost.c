@@ -15,12 +15,6 @@
 #include "vps/io.h"
 #include "vps/plan.h"
 
-static int cmp_i64(const void *p, const void *q)
-{
-	int64_t x = *(const int64_t *)p, y = *(const int64_t *)q;
-	return x < y ? -1 : x > y;
-}
-
 static int range_cmp(const void *p, const void *q)
 {
 	const struct vps_lost_range *x = p, *y = q;
@@ -40,7 +34,7 @@ void vps_lost_release(struct vps_lost *l)
 
 bool vps_lost_has_rank(const struct vps_lost *l, int64_t ra)
 {
-	return l->nranks && bsearch(&ra, l->ranks, l->nranks, sizeof(*l->ranks), cmp_i64) != NULL;
+	return l->nranks && bsearch(&ra, l->ranks, l->nranks, sizeof(*l->ranks), vps_int64_cmp) != NULL;
 }
 
 int64_t vps_lost_range_bytes(const struct vps_lost_range *r)
@@ -134,7 +128,7 @@ vps_result_t vps_lost_compute(struct vps_lost *out, const struct vps_layout *a, 
 		}
 		l.ranks[i] = ranks[i];
 	}
-	qsort(l.ranks, n, sizeof(*l.ranks), cmp_i64);
+	qsort(l.ranks, n, sizeof(*l.ranks), vps_int64_cmp);
 	for (size_t i = 0; i < n; i++)
 		if (!l.nranks || l.ranks[l.nranks - 1] != l.ranks[i])
 			l.ranks[l.nranks++] = l.ranks[i];

@@ -2074,12 +2074,6 @@ static vps_result_t transit_area_max(struct ctx *c, int64_t w, int64_t *out)
 	return VPS_OK;
 }
 
-static int int64_cmp(const void *p, const void *q)
-{
-	int64_t x = *(const int64_t *)p, y = *(const int64_t *)q;
-	return (x > y) - (x < y);
-}
-
 /* Every piece into a device of node, transit routed, in *out (kept until
  * NODE_SETS other nodes are asked for); NULL for a node of more than
  * NODE_RANKS_MAX devices, which transit leaves alone. */
@@ -2100,7 +2094,7 @@ static vps_result_t node_arrivals(struct ctx *c, int32_t node, const struct vps_
 	ns->set.n = 0;
 	for (size_t i = 0; i < n; i++)
 		dev[i] = vps_world_of_b(c->w, dev[i]);
-	qsort(dev, n, sizeof(*dev), int64_cmp);
+	qsort(dev, n, sizeof(*dev), vps_int64_cmp);
 	for (size_t i = 0; i < n; i++) {
 		VPS_CHECK(plan_receives(c, dev[i], &ns->set));
 		VPS_CHECK(transit_area_max(c, dev[i], &area_max[i]));

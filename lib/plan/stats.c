@@ -260,12 +260,6 @@ static int demand_cmp(const void *p, const void *q)
 	return memcmp(x->ranks, y->ranks, x->nranks * sizeof(*x->ranks));
 }
 
-static int i64_cmp(const void *p, const void *q)
-{
-	int64_t x = *(const int64_t *)p, y = *(const int64_t *)q;
-	return x < y ? -1 : x > y;
-}
-
 /* One demand per (replica set, node): returns how many remain (the merged
  * away ranks freed). */
 static size_t demands_merge(struct demand *dm, size_t n)
@@ -296,7 +290,7 @@ static vps_result_t demand_senders(const struct demand *dm, size_t n, int64_t **
 			(*out)[(*ns)++] = dm[i].ranks[k];
 		}
 	if (*ns)
-		qsort(*out, *ns, sizeof(**out), i64_cmp);
+		qsort(*out, *ns, sizeof(**out), vps_int64_cmp);
 	for (size_t i = 0; i < *ns; i++)
 		if (!u || (*out)[u - 1] != (*out)[i])
 			(*out)[u++] = (*out)[i];
@@ -330,7 +324,7 @@ static vps_result_t feasible(const struct demand *dm, size_t nd, const int64_t *
 	for (size_t i = 0; !rc && i < nd; i++) {
 		rc = g_add(&g, S, (int)i, dm[i].bytes);
 		for (size_t k = 0; !rc && k < dm[i].nranks; k++) {
-			int64_t *pos = bsearch(&dm[i].ranks[k], senders, ns, sizeof(*senders), i64_cmp);
+			int64_t *pos = bsearch(&dm[i].ranks[k], senders, ns, sizeof(*senders), vps_int64_cmp);
 			rc = g_add(&g, (int)i, (int)(nd + (size_t)(pos - senders)), INT64_MAX / 4);
 		}
 	}
@@ -539,7 +533,7 @@ static vps_result_t class_ranks(const struct classes *k, const struct cls *c, in
 	for (size_t q = c->first; q < c->first + c->n; q++)
 		for (int64_t j = 0; j < k->pg[q].count; j++)
 			ranks[nr++] = k->pg[q].base + j * k->pg[q].stride;
-	qsort(ranks, nr, sizeof(*ranks), i64_cmp);
+	qsort(ranks, nr, sizeof(*ranks), vps_int64_cmp);
 	*out = ranks;
 	*n = nr;
 	return VPS_OK;
@@ -777,7 +771,7 @@ static vps_result_t time_feasible(const struct vps_plan *p, const struct vps_top
 	for (size_t i = 0; !rc && i < nc; i++) {
 		rc = g_add(&g, S, (int)i, tc[i].bytes);
 		for (size_t k = 0; !rc && k < tc[i].nranks; k++) {
-			int64_t *pos = bsearch(&tc[i].ranks[k], senders, ns, sizeof(*senders), i64_cmp);
+			int64_t *pos = bsearch(&tc[i].ranks[k], senders, ns, sizeof(*senders), vps_int64_cmp);
 			size_t j = (size_t)(pos - senders);
 			int32_t node = vps_world_device(p->world, tc[i].ranks[k]).node;
 			/* NVLink where a destination may sit on the sender's node, the
@@ -842,7 +836,7 @@ static vps_result_t replicas_of(const struct vps_plan *p, const struct vps_piece
 			(*out)[(*n)++] = h->v[i].base + k * h->v[i].stride;
 		}
 	}
-	qsort(*out, *n, sizeof(**out), i64_cmp);
+	qsort(*out, *n, sizeof(**out), vps_int64_cmp);
 	return VPS_OK;
 }
 

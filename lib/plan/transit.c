@@ -30,7 +30,7 @@
 #define BISECTIONS 60
 
 struct tdev {
-	int64_t w;
+	int64_t w; /* first: find() orders by it */
 	double nic_recv, nvl_recv, nvl_send;
 	double eligible; /* NIC arrivals it may have carried by another */
 	int64_t area;    /* bytes of its transit area so far */
@@ -45,15 +45,7 @@ struct tnode {
 
 static struct tdev *find(const struct tnode *t, int64_t w)
 {
-	size_t lo = 0, hi = t->n;
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		if (t->d[mid].w < w)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return lo < t->n && t->d[lo].w == w ? &t->d[lo] : NULL;
+	return bsearch(&w, t->d, t->n, sizeof(*t->d), vps_int64_cmp); /* w leads struct tdev */
 }
 
 static bool on_node(const struct tnode *t, int64_t w)
@@ -173,12 +165,6 @@ static vps_result_t through(struct vps_pieces *out, const struct vps_piece *x, s
 	return VPS_OK;
 }
 
-static int src_cmp(const void *p, const void *q)
-{
-	int64_t x = *(const int64_t *)p, y = *(const int64_t *)q;
-	return (x > y) - (x < y);
-}
-
 /* The time of the busiest sender into the node over its NIC, by what it
  * sends into the node and by what it must send whatever the plan: a bound
  * below the plan's estimate that no rerouting inside the node changes. */
@@ -196,7 +182,7 @@ static double senders_floor(const struct vps_transit_node *tn, const struct vps_
 			by[n++][1] = vps_piece_bytes(x);
 		}
 	}
-	qsort(by, n, sizeof(*by), src_cmp);
+	qsort(by, n, sizeof(*by), vps_int64_cmp);
 	for (size_t i = 0, j; i < n; i = j) {
 		int64_t sum = 0;
 		for (j = i; j < n && by[j][0] == by[i][0]; j++)
@@ -294,10 +280,76 @@ static vps_result_t push(struct vps_pieces *set, struct fwds *f, const struct vp
 	return mark(f, set);
 }
 
-static vps_result_t push_index(size_t **v, size_t *n, size_t *cap, size_t i)
+/* The pieces of one (tensor, state) that devices of the node take in, by
+ * their place in the set (the parts enter_once cuts off join it). */
+struct group {
+	size_t *v, n, cap;
+};
+
+static vps_result_t group_add(struct group *g, size_t i)
 {
-	VPS_CHECK(VPS_GROW(*v, *cap, *n + 1));
-	(*v)[(*n)++] = i;
+	VPS_CHECK(VPS_GROW(g->v, g->cap, g->n + 1));
+	g->v[g->n++] = i;
+	return VPS_OK;
+}
+
+/* Piece y less box in, slab by slab along each axis, into the set and g. */
+static vps_result_t push_rest(struct vps_pieces *set, struct fwds *f, struct group *g, const struct vps_piece *y,
+			      const struct vps_box *in)
+{
+	struct vps_box rest = y->box;
+	for (int k = 0; k < y->box.ndim; k++) {
+		for (int side = 0; side < 2; side++) {
+			struct vps_box r = rest;
+			if (side == 0 ? rest.lo[k] >= in->lo[k] : in->hi[k] >= rest.hi[k])
+				continue;
+			if (side == 0)
+				r.hi[k] = in->lo[k];
+			else
+				r.lo[k] = in->hi[k];
+			struct vps_piece part;
+			sub_piece(y, &r, &part);
+			VPS_CHECK(push(set, f, &part));
+			VPS_CHECK(group_add(g, set->n - 1));
+		}
+		rest.lo[k] = in->lo[k];
+		rest.hi[k] = in->hi[k];
+	}
+	return VPS_OK;
+}
+
+/* Pieces ent and cut of the set, into two devices of the node, overlap in
+ * box in: cut's device takes in from ent's B buffer, a hop later, where
+ * neither's NVLink passes T0; *done when it did. */
+static vps_result_t enter_pair(struct tnode *t, struct fwds *f, struct vps_pieces *set, struct group *g, size_t ent,
+			       size_t cut, const struct vps_box *in, double T0, bool *done)
+{
+	const struct vps_transit_node *tn = t->tn;
+	struct tdev *de = find(t, set->v[ent].dst), *dc = find(t, set->v[cut].dst);
+	double bytes = (double)vps_box_volume(in) * (double)vps_dtype_size(vps_piece_dtype(&set->v[cut]));
+	bool ok;
+	*done = false;
+	if (vps_buffer_hop(set->v[ent].src_buffer) >= VPS_MAX_HOP || de->nvl_send + bytes > T0 * tn->intra ||
+	    dc->nvl_recv + bytes > T0 * tn->intra)
+		return VPS_OK;
+	VPS_CHECK(movable(t, f, set, cut, &ok));
+	if (!ok)
+		return VPS_OK;
+	struct vps_piece y = set->v[cut], x = set->v[ent], on, from_x;
+	sub_piece(&y, in, &on);
+	sub_piece(&x, in, &from_x);
+	on.src = x.dst;
+	on.src_buffer = vps_buffer_at_hop(x.dst_buffer, vps_buffer_hop(x.src_buffer) + 1);
+	on.src_offset = from_x.dst_offset;
+	memcpy(on.src_strides, x.dst_strides, sizeof(on.src_strides));
+	set->v[cut].box.hi[0] = set->v[cut].box.lo[0]; /* emptied: dropped at the end */
+	f->entry[ent] = 1;
+	VPS_CHECK(push(set, f, &on));
+	VPS_CHECK(push_rest(set, f, g, &y, in));
+	dc->nic_recv -= bytes;
+	dc->nvl_recv += bytes;
+	de->nvl_send += bytes;
+	*done = true;
 	return VPS_OK;
 }
 
@@ -306,11 +358,33 @@ static vps_result_t push_index(size_t **v, size_t *n, size_t *cap, size_t i)
  * takes them and passes them on to the other over the node's links, a hop
  * later, as long as neither's NVLink gets busier than the node's busiest
  * device was. The other's sender sends them no more. */
+static vps_result_t enter_group(struct tnode *t, struct fwds *f, struct vps_pieces *set, struct group *g, double T0)
+{
+	for (size_t a = 0; a < g->n; a++) {
+		for (size_t b = a + 1; b < g->n; b++) {
+			size_t i = g->v[a], j = g->v[b];
+			struct vps_box in;
+			if (vps_box_volume(&set->v[i].box) == 0)
+				break;
+			if (set->v[i].dst == set->v[j].dst || vps_box_volume(&set->v[j].box) == 0 ||
+			    !vps_box_intersect(&set->v[i].box, &set->v[j].box, &in))
+				continue;
+			/* the less busy NIC takes them in; else the other */
+			bool done = false;
+			bool i_first = find(t, set->v[i].dst)->nic_recv <= find(t, set->v[j].dst)->nic_recv;
+			VPS_CHECK(enter_pair(t, f, set, g, i_first ? i : j, i_first ? j : i, &in, T0, &done));
+			if (!done)
+				VPS_CHECK(enter_pair(t, f, set, g, i_first ? j : i, i_first ? i : j, &in, T0, &done));
+		}
+	}
+	return VPS_OK;
+}
+
 static vps_result_t enter_once(struct tnode *t, struct fwds *f, struct vps_pieces *set, double T0)
 {
-	const struct vps_transit_node *tn = t->tn;
 	struct cand *idx = NULL;
-	size_t n = 0, cap = 0, *list = NULL, nl = 0, capl = 0;
+	struct group g = {0};
+	size_t n = 0, cap = 0;
 	vps_result_t rc = VPS_OK;
 	for (size_t i = 0; i < set->n && !rc; i++) {
 		const struct vps_piece *x = &set->v[i];
@@ -327,79 +401,14 @@ static vps_result_t enter_once(struct tnode *t, struct fwds *f, struct vps_piece
 			;
 		if (idx[g0].dst == idx[g1 - 1].dst)
 			continue; /* one device's alone */
-		nl = 0;
+		g.n = 0;
 		for (size_t k = g0; k < g1 && !rc; k++)
-			rc = push_index(&list, &nl, &capl, idx[k].i);
-		for (size_t a = 0; a < nl && !rc; a++) {
-			for (size_t b = a + 1; b < nl && !rc; b++) {
-				size_t i = list[a], j = list[b];
-				struct vps_box in;
-				if (vps_box_volume(&set->v[i].box) == 0)
-					break;
-				if (set->v[i].dst == set->v[j].dst || vps_box_volume(&set->v[j].box) == 0 ||
-				    !vps_box_intersect(&set->v[i].box, &set->v[j].box, &in))
-					continue;
-				struct tdev *di = find(t, set->v[i].dst), *dj = find(t, set->v[j].dst);
-				/* the less busy NIC takes them in; else the other */
-				size_t order[2][2] = {{i, j}, {j, i}};
-				int first = di->nic_recv <= dj->nic_recv ? 0 : 1;
-				for (int o = 0; o < 2 && !rc; o++) {
-					size_t ent = order[first ^ o][0], cut = order[first ^ o][1];
-					struct tdev *de = find(t, set->v[ent].dst), *dc = find(t, set->v[cut].dst);
-					bool ok;
-					double bytes = (double)vps_box_volume(&in) * (double)vps_dtype_size(vps_piece_dtype(&set->v[cut]));
-					if (vps_buffer_hop(set->v[ent].src_buffer) >= VPS_MAX_HOP ||
-					    de->nvl_send + bytes > T0 * tn->intra || dc->nvl_recv + bytes > T0 * tn->intra)
-						continue;
-					rc = movable(t, f, set, cut, &ok);
-					if (rc || !ok)
-						continue;
-					struct vps_piece y = set->v[cut], x = set->v[ent], on;
-					/* the shared part, from the entry's B buffer */
-					sub_piece(&y, &in, &on);
-					struct vps_piece from_x;
-					sub_piece(&x, &in, &from_x);
-					on.src = x.dst;
-					on.src_buffer = vps_buffer_at_hop(x.dst_buffer, vps_buffer_hop(x.src_buffer) + 1);
-					on.src_offset = from_x.dst_offset;
-					memcpy(on.src_strides, x.dst_strides, sizeof(on.src_strides));
-					set->v[cut].box.hi[0] = set->v[cut].box.lo[0]; /* emptied: dropped at the end */
-					f->entry[ent] = 1;
-					rc = push(set, f, &on);
-					/* what is left of the cut one, slab by slab */
-					struct vps_box rest = y.box;
-					for (int k = 0; k < y.box.ndim && !rc; k++) {
-						struct vps_box r = rest;
-						if (rest.lo[k] < in.lo[k]) {
-							r.hi[k] = in.lo[k];
-							struct vps_piece part;
-							sub_piece(&y, &r, &part);
-							rc = push(set, f, &part);
-							if (!rc)
-								rc = push_index(&list, &nl, &capl, set->n - 1);
-						}
-						r = rest;
-						if (!rc && in.hi[k] < rest.hi[k]) {
-							r.lo[k] = in.hi[k];
-							struct vps_piece part;
-							sub_piece(&y, &r, &part);
-							rc = push(set, f, &part);
-							if (!rc)
-								rc = push_index(&list, &nl, &capl, set->n - 1);
-						}
-						rest.lo[k] = in.lo[k];
-						rest.hi[k] = in.hi[k];
-					}
-					dc->nic_recv -= bytes;
-					dc->nvl_recv += bytes;
-					de->nvl_send += bytes;
-					break;
-				}
-			}
-		}
+			rc = group_add(&g, idx[k].i);
+		if (!rc)
+			rc = enter_group(t, f, set, &g, T0);
 	}
 	free(idx);
-	free(list);
+	free(g.v);
 	return rc;
 }
 

@@ -187,3 +187,9 @@ int64_t vps_gcd(int64_t a, int64_t b)
 }
 
 int64_t vps_lcm(int64_t a, int64_t b) { return a / vps_gcd(a, b) * b; }
+
+int vps_int64_cmp(const void *p, const void *q)
+{
+	int64_t x = *(const int64_t *)p, y = *(const int64_t *)q;
+	return (x > y) - (x < y);
+}

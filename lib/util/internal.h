@@ -65,6 +65,8 @@ static inline int64_t vps_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / 
 static inline int64_t vps_round_up(int64_t a, int64_t b) { return vps_ceil_div(a, b) * b; }
 int64_t vps_gcd(int64_t a, int64_t b);
 int64_t vps_lcm(int64_t a, int64_t b);
+/* qsort and bsearch order of int64_t (the first of a row of them too) */
+int vps_int64_cmp(const void *p, const void *q);
 
 /* Bounds on what a file may claim. No device or host holds a buffer of
  * 2^48 elements (1 PiB of fp32), no model has a tensor that large, and no

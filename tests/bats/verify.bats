@@ -42,6 +42,14 @@ open(path, "w").write("\n".join(lines))
 PY
 }
 
+# broken FILE MARK N KEY VALUE: ab.yaml with that edit (edit_piece) as
+# FILE, which vps-verify fails (exit 1), its output in $output
+broken() {
+	cp ab.yaml "$1"
+	edit_piece "$@"
+	expect_status 1 vps-verify "$1"
+}
+
 @test "vps-verify: a plan with transit verifies: global, staged, each rank's, each rank's staged part" {
 	transit_plan -o ab.plan
 	# it has arrivals into an area, and forwards out of one
@@ -69,31 +77,21 @@ PY
 	transit_plan --yaml -o ab.yaml
 	vps-verify -q ab.yaml
 	# the first forward out of rank 0's area (piece 265) reads bytes no piece brings there
-	cp ab.yaml f.yaml
-	edit_piece f.yaml "src_buffer: 2684354559" 1 src_offset 1000000000
-	expect_status 1 vps-verify f.yaml
+	broken f.yaml "src_buffer: 2684354559" 1 src_offset 1000000000
 	grep -q "^f.yaml: piece 265 (decoder.layers.4.self_attention.linear_proj.weight param \[0:256, 0:128\]): relay 0 passes on from its transit area at offset 1000000000 what no piece brings there$" <<<"$output"
 	# the second ([0:256, 128:256]) reads where the first arrived: other elements
-	cp ab.yaml o.yaml
-	edit_piece o.yaml "src_buffer: 2684354559" 2 src_offset 0
-	expect_status 1 vps-verify o.yaml
+	broken o.yaml "src_buffer: 2684354559" 2 src_offset 0
 	grep -q "^o.yaml: piece 266 (.* param \[0:256, 128:256\]): relay 0 passes on from its transit area at offset 0 other elements: piece 168 (decoder.layers.4.self_attention.linear_proj.weight param \[0:256, 0:128\]) brings them there$" <<<"$output"
 	# the second arrival (fp32, at element 16: byte 64) on the first's
 	# bytes (bf16, from byte 0)
-	cp ab.yaml v.yaml
-	edit_piece v.yaml "dst_buffer: 536870911" 2 dst_offset 16
-	expect_status 1 vps-verify v.yaml
+	broken v.yaml "dst_buffer: 536870911" 2 dst_offset 16
 	grep -q "^v.yaml: rank 0: transit area: piece 168 (.* param \[0:256, 0:128\]) overlaps piece 169 (.* main_param \[0:256, 0:128\]) at byte 64$" <<<"$output"
 	# the first arrival from rank 3, which holds the other columns
-	cp ab.yaml h.yaml
-	edit_piece h.yaml "dst_buffer: 536870911" 1 src 3
-	expect_status 1 vps-verify h.yaml
+	broken h.yaml "dst_buffer: 536870911" 1 src 3
 	grep -q "^h.yaml: piece [0-9]* (.* param \[0:256, 0:128\]): source 3 does not hold it at buffer 0 offset 1550592 under the source layout$" <<<"$output"
 	# an arrival is no B element: one moved into B buffer 0 of rank 0 is
 	# received there at no region (rank 0 holds pipeline stage 0)
-	cp ab.yaml b.yaml
-	edit_piece b.yaml "dst_buffer: 536870911" 1 dst_buffer 0
-	expect_status 1 vps-verify b.yaml
+	broken b.yaml "dst_buffer: 536870911" 1 dst_buffer 0
 	grep -q "^b.yaml: piece [0-9]* (.*): destination 0 has no region for it at buffer 0 offset 0" <<<"$output"
 	# a one-rank plan checks the forwards of its rank out of its own area
 	transit_plan --rank 0 --yaml -o r0.yaml
