@@ -42,6 +42,12 @@ open(path, "w").write("\n".join(lines))
 PY
 }
 
+# piece_index PLAN.yaml MARK N: the number vps-verify gives the Nth piece
+# that has the line MARK (its place among the plan's pieces, from 0)
+piece_index() {
+	awk -v mark="$2" -v n="$3" '/^- src: / { i++ } { sub(/^  /, "") } $0 == mark && ++seen == n { print i - 1; exit }' "$1"
+}
+
 # broken FILE MARK N KEY VALUE: ab.yaml with that edit (edit_piece) as
 # FILE, which vps-verify fails (exit 1), its output in $output
 broken() {
@@ -76,16 +82,21 @@ broken() {
 @test "vps-verify: forwards out of a transit area of what never arrived, of other elements, and arrivals that overlap or come from no holder fail" {
 	transit_plan --yaml -o ab.yaml
 	vps-verify -q ab.yaml
-	# the first forward out of rank 0's area (piece 265) reads bytes no piece brings there
+	local fwd1 fwd2 in1
+	fwd1=$(piece_index ab.yaml "src_buffer: 2684354559" 1)
+	fwd2=$(piece_index ab.yaml "src_buffer: 2684354559" 2)
+	in1=$(piece_index ab.yaml "dst_buffer: 536870911" 1)
+	[ -n "$fwd1" ] && [ -n "$fwd2" ] && [ -n "$in1" ]
+	# the first forward out of rank 0's area reads bytes no piece brings there
 	broken f.yaml "src_buffer: 2684354559" 1 src_offset 1000000000
-	grep -q "^f.yaml: piece 265 (decoder.layers.4.self_attention.linear_proj.weight param \[0:256, 0:128\]): relay 0 passes on from its transit area at offset 1000000000 what no piece brings there$" <<<"$output"
+	grep -q "^f.yaml: piece $fwd1 (decoder.layers.4.self_attention.linear_proj.weight param \[0:256, 0:128\]): relay 0 passes on from its transit area at offset 1000000000 what no piece brings there$" <<<"$output"
 	# the second ([0:256, 128:256]) reads where the first arrived: other elements
 	broken o.yaml "src_buffer: 2684354559" 2 src_offset 0
-	grep -q "^o.yaml: piece 266 (.* param \[0:256, 128:256\]): relay 0 passes on from its transit area at offset 0 other elements: piece 168 (decoder.layers.4.self_attention.linear_proj.weight param \[0:256, 0:128\]) brings them there$" <<<"$output"
+	grep -q "^o.yaml: piece $fwd2 (.* param \[0:256, 128:256\]): relay 0 passes on from its transit area at offset 0 other elements: piece $in1 (decoder.layers.4.self_attention.linear_proj.weight param \[0:256, 0:128\]) brings them there$" <<<"$output"
 	# the second arrival (fp32, at element 16: byte 64) on the first's
 	# bytes (bf16, from byte 0)
 	broken v.yaml "dst_buffer: 536870911" 2 dst_offset 16
-	grep -q "^v.yaml: rank 0: transit area: piece 168 (.* param \[0:256, 0:128\]) overlaps piece 169 (.* main_param \[0:256, 0:128\]) at byte 64$" <<<"$output"
+	grep -q "^v.yaml: rank 0: transit area: piece $in1 (.* param \[0:256, 0:128\]) overlaps piece $((in1 + 1)) (.* main_param \[0:256, 0:128\]) at byte 64$" <<<"$output"
 	# the first arrival from rank 3, which holds the other columns
 	broken h.yaml "dst_buffer: 536870911" 1 src 3
 	grep -q "^h.yaml: piece [0-9]* (.* param \[0:256, 0:128\]): source 3 does not hold it at buffer 0 offset 1550592 under the source layout$" <<<"$output"
