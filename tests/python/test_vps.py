@@ -546,6 +546,27 @@ class Optimizers(unittest.TestCase):
         s.free()
 
 
+class Devices(unittest.TestCase):
+    """vps.megatron compares the device of Megatron's parameters with its
+    buffers': a State made on "cuda" is on the current GPU, which Megatron
+    names "cuda:0" (the H200 run of 2026-11-30 refused its own model)."""
+
+    def test_cuda_without_an_index_is_the_current_device(self):
+        from unittest import mock
+        from vps import megatron as vm
+        d = torch.device
+        with mock.patch.object(torch.cuda, "current_device", return_value=0):
+            self.assertTrue(vm._same_device(d("cuda", 0), d("cuda")))
+            self.assertTrue(vm._same_device(d("cuda"), d("cuda", 0)))
+            self.assertFalse(vm._same_device(d("cuda", 1), d("cuda")))
+        with mock.patch.object(torch.cuda, "current_device", return_value=1):
+            self.assertTrue(vm._same_device(d("cuda", 1), d("cuda")))
+            self.assertFalse(vm._same_device(d("cuda", 0), d("cuda")))
+        self.assertTrue(vm._same_device(d("cpu"), d("cpu")))
+        self.assertFalse(vm._same_device(d("cpu"), d("meta")))
+        self.assertFalse(vm._same_device(d("cpu"), d("cuda", 0)))
+
+
 class Closed(unittest.TestCase):
     """A closed object raises vps.Error from every method; it never hands
     the library a freed handle (a crash of the interpreter)."""
