@@ -586,6 +586,15 @@ static vps_result_t map_end(struct vps_reader *r, bool strict)
 			if (!f->used[i]) {
 				yaml_node_t *k = node_at(r, pairs[i].key);
 				const char *ks = k->type == YAML_SCALAR_NODE ? (const char *)k->data.scalar.value : "?";
+				/* lookup reads a key's first pair: a second is left unread */
+				for (size_t j = 0; j < i && k->type == YAML_SCALAR_NODE; j++) {
+					yaml_node_t *kj = node_at(r, pairs[j].key);
+					if (kj->type == YAML_SCALAR_NODE && kj->data.scalar.length == k->data.scalar.length &&
+					    !memcmp(kj->data.scalar.value, k->data.scalar.value, k->data.scalar.length))
+						return vps_fail(VPS_EINPUT, "%s: line %d: key '%s' again (first at line %d)",
+								r->name, (int)k->start_mark.line + 1, ks,
+								(int)kj->start_mark.line + 1);
+				}
 				return vps_fail(VPS_EINPUT, "%s: line %d: unknown key '%s'", r->name,
 						(int)k->start_mark.line + 1, ks);
 			}

@@ -63,6 +63,14 @@ load helpers
 	printf 'vps: layout\nversion: 1\nhash: 0x1\nmodel:\n  name: m\n  hidden: 64\n  layers: 2\n  heads: 4\n  ffn: 64\n  vocab: 99\n  colour: red\n' > m.yaml
 	expect_status 2 vps-layout -i m.yaml
 	[ "$output" = "vps-layout: m.yaml: line 11: unknown key 'colour'" ]
+	# a key given twice: the second is named, with where the first was
+	printf 'vps: layout\nversion: 1\nhash: 0x1\nmodel:\n  name: m\n  hidden: 64\n  layers: 2\n  heads: 4\n  ffn: 64\n  vocab: 99\n  layers: 4\n' > m.yaml
+	expect_status 2 vps-layout -i m.yaml
+	[ "$output" = "vps-layout: m.yaml: line 11: key 'layers' again (first at line 7)" ]
+	printf 'vps: topology\nversion: 1\nname: two\nintra_node_bandwidth: 1e11\ninter_node_bandwidth: 1e10\nmemory_bandwidth: 1e12\nlatency: 1e-5\nlatency: 2e-5\n' > t.yaml
+	vps-layout -q --model tiny-llama --parallel tp=2 -o a.layout
+	expect_status 2 vps-plan --stats --topology t.yaml a.layout a.layout
+	[ "$output" = "vps-plan: t.yaml: line 8: key 'latency' again (first at line 7)" ]
 }
 
 @test "every paper configuration verifies" {
