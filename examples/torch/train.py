@@ -58,6 +58,11 @@ def parse_args(argv=None):
         # the launcher that starts a joining process also starts the executors that give it its state
         a.error("--exec and --join: a process joins a job launch.py runs, whose executors launch.py starts; "
                 "--exec is for torchrun, whose world does not change")
+    if args.topology:
+        try:  # every rank, before the job starts: not its first switch
+            vps.topology(args.topology)
+        except vps.Error as e:
+            a.error("--topology: %s" % e)
     return options.finish(a, args)
 
 

@@ -150,9 +150,13 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 		[ "$(vps-plan --transfers --rank 1 r/c0-c1.plan | grep -c 'src_buffer: transit')" -gt 0 ]
 	vps-plan -q r/c0.layout r/c1.layout -o bytes.plan
 	! vps-plan --transfers --rank 0 bytes.plan | grep -q transit
+	# a topology no file has stops the job before anything starts
 	run "$PY" "$TOP/examples/torch/launch.py" --nproc 4 --topology no-such-topology --configs tp=2:pp=2 --steps 2
-	[ "$status" -ne 0 ]
-	[[ "$output" == *"no-such-topology"* ]]
+	[ "$status" -eq 2 ]
+	[[ "${lines[-1]}" == "launch.py: error: --topology: topology: no topology named 'no-such-topology'; known: "* ]]
+	run "$PY" "$TOP/examples/torch/train.py" --topology no-such-topology --configs tp=1
+	[ "$status" -eq 2 ]
+	[[ "${lines[-1]}" == "train.py: error: --topology: topology: no topology named 'no-such-topology'; known: "* ]]
 }
 
 @test "a process that dies before it joins leaves the job training in its world, and the switch named as not done" {
