@@ -56,6 +56,19 @@
  * own stages go on (llama2-*-tp-down needs two levels). */
 #define LIKELY_DEPTH 2
 
+/* What relaying must gain before it is taken for a gain (5%): it keeps
+ * relays from where the plan's slowest device lies elsewhere (with 1%,
+ * deepseek-v3-s1-s2 and qwen3-235b-s14-s13 relayed for nothing), and
+ * keeps duty_likely's receivers light with room to spare (at the bare
+ * bound, llama-32b-s7-s8 relayed for nothing). */
+#define LIGHT_MARGIN 0.95
+
+/* The members of a group of holders that stand for it where a region is
+ * weighed (relay_light, relay_likely, relay_weigh's direct range). */
+#define DUTY_MEMBERS 8
+/* Holders relay_weigh weighs a region's direct range by, at most. */
+#define DIRECT_HOLDERS 64
+
 /* What an A rank must send whatever the choices (bytes only it holds),
  * and its equal share of what it could send with other replicas. */
 struct duty {
@@ -81,6 +94,8 @@ struct fwd {
 	int64_t bytes[2]; /* where every receiver is on its node [0], else [1] */
 	int64_t recv[2];  /* what it receives: from its node [0], from others [1] */
 	int64_t recv_best[2]; /* the same were its node's receivers of each region to relay */
+	int64_t likely[2];    /* of bytes, what it likely passes on (relay_likely) */
+	bool likely_known;
 };
 
 struct ctx {
@@ -133,9 +148,11 @@ struct relay {
 	uint8_t below[EXACT_REPLICAS][EXACT_REPLICAS + 1];
 	uint8_t kth[EXACT_REPLICAS][EXACT_REPLICAS];
 	/* weighted: range j is cut[j] to cut[j + 1] of the buffer, in
-	 * RANGE_SCALE parts (relay_weigh), not the j-th of n equal ones */
+	 * RANGE_SCALE parts (relay_weigh), not the j-th of n equal ones; the
+	 * last, range n (cut[n] to cut[n + 1], often empty), is not relayed:
+	 * every receiver takes it from a holder */
 	bool weighted;
-	uint32_t cut[EXACT_REPLICAS + 1];
+	uint32_t cut[EXACT_REPLICAS + 2];
 	/* no receiver at home: each range enters each receivers' node from
 	 * a holder, and relays pass on over their node's links alone
 	 * (relay_entry), not their own range into every other node */
@@ -159,7 +176,7 @@ struct relay_memo {
 	int64_t set_base;
 	uint64_t groups;
 	bool weighted; /* RELAY_FREE's ranges, as relay_weigh cut them */
-	uint32_t cut[EXACT_REPLICAS + 1];
+	uint32_t cut[EXACT_REPLICAS + 2];
 	bool entry_by_holders; /* RELAY_FREE's routes (relay_entry) */
 };
 
@@ -780,6 +797,11 @@ static vps_result_t plan_retains(struct ctx *c, int64_t d, int64_t self, const s
  * in rotated order with their shares. */
 struct choice {
 	int64_t k, start, m;
+	/* weighted relayed ranges: the candidate (from start_w) that serves
+	 * range p of the buffer (by[p], p < n) and the direct range to the
+	 * receiver (by[n]) */
+	bool served;
+	int64_t start_w, by[EXACT_REPLICAS + 1];
 	bool weigh;
 	int64_t cand[SPLIT_MAX], cum[SPLIT_MAX + 1], w[SPLIT_MAX];
 	size_t cand_holder[SPLIT_MAX];
@@ -804,6 +826,8 @@ static vps_result_t choose(struct ctx *c, const struct group *g, int64_t ri, int
 	int64_t k = g->nlocal ? (int64_t)g->nlocal : g->count;
 	ch->k = k;
 	ch->start = (ri * k / rn + rbase) % k;
+	ch->start_w = rbase % k;
+	ch->served = false;
 	ch->m = split_parts(k, rn);
 	ch->weigh = false;
 	if (k <= SPLIT_MAX) {
@@ -976,6 +1000,8 @@ static void route(const struct relay *rl, int64_t p, int64_t i, int64_t *from, i
 {
 	*from = -1;
 	*hop = 0;
+	if (p >= rl->n) /* the weighted ranges' direct one */
+		return;
 	if (at_home(rl, i)) {
 		int64_t e = at_home(rl, p) ? p : exporter(rl, p);
 		if (e >= 0 && e != i) {
@@ -1004,7 +1030,8 @@ static void route(const struct relay *rl, int64_t p, int64_t i, int64_t *from, i
 	*hop = in + (gateway == i ? 1 : 2);
 }
 
-/* Where range j (0 to n) of a relayed buffer of bufsize elements starts. */
+/* Where range j (0 to n, or n + 1 weighted) of a relayed buffer of bufsize
+ * elements starts. */
 static int64_t range_start(const struct relay *rl, int64_t j, int64_t bufsize)
 {
 	if (!rl->weighted)
@@ -1022,7 +1049,7 @@ static int64_t range_of(const struct relay *rl, int64_t pos, int64_t bufsize)
 		return 0;
 	if (!rl->weighted)
 		return vps_min64(pos * rl->n / bufsize, rl->n - 1);
-	int64_t p = rl->n - 1;
+	int64_t p = rl->n;
 	while (p > 0 && range_start(rl, p, bufsize) > pos)
 		p--;
 	return p;
@@ -1063,7 +1090,9 @@ static vps_result_t plan_cut(struct ctx *c, const struct group *g, const struct 
 			int64_t src;
 			size_t holder;
 			/* each range enters each node from a holder: the holders in turn */
-			int64_t idx = rl->entry_by_holders ? (p * rl->nn + rl->nidx[rl->i]) % ch->k : ch->start;
+			int64_t idx = rl->entry_by_holders ? (p * rl->nn + rl->nidx[rl->i]) % ch->k
+				      : ch->served     ? (ch->start_w + ch->by[vps_min64(p, rl->n)]) % ch->k
+						       : ch->start;
 			candidate(c, g, idx, &src, &holder);
 			VPS_CHECK(emit_range(out, only_src, src, d, y, ext, x.vol, lo, end, &c->ha.v[holder].region, R));
 		}
@@ -1080,6 +1109,43 @@ static vps_result_t plan_cut(struct ctx *c, const struct group *g, const struct 
 	return VPS_OK;
 }
 
+/* Which candidate serves each range of rl's weighted buffer: ranges come
+ * in sizes as unequal as the receivers' room, and the candidates in turn
+ * (by receiver) gave one candidate the large ranges of every receiver on
+ * one node (llama2-7b-dp-down-back: a holder 0.46 GB busier than its
+ * replica). Largest first, each to the least loaded (the ranges, then the
+ * direct range once a receiver), from start_w; every rank cuts alike. */
+static void serve_ranges(const struct relay *rl, struct choice *ch)
+{
+	/* kk slots, spread over the k candidates as the turns by receiver are */
+	int64_t n = rl->n, kk = vps_min64(ch->k, 2 * n), load[2 * EXACT_REPLICAS] = {0};
+	int64_t size[2 * EXACT_REPLICAS], order[2 * EXACT_REPLICAS], who[2 * EXACT_REPLICAS];
+	/* items: range p < n, then the direct range to receiver q (n + q) */
+	for (int64_t p = 0; p < 2 * n; p++) {
+		size[p] = p < n ? (int64_t)rl->cut[p + 1] - (int64_t)rl->cut[p] : (int64_t)rl->cut[n + 1] - (int64_t)rl->cut[n];
+		order[p] = p;
+	}
+	/* largest first, ties by item (an insertion sort: at most 128 items) */
+	for (int64_t p = 1; p < 2 * n; p++)
+		for (int64_t q = p; q > 0 && size[order[q]] > size[order[q - 1]]; q--) {
+			int64_t t = order[q];
+			order[q] = order[q - 1];
+			order[q - 1] = t;
+		}
+	for (int64_t j = 0; j < 2 * n; j++) {
+		int64_t least = 0;
+		for (int64_t h = 1; h < kk; h++)
+			if (load[h] < load[least])
+				least = h;
+		who[order[j]] = least;
+		load[least] += size[order[j]];
+	}
+	for (int64_t p = 0; p < n; p++)
+		ch->by[p] = who[p] * ch->k / kk;
+	ch->by[n] = who[n + rl->i] * ch->k / kk;
+	ch->served = true;
+}
+
 /* Group g's part of what is left of R (c->rem), taken out of c->rem. */
 static vps_result_t plan_group(struct ctx *c, const struct group *g, const struct relay *rl, int64_t ri, int64_t rn,
 			       int64_t rbase, int64_t d, const struct vps_region *R, int64_t bufsize, int64_t only_src,
@@ -1088,6 +1154,8 @@ static vps_result_t plan_group(struct ctx *c, const struct group *g, const struc
 	const struct vps_box *gbox = &c->ha.v[g->first].region.box;
 	struct choice ch;
 	VPS_CHECK(choose(c, g, ri, rn, rbase, vps_world_device(c->w, d).node, &ch));
+	if (rl && rl->weighted && rl->cut[rl->n] < rl->cut[rl->n + 1])
+		serve_ranges(rl, &ch);
 	for (size_t i = 0; i < c->rem.n; i++) {
 		struct vps_box y;
 		if (vps_box_intersect(&c->rem.v[i], gbox, &y))
@@ -1245,31 +1313,63 @@ static void relay_share(const struct ctx *c, int64_t bytes, int64_t n, int64_t h
 	out[1] = vps_sat_add(out[1], vps_min64(bytes, range * (nnodes - 1)));
 }
 
-/* The most world rank q could pass on: the bytes of each of its B regions
- * it would relay (it holds none of it under A, and the region's free
- * receivers, at most EXACT_REPLICAS, are two or more), in bytes[0] where
- * they are all on q's node, else in bytes[1]. A relay passes on about one
- * copy of a region at most (its own range's copies and, as a gateway or
- * exporter, its share of the others'), so the region's bytes bound it.
- * Beside it what q receives: its B regions that it holds none of, from
- * its node where a holder is there, else from other nodes. From q's own
- * regions and holder arithmetic, once a rank, like duty_of. Uses c->hda
- * and c->hdb. */
-static vps_result_t relay_bound(struct ctx *c, int64_t q, struct fwd *out)
+static vps_result_t duty_likely(struct ctx *c, int64_t ra, int depth, struct duty *out);
+
+/* A region q would relay, for relay_likely: what q passes on of it, its
+ * holders under A (from first_holder in the scan's list of them) and its
+ * free receivers (from first in theirs). */
+struct relay_cand {
+	int64_t share[2];
+	size_t first, nfree, first_holder, nholders;
+	bool mixed; /* some receivers are devices of A */
+};
+
+struct relay_cands {
+	struct relay_cand *v;
+	size_t n, cap;
+	int64_t *free; /* world ranks of the free receivers */
+	size_t nfree, capfree;
+	int64_t *holders; /* A ranks */
+	size_t nholders, capholders;
+};
+
+/* Region h (B holders; c->hda its A holders) as one q would relay, into
+ * lc: what q passes on of it (relay_share), its A holders (the first
+ * DUTY_MEMBERS of each group, as relay_light weighs them), and its free
+ * receivers. */
+static vps_result_t relay_cand_add(struct ctx *c, const struct vps_holder *h, int64_t bytes, int64_t n, int64_t here,
+				   const int32_t *nodes, int nnodes, struct relay_cands *lc)
 {
-	size_t lo = 0, hi = c->nfwds;
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		if (c->fwds[mid].world < q)
-			lo = mid + 1;
-		else
-			hi = mid;
+	struct relay_cand x = {.first = lc->nfree, .first_holder = lc->nholders};
+	relay_share(c, bytes, n, here, nodes, nnodes, x.share);
+	for (size_t k = 0; k < c->hda.n; k++)
+		for (int64_t j = 0; j < vps_min64(c->hda.v[k].count, DUTY_MEMBERS); j++) {
+			VPS_CHECK(VPS_GROW(lc->holders, lc->capholders, lc->nholders + 1));
+			lc->holders[lc->nholders++] = c->hda.v[k].base + j * c->hda.v[k].stride;
+		}
+	x.nholders = lc->nholders - x.first_holder;
+	for (int64_t j = 0; j < h->count; j++) {
+		int64_t w = vps_world_of_b(c->w, h->base + j * h->stride), a = vps_world_a_rank(c->w, w);
+		bool held = false;
+		for (size_t k = 0; k < c->hda.n && a >= 0 && !held; k++)
+			held = member(&c->hda.v[k], a);
+		if (held)
+			continue;
+		x.mixed |= a >= 0;
+		VPS_CHECK(VPS_GROW(lc->free, lc->capfree, lc->nfree + 1));
+		lc->free[lc->nfree++] = w;
 	}
-	if (lo < c->nfwds && c->fwds[lo].world == q) {
-		*out = c->fwds[lo];
-		return VPS_OK;
-	}
-	struct fwd f = {q, {0, 0}, {0, 0}, {0, 0}};
+	x.nfree = lc->nfree - x.first;
+	VPS_CHECK(VPS_GROW(lc->v, lc->cap, lc->n + 1));
+	lc->v[lc->n++] = x;
+	return VPS_OK;
+}
+
+/* relay_bound's count of q's regions into *out (uses c->hda and c->hdb);
+ * with lc, each region it would relay into lc as well. */
+static vps_result_t relay_scan(struct ctx *c, int64_t q, struct fwd *out, struct relay_cands *lc)
+{
+	struct fwd f = {.world = q};
 	int64_t rb = vps_world_b_rank(c->w, q), aq = vps_world_a_rank(c->w, q), nr[NODE_RANKS_MAX];
 	int32_t node = vps_world_device(c->w, q).node;
 	size_t nn = vps_devices_node_ranks(vps_layout_devices(c->a), vps_layout_world(c->a), node, nr, NODE_RANKS_MAX);
@@ -1320,6 +1420,8 @@ static vps_result_t relay_bound(struct ctx *c, int64_t q, struct fwd *out)
 				n++;
 				here += wn == node;
 			}
+			if (n >= 2 && lc)
+				rc = relay_cand_add(c, h, bytes, n, here, nodes, nnodes, lc);
 			if (n >= 2)
 				relay_share(c, bytes, n, here, nodes, nnodes, f.bytes);
 			/* relayed, a region from another node enters this one once */
@@ -1331,12 +1433,118 @@ static vps_result_t relay_bound(struct ctx *c, int64_t q, struct fwd *out)
 		f.recv_best[1] = vps_sat_add(f.recv_best[1], from_away);
 	}
 	vps_rank_view_release(&v);
-	VPS_CHECK(rc);
+	*out = f;
+	return rc;
+}
+
+static size_t fwd_slot(const struct ctx *c, int64_t q)
+{
+	size_t lo = 0, hi = c->nfwds;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (c->fwds[mid].world < q)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* The most world rank q could pass on: the bytes of each of its B regions
+ * it would relay (it holds none of it under A, and the region's free
+ * receivers, at most EXACT_REPLICAS, are two or more), in bytes[0] where
+ * they are all on q's node, else in bytes[1]. A relay passes on about one
+ * copy of a region at most (its own range's copies and, as a gateway or
+ * exporter, its share of the others'), so the region's bytes bound it.
+ * Beside it what q receives: its B regions that it holds none of, from
+ * its node where a holder is there, else from other nodes. From q's own
+ * regions and holder arithmetic, once a rank, like duty_of. Uses c->hda
+ * and c->hdb. */
+static vps_result_t relay_bound(struct ctx *c, int64_t q, struct fwd *out)
+{
+	size_t lo = fwd_slot(c, q);
+	if (lo < c->nfwds && c->fwds[lo].world == q) {
+		*out = c->fwds[lo];
+		return VPS_OK;
+	}
+	struct fwd f;
+	VPS_CHECK(relay_scan(c, q, &f, NULL));
 	VPS_CHECK(VPS_GROW(c->fwds, c->capfwds, c->nfwds + 1));
 	memmove(&c->fwds[lo + 1], &c->fwds[lo], (c->nfwds - lo) * sizeof(*c->fwds));
 	c->fwds[lo] = f;
 	c->nfwds++;
 	*out = f;
+	return VPS_OK;
+}
+
+/* relay_light's weighing of a region by its holders (A ranks) and its
+ * free receivers (world ranks): *yes where they may relay. */
+static vps_result_t light_of(struct ctx *c, const int64_t *holders, size_t nh, const int64_t *recv, size_t nr,
+			     bool *yes, bool *inbound)
+{
+	double busiest = 0, best = 0, receives = 0, receives_best = 0;
+	*yes = false;
+	for (size_t j = 0; j < nh; j++) {
+		struct duty d;
+		VPS_CHECK(duty_of(c, holders[j], &d));
+		busiest = fmax(busiest, link_time(c, d.relayed[0], d.relayed[1]));
+		best = fmax(best, link_time(c, d.best[0], d.best[1]));
+	}
+	for (size_t q = 0; q < nr; q++) {
+		int64_t a = vps_world_a_rank(c->w, recv[q]);
+		struct fwd f;
+		struct duty d;
+		VPS_CHECK(relay_bound(c, recv[q], &f));
+		receives = fmax(receives, link_time(c, f.recv[0], f.recv[1]));
+		receives_best = fmax(receives_best, link_time(c, f.recv_best[0], f.recv_best[1]));
+		if (a < 0)
+			continue;
+		VPS_CHECK(duty_likely(c, a, LIKELY_DEPTH, &d));
+		if (link_time(c, vps_sat_add(d.likely[LIKELY_DEPTH - 1][0], f.bytes[0]),
+			      vps_sat_add(d.likely[LIKELY_DEPTH - 1][1], f.bytes[1])) >= busiest)
+			return VPS_OK;
+	}
+	*inbound = !(busiest > receives);
+	*yes = *inbound ? receives_best < LIGHT_MARGIN * receives : best < LIGHT_MARGIN * busiest;
+	return VPS_OK;
+}
+
+/* What world rank q likely passes on (bytes[0] over NVLink, [1] over its
+ * NICs): of what relay_bound counts, the regions whose free receivers that
+ * are devices of A are light, as relay_light weighs them (each one's
+ * likely sends and all it could relay, below the busiest holder's sends
+ * where joining receivers relay): in llama2-7b-dp-up stage 1's holders
+ * relay stage 0 too, 0.25 GB each, which a direct range of stage 1 must
+ * leave room for. Once a rank, like relay_bound. */
+static vps_result_t relay_likely(struct ctx *c, int64_t q, int64_t likely[2])
+{
+	struct fwd f;
+	VPS_CHECK(relay_bound(c, q, &f));
+	if (f.likely_known) {
+		memcpy(likely, f.likely, sizeof(f.likely));
+		return VPS_OK;
+	}
+	struct relay_cands lc = {0};
+	int64_t sum[2] = {0, 0};
+	vps_result_t rc = relay_scan(c, q, &f, &lc);
+	for (size_t i = 0; i < lc.n && !rc; i++) {
+		const struct relay_cand *x = &lc.v[i];
+		bool light = false, inbound = false;
+		if (x->nholders > 0 && x->mixed)
+			rc = light_of(c, lc.holders + x->first_holder, x->nholders, lc.free + x->first, x->nfree, &light,
+				      &inbound);
+		if (light)
+			for (int link = 0; link < 2; link++)
+				sum[link] = vps_sat_add(sum[link], x->share[link]);
+	}
+	free(lc.v);
+	free(lc.free);
+	free(lc.holders);
+	VPS_CHECK(rc);
+	struct fwd *slot = &c->fwds[fwd_slot(c, q)];
+	memcpy(slot->likely, sum, sizeof(sum));
+	slot->likely_known = true;
+	memcpy(likely, sum, sizeof(sum));
 	return VPS_OK;
 }
 
@@ -1348,13 +1556,6 @@ static double link_time(const struct ctx *c, int64_t intra, int64_t inter)
 		return (double)intra + (double)inter;
 	return fmax((double)intra / c->topo->intra_node_bandwidth, (double)inter / c->topo->inter_node_bandwidth);
 }
-
-/* What relaying must gain before it is taken for a gain (5%): it keeps
- * relays from where the plan's slowest device lies elsewhere (with 1%,
- * deepseek-v3-s1-s2 and qwen3-235b-s14-s13 relayed for nothing), and
- * keeps duty_likely's receivers light with room to spare (at the bare
- * bound, llama-32b-s7-s8 relayed for nothing). */
-#define LIGHT_MARGIN 0.95
 
 /* One B replica set of a region of an A rank, for duty_likely: the
  * region's bytes it needs, to devices on the rank's node [0] and elsewhere
@@ -1460,43 +1661,28 @@ static vps_result_t duty_likely(struct ctx *c, int64_t ra, int depth, struct dut
  * one of many: what decides is whether relaying all regions alike could
  * gain, which a region alone does not say; the margin keeps relays from
  * where the plan's slowest device lies elsewhere. */
-#define DUTY_MEMBERS 8
 static vps_result_t relay_light(struct ctx *c, const struct relay *rl, const struct group *gs, size_t ng,
 				bool *yes, bool *inbound)
 {
-	double busiest = 0, best = 0, receives = 0, receives_best = 0;
-	*yes = false;
 	/* a group's members share alike (relay_wanted refuses weighed
 	 * groups) and differ by where their receivers are: its first
 	 * DUTY_MEMBERS stand for it, which keeps the global plan's cost near
 	 * what it was at any number of replicas */
+	size_t nh = 0;
+	for (size_t gi = 0; gi < ng; gi++)
+		nh += (size_t)vps_min64(gs[gi].count, DUTY_MEMBERS);
+	int64_t *holders = vps_calloc(nh + 1, sizeof(*holders));
+	if (!holders)
+		return VPS_ENOMEM;
+	nh = 0;
 	for (size_t gi = 0; gi < ng; gi++)
 		for (int64_t j = 0; j < vps_min64(gs[gi].count, DUTY_MEMBERS); j++) {
-			int64_t ra;
 			size_t h;
-			struct duty d;
-			group_member(&c->ha, &gs[gi], j, &ra, &h);
-			VPS_CHECK(duty_of(c, ra, &d));
-			busiest = fmax(busiest, link_time(c, d.relayed[0], d.relayed[1]));
-			best = fmax(best, link_time(c, d.best[0], d.best[1]));
+			group_member(&c->ha, &gs[gi], j, &holders[nh++], &h);
 		}
-	for (int64_t q = 0; q < rl->n; q++) {
-		int64_t a = vps_world_a_rank(c->w, rl->world[q]);
-		struct fwd f;
-		struct duty d;
-		VPS_CHECK(relay_bound(c, rl->world[q], &f));
-		receives = fmax(receives, link_time(c, f.recv[0], f.recv[1]));
-		receives_best = fmax(receives_best, link_time(c, f.recv_best[0], f.recv_best[1]));
-		if (a < 0)
-			continue;
-		VPS_CHECK(duty_likely(c, a, LIKELY_DEPTH, &d));
-		if (link_time(c, vps_sat_add(d.likely[LIKELY_DEPTH - 1][0], f.bytes[0]),
-			      vps_sat_add(d.likely[LIKELY_DEPTH - 1][1], f.bytes[1])) >= busiest)
-			return VPS_OK;
-	}
-	*inbound = !(busiest > receives);
-	*yes = *inbound ? receives_best < LIGHT_MARGIN * receives : best < LIGHT_MARGIN * busiest;
-	return VPS_OK;
+	vps_result_t rc = light_of(c, holders, nh, rl->world, (size_t)rl->n, yes, inbound);
+	free(holders);
+	return rc;
 }
 
 /* The largest part of a relayed buffer (0 to 1) receiver q may bring in
@@ -1520,16 +1706,95 @@ static double range_room(const struct ctx *c, const int64_t own[2], const int64_
 	return fmax(room, 0);
 }
 
+/* Whether no receiver of rl shares a node with a holder of its groups (the
+ * first DUTY_MEMBERS of each). */
+static bool apart(const struct ctx *c, const struct relay *rl, const struct group *gs, size_t ng)
+{
+	for (size_t gi = 0; gi < ng; gi++)
+		for (int64_t j = 0; j < vps_min64(gs[gi].count, DUTY_MEMBERS); j++) {
+			int64_t ra;
+			size_t h;
+			group_member(&c->ha, &gs[gi], j, &ra, &h);
+			int32_t node = vps_layout_device(c->a, ra).node;
+			for (int64_t q = 0; q < rl->n; q++)
+				if (rl->node[q] == node)
+					return false;
+		}
+	return true;
+}
+
 struct range_rooms {
 	const struct ctx *c;
 	const int64_t (*own)[2], (*relay)[2];
 	int64_t n;
+	/* part n, the direct range (direct): the least any holder sends to
+	 * every receiver before its time exceeds t */
+	bool direct;
+	const int64_t (*held)[2], (*extra)[2];
+	size_t nheld;
+	/* and the receivers' receives over their NICs: a direct range enters
+	 * a node once a receiver, a relayed one once */
+	const int64_t (*taken)[2], (*more)[2];
 };
 
 static double ranges_room(const void *arg, int64_t q, double t)
 {
 	const struct range_rooms *r = arg;
-	return range_room(r->c, r->own[q], r->relay[q], r->n, t);
+	if (q < r->n)
+		return range_room(r->c, r->own[q], r->relay[q], r->n, t);
+	double room = r->direct ? 1 : 0;
+	for (size_t h = 0; h < r->nheld && room > 0; h++)
+		room = fmin(room, range_room(r->c, r->held[h], r->extra[h], 1, t));
+	for (int64_t j = 0; j < r->n && room > 0; j++)
+		room = fmin(room, range_room(r->c, r->taken[j], r->more[j], 1, t));
+	return room;
+}
+
+/* What the holders of a region send were every region of theirs relayed,
+ * with what they likely relay of others' (duty_of's best, relay_likely:
+ * *held), and what they send more for each part of a buffer they send to
+ * every receiver rather than once (*extra: their shared sends, every
+ * receiver's, less those relayed, on the links of those relayed). Their
+ * first DUTY_MEMBERS of each group stand for them. */
+static vps_result_t holders_direct(struct ctx *c, const struct group *gs, size_t ng, int64_t (*held)[2],
+				   int64_t (*extra)[2], size_t *n)
+{
+	*n = 0;
+	for (size_t gi = 0; gi < ng; gi++)
+		for (int64_t j = 0; j < vps_min64(gs[gi].count, DUTY_MEMBERS) && *n < DIRECT_HOLDERS; j++) {
+			int64_t ra;
+			size_t h;
+			struct duty d;
+			group_member(&c->ha, &gs[gi], j, &ra, &h);
+			int64_t passes[2];
+			VPS_CHECK(duty_of(c, ra, &d));
+			VPS_CHECK(relay_likely(c, vps_world_of_device(c->w, vps_layout_device(c->a, ra)), passes));
+			int64_t once[2] = {d.best[0] - d.forced_best[0], d.best[1] - d.forced_best[1]};
+			int64_t sum = vps_sat_add(once[0], once[1]), more = vps_max64(d.shared - sum, 0);
+			held[*n][0] = vps_sat_add(d.best[0], passes[0]);
+			held[*n][1] = vps_sat_add(d.best[1], passes[1]);
+			extra[*n][0] = sum > 0 ? (int64_t)((double)more * ((double)once[0] / (double)sum)) : 0;
+			extra[*n][1] = more - extra[*n][0];
+			++*n;
+		}
+	return VPS_OK;
+}
+
+/* Cuts rl's buffer at level: each part its room there, the direct one last. */
+static void cut_at(struct relay *rl, const struct range_rooms *rr, double level)
+{
+	double room[EXACT_REPLICAS + 1], sum = 0, acc = 0;
+	for (int64_t q = 0; q <= rl->n; q++)
+		sum += room[q] = ranges_room(rr, q, level);
+	rl->cut[0] = 0;
+	for (int64_t q = 0; q <= rl->n; q++) {
+		acc += room[q] / sum;
+		rl->cut[q + 1] = (uint32_t)fmax(rl->cut[q], fmin((double)RANGE_SCALE, floor(acc * (double)RANGE_SCALE)));
+	}
+	rl->cut[rl->n + 1] = (uint32_t)RANGE_SCALE;
+	if (!rr->direct)
+		rl->cut[rl->n] = (uint32_t)RANGE_SCALE;
+	rl->weighted = true;
 }
 
 /* Ranges for rl's receivers (every free one: RELAY_FREE) sized to what
@@ -1540,14 +1805,21 @@ static double ranges_room(const void *arg, int64_t q, double t)
  * over the receivers). In llama2-7b-dp-up stage 1's receivers are the
  * devices of stages 2 and 3, relaying it on top of their own stages;
  * stage 3's, with 0.12 GB more of their own, were the busiest, and pass
- * on smaller ranges now (1.04x faster). Only where no receiver
- * is at home (relay_share's count is then what `route` does), and only
- * where the busiest gains more than 1%; else equal ranges, the plan as
- * before. Every rank reads the same receivers and loads, so they cut
- * alike. */
-static vps_result_t relay_weigh(struct ctx *c, struct relay *rl)
+ * on smaller ranges now (1.04x faster). Where no receiver shares a node
+ * with a holder and the holders have time to spare beside what they send
+ * were all their regions relayed, a last range goes from them to every
+ * receiver, relayed by none (holders_direct weighs them as though all
+ * their regions went alike): in llama2-*-tp-up stage 1's receivers are
+ * the devices of stages 2 and 3, each busy with its own stage, while
+ * stage 1's holders sent 0.8x as much. Only where no receiver is at home
+ * (relay_share's count is then what `route` does), and only where the
+ * busiest gains more than 1% (the direct range: more than 1% over the
+ * ranges without it); else equal ranges, the plan as before. Every rank
+ * reads the same receivers and loads, so they cut alike. */
+static vps_result_t relay_weigh(struct ctx *c, struct relay *rl, const struct group *gs, size_t ng)
 {
-	int64_t own[EXACT_REPLICAS][2], relay[EXACT_REPLICAS][2];
+	int64_t own[EXACT_REPLICAS][2], relay[EXACT_REPLICAS][2], held[DIRECT_HOLDERS][2], extra[DIRECT_HOLDERS][2];
+	int64_t taken[EXACT_REPLICAS][2], more[EXACT_REPLICAS][2];
 	rl->weighted = false;
 	if (rl->home_idx >= 0)
 		return VPS_OK;
@@ -1565,24 +1837,27 @@ static vps_result_t relay_weigh(struct ctx *c, struct relay *rl)
 		}
 		relay[q][0] = f.bytes[0];
 		relay[q][1] = f.bytes[1];
+		taken[q][0] = more[q][0] = 0;
+		taken[q][1] = f.recv_best[1];
+		more[q][1] = vps_max64(f.recv[1] - f.recv_best[1], 0);
 		equal = fmax(equal, link_time(c, vps_sat_add(own[q][0], relay[q][0]), vps_sat_add(own[q][1], relay[q][1])));
 		least = fmax(least, link_time(c, own[q][0], own[q][1]));
 	}
+	size_t nheld = 0;
+	if (apart(c, rl, gs, ng))
+		VPS_CHECK(holders_direct(c, gs, ng, held, extra, &nheld));
 	/* no range makes a receiver less busy than its own sends do */
-	const struct range_rooms rr = {c, own, relay, rl->n};
+	struct range_rooms rr = {c, own, relay, rl->n, false, held, extra, nheld, taken, more};
 	double level = water_level(ranges_room, &rr, rl->n, 1, least, equal);
-	if (!(level < 0.99 * equal))
+	rr.direct = nheld > 0;
+	double direct = rr.direct ? water_level(ranges_room, &rr, rl->n + 1, 1, least, equal) : INFINITY;
+	if (direct < 0.99 * level && direct < 0.99 * equal) {
+		cut_at(rl, &rr, direct);
 		return VPS_OK;
-	double room[EXACT_REPLICAS], sum = 0, acc = 0;
-	for (int64_t q = 0; q < rl->n; q++)
-		sum += room[q] = ranges_room(&rr, q, level);
-	rl->cut[0] = 0;
-	for (int64_t q = 0; q < rl->n; q++) {
-		acc += room[q] / sum;
-		rl->cut[q + 1] = (uint32_t)fmax(rl->cut[q], fmin((double)RANGE_SCALE, floor(acc * (double)RANGE_SCALE)));
 	}
-	rl->cut[rl->n] = (uint32_t)RANGE_SCALE;
-	rl->weighted = true;
+	rr.direct = false;
+	if (level < 0.99 * equal)
+		cut_at(rl, &rr, level);
 	return VPS_OK;
 }
 
@@ -1736,7 +2011,7 @@ static vps_result_t relay_wanted(struct ctx *c, int64_t d, int64_t rb, const str
 					choice = RELAY_FREE;
 					VPS_CHECK(relay_entry(c, R, rl, gs, ng, &entry_by_holders));
 					if (!entry_by_holders)
-						VPS_CHECK(relay_weigh(c, rl));
+						VPS_CHECK(relay_weigh(c, rl, gs, ng));
 				} else
 					VPS_CHECK(relay_set(c, rb, R, false, rl));
 			}

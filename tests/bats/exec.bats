@@ -254,6 +254,41 @@ relay_by_node() { # TRANSPORT [demo.sh arguments...]
 	relay_by_node tcp --per-rank
 }
 
+# Holders with time to spare send a range of a relayed buffer to every
+# receiver, relayed by none (docs/relay.md, "A range for every receiver"):
+# tiny-llama from tp=1 to tp=2 at pp=4, dp=4 (ZeRO-1) over nodes of two,
+# weighed on a800-testbed, like llama2-*-tp-up: B's stage 1 lies on the
+# devices of A's stages 2 and 3 (world ranks 8-15), busy with their own
+# stages, while A's stage 1 (ranks 4-7) has time to spare. Every rank sends
+# what its plan says, --check proves every byte, and some receivers of a
+# relayed tensor take the same elements straight from a holder; planned by
+# every rank alone, the ranks agree.
+relay_direct() { # TRANSPORT [demo.sh arguments...]
+	demo "$1" --np 2 "${@:2}" --topology a800-testbed --model tiny-llama \
+		--from tp=1,pp=4,dp=4,zero=1 --to tp=2,pp=4,dp=4,zero=1
+	local dir=$BATS_TEST_TMPDIR/demo planned sent r direct
+	for ((r = 0; r < 32; r++)); do
+		planned=$("$VPS_BIN/vps-plan" --transfers --rank "$r" --format tsv "$dir/ab.plan" |
+			awk -F'\t' '$2 == "send" { n += $7 } END { print n + 0 }')
+		sent=$(awk '/^  bytes_sent:/ { print $2; exit }' "$dir/report.$r.yaml")
+		[ "$sent" = "$planned" ] || { echo "rank $r sent $sent, its plan $planned" >&2; return 1; }
+	done
+	# the elements (box) of a tensor that two or more of its receivers take
+	# straight from a holder where each takes others of it from relays
+	direct=$(for ((r = 0; r < 32; r++)); do
+		"$VPS_BIN/vps-plan" --transfers --rank "$r" --format tsv "$dir/ab.plan" | awk -F'\t' 'NR > 1 && $2 == "send"'
+	done | awk -F'\t' '{ k = $4 "|" $5; if ($14 != 0) fwd[$3, k] = 1; else { n++; peer[n] = $3; key[n] = k; box[n] = k "|" $6; b[n] = $7 } }
+		END { for (i = 1; i <= n; i++) if ((peer[i], key[i]) in fwd && !((box[i], peer[i]) in seen)) { seen[box[i], peer[i]] = 1; to[box[i]]++; at[box[i]] = b[i] }
+			for (x in to) if (to[x] >= 2) s += at[x] * to[x]; print s + 0 }')
+	[ "$direct" -gt 0 ] || { echo "no receiver of a relayed tensor took elements straight from a holder that another did too" >&2; return 1; }
+}
+@test "tcp: holders with time to spare send a range of a relayed buffer to every receiver" {
+	relay_direct tcp
+}
+@test "tcp: a range to every receiver, every rank planning and staging its own part" {
+	relay_direct tcp --per-rank
+}
+
 # Transit (docs/exec.md, "The transit area"): tiny-llama from (tp=2, pp=2)
 # to (tp=1, pp=2) over nodes of two, weighed on a800-testbed. B's second
 # stage lands on node 0's rank 1, and node 1 holds it: rank 0, whose NIC

@@ -912,3 +912,59 @@ TEST(a_tied_embedding_is_shared_in_time)
 	vps_plan_stats_release(&sb);
 	vps_plan_free(bytes);
 }
+
+/* Bytes that a receiver of a relayed tensor takes straight from a holder
+ * while another receiver takes the same elements straight from a holder
+ * too (a weighted buffer's direct range: relayed by none), each such piece
+ * counted once a destination. */
+static int64_t sent_to_every_receiver(const struct vps_plan *p)
+{
+	int64_t bytes = 0;
+	for (size_t i = 0; i < p->npieces; i++) {
+		const struct vps_piece *x = &p->pieces[i];
+		if (x->src == x->dst || (x->src_buffer & VPS_BUFFER_TARGET) || x->dst_buffer == VPS_BUFFER_TRANSIT)
+			continue;
+		bool forwarded_here = false, also_direct = false;
+		for (size_t j = 0; j < p->npieces && !(forwarded_here && also_direct); j++) {
+			const struct vps_piece *y = &p->pieces[j];
+			struct vps_box o;
+			if (j == i || y->tensor != x->tensor || y->state != x->state)
+				continue;
+			if (y->dst == x->dst && (y->src_buffer & VPS_BUFFER_TARGET))
+				forwarded_here = true;
+			else if (y->dst != x->dst && y->src != y->dst && !(y->src_buffer & VPS_BUFFER_TARGET) &&
+				 vps_box_intersect(&x->box, &y->box, &o))
+				also_direct = true;
+		}
+		if (forwarded_here && also_direct)
+			bytes += vps_piece_bytes(x);
+	}
+	return bytes;
+}
+
+/* Where the receivers of a relayed region are devices of A busy with their
+ * own stages and its holders have time to spare, the holders send a last
+ * range of its buffer to every receiver, relayed by none (docs/relay.md,
+ * "A range for every receiver"): tiny-llama from tp=1 to tp=2 at pp=4,
+ * dp=4 on nodes of two, like llama2-*-tp-up: B's stage 1 lies on the
+ * devices of A's stages 2 and 3, which send their own stages to the
+ * joining devices. Every element lands right, a rank's plan is the global
+ * plan's part, and the plan is faster and its busiest sender less busy
+ * than without relays. */
+TEST(holders_with_time_to_spare_send_a_range_to_every_receiver)
+{
+	static const struct tcase c = {"tiny-llama", "tp=1,pp=4,dp=4,zero=1", "tp=2,pp=4,dp=4,zero=1", 2, 0, 2, 0};
+	struct vps_topology topo = {.name = "t", .gpus_per_node = 2, .intra_node_bandwidth = 200e9,
+				    .inter_node_bandwidth = 25e9, .memory_bandwidth = 1.9e12, .latency = 20e-6};
+	run_case_on(&c, true, VPS_RELAY_AUTO, &topo);
+	struct vps_plan *p[2];
+	struct vps_plan_stats s[2];
+	plan_never_and_auto(&c, &topo, &topo, p, s);
+	if (p[1]) {
+		int64_t direct = sent_to_every_receiver(p[1]);
+		if (!(direct > 0 && s[1].bytes_relayed > 0))
+			harness_fail(__FILE__, __LINE__, "%lld bytes of relayed tensors sent to every receiver, %lld relayed",
+				     (long long)direct, (long long)s[1].bytes_relayed);
+	}
+	check_faster_and_free(p, s);
+}
