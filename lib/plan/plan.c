@@ -1000,8 +1000,13 @@ static void route(const struct relay *rl, int64_t p, int64_t i, int64_t *from, i
 {
 	*from = -1;
 	*hop = 0;
-	if (p >= rl->n) /* the weighted ranges' direct one */
+	if (p >= rl->n) { /* the weighted ranges' direct one: into each node once */
+		int m = rl->nidx[i];
+		int64_t gw = rl->kth[m][0];
+		*from = gw == i ? -1 : gw;
+		*hop = gw != i;
 		return;
+	}
 	if (at_home(rl, i)) {
 		int64_t e = at_home(rl, p) ? p : exporter(rl, p);
 		if (e >= 0 && e != i) {
@@ -1114,25 +1119,25 @@ static vps_result_t plan_cut(struct ctx *c, const struct group *g, const struct 
  * (by receiver) gave one candidate the large ranges of every receiver on
  * one node (llama2-7b-dp-down-back: a holder 0.46 GB busier than its
  * replica). Largest first, each to the least loaded (the ranges, then the
- * direct range once a receiver), from start_w; every rank cuts alike. */
+ * direct range once a node), from start_w; every rank cuts alike. */
 static void serve_ranges(const struct relay *rl, struct choice *ch)
 {
-	/* kk slots, spread over the k candidates as the turns by receiver are */
-	int64_t n = rl->n, kk = vps_min64(ch->k, 2 * n), load[2 * EXACT_REPLICAS] = {0};
+	/* items: range p < n, then the direct range into node m (n + m);
+	 * kk slots, spread over the k candidates as the turns by receiver are */
+	int64_t n = rl->n, items = n + rl->nn, kk = vps_min64(ch->k, items), load[2 * EXACT_REPLICAS] = {0};
 	int64_t size[2 * EXACT_REPLICAS], order[2 * EXACT_REPLICAS], who[2 * EXACT_REPLICAS];
-	/* items: range p < n, then the direct range to receiver q (n + q) */
-	for (int64_t p = 0; p < 2 * n; p++) {
+	for (int64_t p = 0; p < items; p++) {
 		size[p] = p < n ? (int64_t)rl->cut[p + 1] - (int64_t)rl->cut[p] : (int64_t)rl->cut[n + 1] - (int64_t)rl->cut[n];
 		order[p] = p;
 	}
 	/* largest first, ties by item (an insertion sort: at most 128 items) */
-	for (int64_t p = 1; p < 2 * n; p++)
+	for (int64_t p = 1; p < items; p++)
 		for (int64_t q = p; q > 0 && size[order[q]] > size[order[q - 1]]; q--) {
 			int64_t t = order[q];
 			order[q] = order[q - 1];
 			order[q - 1] = t;
 		}
-	for (int64_t j = 0; j < 2 * n; j++) {
+	for (int64_t j = 0; j < items; j++) {
 		int64_t least = 0;
 		for (int64_t h = 1; h < kk; h++)
 			if (load[h] < load[least])
@@ -1142,7 +1147,7 @@ static void serve_ranges(const struct relay *rl, struct choice *ch)
 	}
 	for (int64_t p = 0; p < n; p++)
 		ch->by[p] = who[p] * ch->k / kk;
-	ch->by[n] = who[n + rl->i] * ch->k / kk;
+	ch->by[n] = who[n + rl->nidx[rl->i]] * ch->k / kk;
 	ch->served = true;
 }
 
@@ -1322,6 +1327,7 @@ struct relay_cand {
 	int64_t share[2];
 	size_t first, nfree, first_holder, nholders;
 	bool mixed; /* some receivers are devices of A */
+	bool gains; /* relaying it lowers its busiest sender's bytes (relay_cand_add) */
 };
 
 struct relay_cands {
@@ -1342,6 +1348,14 @@ static vps_result_t relay_cand_add(struct ctx *c, const struct vps_holder *h, in
 {
 	struct relay_cand x = {.first = lc->nfree, .first_holder = lc->nholders};
 	relay_share(c, bytes, n, here, nodes, nnodes, x.share);
+	/* relay_gains by bytes: its holders share n copies directly, one
+	 * relayed, and q passes on its share */
+	int64_t holders = 0;
+	for (size_t k = 0; k < c->hda.n; k++)
+		holders = vps_sat_add(holders, c->hda.v[k].count);
+	double direct = (double)bytes * (double)n / (double)vps_max64(holders, 1);
+	x.gains = fmax((double)bytes / (double)vps_max64(holders, 1), (double)x.share[0] + (double)x.share[1]) <
+		  0.99 * direct;
 	for (size_t k = 0; k < c->hda.n; k++)
 		for (int64_t j = 0; j < vps_min64(c->hda.v[k].count, DUTY_MEMBERS); j++) {
 			VPS_CHECK(VPS_GROW(lc->holders, lc->capholders, lc->nholders + 1));
@@ -1530,7 +1544,7 @@ static vps_result_t relay_likely(struct ctx *c, int64_t q, int64_t likely[2])
 	for (size_t i = 0; i < lc.n && !rc; i++) {
 		const struct relay_cand *x = &lc.v[i];
 		bool light = false, inbound = false;
-		if (x->nholders > 0 && x->mixed)
+		if (x->nholders > 0 && x->mixed && x->gains)
 			rc = light_of(c, lc.holders + x->first_holder, x->nholders, lc.free + x->first, x->nfree, &light,
 				      &inbound);
 		if (light)
@@ -1750,15 +1764,17 @@ static double ranges_room(const void *arg, int64_t q, double t)
 	return room;
 }
 
-/* What the holders of a region send were every region of theirs relayed,
- * with what they likely relay of others' (duty_of's best, relay_likely:
- * *held), and what they send more for each part of a buffer they send to
- * every receiver rather than once (*extra: their shared sends, every
- * receiver's, less those relayed, on the links of those relayed). Their
+/* What the holders of rl's region send were every region of theirs
+ * relayed, with what they likely relay of others' (duty_of's best,
+ * relay_likely: *held), and what they send more for each part of a buffer
+ * they send into each of the receivers' nodes rather than once (*extra:
+ * their shared sends, every receiver's, less those relayed, scaled from
+ * rl's receivers to its nodes, on the links of those relayed). Their
  * first DUTY_MEMBERS of each group stand for them. */
-static vps_result_t holders_direct(struct ctx *c, const struct group *gs, size_t ng, int64_t (*held)[2],
-				   int64_t (*extra)[2], size_t *n)
+static vps_result_t holders_direct(struct ctx *c, const struct relay *rl, const struct group *gs, size_t ng,
+				   int64_t (*held)[2], int64_t (*extra)[2], size_t *n)
 {
+	double nodes = rl->n > 1 ? (double)(rl->nn - 1) / (double)(rl->n - 1) : 0;
 	*n = 0;
 	for (size_t gi = 0; gi < ng; gi++)
 		for (int64_t j = 0; j < vps_min64(gs[gi].count, DUTY_MEMBERS) && *n < DIRECT_HOLDERS; j++) {
@@ -1770,7 +1786,8 @@ static vps_result_t holders_direct(struct ctx *c, const struct group *gs, size_t
 			VPS_CHECK(duty_of(c, ra, &d));
 			VPS_CHECK(relay_likely(c, vps_world_of_device(c->w, vps_layout_device(c->a, ra)), passes));
 			int64_t once[2] = {d.best[0] - d.forced_best[0], d.best[1] - d.forced_best[1]};
-			int64_t sum = vps_sat_add(once[0], once[1]), more = vps_max64(d.shared - sum, 0);
+			int64_t sum = vps_sat_add(once[0], once[1]);
+			int64_t more = (int64_t)((double)vps_max64(d.shared - sum, 0) * nodes);
 			held[*n][0] = vps_sat_add(d.best[0], passes[0]);
 			held[*n][1] = vps_sat_add(d.best[1], passes[1]);
 			extra[*n][0] = sum > 0 ? (int64_t)((double)more * ((double)once[0] / (double)sum)) : 0;
@@ -1805,13 +1822,14 @@ static void cut_at(struct relay *rl, const struct range_rooms *rr, double level)
  * over the receivers). In llama2-7b-dp-up stage 1's receivers are the
  * devices of stages 2 and 3, relaying it on top of their own stages;
  * stage 3's, with 0.12 GB more of their own, were the busiest, and pass
- * on smaller ranges now (1.04x faster). Where no receiver shares a node
- * with a holder and the holders have time to spare beside what they send
- * were all their regions relayed, a last range goes from them to every
- * receiver, relayed by none (holders_direct weighs them as though all
- * their regions went alike): in llama2-*-tp-up stage 1's receivers are
- * the devices of stages 2 and 3, each busy with its own stage, while
- * stage 1's holders sent 0.8x as much. Only where no receiver is at home
+ * on smaller ranges now (1.04x faster). On a topology, where no receiver
+ * shares a node with a holder and the holders have time to spare beside
+ * what they send were all their regions relayed, a last range goes from
+ * them into each of the receivers' nodes once (route), relayed no further
+ * (holders_direct weighs them as though all their regions went alike):
+ * in llama2-*-tp-up stage 1's receivers are the devices of stages 2 and
+ * 3, each busy with its own stage, while stage 1's holders sent 0.8x as
+ * much. Only where no receiver is at home
  * (relay_share's count is then what `route` does), and only where the
  * busiest gains more than 1% (the direct range: more than 1% over the
  * ranges without it); else equal ranges, the plan as before. Every rank
@@ -1837,15 +1855,25 @@ static vps_result_t relay_weigh(struct ctx *c, struct relay *rl, const struct gr
 		}
 		relay[q][0] = f.bytes[0];
 		relay[q][1] = f.bytes[1];
-		taken[q][0] = more[q][0] = 0;
+		/* the direct range's taker on a node passes it on to its
+		 * node-mates (route); its receives over its NIC grow as
+		 * though every region it takes came straight to it */
+		int m = rl->nidx[q];
+		int64_t mates = rl->kth[m][0] == q ? rl->below[m][rl->n] - 1 : 0;
+		taken[q][0] = vps_sat_add(own[q][0], relay[q][0]);
+		more[q][0] = 0;
+		if (mates > 0 && !vps_mul_ok(vps_sat_add(f.recv[0], f.recv[1]), mates, &more[q][0]))
+			more[q][0] = INT64_MAX;
 		taken[q][1] = f.recv_best[1];
 		more[q][1] = vps_max64(f.recv[1] - f.recv_best[1], 0);
 		equal = fmax(equal, link_time(c, vps_sat_add(own[q][0], relay[q][0]), vps_sat_add(own[q][1], relay[q][1])));
 		least = fmax(least, link_time(c, own[q][0], own[q][1]));
 	}
 	size_t nheld = 0;
-	if (apart(c, rl, gs, ng))
-		VPS_CHECK(holders_direct(c, gs, ng, held, extra, &nheld));
+	/* by bytes a node's links are its NICs: passed on over NVLink, the
+	 * range would cost its taker as much as the holder it spares */
+	if (c->topo && apart(c, rl, gs, ng))
+		VPS_CHECK(holders_direct(c, rl, gs, ng, held, extra, &nheld));
 	/* no range makes a receiver less busy than its own sends do */
 	struct range_rooms rr = {c, own, relay, rl->n, false, held, extra, nheld, taken, more};
 	double level = water_level(ranges_room, &rr, rl->n, 1, least, equal);
