@@ -72,7 +72,7 @@
 /* What an A rank must send whatever the choices (bytes only it holds),
  * and its equal share of what it could send with other replicas. */
 struct duty {
-	int64_t rank;
+	int64_t rank; /* first: slot_of orders by it */
 	int64_t forced, shared;
 	int64_t forced_link[2]; /* forced, to devices on ra's node [0] and elsewhere [1] */
 	/* forced + shared where joining receivers relay, to devices on ra's
@@ -90,7 +90,7 @@ struct duty {
 /* What a device could pass on, at most, were it to relay every B region
  * it is a free receiver of, and what it receives (relay_bound). */
 struct fwd {
-	int64_t world;
+	int64_t world; /* first: slot_of orders by it */
 	int64_t bytes[2]; /* where every receiver is on its node [0], else [1] */
 	int64_t recv[2];  /* what it receives: from its node [0], from others [1] */
 	int64_t recv_best[2]; /* the same were its node's receivers of each region to relay */
@@ -197,6 +197,15 @@ static bool member(const struct vps_holder *h, int64_t r)
 	if (h->stride == 0)
 		return d == 0;
 	return d % h->stride == 0 && d / h->stride < h->count;
+}
+
+/* Whether A rank a (-1: a joining device) is among c->hda's holders. */
+static bool a_holds(const struct ctx *c, int64_t a)
+{
+	for (size_t k = 0; k < c->hda.n && a >= 0; k++)
+		if (member(&c->hda.v[k], a))
+			return true;
+	return false;
 }
 
 static int box_cmp(const struct vps_box *x, const struct vps_box *y)
@@ -488,19 +497,28 @@ static int64_t receivers(const struct ctx *c, const struct vps_holder *H, const 
  * replicas: one copy for them all (relay_light weighs that). Computed
  * from ra's own regions and holder arithmetic (no enumeration of the
  * world), once per rank. */
-/* Where ra's duty lies in c->duties (sorted by rank): its index, or
+/* Where key lies in v, n elements of size bytes sorted by the int64_t each
+ * begins with (struct duty's rank, struct fwd's world): its index, or
  * where it goes. */
-static size_t duty_slot(const struct ctx *c, int64_t ra)
+static size_t slot_of(const void *v, size_t n, size_t size, int64_t key)
 {
-	size_t lo = 0, hi = c->nduties;
+	size_t lo = 0, hi = n;
 	while (lo < hi) {
 		size_t mid = lo + (hi - lo) / 2;
-		if (c->duties[mid].rank < ra)
+		int64_t at;
+		memcpy(&at, (const char *)v + mid * size, sizeof(at));
+		if (at < key)
 			lo = mid + 1;
 		else
 			hi = mid;
 	}
 	return lo;
+}
+
+/* Where ra's duty lies in c->duties (sorted by rank). */
+static size_t duty_slot(const struct ctx *c, int64_t ra)
+{
+	return slot_of(c->duties, c->nduties, sizeof(*c->duties), ra);
 }
 
 /* Region r's holders under A (c->hda) and under B (c->hdb), and the A
@@ -1364,10 +1382,7 @@ static vps_result_t relay_cand_add(struct ctx *c, const struct vps_holder *h, in
 	x.nholders = lc->nholders - x.first_holder;
 	for (int64_t j = 0; j < h->count; j++) {
 		int64_t w = vps_world_of_b(c->w, h->base + j * h->stride), a = vps_world_a_rank(c->w, w);
-		bool held = false;
-		for (size_t k = 0; k < c->hda.n && a >= 0 && !held; k++)
-			held = member(&c->hda.v[k], a);
-		if (held)
+		if (a_holds(c, a))
 			continue;
 		x.mixed |= a >= 0;
 		VPS_CHECK(VPS_GROW(lc->free, lc->capfree, lc->nfree + 1));
@@ -1420,10 +1435,7 @@ static vps_result_t relay_scan(struct ctx *c, int64_t q, struct fwd *out, struct
 			int nnodes = 0;
 			for (int64_t j = 0; j < h->count; j++) {
 				int64_t w = vps_world_of_b(c->w, h->base + j * h->stride), a = vps_world_a_rank(c->w, w);
-				bool held = false;
-				for (size_t x = 0; x < c->hda.n && a >= 0 && !held; x++)
-					held = member(&c->hda.v[x], a);
-				if (held)
+				if (a_holds(c, a))
 					continue;
 				int32_t wn = vps_world_device(c->w, w).node;
 				int m = 0;
@@ -1451,17 +1463,10 @@ static vps_result_t relay_scan(struct ctx *c, int64_t q, struct fwd *out, struct
 	return rc;
 }
 
+/* Where world rank q's bound lies in c->fwds (sorted by world rank). */
 static size_t fwd_slot(const struct ctx *c, int64_t q)
 {
-	size_t lo = 0, hi = c->nfwds;
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		if (c->fwds[mid].world < q)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return lo;
+	return slot_of(c->fwds, c->nfwds, sizeof(*c->fwds), q);
 }
 
 /* The most world rank q could pass on: the bytes of each of its B regions

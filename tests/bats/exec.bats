@@ -30,6 +30,16 @@ demo() { # TRANSPORT demo.sh arguments... (switches over $over, default TRANSPOR
 	fi
 }
 
+# Rank RANK of the demo in $BATS_TEST_TMPDIR/demo sent what its plan says
+# (its sends, forwards included); its report's bytes_sent in $sent.
+sent_as_planned() { # RANK
+	local planned
+	planned=$("$VPS_BIN/vps-plan" --transfers --rank "$1" --format tsv "$BATS_TEST_TMPDIR/demo/ab.plan" |
+		awk -F'\t' '$2 == "send" { n += $7 } END { print n + 0 }')
+	sent=$(awk '/^  bytes_sent:/ { print $2; exit }' "$BATS_TEST_TMPDIR/demo/report.$1.yaml")
+	[ "$sent" = "$planned" ] || { echo "rank $1 sent $sent, its plan $planned" >&2; return 1; }
+}
+
 # ---- the cases, each over the transport given ----
 
 dense_back() {
@@ -93,12 +103,9 @@ relay_join() { # TRANSPORT DEVICES_PER_NODE DP [demo.sh arguments...]
 	local transport=$1 np=$2 dp=$3 relay=(${RELAY---relay})
 	shift 3
 	demo "$transport" --np "$np" "${relay[@]}" "$@" --model tiny-llama --from tp=1,pp=1,dp=1,zero=1 --to tp=1,pp=1,dp=$dp,zero=1
-	local dir=$BATS_TEST_TMPDIR/demo planned sent moved r
+	local dir=$BATS_TEST_TMPDIR/demo sent moved r
 	for ((r = 0; r < dp; r++)); do
-		planned=$("$VPS_BIN/vps-plan" --transfers --rank "$r" --format tsv "$dir/ab.plan" |
-			awk -F'\t' '$2 == "send" { n += $7 } END { print n + 0 }')
-		sent=$(awk '/^  bytes_sent:/ { print $2; exit }' "$dir/report.$r.yaml")
-		[ "$sent" = "$planned" ] || { echo "rank $r sent $sent, its plan $planned" >&2; return 1; }
+		sent_as_planned "$r" || return 1
 		[ "$r" -eq 0 ] || [ "$sent" -gt 0 ] || { echo "relay $r passed nothing on" >&2; return 1; }
 	done
 	sent=$(awk '/^  bytes_sent:/ { print $2; exit }' "$dir/report.0.yaml")
@@ -115,12 +122,9 @@ relay_from_a() { # TRANSPORT DEVICES_PER_NODE [demo.sh arguments...]
 	local transport=$1 np=$2
 	shift 2
 	demo "$transport" --np "$np" "$@" --model tiny-llama --from tp=1,pp=4,dp=2,zero=0 --to tp=1,pp=4,dp=4,zero=0
-	local dir=$BATS_TEST_TMPDIR/demo planned sent r from_a=0 fwd=()
+	local dir=$BATS_TEST_TMPDIR/demo sent r from_a=0 fwd=()
 	for ((r = 0; r < 16; r++)); do
-		planned=$("$VPS_BIN/vps-plan" --transfers --rank "$r" --format tsv "$dir/ab.plan" |
-			awk -F'\t' '$2 == "send" { n += $7 } END { print n + 0 }')
-		sent=$(awk '/^  bytes_sent:/ { print $2; exit }' "$dir/report.$r.yaml")
-		[ "$sent" = "$planned" ] || { echo "rank $r sent $sent, its plan $planned" >&2; return 1; }
+		sent_as_planned "$r" || return 1
 		fwd[r]=$("$VPS_BIN/vps-plan" --transfers --rank "$r" --format tsv "$dir/ab.plan" |
 			awk -F'\t' '$2 == "send" && $14 != 0 { n += $7 } END { print n + 0 }')
 		[ "$r" -ge 8 ] || from_a=$((from_a + fwd[r]))
@@ -230,12 +234,9 @@ per_rank() { # TRANSPORT DEVICES_PER_NODE
 relay_by_node() { # TRANSPORT [demo.sh arguments...]
 	demo "$1" --np 2 "${@:2}" --topology a800-testbed --model tiny-llama \
 		--from tp=1,pp=2,dp=4,zero=1 --to tp=1,pp=4,dp=4,zero=1
-	local dir=$BATS_TEST_TMPDIR/demo planned sent r fwd=0
+	local dir=$BATS_TEST_TMPDIR/demo sent r fwd=0
 	for ((r = 0; r < 16; r++)); do
-		planned=$("$VPS_BIN/vps-plan" --transfers --rank "$r" --format tsv "$dir/ab.plan" |
-			awk -F'\t' '$2 == "send" { n += $7 } END { print n + 0 }')
-		sent=$(awk '/^  bytes_sent:/ { print $2; exit }' "$dir/report.$r.yaml")
-		[ "$sent" = "$planned" ] || { echo "rank $r sent $sent, its plan $planned" >&2; return 1; }
+		sent_as_planned "$r" || return 1
 	done
 	for r in 4 5 6 7; do
 		# forwards (column 14) to a rank on another node (two a node)
@@ -268,12 +269,9 @@ relay_by_node() { # TRANSPORT [demo.sh arguments...]
 # from a holder; planned by every rank alone, the ranks agree.
 relay_direct() { # TRANSPORT TO TOPOLOGY [demo.sh arguments...]
 	demo "$1" --np 2 "${@:4}" --topology "$3" --model tiny-llama --from tp=1,pp=4,dp=4,zero=1 --to "$2"
-	local dir=$BATS_TEST_TMPDIR/demo planned sent r direct
+	local dir=$BATS_TEST_TMPDIR/demo sent r direct twice
 	for ((r = 0; r < 32; r++)); do
-		planned=$("$VPS_BIN/vps-plan" --transfers --rank "$r" --format tsv "$dir/ab.plan" |
-			awk -F'\t' '$2 == "send" { n += $7 } END { print n + 0 }')
-		sent=$(awk '/^  bytes_sent:/ { print $2; exit }' "$dir/report.$r.yaml")
-		[ "$sent" = "$planned" ] || { echo "rank $r sent $sent, its plan $planned" >&2; return 1; }
+		sent_as_planned "$r" || return 1
 	done
 	# the elements (box) of a tensor that two or more of its receivers take
 	# straight from a holder where each takes others of it from relays,
