@@ -68,6 +68,10 @@
 #define DUTY_MEMBERS 8
 /* Holders relay_weigh weighs a region's direct range by, at most. */
 #define DIRECT_HOLDERS 64
+/* Groups of holders whose entries relay_entry weighs by the members' time
+ * to spare (more: in turn), and the unit of a member's share. */
+#define ENTRY_GROUPS 4
+#define ENTRY_UNIT 4096
 
 /* What an A rank must send whatever the choices (bytes only it holds),
  * and its equal share of what it could send with other replicas. */
@@ -157,6 +161,9 @@ struct relay {
 	 * a holder, and relays pass on over their node's links alone
 	 * (relay_entry), not their own range into every other node */
 	bool entry_by_holders;
+	/* and which holder brings each in: member j of group g its share
+	 * entry_w[g][j] of the entries (of ENTRY_UNIT), all zero: in turn */
+	uint16_t entry_w[ENTRY_GROUPS][DUTY_MEMBERS];
 };
 
 #define RANGE_SCALE ((int64_t)1 << 30)
@@ -178,6 +185,7 @@ struct relay_memo {
 	bool weighted; /* RELAY_FREE's ranges, as relay_weigh cut them */
 	uint32_t cut[EXACT_REPLICAS + 2];
 	bool entry_by_holders; /* RELAY_FREE's routes (relay_entry) */
+	uint16_t entry_w[ENTRY_GROUPS][DUTY_MEMBERS];
 };
 
 /* Holders under A, less the lost ranks: every choice of a source reads
@@ -384,6 +392,7 @@ static vps_result_t relay_set(struct ctx *c, int64_t rb, const struct vps_region
 	rl->mixed = false;
 	rl->weighted = false;
 	rl->entry_by_holders = false;
+	memset(rl->entry_w, 0, sizeof(rl->entry_w));
 	c->hb.n = 0;
 	VPS_CHECK(vps_layout_holders(c->b, R->tensor, R->state, &R->box, &c->hb));
 	for (size_t k = 0; k < c->hb.n; k++) {
@@ -1078,8 +1087,54 @@ static int64_t range_of(const struct relay *rl, int64_t pos, int64_t bufsize)
 	return p;
 }
 
-static vps_result_t plan_cut(struct ctx *c, const struct group *g, const struct choice *ch, const struct relay *rl,
-			     int64_t d, const struct vps_region *R, int64_t bufsize, const struct vps_box *y,
+/* Whether group gi's entries go by the members' shares (relay_entry). */
+static bool entry_shared(const struct relay *rl, size_t gi, const struct group *g)
+{
+	if (!rl->entry_by_holders || gi >= ENTRY_GROUPS || g->nlocal || g->count > DUTY_MEMBERS)
+		return false;
+	for (int j = 0; j < DUTY_MEMBERS; j++)
+		if (rl->entry_w[gi][j])
+			return true;
+	return false;
+}
+
+/* The member of group gi that brings range p of the buffer into receiver
+ * rl->i's node from element pos on, and where its part ends (*stop). A
+ * range's entry into its own receiver's node goes from the members in
+ * turn, as every range does unweighed (duty_of's best counts it so); its
+ * entries into the other nodes, what the receivers would have passed on,
+ * are laid end to end in order (range, then node), each member its share
+ * of them (entry_w), cut within an entry where a share ends. */
+static int64_t entry_member(const struct relay *rl, size_t gi, int64_t p, int64_t pos, int64_t bufsize, int64_t k,
+			    int64_t *stop)
+{
+	const uint16_t *w = rl->entry_w[gi];
+	int64_t m = rl->nidx[rl->i], home = rl->nidx[p];
+	int64_t rs = range_start(rl, p, bufsize), len = range_start(rl, p + 1, bufsize) - rs;
+	*stop = rs + len;
+	if (m == home)
+		return (p * rl->nn + m) % k;
+	int64_t sum = 0, last = 0;
+	for (int j = 0; j < DUTY_MEMBERS; j++) {
+		sum += w[j];
+		if (w[j])
+			last = j;
+	}
+	int64_t items = rl->n * (rl->nn - 1), t = p * (rl->nn - 1) + (m < home ? m : m - 1);
+	/* in units of an entry's sum-th part */
+	int64_t u = t * sum + (len > 0 ? (pos - rs) * sum / len : 0), acc = 0, j = 0;
+	while (j < last && (!w[j] || u >= acc + w[j] * items)) {
+		acc += w[j] * items;
+		j++;
+	}
+	int64_t edge = acc + w[j] * items - t * sum;
+	if (j < last && edge < sum && len > 0)
+		*stop = rs + vps_ceil_div(edge * len, sum);
+	return j;
+}
+
+static vps_result_t plan_cut(struct ctx *c, const struct group *g, size_t gi, const struct choice *ch,
+			     const struct relay *rl, int64_t d, const struct vps_region *R, int64_t bufsize, const struct vps_box *y,
 			     int64_t only_src, struct vps_pieces *out)
 {
 	int64_t esize = (int64_t)vps_dtype_size(vps_region_dtype(R)), ext[VPS_MAX_DIMS];
@@ -1112,10 +1167,17 @@ static vps_result_t plan_cut(struct ctx *c, const struct group *g, const struct 
 		} else {
 			int64_t src;
 			size_t holder;
-			/* each range enters each node from a holder: the holders in turn */
-			int64_t idx = rl->entry_by_holders ? (p * rl->nn + rl->nidx[rl->i]) % ch->k
-				      : ch->served     ? (ch->start_w + ch->by[vps_min64(p, rl->n)]) % ch->k
-						       : ch->start;
+			/* each range enters each node from a holder: by their shares,
+			 * else the holders in turn */
+			int64_t idx, stop;
+			if (entry_shared(rl, gi, g)) {
+				idx = entry_member(rl, gi, p, pos, bufsize, ch->k, &stop);
+				if (x.contiguous)
+					end = vps_min64(end, vps_max64(stop - x.first, lo + 1));
+			} else
+				idx = rl->entry_by_holders ? (p * rl->nn + rl->nidx[rl->i]) % ch->k
+				      : ch->served	   ? (ch->start_w + ch->by[vps_min64(p, rl->n)]) % ch->k
+							   : ch->start;
 			candidate(c, g, idx, &src, &holder);
 			VPS_CHECK(emit_range(out, only_src, src, d, y, ext, x.vol, lo, end, &c->ha.v[holder].region, R));
 		}
@@ -1170,8 +1232,8 @@ static void serve_ranges(const struct relay *rl, struct choice *ch)
 }
 
 /* Group g's part of what is left of R (c->rem), taken out of c->rem. */
-static vps_result_t plan_group(struct ctx *c, const struct group *g, const struct relay *rl, int64_t ri, int64_t rn,
-			       int64_t rbase, int64_t d, const struct vps_region *R, int64_t bufsize, int64_t only_src,
+static vps_result_t plan_group(struct ctx *c, const struct group *g, size_t gi, const struct relay *rl, int64_t ri,
+			       int64_t rn, int64_t rbase, int64_t d, const struct vps_region *R, int64_t bufsize, int64_t only_src,
 			       struct vps_pieces *out)
 {
 	const struct vps_box *gbox = &c->ha.v[g->first].region.box;
@@ -1182,7 +1244,7 @@ static vps_result_t plan_group(struct ctx *c, const struct group *g, const struc
 	for (size_t i = 0; i < c->rem.n; i++) {
 		struct vps_box y;
 		if (vps_box_intersect(&c->rem.v[i], gbox, &y))
-			VPS_CHECK(plan_cut(c, g, &ch, rl, d, R, bufsize, &y, only_src, out));
+			VPS_CHECK(plan_cut(c, g, gi, &ch, rl, d, R, bufsize, &y, only_src, out));
 	}
 	return vps_boxes_subtract(&c->rem, &c->next, gbox);
 }
@@ -1837,10 +1899,13 @@ static void cut_at(struct relay *rl, const struct range_rooms *rr, double level)
  * much. Only where no receiver is at home
  * (relay_share's count is then what `route` does), and only where the
  * busiest gains more than 1% (the direct range: more than 1% over the
- * ranges without it); else equal ranges, the plan as before. Every rank
- * reads the same receivers and loads, so they cut alike. */
-static vps_result_t relay_weigh(struct ctx *c, struct relay *rl, const struct group *gs, size_t ng)
+ * ranges without it); else equal ranges, the plan as before. *when: the
+ * busiest one's time so cut, or in equal ranges (infinite with a receiver
+ * at home: not weighed). Every
+ * rank reads the same receivers and loads, so they cut alike. */
+static vps_result_t relay_weigh(struct ctx *c, struct relay *rl, const struct group *gs, size_t ng, double *when)
 {
+	*when = INFINITY;
 	int64_t own[EXACT_REPLICAS][2], relay[EXACT_REPLICAS][2], held[DIRECT_HOLDERS][2], extra[DIRECT_HOLDERS][2];
 	int64_t taken[EXACT_REPLICAS][2], more[EXACT_REPLICAS][2];
 	rl->weighted = false;
@@ -1884,19 +1949,36 @@ static vps_result_t relay_weigh(struct ctx *c, struct relay *rl, const struct gr
 	double level = water_level(ranges_room, &rr, rl->n, 1, least, equal);
 	rr.direct = nheld > 0;
 	double direct = rr.direct ? water_level(ranges_room, &rr, rl->n + 1, 1, least, equal) : INFINITY;
+	*when = equal;
 	if (direct < 0.99 * level && direct < 0.99 * equal) {
 		cut_at(rl, &rr, direct);
+		*when = direct;
 		return VPS_OK;
 	}
 	rr.direct = false;
-	if (level < 0.99 * equal)
+	if (level < 0.99 * equal) {
 		cut_at(rl, &rr, level);
+		*when = level;
+	}
 	return VPS_OK;
+}
+
+/* A group's members' room for their part of the entries, at time t
+ * (range_room's, of one range: the entries). */
+struct entry_rooms {
+	const struct ctx *c;
+	int64_t own[DUTY_MEMBERS][2], entries[2];
+};
+
+static double entry_room(const void *arg, int64_t j, double t)
+{
+	const struct entry_rooms *er = arg;
+	return range_room(er->c, er->own[j], er->entries, 1, t);
 }
 
 /* Whether rl's region, relayed by every free receiver and none of them at
  * home, should enter each of the receivers' nodes from the holders (each
- * range once a node, the holders in turn) rather than through its
+ * range once a node, the holders by their shares or in turn) rather than through its
  * receiver's NIC into every other node: where the receivers are devices of
  * A busy with their own sends and the holders have time to spare. In
  * llama2-7b-pp-down-back stage 1's receivers held stages 2 and 3 and sent
@@ -1909,15 +1991,24 @@ static vps_result_t relay_weigh(struct ctx *c, struct relay *rl, const struct gr
  * sends where every receiver relays (duty_of's best) and all it could
  * relay, plus, by the holders' entries, its share of what the region's
  * receivers would have passed on over their NICs. Taken where the busiest
- * of them gets faster by more than 1%. Every rank reads the same loads,
- * so they route alike. */
-static vps_result_t relay_entry(struct ctx *c, const struct vps_region *R, const struct relay *rl,
-				const struct group *gs, size_t ng, bool *yes)
+ * of them gets faster by more than 1%. The shares (rl->entry_w): where
+ * every group's members are its candidates for every receiver (apart, at
+ * most DUTY_MEMBERS, ENTRY_GROUPS groups), each member what lies below
+ * the water level above its own sends, if that makes the group's busiest
+ * member 1% faster than equal shares; else in turn. when[0]: the busiest
+ * device's time by the holders' entries, when[1] the busiest holder's
+ * where the receivers relay. Every rank reads the same loads, so they
+ * route and share alike. */
+static vps_result_t relay_entry(struct ctx *c, const struct vps_region *R, struct relay *rl, const struct group *gs,
+				size_t ng, bool *yes, double when[2])
 {
 	*yes = false;
+	when[0] = when[1] = INFINITY;
+	memset(rl->entry_w, 0, sizeof(rl->entry_w));
 	if (rl->home_idx >= 0 || rl->nn < 2 || rl->n <= rl->nn)
 		return VPS_OK;
 	double routed = 0, entered = 0; /* the busiest device's time, by either route */
+	double held = 0;                 /* the busiest holder's, routed */
 	int64_t exported = 0;           /* what the receivers pass on over NICs */
 	for (int64_t q = 0; q < rl->n; q++) {
 		int64_t a = vps_world_a_rank(c->w, rl->world[q]), own[2] = {0, 0};
@@ -1934,13 +2025,21 @@ static vps_result_t relay_entry(struct ctx *c, const struct vps_region *R, const
 		entered = fmax(entered, link_time(c, nvlink, own[1]));
 		exported = vps_sat_add(exported, f.bytes[1]);
 	}
+	/* shares by time to spare where every receiver takes every group's
+	 * members as the same candidates (none on its node) */
+	bool shares = ng <= ENTRY_GROUPS && apart(c, rl, gs, ng);
+	for (size_t gi = 0; gi < ng && shares; gi++)
+		shares = gs[gi].count <= DUTY_MEMBERS;
 	double whole = (double)vps_box_volume(&R->box);
 	for (size_t gi = 0; gi < ng && whole > 0; gi++) {
 		struct vps_box x;
 		if (!vps_box_intersect(&c->ha.v[gs[gi].first].region.box, &R->box, &x))
 			continue;
-		int64_t extra = (int64_t)((double)exported * ((double)vps_box_volume(&x) / whole) / (double)gs[gi].count);
-		for (int64_t j = 0; j < vps_min64(gs[gi].count, DUTY_MEMBERS); j++) {
+		double group = (double)exported * ((double)vps_box_volume(&x) / whole);
+		int64_t members = vps_min64(gs[gi].count, DUTY_MEMBERS);
+		struct entry_rooms er = {.c = c, .entries = {0, (int64_t)group}};
+		double most = 0; /* a member's time, were it to bring in all */
+		for (int64_t j = 0; j < members; j++) {
 			int64_t ra;
 			size_t h;
 			struct duty d;
@@ -1949,12 +2048,85 @@ static vps_result_t relay_entry(struct ctx *c, const struct vps_region *R, const
 			VPS_CHECK(duty_of(c, ra, &d));
 			VPS_CHECK(relay_bound(c, vps_world_of_device(c->w, vps_layout_device(c->a, ra)), &f));
 			int64_t nvlink = vps_sat_add(d.best[0], f.bytes[0]), nic = vps_sat_add(d.best[1], f.bytes[1]);
-			routed = fmax(routed, link_time(c, nvlink, nic));
-			entered = fmax(entered, link_time(c, nvlink, vps_sat_add(d.best[1], extra)));
+			held = fmax(held, link_time(c, nvlink, nic));
+			er.own[j][0] = nvlink;
+			er.own[j][1] = d.best[1];
+			most = fmax(most, link_time(c, nvlink, vps_sat_add(d.best[1], er.entries[1])));
 		}
+		/* in turn: each member an equal part */
+		int64_t part = (int64_t)(group / (double)gs[gi].count);
+		double equal = 0, weighed = 0;
+		for (int64_t j = 0; j < members; j++)
+			equal = fmax(equal, link_time(c, er.own[j][0], vps_sat_add(er.own[j][1], part)));
+		if (!shares || er.entries[1] <= 0) {
+			entered = fmax(entered, equal);
+			continue;
+		}
+		/* else each member its part up to the least time all of it fits
+		 * in: a member with time to spare beside what it sends anyway
+		 * brings in most (llama2-7b-pp-up: stage 0's dp3 members keep
+		 * their ZeRO-1 shards and send a tenth of what the others do) */
+		double level = water_level(entry_room, &er, members, 1, 0, most), room[DUTY_MEMBERS], sum = 0;
+		for (int64_t j = 0; j < members; j++)
+			sum += room[j] = entry_room(&er, j, level);
+		int total = 0;
+		for (int64_t j = 0; j < members && sum > 0; j++) {
+			weighed = fmax(weighed, link_time(c, er.own[j][0],
+							  vps_sat_add(er.own[j][1], (int64_t)(room[j] / sum * group))));
+			rl->entry_w[gi][j] = (uint16_t)lround(room[j] / sum * ENTRY_UNIT);
+			total += rl->entry_w[gi][j];
+		}
+		/* shares only where they gain: else in turn, with no new peers */
+		if (!total || !(weighed < 0.99 * equal)) {
+			memset(rl->entry_w[gi], 0, sizeof(rl->entry_w[gi]));
+			weighed = equal;
+		}
+		entered = fmax(entered, weighed);
 	}
+	routed = fmax(routed, held);
 	*yes = entered < 0.99 * routed;
+	when[0] = entered;
+	when[1] = held;
+	if (!*yes)
+		memset(rl->entry_w, 0, sizeof(rl->entry_w));
 	return VPS_OK;
+}
+
+/* How rl's region goes, relayed by every free receiver: node by node
+ * from its holders (relay_entry: *by_holders), else through its receivers
+ * in ranges sized to what each has to spare (relay_weigh); where both
+ * apply, the one whose busiest device is the less busy (node by node on a
+ * tie): ranged, the busiest receiver's time, with the busiest holder's
+ * where the receivers relay (relay_weigh weighs the holders only for a
+ * direct range; without it, llama2-*-pp-down went ranged for nothing,
+ * their NICs' time the same and 3% more bytes moved). In
+ * llama2-70b-tp-down-back stage 1's receivers on one node have time to
+ * spare and those on the other none: ranges sized to that, with a range
+ * from the holders into each node, beat the holders bringing all of it
+ * in (1.13x the relayed floor -> 1.05x; -13b 1.09x -> 1.06x). */
+static vps_result_t relay_route(struct ctx *c, const struct vps_region *R, struct relay *rl, const struct group *gs,
+				size_t ng, bool *by_holders)
+{
+	double entered[2], weighed;
+	VPS_CHECK(relay_entry(c, R, rl, gs, ng, by_holders, entered));
+	if (!*by_holders)
+		return relay_weigh(c, rl, gs, ng, &weighed);
+	struct relay *ranged = vps_malloc(sizeof(*ranged));
+	if (!ranged)
+		return VPS_ENOMEM;
+	*ranged = *rl;
+	vps_result_t rc = relay_weigh(c, ranged, gs, ng, &weighed);
+	/* ranged, the holders send as routed, but for a direct range (weighed
+	 * with their time) */
+	bool direct = ranged->weighted && ranged->cut[ranged->n] < ranged->cut[ranged->n + 1];
+	if (!rc && (direct ? weighed : fmax(weighed, entered[1])) < entered[0]) {
+		*by_holders = false;
+		rl->weighted = ranged->weighted;
+		memcpy(rl->cut, ranged->cut, sizeof(rl->cut));
+		memset(rl->entry_w, 0, sizeof(rl->entry_w));
+	}
+	free(ranged);
+	return rc;
 }
 
 /* Whether region R of B rank rb on world rank d is relayed, and through
@@ -2042,9 +2214,7 @@ static vps_result_t relay_wanted(struct ctx *c, int64_t d, int64_t rb, const str
 				light = light && relay_gains(c, R, rl, gs, ng, &inbound) && (inbound || !need_inbound);
 				if (light) {
 					choice = RELAY_FREE;
-					VPS_CHECK(relay_entry(c, R, rl, gs, ng, &entry_by_holders));
-					if (!entry_by_holders)
-						VPS_CHECK(relay_weigh(c, rl, gs, ng));
+					VPS_CHECK(relay_route(c, R, rl, gs, ng, &entry_by_holders));
 				} else
 					VPS_CHECK(relay_set(c, rb, R, false, rl));
 			}
@@ -2062,6 +2232,8 @@ static vps_result_t relay_wanted(struct ctx *c, int64_t d, int64_t rb, const str
 						 .entry_by_holders = choice == RELAY_FREE && entry_by_holders};
 			if (m->weighted)
 				memcpy(m->cut, rl->cut, sizeof(m->cut));
+			if (m->entry_by_holders)
+				memcpy(m->entry_w, rl->entry_w, sizeof(m->entry_w));
 		}
 		if (m->choice == RELAY_NONE)
 			return VPS_OK;
@@ -2070,6 +2242,8 @@ static vps_result_t relay_wanted(struct ctx *c, int64_t d, int64_t rb, const str
 			memcpy(rl->cut, m->cut, sizeof(rl->cut));
 		}
 		entry_by_holders = m->entry_by_holders;
+		if (entry_by_holders)
+			memcpy(rl->entry_w, m->entry_w, sizeof(rl->entry_w));
 		if (m->choice == RELAY_JOINING && rl->mixed)
 			VPS_CHECK(relay_set(c, rb, R, false, rl));
 	}
@@ -2106,7 +2280,7 @@ static vps_result_t plan_region(struct ctx *c, int64_t d, int64_t rb, const stru
 	if (!rc)
 		rc = relay_wanted(c, d, rb, R, gs, ng, &rl, &relayed);
 	for (size_t gi = 0; !rc && gi < ng && c->rem.n; gi++)
-		rc = plan_group(c, &gs[gi], relayed ? &rl : NULL, ri, rn, rbase, d, R, bufsize, only_src, out);
+		rc = plan_group(c, &gs[gi], gi, relayed ? &rl : NULL, ri, rn, rbase, d, R, bufsize, only_src, out);
 	free(gs);
 	/* what no survivor holds is a lost range (vps_plan_compute refused it
 	 * unless allowed): a hole the trainer reloads */

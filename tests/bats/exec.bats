@@ -229,8 +229,11 @@ per_rank() { # TRANSPORT DEVICES_PER_NODE
 # stage 1 lies on the devices of A's stage 1 (world ranks 4-7, nodes 2
 # and 3), busy sending their own stage to the joining devices: each range
 # enters each of their nodes from a holder, and they pass it on to their
-# node-mate alone. Every rank sends what its plan says, --check proves
-# every byte, and planned by every rank alone, the ranks agree.
+# node-mate alone. Of the holders (A's stage 0, ranks 0-3) rank 3 keeps
+# its ZeRO-1 shards and has time to spare: it brings in more than twice
+# the parameters any other does ("Entries by time to spare"). Every rank
+# sends what its plan says, --check proves every byte, and planned by
+# every rank alone, the ranks agree.
 relay_by_node() { # TRANSPORT [demo.sh arguments...]
 	demo "$1" --np 2 "${@:2}" --topology a800-testbed --model tiny-llama \
 		--from tp=1,pp=2,dp=4,zero=1 --to tp=1,pp=4,dp=4,zero=1
@@ -247,6 +250,16 @@ relay_by_node() { # TRANSPORT [demo.sh arguments...]
 		fwd=$((fwd + n))
 	done
 	[ "$fwd" -gt 0 ] || { echo "no device of A passed anything on" >&2; return 1; }
+	# parameters each holder sends to another node
+	local -a brought
+	for r in 0 1 2 3; do
+		brought[r]=$("$VPS_BIN/vps-plan" --transfers --rank "$r" --state param --format tsv "$dir/ab.plan" |
+			awk -F'\t' -v r="$r" '$2 == "send" && int($3 / 2) != int(r / 2) { n += $7 } END { print n + 0 }')
+	done
+	for r in 0 1 2; do
+		[ "${brought[3]}" -gt $((2 * brought[r])) ] ||
+			{ echo "rank 3 brought in ${brought[3]} bytes of parameters, rank $r ${brought[r]}" >&2; return 1; }
+	done
 }
 @test "tcp: busy devices of A pass on within their node only, each range entering it from a holder" {
 	relay_by_node tcp

@@ -23,6 +23,38 @@ struct tcase {
 	int64_t gpn_a, first_a, gpn_b, first_b;
 };
 
+/* Rank r's plan of case c, planned alone (relay mode relay, weighed on
+ * topo), is global plan p's part. */
+static void rank_part_same(const struct tcase *c, const struct vps_plan *p, int64_t r, enum vps_relay relay,
+			   const struct vps_topology *topo)
+{
+	struct vps_layout *a2 = test_layout(c->model, c->from, c->gpn_a, c->first_a);
+	struct vps_layout *b2 = test_layout(c->model, c->to, c->gpn_b, c->first_b);
+	struct vps_plan_opts ro = VPS_PLAN_OPTS_INIT;
+	ro.rank = r;
+	ro.relay_mode = relay;
+	ro.topology = topo;
+	struct vps_plan *q = NULL;
+	CHECK_OK(vps_plan_compute(&q, a2, b2, &ro));
+	if (!q)
+		return;
+	size_t k = 0, want = 0;
+	bool same = true;
+	for (size_t i = 0; i < p->npieces; i++) {
+		const struct vps_piece *x = &p->pieces[i];
+		if (x->src != r && x->dst != r)
+			continue;
+		want++;
+		if (k >= q->npieces || !piece_eq(x, &q->pieces[k]))
+			same = false;
+		k++;
+	}
+	if (!same || want != q->npieces)
+		harness_fail(__FILE__, __LINE__, "%s %s -> %s: rank %lld's plan (%zu pieces) differs from the "
+			     "global plan's (%zu)", c->model, c->from, c->to, (long long)r, q->npieces, want);
+	vps_plan_free(q);
+}
+
 /* Case c planned globally (exact) and, per_rank, by each rank alone (the
  * global plan's part), with relay mode relay, weighed on topo (NULL: by
  * bytes). */
@@ -42,36 +74,8 @@ static void run_case_on(const struct tcase *c, bool per_rank, enum vps_relay rel
 	char what[512];
 	snprintf(what, sizeof(what), "%s %s -> %s", c->model, c->from, c->to);
 	job_plan_exact(p, what);
-	if (per_rank) {
-		int64_t W = vps_world_size(p->world);
-		for (int64_t r = 0; r < W; r++) {
-			struct vps_layout *a2 = test_layout(c->model, c->from, c->gpn_a, c->first_a);
-			struct vps_layout *b2 = test_layout(c->model, c->to, c->gpn_b, c->first_b);
-			struct vps_plan_opts ro = VPS_PLAN_OPTS_INIT;
-			ro.rank = r;
-			ro.relay_mode = relay;
-			ro.topology = topo;
-			struct vps_plan *q = NULL;
-			CHECK_OK(vps_plan_compute(&q, a2, b2, &ro));
-			if (!q)
-				continue;
-			size_t k = 0, want = 0;
-			bool same = true;
-			for (size_t i = 0; i < p->npieces; i++) {
-				const struct vps_piece *x = &p->pieces[i];
-				if (x->src != r && x->dst != r)
-					continue;
-				want++;
-				if (k >= q->npieces || !piece_eq(x, &q->pieces[k]))
-					same = false;
-				k++;
-			}
-			if (!same || want != q->npieces)
-				harness_fail(__FILE__, __LINE__, "%s %s -> %s: rank %lld's plan (%zu pieces) differs from the "
-					     "global plan's (%zu)", c->model, c->from, c->to, (long long)r, q->npieces, want);
-			vps_plan_free(q);
-		}
-	}
+	for (int64_t r = 0; per_rank && r < vps_world_size(p->world); r++)
+		rank_part_same(c, p, r, relay, topo);
 	vps_plan_free(p);
 }
 
@@ -980,4 +984,88 @@ TEST(holders_with_time_to_spare_send_a_range_to_every_receiver)
 		}
 		check_faster_and_free(p, s);
 	}
+}
+
+/* The parameters' bytes each A rank of plan p sends into nodes other than
+ * its own from its A buffers (not relays' forwards), by A rank (below
+ * RANKS_COUNTED). */
+#define RANKS_COUNTED 64
+static void entries_by_holder(const struct vps_plan *p, int64_t by_rank[RANKS_COUNTED])
+{
+	memset(by_rank, 0, RANKS_COUNTED * sizeof(*by_rank));
+	for (size_t k = 0; k < p->npieces; k++) {
+		const struct vps_piece *x = &p->pieces[k];
+		int64_t ra = vps_world_a_rank(p->world, x->src);
+		if (x->src == x->dst || (x->src_buffer & VPS_BUFFER_TARGET) || ra < 0 || ra >= RANKS_COUNTED ||
+		    x->state != VPS_STATE_PARAM ||
+		    vps_world_device(p->world, x->src).node == vps_world_device(p->world, x->dst).node)
+			continue;
+		by_rank[ra] += vps_piece_bytes(x);
+	}
+}
+
+/* Where a relayed region enters each of its receivers' nodes from its
+ * holders (relay_entry), they bring the entries in by their time to spare,
+ * not in turn (docs/relay.md, "Entries by time to spare"): tiny-llama from
+ * pp=2, dp=4 to pp=4 on nodes of two, like llama2-7b-pp-up: B's stage 1
+ * (the second half of A's stage 0) lies on the devices of A's stage 1,
+ * busy with their own; of A's stage 0 (A ranks 0 to 3), the last
+ * data-parallel rank keeps its ZeRO-1 shards (B's stage 0 holds the same
+ * part of the same layers there) and has its NIC to spare. It brings in
+ * more than twice the parameters any other does (in turn, as before, they
+ * brought in alike), every element lands right, a rank's plan is the
+ * global plan's part, and the plan is faster than without relays. */
+TEST(holders_bring_entries_in_by_their_time_to_spare)
+{
+	const struct tcase c = {"tiny-llama", "tp=1,pp=2,dp=4,zero=1", "tp=1,pp=4,dp=4,zero=1", 2, 0, 2, 0};
+	struct vps_topology topo = {.name = "t", .gpus_per_node = 2, .intra_node_bandwidth = 200e9,
+				    .inter_node_bandwidth = 25e9, .memory_bandwidth = 1.9e12, .latency = 1e-9};
+	run_case_on(&c, true, VPS_RELAY_AUTO, &topo);
+	struct vps_plan *p[2];
+	struct vps_plan_stats s[2];
+	plan_never_and_auto(&c, &topo, &topo, p, s);
+	if (p[1]) {
+		int64_t by[RANKS_COUNTED];
+		entries_by_holder(p[1], by);
+		for (int r = 0; r < 3; r++)
+			if (!(by[3] > 2 * by[r]))
+				harness_fail(__FILE__, __LINE__, "A rank 3 brings in %lld bytes of parameters, rank %d %lld",
+					     (long long)by[3], r, (long long)by[r]);
+	}
+	check_faster_and_free(p, s);
+}
+
+/* Where a region may go node by node from its holders and through its
+ * receivers in ranges sized to what each spares, it takes the one whose
+ * busiest device is the less busy (relay_route): llama2-70b (its layouts
+ * too large to fill: each route is proven exact on tiny models above)
+ * from tp=2 to tp=4 (pp=4, dp=4, ZeRO-1, half the devices joining) on
+ * a800-testbed.
+ * B's stage 1 lies on nodes 2 and 3, the devices of A's stages 2 and 3:
+ * node 2's send their stage to joining devices that relay it, and have
+ * time to spare; node 3's none. Node by node, stage 1's holders brought
+ * all of it in, 1.13x the relayed floor; ranged, node 2's devices pass on
+ * what they spare, within 1.08x. A rank's plan is the global plan's part,
+ * all of B is planned once (check_faster_and_free: the bytes of the plan
+ * without relays), and faster than without relays. */
+TEST(a_region_goes_node_by_node_or_ranged_whichever_is_faster)
+{
+	static const struct tcase c = {"llama2-70b", "tp=2,pp=4,dp=4,zero=1", "tp=4,pp=4,dp=4,zero=1", 8, 0, 8, 0};
+	struct vps_topology topo;
+	CHECK_OK(vps_topology_load(&topo, "a800-testbed", CONFIGS "/topologies"));
+	struct vps_plan *p[2];
+	struct vps_plan_stats s[2];
+	plan_never_and_auto(&c, &topo, &topo, p, s);
+	if (p[1]) {
+		/* a holder (node 1), receivers on nodes 2 and 3, a joining device */
+		static const int64_t ranks[] = {13, 17, 25, 40};
+		for (size_t i = 0; i < sizeof(ranks) / sizeof(ranks[0]); i++)
+			rank_part_same(&c, p[1], ranks[i], VPS_RELAY_AUTO, &topo);
+		struct vps_time_floor floor;
+		CHECK_OK(vps_time_floor_relayed(p[1]->a, p[1]->b, &topo, &floor));
+		if (!(s[1].estimate_seconds < 1.08 * floor.seconds))
+			harness_fail(__FILE__, __LINE__, "the estimate %.4f s, %.3fx the relayed floor", s[1].estimate_seconds,
+				     s[1].estimate_seconds / floor.seconds);
+	}
+	check_faster_and_free(p, s);
 }
