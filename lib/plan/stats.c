@@ -311,12 +311,18 @@ static int64_t g_maxflow(struct graph *g, int S, int T, int *queue)
 	return flow;
 }
 
-/* Whether every class's bytes can be sent with no sender above cap. */
-static vps_result_t feasible(const struct demand *dm, size_t nd, const int64_t *senders, size_t ns, int64_t cap,
-			     int64_t total, bool *ok)
+/* Which of a sender's links (bit l: link l) a demand's bytes may take
+ * from replica rank, for flow_feasible. */
+typedef unsigned (*links_fn)(const void *arg, const struct demand *d, int64_t rank);
+
+/* Whether every demand's bytes can be sent by its replicas, each sender's
+ * link l (of nlinks) carrying at most cap[l]: a max-flow from the demands
+ * through the links they may take (links) to the sink. */
+static vps_result_t flow_feasible(const struct demand *dm, size_t nd, const int64_t *senders, size_t ns, int nlinks,
+				  const int64_t *cap, links_fn links, const void *arg, int64_t total, bool *ok)
 {
 	struct graph g;
-	int S = (int)(nd + ns), T = S + 1;
+	int S = (int)(nd + (size_t)nlinks * ns), T = S + 1;
 	vps_result_t rc = g_init(&g, T + 1);
 	int *queue = vps_malloc((size_t)(T + 1) * sizeof(int));
 	if (!queue)
@@ -325,15 +331,35 @@ static vps_result_t feasible(const struct demand *dm, size_t nd, const int64_t *
 		rc = g_add(&g, S, (int)i, dm[i].bytes);
 		for (size_t k = 0; !rc && k < dm[i].nranks; k++) {
 			int64_t *pos = bsearch(&dm[i].ranks[k], senders, ns, sizeof(*senders), vps_int64_cmp);
-			rc = g_add(&g, (int)i, (int)(nd + (size_t)(pos - senders)), INT64_MAX / 4);
+			size_t j = (size_t)(pos - senders);
+			unsigned mask = links(arg, &dm[i], dm[i].ranks[k]);
+			for (int l = 0; !rc && l < nlinks; l++)
+				if (mask >> l & 1)
+					rc = g_add(&g, (int)i, (int)(nd + (size_t)nlinks * j + (size_t)l), INT64_MAX / 4);
 		}
 	}
 	for (size_t j = 0; !rc && j < ns; j++)
-		rc = g_add(&g, (int)(nd + j), T, cap);
+		for (int l = 0; !rc && l < nlinks; l++)
+			rc = g_add(&g, (int)(nd + (size_t)nlinks * j + (size_t)l), T, cap[l]);
 	*ok = !rc && g_maxflow(&g, S, T, queue) >= total;
 	free(queue);
 	g_free(&g);
 	return rc;
+}
+
+static unsigned any_link(const void *arg, const struct demand *d, int64_t rank)
+{
+	(void)arg;
+	(void)d;
+	(void)rank;
+	return 1;
+}
+
+/* Whether every class's bytes can be sent with no sender above cap. */
+static vps_result_t feasible(const struct demand *dm, size_t nd, const int64_t *senders, size_t ns, int64_t cap,
+			     int64_t total, bool *ok)
+{
+	return flow_feasible(dm, nd, senders, ns, 1, &cap, any_link, NULL, total, ok);
 }
 
 /* The replica classes of the moved pieces. A piece's class is the set of A
@@ -755,6 +781,14 @@ static vps_result_t balanced_send_bound(const struct vps_plan *p, int64_t max_se
 
 /* ---- the best time the topology allows ---- */
 
+/* NVLink (bit 0) where a destination of d may sit on the sender's node,
+ * the NIC (bit 1) where one may sit elsewhere. */
+static unsigned node_links(const void *arg, const struct demand *d, int64_t rank)
+{
+	int32_t node = vps_world_device(((const struct vps_plan *)arg)->world, rank).node;
+	return (unsigned)(node >= d->node && node <= d->node_hi) | (unsigned)!(d->node == d->node_hi && node == d->node) << 1;
+}
+
 /* Whether every class can be sent within t seconds: each sender has an
  * NVLink and a NIC capacity of t times its bandwidth, and a class reaches a
  * replica's NVLink when the replica is on a node of the class's
@@ -762,37 +796,9 @@ static vps_result_t balanced_send_bound(const struct vps_plan *p, int64_t max_se
 static vps_result_t time_feasible(const struct vps_plan *p, const struct vps_topology *topo, const struct demand *tc,
 				  size_t nc, const int64_t *senders, size_t ns, int64_t total, double t, bool *ok)
 {
-	struct graph g;
-	int S = (int)(nc + 2 * ns), T = S + 1;
-	vps_result_t rc = g_init(&g, T + 1);
-	int *queue = vps_malloc((size_t)(T + 1) * sizeof(int));
-	if (!queue)
-		rc = VPS_ENOMEM;
-	for (size_t i = 0; !rc && i < nc; i++) {
-		rc = g_add(&g, S, (int)i, tc[i].bytes);
-		for (size_t k = 0; !rc && k < tc[i].nranks; k++) {
-			int64_t *pos = bsearch(&tc[i].ranks[k], senders, ns, sizeof(*senders), vps_int64_cmp);
-			size_t j = (size_t)(pos - senders);
-			int32_t node = vps_world_device(p->world, tc[i].ranks[k]).node;
-			/* NVLink where a destination may sit on the sender's node, the
-			 * NIC where one may sit elsewhere */
-			if (node >= tc[i].node && node <= tc[i].node_hi)
-				rc = g_add(&g, (int)i, (int)(nc + 2 * j), INT64_MAX / 4);
-			if (!rc && !(tc[i].node == tc[i].node_hi && node == tc[i].node))
-				rc = g_add(&g, (int)i, (int)(nc + 2 * j + 1), INT64_MAX / 4);
-		}
-	}
-	double cap_intra = fmin(t * topo->intra_node_bandwidth, (double)(INT64_MAX / 4));
-	double cap_inter = fmin(t * topo->inter_node_bandwidth, (double)(INT64_MAX / 4));
-	for (size_t j = 0; !rc && j < ns; j++) {
-		rc = g_add(&g, (int)(nc + 2 * j), T, (int64_t)cap_intra);
-		if (!rc)
-			rc = g_add(&g, (int)(nc + 2 * j + 1), T, (int64_t)cap_inter);
-	}
-	*ok = !rc && g_maxflow(&g, S, T, queue) >= total;
-	free(queue);
-	g_free(&g);
-	return rc;
+	const int64_t cap[2] = {(int64_t)fmin(t * topo->intra_node_bandwidth, (double)(INT64_MAX / 4)),
+				(int64_t)fmin(t * topo->inter_node_bandwidth, (double)(INT64_MAX / 4))};
+	return flow_feasible(tc, nc, senders, ns, 2, cap, node_links, p, total, ok);
 }
 
 /* The least time in which every demand goes through, raised into *best:
