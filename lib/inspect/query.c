@@ -21,7 +21,7 @@ const struct vps_field vps_transfer_fields[] = {
 	{"tensor", VPS_FIELD_STR},     {"state", VPS_FIELD_STR},      {"box", VPS_FIELD_BOX},
 	{"bytes", VPS_FIELD_INT},      {"src_buffer", VPS_FIELD_INT}, {"src_offset", VPS_FIELD_INT},
 	{"dst_buffer", VPS_FIELD_INT}, {"dst_offset", VPS_FIELD_INT}, {"stage", VPS_FIELD_INT},
-	{"chunk", VPS_FIELD_INT},      {"forward", VPS_FIELD_INT},
+	{"chunk", VPS_FIELD_INT},      {"forward", VPS_FIELD_INT},    {"piece", VPS_FIELD_INT},
 };
 const size_t vps_transfer_nfields = sizeof(vps_transfer_fields) / sizeof(*vps_transfer_fields);
 /* The columns of vps_transfer_fields put_transfer names a transit area in. */
@@ -313,6 +313,7 @@ struct xrec {
 	struct vps_box box;
 	int64_t src_buffer, src_offset, dst_buffer, dst_offset;
 	int64_t stage, chunk;
+	int64_t piece; /* its index in the plan, as vps-verify and vps-stage name it */
 };
 
 static vps_result_t put_transfer(struct vps_records *rec, const struct vps_model *m, struct name_cache *nc,
@@ -338,6 +339,7 @@ static vps_result_t put_transfer(struct vps_records *rec, const struct vps_model
 		{.i = x->stage},
 		{.i = x->chunk},
 		{.i = vps_buffer_hop(x->src_buffer)},
+		{.i = x->piece},
 	};
 	/* a transit area is a buffer of neither layout: YAML and JSON name it
 	 * `transit`, TSV (a column of numbers, for awk) keeps its number,
@@ -394,7 +396,7 @@ vps_result_t vps_query_transfers(const struct vps_plan *p, const struct vps_quer
 		    (q->state >= 0 && x->state != q->state))
 			continue;
 		struct xrec r = {rank, x->src, x->dst, x->tensor, x->state, x->dtype, x->box, x->src_buffer, x->src_offset,
-				 x->dst_buffer, x->dst_offset, -1, -1};
+				 x->dst_buffer, x->dst_offset, -1, -1, (int64_t)it.i - 1};
 		VPS_CHECK_GOTO(put_transfer(&rec, m, &nc, &r), rc, done);
 	}
 	rc = vps_records_end(&rec);
@@ -507,7 +509,7 @@ static vps_result_t flat_op(struct staged_ctx *c, size_t xi, size_t k)
 		for (int j = 0; j < np; j++) {
 			struct xrec r = {c->rank,	x->src, x->dst, pc->tensor, pc->state, pc->dtype, parts[j], pc->src_buffer,
 					 pc->src_offset + starts[j], pc->dst_buffer, pc->dst_offset + starts[j],
-					 x->stage,	x->chunk};
+					 x->stage,	x->chunk, (int64_t)e->piece};
 			for (int d = 0; d < r.box.ndim; d++) {
 				r.box.lo[d] += pc->box.lo[d];
 				r.box.hi[d] += pc->box.lo[d];
@@ -545,7 +547,7 @@ static vps_result_t staged_op(struct staged_ctx *c, size_t xi, size_t k)
 		sub.hi[d] += pc->box.lo[d];
 	}
 	struct xrec r = {c->rank,      x->src,	      x->dst,	     pc->tensor, pc->state, pc->dtype, sub,
-			 o->src_buffer, o->src_offset, o->dst_buffer, o->dst_offset, x->stage, x->chunk};
+			 o->src_buffer, o->src_offset, o->dst_buffer, o->dst_offset, x->stage, x->chunk, o->piece};
 	return put_transfer(c->rec, vps_layout_model(p->a), &c->nc, &r);
 }
 

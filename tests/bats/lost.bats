@@ -103,8 +103,9 @@ tp2() {
 	for r in 0 2 3 4 5; do
 		vps-plan -q --lost 1 --rank $r a.layout b.layout | vps-stage -q --budget 1MiB - -o s.$r.staged
 		vps-verify -q s.$r.staged
-		vps-plan --lost 1 --rank $r --transfers a.layout b.layout --format tsv > mine.$r
-		vps-plan --transfers --rank $r p.yaml --format tsv > global.$r
+		# the same records; the pieces numbered in each plan (column 15)
+		vps-plan --lost 1 --rank $r --transfers a.layout b.layout --format tsv | cut -f1-14 > mine.$r
+		vps-plan --transfers --rank $r p.yaml --format tsv | cut -f1-14 > global.$r
 		cmp mine.$r global.$r
 	done
 }

@@ -124,7 +124,7 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	# the joining ranks sent what their plans forward, and something
 	forwarded=0
 	for r in 4 5 6 7; do
-		planned=$(vps-plan --transfers --rank $r --format tsv r/*.plan | awk -F'\t' '$2 == "send" && $NF > 0 { n += $7 } END { print n + 0 }')
+		planned=$(vps-plan --transfers --rank $r --format tsv r/*.plan | awk -F'\t' '$2 == "send" && $14 > 0 { n += $7 } END { print n + 0 }')
 		sent=$(awk '/^  bytes_sent:/ { print $2; exit }' r/report.1.$r.yaml)
 		[ "$sent" = "$planned" ]
 		forwarded=$((forwarded + sent))

@@ -9,7 +9,7 @@ load helpers
 
 # The columns the man pages document, in order.
 HOLDER_COLUMNS="tensor state ranks base stride count buffer box offset strides bytes"
-TRANSFER_COLUMNS="rank direction peer tensor state box bytes src_buffer src_offset dst_buffer dst_offset stage chunk forward"
+TRANSFER_COLUMNS="rank direction peer tensor state box bytes src_buffer src_offset dst_buffer dst_offset stage chunk forward piece"
 
 # holders.py RECORDS.jsonl RANKS.yaml GLOB STATE BOX: the records, their
 # ranks expanded from base/stride/count, must be exactly the regions of the
@@ -174,7 +174,8 @@ PY
 }
 
 # transfers.py RECORDS.jsonl PLAN.yaml RANK PEER GLOB STATE: the records are
-# the plan's pieces with RANK at one end, filtered, in the plan's order.
+# the plan's pieces with RANK at one end, filtered, in the plan's order,
+# each with its index in the plan.
 write_transfers_py() {
 	cat >transfers.py <<'PY'
 import fnmatch, json, sys, yaml
@@ -182,7 +183,7 @@ recs = [json.loads(l) for l in open(sys.argv[1])]
 plan = yaml.safe_load(open(sys.argv[2]))
 rank, peer, glob, state = int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
 want = []
-for p in plan["pieces"]:
+for i, p in enumerate(plan["pieces"]):
     if rank not in (p["src"], p["dst"]):
         continue
     other = p["dst"] if p["src"] == rank else p["src"]
@@ -198,7 +199,7 @@ for p in plan["pieces"]:
                  "peer": other, "tensor": p["tensor"], "state": p["state"], "box": p["box"], "bytes": n,
                  "src_buffer": p["src_buffer"] & 0x7fffffff, "src_offset": p["src_offset"],
                  "dst_buffer": p["dst_buffer"], "dst_offset": p["dst_offset"], "stage": -1, "chunk": -1,
-                 "forward": p["src_buffer"] >> 31})
+                 "forward": p["src_buffer"] >> 31, "piece": i})
 assert recs == want, (len(recs), len(want), recs[:1], want[:1])
 print(len(recs))
 PY
@@ -214,12 +215,19 @@ PY
 	vps-plan a.layout b.layout --yaml >ab.yaml
 	local r
 	for r in 0 3 6 9; do
-		vps-plan a.layout b.layout --rank $r --transfers --format json >from-layouts
-		"$PY" transfers.py from-layouts ab.yaml $r -1 '*' -
+		# the plan file's records: its pieces, numbered in it
 		vps-plan --transfers --rank $r --format json ab.plan >from-plan
-		cmp from-layouts from-plan
+		"$PY" transfers.py from-plan ab.yaml $r -1 '*' -
+		# planned from the layouts, the rank's own plan: the same pieces,
+		# numbered in that plan
+		vps-plan a.layout b.layout --rank $r --yaml >own.yaml
+		vps-plan a.layout b.layout --rank $r --transfers --format json >from-layouts
+		"$PY" transfers.py from-layouts own.yaml $r -1 '*' -
+		sed 's/,"piece":[0-9]*}$/}/' from-layouts >a.json
+		sed 's/,"piece":[0-9]*}$/}/' from-plan >b.json
+		cmp a.json b.json
 		# one rank's plan, in YAML on standard input: --rank is the file's
-		vps-plan a.layout b.layout --rank $r --yaml | vps-plan --transfers --format json - >from-own
+		vps-plan --transfers --format json - <own.yaml >from-own
 		cmp from-layouts from-own
 	done
 	# filters: a peer (and the rank itself for its retains), a glob, a state
@@ -234,12 +242,13 @@ PY
 	"$PY" transfers.py f ab.yaml 10 -1 'decoder.layers.[1-3].*fc?.weight' main_param
 	vps-plan a.layout b.layout --rank 10 --transfers --tensor decoder.layers.6.mlp.linear_fc2.weight --format json >f
 	[ -s f ]
-	"$PY" transfers.py f ab.yaml 10 -1 decoder.layers.6.mlp.linear_fc2.weight -
+	vps-plan a.layout b.layout --rank 10 --yaml >own.yaml
+	"$PY" transfers.py f own.yaml 10 -1 decoder.layers.6.mlp.linear_fc2.weight -
 }
 
 # staged.py STAGED-RECORDS.jsonl PLAN.yaml STAGED.yaml RANK: every record is
-# a part of one of the rank's pieces with the piece's addressing; the parts
-# of each piece tile its box; and the bytes of the records of each transfer
+# a part of one of the rank's pieces with the piece's addressing, and names
+# it; the parts of each piece tile its box; and the bytes of the records of each transfer
 # (stage, chunk, src, dst) are those of its copies in the staged plan.
 write_staged_py() {
 	cat >staged.py <<'PY'
@@ -272,6 +281,8 @@ for r in recs:
                                                                r["src_buffer"] | r["forward"] << 31, r["dst_buffer"]):
                 hit = i
     assert hit is not None, r
+    # the piece it names is the one it is a part of
+    assert r["piece"] == hit, (r, hit)
     parts[hit].append(r["box"])
     by_xfer[(r["stage"], r["chunk"], src, dst)] += r["bytes"]
 for key, idx in pieces.items():
@@ -313,9 +324,11 @@ PY
 	vps-plan --transfers --rank 5 --stage "$stage" --format json ab.staged >one
 	[ -s one ]
 	"$PY" -c 'import json,sys; s=int(sys.argv[1]); a=[l for l in open("s.5") if json.loads(l)["stage"]==s]; assert a==open("one").readlines()' "$stage"
-	# rank 5's own staged plan: the same records, its stages not cut yet
+	# rank 5's own staged plan: the same records, its stages not cut yet,
+	# its pieces numbered in its own plan
 	vps-plan a.layout b.layout --rank 5 | vps-stage --budget 64KiB - | vps-plan --transfers --format json - >own
-	sed 's/"stage":[0-9]*,/"stage":-1,/' s.5 | cmp - own
+	sed 's/"stage":[0-9]*,/"stage":-1,/; s/,"piece":[0-9]*}$/}/' s.5 >a.json
+	sed 's/,"piece":[0-9]*}$/}/' own | cmp - a.json
 }
 
 @test "queries: bad input exits 2 with 'tool: what', and writes nothing" {
@@ -427,7 +440,7 @@ PY
 	vps-plan --transfers --rank 1 --format tsv ab.plan >r1.tsv
 	n=$(awk -F '\t' '$8 == 536870911 && $14 == 1' r1.tsv | wc -l)
 	[ "$n" -gt 0 ]
-	[ "$(vps-plan --transfers --rank 1 ab.plan | grep -c 'src_buffer: transit, .* forward: 1}$')" -eq "$n" ]
+	[ "$(vps-plan --transfers --rank 1 ab.plan | grep -c 'src_buffer: transit, .* forward: 1, piece: [0-9]*}$')" -eq "$n" ]
 	# the staged plan: every rank's records, in every format, and the
 	# bytes each rank sends and receives are the plan's
 	local r f
