@@ -1531,6 +1531,22 @@ static size_t fwd_slot(const struct ctx *c, int64_t q)
 	return slot_of(c->fwds, c->nfwds, sizeof(*c->fwds), q);
 }
 
+/* Keeps f, a rank's bound, in c->fwds (where it is not yet); *slot its
+ * place there. */
+static vps_result_t fwd_keep(struct ctx *c, const struct fwd *f, struct fwd **slot)
+{
+	size_t lo = fwd_slot(c, f->world);
+	if (!(lo < c->nfwds && c->fwds[lo].world == f->world)) {
+		VPS_CHECK(VPS_GROW(c->fwds, c->capfwds, c->nfwds + 1));
+		memmove(&c->fwds[lo + 1], &c->fwds[lo], (c->nfwds - lo) * sizeof(*c->fwds));
+		c->fwds[lo] = *f;
+		c->nfwds++;
+	}
+	if (slot)
+		*slot = &c->fwds[lo];
+	return VPS_OK;
+}
+
 /* The most world rank q could pass on: the bytes of each of its B regions
  * it would relay (it holds none of it under A, and the region's free
  * receivers, at most EXACT_REPLICAS, are two or more), in bytes[0] where
@@ -1548,14 +1564,8 @@ static vps_result_t relay_bound(struct ctx *c, int64_t q, struct fwd *out)
 		*out = c->fwds[lo];
 		return VPS_OK;
 	}
-	struct fwd f;
-	VPS_CHECK(relay_scan(c, q, &f, NULL));
-	VPS_CHECK(VPS_GROW(c->fwds, c->capfwds, c->nfwds + 1));
-	memmove(&c->fwds[lo + 1], &c->fwds[lo], (c->nfwds - lo) * sizeof(*c->fwds));
-	c->fwds[lo] = f;
-	c->nfwds++;
-	*out = f;
-	return VPS_OK;
+	VPS_CHECK(relay_scan(c, q, out, NULL));
+	return fwd_keep(c, out, NULL);
 }
 
 /* relay_light's weighing of a region by its holders (A ranks) and its
@@ -1599,14 +1609,15 @@ static vps_result_t light_of(struct ctx *c, const int64_t *holders, size_t nh, c
  * leave room for. Once a rank, like relay_bound. */
 static vps_result_t relay_likely(struct ctx *c, int64_t q, int64_t likely[2])
 {
-	struct fwd f;
-	VPS_CHECK(relay_bound(c, q, &f));
-	if (f.likely_known) {
-		memcpy(likely, f.likely, sizeof(f.likely));
+	size_t lo = fwd_slot(c, q);
+	if (lo < c->nfwds && c->fwds[lo].world == q && c->fwds[lo].likely_known) {
+		memcpy(likely, c->fwds[lo].likely, sizeof(c->fwds[lo].likely));
 		return VPS_OK;
 	}
+	/* one scan: the candidates, and the bound relay_bound keeps */
 	struct relay_cands lc = {0};
 	int64_t sum[2] = {0, 0};
+	struct fwd f;
 	vps_result_t rc = relay_scan(c, q, &f, &lc);
 	for (size_t i = 0; i < lc.n && !rc; i++) {
 		const struct relay_cand *x = &lc.v[i];
@@ -1622,7 +1633,8 @@ static vps_result_t relay_likely(struct ctx *c, int64_t q, int64_t likely[2])
 	free(lc.free);
 	free(lc.holders);
 	VPS_CHECK(rc);
-	struct fwd *slot = &c->fwds[fwd_slot(c, q)];
+	struct fwd *slot;
+	VPS_CHECK(fwd_keep(c, &f, &slot));
 	memcpy(slot->likely, sum, sizeof(sum));
 	slot->likely_known = true;
 	memcpy(likely, sum, sizeof(sum));
