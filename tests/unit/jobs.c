@@ -267,3 +267,26 @@ void job_plan_exact(const struct vps_plan *p, const char *what)
 	job_free(&ja);
 	job_free(&jb);
 }
+
+bool job_piece_eq(const struct vps_piece *x, const struct vps_piece *y)
+{
+	return x->src == y->src && x->dst == y->dst && x->tensor == y->tensor && x->state == y->state &&
+	       vps_box_equal(&x->box, &y->box) && x->src_buffer == y->src_buffer && x->dst_buffer == y->dst_buffer &&
+	       x->src_offset == y->src_offset && x->dst_offset == y->dst_offset;
+}
+
+bool job_rank_part(const struct vps_plan *p, const struct vps_plan *q, int64_t r, size_t *want)
+{
+	size_t k = 0;
+	bool same = true;
+	for (size_t i = 0; i < p->npieces; i++) {
+		const struct vps_piece *x = &p->pieces[i];
+		if (x->src != r && x->dst != r)
+			continue;
+		if (k >= q->npieces || !job_piece_eq(x, &q->pieces[k]))
+			same = false;
+		k++;
+	}
+	*want = k;
+	return same && k == q->npieces;
+}

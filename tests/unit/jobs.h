@@ -41,5 +41,10 @@ void job_apply_plan(const struct vps_plan *p, struct job *a, struct job *b);
  * `what`, for every wrong element of B or a byte moved beyond the lower
  * bound (something resident on its device moved). */
 void job_plan_exact(const struct vps_plan *p, const char *what);
+/* Whether two pieces are one: their ends, what moves and its addressing. */
+bool job_piece_eq(const struct vps_piece *x, const struct vps_piece *y);
+/* Whether q, world rank r's own plan, is global plan p's part: p's pieces
+ * with r at one end, in p's order (*want: how many). */
+bool job_rank_part(const struct vps_plan *p, const struct vps_plan *q, int64_t r, size_t *want);
 
 #endif

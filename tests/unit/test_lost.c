@@ -244,20 +244,8 @@ TEST(lost_tp2_dp2_rank1_loses_nothing)
 		CHECK_OK(rc);
 		if (!q)
 			continue;
-		size_t k = 0, want = 0;
-		bool same = true;
-		for (size_t i = 0; i < p->npieces; i++) {
-			const struct vps_piece *x = &p->pieces[i];
-			if (x->src != r && x->dst != r)
-				continue;
-			want++;
-			if (k >= q->npieces || x->src != q->pieces[k].src || x->dst != q->pieces[k].dst ||
-			    x->tensor != q->pieces[k].tensor || x->state != q->pieces[k].state ||
-			    !vps_box_equal(&x->box, &q->pieces[k].box))
-				same = false;
-			k++;
-		}
-		if (!same || want != q->npieces)
+		size_t want;
+		if (!job_rank_part(p, q, r, &want))
 			harness_fail(__FILE__, __LINE__, "rank %lld's plan (%zu pieces) differs from the global plan's (%zu)",
 				     (long long)r, q->npieces, want);
 		vps_plan_free(q);

@@ -11,12 +11,6 @@
 #include "vps/plan.h"
 
 
-static int piece_eq(const struct vps_piece *x, const struct vps_piece *y)
-{
-	return x->src == y->src && x->dst == y->dst && x->tensor == y->tensor && x->state == y->state &&
-	       vps_box_equal(&x->box, &y->box) && x->src_buffer == y->src_buffer && x->dst_buffer == y->dst_buffer &&
-	       x->src_offset == y->src_offset && x->dst_offset == y->dst_offset;
-}
 
 struct tcase {
 	const char *model, *from, *to;
@@ -38,18 +32,8 @@ static void rank_part_same(const struct tcase *c, const struct vps_plan *p, int6
 	CHECK_OK(vps_plan_compute(&q, a2, b2, &ro));
 	if (!q)
 		return;
-	size_t k = 0, want = 0;
-	bool same = true;
-	for (size_t i = 0; i < p->npieces; i++) {
-		const struct vps_piece *x = &p->pieces[i];
-		if (x->src != r && x->dst != r)
-			continue;
-		want++;
-		if (k >= q->npieces || !piece_eq(x, &q->pieces[k]))
-			same = false;
-		k++;
-	}
-	if (!same || want != q->npieces)
+	size_t want;
+	if (!job_rank_part(p, q, r, &want))
 		harness_fail(__FILE__, __LINE__, "%s %s -> %s: rank %lld's plan (%zu pieces) differs from the "
 			     "global plan's (%zu)", c->model, c->from, c->to, (long long)r, q->npieces, want);
 	vps_plan_free(q);
@@ -125,7 +109,7 @@ static const struct tcase cases[] = {
 
 static bool piece_same(const struct vps_piece *x, const struct vps_piece *y)
 {
-	return piece_eq(x, y) && !memcmp(x->src_strides, y->src_strides, x->box.ndim * sizeof(int64_t)) &&
+	return job_piece_eq(x, y) && !memcmp(x->src_strides, y->src_strides, x->box.ndim * sizeof(int64_t)) &&
 	       !memcmp(x->dst_strides, y->dst_strides, x->box.ndim * sizeof(int64_t));
 }
 
@@ -385,7 +369,7 @@ TEST(by_default_a_region_relays_only_where_its_busiest_sender_gains)
 					/* the direct plan's pieces */
 					CHECK_EQ(p[2]->npieces, p[0]->npieces);
 					for (size_t k = 0; k < p[0]->npieces && k < p[2]->npieces; k++)
-						if (!piece_eq(&p[0]->pieces[k], &p[2]->pieces[k])) {
+						if (!job_piece_eq(&p[0]->pieces[k], &p[2]->pieces[k])) {
 							harness_fail(__FILE__, __LINE__, "%s: piece %zu differs", what, k);
 							break;
 						}
@@ -494,33 +478,6 @@ TEST(training_state_splits_the_global_batch)
 	vps_layout_free(b);
 }
 
-/* Rank r's own plan against the global plan's pieces that involve r. */
-static void check_rank_plan(const struct tcase *c, const struct vps_plan *p, int64_t r)
-{
-	struct vps_layout *a = test_layout(c->model, c->from, c->gpn_a, c->first_a);
-	struct vps_layout *b = test_layout(c->model, c->to, c->gpn_b, c->first_b);
-	struct vps_plan_opts ro = VPS_PLAN_OPTS_INIT;
-	ro.rank = r;
-	struct vps_plan *q = NULL;
-	CHECK_OK(vps_plan_compute(&q, a, b, &ro));
-	if (!q)
-		return;
-	size_t k = 0;
-	bool same = true;
-	for (size_t i = 0; i < p->npieces; i++) {
-		const struct vps_piece *x = &p->pieces[i];
-		if (x->src != r && x->dst != r)
-			continue;
-		if (k >= q->npieces || !piece_eq(x, &q->pieces[k]))
-			same = false;
-		k++;
-	}
-	if (!same || k != q->npieces)
-		harness_fail(__FILE__, __LINE__, "%s %s -> %s: rank %lld's plan (%zu pieces) differs from the global "
-			     "plan's (%zu)", c->model, c->from, c->to, (long long)r, q->npieces, k);
-	vps_plan_free(q);
-}
-
 /* A tied embedding lives on the first and the last A stage, whose other
  * duties differ: the replicas are weighed (docs/plan.md), and the busiest
  * device stays at the balanced bound. Equal shares put it 4-8% above. The
@@ -564,7 +521,7 @@ TEST(replicas_in_different_stages_are_weighed_by_their_duties)
 	/* senders of both stages, and receivers on each node */
 	static const int64_t ranks[] = {0, 3, 4, 7, 9, 35, 69};
 	for (size_t i = 0; i < sizeof(ranks) / sizeof(ranks[0]); i++)
-		check_rank_plan(&many, p, ranks[i]);
+		rank_part_same(&many, p, ranks[i], VPS_RELAY_AUTO, NULL);
 	vps_plan_free(p);
 }
 
