@@ -1913,8 +1913,8 @@ static void cut_at(struct relay *rl, const struct range_rooms *rr, double level)
  * busiest gains more than 1% (the direct range: more than 1% over the
  * ranges without it); else equal ranges, the plan as before. *when: the
  * busiest one's time so cut, or in equal ranges (infinite with a receiver
- * at home: not weighed). Every
- * rank reads the same receivers and loads, so they cut alike. */
+ * at home: not weighed). Every rank reads the same receivers and loads,
+ * so they cut alike. */
 static vps_result_t relay_weigh(struct ctx *c, struct relay *rl, const struct group *gs, size_t ng, double *when)
 {
 	*when = INFINITY;
@@ -1990,14 +1990,14 @@ static double entry_room(const void *arg, int64_t j, double t)
 
 /* Whether rl's region, relayed by every free receiver and none of them at
  * home, should enter each of the receivers' nodes from the holders (each
- * range once a node, the holders by their shares or in turn) rather than through its
- * receiver's NIC into every other node: where the receivers are devices of
- * A busy with their own sends and the holders have time to spare. In
- * llama2-7b-pp-down-back stage 1's receivers held stages 2 and 3 and sent
- * them to the joining devices; passing stage 1's ranges on into the other
- * node made them the plan's busiest, 1.07x the floor. A region is one of
- * many (its ranges alone never gain 1%), so the region's devices are
- * weighed as though every region they relay went the same way: a
+ * range once a node, the holders by their shares or in turn) rather than
+ * through its receiver's NIC into every other node: where the receivers
+ * are devices of A busy with their own sends and the holders have time to
+ * spare. In llama2-7b-pp-down-back stage 1's receivers held stages 2 and 3
+ * and sent them to the joining devices; passing stage 1's ranges on into
+ * the other node made them the plan's busiest, 1.07x the floor. A region
+ * is one of many (its ranges alone never gain 1%), so the region's devices
+ * are weighed as though every region they relay went the same way: a
  * receiver's likely sends and all it could relay (relay_bound), less, by
  * the holders' entries, all it would pass on over its NIC; a holder's
  * sends where every receiver relays (duty_of's best) and all it could
@@ -2005,8 +2005,8 @@ static double entry_room(const void *arg, int64_t j, double t)
  * receivers would have passed on over their NICs. Taken where the busiest
  * of them gets faster by more than 1%. The shares (rl->entry_w): where
  * every group's members are its candidates for every receiver (apart, at
- * most DUTY_MEMBERS, ENTRY_GROUPS groups), each member what lies below
- * the water level above its own sends, if that makes the group's busiest
+ * most DUTY_MEMBERS, ENTRY_GROUPS groups), each member what lies below the
+ * water level above its own sends, if that makes the group's busiest
  * member 1% faster than equal shares; else in turn. when[0]: the busiest
  * device's time by the holders' entries, when[1] the busiest holder's
  * where the receivers relay. Every rank reads the same loads, so they
