@@ -98,6 +98,7 @@ struct fwd {
 	int64_t bytes[2]; /* where every receiver is on its node [0], else [1] */
 	int64_t recv[2];  /* what it receives: from its node [0], from others [1] */
 	int64_t recv_best[2]; /* the same were its node's receivers of each region to relay */
+	int64_t recv_far;     /* of recv[0], what devices of other nodes hold too */
 	int64_t likely[2];    /* of bytes, what it likely passes on (relay_likely) */
 	bool likely_known;
 };
@@ -845,10 +846,15 @@ static void candidate(const struct ctx *c, const struct group *g, int64_t idx, i
 	}
 }
 
+static vps_result_t nic_share(struct ctx *c, const struct group *g, int64_t rn, int64_t rbase, int32_t node,
+			      int64_t d, struct choice *ch);
+static vps_result_t relay_bound(struct ctx *c, int64_t q, struct fwd *out);
+
 /* The choice of group g for destination replica ri of rn, the replica set
- * starting at rank rbase. */
+ * starting at rank rbase; for destination d (world rank) taking it
+ * directly (-1: relayed), members on other nodes too (nic_share). */
 static vps_result_t choose(struct ctx *c, const struct group *g, int64_t ri, int64_t rn, int64_t rbase, int32_t node,
-			   struct choice *ch)
+			   int64_t d, struct choice *ch)
 {
 	int64_t k = g->nlocal ? (int64_t)g->nlocal : g->count;
 	ch->k = k;
@@ -867,6 +873,77 @@ static vps_result_t choose(struct ctx *c, const struct group *g, int64_t ri, int
 		ch->cum[0] = 0;
 		for (int64_t j = 0; j < k; j++)
 			ch->cum[j + 1] = ch->cum[j] + ch->w[j];
+	}
+	if (d >= 0 && g->nlocal && k < SPLIT_MAX && g->count > k && c->topo && c->relay == VPS_RELAY_AUTO)
+		VPS_CHECK(nic_share(c, g, rn, rbase, node, d, ch));
+	return VPS_OK;
+}
+
+/* A destination whose receives over NVLink outlast those over its NICs
+ * takes part of what its node's devices hold from their replicas on other
+ * nodes, over the NICs: of every such region the same share, sized so
+ * that its two links end together (x = (bn nv - bv nic) / (bv + bn)),
+ * from the group's members elsewhere by the room their NICs have until
+ * then, none busier over NVLink than the destination. In qwen3-30b-ep4-ep8
+ * every device sent and received its experts' moves within its node, 3.6
+ * GB over NVLink, its NIC idle: 1.13x the relayed floor, which has each
+ * device take a ninth of it over its NIC; with these shares 1.01x. Taken
+ * only where that makes the destination 1% faster with a message latency
+ * a member added (tiny models on a800-testbed gained nothing). Its
+ * members elsewhere find the destination as a sender does any of a
+ * replica set of EXACT_REPLICAS or fewer (candidates_for), so larger
+ * sets are left as they are. */
+static vps_result_t nic_share(struct ctx *c, const struct group *g, int64_t rn, int64_t rbase, int32_t node,
+			      int64_t d, struct choice *ch)
+{
+	int64_t K = g->count, k = ch->k, nfar = 0, far[SPLIT_MAX];
+	size_t far_holder[SPLIT_MAX];
+	if (rn > EXACT_REPLICAS || K > EXACT_REPLICAS)
+		return VPS_OK;
+	struct fwd f;
+	VPS_CHECK(relay_bound(c, d, &f));
+	double bv = c->topo->intra_node_bandwidth, bn = c->topo->inter_node_bandwidth, nv = (double)f.recv[0];
+	double x = (bn * nv - bv * (double)f.recv[1]) / (bv + bn), level = (nv - x) / bv;
+	if (x <= 0 || f.recv_far <= 0)
+		return VPS_OK;
+	double room[SPLIT_MAX], rooms = 0;
+	for (int64_t j = 0; j < K && nfar < SPLIT_MAX - k; j++) {
+		int64_t r;
+		size_t h;
+		struct duty dr;
+		group_member(&c->ha, g, (j + rbase) % K, &r, &h);
+		if (vps_layout_device(c->a, r).node == node)
+			continue;
+		VPS_CHECK(duty_of(c, r, &dr));
+		if ((double)dr.forced_link[0] + (double)dr.shared > 1.02 * nv)
+			continue;
+		room[nfar] = fmax(0, level * bn - (double)dr.forced_link[1]);
+		rooms += room[nfar];
+		far_holder[nfar] = h;
+		far[nfar++] = r;
+	}
+	if (!nfar || rooms <= 0 || level + (double)nfar * c->topo->latency >= 0.99 * nv / bv)
+		return VPS_OK;
+	double part = fmin(1.0, fmin(x, rooms) / (double)f.recv_far);
+	int64_t w[SPLIT_MAX], near = 0, far_got = 0;
+	for (int64_t j = 0; j < k; j++)
+		near += w[j] = ch->weigh ? ch->w[j] : 1;
+	for (int64_t j = 0; j < k; j++)
+		w[j] = (int64_t)((double)w[j] / (double)near * (1 - part) * (double)WEIGHT_UNIT);
+	for (int64_t j = 0; j < nfar; j++)
+		far_got += w[k + j] = (int64_t)(part * room[j] / rooms * (double)WEIGHT_UNIT);
+	if (!far_got)
+		return VPS_OK;
+	ch->k = k + nfar;
+	ch->weigh = true;
+	ch->cum[0] = 0;
+	for (int64_t j = 0; j < ch->k; j++) {
+		if (j >= k) {
+			ch->cand[j] = far[j - k];
+			ch->cand_holder[j] = far_holder[j - k];
+		}
+		ch->w[j] = w[j];
+		ch->cum[j + 1] = ch->cum[j] + w[j];
 	}
 	return VPS_OK;
 }
@@ -1238,7 +1315,7 @@ static vps_result_t plan_group(struct ctx *c, const struct group *g, size_t gi, 
 {
 	const struct vps_box *gbox = &c->ha.v[g->first].region.box;
 	struct choice ch;
-	VPS_CHECK(choose(c, g, ri, rn, rbase, vps_world_device(c->w, d).node, &ch));
+	VPS_CHECK(choose(c, g, ri, rn, rbase, vps_world_device(c->w, d).node, rl ? -1 : d, &ch));
 	if (rl && rl->weighted && rl->cut[rl->n] < rl->cut[rl->n + 1])
 		serve_ranges(rl, &ch);
 	for (size_t i = 0; i < c->rem.n; i++) {
@@ -1477,14 +1554,19 @@ static vps_result_t relay_scan(struct ctx *c, int64_t q, struct fwd *out, struct
 		c->hdb.n = 0;
 		rc = a_holders(c, r->tensor, r->state, &r->box, &c->hda);
 		bool holds = false, near = false;
+		int64_t members = 0, nearby = 0;
 		for (size_t k = 0; k < c->hda.n && !holds; k++) {
 			holds = member(&c->hda.v[k], aq);
-			for (size_t x = 0; x < nn && !near; x++)
-				near = member(&c->hda.v[k], nr[x]);
+			members = vps_sat_add(members, c->hda.v[k].count);
+			for (size_t x = 0; x < nn; x++)
+				nearby += member(&c->hda.v[k], nr[x]);
 		}
+		near = nearby > 0;
 		if (rc || holds)
 			continue;
 		f.recv[!near] = vps_sat_add(f.recv[!near], bytes);
+		if (near && members > nearby)
+			f.recv_far = vps_sat_add(f.recv_far, bytes);
 		int64_t from_away = near ? 0 : bytes;
 		rc = vps_layout_holders(c->b, r->tensor, r->state, &r->box, &c->hdb);
 		for (size_t k = 0; k < c->hdb.n && !rc; k++) {

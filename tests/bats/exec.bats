@@ -268,6 +268,33 @@ relay_by_node() { # TRANSPORT [demo.sh arguments...]
 	relay_by_node tcp --per-rank
 }
 
+# A device busy over NVLink takes part of what its node holds from
+# replicas on other nodes over its NIC (docs/relay.md, "Part over the
+# NICs"): tiny-qwen3-moe from ep=2 to ep=4 (dp=8) on nodes of four, on
+# a800-testbed without its latency. Every rank sends what its plan says,
+# --check proves every byte, planned by every rank alone the ranks agree,
+# and what crosses nodes is parameters, straight from a replica.
+nic_share() { # TRANSPORT [demo.sh arguments...]
+	demo "$1" --np 4 "${@:2}" --topology "$(fast_fabric)" --model tiny-qwen3-moe \
+		--from tp=1,dp=8,ep=2,zero=1 --to tp=1,dp=8,ep=4,zero=1
+	local dir=$BATS_TEST_TMPDIR/demo sent r across=0 n
+	for ((r = 0; r < 8; r++)); do
+		sent_as_planned "$r" || return 1
+		n=$("$VPS_BIN/vps-plan" --transfers --rank "$r" --format tsv "$dir/ab.plan" |
+			awk -F'\t' -v r="$r" '$2 == "send" && int($3 / 4) != int(r / 4) {
+				if ($5 != "param" || $14 != 0) bad = 1; n += $7 } END { print bad ? -1 : n + 0 }')
+		[ "$n" -ge 0 ] || { echo "rank $r sends other than parameters, or forwards, off its node" >&2; return 1; }
+		across=$((across + n))
+	done
+	[ "$across" -gt 0 ] || { echo "no byte crossed nodes" >&2; return 1; }
+}
+@test "tcp: a device busy over NVLink takes part of its node's data from replicas on other nodes" {
+	nic_share tcp
+}
+@test "tcp: part over the NICs, every rank planning and staging its own part" {
+	nic_share tcp --per-rank
+}
+
 # Holders with time to spare send a range of a relayed buffer to every
 # receiver, relayed by none (docs/relay.md, "A range for every receiver"):
 # tiny-llama on nodes of two, like llama2-*-tp-up and -dp-up: B's stage 1
