@@ -879,20 +879,34 @@ static vps_result_t choose(struct ctx *c, const struct group *g, int64_t ri, int
 	return VPS_OK;
 }
 
+/* Of nvlink bytes over NVLink and nic over the NICs, what to move onto the
+ * NICs for both links to end together. */
+static double to_nics(const struct ctx *c, double nvlink, double nic)
+{
+	double bv = c->topo->intra_node_bandwidth, bn = c->topo->inter_node_bandwidth;
+	return (bn * nvlink - bv * nic) / (bv + bn);
+}
+
 /* A destination whose receives over NVLink outlast those over its NICs
  * takes part of what its node's devices hold from their replicas on other
- * nodes, over the NICs: of every such region the same share, sized so
- * that its two links end together (x = (bn nv - bv nic) / (bv + bn)),
- * from the group's members elsewhere by the room their NICs have until
- * then, none busier over NVLink than the destination. In qwen3-30b-ep4-ep8
+ * nodes, over the NICs: of every such region the same part, what makes
+ * its two links end together (to_nics), from the group's members
+ * elsewhere by the room their NICs have until then. In qwen3-30b-ep4-ep8
  * every device sent and received its experts' moves within its node, 3.6
  * GB over NVLink, its NIC idle: 1.13x the relayed floor, which has each
- * device take a ninth of it over its NIC; with these shares 1.01x. Taken
- * only where that makes the destination 1% faster with a message latency
- * a member added (tiny models on a800-testbed gained nothing). Its
- * members elsewhere find the destination as a sender does any of a
- * replica set of EXACT_REPLICAS or fewer (candidates_for), so larger
- * sets are left as they are. */
+ * device take a ninth of it over its NIC; with these parts 1.01x.
+ * Where a node-mate it takes from sends more than it receives (its forced
+ * sends and its share of the others, duty_of), the part is what that one
+ * would shed (to_nics of its sends, over its share) and the time both
+ * links end at is its: in qwen3-30b-ep8-ep4 A's expert-parallel ranks 1-6
+ * of a node send 4.5 GB, 0 and 7 receive 2.7 from them, and 0 and 7 taking
+ * parts of their own alone left the busy ones 1.07x the floor; 1.01x.
+ * Taken only where the
+ * busier of the destination and its node-mates gets 1% faster with a
+ * message latency for each member added (tiny models on a800-testbed
+ * gain nothing). The members elsewhere find the destination as a sender
+ * does any of a replica set of EXACT_REPLICAS or fewer (candidates_for),
+ * so larger sets are left as they are. */
 static vps_result_t nic_share(struct ctx *c, const struct group *g, int64_t rn, int64_t rbase, int32_t node,
 			      int64_t d, struct choice *ch)
 {
@@ -903,9 +917,21 @@ static vps_result_t nic_share(struct ctx *c, const struct group *g, int64_t rn, 
 	struct fwd f;
 	VPS_CHECK(relay_bound(c, d, &f));
 	double bv = c->topo->intra_node_bandwidth, bn = c->topo->inter_node_bandwidth, nv = (double)f.recv[0];
-	double x = (bn * nv - bv * (double)f.recv[1]) / (bv + bn), level = (nv - x) / bv;
+	double x = to_nics(c, nv, (double)f.recv[1]), level = (nv - x) / bv;
 	if (x <= 0 || f.recv_far <= 0)
 		return VPS_OK;
+	double part = x / (double)f.recv_far, busiest = nv;
+	for (int64_t j = 0; j < k; j++) {
+		struct duty dl;
+		VPS_CHECK(duty_of(c, ch->cand[j], &dl));
+		double sends = (double)dl.forced_link[0] + (double)dl.shared;
+		if (sends <= nv || dl.shared <= 0)
+			continue;
+		double y = fmax(0, to_nics(c, sends, (double)dl.forced_link[1]));
+		busiest = fmax(busiest, sends);
+		level = fmax(level, (sends - y) / bv);
+		part = fmin(part, y / (double)dl.shared);
+	}
 	double room[SPLIT_MAX], rooms = 0;
 	for (int64_t j = 0; j < K && nfar < SPLIT_MAX - k; j++) {
 		int64_t r;
@@ -915,16 +941,14 @@ static vps_result_t nic_share(struct ctx *c, const struct group *g, int64_t rn, 
 		if (vps_layout_device(c->a, r).node == node)
 			continue;
 		VPS_CHECK(duty_of(c, r, &dr));
-		if ((double)dr.forced_link[0] + (double)dr.shared > 1.02 * nv)
-			continue;
 		room[nfar] = fmax(0, level * bn - (double)dr.forced_link[1]);
 		rooms += room[nfar];
 		far_holder[nfar] = h;
 		far[nfar++] = r;
 	}
-	if (!nfar || rooms <= 0 || level + (double)nfar * c->topo->latency >= 0.99 * nv / bv)
+	if (!nfar || rooms <= 0 || level + (double)nfar * c->topo->latency >= 0.99 * busiest / bv)
 		return VPS_OK;
-	double part = fmin(1.0, fmin(x, rooms) / (double)f.recv_far);
+	part = fmin(1.0, fmin(part, rooms / (double)f.recv_far));
 	int64_t w[SPLIT_MAX], near = 0, far_got = 0;
 	for (int64_t j = 0; j < k; j++)
 		near += w[j] = ch->weigh ? ch->w[j] : 1;

@@ -1077,3 +1077,37 @@ TEST(busy_receivers_take_part_from_replicas_on_other_nodes)
 		vps_plan_free(p[m]);
 	}
 }
+
+/* A destination that is not busy itself, served by a node-mate that is,
+ * takes part from replicas on other nodes as well, by what the node-mate
+ * would shed (nic_share's relief), like qwen3-30b-ep8-ep4: tiny-qwen3-moe
+ * from ep=8 to ep=4 (dp=16) on nodes of eight, where A's expert-parallel
+ * ranks 1-6 of a node send 1.7x what ranks 0 and 7 do, and 0 and 7 take
+ * their experts from the busy ones. The busy destinations' own shares
+ * alone left the plan 1.07x the relayed floor; with the relief, within
+ * 1.02x. Every element lands right and a rank's plan is the global plan's
+ * part. */
+TEST(light_receivers_relieve_busy_node_mates)
+{
+	static const struct tcase c = {"tiny-qwen3-moe", "tp=1,dp=16,ep=8,zero=1", "tp=1,dp=16,ep=4,zero=1", 8, 0, 8, 0};
+	struct vps_topology topo;
+	CHECK_OK(vps_topology_load(&topo, "a800-testbed", CONFIGS "/topologies"));
+	topo.latency = 1e-9;
+	run_case_on(&c, true, VPS_RELAY_AUTO, &topo);
+	struct vps_plan *p[2];
+	struct vps_plan_stats s[2];
+	plan_never_and_auto(&c, &topo, &topo, p, s);
+	if (p[1]) {
+		struct vps_time_floor floor;
+		CHECK_OK(vps_time_floor_relayed(p[1]->a, p[1]->b, &topo, &floor));
+		if (!(s[1].estimate_seconds < 1.02 * floor.seconds))
+			harness_fail(__FILE__, __LINE__, "by default %.3fx the relayed floor",
+				     s[1].estimate_seconds / floor.seconds);
+		CHECK_EQ(s[1].bytes_relayed, 0);
+		CHECK_EQ(s[1].bytes_moved, s[0].bytes_moved);
+	}
+	for (int m = 0; m < 2; m++) {
+		vps_plan_stats_release(&s[m]);
+		vps_plan_free(p[m]);
+	}
+}
