@@ -567,6 +567,23 @@ static int64_t forwarded_by_stage(const struct vps_plan *p, int64_t by_stage[STA
 
 /* The default plan (s[1]) faster and its busiest sender less busy than
  * without relays (s[0]), moving the same bytes; then both freed. */
+/* a800-testbed without its latency: a tiny model's bytes weigh as a
+ * large one's do on it. */
+static void fast_testbed(struct vps_topology *topo)
+{
+	CHECK_OK(vps_topology_load(topo, "a800-testbed", CONFIGS "/topologies"));
+	topo->latency = 1e-9;
+}
+
+/* Plans and statistics of plan_never_and_auto, released. */
+static void release_both(struct vps_plan *p[2], struct vps_plan_stats s[2])
+{
+	for (int m = 0; m < 2; m++) {
+		vps_plan_stats_release(&s[m]);
+		vps_plan_free(p[m]);
+	}
+}
+
 static void check_faster_and_free(struct vps_plan *p[2], struct vps_plan_stats s[2])
 {
 	if (p[0] && p[1]) {
@@ -574,10 +591,7 @@ static void check_faster_and_free(struct vps_plan *p[2], struct vps_plan_stats s
 		CHECK(s[1].max_send_bytes < s[0].max_send_bytes);
 		CHECK_EQ(s[1].bytes_moved - s[1].bytes_transit, s[0].bytes_moved);
 	}
-	for (int m = 0; m < 2; m++) {
-		vps_plan_stats_release(&s[m]);
-		vps_plan_free(p[m]);
-	}
+	release_both(p, s);
 }
 
 /* By default a device of A that holds none of a region relays it too
@@ -657,10 +671,7 @@ TEST(devices_of_a_relay_for_each_other_two_levels_deep)
 		CHECK_EQ(s[1].bytes_moved - s[1].bytes_transit, s[0].bytes_moved);
 		job_plan_exact(p[1], c.from);
 	}
-	for (int m = 0; m < 2; m++) {
-		vps_plan_stats_release(&s[m]);
-		vps_plan_free(p[m]);
-	}
+	release_both(p, s);
 }
 
 /* Busy receivers take a region node by node from its holders
@@ -742,10 +753,7 @@ TEST(idle_nics_carry_what_their_node_mates_need)
 		CHECK(1.5 * s[1].estimate_seconds < s[0].estimate_seconds);
 		CHECK_EQ(s[1].bytes_moved - s[1].bytes_transit, s[0].bytes_moved);
 	}
-	for (int m = 0; m < 2; m++) {
-		vps_plan_stats_release(&s[m]);
-		vps_plan_free(p[m]);
-	}
+	release_both(p, s);
 	static const struct {
 		enum vps_relay relay;
 		bool topo;
@@ -866,10 +874,7 @@ TEST(a_tied_embedding_is_shared_in_time)
 		CHECK_EQ(s[1].bytes_moved - s[1].bytes_transit, s[0].bytes_moved);
 		CHECK_EQ(s[1].bytes_moved, s[1].bytes_lower_bound);
 	}
-	for (int m = 0; m < 2; m++) {
-		vps_plan_stats_release(&s[m]);
-		vps_plan_free(p[m]);
-	}
+	release_both(p, s);
 	vps_plan_stats_release(&sb);
 	vps_plan_free(bytes);
 }
@@ -1040,10 +1045,9 @@ TEST(a_region_goes_node_by_node_or_ranged_whichever_is_faster)
 TEST(busy_receivers_take_part_from_replicas_on_other_nodes)
 {
 	static const struct tcase c = {"tiny-qwen3-moe", "tp=1,dp=8,ep=2,zero=1", "tp=1,dp=8,ep=4,zero=1", 4, 0, 4, 0};
-	struct vps_topology slow;
+	struct vps_topology slow, topo;
 	CHECK_OK(vps_topology_load(&slow, "a800-testbed", CONFIGS "/topologies"));
-	struct vps_topology topo = slow;
-	topo.latency = 1e-9;
+	fast_testbed(&topo);
 	run_case_on(&c, true, VPS_RELAY_AUTO, &topo);
 	struct vps_plan *p[2];
 	struct vps_plan_stats s[2];
@@ -1065,17 +1069,11 @@ TEST(busy_receivers_take_part_from_replicas_on_other_nodes)
 				CHECK(x->state == VPS_STATE_PARAM && !(x->src_buffer & VPS_BUFFER_TARGET));
 		}
 	}
-	for (int m = 0; m < 2; m++) {
-		vps_plan_stats_release(&s[m]);
-		vps_plan_free(p[m]);
-	}
+	release_both(p, s);
 	plan_never_and_auto(&c, &slow, &slow, p, s);
 	if (p[1])
 		CHECK_EQ(s[1].bytes_inter_node, 0);
-	for (int m = 0; m < 2; m++) {
-		vps_plan_stats_release(&s[m]);
-		vps_plan_free(p[m]);
-	}
+	release_both(p, s);
 }
 
 /* A destination that is not busy itself, served by a node-mate that is,
@@ -1091,8 +1089,7 @@ TEST(light_receivers_relieve_busy_node_mates)
 {
 	static const struct tcase c = {"tiny-qwen3-moe", "tp=1,dp=16,ep=8,zero=1", "tp=1,dp=16,ep=4,zero=1", 8, 0, 8, 0};
 	struct vps_topology topo;
-	CHECK_OK(vps_topology_load(&topo, "a800-testbed", CONFIGS "/topologies"));
-	topo.latency = 1e-9;
+	fast_testbed(&topo);
 	run_case_on(&c, true, VPS_RELAY_AUTO, &topo);
 	struct vps_plan *p[2];
 	struct vps_plan_stats s[2];
@@ -1106,8 +1103,5 @@ TEST(light_receivers_relieve_busy_node_mates)
 		CHECK_EQ(s[1].bytes_relayed, 0);
 		CHECK_EQ(s[1].bytes_moved, s[0].bytes_moved);
 	}
-	for (int m = 0; m < 2; m++) {
-		vps_plan_stats_release(&s[m]);
-		vps_plan_free(p[m]);
-	}
+	release_both(p, s);
 }
