@@ -144,6 +144,9 @@ RUNS = [
 ]
 MODEL = RUNS[0].model  # the refusals' job
 WORLD = 4
+# seconds a failed run waits for the executors to exit, to name one that
+# failed as its cause (an executor that stops a switch exits right after)
+EXECUTOR_EXIT = 10
 
 # how the line of each optimizer's jobs starts (Adam's, the first, as it always did)
 OPTIMIZER_LINES = {"adam": "", "muon": "Muon: ", "sgd": "SGD with momentum: ", "lion": "Lion: ",
@@ -730,6 +733,15 @@ def switched(args, job_run, tmp, registry):
             sys.exit("check_switch.py: %s: %s" % (job_run.label, e))
         failed = [r for r in results if isinstance(r, mcore.RankError)]
         if failed:
+            # the ranks may see an executor's failure (its abort) before the
+            # watch sees it exit: the executor is the cause, named as such
+            deadline = time.monotonic() + EXECUTOR_EXIT
+            why = executor_failed()
+            while why is None and time.monotonic() < deadline and any(p.poll() is None for p in procs):
+                time.sleep(0.05)
+                why = executor_failed()
+            if why:
+                sys.exit("check_switch.py: %s: %s" % (job_run.label, why))
             for f in failed:
                 print(f.trace, file=sys.stderr)
             for r in range(WORLD):
