@@ -901,12 +901,11 @@ static double to_nics(const struct ctx *c, double nvlink, double nic)
  * links end at is its: in qwen3-30b-ep8-ep4 A's expert-parallel ranks 1-6
  * of a node send 4.5 GB, 0 and 7 receive 2.7 from them, and 0 and 7 taking
  * parts of their own alone left the busy ones 1.07x the floor; 1.01x.
- * Taken only where the
- * busier of the destination and its node-mates gets 1% faster with a
- * message latency for each member added (tiny models on a800-testbed
- * gain nothing). The members elsewhere find the destination as a sender
- * does any of a replica set of EXACT_REPLICAS or fewer (candidates_for),
- * so larger sets are left as they are. */
+ * Taken only where the busier of the destination and its node-mates gets
+ * 1% faster with a message latency for each member added (tiny models on
+ * a800-testbed gain nothing). The members elsewhere find the destination
+ * as a sender does any of a replica set of EXACT_REPLICAS or fewer
+ * (candidates_for), so larger sets are left as they are. */
 static vps_result_t nic_share(struct ctx *c, const struct group *g, int64_t rn, int64_t rbase, int32_t node,
 			      int64_t d, struct choice *ch)
 {
