@@ -39,17 +39,19 @@ carried: the training scalars (vps.Training), of which `step` is also
 Adam's step count (Adam's, the scalar optimizer's under Muon and Lion; SGD,
 Lion and Muon keep none).
 
-The pause holds the transfer and the hand-over. Job.prepare does the rest
+The pause holds the transfer, and the hand-over runs beside it. Job.prepare does the rest
 while the job trains: it allocates and registers the next configuration's
 buffers (vps-exec maps them before the request), makes or takes from the
 cache the next configuration's process groups, and calls build under a
 skeleton (below): Megatron's constructors make the model chunks, DDP and
 the optimizer without initialising a weight or allocating a state buffer,
 and their tensors are pointed into the buffers the switch will fill. The
-switch then moves the state, installs the next configuration's groups and
-random-number states, gives Adam its step and the gradient buffers their
-memory, and returns build's objects. Job.switch without a prepare does it
-all in the pause (build given). What else the next configuration needs
+switch then requests the move and, while the executors move the state,
+gives the gradients' memory before back, installs the next
+configuration's groups and random-number states and gives Adam its step
+and the gradient buffers their memory (none of it state vps moves: a
+failed switch undoes it), and returns build's objects once the state is
+in. Job.switch without a prepare does it all in the pause (build given). What else the next configuration needs
 made with its groups before the switch (vps.megatron_training makes its
 data sets) is made in a Job.prepared_groups() block.
 
@@ -1221,12 +1223,18 @@ class _Binding:
 
     def free_grads(self):
         """Give the gradient buffers' memory back at once (their storage
-        emptied: release() drops Megatron's views of it)."""
+        emptied: release() drops Megatron's views of it). Returns what
+        start(None, freed) gives back, zeroed."""
+        freed = []
         with _plain():
             for buf in self.grads:
                 g = buf.grad_data
                 if g is not None and not g.is_meta:
-                    g.untyped_storage().resize_(0)
+                    storage = g.untyped_storage()
+                    if storage.nbytes():
+                        freed.append((g, storage.nbytes()))
+                        storage.resize_(0)
+        return freed
 
     def sync_params(self):
         """Finish the parameter all-gather of the last optimizer step where
@@ -1296,6 +1304,63 @@ class _Next:
     def __init__(self, **kw):
         for k, v in kw.items():
             setattr(self, k, v)
+
+
+class _HandOver:
+    """What a switch to a prepared configuration hands the job, done while
+    the executors move the state (vps.switch calls it once the request is
+    made): the gradients' memory before given back, then the next
+    configuration's process groups and random-number states installed and
+    its gradient buffers given memory, with Adam's step. None of it is
+    state vps moves, and none of it waits for the transfer: on a GPU the
+    host does it beside the copies, and on a machine whose ranks call the
+    switch apart, the early ones do it while they wait for the last. A
+    switch that fails gets the job's own back (undo); a hand-over that
+    fails is undone and made again after the transfer (finish)."""
+
+    def __init__(self, bind, nxt, step, clocks):
+        self.bind, self.nxt, self.step, self.clocks = bind, nxt, step, clocks
+        self.freed = self.running = None
+        self.done = False
+
+    def __call__(self):
+        if self.nxt is None:
+            return
+        t = time.monotonic()
+        try:
+            self._hand()
+        except Exception:  # made again in the pause, where a failure is the switch's
+            self.undo()
+        self.clocks["meanwhile"] = time.monotonic() - t
+
+    def _hand(self):
+        self.freed = self.bind.free_grads()
+        self.running = _snapshot(), _rng_state()
+        _install(self.nxt.groups)
+        _set_rng_state(self.nxt.rng)
+        self.nxt.bind.start(self.step, self.nxt.grads)
+        self.done = True
+
+    def undo(self):
+        if self.running is not None:
+            _install(self.running[0])
+            _set_rng_state(self.running[1])
+            self.running = None
+        if self.done:
+            self.nxt.bind.free_grads()
+            self.done = False
+        if self.freed:
+            self.bind.start(None, self.freed)
+            self.freed = None
+
+    def finish(self, step):
+        """After the transfer: what the hand-over left, with the step the
+        switch carried (source rank 0's: the same as the job's, unless it
+        failed its check)."""
+        if not self.done:
+            self._hand()
+        elif step != self.step:
+            self.nxt.bind.start(step)
 
 
 class Job:
@@ -1466,15 +1531,20 @@ class Job:
         Job.clocks then holds the switch's clocks: called, requested,
         done (the executors' done seen), freed (the buffers before freed),
         switched (vps's switch returned) and returned (time.time() wall
-        clocks, to set beside vps-exec's report), and the seconds of the pause spent making
+        clocks, to set beside vps-exec's report), the seconds of the pause spent making
         process groups (groups), in build (build) and handing over (attach:
-        the objects before emptied, the next ones started); ahead, what
-        Job.prepare took before the pause (target, groups, build, attach).
+        the objects before emptied, the next ones started); meanwhile, the
+        seconds of the hand-over done while the executors moved the state
+        (the gradients' memory before given back, the next configuration's
+        groups, random-number states, gradient memory and Adam's step);
+        ahead, what Job.prepare took before the pause (target, groups,
+        build, attach).
 
         When the executors fail the switch, vps.Error is raised and the job
         goes on as it was (see vps.switch; a prepared configuration is
         discarded); timeout is vps.switch's."""
-        clocks = {"called": time.time(), "groups": 0.0, "build": 0.0, "attach": 0.0, "ahead": None}
+        clocks = {"called": time.time(), "groups": 0.0, "build": 0.0, "attach": 0.0, "meanwhile": 0.0,
+                  "ahead": None}
         self._live()
         step = self._bind.adam_step(every=False)
         if step is not None and training.step != step:
@@ -1495,11 +1565,13 @@ class Job:
         elif nxt is not None:
             clocks["ahead"] = dict(nxt.seconds)
         self._bind.sync_params()
+        hand = _HandOver(self._bind, nxt, training.step, clocks)
         try:
             new, carried = _state.switch(self.registry, self.state, layout, rank, training=training,
                                          timeout=timeout, target=nxt.target if nxt else None, clocks=clocks,
-                                         free=False)
-        except Error:
+                                         free=False, meanwhile=hand)
+        except BaseException:
+            hand.undo()
             if nxt is not None and nxt.target.closed:
                 # the switch failed and freed the target: the job runs its state again
                 nxt.bind.release()
@@ -1508,29 +1580,22 @@ class Job:
         clocks["switched"] = time.time()
         t = time.monotonic()
         old_bind, old_state = self._bind, self.state
-        # the gradients' memory back before the next configuration's is given
-        old_bind.free_grads()
         self.model = self.optimizer = self._bind = self._next = None
         self.layout, self.rank, self.state = layout, rank, new
         if new is None:
+            old_bind.free_grads()
             self._groups = None
             _let_go(old_bind, old_state)
             clocks["attach"] += time.monotonic() - t
             clocks["returned"] = time.time()
             self.clocks = clocks
             return None, None, carried
-        attach = time.monotonic() - t
-        t = time.monotonic()
-        _install(nxt.groups)
-        _set_rng_state(nxt.rng)
+        hand.finish(carried.step)
         self._groups = nxt.entry
-        clocks["groups"] += time.monotonic() - t
-        t = time.monotonic()
-        nxt.bind.start(carried.step, nxt.grads)
         self._bind, self.model, self.optimizer = nxt.bind, nxt.bind.model, nxt.bind.optimizer
         # what the configuration before held goes once the job trains again
         self._after.give(_let_go, old_bind, old_state)
-        clocks["attach"] += attach + time.monotonic() - t
+        clocks["attach"] += time.monotonic() - t
         clocks["returned"] = time.time()
         self.clocks = clocks
         return self.model, self.optimizer, carried

@@ -388,7 +388,8 @@ def switch(registry: Registry, state: Optional[State], layout: Layout, rank: int
            training: Optional[Training] = None, timeout: float = 600.0,
            device: Union[str, torch.device, None] = None,
            target: Optional[State] = None, clocks: Optional[dict] = None,
-           free: bool = True) -> Tuple[Optional[State], Optional[Training]]:
+           free: bool = True, meanwhile: Optional[Callable[[], None]] = None
+           ) -> Tuple[Optional[State], Optional[Training]]:
     """Move the rank's state to `rank` of `layout` (-1: this device leaves;
     state None: this device joins and holds nothing yet): allocate the new
     buffers (on `device`, by default the state's, else the host), hand the
@@ -405,7 +406,9 @@ def switch(registry: Registry, state: Optional[State], layout: Layout, rank: int
     wait (done) and of the old buffers' release (freed), to set beside
     vps-exec's report. With free=False the State before is not freed: the
     caller frees it (State.free) when the pause is over; the registry no
-    longer holds its buffers.
+    longer holds its buffers. meanwhile, a callable, is called once the
+    request is made, before the wait: what the caller does while the
+    executors move the state (it must not touch the buffers).
 
     When the executors fail the switch (vps.PeerFailed with their message),
     the registry runs the old state again, whose buffers they never write,
@@ -440,6 +443,8 @@ def switch(registry: Registry, state: Optional[State], layout: Layout, rank: int
         if clocks is not None:
             clocks["requested"] = time.time()
         seq = registry.request()
+        if meanwhile is not None:
+            meanwhile()
         registry.wait(seq, timeout)
         if clocks is not None:
             clocks["done"] = time.time()

@@ -62,15 +62,16 @@ print()
 print("Per switch, the median over %d runs (ms); R is the pause over the transfer, each run's, then the median."
       % runs)
 print()
-print("| job | switch | pause | arrival | transfer (stages) | wake | registry | groups | build | attach | R per run | R |")
-print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+print("| job | switch | pause | arrival | transfer (stages) | beside it: hand-over | wake | registry | groups | build | "
+      "attach | R per run | R |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
 ratios, own = [], []
 for job, first, ps, med, r in per_switch(every):
     ratios += r
     own += [p["groups"] + p["build"] + p["attach"] + p["registry"] for p in ps]
-    print("| %s | %s -> %s | %s | %s | %s (%s) | %s | %s | %s | %s | %s | %s | %.2f |" % (
+    print("| %s | %s -> %s | %s | %s | %s (%s) | %s | %s | %s | %s | %s | %s | %s | %.2f |" % (
         job, first["from"], first["to"], ms(med("pause")), ms(med("arrival")), ms(med("transfer")),
-        ms(med("stages")), ms(med("wake")), ms(med("registry")), ms(med("groups")), ms(med("build")),
+        ms(med("stages")), ms(med("meanwhile")), ms(med("wake")), ms(med("registry")), ms(med("groups")), ms(med("build")),
         ms(med("attach")), " ".join("%.2f" % x for x in r), statistics.median(r)))
 ahead = [p["ahead"] for run in every for job in run for p in run[job] if p["ahead"]]
 print()
@@ -100,7 +101,7 @@ pretrain = [json.load(open("%s/pretrain%d.json" % (t, r + 1))) for r in range(ru
 print()
 print("Megatron-LM's pretrain() (tests/megatron/check_pretrain.py, vps.megatron_training), per switch, the median "
       "over %d runs (ms): the pause from the last rank stopping to the last training again; in it Job.switch (its "
-      "arrival, transfer and groups, build and attach as above), then the job's arguments and model config, and "
+      "arrival, transfer, the hand-over beside it, and groups, build and attach as above), then the job's arguments and model config, and "
       "the data iterators (taken, or made), and the data sets they are of (over the ranks: made, and taken from "
       "those made before); built: the configuration made ahead, by the training thread between "
       "two iterations right after the switch before (*ahead*: Job.prepare, then the data sets and iterators at "
@@ -108,20 +109,20 @@ print("Megatron-LM's pretrain() (tests/megatron/check_pretrain.py, vps.megatron_
       "asked for through the control file); after the pause, the collection of the configuration before, at the "
       "end of the next iteration, and the wait for vps-exec's exit, at the next boundary." % runs)
 print()
-print("| job | switch | built | pause | Job.switch | arrival | transfer | groups | build | attach | arguments | "
-      "iterators | data sets made, reused | ahead: prepare | ahead: data | after: collect | after: exit | "
-      "R per run | R |")
-print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+print("| job | switch | built | pause | Job.switch | arrival | transfer | beside it: hand-over | groups | build | "
+      "attach | arguments | iterators | data sets made, reused | ahead: prepare | ahead: data | after: collect | "
+      "after: exit | R per run | R |")
+print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
 ready_r, asked_r = [], []
 switches = list(per_switch(pretrain))
 for job, first, ps, med, r in switches:
     (ready_r if first["ahead"] else asked_r).extend(r)
     ahead = [sum(p["ahead"].values()) for p in ps if p["ahead"]]
     data = [p["data_ahead"] for p in ps if p["data_ahead"] is not None]
-    print("| %s | %s -> %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d, %d | %s | %s | %s | %s | %s | "
-          "%.2f |" % (
+    print("| %s | %s -> %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d, %d | %s | %s | %s | %s | "
+          "%s | %.2f |" % (
         job, first["from"], first["to"], "ahead" if first["ahead"] else "in the pause", ms(med("pause")),
-        ms(med("job")), ms(med("arrival")), ms(med("transfer")), ms(med("groups")), ms(med("build")),
+        ms(med("job")), ms(med("arrival")), ms(med("transfer")), ms(med("meanwhile")), ms(med("groups")), ms(med("build")),
         ms(med("attach")), ms(med("arguments")), ms(med("iterators")), *first["data_sets"],
         ms(statistics.median(ahead)) if ahead else "-", ms(statistics.median(data)) if data else "-",
         ms(med("collect")), ms(med("exit")), " ".join("%.2f" % x for x in r), statistics.median(r)))

@@ -78,6 +78,17 @@ setup() {
 	[ -z "$output" ]
 }
 
+@test "check_switch.py: a switch that fails leaves the Job as it was, the hand-over made during the transfer undone" {
+	# every executor shuts its data connections at the first switch's network stage: the
+	# ranks' Jobs have handed over (groups, gradients) while the executors ran, and must undo it
+	VPS_BIN=$VPS_FAULT_BIN VPS_FAULT=cut:1 run "$PY" "$TOP/tests/megatron/check_switch.py" --steps 5 --every 3 \
+		--model micro-gpt --optimizer adam --failed-switch
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"micro-gpt on 4 ranks: the switch at step 3 failed on every rank (rank 0: vps.PeerFailed: "* ]]
+	[[ "$output" == *"and the job trained on as it was: its model, optimizer, process groups and state, the static run's loss at every one of 5 steps"* ]]
+}
+
 @test "check_switch.py: bad arguments exit 2" {
 	expect_status 2 "$PY" "$TOP/tests/megatron/check_switch.py" --steps 0
 	[[ "$output" == *"--steps and --every must be at least 1"* ]]

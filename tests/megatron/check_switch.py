@@ -171,6 +171,10 @@ def arguments():
     a.add_argument("--no-prepare", action="store_true",
                    help="no Job.prepare: each switch builds the next configuration in its pause")
     a.add_argument("--pauses", help="write each switch's pause and its parts to this file (JSON; Adam's jobs)")
+    a.add_argument("--failed-switch", action="store_true",
+                   help="the executors fail the first switch (VPS_FAULT, the tests' vps-exec): every rank's Job "
+                        "must raise vps.Error and train on as it was, its objects, groups and state, the static "
+                        "run's loss at every step")
     args = a.parse_args()
     if (args.steps is not None and args.steps < 1) or (args.every is not None and args.every < 1):
         a.error("--steps and --every must be at least 1")
@@ -493,10 +497,11 @@ def check_groups(layout, rank, model):
                                % (rank, layout.describe()))
 
 
-def rank_main(rank, job_run, steps, every, registry, switching, ahead=True):
+def rank_main(rank, job_run, steps, every, registry, switching, ahead=True, failing=False):
     """One rank of the run: its losses, its Job's clocks of each switch, the
-    groups cache's counts, and (rank 0, switching) a line of figures per
-    switch."""
+    groups cache's counts, (rank 0, switching) a line of figures per
+    switch, and (failing: the first switch is to fail) the error the
+    switch raised."""
     CONFIGS = job_run.configs
     layouts = [vps.layout(job_run.model, c, WORLD) for c in CONFIGS]
     layout = layouts[0]
@@ -514,6 +519,7 @@ def rank_main(rank, job_run, steps, every, registry, switching, ahead=True):
         job = vps.megatron.Job(reg, layout, rank, model, optimizer)
     iteration = consumed = 0
     losses, switches, clocks = [], [], []
+    failed = None
     try:
         while iteration < steps:
             if switching and ahead and len(switches) < nswitches and job.prepared is None:
@@ -524,6 +530,11 @@ def rank_main(rank, job_run, steps, every, registry, switching, ahead=True):
                 new_layout = layouts[len(switches) + 1]
                 # vps: between two steps, the state moves to the new layout; the model and optimizer are prepare's
                 # (build's, made in the pause, for a configuration not prepared)
+                if failing:
+                    failed = failed_switch(job, new_layout, rank, vps.Training(step=iteration), layout, model,
+                                           optimizer, before)
+                    nswitches = 0
+                    continue
                 model, optimizer, carried = job.switch(new_layout, rank, vps.Training(
                     step=iteration, consumed_samples=consumed, scheduler_step=scheduler.num_steps,
                     global_batch=GLOBAL_BATCH, micro_batch=MICRO_BATCH), build)
@@ -561,7 +572,32 @@ def rank_main(rank, job_run, steps, every, registry, switching, ahead=True):
             reg.close()
     counts = vps.megatron.cached_configurations.counts
     return losses, switches, clocks, ({k: counts[k] for k in ("made", "reused", "evicted")},
-                                      len(vps.megatron.cached_configurations()))
+                                      len(vps.megatron.cached_configurations())), failed
+
+
+def failed_switch(job, new_layout, rank, training, layout, model, optimizer, before):
+    """A switch the executors fail: Job.switch must raise vps.Error and
+    leave the job as it was, its model and optimizer, its layout's process
+    groups, and its state (the hand-over made while the executors ran,
+    undone: the gradients' memory given back, the groups the job's own
+    again). Returns what the switch raised."""
+    try:
+        job.switch(new_layout, rank, training)
+    except vps.Error as e:
+        why = "vps.%s: %s" % (type(e).__name__, str(e).splitlines()[0])
+    else:
+        raise RuntimeError("the switch to %s did not fail" % new_layout.describe())
+    if any(a is not b for a, b in zip(job.model, model)) or len(job.model) != len(model) \
+            or job.optimizer is not optimizer or (job.layout.hash, job.rank) != (layout.hash, rank):
+        raise RuntimeError("after a failed switch the Job holds other objects or another layout")
+    if job.prepared is not None:
+        raise RuntimeError("after a failed switch the Job still holds %s prepared" % (job.prepared,))
+    check_groups(layout, rank, model)
+    after = gather(model, optimizer)
+    bad = rank == 0 and differs(before, after)
+    if bad:
+        raise RuntimeError("after a failed switch the state is not the state before: %s" % bad)
+    return why
 
 
 def refusals(rank, registry):
@@ -706,8 +742,8 @@ def check(args, tmp, registry):
             json.dump(every_pause, f, indent=1)
     # Adam's jobs first, as before; then a line per other optimizer
     for o in sorted(lines, key=lambda o: list(OPTIMIZER_LINES).index(o)):
-        print("%s%s (%.0f s); pause at most %.2f x the transfer" % (
-            OPTIMIZER_LINES[o], "; ".join(lines[o]), seconds[o], worst[o]))
+        print("%s%s (%.0f s)%s" % (OPTIMIZER_LINES[o], "; ".join(lines[o]), seconds[o],
+                                   "" if args.failed_switch else "; pause at most %.2f x the transfer" % worst[o]))
 
 
 def switched(args, job_run, tmp, registry):
@@ -717,6 +753,7 @@ def switched(args, job_run, tmp, registry):
     job_run = copy.copy(job_run)
     job_run.configs = configs
     procs, nplans = executors(tmp, job_run, steps, every, registry)
+    failing = args.failed_switch
 
     def executor_failed():
         for r, p in enumerate(procs):
@@ -727,12 +764,12 @@ def switched(args, job_run, tmp, registry):
     try:
         try:
             results = mcore.run_ranks(WORLD, lambda r: rank_main(r, job_run, steps, every, registry, True,
-                                                                 not args.no_prepare),
-                                      timeout=args.timeout, watch=executor_failed)
+                                                                 not args.no_prepare, failing),
+                                      timeout=args.timeout, watch=None if failing else executor_failed)
         except RuntimeError as e:
             sys.exit("check_switch.py: %s: %s" % (job_run.label, e))
         failed = [r for r in results if isinstance(r, mcore.RankError)]
-        if failed:
+        if failed and not failing:
             # the ranks may see an executor's failure (its abort) before the
             # watch sees it exit: the executor is the cause, named as such
             deadline = time.monotonic() + EXECUTOR_EXIT
@@ -748,17 +785,24 @@ def switched(args, job_run, tmp, registry):
                 print("== exec.%d.log\n%s" % (r, open(os.path.join(tmp, "exec.%d.log" % r)).read()[-2000:]),
                       file=sys.stderr)
             sys.exit("check_switch.py: %s: %s" % (job_run.label, failed[0]))
+        if failed:
+            # the first to fail is the cause; the others lost it as a peer
+            first = min(failed, key=lambda f: "Connection" in str(f))
+            print(first.trace, file=sys.stderr)
+            sys.exit("check_switch.py: %s: after the failed switch: %s" % (job_run.label, first))
         deadline = time.monotonic() + 30
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:
         stop(procs)
     for r, p in enumerate(procs):
-        if p.returncode:
+        if p.returncode and not failing:
             sys.exit("check_switch.py: %s: vps-exec rank %d exited with %d:\n%s" % (
                 job_run.label, r, p.returncode, open(os.path.join(tmp, "exec.%d.log" % r)).read()[-2000:]))
     digests = sum(open(os.path.join(tmp, "exec.%d.log" % r)).read().count("digest: match") for r in range(WORLD))
-    losses, switches, _, (counts, held) = results[0]
+    losses, switches, _, (counts, held), why = results[0]
+    if failing:
+        return failed_line(args, job_run, results, steps, every, registry), []
     if len(switches) != nplans or digests != nplans * WORLD:
         sys.exit("check_switch.py: %s: %d switches of %d, %d digests matched of %d" % (
             job_run.label, len(switches), nplans, digests, nplans * WORLD))
@@ -769,13 +813,7 @@ def switched(args, job_run, tmp, registry):
     pauses = breakdown(tmp, [r[2] for r in results], nplans)
     for k, p in enumerate(pauses):
         p["from"], p["to"] = job_run.configs[k], job_run.configs[k + 1]
-    static = mcore.run_ranks(WORLD, lambda r: rank_main(r, job_run, steps, every, registry, False),
-                             timeout=args.timeout)
-    bad = [r for r in static if isinstance(r, mcore.RankError)]
-    if bad:
-        print(bad[0].trace, file=sys.stderr)
-        sys.exit("check_switch.py: %s: the static run: %s" % (job_run.label, bad[0]))
-    ref = static[0][0]
+    ref = static_losses(args, job_run, steps, every, registry)
     for k, ((at, src, dst, n, elems), p) in enumerate(zip(switches, pauses)):
         if args.verbose:
             print("%s switch %d at step %d: %s -> %s: %d tensors, %d elements, equal bit for bit; pause %s"
@@ -803,6 +841,36 @@ def switched(args, job_run, tmp, registry):
             % (job_run.name, WORLD, ", " + job_run.what if job_run.what else "", len(switches),
                "" if len(switches) == 1 else "es", " -> ".join(shown), MAX_REL, worst, worst_at))
     return line, pauses
+
+
+def static_losses(args, job_run, steps, every, registry):
+    """The losses of the job trained without a switch."""
+    static = mcore.run_ranks(WORLD, lambda r: rank_main(r, job_run, steps, every, registry, False),
+                             timeout=args.timeout)
+    bad = [r for r in static if isinstance(r, mcore.RankError)]
+    if bad:
+        print(bad[0].trace, file=sys.stderr)
+        sys.exit("check_switch.py: %s: the static run: %s" % (job_run.label, bad[0]))
+    return static[0][0]
+
+
+def failed_line(args, job_run, results, steps, every, registry):
+    """--failed-switch: every rank's Job raised at the first switch and
+    trained on as it was (failed_switch); its losses are the static run's,
+    bit for bit. The job's part of the summary line."""
+    whys = [r[4] for r in results]
+    if None in whys:
+        sys.exit("check_switch.py: %s: rank %d's switch did not fail" % (job_run.label, whys.index(None)))
+    losses, ref = results[0][0], static_losses(args, job_run, steps, every, registry)
+    if len(losses) != len(ref):
+        sys.exit("check_switch.py: %s: %d steps trained, the static run %d" % (job_run.label, len(losses), len(ref)))
+    for i, (x, y) in enumerate(zip(losses, ref)):
+        if x != y:
+            sys.exit("check_switch.py: %s: step %d, after the failed switch: loss %.9g, the static run's %.9g"
+                     % (job_run.label, i + 1, x, y))
+    return ("%s on %d ranks: the switch at step %d failed on every rank (rank 0: %s) and the job trained on as it "
+            "was: its model, optimizer, process groups and state, the static run's loss at every one of %d steps"
+            % (job_run.name, WORLD, every, whys[0], steps))
 
 
 # how many configurations' groups the ranks keep: fewer than a run visits, so that one is evicted and,
@@ -870,8 +938,10 @@ def pause_parts(jc, ex):
     what the Job did in the pause on its slowest rank: the groups
     installed, build (nothing when prepared), the hand-over (attach) and
     the wake-up after vps-exec's done (wake: the registry's wait seeing it,
-    the old buffers freed, the new ones registered as sources); ahead, what
-    prepare took before (the slowest rank's)."""
+    the old buffers freed, the new ones registered as sources); beside it,
+    the hand-over a prepared switch makes while the executors move the
+    state (meanwhile, the slowest rank's: in the transfer, not after it);
+    ahead, what prepare took before (the slowest rank's)."""
     called = max(c["called"] for c in jc)
     p = {"pause": max(c["returned"] for c in jc) - called,
          "arrival": max(e["started_at"] for e in ex) - called,
@@ -880,7 +950,7 @@ def pause_parts(jc, ex):
          "wake": max(c["done"] for c in jc) - max(e["done_at"] for e in ex),
          "registry": max(c["switched"] - c["done"] for c in jc),
          "skew": called - min(c["called"] for c in jc)}
-    for part in ("groups", "build", "attach"):
+    for part in ("groups", "build", "attach", "meanwhile"):
         p[part] = max(c[part] for c in jc)
     ahead = [c["ahead"] for c in jc if c["ahead"]]
     p["ahead"] = {part: max(a[part] for a in ahead) for part in ahead[0]} if ahead else None
@@ -895,9 +965,10 @@ def parts(p):
     """What describe says of a pause's parts: those in it, and what was
     made ahead."""
     ms = lambda x: "%.1f" % (x * 1e3)  # noqa: E731
-    inside = "arrival %s, transfer %s [stages %s], wake %s, registry %s, groups %s, build %s, attach %s; ranks " \
-        "called within %s" % (ms(p["arrival"]), ms(p["transfer"]), ms(p["stages"]), ms(p["wake"]),
-                              ms(p["registry"]), ms(p["groups"]), ms(p["build"]), ms(p["attach"]), ms(p["skew"]))
+    inside = "arrival %s, transfer %s [stages %s; hand-over beside it %s], wake %s, registry %s, groups %s, " \
+        "build %s, attach %s; ranks called within %s" % (
+            ms(p["arrival"]), ms(p["transfer"]), ms(p["stages"]), ms(p["meanwhile"]), ms(p["wake"]),
+            ms(p["registry"]), ms(p["groups"]), ms(p["build"]), ms(p["attach"]), ms(p["skew"]))
     ahead = ""
     if p["ahead"]:
         ahead = "; ahead %s ms (target %s, groups %s, build %s, attach %s)" % (

@@ -330,8 +330,14 @@ class Names(unittest.TestCase):
         collecting, wait = [], self.reg.wait
         self.reg.wait = lambda seq, timeout: (collecting.append(gc.isenabled()), wait(seq, timeout))[1]
         self.assertTrue(gc.isenabled())
+        # meanwhile: once, with the request made and before the wait
+        seen = []
+        meanwhile = lambda: seen.append((self.reg.state()[0], len(collecting)))  # noqa: E731
         new, carried = vps.switch(self.reg, s, b, 0, training=vps.Training(step=7, consumed_samples=56, global_batch=8),
-                                  timeout=60)
+                                  timeout=60, meanwhile=meanwhile)
+        self.assertEqual(len(seen), 1)
+        self.assertIn(seen[0][0], (vps.registry.REQUESTED, vps.registry.RUNNING, vps.registry.DONE))
+        self.assertEqual(seen[0][1], 0)
         self.assertEqual((collecting, gc.isenabled()), ([False], True))
         self.assertEqual(ex.wait(60), 0, self.exec_log())
         self.assertIn("digest: match", self.exec_log())
@@ -758,7 +764,7 @@ class Api(unittest.TestCase):
         import inspect
         params = inspect.signature(vps.switch).parameters
         self.assertEqual([n for n, p in params.items() if p.kind == p.KEYWORD_ONLY],
-                         ["training", "timeout", "device", "target", "clocks", "free"])
+                         ["training", "timeout", "device", "target", "clocks", "free", "meanwhile"])
         lay = vps.layout("micro-llama", "tp=1")
         with vps.Registry("vps-pytest-%d" % os.getpid(), lay, 0) as reg:
             with self.assertRaises(TypeError):
