@@ -65,3 +65,12 @@ shm_left() { # PREFIX BEFORE
 	done
 	return 0
 }
+
+# Rank R's transfers (vps-plan --transfers --rank R --format tsv ARGS...:
+# layouts A B with options, or a plan) as records to compare between
+# plans: the piece column (15), each plan's own numbering, left out.
+transfers_of() { # R ARGS...
+	local r=$1
+	shift
+	vps-plan --transfers --rank "$r" --format tsv "$@" | cut -f1-14
+}

@@ -104,8 +104,8 @@ tp2() {
 		vps-plan -q --lost 1 --rank $r a.layout b.layout | vps-stage -q --budget 1MiB - -o s.$r.staged
 		vps-verify -q s.$r.staged
 		# the same records; the pieces numbered in each plan (column 15)
-		vps-plan --lost 1 --rank $r --transfers a.layout b.layout --format tsv | cut -f1-14 > mine.$r
-		vps-plan --transfers --rank $r p.yaml --format tsv | cut -f1-14 > global.$r
+		transfers_of $r --lost 1 a.layout b.layout > mine.$r
+		transfers_of $r p.yaml > global.$r
 		cmp mine.$r global.$r
 	done
 }

@@ -167,8 +167,8 @@ stat() { # key from a --stats listing in $output
 	[ "$sent0" -lt "$moved" ]
 	for r in 0 1 2 3; do
 		# the same records; the pieces numbered in each plan (column 15)
-		vps-plan --relay --transfers --rank "$r" --format tsv a.layout b.layout | cut -f1-14 > rank.tsv
-		vps-plan --transfers --rank "$r" --format tsv r.yaml | cut -f1-14 > global.tsv
+		transfers_of "$r" --relay a.layout b.layout > rank.tsv
+		transfers_of "$r" r.yaml > global.tsv
 		cmp rank.tsv global.tsv
 	done
 	# a forward says so (the forward column), and its src_buffer is the
@@ -191,10 +191,8 @@ stat() { # key from a --stats listing in $output
 	vps-plan -q --relay p4.layout d4.layout -o relayed.plan
 	vps-plan -q p4.layout d4.layout -o auto.plan
 	for r in 0 1 2 3; do
-		cmp <(vps-plan --transfers --rank $r --format tsv direct.plan | cut -f1-14) \
-			<(vps-plan --transfers --rank $r --format tsv relayed.plan | cut -f1-14)
-		cmp <(vps-plan --transfers --rank $r --format tsv direct.plan | cut -f1-14) \
-			<(vps-plan --transfers --rank $r --format tsv auto.plan | cut -f1-14)
+		cmp <(transfers_of $r direct.plan) <(transfers_of $r relayed.plan)
+		cmp <(transfers_of $r direct.plan) <(transfers_of $r auto.plan)
 	done
 	# the plan says how it was planned (--relay alone is always): ranks
 	# compare that too; one without relays says nothing, as before them
@@ -321,8 +319,7 @@ stat() { # key from a --stats listing in $output
 	vps-plan -q d4.layout d6.layout -o auto.plan
 	vps-plan -q --no-relay d4.layout d6.layout -o direct.plan
 	for r in 0 4 5; do
-		cmp <(vps-plan --transfers --rank $r --format tsv direct.plan | cut -f1-14) \
-			<(vps-plan --transfers --rank $r --format tsv auto.plan | cut -f1-14)
+		cmp <(transfers_of $r direct.plan) <(transfers_of $r auto.plan)
 	done
 	# three of three: relayed by default, not by the count of --relay
 	stats d3.layout d6.layout
@@ -332,8 +329,8 @@ stat() { # key from a --stats listing in $output
 	vps-plan -q d3.layout d6.layout -o auto.plan
 	expect_status 0 vps-verify auto.plan
 	for r in 0 3 5; do
-		vps-plan --transfers --rank $r --format tsv d3.layout d6.layout | cut -f1-14 > rank.tsv
-		vps-plan --transfers --rank $r --format tsv auto.plan | cut -f1-14 > global.tsv
+		transfers_of $r d3.layout d6.layout > rank.tsv
+		transfers_of $r auto.plan > global.tsv
 		cmp rank.tsv global.tsv
 	done
 	# what a relay mode is, and what goes with what
@@ -372,8 +369,8 @@ stat() { # key from a --stats listing in $output
 		cmp <(grep '^relay' $f.yaml) <(grep '^  relay' $f.shown | sed 's/^  //')
 	done
 	# the rank plans of each mode are the global plan's parts
-	vps-plan --transfers --rank 2 --format tsv --topology a800-testbed a.layout b.layout | cut -f1-14 > rank.tsv
-	cmp rank.tsv <(vps-plan --transfers --rank 2 --format tsv weighed.yaml | cut -f1-14)
+	transfers_of 2 --topology a800-testbed a.layout b.layout > rank.tsv
+	cmp rank.tsv <(transfers_of 2 weighed.yaml)
 	sed 's/^relay: true$/relay: perhaps/' always.yaml > bad.yaml
 	expect_status 2 vps-verify bad.yaml
 	[[ "$output" == *"relay: 'perhaps' is none of true, false and auto"* ]]
