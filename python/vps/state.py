@@ -408,7 +408,8 @@ def switch(registry: Registry, state: Optional[State], layout: Layout, rank: int
     caller frees it (State.free) when the pause is over; the registry no
     longer holds its buffers. meanwhile, a callable, is called once the
     request is made, before the wait: what the caller does while the
-    executors move the state (it must not touch the buffers).
+    executors move the state (it must not touch the buffers); what it
+    raises is raised with the switch under way, as on a timeout.
 
     When the executors fail the switch (vps.PeerFailed with their message),
     the registry runs the old state again, whose buffers they never write,
@@ -437,20 +438,25 @@ def switch(registry: Registry, state: Optional[State], layout: Layout, rank: int
         registry.training = training
     dev = device or (state.device if state else "cpu")
     new = target if target is not None else State.allocate(registry, layout, rank, TARGET, dev) if rank >= 0 else None
-    seq = None
+    seq, waited = None, False
     try:
         registry.set_target(layout, rank)
         if clocks is not None:
             clocks["requested"] = time.time()
         seq = registry.request()
         if meanwhile is not None:
-            meanwhile()
+            try:
+                meanwhile()
+            except BaseException as e:
+                e.seq = seq
+                raise
+        waited = True
         registry.wait(seq, timeout)
         if clocks is not None:
             clocks["done"] = time.time()
     except Error as e:
         e.seq = seq
-        if registry.state()[0] in (REQUESTED, RUNNING):
+        if (seq is not None and not waited) or registry.state()[0] in (REQUESTED, RUNNING):
             raise
         sources_again(registry, state)
         if new:

@@ -377,6 +377,23 @@ class Names(unittest.TestCase):
         self.assertEqual(e.exception.name, "VPS_ETIMEOUT")
         self.assertEqual(self.reg.state(), (vps.registry.REQUESTED, e.exception.seq))
 
+    def test_what_meanwhile_raises_leaves_the_switch_under_way(self):
+        a, b = vps.layout("micro-llama", "tp=1"), vps.layout("micro-llama", "tp=1,zero=1")
+        for raised in (RuntimeError("the caller's"), vps.InvalidInput("the caller's")):
+            with self.subTest(raised=type(raised).__name__), \
+                    vps.Registry("vps-pytest-%d-%s" % (os.getpid(), type(raised).__name__), a, 0) as reg:
+                s = vps.State.allocate(reg, a, 0)
+
+                def meanwhile():
+                    raise raised
+                with self.assertRaises(type(raised)) as e:
+                    vps.switch(reg, s, b, 0, training=vps.Training(step=3, global_batch=8), timeout=60,
+                               meanwhile=meanwhile)
+                self.assertIs(e.exception, raised)
+                # requested, not waited for, nothing undone: as on a timeout
+                self.assertEqual(reg.state(), (vps.registry.REQUESTED, e.exception.seq))
+                self.assertEqual({x.role for x in reg.entries()}, {vps.SOURCE, vps.TARGET})
+
 
 # Every public method of each wrapper of a C handle, called as a user would
 # after close(): (name, the call on obj). Run in a child process, so that a
