@@ -179,6 +179,8 @@ if [[ $torch_cuda == *True* ]] && "$py" -c 'import megatron.core' >/dev/null 2>&
 		"$py" tests/gpu/megatron_job.py -v
 	bench "Megatron-Core job on the GPU switched by vps, built in the pause" 150 megatron-unprepared \
 		"$py" tests/gpu/megatron_job.py --no-prepare
+	bench "Megatron-Core job on the GPU whose switch fails: the hand-over undone, the job trains on" 150 \
+		megatron-failed env VPS_BIN="$PWD/build/fault-bin" VPS_FAULT=exit:0 "$py" tests/gpu/megatron_job.py --failed-switch
 else
 	say "SKIP Megatron-Core on the GPU: no megatron-core here (carry it: pip download megatron-core==0.19.2 emerging_optimizers==0.3.0 -d .whl) or no torch with CUDA"
 	failed=1

@@ -89,6 +89,16 @@ setup() {
 	[[ "$output" == *"and the job trained on as it was: its model, optimizer, process groups and state, the static run's loss at every one of 5 steps"* ]]
 }
 
+@test "megatron_job.py --failed-switch (gpu-check.sh's, here on the CPU): the executor dies, the job trains on as it was" {
+	VPS_BIN=$VPS_FAULT_BIN VPS_FAULT=exit:0 run "$PY" "$TOP/tests/gpu/megatron_job.py" --device cpu --failed-switch
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"vps-exec died at the switch at step 3 (exit 3) and Job.switch raised (vps.PeerFailed: "* ]]
+	[[ "$output" == *"the job trained on as it was: its state equal bit for bit, its loss the static run's (equal at every step)"* ]]
+	VPS_BIN=$VPS_BIN expect_status 1 "$PY" "$TOP/tests/gpu/megatron_job.py" --device cpu --failed-switch --steps 2
+	[[ "$output" == *"the switch did not fail"* ]]
+}
+
 @test "check_switch.py: bad arguments exit 2" {
 	expect_status 2 "$PY" "$TOP/tests/megatron/check_switch.py" --steps 0
 	[[ "$output" == *"--steps and --every must be at least 1"* ]]

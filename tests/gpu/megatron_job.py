@@ -31,6 +31,13 @@ scripts/convergence.sh's bound) of the static run's on DEVICE and of the
 CPU run's at every step.
 
     megatron_job.py [-v] [--device cuda|cpu] [--steps N] [--every K] [--no-prepare] [--keep DIR]
+    VPS_BIN=build/fault-bin VPS_FAULT=exit:0 megatron_job.py --failed-switch [--device cuda|cpu]
+
+With --failed-switch the executor (the tests' vps-exec, make fault-bin)
+dies at the first switch: Job.switch must raise vps.PeerFailed with the
+hand-over it made while the executor ran undone (the gradients' memory on
+the device given back, the job's groups), and the job train on as it was,
+its state the same bit for bit, its loss the static run's.
 
 Prints a line per switch with -v, then one summary line; exit 1 naming what
 differs, 2 on bad arguments."""
@@ -173,7 +180,7 @@ def job(a):
     model, optimizer = build(layouts[0])
     scheduler = cs.make_scheduler(optimizer, a.steps, 0)
     nswitches = min(len(CONFIGS) - 1, (a.steps - 1) // a.every) if a.switched else 0
-    reg = jb = None
+    reg = jb = failed = None
     losses, switches = [], []
     iteration = consumed = 0
     try:
@@ -187,6 +194,12 @@ def job(a):
             if a.switched and iteration and iteration % a.every == 0 and len(switches) < nswitches:
                 before = cs.gather(model, optimizer)
                 to = layouts[len(switches) + 1]
+                if a.failed_switch:
+                    failed = cs.failed_switch(jb, to, 0, vps.Training(step=iteration), layouts[0], model,
+                                              optimizer, before)
+                    on_device(model, optimizer, jb.state)
+                    nswitches = 0
+                    continue
                 model, optimizer, carried = jb.switch(to, 0, vps.Training(
                     step=iteration, consumed_samples=consumed, scheduler_step=scheduler.num_steps,
                     global_batch=cs.GLOBAL_BATCH, micro_batch=cs.MICRO_BATCH), build)
@@ -218,7 +231,7 @@ def job(a):
             dist.destroy_process_group()
     gpu = torch.cuda.get_device_name(0) if cuda else None
     with open(a.out, "w") as f:
-        json.dump(dict(losses=losses, switches=switches, gpu=gpu, nswitches=nswitches), f)
+        json.dump(dict(losses=losses, switches=switches, gpu=gpu, nswitches=nswitches, failed=failed), f)
 
 
 # ---- the check: executors, the three runs, their comparison ----
@@ -247,7 +260,8 @@ def one_run(a, tmp, name, device, switched, registry=None):
     cmd = [sys.executable, os.path.abspath(__file__), "--run", "--device", device, "--steps", str(a.steps),
            "--every", str(a.every), "--store", os.path.join(tmp, name + ".store"), "--out", out]
     if switched:
-        cmd += ["--switched", "--registry", registry] + (["--no-prepare"] if a.no_prepare else [])
+        cmd += ["--switched", "--registry", registry] + (["--no-prepare"] if a.no_prepare else []) \
+            + (["--failed-switch"] if a.failed_switch else [])
     with open(os.path.join(tmp, name + ".log"), "w") as log:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=a.timeout).returncode
     if rc:
@@ -296,6 +310,8 @@ def check(a, tmp):
     if sw is None:
         print(exec_log[-2000:], file=sys.stderr)
         sys.exit("megatron_job.py: the switched run on %s failed (its log above)" % a.device)
+    if a.failed_switch:
+        return failed_line(a, tmp, sw, ex.returncode)
     if ex.returncode:
         sys.exit("megatron_job.py: vps-exec exited with %d:\n%s" % (ex.returncode, exec_log[-2000:]))
     digests = exec_log.count("digest: match")
@@ -342,6 +358,27 @@ def check(a, tmp):
              "not installed: the precision-aware optimizer and grouped GEMM not run"))
 
 
+def failed_line(a, tmp, sw, status):
+    """--failed-switch: the executor died, the Job raised and trained on as
+    it was; its loss the static run's (bit for bit on the CPU)."""
+    if not sw["failed"]:
+        sys.exit("megatron_job.py: the switch did not fail (VPS_BIN=build/fault-bin VPS_FAULT=exit:0?)")
+    if not status:
+        sys.exit("megatron_job.py: the switch failed, and vps-exec exited with 0")
+    static = one_run(a, tmp, "static", a.device, False)
+    if static is None:
+        sys.exit("megatron_job.py: the static run on %s failed (its log above)" % a.device)
+    if a.device == "cpu" and sw["losses"] != static["losses"]:
+        sys.exit("megatron_job.py: after the failed switch the loss differs from the static run's: %s, %s"
+                 % (sw["losses"], static["losses"]))
+    worst, at = compare(sw["losses"], static["losses"], "the static run's on " + a.device)
+    where = "1 GPU (%s)" % sw["gpu"] if sw["gpu"] else "the CPU"
+    print("megatron_job.py: micro-gpt on %s: vps-exec died at the switch at step %d (exit %d) and Job.switch raised "
+          "(%s); the hand-over made while it ran undone, the job trained on as it was: its state equal bit for bit, "
+          "its loss the static run's (%s)" % (where, a.every, status, sw["failed"],
+                                              "largest %.1e, step %d" % (worst, at) if worst else "equal at every step"))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-v", "--verbose", action="store_true")
@@ -351,6 +388,9 @@ def main():
     p.add_argument("--no-prepare", action="store_true", help="each switch builds the next configuration in its pause")
     p.add_argument("--keep", help="keep the plans, logs and results in this directory")
     p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--failed-switch", action="store_true",
+                   help="the executor dies at the first switch (VPS_BIN=build/fault-bin VPS_FAULT=exit:0): the job "
+                        "must train on as it was")
     # one run (the check starts these itself)
     p.add_argument("--run", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--switched", action="store_true", help=argparse.SUPPRESS)
