@@ -39,21 +39,22 @@ carried: the training scalars (vps.Training), of which `step` is also
 Adam's step count (Adam's, the scalar optimizer's under Muon and Lion; SGD,
 Lion and Muon keep none).
 
-The pause holds the transfer, and the hand-over runs beside it. Job.prepare does the rest
-while the job trains: it allocates and registers the next configuration's
-buffers (vps-exec maps them before the request), makes or takes from the
-cache the next configuration's process groups, and calls build under a
-skeleton (below): Megatron's constructors make the model chunks, DDP and
-the optimizer without initialising a weight or allocating a state buffer,
-and their tensors are pointed into the buffers the switch will fill. The
-switch then requests the move and, while the executors move the state,
-gives the gradients' memory before back, installs the next
-configuration's groups and random-number states and gives Adam its step
-and the gradient buffers their memory (none of it state vps moves: a
-failed switch undoes it), and returns build's objects once the state is
-in. Job.switch without a prepare does it all in the pause (build given). What else the next configuration needs
-made with its groups before the switch (vps.megatron_training makes its
-data sets) is made in a Job.prepared_groups() block.
+The pause holds the transfer, and the hand-over runs beside it. Job.prepare
+does the rest while the job trains: it allocates and registers the next
+configuration's buffers (vps-exec maps them before the request), makes or
+takes from the cache the next configuration's process groups, and calls
+build under a skeleton (below): Megatron's constructors make the model
+chunks, DDP and the optimizer without initialising a weight or allocating a
+state buffer, and their tensors are pointed into the buffers the switch
+will fill. The switch then requests the move and, while the executors move
+the state, gives the gradients' memory before back, installs the next
+configuration's groups and random-number states and gives Adam its step and
+the gradient buffers their memory (none of it state vps moves: a failed
+switch undoes it), and returns build's objects once the state is in.
+Job.switch without a prepare does it all in the pause (build given). What
+else the next configuration needs made with its groups before the switch
+(vps.megatron_training makes its data sets) is made in a
+Job.prepared_groups() block.
 
 Process groups (initialize_groups): Megatron keeps its groups in module
 globals of megatron.core.parallel_state, which every constructor and every
@@ -1531,14 +1532,14 @@ class Job:
         Job.clocks then holds the switch's clocks: called, requested,
         done (the executors' done seen), freed (the buffers before freed),
         switched (vps's switch returned) and returned (time.time() wall
-        clocks, to set beside vps-exec's report), the seconds of the pause spent making
-        process groups (groups), in build (build) and handing over (attach:
-        the objects before emptied, the next ones started); meanwhile, the
-        seconds of the hand-over done while the executors moved the state
-        (the gradients' memory before given back, the next configuration's
-        groups, random-number states, gradient memory and Adam's step);
-        ahead, what Job.prepare took before the pause (target, groups,
-        build, attach).
+        clocks, to set beside vps-exec's report), the seconds of the pause
+        spent making process groups (groups), in build (build) and handing
+        over (attach: the objects before emptied, the next ones started);
+        meanwhile, the seconds of the hand-over done while the executors
+        moved the state (the gradients' memory before given back, the next
+        configuration's groups, random-number states, gradient memory and
+        Adam's step); ahead, what Job.prepare took before the pause
+        (target, groups, build, attach).
 
         When the executors fail the switch, vps.Error is raised and the job
         goes on as it was (see vps.switch; a prepared configuration is
