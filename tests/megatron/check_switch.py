@@ -786,10 +786,11 @@ def switched(args, job_run, tmp, registry):
                       file=sys.stderr)
             sys.exit("check_switch.py: %s: %s" % (job_run.label, failed[0]))
         if failed:
-            # the first to fail is the cause; the others lost it as a peer
-            first = min(failed, key=lambda f: "Connection" in str(f))
-            print(first.trace, file=sys.stderr)
-            sys.exit("check_switch.py: %s: after the failed switch: %s" % (job_run.label, first))
+            # one rank's failure is the cause, the others' may be its consequence (a peer gone): every one said
+            for f in failed:
+                print(f.trace, file=sys.stderr)
+            sys.exit("check_switch.py: %s: after the failed switch: %s" % (
+                job_run.label, "; ".join(str(f) for f in failed)))
         deadline = time.monotonic() + 30
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -800,7 +801,7 @@ def switched(args, job_run, tmp, registry):
             sys.exit("check_switch.py: %s: vps-exec rank %d exited with %d:\n%s" % (
                 job_run.label, r, p.returncode, open(os.path.join(tmp, "exec.%d.log" % r)).read()[-2000:]))
     digests = sum(open(os.path.join(tmp, "exec.%d.log" % r)).read().count("digest: match") for r in range(WORLD))
-    losses, switches, _, (counts, held), why = results[0]
+    losses, switches, _, (counts, held), _ = results[0]
     if failing:
         return failed_line(args, job_run, results, steps, every, registry), []
     if len(switches) != nplans or digests != nplans * WORLD:
