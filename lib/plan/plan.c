@@ -2655,6 +2655,22 @@ static double least_nic_time(void *arg, int64_t w)
 	return (double)vps_min64(d.forced_best[1], d.forced_link[1]) / c->topo->inter_node_bandwidth;
 }
 
+/* What device w sends over its NICs in the plan (before transit, which
+ * changes no sender's NICs), in bytes; 0 where it cannot be planned. */
+static double nic_send_bytes(void *arg, int64_t w)
+{
+	struct ctx *c = arg;
+	struct vps_pieces p = {0};
+	int32_t node = vps_world_device(c->w, w).node;
+	double bytes = 0;
+	if (plan_sends(c, w, &p) == VPS_OK)
+		for (size_t i = 0; i < p.n; i++)
+			if (p.v[i].dst != w && vps_world_device(c->w, p.v[i].dst).node != node)
+				bytes += (double)vps_piece_bytes(&p.v[i]);
+	free(p.v);
+	return bytes;
+}
+
 /* A device's transit area at most: half of what it holds under B, so that
  * a switch holds at most 1.5x the target state there beside the source's
  * (docs/relay.md, "Transit": a quarter gave up most of the gains). */
@@ -2700,7 +2716,9 @@ static vps_result_t node_arrivals(struct ctx *c, int32_t node, const struct vps_
 	}
 	struct vps_transit_node tn = {.w = c->w, .node = node, .devices = dev, .ndevices = n,
 				      .intra = c->topo->intra_node_bandwidth, .inter = c->topo->inter_node_bandwidth,
+				      .latency = c->topo->latency,
 				      .area_max = area_max, .forwards = forwards_of, .least_send = least_nic_time,
+				      .nic_sends = nic_send_bytes,
 				      .arg = c};
 	VPS_CHECK(vps_transit_route(&tn, &ns->set));
 	ns->used = true;

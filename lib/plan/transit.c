@@ -35,12 +35,15 @@ struct tdev {
 	double eligible; /* NIC arrivals it may have carried by another */
 	int64_t area;    /* bytes of its transit area so far */
 	int64_t area_max;
+	uint64_t mates;  /* node-mates it newly shares with (bit i: device i, mod 64) */
+	double nic_send; /* bytes it sends over its NICs (shares only) */
 };
 
 struct tnode {
 	const struct vps_transit_node *tn;
 	struct tdev *d;
 	size_t n;
+	size_t shares; /* boxes a device now passes on to a node-mate (share_pair) */
 };
 
 static struct tdev *find(const struct tnode *t, int64_t w)
@@ -469,30 +472,18 @@ static void drop_emptied(struct vps_pieces *set)
 	set->n = kept;
 }
 
-vps_result_t vps_transit_route(const struct vps_transit_node *tn, struct vps_pieces *set)
+/* Each device's loads by the set as it stands. */
+static void tally(struct tnode *t, const struct vps_pieces *set)
 {
-	if (tn->ndevices < 2 || !(tn->intra > 0) || !(tn->inter > 0))
-		return VPS_OK;
-	struct tnode t = {.tn = tn, .n = tn->ndevices};
-	struct vps_pieces out = {0}, was = {0};
-	struct fwds f = {0};
-	t.d = vps_calloc(t.n, sizeof(*t.d));
-	f.of = vps_calloc(t.n, sizeof(*f.of));
-	f.fetched = vps_calloc(t.n, sizeof(*f.fetched));
-	vps_result_t rc = t.d && f.of && f.fetched ? mark(&f, set) : VPS_ENOMEM;
-	if (rc)
-		goto done;
-	for (size_t i = 0; i < t.n; i++) {
-		t.d[i].w = tn->devices[i];
-		t.d[i].area_max = tn->area_max[i];
-	}
+	for (size_t i = 0; i < t->n; i++)
+		t->d[i].nic_recv = t->d[i].nvl_recv = t->d[i].nvl_send = 0;
 	for (size_t i = 0; i < set->n; i++) {
 		const struct vps_piece *x = &set->v[i];
-		struct tdev *dst = find(&t, x->dst), *src = x->src == x->dst ? NULL : find(&t, x->src);
+		struct tdev *dst = find(t, x->dst), *src = x->src == x->dst ? NULL : find(t, x->src);
 		double bytes = (double)vps_piece_bytes(x);
 		if (!dst || x->src == x->dst)
 			continue;
-		if (on_node(&t, x->src)) {
+		if (on_node(t, x->src)) {
 			dst->nvl_recv += bytes;
 			if (src)
 				src->nvl_send += bytes;
@@ -500,65 +491,350 @@ vps_result_t vps_transit_route(const struct vps_transit_node *tn, struct vps_pie
 			dst->nic_recv += bytes;
 		}
 	}
-	double T0 = busiest(&t), floor = senders_floor(tn, set);
+}
+
+/* Restore the set as it was (kept in was). */
+static vps_result_t restore(struct vps_pieces *set, const struct vps_pieces *was)
+{
+	set->n = 0;
+	VPS_CHECK(VPS_GROW(set->v, set->cap, was->n));
+	memcpy(set->v, was->v, was->n * sizeof(*was->v));
+	set->n = was->n;
+	return VPS_OK;
+}
+
+static vps_result_t keep(struct vps_pieces *was, const struct vps_pieces *set)
+{
+	was->n = 0;
+	VPS_CHECK(VPS_GROW(was->v, was->cap, set->n));
+	memcpy(was->v, set->v, set->n * sizeof(*set->v));
+	was->n = set->n;
+	return VPS_OK;
+}
+
+/* ---- sharing once over NVLink ----
+ *
+ * A device of the node that sends one box to two node-mates sends it to
+ * one of them only where it is the node's busiest sender over NVLink: the
+ * other takes the box from that one's B buffer, a hop later, as entering
+ * once does for what comes over the NICs. No sender's NIC and no other
+ * node changes; the sender's NVLink time falls by what it no longer sends
+ * and the relay's rises as much, as long as it stays at or below the
+ * node's level (the node's NVLink sends on average, or its busiest
+ * receives, whichever is more). In llama2-13b-ablation-s1-s2 (data
+ * parallelism 1 -> 4 on the node that holds the stage) each holder sent
+ * every box to three node-mates, the holders with the most to send 1.08x
+ * as busy as the node on average. */
+
+/* What rounding may leave a relay above the level, relative. */
+#define SHARE_SLACK (1 + 1e-9)
+
+/* The level no sharing goes above: the node's NVLink sends on average, or
+ * any device's receives (which sharing does not change). */
+static double share_level(const struct tnode *t)
+{
+	const struct vps_transit_node *tn = t->tn;
+	double sends = 0, most = 0;
+	for (size_t i = 0; i < t->n; i++) {
+		sends += t->d[i].nvl_send;
+		most = fmax(most, fmax(fmax(t->d[i].nic_recv, t->d[i].nic_send) / tn->inter, t->d[i].nvl_recv / tn->intra));
+	}
+	return fmax(most, sends / (double)t->n / tn->intra);
+}
+
+/* The node's busiest device with its NIC sends: what a share can gain
+ * (it changes no NIC). */
+static double busiest_all(const struct tnode *t)
+{
+	double most = busiest(t);
+	for (size_t i = 0; i < t->n; i++)
+		most = fmax(most, t->d[i].nic_send / t->tn->inter);
+	return most;
+}
+
+/* Piece cut (from a node-mate busier than level L over NVLink) and piece
+ * ent (into another device of the node) overlap in box in: ent's device
+ * passes it on to cut's, a hop later, where its NVLink stays within L;
+ * *done when it did. */
+static vps_result_t share_pair(struct tnode *t, struct fwds *f, struct vps_pieces *set, struct group *g, size_t ent,
+			       size_t cut, const struct vps_box *in, double L, bool *done)
+{
+	const struct vps_transit_node *tn = t->tn;
+	const struct vps_piece *x = &set->v[ent], *y = &set->v[cut];
+	struct tdev *de = find(t, x->dst), *ds = find(t, y->src);
+	double bytes = (double)vps_box_volume(in) * (double)vps_dtype_size(vps_piece_dtype(y));
+	bool ok;
+	*done = false;
+	if (!ds || ds == de || bytes < (double)TRANSIT_MIN_BYTES || vps_buffer_hop(x->src_buffer) >= VPS_MAX_HOP ||
+	    ds->nvl_send <= L * tn->intra || de->nvl_send + bytes > L * tn->intra * SHARE_SLACK)
+		return VPS_OK;
+	VPS_CHECK(movable(t, f, set, cut, &ok));
+	if (!ok)
+		return VPS_OK;
+	struct vps_piece yy = *y, xx = *x, on, from_x;
+	sub_piece(&yy, in, &on);
+	sub_piece(&xx, in, &from_x);
+	on.src = xx.dst;
+	on.src_buffer = vps_buffer_at_hop(xx.dst_buffer, vps_buffer_hop(xx.src_buffer) + 1);
+	on.src_offset = from_x.dst_offset;
+	memcpy(on.src_strides, xx.dst_strides, sizeof(on.src_strides));
+	set->v[cut].box.hi[0] = set->v[cut].box.lo[0]; /* emptied: dropped at the end */
+	f->entry[ent] = 1;
+	VPS_CHECK(push(set, f, &on));
+	VPS_CHECK(group_add(g, set->n - 1)); /* it may feed a share in turn */
+	VPS_CHECK(push_rest(set, f, g, &yy, in));
+	struct tdev *dc = find(t, on.dst);
+	ds->nvl_send -= bytes;
+	de->nvl_send += bytes;
+	de->mates |= (uint64_t)1 << ((size_t)(dc - t->d) % 64);
+	dc->mates |= (uint64_t)1 << ((size_t)(de - t->d) % 64);
+	t->shares++;
+	*done = true;
+	return VPS_OK;
+}
+
+/* Whether piece x of the set may feed or be replaced by a share: it lands
+ * in a B buffer of a device of the node, from another device. */
+static bool shareable(const struct tnode *t, const struct vps_piece *x)
+{
+	return x->src != x->dst && !vps_piece_to_transit(x) && vps_box_volume(&x->box) > 0 && find(t, x->dst);
+}
+
+static vps_result_t share_group(struct tnode *t, struct fwds *f, struct vps_pieces *set, struct group *g, double L)
+{
+	const struct vps_transit_node *tn = t->tn;
+	/* g grows as cuts leave their rest behind; those join the scan */
+	for (size_t b = 0; b < g->n; b++) {
+		size_t j = g->v[b];
+		struct tdev *ds = find(t, set->v[j].src);
+		if (!ds || !on_node(t, set->v[j].src) || ds->nvl_send <= L * tn->intra)
+			continue;
+		/* the least busy device that takes some of it in passes it on */
+		for (bool done = false; !done && vps_box_volume(&set->v[j].box) > 0;) {
+			size_t best = SIZE_MAX;
+			struct vps_box in;
+			for (size_t a = 0; a < g->n; a++) {
+				size_t i = g->v[a];
+				const struct vps_piece *x = &set->v[i];
+				if (i == j || x->dst == set->v[j].dst || x->dst == set->v[j].src || !shareable(t, x) ||
+				    vps_buffer_hop(x->src_buffer) >= VPS_MAX_HOP || !vps_box_intersect(&x->box, &set->v[j].box, &in))
+					continue;
+				if (best == SIZE_MAX || find(t, x->dst)->nvl_send < find(t, set->v[best].dst)->nvl_send)
+					best = i;
+			}
+			if (best == SIZE_MAX)
+				break;
+			vps_box_intersect(&set->v[best].box, &set->v[j].box, &in);
+			VPS_CHECK(share_pair(t, f, set, g, best, j, &in, L, &done));
+			if (!done)
+				break;
+		}
+	}
+	return VPS_OK;
+}
+
+static vps_result_t share_once(struct tnode *t, struct fwds *f, struct vps_pieces *set)
+{
+	struct cand *idx = NULL;
+	struct group g = {0};
+	size_t n = 0, cap = 0;
+	vps_result_t rc = VPS_OK;
+	double L = share_level(t);
+	for (size_t i = 0; i < set->n && !rc; i++) {
+		if (!shareable(t, &set->v[i]))
+			continue;
+		rc = VPS_GROW(idx, cap, n + 1);
+		if (!rc)
+			idx[n++] = (struct cand){set->v[i].tensor, set->v[i].state, set->v[i].dst, i};
+	}
+	if (!rc && n > 1)
+		qsort(idx, n, sizeof(*idx), cand_cmp);
+	for (size_t g0 = 0, g1; g0 < n && !rc; g0 = g1) {
+		for (g1 = g0 + 1; g1 < n && idx[g1].tensor == idx[g0].tensor && idx[g1].state == idx[g0].state; g1++)
+			;
+		if (idx[g0].dst == idx[g1 - 1].dst)
+			continue; /* one device's alone */
+		g.n = 0;
+		for (size_t k = g0; k < g1 && !rc; k++)
+			rc = group_add(&g, idx[k].i);
+		if (!rc)
+			rc = share_group(t, f, set, &g, L);
+	}
+	free(idx);
+	free(g.v);
+	return rc;
+}
+
+/* The node's shares: kept where its busiest device gets more than 1%
+ * faster with a message latency for each node-mate a device newly shares
+ * with (the most any has); else the set as it was. */
+static vps_result_t share_route(struct tnode *t, struct fwds *f, struct vps_pieces *set, struct vps_pieces *was)
+{
+	const struct vps_transit_node *tn = t->tn;
+	tally(t, set);
+	for (size_t i = 0; i < t->n; i++)
+		t->d[i].nic_send = 0;
+	/* none above the node's level over NVLink: nothing to share (and
+	 * no device's NIC sends to ask for) */
+	double L = share_level(t), most = 0;
+	for (size_t i = 0; i < t->n; i++)
+		most = fmax(most, t->d[i].nvl_send);
+	if (!(most > L * tn->intra))
+		return VPS_OK;
+	for (size_t i = 0; i < t->n && tn->nic_sends; i++)
+		t->d[i].nic_send = tn->nic_sends(tn->arg, t->d[i].w);
+	double T0 = busiest_all(t);
+	if (!(T0 > 0))
+		return VPS_OK;
+	VPS_CHECK(keep(was, set));
+	t->shares = 0;
+	for (size_t i = 0; i < t->n; i++)
+		t->d[i].mates = 0;
+	VPS_CHECK(share_once(t, f, set));
+	if (!t->shares)
+		return VPS_OK;
+	int peers = 0;
+	for (size_t i = 0; i < t->n; i++) {
+		int k = 0;
+		for (uint64_t m = t->d[i].mates; m; m &= m - 1)
+			k++;
+		peers = k > peers ? k : peers;
+	}
+	double T1 = busiest_all(t);
+	if (T1 + tn->latency * (double)peers > TRANSIT_GAIN * T0)
+		return restore(set, was);
+	drop_emptied(set);
+	return VPS_OK;
+}
+
+/* Whatever arrives into the node that a forward made here passes on
+ * (entering once's and the shares' relays read their arrival), marked
+ * afresh in f once the set has changed places. */
+static int cand_key_cmp(const struct cand *x, uint32_t tensor, uint8_t state, int64_t dst)
+{
+	if (x->tensor != tensor)
+		return x->tensor < tensor ? -1 : 1;
+	if (x->state != state)
+		return x->state < state ? -1 : 1;
+	return (x->dst > dst) - (x->dst < dst);
+}
+
+static vps_result_t mark_feeds(struct tnode *t, struct fwds *f, const struct vps_pieces *set)
+{
+	VPS_CHECK(mark(f, set));
+	memset(f->entry, 0, f->cap);
+	struct cand *idx = vps_calloc(set->n + 1, sizeof(*idx));
+	size_t n = 0;
+	if (!idx)
+		return VPS_ENOMEM;
+	for (size_t i = 0; i < set->n; i++)
+		if (set->v[i].src != set->v[i].dst && !vps_piece_to_transit(&set->v[i]))
+			idx[n++] = (struct cand){set->v[i].tensor, set->v[i].state, set->v[i].dst, i};
+	qsort(idx, n, sizeof(*idx), cand_cmp);
+	for (size_t k = 0; k < set->n; k++) {
+		const struct vps_piece *z = &set->v[k];
+		if (!(z->src_buffer & VPS_BUFFER_TARGET) || vps_piece_from_transit(z) || !find(t, z->src))
+			continue;
+		size_t lo = 0, hi = n;
+		while (lo < hi) {
+			size_t mid = lo + (hi - lo) / 2;
+			if (cand_key_cmp(&idx[mid], z->tensor, z->state, z->src) < 0)
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		for (; lo < n && cand_key_cmp(&idx[lo], z->tensor, z->state, z->src) == 0; lo++) {
+			const struct vps_piece *x = &set->v[idx[lo].i];
+			struct vps_box o;
+			if (x->dst_buffer == vps_buffer_index(z->src_buffer) && vps_box_intersect(&x->box, &z->box, &o))
+				f->entry[idx[lo].i] = 1;
+		}
+	}
+	free(idx);
+	return VPS_OK;
+}
+
+/* What the node takes in over its NICs, spread (entering once, then
+ * shedding to carriers), where that gains enough; else the set as it was. */
+static vps_result_t ingress(struct tnode *t, struct fwds *f, struct vps_pieces *set, struct vps_pieces *was)
+{
+	const struct vps_transit_node *tn = t->tn;
+	struct vps_pieces out = {0};
+	tally(t, set);
+	double T0 = busiest(t), floor = senders_floor(tn, set);
 	/* a sender into the node as busy as the node's busiest device: the
 	 * plan's estimate cannot gain by the node, whose parts would move for
 	 * nothing; nor is it worth shedding below it */
 	if (!(T0 > 0) || floor > TRANSIT_GAIN * T0 || (T0 - floor) * tn->inter < (double)TRANSIT_MIN_GAIN_BYTES)
-		goto done;
+		return VPS_OK;
 	/* kept whole, to go back to where the node gains too little */
-	rc = VPS_GROW(was.v, was.cap, set->n);
-	if (rc)
-		goto done;
-	memcpy(was.v, set->v, set->n * sizeof(*set->v));
-	was.n = set->n;
-	rc = enter_once(&t, &f, set, T0);
+	vps_result_t rc = keep(was, set);
+	if (!rc)
+		rc = enter_once(t, f, set, T0);
 	/* what arrives to be passed on stays where it arrives: its forwards'
 	 * hops follow its arrival's */
-	for (size_t i = 0; i < t.n && !rc; i++)
-		t.d[i].eligible = 0;
+	for (size_t i = 0; i < t->n && !rc; i++)
+		t->d[i].eligible = 0;
 	for (size_t k = 0; k < set->n && !rc; k++) {
 		bool ok = false;
-		if (!nic_arrival(&t, &set->v[k]) || !find(&t, set->v[k].dst) || vps_box_volume(&set->v[k].box) == 0)
+		if (!nic_arrival(t, &set->v[k]) || !find(t, set->v[k].dst) || vps_box_volume(&set->v[k].box) == 0)
 			continue;
-		rc = movable(&t, &f, set, k, &ok);
+		rc = movable(t, f, set, k, &ok);
 		if (ok)
-			find(&t, set->v[k].dst)->eligible += (double)vps_piece_bytes(&set->v[k]);
+			find(t, set->v[k].dst)->eligible += (double)vps_piece_bytes(&set->v[k]);
 	}
-	double T = rc ? T0 : fmax(level(&t, T0), floor);
+	double T = rc ? T0 : fmax(level(t, T0), floor);
 	size_t next = 0;
-	for (size_t i = 0; i < t.n && !rc && T <= TRANSIT_GAIN * T0; i++) {
-		struct tdev *e = &t.d[i];
+	for (size_t i = 0; i < t->n && !rc && T <= TRANSIT_GAIN * T0; i++) {
+		struct tdev *e = &t->d[i];
 		if (e->nic_recv > T * tn->inter)
-			rc = shed(&t, &f, e, T, set, &next, &out);
+			rc = shed(t, f, e, T, set, &next, &out);
 	}
-	if (rc)
-		goto done;
-	double T1 = busiest(&t);
-	if (T1 > TRANSIT_GAIN * T0 || (T0 - T1) * tn->inter < (double)TRANSIT_MIN_GAIN_BYTES) {
-		/* too little for the bytes: the node as it was */
-		set->n = 0;
-		rc = VPS_GROW(set->v, set->cap, was.n);
-		if (!rc) {
-			memcpy(set->v, was.v, was.n * sizeof(*was.v));
-			set->n = was.n;
+	if (!rc) {
+		double T1 = busiest(t);
+		if (T1 > TRANSIT_GAIN * T0 || (T0 - T1) * tn->inter < (double)TRANSIT_MIN_GAIN_BYTES) {
+			/* too little for the bytes: the node as it was */
+			rc = restore(set, was);
+		} else {
+			/* the emptied arrivals out, the rerouted parts in */
+			drop_emptied(set);
+			rc = VPS_GROW(set->v, set->cap, set->n + out.n);
+			if (!rc && out.n) {
+				memcpy(set->v + set->n, out.v, out.n * sizeof(*out.v));
+				set->n += out.n;
+			}
 		}
-		goto done;
 	}
-	/* the emptied arrivals out, the rerouted parts in */
-	drop_emptied(set);
-	rc = VPS_GROW(set->v, set->cap, set->n + out.n);
-	if (!rc && out.n) {
-		memcpy(set->v + set->n, out.v, out.n * sizeof(*out.v));
-		set->n += out.n;
+	free(out.v);
+	return rc;
+}
+
+vps_result_t vps_transit_route(const struct vps_transit_node *tn, struct vps_pieces *set)
+{
+	if (tn->ndevices < 2 || !(tn->intra > 0) || !(tn->inter > 0))
+		return VPS_OK;
+	struct tnode t = {.tn = tn, .n = tn->ndevices};
+	struct vps_pieces was = {0};
+	struct fwds f = {0};
+	t.d = vps_calloc(t.n, sizeof(*t.d));
+	f.of = vps_calloc(t.n, sizeof(*f.of));
+	f.fetched = vps_calloc(t.n, sizeof(*f.fetched));
+	vps_result_t rc = t.d && f.of && f.fetched ? mark(&f, set) : VPS_ENOMEM;
+	for (size_t i = 0; i < t.n && !rc; i++) {
+		t.d[i].w = tn->devices[i];
+		t.d[i].area_max = tn->area_max[i];
 	}
-done:
+	if (!rc)
+		rc = ingress(&t, &f, set, &was);
+	if (!rc && tn->ndevices > 2)
+		rc = mark_feeds(&t, &f, set);
+	if (!rc && tn->ndevices > 2)
+		rc = share_route(&t, &f, set, &was);
 	for (size_t i = 0; f.of && i < t.n; i++)
 		free(f.of[i].v);
 	free(f.of);
 	free(f.fetched);
 	free(f.entry);
-	free(out.v);
 	free(was.v);
 	free(t.d);
 	return rc;

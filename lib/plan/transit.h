@@ -29,10 +29,14 @@ struct vps_transit_node {
 	const int64_t *area_max; /* each one's transit area at most, bytes */
 	size_t ndevices;
 	double intra, inter;    /* bytes/s of a device's NVLink and of its NICs */
+	double latency;         /* seconds a message (a new pair of peers costs one) */
 	vps_forwards_fn forwards;
 	/* the least time device w (a sender into the node) is busy sending
 	 * over its NICs whatever the plan: a bound below the plan's estimate */
 	double (*least_send)(void *arg, int64_t w);
+	/* the bytes device w of the node sends over its NICs in the plan,
+	 * which no rerouting inside a node changes (NULL: none) */
+	double (*nic_sends)(void *arg, int64_t w);
 	void *arg;
 };
 
@@ -41,7 +45,12 @@ struct vps_transit_node {
  * receives take in through node-mates whose NICs have room, where the
  * node's busiest device (NVLink and NIC receives, NVLink sends) gets more
  * than 1% faster: each part a piece to the carrier's transit area and a
- * forward from there. The set is then unordered. */
+ * forward from there. Then, where a device of the node sends one box to
+ * two node-mates and is the node's busiest (its NIC sends counted too),
+ * one of them passes it on to the other from its B buffer a hop later,
+ * where that makes the node's busiest more than 1% faster, a message
+ * latency for each new node-mate a device shares with counted against it.
+ * The set is then unordered. */
 vps_result_t vps_transit_route(const struct vps_transit_node *tn, struct vps_pieces *set);
 
 #endif

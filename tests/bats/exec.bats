@@ -295,6 +295,39 @@ nic_share() { # TRANSPORT [demo.sh arguments...]
 	nic_share tcp --per-rank
 }
 
+# Node-mates share what a busy sender sends them alike (docs/relay.md,
+# "Sharing once over NVLink"): tiny-llama from pp=4 (dp=1) to dp=4 (pp=1)
+# on one node of four, like llama2-13b-ablation-s1-s2, on a800-testbed
+# without its latency. Every rank sends what its plan says, --check proves
+# every byte, and planned by every rank alone the ranks agree; devices
+# pass on to node-mates what they took in, and the busiest sender sends
+# less than without relays.
+share_once() { # TRANSPORT [demo.sh arguments...]
+	local fabric
+	fabric=$(fast_fabric)
+	demo "$1" --np 4 "${@:2}" --topology "$fabric" --model tiny-llama \
+		--from tp=1,pp=4,dp=1,zero=1 --to tp=1,pp=1,dp=4,zero=1
+	local dir=$BATS_TEST_TMPDIR/demo sent r fwd=0 n most direct
+	for ((r = 0; r < 4; r++)); do
+		sent_as_planned "$r" || return 1
+		n=$("$VPS_BIN/vps-plan" --transfers --rank "$r" --format tsv "$dir/ab.plan" |
+			awk -F'\t' '$2 == "send" && $14 != 0 { n += $7 } END { print n + 0 }')
+		fwd=$((fwd + n))
+	done
+	[ "$fwd" -gt 0 ] || { echo "no device passed anything on" >&2; return 1; }
+	most=$("$VPS_BIN/vps-plan" --stats --topology "$fabric" "$dir/a.layout" "$dir/b.layout" 2>/dev/null |
+		awk '/^max_send_bytes:/ { print $2 }')
+	direct=$("$VPS_BIN/vps-plan" --stats --no-relay --topology "$fabric" "$dir/a.layout" "$dir/b.layout" 2>/dev/null |
+		awk '/^max_send_bytes:/ { print $2 }')
+	[ "$most" -lt "$direct" ] || { echo "busiest sender: $most bytes, $direct without relays" >&2; return 1; }
+}
+@test "tcp: node-mates share what a busy sender sends them alike" {
+	share_once tcp
+}
+@test "tcp: sharing once, every rank planning and staging its own part" {
+	share_once tcp --per-rank
+}
+
 # Holders with time to spare send a range of a relayed buffer to every
 # receiver, relayed by none (docs/relay.md, "A range for every receiver"):
 # tiny-llama on nodes of two, like llama2-*-tp-up and -dp-up: B's stage 1

@@ -771,6 +771,48 @@ TEST(idle_nics_carry_what_their_node_mates_need)
 	}
 }
 
+/* Sharing once over NVLink (docs/relay.md): tiny-llama from pp=4 (dp=1)
+ * to dp=4 (pp=1) on one node of four, like llama2-13b-ablation-s1-s2, on
+ * a800-testbed without its latency (a tiny model's bytes weigh less than
+ * a message's 20 us there; with it, nothing is shared). Each holder sends
+ * its stage to three node-mates, the holders of the embedding and of the
+ * output layer busier than the others: node-mates pass on to each other
+ * what they took in, from their B buffers a hop later. Every element
+ * lands right, a rank's plan is the global plan's part, nothing goes
+ * through an area, and the busiest sender sends less, the plan faster,
+ * than without relays. */
+TEST(node_mates_share_what_a_busy_sender_sends_them_alike)
+{
+	static const struct tcase c = {"tiny-llama", "tp=1,pp=4,dp=1,zero=1", "tp=1,pp=1,dp=4,zero=1", 4, 0, 4, 0};
+	struct vps_topology topo;
+	CHECK_OK(vps_topology_load(&topo, "a800-testbed", CONFIGS "/topologies"));
+	struct vps_topology fast = topo;
+	fast.latency = 0;
+	run_case_on(&c, true, VPS_RELAY_AUTO, &fast);
+	struct vps_plan *p[2];
+	struct vps_plan_stats s[2];
+	plan_never_and_auto(&c, &fast, &fast, p, s);
+	if (p[1]) {
+		int64_t shared = 0;
+		for (size_t k = 0; k < p[1]->npieces; k++) {
+			const struct vps_piece *x = &p[1]->pieces[k];
+			CHECK(!vps_piece_to_transit(x) && !vps_piece_from_transit(x));
+			if (x->src_buffer & VPS_BUFFER_TARGET) {
+				CHECK(vps_world_a_rank(p[1]->world, x->src) >= 0);
+				CHECK_EQ(vps_world_device(p[1]->world, x->src).node, vps_world_device(p[1]->world, x->dst).node);
+				shared += vps_piece_bytes(x);
+			}
+		}
+		CHECK(shared > 0);
+		CHECK_EQ(shared, s[1].bytes_relayed);
+	}
+	check_faster_and_free(p, s);
+	plan_never_and_auto(&c, &topo, &topo, p, s);
+	if (p[1])
+		CHECK_EQ(s[1].bytes_relayed, 0);
+	release_both(p, s);
+}
+
 /* Replicas whose own shards differ share the rest by weights (weighed):
  * tiny-llama from tp=2 to tp=4 (pp=1, dp=4, ZeRO-1, four GPUs a node, on
  * a800-testbed), like llama2-*-tp-down-back. On node 0 data-parallel

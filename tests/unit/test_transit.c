@@ -16,7 +16,7 @@
 struct node {
 	struct vps_layout *a, *b;
 	struct vps_world *w;
-	int64_t devices[2], area_max[2];
+	int64_t devices[4], area_max[4];
 	struct vps_transit_node tn;
 };
 
@@ -49,6 +49,27 @@ static bool node_init(struct node *n)
 	n->area_max[0] = n->area_max[1] = 1024 * MIB;
 	n->tn = (struct vps_transit_node){.w = n->w, .node = 0, .devices = n->devices, .area_max = n->area_max,
 					  .ndevices = 2, .intra = 200e9, .inter = 25e9, .forwards = no_forwards};
+	return true;
+}
+
+/* Node 0 of four devices (world ranks 0 to 3, tiny-llama tp=2, pp=2 on
+ * nodes of four), for what passes between node-mates alone. */
+static bool node4_init(struct node *n)
+{
+	memset(n, 0, sizeof(*n));
+	n->a = test_layout("tiny-llama", "tp=2,pp=2,dp=1,zero=1", 4, 0);
+	n->b = test_layout("tiny-llama", "tp=2,pp=2,dp=1,zero=1", 4, 0);
+	if (!n->a || !n->b)
+		return false;
+	CHECK_OK(vps_world_new(&n->w, n->a, n->b));
+	if (!n->w)
+		return false;
+	for (int64_t i = 0; i < 4; i++) {
+		n->devices[i] = i;
+		n->area_max[i] = 1024 * MIB;
+	}
+	n->tn = (struct vps_transit_node){.w = n->w, .node = 0, .devices = n->devices, .area_max = n->area_max,
+					  .ndevices = 4, .intra = 200e9, .inter = 25e9, .forwards = no_forwards};
 	return true;
 }
 
@@ -220,6 +241,95 @@ TEST(a_node_that_cannot_gain_is_left_alone)
 	CHECK_OK(vps_transit_route(&n.tn, &s));
 	CHECK_EQ(s.n, 1);
 	CHECK(!vps_piece_to_transit(&s.v[0]));
+	free(s.v);
+	node_free(&n);
+}
+
+/* NVLink bytes each device of node4 sends (to node-mates) in the set. */
+static void nvl_sends(const struct vps_pieces *s, int64_t out[4])
+{
+	memset(out, 0, 4 * sizeof(*out));
+	for (size_t i = 0; i < s->n; i++)
+		if (s->v[i].src != s->v[i].dst && s->v[i].src >= 0 && s->v[i].src < 4)
+			out[s->v[i].src] += vps_piece_bytes(&s->v[i]);
+}
+
+/* Device 0 sends tensor 0 (128 MiB) to each of its three node-mates over
+ * NVLink, the node's busiest device three times over: it sends it once,
+ * and the node-mates pass it on from one to the next, each from its B
+ * buffer where it landed, the hop after it landed there. Every device
+ * still gets every row once, at its own addresses; devices 0 to 2 send
+ * 128 MiB each, device 3 nothing; nothing goes through an area. */
+TEST(a_busy_sender_sends_what_its_node_mates_share_once)
+{
+	struct node n;
+	if (!node4_init(&n))
+		return;
+	struct vps_pieces s = {0};
+	for (int64_t d = 1; d < 4; d++) {
+		struct vps_piece x = arrival(0, 0, 16384, 0, d);
+		x.dst_offset += d * 1024; /* each device's B buffer at its own place */
+		add(&s, x);
+	}
+	CHECK_OK(vps_transit_route(&n.tn, &s));
+	int64_t sent[4];
+	nvl_sends(&s, sent);
+	for (int d = 0; d < 4; d++)
+		CHECK_EQ(sent[d], d < 3 ? 128 * MIB : 0);
+	for (int64_t d = 1; d < 4; d++)
+		CHECK_EQ(rows_into(&s, 0, d), 16384);
+	for (size_t i = 0; i < s.n; i++) {
+		const struct vps_piece *x = &s.v[i];
+		CHECK(!vps_piece_to_transit(x) && !vps_piece_from_transit(x));
+		CHECK_EQ(x->dst_offset, x->box.lo[0] * 4096 + x->dst * 1024);
+		if (x->src == 0) {
+			CHECK_EQ(x->src_buffer, 0);
+			continue;
+		}
+		/* a relay's own copy, where it landed, the hop after */
+		CHECK(x->src_buffer & VPS_BUFFER_TARGET);
+		CHECK_EQ(vps_buffer_index(x->src_buffer), 0);
+		CHECK_EQ(x->src_offset, x->box.lo[0] * 4096 + x->src * 1024);
+		int landed = -1;
+		for (size_t k = 0; k < s.n; k++)
+			if (s.v[k].dst == x->src)
+				landed = vps_buffer_hop(s.v[k].src_buffer);
+		CHECK_EQ(vps_buffer_hop(x->src_buffer), landed + 1);
+	}
+	free(s.v);
+	node_free(&n);
+}
+
+/* The node as it was where sharing gains too little: a busy sender whose
+ * node-mates take nothing alike (one box each), one whose box arrives in
+ * 128 KiB pieces (a message's latency would cost more than their bytes
+ * save), and one whose gain a message's latency for each new node-mate
+ * outweighs (a 1 s latency). */
+TEST(a_share_that_gains_too_little_is_left_alone)
+{
+	struct node n;
+	if (!node4_init(&n))
+		return;
+	struct vps_pieces s = {0};
+	for (int64_t d = 1; d < 4; d++)
+		add(&s, arrival((uint32_t)d, 0, 16384, 0, d));
+	CHECK_OK(vps_transit_route(&n.tn, &s));
+	CHECK_EQ(s.n, 3);
+	s.n = 0;
+	for (int64_t d = 1; d < 4; d++)
+		add(&s, arrival(0, 0, 16, 0, d)); /* 128 KiB */
+	CHECK_OK(vps_transit_route(&n.tn, &s));
+	CHECK_EQ(s.n, 3);
+	for (size_t i = 0; i < s.n; i++)
+		CHECK_EQ(s.v[i].src, 0);
+	s.n = 0;
+	for (int64_t d = 1; d < 4; d++)
+		add(&s, arrival(0, 0, 16384, 0, d));
+	n.tn.latency = 1.0;
+	CHECK_OK(vps_transit_route(&n.tn, &s));
+	CHECK_EQ(s.n, 3);
+	for (size_t i = 0; i < s.n; i++)
+		CHECK_EQ(s.v[i].src, 0);
 	free(s.v);
 	node_free(&n);
 }
