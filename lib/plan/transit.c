@@ -44,6 +44,7 @@ struct tnode {
 	struct tdev *d;
 	size_t n;
 	size_t shares; /* boxes a device now passes on to a node-mate (share_pair) */
+	bool nic_known; /* the devices' nic_send asked for (with_nic_sends) */
 };
 
 static struct tdev *find(const struct tnode *t, int64_t w)
@@ -323,16 +324,17 @@ static vps_result_t push_rest(struct vps_pieces *set, struct fwds *f, struct gro
 
 /* Pieces ent and cut of the set, into two devices of the node, overlap in
  * box in: cut's device takes in from ent's B buffer, a hop later, where
- * neither's NVLink passes T0; *done when it did. */
+ * neither's NVLink passes T0 and in holds least bytes or more; *done when
+ * it did. */
 static vps_result_t enter_pair(struct tnode *t, struct fwds *f, struct vps_pieces *set, struct group *g, size_t ent,
-			       size_t cut, const struct vps_box *in, double T0, bool *done)
+			       size_t cut, const struct vps_box *in, double T0, double least, bool *done)
 {
 	const struct vps_transit_node *tn = t->tn;
 	struct tdev *de = find(t, set->v[ent].dst), *dc = find(t, set->v[cut].dst);
 	double bytes = (double)vps_box_volume(in) * (double)vps_dtype_size(vps_piece_dtype(&set->v[cut]));
 	bool ok;
 	*done = false;
-	if (vps_buffer_hop(set->v[ent].src_buffer) >= VPS_MAX_HOP || de->nvl_send + bytes > T0 * tn->intra ||
+	if (bytes < least || vps_buffer_hop(set->v[ent].src_buffer) >= VPS_MAX_HOP || de->nvl_send + bytes > T0 * tn->intra ||
 	    dc->nvl_recv + bytes > T0 * tn->intra)
 		return VPS_OK;
 	VPS_CHECK(movable(t, f, set, cut, &ok));
@@ -352,6 +354,8 @@ static vps_result_t enter_pair(struct tnode *t, struct fwds *f, struct vps_piece
 	dc->nic_recv -= bytes;
 	dc->nvl_recv += bytes;
 	de->nvl_send += bytes;
+	de->mates |= (uint64_t)1 << ((size_t)(dc - t->d) % 64);
+	dc->mates |= (uint64_t)1 << ((size_t)(de - t->d) % 64);
 	*done = true;
 	return VPS_OK;
 }
@@ -361,7 +365,8 @@ static vps_result_t enter_pair(struct tnode *t, struct fwds *f, struct vps_piece
  * takes them and passes them on to the other over the node's links, a hop
  * later, as long as neither's NVLink gets busier than the node's busiest
  * device was. The other's sender sends them no more. */
-static vps_result_t enter_group(struct tnode *t, struct fwds *f, struct vps_pieces *set, struct group *g, double T0)
+static vps_result_t enter_group(struct tnode *t, struct fwds *f, struct vps_pieces *set, struct group *g, double T0,
+				double least)
 {
 	for (size_t a = 0; a < g->n; a++) {
 		for (size_t b = a + 1; b < g->n; b++) {
@@ -375,15 +380,15 @@ static vps_result_t enter_group(struct tnode *t, struct fwds *f, struct vps_piec
 			/* the less busy NIC takes them in; else the other */
 			bool done = false;
 			bool i_first = find(t, set->v[i].dst)->nic_recv <= find(t, set->v[j].dst)->nic_recv;
-			VPS_CHECK(enter_pair(t, f, set, g, i_first ? i : j, i_first ? j : i, &in, T0, &done));
+			VPS_CHECK(enter_pair(t, f, set, g, i_first ? i : j, i_first ? j : i, &in, T0, least, &done));
 			if (!done)
-				VPS_CHECK(enter_pair(t, f, set, g, i_first ? j : i, i_first ? i : j, &in, T0, &done));
+				VPS_CHECK(enter_pair(t, f, set, g, i_first ? j : i, i_first ? i : j, &in, T0, least, &done));
 		}
 	}
 	return VPS_OK;
 }
 
-static vps_result_t enter_once(struct tnode *t, struct fwds *f, struct vps_pieces *set, double T0)
+static vps_result_t enter_once(struct tnode *t, struct fwds *f, struct vps_pieces *set, double T0, double least)
 {
 	struct cand *idx = NULL;
 	struct group g = {0};
@@ -408,7 +413,7 @@ static vps_result_t enter_once(struct tnode *t, struct fwds *f, struct vps_piece
 		for (size_t k = g0; k < g1 && !rc; k++)
 			rc = group_add(&g, idx[k].i);
 		if (!rc)
-			rc = enter_group(t, f, set, &g, T0);
+			rc = enter_group(t, f, set, &g, T0, least);
 	}
 	free(idx);
 	free(g.v);
@@ -552,6 +557,33 @@ static double busiest_all(const struct tnode *t)
 	return most;
 }
 
+/* Each device's NIC sends (the callback's), and the node's busiest device
+ * with them. */
+static double with_nic_sends(struct tnode *t)
+{
+	for (size_t i = 0; i < t->n && !t->nic_known; i++)
+		t->d[i].nic_send = t->tn->nic_sends ? t->tn->nic_sends(t->tn->arg, t->d[i].w) : 0;
+	t->nic_known = true;
+	return busiest_all(t);
+}
+
+/* Whether no device of the node, its new node-mates' message latencies
+ * added, is busier than T0 (the node's busiest before, NIC sends counted). */
+static bool within_with_latency(const struct tnode *t, double T0)
+{
+	const struct vps_transit_node *tn = t->tn;
+	for (size_t i = 0; i < t->n; i++) {
+		const struct tdev *d = &t->d[i];
+		int k = 0;
+		for (uint64_t m = d->mates; m; m &= m - 1)
+			k++;
+		double time = fmax(fmax(d->nic_recv, d->nic_send) / tn->inter, fmax(d->nvl_recv, d->nvl_send) / tn->intra);
+		if (k && time + tn->latency * (double)k > T0 * SHARE_SLACK)
+			return false;
+	}
+	return true;
+}
+
 /* Piece cut (from a node-mate busier than level L over NVLink) and piece
  * ent (into another device of the node) overlap in box in: ent's device
  * passes it on to cut's, a hop later, where its NVLink stays within L;
@@ -672,8 +704,6 @@ static vps_result_t share_route(struct tnode *t, struct fwds *f, struct vps_piec
 {
 	const struct vps_transit_node *tn = t->tn;
 	tally(t, set);
-	for (size_t i = 0; i < t->n; i++)
-		t->d[i].nic_send = 0;
 	/* none above the node's level over NVLink: nothing to share (and
 	 * no device's NIC sends to ask for) */
 	double L = share_level(t), most = 0;
@@ -681,9 +711,8 @@ static vps_result_t share_route(struct tnode *t, struct fwds *f, struct vps_piec
 		most = fmax(most, t->d[i].nvl_send);
 	if (!(most > L * tn->intra))
 		return VPS_OK;
-	for (size_t i = 0; i < t->n && tn->nic_sends; i++)
-		t->d[i].nic_send = tn->nic_sends(tn->arg, t->d[i].w);
-	double T0 = busiest_all(t);
+	double T0 = with_nic_sends(t);
+	L = share_level(t);
 	if (!(T0 > 0))
 		return VPS_OK;
 	VPS_CHECK(keep(was, set));
@@ -702,6 +731,41 @@ static vps_result_t share_route(struct tnode *t, struct fwds *f, struct vps_piec
 	}
 	double T1 = busiest_all(t);
 	if (T1 + tn->latency * (double)peers > TRANSIT_GAIN * T0)
+		return restore(set, was);
+	drop_emptied(set);
+	return VPS_OK;
+}
+
+/* Entering once for the senders' sake: where the node itself cannot gain
+ * (a sender into it is as busy as its busiest device, or the gain is too
+ * little), what two devices take in alike from other nodes still enters it
+ * once: the senders into it send less, no NIC of the node takes in more,
+ * and no device of the node, its NVLink and its new node-mates' message
+ * latencies counted, gets busier than the node's busiest was (which also
+ * keeps a tiny model's few bytes where they were on a800-testbed). In llama2-7b-tp-down-back each
+ * tensor-parallel slice of stage 1's parameters entered node 2 (and 3)
+ * twice, for its two data-parallel replicas there, from node 1, whose
+ * NICs set the plan's time. */
+static vps_result_t senders_entry(struct tnode *t, struct fwds *f, struct vps_pieces *set, struct vps_pieces *was)
+{
+	tally(t, set);
+	double in0 = 0, in1 = 0, T0 = busiest(t);
+	for (size_t i = 0; i < t->n; i++) {
+		in0 += t->d[i].nic_recv;
+		t->d[i].mates = 0;
+	}
+	if (!(T0 > 0) || !(in0 > 0))
+		return VPS_OK;
+	VPS_CHECK(keep(was, set));
+	VPS_CHECK(enter_once(t, f, set, T0, (double)TRANSIT_MIN_BYTES));
+	for (size_t i = 0; i < t->n; i++)
+		in1 += t->d[i].nic_recv;
+	if (in0 - in1 < (double)TRANSIT_MIN_BYTES)
+		return restore(set, was);
+	/* entering changes no device's NIC sends: the busiest before, with
+	 * them, is the larger of T0 and theirs */
+	double T0all = fmax(T0, with_nic_sends(t));
+	if (!within_with_latency(t, T0all))
 		return restore(set, was);
 	drop_emptied(set);
 	return VPS_OK;
@@ -756,10 +820,12 @@ static vps_result_t mark_feeds(struct tnode *t, struct fwds *f, const struct vps
 
 /* What the node takes in over its NICs, spread (entering once, then
  * shedding to carriers), where that gains enough; else the set as it was. */
-static vps_result_t ingress(struct tnode *t, struct fwds *f, struct vps_pieces *set, struct vps_pieces *was)
+static vps_result_t ingress(struct tnode *t, struct fwds *f, struct vps_pieces *set, struct vps_pieces *was,
+			   bool *kept)
 {
 	const struct vps_transit_node *tn = t->tn;
 	struct vps_pieces out = {0};
+	*kept = false;
 	tally(t, set);
 	double T0 = busiest(t), floor = senders_floor(tn, set);
 	/* a sender into the node as busy as the node's busiest device: the
@@ -770,7 +836,7 @@ static vps_result_t ingress(struct tnode *t, struct fwds *f, struct vps_pieces *
 	/* kept whole, to go back to where the node gains too little */
 	vps_result_t rc = keep(was, set);
 	if (!rc)
-		rc = enter_once(t, f, set, T0);
+		rc = enter_once(t, f, set, T0, 0);
 	/* what arrives to be passed on stays where it arrives: its forwards'
 	 * hops follow its arrival's */
 	for (size_t i = 0; i < t->n && !rc; i++)
@@ -797,6 +863,7 @@ static vps_result_t ingress(struct tnode *t, struct fwds *f, struct vps_pieces *
 			rc = restore(set, was);
 		} else {
 			/* the emptied arrivals out, the rerouted parts in */
+			*kept = true;
 			drop_emptied(set);
 			rc = VPS_GROW(set->v, set->cap, set->n + out.n);
 			if (!rc && out.n) {
@@ -824,8 +891,14 @@ vps_result_t vps_transit_route(const struct vps_transit_node *tn, struct vps_pie
 		t.d[i].w = tn->devices[i];
 		t.d[i].area_max = tn->area_max[i];
 	}
+	bool kept = false;
 	if (!rc)
-		rc = ingress(&t, &f, set, &was);
+		rc = ingress(&t, &f, set, &was, &kept);
+	if (!rc && !kept) {
+		rc = mark_feeds(&t, &f, set);
+		if (!rc)
+			rc = senders_entry(&t, &f, set, &was);
+	}
 	if (!rc && tn->ndevices > 2)
 		rc = mark_feeds(&t, &f, set);
 	if (!rc && tn->ndevices > 2)

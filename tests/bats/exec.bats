@@ -328,6 +328,36 @@ share_once() { # TRANSPORT [demo.sh arguments...]
 	share_once tcp --per-rank
 }
 
+# What busy senders send two node-mates alike enters the node once
+# (docs/relay.md, "Entering once for the senders"): tiny-gpt from dp=1 to
+# dp=2 (tp=2, pp=2) on nodes of four, on a800-testbed without its
+# latency. The joining node's devices of both stages need the tied word
+# embedding's slices, two holder records of B, from node 0's devices,
+# whose NICs the node cannot relieve: one of them takes a slice in and
+# passes it on to the other stage's from its own B buffer. Every rank
+# sends what its plan says, --check proves every byte, and planned by
+# every rank alone the ranks agree.
+senders_entry() { # TRANSPORT [demo.sh arguments...]
+	demo "$1" --np 4 "${@:2}" --topology "$(fast_fabric)" --model tiny-gpt \
+		--from tp=2,pp=2,dp=1,zero=1 --to tp=2,pp=2,dp=2,zero=1
+	local dir=$BATS_TEST_TMPDIR/demo sent r n=0
+	for ((r = 0; r < 8; r++)); do
+		sent_as_planned "$r" || return 1
+	done
+	# the word embedding passed on between node 1's devices (ranks 4-7)
+	for r in 4 5 6 7; do
+		n=$((n + $("$VPS_BIN/vps-plan" --transfers --rank "$r" --tensor embedding.word_embeddings.weight \
+			--format tsv "$dir/ab.plan" | awk -F'\t' '$2 == "send" && $14 != 0 && $3 >= 4 { n += $7 } END { print n + 0 }')))
+	done
+	[ "$n" -gt 0 ] || { echo "no slice of the tied embedding entered node 1 once" >&2; return 1; }
+}
+@test "tcp: what busy senders send two node-mates alike enters the node once" {
+	senders_entry tcp
+}
+@test "tcp: entering once for the senders, every rank planning and staging its own part" {
+	senders_entry tcp --per-rank
+}
+
 # Holders with time to spare send a range of a relayed buffer to every
 # receiver, relayed by none (docs/relay.md, "A range for every receiver"):
 # tiny-llama on nodes of two, like llama2-*-tp-up and -dp-up: B's stage 1

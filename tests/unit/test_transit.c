@@ -333,3 +333,50 @@ TEST(a_share_that_gains_too_little_is_left_alone)
 	free(s.v);
 	node_free(&n);
 }
+
+/* Devices 0 and 1 both take tensor 0 (128 MiB) in from other nodes, from
+ * senders busier than the node can ever be (1 s against its 5 ms): the
+ * node cannot gain, but the senders can. The tensor enters the node once,
+ * and one device passes it on to the other from its B buffer a hop later:
+ * the senders send half what they did, each device still gets every row
+ * once. Where a message's latency (1 s) would make the node's busiest
+ * busier, nothing changes. */
+TEST(what_busy_senders_send_two_devices_alike_enters_the_node_once)
+{
+	struct node n;
+	if (!node_init(&n))
+		return;
+	double busy = 1.0;
+	n.tn.least_send = busy_sender;
+	n.tn.arg = &busy;
+	struct vps_pieces s = {0};
+	add(&s, arrival(0, 0, 16384, 4, 0));
+	add(&s, arrival(0, 0, 16384, 6, 1));
+	CHECK_OK(vps_transit_route(&n.tn, &s));
+	int64_t nic0, nic1, all0, all1;
+	loads(&n, &s, 0, &nic0, &all0);
+	loads(&n, &s, 1, &nic1, &all1);
+	CHECK_EQ(nic0 + nic1, 128 * MIB);
+	CHECK_EQ(all0, 128 * MIB);
+	CHECK_EQ(all1, 128 * MIB);
+	for (int64_t d = 0; d < 2; d++)
+		CHECK_EQ(rows_into(&s, 0, d), 16384);
+	int forwards = 0;
+	for (size_t i = 0; i < s.n; i++)
+		if (s.v[i].src_buffer & VPS_BUFFER_TARGET) {
+			CHECK_EQ(vps_buffer_hop(s.v[i].src_buffer), 1);
+			CHECK(s.v[i].src <= 1 && s.v[i].dst <= 1 && s.v[i].src != s.v[i].dst);
+			forwards++;
+		}
+	CHECK_EQ(forwards, 1);
+	s.n = 0;
+	add(&s, arrival(0, 0, 16384, 4, 0));
+	add(&s, arrival(0, 0, 16384, 6, 1));
+	n.tn.latency = 1.0;
+	CHECK_OK(vps_transit_route(&n.tn, &s));
+	CHECK_EQ(s.n, 2);
+	for (size_t i = 0; i < s.n; i++)
+		CHECK(s.v[i].src >= 4);
+	free(s.v);
+	node_free(&n);
+}
