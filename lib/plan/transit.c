@@ -322,6 +322,35 @@ static vps_result_t push_rest(struct vps_pieces *set, struct fwds *f, struct gro
 	return VPS_OK;
 }
 
+/* Devices a and b of the node now exchange a piece. */
+static void mates(const struct tnode *t, struct tdev *a, struct tdev *b)
+{
+	a->mates |= (uint64_t)1 << ((size_t)(b - t->d) % 64);
+	b->mates |= (uint64_t)1 << ((size_t)(a - t->d) % 64);
+}
+
+/* Box in of piece cut (emptied: dropped at the end) instead from piece
+ * ent's device, out of its B buffer where ent landed, a hop after ent;
+ * the rest of cut stays, slab by slab, in g. With feeds, the new piece
+ * joins g (it may feed another in turn). */
+static vps_result_t pass_on(struct vps_pieces *set, struct fwds *f, struct group *g, size_t ent, size_t cut,
+			    const struct vps_box *in, bool feeds)
+{
+	struct vps_piece y = set->v[cut], x = set->v[ent], on, from_x;
+	sub_piece(&y, in, &on);
+	sub_piece(&x, in, &from_x);
+	on.src = x.dst;
+	on.src_buffer = vps_buffer_at_hop(x.dst_buffer, vps_buffer_hop(x.src_buffer) + 1);
+	on.src_offset = from_x.dst_offset;
+	memcpy(on.src_strides, x.dst_strides, sizeof(on.src_strides));
+	set->v[cut].box.hi[0] = set->v[cut].box.lo[0];
+	f->entry[ent] = 1;
+	VPS_CHECK(push(set, f, &on));
+	if (feeds)
+		VPS_CHECK(group_add(g, set->n - 1));
+	return push_rest(set, f, g, &y, in);
+}
+
 /* Pieces ent and cut of the set, into two devices of the node, overlap in
  * box in: cut's device takes in from ent's B buffer, a hop later, where
  * neither's NVLink passes T0 and in holds least bytes or more; *done when
@@ -340,22 +369,11 @@ static vps_result_t enter_pair(struct tnode *t, struct fwds *f, struct vps_piece
 	VPS_CHECK(movable(t, f, set, cut, &ok));
 	if (!ok)
 		return VPS_OK;
-	struct vps_piece y = set->v[cut], x = set->v[ent], on, from_x;
-	sub_piece(&y, in, &on);
-	sub_piece(&x, in, &from_x);
-	on.src = x.dst;
-	on.src_buffer = vps_buffer_at_hop(x.dst_buffer, vps_buffer_hop(x.src_buffer) + 1);
-	on.src_offset = from_x.dst_offset;
-	memcpy(on.src_strides, x.dst_strides, sizeof(on.src_strides));
-	set->v[cut].box.hi[0] = set->v[cut].box.lo[0]; /* emptied: dropped at the end */
-	f->entry[ent] = 1;
-	VPS_CHECK(push(set, f, &on));
-	VPS_CHECK(push_rest(set, f, g, &y, in));
+	VPS_CHECK(pass_on(set, f, g, ent, cut, in, false));
 	dc->nic_recv -= bytes;
 	dc->nvl_recv += bytes;
 	de->nvl_send += bytes;
-	de->mates |= (uint64_t)1 << ((size_t)(dc - t->d) % 64);
-	dc->mates |= (uint64_t)1 << ((size_t)(de - t->d) % 64);
+	mates(t, de, dc);
 	*done = true;
 	return VPS_OK;
 }
@@ -365,9 +383,10 @@ static vps_result_t enter_pair(struct tnode *t, struct fwds *f, struct vps_piece
  * takes them and passes them on to the other over the node's links, a hop
  * later, as long as neither's NVLink gets busier than the node's busiest
  * device was. The other's sender sends them no more. */
-static vps_result_t enter_group(struct tnode *t, struct fwds *f, struct vps_pieces *set, struct group *g, double T0,
-				double least)
+static vps_result_t enter_group(struct tnode *t, struct fwds *f, struct vps_pieces *set, struct group *g,
+				const double *args)
 {
+	double T0 = args[0], least = args[1];
 	for (size_t a = 0; a < g->n; a++) {
 		for (size_t b = a + 1; b < g->n; b++) {
 			size_t i = g->v[a], j = g->v[b];
@@ -388,7 +407,15 @@ static vps_result_t enter_group(struct tnode *t, struct fwds *f, struct vps_piec
 	return VPS_OK;
 }
 
-static vps_result_t enter_once(struct tnode *t, struct fwds *f, struct vps_pieces *set, double T0, double least)
+/* Pieces of the set as pick selects them, grouped by (tensor, state):
+ * visit sees each group that lands on two devices or more, in order. */
+struct group_visit {
+	bool (*pick)(const struct tnode *t, const struct vps_piece *x);
+	vps_result_t (*visit)(struct tnode *t, struct fwds *f, struct vps_pieces *set, struct group *g, const double *args);
+	const double *args;
+};
+
+static vps_result_t each_group(struct tnode *t, struct fwds *f, struct vps_pieces *set, const struct group_visit *gv)
 {
 	struct cand *idx = NULL;
 	struct group g = {0};
@@ -396,7 +423,7 @@ static vps_result_t enter_once(struct tnode *t, struct fwds *f, struct vps_piece
 	vps_result_t rc = VPS_OK;
 	for (size_t i = 0; i < set->n && !rc; i++) {
 		const struct vps_piece *x = &set->v[i];
-		if (!nic_arrival(t, x) || !find(t, x->dst))
+		if (!gv->pick(t, x))
 			continue;
 		rc = VPS_GROW(idx, cap, n + 1);
 		if (!rc)
@@ -413,11 +440,23 @@ static vps_result_t enter_once(struct tnode *t, struct fwds *f, struct vps_piece
 		for (size_t k = g0; k < g1 && !rc; k++)
 			rc = group_add(&g, idx[k].i);
 		if (!rc)
-			rc = enter_group(t, f, set, &g, T0, least);
+			rc = gv->visit(t, f, set, &g, gv->args);
 	}
 	free(idx);
 	free(g.v);
 	return rc;
+}
+
+static bool entering(const struct tnode *t, const struct vps_piece *x)
+{
+	return nic_arrival(t, x) && find(t, x->dst);
+}
+
+static vps_result_t enter_once(struct tnode *t, struct fwds *f, struct vps_pieces *set, double T0, double least)
+{
+	const double args[2] = {T0, least};
+	const struct group_visit gv = {entering, enter_group, args};
+	return each_group(t, f, set, &gv);
 }
 
 /* Device e's movable arrivals, by what it sheds: each to the carriers in
@@ -603,23 +642,11 @@ static vps_result_t share_pair(struct tnode *t, struct fwds *f, struct vps_piece
 	VPS_CHECK(movable(t, f, set, cut, &ok));
 	if (!ok)
 		return VPS_OK;
-	struct vps_piece yy = *y, xx = *x, on, from_x;
-	sub_piece(&yy, in, &on);
-	sub_piece(&xx, in, &from_x);
-	on.src = xx.dst;
-	on.src_buffer = vps_buffer_at_hop(xx.dst_buffer, vps_buffer_hop(xx.src_buffer) + 1);
-	on.src_offset = from_x.dst_offset;
-	memcpy(on.src_strides, xx.dst_strides, sizeof(on.src_strides));
-	set->v[cut].box.hi[0] = set->v[cut].box.lo[0]; /* emptied: dropped at the end */
-	f->entry[ent] = 1;
-	VPS_CHECK(push(set, f, &on));
-	VPS_CHECK(group_add(g, set->n - 1)); /* it may feed a share in turn */
-	VPS_CHECK(push_rest(set, f, g, &yy, in));
-	struct tdev *dc = find(t, on.dst);
+	struct tdev *dc = find(t, y->dst);
+	VPS_CHECK(pass_on(set, f, g, ent, cut, in, true)); /* it may feed a share in turn */
 	ds->nvl_send -= bytes;
 	de->nvl_send += bytes;
-	de->mates |= (uint64_t)1 << ((size_t)(dc - t->d) % 64);
-	dc->mates |= (uint64_t)1 << ((size_t)(de - t->d) % 64);
+	mates(t, de, dc);
 	t->shares++;
 	*done = true;
 	return VPS_OK;
@@ -632,8 +659,10 @@ static bool shareable(const struct tnode *t, const struct vps_piece *x)
 	return x->src != x->dst && !vps_piece_to_transit(x) && vps_box_volume(&x->box) > 0 && find(t, x->dst);
 }
 
-static vps_result_t share_group(struct tnode *t, struct fwds *f, struct vps_pieces *set, struct group *g, double L)
+static vps_result_t share_group(struct tnode *t, struct fwds *f, struct vps_pieces *set, struct group *g,
+				const double *args)
 {
+	double L = args[0];
 	const struct vps_transit_node *tn = t->tn;
 	/* g grows as cuts leave their rest behind; those join the scan */
 	for (size_t b = 0; b < g->n; b++) {
@@ -667,34 +696,9 @@ static vps_result_t share_group(struct tnode *t, struct fwds *f, struct vps_piec
 
 static vps_result_t share_once(struct tnode *t, struct fwds *f, struct vps_pieces *set)
 {
-	struct cand *idx = NULL;
-	struct group g = {0};
-	size_t n = 0, cap = 0;
-	vps_result_t rc = VPS_OK;
-	double L = share_level(t);
-	for (size_t i = 0; i < set->n && !rc; i++) {
-		if (!shareable(t, &set->v[i]))
-			continue;
-		rc = VPS_GROW(idx, cap, n + 1);
-		if (!rc)
-			idx[n++] = (struct cand){set->v[i].tensor, set->v[i].state, set->v[i].dst, i};
-	}
-	if (!rc && n > 1)
-		qsort(idx, n, sizeof(*idx), cand_cmp);
-	for (size_t g0 = 0, g1; g0 < n && !rc; g0 = g1) {
-		for (g1 = g0 + 1; g1 < n && idx[g1].tensor == idx[g0].tensor && idx[g1].state == idx[g0].state; g1++)
-			;
-		if (idx[g0].dst == idx[g1 - 1].dst)
-			continue; /* one device's alone */
-		g.n = 0;
-		for (size_t k = g0; k < g1 && !rc; k++)
-			rc = group_add(&g, idx[k].i);
-		if (!rc)
-			rc = share_group(t, f, set, &g, L);
-	}
-	free(idx);
-	free(g.v);
-	return rc;
+	const double L = share_level(t);
+	const struct group_visit gv = {shareable, share_group, &L};
+	return each_group(t, f, set, &gv);
 }
 
 /* The node's shares: kept where its busiest device gets more than 1%

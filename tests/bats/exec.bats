@@ -39,6 +39,12 @@ sent_as_planned() { # RANK
 	sent=$(awk '/^  bytes_sent:/ { print $2; exit }' "$BATS_TEST_TMPDIR/demo/report.$1.yaml")
 	[ "$sent" = "$planned" ] || { echo "rank $1 sent $sent, its plan $planned" >&2; return 1; }
 }
+all_sent_as_planned() { # WORLD: every rank below it
+	local r
+	for ((r = 0; r < $1; r++)); do
+		sent_as_planned "$r" || return 1
+	done
+}
 
 # ---- the cases, each over the transport given ----
 
@@ -238,9 +244,7 @@ relay_by_node() { # TRANSPORT [demo.sh arguments...]
 	demo "$1" --np 2 "${@:2}" --topology a800-testbed --model tiny-llama \
 		--from tp=1,pp=2,dp=4,zero=1 --to tp=1,pp=4,dp=4,zero=1
 	local dir=$BATS_TEST_TMPDIR/demo sent r fwd=0
-	for ((r = 0; r < 16; r++)); do
-		sent_as_planned "$r" || return 1
-	done
+	all_sent_as_planned 16
 	for r in 4 5 6 7; do
 		# forwards (column 14) to a rank on another node (two a node)
 		read -r n away < <("$VPS_BIN/vps-plan" --transfers --rank "$r" --format tsv "$dir/ab.plan" |
@@ -341,9 +345,7 @@ senders_entry() { # TRANSPORT [demo.sh arguments...]
 	demo "$1" --np 4 "${@:2}" --topology "$(fast_fabric)" --model tiny-gpt \
 		--from tp=2,pp=2,dp=1,zero=1 --to tp=2,pp=2,dp=2,zero=1
 	local dir=$BATS_TEST_TMPDIR/demo sent r n=0
-	for ((r = 0; r < 8; r++)); do
-		sent_as_planned "$r" || return 1
-	done
+	all_sent_as_planned 8
 	# the word embedding passed on between node 1's devices (ranks 4-7)
 	for r in 4 5 6 7; do
 		n=$((n + $("$VPS_BIN/vps-plan" --transfers --rank "$r" --tensor embedding.word_embeddings.weight \
@@ -373,9 +375,7 @@ senders_entry() { # TRANSPORT [demo.sh arguments...]
 relay_direct() { # TRANSPORT TO TOPOLOGY [demo.sh arguments...]
 	demo "$1" --np 2 "${@:4}" --topology "$3" --model tiny-llama --from tp=1,pp=4,dp=4,zero=1 --to "$2"
 	local dir=$BATS_TEST_TMPDIR/demo sent r direct twice
-	for ((r = 0; r < 32; r++)); do
-		sent_as_planned "$r" || return 1
-	done
+	all_sent_as_planned 32
 	# the elements (box) of a tensor that two or more of its receivers take
 	# straight from a holder where each takes others of it from relays,
 	# and how often two of them on one node (two a node) do
