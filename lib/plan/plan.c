@@ -1339,8 +1339,14 @@ static vps_result_t plan_group(struct ctx *c, const struct group *g, size_t gi, 
 	const struct vps_box *gbox = &c->ha.v[g->first].region.box;
 	struct choice ch;
 	VPS_CHECK(choose(c, g, ri, rn, rbase, vps_world_device(c->w, d).node, rl ? -1 : d, &ch));
-	if (rl && rl->weighted && rl->cut[rl->n] < rl->cut[rl->n + 1])
+	if (rl && rl->weighted && rl->cut[rl->n] < rl->cut[rl->n + 1]) {
 		serve_ranges(rl, &ch);
+		/* the candidate that serves the largest range turns with the
+		 * tensor: a group serves many regions cut alike, and the same
+		 * member served the largest of each (llama2-13b-tp-down-back:
+		 * node 1's NICs 5.62 to 6.20 GB) */
+		ch.start_w = (ch.start_w + (int64_t)R->tensor) % ch.k;
+	}
 	for (size_t i = 0; i < c->rem.n; i++) {
 		struct vps_box y;
 		if (vps_box_intersect(&c->rem.v[i], gbox, &y))
@@ -2152,7 +2158,12 @@ static vps_result_t relay_entry(struct ctx *c, const struct vps_region *R, struc
 		struct vps_box x;
 		if (!vps_box_intersect(&c->ha.v[gs[gi].first].region.box, &R->box, &x))
 			continue;
-		double group = (double)exported * ((double)vps_box_volume(&x) / whole);
+		/* by the group's whole box, not its part of R: members holding
+		 * more than R (a tensor-parallel slice B splits) bring in the
+		 * entries of each region like R they hold (llama2-7b-tp-down-back:
+		 * counted by their part, the holders seemed to have room for
+		 * half their entries, and brought all of them in) */
+		double group = (double)exported * ((double)vps_box_volume(&c->ha.v[gs[gi].first].region.box) / whole);
 		int64_t members = vps_min64(gs[gi].count, DUTY_MEMBERS);
 		struct entry_rooms er = {.c = c, .entries = {0, (int64_t)group}};
 		double most = 0; /* a member's time, were it to bring in all */
@@ -2236,6 +2247,8 @@ static vps_result_t relay_route(struct ctx *c, const struct vps_region *R, struc
 	/* ranged, the holders send as routed, but for a direct range (weighed
 	 * with their time) */
 	bool direct = ranged->weighted && ranged->cut[ranged->n] < ranged->cut[ranged->n + 1];
+	if (getenv("VPS_DEBUG_ROUTE"))
+		fprintf(stderr, "route t%u s%d n=%lld nn=%d entered=%.5f held=%.5f weighed=%.5f direct=%d weightedr=%d\n", R->tensor, R->state, (long long)rl->n, rl->nn, entered[0], entered[1], weighed, direct, ranged->weighted);
 	if (!rc && (direct ? weighed : fmax(weighed, entered[1])) < entered[0]) {
 		*by_holders = false;
 		rl->weighted = ranged->weighted;
