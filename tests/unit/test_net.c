@@ -5,6 +5,7 @@
  * receive more than log2(W) + 1 vectors: the O(steps log W) bytes per rank
  * that docs/plan.md promises at 16,384 ranks. */
 #include <arpa/inet.h>
+#include <stdio.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -64,20 +65,40 @@ static void *run_rank(void *arg)
 	return NULL;
 }
 
+/* A port on the loopback that nobody listens on now, below the kernel's
+ * ephemeral range (as vps.free_port): a port a bind to 0 hands out goes
+ * to the next outgoing connection that asks for any, and on a busy
+ * machine one took it before rank 0 listened (rank 0: bind: Address
+ * already in use; the others: nobody proved to be rank 0). 0 when 100
+ * random ports are all taken. */
 static int free_port(void)
 {
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in sa = {0};
-	socklen_t len = sizeof(sa);
-	sa.sin_family = AF_INET;
-	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) || getsockname(fd, (struct sockaddr *)&sa, &len)) {
+	int high = 32768;
+	FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+	if (f) {
+		if (fscanf(f, "%d", &high) != 1)
+			high = 32768;
+		fclose(f);
+	}
+	if (high <= 10001)
+		high = 32768;
+	static unsigned seed;
+	if (!seed)
+		seed = (unsigned)getpid() ^ (unsigned)time(NULL);
+	for (int tries = 0; tries < 100; tries++) {
+		int port = 10000 + (int)(rand_r(&seed) % (unsigned)(high - 10000));
+		int fd = socket(AF_INET, SOCK_STREAM, 0);
+		struct sockaddr_in sa = {0};
+		sa.sin_family = AF_INET;
+		sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+		sa.sin_port = htons((uint16_t)port);
+		bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
 		if (fd >= 0)
 			close(fd);
-		return 0;
+		if (ok)
+			return port;
 	}
-	close(fd);
-	return ntohs(sa.sin_port);
+	return 0;
 }
 
 /* W ranks all-reduce count numbers; returns the busiest rank's bytes (sent
