@@ -1,14 +1,17 @@
-/* Transit: a node's NIC receives spread over its devices (transit.h).
+/* Transit: a node's NIC receives spread over its devices, and what its
+ * devices take in alike taken in once (transit.h).
  *
  * The model is the plan estimate's (stats.c, device_estimate) restricted to
  * what the node's arrivals say: each device's NIC receives, NVLink
- * receives and NVLink sends to node-mates, each at its own bandwidth. A
- * device's NIC sends and its sends to other nodes do not change, nor does
- * any sender's: a part rerouted leaves its sender as before, to another
- * device of the same node. So the node's busiest device, by this model,
- * can only get faster, and the plan's estimate cannot rise but by the
- * latency of the new pairs of peers, which the gain asked for (1%) and the
- * smallest part (TRANSIT_MIN_BYTES) keep far below it. */
+ * receives and NVLink sends to node-mates, each at its own bandwidth (and
+ * for shares, its NIC sends). A device's NIC sends and its sends to other
+ * nodes do not change, and no sender sends more: a part rerouted leaves
+ * its sender as before, to another device of the same node, and what is
+ * taken in once or shared leaves it once where it left twice. So the
+ * node's busiest device, by this model, can only get faster, and the
+ * plan's estimate cannot rise but by the latency of the new pairs of
+ * peers, which the gain asked for (1%, or a latency a new node-mate) and
+ * the smallest part (TRANSIT_MIN_BYTES) keep far below it. */
 #include <math.h>
 #include <string.h>
 
@@ -565,7 +568,7 @@ static vps_result_t keep(struct vps_pieces *was, const struct vps_pieces *set)
  * node changes; the sender's NVLink time falls by what it no longer sends
  * and the relay's rises as much, as long as it stays at or below the
  * node's level (the node's NVLink sends on average, or its busiest
- * receives, whichever is more). In llama2-13b-ablation-s1-s2 (data
+ * receives or NIC sends, whichever is more). In llama2-13b-ablation-s1-s2 (data
  * parallelism 1 -> 4 on the node that holds the stage) each holder sent
  * every box to three node-mates, the holders with the most to send 1.08x
  * as busy as the node on average. */
@@ -574,7 +577,7 @@ static vps_result_t keep(struct vps_pieces *was, const struct vps_pieces *set)
 #define SHARE_SLACK (1 + 1e-9)
 
 /* The level no sharing goes above: the node's NVLink sends on average, or
- * any device's receives (which sharing does not change). */
+ * any device's receives or NIC sends (which sharing does not change). */
 static double share_level(const struct tnode *t)
 {
 	const struct vps_transit_node *tn = t->tn;
@@ -670,26 +673,22 @@ static vps_result_t share_group(struct tnode *t, struct fwds *f, struct vps_piec
 		struct tdev *ds = find(t, set->v[j].src);
 		if (!ds || !on_node(t, set->v[j].src) || ds->nvl_send <= L * tn->intra)
 			continue;
-		/* the least busy device that takes some of it in passes it on */
-		for (bool done = false; !done && vps_box_volume(&set->v[j].box) > 0;) {
-			size_t best = SIZE_MAX;
-			struct vps_box in;
-			for (size_t a = 0; a < g->n; a++) {
-				size_t i = g->v[a];
-				const struct vps_piece *x = &set->v[i];
-				if (i == j || x->dst == set->v[j].dst || x->dst == set->v[j].src || !shareable(t, x) ||
-				    vps_buffer_hop(x->src_buffer) >= VPS_MAX_HOP || !vps_box_intersect(&x->box, &set->v[j].box, &in))
-					continue;
-				if (best == SIZE_MAX || find(t, x->dst)->nvl_send < find(t, set->v[best].dst)->nvl_send)
-					best = i;
-			}
-			if (best == SIZE_MAX)
-				break;
-			vps_box_intersect(&set->v[best].box, &set->v[j].box, &in);
-			VPS_CHECK(share_pair(t, f, set, g, best, j, &in, L, &done));
-			if (!done)
-				break;
+		/* the least busy device that takes some of it in passes it on;
+		 * what it does not take stays in g, scanned in its turn */
+		size_t best = SIZE_MAX;
+		struct vps_box in;
+		for (size_t a = 0; a < g->n; a++) {
+			size_t i = g->v[a];
+			const struct vps_piece *x = &set->v[i];
+			if (i == j || x->dst == set->v[j].dst || x->dst == set->v[j].src || !shareable(t, x) ||
+			    vps_buffer_hop(x->src_buffer) >= VPS_MAX_HOP || !vps_box_intersect(&x->box, &set->v[j].box, &in))
+				continue;
+			if (best == SIZE_MAX || find(t, x->dst)->nvl_send < find(t, set->v[best].dst)->nvl_send)
+				best = i;
 		}
+		bool done;
+		if (best != SIZE_MAX && vps_box_intersect(&set->v[best].box, &set->v[j].box, &in))
+			VPS_CHECK(share_pair(t, f, set, g, best, j, &in, L, &done));
 	}
 	return VPS_OK;
 }
