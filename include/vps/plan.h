@@ -123,8 +123,9 @@ struct vps_collective {
  * plan their own parts compare: raise it when a change would make two
  * versions' plans of one transition differ (3: transit; 4: node-mates
  * sharing once, entering once for the senders, the holders' entries by
- * their whole box and the served ranges turning with the tensor). */
-#define VPS_PLANNER_RULES 4
+ * their whole box and the served ranges turning with the tensor; 5: the
+ * rotation's ranges are parts of what moves, not of the buffer). */
+#define VPS_PLANNER_RULES 5
 
 /* Lost devices: A ranks gone before the switch (vps-plan --lost). What a
  * survivor holds is planned from a survivor; what none holds is a lost

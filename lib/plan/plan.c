@@ -50,6 +50,9 @@
 /* Nodes' arrivals a planner keeps (node_arrivals): a global plan's
  * destinations come node by node, a rank's sends go to a few nodes. */
 #define NODE_SETS 4
+/* Destination buffers whose kept elements a context remembers: a sender
+ * plans its destinations one after another (plan_sends' visits, by rank). */
+#define MOVED_MAPS 4
 
 /* How deep duty_likely follows the chain of devices of A that relay for
  * each other: B's stage s on devices whose own stages go to devices whose
@@ -103,6 +106,22 @@ struct fwd {
 	bool likely_known;
 };
 
+/* A destination's buffer, less what its device keeps (moved_map). */
+struct moved_region {
+	int64_t offset, elements, kept, before; /* before: kept in the regions below */
+	bool exact; /* kept is one box of a row-major region: counted element by element */
+	struct vps_box box, kept_box;
+};
+
+struct moved {
+	bool used;
+	int64_t rb;
+	uint32_t buffer;
+	size_t n;
+	struct moved_region *at; /* the buffer's regions, in offset order */
+	int64_t kept;
+};
+
 struct ctx {
 	const struct vps_layout *a, *b;
 	const struct vps_world *w;
@@ -126,6 +145,11 @@ struct ctx {
 		struct vps_pieces set;
 	} nodes[NODE_SETS];
 	unsigned nodes_next;
+	/* destinations' buffers less what their devices keep (moved_map),
+	 * the last few */
+	struct moved moved[MOVED_MAPS];
+	unsigned moved_next;
+	struct vps_holders hm; /* moved_map's */
 };
 
 /* A relayed region: its receivers in replica order (world and B ranks, and
@@ -988,6 +1012,124 @@ struct cut {
 	bool large;       /* worth cutting (SPLIT_MIN_BYTES) */
 };
 
+/* Destination rb's buffer less what its device keeps: the rotation's
+ * ranges (serve) are equal parts of what moves, not of the buffer. Cut by
+ * the buffer, a part that its device keeps left the holders unequal: in
+ * gpt3-1.3b-dp-up-back B's stage 1 keeps the tied embedding, a seventh of
+ * its buffer, from A's first stage, and of the halves that A's two
+ * replicas of stage 1 served one sent 52 MB more than the other (its
+ * senders, and so the node they send into, 1.03x the floor). Planned on a
+ * topology alone, as choose's weights are; NULL (the buffer as it is)
+ * where the device is joining and keeps nothing. */
+static vps_result_t moved_map(struct ctx *c, int64_t d, int64_t rb, uint32_t buffer, const struct moved **out)
+{
+	int64_t self = vps_world_a_rank(c->w, d);
+	*out = NULL;
+	if (self < 0 || !c->topo || c->relay != VPS_RELAY_AUTO)
+		return VPS_OK;
+	for (int k = 0; k < MOVED_MAPS; k++)
+		if (c->moved[k].used && c->moved[k].rb == rb && c->moved[k].buffer == buffer) {
+			*out = c->moved[k].kept ? &c->moved[k] : NULL;
+			return VPS_OK;
+		}
+	struct moved *m = &c->moved[c->moved_next++ % MOVED_MAPS];
+	struct vps_rank_view v;
+	m->used = false;
+	m->n = 0;
+	m->kept = 0;
+	VPS_CHECK(vps_layout_rank(c->b, rb, &v));
+	struct moved_region *at = vps_realloc_array(m->at, v.nregions + 1, sizeof(*at));
+	vps_result_t rc = at ? VPS_OK : VPS_NOMEM();
+	if (at)
+		m->at = at;
+	for (size_t i = 0; i < v.nregions && !rc; i++) {
+		const struct vps_region *r = &v.regions[i];
+		if (r->buffer != buffer)
+			continue;
+		struct moved_region *e = &m->at[m->n++];
+		int boxes = 0;
+		*e = (struct moved_region){.offset = r->offset, .elements = vps_box_volume(&r->box), .box = r->box};
+		c->hm.n = 0;
+		rc = a_holders(c, r->tensor, r->state, &r->box, &c->hm);
+		for (size_t k = 0; k < c->hm.n && !rc; k++) {
+			struct vps_box y;
+			if (member(&c->hm.v[k], self) && vps_box_intersect(&c->hm.v[k].region.box, &r->box, &y)) {
+				e->kept = vps_min64(e->elements, e->kept + vps_box_volume(&y));
+				e->kept_box = y;
+				boxes++;
+			}
+		}
+		int64_t s2 = 1;
+		e->exact = boxes == 1;
+		for (int a = r->box.ndim - 1; a >= 0; a--) {
+			e->exact &= r->strides[a] == s2 || r->box.hi[a] - r->box.lo[a] == 1;
+			s2 *= r->box.hi[a] - r->box.lo[a];
+		}
+	}
+	vps_rank_view_release(&v);
+	VPS_CHECK(rc);
+	/* regions in offset order (offset leads the struct), each with what
+	 * is kept below it */
+	qsort(m->at, m->n, sizeof(*m->at), vps_int64_cmp);
+	for (size_t i = 0; i < m->n; i++) {
+		m->at[i].before = m->kept;
+		m->kept = vps_sat_add(m->kept, m->at[i].kept);
+	}
+	m->rb = rb;
+	m->buffer = buffer;
+	m->used = true;
+	*out = m->kept ? m : NULL;
+	return VPS_OK;
+}
+
+/* Elements of box y (within box r) before the t-th of r in row-major
+ * order: on each axis, those that agree with the t-th on the axes before
+ * it and lie below it on this one. */
+static int64_t box_before(const struct vps_box *r, const struct vps_box *y, int64_t t)
+{
+	int64_t at[VPS_MAX_DIMS], count = 0, prefix = 1;
+	for (int a = r->ndim - 1; a >= 0; a--) {
+		int64_t ext = r->hi[a] - r->lo[a];
+		at[a] = r->lo[a] + t % ext;
+		t /= ext;
+	}
+	for (int a = 0; a < r->ndim && prefix; a++) {
+		int64_t below = vps_max64(0, vps_min64(at[a], y->hi[a]) - y->lo[a]), rest = 1;
+		for (int b = a + 1; b < r->ndim; b++)
+			rest *= y->hi[b] - y->lo[b];
+		count += below * rest;
+		prefix = at[a] >= y->lo[a] && at[a] < y->hi[a];
+	}
+	return count;
+}
+
+/* Buffer position pos among what moves: less what is kept below it,
+ * counted exactly where it can be, else at its region's rate. */
+static int64_t moved_at(const struct moved *m, int64_t pos)
+{
+	size_t lo = 0, hi = m->n;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (m->at[mid].offset <= pos)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (!lo)
+		return pos;
+	const struct moved_region *e = &m->at[lo - 1];
+	int64_t into = vps_min64(pos - e->offset, e->elements), kept = e->before;
+	if (into == e->elements)
+		kept += e->kept;
+	else if (e->kept == e->elements)
+		kept += into;
+	else if (e->kept > 0 && e->exact)
+		kept += box_before(&e->box, &e->kept_box, into);
+	else if (e->kept > 0)
+		kept += (int64_t)((double)e->kept * (double)into / (double)e->elements);
+	return pos - kept;
+}
+
 /* The source of the box's elements from lo on, up to *hi; *seg is the
  * weighed share reached, carried from one call to the next. */
 static void serve(const struct ctx *c, const struct group *g, const struct choice *ch, const struct cut *x,
@@ -1012,7 +1154,7 @@ static void serve(const struct ctx *c, const struct group *g, const struct choic
 	}
 	int64_t pos = x->first + lo;
 	int64_t part = x->bufsize > 0 ? vps_min64(pos * ch->m / x->bufsize, ch->m - 1) : 0;
-	if (x->contiguous && x->bufsize > 0 && x->large) {
+	if (x->contiguous && x->bufsize > 0 && x->large && part < ch->m - 1) {
 		int64_t boundary = vps_ceil_div((part + 1) * x->bufsize, ch->m);
 		*hi = vps_min64(x->vol, vps_max64(boundary - x->first, lo + 1));
 	}
@@ -1234,8 +1376,8 @@ static int64_t entry_member(const struct relay *rl, size_t gi, int64_t p, int64_
 }
 
 static vps_result_t plan_cut(struct ctx *c, const struct group *g, size_t gi, const struct choice *ch,
-			     const struct relay *rl, int64_t d, const struct vps_region *R, int64_t bufsize, const struct vps_box *y,
-			     int64_t only_src, struct vps_pieces *out)
+			     const struct relay *rl, int64_t d, const struct vps_region *R, int64_t bufsize,
+			     const struct moved *mm, const struct vps_box *y, int64_t only_src, struct vps_pieces *out)
 {
 	int64_t esize = (int64_t)vps_dtype_size(vps_region_dtype(R)), ext[VPS_MAX_DIMS];
 	struct cut x = {.first = vps_region_offset_at(R, y->lo), .vol = vps_box_volume(y), .bufsize = bufsize,
@@ -1282,6 +1424,10 @@ static vps_result_t plan_cut(struct ctx *c, const struct group *g, size_t gi, co
 			VPS_CHECK(emit_range(out, only_src, src, d, y, ext, x.vol, lo, end, &c->ha.v[holder].region, R));
 		}
 		lo = end;
+	}
+	if (mm && lo < x.vol) {
+		x.first = moved_at(mm, x.first);
+		x.bufsize = vps_max64(bufsize - mm->kept, 1);
 	}
 	while (lo < x.vol) {
 		int64_t hi, src;
@@ -1333,8 +1479,8 @@ static void serve_ranges(const struct relay *rl, struct choice *ch)
 
 /* Group g's part of what is left of R (c->rem), taken out of c->rem. */
 static vps_result_t plan_group(struct ctx *c, const struct group *g, size_t gi, const struct relay *rl, int64_t ri,
-			       int64_t rn, int64_t rbase, int64_t d, const struct vps_region *R, int64_t bufsize, int64_t only_src,
-			       struct vps_pieces *out)
+			       int64_t rn, int64_t rbase, int64_t d, const struct vps_region *R, int64_t bufsize,
+			       const struct moved *mm, int64_t only_src, struct vps_pieces *out)
 {
 	const struct vps_box *gbox = &c->ha.v[g->first].region.box;
 	struct choice ch;
@@ -1350,7 +1496,7 @@ static vps_result_t plan_group(struct ctx *c, const struct group *g, size_t gi, 
 	for (size_t i = 0; i < c->rem.n; i++) {
 		struct vps_box y;
 		if (vps_box_intersect(&c->rem.v[i], gbox, &y))
-			VPS_CHECK(plan_cut(c, g, gi, &ch, rl, d, R, bufsize, &y, only_src, out));
+			VPS_CHECK(plan_cut(c, g, gi, &ch, rl, d, R, bufsize, mm, &y, only_src, out));
 	}
 	return vps_boxes_subtract(&c->rem, &c->next, gbox);
 }
@@ -2407,10 +2553,13 @@ static vps_result_t plan_region(struct ctx *c, int64_t d, int64_t rb, const stru
 	int64_t bufsize = vps_layout_buffer_elements(c->b, rb, R->buffer);
 	struct relay rl;
 	bool relayed = false;
+	const struct moved *mm = NULL;
 	if (!rc)
 		rc = relay_wanted(c, d, rb, R, gs, ng, &rl, &relayed);
+	if (!rc && !relayed)
+		rc = moved_map(c, d, rb, R->buffer, &mm);
 	for (size_t gi = 0; !rc && gi < ng && c->rem.n; gi++)
-		rc = plan_group(c, &gs[gi], gi, relayed ? &rl : NULL, ri, rn, rbase, d, R, bufsize, only_src, out);
+		rc = plan_group(c, &gs[gi], gi, relayed ? &rl : NULL, ri, rn, rbase, d, R, bufsize, mm, only_src, out);
 	free(gs);
 	/* what no survivor holds is a lost range (vps_plan_compute refused it
 	 * unless allowed): a hole the trainer reloads */
@@ -3004,6 +3153,9 @@ static void ctx_release(struct ctx *c)
 	free(c->memo);
 	for (int k = 0; k < NODE_SETS; k++)
 		free(c->nodes[k].set.v);
+	for (int k = 0; k < MOVED_MAPS; k++)
+		free(c->moved[k].at);
+	vps_holders_release(&c->hm);
 	vps_boxes_release(&c->rem);
 	vps_boxes_release(&c->next);
 }
