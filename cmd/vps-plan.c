@@ -128,6 +128,11 @@ static void print_floor_by(const struct vps_time_floor *f)
 	case VPS_FLOOR_NODE_OUT:
 		printf("time_floor_by: \"what leaves node %d, over its NICs\"\n", node);
 		break;
+	case VPS_FLOOR_NODES_OUT:
+		printf("time_floor_by: \"what the nodes of %" PRId64 " NICs from node %d send, entering each other and "
+		       "leaving, over their NICs\"\n",
+		       f->senders, node);
+		break;
 	}
 }
 

@@ -296,6 +296,9 @@ enum vps_floor_by {
 	VPS_FLOOR_SENDERS,   /* what a set of senders shares (device: its first, senders of them) */
 	VPS_FLOOR_NODE_IN,   /* what must enter a node over its NICs (device.node; relayed floors) */
 	VPS_FLOOR_NODE_OUT,  /* what must leave a node over its NICs (device.node, senders: its GPUs) */
+	VPS_FLOOR_NODES_OUT, /* what a set of nodes must send over their NICs, relays' entries among
+			      * them and exits from them (device.node: the first, senders: their GPUs;
+			      * relayed floors) */
 };
 struct vps_time_floor {
 	double seconds;

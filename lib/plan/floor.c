@@ -11,7 +11,10 @@
  * a receiver), over the links that can carry them; and each node's
  * elements that must enter it (needed there, held by none of its devices)
  * or leave it (held by its devices alone, needed elsewhere), once, over
- * its devices' NICs. */
+ * its devices' NICs; and, since an element is only ever on nodes that
+ * hold or need it, what a receiver takes over NVLink alone (needed_away)
+ * and what a set of nodes must send over their NICs together
+ * (node_groups_floor). */
 #include <inttypes.h>
 #include <math.h>
 
@@ -517,15 +520,33 @@ static vps_result_t edges_cross_once(struct floor_acc *acc)
 	return rc;
 }
 
+/* Whether a device on another node than fr's needs any of fr's region
+ * under B: where none does, and none there holds it under A, no device
+ * of another node ever has it (only holders and receivers pass elements
+ * on), and fr's device takes it over NVLink alone. */
+static vps_result_t needed_away(const struct vps_layout *b, const struct floor_region *fr, struct vps_holders *hb,
+				bool *away)
+{
+	*away = false;
+	hb->n = 0;
+	VPS_CHECK(vps_layout_holders(b, fr->R->tensor, fr->R->state, &fr->R->box, hb));
+	for (size_t k = 0; k < hb->n && !*away; k++) {
+		bool on, off;
+		prog_nodes(b, &hb->v[k], fr->dev.node, &on, &off);
+		*away = off;
+	}
+	return VPS_OK;
+}
+
 static vps_result_t floor_rank(const struct vps_layout *a, const struct vps_layout *b, int64_t rb,
-			       struct floor_acc *acc, struct vps_holders *h, struct floor_boxes *fb)
+			       struct floor_acc *acc, struct vps_holders *h, struct vps_holders *hb, struct floor_boxes *fb)
 {
 	struct floor_region fr = {.dev = vps_layout_device(b, rb)};
 	fr.ra = vps_layout_rank_on(a, fr.dev);
 	struct vps_rank_view v;
 	VPS_CHECK(vps_layout_rank(b, rb, &v));
 	vps_result_t rc = VPS_OK;
-	int64_t loc = 0, rem = 0, any = 0;
+	int64_t loc = 0, rem = 0, any = 0, only_here = 0;
 	size_t capscratch = 0;
 	for (size_t i = 0; !rc && i < v.nregions; i++) {
 		int64_t need[3], call;
@@ -544,6 +565,12 @@ static vps_result_t floor_rank(const struct vps_layout *a, const struct vps_layo
 		loc += need[0];
 		rem += need[1];
 		any += need[2];
+		if (acc->relayed && need[0] > 0) {
+			bool away;
+			rc = needed_away(b, &fr, hb, &away);
+			if (!rc && !away)
+				only_here += need[0];
+		}
 		if (!rc)
 			rc = acc->relayed ? region_sends(a, acc, &fr, h) : region_only(a, acc, &fr, h, call);
 		if (!rc)
@@ -556,6 +583,8 @@ static vps_result_t floor_rank(const struct vps_layout *a, const struct vps_layo
 	double t = (double)(loc + rem + any) / acc->both;
 	if (!acc->relayed)
 		t = fmax(t, fmax((double)loc / acc->bi, (double)rem / acc->be));
+	else
+		t = fmax(t, (double)only_here / acc->bi);
 	if (t > acc->best.seconds)
 		acc->best = (struct vps_time_floor){.seconds = t,
 						    .device = fr.dev,
@@ -615,6 +644,264 @@ static void node_bound(struct floor_acc *f, const struct floor_node *n)
 	}
 }
 
+/* ---- node groups: relays' entries and exits over the NICs of a set of nodes ----
+ *
+ * An element that devices on the nodes N need and none of them holds
+ * (holders on the nodes H) enters each node of N at least once over a NIC,
+ * and only a device that holds it or has received it can send it: every
+ * sender sits on a node of U = H + N. So for any set of nodes S, the NICs
+ * of S send at least, of each element with U within S, one entry for each
+ * node of N, and of each element held within S alone and needed outside
+ * it, one exit (the first device outside S to have it took it from S).
+ * Alone, a node's bound is what must leave it (node_bound); together,
+ * nodes that hold a stage and nodes that relay it among themselves carry
+ * its entries beside their own exits (llama2-13b-tp-down-back: the
+ * devices of A's stage 1 send it into nodes 2 and 3, whose NICs already
+ * carry their own stages out; it enters one of them twice, from node 1 or
+ * from the other). The sets weighed are the U's themselves. Worlds of at
+ * most NODE_GROUP_NODES nodes (a set is a bit a node); a tensor whose
+ * holders cut it into more than NODE_GROUP_CELLS cells is left out, as
+ * are elements no device of A holds (a bound without them is still one). */
+#define NODE_GROUP_NODES 64
+#define NODE_GROUP_CELLS 4096
+#define NODE_GROUP_RANKS 4096
+
+struct node_group {
+	uint64_t held, into; /* H, and N less H */
+	int64_t bytes;
+};
+
+struct node_groups {
+	struct node_group *v;
+	size_t n, cap;
+	uint32_t *slot; /* index + 1, 0 empty */
+	size_t mask;
+};
+
+static uint64_t node_group_hash(uint64_t held, uint64_t into)
+{
+	uint64_t k[2] = {held, into};
+	return vps_hash64(k, sizeof(k), 17);
+}
+
+static vps_result_t node_group_rehash(struct node_groups *g)
+{
+	size_t cap = g->mask ? (g->mask + 1) * 2 : 64;
+	uint32_t *slot = vps_calloc(cap, sizeof(*slot));
+	if (!slot)
+		return VPS_NOMEM();
+	for (size_t i = 0; i < g->n; i++) {
+		size_t at = (size_t)node_group_hash(g->v[i].held, g->v[i].into) & (cap - 1);
+		while (slot[at])
+			at = (at + 1) & (cap - 1);
+		slot[at] = (uint32_t)i + 1;
+	}
+	free(g->slot);
+	g->slot = slot;
+	g->mask = cap - 1;
+	return VPS_OK;
+}
+
+static vps_result_t node_group_add(struct node_groups *g, uint64_t held, uint64_t into, int64_t bytes)
+{
+	if (2 * (g->n + 1) > g->mask)
+		VPS_CHECK(node_group_rehash(g));
+	size_t at = (size_t)node_group_hash(held, into) & g->mask;
+	for (; g->slot[at]; at = (at + 1) & g->mask) {
+		struct node_group *x = &g->v[g->slot[at] - 1];
+		if (x->held == held && x->into == into) {
+			x->bytes = vps_sat_add(x->bytes, bytes);
+			return VPS_OK;
+		}
+	}
+	VPS_CHECK(VPS_GROW(g->v, g->cap, g->n + 1));
+	g->v[g->n] = (struct node_group){held, into, bytes};
+	g->slot[at] = (uint32_t)g->n + 1;
+	g->n++;
+	return VPS_OK;
+}
+
+/* The nodes of a holder's ranks, as bits of acc->nodes' indices. */
+static vps_result_t holder_nodes(const struct floor_acc *acc, const struct vps_layout *l, const struct vps_holder *x,
+				 uint64_t *bits)
+{
+	*bits = 0;
+	for (int64_t k = 0; k < x->count; k++) {
+		uint32_t i;
+		VPS_CHECK(node_index(acc, vps_layout_device(l, x->base + k * x->stride).node, &i));
+		*bits |= (uint64_t)1 << i;
+	}
+	return VPS_OK;
+}
+
+/* Sorted, distinct edges of the boxes along axis. */
+static size_t cuts_along(const struct vps_holders *ha, const struct vps_holders *hb, int axis, int64_t *cut, size_t cap)
+{
+	size_t n = 0;
+	for (int side = 0; side < 2; side++) {
+		const struct vps_holders *h = side ? hb : ha;
+		for (size_t k = 0; k < h->n && n + 2 <= cap; k++) { /* cap holds them all (tensor_groups) */
+			cut[n++] = h->v[k].region.box.lo[axis];
+			cut[n++] = h->v[k].region.box.hi[axis];
+		}
+	}
+	qsort(cut, n, sizeof(*cut), vps_int64_cmp);
+	size_t m = 0;
+	for (size_t i = 0; i < n; i++)
+		if (!m || cut[m - 1] != cut[i])
+			cut[m++] = cut[i];
+	return m;
+}
+
+static bool box_within(const struct vps_box *x, const struct vps_box *in)
+{
+	for (int d = 0; d < x->ndim; d++)
+		if (x->lo[d] < in->lo[d] || x->hi[d] > in->hi[d])
+			return false;
+	return true;
+}
+
+/* One (tensor, state): the cells its holders under A and B cut it into,
+ * each added to the group of its nodes. */
+static vps_result_t tensor_groups(const struct floor_acc *acc, const struct vps_layout *a, const struct vps_layout *b,
+				  const struct vps_holders *ha, const struct vps_holders *hb, struct node_groups *g)
+{
+	/* every edge of every box is a cut: a cell lies within a box or
+	 * outside it, never across */
+	enum { HOLDERS = 64, CUTS = 2 * (HOLDERS + HOLDERS) };
+	int64_t cut[VPS_MAX_DIMS][CUTS], at[VPS_MAX_DIMS] = {0};
+	size_t ncut[VPS_MAX_DIMS], cells = 1;
+	uint64_t abits[HOLDERS], bbits[HOLDERS];
+	if (!ha->n || !hb->n || ha->n > HOLDERS || hb->n > HOLDERS)
+		return VPS_OK;
+	int ndim = ha->v[0].region.box.ndim;
+	for (int d = 0; d < ndim; d++) {
+		ncut[d] = cuts_along(ha, hb, d, cut[d], CUTS);
+		if (ncut[d] < 2)
+			return VPS_OK;
+		cells *= ncut[d] - 1;
+		if (cells > NODE_GROUP_CELLS)
+			return VPS_OK;
+	}
+	for (size_t k = 0; k < ha->n; k++) {
+		if (ha->v[k].count > NODE_GROUP_RANKS)
+			return VPS_OK;
+		VPS_CHECK(holder_nodes(acc, a, &ha->v[k], &abits[k]));
+	}
+	for (size_t k = 0; k < hb->n; k++) {
+		if (hb->v[k].count > NODE_GROUP_RANKS)
+			return VPS_OK;
+		VPS_CHECK(holder_nodes(acc, b, &hb->v[k], &bbits[k]));
+	}
+	for (size_t c = 0; c < cells; c++) {
+		struct vps_box cell = {.ndim = ndim};
+		for (int d = 0; d < ndim; d++) {
+			cell.lo[d] = cut[d][at[d]];
+			cell.hi[d] = cut[d][at[d] + 1];
+		}
+		/* the next cell: the last axis fastest */
+		for (int d = ndim - 1; d >= 0; d--) {
+			if (++at[d] < (int64_t)ncut[d] - 1)
+				break;
+			at[d] = 0;
+		}
+		uint64_t held = 0, need = 0;
+		size_t dtype_of = SIZE_MAX;
+		for (size_t k = 0; k < ha->n; k++)
+			if (box_within(&cell, &ha->v[k].region.box))
+				held |= abits[k];
+		for (size_t k = 0; k < hb->n; k++)
+			if (box_within(&cell, &hb->v[k].region.box)) {
+				need |= bbits[k];
+				dtype_of = k;
+			}
+		uint64_t into = need & ~held;
+		if (!held || !into)
+			continue;
+		int64_t bytes;
+		if (!vps_mul_ok(vps_box_volume(&cell), (int64_t)vps_dtype_size(vps_region_dtype(&hb->v[dtype_of].region)),
+				&bytes))
+			bytes = INT64_MAX;
+		VPS_CHECK(node_group_add(g, held, into, bytes));
+	}
+	return VPS_OK;
+}
+
+/* The NICs of each set U of nodes send at least what its groups ask. */
+static void node_groups_bound(struct floor_acc *f, const struct node_groups *g)
+{
+	for (size_t i = 0; i < g->n; i++) {
+		uint64_t S = g->v[i].held | g->v[i].into;
+		int64_t bytes = 0, nics = 0;
+		bool again = false;
+		for (size_t j = 0; j < i && !again; j++)
+			again = (g->v[j].held | g->v[j].into) == S;
+		if (again)
+			continue;
+		for (size_t j = 0; j < g->n; j++) {
+			const struct node_group *x = &g->v[j];
+			int64_t entries;
+			if (!vps_mul_ok(x->bytes, __builtin_popcountll(x->into), &entries))
+				entries = INT64_MAX;
+			if (((x->held | x->into) & ~S) == 0)
+				bytes = vps_sat_add(bytes, entries);
+			else if ((x->held & ~S) == 0)
+				bytes = vps_sat_add(bytes, x->bytes);
+		}
+		int32_t first = -1;
+		for (size_t n = 0; n < f->nnodes; n++)
+			if (S >> n & 1) {
+				nics += f->nodes[n].gpus;
+				if (first < 0)
+					first = f->nodes[n].node;
+			}
+		double t = nics ? (double)bytes / ((double)nics * f->be) : 0;
+		if (t > f->best.seconds)
+			f->best = (struct vps_time_floor){.seconds = t,
+							  .device = {first, 0},
+							  .receives = false,
+							  .by = VPS_FLOOR_NODES_OUT,
+							  .senders = nics,
+							  .remote_bytes = bytes};
+	}
+}
+
+/* Every (tensor, state) grouped by its nodes, then each group's bound. */
+static vps_result_t node_groups_floor(struct floor_acc *acc, const struct vps_layout *a, const struct vps_layout *b)
+{
+	if (acc->nnodes > NODE_GROUP_NODES || acc->nnodes < 2)
+		return VPS_OK;
+	const struct vps_model *m = vps_layout_model(b);
+	struct vps_holders ha = {0}, hb = {0};
+	struct node_groups g = {0};
+	vps_result_t rc = VPS_OK;
+	for (uint32_t t = 0; t < vps_model_num_tensors(m) && !rc; t++) {
+		struct vps_tensor T;
+		rc = vps_model_tensor(m, t, &T);
+		for (int s = 0; s < VPS_NSTATES && !rc; s++) {
+			if (!vps_layout_tensor_has_state(a, &T, (enum vps_state)s) ||
+			    !vps_layout_tensor_has_state(b, &T, (enum vps_state)s))
+				continue;
+			struct vps_box whole = {.ndim = T.ndim};
+			for (int d = 0; d < T.ndim; d++)
+				whole.hi[d] = T.shape[d];
+			ha.n = hb.n = 0;
+			rc = vps_layout_holders(a, t, (enum vps_state)s, &whole, &ha);
+			if (!rc)
+				rc = vps_layout_holders(b, t, (enum vps_state)s, &whole, &hb);
+			if (!rc)
+				rc = tensor_groups(acc, a, b, &ha, &hb, &g);
+		}
+	}
+	if (!rc)
+		node_groups_bound(acc, &g);
+	vps_holders_release(&ha);
+	vps_holders_release(&hb);
+	free(g.v);
+	free(g.slot);
+	return rc;
+}
+
 static vps_result_t time_floor(const struct vps_layout *a, const struct vps_layout *b, const struct vps_topology *topo,
 			       bool relayed, struct vps_time_floor *out)
 {
@@ -629,17 +916,19 @@ static vps_result_t time_floor(const struct vps_layout *a, const struct vps_layo
 	/* a node's NICs carry only what crosses nodes: in a world of one
 	 * node no byte can take them, relayed or not */
 	acc.both = vps_world_one_node(a, b) ? acc.bi : acc.bi + acc.be;
-	struct vps_holders h = {0};
+	struct vps_holders h = {0}, hb = {0};
 	struct floor_boxes fb = {0};
 	vps_result_t rc = VPS_OK;
 	if (relayed)
 		rc = floor_nodes(&acc, a, b);
 	for (int64_t rb = 0; !rc && rb < wb; rb++)
-		rc = floor_rank(a, b, rb, &acc, &h, &fb);
+		rc = floor_rank(a, b, rb, &acc, &h, &hb, &fb);
 	if (!rc && relayed)
 		rc = edges_cross_once(&acc);
 	for (size_t i = 0; !rc && i < acc.nnodes; i++)
 		node_bound(&acc, &acc.nodes[i]);
+	if (!rc && relayed)
+		rc = node_groups_floor(&acc, a, b);
 	/* sets of one rank are added while the larger ones are bounded */
 	size_t n = acc.nset;
 	for (size_t i = 0; !rc && i < n; i++)
@@ -651,6 +940,7 @@ static vps_result_t time_floor(const struct vps_layout *a, const struct vps_layo
 	free(acc.nodes);
 	free(acc.slot);
 	vps_holders_release(&h);
+	vps_holders_release(&hb);
 	floor_boxes_release(&fb);
 	return rc;
 }

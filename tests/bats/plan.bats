@@ -283,6 +283,24 @@ stat() { # key from a --stats listing in $output
 	[ "$(stat bytes_inter_node)" -ge $((3 * relayed_inter)) ]
 }
 
+# Nodes that relay a stage together bound the relayed floor (docs/relay.md,
+# "What no other node can carry"): in llama2-70b-tp-down-back A's stage 1
+# (node 1) enters B's stage 1 on nodes 2 and 3, whose NICs carry their own
+# stages out. The floor is those three nodes' 24 NICs, and the plan, whose
+# ranged route its own model put there, lies within 1.02x of it (1.050x of
+# the floor that bounded each node alone); gpt3-1.3b-dp-up-back, whose
+# receivers keep the tied embedding, within 1.01x (the rotation's ranges
+# are parts of what moves: 1.029x when they were parts of the buffer).
+@test "on a800-testbed: a set of nodes that relay together bounds the floor, and the plans lie near it" {
+	run vps-plan --transition llama2-70b-tp-down-back --stats --topology a800-testbed
+	[ "$status" -eq 0 ]
+	[[ "$output" == *'time_floor_by: "what the nodes of 24 NICs from node 1 send, entering each other and leaving, over their NICs"'* ]]
+	awk '$1 == "estimate_over_relayed_time_floor:" { exit !($2 >= 1 && $2 <= 1.02) }' <<< "$output"
+	run vps-plan --transition gpt3-1.3b-dp-up-back --stats --topology a800-testbed
+	[ "$status" -eq 0 ]
+	awk '$1 == "estimate_over_relayed_time_floor:" { exit !($2 >= 1 && $2 <= 1.01) }' <<< "$output"
+}
+
 # Who sends what on the paper's testbed (docs/relay.md, "Holders' entries
 # by their whole box, served ranges in turn" and "Sharing once over
 # NVLink"): llama2-7b-tp-down-back lies within 1.02x of its relayed floor

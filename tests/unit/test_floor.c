@@ -278,3 +278,101 @@ TEST(a_tied_embeddings_two_holders_send_together)
 		vps_plan_free(p);
 	}
 }
+
+/* Nodes that relay a stage among themselves carry its entries beside their
+ * own stages' exits. tiny-llama from tp=1, pp=4 to tp=1, pp=4, dp=2 (no
+ * ZeRO), one GPU a node: A's stage k sits on node k, B's stage k on nodes
+ * 2k and 2k + 1, so stage 1 (S1 bytes, on node 1 alone) must enter nodes 2
+ * and 3, whose NICs carry stages 2 and 3 out. Whatever relays, only nodes
+ * 1-3 hold or need stage 1: their three NICs send 2 S1 + S2 + S3 at least,
+ * more than any node alone (S3, the last stage's, is the largest); the
+ * relayed floor is that, over 3 NICs of 1 byte a second. The floor without
+ * relays, and the relayed plan's estimate, lie at or above it. */
+TEST(nodes_that_relay_a_stage_send_its_entries_beside_their_own_exits)
+{
+	struct vps_layout *a = test_layout("tiny-llama", "tp=1,pp=4,dp=1,zero=0", 1, 0);
+	struct vps_layout *b = test_layout("tiny-llama", "tp=1,pp=4,dp=2,zero=0", 1, 0);
+	int64_t S[4] = {0};
+	struct vps_time_floor f, direct;
+	if (!a || !b) {
+		vps_layout_free(a);
+		vps_layout_free(b);
+		return;
+	}
+	for (int k = 0; k < 4; k++) {
+		struct vps_rank_view v;
+		CHECK_OK(vps_layout_rank(a, k, &v));
+		for (size_t i = 0; i < v.nregions; i++)
+			S[k] += vps_box_volume(&v.regions[i].box) *
+				(int64_t)vps_dtype_size(vps_region_dtype(&v.regions[i]));
+		vps_rank_view_release(&v);
+	}
+	CHECK(S[3] > S[1] && S[3] > S[2] && S[3] > S[0]);
+	double want = (double)(2 * S[1] + S[2] + S[3]) / 3;
+	CHECK_OK(vps_time_floor_relayed(a, b, &topo, &f));
+	if (fabs(f.seconds - want) > 1e-9 * want || f.by != VPS_FLOOR_NODES_OUT || f.senders != 3 || f.device.node != 1)
+		harness_fail(__FILE__, __LINE__, "relayed floor %.6g s (by %d, %lld NICs from node %d), want %.6g s",
+			     f.seconds, (int)f.by, (long long)f.senders, f.device.node, want);
+	CHECK_OK(vps_time_floor(a, b, &topo, &direct));
+	CHECK(direct.seconds >= f.seconds);
+	struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
+	struct vps_plan *p = NULL;
+	struct vps_plan_stats s;
+	CHECK_OK(vps_plan_compute(&p, a, b, &o));
+	if (!p)
+		return;
+	CHECK_OK(vps_plan_stats(p, &topo, false, &s));
+	CHECK(s.estimate_seconds >= s.time_floor_seconds * (1 - 1e-9));
+	vps_plan_stats_release(&s);
+	vps_plan_free(p);
+}
+
+/* What only a device's node holds and only its node needs never leaves
+ * the node: its receivers take it over NVLink alone, relays or none.
+ * tiny-llama from tp=1, pp=8 to tp=1, pp=2, dp=4 (no ZeRO), four GPUs a
+ * node: B's stage 0 is A's stages 0-3, all on node 0, and node 1 needs
+ * none of it; each of node 0's devices takes the three stages it does not
+ * hold from its node-mates, over NVLink (8 bytes a second), not over
+ * NVLink and a NIC together (9), as the relayed floor had it (llama2-13b-
+ * ablation-s1-s2, qwen3-30b-s11-s12: 1.126x above a floor no plan can
+ * reach). The floor is the busiest receiver's bytes over 8. */
+TEST(what_only_a_node_holds_and_needs_crosses_its_nvlink_alone)
+{
+	struct vps_layout *a = test_layout("tiny-llama", "tp=1,pp=8,dp=1,zero=0", 4, 0);
+	struct vps_layout *b = test_layout("tiny-llama", "tp=1,pp=2,dp=4,zero=0", 4, 0);
+	struct vps_time_floor f;
+	int64_t most = 0;
+	if (!a || !b) {
+		vps_layout_free(a);
+		vps_layout_free(b);
+		return;
+	}
+	/* the device of A rank r and of B rank r is one: B's rank needs what
+	 * it holds under B less what A's holds there */
+	for (int64_t r = 0; r < 8; r++) {
+		int64_t need = 0;
+		for (int side = 0; side < 2; side++) {
+			struct vps_rank_view v;
+			CHECK_OK(vps_layout_rank(side ? a : b, r, &v));
+			for (size_t i = 0; i < v.nregions; i++)
+				need += (side ? -1 : 1) * vps_box_volume(&v.regions[i].box) *
+					(int64_t)vps_dtype_size(vps_region_dtype(&v.regions[i]));
+			vps_rank_view_release(&v);
+		}
+		most = need > most ? need : most;
+	}
+	double want = (double)most / 8;
+	CHECK_OK(vps_time_floor_relayed(a, b, &topo, &f));
+	if (fabs(f.seconds - want) > 1e-9 * want || f.by != VPS_FLOOR_RECEIVER)
+		harness_fail(__FILE__, __LINE__, "relayed floor %.6g s (by %d), want %.6g s", f.seconds, (int)f.by, want);
+	struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
+	struct vps_plan *p = NULL;
+	struct vps_plan_stats s;
+	CHECK_OK(vps_plan_compute(&p, a, b, &o));
+	if (!p)
+		return;
+	CHECK_OK(vps_plan_stats(p, &topo, false, &s));
+	CHECK(s.estimate_seconds >= want * (1 - 1e-9));
+	vps_plan_stats_release(&s);
+	vps_plan_free(p);
+}
