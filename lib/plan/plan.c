@@ -1479,12 +1479,16 @@ static void serve_ranges(const struct relay *rl, struct choice *ch)
 
 /* Group g's part of what is left of R (c->rem), taken out of c->rem. */
 static vps_result_t plan_group(struct ctx *c, const struct group *g, size_t gi, const struct relay *rl, int64_t ri,
-			       int64_t rn, int64_t rbase, int64_t d, const struct vps_region *R, int64_t bufsize,
-			       const struct moved *mm, int64_t only_src, struct vps_pieces *out)
+			       int64_t rn, int64_t rbase, int64_t d, int64_t rb, const struct vps_region *R, int64_t bufsize,
+			       int64_t only_src, struct vps_pieces *out)
 {
 	const struct vps_box *gbox = &c->ha.v[g->first].region.box;
 	struct choice ch;
+	const struct moved *mm = NULL;
 	VPS_CHECK(choose(c, g, ri, rn, rbase, vps_world_device(c->w, d).node, rl ? -1 : d, &ch));
+	/* the rotation's ranges matter where it has candidates to turn over */
+	if (!rl && ch.k > 1)
+		VPS_CHECK(moved_map(c, d, rb, R->buffer, &mm));
 	if (rl && rl->weighted && rl->cut[rl->n] < rl->cut[rl->n + 1]) {
 		serve_ranges(rl, &ch);
 		/* the candidate that serves the largest range turns with the
@@ -2553,13 +2557,10 @@ static vps_result_t plan_region(struct ctx *c, int64_t d, int64_t rb, const stru
 	int64_t bufsize = vps_layout_buffer_elements(c->b, rb, R->buffer);
 	struct relay rl;
 	bool relayed = false;
-	const struct moved *mm = NULL;
 	if (!rc)
 		rc = relay_wanted(c, d, rb, R, gs, ng, &rl, &relayed);
-	if (!rc && !relayed)
-		rc = moved_map(c, d, rb, R->buffer, &mm);
 	for (size_t gi = 0; !rc && gi < ng && c->rem.n; gi++)
-		rc = plan_group(c, &gs[gi], gi, relayed ? &rl : NULL, ri, rn, rbase, d, R, bufsize, mm, only_src, out);
+		rc = plan_group(c, &gs[gi], gi, relayed ? &rl : NULL, ri, rn, rbase, d, rb, R, bufsize, only_src, out);
 	free(gs);
 	/* what no survivor holds is a lost range (vps_plan_compute refused it
 	 * unless allowed): a hole the trainer reloads */
