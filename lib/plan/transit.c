@@ -46,7 +46,6 @@ struct tnode {
 	const struct vps_transit_node *tn;
 	struct tdev *d;
 	size_t n;
-	size_t shares; /* boxes a device now passes on to a node-mate (share_pair) */
 	bool nic_known; /* the devices' nic_send asked for (with_nic_sends) */
 };
 
@@ -540,22 +539,14 @@ static void tally(struct tnode *t, const struct vps_pieces *set)
 	}
 }
 
-/* Restore the set as it was (kept in was). */
-static vps_result_t restore(struct vps_pieces *set, const struct vps_pieces *was)
+/* The set copied whole: kept before a try, put back where the try gains
+ * too little. */
+static vps_result_t copy_set(struct vps_pieces *to, const struct vps_pieces *from)
 {
-	set->n = 0;
-	VPS_CHECK(VPS_GROW(set->v, set->cap, was->n));
-	memcpy(set->v, was->v, was->n * sizeof(*was->v));
-	set->n = was->n;
-	return VPS_OK;
-}
-
-static vps_result_t keep(struct vps_pieces *was, const struct vps_pieces *set)
-{
-	was->n = 0;
-	VPS_CHECK(VPS_GROW(was->v, was->cap, set->n));
-	memcpy(was->v, set->v, set->n * sizeof(*set->v));
-	was->n = set->n;
+	to->n = 0;
+	VPS_CHECK(VPS_GROW(to->v, to->cap, from->n));
+	memcpy(to->v, from->v, from->n * sizeof(*from->v));
+	to->n = from->n;
 	return VPS_OK;
 }
 
@@ -650,7 +641,6 @@ static vps_result_t share_pair(struct tnode *t, struct fwds *f, struct vps_piece
 	ds->nvl_send -= bytes;
 	de->nvl_send += bytes;
 	mates(t, de, dc);
-	t->shares++;
 	*done = true;
 	return VPS_OK;
 }
@@ -718,13 +708,11 @@ static vps_result_t share_route(struct tnode *t, struct fwds *f, struct vps_piec
 	L = share_level(t);
 	if (!(T0 > 0))
 		return VPS_OK;
-	VPS_CHECK(keep(was, set));
-	t->shares = 0;
+	VPS_CHECK(copy_set(was, set));
 	for (size_t i = 0; i < t->n; i++)
 		t->d[i].mates = 0;
 	VPS_CHECK(share_once(t, f, set));
-	if (!t->shares)
-		return VPS_OK;
+	/* every share makes two devices node-mates anew: none, none made */
 	int peers = 0;
 	for (size_t i = 0; i < t->n; i++) {
 		int k = 0;
@@ -732,9 +720,11 @@ static vps_result_t share_route(struct tnode *t, struct fwds *f, struct vps_piec
 			k++;
 		peers = k > peers ? k : peers;
 	}
+	if (!peers)
+		return VPS_OK;
 	double T1 = busiest_all(t);
 	if (T1 + tn->latency * (double)peers > TRANSIT_GAIN * T0)
-		return restore(set, was);
+		return copy_set(set, was);
 	drop_emptied(set);
 	return VPS_OK;
 }
@@ -759,17 +749,17 @@ static vps_result_t senders_entry(struct tnode *t, struct fwds *f, struct vps_pi
 	}
 	if (!(T0 > 0) || !(in0 > 0))
 		return VPS_OK;
-	VPS_CHECK(keep(was, set));
+	VPS_CHECK(copy_set(was, set));
 	VPS_CHECK(enter_once(t, f, set, T0, (double)TRANSIT_MIN_BYTES));
 	for (size_t i = 0; i < t->n; i++)
 		in1 += t->d[i].nic_recv;
 	if (in0 - in1 < (double)TRANSIT_MIN_BYTES)
-		return restore(set, was);
+		return copy_set(set, was);
 	/* entering changes no device's NIC sends: the busiest before, with
 	 * them, is the larger of T0 and theirs */
 	double T0all = fmax(T0, with_nic_sends(t));
 	if (!within_with_latency(t, T0all))
-		return restore(set, was);
+		return copy_set(set, was);
 	drop_emptied(set);
 	return VPS_OK;
 }
@@ -837,7 +827,7 @@ static vps_result_t ingress(struct tnode *t, struct fwds *f, struct vps_pieces *
 	if (!(T0 > 0) || floor > TRANSIT_GAIN * T0 || (T0 - floor) * tn->inter < (double)TRANSIT_MIN_GAIN_BYTES)
 		return VPS_OK;
 	/* kept whole, to go back to where the node gains too little */
-	vps_result_t rc = keep(was, set);
+	vps_result_t rc = copy_set(was, set);
 	if (!rc)
 		rc = enter_once(t, f, set, T0, 0);
 	/* what arrives to be passed on stays where it arrives: its forwards'
@@ -863,7 +853,7 @@ static vps_result_t ingress(struct tnode *t, struct fwds *f, struct vps_pieces *
 		double T1 = busiest(t);
 		if (T1 > TRANSIT_GAIN * T0 || (T0 - T1) * tn->inter < (double)TRANSIT_MIN_GAIN_BYTES) {
 			/* too little for the bytes: the node as it was */
-			rc = restore(set, was);
+			rc = copy_set(set, was);
 		} else {
 			/* the emptied arrivals out, the rerouted parts in */
 			*kept = true;
