@@ -665,6 +665,10 @@ static void node_bound(struct floor_acc *f, const struct floor_node *n)
 #define NODE_GROUP_NODES 64
 #define NODE_GROUP_CELLS 4096
 #define NODE_GROUP_RANKS 4096
+/* Cells times holders weighed in all, at most: past it the tensors left
+ * are left out (about a second of work; the largest of the paper's
+ * transitions asks 0.5 million). */
+#define NODE_GROUP_WORK ((int64_t)1 << 28)
 
 struct node_group {
 	uint64_t held, into; /* H, and N less H */
@@ -676,6 +680,7 @@ struct node_groups {
 	size_t n, cap;
 	uint32_t *slot; /* index + 1, 0 empty */
 	size_t mask;
+	int64_t work; /* cells times holders so far */
 };
 
 static uint64_t node_group_hash(uint64_t held, uint64_t into)
@@ -783,6 +788,9 @@ static vps_result_t tensor_groups(const struct floor_acc *acc, const struct vps_
 		if (cells > NODE_GROUP_CELLS)
 			return VPS_OK;
 	}
+	g->work += (int64_t)cells * (int64_t)(ha->n + hb->n);
+	if (g->work > NODE_GROUP_WORK)
+		return VPS_OK;
 	for (size_t k = 0; k < ha->n; k++) {
 		if (ha->v[k].count > NODE_GROUP_RANKS)
 			return VPS_OK;
