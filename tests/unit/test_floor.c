@@ -279,6 +279,39 @@ TEST(a_tied_embeddings_two_holders_send_together)
 	}
 }
 
+/* The bytes of rank r's regions under layout l. */
+static int64_t rank_bytes(const struct vps_layout *l, int64_t r)
+{
+	struct vps_rank_view v;
+	int64_t bytes = 0;
+	CHECK_OK(vps_layout_rank(l, r, &v));
+	for (size_t i = 0; i < v.nregions; i++)
+		bytes += vps_box_volume(&v.regions[i].box) * (int64_t)vps_dtype_size(vps_region_dtype(&v.regions[i]));
+	vps_rank_view_release(&v);
+	return bytes;
+}
+
+/* The default plan from a to b (the plan takes the layouts) lies at or
+ * above `floor` and its own statistics' floor. */
+static void no_plan_below(struct vps_layout *a, struct vps_layout *b, double floor)
+{
+	struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
+	struct vps_plan *p = NULL;
+	struct vps_plan_stats s;
+	CHECK_OK(vps_plan_compute(&p, a, b, &o));
+	if (!p) {
+		vps_layout_free(a);
+		vps_layout_free(b);
+		return;
+	}
+	CHECK_OK(vps_plan_stats(p, &topo, false, &s));
+	if (s.estimate_seconds < fmax(floor, s.time_floor_seconds) * (1 - 1e-9))
+		harness_fail(__FILE__, __LINE__, "estimate %.6g s, floor %.6g s, its statistics' %.6g s", s.estimate_seconds,
+			     floor, s.time_floor_seconds);
+	vps_plan_stats_release(&s);
+	vps_plan_free(p);
+}
+
 /* Nodes that relay a stage among themselves carry its entries beside their
  * own stages' exits. tiny-llama from tp=1, pp=4 to tp=1, pp=4, dp=2 (no
  * ZeRO), one GPU a node: A's stage k sits on node k, B's stage k on nodes
@@ -292,21 +325,15 @@ TEST(nodes_that_relay_a_stage_send_its_entries_beside_their_own_exits)
 {
 	struct vps_layout *a = test_layout("tiny-llama", "tp=1,pp=4,dp=1,zero=0", 1, 0);
 	struct vps_layout *b = test_layout("tiny-llama", "tp=1,pp=4,dp=2,zero=0", 1, 0);
-	int64_t S[4] = {0};
+	int64_t S[4];
 	struct vps_time_floor f, direct;
 	if (!a || !b) {
 		vps_layout_free(a);
 		vps_layout_free(b);
 		return;
 	}
-	for (int k = 0; k < 4; k++) {
-		struct vps_rank_view v;
-		CHECK_OK(vps_layout_rank(a, k, &v));
-		for (size_t i = 0; i < v.nregions; i++)
-			S[k] += vps_box_volume(&v.regions[i].box) *
-				(int64_t)vps_dtype_size(vps_region_dtype(&v.regions[i]));
-		vps_rank_view_release(&v);
-	}
+	for (int k = 0; k < 4; k++)
+		S[k] = rank_bytes(a, k);
 	CHECK(S[3] > S[1] && S[3] > S[2] && S[3] > S[0]);
 	double want = (double)(2 * S[1] + S[2] + S[3]) / 3;
 	CHECK_OK(vps_time_floor_relayed(a, b, &topo, &f));
@@ -315,16 +342,7 @@ TEST(nodes_that_relay_a_stage_send_its_entries_beside_their_own_exits)
 			     f.seconds, (int)f.by, (long long)f.senders, f.device.node, want);
 	CHECK_OK(vps_time_floor(a, b, &topo, &direct));
 	CHECK(direct.seconds >= f.seconds);
-	struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
-	struct vps_plan *p = NULL;
-	struct vps_plan_stats s;
-	CHECK_OK(vps_plan_compute(&p, a, b, &o));
-	if (!p)
-		return;
-	CHECK_OK(vps_plan_stats(p, &topo, false, &s));
-	CHECK(s.estimate_seconds >= s.time_floor_seconds * (1 - 1e-9));
-	vps_plan_stats_release(&s);
-	vps_plan_free(p);
+	no_plan_below(a, b, want);
 }
 
 /* What only a device's node holds and only its node needs never leaves
@@ -350,29 +368,12 @@ TEST(what_only_a_node_holds_and_needs_crosses_its_nvlink_alone)
 	/* the device of A rank r and of B rank r is one: B's rank needs what
 	 * it holds under B less what A's holds there */
 	for (int64_t r = 0; r < 8; r++) {
-		int64_t need = 0;
-		for (int side = 0; side < 2; side++) {
-			struct vps_rank_view v;
-			CHECK_OK(vps_layout_rank(side ? a : b, r, &v));
-			for (size_t i = 0; i < v.nregions; i++)
-				need += (side ? -1 : 1) * vps_box_volume(&v.regions[i].box) *
-					(int64_t)vps_dtype_size(vps_region_dtype(&v.regions[i]));
-			vps_rank_view_release(&v);
-		}
+		int64_t need = rank_bytes(b, r) - rank_bytes(a, r);
 		most = need > most ? need : most;
 	}
 	double want = (double)most / 8;
 	CHECK_OK(vps_time_floor_relayed(a, b, &topo, &f));
 	if (fabs(f.seconds - want) > 1e-9 * want || f.by != VPS_FLOOR_RECEIVER)
 		harness_fail(__FILE__, __LINE__, "relayed floor %.6g s (by %d), want %.6g s", f.seconds, (int)f.by, want);
-	struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
-	struct vps_plan *p = NULL;
-	struct vps_plan_stats s;
-	CHECK_OK(vps_plan_compute(&p, a, b, &o));
-	if (!p)
-		return;
-	CHECK_OK(vps_plan_stats(p, &topo, false, &s));
-	CHECK(s.estimate_seconds >= want * (1 - 1e-9));
-	vps_plan_stats_release(&s);
-	vps_plan_free(p);
+	no_plan_below(a, b, want);
 }

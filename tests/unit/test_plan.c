@@ -68,6 +68,17 @@ static void run_case(const struct tcase *c, bool per_rank, enum vps_relay relay)
 	run_case_on(c, per_rank, relay, NULL);
 }
 
+/* Case c's global plan by default on topo (NULL when it failed). */
+static struct vps_plan *plan_on(const struct tcase *c, const struct vps_topology *topo)
+{
+	struct vps_plan *p = NULL;
+	struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
+	o.topology = topo;
+	CHECK_OK(vps_plan_compute(&p, test_layout(c->model, c->from, c->gpn_a, c->first_a),
+				  test_layout(c->model, c->to, c->gpn_b, c->first_b), &o));
+	return p;
+}
+
 static const struct tcase cases[] = {
 	/* the paper's shapes, tiny */
 	{"tiny-llama", "tp=2,pp=2,dp=2,zero=1", "tp=4,pp=4,dp=1,zero=1", 8, 0, 8, 0},
@@ -829,11 +840,7 @@ TEST(replicas_whose_own_shards_differ_share_by_weights)
 	struct vps_topology topo;
 	CHECK_OK(vps_topology_load(&topo, "a800-testbed", CONFIGS "/topologies"));
 	run_case_on(&c, true, VPS_RELAY_AUTO, &topo);
-	struct vps_plan *p = NULL;
-	struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
-	o.topology = &topo;
-	CHECK_OK(vps_plan_compute(&p, test_layout(c.model, c.from, c.gpn_a, c.first_a),
-				  test_layout(c.model, c.to, c.gpn_b, c.first_b), &o));
+	struct vps_plan *p = plan_on(&c, &topo);
 	if (!p)
 		return;
 	struct vps_plan_stats s = {0};
@@ -866,11 +873,7 @@ TEST(replicas_serve_equal_parts_of_what_moves)
 	static const struct tcase c = {"gpt3-1.3b", "tp=4,pp=2,dp=2,zero=1", "tp=4,pp=2,dp=1,zero=1", 8, 0, 8, 0};
 	struct vps_topology topo;
 	CHECK_OK(vps_topology_load(&topo, "a800-testbed", CONFIGS "/topologies"));
-	struct vps_plan *p = NULL;
-	struct vps_plan_opts o = VPS_PLAN_OPTS_INIT;
-	o.topology = &topo;
-	CHECK_OK(vps_plan_compute(&p, test_layout(c.model, c.from, c.gpn_a, c.first_a),
-				  test_layout(c.model, c.to, c.gpn_b, c.first_b), &o));
+	struct vps_plan *p = plan_on(&c, &topo);
 	if (!p)
 		return;
 	int64_t params[16] = {0};
