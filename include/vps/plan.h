@@ -124,7 +124,8 @@ struct vps_collective {
  * versions' plans of one transition differ (3: transit; 4: node-mates
  * sharing once, entering once for the senders, the holders' entries by
  * their whole box and the served ranges turning with the tensor; 5: the
- * rotation's ranges are parts of what moves, not of the buffer). */
+ * rotation's ranges are parts of what moves, not of the buffer, and a
+ * busy preferred holder of a replicated tensor shares it by weights). */
 #define VPS_PLANNER_RULES 5
 
 /* Lost devices: A ranks gone before the switch (vps-plan --lost). What a

@@ -766,6 +766,41 @@ static vps_result_t weights_of(struct ctx *c, const int64_t *cand, int64_t k, in
 	return VPS_OK;
 }
 
+/* prefer's holders, or all of them where, on a topology, a preferred
+ * one's own sends take it DUTY_SPREAD times as long as another's (as
+ * weighed() asks): it would serve a replicated tensor alone while the
+ * others have time to spare; all of them are then weighed. In gpt3-1.3b-tp-down-back A's
+ * tensor-parallel rank 1 sent the position embeddings to B's ranks 2 and
+ * 3, whose slices lie in its own, beside 4.6 GB of its own, and rank 0,
+ * with 2.7 GB, none: 1.03x the floor. Receivers and senders group alike. */
+static vps_result_t prefer_weighed(struct ctx *c, struct vps_holder *v, size_t n, int64_t T, int64_t want, size_t *out)
+{
+	*out = prefer(v, n, T, want);
+	int64_t bytes = vps_box_volume(&v[0].region.box) * (int64_t)vps_dtype_size(vps_region_dtype(&v[0].region));
+	/* a norm's few bytes to another holder cost a message more than
+	 * they save (llama2-7b-tp-up: 16 peers a device, 22) */
+	if (*out == n || !c->topo || c->relay != VPS_RELAY_AUTO || bytes < SPLIT_MIN_BYTES * (int64_t)n)
+		return VPS_OK;
+	/* the preferred ones (first) the busiest by far */
+	double pref = 0, other = INFINITY;
+	int64_t k = 0;
+	for (size_t i = 0; i < n; i++)
+		for (int64_t j = 0; j < v[i].count; j++) {
+			struct duty d;
+			if (++k > SPLIT_MAX)
+				return VPS_OK;
+			VPS_CHECK(duty_of(c, v[i].base + j * v[i].stride, &d));
+			double t = link_time(c, d.forced_link[0], d.forced_link[1]);
+			if (i < *out)
+				pref = fmax(pref, t);
+			else
+				other = fmin(other, t);
+		}
+	if (pref > DUTY_SPREAD * other)
+		*out = n;
+	return VPS_OK;
+}
+
 /* Build the groups of the (sorted) A holders in c->ha, marking members on
  * `node`, local groups first. */
 static vps_result_t make_groups(struct ctx *c, int32_t node, int64_t exclude, int64_t T, int64_t pref_tp,
@@ -787,7 +822,13 @@ static vps_result_t make_groups(struct ctx *c, int32_t node, int64_t exclude, in
 		VPS_CHECK(vps_grow((void **)gs, &cap, *ng + 1, sizeof(**gs)));
 		struct group *g = &(*gs)[(*ng)++];
 		g->first = i;
-		g->n = prefer(&c->ha.v[i], j - i, T, pref_tp);
+		vps_result_t rc = prefer_weighed(c, &c->ha.v[i], j - i, T, pref_tp, &g->n);
+		if (rc) {
+			free(*gs);
+			*gs = NULL;
+			*ng = 0;
+			return rc;
+		}
 		g->count = 0;
 		g->nlocal = 0;
 		for (size_t k = i; k < i + g->n; k++)
@@ -2659,7 +2700,8 @@ static vps_result_t candidates_for(struct ctx *c, int64_t s, const struct vps_re
 			gn++;
 		}
 	int64_t T, pref_tp = preferred_tp(c, H->region.tensor, H->base, &T);
-	gn = gn ? prefer(&c->ha.v[gfirst], gn, T, pref_tp) : 0;
+	if (gn)
+		VPS_CHECK(prefer_weighed(c, &c->ha.v[gfirst], gn, T, pref_tp, &gn));
 	int64_t k = 0, cidx = -1;
 	for (size_t i = gfirst; i < gfirst + gn; i++) {
 		const struct vps_holder *h = &c->ha.v[i];

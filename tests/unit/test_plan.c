@@ -895,6 +895,39 @@ TEST(replicas_serve_equal_parts_of_what_moves)
 	vps_plan_free(p);
 }
 
+/* A busy preferred holder of a replicated tensor shares it by weights
+ * (prefer_weighed): gpt3-1.3b from tp=2 to tp=4 (pp=2, ZeRO-1, one node of
+ * eight), gpt3-1.3b-tp-down-back. B's ranks 2 and 3 (stage 0) take the
+ * position embeddings, which A's ranks 0 and 1 both hold; their slices lie
+ * in rank 1's, which sends 4.6 GB of its own, rank 0 2.7 GB. Rank 0 now
+ * serves them (rank 1 alone did: the plan 1.03x its floor), and a rank's
+ * plan is the global plan's part. */
+TEST(a_busy_preferred_holder_leaves_a_replicated_tensor_to_the_others)
+{
+	static const struct tcase c = {"gpt3-1.3b", "tp=2,pp=2,dp=1,zero=1", "tp=4,pp=2,dp=1,zero=1", 8, 0, 8, 0};
+	struct vps_topology topo;
+	CHECK_OK(vps_topology_load(&topo, "a800-testbed", CONFIGS "/topologies"));
+	struct vps_plan *p = plan_on(&c, &topo);
+	if (!p)
+		return;
+	int64_t from[2] = {0, 0};
+	for (size_t k = 0; k < p->npieces; k++) {
+		const struct vps_piece *x = &p->pieces[k];
+		struct vps_tensor t;
+		char name[256];
+		CHECK_OK(vps_model_tensor(vps_layout_model(p->b), x->tensor, &t));
+		vps_tensor_name(&t, name, sizeof(name));
+		if (!strcmp(name, "embedding.position_embeddings.weight") && x->src != x->dst && x->src < 2 &&
+		    (x->dst == 2 || x->dst == 3))
+			from[x->src] += vps_piece_bytes(x);
+	}
+	CHECK(from[0] > from[1]);
+	const int64_t ranks[] = {0, 1, 2, 3};
+	for (size_t i = 0; i < sizeof(ranks) / sizeof(ranks[0]); i++)
+		rank_part_same(&c, p, ranks[i], VPS_RELAY_AUTO, &topo);
+	vps_plan_free(p);
+}
+
 /* Relays pass on ranges sized to what they have to spare (relay_weigh):
  * tiny-llama from pp=4, dp=4 to dp=8 (ZeRO-1, two GPUs a node), like
  * llama2-7b-dp-up: B's stage 1 lies on the devices of A's stages 2 and
