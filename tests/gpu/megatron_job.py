@@ -402,7 +402,13 @@ def main():
         p.error("--steps and --every must be at least 1")
     if a.run:
         job(a)
-        return
+        # its results are written: gone before the interpreter's teardown,
+        # where torch's threads can abort the process ("terminate called
+        # without an active exception", once under load in CI), as
+        # tests/lib/ranks.py's children are
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     tmp = a.keep or tempfile.mkdtemp(prefix="vps-mjob-")
     os.makedirs(tmp, exist_ok=True)
     try:
