@@ -125,8 +125,10 @@ struct vps_collective {
  * sharing once, entering once for the senders, the holders' entries by
  * their whole box and the served ranges turning with the tensor; 5: the
  * rotation's ranges are parts of what moves, not of the buffer, and a
- * busy preferred holder of a replicated tensor shares it by weights). */
-#define VPS_PLANNER_RULES 5
+ * busy preferred holder of a replicated tensor shares it by weights; 6:
+ * weighed holders bring relayed ranges in by their weights, each weighed
+ * by what it shares over the destination's link). */
+#define VPS_PLANNER_RULES 6
 
 /* Lost devices: A ranks gone before the switch (vps-plan --lost). What a
  * survivor holds is planned from a survivor; what none holds is a lost

@@ -703,7 +703,7 @@ static void weights_in_time(const struct ctx *c, const int64_t *cand, int64_t k,
 		band[i] = bw[link];
 		/* what its other link takes: bytes on this one below it cost nothing */
 		floor_t[i] = (double)d[i].forced_link[!link] / bw[!link];
-		pour += (double)d[i].shared;
+		pour += fmax(0, (double)d[i].relayed[link] - (double)d[i].forced_link[link]);
 		hi = fmax(hi, fmax(floor_t[i], own[i] / band[i]));
 	}
 	const struct time_share s = {own, floor_t, band};
@@ -1416,6 +1416,23 @@ static int64_t entry_member(const struct relay *rl, size_t gi, int64_t p, int64_
 	return j;
 }
 
+/* The candidate (of ch->cand) whose weight covers element pos of a
+ * buffer of bufsize elements (the weights laid along the buffer), and
+ * where its part ends (*stop). */
+static int64_t weighed_member(const struct choice *ch, int64_t pos, int64_t bufsize, int64_t *stop)
+{
+	const int64_t *cum = ch->cum;
+	int64_t k = ch->k, j = 0;
+	*stop = bufsize;
+	if (bufsize <= 0 || cum[k] <= 0)
+		return 0;
+	while (j < k - 1 && (ch->w[j] == 0 || cum[j + 1] * bufsize / cum[k] <= pos))
+		j++;
+	if (j < k - 1)
+		*stop = vps_max64(vps_ceil_div(cum[j + 1] * bufsize, cum[k]), pos + 1);
+	return j;
+}
+
 static vps_result_t plan_cut(struct ctx *c, const struct group *g, size_t gi, const struct choice *ch,
 			     const struct relay *rl, int64_t d, const struct vps_region *R, int64_t bufsize,
 			     const struct moved *mm, const struct vps_box *y, int64_t only_src, struct vps_pieces *out)
@@ -1456,6 +1473,10 @@ static vps_result_t plan_cut(struct ctx *c, const struct group *g, size_t gi, co
 			if (entry_shared(rl, gi, g)) {
 				idx = entry_member(rl, gi, p, pos, bufsize, ch->k, &stop);
 				if (x.contiguous)
+					end = vps_min64(end, vps_max64(stop - x.first, lo + 1));
+			} else if (!rl->entry_by_holders && !ch->served && ch->weigh) {
+				idx = (ch->start + weighed_member(ch, pos, bufsize, &stop)) % ch->k;
+				if (x.contiguous && x.large)
 					end = vps_min64(end, vps_max64(stop - x.first, lo + 1));
 			} else
 				idx = rl->entry_by_holders ? (p * rl->nn + rl->nidx[rl->i]) % ch->k
@@ -2438,8 +2459,6 @@ static vps_result_t relay_route(struct ctx *c, const struct vps_region *R, struc
 	/* ranged, the holders send as routed, but for a direct range (weighed
 	 * with their time) */
 	bool direct = ranged->weighted && ranged->cut[ranged->n] < ranged->cut[ranged->n + 1];
-	if (getenv("VPS_DEBUG_ROUTE"))
-		fprintf(stderr, "route t%u s%d n=%lld nn=%d entered=%.5f held=%.5f weighed=%.5f direct=%d weightedr=%d\n", R->tensor, R->state, (long long)rl->n, rl->nn, entered[0], entered[1], weighed, direct, ranged->weighted);
 	if (!rc && (direct ? weighed : fmax(weighed, entered[1])) < entered[0]) {
 		*by_holders = false;
 		rl->weighted = ranged->weighted;

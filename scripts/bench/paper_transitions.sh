@@ -188,7 +188,7 @@ targets() {
 			print ""
 			printf "- %d of the %d transitions relay, each faster than without relays (%.2fx to %.2fx).\n", relaying, n, lo, hi
 			printf "- none slower than planned without relays (--no-relay): %s.\n", slower ? "**not met**: " slower : "met"
-			printf "- every transition within 1.02x of its relayed floor: %s\n", over ? sprintf("**not met**: %d of %d are (%d above it, at most %.3fx, `%s`); %d of those above have no joining device (docs/relay.md, \"Devices that do not join\" and \"Sharing once over NVLink\").", n - over, n, over, worst, wname, others) : "met."
+			printf "- every transition within 1.02x of its relayed floor: %s\n", over ? sprintf("**not met**: %d of %d are (%d above it, at most %.3fx, `%s`); %s.", n - over, n, over, worst, wname, others ? sprintf("%d of those above %s no joining device (docs/relay.md, \"Devices that do not join\" and \"Sharing once over NVLink\")", others, others > 1 ? "have" : "has") : "every one above it is a join") : "met."
 			printf "- every join at its relayed floor (within 1.02x): %s\n", overj ? sprintf("**not met**: %d of the %d joins are; above it %s.", joins - (over - others), joins, overj) : sprintf("met (%d joins).", joins)
 		}' "$t/rows"
 }

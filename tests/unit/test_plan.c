@@ -928,6 +928,37 @@ TEST(a_busy_preferred_holder_leaves_a_replicated_tensor_to_the_others)
 	vps_plan_free(p);
 }
 
+/* Weighed holders bring relayed ranges in by their weights, each weighed
+ * by what it shares over the destination's link: llama-32b from tp=2,
+ * pp=8, dp=2 to tp=4, pp=4, dp=2 (ZeRO-1, eight GPUs a node),
+ * llama-32b-s8-s7. A's ranks 8 and 10 (node 1) both hold parameters
+ * that B's ranks 0 and 1 (node 0) take and relay to each other; rank
+ * 10's NIC carries 3.2 GB of its own optimizer shards to node 0, rank 8's
+ * next to none. Each receiver's range came from the holder the rotation
+ * gave it, 0.27 GB from each (the plan 1.08x its floor); now rank 8
+ * brings in all of it, and a rank's plan is the global plan's part. */
+TEST(a_busy_holder_leaves_a_relayed_region_to_its_replica)
+{
+	static const struct tcase c = {"llama-32b", "tp=2,pp=8,dp=2,first=6,last=6,zero=1", "tp=4,pp=4,dp=2,zero=1",
+				       8, 0, 8, 0};
+	struct vps_topology topo;
+	CHECK_OK(vps_topology_load(&topo, "a800-testbed", CONFIGS "/topologies"));
+	struct vps_plan *p = plan_on(&c, &topo);
+	if (!p)
+		return;
+	int64_t params[2] = {0, 0};
+	for (size_t k = 0; k < p->npieces; k++) {
+		const struct vps_piece *x = &p->pieces[k];
+		if (x->state == VPS_STATE_PARAM && x->dst < 8 && (x->src == 8 || x->src == 10))
+			params[x->src == 10] += vps_piece_bytes(x);
+	}
+	CHECK(params[0] > 0 && params[1] * 10 < params[0]);
+	const int64_t ranks[] = {0, 1, 8, 10};
+	for (size_t i = 0; i < sizeof(ranks) / sizeof(ranks[0]); i++)
+		rank_part_same(&c, p, ranks[i], VPS_RELAY_AUTO, &topo);
+	vps_plan_free(p);
+}
+
 /* Relays pass on ranges sized to what they have to spare (relay_weigh):
  * tiny-llama from pp=4, dp=4 to dp=8 (ZeRO-1, two GPUs a node), like
  * llama2-7b-dp-up: B's stage 1 lies on the devices of A's stages 2 and
