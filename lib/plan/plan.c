@@ -890,11 +890,11 @@ static vps_result_t plan_retains(struct ctx *c, int64_t d, int64_t self, const s
  * in rotated order with their shares. */
 struct choice {
 	int64_t k, start, m;
-	/* weighted relayed ranges: the candidate (from start_w) that serves
-	 * range p of the buffer (by[p], p < n) and the direct range to the
-	 * receiver (by[n]) */
+	/* weighted relayed ranges with a direct one: each range a receiver
+	 * takes from the holders comes in `parts` equal parts, part j from
+	 * candidate start_w + j * k / parts (serve_ranges) */
 	bool served;
-	int64_t start_w, by[EXACT_REPLICAS + 1];
+	int64_t start_w, parts;
 	bool weigh;
 	int64_t cand[SPLIT_MAX], cum[SPLIT_MAX + 1], w[SPLIT_MAX];
 	size_t cand_holder[SPLIT_MAX];
@@ -1416,6 +1416,35 @@ static int64_t entry_member(const struct relay *rl, size_t gi, int64_t p, int64_
 	return j;
 }
 
+/* Which candidates serve the ranges of rl's weighted buffer that
+ * receivers take from the holders: every one of them alike, each range in
+ * equal parts by its place in the buffer, part j from the j-th of
+ * min(k, n + nn) slots spread over the k candidates. The ranges come in
+ * sizes as unequal as the receivers' room: the candidates in turn by
+ * receiver gave one of them the large ranges of every receiver on one
+ * node (llama2-7b-dp-down-back: a holder 0.46 GB busier than its
+ * replica); whole ranges to the least loaded, largest first, turning with
+ * the tensor, still left the holders of a stage 0.08 to 0.18 GB of
+ * llama2-7b-dp-up's relayed ranges each, as the tensors in a range fell.
+ * A range's parts are the same elements whichever rank plans them, so
+ * every rank cuts alike. */
+static void serve_ranges(const struct relay *rl, struct choice *ch)
+{
+	ch->parts = vps_min64(ch->k, rl->n + rl->nn);
+	ch->served = true;
+}
+
+/* The candidate (of group g's, in choice ch) that brings in element pos
+ * of range p of rl's served buffer, and where its part ends (*stop). */
+static int64_t served_member(const struct relay *rl, const struct choice *ch, int64_t p, int64_t pos, int64_t bufsize,
+			     int64_t *stop)
+{
+	int64_t rs = range_start(rl, p, bufsize), len = range_start(rl, p + 1, bufsize) - rs;
+	int64_t j = len > 0 ? vps_min64((pos - rs) * ch->parts / len, ch->parts - 1) : 0;
+	*stop = rs + vps_ceil_div((j + 1) * len, ch->parts);
+	return (ch->start_w + j * ch->k / ch->parts) % ch->k;
+}
+
 /* The candidate (of ch->cand) whose weight covers element pos of a
  * buffer of bufsize elements (the weights laid along the buffer), and
  * where its part ends (*stop). */
@@ -1474,14 +1503,16 @@ static vps_result_t plan_cut(struct ctx *c, const struct group *g, size_t gi, co
 				idx = entry_member(rl, gi, p, pos, bufsize, ch->k, &stop);
 				if (x.contiguous)
 					end = vps_min64(end, vps_max64(stop - x.first, lo + 1));
-			} else if (!rl->entry_by_holders && !ch->served && ch->weigh) {
+			} else if (ch->served && !rl->entry_by_holders) {
+				idx = served_member(rl, ch, p, pos, bufsize, &stop);
+				if (x.contiguous)
+					end = vps_min64(end, vps_max64(stop - x.first, lo + 1));
+			} else if (!rl->entry_by_holders && ch->weigh) {
 				idx = (ch->start + weighed_member(ch, pos, bufsize, &stop)) % ch->k;
 				if (x.contiguous && x.large)
 					end = vps_min64(end, vps_max64(stop - x.first, lo + 1));
 			} else
-				idx = rl->entry_by_holders ? (p * rl->nn + rl->nidx[rl->i]) % ch->k
-				      : ch->served	   ? (ch->start_w + ch->by[vps_min64(p, rl->n)]) % ch->k
-							   : ch->start;
+				idx = rl->entry_by_holders ? (p * rl->nn + rl->nidx[rl->i]) % ch->k : ch->start;
 			candidate(c, g, idx, &src, &holder);
 			VPS_CHECK(emit_range(out, only_src, src, d, y, ext, x.vol, lo, end, &c->ha.v[holder].region, R));
 		}
@@ -1502,43 +1533,6 @@ static vps_result_t plan_cut(struct ctx *c, const struct group *g, size_t gi, co
 	return VPS_OK;
 }
 
-/* Which candidate serves each range of rl's weighted buffer: ranges come
- * in sizes as unequal as the receivers' room, and the candidates in turn
- * (by receiver) gave one candidate the large ranges of every receiver on
- * one node (llama2-7b-dp-down-back: a holder 0.46 GB busier than its
- * replica). Largest first, each to the least loaded (the ranges, then the
- * direct range once a node), from start_w; every rank cuts alike. */
-static void serve_ranges(const struct relay *rl, struct choice *ch)
-{
-	/* items: range p < n, then the direct range into node m (n + m);
-	 * kk slots, spread over the k candidates as the turns by receiver are */
-	int64_t n = rl->n, items = n + rl->nn, kk = vps_min64(ch->k, items), load[2 * EXACT_REPLICAS] = {0};
-	int64_t size[2 * EXACT_REPLICAS], order[2 * EXACT_REPLICAS], who[2 * EXACT_REPLICAS];
-	for (int64_t p = 0; p < items; p++) {
-		size[p] = p < n ? (int64_t)rl->cut[p + 1] - (int64_t)rl->cut[p] : (int64_t)rl->cut[n + 1] - (int64_t)rl->cut[n];
-		order[p] = p;
-	}
-	/* largest first, ties by item (an insertion sort: at most 128 items) */
-	for (int64_t p = 1; p < items; p++)
-		for (int64_t q = p; q > 0 && size[order[q]] > size[order[q - 1]]; q--) {
-			int64_t t = order[q];
-			order[q] = order[q - 1];
-			order[q - 1] = t;
-		}
-	for (int64_t j = 0; j < items; j++) {
-		int64_t least = 0;
-		for (int64_t h = 1; h < kk; h++)
-			if (load[h] < load[least])
-				least = h;
-		who[order[j]] = least;
-		load[least] += size[order[j]];
-	}
-	for (int64_t p = 0; p < n; p++)
-		ch->by[p] = who[p] * ch->k / kk;
-	ch->by[n] = who[n + rl->nidx[rl->i]] * ch->k / kk;
-	ch->served = true;
-}
-
 /* Group g's part of what is left of R (c->rem), taken out of c->rem. */
 static vps_result_t plan_group(struct ctx *c, const struct group *g, size_t gi, const struct relay *rl, int64_t ri,
 			       int64_t rn, int64_t rbase, int64_t d, int64_t rb, const struct vps_region *R, int64_t bufsize,
@@ -1551,14 +1545,8 @@ static vps_result_t plan_group(struct ctx *c, const struct group *g, size_t gi, 
 	/* the rotation's ranges matter where it has candidates to turn over */
 	if (!rl && ch.k > 1)
 		VPS_CHECK(moved_map(c, d, rb, R->buffer, &mm));
-	if (rl && rl->weighted && rl->cut[rl->n] < rl->cut[rl->n + 1]) {
+	if (rl && rl->weighted && rl->cut[rl->n] < rl->cut[rl->n + 1])
 		serve_ranges(rl, &ch);
-		/* the candidate that serves the largest range turns with the
-		 * tensor: a group serves many regions cut alike, and the same
-		 * member served the largest of each (llama2-13b-tp-down-back:
-		 * node 1's NICs 5.62 to 6.20 GB) */
-		ch.start_w = (ch.start_w + (int64_t)R->tensor) % ch.k;
-	}
 	for (size_t i = 0; i < c->rem.n; i++) {
 		struct vps_box y;
 		if (vps_box_intersect(&c->rem.v[i], gbox, &y))
