@@ -127,7 +127,10 @@ struct vps_collective {
  * rotation's ranges are parts of what moves, not of the buffer, and a
  * busy preferred holder of a replicated tensor shares it by weights; 6:
  * weighed holders bring relayed ranges in by their weights, each weighed
- * by what it shares over the destination's link). */
+ * by what it shares over the destination's link, the ranges receivers
+ * take from a relayed region's holders come from all of them in equal
+ * parts, and a holder's passes of a region that enters node by node are
+ * counted over NVLink alone). */
 #define VPS_PLANNER_RULES 6
 
 /* Lost devices: A ranks gone before the switch (vps-plan --lost). What a

@@ -1679,8 +1679,9 @@ static bool relay_gains(const struct ctx *c, const struct vps_region *R, const s
  * ranges from outside); else a relay may export its home's ranges too,
  * and one copy of the region bounds it. One copy was the bound everywhere
  * before: in llama2-7b-dp-up it counted four times what stage 0's
- * receivers pass on over their NICs and kept them from relaying. */
-static void relay_share(const struct ctx *c, int64_t bytes, int64_t n, int64_t here, const int32_t *nodes,
+ * receivers pass on over their NICs and kept them from relaying.
+ * Returns whether a receiver is at home. */
+static bool relay_share(const struct ctx *c, int64_t bytes, int64_t n, int64_t here, const int32_t *nodes,
 			int nnodes, int64_t out[2])
 {
 	bool home = false;
@@ -1695,13 +1696,14 @@ static void relay_share(const struct ctx *c, int64_t bytes, int64_t n, int64_t h
 	}
 	if (home) {
 		out[nnodes > 1] = vps_sat_add(out[nnodes > 1], bytes);
-		return;
+		return true;
 	}
 	int64_t range = vps_ceil_div(bytes, n), mates = here - 1;
 	int64_t gateway = here > 0 ? vps_ceil_div(n - here, here) : 0;
 	int64_t intra = vps_min64(bytes, range * mates * (1 + gateway));
 	out[0] = vps_sat_add(out[0], intra);
 	out[1] = vps_sat_add(out[1], vps_min64(bytes, range * (nnodes - 1)));
+	return false;
 }
 
 static vps_result_t duty_likely(struct ctx *c, int64_t ra, int depth, struct duty *out);
@@ -1714,6 +1716,10 @@ struct relay_cand {
 	size_t first, nfree, first_holder, nholders;
 	bool mixed; /* some receivers are devices of A */
 	bool gains; /* relaying it lowers its busiest sender's bytes (relay_cand_add) */
+	/* no receiver at home, on two nodes or more, outnumbering them: it
+	 * may enter their nodes from its holders (relay_entry, entry_likely) */
+	bool entry;
+	int64_t members; /* its holders under A, all of them */
 };
 
 struct relay_cands {
@@ -1733,13 +1739,15 @@ static vps_result_t relay_cand_add(struct ctx *c, const struct vps_holder *h, in
 				   const int32_t *nodes, int nnodes, struct relay_cands *lc)
 {
 	struct relay_cand x = {.first = lc->nfree, .first_holder = lc->nholders};
-	relay_share(c, bytes, n, here, nodes, nnodes, x.share);
+	bool home = relay_share(c, bytes, n, here, nodes, nnodes, x.share);
+	x.entry = !home && nnodes >= 2 && n > nnodes;
 	/* relay_gains by bytes: its holders share n copies directly, one
 	 * relayed, and q passes on its share */
 	int64_t holders = 0;
 	for (size_t k = 0; k < c->hda.n; k++)
 		holders = vps_sat_add(holders, c->hda.v[k].count);
 	double direct = (double)bytes * (double)n / (double)vps_max64(holders, 1);
+	x.members = holders;
 	x.gains = fmax((double)bytes / (double)vps_max64(holders, 1), (double)x.share[0] + (double)x.share[1]) <
 		  0.99 * direct;
 	for (size_t k = 0; k < c->hda.n; k++)
@@ -1911,6 +1919,8 @@ static vps_result_t light_of(struct ctx *c, const int64_t *holders, size_t nh, c
 	return VPS_OK;
 }
 
+static vps_result_t entry_likely(struct ctx *c, const struct relay_cand *x, const struct relay_cands *lc, bool *yes);
+
 /* What world rank q likely passes on (bytes[0] over NVLink, [1] over its
  * NICs): of what relay_bound counts, the regions whose free receivers that
  * are devices of A are light, as relay_light weighs them (each one's
@@ -1936,8 +1946,11 @@ static vps_result_t relay_likely(struct ctx *c, int64_t q, int64_t likely[2])
 		if (x->nholders > 0 && x->mixed && x->gains)
 			rc = light_of(c, lc.holders + x->first_holder, x->nholders, lc.free + x->first, x->nfree, &light,
 				      &inbound);
+		bool entry = false;
+		if (light && !rc)
+			rc = entry_likely(c, x, &lc, &entry);
 		if (light)
-			for (int link = 0; link < 2; link++)
+			for (int link = 0; link < 2 - entry; link++)
 				sum[link] = vps_sat_add(sum[link], x->share[link]);
 	}
 	free(lc.v);
@@ -2299,6 +2312,82 @@ static double entry_room(const void *arg, int64_t j, double t)
 	return range_room(er->c, er->own[j], er->entries, 1, t);
 }
 
+/* The n receivers (world ranks) of a relayed region, for relay_entry
+ * and entry_likely: the busiest one's time were each to pass on over its
+ * NICs all it could relay (*routed), or over NVLink alone (*entered), and
+ * what they would pass on over NICs in all (*exported). A receiver's own
+ * sends are what it likely sends (a device of A), or none. */
+static vps_result_t receivers_routed(struct ctx *c, const int64_t *world, int64_t n, double *routed, double *entered,
+				     int64_t *exported)
+{
+	*routed = *entered = 0;
+	*exported = 0;
+	for (int64_t q = 0; q < n; q++) {
+		int64_t a = vps_world_a_rank(c->w, world[q]), own[2] = {0, 0};
+		struct fwd f;
+		VPS_CHECK(relay_bound(c, world[q], &f));
+		if (a >= 0) {
+			struct duty d;
+			VPS_CHECK(duty_likely(c, a, LIKELY_DEPTH, &d));
+			own[0] = d.likely[LIKELY_DEPTH - 1][0];
+			own[1] = d.likely[LIKELY_DEPTH - 1][1];
+		}
+		int64_t nvlink = vps_sat_add(own[0], f.bytes[0]);
+		*routed = fmax(*routed, link_time(c, nvlink, vps_sat_add(own[1], f.bytes[1])));
+		*entered = fmax(*entered, link_time(c, nvlink, own[1]));
+		*exported = vps_sat_add(*exported, f.bytes[1]);
+	}
+	return VPS_OK;
+}
+
+/* A holder (A rank ra) of a relayed region, for relay_entry and
+ * entry_likely: its sends were every region of its relayed (duty_of's
+ * best) with all it could relay over NVLink (own[0]) and the NICs
+ * (own[1], before any entries), and *held raised to its time with all it
+ * could relay. */
+static vps_result_t holder_routed(struct ctx *c, int64_t ra, int64_t own[2], double *held)
+{
+	struct duty d;
+	struct fwd f;
+	VPS_CHECK(duty_of(c, ra, &d));
+	VPS_CHECK(relay_bound(c, vps_world_of_device(c->w, vps_layout_device(c->a, ra)), &f));
+	own[0] = vps_sat_add(d.best[0], f.bytes[0]);
+	own[1] = d.best[1];
+	*held = fmax(*held, link_time(c, own[0], vps_sat_add(d.best[1], f.bytes[1])));
+	return VPS_OK;
+}
+
+/* Whether candidate x's region (relay_likely's) likely enters its
+ * receivers' nodes from its holders, as relay_entry weighs it (its
+ * holders as one group, each bringing in what lies below the water level
+ * of their time): its receivers then pass it on over NVLink alone. In
+ * llama2-7b-dp-up stage 0 enters nodes 2 and 3 so, and their devices,
+ * holders of stage 1, were counted as passing it on over their NICs as
+ * well, 0.22 GB each: stage 1's range straight from them was sized for
+ * less room than they had (the plan 1.048x its relayed floor). */
+static vps_result_t entry_likely(struct ctx *c, const struct relay_cand *x, const struct relay_cands *lc, bool *yes)
+{
+	double routed, entered, held = 0, most = 0, equal = 0;
+	int64_t exported;
+	*yes = false;
+	if (!x->entry)
+		return VPS_OK;
+	VPS_CHECK(receivers_routed(c, lc->free + x->first, (int64_t)x->nfree, &routed, &entered, &exported));
+	int64_t part = exported / vps_max64(x->members, 1);
+	struct entry_rooms er = {.c = c, .entries = {0, exported}};
+	int64_t nh = vps_min64((int64_t)x->nholders, DUTY_MEMBERS);
+	for (int64_t j = 0; j < nh; j++) {
+		VPS_CHECK(holder_routed(c, lc->holders[x->first_holder + (size_t)j], er.own[j], &held));
+		equal = fmax(equal, link_time(c, er.own[j][0], vps_sat_add(er.own[j][1], part)));
+		most = fmax(most, link_time(c, er.own[j][0], vps_sat_add(er.own[j][1], exported)));
+	}
+	/* in turn where the holders are too many to share (relay_entry) */
+	if (x->members <= DUTY_MEMBERS && exported > 0)
+		equal = fmin(equal, water_level(entry_room, &er, nh, 1, 0, most));
+	*yes = fmax(entered, equal) < 0.99 * fmax(routed, held);
+	return VPS_OK;
+}
+
 /* Whether rl's region, relayed by every free receiver and none of them at
  * home, should enter each of the receivers' nodes from the holders (each
  * range once a node, the holders by their shares or in turn) rather than
@@ -2330,24 +2419,10 @@ static vps_result_t relay_entry(struct ctx *c, const struct vps_region *R, struc
 	memset(rl->entry_w, 0, sizeof(rl->entry_w));
 	if (rl->home_idx >= 0 || rl->nn < 2 || rl->n <= rl->nn)
 		return VPS_OK;
-	double routed = 0, entered = 0; /* the busiest device's time, by either route */
-	double held = 0;                 /* the busiest holder's, routed */
-	int64_t exported = 0;           /* what the receivers pass on over NICs */
-	for (int64_t q = 0; q < rl->n; q++) {
-		int64_t a = vps_world_a_rank(c->w, rl->world[q]), own[2] = {0, 0};
-		struct fwd f;
-		VPS_CHECK(relay_bound(c, rl->world[q], &f));
-		if (a >= 0) {
-			struct duty d;
-			VPS_CHECK(duty_likely(c, a, LIKELY_DEPTH, &d));
-			own[0] = d.likely[LIKELY_DEPTH - 1][0];
-			own[1] = d.likely[LIKELY_DEPTH - 1][1];
-		}
-		int64_t nvlink = vps_sat_add(own[0], f.bytes[0]);
-		routed = fmax(routed, link_time(c, nvlink, vps_sat_add(own[1], f.bytes[1])));
-		entered = fmax(entered, link_time(c, nvlink, own[1]));
-		exported = vps_sat_add(exported, f.bytes[1]);
-	}
+	double routed, entered; /* the busiest device's time, by either route */
+	double held = 0;        /* the busiest holder's, routed */
+	int64_t exported;       /* what the receivers pass on over NICs */
+	VPS_CHECK(receivers_routed(c, rl->world, rl->n, &routed, &entered, &exported));
 	/* shares by time to spare where every receiver takes every group's
 	 * members as the same candidates (none on its node) */
 	bool shares = ng <= ENTRY_GROUPS && apart(c, rl, gs, ng);
@@ -2370,16 +2445,9 @@ static vps_result_t relay_entry(struct ctx *c, const struct vps_region *R, struc
 		for (int64_t j = 0; j < members; j++) {
 			int64_t ra;
 			size_t h;
-			struct duty d;
-			struct fwd f;
 			group_member(&c->ha, &gs[gi], j, &ra, &h);
-			VPS_CHECK(duty_of(c, ra, &d));
-			VPS_CHECK(relay_bound(c, vps_world_of_device(c->w, vps_layout_device(c->a, ra)), &f));
-			int64_t nvlink = vps_sat_add(d.best[0], f.bytes[0]), nic = vps_sat_add(d.best[1], f.bytes[1]);
-			held = fmax(held, link_time(c, nvlink, nic));
-			er.own[j][0] = nvlink;
-			er.own[j][1] = d.best[1];
-			most = fmax(most, link_time(c, nvlink, vps_sat_add(d.best[1], er.entries[1])));
+			VPS_CHECK(holder_routed(c, ra, er.own[j], &held));
+			most = fmax(most, link_time(c, er.own[j][0], vps_sat_add(er.own[j][1], er.entries[1])));
 		}
 		/* in turn: each member an equal part */
 		int64_t part = (int64_t)(group / (double)gs[gi].count);
