@@ -79,6 +79,23 @@ static struct vps_plan *plan_on(const struct tcase *c, const struct vps_topology
 	return p;
 }
 
+/* The same on a800-testbed (loaded into *topo). */
+static struct vps_plan *plan_on_testbed(const struct tcase *c, struct vps_topology *topo)
+{
+	CHECK_OK(vps_topology_load(topo, "a800-testbed", CONFIGS "/topologies"));
+	return plan_on(c, topo);
+}
+
+/* Each of ranks' plans of case c on topo, planned alone by default, is
+ * global plan p's part; then p is freed. */
+static void parts_same_and_free(const struct tcase *c, struct vps_plan *p, const int64_t *ranks, size_t n,
+				const struct vps_topology *topo)
+{
+	for (size_t i = 0; i < n; i++)
+		rank_part_same(c, p, ranks[i], VPS_RELAY_AUTO, topo);
+	vps_plan_free(p);
+}
+
 static const struct tcase cases[] = {
 	/* the paper's shapes, tiny */
 	{"tiny-llama", "tp=2,pp=2,dp=2,zero=1", "tp=4,pp=4,dp=1,zero=1", 8, 0, 8, 0},
@@ -872,8 +889,7 @@ TEST(replicas_serve_equal_parts_of_what_moves)
 {
 	static const struct tcase c = {"gpt3-1.3b", "tp=4,pp=2,dp=2,zero=1", "tp=4,pp=2,dp=1,zero=1", 8, 0, 8, 0};
 	struct vps_topology topo;
-	CHECK_OK(vps_topology_load(&topo, "a800-testbed", CONFIGS "/topologies"));
-	struct vps_plan *p = plan_on(&c, &topo);
+	struct vps_plan *p = plan_on_testbed(&c, &topo);
 	if (!p)
 		return;
 	int64_t params[16] = {0};
@@ -890,9 +906,7 @@ TEST(replicas_serve_equal_parts_of_what_moves)
 	}
 	/* the senders and a receiver plan their parts alike */
 	const int64_t ranks[] = {4, 8, 12};
-	for (size_t i = 0; i < sizeof(ranks) / sizeof(ranks[0]); i++)
-		rank_part_same(&c, p, ranks[i], VPS_RELAY_AUTO, &topo);
-	vps_plan_free(p);
+	parts_same_and_free(&c, p, ranks, sizeof(ranks) / sizeof(ranks[0]), &topo);
 }
 
 /* A busy preferred holder of a replicated tensor shares it by weights
@@ -906,8 +920,7 @@ TEST(a_busy_preferred_holder_leaves_a_replicated_tensor_to_the_others)
 {
 	static const struct tcase c = {"gpt3-1.3b", "tp=2,pp=2,dp=1,zero=1", "tp=4,pp=2,dp=1,zero=1", 8, 0, 8, 0};
 	struct vps_topology topo;
-	CHECK_OK(vps_topology_load(&topo, "a800-testbed", CONFIGS "/topologies"));
-	struct vps_plan *p = plan_on(&c, &topo);
+	struct vps_plan *p = plan_on_testbed(&c, &topo);
 	if (!p)
 		return;
 	int64_t from[2] = {0, 0};
@@ -923,9 +936,7 @@ TEST(a_busy_preferred_holder_leaves_a_replicated_tensor_to_the_others)
 	}
 	CHECK(from[0] > from[1]);
 	const int64_t ranks[] = {0, 1, 2, 3};
-	for (size_t i = 0; i < sizeof(ranks) / sizeof(ranks[0]); i++)
-		rank_part_same(&c, p, ranks[i], VPS_RELAY_AUTO, &topo);
-	vps_plan_free(p);
+	parts_same_and_free(&c, p, ranks, sizeof(ranks) / sizeof(ranks[0]), &topo);
 }
 
 /* Weighed holders bring relayed ranges in by their weights, each weighed
@@ -942,8 +953,7 @@ TEST(a_busy_holder_leaves_a_relayed_region_to_its_replica)
 	static const struct tcase c = {"llama-32b", "tp=2,pp=8,dp=2,first=6,last=6,zero=1", "tp=4,pp=4,dp=2,zero=1",
 				       8, 0, 8, 0};
 	struct vps_topology topo;
-	CHECK_OK(vps_topology_load(&topo, "a800-testbed", CONFIGS "/topologies"));
-	struct vps_plan *p = plan_on(&c, &topo);
+	struct vps_plan *p = plan_on_testbed(&c, &topo);
 	if (!p)
 		return;
 	int64_t params[2] = {0, 0};
@@ -954,9 +964,7 @@ TEST(a_busy_holder_leaves_a_relayed_region_to_its_replica)
 	}
 	CHECK(params[0] > 0 && params[1] * 10 < params[0]);
 	const int64_t ranks[] = {0, 1, 8, 10};
-	for (size_t i = 0; i < sizeof(ranks) / sizeof(ranks[0]); i++)
-		rank_part_same(&c, p, ranks[i], VPS_RELAY_AUTO, &topo);
-	vps_plan_free(p);
+	parts_same_and_free(&c, p, ranks, sizeof(ranks) / sizeof(ranks[0]), &topo);
 }
 
 /* The least and the most of n byte counts. */
@@ -989,8 +997,7 @@ TEST(holders_and_relays_of_a_stage_send_alike)
 {
 	static const struct tcase c = {"llama2-7b", "tp=4,pp=4,dp=4,zero=1", "tp=4,pp=4,dp=8,zero=1", 8, 0, 8, 0};
 	struct vps_topology topo;
-	CHECK_OK(vps_topology_load(&topo, "a800-testbed", CONFIGS "/topologies"));
-	struct vps_plan *p = plan_on(&c, &topo);
+	struct vps_plan *p = plan_on_testbed(&c, &topo);
 	if (!p)
 		return;
 	int64_t own[16] = {0}, nic[48] = {0}, least, most;
@@ -1012,9 +1019,7 @@ TEST(holders_and_relays_of_a_stage_send_alike)
 		harness_fail(__FILE__, __LINE__, "the devices of A's stages 1 to 3 send %lld to %lld bytes over their NICs",
 			     (long long)least, (long long)most);
 	const int64_t ranks[] = {16, 27, 36, 60, 100};
-	for (size_t i = 0; i < sizeof(ranks) / sizeof(ranks[0]); i++)
-		rank_part_same(&c, p, ranks[i], VPS_RELAY_AUTO, &topo);
-	vps_plan_free(p);
+	parts_same_and_free(&c, p, ranks, sizeof(ranks) / sizeof(ranks[0]), &topo);
 }
 
 /* Relays pass on ranges sized to what they have to spare (relay_weigh):
