@@ -130,8 +130,10 @@ struct vps_collective {
  * by what it shares over the destination's link, the ranges receivers
  * take from a relayed region's holders come from all of them in equal
  * parts, and a holder's passes of a region that enters node by node are
- * counted over NVLink alone). */
-#define VPS_PLANNER_RULES 6
+ * counted over NVLink alone; 7: a holder's regions that surely enter
+ * other receivers' nodes node by node from it count as they go where its
+ * direct range of a relayed region is sized). */
+#define VPS_PLANNER_RULES 7
 
 /* Lost devices: A ranks gone before the switch (vps-plan --lost). What a
  * survivor holds is planned from a survivor; what none holds is a lost

@@ -75,6 +75,13 @@
  * to spare (more: in turn), and the unit of a member's share. */
 #define ENTRY_GROUPS 4
 #define ENTRY_UNIT 4096
+/* What entering node by node from the holders must gain over relaying
+ * through the receivers (entry_likely) before a holder's other regions
+ * count on it (holder_entries): a range straight from the holders lies
+ * between the two routes and often beats a narrow gain (llama2-70b-pp-up:
+ * stage 1's later layers gain 1.4% by entering and go by a range, 13b's
+ * gain 4.6% and enter). */
+#define ENTRY_SURE 0.97
 
 /* What an A rank must send whatever the choices (bytes only it holds),
  * and its equal share of what it could send with other replicas. */
@@ -92,6 +99,21 @@ struct duty {
 	 * likely_known once likely[k] is known) */
 	int64_t likely[LIKELY_DEPTH][2];
 	unsigned likely_known;
+	/* of its regions, those likely brought into their receivers' nodes
+	 * by their holders, by their receivers' nodes (holder_entries),
+	 * owned */
+	struct entered_kind *kinds;
+	size_t nkinds;
+	bool entries_known;
+};
+
+/* A holder's regions whose free receivers are on the same nodes (nodes:
+ * nodes_key) and likely enter them from their holders: what it sends of
+ * them more than duty_of's best over its NICs, and what of its shared and
+ * best they are. */
+struct entered_kind {
+	uint64_t nodes;
+	int64_t more, shared, once;
 };
 
 /* What a device could pass on, at most, were it to relay every B region
@@ -104,6 +126,10 @@ struct fwd {
 	int64_t recv_far;     /* of recv[0], what devices of other nodes hold too */
 	int64_t likely[2];    /* of bytes, what it likely passes on (relay_likely) */
 	bool likely_known;
+	/* the regions it surely takes node by node from their holders
+	 * (relay_likely: region_key's, sorted), owned */
+	uint64_t *entered;
+	size_t nentered;
 };
 
 /* A destination's buffer, less what its device keeps (moved_map). */
@@ -1711,7 +1737,23 @@ static vps_result_t duty_likely(struct ctx *c, int64_t ra, int depth, struct dut
 /* A region q would relay, for relay_likely: what q passes on of it, its
  * holders under A (from first_holder in the scan's list of them) and its
  * free receivers (from first in theirs). */
+/* A B region's key in fwd->entered: its tensor, state and box. */
+static uint64_t region_key(uint32_t tensor, int state, const struct vps_box *box)
+{
+	uint64_t key = (uint64_t)tensor * 0x9e3779b97f4a7c15u ^ (uint64_t)state;
+	for (int k = 0; k < box->ndim; k++)
+		key = (key ^ (uint64_t)box->lo[k] ^ (uint64_t)box->hi[k] << 20) * 0x100000001b3u;
+	return key;
+}
+
+static int key_cmp(const void *p, const void *q)
+{
+	uint64_t x = *(const uint64_t *)p, y = *(const uint64_t *)q;
+	return (x > y) - (x < y);
+}
+
 struct relay_cand {
+	uint64_t key; /* region_key of the B region */
 	int64_t share[2];
 	size_t first, nfree, first_holder, nholders;
 	bool mixed; /* some receivers are devices of A */
@@ -1738,7 +1780,9 @@ struct relay_cands {
 static vps_result_t relay_cand_add(struct ctx *c, const struct vps_holder *h, int64_t bytes, int64_t n, int64_t here,
 				   const int32_t *nodes, int nnodes, struct relay_cands *lc)
 {
-	struct relay_cand x = {.first = lc->nfree, .first_holder = lc->nholders};
+	struct relay_cand x = {.key = region_key(h->region.tensor, h->region.state, &h->region.box),
+			       .first = lc->nfree,
+			       .first_holder = lc->nholders};
 	bool home = relay_share(c, bytes, n, here, nodes, nnodes, x.share);
 	x.entry = !home && nnodes >= 2 && n > nnodes;
 	/* relay_gains by bytes: its holders share n copies directly, one
@@ -1919,7 +1963,8 @@ static vps_result_t light_of(struct ctx *c, const int64_t *holders, size_t nh, c
 	return VPS_OK;
 }
 
-static vps_result_t entry_likely(struct ctx *c, const struct relay_cand *x, const struct relay_cands *lc, bool *yes);
+static vps_result_t entry_likely(struct ctx *c, const struct relay_cand *x, const struct relay_cands *lc, bool *yes,
+				 bool *sure);
 
 /* What world rank q likely passes on (bytes[0] over NVLink, [1] over its
  * NICs): of what relay_bound counts, the regions whose free receivers that
@@ -1940,25 +1985,39 @@ static vps_result_t relay_likely(struct ctx *c, int64_t q, int64_t likely[2])
 	int64_t sum[2] = {0, 0};
 	struct fwd f;
 	vps_result_t rc = relay_scan(c, q, &f, &lc);
+	uint64_t *entered = lc.n ? vps_calloc(lc.n, sizeof(*entered)) : NULL;
+	size_t nentered = 0;
+	if (lc.n && !entered && !rc)
+		rc = VPS_ENOMEM;
 	for (size_t i = 0; i < lc.n && !rc; i++) {
 		const struct relay_cand *x = &lc.v[i];
 		bool light = false, inbound = false;
 		if (x->nholders > 0 && x->mixed && x->gains)
 			rc = light_of(c, lc.holders + x->first_holder, x->nholders, lc.free + x->first, x->nfree, &light,
 				      &inbound);
-		bool entry = false;
+		bool entry = false, sure = false;
 		if (light && !rc)
-			rc = entry_likely(c, x, &lc, &entry);
+			rc = entry_likely(c, x, &lc, &entry, &sure);
 		if (light)
 			for (int link = 0; link < 2 - entry; link++)
 				sum[link] = vps_sat_add(sum[link], x->share[link]);
+		if (sure)
+			entered[nentered++] = x->key;
 	}
 	free(lc.v);
 	free(lc.free);
 	free(lc.holders);
-	VPS_CHECK(rc);
-	struct fwd *slot;
-	VPS_CHECK(fwd_keep(c, &f, &slot));
+	struct fwd *slot = NULL;
+	if (!rc)
+		rc = fwd_keep(c, &f, &slot);
+	if (rc) {
+		free(entered);
+		return rc;
+	}
+	qsort(entered, nentered, sizeof(*entered), key_cmp);
+	free(slot->entered);
+	slot->entered = entered;
+	slot->nentered = nentered;
 	memcpy(slot->likely, sum, sizeof(sum));
 	slot->likely_known = true;
 	memcpy(likely, sum, sizeof(sum));
@@ -2056,6 +2115,148 @@ static vps_result_t duty_likely(struct ctx *c, int64_t ra, int depth, struct dut
 	struct duty *slot = &c->duties[duty_slot(c, ra)];
 	memcpy(slot->likely[depth - 1], likely, sizeof(likely));
 	slot->likely_known |= 1u << (depth - 1);
+	*out = *slot;
+	return VPS_OK;
+}
+
+/* A B replica set of one of a holder's regions, for holder_entries: the
+ * holder's part of it (best, as duty_of counts it; all, every
+ * receiver's), how many other nodes its free receivers are on, one of
+ * them (world rank), and the B region's key. */
+struct entry_set {
+	int64_t all, once, unit, replicas, free;
+	int64_t nodes;
+	uint64_t key, at;
+};
+
+/* The set of n nodes (n <= EXACT_REPLICAS) as one key, in any order. */
+static uint64_t nodes_key(const int32_t *nodes, int n)
+{
+	int32_t v[EXACT_REPLICAS];
+	memcpy(v, nodes, (size_t)n * sizeof(*v));
+	for (int i = 1; i < n; i++)
+		for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+			int32_t t = v[j];
+			v[j] = v[j - 1];
+			v[j - 1] = t;
+		}
+	uint64_t key = 0xcbf29ce484222325u;
+	for (int i = 0; i < n; i++)
+		key = (key ^ (uint32_t)v[i]) * 0x100000001b3u;
+	return key;
+}
+
+/* Whether world rank q surely takes the B region `key` node by node from
+ * its holders (relay_likely's entered, entry_likely's *sure). */
+static vps_result_t takes_entered(struct ctx *c, int64_t q, uint64_t key, bool *yes)
+{
+	int64_t likely[2];
+	VPS_CHECK(relay_likely(c, q, likely));
+	const struct fwd *f = &c->fwds[fwd_slot(c, q)];
+	*yes = f->nentered && bsearch(&key, f->entered, f->nentered, sizeof(key), key_cmp);
+	return VPS_OK;
+}
+
+/* What A rank ra sends of its regions that surely enter their receivers'
+ * nodes from their holders (their receivers' relay_likely: entry_likely's
+ * *sure), by their receivers' nodes (out->kinds): into every receivers'
+ * node off its own rather than once, the bytes more than duty_of's best
+ * (over its NICs), and what of duty_of's shared and best those regions
+ * are. In llama2-13b-pp-up stage 1's holders send its later layers into
+ * nodes 6 and 7 each so, 0.2 GB more a NIC than were they relayed; a
+ * direct range of its earlier layers into nodes 4 and 5, sized without
+ * them, made those holders the plan's busiest (1.034x its relayed floor).
+ * Once a rank. */
+static vps_result_t holder_entries(struct ctx *c, int64_t ra, struct duty *out)
+{
+	VPS_CHECK(duty_of(c, ra, out));
+	if (out->entries_known)
+		return VPS_OK;
+	struct vps_rank_view v;
+	VPS_CHECK(vps_layout_rank(c->a, ra, &v));
+	int32_t node = vps_layout_device(c->a, ra).node;
+	struct entered_kind *kinds = NULL;
+	size_t nkinds = 0, capkinds = 0;
+	struct entry_set *sets = NULL;
+	size_t cap = 0;
+	vps_result_t rc = VPS_OK;
+	for (size_t i = 0; i < v.nregions && !rc; i++) {
+		const struct vps_region *r = &v.regions[i];
+		int64_t replicas;
+		rc = region_holders(c, r, &replicas);
+		if (!rc)
+			rc = VPS_GROW(sets, cap, c->hdb.n);
+		size_t ns = 0;
+		/* the sets first: relay_likely below uses hda and hdb */
+		for (size_t q = 0; q < c->hdb.n && !rc; q++) {
+			const struct vps_holder *h = &c->hdb.v[q];
+			struct vps_box x;
+			if (h->count > EXACT_REPLICAS || !vps_box_intersect(&h->region.box, &r->box, &x))
+				continue;
+			struct entry_set *es = &sets[ns];
+			int64_t relayed[2], best[2];
+			set_sends(c, h, &x, node, (int64_t)vps_dtype_size(vps_region_dtype(r)), replicas, &es->all, relayed,
+				  best);
+			es->once = vps_sat_add(best[0], best[1]);
+			es->unit = vps_box_volume(&x) * (int64_t)vps_dtype_size(vps_region_dtype(r));
+			es->replicas = vps_max64(replicas, 1);
+			es->key = region_key(r->tensor, r->state, &h->region.box);
+			es->free = -1;
+			es->nodes = 0;
+			int32_t seen[EXACT_REPLICAS];
+			int nseen = 0;
+			for (int64_t j = 0; j < h->count; j++) {
+				int64_t w = vps_world_of_b(c->w, h->base + j * h->stride);
+				if (a_holds(c, vps_world_a_rank(c->w, w)))
+					continue;
+				int32_t wn = vps_world_device(c->w, w).node;
+				int m = 0;
+				while (m < nseen && seen[m] != wn)
+					m++;
+				if (m == nseen) {
+					seen[nseen++] = wn;
+					es->nodes += wn != node;
+				}
+				if (es->free < 0)
+					es->free = w;
+			}
+			es->at = nodes_key(seen, nseen);
+			ns += es->free >= 0 && es->nodes >= 2;
+		}
+		for (size_t k = 0; k < ns && !rc; k++) {
+			bool entered = false;
+			rc = takes_entered(c, sets[k].free, sets[k].key, &entered);
+			if (rc || !entered)
+				continue;
+			size_t m = 0;
+			while (m < nkinds && kinds[m].nodes != sets[k].at)
+				m++;
+			if (m == nkinds) {
+				rc = VPS_GROW(kinds, capkinds, nkinds + 1);
+				if (rc)
+					break;
+				kinds[nkinds++] = (struct entered_kind){.nodes = sets[k].at};
+			}
+			int64_t into = 0;
+			if (!vps_mul_ok(sets[k].unit, sets[k].nodes - 1, &into))
+				into = INT64_MAX;
+			kinds[m].more = vps_sat_add(kinds[m].more, into / sets[k].replicas);
+			if (sets[k].replicas > 1) {
+				kinds[m].shared = vps_sat_add(kinds[m].shared, sets[k].all / sets[k].replicas);
+				kinds[m].once = vps_sat_add(kinds[m].once, sets[k].once);
+			}
+		}
+	}
+	vps_rank_view_release(&v);
+	free(sets);
+	if (rc) {
+		free(kinds);
+		return rc;
+	}
+	struct duty *slot = &c->duties[duty_slot(c, ra)];
+	slot->kinds = kinds;
+	slot->nkinds = nkinds;
+	slot->entries_known = true;
 	*out = *slot;
 	return VPS_OK;
 }
@@ -2173,11 +2374,15 @@ static double ranges_room(const void *arg, int64_t q, double t)
  * they send into each of the receivers' nodes rather than once (*extra:
  * their shared sends, every receiver's, less those relayed, scaled from
  * rl's receivers to its nodes, on the links of those relayed). Their
- * first DUTY_MEMBERS of each group stand for them. */
+ * regions that surely enter other receivers' nodes node by node from them
+ * (holder_entries) count as they go, in *held; the others, like rl's,
+ * as though each went as rl's will. Their first DUTY_MEMBERS of each
+ * group stand for them. */
 static vps_result_t holders_direct(struct ctx *c, const struct relay *rl, const struct group *gs, size_t ng,
 				   int64_t (*held)[2], int64_t (*extra)[2], size_t *n)
 {
 	double nodes = rl->n > 1 ? (double)(rl->nn - 1) / (double)(rl->n - 1) : 0;
+	uint64_t at = nodes_key(rl->nodes, rl->nn);
 	*n = 0;
 	for (size_t gi = 0; gi < ng; gi++)
 		for (int64_t j = 0; j < vps_min64(gs[gi].count, DUTY_MEMBERS) && *n < DIRECT_HOLDERS; j++) {
@@ -2186,13 +2391,23 @@ static vps_result_t holders_direct(struct ctx *c, const struct relay *rl, const 
 			struct duty d;
 			group_member(&c->ha, &gs[gi], j, &ra, &h);
 			int64_t passes[2];
-			VPS_CHECK(duty_of(c, ra, &d));
 			VPS_CHECK(relay_likely(c, vps_world_of_device(c->w, vps_layout_device(c->a, ra)), passes));
+			VPS_CHECK(holder_entries(c, ra, &d));
 			int64_t once[2] = {d.best[0] - d.forced_best[0], d.best[1] - d.forced_best[1]};
 			int64_t sum = vps_sat_add(once[0], once[1]);
-			int64_t more = (int64_t)((double)vps_max64(d.shared - sum, 0) * nodes);
+			/* its regions of other receivers' nodes that enter node by
+			 * node are in held; those of rl's go alike, by rl's route */
+			int64_t entered[3] = {0, 0, 0};
+			for (size_t k = 0; k < d.nkinds; k++)
+				if (d.kinds[k].nodes != at) {
+					entered[0] = vps_sat_add(entered[0], d.kinds[k].more);
+					entered[1] = vps_sat_add(entered[1], d.kinds[k].shared);
+					entered[2] = vps_sat_add(entered[2], d.kinds[k].once);
+				}
+			int64_t rest = vps_max64(d.shared - entered[1] - vps_max64(sum - entered[2], 0), 0);
+			int64_t more = (int64_t)((double)rest * nodes);
 			held[*n][0] = vps_sat_add(d.best[0], passes[0]);
-			held[*n][1] = vps_sat_add(d.best[1], passes[1]);
+			held[*n][1] = vps_sat_add(vps_sat_add(d.best[1], passes[1]), entered[0]);
 			extra[*n][0] = sum > 0 ? (int64_t)((double)more * ((double)once[0] / (double)sum)) : 0;
 			extra[*n][1] = more - extra[*n][0];
 			++*n;
@@ -2364,12 +2579,14 @@ static vps_result_t holder_routed(struct ctx *c, int64_t ra, int64_t own[2], dou
  * llama2-7b-dp-up stage 0 enters nodes 2 and 3 so, and their devices,
  * holders of stage 1, were counted as passing it on over their NICs as
  * well, 0.22 GB each: stage 1's range straight from them was sized for
- * less room than they had (the plan 1.048x its relayed floor). */
-static vps_result_t entry_likely(struct ctx *c, const struct relay_cand *x, const struct relay_cands *lc, bool *yes)
+ * less room than they had (the plan 1.048x its relayed floor). *sure:
+ * and by more than ENTRY_SURE. */
+static vps_result_t entry_likely(struct ctx *c, const struct relay_cand *x, const struct relay_cands *lc, bool *yes,
+				 bool *sure)
 {
 	double routed, entered, held = 0, most = 0, equal = 0;
 	int64_t exported;
-	*yes = false;
+	*yes = *sure = false;
 	if (!x->entry)
 		return VPS_OK;
 	VPS_CHECK(receivers_routed(c, lc->free + x->first, (int64_t)x->nfree, &routed, &entered, &exported));
@@ -2385,6 +2602,7 @@ static vps_result_t entry_likely(struct ctx *c, const struct relay_cand *x, cons
 	if (x->members <= DUTY_MEMBERS && exported > 0)
 		equal = fmin(equal, water_level(entry_room, &er, nh, 1, 0, most));
 	*yes = fmax(entered, equal) < 0.99 * fmax(routed, held);
+	*sure = fmax(entered, equal) < ENTRY_SURE * fmax(routed, held);
 	return VPS_OK;
 }
 
@@ -3266,7 +3484,11 @@ static void ctx_release(struct ctx *c)
 	vps_holders_release(&c->hb);
 	vps_holders_release(&c->hda);
 	vps_holders_release(&c->hdb);
+	for (size_t k = 0; k < c->nduties; k++)
+		free(c->duties[k].kinds);
 	free(c->duties);
+	for (size_t k = 0; k < c->nfwds; k++)
+		free(c->fwds[k].entered);
 	free(c->fwds);
 	free(c->memo);
 	for (int k = 0; k < NODE_SETS; k++)
