@@ -1734,9 +1734,6 @@ static bool relay_share(const struct ctx *c, int64_t bytes, int64_t n, int64_t h
 
 static vps_result_t duty_likely(struct ctx *c, int64_t ra, int depth, struct duty *out);
 
-/* A region q would relay, for relay_likely: what q passes on of it, its
- * holders under A (from first_holder in the scan's list of them) and its
- * free receivers (from first in theirs). */
 /* A B region's key in fwd->entered: its tensor, state and box. */
 static uint64_t region_key(uint32_t tensor, int state, const struct vps_box *box)
 {
@@ -1752,6 +1749,9 @@ static int key_cmp(const void *p, const void *q)
 	return (x > y) - (x < y);
 }
 
+/* A region q would relay, for relay_likely: what q passes on of it, its
+ * holders under A (from first_holder in the scan's list of them) and its
+ * free receivers (from first in theirs). */
 struct relay_cand {
 	uint64_t key; /* region_key of the B region */
 	int64_t share[2];
