@@ -1197,6 +1197,23 @@ static int64_t moved_at(const struct moved *m, int64_t pos)
 	return pos - kept;
 }
 
+/* The candidate (of ch->cand) whose weight covers element pos of a
+ * buffer of bufsize elements (the weights laid along the buffer), and
+ * where its part ends (*stop). */
+static int64_t weighed_member(const struct choice *ch, int64_t pos, int64_t bufsize, int64_t *stop)
+{
+	const int64_t *cum = ch->cum;
+	int64_t k = ch->k, j = 0;
+	*stop = bufsize;
+	if (bufsize <= 0 || cum[k] <= 0)
+		return 0;
+	while (j < k - 1 && (ch->w[j] == 0 || cum[j + 1] * bufsize / cum[k] <= pos))
+		j++;
+	if (j < k - 1)
+		*stop = vps_max64(vps_ceil_div(cum[j + 1] * bufsize, cum[k]), pos + 1);
+	return j;
+}
+
 /* The source of the box's elements from lo on, up to *hi; *seg is the
  * weighed share reached, carried from one call to the next. */
 static void serve(const struct ctx *c, const struct group *g, const struct choice *ch, const struct cut *x,
@@ -1211,9 +1228,8 @@ static void serve(const struct ctx *c, const struct group *g, const struct choic
 				(*seg)++;
 			*hi = *seg + 1 < k ? vps_max64(cum[*seg + 1] * x->vol / cum[k], lo + 1) : x->vol;
 		} else {
-			int64_t at = x->bufsize > 0 ? vps_min64(x->first * cum[k] / x->bufsize, cum[k] - 1) : 0;
-			while (*seg < k - 1 && (cum[*seg + 1] <= at || ch->w[*seg] == 0))
-				(*seg)++;
+			int64_t stop;
+			*seg = weighed_member(ch, x->first, x->bufsize, &stop);
 		}
 		*src = ch->cand[*seg];
 		*holder = ch->cand_holder[*seg];
@@ -1469,23 +1485,6 @@ static int64_t served_member(const struct relay *rl, const struct choice *ch, in
 	int64_t j = len > 0 ? vps_min64((pos - rs) * ch->parts / len, ch->parts - 1) : 0;
 	*stop = rs + vps_ceil_div((j + 1) * len, ch->parts);
 	return (ch->start_w + j * ch->k / ch->parts) % ch->k;
-}
-
-/* The candidate (of ch->cand) whose weight covers element pos of a
- * buffer of bufsize elements (the weights laid along the buffer), and
- * where its part ends (*stop). */
-static int64_t weighed_member(const struct choice *ch, int64_t pos, int64_t bufsize, int64_t *stop)
-{
-	const int64_t *cum = ch->cum;
-	int64_t k = ch->k, j = 0;
-	*stop = bufsize;
-	if (bufsize <= 0 || cum[k] <= 0)
-		return 0;
-	while (j < k - 1 && (ch->w[j] == 0 || cum[j + 1] * bufsize / cum[k] <= pos))
-		j++;
-	if (j < k - 1)
-		*stop = vps_max64(vps_ceil_div(cum[j + 1] * bufsize, cum[k]), pos + 1);
-	return j;
 }
 
 static vps_result_t plan_cut(struct ctx *c, const struct group *g, size_t gi, const struct choice *ch,
