@@ -22,6 +22,7 @@
 #include "model/world.h"
 #include "util/hash.h"
 #include "util/internal.h"
+#include "util/slots.h"
 #include "vps/plan.h"
 
 /* Boxes of the holders of one B region, by the holders' kind. */
@@ -136,8 +137,7 @@ struct floor_acc {
 	size_t nsent, capsent;
 	struct floor_node *nodes; /* relayed only: by node number */
 	size_t nnodes;
-	uint32_t *slot; /* id + 1, 0 empty */
-	size_t mask;
+	struct vps_slots slots;
 	struct vps_time_floor best;
 	bool relayed; /* receivers may pass on: each device's bytes at both bandwidths */
 	double bi, be;
@@ -150,24 +150,10 @@ static uint64_t rset_hash(int64_t base, int64_t stride, int64_t count)
 	return vps_hash64(k, sizeof(k), 13);
 }
 
-static vps_result_t rset_rehash(struct floor_acc *f)
+static uint64_t rset_hash_at(const void *entries, size_t i)
 {
-	size_t cap = f->mask ? (f->mask + 1) * 2 : 256;
-	if (f->nset >= UINT32_MAX - 1)
-		return vps_fail(VPS_EINPUT, "more than %u replica sets", UINT32_MAX - 1);
-	uint32_t *slot = vps_calloc(cap, sizeof(*slot));
-	if (!slot)
-		return VPS_NOMEM();
-	for (size_t i = 0; i < f->nset; i++) {
-		size_t at = (size_t)rset_hash(f->set[i].base, f->set[i].stride, f->set[i].count) & (cap - 1);
-		while (slot[at])
-			at = (at + 1) & (cap - 1);
-		slot[at] = (uint32_t)i + 1;
-	}
-	free(f->slot);
-	f->slot = slot;
-	f->mask = cap - 1;
-	return VPS_OK;
+	const struct rset *x = &((const struct rset *)entries)[i];
+	return rset_hash(x->base, x->stride, x->count);
 }
 
 /* The set of these ranks (one rank: stride 0), made when new. */
@@ -175,11 +161,10 @@ static vps_result_t rset_get(struct floor_acc *f, int64_t base, int64_t stride, 
 {
 	if (count == 1)
 		stride = 0;
-	if (2 * (f->nset + 1) > f->mask)
-		VPS_CHECK(rset_rehash(f));
-	size_t at = (size_t)rset_hash(base, stride, count) & f->mask;
-	for (; f->slot[at]; at = (at + 1) & f->mask) {
-		struct rset *x = &f->set[f->slot[at] - 1];
+	VPS_CHECK(vps_slots_room(&f->slots, f->nset, 256, rset_hash_at, f->set, "replica sets"));
+	size_t at = vps_slots_start(&f->slots, rset_hash(base, stride, count));
+	for (; f->slots.slot[at]; at = vps_slots_next(&f->slots, at)) {
+		struct rset *x = &f->set[f->slots.slot[at] - 1];
 		if (x->base == base && x->stride == stride && x->count == count) {
 			*out = x;
 			return VPS_OK;
@@ -187,7 +172,7 @@ static vps_result_t rset_get(struct floor_acc *f, int64_t base, int64_t stride, 
 	}
 	VPS_CHECK(VPS_GROW(f->set, f->capset, f->nset + 1));
 	f->set[f->nset] = (struct rset){base, stride, count, 0, 0, 0};
-	f->slot[at] = (uint32_t)f->nset + 1;
+	f->slots.slot[at] = (uint32_t)f->nset + 1;
 	*out = &f->set[f->nset++];
 	return VPS_OK;
 }
@@ -678,8 +663,7 @@ struct node_group {
 struct node_groups {
 	struct node_group *v;
 	size_t n, cap;
-	uint32_t *slot; /* index + 1, 0 empty */
-	size_t mask;
+	struct vps_slots slots;
 	int64_t work; /* cells times holders so far */
 };
 
@@ -689,31 +673,18 @@ static uint64_t node_group_hash(uint64_t held, uint64_t into)
 	return vps_hash64(k, sizeof(k), 17);
 }
 
-static vps_result_t node_group_rehash(struct node_groups *g)
+static uint64_t node_group_hash_at(const void *entries, size_t i)
 {
-	size_t cap = g->mask ? (g->mask + 1) * 2 : 64;
-	uint32_t *slot = vps_calloc(cap, sizeof(*slot));
-	if (!slot)
-		return VPS_NOMEM();
-	for (size_t i = 0; i < g->n; i++) {
-		size_t at = (size_t)node_group_hash(g->v[i].held, g->v[i].into) & (cap - 1);
-		while (slot[at])
-			at = (at + 1) & (cap - 1);
-		slot[at] = (uint32_t)i + 1;
-	}
-	free(g->slot);
-	g->slot = slot;
-	g->mask = cap - 1;
-	return VPS_OK;
+	const struct node_group *x = &((const struct node_group *)entries)[i];
+	return node_group_hash(x->held, x->into);
 }
 
 static vps_result_t node_group_add(struct node_groups *g, uint64_t held, uint64_t into, int64_t bytes)
 {
-	if (2 * (g->n + 1) > g->mask)
-		VPS_CHECK(node_group_rehash(g));
-	size_t at = (size_t)node_group_hash(held, into) & g->mask;
-	for (; g->slot[at]; at = (at + 1) & g->mask) {
-		struct node_group *x = &g->v[g->slot[at] - 1];
+	VPS_CHECK(vps_slots_room(&g->slots, g->n, 64, node_group_hash_at, g->v, "node groups"));
+	size_t at = vps_slots_start(&g->slots, node_group_hash(held, into));
+	for (; g->slots.slot[at]; at = vps_slots_next(&g->slots, at)) {
+		struct node_group *x = &g->v[g->slots.slot[at] - 1];
 		if (x->held == held && x->into == into) {
 			x->bytes = vps_sat_add(x->bytes, bytes);
 			return VPS_OK;
@@ -721,7 +692,7 @@ static vps_result_t node_group_add(struct node_groups *g, uint64_t held, uint64_
 	}
 	VPS_CHECK(VPS_GROW(g->v, g->cap, g->n + 1));
 	g->v[g->n] = (struct node_group){held, into, bytes};
-	g->slot[at] = (uint32_t)g->n + 1;
+	g->slots.slot[at] = (uint32_t)g->n + 1;
 	g->n++;
 	return VPS_OK;
 }
@@ -906,7 +877,7 @@ static vps_result_t node_groups_floor(struct floor_acc *acc, const struct vps_la
 	vps_holders_release(&ha);
 	vps_holders_release(&hb);
 	free(g.v);
-	free(g.slot);
+	vps_slots_release(&g.slots);
 	return rc;
 }
 
@@ -946,7 +917,7 @@ static vps_result_t time_floor(const struct vps_layout *a, const struct vps_layo
 	free(acc.set);
 	free(acc.sent);
 	free(acc.nodes);
-	free(acc.slot);
+	vps_slots_release(&acc.slots);
 	vps_holders_release(&h);
 	vps_holders_release(&hb);
 	floor_boxes_release(&fb);

@@ -29,7 +29,9 @@
 #include <stdio.h>
 #include <sys/sysinfo.h>
 
+#include "util/hash.h"
 #include "util/internal.h"
+#include "util/slots.h"
 #include "plan/piece.h"
 #include "plan/plan_pack.h"
 #include "plan/transit.h"
@@ -162,7 +164,10 @@ struct ctx {
 	const struct vps_lost *lost; /* A ranks no piece may come from */
 	enum vps_relay relay;        /* the options' */
 	const struct vps_topology *topo; /* VPS_RELAY_AUTO weighs its bandwidths (NULL: bytes) */
-	struct relay_memo *memo;     /* VPS_RELAY_AUTO's choices, by region (RELAY_MEMO slots) */
+	/* VPS_RELAY_AUTO's choices, by region (at most RELAY_MEMO_MOST) */
+	struct relay_memo *memo;
+	size_t nmemo, capmemo;
+	struct vps_slots memo_slots;
 	/* VPS_RELAY_AUTO on a topology: nodes' arrivals, transit routed
 	 * (node_arrivals), the last few */
 	struct node_set {
@@ -222,11 +227,15 @@ struct relay {
 /* VPS_RELAY_AUTO's choice for a region (its tensor, state and box, its B
  * replica set's first rank, and its groups of holders): none, its joining
  * receivers, or every free receiver (RELAY_*), kept so that the receivers
- * and holders that plan the region in one plan weigh it once. */
-#define RELAY_MEMO 1024
+ * and holders that plan the region in one plan weigh it once. A choice is
+ * the same whenever it is made: past RELAY_MEMO_MOST regions the memo
+ * starts again. With a fixed 1,024 slots, qwen3-30b-cp-up's expert
+ * regions took each other's and each was weighed again thousands of times
+ * (a rank's plan 1.7x slower). */
+#define RELAY_MEMO_MOST ((size_t)1 << 16)
 enum { RELAY_NONE, RELAY_JOINING, RELAY_FREE };
 struct relay_memo {
-	bool used;
+	uint64_t key; /* first: memo_key's */
 	uint8_t choice;
 	uint32_t tensor;
 	uint8_t state;
@@ -2742,6 +2751,46 @@ static vps_result_t relay_route(struct ctx *c, const struct vps_region *R, struc
 	return rc;
 }
 
+static uint64_t memo_hash(const void *entries, size_t i)
+{
+	return ((const struct relay_memo *)entries)[i].key;
+}
+
+/* The choice kept for region R (key: its memo key) of the B replica set
+ * from set_base with these groups, or NULL. */
+static const struct relay_memo *memo_find(const struct ctx *c, uint64_t key, const struct vps_region *R,
+					  int64_t set_base, uint64_t groups)
+{
+	if (!c->memo_slots.mask)
+		return NULL;
+	for (size_t at = vps_slots_start(&c->memo_slots, key); c->memo_slots.slot[at];
+	     at = vps_slots_next(&c->memo_slots, at)) {
+		const struct relay_memo *m = &c->memo[c->memo_slots.slot[at] - 1];
+		if (m->key == key && m->tensor == R->tensor && m->state == R->state && m->set_base == set_base &&
+		    m->groups == groups && vps_box_equal(&m->box, &R->box))
+			return m;
+	}
+	return NULL;
+}
+
+/* Keeps choice x (not kept yet); *kept: where. */
+static vps_result_t memo_keep(struct ctx *c, const struct relay_memo *x, const struct relay_memo **kept)
+{
+	if (c->nmemo >= RELAY_MEMO_MOST) {
+		c->nmemo = 0;
+		memset(c->memo_slots.slot, 0, (c->memo_slots.mask + 1) * sizeof(*c->memo_slots.slot));
+	}
+	VPS_CHECK(vps_slots_room(&c->memo_slots, c->nmemo, 1024, memo_hash, c->memo, "relayed regions"));
+	VPS_CHECK(VPS_GROW(c->memo, c->capmemo, c->nmemo + 1));
+	size_t at = vps_slots_start(&c->memo_slots, x->key);
+	while (c->memo_slots.slot[at])
+		at = vps_slots_next(&c->memo_slots, at);
+	c->memo[c->nmemo] = *x;
+	c->memo_slots.slot[at] = (uint32_t)c->nmemo + 1;
+	*kept = &c->memo[c->nmemo++];
+	return VPS_OK;
+}
+
 /* Whether region R of B rank rb on world rank d is relayed, and through
  * whom (rl). Every group of holders must share alike (not weighed). By
  * the mode: ALWAYS relays among the joining receivers where they are two
@@ -2807,14 +2856,9 @@ static vps_result_t relay_wanted(struct ctx *c, int64_t d, int64_t rb, const str
 			if (rl->n <= gs[gi].count)
 				return VPS_OK;
 	} else {
-		if (!c->memo && !(c->memo = vps_calloc(RELAY_MEMO, sizeof(*c->memo))))
-			return VPS_ENOMEM;
-		uint64_t key = (uint64_t)R->tensor * 0x9e3779b97f4a7c15u ^ R->state ^ (uint64_t)rl->set_base << 8;
-		for (int k = 0; k < R->box.ndim; k++)
-			key = (key ^ (uint64_t)R->box.lo[k] ^ (uint64_t)R->box.hi[k] << 20) * 0x100000001b3u;
-		struct relay_memo *m = &c->memo[key % RELAY_MEMO];
-		if (!(m->used && m->tensor == R->tensor && m->state == R->state && m->set_base == rl->set_base &&
-		      m->groups == groups && vps_box_equal(&m->box, &R->box))) {
+		uint64_t key = vps_mix64(region_key(R->tensor, R->state, &R->box) ^ (uint64_t)rl->set_base ^ groups);
+		const struct relay_memo *m = memo_find(c, key, R, rl->set_base, groups);
+		if (!m) {
 			uint8_t choice = RELAY_NONE;
 			if (rl->mixed) {
 				bool light, need_inbound, inbound;
@@ -2839,14 +2883,15 @@ static vps_result_t relay_wanted(struct ctx *c, int64_t d, int64_t rb, const str
 				if (relay_gains(c, R, rl, gs, ng, &inbound))
 					choice = RELAY_JOINING;
 			}
-			*m = (struct relay_memo){.used = true, .choice = choice, .tensor = R->tensor,
-						 .state = (uint8_t)R->state, .box = R->box, .set_base = rl->set_base,
-						 .groups = groups, .weighted = choice == RELAY_FREE && rl->weighted,
-						 .entry_by_holders = choice == RELAY_FREE && entry_by_holders};
-			if (m->weighted)
-				memcpy(m->cut, rl->cut, sizeof(m->cut));
-			if (m->entry_by_holders)
-				memcpy(m->entry_w, rl->entry_w, sizeof(m->entry_w));
+			struct relay_memo made = {.key = key, .choice = choice, .tensor = R->tensor,
+						  .state = (uint8_t)R->state, .box = R->box, .set_base = rl->set_base,
+						  .groups = groups, .weighted = choice == RELAY_FREE && rl->weighted,
+						  .entry_by_holders = choice == RELAY_FREE && entry_by_holders};
+			if (made.weighted)
+				memcpy(made.cut, rl->cut, sizeof(made.cut));
+			if (made.entry_by_holders)
+				memcpy(made.entry_w, rl->entry_w, sizeof(made.entry_w));
+			VPS_CHECK(memo_keep(c, &made, &m));
 		}
 		if (m->choice == RELAY_NONE)
 			return VPS_OK;
@@ -3490,6 +3535,7 @@ static void ctx_release(struct ctx *c)
 		free(c->fwds[k].entered);
 	free(c->fwds);
 	free(c->memo);
+	vps_slots_release(&c->memo_slots);
 	for (int k = 0; k < NODE_SETS; k++)
 		free(c->nodes[k].set.v);
 	for (int k = 0; k < MOVED_MAPS; k++)

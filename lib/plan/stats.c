@@ -11,6 +11,7 @@
 #include "model/world.h"
 #include "util/hash.h"
 #include "util/internal.h"
+#include "util/slots.h"
 #include "vps/plan.h"
 
 /* ---- the lower bound, computed apart from the planner's choices ---- */
@@ -389,12 +390,10 @@ struct cls {
 struct classes {
 	struct boxent *be;
 	size_t nbe, capbe;
-	uint32_t *beslot; /* id + 1, 0 empty */
-	size_t bemask;
+	struct vps_slots beslots;
 	struct cls *c;
 	size_t nc, capc;
-	uint32_t *cslot;
-	size_t cmask;
+	struct vps_slots cslots;
 	struct prog *pg;
 	size_t npg, cappg;
 };
@@ -402,32 +401,20 @@ struct classes {
 static void classes_release(struct classes *k)
 {
 	free(k->be);
-	free(k->beslot);
+	vps_slots_release(&k->beslots);
 	free(k->c);
-	free(k->cslot);
+	vps_slots_release(&k->cslots);
 	free(k->pg);
 }
 
-/* Double an open-addressed table of ids (hashes in hs, stride esz). */
-static vps_result_t rehash(uint32_t **slot, size_t *mask, const void *entries, size_t esz, size_t n)
+static uint64_t class_hash(const void *entries, size_t i)
 {
-	size_t cap = *mask ? (*mask + 1) * 2 : 1024;
-	if (n > UINT32_MAX - 1)
-		return vps_fail(VPS_EINPUT, "more than %u replica classes", UINT32_MAX - 1);
-	uint32_t *s = vps_calloc(cap, sizeof(*s));
-	if (!s)
-		return VPS_ENOMEM;
-	for (size_t i = 0; i < n; i++) {
-		uint64_t h = *(const uint64_t *)((const char *)entries + i * esz);
-		size_t at = (size_t)h & (cap - 1);
-		while (s[at])
-			at = (at + 1) & (cap - 1);
-		s[at] = (uint32_t)i + 1;
-	}
-	free(*slot);
-	*slot = s;
-	*mask = cap - 1;
-	return VPS_OK;
+	return ((const struct cls *)entries)[i].h;
+}
+
+static uint64_t boxent_hash(const void *entries, size_t i)
+{
+	return ((const struct boxent *)entries)[i].h;
 }
 
 static int prog_cmp(const void *p, const void *q)
@@ -447,20 +434,19 @@ static vps_result_t class_of(struct classes *k, size_t from, int64_t *id)
 	size_t n = k->npg - from;
 	qsort(&k->pg[from], n, sizeof(*k->pg), prog_cmp);
 	uint64_t h = vps_hash64(&k->pg[from], n * sizeof(*k->pg), 11);
-	if (2 * (k->nc + 1) > k->cmask)
-		VPS_CHECK(rehash(&k->cslot, &k->cmask, k->c, sizeof(*k->c), k->nc));
-	size_t at = (size_t)h & k->cmask;
-	for (; k->cslot[at]; at = (at + 1) & k->cmask) {
-		const struct cls *c = &k->c[k->cslot[at] - 1];
+	VPS_CHECK(vps_slots_room(&k->cslots, k->nc, 1024, class_hash, k->c, "replica classes"));
+	size_t at = vps_slots_start(&k->cslots, h);
+	for (; k->cslots.slot[at]; at = vps_slots_next(&k->cslots, at)) {
+		const struct cls *c = &k->c[k->cslots.slot[at] - 1];
 		if (c->h == h && c->n == n && !memcmp(&k->pg[c->first], &k->pg[from], n * sizeof(*k->pg))) {
 			k->npg = from;
-			*id = k->cslot[at] - 1;
+			*id = k->cslots.slot[at] - 1;
 			return VPS_OK;
 		}
 	}
 	VPS_CHECK(VPS_GROW(k->c, k->capc, k->nc + 1));
 	k->c[k->nc] = (struct cls){h, from, n, 0};
-	k->cslot[at] = (uint32_t)k->nc + 1;
+	k->cslots.slot[at] = (uint32_t)k->nc + 1;
 	*id = (int64_t)k->nc++;
 	return VPS_OK;
 }
@@ -475,12 +461,11 @@ static vps_result_t box_entry(const struct vps_plan *p, struct classes *k, struc
 		f[3 + VPS_MAX_DIMS + a] = x->box.hi[a];
 	}
 	uint64_t hv = vps_hash64(f, sizeof(f), 5);
-	if (2 * (k->nbe + 1) > k->bemask)
-		VPS_CHECK(rehash(&k->beslot, &k->bemask, k->be, sizeof(*k->be), k->nbe));
-	size_t at = (size_t)hv & k->bemask;
+	VPS_CHECK(vps_slots_room(&k->beslots, k->nbe, 1024, boxent_hash, k->be, "distinct boxes"));
+	size_t at = vps_slots_start(&k->beslots, hv);
 	struct boxent *e = NULL;
-	for (; k->beslot[at]; at = (at + 1) & k->bemask) {
-		struct boxent *c = &k->be[k->beslot[at] - 1];
+	for (; k->beslots.slot[at]; at = vps_slots_next(&k->beslots, at)) {
+		struct boxent *c = &k->be[k->beslots.slot[at] - 1];
 		if (c->h == hv && c->tensor == x->tensor && c->state == x->state && vps_box_equal(&c->box, &x->box)) {
 			e = c;
 			break;
@@ -504,7 +489,7 @@ static vps_result_t box_entry(const struct vps_plan *p, struct classes *k, struc
 		e = &k->be[k->nbe];
 		*e = (struct boxent){.h = hv, .tensor = x->tensor, .state = x->state, .dtype = x->dtype, .box = x->box,
 				   .cls = cls};
-		k->beslot[at] = (uint32_t)k->nbe + 1;
+		k->beslots.slot[at] = (uint32_t)k->nbe + 1;
 		k->nbe++;
 	}
 	*index = (size_t)(e - k->be);
