@@ -168,6 +168,8 @@ struct ctx {
 	struct relay_memo *memo;
 	size_t nmemo, capmemo;
 	struct vps_slots memo_slots;
+	struct relay_cuts *cuts;
+	size_t ncuts, capcuts;
 	/* VPS_RELAY_AUTO on a topology: nodes' arrivals, transit routed
 	 * (node_arrivals), the last few */
 	struct node_set {
@@ -232,19 +234,25 @@ struct relay {
  * starts again. With a fixed 1,024 slots, qwen3-30b-cp-up's expert
  * regions took each other's and each was weighed again thousands of times
  * (a rank's plan 1.7x slower). */
-#define RELAY_MEMO_MOST ((size_t)1 << 16)
+#define RELAY_MEMO_MOST ((size_t)1 << 14) /* 3 MB of choices */
 enum { RELAY_NONE, RELAY_JOINING, RELAY_FREE };
 struct relay_memo {
-	uint64_t key; /* first: memo_key's */
+	uint64_t key; /* the hash memo_find looks for */
 	uint8_t choice;
 	uint32_t tensor;
 	uint8_t state;
 	struct vps_box box;
 	int64_t set_base;
 	uint64_t groups;
-	bool weighted; /* RELAY_FREE's ranges, as relay_weigh cut them */
-	uint32_t cut[EXACT_REPLICAS + 2];
+	bool weighted;         /* RELAY_FREE's ranges, as relay_weigh cut them */
 	bool entry_by_holders; /* RELAY_FREE's routes (relay_entry) */
+	uint32_t route;        /* either: its relay_cuts (index + 1) */
+};
+
+/* Where a memo's region is weighted or enters by its holders: most are
+ * neither, and these are most of a choice's bytes. */
+struct relay_cuts {
+	uint32_t cut[EXACT_REPLICAS + 2];
 	uint16_t entry_w[ENTRY_GROUPS][DUTY_MEMBERS];
 };
 
@@ -2773,21 +2781,32 @@ static const struct relay_memo *memo_find(const struct ctx *c, uint64_t key, con
 	return NULL;
 }
 
-/* Keeps choice x (not kept yet); *kept: where. */
-static vps_result_t memo_keep(struct ctx *c, const struct relay_memo *x, const struct relay_memo **kept)
+/* Keeps choice x (not kept yet), with rl's cuts and shares where x is
+ * weighted or enters by its holders; *kept: where. */
+static vps_result_t memo_keep(struct ctx *c, const struct relay_memo *x, const struct relay *rl,
+			      const struct relay_memo **kept)
 {
 	if (c->nmemo >= RELAY_MEMO_MOST) {
-		c->nmemo = 0;
+		c->nmemo = c->ncuts = 0;
 		memset(c->memo_slots.slot, 0, (c->memo_slots.mask + 1) * sizeof(*c->memo_slots.slot));
 	}
 	VPS_CHECK(vps_slots_room(&c->memo_slots, c->nmemo, 1024, memo_hash, c->memo, "relayed regions"));
 	VPS_CHECK(VPS_GROW(c->memo, c->capmemo, c->nmemo + 1));
+	struct relay_memo *m = &c->memo[c->nmemo];
+	*m = *x;
+	if (x->weighted || x->entry_by_holders) {
+		VPS_CHECK(VPS_GROW(c->cuts, c->capcuts, c->ncuts + 1));
+		struct relay_cuts *cuts = &c->cuts[c->ncuts++];
+		memcpy(cuts->cut, rl->cut, sizeof(cuts->cut));
+		memcpy(cuts->entry_w, rl->entry_w, sizeof(cuts->entry_w));
+		m->route = (uint32_t)c->ncuts;
+	}
 	size_t at = vps_slots_start(&c->memo_slots, x->key);
 	while (c->memo_slots.slot[at])
 		at = vps_slots_next(&c->memo_slots, at);
-	c->memo[c->nmemo] = *x;
 	c->memo_slots.slot[at] = (uint32_t)c->nmemo + 1;
-	*kept = &c->memo[c->nmemo++];
+	*kept = m;
+	c->nmemo++;
 	return VPS_OK;
 }
 
@@ -2887,21 +2906,18 @@ static vps_result_t relay_wanted(struct ctx *c, int64_t d, int64_t rb, const str
 						  .state = (uint8_t)R->state, .box = R->box, .set_base = rl->set_base,
 						  .groups = groups, .weighted = choice == RELAY_FREE && rl->weighted,
 						  .entry_by_holders = choice == RELAY_FREE && entry_by_holders};
-			if (made.weighted)
-				memcpy(made.cut, rl->cut, sizeof(made.cut));
-			if (made.entry_by_holders)
-				memcpy(made.entry_w, rl->entry_w, sizeof(made.entry_w));
-			VPS_CHECK(memo_keep(c, &made, &m));
+			VPS_CHECK(memo_keep(c, &made, rl, &m));
 		}
 		if (m->choice == RELAY_NONE)
 			return VPS_OK;
+		const struct relay_cuts *cuts = m->route ? &c->cuts[m->route - 1] : NULL;
 		if (m->weighted) {
 			rl->weighted = true;
-			memcpy(rl->cut, m->cut, sizeof(rl->cut));
+			memcpy(rl->cut, cuts->cut, sizeof(rl->cut));
 		}
 		entry_by_holders = m->entry_by_holders;
 		if (entry_by_holders)
-			memcpy(rl->entry_w, m->entry_w, sizeof(rl->entry_w));
+			memcpy(rl->entry_w, cuts->entry_w, sizeof(rl->entry_w));
 		if (m->choice == RELAY_JOINING && rl->mixed)
 			VPS_CHECK(relay_set(c, rb, R, false, rl));
 	}
@@ -3536,6 +3552,7 @@ static void ctx_release(struct ctx *c)
 	free(c->fwds);
 	free(c->memo);
 	vps_slots_release(&c->memo_slots);
+	free(c->cuts);
 	for (int k = 0; k < NODE_SETS; k++)
 		free(c->nodes[k].set.v);
 	for (int k = 0; k < MOVED_MAPS; k++)
