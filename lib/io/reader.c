@@ -12,6 +12,7 @@
 #include "io/doc_int.h"
 #include "util/hash.h"
 #include "util/internal.h"
+#include "util/slots.h"
 
 struct frame {
 	int node;        /* YAML node id */
@@ -27,9 +28,14 @@ struct str_set {
 	char **v;          /* in the order first seen */
 	size_t *len;       /* v[i]'s length */
 	size_t n, cap, cap_len;
-	uint32_t *slot;    /* open addressing: index + 1, 0 empty */
-	size_t mask;
+	struct vps_slots slots;
 };
+
+static uint64_t str_hash(const void *set, size_t i)
+{
+	const struct str_set *t = set;
+	return vps_hash64(t->v[i], t->len[i], 0x5354);
+}
 
 static void str_set_free(struct str_set *t)
 {
@@ -37,45 +43,29 @@ static void str_set_free(struct str_set *t)
 		free(t->v[i]);
 	free(t->v);
 	free(t->len);
-	free(t->slot);
+	vps_slots_release(&t->slots);
 	memset(t, 0, sizeof(*t));
 }
 
 /* The interned copy of the n bytes at p, hashed h, or NULL. */
 static const char *str_set_find(const struct str_set *t, const unsigned char *p, size_t n, uint64_t h)
 {
-	if (!t->slot)
+	if (!t->slots.mask)
 		return NULL;
-	for (size_t i = h & t->mask;; i = (i + 1) & t->mask) {
-		uint32_t k = t->slot[i];
-		if (!k)
-			return NULL;
+	for (size_t i = vps_slots_start(&t->slots, h); t->slots.slot[i]; i = vps_slots_next(&t->slots, i)) {
+		uint32_t k = t->slots.slot[i];
 		if (t->len[k - 1] == n && !memcmp(t->v[k - 1], p, n))
 			return t->v[k - 1];
 	}
+	return NULL;
 }
 
 /* A new copy of the n bytes at p, hashed h, interned (NULL when out of
  * memory). */
 static const char *str_set_add(struct str_set *t, const unsigned char *p, size_t n, uint64_t h)
 {
-	if (t->n + 1 > UINT32_MAX - 1)
+	if (vps_slots_room(&t->slots, t->n, 256, str_hash, t, "strings"))
 		return NULL;
-	if (!t->slot || (t->n + 1) * 2 > t->mask + 1) {
-		size_t size = t->slot ? (t->mask + 1) * 2 : 256;
-		uint32_t *ns = calloc(size, sizeof(*ns));
-		if (!ns)
-			return NULL;
-		for (size_t k = 0; k < t->n; k++) {
-			size_t i = vps_hash64(t->v[k], t->len[k], 0x5354) & (size - 1);
-			while (ns[i])
-				i = (i + 1) & (size - 1);
-			ns[i] = (uint32_t)k + 1;
-		}
-		free(t->slot);
-		t->slot = ns;
-		t->mask = size - 1;
-	}
 	if (vps_grow((void **)&t->v, &t->cap, t->n + 1, sizeof(*t->v)) ||
 	    vps_grow((void **)&t->len, &t->cap_len, t->n + 1, sizeof(*t->len)))
 		return NULL;
@@ -84,10 +74,10 @@ static const char *str_set_add(struct str_set *t, const unsigned char *p, size_t
 		return NULL;
 	memcpy(c, p, n);
 	c[n] = '\0';
-	size_t i = h & t->mask;
-	while (t->slot[i])
-		i = (i + 1) & t->mask;
-	t->slot[i] = (uint32_t)t->n + 1;
+	size_t i = vps_slots_start(&t->slots, h);
+	while (t->slots.slot[i])
+		i = vps_slots_next(&t->slots, i);
+	t->slots.slot[i] = (uint32_t)t->n + 1;
 	t->len[t->n] = n;
 	t->v[t->n++] = c;
 	return c;

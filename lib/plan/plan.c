@@ -2030,7 +2030,8 @@ static vps_result_t relay_likely(struct ctx *c, int64_t q, int64_t likely[2])
 		free(entered);
 		return rc;
 	}
-	qsort(entered, nentered, sizeof(*entered), key_cmp);
+	if (nentered)
+		qsort(entered, nentered, sizeof(*entered), key_cmp);
 	free(slot->entered);
 	slot->entered = entered;
 	slot->nentered = nentered;
