@@ -101,7 +101,7 @@ struct duty {
 	 * likely_known once likely[k] is known) */
 	int64_t likely[LIKELY_DEPTH][2];
 	unsigned likely_known;
-	/* of its regions, those likely brought into their receivers' nodes
+	/* of its regions, those surely brought into their receivers' nodes
 	 * by their holders, by their receivers' nodes (holder_entries),
 	 * owned */
 	struct entered_kind *kinds;
@@ -110,7 +110,7 @@ struct duty {
 };
 
 /* A holder's regions whose free receivers are on the same nodes (nodes:
- * nodes_key) and likely enter them from their holders: what it sends of
+ * nodes_key) and surely enter them from their holders: what it sends of
  * them more than duty_of's best over its NICs, and what of its shared and
  * best they are. */
 struct entered_kind {
