@@ -646,6 +646,37 @@ static void set_sends(const struct ctx *c, const struct vps_holder *h, const str
 	}
 }
 
+/* One of the B replica sets that take part of a region: its holder
+ * (c->hdb.v[q]), the part x it takes, and what one of the region's
+ * holders sends it (set_sends: all, relayed, best). */
+struct region_set {
+	size_t q;
+	struct vps_box x;
+	int64_t all, relayed[2], best[2];
+};
+
+/* Region r's B replica sets, for one of its holders on `node` (*sets,
+ * grown as needed, *ns of them), and its A replicas whole. The sets point
+ * into c->hdb, and c->hda holds r's A holders, until the caller weighs
+ * another region: what reads them goes before what weighs others. */
+static vps_result_t region_sets(struct ctx *c, const struct vps_region *r, int32_t node, struct region_set **sets,
+				size_t *cap, size_t *ns, int64_t *replicas)
+{
+	*ns = 0;
+	VPS_CHECK(region_holders(c, r, replicas));
+	VPS_CHECK(VPS_GROW(*sets, *cap, c->hdb.n));
+	int64_t elsize = (int64_t)vps_dtype_size(vps_region_dtype(r));
+	for (size_t q = 0; q < c->hdb.n; q++) {
+		struct region_set *rs = &(*sets)[*ns];
+		if (!vps_box_intersect(&c->hdb.v[q].region.box, &r->box, &rs->x))
+			continue;
+		rs->q = q;
+		set_sends(c, &c->hdb.v[q], &rs->x, node, elsize, *replicas, &rs->all, rs->relayed, rs->best);
+		(*ns)++;
+	}
+	return VPS_OK;
+}
+
 static vps_result_t duty_of(struct ctx *c, int64_t ra, struct duty *out)
 {
 	size_t lo = duty_slot(c, ra);
@@ -657,33 +688,30 @@ static vps_result_t duty_of(struct ctx *c, int64_t ra, struct duty *out)
 	VPS_CHECK(vps_layout_rank(c->a, ra, &v));
 	struct duty d = {.rank = ra};
 	int32_t node = vps_layout_device(c->a, ra).node;
+	struct region_set *sets = NULL;
+	size_t cap = 0, ns = 0;
 	vps_result_t rc = VPS_OK;
 	for (size_t i = 0; i < v.nregions && !rc; i++) {
-		const struct vps_region *r = &v.regions[i];
 		int64_t replicas;
-		rc = region_holders(c, r, &replicas);
-		for (size_t q = 0; q < c->hdb.n && !rc; q++) {
-			struct vps_box x;
-			if (!vps_box_intersect(&c->hdb.v[q].region.box, &r->box, &x))
-				continue;
-			int64_t bytes, relayed[2], best[2];
-			set_sends(c, &c->hdb.v[q], &x, node, (int64_t)vps_dtype_size(vps_region_dtype(r)), replicas, &bytes,
-				  relayed, best);
+		rc = region_sets(c, &v.regions[i], node, &sets, &cap, &ns, &replicas);
+		for (size_t k = 0; k < ns && !rc; k++) {
+			const struct region_set *rs = &sets[k];
 			if (replicas <= 1) {
-				d.forced = vps_sat_add(d.forced, bytes);
+				d.forced = vps_sat_add(d.forced, rs->all);
 				for (int link = 0; link < 2; link++) {
-					d.forced_link[link] = vps_sat_add(d.forced_link[link], relayed[link]);
-					d.forced_best[link] = vps_sat_add(d.forced_best[link], best[link]);
+					d.forced_link[link] = vps_sat_add(d.forced_link[link], rs->relayed[link]);
+					d.forced_best[link] = vps_sat_add(d.forced_best[link], rs->best[link]);
 				}
 			} else
-				d.shared = vps_sat_add(d.shared, bytes / replicas);
+				d.shared = vps_sat_add(d.shared, rs->all / replicas);
 			for (int link = 0; link < 2; link++) {
-				d.relayed[link] = vps_sat_add(d.relayed[link], relayed[link]);
-				d.best[link] = vps_sat_add(d.best[link], best[link]);
+				d.relayed[link] = vps_sat_add(d.relayed[link], rs->relayed[link]);
+				d.best[link] = vps_sat_add(d.best[link], rs->best[link]);
 			}
 		}
 	}
 	vps_rank_view_release(&v);
+	free(sets);
 	VPS_CHECK(rc);
 	VPS_CHECK(VPS_GROW(c->duties, c->capduties, c->nduties + 1));
 	memmove(&c->duties[lo + 1], &c->duties[lo], (c->nduties - lo) * sizeof(*c->duties));
@@ -2050,13 +2078,10 @@ static double link_time(const struct ctx *c, int64_t intra, int64_t inter)
 	return fmax((double)intra / c->topo->intra_node_bandwidth, (double)inter / c->topo->inter_node_bandwidth);
 }
 
-/* One B replica set of a region of an A rank, for duty_likely: the
- * region's bytes it needs, to devices on the rank's node [0] and elsewhere
- * [1], as duty_of counts them where joining receivers relay and where
- * every receiver does, and its receivers that are devices of A. */
-struct likely_set {
-	int64_t relayed[2], best[2];
-	int64_t nfree, free[EXACT_REPLICAS];
+/* The receivers of one of a region's B replica sets that are devices of
+ * A not holding their part of it (world ranks), for duty_likely. */
+struct likely_free {
+	int64_t n, w[EXACT_REPLICAS];
 };
 
 /* What A rank ra likely sends, weighed `depth` levels deep (1 to
@@ -2077,47 +2102,40 @@ static vps_result_t duty_likely(struct ctx *c, int64_t ra, int depth, struct dut
 	struct vps_rank_view v;
 	VPS_CHECK(vps_layout_rank(c->a, ra, &v));
 	int32_t node = vps_layout_device(c->a, ra).node;
-	struct likely_set *sets = NULL;
-	size_t cap = 0;
+	struct region_set *sets = NULL;
+	struct likely_free *frees = NULL;
+	size_t cap = 0, capfrees = 0, ns = 0;
 	vps_result_t rc = VPS_OK;
 	for (size_t i = 0; i < v.nregions && !rc; i++) {
-		const struct vps_region *r = &v.regions[i];
 		int64_t replicas;
-		rc = region_holders(c, r, &replicas);
+		rc = region_sets(c, &v.regions[i], node, &sets, &cap, &ns, &replicas);
 		if (!rc)
-			rc = VPS_GROW(sets, cap, c->hdb.n);
-		size_t ns = 0;
-		/* the sets first: duty_of and relay_bound below use hda and hdb */
-		for (size_t q = 0; q < c->hdb.n && !rc; q++) {
-			const struct vps_holder *h = &c->hdb.v[q];
-			struct vps_box x;
-			if (!vps_box_intersect(&h->region.box, &r->box, &x))
-				continue;
-			struct likely_set *ls = &sets[ns++];
-			int64_t all;
-			set_sends(c, h, &x, node, (int64_t)vps_dtype_size(vps_region_dtype(r)), replicas, &all, ls->relayed,
-				  ls->best);
-			ls->nfree = 0;
+			rc = VPS_GROW(frees, capfrees, ns);
+		/* the free receivers first: duty_of and relay_bound below use hda and hdb */
+		for (size_t k = 0; k < ns && !rc; k++) {
+			const struct vps_holder *h = &c->hdb.v[sets[k].q];
+			struct likely_free *lf = &frees[k];
+			lf->n = 0;
 			for (int64_t j = 0; h->count <= EXACT_REPLICAS && j < h->count; j++) {
 				int64_t w = vps_world_of_b(c->w, h->base + j * h->stride), a = vps_world_a_rank(c->w, w);
 				bool holds = false;
-				for (size_t k = 0; k < c->hda.n && a >= 0 && !holds; k++)
-					holds = member(&c->hda.v[k], a) && vps_box_contains(&c->hda.v[k].region.box, &x);
+				for (size_t q = 0; q < c->hda.n && a >= 0 && !holds; q++)
+					holds = member(&c->hda.v[q], a) && vps_box_contains(&c->hda.v[q].region.box, &sets[k].x);
 				if (a >= 0 && !holds)
-					ls->free[ls->nfree++] = w;
+					lf->w[lf->n++] = w;
 			}
 		}
 		for (size_t k = 0; k < ns && !rc; k++) {
 			/* a set of joining receivers alone is counted as duty_of does */
-			bool light = sets[k].nfree > 0;
-			for (int64_t j = 0; light && j < sets[k].nfree && !rc; j++) {
+			bool light = frees[k].n > 0;
+			for (int64_t j = 0; light && j < frees[k].n && !rc; j++) {
 				struct duty dq;
 				struct fwd f;
-				int64_t aq = vps_world_a_rank(c->w, sets[k].free[j]);
+				int64_t aq = vps_world_a_rank(c->w, frees[k].w[j]);
 				rc = depth > 1 ? duty_likely(c, aq, depth - 1, &dq) : duty_of(c, aq, &dq);
 				const int64_t *sends = depth > 1 ? dq.likely[depth - 2] : dq.relayed;
 				if (!rc)
-					rc = relay_bound(c, sets[k].free[j], &f);
+					rc = relay_bound(c, frees[k].w[j], &f);
 				light = !rc && link_time(c, vps_sat_add(sends[0], f.bytes[0]),
 							 vps_sat_add(sends[1], f.bytes[1])) < LIGHT_MARGIN * own;
 			}
@@ -2127,6 +2145,7 @@ static vps_result_t duty_likely(struct ctx *c, int64_t ra, int depth, struct dut
 	}
 	vps_rank_view_release(&v);
 	free(sets);
+	free(frees);
 	VPS_CHECK(rc);
 	/* the others' duties may have moved ra's, and filled other depths of it */
 	struct duty *slot = &c->duties[duty_slot(c, ra)];
@@ -2136,13 +2155,12 @@ static vps_result_t duty_likely(struct ctx *c, int64_t ra, int depth, struct dut
 	return VPS_OK;
 }
 
-/* A B replica set of one of a holder's regions, for holder_entries: the
- * holder's part of it (best, as duty_of counts it; all, every
- * receiver's), how many other nodes its free receivers are on, one of
- * them (world rank), and the B region's key. */
+/* One of the B replica sets of a holder's region, for holder_entries:
+ * one of its receivers that are not devices of A holding part of it
+ * (world rank, or -1), how many nodes other than the holder's those are
+ * on, the set of their nodes (at, nodes_key) and the B region's key. */
 struct entry_set {
-	int64_t all, once, unit, replicas, free;
-	int64_t nodes;
+	int64_t free, nodes;
 	uint64_t key, at;
 };
 
@@ -2194,32 +2212,25 @@ static vps_result_t holder_entries(struct ctx *c, int64_t ra, struct duty *out)
 	int32_t node = vps_layout_device(c->a, ra).node;
 	struct entered_kind *kinds = NULL;
 	size_t nkinds = 0, capkinds = 0;
-	struct entry_set *sets = NULL;
-	size_t cap = 0;
+	struct region_set *sets = NULL;
+	struct entry_set *entries = NULL;
+	size_t cap = 0, capentries = 0, ns = 0;
 	vps_result_t rc = VPS_OK;
 	for (size_t i = 0; i < v.nregions && !rc; i++) {
 		const struct vps_region *r = &v.regions[i];
 		int64_t replicas;
-		rc = region_holders(c, r, &replicas);
+		rc = region_sets(c, r, node, &sets, &cap, &ns, &replicas);
 		if (!rc)
-			rc = VPS_GROW(sets, cap, c->hdb.n);
-		size_t ns = 0;
-		/* the sets first: relay_likely below uses hda and hdb */
-		for (size_t q = 0; q < c->hdb.n && !rc; q++) {
-			const struct vps_holder *h = &c->hdb.v[q];
-			struct vps_box x;
-			if (h->count > EXACT_REPLICAS || !vps_box_intersect(&h->region.box, &r->box, &x))
-				continue;
-			struct entry_set *es = &sets[ns];
-			int64_t relayed[2], best[2];
-			set_sends(c, h, &x, node, (int64_t)vps_dtype_size(vps_region_dtype(r)), replicas, &es->all, relayed,
-				  best);
-			es->once = vps_sat_add(best[0], best[1]);
-			es->unit = vps_box_volume(&x) * (int64_t)vps_dtype_size(vps_region_dtype(r));
-			es->replicas = vps_max64(replicas, 1);
-			es->key = region_key(r->tensor, r->state, &h->region.box);
+			rc = VPS_GROW(entries, capentries, ns);
+		/* the receivers first: relay_likely below uses hda and hdb */
+		for (size_t k = 0; k < ns && !rc; k++) {
+			const struct vps_holder *h = &c->hdb.v[sets[k].q];
+			struct entry_set *es = &entries[k];
 			es->free = -1;
 			es->nodes = 0;
+			if (h->count > EXACT_REPLICAS)
+				continue;
+			es->key = region_key(r->tensor, r->state, &h->region.box);
 			int32_t seen[EXACT_REPLICAS];
 			int nseen = 0;
 			for (int64_t j = 0; j < h->count; j++) {
@@ -2238,34 +2249,38 @@ static vps_result_t holder_entries(struct ctx *c, int64_t ra, struct duty *out)
 					es->free = w;
 			}
 			es->at = nodes_key(seen, nseen);
-			ns += es->free >= 0 && es->nodes >= 2;
 		}
+		int64_t elsize = (int64_t)vps_dtype_size(vps_region_dtype(r)), each = vps_max64(replicas, 1);
 		for (size_t k = 0; k < ns && !rc; k++) {
+			const struct entry_set *es = &entries[k];
 			bool entered = false;
-			rc = takes_entered(c, sets[k].free, sets[k].key, &entered);
+			if (es->free < 0 || es->nodes < 2)
+				continue;
+			rc = takes_entered(c, es->free, es->key, &entered);
 			if (rc || !entered)
 				continue;
 			size_t m = 0;
-			while (m < nkinds && kinds[m].nodes != sets[k].at)
+			while (m < nkinds && kinds[m].nodes != es->at)
 				m++;
 			if (m == nkinds) {
 				rc = VPS_GROW(kinds, capkinds, nkinds + 1);
 				if (rc)
 					break;
-				kinds[nkinds++] = (struct entered_kind){.nodes = sets[k].at};
+				kinds[nkinds++] = (struct entered_kind){.nodes = es->at};
 			}
 			int64_t into = 0;
-			if (!vps_mul_ok(sets[k].unit, sets[k].nodes - 1, &into))
+			if (!vps_mul_ok(vps_box_volume(&sets[k].x) * elsize, es->nodes - 1, &into))
 				into = INT64_MAX;
-			kinds[m].more = vps_sat_add(kinds[m].more, into / sets[k].replicas);
-			if (sets[k].replicas > 1) {
-				kinds[m].shared = vps_sat_add(kinds[m].shared, sets[k].all / sets[k].replicas);
-				kinds[m].once = vps_sat_add(kinds[m].once, sets[k].once);
+			kinds[m].more = vps_sat_add(kinds[m].more, into / each);
+			if (each > 1) {
+				kinds[m].shared = vps_sat_add(kinds[m].shared, sets[k].all / each);
+				kinds[m].once = vps_sat_add(kinds[m].once, vps_sat_add(sets[k].best[0], sets[k].best[1]));
 			}
 		}
 	}
 	vps_rank_view_release(&v);
 	free(sets);
+	free(entries);
 	if (rc) {
 		free(kinds);
 		return rc;
