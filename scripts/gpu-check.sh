@@ -269,4 +269,13 @@ bench "switch W=1 bench-170m, the whole state copied in place" 120 switch-one $s
 if [[ $torch_cuda == *True* ]]; then
 	bench "PyTorch DCP on the GPU against vps ipc" 240 switch-vs-size scripts/bench/gpu_dcp.sh
 fi
+# the Megatron pause's CPU check (4 ranks and their 4 executors, gloo),
+# here with a core for each process: on the 2 cores of the CI machine what
+# the pause holds beyond the transfer is mostly a woken trainer waiting for
+# a core (docs/BENCHMARKS.md, "A Megatron-Core job's pause"); last, so
+# that it takes only what the budget has left
+if "$py" -c 'import megatron.core' >/dev/null 2>&1; then
+	bench "Megatron-Core pause on the CPUs, a core a process (check_switch.py)" 120 megatron-pause \
+		env VPS_LIBRARY="$PWD/build/libvps.so" VPS_BIN="$PWD/bin" "$py" tests/megatron/check_switch.py --optimizer adam
+fi
 finish

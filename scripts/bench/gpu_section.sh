@@ -75,7 +75,8 @@ gpu=$(sed -n 's/^gpu: //p' "$src")
 		"example|The PyTorch example with its state on the GPU (examples/torch --device cuda)" \
 		"megatron|Megatron-Core's job on the GPU, each switch prepared while it trains (tests/gpu/megatron_job.py)" \
 		"megatron-unprepared|The same job, each switch built in the pause (megatron_job.py --no-prepare)" \
-		"megatron-failed|The same job, its switch failed by the executor's death (megatron_job.py --failed-switch)"; do
+		"megatron-failed|The same job, its switch failed by the executor's death (megatron_job.py --failed-switch)" \
+		"megatron-pause|The CPU check of a Megatron-Core job's pause (tests/megatron/check_switch.py) on the GPU machine's cores"; do
 		prefix=${block%%|*} title=${block#*|}
 		# a benchmark that failed in the whole run and passed its rerun
 		from=$src
