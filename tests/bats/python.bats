@@ -181,6 +181,9 @@ print(L._candidates()[0], lay.world, len(lay.rank(3).params))'
 	VPS_TRAIN_FAULT=5:switch:2 expect_status 1 timeout 240 "$PY" "$TOP/examples/torch/launch.py" --nproc 4 --dir r \
 		--model micro-llama --gpus-per-node 8 --steps 6 --switch-every 2 --check-switch \
 		--configs tp=2:dp=2,tp=4:pp=2,tp=2:pp=2
+	# what launch.py said, shown when the line below fails (CI failed it once, 2026-12-01)
+	echo "$output"
+	find r -name "*exec*.log" -exec tail -n 3 -v {} + 2>/dev/null || true
 	[[ "$output" == *"launch.py: switch 2 to tp=2,pp=2 stopped the job at step 4: process 5 died during the switch and its state has no replica (vps-plan --lost: vps-plan: "*" of the source are held by no surviving rank"*"; every rank's state is as it was before it"* ]]
 	for r in 0 1 2 3 4 6 7; do
 		grep -q "^train.py: rank $r: switch 2 to tp=2,pp=2 failed: .*rank 5 failed: .*the trainer (pid [0-9]*) is gone; stop: process 5 died during the switch .*; this rank's state is as it was (checked)\$" r/train.$r.log ||
